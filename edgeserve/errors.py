@@ -1,0 +1,21 @@
+"""Errors that users see as one clear line (CLI) or a 4xx body (HTTP)."""
+
+
+class EdgeserveError(Exception):
+    """Base class: the message is meant for the user as it is."""
+
+
+class ModelLoadError(EdgeserveError):
+    """A model file or folder is missing, truncated, corrupt or incomplete."""
+
+
+class UnsupportedModelError(EdgeserveError):
+    """The model uses an architecture or quantization type edgeserve does not support."""
+
+
+class UnknownModelError(EdgeserveError):
+    """A model name is neither in the catalog nor a local path."""
+
+
+class PullError(EdgeserveError):
+    """Fetching a catalog model failed (network, pip, checksum)."""

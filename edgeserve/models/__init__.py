@@ -1,0 +1,1 @@
+"""Model definitions (Llama family) built from a ModelConfig and loaded weights."""

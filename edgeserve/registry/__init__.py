@@ -1,0 +1,1 @@
+"""Model names: the builtin catalog, local paths, the cache folder, pulling."""

@@ -1,0 +1,1 @@
+"""Compute kernels: Triton implementations and their torch reference twins."""

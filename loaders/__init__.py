@@ -1,0 +1,1 @@
+"""Model loaders: GGUF, Hugging Face safetensors folders, tokenizers and chat templates."""

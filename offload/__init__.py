@@ -1,0 +1,1 @@
+"""KV block tiers behind the device pool: host memory and disk."""
