@@ -1,0 +1,125 @@
+"""The Llama-family decoder (llama, mistral, qwen2, qwen3) over flat token batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from edgeserve.kernels.activation import silu_and_mul
+from edgeserve.kernels.norm import rms_norm
+from edgeserve.kernels.quant_linear import Int4Weight, LinearWeight, Q4Blocks, int4_supported, linear
+from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from edgeserve.loaders.weights import WeightSource, WeightValue
+
+from .attention import KVAttention
+from .config import ModelConfig
+
+
+@dataclass
+class DecoderLayer:
+    """One transformer block's weights; Q/K/V and gate/up are fused into one matmul each."""
+
+    input_norm: torch.Tensor
+    qkv: LinearWeight
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: LinearWeight
+    post_norm: torch.Tensor
+    gate_up: LinearWeight
+    down: LinearWeight
+
+
+class LlamaModel:
+    """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
+
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor,
+                 lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = config.max_position_embeddings
+        cos, sin = rope_cos_sin(inv_freq, self.max_positions)
+        self.cos, self.sin = cos.to(device), sin.to(device)
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True) -> "LlamaModel":
+        """Build the model layer by layer from a weight source (4-bit weights stay packed where supported)."""
+        device = torch.device(device)
+
+        def dense(name: str) -> torch.Tensor:
+            value = source.get(name, keep_int4=False)
+            assert isinstance(value, torch.Tensor)
+            return value.to(device=device, dtype=dtype)
+
+        def matrix(names: list[str]) -> LinearWeight:
+            parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
+            if all(isinstance(p, Q4Blocks) for p in parts):
+                blocks = Q4Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+                if int4_supported(device, dtype, blocks):
+                    return Int4Weight(blocks, dtype)
+            floats = [p.dequantize() if isinstance(p, Q4Blocks) else p for p in parts]
+            return torch.cat(floats).to(device=device, dtype=dtype)
+
+        layers = []
+        c = config
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            attn = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+            bias = None
+            if c.attention_bias:
+                bias = torch.cat([dense(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+            layers.append(DecoderLayer(
+                input_norm=dense(p + "input_layernorm.weight"),
+                qkv=matrix(attn),
+                qkv_bias=bias,
+                q_norm=dense(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                k_norm=dense(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+                o_proj=matrix([p + "self_attn.o_proj.weight"]),
+                post_norm=dense(p + "post_attention_layernorm.weight"),
+                gate_up=matrix([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                down=matrix([p + "mlp.down_proj.weight"]),
+            ))
+        embed = dense("model.embed_tokens.weight")
+        if c.tie_word_embeddings or not source.has("lm_head.weight"):
+            lm_head: LinearWeight = embed
+        else:
+            lm_head = matrix(["lm_head.weight"])
+        freq_factors = dense("rope_freqs") if source.has("rope_freqs") else None
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, freq_factors)
+        return cls(c, embed, layers, dense("model.norm.weight"), lm_head, inv_freq, dtype, device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention) -> torch.Tensor:
+        """Hidden states [T, hidden] for a flat batch of T tokens at the given positions."""
+        c = self.config
+        t = input_ids.shape[0]
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.cos[positions], self.sin[positions]
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = q.view(t, c.num_heads, c.head_dim)
+            k = k.view(t, c.num_kv_heads, c.head_dim)
+            v = v.view(t, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            x = x + linear(attn(i, q, k, v), layer.o_proj)
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            x = x + linear(silu_and_mul(linear(h, layer.gate_up)), layer.down)
+        return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [T, vocab] for hidden states [T, hidden]."""
+        return linear(hidden, self.lm_head).float()

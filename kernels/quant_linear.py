@@ -1,0 +1,88 @@
+"""Linear layers over weights that stay quantized: 4-bit packed (W4A16) with group-wise scale and offset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Q4Blocks:
+    """A 4-bit weight as values q in 0..15 with w = q * scale + offset per group of `group_size` columns."""
+
+    q: torch.Tensor  # uint8 [out, in]
+    scale: torch.Tensor  # float32 [out, in // group_size]
+    offset: torch.Tensor  # float32 [out, in // group_size]
+    group_size: int = 32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)  # type: ignore[return-value]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these blocks stand for."""
+        g = self.group_size
+        q = self.q.float().view(self.q.shape[0], -1, g)
+        return (q * self.scale.unsqueeze(-1) + self.offset.unsqueeze(-1)).reshape(self.q.shape)
+
+    def rows(self, index: torch.Tensor) -> "Q4Blocks":
+        """The same weight with its output rows reordered by `index`."""
+        return Q4Blocks(self.q[index], self.scale[index], self.offset[index], self.group_size)
+
+    @staticmethod
+    def cat(parts: list["Q4Blocks"]) -> "Q4Blocks":
+        """Stack weights along the output dimension (for fused QKV and gate/up)."""
+        return Q4Blocks(
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.offset for p in parts]),
+            parts[0].group_size,
+        )
+
+
+class Int4Weight:
+    """A Q4Blocks weight packed for the CPU int4 matmul (`_weight_int4pack_mm_for_cpu`)."""
+
+    def __init__(self, blocks: Q4Blocks, dtype: torch.dtype):
+        self.out_features, self.in_features = blocks.shape
+        self.group_size = blocks.group_size
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.q.to(torch.int32).contiguous(), 1)
+        # The op computes w = (q - 8) * scale + zero, so zero = offset + 8 * scale.
+        zero = blocks.offset + 8 * blocks.scale
+        self.scales_zeros = torch.stack([blocks.scale.t(), zero.t()], dim=-1).contiguous().to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] @ W.T -> [..., out]."""
+        shape = x.shape
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype), self.packed, self.group_size, self.scales_zeros
+        )
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+def int4_supported(device: torch.device, dtype: torch.dtype, blocks: Q4Blocks) -> bool:
+    """Whether this device has a fast packed int4 matmul for this weight and activation dtype."""
+    # torch's CPU int4 kernel is fast only for bf16 activations; fp32/fp16 take a slow reference path.
+    out_f, in_f = blocks.shape
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+        and in_f % blocks.group_size == 0
+    )
+
+
+LinearWeight = torch.Tensor | Int4Weight
+
+
+def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ b) for a dense or packed 4-bit weight."""
+    if isinstance(weight, Int4Weight):
+        y = weight.matmul(x)
+        return y + bias if bias is not None else y
+    return F.linear(x, weight, bias)

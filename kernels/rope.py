@@ -1,0 +1,41 @@
+"""Rotary position embeddings (rotate-half / NeoX layout), with linear and llama-3 frequency scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling=None, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], scaled as the model asks."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if freq_factors is not None:  # GGUF llama-3 models carry the scaling as per-frequency divisors
+        inv = inv / freq_factors.double()
+    elif scaling is not None and scaling.kind == "linear":
+        inv = inv / scaling.factor
+    elif scaling is not None and scaling.kind == "llama3":
+        old = scaling.original_max_position_embeddings
+        low_wavelen = old / scaling.low_freq_factor
+        high_wavelen = old / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = torch.where(mid, (1 - smooth) * inv / scaling.factor + smooth * inv, scaled)
+    return inv.float()
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [max_positions, head_dim // 2]."""
+    t = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [tokens, heads, head_dim] by per-token cos/sin [tokens, head_dim // 2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)

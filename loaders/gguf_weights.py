@@ -1,0 +1,85 @@
+"""GGUF tensors exposed under Hugging Face Llama names, read one tensor at a time from the mmap."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.quant_linear import Q4Blocks
+
+from .dequant import q4_blocks
+from .gguf_file import GGUFFile, check_supported_qtype
+from .weights import WeightValue, unpermute_qk
+
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "rope_freqs": "rope_freqs.weight",
+}
+_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+Q4_TYPES = ("Q4_0", "Q4_1")
+
+
+def gguf_name(hf_name: str) -> str:
+    """The llama.cpp tensor name for an HF tensor name."""
+    if hf_name in _TOP:
+        return _TOP[hf_name]
+    m = _LAYER_RE.fullmatch(hf_name)
+    if m and m.group(2) in _LAYER:
+        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    raise KeyError(hf_name)
+
+
+class GGUFWeights:
+    """WeightSource over a GGUFFile."""
+
+    def __init__(self, gguf: GGUFFile, n_heads: int, n_kv_heads: int):
+        self.gguf = gguf
+        self._names = set(gguf.tensor_names())
+        # llama.cpp permutes Q/K rows for its interleaved RoPE only for the llama family.
+        self._permuted = gguf.architecture in ("llama", "mistral")
+        self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads}
+        for name in self._names:
+            check_supported_qtype(gguf.tensor_info(name).qtype, name)
+
+    def has(self, name: str) -> bool:
+        try:
+            return gguf_name(name) in self._names
+        except KeyError:
+            return False
+
+    def get(self, name: str, keep_int4: bool) -> WeightValue:
+        gname = gguf_name(name)
+        if gname not in self._names:
+            raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
+        info = self.gguf.tensor_info(gname)
+        value: WeightValue
+        if keep_int4 and info.qtype in Q4_TYPES and len(info.shape) == 2:
+            q, scale, offset = q4_blocks(self.gguf.raw(gname), info.qtype, info.shape)
+            value = Q4Blocks(q, scale, offset, 32)
+        else:
+            value = self.gguf.load_tensor(gname, torch.float32)
+        if self._permuted:
+            for proj, heads in self._heads.items():
+                if f"self_attn.{proj}." in name:
+                    value = unpermute_qk(value, heads)
+        return value

@@ -1,0 +1,76 @@
+"""Hugging Face model folders: config.json, generation_config.json and (sharded) safetensors, read lazily."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+
+from .weights import WeightValue
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file as a dict, with a clear error when it is missing or malformed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+
+
+class HFFolder:
+    """A local Hugging Face model folder."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ModelLoadError(f"model folder not found: {self.path}")
+        self.config = read_json(self.path / "config.json")
+        gen = self.path / "generation_config.json"
+        self.generation_config = read_json(gen) if gen.exists() else {}
+
+    def weights(self) -> "SafetensorsWeights":
+        """The folder's tensors (single file or sharded with an index)."""
+        return SafetensorsWeights(self.path)
+
+
+class SafetensorsWeights:
+    """WeightSource over one or more .safetensors files opened with safe_open (mmap, per tensor)."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map: dict[str, str] = read_json(index).get("weight_map", {})
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in folder.glob("*.safetensors"))
+            weight_map = {}
+        if not files:
+            raise ModelLoadError(f"{folder} has no *.safetensors files")
+        self._handles = {}
+        for f in files:
+            try:
+                self._handles[f] = safe_open(str(folder / f), framework="pt")
+            except FileNotFoundError:
+                raise ModelLoadError(f"{folder / f} not found (listed in the safetensors index)") from None
+            except Exception as e:
+                raise ModelLoadError(f"{folder / f} is not a valid safetensors file: {e}") from None
+        if not weight_map:
+            weight_map = {k: f for f, h in self._handles.items() for k in h.keys()}
+        self._where = weight_map
+        self.folder = folder
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str, keep_int4: bool) -> WeightValue:
+        if name not in self._where:
+            raise ModelLoadError(f"{self.folder}: tensor {name!r} is missing")
+        return self._handles[self._where[name]].get_tensor(name).to(torch.float32)
