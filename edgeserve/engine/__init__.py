@@ -1,0 +1,1 @@
+"""The inference engine: sampling, generation loop, and (soon) paged KV and scheduling."""

@@ -1,0 +1,1 @@
+"""Text handling: incremental detokenization."""
