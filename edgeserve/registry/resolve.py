@@ -1,0 +1,76 @@
+"""Turn what the user typed (a catalog name or a local path) into a model on disk."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edgeserve.errors import ModelLoadError, UnknownModelError
+from edgeserve.registry.catalog import CATALOG
+from edgeserve.registry.pull import cached_path, is_pulled, pull
+
+_GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class ModelSource:
+    """A model on disk: a GGUF file or a Hugging Face folder (config.json + weights)."""
+
+    name: str
+    kind: Literal["gguf", "hf"]
+    path: Path
+
+
+def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
+    """Find the model for a catalog name, a .gguf file path or a Hugging Face folder path.
+
+    A catalog model that is not pulled yet is pulled when `pull_missing` is True.
+    Raises ModelLoadError for missing or unusable paths and UnknownModelError for
+    anything that is neither a catalog name nor a path.
+    """
+    if name_or_path in CATALOG:
+        name = name_or_path
+        if is_pulled(name):
+            return ModelSource(name, "gguf", cached_path(name))
+        if not pull_missing:
+            raise ModelLoadError(f"model {name!r} is not pulled yet; run `edgeserve pull {name}`")
+        return ModelSource(name, "gguf", pull(name))
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} has no config.json; a Hugging Face model folder needs config.json, "
+                "the *.safetensors weights and tokenizer files"
+            )
+        return ModelSource(path.resolve().name, "hf", path.resolve())
+    if path.is_file():
+        if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
+            raise ModelLoadError(f"{path} is not a .gguf file; pass a .gguf file or a Hugging Face folder")
+        return ModelSource(path.stem, "gguf", path.resolve())
+    if _looks_like_path(name_or_path):
+        raise ModelLoadError(f"model path not found: {path}")
+    raise UnknownModelError(
+        f"unknown model {name_or_path!r}; catalog models: {', '.join(CATALOG)} "
+        "(a path to a .gguf file or a Hugging Face folder also works)"
+    )
+
+
+def list_local() -> list[ModelSource]:
+    """The catalog models that are pulled and verified, in catalog order."""
+    return [ModelSource(name, "gguf", cached_path(name)) for name in CATALOG if is_pulled(name)]
+
+
+def _looks_like_path(s: str) -> bool:
+    seps = {os.sep, "/"} | ({os.altsep} if os.altsep else set())
+    return any(c in s for c in seps) or s.startswith((".", "~")) or s.lower().endswith(".gguf")
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:
+        return False
