@@ -1,0 +1,154 @@
+"""The `edgeserve` command line: pull and run models (serve and bench come with the server)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from edgeserve.errors import EdgeserveError
+from edgeserve.registry import CATALOG, DEFAULT_MODEL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="edgeserve", description="A local LLM server and runner.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="download a catalog model into the cache folder")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, help=f"catalog name ({', '.join(CATALOG)})")
+
+    sub.add_parser("list", help="list catalog models and whether they are pulled")
+
+    r = sub.add_parser("run", help="generate a reply to a prompt, streamed to the terminal")
+    r.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
+                   help="model (catalog name, .gguf path or HF folder; default %(default)s) and prompt; "
+                        "with no prompt: chat interactively, or read the prompt from stdin")
+    r.add_argument("--model", "-m", default=None, help=f"model to run (default {DEFAULT_MODEL})")
+    r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--temperature", type=float, default=0.7)
+    r.add_argument("--top-p", type=float, default=0.9)
+    r.add_argument("--top-k", type=int, default=0)
+    r.add_argument("--min-p", type=float, default=0.0)
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--system", default=None, help="system message for the chat template")
+    r.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+    r.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="compute dtype (auto: bfloat16 on CPU with 4-bit weights kept packed; "
+                        "float32 dequantizes everything, slower but closest to a reference)")
+    r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
+    return parser
+
+
+def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
+    """Read `run`'s positionals as [MODEL] [PROMPT]: a lone word names a model only if it is one."""
+    pos = list(args.args)
+    model = args.model
+    if model is None and len(pos) >= 2:
+        model = pos.pop(0)
+    elif model is None and len(pos) == 1 and (pos[0] in CATALOG or Path(pos[0]).expanduser().exists()):
+        model = pos.pop(0)
+    if len(pos) > 1:
+        raise EdgeserveError("run takes at most a model and one prompt; quote the prompt")
+    return model or DEFAULT_MODEL, (pos[0] if pos else None)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from edgeserve.registry import pull
+
+    path = pull(args.name, progress=True)
+    print(path)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from edgeserve.registry import cached_path, is_pulled
+
+    for name, entry in CATALOG.items():
+        state = str(cached_path(name)) if is_pulled(name) else "not pulled"
+        print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license:<12} {state}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from edgeserve.engine.single import generate
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+    from edgeserve.sampling_params import SamplingParams
+
+    model_name, prompt = split_model_and_prompt(args)
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed)
+    except ValueError as e:
+        raise EdgeserveError(str(e)) from None
+    source = resolve(model_name)
+    lm = load_model(source, dtype=args.dtype)
+    if args.verbose:
+        print(f"loaded {lm.name} in {lm.load_seconds:.2f}s", file=sys.stderr)
+
+    def reply(messages: list[dict], text: str) -> str:
+        if args.raw:
+            ids = lm.tokenizer.encode(text)
+        else:
+            ids = lm.tokenizer.encode(lm.chat_template.render(messages, add_generation_prompt=True),
+                                      add_special_tokens=False)
+        out = []
+        start = time.perf_counter()
+        n = 0
+        for delta in generate(lm, ids, params):
+            n += 1
+            out.append(delta.text)
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        if args.verbose:
+            dt = time.perf_counter() - start
+            print(f"[{len(ids)} prompt tokens, {n} generated in {dt:.2f}s, {n / dt:.1f} tokens/s]", file=sys.stderr)
+        return "".join(out)
+
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    if prompt is None and not sys.stdin.isatty():
+        prompt = sys.stdin.read()
+    if prompt is not None:
+        reply(messages + [{"role": "user", "content": prompt}], prompt)
+        return 0
+    print(f"chatting with {lm.name}; an empty line or Ctrl-D ends", file=sys.stderr)
+    while True:
+        try:
+            text = input(">>> ")
+        except EOFError:
+            break
+        if not text.strip():
+            break
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": reply(messages, text)})
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except EdgeserveError as e:
+        print(f"edgeserve: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # never a traceback for the user; EDGESERVE_DEBUG=1 shows it
+        if os.environ.get("EDGESERVE_DEBUG"):
+            raise
+        print(f"edgeserve: error: {type(e).__name__}: {e} (set EDGESERVE_DEBUG=1 for details)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
