@@ -129,7 +129,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         scaling = None
-        rs = cfg.get("rope_scaling") or None
+        # transformers < 5 writes `rope_scaling`; 5.x writes `rope_parameters` (which also holds rope_theta)
+        rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
         if rs:
             kind = rs.get("rope_type") or rs.get("type")
             if kind == "linear":
@@ -142,7 +143,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
                     original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
                 )
-            elif kind != "default":
+            elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None:  # newer transformers nest it under rope_parameters
