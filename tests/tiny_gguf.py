@@ -1,0 +1,76 @@
+"""Write tiny but complete llama-architecture GGUF files (byte-level BPE tokenizer, random weights) for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def byte_vocab() -> list[str]:
+    """The 256 GPT-2 byte-level symbols, in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
+                     skip_tensor: str | None = None) -> Path:
+    """A GGUF with `arch` metadata, a 259-token byte-level vocab and random weights stored as `qtype`."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 256)
+    w.add_token_merges([])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    vocab = len(tokens)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    hd = hidden // heads
+    for i in range(layers):
+        shapes.update({
+            f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (kv_heads * hd, hidden),
+            f"blk.{i}.attn_v.weight": (kv_heads * hd, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
+            f"blk.{i}.ffn_gate.weight": (ffn, hidden), f"blk.{i}.ffn_up.weight": (ffn, hidden),
+            f"blk.{i}.ffn_down.weight": (hidden, ffn),
+        })
+    qt = gguf.GGMLQuantizationType[qtype]
+    for name, shape in shapes.items():
+        if name == skip_tensor:
+            continue
+        data = rng.normal(0, 0.3, size=shape).astype(np.float32)
+        if len(shape) == 1:
+            w.add_tensor(name, data + 1.0)
+        elif qtype == "F32":
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
