@@ -1,0 +1,44 @@
+"""The wheel maps kernels/, loaders/, offload/ into the edgeserve namespace and imports from an install."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_layout_and_import(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+    wheel = next((tmp_path / "dist").glob("edgeserve-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for expected in ["edgeserve/kernels/quant_linear.py", "edgeserve/loaders/gguf_file.py",
+                     "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py"]:
+        assert expected in names
+    assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = ("import edgeserve, edgeserve.kernels.quant_linear, edgeserve.loaders.gguf_file, edgeserve.offload;"
+            "print(edgeserve.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(site))
+
+
+def test_editable_install_imports_namespace():
+    import edgeserve.kernels
+    import edgeserve.loaders
+    import edgeserve.offload
+
+    assert Path(edgeserve.kernels.__file__).parent == ROOT / "kernels"
+    assert Path(edgeserve.loaders.__file__).parent == ROOT / "loaders"
+    assert Path(edgeserve.offload.__file__).parent == ROOT / "offload"
