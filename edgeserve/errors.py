@@ -19,3 +19,7 @@ class UnknownModelError(EdgeserveError):
 
 class PullError(EdgeserveError):
     """Fetching a catalog model failed (network, pip, checksum)."""
+
+
+class ChatTemplateError(EdgeserveError):
+    """A chat template failed to compile or render (bad message order, unsafe access, template bug)."""

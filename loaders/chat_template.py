@@ -1,0 +1,210 @@
+"""Chat templates: a model's Jinja template turned into a prompt string, as transformers renders it.
+
+Templates come with the model and are untrusted code, so they run in Jinja's immutable sandbox with
+the same settings and helpers as transformers' `apply_chat_template` (`trim_blocks`, `lstrip_blocks`,
+`loopcontrols`, `raise_exception`, a `tojson` that does not HTML-escape, `strftime_now`), and reaching
+for an underscore attribute such as `__class__` stops rendering with a `ChatTemplateError`.
+
+A model that ships no template gets `CHATML_TEMPLATE`:
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n   (per message)
+    <|im_start|>assistant\\n                       (when add_generation_prompt)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from edgeserve.errors import ChatTemplateError, ModelLoadError
+
+from .tokenizer import hf_special_tokens, load_json_if_exists
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class _RaisedByTemplate(TemplateError):
+    """What the template's own `raise_exception(message)` raises."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _RaisedByTemplate(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """Jinja's `namespace()`, refusing underscore names so a template cannot plant dunder attributes."""
+
+    def __init__(*args: Any, **kwargs: Any):  # same signature trick as Jinja's, so namespace(self=...) works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates may not set underscore attribute {name!r} on a namespace")
+
+
+class _Dict:
+    """`dict(...)` and `dict.fromkeys(...)` for templates, without exposing the `dict` type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accepts transformers' `{% generation %}...{% endgeneration %}` (assistant-mask markers) as a no-op."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # The stock sandbox returns an Undefined that prints as '' -- fail loudly instead.
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
+def _environment() -> _Environment:
+    env = _Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, namespace=_Namespace, dict=_Dict())
+    return env
+
+
+_ENV = _environment()
+
+
+def _plain(value: Any) -> Any:
+    """`value` rebuilt from plain JSON types; anything else becomes an inert '<TypeName>' string."""
+    return json.loads(json.dumps(value, default=lambda o: f"<{type(o).__name__}>"))
+
+
+class ChatTemplate:
+    """A model's chat template, compiled once and rendered per request."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", *, is_fallback: bool = False):
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.is_fallback = is_fallback  # True when the model had no template and CHATML_TEMPLATE stands in
+        try:
+            self._template = _ENV.from_string(source)
+        except TemplateError as e:
+            raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt for `messages` (dicts with 'role' and 'content'); `extra` reaches the template as
+        variables (e.g. tools=[...], documents=[...], enable_thinking=False)."""
+        context = {
+            "tools": None,  # passed explicitly, as transformers does: templates test `tools is not none`
+            "documents": None,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            **_plain(extra),
+            "messages": _plain(messages),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        try:
+            return self._template.render(**context)
+        except _RaisedByTemplate as e:
+            raise ChatTemplateError(str(e)) from None
+        except SecurityError as e:
+            raise ChatTemplateError(f"chat template refused by the sandbox: {e}") from None
+        except Exception as e:  # a template bug or an unexpected message shape: still the request's problem
+            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({len(self.source)} chars, fallback={self.is_fallback})"
+
+
+def _pick(templates: Any, name: str | None, where: str) -> str | None:
+    """One template from a string or from transformers' list of {'name', 'template'} form."""
+    if templates is None or isinstance(templates, str):
+        return None if name else templates
+    if isinstance(templates, list):
+        named = {t.get("name"): t.get("template") for t in templates if isinstance(t, dict)}
+        key = name or "default"
+        if key not in named:
+            raise ModelLoadError(f"{where} has no chat template named {key!r} (has: {', '.join(map(str, named))})")
+        return named[key]
+    raise ModelLoadError(f"{where}: chat_template is neither a string nor a list of named templates")
+
+
+def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None) -> ChatTemplate:
+    """The template in `tokenizer.chat_template` (or `tokenizer.chat_template.<name>`), ChatML if absent."""
+    key = "tokenizer.chat_template" + (f".{name}" if name else "")
+    source = metadata.get(key)
+    if name and source is None:
+        raise ModelLoadError(f"GGUF metadata has no {key}")
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+
+    def token(id_key: str) -> str:
+        i = metadata.get(f"tokenizer.ggml.{id_key}")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else ""
+
+    bos, eos = token("bos_token_id"), token("eos_token_id")
+    if not source:
+        return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)
+    return ChatTemplate(source, bos, eos)
+
+
+def chat_template_from_hf_folder(path: str | os.PathLike[str], name: str | None = None) -> ChatTemplate:
+    """The template of a Hugging Face folder: chat_template.jinja, else tokenizer_config.json's
+    `chat_template` (string or named list), else chat_template.json; ChatML if none has one."""
+    folder = Path(path)
+    bos, eos = (t or "" for t in hf_special_tokens(folder))
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file() and not name:
+        try:
+            return ChatTemplate(jinja_file.read_text(encoding="utf-8"), bos, eos)
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"cannot read {jinja_file}: {e}") from None
+    for file in ("tokenizer_config.json", "chat_template.json"):
+        source = _pick(load_json_if_exists(folder / file).get("chat_template"), name, str(folder / file))
+        if source:
+            return ChatTemplate(source, bos, eos)
+    if name:
+        raise ModelLoadError(f"{folder} has no chat template named {name!r}")
+    return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)

@@ -1,0 +1,402 @@
+"""Tokenizers from GGUF metadata or a Hugging Face folder, behind one `Tokenizer` type.
+
+GGUF files carry no `tokenizer.json`; they store the vocabulary under llama.cpp's key names. We rebuild
+an equivalent `tokenizers.Tokenizer` from those keys:
+
+- `tokenizer.ggml.model == "gpt2"`: byte-level BPE with the file's merges. How text is split before
+  BPE depends on `tokenizer.ggml.pre`: we use llama.cpp's regexes for each name, written the way the
+  original `tokenizer.json` files write them.
+- `tokenizer.ggml.model == "llama"`: SentencePiece BPE. The file has scores instead of merges; merging
+  the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
+  `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
+
+Tokens typed control/unknown in `tokenizer.ggml.token_type` become special added tokens and
+user-defined ones plain added tokens, so both are matched whole in the input text, as Hugging Face
+and llama.cpp do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+from tokenizers.decoders import DecodeStream
+
+from edgeserve.errors import ModelLoadError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's token types (gguf.TokenType).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+# Tokens that end an assistant turn in common chat formats; any present in the vocabulary stops generation
+# (llama.cpp's list).
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+)
+
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class _PreTokenizer:
+    """How a byte-level BPE vocabulary splits text before merging, and its other per-family settings."""
+
+    splits: tuple[str, ...]  # regexes applied in turn, each splitting the pieces of the one before
+    ignore_merges: bool = False  # a piece that is itself a token is taken whole (Llama 3's tokenizer.json)
+    nfc: bool = False
+    add_bos: bool = False  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
+
+
+# `tokenizer.ggml.pre` names as llama.cpp's convert_hf_to_gguf.py writes them, with llama.cpp's regexes.
+_DEFAULT_PRE = _PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
+_GPT2_PRE = _PreTokenizer((_GPT2_SPLIT,))
+_DIGITS_GPT2_PRE = _PreTokenizer((r"\p{N}", _GPT2_SPLIT))
+_LLAMA3_PRE = _PreTokenizer((_LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
+_QWEN2_PRE = _PreTokenizer((_QWEN2_SPLIT,), nfc=True)  # Qwen2's tokenizer.json normalizes to NFC
+_PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
+    "default": _DEFAULT_PRE,
+    **dict.fromkeys(
+        ["gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "gigachat", "a.x-4.0", "mellum", "exaone4"],
+        _GPT2_PRE,
+    ),
+    **dict.fromkeys(
+        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], _DIGITS_GPT2_PRE
+    ),
+    **dict.fromkeys(
+        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2", "midm-2.0"], _LLAMA3_PRE
+    ),
+    **dict.fromkeys(["dbrx", "smaug-bpe"], _PreTokenizer((_LLAMA3_SPLIT,))),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "megrez"], _QWEN2_PRE),
+    "tekken": _PreTokenizer((_TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
+    **dict.fromkeys(["gpt-4o", "llama4"], _PreTokenizer((_GPT4O_SPLIT,))),
+}
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus the ids that matter to generation (BOS, EOS, end of turn)."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        eot_ids: Iterable[int] = (),
+        add_bos: bool = False,
+        vocab_size: int | None = None,
+    ):
+        self.backend = backend
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eot_ids: frozenset[int] = frozenset(eot_ids) | ({eos_id} if eos_id is not None else set())
+        self.add_bos = add_bos and bos_id is not None
+        self.vocab_size: int = max(vocab_size or 0, backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def bos_token(self) -> str:
+        """The BOS token's text, or '' when the model has none."""
+        return "" if self.bos_id is None else self.id_to_token(self.bos_id) or ""
+
+    @property
+    def eos_token(self) -> str:
+        """The EOS token's text, or '' when the model has none."""
+        return "" if self.eos_id is None else self.id_to_token(self.eos_id) or ""
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry for one id, as stored (byte-level spelling for GPT-2 style vocabularies)."""
+        return self.backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry, or None."""
+        return self.backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for `text`; special tokens written in the text become their single ids.
+
+        `add_special_tokens` prepends BOS when the model wants one (`add_bos`); nothing is appended.
+        """
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_special_tokens and self.add_bos else ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text for a sequence of ids."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, skip_special_tokens: bool = False) -> Callable[[int], str]:
+        """A function fed one id at a time that returns the new text it completes ('' while a
+        multi-byte character is still incomplete); the pieces join to `decode` of all ids."""
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+        def step(token_id: int) -> str:
+            return stream.step(self.backend, token_id) or ""
+
+        return step
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r}, "
+            f"eot_ids={sorted(self.eot_ids)}, add_bos={self.add_bos})"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- GGUF
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer a GGUF file describes (`tokenizer.ggml.*` keys, as `GGUFFile.metadata` gives them)."""
+    model = metadata.get("tokenizer.ggml.model")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if model is None or not tokens:
+        raise ModelLoadError("GGUF metadata has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens)")
+    tokens = list(tokens)
+    types = np.asarray(metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens), dtype=np.int64)
+    if len(types) != len(tokens):
+        raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
+
+    if model == "gpt2":
+        pre = _gpt2_pre_tokenizer(metadata)
+        spec = _gpt2_spec(metadata, tokens, pre)
+        add_bos_default = pre.add_bos
+    elif model == "llama":
+        spec = _spm_spec(metadata, tokens, types)
+        add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
+    else:
+        raise UnsupportedModelError(
+            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+        )
+
+    def token_id(key: str) -> int | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
+
+    bos_id, eos_id = token_id("bos_token_id"), token_id("eos_token_id")
+    named_ids = (bos_id, eos_id, token_id("unknown_token_id"), token_id("padding_token_id"))
+    special_mask = np.isin(types, (TOKEN_CONTROL, TOKEN_UNKNOWN))
+    special_mask[[i for i in named_ids if i is not None]] = True
+    user_mask = (types == TOKEN_USER_DEFINED) & ~special_mask
+    added = [
+        {"id": int(i), "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": bool(special_mask[i])}
+        for i in np.flatnonzero(special_mask | user_mask)
+    ]  # fmt: skip
+
+    try:
+        backend = tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
+    except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
+        raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
+    eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
+    eot_ids |= _named_end_of_turn_ids(backend)
+    add_bos = metadata.get("tokenizer.ggml.add_bos_token")
+    return Tokenizer(
+        backend,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        eot_ids=eot_ids,
+        add_bos=bool(add_bos_default if add_bos is None else add_bos),
+        vocab_size=len(tokens),
+    )
+
+
+def _gpt2_pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:
+    name = metadata.get("tokenizer.ggml.pre") or "default"
+    pre = _PRE_TOKENIZERS.get(name)
+    if pre is None:
+        log.warning("unknown GGUF pre-tokenizer %r; splitting text the GPT-2 way", name)
+        return _GPT2_PRE
+    return pre
+
+
+def _gpt2_spec(metadata: Mapping[str, Any], tokens: list[str], pre: _PreTokenizer) -> dict[str, Any]:
+    """tokenizer.json fields for a byte-level BPE vocabulary."""
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not merges:
+        raise ModelLoadError("GGUF tokenizer 'gpt2' has no tokenizer.ggml.merges")
+    splits = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in pre.splits]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return {
+        "normalizer": {"type": "NFC"} if pre.nfc else None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*splits, byte_level]},
+        "post_processor": None,
+        "decoder": byte_level,
+        # Normal tokens are stored in the byte-level alphabet, added ones as raw text; both go in as they are,
+        # so ids never shift, and the ByteLevel decoder passes raw text through untouched.
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": pre.ignore_merges, "vocab": dict(zip(tokens, range(len(tokens)))), "merges": list(merges),
+        },  # fmt: skip
+    }
+
+
+def _spm_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> dict[str, Any]:
+    """tokenizer.json fields for a SentencePiece BPE vocabulary (scores, `▁` spaces, byte fallback)."""
+    scores = metadata.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise ModelLoadError("GGUF tokenizer 'llama' needs one tokenizer.ggml.scores entry per token")
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if prefix_space:
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    # SentencePiece's dummy prefix goes before every stretch of text, even one that already starts with a
+    # space and one that follows a special token, as in llama.cpp and Llama 2's own tokenizer.json.
+    # (A Metaspace pre-tokenizer would skip both cases.)
+    normalizers: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]
+    if prefix_space:
+        normalizers.insert(0, {"type": "Prepend", "prepend": "▁"})
+    return {
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE", "dropout": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+            "unk_token": tokens[int(unk)] if unk is not None and 0 <= int(unk) < len(tokens) else None,
+            "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+            "vocab": dict(zip(tokens, range(len(tokens)))),
+            "merges": spm_merges(tokens, scores, types == TOKEN_NORMAL),
+        },  # fmt: skip
+    }
+
+
+def spm_merges(tokens: Sequence[str], scores: Sequence[float], mergeable: np.ndarray) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece's "merge the best-scoring pair" rule.
+
+    Every way of splitting a mergeable token into two mergeable tokens is a merge, ranked by the
+    token's score (best first), then by longer left part, longer right part, and vocabulary order.
+    """
+    ids = {t: i for i, t in enumerate(tokens) if mergeable[i]}
+    candidates = []
+    for token, i in ids.items():
+        splits = [(token[:k], token[k:]) for k in range(1, len(token))]
+        found = sorted((ids[a], ids[b], a, b) for a, b in splits if a in ids and b in ids)
+        first = len(candidates)  # position in vocabulary order: the last tie-breaker
+        candidates.extend((-scores[i], -len(a), -len(b), n, a, b) for n, (_, _, a, b) in enumerate(found, first))
+    candidates.sort()
+    return [(a, b) for *_, a, b in candidates]
+
+
+def _named_end_of_turn_ids(backend: tokenizers.Tokenizer) -> set[int]:
+    ids = map(backend.token_to_id, END_OF_TURN_TOKENS)
+    found = {text: i for text, i in zip(END_OF_TURN_TOKENS, ids) if i is not None}
+    if "<|return|>" in found and "<|call|>" in found:
+        found.pop("<|end|>", None)  # gpt-oss (harmony): <|end|> closes a message inside a turn, not the turn
+    return set(found.values())
+
+
+# ------------------------------------------------------------------------------------ Hugging Face
+
+
+def load_json_if_exists(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, {} if the file is absent; a clear error if it is not valid JSON."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return value
+
+
+def special_token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def hf_special_tokens(folder: Path) -> tuple[str | None, str | None]:
+    """`(bos_token, eos_token)` texts from tokenizer_config.json, falling back to special_tokens_map.json."""
+    config = load_json_if_exists(folder / "tokenizer_config.json")
+    special_map = load_json_if_exists(folder / "special_tokens_map.json")
+
+    def text(key: str) -> str | None:
+        return special_token_text(config.get(key)) or special_token_text(special_map.get(key))
+
+    return text("bos_token"), text("eos_token")
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def tokenizer_from_hf_folder(path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer of a Hugging Face model folder (tokenizer.json, with tokenizer_config.json,
+    special_tokens_map.json, generation_config.json and config.json consulted when present)."""
+    folder = Path(path)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ModelLoadError(f"{folder} has no tokenizer.json (slow-only tokenizers are not supported)")
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    except Exception as e:  # the Rust side reports parse errors as a plain Exception
+        raise ModelLoadError(f"cannot load {tokenizer_file}: {e}") from None
+
+    config = load_json_if_exists(folder / "tokenizer_config.json")
+    generation = load_json_if_exists(folder / "generation_config.json")
+    model_config = load_json_if_exists(folder / "config.json")
+    bos_text, eos_text = hf_special_tokens(folder)
+
+    def resolve(text: str | None, key: str) -> int | None:
+        if text is not None and (i := backend.token_to_id(text)) is not None:
+            return i
+        ids = _as_id_list(generation.get(key)) or _as_id_list(model_config.get(key))
+        return ids[0] if ids else None
+
+    bos_id, eos_id = resolve(bos_text, "bos_token_id"), resolve(eos_text, "eos_token_id")
+    eot_ids = set(_as_id_list(generation.get("eos_token_id")) or _as_id_list(model_config.get("eos_token_id")))
+    eot_ids |= _named_end_of_turn_ids(backend)
+
+    add_bos = config.get("add_bos_token")
+    if add_bos is None and bos_id is not None:
+        # No explicit flag: the tokenizer.json post-processor decides, as in transformers.
+        probe = backend.encode("a", add_special_tokens=True).ids
+        add_bos = bool(probe) and probe[0] == bos_id
+    return Tokenizer(backend, bos_id=bos_id, eos_id=eos_id, eot_ids=eot_ids, add_bos=bool(add_bos))
