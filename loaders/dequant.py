@@ -1,30 +1,221 @@
-"""Dequantize GGUF tensor data to float (placeholder over gguf.quants; replaced by our vectorized torch code)."""
+"""Dequantize GGUF tensor data to float32 torch tensors, and expose 4-bit types as packed groups.
+
+Block layouts follow ggml (ggml-common.h); results match `gguf.quants.dequantize` bit for bit.
+"""
 
 from __future__ import annotations
+
+from math import prod
+from typing import Callable
 
 import numpy as np
 import torch
 
-SUPPORTED_QTYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+from edgeserve.errors import ModelLoadError, UnsupportedModelError
+
+# qtype -> (elements per block, bytes per block)
+BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q8_0": (32, 2 + 32),
+    "Q4_0": (32, 2 + 16),
+    "Q4_1": (32, 2 + 2 + 16),
+    "Q4_K": (256, 2 + 2 + 12 + 128),
+    "Q5_K": (256, 2 + 2 + 12 + 32 + 128),
+    "Q6_K": (256, 128 + 64 + 16 + 2),
+}
+
+SUPPORTED_QTYPES = frozenset(BLOCK_LAYOUTS)
+Q4_QTYPES = frozenset({"Q4_0", "Q4_1", "Q4_K"})
+GROUP_SIZE = 32
+
+# Decode slices of about this many weights at a time: bounds the temporaries for big tensors
+# (embeddings) to a few MB without paying per-call overhead on small ones.
+_CHUNK_ELEMENTS = 1 << 20
 
 
 def dequantize(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Stored GGUF data of type `qtype` -> float32 tensor of `shape` (torch order)."""
-    from gguf import GGMLQuantizationType, quants
+    """Stored GGUF data of type `qtype` -> new float32 tensor of `shape` (torch order).
 
-    out = quants.dequantize(np.asarray(raw), GGMLQuantizationType[qtype])
-    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+    `raw` is a GGUF reader tensor's `.data` (bytes for block types, typed values for F32/F16);
+    it is only read, so a read-only mmap view is fine.
+    """
+    decode = _DECODERS.get(qtype)
+    if decode is None:
+        raise UnsupportedModelError(
+            f"quantization type {qtype} is not supported (supported: {', '.join(sorted(SUPPORTED_QTYPES))})"
+        )
+    block, size = BLOCK_LAYOUTS[qtype]
+    blocks = _blocks(raw, qtype, shape)
+    n_blocks = blocks.shape[0]
+    out = torch.empty((n_blocks, block), dtype=torch.float32)
+    step = max(1, _CHUNK_ELEMENTS // block)
+    buf = torch.empty((min(step, n_blocks), size), dtype=torch.uint8)
+    buf_np = buf.numpy()
+    for start in range(0, n_blocks, step):
+        stop = min(start + step, n_blocks)
+        # Copying into our own buffer keeps torch off the read-only mmap (no writes, no warning).
+        buf_np[: stop - start] = blocks[start:stop]
+        decode(buf[: stop - start], out[start:stop])
+    return out.view(shape)
 
 
-def q4_blocks(raw: np.ndarray, qtype: str, shape: tuple[int, ...]):
-    """Placeholder (Q4_0/Q4_1 only): (q uint8 [rows, cols], scale, offset [rows, cols//32]) with w = q*scale + offset."""
-    rows, cols = shape
-    b = torch.from_numpy(np.ascontiguousarray(raw)).view(rows, cols // 32, -1)
-    d = b[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
-    if qtype == "Q4_0":
-        qs, off = b[..., 2:], -8 * d
+def q4_blocks(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0, Q4_1 or Q4_K tensor as 4-bit codes with a scale and offset per group of 32 weights.
+
+    With `rows = prod(shape[:-1])` and `cols = shape[-1]`, returns
+      q:      uint8   [rows, cols]       codes 0..15, in weight order
+      scale:  float32 [rows, cols // 32]
+      offset: float32 [rows, cols // 32]
+    such that weight[r, c] = q[r, c] * scale[r, c // 32] + offset[r, c // 32], which equals
+    `dequantize(raw, qtype, shape)` exactly. Per type: Q4_0 scale = d, offset = -8*d;
+    Q4_1 scale = d, offset = m; Q4_K scale = d*sc, offset = -dmin*m for each 32-weight sub-block.
+    """
+    if qtype not in Q4_QTYPES:
+        raise UnsupportedModelError(f"q4_blocks handles {', '.join(sorted(Q4_QTYPES))}, not {qtype}")
+    blocks = torch.from_numpy(np.array(_blocks(raw, qtype, shape)))
+    rows = prod(shape[:-1])
+    cols = shape[-1]
+    if qtype == "Q4_K":
+        d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+        sc, mn = _k_scale_min(blocks[:, 4:16])
+        q = _k_nibbles(blocks[:, 16:])
+        scale = d * sc.float()
+        offset = -(dmin * mn.float())
     else:
-        m = b[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
-        qs, off = b[..., 4:], m
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).reshape(rows, cols)
-    return q, d, off
+        d = _f16(blocks[:, 0:2])
+        if qtype == "Q4_0":
+            q = _nibbles32(blocks[:, 2:])
+            scale, offset = d, d * -8.0
+        else:
+            q = _nibbles32(blocks[:, 4:])
+            scale, offset = d, _f16(blocks[:, 2:4])
+    return q.reshape(rows, cols), scale.reshape(rows, cols // GROUP_SIZE), offset.reshape(rows, cols // GROUP_SIZE)
+
+
+def _blocks(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """`raw` as a (n_blocks, bytes_per_block) uint8 array, after checking its size against `shape`."""
+    block, size = BLOCK_LAYOUTS[qtype]
+    arr = np.asarray(raw)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    n = prod(shape)
+    if n % block or data.size != n // block * size:
+        raise ModelLoadError(
+            f"{qtype} tensor of shape {tuple(shape)} should have {n // block * size} bytes "
+            f"(in blocks of {block}), got {data.size}"
+        )
+    return data.reshape(-1, size)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """(k, 2) little-endian fp16 bytes -> (k, 1) float32."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles32(qs: torch.Tensor) -> torch.Tensor:
+    """(k, 16) packed bytes -> (k, 32) codes: low nibbles are weights 0..15, high nibbles 16..31."""
+    return torch.cat((qs & 0x0F, qs >> 4), dim=1)
+
+
+def _k_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """(k, 128) Q4_K/Q5_K packed bytes -> (k, 256) codes; each 32 bytes hold 64 weights, low nibbles first."""
+    qs = qs.reshape(-1, 4, 1, 32)
+    return torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(-1, 256)
+
+
+def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, 12) packed 6-bit sub-block scales and mins of Q4_K/Q5_K -> two (k, 8) uint8."""
+    lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = torch.cat((lo & 0x3F, (hi & 0x0F) | ((lo >> 2) & 0x30)), dim=1)
+    mn = torch.cat((mid & 0x3F, (hi >> 4) | ((mid >> 2) & 0x30)), dim=1)
+    return sc, mn
+
+
+# Decoders fill `out` (k, block) float32 from `b` (k, bytes_per_block) uint8. The arithmetic
+# order mirrors ggml's reference code so the float32 results are identical, not just close.
+
+
+def _decode_f32(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(b.view(torch.float32))
+
+
+def _decode_f16(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(b.view(torch.float16))
+
+
+def _decode_bf16(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(b.view(torch.bfloat16))
+
+
+def _decode_q8_0(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(b[:, 2:].view(torch.int8))
+    out.mul_(_f16(b[:, 0:2]))
+
+
+def _decode_q4_0(b: torch.Tensor, out: torch.Tensor) -> None:
+    qs = b[:, 2:]
+    out[:, :16] = qs & 0x0F
+    out[:, 16:] = qs >> 4
+    out.sub_(8.0).mul_(_f16(b[:, 0:2]))
+
+
+def _decode_q4_1(b: torch.Tensor, out: torch.Tensor) -> None:
+    qs = b[:, 4:]
+    out[:, :16] = qs & 0x0F
+    out[:, 16:] = qs >> 4
+    out.mul_(_f16(b[:, 0:2])).add_(_f16(b[:, 2:4]))
+
+
+def _apply_k_scale_min(b: torch.Tensor, out: torch.Tensor) -> None:
+    """out (holding codes) -> (d*sc) * q - dmin*m per 32-weight sub-block (Q4_K, Q5_K)."""
+    sc, mn = _k_scale_min(b[:, 4:16])
+    scale = _f16(b[:, 0:2]) * sc.float()
+    dm = _f16(b[:, 2:4]) * mn.float()
+    out8 = out.view(-1, 8, 32)
+    out8.mul_(scale.unsqueeze(-1)).sub_(dm.unsqueeze(-1))
+
+
+def _decode_q4_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    qs = b[:, 16:].reshape(-1, 4, 1, 32)
+    out4 = out.view(-1, 4, 2, 32)
+    out4[:, :, 0:1] = qs & 0x0F
+    out4[:, :, 1:2] = qs >> 4
+    _apply_k_scale_min(b, out)
+
+
+_QH_SHIFTS_5 = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+_QH_SHIFTS_6 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+
+
+def _decode_q5_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    # bit i of qh[j] is the fifth bit of weight j in sub-block i
+    high = ((b[:, 16:48].unsqueeze(1) >> _QH_SHIFTS_5) & 1) << 4
+    out.copy_(_k_nibbles(b[:, 48:]) | high.reshape(-1, 256))
+    _apply_k_scale_min(b, out)
+
+
+def _decode_q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    # two halves of 128 weights: 64 ql bytes (low nibbles, then high nibbles) and 32 qh bytes (2 bits x 4)
+    ql = b[:, 0:128].reshape(-1, 2, 1, 64)
+    low = torch.cat((ql & 0x0F, ql >> 4), dim=2).reshape(-1, 256)
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32)
+    high = ((qh >> _QH_SHIFTS_6) & 3).reshape(-1, 256)
+    out.copy_((low | (high << 4)).view(torch.int8) - 32)
+    scale = _f16(b[:, 208:210]) * b[:, 192:208].view(torch.int8).float()
+    out.view(-1, 16, 16).mul_(scale.unsqueeze(-1))
+
+
+_DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
+    "F32": _decode_f32,
+    "F16": _decode_f16,
+    "BF16": _decode_bf16,
+    "Q8_0": _decode_q8_0,
+    "Q4_0": _decode_q4_0,
+    "Q4_1": _decode_q4_1,
+    "Q4_K": _decode_q4_k,
+    "Q5_K": _decode_q5_k,
+    "Q6_K": _decode_q6_k,
+}
