@@ -85,4 +85,4 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
     if isinstance(weight, Int4Weight):
         y = weight.matmul(x)
         return y + bias if bias is not None else y
-    return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias)

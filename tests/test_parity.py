@@ -60,4 +60,6 @@ def test_default_bf16_int4_path_stays_close(default_model_path, default_model_fp
         outs.append(m.logits(m.forward(torch.tensor(ids), torch.arange(len(ids)), kv)))
     p_ref, p_fast = outs[0].softmax(-1), outs[1].softmax(-1)
     # total-variation distance of the next-token distributions, per position
-    assert (0.5 * (p_ref - p_fast).abs().sum(-1)).max() < 0.1
+    tv = 0.5 * (p_ref - p_fast).abs().sum(-1)
+    assert tv.max() < 0.08 and tv.mean() < 0.03
+    assert (outs[0].argmax(-1) == outs[1].argmax(-1)).float().mean() >= 0.9

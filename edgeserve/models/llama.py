@@ -101,7 +101,8 @@ class LlamaModel:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions."""
         c = self.config
         t = input_ids.shape[0]
-        x = F.embedding(input_ids, self.embed)
+        # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
+        x = F.embedding(input_ids, self.embed).float()
         cos, sin = self.cos[positions], self.sin[positions]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
@@ -114,10 +115,10 @@ class LlamaModel:
                 q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
                 k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            x = x + linear(attn(i, q, k, v), layer.o_proj)
+            x = x + linear(attn(i, q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)), layer.o_proj)
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             x = x + linear(silu_and_mul(linear(h, layer.gate_up)), layer.down)
-        return rms_norm(x, self.norm, c.rms_norm_eps)
+        return rms_norm(x, self.norm, c.rms_norm_eps).to(self.dtype)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
