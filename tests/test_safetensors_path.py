@@ -17,9 +17,17 @@ from edgeserve.sampling_params import SamplingParams
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, reference_model, reference_tokenizer):
     """transformers' conversion of the GGUF: dequantized fp16 safetensors, config.json, tokenizer files."""
+    from safetensors.torch import save_file
+
     out = tmp_path_factory.mktemp("smollm2-hf")
-    reference_model.to(torch.float16).save_pretrained(out, safe_serialization=True)
-    reference_model.to(torch.float32)
+    # transformers refuses save_pretrained on a GGUF-loaded model, so write the folder the way it would
+    state = {k: v.to(torch.float16).contiguous() for k, v in reference_model.state_dict().items()
+             if k != "lm_head.weight"}  # tied to embed_tokens
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = reference_model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = "float16"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     reference_tokenizer.save_pretrained(out)
     return out
 

@@ -24,11 +24,11 @@ def byte_vocab() -> list[str]:
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
                      skip_tensor: str | None = None) -> Path:
-    """A GGUF with `arch` metadata, a 259-token byte-level vocab and random weights stored as `qtype`."""
+    """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab()
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(128)
@@ -42,8 +42,8 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 256)
-    w.add_token_merges([])
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 259)
+    w.add_token_merges(["h e", "l l", "he ll"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
