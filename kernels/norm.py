@@ -1,10 +1,9 @@
 """RMSNorm (torch reference)."""
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) * weight over the last dimension, computed in float32."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    """x / rms(x) * weight over the last dimension, computed and returned in float32."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)

@@ -65,6 +65,32 @@ class Int4Weight:
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
 
+class Int8Weight:
+    """A weight quantized per output row to int8 for the CPU int8 matmul; also serves embedding lookups."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        self.q = torch.round(w / scale[:, None]).to(torch.int8)
+        self.scales = scale.to(dtype)
+        self.out_features, self.in_features = w.shape
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] @ W.T -> [..., out]."""
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]).to(self.scales.dtype), self.q, self.scales)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 rows of W for the given ids (an embedding lookup)."""
+        return self.q[ids].float() * self.scales[ids].float().unsqueeze(-1)
+
+
+def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this device has a fast int8 weight matmul for this activation dtype."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
 def int4_supported(device: torch.device, dtype: torch.dtype, blocks: Q4Blocks) -> bool:
     """Whether this device has a fast packed int4 matmul for this weight and activation dtype."""
     # torch's CPU int4 kernel is fast only for bf16 activations; fp32/fp16 take a slow reference path.
@@ -77,12 +103,12 @@ def int4_supported(device: torch.device, dtype: torch.dtype, blocks: Q4Blocks) -
     )
 
 
-LinearWeight = torch.Tensor | Int4Weight
+LinearWeight = torch.Tensor | Int4Weight | Int8Weight
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W.T (+ b) for a dense or packed 4-bit weight."""
-    if isinstance(weight, Int4Weight):
+    if isinstance(weight, (Int4Weight, Int8Weight)):
         y = weight.matmul(x)
         return y + bias if bias is not None else y
     return F.linear(x.to(weight.dtype), weight, bias)

@@ -9,7 +9,15 @@ import torch.nn.functional as F
 
 from edgeserve.kernels.activation import silu_and_mul
 from edgeserve.kernels.norm import rms_norm
-from edgeserve.kernels.quant_linear import Int4Weight, LinearWeight, Q4Blocks, int4_supported, linear
+from edgeserve.kernels.quant_linear import (
+    Int4Weight,
+    Int8Weight,
+    LinearWeight,
+    Q4Blocks,
+    int4_supported,
+    int8_supported,
+    linear,
+)
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
@@ -35,7 +43,7 @@ class DecoderLayer:
 class LlamaModel:
     """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
 
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor,
+    def __init__(self, config: ModelConfig, embed: torch.Tensor | Int8Weight, layers: list[DecoderLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
         self.config = config
         self.embed = embed
@@ -54,10 +62,13 @@ class LlamaModel:
         """Build the model layer by layer from a weight source (4-bit weights stay packed where supported)."""
         device = torch.device(device)
 
-        def dense(name: str) -> torch.Tensor:
+        def dense(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             value = source.get(name, keep_int4=False)
             assert isinstance(value, torch.Tensor)
-            return value.to(device=device, dtype=dtype)
+            return value.to(device=device, dtype=as_dtype)
+
+        def norm(name: str) -> torch.Tensor:
+            return dense(name, torch.float32)  # norms are tiny; float32 keeps them exact
 
         def matrix(names: list[str]) -> LinearWeight:
             parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
@@ -77,24 +88,31 @@ class LlamaModel:
             if c.attention_bias:
                 bias = torch.cat([dense(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
             layers.append(DecoderLayer(
-                input_norm=dense(p + "input_layernorm.weight"),
+                input_norm=norm(p + "input_layernorm.weight"),
                 qkv=matrix(attn),
                 qkv_bias=bias,
-                q_norm=dense(p + "self_attn.q_norm.weight") if c.qk_norm else None,
-                k_norm=dense(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+                q_norm=norm(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                k_norm=norm(p + "self_attn.k_norm.weight") if c.qk_norm else None,
                 o_proj=matrix([p + "self_attn.o_proj.weight"]),
-                post_norm=dense(p + "post_attention_layernorm.weight"),
+                post_norm=norm(p + "post_attention_layernorm.weight"),
                 gate_up=matrix([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                 down=matrix([p + "mlp.down_proj.weight"]),
             ))
-        embed = dense("model.embed_tokens.weight")
+        # On CPU in bf16 the vocabulary-sized tables are int8 per row: the output head is the biggest single
+        # read of a decode step for small models, and int8 halves it (float32 mode keeps them exact).
+        use_int8 = int8_supported(device, dtype)
+        embed_f = dense("model.embed_tokens.weight", torch.float32)
+        embed: torch.Tensor | Int8Weight = Int8Weight(embed_f, dtype) if use_int8 else embed_f.to(dtype)
         if c.tie_word_embeddings or not source.has("lm_head.weight"):
             lm_head: LinearWeight = embed
         else:
             lm_head = matrix(["lm_head.weight"])
-        freq_factors = dense("rope_freqs") if source.has("rope_freqs") else None
+            if use_int8 and isinstance(lm_head, torch.Tensor):
+                lm_head = Int8Weight(lm_head, dtype)
+        del embed_f
+        freq_factors = norm("rope_freqs") if source.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, freq_factors)
-        return cls(c, embed, layers, dense("model.norm.weight"), lm_head, inv_freq, dtype, device)
+        return cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention) -> torch.Tensor:
@@ -102,20 +120,22 @@ class LlamaModel:
         c = self.config
         t = input_ids.shape[0]
         # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
-        x = F.embedding(input_ids, self.embed).float()
+        if isinstance(self.embed, Int8Weight):
+            x = self.embed.rows(input_ids)
+        else:
+            x = F.embedding(input_ids, self.embed).float()
         cos, sin = self.cos[positions], self.sin[positions]
+        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = q.view(t, c.num_heads, c.head_dim)
-            k = k.view(t, c.num_kv_heads, c.head_dim)
-            v = v.view(t, c.num_kv_heads, c.head_dim)
+            qk = qkv[:, : c.q_size + c.kv_size].view(t, nh + nkv, hd)  # rotate q and k in one go
+            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd).to(self.dtype)
             if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            x = x + linear(attn(i, q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)), layer.o_proj)
+                qk = torch.cat([rms_norm(qk[:, :nh], layer.q_norm, c.rms_norm_eps),
+                                rms_norm(qk[:, nh:], layer.k_norm, c.rms_norm_eps)], dim=1)
+            qk = apply_rope(qk, cos, sin).to(self.dtype)
+            x = x + linear(attn(i, qk[:, :nh], qk[:, nh:], v), layer.o_proj)
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
             x = x + linear(silu_and_mul(linear(h, layer.gate_up)), layer.down)
         return rms_norm(x, self.norm, c.rms_norm_eps).to(self.dtype)
