@@ -68,12 +68,16 @@ class Int4Weight:
 class Int8Weight:
     """A weight quantized per output row to int8 for the CPU int8 matmul; also serves embedding lookups."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
-        w = weight.float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.q = torch.round(w / scale[:, None]).to(torch.int8)
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, chunk_rows: int = 4096):
+        self.out_features, self.in_features = weight.shape
+        self.q = torch.empty(weight.shape, dtype=torch.int8)
+        scale = torch.empty(self.out_features)
+        for start in range(0, self.out_features, chunk_rows):  # chunks keep the float temporaries small
+            w = weight[start:start + chunk_rows].float()
+            s = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            self.q[start:start + chunk_rows] = torch.round(w / s[:, None]).to(torch.int8)
+            scale[start:start + chunk_rows] = s
         self.scales = scale.to(dtype)
-        self.out_features, self.in_features = w.shape
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]."""

@@ -64,6 +64,8 @@ class GGUFFile:
                 self.metadata[key] = field.contents()
             except Exception as e:
                 raise ModelLoadError(f"{self.path} is corrupt: cannot read metadata key {key!r}: {e}") from None
+        # The reader keeps a numpy view per array element (~100k for a vocabulary): drop them once read.
+        self._reader.fields.clear()
         self._tensors = {t.name: t for t in self._reader.tensors}
         for t in self._reader.tensors:
             if t.data_offset + t.n_bytes > size:

@@ -12,6 +12,7 @@ from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.loaders.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
@@ -43,6 +44,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu") -> LoadedModel:
     """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder."""
     start = time.perf_counter()
+    release_large_frees_to_os()
     dev = torch.device(device)
     torch_dtype = DTYPES[dtype] or default_dtype(dev)
     if source.kind == "gguf":
