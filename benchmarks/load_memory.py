@@ -22,7 +22,9 @@ t = time.perf_counter()
 lm = load_model(src, dtype=sys.argv[2])
 dt = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+import psutil
 print(json.dumps({"load_s": dt, "peak_rss_mb": peak / 1024, "rss_before_load_mb": base / 1024,
+                  "rss_after_load_mb": psutil.Process().memory_info().rss / 2**20,
                   "file_mb": src.path.stat().st_size / 1e6}))
 """
 
