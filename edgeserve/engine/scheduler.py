@@ -36,14 +36,18 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     arrival: int = -1  # set by Scheduler.add
     finish_reason: str | None = None
+    all_token_ids: list[int] = field(init=False, repr=False)  # prompt + outputs, kept in step (read-only)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
+
+    def append_output(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return len(self.all_token_ids)
 
     @property
     def num_remaining(self) -> int:
@@ -184,7 +188,7 @@ class Scheduler:
             seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
             if s.samples:
-                seq.output_token_ids.extend(sampled[seq.seq_id])
+                seq.append_output(sampled[seq.seq_id])
 
     # --- phases ------------------------------------------------------------
 
