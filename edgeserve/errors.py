@@ -23,3 +23,10 @@ class PullError(EdgeserveError):
 
 class ChatTemplateError(EdgeserveError):
     """A chat template failed to compile or render (bad message order, unsafe access, template bug)."""
+
+
+class QueueFullError(EdgeserveError):
+    """The engine's waiting queue is full (HTTP 429)."""
+
+    def __init__(self, message: str = "busy") -> None:
+        super().__init__(message)

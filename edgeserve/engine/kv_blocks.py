@@ -1,0 +1,228 @@
+"""Paged KV bookkeeping: reference-counted blocks, per-sequence block tables and a prefix cache."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+SeqId = Hashable
+
+_ROOT_HASH = b""
+
+
+class OutOfBlocksError(RuntimeError):
+    """The pool has too few free blocks for a request (callers check `can_allocate` first)."""
+
+
+def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """Prefix-cache key of a full block: chained over its parent's key and its own token ids."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+@dataclass
+class Block:
+    """One physical block of `block_size` KV slots."""
+
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full and computed
+    parent_hash: bytes = _ROOT_HASH
+    token_ids: tuple[int, ...] = ()  # kept with the hash to rule out collisions
+
+
+@dataclass
+class _SeqBlocks:
+    """A sequence's block table and how far its prefix-cache chain has been registered."""
+
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # tokens that have a reserved slot
+    num_hashed: int = 0  # leading full blocks whose hash is known
+    last_hash: bytes = _ROOT_HASH
+
+
+class BlockManager:
+    """Hands out physical blocks 0..num_blocks-1 to sequences and reuses computed full blocks by prefix."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks, least recently freed first; hashed ones can still be revived by a prefix hit.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._by_hash: dict[bytes, int] = {}
+        self._seqs: dict[SeqId, _SeqBlocks] = {}
+        self.num_prompt_tokens_computed = 0
+        self.num_prompt_tokens_reused = 0
+
+    # --- queries ---------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no user (including cached ones that a new request may reclaim)."""
+        return len(self._free)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable prefix."""
+        return sum(1 for b in self._free if self.blocks[b].hash is not None)
+
+    def blocks_needed(self, n_tokens: int) -> int:
+        """Blocks that hold `n_tokens` tokens."""
+        return -(-n_tokens // self.block_size)
+
+    def can_allocate(self, n_tokens: int) -> bool:
+        """Whether a new sequence of `n_tokens` fits even with no prefix hit."""
+        return self.blocks_needed(n_tokens) <= len(self._free)
+
+    def has_seq(self, seq: SeqId) -> bool:
+        return seq in self._seqs
+
+    def block_table(self, seq: SeqId) -> list[int]:
+        """Physical block ids of `seq`, in logical order (a copy)."""
+        return list(self._seqs[seq].block_ids)
+
+    def slot(self, seq: SeqId, position: int) -> int:
+        """KV slot of token `position` of `seq`."""
+        table = self._seqs[seq].block_ids
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slots(self, seq: SeqId, start: int, stop: int) -> list[int]:
+        """KV slots of positions start..stop-1 of `seq`."""
+        table, bs = self._seqs[seq].block_ids, self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    # --- allocation ------------------------------------------------------
+
+    def allocate(self, seq: SeqId, token_ids: Sequence[int]) -> int:
+        """Give `seq` blocks for `token_ids`, reusing cached prefix blocks; return how many tokens are cached.
+
+        The last token is never reported cached: the model must compute it to sample.
+        """
+        if seq in self._seqs:
+            raise ValueError(f"sequence {seq!r} already has blocks")
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("cannot allocate an empty sequence")
+        hits, parent = self._find_prefix(token_ids, max_blocks=(n - 1) // self.block_size)
+        fresh = self.blocks_needed(n) - len(hits)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if fresh + revived > len(self._free):
+            raise OutOfBlocksError(f"need {fresh + revived} free blocks, have {len(self._free)}")
+        for b in hits:
+            self._ref(b)
+        state = _SeqBlocks(block_ids=hits + [self._take_free() for _ in range(fresh)],
+                           num_tokens=n, num_hashed=len(hits), last_hash=parent)
+        self._seqs[seq] = state
+        cached = len(hits) * self.block_size
+        self.num_prompt_tokens_reused += cached
+        self.num_prompt_tokens_computed += n - cached
+        return cached
+
+    def ensure_capacity(self, seq: SeqId, new_total_tokens: int) -> bool:
+        """Reserve slots so `seq` holds `new_total_tokens` tokens; False (and no change) if blocks run out."""
+        state = self._seqs[seq]
+        extra = self.blocks_needed(new_total_tokens) - len(state.block_ids)
+        if extra > len(self._free):
+            return False
+        state.block_ids.extend(self._take_free() for _ in range(extra))
+        state.num_tokens = max(state.num_tokens, new_total_tokens)
+        return True
+
+    def append_slot(self, seq: SeqId) -> bool:
+        """Reserve a slot for one more token of `seq`; False if blocks run out."""
+        return self.ensure_capacity(seq, self._seqs[seq].num_tokens + 1)
+
+    def commit_full_blocks(self, seq: SeqId, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the prefix-cache keys of `seq`'s blocks that are full within its first `num_computed` tokens."""
+        state, bs = self._seqs[seq], self.block_size
+        num_full = min(num_computed, len(token_ids)) // bs
+        for i in range(state.num_hashed, num_full):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(state.last_hash, tokens)
+            block = self.blocks[state.block_ids[i]]
+            # Another sequence may have computed the same block first: keep that one as the cached copy.
+            if h not in self._by_hash:
+                block.hash, block.parent_hash, block.token_ids = h, state.last_hash, tokens
+                self._by_hash[h] = block.block_id
+            state.last_hash = h
+        state.num_hashed = max(state.num_hashed, num_full)
+
+    def free(self, seq: SeqId) -> None:
+        """Release `seq`'s blocks; computed full blocks stay cached until their space is needed."""
+        state = self._seqs.pop(seq)
+        # Tail blocks first, so a shared prefix outlives the suffixes that hang off it.
+        for b in reversed(state.block_ids):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[b] = None
+                if block.hash is None:  # nothing to reuse: hand it out before cached blocks
+                    self._free.move_to_end(b, last=False)
+
+    # --- internals -------------------------------------------------------
+
+    def _find_prefix(self, token_ids: Sequence[int], max_blocks: int) -> tuple[list[int], bytes]:
+        """Cached blocks that match the first blocks of `token_ids`, and the key of the last one."""
+        bs, parent, hits = self.block_size, _ROOT_HASH, []
+        for i in range(max_blocks):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, tokens)
+            b = self._by_hash.get(h)
+            if b is None:
+                break
+            block = self.blocks[b]
+            if block.token_ids != tokens or block.parent_hash != parent:
+                break
+            hits.append(b)
+            parent = h
+        return hits, parent
+
+    def _ref(self, b: int) -> None:
+        block = self.blocks[b]
+        if block.ref_count == 0:
+            del self._free[b]
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        """Pop the least recently freed block, dropping any prefix it cached."""
+        b, _ = self._free.popitem(last=False)
+        block = self.blocks[b]
+        if block.hash is not None:
+            if self._by_hash.get(block.hash) == b:
+                del self._by_hash[block.hash]
+            block.hash, block.parent_hash, block.token_ids = None, _ROOT_HASH, ()
+        block.ref_count = 1
+        return b
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the pool's bookkeeping is inconsistent (for tests)."""
+        refs = [0] * self.num_blocks
+        for seq, state in self._seqs.items():
+            if len(state.block_ids) != self.blocks_needed(state.num_tokens):
+                raise AssertionError(f"{seq!r}: {len(state.block_ids)} blocks for {state.num_tokens} tokens")
+            for b in state.block_ids:
+                refs[b] += 1
+        free = cached = used = 0
+        for block in self.blocks:
+            if block.ref_count != refs[block.block_id]:
+                raise AssertionError(f"block {block.block_id}: ref_count {block.ref_count} != {refs[block.block_id]}")
+            if (block.ref_count == 0) != (block.block_id in self._free):
+                raise AssertionError(f"block {block.block_id}: free list disagrees with ref_count")
+            if block.hash is not None and self._by_hash.get(block.hash) != block.block_id:
+                raise AssertionError(f"block {block.block_id}: hashed but not in the hash table")
+            if block.ref_count > 0:
+                used += 1
+            elif block.hash is not None:
+                cached += 1
+            else:
+                free += 1
+        if free + cached + used != self.num_blocks or free + cached != len(self._free):
+            raise AssertionError(f"free {free} + cached {cached} + used {used} != {self.num_blocks}")
+        for h, b in self._by_hash.items():
+            if self.blocks[b].hash != h:
+                raise AssertionError(f"hash table entry for block {b} is stale")

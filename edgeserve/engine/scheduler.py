@@ -1,0 +1,270 @@
+"""Continuous batching: which sequences run each step, and how many tokens each (chunked prefill, preemption).
+
+Every sequence has `num_computed_tokens` catching up with `num_tokens` (prompt + outputs): a prefill chunk,
+a decode step and a prefix-cache hit are all just that count moving forward.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Hashable
+
+from edgeserve.errors import QueueFullError
+
+from .kv_blocks import BlockManager
+
+SeqId = Hashable
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's token state."""
+
+    seq_id: SeqId
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    arrival: int = -1  # set by Scheduler.add
+    finish_reason: str | None = None
+    all_token_ids: list[int] = field(init=False, repr=False)  # prompt + outputs, kept in step (read-only)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
+
+    def append_output(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens whose KV is not computed yet."""
+        return self.num_tokens - self.num_computed_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_waiting: int = 256
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass
+class ScheduledSeq:
+    """What the model runner needs for one sequence this step (plain lists; the runner tensorizes)."""
+
+    seq_id: SeqId
+    token_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    block_table: list[int]
+    context_len: int  # tokens with KV once this step is done
+    samples: bool  # this step reaches the last token, so a token is sampled
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """One step: the sequences to run, in batch order, those preempted to make room, and those retired."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[SeqId] = field(default_factory=list)
+    finished: list[SeqId] = field(default_factory=list)  # outgrew the whole KV pool (reason "length")
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.scheduled for t in s.token_ids]
+
+    @property
+    def positions(self) -> list[int]:
+        return [p for s in self.scheduled for p in s.positions]
+
+    @property
+    def slot_mapping(self) -> list[int]:
+        return [x for s in self.scheduled for x in s.slot_mapping]
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        return [s.block_table for s in self.scheduled]
+
+    @property
+    def context_lens(self) -> list[int]:
+        return [s.context_len for s in self.scheduled]
+
+
+class Scheduler:
+    """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+        self.config = config
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # oldest arrival first
+        self._seqs: dict[SeqId, Sequence] = {}
+        self._arrivals = 0
+        self.num_preemptions = 0
+
+    # --- requests ----------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request; QueueFullError ('busy') when the waiting queue is full."""
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError()
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"duplicate sequence id {seq.seq_id!r}")
+        if not seq.prompt_token_ids:
+            raise ValueError("empty prompt")
+        if self.block_manager.blocks_needed(seq.num_tokens) > self.block_manager.num_blocks:
+            raise ValueError(f"prompt of {seq.num_tokens} tokens does not fit in the KV cache")
+        seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
+        seq.status, seq.num_computed_tokens = SeqStatus.WAITING, 0
+        self._seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def get(self, seq_id: SeqId) -> Sequence:
+        return self._seqs[seq_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def finish(self, seq_id: SeqId, reason: str) -> Sequence:
+        """Retire a sequence and free its blocks now."""
+        seq = self._seqs.pop(seq_id)
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        if self.block_manager.has_seq(seq_id):
+            self.block_manager.free(seq_id)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        return seq
+
+    def abort(self, seq_id: SeqId) -> Sequence:
+        return self.finish(seq_id, "abort")
+
+    # --- one step ----------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work: running decodes, then prefill chunks, then newly admitted requests."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_decodes(out, budget)
+        budget = self._schedule_running_prefills(out, budget)
+        self._admit_waiting(out, budget)
+        return out
+
+    def update(self, output: SchedulerOutput, sampled: dict[SeqId, list[int]]) -> None:
+        """Account for a finished step: advance computed counts, cache full blocks, append sampled tokens."""
+        for s in output.scheduled:
+            seq = self._seqs.get(s.seq_id)
+            if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue  # finished or aborted while the step ran
+            seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
+            if s.samples:
+                seq.append_output(sampled[seq.seq_id])
+
+    # --- phases ------------------------------------------------------------
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """One token per running sequence that is past its prompt, preempting the newest when blocks run out."""
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING or seq.num_remaining != 1:
+                continue  # preempted earlier in this loop, or still prefilling
+            if not self._reserve_or_preempt(seq, out):
+                continue  # seq itself was preempted or retired
+            out.scheduled.append(self._build(seq, 1))
+            budget -= 1
+        return budget
+
+    def _schedule_running_prefills(self, out: SchedulerOutput, budget: int) -> int:
+        """Next prompt chunk of each running sequence still prefilling (blocks were reserved at admission)."""
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.num_remaining > 1:
+                n = min(seq.num_remaining, budget)
+                out.scheduled.append(self._build(seq, n))
+                budget -= n
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Move waiting sequences to running in FCFS order while seats, budget and blocks allow."""
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not bm.can_allocate(seq.num_tokens):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
+            seq.status = SeqStatus.RUNNING
+            bisect.insort(self.running, seq, key=lambda s: s.arrival)
+            n = min(seq.num_remaining, budget)
+            out.scheduled.append(self._build(seq, n))
+            budget -= n
+        return budget
+
+    def _reserve_or_preempt(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Make room for `seq`'s next token, preempting the newest running sequences; False if `seq` lost its seat."""
+        while not self.block_manager.ensure_capacity(seq.seq_id, seq.num_tokens):
+            if len(self.running) == 1:
+                # Alone and still out of blocks: it can never grow, and requeueing it would hang.
+                self.finish(seq.seq_id, "length")
+                out.finished.append(seq.seq_id)
+                return False
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Drop `seq`'s KV (it is recomputed later, partly from the prefix cache) and requeue it first."""
+        self.running.remove(seq)
+        self.block_manager.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq.seq_id)
+        self.num_preemptions += 1
+
+    def _build(self, seq: Sequence, n: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        stop = start + n
+        return ScheduledSeq(
+            seq_id=seq.seq_id,
+            token_ids=seq.all_token_ids[start:stop],
+            positions=list(range(start, stop)),
+            slot_mapping=self.block_manager.slots(seq.seq_id, start, stop),
+            block_table=self.block_manager.block_table(seq.seq_id),
+            context_len=stop,
+            samples=stop == seq.num_tokens,
+        )
