@@ -20,6 +20,14 @@ def test_wheel_layout_and_import(tmp_path):
                      "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py"]:
         assert expected in names
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
+    # every package in the source tree ships, under its edgeserve name
+    for init in ROOT.glob("**/__init__.py"):
+        rel = init.relative_to(ROOT).as_posix()
+        top = rel.split("/")[0]
+        if top in ("kernels", "loaders", "offload"):
+            assert f"edgeserve/{rel}" in names, rel
+        elif top == "edgeserve":
+            assert rel in names, rel
     assert any(n.endswith("entry_points.txt") for n in names)
 
     site = tmp_path / "site"
