@@ -36,7 +36,7 @@ _LAYER = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
-Q4_TYPES = ("Q4_0", "Q4_1")
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
 def gguf_name(hf_name: str) -> str:

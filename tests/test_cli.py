@@ -98,3 +98,4 @@ def test_run_default_model_matches_python_api(default_model_path, default_model_
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == expected + "\n"
     assert "Paris" in proc.stdout
+
