@@ -41,7 +41,7 @@ def generate(lm: LoadedModel, prompt_ids: list[int], params: SamplingParams,
     c = model.config
     kv = ContiguousKV(c.num_layers, len(prompt_ids) + budget, c.num_kv_heads, c.head_dim, model.dtype, model.device)
     generator = make_generator(params)
-    detok = IncrementalDetokenizer(lm.tokenizer.decode, prompt_ids)
+    detok = IncrementalDetokenizer(lm.tokenizer.decode, prompt_ids, lm.tokenizer.byte_fallback_ids)
     stop_ids = lm.tokenizer.eot_ids
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=model.device)
     for step in range(budget):
