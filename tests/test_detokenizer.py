@@ -110,3 +110,8 @@ def test_flush_releases_an_incomplete_tail(tokenizer, byte_ids):
     assert [detok.push([byte_ids[b]]) for b in (0x61, 0xF0, 0x9F)] == ["a", "", ""]
     assert detok.flush() == "\ufffd"
     assert detok.flush() == ""
+
+
+def test_flush_with_nothing_pushed(tokenizer):
+    assert IncrementalDetokenizer(tokenizer.decode, None, {1}).flush() == ""
+    assert IncrementalDetokenizer(tokenizer.decode, tokenizer.encode("hi"), {1}).flush() == ""

@@ -34,7 +34,7 @@ class IncrementalDetokenizer:
     def _advance(self, final: bool) -> str:
         before = self._decode(self.ids[self._prefix:self._read])
         after = self._decode(self.ids[self._prefix:])
-        unsettled = after.endswith("\ufffd") or self.ids[-1] in self._hold_ids
+        unsettled = after.endswith("\ufffd") or (bool(self.ids) and self.ids[-1] in self._hold_ids)
         if (unsettled and not final) or len(after) <= len(before):
             return ""
         self._prefix = max(self._prefix, self._read - _CONTEXT_TOKENS)
