@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -15,6 +16,13 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
     seed: int | None = None
+    repetition_penalty: float = 1.0  # 1.0 = off; over prompt and output tokens (HF/vLLM)
+    presence_penalty: float = 0.0  # over output tokens (OpenAI)
+    frequency_penalty: float = 0.0  # over output tokens (OpenAI)
+    logprobs: int | None = None  # report the chosen token's logprob and this many top alternatives
+
+    # the largest number of top alternatives `logprobs` may ask for
+    MAX_LOGPROBS = 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -29,6 +37,16 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be a positive number (1 = off), got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be between -2 and 2, got {getattr(self, name)!r}")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= self.MAX_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer between 0 and {self.MAX_LOGPROBS}, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

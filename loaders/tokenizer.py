@@ -128,6 +128,12 @@ class Tokenizer:
         self.eot_ids: frozenset[int] = frozenset(eot_ids) | ({eos_id} if eos_id is not None else set())
         self.add_bos = add_bos and bos_id is not None
         self.vocab_size: int = max(vocab_size or 0, backend.get_vocab_size(with_added_tokens=True))
+        # Byte-fallback tokens (`<0xXX>`): decode() turns a whole run of them into U+FFFDs when the run is not
+        # valid UTF-8, so a run's text can change until a token of another kind ends it.
+        self.byte_fallback_ids: frozenset[int] = frozenset()
+        if getattr(backend.model, "byte_fallback", False):
+            byte_ids = (backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
+            self.byte_fallback_ids = frozenset(i for i in byte_ids if i is not None)
 
     @property
     def bos_token(self) -> str:

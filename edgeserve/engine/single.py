@@ -12,7 +12,7 @@ from edgeserve.models.load import LoadedModel
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.detokenizer import IncrementalDetokenizer
 
-from .sampler import make_generator, sample
+from .sampler import make_generator, sample_tokens
 
 
 class PromptTooLongError(ValueError):
@@ -26,6 +26,8 @@ class TextDelta:
     token_id: int
     text: str
     finish_reason: str | None = None  # "stop" (end-of-turn token) or "length"
+    logprob: float | None = None  # when params.logprobs is set (see SampleOutput for which distribution)
+    top_logprobs: list[tuple[int, float]] | None = None  # params.logprobs best (token id, logprob), best first
 
 
 def generate(lm: LoadedModel, prompt_ids: list[int], params: SamplingParams,
@@ -41,17 +43,25 @@ def generate(lm: LoadedModel, prompt_ids: list[int], params: SamplingParams,
     c = model.config
     kv = ContiguousKV(c.num_layers, len(prompt_ids) + budget, c.num_kv_heads, c.head_dim, model.dtype, model.device)
     generator = make_generator(params)
-    detok = IncrementalDetokenizer(lm.tokenizer.decode, prompt_ids)
+    detok = IncrementalDetokenizer(lm.tokenizer.decode, prompt_ids, lm.tokenizer.byte_fallback_ids)
     stop_ids = lm.tokenizer.eot_ids
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=model.device)
+    output_ids: list[int] = []
     for step in range(budget):
         positions = torch.arange(kv.length, kv.length + len(ids), device=model.device)
         hidden = model.forward(ids, positions, kv)
         kv.advance(len(ids))
-        token = int(sample(model.logits(hidden[-1:]), [params], [generator])[0])
+        sampled = sample_tokens(model.logits(hidden[-1:]), [params], [generator], [prompt_ids], [output_ids])
+        token = int(sampled.token_ids[0])
+        output_ids.append(token)
+        logprob = top = None
+        if params.logprobs is not None:
+            logprob = float(sampled.logprobs[0])
+            top = list(zip(sampled.top_ids[0].tolist(), sampled.top_logprobs[0].tolist()))
         if token in stop_ids:
-            yield TextDelta(token, "", "stop")
+            yield TextDelta(token, detok.flush(), "stop", logprob, top)
             return
-        text = detok.push([token])
-        yield TextDelta(token, text, "length" if step == budget - 1 else None)
+        last = step == budget - 1
+        text = detok.push([token]) + (detok.flush() if last else "")
+        yield TextDelta(token, text, "length" if last else None, logprob, top)
         ids = torch.tensor([token], dtype=torch.long, device=model.device)

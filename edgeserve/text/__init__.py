@@ -1,1 +1,1 @@
-"""Text handling: incremental detokenization."""
+"""Text handling: incremental detokenization and stop strings."""

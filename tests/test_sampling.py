@@ -1,0 +1,177 @@
+"""Sampler: distributions checked statistically, seeds, penalties and logprobs exactly, params validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_gguf import write_tiny_llama
+
+from edgeserve.engine.sampler import apply_penalties, make_generator, sample, sample_tokens, token_counts
+from edgeserve.sampling_params import SamplingParams
+
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])  # sorted best first
+DRAWS = 20_000
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def expected(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:
+    """The exact distribution, written directly from the definitions (LOGITS are sorted already)."""
+    p = softmax(LOGITS.double().numpy() / temperature)
+    keep = np.ones(len(p), dtype=bool)
+    if top_k:
+        keep[top_k:] = False
+    keep &= (np.cumsum(p) - p) < top_p  # the smallest prefix whose mass reaches top_p
+    keep &= p >= min_p * p.max()
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
+
+
+def empirical(params: SamplingParams) -> np.ndarray:
+    g = make_generator(params)
+    tokens = sample(LOGITS.expand(DRAWS, -1), [params] * DRAWS, [g] * DRAWS)
+    return np.bincount(tokens.numpy(), minlength=len(LOGITS)) / DRAWS
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"temperature": 0.5},
+        {"temperature": 2.0},
+        {"top_k": 3},
+        {"top_p": 0.8},
+        {"top_p": 0.5, "temperature": 1.5},
+        {"min_p": 0.2},
+        {"top_k": 5, "top_p": 0.9, "min_p": 0.05, "temperature": 0.8},
+    ],
+)
+def test_distribution_matches_definition(kwargs):
+    want = expected(**kwargs)
+    got = empirical(SamplingParams(seed=1234, **kwargs))
+    assert 0.5 * np.abs(got - want).sum() < 0.02, (got, want)
+    assert (got[want == 0] == 0).all()  # truncated tokens never come up
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(16, 100, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0, top_k=3, top_p=0.5)] * 16
+    assert torch.equal(sample(logits, params, [None] * 16), logits.argmax(-1))
+
+
+def test_mixed_batch_keeps_greedy_rows_greedy():
+    logits = torch.zeros(4, 50)
+    logits[:, 7] = 1.0
+    params = [SamplingParams(temperature=0.0), SamplingParams(seed=0), SamplingParams(temperature=0.0),
+              SamplingParams(seed=1)]
+    for _ in range(20):
+        out = sample(logits, params, [make_generator(p) for p in params])
+        assert out[0] == out[2] == 7
+
+
+def draw_sequence(seed: int, n: int = 64) -> list[int]:
+    params = SamplingParams(seed=seed)
+    g = make_generator(params)
+    return [int(sample(torch.zeros(1, 1000), [params], [g])[0]) for _ in range(n)]
+
+
+def test_seeds():
+    assert draw_sequence(7) == draw_sequence(7)
+    assert draw_sequence(7) != draw_sequence(8)
+
+
+def test_token_counts_pads_ragged_rows():
+    counts = token_counts([[1, 1, 3], [], [4, 0, 9]], vocab=5)  # 9 is outside the vocabulary: ignored
+    assert counts.tolist() == [[0, 2, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 1]]
+
+
+def test_penalties_exact():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 0.0]] * 3)
+    params = [
+        SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
+        SamplingParams(),  # no penalties: untouched
+        SamplingParams(repetition_penalty=0.5),  # < 1 encourages repetition
+    ]
+    prompt = [[0], [0, 1], [4]]
+    output = [[1, 1, 3], [2], []]
+    got = apply_penalties(logits, params, prompt, output)
+    # row 0: seen = {0, 1, 3}: 2/2, -2*2 - 0.5 - 2*0.25, 0.5/2 - 0.5 - 0.25
+    assert torch.allclose(got[0], torch.tensor([1.0, -5.0, 1.0, -0.5, 0.0]))
+    assert torch.equal(got[1], logits[1])
+    assert torch.equal(got[2], logits[2])  # the only seen token has logit 0
+    got = apply_penalties(logits[:1], [SamplingParams(repetition_penalty=0.5)], [[1]], [[0]])
+    assert torch.allclose(got[0], torch.tensor([4.0, -1.0, 1.0, 0.5, 0.0]))
+
+
+def test_penalties_steer_greedy():
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    assert sample(logits, [SamplingParams(temperature=0.0)], [None], [[]], [[0]]) == 0
+    assert sample(logits, [SamplingParams(temperature=0.0, frequency_penalty=0.2)], [None], [[]], [[0]]) == 1
+    assert sample(logits, [SamplingParams(temperature=0.0, repetition_penalty=1.1)], [None], [[0]], [[]]) == 1
+
+
+def test_logprobs_are_log_softmax_of_processed_logits():
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(3))
+    params = [
+        SamplingParams(temperature=0.5, logprobs=5, seed=1, presence_penalty=1.0),
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(top_k=4, seed=2),  # asked for none: still gets the batch's columns
+    ]
+    output = [[0, 1], [0], []]
+    out = sample_tokens(logits, params, [make_generator(p) for p in params], [[], [], []], output)
+    processed = apply_penalties(logits, params, None, output) / torch.tensor([[0.5], [1.0], [1.0]])
+    want = processed.log_softmax(-1)
+    assert torch.allclose(out.logprobs, want.gather(1, out.token_ids.unsqueeze(1)).squeeze(1))
+    assert out.top_ids.shape == out.top_logprobs.shape == (3, 5)
+    assert torch.equal(out.top_ids, want.argsort(-1, descending=True)[:, :5])
+    assert torch.allclose(out.top_logprobs, want.gather(1, out.top_ids))
+    assert (out.top_logprobs[:, :-1] >= out.top_logprobs[:, 1:]).all()
+    assert out.token_ids[1] == out.top_ids[1, 0]  # greedy picks the best
+
+
+def test_no_logprobs_unless_asked():
+    out = sample_tokens(LOGITS.unsqueeze(0), [SamplingParams()], [None])
+    assert out.logprobs is None and out.top_ids is None
+    out = sample_tokens(LOGITS.unsqueeze(0), [SamplingParams(logprobs=0)], [None])
+    assert out.logprobs.shape == (1,) and out.top_ids.shape == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", 0), ("temperature", -0.1), ("top_p", 0.0), ("top_k", -1), ("min_p", 1.5), ("seed", 1.5),
+        ("repetition_penalty", 0.0), ("repetition_penalty", float("nan")), ("repetition_penalty", float("inf")),
+        ("presence_penalty", 2.5), ("frequency_penalty", -2.01), ("frequency_penalty", float("nan")),
+        ("logprobs", 21), ("logprobs", -1), ("logprobs", 2.0), ("logprobs", True),
+    ],
+)
+def test_params_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_params_defaults_and_bounds_are_valid():
+    SamplingParams(repetition_penalty=1.3, presence_penalty=-2.0, frequency_penalty=2.0, logprobs=20)
+    assert SamplingParams().logprobs is None
+
+
+def test_generate_reports_logprobs_and_honours_penalties(tmp_path):
+    from edgeserve.engine.single import generate
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    lm = load_model(resolve(str(write_tiny_llama(tmp_path / "t.gguf"))), dtype="float32")
+    prompt = [5, 6, 7]
+    plain = list(generate(lm, prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)))
+    assert all(d.logprob is not None and len(d.top_logprobs) == 3 for d in plain)
+    assert all(d.token_id == d.top_logprobs[0][0] and d.logprob == d.top_logprobs[0][1] for d in plain)
+    # Strong penalties push every token already produced (or in the prompt) below the tiny model's other
+    # logits (all within a few units of 0), so greedy decoding never repeats one.
+    params = SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=2.0, repetition_penalty=50.0)
+    penalized = [d.token_id for d in generate(lm, prompt, params)]
+    assert len(set(penalized + prompt)) == len(penalized) + len(prompt)
+    assert len(set(d.token_id for d in plain)) < len(plain)  # without them it does repeat
