@@ -24,4 +24,8 @@ def test_quantized_tiny_model_fast_path_matches_float32(tmp_path, qtype):
         c = lm.config
         kv = ContiguousKV(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, lm.model.dtype)
         outs.append(lm.model.logits(lm.model.forward(ids, torch.arange(len(ids)), kv)))
-    assert (outs[0] - outs[1]).abs().max() < 0.05 * outs[0].abs().max()
+    # bf16 rounding on a random (chaotic) model moves logits by ~5% on average whatever the storage type;
+    # a wrong packing, scale or offset moves them by about their own size
+    assert (outs[0] - outs[1]).abs().mean() < 0.1 * outs[0].abs().mean()
+    tv = 0.5 * (outs[0].softmax(-1) - outs[1].softmax(-1)).abs().sum(-1)
+    assert tv.max() < 0.2
