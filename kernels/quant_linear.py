@@ -61,9 +61,6 @@ class Int4Weight:
         )
         return y.reshape(*shape[:-1], self.out_features)
 
-    def nbytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * self.scales_zeros.element_size()
-
 
 class Int8Weight:
     """A weight quantized per output row to int8 for the CPU int8 matmul; also serves embedding lookups."""

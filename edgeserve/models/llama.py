@@ -52,7 +52,8 @@ class LlamaModel:
         self.lm_head = lm_head
         self.dtype = dtype
         self.device = device
-        self.max_positions = config.max_position_embeddings
+        # Within a sliding window full attention is exact, so a windowed model's context stops at the window.
+        self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
         cos, sin = rope_cos_sin(inv_freq, self.max_positions)
         self.cos, self.sin = cos.to(device), sin.to(device)
 
