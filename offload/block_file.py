@@ -1,0 +1,95 @@
+"""The on-disk format of one KV block: a fixed prefix, a JSON header, K bytes, V bytes; checksummed.
+
+    prefix  = magic (8 bytes) | header length (u32) | payload length (u64) | blake2b-256 of header + payload
+    header  = JSON {"layout": layout key, "hash": hex, "parent": hex, "tokens": [...]}
+    payload = K then V, raw bytes in the layout's dtype and shape
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from .layout import KVLayout
+
+MAGIC = b"EDGEKV01"
+_PREFIX = struct.Struct("<8sIQ32s")
+PREFIX_SIZE = _PREFIX.size
+_MAX_HEADER = 1 << 20
+
+
+class CorruptBlockError(ValueError):
+    """A block file that must not be used: truncated, bit-flipped, foreign or for another key."""
+
+
+@dataclass
+class DecodedBlock:
+    """A verified block read back from disk."""
+
+    block_hash: bytes
+    parent_hash: bytes
+    token_ids: tuple[int, ...]
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The bytes of `t` without a copy when it is already contiguous on the CPU."""
+    return memoryview(t.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy())
+
+
+def encode(layout: KVLayout, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...],
+           k: torch.Tensor, v: torch.Tensor) -> list[memoryview | bytes]:
+    """The pieces of a block file, in order (write them one after another)."""
+    if tuple(k.shape) != layout.shape or tuple(v.shape) != layout.shape or k.dtype != layout.dtype \
+            or v.dtype != layout.dtype:
+        raise ValueError(f"block of shape {tuple(k.shape)} {k.dtype} does not match layout {layout.shape} {layout.dtype}")
+    header = json.dumps({"layout": layout.key, "hash": block_hash.hex(), "parent": parent_hash.hex(),
+                         "tokens": list(token_ids)}, separators=(",", ":")).encode()
+    kb, vb = _raw(k), _raw(v)
+    digest = hashlib.blake2b(header, digest_size=32)
+    digest.update(kb)
+    digest.update(vb)
+    prefix = _PREFIX.pack(MAGIC, len(header), len(kb) + len(vb), digest.digest())
+    return [prefix, header, kb, vb]
+
+
+def file_size(pieces: list[memoryview | bytes]) -> int:
+    """Total bytes of an encoded block."""
+    return sum(len(p) for p in pieces)
+
+
+def decode(data: bytearray, layout: KVLayout, expected_hash: bytes) -> DecodedBlock:
+    """Verify a whole block file's bytes and return its block; CorruptBlockError says what is wrong."""
+    if len(data) < PREFIX_SIZE:
+        raise CorruptBlockError("truncated prefix")
+    magic, header_len, payload_len, digest = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptBlockError("bad magic")
+    if header_len > _MAX_HEADER or payload_len != layout.block_nbytes:
+        raise CorruptBlockError("header or payload length does not match the layout")
+    if len(data) != PREFIX_SIZE + header_len + payload_len:
+        raise CorruptBlockError(f"size {len(data)} != {PREFIX_SIZE + header_len + payload_len} (truncated?)")
+    body = memoryview(data)[PREFIX_SIZE:]
+    if hashlib.blake2b(body, digest_size=32).digest() != digest:
+        raise CorruptBlockError("checksum mismatch")
+    try:
+        header = json.loads(bytes(body[:header_len]))
+        block_hash, parent = bytes.fromhex(header["hash"]), bytes.fromhex(header["parent"])
+        tokens = tuple(int(t) for t in header["tokens"])
+        layout_key = header["layout"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptBlockError(f"unreadable header: {e}") from None
+    if layout_key != layout.key:
+        raise CorruptBlockError("block belongs to another model or KV layout")
+    if block_hash != expected_hash:
+        raise CorruptBlockError("block hash does not match its file name")
+    n = layout.tensor_nbytes
+    payload = torch.frombuffer(data, dtype=torch.uint8, offset=PREFIX_SIZE + header_len, count=payload_len)
+    k = payload[:n].view(layout.dtype).view(layout.shape)
+    v = payload[n:].view(layout.dtype).view(layout.shape)
+    return DecodedBlock(block_hash, parent, tokens, k, v)

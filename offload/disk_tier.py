@@ -1,0 +1,196 @@
+"""Disk tier: one checksummed file per KV block under `root/<layout key>/`, an LRU size budget, atomic writes.
+
+The index is the directory itself: a restart lists the files (LRU order from their mtimes, which reads refresh)
+and verifies each block when it is read, so no separate index file can go stale. A file that fails
+verification (truncated, bit-flipped, another model's, misnamed) is deleted and reported as a miss. Writes go
+to a `.tmp-*` file first and are renamed into place, so a crash never leaves a half block under a block's
+name; temp files are never read. Any I/O error while writing (full disk, unwritable path) turns the tier
+off with one warning; callers just see misses.
+
+The budget covers every layout's files under `root` (other models' blocks are evicted too, oldest first).
+Two processes sharing one folder each keep their own index; each stays within budget for what it sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import json
+
+from .block_file import CorruptBlockError, DecodedBlock, decode, encode, file_size
+from .layout import KVLayout
+
+log = logging.getLogger("edgeserve.offload")
+
+SUFFIX = ".kvb"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 600  # older temp files are leftovers of a crash (younger ones may be another process's)
+_LAYOUT_DIR = re.compile(r"^[0-9a-f]{32}$")
+_BLOCK_NAME = re.compile(r"^[0-9a-f]{64}\.kvb$")
+
+
+class DiskTier:
+    """KV blocks of one layout on disk, under a byte budget shared with the other layouts in `root`."""
+
+    def __init__(self, root: str | os.PathLike[str], layout: KVLayout, capacity_bytes: int, fsync: bool = False) -> None:
+        self.root = Path(root)
+        self.layout = layout
+        self.capacity_bytes = capacity_bytes
+        self.fsync = fsync  # durability only: integrity comes from the checksum either way
+        self.dir = self.root / layout.key
+        self.enabled = True
+        self.num_corrupt = 0
+        self.used_bytes = 0
+        self._files: OrderedDict[Path, int] = OrderedDict()  # every block file under root, LRU first -> size
+        self._own: dict[bytes, Path] = {}  # this layout's blocks
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._write_atomic(self.dir / "layout.json", [json.dumps(layout.describe(), indent=1).encode()])
+            self._scan()
+            self._evict_to(self.capacity_bytes)
+        except OSError as e:
+            self._disable(e)
+
+    # --- queries ---------------------------------------------------------
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self._own
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of this layout on disk (not yet verified)."""
+        return len(self._own)
+
+    def path(self, block_hash: bytes) -> Path:
+        """Where the block file for `block_hash` lives (whether or not it exists)."""
+        return self.dir / f"{block_hash.hex()}{SUFFIX}"
+
+    # --- reads and writes -------------------------------------------------
+
+    def get(self, block_hash: bytes) -> DecodedBlock | None:
+        """Read and verify a block; None when absent, unreadable or corrupt (a corrupt file is deleted)."""
+        path = self._own.get(block_hash)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                n = f.readinto(data)
+            if n != len(data):
+                raise CorruptBlockError("short read")
+            block = decode(data, self.layout, block_hash)
+        except CorruptBlockError as e:
+            self.num_corrupt += 1
+            log.warning("ignoring corrupt KV block file %s (%s); it will be recomputed", path, e)
+            self._forget(path, delete=True)
+            return None
+        except OSError as e:
+            log.warning("cannot read KV block file %s (%s); it will be recomputed", path, e)
+            self._forget(path, delete=not isinstance(e, FileNotFoundError))
+            return None
+        self._files.move_to_end(path)
+        try:
+            os.utime(path)  # LRU order survives a restart
+        except OSError:
+            pass
+        return block
+
+    def put(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...], k, v) -> bool:
+        """Store a block (evicting LRU files to stay in budget); False when it was not stored."""
+        if not self.enabled:
+            return False
+        path = self._own.get(block_hash)
+        if path is not None:
+            self._files.move_to_end(path)
+            return True
+        pieces = encode(self.layout, block_hash, parent_hash, token_ids, k, v)
+        size = file_size(pieces)
+        if size > self.capacity_bytes:
+            return False
+        path = self.path(block_hash)
+        try:
+            self._evict_to(self.capacity_bytes - size)
+            self._write_atomic(path, pieces)
+        except OSError as e:
+            self._disable(e)
+            return False
+        self._files[path] = size
+        self._own[block_hash] = path
+        self.used_bytes += size
+        return True
+
+    # --- internals -------------------------------------------------------
+
+    def _write_atomic(self, path: Path, pieces) -> None:
+        """Write `pieces` to a temp file in the same folder, then rename it to `path`."""
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            with open(tmp, "wb") as f:
+                for p in pieces:
+                    f.write(p)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise
+
+    def _scan(self) -> None:
+        """Index every block file under root (oldest first); delete stale temp files."""
+        found: list[tuple[float, Path, int]] = []
+        now = time.time()
+        for sub in self.root.iterdir():
+            if not (sub.is_dir() and _LAYOUT_DIR.match(sub.name)):
+                continue
+            for entry in os.scandir(sub):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if entry.name.startswith(TMP_PREFIX):
+                    if now - st.st_mtime > STALE_TMP_SECONDS:
+                        self._unlink(Path(entry.path))
+                elif _BLOCK_NAME.match(entry.name):
+                    found.append((st.st_mtime, Path(entry.path), st.st_size))
+        found.sort(key=lambda x: x[0])
+        for _, path, size in found:
+            self._files[path] = size
+            self.used_bytes += size
+            if path.parent == self.dir:
+                self._own[bytes.fromhex(path.name[:-len(SUFFIX)])] = path
+
+    def _evict_to(self, limit: int) -> None:
+        """Delete least recently used files until at most `limit` bytes remain."""
+        while self.used_bytes > limit and self._files:
+            path = next(iter(self._files))
+            self._forget(path, delete=True)
+
+    def _forget(self, path: Path, delete: bool) -> None:
+        size = self._files.pop(path, None)
+        if size is not None:
+            self.used_bytes -= size
+        if path.parent == self.dir:
+            self._own.pop(bytes.fromhex(path.name[:-len(SUFFIX)]), None)
+        if delete:
+            self._unlink(path)
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def _disable(self, error: OSError) -> None:
+        if self.enabled:
+            self.enabled = False
+            log.warning("disk KV tier at %s turned off (%s); continuing without it", self.root, error)
