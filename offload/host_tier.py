@@ -117,14 +117,18 @@ class HostTier:
 
     # --- swap space --------------------------------------------------------
 
-    def put_swap(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor) -> list[HostBlock] | None:
-        """Store a host copy of a sequence's KV, evicting cached blocks for room; return them, None if it cannot fit."""
+    def put_swap(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor,
+                 copy: bool = True) -> list[HostBlock] | None:
+        """Store a host copy of a sequence's KV (`copy=False`: keep these host tensors as they are), evicting
+        cached blocks for room; return them, or None if it cannot fit."""
         if seq_id in self._swaps:
             raise ValueError(f"sequence {seq_id!r} is already swapped out")
         evicted = self.make_room(k.nbytes + v.nbytes)
         if evicted is None:
             return None
-        self._swaps[seq_id] = (host_copy(k, self.pin_memory), host_copy(v, self.pin_memory))
+        if copy or k.device.type != "cpu":
+            k, v = host_copy(k, self.pin_memory), host_copy(v, self.pin_memory)
+        self._swaps[seq_id] = (k, v)
         self.used_bytes += k.nbytes + v.nbytes
         return evicted
 

@@ -124,9 +124,10 @@ class TierManager:
 
     # --- swap space for preempted requests ----------------------------------
 
-    def swap_out(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor) -> bool:
-        """Copy a preempted sequence's KV to host memory; False (nothing kept) when the host tier cannot hold it."""
-        evicted = self.host.put_swap(seq_id, k, v)
+    def swap_out(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor, copy: bool = True) -> bool:
+        """Copy a preempted sequence's KV to host memory (`copy=False`: `k`, `v` are fresh host tensors to keep);
+        False (nothing kept) when the host tier cannot hold it."""
+        evicted = self.host.put_swap(seq_id, k, v, copy=copy)
         if evicted is None:
             self._stats.swap_out_failures += 1
             return False

@@ -6,7 +6,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Hashable, Protocol, Sequence
 
 SeqId = Hashable
 
@@ -20,6 +20,19 @@ class OutOfBlocksError(RuntimeError):
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
     """Prefix-cache key of a full block: chained over its parent's key and its own token ids."""
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+class BlockOffload(Protocol):
+    """Tiers behind the pool (edgeserve.offload.PoolOffload): where evicted cached blocks go and come back from."""
+
+    def offer(self, block_id: int, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...]) -> None:
+        """Save a cached block whose slots are about to be reused."""
+
+    def contains(self, block_hash: bytes) -> bool:
+        """Whether a tier claims the block."""
+
+    def fetch(self, block_hash: bytes, block_id: int) -> bool:
+        """Copy the block into pool block `block_id`; False if it is missing or corrupt."""
 
 
 @dataclass
@@ -46,7 +59,7 @@ class _SeqBlocks:
 class BlockManager:
     """Hands out physical blocks 0..num_blocks-1 to sequences and reuses computed full blocks by prefix."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, offload: BlockOffload | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -57,7 +70,9 @@ class BlockManager:
         self._by_hash: dict[bytes, int] = {}
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self.num_prompt_tokens_computed = 0
-        self.num_prompt_tokens_reused = 0
+        self.num_prompt_tokens_reused = 0  # device and tier hits
+        self.offload = offload  # evicted cached blocks go there; prefix lookups continue there
+        self.num_prompt_tokens_fetched = 0  # the part of the reused tokens copied up from a tier
 
     # --- queries ---------------------------------------------------------
 
@@ -108,20 +123,36 @@ class BlockManager:
         n = len(token_ids)
         if n == 0:
             raise ValueError("cannot allocate an empty sequence")
-        hits, parent = self._find_prefix(token_ids, max_blocks=(n - 1) // self.block_size)
+        max_blocks = (n - 1) // self.block_size
+        hits, parent = self._find_prefix(token_ids, max_blocks)
+        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh + revived > len(self._free):
             raise OutOfBlocksError(f"need {fresh + revived} free blocks, have {len(self._free)}")
         for b in hits:
             self._ref(b)
-        state = _SeqBlocks(block_ids=hits + [self._take_free() for _ in range(fresh)],
-                           num_tokens=n, num_hashed=len(hits), last_hash=parent)
+        new_ids, parent = self._fetch(tier_hits, parent)
+        fetched = len(new_ids)
+        new_ids += [self._take_free() for _ in range(fresh - len(new_ids))]
+        state = _SeqBlocks(block_ids=hits + new_ids, num_tokens=n, num_hashed=len(hits) + fetched, last_hash=parent)
         self._seqs[seq] = state
-        cached = len(hits) * self.block_size
+        cached = (len(hits) + fetched) * self.block_size
+        self.num_prompt_tokens_fetched += fetched * self.block_size
         self.num_prompt_tokens_reused += cached
         self.num_prompt_tokens_computed += n - cached
         return cached
+
+    def allocate_uncached(self, seq: SeqId, num_tokens: int) -> list[int]:
+        """Give `seq` fresh blocks for `num_tokens` tokens with no prefix lookup (their KV is about to be swapped in);
+        return its block table. Call `commit_full_blocks` once the KV is back."""
+        if seq in self._seqs:
+            raise ValueError(f"sequence {seq!r} already has blocks")
+        needed = self.blocks_needed(num_tokens)
+        if needed > len(self._free):
+            raise OutOfBlocksError(f"need {needed} free blocks, have {len(self._free)}")
+        self._seqs[seq] = _SeqBlocks(block_ids=[self._take_free() for _ in range(needed)], num_tokens=num_tokens)
+        return self.block_table(seq)
 
     def ensure_capacity(self, seq: SeqId, new_total_tokens: int) -> bool:
         """Reserve slots so `seq` holds `new_total_tokens` tokens; False (and no change) if blocks run out."""
@@ -164,6 +195,15 @@ class BlockManager:
                 if block.hash is None:  # nothing to reuse: hand it out before cached blocks
                     self._free.move_to_end(b, last=False)
 
+    def offer_cached(self) -> int:
+        """Offer every block that holds a cached prefix to the offload tiers (at shutdown); return how many."""
+        if self.offload is None:
+            return 0
+        for h, b in self._by_hash.items():
+            block = self.blocks[b]
+            self.offload.offer(b, h, block.parent_hash, block.token_ids)
+        return len(self._by_hash)
+
     # --- internals -------------------------------------------------------
 
     def _find_prefix(self, token_ids: Sequence[int], max_blocks: int) -> tuple[list[int], bytes]:
@@ -182,6 +222,46 @@ class BlockManager:
             parent = h
         return hits, parent
 
+    def _find_in_tiers(self, token_ids: Sequence[int], start: int, max_blocks: int,
+                       parent: bytes) -> list[tuple[bytes, bytes, tuple[int, ...]]]:
+        """Blocks start.. of `token_ids` that the offload tiers claim, in order: (hash, parent hash, tokens)."""
+        if self.offload is None:
+            return []
+        bs, found = self.block_size, []
+        for i in range(start, max_blocks):
+            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, tokens)
+            if h in self._by_hash or not self.offload.contains(h):
+                break  # still on the device (kept simple: recomputed) or nowhere
+            found.append((h, parent, tokens))
+            parent = h
+        return found
+
+    def _fetch(self, tier_hits: list[tuple[bytes, bytes, tuple[int, ...]]], parent: bytes) -> tuple[list[int], bytes]:
+        """Copy tier hits, in order, into fresh blocks until one fails; register them as cached.
+
+        One block is taken and filled at a time, so the blocks it evicts cannot push the next hit out of the
+        host tier before it is read. Returns the filled blocks and the key of the last one.
+        """
+        filled: list[int] = []
+        for h, p, tokens in tier_hits:
+            b = self._take_free()
+            if not self.offload.fetch(h, b):
+                self._release_fresh(b)
+                break
+            block = self.blocks[b]
+            block.hash, block.parent_hash, block.token_ids = h, p, tokens
+            self._by_hash[h] = b
+            filled.append(b)
+            parent = h
+        return filled, parent
+
+    def _release_fresh(self, b: int) -> None:
+        """Give back a block just taken with `_take_free` (first in line again)."""
+        self.blocks[b].ref_count = 0
+        self._free[b] = None
+        self._free.move_to_end(b, last=False)
+
     def _ref(self, b: int) -> None:
         block = self.blocks[b]
         if block.ref_count == 0:
@@ -195,6 +275,8 @@ class BlockManager:
         if block.hash is not None:
             if self._by_hash.get(block.hash) == b:
                 del self._by_hash[block.hash]
+                if self.offload is not None:  # moved down a tier instead of dropped
+                    self.offload.offer(b, block.hash, block.parent_hash, block.token_ids)
             block.hash, block.parent_hash, block.token_ids = None, _ROOT_HASH, ()
         block.ref_count = 1
         return b

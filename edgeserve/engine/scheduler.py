@@ -14,7 +14,7 @@ from typing import Hashable
 
 from edgeserve.errors import QueueFullError
 
-from .kv_blocks import BlockManager
+from .kv_blocks import BlockManager, BlockOffload
 
 SeqId = Hashable
 
@@ -36,6 +36,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     arrival: int = -1  # set by Scheduler.add
     finish_reason: str | None = None
+    swapped: bool = False  # preempted with its KV in host swap space (num_computed_tokens kept)
     all_token_ids: list[int] = field(init=False, repr=False)  # prompt + outputs, kept in step (read-only)
 
     def __post_init__(self) -> None:
@@ -118,12 +119,26 @@ class SchedulerOutput:
         return [s.context_len for s in self.scheduled]
 
 
+class SwapOffload(BlockOffload):
+    """Tiers that also hold preempted sequences' KV (edgeserve.offload.PoolOffload)."""
+
+    def swap_out(self, seq_id: SeqId, block_ids: list[int]) -> bool:
+        """Copy the blocks to swap space; False if there is no room."""
+
+    def swap_in(self, seq_id: SeqId, block_ids: list[int]) -> bool:
+        """Copy the swapped blocks back into `block_ids`; False if they are gone."""
+
+    def drop_swap(self, seq_id: SeqId) -> None:
+        """Forget a swapped sequence."""
+
+
 class Scheduler:
     """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+    def __init__(self, config: SchedulerConfig, num_blocks: int, offload: SwapOffload | None = None) -> None:
         self.config = config
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, offload=offload)
+        self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
         self._seqs: dict[SeqId, Sequence] = {}
@@ -162,6 +177,9 @@ class Scheduler:
             self.waiting.remove(seq)
         if self.block_manager.has_seq(seq_id):
             self.block_manager.free(seq_id)
+        if seq.swapped:
+            self.offload.drop_swap(seq_id)
+            seq.swapped = False
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         return seq
 
@@ -224,7 +242,10 @@ class Scheduler:
             if not bm.can_allocate(seq.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
-            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
+            if seq.swapped:
+                self._swap_in(seq)
+            else:
+                seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
             seq.status = SeqStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
             n = min(seq.num_remaining, budget)
@@ -247,14 +268,31 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Drop `seq`'s KV (it is recomputed later, partly from the prefix cache) and requeue it first."""
+        """Swap `seq`'s KV out to the host tier, or drop it (recomputed later, partly from the prefix cache);
+        requeue it first."""
         self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
-        seq.num_computed_tokens = 0
+        bm = self.block_manager
+        computed_blocks = bm.block_table(seq.seq_id)[:bm.blocks_needed(seq.num_computed_tokens)]
+        seq.swapped = bool(self.offload is not None and computed_blocks
+                           and self.offload.swap_out(seq.seq_id, computed_blocks))
+        bm.free(seq.seq_id)
+        if not seq.swapped:
+            seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq.seq_id)
         self.num_preemptions += 1
+
+    def _swap_in(self, seq: Sequence) -> None:
+        """Give a swapped-out sequence fresh blocks and its KV back; recompute when the swap copy is gone."""
+        bm = self.block_manager
+        seq.swapped = False
+        table = bm.allocate_uncached(seq.seq_id, seq.num_tokens)
+        if self.offload.swap_in(seq.seq_id, table[:bm.blocks_needed(seq.num_computed_tokens)]):
+            bm.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
+        else:
+            bm.free(seq.seq_id)
+            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
 
     def _build(self, seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed_tokens
