@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -20,9 +20,13 @@ class SamplingParams:
     presence_penalty: float = 0.0  # over output tokens (OpenAI)
     frequency_penalty: float = 0.0  # over output tokens (OpenAI)
     logprobs: int | None = None  # report the chosen token's logprob and this many top alternatives
+    stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first match
+    stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request, like EOS
+    ignore_eos: bool = False  # keep going past end-of-turn tokens (benchmarks)
 
     # the largest number of top alternatives `logprobs` may ask for
     MAX_LOGPROBS = 20
+    MAX_STOP = 16  # stop strings per request
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -47,6 +51,17 @@ class SamplingParams:
             or not 0 <= self.logprobs <= self.MAX_LOGPROBS
         ):
             raise ValueError(f"logprobs must be an integer between 0 and {self.MAX_LOGPROBS}, got {self.logprobs!r}")
+
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if len(self.stop) > self.MAX_STOP:
+            raise ValueError(f"stop may hold at most {self.MAX_STOP} strings, got {len(self.stop)}")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.stop_token_ids
+        ):
+            raise ValueError("stop_token_ids must be a list of non-negative integers")
 
     @property
     def greedy(self) -> bool:

@@ -135,9 +135,10 @@ class SwapOffload(BlockOffload):
 class Scheduler:
     """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int, offload: SwapOffload | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, num_blocks: int, enable_prefix_caching: bool = True,
+                 offload: SwapOffload | None = None) -> None:
         self.config = config
-        self.block_manager = BlockManager(num_blocks, config.block_size, offload=offload)
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching, offload=offload)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
@@ -164,6 +165,9 @@ class Scheduler:
 
     def get(self, seq_id: SeqId) -> Sequence:
         return self._seqs[seq_id]
+
+    def has(self, seq_id: SeqId) -> bool:
+        return seq_id in self._seqs
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)

@@ -1,0 +1,31 @@
+"""EngineConfig: the knobs of one model's engine (pool size, batch limits, context length)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of one engine; invalid values raise ValueError naming the field."""
+
+    max_num_seqs: int = 32  # --max-seqs: sequences in one step
+    max_num_batched_tokens: int = 512  # --max-batched-tokens: tokens in one step (prefill chunks + decodes)
+    max_waiting: int = 256  # --max-queue: waiting requests before new ones are refused as busy
+    block_size: int = 16  # tokens per KV block
+    kv_cache_gb: float | None = None  # --kv-cache-gb; None: kv_cache_fraction of free memory
+    kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None
+    max_model_len: int | None = None  # --max-model-len; None: the model's own context
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
+        if not 0.0 < self.kv_cache_fraction <= 0.95:
+            raise ValueError(f"kv_cache_fraction must be in (0, 0.95], got {self.kv_cache_fraction!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")

@@ -1,0 +1,52 @@
+"""What the engine hands back: per-request deltas and engine-wide counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's logprob and its best alternatives (see sampler.SampleOutput for which distribution)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass
+class RequestOutput:
+    """What one request gained since its previous delta; the last one has `finish_reason` set."""
+
+    request_id: str
+    text: str  # new text, final: never retracted or changed later
+    token_ids: list[int]  # new token ids (a stop string's tokens included; the text stops before it)
+    logprobs: list[TokenLogprob] | None  # one per new token when the request asked for logprobs
+    finish_reason: str | None  # None while running, else "stop", "length" or "abort"
+    stop_reason: str | int | None = None  # the stop string or end-of-turn token id that ended it
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    num_output_tokens: int = 0  # tokens generated so far
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's counters (for /metrics, /api/ps and `edgeserve bench`)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0  # held by a running request
+    kv_blocks_cached: int = 0  # free but still holding a reusable prefix
+    kv_block_size: int = 16
+    kv_cache_bytes: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_reused: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_requests_finished: int = 0
+    num_steps: int = 0
