@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgeserve.offload.config import OffloadConfig
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -17,8 +19,17 @@ class EngineConfig:
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None
     max_model_len: int | None = None  # --max-model-len; None: the model's own context
     enable_prefix_caching: bool = True
+    kv_offload: str = "none"  # --kv-offload none|cpu|cpu,disk: tiers behind the pool (edgeserve.offload)
+    cpu_kv_gb: float = 4.0  # --cpu-kv-gb: host tier (and swap space) budget
+    disk_kv_gb: float = 16.0  # --disk-kv-gb: disk tier budget
+    disk_kv_path: str | None = None  # --disk-kv-path; None: kv/ under the edgeserve cache folder
+
+    def offload_config(self) -> OffloadConfig:
+        """The KV offload settings (validated)."""
+        return OffloadConfig(self.kv_offload, self.cpu_kv_gb, self.disk_kv_gb, self.disk_kv_path)
 
     def __post_init__(self) -> None:
+        self.offload_config()
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:

@@ -15,6 +15,7 @@ import torch
 
 from edgeserve.errors import PromptTooLongError, QueueFullError
 from edgeserve.models.load import LoadedModel
+from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
 
 from .config import EngineConfig
@@ -81,7 +82,10 @@ class EngineCore:
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        # preempted requests rejoin the queue on top of the core's own admission limit
                                        max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size)
-        self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching)
+        # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
+        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
+        self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
+                                   offload=self.offload)
         self.runner = ModelRunner(model, self.pool)
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
@@ -210,6 +214,12 @@ class EngineCore:
                 outputs[-1].finish_reason = "abort"
         return outputs
 
+    def close(self) -> None:
+        """Before shutdown: hand the pool's cached prefixes down to the offload tiers and write them to disk."""
+        if self.offload is not None:
+            self.scheduler.block_manager.offer_cached()
+            self.offload.tiers.flush()
+
     def stats(self) -> EngineStats:
         """A snapshot of the counters."""
         bm = self.scheduler.block_manager
@@ -227,6 +237,7 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_requests_finished=self.num_requests_finished,
             num_steps=self.num_steps,
+            offload=self.offload.tiers.stats() if self.offload is not None else None,
         )
 
 

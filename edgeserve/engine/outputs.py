@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edgeserve.offload.tier_manager import OffloadStats
+
 
 @dataclass
 class TokenLogprob:
@@ -50,3 +52,4 @@ class EngineStats:
     num_preemptions: int = 0
     num_requests_finished: int = 0
     num_steps: int = 0
+    offload: OffloadStats | None = None  # KV tiers (blocks, hits, bytes moved, swaps) when offload is on

@@ -1,0 +1,36 @@
+"""Build the offload tiers for one engine: its model identity, KV layout and pool."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import OffloadConfig
+from .layout import KVLayout, model_identity
+from .pool_bridge import PoolOffload
+from .tier_manager import TierManager
+
+if TYPE_CHECKING:
+    from edgeserve.models.load import LoadedModel
+
+
+def kv_layout_for(lm: LoadedModel, k_pool: torch.Tensor) -> KVLayout:
+    """The block layout of `lm`'s KV pool, keyed by the model file and what changes the KV values it computes
+    (edgeserve version, compute dtype, device type), so a disk block is reused only where it is bit-identical."""
+    from edgeserve import __version__
+
+    model = lm.model
+    extra = f"edgeserve {__version__}; compute {model.dtype}; device {model.device.type}"
+    num_layers, _, block_size, num_kv_heads, head_dim = k_pool.shape
+    return KVLayout(model_identity(lm.source.path, extra), k_pool.dtype, num_layers, block_size, num_kv_heads,
+                    head_dim)
+
+
+def build_pool_offload(config: OffloadConfig, lm: LoadedModel, k_pool: torch.Tensor,
+                       v_pool: torch.Tensor) -> PoolOffload | None:
+    """The bridge between `lm`'s KV pool and its tiers, or None when offload is off."""
+    if not config.use_cpu:
+        return None
+    tiers = TierManager.from_config(config, kv_layout_for(lm, k_pool))
+    return PoolOffload(tiers, k_pool, v_pool)
