@@ -57,6 +57,15 @@ class LLM:
         self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device)
         self.engine = EngineCore(self.lm, self.config)
 
+    @classmethod
+    def from_model(cls, lm: LoadedModel, config: EngineConfig | None = None, **engine_options) -> "LLM":
+        """An LLM over a model already loaded (`load_model`), with its own engine."""
+        self = cls.__new__(cls)
+        self.config = config or EngineConfig(**engine_options)
+        self.lm = lm
+        self.engine = EngineCore(lm, self.config)
+        return self
+
     @property
     def tokenizer(self):
         return self.lm.tokenizer

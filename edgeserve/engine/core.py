@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -94,6 +94,7 @@ class EngineCore:
         self.num_steps = 0
         self.generation_tokens = 0
         self.num_requests_finished = 0
+        self._stats = self._collect_stats()
 
     # --- requests (any thread) ------------------------------------------------
 
@@ -136,6 +137,14 @@ class EngineCore:
 
     def step(self) -> list[TokenOutput]:
         """Apply queued adds and aborts, run one batch, sample, retire what finished; return per-request outputs."""
+        try:
+            return self._step()
+        finally:
+            stats = self._collect_stats()
+            with self._lock:
+                self._stats = stats
+
+    def _step(self) -> list[TokenOutput]:
         outputs = self._apply_pending()
         if not self._requests:
             return outputs
@@ -212,6 +221,9 @@ class EngineCore:
                 del self._requests[req.request_id]
                 outputs.append(self._output(req, [], None))
                 outputs[-1].finish_reason = "abort"
+        stats = self._collect_stats()
+        with self._lock:
+            self._stats = stats
         return outputs
 
     def close(self) -> None:
@@ -221,11 +233,17 @@ class EngineCore:
             self.offload.tiers.flush()
 
     def stats(self) -> EngineStats:
-        """A snapshot of the counters."""
+        """The counters as of the end of the last step (safe to call from any thread while a step runs)."""
+        with self._lock:
+            stats = replace(self._stats)
+            stats.num_waiting += len(self._pending_add)
+        return stats
+
+    def _collect_stats(self) -> EngineStats:
         bm = self.scheduler.block_manager
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting) + len(self._pending_add),
+            num_waiting=len(self.scheduler.waiting),
             kv_blocks_total=bm.num_blocks,
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks,
             kv_blocks_cached=bm.num_cached_free_blocks,
