@@ -55,6 +55,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length in tokens, prompt and output together (default: the model's)")
     g.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+    g.add_argument("--kv-offload", default=EngineConfig.kv_offload, metavar="none|cpu|cpu,disk",
+                   help="keep KV blocks evicted from the pool in RAM (cpu) and on disk (cpu,disk), and swap "
+                        "preempted requests to RAM (default %(default)s)")
+    g.add_argument("--cpu-kv-gb", type=float, default=EngineConfig.cpu_kv_gb,
+                   help="host-memory KV tier size in GiB (default %(default)s)")
+    g.add_argument("--disk-kv-gb", type=float, default=EngineConfig.disk_kv_gb,
+                   help="disk KV tier size in GiB (default %(default)s)")
+    g.add_argument("--disk-kv-path", default=None,
+                   help="disk KV tier folder (default: kv/ under the edgeserve cache folder)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -62,11 +71,15 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
     try:
         return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
                             max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-                            enable_prefix_caching=not args.no_prefix_cache, **overrides)
+                            enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
+                            cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
+                            **overrides)
     except ValueError as e:
         raise EdgeserveError(str(e).replace("max_num_seqs", "--max-seqs")
                              .replace("max_num_batched_tokens", "--max-batched-tokens")
-                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")) from None
+                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")
+                             .replace("kv_offload", "--kv-offload").replace("cpu_kv_gb", "--cpu-kv-gb")
+                             .replace("disk_kv_gb", "--disk-kv-gb")) from None
 
 
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -113,6 +126,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     llm = LLM(model_name, dtype=args.dtype, config=config)
+    if config.kv_offload != "none":
+        import atexit
+
+        atexit.register(llm.close)  # the disk tier keeps this run's prefixes for the next one
     lm = llm.lm
     if args.verbose:
         print(f"loaded {lm.name} in {lm.load_seconds:.2f}s", file=sys.stderr)

@@ -66,6 +66,10 @@ class LLM:
         self.engine = EngineCore(lm, self.config)
         return self
 
+    def close(self) -> None:
+        """Persist what the KV offload tiers should keep (a no-op with offload off); call before exiting."""
+        self.engine.close()
+
     @property
     def tokenizer(self):
         return self.lm.tokenizer

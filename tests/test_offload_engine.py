@@ -218,3 +218,41 @@ def test_unwritable_disk_path_warns_once_and_serves(tiny_lm, reference, tmp_path
     assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 1
     s = engine.stats().offload
     assert not s.disk_enabled and s.host_hits > 0 and s.disk_hits == 0
+
+
+def test_cli_offload_flags_reach_the_engine_config():
+    from edgeserve.cli import build_parser, engine_config_from_args
+    from edgeserve.errors import EdgeserveError
+
+    args = build_parser().parse_args(["run", "--kv-offload", "cpu,disk", "--cpu-kv-gb", "2", "--disk-kv-gb", "3",
+                                      "--disk-kv-path", "/tmp/x"])
+    cfg = engine_config_from_args(args)
+    oc = cfg.offload_config()
+    assert (oc.use_cpu, oc.use_disk, oc.cpu_kv_bytes, oc.disk_kv_bytes, str(oc.disk_path)) == \
+        (True, True, 2 << 30, 3 << 30, "/tmp/x")
+    assert engine_config_from_args(build_parser().parse_args(["run"])).kv_offload == "none"
+    with pytest.raises(EdgeserveError, match="--kv-offload"):
+        engine_config_from_args(build_parser().parse_args(["run", "--kv-offload", "gpu"]))
+
+
+def test_async_engine_shutdown_persists_prefixes_to_disk(tiny_lm, reference, tmp_path):
+    import anyio
+
+    from edgeserve.engine.async_engine import AsyncEngine
+
+    prompts, ref = reference
+    engine = AsyncEngine(tiny_lm, config(tiny_lm, 200, host_blocks=40, disk=tmp_path))
+    got: list[int] = []
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            async for delta in engine.generate(prompts[0], GREEDY):
+                got.extend(delta.token_ids)
+            engine.shutdown()
+    anyio.run(main)
+    assert got == ref["r0"]
+    # The big pool never evicted anything: only shutdown put the document on disk.
+    fresh = EngineCore(tiny_lm, config(tiny_lm, 8, host_blocks=40, disk=tmp_path))
+    outs, cached = drive(fresh, [prompts[3]])
+    assert outs["r0"] == ref["r3"] and cached["r0"] == 5 * BS and fresh.stats().offload.disk_hits == 5

@@ -151,6 +151,7 @@ class AsyncEngine:
         finally:
             self._deliver(pending)
             self._deliver(self.core.abort_all())
+            self.core.close()  # cached prefixes down to the offload tiers (and disk) when offload is on
             for send, _ in self._streams.values():
                 send.close()
             self._streams.clear()
