@@ -11,6 +11,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from .host_tier import copy_block
 from .tier_manager import TierManager
 
 
@@ -43,9 +44,14 @@ class PoolOffload:
 
     def swap_out(self, seq_id: Hashable, block_ids: Sequence[int]) -> bool:
         """Copy a preempted sequence's blocks to host swap space; False when the host tier cannot hold them."""
-        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.k_pool.device)
-        k, v = self.k_pool.index_select(1, idx), self.v_pool.index_select(1, idx)  # fresh tensors
-        return self.tiers.swap_out(seq_id, k, v, copy=self.tiers.host.pin_memory)
+        shape = (self.k_pool.shape[0], len(block_ids), *self.k_pool.shape[2:])
+        pin = self.tiers.host.pin_memory
+        k = torch.empty(shape, dtype=self.k_pool.dtype, pin_memory=pin)
+        v = torch.empty(shape, dtype=self.v_pool.dtype, pin_memory=pin)
+        for j, b in enumerate(block_ids):
+            copy_block(k[:, j], self.k_pool[:, b])
+            copy_block(v[:, j], self.v_pool[:, b])
+        return self.tiers.swap_out(seq_id, k, v, copy=False)
 
     def swap_in(self, seq_id: Hashable, block_ids: Sequence[int]) -> bool:
         """Copy a swapped sequence back into pool blocks `block_ids` (same count as swapped out); False if absent."""
@@ -55,9 +61,9 @@ class PoolOffload:
         k, v = kv
         if k.shape[1] != len(block_ids):
             raise ValueError(f"{seq_id!r} swapped {k.shape[1]} blocks, {len(block_ids)} given back")
-        idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.k_pool.device)
-        self.k_pool.index_copy_(1, idx, k.to(self.k_pool.device, non_blocking=True))
-        self.v_pool.index_copy_(1, idx, v.to(self.v_pool.device, non_blocking=True))
+        for j, b in enumerate(block_ids):
+            copy_block(self.k_pool[:, b], k[:, j])
+            copy_block(self.v_pool[:, b], v[:, j])
         return True
 
     def drop_swap(self, seq_id: Hashable) -> None:

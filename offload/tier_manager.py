@@ -10,7 +10,7 @@ import torch
 
 from .config import OffloadConfig
 from .disk_tier import DiskTier
-from .host_tier import HostBlock, HostTier, host_copy
+from .host_tier import HostBlock, HostTier, copy_block, host_copy
 from .layout import KVLayout
 
 CPU, DISK = "cpu", "disk"
@@ -109,8 +109,8 @@ class TierManager:
         kv = self.load(block_hash)
         if kv is None:
             return False
-        k_dst.copy_(kv[0])
-        v_dst.copy_(kv[1])
+        copy_block(k_dst, kv[0])
+        copy_block(v_dst, kv[1])
         return True
 
     def flush(self) -> int:
