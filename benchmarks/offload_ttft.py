@@ -122,7 +122,7 @@ def bandwidth(lm, block_bytes: int, n_blocks: int, root: Path) -> None:
         rows.append((label, dt, total / dt / 1e9))
 
     timed("pool -> host (save)", lambda: [tm.save(h, b"", (), pool_k[:, i], pool_v[:, i]) for i, h in enumerate(hashes)])
-    timed("host -> disk (write + blake2b + rename)", tm.flush)
+    timed("host -> disk (write + CRC-32 + rename)", tm.flush)
     timed("host -> pool (load_into)", lambda: [tm.load_into(h, pool_k[:, i], pool_v[:, i]) for i, h in enumerate(hashes)])
     fresh = TierManager(layout, host_bytes=4 << 30, disk_root=root / "bw", disk_bytes=8 << 30)
     timed("disk -> pool, page cache warm (read + verify)",
