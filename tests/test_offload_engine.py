@@ -256,3 +256,28 @@ def test_async_engine_shutdown_persists_prefixes_to_disk(tiny_lm, reference, tmp
     fresh = EngineCore(tiny_lm, config(tiny_lm, 8, host_blocks=40, disk=tmp_path))
     outs, cached = drive(fresh, [prompts[3]])
     assert outs["r0"] == ref["r3"] and cached["r0"] == 5 * BS and fresh.stats().offload.disk_hits == 5
+
+
+@pytest.mark.slow
+def test_default_model_tiny_pool_hits_host_and_disk_with_identical_outputs(default_model_fp32, tmp_path):
+    lm = default_model_fp32
+    g = torch.Generator().manual_seed(7)
+    docs = [torch.randint(1000, 40000, (2 * BS,), generator=g).tolist() for _ in range(2)]
+    prompts = [docs[i % 2] + [100 + i, 200 + i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    def run(engine):
+        outs, cached = {}, {}
+        for i, p in enumerate(prompts):
+            rid = engine.add_request(p, params)
+            while engine.has_work():
+                for o in engine.step():
+                    outs.setdefault(i, []).extend(o.token_ids)
+                    cached[i] = o.num_cached_tokens
+        return outs, cached
+    ref = run(EngineCore(lm, config(lm, 64)))[0]
+    engine = EngineCore(lm, config(lm, 4, host_blocks=1, disk=tmp_path))  # one document at a time
+    outs, cached = run(engine)
+    assert outs == ref
+    s = engine.stats().offload
+    assert s.host_hits > 0 and s.disk_hits > 0 and cached[2] == cached[3] == 2 * BS

@@ -10,7 +10,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Hashable
+from typing import Hashable, Protocol
 
 from edgeserve.errors import QueueFullError
 
@@ -119,7 +119,7 @@ class SchedulerOutput:
         return [s.context_len for s in self.scheduled]
 
 
-class SwapOffload(BlockOffload):
+class SwapOffload(BlockOffload, Protocol):
     """Tiers that also hold preempted sequences' KV (edgeserve.offload.PoolOffload)."""
 
     def swap_out(self, seq_id: SeqId, block_ids: list[int]) -> bool:
