@@ -74,8 +74,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     The K/V of this step's tokens must already be written (`write_kv`). Sequences with one query token
     (decodes) run together as one batched call; prefill chunks run one call each.
     """
-    # float32 math: bf16 probabilities make a row's result depend on how the batch was chunked
-    out_dtype, q = q.dtype, q.float()
+    # float64 math, rounded once at the end: in bf16 or even float32 a row's result depends (in its last
+    # bits) on how long the padded batch is and how the prompt was chunked, and greedy outputs then change
+    # with whatever else is running; float64 differences vanish when rounded back
+    out_dtype, q = q.dtype, q.double()
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[2]
     qlens, slens = meta.query_lens_host, meta.seq_lens_host
@@ -88,8 +90,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         lens = torch.tensor([slens[i] for i in decode], device=q.device)
         length = max(slens[i] for i in decode)
         tables = meta.block_tables[torch.tensor(decode, device=q.device)]
-        k = _gather(k_cache, tables, length).transpose(1, 2).float()  # [B, Hkv, L, D]
-        v = _gather(v_cache, tables, length).transpose(1, 2).float()
+        k = _gather(k_cache, tables, length).transpose(1, 2).double()  # [B, Hkv, L, D]
+        v = _gather(v_cache, tables, length).transpose(1, 2).double()
         mask = (torch.arange(length, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
         o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[rows] = o.squeeze(2)
@@ -97,8 +99,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if n == 1:
             continue
         length, past = slens[i], slens[i] - n
-        k = _gather(k_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).float()
-        v = _gather(v_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).float()
+        k = _gather(k_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).double()
+        v = _gather(v_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).double()
         qi = q[starts[i] : starts[i] + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         mask = torch.arange(length, device=q.device)[None, :] <= (past + torch.arange(n, device=q.device))[:, None]
         o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
