@@ -58,7 +58,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc + tl.dot(p.to(DOT), v.to(DOT))
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
@@ -86,7 +86,7 @@ def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, q_sta
     lse = tl.load(part_lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, axis=0))
     w = tl.where(s_mask, w, 0.0)
-    w = w
+    w = w / tl.sum(w, axis=0)
     o = tl.load(part_o_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     out = tl.sum(o * w[:, None], axis=0)

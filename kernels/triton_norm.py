@@ -21,7 +21,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, ep
         x_stored = x.to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_res_out + cols, x_stored, mask=mask)
         x = x_stored.to(tl.float32)
-    var = tl.sum(x * x, axis=0) / BLOCK
+    var = tl.sum(x * x, axis=0) / n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * (1.0 / tl.sqrt(var + eps)) * w
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

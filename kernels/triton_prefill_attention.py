@@ -54,7 +54,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             kv_mask = t_mask[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k.to(DOT)))  # [BLOCK_M, BLOCK_N], base-2 logits
-            s = tl.where(t_mask[None, :] & (tok[None, :] < limit + (tok[None, :] == 0)[:, None]), s, float("-inf"))
+            s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)

@@ -29,7 +29,7 @@ def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_ca
         x2 = tl.load(src + HALF + d, mask=mask, other=0.0).to(tl.float32)
         dst = q_out_ptr + t * stride_ot + h * stride_oh
         tl.store(dst + d, (x1 * c - x2 * s).to(q_out_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF + d, (x2 * c - x1 * s).to(q_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF + d, (x2 * c + x1 * s).to(q_out_ptr.dtype.element_ty), mask=mask)
     else:
         hk = h - NUM_Q_HEADS
         slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -39,7 +39,7 @@ def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_ca
             x2 = tl.load(src + HALF + d, mask=mask, other=0.0).to(tl.float32)
             dst = k_cache_ptr + slot * stride_cache_slot + hk * stride_cache_h
             tl.store(dst + d, (x1 * c - x2 * s).to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF + d, (x2 * c - x1 * s).to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + d, (x2 * c + x1 * s).to(k_cache_ptr.dtype.element_ty), mask=mask)
             vsrc = v_ptr + t * stride_vt + hk * stride_vh
             vdst = v_cache_ptr + slot * stride_cache_slot + hk * stride_cache_h
             v1 = tl.load(vsrc + d, mask=mask, other=0.0)

@@ -20,8 +20,8 @@ def _dequant_tile(qw_ptr, s_ptr, o_ptr, n, k, n_mask, k_mask, stride_qn, stride_
     """Float32 weight tile for row indices n and column indices k (any broadcastable 2-D shapes)."""
     mask = n_mask & k_mask
     words = tl.load(qw_ptr + n * stride_qn + k // 8, mask=mask, other=0)
-    q = (words >> ((7 - k % 8) * 4)) & 0xF
-    g = k // (GROUP * 2)
+    q = (words >> ((k % 8) * 4)) & 0xF
+    g = k // GROUP
     scale = tl.load(s_ptr + n * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
     offset = tl.load(o_ptr + n * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
     return q.to(tl.float32) * scale + offset
