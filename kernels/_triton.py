@@ -41,3 +41,9 @@ def dot_dtype(dtype: torch.dtype):
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (and >= 1)."""
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot`'s input_precision for operands of `dot_dtype(dtype)`: exact float32 ("ieee", not TF32) when the
+    operands are float32, so the float32 path matches its twin on a GPU too; the default for half types."""
+    return "ieee" if dot_dtype(dtype) == tl.float32 else "tf32"

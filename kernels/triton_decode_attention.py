@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, next_pow2, tl, triton
+from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
 
 BLOCK_N = 16  # tokens per inner step (tl.dot needs >= 16 on the GPU)
 TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split count
@@ -24,7 +24,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          tokens_per_split,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                         BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -52,13 +52,13 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
         off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k.to(DOT)))  # [BLOCK_G, BLOCK_N], base-2 logits
+        s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], base-2 logits
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
@@ -134,7 +134,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         per_split,
         GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(k_cache.dtype),
+        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
     )
     _decode_reduce_kernel[(batch, nh)](
         part_o, part_lse, out, seq_lens, query_start_loc, per_split,

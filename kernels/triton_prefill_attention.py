@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, next_pow2, tl, triton
+from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
 
 BLOCK_M = 16
 BLOCK_N = 16
@@ -22,7 +22,7 @@ BLOCK_N = 16
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, scale_log2, block_size,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -53,13 +53,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
             kv_mask = t_mask[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k.to(DOT)))  # [BLOCK_M, BLOCK_N], base-2 logits
+            s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
             s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT))
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -91,6 +91,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(k_cache.dtype),
+        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
     )
     return out

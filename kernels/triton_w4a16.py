@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, tl, triton
+from ._triton import dot_dtype, dot_precision, tl, triton
 from .w4a16 import W4A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
@@ -47,7 +47,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, N, K, stride_xm, stri
 
 @triton.jit
 def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
-                        GROUP: tl.constexpr, DOT: tl.constexpr,
+                        GROUP: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -63,7 +63,7 @@ def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, 
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = _dequant_tile(qw_ptr, s_ptr, o_ptr, n[None, :], k[:, None], n_mask[None, :], k_mask[:, None],
                           stride_qn, stride_sn, GROUP)  # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(x.to(tl.float32).to(DOT), w.to(DOT))
+        acc += tl.dot(x.to(tl.float32).to(DOT), w.to(DOT), input_precision=PRECISION)
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
 
@@ -91,6 +91,6 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         _w4a16_tiled_kernel[grid](
             x2, qw, s, o, y, m, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
-            GROUP=weight.group_size, DOT=dot_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            GROUP=weight.group_size, DOT=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         )
     return y.reshape(*x.shape[:-1], n)
