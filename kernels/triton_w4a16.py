@@ -1,8 +1,9 @@
 """W4A16 matmul in Triton over the `W4A16Weight` layout (twin: `w4a16.w4a16_matmul`).
 
 Two paths: small M (decode) runs a GEMV-like kernel, one program per (block of output rows, input row),
-streaming the packed weight once per input row along K; large M (prefill) runs a tiled matmul that
-dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds `tl.dot`.
+streaming the packed weight along K (rows of one input after another hit L2); large M (prefill) runs a tiled
+matmul that dequantizes a [BLOCK_N, BLOCK_K] weight tile in registers and feeds `tl.dot`. Both load each
+packed int32 word once and split it into nibbles in registers; float32 accumulation throughout.
 """
 
 from __future__ import annotations
@@ -16,15 +17,24 @@ GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
 
 
 @triton.jit
-def _dequant_tile(qw_ptr, s_ptr, o_ptr, n, k, n_mask, k_mask, stride_qn, stride_sn, GROUP: tl.constexpr):
-    """Float32 weight tile for row indices n and column indices k (any broadcastable 2-D shapes)."""
-    mask = n_mask & k_mask
-    words = tl.load(qw_ptr + n * stride_qn + k // 8, mask=mask, other=0)
-    q = (words >> ((k % 8) * 4)) & 0xF
-    g = k // GROUP
-    scale = tl.load(s_ptr + n * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-    offset = tl.load(o_ptr + n * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
-    return q.to(tl.float32) * scale + offset
+def _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn,
+                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Float32 weight tile [BLOCK_N, BLOCK_K] of rows n, columns k0 .. k0 + BLOCK_K.
+
+    Each packed int32 word is loaded once (contiguous along K) and split into its eight nibbles; a word never
+    straddles a group (the group size is a multiple of 8), so scales and offsets are per word.
+    """
+    w_idx = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    n = n.to(tl.int64)
+    mask = n_mask[:, None] & (w_idx < K // 8)[None, :]
+    words = tl.load(qw_ptr + n[:, None] * stride_qn + w_idx[None, :], mask=mask, other=0)  # [BLOCK_N, BLOCK_K // 8]
+    g = (w_idx * 8) // GROUP
+    scale = tl.load(s_ptr + n[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+    offset = tl.load(o_ptr + n[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+    shifts = tl.arange(0, 8) * 4
+    q = (words[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K // 8, 8], k = 8 * word + nibble
+    w = q.to(tl.float32) * scale[:, :, None] + offset[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
@@ -37,10 +47,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, N, K, stride_xm, stri
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = k < K
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-        w = _dequant_tile(qw_ptr, s_ptr, o_ptr, n[:, None], k[None, :], n_mask[:, None], k_mask[None, :],
-                          stride_qn, stride_sn, GROUP)
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+        w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
         acc += tl.sum(w * x[None, :], axis=1)
     tl.store(y_ptr + m * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
@@ -61,9 +69,8 @@ def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, 
         k_mask = k < K
         x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = _dequant_tile(qw_ptr, s_ptr, o_ptr, n[None, :], k[:, None], n_mask[None, :], k_mask[:, None],
-                          stride_qn, stride_sn, GROUP)  # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(x.to(tl.float32).to(DOT), w.to(DOT), input_precision=PRECISION)
+        w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
+        acc += tl.dot(x.to(tl.float32).to(DOT), tl.trans(w.to(DOT)), input_precision=PRECISION)
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
 
