@@ -84,9 +84,11 @@ def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, q_sta
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     lse = tl.load(part_lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))
-    w = tl.where(s_mask, w, 0.0)
-    w = w / tl.sum(w, axis=0)
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a padding sequence (seq_len 0) has no split at all
+    w = tl.where(s_mask, tl.exp2(lse - top), 0.0)
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0, total, 1.0)
     o = tl.load(part_o_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     out = tl.sum(o * w[:, None], axis=0)
@@ -108,6 +110,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     q [T, H, D]; returns (or fills) out [T, H, D] in q's dtype, writing only the rows named by query_start_loc[:-1].
     `max_seq_len` bounds seq_lens and fixes the split layout (pass the same value for every CUDA-graph replay).
+    A padding sequence (seq_len 0, as in a batch padded up to a captured size) gets an all-zero output row.
     """
     nb, bs, nkv, d = k_cache.shape
     t, nh, _ = q.shape

@@ -42,7 +42,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if xr.shape[0]:
         _add_rms_norm_kernel[(xr.shape[0],)](
             xr, res_in, weight, out, res_out, n, eps, xr.stride(0), res_in.stride(0), out.stride(0), res_out.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(n),
+            HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(n), num_warps=min(16, max(1, next_pow2(n) // 512)),
         )
     shape = x.shape
     return out.reshape(shape), (res_out.reshape(shape) if residual is not None else None)

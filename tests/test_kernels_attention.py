@@ -75,11 +75,13 @@ def test_decode_splits_agree(device, tokens_per_split):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_odd_block_size_and_scale(device):
-    """A block size that is not a power of two (tokens are gathered one by one) and an explicit scale."""
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_odd_block_size_head_dim_and_scale(device, head_dim):
+    """A block size that is not a power of two (tokens are gathered one by one), a head_dim that is not one
+    either (masked to the next power of two), and an explicit scale."""
     device = kernel_device(device)
-    k_cache, v_cache, meta = paged_batch([1, 5], [13, 18], 6, 1, 64, torch.float32, device, seed=5)
-    q = torch.randn(6, 3, 64).to(device)
+    k_cache, v_cache, meta = paged_batch([1, 5], [13, 18], 6, 1, head_dim, torch.float32, device, seed=5)
+    q = torch.randn(6, 3, head_dim).to(device)
     with dispatch.force_backend("triton"):
         out = dispatch.paged_attention(q, k_cache, v_cache, meta, scale=0.3)
     expected = twin(q.cpu(), k_cache.cpu(), v_cache.cpu(), meta_cpu(meta), scale=0.3)
@@ -102,3 +104,19 @@ def test_attention_reads_through_block_table(device):
         after = dispatch.paged_attention(q, k_cache, v_cache, meta)
     assert torch.equal(after[0], before[0])
     assert (after[1] - before[1]).abs().max() > 1.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_padding_sequence_gives_zeros(device):
+    """A padding entry (seq_len 0, as in a decode batch padded to a CUDA-graph size) yields a zero row and leaves
+    the real sequences' rows as the twin computes them."""
+    device = kernel_device(device)
+    k_cache, v_cache, meta = paged_batch([1, 1], [11, 20], 4, 2, 64, torch.float32, device, seed=11)
+    padded = dispatch.AttentionMetadata.build([1, 1, 1], [11, 20, 0], [meta.block_tables[0, :3].tolist(),
+                                              meta.block_tables[1, :5].tolist(), []],
+                                              meta.slot_mapping.tolist() + [-1], device=device)
+    q = torch.randn(3, 4, 64).to(device)
+    with dispatch.force_backend("triton"):
+        out = dispatch.paged_attention(q, k_cache, v_cache, padded)
+    assert torch.equal(out[2].cpu(), torch.zeros(4, 64))
+    assert_close(out[:2], twin(q[:2].cpu(), k_cache.cpu(), v_cache.cpu(), meta_cpu(meta)), torch.float32)
