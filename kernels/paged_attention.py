@@ -8,7 +8,7 @@ and query row j of it sees keys 0 .. seq_lens[i] - q_len + j.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,8 @@ class AttentionMetadata:
     # the same facts as host lists, for code that splits the batch in Python (the torch reference)
     query_lens_host: list[int]
     seq_lens_host: list[int]
+    # the torch reference's split of this step, built by the first layer and reused by the others
+    torch_plan: "_Plan | None" = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -79,9 +81,8 @@ class _Plan:
 
 
 def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
-    plan = getattr(meta, "_torch_plan", None)
-    if plan is not None:
-        return plan
+    if meta.torch_plan is not None:
+        return meta.torch_plan
     qlens, slens = meta.query_lens_host, meta.seq_lens_host
     starts = [0]
     for n in qlens:
@@ -101,9 +102,8 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
             length_i, past = slens[i], slens[i] - n
             causal = torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None]
             prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
-    plan = _Plan(rows, tables, length, mask, prefills)
-    meta._torch_plan = plan  # type: ignore[attr-defined]
-    return plan
+    meta.torch_plan = _Plan(rows, tables, length, mask, prefills)
+    return meta.torch_plan
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
