@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from edgeserve.server import ollama_routes, openai_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
-from edgeserve.server.errors import BodyTooLargeError
+from edgeserve.server.errors import APIError, BodyTooLargeError, error_response
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.state import ServerState, request_id_var, server_state
@@ -133,7 +134,14 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *openai_routes.ROUTES,
         *ollama_routes.ROUTES,
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", "") or "error"
+        return error_response(request, APIError(status, f"{request.method} {request.url.path}: {detail}",
+                                                "invalid_request_error", None, "not_found" if status == 404 else None,
+                                                dict(getattr(exc, "headers", None) or {})))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.server = state
     app.add_middleware(ServerMiddleware, state=state, paths={r.path for r in routes})
     return app

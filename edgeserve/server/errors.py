@@ -41,10 +41,6 @@ class ModelsBusyError(EdgeserveError):
     """--max-loaded-models models are loaded and none is idle, so no other can load now (HTTP 503)."""
 
 
-# SamplingParams field names -> the request field a client sent
-_PARAM_ALIASES = {"logprobs": "top_logprobs"}
-
-
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """A 400 naming the offending field."""
     return APIError(400, message, "invalid_request_error", param, code)
@@ -75,7 +71,7 @@ def from_exception(exc: BaseException, request_id: str = "") -> APIError:
         return APIError(500, f"model failed to load: {exc}", "server_error", "model", "model_load_error")
     if isinstance(exc, ValueError):  # SamplingParams and the engine name the field first
         param = str(exc).split(" ", 1)[0]
-        param = _PARAM_ALIASES.get(param, param) if param.isidentifier() else None
+        param = param if param.isidentifier() else None
         return APIError(400, str(exc), "invalid_request_error", param)
     if isinstance(exc, EdgeserveError):
         return APIError(500, str(exc), "server_error")

@@ -135,8 +135,8 @@ class Lease:
         e = self.entry
         e.active -= 1
         e.last_used = time.monotonic()
-        if self.keep_alive is not UNSET:
-            e.keep_alive = self.keep_alive
+        # as in Ollama, each request sets the model's keep-alive: its own, else the server default
+        e.keep_alive = self.manager.config.keep_alive if self.keep_alive is UNSET else self.keep_alive
         self.manager.wake()
 
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
 
@@ -164,6 +165,9 @@ def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
     top = _number(body, "top_logprobs", integer=True)
     if top is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    if top is not None and not 0 <= top <= SamplingParams.MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs must be between 0 and {SamplingParams.MAX_LOGPROBS}, got {top}",
+                          "top_logprobs")
     if req.logprobs:
         req.sampling["logprobs"] = 0 if top is None else top
     return req
@@ -182,6 +186,8 @@ def parse_completion_request(body: dict, max_n: int) -> GenerationRequest:
         raise bad_request(f"max_tokens must be a positive integer, got {mt}", "max_tokens")
     req.max_tokens = 16 if mt is None else mt  # OpenAI's default for completions
     lp = _number(body, "logprobs", integer=True)
+    if lp is not None and not 0 <= lp <= SamplingParams.MAX_LOGPROBS:
+        raise bad_request(f"logprobs must be between 0 and {SamplingParams.MAX_LOGPROBS}, got {lp}", "logprobs")
     if lp is not None:
         req.sampling["logprobs"] = lp
     if body.get("echo") not in (None, False):
