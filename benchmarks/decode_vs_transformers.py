@@ -24,24 +24,23 @@ def main() -> None:
 
     import transformers
 
-    from edgeserve.engine.single import generate
+    from edgeserve.llm import LLM
     from edgeserve.models.load import load_model
     from edgeserve.registry import DEFAULT_MODEL, resolve
     from edgeserve.sampling_params import SamplingParams
 
     src = resolve(DEFAULT_MODEL)
-    ours = {d: load_model(src, dtype=d) for d in ("auto", "float32")}
+    ours = {d: LLM.from_model(load_model(src, dtype=d), kv_cache_gb=0.1) for d in ("auto", "float32")}
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(src.path.parent), gguf_file=src.path.name,
                                                             dtype=torch.float32).eval()
-    lm = ours["float32"]
+    lm = ours["float32"].lm
     prompt = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
     ids = lm.tokenizer.encode(lm.chat_template.render(prompt), add_special_tokens=False)
 
     def time_ours(model, n: int) -> float:
         start = time.perf_counter()
-        for i, _ in enumerate(generate(model, ids, SamplingParams(temperature=0.0, max_tokens=n))):
-            pass
-        assert i + 1 == n, "the reply ended early; use a longer prompt or fewer tokens"
+        out = model.generate([ids], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0]
+        assert len(out.outputs[0].token_ids) == n
         return time.perf_counter() - start
 
     def time_hf(n: int) -> float:

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute dtype (auto: bfloat16 on CPU with 4-bit weights kept packed; "
                         "float32 dequantizes everything, slower but closest to a reference)")
     r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
+    add_engine_args(r)
 
     s = sub.add_parser("serve", help="serve models over OpenAI- and Ollama-compatible HTTP (models load lazily)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
@@ -53,16 +55,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-loaded-models", type=int, default=1,
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before HTTP 429")
-    s.add_argument("--max-seqs", type=int, default=32, help="sequences batched together in one engine step")
-    s.add_argument("--max-model-len", type=int, default=None, help="context length cap in tokens")
-    s.add_argument("--max-batched-tokens", type=int, default=512, help="tokens in one engine step")
-    s.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size (default: a share of free memory)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     s.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     s.add_argument("--no-pull", action="store_true",
                    help="do not download missing catalog models (at start or through POST /api/pull)")
+    add_engine_args(s)
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     return parser
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags (KV pool size, batch limits, context length), shared by `run` and `serve`."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--kv-cache-gb", type=float, default=None,
+                   help="KV cache pool size in GiB (default: a tenth of the memory free after loading)")
+    g.add_argument("--max-seqs", type=int, default=EngineConfig.max_num_seqs,
+                   help="most sequences batched in one step (default %(default)s)")
+    g.add_argument("--max-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
+                   help="most tokens in one step; longer prompts are prefilled in chunks (default %(default)s)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length in tokens, prompt and output together (default: the model's)")
+    g.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+
+
+def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """EngineConfig from the engine flags; a bad value becomes a one-line EdgeserveError."""
+    try:
+        return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
+                            max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
+                            enable_prefix_caching=not args.no_prefix_cache, **overrides)
+    except ValueError as e:
+        raise EdgeserveError(str(e).replace("max_num_seqs", "--max-seqs")
+                             .replace("max_num_batched_tokens", "--max-batched-tokens")
+                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")) from None
 
 
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -98,9 +123,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from edgeserve.engine.single import generate
-    from edgeserve.models.load import load_model
-    from edgeserve.registry import resolve
+    from edgeserve.llm import LLM
     from edgeserve.sampling_params import SamplingParams
 
     model_name, prompt = split_model_and_prompt(args)
@@ -109,8 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
-    source = resolve(model_name)
-    lm = load_model(source, dtype=args.dtype)
+    config = engine_config_from_args(args)
+    llm = LLM(model_name, dtype=args.dtype, config=config)
+    lm = llm.lm
     if args.verbose:
         print(f"loaded {lm.name} in {lm.load_seconds:.2f}s", file=sys.stderr)
 
@@ -123,8 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = []
         start = time.perf_counter()
         n = 0
-        for delta in generate(lm, ids, params):
-            n += 1
+        for delta in llm.stream(ids, params):
+            n += len(delta.token_ids)
             out.append(delta.text)
             sys.stdout.write(delta.text)
             sys.stdout.flush()
@@ -162,13 +186,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgeserve.server.state import configure_logging
 
     models = tuple(args.model or [DEFAULT_MODEL])
+    engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
     try:
         config = ServerConfig(
             host=args.host, port=args.port, models=models, api_key=args.api_key or None,
             keep_alive=parse_keep_alive(args.keep_alive, "--keep-alive"), max_loaded_models=args.max_loaded_models,
             max_queue=args.max_queue, max_seqs=args.max_seqs, max_model_len=args.max_model_len,
             max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
-            device=args.device, allow_pull=not args.no_pull, log_level=args.log_level)
+            device=args.device, allow_pull=not args.no_pull, log_level=args.log_level,
+            extra_engine={"enable_prefix_caching": False} if args.no_prefix_cache else {})
     except ValueError as e:
         raise EdgeserveError(str(e).replace("_", "-", 1) if str(e).startswith("keep_alive") else str(e)) from None
     for name in models:  # catalog models are fetched now (with a progress bar), not on the first request

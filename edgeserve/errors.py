@@ -30,3 +30,11 @@ class QueueFullError(EdgeserveError):
 
     def __init__(self, message: str = "busy") -> None:
         super().__init__(message)
+
+
+class PromptTooLongError(EdgeserveError, ValueError):
+    """The prompt leaves no room in the model's context for even one new token (HTTP 400)."""
+
+
+class EngineError(EdgeserveError):
+    """The engine failed while running a step; the requests in flight were ended."""

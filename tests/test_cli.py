@@ -86,13 +86,13 @@ def test_run_tiny_model_streams_text(tmp_path):
 
 @pytest.mark.slow
 def test_run_default_model_matches_python_api(default_model_path, default_model_fp32):
-    from edgeserve.engine.single import generate
+    from edgeserve.llm import LLM
     from edgeserve.sampling_params import SamplingParams
 
     lm = default_model_fp32
     prompt = "What is the capital of France?"
     ids = lm.tokenizer.encode(lm.chat_template.render([{"role": "user", "content": prompt}]), add_special_tokens=False)
-    expected = "".join(d.text for d in generate(lm, ids, SamplingParams(temperature=0.0, max_tokens=24)))
+    expected = LLM.from_model(lm, kv_cache_gb=0.05).generate([ids], SamplingParams(temperature=0.0, max_tokens=24))[0].text
     proc = edgeserve("run", str(default_model_path), prompt, "--temperature", "0", "--max-tokens", "24",
                      "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr

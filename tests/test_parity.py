@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.engine.single import generate
+from edgeserve.llm import LLM
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.sampling_params import SamplingParams
 
@@ -32,9 +32,10 @@ def test_prompt_logits_match_reference(default_model_fp32, reference_model):
 
 def test_greedy_64_tokens_identical_to_reference(default_model_fp32, reference_model):
     lm = default_model_fp32
+    llm = LLM.from_model(lm, kv_cache_gb=0.1)
     for chat in CHATS:
         ids = lm.tokenizer.encode(lm.chat_template.render(chat), add_special_tokens=False)
-        ours = [d.token_id for d in generate(lm, ids, SamplingParams(temperature=0.0, max_tokens=64))]
+        ours = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=64))[0].outputs[0].token_ids
         with torch.no_grad():
             out = reference_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
                                            eos_token_id=sorted(lm.tokenizer.eot_ids))

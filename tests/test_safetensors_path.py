@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from edgeserve.engine.single import generate
+from edgeserve.llm import LLM
 from edgeserve.errors import ModelLoadError
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
@@ -44,8 +44,8 @@ def test_hf_folder_greedy_matches_gguf(hf_folder, default_model_fp32):
         ids = lm.tokenizer.encode(text, add_special_tokens=False)
         assert lm_hf.tokenizer.encode(text, add_special_tokens=False) == ids
         params = SamplingParams(temperature=0.0, max_tokens=32)
-        a = [d.token_id for d in generate(lm, ids, params)]
-        b = [d.token_id for d in generate(lm_hf, ids, params)]
+        a = LLM.from_model(lm, kv_cache_gb=0.05).generate([ids], params)[0].outputs[0].token_ids
+        b = LLM.from_model(lm_hf, kv_cache_gb=0.05).generate([ids], params)[0].outputs[0].token_ids
         assert a == b
 
 

@@ -160,18 +160,19 @@ def test_params_defaults_and_bounds_are_valid():
 
 
 def test_generate_reports_logprobs_and_honours_penalties(tmp_path):
-    from edgeserve.engine.single import generate
-    from edgeserve.models.load import load_model
-    from edgeserve.registry import resolve
+    from edgeserve.llm import LLM
 
-    lm = load_model(resolve(str(write_tiny_llama(tmp_path / "t.gguf"))), dtype="float32")
+    llm = LLM(str(write_tiny_llama(tmp_path / "t.gguf")), dtype="float32", kv_cache_gb=0.01)
     prompt = [5, 6, 7]
-    plain = list(generate(lm, prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)))
-    assert all(d.logprob is not None and len(d.top_logprobs) == 3 for d in plain)
-    assert all(d.token_id == d.top_logprobs[0][0] and d.logprob == d.top_logprobs[0][1] for d in plain)
+    plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True))[0]
+    lps = plain.outputs[0].logprobs
+    assert len(lps) == len(plain.outputs[0].token_ids) == 12
+    assert all(len(d.top) == 3 for d in lps)
+    assert all(d.token_id == d.top[0][0] and d.logprob == d.top[0][1] for d in lps)
     # Strong penalties push every token already produced (or in the prompt) below the tiny model's other
     # logits (all within a few units of 0), so greedy decoding never repeats one.
-    params = SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=2.0, repetition_penalty=50.0)
-    penalized = [d.token_id for d in generate(lm, prompt, params)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, frequency_penalty=2.0, repetition_penalty=50.0,
+                            ignore_eos=True)
+    penalized = llm.generate([prompt], params)[0].outputs[0].token_ids
     assert len(set(penalized + prompt)) == len(penalized) + len(prompt)
-    assert len(set(d.token_id for d in plain)) < len(plain)  # without them it does repeat
+    assert len(set(plain.outputs[0].token_ids)) < 12  # without them it does repeat

@@ -194,8 +194,8 @@ def test_queue_full_is_429_with_retry_after(tiny_path):
 def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
     with serve(ServerConfig(models=(str(tiny_path),), kv_cache_gb=1e6)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
-            err = assert_error(c.post(CHAT, json=GOOD), 507, "model", "insufficient_memory", "GB")
-            assert "KV cache 1000000.00 GB" in err["message"] and "free" in err["message"]
+            err = assert_error(c.post(CHAT, json=GOOD), 507, "model", "insufficient_memory", "GiB")
+            assert "KV cache 1000000.00 GiB" in err["message"] and "free" in err["message"]
             assert c.get("/health").status_code == 200
             assert s.manager.entries == {}  # nothing half-loaded stays behind
             s.manager.config = dataclasses.replace(s.manager.config, kv_cache_gb=None)

@@ -14,7 +14,7 @@ class EngineConfig:
     max_waiting: int = 256  # --max-queue: waiting requests before new ones are refused as busy
     block_size: int = 16  # tokens per KV block
     kv_cache_gb: float | None = None  # --kv-cache-gb; None: kv_cache_fraction of free memory
-    kv_cache_fraction: float = 0.25  # of the memory free after loading, when kv_cache_gb is None
+    kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None
     max_model_len: int | None = None  # --max-model-len; None: the model's own context
     enable_prefix_caching: bool = True
 

@@ -46,11 +46,12 @@ class _SeqBlocks:
 class BlockManager:
     """Hands out physical blocks 0..num_blocks-1 to sequences and reuses computed full blocks by prefix."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks, least recently freed first; hashed ones can still be revived by a prefix hit.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -108,7 +109,8 @@ class BlockManager:
         n = len(token_ids)
         if n == 0:
             raise ValueError("cannot allocate an empty sequence")
-        hits, parent = self._find_prefix(token_ids, max_blocks=(n - 1) // self.block_size)
+        max_hits = (n - 1) // self.block_size if self.enable_prefix_caching else 0
+        hits, parent = self._find_prefix(token_ids, max_blocks=max_hits)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh + revived > len(self._free):
@@ -139,6 +141,8 @@ class BlockManager:
 
     def commit_full_blocks(self, seq: SeqId, token_ids: Sequence[int], num_computed: int) -> None:
         """Register the prefix-cache keys of `seq`'s blocks that are full within its first `num_computed` tokens."""
+        if not self.enable_prefix_caching:
+            return
         state, bs = self._seqs[seq], self.block_size
         num_full = min(num_computed, len(token_ids)) // bs
         for i in range(state.num_hashed, num_full):

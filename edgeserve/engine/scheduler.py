@@ -121,9 +121,9 @@ class SchedulerOutput:
 class Scheduler:
     """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
 
-    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+    def __init__(self, config: SchedulerConfig, num_blocks: int, enable_prefix_caching: bool = True) -> None:
         self.config = config
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
         self._seqs: dict[SeqId, Sequence] = {}
@@ -149,6 +149,9 @@ class Scheduler:
 
     def get(self, seq_id: SeqId) -> Sequence:
         return self._seqs[seq_id]
+
+    def has(self, seq_id: SeqId) -> bool:
+        return seq_id in self._seqs
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)

@@ -48,7 +48,7 @@ class ServerConfig:
     max_seqs: int = 32  # sequences batched in one engine step
     max_model_len: int | None = None  # context length cap (None: the model's own)
     max_batched_tokens: int = 512  # tokens in one engine step
-    kv_cache_gb: float | None = None  # KV pool size (None: the engine's default share of free memory)
+    kv_cache_gb: float | None = None  # KV pool size in GiB (None: the engine default share of free memory)
     dtype: str = "auto"
     device: str = "cpu"
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies over this get 413

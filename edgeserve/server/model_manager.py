@@ -47,7 +47,7 @@ class MemoryEstimate:
         return self.total <= self.available
 
     def describe(self) -> str:
-        gb = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+        gb = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
         return (f"needs about {gb(self.total)} (weights {gb(self.weights)} + KV cache {gb(self.kv_cache)} + "
                 f"activations {gb(self.activations)}) but only {gb(self.available)} of {self.where} memory is free")
 
@@ -72,7 +72,7 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
     weights = source_bytes(source)
     if config.dtype == "float32":
         weights *= 8 if source.kind == "gguf" else 2
-    kv = int(config.kv_cache_gb * 1e9) if config.kv_cache_gb else 0
+    kv = int(config.kv_cache_gb * 2**30) if config.kv_cache_gb else 0
     activations = config.max_batched_tokens * 200_000
     if config.device.startswith("cuda") and torch.cuda.is_available():
         dev = torch.device(config.device)

@@ -14,6 +14,7 @@ class StopMatcher:
     def __init__(self, stop: list[str]):
         self.stop = [s for s in stop if s]  # an empty stop string would match everywhere; it means nothing
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
         self._held = ""
 
     def push(self, text: str) -> tuple[str, bool]:
@@ -21,9 +22,9 @@ class StopMatcher:
         if self.stopped:
             return "", True
         buf = self._held + text
-        ends = [(i + len(s), -len(s)) for s in self.stop if (i := buf.find(s)) >= 0]
+        ends = [(i + len(s), -len(s), s) for s in self.stop if (i := buf.find(s)) >= 0]
         if ends:
-            end, minus_len = min(ends)
+            end, minus_len, self.matched = min(ends)
             self.stopped, self._held = True, ""
             return buf[: end + minus_len], True
         # No stop string is complete in buf, so the earliest one still possible starts in the

@@ -1,0 +1,260 @@
+"""EngineCore: the synchronous heart of the engine. Owns the scheduler, the KV pool and the model runner.
+
+`step()` runs on a worker thread while the event loop works; requests added or aborted meanwhile are
+queued under a lock and applied at the start of the next step, where an abort frees the blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from edgeserve.errors import PromptTooLongError, QueueFullError
+from edgeserve.models.load import LoadedModel
+from edgeserve.sampling_params import SamplingParams
+
+from .config import EngineConfig
+from .kv_cache import KVPool, free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
+from .model_runner import ModelRunner, SamplingRow
+from .outputs import EngineStats, TokenLogprob
+from .sampler import SampleOutput, make_generator
+from .scheduler import Scheduler, SchedulerConfig, Sequence
+
+log = logging.getLogger("edgeserve.engine")
+
+_ids = itertools.count()
+
+
+@dataclass
+class TokenOutput:
+    """What one step produced for one request (token ids, before any text work)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None = None  # "stop" (end-of-turn / stop token), "length" or "abort"
+    stop_reason: int | None = None  # the stop token id
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's engine-side state."""
+
+    request_id: str
+    seq: Sequence
+    params: SamplingParams
+    generator: torch.Generator | None
+    stop_ids: frozenset[int]
+    max_tokens: int  # params.max_tokens capped by the room left in the context
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
+    finish: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+class EngineCore:
+    """Continuous batching over one model: add requests, call `step()` until none is left."""
+
+    def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+        self.lm = lm
+        self.config = config
+        model = lm.model
+        self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
+        budget = config.kv_cache_gb * 2**30 if config.kv_cache_gb else config.kv_cache_fraction * free_memory_bytes(model.device)
+        num_blocks = num_blocks_for_budget(budget, lm.config, model.dtype, config.block_size)
+        # more blocks than every seat filled to the full context can never be used
+        blocks_per_seq = -(-self.max_model_len // config.block_size)
+        num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
+        if num_blocks < 1:
+            need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
+            raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of {need / 2**20:.2f} MiB")
+        if num_blocks < blocks_per_seq:
+            # a request may not use more context than the pool holds
+            self.max_model_len = num_blocks * config.block_size
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device)
+        sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
+                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       # preempted requests rejoin the queue on top of the core's own admission limit
+                                       max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size)
+        self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching)
+        self.runner = ModelRunner(model, self.pool)
+        self._requests: dict[str, Request] = {}
+        self._lock = threading.Lock()
+        self._pending_add: list[Request] = []
+        self._pending_finish: dict[str, str] = {}
+        self.num_steps = 0
+        self.generation_tokens = 0
+        self.num_requests_finished = 0
+        self._stats = self._collect_stats()
+
+    # --- requests (any thread) ------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or ValueError now, not later."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.lm.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is "
+                                     f"{self.max_model_len} tokens, which leaves no room to generate")
+        request_id = request_id or f"req-{next(_ids)}"
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
+        req = Request(request_id, Sequence(request_id, list(prompt_ids)), params, make_generator(params), stop_ids,
+                      max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)))
+        with self._lock:
+            if request_id in self._requests or any(r.request_id == request_id for r in self._pending_add):
+                raise ValueError(f"duplicate request id {request_id!r}")
+            if len(self.scheduler.waiting) + len(self._pending_add) >= self.config.max_waiting:
+                raise QueueFullError()
+            self._pending_add.append(req)
+        return request_id
+
+    def finish_request(self, request_id: str, reason: str = "abort") -> None:
+        """End a request at the start of the next step (its blocks are freed there); unknown ids are ignored."""
+        with self._lock:
+            self._pending_finish[request_id] = reason
+
+    def has_work(self) -> bool:
+        """Whether a step would do anything."""
+        return bool(self._requests or self._pending_add or self._pending_finish)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests) + len(self._pending_add)
+
+    # --- one step (the worker thread) ------------------------------------------
+
+    def step(self) -> list[TokenOutput]:
+        """Apply queued adds and aborts, run one batch, sample, retire what finished; return per-request outputs."""
+        try:
+            return self._step()
+        finally:
+            stats = self._collect_stats()
+            with self._lock:
+                self._stats = stats
+
+    def _step(self) -> list[TokenOutput]:
+        outputs = self._apply_pending()
+        if not self._requests:
+            return outputs
+        sched = self.scheduler.schedule()
+        self.num_steps += 1
+        for seq_id in sched.finished:  # outgrew the whole pool
+            outputs.append(self._retire(self._requests[seq_id], [], None, "length", already_finished=True))
+        for s in sched.scheduled:
+            req = self._requests[s.seq_id]
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = s.positions[0]
+        sampling = [self._requests[s.seq_id] for s in sched.scheduled if s.samples]
+        rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids) for r in sampling]
+        sample = self.runner.execute(sched, rows)
+        if sample is None:
+            self.scheduler.update(sched, {})
+            return outputs
+        tokens = sample.token_ids.tolist()
+        self.scheduler.update(sched, {r.request_id: [t] for r, t in zip(sampling, tokens)})
+        self.generation_tokens += len(tokens)
+        logprobs = _logprobs(sample, [r.params.logprobs for r in sampling])
+        for i, (req, token) in enumerate(zip(sampling, tokens)):
+            lp = [logprobs[i]] if logprobs[i] is not None else None
+            if token in req.stop_ids:
+                outputs.append(self._retire(req, [token], lp, "stop", stop_reason=token))
+            elif len(req.seq.output_token_ids) >= req.max_tokens:
+                outputs.append(self._retire(req, [token], lp, "length"))
+            else:
+                outputs.append(self._output(req, [token], lp))
+        return outputs
+
+    def _apply_pending(self) -> list[TokenOutput]:
+        with self._lock:
+            adds, self._pending_add = self._pending_add, []
+            finishes, self._pending_finish = self._pending_finish, {}
+        for req in adds:
+            self._requests[req.request_id] = req
+            self.scheduler.add(req.seq)
+        outputs = []
+        for request_id, reason in finishes.items():
+            req = self._requests.get(request_id)
+            if req is not None:
+                outputs.append(self._retire(req, [], None, reason))
+        return outputs
+
+    def _retire(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None, reason: str,
+                stop_reason: int | None = None, already_finished: bool = False) -> TokenOutput:
+        if not already_finished:
+            self.scheduler.finish(req.request_id, reason)
+        del self._requests[req.request_id]
+        self.num_requests_finished += 1
+        out = self._output(req, tokens, logprobs)
+        out.finish_reason, out.stop_reason = reason, stop_reason
+        return out
+
+    def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None) -> TokenOutput:
+        return TokenOutput(req.request_id, tokens, logprobs, num_prompt_tokens=len(req.seq.prompt_token_ids),
+                           num_cached_tokens=req.num_cached_tokens or 0,
+                           num_output_tokens=len(req.seq.output_token_ids))
+
+    # --- state -----------------------------------------------------------------
+
+    def abort_all(self) -> list[TokenOutput]:
+        """End every request now (shutdown, or after a failed step); call between steps only."""
+        with self._lock:
+            adds, self._pending_add = self._pending_add, []
+            self._pending_finish.clear()
+        outputs = [TokenOutput(r.request_id, [], None, "abort", num_prompt_tokens=len(r.seq.prompt_token_ids))
+                   for r in adds]
+        for req in list(self._requests.values()):
+            if self.scheduler.has(req.request_id):
+                outputs.append(self._retire(req, [], None, "abort"))
+            else:
+                del self._requests[req.request_id]
+                outputs.append(self._output(req, [], None))
+                outputs[-1].finish_reason = "abort"
+        stats = self._collect_stats()
+        with self._lock:
+            self._stats = stats
+        return outputs
+
+    def stats(self) -> EngineStats:
+        """The counters as of the end of the last step (safe to call from any thread while a step runs)."""
+        with self._lock:
+            stats = replace(self._stats)
+            stats.num_waiting += len(self._pending_add)
+        return stats
+
+    def _collect_stats(self) -> EngineStats:
+        bm = self.scheduler.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_blocks - bm.num_free_blocks,
+            kv_blocks_cached=bm.num_cached_free_blocks,
+            kv_block_size=bm.block_size,
+            kv_cache_bytes=self.pool.nbytes,
+            prompt_tokens_computed=bm.num_prompt_tokens_computed,
+            prompt_tokens_reused=bm.num_prompt_tokens_reused,
+            generation_tokens=self.generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_requests_finished=self.num_requests_finished,
+            num_steps=self.num_steps,
+        )
+
+
+def _logprobs(sample: SampleOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:
+    """Each row's TokenLogprob, or None for rows that did not ask."""
+    if sample.logprobs is None:
+        return [None] * len(wanted)
+    chosen = sample.logprobs.tolist()
+    top_ids, top_lp = sample.top_ids.tolist(), sample.top_logprobs.tolist()
+    return [
+        None if n is None else TokenLogprob(sample.token_ids[i].item(), chosen[i], list(zip(top_ids[i][:n], top_lp[i][:n])))
+        for i, n in enumerate(wanted)
+    ]

@@ -1,0 +1,65 @@
+"""Runs one scheduled step: a flat ragged batch through the model over the paged KV pool, then the sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.models.llama import LlamaModel
+from edgeserve.sampling_params import SamplingParams
+
+from .kv_cache import KVPool, PagedKVAttention
+from .sampler import SampleOutput, sample_tokens
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs of one sequence that samples this step."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+class ModelRunner:
+    """Owns the model and its KV pool; turns a SchedulerOutput into sampled tokens."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = model.device
+
+    def execute(self, step: SchedulerOutput, rows: list[SamplingRow]) -> SampleOutput | None:
+        """Run the step's tokens; sample one token for each scheduled sequence that reaches its end.
+
+        `rows` lists the sampling sequences in batch order (those with `samples` set). Returns None when
+        no sequence samples (every one was mid-prefill).
+        """
+        scheduled = step.scheduled
+        if not scheduled:
+            return None
+        dev = self.device
+        query_lens = [s.num_new_tokens for s in scheduled]
+        meta = AttentionMetadata.build(query_lens, step.context_lens, step.block_tables, step.slot_mapping, dev)
+        ids = torch.tensor(step.token_ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(step.positions, dtype=torch.long, device=dev)
+        last_rows = [end - 1 for end, s in zip(_cumsum(query_lens), scheduled) if s.samples]
+        if not last_rows:
+            self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+            return None
+        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+        logits = self.model.logits(hidden[torch.tensor(last_rows, device=dev)])
+        return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
+                             [r.prompt_ids for r in rows], [r.output_ids for r in rows])
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out

@@ -1,0 +1,56 @@
+"""Turns one request's token outputs into text deltas: incremental detokenization and stop strings."""
+
+from __future__ import annotations
+
+from edgeserve.loaders.tokenizer import Tokenizer
+from edgeserve.sampling_params import SamplingParams
+from edgeserve.text.detokenizer import IncrementalDetokenizer
+from edgeserve.text.stop import StopMatcher
+
+from .core import TokenOutput
+from .outputs import RequestOutput
+
+
+class OutputProcessor:
+    """Per request: token ids in, final text out (nothing shown is ever retracted)."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer: Tokenizer) -> None:
+        self.request_id = request_id
+        self._detok = IncrementalDetokenizer(tokenizer.decode, prompt_ids, tokenizer.byte_fallback_ids)
+        self._stop = StopMatcher(params.stop) if params.stop else None
+        self.done = False
+
+    @property
+    def stopped_by_string(self) -> bool:
+        """A stop string matched: the engine must end the request (reason 'stop')."""
+        return self._stop is not None and self._stop.stopped
+
+    def process(self, out: TokenOutput) -> RequestOutput | None:
+        """The delta for one step's output, or None if the request already ended here (stop string)."""
+        if self.done:
+            return None
+        finishing = out.finish_reason is not None
+        # an end-of-turn / stop token ends the text; its own text is never shown
+        text_ids = out.token_ids[:-1] if out.stop_reason is not None else out.token_ids
+        text = self._detok.push(text_ids) if text_ids else ""
+        if finishing:
+            text += self._detok.flush()
+        finish, stop_reason = out.finish_reason, out.stop_reason
+        if self._stop is not None:
+            text, stopped = self._stop.push(text)
+            if stopped:
+                finish, stop_reason = "stop", self._stop.matched
+            elif finishing:
+                text += self._stop.flush()
+        self.done = finish is not None
+        return RequestOutput(
+            request_id=out.request_id,
+            text=text,
+            token_ids=list(out.token_ids),
+            logprobs=out.logprobs,
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            num_prompt_tokens=out.num_prompt_tokens,
+            num_cached_tokens=out.num_cached_tokens,
+            num_output_tokens=out.num_output_tokens,
+        )

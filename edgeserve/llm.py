@@ -1,0 +1,149 @@
+"""`LLM`: the Python API for embedding edgeserve (batched offline generation and chat on one engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from edgeserve.engine.config import EngineConfig
+from edgeserve.engine.core import EngineCore
+from edgeserve.engine.output_processor import OutputProcessor
+from edgeserve.engine.outputs import RequestOutput, TokenLogprob
+from edgeserve.models.load import LoadedModel, load_model
+from edgeserve.registry import DEFAULT_MODEL, resolve
+from edgeserve.sampling_params import SamplingParams
+
+Messages = list[dict]
+
+
+@dataclass
+class CompletionOutput:
+    """One generated completion."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A prompt and what was generated for it (`outputs[0]`; `.text` for short)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+
+class LLM:
+    """A model and its engine: `LLM("smollm2-135m").generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "cpu",
+                 config: EngineConfig | None = None, **engine_options) -> None:
+        """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
+
+        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, ...).
+        """
+        if config is not None and engine_options:
+            raise ValueError("pass either config or engine options, not both")
+        self.config = config or EngineConfig(**engine_options)
+        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device)
+        self.engine = EngineCore(self.lm, self.config)
+
+    @classmethod
+    def from_model(cls, lm: LoadedModel, config: EngineConfig | None = None, **engine_options) -> "LLM":
+        """An LLM over a model already loaded (`load_model`), with its own engine."""
+        self = cls.__new__(cls)
+        self.config = config or EngineConfig(**engine_options)
+        self.lm = lm
+        self.engine = EngineCore(lm, self.config)
+        return self
+
+    @property
+    def tokenizer(self):
+        return self.lm.tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[GenerationResult]:
+        """Complete each prompt (text, or token ids), all batched together; results come in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = [(p, self.lm.tokenizer.encode(p)) if isinstance(p, str) else (None, list(p)) for p in prompts]
+        return self._run(items, sampling_params)
+
+    def chat(self, messages: Messages | Sequence[Messages],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[GenerationResult]:
+        """Reply to one conversation or several, through the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        items = []
+        for conv in conversations:
+            text = self.lm.chat_template.render(list(conv), add_generation_prompt=True)  # type: ignore[arg-type]
+            items.append((text, self.lm.tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(items, sampling_params)
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Deltas of one completion as they are generated (what `edgeserve run` prints)."""
+        params = params or SamplingParams()
+        rid = self.engine.add_request(prompt_ids, params)
+        proc = OutputProcessor(rid, prompt_ids, params, self.lm.tokenizer)
+        try:
+            while not proc.done:
+                for out in self.engine.step():
+                    delta = proc.process(out)
+                    if delta is not None:
+                        yield delta
+                if proc.stopped_by_string:
+                    self.engine.finish_request(rid, "stop")
+        finally:
+            if not proc.done:
+                self.engine.finish_request(rid, "abort")
+            while self.engine.has_work():  # finish the abort so the pool is clean for the next call
+                self.engine.step()
+
+    def _run(self, items: list[tuple[str | None, list[int]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[GenerationResult]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(items):
+                raise ValueError(f"{len(params)} sampling params for {len(items)} prompts")
+        results: dict[str, GenerationResult] = {}
+        procs: dict[str, OutputProcessor] = {}
+        order = []
+        for (prompt, ids), p in zip(items, params):
+            # the queue bound is for servers; an offline batch is fed as room frees up
+            while self.engine.num_unfinished >= self.config.max_waiting:
+                self._step(results, procs)
+            rid = self.engine.add_request(ids, p)
+            order.append(rid)
+            results[rid] = GenerationResult(rid, prompt, ids, [CompletionOutput("", [], None, logprobs=None)])
+            procs[rid] = OutputProcessor(rid, ids, p, self.lm.tokenizer)
+        while self.engine.has_work():
+            self._step(results, procs)
+        return [results[rid] for rid in order]
+
+    def _step(self, results: dict[str, GenerationResult], procs: dict[str, OutputProcessor]) -> None:
+        for out in self.engine.step():
+            proc = procs.get(out.request_id)
+            delta = proc.process(out) if proc else None
+            if delta is None:
+                continue
+            res = results[out.request_id]
+            c = res.outputs[0]
+            c.text += delta.text
+            c.token_ids.extend(delta.token_ids)
+            if delta.logprobs is not None:
+                c.logprobs = (c.logprobs or []) + delta.logprobs
+            res.num_cached_tokens = delta.num_cached_tokens
+            if delta.finished:
+                c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason
+                if proc.stopped_by_string:
+                    self.engine.finish_request(out.request_id, "stop")
