@@ -121,7 +121,7 @@ def test_stop_strings(client):
 
 
 def test_seed_reproducible_and_n(client):
-    kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+    kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
               temperature=1.0, top_p=0.95, seed=1234)
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
@@ -168,7 +168,7 @@ def test_async_client(server):
 
 def test_sixteen_concurrent_streams_match_solo(server, client):
     prompts = [f"Count from {i} to {i + 5}." for i in range(16)]
-    kw = dict(model=DEFAULT_MODEL, max_tokens=10, temperature=0)
+    kw = dict(model=DEFAULT_MODEL, max_tokens=6, temperature=0)
     solo = [client.chat.completions.create(messages=[{"role": "user", "content": p}], **kw).choices[0].message.content
             for p in prompts]
 
@@ -193,17 +193,20 @@ def test_sixteen_concurrent_streams_match_solo(server, client):
 
 def test_client_disconnect_frees_blocks(server):
     engine = server.manager.entries[DEFAULT_MODEL].engine
+    generated_before = engine.stats().generation_tokens
     with httpx.Client(base_url=server.url, timeout=60) as c:
         body = {"model": DEFAULT_MODEL, "messages": MSG, "max_tokens": 400, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            got = 0
-            for line in r.iter_lines():
-                got += line.startswith("data:")
-                if got >= 3:
-                    break
-            assert engine.stats().kv_blocks_used > 0 and engine.stats().num_running == 1
+            lines = r.iter_lines()
+            assert next(lines).startswith("data:")
+            # the engine's stats are as of its last finished step: wait until they show the request
+            assert wait_until(lambda: engine.stats().num_running == 1 and engine.stats().kv_blocks_used > 0, 30)
+        steps_at_disconnect = engine.stats().num_steps
         # the response is closed mid-stream: the request is aborted and its blocks freed
-        assert wait_until(lambda: engine.stats().kv_blocks_used == 0 and engine.stats().num_running == 0, 10)
+        assert wait_until(lambda: engine.stats().kv_blocks_used == 0 and engine.stats().num_running == 0, 30)
+        stats = engine.stats()
+        assert stats.num_steps - steps_at_disconnect <= 3, stats  # the step in flight, then the one that frees
+        assert stats.generation_tokens - generated_before < 400  # cancelled, not run to max_tokens
         text = c.get("/metrics").text
         assert metric(text, "edgeserve_kv_blocks_used", f'model="{DEFAULT_MODEL}"') == 0
         assert metric(text, "edgeserve_num_requests_running", f'model="{DEFAULT_MODEL}"') == 0
