@@ -22,7 +22,7 @@ def _browser_or_skip():
 def test_chat_page_streams_a_reply_multi_turn(tmp_path):
     pw = _browser_or_skip()
     path = write_tiny_llama(tmp_path / "tiny.gguf")
-    with serve(ServerConfig(models=(str(path),), keep_alive=None)) as s, pw.sync_playwright() as p:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None)) as s, pw.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
@@ -64,7 +64,7 @@ def test_chat_page_is_served(tmp_path):
     import httpx
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")
-    with serve(ServerConfig(models=(str(path),), api_key="k")) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), api_key="k")) as s:
         r = httpx.get(s.url + "/")  # the page itself needs no key; its API calls do
         assert r.status_code == 200 and "text/html" in r.headers["content-type"]
         for needle in ("/v1/chat/completions", "/v1/models", 'id="stop"', 'id="system"', "getReader"):

@@ -23,7 +23,8 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    with serve(ServerConfig(models=(str(tiny_path),), keep_alive=None, max_body_bytes=64 * 1024)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None,
+                            max_body_bytes=64 * 1024)) as s:
         yield s
 
 
@@ -160,7 +161,7 @@ def test_unknown_route_and_method(client):
 
 
 def test_queue_full_is_429_with_retry_after(tiny_path):
-    cfg = ServerConfig(models=(str(tiny_path),), keep_alive=None, max_seqs=1, max_queue=1)
+    cfg = ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None, max_seqs=1, max_queue=1)
     with serve(cfg) as s:
         body = {**GOOD, "max_tokens": 100, "stream": True, "ignore_eos": True}
         statuses: list[int] = []
@@ -198,12 +199,12 @@ def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
             assert "KV cache 1000000.00 GiB" in err["message"] and "free" in err["message"]
             assert c.get("/health").status_code == 200
             assert s.manager.entries == {}  # nothing half-loaded stays behind
-            s.manager.config = dataclasses.replace(s.manager.config, kv_cache_gb=None)
+            s.manager.config = dataclasses.replace(s.manager.config, kv_cache_gb=0.01)
             assert_ok_after(c)
 
 
 def test_api_key(tiny_path):
-    with serve(ServerConfig(models=(str(tiny_path),), api_key="s3cret")) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), api_key="s3cret")) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 assert_error(c.post(CHAT, json=GOOD, headers=headers), 401, None, "invalid_api_key")

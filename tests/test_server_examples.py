@@ -20,7 +20,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = write_tiny_llama(tmp_path_factory.mktemp("ex") / "tiny.gguf")
-    with serve(ServerConfig(models=(str(path),), keep_alive=None)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None)) as s:
         yield s
 
 

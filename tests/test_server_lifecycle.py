@@ -32,7 +32,7 @@ def load_count(c: httpx.Client, model: str) -> float:
 
 
 def test_lazy_load_keep_alive_unload_and_reload(tiny_paths):
-    with serve(ServerConfig(models=(str(tiny_paths[0]),), keep_alive=0.5)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=0.5)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert loaded(c) == {}  # nothing loads at start
             assert c.get("/health").json() == {"status": "ok", "loading": False, "models": {}}
@@ -47,7 +47,7 @@ def test_lazy_load_keep_alive_unload_and_reload(tiny_paths):
 
 
 def test_concurrent_first_requests_share_one_load(tiny_paths):
-    with serve(ServerConfig(models=(str(tiny_paths[0]),), keep_alive=None)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=None)) as s:
         statuses: list[int] = []
 
         async def one(c: httpx.AsyncClient) -> None:
@@ -69,7 +69,7 @@ def test_concurrent_first_requests_share_one_load(tiny_paths):
 
 def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
     a, b = map(str, tiny_paths)
-    with serve(ServerConfig(models=(a, b), keep_alive=None, max_loaded_models=1)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(a, b), keep_alive=None, max_loaded_models=1)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.post(CHAT, json=chat("tiny-a")).status_code == 200
             assert loaded(c) == {"tiny-a": "loaded"}
@@ -78,7 +78,7 @@ def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
             # a full path names the same model as its id
             assert c.post(CHAT, json=chat(a)).json()["model"] == "tiny-a"
             assert loaded(c) == {"tiny-a": "loaded"}
-    with serve(ServerConfig(models=(a, b), keep_alive=None, max_loaded_models=2)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(a, b), keep_alive=None, max_loaded_models=2)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             for m in ("tiny-a", "tiny-b"):
                 assert c.post(CHAT, json=chat(m)).status_code == 200
@@ -86,7 +86,7 @@ def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
 
 
 def test_ollama_keep_alive_zero_unloads_and_negative_keeps(tiny_paths):
-    with serve(ServerConfig(models=(str(tiny_paths[0]),), keep_alive=300)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=300)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             r = c.post("/api/generate", json={"model": "tiny-a", "prompt": "hi", "stream": False,
                                               "options": {"num_predict": 2}, "keep_alive": -1})

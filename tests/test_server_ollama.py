@@ -15,7 +15,7 @@ from tiny_gguf import write_tiny_llama
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     path = write_tiny_llama(tmp_path_factory.mktemp("ollama") / "tiny.gguf")
-    with serve(ServerConfig(models=(str(path),), keep_alive=None)) as s:
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             yield c
 

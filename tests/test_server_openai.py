@@ -21,7 +21,7 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def server(default_model_path):
     """One server on the default model; the first request's lazy load is watched through /api/ps and /health."""
-    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, max_seqs=16)) as s:
+    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, max_seqs=16, kv_cache_gb=0.25)) as s:
         seen: dict = {"ps_before": None, "states": set(), "health_loading": False, "status": None}
         with httpx.Client(base_url=s.url, timeout=120) as c:
             seen["ps_before"] = c.get("/api/ps").json()["models"]
@@ -210,6 +210,17 @@ def test_client_disconnect_frees_blocks(server):
         text = c.get("/metrics").text
         assert metric(text, "edgeserve_kv_blocks_used", f'model="{DEFAULT_MODEL}"') == 0
         assert metric(text, "edgeserve_num_requests_running", f'model="{DEFAULT_MODEL}"') == 0
+
+
+def test_client_gone_cancels_a_non_streamed_request(server):
+    engine = server.manager.entries[DEFAULT_MODEL].engine
+    generated_before = engine.stats().generation_tokens
+    body = {"model": DEFAULT_MODEL, "messages": MSG, "max_tokens": 400, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(60, read=1.5)) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/chat/completions", json=body)
+    assert wait_until(lambda: engine.stats().num_running == 0 and engine.stats().kv_blocks_used == 0, 30)
+    assert engine.stats().generation_tokens - generated_before < 400
 
 
 def test_metrics_exposed(server):

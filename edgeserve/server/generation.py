@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
+
+import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.sampling_params import SamplingParams
@@ -13,6 +15,9 @@ from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
 from edgeserve.server.schemas import GenerationRequest
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 log = logging.getLogger("edgeserve.server")
 
@@ -135,6 +140,26 @@ class Generation:
             r.finish_reason = out.finish_reason or r.finish_reason
             r.num_prompt_tokens, r.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             r.num_output_tokens = out.num_output_tokens
+        return results
+
+    async def collect_unless_disconnected(self, request: "Request") -> list[ChoiceResult] | None:
+        """collect(), but a client that goes away cancels the engine requests; None then."""
+        results: list[ChoiceResult] | None = None
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            log.info("client disconnected; cancelling the request")
+            self.close()
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, tg.cancel_scope)
+                results = await self.collect()
+                tg.cancel_scope.cancel()
+        finally:
+            self.close()
         return results
 
     def _account(self, index: int, ttft: float | None, last: RequestOutput) -> None:

@@ -135,10 +135,9 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
                 "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
 
     if not req.stream:
-        try:
-            results = await gen.collect()
-        finally:
-            gen.close()
+        results = await gen.collect_unless_disconnected(request)
+        if results is None:
+            return Response(status_code=499)  # the client is gone; nothing is sent
         r = results[0]
         out = final(r.finish_reason, r.num_prompt_tokens, r.num_output_tokens, None)
         out.update(piece(r.text))

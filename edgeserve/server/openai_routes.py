@@ -68,10 +68,9 @@ async def chat_completions(request: Request) -> Response:
     rid = f"chatcmpl-{request.state.request_id}"
     if req.stream:
         return EventSourceResponse(_chat_events(gen, rid), ping=15, send_timeout=30)
-    try:
-        results = await gen.collect()
-    finally:
-        gen.close()
+    results = await gen.collect_unless_disconnected(request)
+    if results is None:
+        return Response(status_code=499)  # the client is gone; nothing is sent
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                 "logprobs": chat_logprobs(gen, r.logprobs), "finish_reason": _finish(r)} for r in results]
     return JSONResponse({"id": rid, "object": "chat.completion", "created": gen.created, "model": gen.model,
@@ -87,10 +86,9 @@ async def completions(request: Request) -> Response:
     rid = f"cmpl-{request.state.request_id}"
     if req.stream:
         return EventSourceResponse(_completion_events(gen, rid), ping=15, send_timeout=30)
-    try:
-        results = await gen.collect()
-    finally:
-        gen.close()
+    results = await gen.collect_unless_disconnected(request)
+    if results is None:
+        return Response(status_code=499)  # the client is gone; nothing is sent
     choices = [{"index": r.index, "text": r.text, "logprobs": completion_logprobs(gen, r.logprobs),
                 "finish_reason": _finish(r)} for r in results]
     return JSONResponse({"id": rid, "object": "text_completion", "created": gen.created, "model": gen.model,
