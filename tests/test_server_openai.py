@@ -64,26 +64,26 @@ def test_models_list(client):
 
 
 def test_chat_usage_matches_the_tokenizer(client, lm):
-    r = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8, temperature=0)
+    r = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=6, temperature=0)
     choice = r.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     prompt_ids = lm.tokenizer.encode(lm.chat_template.render(MSG, add_generation_prompt=True),
                                      add_special_tokens=False)
     assert r.usage.prompt_tokens == len(prompt_ids)
-    assert 1 <= r.usage.completion_tokens <= 8
+    assert 1 <= r.usage.completion_tokens <= 6
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    assert (choice.finish_reason == "length") == (r.usage.completion_tokens == 8)
-    if choice.finish_reason == "length":  # the text is exactly the decoded tokens
-        assert len(lm.tokenizer.encode(choice.message.content, add_special_tokens=False)) in range(6, 11)
+    assert (choice.finish_reason == "length") == (r.usage.completion_tokens == 6)
+    if choice.finish_reason == "length":  # the text is the decoded tokens (re-encoding may merge or split one)
+        assert len(lm.tokenizer.encode(choice.message.content, add_special_tokens=False)) in range(4, 9)
     # the same conversation again reuses the prompt's cached blocks
-    again = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8, temperature=0)
+    again = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=6, temperature=0)
     assert again.choices[0].message.content == choice.message.content
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_chat_stream_equals_non_stream(client):
-    full = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=16, temperature=0)
-    chunks = list(client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=16, temperature=0,
+    full = client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8, temperature=0)
+    chunks = list(client.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -121,7 +121,7 @@ def test_stop_strings(client):
 
 
 def test_seed_reproducible_and_n(client):
-    kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
+    kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=6,
               temperature=1.0, top_p=0.95, seed=1234)
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
@@ -153,9 +153,9 @@ def test_logprobs_shape(client, lm):
 def test_async_client(server):
     async def main() -> tuple[str, str]:
         ac = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        r = await ac.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8, temperature=0)
+        r = await ac.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=4, temperature=0)
         parts = []
-        async for chunk in await ac.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=8,
+        async for chunk in await ac.chat.completions.create(model=DEFAULT_MODEL, messages=MSG, max_tokens=4,
                                                             temperature=0, stream=True):
             if chunk.choices:
                 parts.append(chunk.choices[0].delta.content or "")
@@ -167,20 +167,18 @@ def test_async_client(server):
 
 
 def test_sixteen_concurrent_streams_match_solo(server, client):
-    prompts = [f"Count from {i} to {i + 5}." for i in range(16)]
+    """Greedy text is the same whether a request runs alone or batched with 15 others (continuous batching)."""
+    prompts = [f"{i}, {i + 1}, {i + 2}," for i in range(16)]
     kw = dict(model=DEFAULT_MODEL, max_tokens=6, temperature=0)
-    solo = [client.chat.completions.create(messages=[{"role": "user", "content": p}], **kw).choices[0].message.content
-            for p in prompts]
+    solo = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
 
     async def main() -> list[str]:
         ac = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         out = [""] * 16
 
         async def one(i: int) -> None:
-            async for chunk in await ac.chat.completions.create(
-                    messages=[{"role": "user", "content": prompts[i]}], stream=True, **kw):
-                if chunk.choices:
-                    out[i] += chunk.choices[0].delta.content or ""
+            async for chunk in await ac.completions.create(prompt=prompts[i], stream=True, **kw):
+                out[i] += chunk.choices[0].text
 
         async with anyio.create_task_group() as tg:
             for i in range(16):
@@ -188,7 +186,9 @@ def test_sixteen_concurrent_streams_match_solo(server, client):
         await ac.close()
         return out
 
-    assert anyio.run(main) == solo
+    together = anyio.run(main)
+    assert len(set(solo)) > 1  # the prompts really differ
+    assert together == solo
 
 
 def test_client_disconnect_frees_blocks(server):
