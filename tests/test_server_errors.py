@@ -231,3 +231,21 @@ def test_ollama_errors_have_ollama_shape(client):
     r = client.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False,
                                            "options": {"num_predict": 2}})
     assert r.status_code == 200 and r.json()["done"] is True
+
+
+def test_reused_request_id_header_does_not_collide(client):
+    async def main() -> list[int]:
+        async with httpx.AsyncClient(base_url=client.base_url, timeout=60) as c:
+            statuses: list[int] = []
+
+            async def one() -> None:
+                r = await c.post(CHAT, json={**GOOD, "max_tokens": 8}, headers={"X-Request-Id": "same-id"})
+                assert r.headers["x-request-id"] == "same-id"
+                statuses.append(r.status_code)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(one)
+            return statuses
+
+    assert anyio.run(main) == [200, 200, 200]

@@ -70,8 +70,12 @@ def from_exception(exc: BaseException, request_id: str = "") -> APIError:
     if isinstance(exc, (ModelLoadError, UnsupportedModelError)):
         return APIError(500, f"model failed to load: {exc}", "server_error", "model", "model_load_error")
     if isinstance(exc, ValueError):  # SamplingParams and the engine name the field first
+        from dataclasses import fields
+
+        from edgeserve.sampling_params import SamplingParams
+
         param = str(exc).split(" ", 1)[0]
-        param = param if param.isidentifier() else None
+        param = param if param in {f.name for f in fields(SamplingParams)} else None
         return APIError(400, str(exc), "invalid_request_error", param)
     if isinstance(exc, EdgeserveError):
         return APIError(500, str(exc), "server_error")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
@@ -103,7 +104,8 @@ class Generation:
                     if self.req.n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + j
                     params = SamplingParams(max_tokens=max_tokens, **kw)
-                    rid = f"{self.request_id}-{p_idx * self.req.n + j}"
+                    # unique even when a client reuses an X-Request-Id; the log id stays a prefix
+                    rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
                     self.streams.append(engine.submit(ids, params, request_id=rid))
         except PromptTooLongError as e:
             self.close()

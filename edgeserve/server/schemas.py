@@ -293,11 +293,11 @@ def _ollama_options(body: dict, req: GenerationRequest) -> None:
                               f"{', '.join(sorted([*_OLLAMA_OPTIONS, 'num_predict', 'stop']))}", f"options.{key}")
 
 
-def _ollama_common(body: dict, allowed: set[str], default_model: str | None) -> GenerationRequest:
+def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0])
-    req = GenerationRequest(model=_model(body, None))
+    req = GenerationRequest(model=_model(body))
     req.stream = _bool(body, "stream", True)
     if body.get("keep_alive") is not None:
         try:
@@ -314,7 +314,7 @@ def _ollama_common(body: dict, allowed: set[str], default_model: str | None) -> 
 def parse_ollama_chat(body: dict) -> GenerationRequest:
     """Validate a POST /api/chat body; an empty `messages` only loads or unloads the model."""
     req = _ollama_common(body, {"model", "messages", "stream", "options", "keep_alive", "format", "tools",
-                                "think"}, None)
+                                "think"})
     if body.get("tools"):
         raise bad_request("tools are not supported", "tools")
     if body.get("think"):
@@ -327,7 +327,7 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
 def parse_ollama_generate(body: dict) -> GenerationRequest:
     """Validate a POST /api/generate body; an empty prompt only loads or unloads the model."""
     req = _ollama_common(body, {"model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format",
-                                "images", "suffix", "context", "template"}, None)
+                                "images", "suffix", "context", "template"})
     for key in ("images", "suffix", "context", "template"):
         if body.get(key):
             raise bad_request(f"{key} is not supported", key)
