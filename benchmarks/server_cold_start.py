@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 def first_token_seconds(url: str, model: str, prompt: str) -> float:
-    """Send a streaming chat request; seconds until the first chunk with content."""
+    """Send a streaming chat request; seconds until the first chunk with content (the rest is then read)."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4,
                        "temperature": 0, "stream": True}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -61,7 +61,7 @@ def one_run(model: str, warm: int) -> tuple[float, list[float]]:
                 time.sleep(0.02)
         ready = time.perf_counter() - t0
         ttft_cold = first_token_seconds(url, model, "Hello! Who are you?")
-        cold = time.perf_counter() - t0
+        cold = ready + ttft_cold  # spawn -> /health answers -> request sent at once -> first token
         print(f"  server answering /health after {ready:.2f}s; first request's TTFT {ttft_cold:.2f}s; "
               f"cold start {cold:.2f}s", flush=True)
         warms = [first_token_seconds(url, model, "Hello! Who are you?") for _ in range(warm)]
