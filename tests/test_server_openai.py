@@ -191,6 +191,20 @@ def test_sixteen_concurrent_streams_match_solo(server, client):
     assert together == solo
 
 
+def test_long_request_does_not_block_a_short_one(server, client):
+    engine = server.manager.entries[DEFAULT_MODEL].engine
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        body = {"model": DEFAULT_MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True,
+                "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as long:
+            assert next(long.iter_lines()).startswith("data:")  # the long one is generating
+            short = client.completions.create(model=DEFAULT_MODEL, prompt="Hi", max_tokens=2, temperature=0)
+            assert short.usage.completion_tokens == 2
+            # the short request finished while the long one is still running (batched, not queued behind it)
+            assert engine.stats().num_running == 1
+    assert wait_until(lambda: engine.stats().num_running == 0, 30)  # closing the long stream cancels it
+
+
 def test_client_disconnect_frees_blocks(server):
     engine = server.manager.entries[DEFAULT_MODEL].engine
     generated_before = engine.stats().generation_tokens
