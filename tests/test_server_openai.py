@@ -197,7 +197,8 @@ def test_long_request_does_not_block_a_short_one(server, client):
         body = {"model": DEFAULT_MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True,
                 "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as long:
-            assert next(long.iter_lines()).startswith("data:")  # the long one is generating
+            lines = long.iter_lines()  # keep a reference: a collected iterator closes the response
+            assert next(lines).startswith("data:")  # the long one is generating
             short = client.completions.create(model=DEFAULT_MODEL, prompt="Hi", max_tokens=2, temperature=0)
             assert short.usage.completion_tokens == 2
             # the short request finished while the long one is still running (batched, not queued behind it)
