@@ -41,7 +41,8 @@ with post("/api/generate", {"model": model, "prompt": "Say hello in French.", "s
                             "options": {"num_predict": 16, "seed": 1}}) as r:
     print("\n[generate]", json.load(r)["response"])
 
-print("\n[ps]", [(m["name"], m["status"], m["expires_at"]) for m in json.load(urllib.request.urlopen(HOST + "/api/ps"))["models"]])
+ps = json.load(urllib.request.urlopen(HOST + "/api/ps"))["models"]
+print("\n[ps]", [(m["name"], m["status"], m["expires_at"]) for m in ps])
 # keep_alive 0 unloads the model now (memory is given back); it loads again on the next request
 with post("/api/generate", {"model": model, "keep_alive": 0}) as r:
     print("[unload]", json.load(r)["done_reason"])

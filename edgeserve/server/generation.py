@@ -90,7 +90,7 @@ class Generation:
         return out
 
     def submit(self) -> None:
-        """Start every engine request; on any error nothing stays submitted and the error is raised (no response yet)."""
+        """Start every engine request; on an error nothing stays submitted and it is raised (before any response)."""
         from edgeserve.engine.async_engine import PromptTooLongError
 
         engine = self.lease.engine
@@ -184,6 +184,10 @@ class Generation:
         for s in self.streams:
             s.abort()
         self.lease.release()
+
+    async def aclose(self) -> None:
+        """close() on the event loop (for a response's background task: a sync one would run in a thread)."""
+        self.close()
 
     def token_text(self, token_id: int) -> str:
         """One token's text as the tokenizer decodes it alone (for logprobs)."""

@@ -167,7 +167,7 @@ class ModelManager:
         return next(iter(self.configured))
 
     def canonical(self, name: str) -> tuple[str, str]:
-        """(model id, spec) for a requested name: an id, a configured spec, or a pulled catalog name ('x:latest' too)."""
+        """(model id, spec) for a requested name: an id, a configured spec or a pulled catalog name ('x:latest' too)."""
         if not isinstance(name, str) or not name:
             raise UnknownModelError("model must be a non-empty string")
         base = name[: -len(":latest")] if name.endswith(":latest") else name

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 import anyio.to_thread
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -55,11 +56,12 @@ async def tags(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
-def _ps_entry(e: ModelEntry) -> dict[str, Any]:
+def _ps_entry(e: ModelEntry, on_gpu: bool) -> dict[str, Any]:
     remaining = e.expires_in()
     expires = "0001-01-01T00:00:00Z" if remaining is None else _now_iso(time.time() + remaining)
     out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": "", "details": _details(e.spec),
-           "expires_at": expires, "size_vram": 0, "status": e.state, "active_requests": e.active}
+           "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": e.state,
+           "active_requests": e.active}
     if e.state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:
@@ -70,7 +72,8 @@ def _ps_entry(e: ModelEntry) -> dict[str, Any]:
 async def ps(request: Request) -> Response:
     """GET /api/ps: loaded and loading models, when each expires, how long loading has taken."""
     st = server_state(request)
-    return JSONResponse({"models": [_ps_entry(e) for e in list(st.manager.entries.values())]})
+    on_gpu = st.config.device.startswith("cuda")
+    return JSONResponse({"models": [_ps_entry(e, on_gpu) for e in list(st.manager.entries.values())]})
 
 
 @api_errors
@@ -160,7 +163,8 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
         finally:
             gen.close()
 
-    return StreamingResponse(lines(), media_type=NDJSON)
+    # close() also runs if the body is never iterated (the client left before the response started)
+    return StreamingResponse(lines(), media_type=NDJSON, background=BackgroundTask(gen.aclose))
 
 
 @api_errors

@@ -6,6 +6,7 @@ import json
 from typing import Any, AsyncIterator
 
 from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -67,7 +68,8 @@ async def chat_completions(request: Request) -> Response:
     gen = await _start(request, req, "messages")
     rid = f"chatcmpl-{request.state.request_id}"
     if req.stream:
-        return EventSourceResponse(_chat_events(gen, rid), ping=15, send_timeout=30)
+        return EventSourceResponse(_chat_events(gen, rid), ping=15, send_timeout=30,
+                                   background=BackgroundTask(gen.aclose))
     results = await gen.collect_unless_disconnected(request)
     if results is None:
         return Response(status_code=499)  # the client is gone; nothing is sent
@@ -85,7 +87,8 @@ async def completions(request: Request) -> Response:
     gen = await _start(request, req, "prompt")
     rid = f"cmpl-{request.state.request_id}"
     if req.stream:
-        return EventSourceResponse(_completion_events(gen, rid), ping=15, send_timeout=30)
+        return EventSourceResponse(_completion_events(gen, rid), ping=15, send_timeout=30,
+                                   background=BackgroundTask(gen.aclose))
     results = await gen.collect_unless_disconnected(request)
     if results is None:
         return Response(status_code=499)  # the client is gone; nothing is sent

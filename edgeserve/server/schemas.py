@@ -242,8 +242,9 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
             parts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"{here}.content[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}});"
-                                      " other content types are not supported", f"{here}.content[{j}]")
+                    raise bad_request(f"{here}.content[{j}] must be a text part "
+                                      "({\"type\": \"text\", \"text\": ...}); other content types are not supported",
+                                      f"{here}.content[{j}]")
                 parts.append(part["text"])
             content = "".join(parts)
         elif content is None and role == "assistant":
