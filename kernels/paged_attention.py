@@ -67,6 +67,45 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Ten
     return blocks.reshape(b, n_blocks * bs, *cache.shape[2:])[:, :length]
 
 
+@dataclass
+class _Plan:
+    """How the torch reference splits one step (built once per step, shared by every layer)."""
+
+    decode_rows: torch.Tensor | None  # [Bd] query rows of the one-token sequences
+    decode_tables: torch.Tensor | None  # [Bd, max_blocks]
+    decode_len: int  # longest decode context
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len]: key j is visible
+    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]  # (start, n, length, table [1, nb], mask [n, length])
+
+
+def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
+    plan = getattr(meta, "_torch_plan", None)
+    if plan is not None:
+        return plan
+    qlens, slens = meta.query_lens_host, meta.seq_lens_host
+    starts = [0]
+    for n in qlens:
+        starts.append(starts[-1] + n)
+    decode = [i for i, n in enumerate(qlens) if n == 1]
+    rows = tables = mask = None
+    length = 0
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=device)
+        lens = torch.tensor([slens[i] for i in decode], device=device)
+        length = max(slens[i] for i in decode)
+        tables = meta.block_tables[torch.tensor(decode, device=device)]
+        mask = (torch.arange(length, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    prefills = []
+    for i, n in enumerate(qlens):
+        if n > 1:
+            length_i, past = slens[i], slens[i] - n
+            causal = torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None]
+            prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
+    plan = _Plan(rows, tables, length, mask, prefills)
+    meta._torch_plan = plan  # type: ignore[attr-defined]
+    return plan
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
@@ -74,33 +113,23 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     The K/V of this step's tokens must already be written (`write_kv`). Sequences with one query token
     (decodes) run together as one batched call; prefill chunks run one call each.
     """
-    # float32 math: bf16 probabilities make a row's result depend on how the batch was chunked
-    out_dtype, q = q.dtype, q.float()
+    # float64 math, rounded once at the end: in bf16 or even float32 a row's result depends (in its last
+    # bits) on how long the padded batch is and how the prompt was chunked, and greedy outputs then change
+    # with whatever else is running; float64 differences vanish when rounded back
+    out_dtype, q = q.dtype, q.double()
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[2]
-    qlens, slens = meta.query_lens_host, meta.seq_lens_host
-    starts = [0]
-    for n in qlens:
-        starts.append(starts[-1] + n)
-    decode = [i for i, n in enumerate(qlens) if n == 1]
-    if decode:
-        rows = torch.tensor([starts[i] for i in decode], device=q.device)
-        lens = torch.tensor([slens[i] for i in decode], device=q.device)
-        length = max(slens[i] for i in decode)
-        tables = meta.block_tables[torch.tensor(decode, device=q.device)]
-        k = _gather(k_cache, tables, length).transpose(1, 2).float()  # [B, Hkv, L, D]
-        v = _gather(v_cache, tables, length).transpose(1, 2).float()
-        mask = (torch.arange(length, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[rows] = o.squeeze(2)
-    for i, n in enumerate(qlens):
-        if n == 1:
-            continue
-        length, past = slens[i], slens[i] - n
-        k = _gather(k_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).float()
-        v = _gather(v_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).float()
-        qi = q[starts[i] : starts[i] + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        mask = torch.arange(length, device=q.device)[None, :] <= (past + torch.arange(n, device=q.device))[:, None]
+    plan = _plan(meta, q.device)
+    if plan.decode_rows is not None:
+        k = _gather(k_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()  # [B, Hkv, L, D]
+        v = _gather(v_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()
+        o = F.scaled_dot_product_attention(q[plan.decode_rows].unsqueeze(2), k, v, attn_mask=plan.decode_mask,
+                                           scale=scale, enable_gqa=gqa)
+        out[plan.decode_rows] = o.squeeze(2)
+    for start, n, length, table, mask in plan.prefills:
+        k = _gather(k_cache, table, length).transpose(1, 2).double()
+        v = _gather(v_cache, table, length).transpose(1, 2).double()
+        qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[starts[i] : starts[i] + n] = o.squeeze(0).transpose(0, 1)
+        out[start : start + n] = o.squeeze(0).transpose(0, 1)
     return out.to(out_dtype)

@@ -51,3 +51,12 @@ def reference_tokenizer(default_model_path):
     """transformers' tokenizer loaded from the same GGUF."""
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(str(default_model_path.parent), gguf_file=default_model_path.name)
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_path):
+    """The default model on the default path (4-bit weights packed, bf16 compute), loaded once."""
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    return load_model(resolve(str(default_model_path)))

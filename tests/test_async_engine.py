@@ -1,0 +1,161 @@
+"""AsyncEngine on anyio: streamed deltas, concurrency, cancellation and shutdown, on the real default model."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from edgeserve.engine.async_engine import AsyncEngine
+from edgeserve.engine.config import EngineConfig
+from edgeserve.errors import EngineError, QueueFullError
+from edgeserve.llm import LLM
+from edgeserve.sampling_params import SamplingParams
+
+
+def chat_ids(lm, text: str) -> list[int]:
+    return lm.tokenizer.encode(lm.chat_template.render([{"role": "user", "content": text}]), add_special_tokens=False)
+
+
+async def collect(stream) -> tuple[str, list[int], list]:
+    text, ids, deltas = "", [], []
+    async for d in stream:
+        text += d.text
+        ids += d.token_ids
+        deltas.append(d)
+    return text, ids, deltas
+
+
+def run_with_engine(lm, config: EngineConfig, body):
+    """Run `body(engine)` with the engine's loop running beside it; shut down afterwards."""
+    result = {}
+
+    async def main():
+        engine = AsyncEngine(lm, config)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            try:
+                result["value"] = await body(engine)
+            finally:
+                engine.shutdown()
+        assert not engine.running
+
+    anyio.run(main)
+    return result["value"]
+
+
+def test_concurrent_streams_match_the_batch_api(default_model):
+    lm = default_model
+    questions = ["Count to five.", "Name a color.", "What is 2+2?", "Say hello in French."]
+    llm = LLM.from_model(lm, kv_cache_gb=0.05)
+    free_text = llm.generate([chat_ids(lm, questions[0])], SamplingParams(temperature=0, max_tokens=20))[0].text
+    stop = free_text[8:11]  # a stop string in the middle of what it would say
+    params = [SamplingParams(temperature=0, max_tokens=20, stop=[stop] if i == 0 else [], logprobs=2 if i == 1 else None)
+              for i in range(4)]
+    expected = llm.generate([chat_ids(lm, q) for q in questions], params)
+
+    async def body(engine):
+        got = [None] * 4
+
+        async def one(i):
+            got[i] = await collect(engine.generate(chat_ids(lm, questions[i]), params[i]))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+        return got, engine.stats()
+
+    got, stats = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+    for (text, ids, deltas), exp in zip(got, expected):
+        assert text == exp.text and ids == exp.outputs[0].token_ids
+        last = deltas[-1]
+        assert last.finish_reason == exp.outputs[0].finish_reason and all(d.finish_reason is None for d in deltas[:-1])
+        assert last.num_output_tokens == len(ids) and last.num_prompt_tokens == len(exp.prompt_token_ids)
+    assert got[0][2][-1].stop_reason == stop and got[0][0] == free_text[: free_text.index(stop)]
+    assert all(len(d.logprobs) == len(d.token_ids) for d in got[1][2])
+    assert stats.kv_blocks_used == 0 and stats.num_running == 0
+
+
+def test_cancelling_the_consumer_frees_every_block(default_model):
+    lm = default_model
+
+    async def body(engine):
+        seen = 0
+        stream = engine.generate(chat_ids(lm, "Write a very long story."), SamplingParams(temperature=0, max_tokens=400))
+        with anyio.move_on_after(60):
+            async for d in stream:
+                seen += len(d.token_ids)
+                if seen >= 5:
+                    running = engine.stats()
+                    break
+        await stream.aclose()
+        assert running.kv_blocks_used > 0
+        for _ in range(100):  # the abort lands at the start of the next step
+            if engine.stats().kv_blocks_used == 0 and engine.num_unfinished == 0:
+                break
+            await anyio.sleep(0.02)
+        return engine.stats()
+
+    stats = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+    assert stats.kv_blocks_used == 0 and stats.num_running == 0
+
+
+def test_task_cancellation_aborts_the_request(default_model):
+    lm = default_model
+
+    async def body(engine):
+        async def consume():
+            async for _ in engine.generate([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)):
+                pass
+
+        with anyio.move_on_after(0.5):
+            await consume()
+        for _ in range(100):
+            if engine.num_unfinished == 0 and engine.stats().kv_blocks_used == 0:
+                return True
+            await anyio.sleep(0.02)
+        return False
+
+    assert run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+
+
+def test_shutdown_ends_running_requests_with_abort(default_model):
+    lm = default_model
+
+    async def body(engine):
+        stream = engine.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))
+        first = await stream.__anext__()
+        engine.shutdown()
+        rest = [d async for d in stream]
+        return first, rest
+
+    first, rest = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+    assert first.finish_reason is None
+    assert rest and rest[-1].finish_reason == "abort"
+
+
+def test_queue_full_is_refused_at_submit(default_model):
+    lm = default_model
+
+    async def body(engine):
+        engine.submit([1, 2], SamplingParams(max_tokens=4))
+        with pytest.raises(QueueFullError):
+            engine.submit([1, 2], SamplingParams(max_tokens=4))
+        return True
+
+    assert run_with_engine(lm, EngineConfig(kv_cache_gb=0.05, max_waiting=1), body)
+
+
+def test_a_failing_step_ends_requests_with_an_error_and_the_engine_lives_on(default_model):
+    lm = default_model
+
+    async def body(engine):
+        real_step = engine.core.runner.execute
+        engine.core.runner.execute = lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
+        with pytest.raises(EngineError, match="boom"):
+            await collect(engine.generate([1, 2, 3], SamplingParams(max_tokens=4)))
+        engine.core.runner.execute = real_step
+        text, ids, _ = await collect(engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+        return ids, engine.stats()
+
+    ids, stats = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+    assert len(ids) == 4 and stats.kv_blocks_used == 0
