@@ -1,4 +1,4 @@
-"""The `edgeserve` command line: pull and run models (serve and bench come with the server)."""
+"""The `edgeserve` command line: pull, list, run and serve models."""
 
 from __future__ import annotations
 
@@ -40,6 +40,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "float32 dequantizes everything, slower but closest to a reference)")
     r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
     add_engine_args(r)
+
+    s = sub.add_parser("serve", help="serve models over OpenAI- and Ollama-compatible HTTP (models load lazily)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", "-m", action="append", default=None,
+                   help=f"a model to serve (catalog name, .gguf path or HF folder); repeat for several; "
+                        f"default {DEFAULT_MODEL}")
+    s.add_argument("--api-key", default=os.environ.get("EDGESERVE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on every API route but /health "
+                        "(default: $EDGESERVE_API_KEY)")
+    s.add_argument("--keep-alive", default="5m",
+                   help="unload a model after this long without requests (e.g. 30s, 5m, 1h; -1: never)")
+    s.add_argument("--max-loaded-models", type=int, default=1,
+                   help="models loaded at once; the least recently used idle one is unloaded for another")
+    s.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before HTTP 429")
+    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    s.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
+    s.add_argument("--no-pull", action="store_true",
+                   help="do not download missing catalog models (at start or through POST /api/pull)")
+    add_engine_args(s)
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     return parser
 
 
@@ -173,7 +194,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run}
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgeserve.registry import is_pulled, pull
+    from edgeserve.server import ServerConfig, create_app
+    from edgeserve.server.config import parse_keep_alive
+    from edgeserve.server.state import configure_logging
+
+    models = tuple(args.model or [DEFAULT_MODEL])
+    engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
+    try:
+        config = ServerConfig(
+            host=args.host, port=args.port, models=models, api_key=args.api_key or None,
+            keep_alive=parse_keep_alive(args.keep_alive, "--keep-alive"), max_loaded_models=args.max_loaded_models,
+            max_queue=args.max_queue, max_seqs=args.max_seqs, max_model_len=args.max_model_len,
+            max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
+            device=args.device, allow_pull=not args.no_pull, log_level=args.log_level,
+            extra_engine={"enable_prefix_caching": False} if args.no_prefix_cache else {})
+    except ValueError as e:
+        raise EdgeserveError(str(e).replace("_", "-", 1) if str(e).startswith("keep_alive") else str(e)) from None
+    for name in models:  # catalog models are fetched now (with a progress bar), not on the first request
+        if name in CATALOG and not is_pulled(name) and not args.no_pull:
+            pull(name, progress=True)
+    configure_logging(args.log_level)
+    print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
+          f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",
+          file=sys.stderr, flush=True)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

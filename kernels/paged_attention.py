@@ -8,7 +8,7 @@ and query row j of it sees keys 0 .. seq_lens[i] - q_len + j.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,8 @@ class AttentionMetadata:
     # the same facts as host lists, for code that splits the batch in Python (the torch reference)
     query_lens_host: list[int]
     seq_lens_host: list[int]
+    # the torch reference's split of this step, built by the first layer and reused by the others
+    torch_plan: "_Plan | None" = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -67,6 +69,43 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Ten
     return blocks.reshape(b, n_blocks * bs, *cache.shape[2:])[:, :length]
 
 
+@dataclass
+class _Plan:
+    """How the torch reference splits one step (built once per step, shared by every layer)."""
+
+    decode_rows: torch.Tensor | None  # [Bd] query rows of the one-token sequences
+    decode_tables: torch.Tensor | None  # [Bd, max_blocks]
+    decode_len: int  # longest decode context
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len]: key j is visible
+    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]  # (start, n, length, table [1, nb], mask [n, length])
+
+
+def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
+    if meta.torch_plan is not None:
+        return meta.torch_plan
+    qlens, slens = meta.query_lens_host, meta.seq_lens_host
+    starts = [0]
+    for n in qlens:
+        starts.append(starts[-1] + n)
+    decode = [i for i, n in enumerate(qlens) if n == 1]
+    rows = tables = mask = None
+    length = 0
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=device)
+        lens = torch.tensor([slens[i] for i in decode], device=device)
+        length = max(slens[i] for i in decode)
+        tables = meta.block_tables[torch.tensor(decode, device=device)]
+        mask = (torch.arange(length, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    prefills = []
+    for i, n in enumerate(qlens):
+        if n > 1:
+            length_i, past = slens[i], slens[i] - n
+            causal = torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None]
+            prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
+    meta.torch_plan = _Plan(rows, tables, length, mask, prefills)
+    return meta.torch_plan
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
@@ -80,29 +119,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out_dtype, q = q.dtype, q.double()
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[2]
-    qlens, slens = meta.query_lens_host, meta.seq_lens_host
-    starts = [0]
-    for n in qlens:
-        starts.append(starts[-1] + n)
-    decode = [i for i, n in enumerate(qlens) if n == 1]
-    if decode:
-        rows = torch.tensor([starts[i] for i in decode], device=q.device)
-        lens = torch.tensor([slens[i] for i in decode], device=q.device)
-        length = max(slens[i] for i in decode)
-        tables = meta.block_tables[torch.tensor(decode, device=q.device)]
-        k = _gather(k_cache, tables, length).transpose(1, 2).double()  # [B, Hkv, L, D]
-        v = _gather(v_cache, tables, length).transpose(1, 2).double()
-        mask = (torch.arange(length, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(q[rows].unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[rows] = o.squeeze(2)
-    for i, n in enumerate(qlens):
-        if n == 1:
-            continue
-        length, past = slens[i], slens[i] - n
-        k = _gather(k_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).double()
-        v = _gather(v_cache, meta.block_tables[i : i + 1], length).transpose(1, 2).double()
-        qi = q[starts[i] : starts[i] + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        mask = torch.arange(length, device=q.device)[None, :] <= (past + torch.arange(n, device=q.device))[:, None]
+    plan = _plan(meta, q.device)
+    if plan.decode_rows is not None:
+        k = _gather(k_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()  # [B, Hkv, L, D]
+        v = _gather(v_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()
+        o = F.scaled_dot_product_attention(q[plan.decode_rows].unsqueeze(2), k, v, attn_mask=plan.decode_mask,
+                                           scale=scale, enable_gqa=gqa)
+        out[plan.decode_rows] = o.squeeze(2)
+    for start, n, length, table, mask in plan.prefills:
+        k = _gather(k_cache, table, length).transpose(1, 2).double()
+        v = _gather(v_cache, table, length).transpose(1, 2).double()
+        qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[starts[i] : starts[i] + n] = o.squeeze(0).transpose(0, 1)
+        out[start : start + n] = o.squeeze(0).transpose(0, 1)
     return out.to(out_dtype)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from .paged_attention import write_kv
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling=None, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2], scaled as the model asks."""
@@ -40,3 +42,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q [T, H, D] and k [T, Hkv, D] by per-token cos/sin [T, D // 2], store the rotated k and v [T, Hkv, D]
+    at their slots of one layer's pool, and return the rotated q in the cache's dtype (rotation in float32)."""
+    write_kv(k_cache, v_cache, apply_rope(k, cos, sin), v, slot_mapping)
+    return apply_rope(q, cos, sin).to(k_cache.dtype)

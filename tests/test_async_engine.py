@@ -46,9 +46,12 @@ def run_with_engine(lm, config: EngineConfig, body):
 def test_concurrent_streams_match_the_batch_api(default_model):
     lm = default_model
     questions = ["Count to five.", "Name a color.", "What is 2+2?", "Say hello in French."]
-    params = [SamplingParams(temperature=0, max_tokens=20, stop=["3"] if i == 0 else [], logprobs=2 if i == 1 else None)
+    llm = LLM.from_model(lm, kv_cache_gb=0.05)
+    free_text = llm.generate([chat_ids(lm, questions[0])], SamplingParams(temperature=0, max_tokens=20))[0].text
+    stop = free_text[8:11]  # a stop string in the middle of what it would say
+    params = [SamplingParams(temperature=0, max_tokens=20, stop=[stop] if i == 0 else [], logprobs=2 if i == 1 else None)
               for i in range(4)]
-    expected = LLM.from_model(lm, kv_cache_gb=0.05).generate([chat_ids(lm, q) for q in questions], params)
+    expected = llm.generate([chat_ids(lm, q) for q in questions], params)
 
     async def body(engine):
         got = [None] * 4
@@ -67,7 +70,7 @@ def test_concurrent_streams_match_the_batch_api(default_model):
         last = deltas[-1]
         assert last.finish_reason == exp.outputs[0].finish_reason and all(d.finish_reason is None for d in deltas[:-1])
         assert last.num_output_tokens == len(ids) and last.num_prompt_tokens == len(exp.prompt_token_ids)
-    assert got[0][2][-1].stop_reason == "3" and "3" not in got[0][0]
+    assert got[0][2][-1].stop_reason == stop and got[0][0] == free_text[: free_text.index(stop)]
     assert all(len(d.logprobs) == len(d.token_ids) for d in got[1][2])
     assert stats.kv_blocks_used == 0 and stats.num_running == 0
 

@@ -17,7 +17,8 @@ def test_wheel_layout_and_import(tmp_path):
     wheel = next((tmp_path / "dist").glob("edgeserve-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for expected in ["edgeserve/kernels/quant_linear.py", "edgeserve/loaders/gguf_file.py",
-                     "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py"]:
+                     "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py",
+                     "edgeserve/server/static/chat.html"]:
         assert expected in names
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
     # every package in the source tree ships, under its edgeserve name

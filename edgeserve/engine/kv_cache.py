@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.kernels.paged_attention import AttentionMetadata, paged_attention, write_kv
+from edgeserve.kernels.dispatch import AttentionMetadata, paged_attention, write_kv
 from edgeserve.models.config import ModelConfig
 
 

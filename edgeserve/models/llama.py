@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.activation import silu_and_mul
-from edgeserve.kernels.norm import rms_norm
+from edgeserve.kernels.dispatch import linear, repack_q4, rms_norm, silu_and_mul, use_triton
 from edgeserve.kernels.quant_linear import (
     Int4Weight,
     Int8Weight,
@@ -16,7 +15,6 @@ from edgeserve.kernels.quant_linear import (
     Q4Blocks,
     int4_supported,
     int8_supported,
-    linear,
 )
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
@@ -75,6 +73,8 @@ class LlamaModel:
             parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
             if all(isinstance(p, Q4Blocks) for p in parts):
                 blocks = Q4Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+                if use_triton(device) and blocks.shape[1] % 8 == 0:
+                    return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
                 if int4_supported(device, dtype, blocks):
                     return Int4Weight(blocks, dtype)
             floats = [p.dequantize() if isinstance(p, Q4Blocks) else p for p in parts]

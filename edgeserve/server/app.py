@@ -1,0 +1,147 @@
+"""create_app(config): the Starlette app, its middleware and its lifespan (one anyio task group)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, AsyncIterator
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from edgeserve.server import ollama_routes, openai_routes
+from edgeserve.server.auth import authorized, needs_key
+from edgeserve.server.config import ServerConfig
+from edgeserve.server.errors import APIError, BodyTooLargeError, error_response
+from edgeserve.server.metrics import Metrics
+from edgeserve.server.model_manager import ModelManager
+from edgeserve.server.state import ServerState, request_id_var, server_state
+
+_RID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+async def health(request: Request) -> Response:
+    """GET /health: 200 while serving, with each model's state and whether one is loading."""
+    st = server_state(request)
+    models = {e.id: e.state for e in st.manager.entries.values()}
+    return JSONResponse({"status": "ok", "loading": any(s == "loading" for s in models.values()), "models": models})
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus text."""
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def chat_page(request: Request) -> Response:
+    """GET /: the built-in chat page."""
+    html = resources.files("edgeserve.server").joinpath("static/chat.html").read_text(encoding="utf-8")
+    return HTMLResponse(html)
+
+
+class ServerMiddleware:
+    """Request ids (X-Request-Id in and out, in every log line), the API key, the body size limit, status counts."""
+
+    def __init__(self, app: ASGIApp, state: ServerState, paths: set[str]) -> None:
+        self.app, self.state, self.paths = app, state, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        rid = headers.get("x-request-id", "")
+        rid = rid if _RID.match(rid) else uuid.uuid4().hex[:16]
+        token = request_id_var.set(rid)
+        scope.setdefault("state", {})["request_id"] = rid
+        path = scope["path"]
+        status = [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        cfg = self.state.config
+        try:
+            if cfg.api_key and needs_key(path) and not authorized(headers, cfg.api_key):
+                msg = "missing or invalid API key: send `Authorization: Bearer KEY`"
+                await self._reply(scope, send_with_id, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
+                return
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) > cfg.max_body_bytes:
+                await self._reply(scope, send_with_id, 413, self._too_large(), "request_too_large", {})
+                return
+            received = [0]
+
+            async def limited_receive() -> Message:
+                message = await receive()
+                if message["type"] == "http.request":
+                    received[0] += len(message.get("body", b""))
+                    if received[0] > cfg.max_body_bytes:
+                        raise BodyTooLargeError(self._too_large())
+                return message
+
+            await self.app(scope, limited_receive, send_with_id)
+        finally:
+            label = path if path in self.paths else "other"
+            self.state.metrics.requests.labels(label, str(status[0])).inc()
+            request_id_var.reset(token)
+
+    def _too_large(self) -> str:
+        return f"request body is larger than the limit of {self.state.config.max_body_bytes} bytes"
+
+    async def _reply(self, scope: Scope, send: Send, status: int, message: str, code: str,
+                     headers: dict[str, str]) -> None:
+        if scope["path"].startswith("/api/"):
+            body: Any = {"error": message}
+        else:
+            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        data = json.dumps(body).encode()
+        hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        hdrs += [(k.encode(), v.encode()) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": hdrs})
+        await send({"type": "http.response.body", "body": data})
+
+
+def create_app(config: ServerConfig | None = None) -> Starlette:
+    """The server as an ASGI app: routes, middleware, and a lifespan that runs the model manager's task group."""
+    config = config or ServerConfig()
+    manager = ModelManager(config)
+    state = ServerState(config, manager, Metrics(manager))
+    manager._on_loaded = state.metrics.observe_load
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run, tg)
+            yield
+            tg.cancel_scope.cancel()
+
+    routes = [
+        Route("/", chat_page, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *openai_routes.ROUTES,
+        *ollama_routes.ROUTES,
+    ]
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", "") or "error"
+        return error_response(request, APIError(status, f"{request.method} {request.url.path}: {detail}",
+                                                "invalid_request_error", None, "not_found" if status == 404 else None,
+                                                dict(getattr(exc, "headers", None) or {})))
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.state.server = state
+    app.add_middleware(ServerMiddleware, state=state, paths={r.path for r in routes})
+    return app

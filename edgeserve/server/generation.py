@@ -1,0 +1,194 @@
+"""One HTTP request's generation: prompts -> token ids -> SamplingParams -> engine streams, shared by both APIs."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+import anyio
+
+from edgeserve.engine.outputs import RequestOutput, TokenLogprob
+from edgeserve.sampling_params import SamplingParams
+from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.metrics import Metrics
+from edgeserve.server.model_manager import Lease
+from edgeserve.server.schemas import GenerationRequest
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+log = logging.getLogger("edgeserve.server")
+
+
+@dataclass
+class ChoiceResult:
+    """Everything one choice produced (for non-streaming replies and usage)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
+class Usage:
+    """Token counts of a whole request: each prompt once, every choice's output."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_openai(self) -> dict:
+        """The OpenAI `usage` object."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+class Generation:
+    """Submits a request's n x prompts engine requests and streams their deltas; close() cancels and releases."""
+
+    def __init__(self, lease: Lease, req: GenerationRequest, metrics: Metrics, request_id: str,
+                 prompt_param: str = "messages") -> None:
+        self.lease, self.req, self.metrics, self.request_id = lease, req, metrics, request_id
+        self.prompt_param = prompt_param
+        self.model = lease.entry.id
+        self.t0 = time.monotonic()
+        self.created = int(time.time())
+        self.streams: list = []
+        self.prompt_lens: list[int] = []
+        self.usage = Usage()
+        self._closed = False
+
+    def prompt_ids(self) -> list[list[int]]:
+        """Token ids of each prompt: chat messages through the model's template, text encoded, ids checked."""
+        lm = self.lease.lm
+        tok = lm.tokenizer
+        if self.req.messages is not None:
+            text = lm.chat_template.render(self.req.messages, add_generation_prompt=True)
+            return [tok.encode(text, add_special_tokens=False)]
+        out = []
+        for i, p in enumerate(self.req.prompts):
+            if isinstance(p, str):
+                ids = tok.encode(p, add_special_tokens=True)
+            else:
+                bad = [t for t in p if t >= tok.vocab_size]
+                if bad:
+                    raise bad_request(f"prompt token id {bad[0]} is out of range (vocabulary size {tok.vocab_size})",
+                                      "prompt")
+                ids = list(p)
+            if not ids:
+                raise bad_request("prompt is empty", self.prompt_param)
+            out.append(ids)
+        return out
+
+    def submit(self) -> None:
+        """Start every engine request; on an error nothing stays submitted and it is raised (before any response)."""
+        from edgeserve.engine.async_engine import PromptTooLongError
+
+        engine = self.lease.engine
+        try:
+            prompts = self.prompt_ids()
+            for p_idx, ids in enumerate(prompts):
+                max_tokens = self.req.max_tokens or max(1, engine.max_model_len - len(ids))
+                self.prompt_lens.append(len(ids))
+                for j in range(self.req.n):
+                    kw = dict(self.req.sampling)
+                    if self.req.n > 1 and kw.get("seed") is not None:
+                        kw["seed"] = kw["seed"] + j
+                    params = SamplingParams(max_tokens=max_tokens, **kw)
+                    # unique even when a client reuses an X-Request-Id; the log id stays a prefix
+                    rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
+                    self.streams.append(engine.submit(ids, params, request_id=rid))
+        except PromptTooLongError as e:
+            self.close()
+            raise APIError(400, str(e), "invalid_request_error", self.prompt_param, "context_length_exceeded")
+        except BaseException:
+            self.close()
+            raise
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, delta) for every choice in turn; records metrics; cancels what is left on exit."""
+        try:
+            for index, stream in enumerate(self.streams):
+                first: float | None = None
+                last: RequestOutput | None = None
+                async for out in stream:
+                    if first is None and out.token_ids:
+                        first = time.monotonic() - self.t0
+                    last = out
+                    yield index, out
+                if last is not None:
+                    self._account(index, first, last)
+        finally:
+            self.close()
+
+    async def collect(self) -> list[ChoiceResult]:
+        """Run every choice to the end and return what each produced."""
+        results = [ChoiceResult(i) for i in range(len(self.streams))]
+        async for index, out in self.outputs():
+            r = results[index]
+            r.text += out.text
+            r.token_ids += out.token_ids
+            if out.logprobs:
+                r.logprobs += out.logprobs
+            r.finish_reason = out.finish_reason or r.finish_reason
+            r.num_prompt_tokens, r.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
+            r.num_output_tokens = out.num_output_tokens
+        return results
+
+    async def collect_unless_disconnected(self, request: "Request") -> list[ChoiceResult] | None:
+        """collect(), but a client that goes away cancels the engine requests; None then."""
+        results: list[ChoiceResult] | None = None
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            log.info("client disconnected; cancelling the request")
+            self.close()
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, tg.cancel_scope)
+                results = await self.collect()
+                tg.cancel_scope.cancel()
+        finally:
+            self.close()
+        return results
+
+    def _account(self, index: int, ttft: float | None, last: RequestOutput) -> None:
+        e2e = time.monotonic() - self.t0
+        if index % self.req.n == 0:  # each prompt counts once
+            self.usage.prompt_tokens += last.num_prompt_tokens
+            self.usage.cached_tokens += last.num_cached_tokens
+        self.usage.completion_tokens += last.num_output_tokens
+        self.metrics.observe_request(self.model, ttft, e2e, last.num_prompt_tokens, last.num_cached_tokens,
+                                     last.num_output_tokens)
+        log.info("choice %d of %s: %d prompt tokens (%d cached), %d generated, finish %s, ttft %s, %.3fs",
+                 index, self.model, last.num_prompt_tokens, last.num_cached_tokens, last.num_output_tokens,
+                 last.finish_reason, f"{ttft:.3f}s" if ttft is not None else "-", e2e)
+
+    def close(self) -> None:
+        """Abort unfinished engine requests (freeing their KV blocks) and release the model (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in self.streams:
+            s.abort()
+        self.lease.release()
+
+    async def aclose(self) -> None:
+        """close() on the event loop (for a response's background task: a sync one would run in a thread)."""
+        self.close()
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as the tokenizer decodes it alone (for logprobs)."""
+        return self.lease.lm.tokenizer.decode([token_id])

@@ -1,0 +1,95 @@
+"""Prometheus metrics: latency histograms, token counters, engine gauges read at scrape time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from edgeserve.server.model_manager import ModelEntry, ModelManager
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TPOT = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+
+
+class Metrics:
+    """One registry per app, so several servers in one process (tests) do not collide."""
+
+    def __init__(self, manager: "ModelManager") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("edgeserve_time_to_first_token_seconds", "Request arrival to first generated token",
+                              ["model"], buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("edgeserve_time_per_output_token_seconds", "Mean time between output tokens of a request",
+                              ["model"], buckets=_TPOT, registry=r)
+        self.e2e = Histogram("edgeserve_e2e_request_latency_seconds", "Request arrival to last token",
+                             ["model"], buckets=_LATENCY, registry=r)
+        self.prompt_tokens = Counter("edgeserve_prompt_tokens", "Prompt tokens of finished requests", ["model"],
+                                     registry=r)
+        self.cached_tokens = Counter("edgeserve_cached_prompt_tokens", "Prompt tokens reused from the prefix cache",
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("edgeserve_generation_tokens", "Generated tokens", ["model"], registry=r)
+        self.requests = Counter("edgeserve_http_requests", "HTTP requests by route and status code",
+                                ["path", "status"], registry=r)
+        self.load_seconds = Histogram("edgeserve_model_load_seconds", "Time to load a model", ["model"],
+                                      buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320), registry=r)
+        r.register(_EngineCollector(manager))
+
+    def observe_load(self, entry: "ModelEntry") -> None:
+        """Record one finished model load."""
+        if entry.load_seconds is not None:
+            self.load_seconds.labels(entry.id).observe(entry.load_seconds)
+
+    def observe_request(self, model: str, ttft: float | None, e2e: float, num_prompt: int, num_cached: int,
+                        num_output: int) -> None:
+        """Record one finished generation (one choice)."""
+        if ttft is not None:
+            self.ttft.labels(model).observe(ttft)
+            if num_output > 1:
+                self.tpot.labels(model).observe((e2e - ttft) / (num_output - 1))
+        self.e2e.labels(model).observe(e2e)
+        self.prompt_tokens.labels(model).inc(num_prompt)
+        self.cached_tokens.labels(model).inc(num_cached)
+        self.generation_tokens.labels(model).inc(num_output)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of everything."""
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Gauges read from each loaded engine's stats() when scraped."""
+
+    def __init__(self, manager: "ModelManager") -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {
+            "num_running": GaugeMetricFamily("edgeserve_num_requests_running", "Requests in the running batch",
+                                             labels=["model"]),
+            "num_waiting": GaugeMetricFamily("edgeserve_num_requests_waiting", "Requests waiting to be scheduled",
+                                             labels=["model"]),
+            "kv_blocks_used": GaugeMetricFamily("edgeserve_kv_blocks_used", "KV blocks held by running requests",
+                                                labels=["model"]),
+            "kv_blocks_cached": GaugeMetricFamily("edgeserve_kv_blocks_cached",
+                                                  "Free KV blocks still holding a reusable prefix", labels=["model"]),
+            "kv_blocks_total": GaugeMetricFamily("edgeserve_kv_blocks_total", "KV blocks in the pool",
+                                                 labels=["model"]),
+        }
+        preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
+                                      labels=["model"])
+        loaded = GaugeMetricFamily("edgeserve_model_loaded", "1 when loaded, 0.5 while loading", labels=["model"])
+        for entry in list(self.manager.entries.values()):
+            loaded.add_metric([entry.id], 1.0 if entry.state == "loaded" else 0.5)
+            engine = entry.engine
+            if engine is None:
+                continue
+            stats = engine.stats()
+            for key, g in gauges.items():
+                g.add_metric([entry.id], float(getattr(stats, key)))
+            preempt.add_metric([entry.id], float(stats.num_preemptions))
+        yield from gauges.values()
+        yield preempt
+        yield loaded

@@ -1,0 +1,337 @@
+"""Lazy model loading, keep-alive idle unload and LRU eviction: one AsyncEngine per loaded model.
+
+A model loads on its first request; concurrent first requests wait for that one load. A model
+with no request in flight for `keep_alive` seconds is unloaded (its engine shut down, its
+memory returned). With `max_loaded_models` loaded, a new model first unloads the least recently
+used idle one. Before a load, weights + KV + activations are estimated against free memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from edgeserve.engine.config import EngineConfig
+from edgeserve.errors import UnknownModelError
+from edgeserve.registry import CATALOG, ModelSource, is_pulled, list_local, resolve
+from edgeserve.server.config import UNSET, ServerConfig
+from edgeserve.server.errors import InsufficientMemoryError, ModelsBusyError
+
+log = logging.getLogger("edgeserve.server")
+
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes a model needs (weights, KV pool, activations) and bytes free where it goes."""
+
+    weights: int
+    kv_cache: int
+    activations: int
+    available: int
+    where: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.available
+
+    def describe(self) -> str:
+        gb = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        return (f"needs about {gb(self.total)} (weights {gb(self.weights)} + KV cache {gb(self.kv_cache)} + "
+                f"activations {gb(self.activations)}) but only {gb(self.available)} of {self.where} memory is free")
+
+
+def source_bytes(source: ModelSource) -> int:
+    """Size on disk of a model's weights (the GGUF file, or the folder's *.safetensors files)."""
+    if source.kind == "gguf":
+        return source.path.stat().st_size
+    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+
+
+def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate:
+    """Estimate what loading `source` under `config` takes, against free device (torch) or host (psutil) memory.
+
+    Weights: the file size (4-bit GGUF weights stay packed; float32 dequantizes, about 8x a 4-bit file).
+    KV: --kv-cache-gb when given (otherwise the engine sizes its pool from what is free after the load).
+    Activations: about 200 kB per batched token (hidden states, the logits of a step).
+    """
+    import psutil
+    import torch
+
+    weights = source_bytes(source)
+    if config.dtype == "float32":
+        weights *= 8 if source.kind == "gguf" else 2
+    kv = int(config.kv_cache_gb * 2**30) if config.kv_cache_gb else 0
+    activations = config.max_batched_tokens * 200_000
+    if config.device.startswith("cuda") and torch.cuda.is_available():
+        dev = torch.device(config.device)
+        available, where = torch.cuda.mem_get_info(dev)[0], f"{dev} device"
+    else:
+        available, where = psutil.virtual_memory().available, "host"
+    return MemoryEstimate(weights, kv, activations, int(available), where)
+
+
+@dataclass
+class ModelEntry:
+    """One model the server has loaded or is loading."""
+
+    id: str
+    spec: str  # what resolve() is given
+    state: str = "loading"  # loading -> loaded -> unloading
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
+    lm: Any = None
+    engine: Any = None
+    source: ModelSource | None = None
+    size_bytes: int = 0
+    active: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    keep_alive: float | None = None
+    load_started: float = field(default_factory=time.monotonic)
+    load_started_wall: float = field(default_factory=time.time)
+    load_seconds: float | None = None
+
+    def expires_in(self) -> float | None:
+        """Seconds until this model is unloaded if no request comes (None: never)."""
+        if self.keep_alive is None:
+            return None
+        if self.active:
+            return self.keep_alive
+        return max(0.0, self.last_used + self.keep_alive - time.monotonic())
+
+
+class Lease:
+    """A request's hold on a loaded model: the model is not unloaded while any lease is held."""
+
+    def __init__(self, manager: "ModelManager", entry: ModelEntry, keep_alive: Any) -> None:
+        self.manager, self.entry, self.keep_alive = manager, entry, keep_alive
+        self._released = False
+
+    @property
+    def engine(self) -> Any:
+        return self.entry.engine
+
+    @property
+    def lm(self) -> Any:
+        return self.entry.lm
+
+    def release(self) -> None:
+        """Give the model back (idempotent); its keep-alive timer starts when no lease is left."""
+        if self._released:
+            return
+        self._released = True
+        e = self.entry
+        e.active -= 1
+        e.last_used = time.monotonic()
+        # as in Ollama, each request sets the model's keep-alive: its own, else the server default
+        e.keep_alive = self.manager.config.keep_alive if self.keep_alive is UNSET else self.keep_alive
+        self.manager.wake()
+
+
+class ModelManager:
+    """Loads, hands out and unloads models; runs each model's engine in the app's task group."""
+
+    def __init__(self, config: ServerConfig, on_loaded: Any = None) -> None:
+        self.config = config
+        self.entries: dict[str, ModelEntry] = {}
+        self._tg: TaskGroup | None = None
+        self._wake = anyio.Event()
+        self._on_loaded = on_loaded  # callback(entry) after a load, for metrics
+        # model id -> what to resolve; the configured models first
+        self.configured: dict[str, str] = {}
+        for spec in config.models:
+            self.configured[model_id(spec)] = spec
+
+    # --- names ---------------------------------------------------------------------------------------------
+    def known(self) -> dict[str, str]:
+        """Models a request may name: the configured ones, then pulled catalog models."""
+        out = dict(self.configured)
+        for src in list_local():
+            out.setdefault(src.name, src.name)
+        return out
+
+    def default_id(self) -> str:
+        """The first configured model."""
+        return next(iter(self.configured))
+
+    def canonical(self, name: str) -> tuple[str, str]:
+        """(model id, spec) for a requested name: an id, a configured spec or a pulled catalog name ('x:latest' too)."""
+        if not isinstance(name, str) or not name:
+            raise UnknownModelError("model must be a non-empty string")
+        base = name[: -len(":latest")] if name.endswith(":latest") else name
+        for mid, spec in self.configured.items():
+            if base in (mid, spec):
+                return mid, spec
+        if base in CATALOG:
+            if is_pulled(base):
+                return base, base
+            raise UnknownModelError(f"model {base!r} is not pulled yet; pull it with `edgeserve pull {base}` "
+                                    "or POST /api/pull")
+        raise UnknownModelError(f"model {name!r} not found; this server has: {', '.join(self.known())}")
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    async def run(self, tg: TaskGroup) -> None:
+        """Own the task group: engines run in it; this task unloads idle models until cancelled."""
+        self._tg = tg
+        try:
+            while True:
+                with anyio.move_on_after(0.1):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                for entry in list(self.entries.values()):
+                    remaining = entry.expires_in()
+                    if entry.state == "loaded" and not entry.active and remaining is not None and remaining <= 0:
+                        log.info("model %s idle for %.1fs (keep_alive): unloading", entry.id, entry.keep_alive)
+                        await self.unload(entry)
+        finally:
+            for entry in list(self.entries.values()):
+                if entry.engine is not None:
+                    entry.engine.shutdown()
+
+    def wake(self) -> None:
+        """Let the reaper look at keep-alive timers now."""
+        self._wake.set()
+
+    async def acquire(self, name: str, keep_alive: Any = UNSET) -> Lease:
+        """Load `name` if needed (sharing a load already under way) and hold it for one request."""
+        mid, spec = self.canonical(name)
+        while True:
+            entry = self.entries.get(mid)
+            if entry is None:
+                await self._make_room(mid)
+                if mid in self.entries:
+                    continue
+                entry = ModelEntry(mid, spec, keep_alive=self.config.keep_alive)
+                self.entries[mid] = entry
+                assert self._tg is not None, "the model manager is not running"
+                self._tg.start_soon(self._load, entry)
+            if entry.state == "unloading":
+                await entry.stopped.wait()
+                continue
+            await entry.ready.wait()
+            if entry.error is not None:
+                raise entry.error
+            if entry.state != "loaded":
+                continue
+            entry.active += 1
+            return Lease(self, entry, keep_alive)
+
+    async def unload(self, entry: ModelEntry) -> None:
+        """Shut the model's engine down and drop it, returning its memory."""
+        if entry.state != "loaded":
+            return
+        entry.state = "unloading"
+        entry.engine.shutdown()
+        await entry.stopped.wait()
+        entry.engine = entry.lm = None
+        if self.entries.get(entry.id) is entry:
+            del self.entries[entry.id]
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # pragma: no cover - torch without CUDA
+            pass
+        log.info("model %s unloaded", entry.id)
+
+    async def unload_by_name(self, name: str) -> bool:
+        """Unload now if loaded and idle, else mark it to unload when its requests finish; True if it was loaded."""
+        mid, _ = self.canonical(name)
+        entry = self.entries.get(mid)
+        if entry is None:
+            return False
+        entry.keep_alive = 0.0
+        if entry.state == "loading":
+            await entry.ready.wait()
+        if not entry.active:
+            await self.unload(entry)
+        return True
+
+    async def _make_room(self, mid: str) -> None:
+        """Unload least recently used idle models until one more fits under max_loaded_models."""
+        while True:
+            live = [e for e in self.entries.values() if e.state in ("loading", "loaded")]
+            if len(live) < self.config.max_loaded_models:
+                return
+            idle = sorted((e for e in live if e.state == "loaded" and not e.active), key=lambda e: e.last_used)
+            if not idle:
+                raise ModelsBusyError(
+                    f"cannot load {mid!r}: {len(live)} model(s) are loaded and busy (--max-loaded-models "
+                    f"{self.config.max_loaded_models}); retry when one is idle")
+            log.info("unloading %s (least recently used) to make room for %s", idle[0].id, mid)
+            await self.unload(idle[0])
+
+    async def _load(self, entry: ModelEntry) -> None:
+        """Resolve, check memory, load weights and start the engine (blocking parts in a worker thread)."""
+        from edgeserve.engine.async_engine import AsyncEngine
+        from edgeserve.models.load import load_model
+
+        cfg = self.config
+        log.info("loading model %s (%s)", entry.id, entry.spec)
+        try:
+            source = await anyio.to_thread.run_sync(lambda: resolve(entry.spec, pull_missing=False))
+            estimate = await anyio.to_thread.run_sync(estimate_memory, source, cfg)
+            if not estimate.fits:
+                raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
+            entry.source, entry.size_bytes = source, estimate.weights
+            lm = await anyio.to_thread.run_sync(lambda: load_model(source, dtype=cfg.dtype, device=cfg.device))
+            engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
+                                      max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
+                                      max_model_len=cfg.max_model_len, **cfg.extra_engine)
+            engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+        except Exception as e:
+            entry.error = e
+            entry.state = "failed"
+            if self.entries.get(entry.id) is entry:
+                del self.entries[entry.id]
+            log.warning("model %s failed to load: %s", entry.id, e)
+            entry.ready.set()
+            entry.stopped.set()
+            return
+        entry.lm, entry.engine = lm, engine
+        entry.load_seconds = time.monotonic() - entry.load_started
+        entry.state = "loaded"
+        entry.last_used = time.monotonic()
+        assert self._tg is not None
+        self._tg.start_soon(self._run_engine, entry)
+        log.info("model %s loaded in %.2fs (context %d tokens)", entry.id, entry.load_seconds, engine.max_model_len)
+        if self._on_loaded is not None:
+            self._on_loaded(entry)
+        entry.ready.set()
+
+    async def _run_engine(self, entry: ModelEntry) -> None:
+        try:
+            await entry.engine.run()
+        except Exception:
+            log.exception("engine of %s stopped with an error", entry.id)
+        finally:
+            entry.stopped.set()
+            if entry.state == "loaded":  # the engine died on its own: drop the model so the next request reloads
+                entry.state = "unloading"
+                entry.engine = entry.lm = None
+                if self.entries.get(entry.id) is entry:
+                    del self.entries[entry.id]
+
+
+def model_id(spec: str) -> str:
+    """The id a configured model is listed under: a catalog name as it is, a path by its file or folder name."""
+    if spec in CATALOG:
+        return spec
+    from pathlib import Path
+
+    p = Path(spec).expanduser()
+    return p.stem if p.suffix.lower() == ".gguf" else p.name or spec

@@ -1,0 +1,181 @@
+"""One place that picks a Triton kernel or its torch twin for each call.
+
+Choice rules (per call, from the device of the call's main tensor):
+
+1. `EDGESERVE_KERNELS=torch` (or `force_backend("torch")`): always the torch twins.
+2. `EDGESERVE_KERNELS=triton` (or `force_backend("triton")`): Triton wherever it can run: CUDA tensors, and CPU
+   tensors when `TRITON_INTERPRET=1` (the interpreter; this is how the tests run the kernels on CPU). A forced
+   Triton call that cannot run (Triton missing, CPU tensors without the interpreter) raises instead of
+   silently testing the twin.
+3. Default (`auto`): Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
+   Hopper) when Triton imports; the torch twins on CPU, on other devices (MPS, ROCm, newer or older CUDA
+   parts, untested here), or when Triton is not installed.
+4. A kernel whose shape the Triton version does not cover (e.g. a W4A16 weight whose in_features is not a
+   multiple of 8, a head_dim above 256) takes its twin.
+
+The compute dtype (`compute_dtype`) is bfloat16 where the device has it (CPU, sm_80 and newer) and float16 on
+sm_75, which has no bfloat16.
+
+Every function here is a drop-in for the twin of the same name (same arguments, same result up to rounding):
+`write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
+`rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
+`W4A16Weight`), `w4a16_matmul` (kernels.w4a16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import torch
+
+from . import activation as _act
+from . import norm as _norm
+from . import paged_attention as _attn
+from . import quant_linear as _ql
+from . import rope as _rope
+from . import w4a16 as _w4
+from ._triton import HAS_TRITON, interpreting
+from .paged_attention import AttentionMetadata
+from .w4a16 import W4A16Weight, repack_q4
+
+__all__ = [
+    "AttentionMetadata", "W4A16Weight", "repack_q4", "backend", "compute_dtype", "force_backend", "use_triton",
+    "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm", "rope_write_kv", "silu_and_mul",
+    "linear", "w4a16_matmul",
+]
+
+BACKENDS = ("auto", "triton", "torch")
+MIN_CAPABILITY = (7, 5)
+MAX_CAPABILITY = (9, 0)
+_forced: str | None = None
+
+
+def backend() -> str:
+    """The backend setting in force: `force_backend`'s, else EDGESERVE_KERNELS, else "auto"."""
+    name = _forced or os.environ.get("EDGESERVE_KERNELS", "auto").strip().lower() or "auto"
+    if name not in BACKENDS:
+        raise ValueError(f"EDGESERVE_KERNELS must be one of {', '.join(BACKENDS)}, not {name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def force_backend(name: str) -> Iterator[None]:
+    """Within the block, use this backend ("auto", "triton" or "torch") whatever the environment says."""
+    global _forced
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+    previous, _forced = _forced, name
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def triton_capable(device: torch.device | str) -> bool:
+    """Whether the automatic choice runs Triton on this device (rule 3)."""
+    device = torch.device(device)
+    if not HAS_TRITON or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return MIN_CAPABILITY <= _capability(device) <= (MAX_CAPABILITY[0], 9)
+
+
+def use_triton(device: torch.device | str) -> bool:
+    """Whether a kernel call on tensors of this device takes the Triton path (rules 1-3)."""
+    device = torch.device(device)
+    name = backend()
+    if name == "torch":
+        return False
+    if name == "triton":
+        if not HAS_TRITON:
+            raise RuntimeError("EDGESERVE_KERNELS=triton but Triton is not installed (pip install triton)")
+        if device.type == "cpu" and not interpreting():
+            raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 (the interpreter)")
+        return True
+    return triton_capable(device)
+
+
+def compute_dtype(device: torch.device | str) -> torch.dtype:
+    """bfloat16 where the device has it (CPU, CUDA sm_80+), float16 on older CUDA parts."""
+    device = torch.device(device)
+    if device.type == "cuda" and _capability(device) < (8, 0):
+        return torch.float16
+    return torch.bfloat16
+
+
+# --- drop-in kernels ---------------------------------------------------------------------------------------
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store this step's k, v [T, Hkv, D] at their slots of one layer's pool (an indexed copy on every backend)."""
+    _attn.write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype."""
+    if use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
+        from .triton_paged_attention import paged_attention as kernel
+
+        return kernel(q, k_cache, v_cache, meta, scale)
+    return _attn.paged_attention(q, k_cache, v_cache, meta, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight over the last dimension, computed and returned in float32."""
+    if use_triton(x.device) and x.shape[-1] <= 65536:
+        from .triton_norm import rms_norm as kernel
+
+        return kernel(x, weight, eps)
+    return _norm.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """new_residual = residual + x (in residual's dtype); returns (rms_norm(new_residual) in out_dtype, new_residual)."""
+    if use_triton(x.device) and x.shape[-1] <= 65536:
+        from .triton_norm import add_rms_norm as kernel
+
+        return kernel(x, residual, weight, eps, out_dtype)
+    return _norm.add_rms_norm(x, residual, weight, eps, out_dtype)
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k by per-token cos/sin, store rotated k and v at their slots; returns rotated q in the cache dtype."""
+    if use_triton(q.device) and q.shape[-1] % 2 == 0:
+        from .triton_rope import rope_write_kv as kernel
+
+        return kernel(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    return _rope.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, where the last dimension is [gate | up]."""
+    if use_triton(gate_up.device):
+        from .triton_activation import silu_and_mul as kernel
+
+        return kernel(gate_up)
+    return _act.silu_and_mul(gate_up)
+
+
+def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
+    """x [..., K] @ W.T -> [..., N] in x's dtype for a packed 4-bit weight."""
+    if use_triton(x.device):
+        from .triton_w4a16 import w4a16_matmul as kernel
+
+        return kernel(x, weight)
+    return _w4.w4a16_matmul(x, weight)
+
+
+def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight) or W4A16 weight."""
+    if isinstance(weight, W4A16Weight):
+        y = w4a16_matmul(x, weight)
+        return y + bias if bias is not None else y
+    return _ql.linear(x, weight, bias)

@@ -1,0 +1,96 @@
+"""Paged attention for prefill in Triton: a flat ragged batch, each sequence's new query rows attending causally
+to its cached prefix and its new tokens, K/V read through the block table.
+
+One program per (sequence, query head, tile of BLOCK_M query rows). Sequence b's rows are
+query_start_loc[b] .. query_start_loc[b+1]; its context is seq_lens[b] tokens and its row j sees keys
+0 .. seq_lens[b] - q_len + j. Keys are gathered BLOCK_N tokens at a time (any cache block size) with an online
+softmax; a tile stops at the last key its last row can see. Rows of one-token sequences (decodes in a mixed
+batch) are handled the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
+
+BLOCK_M = 16
+BLOCK_N = 16
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, scale_log2, block_size,
+                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(q_start_ptr + b)
+    q_len = tl.load(q_start_ptr + b + 1) - q_start
+    if tile * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + b)
+        past = seq_len - q_len
+        hk = h // GROUP
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        r_mask = rows < q_len
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        tok_rows = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + tok_rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=r_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        q = (q * scale_log2).to(DOT)
+        limit = past + rows  # last key each row sees
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        end = tl.minimum(seq_len, past + tl.minimum((tile + 1) * BLOCK_M, q_len))
+        for n0 in range(0, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            t_mask = tok < end
+            block = tl.load(tables_ptr + b.to(tl.int64) * stride_tb + tok // block_size, mask=t_mask, other=0)
+            off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
+            kv_mask = t_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
+            s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + tok_rows[:, None] * stride_ot + h * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                            max_query_len: int, scale: float | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] (a ragged batch) over each sequence's paged K/V; returns [T, H, D] in q's dtype.
+
+    The K/V of this step's tokens must already be in the pool.
+    """
+    nb, bs, nkv, d = k_cache.shape
+    t, nh, _ = q.shape
+    batch = seq_lens.shape[0]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty_like(q)
+    if batch == 0 or t == 0:
+        return out
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV pool must be contiguous")
+    scale = d ** -0.5 if scale is None else scale
+    grid = (batch, nh, triton.cdiv(max_query_len, BLOCK_M))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale * 1.4426950408889634, bs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
+    )
+    return out

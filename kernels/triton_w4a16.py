@@ -1,0 +1,103 @@
+"""W4A16 matmul in Triton over the `W4A16Weight` layout (twin: `w4a16.w4a16_matmul`).
+
+Two paths: small M (decode) runs a GEMV-like kernel, one program per (block of output rows, input row),
+streaming the packed weight along K (rows of one input after another hit L2); large M (prefill) runs a tiled
+matmul that dequantizes a [BLOCK_N, BLOCK_K] weight tile in registers and feeds `tl.dot`. Both load each
+packed int32 word once and split it into nibbles in registers; float32 accumulation throughout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import dot_dtype, dot_precision, tl, triton
+from .w4a16 import W4A16Weight
+
+GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
+
+
+@triton.jit
+def _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn,
+                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Float32 weight tile [BLOCK_N, BLOCK_K] of rows n, columns k0 .. k0 + BLOCK_K.
+
+    Each packed int32 word is loaded once (contiguous along K) and split into its eight nibbles; a word never
+    straddles a group (the group size is a multiple of 8), so scales and offsets are per word.
+    """
+    w_idx = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    n = n.to(tl.int64)
+    mask = n_mask[:, None] & (w_idx < K // 8)[None, :]
+    words = tl.load(qw_ptr + n[:, None] * stride_qn + w_idx[None, :], mask=mask, other=0)  # [BLOCK_N, BLOCK_K // 8]
+    g = (w_idx * 8) // GROUP
+    scale = tl.load(s_ptr + n[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+    offset = tl.load(o_ptr + n[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+    shifts = tl.arange(0, 8) * 4
+    q = (words[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K // 8, 8], k = 8 * word + nibble
+    w = q.to(tl.float32) * scale[:, :, None] + offset[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+        w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
+        acc += tl.sum(w * x[None, :], axis=1)
+    tl.store(y_ptr + m * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
+                        GROUP: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = m < M
+    n_mask = n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = k < K
+        x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
+        acc += tl.dot(x.to(tl.float32).to(DOT), tl.trans(w.to(DOT)), input_precision=PRECISION)
+    tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
+    """x [..., K] @ W.T -> [..., N] in x's dtype, with float32 accumulation."""
+    k, n = weight.in_features, weight.out_features
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    qw, s, o = weight.qweight, weight.scales, weight.offsets
+    if m == 0:
+        return y.reshape(*x.shape[:-1], n)
+    if m <= gemv_max_m:
+        block_n, block_k = 32, 128
+        _w4a16_gemv_kernel[(triton.cdiv(n, block_n), m)](
+            x2, qw, s, o, y, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
+            GROUP=weight.group_size, BLOCK_N=block_n, BLOCK_K=block_k,
+        )
+    else:
+        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+        block_n, block_k = 64, 32
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+        _w4a16_tiled_kernel[grid](
+            x2, qw, s, o, y, m, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
+            GROUP=weight.group_size, DOT=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        )
+    return y.reshape(*x.shape[:-1], n)

@@ -1,0 +1,89 @@
+"""`edgeserve serve` as a process, its flags, and the keep-alive duration parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from edgeserve.cli import build_parser, main
+from edgeserve.server.config import ServerConfig, parse_keep_alive
+from server_helpers import free_port
+from tiny_gguf import write_tiny_llama
+
+
+@pytest.mark.parametrize("value,seconds", [("5m", 300.0), ("30s", 30.0), ("1h30m", 5400.0), ("250ms", 0.25),
+                                           (0, 0.0), ("0", 0.0), (12.5, 12.5), ("-1", None), (-1, None),
+                                           ("-5m", None)])
+def test_parse_keep_alive(value, seconds):
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5x", "", True, None, [1], "m5"])
+def test_parse_keep_alive_rejects(value):
+    with pytest.raises(ValueError, match="keep_alive"):
+        parse_keep_alive(value)
+
+
+def test_server_config_validates():
+    with pytest.raises(ValueError, match="max_loaded_models"):
+        ServerConfig(max_loaded_models=0)
+    with pytest.raises(ValueError, match="port"):
+        ServerConfig(port=70000)
+    assert ServerConfig(models=["a.gguf"]).models == ("a.gguf",)
+
+
+def test_serve_flags_parse():
+    args = build_parser().parse_args(["serve", "-m", "a.gguf", "-m", "b", "--port", "9000", "--keep-alive", "-1",
+                                      "--max-seqs", "4", "--api-key", "k", "--max-loaded-models", "2"])
+    assert args.model == ["a.gguf", "b"] and args.port == 9000 and args.max_seqs == 4
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"  # loopback unless asked
+
+
+def test_serve_bad_flag_is_one_line(capsys):
+    assert main(["serve", "--keep-alive", "soon"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("edgeserve: error:") and "--keep-alive" in err and "Traceback" not in err
+    assert main(["serve", "--max-seqs", "0", "--no-pull"]) == 1
+    assert "--max-seqs" in capsys.readouterr().err
+
+
+def test_serve_process_answers_and_stops(tmp_path):
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    port = free_port()
+    env = dict(os.environ, EDGESERVE_API_KEY="k1")
+    proc = subprocess.Popen([sys.executable, "-m", "edgeserve", "serve", "--model", str(path), "--port", str(port),
+                             "--keep-alive", "1s"], stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = json.loads(urllib.request.urlopen(url + "/health", timeout=2).read())
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+                time.sleep(0.1)
+        assert health["models"] == {}  # lazy: nothing loaded yet
+        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:  # the key comes from EDGESERVE_API_KEY
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 401
+        req.add_header("Authorization", "Bearer k1")
+        out = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        assert out["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode in (0, -15)
+    assert "serving" in err and "loaded in" in err
+    # log lines about the request carry its id
+    rid_lines = [line for line in err.splitlines() if "prompt tokens" in line]
+    assert rid_lines and all("[-]" not in line for line in rid_lines)
