@@ -194,16 +194,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from edgeserve.registry import is_pulled, pull
-    from edgeserve.server import ServerConfig, create_app
+def server_config_from_args(args: argparse.Namespace):
+    """ServerConfig from `serve`'s flags (engine flags included); a bad value becomes a one-line EdgeserveError."""
+    from edgeserve.server import ServerConfig
     from edgeserve.server.config import parse_keep_alive
-    from edgeserve.server.state import configure_logging
 
     models = tuple(args.model or [DEFAULT_MODEL])
-    engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
+    engine = engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
+    # the engine fields ServerConfig has no own field for travel through extra_engine
+    extra_engine = {k: getattr(engine, k) for k in ("enable_prefix_caching", "kv_offload", "cpu_kv_gb", "disk_kv_gb",
+                                                    "disk_kv_path")}
     try:
         config = ServerConfig(
             host=args.host, port=args.port, models=models, api_key=args.api_key or None,
@@ -211,9 +211,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue, max_seqs=args.max_seqs, max_model_len=args.max_model_len,
             max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
             device=args.device, allow_pull=not args.no_pull, log_level=args.log_level,
-            extra_engine={"enable_prefix_caching": False} if args.no_prefix_cache else {})
+            extra_engine=extra_engine)
     except ValueError as e:
         raise EdgeserveError(str(e).replace("_", "-", 1) if str(e).startswith("keep_alive") else str(e)) from None
+    return config
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgeserve.registry import is_pulled, pull
+    from edgeserve.server import create_app
+    from edgeserve.server.state import configure_logging
+
+    config = server_config_from_args(args)
+    models = config.models
     for name in models:  # catalog models are fetched now (with a progress bar), not on the first request
         if name in CATALOG and not is_pulled(name) and not args.no_pull:
             pull(name, progress=True)

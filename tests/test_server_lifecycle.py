@@ -103,3 +103,24 @@ def test_ollama_keep_alive_zero_unloads_and_negative_keeps(tiny_paths):
             assert not exp.startswith("0001-")  # the server default (5 minutes) again
             r = c.post("/api/chat", json={"model": "tiny-a", "messages": [], "keep_alive": 0})
             assert r.json()["done_reason"] == "unload" and loaded(c) == {}
+
+
+def test_offload_tiers_show_in_metrics(tiny_paths, tmp_path):
+    """With --kv-offload cpu,disk the tiers' counters are exported per model in /metrics."""
+    extra = {"kv_offload": "cpu,disk", "cpu_kv_gb": 0.01, "disk_kv_gb": 0.01, "disk_kv_path": str(tmp_path / "kv")}
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), extra_engine=extra)) as s:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.post(CHAT, json=chat("tiny-a")).status_code == 200
+            text = c.get("/metrics").text
+    for name in ("edgeserve_kv_offload_host_blocks", "edgeserve_kv_offload_disk_hits",
+                 "edgeserve_kv_offload_bytes_device_to_host", "edgeserve_kv_offload_swap_outs"):
+        assert metric(text, name, 'model="tiny-a"') is not None, name
+    assert metric(text, "edgeserve_kv_offload_disk_enabled", 'model="tiny-a"') == 1.0
+
+
+def test_serve_passes_offload_flags_to_the_engine():
+    from edgeserve.cli import build_parser, server_config_from_args
+
+    args = build_parser().parse_args(["serve", "--kv-offload", "cpu", "--cpu-kv-gb", "2", "--no-prefix-cache"])
+    extra = server_config_from_args(args).extra_engine
+    assert extra["kv_offload"] == "cpu" and extra["cpu_kv_gb"] == 2 and extra["enable_prefix_caching"] is False

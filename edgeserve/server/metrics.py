@@ -81,6 +81,7 @@ class _EngineCollector:
         preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
                                       labels=["model"])
         loaded = GaugeMetricFamily("edgeserve_model_loaded", "1 when loaded, 0.5 while loading", labels=["model"])
+        offload: dict[str, GaugeMetricFamily] = {}
         for entry in list(self.manager.entries.values()):
             loaded.add_metric([entry.id], 1.0 if entry.state == "loaded" else 0.5)
             engine = entry.engine
@@ -90,6 +91,12 @@ class _EngineCollector:
             for key, g in gauges.items():
                 g.add_metric([entry.id], float(getattr(stats, key)))
             preempt.add_metric([entry.id], float(stats.num_preemptions))
+            if stats.offload is not None:  # KV tiers: blocks and bytes per tier, hits per tier, bytes moved, swaps
+                for key, value in vars(stats.offload).items():
+                    family = offload.get(key) or offload.setdefault(key, GaugeMetricFamily(
+                        f"edgeserve_kv_offload_{key}", f"KV offload tiers: {key.replace('_', ' ')}", labels=["model"]))
+                    family.add_metric([entry.id], float(value))
+        yield from offload.values()
         yield from gauges.values()
         yield preempt
         yield loaded
