@@ -8,6 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton fixes interpret-or-compile when `triton.language` is first imported (its own helpers are jitted
+# then), and the engine imports it through kernels.dispatch: so the CPU interpreter must be chosen here,
+# before any test module is collected. Without CUDA, the Triton kernels are tested in the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
