@@ -17,6 +17,9 @@ class EngineConfig:
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None
     max_model_len: int | None = None  # --max-model-len; None: the model's own context
     enable_prefix_caching: bool = True
+    speculative: str | None = None  # --speculative: None (off), "ngram" (prompt lookup) or "draft" (a draft model)
+    draft_model: str | None = None  # --draft-model: the draft's name (catalog, .gguf, HF folder) for "draft"
+    num_speculative_tokens: int = 4  # --num-speculative-tokens: tokens proposed per sequence per step
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
@@ -29,3 +32,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_fraction must be in (0, 0.95], got {self.kv_cache_fraction!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be 'ngram' or 'draft', got {self.speculative!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer from 1 to 16, got {k!r}")
