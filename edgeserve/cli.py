@@ -55,6 +55,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length in tokens, prompt and output together (default: the model's)")
     g.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+    g.add_argument("--speculative", choices=["ngram", "draft"], default=None,
+                   help="speculative decoding: ngram (prompt lookup, no extra model) or draft (--draft-model)")
+    g.add_argument("--draft-model", default=None,
+                   help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
+    g.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
+                   help="tokens proposed per sequence per step (default %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -62,11 +68,14 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
     try:
         return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
                             max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-                            enable_prefix_caching=not args.no_prefix_cache, **overrides)
+                            enable_prefix_caching=not args.no_prefix_cache, speculative=args.speculative,
+                            draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
+                            **overrides)
     except ValueError as e:
         raise EdgeserveError(str(e).replace("max_num_seqs", "--max-seqs")
                              .replace("max_num_batched_tokens", "--max-batched-tokens")
-                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")) from None
+                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")
+                             .replace("num_speculative_tokens", "--num-speculative-tokens")) from None
 
 
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:

@@ -37,3 +37,5 @@ class EngineConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
             raise ValueError(f"num_speculative_tokens must be an integer from 1 to 16, got {k!r}")
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ValueError("draft_model is only used with speculative 'draft'")
