@@ -213,8 +213,10 @@ class Scheduler:
             if not self._reserve_or_preempt(seq, out):
                 continue  # seq itself was preempted or retired
             spec = seq.spec_token_ids[: budget - 1]
-            # speculative tokens take only blocks that are free: they never preempt anyone
-            if spec and not self.block_manager.ensure_capacity(seq.seq_id, seq.num_tokens + len(spec)):
+            # speculative tokens take only free blocks, and leave one per running sequence for plain decodes
+            bm = self.block_manager
+            if spec and (bm.num_free_blocks < len(self.running)
+                         or not bm.ensure_capacity(seq.seq_id, seq.num_tokens + len(spec))):
                 spec = []
             out.scheduled.append(self._build(seq, 1, spec))
             budget -= 1 + len(spec)
