@@ -86,6 +86,7 @@ def main() -> None:
             ver = after.spec_verifications - before.spec_verifications
             if prop:
                 accept[(w, side)] = (acc / prop, 1 + acc / max(ver, 1), n)
+            print(f"# {w} / {side}: {n} tokens in {dt:.2f}s = {n / dt:.1f} tok/s", flush=True)
     for w, side in cases:
         base = statistics.median(rates[(w, "fp32 plain" if side.startswith("fp32") else "plain")])
         med = statistics.median(rates[(w, side)])
