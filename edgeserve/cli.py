@@ -85,6 +85,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="disk KV tier size in GiB (default %(default)s)")
     g.add_argument("--disk-kv-path", default=None,
                    help="disk KV tier folder (default: kv/ under the edgeserve cache folder)")
+    g.add_argument("--speculative", choices=["ngram", "draft"], default=None,
+                   help="speculative decoding: ngram (prompt lookup, no extra model) or draft (--draft-model)")
+    g.add_argument("--draft-model", default=None,
+                   help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
+    g.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
+                   help="tokens proposed per sequence per step (default %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -94,13 +100,16 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
                             max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
                             enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
                             cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
+                            speculative=args.speculative,
+                            draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
                             **overrides)
     except ValueError as e:
         raise EdgeserveError(str(e).replace("max_num_seqs", "--max-seqs")
                              .replace("max_num_batched_tokens", "--max-batched-tokens")
                              .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")
                              .replace("kv_offload", "--kv-offload").replace("cpu_kv_gb", "--cpu-kv-gb")
-                             .replace("disk_kv_gb", "--disk-kv-gb")) from None
+                             .replace("disk_kv_gb", "--disk-kv-gb")
+                             .replace("num_speculative_tokens", "--num-speculative-tokens")) from None
 
 
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -203,7 +212,8 @@ def server_config_from_args(args: argparse.Namespace):
     engine = engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
     # the engine fields ServerConfig has no own field for travel through extra_engine
     extra_engine = {k: getattr(engine, k) for k in ("enable_prefix_caching", "kv_offload", "cpu_kv_gb", "disk_kv_gb",
-                                                    "disk_kv_path")}
+                                                    "disk_kv_path", "speculative", "draft_model",
+                                                    "num_speculative_tokens")}
     try:
         config = ServerConfig(
             host=args.host, port=args.port, models=models, api_key=args.api_key or None,

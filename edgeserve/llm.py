@@ -58,12 +58,14 @@ class LLM:
         self.engine = EngineCore(self.lm, self.config)
 
     @classmethod
-    def from_model(cls, lm: LoadedModel, config: EngineConfig | None = None, **engine_options) -> "LLM":
-        """An LLM over a model already loaded (`load_model`), with its own engine."""
+    def from_model(cls, lm: LoadedModel, config: EngineConfig | None = None, *, draft: LoadedModel | None = None,
+                   **engine_options) -> "LLM":
+        """An LLM over a model already loaded (`load_model`), with its own engine; `draft`: a loaded draft model
+        for `speculative="draft"`."""
         self = cls.__new__(cls)
         self.config = config or EngineConfig(**engine_options)
         self.lm = lm
-        self.engine = EngineCore(lm, self.config)
+        self.engine = EngineCore(lm, self.config, draft=draft)
         return self
 
     def close(self) -> None:

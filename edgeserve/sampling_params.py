@@ -23,6 +23,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first match
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request, like EOS
     ignore_eos: bool = False  # keep going past end-of-turn tokens (benchmarks)
+    speculative: bool = True  # use the engine's speculative decoding, if it has one (False: opt out)
 
     # the largest number of top alternatives `logprobs` may ask for
     MAX_LOGPROBS = 20

@@ -245,7 +245,7 @@ def test_metrics_exposed(server):
                  "edgeserve_e2e_request_latency_seconds_count", "edgeserve_prompt_tokens_total",
                  "edgeserve_cached_prompt_tokens_total", "edgeserve_generation_tokens_total",
                  "edgeserve_kv_blocks_total", "edgeserve_num_requests_waiting", "edgeserve_preemptions_total",
-                 "edgeserve_model_load_seconds_count"):
+                 "edgeserve_model_load_seconds_count", "edgeserve_spec_acceptance_rate"):
         assert metric(text, name, f'model="{DEFAULT_MODEL}"') is not None, name
     assert metric(text, "edgeserve_time_to_first_token_seconds_count", f'model="{DEFAULT_MODEL}"') >= 5
     assert metric(text, "edgeserve_kv_blocks_total", f'model="{DEFAULT_MODEL}"') > 0

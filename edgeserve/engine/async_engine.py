@@ -64,9 +64,9 @@ class RequestStream:
 class AsyncEngine:
     """One model's engine: `submit()` requests from any task; `run()` steps them until `shutdown()`."""
 
-    def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig(), draft: LoadedModel | None = None) -> None:
         self.lm = lm
-        self.core = EngineCore(lm, config)
+        self.core = EngineCore(lm, config, draft=draft)
         self.max_model_len = self.core.max_model_len
         self._streams: dict[str, tuple[MemoryObjectSendStream, OutputProcessor]] = {}
         self._wakeup = anyio.Event()

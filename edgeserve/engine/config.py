@@ -27,6 +27,9 @@ class EngineConfig:
     def offload_config(self) -> OffloadConfig:
         """The KV offload settings (validated)."""
         return OffloadConfig(self.kv_offload, self.cpu_kv_gb, self.disk_kv_gb, self.disk_kv_path)
+    speculative: str | None = None  # --speculative: None (off), "ngram" (prompt lookup) or "draft" (a draft model)
+    draft_model: str | None = None  # --draft-model: the draft's name (catalog, .gguf, HF folder) for "draft"
+    num_speculative_tokens: int = 4  # --num-speculative-tokens: tokens proposed per sequence per step
 
     def __post_init__(self) -> None:
         self.offload_config()
@@ -40,3 +43,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_fraction must be in (0, 0.95], got {self.kv_cache_fraction!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be 'ngram' or 'draft', got {self.speculative!r}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer from 1 to 16, got {k!r}")
+        if self.draft_model is not None and self.speculative != "draft":
+            raise ValueError("draft_model is only used with speculative 'draft'")

@@ -23,7 +23,8 @@ from .kv_cache import KVPool, free_memory_bytes, kv_bytes_per_token, num_blocks_
 from .model_runner import ModelRunner, SamplingRow
 from .outputs import EngineStats, TokenLogprob
 from .sampler import SampleOutput, make_generator
-from .scheduler import Scheduler, SchedulerConfig, Sequence
+from .scheduler import Scheduler, SchedulerConfig, Sequence, SeqStatus
+from .spec import Speculator
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -61,7 +62,8 @@ class Request:
 class EngineCore:
     """Continuous batching over one model: add requests, call `step()` until none is left."""
 
-    def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig(), draft: LoadedModel | None = None) -> None:
+        """`draft`: the draft model for `speculative="draft"` (else loaded from `config.draft_model`)."""
         self.lm = lm
         self.config = config
         model = lm.model
@@ -87,6 +89,15 @@ class EngineCore:
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
         self.runner = ModelRunner(model, self.pool)
+        self.spec: Speculator | None = None
+        if config.speculative is not None:
+            if config.speculative == "draft" and draft is None and config.draft_model is not None:
+                from edgeserve.models.load import load_model
+                from edgeserve.registry import resolve
+
+                draft = load_model(resolve(config.draft_model), device=str(model.device))
+            self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
+                                   config.block_size, draft)
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._pending_add: list[Request] = []
@@ -148,8 +159,14 @@ class EngineCore:
         outputs = self._apply_pending()
         if not self._requests:
             return outputs
+        if self.spec is not None:
+            self.spec.propose([r for r in self._requests.values()
+                               if r.seq.status is SeqStatus.RUNNING and r.seq.num_remaining == 1])
         sched = self.scheduler.schedule()
         self.num_steps += 1
+        if self.spec is not None:
+            for seq_id in sched.preempted:
+                self.spec.free(seq_id)
         for seq_id in sched.finished:  # outgrew the whole pool
             outputs.append(self._retire(self._requests[seq_id], [], None, "length", already_finished=True))
         for s in sched.scheduled:
@@ -158,22 +175,32 @@ class EngineCore:
                 req.num_cached_tokens = s.positions[0]
         sampling = [self._requests[s.seq_id] for s in sched.scheduled if s.samples]
         rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids) for r in sampling]
-        sample = self.runner.execute(sched, rows)
-        if sample is None:
-            self.scheduler.update(sched, {})
-            return outputs
-        tokens = sample.token_ids.tolist()
-        self.scheduler.update(sched, {r.request_id: [t] for r, t in zip(sampling, tokens)})
-        self.generation_tokens += len(tokens)
-        logprobs = _logprobs(sample, [r.params.logprobs for r in sampling])
-        for i, (req, token) in enumerate(zip(sampling, tokens)):
-            lp = [logprobs[i]] if logprobs[i] is not None else None
-            if token in req.stop_ids:
-                outputs.append(self._retire(req, [token], lp, "stop", stop_reason=token))
-            elif len(req.seq.output_token_ids) >= req.max_tokens:
-                outputs.append(self._retire(req, [token], lp, "length"))
+        if self.spec is not None and any(s.num_spec for s in sched.scheduled):
+            tokens, logprobs = self.spec.sample(self.runner, sched, sampling)
+        else:
+            sample = self.runner.execute(sched, rows)
+            if sample is None:
+                self.scheduler.update(sched, {})
+                return outputs
+            tokens = [[t] for t in sample.token_ids.tolist()]
+            logprobs = [[lp] if lp is not None else None
+                        for lp in _logprobs(sample, [r.params.logprobs for r in sampling])]
+        # a speculative run may pass a stop token or max_tokens: it ends there, like token-by-token decoding
+        ends = [_cut(toks, req.stop_ids, req.max_tokens - len(req.seq.output_token_ids))
+                for req, toks in zip(sampling, tokens)]
+        tokens = [toks[:n] for toks, (n, _) in zip(tokens, ends)]
+        self.scheduler.update(sched, {r.request_id: toks for r, toks in zip(sampling, tokens)})
+        if self.spec is not None:
+            self.spec.rollback(sampling)
+        self.generation_tokens += sum(len(toks) for toks in tokens)
+        for req, toks, lp, (n, reason) in zip(sampling, tokens, logprobs, ends):
+            lp = lp[:n] if lp is not None else None
+            if reason == "stop":
+                outputs.append(self._retire(req, toks, lp, "stop", stop_reason=toks[-1]))
+            elif reason == "length":
+                outputs.append(self._retire(req, toks, lp, "length"))
             else:
-                outputs.append(self._output(req, [token], lp))
+                outputs.append(self._output(req, toks, lp))
         return outputs
 
     def _apply_pending(self) -> list[TokenOutput]:
@@ -194,6 +221,8 @@ class EngineCore:
                 stop_reason: int | None = None, already_finished: bool = False) -> TokenOutput:
         if not already_finished:
             self.scheduler.finish(req.request_id, reason)
+        if self.spec is not None:
+            self.spec.free(req.request_id)
         del self._requests[req.request_id]
         self.num_requests_finished += 1
         out = self._output(req, tokens, logprobs)
@@ -256,7 +285,25 @@ class EngineCore:
             num_requests_finished=self.num_requests_finished,
             num_steps=self.num_steps,
             offload=self.offload.tiers.stats() if self.offload is not None else None,
+            **(_spec_stats(self.spec) if self.spec is not None else {}),
         )
+
+
+def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, str | None]:
+    """How many of a step's tokens to keep and why the request ends: at the first stop token ("stop"), or
+    when `room` tokens are out ("length"), else all of them and None."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return i + 1, "stop"
+        if i + 1 >= room:
+            return i + 1, "length"
+    return len(tokens), None
+
+
+def _spec_stats(spec: Speculator) -> dict:
+    c = spec.counters
+    return dict(spec_proposed_tokens=c.proposed, spec_accepted_tokens=c.accepted, spec_verifications=c.verifications,
+                spec_acceptance_rate=c.acceptance_rate, spec_mean_accepted_length=c.mean_accepted_length)
 
 
 def _logprobs(sample: SampleOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:

@@ -170,6 +170,22 @@ class BlockManager:
         """Reserve a slot for one more token of `seq`; False if blocks run out."""
         return self.ensure_capacity(seq, self._seqs[seq].num_tokens + 1)
 
+    def truncate(self, seq: SeqId, num_tokens: int) -> None:
+        """Shrink `seq`'s reservation to its first `num_tokens` tokens, returning the blocks past them (rollback
+        of rejected speculative tokens). Only unhashed tail blocks can go: hashed ones hold computed tokens."""
+        state = self._seqs[seq]
+        keep = self.blocks_needed(num_tokens)
+        if keep < state.num_hashed:
+            raise ValueError(f"cannot truncate {seq!r} into its {state.num_hashed} prefix-cached blocks")
+        while len(state.block_ids) > keep:
+            b = state.block_ids.pop()
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[b] = None
+                self._free.move_to_end(b, last=False)  # nothing cached in it: hand it out first
+        state.num_tokens = min(state.num_tokens, num_tokens)
+
     def commit_full_blocks(self, seq: SeqId, token_ids: Sequence[int], num_computed: int) -> None:
         """Register the prefix-cache keys of `seq`'s blocks that are full within its first `num_computed` tokens."""
         if not self.enable_prefix_caching:

@@ -56,6 +56,18 @@ class ModelRunner:
         return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
                              [r.prompt_ids for r in rows], [r.output_ids for r in rows])
 
+    def forward_logits(self, step: SchedulerOutput, num_rows: list[int]) -> torch.Tensor:
+        """Run the step's tokens; float32 logits of the last `num_rows[i]` rows of each scheduled sequence, stacked
+        in batch order ([sum(num_rows), vocab]); speculative verification reads several rows per sequence."""
+        scheduled, dev = step.scheduled, self.device
+        query_lens = [s.num_new_tokens for s in scheduled]
+        meta = AttentionMetadata.build(query_lens, step.context_lens, step.block_tables, step.slot_mapping, dev)
+        ids = torch.tensor(step.token_ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(step.positions, dtype=torch.long, device=dev)
+        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+        rows = [r for end, n in zip(_cumsum(query_lens), num_rows) for r in range(end - n, end)]
+        return self.model.logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)])
+
 
 def _cumsum(values: list[int]) -> list[int]:
     out, total = [], 0

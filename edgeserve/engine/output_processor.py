@@ -32,22 +32,42 @@ class OutputProcessor:
         finishing = out.finish_reason is not None
         # an end-of-turn / stop token ends the text; its own text is never shown
         text_ids = out.token_ids[:-1] if out.stop_reason is not None else out.token_ids
-        text = self._detok.push(text_ids) if text_ids else ""
-        if finishing:
-            text += self._detok.flush()
+        token_ids, logprobs = list(out.token_ids), out.logprobs
         finish, stop_reason = out.finish_reason, out.stop_reason
-        if self._stop is not None:
-            text, stopped = self._stop.push(text)
-            if stopped:
-                finish, stop_reason = "stop", self._stop.matched
-            elif finishing:
-                text += self._stop.flush()
+        if self._stop is not None and len(text_ids) > 1:
+            # several tokens at once (speculative decoding): feed them one by one, so the delta ends with the
+            # token that completes a stop string, exactly as token-by-token decoding would have ended it
+            text, stopped = "", False
+            for i, t in enumerate(text_ids):
+                piece, stopped = self._stop.push(self._detok.push([t]))
+                text += piece
+                if stopped:
+                    token_ids, logprobs = token_ids[: i + 1], (logprobs[: i + 1] if logprobs is not None else None)
+                    finish, stop_reason = "stop", self._stop.matched
+                    break
+            if not stopped and finishing:
+                piece, stopped = self._stop.push(self._detok.flush())
+                text += piece
+                if stopped:
+                    finish, stop_reason = "stop", self._stop.matched
+                else:
+                    text += self._stop.flush()
+        else:
+            text = self._detok.push(text_ids) if text_ids else ""
+            if finishing:
+                text += self._detok.flush()
+            if self._stop is not None:
+                text, stopped = self._stop.push(text)
+                if stopped:
+                    finish, stop_reason = "stop", self._stop.matched
+                elif finishing:
+                    text += self._stop.flush()
         self.done = finish is not None
         return RequestOutput(
             request_id=out.request_id,
             text=text,
-            token_ids=list(out.token_ids),
-            logprobs=out.logprobs,
+            token_ids=token_ids,
+            logprobs=logprobs,
             finish_reason=finish,
             stop_reason=stop_reason,
             num_prompt_tokens=out.num_prompt_tokens,

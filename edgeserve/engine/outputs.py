@@ -53,3 +53,9 @@ class EngineStats:
     num_requests_finished: int = 0
     num_steps: int = 0
     offload: OffloadStats | None = None  # KV tiers (blocks, hits, bytes moved, swaps) when offload is on
+    # speculative decoding (zero when it is off)
+    spec_proposed_tokens: int = 0  # draft tokens sent to verification
+    spec_accepted_tokens: int = 0  # of those, accepted by the target
+    spec_verifications: int = 0  # sequence-steps that verified at least one draft token
+    spec_acceptance_rate: float = 0.0  # accepted / proposed
+    spec_mean_accepted_length: float = 0.0  # tokens emitted per verification: 1 + accepted / verifications

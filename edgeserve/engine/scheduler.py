@@ -37,6 +37,7 @@ class Sequence:
     arrival: int = -1  # set by Scheduler.add
     finish_reason: str | None = None
     swapped: bool = False  # preempted with its KV in host swap space (num_computed_tokens kept)
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed continuation to verify next step
     all_token_ids: list[int] = field(init=False, repr=False)  # prompt + outputs, kept in step (read-only)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,7 @@ class ScheduledSeq:
     block_table: list[int]
     context_len: int  # tokens with KV once this step is done
     samples: bool  # this step reaches the last token, so a token is sampled
+    num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
 
     @property
     def num_new_tokens(self) -> int:
@@ -207,7 +209,13 @@ class Scheduler:
             seq = self._seqs.get(s.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            seq.num_computed_tokens += s.num_new_tokens
+            if s.num_spec:
+                # KV stays only for the drafts that were accepted: every emitted token but the last one
+                seq.num_computed_tokens += s.num_new_tokens - s.num_spec + len(sampled[seq.seq_id]) - 1
+                self.block_manager.truncate(seq.seq_id, seq.num_computed_tokens)
+            else:
+                seq.num_computed_tokens += s.num_new_tokens
+            seq.spec_token_ids = []
             self.block_manager.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
             if s.samples:
                 seq.append_output(sampled[seq.seq_id])
@@ -223,8 +231,14 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or still prefilling
             if not self._reserve_or_preempt(seq, out):
                 continue  # seq itself was preempted or retired
-            out.scheduled.append(self._build(seq, 1))
-            budget -= 1
+            spec = seq.spec_token_ids[: budget - 1]
+            # speculative tokens take only free blocks, and leave one per running sequence for plain decodes
+            bm = self.block_manager
+            if spec and (bm.num_free_blocks < len(self.running)
+                         or not bm.ensure_capacity(seq.seq_id, seq.num_tokens + len(spec))):
+                spec = []
+            out.scheduled.append(self._build(seq, 1, spec))
+            budget -= 1 + len(spec)
         return budget
 
     def _schedule_running_prefills(self, out: SchedulerOutput, budget: int) -> int:
@@ -275,6 +289,7 @@ class Scheduler:
         """Swap `seq`'s KV out to the host tier, or drop it (recomputed later, partly from the prefix cache);
         requeue it first."""
         self.running.remove(seq)
+        seq.spec_token_ids = []  # drafts are never computed KV: nothing of them to keep
         bm = self.block_manager
         computed_blocks = bm.block_table(seq.seq_id)[:bm.blocks_needed(seq.num_computed_tokens)]
         seq.swapped = bool(self.offload is not None and computed_blocks
@@ -298,15 +313,17 @@ class Scheduler:
             bm.free(seq.seq_id)
             seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
 
-    def _build(self, seq: Sequence, n: int) -> ScheduledSeq:
+    def _build(self, seq: Sequence, n: int, spec: list[int] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens
         stop = start + n
+        end = stop + len(spec or ())
         return ScheduledSeq(
             seq_id=seq.seq_id,
-            token_ids=seq.all_token_ids[start:stop],
-            positions=list(range(start, stop)),
-            slot_mapping=self.block_manager.slots(seq.seq_id, start, stop),
+            token_ids=seq.all_token_ids[start:stop] + list(spec or ()),
+            positions=list(range(start, end)),
+            slot_mapping=self.block_manager.slots(seq.seq_id, start, end),
             block_table=self.block_manager.block_table(seq.seq_id),
-            context_len=stop,
+            context_len=end,
             samples=stop == seq.num_tokens,
+            num_spec=len(spec or ()),
         )

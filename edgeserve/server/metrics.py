@@ -82,6 +82,10 @@ class _EngineCollector:
                                       labels=["model"])
         loaded = GaugeMetricFamily("edgeserve_model_loaded", "1 when loaded, 0.5 while loading", labels=["model"])
         offload: dict[str, GaugeMetricFamily] = {}
+        spec = {key: GaugeMetricFamily(f"edgeserve_{key}", f"Speculative decoding: {key[5:].replace('_', ' ')}",
+                                       labels=["model"])
+                for key in ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verifications",
+                            "spec_acceptance_rate", "spec_mean_accepted_length")}
         for entry in list(self.manager.entries.values()):
             loaded.add_metric([entry.id], 1.0 if entry.state == "loaded" else 0.5)
             engine = entry.engine
@@ -91,6 +95,8 @@ class _EngineCollector:
             for key, g in gauges.items():
                 g.add_metric([entry.id], float(getattr(stats, key)))
             preempt.add_metric([entry.id], float(stats.num_preemptions))
+            for key, family in spec.items():
+                family.add_metric([entry.id], float(getattr(stats, key)))
             if stats.offload is not None:  # KV tiers: blocks and bytes per tier, hits per tier, bytes moved, swaps
                 for key, value in vars(stats.offload).items():
                     family = offload.get(key) or offload.setdefault(key, GaugeMetricFamily(
@@ -98,5 +104,6 @@ class _EngineCollector:
                     family.add_metric([entry.id], float(value))
         yield from offload.values()
         yield from gauges.values()
+        yield from spec.values()
         yield preempt
         yield loaded

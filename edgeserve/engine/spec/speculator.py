@@ -1,0 +1,139 @@
+"""The engine's speculative decoding: proposes before a step, verifies after the target's forward, counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from edgeserve.engine.model_runner import ModelRunner
+from edgeserve.engine.outputs import TokenLogprob
+from edgeserve.engine.sampler import sample_tokens
+from edgeserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from edgeserve.models.load import LoadedModel
+
+from .draft import DraftProposer
+from .ngram import NgramProposer
+from .verify import token_probs, uses_history, verify
+
+if TYPE_CHECKING:
+    from edgeserve.engine.core import Request
+
+
+@dataclass
+class SpecCounters:
+    """Running totals for /metrics."""
+
+    proposed: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens the target accepted
+    verifications: int = 0  # sequence-steps with at least one draft token
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own next token."""
+        return 1.0 + self.accepted / self.verifications if self.verifications else 0.0
+
+
+class Speculator:
+    """Proposes drafts for decoding requests (prompt lookup or a draft model) and verifies them in one target
+    forward: `propose` before `Scheduler.schedule`, `sample` instead of the plain sampler, `rollback` after
+    `Scheduler.update`, `free` when a request ends or is preempted."""
+
+    def __init__(self, method: str, num_tokens: int, target: LoadedModel, num_blocks: int, block_size: int,
+                 draft: LoadedModel | None = None) -> None:
+        self.method = method
+        self.num_tokens = num_tokens
+        self.ngram = NgramProposer() if method == "ngram" else None
+        self.draft: DraftProposer | None = None
+        if method == "draft":
+            if draft is None:
+                raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
+            self.draft = DraftProposer(draft, target, num_blocks, block_size)
+        self._draft_probs: dict[str, torch.Tensor] = {}
+        self.counters = SpecCounters()
+
+    @staticmethod
+    def wants(req: "Request") -> bool:
+        """Whether a request speculates: it did not opt out, and asks no logprobs (not supported here yet)."""
+        return req.params.speculative and req.params.logprobs is None
+
+    def propose(self, reqs: list["Request"]) -> None:
+        """Set `seq.spec_token_ids` of each decoding request (never more than its max_tokens leaves room for)."""
+        self._draft_probs.clear()
+        reqs = [r for r in reqs if self.wants(r)]
+        ks = [min(self.num_tokens, r.max_tokens - len(r.seq.output_token_ids) - 1) for r in reqs]
+        if self.ngram is not None:
+            for r, k in zip(reqs, ks):
+                r.seq.spec_token_ids = self.ngram.propose(r.seq.all_token_ids, k)
+            return
+        assert self.draft is not None
+        drafts, qs = self.draft.propose([r.seq for r in reqs], ks, [r.params for r in reqs],
+                                        [r.generator for r in reqs])
+        for r, d, q in zip(reqs, drafts, qs):
+            r.seq.spec_token_ids = d
+            self._draft_probs[r.request_id] = q
+
+    def sample(self, runner: ModelRunner, sched: SchedulerOutput,
+               reqs: list["Request"]) -> tuple[list[list[int]], list[list[TokenLogprob] | None]]:
+        """Run the step; tokens (and logprobs) for each sampling request, in `reqs` order (the batch order).
+
+        Requests with drafts get their accepted drafts plus one token; the others one token, drawn exactly as
+        the plain sampler draws it.
+        """
+        from edgeserve.engine.core import _logprobs  # the core imports this module
+
+        sampling = [s for s in sched.scheduled if s.samples]
+        logits = runner.forward_logits(sched, [1 + s.num_spec if s.samples else 0 for s in sched.scheduled])
+        ends = torch.cumsum(torch.tensor([1 + s.num_spec for s in sampling]), 0)
+        plain = [i for i, s in enumerate(sampling) if s.num_spec == 0]
+        spec = [i for i, s in enumerate(sampling) if s.num_spec > 0]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(reqs)
+        if plain:
+            rs = [reqs[i] for i in plain]
+            out = sample_tokens(logits[ends[plain] - 1], [r.params for r in rs], [r.generator for r in rs],
+                                [r.seq.prompt_token_ids for r in rs], [r.seq.output_token_ids for r in rs])
+            lps = _logprobs(out, [r.params.logprobs for r in rs])
+            for i, t, lp in zip(plain, out.token_ids.tolist(), lps):
+                tokens[i], logprobs[i] = [t], ([lp] if lp is not None else None)
+        if spec:
+            rows = torch.cat([torch.arange(int(ends[i]) - 1 - sampling[i].num_spec, int(ends[i])) for i in spec])
+            accepted = self._verify(logits[rows], [sampling[i] for i in spec], [reqs[i] for i in spec])
+            for i, toks in zip(spec, accepted):
+                tokens[i] = toks
+        return tokens, logprobs
+
+    def _verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
+        """Accepted drafts plus the next token for each speculating request; `logits` are its k+1 rows each."""
+        drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
+        params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
+        history = any(uses_history(r.params) for r in rs)
+        prompt_ids = [r.seq.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
+        output_ids = ([r.seq.output_token_ids + d[:j] for r, d in zip(rs, drafts) for j in range(len(d) + 1)]
+                      if history else None)
+        p = token_probs(logits, params, prompt_ids, output_ids)
+        q = None
+        if self.draft is not None:
+            q = [self._draft_probs[r.request_id][: len(d)] for r, d in zip(rs, drafts)]
+        verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
+        self.counters.proposed += sum(len(d) for d in drafts)
+        self.counters.accepted += sum(verdict.num_accepted)
+        self.counters.verifications += len(drafts)
+        return [d[:a] + [t] for d, a, t in zip(drafts, verdict.num_accepted, verdict.next_token)]
+
+    def rollback(self, reqs: list["Request"]) -> None:
+        """After `Scheduler.update`: drop the draft KV past each request's accepted tokens."""
+        if self.draft is not None:
+            for r in reqs:
+                self.draft.rollback(r.request_id, r.seq.num_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        """A request ended or was preempted: release its draft state."""
+        self._draft_probs.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.free(request_id)
