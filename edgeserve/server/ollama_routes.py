@@ -76,14 +76,20 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [_ps_entry(e, on_gpu) for e in list(st.manager.entries.values())]})
 
 
+def _model_name(body: dict) -> str:
+    """The model an Ollama request names (`model`, or the older `name`); 400 when missing."""
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request("model is required", "model")
+    return name
+
+
 @api_errors
 async def show(request: Request) -> Response:
     """POST /api/show: what is known about a model (more once it is loaded)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
-    name = body.get("model") or body.get("name")
-    if not isinstance(name, str) or not name:
-        raise bad_request("model is required", "model")
+    name = _model_name(body)
     mid, spec = st.manager.canonical(name)
     info: dict[str, Any] = {}
     template = ""
@@ -208,9 +214,7 @@ async def pull_model(request: Request) -> Response:
     """POST /api/pull: download a catalog model, streaming progress as NDJSON (or one reply with stream: false)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
-    name = body.get("model") or body.get("name")
-    if not isinstance(name, str) or not name:
-        raise bad_request("model is required", "model")
+    name = _model_name(body)
     name = name[: -len(":latest")] if name.endswith(":latest") else name
     if name not in CATALOG:
         raise UnknownModelError(f"{name!r} is not in the catalog; catalog models: {', '.join(CATALOG)}")
