@@ -70,6 +70,7 @@ class BlockManager:
         # Free blocks, least recently freed first; hashed ones can still be revived by a prefix hit.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._by_hash: dict[bytes, int] = {}
+        self._num_cached_free = 0  # free blocks that hold a prefix (kept as a count: stats read it every step)
         self._seqs: dict[SeqId, _SeqBlocks] = {}
         self.num_prompt_tokens_computed = 0
         self.num_prompt_tokens_reused = 0  # device and tier hits
@@ -86,7 +87,7 @@ class BlockManager:
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a reusable prefix."""
-        return sum(1 for b in self._free if self.blocks[b].hash is not None)
+        return self._num_cached_free
 
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that hold `n_tokens` tokens."""
@@ -184,6 +185,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self._free[b] = None
                 self._free.move_to_end(b, last=False)  # nothing cached in it: hand it out first
+                self._num_cached_free += block.hash is not None
         state.num_tokens = min(state.num_tokens, num_tokens)
 
     def commit_full_blocks(self, seq: SeqId, token_ids: Sequence[int], num_computed: int) -> None:
@@ -214,6 +216,8 @@ class BlockManager:
                 self._free[b] = None
                 if block.hash is None:  # nothing to reuse: hand it out before cached blocks
                     self._free.move_to_end(b, last=False)
+                else:
+                    self._num_cached_free += 1
 
     def offer_cached(self) -> int:
         """Offer every block that holds a cached prefix to the offload tiers (at shutdown); return how many."""
@@ -286,6 +290,7 @@ class BlockManager:
         block = self.blocks[b]
         if block.ref_count == 0:
             del self._free[b]
+            self._num_cached_free -= block.hash is not None
         block.ref_count += 1
 
     def _take_free(self) -> int:
@@ -293,6 +298,7 @@ class BlockManager:
         b, _ = self._free.popitem(last=False)
         block = self.blocks[b]
         if block.hash is not None:
+            self._num_cached_free -= 1
             if self._by_hash.get(block.hash) == b:
                 del self._by_hash[block.hash]
                 if self.offload is not None:  # moved down a tier instead of dropped
@@ -325,6 +331,8 @@ class BlockManager:
                 free += 1
         if free + cached + used != self.num_blocks or free + cached != len(self._free):
             raise AssertionError(f"free {free} + cached {cached} + used {used} != {self.num_blocks}")
+        if cached != self._num_cached_free:
+            raise AssertionError(f"cached free blocks: counted {cached}, kept {self._num_cached_free}")
         for h, b in self._by_hash.items():
             if self.blocks[b].hash != h:
                 raise AssertionError(f"hash table entry for block {b} is stale")
