@@ -173,9 +173,11 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
     return _w4.w4a16_matmul(x, weight)
 
 
-def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight) or W4A16 weight."""
+def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight, bias: torch.Tensor | None = None,
+           prompt_rows: _ql.PromptRows | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight) or W4A16 weight (`prompt_rows`: see
+    kernels.quant_linear.PromptRows)."""
     if isinstance(weight, W4A16Weight):
         y = w4a16_matmul(x, weight)
         return y + bias if bias is not None else y
-    return _ql.linear(x, weight, bias)
+    return _ql.linear(x, weight, bias, prompt_rows)

@@ -77,7 +77,7 @@ class _Plan:
     decode_tables: torch.Tensor | None  # [Bd, max_blocks]
     decode_len: int  # longest decode context
     decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len]: key j is visible
-    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]  # (start, n, length, table [1, nb], mask [n, length])
+    prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]  # (start, n, length, table, mask or None: causal)
 
 
 def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
@@ -100,7 +100,9 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
     for i, n in enumerate(qlens):
         if n > 1:
             length_i, past = slens[i], slens[i] - n
-            causal = torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None]
+            # no cached past: plain causal attention, which lets SDPA skip the masked half instead of computing it
+            causal = None if past == 0 else (
+                torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None])
             prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
     meta.torch_plan = _Plan(rows, tables, length, mask, prefills)
     return meta.torch_plan
@@ -130,6 +132,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = _gather(k_cache, table, length).transpose(1, 2).double()
         v = _gather(v_cache, table, length).transpose(1, 2).double()
         qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
     return out.to(out_dtype)

@@ -43,15 +43,21 @@ class Q4Blocks:
 
 
 class Int4Weight:
-    """A Q4Blocks weight packed for the CPU int4 matmul (`_weight_int4pack_mm_for_cpu`)."""
+    """A Q4Blocks weight packed for the CPU int4 matmul (`_weight_int4pack_mm_for_cpu`).
 
-    def __init__(self, blocks: Q4Blocks, dtype: torch.dtype):
+    torch's CPU int4 kernel works row by row (its cost grows linearly with the rows), which suits decode but
+    makes a long prompt slow; with `keep_dense` the weight is also kept dequantized, and prompt rows go through
+    the dense matmul (see `PromptRows`).
+    """
+
+    def __init__(self, blocks: Q4Blocks, dtype: torch.dtype, keep_dense: bool = False):
         self.out_features, self.in_features = blocks.shape
         self.group_size = blocks.group_size
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.q.to(torch.int32).contiguous(), 1)
         # The op computes w = (q - 8) * scale + zero, so zero = offset + 8 * scale.
         zero = blocks.offset + 8 * blocks.scale
         self.scales_zeros = torch.stack([blocks.scale.t(), zero.t()], dim=-1).contiguous().to(dtype)
+        self.dense = blocks.dequantize().to(dtype) if keep_dense else None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]."""
@@ -106,10 +112,61 @@ def int4_supported(device: torch.device, dtype: torch.dtype, blocks: Q4Blocks) -
 
 LinearWeight = torch.Tensor | Int4Weight | Int8Weight
 
+PROMPT_TILE = 64
 
-def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ b) for a dense or packed 4-bit weight."""
+
+@dataclass
+class PromptRows:
+    """Which rows of a step's flat batch are prompt tokens (computed through the dense copy of an Int4Weight).
+
+    Prompt rows are multiplied in fixed tiles of PROMPT_TILE rows: a dense matmul's rounding depends on how many
+    rows it is given, and fixed tiles keep each row's result independent of how the prompt was chunked or what
+    else ran in the step. Generated tokens (decode, speculative verification, recomputed outputs) always take
+    the packed int4 kernel, whose rows are independent too, so a token's KV does not depend on the batch.
+    """
+
+    dense: torch.Tensor  # [P] long: prompt rows
+    packed: torch.Tensor  # [T - P] long: the other rows
+    num_rows: int
+
+    @classmethod
+    def build(cls, is_prompt: list[bool], device: torch.device | str = "cpu") -> "PromptRows | None":
+        """The split for one step's rows, or None when no row is a prompt row."""
+        if not any(is_prompt):
+            return None
+        mask = torch.tensor(is_prompt, dtype=torch.bool)
+        return cls(mask.nonzero().squeeze(1).to(device), (~mask).nonzero().squeeze(1).to(device), len(is_prompt))
+
+
+def _dense_tiles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [P, in] @ w.T in tiles of exactly PROMPT_TILE rows (the last one zero-padded)."""
+    p = x.shape[0]
+    pad = -p % PROMPT_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    out = torch.cat([F.linear(tile, w) for tile in x.split(PROMPT_TILE)])
+    return out[:p]
+
+
+def _int4_prompt_linear(x: torch.Tensor, weight: Int4Weight, rows: PromptRows) -> torch.Tensor:
+    dense = weight.dense
+    x = x.to(dense.dtype)
+    if rows.packed.numel() == 0:
+        return _dense_tiles(x, dense)
+    y = x.new_empty(x.shape[0], weight.out_features)
+    y[rows.dense] = _dense_tiles(x[rows.dense], dense)
+    y[rows.packed] = weight.matmul(x[rows.packed])
+    return y
+
+
+def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None,
+           prompt_rows: PromptRows | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ b) for a dense or packed 4-bit weight; `prompt_rows` routes prompt rows of a packed
+    weight that keeps a dense copy through it."""
     if isinstance(weight, (Int4Weight, Int8Weight)):
-        y = weight.matmul(x)
+        if prompt_rows is not None and isinstance(weight, Int4Weight) and weight.dense is not None:
+            y = _int4_prompt_linear(x, weight, prompt_rows)
+        else:
+            y = weight.matmul(x)
         return y + bias if bias is not None else y
     return F.linear(x.to(weight.dtype), weight, bias)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.models.llama import LlamaModel
 from edgeserve.sampling_params import SamplingParams
 
@@ -48,10 +49,11 @@ class ModelRunner:
         ids = torch.tensor(step.token_ids, dtype=torch.long, device=dev)
         positions = torch.tensor(step.positions, dtype=torch.long, device=dev)
         last_rows = [end - 1 for end, s in zip(_cumsum(query_lens), scheduled) if s.samples]
+        attn, rows_split = PagedKVAttention(self.pool, meta), _prompt_rows(step, dev)
         if not last_rows:
-            self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+            self.model.forward(ids, positions, attn, rows_split)
             return None
-        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+        hidden = self.model.forward(ids, positions, attn, rows_split)
         logits = self.model.logits(hidden[torch.tensor(last_rows, device=dev)])
         return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
                              [r.prompt_ids for r in rows], [r.output_ids for r in rows])
@@ -64,9 +66,16 @@ class ModelRunner:
         meta = AttentionMetadata.build(query_lens, step.context_lens, step.block_tables, step.slot_mapping, dev)
         ids = torch.tensor(step.token_ids, dtype=torch.long, device=dev)
         positions = torch.tensor(step.positions, dtype=torch.long, device=dev)
-        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta))
+        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta), _prompt_rows(step, dev))
         rows = [r for end, n in zip(_cumsum(query_lens), num_rows) for r in range(end - n, end)]
         return self.model.logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)])
+
+
+def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:
+    """Which of the step's rows are prompt tokens (None in a step of decodes only)."""
+    if all(s.positions[0] >= s.num_prompt_tokens for s in step.scheduled):
+        return None
+    return PromptRows.build([p < s.num_prompt_tokens for s in step.scheduled for p in s.positions], device)
 
 
 def _cumsum(values: list[int]) -> list[int]:

@@ -82,6 +82,7 @@ class ScheduledSeq:
     context_len: int  # tokens with KV once this step is done
     samples: bool  # this step reaches the last token, so a token is sampled
     num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
+    num_prompt_tokens: int = 0  # the request's prompt length: positions below it are prompt tokens
 
     @property
     def num_new_tokens(self) -> int:
@@ -326,4 +327,5 @@ class Scheduler:
             context_len=end,
             samples=stop == seq.num_tokens,
             num_spec=len(spec or ()),
+            num_prompt_tokens=len(seq.prompt_token_ids),
         )

@@ -12,6 +12,7 @@ from edgeserve.kernels.quant_linear import (
     Int4Weight,
     Int8Weight,
     LinearWeight,
+    PromptRows,
     Q4Blocks,
     int4_supported,
     int8_supported,
@@ -57,8 +58,10 @@ class LlamaModel:
 
     @classmethod
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", keep_int4: bool = True) -> "LlamaModel":
-        """Build the model layer by layer from a weight source (4-bit weights stay packed where supported)."""
+                     device: str | torch.device = "cpu", keep_int4: bool = True,
+                     dense_prefill: bool = False) -> "LlamaModel":
+        """Build the model layer by layer from a weight source (4-bit weights stay packed where supported;
+        `dense_prefill` also keeps a dequantized copy of each CPU-packed one for prompt tokens)."""
         device = torch.device(device)
 
         def dense(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
@@ -76,7 +79,7 @@ class LlamaModel:
                 if use_triton(device) and blocks.shape[1] % 8 == 0:
                     return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
                 if int4_supported(device, dtype, blocks):
-                    return Int4Weight(blocks, dtype)
+                    return Int4Weight(blocks, dtype, keep_dense=dense_prefill)
             floats = [p.dequantize() if isinstance(p, Q4Blocks) else p for p in parts]
             return torch.cat(floats).to(device=device, dtype=dtype)
 
@@ -116,8 +119,10 @@ class LlamaModel:
         return cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, device)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention) -> torch.Tensor:
-        """Hidden states [T, hidden] for a flat batch of T tokens at the given positions."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
+        rows are prompt tokens, for weights that keep a dense copy for them)."""
         c = self.config
         t = input_ids.shape[0]
         # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
@@ -129,16 +134,16 @@ class LlamaModel:
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
             qk = qkv[:, : c.q_size + c.kv_size].view(t, nh + nkv, hd)  # rotate q and k in one go
             v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd).to(self.dtype)
             if layer.q_norm is not None:
                 qk = torch.cat([rms_norm(qk[:, :nh], layer.q_norm, c.rms_norm_eps),
                                 rms_norm(qk[:, nh:], layer.k_norm, c.rms_norm_eps)], dim=1)
             qk = apply_rope(qk, cos, sin).to(self.dtype)
-            x = x + linear(attn(i, qk[:, :nh], qk[:, nh:], v), layer.o_proj)
+            x = x + linear(attn(i, qk[:, :nh], qk[:, nh:], v), layer.o_proj, None, prompt_rows)
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            x = x + linear(silu_and_mul(linear(h, layer.gate_up)), layer.down)
+            x = x + linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
         return rms_norm(x, self.norm, c.rms_norm_eps).to(self.dtype)
 
     @torch.inference_mode()

@@ -41,8 +41,34 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu") -> LoadedModel:
-    """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder."""
+DENSE_PREFILL = ("auto", "on", "off")
+DENSE_PREFILL_RAM_FRACTION = 0.25
+
+
+def dense_prefill_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the dequantized copies of the decoder's matrices (what `dense_prefill` adds)."""
+    c = config
+    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    return c.num_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+
+
+def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether to keep dense copies of CPU int4 weights for prompt tokens: "on", "off", or "auto" (on a CPU when
+    the copies take at most a quarter of the memory available now)."""
+    if setting not in DENSE_PREFILL:
+        raise ValueError(f"dense_prefill must be one of {', '.join(DENSE_PREFILL)}, not {setting!r}")
+    if setting != "auto" or device.type != "cpu":
+        return setting == "on"
+    import psutil
+
+    return dense_prefill_bytes(config, dtype) <= DENSE_PREFILL_RAM_FRACTION * psutil.virtual_memory().available
+
+
+def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", dense_prefill: str = "auto") -> LoadedModel:
+    """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder.
+
+    `dense_prefill` (auto / on / off): see `want_dense_prefill`; it only matters for 4-bit weights on a CPU.
+    """
     start = time.perf_counter()
     release_large_frees_to_os()
     dev = torch.device(device)
@@ -59,5 +85,6 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu") ->
         tokenizer = tokenizer_from_hf_folder(source.path)
         template = chat_template_from_hf_folder(source.path)
         weights = folder.weights()
-    model = LlamaModel.from_weights(config, weights, dtype=torch_dtype, device=dev)
+    model = LlamaModel.from_weights(config, weights, dtype=torch_dtype, device=dev,
+                                    dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype, dev))
     return LoadedModel(source.name, source, config, model, tokenizer, template, time.perf_counter() - start)
