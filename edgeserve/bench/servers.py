@@ -81,11 +81,8 @@ def log_tail(path: Path, lines: int = 1) -> str:
 def stop_server(server: ServerProcess, timeout: float = 10.0) -> None:
     """Stop the server's whole process group: SIGTERM, then SIGKILL after `timeout`; reaps it. Idempotent."""
     proc = server.proc
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = None
-    if proc.poll() is None and pgid is not None:
+    pgid = proc.pid  # started with start_new_session: the group id is the leader's pid, even after it exits
+    if proc.poll() is None:
         try:
             os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
@@ -94,11 +91,10 @@ def stop_server(server: ServerProcess, timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-    if pgid is not None:  # anything left in the group (children of the server) goes too
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    try:  # anything left in the group (the server's children, or all of it after the timeout) goes too
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
