@@ -20,7 +20,7 @@ import httpx
 from edgeserve.bench.client import RequestResult, stream_completion
 from edgeserve.bench.runner import LoadLevel, run_level
 from edgeserve.bench.servers import (EXTRA_BODY, GREEDY_BODY, TOKEN_ID_PROMPTS, ServerError, ServerProcess,
-                                     free_port, served_model, start_edgeserve, start_server, stop_server)
+                                     detect_kind, free_port, served_model, start_edgeserve, start_server, stop_server)
 from edgeserve.bench.stats import decode_tokens_per_s, request_times
 from edgeserve.bench.workloads import RequestSpec, TokenSource
 from edgeserve.errors import EdgeserveError
@@ -62,7 +62,7 @@ class Settings:
     @classmethod
     def quick(cls) -> "Settings":
         return cls(rounds=2, decode_tokens=32, decode_requests=1, agg_tokens=16, agg_requests_per_slot=1,
-                   long_prompt=4000, short_tokens=16, short_requests=2, check_tokens=16)
+                   ttft_prompt=256, long_prompt=1000, short_tokens=16, short_requests=2, check_tokens=16)
 
 
 @dataclass
@@ -131,6 +131,8 @@ def start_peer(args: argparse.Namespace, model_path: str, ctx_per_slot: int, tok
         kind, health = "llama-cpp-python", "/v1/models"
     print(f"compare: starting llama.cpp: {' '.join(cmd)}", file=sys.stderr, flush=True)
     server = start_server("llama.cpp", cmd, port, health, args.server_timeout, log_dir=args.log_dir)
+    probed = detect_kind(server.url)  # what actually answers decides the request fields it is sent
+    kind = probed if probed != "openai" else kind
     return Peer("llama.cpp", kind, server, served_model(server.url), TokenSource(tokenizer, kind in TOKEN_ID_PROMPTS))
 
 
@@ -385,7 +387,8 @@ def _run(args: argparse.Namespace, peers: list[Peer]) -> int:
     if source.kind != "gguf":
         raise EdgeserveError("the comparison needs a GGUF model (llama.cpp reads only GGUF)")
     model_path = str(source.path)
-    ctx_per_slot = max(s.long_prompt, s.ttft_prompt) + max(s.decode_tokens, s.agg_tokens, s.check_tokens) + 64
+    need = max(s.long_prompt, s.ttft_prompt) + max(s.decode_tokens, s.agg_tokens, s.check_tokens) + 64
+    ctx_per_slot = -(-need // 256) * 256  # per-slot context, a multiple of 256
     peers.append(start_peer(args, model_path, ctx_per_slot, tokenizer))
     peers.append(start_ours(args, model_path, tokenizer))
     ours, theirs = peers[1], peers[0]

@@ -146,7 +146,8 @@ def wait_healthy(server: ServerProcess, health_path: str, timeout: float) -> flo
         rc = server.proc.poll()
         if rc is not None:
             tail = log_tail(server.log_path, 2)
-            raise ServerError(f"{server.name} exited with status {rc} before it was ready"
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+            raise ServerError(f"{server.name} {how} before it was ready"
                               + (f": {tail}" if tail else "") + f" (command: {' '.join(server.cmd)})")
         try:
             status, _ = http_get(server.url + health_path, timeout=2.0)
