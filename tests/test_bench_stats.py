@@ -155,3 +155,55 @@ def test_chat_and_copy_workloads(tokenizer):
 def test_words_without_a_tokenizer():
     w = fixed_workload(TokenSource(None), 2, prompt_tokens=30, max_tokens=4, seed=0)
     assert w.prompt_format == "text" and all(len(r.prompt.split()) == 30 for r in w.requests)
+
+
+def synthetic_report(levels=(1, 2, 4)):
+    from edgeserve.bench.report import BenchReport
+    from edgeserve.bench.runner import LevelResult, LoadLevel
+
+    out = []
+    for c in levels:
+        rs = [result(0.0, [0.1 * c, 0.02 * c, 0.02 * c]) for _ in range(3)]
+        out.append(LevelResult(LoadLevel(concurrency=c), rs, summarize(rs, 1.0)))
+    return BenchReport("http://x", "edgeserve", "m", "fixed", "token ids", {}, out)
+
+
+def test_table_and_json_report(tmp_path):
+    from edgeserve.bench.report import format_table, write_json
+
+    rep = synthetic_report()
+    table = format_table(rep)
+    assert "concurrency 4" in table and "counted from chunks" in table and "prompts as token ids" in table
+    write_json(rep, str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2, 4]
+    assert doc["levels"][2]["summary"]["ttft_ms"]["p50"] == pytest.approx(400.0)
+    assert len(doc["levels"][0]["requests"]) == 3
+
+
+def test_plot_written_or_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    from edgeserve.bench.plot import MISSING, plot_report, require_matplotlib
+    from edgeserve.errors import EdgeserveError
+
+    pytest.importorskip("matplotlib")
+    plot_report(synthetic_report(), str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(EdgeserveError, match="pip install 'edgeserve\\[plot\\]'") as e:
+        require_matplotlib()
+    assert str(e.value) == MISSING and "\n" not in MISSING
+
+
+def test_roofline_arithmetic(default_model_path):
+    from edgeserve.bench.roofline import gguf_weight_bytes, model_kv_bytes_per_token, roofline
+
+    total, per_token = gguf_weight_bytes(default_model_path)
+    assert 50e6 < per_token <= total < default_model_path.stat().st_size  # tensor data, not the whole file
+    kv = model_kv_bytes_per_token(default_model_path)
+    assert kv == 2 * 30 * 3 * 64 * 2  # SmolLM2-135M: 30 layers, 3 KV heads of 64, K and V, bfloat16
+    r = roofline(default_model_path, mean_context=100, bandwidth_gbs=10.0, measured_tokens_per_s=50.0)
+    assert r.bytes_per_token == per_token + kv * 100
+    assert r.max_tokens_per_s == pytest.approx(10e9 / r.bytes_per_token)
+    assert r.bandwidth_source == "--mem-bandwidth-gbs" and r.fraction == pytest.approx(50 / r.max_tokens_per_s)
