@@ -353,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     peers: list[Peer] = []
     try:
-        return _run(args, peers)
+        try:
+            return _run(args, peers)
+        except Exception as eg:  # a failure inside a task group (an exception group): report the first real one
+            inner: BaseException = eg
+            while getattr(inner, "exceptions", None):
+                inner = inner.exceptions[0]  # type: ignore[attr-defined]
+            raise inner from None
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
