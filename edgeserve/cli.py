@@ -61,7 +61,72 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not download missing catalog models (at start or through POST /api/pull)")
     add_engine_args(s)
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+
+    b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
+    add_bench_args(b)
+    parser.bench_parser = b  # type: ignore[attr-defined]
     return parser
+
+
+def _comma_list(kind):
+    """An argparse type: a comma-separated list of positive `kind` values (e.g. `1,4,8`)."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got {text!r}") from None
+        if not values or any(not v > 0 for v in values):
+            raise argparse.ArgumentTypeError(f"expected positive values, got {text!r}")
+        return values
+    return parse
+
+
+def add_bench_args(b: argparse.ArgumentParser) -> None:
+    """`bench`'s flags (see README, Benchmarking)."""
+    b.add_argument("--url", default=None, help="an OpenAI-compatible server's base URL (default: start edgeserve "
+                                               "on --model on a free port and stop it at the end)")
+    b.add_argument("--model", "-m", default=None,
+                   help=f"the model to serve, and whose tokenizer builds the prompts (default {DEFAULT_MODEL} "
+                        "without --url)")
+    b.add_argument("--served-model-name", default=None, help="the `model` field sent (default: /v1/models' first)")
+    b.add_argument("--workload", choices=["fixed", "chat", "copy"], default="fixed",
+                   help="fixed lengths, a seeded chat mix of lengths around them, or copy (the answer repeats "
+                        "the prompt)")
+    b.add_argument("--num-requests", type=int, default=32, help="requests per load level (default %(default)s)")
+    b.add_argument("--duration", type=float, default=None, help="seconds per load level at most")
+    b.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (chat: mean) (default %(default)s)")
+    b.add_argument("--max-tokens", type=int, default=128, help="output length (chat: mean) (default %(default)s)")
+    b.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="a prefix of this many tokens shared by every request, before --prompt-tokens distinct ones")
+    b.add_argument("--concurrency", type=_comma_list(int), default=None,
+                   help="requests in flight (closed loop); a comma list sweeps (default 1)")
+    b.add_argument("--request-rate", type=_comma_list(float), default=None,
+                   help="Poisson arrivals per second (open loop, seeded; inf: all at once); a comma list sweeps")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO: time to first token, ms")
+    b.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO: time per output token, ms")
+    b.add_argument("--prompt-format", choices=["auto", "ids", "text"], default="auto",
+                   help="auto: token ids where the server takes them (edgeserve, llama-server), else text")
+    b.add_argument("--warmup", type=int, default=1, help="unmeasured requests first (default %(default)s)")
+    b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON (- for stdout)")
+    b.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="plot throughput and p99 TTFT/TPOT against the sweep (needs the `plot` extra)")
+    b.add_argument("--roofline", action="store_true",
+                   help="print the memory-bandwidth bound on single-stream decode next to the measured rate")
+    b.add_argument("--mem-bandwidth-gbs", type=float, default=None,
+                   help="memory bandwidth for --roofline (default: measured host memcpy)")
+    b.add_argument("--max-seqs", type=int, default=8, help="--max-seqs of the edgeserve started (default %(default)s)")
+    b.add_argument("--server-timeout", type=float, default=300.0, help="seconds to wait for a started server")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _one_line_errors(*parsers: argparse.ArgumentParser) -> None:
+    """Make argparse errors one `edgeserve: error:` line and exit status 1 (as every other error)."""
+    def error(message: str):
+        print(f"edgeserve: error: {message}", file=sys.stderr)
+        sys.exit(1)
+    for p in parsers:
+        p.error = error  # type: ignore[method-assign]
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -247,12 +312,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_serve}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgeserve.bench.command import run_bench
+
+    return run_bench(args)
+
+
+COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_serve, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["bench"]:
+        _one_line_errors(parser, parser.bench_parser)  # type: ignore[attr-defined]
+    args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
