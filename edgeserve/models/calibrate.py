@@ -15,7 +15,7 @@ from .config import ModelConfig
 from .llama import LlamaModel
 
 MAX_CALIBRATION_TOKENS = 2048  # tokens run through the model
-MAX_SEARCH_ROWS = 512  # activation rows per matrix kept for the scale search
+MAX_SEARCH_ROWS = 256  # activation rows per matrix kept for the scale search
 
 
 class _Recorder:
