@@ -86,9 +86,10 @@ def write_checkpoint(folder: Path, method: str, g: int = 32, fmt: str = "gptq", 
         for proj, shape in PROJ.items():
             w = torch.randn(*shape, generator=gen) * 0.3
             # GPTQ v1 stores zero - 1 in 4 bits, so a zero of 0 cannot be written faithfully: use 1..15
-            q, z, s = quantize_ref(w, g, min_zero=1 if method == "gptq" and fmt == "gptq" else 0)
+            gs = g if g > 0 else shape[1]  # -1: one group per row
+            q, z, s = quantize_ref(w, gs, min_zero=1 if method == "gptq" and fmt == "gptq" else 0)
             name = p + proj
-            expected[name + ".weight"] = dequant_ref(q, z, s, g)
+            expected[name + ".weight"] = dequant_ref(q, z, s, gs)
             tensors[name + ".scales"] = s
             if method == "awq":
                 tensors[name + ".qweight"] = pack_along_columns(q, AWQ_ORDER)
@@ -96,7 +97,7 @@ def write_checkpoint(folder: Path, method: str, g: int = 32, fmt: str = "gptq", 
             else:
                 tensors[name + ".qweight"] = pack_along_rows(q)
                 tensors[name + ".qzeros"] = pack_along_columns(z - 1 if fmt == "gptq" else z, list(range(8)))
-                g_idx = torch.arange(shape[1], dtype=torch.int32) // g
+                g_idx = torch.arange(shape[1], dtype=torch.int32) // gs
                 if act_order:
                     g_idx = g_idx[torch.randperm(shape[1], generator=gen)]
                 tensors[name + ".g_idx"] = g_idx
@@ -159,3 +160,22 @@ def test_other_quantizations_are_refused_by_name(qc, message):
 
 def test_plain_checkpoint_has_no_format():
     assert prequantized_format(dict(CONFIG)) is None
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_per_channel_checkpoint_runs_on_cpu_int4_and_triton_w4a16(tmp_path, method):
+    """group_size -1 (one group per row): regrouped exactly for the CPU op; the W4A16 kernel takes it as is."""
+    from edgeserve.kernels import dispatch
+
+    expected = write_checkpoint(tmp_path, method, g=-1)
+    weights = HFFolder(tmp_path).weights()
+    name = "model.layers.0.mlp.down_proj.weight"
+    blocks = weights.get(name, keep_int4=True)
+    assert blocks.group_size == FFN
+    x = torch.randn(3, FFN)
+    ref = x @ expected[name].t()
+    cpu = Int4Weight(blocks, torch.bfloat16).matmul(x.bfloat16()).float()
+    assert (cpu - ref).abs().max() < 0.02 * ref.abs().max()
+    with dispatch.force_backend("triton"):
+        y = dispatch.linear(x, dispatch.repack_q4(blocks, torch.float32))
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)

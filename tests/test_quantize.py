@@ -125,6 +125,10 @@ def test_quantize_int4_packs_a_float_model(tmp_path):
         tq = load_model(resolve(str(path)), dtype="float32", quantize="int4", quantize_group_size=32)
     assert isinstance(tq.model.layers[1].down, dispatch.W4A16Weight) and tq.model.layers[1].down.group_size == 32
     assert torch.equal(tq.model.layers[1].down.dequantize(), Q4Blocks.quantize(down, 32).dequantize())
+    x = torch.randn(2, 128)
+    with dispatch.force_backend("triton"):  # the W4A16 kernel (Triton's interpreter here) on a quantized weight
+        y = dispatch.linear(x, tq.model.layers[1].down)
+    torch.testing.assert_close(y, x @ Q4Blocks.quantize(down, 32).dequantize().t(), rtol=1e-4, atol=1e-4)
 
 
 def test_quantize_on_a_quantized_gguf_loads_it_as_stored(tmp_path, caplog):
