@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16 on CPU with 4-bit weights kept packed; "
                         "float32 dequantizes everything, slower but closest to a reference)")
+    add_quantize_args(r)
     r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
     add_engine_args(r)
 
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before HTTP 429")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    add_quantize_args(s)
     s.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     s.add_argument("--no-pull", action="store_true",
                    help="do not download missing catalog models (at start or through POST /api/pull)")
@@ -127,6 +129,21 @@ def _one_line_errors(*parsers: argparse.ArgumentParser) -> None:
         sys.exit(1)
     for p in parsers:
         p.error = error  # type: ignore[method-assign]
+
+
+def add_quantize_args(parser: argparse.ArgumentParser) -> None:
+    """Quantize-on-load flags (a load option, like --dtype), shared by `run` and `serve`."""
+    g = parser.add_argument_group("quantization")
+    g.add_argument("--quantize", choices=["int4"], default=None,
+                   help="quantize a float (bf16/fp16/fp32) model's layer weights to group-wise INT4 at load time")
+    g.add_argument("--quantize-group-size", type=int, default=128, choices=[32, 64, 128, 256], metavar="N",
+                   help="input columns per INT4 scale/offset group: 32, 64, 128 or 256 (default %(default)s)")
+    g.add_argument("--quantize-calibration", default=None, metavar="FILE",
+                   help="a text file run through the model first for activation-aware (AWQ-style) scaling")
+    g.add_argument("--dense-prefill", choices=["auto", "on", "off"], default="auto",
+                   help="CPU, 4-bit weights: also keep a bf16 copy of each matrix for prompt tokens (torch's int4 "
+                        "kernel is fast for decode, slow for long prompts); auto: on when the copies take at most a "
+                        "quarter of the free memory (default %(default)s)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -220,7 +237,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
-    llm = LLM(model_name, dtype=args.dtype, config=config)
+    llm = LLM(model_name, dtype=args.dtype, config=config, quantize=args.quantize,
+              quantize_group_size=args.quantize_group_size, quantize_calibration=args.quantize_calibration,
+              dense_prefill=args.dense_prefill)
     if config.kv_offload != "none":
         import atexit
 
@@ -285,6 +304,8 @@ def server_config_from_args(args: argparse.Namespace):
             keep_alive=parse_keep_alive(args.keep_alive, "--keep-alive"), max_loaded_models=args.max_loaded_models,
             max_queue=args.max_queue, max_seqs=args.max_seqs, max_model_len=args.max_model_len,
             max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
+            quantize=args.quantize, quantize_group_size=args.quantize_group_size,
+            quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
             device=args.device, allow_pull=not args.no_pull, log_level=args.log_level,
             extra_engine=extra_engine)
     except ValueError as e:

@@ -46,16 +46,21 @@ class LLM:
     """A model and its engine: `LLM("smollm2-135m").generate(prompts, SamplingParams(...))`."""
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "cpu",
-                 dense_prefill: str = "auto", config: EngineConfig | None = None, **engine_options) -> None:
+                 dense_prefill: str = "auto", config: EngineConfig | None = None, quantize: str | None = None,
+                 quantize_group_size: int = 128, quantize_calibration: str | None = None, **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
-        `dense_prefill`: auto / on / off (`edgeserve.models.load.want_dense_prefill`). `engine_options` are
-        EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, ...).
+        `quantize="int4"` quantizes a float model to INT4 at load (see `load_model`). `dense_prefill`: auto / on /
+        off (`edgeserve.models.load.want_dense_prefill`).
+
+        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, ...).
         """
         if config is not None and engine_options:
             raise ValueError("pass either config or engine options, not both")
         self.config = config or EngineConfig(**engine_options)
-        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, dense_prefill=dense_prefill)
+        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, quantize=quantize,
+                                          quantize_group_size=quantize_group_size,
+                                          quantize_calibration=quantize_calibration, dense_prefill=dense_prefill)
         self.engine = EngineCore(self.lm, self.config)
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Linear layers over weights that stay quantized: 4-bit packed (W4A16) with group-wise scale and offset."""
+"""Linear layers over weights that stay quantized: 4-bit packed (W4A16) with group-wise scale and offset, and
+int8 per row; the group-wise int4 quantizer (`Q4Blocks.quantize`) and GGUF Q8_0's 8-bit blocks (`Q8Blocks`)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,81 @@ class Q4Blocks:
         return Q4Blocks(self.q[index], self.scale[index], self.offset[index], self.group_size)
 
     @staticmethod
+    def quantize(w: torch.Tensor, group_size: int = 128) -> "Q4Blocks":
+        """Group-wise asymmetric round-to-nearest 4-bit quantization of a float weight [out, in].
+
+        Each group of `group_size` consecutive input columns of a row gets offset = its minimum and
+        scale = (max - min) / 15, and q = round((w - min) / scale) in 0..15, so a group's extremes are exact
+        and every weight is within scale / 2 of its original value.
+        """
+        out_f, in_f = w.shape
+        if in_f % group_size:
+            raise ValueError(f"in_features {in_f} is not a multiple of the group size {group_size}")
+        g = w.float().reshape(out_f, in_f // group_size, group_size)
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = ((hi - lo) / 15).clamp_min(1e-10)
+        q = torch.round((g - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8)
+        return Q4Blocks(q.reshape(out_f, in_f), scale, lo, group_size)
+
+    def regroup(self, group_size: int) -> "Q4Blocks":
+        """The same weight with smaller groups (`group_size` dividing the current one): exact, scales repeat."""
+        if self.group_size % group_size:
+            raise ValueError(f"group size {group_size} does not divide {self.group_size}")
+        r = self.group_size // group_size
+        return Q4Blocks(self.q, self.scale.repeat_interleave(r, dim=1), self.offset.repeat_interleave(r, dim=1),
+                        group_size)
+
+    @staticmethod
     def cat(parts: list["Q4Blocks"]) -> "Q4Blocks":
-        """Stack weights along the output dimension (for fused QKV and gate/up)."""
+        """Stack weights along the output dimension (for fused QKV and gate/up); group sizes may differ."""
+        g = min(p.group_size for p in parts)
+        parts = [p.regroup(g) if p.group_size != g else p for p in parts]
         return Q4Blocks(
             torch.cat([p.q for p in parts]),
             torch.cat([p.scale for p in parts]),
             torch.cat([p.offset for p in parts]),
             parts[0].group_size,
         )
+
+
+@dataclass
+class Q8Blocks:
+    """An 8-bit weight (GGUF Q8_0) as int8 values with w = q * scale per group of `group_size` columns."""
+
+    q: torch.Tensor  # int8 [out, in]
+    scale: torch.Tensor  # float32 [out, in // group_size]
+    group_size: int = 32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)  # type: ignore[return-value]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these blocks stand for."""
+        q = self.q.float().view(self.q.shape[0], -1, self.group_size)
+        return (q * self.scale.unsqueeze(-1)).reshape(self.q.shape)
+
+    def rows(self, index: torch.Tensor) -> "Q8Blocks":
+        """The same weight with its output rows reordered by `index`."""
+        return Q8Blocks(self.q[index], self.scale[index], self.group_size)
+
+    @staticmethod
+    def cat(parts: list["Q8Blocks"]) -> "Q8Blocks":
+        """Stack weights along the output dimension (for fused QKV and gate/up)."""
+        return Q8Blocks(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), parts[0].group_size)
+
+
+# group sizes torch's CPU int4 matmul takes; other multiples of 32 are regrouped (exactly) to the largest of these
+CPU_INT4_GROUP_SIZES = (256, 128, 64, 32)
+
+
+def cpu_int4_group_size(blocks: Q4Blocks) -> int | None:
+    """The group size the CPU int4 op runs this weight with (its own, or a divisor of it), or None."""
+    in_f = blocks.shape[1]
+    for g in CPU_INT4_GROUP_SIZES:
+        if blocks.group_size % g == 0 and in_f % g == 0:
+            return g
+    return None
 
 
 class Int4Weight:
@@ -51,6 +119,11 @@ class Int4Weight:
     """
 
     def __init__(self, blocks: Q4Blocks, dtype: torch.dtype, keep_dense: bool = False):
+        g = cpu_int4_group_size(blocks)
+        if g is None:
+            raise ValueError(f"group size {blocks.group_size} does not fit torch's CPU int4 matmul")
+        if g != blocks.group_size:  # e.g. per-channel (group = in_features) AWQ/GPTQ weights
+            blocks = blocks.regroup(g)
         self.out_features, self.in_features = blocks.shape
         self.group_size = blocks.group_size
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.q.to(torch.int32).contiguous(), 1)
@@ -101,12 +174,12 @@ def int8_supported(device: torch.device, dtype: torch.dtype) -> bool:
 def int4_supported(device: torch.device, dtype: torch.dtype, blocks: Q4Blocks) -> bool:
     """Whether this device has a fast packed int4 matmul for this weight and activation dtype."""
     # torch's CPU int4 kernel is fast only for bf16 activations; fp32/fp16 take a slow reference path.
-    out_f, in_f = blocks.shape
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
         and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-        and in_f % blocks.group_size == 0
+        and cpu_int4_group_size(blocks) is not None
+        and blocks.shape[0] % 16 == 0  # the op packs rows in sixteens
     )
 
 
@@ -161,9 +234,9 @@ def _int4_prompt_linear(x: torch.Tensor, weight: Int4Weight, rows: PromptRows) -
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None,
            prompt_rows: PromptRows | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ b) for a dense or packed 4-bit weight; `prompt_rows` routes prompt rows of a packed
-    weight that keeps a dense copy through it."""
-    if isinstance(weight, (Int4Weight, Int8Weight)):
+    """y = x @ W.T (+ b) for a dense or packed weight (anything with `matmul(x)`, e.g. Int4Weight, Int8Weight);
+    `prompt_rows` routes prompt rows of an Int4Weight that keeps a dense copy through that copy."""
+    if not isinstance(weight, torch.Tensor):
         if prompt_rows is not None and isinstance(weight, Int4Weight) and weight.dense is not None:
             y = _int4_prompt_linear(x, weight, prompt_rows)
         else:

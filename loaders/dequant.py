@@ -94,6 +94,15 @@ def q4_blocks(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> tuple[torc
     return q.reshape(rows, cols), scale.reshape(rows, cols // GROUP_SIZE), offset.reshape(rows, cols // GROUP_SIZE)
 
 
+def q8_blocks(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor as int8 codes q [rows, cols] and a float32 scale [rows, cols // 32] (weight = q * scale),
+    which equals `dequantize(raw, "Q8_0", shape)` exactly."""
+    blocks = torch.from_numpy(np.array(_blocks(raw, "Q8_0", shape)))
+    rows, cols = prod(shape[:-1]), shape[-1]
+    q = blocks[:, 2:].contiguous().view(torch.int8)
+    return q.reshape(rows, cols), _f16(blocks[:, 0:2]).reshape(rows, cols // GROUP_SIZE)
+
+
 def _blocks(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """`raw` as a (n_blocks, bytes_per_block) uint8 array, after checking its size against `shape`."""
     block, size = BLOCK_LAYOUTS[qtype]

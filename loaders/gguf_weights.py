@@ -7,9 +7,9 @@ import re
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
-from .dequant import q4_blocks
+from .dequant import q4_blocks, q8_blocks
 from .gguf_file import GGUFFile, check_supported_qtype
 from .weights import WeightValue, unpermute_qk
 
@@ -76,6 +76,8 @@ class GGUFWeights:
         if keep_int4 and info.qtype in Q4_TYPES and len(info.shape) == 2:
             q, scale, offset = q4_blocks(self.gguf.raw(gname), info.qtype, info.shape)
             value = Q4Blocks(q, scale, offset, 32)
+        elif keep_int4 and info.qtype == "Q8_0" and len(info.shape) == 2:
+            value = Q8Blocks(*q8_blocks(self.gguf.raw(gname), info.shape), 32)
         else:
             value = self.gguf.load_tensor(gname, torch.float32)
         if self._permuted:
@@ -83,3 +85,8 @@ class GGUFWeights:
                 if f"self_attn.{proj}." in name:
                     value = unpermute_qk(value, heads)
         return value
+
+    def stored_quantized(self) -> list[str]:
+        """The quantization types (not F32/F16/BF16) of the model's 2-D weights, e.g. ["Q4_K", "Q6_K"]."""
+        types = {self.gguf.tensor_info(n).qtype for n in self._names if len(self.gguf.tensor_info(n).shape) == 2}
+        return sorted(types - {"F32", "F16", "BF16"})

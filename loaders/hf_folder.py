@@ -10,6 +10,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 
+from .prequantized import PrequantizedFormat, prequantized_format
 from .weights import WeightValue
 
 
@@ -36,13 +37,16 @@ class HFFolder:
 
     def weights(self) -> "SafetensorsWeights":
         """The folder's tensors (single file or sharded with an index)."""
-        return SafetensorsWeights(self.path)
+        return SafetensorsWeights(self.path, prequantized_format(self.config))
 
 
 class SafetensorsWeights:
-    """WeightSource over one or more .safetensors files opened with safe_open (mmap, per tensor)."""
+    """WeightSource over one or more .safetensors files opened with safe_open (mmap, per tensor).
 
-    def __init__(self, folder: Path):
+    With `quant` (an AWQ or GPTQ checkpoint), a layer `X` stored as `X.qweight`/`X.qzeros`/`X.scales` is served
+    as `X.weight`: Q4Blocks when `keep_int4`, else dequantized."""
+
+    def __init__(self, folder: Path, quant: PrequantizedFormat | None = None):
         from safetensors import safe_open
 
         index = folder / "model.safetensors.index.json"
@@ -66,11 +70,34 @@ class SafetensorsWeights:
             weight_map = {k: f for f, h in self._handles.items() for k in h.keys()}
         self._where = weight_map
         self.folder = folder
+        self.quant = quant
+
+    def _packed(self, name: str) -> str | None:
+        """The layer prefix of `name` when it is stored as a pre-quantized (qweight) layer."""
+        if self.quant is not None and name.endswith(".weight") and name not in self._where:
+            prefix = name[: -len(".weight")]
+            if prefix + ".qweight" in self._where:
+                return prefix
+        return None
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        return self._handles[self._where[name]].get_tensor(name)
 
     def has(self, name: str) -> bool:
-        return name in self._where
+        return name in self._where or self._packed(name) is not None
 
     def get(self, name: str, keep_int4: bool) -> WeightValue:
+        prefix = self._packed(name)
+        if prefix is not None:
+            assert self.quant is not None
+            blocks = self.quant.blocks(
+                lambda suffix: self._tensor(f"{prefix}.{suffix}") if f"{prefix}.{suffix}" in self._where else None,
+                prefix)
+            return blocks if keep_int4 else blocks.dequantize()
         if name not in self._where:
             raise ModelLoadError(f"{self.folder}: tensor {name!r} is missing")
-        return self._handles[self._where[name]].get_tensor(name).to(torch.float32)
+        return self._tensor(name).to(torch.float32)
+
+    def stored_quantized(self) -> list[str]:
+        """["awq"] or ["gptq"] for a pre-quantized checkpoint, else []."""
+        return [self.quant.method] if self.quant else []

@@ -6,9 +6,9 @@ from typing import Protocol
 
 import torch
 
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
-WeightValue = torch.Tensor | Q4Blocks
+WeightValue = torch.Tensor | Q4Blocks | Q8Blocks
 
 
 class WeightSource(Protocol):
@@ -19,7 +19,8 @@ class WeightSource(Protocol):
         ...
 
     def get(self, name: str, keep_int4: bool) -> WeightValue:
-        """The tensor, read now: float32, or Q4Blocks when stored 4-bit and `keep_int4`."""
+        """The tensor, read now: float32, or (with `keep_int4`, for layer matrices) Q4Blocks when stored 4-bit
+        and Q8Blocks when stored as GGUF Q8_0."""
         ...
 
 
@@ -31,6 +32,6 @@ def unpermute_qk(w: WeightValue, n_heads: int) -> WeightValue:
     # llama.cpp wrote row idx[j] of the HF weight at position j; invert that.
     inv = torch.empty_like(idx)
     inv[idx] = torch.arange(rows)
-    if isinstance(w, Q4Blocks):
+    if isinstance(w, (Q4Blocks, Q8Blocks)):
         return w.rows(inv)
     return w[inv]

@@ -66,3 +66,27 @@ def default_model(default_model_path):
     from edgeserve.registry import resolve
 
     return load_model(resolve(str(default_model_path)))
+
+
+def write_hf_copy(out: Path, reference_model, reference_tokenizer, dtype: torch.dtype) -> Path:
+    """transformers' conversion of the default GGUF as a Hugging Face folder: dequantized safetensors in `dtype`,
+    config.json and tokenizer files (transformers refuses save_pretrained on a GGUF-loaded model)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    state = {k: v.to(dtype).contiguous() for k, v in reference_model.state_dict().items()
+             if k != "lm_head.weight"}  # tied to embed_tokens
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = reference_model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    reference_tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def default_model_hf_fp16(tmp_path_factory, reference_model, reference_tokenizer) -> Path:
+    """The default model as an fp16 safetensors Hugging Face folder (see write_hf_copy)."""
+    return write_hf_copy(tmp_path_factory.mktemp("smollm2-hf"), reference_model, reference_tokenizer, torch.float16)

@@ -15,21 +15,9 @@ from edgeserve.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory, reference_model, reference_tokenizer):
+def hf_folder(default_model_hf_fp16):
     """transformers' conversion of the GGUF: dequantized fp16 safetensors, config.json, tokenizer files."""
-    from safetensors.torch import save_file
-
-    out = tmp_path_factory.mktemp("smollm2-hf")
-    # transformers refuses save_pretrained on a GGUF-loaded model, so write the folder the way it would
-    state = {k: v.to(torch.float16).contiguous() for k, v in reference_model.state_dict().items()
-             if k != "lm_head.weight"}  # tied to embed_tokens
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = reference_model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["torch_dtype"] = "float16"
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    reference_tokenizer.save_pretrained(out)
-    return out
+    return default_model_hf_fp16
 
 
 def test_hf_folder_greedy_matches_gguf(hf_folder, default_model_fp32):

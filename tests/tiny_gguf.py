@@ -67,6 +67,8 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
             w.add_tensor(name, data + 1.0)
         elif qtype == "F32":
             w.add_tensor(name, data)
+        elif qtype == "Q4_K":  # gguf-py has no Q4_K quantizer: random codes, 6-bit scales/mins, small d and dmin
+            w.add_tensor(name, random_q4_k(shape, rng), raw_dtype=qt)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, qt), raw_dtype=qt)
     w.write_header_to_file()
@@ -74,3 +76,14 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_q4_k(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Stored Q4_K bytes for a [rows, cols] tensor (cols a multiple of 256): random codes and 6-bit sub-block
+    scales and mins, with d and dmin chosen so weights are roughly centred with magnitudes of a few tenths."""
+    rows, cols = shape
+    n = rows * cols // 256
+    blocks = rng.integers(0, 256, size=(n, 144), dtype=np.uint8)
+    blocks[:, 0:2] = np.full(n, 0.0005, dtype=np.float16).view(np.uint8).reshape(n, 2)
+    blocks[:, 2:4] = np.full(n, 0.00375, dtype=np.float16).view(np.uint8).reshape(n, 2)
+    return blocks.reshape(rows, cols // 256 * 144)

@@ -14,6 +14,7 @@ from edgeserve.kernels.quant_linear import (
     LinearWeight,
     PromptRows,
     Q4Blocks,
+    Q8Blocks,
     int4_supported,
     int8_supported,
 )
@@ -80,7 +81,10 @@ class LlamaModel:
                     return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
                 if int4_supported(device, dtype, blocks):
                     return Int4Weight(blocks, dtype, keep_dense=dense_prefill)
-            floats = [p.dequantize() if isinstance(p, Q4Blocks) else p for p in parts]
+            if all(isinstance(p, Q8Blocks) for p in parts) and int8_supported(device, dtype):
+                # GGUF Q8_0 stays 8-bit: requantized per output row for torch's int8 matmul
+                return Int8Weight(Q8Blocks.cat(parts).dequantize(), dtype)  # type: ignore[arg-type]
+            floats = [p.dequantize() if isinstance(p, (Q4Blocks, Q8Blocks)) else p for p in parts]
             return torch.cat(floats).to(device=device, dtype=dtype)
 
         layers = []

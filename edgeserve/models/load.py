@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from edgeserve.loaders.chat_template import ChatTemplate, chat_template_from_gguf, chat_template_from_hf_folder
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
+from edgeserve.errors import EdgeserveError
 from edgeserve.loaders.hf_folder import HFFolder
+from edgeserve.loaders.quantize import DEFAULT_GROUP_SIZE, Int4QuantizingWeights, check_quantize_options
 from edgeserve.loaders.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,12 +70,21 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
     return dense_prefill_bytes(config, dtype) <= DENSE_PREFILL_RAM_FRACTION * psutil.virtual_memory().available
 
 
-def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", dense_prefill: str = "auto") -> LoadedModel:
+def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", quantize: str | None = None,
+               quantize_group_size: int = DEFAULT_GROUP_SIZE, quantize_calibration: str | None = None,
+               dense_prefill: str = "auto") -> LoadedModel:
     """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder.
 
+    `quantize="int4"`: a float model's layer matrices are quantized to group-wise INT4 as they load (groups of
+    `quantize_group_size` input columns), after activation-aware scaling from the text file
+    `quantize_calibration` when one is given; a model that is already quantized loads as stored, with a warning.
     `dense_prefill` (auto / on / off): see `want_dense_prefill`; it only matters for 4-bit weights on a CPU.
     """
     start = time.perf_counter()
+    try:
+        check_quantize_options(quantize, quantize_group_size)
+    except ValueError as e:
+        raise EdgeserveError(str(e)) from None
     release_large_frees_to_os()
     dev = torch.device(device)
     torch_dtype = DTYPES[dtype] or default_dtype(dev)
@@ -85,6 +100,31 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", de
         tokenizer = tokenizer_from_hf_folder(source.path)
         template = chat_template_from_hf_folder(source.path)
         weights = folder.weights()
+    if quantize is not None:
+        weights = _quantizing(weights, source, config, tokenizer, torch_dtype, dev, quantize_group_size,
+                              quantize_calibration)
     model = LlamaModel.from_weights(config, weights, dtype=torch_dtype, device=dev,
                                     dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype, dev))
     return LoadedModel(source.name, source, config, model, tokenizer, template, time.perf_counter() - start)
+
+
+def _quantizing(weights, source: ModelSource, config: ModelConfig, tokenizer: Tokenizer, dtype: torch.dtype,
+                device: torch.device, group_size: int, calibration: str | None):
+    """`weights` wrapped to quantize to INT4 on load (after AWQ-style calibration), or as they are if stored
+    quantized already."""
+    stored = weights.stored_quantized()
+    if stored:
+        log.warning("%s is already quantized (%s); --quantize int4 applies to float weights, loading it as stored",
+                    source.name, ", ".join(stored))
+        return weights
+    scales = None
+    if calibration is not None:
+        from .calibrate import awq_scales
+
+        try:
+            text = Path(calibration).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EdgeserveError(f"cannot read the calibration text {calibration}: {e}") from None
+        scales = awq_scales(config, weights, tokenizer.encode(text), group_size, dtype, device)
+        release_large_frees_to_os()
+    return Int4QuantizingWeights(weights, group_size, scales)

@@ -51,6 +51,10 @@ class ServerConfig:
     kv_cache_gb: float | None = None  # KV pool size in GiB (None: the engine default share of free memory)
     dtype: str = "auto"
     device: str = "cpu"
+    quantize: str | None = None  # "int4": quantize float models at load (edgeserve.models.load.load_model)
+    quantize_group_size: int = 128
+    quantize_calibration: str | None = None  # text file for activation-aware scaling
+    dense_prefill: str = "auto"  # CPU int4: a bf16 copy of each matrix for prompt tokens (load_model)
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies over this get 413
     max_n: int = 16  # the largest `n` a request may ask for
     allow_pull: bool = True  # POST /api/pull may download catalog models
@@ -76,3 +80,6 @@ class ServerConfig:
             raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        from edgeserve.loaders.quantize import check_quantize_options
+
+        check_quantize_options(self.quantize, self.quantize_group_size)

@@ -288,7 +288,10 @@ class ModelManager:
             if not estimate.fits:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
-            lm = await anyio.to_thread.run_sync(lambda: load_model(source, dtype=cfg.dtype, device=cfg.device))
+            lm = await anyio.to_thread.run_sync(lambda: load_model(
+                source, dtype=cfg.dtype, device=cfg.device, quantize=cfg.quantize,
+                quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
+                dense_prefill=cfg.dense_prefill))
             engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
                                       max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
                                       max_model_len=cfg.max_model_len, **cfg.extra_engine)
