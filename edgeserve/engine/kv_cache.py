@@ -54,6 +54,14 @@ class PagedKVAttention:
         self.scale = scale
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
-        write_kv(k_cache, v_cache, k, v, self.meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, self.meta, self.scale).reshape(q.shape[0], -1)
+        k_cache, v_cache, slots = self.layer_cache(layer)
+        write_kv(k_cache, v_cache, k, v, slots)
+        return self.attend(layer, q)
+
+    def layer_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's K and V pool and the slot of each of this step's tokens (for a fused RoPE + K/V write)."""
+        return self.pool.k[layer], self.pool.v[layer], self.meta.slot_mapping
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D]."""
+        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.meta, self.scale).reshape(q.shape[0], -1)
