@@ -45,16 +45,19 @@ class GenerationResult:
 class LLM:
     """A model and its engine: `LLM("smollm2-135m").generate(prompts, SamplingParams(...))`."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "cpu",
-                 config: EngineConfig | None = None, **engine_options) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "auto",
+                 load_format: str = "auto", config: EngineConfig | None = None, **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
-        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, ...).
+        `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (bfloat16; float16 on
+        sm_75), float32, bfloat16, float16; `load_format="dummy"`: random weights of a config.json's shape.
+        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb,
+        gpu_memory_fraction, enforce_eager, ...).
         """
         if config is not None and engine_options:
             raise ValueError("pass either config or engine options, not both")
         self.config = config or EngineConfig(**engine_options)
-        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device)
+        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, load_format=load_format)
         self.engine = EngineCore(self.lm, self.config)
 
     @classmethod
