@@ -213,3 +213,27 @@ def test_fused_forward_matches_unfused_in_triton_interpreter():
                          pool.k.clone()))
     torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-5, rtol=1e-5)
+
+
+def test_graphs_only_where_triton_runs_on_cuda():
+    from edgeserve.engine.cuda_graphs import graphs_supported
+
+    assert not graphs_supported(torch.device("cpu"))
+    lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
+    from edgeserve.engine.core import EngineCore
+    from edgeserve.engine.config import EngineConfig
+
+    core = EngineCore(lm, EngineConfig(kv_cache_gb=0.01))
+    assert core.runner.graphs is None and core.pool.scratch_block is None  # CPU: eager, no scratch block
+
+
+def test_can_run_only_decode_steps_that_fit():
+    from edgeserve.engine.kv_cache import KVPool
+
+    lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
+    pool = KVPool(lm.config, 8, 16, torch.float32, scratch_block=True)
+    g = DecodeGraphs(lm.model, pool, 4, 64, capture=False)
+    assert g.max_blocks == 4
+    assert g.can_run([1, 1, 1]) and g.can_run([1] * 4)
+    assert not g.can_run([]) and not g.can_run([1] * 5) and not g.can_run([1, 2])
+    assert not g.can_run([1], [[0, 1, 2, 3, 4]])

@@ -89,7 +89,7 @@ class EngineCore:
         if num_blocks < blocks_per_seq:
             # a request may not use more context than the pool holds
             self.max_model_len = num_blocks * config.block_size
-        use_graphs = not config.enforce_eager and graphs_supported(model.device)
+        use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device, scratch_block=use_graphs)
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
                                        max_num_batched_tokens=config.max_num_batched_tokens,

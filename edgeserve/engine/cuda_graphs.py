@@ -24,6 +24,7 @@ import torch
 
 from edgeserve.kernels.dispatch import use_triton
 from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
 
 from .kv_cache import KVPool, PagedKVAttention
@@ -49,9 +50,13 @@ def bucket_for(n: int, sizes: list[int]) -> int | None:
     return None
 
 
-def graphs_supported(device: torch.device) -> bool:
-    """Whether decode steps can be captured here: a CUDA device on which dispatch runs the Triton kernels."""
-    return device.type == "cuda" and use_triton(device)
+def graphs_supported(device: torch.device, config: ModelConfig | None = None) -> bool:
+    """Whether decode steps can be captured here: a CUDA device on which dispatch runs the Triton kernels, for a
+    model whose attention takes the Triton decode kernel (head_dim <= 256, whole query groups per KV head); the torch
+    twin of attention plans on the host and cannot be captured."""
+    if device.type != "cuda" or not use_triton(device):
+        return False
+    return config is None or (config.head_dim <= 256 and config.num_heads % config.num_kv_heads == 0)
 
 
 @dataclass
@@ -150,9 +155,11 @@ class DecodeGraphs:
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     # --- running a step ------------------------------------------------------------------------------------
-    def can_run(self, query_lens: list[int]) -> bool:
-        """Whether a step with these query lengths is a decode step that fits a bucket."""
-        return bool(query_lens) and len(query_lens) <= self.sizes[-1] and all(n == 1 for n in query_lens)
+    def can_run(self, query_lens: list[int], block_tables: list[list[int]] | None = None) -> bool:
+        """Whether a step is a decode step that fits a bucket (and, given its block tables, the table buffer)."""
+        if not query_lens or len(query_lens) > self.sizes[-1] or any(n != 1 for n in query_lens):
+            return False
+        return block_tables is None or all(len(t) <= self.max_blocks for t in block_tables)
 
     def prepare(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
                 block_tables: list[list[int]]) -> PaddedDecode:

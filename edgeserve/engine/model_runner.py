@@ -46,7 +46,7 @@ class ModelRunner:
             return None
         dev = self.device
         query_lens = [s.num_new_tokens for s in scheduled]
-        if self.graphs is not None and self.graphs.can_run(query_lens):
+        if self.graphs is not None and self.graphs.can_run(query_lens, step.block_tables):
             sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
             if not sample_rows:  # one-token prefill chunks that do not reach their end: nothing to sample
                 return self._eager(step, query_lens, [])
