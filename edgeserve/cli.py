@@ -36,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--system", default=None, help="system message for the chat template")
     r.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
     r.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="compute dtype (auto: bfloat16 on CPU with 4-bit weights kept packed; "
+                   help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs; on CPU 4-bit weights stay packed; "
                         "float32 dequantizes everything, slower but closest to a reference)")
     add_quantize_args(r)
+    add_device_args(r)
     r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
     add_engine_args(r)
 
@@ -56,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-loaded-models", type=int, default=1,
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before HTTP 429")
-    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
+    add_device_args(s)
     add_quantize_args(s)
-    s.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     s.add_argument("--no-pull", action="store_true",
                    help="do not download missing catalog models (at start or through POST /api/pull)")
     add_engine_args(s)
@@ -146,6 +148,22 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
                         "quarter of the free memory (default %(default)s)")
 
 
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """--device and --load-format, shared by `run` and `serve`."""
+    parser.add_argument("--device", default="auto",
+                        help="auto (default: cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N")
+    parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                        help="dummy: random weights of the shape in MODEL's config.json (a config.json file or a "
+                             "folder holding one; 4-bit if its quantization_config says bits 4), for benchmarking")
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """Refuse a device this machine cannot use now, as one line (not a traceback at load time)."""
+    from edgeserve.device import resolve_device, resolve_dtype
+
+    resolve_dtype(args.dtype, resolve_device(args.device))
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine's flags (KV pool size, batch limits, context length), shared by `run` and `serve`."""
     g = parser.add_argument_group("engine")
@@ -158,6 +176,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length in tokens, prompt and output together (default: the model's)")
     g.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+    g.add_argument("--gpu-memory-fraction", type=float, default=EngineConfig.gpu_memory_fraction,
+                   help="share of the GPU's memory for weights, activations and the KV cache; the KV pool gets what "
+                        "is left after the weights and a warm-up step (default %(default)s; CUDA only, "
+                        "--kv-cache-gb overrides)")
+    g.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs: run decode steps eagerly (graphs are used on CUDA GPUs only; on CPU every "
+                        "step is eager anyway)")
     g.add_argument("--kv-offload", default=EngineConfig.kv_offload, metavar="none|cpu|cpu,disk",
                    help="keep KV blocks evicted from the pool in RAM (cpu) and on disk (cpu,disk), and swap "
                         "preempted requests to RAM (default %(default)s)")
@@ -181,6 +206,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
                             max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
                             enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
+                            gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager,
                             cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
                             speculative=args.speculative,
                             draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
@@ -191,7 +217,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
                              .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")
                              .replace("kv_offload", "--kv-offload").replace("cpu_kv_gb", "--cpu-kv-gb")
                              .replace("disk_kv_gb", "--disk-kv-gb")
-                             .replace("num_speculative_tokens", "--num-speculative-tokens")) from None
+                             .replace("num_speculative_tokens", "--num-speculative-tokens")
+                             .replace("gpu_memory_fraction", "--gpu-memory-fraction")) from None
 
 
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -237,9 +264,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
-    llm = LLM(model_name, dtype=args.dtype, config=config, quantize=args.quantize,
-              quantize_group_size=args.quantize_group_size, quantize_calibration=args.quantize_calibration,
-              dense_prefill=args.dense_prefill)
+    check_device(args)
+    llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
+              quantize=args.quantize, quantize_group_size=args.quantize_group_size,
+              quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill)
     if config.kv_offload != "none":
         import atexit
 
@@ -297,7 +325,8 @@ def server_config_from_args(args: argparse.Namespace):
     # the engine fields ServerConfig has no own field for travel through extra_engine
     extra_engine = {k: getattr(engine, k) for k in ("enable_prefix_caching", "kv_offload", "cpu_kv_gb", "disk_kv_gb",
                                                     "disk_kv_path", "speculative", "draft_model",
-                                                    "num_speculative_tokens")}
+                                                    "num_speculative_tokens", "gpu_memory_fraction", "enforce_eager")}
+    check_device(args)
     try:
         config = ServerConfig(
             host=args.host, port=args.port, models=models, api_key=args.api_key or None,
@@ -306,7 +335,7 @@ def server_config_from_args(args: argparse.Namespace):
             max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
             quantize=args.quantize, quantize_group_size=args.quantize_group_size,
             quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
-            device=args.device, allow_pull=not args.no_pull, log_level=args.log_level,
+            device=args.device, load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
             extra_engine=extra_engine)
     except ValueError as e:
         raise EdgeserveError(str(e).replace("_", "-", 1) if str(e).startswith("keep_alive") else str(e)) from None

@@ -16,7 +16,9 @@ class EngineConfig:
     max_waiting: int = 256  # --max-queue: waiting requests before new ones are refused as busy
     block_size: int = 16  # tokens per KV block
     kv_cache_gb: float | None = None  # --kv-cache-gb; None: kv_cache_fraction of free memory
-    kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None
+    kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None (CPU)
+    gpu_memory_fraction: float = 0.9  # --gpu-memory-fraction: of the whole GPU, for weights + activations + KV (CUDA)
+    enforce_eager: bool = False  # --eager: no CUDA graphs for decode steps (they are only used on CUDA anyway)
     max_model_len: int | None = None  # --max-model-len; None: the model's own context
     enable_prefix_caching: bool = True
     kv_offload: str = "none"  # --kv-offload none|cpu|cpu,disk: tiers behind the pool (edgeserve.offload)
@@ -41,6 +43,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
         if not 0.0 < self.kv_cache_fraction <= 0.95:
             raise ValueError(f"kv_cache_fraction must be in (0, 0.95], got {self.kv_cache_fraction!r}")
+        if not (isinstance(self.gpu_memory_fraction, (int, float)) and 0.0 < self.gpu_memory_fraction <= 1.0):
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
         if self.speculative not in (None, "ngram", "draft"):

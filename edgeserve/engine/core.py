@@ -19,7 +19,8 @@ from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
 
 from .config import EngineConfig
-from .kv_cache import KVPool, free_memory_bytes, kv_bytes_per_token, num_blocks_for_budget
+from .cuda_graphs import DecodeGraphs, graphs_supported
+from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, num_blocks_for_budget
 from .model_runner import ModelRunner, SamplingRow
 from .outputs import EngineStats, TokenLogprob
 from .sampler import SampleOutput, make_generator
@@ -68,18 +69,28 @@ class EngineCore:
         self.config = config
         model = lm.model
         self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
-        budget = config.kv_cache_gb * 2**30 if config.kv_cache_gb else config.kv_cache_fraction * free_memory_bytes(model.device)
+        if config.kv_cache_gb:
+            budget = config.kv_cache_gb * 2**30
+        elif model.device.type == "cuda":  # what the device fraction leaves after weights and a warm-up step
+            budget = gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, self.max_model_len),
+                                     config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
+        else:
+            budget = config.kv_cache_fraction * free_memory_bytes(model.device)
         num_blocks = num_blocks_for_budget(budget, lm.config, model.dtype, config.block_size)
         # more blocks than every seat filled to the full context can never be used
         blocks_per_seq = -(-self.max_model_len // config.block_size)
         num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
         if num_blocks < 1:
             need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
-            raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of {need / 2**20:.2f} MiB")
+            hint = (" (the GPU is full after the weights and a warm-up step: raise --gpu-memory-fraction or lower "
+                    "--max-batched-tokens)" if model.device.type == "cuda" and not config.kv_cache_gb else "")
+            raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
+                             f"{need / 2**20:.2f} MiB{hint}")
         if num_blocks < blocks_per_seq:
             # a request may not use more context than the pool holds
             self.max_model_len = num_blocks * config.block_size
-        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device)
+        use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device, scratch_block=use_graphs)
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        # preempted requests rejoin the queue on top of the core's own admission limit
@@ -89,6 +100,8 @@ class EngineCore:
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
         self.runner = ModelRunner(model, self.pool)
+        if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
+            self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None
         if config.speculative is not None:
             if config.speculative == "draft" and draft is None and config.draft_model is not None:

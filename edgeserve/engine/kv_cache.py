@@ -32,8 +32,12 @@ class KVPool:
     """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+                 device: torch.device | str = "cpu", scratch_block: bool = False) -> None:
+        """`scratch_block`: one more block after the `num_blocks` the scheduler owns, where the padding rows of a
+        CUDA-graph decode batch write (its id is `self.scratch_block`; None without one)."""
+        self.scratch_block: int | None = num_blocks if scratch_block else None
+        total = num_blocks + (1 if scratch_block else 0)
+        shape = (config.num_layers, total, block_size, config.num_kv_heads, config.head_dim)
         # zeroed, not empty: attention reads padded slots with weight 0, and 0 * NaN garbage would be NaN
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -54,6 +58,48 @@ class PagedKVAttention:
         self.scale = scale
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
-        write_kv(k_cache, v_cache, k, v, self.meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, self.meta, self.scale).reshape(q.shape[0], -1)
+        k_cache, v_cache, slots = self.layer_cache(layer)
+        write_kv(k_cache, v_cache, k, v, slots)
+        return self.attend(layer, q)
+
+    def layer_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's K and V pool and the slot of each of this step's tokens (for a fused RoPE + K/V write)."""
+        return self.pool.k[layer], self.pool.v[layer], self.meta.slot_mapping
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D]."""
+        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.meta, self.scale).reshape(q.shape[0], -1)
+
+
+def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int, block_size: int) -> int:
+    """Run one forward of `num_tokens` prompt tokens (the largest step) plus the logits and a softmax of
+    `num_rows` rows over a throwaway pool, and return `torch.cuda.max_memory_allocated` over it (CUDA only)."""
+    from edgeserve.kernels.dispatch import AttentionMetadata
+
+    dev = model.device
+    num_blocks = -(-num_tokens // block_size)
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    pool = KVPool(config, num_blocks, block_size, model.dtype, dev)
+    meta = AttentionMetadata.build([num_tokens], [num_tokens], [list(range(num_blocks))], list(range(num_tokens)), dev)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+    positions = torch.arange(num_tokens, dtype=torch.long, device=dev)
+    hidden = model.forward(ids, positions, PagedKVAttention(pool, meta))
+    rows = hidden[-1:].expand(min(num_rows, num_tokens), -1).contiguous()
+    torch.softmax(model.logits(rows), dim=-1)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    del pool, meta, hidden, rows
+    torch.cuda.empty_cache()
+    return int(peak)
+
+
+def gpu_pool_budget(model, config: ModelConfig, num_tokens: int, num_rows: int, block_size: int,
+                    fraction: float) -> int:
+    """KV pool bytes on a GPU: `fraction` of the device, less what is used outside torch, less the peak of a
+    warm-up forward at the largest step (weights included); see `edgeserve.device.gpu_kv_budget`."""
+    from edgeserve.device import gpu_kv_budget
+
+    peak = warmup_peak_bytes(model, config, num_tokens, num_rows, block_size)
+    free, total = torch.cuda.mem_get_info(model.device)
+    return gpu_kv_budget(int(total), int(free), int(torch.cuda.memory_reserved(model.device)), peak, fraction)

@@ -11,6 +11,7 @@ from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.models.llama import LlamaModel
 from edgeserve.sampling_params import SamplingParams
 
+from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVPool, PagedKVAttention
 from .sampler import SampleOutput, sample_tokens
 from .scheduler import SchedulerOutput
@@ -29,10 +30,11 @@ class SamplingRow:
 class ModelRunner:
     """Owns the model and its KV pool; turns a SchedulerOutput into sampled tokens."""
 
-    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+    def __init__(self, model: LlamaModel, pool: KVPool, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
+        self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, rows: list[SamplingRow]) -> SampleOutput | None:
         """Run the step's tokens; sample one token for each scheduled sequence that reaches its end.
@@ -45,6 +47,19 @@ class ModelRunner:
             return None
         dev = self.device
         query_lens = [s.num_new_tokens for s in scheduled]
+        if self.graphs is not None and self.graphs.can_run(query_lens, step.block_tables):
+            sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+            if not sample_rows:  # one-token prefill chunks that do not reach their end: nothing to sample
+                return self._eager(step, query_lens, [])
+            logits = self.graphs.run(step.token_ids, step.positions, step.slot_mapping, step.context_lens,
+                                     step.block_tables)
+            if len(sample_rows) < len(scheduled):
+                logits = logits[torch.tensor(sample_rows, device=dev)]
+            return self._sample(logits, rows)
+        return self._eager(step, query_lens, rows)
+
+    def _eager(self, step: SchedulerOutput, query_lens: list[int], rows: list[SamplingRow]) -> SampleOutput | None:
+        scheduled, dev = step.scheduled, self.device
         meta = AttentionMetadata.build(query_lens, step.context_lens, step.block_tables, step.slot_mapping, dev)
         ids = torch.tensor(step.token_ids, dtype=torch.long, device=dev)
         positions = torch.tensor(step.positions, dtype=torch.long, device=dev)
@@ -55,6 +70,10 @@ class ModelRunner:
             return None
         hidden = self.model.forward(ids, positions, attn, rows_split)
         logits = self.model.logits(hidden[torch.tensor(last_rows, device=dev)])
+        return self._sample(logits, rows)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
         return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
                              [r.prompt_ids for r in rows], [r.output_ids for r in rows])
 

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.dispatch import linear, repack_q4, rms_norm, silu_and_mul, use_triton
+from edgeserve.kernels.dispatch import (
+    add_rms_norm,
+    linear,
+    repack_q4,
+    rms_norm,
+    rope_write_kv,
+    silu_and_mul,
+    use_triton,
+)
 from edgeserve.kernels.quant_linear import (
     Int4Weight,
     Int8Weight,
@@ -126,9 +134,18 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
-        rows are prompt tokens, for weights that keep a dense copy for them)."""
+        rows are prompt tokens, for weights that keep a dense copy for them).
+
+        Each residual add is fused with the norm after it (`add_rms_norm`); when the attention exposes its paged
+        pool (`layer_cache` / `attend`, as the engine's PagedKVAttention does), RoPE is fused with the K/V write
+        (`rope_write_kv`). Both go through kernels.dispatch: Triton on a supported GPU, the torch twins elsewhere,
+        whose results are the same, bit for bit, as the unfused sequence (float32 residual stream; one rounding of
+        rotated q/k to the compute dtype). No host value is read from a device tensor, so a decode step can be
+        captured as a CUDA graph.
+        """
         c = self.config
         t = input_ids.shape[0]
+        eps = c.rms_norm_eps
         # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
         if isinstance(self.embed, Int8Weight):
             x = self.embed.rows(input_ids)
@@ -136,19 +153,27 @@ class LlamaModel:
             x = F.embedding(input_ids, self.embed).float()
         cos, sin = self.cos[positions], self.sin[positions]
         nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
-            qk = qkv[:, : c.q_size + c.kv_size].view(t, nh + nkv, hd)  # rotate q and k in one go
-            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd).to(self.dtype)
+            q = qkv[:, : c.q_size].view(t, nh, hd)
+            k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, nkv, hd)
+            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd)
             if layer.q_norm is not None:
-                qk = torch.cat([rms_norm(qk[:, :nh], layer.q_norm, c.rms_norm_eps),
-                                rms_norm(qk[:, nh:], layer.k_norm, c.rms_norm_eps)], dim=1)
-            qk = apply_rope(qk, cos, sin).to(self.dtype)
-            x = x + linear(attn(i, qk[:, :nh], qk[:, nh:], v), layer.o_proj, None, prompt_rows)
-            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            x = x + linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
-        return rms_norm(x, self.norm, c.rms_norm_eps).to(self.dtype)
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            if paged:
+                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
+                q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+                o = attn.attend(i, q)  # type: ignore[attr-defined]
+            else:
+                o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),
+                         v.to(self.dtype))
+            h, x = add_rms_norm(linear(o, layer.o_proj, None, prompt_rows), x, layer.post_norm, eps, self.dtype)
+            y = linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

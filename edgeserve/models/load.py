@@ -16,6 +16,7 @@ from edgeserve.errors import EdgeserveError
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.loaders.quantize import DEFAULT_GROUP_SIZE, Int4QuantizingWeights, check_quantize_options
 from edgeserve.loaders.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from edgeserve.errors import ModelLoadError
 from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
@@ -25,6 +26,7 @@ from .llama import LlamaModel
 log = logging.getLogger(__name__)
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -41,10 +43,10 @@ class LoadedModel:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the device computes it fast (CPUs with torch's int4/bf16 kernels, recent GPUs), else fp16/fp32."""
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16
+    """bf16 where the device computes it fast (CPUs with torch's int4/bf16 kernels, CUDA sm_80+), else fp16."""
+    from edgeserve.device import auto_dtype
+
+    return auto_dtype(device)
 
 
 DENSE_PREFILL = ("auto", "on", "off")
@@ -70,24 +72,36 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
     return dense_prefill_bytes(config, dtype) <= DENSE_PREFILL_RAM_FRACTION * psutil.virtual_memory().available
 
 
-def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", quantize: str | None = None,
-               quantize_group_size: int = DEFAULT_GROUP_SIZE, quantize_calibration: str | None = None,
-               dense_prefill: str = "auto") -> LoadedModel:
+def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", load_format: str = "auto",
+               quantize: str | None = None, quantize_group_size: int = DEFAULT_GROUP_SIZE,
+               quantize_calibration: str | None = None, dense_prefill: str = "auto") -> LoadedModel:
     """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder.
 
+    `device`: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" (a bad one raises DeviceError).
+    `load_format="dummy"`: random weights of the shape a config.json (a file or a folder's) describes (4-bit with
+    `quantize="int4"` or a 4-bit quantization_config).
     `quantize="int4"`: a float model's layer matrices are quantized to group-wise INT4 as they load (groups of
     `quantize_group_size` input columns), after activation-aware scaling from the text file
     `quantize_calibration` when one is given; a model that is already quantized loads as stored, with a warning.
     `dense_prefill` (auto / on / off): see `want_dense_prefill`; it only matters for 4-bit weights on a CPU.
     """
+    from edgeserve.device import resolve_device, resolve_dtype
+
     start = time.perf_counter()
     try:
         check_quantize_options(quantize, quantize_group_size)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     release_large_frees_to_os()
-    dev = torch.device(device)
-    torch_dtype = DTYPES[dtype] or default_dtype(dev)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"load format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+    if load_format == "dummy":
+        return _load_dummy(source, torch_dtype, dev, start, quantize_group_size if quantize else None, dense_prefill)
+    if source.path.is_file() and source.path.suffix.lower() == ".json":
+        raise ModelLoadError(f"{source.path} is a config file without weights; add --load-format dummy for "
+                             "random weights of its shape")
     if source.kind == "gguf":
         gguf = GGUFFile(source.path)
         config = config_from_gguf(gguf.metadata, set(gguf.tensor_names()))
@@ -128,3 +142,18 @@ def _quantizing(weights, source: ModelSource, config: ModelConfig, tokenizer: To
         scales = awq_scales(config, weights, tokenizer.encode(text), group_size, dtype, device)
         release_large_frees_to_os()
     return Int4QuantizingWeights(weights, group_size, scales)
+
+
+def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, start: float, int4_group: int | None,
+                dense_prefill: str) -> LoadedModel:
+    """Random weights (drawn on the device) for a config.json's shape; 4-bit when its quantization_config says so
+    or `int4_group` is given."""
+    from .dummy import DummyWeights, dummy_chat_template, dummy_tokenizer, int4_group_size, read_config_json
+
+    cfg = read_config_json(source.path)
+    config = config_from_hf(cfg)
+    weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
+    model = LlamaModel.from_weights(config, weights, dtype=dtype, device=device,
+                                    dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
+    return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),
+                       time.perf_counter() - start)

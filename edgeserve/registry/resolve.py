@@ -46,6 +46,9 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
                 "the *.safetensors weights and tokenizer files"
             )
         return ModelSource(path.resolve().name, "hf", path.resolve())
+    if path.is_file() and path.suffix.lower() == ".json":  # a bare config.json: only `--load-format dummy` loads it
+        return ModelSource(path.resolve().stem if path.name != "config.json" else path.resolve().parent.name, "hf",
+                           path.resolve())
     if path.is_file():
         if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
             raise ModelLoadError(f"{path} is not a .gguf file; pass a .gguf file or a Hugging Face folder")

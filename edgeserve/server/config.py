@@ -50,7 +50,8 @@ class ServerConfig:
     max_batched_tokens: int = 512  # tokens in one engine step
     kv_cache_gb: float | None = None  # KV pool size in GiB (None: the engine default share of free memory)
     dtype: str = "auto"
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when available, else CPU), cpu, cuda, cuda:N
+    load_format: str = "auto"  # "dummy": random weights of a config.json's shape (benchmarking)
     quantize: str | None = None  # "int4": quantize float models at load (edgeserve.models.load.load_model)
     quantize_group_size: int = 128
     quantize_calibration: str | None = None  # text file for activation-aware scaling
@@ -78,6 +79,8 @@ class ServerConfig:
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         from edgeserve.loaders.quantize import check_quantize_options

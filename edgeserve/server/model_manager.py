@@ -69,17 +69,32 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
     import psutil
     import torch
 
-    weights = source_bytes(source)
-    if config.dtype == "float32":
+    if config.load_format == "dummy":  # random weights: the shape says how many bytes, there is no file
+        weights = _dummy_weight_bytes(source, config)
+    else:
+        weights = source_bytes(source)
+    if config.dtype == "float32" and config.load_format != "dummy":
         weights *= 8 if source.kind == "gguf" else 2
     kv = int(config.kv_cache_gb * 2**30) if config.kv_cache_gb else 0
     activations = config.max_batched_tokens * 200_000
-    if config.device.startswith("cuda") and torch.cuda.is_available():
-        dev = torch.device(config.device)
+    from edgeserve.device import resolve_device
+
+    dev = resolve_device(config.device)
+    if dev.type == "cuda":
         available, where = torch.cuda.mem_get_info(dev)[0], f"{dev} device"
     else:
         available, where = psutil.virtual_memory().available, "host"
     return MemoryEstimate(weights, kv, activations, int(available), where)
+
+
+def _dummy_weight_bytes(source: ModelSource, config: ServerConfig) -> int:
+    from edgeserve.device import resolve_device, resolve_dtype
+    from edgeserve.models.config import config_from_hf
+    from edgeserve.models.dummy import int4_group_size, read_config_json, weight_bytes
+
+    cfg = read_config_json(source.path)
+    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
+    return weight_bytes(config_from_hf(cfg), dtype, int4_group_size(cfg))
 
 
 @dataclass
@@ -289,7 +304,7 @@ class ModelManager:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
             lm = await anyio.to_thread.run_sync(lambda: load_model(
-                source, dtype=cfg.dtype, device=cfg.device, quantize=cfg.quantize,
+                source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
                 quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
                 dense_prefill=cfg.dense_prefill))
             engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,

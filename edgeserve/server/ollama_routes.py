@@ -72,8 +72,14 @@ def _ps_entry(e: ModelEntry, on_gpu: bool) -> dict[str, Any]:
 async def ps(request: Request) -> Response:
     """GET /api/ps: loaded and loading models, when each expires, how long loading has taken."""
     st = server_state(request)
-    on_gpu = st.config.device.startswith("cuda")
+    on_gpu = st.config.device.startswith("cuda") or (st.config.device == "auto" and _cuda_available())
     return JSONResponse({"models": [_ps_entry(e, on_gpu) for e in list(st.manager.entries.values())]})
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _model_name(body: dict) -> str:
