@@ -61,11 +61,12 @@ def reference_tokenizer(default_model_path):
 
 @pytest.fixture(scope="session")
 def default_model(default_model_path):
-    """The default model on the default path (4-bit weights packed, bf16 compute), loaded once."""
+    """The default model on the default path (4-bit weights packed, bf16 compute, prompt tokens through the
+    dense copies: what `auto` picks on any machine with a few GB free), loaded once."""
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
-    return load_model(resolve(str(default_model_path)))
+    return load_model(resolve(str(default_model_path)), dense_prefill="on")
 
 
 def write_hf_copy(out: Path, reference_model, reference_tokenizer, dtype: torch.dtype) -> Path:

@@ -62,7 +62,8 @@ def source_bytes(source: ModelSource) -> int:
 def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate:
     """Estimate what loading `source` under `config` takes, against free device (torch) or host (psutil) memory.
 
-    Weights: the file size (4-bit GGUF weights stay packed; float32 dequantizes, about 8x a 4-bit file).
+    Weights: the file size (4-bit GGUF weights stay packed; float32 dequantizes, about 8x a 4-bit file;
+    `--dense-prefill on` adds a bf16 copy, about 4x).
     KV: --kv-cache-gb when given (otherwise the engine sizes its pool from what is free after the load).
     Activations: about 200 kB per batched token (hidden states, the logits of a step).
     """
@@ -80,6 +81,8 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
     from edgeserve.device import resolve_device
 
     dev = resolve_device(config.device)
+    if config.dense_prefill == "on" and dev.type == "cpu" and config.dtype != "float32":
+        weights *= 5  # a bf16 copy is about 4x the 4-bit weights (auto only keeps one when it fits easily)
     if dev.type == "cuda":
         available, where = torch.cuda.mem_get_info(dev)[0], f"{dev} device"
     else:
