@@ -48,5 +48,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """Rotate q [T, H, D] and k [T, Hkv, D] by per-token cos/sin [T, D // 2], store the rotated k and v [T, Hkv, D]
     at their slots of one layer's pool, and return the rotated q in the cache's dtype (rotation in float32)."""
-    write_kv(k_cache, v_cache, apply_rope(k, cos, sin), v, slot_mapping)
-    return apply_rope(q, cos, sin).to(k_cache.dtype)
+    nh = q.shape[1]
+    qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)  # one rotation for both: fewer small ops per layer
+    write_kv(k_cache, v_cache, qk[:, nh:], v, slot_mapping)
+    return qk[:, :nh].to(k_cache.dtype)
