@@ -74,13 +74,14 @@ class _Plan:
     """How the torch reference splits one step (built once per step, shared by every layer)."""
 
     decode_rows: torch.Tensor | None  # [Bd] query rows of the one-token sequences
-    decode_tables: torch.Tensor | None  # [Bd, max_blocks]
+    decode_slots: torch.Tensor | None  # [Bd, decode_len] KV slot of each context position (padding: any slot)
     decode_len: int  # longest decode context
     decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len]: key j is visible
+    all_decode: bool  # every row of the step is a decode (no scatter needed)
     prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]  # (start, n, length, table, mask or None: causal)
 
 
-def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
+def _plan(meta: AttentionMetadata, device: torch.device, block_size: int) -> _Plan:
     if meta.torch_plan is not None:
         return meta.torch_plan
     qlens, slens = meta.query_lens_host, meta.seq_lens_host
@@ -88,14 +89,18 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
     for n in qlens:
         starts.append(starts[-1] + n)
     decode = [i for i, n in enumerate(qlens) if n == 1]
-    rows = tables = mask = None
+    rows = slots = mask = None
     length = 0
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=device)
         lens = torch.tensor([slens[i] for i in decode], device=device)
         length = max(slens[i] for i in decode)
-        tables = meta.block_tables[torch.tensor(decode, device=device)]
-        mask = (torch.arange(length, device=device)[None, :] < lens[:, None])[:, None, None, :]
+        tables = meta.block_tables[torch.tensor(decode, device=device)].long()
+        bs = block_size
+        pos = torch.arange(length, device=device)
+        # one flat index per step, so each layer gathers its K and V with a single indexing op each
+        slots = tables[:, pos // bs] * bs + pos % bs
+        mask = (pos[None, :] < lens[:, None])[:, None, None, :]
     prefills = []
     for i, n in enumerate(qlens):
         if n > 1:
@@ -104,7 +109,7 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> _Plan:
             causal = None if past == 0 else (
                 torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None])
             prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
-    meta.torch_plan = _Plan(rows, tables, length, mask, prefills)
+    meta.torch_plan = _Plan(rows, slots, length, mask, len(decode) == len(qlens), prefills)
     return meta.torch_plan
 
 
@@ -119,14 +124,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # bits) on how long the padded batch is and how the prompt was chunked, and greedy outputs then change
     # with whatever else is running; float64 differences vanish when rounded back
     out_dtype, q = q.dtype, q.double()
-    out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[2]
-    plan = _plan(meta, q.device)
+    plan = _plan(meta, q.device, k_cache.shape[1])
     if plan.decode_rows is not None:
-        k = _gather(k_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()  # [B, Hkv, L, D]
-        v = _gather(v_cache, plan.decode_tables, plan.decode_len).transpose(1, 2).double()
-        o = F.scaled_dot_product_attention(q[plan.decode_rows].unsqueeze(2), k, v, attn_mask=plan.decode_mask,
-                                           scale=scale, enable_gqa=gqa)
+        hkv, d = k_cache.shape[2:]
+        k = k_cache.view(-1, hkv, d)[plan.decode_slots].transpose(1, 2).double()  # [B, Hkv, L, D]
+        v = v_cache.view(-1, hkv, d)[plan.decode_slots].transpose(1, 2).double()
+        qd = q.unsqueeze(2) if plan.all_decode else q[plan.decode_rows].unsqueeze(2)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa)
+        if plan.all_decode:
+            return o.squeeze(2).to(out_dtype)
+    out = torch.empty_like(q)
+    if plan.decode_rows is not None:
         out[plan.decode_rows] = o.squeeze(2)
     for start, n, length, table, mask in plan.prefills:
         k = _gather(k_cache, table, length).transpose(1, 2).double()
