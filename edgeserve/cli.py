@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
     add_bench_args(b)
-    parser.bench_parser = b  # type: ignore[attr-defined]
+    parser.subcommand_parsers = list(sub.choices.values())  # type: ignore[attr-defined]
     return parser
 
 
@@ -374,8 +374,7 @@ COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_ser
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
     parser = build_parser()
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["bench"]:
-        _one_line_errors(parser, parser.bench_parser)  # type: ignore[attr-defined]
+    _one_line_errors(parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)

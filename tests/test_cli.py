@@ -99,3 +99,18 @@ def test_run_default_model_matches_python_api(default_model_path, default_model_
     assert proc.stdout == expected + "\n"
     assert "Paris" in proc.stdout
 
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", "--dense-prefill", "maybe"], "--dense-prefill"),
+    (["serve", "--port", "x"], "--port"),
+    (["frob"], "command"),
+])
+def test_bad_arguments_are_one_line_and_exit_1(argv, flag, capsys):
+    from edgeserve.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1
+    assert err[0].startswith("edgeserve: error:") and flag in err[0]
