@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from edgeserve.engine.config import EngineConfig
-from edgeserve.errors import EdgeserveError
+from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 
 
@@ -122,15 +122,6 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--max-seqs", type=int, default=8, help="--max-seqs of the edgeserve started (default %(default)s)")
     b.add_argument("--server-timeout", type=float, default=300.0, help="seconds to wait for a started server")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-
-
-def _one_line_errors(*parsers: argparse.ArgumentParser) -> None:
-    """Make argparse errors one `edgeserve: error:` line and exit status 1 (as every other error)."""
-    def error(message: str):
-        print(f"edgeserve: error: {message}", file=sys.stderr)
-        sys.exit(1)
-    for p in parsers:
-        p.error = error  # type: ignore[method-assign]
 
 
 def add_quantize_args(parser: argparse.ArgumentParser) -> None:
@@ -374,22 +365,9 @@ COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_ser
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
     parser = build_parser()
-    _one_line_errors(parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
+    one_line_parse_errors("edgeserve", parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
     args = parser.parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except EdgeserveError as e:
-        print(f"edgeserve: error: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # never a traceback for the user; EDGESERVE_DEBUG=1 shows it
-        if os.environ.get("EDGESERVE_DEBUG"):
-            raise
-        print(f"edgeserve: error: {type(e).__name__}: {e} (set EDGESERVE_DEBUG=1 for details)", file=sys.stderr)
-        return 1
-
+    return run_reporting_errors("edgeserve", lambda: COMMANDS[args.command](args))
 
 if __name__ == "__main__":
     sys.exit(main())

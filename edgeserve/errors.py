@@ -38,3 +38,43 @@ class PromptTooLongError(EdgeserveError, ValueError):
 
 class EngineError(EdgeserveError):
     """The engine failed while running a step; the requests in flight were ended."""
+
+
+def one_line_parse_errors(prog: str, *parsers) -> None:
+    """Make argparse errors of these parsers one `PROG: error: ...` line and exit status 1."""
+    import sys
+
+    def error(message: str):
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+    for p in parsers:
+        p.error = error
+
+
+def run_reporting_errors(prog: str, fn) -> int:
+    """Run `fn()` and return its exit status; any error becomes one `PROG: error: ...` line and status 1 (130 on
+    Ctrl-C). An exception group (a failed task group) is reported by its first leaf. EDGESERVE_DEBUG=1 re-raises
+    unexpected errors with their traceback."""
+    import os
+    import sys
+
+    try:
+        try:
+            return fn()
+        except BaseExceptionGroup as group:
+            inner: BaseException = group
+            while isinstance(inner, BaseExceptionGroup):
+                inner = inner.exceptions[0]
+            raise inner from None
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except EdgeserveError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # never a traceback for the user
+        if os.environ.get("EDGESERVE_DEBUG"):
+            raise
+        print(f"{prog}: error: {type(e).__name__}: {e} (set EDGESERVE_DEBUG=1 for details)", file=sys.stderr)
+        return 1

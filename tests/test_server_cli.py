@@ -36,6 +36,8 @@ def test_server_config_validates():
         ServerConfig(max_loaded_models=0)
     with pytest.raises(ValueError, match="port"):
         ServerConfig(port=70000)
+    with pytest.raises(ValueError, match="dense_prefill"):
+        ServerConfig(dense_prefill="yes")
     assert ServerConfig(models=["a.gguf"]).models == ("a.gguf",)
 
 

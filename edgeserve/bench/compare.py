@@ -23,7 +23,7 @@ from edgeserve.bench.servers import (EXTRA_BODY, GREEDY_BODY, TOKEN_ID_PROMPTS, 
                                      detect_kind, free_port, served_model, start_edgeserve, start_server, stop_server)
 from edgeserve.bench.stats import decode_tokens_per_s, request_times
 from edgeserve.bench.workloads import RequestSpec, TokenSource
-from edgeserve.errors import EdgeserveError
+from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 
 import numpy as np
 
@@ -344,33 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The comparison; exit status 1 with one line on any error, both servers stopped whatever happens."""
     p = build_parser()
-
-    def error(message: str):
-        print(f"compare: error: {message}", file=sys.stderr)
-        sys.exit(1)
-
-    p.error = error  # type: ignore[method-assign]
+    one_line_parse_errors("compare", p)
     args = p.parse_args(argv)
     peers: list[Peer] = []
     try:
-        try:
-            return _run(args, peers)
-        except Exception as eg:  # a failure inside a task group (an exception group): report the first real one
-            inner: BaseException = eg
-            while getattr(inner, "exceptions", None):
-                inner = inner.exceptions[0]  # type: ignore[attr-defined]
-            raise inner from None
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except EdgeserveError as e:
-        print(f"compare: error: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:
-        if os.environ.get("EDGESERVE_DEBUG"):
-            raise
-        print(f"compare: error: {type(e).__name__}: {e} (set EDGESERVE_DEBUG=1 for details)", file=sys.stderr)
-        return 1
+        return run_reporting_errors("compare", lambda: _run(args, peers))
     finally:
         for peer in peers:
             stop_server(peer.server)

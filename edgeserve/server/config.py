@@ -81,6 +81,8 @@ class ServerConfig:
             raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
+        if self.dense_prefill not in ("auto", "on", "off"):
+            raise ValueError(f"dense_prefill must be auto, on or off, got {self.dense_prefill!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         from edgeserve.loaders.quantize import check_quantize_options
