@@ -203,7 +203,6 @@ class PromptRows:
 
     dense: torch.Tensor  # [P] long: prompt rows
     packed: torch.Tensor  # [T - P] long: the other rows
-    num_rows: int
 
     @classmethod
     def build(cls, is_prompt: list[bool], device: torch.device | str = "cpu") -> "PromptRows | None":
@@ -211,7 +210,7 @@ class PromptRows:
         if not any(is_prompt):
             return None
         mask = torch.tensor(is_prompt, dtype=torch.bool)
-        return cls(mask.nonzero().squeeze(1).to(device), (~mask).nonzero().squeeze(1).to(device), len(is_prompt))
+        return cls(mask.nonzero().squeeze(1).to(device), (~mask).nonzero().squeeze(1).to(device))
 
 
 def _dense_tiles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
