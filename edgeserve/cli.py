@@ -174,6 +174,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eager", action="store_true",
                    help="no CUDA graphs: run decode steps eagerly (graphs are used on CUDA GPUs only; on CPU every "
                         "step is eager anyway)")
+    g.add_argument("--overlap", choices=["auto", "on", "off"], default=EngineConfig.overlap,
+                   help="launch each step before the previous step's tokens reach the host, so the device never "
+                        "waits on host work (default %(default)s: on for CUDA GPUs, off on CPU where steps run "
+                        "synchronously)")
     g.add_argument("--kv-offload", default=EngineConfig.kv_offload, metavar="none|cpu|cpu,disk",
                    help="keep KV blocks evicted from the pool in RAM (cpu) and on disk (cpu,disk), and swap "
                         "preempted requests to RAM (default %(default)s)")
@@ -198,7 +202,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
                             max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
                             enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
                             gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager,
-                            cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
+                            overlap=args.overlap, cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
                             speculative=args.speculative,
                             draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
                             **overrides)
@@ -316,7 +320,8 @@ def server_config_from_args(args: argparse.Namespace):
     # the engine fields ServerConfig has no own field for travel through extra_engine
     extra_engine = {k: getattr(engine, k) for k in ("enable_prefix_caching", "kv_offload", "cpu_kv_gb", "disk_kv_gb",
                                                     "disk_kv_path", "speculative", "draft_model",
-                                                    "num_speculative_tokens", "gpu_memory_fraction", "enforce_eager")}
+                                                    "num_speculative_tokens", "gpu_memory_fraction", "enforce_eager",
+                                                    "overlap")}
     check_device(args)
     try:
         config = ServerConfig(

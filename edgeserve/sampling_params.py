@@ -29,6 +29,11 @@ class SamplingParams:
     MAX_LOGPROBS = 20
     MAX_STOP = 16  # stop strings per request
 
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty reads this request's earlier tokens when sampling."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")

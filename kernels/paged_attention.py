@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .transfer import to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -42,10 +44,10 @@ class AttentionMetadata:
         for i, t in enumerate(block_tables):
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         return cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=tables.to(device),
+            slot_mapping=to_device(slot_mapping, torch.long, device),
+            query_start_loc=to_device(starts, torch.int32, device),
+            seq_lens=to_device(seq_lens, torch.int32, device),
+            block_tables=to_device(tables, torch.int32, device),
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             query_lens_host=list(query_lens),

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .transfer import to_device
+
 
 @dataclass
 class Q4Blocks:
@@ -210,7 +212,8 @@ class PromptRows:
         if not any(is_prompt):
             return None
         mask = torch.tensor(is_prompt, dtype=torch.bool)
-        return cls(mask.nonzero().squeeze(1).to(device), (~mask).nonzero().squeeze(1).to(device))
+        return cls(to_device(mask.nonzero().squeeze(1), torch.long, device),
+                   to_device((~mask).nonzero().squeeze(1), torch.long, device))
 
 
 def _dense_tiles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

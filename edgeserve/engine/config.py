@@ -19,6 +19,7 @@ class EngineConfig:
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None (CPU)
     gpu_memory_fraction: float = 0.9  # --gpu-memory-fraction: of the whole GPU, for weights + activations + KV (CUDA)
     enforce_eager: bool = False  # --eager: no CUDA graphs for decode steps (they are only used on CUDA anyway)
+    overlap: str = "auto"  # --overlap auto|on|off: launch step N+1 before step N's ids reach the host (auto: on CUDA)
     max_model_len: int | None = None  # --max-model-len; None: the model's own context
     enable_prefix_caching: bool = True
     kv_offload: str = "none"  # --kv-offload none|cpu|cpu,disk: tiers behind the pool (edgeserve.offload)
@@ -47,6 +48,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
         if self.speculative not in (None, "ngram", "draft"):
             raise ValueError(f"speculative must be 'ngram' or 'draft', got {self.speculative!r}")
         k = self.num_speculative_tokens

@@ -2,6 +2,13 @@
 
 `step()` runs on a worker thread while the event loop works; requests added or aborted meanwhile are
 queued under a lock and applied at the start of the next step, where an abort frees the blocks.
+
+One-step overlap (`overlap`, on by default on CUDA): a step is launched, then the previous step's sampled ids are
+read on the host (waiting on an event, not the whole device), so the GPU always has the next step queued while the
+host schedules, stop-checks and hands out tokens. A sequence whose last token is still on the device carries a
+placeholder id; the next step takes the real id from the device (`TokenFill`), and the placeholder is replaced when
+the ids land. A request that ends at step N was already scheduled in step N+1: that row's result is dropped. Steps
+that need every token on the host (penalties, speculative decoding, aborts) land the previous step first.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from edgeserve.errors import PromptTooLongError, QueueFullError
+from edgeserve.kernels.transfer import HostCopy
 from edgeserve.models.load import LoadedModel
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
@@ -21,7 +29,7 @@ from edgeserve.sampling_params import SamplingParams
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
 from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, num_blocks_for_budget
-from .model_runner import ModelRunner, SamplingRow
+from .model_runner import ModelRunner, SamplingRow, TokenFill
 from .outputs import EngineStats, TokenLogprob
 from .sampler import SampleOutput, make_generator
 from .scheduler import Scheduler, SchedulerConfig, Sequence, SeqStatus
@@ -30,6 +38,8 @@ from .spec import Speculator
 log = logging.getLogger("edgeserve.engine")
 
 _ids = itertools.count()
+
+PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
 
 
 @dataclass
@@ -58,6 +68,16 @@ class Request:
     max_tokens: int  # params.max_tokens capped by the room left in the context
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
     finish: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class InFlight:
+    """A launched step whose sampled ids have not been read on the host yet."""
+
+    sampling: list[Request]  # the sampling requests, in the step's batch order
+    copy: HostCopy  # the step's SampleOutput on its way to the host
+    device_ids: torch.Tensor  # [B] its sampled ids on the device, for the next step's TokenFill
+    out_index: dict[str, int] = field(default_factory=dict)  # request id -> its placeholder's index in the outputs
 
 
 class EngineCore:
@@ -111,6 +131,8 @@ class EngineCore:
                 draft = load_model(resolve(config.draft_model), device=str(model.device))
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
                                    config.block_size, draft)
+        self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
+        self._inflight: InFlight | None = None
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._pending_add: list[Request] = []
@@ -151,7 +173,7 @@ class EngineCore:
 
     def has_work(self) -> bool:
         """Whether a step would do anything."""
-        return bool(self._requests or self._pending_add or self._pending_finish)
+        return bool(self._requests or self._pending_add or self._pending_finish or self._inflight)
 
     @property
     def num_unfinished(self) -> int:
@@ -169,8 +191,13 @@ class EngineCore:
                 self._stats = stats
 
     def _step(self) -> list[TokenOutput]:
-        outputs = self._apply_pending()
+        outputs = []
+        if self._inflight is not None and not self._can_overlap():
+            outputs += self._land()
+        outputs += self._apply_pending()
         if not self._requests:
+            if self._inflight is not None:  # every row of it belongs to a request that has ended
+                outputs += self._land()
             return outputs
         if self.spec is not None:
             self.spec.propose([r for r in self._requests.values()
@@ -180,14 +207,15 @@ class EngineCore:
         if self.spec is not None:
             for seq_id in sched.preempted:
                 self.spec.free(seq_id)
-        for seq_id in sched.finished:  # outgrew the whole pool
-            outputs.append(self._retire(self._requests[seq_id], [], None, "length", already_finished=True))
         for s in sched.scheduled:
             req = self._requests[s.seq_id]
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = s.positions[0]
         sampling = [self._requests[s.seq_id] for s in sched.scheduled if s.samples]
         rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids) for r in sampling]
+        if self.overlap and self.spec is None:
+            return outputs + self._launch(sched, sampling, rows)
+        outputs += self._retire_outgrown(sched)
         if self.spec is not None and any(s.num_spec for s in sched.scheduled):
             tokens, logprobs = self.spec.sample(self.runner, sched, sampling)
         else:
@@ -208,12 +236,79 @@ class EngineCore:
         self.generation_tokens += sum(len(toks) for toks in tokens)
         for req, toks, lp, (n, reason) in zip(sampling, tokens, logprobs, ends):
             lp = lp[:n] if lp is not None else None
-            if reason == "stop":
-                outputs.append(self._retire(req, toks, lp, "stop", stop_reason=toks[-1]))
-            elif reason == "length":
-                outputs.append(self._retire(req, toks, lp, "length"))
-            else:
-                outputs.append(self._output(req, toks, lp))
+            outputs.append(self._emit(req, toks, lp, reason))
+        return outputs
+
+    def _emit(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None,
+              reason: str | None) -> TokenOutput:
+        """The output of a request's new tokens, retiring it when `reason` ends it."""
+        if reason is None:
+            return self._output(req, tokens, logprobs)
+        # the scheduler may have retired it already (it outgrew the pool while its last token was in flight)
+        return self._retire(req, tokens, logprobs, reason, stop_reason=tokens[-1] if reason == "stop" else None,
+                            already_finished=not self.scheduler.has(req.request_id))
+
+    def _retire_outgrown(self, sched) -> list[TokenOutput]:
+        """Retire the requests the scheduler ended because they outgrew the whole pool."""
+        return [self._retire(self._requests[seq_id], [], None, "length", already_finished=True)
+                for seq_id in sched.finished if seq_id in self._requests]
+
+    # --- one-step overlap --------------------------------------------------------
+
+    def _can_overlap(self) -> bool:
+        """Whether the next step may launch before the in-flight step's ids are on the host."""
+        if not self.overlap or self.spec is not None:
+            return False
+        with self._lock:
+            if self._pending_finish:
+                return False
+            adds = list(self._pending_add)
+        return not any(r.params.penalized for r in itertools.chain(self._requests.values(), adds))
+
+    def _launch(self, sched, sampling: list[Request], rows: list[SamplingRow]) -> list[TokenOutput]:
+        """Launch this step, then land the previous one; this step's tokens are placeholders until it lands."""
+        fill = self._fill(sched) if self._inflight is not None else None
+        sample = self.runner.execute(sched, rows, fill)
+        launched = None if sample is None else InFlight(sampling, HostCopy.start(sample), sample.token_ids)
+        outputs = self._land() if self._inflight is not None else []
+        outputs += self._retire_outgrown(sched)
+        if launched is not None:
+            for req in sampling:
+                if self._requests.get(req.request_id) is req:
+                    launched.out_index[req.request_id] = len(req.seq.output_token_ids)
+        self.scheduler.update(sched, {r.request_id: [PLACEHOLDER] for r in sampling})
+        self._inflight = launched
+        return outputs
+
+    def _fill(self, sched) -> TokenFill | None:
+        """Where this step's placeholders (last tokens of sequences in flight) take their ids from."""
+        prev = self._inflight
+        row_of = {r.request_id: i for i, r in enumerate(prev.sampling)}
+        index, source, flat = [], [], 0
+        for s in sched.scheduled:
+            flat += s.num_new_tokens
+            if s.samples and s.token_ids[-1] == PLACEHOLDER:
+                index.append(flat - 1)
+                source.append(row_of[s.seq_id])
+        return TokenFill(index, source, prev.device_ids) if index else None
+
+    def _land(self) -> list[TokenOutput]:
+        """Read the in-flight step's ids on the host: replace the placeholders, stop-check, emit."""
+        prev, self._inflight = self._inflight, None
+        sample = prev.copy.wait()
+        ids = sample.token_ids.tolist()
+        lps = _logprobs(sample, [r.params.logprobs for r in prev.sampling])
+        outputs = []
+        for i, req in enumerate(prev.sampling):
+            k = prev.out_index.get(req.request_id)
+            if k is None or self._requests.get(req.request_id) is not req:
+                continue  # ended while the step ran: the row was wasted work
+            tok, seq = ids[i], req.seq
+            seq.output_token_ids[k] = tok
+            seq.all_token_ids[len(seq.prompt_token_ids) + k] = tok
+            self.generation_tokens += 1
+            _, reason = _cut([tok], req.stop_ids, req.max_tokens - k)
+            outputs.append(self._emit(req, [tok], [lps[i]] if lps[i] is not None else None, reason))
         return outputs
 
     def _apply_pending(self) -> list[TokenOutput]:
@@ -251,6 +346,7 @@ class EngineCore:
 
     def abort_all(self) -> list[TokenOutput]:
         """End every request now (shutdown, or after a failed step); call between steps only."""
+        self._inflight = None  # its tokens are dropped with their requests
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             self._pending_finish.clear()

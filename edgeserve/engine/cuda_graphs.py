@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from edgeserve.kernels.dispatch import use_triton
 from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
 
 from .kv_cache import KVPool, PagedKVAttention
+
+if TYPE_CHECKING:
+    from .model_runner import TokenFill
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -168,18 +173,21 @@ class DecodeGraphs:
         assert bucket is not None
         p = pad_decode_batch(token_ids, positions, slot_mapping, seq_lens, block_tables, bucket, self.max_blocks,
                              self.pool.scratch_block, self.block_size)
-        nb = not self.device.type == "cpu"
-        self.ids[:bucket].copy_(torch.tensor(p.token_ids, dtype=torch.long), non_blocking=nb)
-        self.positions[:bucket].copy_(torch.tensor(p.positions, dtype=torch.long), non_blocking=nb)
-        self.slots[:bucket].copy_(torch.tensor(p.slot_mapping, dtype=torch.long), non_blocking=nb)
-        self.seq_lens[:bucket].copy_(torch.tensor(p.seq_lens, dtype=torch.int32), non_blocking=nb)
-        self.tables[:bucket].copy_(torch.tensor(p.block_tables, dtype=torch.int32), non_blocking=nb)
+        dev = self.device
+        self.ids[:bucket].copy_(to_device(p.token_ids, torch.long, dev))
+        self.positions[:bucket].copy_(to_device(p.positions, torch.long, dev))
+        self.slots[:bucket].copy_(to_device(p.slot_mapping, torch.long, dev))
+        self.seq_lens[:bucket].copy_(to_device(p.seq_lens, torch.int32, dev))
+        self.tables[:bucket].copy_(to_device(p.block_tables, torch.int32, dev))
         return p
 
     def run(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:
-        """Float32 logits [n, vocab] of a decode step of n sequences (row i: sequence i's one token)."""
+            block_tables: list[list[int]], fill: "TokenFill | None" = None) -> torch.Tensor:
+        """Float32 logits [n, vocab] of a decode step of n sequences (row i: sequence i's one token); `fill`
+        supplies token ids still on the device (see model_runner.TokenFill)."""
         p = self.prepare(token_ids, positions, slot_mapping, seq_lens, block_tables)
+        if fill is not None:
+            fill.apply(self.ids)
         if self.capture:
             self.graphs[p.bucket].replay()
             self.replays += 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from edgeserve.kernels.transfer import to_device
 from edgeserve.sampling_params import SamplingParams
 
 
@@ -36,7 +37,7 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 def token_counts(token_ids: list[list[int]], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, vocab] float counts of each id in each row's list (ids outside the vocabulary are ignored)."""
     rows = [torch.tensor(ids, dtype=torch.long) for ids in token_ids]
-    padded = pad_sequence(rows, batch_first=True, padding_value=vocab).clamp_(0, vocab).to(device)
+    padded = to_device(pad_sequence(rows, batch_first=True, padding_value=vocab).clamp_(0, vocab), torch.long, device)
     counts = torch.zeros(len(rows), vocab + 1, device=device)  # the extra column collects the padding
     counts.scatter_add_(1, padded, torch.ones(padded.shape, device=device))
     return counts[:, :vocab]
@@ -51,12 +52,14 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompt_i
     `frequency` per occurrence for tokens in the output.
     """
     batch, vocab = logits.shape
-    rep = torch.tensor([p.repetition_penalty for p in params], device=logits.device).unsqueeze(1)
-    presence = torch.tensor([p.presence_penalty for p in params], device=logits.device).unsqueeze(1)
-    frequency = torch.tensor([p.frequency_penalty for p in params], device=logits.device).unsqueeze(1)
-    use_rep, use_other = bool((rep != 1.0).any()), bool((presence != 0).any() or (frequency != 0).any())
-    if not (use_rep or use_other):
+    if not any(p.penalized for p in params):
         return logits
+    use_rep = any(p.repetition_penalty != 1.0 for p in params)
+    use_other = any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params)
+    dev = logits.device
+    rep = to_device([p.repetition_penalty for p in params], torch.float32, dev).unsqueeze(1)
+    presence = to_device([p.presence_penalty for p in params], torch.float32, dev).unsqueeze(1)
+    frequency = to_device([p.frequency_penalty for p in params], torch.float32, dev).unsqueeze(1)
     out_counts = token_counts(output_ids or [[]] * batch, vocab, logits.device)
     if use_rep:
         seen = (token_counts(prompt_ids or [[]] * batch, vocab, logits.device) + out_counts) > 0
@@ -91,18 +94,19 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     """
     logits = apply_penalties(logits.float(), params, prompt_ids, output_ids)
     device = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=device)
-    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
+    # host-side flags and to_device: nothing here waits for the device (see kernels.transfer)
+    temperature = to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
     scaled = logits / temperature.clamp_min(1e-5).unsqueeze(1)
     tokens = logits.argmax(-1)
-    if not bool(greedy.all()):
-        k = torch.tensor([p.top_k for p in params], device=device)
-        tp = torch.tensor([p.top_p for p in params], device=device)
-        mp = torch.tensor([p.min_p for p in params], device=device)
+    if not all(p.greedy for p in params):
+        greedy = to_device([p.greedy for p in params], torch.bool, device)
+        k = to_device([p.top_k for p in params], torch.long, device)
+        tp = to_device([p.top_p for p in params], torch.float32, device)
+        mp = to_device([p.min_p for p in params], torch.float32, device)
         probs = filter_logits(scaled, k, tp, mp).softmax(-1)
         # exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each row uses its own generator
         noise = torch.stack([torch.empty(logits.shape[-1]).exponential_(generator=g) for g in generators])
-        tokens = torch.where(greedy, tokens, (probs / noise.to(device)).argmax(-1))
+        tokens = torch.where(greedy, tokens, (probs / to_device(noise, torch.float32, device)).argmax(-1))
     out = SampleOutput(tokens)
     top_n = max((p.logprobs for p in params if p.logprobs is not None), default=None)
     if top_n is not None:
