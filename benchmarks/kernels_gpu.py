@@ -1,4 +1,5 @@
-"""Achieved memory bandwidth of the Triton decode kernels on a CUDA GPU: paged decode attention and W4A16 GEMV.
+"""Achieved memory bandwidth of the Triton decode kernels on a CUDA GPU: paged decode attention, W4A16 and W8A16
+GEMV.
 
 Decode is memory-bound, so each kernel is reported as GB/s (bytes it must read / median time) next to the
 device's nominal bandwidth and a measured copy bandwidth. Shapes are Llama-3-8B's (32 query heads, 8 KV heads,
@@ -27,7 +28,7 @@ def main() -> None:
 
     from edgeserve.kernels import dispatch
     from edgeserve.kernels.bench import copy_bandwidth_gbs, median_ms, peak_bandwidth_gbs
-    from edgeserve.kernels.quant_linear import Q4Blocks
+    from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
     dev = torch.device("cuda")
     if not dispatch.HAS_TRITON:
@@ -64,7 +65,8 @@ def main() -> None:
             report(f"batch {batch}, context {a.context}", nbytes, ms)
             del k_cache, v_cache
 
-    print("\n# W4A16 GEMV, M = 1 (median), bytes = packed weight + scales + offsets + x + y; group 128")
+    print("\n# W4A16 / W8A16 GEMV, M = 1 (median), bytes = weight codes + scales (+ offsets) + x + y; "
+          "int4 group 128, int8 group 32 (GGUF Q8_0)")
     shapes = {"qkv 4096->6144": (6144, 4096), "o 4096->4096": (4096, 4096), "gate_up 4096->28672": (28672, 4096),
               "down 14336->4096": (4096, 14336)}
     with dispatch.force_backend("triton"):
@@ -76,6 +78,11 @@ def main() -> None:
             x = torch.randn(1, k, device=dev, dtype=dtype)
             ms = median_ms(lambda: dispatch.w4a16_matmul(x, w), reps=a.reps)
             report(f"int4 {name}", w.nbytes + (k + n) * x.element_size(), ms)
+            w8 = dispatch.repack_q8(Q8Blocks(torch.randint(-127, 128, (n, k), dtype=torch.int8),
+                                             torch.rand(n, k // 32) * 0.01, 32), torch.float16, dev)
+            ms = median_ms(lambda: dispatch.w8a16_matmul(x, w8), reps=a.reps)
+            report(f"int8 {name}", w8.nbytes + (k + n) * x.element_size(), ms)
+            del w8
             dense = w.dequantize().to(dtype)
             ms = median_ms(lambda: torch.nn.functional.linear(x, dense), reps=a.reps)
             report(f"{dtype} F.linear {name} (reference)", dense.numel() * dense.element_size(), ms)

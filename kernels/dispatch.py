@@ -11,7 +11,7 @@ Choice rules (per call, from the device of the call's main tensor):
    Hopper) when Triton imports; the torch twins on CPU, on other devices (MPS, ROCm, newer or older CUDA
    parts, untested here), or when Triton is not installed.
 4. A kernel whose shape the Triton version does not cover (e.g. a W4A16 weight whose in_features is not a
-   multiple of 8, a head_dim above 256) takes its twin.
+   multiple of 8, a head_dim above 256) takes its twin. (W8A16 weights always fit: `repack_q8` refuses others.)
 
 The compute dtype (`compute_dtype`) is bfloat16 where the device has it (CPU, sm_80 and newer) and float16 on
 sm_75, which has no bfloat16.
@@ -19,7 +19,7 @@ sm_75, which has no bfloat16.
 Every function here is a drop-in for the twin of the same name (same arguments, same result up to rounding):
 `write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
 `rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
-`W4A16Weight`), `w4a16_matmul` (kernels.w4a16).
+`W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16).
 """
 
 from __future__ import annotations
@@ -36,14 +36,16 @@ from . import paged_attention as _attn
 from . import quant_linear as _ql
 from . import rope as _rope
 from . import w4a16 as _w4
+from . import w8a16 as _w8
 from ._triton import HAS_TRITON, interpreting
 from .paged_attention import AttentionMetadata
 from .w4a16 import W4A16Weight, repack_q4
+from .w8a16 import W8A16Weight, repack_q8
 
 __all__ = [
-    "AttentionMetadata", "W4A16Weight", "repack_q4", "backend", "compute_dtype", "force_backend", "use_triton",
-    "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm", "rope_write_kv", "silu_and_mul",
-    "linear", "w4a16_matmul",
+    "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
+    "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
+    "rope_write_kv", "silu_and_mul", "linear", "w4a16_matmul", "w8a16_matmul",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -173,11 +175,20 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
     return _w4.w4a16_matmul(x, weight)
 
 
-def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight, bias: torch.Tensor | None = None,
+def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight) -> torch.Tensor:
+    """x [..., K] @ W.T -> [..., N] in x's dtype for an 8-bit weight with group-wise scales."""
+    if use_triton(x.device):
+        from .triton_w8a16 import w8a16_matmul as kernel
+
+        return kernel(x, weight)
+    return _w8.w8a16_matmul(x, weight)
+
+
+def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight | W8A16Weight, bias: torch.Tensor | None = None,
            prompt_rows: _ql.PromptRows | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight) or W4A16 weight (`prompt_rows`: see
-    kernels.quant_linear.PromptRows)."""
-    if isinstance(weight, W4A16Weight):
-        y = w4a16_matmul(x, weight)
+    """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight), W4A16 or W8A16 weight
+    (`prompt_rows`: see kernels.quant_linear.PromptRows)."""
+    if isinstance(weight, (W4A16Weight, W8A16Weight)):
+        y = w4a16_matmul(x, weight) if isinstance(weight, W4A16Weight) else w8a16_matmul(x, weight)
         return y + bias if bias is not None else y
     return _ql.linear(x, weight, bias, prompt_rows)

@@ -88,7 +88,7 @@ def test_package_runs_without_triton():
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
         import torch
         from edgeserve.kernels import dispatch
-        from edgeserve.kernels.quant_linear import Q4Blocks
+        from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
         assert not dispatch.HAS_TRITON and not dispatch.use_triton("cpu")
         x = torch.randn(4, 64)
         dispatch.rms_norm(x, torch.ones(64), 1e-6)
@@ -96,6 +96,8 @@ def test_package_runs_without_triton():
         dispatch.silu_and_mul(x)
         blocks = Q4Blocks(torch.randint(0, 16, (8, 64), dtype=torch.uint8), torch.rand(8, 2), torch.rand(8, 2), 32)
         dispatch.linear(x, dispatch.repack_q4(blocks, torch.float32))
+        q8 = Q8Blocks(torch.randint(-127, 128, (8, 64), dtype=torch.int8), torch.rand(8, 2), 32)
+        dispatch.linear(x, dispatch.repack_q8(q8))
         meta = dispatch.AttentionMetadata.build([1], [3], [[0]], [2])
         kc, vc = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 1, 16)
         q = dispatch.rope_write_kv(torch.randn(1, 2, 16), torch.randn(1, 1, 16), torch.randn(1, 1, 16),

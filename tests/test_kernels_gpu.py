@@ -9,7 +9,7 @@ import torch
 from kernel_utils import kernel_device
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
 pytestmark = pytest.mark.gpu
 FLOOR = 0.2  # of copy bandwidth (which itself counts read + write bytes)
@@ -43,6 +43,20 @@ def test_w4a16_gemv_bandwidth(copy_gbs):
         ms = median_ms(lambda: dispatch.w4a16_matmul(x, w))
     gbs = w.nbytes / (ms * 1e-3) / 1e9
     assert gbs > FLOOR * copy_gbs, f"W4A16 GEMV at {gbs:.0f} GB/s, copy {copy_gbs:.0f} GB/s"
+
+
+def test_w8a16_gemv_bandwidth(copy_gbs):
+    from edgeserve.kernels.bench import median_ms
+
+    n, k, g = 14336, 4096, 32  # GGUF Q8_0's group
+    dtype = dispatch.compute_dtype("cuda")
+    blocks = Q8Blocks(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n, k // g) * 0.01, g)
+    w = dispatch.repack_q8(blocks, torch.float16, "cuda")
+    x = torch.randn(1, k, device="cuda", dtype=dtype)
+    with dispatch.force_backend("triton"):
+        ms = median_ms(lambda: dispatch.w8a16_matmul(x, w))
+    gbs = w.nbytes / (ms * 1e-3) / 1e9
+    assert gbs > FLOOR * copy_gbs, f"W8A16 GEMV at {gbs:.0f} GB/s, copy {copy_gbs:.0f} GB/s"
 
 
 def test_decode_attention_bandwidth(copy_gbs):

@@ -11,6 +11,7 @@ from edgeserve.kernels.dispatch import (
     add_rms_norm,
     linear,
     repack_q4,
+    repack_q8,
     rms_norm,
     rope_write_kv,
     silu_and_mul,
@@ -69,8 +70,8 @@ class LlamaModel:
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "LlamaModel":
-        """Build the model layer by layer from a weight source (4-bit weights stay packed where supported;
-        `dense_prefill` also keeps a dequantized copy of each CPU-packed one for prompt tokens)."""
+        """Build the model layer by layer from a weight source (4-bit and Q8_0 weights stay quantized where
+        supported; `dense_prefill` also keeps a dequantized copy of each CPU-packed one for prompt tokens)."""
         device = torch.device(device)
 
         def dense(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
@@ -89,9 +90,14 @@ class LlamaModel:
                     return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
                 if int4_supported(device, dtype, blocks):
                     return Int4Weight(blocks, dtype, keep_dense=dense_prefill)
-            if all(isinstance(p, Q8Blocks) for p in parts) and int8_supported(device, dtype):
-                # GGUF Q8_0 stays 8-bit: requantized per output row for torch's int8 matmul
-                return Int8Weight(Q8Blocks.cat(parts).dequantize(), dtype)  # type: ignore[arg-type]
+            if all(isinstance(p, Q8Blocks) for p in parts):
+                q8 = Q8Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+                if use_triton(device):
+                    # stays 8-bit on the GPU (Triton W8A16); Q8_0's scales are float16 in the file, kept exact
+                    return repack_q8(q8, torch.float16, device)
+                if int8_supported(device, dtype):
+                    # GGUF Q8_0 stays 8-bit: requantized per output row for torch's int8 matmul
+                    return Int8Weight(q8.dequantize(), dtype)
             floats = [p.dequantize() if isinstance(p, (Q4Blocks, Q8Blocks)) else p for p in parts]
             return torch.cat(floats).to(device=device, dtype=dtype)
 
