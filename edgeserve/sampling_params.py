@@ -34,6 +34,11 @@ class SamplingParams:
         """Whether a penalty reads this request's earlier tokens when sampling."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k, top-p or min-p narrows the tokens a sampled row is drawn from."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")

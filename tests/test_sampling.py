@@ -176,3 +176,62 @@ def test_generate_reports_logprobs_and_honours_penalties(tmp_path):
     penalized = llm.generate([prompt], params)[0].outputs[0].token_ids
     assert len(set(penalized + prompt)) == len(penalized) + len(prompt)
     assert len(set(plain.outputs[0].token_ids)) < 12  # without them it does repeat
+
+
+def _varied_logits(vocab: int = 5000) -> torch.Tensor:
+    """Rows from peaked to nearly flat: some keep a handful of tokens, some thousands (no exact ties: which of two
+    equal tokens the top-k takes is arbitrary)."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(6, vocab, generator=g)
+    return base * torch.tensor([8.0, 4.0, 2.0, 1.0, 0.3, 0.01]).unsqueeze(1)
+
+
+FILTERS = [dict(top_p=0.9), dict(top_p=0.99), dict(top_k=40), dict(top_k=1000), dict(min_p=0.05),
+           dict(min_p=1e-4), dict(top_k=300, top_p=0.95, min_p=0.01), dict()]
+
+
+@pytest.mark.parametrize("kwargs", FILTERS)
+def test_candidate_draw_equals_the_full_sort(monkeypatch, kwargs):
+    """Drawing from each row's top candidates (CPU) gives exactly the tokens of sorting the whole vocabulary, for
+    rows whose kept set lies among the candidates and rows that fall back alike; the same seed, the same token."""
+    from edgeserve.engine import sampler
+
+    logits = _varied_logits()
+    params = [SamplingParams(temperature=0.9, seed=s, **kwargs) for s in range(len(logits))]
+    runs = {}
+    for width in (sampler.CPU_CANDIDATES, logits.shape[1]):
+        monkeypatch.setattr(sampler, "CPU_CANDIDATES", width)
+        gens = [make_generator(p) for p in params]
+        runs[width] = [sample(logits, params, gens).tolist() for _ in range(30)]
+    assert runs[256] == runs[logits.shape[1]]
+
+
+def test_candidate_path_takes_the_fallback_for_wide_rows(monkeypatch):
+    """A flat row under top_p 0.99 keeps thousands of tokens: it cannot be decided from 256 candidates, and its draws
+    spread over far more than 256 tokens; a peaked row is decided from the candidates."""
+    from edgeserve.engine import sampler
+
+    topk_widths = []
+    original = torch.Tensor.topk
+
+    def topk(self, k, *args, **kwargs):
+        topk_widths.append(k)
+        return original(self, k, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "topk", topk)
+    logits = _varied_logits()[[0, 5]]  # peaked, flat
+    params = [SamplingParams(top_p=0.99, seed=1), SamplingParams(top_p=0.99, seed=2)]
+    gens = [make_generator(p) for p in params]
+    draws = torch.stack([sample(logits, params, gens) for _ in range(300)])
+    assert topk_widths[:2] == [256, 5000]  # both rows tried the candidates, the flat one fell back
+    assert len(set(draws[:, 1].tolist())) > 256
+    assert len(set(draws[:, 0].tolist())) < 20
+
+
+def test_unfiltered_rows_draw_from_the_whole_vocabulary():
+    """temperature only (top_p 1, top_k 0, min_p 0): every token can come up, no sort needed."""
+    logits = torch.zeros(1, 300)
+    params = SamplingParams(seed=5)
+    g = make_generator(params)
+    seen = {int(sample(logits, [params], [g])[0]) for _ in range(3000)}
+    assert len(seen) == 300

@@ -14,7 +14,7 @@ from edgeserve.loaders.tokenizer import Tokenizer
 from edgeserve.models.load import LoadedModel
 from edgeserve.sampling_params import SamplingParams
 
-from .verify import draw, token_probs, uses_history
+from .verify import draw, token_probs
 
 _PROBE = "Hello, world! Ünïcödé 123 <|im_start|>user\n  def f(x):\treturn x ** 2  # 日本語"
 
@@ -96,7 +96,7 @@ class DraftProposer:
             logits = self.model.logits(hidden[last])
             logits = _fit_vocab(logits, self.vocab)
             rows = [params[i] for i in batch]
-            history = any(uses_history(p) for p in rows)
+            history = any(p.penalized for p in rows)
             probs = token_probs(logits, rows,
                                 [seqs[i].prompt_token_ids for i in batch] if history else None,
                                 [seqs[i].output_token_ids + drafts[i] for i in batch] if history else None)

@@ -15,7 +15,7 @@ from edgeserve.models.load import LoadedModel
 
 from .draft import DraftProposer
 from .ngram import NgramProposer
-from .verify import token_probs, uses_history, verify
+from .verify import token_probs, verify
 
 if TYPE_CHECKING:
     from edgeserve.engine.core import Request
@@ -112,7 +112,7 @@ class Speculator:
         """Accepted drafts plus the next token for each speculating request; `logits` are its k+1 rows each."""
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
-        history = any(uses_history(r.params) for r in rs)
+        history = any(r.params.penalized for r in rs)
         prompt_ids = [r.seq.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
         output_ids = ([r.seq.output_token_ids + d[:j] for r, d in zip(rs, drafts) for j in range(len(d) + 1)]
                       if history else None)

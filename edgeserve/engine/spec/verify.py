@@ -12,13 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.engine.sampler import apply_penalties, filter_logits
+from edgeserve.engine.sampler import apply_penalties, filter_logits, sample_from
 from edgeserve.sampling_params import SamplingParams
-
-
-def uses_history(params: SamplingParams) -> bool:
-    """Whether the row's distribution depends on the tokens before it (penalties)."""
-    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
 def token_probs(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]] | None = None,
@@ -26,25 +21,21 @@ def token_probs(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: 
     """The distribution [R, V] each row's token is drawn from: exactly `sample_tokens`' (one-hot argmax for greedy)."""
     logits = apply_penalties(logits.float(), params, prompt_ids, output_ids)
     device = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=device)
     onehot = torch.zeros_like(logits).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
-    if bool(greedy.all()):
+    if all(p.greedy for p in params):
         return onehot
+    greedy = torch.tensor([p.greedy for p in params], device=device)
     temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     scaled = logits / temperature.clamp_min(1e-5).unsqueeze(1)
-    k = torch.tensor([p.top_k for p in params], device=device)
-    tp = torch.tensor([p.top_p for p in params], device=device)
-    mp = torch.tensor([p.min_p for p in params], device=device)
-    probs = filter_logits(scaled, k, tp, mp).softmax(-1)
+    probs = filter_logits(scaled, params).softmax(-1)
     return torch.where(greedy.unsqueeze(1), onehot, probs)
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None], deterministic: bool = False) -> torch.Tensor:
-    """One token per row of probs [R, V] (exponential race: argmax p / E, E ~ Exp(1) from each row's generator)."""
+    """One token per row of probs [R, V], each from its row's generator (argmax when `deterministic`)."""
     if deterministic:  # one-hot rows: no randomness needed
         return probs.argmax(-1)
-    noise = torch.stack([torch.empty(probs.shape[-1]).exponential_(generator=g) for g in generators])
-    return (probs / noise.to(probs.device)).argmax(-1)
+    return sample_from(probs, generators)
 
 
 @dataclass
