@@ -107,6 +107,9 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--request-rate", type=_comma_list(float), default=None,
                    help="Poisson arrivals per second (open loop, seeded; inf: all at once); a comma list sweeps")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (default %(default)s: greedy)")
+    b.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (default %(default)s: off)")
     b.add_argument("--slo-ttft", type=float, default=None, help="goodput SLO: time to first token, ms")
     b.add_argument("--slo-tpot", type=float, default=None, help="goodput SLO: time per output token, ms")
     b.add_argument("--prompt-format", choices=["auto", "ids", "text"], default="auto",

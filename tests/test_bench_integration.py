@@ -64,15 +64,16 @@ def test_bench_a_running_server(server, default_model_path, tmp_path, capsys):
 def test_bench_json_to_stdout_and_rate(server, default_model_path, capsys):
     rc = main(["bench", "--url", server.url, "--model", str(default_model_path), "--num-requests", "2",
                "--prompt-tokens", "8", "--max-tokens", "4", "--request-rate", "50", "--warmup", "0", "--json", "-",
-               "--no-progress"])
+               "--no-progress", "--temperature", "0.8", "--top-p", "0.9"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)  # only the JSON on stdout
     assert doc["levels"][0]["request_rate"] == 50 and doc["levels"][0]["summary"]["completed"] == 2
+    assert doc["workload_params"]["temperature"] == 0.8 and doc["workload_params"]["top_p"] == 0.9
 
 
 def test_bench_cli_bad_flag_is_one_line():
     for argv in (["--concurrency", "0"], ["--no-such-flag"], ["--concurrency", "2", "--request-rate", "1"],
-                 ["--num-requests", "0"]):
+                 ["--num-requests", "0"], ["--temperature", "3"], ["--top-p", "0"]):
         proc = subprocess.run([sys.executable, "-m", "edgeserve", "bench", "--url", "http://127.0.0.1:9", *argv],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1, argv

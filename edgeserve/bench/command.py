@@ -53,6 +53,10 @@ def check_args(args: argparse.Namespace) -> list[LoadLevel]:
         raise EdgeserveError("give --concurrency or --request-rate, not both")
     if args.roofline and args.url and not args.model:
         raise EdgeserveError("--roofline with --url needs --model (the GGUF the server runs)")
+    if not 0.0 <= args.temperature <= 2.0:
+        raise EdgeserveError("--temperature must be between 0 and 2")
+    if not 0.0 < args.top_p <= 1.0:
+        raise EdgeserveError("--top-p must be in (0, 1]")
     if args.mem_bandwidth_gbs is not None and args.mem_bandwidth_gbs <= 0:
         raise EdgeserveError("--mem-bandwidth-gbs must be positive")
     if args.request_rate is not None:
@@ -83,6 +87,8 @@ def run_bench(args: argparse.Namespace) -> int:
         kind = detect_kind(url)
         model_name = args.served_model_name or served_model(url)
         extra: dict[str, Any] = dict(EXTRA_BODY[kind])
+        if args.temperature > 0:  # sampled requests (the body says temperature 0 otherwise)
+            extra.update(temperature=args.temperature, top_p=args.top_p)
         want_ids = {"auto": kind in TOKEN_ID_PROMPTS, "ids": True, "text": False}[args.prompt_format]
         if want_ids and tokenizer is None:
             raise EdgeserveError("token-id prompts need --model (its tokenizer builds them)")
@@ -104,7 +110,8 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.roofline:
             roof = _roofline(args, source, tokens, url, model_name, extra, results)
         report = BenchReport(url, kind, model_name, workload.name, workload.prompt_format,
-                             {**workload.notes, "num_requests": args.num_requests, "seed": args.seed}, results, roof)
+                             {**workload.notes, "num_requests": args.num_requests, "seed": args.seed,
+                              "temperature": args.temperature, "top_p": args.top_p}, results, roof)
         if args.json != "-":
             print(format_table(report))
         if args.json:
