@@ -233,7 +233,8 @@ def write(tmp_path: Path, content: bytes) -> Path:
 def test_empty_arrays_match_reader(tmp_path: Path) -> None:
     kvs = [kv("general.architecture", 8, gstr("llama"))]
     kvs += [kv(f"e.{t}", 9, array(t, 0)) for t in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12)]
-    kvs += [kv("e.nested", 9, array(9, 2, array(4, 0) + array(4, 1, struct.pack("<I", 7)))), kv("e.outer", 9, array(9, 0))]
+    kvs.append(kv("e.nested", 9, array(9, 2, array(4, 0) + array(4, 1, struct.pack("<I", 7)))))
+    kvs.append(kv("e.outer", 9, array(9, 0)))
     path = write(tmp_path, gguf_bytes(kvs, [tensor_info("w", (4,), 0, 0)], np.arange(4, dtype=np.float32).tobytes()))
     f = assert_same_as_reader(path)
     assert all(f.metadata[f"e.{t}"] == [] for t in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12))
@@ -252,7 +253,8 @@ DAMAGED: dict[str, tuple[bytes, str]] = {
         gguf_bytes([*GOOD, kv("tokenizer.ggml.tokens", 9, array(8, 2, gstr("a") + struct.pack("<Q", 1 << 62)))]),
         "truncated"),
     "key length past the end": (gguf_bytes([struct.pack("<Q", (1 << 64) - 1) + bytes(16)]), "truncated"),
-    "array of unknown type": (gguf_bytes([*GOOD, kv("x", 9, array(13, 1, bytes(8)))]), "corrupt.*unknown value type 13"),
+    "array of unknown type": (
+        gguf_bytes([*GOOD, kv("x", 9, array(13, 1, bytes(8)))]), "corrupt.*unknown value type 13"),
     "invalid UTF-8 in a token": (
         gguf_bytes([*GOOD, kv("tokenizer.ggml.tokens", 9, array(8, 2, gstr("a") + gstr(b"\xff\xfe")))]),
         "corrupt.*string #1 is not valid UTF-8"),
