@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
+import mmap
 import os
-from dataclasses import dataclass
+from math import prod
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSIONS = (2, 3)
-_HEADER_SIZE = 24  # magic, u32 version, u64 tensor count, u64 metadata key count
-# Smallest possible encodings, used to reject counts that cannot fit in the file before parsing.
-_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, 1-byte value (empty key)
-_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (empty name, no dims)
+from .gguf_parse import GGUFTensorInfo, parse_gguf
 
+__all__ = ["GGUFFile", "GGUFTensorInfo", "check_supported_qtype"]
 
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    """Where one tensor lives in the file and how it is stored."""
-
-    name: str
-    shape: tuple[int, ...]  # torch order: (rows, cols) for a matrix
-    qtype: str  # ggml type name: F32, F16, Q4_1, ...
-    n_bytes: int
+# Types whose raw data is typed values; every other type is raw block bytes (as gguf.GGUFReader gives them).
+_VALUE_DTYPES = {"F32": "f4", "F16": "f2", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4", "I64": "i8"}
 
 
 class GGUFFile:
@@ -40,39 +32,16 @@ class GGUFFile:
         if not self.path.is_file():
             raise ModelLoadError(f"model path is not a file: {self.path}")
         try:
-            size = self.path.stat().st_size
             with open(self.path, "rb") as f:
-                header = f.read(_HEADER_SIZE)
+                size = os.fstat(f.fileno()).st_size
+                # mmap refuses an empty file; the parser reports that one itself.
+                self._map: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         except OSError as e:
             raise ModelLoadError(f"cannot read model file {self.path}: {e.strerror or e}") from None
-        _check_header(self.path, header, size)
-        try:
-            from gguf import GGUFReader
-
-            self._reader = GGUFReader(self.path, "r")
-        except OSError as e:
-            raise ModelLoadError(f"cannot read model file {self.path}: {e.strerror or e}") from None
-        except Exception as e:  # on damage the gguf reader raises ValueError, IndexError, KeyError, ...
-            raise ModelLoadError(
-                f"{self.path} is truncated or corrupt ({size} bytes; reader failed with {type(e).__name__}: {e})"
-            ) from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            try:
-                self.metadata[key] = field.contents()
-            except Exception as e:
-                raise ModelLoadError(f"{self.path} is corrupt: cannot read metadata key {key!r}: {e}") from None
-        # The reader keeps a numpy view per array element (~100k for a vocabulary): drop them once read.
-        self._reader.fields.clear()
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        for t in self._reader.tensors:
-            if t.data_offset + t.n_bytes > size:
-                raise ModelLoadError(
-                    f"{self.path} is truncated: tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes}, "
-                    f"file has {size} bytes"
-                )
+        layout = parse_gguf(self._map, str(self.path))
+        self._byte_order = layout.byte_order
+        self._tensors = layout.tensors
+        self.metadata: dict[str, Any] = {key: _python(value) for key, value in layout.metadata.items()}
 
     @property
     def architecture(self) -> str:
@@ -87,14 +56,23 @@ class GGUFFile:
         return list(self._tensors)
 
     def tensor_info(self, name: str) -> GGUFTensorInfo:
-        """Shape (torch order), storage type and size of one tensor."""
-        t = self._get(name)
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        return GGUFTensorInfo(name, shape, t.tensor_type.name, int(t.n_bytes))
+        """Shape (torch order), storage type, size and file offset of one tensor."""
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing") from None
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's stored bytes/values as a read-only view into the mmap (no copy)."""
-        return self._get(name).data
+        """The tensor's stored values (F32, F16, ...) or block bytes (quantized, BF16), shaped in torch order
+        (bytes per row last for block types), as a read-only view into the mmap (no copy)."""
+        info = self.tensor_info(name)
+        value_dtype = _VALUE_DTYPES.get(info.qtype)
+        if value_dtype is not None:
+            dtype, shape = np.dtype(self._byte_order + value_dtype), info.shape
+        else:
+            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[info.qtype]]
+            dtype, shape = np.dtype(np.uint8), (*info.shape[:-1], info.shape[-1] // block_size * type_size)
+        return np.frombuffer(self._map, dtype, prod(shape), info.data_offset).reshape(shape)
 
     def load_tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """One tensor dequantized to `dtype`, in torch order; only this tensor's bytes are read."""
@@ -108,40 +86,14 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: tensor {name!r}: {e}") from None
         return values.to(dtype)
 
-    def _get(self, name: str):
-        try:
-            return self._tensors[name]
-        except KeyError:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing") from None
 
-
-def _check_header(path: Path, header: bytes, size: int) -> None:
-    """Reject files that are not GGUF, or whose fixed header is cut short or impossible, with a clear reason."""
-    magic = header[:4]
-    if size == 0:
-        raise ModelLoadError(f"{path} is empty (0 bytes), not a GGUF file")
-    if magic != GGUF_MAGIC:
-        if size < 4 and GGUF_MAGIC.startswith(magic):
-            raise ModelLoadError(f"{path} is truncated: only {size} bytes, shorter than the GGUF header")
-        raise ModelLoadError(f"{path} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-    if size < _HEADER_SIZE:
-        raise ModelLoadError(f"{path} is truncated: only {size} bytes, shorter than the {_HEADER_SIZE}-byte GGUF header")
-    version = int.from_bytes(header[4:8], "little")
-    order: Literal["little", "big"] = "little"
-    if version & 0xFFFF == 0:  # written on a big-endian machine
-        order = "big"
-        version = int.from_bytes(header[4:8], "big")
-    if version not in GGUF_VERSIONS:
-        raise ModelLoadError(
-            f"{path}: GGUF version {version} is not supported (supported: {', '.join(map(str, GGUF_VERSIONS))})"
-        )
-    n_tensors = int.from_bytes(header[8:16], order)
-    n_kv = int.from_bytes(header[16:24], order)
-    if _HEADER_SIZE + n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > size:
-        raise ModelLoadError(
-            f"{path} is truncated or corrupt: its header lists {n_tensors} tensors and {n_kv} metadata keys, "
-            f"more than fit in {size} bytes"
-        )
+def _python(value: Any) -> Any:
+    """A parsed metadata value as plain Python: numeric arrays become lists (callers expect lists)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, list) and value and not isinstance(value[0], str):
+        return [_python(v) for v in value]
+    return value
 
 
 def check_supported_qtype(qtype: str, name: str) -> None:
