@@ -1,7 +1,8 @@
 """Decode speed on a CUDA GPU, read against the memory-bandwidth roofline (not yet run on a GPU).
 
 1. Batch-1 decode of a dummy Llama-3-8B (benchmarks/configs/llama-3-8b.json: random weights drawn on the GPU,
-   no download) in bf16 and in int4 (llama-3-8b-int4.json: 4-bit W4A16, group 128), with and without CUDA graphs:
+   no download) in bf16 and in int4 (llama-3-8b-int4.json: 4-bit W4A16, group 128), with and without CUDA graphs
+   and with and without the one-step overlap (--overlap):
    tokens/s, and achieved GB/s = bytes read per token (weights as stored + the KV of the context) / time per
    token, as a % of the device's peak bandwidth (a table by device name; `--bandwidth-gbs` overrides).
 2. Aggregate output tokens/s at 1, 8, 32 and 64 concurrent requests (512 prompt / 128 output tokens) through the
@@ -68,13 +69,16 @@ def decode_bytes_per_token(lm, context: int) -> int:
     return total + context * kv_bytes_per_token(c, m.dtype)
 
 
-def batch1_decode(lm, graphs: bool, prompt_len: int, steps: int, max_batched: int) -> tuple[float, int]:
-    """(seconds per decode token, mean context) of one request: a prompt of `prompt_len`, then `steps` tokens."""
+def batch1_decode(lm, graphs: bool, prompt_len: int, steps: int, max_batched: int,
+                  overlap: bool = True) -> tuple[float, int]:
+    """(seconds per decode token, mean context) of one request: a prompt of `prompt_len`, then `steps` tokens;
+    `overlap`: launch each step before the previous one's token reaches the host (--overlap)."""
     from edgeserve.llm import LLM
     from edgeserve.sampling_params import SamplingParams
 
     llm = LLM.from_model(lm, max_num_seqs=1, max_num_batched_tokens=max_batched,
-                         max_model_len=prompt_len + steps + 16, enforce_eager=not graphs)
+                         max_model_len=prompt_len + steps + 16, enforce_eager=not graphs,
+                         overlap="on" if overlap else "off")
     if graphs and llm.engine.runner.graphs is None:
         raise SystemExit("CUDA graphs were asked for but the engine did not capture any (Triton missing?)")
     core = llm.engine
@@ -83,9 +87,8 @@ def batch1_decode(lm, graphs: bool, prompt_len: int, steps: int, max_batched: in
     for _ in range(2):  # warm-up request (Triton compiles, allocator settles), then the measured one
         core.add_request(ids, params)
         times = []
-        while core.has_work():
+        while core.has_work():  # no synchronize per step: it would undo the overlap (a step's tokens sync)
             outs = core.step()
-            torch.cuda.synchronize()
             if any(o.token_ids for o in outs):
                 times.append(time.perf_counter())
     decode = times[1: steps + 1]  # times[0] is the prefill step's token
@@ -188,13 +191,13 @@ def main() -> None:
         lm = load_model(resolve(str(MODELS[v])), device="cuda", load_format="dummy")
         print(f"# {v}: dummy Llama-3-8B loaded in {time.perf_counter() - start:.1f}s, "
               f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated", flush=True)
-        for graphs in (True, False):
-            sec, context = batch1_decode(lm, graphs, a.prompt_len, a.decode_steps, a.max_batched_tokens)
+        for graphs, overlap in ((True, True), (True, False), (False, True)):
+            sec, context = batch1_decode(lm, graphs, a.prompt_len, a.decode_steps, a.max_batched_tokens, overlap)
             nbytes = decode_bytes_per_token(lm, context)
             gbs = nbytes / sec / 1e9
             pct = f"{100 * gbs / peak:6.1f}%" if peak else "     ?"
-            batch1_lines.append(f"{v:<8} {'on' if graphs else 'off':<7} {sec * 1e3:9.2f} {1 / sec:9.1f} "
-                                f"{nbytes / 1e9:9.2f} {gbs:7.0f} {pct:>7}")
+            batch1_lines.append(f"{v:<8} {'on' if graphs else 'off':<7} {'on' if overlap else 'off':<8} "
+                                f"{sec * 1e3:9.2f} {1 / sec:9.1f} {nbytes / 1e9:9.2f} {gbs:7.0f} {pct:>7}")
             print(f"# {batch1_lines[-1]}", flush=True)
         if not a.skip_throughput:
             throughput[v] = [engine_throughput(lm, n, a.prompt_len, a.output_len, a.max_batched_tokens,
@@ -203,7 +206,7 @@ def main() -> None:
         free_gpu()
 
     print(f"\n# batch-1 decode, dummy Llama-3-8B, prompt {a.prompt_len}, {a.decode_steps} tokens timed")
-    print(f"{'weights':<8} {'graphs':<7} {'ms/token':>9} {'tokens/s':>9} {'GB/token':>9} {'GB/s':>7} {'% peak':>7}")
+    print(f"{'weights':<8} {'graphs':<7} {'overlap':<8} {'ms/token':>9} {'tokens/s':>9} {'GB/token':>9} {'GB/s':>7} {'% peak':>7}")
     print("\n".join(batch1_lines), flush=True)
 
     if not a.skip_throughput:
