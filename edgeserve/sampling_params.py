@@ -23,11 +23,13 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first match
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request, like EOS
     ignore_eos: bool = False  # keep going past end-of-turn tokens (benchmarks)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100 to 100)
     speculative: bool = True  # use the engine's speculative decoding, if it has one (False: opt out)
 
     # the largest number of top alternatives `logprobs` may ask for
     MAX_LOGPROBS = 20
     MAX_STOP = 16  # stop strings per request
+    MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 
     @property
     def penalized(self) -> bool:
@@ -73,6 +75,13 @@ class SamplingParams:
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.stop_token_ids
         ):
             raise ValueError("stop_token_ids must be a list of non-negative integers")
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > self.MAX_LOGIT_BIAS or not all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 0
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and -100.0 <= v <= 100.0
+            for k, v in self.logit_bias.items()
+        ):
+            raise ValueError(f"logit_bias must map at most {self.MAX_LOGIT_BIAS} non-negative token ids to numbers "
+                             "from -100 to 100")
 
     @property
     def greedy(self) -> bool:

@@ -155,6 +155,19 @@ def test_stop_strings_and_stop_tokens_end_the_text(default_model):
     assert_pool_empty(llm)
 
 
+def test_logit_bias_bans_and_forces_tokens(default_model):
+    llm = LLM.from_model(default_model, kv_cache_gb=0.05)
+    p = default_model.tokenizer.encode("1, 2, 3, 4,")
+    free = llm.generate([p], SamplingParams(temperature=0, max_tokens=4))[0].outputs[0].token_ids
+    banned = llm.generate([p], SamplingParams(temperature=0, max_tokens=4, logit_bias={free[0]: -100}))[0]
+    assert banned.outputs[0].token_ids[0] != free[0]
+    forced = llm.generate([p], SamplingParams(temperature=0.8, seed=1, max_tokens=4, logit_bias={42: 100}))[0]
+    assert forced.outputs[0].token_ids == [42] * 4
+    with pytest.raises(ValueError, match="logit_bias token ids"):
+        llm.engine.add_request(p, SamplingParams(logit_bias={10**7: 1.0}))
+    assert_pool_empty(llm)
+
+
 def test_bad_requests_are_refused_up_front(default_model):
     llm = LLM.from_model(default_model, kv_cache_gb=0.05, max_model_len=64, max_waiting=2)
     with pytest.raises(PromptTooLongError, match="70 tokens.*64"):

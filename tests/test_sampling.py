@@ -235,3 +235,26 @@ def test_unfiltered_rows_draw_from_the_whole_vocabulary():
     g = make_generator(params)
     seen = {int(sample(logits, [params], [g])[0]) for _ in range(3000)}
     assert len(seen) == 300
+
+
+def test_logit_bias_steers_greedy_and_sampled_rows_and_logprobs():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4))
+    best = logits.argmax(-1)
+    params = [SamplingParams(temperature=0, logit_bias={7: 100}),
+              SamplingParams(temperature=0, logit_bias={int(best[1]): -100}),
+              SamplingParams(temperature=1.0, seed=3, logit_bias={11: 100}, logprobs=1)]
+    out = sample_tokens(logits, params, [make_generator(p) for p in params])
+    assert out.token_ids[0] == 7 and out.token_ids[2] == 11
+    assert out.token_ids[1] != best[1] and out.token_ids[1] == logits[1].topk(2).indices[1]
+    # logprobs are of the biased distribution: token 11 is nearly certain
+    assert out.logprobs[2] > -1e-3
+    assert logits[0].argmax() == best[0]  # the caller's logits are untouched
+
+
+def test_logit_bias_is_validated():
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={1: 101})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={-1: 1})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={True: 1})

@@ -90,7 +90,11 @@ BAD_BODIES = [
     ({**GOOD, "response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter",
      "not supported"),
     ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter", ""),
-    ({**GOOD, "logit_bias": {"5": 10}}, "logit_bias", "unsupported_parameter", ""),
+    ({**GOOD, "logit_bias": {"five": 10}}, "logit_bias", None, "token ids"),
+    ({**GOOD, "logit_bias": {"5": 500}}, "logit_bias", None, "-100 to 100"),
+    ({**GOOD, "logit_bias": {"5": "up"}}, "logit_bias", None, "numbers"),
+    ({**GOOD, "logit_bias": [5]}, "logit_bias", None, "object"),
+    ({**GOOD, "logit_bias": {"99999999": 5}}, "logit_bias", None, "token ids must be in"),
     ({**GOOD, "frobnicate": 1}, "frobnicate", "unsupported_parameter", "frobnicate"),
 ]
 

@@ -151,6 +151,8 @@ class EngineCore:
         vocab = self.lm.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
             raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is "
                                      f"{self.max_model_len} tokens, which leaves no room to generate")

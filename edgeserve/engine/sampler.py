@@ -45,24 +45,30 @@ def token_counts(token_ids: list[list[int]], vocab: int, device: torch.device | 
 
 def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]] | None = None,
                     output_ids: list[list[int]] | None = None) -> torch.Tensor:
-    """Logits [B, V] with each row's repetition, presence and frequency penalties applied.
+    """Logits [B, V] with each row's logit bias, repetition, presence and frequency penalties applied.
 
-    Repetition (HF/vLLM): logits of tokens seen in the prompt or output are divided by the penalty when
-    positive, multiplied when negative. Presence / frequency (OpenAI): subtract `presence` once and
-    `frequency` per occurrence for tokens in the output.
+    Logit bias (OpenAI): added to the named tokens' logits first. Repetition (HF/vLLM): logits of tokens seen in
+    the prompt or output are divided by the penalty when positive, multiplied when negative. Presence / frequency
+    (OpenAI): subtract `presence` once and `frequency` per occurrence for tokens in the output.
     """
     batch, vocab = logits.shape
+    dev = logits.device
+    if any(p.logit_bias for p in params):
+        rows = [i for i, p in enumerate(params) for _ in p.logit_bias]
+        cols = [t for p in params for t in p.logit_bias]
+        values = [float(v) for p in params for v in p.logit_bias.values()]
+        logits = logits.index_put((to_device(rows, torch.long, dev), to_device(cols, torch.long, dev)),
+                                  to_device(values, logits.dtype, dev), accumulate=True)
     if not any(p.penalized for p in params):
         return logits
     use_rep = any(p.repetition_penalty != 1.0 for p in params)
     use_other = any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params)
-    dev = logits.device
     rep = to_device([p.repetition_penalty for p in params], torch.float32, dev).unsqueeze(1)
     presence = to_device([p.presence_penalty for p in params], torch.float32, dev).unsqueeze(1)
     frequency = to_device([p.frequency_penalty for p in params], torch.float32, dev).unsqueeze(1)
-    out_counts = token_counts(output_ids or [[]] * batch, vocab, logits.device)
+    out_counts = token_counts(output_ids or [[]] * batch, vocab, dev)
     if use_rep:
-        seen = (token_counts(prompt_ids or [[]] * batch, vocab, logits.device) + out_counts) > 0
+        seen = (token_counts(prompt_ids or [[]] * batch, vocab, dev) + out_counts) > 0
         logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
     if use_other:
         logits = logits - frequency * out_counts - presence * (out_counts > 0)

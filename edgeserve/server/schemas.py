@@ -134,8 +134,8 @@ def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationReque
             raise bad_request(f"response_format {kind or rf!r} is not supported: only {{\"type\": \"text\"}} "
                               "(structured JSON output is not implemented)", "response_format", "unsupported_parameter")
     bias = body.get("logit_bias")
-    if bias not in (None, {}):
-        raise bad_request("logit_bias is not supported", "logit_bias", "unsupported_parameter")
+    if bias is not None:
+        req.sampling["logit_bias"] = _logit_bias(bias)
     if body.get("tools") not in (None, []):
         raise bad_request("tools (function calling) is not supported", "tools", "unsupported_parameter")
     if body.get("tool_choice") not in (None, "none"):
@@ -143,6 +143,22 @@ def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationReque
     if body.get("parallel_tool_calls") not in (None, False, True):
         raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
     return req
+
+
+def _logit_bias(value) -> dict[int, float]:
+    """OpenAI's logit_bias ({"token id": bias}) as {int: float}; SamplingParams checks the ranges."""
+    if not isinstance(value, dict):
+        raise bad_request("logit_bias must be an object mapping token ids to numbers", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise bad_request(f"logit_bias values must be numbers, got {bias!r}", "logit_bias")
+        out[token] = float(bias)
+    return out
 
 
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
