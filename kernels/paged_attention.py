@@ -76,9 +76,9 @@ class _Plan:
     """How the torch reference splits one step (built once per step, shared by every layer)."""
 
     decode_rows: torch.Tensor | None  # [Bd] query rows of the one-token sequences
-    decode_slots: torch.Tensor | None  # [Bd, decode_len] KV slot of each context position (padding: any slot)
+    decode_slots: torch.Tensor | None  # [Bd * decode_len] KV slot of each context position, flat (padding: any slot)
     decode_len: int  # longest decode context
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len]: key j is visible
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, decode_len] float64: 0 where key j is visible, -inf elsewhere
     all_decode: bool  # every row of the step is a decode (no scatter needed)
     prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]  # (start, n, length, table, mask or None: causal)
 
@@ -101,8 +101,11 @@ def _plan(meta: AttentionMetadata, device: torch.device, block_size: int) -> _Pl
         bs = block_size
         pos = torch.arange(length, device=device)
         # one flat index per step, so each layer gathers its K and V with a single indexing op each
-        slots = tables[:, pos // bs] * bs + pos % bs
-        mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+        slots = (tables[:, pos // bs] * bs + pos % bs).reshape(-1)
+        # additive, built once per step: SDPA would otherwise turn a boolean mask into this one in every layer
+        # (the same where(mask, 0, -inf) it computes itself, so results are unchanged)
+        visible = (pos[None, :] < lens[:, None])[:, None, None, :]
+        mask = torch.zeros(visible.shape, dtype=torch.float64, device=device).masked_fill_(~visible, float("-inf"))
     prefills = []
     for i, n in enumerate(qlens):
         if n > 1:
@@ -130,8 +133,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     plan = _plan(meta, q.device, k_cache.shape[1])
     if plan.decode_rows is not None:
         hkv, d = k_cache.shape[2:]
-        k = k_cache.view(-1, hkv, d)[plan.decode_slots].transpose(1, 2).double()  # [B, Hkv, L, D]
-        v = v_cache.view(-1, hkv, d)[plan.decode_slots].transpose(1, 2).double()
+        gathered = (-1, plan.decode_len, hkv, d)  # index_select: a plain row copy, cheaper than tensor[index]
+        k = k_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
+        v = v_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
         qd = q.unsqueeze(2) if plan.all_decode else q[plan.decode_rows].unsqueeze(2)
         o = F.scaled_dot_product_attention(qd, k, v, attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa)
         if plan.all_decode:

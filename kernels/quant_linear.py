@@ -136,9 +136,10 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]."""
-        if x.dim() == 2:  # the model's case: skip the reshapes (decode runs this ~100 times a step)
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.to(self.scales_zeros.dtype), self.packed, self.group_size, self.scales_zeros)
+        if x.dim() == 2:  # the model's case: skip the reshapes and the no-op cast (decode runs this ~100 times a step)
+            if x.dtype != self.scales_zeros.dtype:
+                x = x.to(self.scales_zeros.dtype)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
         shape = x.shape
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype), self.packed, self.group_size, self.scales_zeros
