@@ -23,7 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
+if os.environ.get("LOAD_TIME_BASELINE"):
+    # An editable install's import hook would win over PYTHONPATH and load this checkout's modules.
+    sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in type(f).__module__]
 import torch
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.models.load import load_model
@@ -63,7 +66,7 @@ def install_ref(ref: str, into: Path) -> Path:
 
 
 def measure(model: str, pythonpath: str | None) -> dict[str, float | str]:
-    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath, "LOAD_TIME_BASELINE": "1"}
     out = subprocess.run([sys.executable, "-c", CHILD, model], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
