@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, os, sys, time
 if os.environ.get("LOAD_TIME_BASELINE"):
-    # An editable install's import hook would win over PYTHONPATH and load this checkout's modules.
+    # An editable install's import hook, or a checkout as the working directory, would win over PYTHONPATH
+    # and load this checkout's modules.
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in type(f).__module__]
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
 import torch
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.models.load import load_model
