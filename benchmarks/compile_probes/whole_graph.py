@@ -9,6 +9,7 @@ compiled 0.14x-0.65x the speed of eager (the functionalized KV writes copy the w
 from __future__ import annotations
 
 import sys, time, statistics, torch, torch.nn.functional as F
+from common import decode_fn
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
@@ -25,23 +26,7 @@ pool = KVPool(cfg, NBLK, BS, model.dtype)
 pool.k.normal_(); pool.v.normal_()
 
 
-class DecodeAttn:
-    def __init__(self, k, v, slot_mapping, kv_slots, mask):
-        self.k, self.v, self.slot_mapping, self.kv_slots, self.mask = k, v, slot_mapping, kv_slots, mask
-    def layer_cache(self, i):
-        return self.k[i], self.v[i], self.slot_mapping
-    def attend(self, i, q):
-        hkv, d = self.k.shape[-2:]
-        out_dtype, q = q.dtype, q.double()
-        k = self.k[i].view(-1, hkv, d)[self.kv_slots].transpose(1, 2).double()
-        v = self.v[i].view(-1, hkv, d)[self.kv_slots].transpose(1, 2).double()
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=self.mask, enable_gqa=q.shape[1] != hkv)
-        return o.squeeze(2).to(out_dtype).reshape(q.shape[0], -1)
-
-fwd, lg = type(model).forward.__wrapped__, type(model).logits.__wrapped__
-def decode(ids, positions, slot_mapping, kv_slots, mask, k, v):
-    h = fwd(model, ids, positions, DecodeAttn(k, v, slot_mapping, kv_slots, mask))
-    return lg(model, h), h
+decode = decode_fn(model)
 
 def make_step(lens):
     # sequence i owns blocks i*64 ...; its new token at position lens[i]-1
