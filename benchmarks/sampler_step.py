@@ -2,9 +2,11 @@
 another version of edgeserve/engine/sampler.py, interleaved, medians and ratios.
 
     git show 70d481f:edgeserve/engine/sampler.py > /tmp/sampler_before.py
-    python benchmarks/sampler_step.py --other /tmp/sampler_before.py
+    python benchmarks/sampler_step.py --other /tmp/sampler_before.py [--end-to-end]
 
 Logits are the default model's own, for 8 different prompts, so the distributions' widths are realistic.
+`--end-to-end` also times whole generations (8 prompts together, 64 sampled tokens each, temperature 0.7,
+top_p 0.9) through the engine with each sampler in turn: output tokens/s, medians and the ratio.
 """
 
 from __future__ import annotations
@@ -56,12 +58,39 @@ def _logits(batch: int) -> torch.Tensor:
     return torch.cat(captured)[:batch]
 
 
+def _end_to_end(other, rounds: int, batch: int) -> None:
+    from edgeserve.engine import model_runner
+    from edgeserve.llm import LLM
+
+    llm = LLM(max_num_seqs=batch, kv_cache_gb=0.2)
+    prompts = [f"Write a story about a {w}." for w in ("cat", "ship", "clock", "tree", "city", "robot", "river",
+                                                         "violin")][:batch]
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, ignore_eos=True, seed=1)
+    llm.generate(prompts, params)  # warm-up
+    rates = {"other": [], "current": []}
+    original = model_runner.sample_tokens
+    try:
+        for _ in range(rounds):
+            for label, module in (("other", other), ("current", current)):
+                model_runner.sample_tokens = module.sample_tokens
+                start = time.perf_counter()
+                results = llm.generate(prompts, params)
+                tokens = sum(len(r.outputs[0].token_ids) for r in results)
+                rates[label].append(tokens / (time.perf_counter() - start))
+    finally:
+        model_runner.sample_tokens = original
+    a, b = statistics.median(rates["other"]), statistics.median(rates["current"])
+    print(f"end to end, {batch} sampled requests together: other {a:.1f}, current {b:.1f} output tokens/s "
+          f"({b / a:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other", required=True, help="path to another sampler.py to compare with")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--end-to-end", action="store_true", help="also time whole sampled generations")
     args = parser.parse_args()
     other = _load(args.other)
     logits = _logits(args.batch)
@@ -79,6 +108,8 @@ def main() -> None:
                 times[label].append((time.perf_counter() - start) / args.steps * 1000)
         a, b = statistics.median(times["other"]), statistics.median(times["current"])
         print(f"{name:32} {a:8.2f} {b:8.2f} {a / b:6.2f}x")
+    if args.end_to_end:
+        _end_to_end(other, max(3, args.rounds // 2), args.batch)
 
 
 if __name__ == "__main__":
