@@ -136,15 +136,12 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]."""
-        if x.dim() == 2:  # the model's case: skip the reshapes and the no-op cast (decode runs this ~100 times a step)
-            if x.dtype != self.scales_zeros.dtype:
-                x = x.to(self.scales_zeros.dtype)
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
-        shape = x.shape
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, shape[-1]).to(self.scales_zeros.dtype), self.packed, self.group_size, self.scales_zeros
-        )
-        return y.reshape(*shape[:-1], self.out_features)
+        # the model's 2-D case skips the reshapes and the no-op cast (decode runs this ~100 times a step)
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if x2.dtype != self.scales_zeros.dtype:
+            x2 = x2.to(self.scales_zeros.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
 
 class Int8Weight:

@@ -305,9 +305,8 @@ class EngineCore:
             k = prev.out_index.get(req.request_id)
             if k is None or self._requests.get(req.request_id) is not req:
                 continue  # ended while the step ran: the row was wasted work
-            tok, seq = ids[i], req.seq
-            seq.output_token_ids[k] = tok
-            seq.all_token_ids[len(seq.prompt_token_ids) + k] = tok
+            tok = ids[i]
+            req.seq.set_output(k, tok)
             self.generation_tokens += 1
             _, reason = _cut([tok], req.stop_ids, req.max_tokens - k)
             outputs.append(self._emit(req, [tok], [lps[i]] if lps[i] is not None else None, reason))

@@ -159,6 +159,12 @@ def _draw(scaled: torch.Tensor, params: list[SamplingParams], generators: list[t
     return tokens
 
 
+def scale_by_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Logits [B, V] divided by each row's temperature (1 for greedy rows)."""
+    temperature = to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, logits.device)
+    return logits / temperature.clamp_min(1e-5).unsqueeze(1)
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                   prompt_ids: list[list[int]] | None = None,
                   output_ids: list[list[int]] | None = None) -> SampleOutput:
@@ -175,8 +181,7 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     if not sampled and top_n is None:
         return out
     # host-side flags and to_device: nothing here waits for the device (see kernels.transfer)
-    temperature = to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
-    scaled = logits / temperature.clamp_min(1e-5).unsqueeze(1)
+    scaled = scale_by_temperature(logits, params)
     if sampled:
         rows = to_device(sampled, torch.long, device)
         tokens[rows] = _draw(scaled[rows], [params[i] for i in sampled], [generators[i] for i in sampled])

@@ -47,6 +47,11 @@ class Sequence:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
 
+    def set_output(self, index: int, token_id: int) -> None:
+        """Replace output token `index` (a placeholder the one-step overlap appended) with its real id."""
+        self.output_token_ids[index] = token_id
+        self.all_token_ids[len(self.prompt_token_ids) + index] = token_id
+
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
