@@ -123,7 +123,7 @@ function renderChatList() {
     const open = button(chat.title, "open", () => switchTo(chat.id));
     open.title = chat.title;
     li.append(open, button("\u270E", "icon rename", () => startRename(li, chat), "rename " + chat.title),
-              button("\u{1F5D1}", "icon delete", () => deleteChat(chat), "delete " + chat.title));
+              button("\u00D7", "icon delete", () => deleteChat(chat), "delete " + chat.title));
     ul.append(li);
   }
 }
@@ -214,11 +214,12 @@ function renderTurn(chat, m, i) {
     renderMarkdown(msg, m.content);
     if (m.meta && m.meta.error) msg.append((m.content ? "\n" : "") + "error: " + m.meta.error);
   }
-  turn.append(msg, metaLine(m));
+  const foot = metaLine(m);  // stats and actions share one line under the reply
+  turn.append(msg, foot);
   if (!(stream && stream.msg === m)) {
     actions.append(button("Copy", "copy-reply", (ev) => copyText(m.content).then(() => flash(ev.target, "Copied"))));
     if (last && !busy) actions.append(button("Regenerate", "regenerate", () => regenerate(chat)));
-    turn.append(actions);
+    foot.append(actions);
   }
   return turn;
 }
