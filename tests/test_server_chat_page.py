@@ -283,6 +283,35 @@ def test_reload_keeps_the_conversation_and_edit_or_regenerate_replaces_the_reply
         context.close()
 
 
+def test_keyboard_only_chat_and_export(browser, server):
+    context, page, errors = _open(browser, server.url, accept_downloads=True)
+    try:
+        _scripted(page, lambda body, n: "# Title\n\nsome `code`")
+        page.keyboard.type("line one")  # the message box has focus on load
+        page.keyboard.press("Shift+Enter")
+        page.keyboard.type("line two")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(IDLE)
+        assert _turns(page) == [("user", "line one\nline two"), ("assistant", "Title\nsome code")]
+        page.focus("#menu summary")
+        page.keyboard.press("Enter")
+        with page.expect_download() as md:
+            page.locator("#export-md").focus()
+            page.keyboard.press("Enter")
+        text = Path(md.value.path()).read_text()
+        assert text == "# line one line two\n\n**User**\n\nline one\nline two\n\n**Assistant**\n\n# Title\n\nsome `code`\n"
+        with page.expect_download() as js:
+            page.click("#menu summary")
+            page.click("#export-json")
+        exported = json.loads(Path(js.value.path()).read_text())
+        assert [(m["role"], m["content"]) for m in exported["messages"]] == [
+            ("user", "line one\nline two"), ("assistant", "# Title\n\nsome `code`")]
+        assert exported["messages"][1]["meta"]["tokens"] == _sse("# Title\n\nsome `code`")[1]
+        assert not errors
+    finally:
+        context.close()
+
+
 def test_cold_load_shows_loading_then_stop_marks_the_reply(browser, tmp_path, monkeypatch):
     import edgeserve.models.load as load_module
 
