@@ -35,7 +35,6 @@ let chats = readJSON(CHATS_KEY, {});        // id -> {id, title, created, update
 let currentId = localStorage.getItem(CURRENT_KEY);
 if (!chats[currentId]) currentId = null;    // null: a new chat, stored once it has a message
 let settings = {...DEFAULT_SETTINGS, ...readJSON(SETTINGS_KEY, {})};
-let modelStates = {};                        // model id -> "loaded" | "loading" | "not loaded"
 let stream = null;                           // the reply being generated: {chat, msg, el, controller, ...}
 
 // ---- storage ----------------------------------------------------------------------------------------------
@@ -400,7 +399,9 @@ async function pollWhileWaiting() {
     let loading = null;
     const r = await fetch("/api/ps", {headers: headers()});
     if (r.ok) {
-      const entry = ((await r.json()).models || []).find((m) => m.name === model);
+      const models = (await r.json()).models || [];
+      labelModels(models);
+      const entry = models.find((m) => m.name === model);
       if (entry && entry.status === "loading") loading = {model, seconds: entry.loading_seconds || 0};
     } else {
       const h = await (await fetch("/health")).json();
@@ -440,6 +441,12 @@ function setBusy(busy) {
 
 // ---- models and settings ----------------------------------------------------------------------------------
 
+/** Label each model in the list with its state from /api/ps's `models`. */
+function labelModels(models) {
+  const states = Object.fromEntries(models.map((m) => [m.name, m.status]));
+  for (const opt of $("model").options) opt.textContent = `${opt.value} \u00b7 ${states[opt.value] || "not loaded"}`;
+}
+
 /** Fill the model list from /v1/models, each labelled with its state from /api/ps; returns /api/ps's models. */
 async function refreshModels() {
   let models = [];
@@ -448,19 +455,17 @@ async function refreshModels() {
     const body = await r.json().catch(() => ({}));
     if (!r.ok) throw new Error(body.error ? body.error.message : r.status + " " + r.statusText);
     const ids = body.data.map((m) => m.id);
-    modelStates = {};
     const ps = await fetch("/api/ps", {headers: headers()}).then((x) => (x.ok ? x.json() : {models: []}))
       .catch(() => ({models: []}));
     models = ps.models || [];
-    for (const m of models) modelStates[m.name] = m.status;
     const select = $("model"), chosen = select.value || settings.model;
     select.replaceChildren(...ids.map((id) => {
       const opt = document.createElement("option");
       opt.value = id;
-      opt.textContent = `${id} \u00b7 ${modelStates[id] || "not loaded"}`;
       return opt;
     }));
     if (ids.includes(chosen)) select.value = chosen;
+    labelModels(models);
     clearNotice();
   } catch (e) {
     notice("could not list models: " + e.message + (/key/i.test(e.message) ? " (set it in Settings)" : ""));
