@@ -283,6 +283,29 @@ def test_reload_keeps_the_conversation_and_edit_or_regenerate_replaces_the_reply
         context.close()
 
 
+def test_an_error_is_shown_in_the_reply_and_left_out_of_the_history(browser, server):
+    context, page, errors = _open(browser, server.url)
+    try:
+        bodies = []
+
+        def handle(route):
+            bodies.append(json.loads(route.request.post_data))
+            if len(bodies) == 1:
+                route.fulfill(status=400, json={"error": {"message": "prompt too long", "type": "invalid_request_error",
+                                                          "param": "messages", "code": "context_length_exceeded"}})
+            else:
+                route.fulfill(status=200, headers={"content-type": "text/event-stream"}, body=_sse("fine")[0])
+
+        page.route("**/v1/chat/completions", handle)
+        _send(page, "first")
+        assert page.locator(".msg.assistant.error").text_content() == "error: prompt too long"
+        _send(page, "second")
+        assert [m["content"] for m in bodies[-1]["messages"]] == ["first", "second"]
+        assert _turns(page)[-1] == ("assistant", "fine") and not errors
+    finally:
+        context.close()
+
+
 def test_keyboard_only_chat_and_export(browser, server):
     context, page, errors = _open(browser, server.url, accept_downloads=True)
     try:

@@ -211,7 +211,11 @@ function renderTurn(chat, m, i) {
     paintStream();
   } else {
     renderMarkdown(msg, m.content);
-    if (m.meta && m.meta.error) msg.append((m.content ? "\n" : "") + "error: " + m.meta.error);
+    if (m.meta && m.meta.error) {
+      const err = document.createElement("div");
+      err.className = "error-text"; err.textContent = "error: " + m.meta.error;
+      msg.append(err);
+    }
   }
   const foot = metaLine(m);  // stats and actions share one line under the reply
   turn.append(msg, foot);
