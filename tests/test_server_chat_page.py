@@ -355,6 +355,8 @@ def test_cold_load_shows_loading_then_stop_marks_the_reply(browser, tmp_path, mo
             page.press("#input", "Enter")
             expect(page.locator(".msg.assistant .status")).to_have_text(re.compile(r"loading model tiny\u2026 \d+ s"))
             expect(page.locator("#model option").first).to_have_text("tiny \u00b7 loading")
+            OUTPUT.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(OUTPUT / "desktop-loading.png"))
             page.click("#stop")
             page.wait_for_selector(IDLE)
             assert page.locator(".turn.assistant .meta .stopped").text_content() == "stopped"
