@@ -486,7 +486,13 @@ function readSettingsFromForm() {
   saveSettings();
 }
 
-function notice(text) { $("notice").textContent = text; $("notice").hidden = false; }
+let noticeTimer = null;
+/** Show `text` above the conversation; for `seconds` only when given (else until the next good model list). */
+function notice(text, seconds) {
+  $("notice").textContent = text; $("notice").hidden = false;
+  clearTimeout(noticeTimer);
+  if (seconds) noticeTimer = setTimeout(clearNotice, seconds * 1000);
+}
 function clearNotice() { $("notice").hidden = true; }
 
 // ---- export -----------------------------------------------------------------------------------------------
@@ -502,7 +508,7 @@ function download(name, type, text) {
 function exportChat(format) {
   const chat = currentChat();
   $("menu").open = false;
-  if (!chat) { notice("nothing to export yet"); return; }
+  if (!chat) { notice("nothing to export yet", 4); return; }
   const slug = chat.title.replace(/[^\w-]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 40) || "chat";
   if (format === "json") {
     download(slug + ".json", "application/json",
@@ -572,6 +578,7 @@ $("toggle-sidebar").addEventListener("click", openSidebar);
 $("close-sidebar").addEventListener("click", closeSidebar);
 $("scrim").addEventListener("click", closeSidebar);
 document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { closeSidebar(); $("menu").open = false; } });
+document.addEventListener("click", (ev) => { if (!$("menu").contains(ev.target)) $("menu").open = false; });
 window.addEventListener("storage", (ev) => {  // another tab changed the chats
   if (ev.key === CHATS_KEY && !stream) { chats = readJSON(CHATS_KEY, {}); if (!chats[currentId]) currentId = null; renderAll(); }
 });
