@@ -21,6 +21,8 @@ def test_wheel_layout_and_import(tmp_path):
                      "edgeserve/server/static/chat.html"]:
         assert expected in names
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
+    for f in (ROOT / "edgeserve/server/static").rglob("*"):  # the chat page's files, vendored ones included
+        assert not f.is_file() or f.relative_to(ROOT).as_posix() in names, f
     # every package in the source tree ships, under its edgeserve name
     for init in ROOT.glob("**/__init__.py"):
         rel = init.relative_to(ROOT).as_posix()

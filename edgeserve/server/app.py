@@ -15,7 +15,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgeserve.server import ollama_routes, openai_routes
@@ -41,10 +42,15 @@ async def metrics(request: Request) -> Response:
     return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+# The page loads only its own files; model output can never run script or load remote images, even past DOMPurify.
+CHAT_PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+                 "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+
+
 async def chat_page(request: Request) -> Response:
-    """GET /: the built-in chat page."""
+    """GET /: the built-in chat page (its script, styles and vendored libraries are under /static/)."""
     html = resources.files("edgeserve.server").joinpath("static/chat.html").read_text(encoding="utf-8")
-    return HTMLResponse(html)
+    return HTMLResponse(html, headers={"content-security-policy": CHAT_PAGE_CSP})
 
 
 class ServerMiddleware:
@@ -129,6 +135,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
 
     routes = [
         Route("/", chat_page, methods=["GET"]),
+        Mount("/static", StaticFiles(packages=[("edgeserve.server", "static")]), name="static"),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *openai_routes.ROUTES,
