@@ -238,6 +238,34 @@ def test_api_key(tiny_path):
             assert c.get("/v1/models").status_code == 200
 
 
+def test_api_key_on_every_route(tiny_path):
+    """Every route but the chat page and /health refuses a request without the key (401 in its API's error shape)
+    and lets it through with `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    from starlette.routing import Route
+
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), api_key="s3cret", allow_pull=False)) as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        routes = [(r.path.replace("{", "").replace("}", ""), m) for r in s.app.routes if isinstance(r, Route)
+                  for m in sorted(r.methods - {"HEAD"})]
+        open_paths = {"/", "/health"}
+        assert {"/v1/chat/completions", "/api/chat", "/api/generate", "/api/tags", "/metrics"} <= {p for p, _ in routes}
+        for path, method in routes:
+            if path in open_paths:
+                continue
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": "s3cret"}):
+                r = c.request(method, path, headers=headers, **({"json": {}} if method == "POST" else {}))
+                assert r.status_code == 401, (path, method, headers, r.status_code)
+                if path.startswith("/api/"):
+                    assert set(r.json()) == {"error"} and "API key" in r.json()["error"], (path, r.text)
+                elif path.startswith("/v1/") and path != "/v1/messages":  # Anthropic's route has its own shape
+                    assert r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+            for headers in ({"Authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
+                r = c.request(method, path, headers=headers, **({"json": {}} if method == "POST" else {}))
+                assert r.status_code != 401, (path, method, headers, r.text)
+        for path in open_paths:
+            assert c.get(path).status_code == 200, path
+
+
 def test_ollama_errors_have_ollama_shape(client):
     r = client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
                                        "options": {"mirostat": 1}})
