@@ -219,13 +219,23 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
                              .replace("gpu_memory_fraction", "--gpu-memory-fraction")) from None
 
 
+def names_model(text: str) -> bool:
+    """Whether `text` is a catalog name or an existing file or folder (a long prompt is neither: no error)."""
+    if text in CATALOG:
+        return True
+    try:
+        return Path(text).expanduser().exists()
+    except (OSError, ValueError):  # longer than a file name may be, or holds a NUL byte: not a path
+        return False
+
+
 def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
     """Read `run`'s positionals as [MODEL] [PROMPT]: a lone word names a model only if it is one."""
     pos = list(args.args)
     model = args.model
     if model is None and len(pos) >= 2:
         model = pos.pop(0)
-    elif model is None and len(pos) == 1 and (pos[0] in CATALOG or Path(pos[0]).expanduser().exists()):
+    elif model is None and len(pos) == 1 and names_model(pos[0]):
         model = pos.pop(0)
     if len(pos) > 1:
         raise EdgeserveError("run takes at most a model and one prompt; quote the prompt")
@@ -253,6 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from edgeserve.llm import LLM
+    from edgeserve.load_progress import LoadingLine
     from edgeserve.sampling_params import SamplingParams
 
     model_name, prompt = split_model_and_prompt(args)
@@ -263,9 +274,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     check_device(args)
-    llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
-              quantize=args.quantize, quantize_group_size=args.quantize_group_size,
-              quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill)
+    with LoadingLine(model_name):
+        llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
+                  quantize=args.quantize, quantize_group_size=args.quantize_group_size,
+                  quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill)
     if config.kv_offload != "none":
         import atexit
 
@@ -374,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
     parser = build_parser()
     one_line_parse_errors("edgeserve", parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "run":  # flags may sit between MODEL and PROMPT: the words after them are positionals too
+        args.args += [a for a in extra if not a.startswith("-")]
+        extra = [a for a in extra if a.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return run_reporting_errors("edgeserve", lambda: COMMANDS[args.command](args))
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ def default_model_fp32(default_model_path):
 @pytest.fixture(scope="session")
 def reference_model(default_model_path):
     """transformers' float32 model loaded from the same GGUF: the correctness reference."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    import accelerate  # noqa: F401  (transformers needs it to load GGUF)
+    import transformers
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(default_model_path.parent), gguf_file=default_model_path.name, dtype=torch.float32
@@ -55,7 +55,8 @@ def reference_model(default_model_path):
 @pytest.fixture(scope="session")
 def reference_tokenizer(default_model_path):
     """transformers' tokenizer loaded from the same GGUF."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     return transformers.AutoTokenizer.from_pretrained(str(default_model_path.parent), gguf_file=default_model_path.name)
 
 

@@ -60,10 +60,15 @@ def test_results_come_back_in_prompt_order_with_text(default_model):
 
 def test_chat_applies_the_template(default_model):
     llm = LLM.from_model(default_model, kv_cache_gb=0.05)
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    via_chat = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=12))[0]
-    assert via_chat.prompt_token_ids == chat_ids(default_model, msgs[0]["content"])
-    assert "Paris" in via_chat.text
+    # a question whose greedy answer has no near-tie (every step's top two logprobs > 2 apart on the default and
+    # float32 paths); "capital of France?" is not one: "L'Étoile" and "The capital..." tie on AVX2
+    msgs = [{"role": "user", "content": "What is the capital of Japan?"}]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    via_chat = llm.chat(msgs, params)[0]
+    ids = chat_ids(default_model, msgs[0]["content"])
+    assert via_chat.prompt_token_ids == ids
+    assert via_chat.outputs[0].token_ids == llm.generate([ids], params)[0].outputs[0].token_ids
+    assert "Tokyo" in via_chat.text
 
 
 def test_shared_prefix_computes_only_the_suffix(default_model):

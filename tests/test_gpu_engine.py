@@ -110,18 +110,34 @@ def test_default_bf16_path_on_cuda_agrees_with_cpu(default_model_path, default_m
 
 
 def test_kv_pool_sized_from_gpu_memory(default_model_path):
-    """Without --kv-cache-gb the pool is what --gpu-memory-fraction leaves after the weights and a warm-up step."""
+    """Without --kv-cache-gb the pool is what --gpu-memory-fraction leaves after the weights and a warm-up step:
+    0.1 more of the device gives the pool 0.1 of the device more."""
+    import gc
+
     from edgeserve.engine.core import EngineCore
     from edgeserve.engine.config import EngineConfig
+    from edgeserve.engine.kv_cache import kv_bytes_per_token
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
     lm = load_model(resolve(str(default_model_path)), device="cuda")
-    small = EngineCore(lm, EngineConfig(gpu_memory_fraction=0.2, max_num_seqs=4, max_model_len=256, enforce_eager=True))
     _, total = torch.cuda.mem_get_info()
-    assert 0 < small.pool.nbytes < 0.2 * total
-    del small
-    torch.cuda.empty_cache()
+
+    def pool_bytes(fraction: float) -> tuple[int, int]:
+        # seats x context far beyond the device, so the cap on blocks (every seat at full context) never binds
+        core = EngineCore(lm, EngineConfig(gpu_memory_fraction=fraction, max_num_seqs=1024, max_model_len=8192,
+                                           enforce_eager=True))
+        nbytes = core.pool.nbytes
+        cap = kv_bytes_per_token(lm.config, lm.model.dtype) * core.max_model_len * 1024
+        del core
+        gc.collect()
+        torch.cuda.empty_cache()
+        return nbytes, cap
+
+    small, cap = pool_bytes(0.2)
+    large, _ = pool_bytes(0.3)
+    assert 0 < small < 0.2 * total and large < 0.3 * total < cap
+    assert abs((large - small) - 0.1 * total) < 0.01 * total, (small, large, total)
 
 
 def test_dummy_int4_llama_shape_generates(tmp_path):

@@ -75,6 +75,22 @@ def test_different_prefix_does_not_hit():
     assert bm.allocate("b", [0, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
 
 
+def test_same_block_at_another_position_does_not_hit():
+    """A block's key chains its parent's: the same tokens cached at one position are no hit at another (their KV
+    was computed at other positions and after other tokens)."""
+    bm = BlockManager(16, BS)
+    a, b = [1, 2, 3, 4], [5, 6, 7, 8]
+    bm.allocate("first", a + b + [9])
+    computed(bm, "first", a + b + [9])
+    assert bm.allocate("b_first", b + a + [9]) == 0  # b was cached at position 1 only
+    assert bm.allocate("a_twice", a + a + b + [9]) == 4  # the second a sits after a, not at the start
+    computed(bm, "a_twice", a + a + b + [9])  # now a is cached at positions 0 and 1, b at 1 and 2
+    assert bm.allocate("again", a + b + [10]) == 8  # each prefix hits in full: one key per (position, prefix)
+    assert bm.allocate("twice_again", a + a + b + [10]) == 12
+    assert bm.allocate("b_again", b + [10]) == 0
+    bm.check_integrity()
+
+
 def test_uncomputed_blocks_are_not_cached():
     bm = BlockManager(16, BS)
     prompt = list(range(12))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from edgeserve.errors import UnsupportedModelError
 from edgeserve.loaders.hf_folder import HFFolder
@@ -11,7 +12,6 @@ from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.llama import LlamaModel
 
-transformers = pytest.importorskip("transformers")
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=256, rms_norm_eps=1e-5)

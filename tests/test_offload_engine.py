@@ -190,7 +190,9 @@ def test_swap_preemption_matches_unconstrained_run(tiny_lm):
     assert drive(engine, prompts, concurrent=True)[0] == ref
     s = engine.stats()
     assert s.num_preemptions > 0 and s.offload.swap_outs > 0 and s.offload.swap_ins == s.offload.swap_outs
-    assert s.prompt_tokens_computed + s.generation_tokens <= plain.stats().prompt_tokens_computed + s.generation_tokens
+    # swapped-out requests come back with their KV: every prompt token is computed once, where recompute-on-
+    # preemption computes some twice
+    assert s.prompt_tokens_computed == sum(map(len, prompts)) < plain.stats().prompt_tokens_computed
     assert engine.offload.tiers.host.num_swapped == 0
 
 

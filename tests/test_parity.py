@@ -17,6 +17,8 @@ CHATS = [
 ]
 
 
+NEAR_TIE = 1e-2  # logits closer than this to the runner-up: float32 op order may swap them
+
 def test_prompt_logits_match_reference(default_model_fp32, reference_model):
     lm = default_model_fp32
     ids = lm.tokenizer.encode(lm.chat_template.render(CHATS[1]), add_special_tokens=False)
@@ -27,7 +29,10 @@ def test_prompt_logits_match_reference(default_model_fp32, reference_model):
         expected = reference_model(torch.tensor([ids])).logits[0]
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
-    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    top2 = expected.topk(2, -1).values
+    clear = top2[:, 0] - top2[:, 1] > NEAR_TIE  # closer ones may flip with the CPU's arithmetic (AVX2 vs AVX-512)
+    assert clear.float().mean() > 0.9
+    assert torch.equal(got.argmax(-1)[clear], expected.argmax(-1)[clear])
 
 
 def test_greedy_64_tokens_identical_to_reference(default_model_fp32, reference_model):
@@ -38,10 +43,16 @@ def test_greedy_64_tokens_identical_to_reference(default_model_fp32, reference_m
         ours = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=64))[0].outputs[0].token_ids
         with torch.no_grad():
             out = reference_model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
-                                           eos_token_id=sorted(lm.tokenizer.eot_ids))
-        ref = out[0, len(ids):].tolist()
-        assert len(ours) >= 8
-        assert ours == ref[: len(ours)] and len(ours) == len(ref), chat
+                                           eos_token_id=sorted(lm.tokenizer.eot_ids), output_scores=True,
+                                           return_dict_in_generate=True)
+        ref = out.sequences[0, len(ids):].tolist()
+        # identical up to the reference's first near-tie (which way it falls depends on the CPU's arithmetic)
+        margins = [float(v[0] - v[1]) for v in (step[0].topk(2).values for step in out.scores)]
+        n = next((i for i, m in enumerate(margins) if m <= NEAR_TIE), len(ref))
+        assert n >= 8, (chat, margins)
+        assert ours[:n] == ref[:n], chat
+        if n == len(ref):
+            assert len(ours) == len(ref), chat
 
 
 def test_default_bf16_int4_path_stays_close(default_model_path, default_model_fp32):

@@ -15,6 +15,7 @@ from edgeserve.loaders.quantize import Int4QuantizingWeights, awq_search, group_
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
+from kernel_utils import kernel_device
 from tiny_gguf import write_tiny_llama
 
 IDS = torch.arange(3, 40)
@@ -97,6 +98,7 @@ def test_q4_k_stays_4_bit_on_cpu_and_in_the_w4a16_layout(tmp_path):
     fast, exact = (load_model(resolve(str(path)), dtype=d) for d in ("auto", "float32"))
     assert all(isinstance(w, Int4Weight) for w in matrices(fast.model))
     assert_close_logits(logits(exact.model), logits(fast.model))
+    kernel_device("cpu")  # the rest runs Triton on CPU tensors: only in its interpreter (skips in a GPU process)
     with dispatch.force_backend("triton"):  # the GPU path's repack, built here for CPU tensors
         lm = load_model(resolve(str(path)), dtype="float32")
     w = lm.model.layers[0].down
@@ -121,6 +123,7 @@ def test_quantize_int4_packs_a_float_model(tmp_path):
     # (GGUF Q4_1 of the same weights: ~0.6), a broken quantizer by more than their size
     ref = logits(exact.model)
     assert (logits(q32.model) - ref).abs().mean() < 0.8 * ref.abs().mean()
+    kernel_device("cpu")  # the rest runs Triton on CPU tensors: only in its interpreter (skips in a GPU process)
     with dispatch.force_backend("triton"):
         tq = load_model(resolve(str(path)), dtype="float32", quantize="int4", quantize_group_size=32)
     assert isinstance(tq.model.layers[1].down, dispatch.W4A16Weight) and tq.model.layers[1].down.group_size == 32

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import anyio
 import httpx
 import pytest
 
 from edgeserve.server import ServerConfig
-from server_helpers import serve
+from server_helpers import serve, wait_until
 from tiny_gguf import write_tiny_llama
 
 CHAT = "/v1/chat/completions"
@@ -165,35 +166,50 @@ def test_unknown_route_and_method(client):
 
 
 def test_queue_full_is_429_with_retry_after(tiny_path):
-    cfg = ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None, max_seqs=1, max_queue=1)
-    with serve(cfg) as s:
-        body = {**GOOD, "max_tokens": 100, "stream": True, "ignore_eos": True}
+    """Exactly --max-queue requests wait; the next one gets 429 with Retry-After, through OpenAI and Ollama."""
+    max_queue = 3
+    cfg = ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None, max_seqs=1, max_queue=max_queue)
+    with serve(cfg) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        assert_ok_after(c)  # loads the model
+        core = s.manager.entries["tiny"].engine.core
+        gate, step = threading.Event(), core.step
+
+        def gated_step():
+            gate.wait()  # while the gate is shut no step runs: every accepted request stays queued
+            return step()
+
+        core.step = gated_step
         statuses: list[int] = []
-        retry: list[str | None] = []
+        try:
+            async def one(client: httpx.AsyncClient) -> None:
+                statuses.append((await client.post(CHAT, json=GOOD)).status_code)
 
-        async def one(c: httpx.AsyncClient) -> None:
-            async with c.stream("POST", CHAT, json=body) as r:
-                statuses.append(r.status_code)
-                if r.status_code == 429:
-                    retry.append(r.headers.get("retry-after"))
-                    err = (await r.aread()).decode()
-                    assert '"queue_full"' in err and '"rate_limit_error"' in err
-                else:
-                    async for _ in r.aiter_lines():
-                        pass
+            async def main() -> None:
+                async with httpx.AsyncClient(base_url=s.url, timeout=60) as ac, anyio.create_task_group() as tg:
+                    for _ in range(max_queue):
+                        tg.start_soon(one, ac)
+                    queued = await anyio.to_thread.run_sync(
+                        lambda: wait_until(lambda: core.stats().num_waiting == max_queue, timeout=30))
+                    assert queued, core.stats()
+                    # one over the limit is refused at once; were it let in, it would wait on the gate (timeout)
+                    r = await ac.post(CHAT, json=GOOD, timeout=15)
+                    assert r.status_code == 429, r.text
+                    assert int(r.headers["retry-after"]) >= 1
+                    err = r.json()["error"]
+                    assert err["code"] == "queue_full" and err["type"] == "rate_limit_error", err
+                    r = await ac.post("/api/chat", json={"model": "tiny", "stream": False, "options": {"num_predict": 3},
+                                                         "messages": GOOD["messages"]}, timeout=15)
+                    assert r.status_code == 429, r.text
+                    assert set(r.json()) == {"error"} and "queue" in r.json()["error"], r.text
+                    assert core.stats().num_waiting == max_queue  # the refused ones left nothing behind
+                    gate.set()
 
-        async def main() -> None:
-            async with httpx.AsyncClient(base_url=s.url, timeout=60) as c:
-                await c.post(CHAT, json=GOOD)  # load the model first
-                async with anyio.create_task_group() as tg:
-                    for _ in range(6):
-                        tg.start_soon(one, c)
-
-        anyio.run(main)
-        assert 429 in statuses and 200 in statuses, statuses
-        assert all(v is not None and int(v) >= 1 for v in retry)
-        with httpx.Client(base_url=s.url, timeout=60) as c:
-            assert_ok_after(c)
+            anyio.run(main)
+        finally:
+            gate.set()
+            core.step = step
+        assert statuses == [200] * max_queue  # every request that was let in is answered
+        assert_ok_after(c)
 
 
 def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
@@ -220,6 +236,34 @@ def test_api_key(tiny_path):
             c.headers["Authorization"] = "Bearer s3cret"
             assert_ok_after(c)
             assert c.get("/v1/models").status_code == 200
+
+
+def test_api_key_on_every_route(tiny_path):
+    """Every route but the chat page and /health refuses a request without the key (401 in its API's error shape)
+    and lets it through with `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    from starlette.routing import Route
+
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), api_key="s3cret", allow_pull=False)) as s, \
+            httpx.Client(base_url=s.url, timeout=60) as c:
+        routes = [(r.path.replace("{", "").replace("}", ""), m) for r in s.app.routes if isinstance(r, Route)
+                  for m in sorted(r.methods - {"HEAD"})]
+        open_paths = {"/", "/health"}
+        assert {"/v1/chat/completions", "/api/chat", "/api/generate", "/api/tags", "/metrics"} <= {p for p, _ in routes}
+        for path, method in routes:
+            if path in open_paths:
+                continue
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}, {"Authorization": "s3cret"}):
+                r = c.request(method, path, headers=headers, **({"json": {}} if method == "POST" else {}))
+                assert r.status_code == 401, (path, method, headers, r.status_code)
+                if path.startswith("/api/"):
+                    assert set(r.json()) == {"error"} and "API key" in r.json()["error"], (path, r.text)
+                elif path.startswith("/v1/") and path != "/v1/messages":  # Anthropic's route has its own shape
+                    assert r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+            for headers in ({"Authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
+                r = c.request(method, path, headers=headers, **({"json": {}} if method == "POST" else {}))
+                assert r.status_code != 401, (path, method, headers, r.text)
+        for path in open_paths:
+            assert c.get(path).status_code == 200, path
 
 
 def test_ollama_errors_have_ollama_shape(client):

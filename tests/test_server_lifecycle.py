@@ -36,13 +36,13 @@ def test_lazy_load_keep_alive_unload_and_reload(tiny_paths):
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert loaded(c) == {}  # nothing loads at start
             assert c.get("/health").json() == {"status": "ok", "loading": False, "models": {}}
+            # (whether it is still loaded right after the reply depends on the machine's speed against the 0.5 s
+            # window: the load counter says it was loaded, whenever it is read)
             assert c.post(CHAT, json=chat("tiny-a")).status_code == 200
-            assert loaded(c) == {"tiny-a": "loaded"}
             assert load_count(c, "tiny-a") == 1
-            assert wait_until(lambda: loaded(c) == {}, timeout=10), "not unloaded after keep_alive"
+            assert wait_until(lambda: loaded(c) == {}, timeout=60), "not unloaded after keep_alive"
             assert s.manager.entries == {}
             assert c.post(CHAT, json=chat("tiny-a")).status_code == 200  # reloads
-            assert loaded(c) == {"tiny-a": "loaded"}
             assert load_count(c, "tiny-a") == 2
 
 
@@ -95,7 +95,7 @@ def test_ollama_keep_alive_zero_unloads_and_negative_keeps(tiny_paths):
             r = c.post("/api/generate", json={"model": "tiny-a", "prompt": "hi", "stream": False,
                                               "options": {"num_predict": 2}, "keep_alive": 0})
             assert r.status_code == 200 and r.json()["eval_count"] >= 1
-            assert wait_until(lambda: loaded(c) == {}, timeout=5)
+            assert wait_until(lambda: loaded(c) == {}, timeout=60)
             # Ollama's way to load without generating, and to unload without generating
             r = c.post("/api/generate", json={"model": "tiny-a"})
             assert r.json()["done_reason"] == "load" and loaded(c) == {"tiny-a": "loaded"}

@@ -97,3 +97,31 @@ def test_no_stop_strings_pass_everything():
     m = StopMatcher(["", ""])
     assert m.push("abc") == ("abc", False)
     assert m.flush() == ""
+
+
+class _Letters:
+    """A tokenizer stand-in: token i is the letter chr(ord('a') + i)."""
+
+    byte_fallback_ids = frozenset()
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_stop_string_inside_a_speculative_run_counts_only_the_tokens_kept():
+    """Speculation hands over several tokens at once; when a stop string ends inside them, the tokens after it are
+    dropped and usage (num_output_tokens) counts only the ones kept."""
+    from edgeserve.engine.core import TokenOutput
+    from edgeserve.engine.output_processor import OutputProcessor
+    from edgeserve.sampling_params import SamplingParams
+
+    proc = OutputProcessor("r", [0], SamplingParams(max_tokens=50, stop=["cd"]), _Letters())
+    first = proc.process(TokenOutput("r", [0, 1], None, num_output_tokens=2))  # "ab"
+    assert first.num_output_tokens == 2 and first.finish_reason is None
+    # a run of 4 accepted tokens "cdef": the stop string "cd" ends at the 2nd; "ef" overshoot
+    out = proc.process(TokenOutput("r", [2, 3, 4, 5], None, num_output_tokens=6))
+    assert out.finish_reason == "stop" and out.stop_reason == "cd"
+    assert out.token_ids == [2, 3]
+    assert first.text + out.text == "ab"
+    assert out.num_output_tokens == 4

@@ -182,8 +182,9 @@ SPM_CORPUS = [c for c in CORPUS if "<|" not in c] + ["The lazy dog jumps.", "  t
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory):
     """`(sentencepiece processor, GGUF path)`: a byte-fallback BPE model and the same vocabulary as a GGUF."""
-    spm_lib = pytest.importorskip("sentencepiece")
-    gguf = pytest.importorskip("gguf")
+    import gguf
+    import sentencepiece as spm_lib
+
     model = io.BytesIO()
     spm_lib.SentencePieceTrainer.train(
         sentence_iterator=iter(SPM_TRAINING_TEXT.splitlines() * 20), model_writer=model, model_type="bpe",
@@ -232,7 +233,8 @@ def spm_tokenizer(spm) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def spm_reference(spm):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     path = spm[1]
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 

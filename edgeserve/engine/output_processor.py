@@ -72,5 +72,6 @@ class OutputProcessor:
             stop_reason=stop_reason,
             num_prompt_tokens=out.num_prompt_tokens,
             num_cached_tokens=out.num_cached_tokens,
-            num_output_tokens=out.num_output_tokens,
+            # tokens of a speculative run past the stop string were never shown: they are not output either
+            num_output_tokens=out.num_output_tokens - (len(out.token_ids) - len(token_ids)),
         )
