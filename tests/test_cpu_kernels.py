@@ -1,0 +1,116 @@
+"""The native CPU matmuls over GGUF blocks (kernels/cpu/qmatmul.c) against a float64 dequantize-then-matmul
+reference (gguf's own dequantizer), for every format, every SIMD variant this CPU has plus the portable one,
+odd shapes and batches of 1 to 65; and that the library really builds where a compiler exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight
+
+# byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
+SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+                "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) -> BlockTensor:
+    """Random block bytes of `qtype` for a [rows, cols] weight, with small finite float16 scales."""
+    _, per, size = FORMATS[qtype]
+    data = gen.integers(0, 256, size=(rows, cols // per, size), dtype=np.uint8)
+    for off in SCALE_FIELDS[qtype]:
+        scale = (gen.random((rows, cols // per)) * 0.02 + 0.001).astype(np.float16)
+        if qtype in ("Q4_1", "Q5_1") and off == 2:
+            scale = -scale  # the offset m of these formats is usually negative
+        data[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, cols // per, 2)
+    return BlockTensor(qtype, torch.from_numpy(data.reshape(rows, -1).copy()), cols)
+
+
+def reference(x: torch.Tensor, w: BlockTensor) -> torch.Tensor:
+    """x @ W.T in float64 from gguf's dequantization of the blocks."""
+    deq = dequantize(w.data.numpy(), GGMLQuantizationType[w.qtype]).reshape(w.shape)
+    return x.double() @ torch.from_numpy(deq).double().T
+
+
+VARIANTS = cpu_native.supported_variants()
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def lib(request):
+    return cpu_native.load(request.param)
+
+
+def test_native_library_builds_where_a_compiler_exists():
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    for variant in VARIANTS:
+        assert cpu_native.load(variant).qmm_variant().decode() == variant
+    assert cpu_native.available()  # a broken build must fail here, not fall back silently
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+@pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4)])
+def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
+    gen = np.random.default_rng(hash((qtype, rows, batch)) & 0xFFFF)
+    cols = FORMATS[qtype][1] * cols_blocks
+    w = random_blocks(qtype, rows, cols, gen)
+    x = torch.from_numpy(gen.standard_normal((batch, cols)).astype(np.float32))
+    got = BlockWeight([w], lib).matmul(x).double()
+    want = reference(x, w)
+    # int8 activations: each block's rounding error is at most half a step of amax/127
+    err = (got - want).abs().max().item()
+    scale = (x.double().abs() @ torch.from_numpy(
+        np.abs(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))).double().T).max().item()
+    assert err <= 0.01 * scale, (qtype, err, scale)
+    assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+def test_rows_dequantize_exactly(lib, qtype):
+    gen = np.random.default_rng(7)
+    w = random_blocks(qtype, 9, FORMATS[qtype][1] * 2, gen)
+    ids = torch.tensor([3, 0, 8, 3])
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))[ids]
+    torch.testing.assert_close(BlockWeight([w], lib).rows(ids), want, rtol=0, atol=0)
+
+
+def test_parts_of_mixed_formats_and_bf16_input(lib):
+    gen = np.random.default_rng(3)
+    parts = [random_blocks("Q4_K", 40, 512, gen), random_blocks("Q6_K", 24, 512, gen),
+             random_blocks("Q8_0", 8, 512, gen)]
+    x = torch.from_numpy(gen.standard_normal((6, 512)).astype(np.float32)).bfloat16()
+    got = BlockWeight(parts, lib).matmul(x).double()
+    want = torch.cat([reference(x.float(), p) for p in parts], dim=1)
+    assert (got - want).abs().max().item() <= 0.01 * want.abs().max().item()
+
+
+def test_rows_are_batch_invariant(lib):
+    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size)."""
+    gen = np.random.default_rng(5)
+    w = BlockWeight([random_blocks("Q4_K", 100, 512, gen)], lib)
+    x = torch.from_numpy(gen.standard_normal((33, 512)).astype(np.float32))
+    full = w.matmul(x)
+    for i in (0, 17, 32):
+        assert torch.equal(w.matmul(x[i:i + 1])[0], full[i])
+    assert torch.equal(w.matmul(x[5:12]), full[5:12])
+
+
+def test_every_variant_agrees_with_the_scalar_one():
+    gen = np.random.default_rng(11)
+    x = torch.from_numpy(gen.standard_normal((7, 512)).astype(np.float32))
+    for qtype in FORMATS:
+        w = random_blocks(qtype, 33, 512, gen)
+        base = BlockWeight([w], cpu_native.load("scalar")).matmul(x)
+        for variant in VARIANTS:
+            got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
+            torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("EDGESERVE_NATIVE", "0")
+    assert cpu_native.library() is None
+    assert not cpu_native.available()
