@@ -253,3 +253,18 @@ class BlockWeight:
     def dequantize(self) -> torch.Tensor:
         """The whole weight in float32 (for tests and references)."""
         return torch.cat([BlockWeight([p], self.lib).rows(torch.arange(p.data.shape[0])) for p in self.parts])
+
+
+def block_weight(source: object, names: list[str], device: torch.device, dtype: torch.dtype) -> BlockWeight | None:
+    """The tensors `names` (HF names, stacked along the output rows) as one BlockWeight when they can run
+    natively here: a CPU device, a reduced-precision compute dtype (float32 keeps the exact dequantized path),
+    the native library loaded, and a weight source that gives block bytes (`blocks(name)`) in native formats."""
+    if device.type != "cpu" or dtype == torch.float32 or not hasattr(source, "blocks"):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    parts = [source.blocks(n) for n in names]  # type: ignore[attr-defined]
+    if any(p is None for p in parts):
+        return None
+    return BlockWeight(parts, lib)
