@@ -1,6 +1,7 @@
-"""Native CPU matmuls over GGUF block formats (kernels/cpu/qmatmul.c), compiled on first use and cached.
+"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c) and paged attention
+(kernels/cpu/attention.c), compiled on first use and cached.
 
-The C source is built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
+The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
 source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
 `avx512vnni` (AVX-512 VNNI dot products), `avx2` (maddubs), or `scalar` (portable C, always built for tests).
 `EDGESERVE_NATIVE=0` turns the native kernels off (the torch paths run instead); `EDGESERVE_NATIVE_VARIANT`
@@ -24,7 +25,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu") / "qmatmul.c"
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c")]
+HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -98,7 +100,8 @@ def build(variant: str) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *VARIANT_FLAGS[variant]]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags]).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(text + " ".join([cc, *flags]).encode()).hexdigest()[:16]
     folder = edgeserve_home() / "native"
     target = folder / f"qmatmul-{variant}-{key}.so"
     if target.exists():
@@ -107,9 +110,9 @@ def build(variant: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed to build {SOURCE.name} ({variant}):\n{done.stderr.strip()}")
+            raise RuntimeError(f"{cc} failed to build the native CPU kernels ({variant}):\n{done.stderr.strip()}")
         os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
     finally:
         if os.path.exists(tmp):
@@ -126,6 +129,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_dequant_rows.argtypes = [i32, p, i64, i32, p, i32, p]
     lib.qmm_dequant_rows.restype = None
     lib.qmm_set_threads.argtypes = [i32]
+    lib.qmm_paged_attention.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, ctypes.c_float, p]
+    lib.qmm_paged_attention.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     lib.qmm_set_threads(threads())
     return lib
@@ -268,3 +273,40 @@ def block_weight(source: object, names: list[str], device: torch.device, dtype: 
     if any(p is None for p in parts):
         return None
     return BlockWeight(parts, lib)
+
+
+def _attention_rows(meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row of a step: its sequence's index and how many positions it sees (built once per step)."""
+    plan = getattr(meta, "native_rows", None)
+    if plan is None:
+        seqs, lens = [], []
+        for i, (n, s) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+            seqs += [i] * n
+            lens += range(s - n + 1, s + 1)
+        plan = meta.native_rows = (torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
+    return plan
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
+                    lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype."""
+    lib = lib or library()
+    assert lib is not None
+    t, h, d = q.shape
+    blocks, block_size, hkv, _ = k_cache.shape
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        q = q.float()
+    q = q.contiguous()
+    kv_bf16 = k_cache.dtype == torch.bfloat16
+    if k_cache.dtype not in (torch.float32, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
+        k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), False
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # no-ops for the engine's pool
+    seqs, lens = _attention_rows(meta)
+    tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
+    tables = tables.contiguous()
+    out = torch.empty_like(q)
+    lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(), v_cache.data_ptr(),
+                            kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0), seqs.data_ptr(),
+                            lens.data_ptr(), d ** -0.5 if scale is None else scale, out.data_ptr())
+    return out

@@ -7,7 +7,8 @@ Choice rules (per call, from the device of the call's main tensor):
    tensors when `TRITON_INTERPRET=1` (the interpreter; this is how the tests run the kernels on CPU). A forced
    Triton call that cannot run (Triton missing, CPU tensors without the interpreter) raises instead of
    silently testing the twin.
-3. Default (`auto`): Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
+3. Default (`auto`): on CPU, paged attention and the GGUF block-format matmuls run in the native C kernels
+   (kernels.cpu_native) when they build (EDGESERVE_NATIVE=0 turns them off). Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
    Hopper) when Triton imports; the torch twins on CPU, on other devices (MPS, ROCm, newer or older CUDA
    parts, untested here), or when Triton is not installed.
 4. A kernel whose shape the Triton version does not cover (e.g. a W4A16 weight whose in_features is not a
@@ -31,6 +32,7 @@ from typing import Iterator
 import torch
 
 from . import activation as _act
+from . import cpu_native as _native
 from . import norm as _norm
 from . import paged_attention as _attn
 from . import quant_linear as _ql
@@ -125,6 +127,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale)
+    if q.device.type == "cpu" and backend() == "auto" and _native.available():
+        return _native.paged_attention(q, k_cache, v_cache, meta, scale)  # float32 C, batch-invariant
     return _attn.paged_attention(q, k_cache, v_cache, meta, scale)
 
 

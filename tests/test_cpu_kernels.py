@@ -114,3 +114,24 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("EDGESERVE_NATIVE", "0")
     assert cpu_native.library() is None
     assert not cpu_native.available()
+
+
+def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.paged_attention import paged_attention as twin
+
+    torch.manual_seed(0)
+    bs, hkv, heads, d = 4, 2, 6, 32
+    k_cache = torch.randn(20, bs, hkv, d).bfloat16()
+    v_cache = torch.randn(20, bs, hkv, d).bfloat16()
+    tables = [[3, 7, 1], [0, 5, 9, 11, 2], [4]]
+    qlens, slens = [1, 6, 3], [9, 17, 3]  # a decode, a prefill chunk over cached context, a fresh prompt
+    q = torch.randn(sum(qlens), heads, d).bfloat16()
+    meta = AttentionMetadata.build(qlens, slens, tables, list(range(sum(qlens))))
+    got = cpu_native.paged_attention(q, k_cache, v_cache, meta, None, lib)
+    want = twin(q, k_cache, v_cache, AttentionMetadata.build(qlens, slens, tables, list(range(sum(qlens)))))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.02)
+    # the prefill's last 2 rows alone (as a later chunk would run them) give the same bits
+    alone = AttentionMetadata.build([2], [17], [tables[1]], [0, 1])
+    assert torch.equal(cpu_native.paged_attention(q[5:7], k_cache, v_cache, alone, None, lib), got[5:7])

@@ -6,16 +6,15 @@
    and multiplied with its activation block in integer SIMD (AVX2 maddubs, or AVX-512 VNNI dpbusd when this
    file is compiled with -DQMM_VNNI); without -DQMM_AVX2 everything runs in portable C.
 
-   Threads: a small persistent pthread pool (no OpenMP, so no second OpenMP runtime next to torch's) splits
-   the output rows; the calling thread works too. Each output value depends only on its own activation row and
+   Threads (pool.c) split the output rows. Each output value depends only on its own activation row and
    weight row, so results do not depend on the batch or on the thread count. */
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "pool.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
 #endif
@@ -428,7 +427,7 @@ static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
 
 #endif
 
-/* ---- the matmul job and its thread pool ----------------------------------------------------------- */
+/* ---- the matmul: chunks of output rows as pool tasks ------------------------------------------------ */
 
 typedef struct {
     int fmt, N, K, M;
@@ -436,114 +435,29 @@ typedef struct {
     int64_t row_bytes, ldo;
     act_t a;
     float *out;
-    atomic_int next; /* next chunk of output rows to take */
 } job_t;
 
 enum { ROW_CHUNK = 16, M_TILE = 64 };
 
-static void run_job(job_t *j) {
-    const int chunks = (j->N + ROW_CHUNK - 1) / ROW_CHUNK;
-    for (;;) {
-        int c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (c >= chunks) break;
-        int n0 = c * ROW_CHUNK, n1 = n0 + ROW_CHUNK < j->N ? n0 + ROW_CHUNK : j->N;
-        /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
-        for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
-            int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
-            act_t a = {j->a.qa + (int64_t)m0 * j->K, j->a.da + (int64_t)m0 * (j->K / 32),
-                       j->a.sa + (int64_t)m0 * (j->K / 16), j->K};
-            for (int n = n0; n < n1; n++)
-                dot_rows(j->fmt, j->w + n * j->row_bytes, j->K, a, mt, j->out + (int64_t)m0 * j->ldo + n, j->ldo);
-        }
+static void run_chunk(void *ctx, int c) {
+    job_t *j = (job_t *)ctx;
+    int n0 = c * ROW_CHUNK, n1 = n0 + ROW_CHUNK < j->N ? n0 + ROW_CHUNK : j->N;
+    /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
+    for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
+        int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
+        act_t a = {j->a.qa + (int64_t)m0 * j->K, j->a.da + (int64_t)m0 * (j->K / 32),
+                   j->a.sa + (int64_t)m0 * (j->K / 16), j->K};
+        for (int n = n0; n < n1; n++)
+            dot_rows(j->fmt, j->w + n * j->row_bytes, j->K, a, mt, j->out + (int64_t)m0 * j->ldo + n, j->ldo);
     }
 }
 
-#define MAX_THREADS 64
-static pthread_t workers[MAX_THREADS];
-static int n_workers = 0;
-static job_t *volatile current = NULL;
-static atomic_int generation = 0, pending = 0;
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
-static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-enum { SPIN = 200000 };
-
-static void *worker_main(void *arg) {
-    int seen = (int)(intptr_t)arg; /* the generation when this worker was made: it must not miss the next */
-    for (;;) {
-        int spins = 0;
-        while (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
-            if (++spins < SPIN) {
-                cpu_relax();
-                continue;
-            }
-            pthread_mutex_lock(&pool_lock);
-            while (atomic_load(&generation) == seen) pthread_cond_wait(&pool_wake, &pool_lock);
-            pthread_mutex_unlock(&pool_lock);
-        }
-        seen = atomic_load(&generation);
-        run_job(current);
-        atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
-    }
-    return NULL;
-}
-
-static int wanted_threads = 1;
-
-/* Use `n` threads (the caller plus n - 1 workers) from now on. */
-void qmm_set_threads(int n) {
-    pthread_mutex_lock(&call_lock);
-    if (n < 1) n = 1;
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    while (n_workers < n - 1) {
-        if (pthread_create(&workers[n_workers], NULL, worker_main, (void *)(intptr_t)atomic_load(&generation)) != 0) break;
-        pthread_detach(workers[n_workers]);
-        n_workers++;
-    }
-    wanted_threads = n;
-    pthread_mutex_unlock(&call_lock);
-}
-
-/* y[m, col0 + n] (row stride ldo) = sum_k x[m, k] W[n, k] for the quantized activations (qa, da, sa) of M rows
-   and a weight of N rows in format fmt (row_bytes bytes each, K values). */
+/* y[m, n] (row stride ldo) = sum_k x[m, k] W[n, k] for the quantized activations (qa, da, sa) of M rows and a
+   weight of N rows in format fmt (row_bytes bytes each, K values). */
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
-    job_t job;
-    job.fmt = fmt;
-    job.N = N;
-    job.K = K;
-    job.M = M;
-    job.w = w;
-    job.row_bytes = row_bytes;
-    job.ldo = ldo;
-    job.a.qa = qa;
-    job.a.da = da;
-    job.a.sa = sa;
-    job.a.lda = K;
-    job.out = out;
-    atomic_init(&job.next, 0);
-    int helpers = wanted_threads - 1;
+    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, K}, out};
+    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
     /* small jobs are not worth waking anyone */
-    if ((int64_t)N * M * K < (1 << 16) || N <= ROW_CHUNK) helpers = 0;
-    pthread_mutex_lock(&call_lock);
-    if (helpers > n_workers) helpers = n_workers;
-    if (helpers > 0) {
-        current = &job;
-        atomic_store(&pending, n_workers);
-        pthread_mutex_lock(&pool_lock);
-        atomic_fetch_add_explicit(&generation, 1, memory_order_release);
-        pthread_cond_broadcast(&pool_wake);
-        pthread_mutex_unlock(&pool_lock);
-    }
-    run_job(&job);
-    if (helpers > 0)
-        while (atomic_load_explicit(&pending, memory_order_acquire) > 0) cpu_relax();
-    pthread_mutex_unlock(&call_lock);
+    pool_run(run_chunk, &job, chunks, (int64_t)N * M * K >= (1 << 16));
 }
