@@ -11,6 +11,7 @@ forces a variant. Without a compiler the torch paths run, with one warning.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c")]
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -56,19 +57,20 @@ def enabled() -> bool:
     return os.environ.get("EDGESERVE_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as /proc/cpuinfo names them (empty where that file is missing)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
-def supported_variants(flags: set[str] | None = None) -> list[str]:
+def supported_variants(flags: frozenset[str] | None = None) -> list[str]:
     """The variants this CPU can run, best first (always ending with "scalar")."""
     flags = cpu_flags() if flags is None else flags
     return [v for v in ("avx512vnni", "avx2", "scalar") if VARIANT_NEEDS[v] <= flags]
@@ -131,6 +133,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_set_threads.argtypes = [i32]
     lib.qmm_paged_attention.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, ctypes.c_float, p]
     lib.qmm_paged_attention.restype = None
+    lib.qmm_add_rms_norm.argtypes = [p, i32, i64, p, p, i32, i32, ctypes.c_float, p, p, i32]
+    lib.qmm_add_rms_norm.restype = None
+    lib.qmm_rope_write_kv.argtypes = [p, p, p, i32, i64, i64, i64, p, p, p, p, i32, p, i32, i32, i32, i32, p]
+    lib.qmm_rope_write_kv.restype = None
+    lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
+    lib.qmm_silu_mul.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     lib.qmm_set_threads(threads())
     return lib
@@ -151,18 +159,26 @@ def load(variant: str) -> ctypes.CDLL:
         return lib
 
 
+_chosen: dict[tuple[str, str], ctypes.CDLL | None] = {}
+
+
 def library() -> ctypes.CDLL | None:
     """The native library for this CPU, or None when disabled or unbuildable (warning once in that case)."""
     global _warned
+    setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
+    if setting in _chosen:  # every kernel call asks: answer from the cache
+        return _chosen[setting]
     if not enabled():
         return None
     try:
-        return load(best_variant())
+        lib = _chosen[setting] = load(best_variant())
+        return lib
     except (RuntimeError, OSError) as e:
         if not _warned:
             _warned = True
             log.warning("native CPU kernels unavailable (%s); quantized matmuls run on the torch path, %s slower",
                         str(e).splitlines()[0], FALLBACK_SLOWDOWN)
+        _chosen[setting] = None
         return None
 
 
@@ -309,4 +325,63 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(), v_cache.data_ptr(),
                             kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0), seqs.data_ptr(),
                             lens.data_ptr(), d ** -0.5 if scale is None else scale, out.data_ptr())
+    return out
+
+
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """Whether x [T, ...] has unit-stride contiguous rows (any row stride) of float32 or bfloat16."""
+    if x.dtype not in _FLOATS or x.dim() < 2:
+        return False
+    return x[0].is_contiguous() if x.shape[0] else True
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """kernels.norm.add_rms_norm (residual given) or rms_norm (residual None) in one native pass over 2-D
+    rows; None when the inputs are not a shape and dtype it takes."""
+    lib = library()
+    if (lib is None or x.dim() != 2 or not _rows(x) or out_dtype not in _FLOATS or weight.dtype != torch.float32
+            or (residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()))):
+        return None
+    t, n = x.shape
+    out = torch.empty(t, n, dtype=out_dtype)
+    new_residual = torch.empty(t, n, dtype=torch.float32) if residual is not None else out
+    lib.qmm_add_rms_norm(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else n,
+                         residual.data_ptr() if residual is not None else None, weight.contiguous().data_ptr(), t, n,
+                         eps, new_residual.data_ptr(), out.data_ptr(), out_dtype == torch.bfloat16)
+    return out, new_residual
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor | None:
+    """kernels.rope.rope_write_kv in one native pass; None when the inputs are not ones it takes."""
+    lib = library()
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
+            or k_cache.dtype not in _FLOATS or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or cos.dtype != torch.float32 or sin.dtype != torch.float32):
+        return None
+    t, h, d = q.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    out = torch.empty(t, h, d, dtype=k_cache.dtype)
+    lib.qmm_rope_write_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
+                          k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                          v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1], d,
+                          out.data_ptr())
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """kernels.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
+    lib = library()
+    if lib is None or gate_up.dim() != 2 or not _rows(gate_up):
+        return None
+    t, f2 = gate_up.shape
+    out = torch.empty(t, f2 // 2, dtype=torch.float32)
+    lib.qmm_silu_mul(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
+                     f2 // 2, out.data_ptr())
     return out

@@ -112,6 +112,11 @@ def compute_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16
 
 
+def _native_cpu(x: torch.Tensor) -> bool:
+    """Whether a call on this tensor takes the native CPU kernels (CPU tensor, `auto` backend, library loaded)."""
+    return x.device.type == "cpu" and backend() == "auto" and _native.available()
+
+
 # --- drop-in kernels ---------------------------------------------------------------------------------------
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -127,7 +132,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale)
-    if q.device.type == "cpu" and backend() == "auto" and _native.available():
+    if _native_cpu(q):
         return _native.paged_attention(q, k_cache, v_cache, meta, scale)  # float32 C, batch-invariant
     return _attn.paged_attention(q, k_cache, v_cache, meta, scale)
 
@@ -138,6 +143,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from .triton_norm import rms_norm as kernel
 
         return kernel(x, weight, eps)
+    if _native_cpu(x):
+        done = _native.add_rms_norm(x, None, weight, eps, torch.float32)
+        if done is not None:
+            return done[0]
     return _norm.rms_norm(x, weight, eps)
 
 
@@ -148,6 +157,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         from .triton_norm import add_rms_norm as kernel
 
         return kernel(x, residual, weight, eps, out_dtype)
+    if _native_cpu(x):
+        done = _native.add_rms_norm(x, residual, weight, eps, out_dtype)
+        if done is not None:
+            return done
     return _norm.add_rms_norm(x, residual, weight, eps, out_dtype)
 
 
@@ -158,6 +171,10 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         from .triton_rope import rope_write_kv as kernel
 
         return kernel(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    if _native_cpu(q):
+        done = _native.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+        if done is not None:
+            return done
     return _rope.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
@@ -167,6 +184,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         from .triton_activation import silu_and_mul as kernel
 
         return kernel(gate_up)
+    if _native_cpu(gate_up):
+        done = _native.silu_and_mul(gate_up)
+        if done is not None:
+            return done
     return _act.silu_and_mul(gate_up)
 
 

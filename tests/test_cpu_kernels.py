@@ -135,3 +135,29 @@ def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
     # the prefill's last 2 rows alone (as a later chunk would run them) give the same bits
     alone = AttentionMetadata.build([2], [17], [tables[1]], [0, 1])
     assert torch.equal(cpu_native.paged_attention(q[5:7], k_cache, v_cache, alone, None, lib), got[5:7])
+
+
+def test_fused_elementwise_kernels_match_the_twins():
+    from edgeserve.kernels import activation, norm, rope
+
+    torch.manual_seed(1)
+    x, res, w = torch.randn(5, 64).bfloat16(), torch.randn(5, 64), torch.randn(64)
+    got, new_res = cpu_native.add_rms_norm(x, res, w, 1e-6, torch.bfloat16)
+    want, want_res = norm.add_rms_norm(x, res, w, 1e-6, torch.bfloat16)
+    assert torch.equal(new_res, want_res)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.01, atol=0.01)
+    torch.testing.assert_close(cpu_native.add_rms_norm(res, None, w, 1e-6, torch.float32)[0],
+                               norm.rms_norm(res, w, 1e-6), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(5, 128)
+    torch.testing.assert_close(cpu_native.silu_and_mul(gate_up), activation.silu_and_mul(gate_up), rtol=1e-5,
+                               atol=1e-5)
+    qkv = torch.randn(3, 4 * 16).bfloat16()  # q of 2 heads, k and v of 1, as views of one fused matmul output
+    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
+    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
+    caches = [torch.zeros(2, 4, 1, 16, dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.tensor([0, 5, 6])
+    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots)
+    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], slots)
+    torch.testing.assert_close(got_q.float(), want_q.float(), rtol=0.01, atol=0.02)
+    torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=0.01, atol=0.02)
+    assert torch.equal(caches[1], caches[3])
