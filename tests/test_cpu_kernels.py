@@ -161,3 +161,17 @@ def test_fused_elementwise_kernels_match_the_twins():
     torch.testing.assert_close(got_q.float(), want_q.float(), rtol=0.01, atol=0.02)
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=0.01, atol=0.02)
     assert torch.equal(caches[1], caches[3])
+
+
+def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))  # nothing cached here
+    monkeypatch.setenv("EDGESERVE_NATIVE_VARIANT", "scalar")  # a setting not looked up yet in this test
+    monkeypatch.setattr(cpu_native, "compiler", lambda: None)
+    monkeypatch.setattr(cpu_native, "_libs", {})
+    monkeypatch.setattr(cpu_native, "_chosen", {})
+    monkeypatch.setattr(cpu_native, "_warned", False)
+    with caplog.at_level("WARNING", logger=cpu_native.__name__):
+        assert cpu_native.library() is None
+        assert cpu_native.library() is None
+    warnings = [r for r in caplog.records if "native CPU kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "slower" in warnings[0].getMessage()
