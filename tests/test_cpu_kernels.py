@@ -175,3 +175,11 @@ def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tm
         assert cpu_native.library() is None
     warnings = [r for r in caplog.records if "native CPU kernels unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "slower" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("variant", sorted(cpu_native.VARIANT_FLAGS))
+def test_every_variant_compiles(variant):
+    """Even the variants this CPU cannot run must compile (their numeric tests run on CPUs that have them)."""
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    assert cpu_native.build(variant).exists()
