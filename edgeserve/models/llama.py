@@ -83,8 +83,10 @@ class LlamaModel:
         def norm(name: str) -> torch.Tensor:
             return dense(name, torch.float32)  # norms are tiny; float32 keeps them exact
 
+        native_cpu = not use_triton(device)  # where Triton runs (or is faked to), its kernels take the weights
+
         def matrix(names: list[str]) -> LinearWeight:
-            native = block_weight(source, names, device, dtype)  # GGUF blocks as stored, native CPU kernels
+            native = block_weight(source, names, device, dtype) if native_cpu else None  # GGUF blocks, native CPU
             if native is not None:
                 return native
             parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
@@ -128,7 +130,7 @@ class LlamaModel:
         # read of a decode step for small models, and int8 halves it (float32 mode keeps them exact).
         use_int8 = int8_supported(device, dtype)
         embed: torch.Tensor | Int8Weight | BlockWeight
-        native_embed = block_weight(source, ["model.embed_tokens.weight"], device, dtype)
+        native_embed = block_weight(source, ["model.embed_tokens.weight"], device, dtype) if native_cpu else None
         if native_embed is not None:
             embed = native_embed
         else:
