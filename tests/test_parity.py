@@ -46,12 +46,13 @@ def test_greedy_64_tokens_identical_to_reference(default_model_fp32, reference_m
 
 def test_default_bf16_int4_path_stays_close(default_model_path, default_model_fp32):
     """The fast path (4-bit weights packed, bf16 compute) agrees with float32 on the next-token choice."""
+    from edgeserve.kernels.cpu_native import BlockWeight
     from edgeserve.kernels.quant_linear import Int4Weight
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
     fast = load_model(resolve(str(default_model_path)))
-    assert isinstance(fast.model.layers[0].qkv, Int4Weight)  # the weights really stay 4-bit
+    assert isinstance(fast.model.layers[0].qkv, (Int4Weight, BlockWeight))  # the weights really stay 4-bit
     lm = default_model_fp32
     ids = lm.tokenizer.encode(lm.chat_template.render(CHATS[0]), add_special_tokens=False)
     c = lm.config
