@@ -44,8 +44,8 @@ VARIANT_NEEDS: dict[str, set[str]] = {
     "avx2": {"avx2", "fma", "f16c"},
     "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
 }
-# measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md): the torch fallback's decode speed against the native one
-FALLBACK_SLOWDOWN = "about 3x"
+# measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md, single-thread CPU time): the torch fallback against native
+FALLBACK_SLOWDOWN = "about 1.4x slower per token, and over 10x slower to load files with Q5_K / Q6_K tensors"
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL | None] = {}
@@ -176,7 +176,7 @@ def library() -> ctypes.CDLL | None:
     except (RuntimeError, OSError) as e:
         if not _warned:
             _warned = True
-            log.warning("native CPU kernels unavailable (%s); quantized matmuls run on the torch path, %s slower",
+            log.warning("native CPU kernels unavailable (%s); quantized matmuls run on the torch path (%s)",
                         str(e).splitlines()[0], FALLBACK_SLOWDOWN)
         _chosen[setting] = None
         return None
