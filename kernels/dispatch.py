@@ -7,7 +7,8 @@ Choice rules (per call, from the device of the call's main tensor):
    tensors when `TRITON_INTERPRET=1` (the interpreter; this is how the tests run the kernels on CPU). A forced
    Triton call that cannot run (Triton missing, CPU tensors without the interpreter) raises instead of
    silently testing the twin.
-3. Default (`auto`): Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
+3. Default (`auto`): on CPU, paged attention and the GGUF block-format matmuls run in the native C kernels
+   (kernels.cpu_native) when they build (EDGESERVE_NATIVE=0 turns them off). Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
    Hopper) when Triton imports; the torch twins on CPU, on other devices (MPS, ROCm, newer or older CUDA
    parts, untested here), or when Triton is not installed.
 4. A kernel whose shape the Triton version does not cover (e.g. a W4A16 weight whose in_features is not a
@@ -31,6 +32,7 @@ from typing import Iterator
 import torch
 
 from . import activation as _act
+from . import cpu_native as _native
 from . import norm as _norm
 from . import paged_attention as _attn
 from . import quant_linear as _ql
@@ -110,6 +112,11 @@ def compute_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16
 
 
+def _native_cpu(x: torch.Tensor) -> bool:
+    """Whether a call on this tensor takes the native CPU kernels (CPU tensor, `auto` backend, library loaded)."""
+    return x.device.type == "cpu" and backend() == "auto" and _native.available()
+
+
 # --- drop-in kernels ---------------------------------------------------------------------------------------
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -125,6 +132,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale)
+    if _native_cpu(q):
+        return _native.paged_attention(q, k_cache, v_cache, meta, scale)  # float32 C, batch-invariant
     return _attn.paged_attention(q, k_cache, v_cache, meta, scale)
 
 
@@ -134,6 +143,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from .triton_norm import rms_norm as kernel
 
         return kernel(x, weight, eps)
+    if _native_cpu(x):
+        done = _native.add_rms_norm(x, None, weight, eps, torch.float32)
+        if done is not None:
+            return done[0]
     return _norm.rms_norm(x, weight, eps)
 
 
@@ -144,6 +157,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         from .triton_norm import add_rms_norm as kernel
 
         return kernel(x, residual, weight, eps, out_dtype)
+    if _native_cpu(x):
+        done = _native.add_rms_norm(x, residual, weight, eps, out_dtype)
+        if done is not None:
+            return done
     return _norm.add_rms_norm(x, residual, weight, eps, out_dtype)
 
 
@@ -154,6 +171,10 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         from .triton_rope import rope_write_kv as kernel
 
         return kernel(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    if _native_cpu(q):
+        done = _native.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+        if done is not None:
+            return done
     return _rope.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
@@ -163,6 +184,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         from .triton_activation import silu_and_mul as kernel
 
         return kernel(gate_up)
+    if _native_cpu(gate_up):
+        done = _native.silu_and_mul(gate_up)
+        if done is not None:
+            return done
     return _act.silu_and_mul(gate_up)
 
 

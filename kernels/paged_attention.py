@@ -31,6 +31,8 @@ class AttentionMetadata:
     seq_lens_host: list[int]
     # the torch reference's split of this step, built by the first layer and reused by the others
     torch_plan: "_Plan | None" = field(default=None, repr=False, compare=False)
+    # the native CPU kernel's per-row (sequence, visible length) tensors, built by its first layer
+    native_rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 
 from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.cpu_native import BlockTensor, native_format
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
 from .dequant import q4_blocks, q8_blocks
@@ -80,10 +82,27 @@ class GGUFWeights:
             value = Q8Blocks(*q8_blocks(self.gguf.raw(gname), info.shape), 32)
         else:
             value = self.gguf.load_tensor(gname, torch.float32)
+        return self._unpermuted(name, value)
+
+    def _unpermuted(self, name: str, value: WeightValue) -> WeightValue:
         if self._permuted:
             for proj, heads in self._heads.items():
                 if f"self_attn.{proj}." in name:
                     value = unpermute_qk(value, heads)
+        return value
+
+    def blocks(self, name: str) -> BlockTensor | None:
+        """A 2-D tensor as its GGUF block bytes (for the native CPU kernels), or None when it is not stored in
+        a block format those kernels take."""
+        gname = gguf_name(name)
+        if gname not in self._names:
+            raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
+        info = self.gguf.tensor_info(gname)
+        if len(info.shape) != 2 or not native_format(info.qtype, info.shape[1]):
+            return None
+        data = torch.from_numpy(np.array(self.gguf.raw(gname)))  # a copy: the mmap is read-only
+        value = self._unpermuted(name, BlockTensor(info.qtype, data, info.shape[1]))
+        assert isinstance(value, BlockTensor)
         return value
 
     def stored_quantized(self) -> list[str]:

@@ -6,9 +6,10 @@ from typing import Protocol
 
 import torch
 
+from edgeserve.kernels.cpu_native import BlockTensor
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
-WeightValue = torch.Tensor | Q4Blocks | Q8Blocks
+WeightValue = torch.Tensor | Q4Blocks | Q8Blocks | BlockTensor
 
 
 class WeightSource(Protocol):
@@ -32,6 +33,6 @@ def unpermute_qk(w: WeightValue, n_heads: int) -> WeightValue:
     # llama.cpp wrote row idx[j] of the HF weight at position j; invert that.
     inv = torch.empty_like(idx)
     inv[idx] = torch.arange(rows)
-    if isinstance(w, (Q4Blocks, Q8Blocks)):
+    if isinstance(w, (Q4Blocks, Q8Blocks, BlockTensor)):
         return w.rows(inv)
     return w[inv]

@@ -18,7 +18,9 @@ def test_wheel_layout_and_import(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for expected in ["edgeserve/kernels/quant_linear.py", "edgeserve/loaders/gguf_file.py",
                      "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py",
-                     "edgeserve/server/static/chat.html"]:
+                     "edgeserve/server/static/chat.html", "edgeserve/kernels/cpu/qmatmul.c",
+                     "edgeserve/kernels/cpu/pool.c", "edgeserve/kernels/cpu/pool.h", "edgeserve/kernels/cpu/attention.c",
+                     "edgeserve/kernels/cpu/elementwise.c"]:  # the native CPU kernels compile from these
         assert expected in names
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
     for f in (ROOT / "edgeserve/server/static").rglob("*"):  # the chat page's files, vendored ones included

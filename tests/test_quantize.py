@@ -10,6 +10,7 @@ import torch
 
 from edgeserve.errors import EdgeserveError
 from edgeserve.kernels import dispatch
+from edgeserve.kernels.cpu_native import BlockWeight
 from edgeserve.kernels.quant_linear import Int4Weight, Int8Weight, Q4Blocks
 from edgeserve.loaders.quantize import Int4QuantizingWeights, awq_search, group_for
 from edgeserve.models.attention import ContiguousKV
@@ -89,14 +90,14 @@ def test_awq_search_helps_with_outlier_channels():
 def test_q8_0_stays_8_bit(tmp_path):
     path = write_tiny_llama(tmp_path / "q8.gguf", qtype="Q8_0", hidden=64, ffn=128)
     fast, exact = (load_model(resolve(str(path)), dtype=d) for d in ("auto", "float32"))
-    assert all(isinstance(w, Int8Weight) for w in matrices(fast.model))
+    assert all(isinstance(w, (Int8Weight, BlockWeight)) for w in matrices(fast.model))  # native: Q8_0 blocks
     assert_close_logits(logits(exact.model), logits(fast.model))
 
 
 def test_q4_k_stays_4_bit_on_cpu_and_in_the_w4a16_layout(tmp_path):
     path = write_tiny_llama(tmp_path / "q4k.gguf", qtype="Q4_K", hidden=256, ffn=256, heads=4, kv_heads=2)
     fast, exact = (load_model(resolve(str(path)), dtype=d) for d in ("auto", "float32"))
-    assert all(isinstance(w, Int4Weight) for w in matrices(fast.model))
+    assert all(isinstance(w, (Int4Weight, BlockWeight)) for w in matrices(fast.model))  # native: Q4_K blocks
     assert_close_logits(logits(exact.model), logits(fast.model))
     kernel_device("cpu")  # the rest runs Triton on CPU tensors: only in its interpreter (skips in a GPU process)
     with dispatch.force_backend("triton"):  # the GPU path's repack, built here for CPU tensors

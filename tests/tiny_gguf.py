@@ -69,6 +69,10 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
             w.add_tensor(name, data)
         elif qtype == "Q4_K":  # gguf-py has no Q4_K quantizer: random codes, 6-bit scales/mins, small d and dmin
             w.add_tensor(name, random_q4_k(shape, rng), raw_dtype=qt)
+        elif qtype in ("Q5_K", "Q6_K"):  # nor these: random blocks with small scales
+            from edgeserve.bench.random_gguf import random_blocks
+
+            w.add_tensor(name, random_blocks(qtype, *shape, rng), raw_dtype=qt)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, qt), raw_dtype=qt)
     w.write_header_to_file()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import (
     add_rms_norm,
     linear,
@@ -52,7 +53,7 @@ class DecoderLayer:
 class LlamaModel:
     """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
 
-    def __init__(self, config: ModelConfig, embed: torch.Tensor | Int8Weight, layers: list[DecoderLayer], norm: torch.Tensor,
+    def __init__(self, config: ModelConfig, embed: torch.Tensor | Int8Weight | BlockWeight, layers: list[DecoderLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
         self.config = config
         self.embed = embed
@@ -82,7 +83,12 @@ class LlamaModel:
         def norm(name: str) -> torch.Tensor:
             return dense(name, torch.float32)  # norms are tiny; float32 keeps them exact
 
+        native_cpu = not use_triton(device)  # where Triton runs (or is faked to), its kernels take the weights
+
         def matrix(names: list[str]) -> LinearWeight:
+            native = block_weight(source, names, device, dtype) if native_cpu else None  # GGUF blocks, native CPU
+            if native is not None:
+                return native
             parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
             if all(isinstance(p, Q4Blocks) for p in parts):
                 blocks = Q4Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
@@ -123,15 +129,20 @@ class LlamaModel:
         # On CPU in bf16 the vocabulary-sized tables are int8 per row: the output head is the biggest single
         # read of a decode step for small models, and int8 halves it (float32 mode keeps them exact).
         use_int8 = int8_supported(device, dtype)
-        embed_f = dense("model.embed_tokens.weight", torch.float32)
-        embed: torch.Tensor | Int8Weight = Int8Weight(embed_f, dtype) if use_int8 else embed_f.to(dtype)
+        embed: torch.Tensor | Int8Weight | BlockWeight
+        native_embed = block_weight(source, ["model.embed_tokens.weight"], device, dtype) if native_cpu else None
+        if native_embed is not None:
+            embed = native_embed
+        else:
+            embed_f = dense("model.embed_tokens.weight", torch.float32)
+            embed = Int8Weight(embed_f, dtype) if use_int8 else embed_f.to(dtype)
+            del embed_f
         if c.tie_word_embeddings or not source.has("lm_head.weight"):
             lm_head: LinearWeight = embed
         else:
             lm_head = matrix(["lm_head.weight"])
             if use_int8 and isinstance(lm_head, torch.Tensor):
                 lm_head = Int8Weight(lm_head, dtype)
-        del embed_f
         freq_factors = norm("rope_freqs") if source.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, freq_factors)
         return cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, device)
@@ -153,7 +164,7 @@ class LlamaModel:
         t = input_ids.shape[0]
         eps = c.rms_norm_eps
         # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
-        if isinstance(self.embed, Int8Weight):
+        if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
             x = self.embed.rows(input_ids)
         else:
             x = F.embedding(input_ids, self.embed).float()

@@ -1,0 +1,132 @@
+"""Random-weight Llama GGUFs of real shapes and quantization mixes, for benchmarks and tests.
+
+The weights are random GGUF blocks with scales chosen so values are a few tenths at most (the model talks
+nonsense, but every kernel does its real work); the tokenizer and chat template are copied from another GGUF
+(by default the default model's), so servers can tokenize and template as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# qtype -> (values per block, bytes per block, byte offsets of float16 fields, their values)
+_LAYOUT: dict[str, tuple[int, int, tuple[tuple[int, float], ...]]] = {
+    "Q4_0": (32, 18, ((0, 0.02),)),
+    "Q4_1": (32, 20, ((0, 0.02), (2, -0.15))),
+    "Q5_0": (32, 22, ((0, 0.01),)),
+    "Q5_1": (32, 24, ((0, 0.01), (2, -0.15))),
+    "Q8_0": (32, 34, ((0, 0.001),)),
+    "Q4_K": (256, 144, ((0, 0.0003), (2, 0.0002))),
+    "Q5_K": (256, 176, ((0, 0.00015), (2, 0.0002))),
+    "Q6_K": (256, 210, ((208, 0.00004),)),
+}
+MIXES = ("Q4_K_M", "Q8_0", "Q4_0")
+
+
+def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random stored bytes [rows, bytes per row] of a `qtype` tensor [rows, cols], values within a few tenths."""
+    per, size, fields = _LAYOUT[qtype]
+    if cols % per:
+        raise ValueError(f"{qtype} needs rows of a multiple of {per} values, not {cols}")
+    n = rows * cols // per
+    blocks = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    for offset, value in fields:
+        jitter = (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
+        blocks[:, offset:offset + 2] = (value * jitter).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return blocks.reshape(rows, cols // per * size)
+
+
+@dataclass
+class LlamaShape:
+    """The dimensions of a Llama-family model."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    tie_embeddings: bool = True
+
+
+SHAPES = {
+    "135m": LlamaShape(576, 30, 9, 3, 1536),
+    "1b": LlamaShape(2048, 16, 32, 8, 8192),  # Llama-3.2-1B
+    "3b": LlamaShape(3072, 28, 24, 8, 8192),  # Llama-3.2-3B
+}
+
+
+def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
+    """The qtype of each 2-D tensor for a quantization mix, as llama.cpp's quantizer chooses them
+    (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down in the first and last eighth of the
+    layers and every third layer in between; Q4_K elsewhere)."""
+    if mix not in MIXES:
+        raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
+    names = ["token_embd.weight"] + ([] if shape.tie_embeddings else ["output.weight"])
+    types = {n: ("Q6_K" if mix == "Q4_K_M" else mix) for n in names}
+    n = shape.layers
+    for i in range(n):
+        more_bits = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            qt = mix
+            if mix == "Q4_K_M":
+                qt = "Q6_K" if t in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+            types[f"blk.{i}.{t}.weight"] = qt
+    return types
+
+
+def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
+                       seed: int = 0) -> Path:
+    """Write a llama-architecture GGUF of `shape` with random weights in the `mix` quantization, using the
+    tokenizer (and vocabulary size) of the GGUF `tokenizer_from`."""
+    import gguf
+
+    src = gguf.GGUFReader(str(tokenizer_from))
+    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(shape.layers)
+    w.add_context_length(8192)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(500000.0)
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, field.contents(), field.types[0], sub)
+    hd = shape.hidden // shape.heads
+    shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, shape.hidden)}
+    if not shape.tie_embeddings:
+        shapes["output.weight"] = (vocab, shape.hidden)
+    for i in range(shape.layers):
+        shapes.update({
+            f"blk.{i}.attn_q.weight": (shape.hidden, shape.hidden),
+            f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
+            f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden),
+            f"blk.{i}.attn_output.weight": (shape.hidden, shape.hidden),
+            f"blk.{i}.ffn_gate.weight": (shape.ffn, shape.hidden),
+            f"blk.{i}.ffn_up.weight": (shape.ffn, shape.hidden),
+            f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn),
+        })
+    types = tensor_types(shape, mix)
+    ones = np.ones(shape.hidden, dtype=np.float32)
+    w.add_tensor("output_norm.weight", ones)
+    for name, (rows, cols) in shapes.items():
+        qt = types[name]
+        w.add_tensor(name, random_blocks(qt, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[qt])
+        if name.endswith("attn_output.weight"):
+            i = name.split(".")[1]
+            w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+            w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -1,0 +1,110 @@
+/* Causal attention of query rows over a paged K/V pool, in float32.
+
+   Each (row, kv head) task reads its keys in one fixed order with one fixed summation order, so a row's result
+   does not depend on what else is in the batch or on how its prompt was chunked: batch invariance without
+   float64. The query heads that share a kv head (GQA) are done together, so each key is read once. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+static inline float bf16_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+}
+
+static inline void load_row(const void *base, int bf16, int64_t index, int D, float *out) {
+    if (bf16) {
+        const uint16_t *p = (const uint16_t *)base + index * D;
+        for (int d = 0; d < D; d++) out[d] = bf16_f32(p[d]);
+    } else {
+        memcpy(out, (const float *)base + index * D, sizeof(float) * D);
+    }
+}
+
+/* eight partial sums in a fixed order: vectorizes without reassociating anything */
+static inline float dot(const float *a, const float *b, int D) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+typedef struct {
+    const void *q, *k, *v;
+    void *out;
+    int q_bf16, kv_bf16, H, Hkv, D, block_size;
+    const int32_t *tables, *row_seq, *row_len;
+    int64_t table_stride;
+    float scale;
+} attn_t;
+
+static void attend_task(void *ctx, int task) {
+    const attn_t *a = (const attn_t *)ctx;
+    const int group = a->H / a->Hkv, t = task / a->Hkv, kvh = task % a->Hkv, D = a->D;
+    const int L = a->row_len[t];
+    const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
+    float *buf = malloc(sizeof(float) * ((size_t)group * (L + 2 * D) + (size_t)D));
+    float *scores = buf, *acc = buf + (size_t)group * L, *qf = acc + (size_t)group * D, *row = qf + (size_t)group * D;
+    for (int g = 0; g < group; g++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + kvh * group + g, D, qf + (size_t)g * D);
+    for (int j = 0; j < L; j++) {
+        int64_t slot = (int64_t)table[j / a->block_size] * a->block_size + j % a->block_size;
+        load_row(a->k, a->kv_bf16, slot * a->Hkv + kvh, D, row);
+        for (int g = 0; g < group; g++) scores[(size_t)g * L + j] = dot(qf + (size_t)g * D, row, D) * a->scale;
+    }
+    for (int g = 0; g < group; g++) {
+        float *s = scores + (size_t)g * L, mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < L; j++) mx = s[j] > mx ? s[j] : mx;
+        for (int j = 0; j < L; j++) {
+            s[j] = expf(s[j] - mx);
+            sum += s[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < L; j++) s[j] *= inv;
+        memset(acc + (size_t)g * D, 0, sizeof(float) * D);
+    }
+    for (int j = 0; j < L; j++) {
+        int64_t slot = (int64_t)table[j / a->block_size] * a->block_size + j % a->block_size;
+        load_row(a->v, a->kv_bf16, slot * a->Hkv + kvh, D, row);
+        for (int g = 0; g < group; g++) {
+            float p = scores[(size_t)g * L + j], *o = acc + (size_t)g * D;
+            for (int d = 0; d < D; d++) o[d] += p * row[d];
+        }
+    }
+    for (int g = 0; g < group; g++) {
+        int64_t index = ((int64_t)t * a->H + kvh * group + g) * D;
+        if (a->q_bf16) {
+            uint16_t *o = (uint16_t *)a->out + index;
+            for (int d = 0; d < D; d++) o[d] = f32_bf16(acc[(size_t)g * D + d]);
+        } else {
+            memcpy((float *)a->out + index, acc + (size_t)g * D, sizeof(float) * D);
+        }
+    }
+    free(buf);
+}
+
+/* out[t, h, :] = softmax(scale * q[t, h] . K[keys of row t]) V for T query rows of H heads of size D (q and out
+   in bf16 when q_bf16, else float32; out may be q); row t attends to the first row_len[t] positions of sequence
+   row_seq[t], whose blocks are tables[row_seq[t] * table_stride + ...]; the pools are
+   [blocks, block_size, Hkv, D] (bf16 when kv_bf16). */
+void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v, int kv_bf16,
+                         int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                         const int32_t *row_seq, const int32_t *row_len, float scale, void *out) {
+    attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale};
+    pool_run(attend_task, &a, T * Hkv, 1);
+}

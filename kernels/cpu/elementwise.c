@@ -1,0 +1,135 @@
+/* Per-token elementwise work of a decoder layer, fused: residual add + RMSNorm, RoPE + K/V write, SiLU-and-mul.
+   Every row is computed on its own in a fixed order (batch-invariant); rows are split across the pool. */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pool.h"
+
+static inline float ld(const void *p, int bf16, int64_t i) {
+    if (bf16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    return ((const float *)p)[i];
+}
+
+static inline void st(void *p, int bf16, int64_t i, float f) {
+    if (bf16) {
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) {
+            ((uint16_t *)p)[i] = (uint16_t)((bits >> 16) | 0x40);
+        } else {
+            ((uint16_t *)p)[i] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+        }
+    } else {
+        ((float *)p)[i] = f;
+    }
+}
+
+typedef struct {
+    const void *x;
+    int x_bf16;
+    int64_t ldx;
+    const float *residual, *weight;
+    float *new_residual;
+    void *out;
+    int out_bf16, N;
+    float eps;
+} norm_t;
+
+static void norm_row(void *ctx, int t) {
+    const norm_t *a = (const norm_t *)ctx;
+    const int N = a->N;
+    float *r = a->new_residual + (int64_t)t * N;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < N; i++) {
+        float v = a->residual ? a->residual[(int64_t)t * N + i] + ld(a->x, a->x_bf16, t * a->ldx + i)
+                              : ld(a->x, a->x_bf16, t * a->ldx + i);
+        if (a->residual) r[i] = v;
+        acc[i & 7] += v * v;
+    }
+    const float *src = a->residual ? r : 0;
+    float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    float scale = 1.0f / sqrtf(ss / N + a->eps);
+    for (int i = 0; i < N; i++) {
+        float v = src ? src[i] : ld(a->x, a->x_bf16, t * a->ldx + i);
+        st(a->out, a->out_bf16, (int64_t)t * N + i, v * scale * a->weight[i]);
+    }
+}
+
+/* out = rms_norm(residual + x) * weight (out in bf16 when out_bf16), new_residual = residual + x (float32);
+   with residual NULL: out = rms_norm(x) * weight and new_residual untouched. */
+void qmm_add_rms_norm(const void *x, int x_bf16, int64_t ldx, const float *residual, const float *weight, int T, int N,
+                      float eps, float *new_residual, void *out, int out_bf16) {
+    norm_t a = {x, x_bf16, ldx, residual, weight, new_residual, out, out_bf16, N, eps};
+    pool_run(norm_row, &a, T, (int64_t)T * N >= 32768);
+}
+
+typedef struct {
+    const void *q, *k, *v;
+    int in_bf16;
+    int64_t ldq, ldk, ldv;
+    const float *cos, *sin;
+    void *k_cache, *v_cache, *q_out;
+    int cache_bf16, H, Hkv, D;
+    const int64_t *slots;
+} rope_t;
+
+static void rope_row(void *ctx, int t) {
+    const rope_t *a = (const rope_t *)ctx;
+    const int D = a->D, half = D / 2;
+    const float *c = a->cos + (int64_t)t * half, *s = a->sin + (int64_t)t * half;
+    for (int h = 0; h < a->H + a->Hkv; h++) {
+        const int is_q = h < a->H;
+        const void *src = is_q ? a->q : a->k;
+        int64_t base = is_q ? t * a->ldq + (int64_t)h * D : t * a->ldk + (int64_t)(h - a->H) * D;
+        void *dst = is_q ? a->q_out : a->k_cache;
+        int64_t obase = is_q ? ((int64_t)t * a->H + h) * D : (a->slots[t] * a->Hkv + (h - a->H)) * D;
+        for (int i = 0; i < half; i++) {
+            float x1 = ld(src, a->in_bf16, base + i), x2 = ld(src, a->in_bf16, base + half + i);
+            st(dst, a->cache_bf16, obase + i, x1 * c[i] - x2 * s[i]);
+            st(dst, a->cache_bf16, obase + half + i, x2 * c[i] + x1 * s[i]);
+        }
+    }
+    for (int h = 0; h < a->Hkv; h++) {
+        int64_t base = t * a->ldv + (int64_t)h * D, obase = (a->slots[t] * a->Hkv + h) * D;
+        for (int i = 0; i < D; i++) st(a->v_cache, a->cache_bf16, obase + i, ld(a->v, a->in_bf16, base + i));
+    }
+}
+
+/* Rotate q [T, H, D] and k [T, Hkv, D] (rows ldq / ldk values apart) by cos/sin [T, D/2] (rotate-half layout),
+   write rotated k and v at their slots of the pools [slots, Hkv, D] and rotated q to q_out [T, H, D], all in the
+   cache dtype. */
+void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
+                       int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_bf16,
+                       const int64_t *slots, int T, int H, int Hkv, int D, void *q_out) {
+    rope_t a = {q, k, v, in_bf16, ldq, ldk, ldv, cos, sin, k_cache, v_cache, q_out, cache_bf16, H, Hkv, D, slots};
+    pool_run(rope_row, &a, T, T >= 4);
+}
+
+typedef struct {
+    const void *x;
+    int bf16;
+    int64_t ldx;
+    float *out;
+    int F;
+} silu_t;
+
+static void silu_row(void *ctx, int t) {
+    const silu_t *a = (const silu_t *)ctx;
+    for (int i = 0; i < a->F; i++) {
+        float g = ld(a->x, a->bf16, t * a->ldx + i), u = ld(a->x, a->bf16, t * a->ldx + a->F + i);
+        a->out[(int64_t)t * a->F + i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+/* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart). */
+void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
+    silu_t a = {x, bf16, ldx, out, F};
+    pool_run(silu_row, &a, T, (int64_t)T * F >= 32768);
+}

@@ -1,0 +1,463 @@
+/* Quantized matmul over GGUF block formats for CPUs: y[m, n] = sum_k x[m, k] * W[n, k].
+
+   Activations are quantized per row to int8 in blocks of 32 (one float scale per block, like ggml's Q8_0),
+   with the sum of each 16 values kept for the formats whose weights have an offset. Weight rows are the GGUF
+   block bytes as stored in the file. Each weight block of 32 values is unpacked to (unsigned or signed) bytes
+   and multiplied with its activation block in integer SIMD (AVX2 maddubs, or AVX-512 VNNI dpbusd when this
+   file is compiled with -DQMM_VNNI); without -DQMM_AVX2 everything runs in portable C.
+
+   Threads (pool.c) split the output rows. Each output value depends only on its own activation row and
+   weight row, so results do not depend on the batch or on the thread count. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+#endif
+
+enum { F_Q4_0 = 0, F_Q4_1 = 1, F_Q5_0 = 2, F_Q5_1 = 3, F_Q8_0 = 4, F_Q4_K = 5, F_Q5_K = 6, F_Q6_K = 7 };
+
+#if defined(QMM_VNNI)
+const char *qmm_variant(void) { return "avx512vnni"; }
+#elif defined(QMM_AVX2)
+const char *qmm_variant(void) { return "avx2"; }
+#else
+const char *qmm_variant(void) { return "scalar"; }
+#endif
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal */
+            float f = ldexpf((float)man, -24);
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float rd16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+/* bytes per block of 32 (or 256 for K formats) and values per block */
+static const int BLOCK_BYTES[8] = {18, 20, 22, 24, 34, 144, 176, 210};
+static const int BLOCK_VALUES[8] = {32, 32, 32, 32, 32, 256, 256, 256};
+
+int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
+int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
+
+/* K-quant 6-bit scale and min j (0..7) of a Q4_K / Q5_K super-block */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Block b (of 32 values) of a weight row as w_i = d * sc[i / 16] * q_i + m. */
+static void unpack32(int fmt, const uint8_t *row, int b, int q[32], float *d, int sc[2], float *m) {
+    sc[0] = sc[1] = 1;
+    *m = 0.0f;
+    if (fmt <= F_Q8_0) {
+        const uint8_t *x = row + (size_t)b * BLOCK_BYTES[fmt];
+        *d = rd16(x);
+        if (fmt == F_Q8_0) {
+            for (int i = 0; i < 32; i++) q[i] = (int8_t)x[2 + i];
+            return;
+        }
+        const uint8_t *qs = x + 2;
+        uint32_t qh = 0;
+        if (fmt == F_Q4_1 || fmt == F_Q5_1) {
+            *m = rd16(x + 2);
+            qs += 2;
+        }
+        if (fmt == F_Q5_0 || fmt == F_Q5_1) {
+            memcpy(&qh, qs, 4);
+            qs += 4;
+        }
+        int off = fmt == F_Q4_0 ? 8 : fmt == F_Q5_0 ? 16 : 0;
+        for (int i = 0; i < 16; i++) {
+            int h0 = (qh >> i) & 1, h1 = (qh >> (i + 16)) & 1;
+            q[i] = ((qs[i] & 0xF) | (h0 << 4)) - off;
+            q[i + 16] = ((qs[i] >> 4) | (h1 << 4)) - off;
+        }
+        return;
+    }
+    const uint8_t *x = row + (size_t)(b / 8) * BLOCK_BYTES[fmt];
+    int j = b % 8; /* sub-block of 32 within the super-block */
+    if (fmt == F_Q6_K) {
+        const uint8_t *ql = x, *qh = x + 128;
+        const int8_t *scales = (const int8_t *)(x + 192);
+        *d = rd16(x + 208);
+        int half = j / 4, part = j % 4; /* 128-value half, then which of its 4 runs of 32 */
+        ql += 64 * half;
+        qh += 32 * half;
+        for (int l = 0; l < 32; l++) {
+            int lo = part & 1 ? ql[l + 32] : ql[l];
+            lo = part >= 2 ? lo >> 4 : lo & 0xF;
+            int hi = (qh[l] >> (2 * part)) & 3;
+            q[l] = (lo | (hi << 4)) - 32;
+        }
+        sc[0] = scales[2 * j];
+        sc[1] = scales[2 * j + 1];
+        return;
+    }
+    float dd = rd16(x), dmin = rd16(x + 2);
+    int s, mn;
+    scale_min_k4(j, x + 4, &s, &mn);
+    *d = dd * s;
+    *m = -dmin * mn;
+    if (fmt == F_Q4_K) {
+        const uint8_t *qs = x + 16 + 32 * (j / 2);
+        for (int l = 0; l < 32; l++) q[l] = j & 1 ? qs[l] >> 4 : qs[l] & 0xF;
+    } else { /* Q5_K */
+        const uint8_t *qh = x + 16, *qs = x + 48 + 32 * (j / 2);
+        for (int l = 0; l < 32; l++) q[l] = (j & 1 ? qs[l] >> 4 : qs[l] & 0xF) | (((qh[l] >> j) & 1) << 4);
+    }
+}
+
+/* Dequantize rows `ids` of a weight (for embedding lookups): out[i, :] = W[ids[i], :] in float32. */
+void qmm_dequant_rows(int fmt, const uint8_t *w, int64_t row_bytes, int K, const int64_t *ids, int n, float *out) {
+    int q[32], sc[2];
+    float d, m;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row = w + ids[i] * row_bytes;
+        for (int b = 0; b < K / 32; b++) {
+            unpack32(fmt, row, b, q, &d, sc, &m);
+            for (int l = 0; l < 32; l++) out[(int64_t)i * K + b * 32 + l] = d * sc[l / 16] * q[l] + m;
+        }
+    }
+}
+
+/* ---- activation quantization ---------------------------------------------------------------------- */
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Quantize M rows of x (float32, or bfloat16 when is_bf16) of K values (K % 32 == 0, row stride ldx
+   elements) into qa [M, K] int8, da [M, K/32] scales and sa [M, K/16] sums of 16. */
+void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa) {
+    float buf[32];
+    for (int r = 0; r < M; r++) {
+        for (int b = 0; b < K / 32; b++) {
+            int64_t base = r * ldx + b * 32;
+            if (is_bf16) {
+                const uint16_t *xs = (const uint16_t *)x + base;
+                for (int l = 0; l < 32; l++) buf[l] = bf16_to_f32(xs[l]);
+            } else {
+                memcpy(buf, (const float *)x + base, sizeof buf);
+            }
+            float amax = 0.0f;
+            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(buf[l]));
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int8_t *q = qa + (int64_t)r * K + b * 32;
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (int)nearbyintf(buf[l] * id);
+                q[l] = (int8_t)v;
+                if (l < 16) s0 += v; else s1 += v;
+            }
+            da[(int64_t)r * (K / 32) + b] = d;
+            sa[(int64_t)r * (K / 16) + 2 * b] = (int16_t)s0;
+            sa[(int64_t)r * (K / 16) + 2 * b + 1] = (int16_t)s1;
+        }
+    }
+}
+
+/* ---- dot products: one weight row against NR activation rows ------------------------------------- */
+
+typedef struct {
+    const int8_t *qa;
+    const float *da;
+    const int16_t *sa;
+    int64_t lda; /* values per activation row (K) */
+} act_t;
+
+__attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+    int q[32], sc[2];
+    float d, m;
+    float acc[4] = {0, 0, 0, 0};
+    for (int b = 0; b < K / 32; b++) {
+        unpack32(fmt, row, b, q, &d, sc, &m);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = a.qa + r * a.lda + b * 32;
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 16; l++) s0 += q[l] * x[l];
+            for (int l = 16; l < 32; l++) s1 += q[l] * x[l];
+            const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
+            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
+}
+
+#if defined(QMM_AVX2)
+
+/* int32 x8 sums of 4 products of unsigned bytes u with signed bytes s */
+static inline __m256i mul_u8s8(__m256i u, __m256i s) {
+#if defined(QMM_VNNI)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* the same with the 16-value halves weighted by int scales sc0 (values 0..15) and sc1 (16..31) */
+static inline __m256i mul_u8s8_sc(__m256i u, __m256i s, int sc0, int sc1) {
+#if defined(QMM_VNNI)
+    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_mullo_epi32(p, _mm256_setr_epi32(sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1));
+#else
+    __m256i w = _mm256_setr_epi16(sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1, sc1, sc1, sc1, sc1);
+    /* 16-bit lanes 0-7 hold the pair sums of values 0..15 (the low 128 bits), lanes 8-15 those of 16..31 */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), w);
+#endif
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 nibbles of 16 bytes: low nibbles are values 0..15, high nibbles 16..31 */
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes of 0x10 where the bit is set */
+static inline __m256i bits32_x10(const uint8_t *p) {
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+#define NRMAX 4
+
+/* Generic loop body pieces: acc[r] += da * dw * isum (vector); accs[r] += da * (mw * sum(a) + corr) */
+#define LOAD_A(r, b) _mm256_loadu_si256((const __m256i *)(a.qa + (r) * a.lda + (b) * 32))
+#define DA(r, b) a.da[(r) * (a.lda / 32) + (b)]
+#define SA(r, i) a.sa[(r) * (a.lda / 16) + (i)]
+
+static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int K, act_t a, int nr,
+                                                            float *out, int64_t ldo) {
+    __m256 acc[NRMAX];
+    float accs[NRMAX];
+    for (int r = 0; r < NRMAX; r++) {
+        acc[r] = _mm256_setzero_ps();
+        accs[r] = 0.0f;
+    }
+    const int nb = K / 32;
+    if (fmt <= F_Q5_1) {
+        const int bb = BLOCK_BYTES[fmt];
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *x = row + (size_t)b * bb;
+            float d = rd16(x), m = 0.0f;
+            const uint8_t *qs = x + 2;
+            if (fmt == F_Q4_1 || fmt == F_Q5_1) {
+                m = rd16(x + 2);
+                qs += 2;
+            }
+            __m256i u;
+            if (fmt == F_Q5_0 || fmt == F_Q5_1) {
+                u = _mm256_or_si256(nibbles32(qs + 4), bits32_x10(qs));
+            } else {
+                u = nibbles32(qs);
+            }
+            float off = fmt == F_Q4_0 ? -8.0f * d : fmt == F_Q5_0 ? -16.0f * d : m;
+            for (int r = 0; r < nr; r++) {
+                __m256i p = mul_u8s8(u, LOAD_A(r, b));
+                float s = DA(r, b);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s * d), acc[r]);
+                accs[r] += s * off * (float)(SA(r, 2 * b) + SA(r, 2 * b + 1));
+            }
+        }
+    } else if (fmt == F_Q8_0) {
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *x = row + (size_t)b * 34;
+            float d = rd16(x);
+            __m256i w = _mm256_loadu_si256((const __m256i *)(x + 2));
+            __m256i aw = _mm256_sign_epi8(w, w);
+            for (int r = 0; r < nr; r++) {
+                __m256i p = mul_u8s8(aw, _mm256_sign_epi8(LOAD_A(r, b), w));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(DA(r, b) * d), acc[r]);
+            }
+        }
+    } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
+        const int bb = BLOCK_BYTES[fmt];
+        const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *x = row + (size_t)sb * bb;
+            float dd = rd16(x), dmin = rd16(x + 2);
+            int sc[8], mn[8];
+            for (int j = 0; j < 8; j++) scale_min_k4(j, x + 4, &sc[j], &mn[j]);
+            const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
+            __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
+            for (int j2 = 0; j2 < 4; j2++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
+                __m256i u0 = _mm256_and_si256(q, low4);
+                __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                if (fmt == F_Q5_K) {
+                    __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one);
+                    __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one);
+                    u0 = _mm256_or_si256(u0, _mm256_slli_epi16(h0, 4));
+                    u1 = _mm256_or_si256(u1, _mm256_slli_epi16(h1, 4));
+                }
+                const int b0 = sb * 8 + 2 * j2;
+                const float d0 = dd * sc[2 * j2], d1 = dd * sc[2 * j2 + 1];
+                const float m0 = dmin * mn[2 * j2], m1 = dmin * mn[2 * j2 + 1];
+                for (int r = 0; r < nr; r++) {
+                    __m256i p0 = mul_u8s8(u0, LOAD_A(r, b0));
+                    __m256i p1 = mul_u8s8(u1, LOAD_A(r, b0 + 1));
+                    float s0 = DA(r, b0), s1 = DA(r, b0 + 1);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s0 * d0), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s1 * d1), acc[r]);
+                    accs[r] -= s0 * m0 * (float)(SA(r, 2 * b0) + SA(r, 2 * b0 + 1)) +
+                               s1 * m1 * (float)(SA(r, 2 * b0 + 2) + SA(r, 2 * b0 + 3));
+                }
+            }
+        }
+    } else { /* Q6_K */
+        const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *x = row + (size_t)sb * 210;
+            const int8_t *scales = (const int8_t *)(x + 192);
+            const float d = rd16(x + 208);
+            for (int half = 0; half < 2; half++) {
+                const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+                __m256i u[4];
+                u[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+                u[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+                for (int part = 0; part < 4; part++) {
+                    const int j = 4 * half + part, b = sb * 8 + j;
+                    const int c0 = scales[2 * j], c1 = scales[2 * j + 1];
+                    for (int r = 0; r < nr; r++) {
+                        __m256i p = mul_u8s8_sc(u[part], LOAD_A(r, b), c0, c1);
+                        float s = DA(r, b) * d;
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc[r]);
+                        accs[r] -= s * 32.0f * (float)(c0 * SA(r, 2 * b) + c1 * SA(r, 2 * b + 1));
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r * ldo] = hsum8(acc[r]) + accs[r];
+}
+
+#define DOT_FMT(F)                                                                                       \
+    static void dot_##F##_4(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
+        dot_simd(F, row, K, a, 4, out, ldo);                                                             \
+    }                                                                                                    \
+    static void dot_##F##_1(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
+        dot_simd(F, row, K, a, 1, out, ldo);                                                             \
+    }
+DOT_FMT(F_Q4_0)
+DOT_FMT(F_Q4_1)
+DOT_FMT(F_Q5_0)
+DOT_FMT(F_Q5_1)
+DOT_FMT(F_Q8_0)
+DOT_FMT(F_Q4_K)
+DOT_FMT(F_Q5_K)
+DOT_FMT(F_Q6_K)
+
+typedef void (*dot_fn)(const uint8_t *, int, act_t, float *, int64_t);
+static const dot_fn DOT4[8] = {dot_F_Q4_0_4, dot_F_Q4_1_4, dot_F_Q5_0_4, dot_F_Q5_1_4,
+                               dot_F_Q8_0_4, dot_F_Q4_K_4, dot_F_Q5_K_4, dot_F_Q6_K_4};
+static const dot_fn DOT1[8] = {dot_F_Q4_0_1, dot_F_Q4_1_1, dot_F_Q5_0_1, dot_F_Q5_1_1,
+                               dot_F_Q8_0_1, dot_F_Q4_K_1, dot_F_Q5_K_1, dot_F_Q6_K_1};
+
+/* one weight row against nr activation rows, four at a time */
+static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
+        DOT4[fmt](row, K, s, out + r * ldo, ldo);
+    }
+    for (; r < nr; r++) {
+        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
+        DOT1[fmt](row, K, s, out + r * ldo, ldo);
+    }
+}
+
+#else
+
+static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+    int r = 0;
+    for (; r < nr; r += 4) {
+        int n = nr - r < 4 ? nr - r : 4;
+        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
+        dot_scalar(fmt, row, K, s, n, out + r * ldo, ldo);
+    }
+}
+
+#endif
+
+/* ---- the matmul: chunks of output rows as pool tasks ------------------------------------------------ */
+
+typedef struct {
+    int fmt, N, K, M;
+    const uint8_t *w;
+    int64_t row_bytes, ldo;
+    act_t a;
+    float *out;
+} job_t;
+
+enum { ROW_CHUNK = 16, M_TILE = 64 };
+
+static void run_chunk(void *ctx, int c) {
+    job_t *j = (job_t *)ctx;
+    int n0 = c * ROW_CHUNK, n1 = n0 + ROW_CHUNK < j->N ? n0 + ROW_CHUNK : j->N;
+    /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
+    for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
+        int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
+        act_t a = {j->a.qa + (int64_t)m0 * j->K, j->a.da + (int64_t)m0 * (j->K / 32),
+                   j->a.sa + (int64_t)m0 * (j->K / 16), j->K};
+        for (int n = n0; n < n1; n++)
+            dot_rows(j->fmt, j->w + n * j->row_bytes, j->K, a, mt, j->out + (int64_t)m0 * j->ldo + n, j->ldo);
+    }
+}
+
+/* y[m, n] (row stride ldo) = sum_k x[m, k] W[n, k] for the quantized activations (qa, da, sa) of M rows and a
+   weight of N rows in format fmt (row_bytes bytes each, K values). */
+void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
+                const int16_t *sa, int M, float *out, int64_t ldo) {
+    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, K}, out};
+    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
+    /* small jobs are not worth waking anyone */
+    pool_run(run_chunk, &job, chunks, (int64_t)N * M * K >= (1 << 16));
+}

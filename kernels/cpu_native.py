@@ -1,0 +1,387 @@
+"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c) and paged attention
+(kernels/cpu/attention.c), compiled on first use and cached.
+
+The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
+source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
+`avx512vnni` (AVX-512 VNNI dot products), `avx2` (maddubs), or `scalar` (portable C, always built for tests).
+`EDGESERVE_NATIVE=0` turns the native kernels off (the torch paths run instead); `EDGESERVE_NATIVE_VARIANT`
+forces a variant. Without a compiler the torch paths run, with one warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
+HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
+# format name -> (id in the C enum, values per block, bytes per block)
+FORMATS: dict[str, tuple[int, int, int]] = {
+    "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
+    "Q8_0": (4, 32, 34), "Q4_K": (5, 256, 144), "Q5_K": (6, 256, 176), "Q6_K": (7, 256, 210),
+}
+VARIANT_FLAGS: dict[str, list[str]] = {
+    "scalar": [],
+    "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
+    "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
+                   "-mavx512vl", "-mavx512vnni"],
+}
+VARIANT_NEEDS: dict[str, set[str]] = {
+    "scalar": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+}
+# measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md, single-thread CPU time): the torch fallback against native
+FALLBACK_SLOWDOWN = "about 1.4x slower per token, and over 10x slower to load files with Q5_K / Q6_K tensors"
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+_warned = False
+
+
+def enabled() -> bool:
+    """Whether native kernels may be used at all (EDGESERVE_NATIVE is not 0/false/off)."""
+    return os.environ.get("EDGESERVE_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where that file is missing)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def supported_variants(flags: frozenset[str] | None = None) -> list[str]:
+    """The variants this CPU can run, best first (always ending with "scalar")."""
+    flags = cpu_flags() if flags is None else flags
+    return [v for v in ("avx512vnni", "avx2", "scalar") if VARIANT_NEEDS[v] <= flags]
+
+
+def best_variant() -> str:
+    """The variant to run: EDGESERVE_NATIVE_VARIANT when set, else the best the CPU has."""
+    forced = os.environ.get("EDGESERVE_NATIVE_VARIANT", "").strip().lower()
+    if forced:
+        if forced not in VARIANT_FLAGS:
+            raise ValueError(f"EDGESERVE_NATIVE_VARIANT must be one of {', '.join(VARIANT_FLAGS)}, not {forced!r}")
+        return forced
+    return supported_variants()[0]
+
+
+def compiler() -> str | None:
+    """The C compiler to build with ($CC, else cc / gcc / clang on PATH), or None."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def build(variant: str) -> Path:
+    """Compile (once; cached by source hash, variant and compiler) the shared library for `variant`."""
+    from edgeserve.registry.paths import edgeserve_home
+
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
+    flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *VARIANT_FLAGS[variant]]
+    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(text + " ".join([cc, *flags]).encode()).hexdigest()[:16]
+    folder = edgeserve_home() / "native"
+    target = folder / f"qmatmul-{variant}-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed to build the native CPU kernels ({variant}):\n{done.stderr.strip()}")
+        os.replace(tmp, target)  # atomic: concurrent builders never load a half-written file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.qmm_quantize.argtypes = [p, i32, i64, i32, i32, p, p, p]
+    lib.qmm_quantize.restype = None
+    lib.qmm_matmul.argtypes = [i32, p, i64, i32, i32, p, p, p, i32, p, i64]
+    lib.qmm_matmul.restype = None
+    lib.qmm_dequant_rows.argtypes = [i32, p, i64, i32, p, i32, p]
+    lib.qmm_dequant_rows.restype = None
+    lib.qmm_set_threads.argtypes = [i32]
+    lib.qmm_paged_attention.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, ctypes.c_float, p]
+    lib.qmm_paged_attention.restype = None
+    lib.qmm_add_rms_norm.argtypes = [p, i32, i64, p, p, i32, i32, ctypes.c_float, p, p, i32]
+    lib.qmm_add_rms_norm.restype = None
+    lib.qmm_rope_write_kv.argtypes = [p, p, p, i32, i64, i64, i64, p, p, p, p, i32, p, i32, i32, i32, i32, p]
+    lib.qmm_rope_write_kv.restype = None
+    lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
+    lib.qmm_silu_mul.restype = None
+    lib.qmm_variant.restype = ctypes.c_char_p
+    lib.qmm_set_threads(threads())
+    return lib
+
+
+def threads() -> int:
+    """Threads for the native matmuls: EDGESERVE_THREADS, else torch's intra-op thread count."""
+    value = os.environ.get("EDGESERVE_THREADS", "").strip()
+    return int(value) if value else torch.get_num_threads()
+
+
+def load(variant: str) -> ctypes.CDLL:
+    """The library for `variant`, built if needed (raises when it cannot be built)."""
+    with _lock:
+        lib = _libs.get(variant)
+        if lib is None:
+            lib = _libs[variant] = _bind(ctypes.CDLL(str(build(variant))))
+        return lib
+
+
+_chosen: dict[tuple[str, str], ctypes.CDLL | None] = {}
+
+
+def library() -> ctypes.CDLL | None:
+    """The native library for this CPU, or None when disabled or unbuildable (warning once in that case)."""
+    global _warned
+    setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
+    if setting in _chosen:  # every kernel call asks: answer from the cache
+        return _chosen[setting]
+    if not enabled():
+        return None
+    try:
+        lib = _chosen[setting] = load(best_variant())
+        return lib
+    except (RuntimeError, OSError) as e:
+        if not _warned:
+            _warned = True
+            log.warning("native CPU kernels unavailable (%s); quantized matmuls run on the torch path (%s)",
+                        str(e).splitlines()[0], FALLBACK_SLOWDOWN)
+        _chosen[setting] = None
+        return None
+
+
+def available() -> bool:
+    """Whether quantized CPU matmuls run natively in this process."""
+    return library() is not None
+
+
+@dataclass
+class BlockTensor:
+    """A 2-D GGUF tensor kept as its block bytes: data [rows, bytes per row] uint8, `cols` values per row."""
+
+    qtype: str
+    data: torch.Tensor
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], self.cols)
+
+    def rows(self, index: torch.Tensor) -> "BlockTensor":
+        """The same tensor with its rows reordered by `index` (rows are whole blocks, so this is exact)."""
+        return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
+
+
+def native_format(qtype: str, cols: int) -> bool:
+    """Whether the native kernels take a weight of this type and row length."""
+    return qtype in FORMATS and cols % FORMATS[qtype][1] == 0
+
+
+class BlockWeight:
+    """A linear weight whose parts (stacked along the output rows, e.g. Q4_K q/k with a Q6_K v) stay in their
+    GGUF block formats; `matmul` quantizes the activations once and runs the native kernel per part."""
+
+    def __init__(self, parts: list[BlockTensor], lib: ctypes.CDLL | None = None):
+        cols = {p.cols for p in parts}
+        if len(cols) != 1:
+            raise ValueError(f"parts disagree on in_features: {sorted(cols)}")
+        for p in parts:
+            if not native_format(p.qtype, p.cols):
+                raise ValueError(f"{p.qtype} with {p.cols} columns is not a native format")
+        self.lib = lib or library()
+        if self.lib is None:
+            raise RuntimeError("native CPU kernels are not available")
+        self.parts = [BlockTensor(p.qtype, p.data.contiguous(), p.cols) for p in parts]
+        self.in_features = parts[0].cols
+        self.out_features = sum(p.data.shape[0] for p in parts)
+        self._fmt = [FORMATS[p.qtype][0] for p in self.parts]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K]."""
+        m, k = x.shape
+        qa = torch.empty(m, k, dtype=torch.int8)
+        da = torch.empty(m, k // 32, dtype=torch.float32)
+        sa = torch.empty(m, k // 16, dtype=torch.int16)
+        self.lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0), m, k, qa.data_ptr(),
+                              da.data_ptr(), sa.data_ptr())
+        return qa, da, sa
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] @ W.T -> float32 [..., out]."""
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if x2.dtype not in (torch.float32, torch.bfloat16):
+            x2 = x2.float()
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        qa, da, sa = self.quantize(x2)
+        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        col, base, row_stride = 0, out.data_ptr(), self.out_features
+        for fmt, part in zip(self._fmt, self.parts):
+            n = part.data.shape[0]
+            self.lib.qmm_matmul(fmt, part.data.data_ptr(), part.data.shape[1], n, self.in_features, qa.data_ptr(),
+                                da.data_ptr(), sa.data_ptr(), m, base + 4 * col, row_stride)
+            col += n
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 rows of W for the given ids (an embedding lookup)."""
+        if len(self.parts) != 1:
+            raise ValueError("row lookups need a single-part weight")
+        part = self.parts[0]
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
+        self.lib.qmm_dequant_rows(self._fmt[0], part.data.data_ptr(), part.data.shape[1], self.in_features,
+                                  flat.data_ptr(), flat.numel(), out.data_ptr())
+        return out.reshape(*ids.shape, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight in float32 (for tests and references)."""
+        return torch.cat([BlockWeight([p], self.lib).rows(torch.arange(p.data.shape[0])) for p in self.parts])
+
+
+def block_weight(source: object, names: list[str], device: torch.device, dtype: torch.dtype) -> BlockWeight | None:
+    """The tensors `names` (HF names, stacked along the output rows) as one BlockWeight when they can run
+    natively here: a CPU device, a reduced-precision compute dtype (float32 keeps the exact dequantized path),
+    the native library loaded, and a weight source that gives block bytes (`blocks(name)`) in native formats."""
+    if device.type != "cpu" or dtype == torch.float32 or not hasattr(source, "blocks"):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    parts = [source.blocks(n) for n in names]  # type: ignore[attr-defined]
+    if any(p is None for p in parts):
+        return None
+    return BlockWeight(parts, lib)
+
+
+def _attention_rows(meta) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row of a step: its sequence's index and how many positions it sees (built once per step)."""
+    plan = getattr(meta, "native_rows", None)
+    if plan is None:
+        seqs, lens = [], []
+        for i, (n, s) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+            seqs += [i] * n
+            lens += range(s - n + 1, s + 1)
+        plan = meta.native_rows = (torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
+    return plan
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
+                    lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype."""
+    lib = lib or library()
+    assert lib is not None
+    t, h, d = q.shape
+    blocks, block_size, hkv, _ = k_cache.shape
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        q = q.float()
+    q = q.contiguous()
+    kv_bf16 = k_cache.dtype == torch.bfloat16
+    if k_cache.dtype not in (torch.float32, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
+        k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), False
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # no-ops for the engine's pool
+    seqs, lens = _attention_rows(meta)
+    tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
+    tables = tables.contiguous()
+    out = torch.empty_like(q)
+    lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(), v_cache.data_ptr(),
+                            kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0), seqs.data_ptr(),
+                            lens.data_ptr(), d ** -0.5 if scale is None else scale, out.data_ptr())
+    return out
+
+
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """Whether x [T, ...] has unit-stride contiguous rows (any row stride) of float32 or bfloat16."""
+    if x.dtype not in _FLOATS or x.dim() < 2:
+        return False
+    return x[0].is_contiguous() if x.shape[0] else True
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """kernels.norm.add_rms_norm (residual given) or rms_norm (residual None) in one native pass over 2-D
+    rows; None when the inputs are not a shape and dtype it takes."""
+    lib = library()
+    if (lib is None or x.dim() != 2 or not _rows(x) or out_dtype not in _FLOATS or weight.dtype != torch.float32
+            or (residual is not None and (residual.dtype != torch.float32 or not residual.is_contiguous()))):
+        return None
+    t, n = x.shape
+    out = torch.empty(t, n, dtype=out_dtype)
+    new_residual = torch.empty(t, n, dtype=torch.float32) if residual is not None else out
+    lib.qmm_add_rms_norm(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else n,
+                         residual.data_ptr() if residual is not None else None, weight.contiguous().data_ptr(), t, n,
+                         eps, new_residual.data_ptr(), out.data_ptr(), out_dtype == torch.bfloat16)
+    return out, new_residual
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor | None:
+    """kernels.rope.rope_write_kv in one native pass; None when the inputs are not ones it takes."""
+    lib = library()
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
+            or k_cache.dtype not in _FLOATS or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or cos.dtype != torch.float32 or sin.dtype != torch.float32):
+        return None
+    t, h, d = q.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    out = torch.empty(t, h, d, dtype=k_cache.dtype)
+    lib.qmm_rope_write_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
+                          k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                          v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1], d,
+                          out.data_ptr())
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """kernels.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
+    lib = library()
+    if lib is None or gate_up.dim() != 2 or not _rows(gate_up):
+        return None
+    t, f2 = gate_up.shape
+    out = torch.empty(t, f2 // 2, dtype=torch.float32)
+    lib.qmm_silu_mul(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
+                     f2 // 2, out.data_ptr())
+    return out

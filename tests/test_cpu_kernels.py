@@ -1,0 +1,185 @@
+"""The native CPU matmuls over GGUF blocks (kernels/cpu/qmatmul.c) against a float64 dequantize-then-matmul
+reference (gguf's own dequantizer), for every format, every SIMD variant this CPU has plus the portable one,
+odd shapes and batches of 1 to 65; and that the library really builds where a compiler exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight
+
+# byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
+SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+                "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) -> BlockTensor:
+    """Random block bytes of `qtype` for a [rows, cols] weight, with small finite float16 scales."""
+    _, per, size = FORMATS[qtype]
+    data = gen.integers(0, 256, size=(rows, cols // per, size), dtype=np.uint8)
+    for off in SCALE_FIELDS[qtype]:
+        scale = (gen.random((rows, cols // per)) * 0.02 + 0.001).astype(np.float16)
+        if qtype in ("Q4_1", "Q5_1") and off == 2:
+            scale = -scale  # the offset m of these formats is usually negative
+        data[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, cols // per, 2)
+    return BlockTensor(qtype, torch.from_numpy(data.reshape(rows, -1).copy()), cols)
+
+
+def reference(x: torch.Tensor, w: BlockTensor) -> torch.Tensor:
+    """x @ W.T in float64 from gguf's dequantization of the blocks."""
+    deq = dequantize(w.data.numpy(), GGMLQuantizationType[w.qtype]).reshape(w.shape)
+    return x.double() @ torch.from_numpy(deq).double().T
+
+
+VARIANTS = cpu_native.supported_variants()
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def lib(request):
+    return cpu_native.load(request.param)
+
+
+def test_native_library_builds_where_a_compiler_exists():
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    for variant in VARIANTS:
+        assert cpu_native.load(variant).qmm_variant().decode() == variant
+    assert cpu_native.available()  # a broken build must fail here, not fall back silently
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+@pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4)])
+def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
+    gen = np.random.default_rng(hash((qtype, rows, batch)) & 0xFFFF)
+    cols = FORMATS[qtype][1] * cols_blocks
+    w = random_blocks(qtype, rows, cols, gen)
+    x = torch.from_numpy(gen.standard_normal((batch, cols)).astype(np.float32))
+    got = BlockWeight([w], lib).matmul(x).double()
+    want = reference(x, w)
+    # int8 activations: each block's rounding error is at most half a step of amax/127
+    err = (got - want).abs().max().item()
+    scale = (x.double().abs() @ torch.from_numpy(
+        np.abs(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))).double().T).max().item()
+    assert err <= 0.01 * scale, (qtype, err, scale)
+    assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+def test_rows_dequantize_exactly(lib, qtype):
+    gen = np.random.default_rng(7)
+    w = random_blocks(qtype, 9, FORMATS[qtype][1] * 2, gen)
+    ids = torch.tensor([3, 0, 8, 3])
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))[ids]
+    torch.testing.assert_close(BlockWeight([w], lib).rows(ids), want, rtol=0, atol=0)
+
+
+def test_parts_of_mixed_formats_and_bf16_input(lib):
+    gen = np.random.default_rng(3)
+    parts = [random_blocks("Q4_K", 40, 512, gen), random_blocks("Q6_K", 24, 512, gen),
+             random_blocks("Q8_0", 8, 512, gen)]
+    x = torch.from_numpy(gen.standard_normal((6, 512)).astype(np.float32)).bfloat16()
+    got = BlockWeight(parts, lib).matmul(x).double()
+    want = torch.cat([reference(x.float(), p) for p in parts], dim=1)
+    assert (got - want).abs().max().item() <= 0.01 * want.abs().max().item()
+
+
+def test_rows_are_batch_invariant(lib):
+    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size)."""
+    gen = np.random.default_rng(5)
+    w = BlockWeight([random_blocks("Q4_K", 100, 512, gen)], lib)
+    x = torch.from_numpy(gen.standard_normal((33, 512)).astype(np.float32))
+    full = w.matmul(x)
+    for i in (0, 17, 32):
+        assert torch.equal(w.matmul(x[i:i + 1])[0], full[i])
+    assert torch.equal(w.matmul(x[5:12]), full[5:12])
+
+
+def test_every_variant_agrees_with_the_scalar_one():
+    gen = np.random.default_rng(11)
+    x = torch.from_numpy(gen.standard_normal((7, 512)).astype(np.float32))
+    for qtype in FORMATS:
+        w = random_blocks(qtype, 33, 512, gen)
+        base = BlockWeight([w], cpu_native.load("scalar")).matmul(x)
+        for variant in VARIANTS:
+            got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
+            torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("EDGESERVE_NATIVE", "0")
+    assert cpu_native.library() is None
+    assert not cpu_native.available()
+
+
+def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.paged_attention import paged_attention as twin
+
+    torch.manual_seed(0)
+    bs, hkv, heads, d = 4, 2, 6, 32
+    k_cache = torch.randn(20, bs, hkv, d).bfloat16()
+    v_cache = torch.randn(20, bs, hkv, d).bfloat16()
+    tables = [[3, 7, 1], [0, 5, 9, 11, 2], [4]]
+    qlens, slens = [1, 6, 3], [9, 17, 3]  # a decode, a prefill chunk over cached context, a fresh prompt
+    q = torch.randn(sum(qlens), heads, d).bfloat16()
+    meta = AttentionMetadata.build(qlens, slens, tables, list(range(sum(qlens))))
+    got = cpu_native.paged_attention(q, k_cache, v_cache, meta, None, lib)
+    want = twin(q, k_cache, v_cache, AttentionMetadata.build(qlens, slens, tables, list(range(sum(qlens)))))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.02)
+    # the prefill's last 2 rows alone (as a later chunk would run them) give the same bits
+    alone = AttentionMetadata.build([2], [17], [tables[1]], [0, 1])
+    assert torch.equal(cpu_native.paged_attention(q[5:7], k_cache, v_cache, alone, None, lib), got[5:7])
+
+
+def test_fused_elementwise_kernels_match_the_twins():
+    from edgeserve.kernels import activation, norm, rope
+
+    torch.manual_seed(1)
+    x, res, w = torch.randn(5, 64).bfloat16(), torch.randn(5, 64), torch.randn(64)
+    got, new_res = cpu_native.add_rms_norm(x, res, w, 1e-6, torch.bfloat16)
+    want, want_res = norm.add_rms_norm(x, res, w, 1e-6, torch.bfloat16)
+    assert torch.equal(new_res, want_res)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.01, atol=0.01)
+    torch.testing.assert_close(cpu_native.add_rms_norm(res, None, w, 1e-6, torch.float32)[0],
+                               norm.rms_norm(res, w, 1e-6), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(5, 128)
+    torch.testing.assert_close(cpu_native.silu_and_mul(gate_up), activation.silu_and_mul(gate_up), rtol=1e-5,
+                               atol=1e-5)
+    qkv = torch.randn(3, 4 * 16).bfloat16()  # q of 2 heads, k and v of 1, as views of one fused matmul output
+    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
+    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
+    caches = [torch.zeros(2, 4, 1, 16, dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.tensor([0, 5, 6])
+    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots)
+    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], slots)
+    torch.testing.assert_close(got_q.float(), want_q.float(), rtol=0.01, atol=0.02)
+    torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=0.01, atol=0.02)
+    assert torch.equal(caches[1], caches[3])
+
+
+def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))  # nothing cached here
+    monkeypatch.setenv("EDGESERVE_NATIVE_VARIANT", "scalar")  # a setting not looked up yet in this test
+    monkeypatch.setattr(cpu_native, "compiler", lambda: None)
+    monkeypatch.setattr(cpu_native, "_libs", {})
+    monkeypatch.setattr(cpu_native, "_chosen", {})
+    monkeypatch.setattr(cpu_native, "_warned", False)
+    with caplog.at_level("WARNING", logger=cpu_native.__name__):
+        assert cpu_native.library() is None
+        assert cpu_native.library() is None
+    warnings = [r for r in caplog.records if "native CPU kernels unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "slower" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("variant", sorted(cpu_native.VARIANT_FLAGS))
+def test_every_variant_compiles(variant):
+    """Even the variants this CPU cannot run must compile (their numeric tests run on CPUs that have them)."""
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    assert cpu_native.build(variant).exists()
