@@ -71,6 +71,18 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     return dest
 
 
+def remove_pulled(name: str) -> None:
+    """Delete the catalog model `name` (and its verification record) from the cache."""
+    import shutil
+
+    dest = cached_path(name)
+    if dest.is_dir():
+        shutil.rmtree(dest)
+    else:
+        dest.unlink(missing_ok=True)
+    _sidecar(dest).unlink(missing_ok=True)
+
+
 def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:
     """Run `python -m pip ARGS`, stdout to the fd `stdout` (or captured if None), stderr captured."""
     return subprocess.run(

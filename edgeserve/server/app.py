@@ -30,9 +30,10 @@ _RID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 async def health(request: Request) -> Response:
-    """GET /health: 200 while serving, with each model's state and whether one is loading."""
+    """GET /health: 200 while serving, with every configured model's state (not loaded / loading / loaded)."""
     st = server_state(request)
-    models = {e.id: e.state for e in st.manager.entries.values()}
+    models = {mid: "not loaded" for mid in st.manager.configured}
+    models.update({e.id: e.state for e in st.manager.entries.values()})
     return JSONResponse({"status": "ok", "loading": any(s == "loading" for s in models.values()), "models": models})
 
 
