@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import ollama_routes, openai_routes
+from edgeserve.server import embeddings_routes, ollama_routes, openai_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_response
@@ -134,6 +134,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         *openai_routes.ROUTES,
         *ollama_routes.ROUTES,
+        *embeddings_routes.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

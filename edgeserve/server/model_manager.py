@@ -295,8 +295,8 @@ class ModelManager:
 
     async def _load(self, entry: ModelEntry) -> None:
         """Resolve, check memory, load weights and start the engine (blocking parts in a worker thread)."""
-        from edgeserve.engine.async_engine import AsyncEngine
-        from edgeserve.models.load import load_model
+        from edgeserve.engine.embedder import EmbeddingEngine
+        from edgeserve.models.bert import is_encoder_folder, load_encoder
 
         cfg = self.config
         log.info("loading model %s (%s)", entry.id, entry.spec)
@@ -306,14 +306,11 @@ class ModelManager:
             if not estimate.fits:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
-            lm = await anyio.to_thread.run_sync(lambda: load_model(
-                source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
-                quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
-                dense_prefill=cfg.dense_prefill))
-            engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
-                                      max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
-                                      max_model_len=cfg.max_model_len, **cfg.extra_engine)
-            engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+            if source.kind == "hf" and is_encoder_folder(source.path):  # an embedding model: no KV, no sampler
+                lm = await anyio.to_thread.run_sync(load_encoder, source, cfg.device, cfg.dtype)
+                engine = EmbeddingEngine(lm)
+            else:
+                lm, engine = await self._load_generator(source)
         except Exception as e:
             entry.error = e
             entry.state = "failed"
@@ -333,6 +330,22 @@ class ModelManager:
         if self._on_loaded is not None:
             self._on_loaded(entry)
         entry.ready.set()
+
+    async def _load_generator(self, source: ModelSource) -> tuple[Any, Any]:
+        """Load a decoder's weights and start its AsyncEngine (blocking parts in a worker thread)."""
+        from edgeserve.engine.async_engine import AsyncEngine
+        from edgeserve.models.load import load_model
+
+        cfg = self.config
+        lm = await anyio.to_thread.run_sync(lambda: load_model(
+            source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
+            quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
+            dense_prefill=cfg.dense_prefill))
+        engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
+                                  max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
+                                  max_model_len=cfg.max_model_len, **cfg.extra_engine)
+        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+        return lm, engine
 
     async def _run_engine(self, entry: ModelEntry) -> None:
         try:
