@@ -7,7 +7,7 @@ import re
 import uuid
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -18,10 +18,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import embeddings_routes, ollama_routes, openai_routes
+from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
-from edgeserve.server.errors import APIError, BodyTooLargeError, error_response
+from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.state import ServerState, request_id_var, server_state
@@ -103,10 +103,7 @@ class ServerMiddleware:
 
     async def _reply(self, scope: Scope, send: Send, status: int, message: str, code: str,
                      headers: dict[str, str]) -> None:
-        if scope["path"].startswith("/api/"):
-            body: Any = {"error": message}
-        else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        body = error_body(scope["path"], APIError(status, message, "invalid_request_error", None, code))
         data = json.dumps(body).encode()
         hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         hdrs += [(k.encode(), v.encode()) for k, v in headers.items()]
@@ -135,6 +132,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *openai_routes.ROUTES,
         *ollama_routes.ROUTES,
         *embeddings_routes.ROUTES,
+        *anthropic_routes.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

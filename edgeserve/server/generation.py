@@ -32,6 +32,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or end-of-turn token that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
@@ -160,6 +161,7 @@ class Generation:
             if out.logprobs:
                 r.logprobs += out.logprobs
             r.finish_reason = out.finish_reason or r.finish_reason
+            r.stop_reason = out.stop_reason if out.stop_reason is not None else r.stop_reason
             r.num_prompt_tokens, r.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             r.num_output_tokens = out.num_output_tokens
         return results
