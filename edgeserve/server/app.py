@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes
+from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes, responses_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response
@@ -133,6 +133,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *ollama_routes.ROUTES,
         *embeddings_routes.ROUTES,
         *anthropic_routes.ROUTES,
+        *responses_routes.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
