@@ -165,3 +165,20 @@ def test_generation_refused_on_embedding_model_and_concurrent_requests_batch(cli
     # generation on another model still works alongside
     r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_show_and_tags_describe_the_embedding_model(client, minilm_path):
+    from safetensors import safe_open
+
+    with safe_open(str(minilm_path / "model.safetensors"), framework="pt") as f:
+        params = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
+    show = client.post("/api/show", json={"model": "all-minilm"}).json()
+    assert show["capabilities"] == ["embedding"]
+    assert show["details"]["format"] == "safetensors" and show["details"]["family"] == "bert"
+    assert show["model_info"]["general.parameter_count"] == params
+    assert show["model_info"]["bert.embedding_length"] == 384
+    tags = {m["name"]: m for m in client.get("/api/tags").json()["models"]}
+    from edgeserve.registry import CATALOG
+
+    assert tags["all-minilm"]["digest"] == "sha256:" + CATALOG["all-minilm"].sha256
+    assert tags["all-minilm"]["details"]["quantization_level"] == "F32"

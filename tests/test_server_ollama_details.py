@@ -125,9 +125,24 @@ def test_delete_pulled_model(tmp_path, monkeypatch, default_model_path, tiny_pat
             assert c.request("DELETE", "/api/delete", json={}).status_code == 400
 
 
-def test_first_stream_gets_headers_and_comments_while_loading(tiny_path, monkeypatch):
+HI = [{"role": "user", "content": "hi"}]
+WAITING_STREAMS = {  # route -> (body, how the first line looks while the load is held, how the stream ends)
+    "openai": ("/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 3, "stream": True},
+               lambda line: line.startswith(":"), lambda lines: lines[-1] == "data: [DONE]"),
+    "responses": ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 3, "stream": True},
+                  lambda line: line.startswith(":"), lambda lines: lines[-2].startswith("event: response.")),
+    "anthropic": ("/v1/messages", {"model": "tiny", "messages": HI, "max_tokens": 3, "stream": True},
+                  lambda line: line == "event: ping", lambda lines: lines[-2] == "event: message_stop"),
+    "ollama": ("/api/chat", {"model": "tiny", "messages": HI, "options": {"num_predict": 3}}, None,
+               lambda lines: json.loads(lines[-1])["done"] is True),
+}
+
+
+@pytest.mark.parametrize("api", sorted(WAITING_STREAMS))
+def test_first_stream_gets_headers_and_keepalive_while_loading(tiny_path, monkeypatch, api):
     import edgeserve.models.load as load_mod
 
+    path, body, first_ok, end_ok = WAITING_STREAMS[api]
     release = threading.Event()
     real = load_mod.load_model
 
@@ -140,19 +155,14 @@ def test_first_stream_gets_headers_and_comments_while_loading(tiny_path, monkeyp
     with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.get("/health").json()["models"] == {"tiny": "not loaded"}
-            body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                    "stream": True}
-            with c.stream("POST", "/v1/chat/completions", json=body) as r:
-                assert r.status_code == 200  # while the load is still held
+            with c.stream("POST", path, json=body) as r:
+                assert r.status_code == 200  # the headers came while the load is still held
                 lines = r.iter_lines()
-                first = next(line for line in lines if line)
-                assert first.startswith(":")
+                if first_ok is not None:
+                    first = next(line for line in lines if line)
+                    assert first_ok(first), first
                 assert c.get("/health").json()["models"] == {"tiny": "loading"}
                 release.set()
-                rest = [line for line in lines if line.startswith("data:")]
-            assert rest[-1] == "data: [DONE]" and len(rest) >= 2
+                rest = [line for line in lines if line]
+            assert end_ok(rest), rest[-3:]
             assert c.get("/health").json()["models"] == {"tiny": "loaded"}
-            # NDJSON: headers at once too, then the lines
-            ollama = {"model": "tiny", "messages": body["messages"], "options": {"num_predict": 2}}
-            lines = [json.loads(x) for x in c.post("/api/chat", json=ollama).text.splitlines()]
-            assert lines[-1]["done"]
