@@ -38,8 +38,9 @@ def minilm_path():
 @pytest.fixture(scope="module")
 def server(minilm_path, tmp_path_factory):
     tiny = write_tiny_llama(tmp_path_factory.mktemp("emb") / "tiny.gguf")
+    # max_loaded_models=1: the embedding model loads beside the text model, not instead of it
     with serve(ServerConfig(kv_cache_gb=0.01, models=("all-minilm", str(tiny)), keep_alive=None,
-                            api_key="sekret", max_loaded_models=2)) as s:
+                            api_key="sekret", max_loaded_models=1)) as s:
         yield s
 
 
@@ -162,9 +163,11 @@ def test_generation_refused_on_embedding_model_and_concurrent_requests_batch(cli
         each = np.array([f.result().data[0].embedding for f in futs])
     # a text's vector does not depend on what it was batched (padded) with
     assert _cos(each, alone).min() > 0.99999
-    # generation on another model still works alongside
+    # generation on another model works alongside, with both loaded
     r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200
+    states = {m["name"]: m["status"] for m in client.get("/api/ps").json()["models"]}
+    assert states == {"all-minilm": "loaded", "tiny": "loaded"}
 
 
 def test_show_and_tags_describe_the_embedding_model(client, minilm_path):
