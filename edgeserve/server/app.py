@@ -75,7 +75,7 @@ class ServerMiddleware:
         cfg = self.state.config
         try:
             if cfg.api_key and needs_key(path) and not authorized(headers, cfg.api_key):
-                msg = "missing or invalid API key: send `Authorization: Bearer KEY`"
+                msg = "missing or invalid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
                 await self._reply(scope, send_with_id, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
                 return
             length = headers.get("content-length", "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -99,14 +100,20 @@ def model_facts(source: ModelSource, license: str = "") -> ModelFacts:
 
 
 def digest(source: ModelSource, known_sha256: str = "") -> str:
-    """'sha256:<hex>' of the weights file (the first safetensors file of a folder), hashed once per file version."""
+    """'sha256:<hex>' of the weights file (the first safetensors file of a folder).
+
+    A file is hashed once per machine: digests are kept by (path, size, mtime) in memory and in
+    `<edgeserve home>/digests.json`, so a big model's first /api/tags is the only slow one.
+    """
+    if known_sha256:
+        return f"sha256:{known_sha256}"
     files = weights_files(source)
     if not files:
         return ""
     key = _stamp(files[0])
-    if known_sha256:
-        return f"sha256:{known_sha256}"
     with _lock:
+        if not _digests:
+            _digests.update(_load_digest_file())
         if key in _digests:
             return _digests[key]
     h = hashlib.sha256()
@@ -116,7 +123,35 @@ def digest(source: ModelSource, known_sha256: str = "") -> str:
     value = f"sha256:{h.hexdigest()}"
     with _lock:
         _digests[key] = value
+        _save_digest_file(_digests)
     return value
+
+
+def _digest_file() -> Path:
+    from edgeserve.registry import edgeserve_home
+
+    return edgeserve_home() / "digests.json"
+
+
+def _load_digest_file() -> dict[tuple, str]:
+    try:
+        rows = json.loads(_digest_file().read_text())
+        return {(r["path"], r["size"], r["mtime_ns"]): r["digest"] for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _save_digest_file(digests: dict[tuple, str]) -> None:
+    rows = [{"path": k[0], "size": k[1], "mtime_ns": k[2], "digest": v} for k, v in digests.items()
+            if os.path.exists(k[0])]  # files gone (deleted models, test files) drop out
+    path = _digest_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".digests.{os.getpid()}.json")
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home only costs re-hashing in the next process
+        pass
 
 
 def _gguf_facts(path: Path) -> ModelFacts:
