@@ -100,10 +100,14 @@ def parse_messages_request(body: dict) -> GenerationRequest:
         if not 0 <= temp <= 1:
             raise bad_request(f"temperature: must be between 0 and 1, got {temp}", "temperature")
         req.sampling["temperature"] = temp
-    for key, integer in (("top_p", False), ("top_k", True)):
-        v = _number(body, key, integer=integer)
-        if v is not None:
-            req.sampling[key] = v
+    top_p = _number(body, "top_p")
+    if top_p is not None:
+        req.sampling["top_p"] = top_p
+    top_k = _number(body, "top_k", integer=True)
+    if top_k is not None:
+        if not 0 <= top_k < 2**31:  # past the vocabulary it means no limit; huge values must not reach tensors
+            raise bad_request(f"top_k: must be between 0 and {2**31 - 1}, got {top_k}", "top_k")
+        req.sampling["top_k"] = top_k
     req.sampling["stop"] = _stop(body.get("stop_sequences"), "stop_sequences")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):

@@ -103,7 +103,8 @@ class Generation:
         try:
             prompts = self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
-                max_tokens = self.req.max_tokens or max(1, engine.max_model_len - len(ids))
+                # never more than the context holds (a huge client value must not reach the engine's tensors)
+                max_tokens = min(self.req.max_tokens or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
                 if self.req.num_ctx is not None:
                     max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))

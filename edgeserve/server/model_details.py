@@ -2,8 +2,8 @@
 
 Format, family, parameter count (from the tensor shapes), quantization level (the GGUF file type, or the
 safetensors dtype), the architecture keys (`model_info`), chat template, stop tokens, license, capabilities
-and the sha256 digest of the weights. Facts are cached per file (path, size, mtime), so the digest of a
-file is computed once per process.
+and the sha256 digest of the weights. Facts are cached per file (path, size, mtime) in memory; digests also
+on disk, so a file is hashed once per machine.
 """
 
 from __future__ import annotations
