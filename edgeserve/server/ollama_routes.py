@@ -83,15 +83,13 @@ async def tags(request: Request) -> Response:
     return JSONResponse({"models": await anyio.to_thread.run_sync(listing)})
 
 
-def _ps_entry(e: ModelEntry, on_gpu: bool) -> dict[str, Any]:
+def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: dict[str, Any]) -> dict[str, Any]:
     remaining = e.expires_in()
     expires = "0001-01-01T00:00:00Z" if remaining is None else _now_iso(time.time() + remaining)
-    src = e.source
-    out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": _digest(e.spec, src) if src else "",
-           "details": _details(e.spec, src),
-           "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": e.state,
+    out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": digest_, "details": details,
+           "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": state,
            "active_requests": e.active}
-    if e.state == "loading":
+    if state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:
         out["load_seconds"] = round(e.load_seconds, 3)
@@ -102,8 +100,12 @@ async def ps(request: Request) -> Response:
     """GET /api/ps: loaded and loading models, when each expires, how long loading has taken."""
     st = server_state(request)
     on_gpu = st.config.device.startswith("cuda") or (st.config.device == "auto" and _cuda_available())
-    entries = list(st.manager.entries.values())
-    return JSONResponse({"models": await anyio.to_thread.run_sync(lambda: [_ps_entry(e, on_gpu) for e in entries])})
+    snapshot = [(e, e.state, e.source) for e in st.manager.entries.values()]  # states as of this request
+    # file facts (headers, a first digest) are read off the event loop
+    facts = await anyio.to_thread.run_sync(lambda: [(_digest(e.spec, src) if src else "", _details(e.spec, src))
+                                                    for e, _, src in snapshot])
+    return JSONResponse({"models": [_ps_entry(e, state, on_gpu, dig, det)
+                                    for (e, state, _), (dig, det) in zip(snapshot, facts)]})
 
 
 def _cuda_available() -> bool:
