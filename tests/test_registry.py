@@ -172,7 +172,8 @@ def test_catalog_default_entry() -> None:
 def test_catalog_is_consistent() -> None:
     assert all(name == e.name for name, e in CATALOG.items())
     assert len({e.filename for e in CATALOG.values()}) == len(CATALOG)
-    assert all(len(e.sha256) == 64 and e.filename.endswith(".gguf") for e in CATALOG.values())
+    assert all(len(e.sha256) == 64 and (e.filename.endswith(".gguf") or e.folder_weights.endswith(".safetensors"))
+               for e in CATALOG.values())
 
 
 # -- resolve -------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_serve_process_answers_and_stops(tmp_path):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
                 time.sleep(0.1)
-        assert health["models"] == {}  # lazy: nothing loaded yet
+        assert health["models"] == {"tiny": "not loaded"}  # lazy: listed, nothing loaded yet
         body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:  # the key comes from EDGESERVE_API_KEY

@@ -2,7 +2,7 @@
 
 from edgeserve.registry.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
 from edgeserve.registry.paths import edgeserve_home, models_dir
-from edgeserve.registry.pull import cached_path, catalog_entry, is_pulled, pull
+from edgeserve.registry.pull import cached_path, catalog_entry, is_pulled, pull, remove_pulled
 from edgeserve.registry.resolve import ModelSource, list_local, resolve
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "list_local",
     "models_dir",
     "pull",
+    "remove_pulled",
     "resolve",
 ]

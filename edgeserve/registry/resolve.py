@@ -32,11 +32,12 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
     """
     if name_or_path in CATALOG:
         name = name_or_path
+        kind = "hf" if CATALOG[name].folder_weights else "gguf"
         if is_pulled(name):
-            return ModelSource(name, "gguf", cached_path(name))
+            return ModelSource(name, kind, cached_path(name))
         if not pull_missing:
             raise ModelLoadError(f"model {name!r} is not pulled yet; run `edgeserve pull {name}`")
-        return ModelSource(name, "gguf", pull(name))
+        return ModelSource(name, kind, pull(name))
 
     path = Path(name_or_path).expanduser()
     if path.is_dir():
@@ -63,7 +64,8 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
 
 def list_local() -> list[ModelSource]:
     """The catalog models that are pulled and verified, in catalog order."""
-    return [ModelSource(name, "gguf", cached_path(name)) for name in CATALOG if is_pulled(name)]
+    return [ModelSource(name, "hf" if e.folder_weights else "gguf", cached_path(name))
+            for name, e in CATALOG.items() if is_pulled(name)]
 
 
 def _looks_like_path(s: str) -> bool:

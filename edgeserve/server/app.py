@@ -7,7 +7,7 @@ import re
 import uuid
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -19,10 +19,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import ollama_routes, openai_routes
+from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes, responses_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
-from edgeserve.server.errors import APIError, BodyTooLargeError, error_response
+from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.state import ServerState, request_id_var, server_state
@@ -31,9 +31,10 @@ _RID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 async def health(request: Request) -> Response:
-    """GET /health: 200 while serving, with each model's state and whether one is loading."""
+    """GET /health: 200 while serving, with every configured model's state (not loaded / loading / loaded)."""
     st = server_state(request)
-    models = {e.id: e.state for e in st.manager.entries.values()}
+    models = {mid: "not loaded" for mid in st.manager.configured}
+    models.update({e.id: e.state for e in st.manager.entries.values()})
     return JSONResponse({"status": "ok", "loading": any(s == "loading" for s in models.values()), "models": models})
 
 
@@ -80,7 +81,7 @@ class ServerMiddleware:
         cfg = self.state.config
         try:
             if cfg.api_key and needs_key(path) and not authorized(headers, cfg.api_key):
-                msg = "missing or invalid API key: send `Authorization: Bearer KEY`"
+                msg = "missing or invalid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
                 await self._reply(scope, send_with_id, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
                 return
             length = headers.get("content-length", "")
@@ -108,10 +109,7 @@ class ServerMiddleware:
 
     async def _reply(self, scope: Scope, send: Send, status: int, message: str, code: str,
                      headers: dict[str, str]) -> None:
-        if scope["path"].startswith("/api/"):
-            body: Any = {"error": message}
-        else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        body = error_body(scope["path"], APIError(status, message, "invalid_request_error", None, code))
         data = json.dumps(body).encode()
         hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         hdrs += [(k.encode(), v.encode()) for k, v in headers.items()]
@@ -140,6 +138,9 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         *openai_routes.ROUTES,
         *ollama_routes.ROUTES,
+        *embeddings_routes.ROUTES,
+        *anthropic_routes.ROUTES,
+        *responses_routes.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

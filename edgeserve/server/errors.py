@@ -84,15 +84,27 @@ def from_exception(exc: BaseException, request_id: str = "") -> APIError:
                     None, "internal_error")
 
 
-def openai_error_response(err: APIError) -> JSONResponse:
-    """The error in OpenAI's shape."""
-    body = {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
-    return JSONResponse(body, status_code=err.status, headers=err.headers)
+ANTHROPIC_PATHS = ("/v1/messages",)  # routes that answer errors in Anthropic's shape
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
 
 
-def ollama_error_response(err: APIError) -> JSONResponse:
-    """The error in Ollama's shape ({"error": "message"})."""
-    return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+def anthropic_error_body(err: APIError) -> dict:
+    """The error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    # the shape has no `param`: the message names the field instead
+    message = err.message if not err.param or err.param in err.message else f"{err.param}: {err.message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_body(path: str, err: APIError) -> dict:
+    """The error body in the shape of the API `path` belongs to (Ollama, Anthropic or OpenAI)."""
+    if path.startswith("/api/"):
+        return {"error": err.message}
+    if path.startswith(ANTHROPIC_PATHS):
+        return anthropic_error_body(err)
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
 
 
 def error_response(request: Request, exc: BaseException) -> JSONResponse:
@@ -102,6 +114,4 @@ def error_response(request: Request, exc: BaseException) -> JSONResponse:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, err.status, err.message)
     else:
         log.info("%s %s -> %d: %s", request.method, request.url.path, err.status, err.message)
-    if request.url.path.startswith("/api/"):
-        return ollama_error_response(err)
-    return openai_error_response(err)
+    return JSONResponse(error_body(request.url.path, err), status_code=err.status, headers=err.headers)

@@ -32,6 +32,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or end-of-turn token that ended it
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
@@ -65,6 +66,7 @@ class Generation:
         self.streams: list = []
         self.prompt_lens: list[int] = []
         self.usage = Usage()
+        self.first_token_at: float | None = None  # monotonic time of the first generated token (prefill done)
         self._closed = False
 
     def prompt_ids(self) -> list[list[int]]:
@@ -94,10 +96,17 @@ class Generation:
         from edgeserve.engine.async_engine import PromptTooLongError
 
         engine = self.lease.engine
+        if getattr(engine, "is_embedding", False):
+            self.close()
+            raise APIError(400, f"model {self.model!r} is an embedding model: use /v1/embeddings or /api/embed",
+                           "invalid_request_error", "model", "model_not_supported")
         try:
             prompts = self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
-                max_tokens = self.req.max_tokens or max(1, engine.max_model_len - len(ids))
+                # never more than the context holds (a huge client value must not reach the engine's tensors)
+                max_tokens = min(self.req.max_tokens or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
+                if self.req.num_ctx is not None:
+                    max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))
                 for j in range(self.req.n):
                     kw = dict(self.req.sampling)
@@ -114,6 +123,17 @@ class Generation:
             self.close()
             raise
 
+    def _fit_num_ctx(self, ids: list[int], max_tokens: int) -> int:
+        """max_tokens capped to the request's own context window; a prompt that fills it is refused, never cut."""
+        from edgeserve.engine.async_engine import PromptTooLongError
+
+        ctx = self.req.num_ctx
+        assert ctx is not None
+        if len(ids) >= ctx:
+            raise PromptTooLongError(f"the prompt has {len(ids)} tokens but the context is {ctx} tokens "
+                                     "(options.num_ctx), which leaves no room to generate")
+        return min(max_tokens, ctx - len(ids))
+
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, delta) for every choice in turn; records metrics; cancels what is left on exit."""
         try:
@@ -123,6 +143,8 @@ class Generation:
                 async for out in stream:
                     if first is None and out.token_ids:
                         first = time.monotonic() - self.t0
+                        if self.first_token_at is None:
+                            self.first_token_at = self.t0 + first
                     last = out
                     yield index, out
                 if last is not None:
@@ -140,6 +162,7 @@ class Generation:
             if out.logprobs:
                 r.logprobs += out.logprobs
             r.finish_reason = out.finish_reason or r.finish_reason
+            r.stop_reason = out.stop_reason if out.stop_reason is not None else r.stop_reason
             r.num_prompt_tokens, r.num_cached_tokens = out.num_prompt_tokens, out.num_cached_tokens
             r.num_output_tokens = out.num_output_tokens
         return results

@@ -120,6 +120,7 @@ class ModelEntry:
     load_started: float = field(default_factory=time.monotonic)
     load_started_wall: float = field(default_factory=time.time)
     load_seconds: float | None = None
+    embedding: bool = False  # an embedding model: loads beside text models (not counted in max_loaded_models)
 
     def expires_in(self) -> float | None:
         """Seconds until this model is unloaded if no request comes (None: never)."""
@@ -228,10 +229,12 @@ class ModelManager:
         while True:
             entry = self.entries.get(mid)
             if entry is None:
-                await self._make_room(mid)
+                embedding = is_embedding_spec(spec)
+                if not embedding:
+                    await self._make_room(mid)
                 if mid in self.entries:
                     continue
-                entry = ModelEntry(mid, spec, keep_alive=self.config.keep_alive)
+                entry = ModelEntry(mid, spec, keep_alive=self.config.keep_alive, embedding=embedding)
                 self.entries[mid] = entry
                 assert self._tg is not None, "the model manager is not running"
                 self._tg.start_soon(self._load, entry)
@@ -282,7 +285,7 @@ class ModelManager:
     async def _make_room(self, mid: str) -> None:
         """Unload least recently used idle models until one more fits under max_loaded_models."""
         while True:
-            live = [e for e in self.entries.values() if e.state in ("loading", "loaded")]
+            live = [e for e in self.entries.values() if e.state in ("loading", "loaded") and not e.embedding]
             if len(live) < self.config.max_loaded_models:
                 return
             idle = sorted((e for e in live if e.state == "loaded" and not e.active), key=lambda e: e.last_used)
@@ -295,8 +298,8 @@ class ModelManager:
 
     async def _load(self, entry: ModelEntry) -> None:
         """Resolve, check memory, load weights and start the engine (blocking parts in a worker thread)."""
-        from edgeserve.engine.async_engine import AsyncEngine
-        from edgeserve.models.load import load_model
+        from edgeserve.engine.embedder import EmbeddingEngine
+        from edgeserve.models.bert import load_encoder
 
         cfg = self.config
         log.info("loading model %s (%s)", entry.id, entry.spec)
@@ -306,14 +309,11 @@ class ModelManager:
             if not estimate.fits:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
-            lm = await anyio.to_thread.run_sync(lambda: load_model(
-                source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
-                quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
-                dense_prefill=cfg.dense_prefill))
-            engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
-                                      max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
-                                      max_model_len=cfg.max_model_len, **cfg.extra_engine)
-            engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+            if entry.embedding:  # an embedding model: no KV cache, no sampler
+                lm = await anyio.to_thread.run_sync(load_encoder, source, cfg.device, cfg.dtype)
+                engine = EmbeddingEngine(lm)
+            else:
+                lm, engine = await self._load_generator(source)
         except Exception as e:
             entry.error = e
             entry.state = "failed"
@@ -334,6 +334,22 @@ class ModelManager:
             self._on_loaded(entry)
         entry.ready.set()
 
+    async def _load_generator(self, source: ModelSource) -> tuple[Any, Any]:
+        """Load a decoder's weights and start its AsyncEngine (blocking parts in a worker thread)."""
+        from edgeserve.engine.async_engine import AsyncEngine
+        from edgeserve.models.load import load_model
+
+        cfg = self.config
+        lm = await anyio.to_thread.run_sync(lambda: load_model(
+            source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
+            quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
+            dense_prefill=cfg.dense_prefill))
+        engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
+                                  max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
+                                  max_model_len=cfg.max_model_len, **cfg.extra_engine)
+        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+        return lm, engine
+
     async def _run_engine(self, entry: ModelEntry) -> None:
         try:
             await entry.engine.run()
@@ -346,6 +362,17 @@ class ModelManager:
                 entry.engine = entry.lm = None
                 if self.entries.get(entry.id) is entry:
                     del self.entries[entry.id]
+
+
+def is_embedding_spec(spec: str) -> bool:
+    """Whether `spec` names an embedding model on disk (an encoder folder); False when it cannot be told."""
+    from edgeserve.models.bert import is_encoder_folder
+
+    try:
+        source = resolve(spec, pull_missing=False)
+    except Exception:
+        return False
+    return source.kind == "hf" and is_encoder_folder(source.path)
 
 
 def model_id(spec: str) -> str:

@@ -16,9 +16,11 @@ from starlette.routing import Route
 
 import edgeserve
 from edgeserve.errors import UnknownModelError
-from edgeserve.registry import CATALOG, is_pulled, pull, resolve
+from edgeserve.registry import CATALOG, is_pulled, pull, remove_pulled, resolve
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import Generation
+from edgeserve.server.loading import is_loaded, stream_after_load
+from edgeserve.server.model_details import ModelFacts, digest, model_facts
 from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
                                       parse_ollama_generate)
@@ -36,33 +38,58 @@ async def version(request: Request) -> Response:
     return JSONResponse({"version": edgeserve.__version__})
 
 
-def _details(name: str) -> dict[str, Any]:
-    fmt = "gguf" if name.endswith(".gguf") or name in CATALOG else "safetensors"
-    return {"format": fmt, "family": "llama", "families": ["llama"], "parameter_size": "", "quantization_level": ""}
+def _facts(spec: str, source: Any = None) -> ModelFacts | None:
+    """The model's facts from its file (None when the file cannot be read)."""
+    try:
+        src = source or resolve(spec, pull_missing=False)
+        return model_facts(src, CATALOG[spec].license if spec in CATALOG else "")
+    except Exception:
+        return None
+
+
+def _details(spec: str, source: Any = None) -> dict[str, Any]:
+    facts = _facts(spec, source)
+    if facts is not None:
+        return facts.details()
+    fmt = "gguf" if spec.endswith(".gguf") or spec in CATALOG else "safetensors"
+    return {"parent_model": "", "format": fmt, "family": "", "families": [], "parameter_size": "",
+            "quantization_level": ""}
+
+
+def _digest(spec: str, source: Any) -> str:
+    try:
+        return digest(source, CATALOG[spec].sha256 if spec in CATALOG else "")
+    except OSError:
+        return ""
 
 
 async def tags(request: Request) -> Response:
     """GET /api/tags: every model a request may name, with its size on disk."""
     st = server_state(request)
-    models = []
-    for mid, spec in st.manager.known().items():
-        try:
-            src = resolve(spec, pull_missing=False)
-            size, mtime = source_bytes(src), src.path.stat().st_mtime
-        except Exception:
-            size, mtime = 0, time.time()
-        models.append({"name": mid, "model": mid, "modified_at": _now_iso(mtime), "size": size,
-                       "digest": "", "details": _details(spec)})
-    return JSONResponse({"models": models})
+
+    def listing() -> list[dict[str, Any]]:
+        models = []
+        for mid, spec in st.manager.known().items():
+            try:
+                src = resolve(spec, pull_missing=False)
+                size, mtime, dig = source_bytes(src), src.path.stat().st_mtime, _digest(spec, src)
+            except Exception:
+                src, size, mtime, dig = None, 0, time.time(), ""
+            models.append({"name": mid, "model": mid, "modified_at": _now_iso(mtime), "size": size,
+                           "digest": dig, "details": _details(spec, src)})
+        return models
+
+    # headers and hashes read files (a first digest hashes the whole file): off the event loop
+    return JSONResponse({"models": await anyio.to_thread.run_sync(listing)})
 
 
-def _ps_entry(e: ModelEntry, on_gpu: bool) -> dict[str, Any]:
+def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: dict[str, Any]) -> dict[str, Any]:
     remaining = e.expires_in()
     expires = "0001-01-01T00:00:00Z" if remaining is None else _now_iso(time.time() + remaining)
-    out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": "", "details": _details(e.spec),
-           "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": e.state,
+    out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": digest_, "details": details,
+           "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": state,
            "active_requests": e.active}
-    if e.state == "loading":
+    if state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:
         out["load_seconds"] = round(e.load_seconds, 3)
@@ -73,7 +100,12 @@ async def ps(request: Request) -> Response:
     """GET /api/ps: loaded and loading models, when each expires, how long loading has taken."""
     st = server_state(request)
     on_gpu = st.config.device.startswith("cuda") or (st.config.device == "auto" and _cuda_available())
-    return JSONResponse({"models": [_ps_entry(e, on_gpu) for e in list(st.manager.entries.values())]})
+    snapshot = [(e, e.state, e.source) for e in st.manager.entries.values()]  # states as of this request
+    # file facts (headers, a first digest) are read off the event loop
+    facts = await anyio.to_thread.run_sync(lambda: [(_digest(e.spec, src) if src else "", _details(e.spec, src))
+                                                    for e, _, src in snapshot])
+    return JSONResponse({"models": [_ps_entry(e, state, on_gpu, dig, det)
+                                    for (e, state, _), (dig, det) in zip(snapshot, facts)]})
 
 
 def _cuda_available() -> bool:
@@ -97,15 +129,13 @@ async def show(request: Request) -> Response:
     body = parse_json_object(await request.body())
     name = _model_name(body)
     mid, spec = st.manager.canonical(name)
-    info: dict[str, Any] = {}
-    template = ""
-    entry = st.manager.entries.get(mid)
-    if entry is not None and entry.lm is not None:
-        c = entry.lm.config
-        info = {f"general.{k}": v for k, v in vars(c).items() if isinstance(v, (int, float, str, bool))}
-        template = getattr(entry.lm.chat_template, "source", "")
-    return JSONResponse({"modelfile": "", "parameters": "", "template": template, "details": _details(spec),
-                         "model_info": info, "license": CATALOG[spec].license if spec in CATALOG else ""})
+    facts = await anyio.to_thread.run_sync(_facts, spec)
+    if facts is None:
+        raise APIError(500, f"cannot read model {mid!r}", "server_error", "model")
+    return JSONResponse({"modelfile": f"FROM {spec}\n", "parameters": facts.parameters(), "template": facts.template,
+                         "details": facts.details(), "model_info": facts.model_info,
+                         "capabilities": facts.capabilities, "license": facts.license,
+                         "modified_at": _now_iso()})
 
 
 async def _load_or_unload(request: Request, req: GenerationRequest, kind: str) -> Response:
@@ -131,52 +161,55 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
     if (kind == "chat" and not req.messages) or (kind == "generate" and req.messages == [] and not req.prompts):
         return await _load_or_unload(request, req, kind)
     t0 = time.monotonic()
-    lease = await st.manager.acquire(req.model, req.keep_alive)
-    load_ns = int((time.monotonic() - t0) * 1e9)
-    gen = Generation(lease, req, st.metrics, request.state.request_id, "messages" if kind == "chat" else "prompt")
-    gen.submit()
+    prompt_param = "messages" if kind == "chat" else "prompt"
 
     def piece(text: str) -> dict[str, Any]:
         if kind == "chat":
             return {"message": {"role": "assistant", "content": text}}
         return {"response": text}
 
-    def final(finish: str | None, n_prompt: int, n_out: int, first: float | None) -> dict[str, Any]:
+    def final(gen: Generation, load_ns: int, finish: str | None, n_prompt: int, n_out: int) -> dict[str, Any]:
         end = time.monotonic()
-        first = first or end
+        first = gen.first_token_at or end  # prefill ends when the first token is out
         return {"model": gen.model, "created_at": _now_iso(), **piece(""), "done": True,
                 "done_reason": finish or "stop", "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
                 "prompt_eval_count": n_prompt, "prompt_eval_duration": int((first - gen.t0) * 1e9),
                 "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
 
-    if not req.stream:
-        results = await gen.collect_unless_disconnected(request)
-        if results is None:
-            return Response(status_code=499)  # the client is gone; nothing is sent
-        r = results[0]
-        out = final(r.finish_reason, r.num_prompt_tokens, r.num_output_tokens, None)
-        out.update(piece(r.text))
-        return JSONResponse(out)
-
-    async def lines() -> AsyncIterator[str]:
-        first = None
+    async def lines(gen: Generation, load_ns: int) -> AsyncIterator[str]:
         try:
             async for _, out in gen.outputs():
-                if out.token_ids and first is None:
-                    first = time.monotonic()
                 if out.text:
                     yield json.dumps({"model": gen.model, "created_at": _now_iso(), **piece(out.text),
                                       "done": False}, ensure_ascii=False) + "\n"
                 if out.finish_reason is not None:
-                    yield json.dumps(final(out.finish_reason, out.num_prompt_tokens, out.num_output_tokens,
-                                           first)) + "\n"
+                    yield json.dumps(final(gen, load_ns, out.finish_reason, out.num_prompt_tokens,
+                                           out.num_output_tokens)) + "\n"
         except Exception as e:
             yield json.dumps({"error": from_exception(e, gen.request_id).message}) + "\n"
         finally:
             gen.close()
 
+    if req.stream and not is_loaded(st.manager, req.model):
+        # headers now, the lines once the model is loaded (clients with a short first-byte timeout keep waiting)
+        return StreamingResponse(stream_after_load(
+            request, req, prompt_param, lambda gen: lines(gen, int((time.monotonic() - t0) * 1e9)),
+            lambda err: json.dumps({"error": err.message}) + "\n", None), media_type=NDJSON)
+
+    lease = await st.manager.acquire(req.model, req.keep_alive)
+    load_ns = int((time.monotonic() - t0) * 1e9)
+    gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+    gen.submit()
+    if not req.stream:
+        results = await gen.collect_unless_disconnected(request)
+        if results is None:
+            return Response(status_code=499)  # the client is gone; nothing is sent
+        r = results[0]
+        out = final(gen, load_ns, r.finish_reason, r.num_prompt_tokens, r.num_output_tokens)
+        out.update(piece(r.text))
+        return JSONResponse(out)
     # close() also runs if the body is never iterated (the client left before the response started)
-    return StreamingResponse(lines(), media_type=NDJSON, background=BackgroundTask(gen.aclose))
+    return StreamingResponse(lines(gen, load_ns), media_type=NDJSON, background=BackgroundTask(gen.aclose))
 
 
 @api_errors
@@ -260,6 +293,26 @@ async def pull_model(request: Request) -> Response:
     return StreamingResponse(lines(), media_type=NDJSON)
 
 
+@api_errors
+async def delete_model(request: Request) -> Response:
+    """DELETE /api/delete: remove a pulled catalog model from the cache (unloading it first)."""
+    st = server_state(request)
+    name = _model_name(parse_json_object(await request.body()))
+    base = name[: -len(":latest")] if name.endswith(":latest") else name
+    if base not in CATALOG or not is_pulled(base):
+        if base in st.manager.configured or base in st.manager.configured.values():
+            raise bad_request(f"model {base!r} is a local path given to the server, not a pulled model; "
+                              "edgeserve deletes only pulled catalog models", "model")
+        raise UnknownModelError(f"model {name!r} is not a pulled catalog model")
+    if base in st.manager.entries:
+        await st.manager.unload_by_name(base)
+        if base in st.manager.entries:
+            raise APIError(409, f"model {base!r} is busy with requests; retry when they finish",
+                           "invalid_request_error", "model", "model_busy")
+    await anyio.to_thread.run_sync(remove_pulled, base)
+    return JSONResponse({"status": "success"})
+
+
 ROUTES = [
     Route("/api/version", version, methods=["GET"]),
     Route("/api/tags", tags, methods=["GET"]),
@@ -268,4 +321,5 @@ ROUTES = [
     Route("/api/chat", chat, methods=["POST"]),
     Route("/api/generate", generate, methods=["POST"]),
     Route("/api/pull", pull_model, methods=["POST"]),
+    Route("/api/delete", delete_model, methods=["DELETE"]),
 ]

@@ -12,8 +12,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeserve.engine.outputs import TokenLogprob
-from edgeserve.server.errors import from_exception
+from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
+from edgeserve.server.loading import is_loaded, stream_after_load
 from edgeserve.server.schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_json_object
 from edgeserve.server.state import api_errors, server_state
 
@@ -65,8 +66,10 @@ async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
     st = server_state(request)
     req = parse_chat_request(parse_json_object(await request.body()), st.config.max_n)
-    gen = await _start(request, req, "messages")
     rid = f"chatcmpl-{request.state.request_id}"
+    if req.stream and not is_loaded(st.manager, req.model):
+        return _sse_after_load(request, req, "messages", lambda g: _chat_events(g, rid))
+    gen = await _start(request, req, "messages")
     if req.stream:
         return EventSourceResponse(_chat_events(gen, rid), ping=15, send_timeout=30,
                                    background=BackgroundTask(gen.aclose))
@@ -84,8 +87,10 @@ async def completions(request: Request) -> Response:
     """POST /v1/completions."""
     st = server_state(request)
     req = parse_completion_request(parse_json_object(await request.body()), st.config.max_n)
-    gen = await _start(request, req, "prompt")
     rid = f"cmpl-{request.state.request_id}"
+    if req.stream and not is_loaded(st.manager, req.model):
+        return _sse_after_load(request, req, "prompt", lambda g: _completion_events(g, rid))
+    gen = await _start(request, req, "prompt")
     if req.stream:
         return EventSourceResponse(_completion_events(gen, rid), ping=15, send_timeout=30,
                                    background=BackgroundTask(gen.aclose))
@@ -96,6 +101,17 @@ async def completions(request: Request) -> Response:
                 "finish_reason": _finish(r)} for r in results]
     return JSONResponse({"id": rid, "object": "text_completion", "created": gen.created, "model": gen.model,
                          "choices": choices, "usage": gen.usage.as_openai(), "system_fingerprint": None})
+
+
+def openai_error_event(err: APIError) -> dict:
+    """An error after an SSE stream started, in OpenAI's shape."""
+    return _data({"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}})
+
+
+def _sse_after_load(request: Request, req: GenerationRequest, prompt_param: str, events) -> Response:
+    """Send the headers now and `: loading model` comments until the model is loaded, then the stream."""
+    return EventSourceResponse(stream_after_load(request, req, prompt_param, events, openai_error_event,
+                                                 {"comment": "loading model"}), ping=15, send_timeout=30)
 
 
 def _finish(r: ChoiceResult) -> str | None:

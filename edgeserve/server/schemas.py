@@ -86,6 +86,7 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: bool = False  # chat: report logprobs
     keep_alive: Any = UNSET  # seconds or None (forever); UNSET: the server default
+    num_ctx: int | None = None  # this request's context window (Ollama options.num_ctx); None: the model's
 
 
 _SAMPLING_NUMBERS = {  # request field -> (SamplingParams field, integer?)
@@ -305,9 +306,19 @@ def _ollama_options(body: dict, req: GenerationRequest) -> None:
                 raise bad_request(f"options.num_predict must be positive or -1, got {v}", "options.num_predict")
         elif key == "stop":
             req.sampling["stop"] = _stop(value, "options.stop")
+        elif key == "num_ctx":
+            req.num_ctx = _num_ctx(opts)
         else:
             raise bad_request(f"options.{key} is not supported; supported options: "
-                              f"{', '.join(sorted([*_OLLAMA_OPTIONS, 'num_predict', 'stop']))}", f"options.{key}")
+                              f"{', '.join(sorted([*_OLLAMA_OPTIONS, 'num_predict', 'stop', 'num_ctx']))}", f"options.{key}")
+
+
+def _num_ctx(opts: dict) -> int | None:
+    """options.num_ctx: a positive context window in tokens (the model's own limit still applies)."""
+    v = _number(opts, "num_ctx", integer=True, where="options.")
+    if v is not None and v < 1:
+        raise bad_request(f"options.num_ctx must be a positive integer, got {v}", "options.num_ctx")
+    return v
 
 
 def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:

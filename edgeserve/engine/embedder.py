@@ -1,0 +1,111 @@
+"""EmbeddingEngine: batches embedding requests of one encoder model and runs them in a worker thread.
+
+Requests queue up while a batch runs; the next batch takes everything waiting (up to a token budget), so
+concurrent clients share forwards. The forward runs off the event loop, so generation on other models and
+the HTTP side keep going. There is no KV cache: an encoder sees each input once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import torch
+
+from edgeserve.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    inputs: list[list[int]]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+class EmbeddingEngine:
+    """The engine of an embedding model: `await embed(token id lists)` -> [n, dim] float32 tensor."""
+
+    is_embedding = True
+
+    def __init__(self, lm: Any, max_batch_tokens: int = 16384) -> None:
+        self.lm = lm
+        self.max_batch_tokens = max_batch_tokens
+        self.max_model_len = lm.config.max_seq_length
+        self._queue: list[_Job] = []
+        self._wake = anyio.Event()
+        self._shutdown = False
+
+    async def embed(self, inputs: list[list[int]]) -> torch.Tensor:
+        """Embeddings of token-id sequences (each at most max_model_len long), batched with other requests."""
+        if self._shutdown:
+            raise EngineError("the engine is shutting down")
+        job = _Job(inputs)
+        self._queue.append(job)
+        self._wake.set()
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    async def run(self) -> None:
+        """Serve queued jobs until shutdown(): all waiting jobs (within the token budget) in one batch."""
+        while not self._shutdown:
+            if not self._queue:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue
+            jobs, tokens = [], 0
+            while self._queue and (not jobs or tokens + self._tokens(self._queue[0]) <= self.max_batch_tokens):
+                job = self._queue.pop(0)
+                jobs.append(job)
+                tokens += self._tokens(job)
+            seqs = [ids for job in jobs for ids in job.inputs]
+            try:
+                out = await anyio.to_thread.run_sync(self._forward, seqs)
+            except Exception as e:  # a failed batch fails its requests, not the engine
+                log.exception("embedding batch failed")
+                for job in jobs:
+                    job.error = EngineError(f"embedding failed: {e}")
+                    job.done.set()
+                continue
+            i = 0
+            for job in jobs:
+                job.result = out[i: i + len(job.inputs)]
+                i += len(job.inputs)
+                job.done.set()
+        for job in self._queue:
+            job.error = EngineError("the engine is shutting down")
+            job.done.set()
+        self._queue.clear()
+
+    @staticmethod
+    def _tokens(job: _Job) -> int:
+        return sum(len(ids) for ids in job.inputs)
+
+    def _forward(self, seqs: list[list[int]]) -> torch.Tensor:
+        # sorted by length so each sub-batch pads little; results go back in request order
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        out = torch.empty(len(seqs), self.lm.config.hidden_size, dtype=torch.float32)
+        start = 0
+        while start < len(order):
+            end, longest = start, 0
+            while end < len(order) and (end == start or (end - start + 1) * max(longest, len(seqs[order[end]]))
+                                        <= self.max_batch_tokens):
+                longest = max(longest, len(seqs[order[end]]))
+                end += 1
+            idx = order[start:end]
+            out[idx] = self.lm.embed([seqs[i] for i in idx])
+            start = end
+        return out
+
+    def shutdown(self) -> None:
+        """Stop run() after the batch in flight; waiting requests get an error."""
+        self._shutdown = True
+        self._wake.set()

@@ -1,0 +1,247 @@
+"""BERT-family sentence encoders (embedding models) from a Hugging Face folder.
+
+The folder holds `config.json`, `*.safetensors`, `tokenizer.json` and, for sentence-transformers models,
+`modules.json` + `1_Pooling/config.json` (pooling mode, whether a Normalize module follows) and
+`sentence_bert_config.json` (`max_seq_length`). The forward pass runs over a padded batch with an attention
+mask and no KV cache: an encoder sees each input once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from edgeserve.errors import ModelLoadError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+ENCODER_MODEL_TYPES = ("bert",)  # the layout implemented here (post-LayerNorm, absolute positions)
+POOLING_MODES = ("mean", "cls", "max", "lasttoken")
+
+
+@dataclass
+class EncoderConfig:
+    """The shape of a BERT encoder and how its token states become one vector."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int = 512
+
+
+def is_encoder_folder(path: Path) -> bool:
+    """Whether a Hugging Face folder (or config.json) holds an encoder this module loads."""
+    cfg_path = path / "config.json" if path.is_dir() else path
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("model_type") in ENCODER_MODEL_TYPES
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+
+
+def encoder_config(folder: Path) -> EncoderConfig:
+    """The encoder's config.json plus the sentence-transformers pooling / normalize / max length settings."""
+    cfg = _json(folder / "config.json") or {}
+    if cfg.get("model_type") not in ENCODER_MODEL_TYPES:
+        raise UnsupportedModelError(f"{folder}: model_type {cfg.get('model_type')!r} is not a supported encoder "
+                                    f"(supported: {', '.join(ENCODER_MODEL_TYPES)})")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise UnsupportedModelError(f"{folder}: position_embedding_type {cfg['position_embedding_type']!r} "
+                                    "is not supported")
+    pooling, normalize = "cls", False  # a plain BERT folder: the [CLS] state, as transformers' pipelines use
+    modules = _json(folder / "modules.json") or []
+    for m in modules:
+        kind = str(m.get("type", ""))
+        if kind.endswith("Pooling"):
+            pcfg = _json(folder / m.get("path", "1_Pooling") / "config.json") or {}
+            pooling = _pooling_mode(pcfg, folder)
+        elif kind.endswith("Normalize"):
+            normalize = True
+    st_cfg = _json(folder / "sentence_bert_config.json") or {}
+    max_pos = int(cfg.get("max_position_embeddings", 512))
+    max_len = min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
+    try:
+        return EncoderConfig(
+            vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]), num_heads=int(cfg["num_attention_heads"]),
+            intermediate_size=int(cfg["intermediate_size"]), max_position_embeddings=max_pos,
+            type_vocab_size=int(cfg.get("type_vocab_size", 2)), layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
+            hidden_act=str(cfg.get("hidden_act", "gelu")), pooling=pooling, normalize=normalize,
+            max_seq_length=max_len)
+    except KeyError as e:
+        raise ModelLoadError(f"{folder}/config.json is missing {e.args[0]}") from None
+
+
+def _pooling_mode(pcfg: dict, folder: Path) -> str:
+    modes = [name for key, name in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
+                                    ("pooling_mode_max_tokens", "max"), ("pooling_mode_lasttoken", "lasttoken"))
+             if pcfg.get(key)]
+    if pcfg.get("pooling_mode_mean_sqrt_len_tokens") or pcfg.get("pooling_mode_weightedmean_tokens") or len(modes) > 1:
+        raise UnsupportedModelError(f"{folder}: pooling {pcfg} is not supported (one of {', '.join(POOLING_MODES)})")
+    return modes[0] if modes else "mean"
+
+
+_ACTS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+         "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+
+
+class BertEncoder(torch.nn.Module):
+    """BERT's embeddings + post-LayerNorm transformer layers; forward gives the last hidden states."""
+
+    def __init__(self, cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        if cfg.hidden_act not in _ACTS:
+            raise UnsupportedModelError(f"hidden_act {cfg.hidden_act!r} is not supported")
+        self.cfg = cfg
+        self.w = weights
+        self.act = _ACTS[cfg.hidden_act]
+
+    def _ln(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.w[f"{name}.weight"], self.w[f"{name}.bias"],
+                            self.cfg.layer_norm_eps)
+
+    def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.linear(x, self.w[f"{name}.weight"], self.w.get(f"{name}.bias"))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[batch, seq] ids and 0/1 mask -> [batch, seq, hidden] states (padding positions are garbage)."""
+        c, w = self.cfg, self.w
+        b, t = input_ids.shape
+        pos = torch.arange(t, device=input_ids.device)
+        x = w["embeddings.word_embeddings.weight"][input_ids] + w["embeddings.position_embeddings.weight"][pos]
+        x = x + w["embeddings.token_type_embeddings.weight"][0]
+        x = self._ln(x, "embeddings.LayerNorm")
+        heads, hd = c.num_heads, c.hidden_size // c.num_heads
+        # additive mask: padded keys get -inf for every query
+        mask = torch.zeros(b, 1, 1, t, dtype=x.dtype, device=x.device)
+        mask.masked_fill_(attention_mask[:, None, None, :] == 0, float("-inf"))
+        for i in range(c.num_layers):
+            p = f"encoder.layer.{i}"
+            q, k, v = (self._lin(x, f"{p}.attention.self.{n}").view(b, t, heads, hd).transpose(1, 2)
+                       for n in ("query", "key", "value"))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            a = self._lin(a.transpose(1, 2).reshape(b, t, c.hidden_size), f"{p}.attention.output.dense")
+            x = self._ln(a + x, f"{p}.attention.output.LayerNorm")
+            h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
+            x = self._ln(h + x, f"{p}.output.LayerNorm")
+        return x
+
+
+def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
+    """One vector per sequence from [batch, seq, hidden] states under the 0/1 mask (float32)."""
+    m = attention_mask.to(states.dtype).unsqueeze(-1)
+    if mode == "mean":
+        out = (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    elif mode == "cls":
+        out = states[:, 0]
+    elif mode == "max":
+        out = states.masked_fill(m == 0, float("-inf")).max(1).values
+    else:  # lasttoken: the last unpadded position (right padding)
+        last = attention_mask.sum(1) - 1
+        out = states[torch.arange(states.shape[0]), last]
+    out = out.float()
+    return F.normalize(out, dim=-1) if normalize else out
+
+
+@dataclass
+class LoadedEncoder:
+    """An embedding model ready to run: the encoder, its tokenizer and its pooling."""
+
+    name: str
+    source: Any
+    config: EncoderConfig
+    model: BertEncoder
+    tokenizer: Any  # tokenizers.Tokenizer, padding and truncation off
+    cls_id: int | None
+    sep_id: int | None
+    device: torch.device
+    load_seconds: float
+    is_encoder: bool = True
+
+    def encode(self, text: str) -> tuple[list[int], int]:
+        """(token ids cut to the model's limit with [SEP] kept, the untruncated token count)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        full = len(ids)
+        limit = self.config.max_seq_length
+        if full > limit:
+            ids = ids[: limit - 1] + ([self.sep_id] if self.sep_id is not None and ids[-1] == self.sep_id
+                                      else [ids[limit - 1]])
+        return ids, full
+
+    def embed(self, batch: list[list[int]]) -> torch.Tensor:
+        """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
+        t = max(len(ids) for ids in batch)
+        input_ids = torch.zeros(len(batch), t, dtype=torch.long)
+        mask = torch.zeros(len(batch), t, dtype=torch.long)
+        for i, ids in enumerate(batch):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            mask[i, : len(ids)] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        states = self.model(input_ids, mask)
+        return pool(states, mask, self.config.pooling, self.config.normalize).cpu()
+
+
+def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
+    """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
+    import tokenizers
+    from safetensors import safe_open
+
+    from edgeserve.device import resolve_device
+
+    start = time.monotonic()
+    folder = Path(source.path)
+    cfg = encoder_config(folder)
+    dev = resolve_device(device)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.float32 if dev.type == "cpu" else torch.float16)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                name = key[5:] if key.startswith("bert.") else key
+                weights[name] = st.get_tensor(key).to(dev, torch_dtype)
+    missing = [n for n in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight")
+               if n not in weights]
+    if missing:
+        raise ModelLoadError(f"{folder}: weights {missing[0]!r} missing; not a BERT checkpoint")
+    tok_file = folder / "tokenizer.json"
+    if not tok_file.is_file():
+        raise ModelLoadError(f"{folder} has no tokenizer.json")
+    tok = tokenizers.Tokenizer.from_file(str(tok_file))
+    tok.no_padding()
+    tok.no_truncation()
+    lm = LoadedEncoder(folder.name if source.name is None else source.name, source, cfg, BertEncoder(cfg, weights),
+                       tok, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"), dev, 0.0)
+    lm.load_seconds = time.monotonic() - start
+    log.info("loaded encoder %s: %d layers, %d dims, pooling %s%s, max %d tokens, in %.2fs", lm.name,
+             cfg.num_layers, cfg.hidden_size, cfg.pooling, " + normalize" if cfg.normalize else "",
+             cfg.max_seq_length, lm.load_seconds)
+    return lm
