@@ -23,12 +23,16 @@ from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
                                       parse_ollama_generate)
 from edgeserve.server.state import api_errors, server_state
+from edgeserve.server.validate import reject_unknown
 
 NDJSON = "application/x-ndjson"
 
 
 def _now_iso(t: float | None = None) -> str:
-    return dt.datetime.fromtimestamp(time.time() if t is None else t, dt.timezone.utc).isoformat()
+    try:
+        return dt.datetime.fromtimestamp(time.time() if t is None else t, dt.timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):  # beyond datetime's years: as good as never
+        return "9999-12-31T23:59:59+00:00"
 
 
 async def version(request: Request) -> Response:
@@ -95,6 +99,7 @@ async def show(request: Request) -> Response:
     """POST /api/show: what is known about a model (more once it is loaded)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
+    reject_unknown(body, {"model", "name", "verbose", "system", "template", "options"})
     name = _model_name(body)
     mid, spec = st.manager.canonical(name)
     info: dict[str, Any] = {}
@@ -220,6 +225,7 @@ async def pull_model(request: Request) -> Response:
     """POST /api/pull: download a catalog model, streaming progress as NDJSON (or one reply with stream: false)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
+    reject_unknown(body, {"model", "name", "insecure", "stream", "username", "password"})
     name = _model_name(body)
     name = name[: -len(":latest")] if name.endswith(":latest") else name
     if name not in CATALOG:
