@@ -21,7 +21,7 @@ from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
 CHAT = "/v1/chat/completions"
-BYSTANDER = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 40,
+BYSTANDER = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12,
              "temperature": 0, "ignore_eos": True, "stream": True}
 
 
