@@ -346,3 +346,30 @@ def test_too_many_prompts_is_400_with_the_limit(server, alone_text):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post("/v1/completions", json={"model": "tiny", "prompt": ["x"] * 2, "n": 2, "max_tokens": 1})
         assert r.status_code == 200 and len(r.json()["choices"]) == 4
+
+
+# --- 7. a configured model path that is a symlink to something else -------------------------------------------------
+
+def test_symlink_to_a_non_gguf_file_reveals_neither_target_nor_bytes(tiny_path, tmp_path):
+    secret = tmp_path / "private" / "secret-notes.txt"
+    secret.parent.mkdir()
+    secret.write_bytes(b"SECRET-CONTENT of the operator")
+    evil = tmp_path / "evil.gguf"
+    evil.symlink_to(secret)
+    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path), str(evil)), keep_alive=None,
+                            max_loaded_models=2)) as s:
+        async def send(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post(CHAT, json={**CHAT_BASE, "model": "evil"})
+
+        alone = anyio.run(_stream_text, s.url, BYSTANDER, None)
+        r = with_bystander(s, alone, send)
+        assert r.status_code == 500, r.text
+        msg = r.json()["error"]["message"]
+        assert "not a GGUF file" in msg
+        for leak in ("SECR", "secret-notes", "private"):
+            assert leak not in msg, msg
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            names = [m["name"] for m in c.get("/api/tags").json()["models"]]
+            assert "tiny" in names and "evil" not in names
+            r = c.post("/api/generate", json={"model": "evil", "prompt": "hi", "stream": False})
+            assert "not a GGUF file" in r.json()["error"] and "SECR" not in r.text and "secret" not in r.text

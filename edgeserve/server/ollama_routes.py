@@ -17,6 +17,7 @@ from starlette.routing import Route
 import edgeserve
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, is_pulled, pull, resolve
+from edgeserve.registry.resolve import has_gguf_magic
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import Generation
 from edgeserve.server.model_manager import ModelEntry, source_bytes
@@ -52,9 +53,11 @@ async def tags(request: Request) -> Response:
     for mid, spec in st.manager.known().items():
         try:
             src = resolve(spec, pull_missing=False)
+            if src.kind == "gguf" and not has_gguf_magic(src.path):
+                continue  # a file that cannot load is not listed as a model
             size, mtime = source_bytes(src), src.path.stat().st_mtime
-        except Exception:
-            size, mtime = 0, time.time()
+        except Exception:  # noqa: BLE001 - missing or unusable: not listed
+            continue
         models.append({"name": mid, "model": mid, "modified_at": _now_iso(mtime), "size": size,
                        "digest": "", "details": _details(spec)})
     return JSONResponse({"models": models})
