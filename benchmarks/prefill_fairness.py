@@ -58,11 +58,14 @@ def main() -> None:
                                              core.num_steps - steps0[out.request_id])
         return first
 
-    def run(fair: bool, seed: int) -> dict[str, float]:
+    def short_alone(fair: bool) -> float:
         alone = engine(fair)
         t0 = time.perf_counter()
         alone.add_request(short, params, "short")
-        unloaded = first_tokens(alone, {"short": t0}, {"short": 0})["short"][0]
+        return first_tokens(alone, {"short": t0}, {"short": 0})["short"][0]
+
+    def run(fair: bool, seed: int) -> dict[str, float]:
+        unloaded = short_alone(fair)
         core = engine(fair)
         arrivals, steps0 = {"long": time.perf_counter()}, {"long": 0}
         core.add_request(long_prompt(seed), params, "long")
@@ -74,7 +77,7 @@ def main() -> None:
         return {"short_unloaded_s": unloaded, "short_ttft_s": first["short"][0], "short_steps": first["short"][1],
                 "long_ttft_s": first["long"][0]}
 
-    run(True, -1)  # warm-up
+    short_alone(True)  # warm-up
     results: dict[str, list[dict[str, float]]] = {"fcfs": [], "fair": []}
     for r in range(a.rounds):
         for name in ("fcfs", "fair"):

@@ -125,7 +125,7 @@ def check_json_tree(data: Any) -> None:
             continue
         if depth >= MAX_JSON_DEPTH:
             raise APIError(400, f"request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)",
-                           "invalid_request_error", path or None, "invalid_json")
+                           "invalid_request_error", None, "invalid_json")
         if isinstance(node, dict):
             for key, value in node.items():
                 child = f"{path}.{key}" if path else key
