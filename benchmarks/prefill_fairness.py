@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -36,7 +37,7 @@ def main() -> None:
     tok = lm.tokenizer
     short = tok.encode(lm.chat_template.render([{"role": "user", "content": "Say hi"}], add_generation_prompt=True),
                        add_special_tokens=False)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # TTFT is all that is measured
 
     def long_prompt(seed: int) -> list[int]:  # new text each run: nothing comes from the prefix cache
         text = " ".join(f"message {seed}-{i}: hello there." for i in range(a.long_tokens))
@@ -82,6 +83,7 @@ def main() -> None:
     for r in range(a.rounds):
         for name in ("fcfs", "fair"):
             results[name].append(run(name == "fair", r))
+            print(name, r, results[name][-1], file=sys.stderr, flush=True)
     summary = {}
     for name, runs in results.items():
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
