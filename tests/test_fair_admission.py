@@ -108,7 +108,7 @@ def test_engine_first_tokens_short_before_long(default_model):
                         short_at = core.num_steps - arrived
         return first, short_at
 
-    assert len(long_ids) > 64 * 10
+    assert len(long_ids) > 64 * 6  # several steps of prefill left when the short one arrives
     first, short_after = run(fair=True)
     assert first == ["short", "long"] and short_after <= 2
     first, _ = run(fair=False)
