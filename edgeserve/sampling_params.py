@@ -30,6 +30,8 @@ class SamplingParams:
     MAX_LOGPROBS = 20
     MAX_STOP = 16  # stop strings per request
     MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+    MAX_TOP_K = 1_000_000  # larger than any vocabulary: the same as 0 (off)
+    MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1  # int64, as OpenAI; n > 1 adds the choice index
 
     @property
     def penalized(self) -> bool:
@@ -48,12 +50,13 @@ class SamplingParams:
             raise ValueError(f"temperature must be between 0 and 100, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or not 0 <= self.top_k <= self.MAX_TOP_K:
+            raise ValueError(f"top_k must be an integer from 0 (off) to {self.MAX_TOP_K}, got {self.top_k!r}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or not self.MIN_SEED <= self.seed <= self.MAX_SEED + 64):
+            raise ValueError(f"seed must be an integer from {self.MIN_SEED} to {self.MAX_SEED}, got {self.seed!r}")
         if not 0.0 < self.repetition_penalty < math.inf:
             raise ValueError(f"repetition_penalty must be a positive number (1 = off), got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -110,7 +110,8 @@ class _Parser:
         if magic != GGUF_MAGIC:
             if size < 4 and GGUF_MAGIC.startswith(magic):
                 raise ModelLoadError(f"{source} is truncated: only {size} bytes, shorter than the GGUF header")
-            raise ModelLoadError(f"{source} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+            # not the file's bytes: a path may lead (through a symlink) to a file its owner never meant to show
+            raise ModelLoadError(f"{source} is not a GGUF file (it does not start with the GGUF magic)")
         if size < _HEADER_SIZE:
             raise ModelLoadError(
                 f"{source} is truncated: only {size} bytes, shorter than the {_HEADER_SIZE}-byte GGUF header"

@@ -66,17 +66,24 @@ def file_size(pieces: list[memoryview | bytes]) -> int:
     return sum(len(p) for p in pieces)
 
 
-def decode(data: bytearray, layout: KVLayout, expected_hash: bytes) -> DecodedBlock:
-    """Verify a whole block file's bytes and return its block; CorruptBlockError says what is wrong."""
-    if len(data) < PREFIX_SIZE:
+def check_prefix(prefix: bytes, file_size: int, layout: KVLayout) -> tuple[int, int, int]:
+    """Check a block file's fixed prefix against the layout and the file's size (no payload read): the cheap
+    check a restart runs on every file. Returns (header length, payload length, CRC); CorruptBlockError if bad."""
+    if len(prefix) < PREFIX_SIZE:
         raise CorruptBlockError("truncated prefix")
-    magic, header_len, payload_len, crc = _PREFIX.unpack_from(data, 0)
+    magic, header_len, payload_len, crc = _PREFIX.unpack_from(prefix, 0)
     if magic != MAGIC:
         raise CorruptBlockError("bad magic")
     if header_len > _MAX_HEADER or payload_len != layout.block_nbytes:
         raise CorruptBlockError("header or payload length does not match the layout")
-    if len(data) != PREFIX_SIZE + header_len + payload_len:
-        raise CorruptBlockError(f"size {len(data)} != {PREFIX_SIZE + header_len + payload_len} (truncated?)")
+    if file_size != PREFIX_SIZE + header_len + payload_len:
+        raise CorruptBlockError(f"size {file_size} != {PREFIX_SIZE + header_len + payload_len} (truncated?)")
+    return header_len, payload_len, crc
+
+
+def decode(data: bytearray, layout: KVLayout, expected_hash: bytes) -> DecodedBlock:
+    """Verify a whole block file's bytes and return its block; CorruptBlockError says what is wrong."""
+    header_len, payload_len, crc = check_prefix(bytes(data[:PREFIX_SIZE]), len(data), layout)
     body = memoryview(data)[PREFIX_SIZE:]
     if zlib.crc32(body) != crc:
         raise CorruptBlockError("checksum mismatch")

@@ -1,8 +1,11 @@
 """Disk tier: one checksummed file per KV block under `root/<layout key>/`, an LRU size budget, atomic writes.
 
 The index is the directory itself: a restart lists the files (LRU order from their mtimes, which reads refresh)
-and verifies each block when it is read, so no separate index file can go stale. A file that fails
-verification (truncated, bit-flipped, another model's, misnamed) is deleted and reported as a miss. Writes go
+and checks each file's prefix and size against the layout, so no separate index file can go stale; the whole block
+is verified when it is read, or before a recomputed copy would be skipped as already stored. A file that fails
+(truncated, bit-flipped, another model's, misnamed) is deleted and forgotten, reported as a miss, and the block is
+written again the next time it is stored. Anything under a block's name that is not a regular file (a folder, a
+symlink, a FIFO) is skipped, with one warning, and never replaced. Writes go
 to a `.tmp-*` file first and are renamed into place, so a crash never leaves a half block under a block's
 name; temp files are never read. Any I/O error while writing (full disk, unwritable path) turns the tier
 off with one warning; callers just see misses.
@@ -17,13 +20,14 @@ import logging
 import os
 import re
 import secrets
+import stat
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import json
 
-from .block_file import CorruptBlockError, DecodedBlock, decode, encode, file_size
+from .block_file import PREFIX_SIZE, CorruptBlockError, DecodedBlock, check_prefix, decode, encode, file_size
 from .layout import KVLayout
 
 log = logging.getLogger("edgeserve.offload")
@@ -49,6 +53,9 @@ class DiskTier:
         self.used_bytes = 0
         self._files: OrderedDict[Path, int] = OrderedDict()  # every block file under root, LRU first -> size
         self._own: dict[bytes, Path] = {}  # this layout's blocks
+        self._verified: set[bytes] = set()  # blocks read back whole or written by this process
+        self._skipped: set[Path] = set()  # block names held by something that is not a regular file
+        self._warned_skipped = False
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._write_atomic(self.dir / "layout.json", [json.dumps(layout.describe(), indent=1).encode()])
@@ -61,6 +68,10 @@ class DiskTier:
 
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self._own
+
+    def verified(self, block_hash: bytes) -> bool:
+        """Whether the block is on disk and known whole (read back or written by this process)."""
+        return block_hash in self._verified and block_hash in self._own
 
     @property
     def num_blocks(self) -> int:
@@ -94,6 +105,7 @@ class DiskTier:
             log.warning("cannot read KV block file %s (%s); it will be recomputed", path, e)
             self._forget(path, delete=not isinstance(e, FileNotFoundError))
             return None
+        self._verified.add(block_hash)
         self._files.move_to_end(path)
         try:
             os.utime(path)  # LRU order survives a restart
@@ -106,22 +118,28 @@ class DiskTier:
         if not self.enabled:
             return False
         path = self._own.get(block_hash)
-        if path is not None:
+        if path is not None and (block_hash in self._verified or self.get(block_hash) is not None):
             self._files.move_to_end(path)
-            return True
+            return True  # already stored (a damaged copy was deleted by get(): this one replaces it)
+        path = self.path(block_hash)
+        if path in self._skipped:
+            return False
         pieces = encode(self.layout, block_hash, parent_hash, token_ids, k, v)
         size = file_size(pieces)
         if size > self.capacity_bytes:
             return False
-        path = self.path(block_hash)
         try:
             self._evict_to(self.capacity_bytes - size)
             self._write_atomic(path, pieces)
         except OSError as e:
-            self._disable(e)
+            if _is_irregular(path):  # something else took the block's name: skip this block, keep the tier
+                self._skip(path)
+            else:
+                self._disable(e)
             return False
         self._files[path] = size
         self._own[block_hash] = path
+        self._verified.add(block_hash)
         self.used_bytes += size
         return True
 
@@ -149,24 +167,57 @@ class DiskTier:
         """Index every block file under root (oldest first); delete stale temp files."""
         found: list[tuple[float, Path, int]] = []
         now = time.time()
+        damaged = 0
         for sub in self.root.iterdir():
-            if not (sub.is_dir() and _LAYOUT_DIR.match(sub.name)):
+            if not (sub.is_dir() and not sub.is_symlink() and _LAYOUT_DIR.match(sub.name)):
                 continue
             for entry in os.scandir(sub):
-                if not entry.is_file(follow_symlinks=False):
+                try:
+                    if not entry.is_file(follow_symlinks=False):
+                        if _BLOCK_NAME.match(entry.name):
+                            self._skip(Path(entry.path))
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
                     continue
-                st = entry.stat(follow_symlinks=False)
                 if entry.name.startswith(TMP_PREFIX):
                     if now - st.st_mtime > STALE_TMP_SECONDS:
                         self._unlink(Path(entry.path))
                 elif _BLOCK_NAME.match(entry.name):
+                    if sub == self.dir and not self._prefix_ok(Path(entry.path), st.st_size):
+                        damaged += 1
+                        self._unlink(Path(entry.path))
+                        continue
                     found.append((st.st_mtime, Path(entry.path), st.st_size))
+        if damaged:
+            self.num_corrupt += damaged
+            log.warning("deleted %d damaged KV block file(s) under %s; they will be recomputed and written again",
+                        damaged, self.dir)
         found.sort(key=lambda x: x[0])
         for _, path, size in found:
             self._files[path] = size
             self.used_bytes += size
             if path.parent == self.dir:
                 self._own[bytes.fromhex(path.name[:-len(SUFFIX)])] = path
+
+    def _prefix_ok(self, path: Path, size: int) -> bool:
+        """Whether a block file's prefix and size fit the layout (a cheap start-up check; the checksum is read later)."""
+        try:
+            with open(path, "rb", buffering=0) as f:
+                check_prefix(f.read(PREFIX_SIZE), size, self.layout)
+        except CorruptBlockError:
+            return False
+        except OSError:
+            return True  # unreadable now: get() decides later
+        return True
+
+    def _skip(self, path: Path) -> None:
+        """Never read or replace `path` (not a regular file); warn once per tier."""
+        self._skipped.add(path)
+        if not self._warned_skipped:
+            self._warned_skipped = True
+            log.warning("skipping %s and any other KV block name under %s that is not a regular file", path,
+                        self.root)
 
     def _evict_to(self, limit: int) -> None:
         """Delete least recently used files until at most `limit` bytes remain."""
@@ -194,3 +245,11 @@ class DiskTier:
         if self.enabled:
             self.enabled = False
             log.warning("disk KV tier at %s turned off (%s); continuing without it", self.root, error)
+
+
+def _is_irregular(path: Path) -> bool:
+    """Whether something other than a regular file is at `path` (a folder, a symlink, a FIFO)."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -69,7 +69,8 @@ class TierManager:
         if block_hash in self.host:
             self.host.get(block_hash)
             return CPU
-        on_disk = self.disk is not None and block_hash in self.disk
+        # only a copy known whole counts: an unread file may be damaged, and then this block is written again
+        on_disk = self.disk is not None and self.disk.verified(block_hash)
         block = HostBlock(block_hash, parent_hash, tuple(token_ids), host_copy(k, self.host.pin_memory),
                           host_copy(v, self.host.pin_memory), on_disk=on_disk)
         evicted = self.host.put(block)

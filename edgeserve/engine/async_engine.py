@@ -145,8 +145,13 @@ class AsyncEngine:
                     self._deliver(pending)
                 pending = result
                 if failure is not None:
-                    log.exception("engine step failed", exc_info=failure)
-                    self._fail_all(EngineError(f"the engine failed: {type(failure).__name__}: {failure}"))
+                    log.error("engine step failed", exc_info=failure)
+                    culprits = self.core.blame()
+                    if culprits:  # one request's own sampling failed: it alone ends, the others step on
+                        for rid in culprits:
+                            self._fail_one(rid, EngineError("this request failed while sampling its next token"))
+                    else:
+                        self._fail_all(EngineError(f"the engine failed: {type(failure).__name__}"))
                     pending = []
         finally:
             self._deliver(pending)
@@ -164,7 +169,14 @@ class AsyncEngine:
             if entry is None:
                 continue  # aborted by its consumer
             send, proc = entry
-            delta = proc.process(out)
+            try:
+                delta = proc.process(out)
+            except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone
+                log.error("request %s failed while turning tokens into text", out.request_id, exc_info=e)
+                self._fail_one(out.request_id, EngineError("this request failed while turning tokens into text"))
+                if not out.finish_reason:
+                    self.core.finish_request(out.request_id, "abort")
+                continue
             if delta is None:
                 continue
             send.send_nowait(delta)
@@ -173,6 +185,13 @@ class AsyncEngine:
             if delta.finished:
                 send.close()
                 del self._streams[out.request_id]
+
+    def _fail_one(self, request_id: str, error: Exception) -> None:
+        """Hand `error` to one request's stream and close it (the core has ended or will end the request)."""
+        entry = self._streams.pop(request_id, None)
+        if entry is not None:
+            entry[0].send_nowait(error)
+            entry[0].close()
 
     def _fail_all(self, error: Exception) -> None:
         self.core.abort_all()

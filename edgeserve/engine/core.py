@@ -343,6 +343,36 @@ class EngineCore:
                            num_cached_tokens=req.num_cached_tokens or 0,
                            num_output_tokens=len(req.seq.output_token_ids))
 
+    # --- failures --------------------------------------------------------------
+
+    def blame(self) -> list[str]:
+        """After a failed step: the requests whose own sampling fails alone, retired here (call between steps).
+
+        Each request's params and token history go through the sampler on one row of zero logits with a fresh
+        generator (its own generator is left untouched, so the others' seeded draws stay reproducible). The
+        requests that fail are ended; the caller tells their streams. Empty when no request is to blame.
+        """
+        from .sampler import sample_tokens
+
+        dev = self.lm.model.device
+        vocab = self.lm.config.vocab_size
+        culprits = []
+        for req in list(self._requests.values()):
+            seq = req.seq
+            try:
+                out = sample_tokens(torch.zeros(1, vocab, device=dev), [req.params], [make_generator(req.params)],
+                                    [seq.prompt_token_ids], [[t for t in seq.output_token_ids if t >= 0]])
+                out.token_ids.tolist()
+            except Exception:  # noqa: BLE001 - any failure of this request's own sampling
+                culprits.append(req.request_id)
+        for request_id in culprits:
+            req = self._requests[request_id]
+            if self.scheduler.has(request_id):
+                self._retire(req, [], None, "abort")
+            else:
+                del self._requests[request_id]
+        return culprits
+
     # --- state -----------------------------------------------------------------
 
     def abort_all(self) -> list[TokenOutput]:

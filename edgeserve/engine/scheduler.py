@@ -68,6 +68,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_waiting: int = 256
     block_size: int = 16
+    # True: the step's prompt-token budget is split fairly between everything prefilling (a new request's prefill
+    # starts at once, however long the prompts before it); False: first come, first served (the long one first)
+    fair_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
@@ -201,12 +204,20 @@ class Scheduler:
     # --- one step ----------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's work: running decodes, then prefill chunks, then newly admitted requests."""
+        """Pick this step's work: running decodes, then prefill chunks of running and newly admitted requests."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(out, budget)
-        budget = self._schedule_running_prefills(out, budget)
-        self._admit_waiting(out, budget)
+        prefilling = [seq for seq in self.running if seq.num_remaining > 1]
+        if self.config.fair_prefill:
+            room = budget - len(prefilling)  # every prefill gets at least one token
+        else:
+            room = budget - sum(seq.num_remaining for seq in prefilling)
+        prefilling += self._admit_waiting(room)
+        shares = split_budget([seq.num_remaining for seq in prefilling], budget, self.config.fair_prefill)
+        for seq, n in zip(prefilling, shares):
+            if n:
+                out.scheduled.append(self._build(seq, n))
         return out
 
     def update(self, output: SchedulerOutput, sampled: dict[SeqId, list[int]]) -> None:
@@ -247,21 +258,12 @@ class Scheduler:
             budget -= 1 + len(spec)
         return budget
 
-    def _schedule_running_prefills(self, out: SchedulerOutput, budget: int) -> int:
-        """Next prompt chunk of each running sequence still prefilling (blocks were reserved at admission)."""
-        for seq in self.running:
-            if budget == 0:
-                break
-            if seq.num_remaining > 1:
-                n = min(seq.num_remaining, budget)
-                out.scheduled.append(self._build(seq, n))
-                budget -= n
-        return budget
-
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        """Move waiting sequences to running in FCFS order while seats, budget and blocks allow."""
+    def _admit_waiting(self, room: int) -> list[Sequence]:
+        """Move waiting sequences to running in FCFS order while seats, blocks and `room` (prompt tokens for
+        them this step) allow; returns them in admission order."""
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        admitted = []
+        while self.waiting and room > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if not bm.can_allocate(seq.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
@@ -272,10 +274,9 @@ class Scheduler:
                 seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
             seq.status = SeqStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
-            n = min(seq.num_remaining, budget)
-            out.scheduled.append(self._build(seq, n))
-            budget -= n
-        return budget
+            admitted.append(seq)
+            room -= 1 if self.config.fair_prefill else seq.num_remaining
+        return admitted
 
     def _reserve_or_preempt(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Make room for `seq`'s next token, preempting the newest running sequences; False if `seq` lost its seat."""
@@ -334,3 +335,24 @@ class Scheduler:
             num_spec=len(spec or ()),
             num_prompt_tokens=len(seq.prompt_token_ids),
         )
+
+
+def split_budget(remaining: list[int], budget: int, fair: bool = True) -> list[int]:
+    """Tokens each prefill computes this step, out of `budget`, given the tokens each has left (in arrival order).
+
+    fair: max-min fair shares: shortest first, each takes at most an equal share of what is left, so a short
+    prompt finishes in one step beside a long one and the long one still gets at least budget / count; tokens a
+    floor division leaves over go to the earliest. Otherwise first come, first served.
+    """
+    shares = [0] * len(remaining)
+    left = budget
+    if fair:
+        order = sorted(range(len(remaining)), key=lambda i: remaining[i])
+        for k, i in enumerate(order):
+            shares[i] = min(remaining[i], left // (len(order) - k))
+            left -= shares[i]
+    for i, r in enumerate(remaining):
+        extra = min(r - shares[i], left)
+        shares[i] += extra
+        left -= extra
+    return shares

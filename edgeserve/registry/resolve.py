@@ -51,9 +51,10 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
         return ModelSource(path.resolve().stem if path.name != "config.json" else path.resolve().parent.name, "hf",
                            path.resolve())
     if path.is_file():
-        if path.suffix.lower() != ".gguf" and not _has_gguf_magic(path):
+        if path.suffix.lower() != ".gguf" and not has_gguf_magic(path):
             raise ModelLoadError(f"{path} is not a .gguf file; pass a .gguf file or a Hugging Face folder")
-        return ModelSource(path.stem, "gguf", path.resolve())
+        # absolute, not resolved: messages name the path the operator gave, never a symlink's target
+        return ModelSource(path.stem, "gguf", path.absolute())
     if _looks_like_path(name_or_path):
         raise ModelLoadError(f"model path not found: {path}")
     raise UnknownModelError(
@@ -73,7 +74,8 @@ def _looks_like_path(s: str) -> bool:
     return any(c in s for c in seps) or s.startswith((".", "~")) or s.lower().endswith(".gguf")
 
 
-def _has_gguf_magic(path: Path) -> bool:
+def has_gguf_magic(path: Path) -> bool:
+    """Whether `path` is a readable file that starts with the GGUF magic."""
     try:
         with open(path, "rb") as f:
             return f.read(4) == _GGUF_MAGIC

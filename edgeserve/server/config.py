@@ -10,6 +10,7 @@ from edgeserve.registry import DEFAULT_MODEL
 
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given" (None means forever)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+MAX_KEEP_ALIVE = 365 * 24 * 3600.0  # one year; longer is a 400 (a negative value keeps a model loaded forever)
 
 
 def parse_keep_alive(value: object, name: str = "keep_alive") -> float | None:
@@ -18,19 +19,22 @@ def parse_keep_alive(value: object, name: str = "keep_alive") -> float | None:
     Returns seconds; None means forever (a negative value). Raises ValueError naming `name`.
     """
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {str(value)[:40]!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < 1e300 else float("inf") * (1 if value > 0 else -1)
     elif isinstance(value, str):
         parts = re.findall(r"(-?\d+(?:\.\d+)?)(ms|h|m|s)?", value.strip())
         if not parts or "".join(n + (u or "") for n, u in parts) != value.strip().replace(" ", ""):
             raise ValueError(f"{name} must be a duration like '5m', '30s', '1h30m' or a number of seconds, "
-                             f"got {value!r}")
+                             f"got {str(value)[:40]!r}")
         seconds = sum(float(n) * _UNITS[u or None] for n, u in parts)
     else:
-        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {str(value)[:40]!r}")
     if seconds != seconds:  # NaN
         raise ValueError(f"{name} must be a number, got {value!r}")
+    if seconds > MAX_KEEP_ALIVE:
+        raise ValueError(f"{name} must be at most 8760h (one year), or negative to keep the model loaded forever; "
+                         f"got {str(value)[:40]!r}")
     return None if seconds < 0 else seconds
 
 
@@ -73,8 +77,9 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.keep_alive is not None and self.keep_alive < 0:
-            raise ValueError(f"keep_alive must be >= 0 seconds or None (forever), got {self.keep_alive!r}")
+        if self.keep_alive is not None and not 0 <= self.keep_alive <= MAX_KEEP_ALIVE:
+            raise ValueError(f"keep_alive must be from 0 to {MAX_KEEP_ALIVE:.0f} seconds or None (forever), "
+                             f"got {self.keep_alive!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:

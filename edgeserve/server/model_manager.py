@@ -154,8 +154,6 @@ class Lease:
         e = self.entry
         e.active -= 1
         e.last_used = time.monotonic()
-        # as in Ollama, each request sets the model's keep-alive: its own, else the server default
-        e.keep_alive = self.manager.config.keep_alive if self.keep_alive is UNSET else self.keep_alive
         self.manager.wake()
 
 
@@ -247,6 +245,9 @@ class ModelManager:
             if entry.state != "loaded":
                 continue
             entry.active += 1
+            # as in Ollama, each request sets the model's keep-alive when it arrives (its own, else the server
+            # default), so the latest request's choice governs, also over requests still running (keep_alive: 0)
+            entry.keep_alive = self.config.keep_alive if keep_alive is UNSET else keep_alive
             return Lease(self, entry, keep_alive)
 
     async def unload(self, entry: ModelEntry) -> None:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 import edgeserve
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, is_pulled, pull, remove_pulled, resolve
+from edgeserve.registry.resolve import has_gguf_magic
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import Generation
 from edgeserve.server.loading import is_loaded, stream_after_load
@@ -25,12 +26,16 @@ from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
                                       parse_ollama_generate)
 from edgeserve.server.state import api_errors, server_state
+from edgeserve.server.validate import reject_unknown
 
 NDJSON = "application/x-ndjson"
 
 
 def _now_iso(t: float | None = None) -> str:
-    return dt.datetime.fromtimestamp(time.time() if t is None else t, dt.timezone.utc).isoformat()
+    try:
+        return dt.datetime.fromtimestamp(time.time() if t is None else t, dt.timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):  # beyond datetime's years: as good as never
+        return "9999-12-31T23:59:59+00:00"
 
 
 async def version(request: Request) -> Response:
@@ -72,9 +77,11 @@ async def tags(request: Request) -> Response:
         for mid, spec in st.manager.known().items():
             try:
                 src = resolve(spec, pull_missing=False)
+                if src.kind == "gguf" and not has_gguf_magic(src.path):
+                    continue  # a file that cannot load is not listed as a model
                 size, mtime, dig = source_bytes(src), src.path.stat().st_mtime, _digest(spec, src)
-            except Exception:
-                src, size, mtime, dig = None, 0, time.time(), ""
+            except Exception:  # noqa: BLE001 - missing or unusable: not listed
+                continue
             models.append({"name": mid, "model": mid, "modified_at": _now_iso(mtime), "size": size,
                            "digest": dig, "details": _details(spec, src)})
         return models
@@ -127,6 +134,7 @@ async def show(request: Request) -> Response:
     """POST /api/show: what is known about a model (more once it is loaded)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
+    reject_unknown(body, {"model", "name", "verbose", "system", "template", "options"})
     name = _model_name(body)
     mid, spec = st.manager.canonical(name)
     facts = await anyio.to_thread.run_sync(_facts, spec)
@@ -253,6 +261,7 @@ async def pull_model(request: Request) -> Response:
     """POST /api/pull: download a catalog model, streaming progress as NDJSON (or one reply with stream: false)."""
     st = server_state(request)
     body = parse_json_object(await request.body())
+    reject_unknown(body, {"model", "name", "insecure", "stream", "username", "password"})
     name = _model_name(body)
     name = name[: -len(":latest")] if name.endswith(":latest") else name
     if name not in CATALOG:

@@ -5,7 +5,6 @@ Ranges of sampling values are checked once, by SamplingParams (its ValueError na
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,21 +12,19 @@ from typing import Any
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
-
+from edgeserve.server.validate import check_range, expect_type, loads_bounded
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", "invalid_request_error", None, "invalid_json")
+    data = loads_bounded(body)
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", "invalid_request_error", None, "invalid_json")
     return data
 
 
-def _number(body: dict, key: str, *, integer: bool = False, where: str = "") -> Any:
+def _number(body: dict, key: str, *, integer: bool = False, where: str = "", range_key: str | None = None) -> Any:
+    """body[key] as a number checked against its range (validate.RANGES[range_key or key]); None when absent."""
     value = body.get(key)
     if value is None:
         return None
@@ -41,6 +38,7 @@ def _number(body: dict, key: str, *, integer: bool = False, where: str = "") -> 
             value = int(value)
     elif not math.isfinite(value):
         raise bad_request(f"{name} must be a finite number, got {value!r}", name)
+    check_range(value, name, range_key or key)
     return value
 
 
@@ -198,6 +196,9 @@ def parse_completion_request(body: dict, max_n: int) -> GenerationRequest:
     """Validate a POST /v1/completions body (prompt: a string, strings, token ids, or lists of token ids)."""
     req = _openai_common(body, _COMPLETION_FIELDS, max_n)
     req.prompts = parse_prompt(body.get("prompt"))
+    if len(req.prompts) * req.n > max_n:  # one request may not take the whole waiting queue
+        raise bad_request(f"a request may ask for at most {max_n} completions (prompts x n), got "
+                          f"{len(req.prompts)} prompt(s) x n={req.n}", "prompt")
     mt = _number(body, "max_tokens", integer=True)
     if mt is not None and mt < 1:
         raise bad_request(f"max_tokens must be a positive integer, got {mt}", "max_tokens")
@@ -207,9 +208,9 @@ def parse_completion_request(body: dict, max_n: int) -> GenerationRequest:
         raise bad_request(f"logprobs must be between 0 and {SamplingParams.MAX_LOGPROBS}, got {lp}", "logprobs")
     if lp is not None:
         req.sampling["logprobs"] = lp
-    if body.get("echo") not in (None, False):
+    if _bool(body, "echo", False):
         raise bad_request("echo is not supported", "echo", "unsupported_parameter")
-    if body.get("suffix") not in (None, ""):
+    if expect_type(body, "suffix", str, "a string"):
         raise bad_request("suffix (insertion) is not supported", "suffix", "unsupported_parameter")
     best_of = _number(body, "best_of", integer=True)
     if best_of is not None and best_of != req.n:
@@ -249,10 +250,10 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
         if extra:
             raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(f"{here}.role must be one of system, user, assistant, developer; got {role!r}",
                               f"{here}.role")
-        if m.get("images"):
+        if expect_type(m, "images", list, "a list", here + "."):
             raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
         content = m.get("content")
         if isinstance(content, list):
@@ -295,7 +296,7 @@ def _ollama_options(body: dict, req: GenerationRequest) -> None:
     for key, value in opts.items():
         if key in _OLLAMA_OPTIONS:
             target, integer = _OLLAMA_OPTIONS[key]
-            v = _number(opts, key, integer=integer, where="options.")
+            v = _number(opts, key, integer=integer, where="options.", range_key=target)
             if v is not None:
                 req.sampling[target] = v
         elif key == "num_predict":
@@ -343,12 +344,12 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
     """Validate a POST /api/chat body; an empty `messages` only loads or unloads the model."""
     req = _ollama_common(body, {"model", "messages", "stream", "options", "keep_alive", "format", "tools",
                                 "think"})
-    if body.get("tools"):
+    if expect_type(body, "tools", list, "a list of tools"):
         raise bad_request("tools are not supported", "tools")
-    if body.get("think"):
+    if _bool(body, "think", False):
         raise bad_request("think is not supported", "think")
     msgs = body.get("messages")
-    req.messages = parse_messages(msgs) if msgs else []
+    req.messages = [] if msgs is None or msgs == [] else parse_messages(msgs)
     return req
 
 
@@ -356,8 +357,9 @@ def parse_ollama_generate(body: dict) -> GenerationRequest:
     """Validate a POST /api/generate body; an empty prompt only loads or unloads the model."""
     req = _ollama_common(body, {"model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format",
                                 "images", "suffix", "context", "template"})
-    for key in ("images", "suffix", "context", "template"):
-        if body.get(key):
+    for key, types, what in (("images", list, "a list"), ("suffix", str, "a string"), ("context", list, "a list"),
+                             ("template", str, "a string")):
+        if expect_type(body, key, types, what):
             raise bad_request(f"{key} is not supported", key)
     prompt = body.get("prompt", "")
     if prompt is None:
