@@ -223,23 +223,26 @@ def _decode_q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
     out.view(-1, 16, 16).mul_(scale.unsqueeze(-1))
 
 
-_BITS32 = torch.arange(32, dtype=torch.int32).view(1, 32)
+# byte value -> its 8 bits (least significant first) times 16, as float32: one gather per qh byte
+_FIFTH_BITS = ((torch.arange(256).view(256, 1) >> torch.arange(8).view(1, 8)) & 1).float() * 16
 
 
-def _q5_codes(b: torch.Tensor, qh_at: int) -> torch.Tensor:
-    """(k, 32) 5-bit codes of Q5_0/Q5_1: nibbles as Q4_0, bit j of the little-endian uint32 qh is weight j's fifth."""
-    qh = b[:, qh_at : qh_at + 4].contiguous().view(torch.int32)  # sign is irrelevant: only bits are read
-    high = ((qh >> _BITS32) & 1).to(torch.uint8) << 4
-    return _nibbles32(b[:, qh_at + 4 :]) | high
+def _q5_codes(b: torch.Tensor, qh_at: int, out: torch.Tensor) -> None:
+    """Fill out (k, 32) with Q5_0/Q5_1's 5-bit codes: nibbles as Q4_0, and bit j of the little-endian uint32 qh
+    (byte j // 8, bit j % 8) is weight j's fifth bit."""
+    qs = b[:, qh_at + 4 :]
+    out[:, :16] = qs & 0x0F
+    out[:, 16:] = qs >> 4
+    out.add_(_FIFTH_BITS[b[:, qh_at : qh_at + 4].long()].view(-1, 32))
 
 
 def _decode_q5_0(b: torch.Tensor, out: torch.Tensor) -> None:
-    out.copy_(_q5_codes(b, 2).to(torch.int8) - 16)
-    out.mul_(_f16(b[:, 0:2]))
+    _q5_codes(b, 2, out)
+    out.sub_(16.0).mul_(_f16(b[:, 0:2]))
 
 
 def _decode_q5_1(b: torch.Tensor, out: torch.Tensor) -> None:
-    out.copy_(_q5_codes(b, 4))
+    _q5_codes(b, 4, out)
     out.mul_(_f16(b[:, 0:2])).add_(_f16(b[:, 2:4]))
 
 
