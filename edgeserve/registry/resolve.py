@@ -30,6 +30,15 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
     Raises ModelLoadError for missing or unusable paths and UnknownModelError for
     anything that is neither a catalog name nor a path.
     """
+    from edgeserve.registry import hf
+
+    ref = hf.parse(name_or_path) if name_or_path not in CATALOG else None
+    if ref is not None:
+        local = hf.local_path(name_or_path)
+        if local is None and not pull_missing:
+            raise ModelLoadError(f"model {ref.name!r} is not pulled yet; run `edgeserve pull {ref.name}`")
+        local = local or hf.pull_hf(name_or_path)
+        return ModelSource(ref.name, "gguf" if ref.gguf else "hf", local)
     if name_or_path in CATALOG:
         name = name_or_path
         if is_pulled(name):
@@ -57,13 +66,16 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
         raise ModelLoadError(f"model path not found: {path}")
     raise UnknownModelError(
         f"unknown model {name_or_path!r}; catalog models: {', '.join(CATALOG)} "
-        "(a path to a .gguf file or a Hugging Face folder also works)"
+        "(a path to a .gguf file or a Hugging Face folder, hf.co/OWNER/REPO[:QUANT] or OWNER/REPO also work)"
     )
 
 
 def list_local() -> list[ModelSource]:
-    """The catalog models that are pulled and verified, in catalog order."""
-    return [ModelSource(name, "gguf", cached_path(name)) for name in CATALOG if is_pulled(name)]
+    """The catalog models that are pulled and verified, in catalog order, then the pulled Hugging Face models."""
+    from edgeserve.registry import hf
+
+    local = [ModelSource(name, "gguf", cached_path(name)) for name in CATALOG if is_pulled(name)]
+    return local + [ModelSource(name, "hf" if path.is_dir() else "gguf", path) for name, path in hf.list_pulled()]
 
 
 def _looks_like_path(s: str) -> bool:

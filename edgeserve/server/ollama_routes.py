@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 import edgeserve
 from edgeserve.errors import UnknownModelError
-from edgeserve.registry import CATALOG, is_pulled, pull, resolve
+from edgeserve.registry import CATALOG, is_hf_name, is_pulled, pull, resolve
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import Generation
 from edgeserve.server.model_manager import ModelEntry, source_bytes
@@ -222,14 +222,15 @@ async def pull_model(request: Request) -> Response:
     body = parse_json_object(await request.body())
     name = _model_name(body)
     name = name[: -len(":latest")] if name.endswith(":latest") else name
-    if name not in CATALOG:
-        raise UnknownModelError(f"{name!r} is not in the catalog; catalog models: {', '.join(CATALOG)}")
+    if name not in CATALOG and not is_hf_name(name):
+        raise UnknownModelError(f"{name!r} is not in the catalog nor a Hugging Face name (hf.co/OWNER/REPO[:QUANT], "
+                                f"OWNER/REPO); catalog models: {', '.join(CATALOG)}")
     if not st.config.allow_pull and not is_pulled(name):
         raise APIError(403, "pulling is disabled on this server", "permission_error", "model")
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
-    entry = CATALOG[name]
+    total = CATALOG[name].size_bytes if name in CATALOG else None
 
     async def run(send: Any) -> None:
         async with send:
@@ -252,7 +253,7 @@ async def pull_model(request: Request) -> Response:
                 tg.start_soon(run, send)
                 async with recv:
                     async for line in recv:
-                        yield json.dumps({"status": line, "total": entry.size_bytes}) + "\n"
+                        yield json.dumps({"status": line, **({"total": total} if total else {})}) + "\n"
             yield json.dumps({"status": "success"}) + "\n"
         except Exception as e:
             yield json.dumps({"error": str(e)}) + "\n"
