@@ -136,7 +136,7 @@ def pull_hf(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
         raise PullError(f"{ref.name} is not pulled and HF_HUB_OFFLINE is set") from None
     except HfHubHTTPError as e:
         raise PullError(f"cannot list {ref.repo} on the Hub: {_short(e)}") from None
-    except OSError as e:
+    except Exception as e:  # connection errors come as httpx's, OSError or others depending on the transport
         raise PullError(f"cannot reach the Hub for {ref.repo}: {_short(e)}") from None
     siblings = {s.rfilename: s for s in info.siblings or []}
     if ref.gguf:
@@ -155,9 +155,7 @@ def pull_hf(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
         try:
             path = Path(hf_hub_download(ref.repo, filename, revision=info.sha, local_dir=ref.folder,
                                         endpoint=endpoint, tqdm_class=_bar_class(progress, out)))
-        except HfHubHTTPError as e:
-            raise PullError(f"downloading {filename} from {ref.repo} failed: {_short(e)}") from None
-        except OSError as e:
+        except Exception as e:  # HTTP errors, dropped connections past the retries, a full disk
             raise PullError(f"downloading {filename} from {ref.repo} failed: {_short(e)}") from None
         _verify(path, siblings[filename])
     if ref.gguf:

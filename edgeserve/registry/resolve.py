@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgeserve.errors import ModelLoadError, UnknownModelError
+from edgeserve.errors import ModelLoadError, PullError, UnknownModelError
 from edgeserve.registry.catalog import CATALOG
 from edgeserve.registry.pull import cached_path, is_pulled, pull
 
@@ -37,7 +37,15 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
         local = hf.local_path(name_or_path)
         if local is None and not pull_missing:
             raise ModelLoadError(f"model {ref.name!r} is not pulled yet; run `edgeserve pull {ref.name}`")
-        local = local or hf.pull_hf(name_or_path)
+        if local is None:
+            try:
+                local = hf.pull_hf(name_or_path)
+            except PullError as e:
+                if ref.gguf:
+                    raise
+                # a bare OWNER/REPO may as well have been meant as a local folder
+                raise ModelLoadError(f"model path not found: {name_or_path}, nor pulled from Hugging Face: {e}") \
+                    from None
         return ModelSource(ref.name, "gguf" if ref.gguf else "hf", local)
     if name_or_path in CATALOG:
         name = name_or_path
