@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 # Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # HF `model_type` spellings of our architecture names.
@@ -21,18 +21,21 @@ HF_CLASS_TO_ARCH = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: 'linear' or 'llama3' (HF `rope_scaling`)."""
+    """RoPE frequency scaling: 'linear', 'llama3' or 'longrope' (HF `rope_scaling`; for longrope `factor` is the
+    cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
 
     kind: str
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factors: tuple[float, ...] = ()  # longrope's per-frequency divisors up to the original context
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     scaling_type = metadata.get(f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         scaling = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
+    elif arch == "phi3" and "rope_factors_short.weight" in tensor_names:  # longrope, its factors as tensors
+        scaling = RopeScaling("longrope", factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor") or 1.0),
+                              original_max_position_embeddings=int(key("rope.scaling.original_context_length")))
     elif scaling_type not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling type {scaling_type!r} is not supported")
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
@@ -131,6 +137,8 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         rope_scaling=scaling,
+        sliding_window=int(metadata[f"{arch}.attention.sliding_window"])
+        if arch == "phi3" and metadata.get(f"{arch}.attention.sliding_window") else None,
         **gemma,
     )
 
@@ -220,8 +228,17 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
                     original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
                 )
+            elif kind in ("longrope", "su") and arch == "phi3":
+                scaling = RopeScaling(
+                    "longrope", factor=float(rs.get("attention_factor") or 1.0),
+                    original_max_position_embeddings=int(cfg.get("original_max_position_embeddings")
+                                                         or rs.get("original_max_position_embeddings")),
+                    short_factors=tuple(float(f) for f in rs["short_factor"]))
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
+        partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0):
+            raise UnsupportedModelError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None:  # newer transformers nest it under rope_parameters
             rp = cfg.get("rope_parameters") or {}
@@ -242,7 +259,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             qk_norm=arch in ("qwen3", "gemma3"),
             rope_scaling=scaling,
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "mistral") else None,
+            sliding_window=cfg.get("sliding_window")
+            if cfg.get("use_sliding_window", arch in ("mistral", "phi3")) else None,
             **_gemma_from_hf(arch, cfg),
         )
     except KeyError as e:

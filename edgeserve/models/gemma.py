@@ -19,7 +19,7 @@ from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
-from .config import GEMMA_ARCHITECTURES, ModelConfig
+from .config import ModelConfig
 from .llama import LlamaModel
 
 # How many positions the RoPE tables cover at most (they are float32 [positions, head_dim / 2] each, two per base).
@@ -59,13 +59,9 @@ class GemmaWeights:
             names = (f"blk.{i}.post_attention_norm.weight", f"blk.{i}.post_ffw_norm.weight")
             return tuple(self.gguf.load_tensor(n, torch.float32) for n in names)  # type: ignore[return-value]
         p = f"model.layers.{i}."
-        return tuple(self.get(p + n, keep_int4=False).float()  # type: ignore[return-value, union-attr]
+        # straight from the source: `get` would rename post_attention_layernorm to the pre-MLP norm
+        return tuple(self.source.get(p + n, keep_int4=False).float() + self.offset  # type: ignore[return-value, union-attr]
                      for n in ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight"))
-
-
-def decoder_class(config: ModelConfig) -> type[LlamaModel]:
-    """The decoder that runs `config`'s architecture."""
-    return GemmaModel if config.architecture in GEMMA_ARCHITECTURES else LlamaModel
 
 
 class GemmaModel(LlamaModel):

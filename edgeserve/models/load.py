@@ -21,7 +21,7 @@ from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
-from .gemma import decoder_class
+from .decoders import decoder_class
 from .llama import LlamaModel
 
 log = logging.getLogger(__name__)
