@@ -10,6 +10,7 @@ from pathlib import Path
 from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
+from edgeserve.registry.catalog import HF_CATALOG
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download a catalog or Hugging Face model into the cache folder")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL,
-                   help=f"catalog name ({', '.join(CATALOG)}), hf.co/OWNER/REPO[:QUANT] (a GGUF file) or OWNER/REPO "
+                   help=f"catalog name ({', '.join([*CATALOG, *HF_CATALOG])}), hf.co/OWNER/REPO[:QUANT] "
+                        "(a GGUF file) or OWNER/REPO "
                         "(a safetensors repository)")
 
     ls = sub.add_parser("list", help="list pulled models (--all: every catalog model, with sizes)")
@@ -231,7 +233,8 @@ def split_model_and_prompt(args: argparse.Namespace) -> tuple[str, str | None]:
     model = args.model
     if model is None and len(pos) >= 2:
         model = pos.pop(0)
-    elif model is None and len(pos) == 1 and (pos[0] in CATALOG or Path(pos[0]).expanduser().exists()):
+    elif model is None and len(pos) == 1 and (pos[0] in CATALOG or pos[0] in HF_CATALOG
+                                               or Path(pos[0]).expanduser().exists()):
         model = pos.pop(0)
     if len(pos) > 1:
         raise EdgeserveError("run takes at most a model and one prompt; quote the prompt")
@@ -255,6 +258,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         if pulled or args.all:
             state = str(cached_path(name)) if pulled else "not pulled"
             print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license.split(' (')[0]:<12} {state}")
+    from edgeserve.registry.catalog import HF_CATALOG
+    from edgeserve.registry.hf import local_path
+
+    for name, entry in HF_CATALOG.items():
+        path = local_path(name)
+        if args.all and path is None:
+            print(f"{name:<20} ~{entry.approx_size_bytes / 1e6:7.0f} MB  {entry.license.split(' (')[0]:<12} "
+                  f"not pulled ({entry.hf})")
     for name, path in list_pulled():
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
         print(f"{name:<20} {size / 1e6:8.1f} MB  {'':<12} {path}")

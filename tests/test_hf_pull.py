@@ -167,3 +167,23 @@ def test_served_by_its_hf_name(hub: FakeHub) -> None:
         assert r.json()["done"] is True
         r = c.post("/api/pull", json={"model": "hf.co/acme/missing", "stream": False})
         assert r.status_code >= 400 and "error" in r.json()
+
+
+def test_catalog_short_name_pulls_from_the_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgeserve.registry import catalog
+
+    entry = catalog.HFCatalogEntry("tiny-chat", "test", f"hf.co/{REPO}:Q4_0", 1, "MIT")
+    monkeypatch.setitem(catalog.HF_CATALOG, "tiny-chat", entry)
+    path = pull("tiny-chat", progress=False)
+    assert path.name == "tiny.Q4_0.gguf" and is_pulled("tiny-chat")
+    assert resolve("tiny-chat", pull_missing=False).path == path
+
+
+def test_hf_catalog_names_are_hub_names() -> None:
+    from edgeserve.registry.catalog import CATALOG, HF_CATALOG
+
+    assert not set(HF_CATALOG) & set(CATALOG)
+    for name, e in HF_CATALOG.items():
+        ref = parse(e.hf)
+        assert ref is not None and ref.gguf and ref.quant, name
+        assert parse(name) == ref and e.approx_size_bytes > 0

@@ -56,9 +56,14 @@ class HFRef:
 
 
 def parse(name: str) -> HFRef | None:
-    """The HFRef for `hf.co/OWNER/REPO[:QUANT]` or `OWNER/REPO`, else None (a catalog name, a path, ...)."""
+    """The HFRef for `hf.co/OWNER/REPO[:QUANT]`, `OWNER/REPO` or a short name of the HF catalog, else None
+    (a PyPI catalog name, a path, ...)."""
+    from edgeserve.registry.catalog import HF_CATALOG
+
     if not isinstance(name, str):
         return None
+    if name in HF_CATALOG:
+        name = HF_CATALOG[name].hf
     for prefix in _GGUF_PREFIXES:
         if name.lower().startswith(prefix):
             rest = name[len(prefix):]
