@@ -48,24 +48,24 @@ def hf_gemma(gemma_path):
     return model.eval()
 
 
-def hf_logits(model, ids: list[int]) -> torch.Tensor:
+def hf_logits(model, ids: list[int], keep: int = 0) -> torch.Tensor:
+    """transformers' logits of the last `keep` positions (0: all)."""
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
+        return model(torch.tensor([ids]), logits_to_keep=keep).logits[0].float()
 
 
-def paged_logits(lm, ids: list[int], chunk: int, block_size: int = 16) -> torch.Tensor:
-    """Logits of every position, the prompt fed in chunks of `chunk` tokens through a paged KV pool."""
+def paged_logits(lm, ids: list[int], chunk: int, keep: int, block_size: int = 16) -> torch.Tensor:
+    """Logits of the last `keep` positions, the prompt fed in chunks of `chunk` tokens through a paged KV pool."""
     model = lm.model
     n_blocks = -(-len(ids) // block_size)
     pool = KVPool(lm.config, n_blocks, block_size, model.dtype, model.device)
     table = list(range(n_blocks))
-    out = []
+    hidden = []
     for start in range(0, len(ids), chunk):
         end = min(start + chunk, len(ids))
         meta = AttentionMetadata.build([end - start], [end], [table], list(range(start, end)))
-        h = model.forward(torch.tensor(ids[start:end]), torch.arange(start, end), PagedKVAttention(pool, meta))
-        out.append(model.logits(h))
-    return torch.cat(out)
+        hidden.append(model.forward(torch.tensor(ids[start:end]), torch.arange(start, end), PagedKVAttention(pool, meta)))
+    return model.logits(torch.cat(hidden)[-keep:])
 
 
 def test_config_from_the_file(gemma_fp32) -> None:
@@ -94,16 +94,16 @@ def test_logits_match_transformers(gemma_fp32, hf_gemma) -> None:
 def test_sliding_window_through_paged_cache_matches_transformers(gemma_fp32, hf_gemma) -> None:
     ids = gemma_fp32.tokenizer.encode(LONG_TEXT)
     assert len(ids) > 540
-    ref = hf_logits(hf_gemma, ids)[-64:]
+    ref = hf_logits(hf_gemma, ids, keep=32)
     for chunk in (len(ids), 100):
-        ours = paged_logits(gemma_fp32, ids, chunk)[-64:]
+        ours = paged_logits(gemma_fp32, ids, chunk, keep=32)
         assert (ours - ref).abs().max().item() < 5e-3, chunk
     # the window matters: the same model attending to everything is clearly off
     model = gemma_fp32.model
     full = dataclasses.replace(model.config, layer_windows=None)
     model.config, saved = full, model.config
     try:
-        unwindowed = paged_logits(gemma_fp32, ids, len(ids))[-64:]
+        unwindowed = paged_logits(gemma_fp32, ids, len(ids), keep=32)
     finally:
         model.config = saved
     assert (unwindowed - ref).abs().max().item() > 0.1
