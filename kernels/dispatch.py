@@ -122,12 +122,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float | None = None, window: int | None = None,
                     softcap: float | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
-    Sliding-window (`window`) and soft-capped (`softcap`) layers take the torch twin on every device for now."""
-    if (window is None and softcap is None and use_triton(q.device) and q.shape[-1] <= 256
-            and q.shape[1] % k_cache.shape[2] == 0):
+    `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
+    takes the torch twin on every device for now."""
+    if softcap is None and use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
         from .triton_paged_attention import paged_attention as kernel
 
-        return kernel(q, k_cache, v_cache, meta, scale)
+        return kernel(q, k_cache, v_cache, meta, scale, window)
     return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
 
 
