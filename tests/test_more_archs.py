@@ -73,7 +73,8 @@ def write_gguf(model, arch: str, path: Path) -> Path:
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.hidden_size // c.num_attention_heads if arch == "phi3" else c.head_dim)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(float(c.rope_parameters.get("full_attention", c.rope_parameters)["rope_theta"]))
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}  # transformers 5.x / 4.x
+    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
     w.add_vocab_size(c.vocab_size)
     if arch.startswith("gemma"):
         w.add_sliding_window(c.sliding_window)
