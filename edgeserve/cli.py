@@ -10,6 +10,7 @@ from pathlib import Path
 from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
+from edgeserve.registry.catalog import HF_CATALOG
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,10 +18,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeserve", description="A local LLM server and runner.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("pull", help="download a catalog model into the cache folder")
-    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, help=f"catalog name ({', '.join(CATALOG)})")
+    p = sub.add_parser("pull", help="download a catalog or Hugging Face model into the cache folder")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                   help=f"catalog name ({', '.join([*CATALOG, *HF_CATALOG])}), hf.co/OWNER/REPO[:QUANT] "
+                        "(a GGUF file) or OWNER/REPO "
+                        "(a safetensors repository)")
 
-    sub.add_parser("list", help="list catalog models and whether they are pulled")
+    ls = sub.add_parser("list", help="list pulled models (--all: every catalog model, with sizes)")
+    ls.add_argument("--all", action="store_true", help="also list catalog models that are not pulled")
+
+    rm = sub.add_parser("rm", help="delete a pulled model from the cache folder")
+    rm.add_argument("name", help="catalog name or Hugging Face name, as `edgeserve list` shows it")
 
     r = sub.add_parser("run", help="generate a reply to a prompt, streamed to the terminal")
     r.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
@@ -252,10 +260,32 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from edgeserve.registry import cached_path, is_pulled
+    from edgeserve.registry.hf import list_pulled
 
     for name, entry in CATALOG.items():
-        state = str(cached_path(name)) if is_pulled(name) else "not pulled"
-        print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license:<12} {state}")
+        pulled = is_pulled(name)
+        if pulled or args.all:
+            state = str(cached_path(name)) if pulled else "not pulled"
+            print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license.split(' (')[0]:<12} {state}")
+    from edgeserve.registry.catalog import HF_CATALOG
+    from edgeserve.registry.hf import local_path
+
+    for name, entry in HF_CATALOG.items():
+        path = local_path(name)
+        if args.all and path is None:
+            print(f"{name:<20} ~{entry.approx_size_bytes / 1e6:7.0f} MB  {entry.license.split(' (')[0]:<12} "
+                  f"not pulled ({entry.hf})")
+    for name, path in list_pulled():
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+        print(f"{name:<20} {size / 1e6:8.1f} MB  {'':<12} {path}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from edgeserve.registry import remove
+
+    for path in remove(args.name):
+        print(f"removed {path}")
     return 0
 
 
@@ -379,7 +409,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-COMMANDS = {"pull": cmd_pull, "list": cmd_list, "run": cmd_run, "serve": cmd_serve, "bench": cmd_bench}
+COMMANDS = {"pull": cmd_pull, "list": cmd_list, "rm": cmd_rm, "run": cmd_run, "serve": cmd_serve, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,15 +126,18 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float | None = None) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype."""
-    if use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
+                    scale: float | None = None, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
+    `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
+    takes the torch twin on every device for now."""
+    if softcap is None and use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
         from .triton_paged_attention import paged_attention as kernel
 
-        return kernel(q, k_cache, v_cache, meta, scale)
-    if _native_cpu(q):
+        return kernel(q, k_cache, v_cache, meta, scale, window)
+    if window is None and softcap is None and _native_cpu(q):
         return _native.paged_attention(q, k_cache, v_cache, meta, scale)  # float32 C, batch-invariant
-    return _attn.paged_attention(q, k_cache, v_cache, meta, scale)
+    return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -33,6 +33,8 @@ class AttentionMetadata:
     torch_plan: "_Plan | None" = field(default=None, repr=False, compare=False)
     # the native CPU kernel's per-row (sequence, visible length) tensors, built by its first layer
     native_rows: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    # the same for sliding-window layers, one plan per window size
+    torch_window_plans: "dict[int, _Plan]" = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
@@ -85,9 +87,11 @@ class _Plan:
     prefills: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]  # (start, n, length, table, mask or None: causal)
 
 
-def _plan(meta: AttentionMetadata, device: torch.device, block_size: int) -> _Plan:
-    if meta.torch_plan is not None:
-        return meta.torch_plan
+def _plan(meta: AttentionMetadata, device: torch.device, block_size: int, window: int | None = None) -> _Plan:
+    """The step's split; with `window`, query at position p sees only keys p - window + 1 .. p (sliding window)."""
+    cached = meta.torch_plan if window is None else meta.torch_window_plans.get(window)
+    if cached is not None:
+        return cached
     qlens, slens = meta.query_lens_host, meta.seq_lens_host
     starts = [0]
     for n in qlens:
@@ -106,23 +110,61 @@ def _plan(meta: AttentionMetadata, device: torch.device, block_size: int) -> _Pl
         slots = (tables[:, pos // bs] * bs + pos % bs).reshape(-1)
         # additive, built once per step: SDPA would otherwise turn a boolean mask into this one in every layer
         # (the same where(mask, 0, -inf) it computes itself, so results are unchanged)
-        visible = (pos[None, :] < lens[:, None])[:, None, None, :]
+        visible = pos[None, :] < lens[:, None]
+        if window is not None:
+            visible &= pos[None, :] >= lens[:, None] - window
+        visible = visible[:, None, None, :]
         mask = torch.zeros(visible.shape, dtype=torch.float64, device=device).masked_fill_(~visible, float("-inf"))
     prefills = []
     for i, n in enumerate(qlens):
         if n > 1:
             length_i, past = slens[i], slens[i] - n
             # no cached past: plain causal attention, which lets SDPA skip the masked half instead of computing it
-            causal = None if past == 0 else (
-                torch.arange(length_i, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None])
+            causal = None
+            if past > 0 or (window is not None and length_i > window):
+                keys = torch.arange(length_i, device=device)[None, :]
+                qpos = (past + torch.arange(n, device=device))[:, None]
+                causal = keys <= qpos
+                if window is not None:
+                    causal &= keys > qpos - window
             prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
-    meta.torch_plan = _Plan(rows, slots, length, mask, len(decode) == len(qlens), prefills)
-    return meta.torch_plan
+    plan = _Plan(rows, slots, length, mask, len(decode) == len(qlens), prefills)
+    if window is None:
+        meta.torch_plan = plan
+    else:
+        meta.torch_window_plans[window] = plan
+    return plan
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+               gqa: bool, softcap: float | None) -> torch.Tensor:
+    """SDPA over [B, H, Tq, D] x [B, Hkv, Tk, D] (mask: boolean or additive, None = causal); with `softcap`
+    the scores become softcap * tanh(scores / softcap) before the mask (Gemma 2), computed explicitly."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=gqa)
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        tq, tk = scores.shape[-2:]
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    else:
+        scores = scores + mask
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
+
+    `window`: a sliding-window layer, where the query at position p sees keys p - window + 1 .. p only.
+    `softcap`: attention-logit soft-capping (scores -> softcap * tanh(scores / softcap)).
 
     The K/V of this step's tokens must already be written (`write_kv`). Sequences with one query token
     (decodes) run together as one batched call; prefill chunks run one call each.
@@ -132,14 +174,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # with whatever else is running; float64 differences vanish when rounded back
     out_dtype, q = q.dtype, q.double()
     gqa = q.shape[1] != k_cache.shape[2]
-    plan = _plan(meta, q.device, k_cache.shape[1])
+    plan = _plan(meta, q.device, k_cache.shape[1], window)
     if plan.decode_rows is not None:
         hkv, d = k_cache.shape[2:]
         gathered = (-1, plan.decode_len, hkv, d)  # index_select: a plain row copy, cheaper than tensor[index]
         k = k_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
         v = v_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
         qd = q.unsqueeze(2) if plan.all_decode else q[plan.decode_rows].unsqueeze(2)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=plan.decode_mask, scale=scale, enable_gqa=gqa)
+        o = _attention(qd, k, v, plan.decode_mask, scale, gqa, softcap)
         if plan.all_decode:
             return o.squeeze(2).to(out_dtype)
     out = torch.empty_like(q)
@@ -149,6 +191,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = _gather(k_cache, table, length).transpose(1, 2).double()
         v = _gather(v_cache, table, length).transpose(1, 2).double()
         qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)
+        o = _attention(qi, k, v, mask, scale, gqa, softcap)
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
     return out.to(out_dtype)

@@ -19,7 +19,7 @@ TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split cou
 
 @triton.jit
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, part_o_ptr, part_lse_ptr,
-                         scale_log2, block_size,
+                         scale_log2, block_size, window,
                          stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          tokens_per_split,
@@ -32,6 +32,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
     row = tl.load(q_start_ptr + b).to(tl.int64)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
+    # sliding window: only the last `window` keys; a split wholly before them stays empty
+    start = tl.where(window > 0, tl.maximum(start, seq_len - window), start)
 
     g = tl.arange(0, BLOCK_G)
     heads = hk * GROUP + g
@@ -105,12 +107,13 @@ def choose_tokens_per_split(batch: int, num_kv_heads: int, max_seq_len: int) -> 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            max_seq_len: int, scale: float | None = None, out: torch.Tensor | None = None,
-                           tokens_per_split: int | None = None) -> torch.Tensor:
+                           tokens_per_split: int | None = None, window: int | None = None) -> torch.Tensor:
     """Attention of one query row per sequence (row query_start_loc[b]) over its seq_lens[b] paged tokens.
 
     q [T, H, D]; returns (or fills) out [T, H, D] in q's dtype, writing only the rows named by query_start_loc[:-1].
     `max_seq_len` bounds seq_lens and fixes the split layout (pass the same value for every CUDA-graph replay).
     A padding sequence (seq_len 0, as in a batch padded up to a captured size) gets an all-zero output row.
+    `window`: a sliding-window layer, attending to the last `window` tokens only.
     """
     nb, bs, nkv, d = k_cache.shape
     t, nh, _ = q.shape
@@ -132,7 +135,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = max(16, next_pow2(d))
     _decode_split_kernel[(batch, nkv, n_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_o, part_lse,
-        scale * 1.4426950408889634, bs,
+        scale * 1.4426950408889634, bs, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         per_split,

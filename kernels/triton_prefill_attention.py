@@ -19,7 +19,7 @@ BLOCK_N = 16
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, scale_log2, block_size,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, scale_log2, block_size, window,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
@@ -41,12 +41,15 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
                     mask=r_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
         q = (q * scale_log2).to(DOT)
         limit = past + rows  # last key each row sees
+        # sliding window (window > 0): row r sees keys limit - window + 1 .. limit; the tile starts at its first row's
+        first = tl.where(window > 0, tl.maximum(past + tile * BLOCK_M - window + 1, 0), 0)
+        lowest = tl.where(window > 0, limit - window + 1, 0)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         end = tl.minimum(seq_len, past + tl.minimum((tile + 1) * BLOCK_M, q_len))
-        for n0 in range(0, end, BLOCK_N):
+        for n0 in range(first, end, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
             t_mask = tok < end
             block = tl.load(tables_ptr + b.to(tl.int64) * stride_tb + tok // block_size, mask=t_mask, other=0)
@@ -54,10 +57,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             kv_mask = t_mask[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
-            s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
+            s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]) & (tok[None, :] >= lowest[:, None]), s,
+                         float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
+            # a row whose window starts past this tile has seen nothing yet: keep it at zero, not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
             v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
             l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -69,10 +75,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                            max_query_len: int, scale: float | None = None) -> torch.Tensor:
+                            max_query_len: int, scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (a ragged batch) over each sequence's paged K/V; returns [T, H, D] in q's dtype.
 
-    The K/V of this step's tokens must already be in the pool.
+    The K/V of this step's tokens must already be in the pool. `window`: each row sees only its last `window` keys.
     """
     nb, bs, nkv, d = k_cache.shape
     t, nh, _ = q.shape
@@ -88,7 +94,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     grid = (batch, nh, triton.cdiv(max_query_len, BLOCK_M))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale * 1.4426950408889634, bs,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),

@@ -41,6 +41,25 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Gemma's turn format (Google's Gemma 2/3 template, text parts only): used for a Gemma GGUF without a template.
+# A system message is folded into the first user turn, as Gemma has no system role.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = (messages[0]['content'] if messages[0]['content'] is string "
+    "else messages[0]['content'][0]['text']) + '\n\n' %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
 
 class _RaisedByTemplate(TemplateError):
     """What the template's own `raise_exception(message)` raises."""
@@ -173,7 +192,8 @@ def _pick(templates: Any, name: str | None, where: str) -> str | None:
 
 
 def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None) -> ChatTemplate:
-    """The template in `tokenizer.chat_template` (or `tokenizer.chat_template.<name>`), ChatML if absent."""
+    """The template in `tokenizer.chat_template` (or `tokenizer.chat_template.<name>`); if absent, Gemma's for a
+    Gemma model, else ChatML."""
     key = "tokenizer.chat_template" + (f".{name}" if name else "")
     source = metadata.get(key)
     if name and source is None:
@@ -185,6 +205,8 @@ def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else ""
 
     bos, eos = token("bos_token_id"), token("eos_token_id")
+    if not source and str(metadata.get("general.architecture", "")).startswith("gemma"):
+        return ChatTemplate(GEMMA_TEMPLATE, bos, eos)
     if not source:
         return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)
     return ChatTemplate(source, bos, eos)

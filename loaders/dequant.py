@@ -21,9 +21,15 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 2 + 32),
     "Q4_0": (32, 2 + 16),
     "Q4_1": (32, 2 + 2 + 16),
+    "Q5_0": (32, 2 + 4 + 16),
+    "Q5_1": (32, 2 + 2 + 4 + 16),
+    "IQ4_NL": (32, 2 + 16),
+    "Q2_K": (256, 16 + 64 + 2 + 2),
+    "Q3_K": (256, 32 + 64 + 12 + 2),
     "Q4_K": (256, 2 + 2 + 12 + 128),
     "Q5_K": (256, 2 + 2 + 12 + 32 + 128),
     "Q6_K": (256, 128 + 64 + 16 + 2),
+    "IQ4_XS": (256, 2 + 2 + 4 + 128),
 }
 
 SUPPORTED_QTYPES = frozenset(BLOCK_LAYOUTS)
@@ -217,6 +223,86 @@ def _decode_q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
     out.view(-1, 16, 16).mul_(scale.unsqueeze(-1))
 
 
+# byte value -> its 8 bits (least significant first) times 16, as float32: one gather per qh byte
+_FIFTH_BITS = ((torch.arange(256).view(256, 1) >> torch.arange(8).view(1, 8)) & 1).float() * 16
+
+
+def _q5_codes(b: torch.Tensor, qh_at: int, out: torch.Tensor) -> None:
+    """Fill out (k, 32) with Q5_0/Q5_1's 5-bit codes: nibbles as Q4_0, and bit j of the little-endian uint32 qh
+    (byte j // 8, bit j % 8) is weight j's fifth bit."""
+    qs = b[:, qh_at + 4 :]
+    out[:, :16] = qs & 0x0F
+    out[:, 16:] = qs >> 4
+    out.add_(_FIFTH_BITS[b[:, qh_at : qh_at + 4].long()].view(-1, 32))
+
+
+def _decode_q5_0(b: torch.Tensor, out: torch.Tensor) -> None:
+    _q5_codes(b, 2, out)
+    out.sub_(16.0).mul_(_f16(b[:, 0:2]))
+
+
+def _decode_q5_1(b: torch.Tensor, out: torch.Tensor) -> None:
+    _q5_codes(b, 4, out)
+    out.mul_(_f16(b[:, 0:2])).add_(_f16(b[:, 2:4]))
+
+
+# IQ4_NL / IQ4_XS: a 4-bit code indexes this non-linear table of int8 levels (ggml's kvalues_iq4nl).
+_IQ4_LEVELS = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                           dtype=torch.float32)
+
+
+def _decode_iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_IQ4_LEVELS[_nibbles32(b[:, 2:]).long()])
+    out.mul_(_f16(b[:, 0:2]))
+
+
+_SHIFTS_2BIT = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+
+
+def _decode_q2_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    # 16 sub-blocks of 16: scale (low nibble) and min (high nibble) per sub-block; 2-bit codes, 4 per byte
+    scales = b[:, 0:16]
+    dl = (_f16(b[:, 80:82]) * (scales & 0x0F).float()).unsqueeze(-1)
+    ml = (_f16(b[:, 82:84]) * (scales >> 4).float()).unsqueeze(-1)
+    q = (b[:, 16:80].reshape(-1, 2, 1, 32) >> _SHIFTS_2BIT) & 3
+    out.copy_(q.reshape(-1, 256))
+    out.view(-1, 16, 16).mul_(dl).sub_(ml)
+
+
+_SHIFTS_4 = torch.tensor([0, 4], dtype=torch.uint8).view(1, 2, 1)
+_SHIFTS_SCALE_HI = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 4, 1)
+_SHIFTS_8 = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+
+
+def _decode_q3_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    # hmask (32) | 2-bit codes (64) | 16 packed 6-bit signed scales (12) | d; a clear hmask bit subtracts 4
+    sc = b[:, 96:108]
+    low = ((sc[:, 0:8].reshape(-1, 1, 8) >> _SHIFTS_4) & 0x0F).reshape(-1, 16)
+    high = ((sc[:, 8:12].reshape(-1, 1, 4) >> _SHIFTS_SCALE_HI) & 3).reshape(-1, 16)
+    scales = ((low | (high << 4)).view(torch.int8) - 32).float()
+    dl = (_f16(b[:, 108:110]) * scales).unsqueeze(-1)
+    ql = ((b[:, 32:96].reshape(-1, 2, 1, 32) >> _SHIFTS_2BIT) & 3).reshape(-1, 256)
+    qh = ((b[:, 0:32].reshape(-1, 1, 1, 32) >> _SHIFTS_8) & 1).reshape(-1, 256) ^ 1
+    out.copy_(ql.to(torch.int8) - (qh << 2).to(torch.int8))
+    out.view(-1, 16, 16).mul_(dl)
+
+
+_SHIFTS_SCALE_XS = (2 * torch.arange(8, dtype=torch.int32)).view(1, 8)
+
+
+def _decode_iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
+    # d | scales_h (uint16, 2 bits per sub-block) | scales_l (4 bits per sub-block) | 8 sub-blocks of 16 bytes
+    scales_h = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    high = ((scales_h >> _SHIFTS_SCALE_XS) & 3).to(torch.uint8)
+    low = ((b[:, 4:8].reshape(-1, 4, 1) >> _SHIFTS_4.view(1, 1, 2)) & 0x0F).reshape(-1, 8)
+    scales = ((low | (high << 4)).view(torch.int8) - 32).float()
+    dl = (_f16(b[:, 0:2]) * scales).unsqueeze(-1)
+    qs = b[:, 8:136].reshape(-1, 8, 1, 16)
+    codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(-1, 256)
+    out.copy_(_IQ4_LEVELS[codes.long()])
+    out.view(-1, 8, 32).mul_(dl)
+
+
 _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "F32": _decode_f32,
     "F16": _decode_f16,
@@ -224,6 +310,12 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q8_0": _decode_q8_0,
     "Q4_0": _decode_q4_0,
     "Q4_1": _decode_q4_1,
+    "Q5_0": _decode_q5_0,
+    "Q5_1": _decode_q5_1,
+    "IQ4_NL": _decode_iq4_nl,
+    "Q2_K": _decode_q2_k,
+    "Q3_K": _decode_q3_k,
+    "IQ4_XS": _decode_iq4_xs,
     "Q4_K": _decode_q4_k,
     "Q5_K": _decode_q5_k,
     "Q6_K": _decode_q6_k,

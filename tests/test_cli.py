@@ -59,8 +59,8 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    path = write_tiny_llama(tmp_path / "q50.gguf", qtype="Q5_0")
-    assert_one_line_error(edgeserve("run", str(path), "hi"), "Q5_0")
+    path = write_tiny_llama(tmp_path / "tq2.gguf", hidden=256, ffn=256, qtype="TQ2_0")
+    assert_one_line_error(edgeserve("run", str(path), "hi"), "TQ2_0")
 
 
 def test_missing_tensor(tmp_path):

@@ -17,8 +17,9 @@ from edgeserve.loaders.dequant import BLOCK_LAYOUTS, SUPPORTED_QTYPES, dequantiz
 from edgeserve.loaders.gguf_file import GGUFFile, check_supported_qtype
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-BLOCK32_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+BLOCK32_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # gguf can quantize these
+RANDOM_ONLY32 = ("IQ4_NL",)
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 # Byte offsets of the fp16 fields inside one block; every other byte of a block is a valid code,
 # so random bytes with finite fp16 scales are a valid (and adversarial) block.
@@ -27,12 +28,17 @@ FP16_FIELDS = {
     "Q4_0": (0,),
     "Q4_1": (0, 2),
     "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "IQ4_NL": (0,),
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
     "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "IQ4_XS": (0,),
+    "TQ1_0": (52,),
 }
-EXTRA_LAYOUTS = {"Q5_0": (32, 22), "Q2_K": (256, 84)}
+EXTRA_LAYOUTS = {"TQ1_0": (256, 54)}
 
 FLOAT_SHAPES = [(7,), (5, 12), (2, 3, 8)]
 BLOCK32_SHAPES = [(64,), (3, 96), (2, 2, 32)]
@@ -85,6 +91,7 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> Path:
 CASES = (
     [(q, s, "quantize") for q in FLOAT_TYPES for s in FLOAT_SHAPES]
     + [(q, s, src) for q in BLOCK32_TYPES for s in BLOCK32_SHAPES for src in ("quantize", "random")]
+    + [(q, s, "random") for q in RANDOM_ONLY32 for s in BLOCK32_SHAPES]
     + [(q, s, "random") for q in K_TYPES for s in K_SHAPES]
 )
 
@@ -113,6 +120,7 @@ def test_chunked_decode_matches(monkeypatch: pytest.MonkeyPatch, qtype: str) -> 
     monkeypatch.setattr(dequant, "_CHUNK_ELEMENTS", 96)
     shape = (3, 512) if qtype in K_TYPES else (7, 96)
     data = stored(qtype, shape, "quantize" if qtype in FLOAT_TYPES else "random", seed=1)
+    assert torch.isfinite(reference(data, qtype)).all()
     assert torch.equal(dequantize(data, qtype, shape), reference(data, qtype))
 
 
@@ -163,7 +171,7 @@ def test_q4_blocks_refuses_other_types() -> None:
         q4_blocks(stored("Q8_0", (1, 32), "random"), "Q8_0", (1, 32))
 
 
-@pytest.mark.parametrize("qtype,source", [("Q5_0", "quantize"), ("Q2_K", "random")])
+@pytest.mark.parametrize("qtype,source", [("TQ1_0", "random")])
 def test_unsupported_type_is_refused_by_name(tmp_path: Path, qtype: str, source: str) -> None:
     shape = (2, 256)
     data = stored(qtype, shape, source)

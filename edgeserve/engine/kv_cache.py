@@ -66,9 +66,12 @@ class PagedKVAttention:
         """One layer's K and V pool and the slot of each of this step's tokens (for a fused RoPE + K/V write)."""
         return self.pool.k[layer], self.pool.v[layer], self.meta.slot_mapping
 
-    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D]."""
-        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.meta, self.scale).reshape(q.shape[0], -1)
+    def attend(self, layer: int, q: torch.Tensor, window: int | None = None, softcap: float | None = None,
+               scale: float | None = None) -> torch.Tensor:
+        """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D].
+        `window`: a sliding-window layer; `softcap`: attention-logit soft-capping; `scale`: overrides the pool's."""
+        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.meta,
+                               self.scale if scale is None else scale, window, softcap).reshape(q.shape[0], -1)
 
 
 def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int, block_size: int) -> int:

@@ -8,25 +8,34 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+# Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
+# HF `model_type` spellings of our architecture names.
+HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
 # HF `architectures[0]` class names mapped to our architecture names.
 HF_CLASS_TO_ARCH = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: 'linear' or 'llama3' (HF `rope_scaling`)."""
+    """RoPE frequency scaling: 'linear', 'llama3' or 'longrope' (HF `rope_scaling`; for longrope `factor` is the
+    cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
 
     kind: str
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factors: tuple[float, ...] = ()  # longrope's per-frequency divisors up to the original context
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,17 @@ class ModelConfig:
     attention_bias: bool = False  # qwen2: bias on q/k/v projections
     qk_norm: bool = False  # qwen3: RMSNorm on q and k per head
     rope_scaling: RopeScaling | None = None
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # one window for every layer (mistral); caps the context
+    # Gemma's block (defaults: the Llama one)
+    activation: str = "silu"  # "silu" or "gelu_tanh", of the gated MLP
+    norm_offset: float = 0.0  # added to stored RMSNorm weights at load (HF Gemma stores w for a (1 + w) norm)
+    sandwich_norms: bool = False  # RMSNorm after attention and after the MLP too, before each residual add
+    embed_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden_size))
+    layer_windows: tuple[int | None, ...] | None = None  # per layer: its sliding window, None for global layers
+    rope_local_theta: float | None = None  # RoPE base of the sliding-window layers (Gemma 3)
+    query_scale: float | None = None  # attention scale when not head_dim ** -0.5
+    attn_softcap: float | None = None  # attention-logit soft-capping (Gemma 2)
+    final_softcap: float | None = None  # output-logit soft-capping (Gemma 2)
 
     @property
     def q_size(self) -> int:
@@ -95,9 +114,13 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     scaling_type = metadata.get(f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         scaling = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
+    elif arch == "phi3" and "rope_factors_short.weight" in tensor_names:  # longrope, its factors as tensors
+        scaling = RopeScaling("longrope", factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor") or 1.0),
+                              original_max_position_embeddings=int(key("rope.scaling.original_context_length")))
     elif scaling_type not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling type {scaling_type!r} is not supported")
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
+    gemma = _gemma_from_gguf(arch, metadata, int(key("block_count")), hidden, heads, head_dim)
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
@@ -114,7 +137,64 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         rope_scaling=scaling,
+        sliding_window=int(metadata[f"{arch}.attention.sliding_window"])
+        if arch == "phi3" and metadata.get(f"{arch}.attention.sliding_window") else None,
+        **gemma,
     )
+
+
+# llama.cpp's sliding-window layer patterns: layer i is global when (i + 1) % pattern == 0
+_GEMMA_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
+
+
+def _gemma_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int, hidden: int, heads: int,
+                     head_dim: int) -> dict[str, Any]:
+    """The Gemma-block fields of a ModelConfig from GGUF metadata (empty for other architectures).
+    GGUF converters store Gemma's norm weights as 1 + w already, so no norm offset here."""
+    if arch not in GEMMA_ARCHITECTURES:
+        return {}
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    pattern = _GEMMA_SWA_PATTERN[arch]
+    windows = tuple(None if window is None or (i + 1) % pattern == 0 else int(window) for i in range(layers))
+    # llama.cpp: the 27B models scale queries by (hidden / heads) ** -0.5, the others by head_dim ** -0.5
+    big = (arch == "gemma2" and layers == 46) or (arch == "gemma3" and layers == 62)
+    fields: dict[str, Any] = dict(
+        activation="gelu_tanh", sandwich_norms=True, embed_scale=hidden ** 0.5, layer_windows=windows,
+        query_scale=(hidden // heads) ** -0.5 if big else head_dim ** -0.5,
+        attn_softcap=_positive(metadata.get(f"{arch}.attn_logit_softcapping")),
+        final_softcap=_positive(metadata.get(f"{arch}.final_logit_softcapping")),
+    )
+    if arch == "gemma3":
+        fields["rope_local_theta"] = float(metadata.get(f"{arch}.rope.freq_base_swa", 10000.0))
+    return fields
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if value else None
+
+
+def _gemma_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The Gemma-block fields of a ModelConfig from an HF config (empty for other architectures)."""
+    if arch not in GEMMA_ARCHITECTURES:
+        return {}
+    layers = int(cfg["num_hidden_layers"])
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or _GEMMA_SWA_PATTERN[arch])
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    windows = tuple(int(window) if t == "sliding_attention" and window else None for t in types)
+    fields: dict[str, Any] = dict(
+        activation="gelu_tanh", norm_offset=1.0, sandwich_norms=True, embed_scale=int(cfg["hidden_size"]) ** 0.5,
+        layer_windows=windows, query_scale=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim")) ** -0.5,
+        attn_softcap=_positive(cfg.get("attn_logit_softcapping")),
+        final_softcap=_positive(cfg.get("final_logit_softcapping")),
+    )
+    if arch == "gemma3":
+        rp = cfg.get("rope_parameters") or {}
+        local = rp.get("sliding_attention") or {}
+        fields["rope_local_theta"] = float(cfg.get("rope_local_base_freq") or local.get("rope_theta") or 10000.0)
+    return fields
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -122,8 +202,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     arch = cfg.get("model_type")
     if arch is None and cfg.get("architectures"):
         arch = HF_CLASS_TO_ARCH.get(cfg["architectures"][0], cfg["architectures"][0])
+    if arch == "gemma3" and isinstance(cfg.get("text_config"), Mapping):
+        cfg = {**cfg["text_config"], "model_type": "gemma3"}  # the multimodal config's language model
     if not isinstance(arch, str):
         raise ModelLoadError("config.json has no model_type or architectures")
+    arch = HF_MODEL_TYPES.get(arch, arch)
     check_architecture(arch)
     try:
         hidden = int(cfg["hidden_size"])
@@ -131,6 +214,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         scaling = None
         # transformers < 5 writes `rope_scaling`; 5.x writes `rope_parameters` (which also holds rope_theta)
         rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+        if rs and isinstance(rs.get("full_attention"), Mapping):  # per layer type (Gemma 3): the global layers'
+            rs = rs["full_attention"]
         if rs:
             kind = rs.get("rope_type") or rs.get("type")
             if kind == "linear":
@@ -143,11 +228,21 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
                     original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
                 )
+            elif kind in ("longrope", "su") and arch == "phi3":
+                scaling = RopeScaling(
+                    "longrope", factor=float(rs.get("attention_factor") or 1.0),
+                    original_max_position_embeddings=int(cfg.get("original_max_position_embeddings")
+                                                         or rs.get("original_max_position_embeddings")),
+                    short_factors=tuple(float(f) for f in rs["short_factor"]))
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
+        partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0):
+            raise UnsupportedModelError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None:  # newer transformers nest it under rope_parameters
-            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+            rp = cfg.get("rope_parameters") or {}
+            rope_theta = (rp.get("full_attention") or rp).get("rope_theta", 10000.0)
         return ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -162,9 +257,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             rope_scaling=scaling,
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "mistral") else None,
+            sliding_window=cfg.get("sliding_window")
+            if cfg.get("use_sliding_window", arch in ("mistral", "phi3")) else None,
+            **_gemma_from_hf(arch, cfg),
         )
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None

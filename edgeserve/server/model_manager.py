@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import UnknownModelError
-from edgeserve.registry import CATALOG, ModelSource, is_pulled, list_local, resolve
+from edgeserve.registry import CATALOG, ModelSource, is_hf_name, is_pulled, list_local, resolve
 from edgeserve.server.config import UNSET, ServerConfig
 from edgeserve.server.errors import InsufficientMemoryError, ModelsBusyError
 
@@ -191,7 +191,7 @@ class ModelManager:
         for mid, spec in self.configured.items():
             if base in (mid, spec):
                 return mid, spec
-        if base in CATALOG:
+        if base in CATALOG or is_hf_name(base):
             if is_pulled(base):
                 return base, base
             raise UnknownModelError(f"model {base!r} is not pulled yet; pull it with `edgeserve pull {base}` "
@@ -378,7 +378,7 @@ def is_embedding_spec(spec: str) -> bool:
 
 def model_id(spec: str) -> str:
     """The id a configured model is listed under: a catalog name as it is, a path by its file or folder name."""
-    if spec in CATALOG:
+    if spec in CATALOG or is_hf_name(spec):
         return spec
     from pathlib import Path
 

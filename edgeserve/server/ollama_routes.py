@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 import edgeserve
 from edgeserve.errors import UnknownModelError
-from edgeserve.registry import CATALOG, is_pulled, pull, remove_pulled, resolve
+from edgeserve.registry import CATALOG, is_hf_name, is_pulled, pull, remove, resolve
 from edgeserve.registry.resolve import has_gguf_magic
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import Generation
@@ -264,14 +264,15 @@ async def pull_model(request: Request) -> Response:
     reject_unknown(body, {"model", "name", "insecure", "stream", "username", "password"})
     name = _model_name(body)
     name = name[: -len(":latest")] if name.endswith(":latest") else name
-    if name not in CATALOG:
-        raise UnknownModelError(f"{name!r} is not in the catalog; catalog models: {', '.join(CATALOG)}")
+    if name not in CATALOG and not is_hf_name(name):
+        raise UnknownModelError(f"{name!r} is not in the catalog nor a Hugging Face name (hf.co/OWNER/REPO[:QUANT], "
+                                f"OWNER/REPO); catalog models: {', '.join(CATALOG)}")
     if not st.config.allow_pull and not is_pulled(name):
         raise APIError(403, "pulling is disabled on this server", "permission_error", "model")
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
-    entry = CATALOG[name]
+    total = CATALOG[name].size_bytes if name in CATALOG else None
 
     async def run(send: Any) -> None:
         async with send:
@@ -294,7 +295,7 @@ async def pull_model(request: Request) -> Response:
                 tg.start_soon(run, send)
                 async with recv:
                     async for line in recv:
-                        yield json.dumps({"status": line, "total": entry.size_bytes}) + "\n"
+                        yield json.dumps({"status": line, **({"total": total} if total else {})}) + "\n"
             yield json.dumps({"status": "success"}) + "\n"
         except Exception as e:
             yield json.dumps({"error": str(e)}) + "\n"
@@ -308,7 +309,7 @@ async def delete_model(request: Request) -> Response:
     st = server_state(request)
     name = _model_name(parse_json_object(await request.body()))
     base = name[: -len(":latest")] if name.endswith(":latest") else name
-    if base not in CATALOG or not is_pulled(base):
+    if (base not in CATALOG and not is_hf_name(base)) or not is_pulled(base):
         if base in st.manager.configured or base in st.manager.configured.values():
             raise bad_request(f"model {base!r} is a local path given to the server, not a pulled model; "
                               "edgeserve deletes only pulled catalog models", "model")
@@ -318,7 +319,7 @@ async def delete_model(request: Request) -> Response:
         if base in st.manager.entries:
             raise APIError(409, f"model {base!r} is busy with requests; retry when they finish",
                            "invalid_request_error", "model", "model_busy")
-    await anyio.to_thread.run_sync(remove_pulled, base)
+    await anyio.to_thread.run_sync(remove, base)
     return JSONResponse({"status": "success"})
 
 

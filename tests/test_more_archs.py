@@ -1,0 +1,172 @@
+"""gemma2, gemma3 and phi3 on tiny random models written here, as HF safetensors folders and as GGUF files:
+our logits against transformers' through prefill and decode (contiguous cache and paged cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.kernels.dispatch import AttentionMetadata
+from edgeserve.loaders.gguf_file import GGUFFile
+from edgeserve.loaders.gguf_weights import GGUFWeights
+from edgeserve.loaders.hf_folder import HFFolder
+from edgeserve.models.attention import ContiguousKV
+from edgeserve.models.config import config_from_gguf, config_from_hf
+from edgeserve.models.decoders import decoder_class
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 96, 64, 4, 2, 16, 128
+PROMPT = [1, 5, 17, 33, 2, 60, 7, 81]  # 8 prompt tokens, then decodes
+DECODES = 4
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_attention_heads=HEADS,
+              num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=64, rms_norm_eps=1e-6,
+              tie_word_embeddings=False)
+
+
+def hf_model(arch: str):
+    torch.manual_seed(0)
+    if arch == "gemma2":
+        cfg = transformers.Gemma2Config(num_hidden_layers=3, sliding_window=5, query_pre_attn_scalar=HEAD_DIM,
+                                        attn_logit_softcapping=0.5, final_logit_softcapping=2.0, **COMMON)
+        cls = transformers.Gemma2ForCausalLM
+    elif arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(num_hidden_layers=7, sliding_window=5, query_pre_attn_scalar=HEAD_DIM,
+                                            **COMMON)
+        cls = transformers.Gemma3ForCausalLM
+    else:
+        cfg = transformers.Phi3Config(num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                      **{k: v for k, v in COMMON.items() if k != "head_dim"})
+        cls = transformers.Phi3ForCausalLM
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    with torch.no_grad():  # bigger than the default init, so attention is far from uniform and soft-caps bite
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name else 0.15)
+    return model
+
+
+# HF name -> GGUF name (per layer), as llama.cpp's converter writes them
+_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def write_gguf(model, arch: str, path: Path) -> Path:
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(path, arch=arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.hidden_size // c.num_attention_heads if arch == "phi3" else c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}  # transformers 5.x / 4.x
+    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
+    w.add_vocab_size(c.vocab_size)
+    if arch.startswith("gemma"):
+        w.add_sliding_window(c.sliding_window)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    gemma = arch.startswith("gemma")
+    for name, t in model.state_dict().items():
+        t = t.float()
+        if name == "model.embed_tokens.weight":
+            g = "token_embd.weight"
+        elif name == "model.norm.weight":
+            g = "output_norm.weight"
+        elif name == "lm_head.weight":
+            g = "output.weight"
+        else:
+            _, _, i, rest = name.split(".", 3)
+            base = rest.removesuffix(".weight")
+            table = {**_LAYER, **(_GEMMA_NORMS if gemma else {"post_attention_layernorm": "ffn_norm"})}
+            g = f"blk.{i}.{table[base]}.weight"
+        if gemma and name.endswith("norm.weight"):
+            t = t + 1  # llama.cpp stores Gemma's (1 + w)
+        w.add_tensor(g, t.numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def ours(arch: str, model, tmp_path: Path, source: str):
+    if source == "safetensors":
+        model.save_pretrained(tmp_path / "hf")
+        cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+        config = config_from_hf(cfg)
+        weights = HFFolder(tmp_path / "hf").weights()
+    else:
+        g = GGUFFile(write_gguf(model, arch, tmp_path / "m.gguf"))
+        config = config_from_gguf(g.metadata, set(g.tensor_names()))
+        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+    assert config.architecture == arch
+    return decoder_class(config).from_weights(config, weights, dtype=torch.float32)
+
+
+def contiguous_logits(model) -> torch.Tensor:
+    """Prefill PROMPT then decode DECODES tokens (the reference's next inputs), one at a time."""
+    c = model.config
+    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
+    kv.advance(len(PROMPT))
+    for p in range(len(PROMPT), len(ids)):
+        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
+        kv.advance(1)
+    return torch.cat(out)
+
+
+def paged_logits(model, block_size: int = 4) -> torch.Tensor:
+    """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
+    c = model.config
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    pool = KVPool(c, 8, block_size, torch.float32)
+    table = list(range(8))
+    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
+    out = []
+    for a, b in steps:
+        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
+        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("source", ["safetensors", "gguf"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
+def test_logits_match_transformers(arch: str, source: str, tmp_path: Path) -> None:
+    ref_model = hf_model(arch)
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float()
+    model = ours(arch, ref_model, tmp_path, source)
+    if arch.startswith("gemma"):
+        assert any(w is not None for w in model.config.layer_windows) and len(ids) > 5  # the window is exercised
+    for got in (contiguous_logits(model), paged_logits(model)):
+        assert got.shape == ref.shape
+        diff = (got - ref).abs().max().item()
+        assert diff < 1e-4 * max(1.0, ref.abs().max().item()), f"{arch}/{source}: max diff {diff}"
+
+
+def test_other_architectures_are_refused_by_name() -> None:
+    from edgeserve.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="'falcon'.*gemma3.*phi3"):
+        config_from_hf({"model_type": "falcon", "hidden_size": 8})
+    with pytest.raises(UnsupportedModelError, match="partial rotary"):
+        config_from_hf({"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+                        "num_hidden_layers": 1, "num_attention_heads": 2, "partial_rotary_factor": 0.75})
