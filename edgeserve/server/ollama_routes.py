@@ -134,18 +134,20 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
     lease = await st.manager.acquire(req.model, req.keep_alive)
     load_ns = int((time.monotonic() - t0) * 1e9)
     gen = Generation(lease, req, st.metrics, request.state.request_id, "messages" if kind == "chat" else "prompt")
+    gen.constraint_param = "format"
+    await gen.prepare()
     gen.submit()
 
-    def piece(text: str) -> dict[str, Any]:
+    def piece(text: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
         if kind == "chat":
-            return {"message": {"role": "assistant", "content": text}}
-        return {"response": text}
+            return {"message": ollama_message(text, thinking, calls)}
+        return {"response": text, **({"thinking": thinking} if thinking else {})}
 
     def final(finish: str | None, n_prompt: int, n_out: int, first: float | None) -> dict[str, Any]:
         end = time.monotonic()
         first = first or end
         return {"model": gen.model, "created_at": _now_iso(), **piece(""), "done": True,
-                "done_reason": finish or "stop", "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
+                "done_reason": "stop" if finish in (None, "tool_calls") else finish, "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
                 "prompt_eval_count": n_prompt, "prompt_eval_duration": int((first - gen.t0) * 1e9),
                 "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
 
@@ -155,7 +157,7 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
             return Response(status_code=499)  # the client is gone; nothing is sent
         r = results[0]
         out = final(r.finish_reason, r.num_prompt_tokens, r.num_output_tokens, None)
-        out.update(piece(r.text))
+        out.update(piece(r.text, r.reasoning, r.tool_calls))
         return JSONResponse(out)
 
     async def lines() -> AsyncIterator[str]:
@@ -164,9 +166,10 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
             async for _, out in gen.outputs():
                 if out.token_ids and first is None:
                     first = time.monotonic()
-                if out.text:
-                    yield json.dumps({"model": gen.model, "created_at": _now_iso(), **piece(out.text),
-                                      "done": False}, ensure_ascii=False) + "\n"
+                if out.text or out.reasoning or out.tool_calls:
+                    yield json.dumps({"model": gen.model, "created_at": _now_iso(),
+                                      **piece(out.text, out.reasoning, out.tool_calls), "done": False},
+                                     ensure_ascii=False) + "\n"
                 if out.finish_reason is not None:
                     yield json.dumps(final(out.finish_reason, out.num_prompt_tokens, out.num_output_tokens,
                                            first)) + "\n"
@@ -177,6 +180,16 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
 
     # close() also runs if the body is never iterated (the client left before the response started)
     return StreamingResponse(lines(), media_type=NDJSON, background=BackgroundTask(gen.aclose))
+
+
+def ollama_message(content: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
+    """An Ollama assistant message: content, `thinking` and `tool_calls` (arguments as objects) when present."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if thinking:
+        msg["thinking"] = thinking
+    if calls:
+        msg["tool_calls"] = [c.ollama() for c in calls]
+    return msg
 
 
 @api_errors
