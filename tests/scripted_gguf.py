@@ -32,7 +32,7 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
         for t in (a, b):
             if t not in specials and t not in bytes_ and t not in pieces:
                 pieces.append(t)
-    tokens = specials + bytes_ + pieces
+    tokens = specials + bytes_ + ["he"] + pieces  # one merge: a BPE vocabulary needs at least one
     index = {t: i for i, t in enumerate(tokens)}
     vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), arch)
@@ -49,9 +49,9 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 256
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 257
                       + [gguf.TokenType.USER_DEFINED] * len(pieces))
-    w.add_token_merges([])
+    w.add_token_merges(["h e"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
@@ -103,7 +103,7 @@ TOOL_TEMPLATE = (
     "{% elif m['role'] == 'assistant' and m['tool_calls'] %}<|im_start|>assistant\n{{ m['content'] }}"
     "{% for c in m['tool_calls'] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
     "{{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}{% if m['name'] %} name={{ m['name'] }}{% endif %}\n"
+    "{% else %}<|im_start|>{{ m['role'] }}{% if m['name'] %} name={{ m['name'] }}{% endif %}{{ '\\n' }}"
     "{{ m['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

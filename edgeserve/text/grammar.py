@@ -19,7 +19,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import llguidance
 import llguidance.torch as llg_torch
@@ -55,8 +55,9 @@ class GrammarSpec:
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order kept: it is the output order
         return GrammarSpec("json_schema", text, think)
 
-    def lark(self) -> str:
-        """The whole grammar in llguidance's Lark dialect."""
+    def lark(self, special_id: Callable[[str], int | None] = lambda text: None) -> str:
+        """The whole grammar in llguidance's Lark dialect (`special_id`: the id of a text that is one special
+        token of the tokenizer, else None)."""
         if self.kind == "json_schema":
             body = f"%json {self._with_options(json.loads(self.source))}"
         elif self.kind == "json_object":
@@ -66,12 +67,12 @@ class GrammarSpec:
         elif self.kind == "lark":
             if self.think is None:
                 return self.source
-            return _think_prefix(self.think) + self.source.replace("start:", "answer_start:", 1)
+            return _think_prefix(self.think, special_id) + self.source.replace("start:", "answer_start:", 1)
         else:
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
         if self.think is None:
             return f"start: {body}\n"
-        return _think_prefix(self.think) + f"answer_start: {body}\n"
+        return _think_prefix(self.think, special_id) + f"answer_start: {body}\n"
 
     @staticmethod
     def _with_options(schema: Any) -> str:
@@ -81,14 +82,21 @@ class GrammarSpec:
         return json.dumps(schema)
 
 
-def _think_prefix(think: tuple[str, str]) -> str:
+def _think_prefix(think: tuple[str, str], special_id: Callable[[str], int | None]) -> str:
     open_, close = think
-    # the thought ends at the first `close` (llguidance's stop=); an empty `open_` means the prompt opened it already,
-    # else it is optional (a template may have closed it in the prompt, or the model may not think)
-    thought = f"thought[stop={json.dumps(close)}]: /(?s:.*)/\n" + "WS: /[ \\t\\r\\n]+/\n"
-    if not open_:
-        return "start: thought WS? answer_start\n" + thought
-    return f"start: think? WS? answer_start\nthink: {json.dumps(open_)} thought\n" + thought
+    ids = special_id(open_) if open_ else None, special_id(close)
+    if ids[1] is not None and (not open_ or ids[0] is not None):
+        # tags that are single added tokens: the grammar engine sees them as special tokens, which no text
+        # regex can match, so the thought is plain text between the two tokens
+        head = f"<[{ids[0]}]> " if open_ else ""
+        rules = f"thought: {head}THOUGHT <[{ids[1]}]>\nTHOUGHT: /(?s:.*)/\n"
+    else:
+        # text tags: the thought ends at the first `close` (llguidance's stop=)
+        head = f"{json.dumps(open_)} " if open_ else ""
+        rules = f"thought: {head}body\nbody[stop={json.dumps(close)}]: /(?s:.*)/\n"
+    # an empty `open_` means the prompt opened the reasoning; else it is optional (the model may not think)
+    start = "start: thought WS? answer_start\n" if not open_ else "start: thought? WS? answer_start\n"
+    return start + rules + "WS: /[ \\t\\r\\n]{1,2}/\n"  # bounded: a model cannot loop on whitespace
 
 
 class GrammarState:
@@ -141,7 +149,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return self._cache[spec]
         try:
-            lark = spec.lark()
+            lark = spec.lark(self._special_id)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"invalid grammar: {e}") from None
         grammar = llguidance.LLMatcher.grammar_from_lark(lark)
@@ -156,6 +164,10 @@ class GrammarCompiler:
             while len(self._cache) > self.CACHE_SIZE:
                 self._cache.popitem(last=False)
         return matcher
+
+    def _special_id(self, text: str) -> int | None:
+        token = self.tokenizer.tokenize_str(text, parse_special=True)
+        return token[0] if len(token) == 1 and self.tokenizer.is_special_token(token[0]) else None
 
     def start(self, spec: GrammarSpec) -> GrammarState:
         """A fresh state of `spec` for one request."""
