@@ -164,3 +164,10 @@ def test_tools_go_into_the_system_prompt_for_templates_without_tools():
     assert out[0] == {"role": "system", "content": tools_system_prompt(tools)}
     assert '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>' in out[2]["content"]
     assert out[3] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
+
+
+def test_a_broken_grammar_state_can_only_end(compiler, tok):
+    state = compiler.start(GrammarSpec("json_object"))
+    assert not state.accept(tok.encode("xx", add_special_tokens=False))
+    assert state.error
+    assert set(allowed_mask([state], tok.vocab_size)[0].nonzero().flatten().tolist()) == set(tok.eot_ids)

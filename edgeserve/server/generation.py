@@ -128,13 +128,13 @@ class Generation:
         takes ~1 s); a schema the grammar engine cannot handle is a 400 naming what is unsupported."""
         from edgeserve.text.grammar import GrammarCompiler, GrammarError
 
-        if self.req.messages is not None:
-            self.chat = chat_setup(self.req, self.lease.lm.chat_template)
-        spec = self.constraint()
-        if spec is None:
-            return
         lm = self.lease.lm
         try:
+            if self.req.messages is not None:
+                self.chat = chat_setup(self.req, lm.chat_template)
+            spec = self.constraint()
+            if spec is None:
+                return
             compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,
                                                       lm.config.vocab_size)
             await anyio.to_thread.run_sync(compiler.compile, spec)
@@ -142,6 +142,9 @@ class Generation:
             self.close()
             forced = self.req.tool_choice not in ("none", "auto")
             raise bad_request(str(e), "tools" if forced else self.constraint_param) from None
+        except BaseException:
+            self.close()
+            raise
 
     constraint_param = "response_format"  # the request field a grammar error names (Ollama routes: "format")
 

@@ -128,6 +128,7 @@ class GrammarCompiler:
 
     def __init__(self, backend_json: str, vocab_size: int, eos_ids: list[int]) -> None:
         self.vocab_size = vocab_size
+        self.eos_ids = sorted(eos_ids)
         self.tokenizer = llguidance.LLTokenizer(backend_json, n_vocab=vocab_size, eos_token=sorted(eos_ids))
         self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
@@ -196,6 +197,9 @@ def allowed_mask(states: list[GrammarState], vocab: int) -> torch.Tensor:
     compiler.fill_masks(states, bitmask)
     bits = (bitmask.unsqueeze(-1) >> _BITS) & 1  # [B, words, 32], bit j of word w is token 32w + j
     allowed = bits.view(len(states), -1)[:, :vocab].bool()
+    stuck = ~allowed.any(-1)
+    if stuck.any():  # a grammar in an error state allows nothing: let the request end instead of sampling NaNs
+        allowed[stuck.nonzero().flatten().unsqueeze(1), torch.tensor(compiler.eos_ids)] = True
     if allowed.shape[1] < vocab:  # logits wider than the grammar's vocabulary: padding tokens are never allowed
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
     return allowed
