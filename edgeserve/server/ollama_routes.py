@@ -147,7 +147,8 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
         end = time.monotonic()
         first = first or end
         return {"model": gen.model, "created_at": _now_iso(), **piece(""), "done": True,
-                "done_reason": "stop" if finish in (None, "tool_calls") else finish, "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
+                "done_reason": "stop" if finish in (None, "tool_calls") else finish,  # Ollama: calls end with stop
+                "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
                 "prompt_eval_count": n_prompt, "prompt_eval_duration": int((first - gen.t0) * 1e9),
                 "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
 
