@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from edgeserve.text.grammar import GrammarSpec
 
 
 @dataclass
@@ -25,6 +28,12 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past end-of-turn tokens (benchmarks)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-100 to 100)
     speculative: bool = True  # use the engine's speculative decoding, if it has one (False: opt out)
+    # constrained decoding (edgeserve.text.grammar): every token is masked to what the grammar allows, and
+    # end-of-turn only where it may end. `json_schema` (a dict or JSON text) and `json_object` are shorthands
+    # for `grammar`; constrained requests never speculate (their tokens are drawn one at a time).
+    grammar: GrammarSpec | None = None
+    json_schema: dict[str, Any] | str | None = None
+    json_object: bool = False
 
     # the largest number of top alternatives `logprobs` may ask for
     MAX_LOGPROBS = 20
@@ -44,6 +53,16 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def __post_init__(self) -> None:
+        if sum(x is not None and x is not False for x in (self.grammar, self.json_schema, self.json_object)) > 1:
+            raise ValueError("grammar, json_schema and json_object are exclusive: give at most one")
+        if self.json_schema is not None:
+            if not isinstance(self.json_schema, (dict, str)):
+                raise ValueError("json_schema must be a JSON schema (an object or its JSON text)")
+            self.grammar = GrammarSpec.json_schema(self.json_schema)
+        elif self.json_object:
+            self.grammar = GrammarSpec("json_object")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ValueError("grammar must be an edgeserve.text.grammar.GrammarSpec")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:

@@ -25,6 +25,7 @@ from edgeserve.kernels.transfer import HostCopy
 from edgeserve.models.load import LoadedModel
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
+from edgeserve.text.grammar import GrammarCompiler, GrammarState
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
@@ -67,6 +68,7 @@ class Request:
     stop_ids: frozenset[int]
     max_tokens: int  # params.max_tokens capped by the room left in the context
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
+    grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
     finish: list[tuple[str, str | None]] = field(default_factory=list)
 
 
@@ -160,6 +162,8 @@ class EngineCore:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, Sequence(request_id, list(prompt_ids)), params, make_generator(params), stop_ids,
                       max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)))
+        if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
+            req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, vocab).start(params.grammar)
         with self._lock:
             if request_id in self._requests or any(r.request_id == request_id for r in self._pending_add):
                 raise ValueError(f"duplicate request id {request_id!r}")
@@ -214,7 +218,8 @@ class EngineCore:
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = s.positions[0]
         sampling = [self._requests[s.seq_id] for s in sched.scheduled if s.samples]
-        rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids) for r in sampling]
+        rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids, r.grammar)
+                for r in sampling]
         if self.overlap and self.spec is None:
             return outputs + self._launch(sched, sampling, rows)
         outputs += self._retire_outgrown(sched)
@@ -232,6 +237,9 @@ class EngineCore:
         ends = [_cut(toks, req.stop_ids, req.max_tokens - len(req.seq.output_token_ids))
                 for req, toks in zip(sampling, tokens)]
         tokens = [toks[:n] for toks, (n, _) in zip(tokens, ends)]
+        for req, toks in zip(sampling, tokens):
+            if req.grammar is not None:
+                req.grammar.accept([t for t in toks if t not in req.stop_ids])
         self.scheduler.update(sched, {r.request_id: toks for r, toks in zip(sampling, tokens)})
         if self.spec is not None:
             self.spec.rollback(sampling)
@@ -265,7 +273,9 @@ class EngineCore:
             if self._pending_finish:
                 return False
             adds = list(self._pending_add)
-        return not any(r.params.penalized for r in itertools.chain(self._requests.values(), adds))
+        # penalties and grammars read the previous token on the host before sampling the next
+        return not any(r.params.penalized or r.params.grammar is not None
+                       for r in itertools.chain(self._requests.values(), adds))
 
     def _launch(self, sched, sampling: list[Request], rows: list[SamplingRow]) -> list[TokenOutput]:
         """Launch this step, then land the previous one; this step's tokens are placeholders until it lands."""
@@ -309,6 +319,8 @@ class EngineCore:
             req.seq.set_output(k, tok)
             self.generation_tokens += 1
             _, reason = _cut([tok], req.stop_ids, req.max_tokens - k)
+            if req.grammar is not None and tok not in req.stop_ids:
+                req.grammar.accept([tok])
             outputs.append(self._emit(req, [tok], [lps[i]] if lps[i] is not None else None, reason))
         return outputs
 

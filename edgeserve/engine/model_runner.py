@@ -11,6 +11,7 @@ from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.llama import LlamaModel
 from edgeserve.sampling_params import SamplingParams
+from edgeserve.text.grammar import GrammarState
 
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVPool, PagedKVAttention
@@ -26,6 +27,7 @@ class SamplingRow:
     generator: torch.Generator | None
     prompt_ids: list[int]
     output_ids: list[int]
+    grammar: GrammarState | None = None  # constrained decoding: the mask comes from here
 
 
 @dataclass
@@ -95,8 +97,9 @@ class ModelRunner:
 
     @staticmethod
     def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+        # on a GPU the forward is still running here: the grammar masks are computed on the host meanwhile
         return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
-                             [r.prompt_ids for r in rows], [r.output_ids for r in rows])
+                             [r.prompt_ids for r in rows], [r.output_ids for r in rows], [r.grammar for r in rows])
 
     def forward_logits(self, step: SchedulerOutput, num_rows: list[int]) -> torch.Tensor:
         """Run the step's tokens; float32 logits of the last `num_rows[i]` rows of each scheduled sequence, stacked

@@ -29,6 +29,9 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     num_output_tokens: int = 0  # tokens generated so far
+    # chat replies, filled by the server's output parsing (edgeserve.text.chat_output): `text` is then the content
+    reasoning: str = ""  # new reasoning text (<think>...</think>)
+    tool_calls: list | None = None  # edgeserve.text.tool_calls.ToolCall, on the last delta
 
     @property
     def finished(self) -> bool:

@@ -9,6 +9,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from edgeserve.kernels.transfer import to_device
 from edgeserve.sampling_params import SamplingParams
+from edgeserve.text.grammar import GrammarState, allowed_mask
 
 
 @dataclass
@@ -165,14 +166,30 @@ def scale_by_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> 
     return logits / temperature.clamp_min(1e-5).unsqueeze(1)
 
 
+def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None] | None) -> torch.Tensor:
+    """Logits [B, V] with the tokens each constrained row's grammar forbids set to -inf (one masked_fill over the
+    constrained rows; rows without a grammar are untouched, and a batch without any costs one Python check)."""
+    rows = [i for i, g in enumerate(grammars or ()) if g is not None]
+    if not rows:
+        return logits
+    allowed = allowed_mask([grammars[i] for i in rows], logits.shape[-1]).to(logits.device, non_blocking=True)
+    if len(rows) == logits.shape[0]:
+        return logits.masked_fill(~allowed, float("-inf"))
+    forbidden = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    forbidden[to_device(rows, torch.long, logits.device)] = ~allowed
+    return logits.masked_fill(forbidden, float("-inf"))
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                   prompt_ids: list[list[int]] | None = None,
-                  output_ids: list[list[int]] | None = None) -> SampleOutput:
+                  output_ids: list[list[int]] | None = None,
+                  grammars: list[GrammarState | None] | None = None) -> SampleOutput:
     """One token per row of logits [B, V], each row under its own params and generator, with logprobs if asked.
 
-    `prompt_ids` / `output_ids` (one list per row) are what the penalties look at.
+    `prompt_ids` / `output_ids` (one list per row) are what the penalties look at; `grammars` (one per row, None
+    for unconstrained rows) mask each constrained row to the tokens its grammar allows next.
     """
-    logits = apply_penalties(logits.float(), params, prompt_ids, output_ids)
+    logits = apply_grammars(apply_penalties(logits.float(), params, prompt_ids, output_ids), grammars)
     device = logits.device
     tokens = logits.argmax(-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
@@ -193,6 +210,7 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           prompt_ids: list[list[int]] | None = None, output_ids: list[list[int]] | None = None) -> torch.Tensor:
+           prompt_ids: list[list[int]] | None = None, output_ids: list[list[int]] | None = None,
+           grammars: list[GrammarState | None] | None = None) -> torch.Tensor:
     """One token id per row of logits [B, V] (`sample_tokens` without the logprobs)."""
-    return sample_tokens(logits, params, generators, prompt_ids, output_ids).token_ids
+    return sample_tokens(logits, params, generators, prompt_ids, output_ids, grammars).token_ids

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
+from edgeserve.server.chat_setup import ChatSetup, chat_setup
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
@@ -33,6 +34,8 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or end-of-turn token that ended it
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)  # edgeserve.text.tool_calls.ToolCall
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
@@ -68,14 +71,16 @@ class Generation:
         self.usage = Usage()
         self.first_token_at: float | None = None  # monotonic time of the first generated token (prefill done)
         self._closed = False
+        self.chat: ChatSetup | None = None  # chat replies: template inputs, constraint, output parsing
 
     def prompt_ids(self) -> list[list[int]]:
         """Token ids of each prompt: chat messages through the model's template, text encoded, ids checked."""
         lm = self.lease.lm
         tok = lm.tokenizer
         if self.req.messages is not None:
-            text = lm.chat_template.render(self.req.messages, add_generation_prompt=True)
-            return [tok.encode(text, add_special_tokens=False)]
+            if self.chat is None:
+                self.chat = chat_setup(self.req, lm.chat_template)
+            return [tok.encode(self.chat.prompt, add_special_tokens=False)]
         out = []
         for i, p in enumerate(self.req.prompts):
             if isinstance(p, str):
@@ -112,7 +117,7 @@ class Generation:
                     kw = dict(self.req.sampling)
                     if self.req.n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + j
-                    params = SamplingParams(max_tokens=max_tokens, **kw)
+                    params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)
                     # unique even when a client reuses an X-Request-Id; the log id stays a prefix
                     rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
                     self.streams.append(engine.submit(ids, params, request_id=rid))
@@ -133,14 +138,48 @@ class Generation:
             raise PromptTooLongError(f"the prompt has {len(ids)} tokens but the context is {ctx} tokens "
                                      "(options.num_ctx), which leaves no room to generate")
         return min(max_tokens, ctx - len(ids))
+    def constraint(self):
+        """The grammar every choice's reply must match (after any reasoning), or None."""
+        return self.chat.constraint if self.chat is not None else self.req.constraint
+
+    async def prepare(self) -> None:
+        """Compile the request's grammar off the event loop (cached per model; the first use of a tokenizer
+        takes ~1 s); a schema the grammar engine cannot handle is a 400 naming what is unsupported."""
+        from edgeserve.text.grammar import GrammarCompiler, GrammarError
+
+        lm = self.lease.lm
+        try:
+            if self.req.messages is not None:
+                self.chat = chat_setup(self.req, lm.chat_template)
+            spec = self.constraint()
+            if spec is None:
+                return
+            compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,
+                                                      lm.config.vocab_size)
+            await anyio.to_thread.run_sync(compiler.compile, spec)
+        except GrammarError as e:
+            self.close()
+            forced = self.req.tool_choice not in ("none", "auto")
+            raise bad_request(str(e), "tools" if forced else self.constraint_param) from None
+        except BaseException:
+            self.close()
+            raise
+
+    constraint_param = "response_format"  # the request field a grammar error names (Ollama routes: "format")
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(choice index, delta) for every choice in turn; records metrics; cancels what is left on exit."""
+        """(choice index, delta) for every choice in turn; records metrics; cancels what is left on exit.
+
+        Chat replies are split into content, reasoning and tool calls here (`RequestOutput.reasoning`,
+        `.tool_calls`; a reply that calls tools finishes with "tool_calls")."""
         try:
             for index, stream in enumerate(self.streams):
                 first: float | None = None
                 last: RequestOutput | None = None
+                parser = self.chat.parser() if self.chat is not None else None
                 async for out in stream:
+                    if parser is not None:
+                        self.chat.split(parser, out)
                     if first is None and out.token_ids:
                         first = time.monotonic() - self.t0
                         if self.first_token_at is None:
@@ -158,6 +197,8 @@ class Generation:
         async for index, out in self.outputs():
             r = results[index]
             r.text += out.text
+            r.reasoning += out.reasoning
+            r.tool_calls += out.tool_calls or []
             r.token_ids += out.token_ids
             if out.logprobs:
                 r.logprobs += out.logprobs

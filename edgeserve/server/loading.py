@@ -42,11 +42,12 @@ async def acquire_with_pings(manager: ModelManager, name: str, keep_alive: Any =
 
 async def stream_after_load(request: Any, req: Any, prompt_param: str,
                             events: Callable[[Generation], AsyncIterator[Any]],
-                            on_error: Callable[[APIError], Any], ping: Any) -> AsyncIterator[Any]:
+                            on_error: Callable[[APIError], Any], ping: Any,
+                            constraint_param: str = "response_format") -> AsyncIterator[Any]:
     """A streamed response's body for a model not loaded yet: `ping` items while it loads, then `events(gen)`.
 
     Errors before the first event (the load failed, the prompt is too long) come in-band as `on_error(err)`,
-    since the headers are already sent.
+    since the headers are already sent. `constraint_param` is the field a grammar error names.
     """
     st = server_state(request)
     gen = None
@@ -57,6 +58,8 @@ async def stream_after_load(request: Any, req: Any, prompt_param: str,
                     yield ping
                 continue
             gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+            gen.constraint_param = constraint_param
+            await gen.prepare()
             gen.submit()
     except Exception as e:
         yield on_error(from_exception(e, request.state.request_id))

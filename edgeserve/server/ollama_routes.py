@@ -171,25 +171,27 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
     t0 = time.monotonic()
     prompt_param = "messages" if kind == "chat" else "prompt"
 
-    def piece(text: str) -> dict[str, Any]:
+    def piece(text: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
         if kind == "chat":
-            return {"message": {"role": "assistant", "content": text}}
-        return {"response": text}
+            return {"message": ollama_message(text, thinking, calls)}
+        return {"response": text, **({"thinking": thinking} if thinking else {})}
 
     def final(gen: Generation, load_ns: int, finish: str | None, n_prompt: int, n_out: int) -> dict[str, Any]:
         end = time.monotonic()
         first = gen.first_token_at or end  # prefill ends when the first token is out
         return {"model": gen.model, "created_at": _now_iso(), **piece(""), "done": True,
-                "done_reason": finish or "stop", "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
+                "done_reason": "stop" if finish in (None, "tool_calls") else finish,  # Ollama: calls end with stop
+                "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
                 "prompt_eval_count": n_prompt, "prompt_eval_duration": int((first - gen.t0) * 1e9),
                 "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
 
     async def lines(gen: Generation, load_ns: int) -> AsyncIterator[str]:
         try:
             async for _, out in gen.outputs():
-                if out.text:
-                    yield json.dumps({"model": gen.model, "created_at": _now_iso(), **piece(out.text),
-                                      "done": False}, ensure_ascii=False) + "\n"
+                if out.text or out.reasoning or out.tool_calls:
+                    yield json.dumps({"model": gen.model, "created_at": _now_iso(),
+                                      **piece(out.text, out.reasoning, out.tool_calls), "done": False},
+                                     ensure_ascii=False) + "\n"
                 if out.finish_reason is not None:
                     yield json.dumps(final(gen, load_ns, out.finish_reason, out.num_prompt_tokens,
                                            out.num_output_tokens)) + "\n"
@@ -202,11 +204,14 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
         # headers now, the lines once the model is loaded (clients with a short first-byte timeout keep waiting)
         return StreamingResponse(stream_after_load(
             request, req, prompt_param, lambda gen: lines(gen, int((time.monotonic() - t0) * 1e9)),
-            lambda err: json.dumps({"error": err.message}) + "\n", None), media_type=NDJSON)
+            lambda err: json.dumps({"error": err.message}) + "\n", None, constraint_param="format"),
+            media_type=NDJSON)
 
     lease = await st.manager.acquire(req.model, req.keep_alive)
     load_ns = int((time.monotonic() - t0) * 1e9)
     gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+    gen.constraint_param = "format"
+    await gen.prepare()
     gen.submit()
     if not req.stream:
         results = await gen.collect_unless_disconnected(request)
@@ -214,10 +219,20 @@ async def _generate(request: Request, req: GenerationRequest, kind: str) -> Resp
             return Response(status_code=499)  # the client is gone; nothing is sent
         r = results[0]
         out = final(gen, load_ns, r.finish_reason, r.num_prompt_tokens, r.num_output_tokens)
-        out.update(piece(r.text))
+        out.update(piece(r.text, r.reasoning, r.tool_calls))
         return JSONResponse(out)
     # close() also runs if the body is never iterated (the client left before the response started)
     return StreamingResponse(lines(gen, load_ns), media_type=NDJSON, background=BackgroundTask(gen.aclose))
+
+
+def ollama_message(content: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
+    """An Ollama assistant message: content, `thinking` and `tool_calls` (arguments as objects) when present."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if thinking:
+        msg["thinking"] = thinking
+    if calls:
+        msg["tool_calls"] = [c.ollama() for c in calls]
+    return msg
 
 
 @api_errors

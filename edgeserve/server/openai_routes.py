@@ -57,6 +57,7 @@ async def _start(request: Request, req: GenerationRequest, prompt_param: str) ->
     st = server_state(request)
     lease = await st.manager.acquire(req.model)
     gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+    await gen.prepare()
     gen.submit()
     return gen
 
@@ -76,8 +77,8 @@ async def chat_completions(request: Request) -> Response:
     results = await gen.collect_unless_disconnected(request)
     if results is None:
         return Response(status_code=499)  # the client is gone; nothing is sent
-    choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
-                "logprobs": chat_logprobs(gen, r.logprobs), "finish_reason": _finish(r)} for r in results]
+    choices = [{"index": r.index, "message": chat_message(r), "logprobs": chat_logprobs(gen, r.logprobs),
+                "finish_reason": _finish(r)} for r in results]
     return JSONResponse({"id": rid, "object": "chat.completion", "created": gen.created, "model": gen.model,
                          "choices": choices, "usage": gen.usage.as_openai(), "system_fingerprint": None})
 
@@ -114,6 +115,17 @@ def _sse_after_load(request: Request, req: GenerationRequest, prompt_param: str,
                                                  {"comment": "loading model"}), ping=15, send_timeout=30)
 
 
+def chat_message(r: ChoiceResult) -> dict[str, Any]:
+    """The assistant message of a choice: content, reasoning (`reasoning_content`, also as `reasoning`) and
+    `tool_calls` (content is null when the reply is only calls)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": r.text if r.text or not r.tool_calls else None}
+    if r.reasoning:
+        msg["reasoning_content"] = msg["reasoning"] = r.reasoning
+    if r.tool_calls:
+        msg["tool_calls"] = [c.openai() for c in r.tool_calls]
+    return msg
+
+
 def _finish(r: ChoiceResult) -> str | None:
     return r.finish_reason
 
@@ -136,6 +148,10 @@ async def _chat_events(gen: Generation, rid: str) -> AsyncIterator[dict]:
                 delta["content"] = ""
             if out.text:
                 delta["content"] = out.text
+            if out.reasoning:
+                delta["reasoning_content"] = delta["reasoning"] = out.reasoning
+            if out.tool_calls:
+                delta["tool_calls"] = [c.openai(k) for k, c in enumerate(out.tool_calls)]
             lps = chat_logprobs(gen, out.logprobs) if out.logprobs else None
             if not delta and lps is None and out.finish_reason is None:
                 continue

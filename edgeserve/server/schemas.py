@@ -13,6 +13,7 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.validate import check_range, expect_type, loads_bounded
+from edgeserve.text.grammar import GrammarSpec
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -85,6 +86,13 @@ class GenerationRequest:
     logprobs: bool = False  # chat: report logprobs
     keep_alive: Any = UNSET  # seconds or None (forever); UNSET: the server default
     num_ctx: int | None = None  # this request's context window (Ollama options.num_ctx); None: the model's
+    # structured output, tools and reasoning (parsed by edgeserve/server/tool_schemas.py; see Generation)
+    constraint: GrammarSpec | None = None  # response_format / Ollama format: the answer must match it
+    tools: list[dict] | None = None  # OpenAI-shaped function definitions
+    tool_choice: str | dict = "none"  # "none" | "auto" | "required" | {"name": function}
+    parallel_tool_calls: bool = True  # False: at most one call per reply
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
+    think: bool | None = None  # reasoning on/off (Ollama think, enable_thinking); None: the template's default
 
 
 _SAMPLING_NUMBERS = {  # request field -> (SamplingParams field, integer?)
@@ -126,21 +134,10 @@ def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationReque
         if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
             raise bad_request("stream_options must be an object with only include_usage", "stream_options")
         req.include_usage = _bool(opts, "include_usage", False, "stream_options.")
-    rf = body.get("response_format")
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind != "text":
-            raise bad_request(f"response_format {kind or rf!r} is not supported: only {{\"type\": \"text\"}} "
-                              "(structured JSON output is not implemented)", "response_format", "unsupported_parameter")
     bias = body.get("logit_bias")
     if bias is not None:
         req.sampling["logit_bias"] = _logit_bias(bias)
-    if body.get("tools") not in (None, []):
-        raise bad_request("tools (function calling) is not supported", "tools", "unsupported_parameter")
-    if body.get("tool_choice") not in (None, "none"):
-        raise bad_request("tool_choice is not supported (only 'none')", "tool_choice", "unsupported_parameter")
-    if body.get("parallel_tool_calls") not in (None, False, True):
-        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    parse_openai_tools(body, req, chat="messages" in allowed)
     return req
 
 
@@ -162,7 +159,7 @@ def _logit_bias(value) -> dict[int, float]:
 
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
-                "parallel_tool_calls", "ignore_eos", *_SAMPLING_NUMBERS}
+                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
@@ -189,7 +186,7 @@ def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
 
 
 _COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
-                      "echo", "suffix", "best_of", "logit_bias", "ignore_eos", *_SAMPLING_NUMBERS}
+                      "echo", "suffix", "best_of", "logit_bias", "ignore_eos", "response_format", *_SAMPLING_NUMBERS}
 
 
 def parse_completion_request(body: dict, max_n: int) -> GenerationRequest:
@@ -234,7 +231,7 @@ def parse_prompt(value: Any) -> list[str | list[int]]:
                       "prompt")
 
 
-_ROLES = {"system", "user", "assistant", "developer"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
 def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
@@ -246,12 +243,13 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
         here = f"{where}[{i}]"
         if not isinstance(m, dict):
             raise bad_request(f"{here} must be an object with role and content", here)
-        extra = set(m) - {"role", "content", "name", "images"}
+        extra = set(m) - {"role", "content", "name", "images", "tool_calls", "tool_call_id", "tool_name",
+                          "thinking", "reasoning_content"}
         if extra:
             raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
         role = m.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise bad_request(f"{here}.role must be one of system, user, assistant, developer; got {role!r}",
+            raise bad_request(f"{here}.role must be one of system, user, assistant, developer, tool; got {role!r}",
                               f"{here}.role")
         if expect_type(m, "images", list, "a list", here + "."):
             raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
@@ -265,11 +263,12 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
                                       f"{here}.content[{j}]")
                 parts.append(part["text"])
             content = "".join(parts)
-        elif content is None and role == "assistant":
+        elif content is None and role in ("assistant", "tool"):
             content = ""
         if not isinstance(content, str):
             raise bad_request(f"{here}.content must be a string or a list of text parts", f"{here}.content")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        out.append({"role": "system" if role == "developer" else role, "content": content,
+                    **parse_message_tool_fields(m, here)})
     return out
 
 
@@ -333,9 +332,7 @@ def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:
             req.keep_alive = parse_keep_alive(body["keep_alive"])
         except ValueError as e:
             raise bad_request(str(e), "keep_alive")
-    fmt = body.get("format")
-    if fmt not in (None, ""):
-        raise bad_request("format (structured output) is not supported", "format")
+    parse_ollama_tools(body, req, chat="messages" in allowed)
     _ollama_options(body, req)
     return req
 
@@ -344,10 +341,6 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
     """Validate a POST /api/chat body; an empty `messages` only loads or unloads the model."""
     req = _ollama_common(body, {"model", "messages", "stream", "options", "keep_alive", "format", "tools",
                                 "think"})
-    if expect_type(body, "tools", list, "a list of tools"):
-        raise bad_request("tools are not supported", "tools")
-    if _bool(body, "think", False):
-        raise bad_request("think is not supported", "think")
     msgs = body.get("messages")
     req.messages = [] if msgs is None or msgs == [] else parse_messages(msgs)
     return req
@@ -356,7 +349,7 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
 def parse_ollama_generate(body: dict) -> GenerationRequest:
     """Validate a POST /api/generate body; an empty prompt only loads or unloads the model."""
     req = _ollama_common(body, {"model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format",
-                                "images", "suffix", "context", "template"})
+                                "images", "suffix", "context", "template", "think"})
     for key, types, what in (("images", list, "a list"), ("suffix", str, "a string"), ("context", list, "a list"),
                              ("template", str, "a string")):
         if expect_type(body, key, types, what):
@@ -377,3 +370,7 @@ def parse_ollama_generate(body: dict) -> GenerationRequest:
         req.messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}]
     return req
+
+
+from edgeserve.server.tool_schemas import (parse_message_tool_fields, parse_ollama_tools,  # noqa: E402
+                                           parse_openai_tools)

@@ -59,8 +59,9 @@ class Speculator:
 
     @staticmethod
     def wants(req: "Request") -> bool:
-        """Whether a request speculates: it did not opt out, and asks no logprobs (not supported here yet)."""
-        return req.params.speculative and req.params.logprobs is None
+        """Whether a request speculates: it did not opt out, asks no logprobs (not supported here yet) and has no
+        grammar (a constrained request draws its tokens one at a time, each under its grammar's mask)."""
+        return req.params.speculative and req.params.logprobs is None and req.grammar is None
 
     def propose(self, reqs: list["Request"]) -> None:
         """Set `seq.spec_token_ids` of each decoding request (never more than its max_tokens leaves room for)."""
@@ -97,7 +98,8 @@ class Speculator:
         if plain:
             rs = [reqs[i] for i in plain]
             out = sample_tokens(logits[ends[plain] - 1], [r.params for r in rs], [r.generator for r in rs],
-                                [r.seq.prompt_token_ids for r in rs], [r.seq.output_token_ids for r in rs])
+                                [r.seq.prompt_token_ids for r in rs], [r.seq.output_token_ids for r in rs],
+                                [r.grammar for r in rs])
             lps = _logprobs(out, [r.params.logprobs for r in rs])
             for i, t, lp in zip(plain, out.token_ids.tolist(), lps):
                 tokens[i], logprobs[i] = [t], ([lp] if lp is not None else None)

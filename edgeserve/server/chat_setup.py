@@ -1,0 +1,89 @@
+"""A chat request's prompt, constraint and reply parsing, from its tools / tool_choice / format / reasoning fields.
+
+This is the one place that turns `GenerationRequest` (messages, tools, tool_choice, parallel_tool_calls,
+constraint, template_kwargs, think) into what the engine runs and how the reply is read back:
+
+- the prompt: the model's chat template gets `tools` (or, if it knows none, a system-prompt block, see
+  edgeserve.text.tool_calls) and `template_kwargs` (`enable_thinking` from `think`);
+- the constraint: `response_format` / Ollama `format`, or with tool_choice "required" / a named function the
+  grammar of the tools' schemas; for a model that reasons it applies after `</think>`;
+- the reply: reasoning split from content, tool calls parsed (template's format under "auto").
+
+Other routes (Anthropic messages, Responses) can fill the same request fields and read `RequestOutput.reasoning`
+/ `.tool_calls` (or `ChoiceResult.reasoning` / `.tool_calls`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from edgeserve.engine.outputs import RequestOutput
+from edgeserve.loaders.chat_template import ChatTemplate
+from edgeserve.server.schemas import GenerationRequest
+from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
+from edgeserve.text.grammar import GrammarSpec
+from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
+                                      template_thinks)
+from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
+                                       template_knows_tools)
+
+
+@dataclass
+class ChatSetup:
+    """What one chat request renders and how its replies are read."""
+
+    prompt: str
+    constraint: GrammarSpec | None
+    thinks: bool  # the reply may start with reasoning to split off
+    in_thought: bool  # the prompt opened the reasoning
+    tools: ToolSetup | None
+
+    def parser(self) -> ChatOutputParser | None:
+        """A fresh parser for one reply (None when there is nothing to split)."""
+        if not self.thinks and self.tools is None:
+            return None
+        return ChatOutputParser(ReasoningSplitter(self.in_thought) if self.thinks else None, self.tools)
+
+    @staticmethod
+    def split(parser: ChatOutputParser | None, out: RequestOutput) -> None:
+        """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`."""
+        if parser is None:
+            return
+        out.reasoning, out.text = parser.push(out.text)
+        if out.finish_reason is not None:
+            thought, content, calls = parser.finish()
+            out.reasoning += thought
+            out.text += content
+            out.tool_calls = calls
+            if calls and out.finish_reason == "stop":
+                out.finish_reason = "tool_calls"
+
+
+def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
+    """Render the prompt of a chat request and decide its constraint and reply parsing."""
+    source = template.source
+    tools = req.tools if req.tool_choice != "none" else None
+    kwargs: dict[str, Any] = dict(req.template_kwargs)
+    if req.think is not None:
+        kwargs["enable_thinking"] = req.think
+    if tools and template_knows_tools(source):
+        kwargs["tools"] = tools
+    prompt = template.render(messages_for_template(req.messages or [], tools, source), add_generation_prompt=True,
+                             **kwargs)
+    # a template that closed the reasoning in the prompt (Qwen3 with enable_thinking false) expects none
+    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(THINK_CLOSE)
+    in_thought = thinks and prompt_opens_thought(prompt)
+    constraint = req.constraint
+    tool_setup = None
+    if tools:
+        names = {t["function"]["name"] for t in tools}
+        if req.tool_choice == "auto":
+            tool_setup = ToolSetup("auto", detect_format(source), names, parallel=req.parallel_tool_calls)
+        else:
+            choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
+            constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
+            tool_setup = ToolSetup("forced", known=names, choice=choice, parallel=req.parallel_tool_calls)
+    if constraint is not None and thinks:
+        constraint = replace(constraint, think=("" if in_thought else THINK_OPEN, THINK_CLOSE))
+    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup)
