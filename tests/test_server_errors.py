@@ -260,7 +260,7 @@ def test_api_key_on_every_route(tiny_path):
                 assert r.status_code == 401, (path, method, headers, r.status_code)
                 if path.startswith("/api/"):
                     assert set(r.json()) == {"error"} and "API key" in r.json()["error"], (path, r.text)
-                elif path.startswith("/v1/") and path != "/v1/messages":  # Anthropic's route has its own shape
+                elif path.startswith("/v1/") and not path.startswith("/v1/messages"):  # Anthropic's routes: own shape
                     assert r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
             for headers in ({"Authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
                 r = c.request(method, path, headers=headers, **({"json": {}} if method == "POST" else {}))

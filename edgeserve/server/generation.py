@@ -96,15 +96,19 @@ class Generation:
             out.append(ids)
         return out
 
+    def _refuse_embedding_model(self) -> None:
+        """A generation request naming an embedding model is a 400 (nothing stays leased)."""
+        if getattr(self.lease.engine, "is_embedding", False):
+            self.close()
+            raise APIError(400, f"model {self.model!r} is an embedding model: use /v1/embeddings or /api/embed",
+                           "invalid_request_error", "model", "model_not_supported")
+
     def submit(self) -> None:
         """Start every engine request; on an error nothing stays submitted and it is raised (before any response)."""
         from edgeserve.engine.async_engine import PromptTooLongError
 
         engine = self.lease.engine
-        if getattr(engine, "is_embedding", False):
-            self.close()
-            raise APIError(400, f"model {self.model!r} is an embedding model: use /v1/embeddings or /api/embed",
-                           "invalid_request_error", "model", "model_not_supported")
+        self._refuse_embedding_model()
         try:
             prompts = self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
@@ -147,6 +151,7 @@ class Generation:
         takes ~1 s); a schema the grammar engine cannot handle is a 400 naming what is unsupported."""
         from edgeserve.text.grammar import GrammarCompiler, GrammarError
 
+        self._refuse_embedding_model()
         lm = self.lease.lm
         try:
             if self.req.messages is not None:
