@@ -100,8 +100,8 @@ class GemmaModel(LlamaModel):
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (see LlamaModel)."""
         c = self.config
-        t, eps = input_ids.shape[0], c.rms_norm_eps
-        if isinstance(self.embed, Int8Weight):
+        eps = c.rms_norm_eps
+        if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
             x = self.embed.rows(input_ids)
         else:
             x = F.embedding(input_ids, self.embed).float()
@@ -109,19 +109,13 @@ class GemmaModel(LlamaModel):
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = (self.cos_local[positions], self.sin_local[positions]) if self.cos_local is not self.cos \
             else rope_global
-        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         windows = c.layer_windows or (None,) * len(self.layers)
         for i, layer in enumerate(self.layers):
             window = windows[i]
             cos, sin = rope_global if window is None else rope_local
             h = rms_norm(x, layer.input_norm, eps).to(self.dtype)
-            qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
-            q = qkv[:, : c.q_size].view(t, nh, hd)
-            k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, nkv, hd)
-            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd)
-            if layer.q_norm is not None:
-                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            q, k, v = self.project_qkv(layer, h, prompt_rows)
             if paged:
                 k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)

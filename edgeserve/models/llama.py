@@ -161,7 +161,6 @@ class LlamaModel:
         captured as a CUDA graph.
         """
         c = self.config
-        t = input_ids.shape[0]
         eps = c.rms_norm_eps
         # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
         if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
@@ -169,16 +168,10 @@ class LlamaModel:
         else:
             x = F.embedding(input_ids, self.embed).float()
         cos, sin = self.cos[positions], self.sin[positions]
-        nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
         for i, layer in enumerate(self.layers):
-            qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
-            q = qkv[:, : c.q_size].view(t, nh, hd)
-            k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, nkv, hd)
-            v = qkv[:, c.q_size + c.kv_size:].view(t, nkv, hd)
-            if layer.q_norm is not None:
-                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            q, k, v = self.project_qkv(layer, h, prompt_rows)
             if paged:
                 k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
@@ -191,6 +184,18 @@ class LlamaModel:
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
+
+    def project_qkv(self, layer: DecoderLayer, h: torch.Tensor,
+                    prompt_rows: PromptRows | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's q [T, H, D], k and v [T, KVH, D] from its normed input, Q/K-normed where the model has it."""
+        c, t = self.config, h.shape[0]
+        qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
+        q = qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        return q, k, v
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
