@@ -10,7 +10,6 @@ plain RMSNorm over 1 + w: GGUF files store 1 + w already, HF checkpoints store w
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from edgeserve.kernels.activation import gelu_tanh_and_mul
 from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv
@@ -101,11 +100,7 @@ class GemmaModel(LlamaModel):
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (see LlamaModel)."""
         c = self.config
         eps = c.rms_norm_eps
-        if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
-            x = self.embed.rows(input_ids)
-        else:
-            x = F.embedding(input_ids, self.embed).float()
-        x = x * self.embed_scale.to(x.device)
+        x = self.embed_rows(input_ids) * self.embed_scale.to(input_ids.device)
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = (self.cos_local[positions], self.sin_local[positions]) if self.cos_local is not self.cos \
             else rope_global

@@ -162,11 +162,7 @@ class LlamaModel:
         """
         c = self.config
         eps = c.rms_norm_eps
-        # the residual stream stays float32 whatever the weights' dtype: bf16 residuals drift visibly
-        if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
-            x = self.embed.rows(input_ids)
-        else:
-            x = F.embedding(input_ids, self.embed).float()
+        x = self.embed_rows(input_ids)
         cos, sin = self.cos[positions], self.sin[positions]
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
@@ -184,6 +180,13 @@ class LlamaModel:
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of `input_ids` [T] as float32 [T, hidden] (the residual stream stays float32 whatever the
+        weights' dtype: bf16 residuals drift visibly)."""
+        if not isinstance(self.embed, torch.Tensor):  # Int8Weight, BlockWeight
+            return self.embed.rows(input_ids)
+        return F.embedding(input_ids, self.embed).float()
 
     def project_qkv(self, layer: DecoderLayer, h: torch.Tensor,
                     prompt_rows: PromptRows | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
