@@ -24,6 +24,7 @@ from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.schemas import parse_json_object
 from edgeserve.server.state import api_errors, server_state
+from edgeserve.server.validate import reject_unknown
 
 log = logging.getLogger("edgeserve.server")
 
@@ -185,9 +186,7 @@ def _ollama_options(body: dict) -> None:
 async def ollama_embed(request: Request) -> Response:
     """POST /api/embed (Ollama): batch `input`, `truncate` (default true), `dimensions`."""
     body = parse_json_object(await request.body())
-    unknown = sorted(set(body) - {"model", "input", "truncate", "dimensions", "options", "keep_alive"})
-    if unknown:
-        raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0])
+    reject_unknown(body, {"model", "input", "truncate", "dimensions", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model is required", "model")
@@ -204,9 +203,7 @@ async def ollama_embed(request: Request) -> Response:
 async def ollama_embeddings(request: Request) -> Response:
     """POST /api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
     body = parse_json_object(await request.body())
-    unknown = sorted(set(body) - {"model", "prompt", "options", "keep_alive"})
-    if unknown:
-        raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0])
+    reject_unknown(body, {"model", "prompt", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model is required", "model")
