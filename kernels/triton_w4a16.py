@@ -8,12 +8,71 @@ packed int32 word once and split it into nibbles in registers; float32 accumulat
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from ._triton import dot_dtype, dot_precision, tl, triton
 from .w4a16 import W4A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of the GEMV kernel: rows per program, packed words per row per step, warps, and how many
+    programs the K splits should bring the grid up to (per multiprocessor)."""
+
+    block_n: int = 8
+    block_w: int = 64
+    num_warps: int = 4
+    programs_per_sm: int = 8
+
+
+# the best of a 81-shape sweep on an H100 over the Llama-3-8B matrices (docs/PERFORMANCE.md, GPU section)
+GEMV_CONFIG = GemvConfig(block_n=4, block_w=128, num_warps=2, programs_per_sm=8)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, N, KW, stride_xm, stride_qn, stride_sn, stride_ym,
+                       WORDS_PER_SPLIT, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                       PARTIAL: tl.constexpr):
+    """y[m, n] (+)= sum over one K split of x[m, k] W[n, k], for a block of rows and one input row.
+
+    The packed words are loaded once as a [BLOCK_N, BLOCK_W] tile and never reshaped (a reshape costs a layout
+    shuffle through shared memory): each of the eight nibble positions is shifted out in turn and multiplied by
+    the strided slice of x it pairs with. The eight values of a word share their group, so the scale and offset
+    apply once per word: sum(x q) * scale + sum(x) * offset. With several K splits, each writes its float32
+    partial sums to its own slice of a [splits, M, N] buffer.
+    """
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)
+    w_begin = tl.program_id(2) * WORDS_PER_SPLIT
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    n64 = n.to(tl.int64)
+    acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    for w0 in range(w_begin, w_begin + WORDS_PER_SPLIT, BLOCK_W):
+        w_idx = w0 + tl.arange(0, BLOCK_W)
+        w_mask = w_idx < KW
+        mask = n_mask[:, None] & w_mask[None, :]
+        words = tl.load(qw_ptr + n64[:, None] * stride_qn + w_idx[None, :], mask=mask, other=0)
+        g = (w_idx * 8) // GROUP
+        scale = tl.load(s_ptr + n64[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+        offset = tl.load(o_ptr + n64[:, None] * stride_sn + g[None, :], mask=mask, other=0.0).to(tl.float32)
+        dot = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        xsum = tl.zeros([BLOCK_W], dtype=tl.float32)
+        for i in tl.static_range(8):
+            xi = tl.load(x_ptr + m * stride_xm + w_idx * 8 + i, mask=w_mask, other=0.0).to(tl.float32)
+            dot += ((words >> (4 * i)) & 0xF).to(tl.float32) * xi[None, :]
+            xsum += xi
+        acc += dot * scale + offset * xsum[None, :]
+    out = tl.sum(acc, axis=1)
+    if PARTIAL:  # one float32 slice per K split, summed afterwards in a fixed order (atomics would not be)
+        tl.store(y_ptr + tl.program_id(2) * N * tl.num_programs(1) + m * stride_ym + n, out, mask=n_mask)
+    else:
+        tl.store(y_ptr + m * stride_ym + n, out.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -35,22 +94,6 @@ def _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn,
     q = (words[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K // 8, 8], k = 8 * word + nibble
     w = q.to(tl.float32) * scale[:, :, None] + offset[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
-
-
-@triton.jit
-def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
-                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-        w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
-        acc += tl.sum(w * x[None, :], axis=1)
-    tl.store(y_ptr + m * stride_ym + n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -87,11 +130,7 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
     if m <= gemv_max_m:
-        block_n, block_k = 32, 128
-        _w4a16_gemv_kernel[(triton.cdiv(n, block_n), m)](
-            x2, qw, s, o, y, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
-            GROUP=weight.group_size, BLOCK_N=block_n, BLOCK_K=block_k,
-        )
+        gemv(x2, weight, y, GEMV_CONFIG)
     else:
         block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
         block_n, block_k = 64, 32
@@ -101,3 +140,32 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
             GROUP=weight.group_size, DOT=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         )
     return y.reshape(*x.shape[:-1], n)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv(x2: torch.Tensor, weight: W4A16Weight, y: torch.Tensor, config: GemvConfig) -> None:
+    """y [M, N] = x2 [M, K] @ W.T for a few rows M, split along K where the rows alone are too few programs to
+    keep every multiprocessor streaming."""
+    m, n = x2.shape[0], weight.out_features
+    kw = weight.in_features // 8
+    steps = triton.cdiv(kw, config.block_w)
+    # the split depends on the weight alone, never on M: a row's sum is the same whatever else is batched with it
+    row_programs = triton.cdiv(n, config.block_n)
+    split = max(1, min(steps, (config.programs_per_sm * _sm_count(x2.device)) // row_programs))
+    words_per_split = triton.cdiv(steps, split) * config.block_w
+    split = triton.cdiv(kw, words_per_split)
+    qw, s, o = weight.qweight, weight.scales, weight.offsets
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=y.device)
+    _w4a16_gemv_kernel[(triton.cdiv(n, config.block_n), m, split)](
+        x2, qw, s, o, out, n, kw, x2.stride(0), qw.stride(0), s.stride(0), n if split > 1 else out.stride(0),
+        words_per_split, GROUP=weight.group_size, BLOCK_N=config.block_n, BLOCK_W=config.block_w,
+        PARTIAL=split > 1, num_warps=config.num_warps,
+    )
+    if split > 1:
+        torch.sum(out, dim=0, out=y) if y.dtype == torch.float32 else y.copy_(out.sum(dim=0))
