@@ -245,3 +245,11 @@ def test_responses_bad_tool_schema_is_400_in_its_shape(oai):
             oai.responses.create(model="tooly", input=ASK, max_output_tokens=4, **kw)
         assert e.value.body["param"] == param and e.value.body["type"] == "invalid_request_error"
     assert oai.responses.create(model="tooly", input=ASK, max_output_tokens=4, tools=R_TOOLS).status
+
+
+def test_show_capabilities_follow_the_template(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        tooly = c.post("/api/show", json={"model": "tooly"}).json()["capabilities"]
+        thinky = c.post("/api/show", json={"model": "thinky"}).json()["capabilities"]
+    assert tooly == ["completion", "tools"]  # the template renders `tools`
+    assert thinky == ["completion", "thinking"]  # it writes <think>
