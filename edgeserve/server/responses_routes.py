@@ -178,7 +178,7 @@ def parse_responses_request(body: dict) -> GenerationRequest:
     _refuse_unless(body, "prompt", (None,), "(stored prompt templates) is not supported")
     _refuse_unless(body, "background", (None, False), "is not supported")
     include = body.get("include")
-    if include is not None and (not isinstance(include, list) or set(include) - _INCLUDE):
+    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) and x in _INCLUDE for x in include)):
         raise bad_request(f"include may only list {', '.join(sorted(_INCLUDE))} (accepted; nothing is encrypted)",
                           "include", "unsupported_parameter")
     _refuse_unless(body, "top_logprobs", (None, 0), "is not supported")
