@@ -111,7 +111,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
             parts = item.get("content") or item.get("summary") or []
             if not isinstance(parts, list):
                 raise bad_request(f"{here}.content must be a list of reasoning_text parts", f"{here}.content")
-            thought = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+            thought = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
         else:
             raise bad_request(f"{here}.type {kind!r} is not supported (message, function_call, function_call_output "
                               "and reasoning items are)", f"{here}.type")
@@ -178,7 +178,8 @@ def parse_responses_request(body: dict) -> GenerationRequest:
     _refuse_unless(body, "prompt", (None,), "(stored prompt templates) is not supported")
     _refuse_unless(body, "background", (None, False), "is not supported")
     include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) and x in _INCLUDE for x in include)):
+    if include is not None and (not isinstance(include, list)
+                                or not all(isinstance(x, str) and x in _INCLUDE for x in include)):
         raise bad_request(f"include may only list {', '.join(sorted(_INCLUDE))} (accepted; nothing is encrypted)",
                           "include", "unsupported_parameter")
     _refuse_unless(body, "top_logprobs", (None, 0), "is not supported")
@@ -330,7 +331,6 @@ async def _events(gen: Generation, body: dict, rid: str) -> AsyncIterator[dict]:
 
     open_kind: str | None = None  # "reasoning" / "message": the item taking deltas
     texts = {"reasoning": "", "message": ""}
-    part_type = {"reasoning": "reasoning_text", "message": "output_text"}
 
     def part(kind: str, text: str) -> dict:
         return {"type": "reasoning_text", "text": text} if kind == "reasoning" else \
