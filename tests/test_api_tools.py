@@ -117,6 +117,9 @@ def test_anthropic_thinking(claude):
                       and e.delta.type == "thinking_delta")
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta")
     assert (starts, thought, text) == (["thinking", "text"], THOUGHT, ANSWER)
+    with claude.messages.stream(**kw) as st:  # the SDK's helper assembles the same blocks
+        final = st.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == THOUGHT
 
 
 def test_anthropic_structured_output(claude):

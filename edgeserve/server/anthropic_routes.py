@@ -35,6 +35,7 @@ _IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed
             "user_profile_id"}
 _BLOCK_KEYS = {"type", "text", "cache_control", "citations"}
 _EFFORTS = {"low", "medium", "high", "xhigh", "max"}
+_CONSTRAINT_PARAM = "output_config.format"  # the field a structured-output grammar error names
 
 
 def _text(content: Any, where: str) -> str:
@@ -306,9 +307,6 @@ async def messages(request: Request) -> Response:
     return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": gen.model,
                          "content": content_blocks(r), "stop_reason": reason, "stop_sequence": seq,
                          "usage": _usage(gen, r.num_output_tokens)})
-
-
-_CONSTRAINT_PARAM = "output_config.format"  # the field a structured-output grammar error names
 
 
 def _event(kind: str, **data: Any) -> dict:
