@@ -71,7 +71,11 @@ def test_stop_sequences(client):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+    ({"tools": [{"name": "f", "input_schema": "object"}]}, "tools[0].input_schema"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
     ({"temperature": 1.5}, "temperature"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
@@ -92,8 +96,8 @@ def test_bad_requests_are_400_in_anthropic_shape(server, body, field):
 def test_sdk_errors_then_success(server, client):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="tiny", max_tokens=4, messages=MSGS,
-                               tools=[{"name": "f", "input_schema": {"type": "object"}}])
-    assert "tools" in str(e.value)
+                               tools=[{"name": "f", "input_schema": {"type": "object"}}, {"name": "f", "input_schema": {}}])
+    assert "tools[1]" in str(e.value) and "defined twice" in str(e.value)
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="nope", max_tokens=4, messages=MSGS)
     assert e.value.body["error"]["type"] == "not_found_error"

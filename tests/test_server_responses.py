@@ -86,10 +86,15 @@ def test_stream_event_order(client):
 
 @pytest.mark.parametrize("kw, param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": "object"}]}, "tools[0].parameters"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"include": [{"x": 1}]}, "include"),
+    ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
+    ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]"),
     ({"input": ""}, "input"),

@@ -23,8 +23,9 @@ def byte_vocab() -> list[str]:
 
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
-                     skip_tensor: str | None = None) -> Path:
-    """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`."""
+                     skip_tensor: str | None = None, pooling_type: int | None = None) -> Path:
+    """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`
+    (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -47,6 +48,8 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
+    if pooling_type is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling_type))
     vocab = len(tokens)
     shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
     hd = hidden // heads

@@ -40,6 +40,20 @@ async def acquire_with_pings(manager: ModelManager, name: str, keep_alive: Any =
         yield None
 
 
+async def start_generation(request: Any, req: Any, prompt_param: str,
+                           constraint_param: str = "response_format") -> Generation:
+    """Lease the model, set up the request (template, tools, grammar compiled: 400s come here) and submit it.
+
+    `prompt_param` / `constraint_param` are the request fields a too-long prompt / a bad grammar name."""
+    st = server_state(request)
+    lease = await st.manager.acquire(req.model, req.keep_alive)
+    gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+    gen.constraint_param = constraint_param
+    await gen.prepare()
+    gen.submit()
+    return gen
+
+
 async def stream_after_load(request: Any, req: Any, prompt_param: str,
                             events: Callable[[Generation], AsyncIterator[Any]],
                             on_error: Callable[[APIError], Any], ping: Any,

@@ -59,6 +59,25 @@ class ModelFacts:
         return "\n".join(lines)
 
 
+def capabilities(template: str, embeds: bool, generates: bool = True) -> list[str]:
+    """Ollama's capabilities: "completion" for a text model, with "tools" when its chat template renders tools
+    (as the chat route decides to hand them to the template) and "thinking" when it reasons in <think> tags;
+    "embedding" for a model that embeds (an encoder, or a decoder whose GGUF names a pooling)."""
+    from edgeserve.text.reasoning import template_thinks
+    from edgeserve.text.tool_calls import template_knows_tools
+
+    caps = []
+    if generates:
+        caps.append("completion")
+        if template and template_knows_tools(template):
+            caps.append("tools")
+        if template and template_thinks(template):
+            caps.append("thinking")
+    if embeds:
+        caps.append("embedding")
+    return caps
+
+
 def format_parameter_size(n: int) -> str:
     """'135M', '1.5B', '7B' (as Ollama prints it)."""
     if n >= 1e9:
@@ -179,11 +198,15 @@ def _gguf_facts(path: Path) -> ModelFacts:
         i = md.get(k)
         if isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] not in stop:
             stop.append(tokens[i])
-    caps = ["embedding"] if arch in ENCODER_TYPES else ["completion"]
+    from edgeserve.models.decoder_embed import gguf_pooling
+
+    template = str(md.get("tokenizer.chat_template") or "")
+    encoder = arch in ENCODER_TYPES
+    pooled = gguf_pooling(md) is not None  # served by the embedder only (see model_manager.is_embedding_spec)
+    caps = capabilities(template, encoder or pooled, generates=not (encoder or pooled))
     ctx = int(md.get(f"{arch}.context_length") or 0)
-    return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info,
-                      str(md.get("tokenizer.chat_template") or ""), stop, str(md.get("general.license") or ""),
-                      caps, ctx)
+    return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info, template, stop,
+                      str(md.get("general.license") or ""), caps, ctx)
 
 
 def _dominant_qtype(g: Any) -> str:
@@ -236,7 +259,7 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
     eos = tok_cfg.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     encoder = arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())
-    caps = ["embedding"] if encoder else ["completion"]
+    caps = capabilities(template, encoder, generates=not encoder)
     size = sum(f.stat().st_size for f in files)
     return ModelFacts("safetensors", arch, params, quant, size, info, template, [eos] if eos else [], "", caps,
                       int(cfg.get("max_position_embeddings") or 0))

@@ -300,7 +300,6 @@ class ModelManager:
     async def _load(self, entry: ModelEntry) -> None:
         """Resolve, check memory, load weights and start the engine (blocking parts in a worker thread)."""
         from edgeserve.engine.embedder import EmbeddingEngine
-        from edgeserve.models.bert import load_encoder
 
         cfg = self.config
         log.info("loading model %s (%s)", entry.id, entry.spec)
@@ -311,7 +310,7 @@ class ModelManager:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
             if entry.embedding:  # an embedding model: no KV cache, no sampler
-                lm = await anyio.to_thread.run_sync(load_encoder, source, cfg.device, cfg.dtype)
+                lm = await anyio.to_thread.run_sync(load_embedder, source, cfg)
                 engine = EmbeddingEngine(lm)
             else:
                 lm, engine = await self._load_generator(source)
@@ -366,14 +365,29 @@ class ModelManager:
 
 
 def is_embedding_spec(spec: str) -> bool:
-    """Whether `spec` names an embedding model on disk (an encoder folder); False when it cannot be told."""
+    """Whether `spec` names an embedding model on disk (an encoder folder, or a decoder GGUF whose metadata names a
+    pooling); False when it cannot be told."""
+    from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.models.bert import is_encoder_folder
+    from edgeserve.models.decoder_embed import gguf_pooling
 
     try:
         source = resolve(spec, pull_missing=False)
+        if source.kind == "gguf":
+            return gguf_pooling(GGUFFile(source.path).metadata) is not None
     except Exception:
         return False
     return source.kind == "hf" and is_encoder_folder(source.path)
+
+
+def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
+    """Load an embedding model: a BERT-family folder, or a decoder GGUF that names a pooling."""
+    from edgeserve.models.bert import load_encoder
+    from edgeserve.models.decoder_embed import load_decoder_embedder
+
+    if source.kind == "gguf":
+        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.max_model_len)
+    return load_encoder(source, cfg.device, cfg.dtype)
 
 
 def model_id(spec: str) -> str:

@@ -14,7 +14,7 @@ from starlette.routing import Route
 from edgeserve.engine.outputs import TokenLogprob
 from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
-from edgeserve.server.loading import is_loaded, stream_after_load
+from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
 from edgeserve.server.schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_json_object
 from edgeserve.server.state import api_errors, server_state
 
@@ -53,15 +53,6 @@ def completion_logprobs(gen: Generation, lps: list[TokenLogprob] | None, offset:
             "top_logprobs": [{gen.token_text(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
 
 
-async def _start(request: Request, req: GenerationRequest, prompt_param: str) -> Generation:
-    st = server_state(request)
-    lease = await st.manager.acquire(req.model)
-    gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
-    await gen.prepare()
-    gen.submit()
-    return gen
-
-
 @api_errors
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
@@ -70,7 +61,7 @@ async def chat_completions(request: Request) -> Response:
     rid = f"chatcmpl-{request.state.request_id}"
     if req.stream and not is_loaded(st.manager, req.model):
         return _sse_after_load(request, req, "messages", lambda g: _chat_events(g, rid))
-    gen = await _start(request, req, "messages")
+    gen = await start_generation(request, req, "messages")
     if req.stream:
         return EventSourceResponse(_chat_events(gen, rid), ping=15, send_timeout=30,
                                    background=BackgroundTask(gen.aclose))
@@ -91,7 +82,7 @@ async def completions(request: Request) -> Response:
     rid = f"cmpl-{request.state.request_id}"
     if req.stream and not is_loaded(st.manager, req.model):
         return _sse_after_load(request, req, "prompt", lambda g: _completion_events(g, rid))
-    gen = await _start(request, req, "prompt")
+    gen = await start_generation(request, req, "prompt")
     if req.stream:
         return EventSourceResponse(_completion_events(gen, rid), ping=15, send_timeout=30,
                                    background=BackgroundTask(gen.aclose))

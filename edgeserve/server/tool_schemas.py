@@ -9,7 +9,7 @@ unsupported keywords.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgeserve.server.errors import bad_request
 from edgeserve.text.grammar import GrammarSpec
@@ -53,32 +53,48 @@ def parse_ollama_format(value: Any) -> GrammarSpec | None:
     raise bad_request(f"format must be \"json\" or a JSON schema object, got {value!r}", "format")
 
 
-def parse_tools(value: Any) -> list[dict] | None:
-    """OpenAI / Ollama `tools`: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]."""
+def function_tool(fn: Any, here: str, params_key: str = "parameters") -> dict:
+    """One function definition (`name`, `description`?, a JSON schema under `params_key`?) checked, with a 400
+    naming `here`.field otherwise, and returned in the OpenAI tools shape (what chat_setup and the templates use).
+    The Anthropic and Responses routes call it on their flat tool objects."""
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise bad_request(f"{here}.name is required and must be a non-empty string", f"{here}.name")
+    params = fn.get(params_key)
+    if params is not None and not isinstance(params, dict):
+        raise bad_request(f"{here}.{params_key} must be a JSON schema object", f"{here}.{params_key}")
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise bad_request(f"{here}.description must be a string", f"{here}.description")
+    out = {"name": fn["name"], "description": fn.get("description"), "parameters": params}
+    return {"type": "function", "function": {k: v for k, v in out.items() if v is not None}}
+
+
+def parse_tool_list(value: Any, one: Callable[[Any, str], dict]) -> list[dict] | None:
+    """A `tools` list, each item made an OpenAI-shaped function by `one(item, "tools[i]")`; at most MAX_TOOLS,
+    names unique."""
     if value in (None, []):
         return None
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise bad_request(f"tools must be a list of at most {MAX_TOOLS} function definitions", "tools")
     out, names = [], set()
     for i, tool in enumerate(value):
-        here = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise bad_request(f"{here} must be {{\"type\": \"function\", \"function\": {{...}}}}", here)
-        fn = tool.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{here}.function.name is required and must be a non-empty string",
-                              f"{here}.function.name")
-        if fn["name"] in names:
-            raise bad_request(f"{here}.function.name {fn['name']!r} is defined twice", f"{here}.function.name")
-        names.add(fn["name"])
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise bad_request(f"{here}.function.parameters must be a JSON schema object", f"{here}.function.parameters")
-        if fn.get("description") is not None and not isinstance(fn["description"], str):
-            raise bad_request(f"{here}.function.description must be a string", f"{here}.function.description")
-        out.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters")
-                                                     if fn.get(k) is not None}})
+        fn = one(tool, f"tools[{i}]")
+        name = fn["function"]["name"]
+        if name in names:
+            raise bad_request(f"tools[{i}]: function name {name!r} is defined twice", f"tools[{i}]")
+        names.add(name)
+        out.append(fn)
     return out
+
+
+def _openai_tool(tool: Any, here: str) -> dict:
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise bad_request(f"{here} must be {{\"type\": \"function\", \"function\": {{...}}}}", here)
+    return function_tool(tool.get("function"), f"{here}.function")
+
+
+def parse_tools(value: Any) -> list[dict] | None:
+    """OpenAI / Ollama `tools`: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]."""
+    return parse_tool_list(value, _openai_tool)
 
 
 def parse_tool_choice(value: Any, tools: list[dict] | None) -> str | dict:

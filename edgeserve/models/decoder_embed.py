@@ -1,0 +1,133 @@
+"""Decoder models that embed: a GGUF whose `<arch>.pooling_type` names a pooling (llama.cpp writes it when it
+converts an embedding model such as Qwen3-Embedding, gte-Qwen2 or e5-mistral).
+
+The decoder runs over a right-padded batch with causal attention inside each sequence and no KV cache (a padded
+position comes after every real one, so causal masking alone keeps it out of their attention); the final hidden
+states are pooled (mean, first token or last token, per the metadata) and L2-normalized, as llama.cpp's server
+returns them. The result has the interface of `bert.LoadedEncoder`, so the engine's EmbeddingEngine batches it
+like any embedding model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from edgeserve.models.bert import pool
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's LLAMA_POOLING_TYPE values that give one vector per input (0 is none: token states; 4 is rank:
+# reranker scores, not embeddings)
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "lasttoken"}
+
+
+def gguf_pooling(metadata: Mapping[str, Any]) -> str | None:
+    """The pooling a GGUF's metadata names ("mean", "cls", "lasttoken"), or None when it is not an embedding
+    model."""
+    arch = metadata.get("general.architecture")
+    value = metadata.get(f"{arch}.pooling_type")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return POOLING_TYPES.get(value)
+
+
+@dataclass
+class DecoderEmbedConfig:
+    """What the embedding routes and EmbeddingEngine read of an embedding model's config."""
+
+    vocab_size: int
+    hidden_size: int
+    max_seq_length: int
+    pooling: str
+    normalize: bool = True
+
+
+class PaddedCausalAttention:
+    """The decoder's attention over a flat [batch * length] layout of right-padded sequences: each sequence attends
+    causally to itself (with the model's sliding window, softcap and scale); nothing is cached."""
+
+    def __init__(self, batch: int, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                 softcap: float | None = None, scale: float | None = None) -> torch.Tensor:
+        from edgeserve.kernels.paged_attention import _attention
+
+        b, t = self.batch, self.length
+        qh, kh, vh = (x.reshape(b, t, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        mask = None  # causal
+        if window is not None:
+            pos = torch.arange(t, device=q.device)
+            mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
+        out = _attention(qh, kh, vh, mask, scale, q.shape[1] != k.shape[1], softcap)
+        return out.transpose(1, 2).reshape(b * t, -1)
+
+
+@dataclass
+class LoadedDecoderEmbedder:
+    """A decoder GGUF ready to embed: the model, its tokenizer and its pooling (the LoadedEncoder interface)."""
+
+    name: str
+    source: Any
+    config: DecoderEmbedConfig
+    model: Any  # a decoder from edgeserve.models.decoders
+    tokenizer: Any  # edgeserve.loaders.tokenizer.Tokenizer
+    eos_id: int | None  # appended to each input when the GGUF asks for it (tokenizer.ggml.add_eos_token)
+    device: torch.device
+    load_seconds: float
+
+    def encode(self, text: str) -> tuple[list[int], int]:
+        """(token ids cut to the model's limit, the end token kept; the untruncated token count)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=True)
+        if self.eos_id is not None:
+            ids.append(self.eos_id)
+        full, limit = len(ids), self.config.max_seq_length
+        if full > limit:
+            ids = ids[: limit - 1] + [ids[-1] if self.eos_id is not None else ids[limit - 1]]
+        return ids, full
+
+    @torch.inference_mode()
+    def embed(self, batch: list[list[int]]) -> torch.Tensor:
+        """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
+        t = max(len(ids) for ids in batch)
+        input_ids = torch.zeros(len(batch), t, dtype=torch.long)
+        mask = torch.zeros(len(batch), t, dtype=torch.long)
+        for i, ids in enumerate(batch):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            mask[i, : len(ids)] = 1
+        positions = torch.arange(t).repeat(len(batch))
+        hidden = self.model.forward(input_ids.flatten().to(self.device), positions.to(self.device),
+                                    PaddedCausalAttention(len(batch), t))
+        states = hidden.view(len(batch), t, -1).float()
+        return pool(states, mask.to(self.device), self.config.pooling, self.config.normalize).cpu()
+
+
+def load_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
+                          max_len: int | None = None) -> LoadedDecoderEmbedder:
+    """Load a decoder GGUF that names a pooling (see gguf_pooling) for embedding; `max_len` caps its context."""
+    from edgeserve.errors import UnsupportedModelError
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.models.load import load_model
+
+    start = time.monotonic()
+    metadata = GGUFFile(source.path).metadata
+    pooling = gguf_pooling(metadata)
+    if pooling is None:
+        raise UnsupportedModelError(f"{source.path} names no pooling ({metadata.get('general.architecture')}"
+                                    ".pooling_type): it is not an embedding model")
+    lm = load_model(source, dtype=dtype, device=device, dense_prefill="off")
+    c = lm.config
+    limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
+    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token")) and lm.tokenizer.eos_id is not None
+    cfg = DecoderEmbedConfig(c.vocab_size, c.hidden_size, limit, pooling)
+    out = LoadedDecoderEmbedder(lm.name or source.path.stem, source, cfg, lm.model, lm.tokenizer,
+                                lm.tokenizer.eos_id if add_eos else None, lm.model.device, 0.0)
+    out.load_seconds = time.monotonic() - start
+    log.info("loaded decoder %s for embeddings: %d dims, pooling %s + normalize, max %d tokens, in %.2fs", out.name,
+             c.hidden_size, pooling, limit, out.load_seconds)
+    return out
