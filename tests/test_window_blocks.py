@@ -1,0 +1,136 @@
+"""Sliding-window layers keep their K/V in a window pool whose blocks a sequence holds only inside its window:
+the engine on a Gemma-3-shaped tiny random model generates the same tokens with the pool as without it, the
+sliding layers' blocks stay bounded by window / block_size + 1 while the global layers' grow, and prefix-cache
+reuse (across the window, and after the window blocks of a cached prefix were taken) gives the same tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from edgeserve.engine import kv_cache
+from edgeserve.engine.config import EngineConfig
+from edgeserve.engine.core import EngineCore
+from edgeserve.engine.kv_blocks import BlockManager
+from edgeserve.loaders.hf_folder import HFFolder
+from edgeserve.models.config import config_from_hf
+from edgeserve.models.decoders import decoder_class
+from edgeserve.models.load import LoadedModel
+from edgeserve.sampling_params import SamplingParams
+
+WINDOW, BS, VOCAB = 8, 4, 96
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory) -> LoadedModel:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=512, num_hidden_layers=7, sliding_window=WINDOW,
+        query_pre_attn_scalar=16, tie_word_embeddings=False)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # far from uniform attention, so a wrong window or a stale block changes the tokens
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name else 0.15)
+    folder = tmp_path_factory.mktemp("gemma3") / "hf"
+    model.save_pretrained(folder)
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    assert set(config.layer_windows) == {WINDOW, None}
+    ours = decoder_class(config).from_weights(config, HFFolder(folder).weights(), dtype=torch.float32)
+    tokenizer = SimpleNamespace(eot_ids=frozenset())
+    return LoadedModel("tiny-gemma3", SimpleNamespace(path=folder), config, ours, tokenizer, None, 0.0)
+
+
+def engine(lm: LoadedModel, window_pool: bool, monkeypatch, **kw) -> EngineCore:
+    """An engine over `lm`, with the sliding layers in their window pool or (False) in the one pool of all layers."""
+    if not window_pool:
+        monkeypatch.setattr(kv_cache, "split_window", lambda config: None)
+    kw = {"block_size": BS, "kv_cache_gb": 0.05, "max_num_seqs": 4, "max_num_batched_tokens": 16, **kw}
+    core = EngineCore(lm, EngineConfig(**kw))
+    monkeypatch.undo()
+    assert (core.pool.window is not None) == window_pool
+    return core
+
+
+def generate(core: EngineCore, prompts: list[list[int]], n: int, watch=None) -> list[list[int]]:
+    """Greedy `n` tokens for each prompt, all in one batch; `watch(core)` after every step."""
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    ids = [core.add_request(p, params) for p in prompts]
+    out: dict[str, list[int]] = {i: [] for i in ids}
+    while core.has_work():
+        for o in core.step():
+            out[o.request_id] += o.token_ids
+        core.scheduler.block_manager.check_integrity()
+        if watch is not None:
+            watch(core)
+    return [out[i] for i in ids]
+
+
+PROMPTS = [[(7 * i + 3) % VOCAB for i in range(37)], [(5 * i + 11) % VOCAB for i in range(21)]]
+
+
+def test_window_pool_is_bounded_and_gives_the_same_tokens(gemma, monkeypatch) -> None:
+    ref = generate(engine(gemma, False, monkeypatch, enable_prefix_caching=False), PROMPTS, 60)
+    core = engine(gemma, True, monkeypatch, enable_prefix_caching=False)
+    bound = WINDOW // BS + 1
+    seen = {"window": 0, "main": 0}
+
+    def watch(core: EngineCore) -> None:
+        bm = core.scheduler.block_manager
+        for seq in core.scheduler.running:
+            if seq.num_computed_tokens >= len(seq.prompt_token_ids):  # prefill done: only the window is held
+                assert bm.window_blocks_held(seq.seq_id) <= bound
+            seen["window"] = max(seen["window"], bm.window_blocks_held(seq.seq_id))
+            seen["main"] = max(seen["main"], len(bm.block_table(seq.seq_id)))
+
+    assert generate(core, PROMPTS, 60, watch) == ref
+    assert seen["window"] == bound and seen["main"] >= (37 + 59) // BS  # the global layers hold the whole context
+    assert core.pool.window_k.shape[1] < core.pool.k.shape[1]  # the window pool is the smaller one
+    assert core.scheduler.block_manager.window.num_used == 0  # everything given back
+
+
+def test_prefix_reuse_across_the_window_gives_the_same_tokens(gemma, monkeypatch) -> None:
+    first = PROMPTS[0]
+    ref_core = engine(gemma, False, monkeypatch, enable_prefix_caching=False)
+    [ref_a] = generate(ref_core, [first], 20)
+    turn2 = first + ref_a + [4, 9, 30]  # a follow-up turn: the whole first turn is a cached prefix
+    [ref_b] = generate(ref_core, [turn2], 20)
+
+    core = engine(gemma, True, monkeypatch)
+    bm = core.scheduler.block_manager
+    assert generate(core, [first], 20) == [ref_a]
+    reused = bm.num_prompt_tokens_reused
+    assert generate(core, [turn2], 20) == [ref_b]
+    assert bm.num_prompt_tokens_reused - reused >= len(first) + len(ref_a) - BS  # reused well past the window
+    assert generate(core, [first], 20) == [ref_a]  # the same prompt again: a hit on blocks behind the window too
+
+
+def test_a_hit_whose_window_blocks_are_gone_is_shortened() -> None:
+    """A cached prefix keeps its main blocks but its window blocks were handed to another sequence: the hit stops
+    where the window blocks it needs are still there (here: nowhere), so the rest is recomputed."""
+    bm = BlockManager(num_blocks=32, block_size=BS)
+    window = bm.use_window(WINDOW, 12)
+    tokens = list(range(40))
+    bm.allocate("a", tokens)
+    bm.slots("a", 0, 40)
+    bm.commit_full_blocks("a", tokens, 40)
+    assert bm.window_blocks_held("a") == WINDOW // BS + 1 - 1  # next query at 40 sees 33..39: blocks 8, 9
+    bm.free("a")
+    bm.check_integrity()
+    # the same prompt: all 9 full blocks (the last token excluded) hit, and the window blocks of 8 are still paired
+    assert bm.allocate("b", tokens[:37]) == 36
+    assert bm.window_blocks_held("b") == 2  # next query at 36 sees 29..35: blocks 7, 8
+    bm.free("b")
+    # another prompt takes every window block: the cached prefix of `a` loses its sliding-layer K/V
+    other = [100 + t for t in range(48)]
+    bm.allocate("c", other)
+    bm.slots("c", 0, 48)
+    assert window.num_used == 12
+    bm.free("c")
+    assert bm.allocate("d", tokens[:37]) == 0  # no window blocks left for the prefix: computed again
+    bm.check_integrity()
