@@ -134,3 +134,18 @@ def test_a_hit_whose_window_blocks_are_gone_is_shortened() -> None:
     bm.free("c")
     assert bm.allocate("d", tokens[:37]) == 0  # no window blocks left for the prefix: computed again
     bm.check_integrity()
+
+
+def test_preempted_and_recomputed_sequences_give_the_same_tokens(gemma, monkeypatch) -> None:
+    ref = generate(engine(gemma, False, monkeypatch, enable_prefix_caching=False), PROMPTS, 60)
+    # the window pool's blocks and 40 blocks of 4 tokens for the global layer: the two sequences (97 and 81 tokens
+    # at the end) cannot both stay
+    c = gemma.config
+    layer_block = 2 * c.num_kv_heads * c.head_dim * 4 * BS
+    window_blocks = kv_cache.window_pool_blocks(WINDOW, BS, 4, 16)
+    n_sliding = sum(w is not None for w in c.layer_windows)
+    budget = (window_blocks * n_sliding + 40.5 * (c.num_layers - n_sliding)) * layer_block
+    core = engine(gemma, True, monkeypatch, kv_cache_gb=budget / 2**30)
+    assert core.pool.k.shape[1] == 40 and core.pool.window_k.shape[1] == window_blocks
+    assert generate(core, PROMPTS, 60) == ref
+    assert core.scheduler.num_preemptions > 0
