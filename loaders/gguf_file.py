@@ -22,7 +22,7 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 from .gguf_parse import GGUFTensorInfo, parse_gguf
 
-__all__ = ["GGUFFile", "GGUFTensorInfo", "check_supported_qtype"]
+__all__ = ["GGUFFile", "GGUFTensorInfo", "check_supported_qtype", "gguf_parts"]
 
 # Types whose raw data is typed values; every other type is raw block bytes (as gguf.GGUFReader gives them).
 _SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -50,8 +50,9 @@ class GGUFFile:
         if int(self.metadata.get("split.no", 0)) != 0 or m is None or int(m["no"]) != 1:
             raise ModelLoadError(f"{self.path} is not the first part of a split GGUF model "
                                  f"(give the path of NAME-00001-of-{count:05d}.gguf)")
-        for no in range(2, count + 1):
-            part = self.path.with_name(f"{m['stem']}-{no:05d}-of-{count:05d}.gguf")
+        if int(m["count"]) != count:
+            raise ModelLoadError(f"{self.path.name} says the model has {count} parts, its name says {int(m['count'])}")
+        for no, part in enumerate(gguf_parts(self.path)[1:], start=2):
             if not part.is_file():
                 raise ModelLoadError(f"split GGUF model part {no} of {count} is missing: {part}")
             buf, layout = _open_part(part)
@@ -112,6 +113,17 @@ class GGUFFile:
         except ModelLoadError as e:
             raise ModelLoadError(f"{self.path}: tensor {name!r}: {e}") from None
         return values.to(dtype)
+
+
+def gguf_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of a GGUF model by name: every part of a split model given its first part
+    (NAME-00001-of-0000N.gguf), else [path]. Nothing is opened."""
+    path = Path(path)
+    m = _SPLIT_NAME.match(path.name)
+    if m is None or int(m["no"]) != 1:
+        return [path]
+    count = int(m["count"])
+    return [path.with_name(f"{m['stem']}-{no:05d}-of-{count:05d}.gguf") for no in range(1, count + 1)]
 
 
 def _open_part(path: Path) -> tuple[bytes | mmap.mmap, Any]:

@@ -115,3 +115,12 @@ def test_pull_refuses_a_split_model_with_a_part_missing(hub: FakeHub, models) ->
     del hub.repos[REPO][split_parts(first.name)[1]]
     with pytest.raises(PullError, match=r"lacks part tiny\.Q8_0-00002-of-00003\.gguf"):
         pull(f"hf.co/{REPO}:Q8_0", progress=False)
+
+
+def test_size_counts_every_part(models) -> None:
+    from edgeserve.server.model_manager import source_bytes
+
+    _, first = models
+    parts = sorted(first.parent.glob("*.gguf"))
+    assert len(parts) == 3
+    assert source_bytes(resolve(str(first))) == sum(p.stat().st_size for p in parts)

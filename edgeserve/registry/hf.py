@@ -33,7 +33,7 @@ _FOLDER_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json", "
                     "model.safetensors.index.json")
 _COMPLETE = ".edgeserve-complete"
 # llama.cpp's gguf-split part names: NAME-00001-of-00003.gguf
-_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,9 @@ def quant_of(filename: str) -> str | None:
 def split_parts(first: str) -> list[str]:
     """All part names of a split GGUF model given its first part's (`NAME-00001-of-00003.gguf`); [first] for a
     single file."""
-    m = _SPLIT_RE.search(first)
-    if m is None:
-        return [first]
-    count = int(m[2])
-    return [first[: m.start()] + f"-{no:05d}-of-{count:05d}" + first[m.end() - 5:] for no in range(1, count + 1)]
+    from edgeserve.loaders.gguf_file import gguf_parts
+
+    return [str(p) for p in gguf_parts(first)]
 
 
 def pick_gguf(files: dict[str, int], quant: str | None) -> str:
