@@ -149,3 +149,89 @@ def test_preempted_and_recomputed_sequences_give_the_same_tokens(gemma, monkeypa
     assert core.pool.k.shape[1] == 40 and core.pool.window_k.shape[1] == window_blocks
     assert generate(core, PROMPTS, 60) == ref
     assert core.scheduler.num_preemptions > 0
+
+
+class WindowFakeModel:
+    """Writes each fed token into a fake main pool and a fake window pool (through the main-to-window block map, as
+    the attention side does) and samples a hash of what it reads back: the whole context from the main pool, the
+    last WINDOW positions from the window pool, which must hold exactly those tokens."""
+
+    def __init__(self, bm: BlockManager) -> None:
+        self.bm = bm
+        self.main: list = [None] * (bm.num_blocks * BS)
+        self.window: list = [None] * (bm.window.num_blocks * BS) if bm.window is not None else None
+
+    def _window_slot(self, table: list[int], p: int) -> int:
+        w = self.bm.window.of_block[table[p // BS]]
+        assert w >= 0, "a position inside the window has no window block"
+        return w * BS + p % BS
+
+    def step(self, out) -> dict:
+        sampled = {}
+        for s in out.scheduled:
+            for tok, pos, slot in zip(s.token_ids, s.positions, s.slot_mapping):
+                self.main[slot] = (pos, tok)
+                if self.window is not None:
+                    self.window[self._window_slot(s.block_table, pos)] = (pos, tok)
+            if s.samples:
+                ctx = [self.main[s.block_table[p // BS] * BS + p % BS] for p in range(s.context_len)]
+                assert [c[0] for c in ctx] == list(range(s.context_len))
+                if self.window is not None:
+                    recent = range(max(0, s.context_len - WINDOW), s.context_len)
+                    assert [self.window[self._window_slot(s.block_table, p)] for p in recent] == ctx[-len(recent):]
+                sampled[s.seq_id] = [hash(tuple(c[1] for c in ctx)) % 50]
+        return sampled
+
+
+def drive(sched, requests: dict, max_tokens: dict, arrivals: dict) -> dict:
+    """Run the scheduler over WindowFakeModel until every request is done, checking the pools every step."""
+    from edgeserve.engine.scheduler import Sequence
+
+    bm = sched.block_manager
+    model, done = WindowFakeModel(bm), {}
+    for step in range(5000):
+        for sid, at in arrivals.items():
+            if at == step:
+                sched.add(Sequence(sid, list(requests[sid])))
+        if not sched.has_unfinished() and len(done) == len(requests):
+            return done
+        out = sched.schedule()
+        sched.update(out, model.step(out))
+        for s in out.scheduled:
+            if len(sched.get(s.seq_id).output_token_ids) >= max_tokens[s.seq_id]:
+                done[s.seq_id] = sched.finish(s.seq_id, "length").output_token_ids
+        bm.check_integrity()
+        if bm.window is not None:
+            for seq in sched.running:
+                if seq.num_computed_tokens >= seq.num_tokens - 1:
+                    assert bm.window_blocks_held(seq.seq_id) <= WINDOW // BS + 1
+    raise AssertionError("run did not finish")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_pool_sized_by_the_bound_never_runs_out(seed: int) -> None:
+    """Random requests sharing prefixes, arriving over time, in a tight main pool (preemptions) with the window pool
+    at `window_pool_blocks`: the same outputs as one pool of all layers, and no window block ever missing."""
+    import random
+
+    from edgeserve.engine.scheduler import Scheduler, SchedulerConfig
+
+    rng = random.Random(seed)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(3)]
+    requests, max_tokens, arrivals = {}, {}, {}
+    for i in range(12):
+        requests[i] = rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
+        max_tokens[i], arrivals[i] = rng.randrange(1, 40), rng.randrange(0, 30)
+    seqs, budget = 4, 12
+
+    def sched(window: bool, num_blocks: int) -> Scheduler:
+        s = Scheduler(SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, block_size=BS), num_blocks)
+        if window:
+            s.block_manager.use_window(WINDOW, kv_cache.window_pool_blocks(WINDOW, BS, seqs, budget))
+        return s
+
+    reference = drive(sched(False, 400), requests, max_tokens, arrivals)
+    tight = sched(True, 30)
+    assert drive(tight, requests, max_tokens, arrivals) == reference
+    assert tight.num_preemptions > 0 and tight.block_manager.num_prompt_tokens_reused > 0
+    assert tight.block_manager.window.num_used == 0
