@@ -235,3 +235,23 @@ def test_window_pool_sized_by_the_bound_never_runs_out(seed: int) -> None:
     assert drive(tight, requests, max_tokens, arrivals) == reference
     assert tight.num_preemptions > 0 and tight.block_manager.num_prompt_tokens_reused > 0
     assert tight.block_manager.window.num_used == 0
+
+
+def test_rolled_back_speculative_tokens_give_their_window_blocks_back() -> None:
+    bm = BlockManager(num_blocks=32, block_size=BS)
+    window = bm.use_window(WINDOW, 12)
+    tokens = list(range(30))
+    bm.allocate("a", tokens)
+    bm.slots("a", 0, 30)
+    bm.commit_full_blocks("a", tokens, 30)
+    held = bm.window_blocks_held("a")
+    assert bm.ensure_capacity("a", 30 + 9)  # one decode token and 8 drafts: blocks 7..9
+    bm.slots("a", 30, 39)
+    assert bm.window_blocks_held("a") == held + 2
+    bm.truncate("a", 31)  # only the decode token's KV stays
+    bm.commit_full_blocks("a", tokens + [1], 31)
+    bm.check_integrity()
+    assert bm.window_blocks_held("a") <= WINDOW // BS + 1 and len(bm.block_table("a")) == 8
+    bm.free("a")
+    assert window.num_used == 0
+    bm.check_integrity()
