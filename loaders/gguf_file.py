@@ -56,7 +56,8 @@ class GGUFFile:
             if not part.is_file():
                 raise ModelLoadError(f"split GGUF model part {no} of {count} is missing: {part}")
             buf, layout = _open_part(part)
-            if int(layout.metadata.get("split.no", -1)) != no - 1 or int(layout.metadata.get("split.count", 0)) != count:
+            meta = layout.metadata
+            if int(meta.get("split.no", -1)) != no - 1 or int(meta.get("split.count", 0)) != count:
                 raise ModelLoadError(f"{part} is not part {no} of {count} of {self.path.name}")
             if layout.byte_order != self._byte_order:
                 raise ModelLoadError(f"{part}: byte order differs from the first part's")

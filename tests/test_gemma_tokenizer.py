@@ -30,8 +30,9 @@ CORPUS = [
     "a  b   c    d     e", "line1\n\nline2\n\n\n\nline3", "\t\ttabs\t \t mixed", "   leading", "trailing   ",
     " ", "  ", "\n", "\n\n\n", "\r\n windows\r\n", "\u00a0nbsp\u2003em\u200bzero-width", "x" + " " * 31 + "y",
     # special tokens and look-alikes
-    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<bos>text<eos>", "<pad><unk><mask>",
-    "<start_of_image> and <end_of_image>", "<start_of_turn", "< start_of_turn >", "<b>bold</b> <div class=\"x\">",
+    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", "<bos>text<eos>",
+    "<pad><unk><mask>", "<start_of_image> and <end_of_image>", "<start_of_turn", "< start_of_turn >",
+    "<b>bold</b> <div class=\"x\">",
     # byte fallback and digits
     "\x00\x01\x07 control", "𠜎𠜱𝕏 rare", "1234567890 3.14159 -42 1e-10 0x1F", "a" * 42,
 ]

@@ -113,8 +113,10 @@ class EngineCore:
             # a request may not use more context than the pool holds
             self.max_model_len = num_blocks * config.block_size
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
-        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device, scratch_block=use_graphs,
-                           window_blocks=0 if config.offload_config().use_cpu else min(window_blocks, num_blocks))
+        # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
+        window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
+                           scratch_block=use_graphs, window_blocks=window_blocks)
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        # preempted requests rejoin the queue on top of the core's own admission limit

@@ -61,7 +61,8 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
     n_window = sum(w is not None for w in config.layer_windows)  # type: ignore[union-attr]
     layer_block = kv_bytes_per_token(config, dtype) // config.num_layers * block_size
     window_blocks = window_pool_blocks(window, block_size, max_num_seqs, max_num_batched_tokens)
-    main = int((budget_bytes - window_blocks * n_window * layer_block) // ((config.num_layers - n_window) * layer_block))
+    left = budget_bytes - window_blocks * n_window * layer_block
+    main = int(left // ((config.num_layers - n_window) * layer_block))
     if main <= max(unsplit, window_blocks):
         return unsplit, unsplit
     return main, window_blocks
