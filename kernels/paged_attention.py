@@ -105,14 +105,22 @@ def _plan(meta: AttentionMetadata, device: torch.device, block_size: int, window
         length = max(slens[i] for i in decode)
         tables = meta.block_tables[torch.tensor(decode, device=device)].long()
         bs = block_size
-        pos = torch.arange(length, device=device)
-        # one flat index per step, so each layer gathers its K and V with a single indexing op each
-        slots = (tables[:, pos // bs] * bs + pos % bs).reshape(-1)
+        if window is not None and length > window:
+            # only each row's last `window` positions: a sliding layer's work stays bounded by the window
+            length = window
+            pos = lens[:, None] - window + torch.arange(window, device=device)[None, :]  # [Bd, window]
+            visible = pos >= 0
+            pos = pos.clamp(min=0)
+            slots = (tables.gather(1, pos // bs) * bs + pos % bs).reshape(-1)
+        else:
+            pos = torch.arange(length, device=device)
+            # one flat index per step, so each layer gathers its K and V with a single indexing op each
+            slots = (tables[:, pos // bs] * bs + pos % bs).reshape(-1)
+            visible = pos[None, :] < lens[:, None]
+            if window is not None:
+                visible &= pos[None, :] >= lens[:, None] - window
         # additive, built once per step: SDPA would otherwise turn a boolean mask into this one in every layer
         # (the same where(mask, 0, -inf) it computes itself, so results are unchanged)
-        visible = pos[None, :] < lens[:, None]
-        if window is not None:
-            visible &= pos[None, :] >= lens[:, None] - window
         visible = visible[:, None, None, :]
         mask = torch.zeros(visible.shape, dtype=torch.float64, device=device).masked_fill_(~visible, float("-inf"))
     prefills = []

@@ -1,9 +1,15 @@
-"""Open a GGUF file over mmap: metadata as Python values, tensors on demand."""
+"""Open a GGUF file over mmap: metadata as Python values, tensors on demand.
+
+A model split by llama.cpp's gguf-split (`NAME-00001-of-00003.gguf`, ... with `split.no` / `split.count` /
+`split.tensors.count` keys) opens from its first part's path: the metadata comes from the first part and the
+tensors from all of them.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -16,9 +22,10 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 from .gguf_parse import GGUFTensorInfo, parse_gguf
 
-__all__ = ["GGUFFile", "GGUFTensorInfo", "check_supported_qtype"]
+__all__ = ["GGUFFile", "GGUFTensorInfo", "check_supported_qtype", "gguf_parts"]
 
 # Types whose raw data is typed values; every other type is raw block bytes (as gguf.GGUFReader gives them).
+_SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _VALUE_DTYPES = {"F32": "f4", "F16": "f2", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4", "I64": "i8"}
 
 
@@ -27,21 +34,43 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        if not self.path.exists():
-            raise ModelLoadError(f"model file not found: {self.path}")
-        if not self.path.is_file():
-            raise ModelLoadError(f"model path is not a file: {self.path}")
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                # mmap refuses an empty file; the parser reports that one itself.
-                self._map: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except OSError as e:
-            raise ModelLoadError(f"cannot read model file {self.path}: {e.strerror or e}") from None
-        layout = parse_gguf(self._map, str(self.path))
+        self._map, layout = _open_part(self.path)
         self._byte_order = layout.byte_order
         self._tensors = layout.tensors
         self.metadata: dict[str, Any] = {key: _python(value) for key, value in layout.metadata.items()}
+        self._maps = {name: self._map for name in self._tensors}  # the part each tensor's bytes are in
+        self.parts = [self.path]
+        if int(self.metadata.get("split.count", 1)) > 1:
+            self._open_other_parts()
+
+    def _open_other_parts(self) -> None:
+        """Map parts 2.. of a split model next to this first part and take their tensors."""
+        count = int(self.metadata["split.count"])
+        m = _SPLIT_NAME.match(self.path.name)
+        if int(self.metadata.get("split.no", 0)) != 0 or m is None or int(m["no"]) != 1:
+            raise ModelLoadError(f"{self.path} is not the first part of a split GGUF model "
+                                 f"(give the path of NAME-00001-of-{count:05d}.gguf)")
+        if int(m["count"]) != count:
+            raise ModelLoadError(f"{self.path.name} says the model has {count} parts, its name says {int(m['count'])}")
+        for no, part in enumerate(gguf_parts(self.path)[1:], start=2):
+            if not part.is_file():
+                raise ModelLoadError(f"split GGUF model part {no} of {count} is missing: {part}")
+            buf, layout = _open_part(part)
+            meta = layout.metadata
+            if int(meta.get("split.no", -1)) != no - 1 or int(meta.get("split.count", 0)) != count:
+                raise ModelLoadError(f"{part} is not part {no} of {count} of {self.path.name}")
+            if layout.byte_order != self._byte_order:
+                raise ModelLoadError(f"{part}: byte order differs from the first part's")
+            for name, info in layout.tensors.items():
+                if name in self._tensors:
+                    raise ModelLoadError(f"{part}: tensor {name!r} is also in an earlier part")
+                self._tensors[name] = info
+                self._maps[name] = buf
+            self.parts.append(part)
+        expected = self.metadata.get("split.tensors.count")
+        if expected is not None and int(expected) != len(self._tensors):
+            raise ModelLoadError(f"split GGUF model {self.path.name}: its parts hold {len(self._tensors)} tensors, "
+                                 f"split.tensors.count says {expected}")
 
     @property
     def architecture(self) -> str:
@@ -72,7 +101,7 @@ class GGUFFile:
         else:
             block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[info.qtype]]
             dtype, shape = np.dtype(np.uint8), (*info.shape[:-1], info.shape[-1] // block_size * type_size)
-        return np.frombuffer(self._map, dtype, prod(shape), info.data_offset).reshape(shape)
+        return np.frombuffer(self._maps[name], dtype, prod(shape), info.data_offset).reshape(shape)
 
     def load_tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """One tensor dequantized to `dtype`, in torch order; only this tensor's bytes are read."""
@@ -85,6 +114,33 @@ class GGUFFile:
         except ModelLoadError as e:
             raise ModelLoadError(f"{self.path}: tensor {name!r}: {e}") from None
         return values.to(dtype)
+
+
+def gguf_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of a GGUF model by name: every part of a split model given its first part
+    (NAME-00001-of-0000N.gguf), else [path]. Nothing is opened."""
+    path = Path(path)
+    m = _SPLIT_NAME.match(path.name)
+    if m is None or int(m["no"]) != 1:
+        return [path]
+    count = int(m["count"])
+    return [path.with_name(f"{m['stem']}-{no:05d}-of-{count:05d}.gguf") for no in range(1, count + 1)]
+
+
+def _open_part(path: Path) -> tuple[bytes | mmap.mmap, Any]:
+    """Map one GGUF file read-only and parse its layout."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # mmap refuses an empty file; the parser reports that one itself.
+            buf: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file {path}: {e.strerror or e}") from None
+    return buf, parse_gguf(buf, str(path))
 
 
 def _python(value: Any) -> Any:

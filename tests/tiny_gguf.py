@@ -23,14 +23,17 @@ def byte_vocab() -> list[str]:
 
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
-                     skip_tensor: str | None = None, pooling_type: int | None = None) -> Path:
+                     skip_tensor: str | None = None, pooling_type: int | None = None,
+                     split_max_tensors: int = 0) -> Path:
     """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`
-    (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model)."""
+    (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model).
+    `split_max_tensors`: written as llama.cpp's gguf-split parts of that many tensors (`path` then names the set:
+    the parts are PATH_STEM-00001-of-0000N.gguf, ...; the first part's path is returned)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(layers)
     w.add_context_length(128)
     w.add_embedding_length(hidden)
@@ -82,6 +85,8 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))[0]
     return path
 
 

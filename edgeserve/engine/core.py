@@ -29,7 +29,7 @@ from edgeserve.text.grammar import GrammarCompiler, GrammarState
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, num_blocks_for_budget
+from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, pool_blocks_for_budget
 from .model_runner import ModelRunner, SamplingRow, TokenFill
 from .outputs import EngineStats, TokenLogprob
 from .sampler import SampleOutput, make_generator
@@ -98,7 +98,8 @@ class EngineCore:
                                      config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
         else:
             budget = config.kv_cache_fraction * free_memory_bytes(model.device)
-        num_blocks = num_blocks_for_budget(budget, lm.config, model.dtype, config.block_size)
+        num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, model.dtype, config.block_size,
+                                                           config.max_num_seqs, config.max_num_batched_tokens)
         # more blocks than every seat filled to the full context can never be used
         blocks_per_seq = -(-self.max_model_len // config.block_size)
         num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
@@ -112,7 +113,10 @@ class EngineCore:
             # a request may not use more context than the pool holds
             self.max_model_len = num_blocks * config.block_size
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
-        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device, scratch_block=use_graphs)
+        # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
+        window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
+                           scratch_block=use_graphs, window_blocks=window_blocks)
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        # preempted requests rejoin the queue on top of the core's own admission limit
@@ -121,6 +125,7 @@ class EngineCore:
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
+        self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
         self.runner = ModelRunner(model, self.pool)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)

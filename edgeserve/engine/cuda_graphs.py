@@ -171,6 +171,7 @@ class DecodeGraphs:
         """Pad the step to its bucket and copy it into the static buffers."""
         bucket = bucket_for(len(token_ids), self.sizes)
         assert bucket is not None
+        self.pool.sync_window_map()  # the sliding-window pool's block pairing, read by the captured graph
         p = pad_decode_batch(token_ids, positions, slot_mapping, seq_lens, block_tables, bucket, self.max_blocks,
                              self.pool.scratch_block, self.block_size)
         dev = self.device

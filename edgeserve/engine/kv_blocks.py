@@ -8,6 +8,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable, Protocol, Sequence
 
+from .window_blocks import WindowBlocks
+
 SeqId = Hashable
 
 _ROOT_HASH = b""
@@ -54,6 +56,8 @@ class _SeqBlocks:
     num_tokens: int = 0  # tokens that have a reserved slot
     num_hashed: int = 0  # leading full blocks whose hash is known
     last_hash: bytes = _ROOT_HASH
+    window_from: int = 0  # logical blocks window_from..window_to-1 hold a window block (sliding-window layers)
+    window_to: int = 0
 
 
 class BlockManager:
@@ -76,6 +80,18 @@ class BlockManager:
         self.num_prompt_tokens_reused = 0  # device and tier hits
         self.offload = offload  # evicted cached blocks go there; prefix lookups continue there
         self.num_prompt_tokens_fetched = 0  # the part of the reused tokens copied up from a tier
+        self.window: WindowBlocks | None = None  # the sliding-window layers' pool, when the model keeps one
+
+    def use_window(self, window: int, num_window_blocks: int) -> WindowBlocks:
+        """Keep the sliding-window layers' K/V in a pool of `num_window_blocks` blocks that each sequence holds only
+        within its last `window` tokens (call before the first allocation); returns it (the KV pool reads its
+        pairing). Offload tiers hold whole blocks of every layer, so they cannot be used with it."""
+        if self._seqs:
+            raise ValueError("use_window must come before the first allocation")
+        if self.offload is not None:
+            raise ValueError("KV offload tiers cannot be combined with a sliding-window block pool")
+        self.window = WindowBlocks(window, self.block_size, num_window_blocks, self.num_blocks)
+        return self.window
 
     # --- queries ---------------------------------------------------------
 
@@ -110,9 +126,21 @@ class BlockManager:
         return table[position // self.block_size] * self.block_size + position % self.block_size
 
     def slots(self, seq: SeqId, start: int, stop: int) -> list[int]:
-        """KV slots of positions start..stop-1 of `seq`."""
-        table, bs = self._seqs[seq].block_ids, self.block_size
+        """KV slots of positions start..stop-1 of `seq` (the tokens a step computes). With a window pool, the
+        blocks they fall in get their window blocks here (see `use_window`)."""
+        state, bs = self._seqs[seq], self.block_size
+        table = state.block_ids
+        if self.window is not None and stop > start:
+            last = (stop - 1) // bs + 1
+            for i in range(state.window_to, last):
+                self.window.acquire(table[i])
+            state.window_to = max(state.window_to, last)
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def window_blocks_held(self, seq: SeqId) -> int:
+        """How many window blocks `seq` holds (0 without a window pool)."""
+        state = self._seqs[seq]
+        return state.window_to - state.window_from
 
     # --- allocation ------------------------------------------------------
 
@@ -128,6 +156,10 @@ class BlockManager:
             raise ValueError("cannot allocate an empty sequence")
         max_blocks = (n - 1) // self.block_size if self.enable_prefix_caching else 0
         hits, parent = self._find_prefix(token_ids, max_blocks)
+        window_from = 0
+        if self.window is not None:
+            hits, window_from = self._window_covered(hits)
+            parent = self.blocks[hits[-1]].hash if hits else _ROOT_HASH
         tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
@@ -139,6 +171,10 @@ class BlockManager:
         fetched = len(new_ids)
         new_ids += [self._take_free() for _ in range(fresh - len(new_ids))]
         state = _SeqBlocks(block_ids=hits + new_ids, num_tokens=n, num_hashed=len(hits) + fetched, last_hash=parent)
+        if self.window is not None:
+            for b in hits[window_from:]:
+                self.window.acquire(b)
+            state.window_from, state.window_to = window_from, len(hits)
         self._seqs[seq] = state
         cached = (len(hits) + fetched) * self.block_size
         self.num_prompt_tokens_fetched += fetched * self.block_size
@@ -151,6 +187,8 @@ class BlockManager:
         return its block table. Call `commit_full_blocks` once the KV is back."""
         if seq in self._seqs:
             raise ValueError(f"sequence {seq!r} already has blocks")
+        if self.window is not None:
+            raise ValueError("swapped KV cannot come back into a sliding-window block pool")
         needed = self.blocks_needed(num_tokens)
         if needed > len(self._free):
             raise OutOfBlocksError(f"need {needed} free blocks, have {len(self._free)}")
@@ -181,6 +219,9 @@ class BlockManager:
         while len(state.block_ids) > keep:
             b = state.block_ids.pop()
             block = self.blocks[b]
+            if self.window is not None and len(state.block_ids) < state.window_to:
+                self.window.release(b, cached=False)
+                state.window_to = len(state.block_ids)
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[b] = None
@@ -191,6 +232,8 @@ class BlockManager:
     def commit_full_blocks(self, seq: SeqId, token_ids: Sequence[int], num_computed: int) -> None:
         """Register the prefix-cache keys of `seq`'s blocks that are full within its first `num_computed` tokens."""
         if not self.enable_prefix_caching:
+            if self.window is not None:
+                self._release_behind_window(seq, num_computed)
             return
         state, bs = self._seqs[seq], self.block_size
         num_full = min(num_computed, len(token_ids)) // bs
@@ -204,10 +247,15 @@ class BlockManager:
                 self._by_hash[h] = block.block_id
             state.last_hash = h
         state.num_hashed = max(state.num_hashed, num_full)
+        if self.window is not None:
+            self._release_behind_window(seq, num_computed)
 
     def free(self, seq: SeqId) -> None:
         """Release `seq`'s blocks; computed full blocks stay cached until their space is needed."""
         state = self._seqs.pop(seq)
+        if self.window is not None:
+            for b in reversed(state.block_ids[state.window_from:state.window_to]):
+                self.window.release(b, cached=self.blocks[b].hash is not None)
         # Tail blocks first, so a shared prefix outlives the suffixes that hang off it.
         for b in reversed(state.block_ids):
             block = self.blocks[b]
@@ -229,6 +277,28 @@ class BlockManager:
         return len(self._by_hash)
 
     # --- internals -------------------------------------------------------
+
+    def _window_covered(self, hits: list[int]) -> tuple[list[int], int]:
+        """The longest leading part of prefix hit `hits` whose last `window` tokens still have their window blocks,
+        and the first of its logical blocks the new sequence needs a window block for."""
+        window = self.window
+        n = len(hits)
+        while n > 0:
+            first = window.first_needed(n * self.block_size)
+            missing = [i for i in range(first, n) if not window.has(hits[i])]
+            if not missing:
+                return hits[:n], first
+            n = missing[-1]  # longer hits all need the missing block; the first shorter one that may not ends there
+        return [], 0
+
+    def _release_behind_window(self, seq: SeqId, num_computed: int) -> None:
+        """Give back the window blocks of `seq` that its next query can no longer see."""
+        state = self._seqs[seq]
+        stop = min(self.window.first_needed(num_computed), state.window_to)
+        for i in range(state.window_from, stop):
+            b = state.block_ids[i]
+            self.window.release(b, cached=self.blocks[b].hash is not None)
+        state.window_from = max(state.window_from, stop)
 
     def _find_prefix(self, token_ids: Sequence[int], max_blocks: int) -> tuple[list[int], bytes]:
         """Cached blocks that match the first blocks of `token_ids`, and the key of the last one."""
@@ -297,6 +367,8 @@ class BlockManager:
         """Pop the least recently freed block, dropping any prefix it cached."""
         b, _ = self._free.popitem(last=False)
         block = self.blocks[b]
+        if self.window is not None:
+            self.window.drop(b)
         if block.hash is not None:
             self._num_cached_free -= 1
             if self._by_hash.get(block.hash) == b:
@@ -336,3 +408,10 @@ class BlockManager:
         for h, b in self._by_hash.items():
             if self.blocks[b].hash != h:
                 raise AssertionError(f"hash table entry for block {b} is stale")
+        if self.window is not None:
+            held = []
+            for seq, state in self._seqs.items():
+                if not 0 <= state.window_from <= state.window_to <= len(state.block_ids):
+                    raise AssertionError(f"{seq!r}: window holds {state.window_from}..{state.window_to} out of range")
+                held += state.block_ids[state.window_from:state.window_to]
+            self.window.check(held)

@@ -1,6 +1,12 @@
-"""The KV pool's memory: one K and one V tensor per model, blocks of `block_size` slots, sized from a budget."""
+"""The KV pool's memory: one K and one V tensor per model, blocks of `block_size` slots, sized from a budget.
+
+A model that mixes sliding-window and global layers (Gemma 2/3) can keep the sliding layers' K/V apart, in a
+smaller pool whose blocks a sequence holds only within its window (`edgeserve.engine.window_blocks`).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -28,25 +34,101 @@ def num_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch
     return int(budget_bytes // (kv_bytes_per_token(config, dtype) * block_size))
 
 
+def split_window(config: ModelConfig) -> int | None:
+    """The sliding window of a model whose layers mix one window size with global attention (their K/V can live in
+    a window pool); None otherwise."""
+    windows = set(config.layer_windows or ())
+    if None not in windows or len(windows) != 2:
+        return None
+    return next(w for w in windows if w is not None)
+
+
+def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Window blocks that can never run out: each running sequence holds the blocks its window covers (at most
+    window / block_size + 2) plus those of this step's tokens (all steps' tokens together: the token budget)."""
+    return max_num_seqs * (-(-window // block_size) + 3) + -(-max_num_batched_tokens // block_size)
+
+
+def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch.dtype, block_size: int,
+                           max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+    """(main blocks, window blocks) that fit in `budget_bytes`: window blocks 0 when the model has no window pool;
+    else the window pool takes what can never run out (`window_pool_blocks`) and the global layers the rest, or
+    both pools get the same count when that leaves the global layers fewer blocks."""
+    window = split_window(config)
+    unsplit = num_blocks_for_budget(budget_bytes, config, dtype, block_size)
+    if window is None:
+        return unsplit, 0
+    n_window = sum(w is not None for w in config.layer_windows)  # type: ignore[union-attr]
+    layer_block = kv_bytes_per_token(config, dtype) // config.num_layers * block_size
+    window_blocks = window_pool_blocks(window, block_size, max_num_seqs, max_num_batched_tokens)
+    left = budget_bytes - window_blocks * n_window * layer_block
+    main = int(left // ((config.num_layers - n_window) * layer_block))
+    if main <= max(unsplit, window_blocks):
+        return unsplit, unsplit
+    return main, window_blocks
+
+
 class KVPool:
-    """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed."""
+    """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed.
+
+    With `window_blocks` (a model of sliding and global layers, see `split_window`), `k` / `v` hold the global
+    layers only and `window_k` / `window_v` the sliding ones, [num_sliding_layers, window_blocks, ...]; `layer_slot`
+    says where each layer lives. `attach` hands the window pool's bookkeeping to the scheduler's BlockManager.
+    """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", scratch_block: bool = False) -> None:
+                 device: torch.device | str = "cpu", scratch_block: bool = False, window_blocks: int = 0) -> None:
         """`scratch_block`: one more block after the `num_blocks` the scheduler owns, where the padding rows of a
         CUDA-graph decode batch write (its id is `self.scratch_block`; None without one)."""
         self.scratch_block: int | None = num_blocks if scratch_block else None
-        total = num_blocks + (1 if scratch_block else 0)
-        shape = (config.num_layers, total, block_size, config.num_kv_heads, config.head_dim)
+        extra = 1 if scratch_block else 0
+        self.window = split_window(config) if window_blocks > 0 else None
+        windows = config.layer_windows if self.window is not None else None
+        windows = windows or (None,) * config.num_layers
+        # layer i -> (is a sliding layer in the window pool, its index in its pool)
+        self.layer_slot = [(w is not None, sum((x is None) == (w is None) for x in windows[:i]))
+                           for i, w in enumerate(windows)]
+        n_window = sum(w is not None for w in windows)
+        tail = (block_size, config.num_kv_heads, config.head_dim)
         # zeroed, not empty: attention reads padded slots with weight 0, and 0 * NaN garbage would be NaN
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros((config.num_layers - n_window, num_blocks + extra, *tail), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.window_blocks = window_blocks if self.window is not None else 0
+        self.window_k = torch.zeros((n_window, self.window_blocks + extra, *tail), dtype=dtype, device=device)
+        self.window_v = torch.zeros_like(self.window_k)
+        # main block -> window block, on the model's device (synced from the BlockManager each step); the scratch
+        # block's entry is the window pool's scratch block
+        self.window_map: torch.Tensor | None = None
+        self._window_of = None
         self.num_blocks = num_blocks
         self.block_size = block_size
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + self.window_k.nbytes + self.window_v.nbytes
+
+    def attach(self, block_manager) -> None:
+        """Give `block_manager` (the scheduler's) this pool's window pool to keep; a no-op without one."""
+        if self.window is None:
+            return
+        wb = block_manager.use_window(self.window, self.window_blocks)
+        self._window_of = wb.of_block
+        host = torch.frombuffer(wb.of_block, dtype=torch.int32)
+        if self.k.device.type == "cpu" and self.scratch_block is None:
+            self.window_map = host  # shares the BlockManager's memory: always current
+        else:
+            self.window_map = torch.full((self.k.shape[1],), self.window_blocks, dtype=torch.int32,
+                                         device=self.k.device)
+            self.sync_window_map()
+
+    def sync_window_map(self) -> None:
+        """Copy the BlockManager's pairing of main and window blocks to the device (before a step runs; a no-op
+        where the map is shared or there is no window pool). Not during a CUDA graph capture."""
+        if self._window_of is None or (self.window_map.device.type == "cpu" and self.scratch_block is None):
+            return
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return
+        self.window_map[: self.num_blocks].copy_(torch.frombuffer(self._window_of, dtype=torch.int32))
 
 
 class PagedKVAttention:
@@ -56,6 +138,8 @@ class PagedKVAttention:
         self.pool = pool
         self.meta = meta
         self.scale = scale
+        self._window_meta: AttentionMetadata | None = None
+        pool.sync_window_map()
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache, slots = self.layer_cache(layer)
@@ -64,14 +148,35 @@ class PagedKVAttention:
 
     def layer_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer's K and V pool and the slot of each of this step's tokens (for a fused RoPE + K/V write)."""
-        return self.pool.k[layer], self.pool.v[layer], self.meta.slot_mapping
+        k, v, meta = self._layer(layer)
+        return k, v, meta.slot_mapping
 
     def attend(self, layer: int, q: torch.Tensor, window: int | None = None, softcap: float | None = None,
                scale: float | None = None) -> torch.Tensor:
         """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D].
         `window`: a sliding-window layer; `softcap`: attention-logit soft-capping; `scale`: overrides the pool's."""
-        return paged_attention(q, self.pool.k[layer], self.pool.v[layer], self.meta,
-                               self.scale if scale is None else scale, window, softcap).reshape(q.shape[0], -1)
+        k, v, meta = self._layer(layer)
+        return paged_attention(q, k, v, meta, self.scale if scale is None else scale, window,
+                               softcap).reshape(q.shape[0], -1)
+
+    def _layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Where layer `layer` keeps its K/V and the step's metadata over that pool."""
+        sliding, j = self.pool.layer_slot[layer]
+        if not sliding:
+            return self.pool.k[j], self.pool.v[j], self.meta
+        if self._window_meta is None:
+            self._window_meta = window_metadata(self.meta, self.pool.window_map, self.pool.block_size)
+        return self.pool.window_k[j], self.pool.window_v[j], self._window_meta
+
+
+def window_metadata(meta: AttentionMetadata, window_map: torch.Tensor, block_size: int) -> AttentionMetadata:
+    """`meta` over the window pool: block tables and slots through the main-to-window block map (blocks a window
+    has left behind map to block 0, which the window's mask never reads)."""
+    tables = window_map[meta.block_tables.long()].clamp_(min=0)
+    slots = meta.slot_mapping
+    window_slots = window_map[slots // block_size].long() * block_size + slots % block_size
+    return dataclasses.replace(meta, slot_mapping=window_slots, block_tables=tables, torch_plan=None,
+                               native_rows=None, torch_window_plans={})
 
 
 def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int, block_size: int) -> int:

@@ -32,6 +32,8 @@ _FOLDER_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json", "
                     "special_tokens_map.json", "tokenizer.model", "chat_template.jinja", "*.safetensors",
                     "model.safetensors.index.json")
 _COMPLETE = ".edgeserve-complete"
+# llama.cpp's gguf-split part names: NAME-00001-of-00003.gguf
+_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,29 @@ def quant_of(filename: str) -> str | None:
     return found[-1].upper() if found else None
 
 
+def split_parts(first: str) -> list[str]:
+    """All part names of a split GGUF model given its first part's (`NAME-00001-of-00003.gguf`); [first] for a
+    single file."""
+    from edgeserve.loaders.gguf_file import gguf_parts
+
+    return [str(p) for p in gguf_parts(first)]
+
+
 def pick_gguf(files: dict[str, int], quant: str | None) -> str:
-    """The GGUF file to pull from a repo's {file: size}: the one carrying `quant`; without one, Q4_K_M, else the
-    smallest 4-bit file. Split files (`-00001-of-00003`) are not supported. PullError lists the files otherwise."""
-    ggufs = {f: s for f, s in files.items() if f.lower().endswith(".gguf") and not re.search(r"-\d{5}-of-\d{5}", f)}
+    """The GGUF model to pull from a repo's {file: size}: the one carrying `quant`; without one, Q4_K_M, else the
+    smallest 4-bit one. A split model (`-00001-of-00003`) counts as one, named by its first part, sized by all of
+    them. PullError lists the models otherwise."""
+    ggufs: dict[str, int] = {}
+    for f, size in files.items():
+        if not f.lower().endswith(".gguf"):
+            continue
+        m = _SPLIT_RE.search(f)
+        if m is None:
+            ggufs[f] = size
+        elif int(m[1]) == 1:
+            ggufs[f] = sum(files.get(p, 0) for p in split_parts(f))
     if not ggufs:
-        raise PullError(f"the repository has no single-file GGUF models (files: {', '.join(sorted(files)) or 'none'})")
+        raise PullError(f"the repository has no GGUF models (files: {', '.join(sorted(files)) or 'none'})")
     want = [quant] if quant else [DEFAULT_QUANT]
     for q in want:
         hits = sorted((s, f) for f, s in ggufs.items() if quant_of(f) == q)
@@ -114,8 +133,9 @@ def local_path(name: str) -> Path | None:
         return None
     if not ref.gguf:
         return ref.folder if (ref.folder / _COMPLETE).is_file() else None
-    verified = {p.name[: -len(".verified")]: p for p in ref.folder.glob("*.gguf.verified")}
-    files = {f: (ref.folder / f).stat().st_size for f in verified if (ref.folder / f).is_file()}
+    verified = [str(p.relative_to(ref.folder))[: -len(".verified")] for p in ref.folder.rglob("*.gguf.verified")]
+    files = {f: (ref.folder / f).stat().st_size for f in verified
+             if all((ref.folder / p).is_file() for p in split_parts(f))}
     try:
         return ref.folder / pick_gguf(files, ref.quant) if files else None
     except PullError:
@@ -145,7 +165,10 @@ def pull_hf(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
         raise PullError(f"cannot reach the Hub for {ref.repo}: {_short(e)}") from None
     siblings = {s.rfilename: s for s in info.siblings or []}
     if ref.gguf:
-        wanted = [pick_gguf({f: s.size or 0 for f, s in siblings.items()}, ref.quant)]
+        wanted = split_parts(pick_gguf({f: s.size or 0 for f, s in siblings.items()}, ref.quant))
+        missing = [f for f in wanted if f not in siblings]
+        if missing:
+            raise PullError(f"{ref.repo} lacks part {', '.join(missing)} of the split model {wanted[0]}")
     else:
         from fnmatch import fnmatch
 
@@ -184,10 +207,11 @@ def remove(name: str) -> list[Path]:
         shutil.rmtree(found)
         removed = [found]
     else:
-        removed = [found]
-        found.unlink()
+        removed = [found.parent / p for p in split_parts(found.name)]
+        for path in removed:
+            path.unlink(missing_ok=True)
         _sidecar(found).unlink(missing_ok=True)
-        if not any(ref.folder.glob("*.gguf")):
+        if not any(ref.folder.rglob("*.gguf")):
             shutil.rmtree(ref.folder)  # also huggingface_hub's metadata and any partial downloads
     owner = ref.folder.parent
     if owner.is_dir() and not any(owner.iterdir()):
@@ -203,8 +227,8 @@ def list_pulled() -> list[tuple[str, Path]]:
         repo = f"{folder.parent.name}/{folder.name}"
         if (folder / _COMPLETE).is_file():
             out.append((repo, folder))
-        for side in sorted(folder.glob("*.gguf.verified")):
-            gguf = folder / side.name[: -len(".verified")]
+        for side in sorted(folder.rglob("*.gguf.verified")):
+            gguf = side.with_name(side.name[: -len(".verified")])
             if gguf.is_file():
                 quant = quant_of(gguf.name)
                 out.append((f"hf.co/{repo}" + (f":{quant}" if quant else ""), gguf))

@@ -55,7 +55,9 @@ class MemoryEstimate:
 def source_bytes(source: ModelSource) -> int:
     """Size on disk of a model's weights (the GGUF file, or the folder's *.safetensors files)."""
     if source.kind == "gguf":
-        return source.path.stat().st_size
+        from edgeserve.loaders.gguf_file import gguf_parts
+
+        return sum(p.stat().st_size for p in gguf_parts(source.path) if p.is_file())  # every part of a split model
     return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
 
 
