@@ -42,6 +42,17 @@ def check_same_tokenizer(target: Tokenizer, draft: Tokenizer) -> None:
                                  "speculative decoding needs the target's exact tokenizer")
 
 
+def load_draft_model(name: str | None, target: LoadedModel) -> LoadedModel | None:
+    """The draft model `name` (catalog name, .gguf, HF folder) loaded onto the target's device, for whoever
+    builds an engine with `speculative="draft"`; None when no name is given."""
+    if name is None:
+        return None
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    return load_model(resolve(name), device=str(target.model.device))
+
+
 class DraftProposer:
     """Runs the draft model k times per step over a batch of sequences, sampling each draft token from its
     processed distribution q (the same penalties, temperature and filters as the target's p)."""

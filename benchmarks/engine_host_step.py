@@ -1,0 +1,116 @@
+"""Host time per decode step of the engine (everything but the model's forward), this checkout against another git
+revision, side by side.
+
+The model is a random tiny Llama (benchmarks/configs/tiny-llama.json widened to a 49152-token vocabulary and a
+16k context) whose `forward` and `logits` are replaced by stubs that return zeros of the right shape, so a step's
+time is the engine's own work: scheduling, KV block bookkeeping, building the batch inputs, sampling (greedy over
+the vocabulary), detokenizing and stop checks. For every batch size B and context C, B prompts of C tokens are
+generated through `LLM.generate`; step time = (time to N tokens - time to 1 token) / (N - 1), so the prefill is
+excluded. Each side runs in its own process; sides alternate A/B/A/B for `--rounds` rounds; medians are printed.
+
+    python benchmarks/engine_host_step.py --against 4286945 [--rounds 3] [--batch 1,8,32] [--context 256,8192]
+    python benchmarks/engine_host_step.py --side    # this checkout only: prints JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TINY = Path(__file__).resolve().parent / "configs" / "tiny-llama.json"
+
+
+def stub_model(lm) -> None:
+    """Replace the forward and the logits with zeros of their shapes (the host's work stays)."""
+    import torch
+
+    hidden, vocab = lm.config.hidden_size, lm.config.vocab_size
+    zeros = {}  # made once per shape: filling fresh pages is not the engine's cost
+
+    def cached(rows: int, width: int) -> torch.Tensor:
+        if (rows, width) not in zeros:
+            zeros[rows, width] = torch.zeros(rows, width)
+        return zeros[rows, width]
+
+    lm.model.forward = lambda ids, positions, attn, prompt_rows=None: cached(ids.shape[0], hidden)
+    lm.model.logits = lambda h: cached(h.shape[0], vocab)
+
+
+def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> dict:
+    """Median host ms per decode step for every (batch, context), for the importable edgeserve."""
+    import edgeserve
+    from edgeserve import LLM, SamplingParams
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    folder = Path(tempfile.mkdtemp(prefix="host-step-"))
+    config = json.loads(TINY.read_text())
+    config.update(vocab_size=49152, max_position_embeddings=16384)
+    (folder / "config.json").write_text(json.dumps(config))
+    lm = load_model(resolve(str(folder)), dtype="float32", device="cpu", load_format="dummy")
+    stub_model(lm)
+    result: dict = {"edgeserve": edgeserve.__file__, "step_ms": {}}
+    for c in contexts:
+        llm = LLM.from_model(lm, kv_cache_gb=max(batches) * (c + tokens + 32) * 1024 / 2**30, max_num_seqs=max(batches),
+                             max_num_batched_tokens=max(8192, c), max_model_len=c + tokens + 32,
+                             enable_prefix_caching=False)
+        for b in batches:
+            prompts = [[(7 * i + 13 * j) % 40000 + 100 for j in range(c)] for i in range(b)]
+
+            def run(n: int) -> float:
+                start = time.perf_counter()
+                llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+                return time.perf_counter() - start
+
+            run(2)  # warm-up
+            steps = [(run(tokens) - run(1)) / (tokens - 1) * 1e3 for _ in range(repeats)]
+            result["step_ms"][f"{b}x{c}"] = statistics.median(steps)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", help="git revision to compare with (side A); this checkout is side B")
+    ap.add_argument("--side", action="store_true", help="measure the importable edgeserve only, print JSON")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--batch", default="1,8,32")
+    ap.add_argument("--context", default="256,8192")
+    ap.add_argument("--repeats", type=int, default=3, help="generations per point in one process")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    contexts = [int(c) for c in args.context.split(",")]
+    if args.side or not args.against:
+        print(json.dumps(side(batches, contexts, args.tokens, args.repeats)))
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_step import export
+
+    here = Path(__file__).resolve().parents[1]
+    paths = {args.against: export(args.against), "this checkout": here}
+    cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
+           "--context", args.context, "--repeats", str(args.repeats)]
+    results: dict[str, list[dict]] = {k: [] for k in paths}
+    for r in range(args.rounds):
+        for name in (list(paths) if r % 2 == 0 else list(reversed(paths))):
+            env = dict(os.environ, PYTHONPATH=str(paths[name]))
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            results[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {r + 1} {name}: {results[name][-1]['step_ms']}", flush=True)
+    a, b = args.against, "this checkout"
+    print(f"{'batch x context':>16} {a:>14} {b:>14}  ratio (B/A)")
+    for key in results[a][0]["step_ms"]:
+        ma = statistics.median(x["step_ms"][key] for x in results[a])
+        mb = statistics.median(x["step_ms"][key] for x in results[b])
+        print(f"{key:>16} {ma:>11.3f} ms {mb:>11.3f} ms  {mb / ma:.2f}")
+
+
+if __name__ == "__main__":
+    main()
