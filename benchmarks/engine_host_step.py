@@ -8,7 +8,7 @@ the vocabulary), detokenizing and stop checks. For every batch size B and contex
 generated through `LLM.generate`; step time = (time to N tokens - time to 1 token) / (N - 1), so the prefill is
 excluded. Each side runs in its own process; sides alternate A/B/A/B for `--rounds` rounds; medians are printed.
 
-    python benchmarks/engine_host_step.py --against 4286945 [--rounds 3] [--batch 1,8,32] [--context 256,8192]
+    python benchmarks/engine_host_step.py --against 4286945[,REV2...] [--rounds 3] [--batch 1,8,32] [--context 256,8192]
     python benchmarks/engine_host_step.py --side    # this checkout only: prints JSON
 """
 
@@ -77,7 +77,7 @@ def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", help="git revision to compare with (side A); this checkout is side B")
+    ap.add_argument("--against", help="git revisions to compare with, comma-separated; this checkout is the last side")
     ap.add_argument("--side", action="store_true", help="measure the importable edgeserve only, print JSON")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=24)
@@ -94,7 +94,8 @@ def main() -> None:
     from decode_step import export
 
     here = Path(__file__).resolve().parents[1]
-    paths = {args.against: export(args.against), "this checkout": here}
+    paths = {rev: export(rev) for rev in args.against.split(",")}
+    paths["this checkout"] = here
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
            "--context", args.context, "--repeats", str(args.repeats)]
     results: dict[str, list[dict]] = {k: [] for k in paths}
@@ -104,12 +105,12 @@ def main() -> None:
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             results[name].append(json.loads(out.strip().splitlines()[-1]))
             print(f"round {r + 1} {name}: {results[name][-1]['step_ms']}", flush=True)
-    a, b = args.against, "this checkout"
-    print(f"{'batch x context':>16} {a:>14} {b:>14}  ratio (B/A)")
-    for key in results[a][0]["step_ms"]:
-        ma = statistics.median(x["step_ms"][key] for x in results[a])
-        mb = statistics.median(x["step_ms"][key] for x in results[b])
-        print(f"{key:>16} {ma:>11.3f} ms {mb:>11.3f} ms  {mb / ma:.2f}")
+    names = list(paths)
+    print("median host ms per decode step; ratio = this checkout / first side")
+    print(f"{'batch x context':>16} " + " ".join(f"{n:>14}" for n in names) + "   ratio")
+    for key in results[names[0]][0]["step_ms"]:
+        med = [statistics.median(x["step_ms"][key] for x in results[n]) for n in names]
+        print(f"{key:>16} " + " ".join(f"{m:>11.3f} ms" for m in med) + f"   {med[-1] / med[0]:.2f}")
 
 
 if __name__ == "__main__":

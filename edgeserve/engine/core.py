@@ -3,12 +3,15 @@
 `step()` runs on a worker thread while the event loop works; requests added or aborted meanwhile are
 queued under a lock and applied at the start of the next step, where an abort frees the blocks.
 
-One-step overlap (`overlap`, on by default on CUDA): a step is launched, then the previous step's sampled ids are
-read on the host (waiting on an event, not the whole device), so the GPU always has the next step queued while the
-host schedules, stop-checks and hands out tokens. A sequence whose last token is still on the device carries a
-placeholder id; the next step takes the real id from the device (`TokenFill`), and the placeholder is replaced when
-the ids land. A request that ends at step N was already scheduled in step N+1: that row's result is dropped. Steps
-that need every token on the host (penalties, speculative decoding, aborts) land the previous step first.
+A step is two parts with one shape in every mode. `_launch`: schedule -> the forward -> sample the rows without
+drafts (the result stays on the device, its copy to the host started) and verify the rows with drafts (plain
+decoding is speculation with k = 0). `_apply`: the result on the host -> cut at stop token / max_tokens ->
+detokenize and match stop strings (a stop string ends its request here, before the next step is scheduled) ->
+outputs. Without overlap a step is launch N, apply N; with overlap (`overlap`, on by default on CUDA) it is launch
+N+1, then apply N, so the GPU always has the next step queued while the host works. A sequence whose last token is
+still on the device carries a placeholder id; the next launch takes the real id from the device (`TokenFill`). A
+request that ends at step N was already launched in N+1: that row's result is dropped. A launch that needs the
+previous tokens on the host (penalties, grammars, a speculative proposal, aborts) applies the previous step first.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from edgeserve.text.grammar import GrammarCompiler, GrammarState
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, num_blocks_for_budget
+from .kv_cache import KVPool, size_pool
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .request_check import check_request
@@ -86,27 +89,7 @@ class EngineCore:
         self.lm = lm
         self.config = config
         model = lm.model
-        self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
-        if config.kv_cache_gb:
-            budget = config.kv_cache_gb * 2**30
-        elif model.device.type == "cuda":  # what the device fraction leaves after weights and a warm-up step
-            budget = gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, self.max_model_len),
-                                     config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
-        else:
-            budget = config.kv_cache_fraction * free_memory_bytes(model.device)
-        num_blocks = num_blocks_for_budget(budget, lm.config, model.dtype, config.block_size)
-        # more blocks than every seat filled to the full context can never be used
-        blocks_per_seq = -(-self.max_model_len // config.block_size)
-        num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
-        if num_blocks < 1:
-            need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
-            hint = (" (the GPU is full after the weights and a warm-up step: raise --gpu-memory-fraction or lower "
-                    "--max-batched-tokens)" if model.device.type == "cuda" and not config.kv_cache_gb else "")
-            raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
-                             f"{need / 2**20:.2f} MiB{hint}")
-        if num_blocks < blocks_per_seq:
-            # a request may not use more context than the pool holds
-            self.max_model_len = num_blocks * config.block_size
+        num_blocks, self.max_model_len = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device, scratch_block=use_graphs)
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
@@ -117,7 +100,7 @@ class EngineCore:
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None
@@ -223,8 +206,10 @@ class EngineCore:
                                if r.seq.status is SeqStatus.RUNNING and r.seq.num_remaining == 1])
         sched = self.scheduler.schedule()
         self.num_steps += 1
-        for seq_id in sched.preempted if self.spec is not None else ():
-            self.spec.free(seq_id)
+        for seq_id in sched.preempted:  # requeued: their blocks went back to the pool
+            self.runner.batch.remove(seq_id)
+            if self.spec is not None:
+                self.spec.free(seq_id)
         for s in sched.scheduled:
             req = self._requests[s.seq_id]
             if req.num_cached_tokens is None:
@@ -263,6 +248,11 @@ class EngineCore:
                                                for i, r in enumerate(launched.sampling)})
         if self.spec is not None:
             self.spec.rollback(launched.sampling)
+        bm = self.scheduler.block_manager
+        for i in launched.verified:  # rejected drafts' blocks went back to the pool
+            seq_id = launched.sampling[i].request_id
+            if bm.has_seq(seq_id):
+                self.runner.batch.shrink(seq_id, len(bm.block_ids(seq_id)))
 
     def _fill(self, sched: SchedulerOutput) -> TokenFill | None:
         """Where this step's placeholders (last tokens of sequences in flight) take their ids from."""
@@ -341,6 +331,7 @@ class EngineCore:
         """Forget a request and free its blocks now."""
         if not already_finished:
             self.scheduler.finish(req.request_id, reason)
+        self.runner.batch.remove(req.request_id)
         if self.spec is not None:
             self.spec.free(req.request_id)
         del self._requests[req.request_id]

@@ -106,3 +106,30 @@ def gpu_pool_budget(model, config: ModelConfig, num_tokens: int, num_rows: int, 
     peak = warmup_peak_bytes(model, config, num_tokens, num_rows, block_size)
     free, total = torch.cuda.mem_get_info(model.device)
     return gpu_kv_budget(int(total), int(free), int(torch.cuda.memory_reserved(model.device)), peak, fraction)
+
+
+def size_pool(lm, config) -> tuple[int, int]:
+    """(KV blocks, usable context) of one engine: the budget (`kv_cache_gb`, else what the GPU memory fraction
+    leaves after the weights and a warm-up step, else a fraction of free host memory) in blocks, no more than every
+    seat filled to the full context; the context shrinks to what the pool holds. ValueError when no block fits."""
+    model = lm.model
+    max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
+    if config.kv_cache_gb:
+        budget = config.kv_cache_gb * 2**30
+    elif model.device.type == "cuda":
+        budget = gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, max_model_len),
+                                 config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
+    else:
+        budget = config.kv_cache_fraction * free_memory_bytes(model.device)
+    num_blocks = num_blocks_for_budget(budget, lm.config, model.dtype, config.block_size)
+    blocks_per_seq = -(-max_model_len // config.block_size)
+    num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
+    if num_blocks < 1:
+        need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
+        hint = (" (the GPU is full after the weights and a warm-up step: raise --gpu-memory-fraction or lower "
+                "--max-batched-tokens)" if model.device.type == "cuda" and not config.kv_cache_gb else "")
+        raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
+                         f"{need / 2**20:.2f} MiB{hint}")
+    if num_blocks < blocks_per_seq:  # a request may not use more context than the pool holds
+        max_model_len = num_blocks * config.block_size
+    return num_blocks, max_model_len

@@ -12,6 +12,7 @@ from edgeserve.kernels.transfer import to_device
 from edgeserve.models.llama import LlamaModel
 
 from .cuda_graphs import DecodeGraphs
+from .input_batch import InputBatch
 from .kv_cache import KVPool, PagedKVAttention
 from .scheduler import SchedulerOutput
 
@@ -34,10 +35,13 @@ class TokenFill:
 class ModelRunner:
     """Owns the model and its KV pool; turns a SchedulerOutput into the logits its sampling rows need."""
 
-    def __init__(self, model: LlamaModel, pool: KVPool, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(self, model: LlamaModel, pool: KVPool, max_num_seqs: int, max_model_len: int,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.pool = pool
         self.device = model.device
+        # each running sequence's block table, kept on the device and updated in place
+        self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device)
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
@@ -52,11 +56,12 @@ class ModelRunner:
             return None
         query_lens = [s.num_new_tokens for s in scheduled]
         sample_seqs = [i for i, s in enumerate(scheduled) if s.samples]
-        if sample_seqs and self.graphs is not None and self.graphs.can_run(query_lens, step.block_tables):
-            logits = self.graphs.run(step.token_ids, step.positions, step.slot_mapping, step.context_lens,
-                                     step.block_tables, fill)
+        rows = [self.batch.sync(s.seq_id, s.block_table) for s in scheduled]
+        tables = self.batch.tables(rows, max(len(s.block_table) for s in scheduled))
+        if sample_seqs and self.graphs is not None and self.graphs.can_run(query_lens, tables.shape[1]):
+            logits = self.graphs.run(step.token_ids, step.positions, step.slot_mapping, step.context_lens, tables, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
-        meta = AttentionMetadata.build(query_lens, step.context_lens, step.block_tables, step.slot_mapping, dev)
+        meta = _metadata(query_lens, step.context_lens, tables, step.slot_mapping, dev)
         ids = to_device(step.token_ids, torch.long, dev)
         if fill is not None:
             fill.apply(ids)
@@ -67,6 +72,16 @@ class ModelRunner:
         rows = [r for end, s in zip(_cumsum(query_lens), scheduled) if s.samples
                 for r in range(end - 1 - s.num_spec, end)]
         return self.model.logits(hidden[to_device(rows, torch.long, dev)])
+
+
+def _metadata(query_lens: list[int], seq_lens: list[int], tables: torch.Tensor, slot_mapping: list[int],
+              device: torch.device) -> AttentionMetadata:
+    """The attention metadata of one step over block tables already on the device (the persistent batch's)."""
+    return AttentionMetadata(slot_mapping=to_device(slot_mapping, torch.long, device),
+                             query_start_loc=to_device([0, *_cumsum(query_lens)], torch.int32, device),
+                             seq_lens=to_device(seq_lens, torch.int32, device), block_tables=tables,
+                             max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+                             query_lens_host=query_lens, seq_lens_host=list(seq_lens))
 
 
 def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:
