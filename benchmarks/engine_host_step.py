@@ -5,8 +5,8 @@ The model is a random tiny Llama (benchmarks/configs/tiny-llama.json widened to 
 16k context) whose `forward` and `logits` are replaced by stubs that return zeros of the right shape, so a step's
 time is the engine's own work: scheduling, KV block bookkeeping, building the batch inputs, sampling (greedy over
 the vocabulary), detokenizing and stop checks. For every batch size B and context C, B prompts of C tokens are
-generated through `LLM.generate`; step time = (time to N tokens - time to 1 token) / (N - 1), so the prefill is
-excluded. Each side runs in its own process; sides alternate A/B/A/B for `--rounds` rounds; medians are printed.
+stepped to decoding (prefill excluded), then each of N - 1 decode steps is timed with its text work (detokenize,
+stop strings: inside the step now, by the caller before); the median step is reported. Each side runs in its own process; sides alternate A/B/A/B for `--rounds` rounds; medians are printed.
 
     python benchmarks/engine_host_step.py --against 4286945[,REV2...] [--rounds 3] [--batch 1,8,32] [--context 256,8192]
     python benchmarks/engine_host_step.py --side    # this checkout only: prints JSON
@@ -43,6 +43,36 @@ def stub_model(lm) -> None:
     lm.model.logits = lambda h: cached(h.shape[0], vocab)
 
 
+def stepper(llm, prompts: list[list[int]], params):
+    """A function running one engine step with its text work (detokenize, stop strings) done, as the revision
+    under test does it; returns how many requests got tokens."""
+    core = llm.engine
+    try:
+        from edgeserve.engine.delivery import Outbox
+    except ImportError:  # before the Outbox: the caller turned the core's token outputs into text
+        from edgeserve.engine.output_processor import OutputProcessor
+
+        procs = {core.add_request(p, params): None for p in prompts}
+        for rid, p in zip(list(procs), prompts):
+            procs[rid] = OutputProcessor(rid, p, params, llm.lm.tokenizer)
+
+        def step() -> int:
+            outs = core.step()
+            for out in outs:
+                procs[out.request_id].process(out)
+            return sum(1 for o in outs if o.token_ids)
+        return step
+    outbox = Outbox()
+    for p in prompts:
+        outbox.open(core.add_request(p, params), lambda delta: None)
+
+    def step() -> int:
+        outs = core.step()
+        outbox.deliver(outs)
+        return sum(1 for o in outs if o.token_ids)
+    return step
+
+
 def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> dict:
     """Median host ms per decode step for every (batch, context), for the importable edgeserve."""
     import edgeserve
@@ -50,6 +80,9 @@ def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> 
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
+    import torch
+
+    torch.set_num_threads(1)  # one thread: on a busy machine the pool's wake-ups, not the work, would dominate
     folder = Path(tempfile.mkdtemp(prefix="host-step-"))
     config = json.loads(TINY.read_text())
     config.update(vocab_size=49152, max_position_embeddings=16384)
@@ -57,21 +90,25 @@ def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> 
     lm = load_model(resolve(str(folder)), dtype="float32", device="cpu", load_format="dummy")
     stub_model(lm)
     result: dict = {"edgeserve": edgeserve.__file__, "step_ms": {}}
+    params = SamplingParams(temperature=0.0, max_tokens=tokens + 2, ignore_eos=True)
     for c in contexts:
-        llm = LLM.from_model(lm, kv_cache_gb=max(batches) * (c + tokens + 32) * 1024 / 2**30, max_num_seqs=max(batches),
-                             max_num_batched_tokens=max(8192, c), max_model_len=c + tokens + 32,
-                             enable_prefix_caching=False)
         for b in batches:
-            prompts = [[(7 * i + 13 * j) % 40000 + 100 for j in range(c)] for i in range(b)]
-
-            def run(n: int) -> float:
-                start = time.perf_counter()
-                llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-                return time.perf_counter() - start
-
-            run(2)  # warm-up
-            steps = [(run(tokens) - run(1)) / (tokens - 1) * 1e3 for _ in range(repeats)]
-            result["step_ms"][f"{b}x{c}"] = statistics.median(steps)
+            times = []
+            for _ in range(repeats):
+                llm = LLM.from_model(lm, kv_cache_gb=b * (c + tokens + 32) * 1024 / 2**30, max_num_seqs=b,
+                                     max_num_batched_tokens=max(8192, c), max_model_len=c + tokens + 32,
+                                     enable_prefix_caching=False)
+                prompts = [[(7 * i + 13 * j) % 40000 + 100 for j in range(c)] for i in range(b)]
+                step = stepper(llm, prompts, params)
+                while step() < b:  # prefill until every request decodes
+                    pass
+                for _ in range(tokens - 1):
+                    start = time.perf_counter()
+                    step()
+                    times.append((time.perf_counter() - start) * 1e3)
+                while llm.engine.has_work():
+                    step()
+            result["step_ms"][f"{b}x{c}"] = statistics.median(times)
     return result
 
 
