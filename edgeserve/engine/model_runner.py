@@ -6,14 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.paged_attention import AttentionMetadata
 from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.llama import LlamaModel
 
 from .cuda_graphs import DecodeGraphs
 from .input_batch import InputBatch
-from .kv_cache import KVPool, PagedKVAttention
+from .kv_cache import KVPool, forward_batch
 from .scheduler import SchedulerOutput
 
 
@@ -61,27 +60,13 @@ class ModelRunner:
         if sample_seqs and self.graphs is not None and self.graphs.can_run(query_lens, tables.shape[1]):
             logits = self.graphs.run(step.token_ids, step.positions, step.slot_mapping, step.context_lens, tables, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
-        meta = _metadata(query_lens, step.context_lens, tables, step.slot_mapping, dev)
-        ids = to_device(step.token_ids, torch.long, dev)
-        if fill is not None:
-            fill.apply(ids)
-        positions = to_device(step.positions, torch.long, dev)
-        hidden = self.model.forward(ids, positions, PagedKVAttention(self.pool, meta), _prompt_rows(step, dev))
+        hidden = forward_batch(self.model, self.pool, step.token_ids, step.positions, query_lens, step.context_lens,
+                               tables, step.slot_mapping, _prompt_rows(step, dev), fill)
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(_cumsum(query_lens), scheduled) if s.samples
                 for r in range(end - 1 - s.num_spec, end)]
         return self.model.logits(hidden[to_device(rows, torch.long, dev)])
-
-
-def _metadata(query_lens: list[int], seq_lens: list[int], tables: torch.Tensor, slot_mapping: list[int],
-              device: torch.device) -> AttentionMetadata:
-    """The attention metadata of one step over block tables already on the device (the persistent batch's)."""
-    return AttentionMetadata(slot_mapping=to_device(slot_mapping, torch.long, device),
-                             query_start_loc=to_device([0, *_cumsum(query_lens)], torch.int32, device),
-                             seq_lens=to_device(seq_lens, torch.int32, device), block_tables=tables,
-                             max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-                             query_lens_host=query_lens, seq_lens_host=list(seq_lens))
 
 
 def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:
