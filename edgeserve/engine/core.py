@@ -283,10 +283,8 @@ class EngineCore:
                 toks, lp = [ids[plain[i]]], lps[plain[i]]
                 req.seq.set_output(k, toks[0])
                 lp = [lp] if lp is not None else None
-            elif i in launched.verified:
+            else:  # verified at launch (requests with drafts ask no logprobs)
                 toks, lp = launched.verified[i], None
-            else:
-                continue  # no logits (cannot happen for a sampling row)
             self.generation_tokens += len(toks)
             n, reason = _cut(toks, req.stop_ids, req.max_tokens - k)
             if req.grammar is not None:
