@@ -38,28 +38,28 @@ def _load(path: str):
 
 def _logits(batch: int) -> torch.Tensor:
     """The default model's logits for the first generated token of `batch` different prompts."""
-    from edgeserve.engine import model_runner
+    from edgeserve.engine import sampler as model_sampler
     from edgeserve.llm import LLM
 
     captured = []
-    original = model_runner.sample_tokens
+    original = model_sampler.sample_tokens
 
     def capture(logits, *args, **kwargs):
         captured.append(logits.float().clone())
         return original(logits, *args, **kwargs)
 
-    model_runner.sample_tokens = capture
+    model_sampler.sample_tokens = capture
     try:
         llm = LLM(max_num_seqs=batch, kv_cache_gb=0.1)
         llm.generate([f"Story {i}: once upon a time there was a" for i in range(batch)],
                      SamplingParams(temperature=0, max_tokens=1))
     finally:
-        model_runner.sample_tokens = original
+        model_sampler.sample_tokens = original
     return torch.cat(captured)[:batch]
 
 
 def _end_to_end(other, rounds: int, batch: int) -> None:
-    from edgeserve.engine import model_runner
+    from edgeserve.engine import sampler as model_sampler
     from edgeserve.llm import LLM
 
     llm = LLM(max_num_seqs=batch, kv_cache_gb=0.2)
@@ -68,17 +68,17 @@ def _end_to_end(other, rounds: int, batch: int) -> None:
     params = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, ignore_eos=True, seed=1)
     llm.generate(prompts, params)  # warm-up
     rates = {"other": [], "current": []}
-    original = model_runner.sample_tokens
+    original = model_sampler.sample_tokens
     try:
         for _ in range(rounds):
             for label, module in (("other", other), ("current", current)):
-                model_runner.sample_tokens = module.sample_tokens
+                model_sampler.sample_tokens = module.sample_tokens
                 start = time.perf_counter()
                 results = llm.generate(prompts, params)
                 tokens = sum(len(r.outputs[0].token_ids) for r in results)
                 rates[label].append(tokens / (time.perf_counter() - start))
     finally:
-        model_runner.sample_tokens = original
+        model_sampler.sample_tokens = original
     a, b = statistics.median(rates["other"]), statistics.median(rates["current"])
     print(f"end to end, {batch} sampled requests together: other {a:.1f}, current {b:.1f} output tokens/s "
           f"({b / a:.2f}x)")

@@ -11,6 +11,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
+from edgeserve.text.chat_prompt import chat_ids
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,8 +321,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.raw:
             ids = lm.tokenizer.encode(text)
         else:
-            ids = lm.tokenizer.encode(lm.chat_template.render(messages, add_generation_prompt=True),
-                                      add_special_tokens=False)
+            ids = chat_ids(lm.tokenizer, lm.chat_template, messages)
         out = []
         start = time.perf_counter()
         n = 0

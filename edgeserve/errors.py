@@ -32,6 +32,14 @@ class QueueFullError(EdgeserveError):
         super().__init__(message)
 
 
+class InvalidRequestError(EdgeserveError, ValueError):
+    """A request the engine refuses (HTTP 400); `param` names the offending field ("prompt", "logit_bias")."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class PromptTooLongError(EdgeserveError, ValueError):
     """The prompt leaves no room in the model's context for even one new token (HTTP 400)."""
 

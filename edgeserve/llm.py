@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.output_processor import OutputProcessor
+from edgeserve.engine.delivery import Outbox, step_and_deliver
+from edgeserve.engine.spec import load_draft_model
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.models.load import LoadedModel, load_model
 from edgeserve.registry import DEFAULT_MODEL, resolve
 from edgeserve.sampling_params import SamplingParams
+from edgeserve.text.chat_prompt import chat_ids
 
 Messages = list[dict]
 
@@ -64,7 +67,7 @@ class LLM:
         self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, load_format=load_format,
                                           quantize=quantize, quantize_group_size=quantize_group_size,
                                           quantize_calibration=quantize_calibration, dense_prefill=dense_prefill)
-        self.engine = EngineCore(self.lm, self.config)
+        self.engine = EngineCore(self.lm, self.config, draft=load_draft_model(self.config.draft_model, self.lm))
 
     @classmethod
     def from_model(cls, lm: LoadedModel, config: EngineConfig | None = None, *, draft: LoadedModel | None = None,
@@ -74,7 +77,7 @@ class LLM:
         self = cls.__new__(cls)
         self.config = config or EngineConfig(**engine_options)
         self.lm = lm
-        self.engine = EngineCore(lm, self.config, draft=draft)
+        self.engine = EngineCore(lm, self.config, draft=draft or load_draft_model(self.config.draft_model, lm))
         return self
 
     def close(self) -> None:
@@ -97,27 +100,26 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[GenerationResult]:
         """Reply to one conversation or several, through the model's chat template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        items = []
-        for conv in conversations:
-            text = self.lm.chat_template.render(list(conv), add_generation_prompt=True)  # type: ignore[arg-type]
-            items.append((text, self.lm.tokenizer.encode(text, add_special_tokens=False)))
+        items = [(None, chat_ids(self.lm.tokenizer, self.lm.chat_template, list(conv))) for conv in conversations]
         return self._run(items, sampling_params)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Deltas of one completion as they are generated (what `edgeserve run` prints)."""
         params = params or SamplingParams()
         rid = self.engine.add_request(prompt_ids, params)
-        proc = OutputProcessor(rid, prompt_ids, params, self.lm.tokenizer)
+        outbox, deltas = Outbox(), []
+        outbox.open(rid, deltas.append)
         try:
-            while not proc.done:
-                for out in self.engine.step():
-                    delta = proc.process(out)
-                    if delta is not None:
-                        yield delta
-                if proc.stopped_by_string:
-                    self.engine.finish_request(rid, "stop")
+            while rid in outbox or deltas:
+                if not deltas:
+                    step_and_deliver(self.engine, outbox)
+                item = deltas.pop(0) if deltas else None
+                if isinstance(item, Exception):
+                    raise item
+                if item is not None:
+                    yield item
         finally:
-            if not proc.done:
+            if rid in outbox:
                 self.engine.finish_request(rid, "abort")
             while self.engine.has_work():  # finish the abort so the pool is clean for the next call
                 self.engine.step()
@@ -130,35 +132,30 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(items):
                 raise ValueError(f"{len(params)} sampling params for {len(items)} prompts")
-        results: dict[str, GenerationResult] = {}
-        procs: dict[str, OutputProcessor] = {}
-        order = []
+        outbox = Outbox()
+        results = []
         for (prompt, ids), p in zip(items, params):
             # the queue bound is for servers; an offline batch is fed as room frees up
             while self.engine.num_unfinished >= self.config.max_waiting:
-                self._step(results, procs)
+                step_and_deliver(self.engine, outbox)
             rid = self.engine.add_request(ids, p)
-            order.append(rid)
-            results[rid] = GenerationResult(rid, prompt, ids, [CompletionOutput("", [], None, logprobs=None)])
-            procs[rid] = OutputProcessor(rid, ids, p, self.lm.tokenizer)
+            result = GenerationResult(rid, prompt, ids, [CompletionOutput("", [], None, logprobs=None)])
+            outbox.open(rid, functools.partial(_accumulate, result))
+            results.append(result)
         while self.engine.has_work():
-            self._step(results, procs)
-        return [results[rid] for rid in order]
+            step_and_deliver(self.engine, outbox)
+        return results
 
-    def _step(self, results: dict[str, GenerationResult], procs: dict[str, OutputProcessor]) -> None:
-        for out in self.engine.step():
-            proc = procs.get(out.request_id)
-            delta = proc.process(out) if proc else None
-            if delta is None:
-                continue
-            res = results[out.request_id]
-            c = res.outputs[0]
-            c.text += delta.text
-            c.token_ids.extend(delta.token_ids)
-            if delta.logprobs is not None:
-                c.logprobs = (c.logprobs or []) + delta.logprobs
-            res.num_cached_tokens = delta.num_cached_tokens
-            if delta.finished:
-                c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason
-                if proc.stopped_by_string:
-                    self.engine.finish_request(out.request_id, "stop")
+
+def _accumulate(result: GenerationResult, delta: RequestOutput | Exception) -> None:
+    """Add one delta to a result."""
+    if isinstance(delta, Exception):
+        raise delta
+    c = result.outputs[0]
+    c.text += delta.text
+    c.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None:
+        c.logprobs = (c.logprobs or []) + delta.logprobs
+    result.num_cached_tokens = delta.num_cached_tokens
+    if delta.finished:
+        c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason

@@ -162,3 +162,24 @@ def test_a_failing_step_ends_requests_with_an_error_and_the_engine_lives_on(defa
 
     ids, stats = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
     assert len(ids) == 4 and stats.kv_blocks_used == 0
+
+
+def test_a_stop_string_ends_its_request_before_the_next_step(default_model):
+    """The step that produces a stop string's last token also ends the request: no decode row or step is spent on
+    it afterwards (the generated-token and step counters equal the tokens the client got)."""
+    lm = default_model
+    prompt = chat_ids(lm, "Count to five.")
+    free = LLM.from_model(lm, kv_cache_gb=0.05).generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
+    stop = free.text[8:11]
+    params = SamplingParams(temperature=0, max_tokens=24, stop=[stop])
+
+    async def body(engine):
+        text, ids, deltas = await collect(engine.generate(prompt, params))
+        await until_idle(engine)
+        return text, ids, deltas[-1], engine.stats()
+
+    text, ids, last, stats = run_with_engine(lm, EngineConfig(kv_cache_gb=0.05), body)
+    assert last.finish_reason == "stop" and last.stop_reason == stop and text == free.text[: free.text.index(stop)]
+    assert len(ids) < len(free.outputs[0].token_ids)
+    assert stats.generation_tokens == len(ids) == last.num_output_tokens
+    assert stats.num_steps == len(ids)  # one prefill step (the first token), then one decode step per token

@@ -115,3 +115,12 @@ def test_flush_releases_an_incomplete_tail(tokenizer, byte_ids):
 def test_flush_with_nothing_pushed(tokenizer):
     assert IncrementalDetokenizer(tokenizer.decode, None, {1}).flush() == ""
     assert IncrementalDetokenizer(tokenizer.decode, tokenizer.encode("hi"), {1}).flush() == ""
+
+
+def test_keeps_only_its_context_window():
+    """A long generation keeps a few ids, not every one (only the last few are ever decoded again)."""
+    words = [f"w{i} " for i in range(500)]
+    detok = IncrementalDetokenizer(lambda ids: "".join(words[i] for i in ids), list(range(50)))
+    shown = "".join(detok.push([i]) for i in range(500)) + detok.flush()
+    assert shown == "".join(words)
+    assert len(detok.ids) <= 2 * 6

@@ -235,4 +235,4 @@ def test_can_run_only_decode_steps_that_fit():
     assert g.max_blocks == 4
     assert g.can_run([1, 1, 1]) and g.can_run([1] * 4)
     assert not g.can_run([]) and not g.can_run([1] * 5) and not g.can_run([1, 2])
-    assert not g.can_run([1], [[0, 1, 2, 3, 4]])
+    assert not g.can_run([1], 5)

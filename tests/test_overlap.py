@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgeserve.engine import core as engine_core
 from edgeserve.engine import model_runner
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import PLACEHOLDER
@@ -132,13 +133,13 @@ def test_prefix_cache_sees_real_tokens(tiny):
 
 def test_penalized_requests_never_sample_from_placeholders(tiny, monkeypatch):
     seen = []
-    original = model_runner.ModelRunner.execute
+    original = engine_core.sample_rows
 
-    def execute(self, step, rows, fill=None):
+    def sample_rows(logits, rows):
         seen.extend(PLACEHOLDER in r.output_ids for r in rows if r.params.penalized)
-        return original(self, step, rows, fill)
+        return original(logits, rows)
 
-    monkeypatch.setattr(model_runner.ModelRunner, "execute", execute)
+    monkeypatch.setattr(engine_core, "sample_rows", sample_rows)
     prompts = _prompts(4)
     params = [SamplingParams(temperature=0, max_tokens=12),
               SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3, frequency_penalty=0.5),
@@ -209,12 +210,8 @@ def test_cuda_launch_does_not_wait_for_the_device(default_model_path):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        sched = core.scheduler.schedule()
-        sampling = [core._requests[s.seq_id] for s in sched.scheduled if s.samples]
-        rows = [model_runner.SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids)
-                for r in sampling]
-        fill = core._fill(sched)
-        assert fill is not None
-        core.runner.execute(sched, rows, fill)
+        assert core._inflight is not None
+        launched = core._launch()  # schedule, inputs, forward (ids filled from the device), sample, copy started
+        assert launched.copy is not None
     finally:
         torch.cuda.set_sync_debug_mode("default")

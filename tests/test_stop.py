@@ -112,7 +112,7 @@ class _Letters:
 def test_stop_string_inside_a_speculative_run_counts_only_the_tokens_kept():
     """Speculation hands over several tokens at once; when a stop string ends inside them, the tokens after it are
     dropped and usage (num_output_tokens) counts only the ones kept."""
-    from edgeserve.engine.core import TokenOutput
+    from edgeserve.engine.outputs import TokenOutput
     from edgeserve.engine.output_processor import OutputProcessor
     from edgeserve.sampling_params import SamplingParams
 

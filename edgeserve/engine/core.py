@@ -3,12 +3,15 @@
 `step()` runs on a worker thread while the event loop works; requests added or aborted meanwhile are
 queued under a lock and applied at the start of the next step, where an abort frees the blocks.
 
-One-step overlap (`overlap`, on by default on CUDA): a step is launched, then the previous step's sampled ids are
-read on the host (waiting on an event, not the whole device), so the GPU always has the next step queued while the
-host schedules, stop-checks and hands out tokens. A sequence whose last token is still on the device carries a
-placeholder id; the next step takes the real id from the device (`TokenFill`), and the placeholder is replaced when
-the ids land. A request that ends at step N was already scheduled in step N+1: that row's result is dropped. Steps
-that need every token on the host (penalties, speculative decoding, aborts) land the previous step first.
+A step is two parts with one shape in every mode. `_launch`: schedule -> the forward -> sample the rows without
+drafts (the result stays on the device, its copy to the host started) and verify the rows with drafts (plain
+decoding is speculation with k = 0). `_apply`: the result on the host -> cut at stop token / max_tokens ->
+detokenize and match stop strings (a stop string ends its request here, before the next step is scheduled) ->
+outputs. Without overlap a step is launch N, apply N; with overlap (`overlap`, on by default on CUDA) it is launch
+N+1, then apply N, so the GPU always has the next step queued while the host works. A sequence whose last token is
+still on the device carries a placeholder id; the next launch takes the real id from the device (`TokenFill`). A
+request that ends at step N was already launched in N+1: that row's result is dropped. A launch that needs the
+previous tokens on the host (penalties, grammars, a speculative proposal, aborts) applies the previous step first.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from edgeserve.errors import PromptTooLongError, QueueFullError
-from edgeserve.kernels.transfer import HostCopy
+from edgeserve.errors import QueueFullError
+from edgeserve.kernels.transfer import HostCopy, to_device
 from edgeserve.models.load import LoadedModel
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
@@ -29,11 +32,13 @@ from edgeserve.text.grammar import GrammarCompiler, GrammarState
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, free_memory_bytes, gpu_pool_budget, kv_bytes_per_token, pool_blocks_for_budget
-from .model_runner import ModelRunner, SamplingRow, TokenFill
-from .outputs import EngineStats, TokenLogprob
-from .sampler import SampleOutput, make_generator
-from .scheduler import Scheduler, SchedulerConfig, Sequence, SeqStatus
+from .kv_cache import KVPool, size_pool
+from .model_runner import ModelRunner, TokenFill
+from .output_processor import OutputProcessor
+from .request_check import check_request
+from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
+from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence, SeqStatus
 from .spec import Speculator
 
 log = logging.getLogger("edgeserve.engine")
@@ -41,20 +46,6 @@ log = logging.getLogger("edgeserve.engine")
 _ids = itertools.count()
 
 PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
-
-
-@dataclass
-class TokenOutput:
-    """What one step produced for one request (token ids, before any text work)."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None = None  # "stop" (end-of-turn / stop token), "length" or "abort"
-    stop_reason: int | None = None  # the stop token id
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -67,51 +58,38 @@ class Request:
     generator: torch.Generator | None
     stop_ids: frozenset[int]
     max_tokens: int  # params.max_tokens capped by the room left in the context
+    proc: OutputProcessor  # token ids -> text deltas, stop strings
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
     grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
-    finish: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
-class InFlight:
-    """A launched step whose sampled ids have not been read on the host yet."""
+class Launched:
+    """A launched step: what was scheduled, and each sampling row's result on its way to the host.
 
+    Every row is speculation with k drafts: a row with k = 0 samples one token, kept on the device (`sample`,
+    being copied to the host) until `apply`; a row with drafts was verified at launch (the verdict is read on the
+    host there), so its tokens are known.
+    """
+
+    sched: SchedulerOutput
     sampling: list[Request]  # the sampling requests, in the step's batch order
-    copy: HostCopy  # the step's SampleOutput on its way to the host
-    device_ids: torch.Tensor  # [B] its sampled ids on the device, for the next step's TokenFill
-    out_index: dict[str, int] = field(default_factory=dict)  # request id -> its placeholder's index in the outputs
+    out_index: dict[str, int]  # request id -> index of its first new token in its outputs
+    plain: list[int] = field(default_factory=list)  # rows of `sampling` sampled by `sample`, in its order
+    sample: SampleOutput | None = None  # the plain rows' tokens on the device (for the next step's TokenFill)
+    copy: HostCopy | None = None  # ... and on their way to the host
+    verified: dict[int, list[int]] = field(default_factory=dict)  # row -> its accepted drafts + next token
 
 
 class EngineCore:
     """Continuous batching over one model: add requests, call `step()` until none is left."""
 
     def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig(), draft: LoadedModel | None = None) -> None:
-        """`draft`: the draft model for `speculative="draft"` (else loaded from `config.draft_model`)."""
+        """`draft`: the loaded draft model for `speculative="draft"` (the caller loads it: `load_draft_model`)."""
         self.lm = lm
         self.config = config
         model = lm.model
-        self.max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
-        if config.kv_cache_gb:
-            budget = config.kv_cache_gb * 2**30
-        elif model.device.type == "cuda":  # what the device fraction leaves after weights and a warm-up step
-            budget = gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, self.max_model_len),
-                                     config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
-        else:
-            budget = config.kv_cache_fraction * free_memory_bytes(model.device)
-        num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, model.dtype, config.block_size,
-                                                           config.max_num_seqs, config.max_num_batched_tokens)
-        # more blocks than every seat filled to the full context can never be used
-        blocks_per_seq = -(-self.max_model_len // config.block_size)
-        num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
-        if num_blocks < 1:
-            need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
-            hint = (" (the GPU is full after the weights and a warm-up step: raise --gpu-memory-fraction or lower "
-                    "--max-batched-tokens)" if model.device.type == "cuda" and not config.kv_cache_gb else "")
-            raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
-                             f"{need / 2**20:.2f} MiB{hint}")
-        if num_blocks < blocks_per_seq:
-            # a request may not use more context than the pool holds
-            self.max_model_len = num_blocks * config.block_size
+        num_blocks, window_blocks, self.max_model_len = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
         window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
@@ -126,20 +104,15 @@ class EngineCore:
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
-        self.runner = ModelRunner(model, self.pool)
+        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None
         if config.speculative is not None:
-            if config.speculative == "draft" and draft is None and config.draft_model is not None:
-                from edgeserve.models.load import load_model
-                from edgeserve.registry import resolve
-
-                draft = load_model(resolve(config.draft_model), device=str(model.device))
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
                                    config.block_size, draft)
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
-        self._inflight: InFlight | None = None
+        self._inflight: Launched | None = None
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._pending_add: list[Request] = []
@@ -152,23 +125,16 @@ class EngineCore:
     # --- requests (any thread) ------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
-        """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or ValueError now, not later."""
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.lm.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if any(t >= vocab for t in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-        if len(prompt_ids) >= self.max_model_len:
-            raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is "
-                                     f"{self.max_model_len} tokens, which leaves no room to generate")
+        """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or InvalidRequestError (a ValueError)
+        now, not later (`check_request` is the one validation)."""
+        check_request(prompt_ids, params, self.lm.config.vocab_size, self.max_model_len)
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, Sequence(request_id, list(prompt_ids)), params, make_generator(params), stop_ids,
-                      max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)))
+                      max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
+                      proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer))
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
-            req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, vocab).start(params.grammar)
+            req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:
             if request_id in self._requests or any(r.request_id == request_id for r in self._pending_add):
                 raise ValueError(f"duplicate request id {request_id!r}")
@@ -192,70 +158,146 @@ class EngineCore:
 
     # --- one step (the worker thread) ------------------------------------------
 
-    def step(self) -> list[TokenOutput]:
-        """Apply queued adds and aborts, run one batch, sample, retire what finished; return per-request outputs."""
+    def step(self) -> list[RequestOutput]:
+        """Apply queued adds and aborts, run one batch, sample, retire what finished (stop strings included);
+        return each request's text delta."""
         try:
-            return self._step()
+            return [o for o in self._step() if o is not None]
         finally:
             stats = self._collect_stats()
             with self._lock:
                 self._stats = stats
 
-    def _step(self) -> list[TokenOutput]:
+    def _step(self) -> list[RequestOutput | None]:
+        """Launch this step, then apply the previous one (overlap) or this one (no overlap)."""
         outputs = []
-        if self._inflight is not None and not self._can_overlap():
-            outputs += self._land()
+        if self._inflight is not None and self._must_apply_first():
+            outputs += self._apply(self._pop_inflight())
         outputs += self._apply_pending()
-        if not self._requests:
-            if self._inflight is not None:  # every row of it belongs to a request that has ended
-                outputs += self._land()
+        launched = self._launch() if self._requests else None
+        if self._inflight is not None:
+            outputs += self._apply(self._pop_inflight())
+        if launched is None:
             return outputs
+        self._advance(launched)
+        outputs += self._retire_outgrown(launched.sched)
+        if self.overlap:
+            self._inflight = launched
+        else:
+            outputs += self._apply(launched)
+        return outputs
+
+    def _pop_inflight(self) -> Launched:
+        launched, self._inflight = self._inflight, None
+        return launched
+
+    def _must_apply_first(self) -> bool:
+        """Whether the in-flight step must be applied before the next launch: an abort is queued, or one of its
+        one-token rows belongs to a request whose next launch reads its tokens on the host (penalties, a
+        grammar's mask, a speculative proposal)."""
+        with self._lock:
+            if self._pending_finish:
+                return True
+        prev = self._inflight
+        return any(r.params.penalized or r.grammar is not None or (self.spec is not None and self.spec.wants(r))
+                   for r in (prev.sampling[i] for i in prev.plain))
+
+    def _launch(self) -> Launched:
+        """Schedule, run the forward, sample the one-token rows (on the device) and verify the rows with drafts
+        (on the host)."""
         if self.spec is not None:
             self.spec.propose([r for r in self._requests.values()
                                if r.seq.status is SeqStatus.RUNNING and r.seq.num_remaining == 1])
         sched = self.scheduler.schedule()
         self.num_steps += 1
-        if self.spec is not None:
-            for seq_id in sched.preempted:
+        for seq_id in sched.preempted:  # requeued: their blocks went back to the pool
+            self.runner.batch.remove(seq_id)
+            if self.spec is not None:
                 self.spec.free(seq_id)
         for s in sched.scheduled:
             req = self._requests[s.seq_id]
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = s.positions[0]
-        sampling = [self._requests[s.seq_id] for s in sched.scheduled if s.samples]
-        rows = [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids, r.seq.output_token_ids, r.grammar)
-                for r in sampling]
-        if self.overlap and self.spec is None:
-            return outputs + self._launch(sched, sampling, rows)
-        outputs += self._retire_outgrown(sched)
-        if self.spec is not None and any(s.num_spec for s in sched.scheduled):
-            tokens, logprobs = self.spec.sample(self.runner, sched, sampling)
-        else:
-            sample = self.runner.execute(sched, rows)
-            if sample is None:
-                self.scheduler.update(sched, {})
-                return outputs
-            tokens = [[t] for t in sample.token_ids.tolist()]
-            logprobs = [[lp] if lp is not None else None
-                        for lp in _logprobs(sample, [r.params.logprobs for r in sampling])]
-        # a speculative run may pass a stop token or max_tokens: it ends there, like token-by-token decoding
-        ends = [_cut(toks, req.stop_ids, req.max_tokens - len(req.seq.output_token_ids))
-                for req, toks in zip(sampling, tokens)]
-        tokens = [toks[:n] for toks, (n, _) in zip(tokens, ends)]
-        for req, toks in zip(sampling, tokens):
-            if req.grammar is not None:
-                req.grammar.accept([t for t in toks if t not in req.stop_ids])
-        self.scheduler.update(sched, {r.request_id: toks for r, toks in zip(sampling, tokens)})
+        scheduled = [s for s in sched.scheduled if s.samples]
+        sampling = [self._requests[s.seq_id] for s in scheduled]
+        out = Launched(sched, sampling, {r.request_id: len(r.seq.output_token_ids) for r in sampling})
+        fill = self._fill(sched) if self._inflight is not None else None
+        logits = self.runner.execute(sched, fill)
+        if logits is None:  # every sequence was mid-prefill
+            return out
+        ends = list(itertools.accumulate(1 + s.num_spec for s in scheduled))
+        out.plain = [i for i, s in enumerate(scheduled) if not s.num_spec]
+        spec = [i for i, s in enumerate(scheduled) if s.num_spec]
+        if out.plain:
+            rows = logits if not spec else logits[to_device([ends[i] - 1 for i in out.plain], torch.long, logits.device)]
+            reqs = [sampling[i] for i in out.plain]
+            out.sample = sample_rows(rows, [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids,
+                                                        r.seq.output_token_ids, r.grammar) for r in reqs])
+            out.copy = HostCopy.start(out.sample)
+        if spec:
+            rows = torch.cat([torch.arange(ends[i] - 1 - scheduled[i].num_spec, ends[i]) for i in spec])
+            verdicts = self.spec.verify(logits[rows.to(logits.device)], [scheduled[i] for i in spec],
+                                        [sampling[i] for i in spec])
+            for i, toks in zip(spec, verdicts):
+                # a speculative run may pass a stop token or max_tokens: it ends there, like token-by-token decoding
+                req = sampling[i]
+                n, _ = _cut(toks, req.stop_ids, req.max_tokens - len(req.seq.output_token_ids))
+                out.verified[i] = toks[:n]
+        return out
+
+    def _advance(self, launched: Launched) -> None:
+        """Account for a launched step in the scheduler (after the previous step's ids replaced their placeholders,
+        so full blocks are hashed with real ids); a one-token row's token is a placeholder until `_apply`."""
+        self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
+                                               for i, r in enumerate(launched.sampling)})
         if self.spec is not None:
-            self.spec.rollback(sampling)
-        self.generation_tokens += sum(len(toks) for toks in tokens)
-        for req, toks, lp, (n, reason) in zip(sampling, tokens, logprobs, ends):
-            lp = lp[:n] if lp is not None else None
-            outputs.append(self._emit(req, toks, lp, reason))
+            self.spec.rollback(launched.sampling)
+        bm = self.scheduler.block_manager
+        for i in launched.verified:  # rejected drafts' blocks went back to the pool
+            seq_id = launched.sampling[i].request_id
+            if bm.has_seq(seq_id):
+                self.runner.batch.shrink(seq_id, len(bm.block_ids(seq_id)))
+
+    def _fill(self, sched: SchedulerOutput) -> TokenFill | None:
+        """Where this step's placeholders (last tokens of sequences in flight) take their ids from."""
+        prev = self._inflight
+        row_of = {prev.sampling[i].request_id: j for j, i in enumerate(prev.plain)}
+        index, source, flat = [], [], 0
+        for s in sched.scheduled:
+            flat += s.num_new_tokens
+            if s.samples and s.token_ids[-1] == PLACEHOLDER:
+                index.append(flat - 1)
+                source.append(row_of[s.seq_id])
+        return TokenFill(index, source, prev.sample.token_ids) if index else None
+
+    def _apply(self, launched: Launched) -> list[RequestOutput | None]:
+        """A launched step's tokens on the host: replace the placeholders, cut at stop/length, emit text."""
+        ids, lps = [], []
+        if launched.copy is not None:
+            sample = launched.copy.wait()
+            ids = sample.token_ids.tolist()
+            lps = token_logprobs(sample, [launched.sampling[i].params.logprobs for i in launched.plain])
+        plain = {i: j for j, i in enumerate(launched.plain)}
+        outputs = []
+        for i, req in enumerate(launched.sampling):
+            k = launched.out_index[req.request_id]
+            if self._requests.get(req.request_id) is not req:
+                continue  # ended while the step ran: the row was wasted work
+            if i in plain:
+                toks, lp = [ids[plain[i]]], lps[plain[i]]
+                req.seq.set_output(k, toks[0])
+                lp = [lp] if lp is not None else None
+            else:  # verified at launch (requests with drafts ask no logprobs)
+                toks, lp = launched.verified[i], None
+            self.generation_tokens += len(toks)
+            n, reason = _cut(toks, req.stop_ids, req.max_tokens - k)
+            if req.grammar is not None:
+                req.grammar.accept([t for t in toks[:n] if t not in req.stop_ids])
+            outputs.append(self._emit(req, toks[:n], lp, reason))
         return outputs
 
     def _emit(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None,
-              reason: str | None) -> TokenOutput:
+              reason: str | None) -> RequestOutput | None:
         """The output of a request's new tokens, retiring it when `reason` ends it."""
         if reason is None:
             return self._output(req, tokens, logprobs)
@@ -263,73 +305,12 @@ class EngineCore:
         return self._retire(req, tokens, logprobs, reason, stop_reason=tokens[-1] if reason == "stop" else None,
                             already_finished=not self.scheduler.has(req.request_id))
 
-    def _retire_outgrown(self, sched) -> list[TokenOutput]:
+    def _retire_outgrown(self, sched: SchedulerOutput) -> list[RequestOutput | None]:
         """Retire the requests the scheduler ended because they outgrew the whole pool."""
         return [self._retire(self._requests[seq_id], [], None, "length", already_finished=True)
                 for seq_id in sched.finished if seq_id in self._requests]
 
-    # --- one-step overlap --------------------------------------------------------
-
-    def _can_overlap(self) -> bool:
-        """Whether the next step may launch before the in-flight step's ids are on the host."""
-        if not self.overlap or self.spec is not None:
-            return False
-        with self._lock:
-            if self._pending_finish:
-                return False
-            adds = list(self._pending_add)
-        # penalties and grammars read the previous token on the host before sampling the next
-        return not any(r.params.penalized or r.params.grammar is not None
-                       for r in itertools.chain(self._requests.values(), adds))
-
-    def _launch(self, sched, sampling: list[Request], rows: list[SamplingRow]) -> list[TokenOutput]:
-        """Launch this step, then land the previous one; this step's tokens are placeholders until it lands."""
-        fill = self._fill(sched) if self._inflight is not None else None
-        sample = self.runner.execute(sched, rows, fill)
-        launched = None if sample is None else InFlight(sampling, HostCopy.start(sample), sample.token_ids)
-        outputs = self._land() if self._inflight is not None else []
-        outputs += self._retire_outgrown(sched)
-        if launched is not None:
-            for req in sampling:
-                if self._requests.get(req.request_id) is req:
-                    launched.out_index[req.request_id] = len(req.seq.output_token_ids)
-        self.scheduler.update(sched, {r.request_id: [PLACEHOLDER] for r in sampling})
-        self._inflight = launched
-        return outputs
-
-    def _fill(self, sched) -> TokenFill | None:
-        """Where this step's placeholders (last tokens of sequences in flight) take their ids from."""
-        prev = self._inflight
-        row_of = {r.request_id: i for i, r in enumerate(prev.sampling)}
-        index, source, flat = [], [], 0
-        for s in sched.scheduled:
-            flat += s.num_new_tokens
-            if s.samples and s.token_ids[-1] == PLACEHOLDER:
-                index.append(flat - 1)
-                source.append(row_of[s.seq_id])
-        return TokenFill(index, source, prev.device_ids) if index else None
-
-    def _land(self) -> list[TokenOutput]:
-        """Read the in-flight step's ids on the host: replace the placeholders, stop-check, emit."""
-        prev, self._inflight = self._inflight, None
-        sample = prev.copy.wait()
-        ids = sample.token_ids.tolist()
-        lps = _logprobs(sample, [r.params.logprobs for r in prev.sampling])
-        outputs = []
-        for i, req in enumerate(prev.sampling):
-            k = prev.out_index.get(req.request_id)
-            if k is None or self._requests.get(req.request_id) is not req:
-                continue  # ended while the step ran: the row was wasted work
-            tok = ids[i]
-            req.seq.set_output(k, tok)
-            self.generation_tokens += 1
-            _, reason = _cut([tok], req.stop_ids, req.max_tokens - k)
-            if req.grammar is not None and tok not in req.stop_ids:
-                req.grammar.accept([tok])
-            outputs.append(self._emit(req, [tok], [lps[i]] if lps[i] is not None else None, reason))
-        return outputs
-
-    def _apply_pending(self) -> list[TokenOutput]:
+    def _apply_pending(self) -> list[RequestOutput | None]:
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             finishes, self._pending_finish = self._pending_finish, {}
@@ -344,21 +325,39 @@ class EngineCore:
         return outputs
 
     def _retire(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None, reason: str,
-                stop_reason: int | None = None, already_finished: bool = False) -> TokenOutput:
+                stop_reason: int | None = None, already_finished: bool = False) -> RequestOutput | None:
+        self._end(req, reason, already_finished)
+        return self._output(req, tokens, logprobs, reason, stop_reason)
+
+    def _end(self, req: Request, reason: str, already_finished: bool = False) -> None:
+        """Forget a request and free its blocks now."""
         if not already_finished:
             self.scheduler.finish(req.request_id, reason)
+        self.runner.batch.remove(req.request_id)
         if self.spec is not None:
             self.spec.free(req.request_id)
         del self._requests[req.request_id]
         self.num_requests_finished += 1
-        out = self._output(req, tokens, logprobs)
-        out.finish_reason, out.stop_reason = reason, stop_reason
-        return out
 
-    def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None) -> TokenOutput:
-        return TokenOutput(req.request_id, tokens, logprobs, num_prompt_tokens=len(req.seq.prompt_token_ids),
-                           num_cached_tokens=req.num_cached_tokens or 0,
-                           num_output_tokens=len(req.seq.output_token_ids))
+    def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None,
+                reason: str | None = None, stop_reason: int | None = None) -> RequestOutput | None:
+        """The text delta of a request's new tokens (None when nothing is left to say); a stop string found here
+        ends the request at once, so it takes no row in the next step."""
+        out = TokenOutput(req.request_id, tokens, logprobs, reason, stop_reason,
+                          num_prompt_tokens=len(req.seq.prompt_token_ids),
+                          num_cached_tokens=req.num_cached_tokens or 0, num_output_tokens=len(req.seq.output_token_ids))
+        try:
+            delta = req.proc.process(out)
+        except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone
+            log.error("request %s failed while turning tokens into text", req.request_id, exc_info=e)
+            if self._requests.get(req.request_id) is req:
+                self._end(req, "abort")
+            req.proc.done = True
+            return RequestOutput(req.request_id, "", [], None, "abort",
+                                 error="this request failed while turning tokens into text")
+        if delta is not None and delta.finished and reason is None and self._requests.get(req.request_id) is req:
+            self._end(req, "stop")  # a stop string
+        return delta
 
     # --- failures --------------------------------------------------------------
 
@@ -392,25 +391,23 @@ class EngineCore:
 
     # --- state -----------------------------------------------------------------
 
-    def abort_all(self) -> list[TokenOutput]:
+    def abort_all(self) -> list[RequestOutput]:
         """End every request now (shutdown, or after a failed step); call between steps only."""
         self._inflight = None  # its tokens are dropped with their requests
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             self._pending_finish.clear()
-        outputs = [TokenOutput(r.request_id, [], None, "abort", num_prompt_tokens=len(r.seq.prompt_token_ids))
-                   for r in adds]
+        outputs = [self._output(r, [], None, "abort") for r in adds]
         for req in list(self._requests.values()):
             if self.scheduler.has(req.request_id):
                 outputs.append(self._retire(req, [], None, "abort"))
             else:
                 del self._requests[req.request_id]
-                outputs.append(self._output(req, [], None))
-                outputs[-1].finish_reason = "abort"
+                outputs.append(self._output(req, [], None, "abort"))
         stats = self._collect_stats()
         with self._lock:
             self._stats = stats
-        return outputs
+        return [o for o in outputs if o is not None]
 
     def close(self) -> None:
         """Before shutdown: hand the pool's cached prefixes down to the offload tiers and write them to disk."""
@@ -461,15 +458,3 @@ def _spec_stats(spec: Speculator) -> dict:
     c = spec.counters
     return dict(spec_proposed_tokens=c.proposed, spec_accepted_tokens=c.accepted, spec_verifications=c.verifications,
                 spec_acceptance_rate=c.acceptance_rate, spec_mean_accepted_length=c.mean_accepted_length)
-
-
-def _logprobs(sample: SampleOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:
-    """Each row's TokenLogprob, or None for rows that did not ask."""
-    if sample.logprobs is None:
-        return [None] * len(wanted)
-    chosen = sample.logprobs.tolist()
-    top_ids, top_lp = sample.top_ids.tolist(), sample.top_logprobs.tolist()
-    return [
-        None if n is None else TokenLogprob(sample.token_ids[i].item(), chosen[i], list(zip(top_ids[i][:n], top_lp[i][:n])))
-        for i, n in enumerate(wanted)
-    ]

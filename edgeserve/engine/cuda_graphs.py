@@ -78,22 +78,25 @@ class PaddedDecode:
 
 
 def pad_decode_batch(token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-                     block_tables: list[list[int]], bucket: int, max_blocks: int, scratch_block: int,
+                     block_tables: list[list[int]] | None, bucket: int, max_blocks: int, scratch_block: int,
                      block_size: int) -> PaddedDecode:
     """Pad a decode step of n = len(token_ids) sequences up to `bucket` rows.
 
     Padding rows: token 0 at position 0, written to the scratch block's first slot, attending to that slot only
-    (seq_len 1, block table [scratch_block, 0, ...]). Every block table is padded with 0 to `max_blocks`.
+    (seq_len 1, block table [scratch_block, 0, ...]). Every block table is padded with 0 to `max_blocks`; with
+    `block_tables` None (the engine's path: its tables are already tensors) no tables are built.
     """
     n = len(token_ids)
     if not n <= bucket:
         raise ValueError(f"{n} sequences do not fit a batch of {bucket}")
-    if any(len(t) > max_blocks for t in block_tables):
-        raise ValueError(f"a block table is longer than {max_blocks} blocks")
     pad = bucket - n
     scratch_slot = scratch_block * block_size
-    tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
-    tables += [[scratch_block] + [0] * (max_blocks - 1) for _ in range(pad)]
+    tables = []
+    if block_tables is not None:
+        if any(len(t) > max_blocks for t in block_tables):
+            raise ValueError(f"a block table is longer than {max_blocks} blocks")
+        tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
+        tables += [[scratch_block] + [0] * (max_blocks - 1) for _ in range(pad)]
     return PaddedDecode(n, bucket, list(token_ids) + [0] * pad, list(positions) + [0] * pad,
                         list(slot_mapping) + [scratch_slot] * pad, list(seq_lens) + [1] * pad, tables)
 
@@ -160,30 +163,35 @@ class DecodeGraphs:
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     # --- running a step ------------------------------------------------------------------------------------
-    def can_run(self, query_lens: list[int], block_tables: list[list[int]] | None = None) -> bool:
-        """Whether a step is a decode step that fits a bucket (and, given its block tables, the table buffer)."""
+    def can_run(self, query_lens: list[int], table_width: int | None = None) -> bool:
+        """Whether a step is a decode step that fits a bucket (and, given its block tables' width, the table
+        buffer)."""
         if not query_lens or len(query_lens) > self.sizes[-1] or any(n != 1 for n in query_lens):
             return False
-        return block_tables is None or all(len(t) <= self.max_blocks for t in block_tables)
+        return table_width is None or table_width <= self.max_blocks
 
     def prepare(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-                block_tables: list[list[int]]) -> PaddedDecode:
-        """Pad the step to its bucket and copy it into the static buffers."""
-        bucket = bucket_for(len(token_ids), self.sizes)
+                block_tables: torch.Tensor) -> PaddedDecode:
+        """Pad the step to its bucket and copy it into the static buffers; `block_tables` [n, width] (the
+        persistent batch's, on the device) fill the first `width` columns of the table buffer, device to device
+        (columns past a row's blocks are never read: its length bounds it)."""
+        n = len(token_ids)
+        bucket = bucket_for(n, self.sizes)
         assert bucket is not None
         self.pool.sync_window_map()  # the sliding-window pool's block pairing, read by the captured graph
-        p = pad_decode_batch(token_ids, positions, slot_mapping, seq_lens, block_tables, bucket, self.max_blocks,
+        p = pad_decode_batch(token_ids, positions, slot_mapping, seq_lens, None, bucket, self.max_blocks,
                              self.pool.scratch_block, self.block_size)
         dev = self.device
         self.ids[:bucket].copy_(to_device(p.token_ids, torch.long, dev))
         self.positions[:bucket].copy_(to_device(p.positions, torch.long, dev))
         self.slots[:bucket].copy_(to_device(p.slot_mapping, torch.long, dev))
         self.seq_lens[:bucket].copy_(to_device(p.seq_lens, torch.int32, dev))
-        self.tables[:bucket].copy_(to_device(p.block_tables, torch.int32, dev))
+        self.tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        self.tables[n:bucket, 0] = self.pool.scratch_block  # padding rows read the scratch block only
         return p
 
     def run(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-            block_tables: list[list[int]], fill: "TokenFill | None" = None) -> torch.Tensor:
+            block_tables: torch.Tensor, fill: "TokenFill | None" = None) -> torch.Tensor:
         """Float32 logits [n, vocab] of a decode step of n sequences (row i: sequence i's one token); `fill`
         supplies token ids still on the device (see model_runner.TokenFill)."""
         p = self.prepare(token_ids, positions, slot_mapping, seq_lens, block_tables)

@@ -120,6 +120,11 @@ class BlockManager:
         """Physical block ids of `seq`, in logical order (a copy)."""
         return list(self._seqs[seq].block_ids)
 
+    def block_ids(self, seq: SeqId) -> list[int]:
+        """Physical block ids of `seq`, in logical order: the live list (read it, never change it; it changes
+        at its tail as the sequence grows or is truncated)."""
+        return self._seqs[seq].block_ids
+
     def slot(self, seq: SeqId, position: int) -> int:
         """KV slot of token `position` of `seq`."""
         table = self._seqs[seq].block_ids

@@ -17,6 +17,20 @@ class TokenLogprob:
 
 
 @dataclass
+class TokenOutput:
+    """What one step produced for one request (token ids, before any text work)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None = None  # "stop" (end-of-turn / stop token), "length" or "abort"
+    stop_reason: int | None = None  # the stop token id
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
 class RequestOutput:
     """What one request gained since its previous delta; the last one has `finish_reason` set."""
 
@@ -32,6 +46,7 @@ class RequestOutput:
     # chat replies, filled by the server's output parsing (edgeserve.text.chat_output): `text` is then the content
     reasoning: str = ""  # new reasoning text (<think>...</think>)
     tool_calls: list | None = None  # edgeserve.text.tool_calls.ToolCall, on the last delta
+    error: str | None = None  # the engine ended this request on a failure of its own (finish_reason "abort")
 
     @property
     def finished(self) -> bool:

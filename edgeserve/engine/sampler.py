@@ -11,6 +11,8 @@ from edgeserve.kernels.transfer import to_device
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.grammar import GrammarState, allowed_mask
 
+from .outputs import TokenLogprob
+
 
 @dataclass
 class SampleOutput:
@@ -24,6 +26,34 @@ class SampleOutput:
     logprobs: torch.Tensor | None = None  # [B] each chosen token's logprob; None when no row asked
     top_ids: torch.Tensor | None = None  # [B, N] best first, N = the largest `logprobs` asked in the batch
     top_logprobs: torch.Tensor | None = None  # [B, N]
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs of one sequence that samples this step."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_ids: list[int]
+    output_ids: list[int]
+    grammar: GrammarState | None = None  # constrained decoding: the mask comes from here
+
+
+def sample_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
+    """`sample_tokens` over one logits row per SamplingRow (the result stays on the logits' device)."""
+    return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
+                         [r.prompt_ids for r in rows], [r.output_ids for r in rows], [r.grammar for r in rows])
+
+
+def token_logprobs(sample: SampleOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:
+    """Each row's TokenLogprob with its `wanted[i]` best alternatives, or None for rows that did not ask
+    (reads the sample on the host)."""
+    if sample.logprobs is None:
+        return [None] * len(wanted)
+    ids, chosen = sample.token_ids.tolist(), sample.logprobs.tolist()
+    top_ids, top_lp = sample.top_ids.tolist(), sample.top_logprobs.tolist()
+    return [None if n is None else TokenLogprob(ids[i], chosen[i], list(zip(top_ids[i][:n], top_lp[i][:n])))
+            for i, n in enumerate(wanted)]
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:

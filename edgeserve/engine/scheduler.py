@@ -86,7 +86,7 @@ class ScheduledSeq:
     token_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
-    block_table: list[int]
+    block_table: list[int]  # the block manager's live list (no copy): read it during this step only
     context_len: int  # tokens with KV once this step is done
     samples: bool  # this step reaches the last token, so a token is sampled
     num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
@@ -329,7 +329,7 @@ class Scheduler:
             token_ids=seq.all_token_ids[start:stop] + list(spec or ()),
             positions=list(range(start, end)),
             slot_mapping=self.block_manager.slots(seq.seq_id, start, end),
-            block_table=self.block_manager.block_table(seq.seq_id),
+            block_table=self.block_manager.block_ids(seq.seq_id),
             context_len=end,
             samples=stop == seq.num_tokens,
             num_spec=len(spec or ()),

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from edgeserve.errors import (ChatTemplateError, EdgeserveError, ModelLoadError, QueueFullError, UnknownModelError,
-                              UnsupportedModelError)
+from edgeserve.errors import (ChatTemplateError, EdgeserveError, InvalidRequestError, ModelLoadError, QueueFullError,
+                              UnknownModelError, UnsupportedModelError)
 
 log = logging.getLogger("edgeserve.server")
 
@@ -65,6 +65,8 @@ def from_exception(exc: BaseException, request_id: str = "") -> APIError:
         return APIError(507, str(exc), "server_error", "model", "insufficient_memory")
     if isinstance(exc, ModelsBusyError):
         return APIError(503, str(exc), "server_error", "model", "models_busy", {"Retry-After": "5"})
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), "invalid_request_error", exc.param)
     if isinstance(exc, ChatTemplateError):
         return APIError(400, f"chat template: {exc}", "invalid_request_error", "messages", "chat_template_error")
     if isinstance(exc, (ModelLoadError, UnsupportedModelError)):

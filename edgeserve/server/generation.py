@@ -12,11 +12,13 @@ import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.server.chat_setup import ChatSetup, chat_setup
+from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
 from edgeserve.server.schemas import GenerationRequest
+from edgeserve.text.chat_prompt import chat_prompt_ids
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -80,20 +82,10 @@ class Generation:
         if self.req.messages is not None:
             if self.chat is None:
                 self.chat = chat_setup(self.req, lm.chat_template)
-            return [tok.encode(self.chat.prompt, add_special_tokens=False)]
+            return [chat_prompt_ids(tok, self.chat.prompt)]
         out = []
         for i, p in enumerate(self.req.prompts):
-            if isinstance(p, str):
-                ids = tok.encode(p, add_special_tokens=True)
-            else:
-                bad = [t for t in p if t >= tok.vocab_size]
-                if bad:
-                    raise bad_request(f"prompt token id {bad[0]} is out of range (vocabulary size {tok.vocab_size})",
-                                      "prompt")
-                ids = list(p)
-            if not ids:
-                raise bad_request("prompt is empty", self.prompt_param)
-            out.append(ids)
+            out.append(tok.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p))
         return out
 
     def _refuse_embedding_model(self) -> None:
@@ -128,6 +120,9 @@ class Generation:
         except PromptTooLongError as e:
             self.close()
             raise APIError(400, str(e), "invalid_request_error", self.prompt_param, "context_length_exceeded")
+        except InvalidRequestError as e:  # the engine's one request check
+            self.close()
+            raise bad_request(str(e), self.prompt_param if e.param == "prompt" else e.param)
         except BaseException:
             self.close()
             raise

@@ -339,6 +339,7 @@ class ModelManager:
     async def _load_generator(self, source: ModelSource) -> tuple[Any, Any]:
         """Load a decoder's weights and start its AsyncEngine (blocking parts in a worker thread)."""
         from edgeserve.engine.async_engine import AsyncEngine
+        from edgeserve.engine.spec import load_draft_model
         from edgeserve.models.load import load_model
 
         cfg = self.config
@@ -349,7 +350,8 @@ class ModelManager:
         engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
                                   max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
                                   max_model_len=cfg.max_model_len, **cfg.extra_engine)
-        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg)
+        draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
+        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg, draft)
         return lm, engine
 
     async def _run_engine(self, entry: ModelEntry) -> None:

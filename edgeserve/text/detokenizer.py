@@ -18,7 +18,7 @@ class IncrementalDetokenizer:
         text is held back while the sequence ends with one."""
         self._decode = decode
         self._hold_ids = hold_ids
-        self.ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:]) if prompt_ids else []
+        self.ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:]) if prompt_ids else []  # the window, not all
         self._prefix = 0  # start of the context window
         self._read = len(self.ids)  # tokens whose text has been emitted
 
@@ -39,4 +39,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix = max(self._prefix, self._read - _CONTEXT_TOKENS)
         self._read = len(self.ids)
+        del self.ids[: self._prefix]  # only the context window is ever decoded again
+        self._read -= self._prefix
+        self._prefix = 0
         return after[len(before):]

@@ -6,10 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.engine.kv_blocks import BlockManager
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.kv_cache import KVPool, forward_batch
 from edgeserve.engine.scheduler import Sequence
 from edgeserve.errors import EdgeserveError
-from edgeserve.kernels.paged_attention import AttentionMetadata
 from edgeserve.loaders.tokenizer import Tokenizer
 from edgeserve.models.load import LoadedModel
 from edgeserve.sampling_params import SamplingParams
@@ -40,6 +39,17 @@ def check_same_tokenizer(target: Tokenizer, draft: Tokenizer) -> None:
     if target.encode(_PROBE) != draft.encode(_PROBE):
         raise DraftMismatchError("the draft model's tokenizer splits text differently from the target's: "
                                  "speculative decoding needs the target's exact tokenizer")
+
+
+def load_draft_model(name: str | None, target: LoadedModel) -> LoadedModel | None:
+    """The draft model `name` (catalog name, .gguf, HF folder) loaded onto the target's device, for whoever
+    builds an engine with `speculative="draft"`; None when no name is given."""
+    if name is None:
+        return None
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    return load_model(resolve(name), device=str(target.model.device))
 
 
 class DraftProposer:
@@ -89,9 +99,7 @@ class DraftProposer:
                 self.computed[sid] = end
             if not batch:
                 break
-            meta = AttentionMetadata.build(query_lens, ctx, tables, slots, dev)
-            hidden = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
-                                        PagedKVAttention(self.pool, meta))
+            hidden = forward_batch(self.model, self.pool, ids, positions, query_lens, ctx, tables, slots)
             last = torch.cumsum(torch.tensor(query_lens, device=dev), 0) - 1
             logits = self.model.logits(hidden[last])
             logits = _fit_vocab(logits, self.vocab)

@@ -7,10 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edgeserve.engine.model_runner import ModelRunner
-from edgeserve.engine.outputs import TokenLogprob
-from edgeserve.engine.sampler import sample_tokens
-from edgeserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.models.load import LoadedModel
 
 from .draft import DraftProposer
@@ -41,8 +38,8 @@ class SpecCounters:
 
 class Speculator:
     """Proposes drafts for decoding requests (prompt lookup or a draft model) and verifies them in one target
-    forward: `propose` before `Scheduler.schedule`, `sample` instead of the plain sampler, `rollback` after
-    `Scheduler.update`, `free` when a request ends or is preempted."""
+    forward: `propose` before `Scheduler.schedule`, `verify` for the rows with drafts (the others go to the plain
+    sampler), `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
 
     def __init__(self, method: str, num_tokens: int, target: LoadedModel, num_blocks: int, block_size: int,
                  draft: LoadedModel | None = None) -> None:
@@ -79,39 +76,10 @@ class Speculator:
             r.seq.spec_token_ids = d
             self._draft_probs[r.request_id] = q
 
-    def sample(self, runner: ModelRunner, sched: SchedulerOutput,
-               reqs: list["Request"]) -> tuple[list[list[int]], list[list[TokenLogprob] | None]]:
-        """Run the step; tokens (and logprobs) for each sampling request, in `reqs` order (the batch order).
-
-        Requests with drafts get their accepted drafts plus one token; the others one token, drawn exactly as
-        the plain sampler draws it.
-        """
-        from edgeserve.engine.core import _logprobs  # the core imports this module
-
-        sampling = [s for s in sched.scheduled if s.samples]
-        logits = runner.forward_logits(sched, [1 + s.num_spec if s.samples else 0 for s in sched.scheduled])
-        ends = torch.cumsum(torch.tensor([1 + s.num_spec for s in sampling]), 0)
-        plain = [i for i, s in enumerate(sampling) if s.num_spec == 0]
-        spec = [i for i, s in enumerate(sampling) if s.num_spec > 0]
-        tokens: list[list[int]] = [[] for _ in reqs]
-        logprobs: list[list[TokenLogprob] | None] = [None] * len(reqs)
-        if plain:
-            rs = [reqs[i] for i in plain]
-            out = sample_tokens(logits[ends[plain] - 1], [r.params for r in rs], [r.generator for r in rs],
-                                [r.seq.prompt_token_ids for r in rs], [r.seq.output_token_ids for r in rs],
-                                [r.grammar for r in rs])
-            lps = _logprobs(out, [r.params.logprobs for r in rs])
-            for i, t, lp in zip(plain, out.token_ids.tolist(), lps):
-                tokens[i], logprobs[i] = [t], ([lp] if lp is not None else None)
-        if spec:
-            rows = torch.cat([torch.arange(int(ends[i]) - 1 - sampling[i].num_spec, int(ends[i])) for i in spec])
-            accepted = self._verify(logits[rows], [sampling[i] for i in spec], [reqs[i] for i in spec])
-            for i, toks in zip(spec, accepted):
-                tokens[i] = toks
-        return tokens, logprobs
-
-    def _verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
-        """Accepted drafts plus the next token for each speculating request; `logits` are its k+1 rows each."""
+    def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
+        """Accepted drafts plus the next token for each speculating request (read on the host); `logits` are its
+        k+1 rows each, in order. The distributions are the plain sampler's (`verify.token_probs`), so the tokens
+        are distributed exactly as without speculation."""
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
         history = any(r.params.penalized for r in rs)

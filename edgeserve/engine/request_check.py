@@ -1,0 +1,25 @@
+"""The one validation of a generation request: what the engine refuses up front, before it queues anything."""
+
+from __future__ import annotations
+
+from edgeserve.errors import InvalidRequestError, PromptTooLongError
+from edgeserve.sampling_params import SamplingParams
+
+
+def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    """Raise InvalidRequestError (naming the field) or PromptTooLongError unless the engine can run this request.
+
+    SamplingParams checked its own fields when it was built; this checks what needs the model: token ids inside
+    the vocabulary, and room in the context for at least one new token.
+    """
+    if not prompt_ids:
+        raise InvalidRequestError("the prompt is empty", "prompt")
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        bad = next(t for t in prompt_ids if not 0 <= t < vocab_size)
+        raise InvalidRequestError(f"prompt token id {bad} is out of range: token ids must be in [0, {vocab_size})",
+                                  "prompt")
+    if any(not 0 <= t < vocab_size for t in params.logit_bias):
+        raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab_size})", "logit_bias")
+    if len(prompt_ids) >= max_model_len:
+        raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is {max_model_len} "
+                                 "tokens, which leaves no room to generate")
