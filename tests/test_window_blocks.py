@@ -42,7 +42,7 @@ def gemma(tmp_path_factory) -> LoadedModel:
     config = config_from_hf(json.loads((folder / "config.json").read_text()))
     assert set(config.layer_windows) == {WINDOW, None}
     ours = decoder_class(config).from_weights(config, HFFolder(folder).weights(), dtype=torch.float32)
-    tokenizer = SimpleNamespace(eot_ids=frozenset())
+    tokenizer = SimpleNamespace(eot_ids=frozenset(), decode=lambda ids: "", byte_fallback_ids=frozenset())
     return LoadedModel("tiny-gemma3", SimpleNamespace(path=folder), config, ours, tokenizer, None, 0.0)
 
 
