@@ -192,8 +192,16 @@ typedef struct {
     const int8_t *qa;
     const float *da;
     const int16_t *sa;
-    int64_t lda; /* values per activation row (K) */
+    const float *fs; /* da * (sum of the block's 32 values), [M, K/32]: the offset terms of Q4_1/Q5_1/Q4_K/Q5_K */
+    int64_t lda;     /* values per activation row (K) */
 } act_t;
+
+/* the same activations from row r on */
+static inline act_t act_from(act_t a, int64_t r) {
+    act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.fs ? a.fs + r * (a.lda / 32) : 0,
+               a.lda};
+    return s;
+}
 
 __attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
     int q[32], sc[2];
@@ -261,130 +269,173 @@ static inline __m256i bits32_x10(const uint8_t *p) {
 
 #define NRMAX 4
 
-/* Generic loop body pieces: acc[r] += da * dw * isum (vector); accs[r] += da * (mw * sum(a) + corr) */
+/* Generic loop body pieces: acc[r] += da * dw * isum (vector); accs[r] += m * (da * sum(a)) */
 #define LOAD_A(r, b) _mm256_loadu_si256((const __m256i *)(a.qa + (r) * a.lda + (b) * 32))
 #define DA(r, b) a.da[(r) * (a.lda / 32) + (b)]
-#define SA(r, i) a.sa[(r) * (a.lda / 16) + (i)]
+#define FS(r, b) a.fs[(r) * (a.lda / 32) + (b)]
 
-static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int K, act_t a, int nr,
-                                                            float *out, int64_t ldo) {
-    __m256 acc[NRMAX];
-    float accs[NRMAX];
-    for (int r = 0; r < NRMAX; r++) {
-        acc[r] = _mm256_setzero_ps();
-        accs[r] = 0.0f;
-    }
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* signed weights q (-128..127) times signed activations: the sign trick, since maddubs wants one unsigned side */
+static inline __m256i mul_s8s8(__m256i q, __m256i aq, __m256i a) { return mul_u8s8(aq, _mm256_sign_epi8(a, q)); }
+
+/* acc += float(p) * s */
+static inline __m256 fma_block(__m256i p, float s, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
+}
+
+/* The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (ggml's packing) as bytes: sc[0..7], mn[0..7]. */
+static inline void scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    uint32_t s0 = u[0] & k1, s1 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    uint32_t m0 = u[1] & k1, m1 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    memcpy(sc, &s0, 4);
+    memcpy(sc + 4, &s1, 4);
+    memcpy(mn, &m0, 4);
+    memcpy(mn + 4, &m1, 4);
+}
+
+/* nw weight rows (row bytes apart) against nr activation rows (both compile-time constants after inlining): out[r *
+   ldo + w] for w < nw, r < nr. Weights with an offset (-8, -16, -32) are made signed and multiplied with the sign
+   trick, so no per-block correction is left; weights with a float minimum (Q4_1, Q5_1, Q4_K, Q5_K) stay unsigned
+   and add m * (da * sum(a)) per block from the activation sums precomputed per call (a.fs). The float work per
+   block, weight row and activation row is one convert and one fmadd into 8 lanes; the lanes are summed once per
+   output. Every output gets the same sequence of operations whatever the tile shape, so results do not depend
+   on the batch; the tile only sets how many independent accumulation chains run side by side. */
+static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int64_t row_bytes, int K,
+                                                            act_t a, int nw, int nr, float *out, int64_t ldo) {
+    __m256 acc[4][NRMAX];
+    float accs[4][NRMAX];
+    for (int w = 0; w < nw; w++)
+        for (int r = 0; r < nr; r++) {
+            acc[w][r] = _mm256_setzero_ps();
+            accs[w][r] = 0.0f;
+        }
     const int nb = K / 32;
-    if (fmt <= F_Q5_1) {
+    if (fmt == F_Q4_0 || fmt == F_Q5_0) {
         const int bb = BLOCK_BYTES[fmt];
         for (int b = 0; b < nb; b++) {
-            const uint8_t *x = row + (size_t)b * bb;
-            float d = rd16(x), m = 0.0f;
-            const uint8_t *qs = x + 2;
-            if (fmt == F_Q4_1 || fmt == F_Q5_1) {
-                m = rd16(x + 2);
-                qs += 2;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * bb;
+                const float d = h2f(x);
+                __m256i q = fmt == F_Q4_0 ? _mm256_sub_epi8(nibbles32(x + 2), _mm256_set1_epi8(8))
+                                          : _mm256_sub_epi8(_mm256_or_si256(nibbles32(x + 6), bits32_x10(x + 2)),
+                                                            _mm256_set1_epi8(16));
+                const __m256i aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++)
+                    acc[w][r] = fma_block(mul_s8s8(q, aq, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
             }
-            __m256i u;
-            if (fmt == F_Q5_0 || fmt == F_Q5_1) {
-                u = _mm256_or_si256(nibbles32(qs + 4), bits32_x10(qs));
-            } else {
-                u = nibbles32(qs);
-            }
-            float off = fmt == F_Q4_0 ? -8.0f * d : fmt == F_Q5_0 ? -16.0f * d : m;
-            for (int r = 0; r < nr; r++) {
-                __m256i p = mul_u8s8(u, LOAD_A(r, b));
-                float s = DA(r, b);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s * d), acc[r]);
-                accs[r] += s * off * (float)(SA(r, 2 * b) + SA(r, 2 * b + 1));
+        }
+    } else if (fmt == F_Q4_1 || fmt == F_Q5_1) {
+        const int bb = BLOCK_BYTES[fmt];
+        for (int b = 0; b < nb; b++) {
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * bb;
+                const float d = h2f(x), m = h2f(x + 2);
+                __m256i u = fmt == F_Q4_1 ? nibbles32(x + 4) : _mm256_or_si256(nibbles32(x + 8), bits32_x10(x + 4));
+                for (int r = 0; r < nr; r++) {
+                    acc[w][r] = fma_block(mul_u8s8(u, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
+                    accs[w][r] = fmaf(m, FS(r, b), accs[w][r]);
+                }
             }
         }
     } else if (fmt == F_Q8_0) {
         for (int b = 0; b < nb; b++) {
-            const uint8_t *x = row + (size_t)b * 34;
-            float d = rd16(x);
-            __m256i w = _mm256_loadu_si256((const __m256i *)(x + 2));
-            __m256i aw = _mm256_sign_epi8(w, w);
-            for (int r = 0; r < nr; r++) {
-                __m256i p = mul_u8s8(aw, _mm256_sign_epi8(LOAD_A(r, b), w));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(DA(r, b) * d), acc[r]);
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * 34;
+                const float d = h2f(x);
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x + 2));
+                __m256i aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++)
+                    acc[w][r] = fma_block(mul_s8s8(q, aq, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
             }
         }
     } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
         const int bb = BLOCK_BYTES[fmt];
-        const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+        const __m256i low4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *x = row + (size_t)sb * bb;
-            float dd = rd16(x), dmin = rd16(x + 2);
-            int sc[8], mn[8];
-            for (int j = 0; j < 8; j++) scale_min_k4(j, x + 4, &sc[j], &mn[j]);
-            const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
-            __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
-            for (int j2 = 0; j2 < 4; j2++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
-                __m256i u0 = _mm256_and_si256(q, low4);
-                __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                if (fmt == F_Q5_K) {
-                    __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one);
-                    __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one);
-                    u0 = _mm256_or_si256(u0, _mm256_slli_epi16(h0, 4));
-                    u1 = _mm256_or_si256(u1, _mm256_slli_epi16(h1, 4));
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)sb * bb;
+                const float dd = h2f(x), dmin = h2f(x + 2);
+                uint8_t sc[8], mn[8];
+                scales_mins_k4(x + 4, sc, mn);
+                const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
+                __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
+                for (int j2 = 0; j2 < 4; j2++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
+                    __m256i u0 = _mm256_and_si256(q, low4);
+                    __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if (fmt == F_Q5_K) {
+                        u0 = _mm256_or_si256(u0, _mm256_and_si256(_mm256_slli_epi16(qh, 4), x10));
+                        u1 = _mm256_or_si256(u1, _mm256_and_si256(_mm256_slli_epi16(qh, 3), x10));
+                        qh = _mm256_srli_epi16(qh, 2);
+                    }
+                    const int b0 = sb * 8 + 2 * j2;
+                    const float d0 = dd * sc[2 * j2], d1 = dd * sc[2 * j2 + 1];
+                    for (int r = 0; r < nr; r++) {
+                        acc[w][r] = fma_block(mul_u8s8(u0, LOAD_A(r, b0)), DA(r, b0) * d0, acc[w][r]);
+                        acc[w][r] = fma_block(mul_u8s8(u1, LOAD_A(r, b0 + 1)), DA(r, b0 + 1) * d1, acc[w][r]);
+                    }
                 }
-                const int b0 = sb * 8 + 2 * j2;
-                const float d0 = dd * sc[2 * j2], d1 = dd * sc[2 * j2 + 1];
-                const float m0 = dmin * mn[2 * j2], m1 = dmin * mn[2 * j2 + 1];
                 for (int r = 0; r < nr; r++) {
-                    __m256i p0 = mul_u8s8(u0, LOAD_A(r, b0));
-                    __m256i p1 = mul_u8s8(u1, LOAD_A(r, b0 + 1));
-                    float s0 = DA(r, b0), s1 = DA(r, b0 + 1);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s0 * d0), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s1 * d1), acc[r]);
-                    accs[r] -= s0 * m0 * (float)(SA(r, 2 * b0) + SA(r, 2 * b0 + 1)) +
-                               s1 * m1 * (float)(SA(r, 2 * b0 + 2) + SA(r, 2 * b0 + 3));
+                    float ms = 0.0f;
+                    for (int j = 0; j < 8; j++) ms = fmaf((float)mn[j], FS(r, sb * 8 + j), ms);
+                    accs[w][r] = fmaf(-dmin, ms, accs[w][r]);
                 }
             }
         }
     } else { /* Q6_K */
-        const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+        const __m256i low4 = _mm256_set1_epi8(0x0F), x30 = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi8(32);
         for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *x = row + (size_t)sb * 210;
-            const int8_t *scales = (const int8_t *)(x + 192);
-            const float d = rd16(x + 208);
-            for (int half = 0; half < 2; half++) {
-                const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
-                __m256i u[4];
-                u[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-                u[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-                for (int part = 0; part < 4; part++) {
-                    const int j = 4 * half + part, b = sb * 8 + j;
-                    const int c0 = scales[2 * j], c1 = scales[2 * j + 1];
-                    for (int r = 0; r < nr; r++) {
-                        __m256i p = mul_u8s8_sc(u[part], LOAD_A(r, b), c0, c1);
-                        float s = DA(r, b) * d;
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc[r]);
-                        accs[r] -= s * 32.0f * (float)(c0 * SA(r, 2 * b) + c1 * SA(r, 2 * b + 1));
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)sb * 210;
+                const int8_t *scales = (const int8_t *)(x + 192);
+                const float d = h2f(x + 208);
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
+                    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                    __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+                    for (int part = 0; part < 4; part++) {
+                        __m256i lo = part & 1 ? l1 : l0;
+                        lo = part >= 2 ? _mm256_srli_epi16(lo, 4) : lo;
+                        __m256i hi = part == 0 ? _mm256_slli_epi16(qh, 4)
+                                   : part == 1 ? _mm256_slli_epi16(qh, 2)
+                                   : part == 2 ? qh
+                                               : _mm256_srli_epi16(qh, 2);
+                        __m256i q = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, x30));
+                        const int j = 4 * half + part, b = sb * 8 + j;
+                        const __m256i qs = _mm256_sub_epi8(q, m32), aq = _mm256_sign_epi8(qs, qs);
+                        const int c0 = scales[2 * j], c1 = scales[2 * j + 1];
+                        for (int r = 0; r < nr; r++) {
+                            __m256i p = mul_u8s8_sc(aq, _mm256_sign_epi8(LOAD_A(r, b), qs), c0, c1);
+                            acc[w][r] = fma_block(p, DA(r, b) * d, acc[w][r]);
+                        }
                     }
                 }
             }
         }
     }
-    for (int r = 0; r < nr; r++) out[r * ldo] = hsum8(acc[r]) + accs[r];
+    for (int w = 0; w < nw; w++)
+        for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(acc[w][r]) + accs[w][r];
 }
 
-#define DOT_FMT(F)                                                                                       \
-    static void dot_##F##_4(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
-        dot_simd(F, row, K, a, 4, out, ldo);                                                             \
-    }                                                                                                    \
-    static void dot_##F##_1(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
-        dot_simd(F, row, K, a, 1, out, ldo);                                                             \
+/* tiles: 1 weight row x 4 activation rows, 4 weight rows x 1 activation row, and 1 x 1 for what is left */
+#define DOT_FMT(F)                                                                                          \
+    static void dot_##F##_1x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 1, 4, out, ldo);                                                         \
+    }                                                                                                       \
+    static void dot_##F##_4x1(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 4, 1, out, ldo);                                                         \
+    }                                                                                                       \
+    static void dot_##F##_1x1(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 1, 1, out, ldo);                                                         \
     }
 DOT_FMT(F_Q4_0)
 DOT_FMT(F_Q4_1)
@@ -395,34 +446,35 @@ DOT_FMT(F_Q4_K)
 DOT_FMT(F_Q5_K)
 DOT_FMT(F_Q6_K)
 
-typedef void (*dot_fn)(const uint8_t *, int, act_t, float *, int64_t);
-static const dot_fn DOT4[8] = {dot_F_Q4_0_4, dot_F_Q4_1_4, dot_F_Q5_0_4, dot_F_Q5_1_4,
-                               dot_F_Q8_0_4, dot_F_Q4_K_4, dot_F_Q5_K_4, dot_F_Q6_K_4};
-static const dot_fn DOT1[8] = {dot_F_Q4_0_1, dot_F_Q4_1_1, dot_F_Q5_0_1, dot_F_Q5_1_1,
-                               dot_F_Q8_0_1, dot_F_Q4_K_1, dot_F_Q5_K_1, dot_F_Q6_K_1};
+typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
+#define DOT_TABLE(S)                                                                                        \
+    {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
+     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S}
+static const dot_fn DOT1x4[8] = DOT_TABLE(1x4), DOT4x1[8] = DOT_TABLE(4x1), DOT1x1[8] = DOT_TABLE(1x1);
 
-/* one weight row against nr activation rows, four at a time */
-static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+/* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows one weight row at a time,
+   then the rest of the activation rows (decode) 4 weight rows at a time */
+static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
+                      float *out, int64_t ldo) {
     int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        DOT4[fmt](row, K, s, out + r * ldo, ldo);
-    }
+    for (; r + 4 <= nr; r += 4)
+        for (int n = n0; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
     for (; r < nr; r++) {
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        DOT1[fmt](row, K, s, out + r * ldo, ldo);
+        int n = n0;
+        for (; n + 4 <= n1; n += 4) DOT4x1[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+        for (; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
     }
 }
 
 #else
 
-static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
-    int r = 0;
-    for (; r < nr; r += 4) {
-        int n = nr - r < 4 ? nr - r : 4;
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        dot_scalar(fmt, row, K, s, n, out + r * ldo, ldo);
-    }
+static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
+                      float *out, int64_t ldo) {
+    for (int n = n0; n < n1; n++)
+        for (int r = 0; r < nr; r += 4) {
+            int k = nr - r < 4 ? nr - r : 4;
+            dot_scalar(fmt, w + n * row_bytes, K, act_from(a, r), k, out + r * ldo + n, ldo);
+        }
 }
 
 #endif
@@ -445,10 +497,8 @@ static void run_chunk(void *ctx, int c) {
     /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
     for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
         int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
-        act_t a = {j->a.qa + (int64_t)m0 * j->K, j->a.da + (int64_t)m0 * (j->K / 32),
-                   j->a.sa + (int64_t)m0 * (j->K / 16), j->K};
-        for (int n = n0; n < n1; n++)
-            dot_rows(j->fmt, j->w + n * j->row_bytes, j->K, a, mt, j->out + (int64_t)m0 * j->ldo + n, j->ldo);
+        dot_block(j->fmt, j->w, j->row_bytes, n0, n1, j->K, act_from(j->a, m0), mt, j->out + (int64_t)m0 * j->ldo,
+                  j->ldo);
     }
 }
 
@@ -456,8 +506,16 @@ static void run_chunk(void *ctx, int c) {
    weight of N rows in format fmt (row_bytes bytes each, K values). */
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
-    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, K}, out};
+    float stack_fs[256], *fs = 0;
+    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K) {
+        int64_t n = (int64_t)M * (K / 32);
+        fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
+        if (!fs) abort();
+        for (int64_t i = 0; i < n; i++) fs[i] = da[i] * (float)(sa[2 * i] + sa[2 * i + 1]);
+    }
+    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, fs, K}, out};
     int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
     /* small jobs are not worth waking anyone */
     pool_run(run_chunk, &job, chunks, (int64_t)N * M * K >= (1 << 16));
+    if (fs && fs != stack_fs) free(fs);
 }
