@@ -426,8 +426,11 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
         for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(acc[w][r]) + accs[w][r];
 }
 
-/* tiles: 1 weight row x 4 activation rows, 4 weight rows x 1 activation row, and 1 x 1 for what is left */
+/* tiles: 2 or 1 weight rows x 4 activation rows, 4 weight rows x 1 activation row, and 1 x 1 for what is left */
 #define DOT_FMT(F)                                                                                          \
+    static void dot_##F##_2x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 2, 4, out, ldo);                                                         \
+    }                                                                                                       \
     static void dot_##F##_1x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
         dot_simd(F, row, rb, K, a, 1, 4, out, ldo);                                                         \
     }                                                                                                       \
@@ -450,15 +453,18 @@ typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
 #define DOT_TABLE(S)                                                                                        \
     {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
      dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S}
-static const dot_fn DOT1x4[8] = DOT_TABLE(1x4), DOT4x1[8] = DOT_TABLE(4x1), DOT1x1[8] = DOT_TABLE(1x1);
+static const dot_fn DOT2x4[8] = DOT_TABLE(2x4), DOT1x4[8] = DOT_TABLE(1x4), DOT4x1[8] = DOT_TABLE(4x1), DOT1x1[8] = DOT_TABLE(1x1);
 
 /* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows one weight row at a time,
    then the rest of the activation rows (decode) 4 weight rows at a time */
 static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
                       float *out, int64_t ldo) {
     int r = 0;
-    for (; r + 4 <= nr; r += 4)
-        for (int n = n0; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+    for (; r + 4 <= nr; r += 4) {
+        int n = n0;
+        for (; n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+        for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+    }
     for (; r < nr; r++) {
         int n = n0;
         for (; n + 4 <= n1; n += 4) DOT4x1[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
