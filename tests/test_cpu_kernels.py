@@ -88,10 +88,12 @@ def test_parts_of_mixed_formats_and_bf16_input(lib):
     assert (got - want).abs().max().item() <= 0.01 * want.abs().max().item()
 
 
-def test_rows_are_batch_invariant(lib):
-    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size)."""
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+def test_rows_are_batch_invariant(lib, qtype):
+    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size): the
+    kernels' tiles (weight rows x activation rows) differ by batch, the per-output arithmetic must not."""
     gen = np.random.default_rng(5)
-    w = BlockWeight([random_blocks("Q4_K", 100, 512, gen)], lib)
+    w = BlockWeight([random_blocks(qtype, 101, 512, gen)], lib)
     x = torch.from_numpy(gen.standard_normal((33, 512)).astype(np.float32))
     full = w.matmul(x)
     for i in (0, 17, 32):
