@@ -52,6 +52,14 @@ def test_native_library_builds_where_a_compiler_exists():
     assert cpu_native.available()  # a broken build must fail here, not fall back silently
 
 
+def test_every_variant_compiles_even_where_the_cpu_cannot_run_it():
+    """The AVX-512 VNNI build shares the AVX2 code; a change there must still compile on an AVX2-only machine."""
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    for variant in cpu_native.VARIANT_FLAGS:
+        assert cpu_native.build(variant).stat().st_size > 0
+
+
 @pytest.mark.parametrize("qtype", sorted(FORMATS))
 @pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4)])
 def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
