@@ -20,6 +20,12 @@
 #endif
 
 enum { F_Q4_0 = 0, F_Q4_1 = 1, F_Q5_0 = 2, F_Q5_1 = 3, F_Q8_0 = 4, F_Q4_K = 5, F_Q5_K = 6, F_Q6_K = 7 };
+/* Q4_0 / Q4_1 rows repacked at load (qmm_repack) for the SIMD kernels, same bytes per row. Each run of 8 blocks
+   becomes a group: the 8 float16 scales d, (Q4_1) the 8 float16 minimums m, then 4 x 32 bytes where byte i of
+   run p holds value i of block 2p in its low nibble and value i of block 2p + 1 in its high nibble. The last
+   (blocks % 8) blocks of a row stay in the GGUF layout. So 8 scales convert in one instruction, the minimums
+   enter as one vector multiply-add per group, and 32 bytes unpack to two blocks with one shift. */
+enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9, N_FORMATS = 10 };
 
 #if defined(QMM_VNNI)
 const char *qmm_variant(void) { return "avx512vnni"; }
@@ -55,8 +61,8 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[8] = {18, 20, 22, 24, 34, 144, 176, 210};
-static const int BLOCK_VALUES[8] = {32, 32, 32, 32, 32, 256, 256, 256};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
@@ -72,10 +78,25 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
     }
 }
 
-/* Block b (of 32 values) of a weight row as w_i = d * sc[i / 16] * q_i + m. */
-static void unpack32(int fmt, const uint8_t *row, int b, int q[32], float *d, int sc[2], float *m) {
+/* bytes of an _R8 group's scale fields (d, and m for Q4_1) */
+static inline int r8_head(int fmt) { return fmt == F_Q4_0_R8 ? 16 : 32; }
+
+/* Block b (of 32 values) of a weight row of nb blocks as w_i = d * sc[i / 16] * q_i + m. */
+static void unpack32(int fmt, const uint8_t *row, int nb, int b, int q[32], float *d, int sc[2], float *m) {
     sc[0] = sc[1] = 1;
     *m = 0.0f;
+    if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
+        if (b >= 8 * groups) { /* the tail keeps the GGUF layout */
+            unpack32(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, row + (size_t)groups * gb, nb, b - 8 * groups, q, d, sc, m);
+            return;
+        }
+        const uint8_t *x = row + (size_t)(b / 8) * gb, *qs = x + r8_head(fmt) + 32 * (j / 2);
+        *d = rd16(x + 2 * j);
+        if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
+        for (int i = 0; i < 32; i++) q[i] = ((qs[i] >> (4 * (j & 1))) & 0xF) - (fmt == F_Q4_0_R8 ? 8 : 0);
+        return;
+    }
     if (fmt <= F_Q8_0) {
         const uint8_t *x = row + (size_t)b * BLOCK_BYTES[fmt];
         *d = rd16(x);
@@ -141,9 +162,38 @@ void qmm_dequant_rows(int fmt, const uint8_t *w, int64_t row_bytes, int K, const
     for (int i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
         for (int b = 0; b < K / 32; b++) {
-            unpack32(fmt, row, b, q, &d, sc, &m);
+            unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
             for (int l = 0; l < 32; l++) out[(int64_t)i * K + b * 32 + l] = d * sc[l / 16] * q[l] + m;
         }
+    }
+}
+
+/* The repacked twin of a format (F_Q4_0 -> F_Q4_0_R8, F_Q4_1 -> F_Q4_1_R8), or -1 where there is none. */
+int qmm_repacked_format(int fmt) { return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q4_1 ? F_Q4_1_R8 : -1; }
+
+/* Rewrite N rows (row_bytes apart, K values) of a Q4_0 / Q4_1 weight from src into dst (another buffer of the
+   same size) in the layout of qmm_repacked_format(fmt). */
+void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst) {
+    const int rfmt = qmm_repacked_format(fmt), bb = BLOCK_BYTES[fmt], nb = K / 32, groups = nb / 8, gb = 8 * bb;
+    const int head = r8_head(rfmt), qoff = fmt == F_Q4_1 ? 4 : 2;
+    for (int n = 0; n < N; n++) {
+        const uint8_t *s = src + n * row_bytes;
+        uint8_t *o = dst + n * row_bytes;
+        for (int g = 0; g < groups; g++, o += gb) {
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *x = s + (size_t)(8 * g + j) * bb;
+                memcpy(o + 2 * j, x, 2);
+                if (fmt == F_Q4_1) memcpy(o + 16 + 2 * j, x + 2, 2);
+            }
+            for (int p = 0; p < 4; p++) {
+                const uint8_t *x0 = s + (size_t)(8 * g + 2 * p) * bb + qoff, *x1 = x0 + bb;
+                for (int i = 0; i < 32; i++) {
+                    int v0 = i < 16 ? x0[i] & 0xF : x0[i - 16] >> 4, v1 = i < 16 ? x1[i] & 0xF : x1[i - 16] >> 4;
+                    o[head + 32 * p + i] = (uint8_t)(v0 | (v1 << 4));
+                }
+            }
+        }
+        memcpy(o, s + (size_t)groups * gb, (size_t)(nb - 8 * groups) * bb);
     }
 }
 
@@ -208,7 +258,7 @@ __attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *row, int 
     float d, m;
     float acc[4] = {0, 0, 0, 0};
     for (int b = 0; b < K / 32; b++) {
-        unpack32(fmt, row, b, q, &d, sc, &m);
+        unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = a.qa + r * a.lda + b * 32;
             int s0 = 0, s1 = 0;
@@ -318,7 +368,47 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
             accs[w][r] = 0.0f;
         }
     const int nb = K / 32;
-    if (fmt == F_Q4_0 || fmt == F_Q5_0) {
+    if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        const int groups = nb / 8, bb = BLOCK_BYTES[fmt], gb = 8 * bb, head = r8_head(fmt);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (int g = 0; g < groups; g++) {
+            const int b0 = 8 * g;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)g * gb;
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+                /* Q4_0's offset of -8 is a minimum of -8 d */
+                const __m256 mv = fmt == F_Q4_1_R8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 16)))
+                                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+                __m256 sv[NRMAX];
+                for (int r = 0; r < nr; r++) {
+                    sv[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b0)));
+                    acc[w][r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(&FS(r, b0)), acc[w][r]);
+                }
+                for (int p = 0; p < 4; p++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(x + head + 32 * p));
+                    const __m256i u0 = _mm256_and_si256(q, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    const __m256i i0 = _mm256_set1_epi32(2 * p), i1 = _mm256_set1_epi32(2 * p + 1);
+                    for (int r = 0; r < nr; r++) {
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u0, LOAD_A(r, b0 + 2 * p))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i0), acc[w][r]);
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 2 * p + 1))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i1), acc[w][r]);
+                    }
+                }
+            }
+        }
+        for (int b = 8 * groups; b < nb; b++) { /* the tail, in the GGUF layout */
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)groups * gb + (size_t)(b - 8 * groups) * bb;
+                const float d = h2f(x), m = fmt == F_Q4_1_R8 ? h2f(x + 2) : -8.0f * d;
+                const __m256i u = nibbles32(x + (fmt == F_Q4_1_R8 ? 4 : 2));
+                for (int r = 0; r < nr; r++) {
+                    acc[w][r] = fma_block(mul_u8s8(u, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
+                    accs[w][r] = fmaf(m, FS(r, b), accs[w][r]);
+                }
+            }
+        }
+    } else if (fmt == F_Q4_0 || fmt == F_Q5_0) {
         const int bb = BLOCK_BYTES[fmt];
         for (int b = 0; b < nb; b++) {
             for (int w = 0; w < nw; w++) {
@@ -448,12 +538,15 @@ DOT_FMT(F_Q8_0)
 DOT_FMT(F_Q4_K)
 DOT_FMT(F_Q5_K)
 DOT_FMT(F_Q6_K)
+DOT_FMT(F_Q4_0_R8)
+DOT_FMT(F_Q4_1_R8)
 
 typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
 #define DOT_TABLE(S)                                                                                        \
     {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
-     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S}
-static const dot_fn DOT2x4[8] = DOT_TABLE(2x4), DOT1x4[8] = DOT_TABLE(1x4), DOT4x1[8] = DOT_TABLE(4x1), DOT1x1[8] = DOT_TABLE(1x1);
+     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S, dot_F_Q4_0_R8_##S, dot_F_Q4_1_R8_##S}
+static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_TABLE(1x4),
+                    DOT4x1[N_FORMATS] = DOT_TABLE(4x1), DOT1x1[N_FORMATS] = DOT_TABLE(1x1);
 
 /* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows one weight row at a time,
    then the rest of the activation rows (decode) 4 weight rows at a time */
@@ -513,7 +606,7 @@ static void run_chunk(void *ctx, int c) {
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
     float stack_fs[256], *fs = 0;
-    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K) {
+    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
         int64_t n = (int64_t)M * (K / 32);
         fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
         if (!fs) abort();
