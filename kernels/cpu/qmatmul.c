@@ -282,15 +282,13 @@ static inline __m256i mul_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-/* the same with the 16-value halves weighted by int scales sc0 (values 0..15) and sc1 (16..31) */
-static inline __m256i mul_u8s8_sc(__m256i u, __m256i s, int sc0, int sc1) {
+/* the same with the 16-value halves weighted by the scales in the 16-bit lanes of scv: c0 in lanes 0-7 (values
+   0..15), c1 in lanes 8-15 (values 16..31); each 32-bit lane holds c | c << 16 */
+static inline __m256i mul_u8s8_scv(__m256i u, __m256i s, __m256i scv) {
 #if defined(QMM_VNNI)
-    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-    return _mm256_mullo_epi32(p, _mm256_setr_epi32(sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1));
+    return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), _mm256_srai_epi32(scv, 16));
 #else
-    __m256i w = _mm256_setr_epi16(sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1, sc1, sc1, sc1, sc1);
-    /* 16-bit lanes 0-7 hold the pair sums of values 0..15 (the low 128 bits), lanes 8-15 those of 16..31 */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
 #endif
 }
 
@@ -447,14 +445,25 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
             }
         }
     } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
+        /* per super-block: the 8 sub-block scales times each activation block's scale as one vector, the
+           minimums' term as one vector fma; per block of 32 a lane of the former picked by a permute */
         const int bb = BLOCK_BYTES[fmt];
         const __m256i low4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
+            const int b8 = sb * 8;
             for (int w = 0; w < nw; w++) {
                 const uint8_t *x = row + w * row_bytes + (size_t)sb * bb;
-                const float dd = h2f(x), dmin = h2f(x + 2);
                 uint8_t sc[8], mn[8];
                 scales_mins_k4(x + 4, sc, mn);
+                const __m256 scv = _mm256_mul_ps(_mm256_set1_ps(h2f(x)),
+                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
+                const __m256 mnv = _mm256_mul_ps(_mm256_set1_ps(-h2f(x + 2)),
+                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+                __m256 sv[NRMAX];
+                for (int r = 0; r < nr; r++) {
+                    sv[r] = _mm256_mul_ps(scv, _mm256_loadu_ps(&DA(r, b8)));
+                    acc[w][r] = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(&FS(r, b8)), acc[w][r]);
+                }
                 const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
                 __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
                 for (int j2 = 0; j2 < 4; j2++) {
@@ -466,27 +475,31 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                         u1 = _mm256_or_si256(u1, _mm256_and_si256(_mm256_slli_epi16(qh, 3), x10));
                         qh = _mm256_srli_epi16(qh, 2);
                     }
-                    const int b0 = sb * 8 + 2 * j2;
-                    const float d0 = dd * sc[2 * j2], d1 = dd * sc[2 * j2 + 1];
+                    const int b0 = b8 + 2 * j2;
+                    const __m256i i0 = _mm256_set1_epi32(2 * j2), i1 = _mm256_set1_epi32(2 * j2 + 1);
                     for (int r = 0; r < nr; r++) {
-                        acc[w][r] = fma_block(mul_u8s8(u0, LOAD_A(r, b0)), DA(r, b0) * d0, acc[w][r]);
-                        acc[w][r] = fma_block(mul_u8s8(u1, LOAD_A(r, b0 + 1)), DA(r, b0 + 1) * d1, acc[w][r]);
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u0, LOAD_A(r, b0))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i0), acc[w][r]);
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 1))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i1), acc[w][r]);
                     }
-                }
-                for (int r = 0; r < nr; r++) {
-                    float ms = 0.0f;
-                    for (int j = 0; j < 8; j++) ms = fmaf((float)mn[j], FS(r, sb * 8 + j), ms);
-                    accs[w][r] = fmaf(-dmin, ms, accs[w][r]);
                 }
             }
         }
     } else { /* Q6_K */
         const __m256i low4 = _mm256_set1_epi8(0x0F), x30 = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi8(32);
         for (int sb = 0; sb < nb / 8; sb++) {
+            const int b8 = sb * 8;
             for (int w = 0; w < nw; w++) {
                 const uint8_t *x = row + w * row_bytes + (size_t)sb * 210;
-                const int8_t *scales = (const int8_t *)(x + 192);
-                const float d = h2f(x + 208);
+                const __m256 dv = _mm256_set1_ps(h2f(x + 208));
+                __m256 sv[NRMAX];
+                for (int r = 0; r < nr; r++) sv[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b8)));
+                /* the 16 int8 scales as 32-bit lanes c | c << 16, scales 0-7 and 8-15 */
+                const __m128i sc8 = _mm_loadu_si128((const __m128i *)(x + 192));
+                __m256i c32[2] = {_mm256_cvtepi8_epi32(sc8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))};
+                for (int h = 0; h < 2; h++)
+                    c32[h] = _mm256_or_si256(_mm256_and_si256(c32[h], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(c32[h], 16));
                 for (int half = 0; half < 2; half++) {
                     const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
                     __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
@@ -500,12 +513,17 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                                    : part == 2 ? qh
                                                : _mm256_srli_epi16(qh, 2);
                         __m256i q = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, x30));
-                        const int j = 4 * half + part, b = sb * 8 + j;
+                        const int j = 4 * half + part, b = b8 + j;
                         const __m256i qs = _mm256_sub_epi8(q, m32), aq = _mm256_sign_epi8(qs, qs);
-                        const int c0 = scales[2 * j], c1 = scales[2 * j + 1];
+                        /* scales 2j (values 0-15) and 2j + 1 (16-31): lanes 2j % 8 and 2j % 8 + 1 of c32[j / 4] */
+                        const int l = (2 * j) % 8;
+                        const __m256i scv = _mm256_permutevar8x32_epi32(
+                            c32[j / 4], _mm256_setr_epi32(l, l, l, l, l + 1, l + 1, l + 1, l + 1));
+                        const __m256i ij = _mm256_set1_epi32(j);
                         for (int r = 0; r < nr; r++) {
-                            __m256i p = mul_u8s8_sc(aq, _mm256_sign_epi8(LOAD_A(r, b), qs), c0, c1);
-                            acc[w][r] = fma_block(p, DA(r, b) * d, acc[w][r]);
+                            __m256i p = mul_u8s8_scv(aq, _mm256_sign_epi8(LOAD_A(r, b), qs), scv);
+                            acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[r], ij),
+                                                        acc[w][r]);
                         }
                     }
                 }
