@@ -599,18 +599,18 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
 /* ---- the matmul: chunks of output rows as pool tasks ------------------------------------------------ */
 
 typedef struct {
-    int fmt, N, K, M;
+    int fmt, N, K, M, chunk;
     const uint8_t *w;
     int64_t row_bytes, ldo;
     act_t a;
     float *out;
 } job_t;
 
-enum { ROW_CHUNK = 16, M_TILE = 64 };
+enum { M_TILE = 64, TASKS_PER_THREAD = 8, MIN_CHUNK = 16, MAX_CHUNK = 512 };
 
 static void run_chunk(void *ctx, int c) {
     job_t *j = (job_t *)ctx;
-    int n0 = c * ROW_CHUNK, n1 = n0 + ROW_CHUNK < j->N ? n0 + ROW_CHUNK : j->N;
+    int n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
     /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
     for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
         int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
@@ -630,8 +630,14 @@ void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, cons
         if (!fs) abort();
         for (int64_t i = 0; i < n; i++) fs[i] = da[i] * (float)(sa[2 * i] + sa[2 * i + 1]);
     }
-    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, fs, K}, out};
-    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
+    /* Rows per task: a few tasks per thread, so that a thread the OS delays leaves little for the others to wait
+       on, but not so many that taking tasks (one shared atomic each) costs much next to a small matmul. A
+       multiple of 16 keeps the 4-row decode tiles whole. */
+    int chunk = (N + TASKS_PER_THREAD * pool_threads() - 1) / (TASKS_PER_THREAD * pool_threads());
+    chunk = (chunk + MIN_CHUNK - 1) / MIN_CHUNK * MIN_CHUNK;
+    chunk = chunk < MIN_CHUNK ? MIN_CHUNK : chunk > MAX_CHUNK ? MAX_CHUNK : chunk;
+    job_t job = {fmt, N, K, M, chunk, w, row_bytes, ldo, {qa, da, sa, fs, K}, out};
+    int chunks = (N + chunk - 1) / chunk;
     /* small jobs are not worth waking anyone */
     pool_run(run_chunk, &job, chunks, (int64_t)N * M * K >= (1 << 16));
     if (fs && fs != stack_fs) free(fs);
