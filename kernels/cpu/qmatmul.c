@@ -572,14 +572,19 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
                       float *out, int64_t ldo) {
     int r = 0;
     for (; r + 4 <= nr; r += 4) {
+        const act_t ar = act_from(a, r);
+        float *o = out + r * ldo;
         int n = n0;
-        for (; n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
-        for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+        /* the _R8 kernels keep a scale vector per activation row: 2 x 4 of them spill registers */
+        for (; fmt < F_Q4_0_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
     for (; r < nr; r++) {
+        const act_t ar = act_from(a, r);
+        float *o = out + r * ldo;
         int n = n0;
-        for (; n + 4 <= n1; n += 4) DOT4x1[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
-        for (; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+        for (; n + 4 <= n1; n += 4) DOT4x1[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
 }
 
