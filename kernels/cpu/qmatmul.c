@@ -336,6 +336,11 @@ static inline __m256 fma_block(__m256i p, float s, __m256 acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
 }
 
+/* 8 bytes as 8 floats */
+static inline __m256 u8x8_to_ps(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 /* The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (ggml's packing) as bytes: sc[0..7], mn[0..7]. */
 static inline void scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
     uint32_t u[3];
@@ -455,10 +460,8 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                 const uint8_t *x = row + w * row_bytes + (size_t)sb * bb;
                 uint8_t sc[8], mn[8];
                 scales_mins_k4(x + 4, sc, mn);
-                const __m256 scv = _mm256_mul_ps(_mm256_set1_ps(h2f(x)),
-                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
-                const __m256 mnv = _mm256_mul_ps(_mm256_set1_ps(-h2f(x + 2)),
-                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+                const __m256 scv = _mm256_mul_ps(_mm256_set1_ps(h2f(x)), u8x8_to_ps(sc));
+                const __m256 mnv = _mm256_mul_ps(_mm256_set1_ps(-h2f(x + 2)), u8x8_to_ps(mn));
                 __m256 sv[NRMAX];
                 for (int r = 0; r < nr; r++) {
                     sv[r] = _mm256_mul_ps(scv, _mm256_loadu_ps(&DA(r, b8)));
@@ -499,7 +502,8 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                 const __m128i sc8 = _mm_loadu_si128((const __m128i *)(x + 192));
                 __m256i c32[2] = {_mm256_cvtepi8_epi32(sc8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))};
                 for (int h = 0; h < 2; h++)
-                    c32[h] = _mm256_or_si256(_mm256_and_si256(c32[h], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(c32[h], 16));
+                    c32[h] = _mm256_or_si256(_mm256_and_si256(c32[h], _mm256_set1_epi32(0xFFFF)),
+                                             _mm256_slli_epi32(c32[h], 16));
                 for (int half = 0; half < 2; half++) {
                     const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
                     __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
