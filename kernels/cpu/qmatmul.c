@@ -363,8 +363,8 @@ static inline void scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]
    on the batch; the tile only sets how many independent accumulation chains run side by side. */
 static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int64_t row_bytes, int K,
                                                             act_t a, int nw, int nr, float *out, int64_t ldo) {
-    __m256 acc[4][NRMAX];
-    float accs[4][NRMAX];
+    __m256 acc[2][NRMAX];
+    float accs[2][NRMAX];
     for (int w = 0; w < nw; w++)
         for (int r = 0; r < nr; r++) {
             acc[w][r] = _mm256_setzero_ps();
@@ -538,16 +538,13 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
         for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(acc[w][r]) + accs[w][r];
 }
 
-/* tiles: 2 or 1 weight rows x 4 activation rows, 4 weight rows x 1 activation row, and 1 x 1 for what is left */
+/* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
 #define DOT_FMT(F)                                                                                          \
     static void dot_##F##_2x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
         dot_simd(F, row, rb, K, a, 2, 4, out, ldo);                                                         \
     }                                                                                                       \
     static void dot_##F##_1x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
         dot_simd(F, row, rb, K, a, 1, 4, out, ldo);                                                         \
-    }                                                                                                       \
-    static void dot_##F##_4x1(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
-        dot_simd(F, row, rb, K, a, 4, 1, out, ldo);                                                         \
     }                                                                                                       \
     static void dot_##F##_1x1(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
         dot_simd(F, row, rb, K, a, 1, 1, out, ldo);                                                         \
@@ -568,10 +565,10 @@ typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
     {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
      dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S, dot_F_Q4_0_R8_##S, dot_F_Q4_1_R8_##S}
 static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_TABLE(1x4),
-                    DOT4x1[N_FORMATS] = DOT_TABLE(4x1), DOT1x1[N_FORMATS] = DOT_TABLE(1x1);
+                    DOT1x1[N_FORMATS] = DOT_TABLE(1x1);
 
-/* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows one weight row at a time,
-   then the rest of the activation rows (decode) 4 weight rows at a time */
+/* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows two (or one) weight rows at a time,
+   then the rest of the activation rows (decode) one at a time */
 static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
                       float *out, int64_t ldo) {
     int r = 0;
@@ -583,12 +580,12 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
         for (; fmt < F_Q4_0_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
         for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
+    /* Decode rows one weight row at a time: several weight rows side by side (more independent chains) win on
+       weights in cache but lose about 1.7x when they stream from memory, as a decode step's do: the interleaved
+       reads defeat the hardware prefetcher (docs/PERFORMANCE.md). */
     for (; r < nr; r++) {
         const act_t ar = act_from(a, r);
-        float *o = out + r * ldo;
-        int n = n0;
-        for (; n + 4 <= n1; n += 4) DOT4x1[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
-        for (; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (int n = n0; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, ar, out + r * ldo + n, ldo);
     }
 }
 
