@@ -363,11 +363,12 @@ static inline void scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]
    on the batch; the tile only sets how many independent accumulation chains run side by side. */
 static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int64_t row_bytes, int K,
                                                             act_t a, int nw, int nr, float *out, int64_t ldo) {
-    __m256 acc[2][NRMAX];
+    __m256 acc[2][NRMAX], accb[2][NRMAX]; /* accb: the odd blocks of the _R8 groups */
     float accs[2][NRMAX];
     for (int w = 0; w < nw; w++)
         for (int r = 0; r < nr; r++) {
             acc[w][r] = _mm256_setzero_ps();
+            accb[w][r] = _mm256_setzero_ps();
             accs[w][r] = 0.0f;
         }
     const int nb = K / 32;
@@ -382,20 +383,21 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                 /* Q4_0's offset of -8 is a minimum of -8 d */
                 const __m256 mv = fmt == F_Q4_1_R8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 16)))
                                                    : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-                __m256 sv[NRMAX];
+                /* the 8 blocks' scales times the activation scales, broadcast from memory per block */
+                __attribute__((aligned(32))) float svb[NRMAX][8];
                 for (int r = 0; r < nr; r++) {
-                    sv[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b0)));
+                    _mm256_store_ps(svb[r], _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b0))));
                     acc[w][r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(&FS(r, b0)), acc[w][r]);
                 }
                 for (int p = 0; p < 4; p++) {
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(x + head + 32 * p));
                     const __m256i u0 = _mm256_and_si256(q, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                    const __m256i i0 = _mm256_set1_epi32(2 * p), i1 = _mm256_set1_epi32(2 * p + 1);
                     for (int r = 0; r < nr; r++) {
+                        /* even and odd blocks in two chains: one would wait on the fma latency */
                         acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u0, LOAD_A(r, b0 + 2 * p))),
-                                                    _mm256_permutevar8x32_ps(sv[r], i0), acc[w][r]);
-                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 2 * p + 1))),
-                                                    _mm256_permutevar8x32_ps(sv[r], i1), acc[w][r]);
+                                                    _mm256_broadcast_ss(&svb[r][2 * p]), acc[w][r]);
+                        accb[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 2 * p + 1))),
+                                                     _mm256_broadcast_ss(&svb[r][2 * p + 1]), accb[w][r]);
                     }
                 }
             }
@@ -535,7 +537,7 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
         }
     }
     for (int w = 0; w < nw; w++)
-        for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(acc[w][r]) + accs[w][r];
+        for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(_mm256_add_ps(acc[w][r], accb[w][r])) + accs[w][r];
 }
 
 /* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
