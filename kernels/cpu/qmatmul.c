@@ -174,7 +174,9 @@ int qmm_repacked_format(int fmt) { return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q
 /* Rewrite N rows (row_bytes apart, K values) of a Q4_0 / Q4_1 weight from src into dst (another buffer of the
    same size) in the layout of qmm_repacked_format(fmt). */
 void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst) {
-    const int rfmt = qmm_repacked_format(fmt), bb = BLOCK_BYTES[fmt], nb = K / 32, groups = nb / 8, gb = 8 * bb;
+    const int rfmt = qmm_repacked_format(fmt);
+    if (rfmt < 0) return;
+    const int bb = BLOCK_BYTES[fmt], nb = K / 32, groups = nb / 8, gb = 8 * bb;
     const int head = r8_head(rfmt), qoff = fmt == F_Q4_1 ? 4 : 2;
     for (int n = 0; n < N; n++) {
         const uint8_t *s = src + n * row_bytes;
@@ -187,9 +189,10 @@ void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, ui
             }
             for (int p = 0; p < 4; p++) {
                 const uint8_t *x0 = s + (size_t)(8 * g + 2 * p) * bb + qoff, *x1 = x0 + bb;
-                for (int i = 0; i < 32; i++) {
-                    int v0 = i < 16 ? x0[i] & 0xF : x0[i - 16] >> 4, v1 = i < 16 ? x1[i] & 0xF : x1[i - 16] >> 4;
-                    o[head + 32 * p + i] = (uint8_t)(v0 | (v1 << 4));
+                uint8_t *y = o + head + 32 * p;
+                for (int i = 0; i < 16; i++) { /* values i (low nibbles) and 16 + i (high nibbles) of both blocks */
+                    y[i] = (uint8_t)((x0[i] & 0xF) | (x1[i] << 4));
+                    y[16 + i] = (uint8_t)((x0[i] >> 4) | (x1[i] & 0xF0));
                 }
             }
         }
