@@ -32,7 +32,10 @@ HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
     "Q8_0": (4, 32, 34), "Q4_K": (5, 256, 144), "Q5_K": (6, 256, 176), "Q6_K": (7, 256, 210),
+    # Q4_0 / Q4_1 rows repacked at load for the SIMD kernels (qmm_repack; same bytes per row)
+    "Q4_0_R8": (8, 32, 18), "Q4_1_R8": (9, 32, 20),
 }
+REPACKED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8"}
 VARIANT_FLAGS: dict[str, list[str]] = {
     "scalar": [],
     "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -140,6 +143,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
     lib.qmm_silu_mul.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
+    if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
+        lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
+        lib.qmm_repack.restype = None
     lib.qmm_set_threads(threads())
     return lib
 
@@ -209,6 +215,19 @@ def native_format(qtype: str, cols: int) -> bool:
     return qtype in FORMATS and cols % FORMATS[qtype][1] == 0
 
 
+def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
+    """`part` in the layout the kernels read fastest (Q4_0 / Q4_1 -> their _R8 twins, same size), a new tensor;
+    other formats, or any format for a library built before the repack (benchmarks/cpu_kernels.py --baseline-lib),
+    as they are."""
+    twin = REPACKED.get(part.qtype)
+    if twin is None or not hasattr(lib, "qmm_repack"):
+        return part
+    out = torch.empty_like(part.data)
+    lib.qmm_repack(FORMATS[part.qtype][0], part.data.data_ptr(), part.data.shape[1], part.data.shape[0], part.cols,
+                   out.data_ptr())
+    return BlockTensor(twin, out, part.cols)
+
+
 class BlockWeight:
     """A linear weight whose parts (stacked along the output rows, e.g. Q4_K q/k with a Q6_K v) stay in their
     GGUF block formats; `matmul` quantizes the activations once and runs the native kernel per part."""
@@ -223,7 +242,7 @@ class BlockWeight:
         self.lib = lib or library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        self.parts = [BlockTensor(p.qtype, p.data.contiguous(), p.cols) for p in parts]
+        self.parts = [repacked(BlockTensor(p.qtype, p.data.contiguous(), p.cols), self.lib) for p in parts]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[0] for p in parts)
         self._fmt = [FORMATS[p.qtype][0] for p in self.parts]

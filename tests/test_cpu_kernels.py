@@ -11,7 +11,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight
+from edgeserve.kernels.cpu_native import FORMATS, REPACKED, BlockTensor, BlockWeight
+
+GGUF_FORMATS = sorted(q for q in FORMATS if q not in REPACKED.values())  # the _R8 twins are made by repacking
 
 # byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
@@ -52,8 +54,17 @@ def test_native_library_builds_where_a_compiler_exists():
     assert cpu_native.available()  # a broken build must fail here, not fall back silently
 
 
-@pytest.mark.parametrize("qtype", sorted(FORMATS))
-@pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4)])
+def test_every_variant_compiles_even_where_the_cpu_cannot_run_it():
+    """The AVX-512 VNNI build shares the AVX2 code; a change there must still compile on an AVX2-only machine."""
+    if cpu_native.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    for variant in cpu_native.VARIANT_FLAGS:
+        assert cpu_native.build(variant).stat().st_size > 0
+
+
+@pytest.mark.parametrize("qtype", GGUF_FORMATS)
+@pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4),
+                                                    (13, 19, 6)])
 def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
     gen = np.random.default_rng(hash((qtype, rows, batch)) & 0xFFFF)
     cols = FORMATS[qtype][1] * cols_blocks
@@ -69,10 +80,11 @@ def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
     assert torch.isfinite(got).all()
 
 
-@pytest.mark.parametrize("qtype", sorted(FORMATS))
-def test_rows_dequantize_exactly(lib, qtype):
+@pytest.mark.parametrize("qtype", GGUF_FORMATS)
+@pytest.mark.parametrize("cols_blocks", [2, 19])  # 19 blocks of 32: two repacked groups of 8 and a tail of 3
+def test_rows_dequantize_exactly(lib, qtype, cols_blocks):
     gen = np.random.default_rng(7)
-    w = random_blocks(qtype, 9, FORMATS[qtype][1] * 2, gen)
+    w = random_blocks(qtype, 9, FORMATS[qtype][1] * cols_blocks, gen)
     ids = torch.tensor([3, 0, 8, 3])
     want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))[ids]
     torch.testing.assert_close(BlockWeight([w], lib).rows(ids), want, rtol=0, atol=0)
@@ -88,11 +100,13 @@ def test_parts_of_mixed_formats_and_bf16_input(lib):
     assert (got - want).abs().max().item() <= 0.01 * want.abs().max().item()
 
 
-def test_rows_are_batch_invariant(lib):
-    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size)."""
+@pytest.mark.parametrize("qtype", GGUF_FORMATS)
+def test_rows_are_batch_invariant(lib, qtype):
+    """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size): the
+    kernels' tiles (weight rows x activation rows) differ by batch, the per-output arithmetic must not."""
     gen = np.random.default_rng(5)
-    w = BlockWeight([random_blocks("Q4_K", 100, 512, gen)], lib)
-    x = torch.from_numpy(gen.standard_normal((33, 512)).astype(np.float32))
+    w = BlockWeight([random_blocks(qtype, 101, 1280, gen)], lib)  # 40 blocks of 32: repacked groups and a tail
+    x = torch.from_numpy(gen.standard_normal((33, 1280)).astype(np.float32))
     full = w.matmul(x)
     for i in (0, 17, 32):
         assert torch.equal(w.matmul(x[i:i + 1])[0], full[i])
@@ -102,12 +116,28 @@ def test_rows_are_batch_invariant(lib):
 def test_every_variant_agrees_with_the_scalar_one():
     gen = np.random.default_rng(11)
     x = torch.from_numpy(gen.standard_normal((7, 512)).astype(np.float32))
-    for qtype in FORMATS:
+    for qtype in GGUF_FORMATS:
         w = random_blocks(qtype, 33, 512, gen)
         base = BlockWeight([w], cpu_native.load("scalar")).matmul(x)
         for variant in VARIANTS:
             got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
             torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", sorted(REPACKED))
+def test_repacked_formats_keep_the_values_and_size(lib, qtype):
+    """Q4_0 / Q4_1 weights are rewritten at load into their _R8 layout (same bytes per row, new format id):
+    every value stays the same, and a weight built from the repacked part is not repacked twice."""
+    gen = np.random.default_rng(13)
+    w = random_blocks(qtype, 7, 32 * 27, gen)  # three groups of 8 blocks and a tail of 3
+    bw = BlockWeight([w], lib)
+    part = bw.parts[0]
+    assert part.qtype == REPACKED[qtype] and part.data.shape == w.data.shape
+    assert not torch.equal(part.data, w.data)
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
+    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
+    again = BlockWeight([part], lib)
+    assert torch.equal(again.parts[0].data, part.data)
 
 
 def test_disabled_by_environment(monkeypatch):

@@ -79,6 +79,8 @@ void qmm_set_threads(int n) {
     pthread_mutex_unlock(&call_lock);
 }
 
+int pool_threads(void) { return n_workers + 1; }
+
 void pool_run(void (*fn)(void *, int), void *ctx, int n_tasks, int parallel) {
     pthread_mutex_lock(&call_lock);
     if (!parallel || n_workers == 0 || n_tasks < 2) {

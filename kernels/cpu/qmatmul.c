@@ -20,6 +20,12 @@
 #endif
 
 enum { F_Q4_0 = 0, F_Q4_1 = 1, F_Q5_0 = 2, F_Q5_1 = 3, F_Q8_0 = 4, F_Q4_K = 5, F_Q5_K = 6, F_Q6_K = 7 };
+/* Q4_0 / Q4_1 rows repacked at load (qmm_repack) for the SIMD kernels, same bytes per row. Each run of 8 blocks
+   becomes a group: the 8 float16 scales d, (Q4_1) the 8 float16 minimums m, then 4 x 32 bytes where byte i of
+   run p holds value i of block 2p in its low nibble and value i of block 2p + 1 in its high nibble. The last
+   (blocks % 8) blocks of a row stay in the GGUF layout. So 8 scales convert in one instruction, the minimums
+   enter as one vector multiply-add per group, and 32 bytes unpack to two blocks with one shift. */
+enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9, N_FORMATS = 10 };
 
 #if defined(QMM_VNNI)
 const char *qmm_variant(void) { return "avx512vnni"; }
@@ -55,8 +61,8 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[8] = {18, 20, 22, 24, 34, 144, 176, 210};
-static const int BLOCK_VALUES[8] = {32, 32, 32, 32, 32, 256, 256, 256};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
@@ -72,10 +78,25 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
     }
 }
 
-/* Block b (of 32 values) of a weight row as w_i = d * sc[i / 16] * q_i + m. */
-static void unpack32(int fmt, const uint8_t *row, int b, int q[32], float *d, int sc[2], float *m) {
+/* bytes of an _R8 group's scale fields (d, and m for Q4_1) */
+static inline int r8_head(int fmt) { return fmt == F_Q4_0_R8 ? 16 : 32; }
+
+/* Block b (of 32 values) of a weight row of nb blocks as w_i = d * sc[i / 16] * q_i + m. */
+static void unpack32(int fmt, const uint8_t *row, int nb, int b, int q[32], float *d, int sc[2], float *m) {
     sc[0] = sc[1] = 1;
     *m = 0.0f;
+    if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
+        if (b >= 8 * groups) { /* the tail keeps the GGUF layout */
+            unpack32(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, row + (size_t)groups * gb, nb, b - 8 * groups, q, d, sc, m);
+            return;
+        }
+        const uint8_t *x = row + (size_t)(b / 8) * gb, *qs = x + r8_head(fmt) + 32 * (j / 2);
+        *d = rd16(x + 2 * j);
+        if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
+        for (int i = 0; i < 32; i++) q[i] = ((qs[i] >> (4 * (j & 1))) & 0xF) - (fmt == F_Q4_0_R8 ? 8 : 0);
+        return;
+    }
     if (fmt <= F_Q8_0) {
         const uint8_t *x = row + (size_t)b * BLOCK_BYTES[fmt];
         *d = rd16(x);
@@ -141,9 +162,41 @@ void qmm_dequant_rows(int fmt, const uint8_t *w, int64_t row_bytes, int K, const
     for (int i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
         for (int b = 0; b < K / 32; b++) {
-            unpack32(fmt, row, b, q, &d, sc, &m);
+            unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
             for (int l = 0; l < 32; l++) out[(int64_t)i * K + b * 32 + l] = d * sc[l / 16] * q[l] + m;
         }
+    }
+}
+
+/* The repacked twin of a format (F_Q4_0 -> F_Q4_0_R8, F_Q4_1 -> F_Q4_1_R8), or -1 where there is none. */
+int qmm_repacked_format(int fmt) { return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q4_1 ? F_Q4_1_R8 : -1; }
+
+/* Rewrite N rows (row_bytes apart, K values) of a Q4_0 / Q4_1 weight from src into dst (another buffer of the
+   same size) in the layout of qmm_repacked_format(fmt). */
+void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst) {
+    const int rfmt = qmm_repacked_format(fmt);
+    if (rfmt < 0) return;
+    const int bb = BLOCK_BYTES[fmt], nb = K / 32, groups = nb / 8, gb = 8 * bb;
+    const int head = r8_head(rfmt), qoff = fmt == F_Q4_1 ? 4 : 2;
+    for (int n = 0; n < N; n++) {
+        const uint8_t *s = src + n * row_bytes;
+        uint8_t *o = dst + n * row_bytes;
+        for (int g = 0; g < groups; g++, o += gb) {
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *x = s + (size_t)(8 * g + j) * bb;
+                memcpy(o + 2 * j, x, 2);
+                if (fmt == F_Q4_1) memcpy(o + 16 + 2 * j, x + 2, 2);
+            }
+            for (int p = 0; p < 4; p++) {
+                const uint8_t *x0 = s + (size_t)(8 * g + 2 * p) * bb + qoff, *x1 = x0 + bb;
+                uint8_t *y = o + head + 32 * p;
+                for (int i = 0; i < 16; i++) { /* values i (low nibbles) and 16 + i (high nibbles) of both blocks */
+                    y[i] = (uint8_t)((x0[i] & 0xF) | (x1[i] << 4));
+                    y[16 + i] = (uint8_t)((x0[i] >> 4) | (x1[i] & 0xF0));
+                }
+            }
+        }
+        memcpy(o, s + (size_t)groups * gb, (size_t)(nb - 8 * groups) * bb);
     }
 }
 
@@ -192,15 +245,23 @@ typedef struct {
     const int8_t *qa;
     const float *da;
     const int16_t *sa;
-    int64_t lda; /* values per activation row (K) */
+    const float *fs; /* da * (sum of the block's 32 values), [M, K/32]: the offset terms of Q4_1/Q5_1/Q4_K/Q5_K */
+    int64_t lda;     /* values per activation row (K) */
 } act_t;
+
+/* the same activations from row r on */
+static inline act_t act_from(act_t a, int64_t r) {
+    act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.fs ? a.fs + r * (a.lda / 32) : 0,
+               a.lda};
+    return s;
+}
 
 __attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
     int q[32], sc[2];
     float d, m;
     float acc[4] = {0, 0, 0, 0};
     for (int b = 0; b < K / 32; b++) {
-        unpack32(fmt, row, b, q, &d, sc, &m);
+        unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = a.qa + r * a.lda + b * 32;
             int s0 = 0, s1 = 0;
@@ -224,15 +285,13 @@ static inline __m256i mul_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
-/* the same with the 16-value halves weighted by int scales sc0 (values 0..15) and sc1 (16..31) */
-static inline __m256i mul_u8s8_sc(__m256i u, __m256i s, int sc0, int sc1) {
+/* the same with the 16-value halves weighted by the scales in the 16-bit lanes of scv: c0 in lanes 0-7 (values
+   0..15), c1 in lanes 8-15 (values 16..31); each 32-bit lane holds c | c << 16 */
+static inline __m256i mul_u8s8_scv(__m256i u, __m256i s, __m256i scv) {
 #if defined(QMM_VNNI)
-    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-    return _mm256_mullo_epi32(p, _mm256_setr_epi32(sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1));
+    return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s), _mm256_srai_epi32(scv, 16));
 #else
-    __m256i w = _mm256_setr_epi16(sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc0, sc1, sc1, sc1, sc1, sc1, sc1, sc1, sc1);
-    /* 16-bit lanes 0-7 hold the pair sums of values 0..15 (the low 128 bits), lanes 8-15 those of 16..31 */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scv);
 #endif
 }
 
@@ -261,130 +320,239 @@ static inline __m256i bits32_x10(const uint8_t *p) {
 
 #define NRMAX 4
 
-/* Generic loop body pieces: acc[r] += da * dw * isum (vector); accs[r] += da * (mw * sum(a) + corr) */
+/* Generic loop body pieces: acc[r] += da * dw * isum (vector); accs[r] += m * (da * sum(a)) */
 #define LOAD_A(r, b) _mm256_loadu_si256((const __m256i *)(a.qa + (r) * a.lda + (b) * 32))
 #define DA(r, b) a.da[(r) * (a.lda / 32) + (b)]
-#define SA(r, i) a.sa[(r) * (a.lda / 16) + (i)]
+#define FS(r, b) a.fs[(r) * (a.lda / 32) + (b)]
 
-static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int K, act_t a, int nr,
-                                                            float *out, int64_t ldo) {
-    __m256 acc[NRMAX];
-    float accs[NRMAX];
-    for (int r = 0; r < NRMAX; r++) {
-        acc[r] = _mm256_setzero_ps();
-        accs[r] = 0.0f;
-    }
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* signed weights q (-128..127) times signed activations: the sign trick, since maddubs wants one unsigned side */
+static inline __m256i mul_s8s8(__m256i q, __m256i aq, __m256i a) { return mul_u8s8(aq, _mm256_sign_epi8(a, q)); }
+
+/* acc += float(p) * s */
+static inline __m256 fma_block(__m256i p, float s, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
+}
+
+/* 8 bytes as 8 floats */
+static inline __m256 u8x8_to_ps(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (ggml's packing) as bytes: sc[0..7], mn[0..7]. */
+static inline void scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    uint32_t s0 = u[0] & k1, s1 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    uint32_t m0 = u[1] & k1, m1 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    memcpy(sc, &s0, 4);
+    memcpy(sc + 4, &s1, 4);
+    memcpy(mn, &m0, 4);
+    memcpy(mn + 4, &m1, 4);
+}
+
+/* nw weight rows (row bytes apart) against nr activation rows (both compile-time constants after inlining): out[r *
+   ldo + w] for w < nw, r < nr. Weights with an offset (-8, -16, -32) are made signed and multiplied with the sign
+   trick, so no per-block correction is left; weights with a float minimum (Q4_1, Q5_1, Q4_K, Q5_K) stay unsigned
+   and add m * (da * sum(a)) per block from the activation sums precomputed per call (a.fs). The float work per
+   block, weight row and activation row is one convert and one fmadd into 8 lanes; the lanes are summed once per
+   output. Every output gets the same sequence of operations whatever the tile shape, so results do not depend
+   on the batch; the tile only sets how many independent accumulation chains run side by side. */
+static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_t *row, int64_t row_bytes, int K,
+                                                            act_t a, int nw, int nr, float *out, int64_t ldo) {
+    __m256 acc[2][NRMAX], accb[2][NRMAX]; /* accb: the odd blocks of the _R8 groups */
+    float accs[2][NRMAX];
+    for (int w = 0; w < nw; w++)
+        for (int r = 0; r < nr; r++) {
+            acc[w][r] = _mm256_setzero_ps();
+            accb[w][r] = _mm256_setzero_ps();
+            accs[w][r] = 0.0f;
+        }
     const int nb = K / 32;
-    if (fmt <= F_Q5_1) {
+    if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        const int groups = nb / 8, bb = BLOCK_BYTES[fmt], gb = 8 * bb, head = r8_head(fmt);
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+        for (int g = 0; g < groups; g++) {
+            const int b0 = 8 * g;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)g * gb;
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+                /* Q4_0's offset of -8 is a minimum of -8 d */
+                const __m256 mv = fmt == F_Q4_1_R8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 16)))
+                                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+                /* the 8 blocks' scales times the activation scales, broadcast from memory per block */
+                __attribute__((aligned(32))) float svb[NRMAX][8];
+                for (int r = 0; r < nr; r++) {
+                    _mm256_store_ps(svb[r], _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b0))));
+                    acc[w][r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(&FS(r, b0)), acc[w][r]);
+                }
+                for (int p = 0; p < 4; p++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(x + head + 32 * p));
+                    const __m256i u0 = _mm256_and_si256(q, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    for (int r = 0; r < nr; r++) {
+                        /* even and odd blocks in two chains: one would wait on the fma latency */
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u0, LOAD_A(r, b0 + 2 * p))),
+                                                    _mm256_broadcast_ss(&svb[r][2 * p]), acc[w][r]);
+                        accb[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 2 * p + 1))),
+                                                     _mm256_broadcast_ss(&svb[r][2 * p + 1]), accb[w][r]);
+                    }
+                }
+            }
+        }
+        for (int b = 8 * groups; b < nb; b++) { /* the tail, in the GGUF layout */
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)groups * gb + (size_t)(b - 8 * groups) * bb;
+                const float d = h2f(x), m = fmt == F_Q4_1_R8 ? h2f(x + 2) : -8.0f * d;
+                const __m256i u = nibbles32(x + (fmt == F_Q4_1_R8 ? 4 : 2));
+                for (int r = 0; r < nr; r++) {
+                    acc[w][r] = fma_block(mul_u8s8(u, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
+                    accs[w][r] = fmaf(m, FS(r, b), accs[w][r]);
+                }
+            }
+        }
+    } else if (fmt == F_Q4_0 || fmt == F_Q5_0) {
         const int bb = BLOCK_BYTES[fmt];
         for (int b = 0; b < nb; b++) {
-            const uint8_t *x = row + (size_t)b * bb;
-            float d = rd16(x), m = 0.0f;
-            const uint8_t *qs = x + 2;
-            if (fmt == F_Q4_1 || fmt == F_Q5_1) {
-                m = rd16(x + 2);
-                qs += 2;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * bb;
+                const float d = h2f(x);
+                __m256i q = fmt == F_Q4_0 ? _mm256_sub_epi8(nibbles32(x + 2), _mm256_set1_epi8(8))
+                                          : _mm256_sub_epi8(_mm256_or_si256(nibbles32(x + 6), bits32_x10(x + 2)),
+                                                            _mm256_set1_epi8(16));
+                const __m256i aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++)
+                    acc[w][r] = fma_block(mul_s8s8(q, aq, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
             }
-            __m256i u;
-            if (fmt == F_Q5_0 || fmt == F_Q5_1) {
-                u = _mm256_or_si256(nibbles32(qs + 4), bits32_x10(qs));
-            } else {
-                u = nibbles32(qs);
-            }
-            float off = fmt == F_Q4_0 ? -8.0f * d : fmt == F_Q5_0 ? -16.0f * d : m;
-            for (int r = 0; r < nr; r++) {
-                __m256i p = mul_u8s8(u, LOAD_A(r, b));
-                float s = DA(r, b);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s * d), acc[r]);
-                accs[r] += s * off * (float)(SA(r, 2 * b) + SA(r, 2 * b + 1));
+        }
+    } else if (fmt == F_Q4_1 || fmt == F_Q5_1) {
+        const int bb = BLOCK_BYTES[fmt];
+        for (int b = 0; b < nb; b++) {
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * bb;
+                const float d = h2f(x), m = h2f(x + 2);
+                __m256i u = fmt == F_Q4_1 ? nibbles32(x + 4) : _mm256_or_si256(nibbles32(x + 8), bits32_x10(x + 4));
+                for (int r = 0; r < nr; r++) {
+                    acc[w][r] = fma_block(mul_u8s8(u, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
+                    accs[w][r] = fmaf(m, FS(r, b), accs[w][r]);
+                }
             }
         }
     } else if (fmt == F_Q8_0) {
         for (int b = 0; b < nb; b++) {
-            const uint8_t *x = row + (size_t)b * 34;
-            float d = rd16(x);
-            __m256i w = _mm256_loadu_si256((const __m256i *)(x + 2));
-            __m256i aw = _mm256_sign_epi8(w, w);
-            for (int r = 0; r < nr; r++) {
-                __m256i p = mul_u8s8(aw, _mm256_sign_epi8(LOAD_A(r, b), w));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(DA(r, b) * d), acc[r]);
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * 34;
+                const float d = h2f(x);
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x + 2));
+                __m256i aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++)
+                    acc[w][r] = fma_block(mul_s8s8(q, aq, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
             }
         }
     } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
+        /* per super-block: the 8 sub-block scales times each activation block's scale as one vector, the
+           minimums' term as one vector fma; per block of 32 a lane of the former picked by a permute */
         const int bb = BLOCK_BYTES[fmt];
-        const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+        const __m256i low4 = _mm256_set1_epi8(0x0F), x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *x = row + (size_t)sb * bb;
-            float dd = rd16(x), dmin = rd16(x + 2);
-            int sc[8], mn[8];
-            for (int j = 0; j < 8; j++) scale_min_k4(j, x + 4, &sc[j], &mn[j]);
-            const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
-            __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
-            for (int j2 = 0; j2 < 4; j2++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
-                __m256i u0 = _mm256_and_si256(q, low4);
-                __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                if (fmt == F_Q5_K) {
-                    __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2), one);
-                    __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j2 + 1), one);
-                    u0 = _mm256_or_si256(u0, _mm256_slli_epi16(h0, 4));
-                    u1 = _mm256_or_si256(u1, _mm256_slli_epi16(h1, 4));
-                }
-                const int b0 = sb * 8 + 2 * j2;
-                const float d0 = dd * sc[2 * j2], d1 = dd * sc[2 * j2 + 1];
-                const float m0 = dmin * mn[2 * j2], m1 = dmin * mn[2 * j2 + 1];
+            const int b8 = sb * 8;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)sb * bb;
+                uint8_t sc[8], mn[8];
+                scales_mins_k4(x + 4, sc, mn);
+                const __m256 scv = _mm256_mul_ps(_mm256_set1_ps(h2f(x)), u8x8_to_ps(sc));
+                const __m256 mnv = _mm256_mul_ps(_mm256_set1_ps(-h2f(x + 2)), u8x8_to_ps(mn));
+                __m256 sv[NRMAX];
                 for (int r = 0; r < nr; r++) {
-                    __m256i p0 = mul_u8s8(u0, LOAD_A(r, b0));
-                    __m256i p1 = mul_u8s8(u1, LOAD_A(r, b0 + 1));
-                    float s0 = DA(r, b0), s1 = DA(r, b0 + 1);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(s0 * d0), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(s1 * d1), acc[r]);
-                    accs[r] -= s0 * m0 * (float)(SA(r, 2 * b0) + SA(r, 2 * b0 + 1)) +
-                               s1 * m1 * (float)(SA(r, 2 * b0 + 2) + SA(r, 2 * b0 + 3));
+                    sv[r] = _mm256_mul_ps(scv, _mm256_loadu_ps(&DA(r, b8)));
+                    acc[w][r] = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(&FS(r, b8)), acc[w][r]);
+                }
+                const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48);
+                __m256i qh = fmt == F_Q5_K ? _mm256_loadu_si256((const __m256i *)(x + 16)) : _mm256_setzero_si256();
+                for (int j2 = 0; j2 < 4; j2++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j2));
+                    __m256i u0 = _mm256_and_si256(q, low4);
+                    __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if (fmt == F_Q5_K) {
+                        u0 = _mm256_or_si256(u0, _mm256_and_si256(_mm256_slli_epi16(qh, 4), x10));
+                        u1 = _mm256_or_si256(u1, _mm256_and_si256(_mm256_slli_epi16(qh, 3), x10));
+                        qh = _mm256_srli_epi16(qh, 2);
+                    }
+                    const int b0 = b8 + 2 * j2;
+                    const __m256i i0 = _mm256_set1_epi32(2 * j2), i1 = _mm256_set1_epi32(2 * j2 + 1);
+                    for (int r = 0; r < nr; r++) {
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u0, LOAD_A(r, b0))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i0), acc[w][r]);
+                        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mul_u8s8(u1, LOAD_A(r, b0 + 1))),
+                                                    _mm256_permutevar8x32_ps(sv[r], i1), acc[w][r]);
+                    }
                 }
             }
         }
     } else { /* Q6_K */
-        const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+        const __m256i low4 = _mm256_set1_epi8(0x0F), x30 = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi8(32);
         for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *x = row + (size_t)sb * 210;
-            const int8_t *scales = (const int8_t *)(x + 192);
-            const float d = rd16(x + 208);
-            for (int half = 0; half < 2; half++) {
-                const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
-                __m256i u[4];
-                u[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-                u[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-                for (int part = 0; part < 4; part++) {
-                    const int j = 4 * half + part, b = sb * 8 + j;
-                    const int c0 = scales[2 * j], c1 = scales[2 * j + 1];
-                    for (int r = 0; r < nr; r++) {
-                        __m256i p = mul_u8s8_sc(u[part], LOAD_A(r, b), c0, c1);
-                        float s = DA(r, b) * d;
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc[r]);
-                        accs[r] -= s * 32.0f * (float)(c0 * SA(r, 2 * b) + c1 * SA(r, 2 * b + 1));
+            const int b8 = sb * 8;
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)sb * 210;
+                const __m256 dv = _mm256_set1_ps(h2f(x + 208));
+                __m256 sv[NRMAX];
+                for (int r = 0; r < nr; r++) sv[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(&DA(r, b8)));
+                /* the 16 int8 scales as 32-bit lanes c | c << 16, scales 0-7 and 8-15 */
+                const __m128i sc8 = _mm_loadu_si128((const __m128i *)(x + 192));
+                __m256i c32[2] = {_mm256_cvtepi8_epi32(sc8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))};
+                for (int h = 0; h < 2; h++)
+                    c32[h] = _mm256_or_si256(_mm256_and_si256(c32[h], _mm256_set1_epi32(0xFFFF)),
+                                             _mm256_slli_epi32(c32[h], 16));
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *ql = x + 64 * half, *qhp = x + 128 + 32 * half;
+                    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                    __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+                    for (int part = 0; part < 4; part++) {
+                        __m256i lo = part & 1 ? l1 : l0;
+                        lo = part >= 2 ? _mm256_srli_epi16(lo, 4) : lo;
+                        __m256i hi = part == 0 ? _mm256_slli_epi16(qh, 4)
+                                   : part == 1 ? _mm256_slli_epi16(qh, 2)
+                                   : part == 2 ? qh
+                                               : _mm256_srli_epi16(qh, 2);
+                        __m256i q = _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(hi, x30));
+                        const int j = 4 * half + part, b = b8 + j;
+                        const __m256i qs = _mm256_sub_epi8(q, m32), aq = _mm256_sign_epi8(qs, qs);
+                        /* scales 2j (values 0-15) and 2j + 1 (16-31): lanes 2j % 8 and 2j % 8 + 1 of c32[j / 4] */
+                        const int l = (2 * j) % 8;
+                        const __m256i scv = _mm256_permutevar8x32_epi32(
+                            c32[j / 4], _mm256_setr_epi32(l, l, l, l, l + 1, l + 1, l + 1, l + 1));
+                        const __m256i ij = _mm256_set1_epi32(j);
+                        for (int r = 0; r < nr; r++) {
+                            __m256i p = mul_u8s8_scv(aq, _mm256_sign_epi8(LOAD_A(r, b), qs), scv);
+                            acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sv[r], ij),
+                                                        acc[w][r]);
+                        }
                     }
                 }
             }
         }
     }
-    for (int r = 0; r < nr; r++) out[r * ldo] = hsum8(acc[r]) + accs[r];
+    for (int w = 0; w < nw; w++)
+        for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(_mm256_add_ps(acc[w][r], accb[w][r])) + accs[w][r];
 }
 
-#define DOT_FMT(F)                                                                                       \
-    static void dot_##F##_4(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
-        dot_simd(F, row, K, a, 4, out, ldo);                                                             \
-    }                                                                                                    \
-    static void dot_##F##_1(const uint8_t *row, int K, act_t a, float *out, int64_t ldo) {              \
-        dot_simd(F, row, K, a, 1, out, ldo);                                                             \
+/* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
+#define DOT_FMT(F)                                                                                          \
+    static void dot_##F##_2x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 2, 4, out, ldo);                                                         \
+    }                                                                                                       \
+    static void dot_##F##_1x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 1, 4, out, ldo);                                                         \
+    }                                                                                                       \
+    static void dot_##F##_1x1(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
+        dot_simd(F, row, rb, K, a, 1, 1, out, ldo);                                                         \
     }
 DOT_FMT(F_Q4_0)
 DOT_FMT(F_Q4_1)
@@ -394,35 +562,47 @@ DOT_FMT(F_Q8_0)
 DOT_FMT(F_Q4_K)
 DOT_FMT(F_Q5_K)
 DOT_FMT(F_Q6_K)
+DOT_FMT(F_Q4_0_R8)
+DOT_FMT(F_Q4_1_R8)
 
-typedef void (*dot_fn)(const uint8_t *, int, act_t, float *, int64_t);
-static const dot_fn DOT4[8] = {dot_F_Q4_0_4, dot_F_Q4_1_4, dot_F_Q5_0_4, dot_F_Q5_1_4,
-                               dot_F_Q8_0_4, dot_F_Q4_K_4, dot_F_Q5_K_4, dot_F_Q6_K_4};
-static const dot_fn DOT1[8] = {dot_F_Q4_0_1, dot_F_Q4_1_1, dot_F_Q5_0_1, dot_F_Q5_1_1,
-                               dot_F_Q8_0_1, dot_F_Q4_K_1, dot_F_Q5_K_1, dot_F_Q6_K_1};
+typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
+#define DOT_TABLE(S)                                                                                        \
+    {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
+     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S, dot_F_Q4_0_R8_##S, dot_F_Q4_1_R8_##S}
+static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_TABLE(1x4),
+                    DOT1x1[N_FORMATS] = DOT_TABLE(1x1);
 
-/* one weight row against nr activation rows, four at a time */
-static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+/* weight rows [n0, n1) against activation rows [0, nr): groups of 4 activation rows two (or one) weight rows at a time,
+   then the rest of the activation rows (decode) one at a time */
+static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
+                      float *out, int64_t ldo) {
     int r = 0;
     for (; r + 4 <= nr; r += 4) {
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        DOT4[fmt](row, K, s, out + r * ldo, ldo);
+        const act_t ar = act_from(a, r);
+        float *o = out + r * ldo;
+        int n = n0;
+        /* the _R8 kernels keep a scale vector per activation row: 2 x 4 of them spill registers */
+        for (; fmt < F_Q4_0_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
+    /* Decode rows one weight row at a time: several weight rows side by side (more independent chains) win on
+       weights in cache but lose about 1.7x when they stream from memory, as a decode step's do: the interleaved
+       reads defeat the hardware prefetcher (docs/PERFORMANCE.md). */
     for (; r < nr; r++) {
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        DOT1[fmt](row, K, s, out + r * ldo, ldo);
+        const act_t ar = act_from(a, r);
+        for (int n = n0; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, ar, out + r * ldo + n, ldo);
     }
 }
 
 #else
 
-static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
-    int r = 0;
-    for (; r < nr; r += 4) {
-        int n = nr - r < 4 ? nr - r : 4;
-        act_t s = {a.qa + r * a.lda, a.da + r * (a.lda / 32), a.sa + r * (a.lda / 16), a.lda};
-        dot_scalar(fmt, row, K, s, n, out + r * ldo, ldo);
-    }
+static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
+                      float *out, int64_t ldo) {
+    for (int n = n0; n < n1; n++)
+        for (int r = 0; r < nr; r += 4) {
+            int k = nr - r < 4 ? nr - r : 4;
+            dot_scalar(fmt, w + n * row_bytes, K, act_from(a, r), k, out + r * ldo + n, ldo);
+        }
 }
 
 #endif
@@ -430,25 +610,23 @@ static void dot_rows(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
 /* ---- the matmul: chunks of output rows as pool tasks ------------------------------------------------ */
 
 typedef struct {
-    int fmt, N, K, M;
+    int fmt, N, K, M, chunk;
     const uint8_t *w;
     int64_t row_bytes, ldo;
     act_t a;
     float *out;
 } job_t;
 
-enum { ROW_CHUNK = 16, M_TILE = 64 };
+enum { M_TILE = 64, TASKS_PER_THREAD = 8, MIN_CHUNK = 16, MAX_CHUNK = 512 };
 
 static void run_chunk(void *ctx, int c) {
     job_t *j = (job_t *)ctx;
-    int n0 = c * ROW_CHUNK, n1 = n0 + ROW_CHUNK < j->N ? n0 + ROW_CHUNK : j->N;
+    int n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
     /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
     for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
         int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
-        act_t a = {j->a.qa + (int64_t)m0 * j->K, j->a.da + (int64_t)m0 * (j->K / 32),
-                   j->a.sa + (int64_t)m0 * (j->K / 16), j->K};
-        for (int n = n0; n < n1; n++)
-            dot_rows(j->fmt, j->w + n * j->row_bytes, j->K, a, mt, j->out + (int64_t)m0 * j->ldo + n, j->ldo);
+        dot_block(j->fmt, j->w, j->row_bytes, n0, n1, j->K, act_from(j->a, m0), mt, j->out + (int64_t)m0 * j->ldo,
+                  j->ldo);
     }
 }
 
@@ -456,8 +634,22 @@ static void run_chunk(void *ctx, int c) {
    weight of N rows in format fmt (row_bytes bytes each, K values). */
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
-    job_t job = {fmt, N, K, M, w, row_bytes, ldo, {qa, da, sa, K}, out};
-    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
+    float stack_fs[256], *fs = 0;
+    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        int64_t n = (int64_t)M * (K / 32);
+        fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
+        if (!fs) abort();
+        for (int64_t i = 0; i < n; i++) fs[i] = da[i] * (float)(sa[2 * i] + sa[2 * i + 1]);
+    }
+    /* Rows per task: a few tasks per thread, so that a thread the OS delays leaves little for the others to wait
+       on, but not so many that taking tasks (one shared atomic each) costs much next to a small matmul. A
+       multiple of 16 keeps the 4-row decode tiles whole. */
+    int chunk = (N + TASKS_PER_THREAD * pool_threads() - 1) / (TASKS_PER_THREAD * pool_threads());
+    chunk = (chunk + MIN_CHUNK - 1) / MIN_CHUNK * MIN_CHUNK;
+    chunk = chunk < MIN_CHUNK ? MIN_CHUNK : chunk > MAX_CHUNK ? MAX_CHUNK : chunk;
+    job_t job = {fmt, N, K, M, chunk, w, row_bytes, ldo, {qa, da, sa, fs, K}, out};
+    int chunks = (N + chunk - 1) / chunk;
     /* small jobs are not worth waking anyone */
     pool_run(run_chunk, &job, chunks, (int64_t)N * M * K >= (1 << 16));
+    if (fs && fs != stack_fs) free(fs);
 }
