@@ -152,6 +152,17 @@ class BertEncoder(torch.nn.Module):
         return x
 
 
+def pad_batch(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id sequences as right-padded ids [B, T] (padding 0) and their attention mask [B, T] (1 = token)."""
+    t = max(len(ids) for ids in batch)
+    input_ids = torch.zeros(len(batch), t, dtype=torch.long)
+    mask = torch.zeros(len(batch), t, dtype=torch.long)
+    for i, ids in enumerate(batch):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+    return input_ids, mask
+
+
 def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
     """One vector per sequence from [batch, seq, hidden] states under the 0/1 mask (float32)."""
     m = attention_mask.to(states.dtype).unsqueeze(-1)
@@ -195,12 +206,7 @@ class LoadedEncoder:
 
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
         """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
-        t = max(len(ids) for ids in batch)
-        input_ids = torch.zeros(len(batch), t, dtype=torch.long)
-        mask = torch.zeros(len(batch), t, dtype=torch.long)
-        for i, ids in enumerate(batch):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            mask[i, : len(ids)] = 1
+        input_ids, mask = pad_batch(batch)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         states = self.model(input_ids, mask)
         return pool(states, mask, self.config.pooling, self.config.normalize).cpu()

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
-from edgeserve.models.bert import pool
+from edgeserve.models.bert import pad_batch, pool
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,8 @@ class LoadedDecoderEmbedder:
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
         """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
-        t = max(len(ids) for ids in batch)
-        input_ids = torch.zeros(len(batch), t, dtype=torch.long)
-        mask = torch.zeros(len(batch), t, dtype=torch.long)
-        for i, ids in enumerate(batch):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            mask[i, : len(ids)] = 1
+        input_ids, mask = pad_batch(batch)
+        t = input_ids.shape[1]
         positions = torch.arange(t).repeat(len(batch))
         hidden = self.model.forward(input_ids.flatten().to(self.device), positions.to(self.device),
                                     PaddedCausalAttention(len(batch), t))

@@ -24,7 +24,7 @@ from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
 from edgeserve.server.schemas import GenerationRequest, _number, parse_json_object
 from edgeserve.server.state import api_errors, server_state
-from edgeserve.server.tool_schemas import function_tool, parse_tool_choice, parse_tool_list
+from edgeserve.server.tool_schemas import function_tool, parse_tool_list, set_tools
 from edgeserve.text.grammar import GrammarSpec
 from edgeserve.text.tool_calls import ToolCall
 
@@ -192,15 +192,7 @@ def parse_responses_request(body: dict) -> GenerationRequest:
         msgs = [{"role": "system", "content": instructions}, *msgs]
     req = GenerationRequest(model=model, messages=msgs)
     req.constraint = _text_format(body.get("text"))
-    req.tools = parse_tool_list(body.get("tools"), _responses_tool)
-    req.tool_choice = parse_tool_choice(body.get("tool_choice"), req.tools)
-    ptc = body.get("parallel_tool_calls")
-    if ptc not in (None, True, False):
-        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
-    req.parallel_tool_calls = ptc is not False
-    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
-        raise bad_request("text.format cannot be combined with tool_choice 'required' or a named function",
-                          "text.format")
+    set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body, "text.format")
     req.think = _reasoning(body.get("reasoning"))
     mt = _number(body, "max_output_tokens", integer=True)
     if mt is not None and mt < 1:

@@ -137,15 +137,7 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
     req.constraint = parse_response_format(body.get("response_format"))
     if not chat:
         return
-    req.tools = parse_tools(body.get("tools"))
-    req.tool_choice = parse_tool_choice(body.get("tool_choice"), req.tools)
-    ptc = body.get("parallel_tool_calls")
-    if ptc not in (None, True, False):
-        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
-    req.parallel_tool_calls = ptc is not False
-    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
-        raise bad_request("response_format cannot be combined with tool_choice 'required' or a named function",
-                          "response_format")
+    set_tools(req, parse_tools(body.get("tools")), body, "response_format")
     req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     if "enable_thinking" in req.template_kwargs:
         req.think = req.template_kwargs["enable_thinking"]
@@ -212,3 +204,17 @@ def parse_message_tool_fields(m: dict, here: str) -> dict[str, Any]:
                 raise bad_request(f"{here}.{key} must be a string, on a tool message", f"{here}.{key}")
             out[key] = value
     return out
+
+
+def set_tools(req, tools, body: dict, format_param: str) -> None:
+    """The request's tools (already parsed), `tool_choice` and `parallel_tool_calls` from `body`; a forced tool call
+    beside a format constraint (`req.constraint`, from the field `format_param`) is a 400 naming that field."""
+    req.tools = tools
+    req.tool_choice = parse_tool_choice(body.get("tool_choice"), req.tools)
+    ptc = body.get("parallel_tool_calls")
+    if ptc not in (None, True, False):
+        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    req.parallel_tool_calls = ptc is not False
+    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
+        raise bad_request(f"{format_param} cannot be combined with tool_choice 'required' or a named function",
+                          format_param)
