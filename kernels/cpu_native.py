@@ -26,7 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
+                                                                 "layer.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -140,6 +141,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
     lib.qmm_silu_mul.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
+    lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, p, p, i32, i64, i32, p, i64, p, p, p]
+    lib.qmm_decoder_forward.restype = i32
     lib.qmm_set_threads(threads())
     return lib
 
