@@ -207,6 +207,18 @@ class BlockTensor:
         return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
 
 
+def _merge_parts(parts: list[BlockTensor]) -> list[BlockTensor]:
+    """Contiguous parts with neighbours of the same format stacked into one (a fused q/k/v or gate/up of one type
+    becomes one kernel call per step instead of two or three)."""
+    merged: list[BlockTensor] = []
+    for p in parts:
+        if merged and merged[-1].qtype == p.qtype and merged[-1].data.shape[1] == p.data.shape[1]:
+            merged[-1] = BlockTensor(p.qtype, torch.cat([merged[-1].data, p.data]), p.cols)
+        else:
+            merged.append(BlockTensor(p.qtype, p.data.contiguous(), p.cols))
+    return merged
+
+
 def native_format(qtype: str, cols: int) -> bool:
     """Whether the native kernels take a weight of this type and row length."""
     return qtype in FORMATS and cols % FORMATS[qtype][1] == 0
@@ -226,7 +238,7 @@ class BlockWeight:
         self.lib = lib or library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        self.parts = [BlockTensor(p.qtype, p.data.contiguous(), p.cols) for p in parts]
+        self.parts = _merge_parts(parts)
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[0] for p in parts)
         self._fmt = [FORMATS[p.qtype][0] for p in self.parts]
