@@ -10,6 +10,9 @@
 #include <string.h>
 
 #include "pool.h"
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+#endif
 
 static inline float bf16_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -54,36 +57,89 @@ typedef struct {
     float scale;
 } attn_t;
 
+/* a K or V row as float32: the pool's own memory when it is float32, else converted into buf */
+static inline const float *kv_row(const void *base, int bf16, int64_t index, int D, float *buf) {
+    if (!bf16) return (const float *)base + index * D;
+    load_row(base, 1, index, D, buf);
+    return buf;
+}
+
+#if defined(QMM_AVX2)
+/* e^x for 8 lanes (Cephes' expf polynomial, about 1 ulp; lanes below -87 give 0): the same on every call */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
+/* s[j] = exp(s[j] - max) / sum over j < L, the sum in eight fixed lanes */
+static void softmax(float *s, int L) {
+    float mx = -INFINITY;
+    for (int j = 0; j < L; j++) mx = s[j] > mx ? s[j] : mx;
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+#if defined(QMM_AVX2)
+    __m256 m8 = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+    for (; j + 8 <= L; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
+        _mm256_storeu_ps(s + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(lanes, acc);
+#endif
+    for (; j < L; j++) {
+        s[j] = expf(s[j] - mx);
+        lanes[j & 7] += s[j];
+    }
+    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    float inv = 1.0f / sum;
+    for (j = 0; j < L; j++) s[j] *= inv;
+}
+
 static void attend_task(void *ctx, int task) {
     const attn_t *a = (const attn_t *)ctx;
-    const int group = a->H / a->Hkv, t = task / a->Hkv, kvh = task % a->Hkv, D = a->D;
+    const int group = a->H / a->Hkv, t = task / a->Hkv, kvh = task % a->Hkv, D = a->D, bs = a->block_size;
     const int L = a->row_len[t];
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
     float *buf = malloc(sizeof(float) * ((size_t)group * (L + 2 * D) + (size_t)D));
     float *scores = buf, *acc = buf + (size_t)group * L, *qf = acc + (size_t)group * D, *row = qf + (size_t)group * D;
     for (int g = 0; g < group; g++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + kvh * group + g, D, qf + (size_t)g * D);
-    for (int j = 0; j < L; j++) {
-        int64_t slot = (int64_t)table[j / a->block_size] * a->block_size + j % a->block_size;
-        load_row(a->k, a->kv_bf16, slot * a->Hkv + kvh, D, row);
-        for (int g = 0; g < group; g++) scores[(size_t)g * L + j] = dot(qf + (size_t)g * D, row, D) * a->scale;
+    /* keys block by block: no division per key */
+    for (int j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
+        const int64_t first = (int64_t)table[b] * bs;
+        const int n = L - j0 < bs ? L - j0 : bs;
+        for (int o = 0; o < n; o++) {
+            const float *kr = kv_row(a->k, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
+            for (int g = 0; g < group; g++) scores[(size_t)g * L + j0 + o] = dot(qf + (size_t)g * D, kr, D) * a->scale;
+        }
     }
     for (int g = 0; g < group; g++) {
-        float *s = scores + (size_t)g * L, mx = -INFINITY, sum = 0.0f;
-        for (int j = 0; j < L; j++) mx = s[j] > mx ? s[j] : mx;
-        for (int j = 0; j < L; j++) {
-            s[j] = expf(s[j] - mx);
-            sum += s[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j < L; j++) s[j] *= inv;
+        softmax(scores + (size_t)g * L, L);
         memset(acc + (size_t)g * D, 0, sizeof(float) * D);
     }
-    for (int j = 0; j < L; j++) {
-        int64_t slot = (int64_t)table[j / a->block_size] * a->block_size + j % a->block_size;
-        load_row(a->v, a->kv_bf16, slot * a->Hkv + kvh, D, row);
-        for (int g = 0; g < group; g++) {
-            float p = scores[(size_t)g * L + j], *o = acc + (size_t)g * D;
-            for (int d = 0; d < D; d++) o[d] += p * row[d];
+    for (int j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
+        const int64_t first = (int64_t)table[b] * bs;
+        const int n = L - j0 < bs ? L - j0 : bs;
+        for (int o = 0; o < n; o++) {
+            const float *vr = kv_row(a->v, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
+            for (int g = 0; g < group; g++) {
+                float p = scores[(size_t)g * L + j0 + o], *out = acc + (size_t)g * D;
+                for (int d = 0; d < D; d++) out[d] += p * vr[d];
+            }
         }
     }
     for (int g = 0; g < group; g++) {
