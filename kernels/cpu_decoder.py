@@ -122,7 +122,7 @@ class NativeDecoder:
         stream); returns the final-normed hidden states [T, hidden] in the compute dtype."""
         meta, pool = attn.meta, attn.pool
         t = x.shape[0]
-        x = x.contiguous()
+        x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
         h = torch.empty(t, self.hidden, dtype=self.act_dtype)
         seqs, lens = _attention_rows(meta)
         tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
