@@ -10,9 +10,6 @@
 #include <string.h>
 
 #include "pool.h"
-#if defined(QMM_AVX2)
-#include <immintrin.h>
-#endif
 
 static inline float bf16_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -64,50 +61,16 @@ static inline const float *kv_row(const void *base, int bf16, int64_t index, int
     return buf;
 }
 
-#if defined(QMM_AVX2)
-/* e^x for 8 lanes (Cephes' expf polynomial, about 1 ulp; lanes below -87 give 0): the same on every call */
-static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-#endif
-
-/* s[j] = exp(s[j] - max) / sum over j < L, the sum in eight fixed lanes */
+/* s[j] = exp(s[j] - max) / sum over j < L, summed in key order (the order every caller has always had) */
 static void softmax(float *s, int L) {
-    float mx = -INFINITY;
+    float mx = -INFINITY, sum = 0.0f;
     for (int j = 0; j < L; j++) mx = s[j] > mx ? s[j] : mx;
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int j = 0;
-#if defined(QMM_AVX2)
-    __m256 m8 = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
-    for (; j + 8 <= L; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
-        _mm256_storeu_ps(s + j, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    _mm256_storeu_ps(lanes, acc);
-#endif
-    for (; j < L; j++) {
+    for (int j = 0; j < L; j++) {
         s[j] = expf(s[j] - mx);
-        lanes[j & 7] += s[j];
+        sum += s[j];
     }
-    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
     float inv = 1.0f / sum;
-    for (j = 0; j < L; j++) s[j] *= inv;
+    for (int j = 0; j < L; j++) s[j] *= inv;
 }
 
 static void attend_task(void *ctx, int task) {
