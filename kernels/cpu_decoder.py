@@ -45,12 +45,11 @@ class Decoder(ctypes.Structure):
 
 
 def _qweight(w: BlockWeight) -> QWeight:
-    parts = w.parts
-    fmts = w._fmt
+    parts = w.kernel_parts()
     out = QWeight()
     out.n_parts = len(parts)
-    for i, (fmt, p) in enumerate(zip(fmts, parts)):
-        out.fmt[i], out.rows[i], out.row_bytes[i], out.w[i] = fmt, p.data.shape[0], p.data.shape[1], p.data.data_ptr()
+    for i, (fmt, ptr, row_bytes, rows) in enumerate(parts):
+        out.fmt[i], out.w[i], out.row_bytes[i], out.rows[i] = fmt, ptr, row_bytes, rows
     return out
 
 
@@ -76,7 +75,7 @@ class NativeDecoder:
         if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
             return None
         weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-        if not all(isinstance(w, BlockWeight) and len(w.parts) <= MAX_PARTS for w in weights):
+        if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
             return None
         if any(layer.q_norm is not None for layer in layers) or c.head_dim % 2:
             return None

@@ -268,12 +268,16 @@ class BlockWeight:
         qa, da, sa = self.quantize(x2)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
         col, base, row_stride = 0, out.data_ptr(), self.out_features
-        for fmt, part in zip(self._fmt, self.parts):
-            n = part.data.shape[0]
-            self.lib.qmm_matmul(fmt, part.data.data_ptr(), part.data.shape[1], n, self.in_features, qa.data_ptr(),
-                                da.data_ptr(), sa.data_ptr(), m, base + 4 * col, row_stride)
+        for fmt, ptr, row_bytes, n in self.kernel_parts():
+            self.lib.qmm_matmul(fmt, ptr, row_bytes, n, self.in_features, qa.data_ptr(), da.data_ptr(),
+                                sa.data_ptr(), m, base + 4 * col, row_stride)
             col += n
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_parts(self) -> list[tuple[int, int, int, int]]:
+        """(format id, data pointer, bytes per row, rows) of each part, as qmm_matmul takes them (also what the
+        fused layer stack, kernels.cpu_decoder, hands to the C side)."""
+        return [(fmt, p.data.data_ptr(), p.data.shape[1], p.data.shape[0]) for fmt, p in zip(self._fmt, self.parts)]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 rows of W for the given ids (an embedding lookup)."""

@@ -71,7 +71,8 @@ class LlamaModel:
 
     def native_decoder(self) -> NativeDecoder | None:
         """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
-        not apply (weights not in native block formats, Q/K norms, a GPU)."""
+        not apply (weights not in native block formats, Q/K norms, a GPU). Setting `_native = None` keeps the
+        per-op path (the tests and benchmarks/fused_decoder.py compare the two that way)."""
         if self._native is False:
             self._native = NativeDecoder.build(self)
         return self._native  # type: ignore[return-value]
@@ -161,6 +162,9 @@ class LlamaModel:
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
         rows are prompt tokens, for weights that keep a dense copy for them).
+
+        On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
+        stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
 
         Each residual add is fused with the norm after it (`add_rms_norm`); when the attention exposes its paged
         pool (`layer_cache` / `attend`, as the engine's PagedKVAttention does), RoPE is fused with the K/V write
