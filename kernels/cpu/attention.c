@@ -10,6 +10,9 @@
 #include <string.h>
 
 #include "pool.h"
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+#endif
 
 static inline float bf16_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -44,6 +47,24 @@ static inline float dot(const float *a, const float *b, int D) {
     for (; d < D; d++) s += a[d] * b[d];
     return s;
 }
+
+#if defined(QMM_AVX2)
+/* dot() of a float32 row with a bfloat16 row, converting as it goes: the same eight lanes, products and final sum
+   order as dot() over the converted row */
+static inline float dot_bf16(const float *a, const uint16_t *b, int D) {
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+        __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + d))), 16);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_castsi256_ps(w), acc);
+    }
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    float s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+    for (; d < D; d++) s += a[d] * bf16_f32(b[d]);
+    return s;
+}
+#endif
 
 typedef struct {
     const void *q, *k, *v;
@@ -86,6 +107,14 @@ static void attend_task(void *ctx, int task) {
         const int64_t first = (int64_t)table[b] * bs;
         const int n = L - j0 < bs ? L - j0 : bs;
         for (int o = 0; o < n; o++) {
+#if defined(QMM_AVX2)
+            if (a->kv_bf16) {
+                const uint16_t *kr = (const uint16_t *)a->k + ((first + o) * a->Hkv + kvh) * D;
+                for (int g = 0; g < group; g++)
+                    scores[(size_t)g * L + j0 + o] = dot_bf16(qf + (size_t)g * D, kr, D) * a->scale;
+                continue;
+            }
+#endif
             const float *kr = kv_row(a->k, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
             for (int g = 0; g < group; g++) scores[(size_t)g * L + j0 + o] = dot(qf + (size_t)g * D, kr, D) * a->scale;
         }
