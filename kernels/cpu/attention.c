@@ -127,6 +127,20 @@ static void attend_task(void *ctx, int task) {
         const int64_t first = (int64_t)table[b] * bs;
         const int n = L - j0 < bs ? L - j0 : bs;
         for (int o = 0; o < n; o++) {
+#if defined(QMM_AVX2)
+            if (a->kv_bf16 && D % 8 == 0) { /* out[d] += p * v[d] as one FMA per value, as the loop below compiles */
+                const uint16_t *vr = (const uint16_t *)a->v + ((first + o) * a->Hkv + kvh) * D;
+                for (int g = 0; g < group; g++) {
+                    __m256 p = _mm256_set1_ps(scores[(size_t)g * L + j0 + o]);
+                    float *out = acc + (size_t)g * D;
+                    for (int d = 0; d < D; d += 8) {
+                        __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(vr + d))), 16);
+                        _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_castsi256_ps(w), _mm256_loadu_ps(out + d)));
+                    }
+                }
+                continue;
+            }
+#endif
             const float *vr = kv_row(a->v, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
             for (int g = 0; g < group; g++) {
                 float p = scores[(size_t)g * L + j0 + o], *out = acc + (size_t)g * D;
