@@ -5,7 +5,7 @@ Each side runs in its own process (the two code versions cannot share one); the 
 chat prompt generate `--tokens` tokens; step time = (time to N tokens - time to 1 token) / (N - 1), so prefill
 is excluded. Reports per-side medians over rounds, the ratio, and whether the generated token ids are identical.
 
-    python benchmarks/decode_step.py --against 2db8d7e [--rounds 4] [--tokens 48] [--batch 1,4]
+    python benchmarks/decode_step.py --against 2db8d7e [--rounds 4] [--tokens 48] [--batch 1,4] [--model GGUF]
     python benchmarks/decode_step.py --side    # one process, this checkout only: prints JSON
 
 With `--count-ops`, each side also counts the aten ops of one batch-1 decode step (torch profiler events, every
@@ -47,12 +47,12 @@ def count_ops(llm, ids: list[int]) -> int:
     return sum(1 for e in prof.events() if e.name.startswith("aten::")) // 4
 
 
-def side(tokens: int, batches: list[int], repeats: int, ops: bool = False) -> dict:
+def side(tokens: int, batches: list[int], repeats: int, ops: bool = False, model: str = "smollm2-135m") -> dict:
     """Median decode step ms per batch size, and a digest of the generated ids, for the importable edgeserve."""
     import edgeserve
     from edgeserve import LLM, SamplingParams
 
-    llm = LLM("smollm2-135m", kv_cache_gb=0.1, enable_prefix_caching=False)
+    llm = LLM(model, kv_cache_gb=0.25, enable_prefix_caching=False)
     msgs = [{"role": "user", "content": PROMPT}]
     ids = llm.lm.tokenizer.encode(llm.lm.chat_template.render(msgs, add_generation_prompt=True),
                                   add_special_tokens=False)
@@ -104,16 +104,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--batch", default="1,4")
     ap.add_argument("--repeats", type=int, default=3, help="generations per batch size in one process")
+    ap.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     ap.add_argument("--count-ops", action="store_true", help="only count aten ops per batch-1 decode step")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     if args.side or not args.against:
-        print(json.dumps(side(args.tokens, batches, args.repeats, args.count_ops)))
+        print(json.dumps(side(args.tokens, batches, args.repeats, args.count_ops, args.model)))
         return
     here = Path(__file__).resolve().parents[1]
     paths = {args.against: export(args.against), "this checkout": here}
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
-           "--repeats", str(args.repeats)] + (["--count-ops"] if args.count_ops else [])
+           "--repeats", str(args.repeats), "--model", args.model] + (["--count-ops"] if args.count_ops else [])
     results: dict[str, list[dict]] = {k: [] for k in paths}
     for r in range(args.rounds):
         order = list(paths) if r % 2 == 0 else list(reversed(paths))  # A/B, B/A, ...

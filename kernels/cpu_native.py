@@ -26,7 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
+                                                                 "layer.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -146,6 +147,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
         lib.qmm_repack.restype = None
+    if hasattr(lib, "qmm_decoder_forward"):  # likewise
+        lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, p, p, i32, i64, i32, p, i64, p, p, p]
+        lib.qmm_decoder_forward.restype = i32
     lib.qmm_set_threads(threads())
     return lib
 
@@ -210,6 +214,18 @@ class BlockTensor:
         return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
 
 
+def _merge_parts(parts: list[BlockTensor]) -> list[BlockTensor]:
+    """Contiguous parts with neighbours of the same format stacked into one (a fused q/k/v or gate/up of one type
+    becomes one kernel call per step instead of two or three)."""
+    merged: list[BlockTensor] = []
+    for p in parts:
+        if merged and merged[-1].qtype == p.qtype and merged[-1].data.shape[1] == p.data.shape[1]:
+            merged[-1] = BlockTensor(p.qtype, torch.cat([merged[-1].data, p.data]), p.cols)
+        else:
+            merged.append(BlockTensor(p.qtype, p.data.contiguous(), p.cols))
+    return merged
+
+
 def native_format(qtype: str, cols: int) -> bool:
     """Whether the native kernels take a weight of this type and row length."""
     return qtype in FORMATS and cols % FORMATS[qtype][1] == 0
@@ -242,7 +258,7 @@ class BlockWeight:
         self.lib = lib or library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        self.parts = [repacked(BlockTensor(p.qtype, p.data.contiguous(), p.cols), self.lib) for p in parts]
+        self.parts = [repacked(p, self.lib) for p in _merge_parts(parts)]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[0] for p in parts)
         self._fmt = [FORMATS[p.qtype][0] for p in self.parts]
@@ -272,12 +288,16 @@ class BlockWeight:
         qa, da, sa = self.quantize(x2)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
         col, base, row_stride = 0, out.data_ptr(), self.out_features
-        for fmt, part in zip(self._fmt, self.parts):
-            n = part.data.shape[0]
-            self.lib.qmm_matmul(fmt, part.data.data_ptr(), part.data.shape[1], n, self.in_features, qa.data_ptr(),
-                                da.data_ptr(), sa.data_ptr(), m, base + 4 * col, row_stride)
+        for fmt, ptr, row_bytes, n in self.kernel_parts():
+            self.lib.qmm_matmul(fmt, ptr, row_bytes, n, self.in_features, qa.data_ptr(), da.data_ptr(),
+                                sa.data_ptr(), m, base + 4 * col, row_stride)
             col += n
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_parts(self) -> list[tuple[int, int, int, int]]:
+        """(format id, data pointer, bytes per row, rows) of each part, as qmm_matmul takes them (also what the
+        fused layer stack, kernels.cpu_decoder, hands to the C side)."""
+        return [(fmt, p.data.data_ptr(), p.data.shape[1], p.data.shape[0]) for fmt, p in zip(self._fmt, self.parts)]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 rows of W for the given ids (an embedding lookup)."""

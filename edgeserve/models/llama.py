@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edgeserve.kernels.cpu_decoder import NativeDecoder
 from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import (
     add_rms_norm,
@@ -66,6 +67,15 @@ class LlamaModel:
         self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
         cos, sin = rope_cos_sin(inv_freq, self.max_positions)
         self.cos, self.sin = cos.to(device), sin.to(device)
+        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
+
+    def native_decoder(self) -> NativeDecoder | None:
+        """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
+        not apply (weights not in native block formats, Q/K norms, a GPU). Setting `_native = None` keeps the
+        per-op path (the tests and benchmarks/fused_decoder.py compare the two that way)."""
+        if self._native is False:
+            self._native = NativeDecoder.build(self)
+        return self._native  # type: ignore[return-value]
 
     @classmethod
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
@@ -153,6 +163,9 @@ class LlamaModel:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
         rows are prompt tokens, for weights that keep a dense copy for them).
 
+        On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
+        stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
+
         Each residual add is fused with the norm after it (`add_rms_norm`); when the attention exposes its paged
         pool (`layer_cache` / `attend`, as the engine's PagedKVAttention does), RoPE is fused with the K/V write
         (`rope_write_kv`). Both go through kernels.dispatch: Triton on a supported GPU, the torch twins elsewhere,
@@ -163,6 +176,11 @@ class LlamaModel:
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
+        native = self.native_decoder()
+        if native is not None and native.runs(attn):
+            if input_ids.numel() and int(positions.max()) >= self.max_positions:
+                raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+            return native.forward(x, positions, attn)
         cos, sin = self.cos[positions], self.sin[positions]
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x

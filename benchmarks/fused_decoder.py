@@ -1,0 +1,92 @@
+"""The model part of a CPU decode step, fused native stack against the per-op path, in one process.
+
+Loads a model once, fills a paged pool for B sequences of `--context` tokens, then times forward + logits of one
+decode row per sequence, alternating the fused stack (kernels.cpu_decoder, one native call for every layer) and
+the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
+step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
+Prints medians and minimums (ms) and the ratios, as JSON.
+
+    python benchmarks/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=40)
+    args = ap.parse_args()
+
+    import torch
+
+    from edgeserve import LLM
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    llm = LLM(args.model, kv_cache_gb=0.05)
+    model = llm.lm.model
+    assert model.native_decoder() is not None, "this model does not take the fused native stack here"
+    block = 16
+    per_seq = -(-(args.context + 1) // block)
+    result: dict = {"model": args.model, "context": args.context, "batches": {}}
+    for b in (int(x) for x in args.batch.split(",")):
+        pool = KVPool(model.config, b * per_seq, block, model.dtype)
+        tables = [[i * per_seq + j for j in range(per_seq)] for i in range(b)]
+        # fill the context with a prompt step (fused; both paths write the same K/V)
+        ids = torch.randint(100, 1000, (b * args.context,))
+        pos = torch.arange(args.context).repeat(b)
+        slots = [tables[i][p // block] * block + p % block for i in range(b) for p in range(args.context)]
+        meta = AttentionMetadata.build([args.context] * b, [args.context] * b, tables, slots)
+        model.forward(ids, pos, PagedKVAttention(pool, meta))
+        p = args.context
+        step_slots = [tables[i][p // block] * block + p % block for i in range(b)]
+        ids, pos = torch.randint(100, 1000, (b,)), torch.full((b,), p)
+
+        def step(fused: bool) -> float:
+            model._native = False if fused else None
+            meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
+            start = time.perf_counter()
+            model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta)))
+            return (time.perf_counter() - start) * 1e3
+
+        weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        xs = {w.in_features: torch.randn(b, w.in_features).to(model.dtype) for w in weights}
+        x_head = torch.randn(b, model.config.hidden_size).to(model.dtype)
+
+        def matmuls() -> float:
+            start = time.perf_counter()
+            for w in weights:
+                w.matmul(xs[w.in_features])
+            model.lm_head.matmul(x_head)
+            return (time.perf_counter() - start) * 1e3
+
+        times: dict[str, list[float]] = {"fused": [], "per_op": [], "matmuls_only": []}
+        for r in range(args.reps + 2):
+            got = {"fused": step(True), "per_op": step(False), "matmuls_only": matmuls()}
+            if r >= 2:  # warm-up
+                for k, v in got.items():
+                    times[k].append(v)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        low = {k: min(v) for k, v in times.items()}
+        result["batches"][b] = {
+            "median_ms": {k: round(v, 2) for k, v in med.items()},
+            "min_ms": {k: round(v, 2) for k, v in low.items()},
+            "per_op_over_fused_median": round(med["per_op"] / med["fused"], 2),
+            "fused_over_matmuls_median": round(med["fused"] / med["matmuls_only"], 2),
+            "per_op_over_matmuls_median": round(med["per_op"] / med["matmuls_only"], 2),
+        }
+        print(json.dumps({b: result["batches"][b]}), flush=True)
+    model._native = False
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

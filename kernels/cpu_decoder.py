@@ -1,0 +1,138 @@
+"""The whole Llama-family decoder stack in one native call (kernels/cpu/layer.c) for a flat batch on the CPU.
+
+`NativeDecoder.build(model)` decides once, when the model's weights all stay in GGUF block formats on the native
+kernels, and packs every layer's weight pointers into C structs; `forward` then runs a step with one ctypes
+call. The C side calls the same kernels in the same order as the per-op path of LlamaModel.forward, so its
+results are identical to that path's, row for row, whatever the batch (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import torch
+
+from . import cpu_native
+from .cpu_native import BlockWeight, _attention_rows
+
+MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
+class QWeight(ctypes.Structure):
+    """layer.c's qweight_t: a BlockWeight's parts (format id, rows, bytes per row, data pointer)."""
+
+    _fields_ = [("n_parts", ctypes.c_int32), ("fmt", ctypes.c_int32 * MAX_PARTS),
+                ("rows", ctypes.c_int32 * MAX_PARTS), ("row_bytes", ctypes.c_int64 * MAX_PARTS),
+                ("w", ctypes.c_void_p * MAX_PARTS)]
+
+
+class Layer(ctypes.Structure):
+    """layer.c's layer_t."""
+
+    _fields_ = [("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
+                ("qkv_bias", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("next_norm", ctypes.c_void_p)]
+
+
+class Decoder(ctypes.Structure):
+    """layer.c's decoder_t."""
+
+    _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("H", ctypes.c_int32),
+                ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32), ("F", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("first_norm", ctypes.c_void_p),
+                ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
+
+
+def _qweight(w: BlockWeight) -> QWeight:
+    parts = w.kernel_parts()
+    out = QWeight()
+    out.n_parts = len(parts)
+    for i, (fmt, ptr, row_bytes, rows) in enumerate(parts):
+        out.fmt[i], out.w[i], out.row_bytes[i], out.rows[i] = fmt, ptr, row_bytes, rows
+    return out
+
+
+@dataclass
+class NativeDecoder:
+    """A model's layers as C structs, ready for `qmm_decoder_forward`; keeps alive every tensor they point into."""
+
+    lib: ctypes.CDLL = field(repr=False)
+    decoder: Decoder = field(repr=False)
+    layers: ctypes.Array = field(repr=False)
+    keep: list[torch.Tensor] = field(repr=False)
+    hidden: int
+    act_dtype: torch.dtype
+
+    @classmethod
+    def build(cls, model) -> "NativeDecoder | None":
+        """The fused plan for a LlamaModel, or None when some part of it does not fit the native stack (a weight
+        not in block formats or with too many parts, Q/K norms, a head size the kernels do not take, float32
+        compute, or the native kernels off)."""
+        c = model.config
+        layers = model.layers
+        lib = cpu_native.library()
+        if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
+            return None
+        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
+            return None
+        if any(layer.q_norm is not None for layer in layers) or c.head_dim % 2:
+            return None
+        f = layers[0].gate_up.out_features // 2
+        expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
+                    "gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
+        if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()):
+            return None
+        keep: list[torch.Tensor] = []
+
+        def ptr(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.detach().to(torch.float32).contiguous()
+            keep.append(t)
+            return t.data_ptr()
+
+        array = (Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+            array[i] = Layer(_qweight(layer.qkv), _qweight(layer.o_proj), _qweight(layer.gate_up),
+                             _qweight(layer.down), ptr(layer.qkv_bias), ptr(layer.post_norm), ptr(nxt))
+        decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
+                          c.head_dim ** -0.5, model.dtype == torch.bfloat16, ptr(layers[0].input_norm),
+                          ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype)
+
+    def runs(self, attn: object) -> bool:
+        """Whether a step over this attention can take the fused stack: the engine's paged pool (float32 or
+        bfloat16, contiguous) with its default scale, and the native kernels still on for this call."""
+        pool = getattr(attn, "pool", None)
+        if pool is None or getattr(attn, "scale", None) is not None or not hasattr(attn, "meta"):
+            return False
+        k, v = pool.k, pool.v
+        if k.dtype not in _FLOATS or v.dtype != k.dtype or not k.is_contiguous() or not v.is_contiguous():
+            return False
+        from .dispatch import backend
+
+        return backend() == "auto" and cpu_native.available()
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
+        stream); returns the final-normed hidden states [T, hidden] in the compute dtype."""
+        meta, pool = attn.meta, attn.pool
+        t = x.shape[0]
+        x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
+        h = torch.empty(t, self.hidden, dtype=self.act_dtype)
+        seqs, lens = _attention_rows(meta)
+        tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
+        tables = tables.contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        positions = positions.to(torch.int64).contiguous()
+        k, v = pool.k, pool.v
+        rc = self.lib.qmm_decoder_forward(
+            ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(), k.data_ptr(),
+            v.data_ptr(), k.dtype == torch.bfloat16, k.stride(0), k.shape[2], tables.data_ptr(), tables.stride(0),
+            seqs.data_ptr(), lens.data_ptr(), slots.data_ptr())
+        if rc != 0:
+            raise MemoryError(f"native decoder step of {t} rows could not allocate its scratch memory")
+        return h

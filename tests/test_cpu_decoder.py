@@ -1,0 +1,101 @@
+"""The fused native decoder stack (kernels/cpu/layer.c through kernels.cpu_decoder): one native call per step gives
+the same hidden states and the same K/V pool contents, bit for bit, as the per-op path, for a decode batch of 1
+and of 3 sequences with different context lengths and for prompt chunks mixed with decodes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_gguf import write_tiny_llama
+
+from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.models.load import load_model
+from edgeserve.registry import resolve
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
+BLOCK = 16
+
+
+@pytest.fixture(autouse=True)
+def _native_on(monkeypatch):
+    monkeypatch.delenv("EDGESERVE_NATIVE", raising=False)
+    monkeypatch.delenv("EDGESERVE_KERNELS", raising=False)
+    monkeypatch.setenv("EDGESERVE_THREADS", "2")
+
+
+def tiny_model(tmp_path, qtype: str, seed: int = 0):
+    path = write_tiny_llama(tmp_path / f"{qtype}.gguf", hidden=256, layers=3, heads=4, kv_heads=2, ffn=512,
+                            qtype=qtype, seed=seed)
+    return load_model(resolve(str(path)), dtype="bfloat16").model
+
+
+def run_steps(model, fused: bool, steps: list[list[tuple[int, int]]]):
+    """Run `steps` (each a list of (sequence, new tokens)) over a fresh pool; the hidden states of every step and
+    the final pool. Sequence i owns blocks 4i..4i+3; token ids and positions follow from what came before."""
+    model._native = False if fused else None  # False: plan on the next forward; None: the per-op path
+    pool = KVPool(model.config, 16, BLOCK, model.dtype)
+    lengths: dict[int, int] = {}
+    hidden = []
+    for step in steps:
+        ids, positions, slots, query_lens, seq_lens, tables = [], [], [], [], [], []
+        for seq, n in step:
+            start = lengths.get(seq, 0)
+            table = [4 * seq + j for j in range(4)]
+            for p in range(start, start + n):
+                ids.append((seq * 37 + p * 11) % 250 + 3)
+                positions.append(p)
+                slots.append(table[p // BLOCK] * BLOCK + p % BLOCK)
+            lengths[seq] = start + n
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            tables.append(table)
+        meta = AttentionMetadata.build(query_lens, seq_lens, tables, slots)
+        hidden.append(model.forward(torch.tensor(ids), torch.tensor(positions), PagedKVAttention(pool, meta)))
+    assert (model._native is not None) == fused
+    return hidden, pool
+
+
+# prompts of 5, 23 and 40 tokens (the last one in two chunks, next to decodes), then decodes of batch 3 and 1
+STEPS = [[(0, 5), (1, 23), (2, 17)], [(0, 1), (1, 1), (2, 23)], [(0, 1), (1, 1), (2, 1)], [(1, 1)], [(0, 1), (2, 1)]]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q8_0"])
+def test_fused_stack_equals_the_per_op_path(tmp_path, qtype):
+    model = tiny_model(tmp_path, qtype)
+    assert isinstance(model.native_decoder(), NativeDecoder)
+    fused, fused_pool = run_steps(model, True, STEPS)
+    per_op, per_op_pool = run_steps(model, False, STEPS)
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert a.dtype == b.dtype == model.dtype
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
+    assert torch.equal(fused_pool.k, per_op_pool.k) and torch.equal(fused_pool.v, per_op_pool.v)
+
+
+def test_fused_stack_with_a_qkv_bias(tmp_path):
+    model = tiny_model(tmp_path, "Q4_0", seed=3)
+    gen = torch.Generator().manual_seed(0)
+    for layer in model.layers:  # what a qwen2 file has: a bias on q, k and v, kept in the compute dtype
+        layer.qkv_bias = torch.randn(layer.qkv.out_features, generator=gen).to(model.dtype)
+    fused, _ = run_steps(model, True, STEPS[:3])
+    per_op, _ = run_steps(model, False, STEPS[:3])
+    assert all(torch.equal(a, b) for a, b in zip(fused, per_op))
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(tmp_path):
+    model = tiny_model(tmp_path, "Q4_K")
+    together, _ = run_steps(model, True, [[(0, 9), (1, 30)], [(0, 1), (1, 1)]])
+    alone, _ = run_steps(model, True, [[(1, 30)], [(1, 1)]])
+    assert torch.equal(together[1][1], alone[1][0])
+
+
+def test_models_the_stack_does_not_take_keep_the_per_op_path(tmp_path, monkeypatch):
+    model = tiny_model(tmp_path, "Q4_K")
+    model.layers[0].q_norm = torch.ones(model.config.head_dim)  # Q/K norms (qwen3) are not in the native stack
+    model.layers[0].k_norm = torch.ones(model.config.head_dim)
+    assert NativeDecoder.build(model) is None
+    monkeypatch.setenv("EDGESERVE_NATIVE", "0")
+    f32 = load_model(resolve(str(tmp_path / "Q4_K.gguf")), dtype="float32").model
+    assert NativeDecoder.build(f32) is None
