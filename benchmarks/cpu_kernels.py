@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
 import time
 
 import numpy as np
 import torch
 
+from edgeserve.bench.cpu_clock import cpu_clock
 from edgeserve.bench.random_gguf import random_blocks
 from edgeserve.kernels.cpu_native import BlockTensor, _bind, BlockWeight, best_variant, load, native_format, threads
 from edgeserve.kernels.quant_linear import Int4Weight, Q4Blocks
@@ -48,11 +48,7 @@ def main() -> None:
                     help="one thread everywhere, timed in thread CPU time (steady on a busy machine)")
     ap.add_argument("--baseline-lib", help="a native library built from another commit, timed beside this one")
     args = ap.parse_args()
-    clock = time.perf_counter
-    if args.single_thread:
-        os.environ["EDGESERVE_THREADS"] = "1"
-        torch.set_num_threads(1)
-        clock = time.thread_time
+    clock = cpu_clock(args.single_thread)
     n, k = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(0)
     lib = load(best_variant())

@@ -21,6 +21,7 @@ import time
 import torch
 from gguf import GGUFReader
 
+from edgeserve.bench.cpu_clock import cpu_clock
 from edgeserve.kernels.cpu_native import BlockTensor, BlockWeight, _bind, best_variant, load, native_format
 
 LAYER = [["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]]
@@ -53,11 +54,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50, help="calls per block (the head gets a tenth)")
     ap.add_argument("--single-thread", action="store_true")
     args = ap.parse_args()
-    clock = time.perf_counter
-    if args.single_thread:
-        os.environ["EDGESERVE_THREADS"] = "1"
-        torch.set_num_threads(1)
-        clock = time.thread_time
+    clock = cpu_clock(args.single_thread)
     libs = {"this checkout": load(best_variant())}
     if args.baseline_lib:
         libs["baseline"] = _bind(ctypes.CDLL(args.baseline_lib))

@@ -24,14 +24,14 @@ class GemvConfig:
     """Launch shape of the GEMV kernel: rows per program, packed words per row per step, warps, and how many
     programs the K splits should bring the grid up to (per multiprocessor)."""
 
-    block_n: int = 8
-    block_w: int = 64
-    num_warps: int = 4
+    # defaults: the best of an 81-shape sweep on an H100 over the Llama-3-8B matrices (docs/PERFORMANCE.md, GPU)
+    block_n: int = 4
+    block_w: int = 128
+    num_warps: int = 2
     programs_per_sm: int = 8
 
 
-# the best of a 81-shape sweep on an H100 over the Llama-3-8B matrices (docs/PERFORMANCE.md, GPU section)
-GEMV_CONFIG = GemvConfig(block_n=4, block_w=128, num_warps=2, programs_per_sm=8)
+GEMV_CONFIG = GemvConfig()
 
 
 @triton.jit
@@ -126,12 +126,12 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
         x2 = x2.contiguous()
     m = x2.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    qw, s, o = weight.qweight, weight.scales, weight.offsets
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
     if m <= gemv_max_m:
         gemv(x2, weight, y, GEMV_CONFIG)
     else:
+        qw, s, o = weight.qweight, weight.scales, weight.offsets
         block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
         block_n, block_k = 64, 32
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
@@ -168,4 +168,4 @@ def gemv(x2: torch.Tensor, weight: W4A16Weight, y: torch.Tensor, config: GemvCon
         PARTIAL=split > 1, num_warps=config.num_warps,
     )
     if split > 1:
-        torch.sum(out, dim=0, out=y) if y.dtype == torch.float32 else y.copy_(out.sum(dim=0))
+        y.copy_(out.sum(dim=0))
