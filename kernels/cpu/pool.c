@@ -32,6 +32,7 @@ static inline void cpu_relax(void) {
 }
 
 enum { SPIN = 20000, YIELD_EVERY = 256 };
+#define CLOSED 0x7fffffffu /* a task index no job reaches */
 
 /* Take and run tasks of generation `gen` until none is left; returns how many this thread ran. */
 static void take_tasks(uint32_t gen) {
@@ -89,6 +90,11 @@ void pool_run(void (*fn)(void *, int), void *ctx, int n_tasks, int parallel) {
         return;
     }
     uint32_t gen = atomic_load(&generation) + 1;
+    /* Close the counter under the new generation before touching the job's fields: a worker still holding a
+       counter value of the last job (preempted between its load and its compare-exchange) must fail that
+       exchange, not pass it against this job's task count and then run a task of this job, or of the last one
+       with this job's context. */
+    atomic_store_explicit(&counter, (uint64_t)gen << 32 | CLOSED, memory_order_seq_cst);
     job_fn = fn;
     job_ctx = ctx;
     job_tasks = n_tasks;
