@@ -3,7 +3,8 @@
 
 The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
 source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
-`avx512vnni` (AVX-512 VNNI dot products), `avx2` (maddubs), or `scalar` (portable C, always built for tests).
+`avx512vnni` (AVX-512 VNNI dot products), `avx2` (maddubs), `neondot` / `neon` (ARM NEON with or without the
+int8 dot-product instructions), or `scalar` (portable C, always built for tests).
 `EDGESERVE_NATIVE=0` turns the native kernels off (the torch paths run instead); `EDGESERVE_NATIVE_VARIANT`
 forces a variant. Without a compiler the torch paths run, with one warning.
 """
@@ -15,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -42,12 +44,20 @@ VARIANT_FLAGS: dict[str, list[str]] = {
     "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
     "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
                    "-mavx512vl", "-mavx512vnni"],
+    "neon": ["-DQMM_NEON"],  # every 64-bit ARM CPU
+    "neondot": ["-DQMM_NEON", "-march=armv8.2-a+dotprod"],  # with the int8 dot-product instructions (sdot)
 }
 VARIANT_NEEDS: dict[str, set[str]] = {
     "scalar": set(),
     "avx2": {"avx2", "fma", "f16c"},
     "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    "neon": {"asimd"},
+    "neondot": {"asimd", "asimddp"},
 }
+# the machine each variant compiles for (None: any)
+VARIANT_MACHINE: dict[str, str | None] = {"scalar": None, "avx2": "x86_64", "avx512vnni": "x86_64",
+                                          "neon": "aarch64", "neondot": "aarch64"}
+BEST_FIRST = ("avx512vnni", "avx2", "neondot", "neon", "scalar")
 # measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md, single-thread CPU time): the torch fallback against native
 FALLBACK_SLOWDOWN = "about 1.4x slower per token, and over 10x slower to load files with Q5_K / Q6_K tensors"
 
@@ -61,23 +71,38 @@ def enabled() -> bool:
     return os.environ.get("EDGESERVE_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def machine() -> str:
+    """This CPU's architecture as VARIANT_MACHINE names it (x86_64, aarch64, ...)."""
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where that file is missing)."""
+    """The CPU's feature flags as Linux's /proc/cpuinfo names them ("flags" on x86, "Features" on ARM); on an
+    Apple Silicon Mac, which has no such file, the NEON and dot-product features every such chip has."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
+                if line.startswith(("flags", "Features")):
                     return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
+    if platform.system() == "Darwin" and machine() == "aarch64":
+        return frozenset({"asimd", "asimddp"})
     return frozenset()
 
 
-def supported_variants(flags: frozenset[str] | None = None) -> list[str]:
+def compilable_variants(arch: str | None = None) -> list[str]:
+    """The variants a compiler for `arch` (default: this machine) can build, best first."""
+    arch = machine() if arch is None else arch
+    return [v for v in BEST_FIRST if VARIANT_MACHINE[v] in (None, arch)]
+
+
+def supported_variants(flags: frozenset[str] | None = None, arch: str | None = None) -> list[str]:
     """The variants this CPU can run, best first (always ending with "scalar")."""
     flags = cpu_flags() if flags is None else flags
-    return [v for v in ("avx512vnni", "avx2", "scalar") if VARIANT_NEEDS[v] <= flags]
+    return [v for v in compilable_variants(arch) if VARIANT_NEEDS[v] <= flags]
 
 
 def best_variant() -> str:

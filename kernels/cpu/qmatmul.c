@@ -4,7 +4,8 @@
    with the sum of each 16 values kept for the formats whose weights have an offset. Weight rows are the GGUF
    block bytes as stored in the file. Each weight block of 32 values is unpacked to (unsigned or signed) bytes
    and multiplied with its activation block in integer SIMD (AVX2 maddubs, or AVX-512 VNNI dpbusd when this
-   file is compiled with -DQMM_VNNI); without -DQMM_AVX2 everything runs in portable C.
+   file is compiled with -DQMM_VNNI), or on ARM with NEON (-DQMM_NEON: sdot where the CPU has the dot-product
+   extension, widening multiplies otherwise); without either everything runs in portable C.
 
    Threads (pool.c) split the output rows. Each output value depends only on its own activation row and
    weight row, so results do not depend on the batch or on the thread count. */
@@ -17,6 +18,8 @@
 #include "pool.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
+#elif defined(QMM_NEON)
+#include <arm_neon.h>
 #endif
 
 enum { F_Q4_0 = 0, F_Q4_1 = 1, F_Q5_0 = 2, F_Q5_1 = 3, F_Q8_0 = 4, F_Q4_K = 5, F_Q5_K = 6, F_Q6_K = 7 };
@@ -31,6 +34,10 @@ enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9, N_FORMATS = 10 };
 const char *qmm_variant(void) { return "avx512vnni"; }
 #elif defined(QMM_AVX2)
 const char *qmm_variant(void) { return "avx2"; }
+#elif defined(QMM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+const char *qmm_variant(void) { return "neondot"; }
+#elif defined(QMM_NEON)
+const char *qmm_variant(void) { return "neon"; }
 #else
 const char *qmm_variant(void) { return "scalar"; }
 #endif
@@ -592,6 +599,154 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
         const act_t ar = act_from(a, r);
         for (int n = n0; n < n1; n++) DOT1x1[fmt](w + n * row_bytes, row_bytes, K, ar, out + r * ldo + n, ldo);
     }
+}
+
+#elif defined(QMM_NEON)
+
+/* unpack32 in NEON: block b of a weight row as 32 signed bytes (q[0]: values 0-15, q[1]: 16-31) with the same
+   d, sc and m; every format's values fit a signed byte */
+static void unpack32_neon(int fmt, const uint8_t *row, int nb, int b, int8x16_t q[2], float *d, int sc[2], float *m) {
+    const uint8x16_t low4 = vdupq_n_u8(0xF);
+    uint8x16_t lo, hi;
+    int off = 0;
+    sc[0] = sc[1] = 1;
+    *m = 0.0f;
+    if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+        const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
+        if (b >= 8 * groups) { /* the tail keeps the GGUF layout */
+            unpack32_neon(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, row + (size_t)groups * gb, nb, b - 8 * groups, q, d, sc, m);
+            return;
+        }
+        const uint8_t *x = row + (size_t)(b / 8) * gb, *qs = x + r8_head(fmt) + 32 * (j / 2);
+        *d = rd16(x + 2 * j);
+        if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
+        lo = vld1q_u8(qs);
+        hi = vld1q_u8(qs + 16);
+        if (j & 1) {
+            lo = vshrq_n_u8(lo, 4);
+            hi = vshrq_n_u8(hi, 4);
+        } else {
+            lo = vandq_u8(lo, low4);
+            hi = vandq_u8(hi, low4);
+        }
+        off = fmt == F_Q4_0_R8 ? 8 : 0;
+    } else if (fmt <= F_Q8_0) {
+        const uint8_t *x = row + (size_t)b * BLOCK_BYTES[fmt];
+        *d = rd16(x);
+        if (fmt == F_Q8_0) {
+            q[0] = vld1q_s8((const int8_t *)x + 2);
+            q[1] = vld1q_s8((const int8_t *)x + 18);
+            return;
+        }
+        const uint8_t *qs = x + 2;
+        uint32_t qh = 0;
+        if (fmt == F_Q4_1 || fmt == F_Q5_1) {
+            *m = rd16(x + 2);
+            qs += 2;
+        }
+        if (fmt == F_Q5_0 || fmt == F_Q5_1) {
+            memcpy(&qh, qs, 4);
+            qs += 4;
+        }
+        const uint8x16_t v = vld1q_u8(qs);
+        lo = vandq_u8(v, low4);
+        hi = vshrq_n_u8(v, 4);
+        if (fmt == F_Q5_0 || fmt == F_Q5_1) { /* bit i of qh is the fifth bit of value i */
+            static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+            const uint8x16_t sel = vld1q_u8(bit), b4 = vdupq_n_u8(0x10);
+            const uint8x16_t h0 = vcombine_u8(vdup_n_u8(qh & 0xFF), vdup_n_u8((qh >> 8) & 0xFF));
+            const uint8x16_t h1 = vcombine_u8(vdup_n_u8((qh >> 16) & 0xFF), vdup_n_u8(qh >> 24));
+            lo = vorrq_u8(lo, vandq_u8(vtstq_u8(h0, sel), b4));
+            hi = vorrq_u8(hi, vandq_u8(vtstq_u8(h1, sel), b4));
+        }
+        off = fmt == F_Q4_0 ? 8 : fmt == F_Q5_0 ? 16 : 0;
+    } else {
+        const uint8_t *x = row + (size_t)(b / 8) * BLOCK_BYTES[fmt];
+        const int j = b % 8; /* sub-block of 32 within the super-block */
+        if (fmt == F_Q6_K) {
+            const int half = j / 4, part = j % 4; /* 128-value half, then which of its 4 runs of 32 */
+            const uint8_t *ql = x + 64 * half + (part & 1 ? 32 : 0), *qh = x + 128 + 32 * half;
+            lo = vld1q_u8(ql);
+            hi = vld1q_u8(ql + 16);
+            if (part >= 2) {
+                lo = vshrq_n_u8(lo, 4);
+                hi = vshrq_n_u8(hi, 4);
+            } else {
+                lo = vandq_u8(lo, low4);
+                hi = vandq_u8(hi, low4);
+            }
+            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * part));
+            const uint8x16_t three = vdupq_n_u8(3);
+            lo = vorrq_u8(lo, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), shift), three), 4));
+            hi = vorrq_u8(hi, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), shift), three), 4));
+            const int8_t *scales = (const int8_t *)(x + 192);
+            *d = rd16(x + 208);
+            sc[0] = scales[2 * j];
+            sc[1] = scales[2 * j + 1];
+            off = 32;
+        } else {
+            float dd = rd16(x), dmin = rd16(x + 2);
+            int s, mn;
+            scale_min_k4(j, x + 4, &s, &mn);
+            *d = dd * s;
+            *m = -dmin * mn;
+            const uint8_t *qs = x + (fmt == F_Q4_K ? 16 : 48) + 32 * (j / 2);
+            lo = vld1q_u8(qs);
+            hi = vld1q_u8(qs + 16);
+            if (j & 1) {
+                lo = vshrq_n_u8(lo, 4);
+                hi = vshrq_n_u8(hi, 4);
+            } else {
+                lo = vandq_u8(lo, low4);
+                hi = vandq_u8(hi, low4);
+            }
+            if (fmt == F_Q5_K) { /* bit j of qh[l] is the fifth bit of value l */
+                const int8x16_t shift = vdupq_n_s8((int8_t)-j);
+                const uint8x16_t one = vdupq_n_u8(1);
+                lo = vorrq_u8(lo, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(x + 16), shift), one), 4));
+                hi = vorrq_u8(hi, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(x + 32), shift), one), 4));
+            }
+        }
+    }
+    q[0] = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8((int8_t)off));
+    q[1] = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8((int8_t)off));
+}
+
+/* the exact integer sum of 16 byte products */
+static inline int32_t dot16(int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vaddvq_s32(vdotq_s32(vdupq_n_s32(0), a, b));
+#else
+    int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vaddvq_s32(vpadalq_s16(s, vmull_s8(vget_high_s8(a), vget_high_s8(b))));
+#endif
+}
+
+/* dot_scalar with NEON unpacking and integer sums: the same integers, so the same floats in the same order */
+static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+    int8x16_t q[2];
+    int sc[2];
+    float d, m;
+    float acc[4] = {0, 0, 0, 0};
+    for (int b = 0; b < K / 32; b++) {
+        unpack32_neon(fmt, row, K / 32, b, q, &d, sc, &m);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = a.qa + r * a.lda + b * 32;
+            const int s0 = dot16(q[0], vld1q_s8(x)), s1 = dot16(q[1], vld1q_s8(x + 16));
+            const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
+            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
+}
+
+static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
+                      float *out, int64_t ldo) {
+    for (int n = n0; n < n1; n++)
+        for (int r = 0; r < nr; r += 4) {
+            int k = nr - r < 4 ? nr - r : 4;
+            dot_neon(fmt, w + n * row_bytes, K, act_from(a, r), k, out + r * ldo + n, ldo);
+        }
 }
 
 #else
