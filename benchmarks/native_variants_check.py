@@ -1,7 +1,7 @@
 """Check the native kernels' SIMD variants against the portable (scalar) build on any machine, without edgeserve's
 dependencies (numpy and gcc only): for a machine with AVX-512 VNNI where the test suite cannot be installed.
 
-    python benchmarks/native_variants_check.py [scalar avx2 avx512vnni]
+    python benchmarks/native_variants_check.py [scalar avx2 avx512vnni | scalar neon neondot]
 
 Builds kernels/cpu/*.c once per variant (the flags of edgeserve.kernels.cpu_native.VARIANT_FLAGS), multiplies random
 blocks of every format (Q4_0 / Q4_1 also in their repacked _R8 layout) by 9 activation rows, and checks that each
@@ -12,6 +12,7 @@ batch. The pytest suite (tests/test_cpu_kernels.py) checks the variants this CPU
 from __future__ import annotations
 
 import ctypes
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ SOURCES = [str(Path(__file__).parent.parent / "kernels" / "cpu" / n)
            for n in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
 FLAGS = {"scalar": [], "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
          "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
-                        "-mavx512vl", "-mavx512vnni"]}
+                        "-mavx512vl", "-mavx512vnni"],
+         "neon": ["-DQMM_NEON"], "neondot": ["-DQMM_NEON", "-march=armv8.2-a+dotprod"]}
+ARM = platform.machine().lower() in ("aarch64", "arm64")
+DEFAULT = ["scalar", "neon", "neondot"] if ARM else ["scalar", "avx2", "avx512vnni"]
 # name -> (format id, values per block, bytes per block, byte offsets of the float16 scale fields)
 FORMATS = {"Q4_0": (0, 32, 18, [0]), "Q4_1": (1, 32, 20, [0, 2]), "Q5_0": (2, 32, 22, [0]),
            "Q5_1": (3, 32, 24, [0, 2]), "Q8_0": (4, 32, 34, [0]), "Q4_K": (5, 256, 144, [0, 2]),
@@ -67,7 +71,7 @@ def random_weight(gen: np.random.Generator, n: int, k: int, per: int, size: int,
 
 
 def main() -> int:
-    libs = {v: build(v) for v in (sys.argv[1:] or list(FLAGS))}
+    libs = {v: build(v) for v in (sys.argv[1:] or DEFAULT)}
     scalar = libs.get("scalar") or build("scalar")
     gen = np.random.default_rng(0)
     failures = 0
