@@ -258,3 +258,19 @@ def test_logit_bias_is_validated():
         SamplingParams(logit_bias={-1: 1})
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={True: 1})
+
+
+def test_tied_logits_put_the_greedy_token_first_in_its_logprobs():
+    """bfloat16 logits (a GPU's) tie often: at temperature 0 the emitted token (argmax: the lowest id among the
+    tied best) must head its own top-logprobs list, and the tied ones follow in id order."""
+    vocab = 1000
+    logits = torch.randn(4, vocab) - 5
+    best = [(7, 500, 997), (3, 4), (10, 990), (0, 999, 998, 2)]
+    for row, ids in enumerate(best):
+        logits[row, list(ids)] = 3.0
+    out = sample_tokens(logits, [SamplingParams(temperature=0, logprobs=3)] * 4, [None] * 4)
+    for row, ids in enumerate(best):
+        want = sorted(ids)
+        assert out.token_ids[row].item() == want[0]
+        assert out.top_ids[row].tolist()[:min(3, len(want))] == want[:3]
+        assert out.top_logprobs[row, 0].item() == out.logprobs[row].item()

@@ -235,8 +235,21 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     if top_n is not None:
         logprobs = scaled.log_softmax(-1)
         out.logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-        out.top_logprobs, out.top_ids = logprobs.topk(top_n, dim=-1)
+        out.top_logprobs, out.top_ids = top_logprobs(logprobs, top_n)
     return out
+
+
+TIE_SLACK = 8  # extra candidates, so that the tokens tied at the n-th place are in the set before it is ordered
+
+
+def top_logprobs(logprobs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's n best (logprobs, token ids) of logprobs [B, V], best first, equal logprobs in token id order:
+    the order argmax breaks ties in, so at temperature 0 the emitted token heads its own list (topk alone leaves
+    the order of ties unspecified, and bfloat16 logits on a GPU tie often)."""
+    values, ids = logprobs.topk(min(logprobs.shape[-1], n + TIE_SLACK), dim=-1)
+    ids, order = ids.sort(dim=-1)
+    values, order = values.gather(1, order).sort(dim=-1, descending=True, stable=True)
+    return values[:, :n], ids.gather(1, order)[:, :n]
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
