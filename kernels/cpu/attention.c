@@ -276,23 +276,39 @@ static inline __attribute__((always_inline)) __m256 scores8(const float *q, cons
 }
 
 /* acc[v][d .. d + 8c) += p[i * ps + v] * value i [d .. d + 8c) for values i < n in order, for nv vectors: one FMA
-   per element and value, as the per-vector loop does it */
+   per element and value, as the per-vector loop does it. The accumulators are named registers (an array of them
+   would live on the stack). */
 static inline __attribute__((always_inline)) void weigh_values(float *acc, int D, int d, int nv, int c,
                                                                const float *p, int ps, const void *const *vp, int n,
                                                                int bf16) {
-    __m256 o[PV_MAX][2];
-    for (int v = 0; v < nv; v++)
-        for (int x = 0; x < c; x++) o[v][x] = _mm256_loadu_ps(acc + (size_t)v * D + d + 8 * x);
-    for (int i = 0; i < n; i++) {
-        __m256 w[2];
-        for (int x = 0; x < c; x++) w[x] = load8(vp[i], bf16, d + 8 * x);
-        for (int v = 0; v < nv; v++) {
-            __m256 pv = _mm256_broadcast_ss(p + (size_t)i * ps + v);
-            for (int x = 0; x < c; x++) o[v][x] = _mm256_fmadd_ps(pv, w[x], o[v][x]);
-        }
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+#define PV_LOAD(v)                                                                                                     \
+    if (nv > v) {                                                                                                      \
+        a##v = _mm256_loadu_ps(acc + (size_t)v * D + d);                                                               \
+        if (c > 1) b##v = _mm256_loadu_ps(acc + (size_t)v * D + d + 8);                                                \
     }
-    for (int v = 0; v < nv; v++)
-        for (int x = 0; x < c; x++) _mm256_storeu_ps(acc + (size_t)v * D + d + 8 * x, o[v][x]);
+#define PV_FMA(v)                                                                                                      \
+    if (nv > v) {                                                                                                      \
+        const __m256 pv = _mm256_broadcast_ss(pi + v);                                                                 \
+        a##v = _mm256_fmadd_ps(pv, w0, a##v);                                                                          \
+        if (c > 1) b##v = _mm256_fmadd_ps(pv, w1, b##v);                                                               \
+    }
+#define PV_STORE(v)                                                                                                    \
+    if (nv > v) {                                                                                                      \
+        _mm256_storeu_ps(acc + (size_t)v * D + d, a##v);                                                               \
+        if (c > 1) _mm256_storeu_ps(acc + (size_t)v * D + d + 8, b##v);                                                \
+    }
+    PV_LOAD(0) PV_LOAD(1) PV_LOAD(2) PV_LOAD(3) PV_LOAD(4) PV_LOAD(5)
+    for (int i = 0; i < n; i++) {
+        const float *pi = p + (size_t)i * ps;
+        const __m256 w0 = load8(vp[i], bf16, d), w1 = c > 1 ? load8(vp[i], bf16, d + 8) : w0;
+        PV_FMA(0) PV_FMA(1) PV_FMA(2) PV_FMA(3) PV_FMA(4) PV_FMA(5)
+    }
+    PV_STORE(0) PV_STORE(1) PV_STORE(2) PV_STORE(3) PV_STORE(4) PV_STORE(5)
+#undef PV_LOAD
+#undef PV_FMA
+#undef PV_STORE
 }
 
 #define WEIGH_CASE(NV, C, BF)                                                                                          \
