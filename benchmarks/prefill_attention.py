@@ -10,6 +10,10 @@ prompt rows whose last row sees C positions (rows see C-R+1 .. C); `decode:N@C` 
 at context C. The default heads are the default model's (SmolLM2-135M: 9 query heads, 3 kv heads, D 64), the
 pool bfloat16 in blocks of 16 as the engine keeps it. Prints the median milliseconds per call of each side, the
 ratio, and whether the outputs are identical.
+
+`--engine-lengths 1000,4000` then times the engine's prefill (a 1-token generation, prefix cache off) of prompts
+of those lengths on `--model` (default smollm2-135m), one model and engine whose fused native layer stack is
+switched between the two libraries run by run, and checks that both sides pick the same first token.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 import torch
 
 from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
+
+TEXT = "the quick brown fox jumps over the lazy dog and then " * 600
 
 BLOCK = 16
 
@@ -56,6 +62,35 @@ def attend(lib: ctypes.CDLL, q, k, v, tables, row_seq, row_len) -> torch.Tensor:
     return out
 
 
+def engine_prefill(libs: dict[str, ctypes.CDLL], model: str, lengths: list[int], runs: int) -> None:
+    """Median seconds of a 1-token generation over prompts of `lengths` tokens with each library in the fused
+    layer stack of one loaded model."""
+    from edgeserve import LLM, SamplingParams
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    llm = LLM.from_model(load_model(resolve(model)), kv_cache_gb=0.25, enable_prefix_caching=False)
+    native = llm.lm.model.native_decoder()
+    if native is None:
+        raise SystemExit(f"{model} does not run on the fused native stack here")
+    ids = llm.tokenizer.encode(TEXT)
+    params = SamplingParams(temperature=0, max_tokens=1)
+    print(f"{'prompt tokens':>13}{'base s':>9}{'this s':>9}{'speed-up':>10}  same token")
+    for n in lengths:
+        times: dict[str, list[float]] = {name: [] for name in libs}
+        first: dict[str, list[int]] = {}
+        for r in range(runs + 1):  # the first round warms up
+            for name, lib in libs.items():
+                native.lib = lib
+                t = time.perf_counter()
+                out = llm.generate([ids[:n]], params)
+                if r:
+                    times[name].append(time.perf_counter() - t)
+                first[name] = out[0].outputs[0].token_ids
+        base, this = (statistics.median(times[n]) for n in ("base", "this"))
+        print(f"{n:>13}{base:>9.2f}{this:>9.2f}{base / this:>9.2f}x  {first['base'] == first['this']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline-lib", required=True, help="a native library built from another commit")
@@ -65,6 +100,9 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--engine-lengths", help="also time the engine's prefill of prompts this long, e.g. 1000,4000")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--runs", type=int, default=3, help="engine rounds per side and length")
     args = ap.parse_args()
     libs = {"this": load(best_variant()), "base": _bind(ctypes.CDLL(args.baseline_lib))}
     dtype = getattr(torch, args.dtype)
@@ -86,6 +124,8 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
         base, this = (statistics.median(times[n]) * 1e3 for n in ("base", "this"))
         print(f"{case:<20}{base:>10.2f}{this:>10.2f}{base / this:>9.2f}x  {same}", flush=True)
+    if args.engine_lengths:
+        engine_prefill(libs, args.model, [int(n) for n in args.engine_lengths.split(",")], args.runs)
 
 
 if __name__ == "__main__":
