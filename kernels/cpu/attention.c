@@ -259,20 +259,30 @@ static inline __m256 lane_sums8(const __m256 *acc) {
     return _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
 }
 
-/* eight scores at once, nv query vectors (q, D floats apart) times nk = 8 / nv keys (kp): score [key * nv + v] =
-   q[v] . key * scale, each an FMA chain over the head dimension in eight lanes as dot_bf16() computes it */
-static inline __attribute__((always_inline)) __m256 scores8(const float *q, const void *const *kp, int D, int nv,
-                                                           int bf16, __m256 scale) {
-    const int nk = 8 / nv;
-    __m256 acc[8];
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+/* the four sums ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) of acc[0..3]'s lanes, likewise */
+static inline __m128 lane_sums4(const __m256 *acc) {
+    __m128 x[4];
+    for (int i = 0; i < 4; i++) x[i] = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+    return _mm_hadd_ps(_mm_hadd_ps(x[0], x[1]), _mm_hadd_ps(x[2], x[3]));
+}
+
+/* twelve scores at once, 4 query vectors (q, D floats apart) times 3 keys (kp): s[k * ps + v] = q[v] . key k *
+   scale, each an FMA chain over the head dimension in eight lanes as dot_bf16() computes it (twelve independent
+   chains keep both FMA pipes busy) */
+static inline __attribute__((always_inline)) void scores12(const float *q, const void *const *kp, int D, int bf16,
+                                                          __m256 scale, float *s, int ps) {
+    __m256 acc[12];
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8)
-        for (int k = 0; k < nk; k++) {
+        for (int k = 0; k < 3; k++) {
             __m256 kv = load8(kp[k], bf16, d);
-            for (int v = 0; v < nv; v++)
-                acc[k * nv + v] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)v * D + d), kv, acc[k * nv + v]);
+            for (int v = 0; v < 4; v++)
+                acc[k * 4 + v] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)v * D + d), kv, acc[k * 4 + v]);
         }
-    return _mm256_mul_ps(lane_sums8(acc), scale);
+    const __m256 s01 = _mm256_mul_ps(lane_sums8(acc), scale);
+    _mm_storeu_ps(s, _mm256_castps256_ps128(s01));
+    _mm_storeu_ps(s + ps, _mm256_extractf128_ps(s01, 1));
+    _mm_storeu_ps(s + 2 * (size_t)ps, _mm_mul_ps(lane_sums4(acc + 8), _mm256_castps256_ps128(scale)));
 }
 
 /* acc[v][d .. d + 8c) += p[i * ps + v] * value i [d .. d + 8c) for values i < n in order, for nv vectors: one FMA
@@ -332,8 +342,8 @@ typedef struct {
     const int *starts; /* block b is rows starts[b] .. starts[b + 1] - 1, all of one sequence */
 } blocks_t;
 
-/* Pointers to the K (or V) rows of keys j0 .. j0 + n - 1 of kv head kvh, padded with the last one to a multiple
-   of 8 entries. */
+/* Pointers to the K (or V) rows of keys j0 .. j0 + n - 1 of kv head kvh, padded with the last one to n + 8
+   entries. */
 static void key_rows(const attn_t *a, const void *pool, const int32_t *table, int kvh, int j0, int n,
                      const void **rows) {
     const size_t el = a->kv_bf16 ? 2 : 4;
@@ -345,7 +355,7 @@ static void key_rows(const attn_t *a, const void *pool, const int32_t *table, in
         for (int x = 0; x < take; x++) rows[i + x] = first + (size_t)x * a->Hkv * a->D * el;
         i += take;
     }
-    for (; i % 8; i++) rows[i] = rows[i - 1];
+    for (; i < n + 8; i++) rows[i] = rows[i - 1];
 }
 
 static void attend_block_task(void *ctx, int task) {
@@ -353,12 +363,12 @@ static void attend_block_task(void *ctx, int task) {
     const attn_t *a = blocks->a;
     const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, bf16 = a->kv_bf16;
     const int t0 = blocks->starts[task / Hkv], rows = blocks->starts[task / Hkv + 1] - t0, V = rows * G;
-    /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax); under 8
-       vectors each register of scores holds 8 / vp keys */
-    const int vp = V > 4 ? (V + 7) / 8 * 8 : 4, nv = vp < 8 ? vp : 8;
+    /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax) and 2 rows
+       to spare (the scores of 3 keys at a time) */
+    const int vp = (V + 3) / 4 * 4;
     int lmax = 0;
     for (int r = 0; r < rows; r++) lmax = a->row_len[t0 + r] > lmax ? a->row_len[t0 + r] : lmax;
-    const int lp = (lmax + 7) / 8 * 8;
+    const int lp = lmax + 2;
     const int32_t *table = a->tables + (int64_t)a->row_seq[t0] * a->table_stride;
     float *qf = malloc(sizeof(float) * ((size_t)vp * D + (size_t)lp * vp + (size_t)V * D) + sizeof(int) * vp +
                        sizeof(void *) * (KEY_TILE + 8));
@@ -379,17 +389,11 @@ static void attend_block_task(void *ctx, int task) {
     for (int j0 = 0; j0 < lmax; j0 += KEY_TILE) {
         const int n = lmax - j0 < KEY_TILE ? lmax - j0 : KEY_TILE;
         key_rows(a, a->k, table, kvh, j0, n, rowp);
-        for (int v0 = 0; v0 < vp; v0 += nv)
-            for (int i = 0; i < n; i += 8 / nv) {
-                __m256 s;
-                const float *q = qf + (size_t)v0 * D;
-                switch (nv * 2 + bf16) {
-                case 8 * 2 + 1: s = scores8(q, rowp + i, D, 8, 1, scale); break;
-                case 8 * 2: s = scores8(q, rowp + i, D, 8, 0, scale); break;
-                case 4 * 2 + 1: s = scores8(q, rowp + i, D, 4, 1, scale); break;
-                default: s = scores8(q, rowp + i, D, 4, 0, scale); break;
-                }
-                _mm256_storeu_ps(scores + (size_t)(j0 + i) * vp + v0, s);
+        for (int v0 = 0; v0 < vp; v0 += 4)
+            for (int i = 0; i < n; i += 3) {
+                float *out = scores + (size_t)(j0 + i) * vp + v0;
+                if (bf16) scores12(qf + (size_t)v0 * D, rowp + i, D, 1, scale, out, vp);
+                else scores12(qf + (size_t)v0 * D, rowp + i, D, 0, scale, out, vp);
             }
     }
     /* softmax of each vector over its own keys, four vectors per register, in key order */
