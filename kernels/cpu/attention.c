@@ -1,8 +1,14 @@
 /* Causal attention of query rows over a paged K/V pool, in float32.
 
-   Each (row, kv head) task reads its keys in one fixed order with one fixed summation order, so a row's result
-   does not depend on what else is in the batch or on how its prompt was chunked: batch invariance without
-   float64. The query heads that share a kv head (GQA) are done together, so each key is read once. */
+   Every query vector (a row's head) gets its scores, its softmax and its weighted sum of values in one fixed
+   order of its own (per score: eight FMA lanes over the head dimension, then one fixed sum of the lanes; the
+   softmax and the values in key order), so a row's result does not depend on what else is in the batch or on
+   how its prompt was chunked: batch invariance without float64.
+
+   With AVX2 and a head size that is a multiple of 8, one task takes a block of consecutive rows of one sequence
+   (a prompt chunk's rows, or a decode row alone) times the query heads of one kv head (GQA), and converts each
+   key and value once for all of them; only the loop nest differs from doing the vectors one by one, never the
+   arithmetic of one vector. Elsewhere each (row, kv head) is a task of its own. */
 
 #include <math.h>
 #include <stdint.h>
@@ -160,6 +166,332 @@ static void attend_task(void *ctx, int task) {
     free(buf);
 }
 
+#if defined(QMM_AVX2)
+/* ---- expf, four at a time: glibc's expf (the ARM optimized-routines algorithm, as glibc's FMA build computes
+   it: the same table, polynomial, FMAs and special cases), so the softmax gives the bits a libm expf call gave on
+   such a build, and the same bits everywhere else. ---- */
+
+static const uint64_t EXP2F_TAB[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+static inline double f64_bits(uint64_t u) {
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+static inline float f32_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* glibc's special cases of expf (|x| >= 88 or NaN): 1 with *out set, or 0 where x takes the normal path */
+static int expf_special(float x, float *out) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    if (bits == 0xff800000u) *out = 0.0f;
+    else if ((bits & 0x7fffffffu) >= 0x7f800000u) *out = x + x;
+    else if (x > f32_bits(0x42b17217u)) *out = INFINITY;
+    else if (x < f32_bits(0xc2cff1b4u)) *out = 0.0f;
+    else if (x < f32_bits(0xc2ce8ecfu)) { /* "may underflow": 0x1.4p-75f squared, rounded at run time as glibc does */
+        volatile float tiny = 0x1.4p-75f;
+        *out = tiny * tiny;
+    } else return 0;
+    return 1;
+}
+
+static inline __m128 exp4(__m128 x) {
+    const __m256d invln2n = _mm256_set1_pd(f64_bits(0x40471547652b82feull));
+    const __m256d shift = _mm256_set1_pd(f64_bits(0x4338000000000000ull));
+    const __m256d c0 = _mm256_set1_pd(f64_bits(0x3ebc6af84b912394ull));
+    const __m256d c1 = _mm256_set1_pd(f64_bits(0x3f2ebfce50fac4f3ull));
+    const __m256d c2 = _mm256_set1_pd(f64_bits(0x3f962e42ff0c52d6ull));
+    __m256d xd = _mm256_cvtps_pd(x);
+    __m256d kd = _mm256_fmadd_pd(invln2n, xd, shift); /* glibc's FMA build fuses z = InvLn2N * x into both uses */
+    __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, shift);
+    __m256d r = _mm256_fmsub_pd(invln2n, xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)EXP2F_TAB, _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    __m256d s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+    __m256d z = _mm256_fmadd_pd(c0, r, c1);
+    __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(c2, r, _mm256_set1_pd(1.0));
+    y = _mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), s);
+    __m128 out = _mm256_cvtpd_ps(y);
+    __m128i abs = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
+    if (__builtin_expect(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(abs, _mm_set1_epi32(0x42afffff)))), 0)) {
+        float xs[4], os[4];
+        _mm_storeu_ps(xs, x);
+        _mm_storeu_ps(os, out);
+        for (int l = 0; l < 4; l++) expf_special(xs[l], &os[l]);
+        out = _mm_loadu_ps(os);
+    }
+    return out;
+}
+
+/* ---- the blocked path: a block of rows of one sequence times the query heads of one kv head ---- */
+
+enum { KEY_TILE = 128, PV_MAX = 6 };
+
+/* eight float32 values of a K or V row from element d, converted from bfloat16 when bf16 */
+static inline __attribute__((always_inline)) __m256 load8(const void *row, int bf16, int d) {
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)row + d);
+}
+
+/* the eight sums ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) of acc[0..7]'s lanes l, in one register: the
+   final sum of dot_bf16() and dot(), pair for pair */
+static inline __m256 lane_sums8(const __m256 *acc) {
+    __m256 p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = _mm256_add_ps(_mm256_permute2f128_ps(acc[i], acc[i + 4], 0x20),
+                             _mm256_permute2f128_ps(acc[i], acc[i + 4], 0x31));
+    return _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+}
+
+/* the four sums ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) of acc[0..3]'s lanes, likewise */
+static inline __m128 lane_sums4(const __m256 *acc) {
+    __m128 x[4];
+    for (int i = 0; i < 4; i++) x[i] = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+    return _mm_hadd_ps(_mm_hadd_ps(x[0], x[1]), _mm_hadd_ps(x[2], x[3]));
+}
+
+/* twelve scores at once, 4 query vectors (q, D floats apart) times 3 keys (kp): s[k * ps + v] = q[v] . key k *
+   scale, each an FMA chain over the head dimension in eight lanes as dot_bf16() computes it (twelve independent
+   chains keep both FMA pipes busy) */
+static inline __attribute__((always_inline)) void scores12(const float *q, const void *const *kp, int D, int bf16,
+                                                          __m256 scale, float *s, int ps) {
+    __m256 acc[12];
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8)
+        for (int k = 0; k < 3; k++) {
+            __m256 kv = load8(kp[k], bf16, d);
+            for (int v = 0; v < 4; v++)
+                acc[k * 4 + v] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)v * D + d), kv, acc[k * 4 + v]);
+        }
+    const __m256 s01 = _mm256_mul_ps(lane_sums8(acc), scale);
+    _mm_storeu_ps(s, _mm256_castps256_ps128(s01));
+    _mm_storeu_ps(s + ps, _mm256_extractf128_ps(s01, 1));
+    _mm_storeu_ps(s + 2 * (size_t)ps, _mm_mul_ps(lane_sums4(acc + 8), _mm256_castps256_ps128(scale)));
+}
+
+/* acc[v][d .. d + 8c) += p[i * ps + v] * value i [d .. d + 8c) for values i < n in order, for nv vectors: one FMA
+   per element and value, as the per-vector loop does it. The accumulators are named registers (an array of them
+   would live on the stack). */
+static inline __attribute__((always_inline)) void weigh_values(float *acc, int D, int d, int nv, int c,
+                                                               const float *p, int ps, const void *const *vp, int n,
+                                                               int bf16) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+#define PV_LOAD(v)                                                                                                     \
+    if (nv > v) {                                                                                                      \
+        a##v = _mm256_loadu_ps(acc + (size_t)v * D + d);                                                               \
+        if (c > 1) b##v = _mm256_loadu_ps(acc + (size_t)v * D + d + 8);                                                \
+    }
+#define PV_FMA(v)                                                                                                      \
+    if (nv > v) {                                                                                                      \
+        const __m256 pv = _mm256_broadcast_ss(pi + v);                                                                 \
+        a##v = _mm256_fmadd_ps(pv, w0, a##v);                                                                          \
+        if (c > 1) b##v = _mm256_fmadd_ps(pv, w1, b##v);                                                               \
+    }
+#define PV_STORE(v)                                                                                                    \
+    if (nv > v) {                                                                                                      \
+        _mm256_storeu_ps(acc + (size_t)v * D + d, a##v);                                                               \
+        if (c > 1) _mm256_storeu_ps(acc + (size_t)v * D + d + 8, b##v);                                                \
+    }
+    PV_LOAD(0) PV_LOAD(1) PV_LOAD(2) PV_LOAD(3) PV_LOAD(4) PV_LOAD(5)
+    for (int i = 0; i < n; i++) {
+        const float *pi = p + (size_t)i * ps;
+        const __m256 w0 = load8(vp[i], bf16, d), w1 = c > 1 ? load8(vp[i], bf16, d + 8) : w0;
+        PV_FMA(0) PV_FMA(1) PV_FMA(2) PV_FMA(3) PV_FMA(4) PV_FMA(5)
+    }
+    PV_STORE(0) PV_STORE(1) PV_STORE(2) PV_STORE(3) PV_STORE(4) PV_STORE(5)
+#undef PV_LOAD
+#undef PV_FMA
+#undef PV_STORE
+}
+
+#define WEIGH_CASE(NV, C, BF)                                                                                          \
+    case (NV) * 4 + ((C) - 1) * 2 + (BF): weigh_values(acc, D, d, NV, C, p, ps, vp, n, BF); break;
+
+/* weigh_values for a run-time nv (1 .. PV_MAX), c (1, 2) and bf16, each its own unrolled copy */
+static void weigh(float *acc, int D, int d, int nv, int c, const float *p, int ps, const void *const *vp, int n,
+                  int bf16) {
+    switch (nv * 4 + (c - 1) * 2 + bf16) {
+        WEIGH_CASE(1, 1, 0) WEIGH_CASE(1, 1, 1) WEIGH_CASE(1, 2, 0) WEIGH_CASE(1, 2, 1)
+        WEIGH_CASE(2, 1, 0) WEIGH_CASE(2, 1, 1) WEIGH_CASE(2, 2, 0) WEIGH_CASE(2, 2, 1)
+        WEIGH_CASE(3, 1, 0) WEIGH_CASE(3, 1, 1) WEIGH_CASE(3, 2, 0) WEIGH_CASE(3, 2, 1)
+        WEIGH_CASE(4, 1, 0) WEIGH_CASE(4, 1, 1) WEIGH_CASE(4, 2, 0) WEIGH_CASE(4, 2, 1)
+        WEIGH_CASE(5, 1, 0) WEIGH_CASE(5, 1, 1) WEIGH_CASE(5, 2, 0) WEIGH_CASE(5, 2, 1)
+        WEIGH_CASE(6, 1, 0) WEIGH_CASE(6, 1, 1) WEIGH_CASE(6, 2, 0) WEIGH_CASE(6, 2, 1)
+    }
+}
+
+typedef struct {
+    const attn_t *a;
+    const int *starts; /* block b is rows starts[b] .. starts[b + 1] - 1, all of one sequence */
+} blocks_t;
+
+/* Pointers to the K (or V) rows of keys j0 .. j0 + n - 1 of kv head kvh, padded with the last one to n + 8
+   entries. */
+static void key_rows(const attn_t *a, const void *pool, const int32_t *table, int kvh, int j0, int n,
+                     const void **rows) {
+    const size_t el = a->kv_bf16 ? 2 : 4;
+    const int bs = a->block_size;
+    int i = 0;
+    while (i < n) {
+        const int j = j0 + i, o = j % bs, take = bs - o < n - i ? bs - o : n - i;
+        const char *first = (const char *)pool + (((int64_t)table[j / bs] * bs + o) * a->Hkv + kvh) * a->D * el;
+        for (int x = 0; x < take; x++) rows[i + x] = first + (size_t)x * a->Hkv * a->D * el;
+        i += take;
+    }
+    for (; i < n + 8; i++) rows[i] = rows[i - 1];
+}
+
+static void attend_block_task(void *ctx, int task) {
+    const blocks_t *blocks = (const blocks_t *)ctx;
+    const attn_t *a = blocks->a;
+    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, bf16 = a->kv_bf16;
+    const int t0 = blocks->starts[task / Hkv], rows = blocks->starts[task / Hkv + 1] - t0, V = rows * G;
+    /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax) and 2 rows
+       to spare (the scores of 3 keys at a time) */
+    const int vp = (V + 3) / 4 * 4;
+    int lmax = 0;
+    for (int r = 0; r < rows; r++) lmax = a->row_len[t0 + r] > lmax ? a->row_len[t0 + r] : lmax;
+    const int lp = lmax + 2;
+    const int32_t *table = a->tables + (int64_t)a->row_seq[t0] * a->table_stride;
+    float *qf = malloc(sizeof(float) * ((size_t)vp * D + (size_t)lp * vp + (size_t)V * D) + sizeof(int) * vp +
+                       sizeof(void *) * (KEY_TILE + 8));
+    float *scores = qf + (size_t)vp * D, *acc = scores + (size_t)lp * vp;
+    int *len = (int *)(acc + (size_t)V * D);
+    const void **rowp = (const void **)(len + vp);
+    for (int v = 0; v < vp; v++) {
+        if (v < V) {
+            load_row(a->q, a->q_bf16, (int64_t)(t0 + v / G) * a->H + kvh * G + v % G, D, qf + (size_t)v * D);
+            len[v] = a->row_len[t0 + v / G];
+        } else {
+            memset(qf + (size_t)v * D, 0, sizeof(float) * D);
+            len[v] = 0;
+        }
+    }
+    /* scores, key tile by key tile (lanes past a vector's length are computed and never read) */
+    const __m256 scale = _mm256_set1_ps(a->scale);
+    for (int j0 = 0; j0 < lmax; j0 += KEY_TILE) {
+        const int n = lmax - j0 < KEY_TILE ? lmax - j0 : KEY_TILE;
+        key_rows(a, a->k, table, kvh, j0, n, rowp);
+        for (int v0 = 0; v0 < vp; v0 += 4)
+            for (int i = 0; i < n; i += 3) {
+                float *out = scores + (size_t)(j0 + i) * vp + v0;
+                if (bf16) scores12(qf + (size_t)v0 * D, rowp + i, D, 1, scale, out, vp);
+                else scores12(qf + (size_t)v0 * D, rowp + i, D, 0, scale, out, vp);
+            }
+    }
+    /* softmax of each vector over its own keys, four vectors per register, in key order */
+    for (int v0 = 0; v0 < vp; v0 += 4) {
+        const __m128i lens = _mm_loadu_si128((const __m128i *)(len + v0));
+        int lo = len[v0], hi = len[v0];
+        for (int v = v0 + 1; v < v0 + 4; v++) {
+            lo = len[v] < lo ? len[v] : lo;
+            hi = len[v] > hi ? len[v] : hi;
+        }
+        float *s = scores + v0;
+        __m128 mx = _mm_set1_ps(-INFINITY), sum = _mm_setzero_ps();
+        int j = 0;
+        for (; j < lo; j++) mx = _mm_max_ps(_mm_loadu_ps(s + (size_t)j * vp), mx); /* s > mx ? s : mx */
+        for (; j < hi; j++) {
+            __m128 m = _mm_castsi128_ps(_mm_cmpgt_epi32(lens, _mm_set1_epi32(j)));
+            mx = _mm_blendv_ps(mx, _mm_max_ps(_mm_loadu_ps(s + (size_t)j * vp), mx), m);
+        }
+        for (j = 0; j < lo; j++) {
+            __m128 e = exp4(_mm_sub_ps(_mm_loadu_ps(s + (size_t)j * vp), mx));
+            _mm_storeu_ps(s + (size_t)j * vp, e);
+            sum = _mm_add_ps(sum, e);
+        }
+        for (; j < hi; j++) { /* a lane past its length adds +0: its sum stays as it was */
+            __m128 m = _mm_castsi128_ps(_mm_cmpgt_epi32(lens, _mm_set1_epi32(j)));
+            __m128 e = _mm_and_ps(exp4(_mm_sub_ps(_mm_loadu_ps(s + (size_t)j * vp), mx)), m);
+            _mm_storeu_ps(s + (size_t)j * vp, e);
+            sum = _mm_add_ps(sum, e);
+        }
+        const __m128 inv = _mm_div_ps(_mm_set1_ps(1.0f), sum);
+        for (j = 0; j < hi; j++) _mm_storeu_ps(s + (size_t)j * vp, _mm_mul_ps(_mm_loadu_ps(s + (size_t)j * vp), inv));
+    }
+    /* the weighted values: groups of up to PV_MAX vectors (whole rows where G allows) share each value row over
+       the keys all of them see; each vector then takes the keys only it sees */
+    memset(acc, 0, sizeof(float) * (size_t)V * D);
+    const int parts = (G + PV_MAX - 1) / PV_MAX, part = (G + parts - 1) / parts;
+    const int group_rows = G <= PV_MAX ? PV_MAX / G : 1;
+    for (int j0 = 0; j0 < lmax; j0 += KEY_TILE) {
+        const int n = lmax - j0 < KEY_TILE ? lmax - j0 : KEY_TILE;
+        key_rows(a, a->v, table, kvh, j0, n, rowp);
+        for (int r0 = 0; r0 < rows; r0 += group_rows)
+            for (int g0 = 0; g0 < G; g0 += part) {
+                const int r1 = r0 + group_rows < rows ? r0 + group_rows : rows;
+                const int v0 = r0 * G + g0, gn = G <= PV_MAX ? G : (G - g0 < part ? G - g0 : part);
+                const int nvec = G <= PV_MAX ? (r1 - r0) * G : gn;
+                int lo = len[v0];
+                for (int v = v0; v < v0 + nvec; v++) lo = len[v] < lo ? len[v] : lo;
+                const int shared = lo - j0 < n ? (lo - j0 > 0 ? lo - j0 : 0) : n;
+                for (int d = 0; d < D; d += 16) {
+                    const int c = D - d >= 16 ? 2 : 1;
+                    if (shared)
+                        weigh(acc + (size_t)v0 * D, D, d, nvec, c, scores + (size_t)j0 * vp + v0, vp, rowp, shared,
+                              bf16);
+                    for (int v = v0; v < v0 + nvec; v++) {
+                        const int own = len[v] - j0 < n ? len[v] - j0 : n;
+                        if (own > shared)
+                            weigh(acc + (size_t)v * D, D, d, 1, c, scores + (size_t)(j0 + shared) * vp + v, vp,
+                                  rowp + shared, own - shared, bf16);
+                    }
+                }
+            }
+    }
+    for (int v = 0; v < V; v++) {
+        const int64_t index = ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D;
+        if (a->q_bf16) {
+            uint16_t *o = (uint16_t *)a->out + index;
+            for (int d = 0; d < D; d++) o[d] = f32_bf16(acc[(size_t)v * D + d]);
+        } else {
+            memcpy((float *)a->out + index, acc + (size_t)v * D, sizeof(float) * D);
+        }
+    }
+    free(qf);
+}
+
+/* rows per block: about 32 query vectors (24 for the default model's 3 per kv head) */
+static int rows_per_block(int G) {
+    int r = 32 / G;
+    if (r >= 8) r -= r % 8;
+    return r < 1 ? 1 : r;
+}
+#endif
+
+/* expf of n values as the attention's softmax computes it (a test's window onto the kernel's exp) */
+void qmm_exp(const float *x, int n, float *out) {
+#if defined(QMM_AVX2)
+    int i = 0;
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, exp4(_mm_loadu_ps(x + i)));
+    if (i < n) {
+        float in[4] = {0, 0, 0, 0}, res[4];
+        memcpy(in, x + i, sizeof(float) * (n - i));
+        _mm_storeu_ps(res, exp4(_mm_loadu_ps(in)));
+        memcpy(out + i, res, sizeof(float) * (n - i));
+    }
+#else
+    for (int i = 0; i < n; i++) out[i] = expf(x[i]);
+#endif
+}
+
 /* out[t, h, :] = softmax(scale * q[t, h] . K[keys of row t]) V for T query rows of H heads of size D (q and out
    in bf16 when q_bf16, else float32; out may be q); row t attends to the first row_len[t] positions of sequence
    row_seq[t], whose blocks are tables[row_seq[t] * table_stride + ...]; the pools are
@@ -168,5 +500,18 @@ void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const v
                          int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
                          const int32_t *row_seq, const int32_t *row_len, float scale, void *out) {
     attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale};
+#if defined(QMM_AVX2)
+    if (D % 8 == 0 && T > 0) {
+        const int per = rows_per_block(H / Hkv);
+        int *starts = malloc(sizeof(int) * ((size_t)T + 1)), n = 0;
+        for (int t = 0; t < T; t++)
+            if (t == 0 || row_seq[t] != row_seq[t - 1] || t - starts[n - 1] == per) starts[n++] = t;
+        starts[n] = T;
+        blocks_t b = {&a, starts};
+        pool_run(attend_block_task, &b, n * Hkv, 1);
+        free(starts);
+        return;
+    }
+#endif
     pool_run(attend_task, &a, T * Hkv, 1);
 }

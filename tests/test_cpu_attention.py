@@ -1,0 +1,119 @@
+"""The native paged attention (kernels/cpu/attention.c): a prompt chunk's rows, computed a block of rows at a time,
+give the bits each row gets alone (as a decode row) and under any other chunking or batch, for the head layouts the
+blocked path takes (GQA groups of 1 to 8, head sizes that are and are not multiples of 16) and for the per-row
+path it leaves to the others; both stay close to a float64 reference; and the softmax's vectorized exp keeps
+expf's special cases and accuracy."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+import torch
+
+from edgeserve.kernels import cpu_native
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
+BLOCK = 16
+
+
+@pytest.fixture(scope="module", params=cpu_native.supported_variants())
+def lib(request):
+    return cpu_native.load(request.param)
+
+
+def pools(heads_kv: int, d: int, dtype: torch.dtype, blocks: int = 24, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(blocks, BLOCK, heads_kv, d, generator=g) * 2).to(dtype)
+    v = torch.randn(blocks, BLOCK, heads_kv, d, generator=g).to(dtype)
+    return k, v
+
+
+def attend(lib, q, k, v, tables, rows: list[tuple[int, int]]) -> torch.Tensor:
+    """q [T, H, D] with row t of sequence rows[t][0] seeing rows[t][1] positions; returns out [T, H, D]."""
+    t, h, d = q.shape
+    seq = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    out = torch.empty_like(q)
+    lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k.data_ptr(), v.data_ptr(),
+                            k.dtype == torch.bfloat16, BLOCK, k.shape[2], tables.data_ptr(), tables.stride(0),
+                            seq.data_ptr(), lens.data_ptr(), d ** -0.5, out.data_ptr())
+    return out
+
+
+def reference(q, k, v, tables, rows: list[tuple[int, int]]) -> torch.Tensor:
+    """The same attention in float64, row by row."""
+    _, h, d = q.shape
+    group = h // k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t, (s, n) in enumerate(rows):
+        keys = torch.arange(n)
+        where = tables[s][keys // BLOCK].long() * BLOCK + keys % BLOCK
+        kk = k.flatten(0, 1)[where].double().repeat_interleave(group, dim=1)  # [n, H, D]
+        vv = v.flatten(0, 1)[where].double().repeat_interleave(group, dim=1)
+        if n:
+            w = torch.softmax(torch.einsum("hd,nhd->hn", q[t].double(), kk) * d ** -0.5, dim=-1)
+            out[t] = torch.einsum("hn,nhd->hd", w, vv)
+    return out
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+
+# (query heads, kv heads, head size): the default model's, one kv head for 8 query heads (a group the values'
+# loop splits) with a head size not a multiple of 16, no GQA, a group of 5, and a head size the per-row path takes
+LAYOUTS = [(9, 3, 64), (8, 1, 72), (4, 4, 32), (10, 2, 40), (6, 2, 30)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
+def test_chunk_rows_are_the_bits_of_each_row_alone(lib, heads, heads_kv, d, dtype):
+    k, v = pools(heads_kv, d, dtype)
+    tables = torch.randperm(24, generator=torch.Generator().manual_seed(1))[:21].view(3, 7).to(torch.int32)
+    # a decode row, a 45-row chunk over 50 cached positions, a fresh 9-row prompt, another decode row
+    rows = [(2, 71)] + [(0, n) for n in range(51, 96)] + [(1, n) for n in range(1, 10)] + [(2, 112)]
+    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(2)).to(dtype)
+    got = attend(lib, q, k, v, tables, rows)
+    torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
+    for t in (0, 1, 2, 17, 44, 45, 46, 54, 55):
+        assert torch.equal(bits(attend(lib, q[t:t + 1], k, v, tables, rows[t:t + 1])), bits(got[t:t + 1])), t
+    # the chunk cut elsewhere (13 + 32 rows), alone and behind other rows
+    assert torch.equal(bits(attend(lib, q[1:14], k, v, tables, rows[1:14])), bits(got[1:14]))
+    assert torch.equal(bits(attend(lib, q[14:], k, v, tables, rows[14:])), bits(got[14:]))
+
+
+def test_rows_that_see_nothing_give_zeros(lib):
+    k, v = pools(3, 64, torch.bfloat16)
+    tables = torch.arange(24, dtype=torch.int32).view(3, 8)
+    rows = [(0, 0), (1, 5), (1, 6), (2, 0)]
+    q = torch.randn(4, 9, 64).bfloat16()
+    got = attend(lib, q, k, v, tables, rows)
+    assert not got[0].any() and not got[3].any()
+    assert got[1].abs().sum() > 0 and torch.equal(bits(attend(lib, q[1:3], k, v, tables, rows[1:3])), bits(got[1:3]))
+
+
+def native_exp(lib, x: torch.Tensor) -> torch.Tensor:
+    lib.qmm_exp.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.qmm_exp.restype = None
+    x = x.float().contiguous()
+    out = torch.empty_like(x)
+    lib.qmm_exp(x.data_ptr(), x.numel(), out.data_ptr())
+    return out
+
+
+def test_softmax_exp_special_cases_and_accuracy(lib):
+    special = torch.tensor([0.0, -0.0, -math.inf, math.inf, math.nan, -88.0, -103.0, -103.5, -104.0, -1000.0, 88.5,
+                            89.0, 1e-30, -1e-30])
+    got = native_exp(lib, special)
+    want = torch.tensor([1.0, 1.0, 0.0, math.inf, math.nan, math.exp(-88.0), math.exp(-103.0), 2.0 ** -149, 0.0,
+                         0.0, math.exp(88.5), math.inf, 1.0, 1.0])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()].float())
+    # within one float32 ulp of exp in float64 over the softmax's range (and an odd count, for the tail)
+    x = torch.linspace(-104.0, 0.0, 200_001)
+    got = native_exp(lib, x).double()
+    exact = torch.exp(x.double())
+    ulp = torch.nextafter(exact.float(), torch.tensor(math.inf)).double() - exact.float().double()
+    assert ((got - exact).abs() <= ulp).all()
