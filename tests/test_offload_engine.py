@@ -183,10 +183,12 @@ def test_swap_preemption_matches_unconstrained_run(tiny_lm):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 259, (int(n),), generator=g).tolist() for n in (13, 21, 9, 17, 25, 11)]
     ref = drive(EngineCore(tiny_lm, config(tiny_lm, 200)), prompts, concurrent=True)[0]
-    # 7 blocks for 6 requests that need 2-4 blocks each: preemptions are forced.
-    plain = EngineCore(tiny_lm, config(tiny_lm, 7, max_num_batched_tokens=32))
+    # 7 blocks for 6 requests that need 2-4 blocks each: preemptions are forced (with every step's prompt tokens
+    # at the full budget: the decode-slowdown limit would make the schedule, and so the preemptions, timing-bound)
+    plain = EngineCore(tiny_lm, config(tiny_lm, 7, max_num_batched_tokens=32, max_decode_slowdown=None))
     assert drive(plain, prompts, concurrent=True)[0] == ref and plain.stats().num_preemptions > 0
-    engine = EngineCore(tiny_lm, config(tiny_lm, 7, host_blocks=40, max_num_batched_tokens=32))
+    engine = EngineCore(tiny_lm, config(tiny_lm, 7, host_blocks=40, max_num_batched_tokens=32,
+                                        max_decode_slowdown=None))
     assert drive(engine, prompts, concurrent=True)[0] == ref
     s = engine.stats()
     assert s.num_preemptions > 0 and s.offload.swap_outs > 0 and s.offload.swap_ins == s.offload.swap_outs

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from edgeserve.offload.config import OffloadConfig
 
+from .scheduler import check_decode_slowdown
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -33,6 +35,9 @@ class EngineConfig:
     speculative: str | None = None  # --speculative: None (off), "ngram" (prompt lookup) or "draft" (a draft model)
     draft_model: str | None = None  # --draft-model: the draft's name (catalog, .gguf, HF folder) for "draft"
     num_speculative_tokens: int = 4  # --num-speculative-tokens: tokens proposed per sequence per step
+    # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
+    # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
+    max_decode_slowdown: float | None = 1.5
 
     def __post_init__(self) -> None:
         self.offload_config()
@@ -57,3 +62,4 @@ class EngineConfig:
             raise ValueError(f"num_speculative_tokens must be an integer from 1 to 16, got {k!r}")
         if self.draft_model is not None and self.speculative != "draft":
             raise ValueError("draft_model is only used with speculative 'draft'")
+        check_decode_slowdown(self.max_decode_slowdown)

@@ -98,7 +98,8 @@ class EngineCore:
         sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        # preempted requests rejoin the queue on top of the core's own admission limit
-                                       max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size)
+                                       max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size,
+                                       max_decode_slowdown=config.max_decode_slowdown)
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
         self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,

@@ -7,14 +7,16 @@ a decode step and a prefix-cache hit are all just that count moving forward.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Hashable, Protocol
+from typing import Callable, Hashable, Protocol
 
 from edgeserve.errors import QueueFullError
 
 from .kv_blocks import BlockManager, BlockOffload
+from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 
 SeqId = Hashable
 
@@ -71,11 +73,21 @@ class SchedulerConfig:
     # True: the step's prompt-token budget is split fairly between everything prefilling (a new request's prefill
     # starts at once, however long the prompts before it); False: first come, first served (the long one first)
     fair_prefill: bool = True
+    # A step with decode rows carries only the prompt tokens that keep its measured cost within this factor of a
+    # decode-only step (each prefilling sequence still gets a token every step); None: the whole token budget
+    max_decode_slowdown: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        check_decode_slowdown(self.max_decode_slowdown)
+
+
+def check_decode_slowdown(value: float | None) -> None:
+    """ValueError unless `value` is None or a number of at least 1 (a factor on a decode-only step's time)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0):
+        raise ValueError(f"max_decode_slowdown must be a number of at least 1.0 or None, got {value!r}")
 
 
 @dataclass
@@ -147,7 +159,8 @@ class Scheduler:
     """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, enable_prefix_caching: bool = True,
-                 offload: SwapOffload | None = None) -> None:
+                 offload: SwapOffload | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """`clock`: seconds, read once per `schedule()` to time the steps (for `max_decode_slowdown`)."""
         self.config = config
         self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching, offload=offload)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
@@ -156,6 +169,10 @@ class Scheduler:
         self._seqs: dict[SeqId, Sequence] = {}
         self._arrivals = 0
         self.num_preemptions = 0
+        self.clock = clock
+        self.step_cost = StepCostModel()  # fitted to the step times measured between schedule() calls
+        self._timing: tuple[StepKind, StepShape, float] | None = None  # the step in progress, since when
+        self._mixed_prompt_tokens = 0  # prompt tokens of the last step, if it had decode rows
 
     # --- requests ----------------------------------------------------------
 
@@ -169,6 +186,8 @@ class Scheduler:
             raise ValueError("empty prompt")
         if self.block_manager.blocks_needed(seq.num_tokens) > self.block_manager.num_blocks:
             raise ValueError(f"prompt of {seq.num_tokens} tokens does not fit in the KV cache")
+        if not self._seqs:
+            self._timing = None  # the engine idled since the last step: that gap is no step's cost
         seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
         seq.status, seq.num_computed_tokens = SeqStatus.WAITING, 0
         self._seqs[seq.seq_id] = seq
@@ -204,20 +223,34 @@ class Scheduler:
     # --- one step ----------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's work: running decodes, then prefill chunks of running and newly admitted requests."""
+        """Pick this step's work: running decodes, then prefill chunks of running and newly admitted requests
+        (fewer prompt tokens beside decodes under `max_decode_slowdown`); times the previous step."""
+        limited = self.config.max_decode_slowdown is not None
+        now = self.clock() if limited else 0.0
+        if limited and self._timing is not None:
+            kind, shape, start = self._timing
+            self.step_cost.observe(kind, shape, now - start)
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(out, budget)
+        decodes = _shape(out.scheduled) if limited else StepShape(0, 0)
         prefilling = [seq for seq in self.running if seq.num_remaining > 1]
         if self.config.fair_prefill:
             room = budget - len(prefilling)  # every prefill gets at least one token
         else:
             room = budget - sum(seq.num_remaining for seq in prefilling)
         prefilling += self._admit_waiting(room)
+        if decodes.tokens and prefilling:
+            budget = self._prompt_budget(decodes, prefilling, budget)
         shares = split_budget([seq.num_remaining for seq in prefilling], budget, self.config.fair_prefill)
         for seq, n in zip(prefilling, shares):
             if n:
                 out.scheduled.append(self._build(seq, n))
+        if limited:
+            prompt = out.num_batched_tokens - decodes.tokens
+            self._mixed_prompt_tokens = prompt if decodes.tokens else 0
+            kind = StepKind.PREFILL if not decodes.tokens else StepKind.MIXED if prompt else StepKind.DECODE
+            self._timing = (kind, _shape(out.scheduled), now) if out.scheduled else None
         return out
 
     def update(self, output: SchedulerOutput, sampled: dict[SeqId, list[int]]) -> None:
@@ -257,6 +290,36 @@ class Scheduler:
             out.scheduled.append(self._build(seq, 1, spec))
             budget -= 1 + len(spec)
         return budget
+
+    def _prompt_budget(self, decodes: StepShape, prefilling: list[Sequence], budget: int) -> int:
+        """Prompt tokens for a step that has decode rows: the most (up to `budget`) whose split keeps the step's
+        predicted cost within max_decode_slowdown times the decode rows' alone, at most twice the last such step's
+        (a cost model fitted on other shapes is not trusted far from what it has seen), and never fewer than one
+        token for each prefill the split serves (none starves)."""
+        fair = self.config.fair_prefill
+        floor = min(budget, len(prefilling) if fair else 1)
+        cap = min(budget, 2 * self._mixed_prompt_tokens)
+        base = self.step_cost.predict(decodes)
+        if cap <= floor or base is None:
+            return floor
+        limit = self.config.max_decode_slowdown * base
+        remaining = [seq.num_remaining for seq in prefilling]
+        computed = [seq.num_computed_tokens for seq in prefilling]
+
+        def fits(b: int) -> bool:
+            shape = decodes
+            for start, n in zip(computed, split_budget(remaining, b, fair)):
+                shape = shape + chunk_shape(start, n)
+            return self.step_cost.predict(shape) <= limit
+
+        lo, hi = floor, cap  # fits(lo) is assumed (the floor is owed); find the largest b that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _admit_waiting(self, room: int) -> list[Sequence]:
         """Move waiting sequences to running in FCFS order while seats, blocks and `room` (prompt tokens for
@@ -335,6 +398,11 @@ class Scheduler:
             num_spec=len(spec or ()),
             num_prompt_tokens=len(seq.prompt_token_ids),
         )
+
+
+def _shape(scheduled: list[ScheduledSeq]) -> StepShape:
+    """The cost features of these scheduled sequences together."""
+    return sum((chunk_shape(s.positions[0], s.num_new_tokens) for s in scheduled), StepShape(0, 0))
 
 
 def split_budget(remaining: list[int], budget: int, fair: bool = True) -> list[int]:

@@ -1,0 +1,175 @@
+"""Decode latency under a long prefill (issue 14): while sequences decode, a step carries only the prompt tokens that
+keep its cost within max_decode_slowdown times a decode-only step, the cost fitted to the step times the scheduler
+measures. Step times here come from an injected clock that advances by a known cost per step: no wall-clock time."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeserve.engine.config import EngineConfig
+from edgeserve.engine.core import EngineCore
+from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
+from edgeserve.engine.step_cost import StepCostModel, StepKind, StepShape, chunk_shape
+from edgeserve.models.load import load_model
+from edgeserve.registry import resolve
+from edgeserve.sampling_params import SamplingParams
+from tiny_gguf import write_tiny_llama
+
+SLOWDOWN = 1.5
+
+
+class CostClock:
+    """A clock that the test advances by the synthetic cost of each step: a + b * tokens + c * keys attended."""
+
+    def __init__(self, a: float = 0.02, b: float = 0.002, c: float = 3e-6) -> None:
+        self.now, self.a, self.b, self.c = 0.0, a, b, c
+
+    def __call__(self) -> float:
+        return self.now
+
+    def cost(self, scheduled) -> float:
+        shape = sum((chunk_shape(s.positions[0], s.num_new_tokens) for s in scheduled), StepShape(0, 0))
+        return self.a + self.b * shape.tokens + self.c * shape.attended if scheduled else 0.0
+
+
+def _scheduler(clock: CostClock, slowdown: float | None = SLOWDOWN) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, block_size=16,
+                                     max_decode_slowdown=slowdown),
+                     num_blocks=2048, enable_prefix_caching=False, clock=clock)
+
+
+def _step(sched: Scheduler, clock: CostClock) -> SchedulerOutput:
+    out = sched.schedule()
+    clock.now += clock.cost(out.scheduled)
+    sched.update(out, {s.seq_id: [7] for s in out.scheduled if s.samples})
+    return out
+
+
+def run_long_beside_decodes(clock: CostClock, slowdown: float | None = SLOWDOWN, decode_steps: int = 40):
+    """Three short requests decode; a 4,000-token prompt arrives; after `decode_steps` the short ones end.
+    Returns, per step: (the long prompt's tokens, the step's cost, the cost of its decode rows alone)."""
+    sched = _scheduler(clock, slowdown)
+    for i in range(3):
+        sched.add(Sequence(f"s{i}", list(range(1 + i, 17 + i))))
+    for _ in range(4):
+        _step(sched, clock)
+    sched.add(Sequence("long", list(range(1, 4001))))
+    steps = []
+    for n in range(decode_steps + 4):
+        if n == decode_steps:
+            for i in range(3):
+                sched.finish(f"s{i}", "stop")
+        out = _step(sched, clock)
+        decodes = [s for s in out.scheduled if s.seq_id != "long"]
+        long = sum(s.num_new_tokens for s in out.scheduled if s.seq_id == "long")
+        steps.append((long, clock.cost(out.scheduled), clock.cost(decodes)))
+    return steps
+
+
+@pytest.mark.parametrize("attention_cost", [3e-6, 12e-6])
+def test_prompt_tokens_beside_decodes_keep_the_step_within_the_slowdown(attention_cost):
+    clock = CostClock(c=attention_cost)
+    steps = run_long_beside_decodes(clock)
+    mixed, alone = steps[:40], steps[40:]
+    assert all(long >= 1 for long, *_ in steps)  # the long prompt moves every step
+    # after the first few steps (the model's warm-up from one token, doubling), every step honours the bound
+    for long, cost, decode_cost in mixed:
+        assert long == 1 or cost <= SLOWDOWN * decode_cost * (1 + 1e-9)
+    assert max(long for long, *_ in mixed) > 1  # the bound, not the floor, sets the chunk
+    assert all(cost <= SLOWDOWN * decode_cost * (1 + 1e-9) for _, cost, decode_cost in mixed[8:])
+    assert [long for long, *_ in alone] == [512] * 4  # no decodes: full chunks again
+
+
+def test_the_budget_follows_the_measured_cost():
+    cheap = run_long_beside_decodes(CostClock(b=5e-4, c=1e-6))
+    costly = run_long_beside_decodes(CostClock(b=5e-4, c=12e-6))  # attention 12x dearer: a slower kernel
+    assert sum(p for p, *_ in cheap[:40]) > 2 * sum(p for p, *_ in costly[:40])
+
+
+def test_without_the_limit_every_step_carries_the_full_budget():
+    clock = CostClock()
+    steps = run_long_beside_decodes(clock, slowdown=None)
+    assert all(long == 512 - 3 for long, *_ in steps[:7])  # beside 3 decode rows (the old behaviour)
+
+
+def test_a_decode_step_alone_is_not_limited_and_idle_time_is_not_a_step():
+    clock = CostClock()
+    sched = _scheduler(clock)
+    sched.add(Sequence("s0", list(range(1, 17))))
+    for _ in range(5):
+        _step(sched, clock)
+    sched.finish("s0", "stop")
+    clock.now += 1000.0  # the engine idles
+    sched.add(Sequence("s1", list(range(1, 17))))
+    for _ in range(5):
+        _step(sched, clock)
+    one_decode = chunk_shape(20, 1)
+    expected = clock.a + clock.b * one_decode.tokens + clock.c * one_decode.attended
+    assert sched.step_cost.predict(one_decode) == pytest.approx(expected, rel=1e-6)
+
+
+def test_cost_model_fits_a_linear_cost_and_waits_for_enough_steps():
+    model = StepCostModel()
+    assert model.predict(StepShape(1, 1)) is None
+    shapes = [StepShape(3, 150), StepShape(512, 131_328), StepShape(4, 1_200), StepShape(512, 600_000)]
+    for kind, shape in zip([StepKind.DECODE, StepKind.PREFILL, StepKind.MIXED, StepKind.PREFILL], shapes):
+        model.observe(kind, shape, 0.01 + 0.001 * shape.tokens + 2e-7 * shape.attended)
+    assert model.predict(StepShape(10, 5_000)) == pytest.approx(0.01 + 0.01 + 0.001, rel=1e-6)
+
+
+def test_decode_slowdown_must_be_at_least_one():
+    for bad in (0.5, 0, -1, float("nan"), "2", True):
+        with pytest.raises(ValueError, match="max_decode_slowdown"):
+            SchedulerConfig(max_decode_slowdown=bad)
+        with pytest.raises(ValueError, match="max_decode_slowdown"):
+            EngineConfig(max_decode_slowdown=bad)
+    assert EngineConfig().max_decode_slowdown == 1.5
+    assert SchedulerConfig().max_decode_slowdown is None
+
+
+def _drive(core: EngineCore, clock: CostClock, long_prompt: list[int], shorts: list[list[int]]):
+    """The long prompt, then the short ones after its first step; every output's token ids and each step's
+    (prompt tokens, has decode rows)."""
+    scheduler = core.scheduler
+    schedule = scheduler.schedule
+    last: list = []
+    steps = []
+
+    def timed_schedule():
+        clock.now += clock.cost(last)
+        out = schedule()
+        last[:] = out.scheduled
+        prompt = [s for s in out.scheduled if s.positions[0] < s.num_prompt_tokens]
+        steps.append((sum(s.num_new_tokens for s in prompt), len(prompt) < len(out.scheduled)))
+        return out
+
+    scheduler.schedule = timed_schedule
+    scheduler.clock = clock
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    tokens: dict[str, list[int]] = {}
+    core.add_request(long_prompt, params, "long")
+    pending = [(f"s{i}", p) for i, p in enumerate(shorts)]
+    while core.has_work():
+        for out in core.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+        for rid, p in pending:
+            core.add_request(p, params, rid)
+        pending = []
+    return tokens, steps
+
+
+def test_engine_outputs_are_identical_with_and_without_the_limit(tmp_path):
+    lm = load_model(resolve(str(write_tiny_llama(tmp_path / "t.gguf", hidden=64, heads=4, kv_heads=2, ffn=128))))
+    long_prompt = [3 + (i * 37) % 250 for i in range(96)]
+    shorts = [[3 + (i * 11 + j) % 250 for j in range(6)] for i in range(3)]
+    results = {}
+    for slowdown in (None, SLOWDOWN):
+        core = EngineCore(lm, EngineConfig(kv_cache_gb=0.01, max_num_batched_tokens=48, max_num_seqs=4,
+                                           enable_prefix_caching=False, max_decode_slowdown=slowdown))
+        # attention dear enough that one step can afford only a few prompt tokens beside the decodes
+        results[slowdown] = _drive(core, CostClock(a=0.02, b=0.002, c=1e-4), long_prompt, shorts)
+    (plain, plain_steps), (limited, limited_steps) = results[None], results[SLOWDOWN]
+    assert limited == plain and len(limited["long"]) == 24
+    mixed = [p for p, has_decodes in limited_steps if has_decodes and p]
+    assert mixed and max(mixed) < max(p for p, has_decodes in plain_steps if has_decodes and p)
+    assert len(limited_steps) > len(plain_steps)  # the long prompt took more, cheaper steps
