@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, REPACKED, BlockTensor, BlockWeight
+from edgeserve.kernels.cpu_native import FORMATS, GGUF_QTYPES, INTERLEAVED, REPACKED, BlockTensor, BlockWeight
 
-GGUF_FORMATS = sorted(q for q in FORMATS if q not in REPACKED.values())  # the _R8 twins are made by repacking
+GGUF_FORMATS = sorted(GGUF_QTYPES)  # the _R8 / _X8 layouts are made by repacking
 
 # byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
