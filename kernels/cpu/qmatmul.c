@@ -675,6 +675,10 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
 
 #define NX 4 /* activation rows per pass over a band */
 
+/* Keeps v in a register as computed here: without it GCC regroups a run of integer adds into a tree over the
+   unrolled loop, and spills most of the products to the stack. */
+#define PIN(v) __asm__("" : "+x"(v))
+
 /* 4 bytes broadcast to the 8 lanes */
 static inline __m256i bcast4(const void *p) {
     int32_t v;
@@ -726,6 +730,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
                                                        _mm256_maddubs_epi16(u1, A4(r, b, c + 4)));
                     s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
+                    PIN(s16[r]);
                 }
             }
             for (int r = 0; r < nr; r++) {
@@ -735,7 +740,6 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             }
         }
     } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
-        const int run = fmt == F_Q4_K_X8 ? 8 : 4; /* int16 sums before the madd */
         const __m256i x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
             const uint8_t *g = band + (size_t)sb * gb, *qs = g + (fmt == F_Q4_K_X8 ? 128 : 384), *qh = g + 128;
@@ -749,24 +753,33 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 const __m256 mnv = _mm256_mul_ps(
                     nmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j)))));
                 const __m128i jc = _mm_cvtsi32_si128(j);
+                /* Q4_K: all 8 runs of 4 values in int16 (8 x 2 x 15 x 127), then one madd; Q5_K: a madd every 2 runs */
                 __m256i s16[NX], i32[NX];
                 for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 256 * (j / 2) + 32 * c));
-                    __m256i u = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
-                    if (fmt == F_Q5_K_X8)
-                        u = _mm256_or_si256(u, _mm256_and_si256(
-                            _mm256_slli_epi16(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(qh + 32 * c)), jc), 4), x10));
-                    for (int r = 0; r < nr; r++) {
-                        const __m256i p = _mm256_maddubs_epi16(u, A4(r, b, c));
-                        s16[r] = c % run ? _mm256_add_epi16(s16[r], p) : p;
-                    }
-                    if (c % run == run - 1)
-                        for (int r = 0; r < nr; r++) {
-                            const __m256i m = _mm256_madd_epi16(s16[r], scv);
-                            i32[r] = _mm256_add_epi32(i32[r], m);
+                for (int c = 0; c < 8; c += 2) {
+                    __m256i u[2];
+                    for (int e = 0; e < 2; e++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 256 * (j / 2) + 32 * (c + e)));
+                        u[e] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
+                        if (fmt == F_Q5_K_X8) {
+                            const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * (c + e)));
+                            u[e] = _mm256_or_si256(u[e], _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, jc), 4), x10));
                         }
+                    }
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
+                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
+                        if (fmt == F_Q5_K_X8) {
+                            i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                            PIN(i32[r]);
+                        } else {
+                            s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
+                            PIN(s16[r]);
+                        }
+                    }
                 }
+                if (fmt == F_Q4_K_X8)
+                    for (int r = 0; r < nr; r++) i32[r] = _mm256_madd_epi16(s16[r], scv);
                 for (int r = 0; r < nr; r++) {
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))),
                                              acc[r]);
@@ -787,27 +800,28 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31; each duplicated for the madd */
                 const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
                 const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
-                __m256i s16[NX], i32[NX];
+                __m256i i32[NX];
                 for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c++) {
-                    const __m256i lw = _mm256_loadu_si256((const __m256i *)(ql + 256 * (j / 2) + 32 * c));
-                    const __m256i hw = _mm256_loadu_si256((const __m256i *)(qh + 256 * (j / 4) + 32 * c));
-                    const int part = j % 4;
-                    const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
-                                     : part == 1 ? _mm256_slli_epi16(hw, 2)
-                                     : part == 2 ? hw
-                                                 : _mm256_srli_epi16(hw, 2);
-                    const __m256i u = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, low4),
-                                                      _mm256_and_si256(hi, x30));
-                    for (int r = 0; r < nr; r++) {
-                        const __m256i p = _mm256_maddubs_epi16(u, A4(r, b, c));
-                        s16[r] = c & 1 ? _mm256_add_epi16(s16[r], p) : p;
+                for (int c = 0; c < 8; c += 2) { /* two runs of 4 values: at most 2 x 2 x 63 x 127 in int16 */
+                    __m256i u[2];
+                    for (int e = 0; e < 2; e++) {
+                        const __m256i lw = _mm256_loadu_si256((const __m256i *)(ql + 256 * (j / 2) + 32 * (c + e)));
+                        const __m256i hw = _mm256_loadu_si256((const __m256i *)(qh + 256 * (j / 4) + 32 * (c + e)));
+                        const int part = j % 4;
+                        const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
+                                         : part == 1 ? _mm256_slli_epi16(hw, 2)
+                                         : part == 2 ? hw
+                                                     : _mm256_srli_epi16(hw, 2);
+                        u[e] = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, low4),
+                                               _mm256_and_si256(hi, x30));
                     }
-                    if (c & 1)
-                        for (int r = 0; r < nr; r++) {
-                            const __m256i m = _mm256_madd_epi16(s16[r], c < 4 ? sce : sco);
-                            i32[r] = _mm256_add_epi32(i32[r], m);
-                        }
+                    const __m256i scv = c < 4 ? sce : sco;
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
+                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
+                        i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                        PIN(i32[r]);
+                    }
                 }
                 for (int r = 0; r < nr; r++) {
                     const __m256i corr = _mm256_madd_epi16(scp, bcast4(a.sa + r * (a.lda / 16) + 2 * b));
