@@ -173,6 +173,12 @@ static inline void x8_scale_min(const uint8_t *p, int j, int r, int *sc, int *mn
     *mn = (lo >> 4) | ((hi >> 2) & 3) << 4;
 }
 
+/* Offsets in a Q6_K _X8 group of run p (0..3) of low 4 bits (sub-blocks 2p, 2p + 1 in the nibbles) and run h
+   (0, 1) of high 2 bits (sub-blocks 4h .. 4h + 3 in the bit pairs), ordered as the kernel first reads them:
+   d [16], scales [128], high 0, low 0, low 1, high 1, low 2, low 3 (in order, the hardware prefetcher keeps up). */
+static inline int q6x8_lo(int p) { return 400 + 256 * p + (p >= 2 ? 256 : 0); }
+static inline int q6x8_hi(int h) { return 144 + 768 * h; }
+
 /* Block b of row r (0..7) of a band of 8 rows in an _X8 layout, as unpack32 gives it. */
 static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], float *d, int sc[2], float *m) {
     sc[0] = sc[1] = 1;
@@ -187,13 +193,11 @@ static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], f
         return;
     }
     const uint8_t *g = band + (size_t)(b / 8) * 8 * BLOCK_BYTES[fmt];
-    if (fmt == F_Q6_K_X8) { /* d [8], scales [8 j + 2 r + h], low 4 bits (sub-blocks 2p, 2p + 1 in the nibbles of
-                               run p), high 2 bits (sub-blocks 4h .. 4h + 3 in bit pairs of run h) */
-        const uint8_t *ql = g + 144, *qh = g + 1168;
+    if (fmt == F_Q6_K_X8) { /* d [8], scales [16 j + 2 r + h], the runs of q6x8_lo / q6x8_hi */
         *d = rd16(g + 2 * r);
         for (int l = 0; l < 32; l++) {
             const int at = 32 * (l / 4) + 4 * r + l % 4;
-            const int lo = (ql[256 * (j / 2) + at] >> (4 * (j & 1))) & 0xF, hi = (qh[256 * (j / 4) + at] >> (2 * (j % 4))) & 3;
+            const int lo = (g[q6x8_lo(j / 2) + at] >> (4 * (j & 1))) & 0xF, hi = (g[q6x8_hi(j / 4) + at] >> (2 * (j % 4))) & 3;
             q[l] = (lo | hi << 4) - 32;
         }
         sc[0] = (int8_t)g[16 + 16 * j + 2 * r];
@@ -279,11 +283,11 @@ static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
             for (int p = 0; p < 4; p++) { /* sub-blocks 2p, 2p + 1: parts 0, 1 (p even) or 2, 3 of half p / 2 */
                 const uint8_t *ql = s + 64 * (p / 2);
                 for (int l = 0; l < 32; l++)
-                    o[144 + 256 * p + 32 * (l / 4) + 4 * r + l % 4] =
+                    o[q6x8_lo(p) + 32 * (l / 4) + 4 * r + l % 4] =
                         (uint8_t)(p % 2 == 0 ? (ql[l] & 0xF) | (ql[32 + l] << 4) : (ql[l] >> 4) | (ql[32 + l] & 0xF0));
             }
             for (int h = 0; h < 2; h++)
-                for (int c = 0; c < 8; c++) memcpy(o + 1168 + 256 * h + 32 * c + 4 * r, s + 128 + 32 * h + 4 * c, 4);
+                for (int c = 0; c < 8; c++) memcpy(o + q6x8_hi(h) + 32 * c + 4 * r, s + 128 + 32 * h + 4 * c, 4);
         }
     }
 }
@@ -793,7 +797,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                                                 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
         const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
         for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *g = band + (size_t)sb * gb, *ql = g + 144, *qh = g + 1168;
+            const uint8_t *g = band + (size_t)sb * gb;
             const __m256 dv = cvt8h(g);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
@@ -805,8 +809,8 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 for (int c = 0; c < 8; c += 2) { /* two runs of 4 values: at most 2 x 2 x 63 x 127 in int16 */
                     __m256i u[2];
                     for (int e = 0; e < 2; e++) {
-                        const __m256i lw = _mm256_loadu_si256((const __m256i *)(ql + 256 * (j / 2) + 32 * (c + e)));
-                        const __m256i hw = _mm256_loadu_si256((const __m256i *)(qh + 256 * (j / 4) + 32 * (c + e)));
+                        const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * (c + e)));
+                        const __m256i hw = _mm256_loadu_si256((const __m256i *)(g + q6x8_hi(j / 4) + 32 * (c + e)));
                         const int part = j % 4;
                         const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
                                          : part == 1 ? _mm256_slli_epi16(hw, 2)
