@@ -33,7 +33,7 @@ enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9 };
    so a maddubs gives 8 rows' partial sums in the lanes of one register: each unpacked weight register serves
    every activation row of a tile, the sums stay integer over a block of 32 (the integer sub-block scales folded
    in with madd), and the float work is one convert and fma per block for 8 weight rows (x8_* below). */
-enum { F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, N_FORMATS = 15 };
+enum { F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, F_Q8_0_X8 = 15, N_FORMATS = 16 };
 
 static inline int is_x8(int fmt) { return fmt >= F_Q4_K_X8; }
 
@@ -71,8 +71,8 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20};
-static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
@@ -184,6 +184,12 @@ static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], f
     sc[0] = sc[1] = 1;
     *m = 0.0f;
     const int j = b % 8; /* sub-block of a K super-block */
+    if (fmt == F_Q8_0_X8) { /* d [8], then 8 runs of 4 values */
+        const uint8_t *g = band + (size_t)b * 8 * 34;
+        *d = rd16(g + 2 * r);
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)g[16 + 32 * (l / 4) + 4 * r + l % 4];
+        return;
+    }
     if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8) {
         const uint8_t *g = band + (size_t)b * 8 * BLOCK_BYTES[fmt], *qs = g + (fmt == F_Q4_0_X8 ? 16 : 32);
         *d = rd16(g + 2 * r);
@@ -245,6 +251,7 @@ int qmm_repacked_format(int fmt, int N) {
         switch (fmt) {
         case F_Q4_0: return F_Q4_0_X8;
         case F_Q4_1: return F_Q4_1_X8;
+        case F_Q8_0: return F_Q8_0_X8;
         case F_Q4_K: return F_Q4_K_X8;
         case F_Q5_K: return F_Q5_K_X8;
         case F_Q6_K: return F_Q6_K_X8;
@@ -258,7 +265,10 @@ static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
     memset(o, 0, (size_t)8 * BLOCK_BYTES[fmt]);
     for (int r = 0; r < 8; r++) {
         const uint8_t *s = x[r];
-        if (fmt == F_Q4_0 || fmt == F_Q4_1) {
+        if (fmt == F_Q8_0) {
+            memcpy(o + 2 * r, s, 2);
+            for (int c = 0; c < 8; c++) memcpy(o + 16 + 32 * c + 4 * r, s + 2 + 4 * c, 4);
+        } else if (fmt == F_Q4_0 || fmt == F_Q4_1) {
             const int q0 = fmt == F_Q4_0 ? 16 : 32, sq = fmt == F_Q4_0 ? 2 : 4;
             memcpy(o + 2 * r, s, 2);
             if (fmt == F_Q4_1) memcpy(o + 16 + 2 * r, s + 2, 2);
@@ -743,6 +753,24 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(FS(r, b)), acc[r]);
             }
         }
+    } else if (fmt == F_Q8_0_X8) { /* signed weights: the sign trick, a madd per run (2 x 128 x 127 fills int16) */
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *g = band + (size_t)b * gb;
+            const __m256 dv = cvt8h(g);
+            __m256i i32[NX];
+            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * c)), aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(A4(r, b, c), q));
+                    i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, ones));
+                    PIN(i32[r]);
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
+        }
     } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
         const __m256i x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
@@ -851,9 +879,10 @@ X8_FMT(F_Q6_K_X8)
 X8_FMT(F_Q5_K_X8)
 X8_FMT(F_Q4_0_X8)
 X8_FMT(F_Q4_1_X8)
+X8_FMT(F_Q8_0_X8)
 #define X8_ROW(F) {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4}
 static const x8_fn X8[N_FORMATS - F_Q4_K_X8][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8),
-                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8)};
+                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8)};
 
 /* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
 #define DOT_FMT(F)                                                                                          \
@@ -959,7 +988,7 @@ void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, cons
                 const int16_t *sa, int M, float *out, int64_t ldo) {
     float stack_fs[256], *fs = 0;
     if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8 ||
-        (is_x8(fmt) && fmt != F_Q6_K_X8)) {
+        (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8)) {
         int64_t n = (int64_t)M * (K / 32);
         fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
         if (!fs) abort();
