@@ -112,7 +112,7 @@ def test_rows_are_batch_invariant(lib, qtype, rows):
     full = w.matmul(x)
     for i in (0, 17, 32):
         assert torch.equal(w.matmul(x[i:i + 1])[0], full[i])
-    for lo, hi in ((5, 12), (1, 3), (20, 23), (8, 16)):  # every tile height of 1 to 4 rows, and two of 4
+    for lo, hi in ((5, 12), (1, 3), (20, 23), (8, 16), (0, 33)):  # tiles of 1 to 8 rows
         assert torch.equal(w.matmul(x[lo:hi]), full[lo:hi])
 
 

@@ -687,7 +687,7 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
 
 /* ---- _X8 bands: 8 weight rows in the lanes of a register --------------------------------------------- */
 
-#define NX 4 /* activation rows per pass over a band */
+#define NX 8 /* activation rows per pass over a band (8 beats 4 at batch 8 by 5-15%, spills and all) */
 
 /* Keeps v in a register as computed here: without it GCC regroups a run of integer adds into a tree over the
    unrolled loop, and spills most of the products to the stack. */
@@ -873,14 +873,16 @@ typedef void (*x8_fn)(const uint8_t *, int, act_t, float *, int64_t);
     static void dot_x8_##F##_##NR(const uint8_t *band, int K, act_t a, float *out, int64_t ldo) {          \
         dot_x8(F, band, K, a, NR, out, ldo);                                                                \
     }
-#define X8_FMT(F) X8_NR(F, 1) X8_NR(F, 2) X8_NR(F, 3) X8_NR(F, 4)
+#define X8_FMT(F) X8_NR(F, 1) X8_NR(F, 2) X8_NR(F, 3) X8_NR(F, 4) X8_NR(F, 5) X8_NR(F, 6) X8_NR(F, 7) X8_NR(F, 8)
 X8_FMT(F_Q4_K_X8)
 X8_FMT(F_Q6_K_X8)
 X8_FMT(F_Q5_K_X8)
 X8_FMT(F_Q4_0_X8)
 X8_FMT(F_Q4_1_X8)
 X8_FMT(F_Q8_0_X8)
-#define X8_ROW(F) {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4}
+#define X8_ROW(F)                                                                                           \
+    {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                        \
+     dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
 static const x8_fn X8[N_FORMATS - F_Q4_K_X8][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8),
                                                      X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8)};
 
