@@ -292,9 +292,13 @@ static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
             for (int i = 0; i < 16; i++) o[16 + 16 * (i / 2) + 2 * r + i % 2] = s[192 + i];
             for (int p = 0; p < 4; p++) { /* sub-blocks 2p, 2p + 1: parts 0, 1 (p even) or 2, 3 of half p / 2 */
                 const uint8_t *ql = s + 64 * (p / 2);
-                for (int l = 0; l < 32; l++)
-                    o[q6x8_lo(p) + 32 * (l / 4) + 4 * r + l % 4] =
-                        (uint8_t)(p % 2 == 0 ? (ql[l] & 0xF) | (ql[32 + l] << 4) : (ql[l] >> 4) | (ql[32 + l] & 0xF0));
+                for (int c = 0; c < 8; c++) { /* 4 values at a time */
+                    uint32_t a, b, v;
+                    memcpy(&a, ql + 4 * c, 4);
+                    memcpy(&b, ql + 32 + 4 * c, 4);
+                    v = p % 2 == 0 ? (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4 : (a >> 4 & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
+                    memcpy(o + q6x8_lo(p) + 32 * c + 4 * r, &v, 4);
+                }
             }
             for (int h = 0; h < 2; h++)
                 for (int c = 0; c < 8; c++) memcpy(o + q6x8_hi(h) + 32 * c + 4 * r, s + 128 + 32 * h + 4 * c, 4);
