@@ -1,7 +1,8 @@
-"""Native matmul time of one batch-1 decode step of a GGUF model (its real layer-0 and output weights), this
-checkout's kernels against another commit's library, side by side.
+"""Native matmul time of one decode step of a GGUF model (its real layer-0 and output weights) at batch 1 (or
+each of `--batch`), this checkout's kernels against another commit's library, side by side.
 
     python benchmarks/decode_matmuls.py [--model PATH.gguf] [--baseline-lib OLD.so] [--rounds 5] [--single-thread]
+        [--batch 1,4,8]
 
 Times the raw `qmm_matmul` call (activations quantized once beforehand; no Python wrapper) for each matrix a Llama
 layer multiplies by (q/k/v stacked, o, gate/up stacked, down) and for the output head; a step's matmul time is
@@ -53,30 +54,38 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=50, help="calls per block (the head gets a tenth)")
     ap.add_argument("--single-thread", action="store_true")
+    ap.add_argument("--batch", default="1", help="activation rows per call, one step figure each (1,4,8)")
     args = ap.parse_args()
+    for m in (int(b) for b in args.batch.split(",")):
+        run(args, m)
+
+
+def run(args: argparse.Namespace, m: int) -> None:
+    """Time one decode step's matmuls at batch m and print them."""
     clock = cpu_clock(args.single_thread)
     libs = {"this checkout": load(best_variant())}
     if args.baseline_lib:
         libs["baseline"] = _bind(ctypes.CDLL(args.baseline_lib))
     layers, mats = step_matrices(GGUFReader(args.model))
-    print(f"{args.model}: {layers} layers, {'1 thread' if args.single_thread else 'threads from torch/EDGESERVE_THREADS'}")
+    print(f"{args.model}: {layers} layers, batch {m}, "
+          f"{'1 thread' if args.single_thread else 'threads from torch/EDGESERVE_THREADS'}")
     per_step = {name: 0.0 for name in libs}
     for i, parts in enumerate(mats):
         count = 1 if i == len(mats) - 1 else layers
         calls = max(5, args.calls // 10) if count == 1 else args.calls
         k = parts[0].cols
-        x = torch.randn(1, k)
+        x = torch.randn(m, k)
         fns = {}
         for name, lib in libs.items():
             w = BlockWeight(parts, lib)
             qa, da, sa = w.quantize(x)
-            out = torch.empty(1, w.out_features)
+            out = torch.empty(m, w.out_features)
 
             def call(w=w, qa=qa, da=da, sa=sa, out=out) -> None:
                 col = 0
                 for fmt, p in zip(w._fmt, w.parts):
                     w.lib.qmm_matmul(fmt, p.data.data_ptr(), p.data.shape[1], p.data.shape[0], k, qa.data_ptr(),
-                                     da.data_ptr(), sa.data_ptr(), 1, out.data_ptr() + 4 * col, w.out_features)
+                                     da.data_ptr(), sa.data_ptr(), m, out.data_ptr() + 4 * col, w.out_features)
                     col += p.data.shape[0]
             fns[name] = call
         meds: dict[str, list[float]] = {name: [] for name in libs}
@@ -95,7 +104,8 @@ def main() -> None:
         print(f"{shape:<24} x{count:<3} {row}", flush=True)
         for name, v in meds.items():
             per_step[name] += count * statistics.median(v) / 1e3
-    print("matmul ms per decode step: " + ", ".join(f"{name} {ms:.2f}" for name, ms in per_step.items()))
+    print(f"matmul ms per decode step of {m} rows: " + ", ".join(
+        f"{name} {ms:.2f} ({ms / m:.2f} per row)" for name, ms in per_step.items()))
     if "baseline" in per_step:
         print(f"speed-up {per_step['baseline'] / per_step['this checkout']:.2f}x")
 

@@ -35,10 +35,16 @@ HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
     "Q8_0": (4, 32, 34), "Q4_K": (5, 256, 144), "Q5_K": (6, 256, 176), "Q6_K": (7, 256, 210),
-    # Q4_0 / Q4_1 rows repacked at load for the SIMD kernels (qmm_repack; same bytes per row)
+    # layouts made at load for the SIMD kernels (qmm_repack; same bytes): Q4_0 / Q4_1 rows regrouped (_R8), and
+    # bands of 8 rows interleaved (_X8, for weights of a multiple of 8 rows)
     "Q4_0_R8": (8, 32, 18), "Q4_1_R8": (9, 32, 20),
+    "Q4_K_X8": (10, 256, 144), "Q6_K_X8": (11, 256, 210), "Q5_K_X8": (12, 256, 176), "Q4_0_X8": (13, 32, 18),
+    "Q4_1_X8": (14, 32, 20), "Q8_0_X8": (15, 32, 34),
 }
-REPACKED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8"}
+GGUF_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the rest are made by repacking
+REPACKED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8"}  # the twin of any row count
+INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q8_0": "Q8_0_X8", "Q4_K": "Q4_K_X8", "Q5_K": "Q5_K_X8",
+               "Q6_K": "Q6_K_X8"}  # for weights of rows % 8 == 0
 VARIANT_FLAGS: dict[str, list[str]] = {
     "scalar": [],
     "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -172,6 +178,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
         lib.qmm_repack.restype = None
+    if hasattr(lib, "qmm_repacked_format"):
+        lib.qmm_repacked_format.argtypes = [i32, i32]
+        lib.qmm_repacked_format.restype = i32
     if hasattr(lib, "qmm_decoder_forward"):  # likewise
         lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, p, p, i32, i64, i32, p, i64, p, p, p]
         lib.qmm_decoder_forward.restype = i32
@@ -257,11 +266,18 @@ def native_format(qtype: str, cols: int) -> bool:
 
 
 def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
-    """`part` in the layout the kernels read fastest (Q4_0 / Q4_1 -> their _R8 twins, same size), a new tensor;
-    other formats, or any format for a library built before the repack (benchmarks/cpu_kernels.py --baseline-lib),
-    as they are."""
-    twin = REPACKED.get(part.qtype)
-    if twin is None or not hasattr(lib, "qmm_repack"):
+    """`part` in the layout the kernels read fastest (qmm_repacked_format: the _X8 bands where the rows are a
+    multiple of 8, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; other formats, or any format for a
+    library built before the repack (benchmarks/cpu_kernels.py --baseline-lib), as they are."""
+    if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repack"):
+        return part
+    rows = part.data.shape[0]
+    if hasattr(lib, "qmm_repacked_format"):
+        twin_id = lib.qmm_repacked_format(FORMATS[part.qtype][0], rows)
+        twin = next((name for name, spec in FORMATS.items() if spec[0] == twin_id), None)
+    else:  # a library from before the _X8 layouts
+        twin = REPACKED.get(part.qtype)
+    if twin is None:
         return part
     out = torch.empty_like(part.data)
     lib.qmm_repack(FORMATS[part.qtype][0], part.data.data_ptr(), part.data.shape[1], part.data.shape[0], part.cols,

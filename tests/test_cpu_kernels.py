@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, REPACKED, BlockTensor, BlockWeight
+from edgeserve.kernels.cpu_native import FORMATS, GGUF_QTYPES, INTERLEAVED, REPACKED, BlockTensor, BlockWeight
 
-GGUF_FORMATS = sorted(q for q in FORMATS if q not in REPACKED.values())  # the _R8 twins are made by repacking
+GGUF_FORMATS = sorted(GGUF_QTYPES)  # the _R8 / _X8 layouts are made by repacking
 
 # byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
@@ -64,7 +64,7 @@ def test_every_variant_compiles_even_where_the_cpu_cannot_run_it():
 
 @pytest.mark.parametrize("qtype", GGUF_FORMATS)
 @pytest.mark.parametrize("rows,cols_blocks,batch", [(1, 1, 1), (37, 1, 5), (19, 2, 65), (70, 3, 8), (16, 1, 4),
-                                                    (13, 19, 6)])
+                                                    (13, 19, 6), (24, 3, 9), (8, 2, 65)])  # rows % 8 == 0: _X8 bands
 def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
     gen = np.random.default_rng(hash((qtype, rows, batch)) & 0xFFFF)
     cols = FORMATS[qtype][1] * cols_blocks
@@ -82,10 +82,11 @@ def test_matmul_matches_float64_reference(lib, qtype, rows, cols_blocks, batch):
 
 @pytest.mark.parametrize("qtype", GGUF_FORMATS)
 @pytest.mark.parametrize("cols_blocks", [2, 19])  # 19 blocks of 32: two repacked groups of 8 and a tail of 3
-def test_rows_dequantize_exactly(lib, qtype, cols_blocks):
+@pytest.mark.parametrize("rows", [9, 16])  # 16: the _X8 bands
+def test_rows_dequantize_exactly(lib, qtype, cols_blocks, rows):
     gen = np.random.default_rng(7)
-    w = random_blocks(qtype, 9, FORMATS[qtype][1] * cols_blocks, gen)
-    ids = torch.tensor([3, 0, 8, 3])
+    w = random_blocks(qtype, rows, FORMATS[qtype][1] * cols_blocks, gen)
+    ids = torch.tensor([3, 0, rows - 1, 3])
     want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))[ids]
     torch.testing.assert_close(BlockWeight([w], lib).rows(ids), want, rtol=0, atol=0)
 
@@ -101,27 +102,30 @@ def test_parts_of_mixed_formats_and_bf16_input(lib):
 
 
 @pytest.mark.parametrize("qtype", GGUF_FORMATS)
-def test_rows_are_batch_invariant(lib, qtype):
+@pytest.mark.parametrize("rows", [101, 96])  # 96: the _X8 bands
+def test_rows_are_batch_invariant(lib, qtype, rows):
     """A row's result is the same bits whatever else is in the batch (decode vs. prefill, any batch size): the
     kernels' tiles (weight rows x activation rows) differ by batch, the per-output arithmetic must not."""
     gen = np.random.default_rng(5)
-    w = BlockWeight([random_blocks(qtype, 101, 1280, gen)], lib)  # 40 blocks of 32: repacked groups and a tail
+    w = BlockWeight([random_blocks(qtype, rows, 1280, gen)], lib)  # 40 blocks of 32: repacked groups and a tail
     x = torch.from_numpy(gen.standard_normal((33, 1280)).astype(np.float32))
     full = w.matmul(x)
     for i in (0, 17, 32):
         assert torch.equal(w.matmul(x[i:i + 1])[0], full[i])
-    assert torch.equal(w.matmul(x[5:12]), full[5:12])
+    for lo, hi in ((5, 12), (1, 3), (20, 23), (8, 16), (0, 33)):  # tiles of 1 to 8 rows
+        assert torch.equal(w.matmul(x[lo:hi]), full[lo:hi])
 
 
 def test_every_variant_agrees_with_the_scalar_one():
     gen = np.random.default_rng(11)
     x = torch.from_numpy(gen.standard_normal((7, 512)).astype(np.float32))
     for qtype in GGUF_FORMATS:
-        w = random_blocks(qtype, 33, 512, gen)
-        base = BlockWeight([w], cpu_native.load("scalar")).matmul(x)
-        for variant in VARIANTS:
-            got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
-            torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
+        for rows in (33, 32):
+            w = random_blocks(qtype, rows, 512, gen)
+            base = BlockWeight([w], cpu_native.load("scalar")).matmul(x)
+            for variant in VARIANTS:
+                got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
+                torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
 
 
 @pytest.mark.parametrize("qtype", sorted(REPACKED))
@@ -138,6 +142,25 @@ def test_repacked_formats_keep_the_values_and_size(lib, qtype):
     torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
     again = BlockWeight([part], lib)
     assert torch.equal(again.parts[0].data, part.data)
+
+
+@pytest.mark.parametrize("qtype", sorted(INTERLEAVED))
+def test_interleaved_formats_keep_the_values_and_size(lib, qtype):
+    """Weights of a multiple of 8 rows are rewritten at load into bands of 8 interleaved rows (_X8: same bytes,
+    new format id): every value stays the same, and a weight built from the repacked part is not repacked twice;
+    other row counts keep their GGUF (or _R8) layout."""
+    gen = np.random.default_rng(17)
+    per = FORMATS[qtype][1]
+    w = random_blocks(qtype, 24, per * (3 if per == 256 else 19), gen)
+    bw = BlockWeight([w], lib)
+    part = bw.parts[0]
+    assert part.qtype == INTERLEAVED[qtype] and part.data.shape == w.data.shape
+    assert not torch.equal(part.data, w.data)
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
+    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
+    assert torch.equal(BlockWeight([part], lib).parts[0].data, part.data)
+    odd = BlockWeight([BlockTensor(qtype, w.data[:23].clone(), w.cols)], lib).parts[0]
+    assert odd.qtype == REPACKED.get(qtype, qtype)
 
 
 def test_disabled_by_environment(monkeypatch):

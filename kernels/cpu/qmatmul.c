@@ -28,7 +28,17 @@ enum { F_Q4_0 = 0, F_Q4_1 = 1, F_Q5_0 = 2, F_Q5_1 = 3, F_Q8_0 = 4, F_Q4_K = 5, F
    run p holds value i of block 2p in its low nibble and value i of block 2p + 1 in its high nibble. The last
    (blocks % 8) blocks of a row stay in the GGUF layout. So 8 scales convert in one instruction, the minimums
    enter as one vector multiply-add per group, and 32 bytes unpack to two blocks with one shift. */
-enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9, N_FORMATS = 10 };
+enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9 };
+/* Weights of N % 8 == 0 rows repacked at load (qmm_repack) into bands of 8 rows, same bytes: each band's block
+   (or K super-block) b of its 8 rows is one group of 8 x (block bytes), at band + b * 8 * (block bytes), holding
+   the 8 rows' float16 scales side by side and their quants in runs of 32 bytes where bytes 4r..4r+3 are 4
+   consecutive values of row r. One broadcast of 4 activation bytes then meets the same 4 values of 8 weight rows,
+   so a maddubs gives 8 rows' partial sums in the lanes of one register: each unpacked weight register serves
+   every activation row of a tile, the sums stay integer over a block of 32 (the integer sub-block scales folded
+   in with madd), and the float work is one convert and fma per block for 8 weight rows (x8_* below). */
+enum { F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, F_Q8_0_X8 = 15, N_FORMATS = 16 };
+
+static inline int is_x8(int fmt) { return fmt >= F_Q4_K_X8; }
 
 #if defined(QMM_VNNI)
 const char *qmm_variant(void) { return "avx512vnni"; }
@@ -68,8 +78,8 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20};
-static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
@@ -162,27 +172,162 @@ static void unpack32(int fmt, const uint8_t *row, int nb, int b, int q[32], floa
     }
 }
 
+/* 6-bit scale and min of sub-block j of row r in an _X8 K group's 96 scale bytes (p): the low 4 bits of both at
+   p[8 j + r], the high 2 bits of scale and min of sub-blocks j and j + 4 in p[64 + 8 (j % 4) + r] */
+static inline void x8_scale_min(const uint8_t *p, int j, int r, int *sc, int *mn) {
+    const int lo = p[8 * j + r], hi = p[64 + 8 * (j % 4) + r] >> (j < 4 ? 0 : 4);
+    *sc = (lo & 0xF) | (hi & 3) << 4;
+    *mn = (lo >> 4) | ((hi >> 2) & 3) << 4;
+}
+
+/* Offsets in a Q6_K _X8 group of run p (0..3) of low 4 bits (sub-blocks 2p, 2p + 1 in the nibbles) and run h
+   (0, 1) of high 2 bits (sub-blocks 4h .. 4h + 3 in the bit pairs), ordered as the kernel first reads them:
+   d [16], scales [128], high 0, low 0, low 1, high 1, low 2, low 3 (in order, the hardware prefetcher keeps up). */
+static inline int q6x8_lo(int p) { return 400 + 256 * p + (p >= 2 ? 256 : 0); }
+static inline int q6x8_hi(int h) { return 144 + 768 * h; }
+
+/* Block b of row r (0..7) of a band of 8 rows in an _X8 layout, as unpack32 gives it. */
+static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], float *d, int sc[2], float *m) {
+    sc[0] = sc[1] = 1;
+    *m = 0.0f;
+    const int j = b % 8; /* sub-block of a K super-block */
+    if (fmt == F_Q8_0_X8) { /* d [8], then 8 runs of 4 values */
+        const uint8_t *g = band + (size_t)b * 8 * 34;
+        *d = rd16(g + 2 * r);
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)g[16 + 32 * (l / 4) + 4 * r + l % 4];
+        return;
+    }
+    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8) {
+        const uint8_t *g = band + (size_t)b * 8 * BLOCK_BYTES[fmt], *qs = g + (fmt == F_Q4_0_X8 ? 16 : 32);
+        *d = rd16(g + 2 * r);
+        if (fmt == F_Q4_1_X8) *m = rd16(g + 16 + 2 * r);
+        for (int l = 0; l < 32; l++) /* values l and 16 + l share a byte */
+            q[l] = ((qs[32 * ((l % 16) / 4) + 4 * r + l % 4] >> (4 * (l / 16))) & 0xF) - (fmt == F_Q4_0_X8 ? 8 : 0);
+        return;
+    }
+    const uint8_t *g = band + (size_t)(b / 8) * 8 * BLOCK_BYTES[fmt];
+    if (fmt == F_Q6_K_X8) { /* d [8], scales [16 j + 2 r + h], the runs of q6x8_lo / q6x8_hi */
+        *d = rd16(g + 2 * r);
+        for (int l = 0; l < 32; l++) {
+            const int at = 32 * (l / 4) + 4 * r + l % 4;
+            const int lo = (g[q6x8_lo(j / 2) + at] >> (4 * (j & 1))) & 0xF, hi = (g[q6x8_hi(j / 4) + at] >> (2 * (j % 4))) & 3;
+            q[l] = (lo | hi << 4) - 32;
+        }
+        sc[0] = (int8_t)g[16 + 16 * j + 2 * r];
+        sc[1] = (int8_t)g[16 + 16 * j + 2 * r + 1];
+        return;
+    }
+    /* Q4_K / Q5_K: d [8], dmin [8], scales (x8_scale_min), (Q5_K) high bits, low 4 bits as for Q6_K */
+    int s, mn;
+    x8_scale_min(g + 32, j, r, &s, &mn);
+    *d = rd16(g + 2 * r) * s;
+    *m = -rd16(g + 16 + 2 * r) * mn;
+    const uint8_t *qs = g + (fmt == F_Q4_K_X8 ? 128 : 384), *qh = g + 128;
+    for (int l = 0; l < 32; l++) {
+        const int at = 32 * (l / 4) + 4 * r + l % 4;
+        q[l] = (qs[256 * (j / 2) + at] >> (4 * (j & 1))) & 0xF;
+        if (fmt == F_Q5_K_X8) q[l] |= ((qh[at] >> j) & 1) << 4;
+    }
+}
+
+/* Block b of weight row n (rows row_bytes apart from w, nb blocks each) in any format. */
+static void unpack_row(int fmt, const uint8_t *w, int64_t row_bytes, int64_t n, int nb, int b, int q[32], float *d,
+                       int sc[2], float *m) {
+    if (is_x8(fmt))
+        unpack32_x8(fmt, w + (n - n % 8) * row_bytes, (int)(n % 8), b, q, d, sc, m);
+    else
+        unpack32(fmt, w + n * row_bytes, nb, b, q, d, sc, m);
+}
+
 /* Dequantize rows `ids` of a weight (for embedding lookups): out[i, :] = W[ids[i], :] in float32. */
 void qmm_dequant_rows(int fmt, const uint8_t *w, int64_t row_bytes, int K, const int64_t *ids, int n, float *out) {
     int q[32], sc[2];
     float d, m;
     for (int i = 0; i < n; i++) {
-        const uint8_t *row = w + ids[i] * row_bytes;
         for (int b = 0; b < K / 32; b++) {
-            unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
+            unpack_row(fmt, w, row_bytes, ids[i], K / 32, b, q, &d, sc, &m);
             for (int l = 0; l < 32; l++) out[(int64_t)i * K + b * 32 + l] = d * sc[l / 16] * q[l] + m;
         }
     }
 }
 
-/* The repacked twin of a format (F_Q4_0 -> F_Q4_0_R8, F_Q4_1 -> F_Q4_1_R8), or -1 where there is none. */
-int qmm_repacked_format(int fmt) { return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q4_1 ? F_Q4_1_R8 : -1; }
+/* The layout a weight of N rows in format fmt is repacked into at load: the _X8 bands where N % 8 == 0 and the
+   format has them, else Q4_0 / Q4_1's _R8 rows; -1 where there is none. */
+int qmm_repacked_format(int fmt, int N) {
+    if (N % 8 == 0) {
+        switch (fmt) {
+        case F_Q4_0: return F_Q4_0_X8;
+        case F_Q4_1: return F_Q4_1_X8;
+        case F_Q8_0: return F_Q8_0_X8;
+        case F_Q4_K: return F_Q4_K_X8;
+        case F_Q5_K: return F_Q5_K_X8;
+        case F_Q6_K: return F_Q6_K_X8;
+        }
+    }
+    return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q4_1 ? F_Q4_1_R8 : -1;
+}
 
-/* Rewrite N rows (row_bytes apart, K values) of a Q4_0 / Q4_1 weight from src into dst (another buffer of the
-   same size) in the layout of qmm_repacked_format(fmt). */
+/* One group of an _X8 band: block (or super-block) s of the 8 rows x[r] (GGUF layout) into o (8 block sizes). */
+static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
+    memset(o, 0, (size_t)8 * BLOCK_BYTES[fmt]);
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *s = x[r];
+        if (fmt == F_Q8_0) {
+            memcpy(o + 2 * r, s, 2);
+            for (int c = 0; c < 8; c++) memcpy(o + 16 + 32 * c + 4 * r, s + 2 + 4 * c, 4);
+        } else if (fmt == F_Q4_0 || fmt == F_Q4_1) {
+            const int q0 = fmt == F_Q4_0 ? 16 : 32, sq = fmt == F_Q4_0 ? 2 : 4;
+            memcpy(o + 2 * r, s, 2);
+            if (fmt == F_Q4_1) memcpy(o + 16 + 2 * r, s + 2, 2);
+            for (int c = 0; c < 4; c++) memcpy(o + q0 + 32 * c + 4 * r, s + sq + 4 * c, 4);
+        } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
+            memcpy(o + 2 * r, s, 2);
+            memcpy(o + 16 + 2 * r, s + 2, 2);
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                scale_min_k4(j, s + 4, &sc, &mn);
+                o[32 + 8 * j + r] = (uint8_t)((sc & 0xF) | (mn & 0xF) << 4);
+                o[96 + 8 * (j % 4) + r] |= (uint8_t)(((sc >> 4) | (mn >> 4) << 2) << (j < 4 ? 0 : 4));
+            }
+            const int qo = fmt == F_Q4_K ? 128 : 384, sq = fmt == F_Q4_K ? 16 : 48;
+            for (int c = 0; c < 8; c++) {
+                if (fmt == F_Q5_K) memcpy(o + 128 + 32 * c + 4 * r, s + 16 + 4 * c, 4);
+                for (int p = 0; p < 4; p++) memcpy(o + qo + 256 * p + 32 * c + 4 * r, s + sq + 32 * p + 4 * c, 4);
+            }
+        } else { /* Q6_K */
+            memcpy(o + 2 * r, s + 208, 2);
+            for (int i = 0; i < 16; i++) o[16 + 16 * (i / 2) + 2 * r + i % 2] = s[192 + i];
+            for (int p = 0; p < 4; p++) { /* sub-blocks 2p, 2p + 1: parts 0, 1 (p even) or 2, 3 of half p / 2 */
+                const uint8_t *ql = s + 64 * (p / 2);
+                for (int c = 0; c < 8; c++) { /* 4 values at a time */
+                    uint32_t a, b, v;
+                    memcpy(&a, ql + 4 * c, 4);
+                    memcpy(&b, ql + 32 + 4 * c, 4);
+                    v = p % 2 == 0 ? (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4 : (a >> 4 & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
+                    memcpy(o + q6x8_lo(p) + 32 * c + 4 * r, &v, 4);
+                }
+            }
+            for (int h = 0; h < 2; h++)
+                for (int c = 0; c < 8; c++) memcpy(o + q6x8_hi(h) + 32 * c + 4 * r, s + 128 + 32 * h + 4 * c, 4);
+        }
+    }
+}
+
+/* Rewrite N rows (row_bytes apart, K values) of a weight in format fmt from src into dst (another buffer of the
+   same size) in the layout of qmm_repacked_format(fmt, N). */
 void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst) {
-    const int rfmt = qmm_repacked_format(fmt);
+    const int rfmt = qmm_repacked_format(fmt, N);
     if (rfmt < 0) return;
+    if (is_x8(rfmt)) {
+        const int bb = BLOCK_BYTES[fmt], groups = K / BLOCK_VALUES[fmt];
+        for (int n8 = 0; n8 < N; n8 += 8)
+            for (int g = 0; g < groups; g++) {
+                const uint8_t *x[8];
+                for (int r = 0; r < 8; r++) x[r] = src + (int64_t)(n8 + r) * row_bytes + (size_t)g * bb;
+                repack_group_x8(fmt, x, dst + (int64_t)n8 * row_bytes + (size_t)g * 8 * bb);
+            }
+        return;
+    }
     const int bb = BLOCK_BYTES[fmt], nb = K / 32, groups = nb / 8, gb = 8 * bb;
     const int head = r8_head(rfmt), qoff = fmt == F_Q4_1 ? 4 : 2;
     for (int n = 0; n < N; n++) {
@@ -263,12 +408,13 @@ static inline act_t act_from(act_t a, int64_t r) {
     return s;
 }
 
-__attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+__attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *w, int64_t row_bytes, int64_t n, int K, act_t a,
+                                               int nr, float *out, int64_t ldo) {
     int q[32], sc[2];
     float d, m;
     float acc[4] = {0, 0, 0, 0};
     for (int b = 0; b < K / 32; b++) {
-        unpack32(fmt, row, K / 32, b, q, &d, sc, &m);
+        unpack_row(fmt, w, row_bytes, n, K / 32, b, q, &d, sc, &m);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = a.qa + r * a.lda + b * 32;
             int s0 = 0, s1 = 0;
@@ -550,6 +696,207 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
         for (int r = 0; r < nr; r++) out[r * ldo + w] = hsum8(_mm256_add_ps(acc[w][r], accb[w][r])) + accs[w][r];
 }
 
+/* ---- _X8 bands: 8 weight rows in the lanes of a register --------------------------------------------- */
+
+#define NX 8 /* activation rows per pass over a band (8 beats 4 at batch 8 by 5-15%, spills and all) */
+
+/* Keeps v in a register as computed here: without it GCC regroups a run of integer adds into a tree over the
+   unrolled loop, and spills most of the products to the stack. */
+#define PIN(v) __asm__("" : "+x"(v))
+
+/* 4 bytes broadcast to the 8 lanes */
+static inline __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __m256 cvt8h(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* The 8 rows' 6-bit scales and mins of a Q4_K / Q5_K _X8 group (96 bytes at p, x8_scale_min) as bytes [8 j + r]. */
+static inline void x8_scales_mins(const uint8_t *p, uint8_t sc[64], uint8_t mn[64]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), lo0 = _mm256_loadu_si256((const __m256i *)p),
+                  lo1 = _mm256_loadu_si256((const __m256i *)(p + 32)), hi = _mm256_loadu_si256((const __m256i *)(p + 64));
+    const __m256i x30 = _mm256_set1_epi8(0x30);
+    _mm256_store_si256((__m256i *)sc, _mm256_or_si256(_mm256_and_si256(lo0, low4),
+                                                      _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(3)), 4)));
+    _mm256_store_si256((__m256i *)mn, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), low4),
+                                                      _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(12)), 2)));
+    _mm256_store_si256((__m256i *)(sc + 32), _mm256_or_si256(_mm256_and_si256(lo1, low4), _mm256_and_si256(hi, x30)));
+    _mm256_store_si256((__m256i *)(mn + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), low4),
+                                                             _mm256_and_si256(_mm256_srli_epi16(hi, 2), x30)));
+}
+
+/* A band of 8 weight rows (one _X8 format) against nr <= NX activation rows: out[r * ldo + i] for row i of the band.
+   Per block of 32 and activation row: 8 broadcasts of 4 activation bytes, each multiplied (maddubs) with the same 4
+   values of the 8 weight rows, summed in int16 as far as they cannot overflow (|a| <= 127: 4-bit weights 8 runs,
+   5-bit 4, 6-bit 2), then madd with the rows' integer sub-block scales into int32; one convert and fma by
+   d * da per block, one fma of the minimum (or Q4_0's -8 d, Q6_K's -32 folded in as integers) by da * sum(a).
+   Every output gets the same operations in the same order whatever nr is, so results do not depend on the batch. */
+static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t *band, int K, act_t a, int nr,
+                                                          float *out, int64_t ldo) {
+    __m256 acc[NX];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    const int nb = K / 32, gb = 8 * BLOCK_BYTES[fmt];
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+#define A4(r, b, c) bcast4(a.qa + (r) * a.lda + (b) * 32 + 4 * (c))
+    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8) {
+        const int q0 = fmt == F_Q4_0_X8 ? 16 : 32;
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *g = band + (size_t)b * gb;
+            const __m256 dv = cvt8h(g);
+            const __m256 mv = fmt == F_Q4_1_X8 ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+            __m256i s16[NX];
+            for (int c = 0; c < 4; c++) { /* values 4c.. in the low nibbles, 16 + 4c.. in the high ones */
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(g + q0 + 32 * c));
+                const __m256i u0 = _mm256_and_si256(w, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                for (int r = 0; r < nr; r++) {
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
+                                                       _mm256_maddubs_epi16(u1, A4(r, b, c + 4)));
+                    s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
+                    PIN(s16[r]);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
+                acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
+                acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(FS(r, b)), acc[r]);
+            }
+        }
+    } else if (fmt == F_Q8_0_X8) { /* signed weights: the sign trick, a madd per run (2 x 128 x 127 fills int16) */
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *g = band + (size_t)b * gb;
+            const __m256 dv = cvt8h(g);
+            __m256i i32[NX];
+            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * c)), aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(A4(r, b, c), q));
+                    i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, ones));
+                    PIN(i32[r]);
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
+        }
+    } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
+        const __m256i x10 = _mm256_set1_epi8(0x10);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *g = band + (size_t)sb * gb, *qs = g + (fmt == F_Q4_K_X8 ? 128 : 384), *qh = g + 128;
+            const __m256 dv = cvt8h(g), nmv = _mm256_sub_ps(_mm256_setzero_ps(), cvt8h(g + 16));
+            __attribute__((aligned(32))) uint8_t sc[64], mn[64];
+            x8_scales_mins(g + 32, sc, mn);
+            for (int j = 0; j < 8; j++) {
+                const int b = 8 * sb + j;
+                const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
+                const __m256i scv = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+                const __m256 mnv = _mm256_mul_ps(
+                    nmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j)))));
+                const __m128i jc = _mm_cvtsi32_si128(j);
+                /* Q4_K: all 8 runs of 4 values in int16 (8 x 2 x 15 x 127), then one madd; Q5_K: a madd every 2 runs */
+                __m256i s16[NX], i32[NX];
+                for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c += 2) {
+                    __m256i u[2];
+                    for (int e = 0; e < 2; e++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 256 * (j / 2) + 32 * (c + e)));
+                        u[e] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
+                        if (fmt == F_Q5_K_X8) {
+                            const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * (c + e)));
+                            u[e] = _mm256_or_si256(u[e], _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, jc), 4), x10));
+                        }
+                    }
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
+                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
+                        if (fmt == F_Q5_K_X8) {
+                            i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                            PIN(i32[r]);
+                        } else {
+                            s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
+                            PIN(s16[r]);
+                        }
+                    }
+                }
+                if (fmt == F_Q4_K_X8)
+                    for (int r = 0; r < nr; r++) i32[r] = _mm256_madd_epi16(s16[r], scv);
+                for (int r = 0; r < nr; r++) {
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))),
+                                             acc[r]);
+                    acc[r] = _mm256_fmadd_ps(mnv, _mm256_set1_ps(FS(r, b)), acc[r]);
+                }
+            }
+        }
+    } else { /* Q6_K: unsigned 6-bit q, the -32 taken off as 32 * sum(scale * sums of 16 activations) */
+        const __m256i x30 = _mm256_set1_epi8(0x30);
+        const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5,
+                                                4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+        const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *g = band + (size_t)sb * gb;
+            const __m256 dv = cvt8h(g);
+            for (int j = 0; j < 8; j++) {
+                const int b = 8 * sb + j;
+                /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31; each duplicated for the madd */
+                const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
+                const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
+                __m256i i32[NX];
+                for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
+                for (int c = 0; c < 8; c += 2) { /* two runs of 4 values: at most 2 x 2 x 63 x 127 in int16 */
+                    __m256i u[2];
+                    for (int e = 0; e < 2; e++) {
+                        const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * (c + e)));
+                        const __m256i hw = _mm256_loadu_si256((const __m256i *)(g + q6x8_hi(j / 4) + 32 * (c + e)));
+                        const int part = j % 4;
+                        const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
+                                         : part == 1 ? _mm256_slli_epi16(hw, 2)
+                                         : part == 2 ? hw
+                                                     : _mm256_srli_epi16(hw, 2);
+                        u[e] = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, low4),
+                                               _mm256_and_si256(hi, x30));
+                    }
+                    const __m256i scv = c < 4 ? sce : sco;
+                    for (int r = 0; r < nr; r++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
+                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
+                        i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                        PIN(i32[r]);
+                    }
+                }
+                for (int r = 0; r < nr; r++) {
+                    const __m256i corr = _mm256_madd_epi16(scp, bcast4(a.sa + r * (a.lda / 16) + 2 * b));
+                    const __m256i isum = _mm256_sub_epi32(i32[r], _mm256_slli_epi32(corr, 5));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))),
+                                             acc[r]);
+                }
+            }
+        }
+    }
+#undef A4
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * ldo, acc[r]);
+}
+
+typedef void (*x8_fn)(const uint8_t *, int, act_t, float *, int64_t);
+#define X8_NR(F, NR)                                                                                        \
+    static void dot_x8_##F##_##NR(const uint8_t *band, int K, act_t a, float *out, int64_t ldo) {          \
+        dot_x8(F, band, K, a, NR, out, ldo);                                                                \
+    }
+#define X8_FMT(F) X8_NR(F, 1) X8_NR(F, 2) X8_NR(F, 3) X8_NR(F, 4) X8_NR(F, 5) X8_NR(F, 6) X8_NR(F, 7) X8_NR(F, 8)
+X8_FMT(F_Q4_K_X8)
+X8_FMT(F_Q6_K_X8)
+X8_FMT(F_Q5_K_X8)
+X8_FMT(F_Q4_0_X8)
+X8_FMT(F_Q4_1_X8)
+X8_FMT(F_Q8_0_X8)
+#define X8_ROW(F)                                                                                           \
+    {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                        \
+     dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
+static const x8_fn X8[N_FORMATS - F_Q4_K_X8][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8),
+                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8)};
+
 /* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
 #define DOT_FMT(F)                                                                                          \
     static void dot_##F##_2x4(const uint8_t *row, int64_t rb, int K, act_t a, float *out, int64_t ldo) {   \
@@ -583,6 +930,17 @@ static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_
    then the rest of the activation rows (decode) one at a time */
 static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
                       float *out, int64_t ldo) {
+    if (is_x8(fmt)) { /* band by band (n0, n1: multiples of 8), every tile of activation rows over each band */
+        const x8_fn *fn = X8[fmt - F_Q4_K_X8];
+        for (int n = n0; n < n1; n += 8) {
+            const uint8_t *band = w + (int64_t)n * row_bytes;
+            for (int r = 0; r < nr; r += NX) {
+                const int k = nr - r < NX ? nr - r : NX;
+                fn[k - 1](band, K, act_from(a, r), out + r * ldo + n, ldo);
+            }
+        }
+        return;
+    }
     int r = 0;
     for (; r + 4 <= nr; r += 4) {
         const act_t ar = act_from(a, r);
@@ -756,7 +1114,7 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
     for (int n = n0; n < n1; n++)
         for (int r = 0; r < nr; r += 4) {
             int k = nr - r < 4 ? nr - r : 4;
-            dot_scalar(fmt, w + n * row_bytes, K, act_from(a, r), k, out + r * ldo + n, ldo);
+            dot_scalar(fmt, w, row_bytes, n, K, act_from(a, r), k, out + r * ldo + n, ldo);
         }
 }
 
@@ -790,7 +1148,8 @@ static void run_chunk(void *ctx, int c) {
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
     float stack_fs[256], *fs = 0;
-    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
+    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8 ||
+        (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8)) {
         int64_t n = (int64_t)M * (K / 32);
         fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
         if (!fs) abort();
