@@ -254,6 +254,7 @@ void qmm_dequant_rows(int fmt, const uint8_t *w, int64_t row_bytes, int K, const
 /* The layout a weight of N rows in format fmt is repacked into at load: the _X8 bands where N % 8 == 0 and the
    format has them, else Q4_0 / Q4_1's _R8 rows; -1 where there is none. */
 int qmm_repacked_format(int fmt, int N) {
+#if !defined(QMM_NEON) /* the NEON kernels read the GGUF and _R8 layouts only */
     if (N % 8 == 0) {
         switch (fmt) {
         case F_Q4_0: return F_Q4_0_X8;
@@ -264,6 +265,7 @@ int qmm_repacked_format(int fmt, int N) {
         case F_Q6_K: return F_Q6_K_X8;
         }
     }
+#endif
     return fmt == F_Q4_0 ? F_Q4_0_R8 : fmt == F_Q4_1 ? F_Q4_1_R8 : -1;
 }
 

@@ -9,7 +9,7 @@
 void qmm_set_threads(int n);
 int qmm_block_bytes(int fmt);
 int qmm_block_values(int fmt);
-int qmm_repacked_format(int fmt);
+int qmm_repacked_format(int fmt, int N);
 void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst);
 void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
@@ -34,9 +34,9 @@ int main(void) {
     int16_t *sa = malloc(sizeof(int16_t) * M * (K / 16));
     need(fread(w, 1, (size_t)N * row_bytes, stdin), (size_t)N * row_bytes);
     need(fread(x, sizeof(float), (size_t)M * K, stdin), (size_t)M * K);
-    if (hdr[4] && qmm_repacked_format(fmt) >= 0) {
+    if (hdr[4] && qmm_repacked_format(fmt, N) >= 0) {
         qmm_repack(fmt, w, row_bytes, N, K, packed);
-        fmt = qmm_repacked_format(fmt);
+        fmt = qmm_repacked_format(fmt, N);
         w = packed;
     }
     qmm_set_threads(2);
