@@ -48,6 +48,21 @@ class EngineError(EdgeserveError):
     """The engine failed while running a step; the requests in flight were ended."""
 
 
+class ConfigError(EdgeserveError, ValueError):
+    """A bad setting. The message names the field and its command-line flag ("max_num_seqs (--max-seqs) must be
+    ..."), so the Python API, the server and the CLI all show the same one line."""
+
+
+def config_error(config_cls: type, name: str, requirement: str, value: object) -> ConfigError:
+    """The ConfigError of field `name` of dataclass `config_cls` (its flag read from the field's `flag` metadata):
+    "NAME (FLAG) must REQUIREMENT, got VALUE"."""
+    from dataclasses import fields
+
+    flag = next((f.metadata.get("flag") for f in fields(config_cls) if f.name == name), None)
+    label = f"{name} ({flag})" if flag else name
+    return ConfigError(f"{label} must {requirement}, got {repr(value)[:60]}")
+
+
 def one_line_parse_errors(prog: str, *parsers) -> None:
     """Make argparse errors of these parsers one `PROG: error: ...` line and exit status 1."""
     import sys

@@ -95,13 +95,9 @@ class EngineCore:
         window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
                            scratch_block=use_graphs, window_blocks=window_blocks)
-        sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
-                                       max_num_batched_tokens=config.max_num_batched_tokens,
-                                       # preempted requests rejoin the queue on top of the core's own admission limit
-                                       max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size)
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
-        self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
+        self.scheduler = Scheduler(config.scheduler_config(), num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
         self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len)
