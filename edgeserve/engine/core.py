@@ -106,7 +106,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks, enable_prefix_caching=config.enable_prefix_caching,
                                    offload=self.offload, registry=self.requests)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
-        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len,
+                                  max_num_tokens=config.max_num_batched_tokens)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None

@@ -1,30 +1,69 @@
 """The persistent input batch: each running sequence's block table kept in one preallocated tensor on the model's
-device, updated in place as the sequence gains blocks, loses them (speculative rollback) or leaves.
+device, updated in place as the sequence gains blocks, loses them (speculative rollback) or leaves; and the step's
+flat inputs (token ids, positions, KV slots, query starts, context lengths) written in place into preallocated host
+buffers (pinned on CUDA) and sent to the device in one copy.
 
 A step then reads its block tables as a slice (or one gather) of that tensor: no whole-table copy from Python lists
-and no padding to the longest context, so the host's work per step does not grow with the context length.
+and no padding to the longest context; its positions are computed from each sequence's start in three vectorized
+ops; so the host's work per step grows with the tokens it computes, never with the sequences' history.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from edgeserve.kernels.transfer import to_device
+
+if TYPE_CHECKING:
+    from .scheduler import ScheduledSeq
+
+
+@dataclass
+class StepInputs:
+    """One step's flat ragged inputs on the model's device (views of the batch's buffers: read them during this
+    step only)."""
+
+    token_ids: torch.Tensor  # [T] int64 (placeholders of tokens still on the device are -1 until TokenFill)
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: each token's KV slot
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32: tokens with KV once the step is done
+    block_tables: torch.Tensor  # [B, width] int32
+    query_lens: list[int]  # [B] on the host
+    seq_lens_host: list[int]  # [B] on the host
+
+
+class _HostBuffer:
+    """One int64 host buffer (pinned on CUDA) for a step's packed inputs, and the event of its last copy out."""
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.tensor = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+        self.array = self.tensor.numpy()
+        self.event: torch.cuda.Event | None = None
 
 
 class InputBatch:
     """Block-table rows by sequence id: `rows()` syncs each sequence's row (writing only its new blocks) and
     `tables()` gives the step's [B, width] int32 tables; `shrink()` / `remove()` follow rollback and retirement."""
 
-    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device | str) -> None:
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device | str,
+                 max_num_tokens: int = 2048) -> None:
         self.device = torch.device(device)
         self.max_blocks = max_blocks_per_seq
         self.block_tables = torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=self.device)
         self._row: dict[Hashable, int] = {}
         self._num_blocks: list[int] = [0] * max_num_seqs  # valid entries of each row
         self._free = list(range(max_num_seqs - 1, -1, -1))
+        # two host buffers in turn: a step writes one while the other's copy to the device may still be queued
+        self._pin = self.device.type == "cuda"
+        self._buffers = [_HostBuffer(_packed_size(max_num_tokens, max_num_seqs), self._pin) for _ in range(2)]
+        self._turn = 0
 
     def __len__(self) -> int:
         return len(self._row)
@@ -66,8 +105,55 @@ class InputBatch:
             return self.block_tables[: len(rows), :width]
         return self.block_tables[to_device(rows, torch.long, self.device), :width]
 
+    def prepare(self, scheduled: list["ScheduledSeq"]) -> StepInputs:
+        """The step's inputs on the device: each sequence's row synced, its tokens, positions and slots written in
+        place into a host buffer, sent in one copy (a view of the buffer on CPU: no copy at all)."""
+        rows = [self.sync(s.seq_id, s.block_table) for s in scheduled]
+        tables = self.tables(rows, max(len(s.block_table) for s in scheduled))
+        query_lens = [s.num_new_tokens for s in scheduled]
+        seq_lens = [s.context_len for s in scheduled]
+        n, b = sum(query_lens), len(scheduled)
+        buf = self._buffer(_packed_size(n, b))
+        a = buf.array
+        a[:n] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in scheduled), np.int64, n)
+        lens, ends = np.asarray(query_lens), np.asarray(seq_lens)
+        if n == b:  # one token each (decodes): a sequence's position is its context length less one
+            a[n:2 * n] = ends - 1
+        else:  # each sequence's run start..end-1: its start repeated, plus the token's offset in its run
+            starts = np.cumsum(lens) - lens
+            a[n:2 * n] = np.repeat(ends - lens - starts, lens) + np.arange(n)
+        a[2 * n:3 * n] = np.fromiter(itertools.chain.from_iterable(s.slot_mapping for s in scheduled), np.int64, n)
+        a[3 * n] = 0
+        np.cumsum(lens, out=a[3 * n + 1:3 * n + 1 + b])
+        a[3 * n + 1 + b:3 * n + 1 + 2 * b] = ends
+        packed = buf.tensor[:3 * n + 1 + 2 * b]
+        if self.device.type != "cpu":
+            packed = packed.to(self.device, non_blocking=True)
+            if self._pin:
+                buf.event = torch.cuda.Event()
+                buf.event.record()
+        small = packed[3 * n:].to(torch.int32)
+        return StepInputs(packed[:n], packed[n:2 * n], packed[2 * n:3 * n], small[:b + 1], small[b + 1:], tables,
+                          query_lens, seq_lens)
+
+    def _buffer(self, size: int) -> _HostBuffer:
+        """The next host buffer in turn, at least `size` long, once its previous copy to the device is done."""
+        self._turn ^= 1
+        buf = self._buffers[self._turn]
+        if buf.event is not None:
+            buf.event.synchronize()  # two steps old: long done unless the device is far behind
+            buf.event = None
+        if buf.tensor.numel() < size:
+            buf = self._buffers[self._turn] = _HostBuffer(2 * size, self._pin)
+        return buf
+
     def _grow(self) -> None:
         old = self.block_tables.shape[0]
         self.block_tables = torch.cat([self.block_tables, torch.zeros_like(self.block_tables)])
         self._num_blocks += [0] * old
         self._free = list(range(2 * old - 1, old - 1, -1))
+
+
+def _packed_size(num_tokens: int, num_seqs: int) -> int:
+    """Entries of a step's packed inputs: token ids, positions and slots per token; query starts and lengths."""
+    return 3 * num_tokens + 2 * num_seqs + 1
