@@ -159,9 +159,9 @@ def test_decode_step_is_padded_to_its_bucket_in_the_static_buffers():
     g = DecodeGraphs(lm.model, pool, 4, 48, capture=False)
     g.ids.fill_(77)  # a previous step's values must not survive in the padding rows
     i64 = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-    inputs = StepInputs(i64([5, 6, 7]), i64([10, 3, 0]), i64([34, 51, 80]), torch.tensor([0, 1, 2, 3], dtype=torch.int32),
-                        torch.tensor([11, 4, 1], dtype=torch.int32), torch.tensor([[2], [3], [5]], dtype=torch.int32),
-                        [1, 1, 1], [11, 4, 1])
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    inputs = StepInputs(i64([5, 6, 7]), i64([10, 3, 0]), i64([34, 51, 80]), i32([0, 1, 2, 3]), i32([11, 4, 1]),
+                        i32([[2], [3], [5]]), [1, 1, 1], [11, 4, 1])
     assert g.prepare(inputs) == 4
     scratch = pool.scratch_block
     assert g.ids[:4].tolist() == [5, 6, 7, 0] and g.positions[:4].tolist() == [10, 3, 0, 0]

@@ -28,7 +28,7 @@ from edgeserve.kernels.transfer import HostCopy, to_device
 from edgeserve.models.load import LoadedModel
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
-from edgeserve.text.grammar import GrammarCompiler, GrammarState
+from edgeserve.text.grammar import GrammarCompiler
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
@@ -38,7 +38,7 @@ from .output_processor import OutputProcessor
 from .request_check import check_request
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
-from .request_state import Registry, Sequence, SeqStatus
+from .request_state import Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
 from .spec import Speculator
 
@@ -47,25 +47,6 @@ log = logging.getLogger("edgeserve.engine")
 _ids = itertools.count()
 
 PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
-
-
-@dataclass(eq=False)
-class Request(Sequence):
-    """One request's whole engine-side state: its tokens and scheduling (`Sequence`) plus how it samples and
-    becomes text. It lives in the core's Registry (shared with the scheduler and the block manager) until it ends."""
-
-    params: SamplingParams = field(default_factory=SamplingParams)
-    generator: torch.Generator | None = None
-    stop_ids: frozenset[int] = frozenset()
-    max_tokens: int = 0  # params.max_tokens capped by the room left in the context
-    proc: OutputProcessor | None = None  # token ids -> text deltas, stop strings
-    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
-    grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
-    draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
-
-    @property
-    def request_id(self) -> str:
-        return self.seq_id
 
 
 @dataclass
@@ -103,11 +84,12 @@ class EngineCore:
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
-        self.scheduler = Scheduler(config.scheduler_config(), num_blocks, enable_prefix_caching=config.enable_prefix_caching,
-                                   offload=self.offload, registry=self.requests)
+        self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
+                                   enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,
+                                   registry=self.requests)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
         self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len,
-                                  max_num_tokens=config.max_num_batched_tokens)
+                                  max_num_tokens=config.max_num_batched_tokens, registry=self.requests)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None

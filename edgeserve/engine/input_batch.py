@@ -11,7 +11,7 @@ ops; so the host's work per step grows with the tokens it computes, never with t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,11 +53,13 @@ class InputBatch:
     `tables()` gives the step's [B, width] int32 tables; `shrink()` / `remove()` follow rollback and retirement."""
 
     def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device | str,
-                 max_num_tokens: int = 2048) -> None:
+                 max_num_tokens: int = 2048, rows: MutableMapping[Hashable, int] | None = None) -> None:
+        """`rows`: where each sequence's row is kept (the engine's request registry, `Registry.view("batch_row")`);
+        a map of its own without it."""
         self.device = torch.device(device)
         self.max_blocks = max_blocks_per_seq
         self.block_tables = torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=self.device)
-        self._row: dict[Hashable, int] = {}
+        self._row: MutableMapping[Hashable, int] = {} if rows is None else rows
         self._num_blocks: list[int] = [0] * max_num_seqs  # valid entries of each row
         self._free = list(range(max_num_seqs - 1, -1, -1))
         # two host buffers in turn: a step writes one while the other's copy to the device may still be queued

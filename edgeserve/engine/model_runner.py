@@ -14,6 +14,7 @@ from edgeserve.models.llama import LlamaModel
 from .cuda_graphs import DecodeGraphs
 from .input_batch import InputBatch
 from .kv_cache import KVPool, forward_inputs
+from .request_state import Registry
 from .scheduler import SchedulerOutput
 
 
@@ -36,13 +37,16 @@ class ModelRunner:
     """Owns the model and its KV pool; turns a SchedulerOutput into the logits its sampling rows need."""
 
     def __init__(self, model: LlamaModel, pool: KVPool, max_num_seqs: int, max_model_len: int,
-                 graphs: DecodeGraphs | None = None, max_num_tokens: int = 2048) -> None:
-        """`max_num_tokens`: the most tokens a step computes (its host buffers start that large and grow)."""
+                 graphs: DecodeGraphs | None = None, max_num_tokens: int = 2048,
+                 registry: Registry | None = None) -> None:
+        """`max_num_tokens`: the most tokens a step computes (its host buffers start that large and grow);
+        `registry`: the engine's request states, which keep each sequence's batch row."""
         self.model = model
         self.pool = pool
         self.device = model.device
         # each running sequence's block table, kept on the device and updated in place
-        self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens)
+        self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens,
+                                rows=registry.view("batch_row") if registry is not None else None)
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:

@@ -1,9 +1,10 @@
 """The one per-request state and the one registry of it, shared by id by the engine core, the scheduler and the
 block manager.
 
-A request is one `Sequence` object (the engine core's `Request` extends it with its sampling and text state): its
+A request is one `Sequence` object (the engine core's are `Request`s: a Sequence with its sampling and text state); its
 token ids are held once, in `all_token_ids` (prompt, then outputs); the block manager's part of it (block table,
-prefix-cache chain) is its `kv` attribute, set and cleared through `Registry.view("kv")`. Whoever adds a request to
+prefix-cache chain) is its `kv` attribute, set and cleared through `Registry.view("kv")`, and its row in the
+persistent input batch is `batch_row` (`Registry.view("batch_row")`). Whoever adds a request to
 the registry removes it: the engine core when a request ends, or a standalone Scheduler when it finishes one.
 """
 
@@ -12,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from edgeserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from edgeserve.text.grammar import GrammarState
+
+    from .output_processor import OutputProcessor
 
 SeqId = Hashable
 
@@ -37,6 +47,7 @@ class Sequence:
     swapped: bool = False  # preempted with its KV in host swap space (num_computed_tokens kept)
     spec_token_ids: list[int] = field(default_factory=list)  # proposed continuation to verify next step
     kv: Any = field(default=None, repr=False)  # the block manager's part (kv_blocks._SeqBlocks) while it has blocks
+    batch_row: int | None = None  # its row in the persistent input batch while it runs (input_batch.InputBatch)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:
@@ -72,6 +83,25 @@ class Sequence:
     def num_remaining(self) -> int:
         """Tokens whose KV is not computed yet."""
         return self.num_tokens - self.num_computed_tokens
+
+
+@dataclass(eq=False)
+class Request(Sequence):
+    """One request's whole engine-side state: its tokens and scheduling (`Sequence`) plus how it samples and
+    becomes text. It lives in the core's Registry (shared with the scheduler and the block manager) until it ends."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None
+    stop_ids: frozenset[int] = frozenset()
+    max_tokens: int = 0  # params.max_tokens capped by the room left in the context
+    proc: OutputProcessor | None = None  # token ids -> text deltas, stop strings
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
+    grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
+    draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
+
+    @property
+    def request_id(self) -> str:
+        return self.seq_id
 
 
 class Registry(dict):

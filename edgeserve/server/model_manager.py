@@ -18,7 +18,6 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, ModelSource, is_hf_name, is_pulled, list_local, resolve
 from edgeserve.server.config import UNSET, ServerConfig

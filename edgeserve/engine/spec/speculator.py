@@ -15,7 +15,7 @@ from .ngram import NgramProposer
 from .verify import token_probs, verify
 
 if TYPE_CHECKING:
-    from edgeserve.engine.core import Request
+    from edgeserve.engine.request_state import Request
 
 
 @dataclass
