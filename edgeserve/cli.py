@@ -357,7 +357,7 @@ def server_config_from_args(args: argparse.Namespace):
     check_device(args)
     return ServerConfig(
         host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
-        keep_alive=parse_keep_alive(args.keep_alive, "--keep-alive"), max_loaded_models=args.max_loaded_models,
+        keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level)

@@ -81,6 +81,21 @@ def test_a_bad_engine_value_is_the_same_line_on_every_surface(flags, fields, cap
         assert capsys.readouterr().err == f"edgeserve: error: {message}\n"
 
 
+def test_a_bad_keep_alive_is_the_same_line_for_the_flag_and_the_request_field(capsys):
+    from edgeserve.server.errors import APIError
+    from edgeserve.server.schemas import parse_ollama_generate
+
+    with pytest.raises(ValueError) as raised:
+        parse_keep_alive("soon")
+    message = str(raised.value)
+    assert "keep_alive" in message and "--keep-alive" in message
+    assert main(["serve", "--keep-alive", "soon"]) == 1
+    assert capsys.readouterr().err == f"edgeserve: error: {message}\n"
+    with pytest.raises(APIError) as http:
+        parse_ollama_generate({"model": "m", "prompt": "x", "keep_alive": "soon"})
+    assert http.value.status == 400 and http.value.message == message
+
+
 def test_serve_process_answers_and_stops(tmp_path):
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     port = free_port()

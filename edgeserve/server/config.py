@@ -15,28 +15,31 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 MAX_KEEP_ALIVE = 365 * 24 * 3600.0  # one year; longer is a 400 (a negative value keeps a model loaded forever)
 
 
-def parse_keep_alive(value: object, name: str = "keep_alive") -> float | None:
+def parse_keep_alive(value: object) -> float | None:
     """Read a keep-alive as Ollama does: seconds (number) or a duration string ("5m", "30s", "1h", "-1").
 
-    Returns seconds; None means forever (a negative value). Raises ValueError naming `name`.
+    Returns seconds; None means forever (a negative value). Raises ConfigError (a ValueError): the same line for the
+    `--keep-alive` flag and a request's `keep_alive` field.
     """
+    def bad(requirement: str) -> ValueError:
+        return config_error(ServerConfig, "keep_alive", requirement, value if not isinstance(value, str)
+                            else value[:40])
+
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {str(value)[:40]!r}")
+        raise bad("be a duration like '5m' or a number of seconds")
     if isinstance(value, (int, float)):
         seconds = float(value) if abs(value) < 1e300 else float("inf") * (1 if value > 0 else -1)
     elif isinstance(value, str):
         parts = re.findall(r"(-?\d+(?:\.\d+)?)(ms|h|m|s)?", value.strip())
         if not parts or "".join(n + (u or "") for n, u in parts) != value.strip().replace(" ", ""):
-            raise ValueError(f"{name} must be a duration like '5m', '30s', '1h30m' or a number of seconds, "
-                             f"got {str(value)[:40]!r}")
+            raise bad("be a duration like '5m', '30s', '1h30m' or a number of seconds")
         seconds = sum(float(n) * _UNITS[u or None] for n, u in parts)
     else:
-        raise ValueError(f"{name} must be a duration like '5m' or a number of seconds, got {str(value)[:40]!r}")
+        raise bad("be a duration like '5m' or a number of seconds")
     if seconds != seconds:  # NaN
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise bad("be a number")
     if seconds > MAX_KEEP_ALIVE:
-        raise ValueError(f"{name} must be at most 8760h (one year), or negative to keep the model loaded forever; "
-                         f"got {str(value)[:40]!r}")
+        raise bad("be at most 8760h (one year), or negative to keep the model loaded forever")
     return None if seconds < 0 else seconds
 
 
