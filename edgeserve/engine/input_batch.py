@@ -39,13 +39,32 @@ class StepInputs:
     seq_lens_host: list[int]  # [B] on the host
 
 
-class _HostBuffer:
-    """One int64 host buffer (pinned on CUDA) for a step's packed inputs, and the event of its last copy out."""
+class _Buffers:
+    """A step's packed inputs: int64 (token ids, positions, slots: 3 per token) and int32 (query starts, then
+    lengths: 2 per sequence + 1), on the host (pinned on CUDA; with numpy views to write them) or the device; and
+    the tensor views of one step's layout, kept per (tokens, sequences) so a run of like steps slices nothing."""
 
-    def __init__(self, size: int, pin: bool) -> None:
-        self.tensor = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
-        self.array = self.tensor.numpy()
-        self.event: torch.cuda.Event | None = None
+    def __init__(self, num_tokens: int, num_seqs: int, device: torch.device, pin: bool = False) -> None:
+        self.i64 = torch.zeros(3 * num_tokens, dtype=torch.int64, device=device, pin_memory=pin)
+        self.i32 = torch.zeros(2 * num_seqs + 1, dtype=torch.int32, device=device, pin_memory=pin)
+        if device.type == "cpu":
+            self.a64, self.a32 = self.i64.numpy(), self.i32.numpy()
+        self.event: torch.cuda.Event | None = None  # the last copy out of this (host) buffer
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+
+    def fits(self, n: int, b: int) -> bool:
+        return 3 * n <= self.i64.numel() and 2 * b + 1 <= self.i32.numel()
+
+    def views(self, n: int, b: int) -> tuple[torch.Tensor, ...]:
+        """(ids, positions, slots, query starts, lengths, all int64, all int32) of a step of n tokens, b sequences."""
+        v = self._views.get((n, b))
+        if v is None:
+            if len(self._views) >= 64:  # prefill steps come in many shapes; keep the cache small
+                self._views.clear()
+            i64, i32 = self.i64, self.i32
+            v = self._views[n, b] = (i64[:n], i64[n:2 * n], i64[2 * n:3 * n], i32[:b + 1], i32[b + 1:2 * b + 1],
+                                     i64[:3 * n], i32[:2 * b + 1])
+        return v
 
 
 class InputBatch:
@@ -64,8 +83,10 @@ class InputBatch:
         self._free = list(range(max_num_seqs - 1, -1, -1))
         # two host buffers in turn: a step writes one while the other's copy to the device may still be queued
         self._pin = self.device.type == "cuda"
-        self._buffers = [_HostBuffer(_packed_size(max_num_tokens, max_num_seqs), self._pin) for _ in range(2)]
+        self._host = [_Buffers(max_num_tokens, max_num_seqs, torch.device("cpu"), self._pin) for _ in range(2)]
+        self._dev = (_Buffers(max_num_tokens, max_num_seqs, self.device) if self.device.type != "cpu" else None)
         self._turn = 0
+        self._arange = np.arange(max_num_seqs + 1, dtype=np.int32)
 
     def __len__(self) -> int:
         return len(self._row)
@@ -109,45 +130,53 @@ class InputBatch:
 
     def prepare(self, scheduled: list["ScheduledSeq"]) -> StepInputs:
         """The step's inputs on the device: each sequence's row synced, its tokens, positions and slots written in
-        place into a host buffer, sent in one copy (a view of the buffer on CPU: no copy at all)."""
+        place into a host buffer and sent in one copy per dtype (on CPU the buffer's own views: no copy at all)."""
         rows = [self.sync(s.seq_id, s.block_table) for s in scheduled]
         tables = self.tables(rows, max(len(s.block_table) for s in scheduled))
         query_lens = [s.num_new_tokens for s in scheduled]
         seq_lens = [s.context_len for s in scheduled]
         n, b = sum(query_lens), len(scheduled)
-        buf = self._buffer(_packed_size(n, b))
-        a = buf.array
-        a[:n] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in scheduled), np.int64, n)
-        lens, ends = np.asarray(query_lens), np.asarray(seq_lens)
+        host = self._next_host(n, b)
+        a, q = host.a64, host.a32
         if n == b:  # one token each (decodes): a sequence's position is its context length less one
-            a[n:2 * n] = ends - 1
+            a[:n] = [s.token_ids[0] for s in scheduled]
+            a[n:2 * n] = seq_lens
+            a[n:2 * n] -= 1
+            a[2 * n:3 * n] = [s.slot_mapping[0] for s in scheduled]
+            if b >= len(self._arange):
+                self._arange = np.arange(2 * b + 1, dtype=np.int32)
+            q[:b + 1] = self._arange[:b + 1]
         else:  # each sequence's run start..end-1: its start repeated, plus the token's offset in its run
-            starts = np.cumsum(lens) - lens
-            a[n:2 * n] = np.repeat(ends - lens - starts, lens) + np.arange(n)
-        a[2 * n:3 * n] = np.fromiter(itertools.chain.from_iterable(s.slot_mapping for s in scheduled), np.int64, n)
-        a[3 * n] = 0
-        np.cumsum(lens, out=a[3 * n + 1:3 * n + 1 + b])
-        a[3 * n + 1 + b:3 * n + 1 + 2 * b] = ends
-        packed = buf.tensor[:3 * n + 1 + 2 * b]
-        if self.device.type != "cpu":
-            packed = packed.to(self.device, non_blocking=True)
-            if self._pin:
-                buf.event = torch.cuda.Event()
-                buf.event.record()
-        small = packed[3 * n:].to(torch.int32)
-        return StepInputs(packed[:n], packed[n:2 * n], packed[2 * n:3 * n], small[:b + 1], small[b + 1:], tables,
-                          query_lens, seq_lens)
+            a[:n] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in scheduled), np.int64, n)
+            lens = np.asarray(query_lens)
+            q[0] = 0
+            np.cumsum(lens, out=q[1:b + 1])
+            a[n:2 * n] = np.repeat(np.asarray(seq_lens) - lens - q[:b], lens) + np.arange(n)
+            a[2 * n:3 * n] = np.fromiter(itertools.chain.from_iterable(s.slot_mapping for s in scheduled),
+                                         np.int64, n)
+        q[b + 1:2 * b + 1] = seq_lens
+        views = host.views(n, b)
+        if self._dev is not None:  # one copy per dtype, queued on the stream before this step's forward
+            if not self._dev.fits(n, b):
+                self._dev = _Buffers(2 * n, 2 * b, self.device)
+            dev = self._dev.views(n, b)
+            dev[5].copy_(views[5], non_blocking=True)
+            dev[6].copy_(views[6], non_blocking=True)
+            host.event = torch.cuda.Event()
+            host.event.record()
+            views = dev
+        return StepInputs(*views[:5], tables, query_lens, seq_lens)
 
-    def _buffer(self, size: int) -> _HostBuffer:
-        """The next host buffer in turn, at least `size` long, once its previous copy to the device is done."""
+    def _next_host(self, n: int, b: int) -> _Buffers:
+        """The next host buffer in turn, large enough, once its previous copy to the device is done."""
         self._turn ^= 1
-        buf = self._buffers[self._turn]
-        if buf.event is not None:
-            buf.event.synchronize()  # two steps old: long done unless the device is far behind
-            buf.event = None
-        if buf.tensor.numel() < size:
-            buf = self._buffers[self._turn] = _HostBuffer(2 * size, self._pin)
-        return buf
+        host = self._host[self._turn]
+        if host.event is not None:
+            host.event.synchronize()  # two steps old: long done unless the device is far behind
+            host.event = None
+        if not host.fits(n, b):
+            host = self._host[self._turn] = _Buffers(2 * n, 2 * b, torch.device("cpu"), self._pin)
+        return host
 
     def _grow(self) -> None:
         old = self.block_tables.shape[0]
@@ -155,7 +184,3 @@ class InputBatch:
         self._num_blocks += [0] * old
         self._free = list(range(2 * old - 1, old - 1, -1))
 
-
-def _packed_size(num_tokens: int, num_seqs: int) -> int:
-    """Entries of a step's packed inputs: token ids, positions and slots per token; query starts and lengths."""
-    return 3 * num_tokens + 2 * num_seqs + 1
