@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unload a model after this long without requests (e.g. 30s, 5m, 1h; -1: never)")
     s.add_argument("--max-loaded-models", type=int, default=1,
                    help="models loaded at once; the least recently used idle one is unloaded for another")
-    s.add_argument("--max-queue", type=int, default=256, help="waiting requests per model before HTTP 429")
+    s.add_argument("--max-queue", type=int, default=EngineConfig.max_waiting,
+                   help="waiting requests per model before HTTP 429 (default %(default)s)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
     add_device_args(s)
@@ -207,25 +208,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="tokens proposed per sequence per step (default %(default)s)")
 
 
-def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
-    """EngineConfig from the engine flags; a bad value becomes a one-line EdgeserveError."""
-    try:
-        return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
-                            max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
-                            enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
-                            gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager,
-                            overlap=args.overlap, cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
-                            speculative=args.speculative,
-                            draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
-                            **overrides)
-    except ValueError as e:
-        raise EdgeserveError(str(e).replace("max_num_seqs", "--max-seqs")
-                             .replace("max_num_batched_tokens", "--max-batched-tokens")
-                             .replace("max_model_len", "--max-model-len").replace("kv_cache_gb", "--kv-cache-gb")
-                             .replace("kv_offload", "--kv-offload").replace("cpu_kv_gb", "--cpu-kv-gb")
-                             .replace("disk_kv_gb", "--disk-kv-gb")
-                             .replace("num_speculative_tokens", "--num-speculative-tokens")
-                             .replace("gpu_memory_fraction", "--gpu-memory-fraction")) from None
+def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
+    """The EngineConfig of the engine flags (plus `fields`); a bad value is EngineConfig's own one-line
+    ConfigError, which names the flag."""
+    return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
+                        max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
+                        enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
+                        gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager, overlap=args.overlap,
+                        cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
+                        speculative=args.speculative, draft_model=args.draft_model,
+                        num_speculative_tokens=args.num_speculative_tokens, **fields)
 
 
 def names_model(text: str) -> bool:
@@ -356,31 +348,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def server_config_from_args(args: argparse.Namespace):
-    """ServerConfig from `serve`'s flags (engine flags included); a bad value becomes a one-line EdgeserveError."""
+    """ServerConfig from `serve`'s flags, its `engine` built from the engine flags; a bad value is the config
+    dataclasses' own one-line ConfigError."""
     from edgeserve.server import ServerConfig
     from edgeserve.server.config import parse_keep_alive
 
-    models = tuple(args.model or [DEFAULT_MODEL])
-    engine = engine_config_from_args(args)  # a bad engine flag is one clear line now, not a failure at first load
-    # the engine fields ServerConfig has no own field for travel through extra_engine
-    extra_engine = {k: getattr(engine, k) for k in ("enable_prefix_caching", "kv_offload", "cpu_kv_gb", "disk_kv_gb",
-                                                    "disk_kv_path", "speculative", "draft_model",
-                                                    "num_speculative_tokens", "gpu_memory_fraction", "enforce_eager",
-                                                    "overlap")}
+    engine = engine_config_from_args(args, max_waiting=args.max_queue)  # a bad flag fails now, not at first load
     check_device(args)
-    try:
-        config = ServerConfig(
-            host=args.host, port=args.port, models=models, api_key=args.api_key or None,
-            keep_alive=parse_keep_alive(args.keep_alive, "--keep-alive"), max_loaded_models=args.max_loaded_models,
-            max_queue=args.max_queue, max_seqs=args.max_seqs, max_model_len=args.max_model_len,
-            max_batched_tokens=args.max_batched_tokens, kv_cache_gb=args.kv_cache_gb, dtype=args.dtype,
-            quantize=args.quantize, quantize_group_size=args.quantize_group_size,
-            quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
-            device=args.device, load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
-            extra_engine=extra_engine)
-    except ValueError as e:
-        raise EdgeserveError(str(e).replace("_", "-", 1) if str(e).startswith("keep_alive") else str(e)) from None
-    return config
+    return ServerConfig(
+        host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
+        keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
+        engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
+        quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
+        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -48,6 +48,20 @@ class EngineError(EdgeserveError):
     """The engine failed while running a step; the requests in flight were ended."""
 
 
+class ConfigError(EdgeserveError, ValueError):
+    """A bad setting. The message names the field and its command-line flag ("max_num_seqs must be a positive
+    integer, got 0 (flag --max-seqs)"), so the Python API, the server and the CLI all show the same one line."""
+
+
+def config_error(config_cls: type, name: str, requirement: str, value: object) -> ConfigError:
+    """The ConfigError of field `name` of dataclass `config_cls` (its flag read from the field's `flag` metadata):
+    "NAME must REQUIREMENT, got VALUE (flag FLAG)"."""
+    from dataclasses import fields
+
+    flag = next((f.metadata.get("flag") for f in fields(config_cls) if f.name == name), None)
+    return ConfigError(f"{name} must {requirement}, got {repr(value)[:60]}" + (f" (flag {flag})" if flag else ""))
+
+
 def one_line_parse_errors(prog: str, *parsers) -> None:
     """Make argparse errors of these parsers one `PROG: error: ...` line and exit status 1."""
     import sys

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeserve.errors import config_error
 from edgeserve.registry.paths import edgeserve_home
 
 _MODES = ("none", "cpu", "cpu,disk")
@@ -20,20 +21,22 @@ def default_disk_kv_path() -> Path:
 class OffloadConfig:
     """KV offload settings (flags `--kv-offload`, `--cpu-kv-gb`, `--disk-kv-gb`, `--disk-kv-path`)."""
 
-    kv_offload: str = "none"  # "none" | "cpu" | "cpu,disk"
-    cpu_kv_gb: float = 4.0  # host tier budget (swap space for preempted requests included)
-    disk_kv_gb: float = 16.0  # disk tier budget, all models' block files under disk_kv_path together
-    disk_kv_path: str | None = None  # None: default_disk_kv_path()
+    kv_offload: str = field(default="none", metadata={"flag": "--kv-offload"})  # "none" | "cpu" | "cpu,disk"
+    # host tier budget (swap space for preempted requests included)
+    cpu_kv_gb: float = field(default=4.0, metadata={"flag": "--cpu-kv-gb"})
+    # disk tier budget, all models' block files under disk_kv_path together
+    disk_kv_gb: float = field(default=16.0, metadata={"flag": "--disk-kv-gb"})
+    disk_kv_path: str | None = field(default=None, metadata={"flag": "--disk-kv-path"})  # None: default_disk_kv_path()
 
     def __post_init__(self) -> None:
-        mode = self.kv_offload.replace(" ", "")
+        mode = self.kv_offload.replace(" ", "") if isinstance(self.kv_offload, str) else self.kv_offload
         if mode not in _MODES:
-            raise ValueError(f"kv_offload must be one of {', '.join(_MODES)}, got {self.kv_offload!r}")
+            raise config_error(OffloadConfig, "kv_offload", f"be one of {', '.join(_MODES)}", self.kv_offload)
         object.__setattr__(self, "kv_offload", mode)
         for name in ("cpu_kv_gb", "disk_kv_gb"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+                raise config_error(OffloadConfig, name, "be positive", value)
 
     @property
     def use_cpu(self) -> bool:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from scripted_gguf import (ANSWER, THINK_SCRIPT, THINK_TEMPLATE, THOUGHT, TOOL_SCRIPT, TOOL_TEMPLATE,
                            write_scripted_gguf)
 from server_helpers import serve
@@ -28,7 +29,8 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("scripted")
     tool = write_scripted_gguf(d / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
     think = write_scripted_gguf(d / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
-    with serve(ServerConfig(models=(str(tool), str(think)), keep_alive=None, max_seqs=4, kv_cache_gb=0.05)) as s:
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
+                            models=(str(tool), str(think)), keep_alive=None)) as s:
         yield s
 
 

@@ -12,6 +12,7 @@ import pytest
 from edgeserve.cli import build_parser, main
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import metric, serve
 
 pytestmark = pytest.mark.slow
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, max_seqs=4, kv_cache_gb=0.1)) as s:
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.1),
+                            models=(DEFAULT_MODEL,), keep_alive=None)) as s:
         yield s
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
@@ -29,7 +30,8 @@ def paths(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(paths):
     # float32, as the reference below computes (the CPU default is bf16)
-    with serve(ServerConfig(kv_cache_gb=0.01, models=tuple(str(p) for p in paths.values()), keep_alive=None,
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=tuple(str(p) for p in paths.values()), keep_alive=None,
                             dtype="float32")) as s:
         yield s
 

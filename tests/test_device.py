@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeserve.device import DeviceError, auto_dtype, gpu_kv_budget, resolve_device, resolve_dtype
-from edgeserve.engine.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes, pad_decode_batch
+from edgeserve.engine.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes
 from edgeserve.llm import LLM
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.dummy import DummyWeights, int4_group_size, weight_bytes
@@ -149,17 +149,24 @@ def test_graph_batch_sizes_and_buckets():
     assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 9, 17, 33, 48, 49)] == [1, 2, 4, 8, 16, 32, 48, 48, None]
 
 
-def test_pad_decode_batch():
-    p = pad_decode_batch([5, 6, 7], [10, 3, 0], [170, 51, 80], [11, 4, 1], [[2], [3], [5]], bucket=4, max_blocks=3,
-                         scratch_block=9, block_size=16)
-    assert p.n == 3 and p.bucket == 4
-    assert p.token_ids == [5, 6, 7, 0] and p.positions == [10, 3, 0, 0]
-    assert p.slot_mapping == [170, 51, 80, 9 * 16]
-    assert p.seq_lens == [11, 4, 1, 1]
-    assert p.block_tables == [[2, 0, 0], [3, 0, 0], [5, 0, 0], [9, 0, 0]]
-    with pytest.raises(ValueError):
-        pad_decode_batch([1, 2], [0, 0], [0, 1], [1, 1], [[0], [0]], bucket=1, max_blocks=1, scratch_block=3,
-                         block_size=16)
+def test_decode_step_is_padded_to_its_bucket_in_the_static_buffers():
+    """A step of 3 decodes runs bucket 4: its rows are copied in, the padding row reads the scratch block only."""
+    from edgeserve.engine.input_batch import StepInputs
+    from edgeserve.engine.kv_cache import KVPool
+
+    lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
+    pool = KVPool(lm.config, 10, 16, torch.float32, scratch_block=True)
+    g = DecodeGraphs(lm.model, pool, 4, 48, capture=False)
+    g.ids.fill_(77)  # a previous step's values must not survive in the padding rows
+    i64 = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    inputs = StepInputs(i64([5, 6, 7]), i64([10, 3, 0]), i64([34, 51, 80]), i32([0, 1, 2, 3]), i32([11, 4, 1]),
+                        i32([[2], [3], [5]]), [1, 1, 1], [11, 4, 1])
+    assert g.prepare(inputs) == 4
+    scratch = pool.scratch_block
+    assert g.ids[:4].tolist() == [5, 6, 7, 0] and g.positions[:4].tolist() == [10, 3, 0, 0]
+    assert g.slots[:4].tolist() == [34, 51, 80, scratch * 16] and g.seq_lens[:4].tolist() == [11, 4, 1, 1]
+    assert g.tables[:4, 0].tolist() == [2, 3, 5, scratch]
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], n: int = 8) -> list[list[int]]:

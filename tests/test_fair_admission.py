@@ -118,7 +118,8 @@ def test_engine_first_tokens_short_before_long(default_model):
 def test_server_short_request_finishes_while_a_long_prompt_prefills():
     """Through the real server: a short chat sent while a long prompt prefills finishes before the long one's
     first token (first come, first served, it would wait for the whole long prefill)."""
-    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, kv_cache_gb=0.1, max_batched_tokens=32)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.1, max_num_batched_tokens=32),
+                            models=(DEFAULT_MODEL,), keep_alive=None)) as s:
         long_text = "Tell me about rivers, lakes and seas. " * 90
         events: list[str] = []
 

@@ -32,7 +32,8 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None, max_n=4)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(str(tiny_path),), keep_alive=None, max_n=4)) as s:
         yield s
 
 
@@ -302,7 +303,7 @@ def test_keep_alive_at_the_cap_and_negative_are_accepted(server):
 
 
 def test_keep_alive_zero_during_a_stream_unloads_when_the_stream_ends(tiny_path):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=300)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path),), keep_alive=300)) as s:
         out = {}
 
         async def main():
@@ -356,7 +357,7 @@ def test_symlink_to_a_non_gguf_file_reveals_neither_target_nor_bytes(tiny_path, 
     secret.write_bytes(b"SECRET-CONTENT of the operator")
     evil = tmp_path / "evil.gguf"
     evil.symlink_to(secret)
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path), str(evil)), keep_alive=None,
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path), str(evil)), keep_alive=None,
                             max_loaded_models=2)) as s:
         async def send(c: httpx.AsyncClient) -> httpx.Response:
             return await c.post(CHAT, json={**CHAT_BASE, "model": "evil"})

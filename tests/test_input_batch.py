@@ -59,3 +59,34 @@ def test_engine_keeps_only_running_sequences_and_copies_no_table(monkeypatch):
     alone = [LLM.from_model(lm, kv_cache_gb=0.01).generate([p], params)[0].outputs[0].token_ids for p in prompts]
     assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == alone
     assert len(core.runner.batch) == 0
+
+
+def test_step_inputs_are_written_in_place_into_the_batch_buffers():
+    """A mixed step (a decode beside prefill chunks) and a step of decodes get the scheduler's ids, positions and
+    slots, written into the batch's preallocated buffers (views of them on CPU: nothing allocated per step for
+    them), two in turn."""
+    from edgeserve.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, Sequence
+
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=12, block_size=4), 32)
+    sched.add(Sequence("a", [1, 2, 3]))
+    first = sched.schedule()
+    sched.update(first, {"a": [40]})
+    sched.add(Sequence("b", list(range(100, 109))))
+    sched.add(Sequence("c", [7, 8]))
+    step = sched.schedule().scheduled
+    assert [s.num_new_tokens for s in step] != [1] * len(step)  # a decode and prefill chunks together
+    decodes = [ScheduledSeq(sid, [t], [p], [7 * p], [1, 2], p + 1, True) for sid, t, p in [("x", 5, 30), ("y", 6, 17)]]
+    batch = InputBatch(4, 8, "cpu", max_num_tokens=16)
+    buffers = [b.i64 for b in batch._host]
+    for step in [step, decodes, step, decodes, step]:
+        inputs = batch.prepare(step)
+        assert inputs.token_ids.tolist() == [t for s in step for t in s.token_ids]
+        assert inputs.positions.tolist() == [p for s in step for p in s.positions]
+        assert inputs.slot_mapping.tolist() == [x for s in step for x in s.slot_mapping]
+        assert inputs.seq_lens.tolist() == [s.context_len for s in step]
+        starts = [0]
+        for s in step:
+            starts.append(starts[-1] + s.num_new_tokens)
+        assert inputs.query_start_loc.tolist() == starts
+        base = inputs.token_ids.untyped_storage().data_ptr()
+        assert any(base == t.untyped_storage().data_ptr() for t in buffers)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
@@ -86,7 +87,7 @@ def browser():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, browser):
     path = write_tiny_llama(tmp_path_factory.mktemp("chat_page") / "tiny.gguf")
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
         yield s
 
 
@@ -143,7 +144,7 @@ def test_chat_page_is_served(tmp_path):
     import httpx
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), api_key="k")) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), api_key="k")) as s:
         r = httpx.get(s.url + "/")  # the page and its files need no key; its API calls do
         assert r.status_code == 200 and "text/html" in r.headers["content-type"]
         assert "script-src 'self'" in r.headers["content-security-policy"]
@@ -349,7 +350,7 @@ def test_cold_load_shows_loading_then_stop_marks_the_reply(browser, tmp_path, mo
 
     monkeypatch.setattr(load_module, "load_model", gated_load)
     path = write_tiny_llama(tmp_path / "tiny.gguf")
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
         context, page, errors = _open(browser, s.url)
         try:
             assert page.locator("#model option").first.text_content() == "tiny \u00b7 not loaded"

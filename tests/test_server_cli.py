@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,6 +55,45 @@ def test_serve_bad_flag_is_one_line(capsys):
     assert err.startswith("edgeserve: error:") and "--keep-alive" in err and "Traceback" not in err
     assert main(["serve", "--max-seqs", "0", "--no-pull"]) == 1
     assert "--max-seqs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, fields", [
+    (["--max-seqs", "0"], dict(max_num_seqs=0)),
+    (["--kv-offload", "gpu"], dict(kv_offload="gpu")),
+    (["--num-speculative-tokens", "99"], dict(num_speculative_tokens=99)),
+])
+def test_a_bad_engine_value_is_the_same_line_on_every_surface(flags, fields, capsys):
+    """One config tree: the Python API, ServerConfig and both CLI commands show EngineConfig's own message."""
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.errors import ConfigError
+    from edgeserve.llm import LLM
+
+    with pytest.raises(ConfigError) as raised:
+        EngineConfig(**fields)
+    message = str(raised.value)
+    assert flags[0] in message and "\n" not in message
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        LLM.from_model(None, **fields)  # the config is checked before the model is touched
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ServerConfig(engine=EngineConfig(**fields))
+    for argv in (["serve", "--no-pull", *flags], ["run", *flags, "hi"]):
+        assert main(argv) == 1
+        assert capsys.readouterr().err == f"edgeserve: error: {message}\n"
+
+
+def test_a_bad_keep_alive_is_the_same_line_for_the_flag_and_the_request_field(capsys):
+    from edgeserve.server.errors import APIError
+    from edgeserve.server.schemas import parse_ollama_generate
+
+    with pytest.raises(ValueError) as raised:
+        parse_keep_alive("soon")
+    message = str(raised.value)
+    assert "keep_alive" in message and "--keep-alive" in message
+    assert main(["serve", "--keep-alive", "soon"]) == 1
+    assert capsys.readouterr().err == f"edgeserve: error: {message}\n"
+    with pytest.raises(APIError) as http:
+        parse_ollama_generate({"model": "m", "prompt": "x", "keep_alive": "soon"})
+    assert http.value.status == 400 and http.value.message == message
 
 
 def test_serve_process_answers_and_stops(tmp_path):

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
@@ -39,7 +40,7 @@ def minilm_path():
 def server(minilm_path, tmp_path_factory):
     tiny = write_tiny_llama(tmp_path_factory.mktemp("emb") / "tiny.gguf")
     # max_loaded_models=1: the embedding model loads beside the text model, not instead of it
-    with serve(ServerConfig(kv_cache_gb=0.01, models=("all-minilm", str(tiny)), keep_alive=None,
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=("all-minilm", str(tiny)), keep_alive=None,
                             api_key="sekret", max_loaded_models=1)) as s:
         yield s
 

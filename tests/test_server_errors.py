@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve, wait_until
 from tiny_gguf import write_tiny_llama
 
@@ -24,7 +25,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None,
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path),), keep_alive=None,
                             max_body_bytes=64 * 1024)) as s:
         yield s
 
@@ -171,7 +172,8 @@ def test_unknown_route_and_method(client):
 def test_queue_full_is_429_with_retry_after(tiny_path):
     """Exactly --max-queue requests wait; the next one gets 429 with Retry-After, through OpenAI and Ollama."""
     max_queue = 3
-    cfg = ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None, max_seqs=1, max_queue=max_queue)
+    cfg = ServerConfig(engine=EngineConfig(kv_cache_gb=0.01, max_num_seqs=1, max_waiting=max_queue),
+                       models=(str(tiny_path),), keep_alive=None)
     with serve(cfg) as s, httpx.Client(base_url=s.url, timeout=60) as c:
         assert_ok_after(c)  # loads the model
         core = s.manager.entries["tiny"].engine.core
@@ -216,7 +218,7 @@ def test_queue_full_is_429_with_retry_after(tiny_path):
 
 
 def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
-    with serve(ServerConfig(models=(str(tiny_path),), kv_cache_gb=1e6)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=1e6), models=(str(tiny_path),))) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             err = assert_error(c.post(CHAT, json=GOOD), 507, "model", "insufficient_memory", "GiB")
             assert "KV cache 1000000.00 GiB" in err["message"] and "free" in err["message"]
@@ -227,7 +229,7 @@ def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
 
 
 def test_api_key(tiny_path):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), api_key="s3cret")) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path),), api_key="s3cret")) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
                 assert_error(c.post(CHAT, json=GOOD, headers=headers), 401, None, "invalid_api_key")
@@ -246,7 +248,8 @@ def test_api_key_on_every_route(tiny_path):
     and lets it through with `Authorization: Bearer KEY` or `x-api-key: KEY`."""
     from starlette.routing import Route
 
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), api_key="s3cret", allow_pull=False)) as s, \
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(str(tiny_path),), api_key="s3cret", allow_pull=False)) as s, \
             httpx.Client(base_url=s.url, timeout=60) as c:
         routes = [(r.path.replace("{", "").replace("}", ""), m) for r in s.app.routes if isinstance(r, Route)
                   for m in sorted(r.methods - {"HEAD"})]

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import metric, serve, wait_until
 from tiny_gguf import write_tiny_llama
 
@@ -32,7 +33,7 @@ def load_count(c: httpx.Client, model: str) -> float:
 
 
 def test_lazy_load_keep_alive_unload_and_reload(tiny_paths):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=0.5)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_paths[0]),), keep_alive=0.5)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert loaded(c) == {}  # nothing loads at start
             assert c.get("/health").json() == {"status": "ok", "loading": False, "models": {"tiny-a": "not loaded"}}
@@ -47,7 +48,7 @@ def test_lazy_load_keep_alive_unload_and_reload(tiny_paths):
 
 
 def test_concurrent_first_requests_share_one_load(tiny_paths):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_paths[0]),), keep_alive=None)) as s:
         statuses: list[int] = []
 
         async def one(c: httpx.AsyncClient) -> None:
@@ -69,7 +70,8 @@ def test_concurrent_first_requests_share_one_load(tiny_paths):
 
 def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
     a, b = map(str, tiny_paths)
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(a, b), keep_alive=None, max_loaded_models=1)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(a, b), keep_alive=None, max_loaded_models=1)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.post(CHAT, json=chat("tiny-a")).status_code == 200
             assert loaded(c) == {"tiny-a": "loaded"}
@@ -78,7 +80,8 @@ def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
             # a full path names the same model as its id
             assert c.post(CHAT, json=chat(a)).json()["model"] == "tiny-a"
             assert loaded(c) == {"tiny-a": "loaded"}
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(a, b), keep_alive=None, max_loaded_models=2)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(a, b), keep_alive=None, max_loaded_models=2)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             for m in ("tiny-a", "tiny-b"):
                 assert c.post(CHAT, json=chat(m)).status_code == 200
@@ -86,7 +89,7 @@ def test_max_loaded_models_evicts_least_recently_used(tiny_paths):
 
 
 def test_ollama_keep_alive_zero_unloads_and_negative_keeps(tiny_paths):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), keep_alive=300)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_paths[0]),), keep_alive=300)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             r = c.post("/api/generate", json={"model": "tiny-a", "prompt": "hi", "stream": False,
                                               "options": {"num_predict": 2}, "keep_alive": -1})
@@ -107,8 +110,9 @@ def test_ollama_keep_alive_zero_unloads_and_negative_keeps(tiny_paths):
 
 def test_offload_tiers_show_in_metrics(tiny_paths, tmp_path):
     """With --kv-offload cpu,disk the tiers' counters are exported per model in /metrics."""
-    extra = {"kv_offload": "cpu,disk", "cpu_kv_gb": 0.01, "disk_kv_gb": 0.01, "disk_kv_path": str(tmp_path / "kv")}
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_paths[0]),), extra_engine=extra)) as s:
+    engine = EngineConfig(kv_cache_gb=0.01, kv_offload="cpu,disk", cpu_kv_gb=0.01, disk_kv_gb=0.01,
+                          disk_kv_path=str(tmp_path / "kv"))
+    with serve(ServerConfig(engine=engine, models=(str(tiny_paths[0]),))) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.post(CHAT, json=chat("tiny-a")).status_code == 200
             text = c.get("/metrics").text
@@ -122,5 +126,5 @@ def test_serve_passes_offload_flags_to_the_engine():
     from edgeserve.cli import build_parser, server_config_from_args
 
     args = build_parser().parse_args(["serve", "--kv-offload", "cpu", "--cpu-kv-gb", "2", "--no-prefix-cache"])
-    extra = server_config_from_args(args).extra_engine
-    assert extra["kv_offload"] == "cpu" and extra["cpu_kv_gb"] == 2 and extra["enable_prefix_caching"] is False
+    engine = server_config_from_args(args).engine
+    assert engine.kv_offload == "cpu" and engine.cpu_kv_gb == 2 and engine.enable_prefix_caching is False

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
@@ -26,7 +27,8 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(tiny_path, default_model_path):
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path), "smollm2-135m"), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(str(tiny_path), "smollm2-135m"), keep_alive=None)) as s:
         with httpx.Client(base_url=s.url, timeout=120) as c:
             yield c
 
@@ -113,7 +115,7 @@ def test_delete_pulled_model(tmp_path, monkeypatch, default_model_path, tiny_pat
         shutil.copy2(src, home / "models" / src.name)  # keeps mtime_ns, so the verification record holds
     monkeypatch.setenv("EDGESERVE_HOME", str(home))
     assert is_pulled(entry.name)
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path),), keep_alive=None)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert "smollm2-135m" in {m["name"] for m in c.get("/api/tags").json()["models"]}
             r = c.request("DELETE", "/api/delete", json={"model": "tiny"})
@@ -152,7 +154,7 @@ def test_first_stream_gets_headers_and_keepalive_while_loading(tiny_path, monkey
 
     monkeypatch.setattr(load_mod, "load_model", held_load)
     monkeypatch.setattr("edgeserve.server.loading.LOAD_PING_SECONDS", 0.05)
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(tiny_path),), keep_alive=None)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny_path),), keep_alive=None)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             assert c.get("/health").json()["models"] == {"tiny": "not loaded"}
             with c.stream("POST", path, json=body) as r:

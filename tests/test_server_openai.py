@@ -14,6 +14,7 @@ import pytest
 
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import metric, serve, wait_until
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,8 @@ MSG = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def server(default_model_path):
     """One server on the default model; the first request's lazy load is watched through /api/ps and /health."""
-    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, max_seqs=16, kv_cache_gb=0.25)) as s:
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=16, kv_cache_gb=0.25),
+                            models=(DEFAULT_MODEL,), keep_alive=None)) as s:
         seen: dict = {"ps_before": None, "states": set(), "health_loading": False, "status": None}
         with httpx.Client(base_url=s.url, timeout=120) as c:
             seen["ps_before"] = c.get("/api/ps").json()["models"]

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
@@ -17,7 +18,8 @@ KEY = "k-responses"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = write_tiny_llama(tmp_path_factory.mktemp("responses") / "tiny.gguf")
-    with serve(ServerConfig(kv_cache_gb=0.01, models=(str(path),), keep_alive=None, api_key=KEY)) as s:
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
+                            models=(str(path),), keep_alive=None, api_key=KEY)) as s:
         yield s
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from server_helpers import serve
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,8 @@ def _format(schema: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    with serve(ServerConfig(models=(DEFAULT_MODEL,), keep_alive=None, max_seqs=16, kv_cache_gb=0.3)) as s:
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=16, kv_cache_gb=0.3),
+                            models=(DEFAULT_MODEL,), keep_alive=None)) as s:
         yield s
 
 

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from edgeserve.server import ServerConfig
+from edgeserve.engine.config import EngineConfig
 from scripted_gguf import (ANSWER, THINK_SCRIPT, THINK_TEMPLATE, THOUGHT, TOOL_SCRIPT, TOOL_TEMPLATE,
                            write_scripted_gguf)
 from server_helpers import serve
@@ -30,7 +31,8 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models):
-    with serve(ServerConfig(models=models, keep_alive=None, max_seqs=4, kv_cache_gb=0.05)) as s:
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
+                            models=models, keep_alive=None)) as s:
         yield s
 
 

@@ -1,65 +1,86 @@
-"""EngineConfig: the knobs of one model's engine (pool size, batch limits, context length)."""
+"""EngineConfig: the knobs of one model's engine (pool size, batch limits, context length), the root of the config
+tree that the CLI, the server (`ServerConfig.engine`) and the Python API (`LLM`) all build directly.
+
+Its scheduling and KV-offload parts are the `SchedulerConfig` and `OffloadConfig` it hands to the scheduler and the
+offload tiers (`scheduler_config()`, `offload_config()`). Each field names its command-line flag in its metadata, so
+a bad value raises the same one-line ConfigError (a ValueError) on every surface.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from edgeserve.errors import config_error
 from edgeserve.offload.config import OffloadConfig
 
-from .scheduler import check_decode_slowdown
+from .scheduler import SchedulerConfig, check_decode_slowdown
+
+
+def _flag(default, flag: str):
+    """A field with a default, settable from the command line as `flag`."""
+    return field(default=default, metadata={"flag": flag})
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Limits of one engine; invalid values raise ValueError naming the field."""
+    """Limits of one engine; invalid values raise ConfigError (a ValueError) naming the field and its flag."""
 
-    max_num_seqs: int = 32  # --max-seqs: sequences in one step
-    max_num_batched_tokens: int = 512  # --max-batched-tokens: tokens in one step (prefill chunks + decodes)
-    max_waiting: int = 256  # --max-queue: waiting requests before new ones are refused as busy
+    max_num_seqs: int = _flag(32, "--max-seqs")  # sequences in one step
+    max_num_batched_tokens: int = _flag(512, "--max-batched-tokens")  # tokens in one step (prefill chunks + decodes)
+    max_waiting: int = _flag(256, "--max-queue")  # waiting requests before new ones are refused as busy
     block_size: int = 16  # tokens per KV block
-    kv_cache_gb: float | None = None  # --kv-cache-gb; None: kv_cache_fraction of free memory
+    kv_cache_gb: float | None = _flag(None, "--kv-cache-gb")  # None: kv_cache_fraction of free memory
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None (CPU)
-    gpu_memory_fraction: float = 0.9  # --gpu-memory-fraction: of the whole GPU, for weights + activations + KV (CUDA)
-    enforce_eager: bool = False  # --eager: no CUDA graphs for decode steps (they are only used on CUDA anyway)
-    overlap: str = "auto"  # --overlap auto|on|off: launch step N+1 before step N's ids reach the host (auto: on CUDA)
-    max_model_len: int | None = None  # --max-model-len; None: the model's own context
-    enable_prefix_caching: bool = True
-    kv_offload: str = "none"  # --kv-offload none|cpu|cpu,disk: tiers behind the pool (edgeserve.offload)
-    cpu_kv_gb: float = 4.0  # --cpu-kv-gb: host tier (and swap space) budget
-    disk_kv_gb: float = 16.0  # --disk-kv-gb: disk tier budget
-    disk_kv_path: str | None = None  # --disk-kv-path; None: kv/ under the edgeserve cache folder
-
-    def offload_config(self) -> OffloadConfig:
-        """The KV offload settings (validated)."""
-        return OffloadConfig(self.kv_offload, self.cpu_kv_gb, self.disk_kv_gb, self.disk_kv_path)
-    speculative: str | None = None  # --speculative: None (off), "ngram" (prompt lookup) or "draft" (a draft model)
-    draft_model: str | None = None  # --draft-model: the draft's name (catalog, .gguf, HF folder) for "draft"
-    num_speculative_tokens: int = 4  # --num-speculative-tokens: tokens proposed per sequence per step
+    # of the whole GPU, for weights + activations + KV (CUDA)
+    gpu_memory_fraction: float = _flag(0.9, "--gpu-memory-fraction")
+    enforce_eager: bool = _flag(False, "--eager")  # no CUDA graphs for decode steps (they are only used on CUDA)
+    overlap: str = _flag("auto", "--overlap")  # auto|on|off: launch step N+1 before step N's ids reach the host
+    max_model_len: int | None = _flag(None, "--max-model-len")  # None: the model's own context
+    enable_prefix_caching: bool = _flag(True, "--no-prefix-cache")
+    kv_offload: str = _flag("none", "--kv-offload")  # none|cpu|cpu,disk: tiers behind the pool (edgeserve.offload)
+    cpu_kv_gb: float = _flag(4.0, "--cpu-kv-gb")  # host tier (and swap space) budget
+    disk_kv_gb: float = _flag(16.0, "--disk-kv-gb")  # disk tier budget
+    disk_kv_path: str | None = _flag(None, "--disk-kv-path")  # None: kv/ under the edgeserve cache folder
+    # None (off), "ngram" (prompt lookup) or "draft" (a draft model)
+    speculative: str | None = _flag(None, "--speculative")
+    draft_model: str | None = _flag(None, "--draft-model")  # the draft's name (catalog, .gguf, HF folder)
+    num_speculative_tokens: int = _flag(4, "--num-speculative-tokens")  # tokens proposed per sequence per step
     # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
     # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
     max_decode_slowdown: float | None = 1.5
 
     def __post_init__(self) -> None:
-        self.offload_config()
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
-            raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise config_error(EngineConfig, name, "be a positive integer", value)
+        if self.kv_cache_gb is not None and not (isinstance(self.kv_cache_gb, (int, float)) and self.kv_cache_gb > 0):
+            raise config_error(EngineConfig, "kv_cache_gb", "be positive", self.kv_cache_gb)
         if not 0.0 < self.kv_cache_fraction <= 0.95:
-            raise ValueError(f"kv_cache_fraction must be in (0, 0.95], got {self.kv_cache_fraction!r}")
+            raise config_error(EngineConfig, "kv_cache_fraction", "be in (0, 0.95]", self.kv_cache_fraction)
         if not (isinstance(self.gpu_memory_fraction, (int, float)) and 0.0 < self.gpu_memory_fraction <= 1.0):
-            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}")
+            raise config_error(EngineConfig, "gpu_memory_fraction", "be in (0, 1]", self.gpu_memory_fraction)
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ValueError(f"max_model_len must be an integer of at least 2, got {self.max_model_len!r}")
+            raise config_error(EngineConfig, "max_model_len", "be an integer of at least 2", self.max_model_len)
         if self.overlap not in ("auto", "on", "off"):
-            raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
+            raise config_error(EngineConfig, "overlap", "be 'auto', 'on' or 'off'", self.overlap)
         if self.speculative not in (None, "ngram", "draft"):
-            raise ValueError(f"speculative must be 'ngram' or 'draft', got {self.speculative!r}")
+            raise config_error(EngineConfig, "speculative", "be 'ngram' or 'draft'", self.speculative)
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-            raise ValueError(f"num_speculative_tokens must be an integer from 1 to 16, got {k!r}")
+            raise config_error(EngineConfig, "num_speculative_tokens", "be an integer from 1 to 16", k)
         if self.draft_model is not None and self.speculative != "draft":
-            raise ValueError("draft_model is only used with speculative 'draft'")
+            raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
         check_decode_slowdown(self.max_decode_slowdown)
+        self.offload_config()
+
+    def offload_config(self) -> OffloadConfig:
+        """The KV offload part (validated)."""
+        return OffloadConfig(self.kv_offload, self.cpu_kv_gb, self.disk_kv_gb, self.disk_kv_path)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduling part: batch limits, block size, and a waiting queue with room for preempted requests
+        (they rejoin it on top of the engine's own admission limit, `max_waiting`)."""
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_waiting=self.max_waiting + self.max_num_seqs, block_size=self.block_size,
+                               max_decode_slowdown=self.max_decode_slowdown)

@@ -28,7 +28,7 @@ from edgeserve.kernels.transfer import HostCopy, to_device
 from edgeserve.models.load import LoadedModel
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
-from edgeserve.text.grammar import GrammarCompiler, GrammarState
+from edgeserve.text.grammar import GrammarCompiler
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
@@ -38,7 +38,8 @@ from .output_processor import OutputProcessor
 from .request_check import check_request
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence, SeqStatus
+from .request_state import Registry, Request, SeqStatus
+from .scheduler import Scheduler, SchedulerOutput
 from .spec import Speculator
 
 log = logging.getLogger("edgeserve.engine")
@@ -46,21 +47,6 @@ log = logging.getLogger("edgeserve.engine")
 _ids = itertools.count()
 
 PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
-
-
-@dataclass(eq=False)
-class Request:
-    """One request's engine-side state."""
-
-    request_id: str
-    seq: Sequence
-    params: SamplingParams
-    generator: torch.Generator | None
-    stop_ids: frozenset[int]
-    max_tokens: int  # params.max_tokens capped by the room left in the context
-    proc: OutputProcessor  # token ids -> text deltas, stop strings
-    num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
-    grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
 
 
 @dataclass
@@ -95,17 +81,15 @@ class EngineCore:
         window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
                            scratch_block=use_graphs, window_blocks=window_blocks)
-        sched_config = SchedulerConfig(max_num_seqs=config.max_num_seqs,
-                                       max_num_batched_tokens=config.max_num_batched_tokens,
-                                       # preempted requests rejoin the queue on top of the core's own admission limit
-                                       max_waiting=config.max_waiting + config.max_num_seqs, block_size=config.block_size,
-                                       max_decode_slowdown=config.max_decode_slowdown)
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
-        self.scheduler = Scheduler(sched_config, num_blocks, enable_prefix_caching=config.enable_prefix_caching,
-                                   offload=self.offload)
+        self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
+        self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
+                                   enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,
+                                   registry=self.requests)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
-        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len,
+                                  max_num_tokens=config.max_num_batched_tokens, registry=self.requests)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None
@@ -114,7 +98,6 @@ class EngineCore:
                                    config.block_size, draft)
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
         self._inflight: Launched | None = None
-        self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._pending_add: list[Request] = []
         self._pending_finish: dict[str, str] = {}
@@ -131,13 +114,13 @@ class EngineCore:
         check_request(prompt_ids, params, self.lm.config.vocab_size, self.max_model_len)
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
-        req = Request(request_id, Sequence(request_id, list(prompt_ids)), params, make_generator(params), stop_ids,
+        req = Request(request_id, list(prompt_ids), params=params, generator=make_generator(params), stop_ids=stop_ids,
                       max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                       proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer))
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:
-            if request_id in self._requests or any(r.request_id == request_id for r in self._pending_add):
+            if request_id in self.requests or any(r.request_id == request_id for r in self._pending_add):
                 raise ValueError(f"duplicate request id {request_id!r}")
             if len(self.scheduler.waiting) + len(self._pending_add) >= self.config.max_waiting:
                 raise QueueFullError()
@@ -151,11 +134,11 @@ class EngineCore:
 
     def has_work(self) -> bool:
         """Whether a step would do anything."""
-        return bool(self._requests or self._pending_add or self._pending_finish or self._inflight)
+        return bool(self.requests or self._pending_add or self._pending_finish or self._inflight)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._requests) + len(self._pending_add)
+        return len(self.requests) + len(self._pending_add)
 
     # --- one step (the worker thread) ------------------------------------------
 
@@ -175,7 +158,7 @@ class EngineCore:
         if self._inflight is not None and self._must_apply_first():
             outputs += self._apply(self._pop_inflight())
         outputs += self._apply_pending()
-        launched = self._launch() if self._requests else None
+        launched = self._launch() if self.requests else None
         if self._inflight is not None:
             outputs += self._apply(self._pop_inflight())
         if launched is None:
@@ -207,8 +190,8 @@ class EngineCore:
         """Schedule, run the forward, sample the one-token rows (on the device) and verify the rows with drafts
         (on the host)."""
         if self.spec is not None:
-            self.spec.propose([r for r in self._requests.values()
-                               if r.seq.status is SeqStatus.RUNNING and r.seq.num_remaining == 1])
+            self.spec.propose([r for r in self.requests.values()
+                               if r.status is SeqStatus.RUNNING and r.num_remaining == 1])
         sched = self.scheduler.schedule()
         self.num_steps += 1
         for seq_id in sched.preempted:  # requeued: their blocks went back to the pool
@@ -216,12 +199,12 @@ class EngineCore:
             if self.spec is not None:
                 self.spec.free(seq_id)
         for s in sched.scheduled:
-            req = self._requests[s.seq_id]
+            req = self.requests[s.seq_id]
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = s.positions[0]
         scheduled = [s for s in sched.scheduled if s.samples]
-        sampling = [self._requests[s.seq_id] for s in scheduled]
-        out = Launched(sched, sampling, {r.request_id: len(r.seq.output_token_ids) for r in sampling})
+        sampling = [self.requests[s.seq_id] for s in scheduled]
+        out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
         logits = self.runner.execute(sched, fill)
         if logits is None:  # every sequence was mid-prefill
@@ -232,8 +215,7 @@ class EngineCore:
         if out.plain:
             rows = logits if not spec else logits[to_device([ends[i] - 1 for i in out.plain], torch.long, logits.device)]
             reqs = [sampling[i] for i in out.plain]
-            out.sample = sample_rows(rows, [SamplingRow(r.params, r.generator, r.seq.prompt_token_ids,
-                                                        r.seq.output_token_ids, r.grammar) for r in reqs])
+            out.sample = sample_rows(rows, [_sampling_row(r) for r in reqs])
             out.copy = HostCopy.start(out.sample)
         if spec:
             rows = torch.cat([torch.arange(ends[i] - 1 - scheduled[i].num_spec, ends[i]) for i in spec])
@@ -242,7 +224,7 @@ class EngineCore:
             for i, toks in zip(spec, verdicts):
                 # a speculative run may pass a stop token or max_tokens: it ends there, like token-by-token decoding
                 req = sampling[i]
-                n, _ = _cut(toks, req.stop_ids, req.max_tokens - len(req.seq.output_token_ids))
+                n, _ = _cut(toks, req.stop_ids, req.max_tokens - req.num_output_tokens)
                 out.verified[i] = toks[:n]
         return out
 
@@ -282,11 +264,11 @@ class EngineCore:
         outputs = []
         for i, req in enumerate(launched.sampling):
             k = launched.out_index[req.request_id]
-            if self._requests.get(req.request_id) is not req:
+            if self.requests.get(req.request_id) is not req:
                 continue  # ended while the step ran: the row was wasted work
             if i in plain:
                 toks, lp = [ids[plain[i]]], lps[plain[i]]
-                req.seq.set_output(k, toks[0])
+                req.set_output(k, toks[0])
                 lp = [lp] if lp is not None else None
             else:  # verified at launch (requests with drafts ask no logprobs)
                 toks, lp = launched.verified[i], None
@@ -308,19 +290,18 @@ class EngineCore:
 
     def _retire_outgrown(self, sched: SchedulerOutput) -> list[RequestOutput | None]:
         """Retire the requests the scheduler ended because they outgrew the whole pool."""
-        return [self._retire(self._requests[seq_id], [], None, "length", already_finished=True)
-                for seq_id in sched.finished if seq_id in self._requests]
+        return [self._retire(self.requests[seq_id], [], None, "length", already_finished=True)
+                for seq_id in sched.finished if seq_id in self.requests]
 
     def _apply_pending(self) -> list[RequestOutput | None]:
         with self._lock:
             adds, self._pending_add = self._pending_add, []
             finishes, self._pending_finish = self._pending_finish, {}
         for req in adds:
-            self._requests[req.request_id] = req
-            self.scheduler.add(req.seq)
+            self.scheduler.add(req)  # registers it (self.requests is the scheduler's registry)
         outputs = []
         for request_id, reason in finishes.items():
-            req = self._requests.get(request_id)
+            req = self.requests.get(request_id)
             if req is not None:
                 outputs.append(self._retire(req, [], None, reason))
         return outputs
@@ -337,7 +318,7 @@ class EngineCore:
         self.runner.batch.remove(req.request_id)
         if self.spec is not None:
             self.spec.free(req.request_id)
-        del self._requests[req.request_id]
+        del self.requests[req.request_id]
         self.num_requests_finished += 1
 
     def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None,
@@ -345,18 +326,18 @@ class EngineCore:
         """The text delta of a request's new tokens (None when nothing is left to say); a stop string found here
         ends the request at once, so it takes no row in the next step."""
         out = TokenOutput(req.request_id, tokens, logprobs, reason, stop_reason,
-                          num_prompt_tokens=len(req.seq.prompt_token_ids),
-                          num_cached_tokens=req.num_cached_tokens or 0, num_output_tokens=len(req.seq.output_token_ids))
+                          num_prompt_tokens=req.num_prompt_tokens,
+                          num_cached_tokens=req.num_cached_tokens or 0, num_output_tokens=req.num_output_tokens)
         try:
             delta = req.proc.process(out)
         except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone
             log.error("request %s failed while turning tokens into text", req.request_id, exc_info=e)
-            if self._requests.get(req.request_id) is req:
+            if self.requests.get(req.request_id) is req:
                 self._end(req, "abort")
             req.proc.done = True
             return RequestOutput(req.request_id, "", [], None, "abort",
                                  error="this request failed while turning tokens into text")
-        if delta is not None and delta.finished and reason is None and self._requests.get(req.request_id) is req:
+        if delta is not None and delta.finished and reason is None and self.requests.get(req.request_id) is req:
             self._end(req, "stop")  # a stop string
         return delta
 
@@ -374,20 +355,19 @@ class EngineCore:
         dev = self.lm.model.device
         vocab = self.lm.config.vocab_size
         culprits = []
-        for req in list(self._requests.values()):
-            seq = req.seq
+        for req in list(self.requests.values()):
             try:
                 out = sample_tokens(torch.zeros(1, vocab, device=dev), [req.params], [make_generator(req.params)],
-                                    [seq.prompt_token_ids], [[t for t in seq.output_token_ids if t >= 0]])
+                                    [req.prompt_token_ids], [[t for t in req.output_token_ids if t >= 0]])
                 out.token_ids.tolist()
             except Exception:  # noqa: BLE001 - any failure of this request's own sampling
                 culprits.append(req.request_id)
         for request_id in culprits:
-            req = self._requests[request_id]
+            req = self.requests[request_id]
             if self.scheduler.has(request_id):
                 self._retire(req, [], None, "abort")
             else:
-                del self._requests[request_id]
+                del self.requests[request_id]
         return culprits
 
     # --- state -----------------------------------------------------------------
@@ -399,11 +379,11 @@ class EngineCore:
             adds, self._pending_add = self._pending_add, []
             self._pending_finish.clear()
         outputs = [self._output(r, [], None, "abort") for r in adds]
-        for req in list(self._requests.values()):
+        for req in list(self.requests.values()):
             if self.scheduler.has(req.request_id):
                 outputs.append(self._retire(req, [], None, "abort"))
             else:
-                del self._requests[req.request_id]
+                del self.requests[req.request_id]
                 outputs.append(self._output(req, [], None, "abort"))
         stats = self._collect_stats()
         with self._lock:
@@ -442,6 +422,13 @@ class EngineCore:
             offload=self.offload.tiers.stats() if self.offload is not None else None,
             **(_spec_stats(self.spec) if self.spec is not None else {}),
         )
+
+
+def _sampling_row(req: Request) -> SamplingRow:
+    """The sampler's view of a request; its token history only where a penalty reads it (no per-step copies)."""
+    if req.params.penalized:
+        return SamplingRow(req.params, req.generator, req.prompt_token_ids, req.output_token_ids, req.grammar)
+    return SamplingRow(req.params, req.generator, [], [], req.grammar)
 
 
 def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, str | None]:

@@ -6,7 +6,8 @@ bucketed batch size, replayed with the step's values copied into static input bu
   scheduler never hands out (the pool's last block), attend over that one slot (seq_len 1, so their output is
   finite), and their logits are dropped.
 - Static buffers, sized for the largest bucket: token ids, positions, slot mapping, seq lens, block tables padded
-  to the most blocks a sequence can have (`max_model_len / block_size`), and query_start_loc = 0..B.
+  to the most blocks a sequence can have (`max_model_len / block_size`), and query_start_loc = 0..B. A step's
+  inputs (the persistent batch's, already on the device) are copied in device to device; padding is written there.
 - The attention inside the graph is the Triton flash-decoding kernel, launched with `max_seq_len` fixed to
   `max_model_len` (an upper bound of every seq_len), so its split layout does not depend on the step; nothing in the
   captured region reads a host list or a device value on the host. Graphs are used only where dispatch picks
@@ -18,20 +19,19 @@ bucketed batch size, replayed with the step's values copied into static input bu
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from edgeserve.kernels.dispatch import use_triton
 from edgeserve.kernels.paged_attention import AttentionMetadata
-from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
 
 from .kv_cache import KVPool, PagedKVAttention
 
 if TYPE_CHECKING:
+    from .input_batch import StepInputs
     from .model_runner import TokenFill
 
 log = logging.getLogger("edgeserve.engine")
@@ -62,43 +62,6 @@ def graphs_supported(device: torch.device, config: ModelConfig | None = None) ->
     if device.type != "cuda" or not use_triton(device):
         return False
     return config is None or (config.head_dim <= 256 and config.num_heads % config.num_kv_heads == 0)
-
-
-@dataclass
-class PaddedDecode:
-    """One decode step padded to a bucket, as host lists (row i < n is sequence i, the rest are padding)."""
-
-    n: int
-    bucket: int
-    token_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    seq_lens: list[int]
-    block_tables: list[list[int]]  # each exactly max_blocks long
-
-
-def pad_decode_batch(token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-                     block_tables: list[list[int]] | None, bucket: int, max_blocks: int, scratch_block: int,
-                     block_size: int) -> PaddedDecode:
-    """Pad a decode step of n = len(token_ids) sequences up to `bucket` rows.
-
-    Padding rows: token 0 at position 0, written to the scratch block's first slot, attending to that slot only
-    (seq_len 1, block table [scratch_block, 0, ...]). Every block table is padded with 0 to `max_blocks`; with
-    `block_tables` None (the engine's path: its tables are already tensors) no tables are built.
-    """
-    n = len(token_ids)
-    if not n <= bucket:
-        raise ValueError(f"{n} sequences do not fit a batch of {bucket}")
-    pad = bucket - n
-    scratch_slot = scratch_block * block_size
-    tables = []
-    if block_tables is not None:
-        if any(len(t) > max_blocks for t in block_tables):
-            raise ValueError(f"a block table is longer than {max_blocks} blocks")
-        tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
-        tables += [[scratch_block] + [0] * (max_blocks - 1) for _ in range(pad)]
-    return PaddedDecode(n, bucket, list(token_ids) + [0] * pad, list(positions) + [0] * pad,
-                        list(slot_mapping) + [scratch_slot] * pad, list(seq_lens) + [1] * pad, tables)
 
 
 class DecodeGraphs:
@@ -170,36 +133,38 @@ class DecodeGraphs:
             return False
         return table_width is None or table_width <= self.max_blocks
 
-    def prepare(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-                block_tables: torch.Tensor) -> PaddedDecode:
-        """Pad the step to its bucket and copy it into the static buffers; `block_tables` [n, width] (the
-        persistent batch's, on the device) fill the first `width` columns of the table buffer, device to device
-        (columns past a row's blocks are never read: its length bounds it)."""
-        n = len(token_ids)
+    def prepare(self, inputs: "StepInputs") -> int:
+        """Copy a decode step of n sequences into the static buffers (device to device: they take a slice of the
+        persistent batch's inputs) and pad it to its bucket; returns the bucket. Padding rows: token 0 at position
+        0, written to the scratch block's first slot, attending to that slot only (seq_len 1, table [scratch]).
+        The step's tables fill the first `width` columns (columns past a row's blocks are never read)."""
+        n = len(inputs.query_lens)
         bucket = bucket_for(n, self.sizes)
         assert bucket is not None
         self.pool.sync_window_map()  # the sliding-window pool's block pairing, read by the captured graph
-        p = pad_decode_batch(token_ids, positions, slot_mapping, seq_lens, None, bucket, self.max_blocks,
-                             self.pool.scratch_block, self.block_size)
-        dev = self.device
-        self.ids[:bucket].copy_(to_device(p.token_ids, torch.long, dev))
-        self.positions[:bucket].copy_(to_device(p.positions, torch.long, dev))
-        self.slots[:bucket].copy_(to_device(p.slot_mapping, torch.long, dev))
-        self.seq_lens[:bucket].copy_(to_device(p.seq_lens, torch.int32, dev))
-        self.tables[:n, : block_tables.shape[1]].copy_(block_tables)
-        self.tables[n:bucket, 0] = self.pool.scratch_block  # padding rows read the scratch block only
-        return p
+        self.ids[:n].copy_(inputs.token_ids)
+        self.positions[:n].copy_(inputs.positions)
+        self.slots[:n].copy_(inputs.slot_mapping)
+        self.seq_lens[:n].copy_(inputs.seq_lens)
+        self.tables[:n, : inputs.block_tables.shape[1]].copy_(inputs.block_tables)
+        if bucket > n:
+            self.ids[n:bucket] = 0
+            self.positions[n:bucket] = 0
+            self.slots[n:bucket] = self.pool.scratch_block * self.block_size
+            self.seq_lens[n:bucket] = 1
+            self.tables[n:bucket, 0] = self.pool.scratch_block  # padding rows read the scratch block only
+        return bucket
 
-    def run(self, token_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-            block_tables: torch.Tensor, fill: "TokenFill | None" = None) -> torch.Tensor:
+    def run(self, inputs: "StepInputs", fill: "TokenFill | None" = None) -> torch.Tensor:
         """Float32 logits [n, vocab] of a decode step of n sequences (row i: sequence i's one token); `fill`
         supplies token ids still on the device (see model_runner.TokenFill)."""
-        p = self.prepare(token_ids, positions, slot_mapping, seq_lens, block_tables)
+        n = len(inputs.query_lens)
+        bucket = self.prepare(inputs)
         if fill is not None:
             fill.apply(self.ids)
         if self.capture:
-            self.graphs[p.bucket].replay()
+            self.graphs[bucket].replay()
             self.replays += 1
-            return self.outputs[p.bucket][: p.n]
+            return self.outputs[bucket][:n]
         self.eager_runs += 1
-        return self._forward(p.bucket, p.seq_lens)[: p.n]
+        return self._forward(bucket, inputs.seq_lens_host + [1] * (bucket - n))[:n]

@@ -6,8 +6,9 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence
+from typing import Hashable, MutableMapping, Protocol, Sequence
 
+from .request_state import Registry
 from .window_blocks import WindowBlocks
 
 SeqId = Hashable
@@ -64,7 +65,9 @@ class BlockManager:
     """Hands out physical blocks 0..num_blocks-1 to sequences and reuses computed full blocks by prefix."""
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
-                 offload: BlockOffload | None = None) -> None:
+                 offload: BlockOffload | None = None, registry: Registry | None = None) -> None:
+        """`registry`: the shared request states, whose `kv` part holds each sequence's blocks (a sequence must be
+        registered before it gets blocks); without it the block manager keeps its own map by id."""
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -75,7 +78,7 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._by_hash: dict[bytes, int] = {}
         self._num_cached_free = 0  # free blocks that hold a prefix (kept as a count: stats read it every step)
-        self._seqs: dict[SeqId, _SeqBlocks] = {}
+        self._seqs: MutableMapping[SeqId, _SeqBlocks] = {} if registry is None else registry.view("kv")
         self.num_prompt_tokens_computed = 0
         self.num_prompt_tokens_reused = 0  # device and tier hits
         self.offload = offload  # evicted cached blocks go there; prefix lookups continue there

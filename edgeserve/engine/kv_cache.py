@@ -7,12 +7,16 @@ smaller pool whose blocks a sequence holds only within its window (`edgeserve.en
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
 from edgeserve.kernels.dispatch import AttentionMetadata, paged_attention, write_kv
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from .input_batch import StepInputs
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -242,28 +246,25 @@ def size_pool(lm, config) -> tuple[int, int, int]:
 
 
 def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], positions: torch.Tensor | list[int],
-                  query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor | list[list[int]],
-                  slot_mapping: list[int], prompt_rows=None, fill=None) -> torch.Tensor:
-    """The one forward setup: a flat ragged batch (each sequence's `query_lens[i]` new tokens, `seq_lens[i]` tokens
-    of context once they are in) through `model.forward` over `pool`; hidden states [T, hidden].
-
-    `block_tables`: [B, width] int32 on the model's device (the engine's persistent batch), or lists (the draft
-    model, the warm-up). `fill` writes token ids still on the device (model_runner.TokenFill).
-    """
+                  query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
+                  slot_mapping: list[int], prompt_rows=None) -> torch.Tensor:
+    """A flat ragged batch given as host lists (each sequence's `query_lens[i]` new tokens, `seq_lens[i]` tokens
+    of context once they are in) through `model.forward` over `pool`; hidden states [T, hidden]. For the draft
+    model and the warm-up; the engine's steps come through `forward_inputs` from its persistent batch."""
     dev = model.device
-    if isinstance(block_tables, torch.Tensor):
-        starts = [0]
-        for n in query_lens:
-            starts.append(starts[-1] + n)
-        meta = AttentionMetadata(slot_mapping=to_device(slot_mapping, torch.long, dev),
-                                 query_start_loc=to_device(starts, torch.int32, dev),
-                                 seq_lens=to_device(seq_lens, torch.int32, dev), block_tables=block_tables,
-                                 max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-                                 query_lens_host=list(query_lens), seq_lens_host=list(seq_lens))
-    else:
-        meta = AttentionMetadata.build(query_lens, seq_lens, block_tables, slot_mapping, dev)
+    meta = AttentionMetadata.build(query_lens, seq_lens, block_tables, slot_mapping, dev)
     ids = token_ids if isinstance(token_ids, torch.Tensor) else to_device(token_ids, torch.long, dev)
-    if fill is not None:
-        fill.apply(ids)
     pos = positions if isinstance(positions, torch.Tensor) else to_device(positions, torch.long, dev)
     return model.forward(ids, pos, PagedKVAttention(pool, meta), prompt_rows)
+
+
+def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None, fill=None) -> torch.Tensor:
+    """One engine step's inputs (the persistent batch's, on the device) through `model.forward` over `pool`;
+    hidden states [T, hidden]. `fill` writes token ids still on the device (model_runner.TokenFill)."""
+    meta = AttentionMetadata(slot_mapping=inputs.slot_mapping, query_start_loc=inputs.query_start_loc,
+                             seq_lens=inputs.seq_lens, block_tables=inputs.block_tables,
+                             max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens_host),
+                             query_lens_host=inputs.query_lens, seq_lens_host=inputs.seq_lens_host)
+    if fill is not None:
+        fill.apply(inputs.token_ids)
+    return model.forward(inputs.token_ids, inputs.positions, PagedKVAttention(pool, meta), prompt_rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,8 @@ from edgeserve.models.llama import LlamaModel
 
 from .cuda_graphs import DecodeGraphs
 from .input_batch import InputBatch
-from .kv_cache import KVPool, forward_batch
+from .kv_cache import KVPool, forward_inputs
+from .request_state import Registry
 from .scheduler import SchedulerOutput
 
 
@@ -35,12 +37,16 @@ class ModelRunner:
     """Owns the model and its KV pool; turns a SchedulerOutput into the logits its sampling rows need."""
 
     def __init__(self, model: LlamaModel, pool: KVPool, max_num_seqs: int, max_model_len: int,
-                 graphs: DecodeGraphs | None = None) -> None:
+                 graphs: DecodeGraphs | None = None, max_num_tokens: int = 2048,
+                 registry: Registry | None = None) -> None:
+        """`max_num_tokens`: the most tokens a step computes (its host buffers start that large and grow);
+        `registry`: the engine's request states, which keep each sequence's batch row."""
         self.model = model
         self.pool = pool
         self.device = model.device
         # each running sequence's block table, kept on the device and updated in place
-        self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device)
+        self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens,
+                                rows=registry.view("batch_row") if registry is not None else None)
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
@@ -53,18 +59,16 @@ class ModelRunner:
         scheduled, dev = step.scheduled, self.device
         if not scheduled:
             return None
-        query_lens = [s.num_new_tokens for s in scheduled]
+        inputs = self.batch.prepare(scheduled)
         sample_seqs = [i for i, s in enumerate(scheduled) if s.samples]
-        rows = [self.batch.sync(s.seq_id, s.block_table) for s in scheduled]
-        tables = self.batch.tables(rows, max(len(s.block_table) for s in scheduled))
-        if sample_seqs and self.graphs is not None and self.graphs.can_run(query_lens, tables.shape[1]):
-            logits = self.graphs.run(step.token_ids, step.positions, step.slot_mapping, step.context_lens, tables, fill)
+        if sample_seqs and self.graphs is not None and self.graphs.can_run(inputs.query_lens,
+                                                                           inputs.block_tables.shape[1]):
+            logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
-        hidden = forward_batch(self.model, self.pool, step.token_ids, step.positions, query_lens, step.context_lens,
-                               tables, step.slot_mapping, _prompt_rows(step, dev), fill)
+        hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill)
         if not sample_seqs:
             return None
-        rows = [r for end, s in zip(_cumsum(query_lens), scheduled) if s.samples
+        rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
                 for r in range(end - 1 - s.num_spec, end)]
         return self.model.logits(hidden[to_device(rows, torch.long, dev)])
 
@@ -74,11 +78,3 @@ def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | No
     if all(s.positions[0] >= s.num_prompt_tokens for s in step.scheduled):
         return None
     return PromptRows.build([p < s.num_prompt_tokens for s in step.scheduled for p in s.positions], device)
-
-
-def _cumsum(values: list[int]) -> list[int]:
-    out, total = [], 0
-    for v in values:
-        total += v
-        out.append(total)
-    return out

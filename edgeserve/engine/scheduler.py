@@ -10,58 +10,13 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable, Hashable, Protocol
+from typing import Callable, Protocol
 
 from edgeserve.errors import QueueFullError
 
 from .kv_blocks import BlockManager, BlockOffload
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
-
-SeqId = Hashable
-
-
-class SeqStatus(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request's token state."""
-
-    seq_id: SeqId
-    prompt_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    status: SeqStatus = SeqStatus.WAITING
-    arrival: int = -1  # set by Scheduler.add
-    finish_reason: str | None = None
-    swapped: bool = False  # preempted with its KV in host swap space (num_computed_tokens kept)
-    spec_token_ids: list[int] = field(default_factory=list)  # proposed continuation to verify next step
-    all_token_ids: list[int] = field(init=False, repr=False)  # prompt + outputs, kept in step (read-only)
-
-    def __post_init__(self) -> None:
-        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
-
-    def append_output(self, token_ids: list[int]) -> None:
-        self.output_token_ids.extend(token_ids)
-        self.all_token_ids.extend(token_ids)
-
-    def set_output(self, index: int, token_id: int) -> None:
-        """Replace output token `index` (a placeholder the one-step overlap appended) with its real id."""
-        self.output_token_ids[index] = token_id
-        self.all_token_ids[len(self.prompt_token_ids) + index] = token_id
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_remaining(self) -> int:
-        """Tokens whose KV is not computed yet."""
-        return self.num_tokens - self.num_computed_tokens
+from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
 
 
 @dataclass(frozen=True)
@@ -159,14 +114,19 @@ class Scheduler:
     """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, enable_prefix_caching: bool = True,
-                 offload: SwapOffload | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        """`clock`: seconds, read once per `schedule()` to time the steps (for `max_decode_slowdown`)."""
+                 offload: SwapOffload | None = None, registry: Registry | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """`registry`: the request states shared with the engine core, which forgets the finished ones itself;
+        without it the scheduler keeps its own and forgets a sequence when it finishes it. `clock`: seconds, read
+        once per `schedule()` to time the steps (for `max_decode_slowdown`)."""
         self.config = config
-        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching, offload=offload)
+        self._owns_registry = registry is None
+        self._seqs: Registry = Registry() if registry is None else registry
+        self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching, offload=offload,
+                                          registry=self._seqs)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
-        self._seqs: dict[SeqId, Sequence] = {}
         self._arrivals = 0
         self.num_preemptions = 0
         self.clock = clock
@@ -182,7 +142,7 @@ class Scheduler:
             raise QueueFullError()
         if seq.seq_id in self._seqs:
             raise ValueError(f"duplicate sequence id {seq.seq_id!r}")
-        if not seq.prompt_token_ids:
+        if not seq.num_prompt_tokens:
             raise ValueError("empty prompt")
         if self.block_manager.blocks_needed(seq.num_tokens) > self.block_manager.num_blocks:
             raise ValueError(f"prompt of {seq.num_tokens} tokens does not fit in the KV cache")
@@ -197,14 +157,18 @@ class Scheduler:
         return self._seqs[seq_id]
 
     def has(self, seq_id: SeqId) -> bool:
-        return seq_id in self._seqs
+        """Whether `seq_id` is waiting or running."""
+        seq = self._seqs.get(seq_id)
+        return seq is not None and seq.status is not SeqStatus.FINISHED
 
     def has_unfinished(self) -> bool:
-        return bool(self._seqs)
+        return bool(self.running or self.waiting)
 
     def finish(self, seq_id: SeqId, reason: str) -> Sequence:
-        """Retire a sequence and free its blocks now."""
-        seq = self._seqs.pop(seq_id)
+        """Retire a sequence and free its blocks now (it stays in a shared registry until its owner forgets it)."""
+        seq = self._seqs[seq_id]
+        if seq.status is SeqStatus.FINISHED:
+            raise KeyError(seq_id)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         else:
@@ -215,6 +179,8 @@ class Scheduler:
             self.offload.drop_swap(seq_id)
             seq.swapped = False
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        if self._owns_registry:
+            del self._seqs[seq_id]
         return seq
 
     def abort(self, seq_id: SeqId) -> Sequence:
@@ -396,7 +362,7 @@ class Scheduler:
             context_len=end,
             samples=stop == seq.num_tokens,
             num_spec=len(spec or ()),
-            num_prompt_tokens=len(seq.prompt_token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
         )
 
 

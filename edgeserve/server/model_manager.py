@@ -18,7 +18,6 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, ModelSource, is_hf_name, is_pulled, list_local, resolve
 from edgeserve.server.config import UNSET, ServerConfig
@@ -78,8 +77,8 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
         weights = source_bytes(source)
     if config.dtype == "float32" and config.load_format != "dummy":
         weights *= 8 if source.kind == "gguf" else 2
-    kv = int(config.kv_cache_gb * 2**30) if config.kv_cache_gb else 0
-    activations = config.max_batched_tokens * 200_000
+    kv = int(config.engine.kv_cache_gb * 2**30) if config.engine.kv_cache_gb else 0
+    activations = config.engine.max_num_batched_tokens * 200_000
     from edgeserve.device import resolve_device
 
     dev = resolve_device(config.device)
@@ -347,9 +346,7 @@ class ModelManager:
             source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
             quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
             dense_prefill=cfg.dense_prefill))
-        engine_cfg = EngineConfig(max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.max_batched_tokens,
-                                  max_waiting=cfg.max_queue, kv_cache_gb=cfg.kv_cache_gb,
-                                  max_model_len=cfg.max_model_len, **cfg.extra_engine)
+        engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
         engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg, draft)
         return lm, engine
@@ -390,7 +387,7 @@ def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
     from edgeserve.models.decoder_embed import load_decoder_embedder
 
     if source.kind == "gguf":
-        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.max_model_len)
+        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
     return load_encoder(source, cfg.device, cfg.dtype)
 
 

@@ -15,7 +15,7 @@ from .ngram import NgramProposer
 from .verify import token_probs, verify
 
 if TYPE_CHECKING:
-    from edgeserve.engine.core import Request
+    from edgeserve.engine.request_state import Request
 
 
 @dataclass
@@ -51,7 +51,6 @@ class Speculator:
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
             self.draft = DraftProposer(draft, target, num_blocks, block_size)
-        self._draft_probs: dict[str, torch.Tensor] = {}
         self.counters = SpecCounters()
 
     @staticmethod
@@ -61,20 +60,19 @@ class Speculator:
         return req.params.speculative and req.params.logprobs is None and req.grammar is None
 
     def propose(self, reqs: list["Request"]) -> None:
-        """Set `seq.spec_token_ids` of each decoding request (never more than its max_tokens leaves room for)."""
-        self._draft_probs.clear()
+        """Set `spec_token_ids` (and, with a draft model, `draft_probs`) of each decoding request (never more than
+        its max_tokens leaves room for)."""
         reqs = [r for r in reqs if self.wants(r)]
-        ks = [min(self.num_tokens, r.max_tokens - len(r.seq.output_token_ids) - 1) for r in reqs]
+        ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
         if self.ngram is not None:
             for r, k in zip(reqs, ks):
-                r.seq.spec_token_ids = self.ngram.propose(r.seq.all_token_ids, k)
+                r.spec_token_ids = self.ngram.propose(r.all_token_ids, k)
             return
         assert self.draft is not None
-        drafts, qs = self.draft.propose([r.seq for r in reqs], ks, [r.params for r in reqs],
+        drafts, qs = self.draft.propose(reqs, ks, [r.params for r in reqs],
                                         [r.generator for r in reqs])
         for r, d, q in zip(reqs, drafts, qs):
-            r.seq.spec_token_ids = d
-            self._draft_probs[r.request_id] = q
+            r.spec_token_ids, r.draft_probs = d, q
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (read on the host); `logits` are its
@@ -83,13 +81,13 @@ class Speculator:
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
         history = any(r.params.penalized for r in rs)
-        prompt_ids = [r.seq.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
-        output_ids = ([r.seq.output_token_ids + d[:j] for r, d in zip(rs, drafts) for j in range(len(d) + 1)]
+        prompt_ids = [r.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
+        output_ids = ([r.output_token_ids + d[:j] for r, d in zip(rs, drafts) for j in range(len(d) + 1)]
                       if history else None)
         p = token_probs(logits, params, prompt_ids, output_ids)
         q = None
         if self.draft is not None:
-            q = [self._draft_probs[r.request_id][: len(d)] for r, d in zip(rs, drafts)]
+            q = [r.draft_probs[: len(d)] for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
         self.counters.proposed += sum(len(d) for d in drafts)
         self.counters.accepted += sum(verdict.num_accepted)
@@ -100,10 +98,9 @@ class Speculator:
         """After `Scheduler.update`: drop the draft KV past each request's accepted tokens."""
         if self.draft is not None:
             for r in reqs:
-                self.draft.rollback(r.request_id, r.seq.num_computed_tokens)
+                self.draft.rollback(r.request_id, r.num_computed_tokens)
 
     def free(self, request_id: str) -> None:
         """A request ended or was preempted: release its draft state."""
-        self._draft_probs.pop(request_id, None)
         if self.draft is not None:
             self.draft.free(request_id)
