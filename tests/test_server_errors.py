@@ -224,7 +224,8 @@ def test_model_that_cannot_fit_is_507_with_the_estimate(tiny_path):
             assert "KV cache 1000000.00 GiB" in err["message"] and "free" in err["message"]
             assert c.get("/health").status_code == 200
             assert s.manager.entries == {}  # nothing half-loaded stays behind
-            s.manager.config = dataclasses.replace(s.manager.config, kv_cache_gb=0.01)
+            engine = dataclasses.replace(s.manager.config.engine, kv_cache_gb=0.01)
+            s.manager.config = dataclasses.replace(s.manager.config, engine=engine)
             assert_ok_after(c)
 
 
