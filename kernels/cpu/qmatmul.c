@@ -98,17 +98,31 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
 /* bytes of an _R8 group's scale fields (d, and m for Q4_1) */
 static inline int r8_head(int fmt) { return fmt == F_Q4_0_R8 ? 16 : 32; }
 
+/* Where block b of an _R8 row of nb blocks lives: its group's start (scale fields first) and its 32 packed bytes
+   (value i of block j in the low nibble when j is even, else the high one), with j = b % 8; returns 0 for a block
+   of the row's tail, which keeps the GGUF layout of its base format. */
+static inline int r8_locate(int fmt, const uint8_t *row, int nb, int b, const uint8_t **x, const uint8_t **qs) {
+    const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
+    if (b >= 8 * groups) return 0;
+    *x = row + (size_t)(b / 8) * gb;
+    *qs = *x + r8_head(fmt) + 32 * (j / 2);
+    return 1;
+}
+
+/* the tail of an _R8 row: its base format's blocks after the whole groups */
+static inline const uint8_t *r8_tail(int fmt, const uint8_t *row, int nb) { return row + (size_t)(nb / 8) * 8 * BLOCK_BYTES[fmt]; }
+
 /* Block b (of 32 values) of a weight row of nb blocks as w_i = d * sc[i / 16] * q_i + m. */
 static void unpack32(int fmt, const uint8_t *row, int nb, int b, int q[32], float *d, int sc[2], float *m) {
     sc[0] = sc[1] = 1;
     *m = 0.0f;
     if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
-        const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
-        if (b >= 8 * groups) { /* the tail keeps the GGUF layout */
-            unpack32(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, row + (size_t)groups * gb, nb, b - 8 * groups, q, d, sc, m);
+        const uint8_t *x, *qs;
+        const int j = b % 8;
+        if (!r8_locate(fmt, row, nb, b, &x, &qs)) {
+            unpack32(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, r8_tail(fmt, row, nb), nb, b - nb / 8 * 8, q, d, sc, m);
             return;
         }
-        const uint8_t *x = row + (size_t)(b / 8) * gb, *qs = x + r8_head(fmt) + 32 * (j / 2);
         *d = rd16(x + 2 * j);
         if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
         for (int i = 0; i < 32; i++) q[i] = ((qs[i] >> (4 * (j & 1))) & 0xF) - (fmt == F_Q4_0_R8 ? 8 : 0);
@@ -972,12 +986,12 @@ static void unpack32_neon(int fmt, const uint8_t *row, int nb, int b, int8x16_t 
     sc[0] = sc[1] = 1;
     *m = 0.0f;
     if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
-        const int groups = nb / 8, gb = 8 * BLOCK_BYTES[fmt], j = b % 8;
-        if (b >= 8 * groups) { /* the tail keeps the GGUF layout */
-            unpack32_neon(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, row + (size_t)groups * gb, nb, b - 8 * groups, q, d, sc, m);
+        const uint8_t *x, *qs;
+        const int j = b % 8;
+        if (!r8_locate(fmt, row, nb, b, &x, &qs)) {
+            unpack32_neon(fmt == F_Q4_0_R8 ? F_Q4_0 : F_Q4_1, r8_tail(fmt, row, nb), nb, b - nb / 8 * 8, q, d, sc, m);
             return;
         }
-        const uint8_t *x = row + (size_t)(b / 8) * gb, *qs = x + r8_head(fmt) + 32 * (j / 2);
         *d = rd16(x + 2 * j);
         if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
         lo = vld1q_u8(qs);
