@@ -206,6 +206,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
     g.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
                    help="tokens proposed per sequence per step (default %(default)s)")
+    g.add_argument("--max-decode-slowdown", type=_factor_or_off, default=EngineConfig.max_decode_slowdown,
+                   help="while requests decode, a step carries only the prompt tokens that keep it within this "
+                        "factor of a decode-only step; off: every step takes the whole --max-batched-tokens "
+                        "(default %(default)s)")
+
+
+def _factor_or_off(text: str) -> float | None:
+    """A --max-decode-slowdown value: a number, or "off" (None)."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1.0 or 'off', got {text!r}") from None
 
 
 def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
@@ -217,7 +231,8 @@ def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
                         gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager, overlap=args.overlap,
                         cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
                         speculative=args.speculative, draft_model=args.draft_model,
-                        num_speculative_tokens=args.num_speculative_tokens, **fields)
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        max_decode_slowdown=args.max_decode_slowdown, **fields)
 
 
 def names_model(text: str) -> bool:

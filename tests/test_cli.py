@@ -220,6 +220,7 @@ def test_run_default_model_matches_python_api(default_model_path, default_model_
 @pytest.mark.parametrize("argv, flag", [
     (["run", "--dense-prefill", "maybe"], "--dense-prefill"),
     (["serve", "--port", "x"], "--port"),
+    (["serve", "--max-decode-slowdown", "abc"], "--max-decode-slowdown"),
     (["frob"], "command"),
 ])
 def test_bad_arguments_are_one_line_and_exit_1(argv, flag, capsys):
@@ -230,3 +231,21 @@ def test_bad_arguments_are_one_line_and_exit_1(argv, flag, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1
     assert err[0].startswith("edgeserve: error:") and flag in err[0]
+
+
+@pytest.mark.parametrize("value, expected", [("2.5", 2.5), ("off", None), (None, 1.5)])
+def test_max_decode_slowdown_flag_reaches_the_scheduler(value, expected):
+    from edgeserve.cli import build_parser, engine_config_from_args
+
+    argv = ["run", "hi"] + (["--max-decode-slowdown", value] if value else [])
+    config = engine_config_from_args(build_parser().parse_args(argv))
+    assert config.max_decode_slowdown == expected
+    assert config.scheduler_config().max_decode_slowdown == expected
+
+
+def test_max_decode_slowdown_below_one_is_one_line(capsys):
+    from edgeserve.cli import main
+
+    assert main(["serve", "--max-decode-slowdown", "0.5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-decode-slowdown" in err[0] and "at least 1.0" in err[0]

@@ -83,12 +83,23 @@ def test_shared_prefix_computes_only_the_suffix(default_model):
     bm = llm.engine.scheduler.block_manager
     computed_before = bm.num_prompt_tokens_computed
     with_cache = llm.generate([second], GREEDY)[0]
-    reused = (common // 16) * 16
+    reused = common  # whole blocks, then the shared start of the block where the prompts part (from a copy)
     assert with_cache.num_cached_tokens == reused
     assert bm.num_prompt_tokens_computed - computed_before == len(second) - reused
     no_cache = LLM.from_model(lm, kv_cache_gb=0.1, enable_prefix_caching=False)
     assert no_cache.generate([second], GREEDY)[0].outputs[0].token_ids == with_cache.outputs[0].token_ids
     assert no_cache.engine.scheduler.block_manager.num_prompt_tokens_reused == 0
+
+
+def test_same_prompt_again_computes_only_its_last_token(default_model):
+    ids = chat_ids(default_model, "Write one sentence about the sea. " * 6)
+    assert len(ids) % 16 > 1  # the prompt ends inside a block
+    llm = LLM.from_model(default_model, kv_cache_gb=0.1)
+    first = llm.generate([ids], SamplingParams(temperature=0, max_tokens=3))[0]
+    again = llm.generate([ids], SamplingParams(temperature=0, max_tokens=3))[0]
+    assert again.num_cached_tokens == len(ids) - 1
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    llm.engine.scheduler.block_manager.check_integrity()
 
 
 def test_multi_turn_reuses_the_previous_turn(default_model):

@@ -169,3 +169,149 @@ def test_integrity_under_random_workload():
     bm.check_integrity()
     assert bm.num_free_blocks == 40
     assert bm.num_prompt_tokens_reused > 0
+
+
+class SlotContents:
+    """A stand-in KV pool, with the pool's `copy_block`, that records which prefix each slot's KV was computed
+    from (a slot at position p holds tokens[:p + 1]: right token, wrong history is caught too)."""
+
+    def __init__(self, bm: BlockManager) -> None:
+        self.slots = [None] * (bm.num_blocks * bm.block_size)
+        self.copies: list[tuple[int, int]] = []
+        self.bm = bm
+        bm.copy_block = self.copy_block
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.bm.block_size
+        self.slots[dst * bs:(dst + 1) * bs] = self.slots[src * bs:(src + 1) * bs]
+        self.copies.append((src, dst))
+
+    def compute(self, seq, tokens, start: int, stop: int, commit: bool = True) -> None:
+        """Write tokens start..stop-1 of `seq` into their slots and register them as computed (not drafts: the
+        scheduler commits only the accepted tokens, after the rollback)."""
+        for p in range(start, stop):
+            self.slots[self.bm.slot(seq, p)] = tuple(tokens[:p + 1])
+        if commit:
+            self.bm.commit_full_blocks(seq, tokens, stop)
+
+    def holds(self, seq, tokens, stop: int) -> bool:
+        return all(self.slots[self.bm.slot(seq, p)] == tuple(tokens[:p + 1]) for p in range(stop))
+
+
+def test_same_prompt_again_reuses_the_partial_last_block():
+    bm = BlockManager(16, BS)
+    kv = SlotContents(bm)
+    prompt = list(range(100, 111))  # 2 full blocks + 3 tokens
+    assert bm.allocate("a", prompt) == 0
+    kv.compute("a", prompt, 0, 11)
+    reply = prompt + [7, 8]  # one more token computed by decoding, the last sampled one never is
+    bm.append_slot("a")
+    kv.compute("a", reply, 11, 12)
+    bm.free("a")
+    # everything but the last token comes back: 8 from whole blocks, 2 from a copy of the third block
+    assert bm.allocate("b", prompt) == 10
+    assert kv.copies and kv.holds("b", prompt, 10)
+    assert bm.num_prompt_tokens_computed == 11 + 1
+    bm.check_integrity()
+
+
+def test_partly_matching_cached_block_is_copied_not_taken():
+    bm = BlockManager(16, BS)
+    kv = SlotContents(bm)
+    long = list(range(200, 213))  # 3 full blocks + 1
+    bm.allocate("a", long)
+    kv.compute("a", long, 0, 13)
+    third = bm.block_table("a")[2]
+    bm.free("a")
+    shorter = long[:10] + [999]  # diverges inside the third block, after 2 of its tokens
+    assert bm.allocate("b", shorter) == 10
+    assert kv.holds("b", shorter, 10)
+    assert bm.block_table("b")[2] != third  # the cached full block stays cached for the longer prompt
+    bm.free("b")
+    assert bm.allocate("c", long) == 12
+    assert bm.block_table("c")[2] == third
+    bm.check_integrity()
+
+
+def test_no_partial_reuse_without_a_block_copy_or_prefix_caching():
+    for bm in (BlockManager(16, BS), BlockManager(16, BS, enable_prefix_caching=False)):
+        if not bm.enable_prefix_caching:
+            SlotContents(bm)
+        prompt = list(range(100, 111))
+        bm.allocate("a", prompt)
+        bm.commit_full_blocks("a", prompt, 11)
+        bm.free("a")
+        assert bm.allocate("b", prompt) == (8 if bm.enable_prefix_caching else 0)
+
+
+def test_rolled_back_tokens_are_not_reused():
+    bm = BlockManager(16, BS)
+    kv = SlotContents(bm)
+    prompt = list(range(100, 106))  # 1 full block + 2
+    bm.allocate("a", prompt)
+    kv.compute("a", prompt, 0, 6)
+    drafted = prompt + [1, 2, 3, 4]  # four speculative tokens computed into a new block, then rejected
+    bm.ensure_capacity("a", len(drafted))
+    kv.compute("a", drafted, 6, 10, commit=False)
+    bm.truncate("a", 6)
+    bm.commit_full_blocks("a", prompt, 6)
+    bm.free("a")
+    assert bm.allocate("b", prompt + [1, 2, 3, 5]) == 6  # the block past the rollback is not offered
+    bm.check_integrity()
+
+
+def test_partial_reuse_never_exhausts_the_pool():
+    bm = BlockManager(4, BS)
+    kv = SlotContents(bm)
+    prompt = list(range(100, 106))  # 2 blocks
+    bm.allocate("a", prompt)
+    kv.compute("a", prompt, 0, 6)
+    bm.free("a")
+    bm.allocate("x", list(range(8)))  # holds 2 of the 4 blocks; the 2 free ones are a's
+    assert bm.allocate("b", prompt) == 5  # a's first block comes back whole, its second one is taken over
+    assert not kv.copies and kv.holds("b", prompt, 5)
+    bm.check_integrity()
+
+
+def test_partial_reuse_keeps_kv_right_under_random_workload():
+    rng = random.Random(4321)
+    bm = BlockManager(40, BS)
+    kv = SlotContents(bm)
+    prefixes = [[rng.randrange(4) for _ in range(rng.randrange(1, 14))] for _ in range(4)]
+    live: dict[int, list] = {}  # seq -> [all token ids, computed]
+    next_id = 0
+    for _ in range(1500):
+        op = rng.random()
+        if op < 0.3:
+            tokens = rng.choice(prefixes) + [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
+            if bm.can_allocate(len(tokens)):
+                cached = bm.allocate(next_id, tokens)
+                assert cached < len(tokens)
+                assert kv.holds(next_id, tokens, cached)  # every token reported cached really is in its slot
+                live[next_id] = [tokens, cached]
+                next_id += 1
+        elif op < 0.85 and live:
+            seq = rng.choice(list(live))
+            tokens, done = live[seq]
+            if done == len(tokens):  # a decode step: the sampled token is appended, then computed
+                if not bm.append_slot(seq):
+                    continue
+                tokens.append(rng.randrange(4))
+            stop = rng.randint(done + 1, len(tokens))  # a prompt chunk, or the one decode token
+            kv.compute(seq, tokens, done, stop)  # the whole token list, as the scheduler passes it
+            if stop == len(tokens) and rng.random() < 0.3 and bm.ensure_capacity(seq, stop + 3):
+                drafted = tokens + [rng.randrange(4) for _ in range(3)]  # drafts computed, then rolled back
+                kv.compute(seq, drafted, stop, stop + 3, commit=False)
+                bm.truncate(seq, stop)
+                bm.commit_full_blocks(seq, tokens, stop)
+            live[seq][1] = stop
+        elif live:
+            seq = rng.choice(list(live))
+            bm.free(seq)
+            del live[seq]
+        bm.check_integrity()
+    assert len(kv.copies) > 5 and bm.num_prompt_tokens_reused % BS != 0
+    for seq in list(live):
+        bm.free(seq)
+    bm.check_integrity()
+    assert bm.num_free_blocks == 40

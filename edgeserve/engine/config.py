@@ -47,7 +47,7 @@ class EngineConfig:
     num_speculative_tokens: int = _flag(4, "--num-speculative-tokens")  # tokens proposed per sequence per step
     # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
     # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
-    max_decode_slowdown: float | None = 1.5
+    max_decode_slowdown: float | None = _flag(1.5, "--max-decode-slowdown")
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
@@ -71,7 +71,11 @@ class EngineConfig:
             raise config_error(EngineConfig, "num_speculative_tokens", "be an integer from 1 to 16", k)
         if self.draft_model is not None and self.speculative != "draft":
             raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
-        check_decode_slowdown(self.max_decode_slowdown)
+        try:
+            check_decode_slowdown(self.max_decode_slowdown)
+        except ValueError:
+            raise config_error(EngineConfig, "max_decode_slowdown", "be a number of at least 1.0 or None",
+                               self.max_decode_slowdown) from None
         self.offload_config()
 
     def offload_config(self) -> OffloadConfig:

@@ -6,7 +6,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable, MutableMapping, Protocol, Sequence
+from typing import Callable, Hashable, MutableMapping, Protocol, Sequence
 
 from .request_state import Registry
 from .window_blocks import WindowBlocks
@@ -46,7 +46,9 @@ class Block:
     ref_count: int = 0
     hash: bytes | None = None  # set once the block is full and computed
     parent_hash: bytes = _ROOT_HASH
-    token_ids: tuple[int, ...] = ()  # kept with the hash to rule out collisions
+    # the tokens whose KV the block holds, after the prefix `parent_hash` names: all of them once it is hashed
+    # (kept with the hash to rule out collisions), the computed ones so far in a sequence's last block
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -84,6 +86,10 @@ class BlockManager:
         self.offload = offload  # evicted cached blocks go there; prefix lookups continue there
         self.num_prompt_tokens_fetched = 0  # the part of the reused tokens copied up from a tier
         self.window: WindowBlocks | None = None  # the sliding-window layers' pool, when the model keeps one
+        # Copies one block's KV into another (the KV pool's `copy_block`); with it, a prompt that matches only the
+        # first tokens of a block (the same prompt again, a regenerated reply) reuses them from a copy.
+        self.copy_block: Callable[[int, int], None] | None = None
+        self._children: dict[bytes, dict[int, None]] = {}  # parent hash -> blocks holding KV after that prefix
 
     def use_window(self, window: int, num_window_blocks: int) -> WindowBlocks:
         """Keep the sliding-window layers' K/V in a pool of `num_window_blocks` blocks that each sequence holds only
@@ -177,14 +183,28 @@ class BlockManager:
             self._ref(b)
         new_ids, parent = self._fetch(tier_hits, parent)
         fetched = len(new_ids)
+        start = (len(hits) + fetched) * self.block_size
+        source, partial = (self._find_partial(parent, token_ids[start:n - 1]) if self.enable_prefix_caching
+                           else (None, 0))
+        if source is not None and self.blocks[source].ref_count == 0 and self.blocks[source].hash is None:
+            self._claim(source)  # a finished sequence's last block: taken over as it is, no copy
+            new_ids.append(source)
+            source = None
+        elif source is not None and self.blocks[source].ref_count == 0 and fresh - fetched + 1 > len(self._free):
+            source, partial = None, 0  # pinning it would leave too few free blocks
+        if source is not None:
+            self._ref(source)  # so the fresh blocks cannot evict it before it is copied
         new_ids += [self._take_free() for _ in range(fresh - len(new_ids))]
+        if source is not None:
+            self.copy_block(source, new_ids[fetched])
+            self._unref(source)
         state = _SeqBlocks(block_ids=hits + new_ids, num_tokens=n, num_hashed=len(hits) + fetched, last_hash=parent)
         if self.window is not None:
             for b in hits[window_from:]:
                 self.window.acquire(b)
             state.window_from, state.window_to = window_from, len(hits)
         self._seqs[seq] = state
-        cached = (len(hits) + fetched) * self.block_size
+        cached = start + partial
         self.num_prompt_tokens_fetched += fetched * self.block_size
         self.num_prompt_tokens_reused += cached
         self.num_prompt_tokens_computed += n - cached
@@ -251,10 +271,18 @@ class BlockManager:
             block = self.blocks[state.block_ids[i]]
             # Another sequence may have computed the same block first: keep that one as the cached copy.
             if h not in self._by_hash:
-                block.hash, block.parent_hash, block.token_ids = h, state.last_hash, tokens
+                self._set_content(block, state.last_hash, tokens)
+                block.hash = h
                 self._by_hash[h] = block.block_id
+            elif block.hash is None:
+                self._forget_content(block)  # a duplicate of the cached copy: nothing to find it by
             state.last_hash = h
         state.num_hashed = max(state.num_hashed, num_full)
+        tail = min(num_computed, len(token_ids)) - num_full * bs
+        if tail > 0 and self.copy_block is not None and self.window is None and num_full == state.num_hashed:
+            block = self.blocks[state.block_ids[num_full]]
+            if block.hash is None:
+                self._set_content(block, state.last_hash, tuple(token_ids[num_full * bs:num_full * bs + tail]))
         if self.window is not None:
             self._release_behind_window(seq, num_computed)
 
@@ -270,10 +298,10 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[b] = None
-                if block.hash is None:  # nothing to reuse: hand it out before cached blocks
-                    self._free.move_to_end(b, last=False)
-                else:
+                if block.hash is not None:
                     self._num_cached_free += 1
+                elif not block.token_ids:  # nothing to reuse: hand it out before cached blocks
+                    self._free.move_to_end(b, last=False)
 
     def offer_cached(self) -> int:
         """Offer every block that holds a cached prefix to the offload tiers (at shutdown); return how many."""
@@ -352,11 +380,56 @@ class BlockManager:
                 self._release_fresh(b)
                 break
             block = self.blocks[b]
-            block.hash, block.parent_hash, block.token_ids = h, p, tokens
+            self._set_content(block, p, tokens)
+            block.hash = h
             self._by_hash[h] = b
             filled.append(b)
             parent = h
         return filled, parent
+
+    def _find_partial(self, parent: bytes, wanted: Sequence[int]) -> tuple[int | None, int]:
+        """The block holding the longest run of `wanted`'s first tokens after prefix `parent`, and that length
+        (None, 0 when nothing matches or blocks cannot be copied)."""
+        if self.copy_block is None or self.window is not None or not wanted:
+            return None, 0
+        best, best_len = None, 0
+        for b in self._children.get(parent, ()):
+            have = self.blocks[b].token_ids
+            k, limit = 0, min(len(have), len(wanted))
+            while k < limit and have[k] == wanted[k]:
+                k += 1
+            if k > best_len:
+                best, best_len = b, k
+        return best, best_len
+
+    def _set_content(self, block: Block, parent: bytes, token_ids: tuple[int, ...]) -> None:
+        """Record that `block` holds the KV of `token_ids` after prefix `parent` (findable by `_find_partial`)."""
+        if block.token_ids and block.parent_hash != parent:
+            self._forget_content(block)
+        block.parent_hash, block.token_ids = parent, token_ids
+        self._children.setdefault(parent, {})[block.block_id] = None
+
+    def _forget_content(self, block: Block) -> None:
+        children = self._children.get(block.parent_hash)
+        if children is not None:
+            children.pop(block.block_id, None)
+            if not children:
+                del self._children[block.parent_hash]
+        block.parent_hash, block.token_ids = _ROOT_HASH, ()
+
+    def _claim(self, b: int) -> None:
+        """Take free unhashed block `b` out of the free list for a new owner, KV and all."""
+        del self._free[b]
+        self._forget_content(self.blocks[b])
+        self.blocks[b].ref_count = 1
+
+    def _unref(self, b: int) -> None:
+        """Drop one reference to block `b`; at none it is free (last in line: it holds reusable KV)."""
+        block = self.blocks[b]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[b] = None
+            self._num_cached_free += block.hash is not None
 
     def _release_fresh(self, b: int) -> None:
         """Give back a block just taken with `_take_free` (first in line again)."""
@@ -383,7 +456,8 @@ class BlockManager:
                 del self._by_hash[block.hash]
                 if self.offload is not None:  # moved down a tier instead of dropped
                     self.offload.offer(b, block.hash, block.parent_hash, block.token_ids)
-            block.hash, block.parent_hash, block.token_ids = None, _ROOT_HASH, ()
+            block.hash = None
+        self._forget_content(block)
         block.ref_count = 1
         return b
 
@@ -416,6 +490,13 @@ class BlockManager:
         for h, b in self._by_hash.items():
             if self.blocks[b].hash != h:
                 raise AssertionError(f"hash table entry for block {b} is stale")
+        for parent, children in self._children.items():
+            for b in children:
+                if self.blocks[b].parent_hash != parent or not self.blocks[b].token_ids:
+                    raise AssertionError(f"block {b} is listed after a prefix it does not hold")
+        for block in self.blocks:
+            if block.token_ids and block.block_id not in self._children.get(block.parent_hash, ()):
+                raise AssertionError(f"block {block.block_id} holds tokens but cannot be found")
         if self.window is not None:
             held = []
             for seq, state in self._seqs.items():

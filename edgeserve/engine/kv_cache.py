@@ -113,7 +113,8 @@ class KVPool:
         return self.k.nbytes + self.v.nbytes + self.window_k.nbytes + self.window_v.nbytes
 
     def attach(self, block_manager) -> None:
-        """Give `block_manager` (the scheduler's) this pool's window pool to keep; a no-op without one."""
+        """Give `block_manager` (the scheduler's) this pool's block copy and window pool to keep."""
+        block_manager.copy_block = self.copy_block
         if self.window is None:
             return
         wb = block_manager.use_window(self.window, self.window_blocks)
@@ -125,6 +126,11 @@ class KVPool:
             self.window_map = torch.full((self.k.shape[1],), self.window_blocks, dtype=torch.int32,
                                          device=self.k.device)
             self.sync_window_map()
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy block `src`'s K and V, every layer, into block `dst` (a partly matching prefix is reused this way)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        self.v[:, dst].copy_(self.v[:, src])
 
     def sync_window_map(self) -> None:
         """Copy the BlockManager's pairing of main and window blocks to the device (before a step runs; a no-op
