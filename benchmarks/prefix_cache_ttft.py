@@ -1,7 +1,9 @@
 """Prefix cache: time to first token for a request whose long prefix (default 1000 tokens) is cached vs not.
 
-Alternates cold and warm requests in one process; a cold request's prefix is new text (never seen), a warm
-one's prefix was computed by the previous request, so only its own question is prefilled. Reports medians.
+Alternates cold, warm and again requests in one process; a cold request's prefix is new text (never seen), a warm
+one's prefix was computed by the previous request, so only its own question is prefilled, and "again" is the cold
+request's whole prompt sent again (only its last token is computed: the partly filled last block is reused from a
+copy). Reports medians.
 
     python benchmarks/prefix_cache_ttft.py [--prefix-tokens 1000] [--rounds 5]
 """
@@ -39,17 +41,22 @@ def main() -> None:
 
     question = tok.encode(" Question: what was the first note?")
     llm.generate([prefix(-1) + question], first_token)  # warm-up
-    times: dict[str, list[float]] = {"cold": [], "warm": []}
+    times: dict[str, list[float]] = {"cold": [], "warm": [], "again": []}
     cached: list[int] = []
+    again_cached: list[int] = []
     for r in range(a.rounds):
         shared = prefix(r)
         times["cold"].append(ttft(shared + question))  # computes the prefix and caches it
         before = llm.engine.scheduler.block_manager.num_prompt_tokens_reused
         times["warm"].append(ttft(shared + tok.encode(f" Question {r}: what was the last note?")))
         cached.append(llm.engine.scheduler.block_manager.num_prompt_tokens_reused - before)
+        before = llm.engine.scheduler.block_manager.num_prompt_tokens_reused
+        times["again"].append(ttft(shared + question))
+        again_cached.append(llm.engine.scheduler.block_manager.num_prompt_tokens_reused - before)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(json.dumps({
         "prefix_tokens": a.prefix_tokens, "tokens_reused_per_warm_request": cached,
+        "tokens_reused_per_again_request": again_cached, "prompt_tokens_of_again": len(prefix(0) + question),
         "ttft_ms_median": {k: round(v * 1000, 1) for k, v in med.items()},
         "runs_ms": {k: [round(x * 1000, 1) for x in v] for k, v in times.items()},
         "speedup": round(med["cold"] / med["warm"], 1),
