@@ -135,42 +135,6 @@ def test_out_of_blocks_and_growth():
     bm.check_integrity()
 
 
-def test_integrity_under_random_workload():
-    rng = random.Random(1234)
-    bm = BlockManager(40, BS)
-    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(1, 14))] for _ in range(4)]
-    live: dict[int, list[int]] = {}
-    next_id = 0
-    for _ in range(600):
-        op = rng.random()
-        if op < 0.4:
-            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 10))]
-            if bm.can_allocate(len(tokens)):
-                cached = bm.allocate(next_id, tokens)
-                assert cached % BS == 0 and cached < len(tokens)
-                # Cached blocks really hold this prompt's tokens.
-                for i in range(cached // BS):
-                    assert bm.blocks[bm.block_table(next_id)[i]].token_ids == tuple(tokens[i * BS:(i + 1) * BS])
-                live[next_id] = tokens
-                next_id += 1
-        elif op < 0.75 and live:
-            seq = rng.choice(list(live))
-            if bm.append_slot(seq):
-                live[seq].append(rng.randrange(50))
-                bm.commit_full_blocks(seq, live[seq], len(live[seq]) - rng.randrange(2))
-        elif live:
-            seq = rng.choice(list(live))
-            bm.commit_full_blocks(seq, live[seq], len(live[seq]))
-            bm.free(seq)
-            del live[seq]
-        bm.check_integrity()
-    for seq in list(live):
-        bm.free(seq)
-    bm.check_integrity()
-    assert bm.num_free_blocks == 40
-    assert bm.num_prompt_tokens_reused > 0
-
-
 class SlotContents:
     """A stand-in KV pool, with the pool's `copy_block`, that records which prefix each slot's KV was computed
     from (a slot at position p holds tokens[:p + 1]: right token, wrong history is caught too)."""
@@ -198,12 +162,18 @@ class SlotContents:
         return all(self.slots[self.bm.slot(seq, p)] == tuple(tokens[:p + 1]) for p in range(stop))
 
 
-def test_same_prompt_again_reuses_the_partial_last_block():
-    bm = BlockManager(16, BS)
+def computed_seq(tokens, num_blocks: int = 16) -> tuple[BlockManager, SlotContents]:
+    """A block manager with a slot-recording pool where sequence "a" holds `tokens`, all computed."""
+    bm = BlockManager(num_blocks, BS)
     kv = SlotContents(bm)
+    bm.allocate("a", tokens)
+    kv.compute("a", tokens, 0, len(tokens))
+    return bm, kv
+
+
+def test_same_prompt_again_reuses_the_partial_last_block():
     prompt = list(range(100, 111))  # 2 full blocks + 3 tokens
-    assert bm.allocate("a", prompt) == 0
-    kv.compute("a", prompt, 0, 11)
+    bm, kv = computed_seq(prompt)
     reply = prompt + [7, 8]  # one more token computed by decoding, the last sampled one never is
     bm.append_slot("a")
     kv.compute("a", reply, 11, 12)
@@ -216,11 +186,8 @@ def test_same_prompt_again_reuses_the_partial_last_block():
 
 
 def test_partly_matching_cached_block_is_copied_not_taken():
-    bm = BlockManager(16, BS)
-    kv = SlotContents(bm)
     long = list(range(200, 213))  # 3 full blocks + 1
-    bm.allocate("a", long)
-    kv.compute("a", long, 0, 13)
+    bm, kv = computed_seq(long)
     third = bm.block_table("a")[2]
     bm.free("a")
     shorter = long[:10] + [999]  # diverges inside the third block, after 2 of its tokens
@@ -245,11 +212,8 @@ def test_no_partial_reuse_without_a_block_copy_or_prefix_caching():
 
 
 def test_rolled_back_tokens_are_not_reused():
-    bm = BlockManager(16, BS)
-    kv = SlotContents(bm)
     prompt = list(range(100, 106))  # 1 full block + 2
-    bm.allocate("a", prompt)
-    kv.compute("a", prompt, 0, 6)
+    bm, kv = computed_seq(prompt)
     drafted = prompt + [1, 2, 3, 4]  # four speculative tokens computed into a new block, then rejected
     bm.ensure_capacity("a", len(drafted))
     kv.compute("a", drafted, 6, 10, commit=False)
@@ -261,11 +225,8 @@ def test_rolled_back_tokens_are_not_reused():
 
 
 def test_partial_reuse_never_exhausts_the_pool():
-    bm = BlockManager(4, BS)
-    kv = SlotContents(bm)
     prompt = list(range(100, 106))  # 2 blocks
-    bm.allocate("a", prompt)
-    kv.compute("a", prompt, 0, 6)
+    bm, kv = computed_seq(prompt, num_blocks=4)
     bm.free("a")
     bm.allocate("x", list(range(8)))  # holds 2 of the 4 blocks; the 2 free ones are a's
     assert bm.allocate("b", prompt) == 5  # a's first block comes back whole, its second one is taken over
@@ -273,10 +234,15 @@ def test_partial_reuse_never_exhausts_the_pool():
     bm.check_integrity()
 
 
-def test_partial_reuse_keeps_kv_right_under_random_workload():
+@pytest.mark.parametrize("partial", [False, True])
+def test_integrity_and_kv_under_random_workload(partial):
+    """Prompt chunks, decode steps, rolled-back drafts and frees at random: the bookkeeping stays consistent and
+    every token reported cached really has its KV in its slot (whole blocks only, or partial blocks too)."""
     rng = random.Random(4321)
     bm = BlockManager(40, BS)
     kv = SlotContents(bm)
+    if not partial:
+        bm.copy_block = None
     prefixes = [[rng.randrange(4) for _ in range(rng.randrange(1, 14))] for _ in range(4)]
     live: dict[int, list] = {}  # seq -> [all token ids, computed]
     next_id = 0
@@ -286,7 +252,7 @@ def test_partial_reuse_keeps_kv_right_under_random_workload():
             tokens = rng.choice(prefixes) + [rng.randrange(4) for _ in range(rng.randrange(1, 10))]
             if bm.can_allocate(len(tokens)):
                 cached = bm.allocate(next_id, tokens)
-                assert cached < len(tokens)
+                assert cached < len(tokens) and (partial or cached % BS == 0)
                 assert kv.holds(next_id, tokens, cached)  # every token reported cached really is in its slot
                 live[next_id] = [tokens, cached]
                 next_id += 1
@@ -310,7 +276,8 @@ def test_partial_reuse_keeps_kv_right_under_random_workload():
             bm.free(seq)
             del live[seq]
         bm.check_integrity()
-    assert len(kv.copies) > 5 and bm.num_prompt_tokens_reused % BS != 0
+    assert bm.num_prompt_tokens_reused > 0
+    assert (len(kv.copies) > 5 and bm.num_prompt_tokens_reused % BS != 0) if partial else not kv.copies
     for seq in list(live):
         bm.free(seq)
     bm.check_integrity()
