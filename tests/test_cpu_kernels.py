@@ -128,6 +128,22 @@ def test_every_variant_agrees_with_the_scalar_one():
                 torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
 
 
+def test_activation_blocks_are_the_same_bits_in_every_variant():
+    """The SIMD activation quantizer gives the scalar one's int8 values, scales and sums exactly (ties at half a
+    step, all-zero blocks, bf16 and float32, rows split over threads or not)."""
+    gen = np.random.default_rng(5)
+    for rows, cols in ((1, 32), (3, 576), (9, 2048), (40, 1536)):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.from_numpy(gen.standard_normal((rows, cols)).astype(np.float32) * 3).to(dtype)
+            x[0, :32] = 0
+            x[-1, -32:] = torch.arange(-16, 16, dtype=torch.float32).to(dtype) * 0.5  # ties: k + 0.5 steps
+            want = BlockWeight([random_blocks("Q8_0", 8, cols, gen)], cpu_native.load("scalar")).quantize(x)
+            for variant in VARIANTS:
+                got = BlockWeight([random_blocks("Q8_0", 8, cols, gen)], cpu_native.load(variant)).quantize(x)
+                for a, b in zip(got, want):
+                    assert torch.equal(a, b), variant
+
+
 @pytest.mark.parametrize("qtype", sorted(REPACKED))
 def test_repacked_formats_keep_the_values_and_size(lib, qtype):
     """Q4_0 / Q4_1 weights are rewritten at load into their _R8 layout (same bytes per row, new format id):
