@@ -4,6 +4,8 @@ odd shapes and batches of 1 to 65; and that the library really builds where a co
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -142,6 +144,27 @@ def test_activation_blocks_are_the_same_bits_in_every_variant():
                 got = BlockWeight([random_blocks("Q8_0", 8, cols, gen)], cpu_native.load(variant)).quantize(x)
                 for a, b in zip(got, want):
                     assert torch.equal(a, b), variant
+
+
+def test_silu_mul_is_the_same_bits_in_every_variant():
+    """SiLU-and-mul with its exponentials a chunk at a time (SIMD where the variant has it, over threads) gives the
+    scalar build's bits, which are libm's expf per value."""
+    gen = np.random.default_rng(6)
+    for rows, f in ((1, 1536), (8, 1536), (3, 700)):
+        x = torch.from_numpy(gen.standard_normal((rows, 2 * f)).astype(np.float32) * 5)
+        x[0, :3] = torch.tensor([95.0, -95.0, 0.0])  # exp overflow / underflow cases
+        outs = {}
+        for variant in VARIANTS:
+            out = torch.empty(rows, f)
+            cpu_native.load(variant).qmm_silu_mul(x.data_ptr(), 0, 2 * f, rows, f, out.data_ptr())
+            outs[variant] = out
+        for variant, out in outs.items():
+            assert torch.equal(out, outs["scalar"]), variant
+        expf = ctypes.CDLL(None).expf  # libm's, value by value, in float32 arithmetic around it
+        expf.argtypes, expf.restype = [ctypes.c_float], ctypes.c_float
+        g, u = x[0, :f].numpy(), x[0, f:].numpy()
+        e = np.array([expf(-float(v)) for v in g], dtype=np.float32)
+        assert np.array_equal(outs["scalar"][0].numpy(), g / (np.float32(1) + e) * u)
 
 
 @pytest.mark.parametrize("qtype", sorted(REPACKED))

@@ -117,19 +117,29 @@ typedef struct {
     int bf16;
     int64_t ldx;
     float *out;
-    int F;
+    int F, chunks; /* column chunks of SILU_CHUNK per row */
 } silu_t;
 
-static void silu_row(void *ctx, int t) {
+enum { SILU_CHUNK = 512 };
+
+/* expf of n values, bit for bit (attention.c: glibc's expf four at a time where the build has AVX2) */
+void qmm_exp(const float *x, int n, float *out);
+
+static void silu_chunk(void *ctx, int task) {
     const silu_t *a = (const silu_t *)ctx;
-    for (int i = 0; i < a->F; i++) {
-        float g = ld(a->x, a->bf16, t * a->ldx + i), u = ld(a->x, a->bf16, t * a->ldx + a->F + i);
-        a->out[(int64_t)t * a->F + i] = g / (1.0f + expf(-g)) * u;
-    }
+    const int t = task / a->chunks, i0 = task % a->chunks * SILU_CHUNK;
+    const int n = a->F - i0 < SILU_CHUNK ? a->F - i0 : SILU_CHUNK;
+    float g[SILU_CHUNK], e[SILU_CHUNK];
+    for (int i = 0; i < n; i++) g[i] = -ld(a->x, a->bf16, t * a->ldx + i0 + i);
+    qmm_exp(g, n, e);
+    float *out = a->out + (int64_t)t * a->F + i0;
+    for (int i = 0; i < n; i++) out[i] = -g[i] / (1.0f + e[i]) * ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
 }
 
-/* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart). */
+/* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart): gate / (1 + expf(-gate)) *
+   up per value, with the exponentials computed a chunk at a time. */
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
-    silu_t a = {x, bf16, ldx, out, F};
-    pool_run(silu_row, &a, T, (int64_t)T * F >= 32768);
+    const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
+    silu_t a = {x, bf16, ldx, out, F, chunks};
+    pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }
