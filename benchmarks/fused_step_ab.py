@@ -7,7 +7,7 @@ a pause between blocks so that the idle side's pool workers are asleep. Prints p
 the ratio, as JSON. `--single-thread` runs one thread and reads thread CPU time (steadier on a busy machine).
 
     python benchmarks/fused_step_ab.py --baseline-lib OLD.so [--model smollm2-135m | GGUF] [--batch 1,8]
-        [--context 128] [--blocks 12] [--steps 5] [--single-thread]
+        [--context 128] [--blocks 12] [--steps 5] [--single-thread] [--lib OTHER.so]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline-lib", required=True)
+    ap.add_argument("--lib", help="the library of the 'this checkout' side (default: this checkout's build)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--context", type=int, default=128)
@@ -43,7 +44,7 @@ def main() -> None:
     from edgeserve.kernels.paged_attention import AttentionMetadata
 
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
-    libs = {"baseline": cpu_native._bind(ctypes.CDLL(args.baseline_lib)), "this checkout": cpu_native.library()}
+    libs = {"baseline": cpu_native._bind(ctypes.CDLL(args.baseline_lib)), "this checkout": cpu_native._bind(ctypes.CDLL(args.lib)) if args.lib else cpu_native.library()}
     models = {}
     for name, lib in libs.items():
         cpu_native._chosen[setting] = lib

@@ -800,6 +800,15 @@ static inline __m256i bcast4(const void *p) {
 
 static inline __m256 cvt8h(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+#ifndef QMM_PF
+#define QMM_PF 2048
+#endif
+/* Ask for the cache lines of the band QMM_PF bytes ahead of the `bytes` at p about to be read: a decode step streams
+   every weight once from memory, and the hardware prefetcher alone leaves the loads waiting on part of them. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + QMM_PF + o, _MM_HINT_T0);
+}
+
 /* The 8 rows' 6-bit scales and mins of a Q4_K / Q5_K _X8 group (96 bytes at p, x8_scale_min) as bytes [8 j + r]. */
 static inline void x8_scales_mins(const uint8_t *p, uint8_t sc[64], uint8_t mn[64]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), lo0 = _mm256_loadu_si256((const __m256i *)p),
@@ -832,6 +841,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
         const __m256i ones = _mm256_set1_epi16(1);
         for (int b = 0; b < nb; b++) {
             const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
             const __m256 dv = cvt8h(g);
             const __m256 mv = fmt == F_Q4_1_X8 ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
             __m256i s16[NX];
@@ -855,6 +865,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
         const __m256i ones = _mm256_set1_epi16(1);
         for (int b = 0; b < nb; b++) {
             const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
             const __m256 dv = cvt8h(g);
             __m256i i32[NX];
             for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
@@ -878,6 +889,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             x8_scales_mins(g + 32, sc, mn);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
+                prefetch_ahead(g + j * (gb / 8), gb / 8);
                 const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
                 const __m256i scv = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
                 const __m256 mnv = _mm256_mul_ps(
@@ -927,6 +939,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             const __m256 dv = cvt8h(g);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
+                prefetch_ahead(g + j * (gb / 8), gb / 8);
                 /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31; each duplicated for the madd */
                 const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
                 const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
