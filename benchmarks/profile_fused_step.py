@@ -6,6 +6,7 @@ model on it, fills a paged pool for B sequences of `--context` tokens and times 
 per sequence `--reps` times. Prints the median per step of each section (ms and share of the step) as JSON.
 
     python benchmarks/profile_fused_step.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 30]
+        [--source-dir DIR]
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ import time
 SECTIONS = ["norm", "quantize", "qkv", "rope_kv", "attention", "o", "gate_up", "silu_mul", "down"]
 
 
-def profiling_library() -> ctypes.CDLL:
-    """The best variant's library built with -DQMM_PROFILE, installed as the process's native library."""
+def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
+    """The best variant's library built with -DQMM_PROFILE (from `source_dir`'s C files where given, else this
+    checkout's), installed as the process's native library."""
+    from pathlib import Path
+
     from edgeserve.kernels import cpu_native
 
     variant = cpu_native.best_variant()
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", "-DQMM_PROFILE", *cpu_native.VARIANT_FLAGS[variant]]
     path = os.path.join(tempfile.mkdtemp(), f"qmatmul-{variant}-profile.so")
-    subprocess.run([cpu_native.compiler(), *flags, *map(str, cpu_native.SOURCES), "-o", path, "-lm"], check=True)
+    sources = [Path(source_dir) / p.name if source_dir else p for p in cpu_native.SOURCES]
+    subprocess.run([cpu_native.compiler(), *flags, *map(str, sources), "-o", path, "-lm"], check=True)
     lib = cpu_native._bind(ctypes.CDLL(path))
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     cpu_native._chosen[setting] = lib
@@ -42,9 +47,11 @@ def main() -> None:
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--source-dir", help="C sources to build instead of this checkout's (another commit's kernels/cpu, "
+                                         "with this checkout's layer.c for the marks)")
     args = ap.parse_args()
 
-    lib = profiling_library()
+    lib = profiling_library(args.source_dir)
     counters = (ctypes.c_int64 * len(SECTIONS)).in_dll(lib, "qmm_profile_ns")
 
     import torch
