@@ -5,6 +5,7 @@ odd shapes and batches of 1 to 65; and that the library really builds where a co
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import numpy as np
 import pytest
@@ -165,6 +166,31 @@ def test_silu_mul_is_the_same_bits_in_every_variant():
         g, u = x[0, :f].numpy(), x[0, f:].numpy()
         e = np.array([expf(-float(v)) for v in g], dtype=np.float32)
         assert np.array_equal(outs["scalar"][0].numpy(), g / (np.float32(1) + e) * u)
+
+
+def test_rope_rows_are_the_same_bits_on_the_simd_and_the_scalar_loop():
+    """RoPE + K/V write of float32 rows (8 values at a time where the variant has SIMD) gives the bits of the
+    element-by-element loop, which bfloat16 input takes: the same values fed both ways."""
+    gen = np.random.default_rng(8)
+    h, hkv, d, t = 4, 2, 64, 3
+    qkv = torch.from_numpy(gen.standard_normal((t, (h + 2 * hkv) * d)).astype(np.float32) * 8).bfloat16()
+    cos = torch.from_numpy(gen.standard_normal((t, d // 2)).astype(np.float32))
+    sin = torch.from_numpy(gen.standard_normal((t, d // 2)).astype(np.float32))
+    slots = torch.tensor([3, 0, 7])
+    for variant, cache_dtype in itertools.product(VARIANTS, (torch.float32, torch.bfloat16)):
+        lib = cpu_native.load(variant)
+        outs = []
+        for x in (qkv.float(), qkv):  # float32 rows (SIMD) and the same values in bfloat16 (the scalar loop)
+            caches = [torch.zeros(8, hkv, d, dtype=cache_dtype) for _ in range(2)]
+            out = torch.empty(t, h, d, dtype=cache_dtype)
+            n = x.shape[1]
+            lib.qmm_rope_write_kv(x.data_ptr(), x.data_ptr() + x.element_size() * h * d,
+                                  x.data_ptr() + x.element_size() * (h + hkv) * d, x.dtype == torch.bfloat16, n, n, n,
+                                  cos.data_ptr(), sin.data_ptr(), caches[0].data_ptr(), caches[1].data_ptr(),
+                                  cache_dtype == torch.bfloat16, slots.data_ptr(), t, h, hkv, d, out.data_ptr())
+            outs.append((out, *caches))
+        for a, b in zip(*outs):
+            assert torch.equal(a, b), (variant, cache_dtype)
 
 
 @pytest.mark.parametrize("qtype", sorted(REPACKED))

@@ -80,6 +80,27 @@ typedef struct {
     const int64_t *slots;
 } rope_t;
 
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+/* st() of 8 floats at once: bfloat16 rounded to nearest even (NaN kept quiet) or float32 */
+static inline void st8(void *p, int bf16, int64_t i, __m256 f) {
+    if (!bf16) {
+        _mm256_storeu_ps((float *)p + i, f);
+        return;
+    }
+    const __m256i bits = _mm256_castps_si256(f);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), packed);
+}
+#endif
+
 static void rope_row(void *ctx, int t) {
     const rope_t *a = (const rope_t *)ctx;
     const int D = a->D, half = D / 2;
@@ -90,7 +111,19 @@ static void rope_row(void *ctx, int t) {
         int64_t base = is_q ? t * a->ldq + (int64_t)h * D : t * a->ldk + (int64_t)(h - a->H) * D;
         void *dst = is_q ? a->q_out : a->k_cache;
         int64_t obase = is_q ? ((int64_t)t * a->H + h) * D : (a->slots[t] * a->Hkv + (h - a->H)) * D;
-        for (int i = 0; i < half; i++) {
+        int i = 0;
+#if defined(QMM_AVX2)
+        /* the scalar loop's operations as GCC contracts them with FMA: x1 c - (x2 s) and x2 c + (x1 s) */
+        if (!a->in_bf16)
+            for (; i + 8 <= half; i += 8) {
+                const __m256 x1 = _mm256_loadu_ps((const float *)src + base + i);
+                const __m256 x2 = _mm256_loadu_ps((const float *)src + base + half + i);
+                const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+                st8(dst, a->cache_bf16, obase + i, _mm256_fmsub_ps(x1, cv, _mm256_mul_ps(x2, sv)));
+                st8(dst, a->cache_bf16, obase + half + i, _mm256_fmadd_ps(x2, cv, _mm256_mul_ps(x1, sv)));
+            }
+#endif
+        for (; i < half; i++) {
             float x1 = ld(src, a->in_bf16, base + i), x2 = ld(src, a->in_bf16, base + half + i);
             st(dst, a->cache_bf16, obase + i, x1 * c[i] - x2 * s[i]);
             st(dst, a->cache_bf16, obase + half + i, x2 * c[i] + x1 * s[i]);
@@ -98,7 +131,13 @@ static void rope_row(void *ctx, int t) {
     }
     for (int h = 0; h < a->Hkv; h++) {
         int64_t base = t * a->ldv + (int64_t)h * D, obase = (a->slots[t] * a->Hkv + h) * D;
-        for (int i = 0; i < D; i++) st(a->v_cache, a->cache_bf16, obase + i, ld(a->v, a->in_bf16, base + i));
+        int i = 0;
+#if defined(QMM_AVX2)
+        if (!a->in_bf16)
+            for (; i + 8 <= D; i += 8)
+                st8(a->v_cache, a->cache_bf16, obase + i, _mm256_loadu_ps((const float *)a->v + base + i));
+#endif
+        for (; i < D; i++) st(a->v_cache, a->cache_bf16, obase + i, ld(a->v, a->in_bf16, base + i));
     }
 }
 
