@@ -4,6 +4,9 @@ odd shapes and batches of 1 to 65; and that the library really builds where a co
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -126,6 +129,68 @@ def test_every_variant_agrees_with_the_scalar_one():
             for variant in VARIANTS:
                 got = BlockWeight([w], cpu_native.load(variant)).matmul(x)
                 torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
+
+
+def test_activation_blocks_are_the_same_bits_in_every_variant():
+    """The SIMD activation quantizer gives the scalar one's int8 values, scales and sums exactly (ties at half a
+    step, all-zero blocks, bf16 and float32, rows split over threads or not)."""
+    gen = np.random.default_rng(5)
+    for rows, cols in ((1, 32), (3, 576), (9, 2048), (40, 1536)):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.from_numpy(gen.standard_normal((rows, cols)).astype(np.float32) * 3).to(dtype)
+            x[0, :32] = 0
+            x[-1, -32:] = torch.arange(-16, 16, dtype=torch.float32).to(dtype) * 0.5  # ties: k + 0.5 steps
+            want = BlockWeight([random_blocks("Q8_0", 8, cols, gen)], cpu_native.load("scalar")).quantize(x)
+            for variant in VARIANTS:
+                got = BlockWeight([random_blocks("Q8_0", 8, cols, gen)], cpu_native.load(variant)).quantize(x)
+                for a, b in zip(got, want):
+                    assert torch.equal(a, b), variant
+
+
+def test_silu_mul_is_the_same_bits_in_every_variant():
+    """SiLU-and-mul with its exponentials a chunk at a time (SIMD where the variant has it, over threads) gives the
+    scalar build's bits, which are libm's expf per value."""
+    gen = np.random.default_rng(6)
+    for rows, f in ((1, 1536), (8, 1536), (3, 700)):
+        x = torch.from_numpy(gen.standard_normal((rows, 2 * f)).astype(np.float32) * 5)
+        x[0, :3] = torch.tensor([95.0, -95.0, 0.0])  # exp overflow / underflow cases
+        outs = {}
+        for variant in VARIANTS:
+            out = torch.empty(rows, f)
+            cpu_native.load(variant).qmm_silu_mul(x.data_ptr(), 0, 2 * f, rows, f, out.data_ptr())
+            outs[variant] = out
+        for variant, out in outs.items():
+            assert torch.equal(out, outs["scalar"]), variant
+        expf = ctypes.CDLL(None).expf  # libm's, value by value, in float32 arithmetic around it
+        expf.argtypes, expf.restype = [ctypes.c_float], ctypes.c_float
+        g, u = x[0, :f].numpy(), x[0, f:].numpy()
+        e = np.array([expf(-float(v)) for v in g], dtype=np.float32)
+        assert np.array_equal(outs["scalar"][0].numpy(), g / (np.float32(1) + e) * u)
+
+
+def test_rope_rows_are_the_same_bits_on_the_simd_and_the_scalar_loop():
+    """RoPE + K/V write of float32 rows (8 values at a time where the variant has SIMD) gives the bits of the
+    element-by-element loop, which bfloat16 input takes: the same values fed both ways."""
+    gen = np.random.default_rng(8)
+    h, hkv, d, t = 4, 2, 64, 3
+    qkv = torch.from_numpy(gen.standard_normal((t, (h + 2 * hkv) * d)).astype(np.float32) * 8).bfloat16()
+    cos = torch.from_numpy(gen.standard_normal((t, d // 2)).astype(np.float32))
+    sin = torch.from_numpy(gen.standard_normal((t, d // 2)).astype(np.float32))
+    slots = torch.tensor([3, 0, 7])
+    for variant, cache_dtype in itertools.product(VARIANTS, (torch.float32, torch.bfloat16)):
+        lib = cpu_native.load(variant)
+        outs = []
+        for x in (qkv.float(), qkv):  # float32 rows (SIMD) and the same values in bfloat16 (the scalar loop)
+            caches = [torch.zeros(8, hkv, d, dtype=cache_dtype) for _ in range(2)]
+            out = torch.empty(t, h, d, dtype=cache_dtype)
+            n = x.shape[1]
+            lib.qmm_rope_write_kv(x.data_ptr(), x.data_ptr() + x.element_size() * h * d,
+                                  x.data_ptr() + x.element_size() * (h + hkv) * d, x.dtype == torch.bfloat16, n, n, n,
+                                  cos.data_ptr(), sin.data_ptr(), caches[0].data_ptr(), caches[1].data_ptr(),
+                                  cache_dtype == torch.bfloat16, slots.data_ptr(), t, h, hkv, d, out.data_ptr())
+            outs.append((out, *caches))
+        for a, b in zip(*outs):
+            assert torch.equal(a, b), (variant, cache_dtype)
 
 
 @pytest.mark.parametrize("qtype", sorted(REPACKED))

@@ -31,6 +31,35 @@ static inline void st(void *p, int bf16, int64_t i, float f) {
     }
 }
 
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+/* st() of 8 floats at once: bfloat16 rounded to nearest even (NaN kept quiet) or float32 */
+static inline void st8(void *p, int bf16, int64_t i, __m256 f) {
+    if (!bf16) {
+        _mm256_storeu_ps((float *)p + i, f);
+        return;
+    }
+    const __m256i bits = _mm256_castps_si256(f);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i h = _mm256_blendv_epi8(rounded, quiet, nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), packed);
+}
+
+/* ld() of 8 values at once */
+static inline __m256 ld8(const void *p, int bf16, int64_t i) {
+    if (bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+#endif
+
 typedef struct {
     const void *x;
     int x_bf16;
@@ -46,17 +75,39 @@ static void norm_row(void *ctx, int t) {
     const norm_t *a = (const norm_t *)ctx;
     const int N = a->N;
     float *r = a->new_residual + (int64_t)t * N;
+    const float *res = a->residual ? a->residual + (int64_t)t * N : 0;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < N; i++) {
-        float v = a->residual ? a->residual[(int64_t)t * N + i] + ld(a->x, a->x_bf16, t * a->ldx + i)
-                              : ld(a->x, a->x_bf16, t * a->ldx + i);
-        if (a->residual) r[i] = v;
+    int i = 0;
+#if defined(QMM_AVX2)
+    /* lane l of the vector is acc[l]: the scalar loop's sums (as GCC contracts them, v * v fused into the add) */
+    __m256 accv = _mm256_setzero_ps();
+    for (; i + 8 <= N; i += 8) {
+        __m256 v = ld8(a->x, a->x_bf16, t * a->ldx + i);
+        if (res) {
+            v = _mm256_add_ps(_mm256_loadu_ps(res + i), v);
+            _mm256_storeu_ps(r + i, v);
+        }
+        accv = _mm256_fmadd_ps(v, v, accv);
+    }
+    _mm256_storeu_ps(acc, accv);
+#endif
+    for (; i < N; i++) {
+        float v = res ? res[i] + ld(a->x, a->x_bf16, t * a->ldx + i) : ld(a->x, a->x_bf16, t * a->ldx + i);
+        if (res) r[i] = v;
         acc[i & 7] += v * v;
     }
-    const float *src = a->residual ? r : 0;
+    const float *src = res ? r : 0;
     float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     float scale = 1.0f / sqrtf(ss / N + a->eps);
-    for (int i = 0; i < N; i++) {
+    i = 0;
+#if defined(QMM_AVX2)
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (; i + 8 <= N; i += 8) {
+        const __m256 v = src ? _mm256_loadu_ps(src + i) : ld8(a->x, a->x_bf16, t * a->ldx + i);
+        st8(a->out, a->out_bf16, (int64_t)t * N + i, _mm256_mul_ps(_mm256_mul_ps(v, sv), _mm256_loadu_ps(a->weight + i)));
+    }
+#endif
+    for (; i < N; i++) {
         float v = src ? src[i] : ld(a->x, a->x_bf16, t * a->ldx + i);
         st(a->out, a->out_bf16, (int64_t)t * N + i, v * scale * a->weight[i]);
     }
@@ -80,6 +131,7 @@ typedef struct {
     const int64_t *slots;
 } rope_t;
 
+
 static void rope_row(void *ctx, int t) {
     const rope_t *a = (const rope_t *)ctx;
     const int D = a->D, half = D / 2;
@@ -90,7 +142,19 @@ static void rope_row(void *ctx, int t) {
         int64_t base = is_q ? t * a->ldq + (int64_t)h * D : t * a->ldk + (int64_t)(h - a->H) * D;
         void *dst = is_q ? a->q_out : a->k_cache;
         int64_t obase = is_q ? ((int64_t)t * a->H + h) * D : (a->slots[t] * a->Hkv + (h - a->H)) * D;
-        for (int i = 0; i < half; i++) {
+        int i = 0;
+#if defined(QMM_AVX2)
+        /* the scalar loop's operations as GCC contracts them with FMA: x1 c - (x2 s) and x2 c + (x1 s) */
+        if (!a->in_bf16)
+            for (; i + 8 <= half; i += 8) {
+                const __m256 x1 = _mm256_loadu_ps((const float *)src + base + i);
+                const __m256 x2 = _mm256_loadu_ps((const float *)src + base + half + i);
+                const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+                st8(dst, a->cache_bf16, obase + i, _mm256_fmsub_ps(x1, cv, _mm256_mul_ps(x2, sv)));
+                st8(dst, a->cache_bf16, obase + half + i, _mm256_fmadd_ps(x2, cv, _mm256_mul_ps(x1, sv)));
+            }
+#endif
+        for (; i < half; i++) {
             float x1 = ld(src, a->in_bf16, base + i), x2 = ld(src, a->in_bf16, base + half + i);
             st(dst, a->cache_bf16, obase + i, x1 * c[i] - x2 * s[i]);
             st(dst, a->cache_bf16, obase + half + i, x2 * c[i] + x1 * s[i]);
@@ -98,7 +162,13 @@ static void rope_row(void *ctx, int t) {
     }
     for (int h = 0; h < a->Hkv; h++) {
         int64_t base = t * a->ldv + (int64_t)h * D, obase = (a->slots[t] * a->Hkv + h) * D;
-        for (int i = 0; i < D; i++) st(a->v_cache, a->cache_bf16, obase + i, ld(a->v, a->in_bf16, base + i));
+        int i = 0;
+#if defined(QMM_AVX2)
+        if (!a->in_bf16)
+            for (; i + 8 <= D; i += 8)
+                st8(a->v_cache, a->cache_bf16, obase + i, _mm256_loadu_ps((const float *)a->v + base + i));
+#endif
+        for (; i < D; i++) st(a->v_cache, a->cache_bf16, obase + i, ld(a->v, a->in_bf16, base + i));
     }
 }
 
@@ -117,19 +187,29 @@ typedef struct {
     int bf16;
     int64_t ldx;
     float *out;
-    int F;
+    int F, chunks; /* column chunks of SILU_CHUNK per row */
 } silu_t;
 
-static void silu_row(void *ctx, int t) {
+enum { SILU_CHUNK = 512 };
+
+/* expf of n values, bit for bit (attention.c: glibc's expf four at a time where the build has AVX2) */
+void qmm_exp(const float *x, int n, float *out);
+
+static void silu_chunk(void *ctx, int task) {
     const silu_t *a = (const silu_t *)ctx;
-    for (int i = 0; i < a->F; i++) {
-        float g = ld(a->x, a->bf16, t * a->ldx + i), u = ld(a->x, a->bf16, t * a->ldx + a->F + i);
-        a->out[(int64_t)t * a->F + i] = g / (1.0f + expf(-g)) * u;
-    }
+    const int t = task / a->chunks, i0 = task % a->chunks * SILU_CHUNK;
+    const int n = a->F - i0 < SILU_CHUNK ? a->F - i0 : SILU_CHUNK;
+    float g[SILU_CHUNK], e[SILU_CHUNK];
+    for (int i = 0; i < n; i++) g[i] = -ld(a->x, a->bf16, t * a->ldx + i0 + i);
+    qmm_exp(g, n, e);
+    float *out = a->out + (int64_t)t * a->F + i0;
+    for (int i = 0; i < n; i++) out[i] = -g[i] / (1.0f + e[i]) * ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
 }
 
-/* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart). */
+/* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart): gate / (1 + expf(-gate)) *
+   up per value, with the exponentials computed a chunk at a time. */
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
-    silu_t a = {x, bf16, ldx, out, F};
-    pool_run(silu_row, &a, T, (int64_t)T * F >= 32768);
+    const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
+    silu_t a = {x, bf16, ldx, out, F, chunks};
+    pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }

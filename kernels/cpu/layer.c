@@ -27,6 +27,30 @@ void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out
 
 enum { MAX_PARTS = 4 };
 
+/* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
+   qmm_profile_ns; ordinary builds compile the marks away. */
+enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_SECTIONS };
+#if defined(QMM_PROFILE)
+#include <time.h>
+int64_t qmm_profile_ns[P_SECTIONS];
+static int64_t prof_last;
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+#define MARK_START() (prof_last = now_ns())
+#define MARK(s)                                      \
+    do {                                             \
+        const int64_t t_ = now_ns();                 \
+        qmm_profile_ns[s] += t_ - prof_last;         \
+        prof_last = t_;                              \
+    } while (0)
+#else
+#define MARK_START() ((void)0)
+#define MARK(s) ((void)0)
+#endif
+
 /* A weight stacked from up to MAX_PARTS block-format parts along its output rows (BlockWeight's parts). */
 typedef struct {
     int32_t n_parts;
@@ -93,29 +117,44 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         memcpy(sn + (size_t)t * half, m->sin + positions[t] * half, sizeof(float) * half);
     }
     void *h = h_out;
+    MARK_START();
     qmm_add_rms_norm(x, 0, hidden, 0, m->first_norm, T, hidden, m->eps, 0, h, m->act_bf16);
+    MARK(P_NORM);
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
         char *kc = (char *)k_pool + (size_t)i * layer_stride * cache_el;
         char *vc = (char *)v_pool + (size_t)i * layer_stride * cache_el;
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
+        MARK(P_QUANT);
         matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
         if (L->qkv_bias)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
+        MARK(P_QKV);
         qmm_rope_write_kv(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, cs, sn, kc, vc, cache_bf16, slots, T, H,
                           Hkv, D, q);
+        MARK(P_ROPE);
         qmm_paged_attention(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, tables, table_stride, row_seq,
                             row_len, m->scale, q);
+        MARK(P_ATTN);
         qmm_quantize(q, cache_bf16, qd, T, qd, qa, da, sa);
+        MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
+        MARK(P_O);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
+        MARK(P_NORM);
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
+        MARK(P_QUANT);
         matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
+        MARK(P_GATE_UP);
         qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+        MARK(P_SILU);
         qmm_quantize(act, 0, F, T, F, qa, da, sa);
+        MARK(P_QUANT);
         matmul(&L->down, F, qa, da, sa, T, o);
+        MARK(P_DOWN);
         qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
+        MARK(P_NORM);
     }
     free(mem);
     return 0;

@@ -377,34 +377,105 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Quantize M rows of x (float32, or bfloat16 when is_bf16) of K values (K % 32 == 0, row stride ldx
-   elements) into qa [M, K] int8, da [M, K/32] scales and sa [M, K/16] sums of 16. */
-void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa) {
-    float buf[32];
-    for (int r = 0; r < M; r++) {
+/* One block of 32 values (already float32 in buf) into q, its scale and its two sums of 16. */
+__attribute__((unused)) static inline void quantize_block(const float *buf, int8_t *q, float *da, int16_t *sa) {
+    float amax = 0.0f;
+    for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(buf[l]));
+    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    int s0 = 0, s1 = 0;
+    for (int l = 0; l < 32; l++) {
+        int v = (int)nearbyintf(buf[l] * id);
+        q[l] = (int8_t)v;
+        if (l < 16) s0 += v; else s1 += v;
+    }
+    *da = d;
+    sa[0] = (int16_t)s0;
+    sa[1] = (int16_t)s1;
+}
+
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+/* 8 values of x (float32 or bfloat16) as floats */
+static inline __m256 load8_any(const void *x, int is_bf16, int64_t i) {
+    if (is_bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i))), 16));
+    return _mm256_loadu_ps((const float *)x + i);
+}
+
+/* quantize_block in AVX2, the same bits: the maximum is exact in any order, x * id is one rounding either way, and
+   the rounding to an integer follows the current rounding mode as nearbyintf does. */
+static inline void quantize_block_avx2(const void *x, int is_bf16, int64_t i, int8_t *q, float *da, int16_t *sa) {
+    __m256 v[4];
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mx = _mm256_setzero_ps();
+    for (int c = 0; c < 4; c++) {
+        v[c] = load8_any(x, is_bf16, i + 8 * c);
+        mx = _mm256_max_ps(_mm256_and_ps(v[c], absmask), mx); /* a NaN lane keeps mx, as fmaxf ignores NaN */
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i iv[4];
+    for (int c = 0; c < 4; c++)
+        iv[c] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[c], idv), _MM_FROUND_CUR_DIRECTION));
+    /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
+    const __m256i p16a = _mm256_packs_epi32(iv[0], iv[1]), p16b = _mm256_packs_epi32(iv[2], iv[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p8);
+    __m256i s = _mm256_hadd_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+    s = _mm256_hadd_epi32(s, s); /* values 0-15: lanes 0 and 4; values 16-31: lanes 1 and 5 */
+    *da = d;
+    sa[0] = (int16_t)(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 4));
+    sa[1] = (int16_t)(_mm256_extract_epi32(s, 1) + _mm256_extract_epi32(s, 5));
+}
+#endif
+
+typedef struct {
+    const void *x;
+    int is_bf16, K, rows_per_task, M;
+    int64_t ldx;
+    int8_t *qa;
+    float *da;
+    int16_t *sa;
+} quant_job_t;
+
+static void quantize_rows(void *ctx, int task) {
+    const quant_job_t *j = (const quant_job_t *)ctx;
+    const int K = j->K, r1 = (task + 1) * j->rows_per_task < j->M ? (task + 1) * j->rows_per_task : j->M;
+    for (int r = task * j->rows_per_task; r < r1; r++) {
         for (int b = 0; b < K / 32; b++) {
-            int64_t base = r * ldx + b * 32;
-            if (is_bf16) {
-                const uint16_t *xs = (const uint16_t *)x + base;
+            const int64_t base = r * j->ldx + b * 32;
+            int8_t *q = j->qa + (int64_t)r * K + b * 32;
+            float *d = j->da + (int64_t)r * (K / 32) + b;
+            int16_t *s = j->sa + (int64_t)r * (K / 16) + 2 * b;
+#if defined(QMM_AVX2)
+            quantize_block_avx2(j->x, j->is_bf16, base, q, d, s);
+#else
+            float buf[32];
+            if (j->is_bf16) {
+                const uint16_t *xs = (const uint16_t *)j->x + base;
                 for (int l = 0; l < 32; l++) buf[l] = bf16_to_f32(xs[l]);
             } else {
-                memcpy(buf, (const float *)x + base, sizeof buf);
+                memcpy(buf, (const float *)j->x + base, sizeof buf);
             }
-            float amax = 0.0f;
-            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(buf[l]));
-            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            int8_t *q = qa + (int64_t)r * K + b * 32;
-            int s0 = 0, s1 = 0;
-            for (int l = 0; l < 32; l++) {
-                int v = (int)nearbyintf(buf[l] * id);
-                q[l] = (int8_t)v;
-                if (l < 16) s0 += v; else s1 += v;
-            }
-            da[(int64_t)r * (K / 32) + b] = d;
-            sa[(int64_t)r * (K / 16) + 2 * b] = (int16_t)s0;
-            sa[(int64_t)r * (K / 16) + 2 * b + 1] = (int16_t)s1;
+            quantize_block(buf, q, d, s);
+#endif
         }
     }
+}
+
+/* Quantize M rows of x (float32, or bfloat16 when is_bf16) of K values (K % 32 == 0, row stride ldx
+   elements) into qa [M, K] int8, da [M, K/32] scales and sa [M, K/16] sums of 16. Every block is quantized on
+   its own, so how rows are split over threads changes no bits. */
+void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa) {
+    /* rows of a few thousand values per task: smaller jobs cost more to hand over than they take */
+    const int per = (8192 + K - 1) / K;
+    quant_job_t j = {x, is_bf16, K, per, M, ldx, qa, da, sa};
+    const int tasks = (M + per - 1) / per;
+    pool_run(quantize_rows, &j, tasks, (int64_t)M * K >= 16384);
 }
 
 /* ---- dot products: one weight row against NR activation rows ------------------------------------- */
@@ -729,6 +800,15 @@ static inline __m256i bcast4(const void *p) {
 
 static inline __m256 cvt8h(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+#ifndef QMM_PF
+#define QMM_PF 2048
+#endif
+/* Ask for the cache lines of the band QMM_PF bytes ahead of the `bytes` at p about to be read: a decode step streams
+   every weight once from memory, and the hardware prefetcher alone leaves the loads waiting on part of them. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + QMM_PF + o, _MM_HINT_T0);
+}
+
 /* The 8 rows' 6-bit scales and mins of a Q4_K / Q5_K _X8 group (96 bytes at p, x8_scale_min) as bytes [8 j + r]. */
 static inline void x8_scales_mins(const uint8_t *p, uint8_t sc[64], uint8_t mn[64]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), lo0 = _mm256_loadu_si256((const __m256i *)p),
@@ -761,6 +841,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
         const __m256i ones = _mm256_set1_epi16(1);
         for (int b = 0; b < nb; b++) {
             const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
             const __m256 dv = cvt8h(g);
             const __m256 mv = fmt == F_Q4_1_X8 ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
             __m256i s16[NX];
@@ -784,6 +865,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
         const __m256i ones = _mm256_set1_epi16(1);
         for (int b = 0; b < nb; b++) {
             const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
             const __m256 dv = cvt8h(g);
             __m256i i32[NX];
             for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
@@ -807,6 +889,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             x8_scales_mins(g + 32, sc, mn);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
+                prefetch_ahead(g + j * (gb / 8), gb / 8);
                 const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
                 const __m256i scv = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
                 const __m256 mnv = _mm256_mul_ps(
@@ -856,6 +939,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             const __m256 dv = cvt8h(g);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
+                prefetch_ahead(g + j * (gb / 8), gb / 8);
                 /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31; each duplicated for the madd */
                 const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
                 const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
