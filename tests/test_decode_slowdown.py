@@ -195,6 +195,29 @@ def test_floor_pacer_pays_from_the_bank_or_after_max_gap():
     assert (pacer.slack, pacer.waited) == (0.0, 0)
 
 
+def test_cost_model_tells_key_reads_from_arithmetic():
+    """A lone deep row reads all its keys for itself, where a chunk's rows share each read: with a cost that counts
+    reads, the model fitted on decode, prompt and mixed steps predicts a deep prompt token beside decode rows
+    exactly, where a model of tokens and attended keys alone is far off."""
+    def cost(sh: StepShape) -> float:
+        return 0.02 + 0.002 * sh.tokens + 1e-6 * sh.attended + 2e-5 * sh.read
+
+    def decodes(ctx: int) -> StepShape:
+        return chunk_shape(ctx, 1) + chunk_shape(ctx + 7, 1) + chunk_shape(ctx + 20, 1)
+
+    model, no_reads = StepCostModel(), StepCostModel()
+    steps = ([(StepKind.DECODE, decodes(c)) for c in (20, 60, 100, 140)]
+             + [(StepKind.PREFILL, chunk_shape(s, 512)) for s in (0, 512, 1024, 1536)]
+             + [(StepKind.MIXED, decodes(c) + chunk_shape(2048 + c, 64)) for c in (20, 60, 100)])
+    for kind, shape in steps:
+        model.observe(kind, shape, cost(shape))
+        no_reads.observe(kind, StepShape(shape.tokens, shape.attended), cost(shape))
+    deep = decodes(150) + chunk_shape(3000, 1)
+    assert model.predict(deep) == pytest.approx(cost(deep), rel=1e-6)
+    assert abs(no_reads.predict(StepShape(deep.tokens, deep.attended)) / cost(deep) - 1) > 0.2
+    assert chunk_shape(100, 16).read == 108 + 116 and chunk_shape(0, 9).read == 8 + 9
+
+
 def test_decode_slowdown_must_be_at_least_one():
     for bad in (0.5, 0, -1, float("nan"), "2", True):
         with pytest.raises(ValueError, match="max_decode_slowdown"):

@@ -135,7 +135,7 @@ class Scheduler:
         self.step_cost = StepCostModel()  # fitted to the step times measured between schedule() calls
         self._timing: tuple[StepKind, StepShape, float] | None = None  # the step in progress, since when
         self._mixed_prompt_tokens = 0  # prompt tokens of the last step, if it had decode rows
-        self._pacer = FloorPacer()  # when the owed prompt tokens alone break max_decode_slowdown
+        self.pacer = FloorPacer()  # when the owed prompt tokens alone break max_decode_slowdown
 
     # --- requests ----------------------------------------------------------
 
@@ -287,14 +287,14 @@ class Scheduler:
             served = list(prefilling)  # the deepest out until the rest's owed tokens fit
             while served and cost(served, floor(served)) > limit:
                 served.remove(max(served, key=lambda seq: seq.num_computed_tokens))
-            if self._pacer.pay(cost(prefilling, floor(prefilling)) - limit):
+            if self.pacer.pay(cost(prefilling, floor(prefilling)) - limit):
                 served = prefilling
             else:
                 deferred = True
         else:
-            self._pacer.reset()
+            self.pacer.reset()
         if not served:
-            self._pacer.defer(limit - base)
+            self.pacer.defer(limit - base)
             return 0, []
         lo, cap = floor(served), min(budget, 2 * self._mixed_prompt_tokens)
         hi = max(lo, cap)  # cost(served, lo) <= limit is assumed (the floor is owed); find the largest that fits
@@ -305,7 +305,7 @@ class Scheduler:
             else:
                 hi = mid - 1
         if deferred:
-            self._pacer.defer(limit - cost(served, lo))
+            self.pacer.defer(limit - cost(served, lo))
         return lo, served
 
     def _admit_waiting(self, room: int) -> list[Sequence]:
