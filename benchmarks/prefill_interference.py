@@ -11,10 +11,10 @@ prompt's TTFT (what the limit costs it).
     python benchmarks/prefill_interference.py [--long-tokens 4000] [--rounds 3] [--slowdown 1.5]
 
 `--late-depth N`: the short requests arrive once the long prompt has N tokens computed (deep into it, where one
-prompt token beside the decode rows may cost more than a decode step), and the long prompt is dropped once they
-finish; the policies are then the limit with its token floor paid every step (`floor every step`, as before the
-pacing), the limit as it is (`paced`, prompt_pacing.FloorPacer) and no limit, and instead of the long prompt's
-TTFT each reports the long prompt's tokens computed while the short requests ran (what the policy costs it).
+prompt token beside the decode rows may cost more than a decode step); the policies are then the limit with its token floor paid every step (`floor every step`, as before the
+pacing), the limit as it is (`paced`, prompt_pacing.FloorPacer) and no limit, and besides the long prompt's TTFT
+each reports its tokens computed while the short requests ran (what the policy costs it); the
+unloaded figure is then the mean of runs just before and just after the loaded one.
 """
 
 from __future__ import annotations
@@ -82,9 +82,11 @@ def main() -> None:
     def ids(n: int) -> list[int]:  # new tokens every run: nothing comes from the prefix cache
         return rng.integers(100, vocab - 100, n).tolist()
 
-    def run_late(long_id: str, shorts: list[str]) -> tuple[dict[str, list[float]], int]:
-        """The long prompt alone to --late-depth tokens, then the short requests beside it until they end (the
-        long one is then dropped). Their token times, and the long prompt's tokens computed meanwhile."""
+    def run_late(long_id: str, shorts: list[str]) -> tuple[dict[str, list[float]], int, float]:
+        """The long prompt alone to --late-depth tokens, then the short requests beside it until they end, then
+        the long prompt to its first token. The short requests' token times, the long prompt's tokens computed
+        while they ran, and its TTFT in ms."""
+        arrival = time.perf_counter()
         core.add_request(ids(a.long_tokens), long_params, long_id)
         core.step()
         long_seq = core.scheduler.get(long_id)
@@ -101,10 +103,14 @@ def main() -> None:
                 if out.request_id in times:
                     times[out.request_id].extend([now] * len(out.token_ids))
         gained = long_seq.num_computed_tokens - depth
+        ttft = None
+        while ttft is None:
+            if any(out.request_id == long_id and out.token_ids for out in core.step()):
+                ttft = (time.perf_counter() - arrival) * 1000
         core.finish_request(long_id)
         while core.has_work():
             core.step()
-        return times, gained
+        return times, gained, ttft
 
     if a.late_depth is None:
         policies: dict[str, tuple[float | None, int]] = {"no limit": (None, 16), f"limit {a.slowdown:g}": (a.slowdown, 16)}
@@ -122,14 +128,17 @@ def main() -> None:
             alone = run([(rid, ids(16), short_params) for rid in shorts], [])
             loaded_ids = [rid + "-loaded" for rid in shorts]
             if a.late_depth is not None:
-                loaded, gained = run_late("long" + shorts[0], loaded_ids)
+                loaded, gained, long_ttft = run_late("long" + shorts[0], loaded_ids)
+                after = [rid + "-after" for rid in shorts]  # unloaded again, right after: the load drifts
+                alone_after = run([(rid, ids(16), short_params) for rid in after], [])
                 r = results[name]
-                unloaded, during = p99_tpot(alone, shorts), p99_tpot(loaded, loaded_ids)
+                unloaded = (p99_tpot(alone, shorts) + p99_tpot(alone_after, after)) / 2
+                during = p99_tpot(loaded, loaded_ids)
                 for key, value in [("p99 TPOT ms, unloaded", unloaded), ("p99 TPOT ms, beside the deep prompt", during),
                                    ("ratio", during / unloaded),
                                    ("mean TPOT ms, beside", statistics.mean(
                                        (t[-1] - t[1]) / (len(t) - 2) * 1000 for t in loaded.values())),
-                                   ("long prompt tokens meanwhile", gained)]:
+                                   ("long prompt tokens meanwhile", gained), ("long prompt TTFT ms", long_ttft)]:
                     r.setdefault(key, []).append(value)
                 print(json.dumps({"round": rnd + 1, "policy": name, **{k: round(v[-1], 2) for k, v in r.items()}}),
                       flush=True)
