@@ -96,14 +96,16 @@ def main() -> None:
         times = {rid: [time.perf_counter()] for rid in shorts}
         for rid in shorts:
             core.add_request(ids(16), short_params, rid)
+        ttft = None
         while any(len(times[rid]) <= a.short_tokens for rid in shorts):
             outs = core.step()
             now = time.perf_counter()
             for out in outs:
                 if out.request_id in times:
                     times[out.request_id].extend([now] * len(out.token_ids))
+                elif out.request_id == long_id and out.token_ids and ttft is None:
+                    ttft = (now - arrival) * 1000
         gained = long_seq.num_computed_tokens - depth
-        ttft = None
         while ttft is None:
             if any(out.request_id == long_id and out.token_ids for out in core.step()):
                 ttft = (time.perf_counter() - arrival) * 1000

@@ -136,6 +136,7 @@ class Scheduler:
         self._timing: tuple[StepKind, StepShape, float] | None = None  # the step in progress, since when
         self._mixed_prompt_tokens = 0  # prompt tokens of the last step, if it had decode rows
         self.pacer = FloorPacer()  # when the owed prompt tokens alone break max_decode_slowdown
+        self._paced_limit: float | None = None  # the limit of the step in progress, if the pacer decided it
 
     # --- requests ----------------------------------------------------------
 
@@ -199,6 +200,9 @@ class Scheduler:
         if limited and self._timing is not None:
             kind, shape, start = self._timing
             self.step_cost.observe(kind, shape, now - start)
+            if self._paced_limit is not None:
+                self.pacer.settle(self._paced_limit - (now - start))
+        self._paced_limit = None
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(out, budget)
@@ -282,19 +286,16 @@ class Scheduler:
         def floor(seqs: list[Sequence]) -> int:
             return min(budget, len(seqs) if fair else 1)
 
-        served, deferred = prefilling, False
+        served = prefilling
         if cost(prefilling, floor(prefilling)) > limit:
-            served = list(prefilling)  # the deepest out until the rest's owed tokens fit
-            while served and cost(served, floor(served)) > limit:
-                served.remove(max(served, key=lambda seq: seq.num_computed_tokens))
-            if self.pacer.pay(cost(prefilling, floor(prefilling)) - limit):
-                served = prefilling
-            else:
-                deferred = True
+            self._paced_limit = limit
+            if not self.pacer.pay(cost(prefilling, floor(prefilling)) - limit):
+                served = list(prefilling)  # the deepest out until the rest's owed tokens fit
+                while served and cost(served, floor(served)) > limit:
+                    served.remove(max(served, key=lambda seq: seq.num_computed_tokens))
         else:
             self.pacer.reset()
         if not served:
-            self.pacer.defer(limit - base)
             return 0, []
         lo, cap = floor(served), min(budget, 2 * self._mixed_prompt_tokens)
         hi = max(lo, cap)  # cost(served, lo) <= limit is assumed (the floor is owed); find the largest that fits
@@ -304,8 +305,6 @@ class Scheduler:
                 lo = mid
             else:
                 hi = mid - 1
-        if deferred:
-            self.pacer.defer(limit - cost(served, lo))
         return lo, served
 
     def _admit_waiting(self, room: int) -> list[Sequence]:
