@@ -286,10 +286,10 @@ class Scheduler:
         def floor(seqs: list[Sequence]) -> int:
             return min(budget, len(seqs) if fair else 1)
 
-        served = prefilling
-        if cost(prefilling, floor(prefilling)) > limit:
+        served, owed = prefilling, cost(prefilling, floor(prefilling))
+        if owed > limit:
             self._paced_limit = limit
-            if not self.pacer.pay(cost(prefilling, floor(prefilling)) - limit):
+            if not self.pacer.pay(owed - limit):
                 served = list(prefilling)  # the deepest out until the rest's owed tokens fit
                 while served and cost(served, floor(served)) > limit:
                     served.remove(max(served, key=lambda seq: seq.num_computed_tokens))
