@@ -117,3 +117,32 @@ def test_softmax_exp_special_cases_and_accuracy(lib):
     exact = torch.exp(x.double())
     ulp = torch.nextafter(exact.float(), torch.tensor(math.inf)).double() - exact.float().double()
     assert ((got - exact).abs() <= ulp).all()
+
+
+SEGMENT = 512  # attention.c's KEY_SEGMENT: a row's keys are split at multiples of it
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
+def test_rows_over_several_key_segments_are_the_bits_of_each_row_alone(lib, heads, heads_kv, d, dtype):
+    """Rows deeper than one key segment (their keys split at fixed positions, computed as tasks of their own and
+    combined) give the bits they get alone and under another chunking or batch: a chunk crossing the segment
+    boundaries at 512 and 1,024, decode rows deeper than one, two and three segments, and a row with fewer keys
+    than one segment, next to each other; all close to the float64 reference."""
+    blocks = 220
+    k, v = pools(heads_kv, d, dtype, blocks=blocks, seed=3)
+    tables = torch.randperm(blocks, generator=torch.Generator().manual_seed(4))[:208].view(2, 104).to(torch.int32)
+    # decode rows at 513 and 1,600 positions, a 40-row chunk across 512 (490 .. 529), a short row, a 30-row chunk
+    # across 1,024, a row of exactly two segments, and one 2 keys past three
+    rows = ([(0, 513), (1, 1600)] + [(0, n) for n in range(490, 530)] + [(1, 7)]
+            + [(1, n) for n in range(1010, 1040)] + [(0, 2 * SEGMENT), (0, 3 * SEGMENT + 2)])
+    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(5)).to(dtype)
+    got = attend(lib, q, k, v, tables, rows)
+    torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
+    for t in range(len(rows)):
+        assert torch.equal(bits(attend(lib, q[t:t + 1], k, v, tables, rows[t:t + 1])), bits(got[t:t + 1])), rows[t]
+    # the chunks cut elsewhere, alone and behind other rows
+    assert torch.equal(bits(attend(lib, q[2:25], k, v, tables, rows[2:25])), bits(got[2:25]))
+    assert torch.equal(bits(attend(lib, q[25:50], k, v, tables, rows[25:50])), bits(got[25:50]))
+    assert torch.equal(bits(attend(lib, q[50:], k, v, tables, rows[50:])), bits(got[50:]))
+

@@ -8,6 +8,7 @@ import pytest
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
+from edgeserve.engine.prompt_pacing import FloorPacer
 from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
 from edgeserve.engine.step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from edgeserve.models.load import load_model
@@ -115,6 +116,126 @@ def test_cost_model_fits_a_linear_cost_and_waits_for_enough_steps():
     for kind, shape in zip([StepKind.DECODE, StepKind.PREFILL, StepKind.MIXED, StepKind.PREFILL], shapes):
         model.observe(kind, shape, 0.01 + 0.001 * shape.tokens + 2e-7 * shape.attended)
     assert model.predict(StepShape(10, 5_000)) == pytest.approx(0.01 + 0.01 + 0.001, rel=1e-6)
+
+
+def run_shorts_beside_deep_prompt(clock: CostClock, slowdown: float | None = SLOWDOWN, depth: int = 2500,
+                                  decode_steps: int = 48, late: int | None = None):
+    """A 4,000-token prompt prefills alone to `depth` tokens; then three short requests arrive and decode for
+    `decode_steps` steps beside it (a fourth arrives `late` steps in, when given). Returns, per decode step: (the
+    long prompt's tokens, the step's cost, the cost of its decode rows alone, the late request's prompt tokens)."""
+    sched = _scheduler(clock, slowdown)
+    sched.add(Sequence("long", list(range(1, 4001))))
+    while sched.get("long").num_computed_tokens < depth:
+        _step(sched, clock)
+    for i in range(3):
+        sched.add(Sequence(f"s{i}", list(range(1 + i, 17 + i))))
+    _step(sched, clock)  # their prompts (no decode rows yet: the full budget)
+    steps = []
+    for n in range(decode_steps):
+        if n == late:
+            sched.add(Sequence("late", list(range(5, 21))))
+        out = _step(sched, clock)
+        decodes = [s for s in out.scheduled if s.seq_id.startswith("s")]
+        assert len(decodes) == 3
+        tokens = {s.seq_id: s.num_new_tokens for s in out.scheduled}
+        steps.append((tokens.get("long", 0), clock.cost(out.scheduled), clock.cost(decodes), tokens.get("late", 0)))
+    return steps
+
+
+def test_a_deep_prompt_whose_one_token_breaks_the_limit_is_paced_to_keep_the_mean_step_within_it():
+    """Attention dear enough that one prompt token at depth 2,500+ costs 2.4x the decode rows' step: the old floor
+    (a token every step) made every step 2.4x; now the deep prompt's token goes only on some steps, so the mean step
+    stays within the limit, and the prompt still moves, at least once every FloorPacer.max_gap + 1 steps."""
+    clock = CostClock(c=12e-6)
+    steps = run_shorts_beside_deep_prompt(clock)
+    long_steps = [i for i, (long, *_) in enumerate(steps) if long]
+    costs, decode_costs = [c for _, c, _, _ in steps], [d for _, _, d, _ in steps]
+    assert max(c / d for c, d in zip(costs, decode_costs)) > 2  # one owed token alone breaks 2x
+    assert sum(costs) <= SLOWDOWN * sum(decode_costs) * 1.05
+    assert all(long == 1 for long, *_ in steps if long)  # the floor, never more
+    assert len(long_steps) >= len(steps) // (FloorPacer().max_gap + 1)
+    gaps = [b - a for a, b in zip([-1] + long_steps, long_steps + [len(steps)])]
+    assert max(gaps) <= FloorPacer().max_gap + 1
+    # the bank pays for them: the pacer's steps are far fewer than every step
+    assert 3 <= len(long_steps) <= len(steps) // 2
+
+
+class DeepTokenClock(CostClock):
+    """A cost clock with a cost no feature of the model captures: a step with a lone prompt token deeper than
+    2,000 positions takes `extra` seconds more, so the fitted model predicts such steps too cheap."""
+
+    extra = 0.03
+
+    def cost(self, scheduled) -> float:
+        deep = any(s.seq_id == "long" and s.num_new_tokens == 1 and s.positions[0] >= 2000 for s in scheduled)
+        return super().cost(scheduled) + (self.extra if deep else 0.0)
+
+
+def test_pacing_settles_measured_step_times_so_a_mispredicted_cost_still_keeps_the_mean():
+    clock = DeepTokenClock(c=12e-6)
+    steps = run_shorts_beside_deep_prompt(clock)
+    long_steps = [i for i, (long, *_) in enumerate(steps) if long]
+    costs, decode_costs = [c for _, c, _, _ in steps], [d for _, _, d, _ in steps]
+    assert sum(costs) <= SLOWDOWN * sum(decode_costs) * 1.05
+    assert len(long_steps) >= 6  # the bank pays for them, not only the max_gap rule
+
+
+def test_a_deep_prompt_left_out_does_not_hold_back_a_new_short_prompt():
+    clock = CostClock(c=12e-6)
+    steps = run_shorts_beside_deep_prompt(clock, late=10)
+    late = [(long, late) for long, _, _, late in steps[11:]]
+    assert late[0][1] >= 1 and late[0][0] == 0  # its first tokens go at once, without the deep prompt's
+    assert sum(n for _, n in late[:6]) >= 16  # its 16-token prompt done within 6 steps (then it decodes)
+
+
+def test_a_deep_prompt_moves_every_max_gap_steps_even_without_slack():
+    """With max_decode_slowdown 1.0 no step banks anything: the deep prompt still moves once every max_gap + 1."""
+    clock = CostClock(c=12e-6)
+    steps = run_shorts_beside_deep_prompt(clock, slowdown=1.0, decode_steps=40)
+    long_steps = [i for i, (long, *_) in enumerate(steps) if long]
+    assert len(long_steps) >= 2
+    assert max(b - a for a, b in zip(long_steps, long_steps[1:])) == FloorPacer().max_gap + 1
+
+
+def test_floor_pacer_pays_from_the_bank_or_after_max_gap():
+    pacer = FloorPacer(max_gap=3)
+    assert not pacer.pay(0.5)
+    pacer.settle(0.2)
+    assert not pacer.pay(0.5)
+    pacer.settle(0.2)
+    assert not pacer.pay(0.5) and pacer.waited == 3
+    pacer.settle(0.2)
+    assert pacer.pay(0.5) and pacer.waited == 0  # the bank covers it
+    pacer.settle(-0.9)  # the step measured more over the limit than predicted: the bank goes below zero
+    assert pacer.slack == pytest.approx(-0.3)
+    for _ in range(3):
+        assert not pacer.pay(0.1)
+    assert pacer.pay(5.0) and pacer.waited == 0  # max_gap deferred steps: paid whatever it costs
+    pacer.reset()
+    assert (pacer.slack, pacer.waited) == (0.0, 0)
+
+
+def test_cost_model_tells_key_reads_from_arithmetic():
+    """A lone deep row reads all its keys for itself, where a chunk's rows share each read: with a cost that counts
+    reads, the model fitted on decode, prompt and mixed steps predicts a deep prompt token beside decode rows
+    exactly, where a model of tokens and attended keys alone is far off."""
+    def cost(sh: StepShape) -> float:
+        return 0.02 + 0.002 * sh.tokens + 1e-6 * sh.attended + 2e-5 * sh.read
+
+    def decodes(ctx: int) -> StepShape:
+        return chunk_shape(ctx, 1) + chunk_shape(ctx + 7, 1) + chunk_shape(ctx + 20, 1)
+
+    model, no_reads = StepCostModel(), StepCostModel()
+    steps = ([(StepKind.DECODE, decodes(c)) for c in (20, 60, 100, 140)]
+             + [(StepKind.PREFILL, chunk_shape(s, 512)) for s in (0, 512, 1024, 1536)]
+             + [(StepKind.MIXED, decodes(c) + chunk_shape(2048 + c, 64)) for c in (20, 60, 100)])
+    for kind, shape in steps:
+        model.observe(kind, shape, cost(shape))
+        no_reads.observe(kind, StepShape(shape.tokens, shape.attended), cost(shape))
+    deep = decodes(150) + chunk_shape(3000, 1)
+    assert model.predict(deep) == pytest.approx(cost(deep), rel=1e-6)
+    assert abs(no_reads.predict(StepShape(deep.tokens, deep.attended)) / cost(deep) - 1) > 0.2
+    assert chunk_shape(100, 16).read == 108 + 116 and chunk_shape(0, 9).read == 8 + 9
 
 
 def test_decode_slowdown_must_be_at_least_one():

@@ -24,7 +24,7 @@ def byte_vocab() -> list[str]:
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
                      skip_tensor: str | None = None, pooling_type: int | None = None,
-                     split_max_tensors: int = 0) -> Path:
+                     split_max_tensors: int = 0, context: int = 128) -> Path:
     """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`
     (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model).
     `split_max_tensors`: written as llama.cpp's gguf-split parts of that many tensors (`path` then names the set:
@@ -35,7 +35,7 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(layers)
-    w.add_context_length(128)
+    w.add_context_length(context)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(ffn)
     w.add_head_count(heads)

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 from edgeserve.errors import QueueFullError
 
 from .kv_blocks import BlockManager, BlockOffload
+from .prompt_pacing import FloorPacer
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
 
@@ -29,7 +30,8 @@ class SchedulerConfig:
     # starts at once, however long the prompts before it); False: first come, first served (the long one first)
     fair_prefill: bool = True
     # A step with decode rows carries only the prompt tokens that keep its measured cost within this factor of a
-    # decode-only step (each prefilling sequence still gets a token every step); None: the whole token budget
+    # decode-only step (a prefilling sequence still gets a token every step, or where even that one token breaks
+    # the limit, on enough steps to keep the mean step within it: prompt_pacing); None: the whole token budget
     max_decode_slowdown: float | None = None
 
     def __post_init__(self) -> None:
@@ -133,6 +135,8 @@ class Scheduler:
         self.step_cost = StepCostModel()  # fitted to the step times measured between schedule() calls
         self._timing: tuple[StepKind, StepShape, float] | None = None  # the step in progress, since when
         self._mixed_prompt_tokens = 0  # prompt tokens of the last step, if it had decode rows
+        self.pacer = FloorPacer()  # when the owed prompt tokens alone break max_decode_slowdown
+        self._paced_limit: float | None = None  # the limit of the step in progress, if the pacer decided it
 
     # --- requests ----------------------------------------------------------
 
@@ -196,6 +200,9 @@ class Scheduler:
         if limited and self._timing is not None:
             kind, shape, start = self._timing
             self.step_cost.observe(kind, shape, now - start)
+            if self._paced_limit is not None:
+                self.pacer.settle(self._paced_limit - (now - start))
+        self._paced_limit = None
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(out, budget)
@@ -207,7 +214,7 @@ class Scheduler:
             room = budget - sum(seq.num_remaining for seq in prefilling)
         prefilling += self._admit_waiting(room)
         if decodes.tokens and prefilling:
-            budget = self._prompt_budget(decodes, prefilling, budget)
+            budget, prefilling = self._prompt_budget(decodes, prefilling, budget)
         shares = split_budget([seq.num_remaining for seq in prefilling], budget, self.config.fair_prefill)
         for seq, n in zip(prefilling, shares):
             if n:
@@ -257,35 +264,48 @@ class Scheduler:
             budget -= 1 + len(spec)
         return budget
 
-    def _prompt_budget(self, decodes: StepShape, prefilling: list[Sequence], budget: int) -> int:
-        """Prompt tokens for a step that has decode rows: the most (up to `budget`) whose split keeps the step's
-        predicted cost within max_decode_slowdown times the decode rows' alone, at most twice the last such step's
-        (a cost model fitted on other shapes is not trusted far from what it has seen), and never fewer than one
-        token for each prefill the split serves (none starves)."""
+    def _prompt_budget(self, decodes: StepShape, prefilling: list[Sequence],
+                       budget: int) -> tuple[int, list[Sequence]]:
+        """Prompt tokens for a step that has decode rows, and the prefilling sequences they go to: the most (up to
+        `budget`) whose split keeps the step's predicted cost within max_decode_slowdown times the decode rows'
+        alone, at most twice the last such step's (a cost model fitted on other shapes is not trusted far from
+        what it has seen), and never fewer than one token for each prefill the split serves. A prefill whose one
+        token alone would break the limit (a deep one) is left out of some steps, as `FloorPacer` decides."""
         fair = self.config.fair_prefill
-        floor = min(budget, len(prefilling) if fair else 1)
-        cap = min(budget, 2 * self._mixed_prompt_tokens)
         base = self.step_cost.predict(decodes)
-        if cap <= floor or base is None:
-            return floor
+        if base is None:
+            return min(budget, len(prefilling) if fair else 1), prefilling
         limit = self.config.max_decode_slowdown * base
-        remaining = [seq.num_remaining for seq in prefilling]
-        computed = [seq.num_computed_tokens for seq in prefilling]
 
-        def fits(b: int) -> bool:
+        def cost(seqs: list[Sequence], b: int) -> float:
             shape = decodes
-            for start, n in zip(computed, split_budget(remaining, b, fair)):
-                shape = shape + chunk_shape(start, n)
-            return self.step_cost.predict(shape) <= limit
+            for seq, n in zip(seqs, split_budget([seq.num_remaining for seq in seqs], b, fair)):
+                shape = shape + chunk_shape(seq.num_computed_tokens, n)
+            return self.step_cost.predict(shape)
 
-        lo, hi = floor, cap  # fits(lo) is assumed (the floor is owed); find the largest b that fits
+        def floor(seqs: list[Sequence]) -> int:
+            return min(budget, len(seqs) if fair else 1)
+
+        served, owed = prefilling, cost(prefilling, floor(prefilling))
+        if owed > limit:
+            self._paced_limit = limit
+            if not self.pacer.pay(owed - limit):
+                served = list(prefilling)  # the deepest out until the rest's owed tokens fit
+                while served and cost(served, floor(served)) > limit:
+                    served.remove(max(served, key=lambda seq: seq.num_computed_tokens))
+        else:
+            self.pacer.reset()
+        if not served:
+            return 0, []
+        lo, cap = floor(served), min(budget, 2 * self._mixed_prompt_tokens)
+        hi = max(lo, cap)  # cost(served, lo) <= limit is assumed (the floor is owed); find the largest that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if fits(mid):
+            if cost(served, mid) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo, served
 
     def _admit_waiting(self, room: int) -> list[Sequence]:
         """Move waiting sequences to running in FCFS order while seats, blocks and `room` (prompt tokens for

@@ -8,7 +8,13 @@
    With AVX2 and a head size that is a multiple of 8, one task takes a block of consecutive rows of one sequence
    (a prompt chunk's rows, or a decode row alone) times the query heads of one kv head (GQA), and converts each
    key and value once for all of them; only the loop nest differs from doing the vectors one by one, never the
-   arithmetic of one vector. Elsewhere each (row, kv head) is a task of its own. */
+   arithmetic of one vector. Elsewhere each (row, kv head) is a task of its own.
+
+   A row's keys are split at fixed positions, every KEY_SEGMENT keys: each segment gets its own softmax and
+   weighed values (its max, its sum, its values), and the segments are combined in order (combine_segments), so a
+   deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 on 3 kv heads is 24
+   tasks, not 3) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
+   and gets exactly the bits it got before the split. */
 
 #include <math.h>
 #include <stdint.h>
@@ -88,8 +94,9 @@ static inline const float *kv_row(const void *base, int bf16, int64_t index, int
     return buf;
 }
 
-/* s[j] = exp(s[j] - max) / sum over j < L, summed in key order (the order every caller has always had) */
-static void softmax(float *s, int L) {
+/* s[j] = exp(s[j] - max) / sum over j < L, summed in key order (the order every caller has always had); the max and
+   the sum go to *mx_out and *sum_out (-inf and 0 when L is 0) */
+static void softmax(float *s, int L, float *mx_out, float *sum_out) {
     float mx = -INFINITY, sum = 0.0f;
     for (int j = 0; j < L; j++) mx = s[j] > mx ? s[j] : mx;
     for (int j = 0; j < L; j++) {
@@ -98,47 +105,96 @@ static void softmax(float *s, int L) {
     }
     float inv = 1.0f / sum;
     for (int j = 0; j < L; j++) s[j] *= inv;
+    *mx_out = mx;
+    *sum_out = sum;
 }
 
+/* keys per segment: a row's keys are split at multiples of this, whatever the batch or chunking */
+enum { KEY_SEGMENT = 512 };
+/* a segment's partial (max, sum, values) that saw no keys */
+#define EMPTY_SEGMENT(p) ((p)[0] == -INFINITY && (p)[1] == 0.0f)
+
+static inline float seg_exp(float x);
+
+/* One vector's attention from its key segments k < nseg, each given as (max score m, sum of exp(score - m), the
+   values weighed by that segment's own softmax, D floats) at part + k * stride: exp(m_k - M) * sum_k over the
+   segments in order gives each segment's weight (M the largest m of a segment with keys), and the output is the
+   segments' values times weight / total, summed in segment order. A segment without keys (m -inf, sum 0) adds
+   nothing; a single segment gives its values unchanged (its weight / total is exactly 1). One compiled copy, so
+   the per-row and blocked paths round alike. */
+static __attribute__((noinline)) void combine_segments(const float *part, int64_t stride, int nseg, int D,
+                                                       float *out) {
+    float M = -INFINITY, total = 0.0f;
+    for (int k = 0; k < nseg; k++) M = part[k * stride] > M ? part[k * stride] : M;
+    for (int k = 0; k < nseg; k++)
+        if (!EMPTY_SEGMENT(part + k * stride)) total += seg_exp(part[k * stride] - M) * part[k * stride + 1];
+    int first = 1;
+    memset(out, 0, sizeof(float) * D);
+    for (int k = 0; k < nseg; k++) {
+        const float *p = part + k * stride;
+        if (EMPTY_SEGMENT(p)) continue;
+        const float c = seg_exp(p[0] - M) * p[1] / total;
+        if (first)
+            for (int d = 0; d < D; d++) out[d] = c * p[2 + d];
+        else
+            for (int d = 0; d < D; d++) out[d] += c * p[2 + d];
+        first = 0;
+    }
+}
+
+/* a float32 vector of D into the output (bf16 when out_bf16) at element index */
+static inline void store_out(void *out, int out_bf16, int64_t index, const float *x, int D) {
+    if (out_bf16) {
+        uint16_t *o = (uint16_t *)out + index;
+        for (int d = 0; d < D; d++) o[d] = f32_bf16(x[d]);
+    } else {
+        memcpy((float *)out + index, x, sizeof(float) * D);
+    }
+}
+
+/* The per-row path: row t times kv head kvh, its keys segment by segment (KEY_SEGMENT keys, fixed boundaries),
+   each segment's softmax and weighed values in key order, then combine_segments(). */
 static void attend_task(void *ctx, int task) {
     const attn_t *a = (const attn_t *)ctx;
     const int group = a->H / a->Hkv, t = task / a->Hkv, kvh = task % a->Hkv, D = a->D, bs = a->block_size;
-    const int L = a->row_len[t];
+    const int L = a->row_len[t], nseg = L > 0 ? (L + KEY_SEGMENT - 1) / KEY_SEGMENT : 1;
+    const int64_t stride = D + 2; /* one segment's partial: max, sum, D values */
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
-    float *buf = malloc(sizeof(float) * ((size_t)group * (L + 2 * D) + (size_t)D));
-    float *scores = buf, *acc = buf + (size_t)group * L, *qf = acc + (size_t)group * D, *row = qf + (size_t)group * D;
+    const int SL = L < KEY_SEGMENT ? L : KEY_SEGMENT;
+    float *buf = malloc(sizeof(float) * ((size_t)group * (SL + D + (size_t)nseg * stride) + 2 * (size_t)D + 1));
+    float *scores = buf, *qf = scores + (size_t)group * SL, *part = qf + (size_t)group * D;
+    float *row = part + (size_t)group * nseg * stride, *res = row + D;
     for (int g = 0; g < group; g++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + kvh * group + g, D, qf + (size_t)g * D);
-    /* keys block by block: no division per key */
-    for (int j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
-        const int64_t first = (int64_t)table[b] * bs;
-        const int n = L - j0 < bs ? L - j0 : bs;
-        for (int o = 0; o < n; o++) {
+    for (int k = 0; k < nseg; k++) {
+        const int jlo = k * KEY_SEGMENT, n_seg = L - jlo < KEY_SEGMENT ? L - jlo : KEY_SEGMENT;
+        for (int jj = 0; jj < n_seg; jj++) {
+            const int j = jlo + jj;
+            const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
             if (a->kv_bf16) {
-                const uint16_t *kr = (const uint16_t *)a->k + ((first + o) * a->Hkv + kvh) * D;
+                const uint16_t *kr = (const uint16_t *)a->k + (at * a->Hkv + kvh) * D;
                 for (int g = 0; g < group; g++)
-                    scores[(size_t)g * L + j0 + o] = dot_bf16(qf + (size_t)g * D, kr, D) * a->scale;
+                    scores[(size_t)g * SL + jj] = dot_bf16(qf + (size_t)g * D, kr, D) * a->scale;
                 continue;
             }
 #endif
-            const float *kr = kv_row(a->k, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
-            for (int g = 0; g < group; g++) scores[(size_t)g * L + j0 + o] = dot(qf + (size_t)g * D, kr, D) * a->scale;
+            const float *kr = kv_row(a->k, a->kv_bf16, at * a->Hkv + kvh, D, row);
+            for (int g = 0; g < group; g++) scores[(size_t)g * SL + jj] = dot(qf + (size_t)g * D, kr, D) * a->scale;
         }
-    }
-    for (int g = 0; g < group; g++) {
-        softmax(scores + (size_t)g * L, L);
-        memset(acc + (size_t)g * D, 0, sizeof(float) * D);
-    }
-    for (int j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
-        const int64_t first = (int64_t)table[b] * bs;
-        const int n = L - j0 < bs ? L - j0 : bs;
-        for (int o = 0; o < n; o++) {
+        for (int g = 0; g < group; g++) {
+            float *p = part + ((size_t)g * nseg + k) * stride;
+            softmax(scores + (size_t)g * SL, n_seg, p, p + 1);
+            memset(p + 2, 0, sizeof(float) * D);
+        }
+        for (int jj = 0; jj < n_seg; jj++) {
+            const int j = jlo + jj;
+            const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
             if (a->kv_bf16 && D % 8 == 0) { /* out[d] += p * v[d] as one FMA per value, as the loop below compiles */
-                const uint16_t *vr = (const uint16_t *)a->v + ((first + o) * a->Hkv + kvh) * D;
+                const uint16_t *vr = (const uint16_t *)a->v + (at * a->Hkv + kvh) * D;
                 for (int g = 0; g < group; g++) {
-                    __m256 p = _mm256_set1_ps(scores[(size_t)g * L + j0 + o]);
-                    float *out = acc + (size_t)g * D;
+                    __m256 p = _mm256_set1_ps(scores[(size_t)g * SL + jj]);
+                    float *out = part + ((size_t)g * nseg + k) * stride + 2;
                     for (int d = 0; d < D; d += 8) {
                         __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(vr + d))), 16);
                         _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_castsi256_ps(w), _mm256_loadu_ps(out + d)));
@@ -147,21 +203,16 @@ static void attend_task(void *ctx, int task) {
                 continue;
             }
 #endif
-            const float *vr = kv_row(a->v, a->kv_bf16, (first + o) * a->Hkv + kvh, D, row);
+            const float *vr = kv_row(a->v, a->kv_bf16, at * a->Hkv + kvh, D, row);
             for (int g = 0; g < group; g++) {
-                float p = scores[(size_t)g * L + j0 + o], *out = acc + (size_t)g * D;
+                float p = scores[(size_t)g * SL + jj], *out = part + ((size_t)g * nseg + k) * stride + 2;
                 for (int d = 0; d < D; d++) out[d] += p * vr[d];
             }
         }
     }
     for (int g = 0; g < group; g++) {
-        int64_t index = ((int64_t)t * a->H + kvh * group + g) * D;
-        if (a->q_bf16) {
-            uint16_t *o = (uint16_t *)a->out + index;
-            for (int d = 0; d < D; d++) o[d] = f32_bf16(acc[(size_t)g * D + d]);
-        } else {
-            memcpy((float *)a->out + index, acc + (size_t)g * D, sizeof(float) * D);
-        }
+        combine_segments(part + (size_t)g * nseg * stride, stride, nseg, D, res);
+        store_out(a->out, a->q_bf16, ((int64_t)t * a->H + kvh * group + g) * D, res, D);
     }
     free(buf);
 }
@@ -235,6 +286,9 @@ static inline __m128 exp4(__m128 x) {
     }
     return out;
 }
+
+/* expf as the softmax computes it (the combine of key segments uses it too) */
+static inline float seg_exp(float x) { return _mm_cvtss_f32(exp4(_mm_set1_ps(x))); }
 
 /* ---- the blocked path: a block of rows of one sequence times the query heads of one kv head ---- */
 
@@ -340,6 +394,10 @@ static void weigh(float *acc, int D, int d, int nv, int c, const float *p, int p
 typedef struct {
     const attn_t *a;
     const int *starts; /* block b is rows starts[b] .. starts[b + 1] - 1, all of one sequence */
+    const int *nseg;   /* block b's key segments (1 + (its longest row's keys - 1) / KEY_SEGMENT) */
+    const int *unit;   /* task unit u (times Hkv kv heads) is block unit[2u], key segment unit[2u + 1] */
+    const int64_t *part_at; /* block b's segment partials at part + part_at[b] (several segments only) */
+    float *part;
 } blocks_t;
 
 /* Pointers to the K (or V) rows of keys j0 .. j0 + n - 1 of kv head kvh, padded with the last one to n + 8
@@ -358,27 +416,38 @@ static void key_rows(const attn_t *a, const void *pool, const int32_t *table, in
     for (; i < n + 8; i++) rows[i] = rows[i - 1];
 }
 
+/* One key segment (keys kseg * KEY_SEGMENT onwards, at most KEY_SEGMENT) of a block of rows times one kv head:
+   each vector's softmax over its keys of the segment and its values weighed by it, written as the output when the
+   block has one segment, else as the segment's partials (max, sum, values) for combine_segments(). */
 static void attend_block_task(void *ctx, int task) {
     const blocks_t *blocks = (const blocks_t *)ctx;
     const attn_t *a = blocks->a;
     const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, bf16 = a->kv_bf16;
-    const int t0 = blocks->starts[task / Hkv], rows = blocks->starts[task / Hkv + 1] - t0, V = rows * G;
+    const int b = blocks->unit[2 * (task / Hkv)], kseg = blocks->unit[2 * (task / Hkv) + 1];
+    const int t0 = blocks->starts[b], rows = blocks->starts[b + 1] - t0, V = rows * G;
+    const int jlo = kseg * KEY_SEGMENT, nseg = blocks->nseg[b];
     /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax) and 2 rows
-       to spare (the scores of 3 keys at a time) */
+       to spare (the scores of 3 keys at a time); keys counted from jlo */
     const int vp = (V + 3) / 4 * 4;
     int lmax = 0;
-    for (int r = 0; r < rows; r++) lmax = a->row_len[t0 + r] > lmax ? a->row_len[t0 + r] : lmax;
+    for (int r = 0; r < rows; r++) {
+        int l = a->row_len[t0 + r] - jlo;
+        l = l < 0 ? 0 : (l > KEY_SEGMENT ? KEY_SEGMENT : l);
+        lmax = l > lmax ? l : lmax;
+    }
     const int lp = lmax + 2;
     const int32_t *table = a->tables + (int64_t)a->row_seq[t0] * a->table_stride;
-    float *qf = malloc(sizeof(float) * ((size_t)vp * D + (size_t)lp * vp + (size_t)V * D) + sizeof(int) * vp +
-                       sizeof(void *) * (KEY_TILE + 8));
+    float *qf = malloc(sizeof(float) * ((size_t)vp * D + (size_t)lp * vp + (size_t)V * D + 2 * (size_t)vp) +
+                       sizeof(int) * vp + sizeof(void *) * (KEY_TILE + 8));
     float *scores = qf + (size_t)vp * D, *acc = scores + (size_t)lp * vp;
-    int *len = (int *)(acc + (size_t)V * D);
+    float *vmax = acc + (size_t)V * D, *vsum = vmax + vp;
+    int *len = (int *)(vsum + vp);
     const void **rowp = (const void **)(len + vp);
     for (int v = 0; v < vp; v++) {
         if (v < V) {
             load_row(a->q, a->q_bf16, (int64_t)(t0 + v / G) * a->H + kvh * G + v % G, D, qf + (size_t)v * D);
-            len[v] = a->row_len[t0 + v / G];
+            const int l = a->row_len[t0 + v / G] - jlo;
+            len[v] = l < 0 ? 0 : (l > KEY_SEGMENT ? KEY_SEGMENT : l);
         } else {
             memset(qf + (size_t)v * D, 0, sizeof(float) * D);
             len[v] = 0;
@@ -388,7 +457,7 @@ static void attend_block_task(void *ctx, int task) {
     const __m256 scale = _mm256_set1_ps(a->scale);
     for (int j0 = 0; j0 < lmax; j0 += KEY_TILE) {
         const int n = lmax - j0 < KEY_TILE ? lmax - j0 : KEY_TILE;
-        key_rows(a, a->k, table, kvh, j0, n, rowp);
+        key_rows(a, a->k, table, kvh, jlo + j0, n, rowp);
         for (int v0 = 0; v0 < vp; v0 += 4)
             for (int i = 0; i < n; i += 3) {
                 float *out = scores + (size_t)(j0 + i) * vp + v0;
@@ -423,6 +492,8 @@ static void attend_block_task(void *ctx, int task) {
             _mm_storeu_ps(s + (size_t)j * vp, e);
             sum = _mm_add_ps(sum, e);
         }
+        _mm_storeu_ps(vmax + v0, mx);
+        _mm_storeu_ps(vsum + v0, sum);
         const __m128 inv = _mm_div_ps(_mm_set1_ps(1.0f), sum);
         for (j = 0; j < hi; j++) _mm_storeu_ps(s + (size_t)j * vp, _mm_mul_ps(_mm_loadu_ps(s + (size_t)j * vp), inv));
     }
@@ -433,7 +504,7 @@ static void attend_block_task(void *ctx, int task) {
     const int group_rows = G <= PV_MAX ? PV_MAX / G : 1;
     for (int j0 = 0; j0 < lmax; j0 += KEY_TILE) {
         const int n = lmax - j0 < KEY_TILE ? lmax - j0 : KEY_TILE;
-        key_rows(a, a->v, table, kvh, j0, n, rowp);
+        key_rows(a, a->v, table, kvh, jlo + j0, n, rowp);
         for (int r0 = 0; r0 < rows; r0 += group_rows)
             for (int g0 = 0; g0 < G; g0 += part) {
                 const int r1 = r0 + group_rows < rows ? r0 + group_rows : rows;
@@ -456,16 +527,33 @@ static void attend_block_task(void *ctx, int task) {
                 }
             }
     }
-    for (int v = 0; v < V; v++) {
-        const int64_t index = ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D;
-        if (a->q_bf16) {
-            uint16_t *o = (uint16_t *)a->out + index;
-            for (int d = 0; d < D; d++) o[d] = f32_bf16(acc[(size_t)v * D + d]);
-        } else {
-            memcpy((float *)a->out + index, acc + (size_t)v * D, sizeof(float) * D);
+    if (nseg == 1) {
+        for (int v = 0; v < V; v++)
+            store_out(a->out, a->q_bf16, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, acc + (size_t)v * D, D);
+    } else { /* partials [kv head][vector][segment][max, sum, D values] */
+        for (int v = 0; v < V; v++) {
+            float *p = blocks->part + blocks->part_at[b] + (((int64_t)kvh * V + v) * nseg + kseg) * (D + 2);
+            p[0] = vmax[v];
+            p[1] = vsum[v];
+            memcpy(p + 2, acc + (size_t)v * D, sizeof(float) * D);
         }
     }
     free(qf);
+}
+
+/* Task (block, kv head) of the blocks with several key segments (`unit` lists them here): each vector's segments
+   combined into its output. */
+static void combine_block_task(void *ctx, int task) {
+    const blocks_t *blocks = (const blocks_t *)ctx;
+    const attn_t *a = blocks->a;
+    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, b = blocks->unit[task / Hkv];
+    const int t0 = blocks->starts[b], V = (blocks->starts[b + 1] - t0) * G, nseg = blocks->nseg[b];
+    float res[D];
+    for (int v = 0; v < V; v++) {
+        combine_segments(blocks->part + blocks->part_at[b] + ((int64_t)kvh * V + v) * nseg * (D + 2), D + 2, nseg,
+                         D, res);
+        store_out(a->out, a->q_bf16, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, res, D);
+    }
 }
 
 /* rows per block: about 32 query vectors (24 for the default model's 3 per kv head) */
@@ -474,6 +562,10 @@ static int rows_per_block(int G) {
     if (r >= 8) r -= r % 8;
     return r < 1 ? 1 : r;
 }
+#endif
+
+#if !defined(QMM_AVX2)
+static inline float seg_exp(float x) { return expf(x); }
 #endif
 
 /* expf of n values as the attention's softmax computes it (a test's window onto the kernel's exp) */
@@ -502,13 +594,44 @@ void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const v
     attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale};
 #if defined(QMM_AVX2)
     if (D % 8 == 0 && T > 0) {
-        const int per = rows_per_block(H / Hkv);
-        int *starts = malloc(sizeof(int) * ((size_t)T + 1)), n = 0;
+        const int per = rows_per_block(H / Hkv), G = H / Hkv;
+        int *starts = malloc(sizeof(int) * ((size_t)T + 1) * 2), n = 0;
         for (int t = 0; t < T; t++)
             if (t == 0 || row_seq[t] != row_seq[t - 1] || t - starts[n - 1] == per) starts[n++] = t;
         starts[n] = T;
-        blocks_t b = {&a, starts};
-        pool_run(attend_block_task, &b, n * Hkv, 1);
+        /* every block's key segments as tasks of their own; partials for the blocks with several */
+        int *nseg = starts + n + 1, units = 0, multi = 0;
+        int64_t *part_at = malloc(sizeof(int64_t) * (size_t)n), floats = 0;
+        for (int b = 0; b < n; b++) {
+            int lmax = 0;
+            for (int t = starts[b]; t < starts[b + 1]; t++) lmax = row_len[t] > lmax ? row_len[t] : lmax;
+            nseg[b] = lmax > 0 ? (lmax + KEY_SEGMENT - 1) / KEY_SEGMENT : 1;
+            units += nseg[b];
+            part_at[b] = floats;
+            if (nseg[b] > 1) {
+                floats += (int64_t)Hkv * (starts[b + 1] - starts[b]) * G * nseg[b] * (D + 2);
+                multi++;
+            }
+        }
+        int *unit = malloc(sizeof(int) * (2 * (size_t)units + (size_t)multi)), u = 0;
+        for (int b = 0; b < n; b++)
+            for (int k = 0; k < nseg[b]; k++, u++) {
+                unit[2 * u] = b;
+                unit[2 * u + 1] = k;
+            }
+        float *part = floats ? malloc(sizeof(float) * (size_t)floats) : 0;
+        blocks_t bl = {&a, starts, nseg, unit, part_at, part};
+        pool_run(attend_block_task, &bl, units * Hkv, 1);
+        if (multi) {
+            int *mb = unit + 2 * (size_t)units, m = 0;
+            for (int b = 0; b < n; b++)
+                if (nseg[b] > 1) mb[m++] = b;
+            blocks_t cb = {&a, starts, nseg, mb, part_at, part};
+            pool_run(combine_block_task, &cb, multi * Hkv, 1);
+        }
+        free(part);
+        free(unit);
+        free(part_at);
         free(starts);
         return;
     }
