@@ -401,7 +401,8 @@ typedef struct {
     const attn_t *a;
     const int *starts; /* block b is rows starts[b] .. starts[b + 1] - 1, all of one sequence */
     const int *nseg;   /* block b's key segments (1 + (its longest row's keys - 1) / KEY_SEGMENT) */
-    const int *unit;   /* task unit u (times Hkv kv heads) is block unit[2u], key segment unit[2u + 1] */
+    const int *unit;   /* unit u is block unit[2u], key segment unit[2u + 1] */
+    const int *work;   /* task i is unit work[2i] times kv head work[2i + 1] (-1: all of them, a one-row block) */
     const int64_t *part_at; /* block b's segment partials at part + part_at[b] (several segments only) */
     float *part;
 } blocks_t;
@@ -429,14 +430,14 @@ static void key_rows(const attn_t *a, const void *pool, const int32_t *table, in
 
 /* scores s[v * ls + k] = q[v] . key k * scale of NV query vectors (D floats apart) and NK keys (kp): each an FMA
    chain over the head dimension in eight lanes and the lanes' fixed sum, as scores12() and dot_bf16() compute it */
-static inline __attribute__((always_inline)) void row_scores(const float *q, const void *const *kp, int D, int bf16,
-                                                            __m256 scale, float *s, int ls, const int NV,
+static inline __attribute__((always_inline)) void row_scores(const float *q, const void *const *kp, size_t off, int D,
+                                                            int bf16, __m256 scale, float *s, int ls, const int NV,
                                                             const int NK) {
     __m256 acc[12];
     for (int i = 0; i < NV * NK; i++) acc[i] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8)
         for (int k = 0; k < NK; k++) {
-            const __m256 kv = load8(kp[k], bf16, d);
+            const __m256 kv = load8((const char *)kp[k] + off, bf16, d);
             for (int v = 0; v < NV; v++)
                 acc[v * NK + k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)v * D + d), kv, acc[v * NK + k]);
         }
@@ -461,11 +462,24 @@ static inline __attribute__((always_inline)) void row_scores(const float *q, con
     }
 }
 
-/* the scores of nv (1 .. 4) vectors over keys 0 .. n rounded up to 8 (kp holds that many) */
-static void row_scores_all(const float *q, const void *const *kp, int n, int D, int bf16, __m256 scale, float *s,
-                           int ls, int nv) {
+/* The row path reads its K and V rows from memory (a step's layers together are larger than the cache), so it
+   fetches them ahead: the K rows ROW_PREFETCH keys ahead of the scores, the V rows a chunk of ROW_CHUNK keys ahead
+   of the values (measured best at 8 and 8 on a 2-core EPYC; more in flight at once was slower). */
+enum { ROW_PREFETCH = 8, ROW_CHUNK = 8 };
+
+/* every cache line of bytes from each of rows[from .. to) */
+static inline void prefetch_rows(const void *const *rows, int from, int to, size_t bytes) {
+    for (int i = from; i < to; i++)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)rows[i] + o, _MM_HINT_T0);
+    if (bytes % 64)
+        for (int i = from; i < to; i++) _mm_prefetch((const char *)rows[i] + bytes - 1, _MM_HINT_T0);
+}
+
+/* the scores of nv (1 .. 4) vectors over keys kp[0 .. 8) (at byte offset off of each) */
+static void row_scores8(const float *q, const void *const *kp, size_t off, int D, int bf16, __m256 scale, float *s,
+                        int ls, int nv) {
 #define ROW_SCORES(NV, NK, BF)                                                                                         \
-    for (int j = 0; j < n; j += NK) row_scores(q, kp + j, D, BF, scale, s + j, ls, NV, NK);                            \
+    for (int j = 0; j < 8; j += NK) row_scores(q, kp + j, off, D, BF, scale, s + j, ls, NV, NK);                       \
     break;
     switch (nv * 2 + bf16) {
     case 2: ROW_SCORES(1, 8, 0)
@@ -480,19 +494,20 @@ static void row_scores_all(const float *q, const void *const *kp, int n, int D, 
 #undef ROW_SCORES
 }
 
-/* acc[v][d .. d + 8C) = sum over keys j < n in order of p[v * ls + j] * value j [d .. d + 8C), one FMA per element
-   and key from +0, as weigh_values() accumulates it, for NV vectors at once (NV * C accumulators, NV broadcast
-   weights and one value register: at most 15 of the 16) */
+/* acc[v][d .. d + 8C) += p[v * ls + j] * value j [d .. d + 8C) for keys j < n in order, one FMA per element and
+   key, as weigh_values() accumulates it, for NV vectors at once (NV * C accumulators, NV broadcast weights and one
+   value register: at most 15 of the 16) */
 static inline __attribute__((always_inline)) void row_values(float *acc, int D, int d, const float *p, int ls,
-                                                            const void *const *vp, int n, int bf16, const int NV,
-                                                            const int C) {
+                                                            const void *const *vp, size_t off, int n, int bf16,
+                                                            const int NV, const int C) {
     __m256 a[12];
-    for (int i = 0; i < NV * C; i++) a[i] = _mm256_setzero_ps();
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < C; c++) a[v * C + c] = _mm256_loadu_ps(acc + (size_t)v * D + d + 8 * c);
     for (int j = 0; j < n; j++) {
         __m256 pv[4];
         for (int v = 0; v < NV; v++) pv[v] = _mm256_broadcast_ss(p + (size_t)v * ls + j);
         for (int c = 0; c < C; c++) {
-            const __m256 w = load8(vp[j], bf16, d + 8 * c);
+            const __m256 w = load8((const char *)vp[j] + off, bf16, d + 8 * c);
             for (int v = 0; v < NV; v++) a[v * C + c] = _mm256_fmadd_ps(pv[v], w, a[v * C + c]);
         }
     }
@@ -502,9 +517,10 @@ static inline __attribute__((always_inline)) void row_values(float *acc, int D, 
 
 /* row_values() over the whole head dimension for nv (1 .. 4) vectors, as many registers per vector as fit (8, 4,
    3, 2), the last pass narrower where D asks */
-static void row_values_all(float *acc, int D, const float *p, int ls, const void *const *vp, int n, int bf16, int nv) {
+static void row_values_all(float *acc, int D, const float *p, int ls, const void *const *vp, size_t off, int n,
+                           int bf16, int nv) {
 #define ROW_VALUES(NV, C, BF)                                                                                          \
-    case (NV) * 32 + (C) * 2 + (BF): row_values(acc, D, d, p, ls, vp, n, BF, NV, C); break;
+    case (NV) * 32 + (C) * 2 + (BF): row_values(acc, D, d, p, ls, vp, off, n, BF, NV, C); break;
 #define ROW_VALUES_C(NV, C) ROW_VALUES(NV, C, 0) ROW_VALUES(NV, C, 1)
     const int most = nv == 1 ? 8 : (nv == 2 ? 4 : (nv == 3 ? 3 : 2));
     for (int d = 0; d < D;) {
@@ -585,26 +601,31 @@ static void *row_scratch(size_t bytes) {
     return buf + 8;
 }
 
-/* One key segment of one row (t) times kv head kvh: its G vectors' softmax over the segment's keys and their
-   values weighed by it, written as the output when the row has one segment (nseg), else as the segment's partials
-   at part (max, sum, values per vector, D + 2 floats apart, nseg segments per vector) -- the bits the blocked path
-   gives a block of this one row. */
-static void attend_row(const attn_t *a, int t, int kvh, int kseg, int nseg, float *part) {
-    const int D = a->D, G = a->H / a->Hkv, bf16 = a->kv_bf16, bs = a->block_size, jlo = kseg * KEY_SEGMENT;
+/* One key segment of one row (t) times kv heads h0 .. h0 + nh - 1: the G vectors of each such kv head get their
+   softmax over the segment's keys and their values weighed by it, written as the output when the row has one
+   segment (nseg), else as the segment's partials (max, sum, values: D + 2 floats per vector and segment, vector v
+   of kv head h at part + ((h * G + v) * nseg + kseg) * (D + 2)) -- the bits the blocked path gives a block of this
+   one row. The scores go key by key over all nh heads (the pool rows read in order, fetched ahead), then each
+   head's softmax and values. */
+static void attend_row(const attn_t *a, int t, int h0, int nh, int kseg, int nseg, float *part) {
+    const int D = a->D, G = a->H / a->Hkv, V = nh * G, bf16 = a->kv_bf16, bs = a->block_size;
+    const int jlo = kseg * KEY_SEGMENT;
     int n = a->row_len[t] - jlo;
     n = n < 0 ? 0 : (n > KEY_SEGMENT ? KEY_SEGMENT : n);
     const int ls = (n + 7) / 8 * 8 + 8; /* scores per vector: room for whole registers of keys */
-    const size_t el = bf16 ? 2 : 4, rowb = (size_t)a->Hkv * D * el;
-    float *qf = row_scratch(sizeof(float) * ((size_t)G * (2 * (size_t)D + ls) + 2 * (size_t)G) +
+    const size_t el = bf16 ? 2 : 4, rowb = (size_t)a->Hkv * D * el, headb = (size_t)D * el;
+    float *qf = row_scratch(sizeof(float) * ((size_t)V * (2 * (size_t)D + ls) + 2 * (size_t)V) +
                             2 * sizeof(void *) * (size_t)ls);
-    float *s = qf + (size_t)G * D, *acc = s + (size_t)G * ls, *vmax = acc + (size_t)G * D, *vsum = vmax + G;
-    const void **kp = (const void **)(vsum + G), **vp = kp + ls;
-    for (int g = 0; g < G; g++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + kvh * G + g, D, qf + (size_t)g * D);
-    memset(acc, 0, sizeof(float) * (size_t)G * D);
+    float *s = qf + (size_t)V * D, *acc = s + (size_t)V * ls, *vmax = acc + (size_t)V * D, *vsum = vmax + V;
+    const void **kp = (const void **)(vsum + V), **vp = kp + ls;
+    for (int v = 0; v < V; v++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + h0 * G + v, D, qf + (size_t)v * D);
+    memset(acc, 0, sizeof(float) * (size_t)V * D);
+    /* each head's vectors in groups of at most 4, as even as they come (G = 3: one group; 8: two of 4) */
+    const int groups = (G + 3) / 4, per = (G + groups - 1) / groups;
     if (n > 0) {
         const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
-        const char *kb = (const char *)a->k + (size_t)kvh * D * el, *vb = (const char *)a->v + (size_t)kvh * D * el;
-        for (int i = 0; i < n;) { /* keys (and values) of a pool block at a time; padded with the last one */
+        const char *kb = (const char *)a->k + h0 * headb, *vb = (const char *)a->v + h0 * headb;
+        for (int i = 0; i < n;) { /* the keys' rows (head h0 on) a pool block at a time; padded with the last one */
             const int j = jlo + i, o = j % bs, take = bs - o < n - i ? bs - o : n - i;
             const size_t at = ((size_t)table[j / bs] * bs + o) * rowb;
             for (int x = 0; x < take; x++) {
@@ -615,30 +636,48 @@ static void attend_row(const attn_t *a, int t, int kvh, int kseg, int nseg, floa
         }
         for (int i = n; i < ls; i++) kp[i] = kp[n - 1], vp[i] = vp[n - 1];
         const __m256 scale = _mm256_set1_ps(a->scale);
-        /* vectors in groups of at most 4, as even as they come (G = 3: one group; 8: two of 4) */
-        const int groups = (G + 3) / 4, per = (G + groups - 1) / groups;
-        for (int g0 = 0; g0 < G; g0 += per) {
-            const int nv = G - g0 < per ? G - g0 : per;
-            row_scores_all(qf + (size_t)g0 * D, (const void *const *)kp, n, D, bf16, scale, s + (size_t)g0 * ls, ls,
-                           nv);
+        const size_t span = nh * headb;
+        prefetch_rows((const void *const *)kp, 0, n < ROW_PREFETCH ? n : ROW_PREFETCH, span);
+        for (int j = 0; j < n; j += 8) {
+            const int f = j + ROW_PREFETCH, f1 = f + 8 < n ? f + 8 : n;
+            if (f < n) prefetch_rows((const void *const *)kp, f, f1, span);
+            for (int h = 0; h < nh; h++)
+                for (int g0 = 0; g0 < G; g0 += per) {
+                    const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                    row_scores8(qf + (size_t)v0 * D, (const void *const *)kp + j, h * headb, D, bf16, scale,
+                                s + (size_t)v0 * ls + j, ls, nv);
+                }
         }
-        for (int g0 = 0; g0 < G; g0 += per) {
-            const int nv = G - g0 < per ? G - g0 : per;
-            row_softmax(s + (size_t)g0 * ls, ls, nv, n, vmax + g0, vsum + g0);
-            row_values_all(acc + (size_t)g0 * D, D, s + (size_t)g0 * ls, ls, (const void *const *)vp, n, bf16, nv);
+        prefetch_rows((const void *const *)vp, 0, n < ROW_CHUNK ? n : ROW_CHUNK, span);
+        for (int h = 0; h < nh; h++)
+            for (int g0 = 0; g0 < G; g0 += per) {
+                const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                row_softmax(s + (size_t)v0 * ls, ls, nv, n, vmax + v0, vsum + v0);
+            }
+        /* the values a chunk of keys at a time over all heads (each head's sums carried in acc from chunk to
+           chunk: the same FMAs in the same order), the next chunk's rows fetched meanwhile */
+        for (int j0 = 0; j0 < n; j0 += ROW_CHUNK) {
+            const int m = n - j0 < ROW_CHUNK ? n - j0 : ROW_CHUNK, f = j0 + ROW_CHUNK;
+            if (f < n) prefetch_rows((const void *const *)vp, f, f + ROW_CHUNK < n ? f + ROW_CHUNK : n, span);
+            for (int h = 0; h < nh; h++)
+                for (int g0 = 0; g0 < G; g0 += per) {
+                    const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                    row_values_all(acc + (size_t)v0 * D, D, s + (size_t)v0 * ls + j0, ls,
+                                   (const void *const *)vp + j0, h * headb, m, bf16, nv);
+                }
         }
     } else {
-        for (int g = 0; g < G; g++) vmax[g] = -INFINITY, vsum[g] = 0.0f;
+        for (int v = 0; v < V; v++) vmax[v] = -INFINITY, vsum[v] = 0.0f;
     }
     if (nseg == 1) {
-        for (int g = 0; g < G; g++)
-            store_out(a->out, a->q_bf16, ((int64_t)t * a->H + kvh * G + g) * D, acc + (size_t)g * D, D);
+        for (int v = 0; v < V; v++)
+            store_out(a->out, a->q_bf16, ((int64_t)t * a->H + h0 * G + v) * D, acc + (size_t)v * D, D);
     } else {
-        for (int g = 0; g < G; g++) {
-            float *p = part + ((int64_t)g * nseg + kseg) * (D + 2);
-            p[0] = vmax[g];
-            p[1] = vsum[g];
-            memcpy(p + 2, acc + (size_t)g * D, sizeof(float) * D);
+        for (int v = 0; v < V; v++) {
+            float *p = part + ((int64_t)(h0 * G + v) * nseg + kseg) * (D + 2);
+            p[0] = vmax[v];
+            p[1] = vsum[v];
+            memcpy(p + 2, acc + (size_t)v * D, sizeof(float) * D);
         }
     }
 }
@@ -649,13 +688,13 @@ static void attend_row(const attn_t *a, int t, int kvh, int kseg, int nseg, floa
 static void attend_block_task(void *ctx, int task) {
     const blocks_t *blocks = (const blocks_t *)ctx;
     const attn_t *a = blocks->a;
-    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, bf16 = a->kv_bf16;
-    const int b = blocks->unit[2 * (task / Hkv)], kseg = blocks->unit[2 * (task / Hkv) + 1];
+    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = blocks->work[2 * task + 1], bf16 = a->kv_bf16;
+    const int b = blocks->unit[2 * blocks->work[2 * task]], kseg = blocks->unit[2 * blocks->work[2 * task] + 1];
     const int t0 = blocks->starts[b], rows = blocks->starts[b + 1] - t0, V = rows * G;
     const int jlo = kseg * KEY_SEGMENT, nseg = blocks->nseg[b];
     if (rows == 1) { /* a decode row (or a one-row chunk): the same bits in a loop nest for one row */
-        attend_row(a, t0, kvh, kseg, nseg,
-                   nseg > 1 ? blocks->part + blocks->part_at[b] + (int64_t)kvh * G * nseg * (D + 2) : 0);
+        attend_row(a, t0, kvh < 0 ? 0 : kvh, kvh < 0 ? Hkv : 1, kseg, nseg,
+                   nseg > 1 ? blocks->part + blocks->part_at[b] : 0);
         return;
     }
     /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax) and 2 rows
@@ -851,17 +890,37 @@ void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const v
                 unit[2 * u] = b;
                 unit[2 * u + 1] = k;
             }
+        /* a one-row block's segment is one task over all kv heads (its pool rows read whole and in order, which
+           the memory serves about twice as fast as one head's slices) when there are at least as many of them as
+           threads, else a task per kv head, as a block of rows always is */
+        int single = 0, tasks = 0;
+        for (int i = 0; i < units; i++) single += starts[unit[2 * i] + 1] - starts[unit[2 * i]] == 1;
+        const int whole = single >= pool_threads();
+        int *work = malloc(sizeof(int) * 2 * (size_t)units * Hkv);
+        for (int i = 0; i < units; i++) {
+            const int b = unit[2 * i];
+            if (whole && starts[b + 1] - starts[b] == 1) {
+                work[2 * tasks] = i;
+                work[2 * tasks++ + 1] = -1;
+            } else {
+                for (int h = 0; h < Hkv; h++) {
+                    work[2 * tasks] = i;
+                    work[2 * tasks++ + 1] = h;
+                }
+            }
+        }
         float *part = floats ? malloc(sizeof(float) * (size_t)floats) : 0;
-        blocks_t bl = {&a, starts, nseg, unit, part_at, part};
-        pool_run(attend_block_task, &bl, units * Hkv, 1);
+        blocks_t bl = {&a, starts, nseg, unit, work, part_at, part};
+        pool_run(attend_block_task, &bl, tasks, 1);
         if (multi) {
             int *mb = unit + 2 * (size_t)units, m = 0;
             for (int b = 0; b < n; b++)
                 if (nseg[b] > 1) mb[m++] = b;
-            blocks_t cb = {&a, starts, nseg, mb, part_at, part};
+            blocks_t cb = {&a, starts, nseg, mb, 0, part_at, part};
             pool_run(combine_block_task, &cb, multi * Hkv, 1);
         }
         free(part);
+        free(work);
         free(unit);
         free(part_at);
         free(starts);
