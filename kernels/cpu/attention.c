@@ -8,12 +8,16 @@
    With AVX2 and a head size that is a multiple of 8, one task takes a block of consecutive rows of one sequence
    (a prompt chunk's rows, or a decode row alone) times the query heads of one kv head (GQA), and converts each
    key and value once for all of them; only the loop nest differs from doing the vectors one by one, never the
-   arithmetic of one vector. Elsewhere each (row, kv head) is a task of its own.
+   arithmetic of one vector. A block of one row (a decode row) takes the row path instead: the same arithmetic per
+   vector, bit for bit, in a loop nest for one row (no padding vector, several keys per vector at once), with its K
+   and V rows fetched ahead, and one task per key segment over all the row's kv heads (the pool rows read whole
+   and in order) when there are at least as many such row segments as threads. Elsewhere each (row, kv head) is a
+   task of its own.
 
    A row's keys are split at fixed positions, every KEY_SEGMENT keys: each segment gets its own softmax and
    weighed values (its max, its sum, its values), and the segments are combined in order (combine_segments), so a
-   deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 on 3 kv heads is 24
-   tasks, not 3) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
+   deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 is 8 tasks, one per
+   segment, where it was 1) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
    and gets exactly the bits it got before the split. */
 
 #include <math.h>
