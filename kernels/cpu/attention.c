@@ -17,7 +17,7 @@
    A row's keys are split at fixed positions, every KEY_SEGMENT keys: each segment gets its own softmax and
    weighed values (its max, its sum, its values), and the segments are combined in order (combine_segments), so a
    deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 is 8 tasks, one per
-   segment, where it was 1) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
+   segment over its kv heads) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
    and gets exactly the bits it got before the split. */
 
 #include <math.h>
