@@ -146,3 +146,32 @@ def test_rows_over_several_key_segments_are_the_bits_of_each_row_alone(lib, head
     assert torch.equal(bits(attend(lib, q[25:50], k, v, tables, rows[25:50])), bits(got[25:50]))
     assert torch.equal(bits(attend(lib, q[50:], k, v, tables, rows[50:])), bits(got[50:]))
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
+def test_a_batch_of_decode_rows_is_the_bits_of_each_row_alone_and_in_a_chunk(lib, heads, heads_kv, d, dtype):
+    """Decode rows batched (one row per sequence: the row path, one task per row over all kv heads once there are
+    as many rows as threads) give the bits each row gets alone (a task per kv head) and the bits the same query gets
+    as a row of a prompt chunk (the blocked path), at depths under, at and over a key segment; all close to the
+    float64 reference."""
+    lens = [1, 5, 16, 17, 129, 300, SEGMENT, SEGMENT + 1, 700, 2 * SEGMENT + 6]
+    per_seq = (max(lens) + 4 + BLOCK - 1) // BLOCK  # room for the chunks' rows past each length
+    blocks = per_seq * len(lens) + 5
+    k, v = pools(heads_kv, d, dtype, blocks=blocks, seed=6)
+    perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(7))
+    tables = perm[:per_seq * len(lens)].view(len(lens), per_seq).to(torch.int32).contiguous()
+    rows = [(s, n) for s, n in enumerate(lens)]
+    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(8)).to(dtype)
+    got = attend(lib, q, k, v, tables, rows)
+    torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
+    for t in range(len(rows)):
+        assert torch.equal(bits(attend(lib, q[t:t + 1], k, v, tables, rows[t:t + 1])), bits(got[t:t + 1])), rows[t]
+    # each decode row's query as the 3rd row of a 6-row chunk of its own sequence
+    for t, (s, n) in enumerate(rows):
+        if n < 3:
+            continue
+        chunk = [(s, m) for m in range(n - 2, n + 4)]
+        qc = torch.randn(len(chunk), heads, d, generator=torch.Generator().manual_seed(9 + t)).to(dtype)
+        qc[2] = q[t]
+        assert torch.equal(bits(attend(lib, qc, k, v, tables, chunk)[2]), bits(got[t])), rows[t]

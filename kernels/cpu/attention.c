@@ -8,15 +8,20 @@
    With AVX2 and a head size that is a multiple of 8, one task takes a block of consecutive rows of one sequence
    (a prompt chunk's rows, or a decode row alone) times the query heads of one kv head (GQA), and converts each
    key and value once for all of them; only the loop nest differs from doing the vectors one by one, never the
-   arithmetic of one vector. Elsewhere each (row, kv head) is a task of its own.
+   arithmetic of one vector. A block of one row (a decode row) takes the row path instead: the same arithmetic per
+   vector, bit for bit, in a loop nest for one row (no padding vector, several keys per vector at once), with its K
+   and V rows fetched ahead, and one task per key segment over all the row's kv heads (the pool rows read whole
+   and in order) when there are at least as many such row segments as threads. Elsewhere each (row, kv head) is a
+   task of its own.
 
    A row's keys are split at fixed positions, every KEY_SEGMENT keys: each segment gets its own softmax and
    weighed values (its max, its sum, its values), and the segments are combined in order (combine_segments), so a
-   deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 on 3 kv heads is 24
-   tasks, not 3) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
+   deep row is several tasks the pool runs in parallel (a lone decode row at depth 4,000 is 8 tasks, one per
+   segment over its kv heads) and its bits still depend only on its own keys. A row of at most KEY_SEGMENT keys is one segment
    and gets exactly the bits it got before the split. */
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,11 +299,16 @@ static inline float seg_exp(float x) { return _mm_cvtss_f32(exp4(_mm_set1_ps(x))
 
 enum { KEY_TILE = 128, PV_MAX = 6 };
 
-/* eight float32 values of a K or V row from element d, converted from bfloat16 when bf16 */
+/* eight float32 values of a K or V row from element d, converted from bfloat16 when bf16 (exact either way): the
+   eight halves loaded into both 128-bit lanes, each moved into the high half of its float by one byte shuffle
+   (one shuffle per eight values, where widening and shifting took two) */
 static inline __attribute__((always_inline)) __m256 load8(const void *row, int bf16, int d) {
     if (bf16) {
-        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        const __m256i to_high = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 2, 3, -128, -128, 4, 5, -128, -128, 6,
+                                                 7, -128, -128, 8, 9, -128, -128, 10, 11, -128, -128, 12, 13, -128,
+                                                 -128, 14, 15);
+        const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+        return _mm256_castsi256_ps(_mm256_shuffle_epi8(h, to_high));
     }
     return _mm256_loadu_ps((const float *)row + d);
 }
@@ -395,7 +405,8 @@ typedef struct {
     const attn_t *a;
     const int *starts; /* block b is rows starts[b] .. starts[b + 1] - 1, all of one sequence */
     const int *nseg;   /* block b's key segments (1 + (its longest row's keys - 1) / KEY_SEGMENT) */
-    const int *unit;   /* task unit u (times Hkv kv heads) is block unit[2u], key segment unit[2u + 1] */
+    const int *unit;   /* unit u is block unit[2u], key segment unit[2u + 1] */
+    const int *work;   /* task i is unit work[2i] times kv head work[2i + 1] (-1: all of them, a one-row block) */
     const int64_t *part_at; /* block b's segment partials at part + part_at[b] (several segments only) */
     float *part;
 } blocks_t;
@@ -416,16 +427,280 @@ static void key_rows(const attn_t *a, const void *pool, const int32_t *table, in
     for (; i < n + 8; i++) rows[i] = rows[i - 1];
 }
 
+/* ---- the row path: the query heads of one kv head of a block of one row (a decode row), the same arithmetic per
+   vector as the blocked path, bit for bit, in a loop nest for one row: no padding vector, the scores of several
+   keys per vector at once, the softmax over a vector's keys in one run, and each key and value converted once for
+   all the row's query heads ---- */
+
+/* scores s[v * ls + k] = q[v] . key k * scale of NV query vectors (D floats apart) and NK keys (kp): each an FMA
+   chain over the head dimension in eight lanes and the lanes' fixed sum, as scores12() and dot_bf16() compute it */
+static inline __attribute__((always_inline)) void row_scores(const float *q, const void *const *kp, size_t off, int D,
+                                                            int bf16, __m256 scale, float *s, int ls, const int NV,
+                                                            const int NK) {
+    __m256 acc[12];
+    for (int i = 0; i < NV * NK; i++) acc[i] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8)
+        for (int k = 0; k < NK; k++) {
+            const __m256 kv = load8((const char *)kp[k] + off, bf16, d);
+            for (int v = 0; v < NV; v++)
+                acc[v * NK + k] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)v * D + d), kv, acc[v * NK + k]);
+        }
+    if (NK == 8) { /* one vector */
+        _mm256_storeu_ps(s, _mm256_mul_ps(lane_sums8(acc), scale));
+    } else if (NK == 4) { /* two vectors per lane_sums8, an odd last one through lane_sums4 */
+        for (int v = 0; v + 1 < NV; v += 2) {
+            const __m256 r = _mm256_mul_ps(lane_sums8(acc + v * 4), scale);
+            _mm_storeu_ps(s + (size_t)v * ls, _mm256_castps256_ps128(r));
+            _mm_storeu_ps(s + (size_t)(v + 1) * ls, _mm256_extractf128_ps(r, 1));
+        }
+        if (NV % 2)
+            _mm_storeu_ps(s + (size_t)(NV - 1) * ls,
+                          _mm_mul_ps(lane_sums4(acc + (NV - 1) * 4), _mm256_castps256_ps128(scale)));
+    } else { /* NK == 2, four vectors */
+        const __m256 r = _mm256_mul_ps(lane_sums8(acc), scale);
+        const __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
+        _mm_storel_pi((__m64 *)s, lo);
+        _mm_storeh_pi((__m64 *)(s + ls), lo);
+        _mm_storel_pi((__m64 *)(s + 2 * (size_t)ls), hi);
+        _mm_storeh_pi((__m64 *)(s + 3 * (size_t)ls), hi);
+    }
+}
+
+/* The row path reads its K and V rows from memory (a step's layers together are larger than the cache), so it
+   fetches them ahead: the K rows ROW_PREFETCH keys ahead of the scores, the V rows a chunk of ROW_CHUNK keys ahead
+   of the values (measured best at 8 and 8 on a 2-core EPYC; more in flight at once was slower). */
+enum { ROW_PREFETCH = 8, ROW_CHUNK = 8 };
+
+/* every cache line of bytes from each of rows[from .. to) */
+static inline void prefetch_rows(const void *const *rows, int from, int to, size_t bytes) {
+    for (int i = from; i < to; i++)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)rows[i] + o, _MM_HINT_T0);
+    if (bytes % 64)
+        for (int i = from; i < to; i++) _mm_prefetch((const char *)rows[i] + bytes - 1, _MM_HINT_T0);
+}
+
+/* the scores of nv (1 .. 4) vectors over keys kp[0 .. 8) (at byte offset off of each) */
+static void row_scores8(const float *q, const void *const *kp, size_t off, int D, int bf16, __m256 scale, float *s,
+                        int ls, int nv) {
+#define ROW_SCORES(NV, NK, BF)                                                                                         \
+    for (int j = 0; j < 8; j += NK) row_scores(q, kp + j, off, D, BF, scale, s + j, ls, NV, NK);                       \
+    break;
+    switch (nv * 2 + bf16) {
+    case 2: ROW_SCORES(1, 8, 0)
+    case 3: ROW_SCORES(1, 8, 1)
+    case 4: ROW_SCORES(2, 4, 0)
+    case 5: ROW_SCORES(2, 4, 1)
+    case 6: ROW_SCORES(3, 4, 0)
+    case 7: ROW_SCORES(3, 4, 1)
+    case 8: ROW_SCORES(4, 2, 0)
+    case 9: ROW_SCORES(4, 2, 1)
+    }
+#undef ROW_SCORES
+}
+
+/* acc[v][d .. d + 8C) += p[v * ls + j] * value j [d .. d + 8C) for keys j < n in order, one FMA per element and
+   key, as weigh_values() accumulates it, for NV vectors at once (NV * C accumulators, NV broadcast weights and one
+   value register: at most 15 of the 16) */
+static inline __attribute__((always_inline)) void row_values(float *acc, int D, int d, const float *p, int ls,
+                                                            const void *const *vp, size_t off, int n, int bf16,
+                                                            const int NV, const int C) {
+    __m256 a[12];
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < C; c++) a[v * C + c] = _mm256_loadu_ps(acc + (size_t)v * D + d + 8 * c);
+    for (int j = 0; j < n; j++) {
+        __m256 pv[4];
+        for (int v = 0; v < NV; v++) pv[v] = _mm256_broadcast_ss(p + (size_t)v * ls + j);
+        for (int c = 0; c < C; c++) {
+            const __m256 w = load8((const char *)vp[j] + off, bf16, d + 8 * c);
+            for (int v = 0; v < NV; v++) a[v * C + c] = _mm256_fmadd_ps(pv[v], w, a[v * C + c]);
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + (size_t)v * D + d + 8 * c, a[v * C + c]);
+}
+
+/* row_values() over the whole head dimension for nv (1 .. 4) vectors, as many registers per vector as fit (8, 4,
+   3, 2), the last pass narrower where D asks */
+static void row_values_all(float *acc, int D, const float *p, int ls, const void *const *vp, size_t off, int n,
+                           int bf16, int nv) {
+#define ROW_VALUES(NV, C, BF)                                                                                          \
+    case (NV) * 32 + (C) * 2 + (BF): row_values(acc, D, d, p, ls, vp, off, n, BF, NV, C); break;
+#define ROW_VALUES_C(NV, C) ROW_VALUES(NV, C, 0) ROW_VALUES(NV, C, 1)
+    const int most = nv == 1 ? 8 : (nv == 2 ? 4 : (nv == 3 ? 3 : 2));
+    for (int d = 0; d < D;) {
+        const int c = (D - d) / 8 < most ? (D - d) / 8 : most;
+        switch (nv * 32 + c * 2 + bf16) {
+            ROW_VALUES_C(1, 1) ROW_VALUES_C(1, 2) ROW_VALUES_C(1, 3) ROW_VALUES_C(1, 4)
+            ROW_VALUES_C(1, 5) ROW_VALUES_C(1, 6) ROW_VALUES_C(1, 7) ROW_VALUES_C(1, 8)
+            ROW_VALUES_C(2, 1) ROW_VALUES_C(2, 2) ROW_VALUES_C(2, 3) ROW_VALUES_C(2, 4)
+            ROW_VALUES_C(3, 1) ROW_VALUES_C(3, 2) ROW_VALUES_C(3, 3)
+            ROW_VALUES_C(4, 1) ROW_VALUES_C(4, 2)
+        }
+        d += 8 * c;
+    }
+#undef ROW_VALUES_C
+#undef ROW_VALUES
+}
+
+/* The softmax of nv (1 .. 4) vectors' scores s[v * ls + j], j < n, in place, as the blocked path computes each
+   vector's: its max (exact in any order), exp(s - max) four at a time, their sum in key order (one lane per
+   vector, so the vectors' sums run side by side), then each times 1 / sum; the max and the sum go to vmax[v],
+   vsum[v]. s has room up to n rounded up to 4. */
+static void row_softmax(float *s, int ls, int nv, int n, float *vmax, float *vsum) {
+    float mx[4] = {0, 0, 0, 0};
+    for (int v = 0; v < nv; v++) {
+        const float *sv = s + (size_t)v * ls;
+        __m256 m8 = _mm256_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(sv + j), m8); /* a NaN score is passed over */
+        float lanes[8], m = -INFINITY;
+        _mm256_storeu_ps(lanes, m8);
+        for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+        for (; j < n; j++) m = sv[j] > m ? sv[j] : m;
+        mx[v] = vmax[v] = m;
+    }
+    __m128 sum = _mm_setzero_ps();
+    for (int j = 0; j < n; j += 4) {
+        __m128 e[4];
+        for (int v = 0; v < 4; v++) {
+            if (v < nv) {
+                float *sv = s + (size_t)v * ls + j;
+                e[v] = exp4(_mm_sub_ps(_mm_loadu_ps(sv), _mm_set1_ps(mx[v])));
+                _mm_storeu_ps(sv, e[v]);
+            } else {
+                e[v] = _mm_setzero_ps();
+            }
+        }
+        _MM_TRANSPOSE4_PS(e[0], e[1], e[2], e[3]); /* e[k]: key j + k of every vector */
+        sum = _mm_add_ps(sum, e[0]);
+        if (j + 1 < n) sum = _mm_add_ps(sum, e[1]);
+        if (j + 2 < n) sum = _mm_add_ps(sum, e[2]);
+        if (j + 3 < n) sum = _mm_add_ps(sum, e[3]);
+    }
+    float total[4];
+    _mm_storeu_ps(total, sum);
+    for (int v = 0; v < nv; v++) {
+        float *sv = s + (size_t)v * ls;
+        const __m128 inv = _mm_set1_ps(1.0f / total[v]);
+        for (int j = 0; j < n; j += 4) _mm_storeu_ps(sv + j, _mm_mul_ps(_mm_loadu_ps(sv + j), inv));
+        vsum[v] = total[v];
+    }
+}
+
+/* per-thread scratch for the row path, kept between calls (a decode step calls it thousands of times) */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
+
+static void *row_scratch(size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_make);
+    size_t *buf = pthread_getspecific(scratch_key);
+    if (buf && buf[0] >= bytes) return buf + 8;
+    free(buf);
+    bytes = bytes * 3 / 2 + 4096;
+    buf = aligned_alloc(64, (bytes + 64 + 63) / 64 * 64);
+    if (!buf) return 0;
+    buf[0] = bytes;
+    pthread_setspecific(scratch_key, buf);
+    return buf + 8;
+}
+
+/* One key segment of one row (t) times kv heads h0 .. h0 + nh - 1: the G vectors of each such kv head get their
+   softmax over the segment's keys and their values weighed by it, written as the output when the row has one
+   segment (nseg), else as the segment's partials (max, sum, values: D + 2 floats per vector and segment, vector v
+   of kv head h at part + ((h * G + v) * nseg + kseg) * (D + 2)) -- the bits the blocked path gives a block of this
+   one row. The scores go key by key over all nh heads (the pool rows read in order, fetched ahead), then each
+   head's softmax and values. */
+static void attend_row(const attn_t *a, int t, int h0, int nh, int kseg, int nseg, float *part) {
+    const int D = a->D, G = a->H / a->Hkv, V = nh * G, bf16 = a->kv_bf16, bs = a->block_size;
+    const int jlo = kseg * KEY_SEGMENT;
+    int n = a->row_len[t] - jlo;
+    n = n < 0 ? 0 : (n > KEY_SEGMENT ? KEY_SEGMENT : n);
+    const int ls = (n + 7) / 8 * 8 + 8; /* scores per vector: room for whole registers of keys */
+    const size_t el = bf16 ? 2 : 4, rowb = (size_t)a->Hkv * D * el, headb = (size_t)D * el;
+    float *qf = row_scratch(sizeof(float) * ((size_t)V * (2 * (size_t)D + ls) + 2 * (size_t)V) +
+                            2 * sizeof(void *) * (size_t)ls);
+    float *s = qf + (size_t)V * D, *acc = s + (size_t)V * ls, *vmax = acc + (size_t)V * D, *vsum = vmax + V;
+    const void **kp = (const void **)(vsum + V), **vp = kp + ls;
+    for (int v = 0; v < V; v++) load_row(a->q, a->q_bf16, (int64_t)t * a->H + h0 * G + v, D, qf + (size_t)v * D);
+    memset(acc, 0, sizeof(float) * (size_t)V * D);
+    /* each head's vectors in groups of at most 4, as even as they come (G = 3: one group; 8: two of 4) */
+    const int groups = (G + 3) / 4, per = (G + groups - 1) / groups;
+    if (n > 0) {
+        const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
+        const char *kb = (const char *)a->k + h0 * headb, *vb = (const char *)a->v + h0 * headb;
+        for (int i = 0; i < n;) { /* the keys' rows (head h0 on) a pool block at a time; padded with the last one */
+            const int j = jlo + i, o = j % bs, take = bs - o < n - i ? bs - o : n - i;
+            const size_t at = ((size_t)table[j / bs] * bs + o) * rowb;
+            for (int x = 0; x < take; x++) {
+                kp[i + x] = kb + at + (size_t)x * rowb;
+                vp[i + x] = vb + at + (size_t)x * rowb;
+            }
+            i += take;
+        }
+        for (int i = n; i < ls; i++) kp[i] = kp[n - 1], vp[i] = vp[n - 1];
+        const __m256 scale = _mm256_set1_ps(a->scale);
+        const size_t span = nh * headb;
+        prefetch_rows((const void *const *)kp, 0, n < ROW_PREFETCH ? n : ROW_PREFETCH, span);
+        for (int j = 0; j < n; j += 8) {
+            const int f = j + ROW_PREFETCH, f1 = f + 8 < n ? f + 8 : n;
+            if (f < n) prefetch_rows((const void *const *)kp, f, f1, span);
+            for (int h = 0; h < nh; h++)
+                for (int g0 = 0; g0 < G; g0 += per) {
+                    const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                    row_scores8(qf + (size_t)v0 * D, (const void *const *)kp + j, h * headb, D, bf16, scale,
+                                s + (size_t)v0 * ls + j, ls, nv);
+                }
+        }
+        prefetch_rows((const void *const *)vp, 0, n < ROW_CHUNK ? n : ROW_CHUNK, span);
+        for (int h = 0; h < nh; h++)
+            for (int g0 = 0; g0 < G; g0 += per) {
+                const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                row_softmax(s + (size_t)v0 * ls, ls, nv, n, vmax + v0, vsum + v0);
+            }
+        /* the values a chunk of keys at a time over all heads (each head's sums carried in acc from chunk to
+           chunk: the same FMAs in the same order), the next chunk's rows fetched meanwhile */
+        for (int j0 = 0; j0 < n; j0 += ROW_CHUNK) {
+            const int m = n - j0 < ROW_CHUNK ? n - j0 : ROW_CHUNK, f = j0 + ROW_CHUNK;
+            if (f < n) prefetch_rows((const void *const *)vp, f, f + ROW_CHUNK < n ? f + ROW_CHUNK : n, span);
+            for (int h = 0; h < nh; h++)
+                for (int g0 = 0; g0 < G; g0 += per) {
+                    const int v0 = h * G + g0, nv = G - g0 < per ? G - g0 : per;
+                    row_values_all(acc + (size_t)v0 * D, D, s + (size_t)v0 * ls + j0, ls,
+                                   (const void *const *)vp + j0, h * headb, m, bf16, nv);
+                }
+        }
+    } else {
+        for (int v = 0; v < V; v++) vmax[v] = -INFINITY, vsum[v] = 0.0f;
+    }
+    if (nseg == 1) {
+        for (int v = 0; v < V; v++)
+            store_out(a->out, a->q_bf16, ((int64_t)t * a->H + h0 * G + v) * D, acc + (size_t)v * D, D);
+    } else {
+        for (int v = 0; v < V; v++) {
+            float *p = part + ((int64_t)(h0 * G + v) * nseg + kseg) * (D + 2);
+            p[0] = vmax[v];
+            p[1] = vsum[v];
+            memcpy(p + 2, acc + (size_t)v * D, sizeof(float) * D);
+        }
+    }
+}
+
 /* One key segment (keys kseg * KEY_SEGMENT onwards, at most KEY_SEGMENT) of a block of rows times one kv head:
    each vector's softmax over its keys of the segment and its values weighed by it, written as the output when the
    block has one segment, else as the segment's partials (max, sum, values) for combine_segments(). */
 static void attend_block_task(void *ctx, int task) {
     const blocks_t *blocks = (const blocks_t *)ctx;
     const attn_t *a = blocks->a;
-    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = task % Hkv, bf16 = a->kv_bf16;
-    const int b = blocks->unit[2 * (task / Hkv)], kseg = blocks->unit[2 * (task / Hkv) + 1];
+    const int Hkv = a->Hkv, D = a->D, G = a->H / Hkv, kvh = blocks->work[2 * task + 1], bf16 = a->kv_bf16;
+    const int b = blocks->unit[2 * blocks->work[2 * task]], kseg = blocks->unit[2 * blocks->work[2 * task] + 1];
     const int t0 = blocks->starts[b], rows = blocks->starts[b + 1] - t0, V = rows * G;
     const int jlo = kseg * KEY_SEGMENT, nseg = blocks->nseg[b];
+    if (rows == 1) { /* a decode row (or a one-row chunk): the same bits in a loop nest for one row */
+        attend_row(a, t0, kvh < 0 ? 0 : kvh, kvh < 0 ? Hkv : 1, kseg, nseg,
+                   nseg > 1 ? blocks->part + blocks->part_at[b] : 0);
+        return;
+    }
     /* vectors v = r * G + g; scores [key][vp] with vp a multiple of 4 (whole registers in the softmax) and 2 rows
        to spare (the scores of 3 keys at a time); keys counted from jlo */
     const int vp = (V + 3) / 4 * 4;
@@ -619,17 +894,37 @@ void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const v
                 unit[2 * u] = b;
                 unit[2 * u + 1] = k;
             }
+        /* a one-row block's segment is one task over all kv heads (its pool rows read whole and in order, which
+           the memory serves about twice as fast as one head's slices) when there are at least as many of them as
+           threads, else a task per kv head, as a block of rows always is */
+        int single = 0, tasks = 0;
+        for (int i = 0; i < units; i++) single += starts[unit[2 * i] + 1] - starts[unit[2 * i]] == 1;
+        const int whole = single >= pool_threads();
+        int *work = malloc(sizeof(int) * 2 * (size_t)units * Hkv);
+        for (int i = 0; i < units; i++) {
+            const int b = unit[2 * i];
+            if (whole && starts[b + 1] - starts[b] == 1) {
+                work[2 * tasks] = i;
+                work[2 * tasks++ + 1] = -1;
+            } else {
+                for (int h = 0; h < Hkv; h++) {
+                    work[2 * tasks] = i;
+                    work[2 * tasks++ + 1] = h;
+                }
+            }
+        }
         float *part = floats ? malloc(sizeof(float) * (size_t)floats) : 0;
-        blocks_t bl = {&a, starts, nseg, unit, part_at, part};
-        pool_run(attend_block_task, &bl, units * Hkv, 1);
+        blocks_t bl = {&a, starts, nseg, unit, work, part_at, part};
+        pool_run(attend_block_task, &bl, tasks, 1);
         if (multi) {
             int *mb = unit + 2 * (size_t)units, m = 0;
             for (int b = 0; b < n; b++)
                 if (nseg[b] > 1) mb[m++] = b;
-            blocks_t cb = {&a, starts, nseg, mb, part_at, part};
+            blocks_t cb = {&a, starts, nseg, mb, 0, part_at, part};
             pool_run(combine_block_task, &cb, multi * Hkv, 1);
         }
         free(part);
+        free(work);
         free(unit);
         free(part_at);
         free(starts);
