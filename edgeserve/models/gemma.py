@@ -52,6 +52,12 @@ class GemmaWeights:
     def stored_quantized(self) -> list[str]:
         return self.source.stored_quantized()  # type: ignore[attr-defined]
 
+    def blocks(self, name: str):
+        """The tensor's GGUF block bytes for the native CPU kernels (None where the source has none): without
+        this, every Gemma weight took the torch fallback on CPU."""
+        blocks = getattr(self.source, "blocks", None)
+        return None if blocks is None else blocks(self._hf_name(name))
+
     def sandwich(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i's post-attention and post-MLP norm weights (float32, offset applied)."""
         if self.gguf is not None:
