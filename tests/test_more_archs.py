@@ -60,7 +60,8 @@ _GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforw
                 "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def write_gguf(model, arch: str, path: Path) -> Path:
+def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
+    """The model as a GGUF with llama.cpp's names; `q8_0` stores every matrix as Q8_0 blocks (else float32)."""
     import gguf
 
     c = model.config
@@ -97,7 +98,11 @@ def write_gguf(model, arch: str, path: Path) -> Path:
             g = f"blk.{i}.{table[base]}.weight"
         if gemma and name.endswith("norm.weight"):
             t = t + 1  # llama.cpp stores Gemma's (1 + w)
-        w.add_tensor(g, t.numpy().astype(np.float32))
+        if q8_0 and t.dim() == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(g, gguf.quants.quantize(t.numpy().astype(np.float32), kind), raw_dtype=kind)
+        else:
+            w.add_tensor(g, t.numpy().astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -170,3 +175,34 @@ def test_other_architectures_are_refused_by_name() -> None:
     with pytest.raises(UnsupportedModelError, match="partial rotary"):
         config_from_hf({"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 2, "partial_rotary_factor": 0.75})
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_block_weights_run_natively_at_the_cpu_serving_dtype(arch: str, tmp_path: Path) -> None:
+    """A Q8_0 GGUF of each architecture loaded in bfloat16 on CPU: every projection (Phi-3's parts of its fused
+    qkv and gate_up included) is a native BlockWeight, and the logits stay close to the float32 load's."""
+    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu_native import BlockWeight
+
+    if cpu_native.library() is None:
+        pytest.skip("native CPU kernels not built here")
+    g = GGUFFile(write_gguf(hf_model(arch), arch, tmp_path / "q8.gguf", q8_0=True))
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+
+    def load(dtype):
+        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        return decoder_class(config).from_weights(config, weights, dtype=dtype)
+
+    native, ref = load(torch.bfloat16), load(torch.float32)
+    for layer in native.layers:
+        assert all(isinstance(w, BlockWeight) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    c = config
+
+    def logits(model) -> torch.Tensor:
+        pool = KVPool(c, 8, 4, model.dtype)
+        meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(8))], list(range(len(ids))))
+        return model.logits(model.forward(torch.tensor(ids), torch.arange(len(ids)), PagedKVAttention(pool, meta)))
+
+    got, want = logits(native).float(), logits(ref).float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99

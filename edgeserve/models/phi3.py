@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from edgeserve.kernels.cpu_native import BlockTensor
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
@@ -28,8 +29,8 @@ _SPLIT = {  # unfused name -> (fused name, which part)
 }
 
 
-def _rows(value: WeightValue, start: int, stop: int) -> WeightValue:
-    if isinstance(value, (Q4Blocks, Q8Blocks)):
+def _rows(value: WeightValue | BlockTensor, start: int, stop: int) -> WeightValue | BlockTensor:
+    if isinstance(value, (Q4Blocks, Q8Blocks, BlockTensor)):
         return value.rows(torch.arange(start, stop))
     return value[start:stop]
 
@@ -73,6 +74,23 @@ class Phi3Weights:
 
     def stored_quantized(self) -> list[str]:
         return self.source.stored_quantized()  # type: ignore[attr-defined]
+
+    def blocks(self, name: str) -> BlockTensor | None:
+        """The tensor's GGUF block bytes for the native CPU kernels (a part of a fused matrix: its rows), or None
+        where the source has none."""
+        blocks = getattr(self.source, "blocks", None)
+        if blocks is None:
+            return None
+        split = self._split(name)
+        if split is None:
+            return blocks(name)
+        fused, part = split
+        value = blocks(fused)
+        if value is None:
+            return None
+        sizes = self._parts[0 if "qkv" in fused else 1]
+        start = sum(sizes[:part])
+        return _rows(value, start, start + sizes[part])
 
 
 class Phi3Model(LlamaModel):
