@@ -32,7 +32,9 @@ class Layer(ctypes.Structure):
     """layer.c's layer_t."""
 
     _fields_ = [("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
-                ("qkv_bias", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("next_norm", ctypes.c_void_p)]
+                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("attn_out_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32)]
 
 
 class Decoder(ctypes.Structure):
@@ -40,8 +42,17 @@ class Decoder(ctypes.Structure):
 
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("H", ctypes.c_int32),
                 ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32), ("F", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("first_norm", ctypes.c_void_p),
-                ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
+                ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("gelu", ctypes.c_int32),
+                ("first_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p)]
+
+
+class StepPools(ctypes.Structure):
+    """layer.c's step_pools_t: one step's K/V pools (main, sliding-window), block tables and slots."""
+
+    _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
+                ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
+                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p)]
 
 
 def _qweight(w: BlockWeight) -> QWeight:
@@ -63,12 +74,14 @@ class NativeDecoder:
     keep: list[torch.Tensor] = field(repr=False)
     hidden: int
     act_dtype: torch.dtype
+    windowed: bool = False  # some layers attend over a sliding window (the library must have windows)
+    _pool_layers: dict = field(default_factory=dict, repr=False)  # id(pool) -> (pool, layer_pool array)
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
-        """The fused plan for a LlamaModel, or None when some part of it does not fit the native stack (a weight
-        not in block formats or with too many parts, Q/K norms, a head size the kernels do not take, float32
-        compute, or the native kernels off)."""
+        """The fused plan for a LlamaModel or GemmaModel, or None when some part of it does not fit the native
+        stack (a weight not in block formats or with too many parts, attention-logit soft-capping, a head size the
+        kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
         layers = model.layers
         lib = cpu_native.library()
@@ -77,8 +90,12 @@ class NativeDecoder:
         weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
             return None
-        if any(layer.q_norm is not None for layer in layers) or c.head_dim % 2:
+        if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
             return None
+        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") else []
+        windowed = any(w is not None for w in windows)
+        if (windowed or c.activation == "gelu_tanh") and not hasattr(lib, "qmm_paged_attention_from"):
+            return None  # a library built before windows and GELU
         f = layers[0].gate_up.out_features // 2
         expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
                     "gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
@@ -93,15 +110,24 @@ class NativeDecoder:
             keep.append(t)
             return t.data_ptr()
 
+        sandwich = getattr(model, "post_attn_norms", None)
+        local = getattr(model, "cos_local", None)
+        local = local if local is not None and local is not model.cos else None
         array = (Layer * len(layers))()
         for i, layer in enumerate(layers):
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+            window = windows[i] if windows else None
             array[i] = Layer(_qweight(layer.qkv), _qweight(layer.o_proj), _qweight(layer.gate_up),
-                             _qweight(layer.down), ptr(layer.qkv_bias), ptr(layer.post_norm), ptr(nxt))
+                             _qweight(layer.down), ptr(layer.qkv_bias), ptr(layer.q_norm), ptr(layer.k_norm),
+                             ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
+                             ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
+                             int(window is not None and local is not None))
+        scale = c.query_scale if getattr(c, "query_scale", None) is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
-                          c.head_dim ** -0.5, model.dtype == torch.bfloat16, ptr(layers[0].input_norm),
-                          ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
-        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype)
+                          scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
+                          ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
+                          ptr(model.sin), ptr(local), ptr(model.sin_local) if local is not None else None)
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
 
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32 or
@@ -109,12 +135,21 @@ class NativeDecoder:
         pool = getattr(attn, "pool", None)
         if pool is None or getattr(attn, "scale", None) is not None or not hasattr(attn, "meta"):
             return False
-        k, v = pool.k, pool.v
-        if k.dtype not in _FLOATS or v.dtype != k.dtype or not k.is_contiguous() or not v.is_contiguous():
+        tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if getattr(pool, "window", None) else [])
+        if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _FLOATS:
             return False
         from .dispatch import backend
 
         return backend() == "auto" and cpu_native.available()
+
+    def _layer_pool(self, pool) -> torch.Tensor:
+        """Layer i's pool (0 main, 1 window) and index in it, as int32 [layers, 2] (cached per pool)."""
+        cached = self._pool_layers.get(id(pool))
+        if cached is None or cached[0] is not pool:
+            slots = getattr(pool, "layer_slot", None) or [(False, i) for i in range(self.decoder.n_layers)]
+            cached = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
+            self._pool_layers = {id(pool): cached}
+        return cached[1]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
@@ -124,15 +159,24 @@ class NativeDecoder:
         x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
         h = torch.empty(t, self.hidden, dtype=self.act_dtype)
         seqs, lens = _attention_rows(meta)
-        tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
-        tables = tables.contiguous()
-        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        layer_pool = self._layer_pool(pool)
+        metas = [meta]
+        if getattr(pool, "window", None):  # sliding layers in the window pool: its tables and slots
+            metas.append(attn.window_meta())
+        keep = [layer_pool]
+        step = StepPools()
+        step.layer_pool = layer_pool.data_ptr()
+        for i, (m, k, v) in enumerate(zip(metas, (pool.k, pool.window_k), (pool.v, pool.window_v))):
+            tables = m.block_tables if m.block_tables.dtype == torch.int32 else m.block_tables.int()
+            tables = tables.contiguous()
+            slots = m.slot_mapping.to(torch.int64).contiguous()
+            keep += [tables, slots]
+            step.k[i], step.v[i], step.layer_stride[i] = k.data_ptr(), v.data_ptr(), k.stride(0)
+            step.tables[i], step.table_stride[i], step.slots[i] = tables.data_ptr(), tables.stride(0), slots.data_ptr()
         positions = positions.to(torch.int64).contiguous()
-        k, v = pool.k, pool.v
         rc = self.lib.qmm_decoder_forward(
-            ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(), k.data_ptr(),
-            v.data_ptr(), k.dtype == torch.bfloat16, k.stride(0), k.shape[2], tables.data_ptr(), tables.stride(0),
-            seqs.data_ptr(), lens.data_ptr(), slots.data_ptr())
+            ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),
+            pool.k.dtype == torch.bfloat16, pool.k.shape[2], seqs.data_ptr(), lens.data_ptr(), ctypes.byref(step))
         if rc != 0:
             raise MemoryError(f"native decoder step of {t} rows could not allocate its scratch memory")
         return h

@@ -174,6 +174,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_rope_write_kv.restype = None
     lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
     lib.qmm_silu_mul.restype = None
+    if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
+        lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
+        lib.qmm_gelu_tanh_mul.restype = None
+    if hasattr(lib, "qmm_paged_attention_from"):
+        lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
+                                                 ctypes.c_float, p]
+        lib.qmm_paged_attention_from.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
@@ -182,7 +189,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_repacked_format.argtypes = [i32, i32]
         lib.qmm_repacked_format.restype = i32
     if hasattr(lib, "qmm_decoder_forward"):  # likewise
-        lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, p, p, i32, i64, i32, p, i64, p, p, p]
+        lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, i32, i32, p, p, p]
         lib.qmm_decoder_forward.restype = i32
     lib.qmm_set_threads(threads())
     return lib
@@ -383,12 +390,21 @@ def _attention_rows(meta) -> tuple[torch.Tensor, torch.Tensor]:
     return plan
 
 
+def window_rows(lens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first key, keys) of each row of a sliding-window layer whose rows see `lens` positions: the last `window`."""
+    seen = lens.clamp(max=window)
+    return (lens - seen).contiguous(), seen.contiguous()
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
-                    lib: ctypes.CDLL | None = None) -> torch.Tensor:
+                    lib: ctypes.CDLL | None = None, window: int | None = None) -> torch.Tensor | None:
     """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
-    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype."""
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer (None
+    returned where the library predates windows)."""
     lib = lib or library()
     assert lib is not None
+    if window is not None and not hasattr(lib, "qmm_paged_attention_from"):
+        return None
     t, h, d = q.shape
     blocks, block_size, hkv, _ = k_cache.shape
     if q.dtype not in (torch.float32, torch.bfloat16):
@@ -402,9 +418,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
     tables = tables.contiguous()
     out = torch.empty_like(q)
+    scale = d ** -0.5 if scale is None else scale
+    if window is not None:
+        lo, seen = window_rows(lens, window)
+        lib.qmm_paged_attention_from(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
+                                     v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0),
+                                     seqs.data_ptr(), lo.data_ptr(), seen.data_ptr(), scale, out.data_ptr())
+        return out
     lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(), v_cache.data_ptr(),
                             kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0), seqs.data_ptr(),
-                            lens.data_ptr(), d ** -0.5 if scale is None else scale, out.data_ptr())
+                            lens.data_ptr(), scale, out.data_ptr())
     return out
 
 
@@ -455,13 +478,15 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     return out
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """kernels.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
+def silu_and_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor | None:
+    """kernels.activation.silu_and_mul (or, with `gelu`, gelu_tanh_and_mul) in one native pass (float32 out); None
+    when the input is not 2-D rows."""
     lib = library()
-    if lib is None or gate_up.dim() != 2 or not _rows(gate_up):
+    if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or (gelu and not hasattr(lib, "qmm_gelu_tanh_mul")):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
-    lib.qmm_silu_mul(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
-                     f2 // 2, out.data_ptr())
+    kernel = lib.qmm_gelu_tanh_mul if gelu else lib.qmm_silu_mul
+    kernel(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t, f2 // 2,
+           out.data_ptr())
     return out

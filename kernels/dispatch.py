@@ -47,7 +47,7 @@ from .w8a16 import W8A16Weight, repack_q8
 __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
-    "rope_write_kv", "silu_and_mul", "linear", "w4a16_matmul", "w8a16_matmul",
+    "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "linear", "w4a16_matmul", "w8a16_matmul",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -135,8 +135,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale, window)
-    if window is None and softcap is None and _native_cpu(q):
-        return _native.paged_attention(q, k_cache, v_cache, meta, scale)  # float32 C, batch-invariant
+    if softcap is None and _native_cpu(q):
+        done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window)  # float32 C, batch-invariant
+        if done is not None:
+            return done
     return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
 
 
@@ -192,6 +194,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         if done is not None:
             return done
     return _act.silu_and_mul(gate_up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up, where the last dimension is [gate | up] (Gemma's MLP)."""
+    if _native_cpu(gate_up):
+        done = _native.silu_and_mul(gate_up, gelu=True)
+        if done is not None:
+            return done
+    return _act.gelu_tanh_and_mul(gate_up)
 
 
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:

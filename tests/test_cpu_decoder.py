@@ -45,7 +45,7 @@ def run_steps(model, fused: bool, steps: list[list[tuple[int, int]]]):
             start = lengths.get(seq, 0)
             table = [4 * seq + j for j in range(4)]
             for p in range(start, start + n):
-                ids.append((seq * 37 + p * 11) % 250 + 3)
+                ids.append((seq * 37 + p * 11) % (model.config.vocab_size - 3) + 3)
                 positions.append(p)
                 slots.append(table[p // BLOCK] * BLOCK + p % BLOCK)
             lengths[seq] = start + n
@@ -91,10 +91,27 @@ def test_a_rows_result_does_not_depend_on_its_batch(tmp_path):
     assert torch.equal(together[1][1], alone[1][0])
 
 
+def test_fused_stack_with_qk_norms(tmp_path):
+    """Qwen3's per-head RMSNorm of q and k before RoPE, in the stack as in the per-op path."""
+    model = tiny_model(tmp_path, "Q8_0", seed=5)
+    gen = torch.Generator().manual_seed(1)
+    for layer in model.layers:
+        layer.q_norm = torch.rand(model.config.head_dim, generator=gen) + 0.5
+        layer.k_norm = torch.rand(model.config.head_dim, generator=gen) + 0.5
+    assert isinstance(model.native_decoder(), NativeDecoder)
+    fused, fused_pool = run_steps(model, True, STEPS[:3])
+    per_op, per_op_pool = run_steps(model, False, STEPS[:3])
+    assert all(torch.equal(a, b) for a, b in zip(fused, per_op))
+    assert torch.equal(fused_pool.k, per_op_pool.k)
+    plain, _ = run_steps(tiny_model(tmp_path, "Q8_0", seed=5), True, STEPS[:1])
+    assert not torch.equal(plain[0], fused[0])  # the norms did something
+
+
 def test_models_the_stack_does_not_take_keep_the_per_op_path(tmp_path, monkeypatch):
+    import dataclasses
+
     model = tiny_model(tmp_path, "Q4_K")
-    model.layers[0].q_norm = torch.ones(model.config.head_dim)  # Q/K norms (qwen3) are not in the native stack
-    model.layers[0].k_norm = torch.ones(model.config.head_dim)
+    model.config = dataclasses.replace(model.config, attn_softcap=30.0)  # soft-capping is not in the native stack
     assert NativeDecoder.build(model) is None
     monkeypatch.setenv("EDGESERVE_NATIVE", "0")
     f32 = load_model(resolve(str(tmp_path / "Q4_K.gguf")), dtype="float32").model

@@ -175,9 +175,13 @@ class PagedKVAttention:
         sliding, j = self.pool.layer_slot[layer]
         if not sliding:
             return self.pool.k[j], self.pool.v[j], self.meta
+        return self.pool.window_k[j], self.pool.window_v[j], self.window_meta()
+
+    def window_meta(self) -> AttentionMetadata:
+        """The step's metadata over the sliding-window pool (block tables and slots of its blocks), made once."""
         if self._window_meta is None:
             self._window_meta = window_metadata(self.meta, self.pool.window_map, self.pool.block_size)
-        return self.pool.window_k[j], self.pool.window_v[j], self._window_meta
+        return self._window_meta
 
 
 def window_metadata(meta: AttentionMetadata, window_map: torch.Tensor, block_size: int) -> AttentionMetadata:

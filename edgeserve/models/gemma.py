@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.kernels.activation import gelu_tanh_and_mul
-from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv
+from edgeserve.kernels.dispatch import add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_write_kv
 from edgeserve.kernels.quant_linear import Int8Weight, PromptRows
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
@@ -103,19 +102,28 @@ class GemmaModel(LlamaModel):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
-        """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (see LlamaModel)."""
+        """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (see LlamaModel).
+
+        On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
+        stack runs as one native call (`native_decoder`), with the same kernels in the same order as below (each
+        residual add fused with the norm after it), so its results are this path's, bit for bit."""
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids) * self.embed_scale.to(input_ids.device)
+        native = self.native_decoder()
+        if native is not None and native.runs(attn):
+            if input_ids.numel() and int(positions.max()) >= self.max_positions:
+                raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+            return native.forward(x, positions, attn)
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = (self.cos_local[positions], self.sin_local[positions]) if self.cos_local is not self.cos \
             else rope_global
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         windows = c.layer_windows or (None,) * len(self.layers)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             window = windows[i]
             cos, sin = rope_global if window is None else rope_local
-            h = rms_norm(x, layer.input_norm, eps).to(self.dtype)
             q, k, v = self.project_qkv(layer, h, prompt_rows)
             if paged:
                 k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
@@ -125,11 +133,13 @@ class GemmaModel(LlamaModel):
             else:
                 o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
                          v.to(self.dtype), window=window, softcap=c.attn_softcap, scale=c.query_scale)
-            x = x + rms_norm(linear(o, layer.o_proj, None, prompt_rows), self.post_attn_norms[i], eps)
-            h = rms_norm(x, layer.post_norm, eps).to(self.dtype)
+            o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), self.post_attn_norms[i], eps)
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
-            x = x + rms_norm(y, self.post_ffn_norms[i], eps)
-        return rms_norm(x, self.norm, eps).to(self.dtype)
+            y = rms_norm(y, self.post_ffn_norms[i], eps)
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

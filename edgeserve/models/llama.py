@@ -71,7 +71,7 @@ class LlamaModel:
 
     def native_decoder(self) -> NativeDecoder | None:
         """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
-        not apply (weights not in native block formats, Q/K norms, a GPU). Setting `_native = None` keeps the
+        not apply (weights not in native block formats, attention soft-capping, a GPU). Setting `_native = None` keeps the
         per-op path (the tests and benchmarks/fused_decoder.py compare the two that way)."""
         if self._native is False:
             self._native = NativeDecoder.build(self)
@@ -214,8 +214,10 @@ class LlamaModel:
         q = qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim)
         k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None:
-            q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        if layer.q_norm is not None:  # per head, as rows of head_dim (the native stack normalizes them so too)
+            eps, d = c.rms_norm_eps, c.head_dim
+            q = rms_norm(q.reshape(-1, d), layer.q_norm, eps).view(t, c.num_heads, d)
+            k = rms_norm(k.reshape(-1, d), layer.k_norm, eps).view(t, c.num_kv_heads, d)
         return q, k, v
 
     @torch.inference_mode()

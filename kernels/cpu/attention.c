@@ -90,7 +90,11 @@ typedef struct {
     const int32_t *tables, *row_seq, *row_len;
     int64_t table_stride;
     float scale;
+    const int32_t *row_lo; /* row t's keys start at position row_lo[t] (a sliding window), or NULL: at 0 */
 } attn_t;
+
+/* the first key position of row t */
+static inline int row_start(const attn_t *a, int t) { return a->row_lo ? a->row_lo[t] : 0; }
 
 /* a K or V row as float32: the pool's own memory when it is float32, else converted into buf */
 static inline const float *kv_row(const void *base, int bf16, int64_t index, int D, float *buf) {
@@ -165,6 +169,7 @@ static void attend_task(void *ctx, int task) {
     const int L = a->row_len[t], nseg = L > 0 ? (L + KEY_SEGMENT - 1) / KEY_SEGMENT : 1;
     const int64_t stride = D + 2; /* one segment's partial: max, sum, D values */
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
+    const int lo = row_start(a, t);
     const int SL = L < KEY_SEGMENT ? L : KEY_SEGMENT;
     float *buf = malloc(sizeof(float) * ((size_t)group * (SL + D + (size_t)nseg * stride) + 2 * (size_t)D + 1));
     float *scores = buf, *qf = scores + (size_t)group * SL, *part = qf + (size_t)group * D;
@@ -173,7 +178,7 @@ static void attend_task(void *ctx, int task) {
     for (int k = 0; k < nseg; k++) {
         const int jlo = k * KEY_SEGMENT, n_seg = L - jlo < KEY_SEGMENT ? L - jlo : KEY_SEGMENT;
         for (int jj = 0; jj < n_seg; jj++) {
-            const int j = jlo + jj;
+            const int j = lo + jlo + jj;
             const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
             if (a->kv_bf16) {
@@ -192,7 +197,7 @@ static void attend_task(void *ctx, int task) {
             memset(p + 2, 0, sizeof(float) * D);
         }
         for (int jj = 0; jj < n_seg; jj++) {
-            const int j = jlo + jj;
+            const int j = lo + jlo + jj;
             const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
             if (a->kv_bf16 && D % 8 == 0) { /* out[d] += p * v[d] as one FMA per value, as the loop below compiles */
@@ -629,8 +634,9 @@ static void attend_row(const attn_t *a, int t, int h0, int nh, int kseg, int nse
     if (n > 0) {
         const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
         const char *kb = (const char *)a->k + h0 * headb, *vb = (const char *)a->v + h0 * headb;
+        const int lo = row_start(a, t);
         for (int i = 0; i < n;) { /* the keys' rows (head h0 on) a pool block at a time; padded with the last one */
-            const int j = jlo + i, o = j % bs, take = bs - o < n - i ? bs - o : n - i;
+            const int j = lo + jlo + i, o = j % bs, take = bs - o < n - i ? bs - o : n - i;
             const size_t at = ((size_t)table[j / bs] * bs + o) * rowb;
             for (int x = 0; x < take; x++) {
                 kp[i + x] = kb + at + (size_t)x * rowb;
@@ -860,19 +866,25 @@ void qmm_exp(const float *x, int n, float *out) {
 }
 
 /* out[t, h, :] = softmax(scale * q[t, h] . K[keys of row t]) V for T query rows of H heads of size D (q and out
-   in bf16 when q_bf16, else float32; out may be q); row t attends to the first row_len[t] positions of sequence
-   row_seq[t], whose blocks are tables[row_seq[t] * table_stride + ...]; the pools are
-   [blocks, block_size, Hkv, D] (bf16 when kv_bf16). */
-void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v, int kv_bf16,
-                         int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                         const int32_t *row_seq, const int32_t *row_len, float scale, void *out) {
-    attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale};
+   in bf16 when q_bf16, else float32; out may be q); row t attends to the row_len[t] positions of sequence
+   row_seq[t] from position row_lo[t] on (0 when row_lo is NULL; a sliding-window layer's rows start later), whose
+   blocks are tables[row_seq[t] * table_stride + ...]; the pools are [blocks, block_size, Hkv, D] (bf16 when
+   kv_bf16). A row's keys are counted from its first one, so its bits depend only on which keys it sees. */
+void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                              int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                              const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, float scale,
+                              void *out) {
+    attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale,
+                row_lo};
 #if defined(QMM_AVX2)
     if (D % 8 == 0 && T > 0) {
         const int per = rows_per_block(H / Hkv), G = H / Hkv;
         int *starts = malloc(sizeof(int) * ((size_t)T + 1) * 2), n = 0;
         for (int t = 0; t < T; t++)
-            if (t == 0 || row_seq[t] != row_seq[t - 1] || t - starts[n - 1] == per) starts[n++] = t;
+            /* a row whose keys do not start at 0 is a block of its own (the row path), as is the row after it */
+            if (t == 0 || row_seq[t] != row_seq[t - 1] || t - starts[n - 1] == per ||
+                (row_lo && (row_lo[t] || row_lo[t - 1])))
+                starts[n++] = t;
         starts[n] = T;
         /* every block's key segments as tasks of their own; partials for the blocks with several */
         int *nseg = starts + n + 1, units = 0, multi = 0;
@@ -932,4 +944,12 @@ void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const v
     }
 #endif
     pool_run(attend_task, &a, T * Hkv, 1);
+}
+
+/* qmm_paged_attention_from() with every row's keys from position 0 */
+void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v, int kv_bf16,
+                         int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                         const int32_t *row_seq, const int32_t *row_len, float scale, void *out) {
+    qmm_paged_attention_from(q, q_bf16, T, H, D, k, v, kv_bf16, block_size, Hkv, tables, table_stride, row_seq, 0,
+                             row_len, scale, out);
 }

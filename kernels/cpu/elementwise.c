@@ -188,6 +188,7 @@ typedef struct {
     int64_t ldx;
     float *out;
     int F, chunks; /* column chunks of SILU_CHUNK per row */
+    int gelu;      /* GELU (tanh approximation) instead of SiLU */
 } silu_t;
 
 enum { SILU_CHUNK = 512 };
@@ -195,21 +196,34 @@ enum { SILU_CHUNK = 512 };
 /* expf of n values, bit for bit (attention.c: glibc's expf four at a time where the build has AVX2) */
 void qmm_exp(const float *x, int n, float *out);
 
+/* both activations are gate * sigmoid(z): z = gate for SiLU, z = 2 sqrt(2 / pi) (gate + 0.044715 gate^3) for
+   GELU's tanh form (0.5 (1 + tanh(u)) = sigmoid(2u)); gate / (1 + expf(-z)) */
 static void silu_chunk(void *ctx, int task) {
     const silu_t *a = (const silu_t *)ctx;
     const int t = task / a->chunks, i0 = task % a->chunks * SILU_CHUNK;
     const int n = a->F - i0 < SILU_CHUNK ? a->F - i0 : SILU_CHUNK;
     float g[SILU_CHUNK], e[SILU_CHUNK];
-    for (int i = 0; i < n; i++) g[i] = -ld(a->x, a->bf16, t * a->ldx + i0 + i);
+    for (int i = 0; i < n; i++) {
+        const float x = ld(a->x, a->bf16, t * a->ldx + i0 + i);
+        g[i] = a->gelu ? -1.5957691216057308f * (x + 0.044715f * x * x * x) : -x;
+    }
     qmm_exp(g, n, e);
     float *out = a->out + (int64_t)t * a->F + i0;
-    for (int i = 0; i < n; i++) out[i] = -g[i] / (1.0f + e[i]) * ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
+    for (int i = 0; i < n; i++)
+        out[i] = ld(a->x, a->bf16, t * a->ldx + i0 + i) / (1.0f + e[i]) * ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
 }
 
 /* out [T, F] (float32) = silu(gate) * up for rows [gate | up] of x (ldx values apart): gate / (1 + expf(-gate)) *
    up per value, with the exponentials computed a chunk at a time. */
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
     const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
-    silu_t a = {x, bf16, ldx, out, F, chunks};
+    silu_t a = {x, bf16, ldx, out, F, chunks, 0};
+    pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
+}
+
+/* out [T, F] (float32) = gelu_tanh(gate) * up for rows [gate | up] of x (Gemma's MLP), as qmm_silu_mul */
+void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
+    const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
+    silu_t a = {x, bf16, ldx, out, F, chunks, 1};
     pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }

@@ -1,6 +1,9 @@
-/* A whole Llama-family decoder stack for one flat batch of rows in one call: per layer
-   RMSNorm -> quantize -> qkv matmul (+ bias) -> RoPE + K/V write into the paged pool -> paged attention ->
-   o_proj -> residual add + RMSNorm -> gate_up -> SiLU-mul -> down -> residual add + the next layer's RMSNorm.
+/* A whole Llama- or Gemma-family decoder stack for one flat batch of rows in one call: per layer
+   RMSNorm -> quantize -> qkv matmul (+ bias) -> [Q/K RMSNorm per head] -> RoPE + K/V write into the paged pool ->
+   paged attention [over a sliding window] -> o_proj -> [RMSNorm] -> residual add + RMSNorm -> gate_up ->
+   SiLU- or GELU-mul -> down -> [RMSNorm] -> residual add + the next layer's RMSNorm. The bracketed steps are
+   Qwen3's and Gemma 3's (Q/K norms, sandwich norms, GELU, sliding-window layers with their own RoPE base and,
+   optionally, their own K/V pool).
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -15,15 +18,17 @@
 void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo);
-void qmm_paged_attention(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v, int kv_bf16,
-                         int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                         const int32_t *row_seq, const int32_t *row_len, float scale, void *out);
+void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                              int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                              const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, float scale,
+                              void *out);
 void qmm_add_rms_norm(const void *x, int x_bf16, int64_t ldx, const float *residual, const float *weight, int T, int N,
                       float eps, float *new_residual, void *out, int out_bf16);
 void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
                        int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_bf16,
                        const int64_t *slots, int T, int H, int Hkv, int D, void *q_out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
+void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 
 enum { MAX_PARTS = 4 };
 
@@ -62,19 +67,38 @@ typedef struct {
 
 typedef struct {
     qweight_t qkv, o, gate_up, down;
-    const float *qkv_bias;  /* float32 [q + 2 kv], or NULL */
-    const float *post_norm; /* before the MLP */
-    const float *next_norm; /* the next layer's input norm; the final norm after the last layer */
+    const float *qkv_bias;       /* float32 [q + 2 kv], or NULL */
+    const float *q_norm, *k_norm; /* RMSNorm weights [D] of each q and k head before RoPE, or NULL */
+    const float *attn_out_norm;  /* RMSNorm of the o_proj output before the residual add (Gemma), or NULL */
+    const float *post_norm;      /* before the MLP */
+    const float *mlp_out_norm;   /* RMSNorm of the MLP output before the residual add (Gemma), or NULL */
+    const float *next_norm;      /* the next layer's input norm; the final norm after the last layer */
+    int32_t window;              /* a sliding-window layer's window (keys), 0 for a global layer */
+    int32_t local_rope;          /* RoPE from the decoder's local tables (Gemma 3's sliding layers) */
 } layer_t;
 
 typedef struct {
     int32_t n_layers, hidden, H, Hkv, D, F; /* F: the MLP's intermediate size */
     float eps, scale;
     int32_t act_bf16;        /* normed activations h in bfloat16 (else float32) */
+    int32_t gelu;            /* the MLP's activation: GELU (tanh) instead of SiLU */
     const float *first_norm; /* layer 0's input norm */
     const layer_t *layers;
-    const float *cos, *sin; /* RoPE tables [positions, D / 2] */
+    const float *cos, *sin;             /* RoPE tables [positions, D / 2] */
+    const float *cos_local, *sin_local; /* the local layers' tables (NULL: the same) */
 } decoder_t;
+
+/* One step's K/V: up to two pools (the main one and a sliding-window layers' one), each [layers, blocks,
+   block_size, Hkv, D] with its own block tables and slots; layer i lives in pool layer_pool[2i], at its layer
+   layer_pool[2i + 1]. */
+typedef struct {
+    void *k[2], *v[2];
+    int64_t layer_stride[2];
+    const int32_t *tables[2];
+    int64_t table_stride[2];
+    const int64_t *slots[2];
+    const int32_t *layer_pool;
+} step_pools_t;
 
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
                    float *out) {
@@ -89,32 +113,50 @@ static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da,
 
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
+/* x [T, N] float32 (rows ldx apart, the first N of each) := rms_norm(x) * weight, row by row in place */
+static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weight, float eps) {
+    if (ldx == N) {
+        qmm_add_rms_norm(x, 0, N, 0, weight, T, N, eps, 0, x, 0);
+        return;
+    }
+    for (int t = 0; t < T; t++) qmm_add_rms_norm(x + (size_t)t * ldx, 0, N, 0, weight, 1, N, eps, 0, x + (size_t)t * ldx, 0);
+}
+
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
-   [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools are [layers, blocks,
-   block_size, Hkv, D] (bf16 when cache_bf16, layer_stride elements per layer); row t is at position
-   positions[t], writes its K/V at slot slots[t] and attends to the first row_len[t] positions of sequence
-   row_seq[t] (block table tables[row_seq[t] * table_stride ...]). Returns 0, or -1 when out of memory. */
-int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, void *k_pool,
-                        void *v_pool, int cache_bf16, int64_t layer_stride, int block_size, const int32_t *tables,
-                        int64_t table_stride, const int32_t *row_seq, const int32_t *row_len, const int64_t *slots) {
+   [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16) are
+   `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool and attends to the
+   first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a sliding-window layer).
+   Returns 0, or -1 when out of memory. */
+int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
+                        int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools) {
     if (T <= 0) return 0;
     const int hidden = m->hidden, H = m->H, Hkv = m->Hkv, D = m->D, F = m->F, half = D / 2;
     const int qd = H * D, kvd = Hkv * D, nqkv = qd + 2 * kvd, kmax = imax(imax(hidden, qd), F);
+    const int local = m->cos_local != 0;
     const size_t cache_el = cache_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
-    size_t floats = (size_t)T * (nqkv + hidden + 2 * (size_t)F + F + 2 * half + kmax / 32);
-    size_t bytes = floats * 4 + (size_t)T * qd * cache_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 + 64;
+    size_t floats = (size_t)T * (nqkv + hidden + 2 * (size_t)F + F + 2 * half * (1 + local) + kmax / 32);
+    size_t bytes = floats * 4 + (size_t)T * qd * cache_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
+                   (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
     if (!mem) return -1;
     float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv, *gu = o + (size_t)T * hidden, *act = gu + (size_t)T * 2 * F;
-    float *cs = act + (size_t)T * F, *sn = cs + (size_t)T * half, *da = sn + (size_t)T * half;
+    float *cs = act + (size_t)T * F, *sn = cs + (size_t)T * half;
+    float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half : sn;
+    float *da = (local ? sn_l : sn) + (size_t)T * half;
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
     void *q = rest;
     int16_t *sa = (int16_t *)(rest + (size_t)T * qd * cache_el);
     int8_t *qa = (int8_t *)(sa + (size_t)T * (kmax / 16));
+    int32_t *win_lo = (int32_t *)(qa + (size_t)T * kmax), *win_len = win_lo + T;
+    int32_t have_window = 0; /* the window win_lo / win_len hold */
     for (int t = 0; t < T; t++) {
         memcpy(cs + (size_t)t * half, m->cos + positions[t] * half, sizeof(float) * half);
         memcpy(sn + (size_t)t * half, m->sin + positions[t] * half, sizeof(float) * half);
+        if (local) {
+            memcpy(cs_l + (size_t)t * half, m->cos_local + positions[t] * half, sizeof(float) * half);
+            memcpy(sn_l + (size_t)t * half, m->sin_local + positions[t] * half, sizeof(float) * half);
+        }
     }
     void *h = h_out;
     MARK_START();
@@ -122,8 +164,9 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     MARK(P_NORM);
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
-        char *kc = (char *)k_pool + (size_t)i * layer_stride * cache_el;
-        char *vc = (char *)v_pool + (size_t)i * layer_stride * cache_el;
+        const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
+        char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
+        char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
@@ -131,28 +174,51 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
         MARK(P_QKV);
-        qmm_rope_write_kv(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, cs, sn, kc, vc, cache_bf16, slots, T, H,
-                          Hkv, D, q);
+        if (L->q_norm)
+            for (int t = 0; t < T; t++) {
+                norm_in_place(qkv + (size_t)t * nqkv, D, H, D, L->q_norm, m->eps);
+                norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
+            }
+        MARK(P_NORM);
+        qmm_rope_write_kv(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, L->local_rope ? cs_l : cs,
+                          L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H, Hkv, D, q);
         MARK(P_ROPE);
-        qmm_paged_attention(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, tables, table_stride, row_seq,
-                            row_len, m->scale, q);
+        const int32_t *lo = 0, *len = row_len;
+        if (L->window > 0) {
+            if (have_window != L->window) {
+                for (int t = 0; t < T; t++) {
+                    win_len[t] = row_len[t] < L->window ? row_len[t] : L->window;
+                    win_lo[t] = row_len[t] - win_len[t];
+                }
+                have_window = L->window;
+            }
+            lo = win_lo;
+            len = win_len;
+        }
+        qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+                                 pools->table_stride[pl], row_seq, lo, len, m->scale, q);
         MARK(P_ATTN);
         qmm_quantize(q, cache_bf16, qd, T, qd, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
         MARK(P_O);
+        if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
         MARK(P_NORM);
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
         MARK(P_GATE_UP);
-        qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+        if (m->gelu)
+            qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+        else
+            qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
         MARK(P_SILU);
         qmm_quantize(act, 0, F, T, F, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->down, F, qa, da, sa, T, o);
         MARK(P_DOWN);
+        if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
         MARK(P_NORM);
     }
