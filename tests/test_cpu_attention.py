@@ -175,3 +175,58 @@ def test_a_batch_of_decode_rows_is_the_bits_of_each_row_alone_and_in_a_chunk(lib
         qc = torch.randn(len(chunk), heads, d, generator=torch.Generator().manual_seed(9 + t)).to(dtype)
         qc[2] = q[t]
         assert torch.equal(bits(attend(lib, qc, k, v, tables, chunk)[2]), bits(got[t])), rows[t]
+
+
+def attend_window(lib, q, k, v, tables, rows: list[tuple[int, int]], window: int) -> torch.Tensor:
+    """attend() for a sliding-window layer: row t sees the last `window` of its rows[t][1] positions."""
+    t, h, d = q.shape
+    seq = torch.tensor([s for s, _ in rows], dtype=torch.int32)
+    lo, seen = cpu_native.window_rows(torch.tensor([n for _, n in rows], dtype=torch.int32), window)
+    out = torch.empty_like(q)
+    cpu_native._bind(lib).qmm_paged_attention_from(
+        q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k.data_ptr(), v.data_ptr(), k.dtype == torch.bfloat16,
+        BLOCK, k.shape[2], tables.data_ptr(), tables.stride(0), seq.data_ptr(), lo.data_ptr(), seen.data_ptr(),
+        d ** -0.5, out.data_ptr())
+    return out
+
+
+def window_reference(q, k, v, tables, rows: list[tuple[int, int]], window: int) -> torch.Tensor:
+    """The windowed attention in float64: keys n - window .. n - 1 of each row (from 0 when n <= window)."""
+    _, h, d = q.shape
+    group = h // k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t, (s, n) in enumerate(rows):
+        keys = torch.arange(max(0, n - window), n)
+        where = tables[s][keys // BLOCK].long() * BLOCK + keys % BLOCK
+        kk = k.flatten(0, 1)[where].double().repeat_interleave(group, dim=1)
+        vv = v.flatten(0, 1)[where].double().repeat_interleave(group, dim=1)
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q[t].double(), kk) * d ** -0.5, dim=-1)
+        out[t] = torch.einsum("hn,nhd->hd", w, vv)
+    return out
+
+
+@pytest.mark.parametrize("window", [40, SEGMENT + 88])
+@pytest.mark.parametrize("heads,heads_kv,d", [LAYOUTS[0], LAYOUTS[1], LAYOUTS[4]])
+def test_sliding_window_rows_see_their_last_keys_whatever_the_batch(lib, heads, heads_kv, d, window):
+    """A sliding-window layer's rows (qmm_paged_attention_from): each sees only its last `window` positions (close
+    to the float64 reference), a row gives the same bits alone, in a prompt chunk (rows starting past 0 are the
+    row path's, the others stay blocked) or next to other rows, and a row still inside its window gets the bits of
+    the plain call."""
+    dtype = torch.bfloat16
+    blocks = 130
+    k, v = pools(heads_kv, d, dtype, blocks=blocks, seed=10)
+    tables = torch.randperm(blocks, generator=torch.Generator().manual_seed(11))[:124].view(2, 62).to(torch.int32)
+    # a chunk that crosses the window's edge (rows before it start at 0, rows after it past 0), decode rows
+    # inside and far past the window, and a row exactly at it
+    rows = ([(0, n) for n in range(window - 6, window + 20)] + [(1, 9), (1, 3 * window // 2), (1, window),
+                                                                (0, 800)])
+    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(12)).to(dtype)
+    got = attend_window(lib, q, k, v, tables, rows, window)
+    torch.testing.assert_close(got.double(), window_reference(q, k, v, tables, rows, window), rtol=0.02, atol=0.02)
+    for t in range(len(rows)):
+        alone = attend_window(lib, q[t:t + 1], k, v, tables, rows[t:t + 1], window)
+        assert torch.equal(bits(alone), bits(got[t:t + 1])), rows[t]
+    inside = [t for t, (_, n) in enumerate(rows) if n <= window]
+    plain = attend(lib, q[inside], k, v, tables, [rows[t] for t in inside])
+    assert torch.equal(bits(plain), bits(got[inside]))
+    assert torch.equal(bits(attend_window(lib, q[3:20], k, v, tables, rows[3:20], window)), bits(got[3:20]))
