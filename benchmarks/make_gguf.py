@@ -2,9 +2,11 @@
 
     python benchmarks/make_gguf.py --shape 1b --mix Q4_K_M /tmp/llama-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape 3b --mix Q8_0 /tmp/llama-3b-q8.gguf
+    python benchmarks/make_gguf.py --shape gemma3-1b --tokenizer-from GEMMA.gguf /tmp/gemma3-1b-q4km.gguf
 
 The tokenizer comes from --tokenizer-from (default: the default model, pulled into the cache). Shapes: 135m,
-1b (Llama-3.2-1B dimensions), 3b (Llama-3.2-3B); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with
+1b (Llama-3.2-1B dimensions), 3b (Llama-3.2-3B), gemma3-1b (Gemma 3 1B, architecture gemma3: give it a Gemma
+tokenizer, e.g. the gemma3-270m model's); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with
 Q6_K for the embeddings and part of attn_v / ffn_down, as llama.cpp's quantizer picks), Q8_0, Q4_0.
 """
 

@@ -41,7 +41,7 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
 
 @dataclass
 class LlamaShape:
-    """The dimensions of a Llama-family model."""
+    """The dimensions of a Llama-family (or, with `gemma3`, a Gemma 3) model."""
 
     hidden: int
     layers: int
@@ -49,19 +49,49 @@ class LlamaShape:
     kv_heads: int
     ffn: int
     tie_embeddings: bool = True
+    head_dim: int | None = None  # None: hidden / heads
+    gemma3: bool = False  # Gemma 3's block: Q/K norms, sandwich norms, GELU, 5 sliding-window layers in 6
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 
 SHAPES = {
     "135m": LlamaShape(576, 30, 9, 3, 1536),
     "1b": LlamaShape(2048, 16, 32, 8, 8192),  # Llama-3.2-1B
     "3b": LlamaShape(3072, 28, 24, 8, 8192),  # Llama-3.2-3B
+    "gemma3-1b": LlamaShape(1152, 26, 4, 1, 6912, head_dim=256, gemma3=True),  # Gemma 3 1B
 }
 
+# where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
-def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
+
+def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, int]]:
+    """[rows, columns] of each 2-D tensor, by GGUF name."""
+    hd = shape.head_size
+    shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, shape.hidden)}
+    if not shape.tie_embeddings:
+        shapes["output.weight"] = (vocab, shape.hidden)
+    for i in range(shape.layers):
+        shapes.update({
+            f"blk.{i}.attn_q.weight": (shape.heads * hd, shape.hidden),
+            f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
+            f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden),
+            f"blk.{i}.attn_output.weight": (shape.hidden, shape.heads * hd),
+            f"blk.{i}.ffn_gate.weight": (shape.ffn, shape.hidden),
+            f"blk.{i}.ffn_up.weight": (shape.ffn, shape.hidden),
+            f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn),
+        })
+    return shapes
+
+
+def tensor_types(shape: LlamaShape, mix: str, vocab: int = 32000) -> dict[str, str]:
     """The qtype of each 2-D tensor for a quantization mix, as llama.cpp's quantizer chooses them
     (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down in the first and last eighth of the
-    layers and every third layer in between; Q4_K elsewhere)."""
+    layers and every third layer in between; Q4_K elsewhere; a K type falls back to Q5_0 / Q5_1 / Q8_0 for a
+    tensor whose rows are not a multiple of 256 values, as in Gemma 3 files)."""
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
     names = ["token_embd.weight"] + ([] if shape.tie_embeddings else ["output.weight"])
@@ -74,57 +104,60 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
             if mix == "Q4_K_M":
                 qt = "Q6_K" if t in ("attn_v", "ffn_down") and more_bits else "Q4_K"
             types[f"blk.{i}.{t}.weight"] = qt
+    for name, (_, cols) in tensor_shapes(shape, vocab).items():
+        if cols % 256:
+            types[name] = _K_FALLBACK.get(types[name], types[name])
     return types
 
 
 def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
                        seed: int = 0) -> Path:
-    """Write a llama-architecture GGUF of `shape` with random weights in the `mix` quantization, using the
-    tokenizer (and vocabulary size) of the GGUF `tokenizer_from`."""
+    """Write a llama-architecture (or, for a `gemma3` shape, gemma3) GGUF of `shape` with random weights in the
+    `mix` quantization, using the tokenizer (and vocabulary size) of the GGUF `tokenizer_from`."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    arch = "gemma3" if shape.gemma3 else "llama"
+    w = gguf.GGUFWriter(str(path), arch)
+    hd = shape.head_size
     w.add_block_count(shape.layers)
     w.add_context_length(8192)
     w.add_embedding_length(shape.hidden)
     w.add_feed_forward_length(shape.ffn)
     w.add_head_count(shape.heads)
     w.add_head_count_kv(shape.kv_heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(500000.0)
-    w.add_vocab_size(vocab)
-    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    if shape.gemma3:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(1000000.0)
+        w.add_sliding_window(512)
+    else:
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(500000.0)
+        w.add_vocab_size(vocab)
+        w.add_rope_dimension_count(hd)
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub)
-    hd = shape.hidden // shape.heads
-    shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, shape.hidden)}
-    if not shape.tie_embeddings:
-        shapes["output.weight"] = (vocab, shape.hidden)
-    for i in range(shape.layers):
-        shapes.update({
-            f"blk.{i}.attn_q.weight": (shape.hidden, shape.hidden),
-            f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
-            f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden),
-            f"blk.{i}.attn_output.weight": (shape.hidden, shape.hidden),
-            f"blk.{i}.ffn_gate.weight": (shape.ffn, shape.hidden),
-            f"blk.{i}.ffn_up.weight": (shape.ffn, shape.hidden),
-            f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn),
-        })
-    types = tensor_types(shape, mix)
+    types = tensor_types(shape, mix, vocab)
     ones = np.ones(shape.hidden, dtype=np.float32)
     w.add_tensor("output_norm.weight", ones)
-    for name, (rows, cols) in shapes.items():
+    for name, (rows, cols) in tensor_shapes(shape, vocab).items():
         qt = types[name]
         w.add_tensor(name, random_blocks(qt, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[qt])
         if name.endswith("attn_output.weight"):
             i = name.split(".")[1]
-            w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
-            w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+            norms = ["attn_norm", "ffn_norm"]
+            if shape.gemma3:  # GGUF stores Gemma's (1 + w) norm weights with the 1 added: ones are w = 0
+                norms += ["post_attention_norm", "post_ffw_norm"]
+                w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, dtype=np.float32))
+                w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, dtype=np.float32))
+            for norm in norms:
+                w.add_tensor(f"blk.{i}.{norm}.weight", ones)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

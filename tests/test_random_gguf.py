@@ -1,0 +1,39 @@
+"""benchmarks/make_gguf.py's writer (edgeserve.bench.random_gguf): a Gemma 3 shape becomes a gemma3 GGUF in
+llama.cpp's Q4_K_M mix (K types falling back to Q5_0 / Q8_0 where a row is not a multiple of 256 values) that
+loads with its sliding-window layers and runs on the fused native stack."""
+
+from __future__ import annotations
+
+import gguf
+import torch
+from tiny_gguf import write_tiny_llama
+
+from edgeserve.bench.random_gguf import LlamaShape, tensor_types, write_random_llama
+from edgeserve.kernels import cpu_native
+from edgeserve.models.load import load_model
+from edgeserve.registry import resolve
+
+
+def test_a_gemma3_shape_writes_a_gemma3_gguf_in_the_q4_k_m_mix(tmp_path):
+    tokenizer = write_tiny_llama(tmp_path / "tok.gguf")
+    shape = LlamaShape(hidden=320, layers=7, heads=2, kv_heads=1, ffn=512, head_dim=128, gemma3=True)
+    path = write_random_llama(tmp_path / "g.gguf", shape, "Q4_K_M", tokenizer)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    want = tensor_types(shape, "Q4_K_M", len(gguf.GGUFReader(str(tokenizer)).fields["tokenizer.ggml.tokens"].contents()))
+    assert {n: types[n] for n in want} == want  # every 2-D tensor as tensor_types says
+    assert types["blk.0.attn_q.weight"] == "Q5_0" and types["blk.0.ffn_up.weight"] == "Q5_0"  # 320 columns
+    assert types["blk.2.attn_v.weight"] == "Q8_0" and types["token_embd.weight"] == "Q8_0"  # Q6_K's fallback
+    assert types["blk.0.attn_output.weight"] == "Q4_K" and types["blk.1.ffn_down.weight"] == "Q4_K"  # 256, 512
+    assert types["blk.2.ffn_down.weight"] == "Q6_K" and types["blk.0.attn_q_norm.weight"] == "F32"
+    model = load_model(resolve(str(path)), dtype="bfloat16").model
+    c = model.config
+    assert c.architecture == "gemma3" and c.head_dim == 128 and c.layer_windows.count(None) == 1
+    if cpu_native.available():
+        assert model.native_decoder() is not None
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
