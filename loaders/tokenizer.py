@@ -198,10 +198,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
 
     if model == "gpt2":
         pre = _gpt2_pre_tokenizer(metadata)
-        spec = _gpt2_spec(metadata, tokens, pre)
         add_bos_default = pre.add_bos
     elif model == "llama":
-        spec = _spm_spec(metadata, tokens, types)
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
     else:
         raise UnsupportedModelError(
@@ -223,10 +221,14 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         for i in np.flatnonzero(special_mask | user_mask)
     ]  # fmt: skip
 
-    try:
-        backend = tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
-    except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
-        raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
+    def build() -> tokenizers.Tokenizer:
+        spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
+        try:
+            return tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
+        except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
+            raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
+
+    backend = cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
     eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
     eot_ids |= _named_end_of_turn_ids(backend)
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
@@ -238,6 +240,51 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         add_bos=bool(add_bos_default if add_bos is None else add_bos),
         vocab_size=len(tokens),
     )
+
+
+# Bump when the tokenizer.json this module builds from GGUF metadata changes, so stale cached ones are not used.
+_TOKENIZER_CACHE_VERSION = 1
+
+
+def _gguf_tokenizer_key(metadata: Mapping[str, Any], added: list[dict[str, Any]]) -> str:
+    """A digest of everything the tokenizer built from this metadata depends on."""
+    import hashlib
+
+    h = hashlib.sha256(f"v{_TOKENIZER_CACHE_VERSION} tokenizers {tokenizers.__version__}".encode())
+    for key in sorted(k for k in metadata if k.startswith("tokenizer.ggml.")):
+        value = metadata[key]
+        h.update(key.encode())
+        if isinstance(value, np.ndarray):
+            h.update(str(value.dtype).encode() + value.tobytes())
+        elif isinstance(value, (list, tuple)):
+            h.update(json.dumps(list(value), default=float).encode())
+        else:
+            h.update(repr(value).encode())
+    h.update(json.dumps(added).encode())
+    return h.hexdigest()[:32]
+
+
+def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tokenizers.Tokenizer:
+    """The tokenizer cached under `key` in <edgeserve home>/tokenizers, else `build()` (then cached): building a
+    SentencePiece vocabulary's merges from a GGUF takes seconds for a 262k-token one (Gemma). An unreadable cache
+    entry is rebuilt; a cache that cannot be written only costs the next load the build again."""
+    from edgeserve.registry.paths import edgeserve_home
+
+    path = edgeserve_home() / "tokenizers" / f"{key}.json"
+    if path.is_file():
+        try:
+            return tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # a truncated or foreign file: build again and replace it
+            log.warning("ignoring the cached tokenizer %s (%s)", path, e)
+    backend = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(backend.to_str(), encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a concurrent loader reads a whole file or none
+    except OSError as e:
+        log.warning("could not cache the tokenizer in %s (%s)", path.parent, e)
+    return backend
 
 
 def _gpt2_pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:

@@ -335,3 +335,34 @@ def test_hf_folder_without_tokenizer_json(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(ModelLoadError, match="tokenizer.json"):
         tokenizer_from_hf_folder(tmp_path)
+
+
+def test_a_gguf_tokenizer_is_built_once_then_read_from_the_cache(spm, tmp_path, monkeypatch):
+    """The tokenizer built from GGUF metadata (seconds for Gemma's 262k-token vocabulary) is cached under the
+    edgeserve home by a digest of that metadata: the next load reads it back with the same ids, other metadata
+    gets its own entry, and a damaged entry is rebuilt."""
+    import edgeserve.loaders.tokenizer as tok_module
+
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))
+    metadata = dict(GGUFFile(spm[1]).metadata)
+    text = "Hello <|user|> wörld 123"
+    built = tokenizer_from_gguf(metadata)
+    [entry] = (tmp_path / "tokenizers").glob("*.json")
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again instead of read from the cache")
+
+    with monkeypatch.context() as m:
+        m.setattr(tok_module, "spm_merges", no_build)
+        cached = tokenizer_from_gguf(metadata)
+    assert cached.encode(text) == built.encode(text) and cached.eot_ids == built.eot_ids
+    assert cached.decode(built.encode(text)) == built.decode(built.encode(text))
+
+    tokenizer_from_gguf({**metadata, "tokenizer.ggml.add_space_prefix": False})  # other metadata, another entry
+    assert len(list((tmp_path / "tokenizers").glob("*.json"))) == 2
+
+    entry.write_text(entry.read_text()[:100])  # truncated
+    assert tokenizer_from_gguf(metadata).encode(text) == built.encode(text)
+    with monkeypatch.context() as m:
+        m.setattr(tok_module, "spm_merges", no_build)
+        assert tokenizer_from_gguf(metadata).encode(text) == built.encode(text)  # the rebuilt entry is whole
