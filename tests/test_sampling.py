@@ -274,3 +274,19 @@ def test_tied_logits_put_the_greedy_token_first_in_its_logprobs():
         assert out.token_ids[row].item() == want[0]
         assert out.top_ids[row].tolist()[:min(3, len(want))] == want[:3]
         assert out.top_logprobs[row, 0].item() == out.logprobs[row].item()
+
+
+def test_greedy_tokens_pick_what_torch_argmax_picks():
+    """The CPU greedy pick (numpy's argmax) gives torch's index: the first of tied maxima, the first NaN, a row
+    of -inf."""
+    from edgeserve.engine.sampler import greedy_tokens
+
+    logits = torch.randn(6, 262144, generator=torch.Generator().manual_seed(0))
+    logits[1, [70000, 9, 200000]] = 50.0  # a three-way tie: the first wins
+    logits[2, [123, 456]] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, -1] = 99.0
+    got = greedy_tokens(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(-1))
+    assert got[1].item() == 9 and got[2].item() == 123 and got[4].item() == 262143
+    assert torch.equal(greedy_tokens(logits[:, ::2]), logits[:, ::2].argmax(-1))  # a strided view

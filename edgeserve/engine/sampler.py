@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -210,6 +211,14 @@ def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None] | N
     return logits.masked_fill(forbidden, float("-inf"))
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The first index of each row's largest logit (a NaN counts as the largest), int64 [B]. On the CPU through
+    numpy, whose SIMD argmax is about 10x torch's over a 262k-token vocabulary (Gemma); same index."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and logits.shape[0]:
+        return torch.from_numpy(logits.contiguous().numpy().argmax(-1).astype(np.int64))
+    return logits.argmax(-1)
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                   prompt_ids: list[list[int]] | None = None,
                   output_ids: list[list[int]] | None = None,
@@ -221,7 +230,7 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     """
     logits = apply_grammars(apply_penalties(logits.float(), params, prompt_ids, output_ids), grammars)
     device = logits.device
-    tokens = logits.argmax(-1)
+    tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     top_n = max((p.logprobs for p in params if p.logprobs is not None), default=None)
     out = SampleOutput(tokens)
