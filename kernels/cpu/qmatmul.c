@@ -882,9 +882,8 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             const __m256 mv = has_m ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(off));
             const __m256i h = five ? _mm256_loadu_si256((const __m256i *)(g + x8_qh(fmt))) : _mm256_setzero_si256();
             __m256i s16[NX], i32[NX];
-            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-            if (five) /* never read before set; quiets GCC's -Wmaybe-uninitialized */
-                for (int r = 0; r < nr; r++) s16[r] = i32[r];
+            if (five) /* (s16: never read before set; quiets GCC's -Wmaybe-uninitialized) */
+                for (int r = 0; r < nr; r++) s16[r] = i32[r] = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) { /* values 4c.. in the low nibbles, 16 + 4c.. in the high ones */
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(g + q0 + 32 * c));
                 __m256i u0 = _mm256_and_si256(w, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
@@ -907,10 +906,8 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                     }
                 }
             }
-            if (!five)
-                for (int r = 0; r < nr; r++) i32[r] = _mm256_madd_epi16(s16[r], ones);
             for (int r = 0; r < nr; r++) {
-                const __m256 isum = _mm256_cvtepi32_ps(i32[r]);
+                const __m256 isum = _mm256_cvtepi32_ps(five ? i32[r] : _mm256_madd_epi16(s16[r], ones));
                 acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(FS(r, b)), acc[r]);
             }
