@@ -39,12 +39,12 @@ FORMATS: dict[str, tuple[int, int, int]] = {
     # bands of 8 rows interleaved (_X8, for weights of a multiple of 8 rows)
     "Q4_0_R8": (8, 32, 18), "Q4_1_R8": (9, 32, 20),
     "Q4_K_X8": (10, 256, 144), "Q6_K_X8": (11, 256, 210), "Q5_K_X8": (12, 256, 176), "Q4_0_X8": (13, 32, 18),
-    "Q4_1_X8": (14, 32, 20), "Q8_0_X8": (15, 32, 34),
+    "Q4_1_X8": (14, 32, 20), "Q8_0_X8": (15, 32, 34), "Q5_0_X8": (16, 32, 22), "Q5_1_X8": (17, 32, 24),
 }
 GGUF_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the rest are made by repacking
 REPACKED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8"}  # the twin of any row count
-INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q8_0": "Q8_0_X8", "Q4_K": "Q4_K_X8", "Q5_K": "Q5_K_X8",
-               "Q6_K": "Q6_K_X8"}  # for weights of rows % 8 == 0
+INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q5_0": "Q5_0_X8", "Q5_1": "Q5_1_X8", "Q8_0": "Q8_0_X8",
+               "Q4_K": "Q4_K_X8", "Q5_K": "Q5_K_X8", "Q6_K": "Q6_K_X8"}  # for weights of rows % 8 == 0
 VARIANT_FLAGS: dict[str, list[str]] = {
     "scalar": [],
     "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],

@@ -35,8 +35,13 @@ enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9 };
    consecutive values of row r. One broadcast of 4 activation bytes then meets the same 4 values of 8 weight rows,
    so a maddubs gives 8 rows' partial sums in the lanes of one register: each unpacked weight register serves
    every activation row of a tile, the sums stay integer over a block of 32 (the integer sub-block scales folded
-   in with madd), and the float work is one convert and fma per block for 8 weight rows (x8_* below). */
-enum { F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, F_Q8_0_X8 = 15, N_FORMATS = 16 };
+   in with madd), and the float work is one convert and fma per block for 8 weight rows (x8_* below). Q5_0 / Q5_1
+   groups keep the 8 rows' fifth bits (qh) in 32 bytes after the scales: bits 2c and 2c + 1 of byte 4r + k are
+   those of values 4c + k and 16 + 4c + k of row r, so each run's fifth bits sit at the same bytes as its nibbles. */
+enum {
+    F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, F_Q8_0_X8 = 15, F_Q5_0_X8 = 16,
+    F_Q5_1_X8 = 17, N_FORMATS = 18
+};
 
 static inline int is_x8(int fmt) { return fmt >= F_Q4_K_X8; }
 
@@ -78,8 +83,8 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34};
-static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34, 22, 24};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
@@ -200,6 +205,13 @@ static inline void x8_scale_min(const uint8_t *p, int j, int r, int *sc, int *mn
 static inline int q6x8_lo(int p) { return 400 + 256 * p + (p >= 2 ? 256 : 0); }
 static inline int q6x8_hi(int h) { return 144 + 768 * h; }
 
+/* Offsets in a Q4_0 / Q4_1 / Q5_0 / Q5_1 _X8 group of the fifth bits (Q5_0, Q5_1) and the runs of nibbles, after
+   the scales d [8] and (Q4_1, Q5_1) the minimums m [8] at 16. */
+static inline int x8_qh(int fmt) { return fmt == F_Q5_1_X8 ? 32 : 16; }
+static inline int x8_qs(int fmt) {
+    return fmt == F_Q4_0_X8 ? 16 : fmt == F_Q4_1_X8 ? 32 : fmt == F_Q5_0_X8 ? 48 : 64;
+}
+
 /* Block b of row r (0..7) of a band of 8 rows in an _X8 layout, as unpack32 gives it. */
 static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], float *d, int sc[2], float *m) {
     sc[0] = sc[1] = 1;
@@ -211,12 +223,17 @@ static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], f
         for (int l = 0; l < 32; l++) q[l] = (int8_t)g[16 + 32 * (l / 4) + 4 * r + l % 4];
         return;
     }
-    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8) {
-        const uint8_t *g = band + (size_t)b * 8 * BLOCK_BYTES[fmt], *qs = g + (fmt == F_Q4_0_X8 ? 16 : 32);
+    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8 || fmt == F_Q5_0_X8 || fmt == F_Q5_1_X8) {
+        const uint8_t *g = band + (size_t)b * 8 * BLOCK_BYTES[fmt], *qs = g + x8_qs(fmt), *qh = g + x8_qh(fmt);
+        const int five = fmt == F_Q5_0_X8 || fmt == F_Q5_1_X8;
         *d = rd16(g + 2 * r);
-        if (fmt == F_Q4_1_X8) *m = rd16(g + 16 + 2 * r);
-        for (int l = 0; l < 32; l++) /* values l and 16 + l share a byte */
-            q[l] = ((qs[32 * ((l % 16) / 4) + 4 * r + l % 4] >> (4 * (l / 16))) & 0xF) - (fmt == F_Q4_0_X8 ? 8 : 0);
+        if (fmt == F_Q4_1_X8 || fmt == F_Q5_1_X8) *m = rd16(g + 16 + 2 * r);
+        for (int l = 0; l < 32; l++) { /* values l and 16 + l share a byte */
+            const int c = (l % 16) / 4, e = l / 16, at = 4 * r + l % 4;
+            q[l] = (qs[32 * c + at] >> (4 * e)) & 0xF;
+            if (five) q[l] |= ((qh[at] >> (2 * c + e)) & 1) << 4;
+            q[l] -= fmt == F_Q4_0_X8 ? 8 : fmt == F_Q5_0_X8 ? 16 : 0;
+        }
         return;
     }
     const uint8_t *g = band + (size_t)(b / 8) * 8 * BLOCK_BYTES[fmt];
@@ -273,6 +290,8 @@ int qmm_repacked_format(int fmt, int N) {
         switch (fmt) {
         case F_Q4_0: return F_Q4_0_X8;
         case F_Q4_1: return F_Q4_1_X8;
+        case F_Q5_0: return F_Q5_0_X8;
+        case F_Q5_1: return F_Q5_1_X8;
         case F_Q8_0: return F_Q8_0_X8;
         case F_Q4_K: return F_Q4_K_X8;
         case F_Q5_K: return F_Q5_K_X8;
@@ -296,6 +315,18 @@ static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
             memcpy(o + 2 * r, s, 2);
             if (fmt == F_Q4_1) memcpy(o + 16 + 2 * r, s + 2, 2);
             for (int c = 0; c < 4; c++) memcpy(o + q0 + 32 * c + 4 * r, s + sq + 4 * c, 4);
+        } else if (fmt == F_Q5_0 || fmt == F_Q5_1) {
+            const int xf = fmt == F_Q5_0 ? F_Q5_0_X8 : F_Q5_1_X8, sh = fmt == F_Q5_0 ? 2 : 4;
+            uint32_t qh;
+            memcpy(&qh, s + sh, 4);
+            memcpy(o + 2 * r, s, 2);
+            if (fmt == F_Q5_1) memcpy(o + 16 + 2 * r, s + 2, 2);
+            for (int c = 0; c < 4; c++) {
+                memcpy(o + x8_qs(xf) + 32 * c + 4 * r, s + sh + 4 + 4 * c, 4);
+                for (int k = 0; k < 4; k++)
+                    o[x8_qh(xf) + 4 * r + k] |= (uint8_t)(((qh >> (4 * c + k)) & 1) << (2 * c) |
+                                                          ((qh >> (16 + 4 * c + k)) & 1) << (2 * c + 1));
+            }
         } else if (fmt == F_Q4_K || fmt == F_Q5_K) {
             memcpy(o + 2 * r, s, 2);
             memcpy(o + 16 + 2 * r, s + 2, 2);
@@ -836,27 +867,47 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
     const int nb = K / 32, gb = 8 * BLOCK_BYTES[fmt];
     const __m256i low4 = _mm256_set1_epi8(0x0F);
 #define A4(r, b, c) bcast4(a.qa + (r) * a.lda + (b) * 32 + 4 * (c))
-    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8) {
-        const int q0 = fmt == F_Q4_0_X8 ? 16 : 32;
-        const __m256i ones = _mm256_set1_epi16(1);
+    if (fmt == F_Q4_0_X8 || fmt == F_Q4_1_X8 || fmt == F_Q5_0_X8 || fmt == F_Q5_1_X8) {
+        /* unsigned nibbles (| the fifth bit << 4); the offset of Q4_0 (-8) or Q5_0 (-16) is a minimum of -8 d or -16 d.
+           4-bit: the 4 runs' products summed in int16 (8 x 2 x 15 x 127), then one madd; 5-bit: a madd every 2 runs
+           (4 x 2 x 31 x 127). */
+        const int five = fmt == F_Q5_0_X8 || fmt == F_Q5_1_X8, has_m = fmt == F_Q4_1_X8 || fmt == F_Q5_1_X8;
+        const int q0 = x8_qs(fmt);
+        const float off = fmt == F_Q4_0_X8 ? -8.0f : -16.0f;
+        const __m256i ones = _mm256_set1_epi16(1), x10 = _mm256_set1_epi8(0x10);
         for (int b = 0; b < nb; b++) {
             const uint8_t *g = band + (size_t)b * gb;
             prefetch_ahead(g, gb);
             const __m256 dv = cvt8h(g);
-            const __m256 mv = fmt == F_Q4_1_X8 ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-            __m256i s16[NX];
+            const __m256 mv = has_m ? cvt8h(g + 16) : _mm256_mul_ps(dv, _mm256_set1_ps(off));
+            const __m256i h = five ? _mm256_loadu_si256((const __m256i *)(g + x8_qh(fmt))) : _mm256_setzero_si256();
+            __m256i s16[NX], i32[NX];
+            if (five) /* (s16: never read before set; quiets GCC's -Wmaybe-uninitialized) */
+                for (int r = 0; r < nr; r++) s16[r] = i32[r] = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) { /* values 4c.. in the low nibbles, 16 + 4c.. in the high ones */
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(g + q0 + 32 * c));
-                const __m256i u0 = _mm256_and_si256(w, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                __m256i u0 = _mm256_and_si256(w, low4), u1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                if (five) { /* bits 2c, 2c + 1 of h to bit 4 (shifts by a constant once unrolled) */
+                    const __m256i h0 = c < 2 ? _mm256_slli_epi16(h, 4 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 4);
+                    const __m256i h1 = c < 2 ? _mm256_slli_epi16(h, 3 - 2 * c) : _mm256_srli_epi16(h, 2 * c - 3);
+                    u0 = _mm256_or_si256(u0, _mm256_and_si256(h0, x10));
+                    u1 = _mm256_or_si256(u1, _mm256_and_si256(h1, x10));
+                }
                 for (int r = 0; r < nr; r++) {
                     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
                                                        _mm256_maddubs_epi16(u1, A4(r, b, c + 4)));
-                    s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
-                    PIN(s16[r]);
+                    if (five) {
+                        s16[r] = c & 1 ? _mm256_add_epi16(s16[r], p) : p;
+                        PIN(s16[r]);
+                        if (c & 1) i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(s16[r], ones));
+                    } else {
+                        s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
+                        PIN(s16[r]);
+                    }
                 }
             }
             for (int r = 0; r < nr; r++) {
-                const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
+                const __m256 isum = _mm256_cvtepi32_ps(five ? i32[r] : _mm256_madd_epi16(s16[r], ones));
                 acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(FS(r, b)), acc[r]);
             }
@@ -991,11 +1042,14 @@ X8_FMT(F_Q5_K_X8)
 X8_FMT(F_Q4_0_X8)
 X8_FMT(F_Q4_1_X8)
 X8_FMT(F_Q8_0_X8)
+X8_FMT(F_Q5_0_X8)
+X8_FMT(F_Q5_1_X8)
 #define X8_ROW(F)                                                                                           \
     {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                        \
      dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
 static const x8_fn X8[N_FORMATS - F_Q4_K_X8][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8),
-                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8)};
+                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8),
+                                                     X8_ROW(F_Q5_0_X8), X8_ROW(F_Q5_1_X8)};
 
 /* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
 #define DOT_FMT(F)                                                                                          \
