@@ -273,7 +273,9 @@ def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tok
     path = edgeserve_home() / "tokenizers" / f"{key}.json"
     if path.is_file():
         try:
-            return tokenizers.Tokenizer.from_file(str(path))
+            backend = tokenizers.Tokenizer.from_file(str(path))
+            os.utime(path)  # recently used: kept when the cache is trimmed
+            return backend
         except Exception as e:  # a truncated or foreign file: build again and replace it
             log.warning("ignoring the cached tokenizer %s (%s)", path, e)
     backend = build()
@@ -282,9 +284,21 @@ def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tok
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(backend.to_str(), encoding="utf-8")
         os.replace(tmp, path)  # atomic: a concurrent loader reads a whole file or none
+        _trim_cache(path.parent, TOKENIZER_CACHE_ENTRIES)
     except OSError as e:
         log.warning("could not cache the tokenizer in %s (%s)", path.parent, e)
     return backend
+
+
+# Cached tokenizers kept (the least recently used go first): a few MB to 15 MB each.
+TOKENIZER_CACHE_ENTRIES = 16
+
+
+def _trim_cache(folder: Path, keep: int) -> None:
+    """Delete all but the `keep` most recently used cache entries of `folder`."""
+    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in entries[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def _gpt2_pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 
 import numpy as np
@@ -359,10 +360,16 @@ def test_a_gguf_tokenizer_is_built_once_then_read_from_the_cache(spm, tmp_path, 
     assert cached.decode(built.encode(text)) == built.decode(built.encode(text))
 
     tokenizer_from_gguf({**metadata, "tokenizer.ggml.add_space_prefix": False})  # other metadata, another entry
-    assert len(list((tmp_path / "tokenizers").glob("*.json"))) == 2
+    [other] = set((tmp_path / "tokenizers").glob("*.json")) - {entry}
+    os.utime(other, (1e9, 1e9))  # used long ago (explicit: file times may be coarse)
 
     entry.write_text(entry.read_text()[:100])  # truncated
     assert tokenizer_from_gguf(metadata).encode(text) == built.encode(text)
     with monkeypatch.context() as m:
         m.setattr(tok_module, "spm_merges", no_build)
         assert tokenizer_from_gguf(metadata).encode(text) == built.encode(text)  # the rebuilt entry is whole
+
+    monkeypatch.setattr(tok_module, "TOKENIZER_CACHE_ENTRIES", 2)  # the cache keeps the most recently used
+    tokenizer_from_gguf({**metadata, "tokenizer.ggml.add_bos_token": False})  # a third entry: the oldest goes
+    kept = list((tmp_path / "tokenizers").glob("*.json"))
+    assert len(kept) == 2 and entry in kept and other not in kept
