@@ -75,7 +75,7 @@ class NativeDecoder:
     hidden: int
     act_dtype: torch.dtype
     windowed: bool = False  # some layers attend over a sliding window (the library must have windows)
-    _pool_layers: dict = field(default_factory=dict, repr=False)  # id(pool) -> (pool, layer_pool array)
+    _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
@@ -122,7 +122,7 @@ class NativeDecoder:
                              ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
                              ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
                              int(window is not None and local is not None))
-        scale = c.query_scale if getattr(c, "query_scale", None) is not None else c.head_dim ** -0.5
+        scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
@@ -144,12 +144,10 @@ class NativeDecoder:
 
     def _layer_pool(self, pool) -> torch.Tensor:
         """Layer i's pool (0 main, 1 window) and index in it, as int32 [layers, 2] (cached per pool)."""
-        cached = self._pool_layers.get(id(pool))
-        if cached is None or cached[0] is not pool:
+        if self._pool_layers is None or self._pool_layers[0] is not pool:
             slots = getattr(pool, "layer_slot", None) or [(False, i) for i in range(self.decoder.n_layers)]
-            cached = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
-            self._pool_layers = {id(pool): cached}
-        return cached[1]
+            self._pool_layers = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
+        return self._pool_layers[1]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual

@@ -478,15 +478,24 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     return out
 
 
-def silu_and_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor | None:
-    """kernels.activation.silu_and_mul (or, with `gelu`, gelu_tanh_and_mul) in one native pass (float32 out); None
-    when the input is not 2-D rows."""
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """kernels.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
+    return _gated_mul(gate_up, "qmm_silu_mul")
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """kernels.activation.gelu_tanh_and_mul in one native pass (float32 out); None when the input is not 2-D rows
+    or the library predates it."""
+    return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
+
+
+def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
+    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out), or None."""
     lib = library()
-    if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or (gelu and not hasattr(lib, "qmm_gelu_tanh_mul")):
+    if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or not hasattr(lib, kernel):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
-    kernel = lib.qmm_gelu_tanh_mul if gelu else lib.qmm_silu_mul
-    kernel(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t, f2 // 2,
-           out.data_ptr())
+    getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
+                         f2 // 2, out.data_ptr())
     return out

@@ -199,7 +199,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up, where the last dimension is [gate | up] (Gemma's MLP)."""
     if _native_cpu(gate_up):
-        done = _native.silu_and_mul(gate_up, gelu=True)
+        done = _native.gelu_tanh_and_mul(gate_up)
         if done is not None:
             return done
     return _act.gelu_tanh_and_mul(gate_up)

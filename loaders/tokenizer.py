@@ -268,7 +268,7 @@ def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tok
     """The tokenizer cached under `key` in <edgeserve home>/tokenizers, else `build()` (then cached): building a
     SentencePiece vocabulary's merges from a GGUF takes seconds for a 262k-token one (Gemma). An unreadable cache
     entry is rebuilt; a cache that cannot be written only costs the next load the build again."""
-    from edgeserve.registry.paths import edgeserve_home
+    from edgeserve.registry.paths import edgeserve_home, write_text_atomic
 
     path = edgeserve_home() / "tokenizers" / f"{key}.json"
     if path.is_file():
@@ -281,9 +281,7 @@ def cached_tokenizer(key: str, build: Callable[[], tokenizers.Tokenizer]) -> tok
     backend = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(backend.to_str(), encoding="utf-8")
-        os.replace(tmp, path)  # atomic: a concurrent loader reads a whole file or none
+        write_text_atomic(path, backend.to_str())
         _trim_cache(path.parent, TOKENIZER_CACHE_ENTRIES)
     except OSError as e:
         log.warning("could not cache the tokenizer in %s (%s)", path.parent, e)

@@ -87,7 +87,7 @@ def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def tensor_types(shape: LlamaShape, mix: str, vocab: int = 32000) -> dict[str, str]:
+def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     """The qtype of each 2-D tensor for a quantization mix, as llama.cpp's quantizer chooses them
     (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down in the first and last eighth of the
     layers and every third layer in between; Q4_K elsewhere; a K type falls back to Q5_0 / Q5_1 / Q8_0 for a
@@ -104,7 +104,7 @@ def tensor_types(shape: LlamaShape, mix: str, vocab: int = 32000) -> dict[str, s
             if mix == "Q4_K_M":
                 qt = "Q6_K" if t in ("attn_v", "ffn_down") and more_bits else "Q4_K"
             types[f"blk.{i}.{t}.weight"] = qt
-    for name, (_, cols) in tensor_shapes(shape, vocab).items():
+    for name, (_, cols) in tensor_shapes(shape, vocab=1).items():  # columns do not depend on the vocabulary
         if cols % 256:
             types[name] = _K_FALLBACK.get(types[name], types[name])
     return types
@@ -143,7 +143,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub)
-    types = tensor_types(shape, mix, vocab)
+    types = tensor_types(shape, mix)
     ones = np.ones(shape.hidden, dtype=np.float32)
     w.add_tensor("output_norm.weight", ones)
     for name, (rows, cols) in tensor_shapes(shape, vocab).items():

@@ -110,11 +110,9 @@ class GemmaModel(LlamaModel):
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids) * self.embed_scale.to(input_ids.device)
-        native = self.native_decoder()
-        if native is not None and native.runs(attn):
-            if input_ids.numel() and int(positions.max()) >= self.max_positions:
-                raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
-            return native.forward(x, positions, attn)
+        fused = self.fused_forward(x, positions, attn)
+        if fused is not None:
+            return fused
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = (self.cos_local[positions], self.sin_local[positions]) if self.cos_local is not self.cos \
             else rope_global

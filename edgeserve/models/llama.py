@@ -77,6 +77,16 @@ class LlamaModel:
             self._native = NativeDecoder.build(self)
         return self._native  # type: ignore[return-value]
 
+    def fused_forward(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention) -> torch.Tensor | None:
+        """The final-normed hidden states of the step from the embeddings `x` through `native_decoder` in one call,
+        or None where the fused stack does not take this step (the caller runs its per-op path)."""
+        native = self.native_decoder()
+        if native is None or not native.runs(attn):
+            return None
+        if x.shape[0] and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+        return native.forward(x, positions, attn)
+
     @classmethod
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
                      device: str | torch.device = "cpu", keep_int4: bool = True,
@@ -176,11 +186,9 @@ class LlamaModel:
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
-        native = self.native_decoder()
-        if native is not None and native.runs(attn):
-            if input_ids.numel() and int(positions.max()) >= self.max_positions:
-                raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
-            return native.forward(x, positions, attn)
+        fused = self.fused_forward(x, positions, attn)
+        if fused is not None:
+            return fused
         cos, sin = self.cos[positions], self.sin[positions]
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x

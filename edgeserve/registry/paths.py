@@ -18,6 +18,14 @@ def edgeserve_home() -> Path:
     return Path.home() / ".cache" / "edgeserve"
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a concurrent reader sees the old file or the whole new one, never a part (a
+    temporary file beside it, then a rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def models_dir() -> Path:
     """The folder that holds pulled catalog models (not created here)."""
     return edgeserve_home() / "models"

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from edgeserve.errors import PullError, UnknownModelError
 from edgeserve.registry.catalog import CATALOG, CatalogEntry
-from edgeserve.registry.paths import models_dir
+from edgeserve.registry.paths import models_dir, write_text_atomic
 
 _CHUNK = 1 << 20
 
@@ -294,9 +294,7 @@ def _verified(path: Path, entry: CatalogEntry, *, rehash: bool) -> bool:
 def _write_sidecar(path: Path, sha256: str) -> None:
     st = path.stat()
     rec = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
-    tmp = path.with_name(f".{path.name}.verified.{os.getpid()}")
-    tmp.write_text(json.dumps(rec))
-    os.replace(tmp, _sidecar(path))
+    write_text_atomic(_sidecar(path), json.dumps(rec))
 
 
 def _sha256_file(path: Path) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeserve.registry import ModelSource
+from edgeserve.registry.paths import write_text_atomic
 
 _CHUNK = 1 << 20
 _SAFETENSORS_QUANT = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I8": "Q8_0", "U8": "Q8_0"}
@@ -166,9 +167,7 @@ def _save_digest_file(digests: dict[tuple, str]) -> None:
     path = _digest_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".digests.{os.getpid()}.json")
-        tmp.write_text(json.dumps(rows))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(rows))
     except OSError:  # a read-only home only costs re-hashing in the next process
         pass
 
