@@ -263,7 +263,7 @@ _MXFP4_LEVELS = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8
 
 
 def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
-    """(k, 1) E8M0 exponent bytes -> (k, 1) float32 2^(e - 128): subnormal for e < 2, at most 2^126 (no NaN)."""
+    """(k, 1) E8M0 exponent bytes -> (k, 1) float32 2^(e - 128): subnormal for e < 2, at most 2^127 (no NaN)."""
     e32 = e.to(torch.int32)
     bits = torch.where(e32 < 2, 0x00200000 << e32.clamp(max=1), (e32 - 1) << 23)
     return bits.view(torch.float32)

@@ -50,10 +50,14 @@ enum { F_MXFP4 = 18, F_MXFP4_X8 = 19, N_FORMATS = 20 };
 
 static inline int is_x8(int fmt) { return (fmt >= F_Q4_K_X8 && fmt <= F_Q5_1_X8) || fmt == F_MXFP4_X8; }
 
+/* MXFP4's power-of-two scale meets the activation scale before the integer sum in every kernel: d * sum alone
+   overflows float32 from e = 241 on, though the result may be in range (the other formats' d never get near). */
+static inline int is_mxfp4(int fmt) { return fmt == F_MXFP4 || fmt == F_MXFP4_X8; }
+
 static const int8_t MXFP4_LEVELS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* An E8M0 exponent byte as the halved scale 2^(e - 128), the bits ggml's ggml_e8m0_to_fp32_half builds: subnormal
-   for e < 2, 2^126 for e = 255 (which E8M0 reserves for NaN; ggml and gguf-py read it as a number). */
+   for e < 2, 2^127 for e = 255 (which E8M0 reserves for NaN; ggml and gguf-py read it as a number). */
 static inline float e8m0_half(uint8_t e) {
     const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float f;
@@ -580,7 +584,11 @@ __attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *w, int64_
             for (int l = 0; l < 16; l++) s0 += q[l] * x[l];
             for (int l = 16; l < 32; l++) s1 += q[l] * x[l];
             const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
-            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+            const float da = a.da[r * (a.lda / 32) + b];
+            if (is_mxfp4(fmt))
+                acc[r] += da * d * (float)(s0 + s1);
+            else
+                acc[r] += da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
         }
     }
     for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
@@ -1350,7 +1358,11 @@ static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
             const int8_t *x = a.qa + r * a.lda + b * 32;
             const int s0 = dot16(q[0], vld1q_s8(x)), s1 = dot16(q[1], vld1q_s8(x + 16));
             const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
-            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+            const float da = a.da[r * (a.lda / 32) + b];
+            if (is_mxfp4(fmt))
+                acc[r] += da * d * (float)(s0 + s1);
+            else
+                acc[r] += da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
         }
     }
     for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
