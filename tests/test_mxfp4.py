@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
+from edgeserve.errors import ModelLoadError
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight, block_weight
 from edgeserve.loaders.dequant import dequantize
@@ -105,9 +106,9 @@ def test_a_3d_expert_stack_loads_whole_and_one_expert_at_a_time(tmp_path):
         part = gguf_blocks(f, "blk.0.ffn_down_exps.weight", e)
         assert part is not None and part.qtype == "MXFP4" and part.shape == (rows, cols)
         assert np.array_equal(part.data.numpy(), data[e])
-    with pytest.raises(Exception, match="3 experts"):
+    with pytest.raises(ModelLoadError, match="3 experts"):
         gguf_blocks(f, "blk.0.ffn_down_exps.weight", 3)
-    with pytest.raises(Exception, match="rows, cols"):
+    with pytest.raises(ModelLoadError, match="rows, cols"):
         gguf_blocks(f, "blk.0.ffn_down_exps.weight")
 
 
