@@ -214,8 +214,8 @@ def test_mixed_with_other_formats_in_one_weight(lib):
 
     gen = np.random.default_rng(8)
     cols = 256 * 2
-    parts = [BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(16, cols, gen)), cols),
-             random_blocks("Q8_0", 8, cols, gen), BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(5, cols, gen)), cols)]
+    parts = [BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(16, cols, gen)), cols), random_blocks("Q8_0", 8, cols, gen),
+             BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(5, cols, gen)), cols)]
     w = BlockWeight(parts, lib)
     assert [p.qtype for p in w.parts] == ["MXFP4_X8", "Q8_0_X8", "MXFP4"]
     x = torch.from_numpy(gen.standard_normal((4, cols)).astype(np.float32))
