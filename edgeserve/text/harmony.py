@@ -311,6 +311,7 @@ class HarmonyParser:
     _call: str = ""
     _args: str = ""
     _calls: list[ToolCall] = field(default_factory=list)
+    _opened: bool = False  # a harmony message header was read
 
     def push(self, text: str) -> tuple[str, str]:
         """Add reply text; return (new reasoning, new content)."""
@@ -338,8 +339,7 @@ class HarmonyParser:
             elif self._state == "header":
                 at = self._buf.find(MESSAGE)
                 if at < 0:
-                    if len(self._buf) > _MAX_HEADER or (final and MESSAGE not in self._buf and
-                                                        not any(m in self._buf for m in MARKERS)):
+                    if len(self._buf) > _MAX_HEADER or (final and not self._opened and "<|" not in self._buf):
                         # not a harmony header (a model that ignores the format): plain content
                         self._kind, self._state = "content", "body"
                         continue
@@ -381,7 +381,7 @@ class HarmonyParser:
             self._kind = "reasoning"  # a built-in tool's call is part of the chain of thought
         else:
             self._kind = "reasoning" if channel == "analysis" else "content"
-        self._state = "body"
+        self._state, self._opened = "body", True
 
     def _emit(self, text: str, pieces: dict[str, str]) -> None:
         if not text:
