@@ -353,7 +353,8 @@ def test_forced_tool_call_grammar(tok):
 
 HEAD_FINAL = "assistant<|channel|>final<|message|>"  # text pieces (not the special tokens) after <|start|>: a
 HEAD_CALL = "assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"  # scripted
-ARGS = '{"city": "Paris"}'  # model repeats no token, and the parser sees the same text either way
+ARGS = ('{"city": ', '"Paris"}')  # model repeats no token, and the parser sees the same text either way;
+# the arguments in two pieces: llguidance's mask refuses one token spanning a required key's value and the `}`
 
 
 def _script(*tokens: str) -> list[tuple[str, str]]:
@@ -367,13 +368,13 @@ SCRIPTS = {
     "oss-answer": _script("<|channel|>", "analysis", "<|message|>", THOUGHT, "<|end|>", "<|start|>", HEAD_FINAL,
                           ANSWER, "<|return|>"),
     # reasoning, then a call
-    "oss-call": _script("<|channel|>", "analysis", "<|message|>", THOUGHT, "<|end|>", "<|start|>", HEAD_CALL, ARGS,
+    "oss-call": _script("<|channel|>", "analysis", "<|message|>", THOUGHT, "<|end|>", "<|start|>", HEAD_CALL, *ARGS,
                         "<|call|>"),
     # a call, every marker a special token (what a forced-call grammar allows)
     "oss-forced": _script("<|channel|>", "commentary to=functions.get_weather ", "<|constrain|>", "json",
-                          "<|message|>", ARGS, "<|call|>"),
+                          "<|message|>", *ARGS, "<|call|>"),
     # a JSON answer, every marker a special token (what a structured-output grammar allows)
-    "oss-json": _script("<|channel|>", "final", "<|message|>", ARGS, "<|return|>"),
+    "oss-json": _script("<|channel|>", "final", "<|message|>", *ARGS, "<|return|>"),
 }
 
 
