@@ -479,3 +479,37 @@ def test_responses(server):
     out = _post(server, "/v1/responses", {"model": "oss-call", "input": "Weather in Paris?", "tools": tools})["output"]
     calls = [i for i in out if i["type"] == "function_call"]
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", PARIS)]
+
+
+def test_cli_run_prints_the_answer_and_the_reasoning_apart(tmp_path):
+    import subprocess
+    import sys
+
+    path = write_scripted_gguf(tmp_path / "oss.gguf", SCRIPTS["oss-answer"], TEMPLATE_SOURCE, specials=SPECIALS)
+    proc = subprocess.run([sys.executable, "-m", "edgeserve", "run", str(path), "Weather in Paris?",
+                           "--max-tokens", "16"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (proc.stdout, proc.stderr) == (ANSWER + "\n", THOUGHT)
+
+
+def test_chat_ids_render_harmony(tok):
+    from edgeserve.text.chat_prompt import chat_ids
+
+    ids = chat_ids(tok, OFFICIAL, ASK, reasoning_effort="high")
+    assert tok.decode(ids) == render_harmony(ASK, None, HarmonyOptions("high"))
+
+
+def test_end_of_message_never_ends_the_turn(tmp_path):
+    """<|return|> and <|call|> end a harmony turn; <|end|> does not, even where the GGUF names it end-of-turn."""
+    path = write_scripted_gguf(tmp_path / "v.gguf", [("t", "<|channel|>")], TEMPLATE_SOURCE, specials=SPECIALS)
+    metadata = dict(GGUFFile(path).metadata)
+    end = tokenizer_from_gguf(metadata).token_to_id("<|end|>")
+    for meta in (metadata, {**metadata, "tokenizer.ggml.eot_token_id": end}):
+        tokenizer = tokenizer_from_gguf(meta)
+        assert {tokenizer.token_to_id(t) for t in ("<|return|>", "<|call|>")} <= tokenizer.eot_ids
+        assert end not in tokenizer.eot_ids
+
+
+def test_ollama_show_lists_thinking_and_tools(server):
+    caps = httpx.post(server.url + "/api/show", json={"model": "oss-answer"}, timeout=30).json()["capabilities"]
+    assert {"completion", "tools", "thinking"} <= set(caps)

@@ -28,8 +28,8 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.server.schemas import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.grammar import GrammarSpec, json_rule
-from edgeserve.text.harmony import (HarmonyOptions, HarmonyParser, reasoning_effort, render_harmony,
-                                    template_is_harmony, tool_call_grammar)
+from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
+                                    tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
                                       template_thinks)
 from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
@@ -104,12 +104,7 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
 
 def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:
     """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser."""
-    kwargs = req.template_kwargs
-    effort = reasoning_effort(kwargs.get("reasoning_effort", req.think))
-    options = HarmonyOptions(reasoning_effort=effort or HarmonyOptions.reasoning_effort)
-    if isinstance(kwargs.get("model_identity"), str):
-        options.model_identity = kwargs["model_identity"]
-    prompt = render_harmony(req.messages or [], tools, options)
+    prompt = render_harmony(req.messages or [], tools, harmony_options(req.template_kwargs, req.think))
     constraint = replace(req.constraint, harmony=True) if req.constraint is not None else None
     tool_setup = None
     if tools:

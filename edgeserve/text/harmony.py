@@ -199,6 +199,17 @@ class HarmonyOptions:
     current_date: str | None = None
 
 
+def harmony_options(template_kwargs: dict[str, Any], think: bool | None = None) -> HarmonyOptions:
+    """The options a request's template variables ask for: `reasoning_effort` (any value `reasoning_effort()`
+    maps; else `think`, else `enable_thinking`) and `model_identity`."""
+    level = template_kwargs.get("reasoning_effort", think if think is not None
+                                else template_kwargs.get("enable_thinking"))
+    options = HarmonyOptions(reasoning_effort(level) or DEFAULT_EFFORT)
+    if isinstance(template_kwargs.get("model_identity"), str):
+        options.model_identity = template_kwargs["model_identity"]
+    return options
+
+
 def _message(header: str, content: str, end: str = END) -> str:
     return f"{START}{header}{MESSAGE}{content}{end}"
 
