@@ -23,9 +23,9 @@ from edgeserve.server.chat_setup import chat_setup
 from edgeserve.server.responses_routes import parse_responses_request
 from edgeserve.server.schemas import parse_chat_request, parse_ollama_chat
 from edgeserve.text.grammar import GrammarCompiler, GrammarSpec, allowed_mask, json_rule
-from edgeserve.text.tool_calls import messages_for_template
 from edgeserve.text.harmony import (MARKERS, HarmonyOptions, HarmonyParser, reasoning_effort, render_harmony,
                                     template_is_harmony, tool_call_grammar, tools_namespace)
+from edgeserve.text.tool_calls import messages_for_template
 from scripted_gguf import write_scripted_gguf
 from server_helpers import serve
 
@@ -211,6 +211,7 @@ REPLIES = {
     "missing <|end|>": (f"<|channel|>analysis<|message|>{THOUGHT}<|start|>assistant<|channel|>final<|message|>{ANSWER}",
                         THOUGHT, ANSWER, []),
     "not harmony at all": ("Just text.", "", "Just text.", []),
+    "stray markers in a body": (f"<|channel|>final<|message|>{ANSWER}<|constrain|><|message|>!", "", ANSWER + "!", []),
     "cut inside a header": (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|chan", THOUGHT, "",
                             []),
 }

@@ -373,7 +373,7 @@ class HarmonyParser:
                     else:
                         self._state = "between" if marker == END else "done"
                     continue
-                keep = 0 if final else _held_marker(self._buf, _BODY_ENDS)
+                keep = 0 if final else _held_marker(self._buf, MARKERS)
                 self._emit(self._buf[:len(self._buf) - keep], pieces)
                 self._buf = self._buf[len(self._buf) - keep:]
                 break
@@ -395,6 +395,7 @@ class HarmonyParser:
         self._state, self._opened = "body", True
 
     def _emit(self, text: str, pieces: dict[str, str]) -> None:
+        text = text.replace(MESSAGE, "").replace(CONSTRAIN, "")  # stray header markers in a body: never shown
         if not text:
             return
         if self._kind in ("call", "unknown_call"):
