@@ -11,22 +11,23 @@ inside the turn: edgeserve.loaders.tokenizer never makes it end-of-turn for such
 Why edgeserve renders harmony itself instead of running the model's Jinja template:
 
 - the format is fixed and documented (openai/harmony's docs/format.md and its renderer library, the reference
-  gpt-oss was trained with); a GGUF may carry an older or patched copy of the template (the first published one
-  left a stray blank line after the developer instructions; several community GGUFs ship edited ones), and the
-  server has to understand the same format anyway to parse replies and build grammars;
-- the official template JSON-quotes tool results (`"{\\"temp\\": 20}"`) and renders only the first of several
-  parallel tool calls; the reference renderer writes results as they are and every call as its own message: so
-  does this module;
-- request fields map onto it directly (reasoning effort onto `Reasoning:`, `reasoning_content` onto the analysis
-  of a tool-calling turn) without template-variable conventions (`thinking`, `reasoning_effort`).
+  renderer of the format gpt-oss was trained on), while the Jinja copies drift from it: GGUFs carry the first published template or
+  patched community ones, and the current official one still differs from the reference renderer (it JSON-quotes
+  tool results, `"{\\"temp\\": 20}"`; renders only the first of several parallel calls; puts a comma after a
+  parameter's `// default:` comment; opens a developer message that has tools but no instructions with a blank
+  line). edgeserve follows the reference in each of these;
+- the server must understand the format anyway, to parse replies and build grammars, and a request's fields map
+  onto it directly (reasoning effort onto `Reasoning:`, `reasoning_content` onto the analysis of a tool-calling
+  turn) without template-variable conventions (`thinking`, `reasoning_effort`, `builtin_tools`).
 
-For everything else the rendering is the official template's, byte for byte (tests/test_harmony.py renders the
-same conversations through tests/gpt_oss_chat_template.jinja and compares): the system message (identity,
-knowledge cutoff, current date, `Reasoning:`, the valid channels), the developer message (`# Instructions` from the
-first system/developer message, `# Tools` as a TypeScript-like `namespace functions`), earlier reasoning dropped
-except for tool-calling turns not yet answered, tool calls as `<|start|>assistant to=functions.NAME<|channel|>
-commentary json<|message|>{args}<|call|>`, tool results from `functions.NAME to=assistant` on commentary.
-Not supported: the built-in `browser` / `python` tools (nothing here runs them).
+Everything else is the official template's rendering, byte for byte (tests/test_harmony.py renders the same
+conversations through a copy of it, tests/gpt_oss_chat_template.jinja, and checks the differences above one by
+one): the system message (identity, knowledge cutoff, current date, `Reasoning:`, the valid channels), the
+developer message (`# Instructions` from the first system/developer message, `# Tools` as a TypeScript-like
+`namespace functions`), earlier reasoning dropped except for tool-calling turns not yet answered, tool calls as
+`<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{args}<|call|>`, tool results from
+`functions.NAME to=assistant` on commentary. Not supported: the built-in `browser` / `python` tools (nothing
+here runs them).
 """
 
 from __future__ import annotations
