@@ -13,9 +13,9 @@ Why edgeserve renders harmony itself instead of running the model's Jinja templa
 - the format is fixed and documented (openai/harmony's docs/format.md and its renderer library, the reference
   renderer of the format gpt-oss was trained on), while the Jinja copies drift from it: GGUFs carry the first
   published template or patched community ones, and the current official one still differs from the reference
-  renderer (it JSON-quotes tool results, `"{\\"temp\\": 20}"`; renders only the first of several parallel calls; puts a comma after a
-  parameter's `// default:` comment; opens a developer message that has tools but no instructions with a blank
-  line). edgeserve follows the reference in each of these;
+  renderer (it JSON-quotes tool results, `"{\\"temp\\": 20}"`; renders only the first of several parallel
+  calls; puts a comma after a parameter's `// default:` comment; opens a developer message that has tools but no
+  instructions with a blank line). edgeserve follows the reference in each of these;
 - the server must understand the format anyway, to parse replies and build grammars, and a request's fields map
   onto it directly (reasoning effort onto `Reasoning:`, `reasoning_content` onto the analysis of a tool-calling
   turn) without template-variable conventions (`thinking`, `reasoning_effort`, `builtin_tools`).
