@@ -44,16 +44,16 @@ def reference_rule(q, k, v, g, beta, cu, slots, state, scale=None):
     out = torch.zeros(v.shape, dtype=torch.float64)
     new = state.double().clone()
     for i in range(len(cu) - 1):
-        s = new[slots[i]]
+        s = new[slots[i]]  # [Hv, Dk, Dv]
         for t in range(int(cu[i]), int(cu[i + 1])):
-            for h in range(hv):
-                qt, kt = q[t, h // group].double(), k[t, h // group].double()
-                qt = qt / torch.sqrt((qt * qt).sum() + 1e-6) * scale
-                kt = kt / torch.sqrt((kt * kt).sum() + 1e-6)
-                s[h] *= torch.exp(g[t, h].double())
-                delta = (v[t, h].double() - s[h].T @ kt) * beta[t, h].double()
-                s[h] += torch.outer(kt, delta)
-                out[t, h] = s[h].T @ qt
+            heads = torch.arange(hv) // group
+            qt, kt = q[t, heads].double(), k[t, heads].double()  # [Hv, Dk]
+            qt = qt / torch.sqrt((qt * qt).sum(-1, keepdim=True) + 1e-6) * scale
+            kt = kt / torch.sqrt((kt * kt).sum(-1, keepdim=True) + 1e-6)
+            s *= torch.exp(g[t].double())[:, None, None]
+            delta = (v[t].double() - torch.einsum("hkv,hk->hv", s, kt)) * beta[t].double()[:, None]
+            s += kt[:, :, None] * delta[:, None, :]
+            out[t] = torch.einsum("hkv,hk->hv", s, qt)
     return out, new
 
 
