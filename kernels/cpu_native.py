@@ -184,7 +184,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_gdn_rule"):
         lib.qmm_gdn_conv.argtypes = [p, i64, i32, i32, p, p, i32, p, i64, p, p]
         lib.qmm_gdn_conv.restype = None
-        lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, p, i32, p, i64, p,
+        lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
                                      ctypes.c_float, p]
         lib.qmm_gdn_rule.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
@@ -548,7 +548,7 @@ def gdn_conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, co
 
 def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, scale: float | None = None,
-             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+             tiled: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """kernels.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
     [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
     contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
@@ -572,6 +572,6 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     g, beta = g.float().contiguous(), beta.float().contiguous()
     out = torch.empty(t, hv, dv, dtype=torch.float32)
     lib.qmm_gdn_rule(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                     g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, cu.data_ptr(), sl.numel(), state.data_ptr(),
+                     g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
                      state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out

@@ -249,13 +249,13 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, tiled: bool = False) -> torch.Tensor:
     """The gated delta rule over a ragged batch with per-slot recurrent states; o [T, Hv, Dv] float32."""
     if _native_cpu(q):
-        done = _native.gdn_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale)
+        done = _native.gdn_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
         if done is not None:
             return done
-    return _gdn.gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale)
+    return _gdn.gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
 
 
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

@@ -10,7 +10,9 @@ writing its states at `slots[i]` of preallocated pools (edgeserve.engine.state_p
 
 The pools may be views with any slot stride (a layer of a [num_slots, num_layers, ...] pool) as long as each
 slot's block is contiguous. Heads: num_v_heads is a multiple of num_k_heads and value head h reads query/key head
-h // (num_v_heads // num_k_heads), as transformers' Qwen3_5GatedDeltaNet does.
+h // (num_v_heads // num_k_heads), as transformers' Qwen3_5GatedDeltaNet does ("grouped"), or with `tiled` head
+h % num_k_heads: llama.cpp's qwen35 / qwen35moe GGUFs store the value heads (and z, a, b, A, dt_bias, out_proj's
+columns) in that tiled order, so a GGUF model runs with tiled=True on its weights as they are.
 
 Per token and value head (the recurrence; q and k L2-normalized, q scaled by Dk ** -0.5):
     S = S * exp(g);  delta = beta * (v - S^T k);  S = S + k delta^T;  o = S^T q
@@ -39,6 +41,7 @@ class DeltaNetDims:
     head_k_dim: int
     head_v_dim: int
     conv_kernel: int = 4
+    tiled: bool = False  # value head h reads key head h % num_k_heads (GGUF order), not h // group (HF order)
 
     def __post_init__(self) -> None:
         if min(self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim, self.conv_kernel) < 1:
@@ -150,7 +153,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale):
+def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled):
     """Check shapes, normalize and scale q / k, repeat them to the value heads and pad all to [B, L, ...]."""
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
@@ -161,8 +164,10 @@ def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale):
         raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
     check_batch(cu_seqlens, slots, t, state.shape[0])
     scale = dk ** -0.5 if scale is None else scale
-    qn = (l2norm(q) * scale).repeat_interleave(hv // hk, dim=1)
-    kn = l2norm(k).repeat_interleave(hv // hk, dim=1)
+    group = hv // hk
+    qn, kn = l2norm(q) * scale, l2norm(k)
+    qn, kn = (qn.repeat(1, group, 1), kn.repeat(1, group, 1)) if tiled else (
+        qn.repeat_interleave(group, dim=1), kn.repeat_interleave(group, dim=1))
     seq, pos, lens = _token_index(cu_seqlens, t)
     batch, length = lens.numel(), int(lens.max()) if lens.numel() else 0
     padded = [_pad(x, seq, pos, batch, length) for x in (qn, kn, v.float(), g.float(), beta.float())]
@@ -171,11 +176,11 @@ def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale):
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                beta: torch.Tensor, cu_seqlens: torch.Tensor, state: torch.Tensor,
-                               slots: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                               slots: torch.Tensor, scale: float | None = None, tiled: bool = False) -> torch.Tensor:
     """The gated delta rule token by token: q, k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv]; each sequence starts
-    from and writes back its state [num_slots, Hv, Dk, Dv]. Returns o [T, Hv, Dv] float32. (Steps over positions
-    for all sequences at once: one step for a decode batch.)"""
-    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale)
+    from and writes back its state [num_slots, Hv, Dk, Dv]; `tiled`: the GGUF head order (module docstring).
+    Returns o [T, Hv, Dv] float32. (Steps over positions for all sequences at once: one step for a decode batch.)"""
+    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
     s = state[slots].float()  # [B, H, Dk, Dv]
     out = torch.empty_like(vp)
     for i in range(vp.shape[1]):
@@ -189,11 +194,12 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                              beta: torch.Tensor, cu_seqlens: torch.Tensor, state: torch.Tensor,
-                             slots: torch.Tensor, scale: float | None = None, chunk_size: int = 64) -> torch.Tensor:
+                             slots: torch.Tensor, scale: float | None = None, chunk_size: int = 64,
+                             tiled: bool = False) -> torch.Tensor:
     """recurrent_gated_delta_rule's result computed `chunk_size` tokens at a time with matmuls (for prompts)."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be positive")
-    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale)
+    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
     batch, length, heads, dv = vp.shape
     n = -(-length // chunk_size)
     pad = n * chunk_size - length
@@ -233,13 +239,13 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, tiled: bool = False) -> torch.Tensor:
     """The gated delta rule in whichever form suits the batch: recurrent when no sequence has more than a few
     tokens (decode), chunked otherwise."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     if lens.numel() == 0 or int(lens.max()) <= 4:
-        return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale)
-    return chunked_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale)
+        return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
+    return chunked_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled=tiled)
 
 
 # --- the output norm and the whole layer ----------------------------------------------------------------------
@@ -267,6 +273,6 @@ def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b
     k = k.reshape(t, dims.num_k_heads, dims.head_k_dim)
     v = v.reshape(t, dims.num_v_heads, dims.head_v_dim)
     g, beta = delta_gates(a, b, weights.A_log, weights.dt_bias)
-    o = rule(q, k, v, g, beta, cu_seqlens, recurrent_state, slots)
+    o = rule(q, k, v, g, beta, cu_seqlens, recurrent_state, slots, tiled=dims.tiled)
     out = gated_rms_norm(o, z.reshape(t, dims.num_v_heads, dims.head_v_dim), weights.norm_weight, weights.norm_eps)
     return out.reshape(t, dims.value_dim)

@@ -125,6 +125,32 @@ def test_forms_match_transformers_functions():
         close(s[slots], ref_state)
 
 
+def tiled_order(x: torch.Tensor, dim: int, hk: int, group: int, head: int = 1) -> torch.Tensor:
+    """x with its value heads along `dim` (blocks of `head` values) moved from grouped order (HF: key head j serves
+    value heads j * group ..) to tiled order (llama.cpp's GGUF: value head r * hk + j reads key head j)."""
+    shape = list(x.shape)
+    dim = dim % len(shape)
+    x = x.reshape(*shape[:dim], hk, group, head, *shape[dim + 1:]).transpose(dim, dim + 1)
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_tiled_heads_are_grouped_heads_reordered(form):
+    """tiled=True on value heads stored in GGUF order gives the grouped result in that order."""
+    hk, hv = 2, 6
+    q, k, v, g, beta, cu, slots, state = inputs([9, 20], hk=hk, hv=hv)
+    grouped_state = state.clone()
+    grouped = run_rule(form, q, k, v, g, beta, cu, slots, grouped_state, chunk_size=8)
+    tiled_state = tiled_order(state, 1, hk, hv // hk)
+    t_v, t_g, t_b = (tiled_order(x, 1, hk, hv // hk) for x in (v, g, beta))
+    if form == "chunked":
+        tiled = gd.chunked_gated_delta_rule(q, k, t_v, t_g, t_b, cu, tiled_state, slots, chunk_size=8, tiled=True)
+    else:
+        tiled = gd.recurrent_gated_delta_rule(q, k, t_v, t_g, t_b, cu, tiled_state, slots, tiled=True)
+    close(tiled, tiled_order(grouped, 1, hk, hv // hk), tol=1e-6)
+    close(tiled_state, tiled_order(grouped_state, 1, hk, hv // hk), tol=1e-6)
+
+
 @pytest.mark.parametrize("lens", [[1], [2], [3], [10, 0, 2, 7]])
 @pytest.mark.parametrize("kernel", [4, 2, 1])
 def test_conv_matches_float64_reference(lens, kernel):
@@ -280,6 +306,18 @@ def test_native_matches_twins(lib, lens):
 
 
 @native
+def test_native_tiled_heads_match_twin(lib):
+    q, k, v, g, beta, cu, slots, state = inputs([1, 40, 3], hk=2, hv=6, dk=16, dv=40)
+    twin_state, nat_state = state.clone(), state.clone()
+    twin = gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, twin_state, slots, tiled=True)
+    nat = cpu_native.gdn_rule(q, k, v, g, beta, cu, nat_state, slots, tiled=True, lib=lib)
+    close(nat, twin)
+    close(nat_state, twin_state)
+    grouped = gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, state.clone(), slots)
+    assert (grouped - twin).abs().max() > 1e-2  # the two head orders really differ on these inputs
+
+
+@native
 def test_native_prefill_matches_chunked_twin_and_float64(lib):
     """A long prompt token by token natively against the chunked twin and the float64 reference."""
     q, k, v, g, beta, cu, slots, state = inputs([300, 45], hk=2, hv=4, dk=32, dv=32)
@@ -388,3 +426,31 @@ def test_gated_rms_norm_matches_transformers():
         norm.weight.copy_(torch.randn(16))
         o, z = torch.randn(10, 16), torch.randn(10, 16)
         close(gd.gated_rms_norm(o, z, norm.weight, 1e-6), norm(o, z), tol=1e-6)
+
+
+@pytest.mark.parametrize("net", NETS)
+def test_layer_with_gguf_head_order_matches_transformers(net):
+    """transformers' weights moved to llama.cpp's tiled value-head order (the qwen35 GGUF layout: v rows of
+    in_proj_qkv and the conv, in_proj_z / a / b rows, A_log, dt_bias, out_proj's columns) run with tiled=True give
+    transformers' output."""
+    cfg, layer, dims, weights = hf_layer(hk=2, hv=6, dk=8, dv=8, hidden=24, seed=5)
+    hk, r, dv, kd = dims.num_k_heads, dims.num_v_heads // dims.num_k_heads, dims.head_v_dim, dims.key_dim
+    with torch.no_grad():
+        qkv_w = layer.in_proj_qkv.weight.clone()
+        qkv_w[2 * kd:] = tiled_order(qkv_w[2 * kd:], 0, hk, r, dv)
+        conv_w = weights.conv_weight.clone()
+        conv_w[2 * kd:] = tiled_order(conv_w[2 * kd:], 0, hk, r, dv)
+        z_w = tiled_order(layer.in_proj_z.weight, 0, hk, r, dv)
+        a_w, b_w = tiled_order(layer.in_proj_a.weight, 0, hk, r), tiled_order(layer.in_proj_b.weight, 0, hk, r)
+        out_w = tiled_order(layer.out_proj.weight, 1, hk, r, dv)
+    tiled_dims = gd.DeltaNetDims(dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dv, 4, tiled=True)
+    tiled_weights = gd.DeltaNetWeights(conv_w, tiled_order(weights.A_log, 0, hk, r),
+                                       tiled_order(weights.dt_bias, 0, hk, r), weights.norm_weight, weights.norm_eps)
+    h = torch.randn(13, cfg.hidden_size)
+    pool = StatePool(StateSpec(1, tiled_dims), 1)
+    conv_state, state = pool.layer(0)
+    slots = torch.tensor([pool.allocate()])
+    with torch.no_grad():
+        mixed = net(h @ qkv_w.T, h @ z_w.T, h @ a_w.T, h @ b_w.T, tiled_weights, tiled_dims, torch.tensor([0, 13]),
+                    conv_state, state, slots)
+        close(mixed @ out_w.T, layer(h[None])[0], tol=1e-5)

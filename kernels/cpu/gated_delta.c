@@ -77,7 +77,7 @@ void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight
 typedef struct {
     const float *q, *k, *v, *g, *beta;
     int64_t ldq, ldk, ldv;
-    int Hk, Hv, Dk, Dv, col_blocks;
+    int Hk, Hv, Dk, Dv, tiled, col_blocks;
     const int32_t *cu, *slots;
     float *state, *out;
     int64_t slot_stride;
@@ -94,7 +94,7 @@ static void l2norm(const float *x, int n, float scale, float *out) {
 
 /* token t's normalized q and k for value head h */
 static inline void token_qk(const rule_t *a, int t, int h, float *qn, float *kn) {
-    const int hk = h / (a->Hv / a->Hk);
+    const int hk = a->tiled ? h % a->Hk : h / (a->Hv / a->Hk);
     l2norm(a->q + t * a->ldq + (int64_t)hk * a->Dk, a->Dk, a->scale, qn);
     l2norm(a->k + t * a->ldk + (int64_t)hk * a->Dk, a->Dk, 1.0f, kn);
 }
@@ -172,14 +172,14 @@ static void rule_block(void *ctx, int task) {
 }
 
 /* The gated delta rule: q, k [T, Hk, Dk] (rows ldq / ldk apart), v [T, Hv, Dv] (rows ldv apart), g, beta [T, Hv];
-   q and k L2-normalized here, q also scaled; value head h reads q/k head h / (Hv / Hk); sequence b owns rows
-   cu[b] .. cu[b + 1] - 1 and its state [Hv, Dk, Dv] at state + slots[b] * slot_stride, updated in place;
-   out [T, Hv, Dv]. */
+   q and k L2-normalized here, q also scaled; value head h reads q/k head h / (Hv / Hk), or h % Hk when `tiled`
+   (llama.cpp's GGUF head order); sequence b owns rows cu[b] .. cu[b + 1] - 1 and its state [Hv, Dk, Dv] at
+   state + slots[b] * slot_stride, updated in place; out [T, Hv, Dv]. */
 void qmm_gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
-                  const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, const int32_t *cu, int B,
-                  float *state, int64_t slot_stride, const int32_t *slots, float scale, float *out) {
+                  const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, int tiled, const int32_t *cu,
+                  int B, float *state, int64_t slot_stride, const int32_t *slots, float scale, float *out) {
     const int col_blocks = (Dv + COL_BLOCK - 1) / COL_BLOCK;
-    rule_t a = {q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, col_blocks, cu, slots, state, out, slot_stride,
-                scale};
+    rule_t a = {q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, tiled, col_blocks, cu, slots, state, out,
+                slot_stride, scale};
     pool_run(rule_block, &a, B * Hv * col_blocks, (int64_t)cu[B] * Hv * Dk * Dv >= 65536);
 }
