@@ -348,6 +348,24 @@ def test_native_declines_what_it_does_not_take(lib):
     assert cpu_native.gdn_conv(torch.zeros(5, 6), torch.ones(6, 17), cu, torch.zeros(7, 16, 6), slots, lib=lib) is None
 
 
+@native
+def test_dispatch_takes_native_kernels_unless_torch_is_forced():
+    q, k, v, g, beta, cu, slots, state = inputs([30, 2], dk=32, dv=32)
+    x, w, conv_state = torch.randn(32, 20), torch.randn(20, 4), torch.randn(4, 3, 20)
+    results = {}
+    for name, backend in (("native", "auto"), ("twin", "torch")):
+        s, cs = state.clone(), conv_state.clone()
+        with dispatch.force_backend(backend):
+            results[name] = (dispatch.gated_delta_rule(q, k, v, g, beta, cu, s, slots),
+                             dispatch.causal_conv1d_silu(x, w, cu, cs, slots))
+    s, cs = state.clone(), conv_state.clone()
+    assert torch.equal(results["native"][0], cpu_native.gdn_rule(q, k, v, g, beta, cu, s, slots))
+    assert torch.equal(results["native"][1], cpu_native.gdn_conv(x, w, cu, cs, slots))
+    s, cs = state.clone(), conv_state.clone()
+    assert torch.equal(results["twin"][0], gd.gated_delta_rule(q, k, v, g, beta, cu, s, slots))
+    assert torch.equal(results["twin"][1], gd.causal_conv1d_silu(x, w, cu, cs, slots))
+
+
 # --- the whole layer against transformers --------------------------------------------------------------------
 
 def hf_layer(hk=2, hv=4, dk=8, dv=16, hidden=32, seed=0):
