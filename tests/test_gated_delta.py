@@ -331,6 +331,25 @@ def test_native_prefill_matches_chunked_twin_and_float64(lib):
 
 
 @native
+def test_native_is_batch_invariant(lib):
+    """A sequence's outputs and states from the native kernels are the same bits alone as in a ragged batch."""
+    lens = [7, 1, 0, 50]
+    q, k, v, g, beta, cu, slots, state = inputs(lens, dk=32, dv=40)
+    x, w = torch.randn(sum(lens), 24), torch.randn(24, 4)
+    conv_state = torch.randn(state.shape[0], 3, 24)
+    s, cs = state.clone(), conv_state.clone()
+    batch_o = cpu_native.gdn_rule(q, k, v, g, beta, cu, s, slots, lib=lib)
+    batch_x = cpu_native.gdn_conv(x, w, cu, cs, slots, lib=lib)
+    for i in range(len(lens)):
+        a, b, one = int(cu[i]), int(cu[i + 1]), torch.tensor([0, lens[i]])
+        s1, cs1 = state.clone(), conv_state.clone()
+        assert torch.equal(cpu_native.gdn_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], one, s1, slots[i:i + 1],
+                                               lib=lib), batch_o[a:b])
+        assert torch.equal(cpu_native.gdn_conv(x[a:b], w, one, cs1, slots[i:i + 1], lib=lib), batch_x[a:b])
+        assert torch.equal(s1[slots[i]], s[slots[i]]) and torch.equal(cs1[slots[i]], cs[slots[i]])
+
+
+@native
 def test_native_refuses_bad_batches(lib):
     q, k, v, g, beta, cu, slots, state = inputs([5], slots=2)
     with pytest.raises(ValueError, match="share a state slot"):

@@ -2,14 +2,16 @@
    and the gated delta rule, over a flat ragged batch whose states live in slot-indexed pools
    (kernels/gated_delta.py is the torch twin and says what is computed).
 
-   The rule runs token by token for prompts too. Per token and value head it reads and writes the head's
-   Dk x Dv state twice (decay and read, then write and query): 4 Dk Dv flops, about as many as the token's share
-   of the layer's projections at Qwen3.5's shapes, and the state (64 KiB at 128 x 128) stays in the core's cache
-   for the whole sequence. The chunked form would do the same work as small matmuls plus a triangular solve per
-   chunk, which pays on a GPU and not here (measured: docs/PERFORMANCE.md).
+   The rule runs token by token for prompts too: per token and value head it is about 8 Dk Dv flops (decay, read,
+   write, query) on a state that stays in cache (a task sweeps a 32-column block of one head's state, 16 KiB at
+   Dk = 128, through all the sequence's tokens), about 4 MFLOP a token at Qwen3.5's 32 heads of 128 x 128, a few
+   percent of the layer's projections. The chunked form does no fewer flops at these head sizes (its matmuls
+   replace the per-token sweeps, and the chunk-local attention and triangular solve come on top); it pays where
+   matmuls are much faster than vector loops (a GPU), not here: measured against the chunked torch twin in
+   docs/PERFORMANCE.md.
 
-   Each task owns whole state blocks (a sequence's channels block for the convolution, a (sequence, value head)
-   pair for the rule) and steps through the sequence's tokens in order, so the result does not depend on the
+   Each task owns whole state blocks (a block of a sequence's conv channels; a block of columns of a (sequence,
+   value head) state) and steps through the sequence's tokens in order, so the result does not depend on the
    thread count or on what else is in the batch. */
 
 #include <math.h>
