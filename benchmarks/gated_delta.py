@@ -38,15 +38,14 @@ def case(lens: list[int], dims: gd.DeltaNetDims):
     w = torch.randn(dims.conv_dim, dims.conv_kernel, generator=gen) * 0.3
     g = -torch.rand(t, dims.num_v_heads, generator=gen)
     beta = torch.rand(t, dims.num_v_heads, generator=gen)
-    cu = torch.tensor([0] + lens).cumsum(0)
-    slots = torch.arange(len(lens))
+    batch = gd.DeltaBatch.build(torch.tensor([0] + lens).cumsum(0), torch.arange(len(lens)))
     conv_state = torch.zeros(len(lens), dims.conv_kernel - 1, dims.conv_dim)
     state = torch.zeros(len(lens), dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
     q, k, v = x.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
     q = q.reshape(t, dims.num_k_heads, dims.head_k_dim)
     k = k.reshape(t, dims.num_k_heads, dims.head_k_dim)
     v = v.reshape(t, dims.num_v_heads, dims.head_v_dim)
-    return x, w, cu, slots, conv_state, (q, k, v, g, beta, cu, state, slots)
+    return x, w, conv_state, batch, (q, k, v, g, beta, state, batch)
 
 
 def main() -> None:
@@ -69,9 +68,9 @@ def main() -> None:
     print(f"{'case':<26} {'native ms':>10} {'twin ms':>10} {'twin/native':>12}")
     for name, lens in (("decode x1", [1]), (f"decode x{args.batch}", [1] * args.batch),
                        (f"prefill {args.prompt}", [args.prompt])):
-        x, w, cu, slots, conv_state, rule_args = case(lens, dims)
-        rows = [("conv+silu", lambda: cpu_native.gdn_conv(x, w, cu, conv_state, slots, lib=lib),
-                 lambda: gd.causal_conv1d_silu(x, w, cu, conv_state, slots)),
+        x, w, conv_state, batch, rule_args = case(lens, dims)
+        rows = [("conv+silu", lambda: cpu_native.gdn_conv(x, w, conv_state, batch, lib=lib),
+                 lambda: gd.causal_conv1d_silu(x, w, conv_state, batch)),
                 ("rule", lambda: cpu_native.gdn_rule(*rule_args, lib=lib),
                  lambda: gd.gated_delta_rule(*rule_args))]
         if len(lens) == 1 and lens[0] > 1:

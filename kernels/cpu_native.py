@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from .gated_delta import DeltaBatch
+
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
@@ -518,27 +520,21 @@ def _slot_pool(state: torch.Tensor) -> bool:
         state.shape[0] == 0 or state[0].is_contiguous())
 
 
-def _batch_ints(cu_seqlens: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return cu_seqlens.to(torch.int32).contiguous(), slots.to(torch.int32).contiguous()
-
-
-def gdn_conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor,
-             slots: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """kernels.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
     it or the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
-    from .gated_delta import check_batch
-
     lib = lib or library()
     t, c = x.shape
     k = weight.shape[1]
     if (lib is None or not hasattr(lib, "qmm_gdn_conv") or x.dtype != torch.float32 or not _rows(x)
             or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
         return None
-    check_batch(cu_seqlens, slots, t, conv_state.shape[0])
+    batch.check_fits(t, conv_state.shape[0])
     if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
         raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
                          f"[{t}, {c}]")
-    cu, sl = _batch_ints(cu_seqlens, slots)
+    cu, sl = batch.cu_seqlens, batch.slots
     w = weight.float().contiguous()
     out = torch.empty(t, c, dtype=torch.float32)
     lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
@@ -547,13 +543,11 @@ def gdn_conv(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, co
 
 
 def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-             cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, scale: float | None = None,
-             tiled: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+             state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """kernels.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
     [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
     contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
-    from .gated_delta import check_batch
-
     lib = lib or library()
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
@@ -567,8 +561,8 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
     if tuple(state.shape[1:]) != (hv, dk, dv):
         raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
-    check_batch(cu_seqlens, slots, t, state.shape[0])
-    cu, sl = _batch_ints(cu_seqlens, slots)
+    batch.check_fits(t, state.shape[0])
+    cu, sl = batch.cu_seqlens, batch.slots
     g, beta = g.float().contiguous(), beta.float().contiguous()
     out = torch.empty(t, hv, dv, dtype=torch.float32)
     lib.qmm_gdn_rule(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),

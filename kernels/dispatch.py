@@ -237,30 +237,30 @@ def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight | W8A16Weight
     return _ql.linear(x, weight, bias, prompt_rows)
 
 
-def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor,
-                       slots: torch.Tensor) -> torch.Tensor:
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                       batch: _gdn.DeltaBatch) -> torch.Tensor:
     """Gated DeltaNet's causal depthwise conv + SiLU over a ragged batch with per-slot conv states (float32)."""
     if _native_cpu(x):
-        done = _native.gdn_conv(x, weight, cu_seqlens, conv_state, slots)
+        done = _native.gdn_conv(x, weight, conv_state, batch)
         if done is not None:
             return done
-    return _gdn.causal_conv1d_silu(x, weight, cu_seqlens, conv_state, slots)
+    return _gdn.causal_conv1d_silu(x, weight, conv_state, batch)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                     scale: float | None = None, tiled: bool = False) -> torch.Tensor:
+                     state: torch.Tensor, batch: _gdn.DeltaBatch, scale: float | None = None,
+                     tiled: bool = False) -> torch.Tensor:
     """The gated delta rule over a ragged batch with per-slot recurrent states; o [T, Hv, Dv] float32."""
     if _native_cpu(q):
-        done = _native.gdn_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
+        done = _native.gdn_rule(q, k, v, g, beta, state, batch, scale, tiled)
         if done is not None:
             return done
-    return _gdn.gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
+    return _gdn.gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled)
 
 
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    weights: _gdn.DeltaNetWeights, dims: _gdn.DeltaNetDims, cu_seqlens: torch.Tensor,
-                    conv_state: torch.Tensor, recurrent_state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                    weights: _gdn.DeltaNetWeights, dims: _gdn.DeltaNetDims, conv_state: torch.Tensor,
+                    recurrent_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
     """kernels.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
-    return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, cu_seqlens, conv_state, recurrent_state, slots,
+    return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, conv_state, recurrent_state, batch,
                                 conv=causal_conv1d_silu, rule=gated_delta_rule)

@@ -1,8 +1,9 @@
 """Gated DeltaNet, the linear-attention layer of the Qwen3.5 / 3.6 hybrids (torch twins, float32).
 
-Every function works on a flat ragged batch: the step's tokens of all sequences back to back, sequence i owning
-rows cu_seqlens[i]:cu_seqlens[i + 1] (a sequence of no rows is allowed and changes nothing), and reading and
-writing its states at `slots[i]` of preallocated pools (edgeserve.engine.state_pool):
+Every function works on a flat ragged batch (a `DeltaBatch`, built and checked once per step for all layers): the
+step's tokens of all sequences back to back, sequence i owning rows cu_seqlens[i]:cu_seqlens[i + 1] (a sequence
+of no rows is allowed and changes nothing), and reading and writing its states at `slots[i]` of preallocated pools
+(edgeserve.engine.state_pool):
 
 - conv state [num_slots, K - 1, C]: the last K - 1 inputs of the causal depthwise convolution (time-major: one
   row of C channels per position, oldest first), zeros for a fresh sequence;
@@ -77,32 +78,56 @@ class DeltaNetWeights:
 
 # --- the ragged batch ----------------------------------------------------------------------------------------
 
-def check_batch(cu_seqlens: torch.Tensor, slots: torch.Tensor, num_tokens: int, num_slots: int) -> None:
-    """Raise ValueError unless cu_seqlens [B + 1] runs from 0 up (never down) to num_tokens and slots [B] are
-    distinct slots below num_slots (two sequences writing one slot would race)."""
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
-        raise ValueError("cu_seqlens must be a 1-D integer tensor [num_seqs + 1]")
-    if slots.dim() != 1 or slots.is_floating_point() or slots.numel() != cu_seqlens.numel() - 1:
-        raise ValueError(f"slots must be a 1-D integer tensor with one slot per sequence "
-                         f"({cu_seqlens.numel() - 1}), got shape {tuple(slots.shape)}")
-    cu = cu_seqlens.to("cpu", torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != num_tokens or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the token count {num_tokens}: "
-                         f"{cu.tolist()[:16]}")
-    s = slots.to("cpu", torch.int64)
-    if s.numel() and (int(s.min()) < 0 or int(s.max()) >= num_slots):
-        raise ValueError(f"slots must lie in 0..{num_slots - 1}")
-    if s.unique().numel() != s.numel():
-        raise ValueError("two sequences of one batch share a state slot")
+@dataclass(frozen=True)
+class DeltaBatch:
+    """One step's ragged batch: sequence i owns token rows cu_seqlens[i] .. cu_seqlens[i + 1] - 1 and state slot
+    slots[i]. Build it with `DeltaBatch.build` (which checks it) once per step; every linear layer shares it."""
 
+    cu_seqlens: torch.Tensor  # int32 [B + 1]
+    slots: torch.Tensor  # int32 [B], distinct
+    seq: torch.Tensor  # int64 [T]: each token's sequence
+    pos: torch.Tensor  # int64 [T]: its position in the sequence
+    lens: torch.Tensor  # int64 [B]
+    max_len: int
+    slot_bound: int  # 1 + the highest slot (0 without sequences)
 
-def _token_index(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per token its sequence and its position in it, and the sequence lengths."""
-    cu = cu_seqlens.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=num_tokens)
-    pos = torch.arange(num_tokens, device=cu.device) - cu[:-1][seq]
-    return seq, pos, lens
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.numel()
+
+    @classmethod
+    def build(cls, cu_seqlens, slots, num_slots: int | None = None) -> "DeltaBatch":
+        """The batch of cu_seqlens [B + 1] (from 0, never decreasing) and distinct slots [B] (below num_slots when
+        given), tensors or lists; ValueError otherwise (two sequences writing one slot would race)."""
+        cu, sl = torch.as_tensor(cu_seqlens), torch.as_tensor(slots)
+        if cu.dim() != 1 or cu.numel() < 1 or cu.is_floating_point():
+            raise ValueError("cu_seqlens must be a 1-D integer tensor [num_seqs + 1]")
+        if sl.dim() != 1 or sl.is_floating_point() or sl.numel() != cu.numel() - 1:
+            raise ValueError(f"slots must be a 1-D integer tensor with one slot per sequence ({cu.numel() - 1}), "
+                             f"got shape {tuple(sl.shape)}")
+        cu, sl = cu.to(torch.int64), sl.to(torch.int64)
+        lens = cu[1:] - cu[:-1]
+        if int(cu[0]) != 0 or bool((lens < 0).any()):
+            raise ValueError(f"cu_seqlens must start at 0 and never decrease: {cu.tolist()[:16]}")
+        bound = int(sl.max()) + 1 if sl.numel() else 0
+        if (sl.numel() and int(sl.min()) < 0) or (num_slots is not None and bound > num_slots):
+            raise ValueError(f"slots must lie in 0..{'' if num_slots is None else num_slots - 1}: "
+                             f"{sl.tolist()[:16]}")
+        if sl.unique().numel() != sl.numel():
+            raise ValueError("two sequences of one batch share a state slot")
+        total = int(cu[-1])
+        seq = torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=total)
+        pos = torch.arange(total, device=cu.device) - cu[:-1][seq]
+        return cls(cu.to(torch.int32).contiguous(), sl.to(torch.int32).contiguous(), seq, pos, lens,
+                   int(lens.max()) if lens.numel() else 0, bound)
+
+    def check_fits(self, num_tokens: int, num_slots: int) -> None:
+        """ValueError unless the inputs have the batch's token count and the pool has the batch's slots."""
+        if num_tokens != self.num_tokens:
+            raise ValueError(f"the batch has {self.num_tokens} tokens, the inputs {num_tokens}")
+        if self.slot_bound > num_slots:
+            raise ValueError(f"slots must lie in 0..{num_slots - 1} (the pool's slots); the batch uses slot "
+                             f"{self.slot_bound - 1}")
 
 
 def _pad(x: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, batch: int, length: int) -> torch.Tensor:
@@ -114,21 +139,19 @@ def _pad(x: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, batch: int, leng
 
 # --- the convolution -----------------------------------------------------------------------------------------
 
-def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor,
-                       slots: torch.Tensor) -> torch.Tensor:
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                       batch: DeltaBatch) -> torch.Tensor:
     """SiLU of the causal depthwise convolution of x [T, C] with weight [C, K] (no bias), each sequence continuing
     from the K - 1 inputs in its conv state; writes each sequence's last K - 1 inputs back. Returns float32 [T, C]."""
     t, c = x.shape
     k = weight.shape[1]
-    check_batch(cu_seqlens, slots, t, conv_state.shape[0])
+    batch.check_fits(t, conv_state.shape[0])
     if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
         raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
                          f"[{t}, {c}]")
-    seq, pos, lens = _token_index(cu_seqlens, t)
-    slots = slots.to(torch.int64)
-    batch, length = lens.numel(), int(lens.max()) if lens.numel() else 0
+    seq, pos, lens, length, slots = batch.seq, batch.pos, batch.lens, batch.max_len, batch.slots.long()
     # each sequence's window: its K - 1 stored inputs, then its new ones
-    window = torch.cat([conv_state[slots].float(), _pad(x.float(), seq, pos, batch, length)], dim=1)
+    window = torch.cat([conv_state[slots].float(), _pad(x.float(), seq, pos, lens.numel(), length)], dim=1)
     w = weight.float()
     out = sum(window[:, j:j + length] * w[:, j] for j in range(k))  # [B, L, C]
     if k > 1:  # the last K - 1 inputs sit at window rows len .. len + K - 2
@@ -153,7 +176,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled):
+def _prepare(q, k, v, g, beta, state, batch, scale, tiled):
     """Check shapes, normalize and scale q / k, repeat them to the value heads and pad all to [B, L, ...]."""
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
@@ -162,25 +185,24 @@ def _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled):
                          f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
     if tuple(state.shape[1:]) != (hv, dk, dv):
         raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
-    check_batch(cu_seqlens, slots, t, state.shape[0])
+    batch.check_fits(t, state.shape[0])
     scale = dk ** -0.5 if scale is None else scale
     group = hv // hk
     qn, kn = l2norm(q) * scale, l2norm(k)
     qn, kn = (qn.repeat(1, group, 1), kn.repeat(1, group, 1)) if tiled else (
         qn.repeat_interleave(group, dim=1), kn.repeat_interleave(group, dim=1))
-    seq, pos, lens = _token_index(cu_seqlens, t)
-    batch, length = lens.numel(), int(lens.max()) if lens.numel() else 0
-    padded = [_pad(x, seq, pos, batch, length) for x in (qn, kn, v.float(), g.float(), beta.float())]
-    return padded, seq, pos, slots.to(torch.int64)
+    padded = [_pad(x, batch.seq, batch.pos, batch.lens.numel(), batch.max_len)
+              for x in (qn, kn, v.float(), g.float(), beta.float())]
+    return padded, batch.slots.long()
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                               beta: torch.Tensor, cu_seqlens: torch.Tensor, state: torch.Tensor,
-                               slots: torch.Tensor, scale: float | None = None, tiled: bool = False) -> torch.Tensor:
+                               beta: torch.Tensor, state: torch.Tensor, batch: DeltaBatch, scale: float | None = None,
+                               tiled: bool = False) -> torch.Tensor:
     """The gated delta rule token by token: q, k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv]; each sequence starts
     from and writes back its state [num_slots, Hv, Dk, Dv]; `tiled`: the GGUF head order (module docstring).
     Returns o [T, Hv, Dv] float32. (Steps over positions for all sequences at once: one step for a decode batch.)"""
-    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
+    (qp, kp, vp, gp, bp), slots = _prepare(q, k, v, g, beta, state, batch, scale, tiled)
     s = state[slots].float()  # [B, H, Dk, Dv]
     out = torch.empty_like(vp)
     for i in range(vp.shape[1]):
@@ -189,24 +211,23 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         s = s + kp[:, i, :, :, None] * delta[:, :, None, :]
         out[:, i] = torch.einsum("bhkv,bhk->bhv", s, qp[:, i])
     state[slots] = s.to(state.dtype)
-    return out[seq, pos]
+    return out[batch.seq, batch.pos]
 
 
 def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                             beta: torch.Tensor, cu_seqlens: torch.Tensor, state: torch.Tensor,
-                             slots: torch.Tensor, scale: float | None = None, chunk_size: int = 64,
-                             tiled: bool = False) -> torch.Tensor:
+                             beta: torch.Tensor, state: torch.Tensor, batch: DeltaBatch, scale: float | None = None,
+                             chunk_size: int = 64, tiled: bool = False) -> torch.Tensor:
     """recurrent_gated_delta_rule's result computed `chunk_size` tokens at a time with matmuls (for prompts)."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be positive")
-    (qp, kp, vp, gp, bp), seq, pos, slots = _prepare(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
-    batch, length, heads, dv = vp.shape
+    (qp, kp, vp, gp, bp), slots = _prepare(q, k, v, g, beta, state, batch, scale, tiled)
+    num_seqs, length, heads, dv = vp.shape
     n = -(-length // chunk_size)
     pad = n * chunk_size - length
 
     def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, L, H, ...] -> [B, H, N, C, ...]
         x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
-        x = x.reshape(batch, n, chunk_size, heads, *x.shape[3:])
+        x = x.reshape(num_seqs, n, chunk_size, heads, *x.shape[3:])
         return x.movedim(3, 1)
 
     qc, kc, vc = chunks(qp), chunks(kp), chunks(vp)  # [B, H, N, C, D]
@@ -233,19 +254,18 @@ def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         out[:, :, i] = q_decayed[:, :, i] @ s + attn[:, :, i] @ u
         s = s * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ u
     state[slots] = s.to(state.dtype)
-    out = out.movedim(1, 3).reshape(batch, n * chunk_size, heads, dv)
-    return out[seq, pos]
+    out = out.movedim(1, 3).reshape(num_seqs, n * chunk_size, heads, dv)
+    return out[batch.seq, batch.pos]
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     cu_seqlens: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                     scale: float | None = None, tiled: bool = False) -> torch.Tensor:
+                     state: torch.Tensor, batch: DeltaBatch, scale: float | None = None,
+                     tiled: bool = False) -> torch.Tensor:
     """The gated delta rule in whichever form suits the batch: recurrent when no sequence has more than a few
     tokens (decode), chunked otherwise."""
-    lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    if lens.numel() == 0 or int(lens.max()) <= 4:
-        return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled)
-    return chunked_gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, slots, scale, tiled=tiled)
+    if batch.max_len <= 4:
+        return recurrent_gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled)
+    return chunked_gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled=tiled)
 
 
 # --- the output norm and the whole layer ----------------------------------------------------------------------
@@ -255,24 +275,24 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     return F.rms_norm(o.float(), (o.shape[-1],), weight.float(), eps) * F.silu(z.float())
 
 
-Conv = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Conv = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DeltaBatch], torch.Tensor]
 Rule = Callable[..., torch.Tensor]
 
 
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    weights: DeltaNetWeights, dims: DeltaNetDims, cu_seqlens: torch.Tensor,
-                    conv_state: torch.Tensor, recurrent_state: torch.Tensor, slots: torch.Tensor,
-                    conv: Conv = causal_conv1d_silu, rule: Rule = gated_delta_rule) -> torch.Tensor:
+                    weights: DeltaNetWeights, dims: DeltaNetDims, conv_state: torch.Tensor,
+                    recurrent_state: torch.Tensor, batch: DeltaBatch, conv: Conv = causal_conv1d_silu,
+                    rule: Rule = gated_delta_rule) -> torch.Tensor:
     """The layer between its projections: mixed_qkv [T, conv_dim] (in_proj_qkv's output), z [T, value_dim]
     (in_proj_z), a, b [T, Hv] (in_proj_a, in_proj_b) -> [T, value_dim] float32 for out_proj, updating both
     states of each sequence's slot. `conv` / `rule`: the kernels to run (kernels.dispatch passes native ones)."""
     t = mixed_qkv.shape[0]
-    x = conv(mixed_qkv, weights.conv_weight, cu_seqlens, conv_state, slots)
+    x = conv(mixed_qkv, weights.conv_weight, conv_state, batch)
     q, k, v = x.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
     q = q.reshape(t, dims.num_k_heads, dims.head_k_dim)
     k = k.reshape(t, dims.num_k_heads, dims.head_k_dim)
     v = v.reshape(t, dims.num_v_heads, dims.head_v_dim)
     g, beta = delta_gates(a, b, weights.A_log, weights.dt_bias)
-    o = rule(q, k, v, g, beta, cu_seqlens, recurrent_state, slots, tiled=dims.tiled)
+    o = rule(q, k, v, g, beta, recurrent_state, batch, tiled=dims.tiled)
     out = gated_rms_norm(o, z.reshape(t, dims.num_v_heads, dims.head_v_dim), weights.norm_weight, weights.norm_eps)
     return out.reshape(t, dims.value_dim)

@@ -71,10 +71,14 @@ def reference_conv(x, w, cu, slots, conv_state):
     return out, new
 
 
+def B(cu, slots) -> gd.DeltaBatch:
+    return gd.DeltaBatch.build(cu, slots)
+
+
 def run_rule(form, q, k, v, g, beta, cu, slots, state, chunk_size=64):
     if form == "chunked":
-        return gd.chunked_gated_delta_rule(q, k, v, g, beta, cu, state, slots, chunk_size=chunk_size)
-    return gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, state, slots)
+        return gd.chunked_gated_delta_rule(q, k, v, g, beta, state, B(cu, slots), chunk_size=chunk_size)
+    return gd.recurrent_gated_delta_rule(q, k, v, g, beta, state, B(cu, slots))
 
 
 def close(actual, expected, tol=2e-5):
@@ -106,7 +110,7 @@ def test_rule_leaves_other_slots_alone_and_scale_is_used():
     q, k, v, g, beta, cu, slots, state = inputs([5, 9], slots=6)
     before = state.clone()
     expected, _ = reference_rule(q, k, v, g, beta, cu, slots, state, scale=0.3)
-    close(gd.chunked_gated_delta_rule(q, k, v, g, beta, cu, state, slots, scale=0.3, chunk_size=4), expected)
+    close(gd.chunked_gated_delta_rule(q, k, v, g, beta, state, B(cu, slots), scale=0.3, chunk_size=4), expected)
     others = [i for i in range(6) if i not in slots.tolist()]
     assert torch.equal(state[others], before[others])
 
@@ -144,9 +148,10 @@ def test_tiled_heads_are_grouped_heads_reordered(form):
     tiled_state = tiled_order(state, 1, hk, hv // hk)
     t_v, t_g, t_b = (tiled_order(x, 1, hk, hv // hk) for x in (v, g, beta))
     if form == "chunked":
-        tiled = gd.chunked_gated_delta_rule(q, k, t_v, t_g, t_b, cu, tiled_state, slots, chunk_size=8, tiled=True)
+        tiled = gd.chunked_gated_delta_rule(q, k, t_v, t_g, t_b, tiled_state, B(cu, slots), chunk_size=8,
+                                             tiled=True)
     else:
-        tiled = gd.recurrent_gated_delta_rule(q, k, t_v, t_g, t_b, cu, tiled_state, slots, tiled=True)
+        tiled = gd.recurrent_gated_delta_rule(q, k, t_v, t_g, t_b, tiled_state, B(cu, slots), tiled=True)
     close(tiled, tiled_order(grouped, 1, hk, hv // hk), tol=1e-6)
     close(tiled_state, tiled_order(grouped_state, 1, hk, hv // hk), tol=1e-6)
 
@@ -162,7 +167,7 @@ def test_conv_matches_float64_reference(lens, kernel):
     slots = torch.randperm(len(lens) + 1, generator=gen)[:len(lens)]
     conv_state = torch.randn(len(lens) + 1, kernel - 1, c, generator=gen)
     expected, expected_state = reference_conv(x, w, cu, slots, conv_state)
-    close(gd.causal_conv1d_silu(x, w, cu, conv_state, slots), expected)
+    close(gd.causal_conv1d_silu(x, w, conv_state, B(cu, slots)), expected)
     close(conv_state, expected_state)
 
 
@@ -181,14 +186,14 @@ def test_state_carried_across_pieces_equals_one_pass(form, cuts):
     whole = torch.tensor([0, n])
     slot = torch.tensor([0])
     one = run_rule(form, q, k, v, g, beta, whole, slot, one_state, chunk_size=16)
-    one_x = gd.causal_conv1d_silu(x, w, whole, one_conv, slot)
+    one_x = gd.causal_conv1d_silu(x, w, one_conv, B(whole, slot))
     outs, xs = [], []
     piece_state, piece_conv = state.clone(), torch.zeros(1, 3, 12)
     for a, b in zip([0] + cuts, cuts + [n]):
         cu = torch.tensor([0, b - a])
         outs.append(run_rule(form, q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], cu, slot, piece_state,
                              chunk_size=16))
-        xs.append(gd.causal_conv1d_silu(x[a:b], w, cu, piece_conv, slot))
+        xs.append(gd.causal_conv1d_silu(x[a:b], w, piece_conv, B(cu, slot)))
     close(torch.cat(outs), one)
     close(piece_state, one_state)
     close(torch.cat(xs), one_x, tol=1e-6)
@@ -218,20 +223,29 @@ def test_empty_batch_and_empty_sequences_change_nothing():
         assert torch.equal(state, before)
     conv_state = torch.randn(3, 3, 6)
     kept = conv_state.clone()
-    assert gd.causal_conv1d_silu(torch.zeros(0, 6), torch.randn(6, 4), cu, conv_state, slots).shape == (0, 6)
+    assert gd.causal_conv1d_silu(torch.zeros(0, 6), torch.randn(6, 4), conv_state, B(cu, slots)).shape == (0, 6)
     assert torch.equal(conv_state, kept)
 
 
 @pytest.mark.parametrize("cu,slots,message", [
-    ([1, 5], [0], "start at 0"), ([0, 6, 5], [0, 1], "never decrease"), ([0, 4], [0], "token count"),
-    ([0, 2, 5], [1, 1], "share a state slot"), ([0, 5], [4], "slots must lie"), ([0, 5], [-1], "slots must lie"),
-    ([0, 2, 5], [0], "one slot per sequence")])
+    ([1, 5], [0], "start at 0"), ([0, 6, 5], [0, 1], "never decrease"), ([0, 2, 5], [1, 1], "share a state slot"),
+    ([0, 5], [-1], "slots must lie"), ([0, 2, 5], [0], "one slot per sequence"), ([[0, 5]], [0], "1-D"),
+    ([0.0, 5.0], [0], "integer")])
 def test_bad_batches_are_refused(cu, slots, message):
+    with pytest.raises(ValueError, match=message):
+        gd.DeltaBatch.build(cu, slots)
+
+
+@pytest.mark.parametrize("cu,slots,message", [([0, 4], [0], "tokens"), ([0, 5], [4], "slots must lie")])
+def test_batches_that_do_not_fit_are_refused(cu, slots, message):
+    """A batch of another token count than the inputs, or with a slot past the pool's end."""
     q, k, v, g, beta, _, _, state = inputs([5], slots=4)
-    cu, slots = torch.tensor(cu), torch.tensor(slots)
-    for call in (lambda: gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, state, slots),
-                 lambda: gd.chunked_gated_delta_rule(q, k, v, g, beta, cu, state, slots),
-                 lambda: gd.causal_conv1d_silu(torch.zeros(5, 6), torch.ones(6, 4), cu, torch.zeros(4, 3, 6), slots)):
+    batch = gd.DeltaBatch.build(cu, slots)
+    with pytest.raises(ValueError, match="slots must lie"):
+        gd.DeltaBatch.build([0, 5], [4], num_slots=4)
+    for call in (lambda: gd.recurrent_gated_delta_rule(q, k, v, g, beta, state, batch),
+                 lambda: gd.chunked_gated_delta_rule(q, k, v, g, beta, state, batch),
+                 lambda: gd.causal_conv1d_silu(torch.zeros(5, 6), torch.ones(6, 4), torch.zeros(4, 3, 6), batch)):
         with pytest.raises(ValueError, match=message):
             call()
 
@@ -239,9 +253,9 @@ def test_bad_batches_are_refused(cu, slots, message):
 def test_bad_shapes_are_refused():
     q, k, v, g, beta, cu, slots, state = inputs([5])
     with pytest.raises(ValueError, match="recurrent state"):
-        gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, state[:, :, :, :4], slots)
+        gd.recurrent_gated_delta_rule(q, k, v, g, beta, state[:, :, :, :4], B(cu, slots))
     with pytest.raises(ValueError, match="shapes do not fit"):
-        gd.recurrent_gated_delta_rule(q, k, v[:, :3], g, beta, cu, state, slots)
+        gd.recurrent_gated_delta_rule(q, k, v[:, :3], g, beta, state, B(cu, slots))
     with pytest.raises(ValueError, match="multiple"):
         gd.DeltaNetDims(num_k_heads=2, num_v_heads=3, head_k_dim=8, head_v_dim=8)
 
@@ -282,16 +296,17 @@ def test_native_matches_twins(lib, lens):
     twin_pool, twin_conv, twin_state = pool_views(dims, len(lens) + 2)
     nat_pool, nat_conv, nat_state = pool_views(dims, len(lens) + 2)
     results = []
+    batch = B(cu, slots)
     for conv_fn, rule_fn, conv_state, state in (
             (gd.causal_conv1d_silu, gd.recurrent_gated_delta_rule, twin_conv, twin_state),
             (lambda *a: cpu_native.gdn_conv(*a, lib=lib), lambda *a: cpu_native.gdn_rule(*a, lib=lib), nat_conv,
              nat_state)):
-        y = conv_fn(x, w, cu, conv_state, slots)
+        y = conv_fn(x, w, conv_state, batch)
         q, k, v = y.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
         q = q.reshape(t, dims.num_k_heads, dims.head_k_dim)
         k = k.reshape(t, dims.num_k_heads, dims.head_k_dim)
         v = v.reshape(t, dims.num_v_heads, dims.head_v_dim)
-        results.append((y, rule_fn(q, k, v, g, beta, cu, state, slots)))
+        results.append((y, rule_fn(q, k, v, g, beta, state, batch)))
     (y_twin, o_twin), (y_nat, o_nat) = results
     close(y_nat, y_twin, tol=1e-6)
     close(o_nat, o_twin, tol=2e-5)
@@ -309,11 +324,11 @@ def test_native_matches_twins(lib, lens):
 def test_native_tiled_heads_match_twin(lib):
     q, k, v, g, beta, cu, slots, state = inputs([1, 40, 3], hk=2, hv=6, dk=16, dv=40)
     twin_state, nat_state = state.clone(), state.clone()
-    twin = gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, twin_state, slots, tiled=True)
-    nat = cpu_native.gdn_rule(q, k, v, g, beta, cu, nat_state, slots, tiled=True, lib=lib)
+    twin = gd.recurrent_gated_delta_rule(q, k, v, g, beta, twin_state, B(cu, slots), tiled=True)
+    nat = cpu_native.gdn_rule(q, k, v, g, beta, nat_state, B(cu, slots), tiled=True, lib=lib)
     close(nat, twin)
     close(nat_state, twin_state)
-    grouped = gd.recurrent_gated_delta_rule(q, k, v, g, beta, cu, state.clone(), slots)
+    grouped = gd.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone(), B(cu, slots))
     assert (grouped - twin).abs().max() > 1e-2  # the two head orders really differ on these inputs
 
 
@@ -323,8 +338,8 @@ def test_native_prefill_matches_chunked_twin_and_float64(lib):
     q, k, v, g, beta, cu, slots, state = inputs([300, 45], hk=2, hv=4, dk=32, dv=32)
     expected, expected_state = reference_rule(q, k, v, g, beta, cu, slots, state)
     twin_state, nat_state = state.clone(), state.clone()
-    twin = gd.chunked_gated_delta_rule(q, k, v, g, beta, cu, twin_state, slots)
-    nat = cpu_native.gdn_rule(q, k, v, g, beta, cu, nat_state, slots, lib=lib)
+    twin = gd.chunked_gated_delta_rule(q, k, v, g, beta, twin_state, B(cu, slots))
+    nat = cpu_native.gdn_rule(q, k, v, g, beta, nat_state, B(cu, slots), lib=lib)
     close(nat, expected)
     close(nat_state, expected_state)
     close(nat, twin)
@@ -338,33 +353,36 @@ def test_native_is_batch_invariant(lib):
     x, w = torch.randn(sum(lens), 24), torch.randn(24, 4)
     conv_state = torch.randn(state.shape[0], 3, 24)
     s, cs = state.clone(), conv_state.clone()
-    batch_o = cpu_native.gdn_rule(q, k, v, g, beta, cu, s, slots, lib=lib)
-    batch_x = cpu_native.gdn_conv(x, w, cu, cs, slots, lib=lib)
+    batch_o = cpu_native.gdn_rule(q, k, v, g, beta, s, B(cu, slots), lib=lib)
+    batch_x = cpu_native.gdn_conv(x, w, cs, B(cu, slots), lib=lib)
     for i in range(len(lens)):
         a, b, one = int(cu[i]), int(cu[i + 1]), torch.tensor([0, lens[i]])
         s1, cs1 = state.clone(), conv_state.clone()
-        assert torch.equal(cpu_native.gdn_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], one, s1, slots[i:i + 1],
-                                               lib=lib), batch_o[a:b])
-        assert torch.equal(cpu_native.gdn_conv(x[a:b], w, one, cs1, slots[i:i + 1], lib=lib), batch_x[a:b])
+        alone = B(one, slots[i:i + 1])
+        assert torch.equal(cpu_native.gdn_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], s1, alone, lib=lib),
+                           batch_o[a:b])
+        assert torch.equal(cpu_native.gdn_conv(x[a:b], w, cs1, alone, lib=lib), batch_x[a:b])
         assert torch.equal(s1[slots[i]], s[slots[i]]) and torch.equal(cs1[slots[i]], cs[slots[i]])
 
 
 @native
 def test_native_refuses_bad_batches(lib):
     q, k, v, g, beta, cu, slots, state = inputs([5], slots=2)
-    with pytest.raises(ValueError, match="share a state slot"):
-        cpu_native.gdn_rule(q, k, v, g, beta, torch.tensor([0, 2, 5]), state, torch.tensor([1, 1]), lib=lib)
     with pytest.raises(ValueError, match="slots must lie"):
-        cpu_native.gdn_conv(torch.zeros(5, 6), torch.ones(6, 4), cu, torch.zeros(2, 3, 6), torch.tensor([2]),
-                            lib=lib)
+        cpu_native.gdn_rule(q, k, v, g, beta, state, B(cu, [2]), lib=lib)
+    with pytest.raises(ValueError, match="slots must lie"):
+        cpu_native.gdn_conv(torch.zeros(5, 6), torch.ones(6, 4), torch.zeros(2, 3, 6), B(cu, [2]), lib=lib)
+    with pytest.raises(ValueError, match="tokens"):
+        cpu_native.gdn_rule(q[:4], k[:4], v[:4], g[:4], beta[:4], state, B(cu, slots), lib=lib)
 
 
 @native
 def test_native_declines_what_it_does_not_take(lib):
     q, k, v, g, beta, cu, slots, state = inputs([5])
-    assert cpu_native.gdn_rule(q.double(), k, v, g, beta, cu, state, slots, lib=lib) is None
-    assert cpu_native.gdn_rule(q, k, v, g, beta, cu, state.double(), slots, lib=lib) is None
-    assert cpu_native.gdn_conv(torch.zeros(5, 6), torch.ones(6, 17), cu, torch.zeros(7, 16, 6), slots, lib=lib) is None
+    assert cpu_native.gdn_rule(q.double(), k, v, g, beta, state, B(cu, slots), lib=lib) is None
+    assert cpu_native.gdn_rule(q, k, v, g, beta, state.double(), B(cu, slots), lib=lib) is None
+    assert cpu_native.gdn_conv(torch.zeros(5, 6), torch.ones(6, 17), torch.zeros(7, 16, 6), B(cu, slots),
+                               lib=lib) is None
 
 
 @native
@@ -375,14 +393,14 @@ def test_dispatch_takes_native_kernels_unless_torch_is_forced():
     for name, backend in (("native", "auto"), ("twin", "torch")):
         s, cs = state.clone(), conv_state.clone()
         with dispatch.force_backend(backend):
-            results[name] = (dispatch.gated_delta_rule(q, k, v, g, beta, cu, s, slots),
-                             dispatch.causal_conv1d_silu(x, w, cu, cs, slots))
+            results[name] = (dispatch.gated_delta_rule(q, k, v, g, beta, s, B(cu, slots)),
+                             dispatch.causal_conv1d_silu(x, w, cs, B(cu, slots)))
     s, cs = state.clone(), conv_state.clone()
-    assert torch.equal(results["native"][0], cpu_native.gdn_rule(q, k, v, g, beta, cu, s, slots))
-    assert torch.equal(results["native"][1], cpu_native.gdn_conv(x, w, cu, cs, slots))
+    assert torch.equal(results["native"][0], cpu_native.gdn_rule(q, k, v, g, beta, s, B(cu, slots)))
+    assert torch.equal(results["native"][1], cpu_native.gdn_conv(x, w, cs, B(cu, slots)))
     s, cs = state.clone(), conv_state.clone()
-    assert torch.equal(results["twin"][0], gd.gated_delta_rule(q, k, v, g, beta, cu, s, slots))
-    assert torch.equal(results["twin"][1], gd.causal_conv1d_silu(x, w, cu, cs, slots))
+    assert torch.equal(results["twin"][0], gd.gated_delta_rule(q, k, v, g, beta, s, B(cu, slots)))
+    assert torch.equal(results["twin"][1], gd.causal_conv1d_silu(x, w, cs, B(cu, slots)))
 
 
 # --- the whole layer against transformers --------------------------------------------------------------------
@@ -413,7 +431,7 @@ def our_layer(layer, dims, weights, h, cu, pool, slots, net):
     conv_state, state = pool.layer(0)
     with torch.no_grad():
         mixed = net(layer.in_proj_qkv(h), layer.in_proj_z(h), layer.in_proj_a(h), layer.in_proj_b(h), weights, dims,
-                    cu, conv_state, state, slots)
+                    conv_state, state, B(cu, slots))
         return layer.out_proj(mixed)
 
 
@@ -488,6 +506,6 @@ def test_layer_with_gguf_head_order_matches_transformers(net):
     conv_state, state = pool.layer(0)
     slots = torch.tensor([pool.allocate()])
     with torch.no_grad():
-        mixed = net(h @ qkv_w.T, h @ z_w.T, h @ a_w.T, h @ b_w.T, tiled_weights, tiled_dims, torch.tensor([0, 13]),
-                    conv_state, state, slots)
+        mixed = net(h @ qkv_w.T, h @ z_w.T, h @ a_w.T, h @ b_w.T, tiled_weights, tiled_dims, conv_state, state,
+                    B([0, 13], slots))
         close(mixed @ out_w.T, layer(h[None])[0], tol=1e-5)
