@@ -321,6 +321,23 @@ def test_native_matches_twins(lib, lens):
 
 
 @native
+@pytest.mark.parametrize("kernel", [1, 2, 4, 6])
+def test_native_conv_matches_float64_reference(lib, kernel):
+    """Every kernel width, sequences shorter than the state (their new state is part old state) and channel counts
+    that are not a multiple of the kernel's channel block."""
+    lens = [1, 2, 0, 9, 70]
+    gen = torch.Generator().manual_seed(kernel)
+    x = torch.randn(sum(lens), 100, generator=gen)
+    w = torch.randn(100, kernel, generator=gen)
+    cu = torch.tensor([0] + lens).cumsum(0)
+    slots = torch.randperm(len(lens) + 1, generator=gen)[:len(lens)]
+    conv_state = torch.randn(len(lens) + 1, kernel - 1, 100, generator=gen)
+    expected, expected_state = reference_conv(x, w, cu, slots, conv_state)
+    close(cpu_native.gdn_conv(x, w, conv_state, B(cu, slots), lib=lib), expected)
+    close(conv_state, expected_state, tol=0)
+
+
+@native
 def test_native_tiled_heads_match_twin(lib):
     q, k, v, g, beta, cu, slots, state = inputs([1, 40, 3], hk=2, hv=6, dk=16, dv=40)
     twin_state, nat_state = state.clone(), state.clone()
