@@ -99,7 +99,7 @@ class DeltaBatch:
     def build(cls, cu_seqlens, slots, num_slots: int | None = None) -> "DeltaBatch":
         """The batch of cu_seqlens [B + 1] (from 0, never decreasing) and distinct slots [B] (below num_slots when
         given), tensors or lists; ValueError otherwise (two sequences writing one slot would race)."""
-        cu, sl = torch.as_tensor(cu_seqlens), torch.as_tensor(slots)
+        cu, sl = (x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.int64) for x in (cu_seqlens, slots))
         if cu.dim() != 1 or cu.numel() < 1 or cu.is_floating_point():
             raise ValueError("cu_seqlens must be a 1-D integer tensor [num_seqs + 1]")
         if sl.dim() != 1 or sl.is_floating_point() or sl.numel() != cu.numel() - 1:

@@ -215,11 +215,15 @@ def test_ragged_batch_equals_sequences_alone(form):
         close(batch_state[slots[i]], alone_state[slots[i]], tol=1e-6)
 
 
-def test_empty_batch_and_empty_sequences_change_nothing():
-    q, k, v, g, beta, cu, slots, state = inputs([0, 0])
+@pytest.mark.parametrize("lens", [[0, 0], []])
+def test_empty_batch_and_empty_sequences_change_nothing(lens):
+    q, k, v, g, beta, cu, slots, state = inputs(lens)
     before = state.clone()
     for form in ("recurrent", "chunked"):
         assert run_rule(form, q, k, v, g, beta, cu, slots, state).shape == (0, 4, 8)
+        assert torch.equal(state, before)
+    if cpu_native.available():
+        assert cpu_native.gdn_rule(q, k, v, g, beta, state, B(cu, slots)).shape == (0, 4, 8)
         assert torch.equal(state, before)
     conv_state = torch.randn(3, 3, 6)
     kept = conv_state.clone()
@@ -230,7 +234,7 @@ def test_empty_batch_and_empty_sequences_change_nothing():
 @pytest.mark.parametrize("cu,slots,message", [
     ([1, 5], [0], "start at 0"), ([0, 6, 5], [0, 1], "never decrease"), ([0, 2, 5], [1, 1], "share a state slot"),
     ([0, 5], [-1], "slots must lie"), ([0, 2, 5], [0], "one slot per sequence"), ([[0, 5]], [0], "1-D"),
-    ([0.0, 5.0], [0], "integer")])
+    (torch.tensor([0.0, 5.0]), [0], "integer")])
 def test_bad_batches_are_refused(cu, slots, message):
     with pytest.raises(ValueError, match=message):
         gd.DeltaBatch.build(cu, slots)
