@@ -110,9 +110,10 @@ class DeltaBatch:
         if int(cu[0]) != 0 or bool((lens < 0).any()):
             raise ValueError(f"cu_seqlens must start at 0 and never decrease: {cu.tolist()[:16]}")
         bound = int(sl.max()) + 1 if sl.numel() else 0
-        if (sl.numel() and int(sl.min()) < 0) or (num_slots is not None and bound > num_slots):
-            raise ValueError(f"slots must lie in 0..{'' if num_slots is None else num_slots - 1}: "
-                             f"{sl.tolist()[:16]}")
+        if sl.numel() and int(sl.min()) < 0:
+            raise ValueError(f"slots must lie in 0..num_slots - 1, not below: {sl.tolist()[:16]}")
+        if num_slots is not None and bound > num_slots:
+            raise ValueError(f"slots must lie in 0..{num_slots - 1}: {sl.tolist()[:16]}")
         if sl.unique().numel() != sl.numel():
             raise ValueError("two sequences of one batch share a state slot")
         total = int(cu[-1])
