@@ -1,5 +1,5 @@
-"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c) and paged attention
-(kernels/cpu/attention.c), compiled on first use and cached.
+"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c), paged attention
+(kernels/cpu/attention.c) and Gated DeltaNet (kernels/cpu/gated_delta.c), compiled on first use and cached.
 
 The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
 source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 
+from .gated_delta import DeltaBatch
+
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c")]
+                                                                 "layer.c", "gated_delta.c")]
 HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -184,6 +186,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
         lib.qmm_paged_attention_from.restype = None
+    if hasattr(lib, "qmm_gdn_rule"):
+        lib.qmm_gdn_conv.argtypes = [p, i64, i32, i32, p, p, i32, p, i64, p, p]
+        lib.qmm_gdn_conv.restype = None
+        lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
+                                     ctypes.c_float, p]
+        lib.qmm_gdn_rule.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32
@@ -507,4 +515,66 @@ def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
                          f2 // 2, out.data_ptr())
+    return out
+
+
+# Gated DeltaNet (kernels.gated_delta is the twin and documents the batch and state layouts)
+GDN_MAX_CONV_KERNEL = 16  # kernels/cpu/gated_delta.c: CONV_MAX_K
+GDN_MAX_HEAD_DIM = 512  # GDN_MAX_DIM
+
+
+def _slot_pool(state: torch.Tensor) -> bool:
+    """Whether a state pool [num_slots, ...] is float32 with each slot's block contiguous (any slot stride)."""
+    return state.dtype == torch.float32 and state.device.type == "cpu" and (
+        state.shape[0] == 0 or state[0].is_contiguous())
+
+
+def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
+    it or the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
+    lib = lib or library()
+    t, c = x.shape
+    k = weight.shape[1]
+    if (lib is None or not hasattr(lib, "qmm_gdn_conv") or x.dtype != torch.float32 or not _rows(x)
+            or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
+        return None
+    batch.check_fits(t, conv_state.shape[0])
+    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
+        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
+                         f"[{t}, {c}]")
+    cu, sl = batch.cu_seqlens, batch.slots
+    w = weight.float().contiguous()
+    out = torch.empty(t, c, dtype=torch.float32)
+    lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
+                     conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), out.data_ptr())
+    return out
+
+
+def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
+    [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
+    contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
+    lib = lib or library()
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    heads_ok = all(a.dtype == torch.float32 and a.dim() == 3 and a.stride(2) == 1 and a.stride(1) == a.shape[2]
+                   for a in (q, k, v))
+    if (lib is None or not hasattr(lib, "qmm_gdn_rule") or not heads_ok or not _slot_pool(state)
+            or max(dk, dv) > GDN_MAX_HEAD_DIM):
+        return None
+    if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
+                         f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
+    if tuple(state.shape[1:]) != (hv, dk, dv):
+        raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
+    batch.check_fits(t, state.shape[0])
+    cu, sl = batch.cu_seqlens, batch.slots
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    out = torch.empty(t, hv, dv, dtype=torch.float32)
+    lib.qmm_gdn_rule(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                     g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
+                     state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out
