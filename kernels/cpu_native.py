@@ -181,6 +181,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
         lib.qmm_paged_attention_from.restype = None
+    if hasattr(lib, "qmm_paged_attention_sinks"):
+        lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
+                                                  ctypes.c_float, p]
+        lib.qmm_paged_attention_sinks.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
@@ -397,13 +401,16 @@ def window_rows(lens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Te
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
-                    lib: ctypes.CDLL | None = None, window: int | None = None) -> torch.Tensor | None:
+                    lib: ctypes.CDLL | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
-    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer (None
-    returned where the library predates windows)."""
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer;
+    `sinks`: float32 [H] attention sinks (None returned where the library predates either)."""
     lib = lib or library()
     assert lib is not None
     if window is not None and not hasattr(lib, "qmm_paged_attention_from"):
+        return None
+    if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
         return None
     t, h, d = q.shape
     blocks, block_size, hkv, _ = k_cache.shape
@@ -419,6 +426,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tables = tables.contiguous()
     out = torch.empty_like(q)
     scale = d ** -0.5 if scale is None else scale
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+        lib.qmm_paged_attention_sinks(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
+                                      v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(),
+                                      tables.stride(0), seqs.data_ptr(), None if lo is None else lo.data_ptr(),
+                                      seen.data_ptr(), sinks.data_ptr(), scale, out.data_ptr())
+        return out
     if window is not None:
         lo, seen = window_rows(lens, window)
         lib.qmm_paged_attention_from(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),

@@ -127,19 +127,20 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None, window: int | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
     `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
-    takes the torch twin on every device for now."""
+    takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss)."""
     if softcap is None and use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
         from .triton_paged_attention import paged_attention as kernel
 
-        return kernel(q, k_cache, v_cache, meta, scale, window)
+        return kernel(q, k_cache, v_cache, meta, scale, window, sinks)
     if softcap is None and _native_cpu(q):
-        done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window)  # float32 C, batch-invariant
+        # float32 C, batch-invariant
+        done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window, sinks=sinks)
         if done is not None:
             return done
-    return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+    return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap, sinks)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
