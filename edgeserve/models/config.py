@@ -27,8 +27,8 @@ HF_CLASS_TO_ARCH = {
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: 'linear', 'llama3' or 'longrope' (HF `rope_scaling`; for longrope `factor` is the
-    cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
+    """RoPE frequency scaling: 'linear', 'llama3', 'longrope' or 'yarn' (HF `rope_scaling`; for longrope `factor` is
+    the cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
 
     kind: str
     factor: float = 1.0
@@ -36,6 +36,11 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     short_factors: tuple[float, ...] = ()  # longrope's per-frequency divisors up to the original context
+    # yarn: the ramp between interpolated and kept frequencies, and the cos/sin factor (None: 0.1 ln(factor) + 1)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,8 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     scaling_type = metadata.get(f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         scaling = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
+    elif scaling_type == "yarn":
+        scaling = _yarn_from_gguf(arch, metadata)
     elif arch == "phi3" and "rope_factors_short.weight" in tensor_names:  # longrope, its factors as tensors
         scaling = RopeScaling("longrope", factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor") or 1.0),
                               original_max_position_embeddings=int(key("rope.scaling.original_context_length")))
@@ -141,6 +148,22 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         if arch == "phi3" and metadata.get(f"{arch}.attention.sliding_window") else None,
         **gemma,
     )
+
+
+def _yarn_from_gguf(arch: str, metadata: Mapping[str, Any]) -> RopeScaling:
+    """YaRN from `{arch}.rope.scaling.*` (factor, original_context_length, and the optional yarn_beta_fast /
+    yarn_beta_slow / yarn_attn_factor llama.cpp's converters write for some models). gpt-oss was trained with the
+    ramp's ends not rounded (HF `truncate: false`), which its GGUF does not record."""
+    def get(name: str) -> Any:
+        return metadata.get(f"{arch}.rope.scaling.{name}")
+
+    factor, original = get("factor"), get("original_context_length")
+    if factor is None or original is None:
+        raise ModelLoadError(f"GGUF YaRN scaling needs {arch}.rope.scaling.factor and .original_context_length")
+    return RopeScaling("yarn", factor=float(factor), original_max_position_embeddings=int(original),
+                       beta_fast=float(get("yarn_beta_fast") or 32.0), beta_slow=float(get("yarn_beta_slow") or 1.0),
+                       truncate=arch != "gpt-oss",
+                       attention_factor=float(get("yarn_attn_factor")) if get("yarn_attn_factor") else None)
 
 
 # llama.cpp's sliding-window layer patterns: layer i is global when (i + 1) % pattern == 0
@@ -234,6 +257,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     original_max_position_embeddings=int(cfg.get("original_max_position_embeddings")
                                                          or rs.get("original_max_position_embeddings")),
                     short_factors=tuple(float(f) for f in rs["short_factor"]))
+            elif kind == "yarn":
+                scaling = RopeScaling(
+                    "yarn", factor=float(rs["factor"]),
+                    original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
+                    beta_fast=float(rs.get("beta_fast") or 32.0), beta_slow=float(rs.get("beta_slow") or 1.0),
+                    truncate=bool(rs.get("truncate", True)),
+                    attention_factor=float(rs["attention_factor"]) if rs.get("attention_factor") else None)
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
         partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))

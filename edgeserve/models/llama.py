@@ -29,7 +29,7 @@ from edgeserve.kernels.quant_linear import (
     int4_supported,
     int8_supported,
 )
-from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
@@ -65,7 +65,7 @@ class LlamaModel:
         self.device = device
         # Within a sliding window full attention is exact, so a windowed model's context stops at the window.
         self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
-        cos, sin = rope_cos_sin(inv_freq, self.max_positions)
+        cos, sin = rope_cos_sin(inv_freq, self.max_positions, rope_attention_factor(config.rope_scaling))
         self.cos, self.sin = cos.to(device), sin.to(device)
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
