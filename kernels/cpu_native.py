@@ -177,6 +177,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
         lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
         lib.qmm_gelu_tanh_mul.restype = None
+    if hasattr(lib, "qmm_swiglu_oai_mul"):
+        lib.qmm_swiglu_oai_mul.argtypes = [p, i32, i64, i32, i32, ctypes.c_float, ctypes.c_float, p]
+        lib.qmm_swiglu_oai_mul.restype = None
     if hasattr(lib, "qmm_paged_attention_from"):
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
@@ -504,13 +507,20 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
 
 
-def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
-    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out), or None."""
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor | None:
+    """kernels.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
+    rows or the library predates it."""
+    return _gated_mul(gate_up, "qmm_swiglu_oai_mul", alpha, limit)
+
+
+def _gated_mul(gate_up: torch.Tensor, kernel: str, *params: float) -> torch.Tensor | None:
+    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out; `params` after the row
+    count and width), or None."""
     lib = library()
     if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or not hasattr(lib, kernel):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
-                         f2 // 2, out.data_ptr())
+                         f2 // 2, *params, out.data_ptr())
     return out

@@ -47,7 +47,7 @@ from .w8a16 import W8A16Weight, repack_q8
 __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
-    "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "linear", "w4a16_matmul", "w8a16_matmul",
+    "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -204,6 +204,16 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         if done is not None:
             return done
     return _act.gelu_tanh_and_mul(gate_up)
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU of rows [gate | up]: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+    min(gate, limit)."""
+    if _native_cpu(gate_up):
+        done = _native.swiglu_oai(gate_up, alpha, limit)
+        if done is not None:
+            return done
+    return _act.swiglu_oai(gate_up, alpha, limit)
 
 
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
