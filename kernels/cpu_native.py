@@ -262,6 +262,18 @@ class BlockTensor:
         return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
 
 
+def quantize_activations(x: torch.Tensor, lib: ctypes.CDLL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K] (float32 or
+    bfloat16 rows of unit stride), as qmm_matmul takes them; each row is quantized on its own."""
+    m, k = x.shape
+    qa = torch.empty(m, k, dtype=torch.int8)
+    da = torch.empty(m, k // 32, dtype=torch.float32)
+    sa = torch.empty(m, k // 16, dtype=torch.int16)
+    lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if m else k, m, k, qa.data_ptr(),
+                     da.data_ptr(), sa.data_ptr())
+    return qa, da, sa
+
+
 def _merge_parts(parts: list[BlockTensor]) -> list[BlockTensor]:
     """Contiguous parts with neighbours of the same format stacked into one (a fused q/k/v or gate/up of one type
     becomes one kernel call per step instead of two or three)."""
@@ -324,13 +336,7 @@ class BlockWeight:
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K]."""
-        m, k = x.shape
-        qa = torch.empty(m, k, dtype=torch.int8)
-        da = torch.empty(m, k // 32, dtype=torch.float32)
-        sa = torch.empty(m, k // 16, dtype=torch.int16)
-        self.lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0), m, k, qa.data_ptr(),
-                              da.data_ptr(), sa.data_ptr())
-        return qa, da, sa
+        return quantize_activations(x, self.lib)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> float32 [..., out]."""

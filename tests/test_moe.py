@@ -1,0 +1,235 @@
+"""The MoE feed-forward layer (edgeserve.models.moe) against a float64 reference: dequantize, route, matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgeserve.kernels import cpu_native
+from edgeserve.kernels.experts import BlockExperts, DenseExperts, ExpertBlocks, ExpertGroups
+from edgeserve.models.moe import MoEConfig, MoELayer, SharedExpert, route
+
+native = pytest.mark.skipif(not cpu_native.available(), reason="native CPU kernels not built")
+
+
+def _blocks(qtype: str, w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Stored bytes [E, rows, bytes per row] of float weights w [E, rows, cols] in `qtype` (K types: random
+    blocks, since gguf-py has no K quantizer; the reference dequantizes whatever is stored)."""
+    import gguf
+
+    e, rows, cols = w.shape
+    if qtype in ("Q4_K", "Q6_K"):
+        from edgeserve.bench.random_gguf import random_blocks
+
+        return np.stack([random_blocks(qtype, rows, cols, rng) for _ in range(e)])
+    return gguf.quants.quantize(w.reshape(e * rows, cols), gguf.GGMLQuantizationType[qtype]).reshape(e, rows, -1)
+
+
+def _dequant(qtype: str, data: np.ndarray) -> torch.Tensor:
+    """float64 [E, rows, cols] from stored bytes, by gguf-py's dequantizer (independent of our kernels)."""
+    import gguf
+
+    e, rows, _ = data.shape
+    flat = gguf.quants.dequantize(data.reshape(e * rows, -1), gguf.GGMLQuantizationType[qtype])
+    return torch.from_numpy(flat.astype(np.float64)).reshape(e, rows, -1)
+
+
+def make_layer(cfg: MoEConfig, hidden: int, qtypes: tuple[str, str] | None, seed: int = 0, biases: bool = False,
+               shared: str | None = None, router_bias: torch.Tensor | None = None):
+    """(MoELayer, float64 weights for the reference): experts dense float32 when `qtypes` is None, else GGUF
+    blocks (gate_up's type, down's type) on the native kernels. `shared`: None, "plain" or "gated"."""
+    rng = np.random.default_rng(seed)
+    e, f = cfg.num_experts, cfg.intermediate_size
+    gu = rng.normal(0, 0.2, size=(e, 2 * f, hidden)).astype(np.float32)
+    dn = rng.normal(0, 0.2, size=(e, hidden, f)).astype(np.float32)
+    router = torch.from_numpy(rng.normal(0, 1.0, size=(e, hidden)).astype(np.float32))
+    ref = {"router": router.double(), "router_bias": None if router_bias is None else router_bias.double()}
+    if qtypes is None:
+        gate_up, down = DenseExperts(torch.from_numpy(gu)), DenseExperts(torch.from_numpy(dn))
+        ref["gate_up"], ref["down"] = torch.from_numpy(gu).double(), torch.from_numpy(dn).double()
+    else:
+        # gate and up as two parts (as GGUF stores them), possibly of different types
+        g, u, d = _blocks(qtypes[0], gu[:, :f], rng), _blocks(qtypes[0], gu[:, f:], rng), _blocks(qtypes[1], dn, rng)
+        gate_up = BlockExperts([ExpertBlocks(qtypes[0], g, hidden), ExpertBlocks(qtypes[0], u, hidden)])
+        down = BlockExperts([ExpertBlocks(qtypes[1], d, f)])
+        ref["gate_up"] = torch.cat([_dequant(qtypes[0], g), _dequant(qtypes[0], u)], dim=1)
+        ref["down"] = _dequant(qtypes[1], d)
+    gu_bias = torch.from_numpy(rng.normal(0, 0.3, size=(e, 2 * f)).astype(np.float32)) if biases else None
+    dn_bias = torch.from_numpy(rng.normal(0, 0.3, size=(e, hidden)).astype(np.float32)) if biases else None
+    ref["gate_up_bias"] = None if gu_bias is None else gu_bias.double()
+    ref["down_bias"] = None if dn_bias is None else dn_bias.double()
+    shared_expert = None
+    if shared is not None:
+        s_gu = torch.from_numpy(rng.normal(0, 0.2, size=(2 * f, hidden)).astype(np.float32))
+        s_dn = torch.from_numpy(rng.normal(0, 0.2, size=(hidden, f)).astype(np.float32))
+        s_gate = torch.from_numpy(rng.normal(0, 0.3, size=(1, hidden)).astype(np.float32)) if shared == "gated" else None
+        shared_expert = SharedExpert(s_gu, s_dn, s_gate)
+        ref["shared"] = (s_gu.double(), s_dn.double(), None if s_gate is None else s_gate.double())
+    layer = MoELayer(cfg, router, gate_up, down, router_bias=router_bias, gate_up_bias=gu_bias, down_bias=dn_bias,
+                     shared=shared_expert)
+    return layer, ref
+
+
+def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u
+
+
+def reference_route(h: torch.Tensor, ref: dict, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 (weights [T, k], experts [T, k], gap [T]): gap is how far the k-th choice's logit is above the
+    next one's (tokens with a tiny gap may legitimately route differently)."""
+    logits = h.double() @ ref["router"].T
+    if ref["router_bias"] is not None:
+        logits = logits + ref["router_bias"]
+    k = cfg.experts_per_token
+    top, experts = torch.topk(logits, min(k + 1, logits.shape[1]), dim=-1)  # softmax keeps the logits' order
+    gap = top[:, k - 1] - top[:, k] if k < logits.shape[1] else torch.full((h.shape[0],), float("inf"))
+    top, experts = top[:, :k], experts[:, :k]
+    if cfg.router == "topk_softmax":
+        weights = torch.softmax(top, -1)
+    else:
+        weights = torch.softmax(logits, -1).gather(1, experts)
+        if cfg.normalize_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+    return weights, experts, gap
+
+
+def reference_moe(h: torch.Tensor, ref: dict, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (output [T, hidden], routing gap [T]) of the layer, one token and one expert at a time."""
+    weights, experts, gap = reference_route(h, ref, cfg)
+    x = h.double()
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(cfg.experts_per_token):
+            e = int(experts[t, j])
+            gu = ref["gate_up"][e] @ x[t]
+            if ref["gate_up_bias"] is not None:
+                gu = gu + ref["gate_up_bias"][e]
+            y = ref["down"][e] @ _silu_mul(gu)
+            if ref["down_bias"] is not None:
+                y = y + ref["down_bias"][e]
+            out[t] += weights[t, j] * y
+    if "shared" in ref:
+        s_gu, s_dn, s_gate = ref["shared"]
+        y = _silu_mul(x @ s_gu.T) @ s_dn.T
+        if s_gate is not None:
+            y = y * torch.sigmoid(x @ s_gate.T)
+        out += y
+    return out, gap
+
+
+def check(layer: MoELayer, ref: dict, cfg: MoEConfig, h: torch.Tensor, rel: float) -> torch.Tensor:
+    """Compare layer(h) with the reference on the tokens whose routing is not a near-tie; returns the output."""
+    out = layer.forward(h)
+    assert out.dtype == torch.float32 and out.shape == h.shape
+    want, gap = reference_moe(h, ref, cfg)
+    clear = gap > 1e-3
+    assert clear.float().mean() >= 0.8, "the test data should route most tokens clearly"
+    err = (out.double() - want)[clear].abs().max()
+    assert err <= rel * want.abs().max(), f"max error {err:.3g} vs output scale {want.abs().max():.3g}"
+    return out
+
+
+HIDDEN, FFN = 64, 32
+CASES = {
+    "softmax_topk": MoEConfig(8, 2, FFN, "softmax_topk"),
+    "softmax_topk_renorm": MoEConfig(8, 2, FFN, "softmax_topk", normalize_topk=True),
+    "topk_softmax": MoEConfig(8, 4, FFN, "topk_softmax"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("tokens", [1, 7, 37])
+def test_dense_experts_match_float64_reference(name: str, tokens: int):
+    cfg = CASES[name]
+    layer, ref = make_layer(cfg, HIDDEN, None, seed=tokens)
+    h = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens))
+    check(layer, ref, cfg, h, rel=1e-5)
+
+
+@native
+@pytest.mark.parametrize("qtypes", [("Q8_0", "Q8_0"), ("Q4_0", "Q8_0")])
+@pytest.mark.parametrize("name", list(CASES))
+def test_block_experts_match_float64_reference(qtypes: tuple[str, str], name: str):
+    cfg = CASES[name]
+    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=3)
+    h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    check(layer, ref, cfg, h, rel=0.03)  # activations are quantized to int8 blocks
+
+
+@native
+def test_k_quant_experts_match_float64_reference():
+    cfg = MoEConfig(8, 2, 256, "softmax_topk", normalize_topk=True)
+    layer, ref = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=4)
+    h = torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
+    check(layer, ref, cfg, h, rel=0.03)
+
+
+@pytest.mark.parametrize("qtypes", [None, pytest.param(("Q8_0", "Q8_0"), marks=native)])
+def test_biases_and_shared_expert(qtypes):
+    cfg = MoEConfig(8, 2, FFN, "topk_softmax")
+    for shared in ("plain", "gated"):
+        layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=7, biases=True, shared=shared,
+                                router_bias=torch.linspace(-1, 1, 8))
+        h = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(8))
+        check(layer, ref, cfg, h, rel=1e-5 if qtypes is None else 0.03)
+
+
+@pytest.mark.parametrize("qtypes", [None, pytest.param(("Q8_0", "Q8_0"), marks=native)])
+def test_all_tokens_to_one_expert(qtypes):
+    cfg = MoEConfig(8, 1, FFN, "softmax_topk")
+    bias = torch.zeros(8)
+    bias[5] = 1000.0  # expert 5 wins every token
+    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=9, router_bias=bias)
+    h = torch.randn(13, HIDDEN, generator=torch.Generator().manual_seed(10))
+    _, experts = layer.route(h)
+    assert experts.unique().tolist() == [5]
+    check(layer, ref, cfg, h, rel=1e-5 if qtypes is None else 0.03)
+
+
+@pytest.mark.parametrize("qtypes", [None, pytest.param(("Q4_0", "Q8_0"), marks=native)])
+def test_tokens_over_every_expert_are_batch_invariant(qtypes):
+    """Each token's output is the same bits whether it runs alone or among 37 tokens that use every expert."""
+    cfg = MoEConfig(8, 2, FFN, "softmax_topk", normalize_topk=True)
+    layer, _ = make_layer(cfg, HIDDEN, qtypes, seed=11, shared="gated")
+    h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(12))
+    if qtypes is not None:
+        h = h.to(torch.bfloat16)
+    _, experts = layer.route(h)
+    assert experts.unique().numel() == 8
+    together = layer.forward(h)
+    for i in (0, 17, 36):
+        assert torch.equal(layer.forward(h[i:i + 1])[0], together[i])
+    assert torch.equal(layer.forward(h[3:20]), together[3:20])
+
+
+def test_route_orders_and_normalizes():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    w, e = route(logits, MoEConfig(4, 2, 8, "topk_softmax"))
+    assert e.tolist() == [[1, 3]]
+    assert torch.allclose(w, torch.softmax(torch.tensor([[3.0, 2.0]]), -1))
+    w, e = route(logits, MoEConfig(4, 2, 8, "softmax_topk"))
+    p = torch.softmax(logits, -1)
+    assert e.tolist() == [[1, 3]] and torch.allclose(w, p[:, [1, 3]])
+    w, _ = route(logits, MoEConfig(4, 2, 8, "softmax_topk", normalize_topk=True))
+    assert torch.allclose(w.sum(-1), torch.ones(1))
+
+
+def test_expert_groups_sort_rows_by_expert():
+    experts = torch.tensor([[2, 0], [0, 3], [2, 3]])
+    g = ExpertGroups.build(experts, 5)
+    assert g.active == [(0, 0, 2), (2, 2, 4), (3, 4, 6)]
+    assert g.token.tolist() == [0, 1, 0, 2, 1, 2]
+    assert g.expert.tolist() == [0, 0, 2, 2, 3, 3]
+    assert torch.equal(g.expert[g.inverse].view(3, 2), experts)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="router"):
+        MoEConfig(8, 2, 16, "sigmoid")
+    with pytest.raises(ValueError, match="experts_per_token"):
+        MoEConfig(8, 9, 16)
+    with pytest.raises(ValueError, match="activation"):
+        MoELayer(MoEConfig(2, 1, 4, activation="nope"), torch.zeros(2, 8), DenseExperts(torch.zeros(2, 8, 8)),
+                 DenseExperts(torch.zeros(2, 8, 4)))
