@@ -40,11 +40,14 @@ FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0_R8": (8, 32, 18), "Q4_1_R8": (9, 32, 20),
     "Q4_K_X8": (10, 256, 144), "Q6_K_X8": (11, 256, 210), "Q5_K_X8": (12, 256, 176), "Q4_0_X8": (13, 32, 18),
     "Q4_1_X8": (14, 32, 20), "Q8_0_X8": (15, 32, 34), "Q5_0_X8": (16, 32, 22), "Q5_1_X8": (17, 32, 24),
+    # MXFP4 (gpt-oss experts): an E8M0 exponent byte and 32 4-bit E2M1 codes per block
+    "MXFP4": (18, 32, 17), "MXFP4_X8": (19, 32, 17),
 }
-GGUF_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the rest are made by repacking
+GGUF_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")  # the rest: by repacking
 REPACKED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8"}  # the twin of any row count
 INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q5_0": "Q5_0_X8", "Q5_1": "Q5_1_X8", "Q8_0": "Q8_0_X8",
-               "Q4_K": "Q4_K_X8", "Q5_K": "Q5_K_X8", "Q6_K": "Q6_K_X8"}  # for weights of rows % 8 == 0
+               "Q4_K": "Q4_K_X8", "Q5_K": "Q5_K_X8", "Q6_K": "Q6_K_X8",
+               "MXFP4": "MXFP4_X8"}  # for weights of rows % 8 == 0
 VARIANT_FLAGS: dict[str, list[str]] = {
     "scalar": [],
     "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -189,6 +192,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                   ctypes.c_float, p]
         lib.qmm_paged_attention_sinks.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
+    if hasattr(lib, "qmm_format_count"):
+        lib.qmm_format_count.restype = i32
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
         lib.qmm_repack.restype = None
@@ -325,6 +330,10 @@ class BlockWeight:
         self.lib = lib or library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
+        known = self.lib.qmm_format_count() if hasattr(self.lib, "qmm_format_count") else FORMATS["MXFP4"][0]
+        for p in parts:
+            if FORMATS[p.qtype][0] >= known:  # a library built before the format (--baseline-lib)
+                raise ValueError(f"this native library predates the {p.qtype} format")
         self.parts = [repacked(p, self.lib) for p in _merge_parts(parts)]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[0] for p in parts)

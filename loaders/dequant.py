@@ -30,6 +30,7 @@ BLOCK_LAYOUTS: dict[str, tuple[int, int]] = {
     "Q5_K": (256, 2 + 2 + 12 + 32 + 128),
     "Q6_K": (256, 128 + 64 + 16 + 2),
     "IQ4_XS": (256, 2 + 2 + 4 + 128),
+    "MXFP4": (32, 1 + 16),
 }
 
 SUPPORTED_QTYPES = frozenset(BLOCK_LAYOUTS)
@@ -256,6 +257,23 @@ def _decode_iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
     out.mul_(_f16(b[:, 0:2]))
 
 
+# MXFP4 (OCP microscaling): a 4-bit E2M1 code indexes these doubled values, and the block's E8M0 exponent byte e
+# gives the halved scale 2^(e - 128) (ggml's kvalues_mxfp4 and ggml_e8m0_to_fp32_half).
+_MXFP4_LEVELS = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+
+
+def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """(k, 1) E8M0 exponent bytes -> (k, 1) float32 2^(e - 128): subnormal for e < 2, at most 2^127 (no NaN)."""
+    e32 = e.to(torch.int32)
+    bits = torch.where(e32 < 2, 0x00200000 << e32.clamp(max=1), (e32 - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _decode_mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(_MXFP4_LEVELS[_nibbles32(b[:, 1:]).long()])
+    out.mul_(_e8m0_half(b[:, 0:1]))
+
+
 _SHIFTS_2BIT = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
 
 
@@ -313,6 +331,7 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q5_0": _decode_q5_0,
     "Q5_1": _decode_q5_1,
     "IQ4_NL": _decode_iq4_nl,
+    "MXFP4": _decode_mxfp4,
     "Q2_K": _decode_q2_k,
     "Q3_K": _decode_q3_k,
     "IQ4_XS": _decode_iq4_xs,

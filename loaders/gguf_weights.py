@@ -117,11 +117,12 @@ class GGUFWeights:
         gname = gguf_name(name)
         if gname not in self._names:
             raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
-        info = self.gguf.tensor_info(gname)
-        if len(info.shape) != 2 or not native_format(info.qtype, info.shape[1]):
+        if len(self.gguf.tensor_info(gname).shape) != 2:
             return None
-        data = torch.from_numpy(np.array(self.gguf.raw(gname)))  # a copy: the mmap is read-only
-        value = self._unpermuted(name, BlockTensor(info.qtype, data, info.shape[1]))
+        found = gguf_blocks(self.gguf, gname)
+        if found is None:
+            return None
+        value = self._unpermuted(name, found)
         assert isinstance(value, BlockTensor)
         return value
 
@@ -137,6 +138,24 @@ class GGUFWeights:
         return ExpertBlocks(info.qtype, self.gguf.raw(gname), info.shape[2])
 
     def stored_quantized(self) -> list[str]:
-        """The quantization types (not F32/F16/BF16) of the model's 2-D and expert weights, e.g. ["Q4_K", "Q6_K"]."""
-        types = {self.gguf.tensor_info(n).qtype for n in self._names if len(self.gguf.tensor_info(n).shape) in (2, 3)}
+        """The quantization types (not F32/F16/BF16) of the model's weight matrices (2-D, and 3-D expert stacks),
+        e.g. ["Q4_K", "Q6_K"] or ["MXFP4", "Q8_0"]."""
+        types = {self.gguf.tensor_info(n).qtype for n in self._names if len(self.gguf.tensor_info(n).shape) >= 2}
         return sorted(types - {"F32", "F16", "BF16"})
+
+
+def gguf_blocks(gguf: GGUFFile, gname: str, index: int | None = None) -> BlockTensor | None:
+    """The tensor `gname` (a GGUF name) as its block bytes for the native CPU kernels: a 2-D tensor [rows, cols],
+    or with `index` matrix `index` of a 3-D one (GGUF shape [E, rows, cols]: expert `index` of a MoE layer's
+    stack); None when it is not stored in a block format those kernels take. Reads (copies) only that matrix."""
+    info = gguf.tensor_info(gname)
+    if len(info.shape) != (2 if index is None else 3):
+        raise ModelLoadError(f"{gguf.path}: tensor {gname!r} has shape {info.shape}, not "
+                             f"{'[rows, cols]' if index is None else '[experts, rows, cols]'}")
+    if index is not None and not 0 <= index < info.shape[0]:
+        raise ModelLoadError(f"{gguf.path}: tensor {gname!r} has {info.shape[0]} experts, not {index + 1}")
+    if not native_format(info.qtype, info.shape[-1]):
+        return None
+    raw = gguf.raw(gname)
+    data = torch.from_numpy(np.array(raw if index is None else raw[index]))  # a copy: the mmap is read-only
+    return BlockTensor(info.qtype, data, info.shape[-1])

@@ -21,13 +21,18 @@ GGUF_FORMATS = sorted(GGUF_QTYPES)  # the _R8 / _X8 layouts are made by repackin
 # byte offsets of each block's float16 scale fields (d, and m / dmin where there is one)
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
                 "Q5_K": [0, 2], "Q6_K": [208]}
+# byte offsets of each block's E8M0 exponent (a power-of-two scale)
+EXPONENT_FIELDS = {"MXFP4": [0]}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, gen: np.random.Generator) -> BlockTensor:
-    """Random block bytes of `qtype` for a [rows, cols] weight, with small finite float16 scales."""
+    """Random block bytes of `qtype` for a [rows, cols] weight, with small finite float16 scales (or exponents of
+    scales from 2^-11 to 2^-2)."""
     _, per, size = FORMATS[qtype]
     data = gen.integers(0, 256, size=(rows, cols // per, size), dtype=np.uint8)
-    for off in SCALE_FIELDS[qtype]:
+    for off in EXPONENT_FIELDS.get(qtype, []):
+        data[:, :, off] = gen.integers(117, 127, size=(rows, cols // per), dtype=np.uint8)
+    for off in SCALE_FIELDS.get(qtype, []):
         scale = (gen.random((rows, cols // per)) * 0.02 + 0.001).astype(np.float16)
         if qtype in ("Q4_1", "Q5_1") and off == 2:
             scale = -scale  # the offset m of these formats is usually negative

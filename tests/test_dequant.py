@@ -17,7 +17,7 @@ from edgeserve.loaders.dequant import BLOCK_LAYOUTS, SUPPORTED_QTYPES, dequantiz
 from edgeserve.loaders.gguf_file import GGUFFile, check_supported_qtype
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-BLOCK32_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # gguf can quantize these
+BLOCK32_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")  # gguf can quantize these
 RANDOM_ONLY32 = ("IQ4_NL",)
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
@@ -37,7 +37,11 @@ FP16_FIELDS = {
     "Q3_K": (108,),
     "IQ4_XS": (0,),
     "TQ1_0": (52,),
+    "MXFP4": (),
 }
+# Byte offsets of E8M0 exponent fields, kept to 2^-20 .. 2^-1 here so every value is finite (tests/test_mxfp4.py
+# covers every exponent byte).
+EXPONENT_FIELDS = {"MXFP4": (0,)}
 EXTRA_LAYOUTS = {"TQ1_0": (256, 54)}
 
 FLOAT_SHAPES = [(7,), (5, 12), (2, 3, 8)]
@@ -57,6 +61,8 @@ def random_blocks(qtype: str, shape: tuple[int, ...], rng: np.random.Generator) 
     for off in FP16_FIELDS[qtype]:
         scales = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
         blocks[:, off : off + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    for off in EXPONENT_FIELDS.get(qtype, ()):
+        blocks[:, off] = rng.integers(108, 128, n_blocks, dtype=np.uint8)
     return blocks.reshape(*shape[:-1], shape[-1] // block * size)
 
 

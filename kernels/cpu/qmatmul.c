@@ -40,10 +40,30 @@ enum { F_Q4_0_R8 = 8, F_Q4_1_R8 = 9 };
    those of values 4c + k and 16 + 4c + k of row r, so each run's fifth bits sit at the same bytes as its nibbles. */
 enum {
     F_Q4_K_X8 = 10, F_Q6_K_X8 = 11, F_Q5_K_X8 = 12, F_Q4_0_X8 = 13, F_Q4_1_X8 = 14, F_Q8_0_X8 = 15, F_Q5_0_X8 = 16,
-    F_Q5_1_X8 = 17, N_FORMATS = 18
+    F_Q5_1_X8 = 17
 };
+/* MXFP4 (gpt-oss experts): blocks of 32 as one E8M0 exponent byte e and 16 bytes of 4-bit E2M1 codes (value i in
+   the low nibble of byte i, value 16 + i in the high nibble, as Q4_0). A code indexes MXFP4_LEVELS, the E2M1 values
+   doubled (small integers), and the scale is 2^(e - 128), the E8M0 scale halved (e8m0_half), so a block is int8
+   values times a power of two. Its _X8 group: the 8 rows' exponent bytes, then 4 runs of 32 bytes as Q4_0_X8's. */
+enum { F_MXFP4 = 18, F_MXFP4_X8 = 19, N_FORMATS = 20 };
 
-static inline int is_x8(int fmt) { return fmt >= F_Q4_K_X8; }
+static inline int is_x8(int fmt) { return (fmt >= F_Q4_K_X8 && fmt <= F_Q5_1_X8) || fmt == F_MXFP4_X8; }
+
+/* MXFP4's power-of-two scale meets the activation scale before the integer sum in every kernel: d * sum alone
+   overflows float32 from e = 241 on, though the result may be in range (the other formats' d never get near). */
+static inline int is_mxfp4(int fmt) { return fmt == F_MXFP4 || fmt == F_MXFP4_X8; }
+
+static const int8_t MXFP4_LEVELS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* An E8M0 exponent byte as the halved scale 2^(e - 128), the bits ggml's ggml_e8m0_to_fp32_half builds: subnormal
+   for e < 2, 2^127 for e = 255 (which E8M0 reserves for NaN; ggml and gguf-py read it as a number). */
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 #if defined(QMM_VNNI)
 const char *qmm_variant(void) { return "avx512vnni"; }
@@ -83,10 +103,13 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34, 22, 24};
-static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32, 32, 32};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34, 22, 24,
+                                           17, 17};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32, 32, 32,
+                                            32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
+int qmm_format_count(void) { return N_FORMATS; } /* format ids 0 .. count - 1 are known to this build */
 int qmm_block_values(int fmt) { return BLOCK_VALUES[fmt]; }
 
 /* K-quant 6-bit scale and min j (0..7) of a Q4_K / Q5_K super-block */
@@ -131,6 +154,15 @@ static void unpack32(int fmt, const uint8_t *row, int nb, int b, int q[32], floa
         *d = rd16(x + 2 * j);
         if (fmt == F_Q4_1_R8) *m = rd16(x + 16 + 2 * j);
         for (int i = 0; i < 32; i++) q[i] = ((qs[i] >> (4 * (j & 1))) & 0xF) - (fmt == F_Q4_0_R8 ? 8 : 0);
+        return;
+    }
+    if (fmt == F_MXFP4) {
+        const uint8_t *x = row + (size_t)b * 17;
+        *d = e8m0_half(x[0]);
+        for (int i = 0; i < 16; i++) {
+            q[i] = MXFP4_LEVELS[x[1 + i] & 0xF];
+            q[i + 16] = MXFP4_LEVELS[x[1 + i] >> 4];
+        }
         return;
     }
     if (fmt <= F_Q8_0) {
@@ -217,6 +249,15 @@ static void unpack32_x8(int fmt, const uint8_t *band, int r, int b, int q[32], f
     sc[0] = sc[1] = 1;
     *m = 0.0f;
     const int j = b % 8; /* sub-block of a K super-block */
+    if (fmt == F_MXFP4_X8) { /* e [8], then 4 runs as Q4_0_X8's */
+        const uint8_t *g = band + (size_t)b * 8 * 17;
+        *d = e8m0_half(g[r]);
+        for (int l = 0; l < 32; l++) {
+            const int c = (l % 16) / 4, e = l / 16;
+            q[l] = MXFP4_LEVELS[(g[8 + 32 * c + 4 * r + l % 4] >> (4 * e)) & 0xF];
+        }
+        return;
+    }
     if (fmt == F_Q8_0_X8) { /* d [8], then 8 runs of 4 values */
         const uint8_t *g = band + (size_t)b * 8 * 34;
         *d = rd16(g + 2 * r);
@@ -296,6 +337,7 @@ int qmm_repacked_format(int fmt, int N) {
         case F_Q4_K: return F_Q4_K_X8;
         case F_Q5_K: return F_Q5_K_X8;
         case F_Q6_K: return F_Q6_K_X8;
+        case F_MXFP4: return F_MXFP4_X8;
         }
     }
 #endif
@@ -307,7 +349,10 @@ static void repack_group_x8(int fmt, const uint8_t *const x[8], uint8_t *o) {
     memset(o, 0, (size_t)8 * BLOCK_BYTES[fmt]);
     for (int r = 0; r < 8; r++) {
         const uint8_t *s = x[r];
-        if (fmt == F_Q8_0) {
+        if (fmt == F_MXFP4) {
+            o[r] = s[0];
+            for (int c = 0; c < 4; c++) memcpy(o + 8 + 32 * c + 4 * r, s + 1 + 4 * c, 4);
+        } else if (fmt == F_Q8_0) {
             memcpy(o + 2 * r, s, 2);
             for (int c = 0; c < 8; c++) memcpy(o + 16 + 32 * c + 4 * r, s + 2 + 4 * c, 4);
         } else if (fmt == F_Q4_0 || fmt == F_Q4_1) {
@@ -539,7 +584,11 @@ __attribute__((unused)) static void dot_scalar(int fmt, const uint8_t *w, int64_
             for (int l = 0; l < 16; l++) s0 += q[l] * x[l];
             for (int l = 16; l < 32; l++) s1 += q[l] * x[l];
             const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
-            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+            const float da = a.da[r * (a.lda / 32) + b];
+            if (is_mxfp4(fmt))
+                acc[r] += da * d * (float)(s0 + s1);
+            else
+                acc[r] += da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
         }
     }
     for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
@@ -714,6 +763,17 @@ static inline __attribute__((always_inline)) void dot_simd(int fmt, const uint8_
                 }
             }
         }
+    } else if (fmt == F_MXFP4) { /* the codes through the table to signed bytes, then as Q8_0 */
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_LEVELS));
+        for (int b = 0; b < nb; b++) {
+            for (int w = 0; w < nw; w++) {
+                const uint8_t *x = row + w * row_bytes + (size_t)b * 17;
+                const float d = e8m0_half(x[0]);
+                const __m256i q = _mm256_shuffle_epi8(levels, nibbles32(x + 1)), aq = _mm256_sign_epi8(q, q);
+                for (int r = 0; r < nr; r++)
+                    acc[w][r] = fma_block(mul_s8s8(q, aq, LOAD_A(r, b)), DA(r, b) * d, acc[w][r]);
+            }
+        }
     } else if (fmt == F_Q8_0) {
         for (int b = 0; b < nb; b++) {
             for (int w = 0; w < nw; w++) {
@@ -854,6 +914,14 @@ static inline void x8_scales_mins(const uint8_t *p, uint8_t sc[64], uint8_t mn[6
                                                              _mm256_and_si256(_mm256_srli_epi16(hi, 2), x30)));
 }
 
+/* The 8 halved E8M0 scales (e8m0_half) of the exponent bytes at p. */
+static inline __m256 e8m0_half8(const uint8_t *p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
 /* A band of 8 weight rows (one _X8 format) against nr <= NX activation rows: out[r * ldo + i] for row i of the band.
    Per block of 32 and activation row: 8 broadcasts of 4 activation bytes, each multiplied (maddubs) with the same 4
    values of the 8 weight rows, summed in int16 as far as they cannot overflow (|a| <= 127: 4-bit weights 8 runs,
@@ -910,6 +978,38 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 const __m256 isum = _mm256_cvtepi32_ps(five ? i32[r] : _mm256_madd_epi16(s16[r], ones));
                 acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(FS(r, b)), acc[r]);
+            }
+        }
+    } else if (fmt == F_MXFP4_X8) {
+        /* the codes through a table of the levels + 12 (unsigned, 0..24) so maddubs takes them as they are; a madd
+           every 2 runs (2 x 2 x 24 x 127 fits int16); the 12 taken off in integers as 12 * (sum of the block's 32
+           activations), which leaves the same integer sum as the signed levels give (no float minimum to
+           overflow where the scale is near float32's largest) */
+        const __m256i levels = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                                15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        const __m256i ones = _mm256_set1_epi16(1), twelve = _mm256_set1_epi16(12);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
+            const __m256 dv = e8m0_half8(g);
+            __m256i s16[NX], i32[NX];
+            for (int r = 0; r < nr; r++) s16[r] = i32[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) { /* values 4c.. in the low nibbles, 16 + 4c.. in the high ones */
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(g + 8 + 32 * c));
+                const __m256i u0 = _mm256_shuffle_epi8(levels, _mm256_and_si256(w, low4));
+                const __m256i u1 = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(w, 4), low4));
+                for (int r = 0; r < nr; r++) {
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
+                                                       _mm256_maddubs_epi16(u1, A4(r, b, c + 4)));
+                    s16[r] = c & 1 ? _mm256_add_epi16(s16[r], p) : p;
+                    PIN(s16[r]);
+                    if (c & 1) i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(s16[r], ones));
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const __m256i corr = _mm256_madd_epi16(bcast4(a.sa + r * (a.lda / 16) + 2 * b), twelve);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i32[r], corr)),
+                                         _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
             }
         }
     } else if (fmt == F_Q8_0_X8) { /* signed weights: the sign trick, a madd per run (2 x 128 x 127 fills int16) */
@@ -1044,12 +1144,13 @@ X8_FMT(F_Q4_1_X8)
 X8_FMT(F_Q8_0_X8)
 X8_FMT(F_Q5_0_X8)
 X8_FMT(F_Q5_1_X8)
+X8_FMT(F_MXFP4_X8)
 #define X8_ROW(F)                                                                                           \
-    {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                        \
-     dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
-static const x8_fn X8[N_FORMATS - F_Q4_K_X8][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8),
-                                                     X8_ROW(F_Q4_0_X8), X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8),
-                                                     X8_ROW(F_Q5_0_X8), X8_ROW(F_Q5_1_X8)};
+    [F] = {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                  \
+           dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
+static const x8_fn X8[N_FORMATS][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8), X8_ROW(F_Q4_0_X8),
+                                        X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8), X8_ROW(F_Q5_0_X8), X8_ROW(F_Q5_1_X8),
+                                        X8_ROW(F_MXFP4_X8)};
 
 /* tiles: 2 or 1 weight rows x 4 activation rows (prompt rows), 1 x 1 (decode rows and what is left) */
 #define DOT_FMT(F)                                                                                          \
@@ -1072,11 +1173,13 @@ DOT_FMT(F_Q5_K)
 DOT_FMT(F_Q6_K)
 DOT_FMT(F_Q4_0_R8)
 DOT_FMT(F_Q4_1_R8)
+DOT_FMT(F_MXFP4)
 
 typedef void (*dot_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
 #define DOT_TABLE(S)                                                                                        \
     {dot_F_Q4_0_##S, dot_F_Q4_1_##S, dot_F_Q5_0_##S, dot_F_Q5_1_##S,                                        \
-     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S, dot_F_Q4_0_R8_##S, dot_F_Q4_1_R8_##S}
+     dot_F_Q8_0_##S, dot_F_Q4_K_##S, dot_F_Q5_K_##S, dot_F_Q6_K_##S, dot_F_Q4_0_R8_##S, dot_F_Q4_1_R8_##S, \
+     [F_MXFP4] = dot_F_MXFP4_##S}
 static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_TABLE(1x4),
                     DOT1x1[N_FORMATS] = DOT_TABLE(1x1);
 
@@ -1085,7 +1188,7 @@ static const dot_fn DOT2x4[N_FORMATS] = DOT_TABLE(2x4), DOT1x4[N_FORMATS] = DOT_
 static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr,
                       float *out, int64_t ldo) {
     if (is_x8(fmt)) { /* band by band (n0, n1: multiples of 8), every tile of activation rows over each band */
-        const x8_fn *fn = X8[fmt - F_Q4_K_X8];
+        const x8_fn *fn = X8[fmt];
         for (int n = n0; n < n1; n += 8) {
             const uint8_t *band = w + (int64_t)n * row_bytes;
             for (int r = 0; r < nr; r += NX) {
@@ -1101,7 +1204,7 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
         float *o = out + r * ldo;
         int n = n0;
         /* the _R8 kernels keep a scale vector per activation row: 2 x 4 of them spill registers */
-        for (; fmt < F_Q4_0_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (; fmt != F_Q4_0_R8 && fmt != F_Q4_1_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
         for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
     /* Decode rows one weight row at a time: several weight rows side by side (more independent chains) win on
@@ -1123,6 +1226,15 @@ static void unpack32_neon(int fmt, const uint8_t *row, int nb, int b, int8x16_t 
     int off = 0;
     sc[0] = sc[1] = 1;
     *m = 0.0f;
+    if (fmt == F_MXFP4) { /* the codes through the table of levels */
+        const uint8_t *x = row + (size_t)b * 17;
+        const int8x16_t levels = vld1q_s8(MXFP4_LEVELS);
+        const uint8x16_t v = vld1q_u8(x + 1);
+        *d = e8m0_half(x[0]);
+        q[0] = vqtbl1q_s8(levels, vandq_u8(v, low4));
+        q[1] = vqtbl1q_s8(levels, vshrq_n_u8(v, 4));
+        return;
+    }
     if (fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8) {
         const uint8_t *x, *qs;
         const int j = b % 8;
@@ -1246,7 +1358,11 @@ static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
             const int8_t *x = a.qa + r * a.lda + b * 32;
             const int s0 = dot16(q[0], vld1q_s8(x)), s1 = dot16(q[1], vld1q_s8(x + 16));
             const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
-            acc[r] += a.da[r * (a.lda / 32) + b] * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+            const float da = a.da[r * (a.lda / 32) + b];
+            if (is_mxfp4(fmt))
+                acc[r] += da * d * (float)(s0 + s1);
+            else
+                acc[r] += da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
         }
     }
     for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
@@ -1303,7 +1419,7 @@ void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, cons
                 const int16_t *sa, int M, float *out, int64_t ldo) {
     float stack_fs[256], *fs = 0;
     if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8 ||
-        (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8)) {
+        (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8 && fmt != F_MXFP4_X8)) {
         int64_t n = (int64_t)M * (K / 32);
         fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
         if (!fs) abort();
