@@ -8,11 +8,11 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss")
 # Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # HF `model_type` spellings of our architecture names.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 # HF `architectures[0]` class names mapped to our architecture names.
 HF_CLASS_TO_ARCH = {
     "LlamaForCausalLM": "llama",
@@ -23,6 +23,7 @@ HF_CLASS_TO_ARCH = {
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
     "Qwen3MoeForCausalLM": "qwen3moe",
+    "GptOssForCausalLM": "gpt-oss",
 }
 # Mixture-of-Experts architectures whose MoE layers route with a softmax over all experts, then the top k.
 SOFTMAX_TOPK_ARCHITECTURES = ("qwen3moe",)
@@ -82,6 +83,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    # gpt-oss (edgeserve.models.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     @property
     def is_moe(self) -> bool:
@@ -141,6 +145,7 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         raise UnsupportedModelError(f"RoPE scaling type {scaling_type!r} is not supported")
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
     gemma = _gemma_from_gguf(arch, metadata, int(key("block_count")), hidden, heads, head_dim)
+    gemma.update(_gpt_oss_from_gguf(arch, metadata, int(key("block_count"))))
     moe = _moe_from_gguf(arch, metadata)
     return ModelConfig(
         architecture=arch,
@@ -181,6 +186,31 @@ def _yarn_from_gguf(arch: str, metadata: Mapping[str, Any]) -> RopeScaling:
                        attention_factor=float(get("yarn_attn_factor")) if get("yarn_attn_factor") else None)
 
 
+def _gpt_oss_windows(window: int | None, sliding: list[bool]) -> dict[str, Any]:
+    """gpt-oss's per-layer windows: `window` on the sliding layers, full attention on the others."""
+    return dict(layer_windows=tuple(int(window) if s and window else None for s in sliding))
+
+
+def _gpt_oss_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss's fields from GGUF metadata (empty for other architectures): llama.cpp slides the even layers
+    (a pattern of 2, as HF's default layer_types)."""
+    if arch != "gpt-oss":
+        return {}
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    return _gpt_oss_windows(window, [i % 2 == 0 for i in range(layers)])
+
+
+def _gpt_oss_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """gpt-oss's fields from an HF config (empty for other architectures)."""
+    if arch != "gpt-oss":
+        return {}
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    fields = _gpt_oss_windows(cfg.get("sliding_window"), [t == "sliding_attention" for t in types])
+    fields.update(swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+    return fields
+
+
 def _moe_from_gguf(arch: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The Mixture-of-Experts fields of a ModelConfig from GGUF metadata (empty for a dense model)."""
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
@@ -207,7 +237,7 @@ def _moe_from_hf(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise UnsupportedModelError("MoE models with dense MLP layers among the expert layers (mlp_only_layers, "
                                     "decoder_sparse_step) are not supported")
     return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
-                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                 shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0))
 
@@ -339,6 +369,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             sliding_window=cfg.get("sliding_window")
             if cfg.get("use_sliding_window", arch in ("mistral", "phi3")) else None,
             **_gemma_from_hf(arch, cfg),
+            **_gpt_oss_from_hf(arch, cfg),
             **moe,
         )
     except KeyError as e:
