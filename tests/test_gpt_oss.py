@@ -248,3 +248,53 @@ def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) ->
     chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
     assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+
+
+def write_mxfp4_checkpoint(model, folder: Path) -> None:
+    """Save `model` as OpenAI's checkpoints are laid out: experts as MXFP4 `*_blocks` / `*_scales` (random codes and
+    exponents here) with quantization_config mxfp4, and set the model's experts to those blocks' values (transformers'
+    own dequantization), so it is the reference for what the checkpoint holds."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model.save_pretrained(folder)
+    file = folder / "model.safetensors"
+    sd = load_file(str(file))
+    g = torch.Generator().manual_seed(5)
+    for i in range(model.config.num_hidden_layers):
+        experts = model.model.layers[i].mlp.experts
+        for name in ("gate_up_proj", "down_proj"):
+            param = getattr(experts, name)  # [E, in, out]
+            e, cols, rows = param.shape
+            blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
+            scales = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            del sd[key]
+            sd[key + "_blocks"], sd[key + "_scales"] = blocks, scales
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    save_file(sd, str(file), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_mxfp4_experts(dtype: torch.dtype, tmp_path: Path) -> None:
+    """OpenAI's MXFP4 safetensors: float32 dequantizes the experts (logits as transformers' on the same values);
+    bfloat16 on the native kernels keeps them as MXFP4 blocks, close to the float32 load."""
+    ref_model = hf_gpt_oss()
+    write_mxfp4_checkpoint(ref_model, tmp_path / "hf")
+    config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    model = GptOssModel.from_weights(config, HFFolder(tmp_path / "hf").weights(), dtype=dtype)
+    got = paged_logits(model).float()
+    ref = reference_logits(ref_model)
+    if dtype == torch.float32:
+        assert isinstance(model.layers[0].moe.gate_up, DenseExperts)
+        diff = (got - ref).abs().max().item()
+        assert diff < 1e-4 * max(1.0, ref.abs().max().item()), f"max diff {diff}"
+    else:
+        if not cpu_native.available():
+            pytest.skip("native CPU kernels not built")
+        assert all(isinstance(layer.moe.gate_up, BlockExperts) for layer in model.layers)
+        assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98

@@ -4,7 +4,11 @@ expert biases; the clamped SwiGLU kernels.activation.swiglu_oai).
 
 HF checkpoints keep each layer's experts fused and transposed, `mlp.experts.gate_up_proj` [E, hidden, 2F] with gate
 and up columns interleaved (and `gate_up_proj_bias` [E, 2F] likewise), `down_proj` [E, F, hidden]; GptOssWeights
-serves them as the MoE loader's [E, 2F, hidden] (gate rows first) and [E, hidden, F]. llama.cpp's GGUF stores the
+serves them as the MoE loader's [E, 2F, hidden] (gate rows first) and [E, hidden, F]. OpenAI's own checkpoints
+store those experts in MXFP4 instead (`*_blocks` [E, rows, cols / 32, 16], `*_scales` [E, rows, cols / 32], rows
+being the output features): they are re-laid out as GGUF MXFP4 block bytes (the same codes and exponents, nibbles
+in GGUF's order), which the native CPU kernels run as they are and the other paths dequantize. llama.cpp's GGUF
+stores the
 experts split already (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`, with biases), the router as
 `ffn_gate_inp` (+ bias), the sinks as `attn_sinks`, and the pre-MLP norm as `post_attention_norm`.
 """
@@ -18,8 +22,10 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv, swiglu_oai
+from edgeserve.kernels.experts import ExpertBlocks
 from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.rope import apply_rope
+from edgeserve.loaders.dequant import dequantize
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
@@ -29,6 +35,16 @@ from .moe import MoEConfig
 from .moe_weights import load_moe_layer
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def mxfp4_to_gguf(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """HF MXFP4 experts (`blocks` uint8 [..., groups, 16], value 2k in byte k's low nibble and 2k + 1 in its high
+    one; `scales` uint8 [..., groups], E8M0) as GGUF MXFP4 bytes [..., groups * 17]: per block the exponent byte,
+    then 16 bytes holding values j (low nibble) and j + 16 (high nibble)."""
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., groups, 32] in value order
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat([scales.unsqueeze(-1), qs], dim=-1).flatten(-2).contiguous()
 
 
 class GptOssWeights:
@@ -42,9 +58,6 @@ class GptOssWeights:
         self.hf = source.has("model.layers.0.mlp.router.weight")
         if not self.hf and self.gguf is None:
             raise ModelLoadError("gpt-oss weights need HF names (mlp.router, mlp.experts.gate_up_proj) or a GGUF file")
-        if self.hf and source.has("model.layers.0.mlp.experts.gate_up_proj_blocks"):
-            raise ModelLoadError("gpt-oss safetensors with MXFP4 experts (*_blocks / *_scales) are not supported; "
-                                 "use a GGUF file or a checkpoint with dequantized experts")
 
     def _local(self, name: str) -> tuple[str, str] | None:
         m = _LAYER.fullmatch(name)
@@ -56,6 +69,8 @@ class GptOssWeights:
             i, local = found
             if local in ("mlp.gate.weight", "mlp.gate.bias"):
                 return self.source.has(f"model.layers.{i}.mlp.router.{local.rpartition('.')[2]}")
+            if local in _EXPERTS:
+                return self.source.has(name) or self.source.has(name + "_blocks")
         if found and not self.hf and found[1] == "post_attention_layernorm.weight":
             return True
         return self.source.has(name)
@@ -73,6 +88,9 @@ class GptOssWeights:
             return self.source.get(name, keep_int4)
         if local in ("mlp.gate.weight", "mlp.gate.bias"):
             return self.source.get(p + "mlp.router." + local.rpartition(".")[2], keep_int4)
+        if local in _EXPERTS and not self.source.has(name):  # MXFP4: the re-laid-out blocks, dequantized
+            found_blocks = self._mxfp4(name)
+            return dequantize(found_blocks.data.numpy(), "MXFP4", found_blocks.shape)
         if local == "mlp.experts.gate_up_proj":  # [E, hidden, 2F] interleaved -> [E, 2F, hidden], gate rows first
             w = self._dense(name)
             return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1).transpose(1, 2).contiguous()
@@ -96,10 +114,24 @@ class GptOssWeights:
         blocks = getattr(self.source, "blocks", None)
         return None if blocks is None else blocks(name)
 
-    def expert_blocks(self, name: str):
-        """A 3-D expert tensor's GGUF block bytes (GGUF only: HF's fused experts are re-laid out as floats)."""
+    def expert_blocks(self, name: str) -> ExpertBlocks | None:
+        """A 3-D expert tensor's GGUF block bytes: the GGUF's own, or an HF checkpoint's MXFP4 experts re-laid out
+        (None for HF float experts)."""
+        if self.hf:
+            return self._mxfp4(name) if self.source.has(name + "_blocks") else None
         found = getattr(self.source, "expert_blocks", None)
-        return None if found is None or self.hf else found(name)
+        return None if found is None else found(name)
+
+    def _mxfp4(self, name: str) -> ExpertBlocks:
+        """HF MXFP4 experts `name` as GGUF MXFP4 blocks [E, rows, bytes] in the loader's layout (gate_up: the gate
+        rows, then the up rows)."""
+        blocks = self.source.get(name + "_blocks", keep_int4=False)
+        scales = self.source.get(name + "_scales", keep_int4=False)
+        assert isinstance(blocks, torch.Tensor) and isinstance(scales, torch.Tensor)
+        data = mxfp4_to_gguf(blocks.to(torch.uint8), scales.to(torch.uint8))  # [E, rows, groups * 17]
+        if name.endswith("gate_up_proj"):  # interleaved gate / up rows -> gate rows first
+            data = torch.cat([data[:, 0::2], data[:, 1::2]], dim=1).contiguous()
+        return ExpertBlocks("MXFP4", data, blocks.shape[-2] * 32)
 
 
 class GptOssModel(LlamaModel):
