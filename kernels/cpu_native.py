@@ -29,8 +29,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c")]
-HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
+                                                                 "layer.c", "moe.c")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -181,6 +181,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
         lib.qmm_paged_attention_from.restype = None
+    if hasattr(lib, "qmm_moe_matmul"):  # likewise
+        lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
+        lib.qmm_moe_matmul.restype = i32
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]

@@ -32,6 +32,8 @@ class ExpertGroups:
     expert: torch.Tensor  # [N] long
     inverse: torch.Tensor  # [N] long: the sorted position of flat row token * k + slot
     active: list[tuple[int, int, int]]
+    active_ids: torch.Tensor  # int32 [A]: the active experts (CPU), as the native grouped matmul takes them
+    starts: torch.Tensor  # int32 [A + 1]: where each active expert's rows start, then N
 
     @classmethod
     def build(cls, experts: torch.Tensor, num_experts: int) -> "ExpertGroups":
@@ -48,7 +50,9 @@ class ExpertGroups:
             if n:
                 active.append((e, start, start + n))
                 start += n
-        return cls(order // k if k else order, flat[order], inverse, active)
+        ids = torch.tensor([a[0] for a in active], dtype=torch.int32)
+        starts = torch.tensor([a[1] for a in active] + [start], dtype=torch.int32)
+        return cls(order // k if k else order, flat[order], inverse, active, ids, starts)
 
     @property
     def rows(self) -> int:
@@ -116,7 +120,10 @@ class ExpertBlocks:
 class BlockExperts:
     """One projection of every expert in GGUF block formats on the native CPU kernels: parts stacked along the
     output rows (e.g. the gate and up tensors, which may differ in format), each [E, rows, bytes per row]. Only
-    the active experts' rows are read."""
+    the active experts' rows are read: in one native call (qmm_moe_matmul, threads over experts and rows), or with
+    `one_call` False (or a library without it) one qmm_matmul per active expert and part."""
+
+    one_call = True
 
     def __init__(self, parts: list[ExpertBlocks], lib: ctypes.CDLL | None = None):
         if len({p.cols for p in parts}) != 1 or len({p.data.shape[0] for p in parts}) != 1:
@@ -134,6 +141,12 @@ class BlockExperts:
         # per part: format id, address, bytes per expert, bytes per row, rows
         self._kernel = [(FORMATS[p.qtype][0], p.address(), p.data.shape[1] * p.data.shape[2], p.data.shape[2],
                          p.data.shape[1]) for p in parts]
+        # the same, as the arrays qmm_moe_matmul takes
+        self._fmt = torch.tensor([k[0] for k in self._kernel], dtype=torch.int32)
+        self._w = torch.tensor([k[1] for k in self._kernel], dtype=torch.int64)
+        self._expert_bytes = torch.tensor([k[2] for k in self._kernel], dtype=torch.int64)
+        self._row_bytes = torch.tensor([k[3] for k in self._kernel], dtype=torch.int64)
+        self._rows = torch.tensor([k[4] for k in self._kernel], dtype=torch.int32)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -153,6 +166,17 @@ class BlockExperts:
         n_out = self.out_features
         out = torch.empty(groups.rows, n_out, dtype=torch.float32)
         pa, pd, ps, po = qa.data_ptr(), da.data_ptr(), sa.data_ptr(), out.data_ptr()
+        if self.one_call and hasattr(self.lib, "qmm_moe_matmul"):
+            if groups.active:
+                rc = self.lib.qmm_moe_matmul(len(self._kernel), self._fmt.data_ptr(), self._w.data_ptr(),
+                                             self._expert_bytes.data_ptr(), self._row_bytes.data_ptr(),
+                                             self._rows.data_ptr(), k, pa, pd, ps, len(groups.active),
+                                             groups.active_ids.data_ptr(), groups.starts.data_ptr(), po, n_out)
+                if rc == -1:
+                    raise MemoryError(f"the grouped expert matmul of {groups.rows} rows could not allocate its tasks")
+                if rc != 0:
+                    raise ValueError(f"the grouped expert matmul takes at most 4 parts, not {len(self._kernel)}")
+            return out
         for e, s, t in groups.active:
             col = 0
             for fmt, base, expert_bytes, row_bytes, rows in self._kernel:

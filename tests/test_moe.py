@@ -233,3 +233,19 @@ def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="activation"):
         MoELayer(MoEConfig(2, 1, 4, activation="nope"), torch.zeros(2, 8), DenseExperts(torch.zeros(2, 8, 8)),
                  DenseExperts(torch.zeros(2, 8, 4)))
+
+
+@native
+@pytest.mark.parametrize("tokens", [1, 3, 70])
+def test_one_native_call_equals_a_matmul_per_expert(tokens: int):
+    """qmm_moe_matmul (every active expert in one threaded call) gives the same bits as one qmm_matmul per expert,
+    for formats with and without offset sums and experts with very different row counts."""
+    cfg = MoEConfig(8, 3, 256, "softmax_topk")
+    layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13)
+    h = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    assert hasattr(layer.gate_up.lib, "qmm_moe_matmul")
+    one_call = layer.forward(h)
+    layer.gate_up.one_call = layer.down.one_call = False
+    per_expert = layer.forward(h)
+    assert one_call.abs().max() > 0
+    assert torch.equal(one_call, per_expert)
