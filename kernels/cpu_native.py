@@ -184,6 +184,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_moe_matmul"):  # likewise
         lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
         lib.qmm_moe_matmul.restype = i32
+        lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
+        lib.qmm_f32_matmul.restype = i32
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
@@ -507,4 +509,21 @@ def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
                          f2 // 2, out.data_ptr())
+    return out
+
+
+def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x [T, K] (float32 or bfloat16) @ w.T for a float32 weight w [N, K] as float32 [T, N], each value one
+    fixed-order dot product (a row's result does not depend on the other rows); None when the library lacks it or
+    the inputs are not CPU rows it takes."""
+    lib = library()
+    if (lib is None or not hasattr(lib, "qmm_f32_matmul") or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
+            or x.device.type != "cpu" or w.device.type != "cpu"):
+        return None
+    w = w.contiguous()
+    t, n = x.shape[0], w.shape[0]
+    out = torch.empty(t, n, dtype=torch.float32)
+    if lib.qmm_f32_matmul(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else x.shape[1], t, w.data_ptr(),
+                          n, w.shape[1], out.data_ptr(), n) != 0:
+        raise MemoryError(f"the float32 matmul of {t} rows could not allocate its scratch memory")
     return out

@@ -249,3 +249,15 @@ def test_one_native_call_equals_a_matmul_per_expert(tokens: int):
     per_expert = layer.forward(h)
     assert one_call.abs().max() > 0
     assert torch.equal(one_call, per_expert)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_router_matmul_is_exact_and_row_independent(dtype):
+    w = torch.randn(40, 203, generator=torch.Generator().manual_seed(15))  # K not a multiple of the SIMD width
+    x = torch.randn(21, 203, generator=torch.Generator().manual_seed(16)).to(dtype)
+    got = cpu_native.f32_matmul(x, w)
+    want = x.double() @ w.double().T
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
+    assert torch.equal(cpu_native.f32_matmul(x[5:6], w)[0], got[5])
+    assert torch.equal(cpu_native.f32_matmul(x[::2], w), got[::2])  # strided rows

@@ -89,3 +89,73 @@ int qmm_moe_matmul(int n_parts, const int *fmt, const uint8_t *const *w, const i
     free(fs);
     return 0;
 }
+
+/* ---- float32 weights (the router): out[t, n] = sum_k x[t, k] w[n, k] ------------------------------------------ */
+
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+#endif
+
+static inline float bf16_value(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+typedef struct {
+    const void *x;
+    int is_bf16, T, N, K, rows_per_task;
+    int64_t ldx, ldo;
+    const float *w;
+    float *out, *xf; /* xf: the rows of x as float32 when x is bfloat16 */
+} f32_job_t;
+
+/* one fixed-order dot product: 8 lanes (or 1 in portable C) over K, then a fixed reduction, then the tail */
+static float dot_f32(const float *a, const float *b, int K) {
+    int k = 0;
+    float s = 0.0f;
+#if defined(QMM_AVX2)
+    __m256 acc = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    s = _mm_cvtss_f32(q);
+#endif
+    for (; k < K; k++) s += a[k] * b[k];
+    return s;
+}
+
+static void f32_rows(void *ctx, int task) {
+    const f32_job_t *j = (const f32_job_t *)ctx;
+    const int t1 = (task + 1) * j->rows_per_task < j->T ? (task + 1) * j->rows_per_task : j->T;
+    for (int t = task * j->rows_per_task; t < t1; t++) {
+        const float *xr;
+        if (j->is_bf16) {
+            float *buf = j->xf + (int64_t)t * j->K;
+            const uint16_t *src = (const uint16_t *)j->x + (int64_t)t * j->ldx;
+            for (int k = 0; k < j->K; k++) buf[k] = bf16_value(src[k]);
+            xr = buf;
+        } else {
+            xr = (const float *)j->x + (int64_t)t * j->ldx;
+        }
+        for (int n = 0; n < j->N; n++) j->out[(int64_t)t * j->ldo + n] = dot_f32(xr, j->w + (int64_t)n * j->K, j->K);
+    }
+}
+
+/* out[t, n] (row stride ldo) = x[t, :] . w[n, :] for T rows of x (float32, or bfloat16 when is_bf16; row stride ldx)
+   and a float32 weight w [N, K]: each value one fixed-order dot product, so a row's result does not depend on the
+   other rows or the threads. Returns 0, or -1 when its scratch memory could not be allocated. */
+int qmm_f32_matmul(const void *x, int is_bf16, int64_t ldx, int T, const float *w, int N, int K, float *out,
+                   int64_t ldo) {
+    if (T < 1) return 0;
+    float *xf = 0;
+    if (is_bf16 && !(xf = (float *)malloc((int64_t)T * K * sizeof(float)))) return -1;
+    const int per = (int)((65536 + (int64_t)N * K - 1) / ((int64_t)N * K)); /* rows of at least 64k products */
+    f32_job_t job = {x, is_bf16, T, N, K, per, ldx, ldo, w, out, xf};
+    pool_run(f32_rows, &job, (T + per - 1) / per, (int64_t)T * N * K >= (1 << 17));
+    free(xf);
+    return 0;
+}
