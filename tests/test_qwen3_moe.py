@@ -236,3 +236,33 @@ def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) ->
     chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
     assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+
+
+def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:
+    """--load-format dummy of a Qwen3 MoE config.json: random experts of its shape, a finite forward pass."""
+    from edgeserve.models.dummy import weight_bytes
+    from edgeserve.models.load import load_model
+    from edgeserve.registry.resolve import ModelSource
+
+    cfg = hf_moe().config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    lm = load_model(ModelSource("tiny-moe", "hf", tmp_path / "config.json"), dtype="float32", load_format="dummy")
+    assert isinstance(lm.model, MoEModel)
+    assert lm.model.layers[0].moe.gate_up.shape == (EXPERTS, 2 * EXPERT_FFN, HIDDEN)
+    logits = paged_logits(lm.model)
+    assert torch.isfinite(logits).all()
+    dense = config_from_hf({**cfg, "model_type": "qwen3", "num_experts": 0, "num_local_experts": 0})
+    assert weight_bytes(lm.config, torch.float32) - weight_bytes(dense, torch.float32) == 2 * (
+        EXPERTS * (3 * EXPERT_FFN * HIDDEN * 4 + HIDDEN * 4) - 3 * 128 * HIDDEN * 4)
+
+
+def test_cuda_graphs_are_not_captured_for_moe(monkeypatch) -> None:
+    """MoE layers group rows by expert on the host, which a captured decode graph cannot replay."""
+    from edgeserve.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "use_triton", lambda device: True)
+    moe = config_from_hf(hf_moe().config.to_dict())
+    dense = config_from_hf({**hf_moe().config.to_dict(), "model_type": "qwen3", "num_experts": 0,
+                            "num_local_experts": 0})
+    cuda = torch.device("cuda")
+    assert cuda_graphs.graphs_supported(cuda, dense) and not cuda_graphs.graphs_supported(cuda, moe)
