@@ -266,3 +266,11 @@ def test_cuda_graphs_are_not_captured_for_moe(monkeypatch) -> None:
                             "num_local_experts": 0})
     cuda = torch.device("cuda")
     assert cuda_graphs.graphs_supported(cuda, dense) and not cuda_graphs.graphs_supported(cuda, moe)
+
+
+def test_calibrated_quantization_refuses_moe_by_name() -> None:
+    from edgeserve.errors import EdgeserveError
+    from edgeserve.models.calibrate import awq_scales
+
+    with pytest.raises(EdgeserveError, match="Mixture-of-Experts"):
+        awq_scales(config_from_hf(hf_moe().config.to_dict()), None, [1, 2, 3], 32, torch.float32, torch.device("cpu"))
