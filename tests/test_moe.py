@@ -261,3 +261,66 @@ def test_native_router_matmul_is_exact_and_row_independent(dtype):
     assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
     assert torch.equal(cpu_native.f32_matmul(x[5:6], w)[0], got[5])
     assert torch.equal(cpu_native.f32_matmul(x[::2], w), got[::2])  # strided rows
+
+
+@pytest.mark.parametrize("qtype", ["F32", pytest.param("Q8_0", marks=native)])
+def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path, qtype: str):
+    """load_moe_layer over a GGUF's llama.cpp names: router + bias, split gate / up experts with biases, down with
+    its bias, a shared expert and its gate; float32 loads dense experts, bfloat16 keeps block formats natively."""
+    import gguf
+
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.loaders.gguf_weights import GGUFWeights
+    from edgeserve.models.config import ModelConfig
+    from edgeserve.models.moe_weights import load_moe_layer
+
+    e, k, f, hidden = 8, 2, FFN, HIDDEN
+    rng = np.random.default_rng(17)
+    arrays = {
+        "ffn_gate_inp.weight": rng.normal(0, 1.0, (e, hidden)), "ffn_gate_inp.bias": rng.normal(0, 0.5, (e,)),
+        "ffn_gate_exps.weight": rng.normal(0, 0.2, (e, f, hidden)), "ffn_up_exps.weight": rng.normal(0, 0.2, (e, f, hidden)),
+        "ffn_down_exps.weight": rng.normal(0, 0.2, (e, hidden, f)), "ffn_gate_exps.bias": rng.normal(0, 0.3, (e, f)),
+        "ffn_up_exps.bias": rng.normal(0, 0.3, (e, f)), "ffn_down_exps.bias": rng.normal(0, 0.3, (e, hidden)),
+        "ffn_gate_shexp.weight": rng.normal(0, 0.2, (f, hidden)), "ffn_up_shexp.weight": rng.normal(0, 0.2, (f, hidden)),
+        "ffn_down_shexp.weight": rng.normal(0, 0.2, (hidden, f)), "ffn_gate_inp_shexp.weight": rng.normal(0, 0.3, (1, hidden)),
+    }
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), arch="qwen3moe")
+    stored = {}
+    for name, a in arrays.items():
+        a = a.astype(np.float32)
+        if qtype != "F32" and name.endswith(("exps.weight", "shexp.weight")):
+            kind = gguf.GGMLQuantizationType[qtype]
+            blocks = gguf.quants.quantize(a, kind)
+            w.add_tensor(f"blk.0.{name}", blocks, raw_dtype=kind)
+            a = gguf.quants.dequantize(blocks, kind)
+        else:
+            w.add_tensor(f"blk.0.{name}", a)
+        stored[name] = torch.from_numpy(np.asarray(a, dtype=np.float64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    config = ModelConfig("qwen3moe", 32, hidden, 0, 1, 4, 2, 16, 1e-6, 1e4, 64, False, num_experts=e,
+                         experts_per_token=k, moe_intermediate_size=f)
+    cfg = MoEConfig(e, k, f, "topk_softmax")
+    dtype = torch.float32 if qtype == "F32" else torch.bfloat16
+
+    def matrix(names):
+        from edgeserve.kernels.cpu_native import block_weight
+
+        return block_weight(source, names, torch.device("cpu"), dtype) or torch.cat(
+            [source.get(n, keep_int4=False) for n in names]).to(dtype)
+
+    source = GGUFWeights(GGUFFile(tmp_path / "moe.gguf"), 4, 2)
+    layer = load_moe_layer(config, source, 0, matrix, torch.device("cpu"), dtype, moe=cfg)
+    assert isinstance(layer.gate_up, DenseExperts if qtype == "F32" else BlockExperts)
+    s = stored
+    ref = {"router": s["ffn_gate_inp.weight"], "router_bias": s["ffn_gate_inp.bias"],
+           "gate_up": torch.cat([s["ffn_gate_exps.weight"], s["ffn_up_exps.weight"]], dim=1),
+           "down": s["ffn_down_exps.weight"],
+           "gate_up_bias": torch.cat([s["ffn_gate_exps.bias"], s["ffn_up_exps.bias"]], dim=1),
+           "down_bias": s["ffn_down_exps.bias"],
+           "shared": (torch.cat([s["ffn_gate_shexp.weight"], s["ffn_up_shexp.weight"]]), s["ffn_down_shexp.weight"],
+                      s["ffn_gate_inp_shexp.weight"])}
+    h = torch.randn(19, hidden, generator=torch.Generator().manual_seed(18)).to(dtype)
+    check(layer, ref, cfg, h, rel=1e-5 if qtype == "F32" else 0.03)
