@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import cpu_native
-from .cpu_native import FORMATS, native_format, quantize_activations
+from .cpu_native import FORMATS, GGUF_QTYPES, native_format, quantize_activations
 from .quant_linear import dense_tiles
 
 EXPERT_TILE = 16  # rows per dense matmul of the torch path (fixed, for batch invariance)
@@ -117,15 +117,36 @@ class ExpertBlocks:
             return torch.from_numpy(part)
 
 
+def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
+    """`part` with each expert's rows in the layout the kernels read fastest (what cpu_native.repacked does for a
+    matrix: the _X8 bands for rows % 8 == 0, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; `part` itself
+    where its format has no such layout or the library predates it."""
+    experts, rows, row_bytes = part.data.shape
+    if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repacked_format"):
+        return part
+    fmt = FORMATS[part.qtype][0]
+    twin_id = lib.qmm_repacked_format(fmt, rows)
+    twin = next((name for name, spec in FORMATS.items() if spec[0] == twin_id), None)
+    if twin is None:
+        return part
+    out = torch.empty((experts, rows, row_bytes), dtype=torch.uint8)
+    src, expert_bytes = part.address(), rows * row_bytes
+    for e in range(experts):  # expert by expert: a band of 8 rows never spans two experts
+        lib.qmm_repack(fmt, src + e * expert_bytes, row_bytes, rows, part.cols, out[e].data_ptr())
+    return ExpertBlocks(twin, out, part.cols)
+
+
 class BlockExperts:
     """One projection of every expert in GGUF block formats on the native CPU kernels: parts stacked along the
     output rows (e.g. the gate and up tensors, which may differ in format), each [E, rows, bytes per row]. Only
     the active experts' rows are read: in one native call (qmm_moe_matmul, threads over experts and rows), or with
-    `one_call` False (or a library without it) one qmm_matmul per active expert and part."""
+    `one_call` False (or a library without it) one qmm_matmul per active expert and part. With `repack` the
+    experts are copied into the kernels' faster layout (`repacked_experts`), else they stay where they are (a
+    GGUF's memory map)."""
 
     one_call = True
 
-    def __init__(self, parts: list[ExpertBlocks], lib: ctypes.CDLL | None = None):
+    def __init__(self, parts: list[ExpertBlocks], lib: ctypes.CDLL | None = None, repack: bool = False):
         if len({p.cols for p in parts}) != 1 or len({p.data.shape[0] for p in parts}) != 1:
             raise ValueError("expert parts disagree on experts or columns")
         for p in parts:
@@ -134,7 +155,8 @@ class BlockExperts:
         self.lib = lib or cpu_native.library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        self.parts = parts
+        self.parts = [repacked_experts(p, self.lib) for p in parts] if repack else parts
+        parts = self.parts
         self.num_experts = parts[0].data.shape[0]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[1] for p in parts)

@@ -36,9 +36,10 @@ def _dequant(qtype: str, data: np.ndarray) -> torch.Tensor:
 
 
 def make_layer(cfg: MoEConfig, hidden: int, qtypes: tuple[str, str] | None, seed: int = 0, biases: bool = False,
-               shared: str | None = None, router_bias: torch.Tensor | None = None):
+               shared: str | None = None, router_bias: torch.Tensor | None = None, repack: bool = False):
     """(MoELayer, float64 weights for the reference): experts dense float32 when `qtypes` is None, else GGUF
-    blocks (gate_up's type, down's type) on the native kernels. `shared`: None, "plain" or "gated"."""
+    blocks (gate_up's type, down's type) on the native kernels (`repack`: in their faster layout).
+    `shared`: None, "plain" or "gated"."""
     rng = np.random.default_rng(seed)
     e, f = cfg.num_experts, cfg.intermediate_size
     gu = rng.normal(0, 0.2, size=(e, 2 * f, hidden)).astype(np.float32)
@@ -51,8 +52,8 @@ def make_layer(cfg: MoEConfig, hidden: int, qtypes: tuple[str, str] | None, seed
     else:
         # gate and up as two parts (as GGUF stores them), possibly of different types
         g, u, d = _blocks(qtypes[0], gu[:, :f], rng), _blocks(qtypes[0], gu[:, f:], rng), _blocks(qtypes[1], dn, rng)
-        gate_up = BlockExperts([ExpertBlocks(qtypes[0], g, hidden), ExpertBlocks(qtypes[0], u, hidden)])
-        down = BlockExperts([ExpertBlocks(qtypes[1], d, f)])
+        gate_up = BlockExperts([ExpertBlocks(qtypes[0], g, hidden), ExpertBlocks(qtypes[0], u, hidden)], repack=repack)
+        down = BlockExperts([ExpertBlocks(qtypes[1], d, f)], repack=repack)
         ref["gate_up"] = torch.cat([_dequant(qtypes[0], g), _dequant(qtypes[0], u)], dim=1)
         ref["down"] = _dequant(qtypes[1], d)
     gu_bias = torch.from_numpy(rng.normal(0, 0.3, size=(e, 2 * f)).astype(np.float32)) if biases else None
@@ -149,19 +150,22 @@ def test_dense_experts_match_float64_reference(name: str, tokens: int):
 
 
 @native
+@pytest.mark.parametrize("repack", [False, True])
 @pytest.mark.parametrize("qtypes", [("Q8_0", "Q8_0"), ("Q4_0", "Q8_0")])
 @pytest.mark.parametrize("name", list(CASES))
-def test_block_experts_match_float64_reference(qtypes: tuple[str, str], name: str):
+def test_block_experts_match_float64_reference(qtypes: tuple[str, str], name: str, repack: bool):
     cfg = CASES[name]
-    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=3)
+    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=3, repack=repack)
+    assert all(p.qtype.endswith("_X8") == repack for p in layer.gate_up.parts + layer.down.parts)
     h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     check(layer, ref, cfg, h, rel=0.03)  # activations are quantized to int8 blocks
 
 
 @native
-def test_k_quant_experts_match_float64_reference():
+@pytest.mark.parametrize("repack", [False, True])
+def test_k_quant_experts_match_float64_reference(repack: bool):
     cfg = MoEConfig(8, 2, 256, "softmax_topk", normalize_topk=True)
-    layer, ref = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=4)
+    layer, ref = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=4, repack=repack)
     h = torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
     check(layer, ref, cfg, h, rel=0.03)
 
@@ -188,11 +192,12 @@ def test_all_tokens_to_one_expert(qtypes):
     check(layer, ref, cfg, h, rel=1e-5 if qtypes is None else 0.03)
 
 
-@pytest.mark.parametrize("qtypes", [None, pytest.param(("Q4_0", "Q8_0"), marks=native)])
-def test_tokens_over_every_expert_are_batch_invariant(qtypes):
+@pytest.mark.parametrize("qtypes,repack", [(None, False), pytest.param(("Q4_0", "Q8_0"), False, marks=native),
+                                           pytest.param(("Q4_0", "Q8_0"), True, marks=native)])
+def test_tokens_over_every_expert_are_batch_invariant(qtypes, repack: bool):
     """Each token's output is the same bits whether it runs alone or among 37 tokens that use every expert."""
     cfg = MoEConfig(8, 2, FFN, "softmax_topk", normalize_topk=True)
-    layer, _ = make_layer(cfg, HIDDEN, qtypes, seed=11, shared="gated")
+    layer, _ = make_layer(cfg, HIDDEN, qtypes, seed=11, shared="gated", repack=repack)
     h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(12))
     if qtypes is not None:
         h = h.to(torch.bfloat16)
@@ -236,12 +241,14 @@ def test_bad_config_is_refused():
 
 
 @native
+@pytest.mark.parametrize("repack", [False, True])
 @pytest.mark.parametrize("tokens", [1, 3, 70])
-def test_one_native_call_equals_a_matmul_per_expert(tokens: int):
+def test_one_native_call_equals_a_matmul_per_expert(tokens: int, repack: bool):
     """qmm_moe_matmul (every active expert in one threaded call) gives the same bits as one qmm_matmul per expert,
-    for formats with and without offset sums and experts with very different row counts."""
+    for formats with and without offset sums, GGUF and repacked layouts, and experts with very different row
+    counts."""
     cfg = MoEConfig(8, 3, 256, "softmax_topk")
-    layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13)
+    layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13, repack=repack)
     h = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
     assert hasattr(layer.gate_up.lib, "qmm_moe_matmul")
     one_call = layer.forward(h)
