@@ -29,8 +29,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c")]
-HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
+                                                                 "layer.c", "moe.c")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -191,6 +191,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
                                                   ctypes.c_float, p]
         lib.qmm_paged_attention_sinks.restype = None
+    if hasattr(lib, "qmm_moe_matmul"):  # likewise
+        lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
+        lib.qmm_moe_matmul.restype = i32
+        lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
+        lib.qmm_f32_matmul.restype = i32
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32
@@ -538,4 +543,21 @@ def _gated_mul(gate_up: torch.Tensor, kernel: str, *params: float) -> torch.Tens
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
                          f2 // 2, *params, out.data_ptr())
+    return out
+
+
+def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x [T, K] (float32 or bfloat16) @ w.T for a float32 weight w [N, K] as float32 [T, N], each value one
+    fixed-order dot product (a row's result does not depend on the other rows); None when the library lacks it or
+    the inputs are not CPU rows it takes."""
+    lib = library()
+    if (lib is None or not hasattr(lib, "qmm_f32_matmul") or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
+            or x.device.type != "cpu" or w.device.type != "cpu"):
+        return None
+    w = w.contiguous()
+    t, n = x.shape[0], w.shape[0]
+    out = torch.empty(t, n, dtype=torch.float32)
+    if lib.qmm_f32_matmul(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else x.shape[1], t, w.data_ptr(),
+                          n, w.shape[1], out.data_ptr(), n) != 0:
+        raise MemoryError(f"the float32 matmul of {t} rows could not allocate its scratch memory")
     return out

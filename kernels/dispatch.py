@@ -48,6 +48,7 @@ __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
     "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
+    "f32_row_linear",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -214,6 +215,16 @@ def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) 
         if done is not None:
             return done
     return _act.swiglu_oai(gate_up, alpha, limit)
+
+
+def f32_row_linear(x: torch.Tensor, w: torch.Tensor, tile: int = 16) -> torch.Tensor:
+    """float32 x @ w.T for a small float32 weight w (a MoE router), each row's result independent of the other rows
+    (routing must not change with the batch): the native kernel on CPU, matmuls of `tile` rows elsewhere."""
+    if _native_cpu(x):
+        done = _native.f32_matmul(x, w)
+        if done is not None:
+            return done
+    return _ql.dense_tiles(x.float(), w, tile)
 
 
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:

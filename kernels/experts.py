@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import cpu_native
-from .cpu_native import FORMATS, native_format, quantize_activations
+from .cpu_native import FORMATS, GGUF_QTYPES, native_format, quantize_activations
 from .quant_linear import dense_tiles
 
 EXPERT_TILE = 16  # rows per dense matmul of the torch path (fixed, for batch invariance)
@@ -32,6 +32,8 @@ class ExpertGroups:
     expert: torch.Tensor  # [N] long
     inverse: torch.Tensor  # [N] long: the sorted position of flat row token * k + slot
     active: list[tuple[int, int, int]]
+    active_ids: torch.Tensor  # int32 [A]: the active experts (CPU), as the native grouped matmul takes them
+    starts: torch.Tensor  # int32 [A + 1]: where each active expert's rows start, then N
 
     @classmethod
     def build(cls, experts: torch.Tensor, num_experts: int) -> "ExpertGroups":
@@ -48,7 +50,9 @@ class ExpertGroups:
             if n:
                 active.append((e, start, start + n))
                 start += n
-        return cls(order // k if k else order, flat[order], inverse, active)
+        ids = torch.tensor([a[0] for a in active], dtype=torch.int32)
+        starts = torch.tensor([a[1] for a in active] + [start], dtype=torch.int32)
+        return cls(order // k if k else order, flat[order], inverse, active, ids, starts)
 
     @property
     def rows(self) -> int:
@@ -113,12 +117,36 @@ class ExpertBlocks:
             return torch.from_numpy(part)
 
 
+def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
+    """`part` with each expert's rows in the layout the kernels read fastest (what cpu_native.repacked does for a
+    matrix: the _X8 bands for rows % 8 == 0, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; `part` itself
+    where its format has no such layout or the library predates it."""
+    experts, rows, row_bytes = part.data.shape
+    if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repacked_format"):
+        return part
+    fmt = FORMATS[part.qtype][0]
+    twin_id = lib.qmm_repacked_format(fmt, rows)
+    twin = next((name for name, spec in FORMATS.items() if spec[0] == twin_id), None)
+    if twin is None:
+        return part
+    out = torch.empty((experts, rows, row_bytes), dtype=torch.uint8)
+    src, expert_bytes = part.address(), rows * row_bytes
+    for e in range(experts):  # expert by expert: a band of 8 rows never spans two experts
+        lib.qmm_repack(fmt, src + e * expert_bytes, row_bytes, rows, part.cols, out[e].data_ptr())
+    return ExpertBlocks(twin, out, part.cols)
+
+
 class BlockExperts:
     """One projection of every expert in GGUF block formats on the native CPU kernels: parts stacked along the
     output rows (e.g. the gate and up tensors, which may differ in format), each [E, rows, bytes per row]. Only
-    the active experts' rows are read."""
+    the active experts' rows are read: in one native call (qmm_moe_matmul, threads over experts and rows), or with
+    `one_call` False (or a library without it) one qmm_matmul per active expert and part. With `repack` the
+    experts are copied into the kernels' faster layout (`repacked_experts`), else they stay where they are (a
+    GGUF's memory map)."""
 
-    def __init__(self, parts: list[ExpertBlocks], lib: ctypes.CDLL | None = None):
+    one_call = True
+
+    def __init__(self, parts: list[ExpertBlocks], lib: ctypes.CDLL | None = None, repack: bool = False):
         if len({p.cols for p in parts}) != 1 or len({p.data.shape[0] for p in parts}) != 1:
             raise ValueError("expert parts disagree on experts or columns")
         for p in parts:
@@ -127,13 +155,20 @@ class BlockExperts:
         self.lib = lib or cpu_native.library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        self.parts = parts
+        self.parts = [repacked_experts(p, self.lib) for p in parts] if repack else parts
+        parts = self.parts
         self.num_experts = parts[0].data.shape[0]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[1] for p in parts)
         # per part: format id, address, bytes per expert, bytes per row, rows
         self._kernel = [(FORMATS[p.qtype][0], p.address(), p.data.shape[1] * p.data.shape[2], p.data.shape[2],
                          p.data.shape[1]) for p in parts]
+        # the same, as the arrays qmm_moe_matmul takes
+        self._fmt = torch.tensor([k[0] for k in self._kernel], dtype=torch.int32)
+        self._w = torch.tensor([k[1] for k in self._kernel], dtype=torch.int64)
+        self._expert_bytes = torch.tensor([k[2] for k in self._kernel], dtype=torch.int64)
+        self._row_bytes = torch.tensor([k[3] for k in self._kernel], dtype=torch.int64)
+        self._rows = torch.tensor([k[4] for k in self._kernel], dtype=torch.int32)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -153,6 +188,17 @@ class BlockExperts:
         n_out = self.out_features
         out = torch.empty(groups.rows, n_out, dtype=torch.float32)
         pa, pd, ps, po = qa.data_ptr(), da.data_ptr(), sa.data_ptr(), out.data_ptr()
+        if self.one_call and hasattr(self.lib, "qmm_moe_matmul"):
+            if groups.active:
+                rc = self.lib.qmm_moe_matmul(len(self._kernel), self._fmt.data_ptr(), self._w.data_ptr(),
+                                             self._expert_bytes.data_ptr(), self._row_bytes.data_ptr(),
+                                             self._rows.data_ptr(), k, pa, pd, ps, len(groups.active),
+                                             groups.active_ids.data_ptr(), groups.starts.data_ptr(), po, n_out)
+                if rc == -1:
+                    raise MemoryError(f"the grouped expert matmul of {groups.rows} rows could not allocate its tasks")
+                if rc != 0:
+                    raise ValueError(f"the grouped expert matmul takes at most 4 parts, not {len(self._kernel)}")
+            return out
         for e, s, t in groups.active:
             col = 0
             for fmt, base, expert_bytes, row_bytes, rows in self._kernel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -127,6 +128,11 @@ class GGUFWeights:
         value = self._unpermuted(name, found)
         assert isinstance(value, BlockTensor)
         return value
+
+    @functools.cached_property
+    def expert_bytes(self) -> int:
+        """Bytes of the file's 3-D (expert) tensors."""
+        return sum(self.gguf.tensor_info(n).n_bytes for n in self._names if len(self.gguf.tensor_info(n).shape) == 3)
 
     def expert_blocks(self, name: str) -> ExpertBlocks | None:
         """A 3-D expert tensor [experts, rows, cols] as its GGUF block bytes, a view of the file's mmap (no copy),

@@ -36,9 +36,10 @@ def _dequant(qtype: str, data: np.ndarray) -> torch.Tensor:
 
 
 def make_layer(cfg: MoEConfig, hidden: int, qtypes: tuple[str, str] | None, seed: int = 0, biases: bool = False,
-               shared: str | None = None, router_bias: torch.Tensor | None = None):
+               shared: str | None = None, router_bias: torch.Tensor | None = None, repack: bool = False):
     """(MoELayer, float64 weights for the reference): experts dense float32 when `qtypes` is None, else GGUF
-    blocks (gate_up's type, down's type) on the native kernels. `shared`: None, "plain" or "gated"."""
+    blocks (gate_up's type, down's type) on the native kernels (`repack`: in their faster layout).
+    `shared`: None, "plain" or "gated"."""
     rng = np.random.default_rng(seed)
     e, f = cfg.num_experts, cfg.intermediate_size
     gu = rng.normal(0, 0.2, size=(e, 2 * f, hidden)).astype(np.float32)
@@ -51,8 +52,8 @@ def make_layer(cfg: MoEConfig, hidden: int, qtypes: tuple[str, str] | None, seed
     else:
         # gate and up as two parts (as GGUF stores them), possibly of different types
         g, u, d = _blocks(qtypes[0], gu[:, :f], rng), _blocks(qtypes[0], gu[:, f:], rng), _blocks(qtypes[1], dn, rng)
-        gate_up = BlockExperts([ExpertBlocks(qtypes[0], g, hidden), ExpertBlocks(qtypes[0], u, hidden)])
-        down = BlockExperts([ExpertBlocks(qtypes[1], d, f)])
+        gate_up = BlockExperts([ExpertBlocks(qtypes[0], g, hidden), ExpertBlocks(qtypes[0], u, hidden)], repack=repack)
+        down = BlockExperts([ExpertBlocks(qtypes[1], d, f)], repack=repack)
         ref["gate_up"] = torch.cat([_dequant(qtypes[0], g), _dequant(qtypes[0], u)], dim=1)
         ref["down"] = _dequant(qtypes[1], d)
     gu_bias = torch.from_numpy(rng.normal(0, 0.3, size=(e, 2 * f)).astype(np.float32)) if biases else None
@@ -149,19 +150,22 @@ def test_dense_experts_match_float64_reference(name: str, tokens: int):
 
 
 @native
+@pytest.mark.parametrize("repack", [False, True])
 @pytest.mark.parametrize("qtypes", [("Q8_0", "Q8_0"), ("Q4_0", "Q8_0")])
 @pytest.mark.parametrize("name", list(CASES))
-def test_block_experts_match_float64_reference(qtypes: tuple[str, str], name: str):
+def test_block_experts_match_float64_reference(qtypes: tuple[str, str], name: str, repack: bool):
     cfg = CASES[name]
-    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=3)
+    layer, ref = make_layer(cfg, HIDDEN, qtypes, seed=3, repack=repack)
+    assert all(p.qtype.endswith("_X8") == repack for p in layer.gate_up.parts + layer.down.parts)
     h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     check(layer, ref, cfg, h, rel=0.03)  # activations are quantized to int8 blocks
 
 
 @native
-def test_k_quant_experts_match_float64_reference():
+@pytest.mark.parametrize("repack", [False, True])
+def test_k_quant_experts_match_float64_reference(repack: bool):
     cfg = MoEConfig(8, 2, 256, "softmax_topk", normalize_topk=True)
-    layer, ref = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=4)
+    layer, ref = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=4, repack=repack)
     h = torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
     check(layer, ref, cfg, h, rel=0.03)
 
@@ -188,11 +192,12 @@ def test_all_tokens_to_one_expert(qtypes):
     check(layer, ref, cfg, h, rel=1e-5 if qtypes is None else 0.03)
 
 
-@pytest.mark.parametrize("qtypes", [None, pytest.param(("Q4_0", "Q8_0"), marks=native)])
-def test_tokens_over_every_expert_are_batch_invariant(qtypes):
+@pytest.mark.parametrize("qtypes,repack", [(None, False), pytest.param(("Q4_0", "Q8_0"), False, marks=native),
+                                           pytest.param(("Q4_0", "Q8_0"), True, marks=native)])
+def test_tokens_over_every_expert_are_batch_invariant(qtypes, repack: bool):
     """Each token's output is the same bits whether it runs alone or among 37 tokens that use every expert."""
     cfg = MoEConfig(8, 2, FFN, "softmax_topk", normalize_topk=True)
-    layer, _ = make_layer(cfg, HIDDEN, qtypes, seed=11, shared="gated")
+    layer, _ = make_layer(cfg, HIDDEN, qtypes, seed=11, shared="gated", repack=repack)
     h = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(12))
     if qtypes is not None:
         h = h.to(torch.bfloat16)
@@ -233,3 +238,96 @@ def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="activation"):
         MoELayer(MoEConfig(2, 1, 4, activation="nope"), torch.zeros(2, 8), DenseExperts(torch.zeros(2, 8, 8)),
                  DenseExperts(torch.zeros(2, 8, 4)))
+
+
+@native
+@pytest.mark.parametrize("repack", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3, 70])
+def test_one_native_call_equals_a_matmul_per_expert(tokens: int, repack: bool):
+    """qmm_moe_matmul (every active expert in one threaded call) gives the same bits as one qmm_matmul per expert,
+    for formats with and without offset sums, GGUF and repacked layouts, and experts with very different row
+    counts."""
+    cfg = MoEConfig(8, 3, 256, "softmax_topk")
+    layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13, repack=repack)
+    h = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    assert hasattr(layer.gate_up.lib, "qmm_moe_matmul")
+    one_call = layer.forward(h)
+    layer.gate_up.one_call = layer.down.one_call = False
+    per_expert = layer.forward(h)
+    assert one_call.abs().max() > 0
+    assert torch.equal(one_call, per_expert)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_router_matmul_is_exact_and_row_independent(dtype):
+    w = torch.randn(40, 203, generator=torch.Generator().manual_seed(15))  # K not a multiple of the SIMD width
+    x = torch.randn(21, 203, generator=torch.Generator().manual_seed(16)).to(dtype)
+    got = cpu_native.f32_matmul(x, w)
+    want = x.double() @ w.double().T
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
+    assert torch.equal(cpu_native.f32_matmul(x[5:6], w)[0], got[5])
+    assert torch.equal(cpu_native.f32_matmul(x[::2], w), got[::2])  # strided rows
+
+
+@pytest.mark.parametrize("qtype", ["F32", pytest.param("Q8_0", marks=native)])
+def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path, qtype: str):
+    """load_moe_layer over a GGUF's llama.cpp names: router + bias, split gate / up experts with biases, down with
+    its bias, a shared expert and its gate; float32 loads dense experts, bfloat16 keeps block formats natively."""
+    import gguf
+
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.loaders.gguf_weights import GGUFWeights
+    from edgeserve.models.config import ModelConfig
+    from edgeserve.models.moe_weights import load_moe_layer
+
+    e, k, f, hidden = 8, 2, FFN, HIDDEN
+    rng = np.random.default_rng(17)
+    arrays = {
+        "ffn_gate_inp.weight": rng.normal(0, 1.0, (e, hidden)), "ffn_gate_inp.bias": rng.normal(0, 0.5, (e,)),
+        "ffn_gate_exps.weight": rng.normal(0, 0.2, (e, f, hidden)), "ffn_up_exps.weight": rng.normal(0, 0.2, (e, f, hidden)),
+        "ffn_down_exps.weight": rng.normal(0, 0.2, (e, hidden, f)), "ffn_gate_exps.bias": rng.normal(0, 0.3, (e, f)),
+        "ffn_up_exps.bias": rng.normal(0, 0.3, (e, f)), "ffn_down_exps.bias": rng.normal(0, 0.3, (e, hidden)),
+        "ffn_gate_shexp.weight": rng.normal(0, 0.2, (f, hidden)), "ffn_up_shexp.weight": rng.normal(0, 0.2, (f, hidden)),
+        "ffn_down_shexp.weight": rng.normal(0, 0.2, (hidden, f)), "ffn_gate_inp_shexp.weight": rng.normal(0, 0.3, (1, hidden)),
+    }
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), arch="qwen3moe")
+    stored = {}
+    for name, a in arrays.items():
+        a = a.astype(np.float32)
+        if qtype != "F32" and name.endswith(("exps.weight", "shexp.weight")):
+            kind = gguf.GGMLQuantizationType[qtype]
+            blocks = gguf.quants.quantize(a, kind)
+            w.add_tensor(f"blk.0.{name}", blocks, raw_dtype=kind)
+            a = gguf.quants.dequantize(blocks, kind)
+        else:
+            w.add_tensor(f"blk.0.{name}", a)
+        stored[name] = torch.from_numpy(np.asarray(a, dtype=np.float64))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    config = ModelConfig("qwen3moe", 32, hidden, 0, 1, 4, 2, 16, 1e-6, 1e4, 64, False, num_experts=e,
+                         experts_per_token=k, moe_intermediate_size=f)
+    cfg = MoEConfig(e, k, f, "topk_softmax")
+    dtype = torch.float32 if qtype == "F32" else torch.bfloat16
+
+    def matrix(names):
+        from edgeserve.kernels.cpu_native import block_weight
+
+        return block_weight(source, names, torch.device("cpu"), dtype) or torch.cat(
+            [source.get(n, keep_int4=False) for n in names]).to(dtype)
+
+    source = GGUFWeights(GGUFFile(tmp_path / "moe.gguf"), 4, 2)
+    layer = load_moe_layer(config, source, 0, matrix, torch.device("cpu"), dtype, moe=cfg)
+    assert isinstance(layer.gate_up, DenseExperts if qtype == "F32" else BlockExperts)
+    s = stored
+    ref = {"router": s["ffn_gate_inp.weight"], "router_bias": s["ffn_gate_inp.bias"],
+           "gate_up": torch.cat([s["ffn_gate_exps.weight"], s["ffn_up_exps.weight"]], dim=1),
+           "down": s["ffn_down_exps.weight"],
+           "gate_up_bias": torch.cat([s["ffn_gate_exps.bias"], s["ffn_up_exps.bias"]], dim=1),
+           "down_bias": s["ffn_down_exps.bias"],
+           "shared": (torch.cat([s["ffn_gate_shexp.weight"], s["ffn_up_shexp.weight"]]), s["ffn_down_shexp.weight"],
+                      s["ffn_gate_inp_shexp.weight"])}
+    h = torch.randn(19, hidden, generator=torch.Generator().manual_seed(18)).to(dtype)
+    check(layer, ref, cfg, h, rel=1e-5 if qtype == "F32" else 0.03)

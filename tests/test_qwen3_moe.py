@@ -201,9 +201,11 @@ native = pytest.mark.skipif(not cpu_native.available(), reason="native CPU kerne
 
 @native
 @pytest.mark.parametrize("expert_qtype", ["Q8_0", "Q4_0"])
-def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: Path) -> None:
+def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: Path, monkeypatch) -> None:
     """A GGUF with block-format experts loaded in bfloat16 on CPU keeps every expert tensor as a view of the file
-    (no copy), declines the fused native stack, and its logits stay close to the float32 (dequantized) load's."""
+    (no copy; or, repacked, in the kernels' faster layout), declines the fused native stack, and its logits stay
+    close to the float32 (dequantized) load's."""
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", "0")
     ref_model = hf_moe()
     native_model = load_ours("gguf", ref_model, tmp_path, torch.bfloat16, expert_qtype=expert_qtype,
                              matrix_qtype="Q8_0")
@@ -215,24 +217,73 @@ def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: P
             assert isinstance(experts, BlockExperts)
             assert all(not p.data.flags.owndata and not p.data.flags.writeable for p in experts.parts)  # the mmap
     assert NativeDecoder.build(native_model) is None
-    got, want = paged_logits(native_model).float(), paged_logits(exact).float()
+    want = paged_logits(exact).float()
+    got = paged_logits(native_model).float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", "1")
+    repacked = MoEModel.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads),
+                                     dtype=torch.bfloat16)
+    parts = repacked.layers[0].moe.gate_up.parts
+    assert [p.qtype for p in parts] == [expert_qtype + "_X8"] * 2 and isinstance(parts[0].data, torch.Tensor)
+    got = paged_logits(repacked).float()
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
 
 
 @native
-def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) -> None:
+@pytest.mark.parametrize("repack", ["0", "1"])
+def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path, monkeypatch, repack: str) -> None:
     from edgeserve.llm import LLM
     from edgeserve.sampling_params import SamplingParams
 
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", repack)
     path = write_moe_gguf(hf_moe(), tmp_path / "q.gguf", expert_qtype="Q4_0", matrix_qtype="Q8_0")
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
     llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
-    assert isinstance(llm.lm.model.layers[0].moe.gate_up, BlockExperts)
+    experts = llm.lm.model.layers[0].moe.gate_up
+    assert isinstance(experts, BlockExperts) and experts.parts[0].qtype.endswith("_X8") == (repack == "1")
     together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
     alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
     assert together == alone and all(len(t) == 8 for t in together)
     chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
     assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+
+
+def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:
+    """--load-format dummy of a Qwen3 MoE config.json: random experts of its shape, a finite forward pass."""
+    from edgeserve.models.dummy import weight_bytes
+    from edgeserve.models.load import load_model
+    from edgeserve.registry.resolve import ModelSource
+
+    cfg = hf_moe().config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    lm = load_model(ModelSource("tiny-moe", "hf", tmp_path / "config.json"), dtype="float32", load_format="dummy")
+    assert isinstance(lm.model, MoEModel)
+    assert lm.model.layers[0].moe.gate_up.shape == (EXPERTS, 2 * EXPERT_FFN, HIDDEN)
+    logits = paged_logits(lm.model)
+    assert torch.isfinite(logits).all()
+    dense = config_from_hf({**cfg, "model_type": "qwen3", "num_experts": 0, "num_local_experts": 0})
+    assert weight_bytes(lm.config, torch.float32) - weight_bytes(dense, torch.float32) == 2 * (
+        EXPERTS * (3 * EXPERT_FFN * HIDDEN * 4 + HIDDEN * 4) - 3 * 128 * HIDDEN * 4)
+
+
+def test_cuda_graphs_are_not_captured_for_moe(monkeypatch) -> None:
+    """MoE layers group rows by expert on the host, which a captured decode graph cannot replay."""
+    from edgeserve.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "use_triton", lambda device: True)
+    moe = config_from_hf(hf_moe().config.to_dict())
+    dense = config_from_hf({**hf_moe().config.to_dict(), "model_type": "qwen3", "num_experts": 0,
+                            "num_local_experts": 0})
+    cuda = torch.device("cuda")
+    assert cuda_graphs.graphs_supported(cuda, dense) and not cuda_graphs.graphs_supported(cuda, moe)
+
+
+def test_calibrated_quantization_refuses_moe_by_name() -> None:
+    from edgeserve.errors import EdgeserveError
+    from edgeserve.models.calibrate import awq_scales
+
+    with pytest.raises(EdgeserveError, match="Mixture-of-Experts"):
+        awq_scales(config_from_hf(hf_moe().config.to_dict()), None, [1, 2, 3], 32, torch.float32, torch.device("cpu"))

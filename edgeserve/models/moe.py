@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from edgeserve.kernels.dispatch import gelu_tanh_and_mul, linear, silu_and_mul
+from edgeserve.kernels.dispatch import f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
 from edgeserve.kernels.experts import EXPERT_TILE, ExpertGroups, Experts
 from edgeserve.kernels.quant_linear import LinearWeight, dense_tiles
 
@@ -79,7 +79,7 @@ class SharedExpert:
         act = gated_activation(self.activation)
         y = row_linear(act(row_linear(h, self.gate_up)), self.down).float()
         if self.gate is not None:
-            y = y * torch.sigmoid(dense_tiles(h.float(), self.gate, EXPERT_TILE))
+            y = y * torch.sigmoid(f32_row_linear(h, self.gate))
         return y
 
 
@@ -132,8 +132,9 @@ class MoELayer:
         self.activation = gated_activation(config.activation)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights float32 [T, k], expert ids [T, k]) for h [T, hidden]; the logits are float32, in fixed tiles."""
-        logits = dense_tiles(h.float(), self.router, EXPERT_TILE)
+        """(weights float32 [T, k], expert ids [T, k]) for h [T, hidden]; the logits are float32, each row on its
+        own (the native kernel on CPU, fixed tiles elsewhere)."""
+        logits = f32_row_linear(h, self.router)
         if self.router_bias is not None:
             logits = logits + self.router_bias
         return route(logits, self.config)
