@@ -30,7 +30,8 @@ DEFAULT = ["scalar", "neon", "neondot"] if ARM else ["scalar", "avx2", "avx512vn
 # name -> (format id, values per block, bytes per block, byte offsets of the float16 scale fields)
 FORMATS = {"Q4_0": (0, 32, 18, [0]), "Q4_1": (1, 32, 20, [0, 2]), "Q5_0": (2, 32, 22, [0]),
            "Q5_1": (3, 32, 24, [0, 2]), "Q8_0": (4, 32, 34, [0]), "Q4_K": (5, 256, 144, [0, 2]),
-           "Q5_K": (6, 256, 176, [0, 2]), "Q6_K": (7, 256, 210, [208])}
+           "Q5_K": (6, 256, 176, [0, 2]), "Q6_K": (7, 256, 210, [208]), "MXFP4": (18, 32, 17, [])}
+EXPONENT_AT = {"MXFP4": 0}  # the byte offset of a block's E8M0 exponent
 REPACKED_ID = {0: 8, 1: 9}
 
 
@@ -61,9 +62,12 @@ def matmul(lib: ctypes.CDLL, fmt: int, w: np.ndarray, k: int, x: np.ndarray) -> 
     return out
 
 
-def random_weight(gen: np.random.Generator, n: int, k: int, per: int, size: int, scales: list[int]) -> np.ndarray:
-    """Random block bytes with small finite float16 scales."""
+def random_weight(gen: np.random.Generator, n: int, k: int, per: int, size: int, scales: list[int],
+                  exponent: int | None = None) -> np.ndarray:
+    """Random block bytes with small finite float16 scales (or E8M0 exponents of 2^-11 .. 2^-2 at `exponent`)."""
     w = gen.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
+    if exponent is not None:
+        w[:, :, exponent] = gen.integers(117, 127, size=(n, k // per), dtype=np.uint8)
     for off in scales:
         w[:, :, off:off + 2] = (gen.random((n, k // per)) * 0.02 + 0.001).astype(np.float16).view(np.uint8).reshape(
             n, k // per, 2)
@@ -77,7 +81,7 @@ def main() -> int:
     failures = 0
     for name, (fid, per, size, scales) in FORMATS.items():
         n, k = 37, per * (19 if per == 32 else 3)  # 19 blocks of 32: two repacked groups and a tail
-        w = random_weight(gen, n, k, per, size, scales)
+        w = random_weight(gen, n, k, per, size, scales, EXPONENT_AT.get(name))
         x = gen.standard_normal((9, k)).astype(np.float32)
         want = matmul(scalar, fid, w, k, x)
         for variant, lib in libs.items():

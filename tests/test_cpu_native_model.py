@@ -15,7 +15,8 @@ from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 
-FORMATS = [q for q in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") if q in SUPPORTED_QTYPES]
+FORMATS = [q for q in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
+           if q in SUPPORTED_QTYPES]
 PROMPT = torch.tensor([5, 80, 120, 7, 99, 200, 31, 64, 150, 3, 17])
 
 

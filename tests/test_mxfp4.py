@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
+from edgeserve.errors import ModelLoadError
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight, block_weight
 from edgeserve.loaders.dequant import dequantize
@@ -105,9 +106,9 @@ def test_a_3d_expert_stack_loads_whole_and_one_expert_at_a_time(tmp_path):
         part = gguf_blocks(f, "blk.0.ffn_down_exps.weight", e)
         assert part is not None and part.qtype == "MXFP4" and part.shape == (rows, cols)
         assert np.array_equal(part.data.numpy(), data[e])
-    with pytest.raises(Exception, match="3 experts"):
+    with pytest.raises(ModelLoadError, match="3 experts"):
         gguf_blocks(f, "blk.0.ffn_down_exps.weight", 3)
-    with pytest.raises(Exception, match="rows, cols"):
+    with pytest.raises(ModelLoadError, match="rows, cols"):
         gguf_blocks(f, "blk.0.ffn_down_exps.weight")
 
 
@@ -213,8 +214,8 @@ def test_mixed_with_other_formats_in_one_weight(lib):
 
     gen = np.random.default_rng(8)
     cols = 256 * 2
-    parts = [BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(16, cols, gen)), cols),
-             random_blocks("Q8_0", 8, cols, gen), BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(5, cols, gen)), cols)]
+    parts = [BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(16, cols, gen)), cols), random_blocks("Q8_0", 8, cols, gen),
+             BlockTensor("MXFP4", torch.from_numpy(mxfp4_blocks(5, cols, gen)), cols)]
     w = BlockWeight(parts, lib)
     assert [p.qtype for p in w.parts] == ["MXFP4_X8", "Q8_0_X8", "MXFP4"]
     x = torch.from_numpy(gen.standard_normal((4, cols)).astype(np.float32))

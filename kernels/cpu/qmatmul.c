@@ -104,10 +104,10 @@ static inline float rd16(const uint8_t *p) {
 }
 
 /* bytes per block of 32 (or 256 for K formats) and values per block */
-static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20, 144, 210, 176, 18, 20, 34, 22, 24,
-                                           17, 17};
-static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32, 256, 256, 256, 32, 32, 32, 32, 32,
-                                            32, 32};
+static const int BLOCK_BYTES[N_FORMATS] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 20,
+                                           144, 210, 176, 18, 20, 34, 22, 24, 17, 17};
+static const int BLOCK_VALUES[N_FORMATS] = {32, 32, 32, 32, 32, 256, 256, 256, 32, 32,
+                                            256, 256, 256, 32, 32, 32, 32, 32, 32, 32};
 
 int qmm_block_bytes(int fmt) { return BLOCK_BYTES[fmt]; }
 int qmm_format_count(void) { return N_FORMATS; } /* format ids 0 .. count - 1 are known to this build */
@@ -1205,7 +1205,8 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
         float *o = out + r * ldo;
         int n = n0;
         /* the _R8 kernels keep a scale vector per activation row: 2 x 4 of them spill registers */
-        for (; fmt != F_Q4_0_R8 && fmt != F_Q4_1_R8 && n + 2 <= n1; n += 2) DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
+        for (; fmt != F_Q4_0_R8 && fmt != F_Q4_1_R8 && n + 2 <= n1; n += 2)
+            DOT2x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
         for (; n < n1; n++) DOT1x4[fmt](w + n * row_bytes, row_bytes, K, ar, o + n, ldo);
     }
     /* Decode rows one weight row at a time: several weight rows side by side (more independent chains) win on
