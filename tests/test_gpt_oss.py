@@ -298,3 +298,17 @@ def test_hf_mxfp4_experts(dtype: torch.dtype, tmp_path: Path) -> None:
             pytest.skip("native CPU kernels not built")
         assert all(isinstance(layer.moe.gate_up, BlockExperts) for layer in model.layers)
         assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98
+
+
+def test_dummy_load_format_builds_gpt_oss(tmp_path: Path) -> None:
+    """`--load-format dummy` on a gpt-oss config.json builds the gpt-oss decoder (sinks, biases, MoE) and generates."""
+    from edgeserve.llm import LLM
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+    from edgeserve.sampling_params import SamplingParams
+
+    (tmp_path / "config.json").write_text(hf_gpt_oss().config.to_json_string())
+    lm = load_model(resolve(str(tmp_path)), dtype="float32", device="cpu", load_format="dummy")
+    assert isinstance(lm.model, GptOssModel) and len(lm.model.sinks) == LAYERS
+    out = LLM.from_model(lm, kv_cache_gb=0.01).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -22,6 +22,7 @@ from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .decoders import decoder_class
+from .gpt_oss import GptOssModel
 from .llama import LlamaModel
 from .moe_decoder import MoEModel
 
@@ -156,7 +157,8 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
     cfg = read_config_json(source.path)
     config = config_from_hf(cfg)
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
-    decoder = MoEModel if config.is_moe else LlamaModel  # DummyWeights has Llama names (and MoE experts)
+    # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
+    decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else LlamaModel
     model = decoder.from_weights(config, weights, dtype=dtype, device=device,
                                  dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
     return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),
