@@ -105,7 +105,8 @@ def write_gpt_oss_gguf(model, path: Path, expert_qtype: str = "F32", matrix_qtyp
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         for hf, g in _ATTN.items():
-            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], "F32" if "norm" in g or g == "ffn_gate_inp" else matrix_qtype)
+            qtype = "F32" if "norm" in g or g == "ffn_gate_inp" else matrix_qtype
+            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], qtype)
             if p + hf + ".bias" in sd:
                 add(f"blk.{i}.{g}.bias", sd[p + hf + ".bias"])
         add(f"blk.{i}.attn_sinks.weight", sd[p + "self_attn.sinks"])
@@ -162,7 +163,8 @@ def paged_logits(model, block_size: int = 4) -> torch.Tensor:
     out = []
     for a, b in steps:
         meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+        attn = PagedKVAttention(pool, meta)
+        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), attn)))
     return torch.cat(out)
 
 

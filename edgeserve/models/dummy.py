@@ -77,7 +77,8 @@ class DummyWeights:
             if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.gpt_oss reads them)
                 e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
                 shapes.update({p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
-                               p + "mlp.experts.gate_up_proj": (e, h, 2 * f), p + "mlp.experts.gate_up_proj_bias": (e, 2 * f),
+                               p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
+                               p + "mlp.experts.gate_up_proj_bias": (e, 2 * f),
                                p + "mlp.experts.down_proj": (e, f, h), p + "mlp.experts.down_proj_bias": (e, h),
                                p + "self_attn.o_proj.bias": (h,), p + "self_attn.sinks": (c.num_heads,)})
             elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)

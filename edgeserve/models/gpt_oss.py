@@ -189,8 +189,8 @@ class GptOssModel(LlamaModel):
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
                 o = attn.attend(i, q, window=windows[i], sinks=self.sinks[i])  # type: ignore[attr-defined]
             else:
-                o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
-                         v.to(self.dtype), window=windows[i], sinks=self.sinks[i])
+                q, k = apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype)
+                o = attn(i, q, k, v.to(self.dtype), window=windows[i], sinks=self.sinks[i])  # type: ignore[call-arg]
             h, x = add_rms_norm(linear(o, layer.o_proj, self.o_biases[i].to(o.dtype), prompt_rows), x,
                                 layer.post_norm, eps, self.dtype)
             y = self.mlp(layer, h, prompt_rows)
