@@ -31,8 +31,8 @@ from .gated_delta import DeltaBatch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c", "gated_delta.c")]
-HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
+                                                                 "layer.c", "moe.c", "gated_delta.c")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -182,6 +182,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
         lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
         lib.qmm_gelu_tanh_mul.restype = None
+    if hasattr(lib, "qmm_swiglu_oai_mul"):
+        lib.qmm_swiglu_oai_mul.argtypes = [p, i32, i64, i32, i32, ctypes.c_float, ctypes.c_float, p]
+        lib.qmm_swiglu_oai_mul.restype = None
     if hasattr(lib, "qmm_paged_attention_from"):
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
@@ -192,6 +195,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
                                      ctypes.c_float, p]
         lib.qmm_gdn_rule.restype = None
+    if hasattr(lib, "qmm_paged_attention_sinks"):
+        lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
+                                                  ctypes.c_float, p]
+        lib.qmm_paged_attention_sinks.restype = None
+    if hasattr(lib, "qmm_moe_matmul"):  # likewise
+        lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
+        lib.qmm_moe_matmul.restype = i32
+        lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
+        lib.qmm_f32_matmul.restype = i32
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32
@@ -268,6 +280,18 @@ class BlockTensor:
         return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
 
 
+def quantize_activations(x: torch.Tensor, lib: ctypes.CDLL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K] (float32 or
+    bfloat16 rows of unit stride), as qmm_matmul takes them; each row is quantized on its own."""
+    m, k = x.shape
+    qa = torch.empty(m, k, dtype=torch.int8)
+    da = torch.empty(m, k // 32, dtype=torch.float32)
+    sa = torch.empty(m, k // 16, dtype=torch.int16)
+    lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if m else k, m, k, qa.data_ptr(),
+                     da.data_ptr(), sa.data_ptr())
+    return qa, da, sa
+
+
 def _merge_parts(parts: list[BlockTensor]) -> list[BlockTensor]:
     """Contiguous parts with neighbours of the same format stacked into one (a fused q/k/v or gate/up of one type
     becomes one kernel call per step instead of two or three)."""
@@ -334,13 +358,7 @@ class BlockWeight:
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K]."""
-        m, k = x.shape
-        qa = torch.empty(m, k, dtype=torch.int8)
-        da = torch.empty(m, k // 32, dtype=torch.float32)
-        sa = torch.empty(m, k // 16, dtype=torch.int16)
-        self.lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0), m, k, qa.data_ptr(),
-                              da.data_ptr(), sa.data_ptr())
-        return qa, da, sa
+        return quantize_activations(x, self.lib)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> float32 [..., out]."""
@@ -414,13 +432,16 @@ def window_rows(lens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Te
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
-                    lib: ctypes.CDLL | None = None, window: int | None = None) -> torch.Tensor | None:
+                    lib: ctypes.CDLL | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
-    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer (None
-    returned where the library predates windows)."""
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer;
+    `sinks`: float32 [H] attention sinks (None returned where the library predates either)."""
     lib = lib or library()
     assert lib is not None
     if window is not None and not hasattr(lib, "qmm_paged_attention_from"):
+        return None
+    if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
         return None
     t, h, d = q.shape
     blocks, block_size, hkv, _ = k_cache.shape
@@ -436,6 +457,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tables = tables.contiguous()
     out = torch.empty_like(q)
     scale = d ** -0.5 if scale is None else scale
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+        lib.qmm_paged_attention_sinks(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
+                                      v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(),
+                                      tables.stride(0), seqs.data_ptr(), None if lo is None else lo.data_ptr(),
+                                      seen.data_ptr(), sinks.data_ptr(), scale, out.data_ptr())
+        return out
     if window is not None:
         lo, seen = window_rows(lens, window)
         lib.qmm_paged_attention_from(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
@@ -506,15 +535,39 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
 
 
-def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
-    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out), or None."""
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor | None:
+    """kernels.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
+    rows or the library predates it."""
+    return _gated_mul(gate_up, "qmm_swiglu_oai_mul", alpha, limit)
+
+
+def _gated_mul(gate_up: torch.Tensor, kernel: str, *params: float) -> torch.Tensor | None:
+    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out; `params` after the row
+    count and width), or None."""
     lib = library()
     if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or not hasattr(lib, kernel):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
-                         f2 // 2, out.data_ptr())
+                         f2 // 2, *params, out.data_ptr())
+    return out
+
+
+def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x [T, K] (float32 or bfloat16) @ w.T for a float32 weight w [N, K] as float32 [T, N], each value one
+    fixed-order dot product (a row's result does not depend on the other rows); None when the library lacks it or
+    the inputs are not CPU rows it takes."""
+    lib = library()
+    if (lib is None or not hasattr(lib, "qmm_f32_matmul") or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
+            or x.device.type != "cpu" or w.device.type != "cpu"):
+        return None
+    w = w.contiguous()
+    t, n = x.shape[0], w.shape[0]
+    out = torch.empty(t, n, dtype=torch.float32)
+    if lib.qmm_f32_matmul(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else x.shape[1], t, w.data_ptr(),
+                          n, w.shape[1], out.data_ptr(), n) != 0:
+        raise MemoryError(f"the float32 matmul of {t} rows could not allocate its scratch memory")
     return out
 
 
