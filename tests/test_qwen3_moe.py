@@ -182,6 +182,33 @@ def test_config_reads_the_moe_fields(tmp_path: Path) -> None:
     assert config_from_hf(saved).num_experts == EXPERTS
 
 
+def test_experts_in_other_architectures_are_refused_by_name(tmp_path: Path) -> None:
+    """A Mixtral-style llama GGUF (llama.expert_count) is not run as a dense model nor with guessed routing."""
+    import gguf
+
+    from edgeserve.errors import UnsupportedModelError
+
+    w = gguf.GGUFWriter(str(tmp_path / "mixtral.gguf"), arch="llama")
+    for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 2)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_vocab_size(32)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(tmp_path / "mixtral.gguf")
+    with pytest.raises(UnsupportedModelError, match="'llama' models with experts"):
+        config_from_gguf(g.metadata, set(g.tensor_names()))
+    with pytest.raises(UnsupportedModelError, match="'qwen3' models with experts"):
+        config_from_hf({**model_dict(), "model_type": "qwen3"})
+
+
+def model_dict() -> dict:
+    return hf_moe().config.to_dict()
+
+
 @pytest.mark.parametrize("source", ["safetensors", "safetensors-fused", "gguf"])
 def test_logits_match_transformers(source: str, tmp_path: Path) -> None:
     ref_model = hf_moe()
