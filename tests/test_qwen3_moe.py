@@ -182,6 +182,33 @@ def test_config_reads_the_moe_fields(tmp_path: Path) -> None:
     assert config_from_hf(saved).num_experts == EXPERTS
 
 
+def test_experts_in_other_architectures_are_refused_by_name(tmp_path: Path) -> None:
+    """A Mixtral-style llama GGUF (llama.expert_count) is not run as a dense model nor with guessed routing."""
+    import gguf
+
+    from edgeserve.errors import UnsupportedModelError
+
+    w = gguf.GGUFWriter(str(tmp_path / "mixtral.gguf"), arch="llama")
+    for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 2)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_vocab_size(32)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(tmp_path / "mixtral.gguf")
+    with pytest.raises(UnsupportedModelError, match="'llama' models with experts"):
+        config_from_gguf(g.metadata, set(g.tensor_names()))
+    with pytest.raises(UnsupportedModelError, match="'qwen3' models with experts"):
+        config_from_hf({**model_dict(), "model_type": "qwen3"})
+
+
+def model_dict() -> dict:
+    return hf_moe().config.to_dict()
+
+
 @pytest.mark.parametrize("source", ["safetensors", "safetensors-fused", "gguf"])
 def test_logits_match_transformers(source: str, tmp_path: Path) -> None:
     ref_model = hf_moe()
@@ -287,3 +314,29 @@ def test_calibrated_quantization_refuses_moe_by_name() -> None:
 
     with pytest.raises(EdgeserveError, match="Mixture-of-Experts"):
         awq_scales(config_from_hf(hf_moe().config.to_dict()), None, [1, 2, 3], 32, torch.float32, torch.device("cpu"))
+
+
+def test_gpu_path_through_triton_kernels_matches_transformers(tmp_path: Path) -> None:
+    """The GPU's path on CPU tensors (Triton's interpreter): dense experts grouped in fixed tiles, the router in
+    fixed tiles, Triton's norms, SiLU-and-mul, RoPE and paged attention; the logits still match transformers."""
+    from kernel_utils import kernel_device
+
+    from edgeserve.kernels import dispatch
+
+    kernel_device("cpu")
+    ref_model = hf_moe()
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float()
+    with dispatch.force_backend("triton"):
+        model = load_ours("gguf", ref_model, tmp_path, dtype=torch.float32, expert_qtype="Q8_0")
+        assert all(isinstance(layer.moe.gate_up, DenseExperts) for layer in model.layers)
+        got = paged_logits(model)
+    g = GGUFFile(tmp_path / "m.gguf")
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    twins = MoEModel.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads), dtype=torch.float32)
+    with dispatch.force_backend("torch"):
+        want = paged_logits(twins)
+    assert ref.abs().max() > 0.5
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)  # the same Q8_0 file through the torch twins
+    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.99

@@ -25,6 +25,9 @@ HF_CLASS_TO_ARCH = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "GptOssForCausalLM": "gpt-oss",
 }
+# Architectures whose feed-forward may be a Mixture-of-Experts layer (edgeserve.models.moe); experts in any other
+# architecture (e.g. a Mixtral GGUF, llama with ffn_*_exps) are refused by name.
+MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
 # Mixture-of-Experts architectures whose MoE layers route with a softmax over all experts, then the top k.
 SOFTMAX_TOPK_ARCHITECTURES = ("qwen3moe",)
 
@@ -216,6 +219,7 @@ def _moe_from_gguf(arch: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     if not experts:
         return {}
+    _check_moe_architecture(arch, experts)
     used = metadata.get(f"{arch}.expert_used_count")
     ffn = metadata.get(f"{arch}.expert_feed_forward_length")
     if used is None or ffn is None:
@@ -228,11 +232,18 @@ def _moe_from_gguf(arch: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
                 shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length") or 0))
 
 
-def _moe_from_hf(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _check_moe_architecture(arch: str, experts: int) -> None:
+    if arch not in MOE_ARCHITECTURES:
+        raise UnsupportedModelError(f"{arch!r} models with experts ({experts}) are not supported (Mixture-of-Experts "
+                                    f"architectures: {', '.join(MOE_ARCHITECTURES)})")
+
+
+def _moe_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The Mixture-of-Experts fields of a ModelConfig from an HF config (empty for a dense model)."""
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if not experts:
         return {}
+    _check_moe_architecture(arch, experts)
     if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
         raise UnsupportedModelError("MoE models with dense MLP layers among the expert layers (mlp_only_layers, "
                                     "decoder_sparse_step) are not supported")
@@ -308,7 +319,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     arch = HF_MODEL_TYPES.get(arch, arch)
     check_architecture(arch)
     try:
-        moe = _moe_from_hf(cfg)
+        moe = _moe_from_hf(arch, cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         scaling = None

@@ -11,6 +11,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels import cpu_native
+from edgeserve.kernels.dispatch import use_triton
 from edgeserve.kernels.experts import BlockExperts, DenseExperts, ExpertBlocks, Experts
 from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
@@ -28,9 +29,10 @@ def moe_config(config: ModelConfig, router: str = "softmax_topk",
 
 def native_experts_here(source: WeightSource, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether expert tensors may stay in block formats on the native kernels (the rule of cpu_native.block_weight:
-    a CPU, a reduced-precision compute dtype, the library loaded, a source that gives block bytes)."""
-    return (device.type == "cpu" and dtype != torch.float32 and hasattr(source, "expert_blocks")
-            and cpu_native.available())
+    a CPU where Triton does not take the kernels, a reduced-precision compute dtype, the library loaded, a source
+    that gives block bytes)."""
+    return (device.type == "cpu" and not use_triton(device) and dtype != torch.float32
+            and hasattr(source, "expert_blocks") and cpu_native.available())
 
 
 REPACK_RAM_FRACTION = 0.5
