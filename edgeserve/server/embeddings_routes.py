@@ -68,10 +68,12 @@ def parse_inputs(value: Any, name: str) -> list[str | list[int]]:
 
 
 def parse_dimensions(body: dict) -> int | None:
-    """`dimensions`: a positive integer, or None."""
+    """`dimensions`: a positive integer (a float with no fraction counts), or None."""
     d = body.get("dimensions")
     if d is None:
         return None
+    if isinstance(d, float) and d.is_integer():
+        d = int(d)
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise bad_request(f"dimensions must be a positive integer, got {d!r}", "dimensions")
     return d
@@ -133,8 +135,10 @@ async def embed(request: Request, model: str, inputs: list[str | list[int]], *, 
                 vectors = F.normalize(vectors, dim=-1)
         if cut:
             log.info("embeddings: %d of %d inputs cut to %d tokens", len(cut), len(seqs), lm.config.max_seq_length)
-        return EmbedResult(lease.entry.id, vectors, sum(len(s) for s in seqs), cut, load_ns,
-                           int((time.monotonic() - t0) * 1e9))
+        total_ns = int((time.monotonic() - t0) * 1e9)
+        num_tokens = sum(len(s) for s in seqs)
+        st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, (total_ns - load_ns) / 1e9)
+        return EmbedResult(lease.entry.id, vectors, num_tokens, cut, load_ns, total_ns)
     finally:
         lease.release()
 

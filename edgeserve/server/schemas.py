@@ -165,7 +165,7 @@ _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n",
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
     """Validate a POST /v1/chat/completions body."""
     req = _openai_common(body, _CHAT_FIELDS, max_n)
-    req.messages = parse_messages(body.get("messages"))
+    req.messages = parse_messages(body.get("messages"), tool_call_ids=True)
     mt = _number(body, "max_completion_tokens", integer=True)
     name = "max_completion_tokens"
     if mt is None:
@@ -234,8 +234,11 @@ def parse_prompt(value: Any) -> list[str | list[int]]:
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
-def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
-    """Chat messages as [{"role", "content"}], content flattened from text parts; anything else is a 400."""
+def parse_messages(value: Any, where: str = "messages", tool_call_ids: bool = False) -> list[dict[str, str]]:
+    """Chat messages as [{"role", "content"}], content flattened from text parts; anything else is a 400.
+
+    `tool_call_ids`: a tool message must name the call it answers (`tool_call_id`, as OpenAI requires; Ollama's
+    tool messages carry at most a `tool_name`)."""
     if not isinstance(value, list) or not value:
         raise bad_request(f"{where} is required and must be a non-empty list of messages", where)
     out = []
@@ -251,6 +254,9 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
         if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(f"{here}.role must be one of system, user, assistant, developer, tool; got {role!r}",
                               f"{here}.role")
+        if tool_call_ids and role == "tool" and m.get("tool_call_id") is None:
+            raise bad_request(f"{here}.tool_call_id is required on a tool message (the id of the call it answers)",
+                              f"{here}.tool_call_id")
         if expect_type(m, "images", list, "a list", here + "."):
             raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
         content = m.get("content")

@@ -1,0 +1,138 @@
+"""What a hostile-client probe found after issue 22 (issue 39), each through the real server and each beside a
+normal streamed request that must finish with exactly its text when alone."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import httpx
+import pytest
+
+from edgeserve.engine.config import EngineConfig
+from edgeserve.server import ServerConfig
+from server_helpers import metric, serve
+from test_hostile_requests import BYSTANDER, CHAT, _stream_text, ollama_400, openai_400, post, with_bystander
+from tiny_gguf import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe")
+    return {"text": write_tiny_llama(d / "tiny.gguf"), "embed": write_tiny_llama(d / "tinyemb.gguf", pooling_type=1)}
+
+
+@pytest.fixture(scope="module")
+def server(paths):
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(paths["text"]), str(paths["embed"])),
+                            keep_alive=None, max_loaded_models=2, max_n=4)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def alone_text(server) -> str:
+    return anyio.run(_stream_text, server.url, BYSTANDER, None)
+
+
+CHAT_BASE = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 1}
+
+
+# --- 1. /metrics with an embedding model loaded; no route answers outside its API's shape --------------------------
+
+def test_metrics_cover_a_loaded_embedding_model(server, alone_text):
+    def send(c: httpx.AsyncClient):
+        async def go():
+            r = await c.post("/api/embed", json={"model": "tinyemb", "input": ["hello", "there you"]})
+            assert r.status_code == 200, r.text
+            scrapes = [await c.get("/metrics") for _ in range(2)]  # one keep-alive connection, two scrapes
+            return r, scrapes
+        return go()
+
+    _, scrapes = with_bystander(server, alone_text, send)
+    for s in scrapes:
+        assert s.status_code == 200, s.text
+    text = scrapes[-1].text
+    labels = 'model="tinyemb"'
+    assert metric(text, "edgeserve_embedding_requests_total", labels) >= 1
+    assert metric(text, "edgeserve_embedding_inputs_total", labels) >= 2
+    assert metric(text, "edgeserve_embedding_tokens_total", labels) >= len("hello") + len("there you") - 4
+    assert metric(text, "edgeserve_embedding_request_latency_seconds_count", labels) >= 1
+    assert metric(text, "edgeserve_num_requests_waiting", labels) == 0
+    assert metric(text, "edgeserve_num_requests_running", 'model="tiny"') is not None  # the text model beside it
+
+
+def test_a_route_that_fails_answers_in_its_api_shape_and_keeps_the_connection(server, monkeypatch):
+    metrics = server.app.state.server.metrics
+
+    def broken() -> bytes:
+        raise RuntimeError("scrape failed")
+
+    monkeypatch.setattr(metrics, "render", broken)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "RuntimeError" in err["message"]
+        assert "Traceback" not in r.text
+        # the same connection serves the next request
+        r = c.post(CHAT, json=CHAT_BASE)
+        assert r.status_code == 200, r.text
+
+
+# --- 3. keep_alive NaN --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": False}),
+    ("/api/generate", {"model": "tiny", "prompt": "x", "stream": False}),
+    ("/api/embed", {"model": "tinyemb", "input": "x"}),
+])
+def test_keep_alive_nan_is_400(server, alone_text, path, body):
+    content = json.dumps({**body, "keep_alive": float("nan")}).encode()  # NaN: Python's json reads it
+    assert b"NaN" in content
+    r = with_bystander(server, alone_text, post(path, content=content))
+    ollama_400(r, "keep_alive", "number")
+
+
+# --- 4. /v1/responses max_output_tokens ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [2**31, 2**63, 1e308])
+def test_responses_max_output_tokens_has_the_same_bound_as_max_tokens(server, alone_text, value):
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": value}
+    r = with_bystander(server, alone_text, post("/v1/responses", body))
+    openai_400(r, "max_output_tokens", "max_output_tokens", "2147483647")
+
+
+def test_responses_max_output_tokens_at_the_bound_is_accepted(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 2**31 - 1,
+                                          "temperature": 0})
+        assert r.status_code == 200, r.text
+
+
+# --- 7. dimensions as an integral float; tool messages without tool_call_id ------------------------------------------
+
+def test_dimensions_as_an_integral_float_counts_as_an_integer(server, alone_text):
+    for path, key in (("/v1/embeddings", None), ("/api/embed", "embeddings")):
+        r = with_bystander(server, alone_text, post(path, {"model": "tinyemb", "input": "hello", "dimensions": 8.0}))
+        assert r.status_code == 200, r.text
+        vec = r.json()["data"][0]["embedding"] if key is None else r.json()[key][0]
+        assert len(vec) == 8
+    r = with_bystander(server, alone_text, post("/v1/embeddings", {"model": "tinyemb", "input": "hi",
+                                                                   "dimensions": 8.5}))
+    openai_400(r, "dimensions", "positive integer")
+
+
+def test_openai_tool_message_without_tool_call_id_is_400(server, alone_text):
+    msgs = [{"role": "assistant", "content": None,
+             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+            {"role": "tool", "content": "ok"}]
+    r = with_bystander(server, alone_text, post(CHAT, {**CHAT_BASE, "messages": msgs}))
+    openai_400(r, "messages[1].tool_call_id", "tool_call_id")
+    msgs[1]["tool_call_id"] = "c"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.post(CHAT, json={**CHAT_BASE, "messages": msgs}).status_code == 200
+        # Ollama's own API has no call ids: its tool messages stay accepted as Ollama accepts them
+        r = c.post("/api/chat", json={"model": "tiny", "stream": False, "options": {"num_predict": 2},
+                                      "messages": [{"role": "user", "content": "x"},
+                                                   {"role": "tool", "content": "sunny"}]})
+        assert r.status_code == 200, r.text
