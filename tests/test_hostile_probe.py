@@ -136,3 +136,79 @@ def test_openai_tool_message_without_tool_call_id_is_400(server, alone_text):
                                       "messages": [{"role": "user", "content": "x"},
                                                    {"role": "tool", "content": "sunny"}]})
         assert r.status_code == 200, r.text
+
+
+# --- 2. schemas no output can satisfy; grammar errors while decoding ---------------------------------------------
+
+DEAD_SCHEMAS = {
+    "self-ref": {"$ref": "#"},
+    "defs-loop": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "required-root": {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    "huge-pattern": {"type": "string", "pattern": "^a{1000000}$"},
+}
+
+
+def _routes_with(schema: dict) -> list[tuple[str, dict, str | None]]:
+    """(path, body, param) for every field that takes a schema; param None: an Ollama / Anthropic shape."""
+    fn = {"name": "f", "parameters": schema}
+    return [
+        (CHAT, {**CHAT_BASE, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+         "response_format"),
+        (CHAT, {**CHAT_BASE, "tools": [{"type": "function", "function": fn}], "tool_choice": "required"}, "tools"),
+        (CHAT, {**CHAT_BASE, "tools": [{"type": "function", "function": fn}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": False,
+                       "format": schema}, None),
+        ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                          "tools": [{"name": "f", "input_schema": schema}], "tool_choice": {"type": "any"}}, None),
+        ("/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": 4,
+                           "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}}, "text.format"),
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(DEAD_SCHEMAS))
+def test_a_schema_no_output_satisfies_is_400_naming_the_field(server, alone_text, name):
+    for path, body, param in _routes_with(DEAD_SCHEMAS[name]):
+        r = with_bystander(server, alone_text, post(path, body))
+        assert r.status_code == 400, (path, r.text)
+        # (a root reference inside a tool's arguments can also fail to resolve: refused at compile time then)
+        said = r.text.count("accepts no output") + r.text.count("cannot be compiled")
+        assert said, r.text
+        if param is not None:
+            openai_400(r, param)
+        elif path == "/v1/messages":
+            assert r.json()["error"]["type"] == "invalid_request_error", r.text
+        else:
+            ollama_400(r)
+
+
+# passes the compile-time probe (the first tokens are a choice), then fails once the recursion is reached
+LATE_DEAD = {"$defs": {"r": {"type": "object", "properties": {"x": {"$ref": "#/$defs/r"}}, "required": ["x"]}},
+             "type": "object", "properties": {"a": {"enum": ["p", "q"]}, "b": {"$ref": "#/$defs/r"}},
+             "required": ["a", "b"]}
+
+
+def test_a_grammar_error_while_decoding_ends_the_request_with_an_error(server, alone_text):
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": LATE_DEAD}}
+    body = {**CHAT_BASE, "max_tokens": 60, "temperature": 0, "response_format": fmt}
+    r = with_bystander(server, alone_text, post(CHAT, body))
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and "grammar failed while decoding" in err["message"], err
+
+    async def stream(c: httpx.AsyncClient):
+        events = []
+        async with c.stream("POST", CHAT, json={**body, "stream": True}) as s:
+            assert s.status_code == 200
+            async for line in s.aiter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+        return events
+
+    events = with_bystander(server, alone_text, stream)
+    assert "grammar failed while decoding" in events[-1]["error"]["message"]
+    assert all(ch["finish_reason"] is None for e in events[:-1] for ch in e["choices"])  # never a "stop"
+
+    r = with_bystander(server, alone_text, post("/api/chat", {"model": "tiny", "stream": False, "format": LATE_DEAD,
+                                                              "messages": [{"role": "user", "content": "hi"}]}))
+    assert r.status_code == 500 and "grammar failed while decoding" in r.json()["error"], r.text
