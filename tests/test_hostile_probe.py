@@ -212,3 +212,89 @@ def test_a_grammar_error_while_decoding_ends_the_request_with_an_error(server, a
     r = with_bystander(server, alone_text, post("/api/chat", {"model": "tiny", "stream": False, "format": LATE_DEAD,
                                                               "messages": [{"role": "user", "content": "hi"}]}))
     assert r.status_code == 500 and "grammar failed while decoding" in r.json()["error"], r.text
+
+
+# --- 6. huge prompts are refused cheaply; rendering and tokenizing run off the event loop ----------------------------
+
+def _on_event_loop() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.fixture
+def render_log(monkeypatch):
+    """Where each chat prompt was rendered and tokenized: (what, on the event loop?, prompt characters)."""
+    from edgeserve.server import generation
+
+    calls = []
+    real_setup, real_ids = generation.chat_setup, generation.chat_prompt_ids
+
+    def setup(req, template):
+        calls.append(("render", _on_event_loop(), sum(len(m["content"]) for m in req.messages)))
+        return real_setup(req, template)
+
+    def ids(tok, prompt):
+        calls.append(("tokenize", _on_event_loop(), len(prompt)))
+        return real_ids(tok, prompt)
+
+    monkeypatch.setattr(generation, "chat_setup", setup)
+    monkeypatch.setattr(generation, "chat_prompt_ids", ids)
+    return calls
+
+
+MANY = [{"role": "user", "content": "hi"}] * 100_000  # about 3.5 MB, under the body limit
+
+
+@pytest.mark.parametrize("path,body", [
+    (CHAT, {**CHAT_BASE, "messages": MANY}),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": MANY}),
+    ("/api/chat", {"model": "tiny", "stream": False, "messages": MANY}),
+    ("/v1/responses", {"model": "tiny", "input": [{"role": "user", "content": "hi"}] * 100_000}),
+    (CHAT, {**CHAT_BASE, "messages": [{"role": "user", "content": "word " * 780_000}]}),
+])
+def test_a_huge_prompt_is_refused_before_it_is_rendered(server, alone_text, render_log, path, body):
+    r = with_bystander(server, alone_text, post(path, body))
+    assert r.status_code == 400, r.text
+    assert "context" in r.text and ("messages" in r.text or "characters" in r.text), r.text
+    if path == CHAT:
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    huge = [c for c in render_log if c[2] > 10_000]
+    assert huge == [], huge  # refused by the cheap bounds: never rendered nor tokenized
+
+
+def test_prompts_are_rendered_and_tokenized_off_the_event_loop(server, alone_text, render_log):
+    long_text = "hi " * 1000  # passes the cheap bounds (context 128), then is counted in a worker thread
+    r = with_bystander(server, alone_text, post(CHAT, {**CHAT_BASE, "messages": [{"role": "user",
+                                                                                  "content": long_text}]}))
+    openai_400(r, "messages", "more than", "context")
+    r = with_bystander(server, alone_text, post(CHAT, CHAT_BASE))
+    assert r.status_code == 200, r.text
+    assert {c[0] for c in render_log} == {"render", "tokenize"}
+    assert not any(on_loop for _, on_loop, _ in render_log), render_log
+    assert not any(what == "tokenize" and chars > 2000 for what, _, chars in render_log), render_log
+
+
+def test_a_long_text_is_counted_only_until_it_passes_the_context():
+    from edgeserve.server.prompt_bounds import COUNT_CHUNK_CHARS, surely_too_long
+
+    class Counting:
+        """One token per character; counts what it was asked to tokenize."""
+
+        def __init__(self):
+            self.chars = 0
+            self.backend = self
+
+        def encode(self, text, add_special_tokens=False):
+            self.chars += len(text)
+            return type("E", (), {"ids": list(range(len(text)))})()
+
+    tok = Counting()
+    assert surely_too_long(tok, "x" * (COUNT_CHUNK_CHARS * 50), context=1000) > 1000
+    assert tok.chars == COUNT_CHUNK_CHARS  # one piece told enough: the other 49 were never tokenized
+    assert surely_too_long(tok, "x" * 3000, context=1000) == 0  # short enough to tokenize whole: no count
+

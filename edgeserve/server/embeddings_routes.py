@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.schemas import parse_json_object
+from edgeserve.server.schemas import read_request
 from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.validate import reject_unknown
 
@@ -149,7 +149,7 @@ _OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "tr
 @api_errors
 async def openai_embeddings(request: Request) -> Response:
     """POST /v1/embeddings (OpenAI): float or base64 vectors, usage, and `truncated_inputs` (indices cut)."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     unknown = sorted(set(body) - _OPENAI_FIELDS)
     if unknown:
         raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0], "unsupported_parameter")
@@ -190,7 +190,7 @@ def _ollama_options(body: dict) -> None:
 @api_errors
 async def ollama_embed(request: Request) -> Response:
     """POST /api/embed (Ollama): batch `input`, `truncate` (default true), `dimensions`."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     reject_unknown(body, {"model", "input", "truncate", "dimensions", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -207,7 +207,7 @@ async def ollama_embed(request: Request) -> Response:
 @api_errors
 async def ollama_embeddings(request: Request) -> Response:
     """POST /api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     reject_unknown(body, {"model", "prompt", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -7,13 +7,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+import anyio.to_thread
 
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.validate import check_range, expect_type, loads_bounded
 from edgeserve.text.grammar import GrammarSpec
+
+T = TypeVar("T")
+
+
+OFF_LOOP_BYTES = 128 * 1024  # a body at least this large is parsed in a worker thread
+
+
+async def read_request(request: Any, parse: Callable[[dict[str, Any]], T] = lambda body: body) -> T:
+    """`parse` of the request's body as a JSON object: a large body (a few MB of JSON, 100k messages: a second of
+    Python) is read and checked in a worker thread, so other requests' streams go on meanwhile."""
+    body = await request.body()
+    if len(body) < OFF_LOOP_BYTES:
+        return parse(parse_json_object(body))
+    return await anyio.to_thread.run_sync(lambda: parse(parse_json_object(body)))
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
