@@ -298,3 +298,74 @@ def test_a_long_text_is_counted_only_until_it_passes_the_context():
     assert tok.chars == COUNT_CHUNK_CHARS  # one piece told enough: the other 49 were never tokenized
     assert surely_too_long(tok, "x" * 3000, context=1000) == 0  # short enough to tokenize whole: no count
 
+
+# --- 5. a short request beside a deep prefill: steps bounded by cost ------------------------------------------------
+
+def _synthetic_cost(shape) -> float:
+    """Seconds a step 'takes' under the fake clock: a fixed part, per token, and per key attended (deep prompt
+    tokens cost more and more)."""
+    return 1e-3 + 2e-6 * shape.tokens + 5e-9 * shape.attended
+
+
+def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
+    from edgeserve.engine.step_cost import chunk_shape
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", context=4096)
+    budget = 256
+    cfg = ServerConfig(engine=EngineConfig(kv_cache_gb=0.01, max_num_batched_tokens=budget), models=(str(path),),
+                       keep_alive=None)
+    short = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    long_ids = [3 + (i * 7) % 250 for i in range(3000)]
+    with serve(cfg) as s:
+        with httpx.Client(base_url=s.url, timeout=120) as c:
+            alone = c.post(CHAT, json=short).json()["choices"][0]["message"]["content"]
+        sched = s.manager.entries["tiny"].engine.core.scheduler
+        now = [0.0]
+
+        def clock() -> float:  # each step lasts exactly its synthetic cost, so the fitted model is exact
+            if sched._timing is not None:
+                now[0] = sched._timing[2] + _synthetic_cost(sched._timing[1])
+            return now[0]
+
+        steps: list[dict[str, tuple[int, int, bool]]] = []  # per step: seq -> (first position, tokens, samples)
+        real = sched.schedule
+
+        def schedule():
+            out = real()
+            # engine request ids are "<X-Request-Id>-<hex>-<choice>"
+            steps.append({x.seq_id.split("-")[0]: (x.positions[0], x.num_new_tokens, x.samples)
+                          for x in out.scheduled})
+            return out
+
+        sched.clock, sched.schedule = clock, schedule
+        out = {}
+
+        async def main():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as c:
+                async def long():
+                    out["long"] = await c.post("/v1/completions", json={"model": "tiny", "prompt": long_ids,
+                                                                        "max_tokens": 2, "temperature": 0},
+                                               headers={"x-request-id": "long"})
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long)
+                    with anyio.fail_after(120):
+                        while not any(st.get("long", (0, 0, 0))[0] >= 1500 for st in steps):
+                            await anyio.sleep(0.01)  # the long prompt is deep into its prefill
+                    out["short"] = await c.post(CHAT, json=short, headers={"x-request-id": "short"})
+
+        anyio.run(main)
+    assert out["long"].status_code == 200 and out["long"].json()["choices"][0]["finish_reason"] == "length"
+    assert out["short"].json()["choices"][0]["message"]["content"] == alone  # the short one is served correctly
+
+    first_short = next(i for i, st in enumerate(steps) if "short" in st)
+    assert steps[first_short]["short"][2], "the short prompt is computed whole in its first step"
+    assert steps[first_short].get("long", (0, 0))[1] <= 1, "beside a first token the deep prompt takes its floor"
+    first_tokens = [k for st in steps for k, v in st.items() if v[2]]
+    assert first_tokens.index("short") < first_tokens.index("long")  # the short one is not queued behind it
+    cap = _synthetic_cost(chunk_shape(0, budget))
+    deep = [st["long"] for st in steps[5:first_short] if set(st) == {"long"}]
+    assert deep and max(d[0] for d in deep) >= 1500
+    for start, n, _ in deep:  # alone, the deep prompt's steps cost no more than a full budget at position 0
+        assert _synthetic_cost(chunk_shape(start, n)) <= 1.25 * cap, (start, n)
+    assert min(n for start, n, _ in deep) < budget  # and its chunks did shrink with depth
