@@ -363,9 +363,9 @@ def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
     assert steps[first_short].get("long", (0, 0))[1] <= 1, "beside a first token the deep prompt takes its floor"
     first_tokens = [k for st in steps for k, v in st.items() if v[2]]
     assert first_tokens.index("short") < first_tokens.index("long")  # the short one is not queued behind it
-    cap = _synthetic_cost(chunk_shape(0, budget))
-    deep = [st["long"] for st in steps[5:first_short] if set(st) == {"long"}]
-    assert deep and max(d[0] for d in deep) >= 1500
-    for start, n, _ in deep:  # alone, the deep prompt's steps cost no more than a full budget at position 0
+    cap = 1.5 * _synthetic_cost(chunk_shape(0, budget))  # the default max_decode_slowdown
+    deep = [st["long"] for st in steps if set(st) == {"long"} and st["long"][0] >= 1500]
+    assert len(deep) > 3
+    for start, n, _ in deep:  # alone, the deep prompt's steps cost at most 1.5x a full budget at position 0
         assert _synthetic_cost(chunk_shape(start, n)) <= 1.25 * cap, (start, n)
     assert min(n for start, n, _ in deep) < budget  # and its chunks did shrink with depth

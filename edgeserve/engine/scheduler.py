@@ -35,10 +35,10 @@ class SchedulerConfig:
     max_decode_slowdown: float | None = None
     # With max_decode_slowdown set, steps without decode rows are bounded by cost too: a step that gives a new
     # request its first token (its whole prompt) carries only the other prompts' tokens that keep it within
-    # max_decode_slowdown times that request's own prefill, and any other prefill step costs at most what a full
-    # token budget costs at the start of a context (a deep prompt's chunks shrink as their attention grows), so a
-    # short request arriving beside a deep prefill waits one bounded step, then gets its first token at near its
-    # unloaded TTFT. False: prefill-only steps fill the token budget whatever it costs.
+    # max_decode_slowdown times that request's own prefill, and any other prefill step costs at most that factor
+    # times a full token budget at the start of a context (a deep prompt's chunks shrink as their attention
+    # grows), so a short request arriving beside a deep prefill waits one bounded step, then gets its first token
+    # at near its unloaded TTFT. False: prefill-only steps fill the token budget whatever it costs.
     bound_prefill_steps: bool = True
 
     def __post_init__(self) -> None:
@@ -321,7 +321,8 @@ class Scheduler:
         """A step of prompt tokens only (`bound_prefill_steps`): the prefills whose whole rest fits their share
         (their first token comes from this step) are scheduled here and protected like decode rows, the others
         get what `_prompt_budget` allows beside them; with no first token at stake, the step's predicted cost is
-        held to that of a full budget from position 0. Returns the others' budget and who gets it."""
+        held to max_decode_slowdown times that of a full budget from position 0. Returns the others' budget and who
+        gets it."""
         fair = self.config.fair_prefill
         shares = split_budget([seq.num_remaining for seq in prefilling], budget, fair)
         first = [seq for seq, n in zip(prefilling, shares) if n == seq.num_remaining]
@@ -331,9 +332,10 @@ class Scheduler:
                 out.scheduled.append(self._build(seq, seq.num_remaining))
             budget -= sum(seq.num_remaining for seq in first)
             return self._prompt_budget(_shape(out.scheduled), rest, budget)
-        cap = self.step_cost.predict(chunk_shape(0, self.config.max_num_batched_tokens))
-        if first or cap is None:
+        full = self.step_cost.predict(chunk_shape(0, self.config.max_num_batched_tokens))
+        if full is None:
             return budget, prefilling
+        cap = self.config.max_decode_slowdown * full
         self.pacer.reset()
 
         def cost(b: int) -> float:
