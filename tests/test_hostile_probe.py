@@ -308,7 +308,7 @@ def _synthetic_cost(shape) -> float:
 
 
 def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
-    from edgeserve.engine.step_cost import chunk_shape
+    from edgeserve.engine.step_cost import StepCostModel, chunk_shape
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", context=4096)
     budget = 256
@@ -337,7 +337,11 @@ def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
                           for x in out.scheduled})
             return out
 
-        sched.clock, sched.schedule = clock, schedule
+        # the fake clock from here on, and a cost model that never saw the real times of the warm-up request
+        sched.clock, sched.step_cost = clock, StepCostModel()
+        with httpx.Client(base_url=s.url, timeout=120) as c:  # the short one alone again: shapes of every kind
+            assert c.post(CHAT, json=short).json()["choices"][0]["message"]["content"] == alone
+        sched.schedule = schedule
         out = {}
 
         async def main():
