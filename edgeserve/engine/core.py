@@ -276,6 +276,10 @@ class EngineCore:
             n, reason = _cut(toks, req.stop_ids, req.max_tokens - k)
             if req.grammar is not None:
                 req.grammar.accept([t for t in toks[:n] if t not in req.stop_ids])
+                if req.grammar.error:  # never a silent stop: the reply could not be kept valid
+                    outputs.append(self._fail(req, f"the output grammar failed while decoding: "
+                                                   f"{req.grammar.error.strip().splitlines()[0]}"))
+                    continue
             outputs.append(self._emit(req, toks[:n], lp, reason))
         return outputs
 
@@ -332,16 +336,20 @@ class EngineCore:
             delta = req.proc.process(out)
         except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone
             log.error("request %s failed while turning tokens into text", req.request_id, exc_info=e)
-            if self.requests.get(req.request_id) is req:
-                self._end(req, "abort")
-            req.proc.done = True
-            return RequestOutput(req.request_id, "", [], None, "abort",
-                                 error="this request failed while turning tokens into text")
+            return self._fail(req, "this request failed while turning tokens into text")
         if delta is not None and delta.finished and reason is None and self.requests.get(req.request_id) is req:
             self._end(req, "stop")  # a stop string
         return delta
 
     # --- failures --------------------------------------------------------------
+
+    def _fail(self, req: Request, message: str) -> RequestOutput:
+        """End one request on a failure of its own: its stream gets `message` as an error, the others go on."""
+        log.warning("request %s failed: %s", req.request_id, message)
+        if self.requests.get(req.request_id) is req:
+            self._end(req, "abort", already_finished=not self.scheduler.has(req.request_id))
+        req.proc.done = True
+        return RequestOutput(req.request_id, "", [], None, "abort", error=message)
 
     def blame(self) -> list[str]:
         """After a failed step: the requests whose own sampling fails alone, retired here (call between steps).

@@ -21,6 +21,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class EmbeddingStats:
+    """An embedding engine's counters (for /metrics): requests in the batch running now and waiting for the next."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+@dataclass
 class _Job:
     inputs: list[list[int]]
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -38,6 +46,7 @@ class EmbeddingEngine:
         self.max_batch_tokens = max_batch_tokens
         self.max_model_len = lm.config.max_seq_length
         self._queue: list[_Job] = []
+        self._num_running = 0  # requests in the batch being embedded now
         self._wake = anyio.Event()
         self._shutdown = False
 
@@ -67,6 +76,7 @@ class EmbeddingEngine:
                 jobs.append(job)
                 tokens += self._tokens(job)
             seqs = [ids for job in jobs for ids in job.inputs]
+            self._num_running = len(jobs)
             try:
                 out = await anyio.to_thread.run_sync(self._forward, seqs)
             except Exception as e:  # a failed batch fails its requests, not the engine
@@ -75,6 +85,8 @@ class EmbeddingEngine:
                     job.error = EngineError(f"embedding failed: {e}")
                     job.done.set()
                 continue
+            finally:
+                self._num_running = 0
             i = 0
             for job in jobs:
                 job.result = out[i: i + len(job.inputs)]
@@ -84,6 +96,10 @@ class EmbeddingEngine:
             job.error = EngineError("the engine is shutting down")
             job.done.set()
         self._queue.clear()
+
+    def stats(self) -> EmbeddingStats:
+        """Requests being embedded now and waiting for the next batch."""
+        return EmbeddingStats(self._num_running, len(self._queue))
 
     @staticmethod
     def _tokens(job: _Job) -> int:

@@ -33,6 +33,13 @@ class SchedulerConfig:
     # decode-only step (a prefilling sequence still gets a token every step, or where even that one token breaks
     # the limit, on enough steps to keep the mean step within it: prompt_pacing); None: the whole token budget
     max_decode_slowdown: float | None = None
+    # With max_decode_slowdown set, steps without decode rows are bounded by cost too: a step that gives a new
+    # request its first token (its whole prompt) carries only the other prompts' tokens that keep it within
+    # max_decode_slowdown times that request's own prefill, and any other prefill step costs at most that factor
+    # times a full token budget at the start of a context (a deep prompt's chunks shrink as their attention
+    # grows), so a short request arriving beside a deep prefill waits one bounded step, then gets its first token
+    # at near its unloaded TTFT. False: prefill-only steps fill the token budget whatever it costs.
+    bound_prefill_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
@@ -215,6 +222,8 @@ class Scheduler:
         prefilling += self._admit_waiting(room)
         if decodes.tokens and prefilling:
             budget, prefilling = self._prompt_budget(decodes, prefilling, budget)
+        elif limited and self.config.bound_prefill_steps and prefilling:
+            budget, prefilling = self._bounded_prefill(out, prefilling, budget)
         shares = split_budget([seq.num_remaining for seq in prefilling], budget, self.config.fair_prefill)
         for seq, n in zip(prefilling, shares):
             if n:
@@ -306,6 +315,43 @@ class Scheduler:
             else:
                 hi = mid - 1
         return lo, served
+
+    def _bounded_prefill(self, out: SchedulerOutput, prefilling: list[Sequence],
+                         budget: int) -> tuple[int, list[Sequence]]:
+        """A step of prompt tokens only (`bound_prefill_steps`): the prefills whose whole rest fits their share
+        (their first token comes from this step) are scheduled here and protected like decode rows, the others
+        get what `_prompt_budget` allows beside them; with no first token at stake, the step's predicted cost is
+        held to max_decode_slowdown times that of a full budget from position 0. Returns the others' budget and who
+        gets it."""
+        fair = self.config.fair_prefill
+        shares = split_budget([seq.num_remaining for seq in prefilling], budget, fair)
+        first = [seq for seq, n in zip(prefilling, shares) if n == seq.num_remaining]
+        rest = [seq for seq in prefilling if seq not in first]
+        if first and rest:
+            for seq in first:
+                out.scheduled.append(self._build(seq, seq.num_remaining))
+            budget -= sum(seq.num_remaining for seq in first)
+            return self._prompt_budget(_shape(out.scheduled), rest, budget)
+        full = self.step_cost.predict(chunk_shape(0, self.config.max_num_batched_tokens))
+        if full is None:
+            return budget, prefilling
+        cap = self.config.max_decode_slowdown * full
+        self.pacer.reset()
+
+        def cost(b: int) -> float:
+            shape = StepShape(0, 0)
+            for seq, n in zip(prefilling, split_budget([seq.num_remaining for seq in prefilling], b, fair)):
+                shape = shape + chunk_shape(seq.num_computed_tokens, n)
+            return self.step_cost.predict(shape)
+
+        lo, hi = min(budget, len(prefilling) if fair else 1), budget  # the floor moves every prompt
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cost(mid) <= cap:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo, prefilling
 
     def _admit_waiting(self, room: int) -> list[Sequence]:
         """Move waiting sequences to running in FCFS order while seats, blocks and `room` (prompt tokens for

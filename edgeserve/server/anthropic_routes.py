@@ -13,6 +13,7 @@ import json
 import secrets
 from typing import Any, AsyncIterator
 
+import anyio.to_thread
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -22,7 +23,7 @@ from starlette.routing import Route
 from edgeserve.server.errors import APIError, anthropic_error_body, bad_request, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
-from edgeserve.server.schemas import GenerationRequest, _number, _stop, parse_json_object
+from edgeserve.server.schemas import GenerationRequest, _number, _stop, read_request
 from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.tool_schemas import function_tool, parse_tool_choice, parse_tool_list
 from edgeserve.text.grammar import GrammarSpec
@@ -291,7 +292,7 @@ def content_blocks(r: ChoiceResult) -> list[dict[str, Any]]:
 async def messages(request: Request) -> Response:
     """POST /v1/messages."""
     st = server_state(request)
-    req = parse_messages_request(parse_json_object(await request.body()))
+    req = await read_request(request, parse_messages_request)
     mid = f"msg_{request.state.request_id}{secrets.token_hex(4)}"
     if req.stream:
         if not is_loaded(st.manager, req.model):
@@ -404,14 +405,15 @@ async def _events(gen: Generation, mid: str) -> AsyncIterator[dict]:
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt's token count through the model's chat template."""
     st = server_state(request)
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     req = parse_messages_request({**body, "max_tokens": 1, "stream": False})
     lease = await st.manager.acquire(req.model)
     try:
         gen = Generation(lease, req, st.metrics, request.state.request_id, "messages")
         if getattr(lease.engine, "is_embedding", False):
             raise APIError(400, f"model {lease.entry.id!r} is an embedding model", "invalid_request_error", "model")
-        n = len(gen.prompt_ids()[0])
+        await gen.check_size()
+        n = len((await anyio.to_thread.run_sync(gen.prompt_ids))[0])
     finally:
         lease.release()
     return JSONResponse({"input_tokens": n})

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes, responses_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
-from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response
+from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.state import ServerState, request_id_var, server_state
@@ -71,9 +71,11 @@ class ServerMiddleware:
         scope.setdefault("state", {})["request_id"] = rid
         path = scope["path"]
         status = [500]
+        started = [False]
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
+                started[0] = True
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
@@ -98,7 +100,14 @@ class ServerMiddleware:
                         raise BodyTooLargeError(self._too_large())
                 return message
 
-            await self.app(scope, limited_receive, send_with_id)
+            try:
+                await self.app(scope, limited_receive, send_with_id)
+            except Exception as e:
+                if started[0]:  # nothing can be said in-band any more; the server logs it
+                    raise
+                # any route that failed outside its own error handling still answers in its API's shape
+                err = from_exception(e, rid)
+                await self._send_error(scope, send_with_id, err)
         finally:
             label = path if path in self.paths else "other"
             self.state.metrics.requests.labels(label, str(status[0])).inc()
@@ -109,11 +118,14 @@ class ServerMiddleware:
 
     async def _reply(self, scope: Scope, send: Send, status: int, message: str, code: str,
                      headers: dict[str, str]) -> None:
-        body = error_body(scope["path"], APIError(status, message, "invalid_request_error", None, code))
-        data = json.dumps(body).encode()
+        await self._send_error(scope, send, APIError(status, message, "invalid_request_error", None, code, headers))
+
+    @staticmethod
+    async def _send_error(scope: Scope, send: Send, err: APIError) -> None:
+        data = json.dumps(error_body(scope["path"], err)).encode()
         hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-        hdrs += [(k.encode(), v.encode()) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": status, "headers": hdrs})
+        hdrs += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+        await send({"type": "http.response.start", "status": err.status, "headers": hdrs})
         await send({"type": "http.response.body", "body": data})
 
 

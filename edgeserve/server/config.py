@@ -28,6 +28,8 @@ def parse_keep_alive(value: object) -> float | None:
     if isinstance(value, bool):
         raise bad("be a duration like '5m' or a number of seconds")
     if isinstance(value, (int, float)):
+        if value != value:  # NaN: before any comparison, which would read it as a side of infinity
+            raise bad("be a number")
         seconds = float(value) if abs(value) < 1e300 else float("inf") * (1 if value > 0 else -1)
     elif isinstance(value, str):
         parts = re.findall(r"(-?\d+(?:\.\d+)?)(ms|h|m|s)?", value.strip())

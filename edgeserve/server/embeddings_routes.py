@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.schemas import parse_json_object
+from edgeserve.server.schemas import read_request
 from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.validate import reject_unknown
 
@@ -68,10 +68,12 @@ def parse_inputs(value: Any, name: str) -> list[str | list[int]]:
 
 
 def parse_dimensions(body: dict) -> int | None:
-    """`dimensions`: a positive integer, or None."""
+    """`dimensions`: a positive integer (a float with no fraction counts), or None."""
     d = body.get("dimensions")
     if d is None:
         return None
+    if isinstance(d, float) and d.is_integer():
+        d = int(d)
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise bad_request(f"dimensions must be a positive integer, got {d!r}", "dimensions")
     return d
@@ -133,8 +135,10 @@ async def embed(request: Request, model: str, inputs: list[str | list[int]], *, 
                 vectors = F.normalize(vectors, dim=-1)
         if cut:
             log.info("embeddings: %d of %d inputs cut to %d tokens", len(cut), len(seqs), lm.config.max_seq_length)
-        return EmbedResult(lease.entry.id, vectors, sum(len(s) for s in seqs), cut, load_ns,
-                           int((time.monotonic() - t0) * 1e9))
+        total_ns = int((time.monotonic() - t0) * 1e9)
+        num_tokens = sum(len(s) for s in seqs)
+        st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, (total_ns - load_ns) / 1e9)
+        return EmbedResult(lease.entry.id, vectors, num_tokens, cut, load_ns, total_ns)
     finally:
         lease.release()
 
@@ -145,7 +149,7 @@ _OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "tr
 @api_errors
 async def openai_embeddings(request: Request) -> Response:
     """POST /v1/embeddings (OpenAI): float or base64 vectors, usage, and `truncated_inputs` (indices cut)."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     unknown = sorted(set(body) - _OPENAI_FIELDS)
     if unknown:
         raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0], "unsupported_parameter")
@@ -186,7 +190,7 @@ def _ollama_options(body: dict) -> None:
 @api_errors
 async def ollama_embed(request: Request) -> Response:
     """POST /api/embed (Ollama): batch `input`, `truncate` (default true), `dimensions`."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     reject_unknown(body, {"model", "input", "truncate", "dimensions", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -203,7 +207,7 @@ async def ollama_embed(request: Request) -> Response:
 @api_errors
 async def ollama_embeddings(request: Request) -> Response:
     """POST /api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
-    body = parse_json_object(await request.body())
+    body = await read_request(request)
     reject_unknown(body, {"model", "prompt", "options", "keep_alive"})
     model = body.get("model")
     if not isinstance(model, str) or not model:

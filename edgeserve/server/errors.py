@@ -52,6 +52,8 @@ def from_exception(exc: BaseException, request_id: str = "") -> APIError:
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:  # raised through a task group
+        return from_exception(exc.exceptions[0], request_id)
     if isinstance(exc, BodyTooLargeError):
         return APIError(413, str(exc), "invalid_request_error", None, "request_too_large")
     if isinstance(exc, PromptTooLongError):

@@ -17,6 +17,7 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
+from edgeserve.server.prompt_bounds import check_prompt_size, max_token_chars, surely_too_long, too_long_error
 from edgeserve.server.schemas import GenerationRequest
 from edgeserve.text.chat_prompt import chat_prompt_ids
 
@@ -74,19 +75,29 @@ class Generation:
         self.first_token_at: float | None = None  # monotonic time of the first generated token (prefill done)
         self._closed = False
         self.chat: ChatSetup | None = None  # chat replies: template inputs, constraint, output parsing
+        self._prompts: list[list[int]] | None = None  # prompt_ids(), computed off the event loop by prepare()
 
     def prompt_ids(self) -> list[list[int]]:
         """Token ids of each prompt: chat messages through the model's template, text encoded, ids checked."""
         lm = self.lease.lm
         tok = lm.tokenizer
+        context = self.lease.engine.max_model_len
         if self.req.messages is not None:
             if self.chat is None:
                 self.chat = chat_setup(self.req, lm.chat_template)
+            self._refuse_if_surely_too_long(self.chat.prompt, context)
             return [chat_prompt_ids(tok, self.chat.prompt)]
         out = []
         for i, p in enumerate(self.req.prompts):
+            if isinstance(p, str):
+                self._refuse_if_surely_too_long(p, context)
             out.append(tok.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p))
         return out
+
+    def _refuse_if_surely_too_long(self, text: str, context: int) -> None:
+        count = surely_too_long(self.lease.lm.tokenizer, text, context)
+        if count:
+            raise too_long_error(count, context, self.prompt_param)
 
     def _refuse_embedding_model(self) -> None:
         """A generation request naming an embedding model is a 400 (nothing stays leased)."""
@@ -102,7 +113,7 @@ class Generation:
         engine = self.lease.engine
         self._refuse_embedding_model()
         try:
-            prompts = self.prompt_ids()
+            prompts = self._prompts if self._prompts is not None else self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
                 # never more than the context holds (a huge client value must not reach the engine's tensors)
                 max_tokens = min(self.req.max_tokens or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
@@ -142,21 +153,24 @@ class Generation:
         return self.chat.constraint if self.chat is not None else self.req.constraint
 
     async def prepare(self) -> None:
-        """Compile the request's grammar off the event loop (cached per model; the first use of a tokenizer
-        takes ~1 s); a schema the grammar engine cannot handle is a 400 naming what is unsupported."""
+        """Render and tokenize the prompts, and compile the request's grammar, off the event loop (a grammar is
+        cached per model; the first use of a tokenizer takes ~1 s). A prompt surely past the context is refused
+        before any of that (edgeserve.server.prompt_bounds); a schema the grammar engine cannot handle is a 400
+        naming what is unsupported."""
         from edgeserve.text.grammar import GrammarCompiler, GrammarError
 
         self._refuse_embedding_model()
         lm = self.lease.lm
         try:
+            await self.check_size()
             if self.req.messages is not None:
-                self.chat = chat_setup(self.req, lm.chat_template)
+                self.chat = await anyio.to_thread.run_sync(chat_setup, self.req, lm.chat_template)
             spec = self.constraint()
-            if spec is None:
-                return
-            compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,
-                                                      lm.config.vocab_size)
-            await anyio.to_thread.run_sync(compiler.compile, spec)
+            if spec is not None:  # a bad schema is reported before the prompt's length
+                compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,
+                                                          lm.config.vocab_size)
+                await anyio.to_thread.run_sync(compiler.compile, spec)
+            self._prompts = await anyio.to_thread.run_sync(self.prompt_ids)
         except GrammarError as e:
             self.close()
             forced = self.req.tool_choice not in ("none", "auto")
@@ -166,6 +180,13 @@ class Generation:
             raise
 
     constraint_param = "response_format"  # the request field a grammar error names (Ollama routes: "format")
+
+    async def check_size(self) -> None:
+        """400 context_length_exceeded for a prompt surely longer than the context, before it is rendered."""
+        tok = self.lease.lm.tokenizer
+        chars = getattr(tok, "_max_token_chars", None) or await anyio.to_thread.run_sync(max_token_chars, tok)
+        check_prompt_size(self.req.messages, self.req.prompts, self.lease.engine.max_model_len, chars,
+                          self.prompt_param)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, delta) for every choice in turn; records metrics; cancels what is left on exit.

@@ -33,6 +33,14 @@ class Metrics:
         self.generation_tokens = Counter("edgeserve_generation_tokens", "Generated tokens", ["model"], registry=r)
         self.requests = Counter("edgeserve_http_requests", "HTTP requests by route and status code",
                                 ["path", "status"], registry=r)
+        self.embed_requests = Counter("edgeserve_embedding_requests", "Finished embedding requests", ["model"],
+                                      registry=r)
+        self.embed_inputs = Counter("edgeserve_embedding_inputs", "Inputs (texts or token lists) embedded", ["model"],
+                                    registry=r)
+        self.embed_tokens = Counter("edgeserve_embedding_tokens", "Tokens embedded", ["model"], registry=r)
+        self.embed_latency = Histogram("edgeserve_embedding_request_latency_seconds",
+                                       "Embedding request arrival to vectors (model load excluded)", ["model"],
+                                       buckets=_LATENCY, registry=r)
         self.load_seconds = Histogram("edgeserve_model_load_seconds", "Time to load a model", ["model"],
                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 40, 80, 160, 320), registry=r)
         r.register(_EngineCollector(manager))
@@ -54,13 +62,20 @@ class Metrics:
         self.cached_tokens.labels(model).inc(num_cached)
         self.generation_tokens.labels(model).inc(num_output)
 
+    def observe_embedding(self, model: str, num_inputs: int, num_tokens: int, seconds: float) -> None:
+        """Record one finished embedding request."""
+        self.embed_requests.labels(model).inc()
+        self.embed_inputs.labels(model).inc(num_inputs)
+        self.embed_tokens.labels(model).inc(num_tokens)
+        self.embed_latency.labels(model).observe(seconds)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of everything."""
         return generate_latest(self.registry)
 
 
 class _EngineCollector:
-    """Gauges read from each loaded engine's stats() when scraped."""
+    """Gauges read from each loaded engine's stats() when scraped (an embedding engine has only running / waiting)."""
 
     def __init__(self, manager: "ModelManager") -> None:
         self.manager = manager
@@ -92,6 +107,10 @@ class _EngineCollector:
             if engine is None:
                 continue
             stats = engine.stats()
+            if getattr(engine, "is_embedding", False):
+                for key in ("num_running", "num_waiting"):
+                    gauges[key].add_metric([entry.id], float(getattr(stats, key)))
+                continue
             for key, g in gauges.items():
                 g.add_metric([entry.id], float(getattr(stats, key)))
             preempt.add_metric([entry.id], float(stats.num_preemptions))

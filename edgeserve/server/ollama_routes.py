@@ -24,7 +24,7 @@ from edgeserve.server.loading import is_loaded, stream_after_load
 from edgeserve.server.model_details import ModelFacts, digest, model_facts
 from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
-                                      parse_ollama_generate)
+                                      parse_ollama_generate, read_request)
 from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.validate import reject_unknown
 
@@ -238,13 +238,13 @@ def ollama_message(content: str, thinking: str = "", calls: list | None = None) 
 @api_errors
 async def chat(request: Request) -> Response:
     """POST /api/chat (NDJSON stream by default)."""
-    return await _generate(request, parse_ollama_chat(parse_json_object(await request.body())), "chat")
+    return await _generate(request, await read_request(request, parse_ollama_chat), "chat")
 
 
 @api_errors
 async def generate(request: Request) -> Response:
     """POST /api/generate (NDJSON stream by default; raw: true skips the chat template)."""
-    return await _generate(request, parse_ollama_generate(parse_json_object(await request.body())), "generate")
+    return await _generate(request, await read_request(request, parse_ollama_generate), "generate")
 
 
 class _Lines:

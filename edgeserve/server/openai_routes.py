@@ -15,7 +15,7 @@ from edgeserve.engine.outputs import TokenLogprob
 from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
-from edgeserve.server.schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_json_object
+from edgeserve.server.schemas import GenerationRequest, parse_chat_request, parse_completion_request, read_request
 from edgeserve.server.state import api_errors, server_state
 
 
@@ -57,7 +57,7 @@ def completion_logprobs(gen: Generation, lps: list[TokenLogprob] | None, offset:
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions."""
     st = server_state(request)
-    req = parse_chat_request(parse_json_object(await request.body()), st.config.max_n)
+    req = await read_request(request, lambda body: parse_chat_request(body, st.config.max_n))
     rid = f"chatcmpl-{request.state.request_id}"
     if req.stream and not is_loaded(st.manager, req.model):
         return _sse_after_load(request, req, "messages", lambda g: _chat_events(g, rid))
@@ -78,7 +78,7 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """POST /v1/completions."""
     st = server_state(request)
-    req = parse_completion_request(parse_json_object(await request.body()), st.config.max_n)
+    req = await read_request(request, lambda body: parse_completion_request(body, st.config.max_n))
     rid = f"cmpl-{request.state.request_id}"
     if req.stream and not is_loaded(st.manager, req.model):
         return _sse_after_load(request, req, "prompt", lambda g: _completion_events(g, rid))

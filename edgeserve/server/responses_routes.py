@@ -22,7 +22,7 @@ from starlette.routing import Route
 from edgeserve.server.errors import APIError, bad_request, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
-from edgeserve.server.schemas import GenerationRequest, _number, parse_json_object
+from edgeserve.server.schemas import GenerationRequest, _number, read_request
 from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.tool_schemas import function_tool, parse_tool_list, set_tools
 from edgeserve.text.grammar import GrammarSpec
@@ -283,8 +283,7 @@ class _Reply:
 async def responses(request: Request) -> Response:
     """POST /v1/responses (stateless)."""
     st = server_state(request)
-    body = parse_json_object(await request.body())
-    req = parse_responses_request(body)
+    body, req = await read_request(request, lambda b: (b, parse_responses_request(b)))
     rid = f"resp_{request.state.request_id}{secrets.token_hex(4)}"
     if req.stream:
         if not is_loaded(st.manager, req.model):

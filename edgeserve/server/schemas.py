@@ -7,13 +7,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+import anyio.to_thread
 
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.config import UNSET, parse_keep_alive
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.validate import check_range, expect_type, loads_bounded
 from edgeserve.text.grammar import GrammarSpec
+
+T = TypeVar("T")
+
+
+OFF_LOOP_BYTES = 128 * 1024  # a body at least this large is parsed in a worker thread
+
+
+async def read_request(request: Any, parse: Callable[[dict[str, Any]], T] = lambda body: body) -> T:
+    """`parse` of the request's body as a JSON object: a large body (a few MB of JSON, 100k messages: a second of
+    Python) is read and checked in a worker thread, so other requests' streams go on meanwhile."""
+    body = await request.body()
+    if len(body) < OFF_LOOP_BYTES:
+        return parse(parse_json_object(body))
+    return await anyio.to_thread.run_sync(lambda: parse(parse_json_object(body)))
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -165,7 +181,7 @@ _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n",
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
     """Validate a POST /v1/chat/completions body."""
     req = _openai_common(body, _CHAT_FIELDS, max_n)
-    req.messages = parse_messages(body.get("messages"))
+    req.messages = parse_messages(body.get("messages"), tool_call_ids=True)
     mt = _number(body, "max_completion_tokens", integer=True)
     name = "max_completion_tokens"
     if mt is None:
@@ -234,8 +250,11 @@ def parse_prompt(value: Any) -> list[str | list[int]]:
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
-def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
-    """Chat messages as [{"role", "content"}], content flattened from text parts; anything else is a 400."""
+def parse_messages(value: Any, where: str = "messages", tool_call_ids: bool = False) -> list[dict[str, str]]:
+    """Chat messages as [{"role", "content"}], content flattened from text parts; anything else is a 400.
+
+    `tool_call_ids`: a tool message must name the call it answers (`tool_call_id`, as OpenAI requires; Ollama's
+    tool messages carry at most a `tool_name`)."""
     if not isinstance(value, list) or not value:
         raise bad_request(f"{where} is required and must be a non-empty list of messages", where)
     out = []
@@ -251,6 +270,9 @@ def parse_messages(value: Any, where: str = "messages") -> list[dict[str, str]]:
         if not isinstance(role, str) or role not in _ROLES:
             raise bad_request(f"{here}.role must be one of system, user, assistant, developer, tool; got {role!r}",
                               f"{here}.role")
+        if tool_call_ids and role == "tool" and m.get("tool_call_id") is None:
+            raise bad_request(f"{here}.tool_call_id is required on a tool message (the id of the call it answers)",
+                              f"{here}.tool_call_id")
         if expect_type(m, "images", list, "a list", here + "."):
             raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
         content = m.get("content")

@@ -54,6 +54,7 @@ RANGES: dict[str, Range] = {
     "seed": Range(SamplingParams.MIN_SEED, SamplingParams.MAX_SEED, integer=True),
     "max_tokens": Range(1, INT32_MAX, integer=True),
     "max_completion_tokens": Range(1, INT32_MAX, integer=True),
+    "max_output_tokens": Range(1, INT32_MAX, integer=True),  # /v1/responses
     "num_predict": Range(-2, INT32_MAX, integer=True),  # Ollama: -1 (or -2) is to the end of the context
     "logprobs": Range(0, SamplingParams.MAX_LOGPROBS, integer=True),
     "top_logprobs": Range(0, SamplingParams.MAX_LOGPROBS, integer=True),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import llguidance
@@ -169,11 +169,42 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(_explain(matcher.get_error()))
+        if spec.think is not None:  # the answer after the reasoning must be producible too
+            self.compile(replace(spec, think=None))
+        problem = self._dead_start(matcher)
+        if problem:
+            raise GrammarError(f"the grammar accepts no output: {problem}")
         with self._lock:
             self._cache[spec] = matcher
             while len(self._cache) > self.CACHE_SIZE:
                 self._cache.popitem(last=False)
         return matcher
+
+    PROBE_STEPS = 16  # forced tokens walked at compile time
+
+    def _dead_start(self, template: llguidance.LLMatcher) -> str:
+        """Why no output can start (the grammar engine's error), or '' when one can.
+
+        On a copy: the first mask, then as long as exactly one token is allowed (a token every output begins with)
+        that token and the next mask. A schema no finite text satisfies (`{"$ref": "#"}`, a required property that
+        refers back to the root, a pattern too large to build) fails here, before any request runs it; a failure
+        further in is caught while decoding (the request then ends with an error)."""
+        m = template.deep_copy()
+        bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
+        eos = set(self.eos_ids)
+        for _ in range(self.PROBE_STEPS):
+            llg_torch.fill_next_token_bitmask(m, bitmask, 0)
+            if m.is_error():
+                return _first_line(m.get_error())
+            bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
+            allowed = [t for t in np.flatnonzero(bits[: self.vocab_size]).tolist() if t not in eos]
+            if not allowed:
+                return "" if m.is_accepting() or m.is_stopped() else "no token is allowed at the start"
+            if len(allowed) > 1:
+                return ""
+            if not m.consume_token(allowed[0]) or m.is_error():
+                return _first_line(m.get_error())
+        return ""
 
     def _special_id(self, text: str) -> int | None:
         token = self.tokenizer.tokenize_str(text, parse_special=True)
@@ -195,6 +226,10 @@ class GrammarCompiler:
             return
         for i, s in enumerate(states):
             llg_torch.fill_next_token_bitmask(s.matcher, bitmask, i)
+
+
+def _first_line(problem: str) -> str:
+    return problem.strip().splitlines()[0] if problem.strip() else "unknown error"
 
 
 def _explain(problem: str) -> str:
