@@ -1,0 +1,261 @@
+"""Gemma 4 (dense) against transformers' modeling_gemma4 on tiny random float32 models, from safetensors and from a
+GGUF written here with llama.cpp's names and keys: prefill and decode logits through the paged KV pool, KV-shared
+layers keeping no K/V, and the engine's greedy output batched == alone and prefix-cache hit == miss."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token, pool_blocks_for_budget
+from edgeserve.kernels.dispatch import AttentionMetadata
+from edgeserve.loaders.gguf_file import GGUFFile
+from edgeserve.loaders.gguf_weights import GGUFWeights
+from edgeserve.loaders.hf_folder import HFFolder
+from edgeserve.models.config import config_from_gguf, config_from_hf
+from edgeserve.models.decoders import decoder_class
+from edgeserve.models.gemma4 import Gemma4Model
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 96
+PROMPT = [1, 5, 17, 33, 2, 60, 7, 81, 12, 44]  # 10 prompt tokens (past the window of 5), then decodes
+DECODES = 4
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def hf_config(shape: str):
+    """E2B-shaped: per-layer embeddings, the last 3 of 7 layers KV-shared, a double-wide MLP there, proportional
+    RoPE on 32-wide global heads next to 16-wide sliding ones. 31B-shaped: no E-model extras, global layers with
+    K = V and their own K/V head count."""
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, head_dim=16,
+                  global_head_dim=32, sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-6,
+                  final_logit_softcapping=5.0, tie_word_embeddings=True)
+    if shape == "e2b":
+        return transformers.Gemma4TextConfig(
+            num_hidden_layers=7, num_key_value_heads=1, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
+            hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3,
+            use_double_wide_mlp=True, attention_k_eq_v=False, **common)
+    return transformers.Gemma4TextConfig(
+        num_hidden_layers=4, num_key_value_heads=2, layer_types=[SLIDING, FULL, SLIDING, FULL],
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True, num_global_key_value_heads=1,
+        **common)
+
+
+def hf_model(shape: str):
+    torch.manual_seed(0)
+    cfg = hf_config(shape)
+    cfg._attn_implementation = "eager"
+    model = transformers.Gemma4ForCausalLM(cfg).eval()
+    with torch.no_grad():  # far from the init, so attention, soft-capping and the layer scales all bite
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
+    return model
+
+
+# HF name (after `model.layers.N.`) -> llama.cpp's gemma4 name (after `blk.N.`)
+_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "post_attention_norm",
+          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+          "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
+          "layer_scalar": "layer_output_scale"}
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+        "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+        "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
+
+
+def write_gguf(model, path: Path) -> Path:
+    """The model as llama.cpp's converter writes a Gemma 4 GGUF: its keys, names, norms as stored (no 1 + w) and
+    proportional RoPE as a `rope_freqs` tensor of divisors (1 rotated, 1e30 not)."""
+    import gguf
+
+    c = model.config
+    swa = [t == SLIDING for t in c.layer_types]
+    w = gguf.GGUFWriter(path, arch="gemma4")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_head_count(c.num_attention_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_sliding_window(c.sliding_window)
+    w.add_sliding_window_pattern(swa)
+    w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
+    global_hd = c.per_layer_config[c.layer_types.index(FULL)].head_dim
+    w.add_key_length(global_hd)
+    w.add_value_length(global_hd)
+    sliding_hd = c.per_layer_config[c.layer_types.index(SLIDING)].head_dim
+    w.add_key_length_swa(sliding_hd)
+    w.add_value_length_swa(sliding_hd)
+    w.add_shared_kv_layers(c.num_kv_shared_layers)
+    w.add_embedding_length_per_layer_input(c.hidden_size_per_layer_input or 0)
+    first_shared = c.num_hidden_layers - c.num_kv_shared_layers
+    ffn = [c.intermediate_size * (2 if c.use_double_wide_mlp and i >= first_shared else 1)
+           for i in range(c.num_hidden_layers)]
+    w.add_feed_forward_length(ffn if len(set(ffn)) > 1 else ffn[0])
+    kv = [c.per_layer_config[i].num_key_value_heads for i in range(c.num_hidden_layers)]
+    w.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
+    partial = c.rope_parameters["full_attention"]["partial_rotary_factor"]
+    rotated = int(global_hd * partial / 2)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (global_hd // 2 - rotated), np.float32))
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied
+        if name in _TOP:
+            g = _TOP[name]
+        else:
+            _, _, i, rest = name.split(".", 3)
+            g = f"blk.{i}.{_LAYER[rest.removesuffix('.weight')]}.weight"
+        w.add_tensor(g, t.float().reshape(-1).numpy() if t.dim() == 0 else t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def ours(model, tmp_path: Path, source: str) -> Gemma4Model:
+    if source == "safetensors":
+        model.save_pretrained(tmp_path / "hf")
+        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
+        weights = HFFolder(tmp_path / "hf").weights()
+    else:
+        g = GGUFFile(write_gguf(model, tmp_path / "m.gguf"))
+        config = config_from_gguf(g.metadata, set(g.tensor_names()))
+        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+    assert config.architecture == "gemma4"
+    cls = decoder_class(config)
+    assert cls is Gemma4Model
+    return cls.from_weights(config, weights, dtype=torch.float32)
+
+
+def paged_logits(model: Gemma4Model, block_size: int = 4, window_blocks: int = 0) -> torch.Tensor:
+    """Prefill PROMPT in two chunks, then single-token decode steps, through a paged pool."""
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    pool = KVPool(model.config, 8, block_size, torch.float32)
+    table = list(range(8))
+    steps = [(0, 6), (6, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
+    out = []
+    for a, b in steps:
+        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
+        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+    return torch.cat(out)
+
+
+def reference(model) -> torch.Tensor:
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("source", ["safetensors", "gguf"])
+@pytest.mark.parametrize("shape", ["e2b", "31b"])
+def test_logits_match_transformers(shape: str, source: str, tmp_path: Path) -> None:
+    ref_model = hf_model(shape)
+    ref = reference(ref_model)
+    model = ours(ref_model, tmp_path, source)
+    c = model.config
+    assert c.global_head_dim == 32 and c.head_dim == 16 and c.final_softcap == 5.0
+    if shape == "e2b":
+        assert c.per_layer_input_size == 8 and c.kv_shared_layers == 3 and c.layer_intermediate[-1] == 192
+    else:
+        assert c.global_k_eq_v and c.global_kv_heads == 1 and c.num_kv_heads == 2
+    got = paged_logits(model)
+    assert got.shape == ref.shape
+    diff = (got - ref).abs().max().item()
+    assert diff < 1e-4 * max(1.0, ref.abs().max().item()), f"{shape}/{source}: max diff {diff}"
+
+
+def test_partial_rope_and_v_norm_matter(tmp_path: Path) -> None:
+    """Rotating the whole global head, or weighting V's weightless norm, moves the logits clearly off transformers'."""
+    ref_model = hf_model("e2b")
+    ref = reference(ref_model)
+    model = ours(ref_model, tmp_path, "safetensors")
+    full = Gemma4Model(model.config.__class__(**{**model.config.__dict__, "rope_global_partial": 1.0}),
+                       model.embed, model.layers, model.norm, model.lm_head, model.dtype, model.device)
+    full.ple_table, full.ple_model_proj, full.ple_proj_norm = model.ple_table, model.ple_model_proj, model.ple_proj_norm
+    assert (paged_logits(full) - ref).abs().max().item() > 1e-2
+    # (a uniform scale would not show: the post-attention RMSNorm undoes it)
+    model._v_norm = {d: torch.linspace(0.2, 2.0, d) for d in model._v_norm}
+    assert (paged_logits(model) - ref).abs().max().item() > 1e-2
+
+
+def test_kv_shared_layers_keep_no_kv(tmp_path: Path) -> None:
+    c = ours(hf_model("e2b"), tmp_path, "safetensors").config
+    assert [c.kv_source(i) for i in range(7)] == [0, 1, 2, 3, 2, 3, 2]
+    pool = KVPool(c, 8, 4, torch.float32)
+    # owners: sliding 0, 1, 3 (16-wide, 1 head) apart from global 2 (32-wide); nothing for layers 4, 5, 6
+    assert pool.k.shape == (1, 8, 4, 1, 32) and pool.window_k.shape == (3, 8, 4, 1, 16)
+    assert pool.layer_slot[4] == pool.layer_slot[6] == pool.layer_slot[2] and pool.layer_slot[5] == pool.layer_slot[3]
+    assert pool.nbytes == 2 * 8 * 4 * (32 + 3 * 16) * 4
+    assert kv_bytes_per_token(c, torch.float32) == 2 * (32 + 3 * 16) * 4
+    main, window = pool_blocks_for_budget(2**20, c, torch.float32, 4, 2, 16)
+    with_window = KVPool(c, main, 4, torch.float32, window_blocks=window)
+    assert with_window.window_k.shape[0] == 3 and with_window.k.shape[0] == 1
+    assert with_window.nbytes <= 2**20
+
+
+@pytest.fixture(scope="module")
+def e2b_lm(tmp_path_factory):
+    """The E2B-shaped model as a LoadedModel with a byte-level tokenizer (for the engine)."""
+    from edgeserve.models.dummy import dummy_chat_template, dummy_tokenizer
+    from edgeserve.models.load import LoadedModel
+
+    tmp = tmp_path_factory.mktemp("g4")
+    model = ours(hf_model("e2b"), tmp, "gguf")
+    return LoadedModel("gemma4-tiny", None, model.config, model, dummy_tokenizer(VOCAB), dummy_chat_template(), 0.0)
+
+
+def test_engine_batched_equals_alone(e2b_lm) -> None:
+    from edgeserve.llm import LLM
+    from edgeserve.sampling_params import SamplingParams
+
+    prompts = [[3, 9, 27, 81 % VOCAB, 14, 50, 6, 70, 11, 2, 90, 33], [4, 8, 15, 16, 23, 42], [7] * 9]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm = LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4)
+    batched = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+    alone = [LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4).generate([p], params)[0].outputs[0].token_ids
+             for p in prompts]
+    assert batched == alone
+    assert len(set(map(tuple, batched))) > 1
+
+
+def test_engine_prefix_cache_hit_equals_miss(e2b_lm) -> None:
+    from edgeserve.llm import LLM
+    from edgeserve.sampling_params import SamplingParams
+
+    first = list(range(10, 40))
+    second = first + [5, 6, 7, 8, 9]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    cached = LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4, enable_prefix_caching=True)
+    cached.generate([first], params)
+    hit = cached.generate([second], params)[0]
+    assert hit.num_cached_tokens >= 16
+    fresh = LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4, enable_prefix_caching=False).generate([second],
+                                                                                                           params)[0]
+    assert fresh.num_cached_tokens == 0
+    assert hit.outputs[0].token_ids == fresh.outputs[0].token_ids
+
+
+def test_moe_is_refused_by_name() -> None:
+    from edgeserve.errors import UnsupportedModelError
+
+    cfg = hf_config("31b").to_dict()
+    cfg.update(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
+        config_from_hf(cfg)
