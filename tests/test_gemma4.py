@@ -259,3 +259,21 @@ def test_moe_is_refused_by_name() -> None:
     cfg.update(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
     with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
         config_from_hf(cfg)
+
+
+def test_gguf_gemma4_tokenizer_uses_the_file_merges() -> None:
+    """llama.cpp's 'gemma4' tokenizer model: raw UTF-8 pieces with `▁` for spaces, no dummy prefix, merged by the
+    file's ranked merges (not by scores, which here would merge nothing)."""
+    from edgeserve.loaders.tokenizer import tokenizer_from_gguf
+
+    tokens = ["<pad>", "<eos>", "<bos>", "h", "e", "l", "o", "▁", "w", "r", "d", "he", "ll", "hell", "hello", "▁w",
+              "or", "▁wor", "▁worl", "▁world"]
+    merges = ["h e", "l l", "he ll", "hell o", "▁ w", "o r", "▁w or", "▁wor l", "▁worl d"]
+    tok = tokenizer_from_gguf({
+        "tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.scores": [0.0] * len(tokens), "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.add_space_prefix": False,
+        "tokenizer.ggml.add_bos_token": True})
+    ids = tok.encode("hello world")
+    assert ids == [2, tokens.index("hello"), tokens.index("▁world")]
+    assert tok.decode(ids[1:]) == "hello world"
