@@ -43,6 +43,7 @@ END_OF_TURN_TOKENS = (
     "<|eot_id|>",
     "<|eom_id|>",
     "<end_of_turn>",
+    "<turn|>",  # Gemma 4
     "<|endoftext|>",
     "<|end_of_text|>",
     "<|end|>",

@@ -277,3 +277,59 @@ def test_gguf_gemma4_tokenizer_uses_the_file_merges() -> None:
     ids = tok.encode("hello world")
     assert ids == [2, tokens.index("hello"), tokens.index("▁world")]
     assert tok.decode(ids[1:]) == "hello world"
+
+
+# A Gemma-4-style template (turn markers, `<|think|>` switched by enable_thinking, tools declared in the system
+# turn, calls written back as `<|tool_call>call:NAME{...}<tool_call|>`): the plumbing, not Google's exact text.
+GEMMA4_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% if enable_thinking or tools %}<|turn>system\n{% if enable_thinking %}<|think|>{% endif %}"
+    "{% for t in tools or [] %}<|tool>declaration:{{ t.function.name }}<tool|>{% endfor %}<turn|>\n{% endif %}"
+    "{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<|tool_call>call:{{ c.function.name }}{}<tool_call|>{% endfor %}<turn|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
+
+
+@pytest.mark.parametrize("think", [True, False, None])
+def test_thinking_switch_and_thought_channel(think) -> None:
+    from edgeserve.engine.outputs import RequestOutput
+    from edgeserve.loaders.chat_template import ChatTemplate
+    from edgeserve.server.chat_setup import chat_setup
+    from edgeserve.server.schemas import GenerationRequest
+
+    req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Hi"}],
+                            template_kwargs={} if think is None else {"enable_thinking": think})
+    req.think = think
+    setup = chat_setup(req, ChatTemplate(GEMMA4_STYLE_TEMPLATE, "<bos>"))
+    assert ("<|think|>" in setup.prompt) == bool(think)
+    assert setup.prompt.endswith("<|turn>model\n")
+    parser = setup.parser()
+    reply = "<|channel>thought\nThe user greets.<channel|>Hello!"
+    if think is False:
+        assert parser is None  # reasoning off: nothing is split
+        return
+    out = RequestOutput(request_id="r", text="", token_ids=[], logprobs=None, finish_reason=None)
+    out.text = reply[:12]
+    setup.split(parser, out)
+    first = (out.reasoning, out.text)
+    out.text, out.finish_reason = reply[12:], "stop"
+    setup.split(parser, out)
+    assert first[0] + out.reasoning == "The user greets." and first[1] + out.text == "Hello!"
+
+
+def test_tool_calls_in_gemma4_format_are_parsed() -> None:
+    from edgeserve.engine.outputs import RequestOutput
+    from edgeserve.loaders.chat_template import ChatTemplate
+    from edgeserve.server.chat_setup import chat_setup
+    from edgeserve.server.schemas import GenerationRequest
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                            tool_choice="auto")
+    setup = chat_setup(req, ChatTemplate(GEMMA4_STYLE_TEMPLATE, "<bos>"))
+    assert "<|tool>declaration:get_weather<tool|>" in setup.prompt and setup.tools.fmt == "gemma4"
+    out = RequestOutput(request_id="r", text='Let me check.<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,'
+                        'days:2}<tool_call|>', token_ids=[], logprobs=None, finish_reason="stop")
+    setup.split(setup.parser(), out)
+    assert out.text == "Let me check." and out.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather",
+                                                                             {"city": "Paris, FR", "days": 2})]

@@ -24,7 +24,7 @@ from edgeserve.server.schemas import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.grammar import GrammarSpec
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
-                                      template_thinks)
+                                      reasoning_tags, template_thinks)
 from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
                                        template_knows_tools)
 
@@ -38,12 +38,13 @@ class ChatSetup:
     thinks: bool  # the reply may start with reasoning to split off
     in_thought: bool  # the prompt opened the reasoning
     tools: ToolSetup | None
+    tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # the reasoning's open and close tags
 
     def parser(self) -> ChatOutputParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if not self.thinks and self.tools is None:
             return None
-        return ChatOutputParser(ReasoningSplitter(self.in_thought) if self.thinks else None, self.tools)
+        return ChatOutputParser(ReasoningSplitter(self.in_thought, *self.tags) if self.thinks else None, self.tools)
 
     @staticmethod
     def split(parser: ChatOutputParser | None, out: RequestOutput) -> None:
@@ -72,8 +73,9 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
     prompt = template.render(messages_for_template(req.messages or [], tools, source), add_generation_prompt=True,
                              **kwargs)
     # a template that closed the reasoning in the prompt (Qwen3 with enable_thinking false) expects none
-    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(THINK_CLOSE)
-    in_thought = thinks and prompt_opens_thought(prompt)
+    tags = reasoning_tags(source) or (THINK_OPEN, THINK_CLOSE)
+    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(tags[1])
+    in_thought = thinks and prompt_opens_thought(prompt, tags[0])
     constraint = req.constraint
     tool_setup = None
     if tools:
@@ -85,5 +87,5 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
             constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
             tool_setup = ToolSetup("forced", known=names, choice=choice, parallel=req.parallel_tool_calls)
     if constraint is not None and thinks:
-        constraint = replace(constraint, think=("" if in_thought else THINK_OPEN, THINK_CLOSE))
-    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup)
+        constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
+    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)
