@@ -3,16 +3,19 @@
     python benchmarks/make_gguf.py --shape 1b --mix Q4_K_M /tmp/llama-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape 3b --mix Q8_0 /tmp/llama-3b-q8.gguf
     python benchmarks/make_gguf.py --shape gemma3-1b --tokenizer-from GEMMA.gguf /tmp/gemma3-1b-q4km.gguf
+    python benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 4 /tmp/qwen3-30b-a3b-4layers-q4km.gguf
 
 The tokenizer comes from --tokenizer-from (default: the default model, pulled into the cache). Shapes: 135m,
 1b (Llama-3.2-1B dimensions), 3b (Llama-3.2-3B), gemma3-1b (Gemma 3 1B, architecture gemma3: give it a Gemma
-tokenizer, e.g. the gemma3-270m model's); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with
+tokenizer, e.g. the gemma3-270m model's), qwen3-30b-a3b (Qwen3-30B-A3B, architecture qwen3moe: 128 experts, 8
+per token; over 17 GB with all 48 layers, so --layers N writes the first N); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with
 Q6_K for the embeddings and part of attn_v / ffn_down, as llama.cpp's quantizer picks), Q8_0, Q4_0.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from edgeserve.bench.random_gguf import MIXES, SHAPES, write_random_llama
@@ -25,13 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", choices=MIXES, default="Q4_K_M")
     p.add_argument("--tokenizer-from", help="GGUF whose tokenizer to copy (default: the default model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, help="write only this many layers of the shape")
     args = p.parse_args(argv)
     source = args.tokenizer_from
     if source is None:
         from edgeserve.registry import DEFAULT_MODEL, resolve
 
         source = resolve(DEFAULT_MODEL).path
-    path = write_random_llama(args.output, SHAPES[args.shape], args.mix, source, args.seed)
+    shape = SHAPES[args.shape]
+    if args.layers is not None:
+        if args.layers < 1:
+            p.error("--layers must be at least 1")
+        shape = dataclasses.replace(shape, layers=args.layers)
+    path = write_random_llama(args.output, shape, args.mix, source, args.seed)
     print(f"wrote {path}")
     return 0
 

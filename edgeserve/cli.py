@@ -12,6 +12,7 @@ from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reportin
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
 from edgeserve.text.chat_prompt import chat_ids
+from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,10 +333,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = []
         start = time.perf_counter()
         n = 0
+        # a harmony (gpt-oss) reply: the answer on stdout, the reasoning on stderr, no format markers
+        parser = HarmonyParser() if not args.raw and template_is_harmony(lm.chat_template.source) else None
         for delta in llm.stream(ids, params):
             n += len(delta.token_ids)
-            out.append(delta.text)
-            sys.stdout.write(delta.text)
+            text = delta.text
+            if parser is not None:
+                thought, text = parser.push(text)
+                if delta.finish_reason is not None:
+                    more, tail, _ = parser.finish()
+                    thought, text = thought + more, text + tail
+                sys.stderr.write(thought)
+            out.append(text)
+            sys.stdout.write(text)
             sys.stdout.flush()
         sys.stdout.write("\n")
         if args.verbose:

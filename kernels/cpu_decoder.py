@@ -80,13 +80,15 @@ class NativeDecoder:
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
         """The fused plan for a LlamaModel or GemmaModel, or None when some part of it does not fit the native
-        stack (a weight not in block formats or with too many parts, attention-logit soft-capping, a head size the
-        kernels do not take, float32 compute, or the native kernels off)."""
+        stack (a weight not in block formats or with too many parts, a Mixture-of-Experts feed-forward, attention sinks,
+        attention-logit soft-capping, a head size the kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
         layers = model.layers
         lib = cpu_native.library()
         if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
             return None
+        if any(getattr(layer, "moe", None) is not None for layer in layers) or getattr(model, "sinks", None):
+            return None  # Mixture-of-Experts feed-forwards and attention sinks run on the per-op path
         weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
             return None

@@ -1,5 +1,5 @@
-"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c) and paged attention
-(kernels/cpu/attention.c), compiled on first use and cached.
+"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c), paged attention
+(kernels/cpu/attention.c) and Gated DeltaNet (kernels/cpu/gated_delta.c), compiled on first use and cached.
 
 The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
 source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
@@ -26,11 +26,13 @@ from pathlib import Path
 
 import torch
 
+from .gated_delta import DeltaBatch
+
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c")]
-HEADERS = [Path(__file__).with_name("cpu") / "pool.h"]
+                                                                 "layer.c", "moe.c", "gated_delta.c")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -180,10 +182,28 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
         lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
         lib.qmm_gelu_tanh_mul.restype = None
+    if hasattr(lib, "qmm_swiglu_oai_mul"):
+        lib.qmm_swiglu_oai_mul.argtypes = [p, i32, i64, i32, i32, ctypes.c_float, ctypes.c_float, p]
+        lib.qmm_swiglu_oai_mul.restype = None
     if hasattr(lib, "qmm_paged_attention_from"):
         lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
                                                  ctypes.c_float, p]
         lib.qmm_paged_attention_from.restype = None
+    if hasattr(lib, "qmm_gdn_rule"):
+        lib.qmm_gdn_conv.argtypes = [p, i64, i32, i32, p, p, i32, p, i64, p, p]
+        lib.qmm_gdn_conv.restype = None
+        lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
+                                     ctypes.c_float, p]
+        lib.qmm_gdn_rule.restype = None
+    if hasattr(lib, "qmm_paged_attention_sinks"):
+        lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
+                                                  ctypes.c_float, p]
+        lib.qmm_paged_attention_sinks.restype = None
+    if hasattr(lib, "qmm_moe_matmul"):  # likewise
+        lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
+        lib.qmm_moe_matmul.restype = i32
+        lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
+        lib.qmm_f32_matmul.restype = i32
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32
@@ -260,6 +280,18 @@ class BlockTensor:
         return BlockTensor(self.qtype, self.data[index].contiguous(), self.cols)
 
 
+def quantize_activations(x: torch.Tensor, lib: ctypes.CDLL) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K] (float32 or
+    bfloat16 rows of unit stride), as qmm_matmul takes them; each row is quantized on its own."""
+    m, k = x.shape
+    qa = torch.empty(m, k, dtype=torch.int8)
+    da = torch.empty(m, k // 32, dtype=torch.float32)
+    sa = torch.empty(m, k // 16, dtype=torch.int16)
+    lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if m else k, m, k, qa.data_ptr(),
+                     da.data_ptr(), sa.data_ptr())
+    return qa, da, sa
+
+
 def _merge_parts(parts: list[BlockTensor]) -> list[BlockTensor]:
     """Contiguous parts with neighbours of the same format stacked into one (a fused q/k/v or gate/up of one type
     becomes one kernel call per step instead of two or three)."""
@@ -326,13 +358,7 @@ class BlockWeight:
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K]."""
-        m, k = x.shape
-        qa = torch.empty(m, k, dtype=torch.int8)
-        da = torch.empty(m, k // 32, dtype=torch.float32)
-        sa = torch.empty(m, k // 16, dtype=torch.int16)
-        self.lib.qmm_quantize(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0), m, k, qa.data_ptr(),
-                              da.data_ptr(), sa.data_ptr())
-        return qa, da, sa
+        return quantize_activations(x, self.lib)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] @ W.T -> float32 [..., out]."""
@@ -406,13 +432,16 @@ def window_rows(lens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Te
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
-                    lib: ctypes.CDLL | None = None, window: int | None = None) -> torch.Tensor | None:
+                    lib: ctypes.CDLL | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
-    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer (None
-    returned where the library predates windows)."""
+    float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer;
+    `sinks`: float32 [H] attention sinks (None returned where the library predates either)."""
     lib = lib or library()
     assert lib is not None
     if window is not None and not hasattr(lib, "qmm_paged_attention_from"):
+        return None
+    if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
         return None
     t, h, d = q.shape
     blocks, block_size, hkv, _ = k_cache.shape
@@ -428,6 +457,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tables = tables.contiguous()
     out = torch.empty_like(q)
     scale = d ** -0.5 if scale is None else scale
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+        lib.qmm_paged_attention_sinks(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
+                                      v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(),
+                                      tables.stride(0), seqs.data_ptr(), None if lo is None else lo.data_ptr(),
+                                      seen.data_ptr(), sinks.data_ptr(), scale, out.data_ptr())
+        return out
     if window is not None:
         lo, seen = window_rows(lens, window)
         lib.qmm_paged_attention_from(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
@@ -498,13 +535,99 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
 
 
-def _gated_mul(gate_up: torch.Tensor, kernel: str) -> torch.Tensor | None:
-    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out), or None."""
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor | None:
+    """kernels.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
+    rows or the library predates it."""
+    return _gated_mul(gate_up, "qmm_swiglu_oai_mul", alpha, limit)
+
+
+def _gated_mul(gate_up: torch.Tensor, kernel: str, *params: float) -> torch.Tensor | None:
+    """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out; `params` after the row
+    count and width), or None."""
     lib = library()
     if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or not hasattr(lib, kernel):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
     getattr(lib, kernel)(gate_up.data_ptr(), gate_up.dtype == torch.bfloat16, gate_up.stride(0) if t else f2, t,
-                         f2 // 2, out.data_ptr())
+                         f2 // 2, *params, out.data_ptr())
+    return out
+
+
+def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x [T, K] (float32 or bfloat16) @ w.T for a float32 weight w [N, K] as float32 [T, N], each value one
+    fixed-order dot product (a row's result does not depend on the other rows); None when the library lacks it or
+    the inputs are not CPU rows it takes."""
+    lib = library()
+    if (lib is None or not hasattr(lib, "qmm_f32_matmul") or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
+            or x.device.type != "cpu" or w.device.type != "cpu"):
+        return None
+    w = w.contiguous()
+    t, n = x.shape[0], w.shape[0]
+    out = torch.empty(t, n, dtype=torch.float32)
+    if lib.qmm_f32_matmul(x.data_ptr(), x.dtype == torch.bfloat16, x.stride(0) if t else x.shape[1], t, w.data_ptr(),
+                          n, w.shape[1], out.data_ptr(), n) != 0:
+        raise MemoryError(f"the float32 matmul of {t} rows could not allocate its scratch memory")
+    return out
+
+
+# Gated DeltaNet (kernels.gated_delta is the twin and documents the batch and state layouts)
+GDN_MAX_CONV_KERNEL = 16  # kernels/cpu/gated_delta.c: CONV_MAX_K
+GDN_MAX_HEAD_DIM = 512  # GDN_MAX_DIM
+
+
+def _slot_pool(state: torch.Tensor) -> bool:
+    """Whether a state pool [num_slots, ...] is float32 with each slot's block contiguous (any slot stride)."""
+    return state.dtype == torch.float32 and state.device.type == "cpu" and (
+        state.shape[0] == 0 or state[0].is_contiguous())
+
+
+def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
+    it or the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
+    lib = lib or library()
+    t, c = x.shape
+    k = weight.shape[1]
+    if (lib is None or not hasattr(lib, "qmm_gdn_conv") or x.dtype != torch.float32 or not _rows(x)
+            or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
+        return None
+    batch.check_fits(t, conv_state.shape[0])
+    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
+        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
+                         f"[{t}, {c}]")
+    cu, sl = batch.cu_seqlens, batch.slots
+    w = weight.float().contiguous()
+    out = torch.empty(t, c, dtype=torch.float32)
+    lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
+                     conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), out.data_ptr())
+    return out
+
+
+def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
+    [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
+    contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
+    lib = lib or library()
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    heads_ok = all(a.dtype == torch.float32 and a.dim() == 3 and a.stride(2) == 1 and a.stride(1) == a.shape[2]
+                   for a in (q, k, v))
+    if (lib is None or not hasattr(lib, "qmm_gdn_rule") or not heads_ok or not _slot_pool(state)
+            or max(dk, dv) > GDN_MAX_HEAD_DIM):
+        return None
+    if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
+                         f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
+    if tuple(state.shape[1:]) != (hv, dk, dv):
+        raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
+    batch.check_fits(t, state.shape[0])
+    cu, sl = batch.cu_seqlens, batch.slots
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    out = torch.empty(t, hv, dv, dtype=torch.float32)
+    lib.qmm_gdn_rule(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                     g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
+                     state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out

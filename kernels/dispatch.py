@@ -20,7 +20,9 @@ sm_75, which has no bfloat16.
 Every function here is a drop-in for the twin of the same name (same arguments, same result up to rounding):
 `write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
 `rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
-`W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16).
+`W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16),
+`causal_conv1d_silu`, `gated_delta_rule` and `gated_delta_net` (kernels.gated_delta; native on CPU, the twins
+elsewhere: no Triton version yet).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 from . import activation as _act
 from . import cpu_native as _native
+from . import gated_delta as _gdn
 from . import norm as _norm
 from . import paged_attention as _attn
 from . import quant_linear as _ql
@@ -47,7 +50,8 @@ from .w8a16 import W8A16Weight, repack_q8
 __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
-    "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "linear", "w4a16_matmul", "w8a16_matmul",
+    "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
+    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_delta_net",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -127,19 +131,20 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None, window: int | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
     `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
-    takes the torch twin on every device for now."""
+    takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss)."""
     if softcap is None and use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
         from .triton_paged_attention import paged_attention as kernel
 
-        return kernel(q, k_cache, v_cache, meta, scale, window)
+        return kernel(q, k_cache, v_cache, meta, scale, window, sinks)
     if softcap is None and _native_cpu(q):
-        done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window)  # float32 C, batch-invariant
+        # float32 C, batch-invariant
+        done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window, sinks=sinks)
         if done is not None:
             return done
-    return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+    return _attn.paged_attention(q, k_cache, v_cache, meta, scale, window, softcap, sinks)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -205,6 +210,26 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return _act.gelu_tanh_and_mul(gate_up)
 
 
+def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU of rows [gate | up]: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+    min(gate, limit)."""
+    if _native_cpu(gate_up):
+        done = _native.swiglu_oai(gate_up, alpha, limit)
+        if done is not None:
+            return done
+    return _act.swiglu_oai(gate_up, alpha, limit)
+
+
+def f32_row_linear(x: torch.Tensor, w: torch.Tensor, tile: int = 16) -> torch.Tensor:
+    """float32 x @ w.T for a small float32 weight w (a MoE router), each row's result independent of the other rows
+    (routing must not change with the batch): the native kernel on CPU, matmuls of `tile` rows elsewhere."""
+    if _native_cpu(x):
+        done = _native.f32_matmul(x, w)
+        if done is not None:
+            return done
+    return _ql.dense_tiles(x.float(), w, tile)
+
+
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype for a packed 4-bit weight."""
     if use_triton(x.device):
@@ -231,3 +256,32 @@ def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight | W8A16Weight
         y = w4a16_matmul(x, weight) if isinstance(weight, W4A16Weight) else w8a16_matmul(x, weight)
         return y + bias if bias is not None else y
     return _ql.linear(x, weight, bias, prompt_rows)
+
+
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                       batch: _gdn.DeltaBatch) -> torch.Tensor:
+    """Gated DeltaNet's causal depthwise conv + SiLU over a ragged batch with per-slot conv states (float32)."""
+    if _native_cpu(x):
+        done = _native.gdn_conv(x, weight, conv_state, batch)
+        if done is not None:
+            return done
+    return _gdn.causal_conv1d_silu(x, weight, conv_state, batch)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, batch: _gdn.DeltaBatch, scale: float | None = None,
+                     tiled: bool = False) -> torch.Tensor:
+    """The gated delta rule over a ragged batch with per-slot recurrent states; o [T, Hv, Dv] float32."""
+    if _native_cpu(q):
+        done = _native.gdn_rule(q, k, v, g, beta, state, batch, scale, tiled)
+        if done is not None:
+            return done
+    return _gdn.gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled)
+
+
+def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                    weights: _gdn.DeltaNetWeights, dims: _gdn.DeltaNetDims, conv_state: torch.Tensor,
+                    recurrent_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
+    """kernels.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
+    return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, conv_state, recurrent_state, batch,
+                                conv=causal_conv1d_silu, rule=gated_delta_rule)

@@ -145,17 +145,19 @@ def _plan(meta: AttentionMetadata, device: torch.device, block_size: int, window
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
-               gqa: bool, softcap: float | None) -> torch.Tensor:
+               gqa: bool, softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA over [B, H, Tq, D] x [B, Hkv, Tk, D] (mask: boolean or additive, None = causal); with `softcap`
-    the scores become softcap * tanh(scores / softcap) before the mask (Gemma 2), computed explicitly."""
-    if softcap is None:
+    the scores become softcap * tanh(scores / softcap) before the mask (Gemma 2), computed explicitly; with
+    `sinks` [H], head h's softmax denominator gains exp(sinks[h]) (a logit with no value: gpt-oss)."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                               enable_gqa=gqa)
     if gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         tq, tk = scores.shape[-2:]
         mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
@@ -163,16 +165,20 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
         scores = scores.masked_fill(~mask, float("-inf"))
     else:
         scores = scores + mask
-    return torch.softmax(scores, dim=-1) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1) @ v
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None, window: int | None = None,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
 
     `window`: a sliding-window layer, where the query at position p sees keys p - window + 1 .. p only.
     `softcap`: attention-logit soft-capping (scores -> softcap * tanh(scores / softcap)).
+    `sinks`: float32 [H] attention sinks, one learned logit per head added to its softmax denominator (gpt-oss).
 
     The K/V of this step's tokens must already be written (`write_kv`). Sequences with one query token
     (decodes) run together as one batched call; prefill chunks run one call each.
@@ -189,7 +195,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = k_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
         v = v_cache.view(-1, hkv, d).index_select(0, plan.decode_slots).view(gathered).transpose(1, 2).double()
         qd = q.unsqueeze(2) if plan.all_decode else q[plan.decode_rows].unsqueeze(2)
-        o = _attention(qd, k, v, plan.decode_mask, scale, gqa, softcap)
+        o = _attention(qd, k, v, plan.decode_mask, scale, gqa, softcap, sinks)
         if plan.all_decode:
             return o.squeeze(2).to(out_dtype)
     out = torch.empty_like(q)
@@ -199,6 +205,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = _gather(k_cache, table, length).transpose(1, 2).double()
         v = _gather(v_cache, table, length).transpose(1, 2).double()
         qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        o = _attention(qi, k, v, mask, scale, gqa, softcap)
+        o = _attention(qi, k, v, mask, scale, gqa, softcap, sinks)
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
     return out.to(out_dtype)

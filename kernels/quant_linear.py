@@ -214,13 +214,18 @@ class PromptRows:
                    to_device((~mask).nonzero().squeeze(1), torch.long, device))
 
 
-def _dense_tiles(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [P, in] @ w.T in tiles of exactly PROMPT_TILE rows (the last one zero-padded)."""
+def dense_tiles(x: torch.Tensor, w: torch.Tensor, tile: int = PROMPT_TILE) -> torch.Tensor:
+    """x [P, in] @ w.T in tiles of exactly `tile` rows (the last one zero-padded): a row's result does not
+    depend on how many rows came with it."""
     p = x.shape[0]
-    pad = -p % PROMPT_TILE
+    if p == 0:
+        return x.new_empty(0, w.shape[0])
+    pad = -p % tile
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    out = torch.cat([F.linear(tile, w) for tile in x.split(PROMPT_TILE)])
+    if x.shape[0] == tile:
+        return F.linear(x, w)[:p]
+    out = torch.cat([F.linear(t, w) for t in x.split(tile)])
     return out[:p]
 
 
@@ -228,9 +233,9 @@ def _int4_prompt_linear(x: torch.Tensor, weight: Int4Weight, rows: PromptRows) -
     dense = weight.dense
     x = x.to(dense.dtype)
     if rows.packed.numel() == 0:
-        return _dense_tiles(x, dense)
+        return dense_tiles(x, dense)
     y = x.new_empty(x.shape[0], weight.out_features)
-    y[rows.dense] = _dense_tiles(x[rows.dense], dense)
+    y[rows.dense] = dense_tiles(x[rows.dense], dense)
     y[rows.packed] = weight.matmul(x[rows.packed])
     return y
 

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (rotate-half / NeoX layout), with linear and llama-3 frequency scaling."""
+"""Rotary position embeddings (rotate-half / NeoX layout), with linear, llama-3 and YaRN frequency scaling."""
 
 from __future__ import annotations
 
@@ -25,14 +25,49 @@ def rope_inv_freq(head_dim: int, theta: float, scaling=None, freq_factors: torch
         scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
         mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
         inv = torch.where(mid, (1 - smooth) * inv / scaling.factor + smooth * inv, scaled)
+    elif scaling is not None and scaling.kind == "yarn":
+        return yarn_inv_freq(head_dim, theta, scaling)
     return inv.float()
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [max_positions, head_dim // 2]."""
+def yarn_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
+    """YaRN's inverse frequencies [head_dim // 2] (arXiv 2309.00071): the frequencies that rotate fewer than
+    `beta_slow` times over the original context interpolated (divided by `factor`), those that rotate more than
+    `beta_fast` times kept, a linear ramp between (its ends rounded outwards when `truncate`). float32, as
+    transformers computes it."""
+    def boundary(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times
+        return head_dim * math.log(scaling.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
+            2 * math.log(theta))
+
+    low, high = boundary(scaling.beta_fast), boundary(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    keep = 1 - ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return (1.0 / (scaling.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+def rope_attention_factor(scaling) -> float:
+    """The factor a scaling multiplies cos and sin by: YaRN's `attention_factor`, by default 0.1 ln(factor) + 1
+    (1.0 for the other kinds here; Phi-3's longrope applies its own in edgeserve.models.phi3)."""
+    if scaling is None or scaling.kind != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    return 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1 else 1.0
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int,
+                 attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [max_positions, head_dim // 2], times `attention_factor` (YaRN's mscale)."""
     t = torch.arange(max_positions, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)
-    return freqs.cos(), freqs.sin()
+    if attention_factor == 1.0:
+        return freqs.cos(), freqs.sin()
+    return freqs.cos() * attention_factor, freqs.sin() * attention_factor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

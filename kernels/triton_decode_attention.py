@@ -4,7 +4,8 @@ Stage 1, one program per (sequence, KV head, split): the query heads that share 
 together as one [GROUP, D] tile, so every K/V byte of the split is read once for the whole group; tokens are
 gathered through the block table BLOCK_N at a time (any cache block size), with an online softmax. Each split
 writes its normalized partial output and its log-sum-exp (base 2). Stage 2, one program per (sequence, query
-head), weights the splits by their log-sum-exp.
+head), weights the splits by their log-sum-exp; attention sinks (a per-head logit with no value, gpt-oss) join
+there as one more term of the denominator.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
 
 
 @triton.jit
-def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, q_start_ptr, tokens_per_split,
+def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, q_start_ptr, sinks_ptr, tokens_per_split,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                          HAS_SINKS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -87,9 +89,14 @@ def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, out_ptr, seq_lens_ptr, q_sta
     d_mask = d < HEAD_DIM
     lse = tl.load(part_lse_ptr + b.to(tl.int64) * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
     top = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634  # base 2, as the lse
+        top = tl.where(seq_len > 0, tl.maximum(top, sink), top)
     top = tl.where(top == float("-inf"), 0.0, top)  # a padding sequence (seq_len 0) has no split at all
     w = tl.where(s_mask, tl.exp2(lse - top), 0.0)
     total = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        total += tl.where(seq_len > 0, tl.exp2(sink - top), 0.0)
     w = w / tl.where(total > 0, total, 1.0)
     o = tl.load(part_o_ptr + b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
@@ -107,13 +114,15 @@ def choose_tokens_per_split(batch: int, num_kv_heads: int, max_seq_len: int) -> 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            max_seq_len: int, scale: float | None = None, out: torch.Tensor | None = None,
-                           tokens_per_split: int | None = None, window: int | None = None) -> torch.Tensor:
+                           tokens_per_split: int | None = None, window: int | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query row per sequence (row query_start_loc[b]) over its seq_lens[b] paged tokens.
 
     q [T, H, D]; returns (or fills) out [T, H, D] in q's dtype, writing only the rows named by query_start_loc[:-1].
     `max_seq_len` bounds seq_lens and fixes the split layout (pass the same value for every CUDA-graph replay).
     A padding sequence (seq_len 0, as in a batch padded up to a captured size) gets an all-zero output row.
     `window`: a sliding-window layer, attending to the last `window` tokens only.
+    `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
     nb, bs, nkv, d = k_cache.shape
     t, nh, _ = q.shape
@@ -143,9 +152,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
     )
     _decode_reduce_kernel[(batch, nh)](
-        part_o, part_lse, out, seq_lens, query_start_loc, per_split,
+        part_o, part_lse, out, seq_lens, query_start_loc, part_lse if sinks is None else sinks.float().contiguous(),
+        per_split,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=next_pow2(n_splits),
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=next_pow2(n_splits), HAS_SINKS=sinks is not None,
     )
     return out

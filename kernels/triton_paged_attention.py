@@ -15,11 +15,12 @@ from .triton_prefill_attention import paged_prefill_attention
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float | None = None, window: int | None = None) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over each sequence's paged K/V (`window`: the last `window` keys only);
-    returns [T, H, D] in q's dtype."""
+                    scale: float | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] over each sequence's paged K/V (`window`: the last `window` keys only;
+    `sinks`: float32 [H] attention sinks); returns [T, H, D] in q's dtype."""
     if meta.max_query_len <= 1:
         return paged_decode_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                      meta.max_seq_len, scale, window=window)
+                                      meta.max_seq_len, scale, window=window, sinks=sinks)
     return paged_prefill_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                   meta.max_query_len, scale, window)
+                                   meta.max_query_len, scale, window, sinks)

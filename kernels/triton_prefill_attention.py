@@ -5,7 +5,8 @@ One program per (sequence, query head, tile of BLOCK_M query rows). Sequence b's
 query_start_loc[b] .. query_start_loc[b+1]; its context is seq_lens[b] tokens and its row j sees keys
 0 .. seq_lens[b] - q_len + j. Keys are gathered BLOCK_N tokens at a time (any cache block size) with an online
 softmax; a tile stops at the last key its last row can see. Rows of one-token sequences (decodes in a mixed
-batch) are handled the same way.
+batch) are handled the same way. An attention sink (a per-head logit with no value, gpt-oss) starts the online
+softmax as a key of score `sink` and value 0.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ BLOCK_N = 16
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, scale_log2, block_size, window,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, sinks_ptr, scale_log2,
+                    block_size, window,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                    HAS_SINKS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -45,8 +48,12 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
         first = tl.where(window > 0, tl.maximum(past + tile * BLOCK_M - window + 1, 0), 0)
         lowest = tl.where(window > 0, limit - window + 1, 0)
 
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if HAS_SINKS:  # the sink as a first key: score sink (base 2), weight exp2(0) = 1, no value
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        else:
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         end = tl.minimum(seq_len, past + tl.minimum((tile + 1) * BLOCK_M, q_len))
         for n0 in range(first, end, BLOCK_N):
@@ -75,10 +82,12 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                            max_query_len: int, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                            max_query_len: int, scale: float | None = None, window: int | None = None,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (a ragged batch) over each sequence's paged K/V; returns [T, H, D] in q's dtype.
 
     The K/V of this step's tokens must already be in the pool. `window`: each row sees only its last `window` keys.
+    `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
     nb, bs, nkv, d = k_cache.shape
     t, nh, _ = q.shape
@@ -93,10 +102,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     scale = d ** -0.5 if scale is None else scale
     grid = (batch, nh, triton.cdiv(max_query_len, BLOCK_M))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, scale * 1.4426950408889634, bs,
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        out if sinks is None else sinks.float().contiguous(), scale * 1.4426950408889634, bs,
         window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
+        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype), HAS_SINKS=sinks is not None,
     )
     return out

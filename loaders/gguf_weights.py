@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.cpu_native import BlockTensor, native_format
+from edgeserve.kernels.experts import ExpertBlocks
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
 from .dequant import q4_blocks, q8_blocks
@@ -31,6 +33,8 @@ _LAYER = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",  # gpt-oss: per-head attention sinks
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -39,6 +43,22 @@ _LAYER = {
     # fused (Phi-3): edgeserve.models.phi3 splits them
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
+    # Mixture-of-Experts (edgeserve.models.moe_weights): the router, every expert's projection as one 3-D tensor
+    # [experts, rows, cols] (HF's fused names where HF has them), their biases [experts, rows], a shared expert
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.bias": "ffn_gate_inp.bias",
+    "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj": "ffn_up_exps.weight",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+    "mlp.experts.gate_proj_bias": "ffn_gate_exps.bias",
+    "mlp.experts.up_proj_bias": "ffn_up_exps.bias",
+    "mlp.experts.gate_up_proj_bias": "ffn_gate_up_exps.bias",
+    "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 # Gemma 4 (llama.cpp's `gemma4`): its sandwich norms, per-layer embeddings and output scale under HF names
 _ARCH_TOP = {"gemma4": {
@@ -125,6 +145,22 @@ class GGUFWeights:
         value = self._unpermuted(name, found)
         assert isinstance(value, BlockTensor)
         return value
+
+    @functools.cached_property
+    def expert_bytes(self) -> int:
+        """Bytes of the file's 3-D (expert) tensors."""
+        return sum(self.gguf.tensor_info(n).n_bytes for n in self._names if len(self.gguf.tensor_info(n).shape) == 3)
+
+    def expert_blocks(self, name: str) -> ExpertBlocks | None:
+        """A 3-D expert tensor [experts, rows, cols] as its GGUF block bytes, a view of the file's mmap (no copy),
+        or None when it is not stored in a block format the native kernels take."""
+        gname = gguf_name(name)
+        if gname not in self._names:
+            raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
+        info = self.gguf.tensor_info(gname)
+        if len(info.shape) != 3 or not native_format(info.qtype, info.shape[2]):
+            return None
+        return ExpertBlocks(info.qtype, self.gguf.raw(gname), info.shape[2])
 
     def stored_quantized(self) -> list[str]:
         """The quantization types (not F32/F16/BF16) of the model's weight matrices (2-D, and 3-D expert stacks),

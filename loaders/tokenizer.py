@@ -232,7 +232,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
 
     backend = cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
     eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
-    eot_ids |= _named_end_of_turn_ids(backend)
+    eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
     return Tokenizer(
         backend,
@@ -398,10 +398,16 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float], mergeable: np.nda
 
 def _named_end_of_turn_ids(backend: tokenizers.Tokenizer) -> set[int]:
     ids = map(backend.token_to_id, END_OF_TURN_TOKENS)
-    found = {text: i for text, i in zip(END_OF_TURN_TOKENS, ids) if i is not None}
-    if "<|return|>" in found and "<|call|>" in found:
-        found.pop("<|end|>", None)  # gpt-oss (harmony): <|end|> closes a message inside a turn, not the turn
-    return set(found.values())
+    return {i for i in ids if i is not None}
+
+
+def _without_harmony_message_end(backend: tokenizers.Tokenizer, eot_ids: set[int]) -> set[int]:
+    """gpt-oss (harmony, a vocabulary with <|return|> and <|call|>): <|end|> closes a message inside the turn
+    (the reasoning before the answer), never the turn, whatever the metadata names (openai/harmony's stop tokens
+    for an assistant reply are <|return|> and <|call|> only)."""
+    if backend.token_to_id("<|return|>") is None or backend.token_to_id("<|call|>") is None:
+        return eot_ids
+    return eot_ids - {backend.token_to_id("<|end|>")}
 
 
 # ------------------------------------------------------------------------------------ Hugging Face
@@ -471,7 +477,7 @@ def tokenizer_from_hf_folder(path: str | os.PathLike[str]) -> Tokenizer:
 
     bos_id, eos_id = resolve(bos_text, "bos_token_id"), resolve(eos_text, "eos_token_id")
     eot_ids = set(_as_id_list(generation.get("eos_token_id")) or _as_id_list(model_config.get("eos_token_id")))
-    eot_ids |= _named_end_of_turn_ids(backend)
+    eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
 
     add_bos = config.get("add_bos_token")
     if add_bos is None and bos_id is not None:

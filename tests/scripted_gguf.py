@@ -18,14 +18,14 @@ NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML gene
 
 
 def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str, arch: str = "llama",
-                        hidden: int = 64, layers: int = 1, heads: int = 4) -> Path:
+                        hidden: int = 64, layers: int = 1, heads: int = 4, specials: tuple[str, ...] = ()) -> Path:
     """A GGUF whose model, after token `a`, always picks `b`, for each (a, b) in `script` (`a` may be a byte
     symbol such as NEWLINE, or a piece of the script); pieces that are not byte symbols become vocabulary entries.
-    `template` is its chat template."""
+    `template` is its chat template; `specials` are more control tokens (after the three ChatML ones)."""
     import gguf
 
     rng = np.random.default_rng(0)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *specials]
     bytes_ = byte_vocab()
     pieces = []
     for a, b in script:
@@ -49,7 +49,7 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * 257
+    w.add_token_types([gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.NORMAL] * 257
                       + [gguf.TokenType.USER_DEFINED] * len(pieces))
     w.add_token_merges(["h e"])
     w.add_bos_token_id(1)

@@ -37,3 +37,37 @@ def test_a_gemma3_shape_writes_a_gemma3_gguf_in_the_q4_k_m_mix(tmp_path):
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
     logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
     assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_an_moe_shape_writes_a_qwen3moe_gguf_with_block_experts(tmp_path):
+    """A Qwen3-MoE shape (the qwen3-30b-a3b entry scaled down): 3-D expert tensors in the Q4_K_M mix (ffn_down_exps
+    Q6_K where llama.cpp gives ffn_down more bits), a float32 router, loaded as block-format experts."""
+    from edgeserve.bench.random_gguf import SHAPES
+    from edgeserve.kernels.experts import BlockExperts
+
+    real = SHAPES["qwen3-30b-a3b"]
+    assert (real.hidden, real.layers, real.experts, real.experts_used, real.expert_ffn) == (2048, 48, 128, 8, 768)
+    tokenizer = write_tiny_llama(tmp_path / "tok.gguf")
+    shape = LlamaShape(hidden=256, layers=8, heads=4, kv_heads=2, ffn=512, tie_embeddings=False, head_dim=64,
+                       experts=8, experts_used=2, expert_ffn=256)
+    path = write_random_llama(tmp_path / "m.gguf", shape, "Q4_K_M", tokenizer)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    assert tensors["blk.0.ffn_gate_exps.weight"].tensor_type.name == "Q4_K"
+    assert tensors["blk.0.ffn_down_exps.weight"].tensor_type.name == "Q6_K"  # the first eighth
+    assert tensors["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q4_K"
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    assert list(tensors["blk.0.ffn_up_exps.weight"].shape) == [256, 256, 8]  # GGUF order of [8, 256, 256]
+    assert "blk.0.ffn_gate.weight" not in tensors
+    model = load_model(resolve(str(path)), dtype="bfloat16").model
+    c = model.config
+    assert (c.architecture, c.num_experts, c.experts_per_token, c.moe_intermediate_size) == ("qwen3moe", 8, 2, 256)
+    if cpu_native.available():
+        assert isinstance(model.layers[0].moe.down, BlockExperts)
+        assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.down.parts] == ["Q6_K"]
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()

@@ -1,4 +1,5 @@
-"""Random-weight Llama GGUFs of real shapes and quantization mixes, for benchmarks and tests.
+"""Random-weight Llama GGUFs of real shapes and quantization mixes (Gemma 3 and Qwen3 MoE blocks too), for
+benchmarks and tests.
 
 The weights are random GGUF blocks with scales chosen so values are a few tenths at most (the model talks
 nonsense, but every kernel does its real work); the tokenizer and chat template are copied from another GGUF
@@ -51,6 +52,13 @@ class LlamaShape:
     tie_embeddings: bool = True
     head_dim: int | None = None  # None: hidden / heads
     gemma3: bool = False  # Gemma 3's block: Q/K norms, sandwich norms, GELU, 5 sliding-window layers in 6
+    experts: int = 0  # > 0: Qwen3 MoE's block (Q/K norms; every layer's FFN `experts` experts of `expert_ffn`)
+    experts_used: int = 0
+    expert_ffn: int = 0
+
+    @property
+    def arch(self) -> str:
+        return "gemma3" if self.gemma3 else "qwen3moe" if self.experts else "llama"
 
     @property
     def head_size(self) -> int:
@@ -62,14 +70,17 @@ SHAPES = {
     "1b": LlamaShape(2048, 16, 32, 8, 8192),  # Llama-3.2-1B
     "3b": LlamaShape(3072, 28, 24, 8, 8192),  # Llama-3.2-3B
     "gemma3-1b": LlamaShape(1152, 26, 4, 1, 6912, head_dim=256, gemma3=True),  # Gemma 3 1B
+    # Qwen3-30B-A3B: 128 experts of 768, 8 per token (17+ GB at Q4_K_M: for benchmarks, never for tests)
+    "qwen3-30b-a3b": LlamaShape(2048, 48, 32, 4, 6144, tie_embeddings=False, head_dim=128, experts=128,
+                                experts_used=8, expert_ffn=768),
 }
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
 _K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
-def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, int]]:
-    """[rows, columns] of each 2-D tensor, by GGUF name."""
+def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, ...]]:
+    """[rows, columns] of each quantized tensor by GGUF name ([experts, rows, columns] for expert tensors)."""
     hd = shape.head_size
     shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, shape.hidden)}
     if not shape.tie_embeddings:
@@ -80,18 +91,24 @@ def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, int]]:
             f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
             f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden),
             f"blk.{i}.attn_output.weight": (shape.hidden, shape.heads * hd),
-            f"blk.{i}.ffn_gate.weight": (shape.ffn, shape.hidden),
-            f"blk.{i}.ffn_up.weight": (shape.ffn, shape.hidden),
-            f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn),
         })
+        if shape.experts:
+            e, f = shape.experts, shape.expert_ffn
+            shapes.update({f"blk.{i}.ffn_gate_exps.weight": (e, f, shape.hidden),
+                           f"blk.{i}.ffn_up_exps.weight": (e, f, shape.hidden),
+                           f"blk.{i}.ffn_down_exps.weight": (e, shape.hidden, f)})
+        else:
+            shapes.update({f"blk.{i}.ffn_gate.weight": (shape.ffn, shape.hidden),
+                           f"blk.{i}.ffn_up.weight": (shape.ffn, shape.hidden),
+                           f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn)})
     return shapes
 
 
 def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     """The qtype of each 2-D tensor for a quantization mix, as llama.cpp's quantizer chooses them
-    (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down in the first and last eighth of the
-    layers and every third layer in between; Q4_K elsewhere; a K type falls back to Q5_0 / Q5_1 / Q8_0 for a
-    tensor whose rows are not a multiple of 256 values, as in Gemma 3 files)."""
+    (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down (an MoE's ffn_down_exps too) in the first
+    and last eighth of the layers and every third layer in between; Q4_K elsewhere; a K type falls back to Q5_0 /
+    Q5_1 / Q8_0 for a tensor whose rows are not a multiple of 256 values, as in Gemma 3 files)."""
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
     names = ["token_embd.weight"] + ([] if shape.tie_embeddings else ["output.weight"])
@@ -99,27 +116,29 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     n = shape.layers
     for i in range(n):
         more_bits = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        ffn = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if shape.experts else ("ffn_gate", "ffn_up", "ffn_down")
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output", *ffn):
             qt = mix
             if mix == "Q4_K_M":
-                qt = "Q6_K" if t in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+                qt = "Q6_K" if t in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits else "Q4_K"
             types[f"blk.{i}.{t}.weight"] = qt
-    for name, (_, cols) in tensor_shapes(shape, vocab=1).items():  # columns do not depend on the vocabulary
-        if cols % 256:
+    for name, dims in tensor_shapes(shape, vocab=1).items():  # columns do not depend on the vocabulary
+        if dims[-1] % 256:
             types[name] = _K_FALLBACK.get(types[name], types[name])
     return types
 
 
 def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
                        seed: int = 0) -> Path:
-    """Write a llama-architecture (or, for a `gemma3` shape, gemma3) GGUF of `shape` with random weights in the
-    `mix` quantization, using the tokenizer (and vocabulary size) of the GGUF `tokenizer_from`."""
+    """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for an MoE shape, qwen3moe) GGUF of `shape`
+    with random weights in the `mix` quantization (routers float32), using the tokenizer (and vocabulary size) of
+    the GGUF `tokenizer_from`."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     rng = np.random.default_rng(seed)
-    arch = "gemma3" if shape.gemma3 else "llama"
+    arch = shape.arch
     w = gguf.GGUFWriter(str(path), arch)
     hd = shape.head_size
     w.add_block_count(shape.layers)
@@ -134,6 +153,15 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_layer_norm_rms_eps(1e-6)
         w.add_rope_freq_base(1000000.0)
         w.add_sliding_window(512)
+    elif shape.experts:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(1000000.0)
+        w.add_vocab_size(vocab)
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_ffn)
     else:
         w.add_layer_norm_rms_eps(1e-5)
         w.add_rope_freq_base(500000.0)
@@ -143,23 +171,39 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub)
+    # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
+    # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
     types = tensor_types(shape, mix)
-    ones = np.ones(shape.hidden, dtype=np.float32)
-    w.add_tensor("output_norm.weight", ones)
-    for name, (rows, cols) in tensor_shapes(shape, vocab).items():
-        qt = types[name]
-        w.add_tensor(name, random_blocks(qt, rows, cols, rng), raw_dtype=gguf.GGMLQuantizationType[qt])
+    plan: list[tuple[str, tuple[int, ...], str]] = [("output_norm.weight", (shape.hidden,), "F32")]
+    for name, dims in tensor_shapes(shape, vocab).items():
+        plan.append((name, dims, types[name]))
         if name.endswith("attn_output.weight"):
             i = name.split(".")[1]
             norms = ["attn_norm", "ffn_norm"]
+            head_norms = [(f"blk.{i}.attn_q_norm.weight", (hd,), "F32"), (f"blk.{i}.attn_k_norm.weight", (hd,), "F32")]
+            if shape.experts:  # the router stays float32 (llama.cpp does not quantize it); Qwen3's Q/K norms
+                plan += [(f"blk.{i}.ffn_gate_inp.weight", (shape.experts, shape.hidden), "F32"), *head_norms]
             if shape.gemma3:  # GGUF stores Gemma's (1 + w) norm weights with the 1 added: ones are w = 0
                 norms += ["post_attention_norm", "post_ffw_norm"]
-                w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(hd, dtype=np.float32))
-                w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(hd, dtype=np.float32))
-            for norm in norms:
-                w.add_tensor(f"blk.{i}.{norm}.weight", ones)
+                plan += head_norms
+            plan += [(f"blk.{i}.{norm}.weight", (shape.hidden,), "F32") for norm in norms]
+    for name, dims, qt in plan:
+        if qt == "F32":
+            w.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+        else:
+            per, size, _ = _LAYOUT[qt]
+            byte_shape = (*dims[:-1], dims[-1] // per * size)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                              raw_dtype=gguf.GGMLQuantizationType[qt])
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for name, dims, qt in plan:
+        if qt != "F32":
+            w.write_tensor_data(random_blocks(qt, int(np.prod(dims[:-1])), dims[-1], rng).reshape(*dims[:-1], -1))
+        elif name.endswith("ffn_gate_inp.weight"):
+            w.write_tensor_data(rng.normal(0, 0.05, size=dims).astype(np.float32))
+        else:
+            w.write_tensor_data(np.ones(dims, dtype=np.float32))
     w.close()
     return Path(path)

@@ -198,12 +198,13 @@ class PagedKVAttention:
         return k, v, meta.slot_mapping
 
     def attend(self, layer: int, q: torch.Tensor, window: int | None = None, softcap: float | None = None,
-               scale: float | None = None) -> torch.Tensor:
+               scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D].
-        `window`: a sliding-window layer; `softcap`: attention-logit soft-capping; `scale`: overrides the pool's."""
+        `window`: a sliding-window layer; `softcap`: attention-logit soft-capping; `scale`: overrides the pool's;
+        `sinks`: float32 [H] attention sinks (gpt-oss)."""
         k, v, meta = self._layer(layer)
         return paged_attention(q, k, v, meta, self.scale if scale is None else scale, window,
-                               softcap).reshape(q.shape[0], -1)
+                               softcap, sinks).reshape(q.shape[0], -1)
 
     def _layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Where layer `layer` keeps its K/V and the step's metadata over that pool."""

@@ -43,6 +43,9 @@ def awq_scales(config: ModelConfig, source: WeightSource, ids: list[int], group_
     The float model is built once for this (so calibration needs the memory of the unquantized model) and freed
     before the quantized load.
     """
+    if config.is_moe:
+        raise EdgeserveError("activation-aware calibration does not cover Mixture-of-Experts models yet; quantize "
+                             "without --quantize-calibration (their experts then stay in float)")
     if len(ids) < 2:
         raise EdgeserveError("the calibration text is too short (it needs at least a few tokens)")
     ids = ids[:MAX_CALIBRATION_TOKENS]

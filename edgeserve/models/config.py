@@ -8,11 +8,12 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3", "qwen3moe",
+                           "gpt-oss")
 # Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # HF `model_type` spellings of our architecture names.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 # HF `architectures[0]` class names mapped to our architecture names.
 HF_CLASS_TO_ARCH = {
     "LlamaForCausalLM": "llama",
@@ -24,13 +25,20 @@ HF_CLASS_TO_ARCH = {
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Phi3ForCausalLM": "phi3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "GptOssForCausalLM": "gpt-oss",
 }
+# Architectures whose feed-forward may be a Mixture-of-Experts layer (edgeserve.models.moe); experts in any other
+# architecture (e.g. a Mixtral GGUF, llama with ffn_*_exps) are refused by name.
+MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
+# Mixture-of-Experts architectures whose MoE layers route with a softmax over all experts, then the top k.
+SOFTMAX_TOPK_ARCHITECTURES = ("qwen3moe",)
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: 'linear', 'llama3' or 'longrope' (HF `rope_scaling`; for longrope `factor` is the
-    cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
+    """RoPE frequency scaling: 'linear', 'llama3', 'longrope' or 'yarn' (HF `rope_scaling`; for longrope `factor` is
+    the cos/sin attention factor, 1.0 meaning "derive it from the context lengths")."""
 
     kind: str
     factor: float = 1.0
@@ -38,6 +46,11 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     short_factors: tuple[float, ...] = ()  # longrope's per-frequency divisors up to the original context
+    # yarn: the ramp between interpolated and kept frequencies, and the cos/sin factor (None: 0.1 ln(factor) + 1)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,19 @@ class ModelConfig:
     kv_shared_layers: int = 0  # the last this many layers read an earlier layer's K/V and keep none
     per_layer_input_size: int = 0  # per-layer embeddings (PLE) width per layer; 0: none
     layer_intermediate: tuple[int, ...] | None = None  # per layer MLP width where it varies (double-wide MLP)
+    # Mixture-of-Experts feed-forward (edgeserve.models.moe; num_experts 0: a dense MLP)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0  # each expert's
+    norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    # gpt-oss (edgeserve.models.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_size(self) -> int:
@@ -152,6 +178,8 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     scaling_type = metadata.get(f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         scaling = RopeScaling("linear", factor=float(key("rope.scaling.factor")))
+    elif scaling_type == "yarn":
+        scaling = _yarn_from_gguf(arch, metadata)
     elif arch == "phi3" and "rope_factors_short.weight" in tensor_names:  # longrope, its factors as tensors
         scaling = RopeScaling("longrope", factor=float(metadata.get(f"{arch}.rope.scaling.attn_factor") or 1.0),
                               original_max_position_embeddings=int(key("rope.scaling.original_context_length")))
@@ -159,11 +187,13 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         raise UnsupportedModelError(f"RoPE scaling type {scaling_type!r} is not supported")
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
     gemma = _gemma_from_gguf(arch, metadata, int(key("block_count")), hidden, heads, head_dim)
+    gemma.update(_gpt_oss_from_gguf(arch, metadata, int(key("block_count"))))
+    moe = _moe_from_gguf(arch, metadata)
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
+        intermediate_size=int(key("feed_forward_length", 0 if moe else None)),
         num_layers=int(key("block_count")),
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -178,7 +208,88 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         sliding_window=int(metadata[f"{arch}.attention.sliding_window"])
         if arch == "phi3" and metadata.get(f"{arch}.attention.sliding_window") else None,
         **gemma,
+        **moe,
     )
+
+
+def _yarn_from_gguf(arch: str, metadata: Mapping[str, Any]) -> RopeScaling:
+    """YaRN from `{arch}.rope.scaling.*` (factor, original_context_length, and the optional yarn_beta_fast /
+    yarn_beta_slow / yarn_attn_factor llama.cpp's converters write for some models). gpt-oss was trained with the
+    ramp's ends not rounded (HF `truncate: false`), which its GGUF does not record."""
+    def get(name: str) -> Any:
+        return metadata.get(f"{arch}.rope.scaling.{name}")
+
+    factor, original = get("factor"), get("original_context_length")
+    if factor is None or original is None:
+        raise ModelLoadError(f"GGUF YaRN scaling needs {arch}.rope.scaling.factor and .original_context_length")
+    return RopeScaling("yarn", factor=float(factor), original_max_position_embeddings=int(original),
+                       beta_fast=float(get("yarn_beta_fast") or 32.0), beta_slow=float(get("yarn_beta_slow") or 1.0),
+                       truncate=arch != "gpt-oss",
+                       attention_factor=float(get("yarn_attn_factor")) if get("yarn_attn_factor") else None)
+
+
+def _gpt_oss_windows(window: int | None, sliding: list[bool]) -> dict[str, Any]:
+    """gpt-oss's per-layer windows: `window` on the sliding layers, full attention on the others."""
+    return dict(layer_windows=tuple(int(window) if s and window else None for s in sliding))
+
+
+def _gpt_oss_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss's fields from GGUF metadata (empty for other architectures): llama.cpp slides the even layers
+    (a pattern of 2, as HF's default layer_types)."""
+    if arch != "gpt-oss":
+        return {}
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    return _gpt_oss_windows(window, [i % 2 == 0 for i in range(layers)])
+
+
+def _gpt_oss_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """gpt-oss's fields from an HF config (empty for other architectures)."""
+    if arch != "gpt-oss":
+        return {}
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    fields = _gpt_oss_windows(cfg.get("sliding_window"), [t == "sliding_attention" for t in types])
+    fields.update(swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+    return fields
+
+
+def _moe_from_gguf(arch: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts fields of a ModelConfig from GGUF metadata (empty for a dense model)."""
+    experts = int(metadata.get(f"{arch}.expert_count") or 0)
+    if not experts:
+        return {}
+    _check_moe_architecture(arch, experts)
+    used = metadata.get(f"{arch}.expert_used_count")
+    ffn = metadata.get(f"{arch}.expert_feed_forward_length")
+    if used is None or ffn is None:
+        raise ModelLoadError(f"GGUF metadata of a {experts}-expert model is missing {arch}.expert_used_count or "
+                             f"{arch}.expert_feed_forward_length")
+    # llama.cpp renormalizes the chosen weights of qwen3moe without a key saying so
+    norm = metadata.get(f"{arch}.expert_weights_norm", arch in SOFTMAX_TOPK_ARCHITECTURES)
+    return dict(num_experts=experts, experts_per_token=int(used), moe_intermediate_size=int(ffn),
+                norm_topk_prob=bool(norm),
+                shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length") or 0))
+
+
+def _check_moe_architecture(arch: str, experts: int) -> None:
+    if arch not in MOE_ARCHITECTURES:
+        raise UnsupportedModelError(f"{arch!r} models with experts ({experts}) are not supported (Mixture-of-Experts "
+                                    f"architectures: {', '.join(MOE_ARCHITECTURES)})")
+
+
+def _moe_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts fields of a ModelConfig from an HF config (empty for a dense model)."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    _check_moe_architecture(arch, experts)
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+        raise UnsupportedModelError("MoE models with dense MLP layers among the expert layers (mlp_only_layers, "
+                                    "decoder_sparse_step) are not supported")
+    return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0))
 
 
 # llama.cpp's sliding-window layer patterns: layer i is global when (i + 1) % pattern == 0
@@ -251,6 +362,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
 
         return gemma4_config_from_hf(cfg)
     try:
+        moe = _moe_from_hf(arch, cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         scaling = None
@@ -276,6 +388,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     original_max_position_embeddings=int(cfg.get("original_max_position_embeddings")
                                                          or rs.get("original_max_position_embeddings")),
                     short_factors=tuple(float(f) for f in rs["short_factor"]))
+            elif kind == "yarn":
+                scaling = RopeScaling(
+                    "yarn", factor=float(rs["factor"]),
+                    original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
+                    beta_fast=float(rs.get("beta_fast") or 32.0), beta_slow=float(rs.get("beta_slow") or 1.0),
+                    truncate=bool(rs.get("truncate", True)),
+                    attention_factor=float(rs["attention_factor"]) if rs.get("attention_factor") else None)
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
         partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
@@ -289,7 +408,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
+            intermediate_size=int(cfg.get("intermediate_size") or 0) if moe else int(cfg["intermediate_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -299,11 +418,13 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "gemma3"),
+            qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
             rope_scaling=scaling,
             sliding_window=cfg.get("sliding_window")
             if cfg.get("use_sliding_window", arch in ("mistral", "phi3")) else None,
             **_gemma_from_hf(arch, cfg),
+            **_gpt_oss_from_hf(arch, cfg),
+            **moe,
         )
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None

@@ -49,13 +49,14 @@ class DecoderEmbedConfig:
 
 class PaddedCausalAttention:
     """The decoder's attention over a flat [batch * length] layout of right-padded sequences: each sequence attends
-    causally to itself (with the model's sliding window, softcap and scale); nothing is cached."""
+    causally to itself (with the model's sliding window, softcap, scale and sinks); nothing is cached."""
 
     def __init__(self, batch: int, length: int) -> None:
         self.batch, self.length = batch, length
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                 softcap: float | None = None, scale: float | None = None) -> torch.Tensor:
+                 softcap: float | None = None, scale: float | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         from edgeserve.kernels.paged_attention import _attention
 
         b, t = self.batch, self.length
@@ -64,7 +65,7 @@ class PaddedCausalAttention:
         if window is not None:
             pos = torch.arange(t, device=q.device)
             mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
-        out = _attention(qh, kh, vh, mask, scale, q.shape[1] != k.shape[1], softcap)
+        out = _attention(qh, kh, vh, mask, scale, q.shape[1] != k.shape[1], softcap, sinks)
         return out.transpose(1, 2).reshape(b * t, -1)
 
 

@@ -74,9 +74,22 @@ class DummyWeights:
             shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
-            shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-            shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-            shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+            if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.gpt_oss reads them)
+                e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
+                shapes.update({p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
+                               p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
+                               p + "mlp.experts.gate_up_proj_bias": (e, 2 * f),
+                               p + "mlp.experts.down_proj": (e, f, h), p + "mlp.experts.down_proj_bias": (e, h),
+                               p + "self_attn.o_proj.bias": (h,), p + "self_attn.sinks": (c.num_heads,)})
+            elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)
+                e, f = c.num_experts, c.moe_intermediate_size
+                shapes[p + "mlp.gate.weight"] = (e, c.hidden_size)
+                shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * f, c.hidden_size)
+                shapes[p + "mlp.experts.down_proj"] = (e, c.hidden_size, f)
+            else:
+                shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+                shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+                shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
             if c.attention_bias:
                 for x, n in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
                     shapes[p + f"self_attn.{x}_proj.bias"] = (n,)
@@ -120,13 +133,16 @@ class DummyWeights:
 
 def weight_bytes(config: ModelConfig, dtype: torch.dtype, int4_group: int | None = None) -> int:
     """Bytes of the model's weights on the device as edgeserve keeps them on a GPU: the layer matrices dense in
-    `dtype`, or 4-bit packed (half a byte per weight + a scale and an offset per group in `dtype`); norms in float32;
-    embeddings (and an untied output head) dense in `dtype`."""
+    `dtype`, or 4-bit packed (half a byte per weight + a scale and an offset per group in `dtype`); MoE experts dense
+    in `dtype`; norms in float32; embeddings (and an untied output head) dense in `dtype`."""
     c = config
     e = torch.empty((), dtype=dtype).element_size()
-    matrices = [(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size),
-                (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
+    matrices = [(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size)]
+    if not c.is_moe:
+        matrices += [(2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)]
     per_layer = 0
+    if c.is_moe:  # experts dense in `dtype`, a float32 router
+        per_layer += c.num_experts * (3 * c.moe_intermediate_size * c.hidden_size * e + c.hidden_size * 4)
     for n, k in matrices:
         if int4_group is not None and k % int4_group == 0:
             per_layer += n * k // 2 + 2 * n * (k // int4_group) * e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +30,12 @@ from edgeserve.kernels.quant_linear import (
     int4_supported,
     int8_supported,
 )
-from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
+from .moe import MoELayer
 
 
 @dataclass
@@ -47,8 +49,9 @@ class DecoderLayer:
     k_norm: torch.Tensor | None
     o_proj: LinearWeight
     post_norm: torch.Tensor
-    gate_up: LinearWeight
-    down: LinearWeight
+    gate_up: LinearWeight | None  # None where `moe` is the feed-forward
+    down: LinearWeight | None
+    moe: MoELayer | None = None  # a Mixture-of-Experts feed-forward (MoEModel)
 
 
 def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, device: torch.device,
@@ -91,7 +94,7 @@ class LlamaModel:
         self.device = device
         # Within a sliding window full attention is exact, so a windowed model's context stops at the window.
         self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
-        cos, sin = rope_cos_sin(inv_freq, self.max_positions)
+        cos, sin = rope_cos_sin(inv_freq, self.max_positions, rope_attention_factor(config.rope_scaling))
         self.cos, self.sin = cos.to(device), sin.to(device)
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
@@ -150,8 +153,7 @@ class LlamaModel:
                 k_norm=norm(p + "self_attn.k_norm.weight") if c.qk_norm else None,
                 o_proj=matrix([p + "self_attn.o_proj.weight"]),
                 post_norm=norm(p + "post_attention_layernorm.weight"),
-                gate_up=matrix([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
-                down=matrix([p + "mlp.down_proj.weight"]),
+                **cls.feed_forward(config, source, i, matrix, device, dtype),
             ))
         # On CPU in bf16 the vocabulary-sized tables are int8 per row: the output head is the biggest single
         # read of a decode step for small models, and int8 halves it (float32 mode keeps them exact).
@@ -173,6 +175,22 @@ class LlamaModel:
         freq_factors = norm("rope_freqs") if source.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, freq_factors)
         return cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, device)
+
+    @classmethod
+    def feed_forward(cls, config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],
+                     device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        """Layer i's feed-forward fields of its DecoderLayer (`matrix(names)`: the loader's linear weight of the
+        tensors `names` stacked along the rows): the gated MLP's gate_up and down here."""
+        p = f"model.layers.{i}."
+        return dict(gate_up=matrix([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                    down=matrix([p + "mlp.down_proj.weight"]))
+
+    def mlp(self, layer: DecoderLayer, h: torch.Tensor, prompt_rows: PromptRows | None) -> torch.Tensor:
+        """The feed-forward of `layer` for its normed input h [T, hidden]: the gated MLP, or its MoE layer."""
+        if layer.moe is not None:
+            return layer.moe.forward(h)
+        assert layer.gate_up is not None and layer.down is not None
+        return linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
@@ -209,7 +227,7 @@ class LlamaModel:
                 o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),
                          v.to(self.dtype))
             h, x = add_rms_norm(linear(o, layer.o_proj, None, prompt_rows), x, layer.post_norm, eps, self.dtype)
-            y = linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
+            y = self.mlp(layer, h, prompt_rows)
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)

@@ -22,7 +22,9 @@ from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .decoders import decoder_class
+from .gpt_oss import GptOssModel
 from .llama import LlamaModel
+from .moe_decoder import MoEModel
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,8 @@ DENSE_PREFILL_RAM_FRACTION = 0.25
 def dense_prefill_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of the dequantized copies of the decoder's matrices (what `dense_prefill` adds)."""
     c = config
-    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    mlp = 0 if c.is_moe else 3 * c.hidden_size * c.intermediate_size  # experts get no dense copy
+    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size + mlp
     return c.num_layers * per_layer * torch.empty((), dtype=dtype).element_size()
 
 
@@ -154,7 +157,9 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
     cfg = read_config_json(source.path)
     config = config_from_hf(cfg)
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
-    model = LlamaModel.from_weights(config, weights, dtype=dtype, device=device,
-                                    dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
+    # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
+    decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else LlamaModel
+    model = decoder.from_weights(config, weights, dtype=dtype, device=device,
+                                 dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
     return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),
                        time.perf_counter() - start)

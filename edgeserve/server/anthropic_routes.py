@@ -215,6 +215,10 @@ def parse_messages_request(body: dict) -> GenerationRequest:
     req.tool_choice, req.parallel_tool_calls = _tool_choice(body.get("tool_choice"), req.tools)
     req.think = _thinking(body.get("thinking"))
     req.constraint = _output_format(body.get("output_config"))
+    # harmony's Reasoning: level (gpt-oss): output_config.effort, else the thinking budget in tokens
+    effort = (body.get("output_config") or {}).get("effort") or (body.get("thinking") or {}).get("budget_tokens")
+    if effort is not None:
+        req.template_kwargs["reasoning_effort"] = effort
     if req.constraint is not None and req.tool_choice not in ("none", "auto"):
         raise bad_request("output_config.format cannot be combined with tool_choice 'any' or 'tool'",
                           "output_config.format")

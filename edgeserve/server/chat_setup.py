@@ -9,6 +9,11 @@ constraint, template_kwargs, think) into what the engine runs and how the reply 
   grammar of the tools' schemas; for a model that reasons it applies after `</think>`;
 - the reply: reasoning split from content, tool calls parsed (template's format under "auto").
 
+A model whose template is harmony (gpt-oss, edgeserve.text.harmony) is rendered by edgeserve itself, with the
+reasoning effort from `template_kwargs["reasoning_effort"]` (the routes put OpenAI `reasoning_effort`, Responses
+`reasoning.effort`, Ollama `think` levels and Anthropic thinking there) or `think`; its constraints wrap the final
+message / the forced call in harmony's frame, and its replies are read by `HarmonyParser`.
+
 Other routes (Anthropic messages, Responses) can fill the same request fields and read `RequestOutput.reasoning`
 / `.tool_calls` (or `ChoiceResult.reasoning` / `.tool_calls`).
 """
@@ -22,7 +27,9 @@ from edgeserve.engine.outputs import RequestOutput
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.server.schemas import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
-from edgeserve.text.grammar import GrammarSpec
+from edgeserve.text.grammar import GrammarSpec, json_rule
+from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
+                                    tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
                                       reasoning_tags, template_thinks)
 from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
@@ -39,15 +46,19 @@ class ChatSetup:
     in_thought: bool  # the prompt opened the reasoning
     tools: ToolSetup | None
     tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # the reasoning's open and close tags
+    harmony: bool = False  # the reply is harmony: HarmonyParser reads it
 
-    def parser(self) -> ChatOutputParser | None:
+    def parser(self) -> ChatOutputParser | HarmonyParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
+        if self.harmony:
+            tools = self.tools or ToolSetup("auto")
+            return HarmonyParser(tools.known, tools.parallel)
         if not self.thinks and self.tools is None:
             return None
         return ChatOutputParser(ReasoningSplitter(self.in_thought, *self.tags) if self.thinks else None, self.tools)
 
     @staticmethod
-    def split(parser: ChatOutputParser | None, out: RequestOutput) -> None:
+    def split(parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
         """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`."""
         if parser is None:
             return
@@ -65,6 +76,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
     """Render the prompt of a chat request and decide its constraint and reply parsing."""
     source = template.source
     tools = req.tools if req.tool_choice != "none" else None
+    if template_is_harmony(source):
+        return _harmony_setup(req, tools)
     kwargs: dict[str, Any] = dict(req.template_kwargs)
     if req.think is not None:
         kwargs["enable_thinking"] = req.think
@@ -89,3 +102,18 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)
+
+
+def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:
+    """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser."""
+    prompt = render_harmony(req.messages or [], tools, harmony_options(req.template_kwargs, req.think))
+    constraint = replace(req.constraint, harmony=True) if req.constraint is not None else None
+    tool_setup = None
+    if tools:
+        names = {t["function"]["name"] for t in tools}
+        forced = req.tool_choice != "auto"
+        if forced:
+            choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
+            constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
+        tool_setup = ToolSetup("forced" if forced else "auto", "harmony", names, parallel=req.parallel_tool_calls)
+    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)

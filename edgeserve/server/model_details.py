@@ -62,8 +62,9 @@ class ModelFacts:
 
 def capabilities(template: str, embeds: bool, generates: bool = True) -> list[str]:
     """Ollama's capabilities: "completion" for a text model, with "tools" when its chat template renders tools
-    (as the chat route decides to hand them to the template) and "thinking" when it reasons in <think> tags;
+    (as the chat route decides to hand them to the template) and "thinking" when it reasons (<think> tags, harmony);
     "embedding" for a model that embeds (an encoder, or a decoder whose GGUF names a pooling)."""
+    from edgeserve.text.harmony import template_is_harmony
     from edgeserve.text.reasoning import template_thinks
     from edgeserve.text.tool_calls import template_knows_tools
 
@@ -72,7 +73,7 @@ def capabilities(template: str, embeds: bool, generates: bool = True) -> list[st
         caps.append("completion")
         if template and template_knows_tools(template):
             caps.append("tools")
-        if template and template_thinks(template):
+        if template and (template_thinks(template) or template_is_harmony(template)):
             caps.append("thinking")
     if embeds:
         caps.append("embedding")

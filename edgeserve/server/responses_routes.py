@@ -194,6 +194,8 @@ def parse_responses_request(body: dict) -> GenerationRequest:
     req.constraint = _text_format(body.get("text"))
     set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body, "text.format")
     req.think = _reasoning(body.get("reasoning"))
+    if req.think is not None:  # harmony's Reasoning: level (gpt-oss)
+        req.template_kwargs["reasoning_effort"] = body["reasoning"]["effort"]
     mt = _number(body, "max_output_tokens", integer=True)
     if mt is not None and mt < 1:
         raise bad_request(f"max_output_tokens must be a positive integer, got {mt}", "max_output_tokens")

@@ -159,7 +159,7 @@ def _logit_bias(value) -> dict[int, float]:
 
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
-                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", *_SAMPLING_NUMBERS}
+                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:

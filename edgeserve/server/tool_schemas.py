@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from edgeserve.server.schemas import GenerationRequest
 
 MAX_TOOLS = 128
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
 
 
 def parse_response_format(value: Any, param: str = "response_format") -> GrammarSpec | None:
@@ -141,6 +142,11 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
     req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     if "enable_thinking" in req.template_kwargs:
         req.think = req.template_kwargs["enable_thinking"]
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+        req.template_kwargs.setdefault("reasoning_effort", effort)  # harmony's Reasoning: level (gpt-oss)
 
 
 def parse_ollama_tools(body: dict, req: "GenerationRequest", chat: bool) -> None:
@@ -148,7 +154,8 @@ def parse_ollama_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
     req.constraint = parse_ollama_format(body.get("format"))
     think = body.get("think")
     if think is not None:
-        if think in ("low", "medium", "high"):  # gpt-oss levels: on
+        if think in ("low", "medium", "high"):  # gpt-oss levels: harmony's Reasoning: level
+            req.template_kwargs["reasoning_effort"] = think
             think = True
         if not isinstance(think, bool):
             raise bad_request(f"think must be true or false, got {think!r}", "think")

@@ -7,6 +7,7 @@ from typing import Any
 
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.tokenizer import Tokenizer
+from edgeserve.text.harmony import harmony_options, render_harmony, template_is_harmony
 
 
 def chat_prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
@@ -17,5 +18,8 @@ def chat_prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
 
 def chat_ids(tokenizer: Tokenizer, template: ChatTemplate, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
     """Token ids of `messages` rendered through the model's chat template with the generation prompt appended;
-    `extra` reaches the template (tools=[...], enable_thinking=False, ...)."""
+    `extra` reaches the template (tools=[...], enable_thinking=False, ...). A harmony (gpt-oss) template is
+    rendered by edgeserve.text.harmony (`tools`, `reasoning_effort`, `model_identity` from `extra`)."""
+    if template_is_harmony(template.source):
+        return chat_prompt_ids(tokenizer, render_harmony(messages, extra.get("tools"), harmony_options(extra)))
     return chat_prompt_ids(tokenizer, template.render(messages, add_generation_prompt=True, **extra))

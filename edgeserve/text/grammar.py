@@ -26,6 +26,8 @@ import numpy as np
 import llguidance.torch as llg_torch
 import torch
 
+from edgeserve.text.harmony import answer_frame
+
 # whitespace between JSON tokens: compact, so a small model cannot spend its max_tokens on newlines
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -44,11 +46,14 @@ class GrammarSpec:
     constraint applies after it (structured output applies to the answer, not to the reasoning); open is ""
     when the prompt already opened the reasoning. Tags are matched as text (Qwen3's and DeepSeek's are not
     special tokens).
+    harmony: the reply is a harmony (gpt-oss) one: free analysis messages, then the constraint is the content
+    of its `final` message (edgeserve.text.harmony.answer_frame).
     """
 
     kind: str
     source: str = ""
     think: tuple[str, str] | None = None
+    harmony: bool = False
 
     @staticmethod
     def json_schema(schema: dict | str, think: tuple[str, str] | None = None) -> "GrammarSpec":
@@ -60,20 +65,18 @@ class GrammarSpec:
         """The whole grammar in llguidance's Lark dialect (`special_id`: the id of a text that is one special
         token of the tokenizer, else None)."""
         if self.kind == "json_schema":
-            body = f"%json {self._with_options(json.loads(self.source))}"
+            body = json_rule(json.loads(self.source))
         elif self.kind == "json_object":
-            body = f"%json {self._with_options({'type': 'object'})}"
+            body = json_rule({"type": "object"})
         elif self.kind == "regex":
             body = "/" + llguidance.regex_to_lark(self.source) + "/"
-        elif self.kind == "lark":
-            if self.think is None:
-                return self.source
-            return _think_prefix(self.think, special_id) + self.source.replace("start:", "answer_start:", 1)
-        else:
+        elif self.kind != "lark":
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
-        if self.think is None:
-            return f"start: {body}\n"
-        return _think_prefix(self.think, special_id) + f"answer_start: {body}\n"
+        grammar = self.source if self.kind == "lark" else f"start: {body}\n"
+        if self.think is None and not self.harmony:
+            return grammar
+        prefix = answer_frame() if self.harmony else _think_prefix(self.think, special_id)
+        return prefix + grammar.replace("start:", "answer_start:", 1)
 
     @staticmethod
     def _with_options(schema: Any) -> str:
@@ -81,6 +84,11 @@ class GrammarSpec:
             guidance = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
             schema = {**schema, "x-guidance": {**_JSON_OPTIONS, **guidance}}
         return json.dumps(schema)
+
+
+def json_rule(schema: Any) -> str:
+    """A Lark `%json` expression for `schema` with the compact whitespace every JSON constraint here uses."""
+    return f"%json {GrammarSpec._with_options(schema)}"
 
 
 def _think_prefix(think: tuple[str, str], special_id: Callable[[str], int | None]) -> str:

@@ -91,6 +91,7 @@ typedef struct {
     int64_t table_stride;
     float scale;
     const int32_t *row_lo; /* row t's keys start at position row_lo[t] (a sliding window), or NULL: at 0 */
+    const float *sinks;    /* per query head, a logit added to the softmax's denominator with no value, or NULL */
 } attn_t;
 
 /* the first key position of row t */
@@ -132,7 +133,7 @@ static inline float seg_exp(float x);
    nothing; a single segment gives its values unchanged (its weight / total is exactly 1). One compiled copy, so
    the per-row and blocked paths round alike. */
 static __attribute__((noinline)) void combine_segments(const float *part, int64_t stride, int nseg, int D,
-                                                       float *out) {
+                                                       float *out, float *max_out, float *total_out) {
     float M = -INFINITY, total = 0.0f;
     for (int k = 0; k < nseg; k++) M = part[k * stride] > M ? part[k * stride] : M;
     for (int k = 0; k < nseg; k++)
@@ -149,6 +150,8 @@ static __attribute__((noinline)) void combine_segments(const float *part, int64_
             for (int d = 0; d < D; d++) out[d] += c * p[2 + d];
         first = 0;
     }
+    *max_out = M;
+    *total_out = total;
 }
 
 /* a float32 vector of D into the output (bf16 when out_bf16) at element index */
@@ -159,6 +162,17 @@ static inline void store_out(void *out, int out_bf16, int64_t index, const float
     } else {
         memcpy((float *)out + index, x, sizeof(float) * D);
     }
+}
+
+/* store_out() of head `head`'s vector x (D floats, overwritten) whose softmax had max score M and sum of
+   exp(score - M) total: with sinks, first scaled by total / (total + exp(sink - M)), which is what adding the
+   sink's logit to the softmax's denominator does to every weight (the sink has no value). */
+static inline void store_head(const attn_t *a, int64_t index, int head, float *x, float M, float total) {
+    if (a->sinks) {
+        const float w = total / (total + seg_exp(a->sinks[head] - M));
+        for (int d = 0; d < a->D; d++) x[d] *= w;
+    }
+    store_out(a->out, a->q_bf16, index, x, a->D);
 }
 
 /* The per-row path: row t times kv head kvh, its keys segment by segment (KEY_SEGMENT keys, fixed boundaries),
@@ -221,8 +235,9 @@ static void attend_task(void *ctx, int task) {
         }
     }
     for (int g = 0; g < group; g++) {
-        combine_segments(part + (size_t)g * nseg * stride, stride, nseg, D, res);
-        store_out(a->out, a->q_bf16, ((int64_t)t * a->H + kvh * group + g) * D, res, D);
+        float M, total;
+        combine_segments(part + (size_t)g * nseg * stride, stride, nseg, D, res, &M, &total);
+        store_head(a, ((int64_t)t * a->H + kvh * group + g) * D, kvh * group + g, res, M, total);
     }
     free(buf);
 }
@@ -681,7 +696,7 @@ static void attend_row(const attn_t *a, int t, int h0, int nh, int kseg, int nse
     }
     if (nseg == 1) {
         for (int v = 0; v < V; v++)
-            store_out(a->out, a->q_bf16, ((int64_t)t * a->H + h0 * G + v) * D, acc + (size_t)v * D, D);
+            store_head(a, ((int64_t)t * a->H + h0 * G + v) * D, h0 * G + v, acc + (size_t)v * D, vmax[v], vsum[v]);
     } else {
         for (int v = 0; v < V; v++) {
             float *p = part + ((int64_t)(h0 * G + v) * nseg + kseg) * (D + 2);
@@ -810,7 +825,8 @@ static void attend_block_task(void *ctx, int task) {
     }
     if (nseg == 1) {
         for (int v = 0; v < V; v++)
-            store_out(a->out, a->q_bf16, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, acc + (size_t)v * D, D);
+            store_head(a, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, kvh * G + v % G, acc + (size_t)v * D,
+                       vmax[v], vsum[v]);
     } else { /* partials [kv head][vector][segment][max, sum, D values] */
         for (int v = 0; v < V; v++) {
             float *p = blocks->part + blocks->part_at[b] + (((int64_t)kvh * V + v) * nseg + kseg) * (D + 2);
@@ -831,9 +847,10 @@ static void combine_block_task(void *ctx, int task) {
     const int t0 = blocks->starts[b], V = (blocks->starts[b + 1] - t0) * G, nseg = blocks->nseg[b];
     float res[D];
     for (int v = 0; v < V; v++) {
+        float M, total;
         combine_segments(blocks->part + blocks->part_at[b] + ((int64_t)kvh * V + v) * nseg * (D + 2), D + 2, nseg,
-                         D, res);
-        store_out(a->out, a->q_bf16, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, res, D);
+                         D, res, &M, &total);
+        store_head(a, ((int64_t)(t0 + v / G) * a->H + kvh * G + v % G) * D, kvh * G + v % G, res, M, total);
     }
 }
 
@@ -869,13 +886,14 @@ void qmm_exp(const float *x, int n, float *out) {
    in bf16 when q_bf16, else float32; out may be q); row t attends to the row_len[t] positions of sequence
    row_seq[t] from position row_lo[t] on (0 when row_lo is NULL; a sliding-window layer's rows start later), whose
    blocks are tables[row_seq[t] * table_stride + ...]; the pools are [blocks, block_size, Hkv, D] (bf16 when
-   kv_bf16). A row's keys are counted from its first one, so its bits depend only on which keys it sees. */
-void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
-                              int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                              const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, float scale,
-                              void *out) {
+   kv_bf16). A row's keys are counted from its first one, so its bits depend only on which keys it sees. With
+   sinks (float32 [H], or NULL), head h's softmax denominator also has exp(sinks[h]) (attention sinks: gpt-oss). */
+void qmm_paged_attention_sinks(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                               int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                               const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len,
+                               const float *sinks, float scale, void *out) {
     attn_t a = {q, k, v, out, q_bf16, kv_bf16, H, Hkv, D, block_size, tables, row_seq, row_len, table_stride, scale,
-                row_lo};
+                row_lo, sinks};
 #if defined(QMM_AVX2)
     if (D % 8 == 0 && T > 0) {
         const int per = rows_per_block(H / Hkv), G = H / Hkv;
@@ -944,6 +962,15 @@ void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, co
     }
 #endif
     pool_run(attend_task, &a, T * Hkv, 1);
+}
+
+/* qmm_paged_attention_sinks() without sinks */
+void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                              int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                              const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, float scale,
+                              void *out) {
+    qmm_paged_attention_sinks(q, q_bf16, T, H, D, k, v, kv_bf16, block_size, Hkv, tables, table_stride, row_seq,
+                              row_lo, row_len, 0, scale, out);
 }
 
 /* qmm_paged_attention_from() with every row's keys from position 0 */

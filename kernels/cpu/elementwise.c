@@ -189,6 +189,8 @@ typedef struct {
     float *out;
     int F, chunks; /* column chunks of SILU_CHUNK per row */
     int gelu;      /* GELU (tanh approximation) instead of SiLU */
+    int oai;       /* gpt-oss's clamped SwiGLU instead (alpha, limit) */
+    float alpha, limit;
 } silu_t;
 
 enum { SILU_CHUNK = 512 };
@@ -207,8 +209,22 @@ static void silu_chunk(void *ctx, int task) {
         const float x = ld(a->x, a->bf16, t * a->ldx + i0 + i);
         g[i] = a->gelu ? -1.5957691216057308f * (x + 0.044715f * x * x * x) : -x;
     }
-    qmm_exp(g, n, e);
     float *out = a->out + (int64_t)t * a->F + i0;
+    if (a->oai) { /* gate' = min(gate, limit); (clamp(up, +-limit) + 1) * gate' / (1 + expf(-alpha gate')) */
+        for (int i = 0; i < n; i++) {
+            const float x = ld(a->x, a->bf16, t * a->ldx + i0 + i);
+            g[i] = x < a->limit ? x : a->limit;
+            e[i] = -a->alpha * g[i];
+        }
+        qmm_exp(e, n, e);
+        for (int i = 0; i < n; i++) {
+            float u = ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
+            u = u < -a->limit ? -a->limit : (u > a->limit ? a->limit : u);
+            out[i] = (u + 1.0f) * (g[i] / (1.0f + e[i]));
+        }
+        return;
+    }
+    qmm_exp(g, n, e);
     for (int i = 0; i < n; i++)
         out[i] = ld(a->x, a->bf16, t * a->ldx + i0 + i) / (1.0f + e[i]) * ld(a->x, a->bf16, t * a->ldx + a->F + i0 + i);
 }
@@ -217,13 +233,21 @@ static void silu_chunk(void *ctx, int task) {
    up per value, with the exponentials computed a chunk at a time. */
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
     const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
-    silu_t a = {x, bf16, ldx, out, F, chunks, 0};
+    silu_t a = {x, bf16, ldx, out, F, chunks, 0, 0, 0.0f, 0.0f};
     pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }
 
 /* out [T, F] (float32) = gelu_tanh(gate) * up for rows [gate | up] of x (Gemma's MLP), as qmm_silu_mul */
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out) {
     const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
-    silu_t a = {x, bf16, ldx, out, F, chunks, 1};
+    silu_t a = {x, bf16, ldx, out, F, chunks, 1, 0, 0.0f, 0.0f};
+    pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
+}
+
+/* out [T, F] (float32) = gpt-oss's clamped SwiGLU of rows [gate | up] of x: (clamp(up, -limit, limit) + 1) *
+   g * sigmoid(alpha g) with g = min(gate, limit), as qmm_silu_mul */
+void qmm_swiglu_oai_mul(const void *x, int bf16, int64_t ldx, int T, int F, float alpha, float limit, float *out) {
+    const int chunks = (F + SILU_CHUNK - 1) / SILU_CHUNK;
+    silu_t a = {x, bf16, ldx, out, F, chunks, 0, 1, alpha, limit};
     pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }

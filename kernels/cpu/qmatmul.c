@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "qmatmul.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
 #elif defined(QMM_NEON)
@@ -1403,15 +1404,35 @@ typedef struct {
 
 enum { M_TILE = 64, TASKS_PER_THREAD = 8, MIN_CHUNK = 16, MAX_CHUNK = 512 };
 
+/* weight rows [n0, n1) against M activation rows, tile by tile: the chunk's weight rows stay in cache while every
+   tile of activation rows passes over them */
+static void rows_task(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int M, float *out,
+                      int64_t ldo) {
+    for (int m0 = 0; m0 < M; m0 += M_TILE) {
+        int mt = M - m0 < M_TILE ? M - m0 : M_TILE;
+        dot_block(fmt, w, row_bytes, n0, n1, K, act_from(a, m0), mt, out + (int64_t)m0 * ldo, ldo);
+    }
+}
+
 static void run_chunk(void *ctx, int c) {
     job_t *j = (job_t *)ctx;
     int n0 = c * j->chunk, n1 = n0 + j->chunk < j->N ? n0 + j->chunk : j->N;
-    /* the chunk's weight rows stay in cache while every tile of activation rows passes over them */
-    for (int m0 = 0; m0 < j->M; m0 += M_TILE) {
-        int mt = j->M - m0 < M_TILE ? j->M - m0 : M_TILE;
-        dot_block(j->fmt, j->w, j->row_bytes, n0, n1, j->K, act_from(j->a, m0), mt, j->out + (int64_t)m0 * j->ldo,
-                  j->ldo);
-    }
+    rows_task(j->fmt, j->w, j->row_bytes, n0, n1, j->K, j->a, j->M, j->out, j->ldo);
+}
+
+int qmm_needs_sums(int fmt) {
+    return fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8 ||
+           (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8 && fmt != F_MXFP4_X8);
+}
+
+void qmm_offset_sums(const float *da, const int16_t *sa, int64_t n, float *fs) {
+    for (int64_t i = 0; i < n; i++) fs[i] = da[i] * (float)(sa[2 * i] + sa[2 * i + 1]);
+}
+
+void qmm_rows(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, const int8_t *qa, const float *da,
+              const int16_t *sa, const float *fs, int M, float *out, int64_t ldo) {
+    act_t a = {qa, da, sa, fs, K};
+    rows_task(fmt, w, row_bytes, n0, n1, K, a, M, out, ldo);
 }
 
 /* y[m, n] (row stride ldo) = sum_k x[m, k] W[n, k] for the quantized activations (qa, da, sa) of M rows and a
@@ -1419,12 +1440,11 @@ static void run_chunk(void *ctx, int c) {
 void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
                 const int16_t *sa, int M, float *out, int64_t ldo) {
     float stack_fs[256], *fs = 0;
-    if (fmt == F_Q4_1 || fmt == F_Q5_1 || fmt == F_Q4_K || fmt == F_Q5_K || fmt == F_Q4_0_R8 || fmt == F_Q4_1_R8 ||
-        (is_x8(fmt) && fmt != F_Q6_K_X8 && fmt != F_Q8_0_X8 && fmt != F_MXFP4_X8)) {
+    if (qmm_needs_sums(fmt)) {
         int64_t n = (int64_t)M * (K / 32);
         fs = n <= 256 ? stack_fs : (float *)malloc(n * sizeof(float));
         if (!fs) abort();
-        for (int64_t i = 0; i < n; i++) fs[i] = da[i] * (float)(sa[2 * i] + sa[2 * i + 1]);
+        qmm_offset_sums(da, sa, n, fs);
     }
     /* Rows per task: a few tasks per thread, so that a thread the OS delays leaves little for the others to wait
        on, but not so many that taking tasks (one shared atomic each) costs much next to a small matmul. A

@@ -1,0 +1,161 @@
+"""The Mixture-of-Experts feed-forward layer shared by every MoE architecture: a router picks `experts_per_token`
+of `num_experts` gated FFNs per token, their outputs are summed with the router's weights, and an optional shared
+expert (a dense gated FFN, optionally sigmoid-gated) is added.
+
+Expert weights stay as the file stores them (GGUF block formats on the native CPU kernels, kernels.experts
+BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step reads only its active experts,
+each once for all the rows routed to it (kernels.experts.ExpertGroups). A token's output does not depend on what
+else is in the step: routing is per row, expert rows are computed on their own, and a token's expert outputs are
+summed in its own slot order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from edgeserve.kernels.dispatch import f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
+from edgeserve.kernels.experts import EXPERT_TILE, ExpertGroups, Experts
+from edgeserve.kernels.quant_linear import LinearWeight, dense_tiles
+
+ROUTERS = ("softmax_topk", "topk_softmax")
+# A gated activation: gate_up [N, 2F] (gate in the first half, up in the second) -> [N, F].
+GatedActivation = Callable[[torch.Tensor], torch.Tensor]
+_ACTIVATIONS: dict[str, GatedActivation] = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
+def register_activation(name: str, fn: GatedActivation) -> None:
+    """Make `fn` (gate_up [N, 2F] -> [N, F]) available to MoEConfig.activation under `name`."""
+    _ACTIVATIONS[name] = fn
+
+
+def gated_activation(spec: str | GatedActivation) -> GatedActivation:
+    """The gated activation a config names (or the callable itself)."""
+    if callable(spec):
+        return spec
+    try:
+        return _ACTIVATIONS[spec]
+    except KeyError:
+        raise ValueError(f"unknown MoE activation {spec!r} (known: {', '.join(_ACTIVATIONS)})") from None
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The shape and routing of a MoE layer.
+
+    `router`: "softmax_topk" (softmax over all experts, then the top k; with `normalize_topk` the chosen weights
+    are rescaled to sum to 1, as Qwen3 MoE's norm_topk_prob) or "topk_softmax" (the top k logits, then a softmax
+    over those k, as gpt-oss). `activation`: "silu", "gelu_tanh", a name given to `register_activation`, or a
+    callable gate_up [N, 2F] -> [N, F]."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int  # per expert
+    router: str = "softmax_topk"
+    normalize_topk: bool = False
+    activation: str | GatedActivation = "silu"
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, not {self.router!r}")
+        if not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} must be in 1..{self.num_experts}")
+
+
+@dataclass
+class SharedExpert:
+    """A dense gated FFN every token goes through, added to the routed output; with `gate` ([1, hidden] float32)
+    its output is scaled by sigmoid(h @ gate.T) (Qwen2-MoE's shared_expert_gate)."""
+
+    gate_up: LinearWeight  # [2S, hidden], gate rows first
+    down: LinearWeight  # [hidden, S]
+    gate: torch.Tensor | None = None
+    activation: str | GatedActivation = "silu"
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 [T, hidden] for the normed hidden states h [T, hidden]."""
+        act = gated_activation(self.activation)
+        y = row_linear(act(row_linear(h, self.gate_up)), self.down).float()
+        if self.gate is not None:
+            y = y * torch.sigmoid(f32_row_linear(h, self.gate))
+        return y
+
+
+def row_linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
+    """x @ W.T with each row's result independent of the other rows (dense weights in fixed tiles; the native
+    and packed kernels are row-independent already)."""
+    if isinstance(weight, torch.Tensor):
+        return dense_tiles(x.to(weight.dtype), weight, EXPERT_TILE)
+    return linear(x, weight)
+
+
+def route(logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids long [T, k]) for router logits [T, E], per MoEConfig.router; the
+    experts come in order of falling weight."""
+    k = config.experts_per_token
+    logits = logits.float()
+    if config.router == "topk_softmax":
+        top, experts = torch.topk(logits, k, dim=-1)
+        return torch.softmax(top, dim=-1), experts
+    weights, experts = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    if config.normalize_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+class MoELayer:
+    """A MoE feed-forward layer: `forward(h [T, hidden]) -> float32 [T, hidden]`.
+
+    `router` [E, hidden] float32 (+ `router_bias` [E]); `gate_up` experts [E, 2F, hidden] (gate rows first) and
+    `down` experts [E, hidden, F], with optional biases `gate_up_bias` [E, 2F] and `down_bias` [E, hidden]
+    (float32); `shared`: an optional SharedExpert."""
+
+    def __init__(self, config: MoEConfig, router: torch.Tensor, gate_up: Experts, down: Experts,
+                 router_bias: torch.Tensor | None = None, gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None, shared: SharedExpert | None = None):
+        e, f = config.num_experts, config.intermediate_size
+        hidden = router.shape[1]
+        if tuple(router.shape) != (e, hidden):
+            raise ValueError(f"router is {tuple(router.shape)}, expected ({e}, hidden)")
+        if gate_up.shape != (e, 2 * f, hidden) or down.shape != (e, hidden, f):
+            raise ValueError(f"expert shapes {gate_up.shape} / {down.shape} do not match {e} experts of "
+                             f"{f} x {hidden}")
+        self.config = config
+        self.router = router.float()
+        self.router_bias = None if router_bias is None else router_bias.float()
+        self.gate_up, self.down = gate_up, down
+        self.gate_up_bias = None if gate_up_bias is None else gate_up_bias.float()
+        self.down_bias = None if down_bias is None else down_bias.float()
+        self.shared = shared
+        self.activation = gated_activation(config.activation)
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], expert ids [T, k]) for h [T, hidden]; the logits are float32, each row on its
+        own (the native kernel on CPU, fixed tiles elsewhere)."""
+        logits = f32_row_linear(h, self.router)
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        return route(logits, self.config)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 [T, hidden]: the routed experts' weighted sum (plus the shared expert) for normed h [T, hidden]."""
+        t, k = h.shape[0], self.config.experts_per_token
+        if t == 0:
+            return torch.zeros(0, self.router.shape[1], dtype=torch.float32, device=h.device)
+        weights, experts = self.route(h)
+        groups = ExpertGroups.build(experts, self.config.num_experts)
+        gate_up = self.gate_up.grouped(h, groups, gather=True)
+        if self.gate_up_bias is not None:
+            gate_up += self.gate_up_bias[groups.expert]
+        y = self.down.grouped(self.activation(gate_up), groups, gather=False)
+        if self.down_bias is not None:
+            y += self.down_bias[groups.expert]
+        slots = y[groups.inverse].view(t, k, y.shape[1])  # back to (token, slot) order
+        out = slots[:, 0] * weights[:, :1]
+        for j in range(1, k):  # each token's experts summed in its own slot order
+            out += slots[:, j] * weights[:, j:j + 1]
+        if self.shared is not None:
+            out += self.shared.forward(h)
+        return out

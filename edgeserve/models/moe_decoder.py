@@ -1,0 +1,26 @@
+"""The Llama-family decoder with a Mixture-of-Experts feed-forward in every layer (Qwen3 MoE): Llama's attention
+(Q/K norms as Qwen3's) and edgeserve.models.moe's MoELayer in place of the gated MLP."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.loaders.weights import WeightSource
+
+from .config import ModelConfig
+from .llama import LlamaModel
+from .moe_weights import load_moe_layer
+
+
+class MoEModel(LlamaModel):
+    """A Llama-family MoE decoder over flat token batches (same interface as LlamaModel). The fused native layer
+    stack declines it (kernels.cpu_decoder), so its steps run the per-op path."""
+
+    @classmethod
+    def feed_forward(cls, config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],
+                     device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+        """Layer i's MoE layer, in place of the gated MLP."""
+        return dict(gate_up=None, down=None, moe=load_moe_layer(config, source, i, matrix, device, dtype))

@@ -1,0 +1,187 @@
+/* Gated DeltaNet (Qwen3.5 / 3.6 linear attention) on the CPU, float32: the causal depthwise convolution with SiLU,
+   and the gated delta rule, over a flat ragged batch whose states live in slot-indexed pools
+   (kernels/gated_delta.py is the torch twin and says what is computed).
+
+   The rule runs token by token for prompts too: per token and value head it is about 8 Dk Dv flops (decay, read,
+   write, query) on a state that stays in cache (a task sweeps a 32-column block of one head's state, 16 KiB at
+   Dk = 128, through all the sequence's tokens), about 4 MFLOP a token at Qwen3.5's 32 heads of 128 x 128, a few
+   percent of the layer's projections. The chunked form does no fewer flops at these head sizes (its matmuls
+   replace the per-token sweeps, and the chunk-local attention and triangular solve come on top); it pays where
+   matmuls are much faster than vector loops (a GPU), not here: measured against the chunked torch twin in
+   docs/PERFORMANCE.md.
+
+   Each task owns whole state blocks (a block of a sequence's conv channels; a block of columns of a (sequence,
+   value head) state) and steps through the sequence's tokens in order, so the result does not depend on the
+   thread count or on what else is in the batch. */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "pool.h"
+
+enum { CONV_BLOCK = 64, CONV_MAX_K = 16, GDN_MAX_DIM = 512, COL_BLOCK = 32 };
+
+typedef struct {
+    const float *x, *weight;
+    int64_t ldx, slot_stride;
+    int C, K, blocks;
+    const int32_t *cu, *slots;
+    float *state, *out;
+} conv_t;
+
+/* expf of n values (attention.c: glibc's expf four at a time where the build has AVX2) */
+void qmm_exp(const float *x, int n, float *out);
+
+/* one sequence's channels c0 .. c0 + n - 1: outputs, then its last K - 1 inputs back into its state */
+static void conv_block(void *ctx, int task) {
+    const conv_t *a = (const conv_t *)ctx;
+    const int b = task / a->blocks, c0 = task % a->blocks * CONV_BLOCK, K = a->K, C = a->C;
+    const int n = C - c0 < CONV_BLOCK ? C - c0 : CONV_BLOCK;
+    const int start = a->cu[b], len = a->cu[b + 1] - start;
+    float *state = a->state + (int64_t)a->slots[b] * a->slot_stride; /* [K - 1, C] */
+    float w[CONV_MAX_K][CONV_BLOCK];
+    for (int c = 0; c < n; c++)
+        for (int j = 0; j < K; j++) w[j][c] = a->weight[(int64_t)(c0 + c) * K + j];
+    for (int t = 0; t < len; t++) {
+        float acc[CONV_BLOCK];
+        for (int c = 0; c < n; c++) acc[c] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            const int p = t - (K - 1) + j; /* input position; negative ones are in the state */
+            const float *in = p < 0 ? state + (int64_t)(K - 1 + p) * C + c0 : a->x + (start + p) * a->ldx + c0;
+            for (int c = 0; c < n; c++) acc[c] += w[j][c] * in[c];
+        }
+        float neg[CONV_BLOCK], e[CONV_BLOCK];
+        for (int c = 0; c < n; c++) neg[c] = -acc[c];
+        qmm_exp(neg, n, e);
+        float *o = a->out + (int64_t)(start + t) * C + c0;
+        for (int c = 0; c < n; c++) o[c] = acc[c] / (1.0f + e[c]); /* silu */
+    }
+    /* new row r holds input position len - (K - 1) + r; from the old state (only when len < K - 1) it is row
+       r + len, which no earlier r overwrote */
+    for (int r = 0; r < K - 1; r++) {
+        const int p = len - (K - 1) + r;
+        const float *in = p < 0 ? state + (int64_t)(r + len) * C + c0 : a->x + (start + p) * a->ldx + c0;
+        memmove(state + (int64_t)r * C + c0, in, sizeof(float) * n);
+    }
+}
+
+/* out [T, C] = silu(causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K]), sequence b owning rows
+   cu[b] .. cu[b + 1] - 1 and continuing from its conv state [K - 1, C] at state + slots[b] * slot_stride, which
+   then holds its last K - 1 inputs. */
+void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
+                  float *state, int64_t slot_stride, const int32_t *slots, float *out) {
+    const int blocks = (C + CONV_BLOCK - 1) / CONV_BLOCK;
+    conv_t a = {x, weight, ldx, slot_stride, C, K, blocks, cu, slots, state, out};
+    pool_run(conv_block, &a, B * blocks, (int64_t)cu[B] * C * K >= 32768);
+}
+
+typedef struct {
+    const float *q, *k, *v, *g, *beta;
+    int64_t ldq, ldk, ldv;
+    int Hk, Hv, Dk, Dv, tiled, col_blocks;
+    const int32_t *cu, *slots;
+    float *state, *out;
+    int64_t slot_stride;
+    float scale;
+} rule_t;
+
+/* x * scale / sqrt(sum x^2 + 1e-6) */
+static void l2norm(const float *x, int n, float scale, float *out) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float f = scale / sqrtf(ss + 1e-6f);
+    for (int i = 0; i < n; i++) out[i] = x[i] * f;
+}
+
+/* token t's normalized q and k for value head h */
+static inline void token_qk(const rule_t *a, int t, int h, float *qn, float *kn) {
+    const int hk = a->tiled ? h % a->Hk : h / (a->Hv / a->Hk);
+    l2norm(a->q + t * a->ldq + (int64_t)hk * a->Dk, a->Dk, a->scale, qn);
+    l2norm(a->k + t * a->ldk + (int64_t)hk * a->Dk, a->Dk, 1.0f, kn);
+}
+
+/* Columns c0 .. c0 + n - 1 of one (sequence, value head)'s state S [Dk, Dv] through all the sequence's tokens.
+   A column of S evolves on its own (its delta, its output value), so a block of columns is a task: with n =
+   COL_BLOCK its Dk x n floats stay in L1 and kv / o in registers. The write-and-query sweep of token t and the
+   decay-and-read sweep of token t + 1 are one pass over the block (the same operations in the same order as two
+   passes, so the same bits). */
+static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int b, int h, int c0, int n) {
+    const int Dk = a->Dk, Dv = a->Dv, t0 = a->cu[b], t1 = a->cu[b + 1];
+    if (t0 == t1) return;
+    float *restrict S = a->state + (int64_t)a->slots[b] * a->slot_stride + (int64_t)h * Dk * Dv + c0;
+    float qn[2][GDN_MAX_DIM], kn[2][GDN_MAX_DIM];
+    float kv[COL_BLOCK], o[COL_BLOCK], delta[COL_BLOCK];
+    int cur = 0;
+    token_qk(a, t0, h, qn[0], kn[0]);
+    float decay = expf(a->g[(int64_t)t0 * a->Hv + h]);
+    for (int c = 0; c < n; c++) kv[c] = 0.0f;
+    for (int i = 0; i < Dk; i++) { /* token t0: S *= decay; kv = S^T k */
+        float *restrict row = S + (int64_t)i * Dv;
+        const float ki = kn[0][i];
+        for (int c = 0; c < n; c++) {
+            const float r = row[c] * decay;
+            row[c] = r;
+            kv[c] += r * ki;
+        }
+    }
+    for (int t = t0; t < t1; t++, cur ^= 1) {
+        const float beta = a->beta[(int64_t)t * a->Hv + h];
+        const float *v = a->v + t * a->ldv + (int64_t)h * Dv + c0;
+        for (int c = 0; c < n; c++) {
+            delta[c] = (v[c] - kv[c]) * beta;
+            kv[c] = 0.0f;
+            o[c] = 0.0f;
+        }
+        const float *kc = kn[cur], *qc = qn[cur], *kx = kn[cur ^ 1];
+        if (t + 1 < t1) { /* S += k delta^T; o = S^T q; then token t + 1: S *= decay; kv = S^T k */
+            token_qk(a, t + 1, h, qn[cur ^ 1], kn[cur ^ 1]);
+            decay = expf(a->g[(int64_t)(t + 1) * a->Hv + h]);
+            for (int i = 0; i < Dk; i++) {
+                float *restrict row = S + (int64_t)i * Dv;
+                const float ki = kc[i], qi = qc[i], kxi = kx[i];
+                for (int c = 0; c < n; c++) {
+                    float r = row[c] + ki * delta[c];
+                    o[c] += r * qi;
+                    r *= decay;
+                    row[c] = r;
+                    kv[c] += r * kxi;
+                }
+            }
+        } else { /* the last token: S += k delta^T; o = S^T q */
+            for (int i = 0; i < Dk; i++) {
+                float *restrict row = S + (int64_t)i * Dv;
+                const float ki = kc[i], qi = qc[i];
+                for (int c = 0; c < n; c++) {
+                    const float r = row[c] + ki * delta[c];
+                    row[c] = r;
+                    o[c] += r * qi;
+                }
+            }
+        }
+        memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv + c0, o, sizeof(float) * n);
+    }
+}
+
+static void rule_block(void *ctx, int task) {
+    const rule_t *a = (const rule_t *)ctx;
+    const int jb = task % a->col_blocks, h = task / a->col_blocks % a->Hv, b = task / a->col_blocks / a->Hv;
+    const int c0 = jb * COL_BLOCK, n = a->Dv - c0 < COL_BLOCK ? a->Dv - c0 : COL_BLOCK;
+    if (n == COL_BLOCK)
+        rule_cols(a, b, h, c0, COL_BLOCK); /* the loops over a constant width: unrolled, kv / o in registers */
+    else
+        rule_cols(a, b, h, c0, n);
+}
+
+/* The gated delta rule: q, k [T, Hk, Dk] (rows ldq / ldk apart), v [T, Hv, Dv] (rows ldv apart), g, beta [T, Hv];
+   q and k L2-normalized here, q also scaled; value head h reads q/k head h / (Hv / Hk), or h % Hk when `tiled`
+   (llama.cpp's GGUF head order); sequence b owns rows cu[b] .. cu[b + 1] - 1 and its state [Hv, Dk, Dv] at
+   state + slots[b] * slot_stride, updated in place; out [T, Hv, Dv]. */
+void qmm_gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
+                  const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, int tiled, const int32_t *cu,
+                  int B, float *state, int64_t slot_stride, const int32_t *slots, float scale, float *out) {
+    const int col_blocks = (Dv + COL_BLOCK - 1) / COL_BLOCK;
+    rule_t a = {q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, tiled, col_blocks, cu, slots, state, out,
+                slot_stride, scale};
+    pool_run(rule_block, &a, B * Hv * col_blocks, (int64_t)cu[B] * Hv * Dk * Dv >= 65536);
+}

@@ -1,0 +1,342 @@
+"""Qwen3 MoE on a tiny random Qwen3MoeForCausalLM written here as HF safetensors (per-expert and fused expert
+names) and as GGUF (float32, and Q8_0 / Q4_0 experts kept in block format): our logits against transformers'
+through prefill and decode, and through the engine: greedy outputs the same batched or alone, chunked or whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.dispatch import AttentionMetadata
+from edgeserve.kernels.experts import BlockExperts, DenseExperts
+from edgeserve.loaders.gguf_file import GGUFFile
+from edgeserve.loaders.gguf_weights import GGUFWeights
+from edgeserve.loaders.hf_folder import HFFolder
+from edgeserve.models.attention import ContiguousKV
+from edgeserve.models.config import config_from_gguf, config_from_hf
+from edgeserve.models.decoders import decoder_class
+from edgeserve.models.moe_decoder import MoEModel
+
+from tiny_gguf import byte_vocab
+
+transformers = pytest.importorskip("transformers")
+
+TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
+VOCAB, HIDDEN, EXPERTS, TOP_K, EXPERT_FFN = len(TOKENS), 64, 8, 2, 32
+PROMPT = [1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250]
+DECODES = 5
+
+
+def hf_moe():
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, moe_intermediate_size=EXPERT_FFN,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K, norm_topk_prob=True, max_position_embeddings=128, rms_norm_eps=1e-6,
+        tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():  # bigger than the default init, so routing and attention are far from uniform
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name else (0.5 if "mlp.gate" in name else 0.15))
+    return model
+
+
+_ATTN = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+
+
+def write_moe_gguf(model, path: Path, expert_qtype: str = "F32", matrix_qtype: str = "F32") -> Path:
+    """The model as a qwen3moe GGUF with llama.cpp's names (experts as 3-D ffn_{gate,up,down}_exps) and a
+    byte-level tokenizer; experts stored as `expert_qtype`, the other matrices as `matrix_qtype`."""
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(str(path), arch="qwen3moe")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_count(c.num_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(TOKENS)
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
+    w.add_token_merges(["h e", "l l", "he ll"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+    def add(name: str, t: torch.Tensor, qtype: str) -> None:
+        data = t.detach().float().numpy().astype(np.float32)
+        if t.dim() >= 2 and qtype != "F32":
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(name, data)
+
+    sd = model.state_dict()
+    add("token_embd.weight", sd["model.embed_tokens.weight"], matrix_qtype)
+    add("output_norm.weight", sd["model.norm.weight"], "F32")
+    add("output.weight", sd["lm_head.weight"], matrix_qtype)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for hf, g in _ATTN.items():
+            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], "F32" if hf == "mlp.gate" else matrix_qtype)
+        experts = model.model.layers[i].mlp.experts
+        gate, up = experts.gate_up_proj.chunk(2, dim=1)  # [E, F, H] each
+        add(f"blk.{i}.ffn_gate_exps.weight", gate, expert_qtype)
+        add(f"blk.{i}.ffn_up_exps.weight", up, expert_qtype)
+        add(f"blk.{i}.ffn_down_exps.weight", experts.down_proj, expert_qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def fuse_experts(folder: Path) -> None:
+    """Rewrite a saved folder's per-expert tensors as transformers 5's fused mlp.experts.gate_up_proj /
+    down_proj (the layout newer checkpoints use)."""
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    sd = load_file(str(file))
+    layers = {k.split(".")[2] for k in sd if ".experts." in k}
+    for i in layers:
+        p = f"model.layers.{i}.mlp.experts."
+        sd[p + "gate_up_proj"] = torch.stack(
+            [torch.cat([sd.pop(f"{p}{e}.gate_proj.weight"), sd.pop(f"{p}{e}.up_proj.weight")]) for e in range(EXPERTS)])
+        sd[p + "down_proj"] = torch.stack([sd.pop(f"{p}{e}.down_proj.weight") for e in range(EXPERTS)])
+    save_file(sd, str(file), metadata={"format": "pt"})
+
+
+def load_ours(source: str, model, tmp_path: Path, dtype: torch.dtype = torch.float32, **gguf_types):
+    if source.startswith("safetensors"):
+        model.save_pretrained(tmp_path / "hf")
+        if source == "safetensors-fused":
+            fuse_experts(tmp_path / "hf")
+        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
+        weights = HFFolder(tmp_path / "hf").weights()
+    else:
+        g = GGUFFile(write_moe_gguf(model, tmp_path / "m.gguf", **gguf_types))
+        config = config_from_gguf(g.metadata, set(g.tensor_names()))
+        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+    assert config.architecture == "qwen3moe" and decoder_class(config) is MoEModel
+    return decoder_class(config).from_weights(config, weights, dtype=dtype)
+
+
+def contiguous_logits(model) -> torch.Tensor:
+    """Prefill PROMPT, then decode DECODES tokens one at a time."""
+    c = model.config
+    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
+    kv.advance(len(PROMPT))
+    for p in range(len(PROMPT), len(ids)):
+        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
+        kv.advance(1)
+    return torch.cat(out)
+
+
+def paged_logits(model, block_size: int = 4) -> torch.Tensor:
+    """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
+    c = model.config
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    pool = KVPool(c, 8, block_size, model.dtype)
+    table = list(range(8))
+    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
+    out = []
+    for a, b in steps:
+        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
+        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+    return torch.cat(out)
+
+
+def test_config_reads_the_moe_fields(tmp_path: Path) -> None:
+    model = hf_moe()
+    hf = config_from_hf(model.config.to_dict())
+    g = GGUFFile(write_moe_gguf(model, tmp_path / "m.gguf"))
+    gg = config_from_gguf(g.metadata, set(g.tensor_names()))
+    for c in (hf, gg):
+        assert (c.architecture, c.num_experts, c.experts_per_token, c.moe_intermediate_size) == \
+            ("qwen3moe", EXPERTS, TOP_K, EXPERT_FFN)
+        assert c.norm_topk_prob and c.qk_norm and c.is_moe
+    saved = {**model.config.to_dict(), "num_experts": None, "num_local_experts": EXPERTS}  # as save_pretrained writes
+    assert config_from_hf(saved).num_experts == EXPERTS
+
+
+def test_experts_in_other_architectures_are_refused_by_name(tmp_path: Path) -> None:
+    """A Mixtral-style llama GGUF (llama.expert_count) is not run as a dense model nor with guessed routing."""
+    import gguf
+
+    from edgeserve.errors import UnsupportedModelError
+
+    w = gguf.GGUFWriter(str(tmp_path / "mixtral.gguf"), arch="llama")
+    for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("attention.head_count", 4), ("expert_count", 8), ("expert_used_count", 2)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_vocab_size(32)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(tmp_path / "mixtral.gguf")
+    with pytest.raises(UnsupportedModelError, match="'llama' models with experts"):
+        config_from_gguf(g.metadata, set(g.tensor_names()))
+    with pytest.raises(UnsupportedModelError, match="'qwen3' models with experts"):
+        config_from_hf({**model_dict(), "model_type": "qwen3"})
+
+
+def model_dict() -> dict:
+    return hf_moe().config.to_dict()
+
+
+@pytest.mark.parametrize("source", ["safetensors", "safetensors-fused", "gguf"])
+def test_logits_match_transformers(source: str, tmp_path: Path) -> None:
+    ref_model = hf_moe()
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float()
+    model = load_ours(source, ref_model, tmp_path)
+    assert all(isinstance(layer.moe.gate_up, DenseExperts) for layer in model.layers)  # float32: exact path
+    for got in (contiguous_logits(model), paged_logits(model)):
+        assert got.shape == ref.shape
+        diff = (got - ref).abs().max().item()
+        assert diff < 1e-4 * max(1.0, ref.abs().max().item()), f"{source}: max diff {diff}"
+
+
+native = pytest.mark.skipif(not cpu_native.available(), reason="native CPU kernels not built")
+
+
+@native
+@pytest.mark.parametrize("expert_qtype", ["Q8_0", "Q4_0"])
+def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: Path, monkeypatch) -> None:
+    """A GGUF with block-format experts loaded in bfloat16 on CPU keeps every expert tensor as a view of the file
+    (no copy; or, repacked, in the kernels' faster layout), declines the fused native stack, and its logits stay
+    close to the float32 (dequantized) load's."""
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", "0")
+    ref_model = hf_moe()
+    native_model = load_ours("gguf", ref_model, tmp_path, torch.bfloat16, expert_qtype=expert_qtype,
+                             matrix_qtype="Q8_0")
+    g = GGUFFile(tmp_path / "m.gguf")
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    exact = MoEModel.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads), dtype=torch.float32)
+    for layer in native_model.layers:
+        for experts in (layer.moe.gate_up, layer.moe.down):
+            assert isinstance(experts, BlockExperts)
+            assert all(not p.data.flags.owndata and not p.data.flags.writeable for p in experts.parts)  # the mmap
+    assert NativeDecoder.build(native_model) is None
+    want = paged_logits(exact).float()
+    got = paged_logits(native_model).float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", "1")
+    repacked = MoEModel.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads),
+                                     dtype=torch.bfloat16)
+    parts = repacked.layers[0].moe.gate_up.parts
+    assert [p.qtype for p in parts] == [expert_qtype + "_X8"] * 2 and isinstance(parts[0].data, torch.Tensor)
+    got = paged_logits(repacked).float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+
+
+@native
+@pytest.mark.parametrize("repack", ["0", "1"])
+def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path, monkeypatch, repack: str) -> None:
+    from edgeserve.llm import LLM
+    from edgeserve.sampling_params import SamplingParams
+
+    monkeypatch.setenv("EDGESERVE_MOE_REPACK", repack)
+    path = write_moe_gguf(hf_moe(), tmp_path / "q.gguf", expert_qtype="Q4_0", matrix_qtype="Q8_0")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+    experts = llm.lm.model.layers[0].moe.gate_up
+    assert isinstance(experts, BlockExperts) and experts.parts[0].qtype.endswith("_X8") == (repack == "1")
+    together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
+    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone and all(len(t) == 8 for t in together)
+    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
+    assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+
+
+def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:
+    """--load-format dummy of a Qwen3 MoE config.json: random experts of its shape, a finite forward pass."""
+    from edgeserve.models.dummy import weight_bytes
+    from edgeserve.models.load import load_model
+    from edgeserve.registry.resolve import ModelSource
+
+    cfg = hf_moe().config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    lm = load_model(ModelSource("tiny-moe", "hf", tmp_path / "config.json"), dtype="float32", load_format="dummy")
+    assert isinstance(lm.model, MoEModel)
+    assert lm.model.layers[0].moe.gate_up.shape == (EXPERTS, 2 * EXPERT_FFN, HIDDEN)
+    logits = paged_logits(lm.model)
+    assert torch.isfinite(logits).all()
+    dense = config_from_hf({**cfg, "model_type": "qwen3", "num_experts": 0, "num_local_experts": 0})
+    assert weight_bytes(lm.config, torch.float32) - weight_bytes(dense, torch.float32) == 2 * (
+        EXPERTS * (3 * EXPERT_FFN * HIDDEN * 4 + HIDDEN * 4) - 3 * 128 * HIDDEN * 4)
+
+
+def test_cuda_graphs_are_not_captured_for_moe(monkeypatch) -> None:
+    """MoE layers group rows by expert on the host, which a captured decode graph cannot replay."""
+    from edgeserve.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "use_triton", lambda device: True)
+    moe = config_from_hf(hf_moe().config.to_dict())
+    dense = config_from_hf({**hf_moe().config.to_dict(), "model_type": "qwen3", "num_experts": 0,
+                            "num_local_experts": 0})
+    cuda = torch.device("cuda")
+    assert cuda_graphs.graphs_supported(cuda, dense) and not cuda_graphs.graphs_supported(cuda, moe)
+
+
+def test_calibrated_quantization_refuses_moe_by_name() -> None:
+    from edgeserve.errors import EdgeserveError
+    from edgeserve.models.calibrate import awq_scales
+
+    with pytest.raises(EdgeserveError, match="Mixture-of-Experts"):
+        awq_scales(config_from_hf(hf_moe().config.to_dict()), None, [1, 2, 3], 32, torch.float32, torch.device("cpu"))
+
+
+def test_gpu_path_through_triton_kernels_matches_transformers(tmp_path: Path) -> None:
+    """The GPU's path on CPU tensors (Triton's interpreter): dense experts grouped in fixed tiles, the router in
+    fixed tiles, Triton's norms, SiLU-and-mul, RoPE and paged attention; the logits still match transformers."""
+    from kernel_utils import kernel_device
+
+    from edgeserve.kernels import dispatch
+
+    kernel_device("cpu")
+    ref_model = hf_moe()
+    ids = PROMPT + list(range(40, 40 + DECODES))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0].float()
+    with dispatch.force_backend("triton"):
+        model = load_ours("gguf", ref_model, tmp_path, dtype=torch.float32, expert_qtype="Q8_0")
+        assert all(isinstance(layer.moe.gate_up, DenseExperts) for layer in model.layers)
+        got = paged_logits(model)
+    g = GGUFFile(tmp_path / "m.gguf")
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    twins = MoEModel.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads), dtype=torch.float32)
+    with dispatch.force_backend("torch"):
+        want = paged_logits(twins)
+    assert ref.abs().max() > 0.5
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)  # the same Q8_0 file through the torch twins
+    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.99
