@@ -74,6 +74,12 @@ _ARCH_LAYER = {"gemma4": {
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
+    # the 26B-A4B MoE block: its router under the Qwen-MoE names edgeserve.models.moe_weights reads
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
 }}
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -154,7 +160,7 @@ class GGUFWeights:
     def expert_blocks(self, name: str) -> ExpertBlocks | None:
         """A 3-D expert tensor [experts, rows, cols] as its GGUF block bytes, a view of the file's mmap (no copy),
         or None when it is not stored in a block format the native kernels take."""
-        gname = gguf_name(name)
+        gname = gguf_name(name, self.gguf.architecture)
         if gname not in self._names:
             raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
         info = self.gguf.tensor_info(gname)

@@ -31,7 +31,8 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 def hf_config(shape: str):
     """E2B-shaped: per-layer embeddings, the last 3 of 7 layers KV-shared, a double-wide MLP there, proportional
     RoPE on 32-wide global heads next to 16-wide sliding ones. 31B-shaped: no E-model extras, global layers with
-    K = V and their own K/V head count."""
+    K = V and their own K/V head count. 26B-A4B-shaped: the 31B one with 8 routed experts (2 a token) beside
+    each layer's dense MLP."""
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, head_dim=16,
                   global_head_dim=32, sliding_window=5, max_position_embeddings=64, rms_norm_eps=1e-6,
                   final_logit_softcapping=5.0, tie_word_embeddings=True)
@@ -40,10 +41,12 @@ def hf_config(shape: str):
             num_hidden_layers=7, num_key_value_heads=1, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
             hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3,
             use_double_wide_mlp=True, attention_k_eq_v=False, **common)
+    moe = dict(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32) \
+        if shape == "26b-a4b" else {}
     return transformers.Gemma4TextConfig(
         num_hidden_layers=4, num_key_value_heads=2, layer_types=[SLIDING, FULL, SLIDING, FULL],
         hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True, num_global_key_value_heads=1,
-        **common)
+        **moe, **common)
 
 
 def hf_model(shape: str, spread: float = 0.15):
@@ -54,7 +57,7 @@ def hf_model(shape: str, spread: float = 0.15):
     model = transformers.Gemma4ForCausalLM(cfg).eval()
     with torch.no_grad():  # far from the init, so attention, soft-capping and the layer scales all bite
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("scale"):
                 p.copy_(1.0 + 2 * spread * torch.randn_like(p))
             else:
                 p.normal_(0.0, spread)
@@ -71,7 +74,11 @@ _LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_at
           "mlp.down_proj": "ffn_down", "post_attention_layernorm": "post_attention_norm",
           "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
           "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
-          "layer_scalar": "layer_output_scale"}
+          "layer_scalar": "layer_output_scale", "router.proj": "ffn_gate_inp",
+          "experts.gate_up_proj": "ffn_gate_up_exps", "experts.down_proj": "ffn_down_exps",
+          "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
+          "post_feedforward_layernorm_2": "post_ffw_norm_2"}
+_LAYER_EXACT = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
         "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
@@ -112,6 +119,10 @@ def write_gguf(model, path: Path, q8_0: bool = False) -> Path:
     w.add_feed_forward_length(ffn if len(set(ffn)) > 1 else ffn[0])
     kv = [c.per_layer_config[i].num_key_value_heads for i in range(c.num_hidden_layers)]
     w.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
+    if c.enable_moe_block:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.top_k_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     partial = c.rope_parameters["full_attention"]["partial_rotary_factor"]
     rotated = int(global_hd * partial / 2)
     w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (global_hd // 2 - rotated), np.float32))
@@ -122,7 +133,7 @@ def write_gguf(model, path: Path, q8_0: bool = False) -> Path:
             g = _TOP[name]
         else:
             _, _, i, rest = name.split(".", 3)
-            g = f"blk.{i}.{_LAYER[rest.removesuffix('.weight')]}.weight"
+            g = f"blk.{i}." + (_LAYER_EXACT[rest] if rest in _LAYER_EXACT else f"{_LAYER[rest.removesuffix('.weight')]}.weight")
         t = t.float().reshape(-1) if t.dim() == 0 else t.float()
         if q8_0 and t.dim() == 2 and t.shape[1] % 32 == 0:
             kind = gguf.GGMLQuantizationType.Q8_0
@@ -171,7 +182,7 @@ def reference(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("source", ["safetensors", "gguf"])
-@pytest.mark.parametrize("shape", ["e2b", "31b"])
+@pytest.mark.parametrize("shape", ["e2b", "31b", "26b-a4b"])
 def test_logits_match_transformers(shape: str, source: str, tmp_path: Path) -> None:
     ref_model = hf_model(shape)
     ref = reference(ref_model)
@@ -182,6 +193,7 @@ def test_logits_match_transformers(shape: str, source: str, tmp_path: Path) -> N
         assert c.per_layer_input_size == 8 and c.kv_shared_layers == 3 and c.layer_intermediate[-1] == 192
     else:
         assert c.global_k_eq_v and c.global_kv_heads == 1 and c.num_kv_heads == 2
+        assert c.is_moe == (shape == "26b-a4b") and (not c.is_moe or (c.num_experts, c.experts_per_token) == (8, 2))
     got = paged_logits(model)
     assert got.shape == ref.shape
     diff = (got - ref).abs().max().item()
@@ -302,13 +314,15 @@ def test_engine_prefix_cache_hit_equals_miss(e2b_lm) -> None:
     assert hit.outputs[0].token_ids == fresh.outputs[0].token_ids
 
 
-def test_moe_is_refused_by_name() -> None:
-    from edgeserve.errors import UnsupportedModelError
-
-    cfg = hf_config("31b").to_dict()
-    cfg.update(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
-        config_from_hf(cfg)
+def test_moe_experts_matter(tmp_path: Path) -> None:
+    """The 26B-A4B-shaped model without its per-expert scales is clearly off transformers' (the routed experts,
+    scaled each, are in the logits)."""
+    ref_model = hf_model("26b-a4b")
+    ref = reference(ref_model)
+    model = ours(ref_model, tmp_path, "safetensors")
+    for layer in model.layers:
+        layer.per_expert_scale = torch.ones_like(layer.per_expert_scale)
+    assert (paged_logits(model) - ref).abs().max().item() > 1e-2
 
 
 def test_gguf_gemma4_tokenizer_uses_the_file_merges() -> None:

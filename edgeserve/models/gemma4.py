@@ -6,6 +6,7 @@ The block, from transformers' modeling_gemma4 (config fields in gemma4_config):
   x = x + post_ffn_norm(down(gelu_tanh(gate h') * up h')), h' = pre_ffn_norm(x)
   E models: x = x + ple_norm(ple_proj(gelu_tanh(ple_gate x) * per_layer_input[layer]))
   x = x * layer_scalar
+  26B-A4B: the MLP's output is normed and added to routed experts' (normed) before post_ffn_norm.
 Sliding-window layers and global layers have their own head size, RoPE base and (global) "proportional" RoPE,
 whose unrotated tail is a zero frequency here (cos 1, sin 0). The last `kv_shared_layers` layers compute only q and
 attend over an earlier layer's K/V (the KV pool keeps nothing for them). The per-layer inputs (E models) are a
@@ -32,6 +33,8 @@ from .attention import KVAttention
 from .config import ModelConfig
 from .gemma import MAX_ROPE_TABLE
 from .llama import LlamaModel, load_matrix
+from .moe import MoEConfig, MoELayer
+from .moe_weights import load_moe_layer
 
 Table = torch.Tensor | Int8Weight | BlockWeight
 
@@ -59,11 +62,19 @@ class Gemma4Layer:
     ple_gate: LinearWeight | None = None
     ple_proj: LinearWeight | None = None
     ple_norm: torch.Tensor | None = None
+    # 26B-A4B: routed experts beside the dense MLP (its router matrix holds router.scale / sqrt(hidden))
+    moe: MoELayer | None = None
+    per_expert_scale: torch.Tensor | None = None
+    pre_ffn_norm_2: torch.Tensor | None = None
+    post_ffn_norm_1: torch.Tensor | None = None
+    post_ffn_norm_2: torch.Tensor | None = None
 
 
 class Gemma4Weights:
     """A WeightSource whose language-model tensors may sit under the multimodal checkpoint's
-    `model.language_model.` prefix; seen under the text model's `model.` names."""
+    `model.language_model.` prefix; seen under the text model's `model.` names. An HF checkpoint's experts
+    (`layers.N.experts.*`, `layers.N.router.proj`) are also seen under the names edgeserve.models.moe_weights reads
+    (`layers.N.mlp.experts.*`, `layers.N.mlp.gate`), as a GGUF file's are already."""
 
     def __init__(self, source: WeightSource):
         self.source = source
@@ -72,7 +83,18 @@ class Gemma4Weights:
             and source.has("model.language_model.embed_tokens.weight") else None
 
     def _name(self, name: str) -> str:
+        if self.gguf is None:
+            name = name.replace(".mlp.experts.", ".experts.").replace(".mlp.gate.weight", ".router.proj.weight")
         return self.prefix + name[len("model."):] if self.prefix and name.startswith("model.") else name
+
+    @property
+    def expert_bytes(self) -> int | None:
+        return getattr(self.source, "expert_bytes", None)
+
+    def expert_blocks(self, name: str):
+        """A 3-D expert tensor's GGUF block bytes (None where the source has none)."""
+        blocks = getattr(self.source, "expert_blocks", None)
+        return None if blocks is None else blocks(self._name(name))
 
     def has(self, name: str) -> bool:
         return self.source.has(self._name(name))
@@ -161,6 +183,7 @@ class Gemma4Model(LlamaModel):
                 ple_gate=matrix([p + "per_layer_input_gate.weight"]) if ple else None,
                 ple_proj=matrix([p + "per_layer_projection.weight"]) if ple else None,
                 ple_norm=norm(p + "post_per_layer_input_norm.weight") if ple else None,
+                **(cls._moe_weights(c, src, i, matrix, norm, dev, dtype) if c.is_moe else {}),
             ))
         embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
         lm_head: LinearWeight = embed
@@ -173,6 +196,20 @@ class Gemma4Model(LlamaModel):
             model.ple_model_proj = matrix(["model.per_layer_model_projection.weight"])
             model.ple_proj_norm = norm("model.per_layer_projection_norm.weight")
         return model
+
+    @staticmethod
+    def _moe_weights(c: ModelConfig, src: WeightSource, i: int, matrix, norm, dev: torch.device,
+                     dtype: torch.dtype) -> dict:
+        """Layer i's routed experts and their norms (Gemma4Layer fields): the router's `scale` and 1 / sqrt(hidden)
+        folded into its matrix's columns, softmax over all experts, the top k renormalized, then `per_expert_scale`."""
+        p = f"model.layers.{i}."
+        moe = load_moe_layer(c, src, i, matrix, dev, dtype, MoEConfig(
+            c.num_experts, c.experts_per_token, c.moe_intermediate_size, "softmax_topk", True, "gelu_tanh"))
+        moe.router = moe.router * (norm(p + "router.scale") * c.hidden_size ** -0.5)[None, :]
+        return dict(moe=moe, per_expert_scale=norm(p + "router.per_expert_scale"),
+                    pre_ffn_norm_2=norm(p + "pre_feedforward_layernorm_2.weight"),
+                    post_ffn_norm_1=norm(p + "post_feedforward_layernorm_1.weight"),
+                    post_ffn_norm_2=norm(p + "post_feedforward_layernorm_2.weight"))
 
     def __init__(self, config: ModelConfig, embed: Table, layers: list[Gemma4Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, dtype: torch.dtype, device: torch.device,
@@ -201,6 +238,7 @@ class Gemma4Model(LlamaModel):
         self.ple_model_proj: LinearWeight | None = None
         self.ple_proj_norm: torch.Tensor | None = None
         self._v_norm = {d: torch.ones(d, device=device) for d in {layer.head_dim for layer in layers}}
+        self._unit = torch.ones(c.hidden_size, device=device)  # the router's weightless RMSNorm (MoE)
 
     def native_decoder(self):
         """None: the fused native CPU stack does not implement Gemma 4's block (the per-op path runs)."""
@@ -253,6 +291,8 @@ class Gemma4Model(LlamaModel):
             x = x + rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
             h = rms_norm(x, layer.pre_ffn_norm, eps).to(self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
+            if layer.moe is not None:
+                y = rms_norm(y, layer.post_ffn_norm_1, eps) + self._experts(layer, x)
             x = x + rms_norm(y, layer.post_ffn_norm, eps)
             if ple is not None:
                 g = F.gelu(linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows).float(),  # type: ignore[arg-type]
@@ -262,6 +302,15 @@ class Gemma4Model(LlamaModel):
             if layer.scale != 1.0:
                 x = x * layer.scale
         return rms_norm(x, self.norm, eps).to(self.dtype)
+
+    def _experts(self, layer: Gemma4Layer, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' normed output (float32 [T, hidden]) for the residual stream x: routed on x's
+        weightless RMSNorm, run on its `pre_ffn_norm_2` norm."""
+        eps = self.config.rms_norm_eps
+        weights, experts = layer.moe.route(rms_norm(x, self._unit, eps))  # type: ignore[union-attr]
+        weights = weights * layer.per_expert_scale[experts]  # type: ignore[index]
+        h = rms_norm(x, layer.pre_ffn_norm_2, eps).to(self.dtype)  # type: ignore[arg-type]
+        return rms_norm(layer.moe.mix(h, weights, experts), layer.post_ffn_norm_2, eps)  # type: ignore[union-attr, arg-type]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ Gemma 4's text block, as transformers' modeling_gemma4 runs it: sliding-window a
 sizes (and, with `attention_k_eq_v`, their own K/V head count and no V projection), "proportional" RoPE on the
 global layers (only the first `partial_rotary_factor` of each head's frequency pairs rotate), an RMSNorm without
 weight on V, attention scale 1, per-layer embeddings (E2B / E4B), the last `num_kv_shared_layers` layers reading
-an earlier layer's K/V, a learned per-layer output scale and final logit soft-capping. Its RMSNorm multiplies by
+an earlier layer's K/V, a learned per-layer output scale and final logit soft-capping; the 26B-A4B size adds
+routed experts (`enable_moe_block`) beside every layer's dense MLP. Its RMSNorm multiplies by
 the stored weight as is (no 1 + w), in HF checkpoints and GGUF files alike.
 """
 
@@ -16,17 +17,11 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 from .config import ModelConfig
 
-MOE_REFUSAL = ("Gemma 4 mixture-of-experts models (26B-A4B) are not supported yet; the dense sizes "
-               "(E2B, E4B, 31B) are")
-
-
 def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """A Gemma 4 ModelConfig from an HF config.json dict (a `gemma4_text` config or the multimodal one, whose
     `text_config` is the language model)."""
     if isinstance(cfg.get("text_config"), Mapping):
         cfg = cfg["text_config"]
-    if cfg.get("enable_moe_block"):
-        raise UnsupportedModelError(MOE_REFUSAL)
     try:
         layers = int(cfg["num_hidden_layers"])
         hidden = int(cfg["hidden_size"])
@@ -83,6 +78,11 @@ def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             kv_shared_layers=shared,
             per_layer_input_size=int(ple or 0),
             layer_intermediate=per_layer_ffn,
+            # 26B-A4B: every layer adds routed experts to its dense MLP
+            num_experts=int(cfg["num_experts"]) if cfg.get("enable_moe_block") else 0,
+            experts_per_token=int(cfg["top_k_experts"]) if cfg.get("enable_moe_block") else 0,
+            moe_intermediate_size=int(cfg["moe_intermediate_size"]) if cfg.get("enable_moe_block") else 0,
+            norm_topk_prob=True,
         )
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None
@@ -112,8 +112,7 @@ def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str])
             raise ModelLoadError(f"GGUF metadata is missing {arch}.{name}")
         return value
 
-    if "blk.0.ffn_gate_inp.weight" in tensor_names or metadata.get(f"{arch}.expert_count"):
-        raise UnsupportedModelError(MOE_REFUSAL)
+    experts = int(metadata.get(f"{arch}.expert_count") or 0)
     layers = int(key("block_count"))
     hidden = int(key("embedding_length"))
     heads = _per_layer(key("attention.head_count"), layers)
@@ -166,6 +165,10 @@ def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str])
         kv_shared_layers=shared,
         per_layer_input_size=int(metadata.get(f"{arch}.embedding_length_per_layer_input") or 0),
         layer_intermediate=tuple(ffn) if len(set(ffn)) > 1 else None,
+        num_experts=experts,
+        experts_per_token=int(key("expert_used_count")) if experts else 0,
+        moe_intermediate_size=int(key("expert_feed_forward_length")) if experts else 0,
+        norm_topk_prob=True,
     )
 
 
