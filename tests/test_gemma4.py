@@ -397,3 +397,12 @@ def test_tool_calls_in_gemma4_format_are_parsed() -> None:
     assert out.text == "Let me check." and out.finish_reason == "tool_calls"
     assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("get_weather",
                                                                              {"city": "Paris, FR", "days": 2})]
+
+
+def test_kv_offload_is_refused_clearly(e2b_lm) -> None:
+    """The offload tiers copy one pool of every layer, which a model with sliding layers of another K/V head shape
+    does not have: refused by name rather than run with the sliding layers' K/V left out."""
+    from edgeserve.llm import LLM
+
+    with pytest.raises(ValueError, match="kv-offload"):
+        LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4, kv_offload="cpu", cpu_kv_gb=0.01)
