@@ -290,6 +290,9 @@ def test_engine_batched_equals_alone(e2b_lm) -> None:
     prompts = [[3, 9, 27, 81 % VOCAB, 14, 50, 6, 70, 11, 2, 90, 33], [4, 8, 15, 16, 23, 42], [7] * 9]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     llm = LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4)
+    pool = llm.engine.pool
+    # the sliding layers' own window pool, 3 sliding and 1 global owner layer: nothing for the 3 shared ones
+    assert pool.window == 5 and pool.window_k.shape[0] == 3 and pool.k.shape[0] == 1
     batched = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
     alone = [LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4).generate([p], params)[0].outputs[0].token_ids
              for p in prompts]
