@@ -38,7 +38,8 @@ def hf_config(shape: str):
                   final_logit_softcapping=5.0, tie_word_embeddings=True)
     if shape == "e2b":
         return transformers.Gemma4TextConfig(
-            num_hidden_layers=7, num_key_value_heads=1, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
+            num_hidden_layers=7, num_key_value_heads=1,
+            layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
             hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3,
             use_double_wide_mlp=True, attention_k_eq_v=False, **common)
     moe = dict(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32) \
@@ -133,7 +134,8 @@ def write_gguf(model, path: Path, q8_0: bool = False) -> Path:
             g = _TOP[name]
         else:
             _, _, i, rest = name.split(".", 3)
-            g = f"blk.{i}." + (_LAYER_EXACT[rest] if rest in _LAYER_EXACT else f"{_LAYER[rest.removesuffix('.weight')]}.weight")
+            suffix = _LAYER_EXACT.get(rest) or f"{_LAYER[rest.removesuffix('.weight')]}.weight"
+            g = f"blk.{i}.{suffix}"
         t = t.float().reshape(-1) if t.dim() == 0 else t.float()
         if q8_0 and t.dim() == 2 and t.shape[1] % 32 == 0:
             kind = gguf.GGMLQuantizationType.Q8_0
@@ -162,16 +164,17 @@ def ours(model, tmp_path: Path, source: str, dtype: torch.dtype = torch.float32)
     return cls.from_weights(config, weights, dtype=dtype)
 
 
-def paged_logits(model: Gemma4Model, block_size: int = 4, window_blocks: int = 0) -> torch.Tensor:
+def paged_logits(model: Gemma4Model, block_size: int = 4) -> torch.Tensor:
     """Prefill PROMPT in two chunks, then single-token decode steps, through a paged pool."""
     ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(model.config, 8, block_size, model.dtype)
+    pool = KVPool(model.config, 8, block_size, model.dtype)  # no window pool: sliding layers apart by shape
     table = list(range(8))
     steps = [(0, 6), (6, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
     out = []
     for a, b in steps:
         meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+        hidden = model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))
+        out.append(model.logits(hidden))
     return torch.cat(out)
 
 

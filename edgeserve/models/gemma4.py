@@ -295,8 +295,8 @@ class Gemma4Model(LlamaModel):
                 y = rms_norm(y, layer.post_ffn_norm_1, eps) + self._experts(layer, x)
             x = x + rms_norm(y, layer.post_ffn_norm, eps)
             if ple is not None:
-                g = F.gelu(linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows).float(),  # type: ignore[arg-type]
-                           approximate="tanh") * ple[:, i]
+                gate = linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows)  # type: ignore[arg-type]
+                g = F.gelu(gate.float(), approximate="tanh") * ple[:, i]
                 g = linear(g.to(self.dtype), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
                 x = x + rms_norm(g, layer.ple_norm, eps)  # type: ignore[arg-type]
             if layer.scale != 1.0:
@@ -310,7 +310,8 @@ class Gemma4Model(LlamaModel):
         weights, experts = layer.moe.route(rms_norm(x, self._unit, eps))  # type: ignore[union-attr]
         weights = weights * layer.per_expert_scale[experts]  # type: ignore[index]
         h = rms_norm(x, layer.pre_ffn_norm_2, eps).to(self.dtype)  # type: ignore[arg-type]
-        return rms_norm(layer.moe.mix(h, weights, experts), layer.post_ffn_norm_2, eps)  # type: ignore[union-attr, arg-type]
+        y = layer.moe.mix(h, weights, experts)  # type: ignore[union-attr]
+        return rms_norm(y, layer.post_ffn_norm_2, eps)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -249,8 +249,8 @@ def parse_tool_calls(text: str, fmt: str, known: set[str]) -> tuple[str, list[To
     return ("", calls) if calls else (text, [])
 
 
-_GEMMA4_CALL = re.compile(re.escape(GEMMA4_CALL_OPEN) + r"call:([\w.\-]+)(.*?)(?:" + re.escape(GEMMA4_CALL_CLOSE) + r"|$)",
-                          re.S)
+_GEMMA4_CALL = re.compile(
+    re.escape(GEMMA4_CALL_OPEN) + r"call:([\w.\-]+)(.*?)(?:" + re.escape(GEMMA4_CALL_CLOSE) + r"|$)", re.S)
 _BARE_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w\-]*)\s*:")
 
 
