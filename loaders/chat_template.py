@@ -205,7 +205,8 @@ def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else ""
 
     bos, eos = token("bos_token_id"), token("eos_token_id")
-    if not source and str(metadata.get("general.architecture", "")).startswith("gemma"):
+    # (Gemma 4 has turn markers of its own: its files carry their template; without one, ChatML stands in)
+    if not source and str(metadata.get("general.architecture", "")) in ("gemma", "gemma2", "gemma3"):
         return ChatTemplate(GEMMA_TEMPLATE, bos, eos)
     if not source:
         return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)

@@ -60,17 +60,40 @@ _LAYER = {
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
+# Gemma 4 (llama.cpp's `gemma4`): its sandwich norms, per-layer embeddings and output scale under HF names
+_ARCH_TOP = {"gemma4": {
+    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}}
+_ARCH_LAYER = {"gemma4": {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+    "layer_scalar": "layer_output_scale.weight",
+    # the 26B-A4B MoE block: its router under the Qwen-MoE names edgeserve.models.moe_weights reads
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+}}
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
-def gguf_name(hf_name: str) -> str:
-    """The llama.cpp tensor name for an HF tensor name."""
-    if hf_name in _TOP:
-        return _TOP[hf_name]
+def gguf_name(hf_name: str, arch: str = "") -> str:
+    """The llama.cpp tensor name for an HF tensor name (`arch`: the file's architecture, for its own names)."""
+    top = {**_TOP, **_ARCH_TOP.get(arch, {})}
+    layer = {**_LAYER, **_ARCH_LAYER.get(arch, {})}
+    if hf_name in top:
+        return top[hf_name]
     m = _LAYER_RE.fullmatch(hf_name)
-    if m and m.group(2) in _LAYER:
-        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    if m and m.group(2) in layer:
+        return f"blk.{m.group(1)}.{layer[m.group(2)]}"
     raise KeyError(hf_name)
 
 
@@ -88,12 +111,12 @@ class GGUFWeights:
 
     def has(self, name: str) -> bool:
         try:
-            return gguf_name(name) in self._names
+            return gguf_name(name, self.gguf.architecture) in self._names
         except KeyError:
             return False
 
     def get(self, name: str, keep_int4: bool) -> WeightValue:
-        gname = gguf_name(name)
+        gname = gguf_name(name, self.gguf.architecture)
         if gname not in self._names:
             raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
         info = self.gguf.tensor_info(gname)
@@ -117,7 +140,7 @@ class GGUFWeights:
     def blocks(self, name: str) -> BlockTensor | None:
         """A 2-D tensor as its GGUF block bytes (for the native CPU kernels), or None when it is not stored in
         a block format those kernels take."""
-        gname = gguf_name(name)
+        gname = gguf_name(name, self.gguf.architecture)
         if gname not in self._names:
             raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
         if len(self.gguf.tensor_info(gname).shape) != 2:
@@ -137,7 +160,7 @@ class GGUFWeights:
     def expert_blocks(self, name: str) -> ExpertBlocks | None:
         """A 3-D expert tensor [experts, rows, cols] as its GGUF block bytes, a view of the file's mmap (no copy),
         or None when it is not stored in a block format the native kernels take."""
-        gname = gguf_name(name)
+        gname = gguf_name(name, self.gguf.architecture)
         if gname not in self._names:
             raise ModelLoadError(f"{self.gguf.path}: tensor {gname!r} is missing")
         info = self.gguf.tensor_info(gname)

@@ -43,6 +43,7 @@ END_OF_TURN_TOKENS = (
     "<|eot_id|>",
     "<|eom_id|>",
     "<end_of_turn>",
+    "<turn|>",  # Gemma 4
     "<|endoftext|>",
     "<|end_of_text|>",
     "<|end|>",
@@ -199,11 +200,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     if model == "gpt2":
         pre = _gpt2_pre_tokenizer(metadata)
         add_bos_default = pre.add_bos
-    elif model == "llama":
+    elif model in ("llama", "gemma4"):
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
     else:
         raise UnsupportedModelError(
-            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
+            "'gemma4' SentencePiece-style BPE with merges)"
         )
 
     def token_id(key: str) -> int | None:
@@ -331,9 +333,11 @@ def _gpt2_spec(metadata: Mapping[str, Any], tokens: list[str], pre: _PreTokenize
 
 
 def _spm_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> dict[str, Any]:
-    """tokenizer.json fields for a SentencePiece BPE vocabulary (scores, `▁` spaces, byte fallback)."""
+    """tokenizer.json fields for a SentencePiece BPE vocabulary (`▁` spaces, byte fallback), merging by the file's
+    merges where it has them (Gemma 4's 'gemma4' model: raw UTF-8 pieces, ranked merges), else by its scores."""
+    file_merges = metadata.get("tokenizer.ggml.merges")
     scores = metadata.get("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+    if not file_merges and (scores is None or len(scores) != len(tokens)):
         raise ModelLoadError("GGUF tokenizer 'llama' needs one tokenizer.ggml.scores entry per token")
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
     prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
@@ -360,9 +364,19 @@ def _spm_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray)
             "unk_token": tokens[int(unk)] if unk is not None and 0 <= int(unk) < len(tokens) else None,
             "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
             "vocab": dict(zip(tokens, range(len(tokens)))),
-            "merges": spm_merges(tokens, scores, types == TOKEN_NORMAL),
+            "merges": [_split_merge(m) for m in file_merges] if file_merges else
+            spm_merges(tokens, scores, types == TOKEN_NORMAL),
         },  # fmt: skip
     }
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    """A GGUF merge "left right" as its pair (split at the first space after the first character, as llama.cpp
+    does, so a left part that is itself a space survives)."""
+    cut = merge.find(" ", 1)
+    if cut < 0:
+        raise ModelLoadError(f"GGUF tokenizer merge {merge!r} has no space")
+    return merge[:cut], merge[cut + 1:]
 
 
 def spm_merges(tokens: Sequence[str], scores: Sequence[float], mergeable: np.ndarray) -> list[tuple[str, str]]:

@@ -81,6 +81,9 @@ class EngineCore:
         window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
                            scratch_block=use_graphs, window_blocks=window_blocks)
+        if config.offload_config().use_cpu and self.pool.window_k.shape[0]:
+            raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
+                             "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
         self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager

@@ -20,8 +20,19 @@ if TYPE_CHECKING:
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of K and V one token takes over all layers."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+    """Bytes of K and V one token takes over all layers that keep their own (not Gemma 4's KV-shared layers)."""
+    return sum(layer_kv_bytes(config, dtype, i) for i in kv_owners(config))
+
+
+def kv_owners(config: ModelConfig) -> list[int]:
+    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`)."""
+    return [i for i in range(config.num_layers) if config.kv_source(i) == i]
+
+
+def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype, layer: int) -> int:
+    """Bytes of K and V one token takes in `layer`."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.layer_kv_heads(layer) * config.layer_head_dim(layer) * elt
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -63,11 +74,12 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
     unsplit = num_blocks_for_budget(budget_bytes, config, dtype, block_size)
     if window is None:
         return unsplit, 0
-    n_window = sum(w is not None for w in config.layer_windows)  # type: ignore[union-attr]
-    layer_block = kv_bytes_per_token(config, dtype) // config.num_layers * block_size
+    windows = config.layer_windows
+    window_token = sum(layer_kv_bytes(config, dtype, i) for i in kv_owners(config) if windows[i] is not None)
+    main_token = kv_bytes_per_token(config, dtype) - window_token
     window_blocks = window_pool_blocks(window, block_size, max_num_seqs, max_num_batched_tokens)
-    left = budget_bytes - window_blocks * n_window * layer_block
-    main = int(left // ((config.num_layers - n_window) * layer_block))
+    left = budget_bytes - window_blocks * block_size * window_token
+    main = int(left // (main_token * block_size)) if main_token else unsplit
     if main <= max(unsplit, window_blocks):
         return unsplit, unsplit
     return main, window_blocks
@@ -75,6 +87,10 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
 
 class KVPool:
     """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed.
+
+    Layers that read another layer's K/V (Gemma 4's KV-shared layers, `ModelConfig.kv_source`) get no memory:
+    `layer_slot` sends them to their source's. Sliding layers whose K/V heads differ in shape from the global ones
+    (Gemma 4) are kept in `window_k` / `window_v` even without a window pool, under the main pool's block ids.
 
     With `window_blocks` (a model of sliding and global layers, see `split_window`), `k` / `v` hold the global
     layers only and `window_k` / `window_v` the sliding ones, [num_sliding_layers, window_blocks, ...]; `layer_slot`
@@ -88,18 +104,34 @@ class KVPool:
         self.scratch_block: int | None = num_blocks if scratch_block else None
         extra = 1 if scratch_block else 0
         self.window = split_window(config) if window_blocks > 0 else None
-        windows = config.layer_windows if self.window is not None else None
-        windows = windows or (None,) * config.num_layers
-        # layer i -> (is a sliding layer in the window pool, its index in its pool)
-        self.layer_slot = [(w is not None, sum((x is None) == (w is None) for x in windows[:i]))
-                           for i, w in enumerate(windows)]
-        n_window = sum(w is not None for w in windows)
-        tail = (block_size, config.num_kv_heads, config.head_dim)
+        windows = config.layer_windows or (None,) * config.num_layers
+        owners = kv_owners(config)
+        sliding = [i for i in owners if windows[i] is not None]
+        global_ = [i for i in owners if windows[i] is None]
+        shapes = {(config.layer_kv_heads(i), config.layer_head_dim(i)) for i in owners}
+        # the sliding layers live apart in their own window pool, or (Gemma 4) for their own K/V head shape
+        apart = bool(sliding) and (self.window is not None or len(shapes) > 1)
+        if not apart:
+            global_, sliding = owners, []
+        # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot
+        own = {i: (False, global_.index(i)) if i in global_ else (True, sliding.index(i)) for i in owners}
+        self.layer_slot = [own[config.kv_source(i)] for i in range(config.num_layers)]
+
+        def tail(layers: list[int]) -> tuple[int, int, int]:
+            heads, dim = (config.layer_kv_heads(layers[0]), config.layer_head_dim(layers[0])) if layers else \
+                (config.num_kv_heads, config.head_dim)
+            return block_size, heads, dim
+
+        if len({tail([i]) for i in global_}) > 1 or len({tail([i]) for i in sliding}) > 1:
+            raise ValueError("layers of one kind (sliding or global) with different K/V head shapes")
         # zeroed, not empty: attention reads padded slots with weight 0, and 0 * NaN garbage would be NaN
-        self.k = torch.zeros((config.num_layers - n_window, num_blocks + extra, *tail), dtype=dtype, device=device)
+        self.k = torch.zeros((len(global_), num_blocks + extra, *tail(global_)), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.window_blocks = window_blocks if self.window is not None else 0
-        self.window_k = torch.zeros((n_window, self.window_blocks + extra, *tail), dtype=dtype, device=device)
+        # without a window pool, sliding layers kept apart (for their shape) use the main pool's block ids
+        sliding_blocks = self.window_blocks if self.window is not None else num_blocks
+        self.window_k = torch.zeros((len(sliding), sliding_blocks + extra if sliding else extra, *tail(sliding)),
+                                    dtype=dtype, device=device)
         self.window_v = torch.zeros_like(self.window_k)
         # main block -> window block, on the model's device (synced from the BlockManager each step); the scratch
         # block's entry is the window pool's scratch block
@@ -131,6 +163,9 @@ class KVPool:
         """Copy block `src`'s K and V, every layer, into block `dst` (a partly matching prefix is reused this way)."""
         self.k[:, dst].copy_(self.k[:, src])
         self.v[:, dst].copy_(self.v[:, src])
+        if self.window is None and self.window_k.shape[0]:  # sliding layers apart for their shape, same block ids
+            self.window_k[:, dst].copy_(self.window_k[:, src])
+            self.window_v[:, dst].copy_(self.window_v[:, src])
 
     def sync_window_map(self) -> None:
         """Copy the BlockManager's pairing of main and window blocks to the device (before a step runs; a no-op
@@ -176,6 +211,8 @@ class PagedKVAttention:
         sliding, j = self.pool.layer_slot[layer]
         if not sliding:
             return self.pool.k[j], self.pool.v[j], self.meta
+        if self.pool.window is None:  # kept apart for their K/V shape only: the main pool's block ids
+            return self.pool.window_k[j], self.pool.window_v[j], self.meta
         return self.pool.window_k[j], self.pool.window_v[j], self.window_meta()
 
     def window_meta(self) -> AttentionMetadata:

@@ -8,11 +8,12 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3", "qwen3moe",
+                           "gpt-oss")
 # Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # HF `model_type` spellings of our architecture names.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 # HF `architectures[0]` class names mapped to our architecture names.
 HF_CLASS_TO_ARCH = {
     "LlamaForCausalLM": "llama",
@@ -21,6 +22,8 @@ HF_CLASS_TO_ARCH = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
     "Phi3ForCausalLM": "phi3",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "GptOssForCausalLM": "gpt-oss",
@@ -80,6 +83,14 @@ class ModelConfig:
     query_scale: float | None = None  # attention scale when not head_dim ** -0.5
     attn_softcap: float | None = None  # attention-logit soft-capping (Gemma 2)
     final_softcap: float | None = None  # output-logit soft-capping (Gemma 2)
+    # Gemma 4's block (edgeserve.models.gemma4); `head_dim` / `num_kv_heads` are then the sliding layers'
+    global_head_dim: int | None = None  # head size of the global (full-attention) layers
+    global_kv_heads: int | None = None  # K/V heads of the global layers
+    global_k_eq_v: bool = False  # the global layers have no V projection: V is K (before K's norm and RoPE)
+    rope_global_partial: float = 1.0  # fraction of a global head that RoPE rotates ("proportional" RoPE)
+    kv_shared_layers: int = 0  # the last this many layers read an earlier layer's K/V and keep none
+    per_layer_input_size: int = 0  # per-layer embeddings (PLE) width per layer; 0: none
+    layer_intermediate: tuple[int, ...] | None = None  # per layer MLP width where it varies (double-wide MLP)
     # Mixture-of-Experts feed-forward (edgeserve.models.moe; num_experts 0: a dense MLP)
     num_experts: int = 0
     experts_per_token: int = 0
@@ -102,6 +113,30 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def is_global(self, layer: int) -> bool:
+        """Whether `layer` attends to the whole context (not a sliding-window layer)."""
+        return self.layer_windows is None or self.layer_windows[layer] is None
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The head size of `layer` (Gemma 4's global layers have their own)."""
+        return self.global_head_dim if self.global_head_dim and self.is_global(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The K/V head count of `layer`."""
+        return self.global_kv_heads if self.global_kv_heads and self.is_global(layer) else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose K/V `layer` attends over: itself, or for one of the last `kv_shared_layers` layers the
+        last earlier layer of its kind (sliding or global) that keeps its own."""
+        first_shared = self.num_layers - self.kv_shared_layers
+        if layer < first_shared:
+            return layer
+        kind = self.is_global(layer)
+        for j in range(first_shared - 1, -1, -1):
+            if self.is_global(j) == kind:
+                return j
+        raise ValueError(f"layer {layer} shares K/V but no earlier layer of its kind keeps any")
+
 
 def check_architecture(arch: str) -> str:
     """Return `arch` if supported, else refuse it by name."""
@@ -118,6 +153,10 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     if not isinstance(arch, str):
         raise ModelLoadError("GGUF metadata has no general.architecture")
     check_architecture(arch)
+    if arch == "gemma4":
+        from .gemma4_config import gemma4_config_from_gguf
+
+        return gemma4_config_from_gguf(metadata, tensor_names)
 
     def key(name: str, default: Any = None) -> Any:
         value = metadata.get(f"{arch}.{name}", default)
@@ -318,6 +357,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         raise ModelLoadError("config.json has no model_type or architectures")
     arch = HF_MODEL_TYPES.get(arch, arch)
     check_architecture(arch)
+    if arch == "gemma4":
+        from .gemma4_config import gemma4_config_from_hf
+
+        return gemma4_config_from_hf(cfg)
     try:
         moe = _moe_from_hf(arch, cfg)
         hidden = int(cfg["hidden_size"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .config import GEMMA_ARCHITECTURES, ModelConfig
 from .gemma import GemmaModel
+from .gemma4 import Gemma4Model
 from .gpt_oss import GptOssModel
 from .llama import LlamaModel
 from .moe_decoder import MoEModel
@@ -11,8 +12,10 @@ from .phi3 import Phi3Model
 
 
 def decoder_class(config: ModelConfig) -> type[LlamaModel]:
-    """The decoder that runs `config`'s architecture: Gemma's block, Phi-3's fused weights, Llama's with a
-    Mixture-of-Experts feed-forward (gpt-oss's with its sinks and biases), else Llama's."""
+    """The decoder that runs `config`'s architecture: Gemma 4's or Gemma 2/3's block, Phi-3's fused weights,
+    Llama's with a Mixture-of-Experts feed-forward (gpt-oss's with its sinks and biases), else Llama's."""
+    if config.architecture == "gemma4":
+        return Gemma4Model
     if config.architecture in GEMMA_ARCHITECTURES:
         return GemmaModel
     if config.architecture == "gpt-oss":

@@ -54,6 +54,32 @@ class DecoderLayer:
     moe: MoELayer | None = None  # a Mixture-of-Experts feed-forward (MoEModel)
 
 
+def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, device: torch.device,
+                keep_int4: bool = True, dense_prefill: bool = False) -> LinearWeight:
+    """The weight matrices `names` stacked by output rows into one linear weight, in the fastest form the device
+    runs: GGUF blocks on the native CPU kernels, 4-bit / 8-bit where supported, else dense `dtype`."""
+    native = block_weight(source, names, device, dtype) if not use_triton(device) else None  # GGUF blocks, CPU
+    if native is not None:
+        return native
+    parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
+    if all(isinstance(p, Q4Blocks) for p in parts):
+        blocks = Q4Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+        if use_triton(device) and blocks.shape[1] % 8 == 0:
+            return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
+        if int4_supported(device, dtype, blocks):
+            return Int4Weight(blocks, dtype, keep_dense=dense_prefill)
+    if all(isinstance(p, Q8Blocks) for p in parts):
+        q8 = Q8Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
+        if use_triton(device):
+            # stays 8-bit on the GPU (Triton W8A16); Q8_0's scales are float16 in the file, kept exact
+            return repack_q8(q8, torch.float16, device)
+        if int8_supported(device, dtype):
+            # GGUF Q8_0 stays 8-bit: requantized per output row for torch's int8 matmul
+            return Int8Weight(q8.dequantize(), dtype)
+    floats = [p.dequantize() if isinstance(p, (Q4Blocks, Q8Blocks)) else p for p in parts]
+    return torch.cat(floats).to(device=device, dtype=dtype)
+
+
 class LlamaModel:
     """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
 
@@ -109,26 +135,7 @@ class LlamaModel:
         native_cpu = not use_triton(device)  # where Triton runs (or is faked to), its kernels take the weights
 
         def matrix(names: list[str]) -> LinearWeight:
-            native = block_weight(source, names, device, dtype) if native_cpu else None  # GGUF blocks, native CPU
-            if native is not None:
-                return native
-            parts: list[WeightValue] = [source.get(n, keep_int4=keep_int4) for n in names]
-            if all(isinstance(p, Q4Blocks) for p in parts):
-                blocks = Q4Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
-                if use_triton(device) and blocks.shape[1] % 8 == 0:
-                    return repack_q4(blocks, dtype, device)  # stays 4-bit on the GPU (Triton W4A16)
-                if int4_supported(device, dtype, blocks):
-                    return Int4Weight(blocks, dtype, keep_dense=dense_prefill)
-            if all(isinstance(p, Q8Blocks) for p in parts):
-                q8 = Q8Blocks.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type]
-                if use_triton(device):
-                    # stays 8-bit on the GPU (Triton W8A16); Q8_0's scales are float16 in the file, kept exact
-                    return repack_q8(q8, torch.float16, device)
-                if int8_supported(device, dtype):
-                    # GGUF Q8_0 stays 8-bit: requantized per output row for torch's int8 matmul
-                    return Int8Weight(q8.dequantize(), dtype)
-            floats = [p.dequantize() if isinstance(p, (Q4Blocks, Q8Blocks)) else p for p in parts]
-            return torch.cat(floats).to(device=device, dtype=dtype)
+            return load_matrix(source, names, dtype, device, keep_int4, dense_prefill)
 
         layers = []
         c = config

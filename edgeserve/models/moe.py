@@ -145,6 +145,12 @@ class MoELayer:
         if t == 0:
             return torch.zeros(0, self.router.shape[1], dtype=torch.float32, device=h.device)
         weights, experts = self.route(h)
+        return self.mix(h, weights, experts)
+
+    def mix(self, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """float32 [T, hidden]: the experts `experts` [T, k] run on h [T, hidden], summed with `weights` [T, k]
+        (plus the shared expert); `forward` after routing, for a model that routes its own way (Gemma 4)."""
+        t, k = h.shape[0], experts.shape[1]
         groups = ExpertGroups.build(experts, self.config.num_experts)
         gate_up = self.gate_up.grouped(h, groups, gather=True)
         if self.gate_up_bias is not None:

@@ -101,6 +101,9 @@ HF_CATALOG: dict[str, HFCatalogEntry] = {
                        "hf.co/bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", 2_020_000_000, "Llama 3.2 Community"),
         HFCatalogEntry("gemma3-1b", "Gemma 3 1B Instruct, Q4_K_M", "hf.co/unsloth/gemma-3-1b-it-GGUF:Q4_K_M",
                        806_000_000, "Gemma Terms of Use"),
+        # size not read off the Hub: E2B Q4_K_M files are listed at about 3.1-3.2 GB (per-layer embedding table)
+        HFCatalogEntry("gemma4-e2b", "Gemma 4 E2B Instruct, Q4_K_M (text only)",
+                       "hf.co/unsloth/gemma-4-E2B-it-GGUF:Q4_K_M", 3_150_000_000, "Gemma Terms of Use"),
         HFCatalogEntry("smollm2-360m", "SmolLM2 360M Instruct, Q4_K_M",
                        "hf.co/bartowski/SmolLM2-360M-Instruct-GGUF:Q4_K_M", 271_000_000, "Apache-2.0"),
         HFCatalogEntry("smollm2-1.7b", "SmolLM2 1.7B Instruct, Q4_K_M",

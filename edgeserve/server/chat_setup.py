@@ -31,7 +31,7 @@ from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
                                     tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
-                                      template_thinks)
+                                      reasoning_tags, template_thinks)
 from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
                                        template_knows_tools)
 
@@ -45,6 +45,7 @@ class ChatSetup:
     thinks: bool  # the reply may start with reasoning to split off
     in_thought: bool  # the prompt opened the reasoning
     tools: ToolSetup | None
+    tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # the reasoning's open and close tags
     harmony: bool = False  # the reply is harmony: HarmonyParser reads it
 
     def parser(self) -> ChatOutputParser | HarmonyParser | None:
@@ -54,7 +55,7 @@ class ChatSetup:
             return HarmonyParser(tools.known, tools.parallel)
         if not self.thinks and self.tools is None:
             return None
-        return ChatOutputParser(ReasoningSplitter(self.in_thought) if self.thinks else None, self.tools)
+        return ChatOutputParser(ReasoningSplitter(self.in_thought, *self.tags) if self.thinks else None, self.tools)
 
     @staticmethod
     def split(parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
@@ -85,8 +86,9 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
     prompt = template.render(messages_for_template(req.messages or [], tools, source), add_generation_prompt=True,
                              **kwargs)
     # a template that closed the reasoning in the prompt (Qwen3 with enable_thinking false) expects none
-    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(THINK_CLOSE)
-    in_thought = thinks and prompt_opens_thought(prompt)
+    tags = reasoning_tags(source) or (THINK_OPEN, THINK_CLOSE)
+    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(tags[1])
+    in_thought = thinks and prompt_opens_thought(prompt, tags[0])
     constraint = req.constraint
     tool_setup = None
     if tools:
@@ -98,8 +100,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
             constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
             tool_setup = ToolSetup("forced", known=names, choice=choice, parallel=req.parallel_tool_calls)
     if constraint is not None and thinks:
-        constraint = replace(constraint, think=("" if in_thought else THINK_OPEN, THINK_CLOSE))
-    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup)
+        constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
+    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)
 
 
 def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:

@@ -3,7 +3,9 @@
 Models that think (Qwen3, DeepSeek-R1 distills, QwQ) write their reasoning between `<think>` and `</think>` before
 the answer. Whether a model does is read from its chat template (it mentions `<think>`); whether this reply starts
 inside the reasoning is read from the rendered prompt (DeepSeek-R1's template opens `<think>` itself; Qwen3 with
-`enable_thinking: false` closes an empty one).
+`enable_thinking: false` closes an empty one). Gemma 4 writes its reasoning in a thought channel instead,
+`<|channel>thought\n...<channel|>` (its template turns it on with `enable_thinking`); `reasoning_tags` says which
+pair a template's model uses.
 """
 
 from __future__ import annotations
@@ -11,17 +13,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+GEMMA4_THOUGHT = ("<|channel>thought\n", "<channel|>")
+GEMMA4_TURN = "<|turn>"  # Gemma 4's turn marker: its templates have it, others do not
+
+
+def reasoning_tags(template_source: str) -> tuple[str, str] | None:
+    """The (open, close) tags the reasoning of a chat template's model sits between; None for one that does not
+    reason."""
+    if GEMMA4_TURN in template_source:
+        return GEMMA4_THOUGHT
+    if THINK_OPEN in template_source or THINK_CLOSE in template_source:
+        return THINK_OPEN, THINK_CLOSE
+    return None
 
 
 def template_thinks(template_source: str) -> bool:
-    """Whether a chat template belongs to a model that reasons in <think> tags."""
-    return THINK_OPEN in template_source or THINK_CLOSE in template_source
+    """Whether a chat template belongs to a model that reasons (<think> tags, Gemma 4's thought channel)."""
+    return reasoning_tags(template_source) is not None
 
 
-def prompt_opens_thought(prompt: str) -> bool:
-    """Whether the rendered prompt ends inside an open <think> (the reply starts with reasoning)."""
-    tail = prompt.rstrip()
-    return tail.endswith(THINK_OPEN)
+def prompt_opens_thought(prompt: str, open_tag: str = THINK_OPEN) -> bool:
+    """Whether the rendered prompt ends inside an open reasoning tag (the reply starts with reasoning)."""
+    return prompt.rstrip().endswith(open_tag.strip())
 
 
 def _partial(buf: str, tag: str) -> int:
@@ -36,12 +49,14 @@ def _partial(buf: str, tag: str) -> int:
 class ReasoningSplitter:
     """Feed reply text as it streams; get (reasoning, content) pieces. A tag split across pieces is held back.
 
-    Reasoning is the text between an opening <think> at the start of the reply (or the start itself, when the
-    prompt opened it) and the first </think>; whitespace right after </think> is dropped; everything else is
+    Reasoning is the text between an opening tag (<think>, or `open_tag`) at the start of the reply (or the start
+    itself, when the prompt opened it) and the first closing one; whitespace right after </think> is dropped; everything else is
     content. Nothing returned is ever retracted.
     """
 
     in_thought: bool = False  # the prompt opened the reasoning
+    open_tag: str = THINK_OPEN
+    close_tag: str = THINK_CLOSE
     _state: str = "start"  # start -> (thought ->) answer
     _held: str = ""
 
@@ -57,20 +72,20 @@ class ReasoningSplitter:
         while buf:
             if self._state == "start":
                 stripped = buf.lstrip()
-                if stripped.startswith(THINK_OPEN):
-                    self._state, buf = "thought", stripped[len(THINK_OPEN):]
-                elif THINK_OPEN.startswith(stripped):  # may still become <think>
+                if stripped.startswith(self.open_tag):
+                    self._state, buf = "thought", stripped[len(self.open_tag):]
+                elif self.open_tag.startswith(stripped):  # may still become <think>
                     self._held = buf
                     return reasoning, content
                 else:
                     self._state = "answer"
             elif self._state == "thought":
-                end = buf.find(THINK_CLOSE)
+                end = buf.find(self.close_tag)
                 if end >= 0:
                     reasoning += buf[:end]
-                    self._state, buf = "after", buf[end + len(THINK_CLOSE):]
+                    self._state, buf = "after", buf[end + len(self.close_tag):]
                 else:
-                    hold = _partial(buf, THINK_CLOSE)
+                    hold = _partial(buf, self.close_tag)
                     reasoning += buf[: len(buf) - hold]
                     self._held = buf[len(buf) - hold:]
                     return reasoning, content

@@ -6,6 +6,8 @@ Formats (picked from the chat template's source by `detect_format`):
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
 - "llama3": a bare JSON object `{"name": ..., "parameters": {...}}` (or `<|python_tag|>` before it), several
   separated by `;`.
+- "gemma4": `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:5}<tool_call|>`, one per call: the arguments an object
+  with bare keys and strings between `<|"|>` delimiters.
 
 A template that knows no tools (it never mentions `tools`) gets them in the system prompt, in the hermes format
 (`TOOLS_SYSTEM_PROMPT`), and tool calls / tool results in the history are written into message text the same way.
@@ -26,6 +28,7 @@ from typing import Any
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
+GEMMA4_CALL_OPEN, GEMMA4_CALL_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 TOOLS_SYSTEM_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -64,7 +67,9 @@ class ToolCall:
 
 
 def detect_format(template_source: str) -> str:
-    """The tool-call format a chat template uses: "hermes", "mistral" or "llama3"."""
+    """The tool-call format a chat template uses: "hermes", "mistral", "llama3" or "gemma4"."""
+    if GEMMA4_CALL_OPEN in template_source:
+        return "gemma4"
     if TOOL_CALL_OPEN in template_source:
         return "hermes"
     if MISTRAL_TAG in template_source:
@@ -81,7 +86,8 @@ def template_knows_tools(template_source: str) -> bool:
 
 def start_markers(fmt: str) -> list[str]:
     """Text that starts a tool call in a reply of format `fmt` (content is held back from there)."""
-    return {"hermes": [TOOL_CALL_OPEN], "mistral": [MISTRAL_TAG], "llama3": [PYTHON_TAG, '{"name"']}[fmt]
+    return {"hermes": [TOOL_CALL_OPEN], "mistral": [MISTRAL_TAG], "llama3": [PYTHON_TAG, '{"name"'],
+            "gemma4": [GEMMA4_CALL_OPEN]}[fmt]
 
 
 # --- prompts --------------------------------------------------------------------------------------------------
@@ -223,6 +229,8 @@ def parse_tool_calls(text: str, fmt: str, known: set[str]) -> tuple[str, list[To
                 last = m.end()
         content = "".join(kept) + text[last:]
         return content.strip() if calls else text, calls
+    if fmt == "gemma4":
+        return _parse_gemma4(text, known)
     if fmt == "mistral":
         at = text.find(MISTRAL_TAG)
         if at < 0:
@@ -239,3 +247,40 @@ def parse_tool_calls(text: str, fmt: str, known: set[str]) -> tuple[str, list[To
         return text, []
     calls = [c for c in map(_call_from, _json_values(body)) if c is not None and c.name in known]
     return ("", calls) if calls else (text, [])
+
+
+_GEMMA4_CALL = re.compile(
+    re.escape(GEMMA4_CALL_OPEN) + r"call:([\w.\-]+)(.*?)(?:" + re.escape(GEMMA4_CALL_CLOSE) + r"|$)", re.S)
+_BARE_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w\-]*)\s*:")
+
+
+def _parse_gemma4(text: str, known: set[str]) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a Gemma 4 reply: each `<|tool_call>call:NAME{...}<tool_call|>` whose arguments read as
+    an object and whose function is known becomes a call; the rest stays text."""
+    calls: list[ToolCall] = []
+    kept, last = [], 0
+    for m in _GEMMA4_CALL.finditer(text):
+        args = gemma4_arguments(m.group(2).strip())
+        if m.group(1) in known and args is not None:
+            calls.append(ToolCall(m.group(1), json.dumps(args, ensure_ascii=False)))
+            kept.append(text[last:m.start()])
+            last = m.end()
+    content = "".join(kept) + text[last:]
+    return (content.strip(), calls) if calls else (text, [])
+
+
+def gemma4_arguments(body: str) -> dict | None:
+    """Gemma 4's call arguments (`{key:<|"|>text<|"|>,n:5,xs:[1,2]}`) as a dict, or None when they are not an
+    object: the `<|"|>` strings become JSON strings and the bare keys outside them get quoted."""
+    if not body.startswith("{"):
+        return None
+    parts = body.split(GEMMA4_QUOTE)
+    if len(parts) % 2 == 0:
+        return None  # an unclosed string
+    pieces = [json.dumps(p, ensure_ascii=False) if i % 2 else _BARE_KEY.sub(r'\1"\2":', p)
+              for i, p in enumerate(parts)]
+    try:
+        value = json.loads("".join(pieces))
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
