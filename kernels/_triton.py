@@ -43,6 +43,16 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def batch_invariant() -> bool:
+    """Whether the quantized GPU matmuls take one tiled path for every batch size (EDGESERVE_BATCH_INVARIANT set
+    to a true value), so that a row's result does not depend on how many rows are batched with it. Off by default:
+    the GEMV path for a few rows is faster, but it sums in another order than the tiled path for more rows."""
+    return os.environ.get("EDGESERVE_BATCH_INVARIANT", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+INVARIANT_BLOCK_M = 16  # the one row-tile height of the batch-invariant path
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """`tl.dot`'s input_precision for operands of `dot_dtype(dtype)`: exact float32 ("ieee", not TF32) when the
     operands are float32, so the float32 path matches its twin on a GPU too; the default for half types."""

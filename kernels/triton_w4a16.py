@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import dot_dtype, dot_precision, tl, triton
+from ._triton import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
 from .w4a16 import W4A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
@@ -128,11 +128,12 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    if m <= gemv_max_m:
+    invariant = batch_invariant()
+    if m <= gemv_max_m and not invariant:
         gemv(x2, weight, y, GEMV_CONFIG)
     else:
         qw, s, o = weight.qweight, weight.scales, weight.offsets
-        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+        block_m = INVARIANT_BLOCK_M if invariant else (16 if m <= 16 else (32 if m <= 32 else 64))
         block_n, block_k = 64, 32
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         _w4a16_tiled_kernel[grid](

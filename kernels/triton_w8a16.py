@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, dot_precision, tl, triton
+from ._triton import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
 from .w8a16 import W8A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
@@ -85,14 +85,15 @@ def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight, gemv_max_m: int = GEMV_MA
     qw, s = weight.qweight, weight.scales
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    if m <= gemv_max_m:
+    invariant = batch_invariant()
+    if m <= gemv_max_m and not invariant:
         block_n, block_k = 32, 128
         _w8a16_gemv_kernel[(triton.cdiv(n, block_n), m)](
             x2, qw, s, y, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
             GROUP=g, SUB=min(g, block_k), BLOCK_N=block_n, BLOCK_K=block_k,
         )
     else:
-        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+        block_m = INVARIANT_BLOCK_M if invariant else (16 if m <= 16 else (32 if m <= 32 else 64))
         block_n, block_k = 64, 32
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         _w8a16_tiled_kernel[grid](

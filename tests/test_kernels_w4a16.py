@@ -108,3 +108,30 @@ def test_gemv_row_does_not_depend_on_the_batch(device):
         alone = dispatch.w4a16_matmul(x[:1], w)
         batched = dispatch.w4a16_matmul(x, w)
     assert torch.equal(alone[0], batched[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["w4a16", "w8a16"])
+def test_batch_invariant_mode_row_does_not_depend_on_the_batch(device, kind, monkeypatch):
+    """EDGESERVE_BATCH_INVARIANT=1: a row's result is the same, bit for bit, whether it is computed alone, beside
+    a few rows (the GEMV sizes) or beside many (the tiled sizes), because every size takes one tiled path."""
+    from edgeserve.kernels.quant_linear import Q8Blocks
+    from edgeserve.kernels.w8a16 import repack_q8
+
+    device = kernel_device(device)
+    monkeypatch.setenv("EDGESERVE_BATCH_INVARIANT", "1")
+    if kind == "w4a16":
+        w, matmul = repack_q4(q4_blocks(72, 256, 32, seed=3), torch.bfloat16, device), dispatch.w4a16_matmul
+    else:
+        gen = torch.Generator().manual_seed(4)
+        blocks = Q8Blocks(torch.randint(-127, 128, (72, 256), generator=gen, dtype=torch.int8),
+                          torch.rand(72, 256 // 32, generator=gen) * 0.01 + 0.001, 32)
+        w, matmul = repack_q8(blocks, torch.bfloat16, device), dispatch.w8a16_matmul
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(device)
+    with dispatch.force_backend("triton"):
+        alone = matmul(x[:1], w)
+        results = [matmul(x[:m], w) for m in (3, 7, 40)]
+    for batched in results:
+        assert torch.equal(alone[0], batched[0])
+    assert_close(alone, x[:1].float().cpu() @ w.to("cpu").dequantize().float().t(), torch.bfloat16,
+                 scale=float((x[:1].float().cpu().abs() @ w.to("cpu").dequantize().abs().float().t()).max()) / 8)

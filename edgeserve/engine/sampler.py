@@ -176,7 +176,10 @@ def _draw(scaled: torch.Tensor, params: list[SamplingParams], generators: list[t
     width = min(CPU_CANDIDATES, vocab) if dev.type == "cpu" else vocab
     while pending:
         rows = to_device(pending, torch.long, dev)
-        top_probs, top_ids = probs[rows].topk(width, dim=-1)
+        if width == vocab:  # a stable sort: tied probabilities (frequent in bfloat16) keep token id order
+            top_probs, top_ids = probs[rows].sort(dim=-1, descending=True, stable=True)
+        else:
+            top_probs, top_ids = probs[rows].topk(width, dim=-1)
         drop = _drop_sorted(top_probs, *_filters([params[i] for i in pending], dev))
         picked = top_ids.gather(1, _inverse_cdf(top_probs, (~drop).sum(-1), u[rows]).unsqueeze(1)).squeeze(1)
         if width == vocab:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One lease on the device machine (docs/PERFORMANCE.md, GPU runs): set up, then the checks of one stage.
+#   bash benchmarks/gpu_session.sh stage1   # GPU-marked tests, kernel tests, batch-1 decode roofline
+#   bash benchmarks/gpu_session.sh stage2   # the default model's engine tests on CUDA, default and batch-invariant
+# Carried (ignored) folders: .whl (wheels the image lacks), .gpua / .gpub (the default model in two halves, each
+# under the tree limit). Everything is logged under $OUT.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpusite" PIP_NO_INDEX=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+if [ ! -f .gpusite/.done ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpusite .whl/*.whl \
+        && python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null && touch .gpusite/.done
+fi
+models="$HOME/.cache/edgeserve/models"; mkdir -p "$models"
+if [ -f .gpua/part && -f .gpub/part ] && [ ! -s "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    cat .gpua/part .gpub/part > "$models/SmolLM2-135M-Instruct.Q4_1.gguf" && cp .gpua/*.verified "$models/"
+fi
+nvidia-smi -L; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
+git log -1 --format='commit %h %s' 2>/dev/null
+case "${1:-}" in
+stage1)
+    timeout 240 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+    timeout 150 python3 benchmarks/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
+    ;;
+stage2)
+    tests="tests/test_server_openai.py::test_seed_reproducible_and_n tests/test_server_openai.py::test_logprobs_shape
+           tests/test_structured_output.py::test_mixed_batch_equals_each_alone"
+    timeout 110 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 | tee "$OUT/three_default.log" | tail -8
+    EDGESERVE_BATCH_INVARIANT=1 timeout 110 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 \
+        | tee "$OUT/three_invariant.log" | tail -8
+    EDGESERVE_BATCH_INVARIANT=1 timeout 60 python3 benchmarks/gpu_decode.py --models int4 --skip-throughput \
+        --skip-transformers 2>&1 | tee "$OUT/gpu_decode_invariant.log" | tail -8
+    ;;
+esac
