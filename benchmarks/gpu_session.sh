@@ -20,16 +20,16 @@ nvidia-smi -L; python3 -c "import torch, triton, transformers; print(torch.__ver
 git log -1 --format='commit %h %s' 2>/dev/null
 case "${1:-}" in
 stage1)
-    timeout 240 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-    timeout 150 python3 benchmarks/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
+    timeout 200 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+    timeout 120 python3 benchmarks/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
     ;;
 stage2)
     tests="tests/test_server_openai.py::test_seed_reproducible_and_n tests/test_server_openai.py::test_logprobs_shape
            tests/test_structured_output.py::test_mixed_batch_equals_each_alone"
-    timeout 110 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 | tee "$OUT/three_default.log" | tail -8
-    EDGESERVE_BATCH_INVARIANT=1 timeout 110 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 \
+    timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 | tee "$OUT/three_default.log" | tail -8
+    EDGESERVE_BATCH_INVARIANT=1 timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 \
         | tee "$OUT/three_invariant.log" | tail -8
-    EDGESERVE_BATCH_INVARIANT=1 timeout 60 python3 benchmarks/gpu_decode.py --models int4 --skip-throughput \
+    EDGESERVE_BATCH_INVARIANT=1 timeout 50 python3 benchmarks/gpu_decode.py --models int4 --skip-throughput \
         --skip-transformers 2>&1 | tee "$OUT/gpu_decode_invariant.log" | tail -8
     ;;
 esac
