@@ -6,21 +6,22 @@
 # under the tree limit). Everything is logged under $OUT.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpusite" PIP_NO_INDEX=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$HOME/gpusite" PIP_NO_INDEX=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-if [ ! -f .gpusite/.done ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpusite .whl/*.whl \
-        && python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null && touch .gpusite/.done
+if [ ! -d "$HOME/gpusite/httpx2" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$HOME/gpusite" .whl/*.whl \
+        && python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 fi
 models="$HOME/.cache/edgeserve/models"; mkdir -p "$models"
-if [ -f .gpua/part && -f .gpub/part ] && [ ! -s "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
-    cat .gpua/part .gpub/part > "$models/SmolLM2-135M-Instruct.Q4_1.gguf" && cp .gpua/*.verified "$models/"
+part_a=.gpua/part; [ -f "$part_a" ] || part_a="$HOME/parta"  # a warm machine keeps what an earlier call left in ~
+if [ -f "$part_a" ] && [ -f .gpub/part ] && [ ! -s "$models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    cat "$part_a" .gpub/part > "$models/SmolLM2-135M-Instruct.Q4_1.gguf" && cp "$HOME"/*.verified "$models/"
 fi
 nvidia-smi -L; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 git log -1 --format='commit %h %s' 2>/dev/null
 case "${1:-}" in
 stage1)
-    timeout 200 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+    timeout 200 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 --continue-on-collection-errors 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
     timeout 120 python3 benchmarks/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
     ;;
 stage2)
@@ -29,7 +30,7 @@ stage2)
     timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 | tee "$OUT/three_default.log" | tail -8
     EDGESERVE_BATCH_INVARIANT=1 timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 \
         | tee "$OUT/three_invariant.log" | tail -8
-    EDGESERVE_BATCH_INVARIANT=1 timeout 50 python3 benchmarks/gpu_decode.py --models int4 --skip-throughput \
-        --skip-transformers 2>&1 | tee "$OUT/gpu_decode_invariant.log" | tail -8
+    timeout 170 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --continue-on-collection-errors \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
 esac

@@ -24,6 +24,22 @@ def median_ms(fn: Callable[[], object], warmup: int = 5, reps: int = 30) -> floa
     return statistics.median(times)
 
 
+def graph_median_ms(fn: Callable[[], object], calls: int = 20, reps: int = 10) -> float:
+    """Median device time of one fn() in milliseconds, from replays of a CUDA graph of `calls` calls: what a
+    decode step under CUDA graphs pays per kernel, without the host's launch time (L2 not flushed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compiles, allocates) outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return median_ms(graph.replay, warmup=2, reps=reps) / calls
+
+
 def peak_bandwidth_gbs(device: torch.device | str = "cuda") -> float | None:
     """The device's nominal DRAM bandwidth in GB/s from its memory clock and bus width (None if torch lacks them)."""
     props = torch.cuda.get_device_properties(torch.device(device))
