@@ -2,6 +2,7 @@
 # One lease on the device machine (docs/PERFORMANCE.md, GPU runs): set up, then the checks of one stage.
 #   bash benchmarks/gpu_session.sh stage1   # GPU-marked tests, kernel tests, batch-1 decode roofline
 #   bash benchmarks/gpu_session.sh stage2   # the default model's engine tests on CUDA, default and batch-invariant
+#   bash benchmarks/gpu_session.sh kernels  # the GPU kernel tests alone
 # Carried (ignored) folders: .whl (wheels the image lacks), .gpua / .gpub (the default model in two halves, each
 # under the tree limit). Everything is logged under $OUT.
 set -u
@@ -32,5 +33,9 @@ stage2)
         | tee "$OUT/three_invariant.log" | tail -8
     timeout 170 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --continue-on-collection-errors \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+    ;;
+kernels)
+    timeout 120 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_kernels_w4a16.py -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu_kernel_tests.log" | tail -15
     ;;
 esac
