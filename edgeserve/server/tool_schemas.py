@@ -147,6 +147,8 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
         if effort not in REASONING_EFFORTS:
             raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
         req.template_kwargs.setdefault("reasoning_effort", effort)  # harmony's Reasoning: level (gpt-oss)
+        if effort == "none" and "enable_thinking" not in req.template_kwargs:
+            req.think = False  # reasoning off (enable_thinking false); a harmony model's lowest level
 
 
 def parse_ollama_tools(body: dict, req: "GenerationRequest", chat: bool) -> None:
