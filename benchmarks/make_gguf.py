@@ -11,8 +11,8 @@ The tokenizer comes from --tokenizer-from (default: the default model, pulled in
 tokenizer, e.g. the gemma3-270m model's), qwen3-30b-a3b (Qwen3-30B-A3B, architecture qwen3moe: 128 experts, 8
 per token; over 17 GB with all 48 layers, so --layers N writes the first N); qwen35-0.8b and qwen35-2b (Qwen3.5
 0.8B / 2B, architecture qwen35: Gated DeltaNet layers with every fourth full attention) and qwen35moe-35b-a3b
-(Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5 tokenizer for
-llama-server's sake); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part
+(Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5 GGUF's
+tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part
 of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as llama.cpp's quantizer picks), Q8_0, Q4_0.
 """
 
