@@ -113,6 +113,16 @@ def test_history_calls_and_results_render_as_the_model_writes_them():
     assert json.dumps(WEATHER, ensure_ascii=False) in setup.prompt
 
 
+@pytest.mark.parametrize("arguments", ['"Paris"', "[1]", "null"])
+def test_history_arguments_that_are_no_object_are_a_400(arguments):
+    from edgeserve.server.errors import APIError
+
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    with pytest.raises(APIError, match="must be a JSON object") as e:
+        _setup(SOURCE, {"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [call]}]})
+    assert e.value.status == 400 and e.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
 def test_rendering_matches_transformers():
     from transformers.utils.chat_template_utils import render_jinja_template
 

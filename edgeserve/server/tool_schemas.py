@@ -189,10 +189,13 @@ def parse_message_tool_fields(m: dict, here: str) -> dict[str, Any]:
             args = fn.get("arguments", {})
             if isinstance(args, str):
                 try:
-                    json.loads(args or "{}")
+                    value = json.loads(args or "{}")
                 except json.JSONDecodeError:
                     raise bad_request(f"{here}.tool_calls[{j}].function.arguments is not valid JSON",
                                       f"{here}.tool_calls[{j}].function.arguments") from None
+                if not isinstance(value, dict):  # templates iterate the arguments as an object (Qwen3.5's do)
+                    raise bad_request(f"{here}.tool_calls[{j}].function.arguments must be a JSON object",
+                                      f"{here}.tool_calls[{j}].function.arguments")
             elif not isinstance(args, dict):
                 raise bad_request(f"{here}.tool_calls[{j}].function.arguments must be JSON text or an object",
                                   f"{here}.tool_calls[{j}].function.arguments")
