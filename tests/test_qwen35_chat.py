@@ -392,3 +392,8 @@ def test_responses(server):
     out = _post(server, "/v1/responses", {"model": "q35-answer", "input": "Hi", "reasoning": {"effort": "none"}})
     assert [i["type"] for i in out["output"]] == ["message"]
     assert out["output"][0]["content"][0]["text"] == ANSWER
+
+
+def test_ollama_show_lists_thinking_and_tools(server):
+    caps = httpx.post(server.url + "/api/show", json={"model": "q35-call"}, timeout=30).json()["capabilities"]
+    assert {"completion", "tools", "thinking"} <= set(caps)
