@@ -264,6 +264,20 @@ def test_forced_grammar_accepts_calls_and_refuses_the_rest(tok):
     assert _walk(tok, named, _call("get_weather", city="Paris"))[0].finished
 
 
+def test_forced_grammar_resolves_refs_to_the_parameters_definitions(tok):
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+             "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/$defs/point"}}, "required": ["to"],
+        "$defs": {"point": point}}}}
+    spec = GrammarSpec("lark", forced_call_grammar([tool], None, False, json_rule), tokens=CALL_TAGS)
+    state, masked = _walk(tok, spec, _call("move", to='{"x": 3}'))
+    assert masked is None and state.finished
+    assert _walk(tok, spec, _call("move", to='{"y": 3}'))[1] is not None
+    setup = _setup(SOURCE, {"tools": [tool], "chat_template_kwargs": {"enable_thinking": False}})
+    assert _read(setup, [_call("move", to='{"x": 3}')])[2] == [("move", {"to": {"x": 3}})]  # read back as JSON
+
+
 def test_forced_setup_uses_the_format_after_the_reasoning():
     setup = _setup(SOURCE, {"tools": [WEATHER], "tool_choice": "required"})
     assert setup.constraint.kind == "lark" and setup.constraint.think == ("", "</think>")

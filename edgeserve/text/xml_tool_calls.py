@@ -72,8 +72,24 @@ def _arguments(body: str, schema: dict) -> dict[str, Any]:
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
         key = m.group(1).strip()
-        args[key] = typed_value(value, props.get(key))
+        args[key] = typed_value(value, resolve_ref(props.get(key), schema))
     return args
+
+
+def resolve_ref(schema: Any, root: dict) -> Any:
+    """`schema` with a local `$ref` ("#/$defs/X", "#/definitions/X") into `root` replaced by what it points to
+    (its other keys kept); chains of refs are followed a few steps, anything else is returned as it is."""
+    for _ in range(8):
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return schema
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        if not isinstance(target, dict):
+            return schema
+        schema = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
 
 
 def schema_types(schema: Any) -> list[str]:
@@ -167,9 +183,10 @@ def forced_call_grammar(tools: list[dict], choice: str | None, parallel: bool,
         required = set(params.get("required") or [])
         parts = []
         for j, (key, schema) in enumerate(props.items()):
-            value = _value_rule(schema)
-            if value is None:  # JSON of its schema, as a rule of its own
-                rules.append(f"v_{i}_{j}: {json_rule(schema)}\n")
+            value = _value_rule(resolve_ref(schema, params))
+            if value is None:  # JSON of its schema (with the root's definitions, for $refs), as a rule of its own
+                defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+                rules.append(f"v_{i}_{j}: {json_rule({**schema, **defs})}\n")
                 value = f'v_{i}_{j} "\\n{PARAMETER_CLOSE}\\n"'
             rules.append(f"p_{i}_{j}: {json.dumps(f'{PARAMETER_OPEN}{key}>' + chr(10))} {value}\n")
             parts.append(f"p_{i}_{j}" if key in required else f"p_{i}_{j}?")
