@@ -48,12 +48,15 @@ class GrammarSpec:
     special tokens).
     harmony: the reply is a harmony (gpt-oss) one: free analysis messages, then the constraint is the content
     of its `final` message (edgeserve.text.harmony.answer_frame).
+    tokens: texts a "lark" source quotes on their own (`"<tool_call>"`) that, where the tokenizer has one as a
+    single special token, mean that token (no text regex matches a special token).
     """
 
     kind: str
     source: str = ""
     think: tuple[str, str] | None = None
     harmony: bool = False
+    tokens: tuple[str, ...] = ()
 
     @staticmethod
     def json_schema(schema: dict | str, think: tuple[str, str] | None = None) -> "GrammarSpec":
@@ -73,6 +76,10 @@ class GrammarSpec:
         elif self.kind != "lark":
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
         grammar = self.source if self.kind == "lark" else f"start: {body}\n"
+        for text in self.tokens:
+            token = special_id(text)
+            if token is not None:
+                grammar = grammar.replace(json.dumps(text), f"<[{token}]>")
         if self.think is None and not self.harmony:
             return grammar
         prefix = answer_frame() if self.harmony else _think_prefix(self.think, special_id)
