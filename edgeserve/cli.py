@@ -391,15 +391,14 @@ def server_config_from_args(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from edgeserve.registry import is_pulled, pull
+    from edgeserve.serve_checks import check_models, check_port
     from edgeserve.server import create_app
     from edgeserve.server.state import configure_logging
 
     config = server_config_from_args(args)
     models = config.models
-    for name in models:  # catalog models are fetched now (with a progress bar), not on the first request
-        if name in CATALOG and not is_pulled(name) and not args.no_pull:
-            pull(name, progress=True)
+    check_port(config.host, config.port)  # one line and status 1, before anything is pulled or said
+    check_models(models, allow_pull=config.allow_pull, load_format=config.load_format)  # pulls what is missing
     configure_logging(args.log_level)
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",
