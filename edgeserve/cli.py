@@ -11,8 +11,6 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
-from edgeserve.text.chat_prompt import chat_ids
-from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,6 +302,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgeserve.llm import LLM
     from edgeserve.load_progress import LoadingLine
     from edgeserve.sampling_params import SamplingParams
+    from edgeserve.text.chat_prompt import chat_ids
+    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
     model_name, prompt = split_model_and_prompt(args)
     try:
