@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=EngineConfig.max_waiting,
                    help="waiting requests per model before HTTP 429 (default %(default)s)")
+    s.add_argument("--default-max-tokens", type=_count_or_off, default=2048, metavar="N|off",
+                   help="output tokens of a request that sets no limit (default %(default)s; off: up to the end of "
+                        "the context)")
+    s.add_argument("--max-tokens-limit", type=_count_or_off, default=None, metavar="N|off",
+                   help="the most output tokens any request gets; larger limits are lowered to it (default: off)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
     add_device_args(s)
@@ -209,6 +214,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="while requests decode, a step carries only the prompt tokens that keep it within this "
                         "factor of a decode-only step; off: every step takes the whole --max-batched-tokens "
                         "(default %(default)s)")
+
+
+def _count_or_off(text: str) -> int | None:
+    """A token-count flag's value: a positive integer, or "off" (None)."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens or 'off', got {text!r}")
+    return value
 
 
 def _factor_or_off(text: str) -> float | None:
@@ -385,7 +403,8 @@ def server_config_from_args(args: argparse.Namespace):
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
-        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level)
+        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
+        default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
