@@ -317,6 +317,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
+    from edgeserve.first_run import first_run_hint
     from edgeserve.llm import LLM
     from edgeserve.load_progress import LoadingLine
     from edgeserve.sampling_params import SamplingParams
@@ -331,6 +332,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     check_device(args)
+    first_run_hint(model_name)
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
