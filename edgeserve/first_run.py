@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from edgeserve.registry.catalog import DEFAULT_MODEL
@@ -16,13 +17,14 @@ HINT = (f"note: {DEFAULT_MODEL}, the default model, is a 135M model for trying e
         f"{RECOMMENDED_MODEL} (edgeserve list --all lists the catalog)")
 
 
-def _marker():
+def _marker() -> Path:
+    """The file whose presence says the hint was shown."""
     return edgeserve_home() / ".first-run-hint-shown"
 
 
 def first_run_hint(model: str, out: TextIO | None = None) -> bool:
-    """Print HINT to `out` (default: stderr) if `model` is the default model and the hint was never shown from this cache folder;
-    whether it was printed."""
+    """Print HINT to `out` (default: stderr) if `model` is the default model and the hint was never shown from this
+    cache folder; whether it was printed."""
     if model != DEFAULT_MODEL:
         return False
     marker = _marker()

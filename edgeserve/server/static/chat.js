@@ -501,7 +501,9 @@ let modelStates = {};  // model id -> its state from /api/ps (absent: not loaded
 /** Label each model in the list with its state from /api/ps's `models`. */
 function labelModels(models) {
   modelStates = Object.fromEntries(models.map((m) => [m.name, m.status]));
-  for (const opt of $("model").options) opt.textContent = `${opt.value} \u00b7 ${modelStates[opt.value] || "not loaded"}`;
+  for (const opt of $("model").options) {
+    opt.textContent = `${opt.value} \u00b7 ${modelStates[opt.value] || "not loaded"}`;
+  }
   renderEmpty();
 }
 
