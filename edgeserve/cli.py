@@ -317,21 +317,23 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from edgeserve.first_run import first_run_hint
-    from edgeserve.llm import LLM
-    from edgeserve.load_progress import LoadingLine
     from edgeserve.sampling_params import SamplingParams
-    from edgeserve.text.chat_prompt import chat_ids
-    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
     model_name, prompt = split_model_and_prompt(args)
-    try:
+    try:  # the flags first: a bad value is one line before torch is imported
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     check_device(args)
+
+    from edgeserve.first_run import first_run_hint
+    from edgeserve.llm import LLM
+    from edgeserve.load_progress import LoadingLine
+    from edgeserve.text.chat_prompt import chat_ids
+    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
+
     first_run_hint(model_name)
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
@@ -399,27 +401,29 @@ def server_config_from_args(args: argparse.Namespace):
     from edgeserve.server.config import parse_keep_alive
 
     engine = engine_config_from_args(args, max_waiting=args.max_queue)  # a bad flag fails now, not at first load
-    check_device(args)
-    return ServerConfig(
+    config = ServerConfig(
         host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
+    check_device(args)  # after the flags' own checks: this one imports torch
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from edgeserve.serve_checks import check_models, check_port
-    from edgeserve.server import create_app
-    from edgeserve.server.state import configure_logging
 
     config = server_config_from_args(args)
     models = config.models
     check_port(config.host, config.port)  # one line and status 1, before anything is pulled or said
     check_models(models, allow_pull=config.allow_pull, load_format=config.load_format)  # pulls what is missing
+
+    import uvicorn
+
+    from edgeserve.server import create_app
+    from edgeserve.server.state import configure_logging
     configure_logging(args.log_level)
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",

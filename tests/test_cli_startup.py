@@ -1,4 +1,5 @@
-"""The CLI starts fast: `--help` and argument errors import no torch (torch and its compiler take seconds)."""
+"""The CLI starts fast: `--help`, argument errors and bad flag values import no torch (torch and its compiler take
+seconds)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ print(json.dumps({"status": status, "heavy": heavy}))
     (["run", "--help"], 0),
     (["serve", "--port", "x"], 1),
     (["frob"], 1),
+    # bad values the commands check themselves, before any model, server or torch
+    (["serve", "--keep-alive", "soon"], 1),
+    (["serve", "--max-seqs", "0"], 1),
+    (["serve", "--quantize-group-size", "48"], 1),
+    (["run", "--top-p", "0", "hi"], 1),
+    (["run", "--kv-offload", "gpu", "hi"], 1),
+    (["bench", "--url", "http://127.0.0.1:9", "--num-requests", "0"], 1),
 ])
 def test_help_and_argument_errors_import_no_torch(argv, status):
     proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120)

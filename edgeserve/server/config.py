@@ -109,6 +109,6 @@ class ServerConfig:
             raise config_error(ServerConfig, "dense_prefill", "be auto, on or off", self.dense_prefill)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise config_error(ServerConfig, "dtype", "be auto, float32, bfloat16 or float16", self.dtype)
-        from edgeserve.loaders.quantize import check_quantize_options
+        from edgeserve.loaders.quantize_options import check_quantize_options
 
         check_quantize_options(self.quantize, self.quantize_group_size)
