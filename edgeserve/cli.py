@@ -11,6 +11,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
+from edgeserve.server.config import DEFAULT_MAX_TOKENS  # edgeserve.server loads its app lazily: this stays light
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=EngineConfig.max_waiting,
                    help="waiting requests per model before HTTP 429 (default %(default)s)")
-    s.add_argument("--default-max-tokens", type=_count_or_off, default=2048, metavar="N|off",
+    s.add_argument("--default-max-tokens", type=_count_or_off, default=DEFAULT_MAX_TOKENS, metavar="N|off",
                    help="output tokens of a request that sets no limit (default %(default)s; off: up to the end of "
                         "the context)")
     s.add_argument("--max-tokens-limit", type=_count_or_off, default=None, metavar="N|off",
