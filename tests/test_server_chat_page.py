@@ -528,6 +528,8 @@ def test_regenerate_keeps_both_replies_switchable(browser, server):
         assert _turns(page)[-1] == ("assistant", "reply 1")
         assert page.locator(".turn.assistant .version").text_content() == "1/2"
         assert page.locator(".turn.assistant button.prev-version").is_disabled()
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "desktop-reply-versions.png"))
         page.reload()
         page.wait_for_selector("#log .turn")
         assert _turns(page)[-1] == ("assistant", "reply 1")  # the choice is kept
