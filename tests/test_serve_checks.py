@@ -51,6 +51,8 @@ def test_a_model_that_is_not_there_is_run_s_line_before_serving(model, says, tmp
     err = serve_error(capsys, "-m", model)
     assert err.startswith("edgeserve: error:") and says in err
     assert err == run_error(capsys, model)  # the very line `edgeserve run` prints
+    if model == "nosuchmodel":
+        assert "qwen2.5-1.5b" in err  # the catalog listed includes the models pulled from Hugging Face
 
 
 def test_an_unpulled_catalog_model_with_no_pull_is_refused_at_start(capsys):
