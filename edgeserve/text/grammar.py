@@ -22,9 +22,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import llguidance
-import numpy as np
-import llguidance.torch as llg_torch
-import torch
 
 from edgeserve.text.harmony import answer_frame
 
@@ -196,6 +193,9 @@ class GrammarCompiler:
         that token and the next mask. A schema no finite text satisfies (`{"$ref": "#"}`, a required property that
         refers back to the root, a pattern too large to build) fails here, before any request runs it; a failure
         further in is caught while decoding (the request then ends with an error)."""
+        import llguidance.torch as llg_torch  # here, not at import: it loads torch and its compiler
+        import numpy as np
+
         m = template.deep_copy()
         bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
         eos = set(self.eos_ids)
@@ -227,6 +227,8 @@ class GrammarCompiler:
 
     def fill_masks(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
         """Write each state's allowed-token bitmask into row i of `bitmask` (int32 [len(states), ceil(V/32)])."""
+        import llguidance.torch as llg_torch
+
         if len(states) >= self.PARALLEL_FROM:
             llg_torch.fill_next_token_bitmask_par(self._executor, [(s.matcher, i) for i, s in enumerate(states)],
                                                   bitmask)
@@ -248,6 +250,10 @@ def _explain(problem: str) -> str:
 
 def allowed_mask(states: list[GrammarState], vocab: int) -> torch.Tensor:
     """bool [len(states), vocab]: which tokens each state allows next (computed on the host, in one native call)."""
+    import llguidance.torch as llg_torch
+    import numpy as np
+    import torch
+
     compiler = states[0].compiler
     bitmask = llg_torch.allocate_token_bitmask(len(states), compiler.vocab_size)
     compiler.fill_masks(states, bitmask)
