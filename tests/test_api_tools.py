@@ -64,7 +64,7 @@ def test_anthropic_tool_use_round_trip(claude, server):
     assert again.stop_reason == "tool_use"
     n = claude.messages.count_tokens(model="tooly", tools=A_TOOLS, messages=history).input_tokens
     assert again.usage.input_tokens + (again.usage.cache_read_input_tokens or 0) == n
-    from edgeserve.server.anthropic_routes import parse_messages_request
+    from edgeserve.server.api.anthropic import parse_messages_request
     from edgeserve.server.chat_setup import chat_setup
 
     lm = server.manager.entries["tooly"].lm
@@ -165,7 +165,7 @@ def test_responses_function_call_round_trip(oai, server):
     again = oai.responses.create(model="tooly", input=items, tools=R_TOOLS, temperature=0, max_output_tokens=20)
     assert [o.type for o in again.output] == ["function_call"]
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.responses_routes import parse_responses_request
+    from edgeserve.server.api.responses import parse_responses_request
 
     lm = server.manager.entries["tooly"].lm
     prompt = chat_setup(parse_responses_request({"model": "tooly", "input": items, "tools": R_TOOLS}),
@@ -221,7 +221,7 @@ def test_responses_reasoning_items(oai):
     assert added == ["reasoning", "message"]
     assert [o.type for o in events[-1].response.output] == ["reasoning", "message"]
     # a reasoning item sent back reaches the template as the assistant's reasoning_content
-    from edgeserve.server.responses_routes import parse_responses_request
+    from edgeserve.server.api.responses import parse_responses_request
 
     req = parse_responses_request({"model": "thinky", "input": [
         {"role": "user", "content": ASK}, reasoning.to_dict(), message.to_dict(), {"role": "user", "content": "ok"}]})

@@ -25,7 +25,7 @@ from typing import Any
 
 from edgeserve.engine.outputs import RequestOutput
 from edgeserve.loaders.chat_template import ChatTemplate
-from edgeserve.server.schemas import GenerationRequest
+from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,

@@ -1,4 +1,4 @@
-"""One HTTP request's generation: prompts -> token ids -> SamplingParams -> engine streams, shared by both APIs."""
+"""One HTTP request's generation: prompts -> token ids -> SamplingParams -> engine streams, for every API."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
 from edgeserve.server.prompt_bounds import check_prompt_size, max_token_chars, surely_too_long, too_long_error
-from edgeserve.server.schemas import GenerationRequest
+from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_prompt import chat_prompt_ids
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ class Generation:
         self.lease, self.req, self.metrics, self.request_id = lease, req, metrics, request_id
         self.prompt_param = prompt_param
         self.model = lease.entry.id
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic()  # when the model was leased
+        self.arrived = self.t0  # when the request arrived (the pipeline sets it; Ollama's total_duration)
+        self.load_ns = 0  # nanoseconds spent waiting for the model (Ollama's load_duration)
         self.created = int(time.time())
         self.streams: list = []
         self.prompt_lens: list[int] = []
