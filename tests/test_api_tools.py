@@ -102,8 +102,8 @@ def test_anthropic_tool_choice(claude):
     blocks = [b for b in forced.content if b.type == "tool_use"]
     if forced.stop_reason == "tool_use":
         assert len(blocks) == 1 and blocks[0].name == "get_weather" and isinstance(blocks[0].input["city"], str)
-    else:  # a random-weights model may run out of tokens inside the string: no call then
-        assert forced.stop_reason == "max_tokens" and not blocks
+    else:  # a random-weights model may run out of tokens inside the string: the cut call still comes back
+        assert forced.stop_reason == "max_tokens" and [b.name for b in blocks] == ["get_weather"]
 
 
 def test_anthropic_thinking(claude):
@@ -201,8 +201,9 @@ def test_responses_tool_choice(oai):
     calls = [o for o in forced.output if o.type == "function_call"]
     if forced.status == "completed":
         assert len(calls) == 1 and isinstance(json.loads(calls[0].arguments)["city"], str)
-    else:  # cut inside the arguments: no call
-        assert forced.incomplete_details.reason == "max_output_tokens" and not calls
+    else:  # cut inside the arguments: the call with the arguments generated so far
+        assert forced.incomplete_details.reason == "max_output_tokens" and [c.name for c in calls] == ["get_weather"]
+        assert calls[0].arguments.startswith("{")
 
 
 def test_responses_reasoning_items(oai):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
-from edgeserve.server.chat_setup import ChatSetup, chat_setup
+from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -164,6 +164,8 @@ class Generation:
         self._refuse_embedding_model()
         lm = self.lease.lm
         try:
+            if self.req.think_required and self.req.messages is not None and not can_think(lm.chat_template):
+                raise APIError(400, f'"{self.model}" does not support thinking', "invalid_request_error", "think")
             await self.check_size()
             if self.req.messages is not None:
                 self.chat = await anyio.to_thread.run_sync(chat_setup, self.req, lm.chat_template)

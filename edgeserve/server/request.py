@@ -30,6 +30,8 @@ class GenerationRequest:
     constraint: GrammarSpec | None = None  # response_format / Ollama format: the answer must match it
     tools: list[dict] | None = None  # OpenAI-shaped function definitions
     tool_choice: str | dict = "none"  # "none" | "auto" | "required" | {"name": function}
-    parallel_tool_calls: bool = True  # False: at most one call per reply
+    parallel_tool_calls: bool | None = None  # False: at most one call per reply; None: not said (several calls
+    # under "auto", one under "required"); True: several (at most chat_setup.MAX_PARALLEL_CALLS under "required")
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
     think: bool | None = None  # reasoning on/off (Ollama think, enable_thinking); None: the template's default
+    think_required: bool = False  # a model that cannot think is a 400 (Ollama think: true / a level)

@@ -1,5 +1,5 @@
 """Tools parsing for every API: function definitions (checked, in the OpenAI chat shape that chat_setup and the
-templates use), `tool_choice` and `parallel_tool_calls`.
+templates use), `tool_choice` (including OpenAI's allowed_tools) and `parallel_tool_calls`.
 
 A bad value is a 400 naming the field. Whether a parameters schema is supported is decided when it is compiled for
 the model's tokenizer (`Generation.prepare`): a 400 naming the unsupported keywords.
@@ -79,15 +79,39 @@ def parse_tool_choice(value: Any, tools: list[dict] | None) -> str | dict:
     return {"name": name}
 
 
-def set_tools(req: GenerationRequest, tools: list[dict] | None, body: dict, format_param: str) -> None:
-    """The request's tools (already parsed), `tool_choice` and `parallel_tool_calls` from `body`; a forced tool call
-    beside a format constraint (`req.constraint`, from the field `format_param`) is a 400 naming that field."""
+def set_tools(req: GenerationRequest, tools: list[dict] | None, body: dict) -> None:
+    """The request's tools (already parsed), `tool_choice` and `parallel_tool_calls` from `body`.
+
+    A forced call beside a response format is accepted, as OpenAI does: the tool choice governs this turn (its
+    grammar replaces the format's), the format the final text turn once the tools have answered."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        choice, tools = allowed_tools(choice, tools)
     req.tools = tools
-    req.tool_choice = parse_tool_choice(body.get("tool_choice"), req.tools)
+    req.tool_choice = parse_tool_choice(choice, req.tools)
     ptc = body.get("parallel_tool_calls")
     if ptc not in (None, True, False):
         raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
-    req.parallel_tool_calls = ptc is not False
-    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
-        raise bad_request(f"{format_param} cannot be combined with tool_choice 'required' or a named function",
-                          format_param)
+    req.parallel_tool_calls = ptc
+
+
+def allowed_tools(value: dict, tools: list[dict] | None) -> tuple[str, list[dict] | None]:
+    """OpenAI's tool_choice {"type": "allowed_tools", ...} as (mode, the tools it allows): Chat Completions nests
+    {"mode", "tools": [{"type": "function", "function": {"name"}}]} under "allowed_tools", Responses puts
+    "mode" and "tools" ([{"type": "function", "name"}]) beside "type". Only the allowed tools reach the prompt."""
+    spec = value.get("allowed_tools", value)
+    listed = spec.get("tools") if isinstance(spec, dict) else None
+    mode = spec.get("mode", "auto") if isinstance(spec, dict) else None
+    if mode not in ("auto", "required") or not isinstance(listed, list) or not listed:
+        raise bad_request("tool_choice allowed_tools needs a mode ('auto' or 'required') and a non-empty list of "
+                          "tools", "tool_choice")
+    known = {t["function"]["name"] for t in tools or []}
+    names = set()
+    for i, t in enumerate(listed):
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or name not in known:
+            raise bad_request(f"tool_choice allowed_tools tools[{i}] must name a function in tools, got {name!r}",
+                              "tool_choice")
+        names.add(name)
+    return mode, [t for t in tools or [] if t["function"]["name"] in names]

@@ -207,9 +207,6 @@ def parse_messages_request(body: dict) -> GenerationRequest:
     effort = (body.get("output_config") or {}).get("effort") or (body.get("thinking") or {}).get("budget_tokens")
     if effort is not None:
         req.template_kwargs["reasoning_effort"] = effort
-    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
-        raise bad_request("output_config.format cannot be combined with tool_choice 'any' or 'tool'",
-                          "output_config.format")
     _sampling(body, req)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edgeserve.engine.outputs import TokenLogprob
 from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, keep_alive, model_name, number, reject_unknown, stop_list
@@ -83,6 +84,7 @@ def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:
     req.keep_alive = keep_alive(body)
     req.constraint = parse_ollama_format(body.get("format"))
     _think(body, req)
+    _logprobs(body, req)
     _ollama_options(body, req)
     return req
 
@@ -90,7 +92,7 @@ def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:
 def parse_ollama_chat(body: dict) -> GenerationRequest:
     """Validate a POST /api/chat body; an empty `messages` only loads or unloads the model."""
     req = _ollama_common(body, {"model", "messages", "stream", "options", "keep_alive", "format", "tools",
-                                "think"})
+                                "think", "logprobs", "top_logprobs"})
     msgs = body.get("messages")
     req.messages = [] if msgs is None or msgs == [] else parse_messages(msgs)
     req.tools = parse_tools(body.get("tools"))
@@ -101,7 +103,7 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
 def parse_ollama_generate(body: dict) -> GenerationRequest:
     """Validate a POST /api/generate body; an empty prompt only loads or unloads the model."""
     req = _ollama_common(body, {"model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format",
-                                "images", "suffix", "context", "template", "think"})
+                                "images", "suffix", "context", "template", "think", "logprobs", "top_logprobs"})
     for key, types, what in (("images", list, "a list"), ("suffix", str, "a string"), ("context", list, "a list"),
                              ("template", str, "a string")):
         if expect_type(body, key, types, what):
@@ -135,6 +137,16 @@ def parse_ollama_format(value: Any) -> GrammarSpec | None:
     raise bad_request(f"format must be \"json\" or a JSON schema object, got {value!r}", "format")
 
 
+def _logprobs(body: dict, req: GenerationRequest) -> None:
+    """`logprobs` (true: each generated token's log probability) and `top_logprobs` (that many alternatives)."""
+    req.logprobs = boolean(body, "logprobs", False)
+    top = number(body, "top_logprobs", integer=True)
+    if top and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    if req.logprobs:
+        req.sampling["logprobs"] = top or 0
+
+
 def _think(body: dict, req: GenerationRequest) -> None:
     """`think`: true / false, or a level (low, medium, high: harmony's Reasoning: level, as gpt-oss reads it)."""
     think = body.get("think")
@@ -145,7 +157,7 @@ def _think(body: dict, req: GenerationRequest) -> None:
         think = True
     if not isinstance(think, bool):
         raise bad_request(f"think must be true or false, got {think!r}", "think")
-    req.think = think
+    req.think = req.think_required = think  # Ollama: thinking asked of a model that cannot think is a 400
 
 
 # --- the reply --------------------------------------------------------------------------------------------------
@@ -188,6 +200,21 @@ def ollama_message(content: str, thinking: str = "", calls: list | None = None) 
     return msg
 
 
+def _token(gen: Generation, token_id: int, logprob: float) -> dict[str, Any]:
+    text = gen.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def ollama_logprobs(gen: Generation, lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    """{"logprobs": [{token, logprob, bytes, top_logprobs?}]} for some tokens when the request asked; else {}."""
+    if not gen.req.logprobs or not lps:
+        return {}
+    top = gen.req.sampling.get("logprobs") or 0
+    return {"logprobs": [{**_token(gen, lp.token_id, lp.logprob),
+                          **({"top_logprobs": [_token(gen, t, v) for t, v in lp.top]} if top else {})}
+                         for lp in lps]}
+
+
 class OllamaReplier:
     """Ollama's reply to /api/chat (`message`) or /api/generate (`response`): NDJSON lines while streaming, the
     last one (done: true) with done_reason and Ollama's counts and durations (nanoseconds)."""
@@ -220,16 +247,16 @@ class OllamaReplier:
         """The one reply of stream: false."""
         r = results[0]
         out = self.final(gen, r.finish_reason, r.num_prompt_tokens, r.num_output_tokens)
-        out.update(self.piece(r.text, r.reasoning, r.tool_calls))
+        out.update(self.piece(r.text, r.reasoning, r.tool_calls), **ollama_logprobs(gen, r.logprobs))
         return out
 
     async def stream(self, gen: Generation) -> AsyncIterator[str]:
         """A line per delta with text, reasoning or calls; the final line when the reply ends."""
         async for _, out in gen.outputs():
-            if out.text or out.reasoning or out.tool_calls:
+            if out.text or out.reasoning or out.tool_calls or (gen.req.logprobs and out.logprobs):
                 yield json.dumps({"model": gen.model, "created_at": now_iso(),
-                                  **self.piece(out.text, out.reasoning, out.tool_calls), "done": False},
-                                 ensure_ascii=False) + "\n"
+                                  **self.piece(out.text, out.reasoning, out.tool_calls),
+                                  **ollama_logprobs(gen, out.logprobs), "done": False}, ensure_ascii=False) + "\n"
             if out.finish_reason is not None:
                 yield json.dumps(self.final(gen, out.finish_reason, out.num_prompt_tokens,
                                             out.num_output_tokens)) + "\n"

@@ -84,6 +84,9 @@ def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: di
     out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": digest_, "details": details,
            "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": state,
            "active_requests": e.active}
+    context = getattr(e.engine, "max_model_len", None) if state == "loaded" else None
+    if context is not None:
+        out["context_length"] = context  # as Ollama reports it: the context the model was loaded with
     if state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:

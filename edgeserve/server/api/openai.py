@@ -207,7 +207,7 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
     req.constraint = parse_response_format(body.get("response_format"))
     if not chat:
         return
-    set_tools(req, parse_tools(body.get("tools")), body, "response_format")
+    set_tools(req, parse_tools(body.get("tools")), body)
     req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
     if "enable_thinking" in req.template_kwargs:
         req.think = req.template_kwargs["enable_thinking"]

@@ -174,7 +174,7 @@ def parse_responses_request(body: dict) -> GenerationRequest:
         msgs = [{"role": "system", "content": instructions}, *msgs]
     req = GenerationRequest(model=model, messages=msgs)
     req.constraint = _text_format(body.get("text"))
-    set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body, "text.format")
+    set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body)
     req.think = _reasoning(body.get("reasoning"))
     if req.think is not None:  # harmony's Reasoning: level (gpt-oss)
         req.template_kwargs["reasoning_effort"] = body["reasoning"]["effort"]
