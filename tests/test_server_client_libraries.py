@@ -7,6 +7,7 @@ Qwen-style tool template, a Qwen3-style thinking template) and the catalog's all
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import anthropic
 import ollama
@@ -198,3 +199,27 @@ def test_anthropic_forced_tool_round_trip_with_output_format(claude):
     final = claude.messages.create(model="tooly", max_tokens=40, messages=history, tools=tools, extra_body=GREEDY,
                                    output_config=fmt)
     Verdict.model_validate_json(final.content[-1].text)
+
+
+# --- OpenAI Agents SDK (optional: not in the test extra, it brings mcp, websockets and more) -----------------------
+
+def test_agents_sdk_forced_tool_then_output_type(server):
+    """An agent with a forced tool and an output type: the SDK sends tool_choice required beside text.format, runs
+    the tool, then asks again (tool choice reset) and parses the final text into the output type."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)  # traces would go to OpenAI's servers
+    calls = []
+
+    @agents.function_tool
+    def weather(city: Literal["Paris", "Rome"]) -> str:  # bounded: a forced call always completes
+        """Weather in a city."""
+        calls.append(city)
+        return "18 C, sunny"
+
+    model = agents.OpenAIResponsesModel(model="tooly", openai_client=openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0))
+    agent = agents.Agent(name="w", instructions="Answer briefly.", model=model, tools=[weather], output_type=Verdict,
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
+                                                             max_tokens=100))
+    result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=3)
+    assert len(calls) == 1 and isinstance(result.final_output, Verdict)
