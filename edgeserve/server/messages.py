@@ -22,23 +22,26 @@ MESSAGE_KEYS = {"role", "content", "name", "images", "tool_calls", "tool_call_id
 
 
 def content_text(content: Any, where: str, part_types: Iterable[str] = ("text",),
-                 part_keys: set[str] | None = None, what: str = "text parts") -> str:
+                 part_keys: set[str] | None = None, noun: str = "content part") -> str:
     """A message's content as text: a string, or a list of text parts (`{"type": one of part_types, "text"}`)
-    joined; any other part is a 400 naming it. `part_keys`: the keys a part may have (None: any)."""
+    joined; any other part is a 400 naming it. `part_keys`: the keys a part may have (None: any); `noun`: what
+    the API calls a part (Anthropic: content block)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or a list of {what}", where)
-    return "".join(text_part(part, f"{where}[{j}]", tuple(part_types), part_keys) for j, part in enumerate(content))
+        raise bad_request(f"{where} must be a string or a list of {noun}s", where)
+    return "".join(text_part(part, f"{where}[{j}]", tuple(part_types), part_keys, noun)
+                   for j, part in enumerate(content))
 
 
-def text_part(part: Any, here: str, part_types: tuple[str, ...] = ("text",), part_keys: set[str] | None = None) -> str:
+def text_part(part: Any, here: str, part_types: tuple[str, ...] = ("text",), part_keys: set[str] | None = None,
+              noun: str = "content part") -> str:
     """One text content part's text (400 for another kind of part, a missing text or an unknown key)."""
     kind = part.get("type") if isinstance(part, dict) else None
     if kind not in part_types:
         kind = kind if isinstance(part, dict) else type(part).__name__
-        raise bad_request(f"{here}: content part type {kind!r} is not supported (only "
-                          f"{' / '.join(repr(t) for t in part_types)})", here)
+        raise bad_request(f"{here}: {noun} type {kind!r} is not supported here (only "
+                          f"{' / '.join(part_types)})", here)
     if not isinstance(part.get("text"), str):
         raise bad_request(f"{here}.text must be a string", f"{here}.text")
     extra = set(part) - part_keys if part_keys is not None else set()
@@ -91,6 +94,7 @@ def parse_messages(value: Any, where: str = "messages", tool_call_ids: bool = Fa
 
 
 def _message(m: Any, here: str, tool_call_ids: bool) -> dict[str, Any]:
+    """One OpenAI / Ollama message, checked."""
     if not isinstance(m, dict):
         raise bad_request(f"{here} must be an object with role and content", here)
     extra = set(m) - MESSAGE_KEYS

@@ -13,9 +13,8 @@ An API adapter (edgeserve/server/api/) parses its body into a `GenerationRequest
 - not streamed: the choices are collected (a client that leaves cancels them, and gets 499) and the replier
   builds the JSON body.
 
-The events an adapter reads are `Generation.outputs()`: `(choice index, RequestOutput)` pairs whose `text`,
-`reasoning`, `tool_calls`, `logprobs`, `finish_reason` and token counts are already split for chat replies; the
-whole request's `Generation.usage`, `first_token_at`, `arrived` and `load_ns` give usage and timings.
+The events an adapter reads are `Event`s from `Generation.outputs()` (below); the whole request's
+`Generation.usage`, `first_token_at`, `arrived` and `load_ns` give usage and timings.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from edgeserve.engine.outputs import RequestOutput
 from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import acquire_with_pings, is_loaded
@@ -37,6 +37,12 @@ from edgeserve.server.state import server_state
 
 NDJSON = "application/x-ndjson"
 CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection before the reply
+
+# The pipeline's events, as a replier reads them from `Generation.outputs()`: (choice index, delta). The delta's
+# `text` is content, `reasoning` the reasoning, `tool_calls` the parsed calls (on a choice's last delta, whose
+# `finish_reason` is set: "stop", "length", "tool_calls" or "abort"), `logprobs` one per new token when asked,
+# and the token counts so far; `Generation.collect()` sums them per choice into a `ChoiceResult`.
+Event = tuple[int, RequestOutput]
 
 
 class Replier(Protocol):

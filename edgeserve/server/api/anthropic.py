@@ -42,11 +42,11 @@ _CONSTRAINT_PARAM = "output_config.format"  # the field a structured-output gram
 
 def _text(content: Any, where: str) -> str:
     """A string, or a list of text blocks joined; any other block type is a 400 naming it."""
-    return content_text(content, where, ("text",), _BLOCK_KEYS, "content blocks")
+    return content_text(content, where, ("text",), _BLOCK_KEYS, "content block")
 
 
 def _text_block(block: Any, here: str) -> str:
-    return text_part(block, here, ("text",), _BLOCK_KEYS)
+    return text_part(block, here, ("text",), _BLOCK_KEYS, "content block")
 
 
 def _string(block: dict, key: str, here: str) -> str:
@@ -102,6 +102,7 @@ def _tool_result(block: dict, at: str) -> dict[str, Any]:
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages; the last turn must be the user's."""
     out = []
     system = body.get("system")
     if system is not None:

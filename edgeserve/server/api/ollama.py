@@ -43,6 +43,7 @@ _OLLAMA_OPTIONS = {  # option -> (SamplingParams field, integer?)
 
 
 def _ollama_options(body: dict, req: GenerationRequest) -> None:
+    """`options`: sampling values, num_predict, stop and num_ctx; any other option is a 400 naming it."""
     opts = body.get("options")
     if opts is None:
         return
@@ -78,6 +79,7 @@ def _num_ctx(opts: dict) -> int | None:
 
 
 def _ollama_common(body: dict, allowed: set[str]) -> GenerationRequest:
+    """The fields /api/chat and /api/generate share: model, stream, keep_alive, format, think, logprobs, options."""
     reject_unknown(body, allowed)
     req = GenerationRequest(model=model_name(body))
     req.stream = boolean(body, "stream", True)
@@ -267,6 +269,7 @@ class OllamaReplier:
 
 
 async def _generate(request: Request, req: GenerationRequest, kind: str) -> Response:
+    """Load / unload for an empty request, else the pipeline with Ollama's replier."""
     if (kind == "chat" and not req.messages) or (kind == "generate" and req.messages == [] and not req.prompts):
         return await _load_or_unload(request, req, kind)
     return await respond(request, req, OllamaReplier(kind))

@@ -47,6 +47,7 @@ _IGNORED = {"user", "metadata", "store", "service_tier"}
 
 
 def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationRequest:
+    """The fields chat and completions share: model, sampling, stop, n, stream, logit_bias, format and tools."""
     reject_unknown(body, allowed, _IGNORED, "unsupported_parameter")
     req = GenerationRequest(model=model_name(body))
     for key, (target, integer) in _SAMPLING_NUMBERS.items():
@@ -188,6 +189,7 @@ def parse_response_format(value: Any, param: str = "response_format") -> Grammar
 
 
 def _template_kwargs(value: Any) -> dict[str, Any]:
+    """`chat_template_kwargs`: template variables, none of those the server sets itself."""
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and not k.startswith("_") for k in value):
@@ -297,7 +299,7 @@ class _Replier:
     ndjson = False
     ping = {"comment": "loading model"}
     constraint_param = "response_format"
-    object = ""
+    object = chunk_object = ""  # the reply's and the chunks' `object`
 
     def __init__(self, rid: str) -> None:
         self.rid = rid

@@ -34,13 +34,13 @@ _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature",
            "truncation", "conversation", "prompt", "background", "top_logprobs", "stream_options"}
 _IGNORED = {"store", "metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
 _ROLES = {"user", "assistant", "system", "developer"}
-_TEXT_PARTS = {"input_text", "output_text", "text"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _INCLUDE = {"reasoning.encrypted_content"}
 
 
 def _content(content: Any, where: str) -> str:
-    return content_text(content, where, _TEXT_PARTS, what="content parts")
+    return content_text(content, where, _TEXT_PARTS)
 
 
 def _item_string(item: dict, key: str, here: str) -> str:
@@ -75,6 +75,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
 
 
 def _message_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A message item: its text parts; an assistant's takes the reasoning item before it."""
     role = item.get("role")
     if role not in _ROLES:
         raise bad_request(f"{here}.role must be one of user, assistant, system, developer; got {role!r}",
@@ -91,6 +92,7 @@ def _message_item(item: dict, here: str, out: list[dict], thought: list[str | No
 
 
 def _function_call_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A function_call item: a call on the assistant turn before it (or on a turn of its own)."""
     args = _item_string(item, "arguments", here) if item.get("arguments") != "" else "{}"
     call = tool_call(_item_string(item, "call_id", here), _item_string(item, "name", here), args, here)
     if not out or out[-1]["role"] != "assistant":  # calls without text: an assistant turn of their own
@@ -101,10 +103,12 @@ def _function_call_item(item: dict, here: str, out: list[dict], thought: list[st
 
 
 def _function_call_output_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A function_call_output item: a tool message."""
     out.append(tool_result(_item_string(item, "call_id", here), _content(item.get("output"), f"{here}.output")))
 
 
 def _reasoning_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A reasoning item: kept for the next assistant turn's reasoning_content."""
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         raise bad_request(f"{here}.content must be a list of reasoning_text parts", f"{here}.content")
