@@ -64,8 +64,9 @@ def test_forced_call_with_response_format_is_accepted_on_chat(http):
     assert call["function"]["name"] == "get_weather"
 
 
-def test_forced_call_with_text_format_is_accepted_on_responses(http):
-    body = {"model": "tooly", "input": "Weather in Paris?", "tools": R_TOOLS, "tool_choice": "required",
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])  # Agents SDK, instructor
+def test_forced_call_with_text_format_is_accepted_on_responses(http, choice):
+    body = {"model": "tooly", "input": "Weather in Paris?", "tools": R_TOOLS, "tool_choice": choice,
             "max_output_tokens": 30, "temperature": 0,
             "text": {"format": {"type": "json_schema", "name": "out", "schema": ANSWER_SCHEMA}}}
     out = ok(http.post("/v1/responses", json=body))["output"]
