@@ -29,7 +29,7 @@ def content_text(content: Any, where: str, part_types: Iterable[str] = ("text",)
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or a list of {noun}s", where)
+        raise bad_request(f"{where} must be a string or a list of text {noun}s", where)
     return "".join(text_part(part, f"{where}[{j}]", tuple(part_types), part_keys, noun)
                    for j, part in enumerate(content))
 
@@ -40,8 +40,8 @@ def text_part(part: Any, here: str, part_types: tuple[str, ...] = ("text",), par
     kind = part.get("type") if isinstance(part, dict) else None
     if kind not in part_types:
         kind = kind if isinstance(part, dict) else type(part).__name__
-        raise bad_request(f"{here}: {noun} type {kind!r} is not supported here (only "
-                          f"{' / '.join(part_types)})", here)
+        raise bad_request(f"{here} must be a text {noun} ({' / '.join(part_types)}); type {kind!r} is not "
+                          "supported", here)
     if not isinstance(part.get("text"), str):
         raise bad_request(f"{here}.text must be a string", f"{here}.text")
     extra = set(part) - part_keys if part_keys is not None else set()
@@ -110,19 +110,9 @@ def _message(m: Any, here: str, tool_call_ids: bool) -> dict[str, Any]:
     if expect_type(m, "images", list, "a list", here + "."):
         raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
     content = m.get("content")
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{here}.content[{j}] must be a text part "
-                                  "({\"type\": \"text\", \"text\": ...}); other content types are not supported",
-                                  f"{here}.content[{j}]")
-            parts.append(part["text"])
-        content = "".join(parts)
-    elif content is None and role in ("assistant", "tool"):
+    if content is None and role in ("assistant", "tool"):
         content = ""
-    if not isinstance(content, str):
-        raise bad_request(f"{here}.content must be a string or a list of text parts", f"{here}.content")
+    content = content_text(content, f"{here}.content", ("text",), noun="part")
     return {"role": "system" if role == "developer" else role, "content": content, **message_tool_fields(m, here)}
 
 
