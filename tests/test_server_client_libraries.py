@@ -1,7 +1,8 @@
 """The client libraries users run, driving a test-started server as their users do (issue 34, section 2): the
 ollama python client, the openai SDK (chat, Responses with pydantic parsing as the Agents SDK and instructor use it,
-embeddings) and the anthropic SDK. Each: plain and streamed chat, a forced tool round trip, structured output into
-a schema, and embeddings where the client has them. On the tiny scripted models of test_tool_templates.py (a
+embeddings), the anthropic SDK, and pydantic-ai's default structured output; the OpenAI Agents SDK when installed.
+Each: plain and streamed chat, a forced tool round trip, structured output into a schema, and embeddings where the
+client has them. On the tiny scripted models of test_tool_templates.py (a
 Qwen-style tool template, a Qwen3-style thinking template) and the catalog's all-minilm."""
 
 from __future__ import annotations
@@ -223,3 +224,19 @@ def test_agents_sdk_forced_tool_then_output_type(server):
                                                              max_tokens=100))
     result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=3)
     assert len(calls) == 1 and isinstance(result.final_output, Verdict)
+
+
+# --- pydantic-ai (pydantic-ai-slim[openai]: a few small packages, in the test extra) ----------------------------------
+
+def test_pydantic_ai_default_structured_output(server):
+    """pydantic-ai's default structured output: a `final_result` tool under tool_choice "required", whose call
+    validates into the output type. (The bound on calls under "required" is tested in test_server_client_faults:
+    this scripted model closes the array after one call either way.)"""
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("tooly", provider=OpenAIProvider(base_url=server.url + "/v1", api_key="unused"))
+    agent = pydantic_ai.Agent(model, output_type=Verdict, model_settings={"temperature": 0, "max_tokens": 300})
+    result = agent.run_sync("Weather in Paris?")
+    assert isinstance(result.output, Verdict)
