@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator, Protocol
 
+import anyio.to_thread
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -89,6 +90,20 @@ async def start(request: Request, req: GenerationRequest, replier: Replier, leas
     await gen.prepare()
     gen.submit()
     return gen
+
+
+async def prompt_tokens(request: Request, req: GenerationRequest, prompt_param: str) -> int:
+    """The token count of `req`'s (first) prompt through the model's chat template, nothing generated."""
+    st = server_state(request)
+    lease = await st.manager.acquire(req.model)
+    try:
+        gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
+        if getattr(lease.engine, "is_embedding", False):
+            raise APIError(400, f"model {lease.entry.id!r} is an embedding model", "invalid_request_error", "model")
+        await gen.check_size()
+        return len((await anyio.to_thread.run_sync(gen.prompt_ids))[0])
+    finally:
+        lease.release()
 
 
 def _streaming(replier: Replier, items: AsyncIterator[Any], background: BackgroundTask | None = None) -> Response:

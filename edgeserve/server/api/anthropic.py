@@ -13,7 +13,6 @@ import json
 import secrets
 from typing import Any, AsyncIterator
 
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -24,8 +23,8 @@ from edgeserve.server.fields import model_name, number, reject_unknown, stop_lis
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.messages import assistant, content_text, text_part, tool_call, tool_result
 from edgeserve.server.request import GenerationRequest
-from edgeserve.server.respond import respond
-from edgeserve.server.state import api_errors, server_state
+from edgeserve.server.respond import prompt_tokens, respond
+from edgeserve.server.state import api_errors
 from edgeserve.server.tools import function_tool, parse_tool_choice, parse_tool_list
 from edgeserve.text.grammar import GrammarSpec
 from edgeserve.text.tool_calls import ToolCall
@@ -402,18 +401,8 @@ class MessagesReplier:
 @api_errors
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt's token count through the model's chat template."""
-    st = server_state(request)
     req = await read_request(request, lambda body: parse_messages_request({**body, "max_tokens": 1, "stream": False}))
-    lease = await st.manager.acquire(req.model)
-    try:
-        gen = Generation(lease, req, st.metrics, request.state.request_id, "messages")
-        if getattr(lease.engine, "is_embedding", False):
-            raise APIError(400, f"model {lease.entry.id!r} is an embedding model", "invalid_request_error", "model")
-        await gen.check_size()
-        n = len((await anyio.to_thread.run_sync(gen.prompt_ids))[0])
-    finally:
-        lease.release()
-    return JSONResponse({"input_tokens": n})
+    return JSONResponse({"input_tokens": await prompt_tokens(request, req, "messages")})
 
 
 ROUTES = [
