@@ -25,8 +25,9 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
 
 
 def kv_owners(config: ModelConfig) -> list[int]:
-    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`)."""
-    return [i for i in range(config.num_layers) if config.kv_source(i) == i]
+    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`,
+    and a hybrid's linear-attention layers, which keep a recurrent state instead)."""
+    return [i for i in range(config.num_layers) if config.kv_source(i) == i and not config.is_linear(i)]
 
 
 def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype, layer: int) -> int:
@@ -113,9 +114,10 @@ class KVPool:
         apart = bool(sliding) and (self.window is not None or len(shapes) > 1)
         if not apart:
             global_, sliding = owners, []
-        # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot
+        # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot; a
+        # linear-attention layer has none
         own = {i: (False, global_.index(i)) if i in global_ else (True, sliding.index(i)) for i in owners}
-        self.layer_slot = [own[config.kv_source(i)] for i in range(config.num_layers)]
+        self.layer_slot = [own.get(config.kv_source(i)) for i in range(config.num_layers)]
 
         def tail(layers: list[int]) -> tuple[int, int, int]:
             heads, dim = (config.layer_kv_heads(layers[0]), config.layer_head_dim(layers[0])) if layers else \
@@ -180,10 +182,12 @@ class KVPool:
 class PagedKVAttention:
     """The model's KVAttention for one step: writes the step's K/V to its slots and attends through block tables."""
 
-    def __init__(self, pool: KVPool, meta: AttentionMetadata, scale: float | None = None) -> None:
+    def __init__(self, pool: KVPool, meta: AttentionMetadata, scale: float | None = None, states=None) -> None:
+        """`states`: the step's recurrent states (engine.state_pool.StepStates) for a hybrid model's linear layers."""
         self.pool = pool
         self.meta = meta
         self.scale = scale
+        self.states = states
         self._window_meta: AttentionMetadata | None = None
         pool.sync_window_map()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims
 
 
 class OutOfSlotsError(RuntimeError):
@@ -127,3 +127,21 @@ class StatePool:
         assert not free & self._used, f"slots both free and used: {sorted(free & self._used)[:8]}"
         assert free | self._used == set(range(self.num_slots)), "a slot is lost or out of range"
         assert self.num_free + self.num_used == self.num_slots
+
+
+@dataclass
+class StepStates:
+    """One step's recurrent states as a hybrid model reads them (models.qwen35.RecurrentStates): the ragged batch
+    of the step's sequences with their slots, over `pool`."""
+
+    pool: StatePool
+    batch: "DeltaBatch"
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linear layer `index`'s (conv, recurrent) pool views."""
+        return self.pool.layer(index)
+
+    @classmethod
+    def build(cls, pool: StatePool, cu_seqlens, slots) -> "StepStates":
+        """The states of a step whose sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] and slot slots[i]."""
+        return cls(pool, DeltaBatch.build(cu_seqlens, slots, pool.num_slots))
