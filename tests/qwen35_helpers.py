@@ -25,7 +25,8 @@ DECODES = 5
 
 def hf_qwen35(moe: bool = False, seed: int = 0):
     """A tiny float32 Qwen3_5ForCausalLM (or Qwen3_5MoeForCausalLM): layers linear, linear, linear, full; heads of 32
-    with RoPE on 8 of them; 2 key / 4 value DeltaNet heads; weights scaled so every part matters."""
+    with RoPE on 8 of them; 2 key / 4 value DeltaNet heads; weights scaled so every part matters, the DeltaNet decay
+    slow so its state is remembered over many tokens."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -47,8 +48,8 @@ def hf_qwen35(moe: bool = False, seed: int = 0):
         model = transformers.Qwen3_5ForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.uniform_(-1.0, 1.0)
+            if name.endswith("A_log"):  # slow decay: a state carries far (a lost or wrong state shows)
+                p.uniform_(-4.0, -1.5)
             elif name.endswith("dt_bias"):
                 p.normal_(0.0, 0.5)
             elif "norm" in name:
