@@ -122,3 +122,21 @@ def test_gguf_metadata_missing_a_key_is_named(tmp_path: Path) -> None:
     meta = {k: v for k, v in g.metadata.items() if k != "qwen35.ssm.time_step_rank"}
     with pytest.raises(ModelLoadError, match="qwen35.ssm.time_step_rank"):
         config_from_gguf(meta, set(g.tensor_names()))
+
+
+def test_block_bytes_carry_the_partial_rope_row_order(tmp_path: Path) -> None:
+    """The native kernels' block bytes of q_proj / k_proj (and the Q/K norms) come in the same permuted row order
+    as the dense tensors."""
+    from edgeserve.loaders.dequant import dequantize
+    from edgeserve.models.qwen35 import Qwen35Weights
+
+    g = GGUFFile(write_qwen35_gguf(hf_qwen35(), tmp_path / "m.gguf", "Q8_0"))
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    src = Qwen35Weights(GGUFWeights(g, config.num_heads, config.num_kv_heads), config)
+    raw = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+    for proj in ("q_proj", "k_proj"):
+        name = f"model.layers.3.self_attn.{proj}.weight"
+        blocks = src.blocks(name)
+        dense = src.get(name, keep_int4=False)
+        assert torch.equal(dequantize(blocks.data.numpy(), blocks.qtype, blocks.shape), dense)
+        assert not torch.equal(dense, raw.get(name, keep_int4=False))  # permuted

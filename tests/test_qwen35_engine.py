@@ -135,6 +135,37 @@ def test_cancel_returns_the_seat_in_the_same_step(llm: LLM) -> None:
 def test_speculation_is_refused_for_hybrids(llm: LLM) -> None:
     with pytest.raises(ValueError, match="speculative decoding \\(ngram\\) is not supported for qwen35"):
         EngineCore(llm.lm, EngineConfig(kv_cache_gb=0.01, speculative="ngram"))
+    with pytest.raises(ValueError, match="run it without --speculative"):
+        LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram")
+
+
+def test_moe_gguf_in_block_formats_runs_natively_in_bfloat16(tmp_path: Path) -> None:
+    """A qwen35moe GGUF with Q8_0 matrices and experts in bfloat16 on the CPU: the matrices (attention q / k rows
+    permuted for partial RoPE) stay in block format on the native kernels; outputs are the same batched or alone and
+    close to the float32 model's."""
+    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu_native import BlockWeight
+
+    if not cpu_native.available():
+        pytest.skip("the native CPU kernels are not built here")
+    model = hf_qwen35(moe=True)
+    path = write_qwen35_gguf(model, tmp_path / "moe.gguf", "Q8_0")
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+    layers = llm.lm.model.layers
+    assert isinstance(layers[3].qkv, BlockWeight) and isinstance(layers[0].in_proj, BlockWeight)
+    ps = prompts(7, 19, 33, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    together = ids(llm.generate(ps, params))
+    assert together == [ids(llm.generate([p], params))[0] for p in ps]
+    assert_empty(llm.engine)
+    # the first token of each is among the top 5 of the float32 model of the same (rounded) values
+    exact = LLM(str(write_qwen35_gguf(model, tmp_path / "f32.gguf", rounded="Q8_0")), dtype="float32", device="cpu",
+                kv_cache_gb=0.01, enable_prefix_caching=False)
+    lp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=5)
+    for p in ps:
+        a = llm.generate([p], lp)[0].outputs[0]
+        b = exact.generate([p], lp)[0].outputs[0]
+        assert a.token_ids[0] in [t for t, _ in b.logprobs[0].top]
 
 
 def test_kv_offload_is_off_for_hybrids_with_a_log_line(llm: LLM, tmp_path: Path, caplog) -> None:
