@@ -184,17 +184,17 @@ def write_qwen35_gguf(model, path: Path, qtype: str = "F32", skip: str | None = 
     return path
 
 
-def state_pool(config, num_slots: int = 4) -> StatePool:
-    return StatePool(StateSpec(config.num_linear_layers, config.delta), num_slots)
+def state_pool(config, num_slots: int = 4, device: torch.device | str = "cpu") -> StatePool:
+    return StatePool(StateSpec(config.num_linear_layers, config.delta), num_slots, device)
 
 
 def run_steps(model, steps: list[list[tuple[int, int]]], ids: list[list[int]], block_size: int = 4,
               num_blocks: int = 32) -> list[torch.Tensor]:
     """Logits of each sequence's tokens, over a paged pool and a state pool: step s runs, for every sequence j, its
     tokens steps[s][j] = (start, stop) of ids[j] (an empty range skips it). Sequences own blocks j * 8 .. and slot j."""
-    c = model.config
-    pool = KVPool(c, num_blocks, block_size, model.dtype)
-    states = state_pool(c, len(ids))
+    c, dev = model.config, model.device
+    pool = KVPool(c, num_blocks, block_size, model.dtype, dev)
+    states = state_pool(c, len(ids), dev)
     slots = [states.allocate() for _ in ids]
     tables = [list(range(j * 8, j * 8 + 8)) for j in range(len(ids))]
     out: list[list[torch.Tensor]] = [[] for _ in ids]
@@ -204,12 +204,14 @@ def run_steps(model, steps: list[list[tuple[int, int]]], ids: list[list[int]], b
         pos = [p for j, a, b in run for p in range(a, b)]
         slot_map = [tables[j][p // block_size] * block_size + p % block_size for j, a, b in run for p in range(a, b)]
         meta = AttentionMetadata.build([b - a for j, a, b in run], [b for j, a, b in run], [tables[j] for j, _, _ in run],
-                                       slot_map)
+                                       slot_map, dev)
         cu = [0]
         for j, a, b in run:
             cu.append(cu[-1] + b - a)
-        st = StepStates.build(states, cu, [slots[j] for j, _, _ in run])
-        logits = model.logits(model.forward(torch.tensor(toks), torch.tensor(pos), PagedKVAttention(pool, meta, states=st)))
+        st = StepStates.build(states, torch.tensor(cu, device=dev), torch.tensor([slots[j] for j, _, _ in run],
+                                                                                 device=dev))
+        attn = PagedKVAttention(pool, meta, states=st)
+        logits = model.logits(model.forward(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), attn))
         for (j, a, b), lo, hi in zip(run, cu[:-1], cu[1:]):
             out[j].append(logits[lo:hi])
     return [torch.cat(o) for o in out]
