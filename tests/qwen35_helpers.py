@@ -203,8 +203,8 @@ def run_steps(model, steps: list[list[tuple[int, int]]], ids: list[list[int]], b
         toks = [t for j, a, b in run for t in ids[j][a:b]]
         pos = [p for j, a, b in run for p in range(a, b)]
         slot_map = [tables[j][p // block_size] * block_size + p % block_size for j, a, b in run for p in range(a, b)]
-        meta = AttentionMetadata.build([b - a for j, a, b in run], [b for j, a, b in run], [tables[j] for j, _, _ in run],
-                                       slot_map, dev)
+        meta = AttentionMetadata.build([b - a for _, a, b in run], [b for _, _, b in run],
+                                       [tables[j] for j, _, _ in run], slot_map, dev)
         cu = [0]
         for j, a, b in run:
             cu.append(cu[-1] + b - a)

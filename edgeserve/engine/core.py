@@ -79,9 +79,9 @@ class EngineCore:
         model = lm.model
         hybrid = lm.config.is_hybrid
         if hybrid and config.speculative is not None:
-            raise ValueError(f"speculative decoding ({config.speculative}) is not supported for {lm.config.architecture}"
-                             " (a hybrid model: rejected draft tokens would need its recurrent state rolled back); "
-                             "run it without --speculative")
+            raise ValueError(f"speculative decoding ({config.speculative}) is not supported for "
+                             f"{lm.config.architecture} (a hybrid model: rejected draft tokens would need its recurrent "
+                             "state rolled back); run it without --speculative")
         num_blocks, window_blocks, self.max_model_len, state_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         use_offload = config.offload_config().use_cpu
