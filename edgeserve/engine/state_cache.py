@@ -108,12 +108,12 @@ class StateSlots:
             raise ValueError(f"sequence {seq_id!r} already has a state slot")
         if not self.can_admit():
             raise RuntimeError(f"all {self.budget.seats} state seats are in use")
-        slot = self.pool.allocate()
+        src = None if prefix_hash is None else self._snapshots.get(prefix_hash)
+        if prefix_hash is not None and src is None:
+            raise KeyError("no state snapshot for the prefix hit")
+        slot = self.pool.allocate(zero=src is None)
         self._seats[seq_id] = _Seat(slot)
-        if prefix_hash is not None:
-            src = self._snapshots.get(prefix_hash)
-            if src is None:
-                raise KeyError("no state snapshot for the prefix hit")
+        if src is not None:
             self.pool.copy(src, slot)
             self._snapshots.move_to_end(prefix_hash)
             self.counters.snapshot_hits += 1
@@ -147,23 +147,23 @@ class StateSlots:
         `at_prompt_end`: this is its prompt's last full block (kept while the sequence lives). Its previous latest
         snapshot goes back unless it is the prompt one."""
         seat = self._seats[seq_id]
-        if block_hash in self._snapshots:
-            self._snapshots.move_to_end(block_hash)
-        else:
-            if not self.budget.snapshots:
-                return
-            if len(self._snapshots) >= self.budget.snapshots:
-                self._drop(next(iter(self._snapshots)))
-            dst = self.pool.allocate()
-            self.pool.copy(seat.slot, dst)
-            self._snapshots[block_hash] = dst
-            self.counters.snapshots_taken += 1
+        if not self.budget.snapshots:
+            return
+        old, seat.latest_hash = seat.latest_hash, block_hash
         if at_prompt_end:
             seat.prompt_hash = block_hash
-        old, seat.latest_hash = seat.latest_hash, block_hash
         if old is not None and old not in (block_hash, seat.prompt_hash) and not any(
                 old in (s.prompt_hash, s.latest_hash) for s in self._seats.values()):
-            self._drop(old)
+            self._drop(old)  # superseded first, so the least recently used below is another's
+        if block_hash in self._snapshots:
+            self._snapshots.move_to_end(block_hash)
+            return
+        if len(self._snapshots) >= self.budget.snapshots:
+            self._drop(next(iter(self._snapshots)))
+        dst = self.pool.allocate(zero=False)
+        self.pool.copy(seat.slot, dst)
+        self._snapshots[block_hash] = dst
+        self.counters.snapshots_taken += 1
 
     def evicted(self, block_hash: bytes) -> None:
         """The block `block_hash` left the prefix cache: its snapshot (if any) goes too."""

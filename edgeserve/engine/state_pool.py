@@ -82,14 +82,16 @@ class StatePool:
         """Whether `n` slots are free."""
         return n <= len(self._free)
 
-    def allocate(self) -> int:
-        """A free slot with zeroed states (a fresh sequence's start); raises OutOfSlotsError when none is free."""
+    def allocate(self, zero: bool = True) -> int:
+        """A free slot with zeroed states (a fresh sequence's start; `zero=False`: as they are, for a slot about to be
+        overwritten by `copy`); raises OutOfSlotsError when none is free."""
         if not self._free:
             raise OutOfSlotsError(f"all {self.num_slots} state slots are in use")
         slot = self._free.pop()
         self._used.add(slot)
-        self.conv[slot].zero_()
-        self.recurrent[slot].zero_()
+        if zero:
+            self.conv[slot].zero_()
+            self.recurrent[slot].zero_()
         return slot
 
     def free(self, slot: int) -> None:
