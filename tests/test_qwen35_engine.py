@@ -192,3 +192,17 @@ def test_metrics_and_api_ps_show_the_state_slots(llm: LLM) -> None:
     ps = _ps_entry(entry, "loaded", False, "", {})
     assert ps["recurrent_state"] == {"slots": stats.state_slots_total, "slots_used": 0,
                                      "snapshots": stats.state_snapshots, "bytes": stats.state_bytes}
+
+
+def test_one_step_overlap_with_prefix_caching(llm: LLM) -> None:
+    """The next step launched before the last one's tokens are on the host (the CUDA default, here on the CPU): the
+    same outputs, and the snapshots taken meanwhile serve a second turn."""
+    ps = prompts(21, 40, 9, seed=7)
+    alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
+    overlap = LLM.from_model(llm.lm, kv_cache_gb=0.01, overlap="on")
+    assert overlap.engine.overlap and ids(overlap.generate(ps, GREEDY)) == alone
+    second = ps[1] + alone[1] + [5, 6, 7]
+    before = overlap.engine.stats().prompt_tokens_reused
+    assert ids(overlap.generate([second], GREEDY)) == ids(llm.generate([second], GREEDY))
+    assert overlap.engine.stats().prompt_tokens_reused - before == 48
+    assert_empty(overlap.engine)
