@@ -97,6 +97,8 @@ def llama_cpp_tensors(model) -> dict[str, torch.Tensor]:
             if p + hf + ".weight" in sd:
                 w = sd[p + hf + ".weight"]
                 out[b + g + ".weight"] = w + 1 if hf.endswith("norm") else w
+                if hf == "mlp.shared_expert_gate":  # 1-D [hidden], as llama.cpp reads it
+                    out[b + g + ".weight"] = w.reshape(-1)
         a = p + "linear_attn."
         if a + "A_log" in sd:
             qkv = sd[a + "in_proj_qkv.weight"].clone()

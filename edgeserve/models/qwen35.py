@@ -202,7 +202,10 @@ class Qwen35Model(LlamaModel):
                       dtype: torch.dtype) -> dict:
         """Layer i's Qwen35Layer feed-forward fields: the MoE layer, or the gated MLP."""
         if c.is_moe:
-            return dict(gate_up=None, down=None, moe=load_moe_layer(c, src, i, matrix, dev, dtype))
+            moe = load_moe_layer(c, src, i, matrix, dev, dtype)
+            if moe.shared is not None and moe.shared.gate is not None:  # a GGUF may keep it 1-D [hidden]
+                moe.shared.gate = moe.shared.gate.reshape(1, -1)
+            return dict(gate_up=None, down=None, moe=moe)
         p = f"model.layers.{i}.mlp."
         return dict(gate_up=matrix([p + "gate_proj.weight", p + "up_proj.weight"]),
                     down=matrix([p + "down_proj.weight"]))
