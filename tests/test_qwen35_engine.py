@@ -132,11 +132,52 @@ def test_cancel_returns_the_seat_in_the_same_step(llm: LLM) -> None:
     assert_empty(engine)
 
 
-def test_speculation_is_refused_for_hybrids(llm: LLM) -> None:
-    with pytest.raises(ValueError, match="speculative decoding \\(ngram\\) is not supported for qwen35"):
-        EngineCore(llm.lm, EngineConfig(kv_cache_gb=0.01, speculative="ngram"))
-    with pytest.raises(ValueError, match="run it without --speculative"):
-        LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram")
+class OracleProposer:
+    """Proposes each prompt's known greedy continuation, every other proposal with its last draft wrong: so drafts
+    are accepted whole, in part and not at all (a random tiny model rarely repeats its prompt for prompt lookup)."""
+
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+        self.runs = list(zip(prompts, outputs))
+        self.calls = 0
+
+    def propose(self, token_ids: list[int], k: int) -> list[int]:
+        for prompt, out in self.runs:
+            if token_ids[:len(prompt)] == prompt and token_ids[len(prompt):] == out[:len(token_ids) - len(prompt)]:
+                drafts = out[len(token_ids) - len(prompt):][:k]
+                self.calls += 1
+                if drafts and self.calls % 2:
+                    drafts[-1] = (drafts[-1] + 1) % VOCAB
+                if drafts and self.calls % 3 == 0:
+                    drafts[0] = (drafts[0] + 1) % VOCAB
+                return drafts
+        return []
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_speculation_rolls_the_state_back(llm: LLM, prefix_caching: bool) -> None:
+    """Speculation on a hybrid: greedy outputs equal plain decoding's whether drafts are accepted whole, in part or
+    not at all (a rejection puts the state back to before the step; the accepted tokens are computed again)."""
+    ps = prompts(13, 29, 40, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = [ids(llm.generate([p], params))[0] for p in ps]
+    spec = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
+                          enable_prefix_caching=prefix_caching)
+    assert spec.engine.states.budget.backups == spec.engine.states.budget.seats
+    spec.engine.spec.ngram = OracleProposer(ps, plain)
+    assert ids(spec.generate(ps, params)) == plain
+    assert [ids(spec.generate([p], params))[0] for p in ps] == plain
+    stats = spec.engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+    assert stats.spec_mean_accepted_length > 1.5
+    assert_empty(spec.engine)
+    # prompt lookup itself (its drafts mostly rejected by this model) gives the same outputs
+    lookup = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", enable_prefix_caching=prefix_caching)
+    assert ids(lookup.generate(ps, params)) == plain and lookup.engine.stats().spec_proposed_tokens > 0
+
+
+def test_a_hybrid_draft_model_is_refused(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="hybrid draft model \\(qwen35\\) is not supported"):
+        EngineCore(llm.lm, EngineConfig(kv_cache_gb=0.01, speculative="draft", draft_model="x"), draft=llm.lm)
 
 
 def test_moe_gguf_in_block_formats_runs_natively_in_bfloat16(tmp_path: Path) -> None:

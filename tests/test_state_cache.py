@@ -86,3 +86,21 @@ def test_snapshots_are_evicted_with_blocks_and_least_recently_used_first() -> No
     s.release("b")
     s.check()
     assert s.pool.num_used == 1
+
+
+def test_backups_put_a_seat_back_and_go_with_it() -> None:
+    s = StateSlots(SPEC, state_budget(SPEC, 100 * SPEC.bytes_per_sequence, 2, True, speculative=True))
+    assert s.budget.backups == s.budget.seats == 2
+    a = s.admit("a")
+    s.pool.recurrent[a].fill_(1.0)
+    s.backup("a")
+    s.pool.recurrent[a].fill_(5.0)
+    s.restore("a")
+    assert bool((s.pool.recurrent[a] == 1.0).all())
+    s.check()
+    s.release("a")
+    assert s.pool.num_used == 0
+    with pytest.raises(RuntimeError, match="without speculative"):
+        plain = slots()
+        plain.admit("b")
+        plain.backup("b")

@@ -78,10 +78,9 @@ class EngineCore:
         self.config = config
         model = lm.model
         hybrid = lm.config.is_hybrid
-        if hybrid and config.speculative is not None:
-            raise ValueError(f"speculative decoding ({config.speculative}) is not supported for "
-                             f"{lm.config.architecture} (a hybrid model: rejected draft tokens would need its recurrent "
-                             "state rolled back); run it without --speculative")
+        if draft is not None and draft.config.is_hybrid:
+            raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
+                             "state is not kept; use a draft model with attention layers only")
         num_blocks, window_blocks, self.max_model_len, state_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         use_offload = config.offload_config().use_cpu
@@ -227,6 +226,10 @@ class EngineCore:
         sampling = [self.requests[s.seq_id] for s in scheduled]
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
+        if self.states is not None:  # a hybrid's states before its drafts, for a rollback when some are rejected
+            for s in sched.scheduled:
+                if s.num_spec:
+                    self.states.backup(s.seq_id)
         logits = self.runner.execute(sched, fill)
         if logits is None:  # every sequence was mid-prefill
             return out

@@ -298,7 +298,7 @@ def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
         from .state_pool import StateSpec
 
         states = state_budget(StateSpec(lm.config.num_linear_layers, lm.config.delta), budget, config.max_num_seqs,
-                              config.enable_prefix_caching)
+                              config.enable_prefix_caching, speculative=config.speculative is not None)
         budget -= states.nbytes
     num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, model.dtype, config.block_size,
                                                        config.max_num_seqs, config.max_num_batched_tokens)

@@ -255,7 +255,14 @@ class Scheduler:
             seq = self._seqs.get(s.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            if s.num_spec:
+            if s.num_spec and self.states is not None and len(sampled[seq.seq_id]) <= s.num_spec:
+                # a hybrid whose drafts were not all accepted: its state fed them all, so it goes back to before
+                # the step and the accepted tokens are computed again (with the new one) from there
+                self.states.restore(seq.seq_id)
+                seq.num_computed_tokens = s.positions[0]
+                # slots stay reserved for every token it holds once the new ones are in (they are computed next)
+                self.block_manager.truncate(seq.seq_id, seq.num_tokens + len(sampled[seq.seq_id]))
+            elif s.num_spec:
                 # KV stays only for the drafts that were accepted: every emitted token but the last one
                 seq.num_computed_tokens += s.num_new_tokens - s.num_spec + len(sampled[seq.seq_id]) - 1
                 self.block_manager.truncate(seq.seq_id, seq.num_computed_tokens)

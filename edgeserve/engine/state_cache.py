@@ -10,6 +10,11 @@ last full block (the same prompt again) and its latest one (a multi-turn chat's 
 tokens), older ones go back. A prefix hit is cut to the deepest hit block that has a snapshot, whose state is then
 copied into the new sequence's seat; snapshots are evicted with their blocks, and the least recently used goes
 first when the snapshot slots run out. Seats and snapshots share one pool, sized from the KV budget at load.
+
+Speculative decoding: a step that verifies k drafts feeds all of them through the linear layers, so the state goes
+past the tokens kept when some are rejected. Before such a step the seat's states are copied to the sequence's
+backup slot; when a draft is rejected the backup is put back and the sequence's computed count goes back to before
+the step, so the next step recomputes the accepted tokens (with the new one) from the right state.
 """
 
 from __future__ import annotations
@@ -30,35 +35,43 @@ SeqId = Hashable
 
 @dataclass(frozen=True)
 class StateBudget:
-    """How many seats (running sequences) and snapshot slots a budget gives, and their bytes."""
+    """How many seats (running sequences), snapshot slots and speculation backups (one per seat with speculative
+    decoding) a budget gives, and their bytes."""
 
     seats: int
     snapshots: int
     bytes_per_slot: int
+    backups: int = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.seats + self.snapshots + self.backups
 
     @property
     def nbytes(self) -> int:
-        return (self.seats + self.snapshots) * self.bytes_per_slot
+        return self.num_slots * self.bytes_per_slot
 
 
 SEAT_FRACTION = 0.5  # at most this much of the KV budget for running sequences' states
 SNAPSHOT_FRACTION = 0.25  # at most this much for prefix-cache snapshots
 
 
-def state_budget(spec: StateSpec, budget_bytes: float, max_num_seqs: int, prefix_caching: bool) -> StateBudget:
-    """Seats for up to `max_num_seqs` sequences within SEAT_FRACTION of the budget (at least one), and as many snapshot
-    slots as seats (at least 2) within SNAPSHOT_FRACTION of it, when prefix caching is on. ValueError when not even
-    one seat fits the whole budget."""
+def state_budget(spec: StateSpec, budget_bytes: float, max_num_seqs: int, prefix_caching: bool,
+                 speculative: bool = False) -> StateBudget:
+    """Seats for up to `max_num_seqs` sequences within SEAT_FRACTION of the budget (at least one; with `speculative`
+    each seat has a backup beside it, within the same fraction), and as many snapshot slots as seats (at least 2)
+    within SNAPSHOT_FRACTION of it, when prefix caching is on. ValueError when not even one seat fits the budget."""
     per = spec.bytes_per_sequence
-    if per > budget_bytes:
+    need = 2 * per if speculative else per
+    if need > budget_bytes:
         raise ValueError(f"the KV cache budget of {budget_bytes / 2**20:.1f} MiB holds no recurrent state of "
-                         f"{per / 2**20:.2f} MiB (one sequence of this hybrid model)")
-    seats = max(1, min(max_num_seqs, int(SEAT_FRACTION * budget_bytes // per)))
+                         f"{need / 2**20:.2f} MiB (one sequence of this hybrid model)")
+    seats = max(1, min(max_num_seqs, int(SEAT_FRACTION * budget_bytes // need)))
     snapshots = min(max(seats, 2), int(SNAPSHOT_FRACTION * budget_bytes // per)) if prefix_caching else 0
     if seats < max_num_seqs:
         log.info("the state budget holds %d of %d sequences' recurrent states (%.1f MiB each): at most %d run at "
                  "once", seats, max_num_seqs, per / 2**20, seats)
-    return StateBudget(seats, snapshots, per)
+    return StateBudget(seats, snapshots, per, backups=seats if speculative else 0)
 
 
 @dataclass
@@ -66,6 +79,7 @@ class _Seat:
     slot: int
     prompt_hash: bytes | None = None  # its snapshot at the prompt's last full block (kept)
     latest_hash: bytes | None = None  # its latest snapshot
+    backup: int | None = None  # its states before a speculative step (restored when drafts are rejected)
 
 
 @dataclass
@@ -82,7 +96,7 @@ class StateSlots:
 
     def __init__(self, spec: StateSpec, budget: StateBudget, device: torch.device | str = "cpu") -> None:
         self.budget = budget
-        self.pool = StatePool(spec, budget.seats + budget.snapshots, device)
+        self.pool = StatePool(spec, budget.num_slots, device)
         self._seats: dict[SeqId, _Seat] = {}
         self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.counters = StateCounters()
@@ -131,6 +145,26 @@ class StateSlots:
         seat = self._seats.pop(seq_id, None)
         if seat is not None:
             self.pool.free(seat.slot)
+            if seat.backup is not None:
+                self.pool.free(seat.backup)
+
+    # --- speculation rollback --------------------------------------------
+
+    def backup(self, seq_id: SeqId) -> None:
+        """Keep `seq_id`'s states before a step that verifies drafts (a step may feed tokens that get rejected)."""
+        if not self.budget.backups:
+            raise RuntimeError("no backup slots: the state budget was sized without speculative decoding")
+        seat = self._seats[seq_id]
+        if seat.backup is None:
+            seat.backup = self.pool.allocate(zero=False)
+        self.pool.copy(seat.slot, seat.backup)
+
+    def restore(self, seq_id: SeqId) -> None:
+        """Put back `seq_id`'s states from its last `backup` (its drafts were rejected: the state went too far)."""
+        seat = self._seats[seq_id]
+        if seat.backup is None:
+            raise KeyError(f"sequence {seq_id!r} has no state backup")
+        self.pool.copy(seat.backup, seat.slot)
 
     # --- snapshots -------------------------------------------------------
 
@@ -185,6 +219,7 @@ class StateSlots:
     def check(self) -> None:
         """AssertionError unless seats and snapshots account for exactly the pool's used slots."""
         self.pool.check()
-        used = [s.slot for s in self._seats.values()] + list(self._snapshots.values())
+        used = [s.slot for s in self._seats.values()] + list(self._snapshots.values()) + [
+            s.backup for s in self._seats.values() if s.backup is not None]
         assert len(set(used)) == len(used) == self.pool.num_used, "state slots lost or shared"
         assert len(self._seats) <= self.budget.seats and len(self._snapshots) <= self.budget.snapshots
