@@ -81,9 +81,8 @@ class ModelRunner:
         """The step's recurrent states (a hybrid model's): each sequence's rows and state slot, on the device."""
         if self.states is None:
             return None
-        cu = [0, *itertools.accumulate(query_lens)]
-        return StepStates.build(self.states, to_device(cu, torch.int64, self.device),
-                                to_device([s.state_slot for s in scheduled], torch.int64, self.device))
+        return StepStates.build(self.states, [0, *itertools.accumulate(query_lens)],
+                                [s.state_slot for s in scheduled])
 
 
 def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:

@@ -10,7 +10,7 @@ and speculation rollback).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -145,5 +145,12 @@ class StepStates:
 
     @classmethod
     def build(cls, pool: StatePool, cu_seqlens, slots) -> "StepStates":
-        """The states of a step whose sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] and slot slots[i]."""
-        return cls(pool, DeltaBatch.build(cu_seqlens, slots, pool.num_slots))
+        """The states of a step whose sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] and slot slots[i]
+        (tensors or host lists: lists are checked on the host and the batch is sent to the pool's device in one go,
+        so a GPU step waits on nothing here)."""
+        batch = DeltaBatch.build(cu_seqlens, slots, pool.num_slots)
+        dev = pool.recurrent.device
+        if batch.seq.device != dev:
+            batch = replace(batch, **{f: getattr(batch, f).to(dev, non_blocking=True)
+                                      for f in ("cu_seqlens", "slots", "seq", "pos", "lens")})
+        return cls(pool, batch)
