@@ -81,6 +81,21 @@ _ARCH_LAYER = {"gemma4": {
     "router.scale": "ffn_gate_inp.scale",
     "router.per_expert_scale": "ffn_down_exps.scale",
 }}
+# Qwen3.5 hybrids (llama.cpp's `qwen35` / `qwen35moe`): the Gated DeltaNet layers' tensors; `linear_attn.ssm_a` is
+# llama.cpp's -exp(A_log) (edgeserve.models.qwen35 turns it back)
+_QWEN35_LAYER = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.ssm_a": "ssm_a",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+_ARCH_LAYER["qwen35"] = _ARCH_LAYER["qwen35moe"] = _QWEN35_LAYER
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 

@@ -40,6 +40,8 @@ from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
 from .request_state import Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
+from .state_cache import StateSlots
+from .state_pool import StateSpec
 from .spec import Speculator
 
 log = logging.getLogger("edgeserve.engine")
@@ -75,24 +77,39 @@ class EngineCore:
         self.lm = lm
         self.config = config
         model = lm.model
-        num_blocks, window_blocks, self.max_model_len = size_pool(lm, config)
+        hybrid = lm.config.is_hybrid
+        if draft is not None and draft.config.is_hybrid:
+            raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
+                             "state is not kept; use a draft model with attention layers only")
+        num_blocks, window_blocks, self.max_model_len, state_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
+        use_offload = config.offload_config().use_cpu
+        if hybrid and use_offload:
+            log.warning("KV offload (%s) is off for %s: its host and disk tiers and swap preemption do not keep a "
+                        "hybrid model's recurrent states (preemption recomputes)", config.kv_offload,
+                        lm.config.architecture)
+            use_offload = False
         # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
-        window_blocks = 0 if config.offload_config().use_cpu else min(window_blocks, num_blocks)
+        window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
                            scratch_block=use_graphs, window_blocks=window_blocks)
-        if config.offload_config().use_cpu and self.pool.window_k.shape[0]:
+        if use_offload and self.pool.window_k.shape[0]:
             raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
                              "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
-        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v)
+        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v) if use_offload \
+            else None
+        # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
+        self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.delta), state_budget,
+                                 model.device) if state_budget is not None else None
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,
-                                   registry=self.requests)
+                                   registry=self.requests, states=self.states)
         self.pool.attach(self.scheduler.block_manager)  # a sliding-window pool's blocks are kept there
         self.runner = ModelRunner(model, self.pool, config.max_num_seqs, self.max_model_len,
-                                  max_num_tokens=config.max_num_batched_tokens, registry=self.requests)
+                                  max_num_tokens=config.max_num_batched_tokens, registry=self.requests,
+                                  states=self.states.pool if self.states is not None else None)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         self.spec: Speculator | None = None
@@ -209,6 +226,10 @@ class EngineCore:
         sampling = [self.requests[s.seq_id] for s in scheduled]
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
+        if self.states is not None:  # a hybrid's states before its drafts, for a rollback when some are rejected
+            for s in sched.scheduled:
+                if s.num_spec:
+                    self.states.backup(s.seq_id)
         logits = self.runner.execute(sched, fill)
         if logits is None:  # every sequence was mid-prefill
             return out
@@ -432,6 +453,7 @@ class EngineCore:
             num_steps=self.num_steps,
             offload=self.offload.tiers.stats() if self.offload is not None else None,
             **(_spec_stats(self.spec) if self.spec is not None else {}),
+            **(_state_stats(self.states) if self.states is not None else {}),
         )
 
 
@@ -451,6 +473,12 @@ def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, s
         if i + 1 >= room:
             return i + 1, "length"
     return len(tokens), None
+
+
+def _state_stats(states: StateSlots) -> dict:
+    return dict(state_slots_total=states.budget.seats, state_slots_used=states.num_seated,
+                state_snapshots=states.num_snapshots, state_snapshots_total=states.budget.snapshots,
+                state_bytes=states.nbytes)
 
 
 def _spec_stats(spec: Speculator) -> dict:

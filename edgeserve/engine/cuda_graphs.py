@@ -59,12 +59,13 @@ def graphs_supported(device: torch.device, config: ModelConfig | None = None) ->
     """Whether decode steps can be captured here: a CUDA device on which dispatch runs the Triton kernels, for a
     model whose attention takes the Triton decode kernel (head_dim <= 256 on every layer, whole query groups per KV
     head); the torch twin of attention plans on the host and cannot be captured. Not for Mixture-of-Experts models:
-    their layers group each step's rows by expert on the host."""
+    their layers group each step's rows by expert on the host; nor hybrids (their recurrent-state batch is built on
+    the host each step)."""
     if device.type != "cuda" or not use_triton(device):
         return False
     if config is None:
         return True
-    return not config.is_moe and all(  # Gemma 4's global layers have heads of their own
+    return not config.is_moe and not config.is_hybrid and all(  # Gemma 4's global layers have heads of their own
         config.layer_head_dim(i) <= 256 and config.num_heads % config.layer_kv_heads(i) == 0
         for i in range(config.num_layers))
 

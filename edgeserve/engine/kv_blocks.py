@@ -90,6 +90,11 @@ class BlockManager:
         # first tokens of a block (the same prompt again, a regenerated reply) reuses them from a copy.
         self.copy_block: Callable[[int, int], None] | None = None
         self._children: dict[bytes, dict[int, None]] = {}  # parent hash -> blocks holding KV after that prefix
+        # A hybrid model's recurrent states (engine.state_cache): a prefix hit is cut to the blocks this says it can
+        # resume after (given the hit blocks' hashes: how many), no hit ends inside a block, and `on_evict` hears of
+        # every hash that leaves the cache
+        self.usable_prefix: Callable[[list[bytes | None]], int] | None = None
+        self.on_evict: Callable[[bytes], None] | None = None
 
     def use_window(self, window: int, num_window_blocks: int) -> WindowBlocks:
         """Keep the sliding-window layers' K/V in a pool of `num_window_blocks` blocks that each sequence holds only
@@ -151,6 +156,11 @@ class BlockManager:
             state.window_to = max(state.window_to, last)
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
+    def prefix_hash(self, seq: SeqId, num_blocks: int) -> bytes | None:
+        """The prefix-cache key of `seq`'s first `num_blocks` blocks, when they are all hashed (else None)."""
+        state = self._seqs[seq]
+        return state.last_hash if num_blocks and state.num_hashed == num_blocks else None
+
     def window_blocks_held(self, seq: SeqId) -> int:
         """How many window blocks `seq` holds (0 without a window pool)."""
         state = self._seqs[seq]
@@ -170,6 +180,10 @@ class BlockManager:
             raise ValueError("cannot allocate an empty sequence")
         max_blocks = (n - 1) // self.block_size if self.enable_prefix_caching else 0
         hits, parent = self._find_prefix(token_ids, max_blocks)
+        if self.usable_prefix is not None:
+            hits = hits[:self.usable_prefix([self.blocks[b].hash for b in hits])] if hits else hits
+            parent = self.blocks[hits[-1]].hash if hits else _ROOT_HASH
+            max_blocks = len(hits)  # the tiers' blocks have no state to resume after
         window_from = 0
         if self.window is not None:
             hits, window_from = self._window_covered(hits)
@@ -390,7 +404,7 @@ class BlockManager:
     def _find_partial(self, parent: bytes, wanted: Sequence[int]) -> tuple[int | None, int]:
         """The block holding the longest run of `wanted`'s first tokens after prefix `parent`, and that length
         (None, 0 when nothing matches or blocks cannot be copied)."""
-        if self.copy_block is None or self.window is not None or not wanted:
+        if self.copy_block is None or self.window is not None or self.usable_prefix is not None or not wanted:
             return None, 0
         best, best_len = None, 0
         for b in self._children.get(parent, ()):
@@ -456,6 +470,8 @@ class BlockManager:
                 del self._by_hash[block.hash]
                 if self.offload is not None:  # moved down a tier instead of dropped
                     self.offload.offer(b, block.hash, block.parent_hash, block.token_ids)
+                if self.on_evict is not None:
+                    self.on_evict(block.hash)
             block.hash = None
         self._forget_content(block)
         block.ref_count = 1

@@ -17,6 +17,7 @@ from edgeserve.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from .input_batch import StepInputs
+    from .state_cache import StateBudget
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -25,8 +26,9 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
 
 
 def kv_owners(config: ModelConfig) -> list[int]:
-    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`)."""
-    return [i for i in range(config.num_layers) if config.kv_source(i) == i]
+    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`,
+    and a hybrid's linear-attention layers, which keep a recurrent state instead)."""
+    return [i for i in range(config.num_layers) if config.kv_source(i) == i and not config.is_linear(i)]
 
 
 def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype, layer: int) -> int:
@@ -113,9 +115,10 @@ class KVPool:
         apart = bool(sliding) and (self.window is not None or len(shapes) > 1)
         if not apart:
             global_, sliding = owners, []
-        # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot
+        # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot; a
+        # linear-attention layer has none
         own = {i: (False, global_.index(i)) if i in global_ else (True, sliding.index(i)) for i in owners}
-        self.layer_slot = [own[config.kv_source(i)] for i in range(config.num_layers)]
+        self.layer_slot = [own.get(config.kv_source(i)) for i in range(config.num_layers)]
 
         def tail(layers: list[int]) -> tuple[int, int, int]:
             heads, dim = (config.layer_kv_heads(layers[0]), config.layer_head_dim(layers[0])) if layers else \
@@ -180,10 +183,12 @@ class KVPool:
 class PagedKVAttention:
     """The model's KVAttention for one step: writes the step's K/V to its slots and attends through block tables."""
 
-    def __init__(self, pool: KVPool, meta: AttentionMetadata, scale: float | None = None) -> None:
+    def __init__(self, pool: KVPool, meta: AttentionMetadata, scale: float | None = None, states=None) -> None:
+        """`states`: the step's recurrent states (engine.state_pool.StepStates) for a hybrid model's linear layers."""
         self.pool = pool
         self.meta = meta
         self.scale = scale
+        self.states = states
         self._window_meta: AttentionMetadata | None = None
         pool.sync_window_map()
 
@@ -242,8 +247,15 @@ def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int
     pool = KVPool(config, num_blocks, block_size, model.dtype, dev)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
     positions = torch.arange(num_tokens, dtype=torch.long, device=dev)
+    states = None
+    if config.is_hybrid:  # one throwaway recurrent state for the warm-up sequence
+        from .state_pool import StatePool, StateSpec, StepStates
+
+        one = StatePool(StateSpec(config.num_linear_layers, config.delta), 1, dev)
+        states = StepStates.build(one, torch.tensor([0, num_tokens], device=dev), torch.tensor([one.allocate()],
+                                                                                               device=dev))
     hidden = forward_batch(model, pool, ids, positions, [num_tokens], [num_tokens], [list(range(num_blocks))],
-                           list(range(num_tokens)))
+                           list(range(num_tokens)), states=states)
     rows = hidden[-1:].expand(min(num_rows, num_tokens), -1).contiguous()
     torch.softmax(model.logits(rows), dim=-1)
     torch.cuda.synchronize(dev)
@@ -264,11 +276,13 @@ def gpu_pool_budget(model, config: ModelConfig, num_tokens: int, num_rows: int, 
     return gpu_kv_budget(int(total), int(free), int(torch.cuda.memory_reserved(model.device)), peak, fraction)
 
 
-def size_pool(lm, config) -> tuple[int, int, int]:
-    """(KV blocks, sliding-window pool blocks, usable context) of one engine: the budget (`kv_cache_gb`, else what
-    the GPU memory fraction leaves after the weights and a warm-up step, else a fraction of free host memory) in
-    blocks (`pool_blocks_for_budget`), no more than every seat filled to the full context; the context shrinks to
-    what the pool holds. ValueError when no block fits."""
+def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
+    """(KV blocks, sliding-window pool blocks, usable context, recurrent-state slots) of one engine: the budget
+    (`kv_cache_gb`, else what the GPU memory fraction leaves after the weights and a warm-up step, else a fraction of
+    free host memory) in blocks (`pool_blocks_for_budget`), no more than every seat filled to the full context; the
+    context shrinks to what the pool holds. A hybrid model's recurrent-state seats and snapshots
+    (engine.state_cache.state_budget) come out of the same budget first (None for other models). ValueError when no
+    block fits."""
     model = lm.model
     max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
     if config.kv_cache_gb:
@@ -278,6 +292,14 @@ def size_pool(lm, config) -> tuple[int, int, int]:
                                  config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
     else:
         budget = config.kv_cache_fraction * free_memory_bytes(model.device)
+    states = None
+    if lm.config.is_hybrid:
+        from .state_cache import state_budget
+        from .state_pool import StateSpec
+
+        states = state_budget(StateSpec(lm.config.num_linear_layers, lm.config.delta), budget, config.max_num_seqs,
+                              config.enable_prefix_caching, speculative=config.speculative is not None)
+        budget -= states.nbytes
     num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, model.dtype, config.block_size,
                                                        config.max_num_seqs, config.max_num_batched_tokens)
     blocks_per_seq = -(-max_model_len // config.block_size)
@@ -290,12 +312,12 @@ def size_pool(lm, config) -> tuple[int, int, int]:
                          f"{need / 2**20:.2f} MiB{hint}")
     if num_blocks < blocks_per_seq:  # a request may not use more context than the pool holds
         max_model_len = num_blocks * config.block_size
-    return num_blocks, window_blocks, max_model_len
+    return num_blocks, window_blocks, max_model_len, states
 
 
 def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], positions: torch.Tensor | list[int],
                   query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
-                  slot_mapping: list[int], prompt_rows=None) -> torch.Tensor:
+                  slot_mapping: list[int], prompt_rows=None, states=None) -> torch.Tensor:
     """A flat ragged batch given as host lists (each sequence's `query_lens[i]` new tokens, `seq_lens[i]` tokens
     of context once they are in) through `model.forward` over `pool`; hidden states [T, hidden]. For the draft
     model and the warm-up; the engine's steps come through `forward_inputs` from its persistent batch."""
@@ -303,16 +325,18 @@ def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], po
     meta = AttentionMetadata.build(query_lens, seq_lens, block_tables, slot_mapping, dev)
     ids = token_ids if isinstance(token_ids, torch.Tensor) else to_device(token_ids, torch.long, dev)
     pos = positions if isinstance(positions, torch.Tensor) else to_device(positions, torch.long, dev)
-    return model.forward(ids, pos, PagedKVAttention(pool, meta), prompt_rows)
+    return model.forward(ids, pos, PagedKVAttention(pool, meta, states=states), prompt_rows)
 
 
-def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None, fill=None) -> torch.Tensor:
+def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None, fill=None,
+                   states=None) -> torch.Tensor:
     """One engine step's inputs (the persistent batch's, on the device) through `model.forward` over `pool`;
-    hidden states [T, hidden]. `fill` writes token ids still on the device (model_runner.TokenFill)."""
+    hidden states [T, hidden]. `fill` writes token ids still on the device (model_runner.TokenFill); `states`: the
+    step's recurrent states (state_pool.StepStates) for a hybrid model."""
     meta = AttentionMetadata(slot_mapping=inputs.slot_mapping, query_start_loc=inputs.query_start_loc,
                              seq_lens=inputs.seq_lens, block_tables=inputs.block_tables,
                              max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens_host),
                              query_lens_host=inputs.query_lens, seq_lens_host=inputs.seq_lens_host)
     if fill is not None:
         fill.apply(inputs.token_ids)
-    return model.forward(inputs.token_ids, inputs.positions, PagedKVAttention(pool, meta), prompt_rows)
+    return model.forward(inputs.token_ids, inputs.positions, PagedKVAttention(pool, meta, states=states), prompt_rows)

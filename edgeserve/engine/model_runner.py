@@ -16,6 +16,7 @@ from .input_batch import InputBatch
 from .kv_cache import KVPool, forward_inputs
 from .request_state import Registry
 from .scheduler import SchedulerOutput
+from .state_pool import StatePool, StepStates
 
 
 @dataclass
@@ -38,11 +39,13 @@ class ModelRunner:
 
     def __init__(self, model: LlamaModel, pool: KVPool, max_num_seqs: int, max_model_len: int,
                  graphs: DecodeGraphs | None = None, max_num_tokens: int = 2048,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, states: StatePool | None = None) -> None:
         """`max_num_tokens`: the most tokens a step computes (its host buffers start that large and grow);
-        `registry`: the engine's request states, which keep each sequence's batch row."""
+        `registry`: the engine's request states, which keep each sequence's batch row; `states`: a hybrid model's
+        recurrent-state pool (each scheduled sequence's `state_slot` indexes it)."""
         self.model = model
         self.pool = pool
+        self.states = states
         self.device = model.device
         # each running sequence's block table, kept on the device and updated in place
         self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens,
@@ -65,12 +68,21 @@ class ModelRunner:
                                                                            inputs.block_tables.shape[1]):
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
-        hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill)
+        hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
+                                self._step_states(scheduled, inputs.query_lens))
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
                 for r in range(end - 1 - s.num_spec, end)]
         return self.model.logits(hidden[to_device(rows, torch.long, dev)])
+
+
+    def _step_states(self, scheduled, query_lens: list[int]) -> StepStates | None:
+        """The step's recurrent states (a hybrid model's): each sequence's rows and state slot, on the device."""
+        if self.states is None:
+            return None
+        return StepStates.build(self.states, [0, *itertools.accumulate(query_lens)],
+                                [s.state_slot for s in scheduled])
 
 
 def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:

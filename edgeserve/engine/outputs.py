@@ -71,6 +71,13 @@ class EngineStats:
     num_requests_finished: int = 0
     num_steps: int = 0
     offload: OffloadStats | None = None  # KV tiers (blocks, hits, bytes moved, swaps) when offload is on
+    # a hybrid model's recurrent states (engine.state_cache; zero for other models): slots for running sequences
+    # (seats) and for prefix-cache snapshots, those in use, and the pool's bytes (part of the KV budget)
+    state_slots_total: int = 0
+    state_slots_used: int = 0
+    state_snapshots: int = 0
+    state_snapshots_total: int = 0
+    state_bytes: int = 0
     # speculative decoding (zero when it is off)
     spec_proposed_tokens: int = 0  # draft tokens sent to verification
     spec_accepted_tokens: int = 0  # of those, accepted by the target

@@ -18,6 +18,7 @@ from .kv_blocks import BlockManager, BlockOffload
 from .prompt_pacing import FloorPacer
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
+from .state_cache import StateSlots
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ScheduledSeq:
     samples: bool  # this step reaches the last token, so a token is sampled
     num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
     num_prompt_tokens: int = 0  # the request's prompt length: positions below it are prompt tokens
+    state_slot: int = -1  # a hybrid model's recurrent-state slot of the sequence (engine.state_cache); -1: none
 
     @property
     def num_new_tokens(self) -> int:
@@ -120,20 +122,30 @@ class SwapOffload(BlockOffload, Protocol):
 
 
 class Scheduler:
-    """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager."""
+    """FCFS continuous batching under a token budget and a sequence cap, over one BlockManager (and, for a hybrid
+    model, its recurrent-state seats and snapshots)."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, enable_prefix_caching: bool = True,
                  offload: SwapOffload | None = None, registry: Registry | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, states: StateSlots | None = None) -> None:
         """`registry`: the request states shared with the engine core, which forgets the finished ones itself;
         without it the scheduler keeps its own and forgets a sequence when it finishes it. `clock`: seconds, read
-        once per `schedule()` to time the steps (for `max_decode_slowdown`)."""
+        once per `schedule()` to time the steps (for `max_decode_slowdown`). `states`: a hybrid model's
+        recurrent-state slots: a sequence holds a seat while it runs, prefix hits stop at a state snapshot, and
+        a prompt's chunks stop at its last full block so its state there is snapshotted (engine.state_cache)."""
         self.config = config
         self._owns_registry = registry is None
         self._seqs: Registry = Registry() if registry is None else registry
         self.block_manager = BlockManager(num_blocks, config.block_size, enable_prefix_caching, offload=offload,
                                           registry=self._seqs)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
+        self.states = states
+        if states is not None:
+            if offload is not None:
+                raise ValueError("swap preemption and KV tiers do not carry recurrent states")
+            if enable_prefix_caching:
+                self.block_manager.usable_prefix = states.usable_prefix
+                self.block_manager.on_evict = states.evicted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
         self._arrivals = 0
@@ -186,6 +198,8 @@ class Scheduler:
             self.waiting.remove(seq)
         if self.block_manager.has_seq(seq_id):
             self.block_manager.free(seq_id)
+        if self.states is not None:
+            self.states.release(seq_id)
         if seq.swapped:
             self.offload.drop_swap(seq_id)
             seq.swapped = False
@@ -241,7 +255,14 @@ class Scheduler:
             seq = self._seqs.get(s.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            if s.num_spec:
+            if s.num_spec and self.states is not None and len(sampled[seq.seq_id]) <= s.num_spec:
+                # a hybrid whose drafts were not all accepted: its state fed them all, so it goes back to before
+                # the step and the accepted tokens are computed again (with the new one) from there
+                self.states.restore(seq.seq_id)
+                seq.num_computed_tokens = s.positions[0]
+                # slots stay reserved for every token it holds once the new ones are in (they are computed next)
+                self.block_manager.truncate(seq.seq_id, seq.num_tokens + len(sampled[seq.seq_id]))
+            elif s.num_spec:
                 # KV stays only for the drafts that were accepted: every emitted token but the last one
                 seq.num_computed_tokens += s.num_new_tokens - s.num_spec + len(sampled[seq.seq_id]) - 1
                 self.block_manager.truncate(seq.seq_id, seq.num_computed_tokens)
@@ -249,6 +270,8 @@ class Scheduler:
                 seq.num_computed_tokens += s.num_new_tokens
             seq.spec_token_ids = []
             self.block_manager.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
+            if self.states is not None:
+                self._snapshot(seq)
             if s.samples:
                 seq.append_output(sampled[seq.seq_id])
 
@@ -360,13 +383,15 @@ class Scheduler:
         admitted = []
         while self.waiting and room > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not bm.can_allocate(seq.num_tokens):
+            if not bm.can_allocate(seq.num_tokens) or (self.states is not None and not self.states.can_admit()):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             if seq.swapped:
                 self._swap_in(seq)
             else:
                 seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
+            if self.states is not None:  # a hit resumes from the snapshot at its end
+                self.states.admit(seq.seq_id, bm.prefix_hash(seq.seq_id, seq.num_computed_tokens // bm.block_size))
             seq.status = SeqStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
             admitted.append(seq)
@@ -397,6 +422,8 @@ class Scheduler:
         seq.swapped = bool(self.offload is not None and computed_blocks
                            and self.offload.swap_out(seq.seq_id, computed_blocks))
         bm.free(seq.seq_id)
+        if self.states is not None:  # recomputed from its tokens (and maybe a snapshot) when it comes back
+            self.states.release(seq.seq_id)
         if not seq.swapped:
             seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
@@ -415,8 +442,28 @@ class Scheduler:
             bm.free(seq.seq_id)
             seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
 
+    def _snapshot(self, seq: Sequence) -> None:
+        """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at."""
+        bm = self.block_manager
+        n = seq.num_computed_tokens
+        if n % bm.block_size or not self.states.budget.snapshots:
+            return
+        h = bm.prefix_hash(seq.seq_id, n // bm.block_size)
+        if h is not None:
+            self.states.snapshot(seq.seq_id, h, at_prompt_end=n == self._prompt_snapshot_point(seq))
+
+    def _prompt_snapshot_point(self, seq: Sequence) -> int:
+        """Where a hybrid sequence's prompt state is snapshotted: its prompt's last full block that a repeat of the
+        prompt can hit (the last prompt token is always computed)."""
+        bs = self.block_manager.block_size
+        return (seq.num_prompt_tokens - 1) // bs * bs
+
     def _build(self, seq: Sequence, n: int, spec: list[int] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens
+        if self.states is not None and self.states.budget.snapshots and self.block_manager.enable_prefix_caching:
+            point = self._prompt_snapshot_point(seq)
+            if start < point < start + n:  # stop the chunk there, so the state there can be kept
+                n = point - start
         stop = start + n
         end = stop + len(spec or ())
         return ScheduledSeq(
@@ -429,6 +476,7 @@ class Scheduler:
             samples=stop == seq.num_tokens,
             num_spec=len(spec or ()),
             num_prompt_tokens=seq.num_prompt_tokens,
+            state_slot=self.states.slot(seq.seq_id) if self.states is not None else -1,
         )
 
 

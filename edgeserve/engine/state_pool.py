@@ -10,11 +10,11 @@ and speculation rollback).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims
 
 
 class OutOfSlotsError(RuntimeError):
@@ -82,14 +82,16 @@ class StatePool:
         """Whether `n` slots are free."""
         return n <= len(self._free)
 
-    def allocate(self) -> int:
-        """A free slot with zeroed states (a fresh sequence's start); raises OutOfSlotsError when none is free."""
+    def allocate(self, zero: bool = True) -> int:
+        """A free slot with zeroed states (a fresh sequence's start; `zero=False`: as they are, for a slot about to be
+        overwritten by `copy`); raises OutOfSlotsError when none is free."""
         if not self._free:
             raise OutOfSlotsError(f"all {self.num_slots} state slots are in use")
         slot = self._free.pop()
         self._used.add(slot)
-        self.conv[slot].zero_()
-        self.recurrent[slot].zero_()
+        if zero:
+            self.conv[slot].zero_()
+            self.recurrent[slot].zero_()
         return slot
 
     def free(self, slot: int) -> None:
@@ -127,3 +129,28 @@ class StatePool:
         assert not free & self._used, f"slots both free and used: {sorted(free & self._used)[:8]}"
         assert free | self._used == set(range(self.num_slots)), "a slot is lost or out of range"
         assert self.num_free + self.num_used == self.num_slots
+
+
+@dataclass
+class StepStates:
+    """One step's recurrent states as a hybrid model reads them (models.qwen35.RecurrentStates): the ragged batch
+    of the step's sequences with their slots, over `pool`."""
+
+    pool: StatePool
+    batch: "DeltaBatch"
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linear layer `index`'s (conv, recurrent) pool views."""
+        return self.pool.layer(index)
+
+    @classmethod
+    def build(cls, pool: StatePool, cu_seqlens, slots) -> "StepStates":
+        """The states of a step whose sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] and slot slots[i]
+        (tensors or host lists: lists are checked on the host and the batch is sent to the pool's device in one go,
+        so a GPU step waits on nothing here)."""
+        batch = DeltaBatch.build(cu_seqlens, slots, pool.num_slots)
+        dev = pool.recurrent.device
+        if batch.seq.device != dev:
+            batch = replace(batch, **{f: getattr(batch, f).to(dev, non_blocking=True)
+                                      for f in ("cu_seqlens", "slots", "seq", "pos", "lens")})
+        return cls(pool, batch)

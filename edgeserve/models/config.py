@@ -6,14 +6,19 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.gated_delta import DeltaNetDims
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3", "qwen3moe",
-                           "gpt-oss")
+                           "gpt-oss", "qwen35", "qwen35moe")
+# Hybrid architectures (edgeserve.models.qwen35): Gated DeltaNet layers with a recurrent state beside attention.
+HYBRID_ARCHITECTURES = ("qwen35", "qwen35moe")
 # Architectures with Gemma's block (edgeserve.models.gemma); the rest run the Llama decoder.
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # HF `model_type` spellings of our architecture names.
-HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+                  "qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
+                  "qwen3_5_moe_text": "qwen35moe"}
 # HF `architectures[0]` class names mapped to our architecture names.
 HF_CLASS_TO_ARCH = {
     "LlamaForCausalLM": "llama",
@@ -27,12 +32,16 @@ HF_CLASS_TO_ARCH = {
     "Phi3ForCausalLM": "phi3",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "GptOssForCausalLM": "gpt-oss",
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5ForConditionalGeneration": "qwen35",
+    "Qwen3_5MoeForCausalLM": "qwen35moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
 }
 # Architectures whose feed-forward may be a Mixture-of-Experts layer (edgeserve.models.moe); experts in any other
 # architecture (e.g. a Mixtral GGUF, llama with ffn_*_exps) are refused by name.
-MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss")
+MOE_ARCHITECTURES = ("qwen3moe", "gpt-oss", "qwen35moe")
 # Mixture-of-Experts architectures whose MoE layers route with a softmax over all experts, then the top k.
-SOFTMAX_TOPK_ARCHITECTURES = ("qwen3moe",)
+SOFTMAX_TOPK_ARCHITECTURES = ("qwen3moe", "qwen35moe")
 
 
 @dataclass(frozen=True)
@@ -100,11 +109,29 @@ class ModelConfig:
     # gpt-oss (edgeserve.models.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # hybrids (edgeserve.models.qwen35): per layer, whether it is a Gated DeltaNet layer (no KV, a recurrent
+    # state) rather than full attention; the DeltaNet layers' shape; partial RoPE; attention output gate
+    linear_layers: tuple[bool, ...] | None = None
+    delta: DeltaNetDims | None = None
     rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
+    attn_output_gate: bool = False  # q_proj doubled per head: [q | gate], output times sigmoid(gate)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers keep a recurrent state instead of KV (Gated DeltaNet)."""
+        return bool(self.linear_layers) and any(self.linear_layers)
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether `layer` is a linear-attention (Gated DeltaNet) layer: no KV of its own."""
+        return bool(self.linear_layers) and self.linear_layers[layer]
+
+    @property
+    def num_linear_layers(self) -> int:
+        return sum(self.linear_layers or ())
 
     @property
     def q_size(self) -> int:
@@ -158,6 +185,10 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         from .gemma4_config import gemma4_config_from_gguf
 
         return gemma4_config_from_gguf(metadata, tensor_names)
+    if arch in HYBRID_ARCHITECTURES:
+        from .qwen35_config import qwen35_config_from_gguf
+
+        return qwen35_config_from_gguf(arch, metadata, tensor_names)
 
     def key(name: str, default: Any = None) -> Any:
         value = metadata.get(f"{arch}.{name}", default)
@@ -364,6 +395,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         from .gemma4_config import gemma4_config_from_hf
 
         return gemma4_config_from_hf(cfg)
+    if arch in HYBRID_ARCHITECTURES:
+        from .qwen35_config import qwen35_config_from_hf
+
+        return qwen35_config_from_hf(arch, cfg)
     try:
         moe = _moe_from_hf(arch, cfg)
         hidden = int(cfg["hidden_size"])

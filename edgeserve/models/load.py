@@ -156,8 +156,8 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
 
     cfg = read_config_json(source.path)
     config = config_from_hf(cfg)
-    if config.architecture == "gemma4":
-        raise ModelLoadError("--load-format dummy has no random weights for gemma4's block yet")
+    if config.architecture == "gemma4" or config.is_hybrid:
+        raise ModelLoadError(f"--load-format dummy has no random weights for {config.architecture}'s block yet")
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
     # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
     decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else LlamaModel

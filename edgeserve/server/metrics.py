@@ -92,6 +92,11 @@ class _EngineCollector:
                                                   "Free KV blocks still holding a reusable prefix", labels=["model"]),
             "kv_blocks_total": GaugeMetricFamily("edgeserve_kv_blocks_total", "KV blocks in the pool",
                                                  labels=["model"]),
+            **{key: GaugeMetricFamily(f"edgeserve_{key}", f"Hybrid models' recurrent states: {text}", labels=["model"])
+               for key, text in (("state_slots_used", "slots held by running requests"),
+                                 ("state_slots_total", "slots for running requests"),
+                                 ("state_snapshots", "prefix-cache snapshots held"),
+                                 ("state_bytes", "bytes of the state pool"))},
         }
         preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
                                       labels=["model"])

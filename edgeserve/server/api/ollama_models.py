@@ -88,6 +88,10 @@ def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: di
     context = getattr(e.engine, "max_model_len", None) if state == "loaded" else None
     if context is not None:
         out["context_length"] = context  # as Ollama reports it: the context the model was loaded with
+    stats = e.engine.stats() if state == "loaded" and e.engine is not None else None
+    if getattr(stats, "state_slots_total", 0):  # a hybrid model's recurrent states beside its KV
+        out["recurrent_state"] = {"slots": stats.state_slots_total, "slots_used": stats.state_slots_used,
+                                  "snapshots": stats.state_snapshots, "bytes": stats.state_bytes}
     if state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:
