@@ -27,7 +27,7 @@ from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, gated_delta_net, linear, rms_norm, rope_write_kv
 from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin
+from edgeserve.kernels.rope import rope_cos_sin, rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
@@ -67,15 +67,6 @@ class Qwen35Layer:
     in_proj: LinearWeight | None = None
     out_proj: LinearWeight | None = None
     delta: DeltaNetWeights | None = None
-
-
-def rope_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
-    """perm[j]: the original head dim at position j, such that the rotated dims' rotate-half pairs (i, i + r/2) land
-    on the full head's (i, i + D/2) and the unrotated dims fill the rest (the identity when r == D)."""
-    half, rh = head_dim // 2, rotary_dim // 2
-    rest = (head_dim - rotary_dim) // 2
-    return torch.cat([torch.arange(rh), rotary_dim + torch.arange(rest), rh + torch.arange(rh),
-                      rotary_dim + rest + torch.arange(head_dim - rotary_dim - rest)])[:2 * half]
 
 
 def partial_rope_inv_freq(head_dim: int, rotary_dim: int, theta: float) -> torch.Tensor:
