@@ -9,6 +9,7 @@ an equivalent `tokenizers.Tokenizer` from those keys:
 - `tokenizer.ggml.model == "llama"`: SentencePiece BPE. The file has scores instead of merges; merging
   the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
   `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
+- `tokenizer.ggml.model == "bert"`: WordPiece (BERT-family encoders); see wordpiece.py.
 
 Tokens typed control/unknown in `tokenizer.ggml.token_type` become special added tokens and
 user-defined ones plain added tokens, so both are matched whole in the input text, as Hugging Face
@@ -202,10 +203,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         add_bos_default = pre.add_bos
     elif model in ("llama", "gemma4"):
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
+    elif model == "bert":
+        add_bos_default = False  # [CLS] ... [SEP] come from the WordPiece post-processor (wordpiece.py)
     else:
         raise UnsupportedModelError(
             f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
-            "'gemma4' SentencePiece-style BPE with merges)"
+            "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece)"
         )
 
     def token_id(key: str) -> int | None:
@@ -224,7 +227,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     ]  # fmt: skip
 
     def build() -> tokenizers.Tokenizer:
-        spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
+        if model == "bert":
+            from .wordpiece import wordpiece_spec
+
+            spec = wordpiece_spec(metadata, tokens, types)
+        else:
+            spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
         try:
             return tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
         except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception

@@ -372,22 +372,33 @@ def is_embedding_spec(spec: str) -> bool:
     from edgeserve.models.bert import is_encoder_folder
     from edgeserve.models.decoder_embed import gguf_pooling
 
+    from edgeserve.models.gguf_encoder import is_gguf_encoder
+
     try:
         source = resolve(spec, pull_missing=False)
         if source.kind == "gguf":
-            return gguf_pooling(GGUFFile(source.path).metadata) is not None
+            metadata = GGUFFile(source.path).metadata
+            return gguf_pooling(metadata) is not None or is_gguf_encoder(metadata)  # rerankers too
     except Exception:
         return False
     return source.kind == "hf" and is_encoder_folder(source.path)
 
 
 def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
-    """Load an embedding model: a BERT-family folder, or a decoder GGUF that names a pooling."""
+    """Load an embedding model or reranker: a BERT-family folder or GGUF, or a decoder GGUF that names a pooling."""
     from edgeserve.models.bert import load_encoder
+    from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
     from edgeserve.models.decoder_embed import load_decoder_embedder
+    from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
 
     if source.kind == "gguf":
+        from edgeserve.loaders.gguf_file import GGUFFile
+
+        if is_gguf_encoder(GGUFFile(source.path).metadata):
+            return load_gguf_encoder(source, cfg.device, cfg.dtype)
         return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
+    if is_cross_encoder_folder(source.path):
+        return load_cross_encoder(source, cfg.device, cfg.dtype)
     return load_encoder(source, cfg.device, cfg.dtype)
 
 
