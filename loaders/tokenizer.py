@@ -238,7 +238,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
             raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
 
-    backend = cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
+    # WordPiece builds in milliseconds (no merges to derive): not cached, so a changed build is never stale
+    backend = build() if model == "bert" else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
     eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
     eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")

@@ -24,8 +24,9 @@ def phantom(tok: str) -> str:
 def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vocab: list[str], *, hidden: int,
                        layers: int, heads: int, ffn: int, context: int, pooling_type: int, eps: float = 1e-12,
                        rope_base: float | None = None, type_vocab: int = 2, qtype: str = "F32",
-                       skip: tuple[str, ...] = ()) -> Path:
-    """A GGUF of `arch` ('bert' / 'nomic-bert') holding `state` (HF names, mapped as llama.cpp maps them)."""
+                       skip: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> Path:
+    """A GGUF of `arch` ('bert' / 'nomic-bert') holding `state` (HF names, mapped as llama.cpp maps them, or by
+    `rename` to GGUF names)."""
     import gguf
 
     arch_id = {"bert": gguf.MODEL_ARCH.BERT, "nomic-bert": gguf.MODEL_ARCH.NOMIC_BERT}[arch]
@@ -54,7 +55,7 @@ def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vo
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
     for hf_name, t in state.items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = (rename or {}).get(hf_name) or names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None or any(s in hf_name for s in skip):
             continue
         data = t.detach().float().numpy()

@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes, responses_routes
+from edgeserve.server import rerank_routes
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -151,6 +152,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *openai_routes.ROUTES,
         *ollama_routes.ROUTES,
         *embeddings_routes.ROUTES,
+        *rerank_routes.ROUTES,
         *anthropic_routes.ROUTES,
         *responses_routes.ROUTES,
     ]

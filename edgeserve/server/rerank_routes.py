@@ -1,0 +1,125 @@
+"""Rerank routes: POST /v1/rerank, /rerank (Jina / Cohere shapes, as vLLM serves them) and llama-server's
+/v1/reranking, /reranking.
+
+The request names a reranker (a cross-encoder; see models/cross_encoder.py), a `query` and `documents` (strings or
+objects with `text`); each (query, document) pair is tokenized as `[CLS] query [SEP] document [SEP]`, the pairs are
+batched by the model's EmbeddingEngine like embeddings, and the answer lists `{index, relevance_score[, document]}`
+sorted by score, best first, cut to `top_n`. A one-logit head's score is its sigmoid (as sentence-transformers'
+CrossEncoder.predict gives it; llama-server returns the raw logit, which orders documents the same); a two-logit
+head's is the softmax probability of label 1. Errors are OpenAI-shaped 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import anyio.to_thread
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgeserve.server.embeddings_routes import MAX_INPUTS
+from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.schemas import read_request
+from edgeserve.server.state import api_errors, server_state
+
+
+def parse_documents(value: Any) -> list[str]:
+    """`documents`: a non-empty list of non-empty strings or {"text": string} objects -> their texts (400 else)."""
+    if not isinstance(value, list) or not value:
+        raise bad_request("documents is required: a non-empty list of strings or {\"text\": ...} objects", "documents")
+    if len(value) > MAX_INPUTS:
+        raise bad_request(f"documents has {len(value)} items; at most {MAX_INPUTS} per request", "documents")
+    texts = []
+    for i, d in enumerate(value):
+        text = d.get("text") if isinstance(d, dict) else d
+        if not isinstance(text, str):
+            raise bad_request(f"documents[{i}] must be a string or an object with a string `text`", f"documents[{i}]")
+        if not text:
+            raise bad_request(f"documents[{i}] is empty", f"documents[{i}]")
+        texts.append(text)
+    return texts
+
+
+def parse_top_n(body: dict, count: int) -> int:
+    """`top_n`: a positive integer (at most the number of documents is returned), default all."""
+    n = body.get("top_n")
+    if n is None:
+        return count
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise bad_request(f"top_n must be a positive integer, got {n!r}", "top_n")
+    return min(n, count)
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_request(f"{key} must be true or false, got {v!r}", key)
+    return v
+
+
+def relevance(logits: torch.Tensor) -> torch.Tensor:
+    """[n] relevance scores from a head's [n, labels] logits: sigmoid of one logit, else P(label 1)."""
+    if logits.shape[1] == 1:
+        return torch.sigmoid(logits[:, 0])
+    return torch.softmax(logits, dim=-1)[:, 1]
+
+
+def _pairs(lm: Any, query: str, documents: list[str], truncate: bool) -> list[list[int]]:
+    limit = lm.config.max_seq_length
+    seqs = []
+    for i, doc in enumerate(documents):
+        ids, full = lm.encode_pair(query, doc)
+        if full > len(ids) and not truncate:
+            raise APIError(400, f"query + documents[{i}] is {full} tokens, more than the model's limit of {limit} "
+                           "(send truncate: true to cut it)", "invalid_request_error", f"documents[{i}]",
+                           "context_length_exceeded")
+        seqs.append(ids)
+    return seqs
+
+
+@api_errors
+async def rerank(request: Request) -> Response:
+    """POST /v1/rerank (also /rerank, /v1/reranking, /reranking): documents ordered by relevance to the query."""
+    body = await read_request(request)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model is required and must be a non-empty string", "model")
+    query = body.get("query")
+    if not isinstance(query, str) or not query:
+        raise bad_request("query is required and must be a non-empty string", "query")
+    documents = parse_documents(body.get("documents"))
+    top_n = parse_top_n(body, len(documents))
+    return_documents = _flag(body, "return_documents", False)
+    truncate = _flag(body, "truncate", True)
+    st = server_state(request)
+    t0 = time.monotonic()
+    lease = await st.manager.acquire(model)
+    try:
+        lm, engine = lease.lm, lease.engine
+        if not getattr(lm, "is_reranker", False):
+            raise APIError(400, f"model {lease.entry.id!r} is not a reranker: serve a cross-encoder (a GGUF with "
+                           "pooling type rank, or a *ForSequenceClassification folder) such as bge-reranker",
+                           "invalid_request_error", "model", "model_not_supported")
+        seqs = await anyio.to_thread.run_sync(_pairs, lm, query, documents, truncate)
+        scores = relevance(await engine.embed(seqs)).tolist()
+        num_tokens = sum(len(s) for s in seqs)
+        st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, time.monotonic() - t0)
+        model_id = lease.entry.id
+    finally:
+        lease.release()
+    order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
+    results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": documents[i]}}
+                                                             if return_documents else {})} for i in order]
+    return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": model_id,
+                         "results": results, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+
+
+ROUTES = [Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")]
