@@ -10,6 +10,7 @@ an equivalent `tokenizers.Tokenizer` from those keys:
   the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
   `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
 - `tokenizer.ggml.model == "bert"`: WordPiece (BERT-family encoders); see wordpiece.py.
+- `tokenizer.ggml.model == "t5"`: SentencePiece Unigram (XLM-RoBERTa encoders); see unigram.py.
 
 Tokens typed control/unknown in `tokenizer.ggml.token_type` become special added tokens and
 user-defined ones plain added tokens, so both are matched whole in the input text, as Hugging Face
@@ -203,12 +204,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         add_bos_default = pre.add_bos
     elif model in ("llama", "gemma4"):
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
-    elif model == "bert":
-        add_bos_default = False  # [CLS] ... [SEP] come from the WordPiece post-processor (wordpiece.py)
+    elif model in ("bert", "t5"):
+        add_bos_default = False  # [CLS] ... [SEP] / <s> ... </s> come from the post-processor (wordpiece / unigram)
     else:
         raise UnsupportedModelError(
             f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
-            "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece)"
+            "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece, 't5' Unigram)"
         )
 
     def token_id(key: str) -> int | None:
@@ -231,6 +232,10 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
             from .wordpiece import wordpiece_spec
 
             spec = wordpiece_spec(metadata, tokens, types)
+        elif model == "t5":
+            from .unigram import unigram_spec
+
+            spec = unigram_spec(metadata, tokens, types)
         else:
             spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
         try:
@@ -238,8 +243,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
             raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
 
-    # WordPiece builds in milliseconds (no merges to derive): not cached, so a changed build is never stale
-    backend = build() if model == "bert" else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
+    # WordPiece / Unigram specs need no merges derived: built on each load, never cached (so never stale)
+    backend = build() if model in ("bert", "t5") else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
     eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
     eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")

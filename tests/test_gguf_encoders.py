@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from edgeserve.engine.config import EngineConfig
 from edgeserve.registry import resolve
 from edgeserve.server import ServerConfig
-from encoder_gguf import minilm_vocab, write_encoder_gguf
+from encoder_gguf import minilm_vocab, train_unigram, write_encoder_gguf, xlmr_ids
 from server_helpers import serve
 
 TEXTS = [
@@ -192,3 +192,63 @@ def test_gguf_encoder_served(minilm_gguf, st_reference):
     assert np.allclose(np.linalg.norm(short["embeddings"], axis=1), 1.0, atol=1e-5)
     assert len(short["embeddings"][0]) == 64
     assert "embedding" in show["capabilities"]
+
+
+CORPUS = [f"{a} {b}" for a in ("The cat sits on the mat.", "Héllo wörld, naïve café déjà vu", "Привет, как дела?",
+                               "東京は日本の首都です。北京", "UPPER lower MiXeD ｆｕｌｌｗｉｄｔｈ")
+          for b in ("sentence about rivers and mountains", "numbers 12345 and 3+4=7", "ok")] * 20
+
+
+@pytest.fixture(scope="module")
+def spm():
+    """A small SentencePiece Unigram model (XLM-R's kind: nmt_nfkc normalization, a precompiled charsmap)."""
+    return train_unigram(CORPUS, vocab_size=300)
+
+
+def _tiny_xlmr(vocab_size: int, seed: int = 0):
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    torch.manual_seed(seed)
+    cfg = XLMRobertaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)
+    return XLMRobertaModel(cfg, add_pooling_layer=False).eval()
+
+
+def _xlmr_gguf(path, model, spm: bytes, pooling_type: int):
+    """XLMRobertaModel as llama.cpp's converter writes it: `bert` arch, positions from 0 (the first
+    pad_token_id + 1 rows cut), one token type, the Unigram vocabulary (tokenizer model `t5`)."""
+    sd = dict(model.state_dict())
+    sd["embeddings.position_embeddings.weight"] = sd["embeddings.position_embeddings.weight"][2:]
+    return write_encoder_gguf(path, "bert", sd, spm, hidden=32, layers=2, heads=4, ffn=64, context=512,
+                              pooling_type=pooling_type, eps=1e-5, type_vocab=1)
+
+
+def _sp_size(spm: bytes) -> int:
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_proto=spm).get_piece_size()
+
+
+def test_unigram_from_gguf_equals_xlmr_tokenizer(tmp_path, spm):
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.loaders.tokenizer import tokenizer_from_gguf
+
+    path = _xlmr_gguf(tmp_path / "xlmr.gguf", _tiny_xlmr(_sp_size(spm) + 2), spm, 2)
+    tok = tokenizer_from_gguf(GGUFFile(path).metadata).backend
+    texts = TEXTS + ["ｆｕｌｌｗｉｄｔｈ and ① ligature ﬁ", "tabs\tand  double  spaces", CORPUS[7] * 30]
+    for text in texts:
+        assert tok.encode(text).ids == xlmr_ids(spm, text), text
+    assert tok.encode(texts[0], texts[1]).ids == xlmr_ids(spm, texts[0], texts[1])
+
+
+def test_xlmr_gguf_matches_transformers(tmp_path, spm):
+    model = _tiny_xlmr(_sp_size(spm) + 2, seed=5)
+    lm = _load(_xlmr_gguf(tmp_path / "xlmr.gguf", model, spm, 2))
+    assert lm.config.pooling == "cls" and lm.config.type_vocab_size == 1
+    seqs = [lm.encode(t)[0] for t in TEXTS]
+    got = lm.embed(seqs).numpy()
+    with torch.no_grad():
+        want = np.stack([F.normalize(model(input_ids=torch.tensor([ids])).last_hidden_state[0, 0], dim=-1).numpy()
+                         for ids in seqs])
+    assert _cos(got, want).min() > 0.9999
+    np.testing.assert_allclose(got, want, atol=2e-5)
