@@ -4,7 +4,9 @@ converts an embedding model such as Qwen3-Embedding, gte-Qwen2 or e5-mistral).
 The decoder runs over a right-padded batch with causal attention inside each sequence and no KV cache (a padded
 position comes after every real one, so causal masking alone keeps it out of their attention); the final hidden
 states are pooled (mean, first token or last token, per the metadata) and L2-normalized, as llama.cpp's server
-returns them. The result has the interface of `bert.LoadedEncoder`, so the engine's EmbeddingEngine batches it
+returns them. EmbeddingGemma (`gemma-embedding`: a Gemma 3 body) attends bidirectionally instead (its sliding
+layers see keys within half the window on either side, padding masked out) and projects the pooled vector through
+its `dense_2` / `dense_3` matrices before normalizing. The result has the interface of `bert.LoadedEncoder`, so the engine's EmbeddingEngine batches it
 like any embedding model.
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import torch.nn.functional as F
 
 from edgeserve.models.bert import pad_batch, pool
 
@@ -34,6 +37,19 @@ def gguf_pooling(metadata: Mapping[str, Any]) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return POOLING_TYPES.get(value)
+
+
+BIDIRECTIONAL_ARCHS = ("gemma-embedding",)  # decoder bodies that embed with bidirectional attention
+DENSE_TENSORS = ("dense_2.weight", "dense_3.weight")  # llama.cpp's names of EmbeddingGemma's projections, in order
+
+
+def gguf_dense(path: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The projections a GGUF applies after pooling (float32 [out, in] each, in order; none for most models)."""
+    from edgeserve.loaders.gguf_file import GGUFFile
+
+    g = GGUFFile(path)
+    names = set(g.tensor_names())
+    return tuple(g.load_tensor(n, torch.float32).to(device) for n in DENSE_TENSORS if n in names)
 
 
 @dataclass
@@ -69,6 +85,29 @@ class PaddedCausalAttention:
         return out.transpose(1, 2).reshape(b * t, -1)
 
 
+class PaddedBidirectionalAttention(PaddedCausalAttention):
+    """Like PaddedCausalAttention, but each token attends to every real token of its sequence (a sliding layer: to
+    those at most window / 2 positions away, as llama.cpp's symmetric window and transformers' EmbeddingGemma)."""
+
+    def __init__(self, batch: int, length: int, mask: torch.Tensor) -> None:
+        super().__init__(batch, length)
+        self.key_mask = mask.bool()[:, None, None, :]  # [b, 1, 1, t]: real tokens
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                 softcap: float | None = None, scale: float | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+        from edgeserve.kernels.paged_attention import _attention
+
+        b, t = self.batch, self.length
+        qh, kh, vh = (x.reshape(b, t, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        mask = self.key_mask.to(q.device)
+        if window is not None:
+            pos = torch.arange(t, device=q.device)
+            mask = mask & ((pos[None, :] - pos[:, None]).abs() <= window // 2)
+        out = _attention(qh, kh, vh, mask, scale, q.shape[1] != k.shape[1], softcap, sinks)
+        return out.transpose(1, 2).reshape(b * t, -1)
+
+
 @dataclass
 class LoadedDecoderEmbedder:
     """A decoder GGUF ready to embed: the model, its tokenizer and its pooling (the LoadedEncoder interface)."""
@@ -81,6 +120,8 @@ class LoadedDecoderEmbedder:
     eos_id: int | None  # appended to each input when the GGUF asks for it (tokenizer.ggml.add_eos_token)
     device: torch.device
     load_seconds: float
+    bidirectional: bool = False
+    dense: tuple[torch.Tensor, ...] = ()  # projections applied to the pooled vector, in order (EmbeddingGemma)
 
     def encode(self, text: str) -> tuple[list[int], int]:
         """(token ids cut to the model's limit, the end token kept; the untruncated token count)."""
@@ -98,10 +139,14 @@ class LoadedDecoderEmbedder:
         input_ids, mask = pad_batch(batch)
         t = input_ids.shape[1]
         positions = torch.arange(t).repeat(len(batch))
-        hidden = self.model.forward(input_ids.flatten().to(self.device), positions.to(self.device),
-                                    PaddedCausalAttention(len(batch), t))
+        attn = PaddedBidirectionalAttention(len(batch), t, mask) if self.bidirectional else \
+            PaddedCausalAttention(len(batch), t)
+        hidden = self.model.forward(input_ids.flatten().to(self.device), positions.to(self.device), attn)
         states = hidden.view(len(batch), t, -1).float()
-        return pool(states, mask.to(self.device), self.config.pooling, self.config.normalize).cpu()
+        out = pool(states, mask.to(self.device), self.config.pooling, normalize=False)
+        for w in self.dense:
+            out = out @ w.T
+        return (F.normalize(out, dim=-1) if self.config.normalize else out).cpu()
 
 
 def load_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
@@ -121,9 +166,12 @@ def load_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
     c = lm.config
     limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token")) and lm.tokenizer.eos_id is not None
-    cfg = DecoderEmbedConfig(c.vocab_size, c.hidden_size, limit, pooling)
+    dense = gguf_dense(source.path, lm.model.device)
+    cfg = DecoderEmbedConfig(c.vocab_size, dense[-1].shape[0] if dense else c.hidden_size, limit, pooling)
     out = LoadedDecoderEmbedder(lm.name or source.path.stem, source, cfg, lm.model, lm.tokenizer,
-                                lm.tokenizer.eos_id if add_eos else None, lm.model.device, 0.0)
+                                lm.tokenizer.eos_id if add_eos else None, lm.model.device, 0.0,
+                                bidirectional=metadata.get("general.architecture") in BIDIRECTIONAL_ARCHS,
+                                dense=dense)
     out.load_seconds = time.monotonic() - start
     log.info("loaded decoder %s for embeddings: %d dims, pooling %s + normalize, max %d tokens, in %.2fs", out.name,
              c.hidden_size, pooling, limit, out.load_seconds)
