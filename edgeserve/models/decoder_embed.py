@@ -12,9 +12,11 @@ like any embedding model.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -122,12 +124,16 @@ class LoadedDecoderEmbedder:
     load_seconds: float
     bidirectional: bool = False
     dense: tuple[torch.Tensor, ...] = ()  # projections applied to the pooled vector, in order (EmbeddingGemma)
+    post_processed: bool = False  # a HF folder: tokenizer.json's post-processor adds the specials (eos_id: its end)
 
     def encode(self, text: str) -> tuple[list[int], int]:
         """(token ids cut to the model's limit, the end token kept; the untruncated token count)."""
-        ids = self.tokenizer.encode(text, add_special_tokens=True)
-        if self.eos_id is not None:
-            ids.append(self.eos_id)
+        if self.post_processed:
+            ids = self.tokenizer.backend.encode(text, add_special_tokens=True).ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=True)
+            if self.eos_id is not None:
+                ids.append(self.eos_id)
         full, limit = len(ids), self.config.max_seq_length
         if full > limit:
             ids = ids[: limit - 1] + [ids[-1] if self.eos_id is not None else ids[limit - 1]]
@@ -149,13 +155,58 @@ class LoadedDecoderEmbedder:
         return (F.normalize(out, dim=-1) if self.config.normalize else out).cpu()
 
 
+def is_decoder_embed_folder(path: Path) -> bool:
+    """Whether a Hugging Face folder is a decoder published for sentence-transformers (a modules.json with a Pooling
+    module, and not a BERT-family encoder): Qwen3-Embedding, EmbeddingGemma."""
+    from edgeserve.models.bert import is_encoder_folder
+    from edgeserve.models.st_modules import has_pooling
+
+    return path.is_dir() and has_pooling(path) and not is_encoder_folder(path)
+
+
+def _trailing_special(tokenizer: Any) -> int | None:
+    """The id tokenizer.json's post-processor appends to every text (Qwen3-Embedding's <|endoftext|>), or None."""
+    with_specials = tokenizer.backend.encode("a", add_special_tokens=True).ids
+    plain = tokenizer.backend.encode("a", add_special_tokens=False).ids
+    return with_specials[-1] if with_specials and plain and with_specials[-1] != plain[-1] else None
+
+
+def load_hf_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
+                             max_len: int | None = None) -> LoadedDecoderEmbedder:
+    """Load a sentence-transformers decoder folder (see is_decoder_embed_folder); `max_len` caps its context."""
+    from edgeserve.models.load import load_model
+    from edgeserve.models.st_modules import sentence_head
+
+    start = time.monotonic()
+    folder = Path(source.path)
+    head = sentence_head(folder)
+    cfg_json = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    lm = load_model(source, dtype=dtype, device=device, dense_prefill="off")
+    c = lm.config
+    limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
+    dense = tuple(w.to(lm.model.device) for w in head.dense)
+    cfg = DecoderEmbedConfig(c.vocab_size, dense[-1].shape[0] if dense else c.hidden_size, limit, head.pooling,
+                             head.normalize)
+    out = LoadedDecoderEmbedder(lm.name or folder.name, source, cfg, lm.model, lm.tokenizer,
+                                _trailing_special(lm.tokenizer), lm.model.device, 0.0,
+                                bidirectional=bool(cfg_json.get("use_bidirectional_attention")), dense=dense,
+                                post_processed=True)
+    out.load_seconds = time.monotonic() - start
+    log.info("loaded decoder folder %s for embeddings: %d dims, pooling %s%s, max %d tokens, in %.2fs", out.name,
+             cfg.hidden_size, head.pooling, " + normalize" if head.normalize else "", limit, out.load_seconds)
+    return out
+
+
 def load_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
                           max_len: int | None = None) -> LoadedDecoderEmbedder:
-    """Load a decoder GGUF that names a pooling (see gguf_pooling) for embedding; `max_len` caps its context."""
+    """Load a decoder GGUF that names a pooling (see gguf_pooling), or a sentence-transformers decoder folder, for
+    embedding; `max_len` caps its context."""
     from edgeserve.errors import UnsupportedModelError
     from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.models.load import load_model
 
+    if source.kind != "gguf":
+        return load_hf_decoder_embedder(source, device, dtype, max_len)
     start = time.monotonic()
     metadata = GGUFFile(source.path).metadata
     pooling = gguf_pooling(metadata)
@@ -174,5 +225,5 @@ def load_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "auto",
                                 dense=dense)
     out.load_seconds = time.monotonic() - start
     log.info("loaded decoder %s for embeddings: %d dims, pooling %s + normalize, max %d tokens, in %.2fs", out.name,
-             c.hidden_size, pooling, limit, out.load_seconds)
+             cfg.hidden_size, pooling, limit, out.load_seconds)
     return out

@@ -381,12 +381,14 @@ def is_embedding_spec(spec: str) -> bool:
             return gguf_pooling(metadata) is not None or is_gguf_encoder(metadata)  # rerankers too
     except Exception:
         return False
-    return source.kind == "hf" and is_encoder_folder(source.path)
+    from edgeserve.models.decoder_embed import is_decoder_embed_folder
+
+    return source.kind == "hf" and (is_encoder_folder(source.path) or is_decoder_embed_folder(source.path))
 
 
 def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
     """Load an embedding model or reranker: a BERT-family folder or GGUF, or a decoder GGUF that names a pooling."""
-    from edgeserve.models.bert import load_encoder
+    from edgeserve.models.bert import is_encoder_folder, load_encoder
     from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
     from edgeserve.models.decoder_embed import load_decoder_embedder
     from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
@@ -399,6 +401,8 @@ def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
         return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
     if is_cross_encoder_folder(source.path):
         return load_cross_encoder(source, cfg.device, cfg.dtype)
+    if not is_encoder_folder(source.path):  # a sentence-transformers decoder folder (Qwen3-Embedding, EmbeddingGemma)
+        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
     return load_encoder(source, cfg.device, cfg.dtype)
 
 
