@@ -124,16 +124,12 @@ class LoadedDecoderEmbedder:
     load_seconds: float
     bidirectional: bool = False
     dense: tuple[torch.Tensor, ...] = ()  # projections applied to the pooled vector, in order (EmbeddingGemma)
-    post_processed: bool = False  # a HF folder: tokenizer.json's post-processor adds the specials (eos_id: its end)
 
     def encode(self, text: str) -> tuple[list[int], int]:
         """(token ids cut to the model's limit, the end token kept; the untruncated token count)."""
-        if self.post_processed:
-            ids = self.tokenizer.backend.encode(text, add_special_tokens=True).ids
-        else:
-            ids = self.tokenizer.encode(text, add_special_tokens=True)
-            if self.eos_id is not None:
-                ids.append(self.eos_id)
+        ids = self.tokenizer.encode(text, add_special_tokens=True)
+        if self.eos_id is not None:
+            ids.append(self.eos_id)
         full, limit = len(ids), self.config.max_seq_length
         if full > limit:
             ids = ids[: limit - 1] + [ids[-1] if self.eos_id is not None else ids[limit - 1]]
@@ -165,7 +161,8 @@ def is_decoder_embed_folder(path: Path) -> bool:
 
 
 def _trailing_special(tokenizer: Any) -> int | None:
-    """The id tokenizer.json's post-processor appends to every text (Qwen3-Embedding's <|endoftext|>), or None."""
+    """The id tokenizer.json's post-processor appends to every text (Qwen3-Embedding's <|endoftext|>), or None: the
+    embedder appends it (the Tokenizer adds only BOS)."""
     with_specials = tokenizer.backend.encode("a", add_special_tokens=True).ids
     plain = tokenizer.backend.encode("a", add_special_tokens=False).ids
     return with_specials[-1] if with_specials and plain and with_specials[-1] != plain[-1] else None
@@ -189,8 +186,7 @@ def load_hf_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "aut
                              head.normalize)
     out = LoadedDecoderEmbedder(lm.name or folder.name, source, cfg, lm.model, lm.tokenizer,
                                 _trailing_special(lm.tokenizer), lm.model.device, 0.0,
-                                bidirectional=bool(cfg_json.get("use_bidirectional_attention")), dense=dense,
-                                post_processed=True)
+                                bidirectional=bool(cfg_json.get("use_bidirectional_attention")), dense=dense)
     out.load_seconds = time.monotonic() - start
     log.info("loaded decoder folder %s for embeddings: %d dims, pooling %s%s, max %d tokens, in %.2fs", out.name,
              cfg.hidden_size, head.pooling, " + normalize" if head.normalize else "", limit, out.load_seconds)
