@@ -16,6 +16,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.server import ServerConfig
 from encoder_gguf import minilm_vocab, write_encoder_gguf
 from server_helpers import serve
+from tiny_gguf import write_tiny_llama
 
 QUERY = "Where do cats like to sleep?"
 DOCS = ["Cats sleep on warm mats in the sun.", "The stock market fell on Tuesday.", "Héllo wörld, 東京 🤖",
@@ -89,7 +90,11 @@ def models(minilm, tmp_path_factory):
 
     torch.manual_seed(3)
     embedder = BertModel(bert.config, add_pooling_layer=False).eval()
-    return {"bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
+    head = np.random.default_rng(7).normal(0, 0.3, size=(2, 32)).astype(np.float32)
+    qwen3 = write_tiny_llama(d / "qwen3-rank.gguf", arch="qwen3", pooling_type=4, context=1024,
+                             extra_tensors={"cls.output.weight": head},
+                             extra_metadata={"qwen3.classifier.output_labels": ["yes", "no"]})
+    return {"qwen3": (head, qwen3), "bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
             "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder),
             "embed": (None, write_encoder_gguf(d / "embed.gguf", "bert", embedder.state_dict(), vocab, context=512,
                                                pooling_type=1, **SHAPE))}
@@ -141,6 +146,42 @@ def test_folder_matches_sentence_transformers_cross_encoder(client, models):
     got = client.post("/rerank", json={"model": "ce-folder", "query": QUERY, "documents": DOCS}).json()["results"]
     np.testing.assert_allclose([x["relevance_score"] for x in sorted(got, key=lambda x: x["index"])], want,
                                atol=1e-5)
+
+
+def _qwen3_reference(path, head: np.ndarray) -> np.ndarray:
+    """Qwen3-Reranker's score of each (QUERY, doc): the prompt alone through the decoder's single-sequence
+    attention, the last state times the (yes, no) rows, softmax -> P(yes)."""
+    from edgeserve.models.attention import ContiguousKV
+    from edgeserve.models.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    lm = load_model(resolve(str(path)), dtype="float32")
+    c = lm.config
+    out = []
+    for doc in DOCS:
+        text = f"{PREFIX}<Instruct>: {INSTRUCTION}\n<Query>: {QUERY}\n<Document>: {doc}{SUFFIX}"
+        ids = lm.tokenizer.encode(text, add_special_tokens=False)
+        kv = ContiguousKV(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, torch.float32)
+        h = lm.model.forward(torch.tensor(ids), torch.arange(len(ids)), kv).float()[-1]
+        yes, no = (torch.from_numpy(head) @ h).tolist()
+        out.append(torch.softmax(torch.tensor([no, yes]), 0)[1].item())
+    return np.array(out)
+
+
+def test_qwen3_reranker_gguf(client, models):
+    head, path = models["qwen3"]
+    r = client.post("/v1/rerank", json={"model": "qwen3-rank", "query": QUERY, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    want = _qwen3_reference(path, head)
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], want, atol=1e-5)
+    long = client.post("/v1/rerank", json={"model": "qwen3-rank", "query": QUERY, "documents": ["word " * 900]})
+    assert long.status_code == 200, long.text
+    strict = client.post("/v1/rerank", json={"model": "qwen3-rank", "query": QUERY, "documents": ["word " * 900],
+                                             "truncate": False})
+    assert strict.status_code == 400 and strict.json()["error"]["param"] == "documents[0]"
+    assert client.post("/v1/embeddings", json={"model": "qwen3-rank", "input": "hi"}).status_code == 400
 
 
 def test_top_n_return_documents_and_object_documents(client):

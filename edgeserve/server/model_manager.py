@@ -372,13 +372,14 @@ def is_embedding_spec(spec: str) -> bool:
     from edgeserve.models.bert import is_encoder_folder
     from edgeserve.models.decoder_embed import gguf_pooling
 
+    from edgeserve.models.decoder_rerank import is_decoder_reranker
     from edgeserve.models.gguf_encoder import is_gguf_encoder
 
     try:
         source = resolve(spec, pull_missing=False)
         if source.kind == "gguf":
             metadata = GGUFFile(source.path).metadata
-            return gguf_pooling(metadata) is not None or is_gguf_encoder(metadata)  # rerankers too
+            return gguf_pooling(metadata) is not None or is_gguf_encoder(metadata) or is_decoder_reranker(metadata)
     except Exception:
         return False
     from edgeserve.models.decoder_embed import is_decoder_embed_folder
@@ -396,8 +397,13 @@ def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile
 
-        if is_gguf_encoder(GGUFFile(source.path).metadata):
+        from edgeserve.models.decoder_rerank import is_decoder_reranker, load_decoder_reranker
+
+        metadata = GGUFFile(source.path).metadata
+        if is_gguf_encoder(metadata):
             return load_gguf_encoder(source, cfg.device, cfg.dtype)
+        if is_decoder_reranker(metadata):  # Qwen3-Reranker
+            return load_decoder_reranker(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
         return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
     if is_cross_encoder_folder(source.path):
         return load_cross_encoder(source, cfg.device, cfg.dtype)
