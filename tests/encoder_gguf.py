@@ -55,6 +55,10 @@ def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vo
         data = t.detach().float().numpy()
         if qtype == "F16" and data.ndim == 2:
             data = data.astype(np.float16)
+        if qtype == "Q8_0" and data.ndim == 2 and data.shape[-1] % 32 == 0:
+            q = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(data, q), raw_dtype=q)
+            continue
         w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -156,14 +156,14 @@ def test_nomic_bert_gguf_matches_reference(tmp_path, minilm):
 
 @pytest.fixture(scope="module")
 def minilm_gguf(minilm, tmp_path_factory):
-    """The real all-MiniLM-L6-v2 safetensors converted to a `bert` GGUF (mean pooling), F32 and F16."""
+    """The real all-MiniLM-L6-v2 safetensors converted to a `bert` GGUF (mean pooling), F32, F16 and Q8_0."""
     from safetensors.torch import load_file
 
     sd = load_file(str(minilm / "model.safetensors"))
     d = tmp_path_factory.mktemp("minilm")
     kw = dict(hidden=384, layers=6, heads=12, ffn=1536, context=512, pooling_type=1)
     return {q: write_encoder_gguf(d / f"minilm-{q.lower()}.gguf", "bert", sd, minilm_vocab(minilm), qtype=q, **kw)
-            for q in ("F32", "F16")}
+            for q in ("F32", "F16", "Q8_0")}
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def st_reference(minilm):
 
 
 def test_real_minilm_gguf_matches_sentence_transformers(minilm_gguf, st_reference):
-    for qtype, min_cos in (("F32", 0.9999), ("F16", 0.999)):
+    for qtype, min_cos in (("F32", 0.9999), ("F16", 0.999), ("Q8_0", 0.995)):
         lm = _load(minilm_gguf[qtype])
         got = lm.embed([lm.encode(t)[0] for t in TEXTS]).numpy()
         assert _cos(got, st_reference).min() > min_cos, qtype
