@@ -52,7 +52,8 @@ def _modules(folder, pooling: str, dense: list[torch.Tensor]) -> None:
                                                      "torch.nn.modules.linear.Identity"}))
         save_file({"linear.weight": w.contiguous()}, str(sub / "model.safetensors"))
         mods.append({"idx": i, "name": str(i), "path": f"{i}_Dense", "type": "sentence_transformers.models.Dense"})
-    mods.append({"idx": len(mods), "name": "n", "path": "n_Normalize", "type": "sentence_transformers.models.Normalize"})
+    mods.append({"idx": len(mods), "name": "n", "path": "n_Normalize",
+                 "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(mods))
 
 

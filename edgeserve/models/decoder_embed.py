@@ -6,8 +6,9 @@ position comes after every real one, so causal masking alone keeps it out of the
 states are pooled (mean, first token or last token, per the metadata) and L2-normalized, as llama.cpp's server
 returns them. EmbeddingGemma (`gemma-embedding`: a Gemma 3 body) attends bidirectionally instead (its sliding
 layers see keys within half the window on either side, padding masked out) and projects the pooled vector through
-its `dense_2` / `dense_3` matrices before normalizing. The result has the interface of `bert.LoadedEncoder`, so the engine's EmbeddingEngine batches it
-like any embedding model.
+its `dense_2` / `dense_3` matrices before normalizing. Sentence-transformers folders of decoders (Qwen3-Embedding,
+EmbeddingGemma) load the same way, their pooling and projections from modules.json. The result has the interface
+of `bert.LoadedEncoder`, so the engine's EmbeddingEngine batches it like any embedding model.
 """
 
 from __future__ import annotations
