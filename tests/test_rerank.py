@@ -203,6 +203,7 @@ def test_top_n_return_documents_and_object_documents(client):
     ({"model": "xlmr-rank", "documents": DOCS}, "query"),
     ({"model": "xlmr-rank", "query": "", "documents": DOCS}, "query"),
     ({"model": "xlmr-rank", "query": QUERY, "documents": []}, "documents"),
+    ({"model": "xlmr-rank", "query": QUERY, "documents": ["d"] * 2049}, "documents"),
     ({"model": "xlmr-rank", "query": QUERY, "documents": "just one"}, "documents"),
     ({"model": "xlmr-rank", "query": QUERY, "documents": ["a", {"txt": "b"}]}, "documents[1]"),
     ({"model": "xlmr-rank", "query": QUERY, "documents": ["a", ""]}, "documents[1]"),

@@ -6,7 +6,8 @@ objects with `text`); each (query, document) pair is tokenized as `[CLS] query [
 batched by the model's EmbeddingEngine like embeddings, and the answer lists `{index, relevance_score[, document]}`
 sorted by score, best first, cut to `top_n`. A one-logit head's score is its sigmoid (as sentence-transformers'
 CrossEncoder.predict gives it; llama-server returns the raw logit, which orders documents the same); a two-logit
-head's is the softmax probability of label 1. Errors are OpenAI-shaped 400s naming the field.
+head's is the softmax probability of label 1. Errors are OpenAI-shaped 400s naming the field; fields other clients
+send (Cohere's `rank_fields`, `max_tokens_per_doc`) are ignored rather than refused.
 """
 
 from __future__ import annotations
