@@ -82,10 +82,12 @@ def models(minilm, tmp_path_factory):
     d = tmp_path_factory.mktemp("rerank")
     vocab = minilm_vocab(minilm)
     bert, xlmr = _bert_classifier(1), _xlmr_classifier(2)
-    folder = d / "ce-folder"
+    folder, xlmr_folder = d / "ce-folder", d / "xlmr-ce"
     bert.save_pretrained(folder)
+    xlmr.save_pretrained(xlmr_folder)  # (a WordPiece tokenizer: the same ids go to both sides)
     for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(minilm / f, folder / f)
+        shutil.copy(minilm / f, xlmr_folder / f)
     from transformers import BertModel
 
     torch.manual_seed(3)
@@ -95,7 +97,7 @@ def models(minilm, tmp_path_factory):
                              extra_tensors={"cls.output.weight": head},
                              extra_metadata={"qwen3.classifier.output_labels": ["yes", "no"]})
     return {"qwen3": (head, qwen3), "bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
-            "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder),
+            "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder), "xlmr-folder": (xlmr, xlmr_folder),
             "embed": (None, write_encoder_gguf(d / "embed.gguf", "bert", embedder.state_dict(), vocab, context=512,
                                                pooling_type=1, **SHAPE))}
 
@@ -126,7 +128,8 @@ def _reference(model, hf_tok, with_types: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name, model_id, with_types", [("bert", "bert-rank", True), ("xlmr", "xlmr-rank", False),
-                                                         ("folder", "ce-folder", True)])
+                                                         ("folder", "ce-folder", True),
+                                                         ("xlmr-folder", "xlmr-ce", False)])
 def test_scores_match_transformers(client, models, hf_tok, name, model_id, with_types):
     r = client.post("/v1/rerank", json={"model": model_id, "query": QUERY, "documents": DOCS})
     assert r.status_code == 200, r.text

@@ -22,7 +22,9 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
-ENCODER_MODEL_TYPES = ("bert",)  # the layout implemented here (post-LayerNorm, absolute positions)
+# the layout implemented here: post-LayerNorm, absolute positions (RoBERTa's start after its padding id)
+ENCODER_MODEL_TYPES = ("bert", "xlm-roberta", "roberta")
+ROBERTA_TYPES = ("xlm-roberta", "roberta")
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 
 
@@ -83,7 +85,7 @@ def encoder_config(folder: Path) -> EncoderConfig:
         elif kind.endswith("Normalize"):
             normalize = True
     st_cfg = _json(folder / "sentence_bert_config.json") or {}
-    max_pos = int(cfg.get("max_position_embeddings", 512))
+    max_pos = int(cfg.get("max_position_embeddings", 512)) - position_offset(cfg)
     max_len = min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
     try:
         return EncoderConfig(
@@ -95,6 +97,11 @@ def encoder_config(folder: Path) -> EncoderConfig:
             max_seq_length=max_len)
     except KeyError as e:
         raise ModelLoadError(f"{folder}/config.json is missing {e.args[0]}") from None
+
+
+def position_offset(cfg: dict) -> int:
+    """How many rows of the position table come before position 0 (RoBERTa's pad_token_id + 1; BERT's none)."""
+    return int(cfg.get("pad_token_id", 1)) + 1 if cfg.get("model_type") in ROBERTA_TYPES else 0
 
 
 def _pooling_mode(pcfg: dict, folder: Path) -> str:
@@ -243,6 +250,11 @@ class LoadedEncoder:
         return pool(states, mask, self.config.pooling, self.config.normalize).cpu()
 
 
+def _first_id(tok: Any, *names: str) -> int | None:
+    """The id of the first of `names` in the vocabulary (BERT's [CLS] / [SEP], else RoBERTa's <s> / </s>)."""
+    return next((i for i in map(tok.token_to_id, names) if i is not None), None)
+
+
 def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
     """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
     import tokenizers
@@ -262,8 +274,11 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
-                name = key[5:] if key.startswith("bert.") else key
+                name = key.removeprefix("bert.").removeprefix("roberta.")
                 weights[name] = st.get_tensor(key).to(dev, torch_dtype)
+    offset = position_offset(_json(folder / "config.json") or {})
+    if offset and "embeddings.position_embeddings.weight" in weights:  # RoBERTa: position 0 is row pad_token_id + 1
+        weights["embeddings.position_embeddings.weight"] = weights["embeddings.position_embeddings.weight"][offset:]
     missing = [n for n in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight")
                if n not in weights]
     if missing:
@@ -275,7 +290,7 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
     tok.no_padding()
     tok.no_truncation()
     lm = LoadedEncoder(folder.name if source.name is None else source.name, source, cfg, BertEncoder(cfg, weights),
-                       tok, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"), dev, 0.0)
+                       tok, _first_id(tok, "[CLS]", "<s>"), _first_id(tok, "[SEP]", "</s>"), dev, 0.0)
     lm.load_seconds = time.monotonic() - start
     log.info("loaded encoder %s: %d layers, %d dims, pooling %s%s, max %d tokens, in %.2fs", lm.name,
              cfg.num_layers, cfg.hidden_size, cfg.pooling, " + normalize" if cfg.normalize else "",

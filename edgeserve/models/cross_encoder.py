@@ -19,21 +19,17 @@ import torch.nn.functional as F
 from edgeserve.errors import ModelLoadError
 from edgeserve.models.bert import LoadedEncoder, pad_batch, segment_ids
 
-# Hugging Face names of the head's tensors -> ours (BERT's pooler + classifier; RoBERTa's classifier)
-_HF_HEADS = ({"pooler.dense": "classifier.dense", "classifier": "classifier.out_proj"},
-             {"classifier.dense": "classifier.dense", "classifier.out_proj": "classifier.out_proj"})
+# BERT's Hugging Face head names -> ours (RoBERTa's `classifier.dense` / `classifier.out_proj` are ours already)
+_BERT_HEAD = {"pooler.dense": "classifier.dense", "classifier": "classifier.out_proj"}
 
 
 def classifier_head(weights: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
     """The head's tensors (`dense.*`, `out_proj.*`) taken out of an encoder's weights; ModelLoadError if absent."""
-    if "classifier.out_proj.weight" not in weights:
-        for names in _HF_HEADS:
-            if all(f"{hf}.weight" in weights for hf in names):
-                for hf, ours in names.items():
-                    for kind in ("weight", "bias"):
-                        if f"{hf}.{kind}" in weights:
-                            weights[f"{ours}.{kind}"] = weights.pop(f"{hf}.{kind}")
-                break
+    if "classifier.out_proj.weight" not in weights and "classifier.weight" in weights:
+        for hf, ours in _BERT_HEAD.items():
+            for kind in ("weight", "bias"):
+                if f"{hf}.{kind}" in weights:
+                    weights[f"{ours}.{kind}"] = weights.pop(f"{hf}.{kind}")
     head = {k.removeprefix("classifier."): weights.pop(k) for k in list(weights) if k.startswith("classifier.")}
     if "out_proj.weight" not in head:
         raise ModelLoadError(f"{where}: a reranker needs a classification head (GGUF `cls.output` / "
