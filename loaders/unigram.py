@@ -28,8 +28,9 @@ def _charsmap(metadata: Mapping[str, Any]) -> str | None:
     return base64.b64encode(data.encode("latin-1") if isinstance(data, str) else data).decode()
 
 
-def _template(metadata: Mapping[str, Any], tokens: list[str]) -> dict[str, Any] | None:
-    """`[bos] A [eos]` and `[bos] A [eos] [sep] B [eos]` per the file's add_* flags (llama.cpp's rerank layout)."""
+def special_template(metadata: Mapping[str, Any], tokens: list[str]) -> dict[str, Any] | None:
+    """A TemplateProcessing post-processor: `[bos] A [eos]` and `[bos] A [eos] [sep] B [eos]` per the file's add_*
+    flags (llama.cpp's rerank layout), or None when it adds neither BOS nor EOS."""
     def tok(key: str) -> str | None:
         i = metadata.get(f"tokenizer.ggml.{key}")
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
@@ -70,7 +71,7 @@ def unigram_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarr
     return {
         "normalizer": {"type": "Sequence", "normalizers": normalizers} if normalizers else None,
         "pre_tokenizer": metaspace,
-        "post_processor": _template(metadata, tokens),
+        "post_processor": special_template(metadata, tokens),
         "decoder": metaspace,
         "model": {"type": "Unigram", "unk_id": None if unk is None else int(unk), "byte_fallback": False,
                   "vocab": [[t, float(s)] for t, s in zip(tokens, scores)]},

@@ -24,10 +24,11 @@ def phantom(tok: str) -> str:
 def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vocab: list[str] | bytes, *, hidden: int,
                        layers: int, heads: int, ffn: int, context: int, pooling_type: int, eps: float = 1e-12,
                        rope_base: float | None = None, type_vocab: int = 2, qtype: str = "F32",
-                       skip: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> Path:
+                       skip: tuple[str, ...] = (), rename: dict[str, str] | None = None,
+                       bpe_merges: list[str] | None = None) -> Path:
     """A GGUF of `arch` ('bert' / 'nomic-bert') holding `state` (HF names, mapped as llama.cpp maps them, or by
-    `rename` to GGUF names); `vocab` a WordPiece vocab.txt list, or a SentencePiece Unigram model's bytes
-    (XLM-RoBERTa)."""
+    `rename` to GGUF names); `vocab` a WordPiece vocab.txt list, a SentencePiece Unigram model's bytes
+    (XLM-RoBERTa), or with `bpe_merges` a RoBERTa byte-level BPE vocabulary (`<s> <pad> </s> <unk>` first)."""
     import gguf
 
     arch_id = {"bert": gguf.MODEL_ARCH.BERT, "nomic-bert": gguf.MODEL_ARCH.NOMIC_BERT}[arch]
@@ -46,6 +47,8 @@ def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vo
     w.add_token_type_count(type_vocab)
     if isinstance(vocab, bytes):
         add_unigram(w, vocab, len(state[next(k for k in state if "word_embeddings" in k)]))
+    elif bpe_merges is not None:
+        add_roberta_bpe(w, vocab, bpe_merges)
     else:
         add_wordpiece(w, vocab)
     for hf_name, t in state.items():
@@ -82,6 +85,26 @@ def add_wordpiece(w, vocab: list[str]) -> None:
     w.add_pad_token_id(ids["[PAD]"])
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
+
+
+def add_roberta_bpe(w, tokens: list[str], merges: list[str]) -> None:
+    """A RoBERTa byte-level BPE vocabulary as llama.cpp's RobertaModel writes it (tokenizer model gpt2; <s> as BOS,
+    </s> as EOS and separator, all three added)."""
+    import gguf
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * 4 + [gguf.TokenType.NORMAL] * (len(tokens) - 4))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_pad_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_sep_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    w.add_add_sep_token(True)
 
 
 def _proto_fields(buf: bytes) -> dict[int, list]:

@@ -252,3 +252,38 @@ def test_xlmr_gguf_matches_transformers(tmp_path, spm):
                          for ids in seqs])
     assert _cos(got, want).min() > 0.9999
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_roberta_bpe_gguf_matches_transformers(tmp_path):
+    """A RoBERTa encoder with a byte-level BPE vocabulary (granite-embedding's kind): `<s> A </s>` from the file's
+    add_* flags (its tokenizer has no template of its own), positions after the padding id."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, processors
+    from transformers import RobertaConfig, RobertaModel
+
+    from tiny_gguf import byte_vocab
+
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + byte_vocab() + ["he", "ll", "hell"]
+    merges = ["h e", "l l", "he ll"]
+    torch.manual_seed(3)
+    model = RobertaModel(RobertaConfig(vocab_size=len(tokens), hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=64, max_position_embeddings=130,
+                                       type_vocab_size=1, pad_token_id=1), add_pooling_layer=False).eval()
+    sd = dict(model.state_dict())
+    sd["embeddings.position_embeddings.weight"] = sd["embeddings.position_embeddings.weight"][2:]
+    path = write_encoder_gguf(tmp_path / "roberta.gguf", "bert", sd, tokens, hidden=32, layers=2, heads=4, ffn=64,
+                              context=128, pooling_type=1, eps=1e-12, type_vocab=1, bpe_merges=merges)
+    ref = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split()) for m in merges]))
+    ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ref.decoder = decoders.ByteLevel()
+    ref.add_special_tokens(tokens[:4])
+    ref.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), add_prefix_space=False)
+    lm = _load(path)
+    texts = ["hello world", "héllo 🤖 hell", "a"]
+    seqs = [lm.encode(t)[0] for t in texts]
+    assert seqs == [ref.encode(t).ids for t in texts]
+    got = lm.embed(seqs).numpy()
+    with torch.no_grad():
+        want = np.stack([F.normalize(model(input_ids=torch.tensor([ids])).last_hidden_state[0].mean(0), dim=-1)
+                         .numpy() for ids in seqs])
+    np.testing.assert_allclose(got, want, atol=2e-5)

@@ -94,6 +94,25 @@ def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype) -> dict[st
     return weights
 
 
+def with_specials(backend: Any, metadata: Mapping[str, Any]) -> Any:
+    """The tokenizer, given the `<s> A </s>` template of the file's add_bos / add_eos / add_sep flags when it has no
+    post-processor of its own (a RoBERTa encoder's byte-level BPE, tokenizer model `gpt2`: granite-embedding)."""
+    import json
+
+    import tokenizers
+
+    from edgeserve.loaders.unigram import special_template
+
+    if backend.post_processor is not None:
+        return backend
+    template = special_template(metadata, list(metadata.get("tokenizer.ggml.tokens") or []))
+    if template is None:
+        return backend
+    spec = json.loads(backend.to_str())
+    spec["post_processor"] = template
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
 def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
     """Load a `bert` / `nomic-bert` GGUF as an embedding model, or as a reranker when its pooling is rank."""
     from edgeserve.device import resolve_device
@@ -111,7 +130,7 @@ def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> 
     dev = resolve_device(device)
     weights = read_weights(gguf, dev, encoder_dtype(dtype, dev))
     tok = tokenizer_from_gguf(md)
-    backend = tok.backend
+    backend = with_specials(tok.backend, md)
     backend.no_padding()
     backend.no_truncation()
     sep = md.get("tokenizer.ggml.seperator_token_id", md.get("tokenizer.ggml.eos_token_id"))
