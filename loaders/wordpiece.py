@@ -44,17 +44,18 @@ def wordpiece_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.nda
     for i, t in enumerate(vocab):
         index.setdefault(t, i)
 
-    def special(key: str, fallback: str) -> tuple[str, int]:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        i = int(value) if value is not None and 0 <= int(value) < len(vocab) else index.get(fallback)
+    def special(keys: tuple[str, ...], fallback: str) -> tuple[str, int]:
+        """The token the first present key names, else the one spelled `fallback`."""
+        values = [metadata.get(f"tokenizer.ggml.{k}") for k in keys]
+        i = next((int(v) for v in values if v is not None and 0 <= int(v) < len(vocab)), index.get(fallback))
         if i is None:
-            raise ModelLoadError(f"GGUF WordPiece tokenizer has no {fallback} token (tokenizer.ggml.{key})")
+            raise ModelLoadError(f"GGUF WordPiece tokenizer has no {fallback} token (tokenizer.ggml.{keys[0]})")
         return vocab[i], i
 
-    cls, sep = special("bos_token_id", "[CLS]"), special("seperator_token_id", "[SEP]")
-    if metadata.get("tokenizer.ggml.seperator_token_id") is None:
-        sep = special("eos_token_id", "[SEP]")
-    unk, _ = special("unknown_token_id", "[UNK]")
+    # older files name [CLS] in cls_token_id; newer ones make it the BOS (and [SEP] the EOS and separator)
+    cls = special(("cls_token_id", "bos_token_id"), "[CLS]")
+    sep = special(("seperator_token_id", "eos_token_id"), "[SEP]")
+    unk, _ = special(("unknown_token_id",), "[UNK]")
     lower = is_uncased(vocab, types)
     return {
         "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,

@@ -79,6 +79,10 @@ def test_wordpiece_from_gguf_equals_hf(tmp_path, minilm, hf_tokenizer):
     pair = tok.encode(TEXTS[0], TEXTS[1])
     want = hf_tokenizer.encode(TEXTS[0], TEXTS[1])
     assert pair.ids == want.ids and pair.type_ids == want.type_ids
+    # an older file: [CLS] / [SEP] as cls_token_id / seperator_token_id only, BOS / EOS pointing elsewhere
+    md = dict(GGUFFile(path).metadata)
+    md.update({"tokenizer.ggml.cls_token_id": 101, "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 0})
+    assert tokenizer_from_gguf(md).backend.encode(TEXTS[0]).ids == hf_tokenizer.encode(TEXTS[0]).ids
 
 
 @pytest.mark.parametrize("pooling_type, pool", [(1, "mean"), (2, "cls")])
