@@ -97,7 +97,8 @@ def models(minilm, tmp_path_factory):
                              extra_tensors={"cls.output.weight": head},
                              extra_metadata={"qwen3.classifier.output_labels": ["yes", "no"]})
     return {"qwen3": (head, qwen3), "bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
-            "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder), "xlmr-folder": (xlmr, xlmr_folder),
+            "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder),
+            "xlmr-folder": (xlmr, xlmr_folder),
             "embed": (None, write_encoder_gguf(d / "embed.gguf", "bert", embedder.state_dict(), vocab, context=512,
                                                pooling_type=1, **SHAPE))}
 
@@ -230,3 +231,19 @@ def test_long_document_truncated_by_default_and_embeddings_refused(client):
     assert e.status_code == 400 and "reranker" in e.json()["error"]["message"]
     ok = client.post("/v1/embeddings", json={"model": "embed", "input": "hi"})
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 32
+
+
+def test_score_route(client, models, hf_tok):
+    """vLLM's /v1/score: one text_1 against each text_2, or pairwise lists; the rerank scores, in input order."""
+    want = _reference(models["bert"][0], hf_tok, True)
+    one = client.post("/v1/score", json={"model": "bert-rank", "text_1": QUERY, "text_2": DOCS})
+    assert one.status_code == 200, one.text
+    data = one.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(DOCS))) and all(d["object"] == "score" for d in data)
+    np.testing.assert_allclose([d["score"] for d in data], want, atol=1e-5)
+    pairwise = client.post("/v1/score", json={"model": "bert-rank", "text_1": [QUERY] * 2, "text_2": DOCS[:2]})
+    np.testing.assert_allclose([d["score"] for d in pairwise.json()["data"]], want[:2], atol=1e-5)
+    for body, param in (({"text_1": ["a", "b"], "text_2": DOCS}, "text_1"), ({"text_1": QUERY, "text_2": []}, "text_2"),
+                        ({"text_1": QUERY, "text_2": ["ok", 3]}, "text_2[1]"), ({"text_2": DOCS}, "text_1")):
+        r = client.post("/v1/score", json={"model": "bert-rank", **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
