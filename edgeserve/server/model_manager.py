@@ -366,50 +366,21 @@ class ModelManager:
 
 
 def is_embedding_spec(spec: str) -> bool:
-    """Whether `spec` names an embedding model on disk (an encoder folder, or a decoder GGUF whose metadata names a
-    pooling); False when it cannot be told."""
-    from edgeserve.loaders.gguf_file import GGUFFile
-    from edgeserve.models.bert import is_encoder_folder
-    from edgeserve.models.decoder_embed import gguf_pooling
-
-    from edgeserve.models.decoder_rerank import is_decoder_reranker
-    from edgeserve.models.gguf_encoder import is_gguf_encoder
+    """Whether `spec` names an embedding model or reranker on disk (see edgeserve.models.embedders); False when it
+    cannot be told."""
+    from edgeserve.models.embedders import is_embedding_source
 
     try:
-        source = resolve(spec, pull_missing=False)
-        if source.kind == "gguf":
-            metadata = GGUFFile(source.path).metadata
-            return gguf_pooling(metadata) is not None or is_gguf_encoder(metadata) or is_decoder_reranker(metadata)
+        return is_embedding_source(resolve(spec, pull_missing=False))
     except Exception:
         return False
-    from edgeserve.models.decoder_embed import is_decoder_embed_folder
-
-    return source.kind == "hf" and (is_encoder_folder(source.path) or is_decoder_embed_folder(source.path))
 
 
 def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
-    """Load an embedding model or reranker: a BERT-family folder or GGUF, or a decoder GGUF that names a pooling."""
-    from edgeserve.models.bert import is_encoder_folder, load_encoder
-    from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
-    from edgeserve.models.decoder_embed import load_decoder_embedder
-    from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
+    """Load an embedding model or reranker (see edgeserve.models.embedders)."""
+    from edgeserve.models.embedders import load_embedding_model
 
-    if source.kind == "gguf":
-        from edgeserve.loaders.gguf_file import GGUFFile
-
-        from edgeserve.models.decoder_rerank import is_decoder_reranker, load_decoder_reranker
-
-        metadata = GGUFFile(source.path).metadata
-        if is_gguf_encoder(metadata):
-            return load_gguf_encoder(source, cfg.device, cfg.dtype)
-        if is_decoder_reranker(metadata):  # Qwen3-Reranker
-            return load_decoder_reranker(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
-        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
-    if is_cross_encoder_folder(source.path):
-        return load_cross_encoder(source, cfg.device, cfg.dtype)
-    if not is_encoder_folder(source.path):  # a sentence-transformers decoder folder (Qwen3-Embedding, EmbeddingGemma)
-        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
-    return load_encoder(source, cfg.device, cfg.dtype)
+    return load_embedding_model(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
 
 
 def model_id(spec: str) -> str:
