@@ -22,9 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeserve.server.embeddings_routes import MAX_INPUTS
+from edgeserve.server.api.embeddings import MAX_INPUTS
+from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.schemas import read_request
+from edgeserve.server.fields import boolean, model_name
 from edgeserve.server.state import api_errors, server_state
 
 
@@ -57,15 +58,6 @@ def parse_top_n(body: dict, count: int) -> int:
     return min(n, count)
 
 
-def _flag(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{key} must be true or false, got {v!r}", key)
-    return v
-
-
 def relevance(logits: torch.Tensor) -> torch.Tensor:
     """[n] relevance scores from a head's [n, labels] logits: sigmoid of one logit, else P(label 1)."""
     if logits.shape[1] == 1:
@@ -84,13 +76,6 @@ def _pairs(lm: Any, pairs: list[tuple[str, str]], truncate: bool, param: str) ->
                            "context_length_exceeded")
         seqs.append(ids)
     return seqs
-
-
-def _model(body: dict) -> str:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required and must be a non-empty string", "model")
-    return model
 
 
 async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]], truncate: bool,
@@ -119,15 +104,15 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
 async def rerank(request: Request) -> Response:
     """POST /v1/rerank (also /rerank, /v1/reranking, /reranking): documents ordered by relevance to the query."""
     body = await read_request(request)
-    model = _model(body)
+    model = model_name(body)
     query = body.get("query")
     if not isinstance(query, str) or not query:
         raise bad_request("query is required and must be a non-empty string", "query")
     documents = parse_documents(body.get("documents"))
     top_n = parse_top_n(body, len(documents))
-    return_documents = _flag(body, "return_documents", False)
+    return_documents = boolean(body, "return_documents", False)
     model_id, scores, num_tokens = await score_pairs(request, model, [(query, d) for d in documents],
-                                                     _flag(body, "truncate", True), "documents")
+                                                     boolean(body, "truncate", True), "documents")
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[:top_n]
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": documents[i]}}
                                                              if return_documents else {})} for i in order]
@@ -150,7 +135,7 @@ def _texts(value: Any, name: str) -> list[str]:
 async def score(request: Request) -> Response:
     """POST /v1/score (vLLM): the relevance of `text_1` to each `text_2` (one to many, or pairwise lists)."""
     body = await read_request(request)
-    model = _model(body)
+    model = model_name(body)
     left, right = _texts(body.get("text_1"), "text_1"), _texts(body.get("text_2"), "text_2")
     if len(left) == 1:
         left = left * len(right)
@@ -158,7 +143,7 @@ async def score(request: Request) -> Response:
         raise bad_request(f"text_1 has {len(left)} items and text_2 {len(right)}: give one text_1, or as many as "
                           "text_2", "text_1")
     model_id, scores, num_tokens = await score_pairs(request, model, list(zip(left, right)),
-                                                     _flag(body, "truncate", True), "text_2")
+                                                     boolean(body, "truncate", True), "text_2")
     return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                          "model": model_id,
                          "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
