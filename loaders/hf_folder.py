@@ -68,6 +68,12 @@ class SafetensorsWeights:
                 raise ModelLoadError(f"{folder / f} is not a valid safetensors file: {e}") from None
         if not weight_map:
             weight_map = {k: f for f, h in self._handles.items() for k in h.keys()}
+        self._stored: dict[str, str] = {}  # our name -> the name stored, where they differ
+        if "embed_tokens.weight" in weight_map and "model.embed_tokens.weight" not in weight_map:
+            # a base model's checkpoint (Qwen3Model, Gemma3TextModel: embedding models) names its tensors without
+            # the `model.` of a *ForCausalLM
+            self._stored = {f"model.{k}": k for k in weight_map}
+            weight_map = {**weight_map, **{f"model.{k}": f for k, f in weight_map.items()}}
         self._where = weight_map
         self.folder = folder
         self.quant = quant
@@ -81,7 +87,7 @@ class SafetensorsWeights:
         return None
 
     def _tensor(self, name: str) -> torch.Tensor:
-        return self._handles[self._where[name]].get_tensor(name)
+        return self._handles[self._where[name]].get_tensor(self._stored.get(name, name))
 
     def has(self, name: str) -> bool:
         return name in self._where or self._packed(name) is not None

@@ -9,6 +9,8 @@ an equivalent `tokenizers.Tokenizer` from those keys:
 - `tokenizer.ggml.model == "llama"`: SentencePiece BPE. The file has scores instead of merges; merging
   the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
   `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
+- `tokenizer.ggml.model == "bert"`: WordPiece (BERT-family encoders); see wordpiece.py.
+- `tokenizer.ggml.model == "t5"`: SentencePiece Unigram (XLM-RoBERTa encoders); see unigram.py.
 
 Tokens typed control/unknown in `tokenizer.ggml.token_type` become special added tokens and
 user-defined ones plain added tokens, so both are matched whole in the input text, as Hugging Face
@@ -207,10 +209,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         add_bos_default = pre.add_bos
     elif model in ("llama", "gemma4"):
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
+    elif model in ("bert", "t5"):
+        add_bos_default = False  # [CLS] ... [SEP] / <s> ... </s> come from the post-processor (wordpiece / unigram)
     else:
         raise UnsupportedModelError(
             f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
-            "'gemma4' SentencePiece-style BPE with merges)"
+            "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece, 't5' Unigram)"
         )
 
     def token_id(key: str) -> int | None:
@@ -229,13 +233,23 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     ]  # fmt: skip
 
     def build() -> tokenizers.Tokenizer:
-        spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
+        if model == "bert":
+            from .wordpiece import wordpiece_spec
+
+            spec = wordpiece_spec(metadata, tokens, types)
+        elif model == "t5":
+            from .unigram import unigram_spec
+
+            spec = unigram_spec(metadata, tokens, types)
+        else:
+            spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
         try:
             return tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
         except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
             raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
 
-    backend = cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
+    # WordPiece / Unigram specs need no merges derived: built on each load, never cached (so never stale)
+    backend = build() if model in ("bert", "t5") else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
     eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
     eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")

@@ -157,8 +157,8 @@ def test_unknown_pre_tokenizer_falls_back_to_gpt2(caplog):
 
 
 def test_unsupported_tokenizer_model():
-    with pytest.raises(UnsupportedModelError, match="'bert'"):
-        tokenizer_from_gguf({**_pre_metadata("gpt2"), "tokenizer.ggml.model": "bert"})
+    with pytest.raises(UnsupportedModelError, match="'rwkv'"):  # ('bert' and 't5' are supported now)
+        tokenizer_from_gguf({**_pre_metadata("gpt2"), "tokenizer.ggml.model": "rwkv"})
 
 
 def test_missing_tokenizer_metadata():

@@ -24,9 +24,12 @@ def byte_vocab() -> list[str]:
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
                      skip_tensor: str | None = None, pooling_type: int | None = None,
-                     split_max_tensors: int = 0, context: int = 128) -> Path:
+                     split_max_tensors: int = 0, context: int = 128,
+                     extra_tensors: dict[str, np.ndarray] | None = None,
+                     extra_metadata: dict[str, list[str]] | None = None) -> Path:
     """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`
-    (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model).
+    (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model; `extra_tensors` are
+    written as given (float32), `extra_metadata` as string arrays).
     `split_max_tensors`: written as llama.cpp's gguf-split parts of that many tensors (`path` then names the set:
     the parts are PATH_STEM-00001-of-0000N.gguf, ...; the first part's path is returned)."""
     import gguf
@@ -81,6 +84,10 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
             w.add_tensor(name, random_blocks(qtype, *shape, rng), raw_dtype=qt)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, qt), raw_dtype=qt)
+    for name, data in (extra_tensors or {}).items():
+        w.add_tensor(name, data.astype(np.float32))
+    for key, values in (extra_metadata or {}).items():
+        w.add_array(key, values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

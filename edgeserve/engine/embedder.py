@@ -108,7 +108,8 @@ class EmbeddingEngine:
     def _forward(self, seqs: list[list[int]]) -> torch.Tensor:
         # sorted by length so each sub-batch pads little; results go back in request order
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        out = torch.empty(len(seqs), self.lm.config.hidden_size, dtype=torch.float32)
+        width = getattr(self.lm, "output_dim", self.lm.config.hidden_size)  # a reranker: its head's logits
+        out = torch.empty(len(seqs), width, dtype=torch.float32)
         start = 0
         while start < len(order):
             end, longest = start, 0

@@ -22,7 +22,9 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
-ENCODER_MODEL_TYPES = ("bert",)  # the layout implemented here (post-LayerNorm, absolute positions)
+# the layout implemented here: post-LayerNorm, absolute positions (RoBERTa's start after its padding id)
+ENCODER_MODEL_TYPES = ("bert", "xlm-roberta", "roberta")
+ROBERTA_TYPES = ("xlm-roberta", "roberta")
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 
 
@@ -42,6 +44,7 @@ class EncoderConfig:
     pooling: str = "mean"
     normalize: bool = False
     max_seq_length: int = 512
+    rope_theta: float = 10000.0  # rotary encoders (nomic-bert) only
 
 
 def is_encoder_folder(path: Path) -> bool:
@@ -82,7 +85,7 @@ def encoder_config(folder: Path) -> EncoderConfig:
         elif kind.endswith("Normalize"):
             normalize = True
     st_cfg = _json(folder / "sentence_bert_config.json") or {}
-    max_pos = int(cfg.get("max_position_embeddings", 512))
+    max_pos = int(cfg.get("max_position_embeddings", 512)) - position_offset(cfg)
     max_len = min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
     try:
         return EncoderConfig(
@@ -94,6 +97,11 @@ def encoder_config(folder: Path) -> EncoderConfig:
             max_seq_length=max_len)
     except KeyError as e:
         raise ModelLoadError(f"{folder}/config.json is missing {e.args[0]}") from None
+
+
+def position_offset(cfg: dict) -> int:
+    """How many rows of the position table come before position 0 (RoBERTa's pad_token_id + 1; BERT's none)."""
+    return int(cfg.get("pad_token_id", 1)) + 1 if cfg.get("model_type") in ROBERTA_TYPES else 0
 
 
 def _pooling_mode(pcfg: dict, folder: Path) -> str:
@@ -127,19 +135,28 @@ class BertEncoder(torch.nn.Module):
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.linear(x, self.w[f"{name}.weight"], self.w.get(f"{name}.bias"))
 
+    def _token_types(self, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The segment embeddings to add: type 0 everywhere, or per token (clamped to the model's type count)."""
+        table = self.w.get("embeddings.token_type_embeddings.weight")
+        if table is None:
+            return torch.zeros((), dtype=self.w["embeddings.word_embeddings.weight"].dtype)
+        if token_type_ids is None:
+            return table[0]
+        return table[token_type_ids.clamp(max=table.shape[0] - 1)]
+
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[batch, seq] ids and 0/1 mask -> [batch, seq, hidden] states (padding positions are garbage)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[batch, seq] ids and 0/1 mask (and segment ids, 0 when None) -> [batch, seq, hidden] states (padding
+        positions are garbage)."""
         c, w = self.cfg, self.w
         b, t = input_ids.shape
         pos = torch.arange(t, device=input_ids.device)
         x = w["embeddings.word_embeddings.weight"][input_ids] + w["embeddings.position_embeddings.weight"][pos]
-        x = x + w["embeddings.token_type_embeddings.weight"][0]
+        x = x + self._token_types(token_type_ids)
         x = self._ln(x, "embeddings.LayerNorm")
+        mask = additive_mask(attention_mask, x.dtype)
         heads, hd = c.num_heads, c.hidden_size // c.num_heads
-        # additive mask: padded keys get -inf for every query
-        mask = torch.zeros(b, 1, 1, t, dtype=x.dtype, device=x.device)
-        mask.masked_fill_(attention_mask[:, None, None, :] == 0, float("-inf"))
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}"
             q, k, v = (self._lin(x, f"{p}.attention.self.{n}").view(b, t, heads, hd).transpose(1, 2)
@@ -150,6 +167,27 @@ class BertEncoder(torch.nn.Module):
             h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
             x = self._ln(h + x, f"{p}.output.LayerNorm")
         return x
+
+
+def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[batch, 1, 1, seq] attention bias from a 0/1 mask: padded keys get -inf for every query."""
+    b, t = attention_mask.shape
+    mask = torch.zeros(b, 1, 1, t, dtype=dtype, device=attention_mask.device)
+    return mask.masked_fill_(attention_mask[:, None, None, :] == 0, float("-inf"))
+
+
+def segment_ids(input_ids: torch.Tensor, sep_id: int | None) -> torch.Tensor:
+    """BERT's token types for `[CLS] A [SEP] B [SEP]` rows: 1 after the first [SEP], else 0 (all 0 without one)."""
+    if sep_id is None:
+        return torch.zeros_like(input_ids)
+    is_sep = (input_ids == sep_id).long()
+    return ((is_sep.cumsum(1) - is_sep) > 0).long()
+
+
+def encoder_dtype(dtype: str, dev: torch.device) -> torch.dtype:
+    """The torch dtype an encoder runs in: as asked, else float32 on the CPU and float16 on accelerators."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.float32 if dev.type == "cpu" else torch.float16)
 
 
 def pad_batch(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,6 +250,11 @@ class LoadedEncoder:
         return pool(states, mask, self.config.pooling, self.config.normalize).cpu()
 
 
+def _first_id(tok: Any, *names: str) -> int | None:
+    """The id of the first of `names` in the vocabulary (BERT's [CLS] / [SEP], else RoBERTa's <s> / </s>)."""
+    return next((i for i in map(tok.token_to_id, names) if i is not None), None)
+
+
 def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
     """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
     import tokenizers
@@ -223,8 +266,7 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
     folder = Path(source.path)
     cfg = encoder_config(folder)
     dev = resolve_device(device)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        dtype, torch.float32 if dev.type == "cpu" else torch.float16)
+    torch_dtype = encoder_dtype(dtype, dev)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
@@ -232,8 +274,11 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
-                name = key[5:] if key.startswith("bert.") else key
+                name = key.removeprefix("bert.").removeprefix("roberta.")
                 weights[name] = st.get_tensor(key).to(dev, torch_dtype)
+    offset = position_offset(_json(folder / "config.json") or {})
+    if offset and "embeddings.position_embeddings.weight" in weights:  # RoBERTa: position 0 is row pad_token_id + 1
+        weights["embeddings.position_embeddings.weight"] = weights["embeddings.position_embeddings.weight"][offset:]
     missing = [n for n in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight")
                if n not in weights]
     if missing:
@@ -245,7 +290,7 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
     tok.no_padding()
     tok.no_truncation()
     lm = LoadedEncoder(folder.name if source.name is None else source.name, source, cfg, BertEncoder(cfg, weights),
-                       tok, tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]"), dev, 0.0)
+                       tok, _first_id(tok, "[CLS]", "<s>"), _first_id(tok, "[SEP]", "</s>"), dev, 0.0)
     lm.load_seconds = time.monotonic() - start
     log.info("loaded encoder %s: %d layers, %d dims, pooling %s%s, max %d tokens, in %.2fs", lm.name,
              cfg.num_layers, cfg.hidden_size, cfg.pooling, " + normalize" if cfg.normalize else "",

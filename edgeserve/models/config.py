@@ -180,6 +180,10 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError("GGUF metadata has no general.architecture")
+    if arch == "gemma-embedding":  # EmbeddingGemma: a Gemma 3 body (decoder_embed makes its attention bidirectional)
+        metadata = {"gemma3." + k.removeprefix("gemma-embedding.") if k.startswith("gemma-embedding.") else k: v
+                    for k, v in metadata.items()}
+        arch = "gemma3"
     check_architecture(arch)
     if arch == "gemma4":
         from .gemma4_config import gemma4_config_from_gguf

@@ -19,6 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from edgeserve.server import rerank_routes
 from edgeserve.server.api import anthropic, embeddings, ollama, ollama_models, openai, responses
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
@@ -152,6 +153,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *ollama_models.ROUTES,
         *ollama.ROUTES,
         *embeddings.ROUTES,
+        *rerank_routes.ROUTES,
         *anthropic.ROUTES,
         *responses.ROUTES,
     ]

@@ -366,29 +366,21 @@ class ModelManager:
 
 
 def is_embedding_spec(spec: str) -> bool:
-    """Whether `spec` names an embedding model on disk (an encoder folder, or a decoder GGUF whose metadata names a
-    pooling); False when it cannot be told."""
-    from edgeserve.loaders.gguf_file import GGUFFile
-    from edgeserve.models.bert import is_encoder_folder
-    from edgeserve.models.decoder_embed import gguf_pooling
+    """Whether `spec` names an embedding model or reranker on disk (see edgeserve.models.embedders); False when it
+    cannot be told."""
+    from edgeserve.models.embedders import is_embedding_source
 
     try:
-        source = resolve(spec, pull_missing=False)
-        if source.kind == "gguf":
-            return gguf_pooling(GGUFFile(source.path).metadata) is not None
+        return is_embedding_source(resolve(spec, pull_missing=False))
     except Exception:
         return False
-    return source.kind == "hf" and is_encoder_folder(source.path)
 
 
 def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
-    """Load an embedding model: a BERT-family folder, or a decoder GGUF that names a pooling."""
-    from edgeserve.models.bert import load_encoder
-    from edgeserve.models.decoder_embed import load_decoder_embedder
+    """Load an embedding model or reranker (see edgeserve.models.embedders)."""
+    from edgeserve.models.embedders import load_embedding_model
 
-    if source.kind == "gguf":
-        return load_decoder_embedder(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
-    return load_encoder(source, cfg.device, cfg.dtype)
+    return load_embedding_model(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
 
 
 def model_id(spec: str) -> str:

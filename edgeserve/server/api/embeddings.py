@@ -114,6 +114,9 @@ async def embed(request: Request, model: str, inputs: list[str | list[int]], *, 
             raise APIError(400, f"model {lease.entry.id!r} is not an embedding model: it generates text, and its "
                            "file names no pooling (a GGUF's <arch>.pooling_type); serve one such as all-minilm",
                            "invalid_request_error", "model", "model_not_supported")
+        if getattr(lm, "is_reranker", False):
+            raise APIError(400, f"model {lease.entry.id!r} is a reranker: use /v1/rerank", "invalid_request_error",
+                           "model", "model_not_supported")
         hidden = lm.config.hidden_size
         if dimensions is not None and dimensions > hidden:
             raise bad_request(f"dimensions must be at most {hidden} for {lease.entry.id!r}, got {dimensions}",

@@ -1,0 +1,50 @@
+"""Which model files embed or rerank, and which loader each kind takes: the model manager's one door to them.
+
+GGUF: a BERT-family encoder (`bert`, `nomic-bert`; a reranker when its pooling type is rank), a decoder reranker
+(pooling type rank: Qwen3-Reranker), or a decoder whose `<arch>.pooling_type` names a pooling (Qwen3-Embedding,
+EmbeddingGemma). Hugging Face folder: a BERT-family encoder or sequence classifier, or a sentence-transformers
+decoder folder (Qwen3-Embedding, EmbeddingGemma).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def is_embedding_source(source: Any) -> bool:
+    """Whether a resolved model source embeds or reranks (it then loads beside text models, without a KV cache)."""
+    from edgeserve.models.bert import is_encoder_folder
+    from edgeserve.models.decoder_embed import gguf_pooling, is_decoder_embed_folder
+    from edgeserve.models.decoder_rerank import is_decoder_reranker
+    from edgeserve.models.gguf_encoder import is_gguf_encoder
+
+    if source.kind == "gguf":
+        from edgeserve.loaders.gguf_file import GGUFFile
+
+        md = GGUFFile(source.path).metadata
+        return gguf_pooling(md) is not None or is_gguf_encoder(md) or is_decoder_reranker(md)
+    return source.kind == "hf" and (is_encoder_folder(source.path) or is_decoder_embed_folder(source.path))
+
+
+def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", max_len: int | None = None) -> Any:
+    """Load an embedding model or reranker (the LoadedEncoder interface); `max_len` caps a decoder's context."""
+    from edgeserve.models.bert import is_encoder_folder, load_encoder
+    from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
+    from edgeserve.models.decoder_embed import load_decoder_embedder
+    from edgeserve.models.decoder_rerank import is_decoder_reranker, load_decoder_reranker
+    from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
+
+    if source.kind == "gguf":
+        from edgeserve.loaders.gguf_file import GGUFFile
+
+        md = GGUFFile(source.path).metadata
+        if is_gguf_encoder(md):
+            return load_gguf_encoder(source, device, dtype)
+        if is_decoder_reranker(md):
+            return load_decoder_reranker(source, device, dtype, max_len)
+        return load_decoder_embedder(source, device, dtype, max_len)
+    if is_cross_encoder_folder(source.path):
+        return load_cross_encoder(source, device, dtype)
+    if is_encoder_folder(source.path):
+        return load_encoder(source, device, dtype)
+    return load_decoder_embedder(source, device, dtype, max_len)  # a sentence-transformers decoder folder
