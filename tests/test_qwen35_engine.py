@@ -221,7 +221,7 @@ def test_metrics_and_api_ps_show_the_state_slots(llm: LLM) -> None:
     from types import SimpleNamespace
 
     from edgeserve.server.metrics import _EngineCollector
-    from edgeserve.server.ollama_routes import _ps_entry
+    from edgeserve.server.api.ollama_models import _ps_entry
 
     entry = SimpleNamespace(id="q35", state="loaded", engine=llm.engine, expires_in=lambda: None, size_bytes=1,
                             active=0, load_seconds=0.5)
