@@ -207,3 +207,42 @@ def test_logits_match_transformers(case: str, source: str, tmp_path: Path) -> No
         assert got.shape == ref.shape
         diff = (got - ref).abs().max().item()
         assert diff < 1e-4 * max(1.0, ref.abs().max().item()), f"{case}/{source}: max diff {diff}"
+
+
+def load_gguf(path: Path):
+    g = GGUFFile(path)
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    return decoder_class(config).from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads))
+
+
+@pytest.mark.parametrize("case, drop", [("smollm3", "blk.1.attn_q.weight"), ("olmo2", "blk.0.post_ffw_norm.weight"),
+                                        ("olmo3", "blk.2.post_ffw_norm.weight"), ("granite", "output_norm.weight")])
+def test_a_gguf_missing_a_tensor_is_refused_naming_it(case: str, drop: str, tmp_path: Path) -> None:
+    from edgeserve.errors import ModelLoadError
+
+    path = write_gguf(hf_model(case), case, tmp_path / "m.gguf", drop=drop)
+    with pytest.raises(ModelLoadError, match=drop.replace(".", r"\.")):
+        load_gguf(path)
+
+
+def test_a_gguf_missing_a_key_is_refused_naming_it(tmp_path: Path) -> None:
+    from edgeserve.errors import ModelLoadError
+
+    g = GGUFFile(write_gguf(hf_model("mistral3"), "mistral3", tmp_path / "m.gguf"))
+    metadata = {k: v for k, v in g.metadata.items() if k != "mistral3.rope.scaling.original_context_length"}
+    with pytest.raises(ModelLoadError, match=r"YaRN scaling needs mistral3\.rope\.scaling\.factor and "
+                                             r"\.original_context_length"):
+        config_from_gguf(metadata, set(g.tensor_names()))
+    metadata = {k: v for k, v in g.metadata.items() if not k.startswith("mistral3.rope.scaling")}
+    with pytest.raises(ModelLoadError, match=r"mistral3\.rope\.scaling\.original_context_length"):
+        config_from_gguf(metadata, set(g.tensor_names()))  # the temperature's length
+
+
+def test_what_the_variants_do_not_cover_is_refused_by_name() -> None:
+    from edgeserve.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="'qwen3vlmoe'"):
+        config_from_gguf({"general.architecture": "qwen3vlmoe"}, set())
+    cfg = transformers.SmolLM3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=8, **COMMON)
+    with pytest.raises(UnsupportedModelError, match="SmolLM3 with use_sliding_window"):
+        config_from_hf(cfg.to_dict())
