@@ -21,11 +21,11 @@ transformers = pytest.importorskip("transformers")
 from test_more_archs import COMMON, DECODES, PROMPT, contiguous_logits, paged_logits  # noqa: E402
 
 IDS = PROMPT + list(range(40, 40 + DECODES))
-ARCHS = ["smollm3", "olmo2", "olmo3", "mistral3", "granite", "qwen3vl"]
+ARCHS = ["smollm3", "olmo2", "olmo3", "mistral3", "mistral3-vl", "granite", "qwen3vl"]
 # our architecture name (GGUF general.architecture) of each case
-GGUF_ARCH = {"olmo3": "olmo2"}
+GGUF_ARCH = {"olmo3": "olmo2", "mistral3-vl": "mistral3"}
 # llama.cpp's converter permutes Q/K rows for these (its LlamaModel subclasses)
-PERMUTED = ("smollm3", "mistral3", "granite")
+PERMUTED = ("smollm3", "mistral3", "mistral3-vl", "granite")
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
@@ -40,11 +40,15 @@ def hf_model(case: str):
         cfg = t.Olmo2Config(num_hidden_layers=2, **common)
     elif case == "olmo3":  # layers 0-2 slide over 5 positions, layer 3 is global
         cfg = t.Olmo3Config(num_hidden_layers=4, sliding_window=5, **common)
-    elif case == "mistral3":  # YaRN, and a temperature that grows every 4 positions
+    elif case.startswith("mistral3"):  # YaRN, and a temperature that grows every 4 positions
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                 "llama_4_scaling_beta": 0.5}
         cfg = t.Ministral3Config(num_hidden_layers=2, rope_parameters=rope, **common)
+        if case == "mistral3-vl":  # the multimodal checkpoint: weights under `language_model.`
+            vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, head_dim=16, patch_size=4, image_size=16)
+            cfg = t.Mistral3Config(text_config=cfg.to_dict(), vision_config=vision, tie_word_embeddings=False)
     elif case == "granite":
         cfg = t.GraniteConfig(num_hidden_layers=2, embedding_multiplier=3.0, residual_multiplier=0.5,
                               attention_multiplier=0.1, logits_scaling=4.0,
@@ -56,8 +60,8 @@ def hf_model(case: str):
                       deepstack_visual_indexes=[0], patch_size=4, temporal_patch_size=2, spatial_merge_size=2)
         cfg = t.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
     cfg._attn_implementation = "eager"
-    cls = t.Qwen3VLForConditionalGeneration if case == "qwen3vl" else t.AutoModelForCausalLM
-    model = cls._from_config(cfg) if case == "qwen3vl" else cls.from_config(cfg)
+    multimodal = {"qwen3vl": t.Qwen3VLForConditionalGeneration, "mistral3-vl": t.Mistral3ForConditionalGeneration}
+    model = multimodal[case](cfg) if case in multimodal else t.AutoModelForCausalLM.from_config(cfg)
     model.eval()
     with torch.no_grad():  # bigger than the default init, so attention is far from uniform
         for name, p in model.named_parameters():
@@ -86,9 +90,12 @@ def text_state(model) -> dict[str, torch.Tensor]:
     """The language model's tensors under the text model's names (`model.layers...`, `lm_head`)."""
     out = {}
     for name, t in model.state_dict().items():
-        if ".visual." in name or name.startswith("model.visual"):
+        if "visual" in name or "vision_tower" in name or "multi_modal_projector" in name:
             continue
-        out[name.replace("model.language_model.", "model.")] = t
+        for theirs, ours in (("model.language_model.", "model."), ("language_model.model.", "model."),
+                             ("language_model.lm_head.", "lm_head.")):
+            name = name.replace(theirs, ours)
+        out[name] = t
     return out
 
 
@@ -115,7 +122,7 @@ def write_gguf(model, case: str, path: Path, q8_0: bool = False, drop: str | Non
     if case == "olmo3":
         w.add_sliding_window(c.sliding_window)
         w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
-    if case == "mistral3":
+    if arch == "mistral3":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
@@ -184,7 +191,7 @@ def check_features(case: str, config: ModelConfig) -> None:
     elif case in ("olmo2", "olmo3"):
         assert config.post_norms and config.qk_norm_full
         assert config.layer_windows == ((5, 5, 5, None) if case == "olmo3" else None)
-    elif case == "mistral3":
+    elif case.startswith("mistral3"):
         assert config.rope_scaling.kind == "yarn" and config.rope_scaling.attention_factor == 1.0
         assert config.attn_temperature == 0.5 and config.attn_temperature_length == 4
     elif case == "granite":
