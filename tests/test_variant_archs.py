@@ -253,3 +253,16 @@ def test_what_the_variants_do_not_cover_is_refused_by_name() -> None:
     cfg = transformers.SmolLM3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=8, **COMMON)
     with pytest.raises(UnsupportedModelError, match="SmolLM3 with use_sliding_window"):
         config_from_hf(cfg.to_dict())
+
+
+def test_dummy_weights_take_the_olmo_block(tmp_path: Path) -> None:
+    """`--load-format dummy` of an OLMo 3 config gives OLMo's decoder with its whole-projection Q/K norms."""
+    from edgeserve.models.load import load_model
+    from edgeserve.models.olmo2 import Olmo2Model
+    from edgeserve.registry import resolve
+
+    path = tmp_path / "olmo3.json"
+    path.write_text(json.dumps(hf_model("olmo3").config.to_dict()))
+    model = load_model(resolve(str(path)), dtype="float32", load_format="dummy").model
+    assert isinstance(model, Olmo2Model) and model.layers[0].q_norm.shape == (model.config.q_size,)
+    assert torch.isfinite(contiguous_logits(model)).all()
