@@ -21,9 +21,9 @@ transformers = pytest.importorskip("transformers")
 from test_more_archs import COMMON, DECODES, PROMPT, contiguous_logits, paged_logits  # noqa: E402
 
 IDS = PROMPT + list(range(40, 40 + DECODES))
-ARCHS = ["smollm3", "olmo2", "olmo3", "mistral3", "mistral3-vl", "granite", "qwen3vl"]
+ARCHS = ["smollm3", "olmo2", "olmo3", "olmo3-yarn", "mistral3", "mistral3-vl", "granite", "qwen3vl"]
 # our architecture name (GGUF general.architecture) of each case
-GGUF_ARCH = {"olmo3": "olmo2", "mistral3-vl": "mistral3"}
+GGUF_ARCH = {"olmo3": "olmo2", "olmo3-yarn": "olmo2", "mistral3-vl": "mistral3"}
 # llama.cpp's converter permutes Q/K rows for these (its LlamaModel subclasses)
 PERMUTED = ("smollm3", "mistral3", "mistral3-vl", "granite")
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -40,6 +40,10 @@ def hf_model(case: str):
         cfg = t.Olmo2Config(num_hidden_layers=2, **common)
     elif case == "olmo3":  # layers 0-2 slide over 5 positions, layer 3 is global
         cfg = t.Olmo3Config(num_hidden_layers=4, sliding_window=5, **common)
+    elif case == "olmo3-yarn":  # YaRN on the global layer only
+        yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "attention_factor": 1.2,
+                "beta_fast": 32.0, "beta_slow": 1.0}
+        cfg = t.Olmo3Config(num_hidden_layers=4, sliding_window=5, rope_scaling=yarn, **common)
     elif case.startswith("mistral3"):  # YaRN, and a temperature that grows every 4 positions
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
@@ -119,9 +123,15 @@ def write_gguf(model, case: str, path: Path, q8_0: bool = False, drop: str | Non
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
     w.add_vocab_size(c.vocab_size)
-    if case == "olmo3":
+    if case.startswith("olmo3"):
         w.add_sliding_window(c.sliding_window)
         w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
+        full = rope["full_attention"]
+        if full.get("rope_type") == "yarn":  # as llama.cpp's Olmo2Model writes it
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(full["factor"])
+            w.add_rope_scaling_attn_factors(full["attention_factor"])
+            w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
     if arch == "mistral3":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
@@ -188,9 +198,11 @@ def check_features(case: str, config: ModelConfig) -> None:
     """The config carries what makes `case` differ from Llama (so the parity below exercises it)."""
     if case == "smollm3":
         assert config.rope_layers == (True, True, True, False, True)
-    elif case in ("olmo2", "olmo3"):
+    elif case.startswith("olmo"):
         assert config.post_norms and config.qk_norm_full
-        assert config.layer_windows == ((5, 5, 5, None) if case == "olmo3" else None)
+        assert config.layer_windows == ((5, 5, 5, None) if case.startswith("olmo3") else None)
+        if case == "olmo3-yarn":
+            assert config.rope_scaling.kind == "yarn" and config.rope_scaling.attention_factor == pytest.approx(1.2)
     elif case.startswith("mistral3"):
         assert config.rope_scaling.kind == "yarn" and config.rope_scaling.attention_factor == 1.0
         assert config.attn_temperature == 0.5 and config.attn_temperature_length == 4

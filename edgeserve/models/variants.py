@@ -148,10 +148,13 @@ def variant_fields_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int
 
 
 def yarn_attention_factor_from_gguf(arch: str, metadata: Mapping[str, Any]) -> float | None:
-    """YaRN's cos/sin factor from llama.cpp's `rope.scaling.yarn_log_multiplier` (its converter writes Ministral
-    3's `mscale_all_dim` there, with `mscale` 1 unwritten), or None where the file has none."""
-    log_mul = metadata.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+    """YaRN's cos/sin factor where llama.cpp's converter writes it in its own way, or None: Ministral 3's from
+    `rope.scaling.yarn_log_multiplier` (its `mscale_all_dim`, with `mscale` 1 unwritten); OLMo 3's HF
+    `attention_factor` as `rope.scaling.attn_factor`."""
     factor = metadata.get(f"{arch}.rope.scaling.factor")
+    if arch == "olmo2" and metadata.get(f"{arch}.rope.scaling.attn_factor") is not None:
+        return float(metadata[f"{arch}.rope.scaling.attn_factor"])
+    log_mul = metadata.get(f"{arch}.rope.scaling.yarn_log_multiplier")
     if arch != "mistral3" or log_mul is None or factor is None:
         return None
     return _yarn_mscale(float(factor)) / _yarn_mscale(float(factor), float(log_mul))
