@@ -102,8 +102,8 @@ class Olmo2Model(LlamaModel):
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
                 o = attn.attend(i, q, window=window)  # type: ignore[attr-defined]
             else:
-                o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
-                         v.to(self.dtype), window=window)
+                q, k = apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype)
+                o = attn(i, q, k, v.to(self.dtype), window=window)  # type: ignore[call-arg]
             x = x + rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_norm, eps)
             y = self.mlp(layer, x.to(self.dtype), prompt_rows)
             x = x + rms_norm(y, self.post_ffn_norms[i], eps)
