@@ -1,15 +1,19 @@
-"""Write a random-weight Llama GGUF of a real shape and quantization mix (no model download needed).
+"""Write a random-weight Llama-family or Qwen3.5 GGUF of a real shape and quantization mix (no model download).
 
     python benchmarks/make_gguf.py --shape 1b --mix Q4_K_M /tmp/llama-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape 3b --mix Q8_0 /tmp/llama-3b-q8.gguf
     python benchmarks/make_gguf.py --shape gemma3-1b --tokenizer-from GEMMA.gguf /tmp/gemma3-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 4 /tmp/qwen3-30b-a3b-4layers-q4km.gguf
+    python benchmarks/make_gguf.py --shape qwen35-0.8b --tokenizer-from QWEN35.gguf /tmp/qwen35-0.8b-q4km.gguf
 
 The tokenizer comes from --tokenizer-from (default: the default model, pulled into the cache). Shapes: 135m,
 1b (Llama-3.2-1B dimensions), 3b (Llama-3.2-3B), gemma3-1b (Gemma 3 1B, architecture gemma3: give it a Gemma
 tokenizer, e.g. the gemma3-270m model's), qwen3-30b-a3b (Qwen3-30B-A3B, architecture qwen3moe: 128 experts, 8
-per token; over 17 GB with all 48 layers, so --layers N writes the first N); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with
-Q6_K for the embeddings and part of attn_v / ffn_down, as llama.cpp's quantizer picks), Q8_0, Q4_0.
+per token; over 17 GB with all 48 layers, so --layers N writes the first N); qwen35-0.8b and qwen35-2b (Qwen3.5
+0.8B / 2B, architecture qwen35: Gated DeltaNet layers with every fourth full attention) and qwen35moe-35b-a3b
+(Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5 GGUF's
+tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part
+of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as llama.cpp's quantizer picks), Q8_0, Q4_0.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import dataclasses
 import sys
 
 from edgeserve.bench.random_gguf import MIXES, SHAPES, write_random_llama
+from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("output")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    p.add_argument("--shape", choices=sorted({**SHAPES, **HYBRID_SHAPES}), default="1b")
     p.add_argument("--mix", choices=MIXES, default="Q4_K_M")
     p.add_argument("--tokenizer-from", help="GGUF whose tokenizer to copy (default: the default model)")
     p.add_argument("--seed", type=int, default=0)
@@ -35,12 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         from edgeserve.registry import DEFAULT_MODEL, resolve
 
         source = resolve(DEFAULT_MODEL).path
-    shape = SHAPES[args.shape]
+    shape = SHAPES.get(args.shape) or HYBRID_SHAPES[args.shape]
     if args.layers is not None:
         if args.layers < 1:
             p.error("--layers must be at least 1")
         shape = dataclasses.replace(shape, layers=args.layers)
-    path = write_random_llama(args.output, shape, args.mix, source, args.seed)
+    write = write_random_hybrid if args.shape in HYBRID_SHAPES else write_random_llama
+    path = write(args.output, shape, args.mix, source, args.seed)
     print(f"wrote {path}")
     return 0
 

@@ -11,8 +11,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
-from edgeserve.text.chat_prompt import chat_ids
-from edgeserve.text.harmony import HarmonyParser, template_is_harmony
+from edgeserve.server.config import DEFAULT_MAX_TOKENS  # edgeserve.server loads its app lazily: this stays light
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models loaded at once; the least recently used idle one is unloaded for another")
     s.add_argument("--max-queue", type=int, default=EngineConfig.max_waiting,
                    help="waiting requests per model before HTTP 429 (default %(default)s)")
+    s.add_argument("--default-max-tokens", type=_count_or_off, default=DEFAULT_MAX_TOKENS, metavar="N|off",
+                   help="output tokens of a request that sets no limit (default %(default)s; off: up to the end of "
+                        "the context)")
+    s.add_argument("--max-tokens-limit", type=_count_or_off, default=None, metavar="N|off",
+                   help="the most output tokens any request gets; larger limits are lowered to it (default: off)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
     add_device_args(s)
@@ -213,6 +217,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
 
 
+def _count_or_off(text: str) -> int | None:
+    """A token-count flag's value: a positive integer, or "off" (None)."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens or 'off', got {text!r}")
+    return value
+
+
 def _factor_or_off(text: str) -> float | None:
     """A --max-decode-slowdown value: a number, or "off" (None)."""
     if text.strip().lower() in ("off", "none"):
@@ -301,18 +318,24 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from edgeserve.llm import LLM
-    from edgeserve.load_progress import LoadingLine
     from edgeserve.sampling_params import SamplingParams
 
     model_name, prompt = split_model_and_prompt(args)
-    try:
+    try:  # the flags first: a bad value is one line before torch is imported
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     check_device(args)
+
+    from edgeserve.first_run import first_run_hint
+    from edgeserve.llm import LLM
+    from edgeserve.load_progress import LoadingLine
+    from edgeserve.text.chat_prompt import chat_ids
+    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
+
+    first_run_hint(model_name)
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
@@ -379,27 +402,29 @@ def server_config_from_args(args: argparse.Namespace):
     from edgeserve.server.config import parse_keep_alive
 
     engine = engine_config_from_args(args, max_waiting=args.max_queue)  # a bad flag fails now, not at first load
-    check_device(args)
-    return ServerConfig(
+    config = ServerConfig(
         host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
-        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level)
+        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
+        default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
+    check_device(args)  # after the flags' own checks: this one imports torch
+    return config
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from edgeserve.registry import is_pulled, pull
-    from edgeserve.server import create_app
-    from edgeserve.server.state import configure_logging
+    from edgeserve.serve_checks import check_models, check_port
 
     config = server_config_from_args(args)
     models = config.models
-    for name in models:  # catalog models are fetched now (with a progress bar), not on the first request
-        if name in CATALOG and not is_pulled(name) and not args.no_pull:
-            pull(name, progress=True)
+    check_port(config.host, config.port)  # one line and status 1, before anything is pulled or said
+    check_models(models, allow_pull=config.allow_pull, load_format=config.load_format)  # pulls what is missing
+
+    import uvicorn
+
+    from edgeserve.server import create_app
+    from edgeserve.server.state import configure_logging
     configure_logging(args.log_level)
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",

@@ -4,13 +4,19 @@
     python examples/openai_client.py "Why is the sky blue?"
 
 Set EDGESERVE_URL (default http://127.0.0.1:8000/v1) and EDGESERVE_API_KEY if the server needs a key.
+Needs the `openai` package, which edgeserve itself does not install: `python -m pip install openai` (or
+`python -m pip install -e ".[examples]"`); examples/ollama_client.py needs only the standard library.
 """
 
 import asyncio
 import os
 import sys
 
-import openai
+try:
+    import openai
+except ImportError:
+    sys.exit("this example needs the openai package: python -m pip install openai "
+             "(examples/ollama_client.py needs only the standard library)")
 
 URL = os.environ.get("EDGESERVE_URL", "http://127.0.0.1:8000/v1")
 KEY = os.environ.get("EDGESERVE_API_KEY", "none")  # the SDK insists on a key; the server ignores it unless set

@@ -50,6 +50,25 @@ def yarn_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
     return (1.0 / (scaling.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
+def rope_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Partial RoPE as a full-head rotation: perm[j] is the head dim to put at position j so that the rotated dims'
+    rotate-half pairs (i, i + rotary_dim / 2) land on the full head's (i, i + head_dim / 2) and the unrotated dims
+    fill the rest (the identity when rotary_dim == head_dim). Apply it to the q and k rows of each head (q . k is
+    unchanged) and rotate with `pad_rope_tables`' tables: the unrotated pairs do not turn."""
+    half, rh = head_dim // 2, rotary_dim // 2
+    rest = (head_dim - rotary_dim) // 2
+    return torch.cat([torch.arange(rh), rotary_dim + torch.arange(rest), rh + torch.arange(rh),
+                      rotary_dim + rest + torch.arange(head_dim - rotary_dim - rest)])[:2 * half]
+
+
+def pad_rope_tables(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin tables [positions, rotary_dim // 2] widened to [positions, head_dim // 2] for heads in
+    `rope_permutation`'s order: the unrotated pairs get cos 1 and sin 0 (passed through, unscaled)."""
+    pad = head_dim // 2 - cos.shape[-1]
+    return (torch.cat([cos, cos.new_ones(*cos.shape[:-1], pad)], dim=-1),
+            torch.cat([sin, sin.new_zeros(*sin.shape[:-1], pad)], dim=-1))
+
+
 def rope_attention_factor(scaling) -> float:
     """The factor a scaling multiplies cos and sin by: YaRN's `attention_factor`, by default 0.1 ln(factor) + 1
     (1.0 for the other kinds here; Phi-3's longrope applies its own in edgeserve.models.phi3)."""

@@ -21,20 +21,10 @@ import torch
 
 from edgeserve.kernels.quant_linear import Q4Blocks
 
+from .quantize_options import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANTIZE_METHODS, check_quantize_options  # noqa: F401
 from .weights import WeightSource, WeightValue
 
-QUANTIZE_METHODS = ("int4",)
-GROUP_SIZES = (32, 64, 128, 256)  # what both torch's CPU int4 matmul and the W4A16 kernels take
-DEFAULT_GROUP_SIZE = 128
 _MATRIX_RE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight")
-
-
-def check_quantize_options(quantize: str | None, group_size: int) -> None:
-    """ValueError with a user-facing message for an unknown method or a group size the kernels cannot take."""
-    if quantize is not None and quantize not in QUANTIZE_METHODS:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_METHODS)}, not {quantize!r}")
-    if group_size not in GROUP_SIZES:
-        raise ValueError(f"quantize group size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size!r}")
 
 
 def group_for(in_features: int, group_size: int) -> int | None:

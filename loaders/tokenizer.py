@@ -63,6 +63,10 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN35_SPLIT = (  # Qwen2's with combining marks (\p{M}) kept inside words
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _TEKKEN_SPLIT = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
@@ -105,6 +109,7 @@ _PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     ),
     **dict.fromkeys(["dbrx", "smaug-bpe"], _PreTokenizer((_LLAMA3_SPLIT,))),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "megrez"], _QWEN2_PRE),
+    "qwen35": _PreTokenizer((_QWEN35_SPLIT,), nfc=True),  # Qwen3.5 / 3.6
     "tekken": _PreTokenizer((_TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
     **dict.fromkeys(["gpt-4o", "llama4"], _PreTokenizer((_GPT4O_SPLIT,))),
 }

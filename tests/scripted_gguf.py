@@ -18,10 +18,12 @@ NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML gene
 
 
 def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str, arch: str = "llama",
-                        hidden: int = 64, layers: int = 1, heads: int = 4, specials: tuple[str, ...] = ()) -> Path:
+                        hidden: int = 64, layers: int = 1, heads: int = 4, specials: tuple[str, ...] = (),
+                        context: int = 512) -> Path:
     """A GGUF whose model, after token `a`, always picks `b`, for each (a, b) in `script` (`a` may be a byte
     symbol such as NEWLINE, or a piece of the script); pieces that are not byte symbols become vocabulary entries.
-    `template` is its chat template; `specials` are more control tokens (after the three ChatML ones)."""
+    `template` is its chat template; `specials` are more control tokens (after the three ChatML ones); `context`
+    its context length in tokens."""
     import gguf
 
     rng = np.random.default_rng(0)
@@ -38,7 +40,7 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
     w = gguf.GGUFWriter(str(path), arch)
     hd = hidden // heads
     w.add_block_count(layers)
-    w.add_context_length(512)
+    w.add_context_length(context)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(hidden * 2)
     w.add_head_count(heads)

@@ -187,3 +187,17 @@ def test_hf_catalog_names_are_hub_names() -> None:
         ref = parse(e.hf)
         assert ref is not None and ref.gguf and ref.quant, name
         assert parse(name) == ref and e.approx_size_bytes > 0
+
+
+def test_qwen35_entries_pick_the_q4_k_m_file_of_unsloths_naming() -> None:
+    """The Qwen3.5 short names (not pulled in tests): their repos' files are named MODEL-QUANT.gguf beside dynamic
+    UD-* quants and a vision projector, and the Q4_K_M text model is the one picked."""
+    from edgeserve.registry.catalog import HF_CATALOG
+    from edgeserve.registry.hf import pick_gguf
+
+    for name, size in (("qwen3.5-0.8b", "0.8B"), ("qwen3.5-4b", "4B")):
+        ref = parse(HF_CATALOG[name].hf)
+        assert ref.repo == f"unsloth/Qwen3.5-{size}-GGUF" and ref.quant == "Q4_K_M"
+        files = {f"Qwen3.5-{size}-{q}.gguf": 1 for q in ("Q4_K_M", "UD-Q4_K_XL", "Q4_K_S", "Q8_0", "BF16")}
+        assert pick_gguf({**files, "mmproj-F16.gguf": 1, "mmproj-BF16.gguf": 1}, ref.quant) == (
+            f"Qwen3.5-{size}-Q4_K_M.gguf")

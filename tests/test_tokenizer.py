@@ -134,6 +134,9 @@ def _pieces(pre: str | None, text: str) -> list[str]:
         ("llama-bpe", "WE'LL  go\n\nok", ["WE", "'LL", " ", " go", "\n\n", "ok"]),
         ("qwen2", "Hi 12345 x", ["Hi", " ", "1", "2", "3", "4", "5", " x"]),
         ("qwen2", "I'M ok", ["I", "'M", " ok"]),
+        ("qwen35", "Hi 12345 x", ["Hi", " ", "1", "2", "3", "4", "5", " x"]),
+        ("qwen35", "नमस्ते ok", ["नमस्ते", " ok"]),  # combining marks stay in the word (Qwen3.5's regex)
+        ("qwen2", "नमस्ते ok", ["नमस", "्त", "े", " ok"]),
         ("gpt2", "I'M ok", ["I", "'", "M", " ok"]),  # GPT-2's contractions are case-sensitive
         (None, "x=1234567!", ["x", "=", "123", "456", "7", "!"]),  # llama.cpp's 'default'
     ],

@@ -29,6 +29,30 @@ def load_tokenizer(model: str):
     return tokenizer_from_hf_folder(source.path), source
 
 
+def tokenizer_of_served_model(url: str, kind: str, name: str):
+    """(tokenizer, source) of the model a server at `url` serves as `name`, when this machine has it (edgeserve's
+    /api/show names the path or catalog name it serves; else `name` itself is tried), else (None, None)."""
+    from edgeserve.bench.servers import http_post_json
+    from edgeserve.registry import resolve
+
+    specs = [name]
+    if kind == "edgeserve":
+        try:
+            _, body = http_post_json(url + "/api/show", {"model": name}, timeout=10.0)
+            modelfile = body.get("modelfile", "") if isinstance(body, dict) else ""
+            if modelfile.startswith("FROM "):
+                specs.insert(0, modelfile[5:].strip())
+        except (OSError, ValueError):
+            pass
+    for spec in specs:
+        try:
+            resolve(spec, pull_missing=False)
+            return load_tokenizer(spec)
+        except EdgeserveError:
+            continue
+    return None, None
+
+
 def build_workload(args: argparse.Namespace, source: TokenSource, seed: int, num_requests: int | None = None
                    ) -> Workload:
     """The workload the flags ask for, seeded with `seed`."""
@@ -86,10 +110,18 @@ def run_bench(args: argparse.Namespace) -> int:
             url = server.url
         kind = detect_kind(url)
         model_name = args.served_model_name or served_model(url)
+        if model_name is None:
+            raise EdgeserveError(f"the server at {url} lists no model in /v1/models; pass --served-model-name")
+        if tokenizer is None:  # --url without --model: the served model's tokenizer, when this machine has it
+            tokenizer, source = tokenizer_of_served_model(url, kind, model_name)
+            print(f"edgeserve bench: model {model_name} (from {url}/v1/models)"
+                  + ("" if tokenizer is not None else "; its tokenizer is not here, so the prompts are text"),
+                  file=sys.stderr, flush=True)
         extra: dict[str, Any] = dict(EXTRA_BODY[kind])
         if args.temperature > 0:  # sampled requests (the body says temperature 0 otherwise)
             extra.update(temperature=args.temperature, top_p=args.top_p)
-        want_ids = {"auto": kind in TOKEN_ID_PROMPTS, "ids": True, "text": False}[args.prompt_format]
+        want_ids = {"auto": kind in TOKEN_ID_PROMPTS and tokenizer is not None, "ids": True,
+                    "text": False}[args.prompt_format]
         if want_ids and tokenizer is None:
             raise EdgeserveError("token-id prompts need --model (its tokenizer builds them)")
         tokens = TokenSource(tokenizer, as_ids=want_ids)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gguf
 
 # qtype -> (values per block, bytes per block, byte offsets of float16 fields, their values)
 _LAYOUT: dict[str, tuple[int, int, tuple[tuple[int, float], ...]]] = {
@@ -76,7 +80,7 @@ SHAPES = {
 }
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
-_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -124,7 +128,7 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
             types[f"blk.{i}.{t}.weight"] = qt
     for name, dims in tensor_shapes(shape, vocab=1).items():  # columns do not depend on the vocabulary
         if dims[-1] % 256:
-            types[name] = _K_FALLBACK.get(types[name], types[name])
+            types[name] = K_FALLBACK.get(types[name], types[name])
     return types
 
 
@@ -167,10 +171,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_rope_freq_base(500000.0)
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
-    for key, field in src.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            w.add_key_value(key, field.contents(), field.types[0], sub)
+    copy_tokenizer(w, src)
     # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
     # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
     types = tensor_types(shape, mix)
@@ -187,6 +188,26 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
                 norms += ["post_attention_norm", "post_ffw_norm"]
                 plan += head_norms
             plan += [(f"blk.{i}.{norm}.weight", (shape.hidden,), "F32") for norm in norms]
+    write_plan(w, plan, rng, lambda name, dims: (rng.normal(0, 0.05, size=dims).astype(np.float32)
+                                                 if name.endswith("ffn_gate_inp.weight") else None))
+    return Path(path)
+
+
+def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader") -> None:
+    """Copy every `tokenizer.*` key of the GGUF `src` into the writer `w`."""
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, field.contents(), field.types[0], sub)
+
+
+def write_plan(w: "gguf.GGUFWriter", plan: list[tuple[str, tuple[int, ...], str]], rng: np.random.Generator,
+               f32_values: Callable[[str, tuple[int, ...]], np.ndarray | None] = lambda name, dims: None) -> None:
+    """Write the header, the metadata and then each tensor of `plan` ((GGUF name, shape in values, qtype)) one at
+    a time: quantized ones as `random_blocks`, F32 ones as `f32_values(name, dims)` or, where that is None, ones;
+    then close `w`."""
+    import gguf
+
     for name, dims, qt in plan:
         if qt == "F32":
             w.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
@@ -201,9 +222,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
     for name, dims, qt in plan:
         if qt != "F32":
             w.write_tensor_data(random_blocks(qt, int(np.prod(dims[:-1])), dims[-1], rng).reshape(*dims[:-1], -1))
-        elif name.endswith("ffn_gate_inp.weight"):
-            w.write_tensor_data(rng.normal(0, 0.05, size=dims).astype(np.float32))
-        else:
-            w.write_tensor_data(np.ones(dims, dtype=np.float32))
+            continue
+        values = f32_values(name, dims)
+        w.write_tensor_data(np.ones(dims, dtype=np.float32) if values is None else values)
     w.close()
-    return Path(path)

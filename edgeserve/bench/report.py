@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgeserve.bench.roofline import Roofline
 from edgeserve.bench.runner import LevelResult
+
+if TYPE_CHECKING:  # only a type here; the roofline module loads torch
+    from edgeserve.bench.roofline import Roofline
 
 
 @dataclass

@@ -138,6 +138,18 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def http_post_json(url: str, body: dict, timeout: float = 2.0) -> tuple[int, object]:
+    """POST `body` as JSON to `url`: (status, the parsed reply); raises OSError when nothing answers, ValueError
+    when the reply is not JSON."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    return status, json.loads(raw)
+
+
 def wait_healthy(server: ServerProcess, health_path: str, timeout: float) -> float:
     """Poll `health_path` until it answers 200; seconds waited. Raises ServerError (with the log's last line)
     if the process exits first or `timeout` passes; the caller stops the server."""

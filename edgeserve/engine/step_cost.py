@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy loads where a step is fitted or predicted, not with the engine's config (the CLI's --help)
+    import numpy as np
 
 
 class StepKind(Enum):
@@ -68,9 +70,13 @@ class StepCostModel:
             self._coef, self._stale = self._fit(), False
         if self._coef is None:
             return None
+        import numpy as np
+
         return float(self._coef @ np.array([1.0, shape.tokens, shape.attended, shape.read]))
 
     def _fit(self) -> np.ndarray | None:
+        import numpy as np
+
         rows = [s for steps in self._steps.values() for s in steps]
         if len(rows) < 3:
             return None

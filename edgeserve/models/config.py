@@ -112,6 +112,7 @@ class ModelConfig:
     # gpt-oss (edgeserve.models.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
 
     @property
     def is_moe(self) -> bool:
@@ -218,6 +219,8 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         rope_scaling=scaling,
         sliding_window=int(metadata[f"{arch}.attention.sliding_window"])
         if arch == "phi3" and metadata.get(f"{arch}.attention.sliding_window") else None,
+        rotary_dim=int(metadata[f"{arch}.rope.dimension_count"]) if arch == "phi3" and int(
+            metadata.get(f"{arch}.rope.dimension_count") or head_dim) < head_dim else None,
         **gemma,
         **moe,
     )
@@ -422,7 +425,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
         partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-        if partial not in (None, 1, 1.0):
+        if partial not in (None, 1, 1.0) and arch != "phi3":  # Phi-4-mini: edgeserve.models.phi3
             raise UnsupportedModelError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None:  # newer transformers nest it under rope_parameters
@@ -446,6 +449,8 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             rope_scaling=scaling,
             sliding_window=cfg.get("sliding_window")
             if cfg.get("use_sliding_window", arch in ("mistral", "phi3")) else None,
+            rotary_dim=int(int(cfg.get("head_dim") or hidden // heads) * float(partial))
+            if partial not in (None, 1, 1.0) else None,
             **_gemma_from_hf(arch, cfg),
             **_gpt_oss_from_hf(arch, cfg),
             **moe,

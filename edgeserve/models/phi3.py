@@ -5,6 +5,11 @@ Longrope scales each RoPE frequency by a per-frequency factor (short factors up 
 factors past it) and multiplies cos/sin by sqrt(1 + ln(scale) / ln(original context)). edgeserve uses the short
 factors and caps the context at the original one (4k for Phi-3-mini-128k), where that is exactly what transformers
 computes; the long factors would change every cached key once a sequence outgrows it.
+
+Partial RoPE (Phi-4-mini: `partial_rotary_factor` 0.75, GGUF `rope.dimension_count` below the head size) rotates
+only the first `rotary_dim` dims of each head. The q and k rows of each head are served in
+`kernels.rope.rope_permutation`'s order and the cos / sin tables padded with cos 1, sin 0 (`pad_rope_tables`), so
+the decoder's full-head RoPE kernels do exactly that: q . k is the same under one permutation of both.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 
 from edgeserve.kernels.cpu_native import BlockTensor
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+from edgeserve.kernels.rope import pad_rope_tables, rope_cos_sin, rope_inv_freq, rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .config import ModelConfig
@@ -29,22 +35,29 @@ _SPLIT = {  # unfused name -> (fused name, which part)
 }
 
 
-def _rows(value: WeightValue | BlockTensor, start: int, stop: int) -> WeightValue | BlockTensor:
+def _rows(value: WeightValue | BlockTensor, index: torch.Tensor) -> WeightValue | BlockTensor:
     if isinstance(value, (Q4Blocks, Q8Blocks, BlockTensor)):
-        return value.rows(torch.arange(start, stop))
-    return value[start:stop]
+        return value.rows(index)
+    return value[index]
 
 
 class Phi3Weights:
-    """A WeightSource that serves Phi-3's fused matrices under the Llama decoder's unfused names, and its
-    longrope short factors as `rope_freqs` (per-frequency divisors)."""
+    """A WeightSource that serves Phi-3's fused matrices under the Llama decoder's unfused names (q and k rows in
+    partial RoPE's order), and its longrope short factors as `rope_freqs` (per-frequency divisors; with partial
+    RoPE the model applies them itself)."""
 
     def __init__(self, source: WeightSource, config: ModelConfig, short_factors: torch.Tensor | None):
         self.source = source
         c = config
         self._parts = {0: [c.q_size, c.kv_size, c.kv_size], 1: [c.intermediate_size, c.intermediate_size]}
         self.short_factors = short_factors
+        self.config = config
         self.gguf = getattr(source, "gguf", None)
+        d = c.head_dim
+        perm = rope_permutation(d, c.rotary_dim) if c.rotary_dim else torch.arange(d)
+        # row order of each part of qkv: q and k heads permuted (partial RoPE), v as it is
+        self._qkv_rows = [torch.arange(c.q_size).view(-1, d)[:, perm].reshape(-1),
+                          torch.arange(c.kv_size).view(-1, d)[:, perm].reshape(-1), torch.arange(c.kv_size)]
 
     def _split(self, name: str) -> tuple[str, int] | None:
         prefix, _, rest = name.rpartition("layers.")
@@ -56,21 +69,17 @@ class Phi3Weights:
 
     def has(self, name: str) -> bool:
         if name == "rope_freqs":
-            return self.short_factors is not None
+            return self.short_factors is not None and not self.config.rotary_dim
         split = self._split(name)
         return self.source.has(split[0] if split else name)
 
     def get(self, name: str, keep_int4: bool) -> WeightValue:
-        if name == "rope_freqs" and self.short_factors is not None:
+        if name == "rope_freqs" and self.has(name):
             return self.short_factors
         split = self._split(name)
         if split is None:
             return self.source.get(name, keep_int4)
-        fused, part = split
-        value = self.source.get(fused, keep_int4)
-        sizes = self._parts[0 if "qkv" in fused else 1]
-        start = sum(sizes[:part])
-        return _rows(value, start, start + sizes[part])
+        return _rows(self.source.get(split[0], keep_int4), self._index(*split))
 
     def stored_quantized(self) -> list[str]:
         return self.source.stored_quantized()  # type: ignore[attr-defined]
@@ -84,13 +93,15 @@ class Phi3Weights:
         split = self._split(name)
         if split is None:
             return blocks(name)
-        fused, part = split
-        value = blocks(fused)
-        if value is None:
-            return None
+        value = blocks(split[0])
+        return None if value is None else _rows(value, self._index(*split))
+
+    def _index(self, fused: str, part: int) -> torch.Tensor:
+        """The rows of part `part` of the fused matrix `fused`, in the order the decoder takes them."""
         sizes = self._parts[0 if "qkv" in fused else 1]
         start = sum(sizes[:part])
-        return _rows(value, start, start + sizes[part])
+        rows = self._qkv_rows[part] if "qkv" in fused else torch.arange(sizes[part])
+        return start + rows
 
 
 class Phi3Model(LlamaModel):
@@ -112,16 +123,33 @@ class Phi3Model(LlamaModel):
         model = super().from_weights(config, Phi3Weights(source, config, short), dtype, device, keep_int4,
                                      dense_prefill)
         assert isinstance(model, Phi3Model)
+        if config.rotary_dim:  # RoPE over the first rotary_dim dims (short factors included), the rest unturned
+            model.set_rope(rope_inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling, short))
         return model
 
     def __init__(self, config: ModelConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         scaling = config.rope_scaling
         if scaling is not None and scaling.kind == "longrope":
-            original = scaling.original_max_position_embeddings
-            self.max_positions = min(self.max_positions, original)
-            self.cos, self.sin = self.cos[: self.max_positions], self.sin[: self.max_positions]
-            scale = config.max_position_embeddings / original
-            mscale = scaling.factor if scaling.factor != 1.0 else (
-                math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
-            self.cos, self.sin = self.cos * mscale, self.sin * mscale
+            self.max_positions = min(self.max_positions, scaling.original_max_position_embeddings)
+            mscale = self._longrope_scale()
+            self.cos, self.sin = self.cos[: self.max_positions] * mscale, self.sin[: self.max_positions] * mscale
+
+    def _longrope_scale(self) -> float:
+        """Longrope's factor on cos and sin (1.0 without longrope)."""
+        c = self.config
+        scaling = c.rope_scaling
+        if scaling is None or scaling.kind != "longrope":
+            return 1.0
+        original = scaling.original_max_position_embeddings
+        scale = c.max_position_embeddings / original
+        if scaling.factor != 1.0:
+            return scaling.factor
+        return math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+
+    def set_rope(self, inv_freq: torch.Tensor) -> None:
+        """Rotate by `inv_freq` [rotary_dim // 2]: new cos / sin tables over the model's positions (longrope's scale
+        included), the unrotated pairs of the permuted heads passed through."""
+        cos, sin = rope_cos_sin(inv_freq, self.max_positions, self._longrope_scale())
+        cos, sin = pad_rope_tables(cos, sin, self.config.head_dim)
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)

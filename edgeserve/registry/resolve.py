@@ -74,8 +74,10 @@ def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
         return ModelSource(path.stem, "gguf", path.absolute())
     if _looks_like_path(name_or_path):
         raise ModelLoadError(f"model path not found: {path}")
+    from edgeserve.registry.catalog import HF_CATALOG
+
     raise UnknownModelError(
-        f"unknown model {name_or_path!r}; catalog models: {', '.join(CATALOG)} "
+        f"unknown model {name_or_path!r}; catalog models: {', '.join([*CATALOG, *HF_CATALOG])} "
         "(a path to a .gguf file or a Hugging Face folder, hf.co/OWNER/REPO[:QUANT] or OWNER/REPO also work)"
     )
 

@@ -32,8 +32,9 @@ from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmo
                                     tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
                                       reasoning_tags, template_thinks)
-from edgeserve.text.tool_calls import (detect_format, forced_schema, messages_for_template,
-                                       template_knows_tools)
+from edgeserve.text.tool_calls import (NATIVE_FORCED, detect_format, forced_schema, function_parameters,
+                                       messages_for_template, template_knows_tools)
+from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar
 
 
 @dataclass
@@ -93,12 +94,18 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
     tool_setup = None
     if tools:
         names = {t["function"]["name"] for t in tools}
+        schemas = {t["function"]["name"]: function_parameters(t) for t in tools}
+        fmt = detect_format(source)
         if req.tool_choice == "auto":
-            tool_setup = ToolSetup("auto", detect_format(source), names, parallel=req.parallel_tool_calls)
+            tool_setup = ToolSetup("auto", fmt, names, parallel=req.parallel_tool_calls, schemas=schemas)
         else:
             choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
-            constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
-            tool_setup = ToolSetup("forced", known=names, choice=choice, parallel=req.parallel_tool_calls)
+            if fmt in NATIVE_FORCED:
+                grammar = forced_call_grammar(tools, choice, req.parallel_tool_calls, json_rule)
+                constraint = GrammarSpec("lark", grammar, tokens=CALL_TAGS)
+            else:
+                constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
+            tool_setup = ToolSetup("forced", fmt, names, choice, req.parallel_tool_calls, schemas)
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)

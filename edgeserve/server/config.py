@@ -12,6 +12,7 @@ from edgeserve.registry import DEFAULT_MODEL
 
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given" (None means forever)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+DEFAULT_MAX_TOKENS = 2048  # a reply, not a runaway: a request without a limit would run to the context's end
 MAX_KEEP_ALIVE = 365 * 24 * 3600.0  # one year; longer is a 400 (a negative value keeps a model loaded forever)
 
 
@@ -76,6 +77,9 @@ class ServerConfig:
     dense_prefill: str = _flag("auto", "--dense-prefill")  # CPU int4: a bf16 copy of each matrix for prompt tokens
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies over this get 413
     max_n: int = 16  # the largest `n` a request may ask for
+    # output tokens of a request that sets no limit; None: up to the end of the context (server/output_limit.py)
+    default_max_tokens: int | None = _flag(DEFAULT_MAX_TOKENS, "--default-max-tokens")
+    max_tokens_limit: int | None = _flag(None, "--max-tokens-limit")  # the most output tokens a request gets
     allow_pull: bool = True  # POST /api/pull may download catalog models
     log_level: str = "info"
 
@@ -92,6 +96,10 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise config_error(ServerConfig, name, "be a positive integer", value)
+        for name in ("default_max_tokens", "max_tokens_limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise config_error(ServerConfig, name, "be a positive integer or None (off)", value)
         if self.keep_alive is not None and not 0 <= self.keep_alive <= MAX_KEEP_ALIVE:
             raise config_error(ServerConfig, "keep_alive", f"be from 0 to {MAX_KEEP_ALIVE:.0f} seconds or None "
                                "(forever)", self.keep_alive)
@@ -101,6 +109,6 @@ class ServerConfig:
             raise config_error(ServerConfig, "dense_prefill", "be auto, on or off", self.dense_prefill)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise config_error(ServerConfig, "dtype", "be auto, float32, bfloat16 or float16", self.dtype)
-        from edgeserve.loaders.quantize import check_quantize_options
+        from edgeserve.loaders.quantize_options import check_quantize_options
 
         check_quantize_options(self.quantize, self.quantize_group_size)

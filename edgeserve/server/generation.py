@@ -17,6 +17,7 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
+from edgeserve.server.output_limit import output_tokens
 from edgeserve.server.prompt_bounds import check_prompt_size, max_token_chars, surely_too_long, too_long_error
 from edgeserve.server.schemas import GenerationRequest
 from edgeserve.text.chat_prompt import chat_prompt_ids
@@ -116,7 +117,8 @@ class Generation:
             prompts = self._prompts if self._prompts is not None else self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
                 # never more than the context holds (a huge client value must not reach the engine's tensors)
-                max_tokens = min(self.req.max_tokens or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
+                requested = output_tokens(self.req.max_tokens, self.lease.manager.config)  # the server's default/max
+                max_tokens = min(requested or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
                 if self.req.num_ctx is not None:
                     max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))

@@ -23,6 +23,7 @@ from edgeserve.server.generation import Generation
 from edgeserve.server.loading import is_loaded, stream_after_load
 from edgeserve.server.model_details import ModelFacts, digest, model_facts
 from edgeserve.server.model_manager import ModelEntry, source_bytes
+from edgeserve.server.output_limit import ollama_parameter_lines, output_token_settings
 from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
                                       parse_ollama_generate, read_request)
 from edgeserve.server.state import api_errors, server_state
@@ -140,10 +141,11 @@ async def show(request: Request) -> Response:
     facts = await anyio.to_thread.run_sync(_facts, spec)
     if facts is None:
         raise APIError(500, f"cannot read model {mid!r}", "server_error", "model")
-    return JSONResponse({"modelfile": f"FROM {spec}\n", "parameters": facts.parameters(), "template": facts.template,
+    parameters = "\n".join(filter(None, [facts.parameters(), *ollama_parameter_lines(st.config)]))
+    return JSONResponse({"modelfile": f"FROM {spec}\n", "parameters": parameters, "template": facts.template,
                          "details": facts.details(), "model_info": facts.model_info,
                          "capabilities": facts.capabilities, "license": facts.license,
-                         "modified_at": _now_iso()})
+                         "modified_at": _now_iso(), "output_tokens": output_token_settings(st.config)})
 
 
 async def _load_or_unload(request: Request, req: GenerationRequest, kind: str) -> Response:

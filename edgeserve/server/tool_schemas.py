@@ -147,6 +147,8 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
         if effort not in REASONING_EFFORTS:
             raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
         req.template_kwargs.setdefault("reasoning_effort", effort)  # harmony's Reasoning: level (gpt-oss)
+        if effort == "none" and "enable_thinking" not in req.template_kwargs:
+            req.think = False  # reasoning off (enable_thinking false); a harmony model's lowest level
 
 
 def parse_ollama_tools(body: dict, req: "GenerationRequest", chat: bool) -> None:
@@ -187,10 +189,13 @@ def parse_message_tool_fields(m: dict, here: str) -> dict[str, Any]:
             args = fn.get("arguments", {})
             if isinstance(args, str):
                 try:
-                    json.loads(args or "{}")
+                    value = json.loads(args or "{}")
                 except json.JSONDecodeError:
                     raise bad_request(f"{here}.tool_calls[{j}].function.arguments is not valid JSON",
                                       f"{here}.tool_calls[{j}].function.arguments") from None
+                if not isinstance(value, dict):  # templates iterate the arguments as an object (Qwen3.5's do)
+                    raise bad_request(f"{here}.tool_calls[{j}].function.arguments must be a JSON object",
+                                      f"{here}.tool_calls[{j}].function.arguments")
             elif not isinstance(args, dict):
                 raise bad_request(f"{here}.tool_calls[{j}].function.arguments must be JSON text or an object",
                                   f"{here}.tool_calls[{j}].function.arguments")

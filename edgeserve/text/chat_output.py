@@ -10,19 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edgeserve.text.reasoning import ReasoningSplitter
-from edgeserve.text.tool_calls import ToolCall, parse_forced, parse_tool_calls, start_markers
+from edgeserve.text.tool_calls import NATIVE_FORCED, ToolCall, parse_forced, parse_tool_calls, start_markers
 
 
 @dataclass
 class ToolSetup:
     """How a reply's tool calls are read. mode: "auto" (parse the template's format out of free text) or "forced"
-    (the reply is `forced_schema` JSON: `choice` names the function, None for "required")."""
+    (the reply is `forced_schema` JSON, or calls in the format itself for one in NATIVE_FORCED: `choice` names the
+    function, None for "required"). `schemas`: each function's parameters schema, for formats that type values
+    by it."""
 
     mode: str
     fmt: str = "hermes"
     known: set[str] = field(default_factory=set)
     choice: str | None = None
     parallel: bool = True
+    schemas: dict[str, dict] = field(default_factory=dict)
 
 
 def _partial(buf: str, marker: str) -> int:
@@ -54,11 +57,11 @@ class ChatOutputParser:
         held, self._held = self._held, ""
         calls: list[ToolCall] = []
         if self.tools is not None and held:
-            if self.tools.mode == "forced":
+            if self.tools.mode == "forced" and self.tools.fmt not in NATIVE_FORCED:
                 calls = parse_forced(held, self.tools.choice)
                 rest = "" if calls else held
             else:
-                rest, calls = parse_tool_calls(held, self.tools.fmt, self.tools.known)
+                rest, calls = parse_tool_calls(held, self.tools.fmt, self.tools.known, self.tools.schemas)
             if not self.tools.parallel:
                 calls = calls[:1]
             content += rest

@@ -22,9 +22,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import llguidance
-import numpy as np
-import llguidance.torch as llg_torch
-import torch
 
 from edgeserve.text.harmony import answer_frame
 
@@ -48,12 +45,15 @@ class GrammarSpec:
     special tokens).
     harmony: the reply is a harmony (gpt-oss) one: free analysis messages, then the constraint is the content
     of its `final` message (edgeserve.text.harmony.answer_frame).
+    tokens: texts a "lark" source quotes on their own (`"<tool_call>"`) that, where the tokenizer has one as a
+    single special token, mean that token (no text regex matches a special token).
     """
 
     kind: str
     source: str = ""
     think: tuple[str, str] | None = None
     harmony: bool = False
+    tokens: tuple[str, ...] = ()
 
     @staticmethod
     def json_schema(schema: dict | str, think: tuple[str, str] | None = None) -> "GrammarSpec":
@@ -73,6 +73,10 @@ class GrammarSpec:
         elif self.kind != "lark":
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
         grammar = self.source if self.kind == "lark" else f"start: {body}\n"
+        for text in self.tokens:
+            token = special_id(text)
+            if token is not None:
+                grammar = grammar.replace(json.dumps(text), f"<[{token}]>")
         if self.think is None and not self.harmony:
             return grammar
         prefix = answer_frame() if self.harmony else _think_prefix(self.think, special_id)
@@ -189,6 +193,9 @@ class GrammarCompiler:
         that token and the next mask. A schema no finite text satisfies (`{"$ref": "#"}`, a required property that
         refers back to the root, a pattern too large to build) fails here, before any request runs it; a failure
         further in is caught while decoding (the request then ends with an error)."""
+        import llguidance.torch as llg_torch  # here, not at import: it loads torch and its compiler
+        import numpy as np
+
         m = template.deep_copy()
         bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
         eos = set(self.eos_ids)
@@ -220,6 +227,8 @@ class GrammarCompiler:
 
     def fill_masks(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
         """Write each state's allowed-token bitmask into row i of `bitmask` (int32 [len(states), ceil(V/32)])."""
+        import llguidance.torch as llg_torch
+
         if len(states) >= self.PARALLEL_FROM:
             llg_torch.fill_next_token_bitmask_par(self._executor, [(s.matcher, i) for i, s in enumerate(states)],
                                                   bitmask)
@@ -241,6 +250,10 @@ def _explain(problem: str) -> str:
 
 def allowed_mask(states: list[GrammarState], vocab: int) -> torch.Tensor:
     """bool [len(states), vocab]: which tokens each state allows next (computed on the host, in one native call)."""
+    import llguidance.torch as llg_torch
+    import numpy as np
+    import torch
+
     compiler = states[0].compiler
     bitmask = llg_torch.allocate_token_bitmask(len(states), compiler.vocab_size)
     compiler.fill_masks(states, bitmask)

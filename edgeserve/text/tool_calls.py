@@ -8,6 +8,9 @@ Formats (picked from the chat template's source by `detect_format`):
   separated by `;`.
 - "gemma4": `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:5}<tool_call|>`, one per call: the arguments an object
   with bare keys and strings between `<|"|>` delimiters.
+- "qwen3_coder" (Qwen3-Coder, Qwen3.5 / 3.6): `<tool_call>` around `<function=NAME>`, one
+  `<parameter=ARG>VALUE</parameter>` per argument, each tag on its own line; values are text typed by the tool's
+  schema (edgeserve.text.xml_tool_calls).
 
 A template that knows no tools (it never mentions `tools`) gets them in the system prompt, in the hermes format
 (`TOOLS_SYSTEM_PROMPT`), and tool calls / tool results in the history are written into message text the same way.
@@ -15,6 +18,8 @@ A template that knows no tools (it never mentions `tools`) gets them in the syst
 With `tool_choice` "required" or a named function the reply is constrained by a grammar instead (`forced_schema`):
 a named function's reply is its arguments object; "required" replies with a JSON array of
 `{"name": ..., "arguments": {...}}` (one item when parallel tool calls are off). The parsers read those back.
+A format in `NATIVE_FORCED` is forced in its own markup instead (`forced_call_grammar` of its module), and read
+back by its own parser.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from edgeserve.text.xml_tool_calls import FUNCTION_OPEN, parse_xml_calls, template_writes_xml_calls
+
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
 GEMMA4_CALL_OPEN, GEMMA4_CALL_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+NATIVE_FORCED = frozenset({"qwen3_coder"})  # formats whose forced calls are grammars of their own markup, not JSON
 
 TOOLS_SYSTEM_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -67,9 +75,11 @@ class ToolCall:
 
 
 def detect_format(template_source: str) -> str:
-    """The tool-call format a chat template uses: "hermes", "mistral", "llama3" or "gemma4"."""
+    """The tool-call format a chat template uses: "hermes", "mistral", "llama3", "gemma4" or "qwen3_coder"."""
     if GEMMA4_CALL_OPEN in template_source:
         return "gemma4"
+    if template_writes_xml_calls(template_source):
+        return "qwen3_coder"
     if TOOL_CALL_OPEN in template_source:
         return "hermes"
     if MISTRAL_TAG in template_source:
@@ -87,7 +97,7 @@ def template_knows_tools(template_source: str) -> bool:
 def start_markers(fmt: str) -> list[str]:
     """Text that starts a tool call in a reply of format `fmt` (content is held back from there)."""
     return {"hermes": [TOOL_CALL_OPEN], "mistral": [MISTRAL_TAG], "llama3": [PYTHON_TAG, '{"name"'],
-            "gemma4": [GEMMA4_CALL_OPEN]}[fmt]
+            "gemma4": [GEMMA4_CALL_OPEN], "qwen3_coder": [TOOL_CALL_OPEN, FUNCTION_OPEN]}[fmt]
 
 
 # --- prompts --------------------------------------------------------------------------------------------------
@@ -213,9 +223,15 @@ def _json_values(text: str) -> list[Any]:
     return values
 
 
-def parse_tool_calls(text: str, fmt: str, known: set[str]) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a free reply in format `fmt`; calls to functions not in `known` are left as text."""
+def parse_tool_calls(text: str, fmt: str, known: set[str],
+                     schemas: dict[str, dict] | None = None) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a free reply in format `fmt`; calls to functions not in `known` are left as text.
+    `schemas` (function name -> parameters schema) types the values of formats that write them as text."""
     calls: list[ToolCall] = []
+    if fmt == "qwen3_coder":
+        params = {name: (schemas or {}).get(name) or {} for name in known}
+        content, found = parse_xml_calls(text, params)
+        return content, [ToolCall(name, json.dumps(args, ensure_ascii=False)) for name, args in found]
     if fmt == "hermes":
         pattern = re.compile(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)",
                              re.S)

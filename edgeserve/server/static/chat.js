@@ -29,12 +29,21 @@ const $ = (id) => document.getElementById(id);
 const CHATS_KEY = "edgeserve-chats", CURRENT_KEY = "edgeserve-current", SETTINGS_KEY = "edgeserve-settings";
 const SETTINGS = {model: "model", system: "system", temperature: "temperature", top_p: "top_p",
                   max_tokens: "maxtokens", api_key: "apikey"};  // setting -> input id
-const DEFAULT_SETTINGS = {model: "", system: "", temperature: "0.7", top_p: "", max_tokens: "1024", api_key: ""};
+// empty: the request leaves the field out and the server's default applies (as the Settings dialog says)
+const DEFAULT_SETTINGS = {model: "", system: "", temperature: "", top_p: "", max_tokens: "", api_key: ""};
+const TITLE_CHARS = 48;  // a new conversation is named by its first message, cut with an ellipsis
+const PHONE = matchMedia("(max-width: 760px)");
+const TINY_MODEL = "smollm2-135m", RECOMMENDED_MODEL = "qwen2.5-1.5b";  // see edgeserve/first_run.py
 
 let chats = readJSON(CHATS_KEY, {});        // id -> {id, title, created, updated, messages: [{role, content, meta}]}
 let currentId = localStorage.getItem(CURRENT_KEY);
 if (!chats[currentId]) currentId = null;    // null: a new chat, stored once it has a message
 let settings = {...DEFAULT_SETTINGS, ...readJSON(SETTINGS_KEY, {})};
+if (!settings.v) {  // the first version of this page stored its prefilled 0.7 and 1024 as if the user chose them
+  if (settings.temperature === "0.7") settings.temperature = "";
+  if (settings.max_tokens === "1024") settings.max_tokens = "";
+  settings.v = 2;
+}
 let stream = null;                           // the reply being generated: {chat, msg, el, controller, ...}
 
 // ---- storage ----------------------------------------------------------------------------------------------
@@ -185,6 +194,7 @@ function renderMessages() {
   const log = $("log"), chat = currentChat();
   log.querySelectorAll(".turn").forEach((t) => t.remove());
   $("empty").hidden = Boolean(chat && chat.messages.length);
+  renderEmpty();
   if (!chat) return;
   chat.messages.forEach((m, i) => log.append(renderTurn(chat, m, i)));
   log.scrollTop = log.scrollHeight;
@@ -222,6 +232,7 @@ function renderTurn(chat, m, i) {
   if (!(stream && stream.msg === m)) {
     actions.append(button("Copy", "copy-reply", (ev) => copyText(m.content).then(() => flash(ev.target, "Copied"))));
     if (last && !busy) actions.append(button("Regenerate", "regenerate", () => regenerate(chat)));
+    if (last && !busy && m.versions && m.versions.length > 1) actions.append(versionSwitch(chat, m));
     foot.append(actions);
   }
   return turn;
@@ -266,10 +277,38 @@ function startEdit(turn, chat, i) {
   ta.focus();
 }
 
+/** A new reply to the last user message; the replies before it stay, switchable with versionSwitch (one that
+ * failed or was stopped before any text is dropped). */
 function regenerate(chat) {
   if (stream) return;
-  while (chat.messages.length && chat.messages[chat.messages.length - 1].role === "assistant") chat.messages.pop();
-  if (chat.messages.length) generate(chat);
+  let versions = [];
+  while (chat.messages.length && chat.messages[chat.messages.length - 1].role === "assistant") {
+    const old = chat.messages.pop();
+    versions = (old.versions || [{content: old.content, meta: old.meta}]).filter((v) => v.content);
+  }
+  if (chat.messages.length) generate(chat, versions);
+}
+
+/** "‹ 2/3 ›": show another version of reply `m` (its content and stats), kept in the chat. */
+function versionSwitch(chat, m) {
+  const box = document.createElement("span"), label = document.createElement("span");
+  box.className = "versions";
+  label.className = "version";
+  label.textContent = `${m.version + 1}/${m.versions.length}`;
+  const go = (step) => () => {
+    const i = m.version + step;
+    if (i < 0 || i >= m.versions.length || stream) return;
+    m.version = i;
+    m.content = m.versions[i].content;
+    m.meta = m.versions[i].meta;
+    saveChats(); renderMessages();
+  };
+  const prev = button("\u2039", "prev-version", go(-1), "previous reply");
+  const next = button("\u203A", "next-version", go(1), "next reply");
+  prev.disabled = m.version === 0;
+  next.disabled = m.version === m.versions.length - 1;
+  box.append(prev, label, next);
+  return box;
 }
 
 // ---- generation -------------------------------------------------------------------------------------------
@@ -295,11 +334,17 @@ function requestBody(chat, model) {
   return body;
 }
 
+/** A conversation's name from its first message: at most TITLE_CHARS characters, an ellipsis where it was cut. */
+function titleOf(text) {
+  const t = text.replace(/\s+/g, " ").trim();
+  return t.length <= TITLE_CHARS ? t : t.slice(0, TITLE_CHARS - 1).trimEnd() + "\u2026";
+}
+
 function send(text) {
   let chat = currentChat();
   if (!chat) {
     const id = Date.now().toString(36) + Math.random().toString(36).slice(2, 6);
-    chat = {id, title: text.replace(/\s+/g, " ").slice(0, 48), created: Date.now(), updated: Date.now(), messages: []};
+    chat = {id, title: titleOf(text), created: Date.now(), updated: Date.now(), messages: []};
     chats[id] = chat;
     currentId = id;
   }
@@ -307,11 +352,13 @@ function send(text) {
   generate(chat);
 }
 
-/** Stream a reply to the chat's last user message into a new assistant message, with its timings. */
-async function generate(chat) {
+/** Stream a reply to the chat's last user message into a new assistant message, with its timings; `versions`:
+ * earlier replies to the same message, kept beside it. */
+async function generate(chat, versions = []) {
   const model = $("model").value;
   const body = JSON.stringify(requestBody(chat, model));
   const msg = {role: "assistant", content: "", meta: {model}};
+  if (versions.length) { msg.versions = versions; msg.version = versions.length; }
   chat.messages.push(msg);
   chat.updated = Date.now();
   const controller = new AbortController();
@@ -428,6 +475,10 @@ function finishStream() {
     m.meta.approx = !s.usage;
     if (tokens > 1 && end > s.first) m.meta.tps = (tokens - 1) / ((end - s.first) / 1000);
   }
+  if (m.versions) {  // this reply becomes the newest version (one without text is dropped at the next regenerate)
+    m.versions.push({content: m.content, meta: m.meta});
+    m.version = m.versions.length - 1;
+  }
   s.chat.updated = Date.now();
   stream = null;
   setBusy(false);
@@ -445,10 +496,32 @@ function setBusy(busy) {
 
 // ---- models and settings ----------------------------------------------------------------------------------
 
+let modelStates = {};  // model id -> its state from /api/ps (absent: not loaded)
+
 /** Label each model in the list with its state from /api/ps's `models`. */
 function labelModels(models) {
-  const states = Object.fromEntries(models.map((m) => [m.name, m.status]));
-  for (const opt of $("model").options) opt.textContent = `${opt.value} \u00b7 ${states[opt.value] || "not loaded"}`;
+  modelStates = Object.fromEntries(models.map((m) => [m.name, m.status]));
+  for (const opt of $("model").options) {
+    opt.textContent = `${opt.value} \u00b7 ${modelStates[opt.value] || "not loaded"}`;
+  }
+  renderEmpty();
+}
+
+/** The first screen of a new chat: the model, its state, what the tiny default model is for, example prompts. */
+function renderEmpty() {
+  const model = $("model").value, state = modelStates[model] || "not loaded";
+  $("empty-model").textContent = model || "no model";
+  $("empty-state").textContent = !model ? "" : state === "not loaded" ? "not loaded: it loads with your first message"
+    : state;
+  $("empty-state").dataset.state = state;
+  const tiny = model === TINY_MODEL;
+  $("empty-note").hidden = !tiny;
+  if (tiny) {
+    const code = (text) => { const c = document.createElement("code"); c.textContent = text; return c; };
+    $("empty-note").replaceChildren(
+      `${TINY_MODEL} is a 135M model for trying edgeserve out: its answers are often nonsense. For real use: `,
+      code(`edgeserve pull ${RECOMMENDED_MODEL}`), ", then ", code(`edgeserve serve -m ${RECOMMENDED_MODEL}`), ".");
+  }
 }
 
 /** Fill the model list from /v1/models, each labelled with its state from /api/ps; returns /api/ps's models. */
@@ -563,7 +636,17 @@ $("log").addEventListener("click", (ev) => {
   const copy = ev.target.closest(".code .copy");
   if (copy) copyText(copy.closest(".code").querySelector("code").textContent).then(() => flash(copy, "Copied"));
 });
-$("model").addEventListener("change", () => { settings.model = $("model").value; saveSettings(); });
+$("model").addEventListener("change", () => { settings.model = $("model").value; saveSettings(); renderEmpty(); });
+$("examples").addEventListener("click", (ev) => {
+  const example = ev.target.closest(".example");
+  if (example && !stream) send(example.textContent.trim());
+});
+/** The message box's hint: the keys on a wide screen, one word on a phone (where the longer one is clipped). */
+function placeholder() {
+  $("input").placeholder = PHONE.matches ? "Message" : "Message (Enter sends, Shift+Enter new line)";
+}
+PHONE.addEventListener("change", placeholder);
+placeholder();
 const openSettings = () => { $("menu").open = false; closeSidebar(); loadSettingsIntoForm(); $("settings").showModal(); };
 $("open-settings").addEventListener("click", openSettings);
 $("settings-from-menu").addEventListener("click", openSettings);
