@@ -57,3 +57,27 @@ def test_smollm3_engine_tokens_are_the_same_fused_and_per_op(tmp_path: Path, mon
         assert (model._native is not None) == fused
     assert outputs[0] == outputs[1]
     assert len(set(outputs[0][0])) > 3  # not a degenerate repetition
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "mistral3", "granite"])
+def test_a_variant_gguf_generates_through_the_llm_api(arch: str, tmp_path: Path) -> None:
+    """A complete GGUF (tokenizer included) of the Llama-shaped variants loads by path and generates."""
+    from tiny_gguf import write_tiny_llama
+
+    from edgeserve.llm import LLM
+    from edgeserve.sampling_params import SamplingParams
+
+    llm = LLM(str(write_tiny_llama(tmp_path / f"{arch}.gguf", arch=arch, layers=4)), device="cpu")
+    assert llm.lm.config.architecture == arch
+    if arch == "smollm3":
+        assert llm.lm.config.rope_layers == (True, True, True, False)
+    out = llm.generate(["hello"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_an_olmo2_gguf_without_its_norms_is_one_clear_error(tmp_path: Path) -> None:
+    from test_cli import assert_one_line_error, edgeserve
+    from tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "olmo2.gguf", arch="olmo2")  # Llama's tensors: no Q/K or post norms
+    assert_one_line_error(edgeserve("run", str(path), "hi"), "blk.0.attn_q_norm.weight")
