@@ -278,3 +278,14 @@ def test_dummy_weights_take_the_olmo_block(tmp_path: Path) -> None:
     model = load_model(resolve(str(path)), dtype="float32", load_format="dummy").model
     assert isinstance(model, Olmo2Model) and model.layers[0].q_norm.shape == (model.config.q_size,)
     assert torch.isfinite(contiguous_logits(model)).all()
+
+
+def test_hf_configs_without_the_per_layer_lists_use_the_default_patterns() -> None:
+    """OLMo 3 without `layer_types` slides 3 of every 4 layers; SmolLM3 without `no_rope_layers` drops RoPE every
+    `no_rope_layer_interval` layers (transformers' defaults)."""
+    olmo = hf_model("olmo3").config.to_dict()
+    del olmo["layer_types"]
+    assert config_from_hf(olmo).layer_windows == (5, 5, 5, None)
+    smol = transformers.SmolLM3Config(num_hidden_layers=6, no_rope_layer_interval=3, **COMMON).to_dict()
+    del smol["no_rope_layers"]
+    assert config_from_hf(smol).rope_layers == (True, True, False, True, True, False)
