@@ -64,7 +64,7 @@ def test_anthropic_tool_use_round_trip(claude, server):
     assert again.stop_reason == "tool_use"
     n = claude.messages.count_tokens(model="tooly", tools=A_TOOLS, messages=history).input_tokens
     assert again.usage.input_tokens + (again.usage.cache_read_input_tokens or 0) == n
-    from edgeserve.server.anthropic_routes import parse_messages_request
+    from edgeserve.server.api.anthropic import parse_messages_request
     from edgeserve.server.chat_setup import chat_setup
 
     lm = server.manager.entries["tooly"].lm
@@ -102,8 +102,8 @@ def test_anthropic_tool_choice(claude):
     blocks = [b for b in forced.content if b.type == "tool_use"]
     if forced.stop_reason == "tool_use":
         assert len(blocks) == 1 and blocks[0].name == "get_weather" and isinstance(blocks[0].input["city"], str)
-    else:  # a random-weights model may run out of tokens inside the string: no call then
-        assert forced.stop_reason == "max_tokens" and not blocks
+    else:  # a random-weights model may run out of tokens inside the string: the cut call still comes back
+        assert forced.stop_reason == "max_tokens" and [b.name for b in blocks] == ["get_weather"]
 
 
 def test_anthropic_thinking(claude):
@@ -165,7 +165,7 @@ def test_responses_function_call_round_trip(oai, server):
     again = oai.responses.create(model="tooly", input=items, tools=R_TOOLS, temperature=0, max_output_tokens=20)
     assert [o.type for o in again.output] == ["function_call"]
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.responses_routes import parse_responses_request
+    from edgeserve.server.api.responses import parse_responses_request
 
     lm = server.manager.entries["tooly"].lm
     prompt = chat_setup(parse_responses_request({"model": "tooly", "input": items, "tools": R_TOOLS}),
@@ -201,8 +201,9 @@ def test_responses_tool_choice(oai):
     calls = [o for o in forced.output if o.type == "function_call"]
     if forced.status == "completed":
         assert len(calls) == 1 and isinstance(json.loads(calls[0].arguments)["city"], str)
-    else:  # cut inside the arguments: no call
-        assert forced.incomplete_details.reason == "max_output_tokens" and not calls
+    else:  # cut inside the arguments: the call with the arguments generated so far
+        assert forced.incomplete_details.reason == "max_output_tokens" and [c.name for c in calls] == ["get_weather"]
+        assert calls[0].arguments.startswith("{")
 
 
 def test_responses_reasoning_items(oai):
@@ -221,7 +222,7 @@ def test_responses_reasoning_items(oai):
     assert added == ["reasoning", "message"]
     assert [o.type for o in events[-1].response.output] == ["reasoning", "message"]
     # a reasoning item sent back reaches the template as the assistant's reasoning_content
-    from edgeserve.server.responses_routes import parse_responses_request
+    from edgeserve.server.api.responses import parse_responses_request
 
     req = parse_responses_request({"model": "thinky", "input": [
         {"role": "user", "content": ASK}, reasoning.to_dict(), message.to_dict(), {"role": "user", "content": "ok"}]})

@@ -364,7 +364,7 @@ def test_thinking_switch_and_thought_channel(think) -> None:
     from edgeserve.engine.outputs import RequestOutput
     from edgeserve.loaders.chat_template import ChatTemplate
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.schemas import GenerationRequest
+    from edgeserve.server.request import GenerationRequest
 
     req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Hi"}],
                             template_kwargs={} if think is None else {"enable_thinking": think})
@@ -390,7 +390,7 @@ def test_tool_calls_in_gemma4_format_are_parsed() -> None:
     from edgeserve.engine.outputs import RequestOutput
     from edgeserve.loaders.chat_template import ChatTemplate
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.schemas import GenerationRequest
+    from edgeserve.server.request import GenerationRequest
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,

@@ -18,10 +18,11 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.tokenizer import tokenizer_from_gguf
 from edgeserve.server import ServerConfig
-from edgeserve.server.anthropic_routes import parse_messages_request
+from edgeserve.server.api.anthropic import parse_messages_request
+from edgeserve.server.api.ollama import parse_ollama_chat
+from edgeserve.server.api.openai import parse_chat_request
+from edgeserve.server.api.responses import parse_responses_request
 from edgeserve.server.chat_setup import chat_setup
-from edgeserve.server.responses_routes import parse_responses_request
-from edgeserve.server.schemas import parse_chat_request, parse_ollama_chat
 from edgeserve.text.grammar import GrammarCompiler, GrammarSpec, allowed_mask, json_rule
 from edgeserve.text.harmony import (MARKERS, HarmonyOptions, HarmonyParser, reasoning_effort, render_harmony,
                                     template_is_harmony, tool_call_grammar, tools_namespace)

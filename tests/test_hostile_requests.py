@@ -16,7 +16,8 @@ from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server import ServerConfig
-from edgeserve.server.validate import MAX_JSON_DEPTH, RANGES
+from edgeserve.server.body import MAX_JSON_DEPTH
+from edgeserve.server.fields import RANGES
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 

@@ -23,7 +23,8 @@ from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.tokenizer import tokenizer_from_gguf
 from edgeserve.server import ServerConfig
 from edgeserve.server.chat_setup import chat_setup
-from edgeserve.server.schemas import parse_chat_request, parse_ollama_chat
+from edgeserve.server.api.ollama import parse_ollama_chat
+from edgeserve.server.api.openai import parse_chat_request
 from edgeserve.text.grammar import GrammarCompiler, GrammarSpec, allowed_mask, json_rule
 from edgeserve.text.tool_calls import detect_format
 from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar, typed_value

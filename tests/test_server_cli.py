@@ -83,7 +83,7 @@ def test_a_bad_engine_value_is_the_same_line_on_every_surface(flags, fields, cap
 
 def test_a_bad_keep_alive_is_the_same_line_for_the_flag_and_the_request_field(capsys):
     from edgeserve.server.errors import APIError
-    from edgeserve.server.schemas import parse_ollama_generate
+    from edgeserve.server.api.ollama import parse_ollama_generate
 
     with pytest.raises(ValueError) as raised:
         parse_keep_alive("soon")

@@ -91,7 +91,7 @@ def test_multi_turn_with_tool_message_renders_and_continues(client, ids, server)
     assert r.choices[0].finish_reason == "tool_calls"
     lm = server.manager.entries[ids[0]].lm
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.schemas import parse_chat_request
+    from edgeserve.server.api.openai import parse_chat_request
 
     prompt = chat_setup(parse_chat_request({"model": ids[0], "messages": history, "tools": TOOLS}, 1),
                         lm.chat_template).prompt
@@ -102,7 +102,7 @@ def test_multi_turn_with_tool_message_renders_and_continues(client, ids, server)
 
 def test_message_name_reaches_the_template(server, ids):
     from edgeserve.server.chat_setup import chat_setup
-    from edgeserve.server.schemas import parse_chat_request
+    from edgeserve.server.api.openai import parse_chat_request
 
     lm = server.manager.entries[ids[0]].lm
     req = parse_chat_request({"model": ids[0], "messages": [{"role": "user", "name": "alice", "content": "hi"}]}, 1)

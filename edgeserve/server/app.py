@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import anthropic_routes, embeddings_routes, ollama_routes, openai_routes, responses_routes
+from edgeserve.server.api import anthropic, embeddings, ollama, ollama_models, openai, responses
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -148,11 +148,12 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         Mount("/static", StaticFiles(packages=[("edgeserve.server", "static")]), name="static"),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        *openai_routes.ROUTES,
-        *ollama_routes.ROUTES,
-        *embeddings_routes.ROUTES,
-        *anthropic_routes.ROUTES,
-        *responses_routes.ROUTES,
+        *openai.ROUTES,
+        *ollama_models.ROUTES,
+        *ollama.ROUTES,
+        *embeddings.ROUTES,
+        *anthropic.ROUTES,
+        *responses.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

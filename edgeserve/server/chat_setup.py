@@ -25,16 +25,21 @@ from typing import Any
 
 from edgeserve.engine.outputs import RequestOutput
 from edgeserve.loaders.chat_template import ChatTemplate
-from edgeserve.server.schemas import GenerationRequest
+from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
                                     tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
                                       reasoning_tags, template_thinks)
+from edgeserve.text.partial_calls import cut_forced_calls
 from edgeserve.text.tool_calls import (NATIVE_FORCED, detect_format, forced_schema, function_parameters,
                                        messages_for_template, template_knows_tools)
 from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar
+
+# Calls one reply may make under tool_choice "required" with parallel_tool_calls true (one without it): a
+# random-weights or looping model must not emit calls until max_tokens.
+MAX_PARALLEL_CALLS = 16
 
 
 @dataclass
@@ -58,15 +63,19 @@ class ChatSetup:
             return None
         return ChatOutputParser(ReasoningSplitter(self.in_thought, *self.tags) if self.thinks else None, self.tools)
 
-    @staticmethod
-    def split(parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
-        """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`."""
+    def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
+        """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`.
+        A forced call cut short by max_tokens still comes back as a call, with the arguments it got to."""
         if parser is None:
             return
         out.reasoning, out.text = parser.push(out.text)
         if out.finish_reason is not None:
             thought, content, calls = parser.finish()
             out.reasoning += thought
+            forced = self.tools is not None and self.tools.mode == "forced" and not self.harmony
+            if forced and not calls and out.finish_reason == "length":
+                calls = cut_forced_calls(content, self.tools.choice)
+                content = "" if calls else content
             out.text += content
             out.tool_calls = calls
             if calls and out.finish_reason == "stop":
@@ -97,15 +106,16 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
         schemas = {t["function"]["name"]: function_parameters(t) for t in tools}
         fmt = detect_format(source)
         if req.tool_choice == "auto":
-            tool_setup = ToolSetup("auto", fmt, names, parallel=req.parallel_tool_calls, schemas=schemas)
+            tool_setup = ToolSetup("auto", fmt, names, parallel=req.parallel_tool_calls is not False, schemas=schemas)
         else:
             choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
+            parallel = req.parallel_tool_calls is True
             if fmt in NATIVE_FORCED:
-                grammar = forced_call_grammar(tools, choice, req.parallel_tool_calls, json_rule)
+                grammar = forced_call_grammar(tools, choice, parallel, json_rule)
                 constraint = GrammarSpec("lark", grammar, tokens=CALL_TAGS)
             else:
-                constraint = GrammarSpec.json_schema(forced_schema(tools, choice, req.parallel_tool_calls))
-            tool_setup = ToolSetup("forced", fmt, names, choice, req.parallel_tool_calls, schemas)
+                constraint = GrammarSpec.json_schema(required_schema(tools, choice, req.parallel_tool_calls))
+            tool_setup = ToolSetup("forced", fmt, names, choice, parallel, schemas)
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)
@@ -122,5 +132,20 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
         if forced:
             choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
             constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
-        tool_setup = ToolSetup("forced" if forced else "auto", "harmony", names, parallel=req.parallel_tool_calls)
+        tool_setup = ToolSetup("forced" if forced else "auto", "harmony", names,
+                               parallel=req.parallel_tool_calls is not False)
     return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+
+
+def required_schema(tools: list[dict], choice: str | None, parallel: bool | None) -> dict:
+    """The forced reply's schema (forced_schema), its calls bounded: one unless the request said
+    parallel_tool_calls true, then at most MAX_PARALLEL_CALLS."""
+    schema = forced_schema(tools, choice, parallel is True)
+    if choice is None and parallel is True:
+        schema["maxItems"] = MAX_PARALLEL_CALLS
+    return schema
+
+
+def can_think(template: ChatTemplate) -> bool:
+    """Whether the model's template writes reasoning (<think> tags, or harmony's analysis channel)."""
+    return template_thinks(template.source) or template_is_harmony(template.source)

@@ -1,4 +1,4 @@
-"""One HTTP request's generation: prompts -> token ids -> SamplingParams -> engine streams, shared by both APIs."""
+"""One HTTP request's generation: prompts -> token ids -> SamplingParams -> engine streams, for every API."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
-from edgeserve.server.chat_setup import ChatSetup, chat_setup
+from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -19,7 +19,7 @@ from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
 from edgeserve.server.output_limit import output_tokens
 from edgeserve.server.prompt_bounds import check_prompt_size, max_token_chars, surely_too_long, too_long_error
-from edgeserve.server.schemas import GenerationRequest
+from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_prompt import chat_prompt_ids
 
 if TYPE_CHECKING:
@@ -68,7 +68,9 @@ class Generation:
         self.lease, self.req, self.metrics, self.request_id = lease, req, metrics, request_id
         self.prompt_param = prompt_param
         self.model = lease.entry.id
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic()  # when the model was leased
+        self.arrived = self.t0  # when the request arrived (the pipeline sets it; Ollama's total_duration)
+        self.load_ns = 0  # nanoseconds spent waiting for the model (Ollama's load_duration)
         self.created = int(time.time())
         self.streams: list = []
         self.prompt_lens: list[int] = []
@@ -164,6 +166,8 @@ class Generation:
         self._refuse_embedding_model()
         lm = self.lease.lm
         try:
+            if self.req.think_required and self.req.messages is not None and not can_think(lm.chat_template):
+                raise APIError(400, f'"{self.model}" does not support thinking', "invalid_request_error", "think")
             await self.check_size()
             if self.req.messages is not None:
                 self.chat = await anyio.to_thread.run_sync(chat_setup, self.req, lm.chat_template)

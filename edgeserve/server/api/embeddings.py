@@ -1,4 +1,4 @@
-"""Embedding routes: OpenAI POST /v1/embeddings, Ollama POST /api/embed and the older POST /api/embeddings.
+"""Embeddings adapter: OpenAI POST /v1/embeddings, Ollama POST /api/embed and the older POST /api/embeddings.
 
 Each is a thin translation into one `embed()` call: inputs are tokenized (cut to the model's limit when
 `truncate` allows, and reported), batched by the model's EmbeddingEngine with other requests, and optionally
@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeserve.server.config import UNSET, parse_keep_alive
+from edgeserve.server.body import read_request
+from edgeserve.server.config import UNSET
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.schemas import read_request
+from edgeserve.server.fields import boolean, keep_alive, model_name, reject_unknown
 from edgeserve.server.state import api_errors, server_state
-from edgeserve.server.validate import reject_unknown
 
 log = logging.getLogger("edgeserve.server")
 
@@ -77,15 +77,6 @@ def parse_dimensions(body: dict) -> int | None:
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise bad_request(f"dimensions must be a positive integer, got {d!r}", "dimensions")
     return d
-
-
-def _bool_field(body: dict, key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{key} must be true or false, got {v!r}", key)
-    return v
 
 
 def _tokenize(lm: Any, inputs: list[str | list[int]], truncate: bool, name: str) -> tuple[list[list[int]], list[int]]:
@@ -150,17 +141,13 @@ _OPENAI_FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "tr
 async def openai_embeddings(request: Request) -> Response:
     """POST /v1/embeddings (OpenAI): float or base64 vectors, usage, and `truncated_inputs` (indices cut)."""
     body = await read_request(request)
-    unknown = sorted(set(body) - _OPENAI_FIELDS)
-    if unknown:
-        raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0], "unsupported_parameter")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required and must be a non-empty string", "model")
+    reject_unknown(body, _OPENAI_FIELDS, code="unsupported_parameter")
+    model = model_name(body)
     fmt = body.get("encoding_format", "float") or "float"
     if fmt not in ("float", "base64"):
         raise bad_request(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
     inputs = parse_inputs(body.get("input"), "input")
-    r = await embed(request, model, inputs, truncate=_bool_field(body, "truncate", True),
+    r = await embed(request, model, inputs, truncate=boolean(body, "truncate", True),
                     dimensions=parse_dimensions(body))
     if fmt == "base64":
         vecs: list[Any] = [base64.b64encode(v.numpy().astype("<f4").tobytes()).decode() for v in r.vectors]
@@ -170,15 +157,6 @@ async def openai_embeddings(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data, "model": r.model,
                          "usage": {"prompt_tokens": r.prompt_tokens, "total_tokens": r.prompt_tokens},
                          "truncated_inputs": r.truncated})
-
-
-def _ollama_keep_alive(body: dict) -> Any:
-    if body.get("keep_alive") is None:
-        return UNSET
-    try:
-        return parse_keep_alive(body["keep_alive"])
-    except ValueError as e:
-        raise bad_request(str(e), "keep_alive")
 
 
 def _ollama_options(body: dict) -> None:
@@ -192,13 +170,11 @@ async def ollama_embed(request: Request) -> Response:
     """POST /api/embed (Ollama): batch `input`, `truncate` (default true), `dimensions`."""
     body = await read_request(request)
     reject_unknown(body, {"model", "input", "truncate", "dimensions", "options", "keep_alive"})
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required", "model")
+    model = model_name(body, "model is required")
     _ollama_options(body)
     inputs = parse_inputs(body.get("input"), "input")
-    r = await embed(request, model, inputs, truncate=_bool_field(body, "truncate", True),
-                    dimensions=parse_dimensions(body), keep_alive=_ollama_keep_alive(body))
+    r = await embed(request, model, inputs, truncate=boolean(body, "truncate", True),
+                    dimensions=parse_dimensions(body), keep_alive=keep_alive(body))
     return JSONResponse({"model": r.model, "embeddings": r.vectors.tolist(), "total_duration": r.total_ns,
                          "load_duration": r.load_ns, "prompt_eval_count": r.prompt_tokens,
                          "truncated_inputs": r.truncated})
@@ -209,16 +185,14 @@ async def ollama_embeddings(request: Request) -> Response:
     """POST /api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
     body = await read_request(request)
     reject_unknown(body, {"model", "prompt", "options", "keep_alive"})
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required", "model")
+    model = model_name(body, "model is required")
     _ollama_options(body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise bad_request("prompt is required and must be a string", "prompt")
     if not prompt:
         return JSONResponse({"embedding": []})
-    r = await embed(request, model, [prompt], keep_alive=_ollama_keep_alive(body), name="prompt")
+    r = await embed(request, model, [prompt], keep_alive=keep_alive(body), name="prompt")
     return JSONResponse({"embedding": r.vectors[0].tolist()})
 
 

@@ -1,15 +1,13 @@
-"""Ollama-compatible routes: /api/version, tags, ps, show, chat, generate (NDJSON streaming), pull."""
+"""Ollama's model routes: /api/version, tags, ps, show, pull and delete (chat and generate: api/ollama.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from typing import Any, AsyncIterator
 
 import anyio
 import anyio.to_thread
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -18,25 +16,15 @@ import edgeserve
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, is_hf_name, is_pulled, pull, remove, resolve
 from edgeserve.registry.resolve import has_gguf_magic
-from edgeserve.server.errors import APIError, bad_request, from_exception
-from edgeserve.server.generation import Generation
-from edgeserve.server.loading import is_loaded, stream_after_load
+from edgeserve.server.api.ollama import now_iso
+from edgeserve.server.body import parse_json_object
+from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.fields import reject_unknown
 from edgeserve.server.model_details import ModelFacts, digest, model_facts
 from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.output_limit import ollama_parameter_lines, output_token_settings
-from edgeserve.server.schemas import (GenerationRequest, parse_json_object, parse_ollama_chat,
-                                      parse_ollama_generate, read_request)
+from edgeserve.server.respond import NDJSON
 from edgeserve.server.state import api_errors, server_state
-from edgeserve.server.validate import reject_unknown
-
-NDJSON = "application/x-ndjson"
-
-
-def _now_iso(t: float | None = None) -> str:
-    try:
-        return dt.datetime.fromtimestamp(time.time() if t is None else t, dt.timezone.utc).isoformat()
-    except (OverflowError, OSError, ValueError):  # beyond datetime's years: as good as never
-        return "9999-12-31T23:59:59+00:00"
 
 
 async def version(request: Request) -> Response:
@@ -83,7 +71,7 @@ async def tags(request: Request) -> Response:
                 size, mtime, dig = source_bytes(src), src.path.stat().st_mtime, _digest(spec, src)
             except Exception:  # noqa: BLE001 - missing or unusable: not listed
                 continue
-            models.append({"name": mid, "model": mid, "modified_at": _now_iso(mtime), "size": size,
+            models.append({"name": mid, "model": mid, "modified_at": now_iso(mtime), "size": size,
                            "digest": dig, "details": _details(spec, src)})
         return models
 
@@ -93,10 +81,13 @@ async def tags(request: Request) -> Response:
 
 def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: dict[str, Any]) -> dict[str, Any]:
     remaining = e.expires_in()
-    expires = "0001-01-01T00:00:00Z" if remaining is None else _now_iso(time.time() + remaining)
+    expires = "0001-01-01T00:00:00Z" if remaining is None else now_iso(time.time() + remaining)
     out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": digest_, "details": details,
            "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": state,
            "active_requests": e.active}
+    context = getattr(e.engine, "max_model_len", None) if state == "loaded" else None
+    if context is not None:
+        out["context_length"] = context  # as Ollama reports it: the context the model was loaded with
     if state == "loading":
         out["loading_seconds"] = round(time.monotonic() - e.load_started, 2)
     elif e.load_seconds is not None:
@@ -145,108 +136,7 @@ async def show(request: Request) -> Response:
     return JSONResponse({"modelfile": f"FROM {spec}\n", "parameters": parameters, "template": facts.template,
                          "details": facts.details(), "model_info": facts.model_info,
                          "capabilities": facts.capabilities, "license": facts.license,
-                         "modified_at": _now_iso(), "output_tokens": output_token_settings(st.config)})
-
-
-async def _load_or_unload(request: Request, req: GenerationRequest, kind: str) -> Response:
-    st = server_state(request)
-    if req.keep_alive == 0:
-        await st.manager.unload_by_name(req.model)
-        reason = "unload"
-    else:
-        lease = await st.manager.acquire(req.model, req.keep_alive)
-        lease.release()
-        reason = "load"
-    mid, _ = st.manager.canonical(req.model)
-    body: dict[str, Any] = {"model": mid, "created_at": _now_iso(), "done": True, "done_reason": reason}
-    if kind == "chat":
-        body["message"] = {"role": "assistant", "content": ""}
-    else:
-        body["response"] = ""
-    return JSONResponse(body)
-
-
-async def _generate(request: Request, req: GenerationRequest, kind: str) -> Response:
-    st = server_state(request)
-    if (kind == "chat" and not req.messages) or (kind == "generate" and req.messages == [] and not req.prompts):
-        return await _load_or_unload(request, req, kind)
-    t0 = time.monotonic()
-    prompt_param = "messages" if kind == "chat" else "prompt"
-
-    def piece(text: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
-        if kind == "chat":
-            return {"message": ollama_message(text, thinking, calls)}
-        return {"response": text, **({"thinking": thinking} if thinking else {})}
-
-    def final(gen: Generation, load_ns: int, finish: str | None, n_prompt: int, n_out: int) -> dict[str, Any]:
-        end = time.monotonic()
-        first = gen.first_token_at or end  # prefill ends when the first token is out
-        return {"model": gen.model, "created_at": _now_iso(), **piece(""), "done": True,
-                "done_reason": "stop" if finish in (None, "tool_calls") else finish,  # Ollama: calls end with stop
-                "total_duration": int((end - t0) * 1e9), "load_duration": load_ns,
-                "prompt_eval_count": n_prompt, "prompt_eval_duration": int((first - gen.t0) * 1e9),
-                "eval_count": n_out, "eval_duration": int((end - first) * 1e9)}
-
-    async def lines(gen: Generation, load_ns: int) -> AsyncIterator[str]:
-        try:
-            async for _, out in gen.outputs():
-                if out.text or out.reasoning or out.tool_calls:
-                    yield json.dumps({"model": gen.model, "created_at": _now_iso(),
-                                      **piece(out.text, out.reasoning, out.tool_calls), "done": False},
-                                     ensure_ascii=False) + "\n"
-                if out.finish_reason is not None:
-                    yield json.dumps(final(gen, load_ns, out.finish_reason, out.num_prompt_tokens,
-                                           out.num_output_tokens)) + "\n"
-        except Exception as e:
-            yield json.dumps({"error": from_exception(e, gen.request_id).message}) + "\n"
-        finally:
-            gen.close()
-
-    if req.stream and not is_loaded(st.manager, req.model):
-        # headers now, the lines once the model is loaded (clients with a short first-byte timeout keep waiting)
-        return StreamingResponse(stream_after_load(
-            request, req, prompt_param, lambda gen: lines(gen, int((time.monotonic() - t0) * 1e9)),
-            lambda err: json.dumps({"error": err.message}) + "\n", None, constraint_param="format"),
-            media_type=NDJSON)
-
-    lease = await st.manager.acquire(req.model, req.keep_alive)
-    load_ns = int((time.monotonic() - t0) * 1e9)
-    gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)
-    gen.constraint_param = "format"
-    await gen.prepare()
-    gen.submit()
-    if not req.stream:
-        results = await gen.collect_unless_disconnected(request)
-        if results is None:
-            return Response(status_code=499)  # the client is gone; nothing is sent
-        r = results[0]
-        out = final(gen, load_ns, r.finish_reason, r.num_prompt_tokens, r.num_output_tokens)
-        out.update(piece(r.text, r.reasoning, r.tool_calls))
-        return JSONResponse(out)
-    # close() also runs if the body is never iterated (the client left before the response started)
-    return StreamingResponse(lines(gen, load_ns), media_type=NDJSON, background=BackgroundTask(gen.aclose))
-
-
-def ollama_message(content: str, thinking: str = "", calls: list | None = None) -> dict[str, Any]:
-    """An Ollama assistant message: content, `thinking` and `tool_calls` (arguments as objects) when present."""
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    if thinking:
-        msg["thinking"] = thinking
-    if calls:
-        msg["tool_calls"] = [c.ollama() for c in calls]
-    return msg
-
-
-@api_errors
-async def chat(request: Request) -> Response:
-    """POST /api/chat (NDJSON stream by default)."""
-    return await _generate(request, await read_request(request, parse_ollama_chat), "chat")
-
-
-@api_errors
-async def generate(request: Request) -> Response:
-    """POST /api/generate (NDJSON stream by default; raw: true skips the chat template)."""
-    return await _generate(request, await read_request(request, parse_ollama_generate), "generate")
+                         "modified_at": now_iso(), "output_tokens": output_token_settings(st.config)})
 
 
 class _Lines:
@@ -345,8 +235,6 @@ ROUTES = [
     Route("/api/tags", tags, methods=["GET"]),
     Route("/api/ps", ps, methods=["GET"]),
     Route("/api/show", show, methods=["POST"]),
-    Route("/api/chat", chat, methods=["POST"]),
-    Route("/api/generate", generate, methods=["POST"]),
     Route("/api/pull", pull_model, methods=["POST"]),
     Route("/api/delete", delete_model, methods=["DELETE"]),
 ]

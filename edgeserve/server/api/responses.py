@@ -1,4 +1,4 @@
-"""OpenAI Responses API, stateless: POST /v1/responses (JSON or SSE with the response.* events), translated
+"""OpenAI Responses adapter, stateless: POST /v1/responses (JSON or SSE with the response.* events), translated
 into a GenerationRequest and back. Nothing is stored, so `previous_response_id` is refused with a 400.
 
 Function tools, tool_choice, parallel_tool_calls, text.format and reasoning.effort map onto the chat route's
@@ -13,18 +13,19 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
-from sse_starlette.sse import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from edgeserve.server.errors import APIError, bad_request, from_exception
+from edgeserve.server.body import read_request
+from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.fields import model_name, number, positive, reject_unknown
 from edgeserve.server.generation import ChoiceResult, Generation
-from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
-from edgeserve.server.schemas import GenerationRequest, _number, read_request
-from edgeserve.server.state import api_errors, server_state
-from edgeserve.server.tool_schemas import function_tool, parse_tool_list, set_tools
+from edgeserve.server.messages import assistant, content_text, tool_call, tool_result
+from edgeserve.server.request import GenerationRequest
+from edgeserve.server.respond import respond
+from edgeserve.server.state import api_errors
+from edgeserve.server.tools import function_tool, parse_tool_list, set_tools
 from edgeserve.text.grammar import GrammarSpec
 from edgeserve.text.tool_calls import ToolCall
 
@@ -33,25 +34,13 @@ _FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature",
            "truncation", "conversation", "prompt", "background", "top_logprobs", "stream_options"}
 _IGNORED = {"store", "metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
 _ROLES = {"user", "assistant", "system", "developer"}
-_TEXT_PARTS = {"input_text", "output_text", "text"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _INCLUDE = {"reasoning.encrypted_content"}
 
 
 def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or a list of content parts", where)
-    out = []
-    for j, part in enumerate(content):
-        here = f"{where}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"{here}: content part type {kind!r} is not supported (only input_text / "
-                              "output_text)", here)
-        out.append(part["text"])
-    return "".join(out)
+    return content_text(content, where, _TEXT_PARTS)
 
 
 def _item_string(item: dict, key: str, here: str) -> str:
@@ -72,50 +61,62 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise bad_request("input is required: a string or a non-empty list of input items", "input")
     out: list[dict[str, Any]] = []
-    thought: str | None = None  # a reasoning item waiting for its assistant message
+    thought: list[str | None] = [None]  # a reasoning item waiting for its assistant message
     for i, item in enumerate(value):
         here = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{here} must be an object", here)
         kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in _ROLES:
-                raise bad_request(f"{here}.role must be one of user, assistant, system, developer; got {role!r}",
-                                  f"{here}.role")
-            extra = set(item) - {"type", "role", "content", "id", "status", "phase"}
-            if extra:
-                raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
-            msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                   "content": _content(item.get("content"), f"{here}.content")}
-            if role == "assistant" and thought is not None:
-                msg["reasoning_content"], thought = thought, None
-            out.append(msg)
-        elif kind == "function_call":
-            args = _item_string(item, "arguments", here) if item.get("arguments") != "" else "{}"
-            try:
-                json.loads(args)
-            except json.JSONDecodeError:
-                raise bad_request(f"{here}.arguments is not valid JSON", f"{here}.arguments") from None
-            call = {"id": _item_string(item, "call_id", here), "type": "function",
-                    "function": {"name": _item_string(item, "name", here), "arguments": args}}
-            if not out or out[-1]["role"] != "assistant":  # calls without text: an assistant turn of their own
-                out.append({"role": "assistant", "content": ""})
-            if thought is not None:
-                out[-1]["reasoning_content"], thought = thought, None
-            out[-1].setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": _item_string(item, "call_id", here),
-                        "content": _content(item.get("output"), f"{here}.output")})
-        elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            if not isinstance(parts, list):
-                raise bad_request(f"{here}.content must be a list of reasoning_text parts", f"{here}.content")
-            thought = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
-        else:
+        if kind not in _ITEMS:
             raise bad_request(f"{here}.type {kind!r} is not supported (message, function_call, function_call_output "
                               "and reasoning items are)", f"{here}.type")
+        _ITEMS[kind](item, here, out, thought)
     return out
+
+
+def _message_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A message item: its text parts; an assistant's takes the reasoning item before it."""
+    role = item.get("role")
+    if role not in _ROLES:
+        raise bad_request(f"{here}.role must be one of user, assistant, system, developer; got {role!r}",
+                          f"{here}.role")
+    extra = set(item) - {"type", "role", "content", "id", "status", "phase"}
+    if extra:
+        raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
+    text = _content(item.get("content"), f"{here}.content")
+    if role == "assistant":
+        out.append(assistant(text, None, thought[0]))
+        thought[0] = None
+    else:
+        out.append({"role": "system" if role == "developer" else role, "content": text})
+
+
+def _function_call_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A function_call item: a call on the assistant turn before it (or on a turn of its own)."""
+    args = _item_string(item, "arguments", here) if item.get("arguments") != "" else "{}"
+    call = tool_call(_item_string(item, "call_id", here), _item_string(item, "name", here), args, here)
+    if not out or out[-1]["role"] != "assistant":  # calls without text: an assistant turn of their own
+        out.append(assistant(""))
+    if thought[0] is not None:
+        out[-1]["reasoning_content"], thought[0] = thought[0], None
+    out[-1].setdefault("tool_calls", []).append(call)
+
+
+def _function_call_output_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A function_call_output item: a tool message."""
+    out.append(tool_result(_item_string(item, "call_id", here), _content(item.get("output"), f"{here}.output")))
+
+
+def _reasoning_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:
+    """A reasoning item: kept for the next assistant turn's reasoning_content."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        raise bad_request(f"{here}.content must be a list of reasoning_text parts", f"{here}.content")
+    thought[0] = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+_ITEMS = {"message": _message_item, "function_call": _function_call_item,
+          "function_call_output": _function_call_output_item, "reasoning": _reasoning_item}
 
 
 def _refuse_unless(body: dict, key: str, allowed: tuple, why: str) -> None:
@@ -166,12 +167,37 @@ def _reasoning(value: Any) -> bool | None:
 
 def parse_responses_request(body: dict) -> GenerationRequest:
     """Validate a POST /v1/responses body into a GenerationRequest (400 naming the field otherwise)."""
-    unknown = sorted(set(body) - _FIELDS - _IGNORED)
-    if unknown:
-        raise bad_request(f"unsupported field {unknown[0]!r}", unknown[0], "unsupported_parameter")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model is required and must be a non-empty string", "model")
+    reject_unknown(body, _FIELDS, _IGNORED, "unsupported_parameter")
+    model = model_name(body)
+    _refuse_stateful(body)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad_request("instructions must be a string", "instructions")
+    msgs = _input_messages(body.get("input"))
+    if instructions:
+        msgs = [{"role": "system", "content": instructions}, *msgs]
+    req = GenerationRequest(model=model, messages=msgs)
+    req.constraint = _text_format(body.get("text"))
+    set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body)
+    req.think = _reasoning(body.get("reasoning"))
+    if req.think is not None:  # harmony's Reasoning: level (gpt-oss)
+        req.template_kwargs["reasoning_effort"] = body["reasoning"]["effort"]
+    req.max_tokens = positive(number(body, "max_output_tokens", integer=True), "max_output_tokens")
+    for key in ("temperature", "top_p"):
+        v = number(body, key)
+        if v is not None:
+            req.sampling[key] = v
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream must be true or false", "stream")
+    req.stream = stream
+    if body.get("stream_options") is not None and not stream:
+        raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+    return req
+
+
+def _refuse_stateful(body: dict) -> None:
+    """400 for what needs stored state or features this server does not have."""
     _refuse_unless(body, "previous_response_id", (None,),
                    "is not supported: this server stores no responses; send the whole conversation as input items")
     _refuse_unless(body, "conversation", (None,), "is not supported: this server stores no conversations")
@@ -184,33 +210,6 @@ def parse_responses_request(body: dict) -> GenerationRequest:
                           "include", "unsupported_parameter")
     _refuse_unless(body, "top_logprobs", (None, 0), "is not supported")
     _refuse_unless(body, "truncation", (None, "disabled"), "must be 'disabled' (a prompt past the context is a 400)")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise bad_request("instructions must be a string", "instructions")
-    msgs = _input_messages(body.get("input"))
-    if instructions:
-        msgs = [{"role": "system", "content": instructions}, *msgs]
-    req = GenerationRequest(model=model, messages=msgs)
-    req.constraint = _text_format(body.get("text"))
-    set_tools(req, parse_tool_list(body.get("tools"), _responses_tool), body, "text.format")
-    req.think = _reasoning(body.get("reasoning"))
-    if req.think is not None:  # harmony's Reasoning: level (gpt-oss)
-        req.template_kwargs["reasoning_effort"] = body["reasoning"]["effort"]
-    mt = _number(body, "max_output_tokens", integer=True)
-    if mt is not None and mt < 1:
-        raise bad_request(f"max_output_tokens must be a positive integer, got {mt}", "max_output_tokens")
-    req.max_tokens = mt
-    for key in ("temperature", "top_p"):
-        v = _number(body, key)
-        if v is not None:
-            req.sampling[key] = v
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be true or false", "stream")
-    req.stream = stream
-    if body.get("stream_options") is not None and not stream:
-        raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-    return req
 
 
 class _Reply:
@@ -282,120 +281,139 @@ class _Reply:
 @api_errors
 async def responses(request: Request) -> Response:
     """POST /v1/responses (stateless)."""
-    st = server_state(request)
     body, req = await read_request(request, lambda b: (b, parse_responses_request(b)))
-    rid = f"resp_{request.state.request_id}{secrets.token_hex(4)}"
-    if req.stream:
-        if not is_loaded(st.manager, req.model):
-            return EventSourceResponse(stream_after_load(request, req, "input", lambda g: _events(g, body, rid),
-                                                         _error_event, {"comment": "loading model"}, "text.format"),
-                                       ping=15, send_timeout=30)
-        gen = await start_generation(request, req, "input", "text.format")
-        return EventSourceResponse(_events(gen, body, rid), ping=15, send_timeout=30,
-                                   background=BackgroundTask(gen.aclose))
-    gen = await start_generation(request, req, "input", "text.format")
-    results = await gen.collect_unless_disconnected(request)
-    if results is None:
-        return Response(status_code=499)
-    r = results[0]
-    reply = _Reply(gen, body, rid)
-    reply.items = reply.items_of(r)
-    status = "incomplete" if r.finish_reason == "length" else "completed"
-    return JSONResponse(reply.response(status, r.finish_reason, r.num_output_tokens, r.reasoning))
+    return await respond(request, req, ResponsesReplier(body, f"resp_{request.state.request_id}{secrets.token_hex(4)}"))
 
 
-def _error_event(err: APIError, seq: int = 0) -> dict:
-    return {"event": "error", "data": json.dumps({"type": "error", "code": err.code, "message": err.message,
-                                                  "param": err.param, "sequence_number": seq})}
+def _part(kind: str, text: str) -> dict:
+    """The content part of a reasoning or message item."""
+    if kind == "reasoning":
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-async def _events(gen: Generation, body: dict, rid: str) -> AsyncIterator[dict]:
-    """response.created, response.in_progress, then per output item (reasoning, message, function_call)
-    output_item.added, its parts and deltas (reasoning_text.*, content_part.* with output_text.*,
-    function_call_arguments.*) and output_item.done; then response.completed (or .incomplete)."""
-    reply = _Reply(gen, body, rid)
-    seq = 0
+class ResponsesReplier:
+    """The response object, or its stream: response.created, response.in_progress, then per output item
+    (reasoning, message, function_call) output_item.added, its parts and deltas (reasoning_text.*, content_part.*
+    with output_text.*, function_call_arguments.*) and output_item.done; then response.completed (or .incomplete)."""
 
-    def event(kind: str, **data: Any) -> dict:
-        nonlocal seq
-        seq += 1
-        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": seq - 1, **data},
+    prompt_param = "input"
+    constraint_param = "text.format"
+    ndjson = False
+    ping = {"comment": "loading model"}
+
+    def __init__(self, body: dict, rid: str) -> None:
+        self.request_body, self.rid = body, rid
+        self.seq = 0  # the next event's sequence_number
+        self.open_kind: str | None = None  # "reasoning" / "message": the item taking deltas
+        self.texts = {"reasoning": "", "message": ""}
+        self.reply: _Reply | None = None
+
+    def body(self, gen: Generation, results: list[ChoiceResult]) -> dict:
+        """The response object."""
+        r = results[0]
+        reply = _Reply(gen, self.request_body, self.rid)
+        reply.items = reply.items_of(r)
+        status = "incomplete" if r.finish_reason == "length" else "completed"
+        return reply.response(status, r.finish_reason, r.num_output_tokens, r.reasoning)
+
+    def error(self, err: APIError) -> dict:
+        """The error event that ends a stream."""
+        return {"event": "error", "data": json.dumps({"type": "error", "code": err.code, "message": err.message,
+                                                      "param": err.param, "sequence_number": self.seq})}
+
+    def event(self, kind: str, **data: Any) -> dict:
+        """One SSE event, numbered."""
+        self.seq += 1
+        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.seq - 1, **data},
                                                   ensure_ascii=False)}
 
-    open_kind: str | None = None  # "reasoning" / "message": the item taking deltas
-    texts = {"reasoning": "", "message": ""}
-
-    def part(kind: str, text: str) -> dict:
-        return {"type": "reasoning_text", "text": text} if kind == "reasoning" else \
-            {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def where() -> dict:
-        return {"item_id": reply.items[-1]["id"], "output_index": len(reply.items) - 1, "content_index": 0}
-
-    def start(kind: str) -> list[dict]:
-        nonlocal open_kind
-        out = finish("completed")
-        open_kind = kind
-        item_id = reply.new_id("rs" if kind == "reasoning" else "msg")
-        reply.items.append(getattr(reply, kind)(item_id, None, "in_progress"))
-        out.append(event("response.output_item.added", output_index=len(reply.items) - 1, item=reply.items[-1]))
-        out.append(event("response.content_part.added", **where(), part=part(kind, "")))
-        return out
-
-    def finish(status: str) -> list[dict]:
-        nonlocal open_kind
-        if open_kind is None:
-            return []
-        kind, text = open_kind, texts[open_kind]
-        open_kind = None
-        done = "response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
-        out = [event(done, **where(), text=text, **extra),
-               event("response.content_part.done", **where(), part=part(kind, text))]
-        reply.items[-1] = getattr(reply, kind)(reply.items[-1]["id"], text, status)
-        out.append(event("response.output_item.done", output_index=len(reply.items) - 1, item=reply.items[-1]))
-        return out
-
-    try:
-        yield event("response.created", response=reply.response("in_progress"))
-        yield event("response.in_progress", response=reply.response("in_progress"))
+    async def stream(self, gen: Generation) -> AsyncIterator[dict]:
+        """The whole event sequence."""
+        reply = self.reply = _Reply(gen, self.request_body, self.rid)
+        yield self.event("response.created", response=reply.response("in_progress"))
+        yield self.event("response.in_progress", response=reply.response("in_progress"))
         last = None
         async for _, out in gen.outputs():
-            for kind, piece in (("reasoning", out.reasoning), ("message", out.text)):
-                if not piece:
-                    continue
-                if open_kind != kind:
-                    for e in start(kind):
-                        yield e
-                texts[kind] += piece
-                delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-                yield event(delta, **where(), delta=piece, **({} if kind == "reasoning" else {"logprobs": []}))
+            for e in self.deltas(out):
+                yield e
             last = out
         finish_reason = last.finish_reason if last else None
         status = "incomplete" if finish_reason == "length" else "completed"
         calls = (last.tool_calls if last else None) or []
         if not reply.items and not calls:  # an empty reply still has its (empty) message
-            for e in start("message"):
+            for e in self.start("message"):
                 yield e
-        for e in finish(status):
+        for e in self.finish(status):
             yield e
         for call in calls:
-            item_id = reply.new_id("fc")
-            reply.items.append(reply.function_call(item_id, call, "", "in_progress"))
-            index = len(reply.items) - 1
-            yield event("response.output_item.added", output_index=index, item=reply.items[-1])
-            yield event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                        delta=call.arguments)
-            yield event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                        arguments=call.arguments, name=call.name)
-            reply.items[-1] = reply.function_call(item_id, call, call.arguments, "completed")
-            yield event("response.output_item.done", output_index=index, item=reply.items[-1])
+            for e in self.call_events(call):
+                yield e
         n_out = last.num_output_tokens if last else 0
-        yield event(f"response.{status}", response=reply.response(status, finish_reason, n_out, texts["reasoning"]))
-    except Exception as e:  # after the stream started: an error event ends it
-        yield _error_event(from_exception(e, gen.request_id), seq)
-    finally:
-        gen.close()
+        yield self.event(f"response.{status}", response=reply.response(status, finish_reason, n_out,
+                                                                        self.texts["reasoning"]))
+
+    def deltas(self, out: Any) -> list[dict]:
+        """The reasoning and text deltas of one engine delta (opening their items as needed)."""
+        events = []
+        for kind, piece in (("reasoning", out.reasoning), ("message", out.text)):
+            if not piece:
+                continue
+            if self.open_kind != kind:
+                events += self.start(kind)
+            self.texts[kind] += piece
+            delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+            events.append(self.event(delta, **self.where(), delta=piece,
+                                     **({} if kind == "reasoning" else {"logprobs": []})))
+        return events
+
+    def where(self) -> dict:
+        """item_id, output_index and content_index of the open item."""
+        assert self.reply is not None
+        return {"item_id": self.reply.items[-1]["id"], "output_index": len(self.reply.items) - 1, "content_index": 0}
+
+    def start(self, kind: str) -> list[dict]:
+        """Finish the open item and add a `kind` item with its (empty) content part."""
+        assert self.reply is not None
+        out = self.finish("completed")
+        self.open_kind = kind
+        item_id = self.reply.new_id("rs" if kind == "reasoning" else "msg")
+        self.reply.items.append(getattr(self.reply, kind)(item_id, None, "in_progress"))
+        out.append(self.event("response.output_item.added", output_index=len(self.reply.items) - 1,
+                              item=self.reply.items[-1]))
+        out.append(self.event("response.content_part.added", **self.where(), part=_part(kind, "")))
+        return out
+
+    def finish(self, status: str) -> list[dict]:
+        """The done events of the open item (none when no item is open)."""
+        assert self.reply is not None
+        if self.open_kind is None:
+            return []
+        kind, text = self.open_kind, self.texts[self.open_kind]
+        self.open_kind = None
+        done = "response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        out = [self.event(done, **self.where(), text=text, **extra),
+               self.event("response.content_part.done", **self.where(), part=_part(kind, text))]
+        self.reply.items[-1] = getattr(self.reply, kind)(self.reply.items[-1]["id"], text, status)
+        out.append(self.event("response.output_item.done", output_index=len(self.reply.items) - 1,
+                              item=self.reply.items[-1]))
+        return out
+
+    def call_events(self, call: ToolCall) -> list[dict]:
+        """A function_call item: added, its arguments in one delta, done."""
+        assert self.reply is not None
+        item_id = self.reply.new_id("fc")
+        self.reply.items.append(self.reply.function_call(item_id, call, "", "in_progress"))
+        index = len(self.reply.items) - 1
+        out = [self.event("response.output_item.added", output_index=index, item=self.reply.items[-1]),
+               self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                          delta=call.arguments),
+               self.event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                          arguments=call.arguments, name=call.name)]
+        self.reply.items[-1] = self.reply.function_call(item_id, call, call.arguments, "completed")
+        out.append(self.event("response.output_item.done", output_index=index, item=self.reply.items[-1]))
+        return out
 
 
 ROUTES = [Route("/v1/responses", responses, methods=["POST"])]

@@ -1,4 +1,4 @@
-"""Anthropic Messages API: POST /v1/messages (JSON or SSE with Anthropic's event sequence) and
+"""Anthropic adapter (Messages API): POST /v1/messages (JSON or SSE with Anthropic's event sequence) and
 POST /v1/messages/count_tokens, translated into a GenerationRequest and back. Errors use Anthropic's shape
 (errors.error_body picks it by path).
 
@@ -13,19 +13,19 @@ import json
 import secrets
 from typing import Any, AsyncIterator
 
-import anyio.to_thread
-from sse_starlette.sse import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeserve.server.errors import APIError, anthropic_error_body, bad_request, from_exception
+from edgeserve.server.body import read_request
+from edgeserve.server.errors import APIError, anthropic_error_body, bad_request
+from edgeserve.server.fields import model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
-from edgeserve.server.loading import is_loaded, start_generation, stream_after_load
-from edgeserve.server.schemas import GenerationRequest, _number, _stop, read_request
-from edgeserve.server.state import api_errors, server_state
-from edgeserve.server.tool_schemas import function_tool, parse_tool_choice, parse_tool_list
+from edgeserve.server.messages import assistant, content_text, text_part, tool_call, tool_result
+from edgeserve.server.request import GenerationRequest
+from edgeserve.server.respond import prompt_tokens, respond
+from edgeserve.server.state import api_errors
+from edgeserve.server.tools import function_tool, parse_tool_choice, parse_tool_list
 from edgeserve.text.grammar import GrammarSpec
 from edgeserve.text.tool_calls import ToolCall
 
@@ -41,23 +41,11 @@ _CONSTRAINT_PARAM = "output_config.format"  # the field a structured-output gram
 
 def _text(content: Any, where: str) -> str:
     """A string, or a list of text blocks joined; any other block type is a 400 naming it."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or a list of content blocks", where)
-    return "".join(_text_block(block, f"{where}[{j}]") for j, block in enumerate(content))
+    return content_text(content, where, ("text",), _BLOCK_KEYS, "content block")
 
 
 def _text_block(block: Any, here: str) -> str:
-    if not isinstance(block, dict) or block.get("type") != "text":
-        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-        raise bad_request(f"{here}: content block type {kind!r} is not supported here (only 'text')", here)
-    if not isinstance(block.get("text"), str):
-        raise bad_request(f"{here}.text must be a string", f"{here}.text")
-    extra = set(block) - _BLOCK_KEYS
-    if extra:
-        raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
-    return block["text"]
+    return text_part(block, here, ("text",), _BLOCK_KEYS, "content block")
 
 
 def _string(block: dict, key: str, here: str) -> str:
@@ -80,18 +68,9 @@ def _turn(role: str, content: Any, here: str) -> list[dict[str, Any]]:
         at = f"{here}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use" and role == "assistant":
-            args = block.get("input", {})
-            if not isinstance(args, dict):
-                raise bad_request(f"{at}.input must be an object", f"{at}.input")
-            calls.append({"id": _string(block, "id", at), "type": "function",
-                          "function": {"name": _string(block, "name", at),
-                                       "arguments": json.dumps(args, ensure_ascii=False)}})
+            calls.append(_tool_use(block, at))
         elif kind == "tool_result" and role == "user":
-            text = _text(block.get("content", ""), f"{at}.content")
-            if block.get("is_error") not in (None, False, True):
-                raise bad_request(f"{at}.is_error must be true or false", f"{at}.is_error")
-            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at),
-                            "content": f"Error: {text}" if block.get("is_error") else text})
+            results.append(_tool_result(block, at))
         elif kind == "thinking" and role == "assistant":
             if not isinstance(block.get("thinking"), str):
                 raise bad_request(f"{at}.thinking must be a string", f"{at}.thinking")
@@ -102,15 +81,27 @@ def _turn(role: str, content: Any, here: str) -> list[dict[str, Any]]:
             texts.append(_text_block(block, at))
     if role == "user":
         return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        msg["tool_calls"] = calls
-    if thoughts:
-        msg["reasoning_content"] = "".join(thoughts)
-    return [msg]
+    return [assistant("".join(texts), calls, "".join(thoughts) if thoughts else None)]
+
+
+def _tool_use(block: dict, at: str) -> dict[str, Any]:
+    """An assistant's tool_use block as a chat tool call."""
+    args = block.get("input", {})
+    if not isinstance(args, dict):
+        raise bad_request(f"{at}.input must be an object", f"{at}.input")
+    return tool_call(_string(block, "id", at), _string(block, "name", at), args, at, "input")
+
+
+def _tool_result(block: dict, at: str) -> dict[str, Any]:
+    """A user's tool_result block as a tool message (an error result says so)."""
+    text = _text(block.get("content", ""), f"{at}.content")
+    if block.get("is_error") not in (None, False, True):
+        raise bad_request(f"{at}.is_error must be true or false", f"{at}.is_error")
+    return tool_result(_string(block, "tool_use_id", at), text, bool(block.get("is_error")))
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages; the last turn must be the user's."""
     out = []
     system = body.get("system")
     if system is not None:
@@ -205,13 +196,9 @@ def _output_format(value: Any) -> GrammarSpec | None:
 
 def parse_messages_request(body: dict) -> GenerationRequest:
     """Validate a POST /v1/messages body into a GenerationRequest (400 naming the field otherwise)."""
-    unknown = sorted(set(body) - _FIELDS - _IGNORED)
-    if unknown:
-        raise bad_request(f"{unknown[0]}: Extra inputs are not permitted", unknown[0])
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("model: Field required (a non-empty string)", "model")
-    req = GenerationRequest(model=model, messages=_messages(body))
+    reject_unknown(body, _FIELDS, _IGNORED, message="{bare}: Extra inputs are not permitted")
+    req = GenerationRequest(model=model_name(body, "model: Field required (a non-empty string)"),
+                            messages=_messages(body))
     req.tools = parse_tool_list(body.get("tools"), _anthropic_tool)
     req.tool_choice, req.parallel_tool_calls = _tool_choice(body.get("tool_choice"), req.tools)
     req.think = _thinking(body.get("thinking"))
@@ -220,32 +207,34 @@ def parse_messages_request(body: dict) -> GenerationRequest:
     effort = (body.get("output_config") or {}).get("effort") or (body.get("thinking") or {}).get("budget_tokens")
     if effort is not None:
         req.template_kwargs["reasoning_effort"] = effort
-    if req.constraint is not None and req.tool_choice not in ("none", "auto"):
-        raise bad_request("output_config.format cannot be combined with tool_choice 'any' or 'tool'",
-                          "output_config.format")
-    mt = _number(body, "max_tokens", integer=True)
-    if mt is None or mt < 1:
-        raise bad_request("max_tokens: Field required (a positive integer)", "max_tokens")
-    req.max_tokens = mt
-    temp = _number(body, "temperature")
-    if temp is not None:
-        if not 0 <= temp <= 1:
-            raise bad_request(f"temperature: must be between 0 and 1, got {temp}", "temperature")
-        req.sampling["temperature"] = temp
-    top_p = _number(body, "top_p")
-    if top_p is not None:
-        req.sampling["top_p"] = top_p
-    top_k = _number(body, "top_k", integer=True)
-    if top_k is not None:
-        if not 0 <= top_k < 2**31:  # past the vocabulary it means no limit; huge values must not reach tensors
-            raise bad_request(f"top_k: must be between 0 and {2**31 - 1}, got {top_k}", "top_k")
-        req.sampling["top_k"] = top_k
-    req.sampling["stop"] = _stop(body.get("stop_sequences"), "stop_sequences")
+    _sampling(body, req)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream: must be true or false", "stream")
     req.stream = stream
     return req
+
+
+def _sampling(body: dict, req: GenerationRequest) -> None:
+    """max_tokens (required), temperature (0 to 1), top_p, top_k and stop_sequences."""
+    mt = number(body, "max_tokens", integer=True)
+    if mt is None or mt < 1:
+        raise bad_request("max_tokens: Field required (a positive integer)", "max_tokens")
+    req.max_tokens = mt
+    temp = number(body, "temperature")
+    if temp is not None:
+        if not 0 <= temp <= 1:
+            raise bad_request(f"temperature: must be between 0 and 1, got {temp}", "temperature")
+        req.sampling["temperature"] = temp
+    top_p = number(body, "top_p")
+    if top_p is not None:
+        req.sampling["top_p"] = top_p
+    top_k = number(body, "top_k", integer=True)
+    if top_k is not None:
+        if not 0 <= top_k < 2**31:  # past the vocabulary it means no limit; huge values must not reach tensors
+            raise bad_request(f"top_k: must be between 0 and {2**31 - 1}, got {top_k}", "top_k")
+        req.sampling["top_k"] = top_k
+    req.sampling["stop"] = stop_list(body.get("stop_sequences"), "stop_sequences")
 
 
 def _stop_fields(finish: str | None, stop_reason: Any, stops: list[str]) -> tuple[str, str | None]:
@@ -291,27 +280,8 @@ def content_blocks(r: ChoiceResult) -> list[dict[str, Any]]:
 @api_errors
 async def messages(request: Request) -> Response:
     """POST /v1/messages."""
-    st = server_state(request)
     req = await read_request(request, parse_messages_request)
-    mid = f"msg_{request.state.request_id}{secrets.token_hex(4)}"
-    if req.stream:
-        if not is_loaded(st.manager, req.model):
-            return EventSourceResponse(stream_after_load(request, req, "messages", lambda g: _events(g, mid),
-                                                         _error_event, {"event": "ping",
-                                                                        "data": json.dumps({"type": "ping"})},
-                                                         _CONSTRAINT_PARAM), ping=15, send_timeout=30)
-        gen = await start_generation(request, req, "messages", _CONSTRAINT_PARAM)
-        return EventSourceResponse(_events(gen, mid), ping=15, send_timeout=30,
-                                   background=BackgroundTask(gen.aclose))
-    gen = await start_generation(request, req, "messages", _CONSTRAINT_PARAM)
-    results = await gen.collect_unless_disconnected(request)
-    if results is None:
-        return Response(status_code=499)
-    r = results[0]
-    reason, seq = _stop_fields(r.finish_reason, r.stop_reason, req.sampling["stop"])
-    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": gen.model,
-                         "content": content_blocks(r), "stop_reason": reason, "stop_sequence": seq,
-                         "usage": _usage(gen, r.num_output_tokens)})
+    return await respond(request, req, MessagesReplier(f"msg_{request.state.request_id}{secrets.token_hex(4)}"))
 
 
 def _event(kind: str, **data: Any) -> dict:
@@ -353,40 +323,45 @@ class _Blocks:
         return [_event("content_block_stop", index=self.index)]
 
 
-async def _events(gen: Generation, mid: str) -> AsyncIterator[dict]:
-    """message_start, then per content block (thinking, text, tool_use) content_block_start, its deltas
-    (thinking_delta, text_delta, input_json_delta) and content_block_stop, then message_delta, message_stop."""
-    start_usage = {"input_tokens": gen.prompt_lens[0] if gen.prompt_lens else 0, "output_tokens": 0,
-                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-    blocks = _Blocks()
-    try:
-        yield _event("message_start", message={"id": mid, "type": "message", "role": "assistant", "model": gen.model,
-                                               "content": [], "stop_reason": None, "stop_sequence": None,
-                                               "usage": start_usage})
+class MessagesReplier:
+    """Anthropic's message object, or its stream: message_start, then per content block (thinking, text, tool_use)
+    content_block_start, its deltas (thinking_delta, text_delta, input_json_delta) and content_block_stop, then
+    message_delta and message_stop."""
+
+    prompt_param = "messages"
+    constraint_param = _CONSTRAINT_PARAM
+    ndjson = False
+    ping = _event("ping")
+
+    def __init__(self, mid: str) -> None:
+        self.mid = mid
+        self.blocks = _Blocks()
+
+    def error(self, err: APIError) -> dict:
+        """Anthropic's error event."""
+        return _error_event(err)
+
+    def body(self, gen: Generation, results: list[ChoiceResult]) -> dict:
+        """The message object."""
+        r = results[0]
+        reason, seq = _stop_fields(r.finish_reason, r.stop_reason, gen.req.sampling["stop"])
+        return {"id": self.mid, "type": "message", "role": "assistant", "model": gen.model,
+                "content": content_blocks(r), "stop_reason": reason, "stop_sequence": seq,
+                "usage": _usage(gen, r.num_output_tokens)}
+
+    async def stream(self, gen: Generation) -> AsyncIterator[dict]:
+        """The whole event sequence."""
+        start_usage = {"input_tokens": gen.prompt_lens[0] if gen.prompt_lens else 0, "output_tokens": 0,
+                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        yield _event("message_start", message={"id": self.mid, "type": "message", "role": "assistant",
+                                               "model": gen.model, "content": [], "stop_reason": None,
+                                               "stop_sequence": None, "usage": start_usage})
         last = None
         async for _, out in gen.outputs():
-            if out.reasoning:
-                for e in blocks.ensure("thinking"):
-                    yield e
-                yield _event("content_block_delta", index=blocks.index,
-                             delta={"type": "thinking_delta", "thinking": out.reasoning})
-            if out.text:
-                for e in blocks.ensure("text"):
-                    yield e
-                yield _event("content_block_delta", index=blocks.index, delta={"type": "text_delta", "text": out.text})
+            for e in self.text_events(out):
+                yield e
             last = out
-        calls = (last.tool_calls if last else None) or []
-        if blocks.index < 0 and not calls:  # an empty reply still has its (empty) text block
-            for e in blocks.ensure("text"):
-                yield e
-        for call in calls:
-            block = tool_use_block(call)
-            for e in blocks.start({**block, "input": {}}):
-                yield e
-            yield _event("content_block_delta", index=blocks.index,
-                         delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"],
-                                                                                       ensure_ascii=False)})
-        for e in blocks.close():
+        for e in self.call_events((last.tool_calls if last else None) or []):
             yield e
         reason, seq = _stop_fields(last.finish_reason if last else None, last.stop_reason if last else None,
                                    gen.req.sampling.get("stop", []))
@@ -395,28 +370,39 @@ async def _events(gen: Generation, mid: str) -> AsyncIterator[dict]:
                      usage={"output_tokens": n_out, **{k: v for k, v in _usage(gen, n_out).items()
                                                        if k != "output_tokens"}})
         yield _event("message_stop")
-    except Exception as e:  # after the stream started: Anthropic's error event
-        yield _error_event(from_exception(e, gen.request_id))
-    finally:
-        gen.close()
+
+    def text_events(self, out: Any) -> list[dict]:
+        """The thinking and text deltas of one engine delta (opening their blocks as needed)."""
+        events = []
+        if out.reasoning:
+            events += self.blocks.ensure("thinking")
+            events.append(_event("content_block_delta", index=self.blocks.index,
+                                 delta={"type": "thinking_delta", "thinking": out.reasoning}))
+        if out.text:
+            events += self.blocks.ensure("text")
+            events.append(_event("content_block_delta", index=self.blocks.index,
+                                 delta={"type": "text_delta", "text": out.text}))
+        return events
+
+    def call_events(self, calls: list[ToolCall]) -> list[dict]:
+        """A tool_use block per call (its input in one input_json_delta), then the last block closed."""
+        events = []
+        if self.blocks.index < 0 and not calls:  # an empty reply still has its (empty) text block
+            events += self.blocks.ensure("text")
+        for call in calls:
+            block = tool_use_block(call)
+            events += self.blocks.start({**block, "input": {}})
+            events.append(_event("content_block_delta", index=self.blocks.index,
+                                 delta={"type": "input_json_delta",
+                                        "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+        return events + self.blocks.close()
 
 
 @api_errors
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: the prompt's token count through the model's chat template."""
-    st = server_state(request)
-    body = await read_request(request)
-    req = parse_messages_request({**body, "max_tokens": 1, "stream": False})
-    lease = await st.manager.acquire(req.model)
-    try:
-        gen = Generation(lease, req, st.metrics, request.state.request_id, "messages")
-        if getattr(lease.engine, "is_embedding", False):
-            raise APIError(400, f"model {lease.entry.id!r} is an embedding model", "invalid_request_error", "model")
-        await gen.check_size()
-        n = len((await anyio.to_thread.run_sync(gen.prompt_ids))[0])
-    finally:
-        lease.release()
-    return JSONResponse({"input_tokens": n})
+    req = await read_request(request, lambda body: parse_messages_request({**body, "max_tokens": 1, "stream": False}))
+    return JSONResponse({"input_tokens": await prompt_tokens(request, req, "messages")})
 
 
 ROUTES = [
