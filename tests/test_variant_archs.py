@@ -289,3 +289,20 @@ def test_hf_configs_without_the_per_layer_lists_use_the_default_patterns() -> No
     smol = transformers.SmolLM3Config(num_hidden_layers=6, no_rope_layer_interval=3, **COMMON).to_dict()
     del smol["no_rope_layers"]
     assert config_from_hf(smol).rope_layers == (True, True, False, True, True, False)
+
+
+def test_olmo2_int4_quantizes_without_calibration_and_refuses_it(tmp_path: Path) -> None:
+    """`--quantize int4` of an OLMo folder keeps its logits close; activation-aware calibration, whose scales
+    fold into norms OLMo has not, is refused by name."""
+    from edgeserve.errors import EdgeserveError
+    from edgeserve.loaders.quantize import Int4QuantizingWeights
+    from edgeserve.models.calibrate import awq_scales
+
+    config, weights = load_config(hf_model("olmo3"), "olmo3", tmp_path, "safetensors")
+    float_model = decoder_class(config).from_weights(config, weights, dtype=torch.float32)
+    int4 = decoder_class(config).from_weights(config, Int4QuantizingWeights(weights, 32), dtype=torch.float32)
+    got, want = contiguous_logits(int4), contiguous_logits(float_model)
+    # 4-bit groups of 32 on a tiny random model are coarse (a Llama-block model of this shape gives about 0.9)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9
+    with pytest.raises(EdgeserveError, match="olmo2's block"):
+        awq_scales(config, weights, IDS, 32, torch.float32, torch.device("cpu"))
