@@ -306,3 +306,12 @@ def test_olmo2_int4_quantizes_without_calibration_and_refuses_it(tmp_path: Path)
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.9
     with pytest.raises(EdgeserveError, match="olmo2's block"):
         awq_scales(config, weights, IDS, 32, torch.float32, torch.device("cpu"))
+
+
+def test_an_attention_temperature_without_its_length_is_refused() -> None:
+    from edgeserve.errors import ModelLoadError
+
+    cfg = hf_model("mistral3").config.to_dict()
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.1}
+    with pytest.raises(ModelLoadError, match="original_max_position_embeddings"):
+        config_from_hf(cfg)

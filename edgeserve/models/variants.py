@@ -84,8 +84,12 @@ def variant_fields_from_hf(arch: str, cfg: Mapping[str, Any], layers: int) -> di
     if arch == "mistral3":
         rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         beta = float(rp.get("llama_4_scaling_beta") or 0.0)
-        return dict(attn_temperature=beta,
-                    attn_temperature_length=int(rp.get("original_max_position_embeddings") or 0) if beta else 0)
+        if not beta:
+            return {}
+        if not rp.get("original_max_position_embeddings"):
+            raise ModelLoadError("config.json rope_parameters has llama_4_scaling_beta but no "
+                                 "original_max_position_embeddings (the attention temperature's length)")
+        return dict(attn_temperature=beta, attn_temperature_length=int(rp["original_max_position_embeddings"]))
     if arch == "granite":
         return dict(embed_scale=_multiplier(cfg.get("embedding_multiplier")),
                     residual_scale=float(cfg.get("residual_multiplier") or 1.0),
