@@ -81,6 +81,8 @@ _ARCH_LAYER = {"gemma4": {
     "router.scale": "ffn_gate_inp.scale",
     "router.per_expert_scale": "ffn_down_exps.scale",
 }}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 # OLMo 2 (issue 33's variants): its norms after attention and after the MLP (it has none before them)
 _ARCH_LAYER["olmo2"] = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -88,8 +90,6 @@ _ARCH_LAYER["olmo2"] = {
 }
 # Architectures whose llama.cpp converter permutes the Q/K rows for its interleaved RoPE (LlamaModel's subclasses)
 PERMUTED_ARCHITECTURES = ("llama", "mistral", "smollm3", "mistral3", "granite")
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
 def gguf_name(hf_name: str, arch: str = "") -> str:
