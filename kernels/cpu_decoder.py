@@ -94,9 +94,12 @@ class NativeDecoder:
             return None
         if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
             return None
+        if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
+            return None  # Granite's residual multiplier, OLMo 2's block: the per-op path runs them
         windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") else []
         windowed = any(w is not None for w in windows)
-        if (windowed or c.activation == "gelu_tanh") and not hasattr(lib, "qmm_paged_attention_from"):
+        if (windowed or c.activation == "gelu_tanh" or c.rope_layers is not None) \
+                and not hasattr(lib, "qmm_paged_attention_from"):
             return None  # a library built before windows and GELU
         f = layers[0].gate_up.out_features // 2
         expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
@@ -115,6 +118,13 @@ class NativeDecoder:
         sandwich = getattr(model, "post_attn_norms", None)
         local = getattr(model, "cos_local", None)
         local = local if local is not None and local is not model.cos else None
+        local_sin = model.sin_local if local is not None else None
+        local_layers = [w is not None for w in windows] if windows else [False] * len(layers)
+        if c.rope_layers is not None:  # SmolLM3's NoPE layers rotate by the identity tables, as "local" ones
+            if local is not None:
+                return None
+            local, local_sin = model.cos_nope, model.sin_nope
+            local_layers = [not r for r in c.rope_layers]
         array = (Layer * len(layers))()
         for i, layer in enumerate(layers):
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
@@ -123,12 +133,12 @@ class NativeDecoder:
                              _qweight(layer.down), ptr(layer.qkv_bias), ptr(layer.q_norm), ptr(layer.k_norm),
                              ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
                              ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
-                             int(window is not None and local is not None))
+                             int(local_layers[i] and local is not None))
         scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
-                          ptr(model.sin), ptr(local), ptr(model.sin_local) if local is not None else None)
+                          ptr(model.sin), ptr(local), ptr(local_sin))
         return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
 
     def runs(self, attn: object) -> bool:

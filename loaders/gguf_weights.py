@@ -98,6 +98,13 @@ _QWEN35_LAYER = {
 _ARCH_LAYER["qwen35"] = _ARCH_LAYER["qwen35moe"] = _QWEN35_LAYER
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+# OLMo 2 (issue 33's variants): its norms after attention and after the MLP (it has none before them)
+_ARCH_LAYER["olmo2"] = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+# Architectures whose llama.cpp converter permutes the Q/K rows for its interleaved RoPE (LlamaModel's subclasses)
+PERMUTED_ARCHITECTURES = ("llama", "mistral", "smollm3", "mistral3", "granite")
 
 
 def gguf_name(hf_name: str, arch: str = "") -> str:
@@ -119,7 +126,7 @@ class GGUFWeights:
         self.gguf = gguf
         self._names = set(gguf.tensor_names())
         # llama.cpp permutes Q/K rows for its interleaved RoPE only for the llama family.
-        self._permuted = gguf.architecture in ("llama", "mistral")
+        self._permuted = gguf.architecture in PERMUTED_ARCHITECTURES
         self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads}
         for name in self._names:
             check_supported_qtype(gguf.tensor_info(name).qtype, name)

@@ -46,6 +46,10 @@ def awq_scales(config: ModelConfig, source: WeightSource, ids: list[int], group_
     if config.is_moe:
         raise EdgeserveError("activation-aware calibration does not cover Mixture-of-Experts models yet; quantize "
                              "without --quantize-calibration (their experts then stay in float)")
+    if config.post_norms:  # the scales fold into the norms before q/k/v and gate/up, which OLMo 2 has not
+        raise EdgeserveError(f"activation-aware calibration does not cover {config.architecture}'s block (no norm "
+                             "before attention or the MLP to fold its scales into); quantize without "
+                             "--quantize-calibration")
     if len(ids) < 2:
         raise EdgeserveError("the calibration text is too short (it needs at least a few tokens)")
     ids = ids[:MAX_CALIBRATION_TOKENS]

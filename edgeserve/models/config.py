@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
+
+from .variants import (VARIANT_ARCHITECTURES, VARIANT_HF_CLASSES, VARIANT_HF_MODEL_TYPES, variant_fields_from_gguf,
+                       variant_fields_from_hf, variant_text_config, yarn_attention_factor_from_gguf,
+                       yarn_attention_factor_from_hf)
 
 # GGUF `general.architecture` / HF `model_type` values this decoder implements.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3", "qwen3moe",
@@ -82,6 +86,14 @@ class ModelConfig:
     qk_norm: bool = False  # qwen3: RMSNorm on q and k per head
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None  # one window for every layer (mistral); caps the context
+    # issue 33's Llama-family variants (edgeserve.models.variants): SmolLM3, OLMo 2/3, Ministral 3, Granite
+    rope_layers: tuple[bool, ...] | None = None  # per layer: whether it applies RoPE (SmolLM3's NoPE); None: all
+    post_norms: bool = False  # OLMo 2: RMSNorm after attention and after the MLP, none before (models.olmo2)
+    qk_norm_full: bool = False  # OLMo 2: the Q/K RMSNorm spans the whole projection, not each head
+    attn_temperature: float = 0.0  # Ministral 3: queries times 1 + this * ln(1 + floor(pos / length)); 0: none
+    attn_temperature_length: int = 0
+    residual_scale: float = 1.0  # Granite: attention and MLP outputs times this before each residual add
+    logit_scale: float = 1.0  # Granite: output logits divided by this
     # Gemma's block (defaults: the Llama one)
     activation: str = "silu"  # "silu" or "gelu_tanh", of the gated MLP
     norm_offset: float = 0.0  # added to stored RMSNorm weights at load (HF Gemma stores w for a (1 + w) norm)
@@ -168,10 +180,9 @@ class ModelConfig:
 
 def check_architecture(arch: str) -> str:
     """Return `arch` if supported, else refuse it by name."""
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
+    supported = SUPPORTED_ARCHITECTURES + VARIANT_ARCHITECTURES
+    if arch not in supported:
+        raise UnsupportedModelError(f"architecture {arch!r} is not supported (supported: {', '.join(supported)})")
     return arch
 
 
@@ -225,7 +236,7 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     gemma = _gemma_from_gguf(arch, metadata, int(key("block_count")), hidden, heads, head_dim)
     gemma.update(_gpt_oss_from_gguf(arch, metadata, int(key("block_count"))))
     moe = _moe_from_gguf(arch, metadata)
-    return ModelConfig(
+    config = ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -248,6 +259,17 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
         **gemma,
         **moe,
     )
+    return _with_variant_gguf(config, metadata, tensor_names)
+
+
+def _with_variant_gguf(config: ModelConfig, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
+    """`config` with the fields of issue 33's variants (edgeserve.models.variants) read from GGUF metadata."""
+    arch = config.architecture
+    fields = variant_fields_from_gguf(arch, metadata, config.num_layers, tensor_names)
+    factor = yarn_attention_factor_from_gguf(arch, metadata)
+    if factor is not None and config.rope_scaling is not None and config.rope_scaling.kind == "yarn":
+        fields["rope_scaling"] = replace(config.rope_scaling, attention_factor=factor)
+    return replace(config, **fields) if fields else config
 
 
 def _yarn_from_gguf(arch: str, metadata: Mapping[str, Any]) -> RopeScaling:
@@ -389,12 +411,14 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     arch = cfg.get("model_type")
     if arch is None and cfg.get("architectures"):
         arch = HF_CLASS_TO_ARCH.get(cfg["architectures"][0], cfg["architectures"][0])
+        arch = VARIANT_HF_CLASSES.get(arch, arch)
     if arch == "gemma3" and isinstance(cfg.get("text_config"), Mapping):
         cfg = {**cfg["text_config"], "model_type": "gemma3"}  # the multimodal config's language model
     if not isinstance(arch, str):
         raise ModelLoadError("config.json has no model_type or architectures")
-    arch = HF_MODEL_TYPES.get(arch, arch)
+    arch = HF_MODEL_TYPES.get(arch, VARIANT_HF_MODEL_TYPES.get(arch, arch))
     check_architecture(arch)
+    cfg = variant_text_config(arch, cfg)
     if arch == "gemma4":
         from .gemma4_config import gemma4_config_from_hf
 
@@ -436,7 +460,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
                     original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
                     beta_fast=float(rs.get("beta_fast") or 32.0), beta_slow=float(rs.get("beta_slow") or 1.0),
                     truncate=bool(rs.get("truncate", True)),
-                    attention_factor=float(rs["attention_factor"]) if rs.get("attention_factor") else None)
+                    attention_factor=yarn_attention_factor_from_hf(rs))
             elif kind not in ("default", None):
                 raise UnsupportedModelError(f"RoPE scaling type {kind!r} is not supported")
         partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
@@ -446,7 +470,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         if rope_theta is None:  # newer transformers nest it under rope_parameters
             rp = cfg.get("rope_parameters") or {}
             rope_theta = (rp.get("full_attention") or rp).get("rope_theta", 10000.0)
-        return ModelConfig(
+        config = ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -470,5 +494,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             **_gpt_oss_from_hf(arch, cfg),
             **moe,
         )
+        fields = variant_fields_from_hf(arch, cfg, config.num_layers)  # issue 33's variants
+        return replace(config, **fields) if fields else config
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None

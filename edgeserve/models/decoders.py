@@ -8,6 +8,7 @@ from .gemma4 import Gemma4Model
 from .gpt_oss import GptOssModel
 from .llama import LlamaModel
 from .moe_decoder import MoEModel
+from .olmo2 import Olmo2Model
 from .phi3 import Phi3Model
 from .qwen35 import Qwen35Model
 
@@ -28,4 +29,6 @@ def decoder_class(config: ModelConfig) -> type[LlamaModel]:
         return Phi3Model
     if config.is_moe:
         return MoEModel
+    if config.post_norms:  # OLMo 2 / 3 (issue 33's variants; the others run the Llama decoder with their flags)
+        return Olmo2Model
     return LlamaModel

@@ -93,9 +93,11 @@ class DummyWeights:
             if c.attention_bias:
                 for x, n in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
                     shapes[p + f"self_attn.{x}_proj.bias"] = (n,)
-            if c.qk_norm:
-                shapes[p + "self_attn.q_norm.weight"] = (c.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (c.head_dim,)
+            if c.qk_norm:  # per head, or (OLMo 2) over the whole projection
+                shapes[p + "self_attn.q_norm.weight"] = (c.q_size if c.qk_norm_full else c.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (c.kv_size if c.qk_norm_full else c.head_dim,)
+            if c.post_norms:  # OLMo 2: its norm after the MLP (the one after attention is post_attention_layernorm)
+                shapes[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)
         self.shapes = shapes
 
     def has(self, name: str) -> bool:

@@ -36,6 +36,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 from .attention import KVAttention
 from .config import ModelConfig
 from .moe import MoELayer
+from .text_part import text_part
 
 
 @dataclass
@@ -96,6 +97,10 @@ class LlamaModel:
         self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
         cos, sin = rope_cos_sin(inv_freq, self.max_positions, rope_attention_factor(config.rope_scaling))
         self.cos, self.sin = cos.to(device), sin.to(device)
+        # SmolLM3's NoPE layers rotate by these identity tables (cos 1, sin 0), so every layer takes one path
+        self.cos_nope, self.sin_nope = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) \
+            if config.rope_layers is not None else (None, None)
+        self.attend_options = {"scale": config.query_scale} if config.query_scale is not None else {}
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
     def native_decoder(self) -> NativeDecoder | None:
@@ -112,6 +117,9 @@ class LlamaModel:
         native = self.native_decoder()
         if native is None or not native.runs(attn):
             return None
+        c = self.config
+        if c.attn_temperature and x.shape[0] and int(positions.max()) >= c.attn_temperature_length:
+            return None  # the temperature is 1 below its length; past it, queries scale on the per-op path
         if x.shape[0] and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         return native.forward(x, positions, attn)
@@ -123,6 +131,7 @@ class LlamaModel:
         """Build the model layer by layer from a weight source (4-bit and Q8_0 weights stay quantized where
         supported; `dense_prefill` also keeps a dequantized copy of each CPU-packed one for prompt tokens)."""
         device = torch.device(device)
+        source = text_part(source)
 
         def dense(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             value = source.get(name, keep_int4=False)
@@ -211,26 +220,50 @@ class LlamaModel:
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
+        if c.embed_scale is not None:  # Granite's embedding multiplier
+            x = x * c.embed_scale
         fused = self.fused_forward(x, positions, attn)
         if fused is not None:
             return fused
-        cos, sin = self.cos[positions], self.sin[positions]
+        rope = self.cos[positions], self.sin[positions]
+        nope = (self.cos_nope[positions], self.sin_nope[positions]) if self.cos_nope is not None else rope
+        temperature = self.attn_temperature(positions)
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
         for i, layer in enumerate(self.layers):
+            cos, sin = rope if c.rope_layers is None or c.rope_layers[i] else nope
             q, k, v = self.project_qkv(layer, h, prompt_rows)
             if paged:
                 k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-                o = attn.attend(i, q)  # type: ignore[attr-defined]
+                if temperature is not None:
+                    q = (q * temperature).to(self.dtype)
+                o = attn.attend(i, q, **self.attend_options)  # type: ignore[attr-defined]
             else:
-                o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),
-                         v.to(self.dtype))
-            h, x = add_rms_norm(linear(o, layer.o_proj, None, prompt_rows), x, layer.post_norm, eps, self.dtype)
+                q = apply_rope(q, cos, sin)
+                if temperature is not None:
+                    q = q * temperature
+                o = attn(i, q.to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
+                         v.to(self.dtype), **self.attend_options)
+            o = linear(o, layer.o_proj, None, prompt_rows)
+            if c.residual_scale != 1.0:  # Granite's residual multiplier
+                o = o * c.residual_scale
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
             y = self.mlp(layer, h, prompt_rows)
+            if c.residual_scale != 1.0:
+                y = y * c.residual_scale
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
+
+    def attn_temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """Ministral 3's (Llama 4's) per-token query scale [T, 1, 1], 1 + beta ln(1 + floor(pos / length)), in
+        float32; None for a model without one."""
+        c = self.config
+        if not c.attn_temperature:
+            return None
+        blocks = torch.floor(positions.to(torch.float32) / c.attn_temperature_length)
+        return (1 + c.attn_temperature * torch.log(1 + blocks))[:, None, None]
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of `input_ids` [T] as float32 [T, hidden] (the residual stream stays float32 whatever the
@@ -255,5 +288,6 @@ class LlamaModel:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, vocab] for hidden states [T, hidden]."""
-        return linear(hidden, self.lm_head).float()
+        """Float32 logits [T, vocab] for hidden states [T, hidden] (divided by Granite's logits scaling)."""
+        logits = linear(hidden, self.lm_head).float()
+        return logits if self.config.logit_scale == 1.0 else logits / self.config.logit_scale

@@ -25,6 +25,7 @@ from .decoders import decoder_class
 from .gpt_oss import GptOssModel
 from .llama import LlamaModel
 from .moe_decoder import MoEModel
+from .olmo2 import Olmo2Model
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
         raise ModelLoadError(f"--load-format dummy has no random weights for {config.architecture}'s block yet")
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
     # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
-    decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else LlamaModel
+    decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else \
+        Olmo2Model if config.post_norms else LlamaModel
     model = decoder.from_weights(config, weights, dtype=dtype, device=device,
                                  dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
     return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),

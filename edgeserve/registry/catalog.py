@@ -116,5 +116,17 @@ HF_CATALOG: dict[str, HFCatalogEntry] = {
                        "hf.co/bartowski/SmolLM2-1.7B-Instruct-GGUF:Q4_K_M", 1_060_000_000, "Apache-2.0"),
         HFCatalogEntry("phi3.5-mini", "Phi-3.5 mini Instruct, Q4_K_M (context up to 4k here)",
                        "hf.co/bartowski/Phi-3.5-mini-instruct-GGUF:Q4_K_M", 2_390_000_000, "MIT"),
+        # issue 33's variants. SmolLM3's size is bartowski's listing; the others were not read off the Hub (no
+        # network where they were added): sizes are estimates from the parameter counts at Q4_K_M
+        HFCatalogEntry("smollm3-3b", "SmolLM3 3B (thinking and non-thinking), Q4_K_M",
+                       "hf.co/bartowski/HuggingFaceTB_SmolLM3-3B-GGUF:Q4_K_M", 1_920_000_000, "Apache-2.0"),
+        HFCatalogEntry("olmo2-1b", "OLMo 2 1B Instruct (0425), Q4_K_M",
+                       "hf.co/bartowski/allenai_OLMo-2-0425-1B-Instruct-GGUF:Q4_K_M", 940_000_000, "Apache-2.0"),
+        HFCatalogEntry("ministral3-3b", "Ministral 3 3B Instruct (2512), Q4_K_M (text only)",
+                       "hf.co/unsloth/Ministral-3-3B-Instruct-2512-GGUF:Q4_K_M", 2_150_000_000, "Apache-2.0"),
+        HFCatalogEntry("granite3.3-2b", "Granite 3.3 2B Instruct, Q4_K_M",
+                       "hf.co/ibm-granite/granite-3.3-2b-instruct-GGUF:Q4_K_M", 1_550_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen3-vl-2b", "Qwen3-VL 2B Instruct, Q4_K_M (text only)",
+                       "hf.co/unsloth/Qwen3-VL-2B-Instruct-GGUF:Q4_K_M", 1_110_000_000, "Apache-2.0"),
     ]
 }
