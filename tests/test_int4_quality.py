@@ -1,5 +1,5 @@
 """INT4 quality gates: perplexity of the default model on a fixed English text through the INT4 paths, against
-the float references. Bounds are the measured ratios (see docs/MODELS.md, "INT4 quality") plus a modest margin."""
+the float references. Bounds are the measured ratios (see docs/MODELS.md, "Quantize on load") plus a modest margin."""
 
 from __future__ import annotations
 
