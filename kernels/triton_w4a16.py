@@ -98,8 +98,10 @@ def _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn,
 
 @triton.jit
 def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
-                        GROUP: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        K_PER_SPLIT, GROUP: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr):
+    """y[m, n] (+)= sum over one K split of x[m, k] W[n, k] for a [BLOCK_M, BLOCK_N] tile; with several splits
+    (grid axis 2) each writes float32 partial sums to its own slice of a [splits, M, N] buffer."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -107,15 +109,53 @@ def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, 
     m_mask = m < M
     n_mask = n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_begin = tl.program_id(2) * K_PER_SPLIT
+    for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_mask = k < K
         x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
         acc += tl.dot(x.to(tl.float32).to(DOT), tl.trans(w.to(DOT)), input_precision=PRECISION)
-    tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if PARTIAL:
+        base = y_ptr + tl.program_id(2).to(tl.int64) * M * N
+        tl.store(base + m[:, None].to(tl.int64) * N + n[None, :], acc, mask=out_mask)
+    else:
+        tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=out_mask)
+
+
+@dataclass(frozen=True)
+class InvariantConfig:
+    """Launch shape of the batch-invariant path: one row-tile height for every M, and a K split that follows the
+    weight and the device alone (never M), so a row's sums are the same whatever is batched beside it."""
+
+    block_n: int = 64
+    block_k: int = 64
+    programs_per_sm: int = 4
+
+
+INVARIANT_CONFIG = InvariantConfig()
+
+
+def invariant_matmul(x2: torch.Tensor, weight: W4A16Weight, y: torch.Tensor, config: InvariantConfig) -> None:
+    """y [M, N] = x2 [M, K] @ W.T through 16-row tiles for every M, split along K by the weight's shape alone."""
+    m, n, k = x2.shape[0], weight.out_features, weight.in_features
+    steps = triton.cdiv(k, config.block_k)
+    col_programs = triton.cdiv(n, config.block_n)
+    split = max(1, min(steps, (config.programs_per_sm * _sm_count(x2.device)) // col_programs))
+    k_per_split = triton.cdiv(steps, split) * config.block_k
+    split = triton.cdiv(k, k_per_split)
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=y.device)
+    qw, s, o = weight.qweight, weight.scales, weight.offsets
+    _w4a16_tiled_kernel[(triton.cdiv(m, INVARIANT_BLOCK_M), col_programs, split)](
+        x2, qw, s, o, out, m, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0), k_per_split,
+        GROUP=weight.group_size, DOT=dot_dtype(x2.dtype), PRECISION=dot_precision(x2.dtype), BLOCK_M=INVARIANT_BLOCK_M,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split > 1,
+    )
+    if split > 1:
+        y.copy_(out.sum(dim=0))
 
 
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
@@ -128,17 +168,20 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MA
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    invariant = batch_invariant()
-    if m <= gemv_max_m and not invariant:
+    if batch_invariant():
+        invariant_matmul(x2, weight, y, INVARIANT_CONFIG)
+    elif m <= gemv_max_m:
         gemv(x2, weight, y, GEMV_CONFIG)
     else:
         qw, s, o = weight.qweight, weight.scales, weight.offsets
-        block_m = INVARIANT_BLOCK_M if invariant else (16 if m <= 16 else (32 if m <= 32 else 64))
+        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
         block_n, block_k = 64, 32
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1)
         _w4a16_tiled_kernel[grid](
             x2, qw, s, o, y, m, n, k, x2.stride(0), qw.stride(0), s.stride(0), y.stride(0),
-            GROUP=weight.group_size, DOT=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            triton.cdiv(k, block_k) * block_k,
+            GROUP=weight.group_size, DOT=dot_dtype(x.dtype), PRECISION=dot_precision(x.dtype), BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, PARTIAL=False,
         )
     return y.reshape(*x.shape[:-1], n)
 
