@@ -10,7 +10,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from edgeserve.errors import QueueFullError
 
@@ -18,7 +18,9 @@ from .kv_blocks import BlockManager, BlockOffload
 from .prompt_pacing import FloorPacer
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
-from .state_cache import StateSlots
+
+if TYPE_CHECKING:  # the state cache imports torch, which `edgeserve --help` must not
+    from .state_cache import StateSlots
 
 
 @dataclass(frozen=True)

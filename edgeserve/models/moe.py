@@ -79,8 +79,20 @@ class SharedExpert:
         act = gated_activation(self.activation)
         y = row_linear(act(row_linear(h, self.gate_up)), self.down).float()
         if self.gate is not None:
-            y = y * torch.sigmoid(f32_row_linear(h, self.gate))
+            y = y * row_sigmoid(f32_row_linear(h, self.gate))
         return y
+
+
+SIGMOID_PAD = 64  # elements: a multiple of every SIMD loop's step, so no value takes a loop's remainder path
+
+
+def row_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """sigmoid of a [T, 1] column whose values do not depend on T: torch's vectorized loop computes the last
+    (numel % its step) values on another path, whose results can differ by an ulp (seen on AVX-512), so the column
+    is padded to a multiple of SIGMOID_PAD first."""
+    t = x.shape[0]
+    flat = torch.nn.functional.pad(x.reshape(-1), (0, -x.numel() % SIGMOID_PAD))
+    return torch.sigmoid(flat)[:x.numel()].view(t, -1)
 
 
 def row_linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
