@@ -188,3 +188,38 @@ def test_real_split_on_cuda(arch: str, tmp_path: Path, host_path_calls: list[int
     assert together == [split.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
     want = [r.outputs[0].token_ids for r in on_gpu.generate(prompts, greedy)]
     assert [t[0] for t in together] == [t[0] for t in want]
+
+
+def test_fit_check_counts_host_experts_as_host_memory(tmp_path: Path, monkeypatch) -> None:
+    """The server's 507 check on a (stand-in) GPU: with --cpu-moe-layers the host layers' expert bytes leave the
+    device's weights and are checked against free host memory."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from edgeserve import device as device_module
+    from edgeserve.registry.resolve import ModelSource
+    from edgeserve.server.config import ServerConfig
+    from edgeserve.server.model_manager import estimate_memory
+
+    path = test_qwen3_moe.write_moe_gguf(test_qwen3_moe.hf_moe(), tmp_path / "m.gguf", expert_qtype="Q8_0")
+    g = GGUFFile(path)
+    layer0 = sum(g.tensor_info(n).n_bytes for n in g.tensor_names() if n.startswith("blk.0.") and "_exps" in n)
+    assert layer0 > 0
+    monkeypatch.setattr(device_module, "resolve_device", lambda d: torch.device("cuda"))
+    monkeypatch.setattr(device_module, "resolve_dtype", lambda d, dev: torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (10**9, 2 * 10**9))
+    free_host = SimpleNamespace(available=10**9, total=2 * 10**9)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free_host)
+    source = ModelSource("m", "gguf", path)
+    plain = estimate_memory(source, ServerConfig(device="cuda"))
+    one = estimate_memory(source, ServerConfig(device="cuda", cpu_moe_layers=1))
+    every = estimate_memory(source, ServerConfig(device="cuda", cpu_moe_layers="all"))
+    assert plain.host_experts == 0 and one.host_experts == layer0 and every.host_experts == 2 * layer0
+    assert plain.weights - one.weights == layer0 and plain.weights - every.weights == 2 * layer0
+    assert every.fits
+    free_host.available = layer0  # the experts of both layers no longer fit in host memory
+    tight = estimate_memory(source, ServerConfig(device="cuda", cpu_moe_layers="all"))
+    assert not tight.fits and "in host memory (--cpu-moe-layers)" in tight.describe()
+    with pytest.raises(EdgeserveError, match="more than the model's 2 MoE layers"):
+        estimate_memory(source, ServerConfig(device="cuda", cpu_moe_layers=3))
