@@ -223,3 +223,30 @@ def test_fit_check_counts_host_experts_as_host_memory(tmp_path: Path, monkeypatc
     assert not tight.fits and "in host memory (--cpu-moe-layers)" in tight.describe()
     with pytest.raises(EdgeserveError, match="more than the model's 2 MoE layers"):
         estimate_memory(source, ServerConfig(device="cuda", cpu_moe_layers=3))
+
+
+@native
+def test_engine_runs_the_split_model(tmp_path: Path, host_path_calls: list[int]) -> None:
+    """The stand-in split model (every MoE layer's experts on the host) through the engine (pool sizing, batching,
+    chunked steps): greedy outputs the same batched or alone."""
+    from edgeserve.llm import LLM
+    from edgeserve.models.dummy import dummy_chat_template, dummy_tokenizer
+    from edgeserve.models.load import LoadedModel
+    from edgeserve.registry.resolve import ModelSource
+    from edgeserve.sampling_params import SamplingParams
+
+    path = test_qwen3_moe.write_moe_gguf(test_qwen3_moe.hf_moe(), tmp_path / "m.gguf", expert_qtype="Q8_0")
+
+    def llm(host_layers: int) -> LLM:
+        model = gguf_model(path, torch.float32, host_layers=host_layers)
+        assert all(layer.moe.experts_on_host for layer in model.layers)
+        lm = LoadedModel("m", ModelSource("m", "gguf", path), model.config, model,
+                         dummy_tokenizer(model.config.vocab_size), dummy_chat_template(), 0.0)
+        return LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = [[1, 5, 17, 33, 2, 60, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52], [9, 8]]
+    split = llm(2)
+    together = [r.outputs[0].token_ids for r in split.generate(prompts, greedy)]
+    assert host_path_calls and all(len(t) == 6 for t in together)
+    assert together == [split.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
