@@ -138,6 +138,11 @@ def test_cli_and_server_config_refuse_bad_values(capsys) -> None:
         assert e.value.code != 0
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--cpu-moe-layers" in err[0]
+    from edgeserve.cli import build_parser, server_config_from_args
+
+    args = build_parser().parse_args(["serve", "--device", "cpu", "--cpu-moe-layers", "all"])
+    assert server_config_from_args(args).cpu_moe_layers == "all"
+    assert build_parser().parse_args(["run", "--cpu-moe-layers", "3", "m"]).cpu_moe_layers == 3
     assert ServerConfig(cpu_moe_layers="all").cpu_moe_layers == "all"
     with pytest.raises(ValueError, match="cpu_moe_layers .* \\(flag --cpu-moe-layers\\)"):
         ServerConfig(cpu_moe_layers=-1)
@@ -250,3 +255,21 @@ def test_engine_runs_the_split_model(tmp_path: Path, host_path_calls: list[int])
     together = [r.outputs[0].token_ids for r in split.generate(prompts, greedy)]
     assert host_path_calls and all(len(t) == 6 for t in together)
     assert together == [split.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+
+
+def test_run_hands_the_flag_to_the_load(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`edgeserve run --cpu-moe-layers 1` loads with cpu_moe_layers=1 (the load itself is stopped here)."""
+    from edgeserve import llm as llm_module
+    from edgeserve.cli import main
+
+    seen = {}
+
+    def fake_llm(model, **options):
+        seen.update(options)
+        raise EdgeserveError("stop here")
+
+    monkeypatch.setattr(llm_module, "LLM", fake_llm)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"")
+    assert main(["run", "--device", "cpu", "--cpu-moe-layers", "1", str(path), "hi"]) != 0
+    assert seen["cpu_moe_layers"] == 1 and "stop here" in capsys.readouterr().err
