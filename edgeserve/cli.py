@@ -164,6 +164,20 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights of the shape in MODEL's config.json (a config.json file or a "
                              "folder holding one; 4-bit if its quantization_config says bits 4), for benchmarking")
+    parser.add_argument("--cpu-moe-layers", type=cpu_moe_layers_arg, default=None, metavar="N|all",
+                        help="MoE models on a GPU: keep the routed experts of the first N MoE layers (or all) in host "
+                             "memory on the CPU kernels, the rest on the GPU (llama.cpp's --n-cpu-moe); a no-op on "
+                             "a CPU run")
+
+
+def cpu_moe_layers_arg(value: str) -> int | str | None:
+    """argparse type of --cpu-moe-layers: a non-negative integer or "all" (edgeserve.models.cpu_moe)."""
+    from edgeserve.models.cpu_moe import FLAG, parse_cpu_moe_layers
+
+    try:
+        return parse_cpu_moe_layers(value)
+    except ValueError as e:  # argparse names the flag itself
+        raise argparse.ArgumentTypeError(str(e).removeprefix(FLAG + " ")) from None
 
 
 def check_device(args: argparse.Namespace) -> None:
@@ -339,7 +353,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
-                  quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill)
+                  quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
+                  cpu_moe_layers=args.cpu_moe_layers)
     if config.kv_offload != "none":
         import atexit
 
@@ -407,7 +422,8 @@ def server_config_from_args(args: argparse.Namespace):
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
-        load_format=args.load_format, allow_pull=not args.no_pull, log_level=args.log_level,
+        load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
+        log_level=args.log_level,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config

@@ -51,13 +51,14 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "auto",
                  load_format: str = "auto", dense_prefill: str = "auto", config: EngineConfig | None = None,
                  quantize: str | None = None, quantize_group_size: int = 128, quantize_calibration: str | None = None,
-                 **engine_options) -> None:
+                 cpu_moe_layers: int | str | None = None, **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
         `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (bfloat16; float16 on
         sm_75), float32, bfloat16, float16; `load_format="dummy"`: random weights of a config.json's shape.
         `quantize="int4"` quantizes a float model to INT4 at load (see `load_model`). `dense_prefill`: auto / on /
-        off (`edgeserve.models.load.want_dense_prefill`).
+        off (`edgeserve.models.load.want_dense_prefill`). `cpu_moe_layers` (a count or "all"): the experts of the
+        first that many MoE layers stay in host memory on the CPU kernels (`edgeserve.models.cpu_moe`).
         `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb,
         gpu_memory_fraction, enforce_eager, ...).
         """
@@ -66,7 +67,8 @@ class LLM:
         self.config = config or EngineConfig(**engine_options)
         self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, load_format=load_format,
                                           quantize=quantize, quantize_group_size=quantize_group_size,
-                                          quantize_calibration=quantize_calibration, dense_prefill=dense_prefill)
+                                          quantize_calibration=quantize_calibration, dense_prefill=dense_prefill,
+                                          cpu_moe_layers=cpu_moe_layers)
         self.engine = EngineCore(self.lm, self.config, draft=load_draft_model(self.config.draft_model, self.lm))
 
     @classmethod

@@ -268,7 +268,8 @@ def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int
 def gpu_pool_budget(model, config: ModelConfig, num_tokens: int, num_rows: int, block_size: int,
                     fraction: float) -> int:
     """KV pool bytes on a GPU: `fraction` of the device, less what is used outside torch, less the peak of a
-    warm-up forward at the largest step (weights included); see `edgeserve.device.gpu_kv_budget`."""
+    warm-up forward at the largest step (weights included; experts that --cpu-moe-layers keeps in host memory are
+    not device allocations, so they take nothing from the pool); see `edgeserve.device.gpu_kv_budget`."""
     from edgeserve.device import gpu_kv_budget
 
     peak = warmup_peak_bytes(model, config, num_tokens, num_rows, block_size)

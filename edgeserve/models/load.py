@@ -21,6 +21,7 @@ from edgeserve.memory import release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .cpu_moe import CpuMoeLayers, applies_to, host_expert_layers, host_experts, moe_layer_count, parse_cpu_moe_layers
 from .decoders import decoder_class
 from .gpt_oss import GptOssModel
 from .llama import LlamaModel
@@ -79,7 +80,8 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
 
 def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", load_format: str = "auto",
                quantize: str | None = None, quantize_group_size: int = DEFAULT_GROUP_SIZE,
-               quantize_calibration: str | None = None, dense_prefill: str = "auto") -> LoadedModel:
+               quantize_calibration: str | None = None, dense_prefill: str = "auto",
+               cpu_moe_layers: CpuMoeLayers = None) -> LoadedModel:
     """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder.
 
     `device`: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" (a bad one raises DeviceError).
@@ -89,12 +91,16 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
     `quantize_group_size` input columns), after activation-aware scaling from the text file
     `quantize_calibration` when one is given; a model that is already quantized loads as stored, with a warning.
     `dense_prefill` (auto / on / off): see `want_dense_prefill`; it only matters for 4-bit weights on a CPU.
+    `cpu_moe_layers` (None, a count, or "all"): the routed experts of that many MoE layers (the first ones) stay in
+    host memory on the native CPU kernels while the rest of the model is on `device` (edgeserve.models.cpu_moe);
+    a no-op on a CPU; refused for a model without experts or a count over its MoE layers.
     """
     from edgeserve.device import resolve_device, resolve_dtype
 
     start = time.perf_counter()
     try:
         check_quantize_options(quantize, quantize_group_size)
+        parse_cpu_moe_layers(cpu_moe_layers)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
     release_large_frees_to_os()
@@ -103,7 +109,8 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"load format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     if load_format == "dummy":
-        return _load_dummy(source, torch_dtype, dev, start, quantize_group_size if quantize else None, dense_prefill)
+        return _load_dummy(source, torch_dtype, dev, start, quantize_group_size if quantize else None, dense_prefill,
+                           cpu_moe_layers)
     if source.path.is_file() and source.path.suffix.lower() == ".json":
         raise ModelLoadError(f"{source.path} is a config file without weights; add --load-format dummy for "
                              "random weights of its shape")
@@ -122,9 +129,22 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
     if quantize is not None:
         weights = _quantizing(weights, source, config, tokenizer, torch_dtype, dev, quantize_group_size,
                               quantize_calibration)
-    model = decoder_class(config).from_weights(config, weights, dtype=torch_dtype, device=dev,
-                                    dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype, dev))
+    with host_experts(_host_expert_layers(cpu_moe_layers, config, dev)):
+        model = decoder_class(config).from_weights(config, weights, dtype=torch_dtype, device=dev,
+                                                   dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype,
+                                                                                    dev))
     return LoadedModel(source.name, source, config, model, tokenizer, template, time.perf_counter() - start)
+
+
+def _host_expert_layers(cpu_moe_layers: CpuMoeLayers, config: ModelConfig, device: torch.device) -> int:
+    """How many MoE layers load with their experts on the host (checked against the model; 0 on a CPU)."""
+    n = host_expert_layers(cpu_moe_layers, config)
+    if n and not applies_to(device):
+        log.info("--cpu-moe-layers changes nothing on a CPU run: every weight is in host memory already")
+        return 0
+    if n:
+        log.info("experts of %d of %d MoE layers stay in host memory on the CPU kernels", n, moe_layer_count(config))
+    return n
 
 
 def _quantizing(weights, source: ModelSource, config: ModelConfig, tokenizer: Tokenizer, dtype: torch.dtype,
@@ -150,7 +170,7 @@ def _quantizing(weights, source: ModelSource, config: ModelConfig, tokenizer: To
 
 
 def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, start: float, int4_group: int | None,
-                dense_prefill: str) -> LoadedModel:
+                dense_prefill: str, cpu_moe_layers: CpuMoeLayers = None) -> LoadedModel:
     """Random weights (drawn on the device) for a config.json's shape; 4-bit when its quantization_config says so
     or `int4_group` is given."""
     from .dummy import DummyWeights, dummy_chat_template, dummy_tokenizer, int4_group_size, read_config_json
@@ -163,7 +183,8 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
     # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
     decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else \
         Olmo2Model if config.post_norms else LlamaModel
-    model = decoder.from_weights(config, weights, dtype=dtype, device=device,
-                                 dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
+    with host_experts(_host_expert_layers(cpu_moe_layers, config, device)):
+        model = decoder.from_weights(config, weights, dtype=dtype, device=device,
+                                     dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
     return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),
                        time.perf_counter() - start)

@@ -7,6 +7,10 @@ BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step
 each once for all the rows routed to it (kernels.experts.ExpertGroups). A token's output does not depend on what
 else is in the step: routing is per row, expert rows are computed on their own, and a token's expert outputs are
 summed in its own slot order.
+
+A layer whose experts stay in host memory (`experts_on_host`, --cpu-moe-layers, edgeserve.models.cpu_moe) routes
+on the model's device, copies the routed rows to the host (pinned, non-blocking), runs the experts there on the
+native kernels while the device computes the shared expert, and copies the routed sum back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from edgeserve.kernels.dispatch import f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
 from edgeserve.kernels.experts import EXPERT_TILE, ExpertGroups, Experts
 from edgeserve.kernels.quant_linear import LinearWeight, dense_tiles
+from edgeserve.kernels.transfer import HostCopy, to_device
 
 ROUTERS = ("softmax_topk", "topk_softmax")
 # A gated activation: gate_up [N, 2F] (gate in the first half, up in the second) -> [N, F].
@@ -142,6 +147,8 @@ class MoELayer:
         self.down_bias = None if down_bias is None else down_bias.float()
         self.shared = shared
         self.activation = gated_activation(config.activation)
+        # the experts (and their biases) are in host memory while h is on the model's device (--cpu-moe-layers)
+        self.experts_on_host = False
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights float32 [T, k], expert ids [T, k]) for h [T, hidden]; the logits are float32, each row on its
@@ -162,6 +169,15 @@ class MoELayer:
     def mix(self, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """float32 [T, hidden]: the experts `experts` [T, k] run on h [T, hidden], summed with `weights` [T, k]
         (plus the shared expert); `forward` after routing, for a model that routes its own way (Gemma 4)."""
+        if self.experts_on_host:
+            return self._mix_on_host(h, weights, experts)
+        out = self.routed(h, weights, experts)
+        if self.shared is not None:
+            out += self.shared.forward(h)
+        return out
+
+    def routed(self, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """float32 [T, hidden]: the routed experts' weighted sum alone, on the device of the expert weights."""
         t, k = h.shape[0], experts.shape[1]
         groups = ExpertGroups.build(experts, self.config.num_experts)
         gate_up = self.gate_up.grouped(h, groups, gather=True)
@@ -174,6 +190,24 @@ class MoELayer:
         out = slots[:, 0] * weights[:, :1]
         for j in range(1, k):  # each token's experts summed in its own slot order
             out += slots[:, j] * weights[:, j:j + 1]
-        if self.shared is not None:
-            out += self.shared.forward(h)
         return out
+
+    def _mix_on_host(self, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """`mix` with the experts in host memory: the routed rows go to the host (non-blocking into pinned memory),
+        the device computes the shared expert meanwhile, and the routed sum comes back to h's device."""
+        copy = HostCopy.start(_RoutedRows(h, weights, experts))  # staged copies (CUDA), the tensors as they are else
+        shared = self.shared.forward(h) if self.shared is not None else None  # queued on the device meanwhile
+        rows = copy.wait()
+        out = to_device(self.routed(rows.h, rows.weights, rows.experts), torch.float32, h.device)
+        if shared is not None:
+            out += shared
+        return out
+
+
+@dataclass
+class _RoutedRows:
+    """A step's normed hidden states and routing choice, on their way to the host experts."""
+
+    h: torch.Tensor  # [T, hidden]
+    weights: torch.Tensor  # float32 [T, k]
+    experts: torch.Tensor  # [T, k] expert ids

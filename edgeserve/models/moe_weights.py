@@ -17,6 +17,7 @@ from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig
+from .cpu_moe import next_layer_on_host
 from .moe import GatedActivation, MoEConfig, MoELayer, SharedExpert
 
 
@@ -63,14 +64,22 @@ def _float(source: WeightSource, name: str) -> torch.Tensor:
     return value.float()
 
 
+def host_experts_native(source: WeightSource) -> bool:
+    """Whether experts kept on the host (--cpu-moe-layers) may stay in block formats on the native kernels: the
+    library loaded and a source that gives block bytes (whatever the model's device and compute dtype)."""
+    return hasattr(source, "expert_blocks") and cpu_native.available()
+
+
 def _experts(source: WeightSource, names: list[str], native: bool, device: torch.device,
-             dtype: torch.dtype) -> Experts:
+             dtype: torch.dtype, repack: bool | None = None) -> Experts:
     """The 3-D tensors `names` stacked along their rows: BlockExperts when every one is in a native block format
-    (and `native`; repacked per `want_repacked_experts`), else DenseExperts in `dtype` on `device`."""
+    (and `native`; repacked per `repack`, default `want_repacked_experts`), else DenseExperts in `dtype` on
+    `device`."""
     if native:
         parts = [source.expert_blocks(n) for n in names]  # type: ignore[attr-defined]
         if all(isinstance(p, ExpertBlocks) for p in parts):
-            return BlockExperts(parts, repack=want_repacked_experts(source))  # type: ignore[arg-type]
+            repack = want_repacked_experts(source) if repack is None else repack
+            return BlockExperts(parts, repack=repack)  # type: ignore[arg-type]
     tensors = [_float(source, n).to(device=device, dtype=dtype) for n in names]
     return DenseExperts(tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=1))
 
@@ -96,26 +105,30 @@ def _bias(source: WeightSource, names: list[str]) -> torch.Tensor | None:
 
 def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],
                    device: torch.device, dtype: torch.dtype, moe: MoEConfig | None = None) -> MoELayer:
-    """Layer i's MoE feed-forward (`matrix`: the decoder loader's dense linear weights, for the shared expert)."""
+    """Layer i's MoE feed-forward (`matrix`: the decoder loader's dense linear weights, for the shared expert).
+    Its experts and their biases go to the host instead of `device` when edgeserve.models.cpu_moe's placement says
+    so (--cpu-moe-layers); the router and the shared expert stay on `device`."""
     moe = moe or moe_config(config)
     p = f"model.layers.{i}.mlp."
     e = config.num_experts
-    native = native_experts_here(source, device, dtype)
+    on_host = next_layer_on_host()
+    expert_device = torch.device("cpu") if on_host else device
+    native = host_experts_native(source) if on_host else native_experts_here(source, device, dtype)
     if source.has(p + "experts.gate_up_proj"):
-        gate_up = _experts(source, [p + "experts.gate_up_proj"], native, device, dtype)
+        gate_up = _experts(source, [p + "experts.gate_up_proj"], native, expert_device, dtype)
         gate_up_bias = _bias(source, [p + "experts.gate_up_proj_bias"])
     elif source.has(p + "experts.gate_proj"):
-        gate_up = _experts(source, [p + "experts.gate_proj", p + "experts.up_proj"], native, device, dtype)
+        gate_up = _experts(source, [p + "experts.gate_proj", p + "experts.up_proj"], native, expert_device, dtype)
         gate_up_bias = _bias(source, [p + "experts.gate_proj_bias", p + "experts.up_proj_bias"])
     elif source.has(p + "experts.0.gate_proj.weight"):
-        gate_up = _per_expert(source, f"model.layers.{i}.", e, ["gate_proj", "up_proj"], device, dtype)
+        gate_up = _per_expert(source, f"model.layers.{i}.", e, ["gate_proj", "up_proj"], expert_device, dtype)
         gate_up_bias = None
     else:
         raise ModelLoadError(f"layer {i} has no expert weights (mlp.experts.gate_up_proj or gate_proj / up_proj)")
     if source.has(p + "experts.down_proj"):
-        down = _experts(source, [p + "experts.down_proj"], native, device, dtype)
+        down = _experts(source, [p + "experts.down_proj"], native, expert_device, dtype)
     else:
-        down = _per_expert(source, f"model.layers.{i}.", e, ["down_proj"], device, dtype)
+        down = _per_expert(source, f"model.layers.{i}.", e, ["down_proj"], expert_device, dtype)
     down_bias = _bias(source, [p + "experts.down_proj_bias"])
     shared = None
     if source.has(p + "shared_expert.gate_proj.weight"):
@@ -124,6 +137,8 @@ def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Ca
         shared = SharedExpert(matrix([p + "shared_expert.gate_proj.weight", p + "shared_expert.up_proj.weight"]),
                               matrix([p + "shared_expert.down_proj.weight"]), gate, moe.activation)
     router_bias = _float(source, p + "gate.bias").to(device) if source.has(p + "gate.bias") else None
-    return MoELayer(moe, _float(source, p + "gate.weight").to(device), gate_up, down, router_bias=router_bias,
-                    gate_up_bias=None if gate_up_bias is None else gate_up_bias.to(device),
-                    down_bias=None if down_bias is None else down_bias.to(device), shared=shared)
+    layer = MoELayer(moe, _float(source, p + "gate.weight").to(device), gate_up, down, router_bias=router_bias,
+                     gate_up_bias=None if gate_up_bias is None else gate_up_bias.to(expert_device),
+                     down_bias=None if down_bias is None else down_bias.to(expert_device), shared=shared)
+    layer.experts_on_host = on_host
+    return layer

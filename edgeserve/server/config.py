@@ -75,6 +75,8 @@ class ServerConfig:
     quantize_group_size: int = 128
     quantize_calibration: str | None = None  # text file for activation-aware scaling
     dense_prefill: str = _flag("auto", "--dense-prefill")  # CPU int4: a bf16 copy of each matrix for prompt tokens
+    # the experts of the first N MoE layers (or "all") in host memory on the CPU kernels (edgeserve.models.cpu_moe)
+    cpu_moe_layers: int | str | None = _flag(None, "--cpu-moe-layers")
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies over this get 413
     max_n: int = 16  # the largest `n` a request may ask for
     # output tokens of a request that sets no limit; None: up to the end of the context (server/output_limit.py)
@@ -107,6 +109,13 @@ class ServerConfig:
             raise config_error(ServerConfig, "load_format", "be auto or dummy", self.load_format)
         if self.dense_prefill not in ("auto", "on", "off"):
             raise config_error(ServerConfig, "dense_prefill", "be auto, on or off", self.dense_prefill)
+        from edgeserve.models.cpu_moe import parse_cpu_moe_layers
+
+        try:
+            parse_cpu_moe_layers(self.cpu_moe_layers)
+        except ValueError:
+            raise config_error(ServerConfig, "cpu_moe_layers", "be a non-negative integer or 'all'",
+                               self.cpu_moe_layers) from None
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise config_error(ServerConfig, "dtype", "be auto, float32, bfloat16 or float16", self.dtype)
         from edgeserve.loaders.quantize_options import check_quantize_options

@@ -36,6 +36,8 @@ class MemoryEstimate:
     activations: int
     available: int
     where: str
+    host_experts: int = 0  # --cpu-moe-layers: expert bytes kept in host memory (not part of `weights`)
+    host_available: int = 0  # free host memory, when host_experts is not 0
 
     @property
     def total(self) -> int:
@@ -43,10 +45,13 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.available
+        return self.total <= self.available and self.host_experts <= self.host_available
 
     def describe(self) -> str:
         gb = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        if self.total <= self.available and self.host_experts > self.host_available:
+            return (f"keeps {gb(self.host_experts)} of experts in host memory (--cpu-moe-layers) but only "
+                    f"{gb(self.host_available)} of host memory is free")
         return (f"needs about {gb(self.total)} (weights {gb(self.weights)} + KV cache {gb(self.kv_cache)} + "
                 f"activations {gb(self.activations)}) but only {gb(self.available)} of {self.where} memory is free")
 
@@ -67,6 +72,8 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
     `--dense-prefill on` adds a bf16 copy, about 4x).
     KV: --kv-cache-gb when given (otherwise the engine sizes its pool from what is free after the load).
     Activations: about 200 kB per batched token (hidden states, the logits of a step).
+    On a GPU, the experts --cpu-moe-layers keeps on the host leave the device's weights and count against free host
+    memory instead (`host_expert_bytes`).
     """
     import psutil
     import torch
@@ -75,20 +82,28 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
         weights = _dummy_weight_bytes(source, config)
     else:
         weights = source_bytes(source)
+    from edgeserve.device import resolve_device, resolve_dtype
+
+    dev = resolve_device(config.device)
+    host = 0
+    if dev.type == "cuda" and config.cpu_moe_layers is not None:
+        from edgeserve.models.cpu_moe_memory import host_expert_bytes
+
+        host = host_expert_bytes(source, config.cpu_moe_layers, resolve_dtype(config.dtype, dev), config.load_format)
+        # GGUF experts on the host stay as stored; the file's other bytes (or the dummy's dense size) go to the GPU
+        weights = max(0, weights - host)
     if config.dtype == "float32" and config.load_format != "dummy":
         weights *= 8 if source.kind == "gguf" else 2
     kv = int(config.engine.kv_cache_gb * 2**30) if config.engine.kv_cache_gb else 0
     activations = config.engine.max_num_batched_tokens * 200_000
-    from edgeserve.device import resolve_device
-
-    dev = resolve_device(config.device)
     if config.dense_prefill == "on" and dev.type == "cpu" and config.dtype != "float32":
         weights *= 5  # a bf16 copy is about 4x the 4-bit weights (auto only keeps one when it fits easily)
     if dev.type == "cuda":
         available, where = torch.cuda.mem_get_info(dev)[0], f"{dev} device"
     else:
         available, where = psutil.virtual_memory().available, "host"
-    return MemoryEstimate(weights, kv, activations, int(available), where)
+    return MemoryEstimate(weights, kv, activations, int(available), where, host,
+                          int(psutil.virtual_memory().available) if host else 0)
 
 
 def _dummy_weight_bytes(source: ModelSource, config: ServerConfig) -> int:
@@ -345,7 +360,7 @@ class ModelManager:
         lm = await anyio.to_thread.run_sync(lambda: load_model(
             source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
             quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
-            dense_prefill=cfg.dense_prefill))
+            dense_prefill=cfg.dense_prefill, cpu_moe_layers=cfg.cpu_moe_layers))
         engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
         engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg, draft)
