@@ -143,10 +143,12 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
 
 
 def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
-                       seed: int = 0) -> Path:
+                       seed: int = 0, tile_mb: int | None = None) -> Path:
     """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for a `gpt_oss` shape, gpt-oss; for another MoE
     shape, qwen3moe) GGUF of `shape` with random weights in the `mix` quantization (routers float32), using the
-    tokenizer (and vocabulary size, padded with unreachable tokens to `shape.vocab`) of the GGUF `tokenizer_from`."""
+    tokenizer (and vocabulary size, padded with unreachable tokens to `shape.vocab`) of the GGUF `tokenizer_from`.
+    With `tile_mb` each tensor repeats one random draw of about that many MB (rows of whole blocks) instead of
+    drawing every byte: many GB are written at disk speed, and the kernels do the same work on any bytes."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_from))
@@ -247,7 +249,14 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
     w.write_ti_data_to_file()
     for name, dims, qt in plan:
         if qt != "F32":
-            w.write_tensor_data(random_blocks(qt, int(np.prod(dims[:-1])), dims[-1], rng).reshape(*dims[:-1], -1))
+            rows = int(np.prod(dims[:-1]))
+            if tile_mb:
+                per, size, _ = _LAYOUT[qt]
+                drawn = random_blocks(qt, min(rows, max(1, tile_mb * 2**20 // (dims[-1] // per * size))), dims[-1], rng)
+                blocks = np.resize(drawn, (rows, drawn.shape[1]))  # the drawn rows repeated
+            else:
+                blocks = random_blocks(qt, rows, dims[-1], rng)
+            w.write_tensor_data(blocks.reshape(*dims[:-1], -1))
         elif name.endswith("ffn_gate_inp.weight"):
             w.write_tensor_data(rng.normal(0, 0.05, size=dims).astype(np.float32))
         elif name.endswith((".bias", "attn_sinks.weight")):
