@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         med = {}
         for label in ("edgeserve", "llama.cpp"):
             v = [r[k] for r in rows if r["server"] == label and r.get(k) is not None]
-            med[label] = {"median": statistics.median(v) if v else None, "rounds": v}
+            med[label] = {"median": float(statistics.median(v)) if v else None, "rounds": [round(float(x), 3) for x in v]}
         e, l_ = med["edgeserve"]["median"], med["llama.cpp"]["median"]
         med["ratio"] = e / l_ if e is not None and l_ else None
         summary[k] = med
