@@ -115,10 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=None, help="edgeserve --max-model-len")
     p.add_argument("--server-timeout", type=float, default=900.0)
     p.add_argument("--log-dir", default=None)
+    p.add_argument("--llama-extra", default="", help="more llama-server flags, e.g. '--no-mmap' (appended)")
     p.add_argument("--first", choices=("edgeserve", "llama.cpp"), default="edgeserve")
     p.add_argument("--json", default=None, metavar="FILE")
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if args.llama_extra:  # a wrapper that appends the flags to compare.llama_server_command's
+        import shlex
+        import tempfile
+
+        wrapper = Path(tempfile.mkdtemp(prefix="moe-compare-")) / "llama-server"
+        wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(os.path.abspath(args.llama_server))} \"$@\" "
+                           f"{args.llama_extra}\n")
+        wrapper.chmod(0o755)
+        args.llama_server = str(wrapper)
     s = Settings(rounds=args.rounds, decode_tokens=args.decode_tokens, decode_requests=args.decode_requests,
                  agg_levels=(args.max_seqs,), agg_tokens=args.agg_tokens, agg_requests_per_slot=1,
                  ttft_prompt=args.ttft_prompt)
