@@ -5,15 +5,19 @@
     python benchmarks/make_gguf.py --shape gemma3-1b --tokenizer-from GEMMA.gguf /tmp/gemma3-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 4 /tmp/qwen3-30b-a3b-4layers-q4km.gguf
     python benchmarks/make_gguf.py --shape qwen35-0.8b --tokenizer-from QWEN35.gguf /tmp/qwen35-0.8b-q4km.gguf
+    python benchmarks/make_gguf.py --shape gpt-oss-20b --mix MXFP4_MOE --tile-mb 64 --tokenizer-from VOCAB.gguf \
+        /tmp/gpt-oss-20b-mxfp4.gguf
 
 The tokenizer comes from --tokenizer-from (default: the default model, pulled into the cache). Shapes: 135m,
 1b (Llama-3.2-1B dimensions), 3b (Llama-3.2-3B), gemma3-1b (Gemma 3 1B, architecture gemma3: give it a Gemma
 tokenizer, e.g. the gemma3-270m model's), qwen3-30b-a3b (Qwen3-30B-A3B, architecture qwen3moe: 128 experts, 8
-per token; over 17 GB with all 48 layers, so --layers N writes the first N); qwen35-0.8b and qwen35-2b (Qwen3.5
-0.8B / 2B, architecture qwen35: Gated DeltaNet layers with every fourth full attention) and qwen35moe-35b-a3b
-(Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5 GGUF's
-tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); the vocabulary is the tokenizer's. Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part
-of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as llama.cpp's quantizer picks), Q8_0, Q4_0.
+per token; over 17 GB with all 48 layers, so --layers N writes the first N), gpt-oss-20b (architecture gpt-oss: 32
+experts of 2,880, 4 per token, attention sinks, biases, the vocabulary padded to 201,088 tokens); qwen35-0.8b and
+qwen35-2b (Qwen3.5 0.8B / 2B, architecture qwen35: Gated DeltaNet layers with every fourth full attention) and
+qwen35moe-35b-a3b (Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5
+GGUF's tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); the vocabulary is the tokenizer's.
+Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as
+llama.cpp's quantizer picks), Q8_0, Q4_0, MXFP4_MOE (llama.cpp's gpt-oss files: MXFP4 experts, Q8_0 elsewhere).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer-from", help="GGUF whose tokenizer to copy (default: the default model)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, help="write only this many layers of the shape")
+    p.add_argument("--tile-mb", type=int, default=None,
+                   help="repeat one random draw of about this many MB per tensor (fast for shapes of many GB)")
     args = p.parse_args(argv)
     source = args.tokenizer_from
     if source is None:
@@ -45,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.layers < 1:
             p.error("--layers must be at least 1")
         shape = dataclasses.replace(shape, layers=args.layers)
-    write = write_random_hybrid if args.shape in HYBRID_SHAPES else write_random_llama
-    path = write(args.output, shape, args.mix, source, args.seed)
+    if args.shape in HYBRID_SHAPES:
+        path = write_random_hybrid(args.output, shape, args.mix, source, args.seed)
+    else:
+        path = write_random_llama(args.output, shape, args.mix, source, args.seed, args.tile_mb)
     print(f"wrote {path}")
     return 0
 

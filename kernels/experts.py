@@ -120,7 +120,9 @@ class ExpertBlocks:
 def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
     """`part` with each expert's rows in the layout the kernels read fastest (what cpu_native.repacked does for a
     matrix: the _X8 bands for rows % 8 == 0, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; `part` itself
-    where its format has no such layout or the library predates it."""
+    where its format has no such layout or the library predates it. When `part` was a view of the file's mmap,
+    this process's mapping of those pages is released after the copy (they stay in the page cache), so the file's
+    expert bytes do not stay resident beside their copy."""
     experts, rows, row_bytes = part.data.shape
     if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repacked_format"):
         return part
@@ -133,6 +135,10 @@ def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
     src, expert_bytes = part.address(), rows * row_bytes
     for e in range(experts):  # expert by expert: a band of 8 rows never spans two experts
         lib.qmm_repack(fmt, src + e * expert_bytes, row_bytes, rows, part.cols, out[e].data_ptr())
+    if isinstance(part.data, np.ndarray):  # a view of the file's mmap: the copy replaces it, unmap its pages
+        from edgeserve.loaders.gguf_file import release_pages
+
+        release_pages(part.data)
     return ExpertBlocks(twin, out, part.cols)
 
 

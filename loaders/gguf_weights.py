@@ -14,7 +14,7 @@ from edgeserve.kernels.experts import ExpertBlocks
 from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 
 from .dequant import q4_blocks, q8_blocks
-from .gguf_file import GGUFFile, check_supported_qtype
+from .gguf_file import GGUFFile, check_supported_qtype, release_pages
 from .weights import WeightValue, unpermute_qk
 
 _TOP = {
@@ -211,4 +211,6 @@ def gguf_blocks(gguf: GGUFFile, gname: str, index: int | None = None) -> BlockTe
         return None
     raw = gguf.raw(gname)
     data = torch.from_numpy(np.array(raw if index is None else raw[index]))  # a copy: the mmap is read-only
+    if index is None:  # the copy is what the model keeps: the file's pages need not stay mapped beside it
+        release_pages(raw)
     return BlockTensor(info.qtype, data, info.shape[-1])

@@ -340,3 +340,32 @@ def test_gpu_path_through_triton_kernels_matches_transformers(tmp_path: Path) ->
     assert ref.abs().max() > 0.5
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)  # the same Q8_0 file through the torch twins
     assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.99
+
+
+@native
+def test_repacked_experts_let_go_of_the_file_pages(tmp_path: Path) -> None:
+    """Repacking a GGUF's experts copies them; the file's pages under the copied tensor are then unmapped from the
+    process (madvise DONTNEED: resident memory drops by about the tensor's size) and still read the same bytes."""
+    import psutil
+
+    from edgeserve.kernels.experts import ExpertBlocks, repacked_experts
+    from edgeserve.loaders.gguf_file import release_pages
+
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, size=(8, 256, 64 // 32 * 34), dtype=np.uint8)  # 8 experts of 256 x 64 in Q8_0
+    path = tmp_path / "x.bin"
+    big = np.resize(data, (448, 256, data.shape[2]))  # 448 experts, about 7.8 MB
+    path.write_bytes(bytes(4096) + big.tobytes())
+    import mmap
+
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(buf, np.uint8, big.size, 4096).reshape(big.shape)
+    mapped = lambda: psutil.Process().memory_full_info().rss  # noqa: E731
+    before = view.sum()  # every page mapped in
+    rss_mapped = mapped()
+    out = repacked_experts(ExpertBlocks("Q8_0", view, 64), cpu_native.library())
+    assert out.qtype == "Q8_0_X8" and isinstance(out.data, torch.Tensor)
+    assert mapped() < rss_mapped + 0.5 * big.nbytes  # the copy (about big.nbytes) minus the released pages
+    assert view.sum() == before  # mapped back in on demand, same bytes
+    assert not release_pages(np.array(view[0]))  # a copy is not a view of a mapping

@@ -71,3 +71,44 @@ def test_an_moe_shape_writes_a_qwen3moe_gguf_with_block_experts(tmp_path):
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
     logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
     assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_a_gpt_oss_shape_writes_a_gpt_oss_gguf_with_mxfp4_experts(tmp_path):
+    """A gpt-oss shape (the gpt-oss-20b entry scaled down) in the MXFP4_MOE mix: MXFP4 3-D experts with biases,
+    Q8_0 matrices, attention sinks, a router with a bias, the vocabulary padded to the shape's size; it loads as
+    gpt-oss with block-format experts and runs."""
+    from edgeserve.bench.random_gguf import SHAPES
+    from edgeserve.kernels.experts import BlockExperts
+
+    real = SHAPES["gpt-oss-20b"]
+    assert (real.hidden, real.layers, real.experts, real.experts_used, real.expert_ffn, real.vocab, real.heads,
+            real.kv_heads, real.head_size) == (2880, 24, 32, 4, 2880, 201088, 64, 8, 64)
+    tokenizer = write_tiny_llama(tmp_path / "tok.gguf")
+    shape = LlamaShape(hidden=128, layers=2, heads=4, kv_heads=2, ffn=128, tie_embeddings=False, head_dim=32,
+                       experts=4, experts_used=2, expert_ffn=128, gpt_oss=True, vocab=1000)
+    path = write_random_llama(tmp_path / "g.gguf", shape, "MXFP4_MOE", tokenizer)
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    assert reader.fields["general.architecture"].contents() == "gpt-oss"
+    assert len(reader.fields["tokenizer.ggml.tokens"].contents()) == 1000
+    assert tensors["blk.0.ffn_gate_exps.weight"].tensor_type.name == "MXFP4"
+    assert tensors["blk.1.ffn_down_exps.weight"].tensor_type.name == "MXFP4"
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "Q8_0"
+    assert tensors["output.weight"].tensor_type.name == "Q8_0"
+    for name in ("attn_sinks.weight", "attn_q.bias", "attn_output.bias", "ffn_gate_inp.bias", "ffn_up_exps.bias",
+                 "ffn_down_exps.bias", "post_attention_norm.weight"):
+        assert tensors[f"blk.1.{name}"].tensor_type.name == "F32"
+    assert list(tensors["blk.0.ffn_gate_exps.bias"].shape) == [128, 4]
+    model = load_model(resolve(str(path)), dtype="bfloat16").model
+    c = model.config
+    assert (c.architecture, c.num_experts, c.experts_per_token, c.vocab_size) == ("gpt-oss", 4, 2, 1000)
+    if cpu_native.available():
+        assert isinstance(model.layers[0].moe.gate_up, BlockExperts)
+        assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.gate_up.parts] == ["MXFP4", "MXFP4"]
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()

@@ -27,8 +27,10 @@ _LAYOUT: dict[str, tuple[int, int, tuple[tuple[int, float], ...]]] = {
     "Q4_K": (256, 144, ((0, 0.0003), (2, 0.0002))),
     "Q5_K": (256, 176, ((0, 0.00015), (2, 0.0002))),
     "Q6_K": (256, 210, ((208, 0.00004),)),
+    "MXFP4": (32, 17, ()),  # byte 0: an E8M0 exponent (drawn in random_blocks), 16 bytes of 4-bit codes
 }
-MIXES = ("Q4_K_M", "Q8_0", "Q4_0")
+# MXFP4_MOE: llama.cpp's gpt-oss files (MXFP4 experts, Q8_0 for every other matrix, F32 routers / norms / biases)
+MIXES = ("Q4_K_M", "Q8_0", "Q4_0", "MXFP4_MOE")
 
 
 def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -41,6 +43,8 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
     for offset, value in fields:
         jitter = (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
         blocks[:, offset:offset + 2] = (value * jitter).astype(np.float16).view(np.uint8).reshape(n, 2)
+    if qtype == "MXFP4":  # scales 2^-8 .. 2^-5: values up to 6 * 2^-5 ~ 0.19
+        blocks[:, 0] = rng.integers(127 - 8, 127 - 4, size=n, dtype=np.uint8)
     return blocks.reshape(rows, cols // per * size)
 
 
@@ -59,10 +63,12 @@ class LlamaShape:
     experts: int = 0  # > 0: Qwen3 MoE's block (Q/K norms; every layer's FFN `experts` experts of `expert_ffn`)
     experts_used: int = 0
     expert_ffn: int = 0
+    gpt_oss: bool = False  # gpt-oss's block: Q/K/V/O biases, attention sinks, expert biases, window on every other layer
+    vocab: int | None = None  # pad the tokenizer's vocabulary to this many tokens (gpt-oss's o200k-sized 201,088)
 
     @property
     def arch(self) -> str:
-        return "gemma3" if self.gemma3 else "qwen3moe" if self.experts else "llama"
+        return "gemma3" if self.gemma3 else "gpt-oss" if self.gpt_oss else "qwen3moe" if self.experts else "llama"
 
     @property
     def head_size(self) -> int:
@@ -77,6 +83,10 @@ SHAPES = {
     # Qwen3-30B-A3B: 128 experts of 768, 8 per token (17+ GB at Q4_K_M: for benchmarks, never for tests)
     "qwen3-30b-a3b": LlamaShape(2048, 48, 32, 4, 6144, tie_embeddings=False, head_dim=128, experts=128,
                                 experts_used=8, expert_ffn=768),
+    # gpt-oss-20b: 24 layers, 32 experts of 2,880, 4 per token, 64 heads of 64, 8 KV heads, 201,088 tokens (about
+    # 12 GB in the MXFP4_MOE mix, the size of llama.cpp's published file)
+    "gpt-oss-20b": LlamaShape(2880, 24, 64, 8, 2880, tie_embeddings=False, head_dim=64, experts=32, experts_used=4,
+                              expert_ffn=2880, gpt_oss=True, vocab=201088),
 }
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
@@ -115,6 +125,10 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     Q5_1 / Q8_0 for a tensor whose rows are not a multiple of 256 values, as in Gemma 3 files)."""
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
+    if mix == "MXFP4_MOE":
+        if not shape.experts:
+            raise ValueError("the MXFP4_MOE mix needs an MoE shape")
+        return {name: "MXFP4" if "_exps" in name else "Q8_0" for name in tensor_shapes(shape, vocab=1)}
     names = ["token_embd.weight"] + ([] if shape.tie_embeddings else ["output.weight"])
     types = {n: ("Q6_K" if mix == "Q4_K_M" else mix) for n in names}
     n = shape.layers
@@ -133,14 +147,18 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
 
 
 def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
-                       seed: int = 0) -> Path:
-    """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for an MoE shape, qwen3moe) GGUF of `shape`
-    with random weights in the `mix` quantization (routers float32), using the tokenizer (and vocabulary size) of
-    the GGUF `tokenizer_from`."""
+                       seed: int = 0, tile_mb: int | None = None) -> Path:
+    """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for a `gpt_oss` shape, gpt-oss; for another MoE
+    shape, qwen3moe) GGUF of `shape` with random weights in the `mix` quantization (routers float32), using the
+    tokenizer (and vocabulary size, padded with unreachable tokens to `shape.vocab`) of the GGUF `tokenizer_from`.
+    With `tile_mb` each tensor repeats one random draw of about that many MB (rows of whole blocks) instead of
+    drawing every byte: many GB are written at disk speed, and the kernels do the same work on any bytes."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_from))
-    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    tokens = src.fields["tokenizer.ggml.tokens"].contents()
+    vocab = max(len(tokens), shape.vocab or 0)
+    pad = vocab - len(tokens)  # unreachable normal tokens (no merge makes them) up to the shape's vocabulary size
     rng = np.random.default_rng(seed)
     arch = shape.arch
     w = gguf.GGUFWriter(str(path), arch)
@@ -157,6 +175,19 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_layer_norm_rms_eps(1e-6)
         w.add_rope_freq_base(1000000.0)
         w.add_sliding_window(512)
+    elif shape.gpt_oss:  # the keys llama.cpp's gpt-oss loader reads (YaRN as in the published files)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(150000.0)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_sliding_window(128)
+        w.add_vocab_size(vocab)
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_ffn)
     elif shape.experts:
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -171,7 +202,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_rope_freq_base(500000.0)
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(hd)
-    copy_tokenizer(w, src)
+    copy_tokenizer(w, src, pad)
     # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
     # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
     types = tensor_types(shape, mix)
@@ -182,30 +213,60 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
             i = name.split(".")[1]
             norms = ["attn_norm", "ffn_norm"]
             head_norms = [(f"blk.{i}.attn_q_norm.weight", (hd,), "F32"), (f"blk.{i}.attn_k_norm.weight", (hd,), "F32")]
-            if shape.experts:  # the router stays float32 (llama.cpp does not quantize it); Qwen3's Q/K norms
+            if shape.gpt_oss:  # biases, sinks, the router (+ bias), expert biases; the pre-MLP norm's own name
+                e, f, h = shape.experts, shape.expert_ffn, shape.hidden
+                norms = ["attn_norm", "post_attention_norm"]
+                plan += [(f"blk.{i}.attn_q.bias", (shape.heads * hd,), "F32"),
+                         (f"blk.{i}.attn_k.bias", (shape.kv_heads * hd,), "F32"),
+                         (f"blk.{i}.attn_v.bias", (shape.kv_heads * hd,), "F32"),
+                         (f"blk.{i}.attn_output.bias", (h,), "F32"),
+                         (f"blk.{i}.attn_sinks.weight", (shape.heads,), "F32"),
+                         (f"blk.{i}.ffn_gate_inp.weight", (e, h), "F32"), (f"blk.{i}.ffn_gate_inp.bias", (e,), "F32"),
+                         (f"blk.{i}.ffn_gate_exps.bias", (e, f), "F32"), (f"blk.{i}.ffn_up_exps.bias", (e, f), "F32"),
+                         (f"blk.{i}.ffn_down_exps.bias", (e, h), "F32")]
+            elif shape.experts:  # the router stays float32 (llama.cpp does not quantize it); Qwen3's Q/K norms
                 plan += [(f"blk.{i}.ffn_gate_inp.weight", (shape.experts, shape.hidden), "F32"), *head_norms]
             if shape.gemma3:  # GGUF stores Gemma's (1 + w) norm weights with the 1 added: ones are w = 0
                 norms += ["post_attention_norm", "post_ffw_norm"]
                 plan += head_norms
             plan += [(f"blk.{i}.{norm}.weight", (shape.hidden,), "F32") for norm in norms]
-    write_plan(w, plan, rng, lambda name, dims: (rng.normal(0, 0.05, size=dims).astype(np.float32)
-                                                 if name.endswith("ffn_gate_inp.weight") else None))
+    write_plan(w, plan, rng, lambda name, dims: _llama_f32_values(name, dims, rng), tile_mb)
     return Path(path)
 
 
-def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader") -> None:
-    """Copy every `tokenizer.*` key of the GGUF `src` into the writer `w`."""
+def _llama_f32_values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray | None:
+    """Random routers, biases and attention sinks; None (ones) for the norms."""
+    if name.endswith("ffn_gate_inp.weight"):
+        return rng.normal(0, 0.05, size=dims).astype(np.float32)
+    if name.endswith((".bias", "attn_sinks.weight")):
+        return rng.normal(0, 0.02, size=dims).astype(np.float32)
+    return None
+
+
+def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader", pad: int = 0) -> None:
+    """Copy every `tokenizer.*` key of the GGUF `src` into the writer `w`, the vocabulary padded with `pad`
+    unreachable normal tokens (no merge makes them)."""
+    import gguf
+
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
-            w.add_key_value(key, field.contents(), field.types[0], sub)
+            value = field.contents()
+            if pad and key == "tokenizer.ggml.tokens":
+                value = list(value) + [f"<pad_{j}>" for j in range(pad)]
+            elif pad and key == "tokenizer.ggml.token_type":
+                value = list(value) + [int(gguf.TokenType.NORMAL)] * pad
+            elif pad and key == "tokenizer.ggml.scores":
+                value = list(value) + [0.0] * pad
+            w.add_key_value(key, value, field.types[0], sub)
 
 
 def write_plan(w: "gguf.GGUFWriter", plan: list[tuple[str, tuple[int, ...], str]], rng: np.random.Generator,
-               f32_values: Callable[[str, tuple[int, ...]], np.ndarray | None] = lambda name, dims: None) -> None:
+               f32_values: Callable[[str, tuple[int, ...]], np.ndarray | None] = lambda name, dims: None,
+               tile_mb: int | None = None) -> None:
     """Write the header, the metadata and then each tensor of `plan` ((GGUF name, shape in values, qtype)) one at
-    a time: quantized ones as `random_blocks`, F32 ones as `f32_values(name, dims)` or, where that is None, ones;
-    then close `w`."""
+    a time: quantized ones as `random_blocks` (with `tile_mb`, one draw of about that many MB repeated), F32 ones as
+    `f32_values(name, dims)` or, where that is None, ones; then close `w`."""
     import gguf
 
     for name, dims, qt in plan:
@@ -221,7 +282,14 @@ def write_plan(w: "gguf.GGUFWriter", plan: list[tuple[str, tuple[int, ...], str]
     w.write_ti_data_to_file()
     for name, dims, qt in plan:
         if qt != "F32":
-            w.write_tensor_data(random_blocks(qt, int(np.prod(dims[:-1])), dims[-1], rng).reshape(*dims[:-1], -1))
+            rows = int(np.prod(dims[:-1]))
+            if tile_mb:
+                per, size, _ = _LAYOUT[qt]
+                drawn = random_blocks(qt, min(rows, max(1, tile_mb * 2**20 // (dims[-1] // per * size))), dims[-1], rng)
+                blocks = np.resize(drawn, (rows, drawn.shape[1]))  # the drawn rows repeated
+            else:
+                blocks = random_blocks(qt, rows, dims[-1], rng)
+            w.write_tensor_data(blocks.reshape(*dims[:-1], -1))
             continue
         values = f32_values(name, dims)
         w.write_tensor_data(np.ones(dims, dtype=np.float32) if values is None else values)

@@ -109,6 +109,12 @@ class GptOssWeights:
     def stored_quantized(self) -> list[str]:
         return self.source.stored_quantized()  # type: ignore[attr-defined]
 
+    @property
+    def expert_bytes(self) -> int | None:
+        """The wrapped source's expert bytes (a GGUF's 3-D tensors), which the MoE loader's rule for copying
+        experts into the kernels' faster layout reads (moe_weights.want_repacked_experts); None where it has none."""
+        return getattr(self.source, "expert_bytes", None)
+
     def blocks(self, name: str):
         """A 2-D tensor's GGUF block bytes for the native CPU kernels (None where the source has none)."""
         blocks = getattr(self.source, "blocks", None)
