@@ -211,19 +211,24 @@ def test_candidate_path_takes_the_fallback_for_wide_rows(monkeypatch):
     spread over far more than 256 tokens; a peaked row is decided from the candidates."""
     from edgeserve.engine import sampler
 
-    topk_widths = []
-    original = torch.Tensor.topk
+    widths = []
+    original_topk, original_sort = torch.Tensor.topk, torch.Tensor.sort
 
     def topk(self, k, *args, **kwargs):
-        topk_widths.append(k)
-        return original(self, k, *args, **kwargs)
+        widths.append(k)
+        return original_topk(self, k, *args, **kwargs)
+
+    def sort(self, *args, **kwargs):  # the fallback sorts the whole vocabulary (a stable sort: ties keep id order)
+        widths.append(("sort", self.shape[-1]))
+        return original_sort(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "topk", topk)
+    monkeypatch.setattr(torch.Tensor, "sort", sort)
     logits = _varied_logits()[[0, 5]]  # peaked, flat
     params = [SamplingParams(top_p=0.99, seed=1), SamplingParams(top_p=0.99, seed=2)]
     gens = [make_generator(p) for p in params]
     draws = torch.stack([sample(logits, params, gens) for _ in range(300)])
-    assert topk_widths[:2] == [256, 5000]  # both rows tried the candidates, the flat one fell back
+    assert widths[:2] == [256, ("sort", 5000)]  # both rows tried the candidates, the flat one fell back
     assert len(set(draws[:, 1].tolist())) > 256
     assert len(set(draws[:, 0].tolist())) < 20
 
