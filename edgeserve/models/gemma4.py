@@ -27,7 +27,7 @@ from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import gelu_tanh_and_mul, linear, rms_norm, rope_write_kv, use_triton
 from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows, int8_supported
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from edgeserve.loaders.weights import WeightSource, WeightValue
+from edgeserve.loaders.weights import WeightSource
 
 from .attention import KVAttention
 from .config import ModelConfig
@@ -35,6 +35,7 @@ from .gemma import MAX_ROPE_TABLE
 from .llama import LlamaModel, load_matrix
 from .moe import MoEConfig, MoELayer
 from .moe_weights import load_moe_layer
+from .text_part import RenamedWeights, language_model_prefix
 
 Table = torch.Tensor | Int8Weight | BlockWeight
 
@@ -70,37 +71,21 @@ class Gemma4Layer:
     post_ffn_norm_2: torch.Tensor | None = None
 
 
-class Gemma4Weights:
+class Gemma4Weights(RenamedWeights):
     """A WeightSource whose language-model tensors may sit under the multimodal checkpoint's
     `model.language_model.` prefix; seen under the text model's `model.` names. An HF checkpoint's experts
     (`layers.N.experts.*`, `layers.N.router.proj`) are also seen under the names edgeserve.models.moe_weights reads
     (`layers.N.mlp.experts.*`, `layers.N.mlp.gate`), as a GGUF file's are already."""
 
     def __init__(self, source: WeightSource):
-        self.source = source
+        super().__init__(source)
         self.gguf = getattr(source, "gguf", None)
-        self.prefix = "model.language_model." if self.gguf is None and not source.has("model.embed_tokens.weight") \
-            and source.has("model.language_model.embed_tokens.weight") else None
+        self.prefix = language_model_prefix(source)
 
     def _name(self, name: str) -> str:
         if self.gguf is None:
             name = name.replace(".mlp.experts.", ".experts.").replace(".mlp.gate.weight", ".router.proj.weight")
         return self.prefix + name[len("model."):] if self.prefix and name.startswith("model.") else name
-
-    @property
-    def expert_bytes(self) -> int | None:
-        return getattr(self.source, "expert_bytes", None)
-
-    def expert_blocks(self, name: str):
-        """A 3-D expert tensor's GGUF block bytes (None where the source has none)."""
-        blocks = getattr(self.source, "expert_blocks", None)
-        return None if blocks is None else blocks(self._name(name))
-
-    def has(self, name: str) -> bool:
-        return self.source.has(self._name(name))
-
-    def get(self, name: str, keep_int4: bool) -> WeightValue:
-        return self.source.get(self._name(name), keep_int4)
 
     def stored_quantized(self) -> list[str]:
         return self.source.stored_quantized()  # type: ignore[attr-defined]

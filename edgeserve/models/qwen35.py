@@ -36,6 +36,7 @@ from .gemma4 import load_table
 from .llama import LlamaModel, load_matrix
 from .moe import MoELayer
 from .moe_weights import load_moe_layer
+from .text_part import RenamedWeights, language_model_prefix
 
 
 class RecurrentStates(Protocol):
@@ -75,16 +76,15 @@ def partial_rope_inv_freq(head_dim: int, rotary_dim: int, theta: float) -> torch
     return torch.cat([inv, torch.zeros(head_dim // 2 - rotary_dim // 2, dtype=torch.float64)]).float()
 
 
-class Qwen35Weights:
+class Qwen35Weights(RenamedWeights):
     """A WeightSource over an HF checkpoint (text model or the multimodal one's `model.language_model.`) or a
     qwen35 GGUF, seen under the text model's names, with the attention q / k rows (and Q/K norm weights) in the
     partial-RoPE order of `rope_permutation`."""
 
     def __init__(self, source: WeightSource, config: ModelConfig):
-        self.source = source
+        super().__init__(source)
         self.gguf = getattr(source, "gguf", None)
-        self.prefix = "model.language_model." if self.gguf is None and not source.has("model.embed_tokens.weight") \
-            and source.has("model.language_model.embed_tokens.weight") else None
+        self.prefix = language_model_prefix(source)
         c = config
         perm = rope_permutation(c.head_dim, c.rotary_dim or c.head_dim)
         self._perm = None if torch.equal(perm, torch.arange(c.head_dim)) else perm
@@ -94,15 +94,6 @@ class Qwen35Weights:
             q_rows[:, 0] = q_rows[:, 0][:, self._perm]
             self._rows = {"q_proj": q_rows.reshape(-1),
                           "k_proj": torch.arange(c.num_kv_heads * d).view(-1, d)[:, self._perm].reshape(-1)}
-
-    @property
-    def expert_bytes(self) -> int | None:
-        return getattr(self.source, "expert_bytes", None)
-
-    def expert_blocks(self, name: str):
-        """A 3-D expert tensor's GGUF block bytes (None where the source has none)."""
-        blocks = getattr(self.source, "expert_blocks", None)
-        return None if blocks is None else blocks(self._name(name))
 
     def _name(self, name: str) -> str:
         return self.prefix + name[len("model."):] if self.prefix and name.startswith("model.") else name
@@ -117,11 +108,8 @@ class Qwen35Weights:
             return value[self._perm]
         return value
 
-    def has(self, name: str) -> bool:
-        return self.source.has(self._name(name))
-
     def get(self, name: str, keep_int4: bool) -> WeightValue:
-        return self._permuted(name, self.source.get(self._name(name), keep_int4))
+        return self._permuted(name, super().get(name, keep_int4))
 
     def blocks(self, name: str):
         """GGUF block bytes for the native CPU kernels (None where the source has none)."""

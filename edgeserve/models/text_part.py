@@ -12,16 +12,14 @@ _PREFIXES = (("model.", "model.language_model."), ("model.", "language_model.mod
              ("lm_head.", "language_model.lm_head."))
 
 
-class TextPartWeights:
-    """A WeightSource that serves `model.X` / `lm_head.X` from a multimodal checkpoint's language model."""
+class RenamedWeights:
+    """A WeightSource serving another source's tensors under the names edgeserve's models read: subclasses map a
+    name to the source's in `_name`; expert blocks pass through under the mapped name."""
 
     def __init__(self, source: WeightSource):
         self.source = source
 
     def _name(self, name: str) -> str:
-        for ours, theirs in _PREFIXES:
-            if name.startswith(ours) and self.source.has(theirs + name[len(ours):]):
-                return theirs + name[len(ours):]
         return name
 
     def has(self, name: str) -> bool:
@@ -29,6 +27,34 @@ class TextPartWeights:
 
     def get(self, name: str, keep_int4: bool) -> WeightValue:
         return self.source.get(self._name(name), keep_int4)
+
+    @property
+    def expert_bytes(self) -> int | None:
+        return getattr(self.source, "expert_bytes", None)
+
+    def expert_blocks(self, name: str):
+        """A 3-D expert tensor's GGUF block bytes (None where the source has none)."""
+        blocks = getattr(self.source, "expert_blocks", None)
+        return None if blocks is None else blocks(self._name(name))
+
+
+def language_model_prefix(source: WeightSource) -> str | None:
+    """"model.language_model." where an HF source holds a multimodal checkpoint's decoder under that prefix (and
+    not the text model's own names), else None (a GGUF, or a text-only checkpoint)."""
+    if getattr(source, "gguf", None) is None and not source.has("model.embed_tokens.weight") \
+            and source.has("model.language_model.embed_tokens.weight"):
+        return "model.language_model."
+    return None
+
+
+class TextPartWeights(RenamedWeights):
+    """A WeightSource that serves `model.X` / `lm_head.X` from a multimodal checkpoint's language model."""
+
+    def _name(self, name: str) -> str:
+        for ours, theirs in _PREFIXES:
+            if name.startswith(ours) and self.source.has(theirs + name[len(ours):]):
+                return theirs + name[len(ours):]
+        return name
 
     def blocks(self, name: str) -> Any:
         blocks = getattr(self.source, "blocks", None)
