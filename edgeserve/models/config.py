@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
@@ -178,6 +178,18 @@ class ModelConfig:
         raise ValueError(f"layer {layer} shares K/V but no earlier layer of its kind keeps any")
 
 
+def gguf_key(metadata: Mapping[str, Any], arch: str) -> Callable[..., Any]:
+    """key(name, default=None): the GGUF metadata value `<arch>.<name>`, or `default`; a ModelLoadError naming the
+    key when both are missing."""
+
+    def key(name: str, default: Any = None) -> Any:
+        value = metadata.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata is missing {arch}.{name}")
+        return value
+
+    return key
+
 def check_architecture(arch: str) -> str:
     """Return `arch` if supported, else refuse it by name."""
     supported = SUPPORTED_ARCHITECTURES + VARIANT_ARCHITECTURES
@@ -205,11 +217,7 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
 
         return qwen35_config_from_gguf(arch, metadata, tensor_names)
 
-    def key(name: str, default: Any = None) -> Any:
-        value = metadata.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"GGUF metadata is missing {arch}.{name}")
-        return value
+    key = gguf_key(metadata, arch)
 
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))

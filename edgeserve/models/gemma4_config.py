@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
-from .config import ModelConfig
+from .config import ModelConfig, gguf_key
 
 def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """A Gemma 4 ModelConfig from an HF config.json dict (a `gemma4_text` config or the multimodal one, whose
@@ -106,11 +106,7 @@ def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str])
     """A Gemma 4 ModelConfig from llama.cpp's `gemma4.*` metadata and the file's tensor names."""
     arch = "gemma4"
 
-    def key(name: str, default: Any = None) -> Any:
-        value = metadata.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"GGUF metadata is missing {arch}.{name}")
-        return value
+    key = gguf_key(metadata, arch)
 
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     layers = int(key("block_count"))

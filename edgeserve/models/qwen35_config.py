@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
 
-from .config import ModelConfig
+from .config import ModelConfig, gguf_key
 
 
 def _layer_pattern(layers: int, types: list[str] | None, interval: int) -> tuple[bool, ...]:
@@ -90,11 +90,7 @@ def _rotary_dim(head_dim: int, rotary: int) -> int:
 def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     """A Qwen3.5 ModelConfig from llama.cpp's `qwen35.*` / `qwen35moe.*` metadata and the file's tensor names."""
 
-    def key(name: str, default: Any = None) -> Any:
-        value = metadata.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"GGUF metadata is missing {arch}.{name}")
-        return value
+    key = gguf_key(metadata, arch)
 
     layers = int(key("block_count"))
     hidden = int(key("embedding_length"))
