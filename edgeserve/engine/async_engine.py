@@ -22,6 +22,7 @@ from .config import EngineConfig
 from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
+from .prefix_key import NO_KEY, PrefixKey
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -88,20 +89,21 @@ class AsyncEngine:
 
     # --- requests --------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               prefix_key: PrefixKey = NO_KEY) -> RequestStream:
         """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
         return RequestStream(self, rid, receive)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       prefix_key: PrefixKey = NO_KEY) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key)
         try:
             async for out in stream:
                 yield out

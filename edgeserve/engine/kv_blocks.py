@@ -8,6 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, MutableMapping, Protocol, Sequence
 
+from .prefix_key import NO_KEY, PrefixKey
 from .request_state import Registry
 from .window_blocks import WindowBlocks
 
@@ -20,9 +21,12 @@ class OutOfBlocksError(RuntimeError):
     """The pool has too few free blocks for a request (callers check `can_allocate` first)."""
 
 
-def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    """Prefix-cache key of a full block: chained over its parent's key and its own token ids."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+def block_hash(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """Prefix-cache key of a full block: chained over its parent's key, its own token ids and `extra` (what else
+    decides its tokens' KV: see PrefixKey)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes() + extra).digest()
+
+
 
 
 class BlockOffload(Protocol):
@@ -59,6 +63,7 @@ class _SeqBlocks:
     num_tokens: int = 0  # tokens that have a reserved slot
     num_hashed: int = 0  # leading full blocks whose hash is known
     last_hash: bytes = _ROOT_HASH
+    key: PrefixKey = NO_KEY
     window_from: int = 0  # logical blocks window_from..window_to-1 hold a window block (sliding-window layers)
     window_to: int = 0
 
@@ -168,8 +173,9 @@ class BlockManager:
 
     # --- allocation ------------------------------------------------------
 
-    def allocate(self, seq: SeqId, token_ids: Sequence[int]) -> int:
+    def allocate(self, seq: SeqId, token_ids: Sequence[int], key: PrefixKey = NO_KEY) -> int:
         """Give `seq` blocks for `token_ids`, reusing cached prefix blocks; return how many tokens are cached.
+        `key`: what else enters its blocks' hashes (PrefixKey).
 
         The last token is never reported cached: the model must compute it to sample.
         """
@@ -179,16 +185,16 @@ class BlockManager:
         if n == 0:
             raise ValueError("cannot allocate an empty sequence")
         max_blocks = (n - 1) // self.block_size if self.enable_prefix_caching else 0
-        hits, parent = self._find_prefix(token_ids, max_blocks)
+        hits, parent = self._find_prefix(token_ids, max_blocks, key)
         if self.usable_prefix is not None:
             hits = hits[:self.usable_prefix([self.blocks[b].hash for b in hits])] if hits else hits
-            parent = self.blocks[hits[-1]].hash if hits else _ROOT_HASH
+            parent = self.blocks[hits[-1]].hash if hits else key.root
             max_blocks = len(hits)  # the tiers' blocks have no state to resume after
         window_from = 0
         if self.window is not None:
             hits, window_from = self._window_covered(hits)
-            parent = self.blocks[hits[-1]].hash if hits else _ROOT_HASH
-        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent)
+            parent = self.blocks[hits[-1]].hash if hits else key.root
+        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent, key)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh + revived > len(self._free):
@@ -198,7 +204,9 @@ class BlockManager:
         new_ids, parent = self._fetch(tier_hits, parent)
         fetched = len(new_ids)
         start = (len(hits) + fetched) * self.block_size
-        source, partial = (self._find_partial(parent, token_ids[start:n - 1]) if self.enable_prefix_caching
+        source, partial = (self._find_partial(parent, token_ids[start:n - 1])
+                           if self.enable_prefix_caching and not key.block_extra(start // self.block_size,
+                                                                                   self.block_size)
                            else (None, 0))
         if source is not None and self.blocks[source].ref_count == 0 and self.blocks[source].hash is None:
             self._claim(source)  # a finished sequence's last block: taken over as it is, no copy
@@ -212,7 +220,8 @@ class BlockManager:
         if source is not None:
             self.copy_block(source, new_ids[fetched])
             self._unref(source)
-        state = _SeqBlocks(block_ids=hits + new_ids, num_tokens=n, num_hashed=len(hits) + fetched, last_hash=parent)
+        state = _SeqBlocks(block_ids=hits + new_ids, num_tokens=n, num_hashed=len(hits) + fetched, last_hash=parent,
+                           key=key)
         if self.window is not None:
             for b in hits[window_from:]:
                 self.window.acquire(b)
@@ -224,7 +233,7 @@ class BlockManager:
         self.num_prompt_tokens_computed += n - cached
         return cached
 
-    def allocate_uncached(self, seq: SeqId, num_tokens: int) -> list[int]:
+    def allocate_uncached(self, seq: SeqId, num_tokens: int, key: PrefixKey = NO_KEY) -> list[int]:
         """Give `seq` fresh blocks for `num_tokens` tokens with no prefix lookup (their KV is about to be swapped in);
         return its block table. Call `commit_full_blocks` once the KV is back."""
         if seq in self._seqs:
@@ -234,7 +243,8 @@ class BlockManager:
         needed = self.blocks_needed(num_tokens)
         if needed > len(self._free):
             raise OutOfBlocksError(f"need {needed} free blocks, have {len(self._free)}")
-        self._seqs[seq] = _SeqBlocks(block_ids=[self._take_free() for _ in range(needed)], num_tokens=num_tokens)
+        self._seqs[seq] = _SeqBlocks(block_ids=[self._take_free() for _ in range(needed)], num_tokens=num_tokens,
+                                     last_hash=key.root, key=key)
         return self.block_table(seq)
 
     def ensure_capacity(self, seq: SeqId, new_total_tokens: int) -> bool:
@@ -281,7 +291,7 @@ class BlockManager:
         num_full = min(num_computed, len(token_ids)) // bs
         for i in range(state.num_hashed, num_full):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = block_hash(state.last_hash, tokens)
+            h = block_hash(state.last_hash, tokens, state.key.block_extra(i, bs))
             block = self.blocks[state.block_ids[i]]
             # Another sequence may have computed the same block first: keep that one as the cached copy.
             if h not in self._by_hash:
@@ -293,7 +303,8 @@ class BlockManager:
             state.last_hash = h
         state.num_hashed = max(state.num_hashed, num_full)
         tail = min(num_computed, len(token_ids)) - num_full * bs
-        if tail > 0 and self.copy_block is not None and self.window is None and num_full == state.num_hashed:
+        if (tail > 0 and self.copy_block is not None and self.window is None and num_full == state.num_hashed
+                and not state.key.block_extra(num_full, bs)):
             block = self.blocks[state.block_ids[num_full]]
             if block.hash is None:
                 self._set_content(block, state.last_hash, tuple(token_ids[num_full * bs:num_full * bs + tail]))
@@ -350,12 +361,13 @@ class BlockManager:
             self.window.release(b, cached=self.blocks[b].hash is not None)
         state.window_from = max(state.window_from, stop)
 
-    def _find_prefix(self, token_ids: Sequence[int], max_blocks: int) -> tuple[list[int], bytes]:
-        """Cached blocks that match the first blocks of `token_ids`, and the key of the last one."""
-        bs, parent, hits = self.block_size, _ROOT_HASH, []
+    def _find_prefix(self, token_ids: Sequence[int], max_blocks: int,
+                     key: PrefixKey = NO_KEY) -> tuple[list[int], bytes]:
+        """Cached blocks that match the first blocks of `token_ids` (under `key`), and the key of the last one."""
+        bs, parent, hits = self.block_size, key.root, []
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = block_hash(parent, tokens)
+            h = block_hash(parent, tokens, key.block_extra(i, bs))
             b = self._by_hash.get(h)
             if b is None:
                 break
@@ -366,15 +378,15 @@ class BlockManager:
             parent = h
         return hits, parent
 
-    def _find_in_tiers(self, token_ids: Sequence[int], start: int, max_blocks: int,
-                       parent: bytes) -> list[tuple[bytes, bytes, tuple[int, ...]]]:
+    def _find_in_tiers(self, token_ids: Sequence[int], start: int, max_blocks: int, parent: bytes,
+                       key: PrefixKey = NO_KEY) -> list[tuple[bytes, bytes, tuple[int, ...]]]:
         """Blocks start.. of `token_ids` that the offload tiers claim, in order: (hash, parent hash, tokens)."""
         if self.offload is None:
             return []
         bs, found = self.block_size, []
         for i in range(start, max_blocks):
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            h = block_hash(parent, tokens)
+            h = block_hash(parent, tokens, key.block_extra(i, bs))
             if h in self._by_hash or not self.offload.contains(h):
                 break  # still on the device (kept simple: recomputed) or nowhere
             found.append((h, parent, tokens))

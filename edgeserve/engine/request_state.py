@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgeserve.sampling_params import SamplingParams
 
+from .prefix_key import NO_KEY, PrefixKey
+
 if TYPE_CHECKING:
     import torch
 
@@ -48,6 +50,7 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)  # proposed continuation to verify next step
     kv: Any = field(default=None, repr=False)  # the block manager's part (kv_blocks._SeqBlocks) while it has blocks
     batch_row: int | None = None  # its row in the persistent input batch while it runs (input_batch.InputBatch)
+    prefix_key: PrefixKey = NO_KEY  # what besides its tokens enters its blocks' hashes (adapter, images)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -391,7 +391,7 @@ class Scheduler:
             if seq.swapped:
                 self._swap_in(seq)
             else:
-                seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
+                seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids, seq.prefix_key)
             if self.states is not None:  # a hit resumes from the snapshot at its end
                 self.states.admit(seq.seq_id, bm.prefix_hash(seq.seq_id, seq.num_computed_tokens // bm.block_size))
             seq.status = SeqStatus.RUNNING
@@ -437,12 +437,12 @@ class Scheduler:
         """Give a swapped-out sequence fresh blocks and its KV back; recompute when the swap copy is gone."""
         bm = self.block_manager
         seq.swapped = False
-        table = bm.allocate_uncached(seq.seq_id, seq.num_tokens)
+        table = bm.allocate_uncached(seq.seq_id, seq.num_tokens, seq.prefix_key)
         if self.offload.swap_in(seq.seq_id, table[:bm.blocks_needed(seq.num_computed_tokens)]):
             bm.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
         else:
             bm.free(seq.seq_id)
-            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids)
+            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids, seq.prefix_key)
 
     def _snapshot(self, seq: Sequence) -> None:
         """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at."""
