@@ -19,8 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server import rerank_routes
-from edgeserve.server.api import anthropic, embeddings, ollama, ollama_models, openai, responses
+from edgeserve.server.api import anthropic, embeddings, ollama, ollama_models, openai, rerank, responses
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -153,7 +152,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *ollama_models.ROUTES,
         *ollama.ROUTES,
         *embeddings.ROUTES,
-        *rerank_routes.ROUTES,
+        *rerank.ROUTES,
         *anthropic.ROUTES,
         *responses.ROUTES,
     ]

@@ -1,4 +1,4 @@
-"""Rerank routes: POST /v1/rerank, /rerank (Jina / Cohere shapes, as vLLM serves them), llama-server's
+"""Rerank adapter: POST /v1/rerank, /rerank (Jina / Cohere shapes, as vLLM serves them), llama-server's
 /v1/reranking, /reranking, and vLLM's /v1/score (`text_1` against each `text_2`).
 
 The request names a reranker (a cross-encoder; see models/cross_encoder.py), a `query` and `documents` (strings or
