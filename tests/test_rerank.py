@@ -247,3 +247,16 @@ def test_score_route(client, models, hf_tok):
                         ({"text_1": QUERY, "text_2": ["ok", 3]}, "text_2[1]"), ({"text_2": DOCS}, "text_1")):
         r = client.post("/v1/score", json={"model": "bert-rank", **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_capabilities_mark_rerankers_and_embedders(client):
+    """/api/show, /v1/models and /api/tags say which models rerank (encoder and decoder rerankers, GGUF and folder)
+    and which embed."""
+    want = {"bert-rank": ["rerank"], "xlmr-rank": ["rerank"], "ce-folder": ["rerank"], "xlmr-ce": ["rerank"],
+            "qwen3-rank": ["rerank"], "embed": ["embedding"]}
+    for name, caps in want.items():
+        assert client.post("/api/show", json={"model": name}).json()["capabilities"] == caps, name
+    listed = {m["id"]: m["capabilities"] for m in client.get("/v1/models").json()["data"] if m["id"] in want}
+    tags = {m["name"]: m["capabilities"] for m in client.get("/api/tags").json()["models"] if m["name"] in want}
+    assert listed == want, listed
+    assert tags == want, tags

@@ -8,22 +8,41 @@ decoder folder (Qwen3-Embedding, EmbeddingGemma).
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def gguf_kind(metadata: Mapping[str, Any]) -> str | None:
+    """What a GGUF serves besides text: "rerank" (pooling type rank), "embedding" (an encoder, or a decoder whose
+    metadata names a pooling), or None for a text model."""
+    from edgeserve.models.decoder_embed import gguf_pooling
+    from edgeserve.models.decoder_rerank import is_decoder_reranker
+    from edgeserve.models.gguf_encoder import is_gguf_encoder
+
+    if is_decoder_reranker(metadata):  # pooling type rank, encoder or decoder
+        return "rerank"
+    return "embedding" if gguf_pooling(metadata) is not None or is_gguf_encoder(metadata) else None
+
+
+def folder_kind(path: Path) -> str | None:
+    """What a Hugging Face folder serves besides text: "rerank" (a sequence classifier), "embedding" (an encoder or
+    a sentence-transformers decoder), or None."""
+    from edgeserve.models.bert import is_encoder_folder
+    from edgeserve.models.cross_encoder import is_cross_encoder_folder
+    from edgeserve.models.decoder_embed import is_decoder_embed_folder
+
+    if is_cross_encoder_folder(path):
+        return "rerank"
+    return "embedding" if is_encoder_folder(path) or is_decoder_embed_folder(path) else None
 
 
 def is_embedding_source(source: Any) -> bool:
     """Whether a resolved model source embeds or reranks (it then loads beside text models, without a KV cache)."""
-    from edgeserve.models.bert import is_encoder_folder
-    from edgeserve.models.decoder_embed import gguf_pooling, is_decoder_embed_folder
-    from edgeserve.models.decoder_rerank import is_decoder_reranker
-    from edgeserve.models.gguf_encoder import is_gguf_encoder
-
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile
 
-        md = GGUFFile(source.path).metadata
-        return gguf_pooling(md) is not None or is_gguf_encoder(md) or is_decoder_reranker(md)
-    return source.kind == "hf" and (is_encoder_folder(source.path) or is_decoder_embed_folder(source.path))
+        return gguf_kind(GGUFFile(source.path).metadata) is not None
+    return source.kind == "hf" and folder_kind(source.path) is not None
 
 
 def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", max_len: int | None = None) -> Any:

@@ -18,7 +18,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from edgeserve.registry import ModelSource
+from edgeserve.registry import CATALOG, ModelSource, resolve
 from edgeserve.registry.paths import write_text_atomic
 
 _CHUNK = 1 << 20
@@ -60,24 +60,32 @@ class ModelFacts:
         return "\n".join(lines)
 
 
-def capabilities(template: str, embeds: bool, generates: bool = True) -> list[str]:
+def capabilities(template: str, kind: str | None = None) -> list[str]:
     """Ollama's capabilities: "completion" for a text model, with "tools" when its chat template renders tools
     (as the chat route decides to hand them to the template) and "thinking" when it reasons (<think> tags, harmony);
-    "embedding" for a model that embeds (an encoder, or a decoder whose GGUF names a pooling)."""
+    `kind` "embedding" (a model that embeds) or "rerank" (a reranker) instead of those (see models/embedders.py)."""
     from edgeserve.text.harmony import template_is_harmony
     from edgeserve.text.reasoning import template_thinks
     from edgeserve.text.tool_calls import template_knows_tools
 
-    caps = []
-    if generates:
-        caps.append("completion")
-        if template and template_knows_tools(template):
-            caps.append("tools")
-        if template and (template_thinks(template) or template_is_harmony(template)):
-            caps.append("thinking")
-    if embeds:
-        caps.append("embedding")
+    if kind is not None:
+        return [kind]
+    caps = ["completion"]
+    if template and template_knows_tools(template):
+        caps.append("tools")
+    if template and (template_thinks(template) or template_is_harmony(template)):
+        caps.append("thinking")
     return caps
+
+
+def spec_facts(spec: str, source: ModelSource | None = None) -> ModelFacts | None:
+    """The facts of the model `spec` names (its resolved `source` when given); None when its file cannot be read
+    (not pulled, missing, unreadable)."""
+    try:
+        src = source or resolve(spec, pull_missing=False)
+        return model_facts(src, CATALOG[spec].license if spec in CATALOG else "")
+    except Exception:  # noqa: BLE001 - any unreadable model is reported without facts
+        return None
 
 
 def format_parameter_size(n: int) -> str:
@@ -198,12 +206,10 @@ def _gguf_facts(path: Path) -> ModelFacts:
         i = md.get(k)
         if isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] not in stop:
             stop.append(tokens[i])
-    from edgeserve.models.decoder_embed import gguf_pooling
+    from edgeserve.models.embedders import gguf_kind
 
     template = str(md.get("tokenizer.chat_template") or "")
-    encoder = arch in ENCODER_TYPES
-    pooled = gguf_pooling(md) is not None  # served by the embedder only (see model_manager.is_embedding_spec)
-    caps = capabilities(template, encoder or pooled, generates=not (encoder or pooled))
+    caps = capabilities(template, gguf_kind(md))  # an embedder or reranker is served by the embedder only
     ctx = int(md.get(f"{arch}.context_length") or 0)
     return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info, template, stop,
                       str(md.get("general.license") or ""), caps, ctx)
@@ -258,8 +264,12 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
         template = next((t.get("template", "") for t in template if t.get("name") == "default"), "")
     eos = tok_cfg.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
-    encoder = arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())
-    caps = capabilities(template, encoder, generates=not encoder)
+    from edgeserve.models.embedders import folder_kind
+
+    kind = folder_kind(folder) if folder.is_dir() else None
+    if kind is None and (arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())):
+        kind = "embedding"  # an encoder or sentence-transformers folder edgeserve may not load: still not a chat model
+    caps = capabilities(template, kind)
     size = sum(f.stat().st_size for f in files)
     return ModelFacts("safetensors", arch, params, quant, size, info, template, [eos] if eos else [], "", caps,
                       int(cfg.get("max_position_embeddings") or 0))

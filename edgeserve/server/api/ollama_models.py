@@ -20,7 +20,7 @@ from edgeserve.server.api.ollama import now_iso
 from edgeserve.server.body import parse_json_object
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import reject_unknown
-from edgeserve.server.model_details import ModelFacts, digest, model_facts
+from edgeserve.server.model_details import ModelFacts, digest, spec_facts
 from edgeserve.server.model_manager import ModelEntry, source_bytes
 from edgeserve.server.output_limit import ollama_parameter_lines, output_token_settings
 from edgeserve.server.respond import NDJSON
@@ -32,17 +32,8 @@ async def version(request: Request) -> Response:
     return JSONResponse({"version": edgeserve.__version__})
 
 
-def _facts(spec: str, source: Any = None) -> ModelFacts | None:
-    """The model's facts from its file (None when the file cannot be read)."""
-    try:
-        src = source or resolve(spec, pull_missing=False)
-        return model_facts(src, CATALOG[spec].license if spec in CATALOG else "")
-    except Exception:
-        return None
-
-
-def _details(spec: str, source: Any = None) -> dict[str, Any]:
-    facts = _facts(spec, source)
+def _details(spec: str, source: Any = None, facts: ModelFacts | None = None) -> dict[str, Any]:
+    facts = facts or spec_facts(spec, source)
     if facts is not None:
         return facts.details()
     fmt = "gguf" if spec.endswith(".gguf") or spec in CATALOG else "safetensors"
@@ -71,8 +62,10 @@ async def tags(request: Request) -> Response:
                 size, mtime, dig = source_bytes(src), src.path.stat().st_mtime, _digest(spec, src)
             except Exception:  # noqa: BLE001 - missing or unusable: not listed
                 continue
+            facts = spec_facts(spec, src)
             models.append({"name": mid, "model": mid, "modified_at": now_iso(mtime), "size": size,
-                           "digest": dig, "details": _details(spec, src)})
+                           "digest": dig, "details": _details(spec, src, facts),
+                           **({"capabilities": facts.capabilities} if facts else {})})
         return models
 
     # headers and hashes read files (a first digest hashes the whole file): off the event loop
@@ -133,7 +126,7 @@ async def show(request: Request) -> Response:
     reject_unknown(body, {"model", "name", "verbose", "system", "template", "options"})
     name = _model_name(body)
     mid, spec = st.manager.canonical(name)
-    facts = await anyio.to_thread.run_sync(_facts, spec)
+    facts = await anyio.to_thread.run_sync(spec_facts, spec)
     if facts is None:
         raise APIError(500, f"cannot read model {mid!r}", "server_error", "model")
     parameters = "\n".join(filter(None, [facts.parameters(), *ollama_parameter_lines(st.config)]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -21,6 +22,7 @@ from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.messages import parse_messages
+from edgeserve.server.model_details import spec_facts
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import respond
 from edgeserve.server.state import api_errors, server_state
@@ -226,11 +228,20 @@ def parse_openai_tools(body: dict, req: "GenerationRequest", chat: bool) -> None
 
 
 async def list_models(request: Request) -> Response:
-    """GET /v1/models: the configured models and pulled catalog models."""
+    """GET /v1/models: the configured models and pulled catalog models, each with its `capabilities` (as /api/show
+    says them: "completion", or "embedding" / "rerank") where its file can be read."""
     st = server_state(request)
-    data = [{"id": mid, "object": "model", "created": st.started, "owned_by": "edgeserve"}
-            for mid in st.manager.known()]
-    return JSONResponse({"object": "list", "data": data})
+
+    def listing() -> list[dict[str, Any]]:
+        data = []
+        for mid, spec in st.manager.known().items():
+            facts = spec_facts(spec)
+            data.append({"id": mid, "object": "model", "created": st.started, "owned_by": "edgeserve",
+                         **({"capabilities": facts.capabilities} if facts else {})})
+        return data
+
+    # headers are read from the files (once per file version): off the event loop
+    return JSONResponse({"object": "list", "data": await anyio.to_thread.run_sync(listing)})
 
 
 def _token_entry(gen: Generation, token_id: int, logprob: float) -> dict[str, Any]:
