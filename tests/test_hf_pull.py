@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -201,3 +202,31 @@ def test_qwen35_entries_pick_the_q4_k_m_file_of_unsloths_naming() -> None:
         files = {f"Qwen3.5-{size}-{q}.gguf": 1 for q in ("Q4_K_M", "UD-Q4_K_XL", "Q4_K_S", "Q8_0", "BF16")}
         assert pick_gguf({**files, "mmproj-F16.gguf": 1, "mmproj-BF16.gguf": 1}, ref.quant) == (
             f"Qwen3.5-{size}-Q4_K_M.gguf")
+
+
+# each short name's repository and the model file its Hub listing shows (checked when the entries were added)
+_EMBEDDER_FILES = {
+    "nomic-embed-text": ("nomic-ai/nomic-embed-text-v1.5-GGUF", "nomic-embed-text-v1.5.Q4_K_M.gguf"),
+    "mxbai-embed-large": ("ChristianAzinn/mxbai-embed-large-v1-gguf", "mxbai-embed-large-v1.Q4_K_M.gguf"),
+    "bge-m3": ("rbehzadan/bge-m3-gguf", "bge-m3-Q8_0.gguf"),
+    "snowflake-arctic-embed": ("yixuan-chia/snowflake-arctic-embed-l-GGUF", "snowflake-arctic-embed-l-Q8_0.gguf"),
+    "embeddinggemma": ("unsloth/embeddinggemma-300m-GGUF", "embeddinggemma-300M-BF16.gguf"),
+    "qwen3-embedding-0.6b": ("Qwen/Qwen3-Embedding-0.6B-GGUF", "Qwen3-Embedding-0.6B-Q8_0.gguf"),
+    "bge-reranker-v2-m3": ("gpustack/bge-reranker-v2-m3-GGUF", "bge-reranker-v2-m3-Q8_0.gguf"),
+    "qwen3-reranker-0.6b": ("ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF", "qwen3-reranker-0.6b-q8_0.gguf"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EMBEDDER_FILES))
+def test_embedder_and_reranker_names_resolve_to_their_hub_files(name: str) -> None:
+    """Issue 36's short names (not pulled in tests) parse to their hf.co repos, and the quantization each names
+    picks that repo's model file among its other quantizations."""
+    from edgeserve.registry.hf import pick_gguf, quant_of
+
+    repo, file = _EMBEDDER_FILES[name]
+    ref = parse(name)
+    assert ref is not None and ref.gguf and ref.repo == repo and ref.quant == quant_of(file), name
+    others = {re.sub(ref.quant, q, file, flags=re.IGNORECASE): 2 for q in ("Q4_0", "Q5_K_M", "F16")
+              if q != ref.quant}
+    assert len(others) == 3 and file not in others
+    assert pick_gguf({**others, file: 1}, ref.quant) == file

@@ -128,5 +128,25 @@ HF_CATALOG: dict[str, HFCatalogEntry] = {
                        "hf.co/ibm-granite/granite-3.3-2b-instruct-GGUF:Q4_K_M", 1_550_000_000, "Apache-2.0"),
         HFCatalogEntry("qwen3-vl-2b", "Qwen3-VL 2B Instruct, Q4_K_M (text only)",
                        "hf.co/unsloth/Qwen3-VL-2B-Instruct-GGUF:Q4_K_M", 1_110_000_000, "Apache-2.0"),
+        # issue 36's embedders and rerankers, as Ollama users pull them (all-minilm is the PyPI folder above). Repos
+        # and file names checked against the Hub's listings when added (not pulled here); sizes are the listed ones
+        # except embeddinggemma's and the Qwen3-Reranker's, estimated from the parameter counts
+        HFCatalogEntry("nomic-embed-text", "nomic-embed-text v1.5 embeddings (nomic-bert, 768 dims, Matryoshka "
+                       "`dimensions`; task prefixes such as `search_query: `), Q4_K_M",
+                       "hf.co/nomic-ai/nomic-embed-text-v1.5-GGUF:Q4_K_M", 84_100_000, "Apache-2.0"),
+        HFCatalogEntry("mxbai-embed-large", "mxbai-embed-large v1 embeddings (BERT large, 1024 dims), Q4_K_M",
+                       "hf.co/ChristianAzinn/mxbai-embed-large-v1-gguf:Q4_K_M", 216_000_000, "Apache-2.0"),
+        HFCatalogEntry("bge-m3", "BGE-M3 multilingual dense embeddings (XLM-RoBERTa, 1024 dims), Q8_0",
+                       "hf.co/rbehzadan/bge-m3-gguf:Q8_0", 635_000_000, "MIT"),
+        HFCatalogEntry("snowflake-arctic-embed", "Snowflake Arctic Embed L (BERT large, 1024 dims), Q8_0",
+                       "hf.co/yixuan-chia/snowflake-arctic-embed-l-GGUF:Q8_0", 358_000_000, "Apache-2.0"),
+        HFCatalogEntry("embeddinggemma", "EmbeddingGemma 300M (Gemma 3 body, bidirectional, 768 dims), BF16",
+                       "hf.co/unsloth/embeddinggemma-300m-GGUF:BF16", 620_000_000, "Gemma Terms of Use"),
+        HFCatalogEntry("qwen3-embedding-0.6b", "Qwen3-Embedding 0.6B (last-token pooling, 1024 dims), Q8_0",
+                       "hf.co/Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0", 639_000_000, "Apache-2.0"),
+        HFCatalogEntry("bge-reranker-v2-m3", "BGE reranker v2 M3 (XLM-RoBERTa cross-encoder) for /v1/rerank, Q8_0",
+                       "hf.co/gpustack/bge-reranker-v2-m3-GGUF:Q8_0", 636_000_000, "Apache-2.0"),
+        HFCatalogEntry("qwen3-reranker-0.6b", "Qwen3-Reranker 0.6B (yes/no decoder reranker) for /v1/rerank, Q8_0",
+                       "hf.co/ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF:Q8_0", 640_000_000, "Apache-2.0"),
     ]
 }
