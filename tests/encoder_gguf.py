@@ -26,12 +26,13 @@ def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vo
                        rope_base: float | None = None, type_vocab: int = 2, qtype: str = "F32",
                        skip: tuple[str, ...] = (), rename: dict[str, str] | None = None,
                        bpe_merges: list[str] | None = None) -> Path:
-    """A GGUF of `arch` ('bert' / 'nomic-bert') holding `state` (HF names, mapped as llama.cpp maps them, or by
-    `rename` to GGUF names); `vocab` a WordPiece vocab.txt list, a SentencePiece Unigram model's bytes
+    """A GGUF of `arch` ('bert' / 'nomic-bert' / 'jina-bert-v2') holding `state` (HF names, mapped as llama.cpp
+    maps them, or by `rename` to GGUF names); `vocab` a WordPiece vocab.txt list, a SentencePiece Unigram model's bytes
     (XLM-RoBERTa), or with `bpe_merges` a RoBERTa byte-level BPE vocabulary (`<s> <pad> </s> <unk>` first)."""
     import gguf
 
-    arch_id = {"bert": gguf.MODEL_ARCH.BERT, "nomic-bert": gguf.MODEL_ARCH.NOMIC_BERT}[arch]
+    arch_id = {"bert": gguf.MODEL_ARCH.BERT, "nomic-bert": gguf.MODEL_ARCH.NOMIC_BERT,
+               "jina-bert-v2": gguf.MODEL_ARCH.JINA_BERT_V2}[arch]
     names = gguf.get_tensor_name_map(arch_id, layers)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(context)

@@ -158,6 +158,104 @@ def test_nomic_bert_gguf_matches_reference(tmp_path, minilm):
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 
+def _jina_state(hidden: int, layers: int, ffn: int, vocab: int, fused: bool, qk_norm: bool) -> dict[str, torch.Tensor]:
+    """Random jina-bert-v2 weights under the Hugging Face names llama.cpp's converter maps (the GLU's gate and up
+    halves split as `gated_layers_w` / `_v`, or fused as `up_gated_layer`, gate rows first)."""
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
+    sd = {"embeddings.word_embeddings.weight": r(vocab, hidden), "embeddings.token_type_embeddings.weight":
+          r(2, hidden), "embeddings.LayerNorm.weight": 1 + r(hidden), "embeddings.LayerNorm.bias": r(hidden)}
+    for i in range(layers):
+        p = f"encoder.layer.{i}"
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            sd.update({f"{p}.{n}.weight": r(hidden, hidden), f"{p}.{n}.bias": r(hidden)})
+        for n in ("attention.output.LayerNorm", "mlp.layernorm") + (
+                ("attention.self.layer_norm_q", "attention.self.layer_norm_k") if qk_norm else ()):
+            sd.update({f"{p}.{n}.weight": 1 + r(hidden), f"{p}.{n}.bias": r(hidden)})
+        gate, up = r(ffn, hidden), r(ffn, hidden)
+        if fused:
+            sd[f"{p}.mlp.up_gated_layer.weight"] = torch.cat([gate, up])
+        else:
+            sd.update({f"{p}.mlp.gated_layers_w.weight": gate, f"{p}.mlp.gated_layers_v.weight": up})
+        sd.update({f"{p}.mlp.wo.weight": r(hidden, ffn), f"{p}.mlp.wo.bias": r(hidden)})
+    return sd
+
+
+def _paper_slopes(n: int) -> list[float]:
+    """ALiBi's head slopes as its paper defines them (a geometric series from 2^(-8/n); for a head count that is no
+    power of two, every other slope of twice the nearest power of two fills the rest)."""
+    if math.log2(n).is_integer():
+        return [2 ** (-8 / n * (i + 1)) for i in range(n)]
+    c = 2 ** math.floor(math.log2(n))
+    return _paper_slopes(c) + _paper_slopes(2 * c)[0::2][: n - c]
+
+
+def _jina_reference(sd: dict[str, torch.Tensor], ids: list[int], heads: int, layers: int, ffn: int,
+                    eps: float) -> torch.Tensor:
+    """jina-bert-v2 in float64, written from its published definition (JinaBert: symmetric ALiBi -m_h * |i - j|
+    added to the scaled scores, no position embeddings, post-LayerNorm, GEGLU `wo(gelu(gate) * up)`), mean-pooled
+    and normalized."""
+    w = {k: v.double() for k, v in sd.items()}
+    ln = lambda x, n: F.layer_norm(x, x.shape[-1:], w[f"{n}.weight"], w[f"{n}.bias"], eps)  # noqa: E731
+    lin = lambda x, n: x @ w[f"{n}.weight"].T + w.get(f"{n}.bias", 0)  # noqa: E731
+    x = ln(w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0],
+           "embeddings.LayerNorm")
+    t, d = x.shape
+    hd = d // heads
+    pos = torch.arange(t, dtype=torch.float64)
+    alibi = -torch.tensor(_paper_slopes(heads), dtype=torch.float64)[:, None, None] * (pos[:, None] - pos).abs()
+    for i in range(layers):
+        p = f"encoder.layer.{i}"
+        q, k = lin(x, f"{p}.attention.self.query"), lin(x, f"{p}.attention.self.key")
+        if f"{p}.attention.self.layer_norm_q.weight" in w:
+            q, k = ln(q, f"{p}.attention.self.layer_norm_q"), ln(k, f"{p}.attention.self.layer_norm_k")
+        q, k, v = (y.view(t, heads, hd).transpose(0, 1) for y in (q, k, lin(x, f"{p}.attention.self.value")))
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + alibi, -1) @ v
+        h = ln(x + lin(att.transpose(0, 1).reshape(t, d), f"{p}.attention.output.dense"),
+               f"{p}.attention.output.LayerNorm")
+        gu = (h @ w[f"{p}.mlp.up_gated_layer.weight"].T if f"{p}.mlp.up_gated_layer.weight" in w else
+              torch.cat([h @ w[f"{p}.mlp.gated_layers_w.weight"].T, h @ w[f"{p}.mlp.gated_layers_v.weight"].T], -1))
+        x = ln(h + lin(F.gelu(gu[:, :ffn]) * gu[:, ffn:], f"{p}.mlp.wo"), f"{p}.mlp.layernorm")
+    return F.normalize(x.mean(0), dim=-1)
+
+
+@pytest.mark.parametrize("heads, fused, qk_norm", [(4, False, False), (6, True, True)])
+def test_jina_bert_v2_gguf_matches_reference(tmp_path, minilm, heads, fused, qk_norm):
+    """jina-bert-v2 (no transformers implementation: JinaBert is remote code) against a float64 reference from its
+    definition: a power-of-two head count and one that is not (ALiBi's interleaved slopes), the split and the fused
+    GLU layouts, the optional query/key LayerNorms; the batch padded, so padding must not leak through ALiBi."""
+    vocab = minilm_vocab(minilm)
+    hidden, ffn = 8 * heads, 40
+    sd = _jina_state(hidden, 2, ffn, len(vocab), fused, qk_norm)
+    path = write_encoder_gguf(tmp_path / "jina.gguf", "jina-bert-v2", sd, vocab, hidden=hidden, layers=2, heads=heads,
+                              ffn=ffn, context=8192, pooling_type=1)
+    lm = _load(path)
+    assert lm.config.pooling == "mean" and lm.config.max_seq_length == 8192
+    from edgeserve.models.embedders import is_embedding_source
+    from edgeserve.server.model_details import model_facts
+
+    assert is_embedding_source(resolve(str(path))) and model_facts(resolve(str(path))).capabilities == ["embedding"]
+    seqs = [lm.encode(t)[0] for t in TEXTS]
+    got = lm.embed(seqs).numpy()
+    want = np.stack([_jina_reference(sd, ids, heads, 2, ffn, 1e-12).numpy() for ids in seqs])
+    assert _cos(got, want).min() > 0.9999
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_jina_alibi_attends_in_query_blocks(minilm, tmp_path, monkeypatch):
+    """A long input attends in query blocks (the bias is never [seq, seq] whole) with the same states."""
+    from edgeserve.models import jina_bert
+
+    vocab = minilm_vocab(minilm)
+    sd = _jina_state(32, 1, 40, len(vocab), False, False)
+    lm = _load(write_encoder_gguf(tmp_path / "jina.gguf", "jina-bert-v2", sd, vocab, hidden=32, layers=1, heads=4,
+                                  ffn=40, context=8192, pooling_type=1))
+    seqs = [lm.encode(TEXTS[5])[0]]
+    whole = lm.embed(seqs)
+    monkeypatch.setattr(jina_bert, "_MASK_BYTES", 4 * 4 * 7 * len(seqs[0]))  # 7 query rows per block
+    np.testing.assert_allclose(lm.embed(seqs).numpy(), whole.numpy(), atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def minilm_gguf(minilm, tmp_path_factory):
     """The real all-MiniLM-L6-v2 safetensors converted to a `bert` GGUF (mean pooling), F32, F16 and Q8_0."""

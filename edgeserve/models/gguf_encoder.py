@@ -1,5 +1,6 @@
 """BERT-family encoders from GGUF files as llama.cpp writes them: `bert` (all-minilm, mxbai-embed-large,
-snowflake-arctic-embed, bge; also rerankers with a `cls` head) and `nomic-bert` (nomic-embed-text).
+snowflake-arctic-embed, bge; also rerankers with a `cls` head), `nomic-bert` (nomic-embed-text) and `jina-bert-v2`
+(jina-embeddings-v2: ALiBi, GEGLU).
 
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, ...) to the BertEncoder names and
 dequantized to the run dtype; the tokenizer comes from the `tokenizer.ggml.*` keys (WordPiece, see
@@ -19,11 +20,12 @@ import torch
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.models.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
 from edgeserve.models.decoder_embed import gguf_pooling
+from edgeserve.models.jina_bert import JinaBertEncoder
 from edgeserve.models.nomic_bert import NomicBertEncoder
 
 log = logging.getLogger(__name__)
 
-GGUF_ENCODER_ARCHS = {"bert": BertEncoder, "nomic-bert": NomicBertEncoder}
+GGUF_ENCODER_ARCHS = {"bert": BertEncoder, "nomic-bert": NomicBertEncoder, "jina-bert-v2": JinaBertEncoder}
 RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK: a classification head scores (query, document) pairs
 
 _TOP = {"token_embd": "embeddings.word_embeddings", "position_embd": "embeddings.position_embeddings",
@@ -31,7 +33,9 @@ _TOP = {"token_embd": "embeddings.word_embeddings", "position_embd": "embeddings
         "cls": "classifier.dense", "cls.output": "classifier.out_proj"}
 _LAYER = {"attn_q": "attention.self.query", "attn_k": "attention.self.key", "attn_v": "attention.self.value",
           "attn_qkv": "attention.qkv", "attn_output": "attention.output.dense",
-          "attn_output_norm": "attention.output.LayerNorm", "ffn_up": "intermediate.dense",
+          "attn_output_norm": "attention.output.LayerNorm", "attn_norm_2": "attention.output.LayerNorm2",
+          "attn_q_norm": "attention.self.q_norm", "attn_k_norm": "attention.self.k_norm",
+          "ffn_up": "intermediate.dense",
           "ffn_gate": "intermediate.gate", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -114,7 +118,8 @@ def with_specials(backend: Any, metadata: Mapping[str, Any]) -> Any:
 
 
 def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
-    """Load a `bert` / `nomic-bert` GGUF as an embedding model, or as a reranker when its pooling is rank."""
+    """Load a `bert` / `nomic-bert` / `jina-bert-v2` GGUF as an embedding model, or as a reranker when its pooling
+    is rank."""
     from edgeserve.device import resolve_device
     from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.loaders.tokenizer import tokenizer_from_gguf
