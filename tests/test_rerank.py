@@ -77,6 +77,44 @@ def _xlmr_gguf(path, model, vocab):
     return write_encoder_gguf(path, "bert", sd, vocab, context=512, pooling_type=4, type_vocab=1, **SHAPE)
 
 
+def _qwen3_reranker_folder(folder, seed: int, logit_score: bool):
+    """A tiny random Qwen3ForCausalLM folder published as a yes/no reranker: with a sentence-transformers
+    LogitScore module naming the answer token ids, or (without one) by its name and "yes" / "no" tokens."""
+    import json
+
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tiny_gguf import byte_vocab
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials + byte_vocab() + ["yes", "no"])}
+    tok = tokenizers.Tokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=8, max_position_embeddings=1024, tie_word_embeddings=True)).eval()
+    model.save_pretrained(folder)
+    ids = (vocab["no"], vocab["yes"])
+    if logit_score:
+        ids = (vocab["n"], vocab["y"])  # the module's ids win over the tokenizer's words
+        (folder / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_LogitScore",
+             "type": "sentence_transformers.cross_encoder.modules.LogitScore"}]))
+        (folder / "1_LogitScore").mkdir()
+        (folder / "1_LogitScore" / "config.json").write_text(json.dumps({"true_token_id": ids[1],
+                                                                         "false_token_id": ids[0]}))
+    return model, tok, ids, folder
+
+
 @pytest.fixture(scope="module")
 def models(minilm, tmp_path_factory):
     d = tmp_path_factory.mktemp("rerank")
@@ -96,7 +134,10 @@ def models(minilm, tmp_path_factory):
     qwen3 = write_tiny_llama(d / "qwen3-rank.gguf", arch="qwen3", pooling_type=4, context=1024,
                              extra_tensors={"cls.output.weight": head},
                              extra_metadata={"qwen3.classifier.output_labels": ["yes", "no"]})
-    return {"qwen3": (head, qwen3), "bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
+    qwen3_st = _qwen3_reranker_folder(d / "qwen3-st-rank", 4, logit_score=True)
+    qwen3_named = _qwen3_reranker_folder(d / "Tiny-Qwen3-Reranker", 5, logit_score=False)
+    return {"qwen3": (head, qwen3), "qwen3-st": (qwen3_st, qwen3_st[3]), "qwen3-named": (qwen3_named, qwen3_named[3]),
+            "bert": (bert, _bert_gguf(d / "bert-rank.gguf", bert, vocab)),
             "xlmr": (xlmr, _xlmr_gguf(d / "xlmr-rank.gguf", xlmr, vocab)), "folder": (bert, folder),
             "xlmr-folder": (xlmr, xlmr_folder),
             "embed": (None, write_encoder_gguf(d / "embed.gguf", "bert", embedder.state_dict(), vocab, context=512,
@@ -188,6 +229,33 @@ def test_qwen3_reranker_gguf(client, models):
     assert client.post("/v1/embeddings", json={"model": "qwen3-rank", "input": "hi"}).status_code == 400
 
 
+def _qwen3_folder_reference(model, tok, ids) -> np.ndarray:
+    """Qwen3-Reranker's published scoring in transformers: the prompt through the causal LM, the last position's
+    logits of ("no", "yes"), softmax -> P(yes)."""
+    from edgeserve.models.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
+
+    out = []
+    with torch.no_grad():
+        for doc in DOCS:
+            text = f"{PREFIX}<Instruct>: {INSTRUCTION}\n<Query>: {QUERY}\n<Document>: {doc}{SUFFIX}"
+            logits = model(input_ids=torch.tensor([tok.encode(text, add_special_tokens=False).ids])).logits[0, -1]
+            out.append(torch.softmax(logits[list(ids)], 0)[1].item())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("name, model_id", [("qwen3-st", "qwen3-st-rank"), ("qwen3-named", "Tiny-Qwen3-Reranker")])
+def test_qwen3_reranker_folder_matches_transformers(client, models, name, model_id):
+    """A Qwen3-Reranker Hugging Face folder (sentence-transformers' LogitScore module, or the folder's name) scores
+    as its published recipe does in transformers, batched with padding."""
+    model, tok, ids, _ = models[name][0]
+    r = client.post("/v1/rerank", json={"model": model_id, "query": QUERY, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCS))], _qwen3_folder_reference(model, tok, ids),
+                               atol=1e-5)
+    assert client.post("/v1/embeddings", json={"model": model_id, "input": "hi"}).status_code == 400
+
+
 def test_top_n_return_documents_and_object_documents(client):
     docs = [{"text": d} for d in DOCS]
     for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking"):
@@ -253,7 +321,8 @@ def test_capabilities_mark_rerankers_and_embedders(client):
     """/api/show, /v1/models and /api/tags say which models rerank (encoder and decoder rerankers, GGUF and folder)
     and which embed."""
     want = {"bert-rank": ["rerank"], "xlmr-rank": ["rerank"], "ce-folder": ["rerank"], "xlmr-ce": ["rerank"],
-            "qwen3-rank": ["rerank"], "embed": ["embedding"]}
+            "qwen3-rank": ["rerank"], "qwen3-st-rank": ["rerank"], "Tiny-Qwen3-Reranker": ["rerank"],
+            "embed": ["embedding"]}
     for name, caps in want.items():
         assert client.post("/api/show", json={"model": name}).json()["capabilities"] == caps, name
     listed = {m["id"]: m["capabilities"] for m in client.get("/v1/models").json()["data"] if m["id"] in want}

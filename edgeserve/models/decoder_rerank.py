@@ -1,6 +1,9 @@
 """Decoder rerankers (Qwen3-Reranker) from GGUF: a decoder whose `<arch>.pooling_type` is rank and whose
 `cls.output` matrix holds the lm-head rows of its answer tokens (`<arch>.classifier.output_labels`, "yes" / "no"),
-as llama.cpp's converter writes Qwen3-Reranker.
+as llama.cpp's converter writes Qwen3-Reranker; or from a Hugging Face causal-LM folder that sentence-transformers
+publishes as a reranker (modules.json with a LogitScore module, whose config names the "yes" / "no" token ids) or
+whose folder name says Reranker (Qwen/Qwen3-Reranker-* as published before that), scored with the lm head's rows
+of those two tokens.
 
 Each (query, document) pair is written in Qwen3-Reranker's prompt (a system turn asking for "yes" or "no", the
 instruction, query and document in the user turn, an empty think block); the decoder runs causally over a
@@ -10,9 +13,11 @@ right-padded batch (decoder_embed's attention), and the last token's state times
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -36,11 +41,43 @@ def is_decoder_reranker(metadata: Mapping[str, Any]) -> bool:
     return metadata.get(f"{arch}.pooling_type") == RANK_POOLING
 
 
+def _logit_score_config(folder: Path) -> dict | None:
+    """The config of a folder's sentence-transformers LogitScore module ({} when it has none of its own), or None
+    when modules.json declares no LogitScore."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for m in modules if isinstance(modules, list) else []:
+        if isinstance(m, dict) and str(m.get("type", "")).endswith("LogitScore"):
+            try:
+                cfg = json.loads((folder / str(m.get("path", "")) / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                cfg = {}
+            return cfg if isinstance(cfg, dict) else {}
+    return None
+
+
+def is_decoder_rerank_folder(path: Path) -> bool:
+    """Whether a Hugging Face folder holds a causal LM published as a yes/no reranker: a LogitScore module in its
+    modules.json, or (as Qwen3-Reranker was first published) "reranker" in the folder's name."""
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if not archs or not str(archs[0]).endswith("ForCausalLM"):
+        return False
+    return _logit_score_config(path) is not None or "reranker" in path.name.lower()
+
+
 @dataclass
 class LoadedDecoderReranker(LoadedDecoderEmbedder):
-    """A decoder reranker ready to run: the decoder, its tokenizer and its ("no", "yes") head [2, hidden]."""
+    """A decoder reranker ready to run: the decoder, its tokenizer and its ("no", "yes") head: rows [2, hidden]
+    (a GGUF's cls.output), or the two token ids whose lm-head logits score (a Hugging Face folder)."""
 
     head: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    label_ids: tuple[int, int] | None = None  # ("no", "yes") token ids, read off the model's logits
     is_reranker: bool = True
     output_dim: int = 2
 
@@ -62,8 +99,10 @@ class LoadedDecoderReranker(LoadedDecoderEmbedder):
         b, t = input_ids.shape
         hidden = self.model.forward(input_ids.flatten().to(self.device), torch.arange(t).repeat(b).to(self.device),
                                     PaddedCausalAttention(b, t))
-        last = hidden.view(b, t, -1)[torch.arange(b), mask.sum(1) - 1].float()
-        return (last @ self.head.T).cpu()
+        last = hidden.view(b, t, -1)[torch.arange(b), mask.sum(1) - 1]
+        if self.label_ids is not None:
+            return self.model.logits(last)[:, list(self.label_ids)].float().cpu()
+        return (last.float() @ self.head.T).cpu()
 
 
 def rank_head(gguf: Any, arch: str, device: torch.device) -> torch.Tensor:
@@ -95,4 +134,38 @@ def load_decoder_reranker(source: Any, device: str = "cpu", dtype: str = "auto",
                                 lm.model.device, 0.0, head=head)
     out.load_seconds = time.monotonic() - start
     log.info("loaded decoder reranker %s: max %d tokens, in %.2fs", out.name, limit, out.load_seconds)
+    return out
+
+
+def answer_ids(folder: Path, tokenizer: Any) -> tuple[int, int]:
+    """The ("no", "yes") token ids a folder's reranker scores: its LogitScore config's false/true ids, else the
+    tokenizer's single tokens "no" and "yes"."""
+    from edgeserve.errors import ModelLoadError
+
+    cfg = _logit_score_config(folder) or {}
+    ids = cfg.get("false_token_id"), cfg.get("true_token_id")
+    if all(isinstance(i, int) for i in ids):
+        return ids[0], ids[1]
+    found = tuple(tokenizer.backend.token_to_id(word) for word in ("no", "yes"))
+    if None in found:
+        raise ModelLoadError(f"{folder}: a yes/no reranker needs the tokens 'yes' and 'no' (or a LogitScore module "
+                             "naming its token ids); the tokenizer lacks them")
+    return found[0], found[1]
+
+
+def load_hf_decoder_reranker(source: Any, device: str = "cpu", dtype: str = "auto",
+                             max_len: int | None = None) -> LoadedDecoderReranker:
+    """Load a causal-LM reranker folder (see is_decoder_rerank_folder); `max_len` caps its context."""
+    from edgeserve.models.load import load_model
+
+    start = time.monotonic()
+    folder = Path(source.path)
+    lm = load_model(source, dtype=dtype, device=device, dense_prefill="off")
+    c = lm.config
+    limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
+    cfg = DecoderEmbedConfig(c.vocab_size, c.hidden_size, limit, "lasttoken", normalize=False)
+    out = LoadedDecoderReranker(lm.name or folder.name, source, cfg, lm.model, lm.tokenizer, None, lm.model.device,
+                                0.0, label_ids=answer_ids(folder, lm.tokenizer))
+    out.load_seconds = time.monotonic() - start
+    log.info("loaded decoder reranker folder %s: max %d tokens, in %.2fs", out.name, limit, out.load_seconds)
     return out

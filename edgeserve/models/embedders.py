@@ -2,8 +2,8 @@
 
 GGUF: a BERT-family encoder (`bert`, `nomic-bert`; a reranker when its pooling type is rank), a decoder reranker
 (pooling type rank: Qwen3-Reranker), or a decoder whose `<arch>.pooling_type` names a pooling (Qwen3-Embedding,
-EmbeddingGemma). Hugging Face folder: a BERT-family encoder or sequence classifier, or a sentence-transformers
-decoder folder (Qwen3-Embedding, EmbeddingGemma).
+EmbeddingGemma). Hugging Face folder: a BERT-family encoder or sequence classifier, a sentence-transformers
+decoder folder (Qwen3-Embedding, EmbeddingGemma), or a causal LM published as a yes/no reranker (Qwen3-Reranker).
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ def gguf_kind(metadata: Mapping[str, Any]) -> str | None:
 
 
 def folder_kind(path: Path) -> str | None:
-    """What a Hugging Face folder serves besides text: "rerank" (a sequence classifier), "embedding" (an encoder or
-    a sentence-transformers decoder), or None."""
+    """What a Hugging Face folder serves besides text: "rerank" (a sequence classifier, or a causal LM published as
+    a yes/no reranker), "embedding" (an encoder or a sentence-transformers decoder), or None."""
     from edgeserve.models.bert import is_encoder_folder
     from edgeserve.models.cross_encoder import is_cross_encoder_folder
     from edgeserve.models.decoder_embed import is_decoder_embed_folder
+    from edgeserve.models.decoder_rerank import is_decoder_rerank_folder
 
-    if is_cross_encoder_folder(path):
+    if is_cross_encoder_folder(path) or is_decoder_rerank_folder(path):
         return "rerank"
     return "embedding" if is_encoder_folder(path) or is_decoder_embed_folder(path) else None
 
@@ -50,7 +51,8 @@ def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", 
     from edgeserve.models.bert import is_encoder_folder, load_encoder
     from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
     from edgeserve.models.decoder_embed import load_decoder_embedder
-    from edgeserve.models.decoder_rerank import is_decoder_reranker, load_decoder_reranker
+    from edgeserve.models.decoder_rerank import (is_decoder_rerank_folder, is_decoder_reranker, load_decoder_reranker,
+                                                 load_hf_decoder_reranker)
     from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
 
     if source.kind == "gguf":
@@ -64,6 +66,8 @@ def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", 
         return load_decoder_embedder(source, device, dtype, max_len)
     if is_cross_encoder_folder(source.path):
         return load_cross_encoder(source, device, dtype)
+    if is_decoder_rerank_folder(source.path):
+        return load_hf_decoder_reranker(source, device, dtype, max_len)
     if is_encoder_folder(source.path):
         return load_encoder(source, device, dtype)
     return load_decoder_embedder(source, device, dtype, max_len)  # a sentence-transformers decoder folder
