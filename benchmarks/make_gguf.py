@@ -15,7 +15,10 @@ per token; over 17 GB with all 48 layers, so --layers N writes the first N), gpt
 experts of 2,880, 4 per token, attention sinks, biases, the vocabulary padded to 201,088 tokens); qwen35-0.8b and
 qwen35-2b (Qwen3.5 0.8B / 2B, architecture qwen35: Gated DeltaNet layers with every fourth full attention) and
 qwen35moe-35b-a3b (Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 routed + 1 shared; give these a Qwen3.5
-GGUF's tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); the vocabulary is the tokenizer's.
+GGUF's tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); smollm3-3b, olmo2-1b, granite3.3-2b,
+ministral3-3b and phi4-mini (issue 33's Llama variants at their published sizes, each as its GGUF architecture:
+smollm3, olmo2, granite, mistral3, phi3 with fused QKV / gate-up and LongRoPE factors; the tokenizer's vocabulary
+padded to the model's). The vocabulary is the tokenizer's unless the shape pads it.
 Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as
 llama.cpp's quantizer picks), Q8_0, Q4_0, MXFP4_MOE (llama.cpp's gpt-oss files: MXFP4 experts, Q8_0 elsewhere).
 """

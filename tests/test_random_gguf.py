@@ -5,6 +5,7 @@ loads with its sliding-window layers and runs on the fused native stack."""
 from __future__ import annotations
 
 import gguf
+import pytest
 import torch
 from tiny_gguf import write_tiny_llama
 
@@ -105,6 +106,49 @@ def test_a_gpt_oss_shape_writes_a_gpt_oss_gguf_with_mxfp4_experts(tmp_path):
     if cpu_native.available():
         assert isinstance(model.layers[0].moe.gate_up, BlockExperts)
         assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.gate_up.parts] == ["MXFP4", "MXFP4"]
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", ["smollm3-3b", "olmo2-1b", "granite3.3-2b", "ministral3-3b", "phi4-mini"])
+def test_a_variant_shape_writes_its_architecture(tmp_path, name):
+    """Issue 33's Llama variants at small size: each file names its architecture with the keys and tensors that set
+    it apart (OLMo 2's post-norms and whole-projection Q/K norms, Phi's fused QKV / gate-up and LongRoPE factors,
+    Granite's scales, Ministral 3's YaRN and temperature), and loads as that architecture and runs."""
+    import dataclasses
+
+    from edgeserve.bench.random_gguf import SHAPES
+
+    real = SHAPES[name]
+    shape = dataclasses.replace(real, hidden=256, layers=4, heads=4, kv_heads=2, ffn=512,
+                                head_dim=64 if real.head_dim else None, vocab=None,
+                                rotary_dim=48 if real.rotary_dim else None)
+    path = write_random_llama(tmp_path / "v.gguf", shape, "Q4_K_M", write_tiny_llama(tmp_path / "tok.gguf"))
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t.tensor_type.name for t in reader.tensors}
+    arch = reader.fields["general.architecture"].contents()
+    assert arch == real.variant
+    if arch == "olmo2":
+        assert "blk.0.attn_norm.weight" not in tensors and tensors["blk.0.post_ffw_norm.weight"] == "F32"
+        assert [t.shape[0] for t in reader.tensors if t.name == "blk.0.attn_q_norm.weight"] == [256]
+    elif arch == "phi3":
+        assert tensors["blk.0.attn_qkv.weight"] == "Q5_K" and "blk.0.ffn_gate.weight" not in tensors
+        assert "rope_factors_long.weight" in tensors and reader.fields["phi3.rope.dimension_count"].contents() == 48
+    elif arch == "granite":
+        assert reader.fields["granite.logit_scale"].contents() == 8.0
+    elif arch == "mistral3":
+        assert reader.fields["mistral3.rope.scaling.original_context_length"].contents() == 16384
+        assert abs(reader.fields["mistral3.attention.temperature_scale"].contents() - 0.1) < 1e-6
+    model = load_model(resolve(str(path)), dtype="float32").model
+    c = model.config
+    assert c.architecture == arch
+    if arch == "smollm3":
+        assert c.rope_layers == (True, True, True, False)
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.paged_attention import AttentionMetadata
 

@@ -1,5 +1,5 @@
-"""Random-weight Llama GGUFs of real shapes and quantization mixes (Gemma 3 and Qwen3 MoE blocks too), for
-benchmarks and tests.
+"""Random-weight Llama GGUFs of real shapes and quantization mixes (Gemma 3, Qwen3 MoE and gpt-oss blocks, and the
+Llama variants SmolLM3, OLMo 2, Granite, Ministral 3 and Phi-4-mini too), for benchmarks and tests.
 
 The weights are random GGUF blocks with scales chosen so values are a few tenths at most (the model talks
 nonsense, but every kernel does its real work); the tokenizer and chat template are copied from another GGUF
@@ -65,9 +65,15 @@ class LlamaShape:
     expert_ffn: int = 0
     gpt_oss: bool = False  # gpt-oss's block: Q/K/V/O biases, attention sinks, expert biases, window on every other layer
     vocab: int | None = None  # pad the tokenizer's vocabulary to this many tokens (gpt-oss's o200k-sized 201,088)
+    # a Llama variant's GGUF architecture (see VARIANTS): its keys and the tensors it adds, drops or fuses
+    variant: str = ""
+    rope_base: float = 500000.0
+    rotary_dim: int | None = None  # phi3: partial rotary (Phi-4-mini: 96 of 128)
 
     @property
     def arch(self) -> str:
+        if self.variant:
+            return self.variant
         return "gemma3" if self.gemma3 else "gpt-oss" if self.gpt_oss else "qwen3moe" if self.experts else "llama"
 
     @property
@@ -87,7 +93,16 @@ SHAPES = {
     # 12 GB in the MXFP4_MOE mix, the size of llama.cpp's published file)
     "gpt-oss-20b": LlamaShape(2880, 24, 64, 8, 2880, tie_embeddings=False, head_dim=64, experts=32, experts_used=4,
                               expert_ffn=2880, gpt_oss=True, vocab=201088),
+    # issue 33's Llama variants at their published sizes (config.json of each), vocabularies padded to theirs
+    "smollm3-3b": LlamaShape(2048, 36, 16, 4, 11008, head_dim=128, vocab=128256, variant="smollm3",
+                             rope_base=5000000.0),  # no RoPE on every 4th layer (llama.cpp: fixed step 4)
+    "olmo2-1b": LlamaShape(2048, 16, 16, 16, 8192, tie_embeddings=False, vocab=100352, variant="olmo2"),
+    "granite3.3-2b": LlamaShape(2048, 40, 32, 8, 8192, vocab=49159, variant="granite", rope_base=10000000.0),
+    "ministral3-3b": LlamaShape(3072, 26, 32, 8, 9216, head_dim=128, vocab=131072, variant="mistral3",
+                                rope_base=1000000.0),
+    "phi4-mini": LlamaShape(3072, 32, 24, 8, 8192, vocab=200064, variant="phi3", rope_base=10000.0, rotary_dim=96),
 }
+VARIANTS = ("smollm3", "olmo2", "granite", "mistral3", "phi3")
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
@@ -99,14 +114,19 @@ def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, shape.hidden)}
     if not shape.tie_embeddings:
         shapes["output.weight"] = (vocab, shape.hidden)
+    fused = shape.variant == "phi3"  # one attn_qkv, and ffn_up holding gate and up (llama.cpp's Phi-3 layout)
     for i in range(shape.layers):
-        shapes.update({
-            f"blk.{i}.attn_q.weight": (shape.heads * hd, shape.hidden),
-            f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
-            f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden),
-            f"blk.{i}.attn_output.weight": (shape.hidden, shape.heads * hd),
-        })
-        if shape.experts:
+        if fused:
+            shapes[f"blk.{i}.attn_qkv.weight"] = ((shape.heads + 2 * shape.kv_heads) * hd, shape.hidden)
+        else:
+            shapes.update({f"blk.{i}.attn_q.weight": (shape.heads * hd, shape.hidden),
+                           f"blk.{i}.attn_k.weight": (shape.kv_heads * hd, shape.hidden),
+                           f"blk.{i}.attn_v.weight": (shape.kv_heads * hd, shape.hidden)})
+        shapes[f"blk.{i}.attn_output.weight"] = (shape.hidden, shape.heads * hd)
+        if fused:
+            shapes.update({f"blk.{i}.ffn_up.weight": (2 * shape.ffn, shape.hidden),
+                           f"blk.{i}.ffn_down.weight": (shape.hidden, shape.ffn)})
+        elif shape.experts:
             e, f = shape.experts, shape.expert_ffn
             shapes.update({f"blk.{i}.ffn_gate_exps.weight": (e, f, shape.hidden),
                            f"blk.{i}.ffn_up_exps.weight": (e, f, shape.hidden),
@@ -121,7 +141,8 @@ def tensor_shapes(shape: LlamaShape, vocab: int) -> dict[str, tuple[int, ...]]:
 def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     """The qtype of each 2-D tensor for a quantization mix, as llama.cpp's quantizer chooses them
     (Q4_K_M: Q6_K for token_embd / output and for attn_v and ffn_down (an MoE's ffn_down_exps too) in the first
-    and last eighth of the layers and every third layer in between; Q4_K elsewhere; a K type falls back to Q5_0 /
+    and last eighth of the layers and every third layer in between; a fused attn_qkv Q5_K; Q4_K elsewhere; a K type
+    falls back to Q5_0 /
     Q5_1 / Q8_0 for a tensor whose rows are not a multiple of 256 values, as in Gemma 3 files)."""
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
@@ -135,12 +156,16 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     for i in range(n):
         more_bits = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
         ffn = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if shape.experts else ("ffn_gate", "ffn_up", "ffn_down")
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output", *ffn):
+        attn = ("attn_qkv",) if shape.variant == "phi3" else ("attn_q", "attn_k", "attn_v")
+        for t in (*attn, "attn_output", *ffn):
             qt = mix
             if mix == "Q4_K_M":
-                qt = "Q6_K" if t in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits else "Q4_K"
+                qt = "Q6_K" if t in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits else \
+                    "Q5_K" if t == "attn_qkv" else "Q4_K"
             types[f"blk.{i}.{t}.weight"] = qt
-    for name, dims in tensor_shapes(shape, vocab=1).items():  # columns do not depend on the vocabulary
+    shapes = tensor_shapes(shape, vocab=1)
+    types = {name: qt for name, qt in types.items() if name in shapes}  # a fused layout has no gate / q / k / v
+    for name, dims in shapes.items():  # columns do not depend on the vocabulary
         if dims[-1] % 256:
             types[name] = K_FALLBACK.get(types[name], types[name])
     return types
@@ -198,10 +223,14 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_expert_used_count(shape.experts_used)
         w.add_expert_feed_forward_length(shape.expert_ffn)
     else:
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_freq_base(500000.0)
+        w.add_layer_norm_rms_eps(1e-6 if shape.variant == "olmo2" else 1e-5)
+        w.add_rope_freq_base(shape.rope_base)
         w.add_vocab_size(vocab)
-        w.add_rope_dimension_count(hd)
+        w.add_rope_dimension_count(shape.rotary_dim or hd)
+        if shape.head_dim:
+            w.add_key_length(hd)
+            w.add_value_length(hd)
+        add_variant_keys(w, shape)
     copy_tokenizer(w, src, pad)
     # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
     # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
@@ -229,13 +258,45 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
             if shape.gemma3:  # GGUF stores Gemma's (1 + w) norm weights with the 1 added: ones are w = 0
                 norms += ["post_attention_norm", "post_ffw_norm"]
                 plan += head_norms
+            if shape.variant == "olmo2":  # norms after attention and FFN; Q/K norms over the whole projection
+                norms = ["post_attention_norm", "post_ffw_norm"]
+                plan += [(f"blk.{i}.attn_q_norm.weight", (shape.heads * hd,), "F32"),
+                         (f"blk.{i}.attn_k_norm.weight", (shape.kv_heads * hd,), "F32")]
             plan += [(f"blk.{i}.{norm}.weight", (shape.hidden,), "F32") for norm in norms]
+    if shape.variant == "phi3":  # LongRoPE's per-frequency factors (one pair for every layer)
+        half = (shape.rotary_dim or hd) // 2
+        plan += [("rope_factors_long.weight", (half,), "F32"), ("rope_factors_short.weight", (half,), "F32")]
     write_plan(w, plan, rng, lambda name, dims: _llama_f32_values(name, dims, rng), tile_mb)
     return Path(path)
 
 
+def add_variant_keys(w: "gguf.GGUFWriter", shape: LlamaShape) -> None:
+    """The keys a Llama variant's llama.cpp loader reads, with its published model's values: Granite 3.3's four
+    scales, Ministral 3's YaRN and attention temperature, Phi-4-mini's LongRoPE context."""
+    import gguf
+
+    if shape.variant == "granite":
+        w.add_embedding_scale(12.0)
+        w.add_residual_scale(0.22)
+        w.add_attention_scale(0.0078125)
+        w.add_logit_scale(8.0)
+    elif shape.variant == "mistral3":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(16.0)
+        w.add_rope_scaling_orig_ctx_len(16384)
+        w.add_rope_scaling_yarn_beta_fast(32.0)
+        w.add_rope_scaling_yarn_beta_slow(1.0)
+        w.add_rope_scaling_yarn_log_mul(1.0)
+        w.add_attn_temperature_scale(0.1)
+    elif shape.variant == "phi3":
+        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_rope_scaling_attn_factors(1.190238)  # sqrt(1 + ln(32) / ln(4096)): 131,072 / 4,096 = 32
+
+
 def _llama_f32_values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray | None:
-    """Random routers, biases and attention sinks; None (ones) for the norms."""
+    """Random routers, biases and attention sinks; LongRoPE factors from 1 up; None (ones) for the norms."""
+    if name.startswith("rope_factors_"):
+        return np.linspace(1.0, 8.0 if "long" in name else 1.5, dims[0], dtype=np.float32)
     if name.endswith("ffn_gate_inp.weight"):
         return rng.normal(0, 0.05, size=dims).astype(np.float32)
     if name.endswith((".bias", "attn_sinks.weight")):
