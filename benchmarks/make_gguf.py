@@ -18,7 +18,9 @@ qwen35moe-35b-a3b (Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 route
 GGUF's tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); smollm3-3b, olmo2-1b, granite3.3-2b,
 ministral3-3b and phi4-mini (issue 33's Llama variants at their published sizes, each as its GGUF architecture:
 smollm3, olmo2, granite, mistral3, phi3 with fused QKV / gate-up and LongRoPE factors; the tokenizer's vocabulary
-padded to the model's). The vocabulary is the tokenizer's unless the shape pads it.
+padded to the model's); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
+of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer). The vocabulary is
+the tokenizer's unless the shape pads it.
 Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as
 llama.cpp's quantizer picks), Q8_0, Q4_0, MXFP4_MOE (llama.cpp's gpt-oss files: MXFP4 experts, Q8_0 elsewhere).
 """
@@ -29,6 +31,7 @@ import argparse
 import dataclasses
 import sys
 
+from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES, write_random_gemma4
 from edgeserve.bench.random_gguf import MIXES, SHAPES, write_random_llama
 from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
 
@@ -36,7 +39,7 @@ from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybri
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("output")
-    p.add_argument("--shape", choices=sorted({**SHAPES, **HYBRID_SHAPES}), default="1b")
+    p.add_argument("--shape", choices=sorted({**SHAPES, **HYBRID_SHAPES, **GEMMA4_SHAPES}), default="1b")
     p.add_argument("--mix", choices=MIXES, default="Q4_K_M")
     p.add_argument("--tokenizer-from", help="GGUF whose tokenizer to copy (default: the default model)")
     p.add_argument("--seed", type=int, default=0)
@@ -49,12 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         from edgeserve.registry import DEFAULT_MODEL, resolve
 
         source = resolve(DEFAULT_MODEL).path
-    shape = SHAPES.get(args.shape) or HYBRID_SHAPES[args.shape]
+    shape = SHAPES.get(args.shape) or HYBRID_SHAPES.get(args.shape) or GEMMA4_SHAPES[args.shape]
     if args.layers is not None:
         if args.layers < 1:
             p.error("--layers must be at least 1")
-        shape = dataclasses.replace(shape, layers=args.layers)
-    if args.shape in HYBRID_SHAPES:
+        extra = {"kv_shared_layers": shape.kv_shared_layers * args.layers // shape.layers} \
+            if args.shape in GEMMA4_SHAPES else {}  # the same share of KV-shared layers
+        shape = dataclasses.replace(shape, layers=args.layers, **extra)
+    if args.shape in GEMMA4_SHAPES:
+        path = write_random_gemma4(args.output, shape, args.mix, source, args.seed, args.tile_mb)
+    elif args.shape in HYBRID_SHAPES:
         path = write_random_hybrid(args.output, shape, args.mix, source, args.seed)
     else:
         path = write_random_llama(args.output, shape, args.mix, source, args.seed, args.tile_mb)

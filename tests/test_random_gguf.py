@@ -156,3 +156,31 @@ def test_a_variant_shape_writes_its_architecture(tmp_path, name):
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
     logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
     assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_a_gemma4_e2b_shape_writes_shared_kv_layers_and_per_layer_embeddings(tmp_path):
+    """Gemma 4 E2B's layout at small size: the KV-shared layers have no K/V projections of their own and a double
+    MLP, global layers wider heads and `rope_freqs`; it loads as gemma4 with those layers sharing, and runs."""
+    from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES, Gemma4Shape, write_random_gemma4
+
+    real = GEMMA4_SHAPES["gemma4-e2b"]
+    assert (real.hidden, real.layers, real.kv_shared_layers, real.global_head_dim) == (1536, 35, 20, 512)
+    shape = Gemma4Shape(hidden=256, layers=10, heads=2, kv_heads=1, head_dim=64, global_head_dim=128, ffn=256,
+                        per_layer=256, kv_shared_layers=5)
+    path = write_random_gemma4(tmp_path / "e.gguf", shape, "Q4_K_M", write_tiny_llama(tmp_path / "tok.gguf"))
+    reader = gguf.GGUFReader(str(path))
+    dims = {t.name: list(t.shape) for t in reader.tensors}
+    assert "blk.4.attn_k.weight" in dims and "blk.5.attn_k.weight" not in dims and "blk.9.attn_v.weight" not in dims
+    assert dims["blk.9.attn_q.weight"] == [256, 2 * 128] and dims["blk.3.attn_q.weight"] == [256, 2 * 64]
+    assert dims["blk.5.ffn_up.weight"] == [256, 512] and dims["blk.4.ffn_up.weight"] == [256, 256]
+    assert dims["per_layer_token_embd.weight"][0] == 10 * 256
+    model = load_model(resolve(str(path)), dtype="float32").model
+    c = model.config
+    assert c.architecture == "gemma4" and [c.kv_source(i) != i for i in range(10)] == [False] * 5 + [True] * 5
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
