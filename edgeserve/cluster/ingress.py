@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 from ray.exceptions import RayActorError
@@ -28,11 +28,11 @@ class _TooLarge(Exception):
 
 
 class ClusterIngress:
-    """The ASGI app of `edgeserve cluster`. `handle` is the replicas' DeploymentHandle; `live` lists the replica
-    ids its router can reach now (PrefixAffinityRouter.live)."""
+    """The ASGI app of `edgeserve cluster`, over the replicas' DeploymentHandle."""
 
-    def __init__(self, handle: Any, config: ServerConfig, live: Callable[[], list[str]]) -> None:
-        self.handle, self.config, self.live = handle, config, live
+    def __init__(self, handle: Any, config: ServerConfig) -> None:
+        self.handle = handle.options(stream=True)  # one handle, so one router (and one affinity table) for all
+        self.config = config
         self.local = {"/metrics": self._metrics, "/api/ps": self._ps, "/health": self._health}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,7 +95,7 @@ class ClusterIngress:
     async def _forward(self, req: ForwardedRequest, send: Send) -> None:
         for attempt in range(RETRIES):
             started = False
-            gen = self.handle.options(stream=True).forward.remote(req)
+            gen = self.handle.forward.remote(req)
             try:
                 async for item in gen:
                     if isinstance(item, ResponseStart):
@@ -116,35 +116,17 @@ class ClusterIngress:
             except Exception as e:
                 return await _fail(send, req.path, started, f"replica error: {type(e).__name__}: {e}")
 
-    async def _call(self, req: ForwardedRequest) -> tuple[str, int, bytes]:
-        """One whole reply: (replica id, status, body)."""
-        rid, status, chunks = "", 500, []
-        with anyio.fail_after(REPLICA_CALL_TIMEOUT):
-            async for item in self.handle.options(stream=True).forward.remote(req):
-                if isinstance(item, ResponseStart):
-                    rid, status = item.replica, item.status
-                else:
-                    chunks.append(item)
-        return rid, status, b"".join(chunks)
-
     async def _each_replica(self, req: ForwardedRequest) -> dict[str, tuple[int, bytes] | None]:
-        """`req` sent to every live replica at once; None for one that failed to answer."""
-        if not self.live():  # the router starts with the first request: this one finds the replicas
-            await self._call(req)
-        out: dict[str, tuple[int, bytes] | None] = {}
-
-        async def one(rid: str) -> None:
-            try:
-                got, status, data = await self._call(ForwardedRequest(req.method, req.path, req.query_string,
-                                                                      req.headers, b"", replica=rid))
-                out[got] = (status, data)
-            except Exception as e:
-                log.warning("replica %s did not answer %s: %s", rid, req.path, e)
-                out.setdefault(rid, None)
-
-        async with anyio.create_task_group() as tg:
-            for rid in self.live():
-                tg.start_soon(one, rid)
+        """`req` sent to every live replica at once, by replica id; a replica that failed to answer is left out."""
+        plain = ForwardedRequest(req.method, req.path, req.query_string, req.headers, b"")
+        results = await self.handle.broadcast("call", plain).results_async(timeout_s=REPLICA_CALL_TIMEOUT,
+                                                                           return_exceptions=True)
+        out = {}
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("a replica did not answer %s: %s", req.path, r)
+            else:
+                out[r[0]] = (r[1], r[2])
         return dict(sorted(out.items()))
 
     async def _metrics(self, req: ForwardedRequest) -> tuple[int, bytes, bytes]:

@@ -85,8 +85,7 @@ def start(server: ServerConfig, cluster: ClusterConfig) -> Cluster:
         # edgeserve queues and refuses (429) on its own: Ray must not hold requests back before it does
         max_ongoing_requests=engine.max_num_seqs + engine.max_waiting, request_router_config=router)
     handle = serve.run(deployment.bind(server), name=cluster.app_name, route_prefix=None)
-    ingress = ClusterIngress(handle, server, lambda: PrefixAffinityRouter.live.get(DEPLOYMENT, []))
-    return Cluster(ingress, handle, cluster, local=cluster.address is None)
+    return Cluster(ClusterIngress(handle, server), handle, cluster, local=cluster.address is None)
 
 
 def stop(cluster: Cluster) -> None:
@@ -95,11 +94,8 @@ def stop(cluster: Cluster) -> None:
     import ray
     from ray import serve
 
-    from edgeserve.cluster.router import PrefixAffinityRouter
-
     if cluster.local:
         serve.shutdown()
     else:
         serve.delete(cluster.config.app_name)
     ray.shutdown()
-    PrefixAffinityRouter.live.pop(DEPLOYMENT, None)

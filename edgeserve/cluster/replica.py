@@ -66,6 +66,16 @@ class EdgeserveReplica:
             if not task.done():
                 task.cancel()
 
+    async def call(self, req: ForwardedRequest) -> tuple[str, int, bytes]:
+        """One whole reply (the ingress's per-replica /metrics, /api/ps, /health): (replica id, status, body)."""
+        status, chunks = 500, []
+        async for item in self.forward(req):
+            if isinstance(item, ResponseStart):
+                status = item.status
+            else:
+                chunks.append(item)
+        return self.replica_id, status, b"".join(chunks)
+
     async def __del__(self) -> None:
         """Replica shutdown: the lifespan ends, which unloads the models."""
         self._stop.set()

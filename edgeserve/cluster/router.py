@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import (LocalityMixin, MultiplexMixin, PendingRequest, ReplicaID, RequestRouter,
                                       RunningReplica)
@@ -20,12 +18,7 @@ def _forwarded(pending: PendingRequest | None) -> ForwardedRequest | None:
 
 class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     """Sends a request to the replica that was sent its longest prefix unless that one is overloaded, else to the
-    least loaded; `affinity=False` is Ray's power-of-two choices (the benchmark's baseline).
-
-    `live` (per deployment) lists the replica ids this router can reach: the ingress reads it to call each replica.
-    """
-
-    live: ClassVar[dict[str, list[str]]] = {}
+    least loaded; `affinity=False` is Ray's power-of-two choices (the benchmark's baseline)."""
 
     def initialize_state(self, affinity: bool = True, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> None:
         """Router options (request_router_kwargs)."""
@@ -37,23 +30,17 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         ids = {r.replica_id.unique_id for r in replicas}
         for gone in set(self._table.owned) - ids:
             self._table.forget(gone)
-        PrefixAffinityRouter.live[self._deployment_id.name] = sorted(ids)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._table.forget(replica_id.unique_id)
-        name = self._deployment_id.name
-        PrefixAffinityRouter.live[name] = [r for r in PrefixAffinityRouter.live.get(name, [])
-                                           if r != replica_id.unique_id]
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         req = _forwarded(pending_request)
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        if req is not None and req.replica is not None and req.replica in by_id:
-            return [[by_id[req.replica]]]
         if req is None or not self._affinity or not req.prefix:
             return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         lens = await self._queue_lens(candidate_replicas)
         if not lens:  # no replica answered a probe: let power-of-two choices retry with its backoff
             return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 class ForwardedRequest:
     """One HTTP request as the ingress read it, with its routing key.
 
-    `prefix` is route_key's chained hashes (empty: route by load); `replica` pins the request to one replica (the
-    ingress's per-replica calls for /metrics, /api/ps and /health), falling back to any when that one is gone.
+    `prefix` is route_key's chained hashes (empty: route by load).
     """
 
     method: str
@@ -19,7 +18,6 @@ class ForwardedRequest:
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
     prefix: tuple[int, ...] = ()
-    replica: str | None = None
 
 
 @dataclass(frozen=True)
