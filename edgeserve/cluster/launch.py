@@ -75,7 +75,7 @@ def start(server: ServerConfig, cluster: ClusterConfig) -> Cluster:
 
     if not ray.is_initialized():
         ray.init(address=cluster.address, include_dashboard=False, **cluster.ray_init)
-    serve.start(http_options={"location": "NoServer"})  # the ingress is this process's own HTTP server
+    serve.start(proxy_location="Disabled")  # the ingress is this process's own HTTP server
     router = RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs={
         "affinity": cluster.routing == "prefix", "max_imbalance": cluster.max_imbalance})
     engine = server.engine
