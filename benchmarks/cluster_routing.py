@@ -1,0 +1,180 @@
+"""Prefix-affinity routing vs Ray's power-of-two choices on `edgeserve cluster`, and the ingress's overhead.
+
+One invocation runs, one after another, on the same model and workload:
+  serve   one `edgeserve serve` (one cache sees every request: the cache hits that are possible at all)
+  prefix  `edgeserve cluster --replicas 2 --routing prefix`
+  pow2    `edgeserve cluster --replicas 2 --routing pow2`
+Workload: 8 conversations, 4 turns each, all 8 running at once; conversation c opens with long system prompt
+c % 2 (two prompts, 4 conversations each); every turn adds the previous reply and a new question; greedy, 16 tokens
+out. Per request: TTFT (streamed) and cached prompt tokens (usage.prompt_tokens_details). Then the ingress
+overhead: the same short cached request, one at a time, to `serve` and to the `prefix` cluster (TTFT medians).
+
+    python benchmarks/cluster_routing.py [--model smollm2-135m] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+WORDS = ("the of and to in is was for on that with as by at from his her an are were which this be has had model "
+         "layer state token cache memory server prompt turn reply value weight matrix vector head time").split()
+CONVERSATIONS, TURNS, SYSTEM_PROMPTS, MAX_TOKENS = 8, 4, 2, 16
+
+
+def system_prompt(i: int, words: int) -> str:
+    rng = random.Random(100 + i)
+    return f"You are assistant number {i}. " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def question(c: int, t: int) -> str:
+    rng = random.Random(1000 * c + t)
+    return f"Question {t} of conversation {c}: " + " ".join(rng.choice(WORDS) for _ in range(25)) + "?"
+
+
+def stream_chat(url: str, model: str, messages: list[dict]) -> dict:
+    """One streamed chat request: its TTFT (s), reply text, prompt and cached tokens, and the replica it hit."""
+    body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0, ttft, text, usage = time.perf_counter(), None, [], {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        replica = r.headers.get("x-edgeserve-replica", "-")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    text.append(choice["delta"]["content"])
+    return {"ttft": ttft or time.perf_counter() - t0, "text": "".join(text), "replica": replica,
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
+
+
+def run_workload(url: str, model: str, system_words: int) -> list[dict]:
+    """The 8 conversations at once; each its 4 turns in order."""
+    systems = [system_prompt(i, system_words) for i in range(SYSTEM_PROMPTS)]
+    results: list[dict] = []
+
+    def conversation(c: int) -> None:
+        messages = [{"role": "system", "content": systems[c % SYSTEM_PROMPTS]}]
+        for t in range(TURNS):
+            messages.append({"role": "user", "content": question(c, t)})
+            out = stream_chat(url, model, messages)
+            messages.append({"role": "assistant", "content": out["text"]})
+            results.append({"conversation": c, "turn": t, **{k: v for k, v in out.items() if k != "text"}})
+
+    threads = [threading.Thread(target=conversation, args=(c,)) for c in range(CONVERSATIONS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results
+
+
+def overhead(url: str, model: str, n: int) -> list[float]:
+    """TTFT of the same short request n times, one at a time (cached after the first)."""
+    msgs = [{"role": "system", "content": system_prompt(9, 60)}, {"role": "user", "content": "Say one word."}]
+    stream_chat(url, model, msgs)
+    return [stream_chat(url, model, msgs)["ttft"] for _ in range(n)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(kind: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "edgeserve", "serve" if kind == "serve" else "cluster", "--model", args.model,
+           "--port", str(port), "--kv-cache-gb", str(args.kv_cache_gb), "--keep-alive", "-1",
+           "--log-level", "warning"]
+    if kind != "serve":
+        cmd += ["--replicas", "2", "--num-cpus", "1", "--routing", kind]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # what Ray gives a 1-CPU replica: the same for `serve`
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/cluster_routing_{kind}.log",
+                                                                                    "w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{kind} exited; see /tmp/cluster_routing_{kind}.log")
+        time.sleep(0.5)
+    raise SystemExit(f"{kind} did not start")
+
+
+def warm(url: str, model: str, replicas: int) -> None:
+    """Load the model on every replica, with prompts that share nothing with the workload."""
+    seen, i = set(), 0
+    while len(seen) < replicas and i < 40:
+        seen.add(stream_chat(url, model, [{"role": "user", "content": f"warm-up {i}: " + "zq " * 40}])["replica"])
+        i += 1
+
+
+def summarize(rows: list[dict]) -> dict:
+    ttft = sorted(r["ttft"] * 1000 for r in rows)
+    later = sorted(r["ttft"] * 1000 for r in rows if r["turn"] > 0)
+    return {"requests": len(rows), "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+            "cached_tokens": sum(r["cached_tokens"] for r in rows),
+            "ttft_median_ms": statistics.median(ttft), "ttft_p90_ms": ttft[int(0.9 * (len(ttft) - 1))],
+            "ttft_turns_2_4_median_ms": statistics.median(later),
+            "replicas_per_conversation": statistics.mean(
+                len({r["replica"] for r in rows if r["conversation"] == c}) for c in range(CONVERSATIONS))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--system-words", type=int, default=500, help="words per system prompt (default %(default)s)")
+    p.add_argument("--kv-cache-gb", type=float, default=0.25)
+    p.add_argument("--overhead-requests", type=int, default=20)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    out: dict = {"args": vars(args)}
+    for kind in ("serve", "prefix", "pow2"):
+        proc, url = start(kind, args)
+        try:
+            warm(url, args.model, 1 if kind == "serve" else 2)
+            rows = run_workload(url, args.model, args.system_words)
+            out[kind] = {"summary": summarize(rows), "requests": rows}
+            if kind in ("serve", "prefix"):
+                out[kind]["overhead_ttft_ms"] = [t * 1000 for t in overhead(url, args.model, args.overhead_requests)]
+            print(kind, json.dumps(out[kind]["summary"]), file=sys.stderr, flush=True)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    possible = out["serve"]["summary"]["cached_tokens"]
+    for kind in ("prefix", "pow2"):
+        out[kind]["summary"]["share_of_possible_cached"] = out[kind]["summary"]["cached_tokens"] / max(possible, 1)
+    ingress = statistics.median(out["prefix"]["overhead_ttft_ms"]) - statistics.median(out["serve"]["overhead_ttft_ms"])
+    out["ingress_overhead_ms"] = ingress
+    print(json.dumps({k: out[k]["summary"] for k in ("serve", "prefix", "pow2")} | {"ingress_overhead_ms": ingress},
+                     indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
