@@ -141,6 +141,24 @@ def test_the_api_key_holds(cluster):
     assert httpx.get(url + "/health", timeout=60).status_code == 200
 
 
+def running_requests(state) -> float:
+    """edgeserve_num_requests_running summed over the replicas."""
+    text = httpx.get(state["url"] + "/metrics", headers=AUTH, timeout=60).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("edgeserve_num_requests_running{"))
+
+
+def test_a_client_that_goes_away_cancels_the_request_on_its_replica(cluster):
+    body = {**chat_body("Count from one to a thousand in words."), "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", cluster["url"] + "/v1/chat/completions", json=body, headers=AUTH, timeout=120) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        assert running_requests(cluster) == 1
+    # 1500 tokens would take far longer than this wait: the request ended because the client left
+    assert wait_until(lambda: running_requests(cluster) == 0, timeout=20, interval=0.2)
+
+
 def test_a_killed_replicas_requests_go_to_the_other(cluster):
     import ray
     from ray import serve
