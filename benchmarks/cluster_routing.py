@@ -6,10 +6,11 @@ One invocation runs, one after another, on the same model and workload:
   pow2    `edgeserve cluster --replicas 2 --routing pow2`
 Workload: 8 conversations, 4 turns each, all 8 running at once; conversation c opens with long system prompt
 c % 2 (two prompts, 4 conversations each); every turn adds the previous reply and a new question; greedy, 16 tokens
-out. Per request: TTFT (streamed) and cached prompt tokens (usage.prompt_tokens_details). Then the ingress
-overhead: the same short cached request, one at a time, to `serve` and to the `prefix` cluster (TTFT medians).
+out (--system-prompts 8: each conversation its own). Per request: TTFT (streamed) and cached prompt tokens
+(usage.prompt_tokens_details). Then the ingress overhead: `serve` and a `prefix` cluster up at once, the same short
+cached request sent one at a time, alternating between them (TTFT medians).
 
-    python benchmarks/cluster_routing.py [--model smollm2-135m] [--json out.json]
+    python benchmarks/cluster_routing.py [--model smollm2-135m] [--system-prompts 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import httpx
 
 WORDS = ("the of and to in is was for on that with as by at from his her an are were which this be has had model "
          "layer state token cache memory server prompt turn reply value weight matrix vector head time").split()
-CONVERSATIONS, TURNS, SYSTEM_PROMPTS, MAX_TOKENS = 8, 4, 2, 16
+CONVERSATIONS, TURNS, MAX_TOKENS = 8, 4, 16
 
 
 def system_prompt(i: int, words: int) -> str:
@@ -66,13 +67,13 @@ def stream_chat(url: str, model: str, messages: list[dict]) -> dict:
             "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
 
 
-def run_workload(url: str, model: str, system_words: int) -> list[dict]:
+def run_workload(url: str, model: str, system_words: int, system_prompts: int) -> list[dict]:
     """The 8 conversations at once; each its 4 turns in order."""
-    systems = [system_prompt(i, system_words) for i in range(SYSTEM_PROMPTS)]
+    systems = [system_prompt(i, system_words) for i in range(system_prompts)]
     results: list[dict] = []
 
     def conversation(c: int) -> None:
-        messages = [{"role": "system", "content": systems[c % SYSTEM_PROMPTS]}]
+        messages = [{"role": "system", "content": systems[c % system_prompts]}]
         for t in range(TURNS):
             messages.append({"role": "user", "content": question(c, t)})
             out = stream_chat(url, model, messages)
@@ -87,11 +88,17 @@ def run_workload(url: str, model: str, system_words: int) -> list[dict]:
     return results
 
 
-def overhead(url: str, model: str, n: int) -> list[float]:
-    """TTFT of the same short request n times, one at a time (cached after the first)."""
-    msgs = [{"role": "system", "content": system_prompt(9, 60)}, {"role": "user", "content": "Say one word."}]
-    stream_chat(url, model, msgs)
-    return [stream_chat(url, model, msgs)["ttft"] for _ in range(n)]
+def overhead(urls: dict[str, str], model: str, n: int) -> dict[str, list[float]]:
+    """TTFT (ms) of the same short request n times per server, one at a time, alternating (cached after the
+    first)."""
+    msgs = [{"role": "system", "content": system_prompt(99, 60)}, {"role": "user", "content": "Say one word."}]
+    for url in urls.values():
+        stream_chat(url, model, msgs)
+    out: dict[str, list[float]] = {k: [] for k in urls}
+    for i in range(n):
+        for k in (list(urls) if i % 2 == 0 else list(reversed(urls))):
+            out[k].append(stream_chat(urls[k], model, msgs)["ttft"] * 1000)
+    return out
 
 
 def free_port() -> int:
@@ -143,12 +150,18 @@ def summarize(rows: list[dict]) -> dict:
                 len({r["replica"] for r in rows if r["conversation"] == c}) for c in range(CONVERSATIONS))}
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--system-prompts", type=int, default=2, help="distinct system prompts (default %(default)s)")
     p.add_argument("--system-words", type=int, default=500, help="words per system prompt (default %(default)s)")
     p.add_argument("--kv-cache-gb", type=float, default=0.25)
-    p.add_argument("--overhead-requests", type=int, default=20)
+    p.add_argument("--overhead-requests", type=int, default=20, help="per server; 0: skip (default %(default)s)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     out: dict = {"args": vars(args)}
@@ -156,21 +169,27 @@ def main() -> None:
         proc, url = start(kind, args)
         try:
             warm(url, args.model, 1 if kind == "serve" else 2)
-            rows = run_workload(url, args.model, args.system_words)
+            rows = run_workload(url, args.model, args.system_words, args.system_prompts)
             out[kind] = {"summary": summarize(rows), "requests": rows}
-            if kind in ("serve", "prefix"):
-                out[kind]["overhead_ttft_ms"] = [t * 1000 for t in overhead(url, args.model, args.overhead_requests)]
             print(kind, json.dumps(out[kind]["summary"]), file=sys.stderr, flush=True)
         finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
+            stop(proc)
     possible = out["serve"]["summary"]["cached_tokens"]
     for kind in ("prefix", "pow2"):
         out[kind]["summary"]["share_of_possible_cached"] = out[kind]["summary"]["cached_tokens"] / max(possible, 1)
-    ingress = statistics.median(out["prefix"]["overhead_ttft_ms"]) - statistics.median(out["serve"]["overhead_ttft_ms"])
-    out["ingress_overhead_ms"] = ingress
-    print(json.dumps({k: out[k]["summary"] for k in ("serve", "prefix", "pow2")} | {"ingress_overhead_ms": ingress},
-                     indent=1))
+    summary = {k: out[k]["summary"] for k in ("serve", "prefix", "pow2")}
+    if args.overhead_requests:
+        procs = [start(kind, args) for kind in ("serve", "prefix")]
+        try:
+            warm(procs[1][1], args.model, 2)
+            ttft = overhead({"serve": procs[0][1], "cluster": procs[1][1]}, args.model, args.overhead_requests)
+        finally:
+            for proc, _ in procs:
+                stop(proc)
+        out["overhead_ttft_ms"] = ttft
+        summary["overhead"] = {k: statistics.median(v) for k, v in ttft.items()}
+        summary["overhead"]["ingress_ms"] = summary["overhead"]["cluster"] - summary["overhead"]["serve"]
+    print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

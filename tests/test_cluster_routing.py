@@ -129,3 +129,28 @@ def test_cluster_flags_are_checked(capsys):
 
     assert main(["cluster", "--replicas", "0"]) == 1
     assert "replicas must be a positive integer" in capsys.readouterr().err
+
+
+def test_requests_arriving_together_spread_and_group_by_prefix():
+    from edgeserve.cluster.affinity import AffinityRouting
+
+    policy = AffinityRouting(max_imbalance=4)
+    prompts = [chunk_hashes(f"system prompt {p}: " + "be brief. " * 60) for p in range(2)]
+    went = {c: policy.choose(f"r{c}", prompts[c % 2], ["a", "b"])[0] for c in range(8)}  # none completes yet
+    assert {went[c] for c in range(0, 8, 2)} != {went[c] for c in range(1, 8, 2)}  # one replica per prompt
+    assert all(len({went[c] for c in range(p, 8, 2)}) == 1 for p in range(2))
+    assert policy.inflight.count == {"a": 4, "b": 4}
+    for c in range(8):
+        policy.completed(f"r{c}")
+    assert policy.inflight.count == {"a": 0, "b": 0}
+
+
+def test_a_busy_prefix_holder_overflows_to_the_other_replica():
+    from edgeserve.cluster.affinity import AffinityRouting
+
+    policy = AffinityRouting(max_imbalance=2)
+    key = chunk_hashes(SYSTEM)
+    went = [policy.choose(f"r{i}", key, ["a", "b"])[0] for i in range(5)]
+    assert went[:3] == [went[0]] * 3 and went[3] != went[0]  # 3 in flight vs 0: more than 2 above the least
+    policy.routed("r4", key, "b")  # Ray took a later rank: the request counts where it went
+    assert policy.inflight.where["r4"] == "b"

@@ -61,3 +61,61 @@ def rank_replicas(table: AffinityTable, hashes: tuple[int, ...], queue_lens: dic
             queue_lens[owner] - queue_lens[by_load[0]] <= max_imbalance:
         return [owner, *[r for r in by_load if r != owner]]
     return by_load
+
+
+@dataclass
+class InFlight:
+    """Requests routed and not yet completed, per replica, counted from the moment of the choice (before Ray sends
+    the request), so that requests routed at the same moment see each other's choices."""
+
+    count: dict[str, int] = field(default_factory=dict)
+    where: dict[str, str] = field(default_factory=dict)  # request id -> replica
+
+    def reserve(self, request_id: str, replica: str) -> None:
+        """Count `request_id` on `replica` (moving it if it was counted elsewhere)."""
+        self.release(request_id)
+        self.where[request_id] = replica
+        self.count[replica] = self.count.get(replica, 0) + 1
+
+    def release(self, request_id: str) -> None:
+        """The request completed (or is being routed again)."""
+        replica = self.where.pop(request_id, None)
+        if replica is not None:
+            self.count[replica] -= 1
+
+    def forget(self, replica: str) -> None:
+        """Drop a replica that is gone, with its requests."""
+        self.count.pop(replica, None)
+        self.where = {k: v for k, v in self.where.items() if v != replica}
+
+
+@dataclass
+class AffinityRouting:
+    """The prefix-affinity policy's whole state: where prefixes went and what is in flight where."""
+
+    max_imbalance: int = DEFAULT_MAX_IMBALANCE
+    table: AffinityTable = field(default_factory=AffinityTable)
+    inflight: InFlight = field(default_factory=InFlight)
+
+    def choose(self, request_id: str, hashes: tuple[int, ...], replicas: list[str]) -> list[str]:
+        """Rank `replicas` (the live ones) for a request, best first, and count it on the first at once."""
+        ranked = rank_replicas(self.table, hashes, {r: self.inflight.count.get(r, 0) for r in replicas},
+                               self.max_imbalance)
+        if ranked:
+            self.routed(request_id, hashes, ranked[0])
+        return ranked
+
+    def routed(self, request_id: str, hashes: tuple[int, ...], replica: str) -> None:
+        """The request went to `replica` (a later rank when the first was full): count and record it there."""
+        if self.inflight.where.get(request_id) != replica:
+            self.inflight.reserve(request_id, replica)
+            self.table.record(hashes, replica)
+
+    def completed(self, request_id: str) -> None:
+        """The request's reply ended (or failed)."""
+        self.inflight.release(request_id)
+
+    def forget(self, replica: str) -> None:
+        """A replica is gone."""
+        self.table.forget(replica)
+        self.inflight.forget(replica)
