@@ -83,7 +83,9 @@ def start(server: ServerConfig, cluster: ClusterConfig) -> Cluster:
         name=DEPLOYMENT, num_replicas=cluster.replicas,
         ray_actor_options={"num_cpus": cluster.num_cpus, "num_gpus": cluster.num_gpus},
         # edgeserve queues and refuses (429) on its own: Ray must not hold requests back before it does
-        max_ongoing_requests=engine.max_num_seqs + engine.max_waiting, request_router_config=router)
+        max_ongoing_requests=engine.max_num_seqs + engine.max_waiting, request_router_config=router,
+        # edgeserve logs each request itself; Ray's per-call access lines would double them
+        logging_config={"log_level": server.log_level.upper(), "enable_access_log": False})
     handle = serve.run(deployment.bind(server), name=cluster.app_name, route_prefix=None)
     return Cluster(ClusterIngress(handle, server), handle, cluster, local=cluster.address is None)
 
