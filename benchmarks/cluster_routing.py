@@ -1,9 +1,12 @@
 """Prefix-affinity routing vs Ray's power-of-two choices on `edgeserve cluster`, and the ingress's overhead.
 
 One invocation runs, one after another, on the same model and workload:
-  serve   one `edgeserve serve` (one cache sees every request: the cache hits that are possible at all)
+  serve   one `edgeserve serve`
   prefix  `edgeserve cluster --replicas 2 --routing prefix`
   pow2    `edgeserve cluster --replicas 2 --routing pow2`
+and, to count the cache hits that are possible at all, the workload once more on one `serve` with one request at a
+time (every shared block is cached before the next request needs it; at once, requests that share a new prefix
+compute it side by side and miss each other).
 Workload: 8 conversations, 4 turns each, all 8 running at once; conversation c opens with long system prompt
 c % 2 (two prompts, 4 conversations each); every turn adds the previous reply and a new question; greedy, 16 tokens
 out (--system-prompts 8: each conversation its own). Per request: TTFT (streamed) and cached prompt tokens
@@ -67,8 +70,8 @@ def stream_chat(url: str, model: str, messages: list[dict]) -> dict:
             "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
 
 
-def run_workload(url: str, model: str, system_words: int, system_prompts: int) -> list[dict]:
-    """The 8 conversations at once; each its 4 turns in order."""
+def run_workload(url: str, model: str, system_words: int, system_prompts: int, at_once: bool = True) -> list[dict]:
+    """The 8 conversations at once (or one after another); each its 4 turns in order."""
     systems = [system_prompt(i, system_words) for i in range(system_prompts)]
     results: list[dict] = []
 
@@ -80,6 +83,10 @@ def run_workload(url: str, model: str, system_words: int, system_prompts: int) -
             messages.append({"role": "assistant", "content": out["text"]})
             results.append({"conversation": c, "turn": t, **{k: v for k, v in out.items() if k != "text"}})
 
+    if not at_once:
+        for c in range(CONVERSATIONS):
+            conversation(c)
+        return results
     threads = [threading.Thread(target=conversation, args=(c,)) for c in range(CONVERSATIONS)]
     for th in threads:
         th.start()
@@ -165,19 +172,20 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     out: dict = {"args": vars(args)}
-    for kind in ("serve", "prefix", "pow2"):
-        proc, url = start(kind, args)
+    runs = ("possible", "serve", "prefix", "pow2")
+    for kind in runs:
+        proc, url = start("serve" if kind == "possible" else kind, args)
         try:
-            warm(url, args.model, 1 if kind == "serve" else 2)
-            rows = run_workload(url, args.model, args.system_words, args.system_prompts)
+            warm(url, args.model, 2 if kind in ("prefix", "pow2") else 1)
+            rows = run_workload(url, args.model, args.system_words, args.system_prompts, at_once=kind != "possible")
             out[kind] = {"summary": summarize(rows), "requests": rows}
             print(kind, json.dumps(out[kind]["summary"]), file=sys.stderr, flush=True)
         finally:
             stop(proc)
-    possible = out["serve"]["summary"]["cached_tokens"]
-    for kind in ("prefix", "pow2"):
+    possible = out["possible"]["summary"]["cached_tokens"]
+    for kind in runs:
         out[kind]["summary"]["share_of_possible_cached"] = out[kind]["summary"]["cached_tokens"] / max(possible, 1)
-    summary = {k: out[k]["summary"] for k in ("serve", "prefix", "pow2")}
+    summary = {k: out[k]["summary"] for k in runs}
     if args.overhead_requests:
         procs = [start(kind, args) for kind in ("serve", "prefix")]
         try:
