@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,11 @@ class ClusterConfig:
 
 
 def require_ray() -> None:
-    """Raise the one-line install hint when Ray Serve is not installed."""
+    """Raise the one-line install hint when Ray Serve is not installed (call it before Ray Serve is imported)."""
+    # A replica busy prefilling on a loaded CPU answers the router's queue-length probe late; at Ray's default
+    # deadline (0.1 s) the router reads that as "cannot take it" and sends a conversation to a replica without its
+    # prefix. Ray reads this when ray.serve is first imported.
+    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     try:
         import ray  # noqa: F401
         from ray import serve  # noqa: F401
