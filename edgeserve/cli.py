@@ -52,7 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--verbose", "-v", action="store_true", help="print load time and tokens/s to stderr")
     add_engine_args(r)
 
-    s = sub.add_parser("serve", help="serve models over OpenAI- and Ollama-compatible HTTP (models load lazily)")
+    add_serve_args(sub.add_parser("serve", help="serve models over OpenAI- and Ollama-compatible HTTP (models load "
+                                                "lazily)"))
+    c = sub.add_parser("cluster", help="serve N replicas on a Ray cluster behind one HTTP ingress, routed by prompt "
+                                       "prefix (needs the `cluster` extra)")
+    add_serve_args(c)
+    add_cluster_args(c)
+
+    b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
+    add_bench_args(b)
+    parser.subcommand_parsers = list(sub.choices.values())  # type: ignore[attr-defined]
+    return parser
+
+
+def add_serve_args(s: argparse.ArgumentParser) -> None:
+    """`serve`'s flags (address, models, key, limits, model and engine options), shared by `cluster`."""
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model", "-m", action="append", default=None,
@@ -81,10 +95,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(s)
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
-    b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
-    add_bench_args(b)
-    parser.subcommand_parsers = list(sub.choices.values())  # type: ignore[attr-defined]
-    return parser
+
+def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    """`cluster`'s own flags: where Ray runs, how many replicas of what size, how requests are routed."""
+    from edgeserve.cluster.affinity import DEFAULT_MAX_IMBALANCE
+
+    g = parser.add_argument_group("cluster")
+    g.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="join a running Ray cluster (`ray start --head` on one machine, `ray start --address` on the "
+                        "others); default: start Ray on this machine for this command")
+    g.add_argument("--replicas", type=int, default=2, help="edgeserve replicas (default %(default)s)")
+    g.add_argument("--num-cpus", type=float, default=1.0, help="CPU cores Ray reserves per replica (default "
+                                                               "%(default)s)")
+    g.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (default %(default)s)")
+    g.add_argument("--routing", choices=["prefix", "pow2"], default="prefix",
+                   help="prefix: a request goes to the replica holding its longest prompt prefix unless that one is "
+                        "overloaded; pow2: Ray's power-of-two choices (default %(default)s)")
+    g.add_argument("--max-imbalance", type=int, default=DEFAULT_MAX_IMBALANCE, metavar="N",
+                   help="skip the replica holding the prefix when it has more than N requests in flight above the "
+                        "least loaded replica (default %(default)s)")
 
 
 def _comma_list(kind):
@@ -449,13 +478,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from edgeserve.cluster.launch import ClusterConfig, require_ray
+    from edgeserve.serve_checks import check_models, check_port
+
+    config = server_config_from_args(args)
+    cluster = ClusterConfig(address=args.address, replicas=args.replicas, num_cpus=args.num_cpus,
+                            num_gpus=args.num_gpus, routing=args.routing, max_imbalance=args.max_imbalance)
+    require_ray()  # the install hint before anything is pulled or started
+    check_port(config.host, config.port)
+    check_models(config.models, allow_pull=config.allow_pull, load_format=config.load_format)
+
+    import uvicorn
+
+    from edgeserve.cluster import launch
+    from edgeserve.server.state import configure_logging
+
+    configure_logging(args.log_level)
+    where = f"the Ray cluster at {args.address}" if args.address else "a Ray instance on this machine"
+    print(f"edgeserve: starting {cluster.replicas} replicas of {', '.join(config.models)} on {where}",
+          file=sys.stderr, flush=True)
+    deployed = launch.start(config, cluster)
+    try:
+        print(f"edgeserve: serving on http://{args.host}:{args.port} ({cluster.routing} routing; OpenAI API at /v1, "
+              f"Ollama API at /api, chat page at /); models load on first request", file=sys.stderr, flush=True)
+        uvicorn.run(deployed.ingress, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        launch.stop(deployed)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgeserve.bench.command import run_bench
 
     return run_bench(args)
 
 
-COMMANDS = {"pull": cmd_pull, "list": cmd_list, "rm": cmd_rm, "run": cmd_run, "serve": cmd_serve, "bench": cmd_bench}
+COMMANDS = {"pull": cmd_pull, "list": cmd_list, "rm": cmd_rm, "run": cmd_run, "serve": cmd_serve, "cluster": cmd_cluster,
+            "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve(config: ServerConfig) -> Iterator[RunningServer]:
     """Start uvicorn with create_app(config) in a thread; stop it (and wait) whatever happens."""
-    app = create_app(config)
+    with serve_app(create_app(config)) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def serve_app(app) -> Iterator[RunningServer]:
+    """Start uvicorn with the ASGI `app` in a thread; stop it (and wait) whatever happens."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=2))
