@@ -1,0 +1,284 @@
+/* Causal attention of query rows over a paged K/V pool in q8_0 (kv_q8.h), in float32 with int8 dot products.
+
+   Each query vector is quantized to q8_0 blocks (qmm_quantize, as the weight path quantizes activations); a score
+   is the sum over the head's blocks of d_q * d_k * (the integer dot of the block's 32 values), times the
+   attention scale. Each value row is dequantized a block at a time inside the weighed sum: out += (p * d_v) * v.
+
+   Batch invariance as attention.c: a vector's keys are split at fixed positions (every KEY_SEGMENT keys from its
+   first), each segment gets its own softmax (max, sum, weighed values in key order) and the segments are
+   combined in order (qmm_attn_combine), so a vector's bits depend only on its own keys, never on the batch, the
+   chunking or the thread count. A task is (a block of up to ROWS rows of one sequence, one kv head, one key
+   segment); the rows of a block are only walked together so their keys stay in cache, each row computed alone. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_q8.h"
+#include "pool.h"
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+#endif
+
+void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
+void qmm_exp(const float *x, int n, float *out);
+void qmm_attn_combine(const float *part, int64_t stride, int nseg, int D, float *out, float *max_out,
+                      float *total_out);
+
+enum { SEG = 512, ROWS = 8 }; /* SEG: attention.c's KEY_SEGMENT */
+
+typedef struct {
+    const uint8_t *k, *v;
+    void *out;
+    int q_bf16, T, H, Hkv, D, block_size;
+    const int32_t *tables, *row_seq, *row_lo, *row_len;
+    int64_t table_stride;
+    const float *sinks;
+    float scale;
+    const int8_t *qa; /* the query vectors in q8: [T * H, D] values, [T * H, D / 32] scales */
+    const float *qd;
+    const int *starts;    /* row blocks: rows starts[b] .. starts[b + 1] - 1 */
+    const int *units;     /* task u: (block, kv head, segment) at units[3u] */
+    const int64_t *part_at; /* row t's segment partials (rows of several segments): [H][nseg][D + 2] floats */
+    float *part;
+} q8attn_t;
+
+static inline int nseg_of(int L) { return L > 0 ? (L + SEG - 1) / SEG : 1; }
+
+/* head `head`'s output of row t: x (D floats, overwritten) scaled for a sink (see attention.c's store_head) and
+   stored in q's dtype */
+static void store(const q8attn_t *a, int t, int head, float *x, float M, float total) {
+    const int D = a->D;
+    if (a->sinks) {
+        float e, arg = a->sinks[head] - M;
+        qmm_exp(&arg, 1, &e);
+        const float w = total / (total + e);
+        for (int d = 0; d < D; d++) x[d] *= w;
+    }
+    const int64_t at = ((int64_t)t * a->H + head) * D;
+    if (!a->q_bf16) {
+        memcpy((float *)a->out + at, x, sizeof(float) * D);
+        return;
+    }
+    uint16_t *o = (uint16_t *)a->out + at;
+    for (int d = 0; d < D; d++) {
+        uint32_t bits;
+        memcpy(&bits, &x[d], 4);
+        o[d] = (bits & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((bits >> 16) | 0x40)
+                                                   : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+    }
+}
+
+/* s[g] = the G scores of the G query vectors (q8 values qa + g * D, scales qd + g * D / 32) with one key row */
+static inline void scores_q8(const int8_t *qa, const float *qd, int G, int D, const uint8_t *key, float *s) {
+    const int nb = D / Q8_BLOCK;
+#if defined(QMM_AVX2)
+    __m256 acc[16];
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
+        const float dk = _cvtsh_ss(*(const uint16_t *)blk);
+        const __m256i kv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i ax = _mm256_sign_epi8(kv, kv);
+        for (int g = 0; g < G; g++) {
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(qa + (int64_t)g * D + b * Q8_BLOCK));
+            const __m256i sy = _mm256_sign_epi8(qv, kv);
+#if defined(QMM_VNNI)
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+#endif
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(qd[(int64_t)g * nb + b] * dk), acc[g]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        s[g] = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+    }
+#else
+    for (int g = 0; g < G; g++) s[g] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
+        const float dk = q8_scale(blk);
+        const int8_t *kq = (const int8_t *)(blk + 2);
+        for (int g = 0; g < G; g++) {
+            const int8_t *q = qa + (int64_t)g * D + b * Q8_BLOCK;
+            int32_t isum = 0;
+            for (int i = 0; i < Q8_BLOCK; i++) isum += (int32_t)q[i] * kq[i];
+            s[g] += (float)isum * (qd[(int64_t)g * nb + b] * dk);
+        }
+    }
+#endif
+}
+
+/* acc[g] (D floats, G vectors D apart) += p[g * ps] * value row `val` for the G vectors */
+static inline void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uint8_t *val) {
+    for (int b = 0; b < D / Q8_BLOCK; b++) {
+        const uint8_t *blk = val + (int64_t)b * Q8_BYTES;
+        const int8_t *vq = (const int8_t *)(blk + 2);
+#if defined(QMM_AVX2)
+        const float dv = _cvtsh_ss(*(const uint16_t *)blk);
+        __m256 v[4];
+        for (int c = 0; c < 4; c++)
+            v[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vq + 8 * c))));
+        for (int g = 0; g < G; g++) {
+            const __m256 w = _mm256_set1_ps(p[(int64_t)g * ps] * dv);
+            float *o = acc + (int64_t)g * D + b * Q8_BLOCK;
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + 8 * c, _mm256_fmadd_ps(w, v[c], _mm256_loadu_ps(o + 8 * c)));
+        }
+#else
+        const float dv = q8_scale(blk);
+        for (int g = 0; g < G; g++) {
+            const float w = p[(int64_t)g * ps] * dv;
+            float *o = acc + (int64_t)g * D + b * Q8_BLOCK;
+            for (int i = 0; i < Q8_BLOCK; i++) o[i] += w * (float)vq[i];
+        }
+#endif
+    }
+}
+
+/* Row t, kv head kvh, key segment k: the segment's softmax and weighed values for the kv head's G query heads,
+   stored as the output (a row of one segment) or as the segment's partials. scores: G * SEG floats of scratch,
+   acc: G * D. */
+static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores, float *acc) {
+    const int G = a->H / a->Hkv, D = a->D, bs = a->block_size, L = a->row_len[t], nseg = nseg_of(L);
+    const int jlo = k * SEG, n = L - jlo < SEG ? L - jlo : SEG, lo = a->row_lo ? a->row_lo[t] : 0;
+    const int64_t rb = q8_row_bytes(D), v0 = (int64_t)t * a->H + (int64_t)kvh * G;
+    const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
+    const int8_t *qa = a->qa + v0 * D;
+    const float *qd = a->qd + v0 * (D / Q8_BLOCK);
+    float s[16];
+    for (int jj = 0; jj < n; jj++) {
+        const int j = lo + jlo + jj;
+        const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
+        scores_q8(qa, qd, G, D, a->k + (at * a->Hkv + kvh) * rb, s);
+        for (int g = 0; g < G; g++) scores[(int64_t)g * SEG + jj] = s[g] * a->scale;
+    }
+    float mx[16], sum[16];
+    for (int g = 0; g < G; g++) { /* softmax in key order */
+        float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
+        for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
+        for (int jj = 0; jj < n; jj++) sg[jj] -= m;
+        qmm_exp(sg, n, sg);
+        for (int jj = 0; jj < n; jj++) total += sg[jj];
+        const float inv = 1.0f / total;
+        for (int jj = 0; jj < n; jj++) sg[jj] *= inv;
+        mx[g] = m;
+        sum[g] = n > 0 ? total : 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)G * D);
+    for (int jj = 0; jj < n; jj++) {
+        const int j = lo + jlo + jj;
+        const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
+        weigh_q8(acc, G, D, scores + jj, SEG, a->v + (at * a->Hkv + kvh) * rb);
+    }
+    for (int g = 0; g < G; g++) {
+        const int head = kvh * G + g;
+        if (nseg == 1) {
+            store(a, t, head, acc + (int64_t)g * D, mx[g], sum[g]);
+        } else {
+            float *p = a->part + a->part_at[t] + ((int64_t)head * nseg + k) * (D + 2);
+            p[0] = mx[g];
+            p[1] = sum[g];
+            memcpy(p + 2, acc + (int64_t)g * D, sizeof(float) * D);
+        }
+    }
+}
+
+static void segment_task(void *ctx, int u) {
+    const q8attn_t *a = (const q8attn_t *)ctx;
+    const int b = a->units[3 * u], kvh = a->units[3 * u + 1], k = a->units[3 * u + 2], G = a->H / a->Hkv;
+    float *buf = malloc(sizeof(float) * (size_t)G * (SEG + a->D));
+    for (int t = a->starts[b]; t < a->starts[b + 1]; t++)
+        if (k < nseg_of(a->row_len[t])) row_segment(a, t, kvh, k, buf, buf + (size_t)G * SEG);
+    free(buf);
+}
+
+/* task (row, head) of the rows with several segments, listed in units */
+static void combine_task(void *ctx, int u) {
+    const q8attn_t *a = (const q8attn_t *)ctx;
+    const int t = a->units[u / a->H], head = u % a->H, D = a->D, nseg = nseg_of(a->row_len[t]);
+    float res[D], M, total;
+    qmm_attn_combine(a->part + a->part_at[t] + (int64_t)head * nseg * (D + 2), D + 2, nseg, D, res, &M, &total);
+    store(a, t, head, res, M, total);
+}
+
+/* qmm_paged_attention_sinks() over q8_0 pools k and v [blocks, block_size, Hkv, D / 32 * 34] bytes (D % 32 == 0,
+   H / Hkv <= 16). Returns 0, or -1 when out of memory or the shape is not one it takes. */
+int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                           int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                           const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
+                           float scale, void *out) {
+    if (D % Q8_BLOCK || H % Hkv || H / Hkv > 16) return -1;
+    if (T <= 0) return 0;
+    const int64_t nv = (int64_t)T * H;
+    int8_t *qa = malloc((size_t)nv * D + sizeof(int16_t) * (size_t)nv * (D / 16));
+    float *qd = malloc(sizeof(float) * (size_t)nv * (D / Q8_BLOCK));
+    int *starts = malloc(sizeof(int) * ((size_t)T + 1));
+    int64_t *part_at = malloc(sizeof(int64_t) * (size_t)T);
+    if (!qa || !qd || !starts || !part_at) goto fail;
+    qmm_quantize(q, q_bf16, D, (int)nv, D, qa, qd, (int16_t *)(qa + nv * D));
+    int n = 0, units = 0, multi = 0;
+    int64_t floats = 0;
+    for (int t = 0; t < T; t++) {
+        if (t == 0 || row_seq[t] != row_seq[t - 1] || t - starts[n - 1] == ROWS) starts[n++] = t;
+        const int ns = nseg_of(row_len[t]);
+        part_at[t] = floats;
+        if (ns > 1) {
+            floats += (int64_t)H * ns * (D + 2);
+            multi++;
+        }
+    }
+    starts[n] = T;
+    int *nseg_b = malloc(sizeof(int) * (size_t)n);
+    if (!nseg_b) goto fail;
+    for (int b = 0; b < n; b++) {
+        nseg_b[b] = 1;
+        for (int t = starts[b]; t < starts[b + 1]; t++)
+            nseg_b[b] = nseg_of(row_len[t]) > nseg_b[b] ? nseg_of(row_len[t]) : nseg_b[b];
+        units += nseg_b[b] * Hkv;
+    }
+    int *unit = malloc(sizeof(int) * (3 * (size_t)units + (size_t)multi));
+    float *part = floats ? malloc(sizeof(float) * (size_t)floats) : 0;
+    if (!unit || (floats && !part)) {
+        free(unit);
+        free(part);
+        free(nseg_b);
+        goto fail;
+    }
+    /* segments outermost, so the tasks of one deep decode row spread over the threads */
+    int u = 0;
+    for (int b = 0; b < n; b++)
+        for (int s = 0; s < nseg_b[b]; s++)
+            for (int h = 0; h < Hkv; h++, u++) {
+                unit[3 * u] = b;
+                unit[3 * u + 1] = h;
+                unit[3 * u + 2] = s;
+            }
+    q8attn_t a = {k, v, out, q_bf16, T, H, Hkv, D, block_size, tables, row_seq, row_lo, row_len, table_stride,
+                  sinks, scale, qa, qd, starts, unit, part_at, part};
+    pool_run(segment_task, &a, units, 1);
+    if (multi) {
+        int *rows = unit + 3 * (size_t)units, m = 0;
+        for (int t = 0; t < T; t++)
+            if (nseg_of(row_len[t]) > 1) rows[m++] = t;
+        a.units = rows;
+        pool_run(combine_task, &a, multi * H, 1);
+    }
+    free(part);
+    free(unit);
+    free(nseg_b);
+    free(part_at);
+    free(starts);
+    free(qd);
+    free(qa);
+    return 0;
+fail:
+    free(part_at);
+    free(starts);
+    free(qd);
+    free(qa);
+    return -1;
+}
