@@ -497,7 +497,7 @@ def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         return None
     t, h, d = q.shape
     block_size, hkv = k_cache.shape[1:3]
-    if k_cache.shape[-1] != q8_row_bytes(d) or v_cache.dtype != torch.uint8 or h % hkv or h // hkv > 16:
+    if k_cache.shape[-1] != q8_row_bytes(d) or v_cache.dtype != torch.uint8 or h % hkv:
         raise ValueError(f"q8_0 pools {tuple(k_cache.shape)} do not fit queries {tuple(q.shape)}")
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     seqs, lens = _attention_rows(meta)

@@ -74,7 +74,7 @@ static void store(const q8attn_t *a, int t, int head, float *x, float M, float t
 static inline void scores_q8(const int8_t *qa, const float *qd, int G, int D, const uint8_t *key, float *s) {
     const int nb = D / Q8_BLOCK;
 #if defined(QMM_AVX2)
-    __m256 acc[16];
+    __m256 acc[G];
     for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
@@ -149,14 +149,14 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
     const int8_t *qa = a->qa + v0 * D;
     const float *qd = a->qd + v0 * (D / Q8_BLOCK);
-    float s[16];
+    float s[G];
     for (int jj = 0; jj < n; jj++) {
         const int j = lo + jlo + jj;
         const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
         scores_q8(qa, qd, G, D, a->k + (at * a->Hkv + kvh) * rb, s);
         for (int g = 0; g < G; g++) scores[(int64_t)g * SEG + jj] = s[g] * a->scale;
     }
-    float mx[16], sum[16];
+    float mx[G], sum[G];
     for (int g = 0; g < G; g++) { /* softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
         for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
@@ -205,13 +205,13 @@ static void combine_task(void *ctx, int u) {
     store(a, t, head, res, M, total);
 }
 
-/* qmm_paged_attention_sinks() over q8_0 pools k and v [blocks, block_size, Hkv, D / 32 * 34] bytes (D % 32 == 0,
-   H / Hkv <= 16). Returns 0, or -1 when out of memory or the shape is not one it takes. */
+/* qmm_paged_attention_sinks() over q8_0 pools k and v [blocks, block_size, Hkv, D / 32 * 34] bytes (D % 32 == 0).
+   Returns 0, or -1 when out of memory or the shape is not one it takes. */
 int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
                            int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
                            const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
                            float scale, void *out) {
-    if (D % Q8_BLOCK || H % Hkv || H / Hkv > 16) return -1;
+    if (D % Q8_BLOCK || Hkv <= 0 || H % Hkv) return -1;
     if (T <= 0) return 0;
     const int64_t nv = (int64_t)T * H;
     int8_t *qa = malloc((size_t)nv * D + sizeof(int16_t) * (size_t)nv * (D / 16));

@@ -131,7 +131,7 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
 
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
    [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16 is 1; q8_0
-   bytes, kv_q8.h, when it is 2, with the attention's queries and outputs then in the activations' dtype) are
+   bytes, kv_q8.h, when it is 2, with the attention's queries and outputs then in float32, as the per-op path) are
    `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool and attends to the
    first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a sliding-window layer).
    Returns 0, or -1 when out of memory. */
@@ -141,7 +141,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     const int hidden = m->hidden, H = m->H, Hkv = m->Hkv, D = m->D, F = m->F, half = D / 2;
     const int qd = H * D, kvd = Hkv * D, nqkv = qd + 2 * kvd, kmax = imax(imax(hidden, qd), F);
     const int local = m->cos_local != 0;
-    const int q8 = cache_bf16 == 2, q_bf16 = q8 ? m->act_bf16 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
+    const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv + hidden + 2 * (size_t)F + F + 2 * half * (1 + local) + kmax / 32);
