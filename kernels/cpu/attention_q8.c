@@ -70,95 +70,162 @@ static void store(const q8attn_t *a, int t, int head, float *x, float M, float t
     }
 }
 
-/* s[g] = the G scores of the G query vectors (q8 values qa + g * D, scales qd + g * D / 32) with one key row */
-static inline void scores_q8(const int8_t *qa, const float *qd, int G, int D, const uint8_t *key, float *s) {
+#if defined(QMM_AVX2)
+/* lane i of the result: the sum of v[i]'s eight lanes (integers: exact in any order) */
+static inline __m256i reduce8_epi32(const __m256i *v) {
+    const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+#endif
+
+/* s[jj] = scale * (q . key jj) for the n keys at k + at[jj] * stride, for one query vector (q8 values q, scales
+   qd): per key, the sum over its blocks in order of (the integer dot of the block's 32 values) * (d_q * d_k), one
+   FMA per block, then times scale. Eight keys at a time: their integer dots of one block in one register. */
+static void scores_q8(const int8_t *q, const float *qd, int D, const uint8_t *k, const int64_t *at, int64_t stride,
+                      int n, float scale, float *s) {
     const int nb = D / Q8_BLOCK;
 #if defined(QMM_AVX2)
-    __m256 acc[G];
-    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
-        const float dk = _cvtsh_ss(*(const uint16_t *)blk);
-        const __m256i kv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        const __m256i ax = _mm256_sign_epi8(kv, kv);
-        for (int g = 0; g < G; g++) {
-            const __m256i qv = _mm256_loadu_si256((const __m256i *)(qa + (int64_t)g * D + b * Q8_BLOCK));
-            const __m256i sy = _mm256_sign_epi8(qv, kv);
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) rows[i] = k + at[j0 + (i < m ? i : 0)] * stride; /* past n: any row, unread */
+        __m256 acc = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const int64_t off = (int64_t)b * Q8_BYTES;
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(q + b * Q8_BLOCK));
+            __m256i p[8];
+            for (int i = 0; i < 8; i++) {
+                const __m256i kv = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
+                const __m256i ax = _mm256_sign_epi8(kv, kv), sy = _mm256_sign_epi8(qv, kv);
 #if defined(QMM_VNNI)
-            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+                p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
 #else
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+                p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
 #endif
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(qd[(int64_t)g * nb + b] * dk), acc[g]);
+            }
+            uint16_t h[8];
+            for (int i = 0; i < 8; i++) memcpy(&h[i], rows[i] + off, 2);
+            const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(p)), _mm256_mul_ps(dk, _mm256_set1_ps(qd[b])),
+                                  acc);
         }
-    }
-    for (int g = 0; g < G; g++) {
-        __m128 x = _mm_add_ps(_mm256_castps256_ps128(acc[g]), _mm256_extractf128_ps(acc[g], 1));
-        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        s[g] = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+        const __m256 r = _mm256_mul_ps(acc, sc);
+        if (m == 8) {
+            _mm256_storeu_ps(s + j0, r);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, r);
+            memcpy(s + j0, tmp, sizeof(float) * (size_t)m);
+        }
     }
 #else
-    for (int g = 0; g < G; g++) s[g] = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
-        const float dk = q8_scale(blk);
-        const int8_t *kq = (const int8_t *)(blk + 2);
-        for (int g = 0; g < G; g++) {
-            const int8_t *q = qa + (int64_t)g * D + b * Q8_BLOCK;
+    for (int jj = 0; jj < n; jj++) {
+        const uint8_t *key = k + at[jj] * stride;
+        float acc = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = key + (int64_t)b * Q8_BYTES;
+            const int8_t *kq = (const int8_t *)(blk + 2), *qb = q + b * Q8_BLOCK;
             int32_t isum = 0;
-            for (int i = 0; i < Q8_BLOCK; i++) isum += (int32_t)q[i] * kq[i];
-            s[g] += (float)isum * (qd[(int64_t)g * nb + b] * dk);
+            for (int i = 0; i < Q8_BLOCK; i++) isum += (int32_t)qb[i] * kq[i];
+            acc += (float)isum * (qd[b] * q8_scale(blk));
         }
+        s[jj] = acc * scale;
     }
 #endif
 }
 
-/* acc[g] (D floats, G vectors D apart) += p[g * ps] * value row `val` for the G vectors */
-static inline void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uint8_t *val) {
-    for (int b = 0; b < D / Q8_BLOCK; b++) {
-        const uint8_t *blk = val + (int64_t)b * Q8_BYTES;
-        const int8_t *vq = (const int8_t *)(blk + 2);
 #if defined(QMM_AVX2)
-        const float dv = _cvtsh_ss(*(const uint16_t *)blk);
-        __m256 v[4];
-        for (int c = 0; c < 4; c++)
-            v[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vq + 8 * c))));
-        for (int g = 0; g < G; g++) {
-            const __m256 w = _mm256_set1_ps(p[(int64_t)g * ps] * dv);
-            float *o = acc + (int64_t)g * D + b * Q8_BLOCK;
-            for (int c = 0; c < 4; c++) _mm256_storeu_ps(o + 8 * c, _mm256_fmadd_ps(w, v[c], _mm256_loadu_ps(o + 8 * c)));
+/* weigh_q8 for a compile-time G: block b's 32 outputs of the G vectors in registers over all n keys, each key's
+   weight p * d_v made first for the whole block (w: G * n floats of scratch) */
+static inline __attribute__((always_inline)) void weigh_q8_g(float *acc, const int G, int D, const float *p, int ps,
+                                                             const uint8_t *v, const int64_t *at, int64_t stride,
+                                                             int n, float *w) {
+    for (int b = 0; b < D / Q8_BLOCK; b++) {
+        const int64_t off = (int64_t)b * Q8_BYTES;
+        int jj = 0;
+        for (; jj + 8 <= n; jj += 8) {
+            uint16_t h[8];
+            for (int i = 0; i < 8; i++) memcpy(&h[i], v + at[jj + i] * stride + off, 2);
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+            for (int g = 0; g < G; g++)
+                _mm256_storeu_ps(w + (int64_t)g * n + jj, _mm256_mul_ps(_mm256_loadu_ps(p + (int64_t)g * ps + jj), dv));
         }
-#else
-        const float dv = q8_scale(blk);
-        for (int g = 0; g < G; g++) {
-            const float w = p[(int64_t)g * ps] * dv;
-            float *o = acc + (int64_t)g * D + b * Q8_BLOCK;
-            for (int i = 0; i < Q8_BLOCK; i++) o[i] += w * (float)vq[i];
+        for (; jj < n; jj++) {
+            const float dv = _cvtsh_ss(*(const uint16_t *)(v + at[jj] * stride + off));
+            for (int g = 0; g < G; g++) w[(int64_t)g * n + jj] = p[(int64_t)g * ps + jj] * dv;
         }
-#endif
+        __m256 o[G][4];
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < 4; c++) o[g][c] = _mm256_setzero_ps();
+        for (jj = 0; jj < n; jj++) {
+            const uint8_t *vq = v + at[jj] * stride + off + 2;
+            __m256 x[4];
+            for (int c = 0; c < 4; c++)
+                x[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vq + 8 * c))));
+            for (int g = 0; g < G; g++) {
+                const __m256 wg = _mm256_broadcast_ss(w + (int64_t)g * n + jj);
+                for (int c = 0; c < 4; c++) o[g][c] = _mm256_fmadd_ps(wg, x[c], o[g][c]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(acc + (int64_t)g * D + b * Q8_BLOCK + 8 * c, o[g][c]);
     }
+}
+#endif
+
+/* acc[g] (D floats each, G vectors D apart) = sum over keys jj in order of p[g * ps + jj] * value row jj (at
+   v + at[jj] * stride), each value block dequantized once for the G vectors (w: scratch of G * n floats) */
+static void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uint8_t *v, const int64_t *at,
+                     int64_t stride, int n, float *w) {
+#if defined(QMM_AVX2)
+    switch (G) { /* the accumulators of up to 4 vectors stay in registers */
+    case 1: weigh_q8_g(acc, 1, D, p, ps, v, at, stride, n, w); return;
+    case 2: weigh_q8_g(acc, 2, D, p, ps, v, at, stride, n, w); return;
+    case 3: weigh_q8_g(acc, 3, D, p, ps, v, at, stride, n, w); return;
+    case 4: weigh_q8_g(acc, 4, D, p, ps, v, at, stride, n, w); return;
+    default:
+        for (int g0 = 0; g0 < G; g0 += 4) /* each vector's sums are its own: any grouping gives the same bits */
+            weigh_q8(acc + (int64_t)g0 * D, G - g0 < 4 ? G - g0 : 4, D, p + (int64_t)g0 * ps, ps, v, at, stride, n, w);
+        return;
+    }
+#else
+    memset(acc, 0, sizeof(float) * (size_t)G * D);
+    for (int jj = 0; jj < n; jj++) {
+        const uint8_t *row = v + at[jj] * stride;
+        for (int b = 0; b < D / Q8_BLOCK; b++) {
+            const uint8_t *blk = row + (int64_t)b * Q8_BYTES;
+            const int8_t *vq = (const int8_t *)(blk + 2);
+            const float dv = q8_scale(blk);
+            for (int g = 0; g < G; g++) {
+                const float w = p[(int64_t)g * ps + jj] * dv;
+                float *o = acc + (int64_t)g * D + b * Q8_BLOCK;
+                for (int i = 0; i < Q8_BLOCK; i++) o[i] += w * (float)vq[i];
+            }
+        }
+    }
+#endif
 }
 
 /* Row t, kv head kvh, key segment k: the segment's softmax and weighed values for the kv head's G query heads,
    stored as the output (a row of one segment) or as the segment's partials. scores: G * SEG floats of scratch,
-   acc: G * D. */
-static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores, float *acc) {
+   acc: G * D, at: n key rows, w: G * SEG. */
+static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores, float *acc, int64_t *at,
+                        float *w) {
     const int G = a->H / a->Hkv, D = a->D, bs = a->block_size, L = a->row_len[t], nseg = nseg_of(L);
     const int jlo = k * SEG, n = L - jlo < SEG ? L - jlo : SEG, lo = a->row_lo ? a->row_lo[t] : 0;
-    const int64_t rb = q8_row_bytes(D), v0 = (int64_t)t * a->H + (int64_t)kvh * G;
+    const int64_t rb = q8_row_bytes(D), v0 = (int64_t)t * a->H + (int64_t)kvh * G, stride = a->Hkv * rb;
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
-    const int8_t *qa = a->qa + v0 * D;
-    const float *qd = a->qd + v0 * (D / Q8_BLOCK);
-    float s[G];
-    for (int jj = 0; jj < n; jj++) {
+    for (int jj = 0; jj < n; jj++) { /* each key's pool row, counted in rows of all kv heads */
         const int j = lo + jlo + jj;
-        const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
-        scores_q8(qa, qd, G, D, a->k + (at * a->Hkv + kvh) * rb, s);
-        for (int g = 0; g < G; g++) scores[(int64_t)g * SEG + jj] = s[g] * a->scale;
+        at[jj] = (int64_t)table[j / bs] * bs + j % bs;
     }
+    const uint8_t *k0 = a->k + kvh * rb, *vh = a->v + kvh * rb;
     float mx[G], sum[G];
-    for (int g = 0; g < G; g++) { /* softmax in key order */
+    for (int g = 0; g < G; g++) { /* scores, then the softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
+        scores_q8(a->qa + (v0 + g) * D, a->qd + (v0 + g) * (D / Q8_BLOCK), D, k0, at, stride, n, a->scale, sg);
         for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
         for (int jj = 0; jj < n; jj++) sg[jj] -= m;
         qmm_exp(sg, n, sg);
@@ -168,12 +235,7 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
         mx[g] = m;
         sum[g] = n > 0 ? total : 0.0f;
     }
-    memset(acc, 0, sizeof(float) * (size_t)G * D);
-    for (int jj = 0; jj < n; jj++) {
-        const int j = lo + jlo + jj;
-        const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
-        weigh_q8(acc, G, D, scores + jj, SEG, a->v + (at * a->Hkv + kvh) * rb);
-    }
+    weigh_q8(acc, G, D, scores, SEG, vh, at, stride, n, w);
     for (int g = 0; g < G; g++) {
         const int head = kvh * G + g;
         if (nseg == 1) {
@@ -190,9 +252,11 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
 static void segment_task(void *ctx, int u) {
     const q8attn_t *a = (const q8attn_t *)ctx;
     const int b = a->units[3 * u], kvh = a->units[3 * u + 1], k = a->units[3 * u + 2], G = a->H / a->Hkv;
-    float *buf = malloc(sizeof(float) * (size_t)G * (SEG + a->D));
+    float *buf = malloc(sizeof(float) * (size_t)G * (2 * SEG + a->D) + sizeof(int64_t) * SEG);
+    float *acc = buf + (size_t)G * SEG, *w = acc + (size_t)G * a->D;
+    int64_t *at = (int64_t *)(w + (size_t)G * SEG);
     for (int t = a->starts[b]; t < a->starts[b + 1]; t++)
-        if (k < nseg_of(a->row_len[t])) row_segment(a, t, kvh, k, buf, buf + (size_t)G * SEG);
+        if (k < nseg_of(a->row_len[t])) row_segment(a, t, kvh, k, buf, acc, at, w);
     free(buf);
 }
 
