@@ -1,9 +1,10 @@
 """Decode TPOT at depth with a quantized KV cache, edgeserve against llama-server on the same GGUF, in one run:
-edgeserve with --kv-cache-dtype auto (bf16) and q8_0, llama-server with -ctk/-ctv f16 and q8_0 (flash attention
-on), one request at a time, the servers interleaved round by round.
+edgeserve with --kv-cache-dtype auto (bf16) and q8_0, llama-server with -ctk/-ctv q8_0 (flash attention on; by
+default as it comes and with --poll 0, which stops its threads busy-waiting: on a shared, oversubscribed machine
+busy-waiting threads lose their cores), one request at a time, the servers interleaved round by round.
 
     python benchmarks/kv_cache_decode.py --llama-server /path/to/llama-server [--model PATH.gguf]
-        [--depths 2048,8192] [--decode 32] [--rounds 3] [--threads 2]
+        [--depths 2048,8192] [--decode 32] [--rounds 3] [--threads 2] [--llama 'q8_0 --poll 0' ...]
 
 Each request is a token-id prompt of (depth - decode) tokens (the same ids every round, so after the first round
 both servers reuse the cached prompt and a round costs only its decode) plus `decode` greedy tokens; TPOT is the
@@ -53,6 +54,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-cache-gb", type=float, default=1.0)
     ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--llama", action="append",
+                    help="a llama-server variant: its -ctk/-ctv type and extra flags, e.g. 'q8_0 --poll 0' "
+                         "(repeatable; default: 'q8_0' and 'q8_0 --poll 0')")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     ctx = max(depths) + 64
@@ -62,13 +66,14 @@ def main() -> int:
         for kv in ("auto", "q8_0"):
             extra = ["--kv-cache-dtype", kv, "--kv-cache-gb", str(args.kv_cache_gb), "--max-model-len", str(ctx)]
             servers[f"edgeserve {kv}"] = ("edgeserve", start_edgeserve(args.model, 1, extra, 600, env, args.log_dir))
-        for kv in ("f16", "q8_0"):
+        for i, variant in enumerate(args.llama or ["q8_0", "q8_0 --poll 0"]):
+            kv, *more = variant.split()
             port = free_port()
             cmd = llama_server_command(args.llama_server, args.model, port, 1, ctx, args.threads)
-            cmd += ["-ctk", kv, "-ctv", kv, "-fa", "on"]
-            servers[f"llama-server {kv}"] = ("llama-server",
-                                             start_server(f"llama-server-{kv}", cmd, port, "/health", 600,
-                                                          log_dir=args.log_dir))
+            cmd += ["-ctk", kv, "-ctv", kv, "-fa", "on", *more]
+            servers[f"llama-server {variant}"] = ("llama-server",
+                                                  start_server(f"llama-server-{i}", cmd, port, "/health", 600,
+                                                               log_dir=args.log_dir))
         models = {name: served_model(s.url) for name, (_, s) in servers.items()}
         vocab_hi = 40000
         for depth in depths:
@@ -85,8 +90,8 @@ def main() -> int:
             print(json.dumps({"model": os.path.basename(args.model), "depth": depth, "decode": args.decode,
                               "rounds": args.rounds, "tpot_ms_median": med, "tpot_ms_rounds": tpots,
                               "edgeserve_q8_vs_bf16": round(med["edgeserve q8_0"] / med["edgeserve auto"], 3),
-                              "edgeserve_q8_vs_llama_q8": round(med["edgeserve q8_0"] / med["llama-server q8_0"],
-                                                                3)}), flush=True)
+                              "edgeserve_q8_vs_each": {name: round(med["edgeserve q8_0"] / m, 3)
+                                                       for name, m in med.items()}}), flush=True)
     finally:
         for _, s in servers.values():
             stop_server(s)
