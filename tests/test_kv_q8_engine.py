@@ -5,6 +5,7 @@ with one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,8 @@ def test_bad_choices_are_refused_with_one_line_errors(tiny_lm, tmp_path):
                                   ("q8_0", "cuda", "CPU only")):
         with pytest.raises(ValueError, match=message):
             resolve_kv_format(name, c, torch.bfloat16, device)
+    with pytest.raises(ValueError, match="soft-capping"):
+        resolve_kv_format("q8_0", dataclasses.replace(c, attn_softcap=50.0), torch.bfloat16, "cpu")
     odd = load_model(resolve(str(write_tiny_llama(tmp_path / "odd.gguf", hidden=48, heads=2, kv_heads=1, ffn=64))))
     with pytest.raises(ValueError, match="multiples of 32"):
         EngineCore(odd, EngineConfig(kv_cache_gb=0.001, kv_cache_dtype="q8_0"))

@@ -69,6 +69,9 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
         raise ValueError("--kv-cache-dtype fp8 (e4m3 on CUDA) is not supported yet: use auto, or q8_0 on the CPU")
     if device.type != "cpu":
         raise ValueError(f"--kv-cache-dtype q8_0 runs on the CPU only, not on {device.type}")
+    if config.attn_softcap is not None:
+        raise ValueError("--kv-cache-dtype q8_0 is not supported for models with attention-logit soft-capping "
+                         "(Gemma 2): their attention runs on the torch path, which would dequantize the whole pool")
     from .kv_cache import kv_owners
 
     dims = sorted({config.layer_head_dim(i) for i in kv_owners(config)})
