@@ -71,6 +71,14 @@ static void store(const q8attn_t *a, int t, int head, float *x, float M, float t
 }
 
 #if defined(QMM_AVX2)
+enum { PREFETCH = 24 }; /* keys ahead whose rows are fetched while the current ones are worked on */
+
+/* ask for the cache lines of a q8_0 row of D values */
+static inline void prefetch_row(const uint8_t *row, int D) {
+    for (int64_t o = 0; o < q8_row_bytes(D); o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T0);
+    _mm_prefetch((const char *)row + q8_row_bytes(D) - 1, _MM_HINT_T0);
+}
+
 /* lane i of the result: the sum of v[i]'s eight lanes (integers: exact in any order) */
 static inline __m256i reduce8_epi32(const __m256i *v) {
     const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
@@ -91,6 +99,7 @@ static void scores_q8(const int8_t *q, const float *qd, int D, const uint8_t *k,
         const int m = n - j0 < 8 ? n - j0 : 8;
         const uint8_t *rows[8];
         for (int i = 0; i < 8; i++) rows[i] = k + at[j0 + (i < m ? i : 0)] * stride; /* past n: any row, unread */
+        for (int i = j0 + PREFETCH; i < j0 + PREFETCH + 8 && i < n; i++) prefetch_row(k + at[i] * stride, D);
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             const int64_t off = (int64_t)b * Q8_BYTES;
@@ -146,6 +155,8 @@ static inline __attribute__((always_inline)) void weigh_q8_g(float *acc, const i
         const int64_t off = (int64_t)b * Q8_BYTES;
         int jj = 0;
         for (; jj + 8 <= n; jj += 8) {
+            if (b == 0) /* the first pass over the value rows: they come from memory */
+                for (int i = jj + PREFETCH; i < jj + PREFETCH + 8 && i < n; i++) prefetch_row(v + at[i] * stride, D);
             uint16_t h[8];
             for (int i = 0; i < 8; i++) memcpy(&h[i], v + at[jj + i] * stride + off, 2);
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
@@ -156,7 +167,7 @@ static inline __attribute__((always_inline)) void weigh_q8_g(float *acc, const i
             const float dv = _cvtsh_ss(*(const uint16_t *)(v + at[jj] * stride + off));
             for (int g = 0; g < G; g++) w[(int64_t)g * n + jj] = p[(int64_t)g * ps + jj] * dv;
         }
-        __m256 o[G][4];
+        __m256 o[4][4]; /* G <= 4: a fixed array the compiler keeps in registers (a VLA lives on the stack) */
         for (int g = 0; g < G; g++)
             for (int c = 0; c < 4; c++) o[g][c] = _mm256_setzero_ps();
         for (jj = 0; jj < n; jj++) {
