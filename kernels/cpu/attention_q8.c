@@ -340,7 +340,7 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
         for (int t = 0; t < T; t++)
             if (nseg_of(row_len[t]) > 1) rows[m++] = t;
         a.units = rows;
-        pool_run(combine_task, &a, multi * H, 1);
+        pool_run(combine_task, &a, multi * H, multi >= 8); /* a few decode rows: on this thread, no hand-over */
     }
     free(part);
     free(unit);
