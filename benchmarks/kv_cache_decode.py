@@ -46,7 +46,7 @@ async def one(url: str, model: str | None, kind: str, prompt: list[int], decode:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--llama-server", default="")
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/edgeserve/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--depths", default="2048,8192")
     ap.add_argument("--decode", type=int, default=32)
@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--llama", action="append",
                     help="a llama-server variant: its -ctk/-ctv type and extra flags, e.g. 'q8_0 --poll 0' "
-                         "(repeatable; default: 'q8_0' and 'q8_0 --poll 0')")
+                         "(repeatable; default: 'q8_0' and 'q8_0 --poll 0'; 'none': edgeserve only)")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     ctx = max(depths) + 64
@@ -66,7 +66,7 @@ def main() -> int:
         for kv in ("auto", "q8_0"):
             extra = ["--kv-cache-dtype", kv, "--kv-cache-gb", str(args.kv_cache_gb), "--max-model-len", str(ctx)]
             servers[f"edgeserve {kv}"] = ("edgeserve", start_edgeserve(args.model, 1, extra, 600, env, args.log_dir))
-        for i, variant in enumerate(args.llama or ["q8_0", "q8_0 --poll 0"]):
+        for i, variant in enumerate(v for v in args.llama or ["q8_0", "q8_0 --poll 0"] if v != "none"):
             kv, *more = variant.split()
             port = free_port()
             cmd = llama_server_command(args.llama_server, args.model, port, 1, ctx, args.threads)
