@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from edgeserve.engine.config import EngineConfig
+from edgeserve.engine.kv_format import KV_CACHE_DTYPES
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
@@ -221,6 +222,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--kv-cache-gb", type=float, default=None,
                    help="KV cache pool size in GiB (default: a tenth of the memory free after loading)")
+    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=EngineConfig.kv_cache_dtype,
+                   help="what the KV cache stores: auto (the compute dtype), bf16, f16, or q8_0 (CPU: about half "
+                        "the bytes, so the same --kv-cache-gb holds about twice the tokens; see README for the "
+                        "quality cost) (default %(default)s)")
     g.add_argument("--max-seqs", type=int, default=EngineConfig.max_num_seqs,
                    help="most sequences batched in one step (default %(default)s)")
     g.add_argument("--max-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
@@ -286,7 +291,8 @@ def _factor_or_off(text: str) -> float | None:
 def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
     """The EngineConfig of the engine flags (plus `fields`); a bad value is EngineConfig's own one-line
     ConfigError, which names the flag."""
-    return EngineConfig(kv_cache_gb=args.kv_cache_gb, max_num_seqs=args.max_seqs,
+    return EngineConfig(kv_cache_gb=args.kv_cache_gb, kv_cache_dtype=args.kv_cache_dtype,
+                        max_num_seqs=args.max_seqs,
                         max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.max_model_len,
                         enable_prefix_caching=not args.no_prefix_cache, kv_offload=args.kv_offload,
                         gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager, overlap=args.overlap,

@@ -59,7 +59,7 @@ class LLM:
         `quantize="int4"` quantizes a float model to INT4 at load (see `load_model`). `dense_prefill`: auto / on /
         off (`edgeserve.models.load.want_dense_prefill`). `cpu_moe_layers` (a count or "all"): the experts of the
         first that many MoE layers stay in host memory on the CPU kernels (`edgeserve.models.cpu_moe`).
-        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb,
+        `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, kv_cache_dtype,
         gpu_memory_fraction, enforce_eager, ...).
         """
         if config is not None and engine_options:

@@ -18,6 +18,9 @@ from .cpu_native import BlockWeight, _attention_rows
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
 _FLOATS = (torch.float32, torch.bfloat16)
+_POOLS = (*_FLOATS, torch.uint8)  # uint8: a q8_0 KV pool (kernels.kv_quant)
+# layer.c's cache format argument (kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0)
+_POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}
 
 
 class QWeight(ctypes.Structure):
@@ -142,13 +145,13 @@ class NativeDecoder:
         return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
 
     def runs(self, attn: object) -> bool:
-        """Whether a step over this attention can take the fused stack: the engine's paged pool (float32 or
-        bfloat16, contiguous) with its default scale, and the native kernels still on for this call."""
+        """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
+        bfloat16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call."""
         pool = getattr(attn, "pool", None)
         if pool is None or getattr(attn, "scale", None) is not None or not hasattr(attn, "meta"):
             return False
         tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if getattr(pool, "window", None) else [])
-        if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _FLOATS:
+        if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _POOLS:
             return False
         from .dispatch import backend
 
@@ -186,7 +189,7 @@ class NativeDecoder:
         positions = positions.to(torch.int64).contiguous()
         rc = self.lib.qmm_decoder_forward(
             ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),
-            pool.k.dtype == torch.bfloat16, pool.k.shape[2], seqs.data_ptr(), lens.data_ptr(), ctypes.byref(step))
+            _POOL_FORMAT[pool.k.dtype], pool.k.shape[2], seqs.data_ptr(), lens.data_ptr(), ctypes.byref(step))
         if rc != 0:
             raise MemoryError(f"native decoder step of {t} rows could not allocate its scratch memory")
         return h

@@ -27,12 +27,15 @@ from pathlib import Path
 import torch
 
 from .gated_delta import DeltaBatch
+from .kv_quant import q8_row_bytes
+from .rope import q_dtype
 
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c", "moe.c", "gated_delta.c")]
-HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h")]
+                                                                 "layer.c", "moe.c", "gated_delta.c",
+                                                                 "attention_q8.c")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -199,6 +202,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
                                                   ctypes.c_float, p]
         lib.qmm_paged_attention_sinks.restype = None
+    if hasattr(lib, "qmm_paged_attention_q8"):  # the q8_0 KV cache (kernels/cpu/attention_q8.c)
+        lib.qmm_paged_attention_q8.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, p, i64, p, p, p, p,
+                                               ctypes.c_float, p]
+        lib.qmm_paged_attention_q8.restype = i32
+        lib.qmm_rope_write_kv_fmt.argtypes = [p, p, p, i32, i64, i64, i64, p, p, p, p, i32, p, i32, i32, i32, i32, p,
+                                              i32]
+        lib.qmm_rope_write_kv_fmt.restype = None
     if hasattr(lib, "qmm_moe_matmul"):  # likewise
         lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
         lib.qmm_moe_matmul.restype = i32
@@ -448,6 +458,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if q.dtype not in (torch.float32, torch.bfloat16):
         q = q.float()
     q = q.contiguous()
+    if k_cache.dtype == torch.uint8:
+        return _paged_attention_q8(q, k_cache, v_cache, meta, scale, lib, window, sinks)
     kv_bf16 = k_cache.dtype == torch.bfloat16
     if k_cache.dtype not in (torch.float32, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
         k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), False
@@ -474,6 +486,34 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(), v_cache.data_ptr(),
                             kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0), seqs.data_ptr(),
                             lens.data_ptr(), scale, out.data_ptr())
+    return out
+
+
+def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
+                        lib: ctypes.CDLL, window: int | None, sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """paged_attention over q8_0 pools (uint8 [blocks, block_size, Hkv, D / 32 * 34], kernels.kv_quant) with
+    contiguous float32 / bfloat16 q; None where the library predates it."""
+    if not hasattr(lib, "qmm_paged_attention_q8"):
+        return None
+    t, h, d = q.shape
+    block_size, hkv = k_cache.shape[1:3]
+    if k_cache.shape[-1] != q8_row_bytes(d) or v_cache.dtype != torch.uint8 or h % hkv:
+        raise ValueError(f"q8_0 pools {tuple(k_cache.shape)} do not fit queries {tuple(q.shape)}")
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    seqs, lens = _attention_rows(meta)
+    lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+    tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
+    tables = tables.contiguous()
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+    out = torch.empty_like(q)
+    rc = lib.qmm_paged_attention_q8(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
+                                    v_cache.data_ptr(), block_size, hkv, tables.data_ptr(), tables.stride(0),
+                                    seqs.data_ptr(), None if lo is None else lo.data_ptr(), seen.data_ptr(),
+                                    None if sinks is None else sinks.data_ptr(), d ** -0.5 if scale is None else scale,
+                                    out.data_ptr())
+    if rc != 0:
+        raise MemoryError(f"q8_0 attention over {t} rows could not allocate its scratch memory")
     return out
 
 
@@ -509,18 +549,29 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     """kernels.rope.rope_write_kv in one native pass; None when the inputs are not ones it takes."""
     lib = library()
     dtypes = {q.dtype, k.dtype, v.dtype}
+    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant); q comes back in its own dtype
     if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
-            or k_cache.dtype not in _FLOATS or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
+            or (k_cache.dtype not in _FLOATS and not (q8 and hasattr(lib, "qmm_rope_write_kv_fmt")))
+            or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
             or not v_cache.is_contiguous() or cos.dtype != torch.float32 or sin.dtype != torch.float32):
         return None
     t, h, d = q.shape
+    if q8 and k_cache.shape[-1] != q8_row_bytes(d):
+        raise ValueError(f"q8_0 pool rows of {k_cache.shape[-1]} bytes do not hold heads of {d} values")
     cos, sin = cos.contiguous(), sin.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    out = torch.empty(t, h, d, dtype=k_cache.dtype)
-    lib.qmm_rope_write_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
-                          k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                          v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1], d,
-                          out.data_ptr())
+    out = torch.empty(t, h, d, dtype=q_dtype(q, k_cache))
+    if not hasattr(lib, "qmm_rope_write_kv_fmt"):  # a library from before the q8_0 KV cache
+        lib.qmm_rope_write_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
+                              k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                              v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1],
+                              d, out.data_ptr())
+        return out
+    fmt = 2 if q8 else int(k_cache.dtype == torch.bfloat16)  # kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0
+    lib.qmm_rope_write_kv_fmt(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
+                              k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                              v_cache.data_ptr(), fmt, slots.data_ptr(), t, h, k.shape[1], d, out.data_ptr(),
+                              out.dtype == torch.bfloat16)
     return out
 
 

@@ -135,7 +135,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
     `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
     takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss)."""
-    if softcap is None and use_triton(q.device) and q.shape[-1] <= 256 and q.shape[1] % k_cache.shape[2] == 0:
+    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant): the native kernels or the torch twin
+    if (softcap is None and not q8 and use_triton(q.device) and q.shape[-1] <= 256
+            and q.shape[1] % k_cache.shape[2] == 0):
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale, window, sinks)
@@ -177,7 +179,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """Rotate q and k by per-token cos/sin, store rotated k and v at their slots; returns rotated q in the cache dtype."""
-    if use_triton(q.device) and q.shape[-1] % 2 == 0:
+    if k_cache.dtype != torch.uint8 and use_triton(q.device) and q.shape[-1] % 2 == 0:
         from .triton_rope import rope_write_kv as kernel
 
         return kernel(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)

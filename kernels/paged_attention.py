@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .kv_quant import dequantize_q8, is_q8, quantize_q8
 from .transfer import to_device
 
 
@@ -61,8 +62,10 @@ class AttentionMetadata:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Store this step's k, v [T, Hkv, D] at their slots of one layer's pool."""
+    """Store this step's k, v [T, Hkv, D] at their slots of one layer's pool (quantized for a q8_0 pool)."""
     hkv, d = k_cache.shape[-2:]
+    if is_q8(k_cache):
+        k, v = quantize_q8(k), quantize_q8(v)
     k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -187,6 +190,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # bits) on how long the padded batch is and how the prompt was chunked, and greedy outputs then change
     # with whatever else is running; float64 differences vanish when rounded back
     out_dtype, q = q.dtype, q.double()
+    if is_q8(k_cache):  # a q8_0 pool: attend over its dequantized values (the whole layer: a reference, not fast)
+        k_cache, v_cache = dequantize_q8(k_cache), dequantize_q8(v_cache)
     gqa = q.shape[1] != k_cache.shape[2]
     plan = _plan(meta, q.device, k_cache.shape[1], window)
     if plan.decode_rows is not None:

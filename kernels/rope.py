@@ -101,8 +101,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """Rotate q [T, H, D] and k [T, Hkv, D] by per-token cos/sin [T, D // 2], store the rotated k and v [T, Hkv, D]
-    at their slots of one layer's pool, and return the rotated q in the cache's dtype (rotation in float32)."""
+    at their slots of one layer's pool, and return the rotated q in the cache's dtype (rotation in float32; in q's
+    dtype, bfloat16 or float32, for a q8_0 pool)."""
     nh = q.shape[1]
     qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)  # one rotation for both: fewer small ops per layer
     write_kv(k_cache, v_cache, qk[:, nh:], v, slot_mapping)
-    return qk[:, :nh].to(k_cache.dtype)
+    return qk[:, :nh].to(q_dtype(q, k_cache))
+
+
+def q_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
+    """The dtype rope_write_kv returns the rotated q in: the cache's, or for a q8_0 pool (uint8) bfloat16 when q is
+    bfloat16 and float32 otherwise."""
+    if k_cache.dtype == torch.uint8:
+        return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+    return k_cache.dtype

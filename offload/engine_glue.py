@@ -15,22 +15,24 @@ if TYPE_CHECKING:
     from edgeserve.models.load import LoadedModel
 
 
-def kv_layout_for(lm: LoadedModel, k_pool: torch.Tensor) -> KVLayout:
+def kv_layout_for(lm: LoadedModel, k_pool: torch.Tensor, kv_format: str = "") -> KVLayout:
     """The block layout of `lm`'s KV pool, keyed by the model file and what changes the KV values it computes
-    (edgeserve version, compute dtype, device type), so a disk block is reused only where it is bit-identical."""
+    (edgeserve version, compute dtype, device type, the pool's KV format such as q8_0), so a disk block is reused
+    only where it is bit-identical: a bf16 block file is never read into a q8_0 pool."""
     from edgeserve import __version__
 
     model = lm.model
     extra = f"edgeserve {__version__}; compute {model.dtype}; device {model.device.type}"
     num_layers, _, block_size, num_kv_heads, head_dim = k_pool.shape
     return KVLayout(model_identity(lm.source.path, extra), k_pool.dtype, num_layers, block_size, num_kv_heads,
-                    head_dim)
+                    head_dim, kv_format)
 
 
 def build_pool_offload(config: OffloadConfig, lm: LoadedModel, k_pool: torch.Tensor,
-                       v_pool: torch.Tensor) -> PoolOffload | None:
-    """The bridge between `lm`'s KV pool and its tiers, or None when offload is off."""
+                       v_pool: torch.Tensor, kv_format: str = "") -> PoolOffload | None:
+    """The bridge between `lm`'s KV pool and its tiers, or None when offload is off (`kv_format`: the pool's KV
+    format name where it is quantized, e.g. q8_0)."""
     if not config.use_cpu:
         return None
-    tiers = TierManager.from_config(config, kv_layout_for(lm, k_pool))
+    tiers = TierManager.from_config(config, kv_layout_for(lm, k_pool, kv_format))
     return PoolOffload(tiers, k_pool, v_pool)

@@ -37,7 +37,9 @@ def model_identity(path: str | os.PathLike[str], extra: str = "") -> str:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """One block's K (and V) tensor: shape [num_layers, block_size, num_kv_heads, head_dim] in `dtype`."""
+    """One block's K (and V) tensor: shape [num_layers, block_size, num_kv_heads, head_dim] in `dtype`. In a
+    quantized KV format (`kv_format`, e.g. "q8_0"; "" for plain float values) `head_dim` is a head row's storage
+    (q8_0: bytes) and the format enters the key."""
 
     model_id: str
     dtype: torch.dtype
@@ -45,6 +47,7 @@ class KVLayout:
     block_size: int
     num_kv_heads: int
     head_dim: int
+    kv_format: str = ""
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -63,8 +66,11 @@ class KVLayout:
 
     def describe(self) -> dict:
         """A JSON-able description (written next to the disk tier's block files)."""
-        return {"format": FORMAT_VERSION, "model_id": self.model_id, "dtype": str(self.dtype).removeprefix("torch."),
-                "shape": list(self.shape)}
+        out = {"format": FORMAT_VERSION, "model_id": self.model_id, "dtype": str(self.dtype).removeprefix("torch."),
+               "shape": list(self.shape)}
+        if self.kv_format:  # plain float pools keep the keys their stored blocks were written under
+            out["kv_format"] = self.kv_format
+        return out
 
     @property
     def key(self) -> str:

@@ -32,11 +32,12 @@ def tiny_model(tmp_path, qtype: str, seed: int = 0):
     return load_model(resolve(str(path)), dtype="bfloat16").model
 
 
-def run_steps(model, fused: bool, steps: list[list[tuple[int, int]]]):
-    """Run `steps` (each a list of (sequence, new tokens)) over a fresh pool; the hidden states of every step and
-    the final pool. Sequence i owns blocks 4i..4i+3; token ids and positions follow from what came before."""
+def run_steps(model, fused: bool, steps: list[list[tuple[int, int]]], kv=None):
+    """Run `steps` (each a list of (sequence, new tokens)) over a fresh pool (of KV format `kv`, default the
+    model's dtype); the hidden states of every step and the final pool. Sequence i owns blocks 4i..4i+3; token ids
+    and positions follow from what came before."""
     model._native = False if fused else None  # False: plan on the next forward; None: the per-op path
-    pool = KVPool(model.config, 16, BLOCK, model.dtype)
+    pool = KVPool(model.config, 16, BLOCK, model.dtype if kv is None else kv)
     lengths: dict[int, int] = {}
     hidden = []
     for step in steps:
@@ -72,6 +73,21 @@ def test_fused_stack_equals_the_per_op_path(tmp_path, qtype):
         assert a.dtype == b.dtype == model.dtype
         assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
     assert torch.equal(fused_pool.k, per_op_pool.k) and torch.equal(fused_pool.v, per_op_pool.v)
+
+
+def test_fused_stack_equals_the_per_op_path_over_a_q8_0_pool(tmp_path):
+    from edgeserve.engine.kv_format import Q8_0
+
+    model = tiny_model(tmp_path, "Q4_1")
+    fused, fused_pool = run_steps(model, True, STEPS, kv=Q8_0)
+    per_op, per_op_pool = run_steps(model, False, STEPS, kv=Q8_0)
+    assert fused_pool.k.dtype == torch.uint8 and fused_pool.k.shape[-1] == 64 // 32 * 34
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
+    assert torch.equal(fused_pool.k, per_op_pool.k) and torch.equal(fused_pool.v, per_op_pool.v)
+    bf16, _ = run_steps(model, True, STEPS)
+    assert not torch.equal(bf16[-1], fused[-1])  # the q8_0 pool is what the stack read
+    assert torch.nn.functional.cosine_similarity(bf16[-1].float(), fused[-1].float()).min() > 0.99
 
 
 def test_fused_stack_with_a_qkv_bias(tmp_path):

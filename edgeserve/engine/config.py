@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from edgeserve.errors import config_error
 from edgeserve.offload.config import OffloadConfig
 
+from .kv_format import KV_CACHE_DTYPES
 from .scheduler import SchedulerConfig, check_decode_slowdown
 
 
@@ -30,6 +31,8 @@ class EngineConfig:
     max_waiting: int = _flag(256, "--max-queue")  # waiting requests before new ones are refused as busy
     block_size: int = 16  # tokens per KV block
     kv_cache_gb: float | None = _flag(None, "--kv-cache-gb")  # None: kv_cache_fraction of free memory
+    # what the KV pool stores per value (engine.kv_format): auto (the compute dtype) | bf16 | f16 | q8_0 | fp8
+    kv_cache_dtype: str = _flag("auto", "--kv-cache-dtype")
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None (CPU)
     # of the whole GPU, for weights + activations + KV (CUDA)
     gpu_memory_fraction: float = _flag(0.9, "--gpu-memory-fraction")
@@ -56,6 +59,9 @@ class EngineConfig:
                 raise config_error(EngineConfig, name, "be a positive integer", value)
         if self.kv_cache_gb is not None and not (isinstance(self.kv_cache_gb, (int, float)) and self.kv_cache_gb > 0):
             raise config_error(EngineConfig, "kv_cache_gb", "be positive", self.kv_cache_gb)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise config_error(EngineConfig, "kv_cache_dtype", f"be one of {', '.join(KV_CACHE_DTYPES)}",
+                               self.kv_cache_dtype)
         if not 0.0 < self.kv_cache_fraction <= 0.95:
             raise config_error(EngineConfig, "kv_cache_fraction", "be in (0, 0.95]", self.kv_cache_fraction)
         if not (isinstance(self.gpu_memory_fraction, (int, float)) and 0.0 < self.gpu_memory_fraction <= 1.0):

@@ -32,7 +32,7 @@ from edgeserve.text.grammar import GrammarCompiler
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, size_pool
+from .kv_cache import KVPool, engine_kv_format, size_pool
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
@@ -92,14 +92,15 @@ class EngineCore:
             use_offload = False
         # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
         window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
-        self.pool = KVPool(lm.config, num_blocks, config.block_size, model.dtype, model.device,
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, engine_kv_format(lm, config), model.device,
                            scratch_block=use_graphs, window_blocks=window_blocks)
         if use_offload and self.pool.window_k.shape[0]:
             raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
                              "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
-        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v) if use_offload \
-            else None
+        kv_name = self.pool.kv_dtype if self.pool.kv_format.quantized else ""
+        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v,
+                                          kv_name) if use_offload else None
         # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
         self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.delta), state_budget,
                                  model.device) if state_budget is not None else None
@@ -448,6 +449,7 @@ class EngineCore:
             kv_blocks_cached=bm.num_cached_free_blocks,
             kv_block_size=bm.block_size,
             kv_cache_bytes=self.pool.nbytes,
+            kv_cache_dtype=self.pool.kv_dtype,
             prompt_tokens_computed=bm.num_prompt_tokens_computed,
             prompt_tokens_reused=bm.num_prompt_tokens_reused,
             generation_tokens=self.generation_tokens,

@@ -15,13 +15,16 @@ from edgeserve.kernels.dispatch import AttentionMetadata, paged_attention, write
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 
+from .kv_format import KVFormat, as_kv_format, resolve_kv_format
+
 if TYPE_CHECKING:
     from .input_batch import StepInputs
     from .state_cache import StateBudget
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of K and V one token takes over all layers that keep their own (not Gemma 4's KV-shared layers)."""
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | KVFormat) -> int:
+    """Bytes of K and V one token takes over all layers that keep their own (not Gemma 4's KV-shared layers), in
+    the pool's float dtype or KV format (q8_0: 34 bytes per 32 values)."""
     return sum(layer_kv_bytes(config, dtype, i) for i in kv_owners(config))
 
 
@@ -31,10 +34,9 @@ def kv_owners(config: ModelConfig) -> list[int]:
     return [i for i in range(config.num_layers) if config.kv_source(i) == i and not config.is_linear(i)]
 
 
-def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype, layer: int) -> int:
+def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype | KVFormat, layer: int) -> int:
     """Bytes of K and V one token takes in `layer`."""
-    elt = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.layer_kv_heads(layer) * config.layer_head_dim(layer) * elt
+    return 2 * config.layer_kv_heads(layer) * as_kv_format(dtype).row_bytes(config.layer_head_dim(layer))
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -47,7 +49,8 @@ def free_memory_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def num_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
+def num_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch.dtype | KVFormat,
+                          block_size: int) -> int:
     """How many blocks of `block_size` tokens fit in `budget_bytes`."""
     return int(budget_bytes // (kv_bytes_per_token(config, dtype) * block_size))
 
@@ -67,7 +70,7 @@ def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_
     return max_num_seqs * (-(-window // block_size) + 3) + -(-max_num_batched_tokens // block_size)
 
 
-def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch.dtype, block_size: int,
+def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch.dtype | KVFormat, block_size: int,
                            max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
     """(main blocks, window blocks) that fit in `budget_bytes`: window blocks 0 when the model has no window pool;
     else the window pool takes what can never run out (`window_pool_blocks`) and the global layers the rest, or
@@ -88,7 +91,8 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
 
 
 class KVPool:
-    """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed.
+    """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed; in a
+    quantized KV format (`kv_format`) the last dimension is a head row's storage (q8_0: uint8, head_dim / 32 * 34).
 
     Layers that read another layer's K/V (Gemma 4's KV-shared layers, `ModelConfig.kv_source`) get no memory:
     `layer_slot` sends them to their source's. Sliding layers whose K/V heads differ in shape from the global ones
@@ -99,10 +103,13 @@ class KVPool:
     says where each layer lives. `attach` hands the window pool's bookkeeping to the scheduler's BlockManager.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype | KVFormat,
                  device: torch.device | str = "cpu", scratch_block: bool = False, window_blocks: int = 0) -> None:
-        """`scratch_block`: one more block after the `num_blocks` the scheduler owns, where the padding rows of a
-        CUDA-graph decode batch write (its id is `self.scratch_block`; None without one)."""
+        """`dtype`: the values' float dtype or a KV format (engine.kv_format); `scratch_block`: one more block after
+        the `num_blocks` the scheduler owns, where the padding rows of a CUDA-graph decode batch write (its id is
+        `self.scratch_block`; None without one)."""
+        self.kv_format = fmt = as_kv_format(dtype)
+        dtype = fmt.storage
         self.scratch_block: int | None = num_blocks if scratch_block else None
         extra = 1 if scratch_block else 0
         self.window = split_window(config) if window_blocks > 0 else None
@@ -123,7 +130,7 @@ class KVPool:
         def tail(layers: list[int]) -> tuple[int, int, int]:
             heads, dim = (config.layer_kv_heads(layers[0]), config.layer_head_dim(layers[0])) if layers else \
                 (config.num_kv_heads, config.head_dim)
-            return block_size, heads, dim
+            return block_size, heads, fmt.row_width(dim) if layers else dim
 
         if len({tail([i]) for i in global_}) > 1 or len({tail([i]) for i in sliding}) > 1:
             raise ValueError("layers of one kind (sliding or global) with different K/V head shapes")
@@ -142,6 +149,11 @@ class KVPool:
         self._window_of = None
         self.num_blocks = num_blocks
         self.block_size = block_size
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV format's name (bf16, f16, f32, q8_0), as /metrics and /api/ps show it."""
+        return self.kv_format.name
 
     @property
     def nbytes(self) -> int:
@@ -277,6 +289,12 @@ def gpu_pool_budget(model, config: ModelConfig, num_tokens: int, num_rows: int, 
     return gpu_kv_budget(int(total), int(free), int(torch.cuda.memory_reserved(model.device)), peak, fraction)
 
 
+def engine_kv_format(lm, config) -> KVFormat:
+    """The KV format of an engine's pool: `config.kv_cache_dtype` for its model and device (ValueError where that
+    cannot run there)."""
+    return resolve_kv_format(config.kv_cache_dtype, lm.config, lm.model.dtype, lm.model.device)
+
+
 def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
     """(KV blocks, sliding-window pool blocks, usable context, recurrent-state slots) of one engine: the budget
     (`kv_cache_gb`, else what the GPU memory fraction leaves after the weights and a warm-up step, else a fraction of
@@ -301,12 +319,13 @@ def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
         states = state_budget(StateSpec(lm.config.num_linear_layers, lm.config.delta), budget, config.max_num_seqs,
                               config.enable_prefix_caching, speculative=config.speculative is not None)
         budget -= states.nbytes
-    num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, model.dtype, config.block_size,
+    fmt = engine_kv_format(lm, config)
+    num_blocks, window_blocks = pool_blocks_for_budget(budget, lm.config, fmt, config.block_size,
                                                        config.max_num_seqs, config.max_num_batched_tokens)
     blocks_per_seq = -(-max_model_len // config.block_size)
     num_blocks = min(num_blocks, blocks_per_seq * config.max_num_seqs)
     if num_blocks < 1:
-        need = kv_bytes_per_token(lm.config, model.dtype) * config.block_size
+        need = kv_bytes_per_token(lm.config, fmt) * config.block_size
         hint = (" (the GPU is full after the weights and a warm-up step: raise --gpu-memory-fraction or lower "
                 "--max-batched-tokens)" if model.device.type == "cuda" and not config.kv_cache_gb else "")
         raise ValueError(f"the KV cache budget of {budget / 2**20:.1f} MiB holds no block of "

@@ -92,6 +92,7 @@ class _EngineCollector:
                                                   "Free KV blocks still holding a reusable prefix", labels=["model"]),
             "kv_blocks_total": GaugeMetricFamily("edgeserve_kv_blocks_total", "KV blocks in the pool",
                                                  labels=["model"]),
+            "kv_cache_bytes": GaugeMetricFamily("edgeserve_kv_cache_bytes", "Bytes of the KV pool", labels=["model"]),
             **{key: GaugeMetricFamily(f"edgeserve_{key}", f"Hybrid models' recurrent states: {text}", labels=["model"])
                for key, text in (("state_slots_used", "slots held by running requests"),
                                  ("state_slots_total", "slots for running requests"),
@@ -101,6 +102,8 @@ class _EngineCollector:
         preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
                                       labels=["model"])
         loaded = GaugeMetricFamily("edgeserve_model_loaded", "1 when loaded, 0.5 while loading", labels=["model"])
+        kv_dtype = GaugeMetricFamily("edgeserve_kv_cache_dtype", "1 for what the KV pool stores per value "
+                                     "(--kv-cache-dtype resolved: bf16, f16, f32, q8_0)", labels=["model", "dtype"])
         offload: dict[str, GaugeMetricFamily] = {}
         spec = {key: GaugeMetricFamily(f"edgeserve_{key}", f"Speculative decoding: {key[5:].replace('_', ' ')}",
                                        labels=["model"])
@@ -119,6 +122,7 @@ class _EngineCollector:
             for key, g in gauges.items():
                 g.add_metric([entry.id], float(getattr(stats, key)))
             preempt.add_metric([entry.id], float(stats.num_preemptions))
+            kv_dtype.add_metric([entry.id, stats.kv_cache_dtype], 1.0)
             for key, family in spec.items():
                 family.add_metric([entry.id], float(getattr(stats, key)))
             if stats.offload is not None:  # KV tiers: blocks and bytes per tier, hits per tier, bytes moved, swaps
@@ -131,3 +135,4 @@ class _EngineCollector:
         yield from spec.values()
         yield preempt
         yield loaded
+        yield kv_dtype

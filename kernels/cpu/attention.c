@@ -154,6 +154,12 @@ static __attribute__((noinline)) void combine_segments(const float *part, int64_
     *total_out = total;
 }
 
+/* combine_segments() for the other attention kernels (attention_q8.c) */
+void qmm_attn_combine(const float *part, int64_t stride, int nseg, int D, float *out, float *max_out,
+                      float *total_out) {
+    combine_segments(part, stride, nseg, D, out, max_out, total_out);
+}
+
 /* a float32 vector of D into the output (bf16 when out_bf16) at element index */
 static inline void store_out(void *out, int out_bf16, int64_t index, const float *x, int D) {
     if (out_bf16) {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kv_q8.h"
 #include "pool.h"
 
 static inline float ld(const void *p, int bf16, int64_t i) {
@@ -127,8 +128,9 @@ typedef struct {
     int64_t ldq, ldk, ldv;
     const float *cos, *sin;
     void *k_cache, *v_cache, *q_out;
-    int cache_bf16, H, Hkv, D;
+    int cache_bf16, H, Hkv, D; /* cache_bf16: the pool's format, KV_F32 / KV_BF16 / KV_Q8_0 (kv_q8.h) */
     const int64_t *slots;
+    int q_bf16; /* q_out in bfloat16 */
 } rope_t;
 
 
@@ -136,12 +138,15 @@ static void rope_row(void *ctx, int t) {
     const rope_t *a = (const rope_t *)ctx;
     const int D = a->D, half = D / 2;
     const float *c = a->cos + (int64_t)t * half, *s = a->sin + (int64_t)t * half;
+    const int q8 = a->cache_bf16 == KV_Q8_0;
+    float row[q8 ? D : 1]; /* a K or V head in float32 before it is quantized */
     for (int h = 0; h < a->H + a->Hkv; h++) {
-        const int is_q = h < a->H;
+        const int is_q = h < a->H, to_row = q8 && !is_q;
         const void *src = is_q ? a->q : a->k;
         int64_t base = is_q ? t * a->ldq + (int64_t)h * D : t * a->ldk + (int64_t)(h - a->H) * D;
-        void *dst = is_q ? a->q_out : a->k_cache;
-        int64_t obase = is_q ? ((int64_t)t * a->H + h) * D : (a->slots[t] * a->Hkv + (h - a->H)) * D;
+        void *dst = is_q ? a->q_out : (to_row ? (void *)row : a->k_cache);
+        int64_t obase = is_q ? ((int64_t)t * a->H + h) * D : (to_row ? 0 : (a->slots[t] * a->Hkv + (h - a->H)) * D);
+        const int out_bf16 = is_q ? a->q_bf16 : (to_row ? 0 : a->cache_bf16);
         int i = 0;
 #if defined(QMM_AVX2)
         /* the scalar loop's operations as GCC contracts them with FMA: x1 c - (x2 s) and x2 c + (x1 s) */
@@ -150,18 +155,24 @@ static void rope_row(void *ctx, int t) {
                 const __m256 x1 = _mm256_loadu_ps((const float *)src + base + i);
                 const __m256 x2 = _mm256_loadu_ps((const float *)src + base + half + i);
                 const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
-                st8(dst, a->cache_bf16, obase + i, _mm256_fmsub_ps(x1, cv, _mm256_mul_ps(x2, sv)));
-                st8(dst, a->cache_bf16, obase + half + i, _mm256_fmadd_ps(x2, cv, _mm256_mul_ps(x1, sv)));
+                st8(dst, out_bf16, obase + i, _mm256_fmsub_ps(x1, cv, _mm256_mul_ps(x2, sv)));
+                st8(dst, out_bf16, obase + half + i, _mm256_fmadd_ps(x2, cv, _mm256_mul_ps(x1, sv)));
             }
 #endif
         for (; i < half; i++) {
             float x1 = ld(src, a->in_bf16, base + i), x2 = ld(src, a->in_bf16, base + half + i);
-            st(dst, a->cache_bf16, obase + i, x1 * c[i] - x2 * s[i]);
-            st(dst, a->cache_bf16, obase + half + i, x2 * c[i] + x1 * s[i]);
+            st(dst, out_bf16, obase + i, x1 * c[i] - x2 * s[i]);
+            st(dst, out_bf16, obase + half + i, x2 * c[i] + x1 * s[i]);
         }
+        if (to_row) q8_quantize_row(row, D, (uint8_t *)a->k_cache + (a->slots[t] * a->Hkv + (h - a->H)) * q8_row_bytes(D));
     }
     for (int h = 0; h < a->Hkv; h++) {
         int64_t base = t * a->ldv + (int64_t)h * D, obase = (a->slots[t] * a->Hkv + h) * D;
+        if (q8) {
+            for (int i = 0; i < D; i++) row[i] = ld(a->v, a->in_bf16, base + i);
+            q8_quantize_row(row, D, (uint8_t *)a->v_cache + (a->slots[t] * a->Hkv + h) * q8_row_bytes(D));
+            continue;
+        }
         int i = 0;
 #if defined(QMM_AVX2)
         if (!a->in_bf16)
@@ -178,7 +189,19 @@ static void rope_row(void *ctx, int t) {
 void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
                        int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_bf16,
                        const int64_t *slots, int T, int H, int Hkv, int D, void *q_out) {
-    rope_t a = {q, k, v, in_bf16, ldq, ldk, ldv, cos, sin, k_cache, v_cache, q_out, cache_bf16, H, Hkv, D, slots};
+    rope_t a = {q, k, v, in_bf16, ldq, ldk, ldv, cos, sin, k_cache, v_cache, q_out, cache_bf16, H, Hkv, D, slots,
+                cache_bf16};
+    pool_run(rope_row, &a, T, T >= 4);
+}
+
+/* qmm_rope_write_kv() into pools of format cache_fmt (KV_F32 / KV_BF16 / KV_Q8_0, kv_q8.h: a q8_0 pool is
+   [slots, Hkv, D / 32 * 34] bytes, each K and V head quantized from its float32 value) with q_out in bf16 when
+   q_bf16 */
+void qmm_rope_write_kv_fmt(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
+                           int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_fmt,
+                           const int64_t *slots, int T, int H, int Hkv, int D, void *q_out, int q_bf16) {
+    rope_t a = {q, k, v, in_bf16, ldq, ldk, ldv, cos, sin, k_cache, v_cache, q_out, cache_fmt, H, Hkv, D, slots,
+                q_bf16};
     pool_run(rope_row, &a, T, T >= 4);
 }
 

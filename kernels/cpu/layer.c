@@ -27,6 +27,13 @@ void qmm_add_rms_norm(const void *x, int x_bf16, int64_t ldx, const float *resid
 void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
                        int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_bf16,
                        const int64_t *slots, int T, int H, int Hkv, int D, void *q_out);
+void qmm_rope_write_kv_fmt(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
+                           int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_fmt,
+                           const int64_t *slots, int T, int H, int Hkv, int D, void *q_out, int q_bf16);
+int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                           int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                           const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
+                           float scale, void *out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 
@@ -123,7 +130,8 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
 }
 
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
-   [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16) are
+   [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16 is 1; q8_0
+   bytes, kv_q8.h, when it is 2, with the attention's queries and outputs then in float32, as the per-op path) are
    `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool and attends to the
    first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a sliding-window layer).
    Returns 0, or -1 when out of memory. */
@@ -133,10 +141,11 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     const int hidden = m->hidden, H = m->H, Hkv = m->Hkv, D = m->D, F = m->F, half = D / 2;
     const int qd = H * D, kvd = Hkv * D, nqkv = qd + 2 * kvd, kmax = imax(imax(hidden, qd), F);
     const int local = m->cos_local != 0;
-    const size_t cache_el = cache_bf16 ? 2 : 4;
+    const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
+    const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv + hidden + 2 * (size_t)F + F + 2 * half * (1 + local) + kmax / 32);
-    size_t bytes = floats * 4 + (size_t)T * qd * cache_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
+    size_t bytes = floats * 4 + (size_t)T * qd * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
                    (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
     if (!mem) return -1;
@@ -146,7 +155,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     float *da = (local ? sn_l : sn) + (size_t)T * half;
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
     void *q = rest;
-    int16_t *sa = (int16_t *)(rest + (size_t)T * qd * cache_el);
+    int16_t *sa = (int16_t *)(rest + (size_t)T * qd * q_el);
     int8_t *qa = (int8_t *)(sa + (size_t)T * (kmax / 16));
     int32_t *win_lo = (int32_t *)(qa + (size_t)T * kmax), *win_len = win_lo + T;
     int32_t have_window = 0; /* the window win_lo / win_len hold */
@@ -180,8 +189,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
                 norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
             }
         MARK(P_NORM);
-        qmm_rope_write_kv(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, L->local_rope ? cs_l : cs,
-                          L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H, Hkv, D, q);
+        qmm_rope_write_kv_fmt(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, L->local_rope ? cs_l : cs,
+                              L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H, Hkv, D, q, q_bf16);
         MARK(P_ROPE);
         const int32_t *lo = 0, *len = row_len;
         if (L->window > 0) {
@@ -195,10 +204,18 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             lo = win_lo;
             len = win_len;
         }
-        qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
-                                 pools->table_stride[pl], row_seq, lo, len, m->scale, q);
+        if (q8) {
+            if (qmm_paged_attention_q8(q, q_bf16, T, H, D, kc, vc, block_size, Hkv, pools->tables[pl],
+                                       pools->table_stride[pl], row_seq, lo, len, 0, m->scale, q)) {
+                free(mem);
+                return -1;
+            }
+        } else {
+            qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+                                     pools->table_stride[pl], row_seq, lo, len, m->scale, q);
+        }
         MARK(P_ATTN);
-        qmm_quantize(q, cache_bf16, qd, T, qd, qa, da, sa);
+        qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
         MARK(P_O);

@@ -82,6 +82,9 @@ def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: di
     if context is not None:
         out["context_length"] = context  # as Ollama reports it: the context the model was loaded with
     stats = e.engine.stats() if state == "loaded" and e.engine is not None else None
+    if getattr(stats, "kv_cache_dtype", ""):  # the KV pool: what it stores per value and its size
+        out["kv_cache"] = {"dtype": stats.kv_cache_dtype, "bytes": stats.kv_cache_bytes,
+                           "blocks": stats.kv_blocks_total, "block_size": stats.kv_block_size}
     if getattr(stats, "state_slots_total", 0):  # a hybrid model's recurrent states beside its KV
         out["recurrent_state"] = {"slots": stats.state_slots_total, "slots_used": stats.state_slots_used,
                                   "snapshots": stats.state_snapshots, "bytes": stats.state_bytes}
