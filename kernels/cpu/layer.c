@@ -29,6 +29,9 @@ void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16,
                        const int64_t *slots, int T, int H, int Hkv, int D, void *q_out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
+/* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
+void qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
+                  float *out, int64_t ldo, int N);
 
 enum { MAX_PARTS = 4 };
 
@@ -98,6 +101,7 @@ typedef struct {
     int64_t table_stride[2];
     const int64_t *slots[2];
     const int32_t *layer_pool;
+    const void *lora; /* the step's LoRA adapters (lora.c's lora_step_t), or NULL */
 } step_pools_t;
 
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
@@ -170,6 +174,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
+        if (pools->lora) qmm_lora_add(pools->lora, i, 0, h, m->act_bf16, hidden, T, hidden, qkv, nqkv, nqkv);
         if (L->qkv_bias)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
@@ -201,6 +206,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(q, cache_bf16, qd, T, qd, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
+        if (pools->lora) qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden);
         MARK(P_O);
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
@@ -208,6 +214,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
+        if (pools->lora) qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F);
         MARK(P_GATE_UP);
         if (m->gelu)
             qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
@@ -217,6 +224,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(act, 0, F, T, F, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->down, F, qa, da, sa, T, o);
+        if (pools->lora) qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden);
         MARK(P_DOWN);
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
