@@ -141,11 +141,11 @@ def engine(lm, tmp_path, **kw) -> EngineCore:
     return EngineCore(lm, EngineConfig(block_size=BS, kv_cache_gb=0.01, loras=(("a", str(a)), ("b", str(b))), **kw))
 
 
-def run(core: EngineCore, jobs) -> dict[str, tuple[list[int], int]]:
+def run(core: EngineCore, jobs, params: SamplingParams = GREEDY) -> dict[str, tuple[list[int], int]]:
     """Greedy tokens and cached prompt tokens of each (id, prompt, choice), all submitted at once."""
     for rid, prompt, choice in jobs:
         name, scale = choice if choice is not None else (None, 1.0)
-        core.add_request(prompt, GREEDY, rid, adapter=name, adapter_scale=scale)
+        core.add_request(prompt, params, rid, adapter=name, adapter_scale=scale)
     out: dict[str, tuple[list[int], int]] = {rid: ([], 0) for rid, _, _ in jobs}
     while core.has_work():
         for o in core.step():
@@ -214,3 +214,32 @@ def test_max_loras_unloads_the_least_recently_used_idle_adapter(tmp_path):
         core.step()
     run(core, [("6", PROMPTS[0], ("a", 1.0))])
     assert core.adapters.resident() == ["a"]
+
+
+def test_speculation_verifies_with_the_requests_adapter(tmp_path):
+    """n-gram drafts are verified by the target with each row's adapter: greedy tokens equal plain decoding's."""
+    lm = tiny(tmp_path, seed=6)
+    jobs = [(f"r{i}", p, c) for i, (p, c) in enumerate(zip(PROMPTS, CHOICES))]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)  # long enough to fall into loops
+    plain = run(engine(lm, tmp_path), jobs, params)
+    core = engine(lm, tmp_path, speculative="ngram", num_speculative_tokens=3)
+    spec = run(core, jobs, params)
+    assert core.spec.counters.proposed > 0  # drafts were verified (the prompts repeat)
+    assert {k: v[0] for k, v in spec.items()} == {k: v[0] for k, v in plain.items()}
+
+
+def test_the_disk_tier_keeps_adapters_apart_across_restarts(tmp_path):
+    lm = tiny(tmp_path)
+    disk = tmp_path / "kv"
+    prompt = PROMPTS[3] + PROMPTS[2]
+
+    def fresh():
+        return engine(lm, tmp_path, kv_offload="cpu,disk", cpu_kv_gb=0.01, disk_kv_gb=0.05, disk_kv_path=str(disk))
+
+    first = fresh()
+    assert run(first, [("1", prompt, ("a", 1.0))])["1"][1] == 0
+    first.close()  # the cached blocks go down to disk
+    second = fresh()
+    assert run(second, [("2", prompt, ("b", 1.0))])["2"][1] == 0  # another adapter: nothing shared
+    assert run(second, [("3", prompt, None)])["3"][1] == 0
+    assert run(second, [("4", prompt, ("a", 1.0))])["4"][1] >= 32  # the same adapter: its blocks from disk

@@ -59,6 +59,7 @@ class AdapterStore:
         self.config = config
         self.max_loras = max_loras
         self.supported = model is None or supports_adapters(model)
+        self.device = getattr(model, "device", "cpu")
         self.paths: dict[str, Path] = {}  # every known name, in the order it became known
         self._resident: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._busy: Counter[int] = Counter()  # running requests per adapter object (by id)
@@ -144,7 +145,7 @@ class AdapterStore:
         if not self.supported:
             raise AdapterError(f"LoRA adapters are not supported for the {self.config.architecture} decoder "
                                "(Llama-family dense models only)")
-        return load_adapter(name, path, self.config)
+        return load_adapter(name, path, self.config).to(self.device)
 
     @staticmethod
     def _check_name(name: str) -> None:

@@ -70,11 +70,12 @@ class LoraAdapter:
     def nbytes(self) -> int:
         return sum(p.at.nbytes + p.bt.nbytes for layer in self.layers for p in layer.values())
 
-    def zero_b(self) -> None:
-        """Zero every B (the base model's output exactly; for tests and for checking an install)."""
+    def to(self, device: torch.device | str) -> "LoraAdapter":
+        """Move the pairs to `device` (the base model's: a GPU step adds them there), in place; returns self."""
         for layer in self.layers:
             for p in layer.values():
-                p.bt.zero_()
+                p.at, p.bt = p.at.to(device), p.bt.to(device)
+        return self
 
 
 def load_adapter(name: str, path: str | Path, config: ModelConfig) -> LoraAdapter:
