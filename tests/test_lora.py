@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_files import merged_delta, random_pairs, write_gguf_lora, write_peft
+from lora_files import merged_delta
 from tiny_gguf import write_tiny_llama
 
+from edgeserve.bench.random_lora import random_pairs, write_gguf_lora, write_peft
 from edgeserve.engine.adapters import AdapterChoice, prefix_key_for
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore

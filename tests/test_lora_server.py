@@ -8,10 +8,10 @@ import threading
 
 import httpx
 import pytest
-from lora_files import random_pairs, write_gguf_lora, write_peft
 from server_helpers import serve
 from tiny_gguf import write_tiny_llama
 
+from edgeserve.bench.random_lora import random_pairs, write_gguf_lora, write_peft
 from edgeserve.engine.config import EngineConfig
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
