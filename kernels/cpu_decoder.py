@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cpu_native
-from .cpu_lora import step_struct
+from .cpu_lora import step_struct, takes
 from .cpu_native import BlockWeight, _attention_rows
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
@@ -142,10 +142,10 @@ class NativeDecoder:
                           ptr(model.sin), ptr(local), ptr(local_sin))
         return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
 
-    @property
-    def takes_lora(self) -> bool:
-        """Whether the library runs LoRA adapters inside the stack (kernels/cpu/lora.c)."""
-        return hasattr(self.lib, "qmm_lora_add")
+    def takes_lora(self, step) -> bool:
+        """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
+        (kernels/cpu/lora.c)."""
+        return hasattr(self.lib, "qmm_lora_add") and takes(step)
 
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32 or

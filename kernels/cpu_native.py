@@ -219,7 +219,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_decoder_forward.restype = i32
     if hasattr(lib, "qmm_lora_add"):
         lib.qmm_lora_add.argtypes = [p, i32, i32, p, i32, i64, i32, i32, p, i64, i32]
-        lib.qmm_lora_add.restype = None
+        lib.qmm_lora_add.restype = i32
     lib.qmm_set_threads(threads())
     return lib
 

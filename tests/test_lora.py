@@ -79,18 +79,20 @@ def test_unmerged_output_equals_the_merged_float32_weights(tmp_path, kind):
 
 
 @native
-def test_the_fused_native_stack_applies_adapters_per_row(tmp_path):
+@pytest.mark.parametrize("adapter_dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_native_stack_applies_adapters_per_row(tmp_path, adapter_dtype):
     lm = tiny(tmp_path, qtype="Q4_1", dtype="bfloat16")
     model, config = lm.model, lm.config
     a = load_adapter("a", write_peft(tmp_path / "a", random_pairs(config, 8, seed=1, std=0.2), 8, 16), config)
     b = load_adapter("b", write_gguf_lora(tmp_path / "b.gguf", random_pairs(config, 4, seed=2, std=0.2), 8, config),
                      config)
+    a.to("cpu", adapter_dtype), b.to("cpu", adapter_dtype)
     ids = [[5, 9, 77, 12, 40], [8, 8, 100, 3, 50, 60, 70], [1, 2, 3, 4, 5, 6], [11, 12, 13]]
     step = StepLora.build([(a, 1.0), None, (b, 0.5), (a, 1.0)], [len(s) for s in ids])
     model._native = False  # plan the fused stack
     fused = forward(model, ids, step)
     fused_base = forward(model, ids, None)
-    assert model._native is not None and model._native.takes_lora
+    assert model._native is not None and model._native.takes_lora(step)
     model._native = None  # the per-op path
     per_op = forward(model, ids, step)
     torch.testing.assert_close(fused.float(), per_op.float(), rtol=0.02, atol=0.02)

@@ -12,6 +12,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from edgeserve.errors import QueueFullError, UnknownModelError
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.lora import AdapterError, LoraAdapter, load_adapter
@@ -60,6 +62,8 @@ class AdapterStore:
         self.max_loras = max_loras
         self.supported = model is None or supports_adapters(model)
         self.device = getattr(model, "device", "cpu")
+        # bfloat16 beside a bfloat16 model halves what a step reads; float32 otherwise
+        self.dtype = torch.bfloat16 if getattr(model, "dtype", None) == torch.bfloat16 else torch.float32
         self.paths: dict[str, Path] = {}  # every known name, in the order it became known
         self._resident: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._busy: Counter[int] = Counter()  # running requests per adapter object (by id)
@@ -145,7 +149,7 @@ class AdapterStore:
         if not self.supported:
             raise AdapterError(f"LoRA adapters are not supported for the {self.config.architecture} decoder "
                                "(Llama-family dense models only)")
-        return load_adapter(name, path, self.config).to(self.device)
+        return load_adapter(name, path, self.config).to(self.device, self.dtype)
 
     @staticmethod
     def _check_name(name: str) -> None:

@@ -118,7 +118,7 @@ class LlamaModel:
         or None where the fused stack does not take this step (the caller runs its per-op path). `lora`: the
         step's adapters, applied inside the native stack."""
         native = self.native_decoder()
-        if native is None or not native.runs(attn) or (lora is not None and not native.takes_lora):
+        if native is None or not native.runs(attn) or (lora is not None and not native.takes_lora(lora)):
             return None
         c = self.config
         if c.attn_temperature and x.shape[0] and int(positions.max()) >= c.attn_temperature_length:

@@ -2,9 +2,9 @@
 
 An adapter changes a projection W [out, in] to y = xW^T + s (x A^T) B^T with A [r, in], B [out, r] and s its scale
 (lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA). The decoder fuses q/k/v into `qkv` and gate/up into `gate_up`,
-so the pairs of a fused weight's parts are stacked here into one: A of every part side by side (`at` [in, sum r])
-and B block-diagonal, stored transposed with the scale folded in (`bt` [sum r, out]), so that one pair per fused
-weight serves the per-op torch path and the native stack (kernels/cpu/lora.c) alike.
+so the pairs of a fused weight's parts are stacked here into one: A of every part one above the other ([sum r, in])
+and each part's B transposed with its scale folded in ([r_p, out_p] at its rows of A and its output columns), so that
+one pair per fused weight serves the per-op torch path and the native stack (kernels/cpu/lora.c) alike.
 """
 
 from __future__ import annotations
@@ -43,12 +43,25 @@ class AdapterError(InvalidRequestError):
 
 
 @dataclass
-class LoraPair:
-    """One fused weight's low-rank update as x @ at @ bt: at [in, R] (A transposed) and bt [R, out] (B transposed,
-    the scale folded in), float32 and contiguous."""
+class LoraPart:
+    """One stacked part's B: rows r0.. of the fused A feed its output columns c0.. through bt [r, n] (B transposed,
+    the scale folded in)."""
 
-    at: torch.Tensor
+    r0: int
+    c0: int
     bt: torch.Tensor
+
+
+@dataclass
+class LoraPair:
+    """One fused weight's low-rank update: out[:, part] += (x @ a.T)[:, part rows] @ part.bt for each part; a
+    [R, in]; float32, or bfloat16 beside a bfloat16 model (contiguous)."""
+
+    a: torch.Tensor
+    parts: list[LoraPart]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.a, *(p.bt for p in self.parts)]
 
 
 @dataclass(eq=False)
@@ -61,6 +74,8 @@ class LoraAdapter:
     digest: bytes
     rank: int
     layers: list[dict[str, LoraPair]]
+    dtype: torch.dtype = torch.float32  # of every tensor of its pairs
+    device: torch.device = torch.device("cpu")
     native: object = field(default=None, repr=False)  # kernels.cpu_lora's tables, built on first use
 
     def prefix_root(self, scale: float) -> bytes:
@@ -68,13 +83,17 @@ class LoraAdapter:
         return hashlib.sha256(b"lora\0" + self.digest + struct.pack("<d", float(scale))).digest()
 
     def nbytes(self) -> int:
-        return sum(p.at.nbytes + p.bt.nbytes for layer in self.layers for p in layer.values())
+        return sum(t.nbytes for layer in self.layers for p in layer.values() for t in p.tensors())
 
-    def to(self, device: torch.device | str) -> "LoraAdapter":
-        """Move the pairs to `device` (the base model's: a GPU step adds them there), in place; returns self."""
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "LoraAdapter":
+        """Move the pairs to `device` (the base model's: a GPU step adds them there) as `dtype` (bfloat16 halves
+        what a step reads beside a bfloat16 model), in place; returns self."""
         for layer in self.layers:
             for p in layer.values():
-                p.at, p.bt = p.at.to(device), p.bt.to(device)
+                p.a = p.a.to(device, dtype).contiguous()
+                for part in p.parts:
+                    part.bt = part.bt.to(device, dtype).contiguous()
+        self.native, self.dtype, self.device = None, dtype, torch.device(device)
         return self
 
 
@@ -215,19 +234,15 @@ def _fuse(name: str, pairs: _Pairs, config: ModelConfig) -> list[dict[str, LoraP
             present = [p for p in parts if (i, p) in pairs]
             if not present:
                 continue
-            rank = sum(pairs[i, p][0].shape[0] for p in present)
             outs = [shapes[p][0] for p in parts]
-            a = torch.zeros(rank, shapes[parts[0]][1])
-            bt = torch.zeros(rank, sum(outs))
-            r0 = 0
+            a, stacked, r0 = [], [], 0
             for j, p in enumerate(parts):
                 if (i, p) not in pairs:
                     continue
                 pa, pb, scale = pairs[i, p]
-                r, col = pa.shape[0], sum(outs[:j])
-                a[r0:r0 + r] = pa
-                bt[r0:r0 + r, col:col + outs[j]] = (pb * scale).t()
-                r0 += r
-            layers[i][target] = LoraPair(a.t().contiguous(), bt.contiguous())
+                a.append(pa)
+                stacked.append(LoraPart(r0, sum(outs[:j]), (pb * scale).t().contiguous()))
+                r0 += pa.shape[0]
+            layers[i][target] = LoraPair(torch.cat(a).contiguous(), stacked)
     return layers
 

@@ -6,6 +6,7 @@ quantized base stays in its blocks: the update applies to the activations)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -15,13 +16,14 @@ from .lora import LoraAdapter
 
 @dataclass
 class StepLora:
-    """The step's distinct adapters (slot = index), each row's slot (-1: the base alone) and scale, and the rows
-    of each slot (index tensors, for the torch path)."""
+    """The step's distinct adapters (slot = index), each row's scale, and the rows of each slot (index tensors for
+    the torch path; for the native one, `seg_rows` holds them slot after slot, slot a's from `seg_start[a]`)."""
 
     adapters: list[LoraAdapter]
-    row_slot: torch.Tensor  # int32 [T]
-    row_scale: torch.Tensor  # float32 [T]
+    row_scale: torch.Tensor  # float32 [T] (0 for a row with no adapter)
     segments: list[torch.Tensor]  # per slot: its rows, int64
+    seg_start: torch.Tensor  # int32 [slots + 1], on the host
+    seg_rows: torch.Tensor  # int32 [rows with an adapter], on the host
 
     @classmethod
     def build(cls, per_seq: list[tuple[LoraAdapter, float] | None], query_lens: list[int],
@@ -45,8 +47,10 @@ class StepLora:
             slots += [slot] * n
             scales += [float(scale)] * n
         row_slot = torch.tensor(slots, dtype=torch.int32)
-        segments = [torch.nonzero(row_slot == s).flatten().to(device) for s in range(len(adapters))]
-        return cls(adapters, row_slot.to(device), torch.tensor(scales, dtype=torch.float32, device=device), segments)
+        rows = [torch.nonzero(row_slot == s).flatten() for s in range(len(adapters))]
+        start = torch.tensor([0, *itertools.accumulate(len(r) for r in rows)], dtype=torch.int32)
+        return cls(adapters, torch.tensor(scales, dtype=torch.float32, device=device), [r.to(device) for r in rows],
+                   start, torch.cat(rows).to(torch.int32))
 
     def add(self, out: torch.Tensor, x: torch.Tensor, layer: int, target: str) -> torch.Tensor:
         """out [T, N] (the base matmul's output of x [T, K]) plus each row's s * (x A^T) B^T, in float32."""
@@ -55,7 +59,9 @@ class StepLora:
             pair = adapter.layers[layer].get(target)
             if pair is None or not rows.numel():
                 continue
-            at, bt = pair.at.to(x.device), pair.bt.to(x.device)
-            delta = (x[rows].float() @ at) @ bt * self.row_scale[rows, None]
-            out.index_add_(0, rows, delta.to(out.dtype))
+            t = (x[rows].float() @ pair.a.float().t()) * self.row_scale[rows, None]
+            for part in pair.parts:
+                r, n = part.bt.shape
+                cols = out[:, part.c0:part.c0 + n]
+                cols.index_add_(0, rows, (t[:, part.r0:part.r0 + r] @ part.bt.float()).to(out.dtype))
         return out
