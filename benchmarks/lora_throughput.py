@@ -23,17 +23,17 @@ import numpy as np
 
 from edgeserve.bench.client import RequestResult, stream_completion
 from edgeserve.bench.compare import first_difference, llama_server_command
-from edgeserve.bench.random_lora import random_pairs, write_gguf_lora, write_peft
+from edgeserve.bench.random_lora import PROJECTIONS, random_pairs, write_gguf_lora, write_peft
 from edgeserve.bench.servers import (EXTRA_BODY, free_port, served_model, start_edgeserve, start_server,
                                      stop_server)
 from edgeserve.bench.workloads import RequestSpec, TokenSource
 
 
-def write_adapters(config, folder: Path, n: int, rank: int) -> list[tuple[Path, Path]]:
-    """n random rank-`rank` adapters on every attention and MLP projection: (PEFT folder, GGUF file) each."""
+def write_adapters(config, folder: Path, n: int, rank: int, targets: tuple[str, ...]) -> list[tuple[Path, Path]]:
+    """n random rank-`rank` adapters on the `targets` projections: (PEFT folder, GGUF file) each."""
     out = []
     for i in range(n):
-        pairs = random_pairs(config, rank, seed=100 + i, std=0.02)
+        pairs = random_pairs(config, rank, seed=100 + i, targets=targets, std=0.02)
         out.append((write_peft(folder / f"peft{i}", pairs, rank, 2.0 * rank),
                     write_gguf_lora(folder / f"lora{i}.gguf", pairs, 2.0 * rank, config, config.architecture)))
     return out
@@ -90,6 +90,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=8, help="concurrent requests (and --max-seqs / --parallel)")
     p.add_argument("--adapters", type=int, default=4)
     p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--targets", default="all", help="all (every attention and MLP projection) or a comma list, "
+                                                     "e.g. q_proj,v_proj (PEFT's default for Llama)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -101,7 +103,8 @@ def main() -> int:
     tokenizer, source = load_tokenizer(args.model or DEFAULT_MODEL)
     config = load_model(source, dtype="bfloat16").config
     tmp = Path(tempfile.mkdtemp(prefix="lora-bench-"))
-    adapters = write_adapters(config, tmp, args.adapters, args.rank)
+    targets = PROJECTIONS if args.targets == "all" else tuple(t.strip() for t in args.targets.split(","))
+    adapters = write_adapters(config, tmp, args.adapters, args.rank, targets)
     rng = np.random.default_rng(0)
     tokens = TokenSource(tokenizer, True)
     servers = {}
@@ -119,6 +122,10 @@ def main() -> int:
         bases = {name: served_model(s.url) for name, s in servers.items()}
         prompt = tokens.prompt(32, rng)
         checks = {name: asyncio.run(greedy(s.url, name, prompt, 32)) for name, s in servers.items()}
+        warm = [RequestSpec(tokens.prompt(8, rng), 8, 2) for _ in range(args.adapters)]
+        for name, s in servers.items():  # every adapter loaded and every server warm: not measured
+            asyncio.run(burst(s.url, workload(name, True, warm, args.adapters, bases[name])))
+            asyncio.run(burst(s.url, workload(name, False, warm, args.adapters, bases[name])))
         values: dict[str, list[float]] = {}
         for rnd in range(args.rounds):
             specs = [RequestSpec(tokens.prompt(args.prompt_tokens, rng), args.prompt_tokens, args.tokens)
@@ -135,8 +142,8 @@ def main() -> int:
         for s in servers.values():
             stop_server(s)
     med = {k: statistics.median(v) for k, v in values.items()}
-    print(f"{args.requests} concurrent requests x {args.tokens} tokens, {args.adapters} rank-{args.rank} adapters, "
-          f"{args.threads} threads, {args.rounds} rounds (median aggregate output tokens/s)")
+    print(f"{args.requests} concurrent requests x {args.tokens} tokens, {args.adapters} rank-{args.rank} adapters on "
+          f"{','.join(targets)}, {args.threads} threads, {args.rounds} rounds (median aggregate output tokens/s)")
     for k, v in med.items():
         print(f"  {k:24s} {v:8.1f}   ({', '.join(f'{x:.1f}' for x in values[k])})")
     ratios = {"edgeserve mixed / edgeserve base": med["edgeserve mixed"] / med["edgeserve base"]}
