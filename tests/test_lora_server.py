@@ -116,3 +116,14 @@ def test_load_and_unload_at_runtime_while_another_request_streams(client, files)
     assert finish[-1] == "length" and sum(len(json.loads(x[6:])["choices"][0]["text"]) > 0 for x in lines) > 10
     ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
     assert "a" not in ids and "c" not in ids and "b" in ids
+
+
+def test_structured_output_with_an_adapter(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = client.post("/v1/chat/completions", json={
+        "model": "b", "messages": [{"role": "user", "content": "answer"}], "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and isinstance(json.loads(choice["message"]["content"])["ok"], bool)
