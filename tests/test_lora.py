@@ -246,3 +246,16 @@ def test_the_disk_tier_keeps_adapters_apart_across_restarts(tmp_path):
     assert run(second, [("2", prompt, ("b", 1.0))])["2"][1] == 0  # another adapter: nothing shared
     assert run(second, [("3", prompt, None)])["3"][1] == 0
     assert run(second, [("4", prompt, ("a", 1.0))])["4"][1] >= 32  # the same adapter: its blocks from disk
+
+
+def test_a_fused_projection_adapter_is_refused_by_name(tmp_path):
+    """Phi-3-style adapters on qkv_proj / gate_up_proj name projections this decoder does not have."""
+    from safetensors.torch import save_file
+
+    lm = tiny(tmp_path)
+    folder = write_peft(tmp_path / "fused", random_pairs(lm.config, 4, seed=1, targets=("q_proj",)), 4, 8)
+    save_file({"base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight": torch.zeros(4, 64),
+               "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight": torch.zeros(128, 4)},
+              str(folder / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError, match="qkv_proj.lora_A.weight' is not a LoRA A/B of an attention or MLP"):
+        load_adapter("x", folder, lm.config)

@@ -151,7 +151,7 @@ def _read_peft(folder: Path, config: ModelConfig) -> tuple[_Pairs, bytes]:
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         m = _LAYER_RE.fullmatch(key)
-        if m is None:
+        if m is None or m[2] not in _PROJECTION:
             raise AdapterError(f"PEFT adapter {folder}: tensor {key!r} is not a LoRA A/B of an attention or MLP "
                                "projection (embeddings, lm_head and biases are not supported)")
         found.setdefault((int(m[1]), m[2]), {})[m[3]] = value

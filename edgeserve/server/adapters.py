@@ -8,6 +8,7 @@ resident (engine.adapters.AdapterStore). A bare NAME runs on the default (first 
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ def pick_adapter(manager: ModelManager, req: GenerationRequest) -> None:
     names = list(manager.adapters)
     chosen = []
     for i, item in enumerate(req.lora):
+        scale = item.get("scale", 1.0) if isinstance(item, dict) else None
         if not isinstance(item, dict) or set(item) - {"id", "scale"} or not isinstance(item.get("id"), int) \
-                or isinstance(item.get("id"), bool) or not isinstance(item.get("scale", 1.0), (int, float)):
+                or isinstance(item.get("id"), bool) or not isinstance(scale, (int, float)) \
+                or isinstance(scale, bool) or not math.isfinite(scale):
             raise bad_request(f"lora[{i}] must be an object with an integer id and a numeric scale", "lora")
         if not 0 <= item["id"] < len(names):
             raise bad_request(f"lora[{i}].id {item['id']} is not a loaded adapter (GET /lora-adapters lists "
