@@ -33,7 +33,7 @@ def write_adapters(config, folder: Path, n: int, rank: int, targets: tuple[str, 
     """n random rank-`rank` adapters on the `targets` projections: (PEFT folder, GGUF file) each."""
     out = []
     for i in range(n):
-        pairs = random_pairs(config, rank, seed=100 + i, targets=targets, std=0.02)
+        pairs = random_pairs(config, rank, seed=100 + i, targets=targets, std=0.04)
         out.append((write_peft(folder / f"peft{i}", pairs, rank, 2.0 * rank),
                     write_gguf_lora(folder / f"lora{i}.gguf", pairs, 2.0 * rank, config, config.architecture)))
     return out
@@ -68,11 +68,12 @@ def workload(server: str, mixed: bool, specs: list[RequestSpec], n_adapters: int
     return out
 
 
-async def greedy(url: str, server: str, prompt: list[int], tokens: int) -> list[int] | str:
+async def greedy(url: str, server: str, prompt: list[int], tokens: int, model: str | None = "a0") -> str:
+    """Greedy text through adapter a0 (or the base: `model` None on llama-server, the base's name on edgeserve)."""
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     if server == "edgeserve":
-        body["model"] = "a0"
-    else:
+        body["model"] = model
+    elif model == "a0":
         body |= {"lora": [{"id": 0, "scale": 1.0}], "top_k": 1, "repeat_penalty": 1.0, "n_probs": 0}
     async with httpx.AsyncClient(timeout=600) as c:
         r = await c.post(url + "/v1/completions", json=body)
@@ -122,6 +123,7 @@ def main() -> int:
         bases = {name: served_model(s.url) for name, s in servers.items()}
         prompt = tokens.prompt(32, rng)
         checks = {name: asyncio.run(greedy(s.url, name, prompt, 32)) for name, s in servers.items()}
+        base_text = asyncio.run(greedy(servers["edgeserve"].url, "edgeserve", prompt, 32, bases["edgeserve"]))
         warm = [RequestSpec(tokens.prompt(8, rng), 8, 2) for _ in range(args.adapters)]
         for name, s in servers.items():  # every adapter loaded and every server warm: not measured
             asyncio.run(burst(s.url, workload(name, True, warm, args.adapters, bases[name])))
@@ -153,14 +155,16 @@ def main() -> int:
     for k, v in ratios.items():
         print(f"  {k:40s} {v:.2f}x")
     same = len(set(checks.values())) == 1
-    print(f"  greedy check, adapter a0, 32 tokens: {'identical' if same else 'differ'}")
+    print(f"  greedy check, adapter a0, 32 tokens: {'identical' if same else 'differ'} across servers; "
+          f"{'differs from' if base_text != checks['edgeserve'] else 'SAME AS'} the base's text")
     if not same and len(checks) == 2:
         a, b = (tokenizer.encode(t) for t in checks.values())
         print(f"    first difference at token {first_difference(a, b)}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "model": str(source.path), "settings": vars(args),
-            "values": values, "median": med, "ratios": ratios, "greedy_texts": checks}, indent=2) + "\n")
+            "values": values, "median": med, "ratios": ratios, "greedy_texts": checks, "base_text": base_text},
+            indent=2) + "\n")
     return 0
 
 
