@@ -448,12 +448,13 @@ def server_config_from_args(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from edgeserve.serve_checks import check_models, check_port
+    from edgeserve.serve_checks import check_adapters, check_models, check_port
 
     config = server_config_from_args(args)
     models = config.models
     check_port(config.host, config.port)  # one line and status 1, before anything is pulled or said
     check_models(models, allow_pull=config.allow_pull, load_format=config.load_format)  # pulls what is missing
+    check_adapters(config.engine.loras)
 
     import uvicorn
 

@@ -259,3 +259,12 @@ def test_a_fused_projection_adapter_is_refused_by_name(tmp_path):
               str(folder / "adapter_model.safetensors"))
     with pytest.raises(AdapterError, match="qkv_proj.lora_A.weight' is not a LoRA A/B of an attention or MLP"):
         load_adapter("x", folder, lm.config)
+
+
+def test_serve_refuses_a_missing_lora_path_at_start(tmp_path):
+    from edgeserve.errors import EdgeserveError
+    from edgeserve.serve_checks import check_adapters
+
+    check_adapters([("ok", str(tmp_path))])
+    with pytest.raises(EdgeserveError, match="--lora x=.*does not exist"):
+        check_adapters([("x", str(tmp_path / "nope"))])
