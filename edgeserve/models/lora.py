@@ -60,9 +60,6 @@ class LoraPair:
     a: torch.Tensor
     parts: list[LoraPart]
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.a, *(p.bt for p in self.parts)]
-
 
 @dataclass(eq=False)
 class LoraAdapter:
@@ -81,9 +78,6 @@ class LoraAdapter:
     def prefix_root(self, scale: float) -> bytes:
         """The prefix-cache chain root of a request running this adapter at `scale` (engine.prefix_key)."""
         return hashlib.sha256(b"lora\0" + self.digest + struct.pack("<d", float(scale))).digest()
-
-    def nbytes(self) -> int:
-        return sum(t.nbytes for layer in self.layers for p in layer.values() for t in p.tensors())
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "LoraAdapter":
         """Move the pairs to `device` (the base model's: a GPU step adds them there) as `dtype` (bfloat16 halves
@@ -105,7 +99,7 @@ def load_adapter(name: str, path: str | Path, config: ModelConfig) -> LoraAdapte
         raise AdapterError(f"adapter {name!r}: {path} does not exist")
     if path.is_dir():
         pairs, digest = _read_peft(path, config)
-    elif path.suffix == ".gguf" or path.read_bytes()[:4] == b"GGUF":
+    elif path.suffix == ".gguf" or _magic(path) == b"GGUF":
         pairs, digest = _read_gguf(path, config)
     else:
         raise AdapterError(f"adapter {name!r}: {path} is neither a PEFT folder (adapter_config.json + "
@@ -115,6 +109,11 @@ def load_adapter(name: str, path: str | Path, config: ModelConfig) -> LoraAdapte
     layers = _fuse(name, pairs, config)
     rank = max(a.shape[0] for a, _, _ in pairs.values())
     return LoraAdapter(name, path, digest, rank, layers)
+
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
 
 
 # (layer, HF projection) -> (A [r, in], B [out, r], scale)
