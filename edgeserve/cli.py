@@ -259,6 +259,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
     g.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
                    help="tokens proposed per sequence per step (default %(default)s)")
+    g.add_argument("--lora", action="append", type=_lora_flag, default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter (PEFT folder or GGUF LoRA file) requests may pick by model NAME or "
+                        "BASE:NAME (repeatable; `run` uses it for its replies)")
+    g.add_argument("--max-loras", type=int, default=EngineConfig.max_loras,
+                   help="LoRA adapters resident at once; the least recently used idle one is unloaded to make room "
+                        "(default %(default)s)")
     g.add_argument("--max-decode-slowdown", type=_factor_or_off, default=EngineConfig.max_decode_slowdown,
                    help="while requests decode, a step carries only the prompt tokens that keep it within this "
                         "factor of a decode-only step; off: every step takes the whole --max-batched-tokens "
@@ -276,6 +282,14 @@ def _count_or_off(text: str) -> int | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number of tokens or 'off', got {text!r}")
     return value
+
+
+def _lora_flag(text: str) -> tuple[str, str]:
+    """A --lora value: NAME=PATH."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip() or ":" in name or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a name without ':' or '/'), got {text!r}")
+    return name.strip(), path.strip()
 
 
 def _factor_or_off(text: str) -> float | None:
@@ -299,7 +313,8 @@ def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
                         cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
                         speculative=args.speculative, draft_model=args.draft_model,
                         num_speculative_tokens=args.num_speculative_tokens,
-                        max_decode_slowdown=args.max_decode_slowdown, **fields)
+                        max_decode_slowdown=args.max_decode_slowdown, loras=tuple(args.lora),
+                        max_loras=args.max_loras, **fields)
 
 
 def names_model(text: str) -> bool:
@@ -377,6 +392,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgeserveError(str(e)) from None
     config = engine_config_from_args(args)
     check_device(args)
+    if len(config.loras) > 1:
+        raise EdgeserveError("run takes one --lora adapter (serve takes several)")
+    adapter = config.loras[0][0] if config.loras else None
 
     from edgeserve.first_run import first_run_hint
     from edgeserve.llm import LLM
@@ -408,7 +426,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         n = 0
         # a harmony (gpt-oss) reply: the answer on stdout, the reasoning on stderr, no format markers
         parser = HarmonyParser() if not args.raw and template_is_harmony(lm.chat_template.source) else None
-        for delta in llm.stream(ids, params):
+        for delta in llm.stream(ids, params, adapter=adapter):
             n += len(delta.token_ids)
             text = delta.text
             if parser is not None:
@@ -465,12 +483,13 @@ def server_config_from_args(args: argparse.Namespace):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from edgeserve.serve_checks import check_models, check_port
+    from edgeserve.serve_checks import check_adapters, check_models, check_port
 
     config = server_config_from_args(args)
     models = config.models
     check_port(config.host, config.port)  # one line and status 1, before anything is pulled or said
     check_models(models, allow_pull=config.allow_pull, load_format=config.load_format)  # pulls what is missing
+    check_adapters(config.engine.loras)
 
     import uvicorn
 

@@ -105,10 +105,12 @@ class LLM:
         items = [(None, chat_ids(self.lm.tokenizer, self.lm.chat_template, list(conv))) for conv in conversations]
         return self._run(items, sampling_params)
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
-        """Deltas of one completion as they are generated (what `edgeserve run` prints)."""
+    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
+               adapter: str | None = None) -> Iterator[RequestOutput]:
+        """Deltas of one completion as they are generated (what `edgeserve run` prints); `adapter`: the name of a
+        LoRA adapter of the config's `loras` to run it with."""
         params = params or SamplingParams()
-        rid = self.engine.add_request(prompt_ids, params)
+        rid = self.engine.add_request(prompt_ids, params, adapter=adapter)
         outbox, deltas = Outbox(), []
         outbox.open(rid, deltas.append)
         try:

@@ -48,3 +48,12 @@ def check_models(specs: Iterable[str], allow_pull: bool, load_format: str = "aut
             from edgeserve.loaders.gguf_file import GGUFFile
 
             GGUFFile(source.path)  # the header, metadata and tensor list: a text file or a cut download fail here
+
+
+def check_adapters(loras: Iterable[tuple[str, str]]) -> None:
+    """Every --lora path exists (its contents are checked against the base when a request first runs it)."""
+    from pathlib import Path
+
+    for name, path in loras:
+        if not Path(path).expanduser().exists():
+            raise EdgeserveError(f"--lora {name}={path}: {path} does not exist")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cpu_native
+from .cpu_lora import step_struct, takes
 from .cpu_native import BlockWeight, _attention_rows
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
@@ -55,7 +56,7 @@ class StepPools(ctypes.Structure):
 
     _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
                 ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
-                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p)]
+                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p)]
 
 
 def _qweight(w: BlockWeight) -> QWeight:
@@ -144,6 +145,11 @@ class NativeDecoder:
                           ptr(model.sin), ptr(local), ptr(local_sin))
         return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
 
+    def takes_lora(self, step) -> bool:
+        """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
+        (kernels/cpu/lora.c)."""
+        return hasattr(self.lib, "qmm_lora_add") and takes(step)
+
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
         bfloat16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call."""
@@ -164,9 +170,10 @@ class NativeDecoder:
             self._pool_layers = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
         return self._pool_layers[1]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn, lora=None) -> torch.Tensor:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
-        stream); returns the final-normed hidden states [T, hidden] in the compute dtype."""
+        stream); returns the final-normed hidden states [T, hidden] in the compute dtype. `lora`: the step's
+        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/lora.c)."""
         meta, pool = attn.meta, attn.pool
         t = x.shape[0]
         x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
@@ -186,6 +193,10 @@ class NativeDecoder:
             keep += [tables, slots]
             step.k[i], step.v[i], step.layer_stride[i] = k.data_ptr(), v.data_ptr(), k.stride(0)
             step.tables[i], step.table_stride[i], step.slots[i] = tables.data_ptr(), tables.stride(0), slots.data_ptr()
+        if lora is not None:
+            lora_struct, lora_keep = step_struct(lora)
+            keep += [lora_struct, *lora_keep]
+            step.lora = ctypes.addressof(lora_struct)
         positions = positions.to(torch.int64).contiguous()
         rc = self.lib.qmm_decoder_forward(
             ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
                                                                  "layer.c", "moe.c", "gated_delta.c",
-                                                                 "attention_q8.c")]
+                                                                 "attention_q8.c", "lora.c")]
 HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -226,6 +226,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_decoder_forward"):  # likewise
         lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, i32, i32, p, p, p]
         lib.qmm_decoder_forward.restype = i32
+    if hasattr(lib, "qmm_lora_add"):
+        lib.qmm_lora_add.argtypes = [p, i32, i32, p, i32, i64, i32, i32, p, i64, i32]
+        lib.qmm_lora_add.restype = i32
     lib.qmm_set_threads(threads())
     return lib
 

@@ -90,20 +90,22 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               prefix_key: PrefixKey = NO_KEY) -> RequestStream:
-        """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now."""
+               prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0) -> RequestStream:
+        """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now.
+        `adapter`: the LoRA adapter (by name) it runs at `adapter_scale`."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
         return RequestStream(self, rid, receive)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       prefix_key: PrefixKey = NO_KEY) -> AsyncIterator[RequestOutput]:
+                       prefix_key: PrefixKey = NO_KEY, adapter: str | None = None,
+                       adapter_scale: float = 1.0) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id, prefix_key)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale)
         try:
             async for out in stream:
                 yield out

@@ -51,9 +51,11 @@ class EngineConfig:
     # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
     # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
     max_decode_slowdown: float | None = _flag(1.5, "--max-decode-slowdown")
+    loras: tuple[tuple[str, str], ...] = _flag((), "--lora")  # (name, path) of LoRA adapters requests may pick
+    max_loras: int = _flag(4, "--max-loras")  # adapters resident at once (the least recently used idle one goes)
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size", "max_loras"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise config_error(EngineConfig, name, "be a positive integer", value)

@@ -30,6 +30,7 @@ from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.grammar import GrammarCompiler
 
+from .adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
 from .kv_cache import KVPool, engine_kv_format, size_pool
@@ -114,6 +115,10 @@ class EngineCore:
                                   states=self.states.pool if self.states is not None else None)
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
+        # LoRA adapters requests may pick (--lora, or loaded at runtime); at most max_loras resident
+        self.adapters = AdapterStore(lm.config, config.max_loras, model)
+        for name, path in config.loras:
+            self.adapters.register(name, path)
         self.spec: Speculator | None = None
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
@@ -131,16 +136,27 @@ class EngineCore:
     # --- requests (any thread) ------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    prefix_key: PrefixKey = NO_KEY) -> str:
+                    prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0) -> str:
         """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or InvalidRequestError (a ValueError)
         now, not later (`check_request` is the one validation). `prefix_key`: what besides the tokens enters its
-        prefix-cache keys (an adapter, images)."""
+        prefix-cache keys (images); `adapter`: the name of the LoRA adapter it runs at `adapter_scale` (its
+        digest and scale join the prefix key)."""
         check_request(prompt_ids, params, self.lm.config.vocab_size, self.max_model_len)
+        choice = self.adapters.acquire(adapter, adapter_scale) if adapter is not None else None
+        try:
+            return self._add(prompt_ids, params, request_id, prefix_key_for(prefix_key, choice), choice)
+        except BaseException:
+            self.adapters.release(choice)
+            raise
+
+    def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, prefix_key: PrefixKey,
+             choice: AdapterChoice | None) -> str:
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, list(prompt_ids), params=params, generator=make_generator(params), stop_ids=stop_ids,
                       max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
-                      proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer), prefix_key=prefix_key)
+                      proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer), prefix_key=prefix_key,
+                      adapter=choice)
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:
@@ -350,6 +366,7 @@ class EngineCore:
         self.runner.batch.remove(req.request_id)
         if self.spec is not None:
             self.spec.free(req.request_id)
+        self.adapters.release(req.adapter)
         del self.requests[req.request_id]
         self.num_requests_finished += 1
 

@@ -10,6 +10,7 @@ import torch
 from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.llama import LlamaModel
+from edgeserve.models.lora_step import StepLora
 
 from .cuda_graphs import DecodeGraphs
 from .input_batch import InputBatch
@@ -50,6 +51,7 @@ class ModelRunner:
         # each running sequence's block table, kept on the device and updated in place
         self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens,
                                 rows=registry.view("batch_row") if registry is not None else None)
+        self.registry = registry
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
@@ -64,18 +66,29 @@ class ModelRunner:
             return None
         inputs = self.batch.prepare(scheduled)
         sample_seqs = [i for i, s in enumerate(scheduled) if s.samples]
-        if sample_seqs and self.graphs is not None and self.graphs.can_run(inputs.query_lens,
+        lora = self._step_lora(scheduled, inputs.query_lens)
+        if sample_seqs and lora is None and self.graphs is not None and self.graphs.can_run(inputs.query_lens,
                                                                            inputs.block_tables.shape[1]):
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens))
+                                self._step_states(scheduled, inputs.query_lens), lora)
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
                 for r in range(end - 1 - s.num_spec, end)]
         return self.model.logits(hidden[to_device(rows, torch.long, dev)])
 
+
+    def _step_lora(self, scheduled, query_lens: list[int]) -> StepLora | None:
+        """The step's LoRA adapters by row (None when no sequence runs one)."""
+        if self.registry is None:
+            return None
+        choices = [getattr(self.registry.get(s.seq_id), "adapter", None) for s in scheduled]
+        if all(c is None for c in choices):
+            return None
+        return StepLora.build([(c.adapter, c.scale) if c is not None else None for c in choices], query_lens,
+                              self.device)
 
     def _step_states(self, scheduled, query_lens: list[int]) -> StepStates | None:
         """The step's recurrent states (a hybrid model's): each sequence's rows and state slot, on the device."""

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from edgeserve.text.grammar import GrammarState
 
+    from .adapters import AdapterChoice
+
     from .output_processor import OutputProcessor
 
 SeqId = Hashable
@@ -101,6 +103,7 @@ class Request(Sequence):
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
     grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
     draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
+    adapter: AdapterChoice | None = None  # the LoRA adapter it runs (engine.adapters), held until it ends
 
     @property
     def request_id(self) -> str:

@@ -35,6 +35,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
+from .lora_step import StepLora
 from .moe import MoELayer
 from .text_part import text_part
 
@@ -111,18 +112,20 @@ class LlamaModel:
             self._native = NativeDecoder.build(self)
         return self._native  # type: ignore[return-value]
 
-    def fused_forward(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention) -> torch.Tensor | None:
+    def fused_forward(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                      lora: StepLora | None = None) -> torch.Tensor | None:
         """The final-normed hidden states of the step from the embeddings `x` through `native_decoder` in one call,
-        or None where the fused stack does not take this step (the caller runs its per-op path)."""
+        or None where the fused stack does not take this step (the caller runs its per-op path). `lora`: the
+        step's adapters, applied inside the native stack."""
         native = self.native_decoder()
-        if native is None or not native.runs(attn):
+        if native is None or not native.runs(attn) or (lora is not None and not native.takes_lora(lora)):
             return None
         c = self.config
         if c.attn_temperature and x.shape[0] and int(positions.max()) >= c.attn_temperature_length:
             return None  # the temperature is 1 below its length; past it, queries scale on the per-op path
         if x.shape[0] and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
-        return native.forward(x, positions, attn)
+        return native.forward(x, positions, attn, lora)
 
     @classmethod
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
@@ -194,18 +197,26 @@ class LlamaModel:
         return dict(gate_up=matrix([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                     down=matrix([p + "mlp.down_proj.weight"]))
 
-    def mlp(self, layer: DecoderLayer, h: torch.Tensor, prompt_rows: PromptRows | None) -> torch.Tensor:
-        """The feed-forward of `layer` for its normed input h [T, hidden]: the gated MLP, or its MoE layer."""
+    def mlp(self, layer: DecoderLayer, h: torch.Tensor, prompt_rows: PromptRows | None,
+            lora: StepLora | None = None, index: int = 0) -> torch.Tensor:
+        """The feed-forward of `layer` (number `index`) for its normed input h [T, hidden]: the gated MLP, or its MoE
+        layer; `lora`: the step's adapters beside the gated MLP's matmuls."""
         if layer.moe is not None:
             return layer.moe.forward(h)
         assert layer.gate_up is not None and layer.down is not None
-        return linear(silu_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
+        gate_up = linear(h, layer.gate_up, None, prompt_rows)
+        if lora is not None:
+            gate_up = lora.add(gate_up, h, index, "gate_up")
+        act = silu_and_mul(gate_up)
+        y = linear(act, layer.down, None, prompt_rows)
+        return y if lora is None else lora.add(y, act, index, "down")
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+                prompt_rows: PromptRows | None = None, lora: StepLora | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
-        rows are prompt tokens, for weights that keep a dense copy for them).
+        rows are prompt tokens, for weights that keep a dense copy for them; `lora`: the step's LoRA adapters, by
+        row, applied beside the base matmuls, never merged into them).
 
         On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
         stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
@@ -222,7 +233,7 @@ class LlamaModel:
         x = self.embed_rows(input_ids)
         if c.embed_scale is not None:  # Granite's embedding multiplier
             x = x * c.embed_scale
-        fused = self.fused_forward(x, positions, attn)
+        fused = self.fused_forward(x, positions, attn, lora)
         if fused is not None:
             return fused
         rope = self.cos[positions], self.sin[positions]
@@ -232,7 +243,7 @@ class LlamaModel:
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
         for i, layer in enumerate(self.layers):
             cos, sin = rope if c.rope_layers is None or c.rope_layers[i] else nope
-            q, k, v = self.project_qkv(layer, h, prompt_rows)
+            q, k, v = self.project_qkv(layer, h, prompt_rows, lora, i)
             if paged:
                 k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
@@ -245,11 +256,13 @@ class LlamaModel:
                     q = q * temperature
                 o = attn(i, q.to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
                          v.to(self.dtype), **self.attend_options)
-            o = linear(o, layer.o_proj, None, prompt_rows)
+            o_in, o = o, linear(o, layer.o_proj, None, prompt_rows)
+            if lora is not None:
+                o = lora.add(o, o_in, i, "o_proj")
             if c.residual_scale != 1.0:  # Granite's residual multiplier
                 o = o * c.residual_scale
             h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
-            y = self.mlp(layer, h, prompt_rows)
+            y = self.mlp(layer, h, prompt_rows, lora, i)
             if c.residual_scale != 1.0:
                 y = y * c.residual_scale
             last = i + 1 == len(self.layers)
@@ -272,11 +285,14 @@ class LlamaModel:
             return self.embed.rows(input_ids)
         return F.embedding(input_ids, self.embed).float()
 
-    def project_qkv(self, layer: DecoderLayer, h: torch.Tensor,
-                    prompt_rows: PromptRows | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A layer's q [T, H, D], k and v [T, KVH, D] from its normed input, Q/K-normed where the model has it."""
+    def project_qkv(self, layer: DecoderLayer, h: torch.Tensor, prompt_rows: PromptRows | None,
+                    lora: StepLora | None = None, index: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's (number `index`) q [T, H, D], k and v [T, KVH, D] from its normed input, Q/K-normed where the
+        model has it; `lora`: the step's adapters beside the qkv matmul."""
         c, t = self.config, h.shape[0]
         qkv = linear(h, layer.qkv, layer.qkv_bias, prompt_rows)
+        if lora is not None:
+            qkv = lora.add(qkv, h, index, "qkv")
         q = qkv[:, : c.q_size].view(t, c.num_heads, c.head_dim)
         k = qkv[:, c.q_size: c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)

@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server.api import anthropic, embeddings, ollama, ollama_models, openai, rerank, responses
+from edgeserve.server.api import adapter_routes, anthropic, embeddings, ollama, ollama_models, openai, rerank, responses
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -155,6 +155,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *rerank.ROUTES,
         *anthropic.ROUTES,
         *responses.ROUTES,
+        *adapter_routes.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

@@ -67,7 +67,7 @@ class Generation:
                  prompt_param: str = "messages") -> None:
         self.lease, self.req, self.metrics, self.request_id = lease, req, metrics, request_id
         self.prompt_param = prompt_param
-        self.model = lease.entry.id
+        self.model = lease.entry.id if req.adapter is None else req.adapter  # the name a reply echoes
         self.t0 = time.monotonic()  # when the model was leased
         self.arrived = self.t0  # when the request arrived (the pipeline sets it; Ollama's total_duration)
         self.load_ns = 0  # nanoseconds spent waiting for the model (Ollama's load_duration)
@@ -131,7 +131,8 @@ class Generation:
                     params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)
                     # unique even when a client reuses an X-Request-Id; the log id stays a prefix
                     rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
-                    self.streams.append(engine.submit(ids, params, request_id=rid))
+                    self.streams.append(engine.submit(ids, params, request_id=rid, adapter=self.req.adapter,
+                                                      adapter_scale=self.req.adapter_scale))
         except PromptTooLongError as e:
             self.close()
             raise APIError(400, str(e), "invalid_request_error", self.prompt_param, "context_length_exceeded")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -186,6 +186,8 @@ class ModelManager:
         self.configured: dict[str, str] = {}
         for spec in config.models:
             self.configured[model_id(spec)] = spec
+        # LoRA adapters requests may pick, name -> path (--lora, then runtime loads: edgeserve/server/adapters.py)
+        self.adapters: dict[str, str] = dict(config.engine.loras)
 
     # --- names ---------------------------------------------------------------------------------------------
     def known(self) -> dict[str, str]:
@@ -363,7 +365,10 @@ class ModelManager:
             dense_prefill=cfg.dense_prefill, cpu_moe_layers=cfg.cpu_moe_layers))
         engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
-        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, engine_cfg, draft)
+        # the server's adapter list (the flags' and runtime loads, less unloads) is the engine's
+        engine = await anyio.to_thread.run_sync(AsyncEngine, lm, replace(engine_cfg, loras=()), draft)
+        for name, path in self.adapters.items():
+            engine.core.adapters.register(name, path)
         return lm, engine
 
     async def _run_engine(self, entry: ModelEntry) -> None:

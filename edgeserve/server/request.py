@@ -35,3 +35,7 @@ class GenerationRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
     think: bool | None = None  # reasoning on/off (Ollama think, enable_thinking); None: the template's default
     think_required: bool = False  # a model that cannot think is a 400 (Ollama think: true / a level)
+    # LoRA (edgeserve/server/adapters.py): the adapter it runs and its scale; `lora` is llama-server's raw list
+    adapter: str | None = None
+    adapter_scale: float = 1.0
+    lora: list[Any] | None = None

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edgeserve.engine.outputs import RequestOutput
+from edgeserve.server.adapters import pick_adapter
 from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import acquire_with_pings, is_loaded
@@ -68,6 +69,7 @@ async def respond(request: Request, req: GenerationRequest, replier: Replier) ->
     """Run `req` and answer it in the replier's API shape (JSON, SSE or NDJSON)."""
     arrived = time.monotonic()
     st = server_state(request)
+    pick_adapter(st.manager, req)
     if req.stream and not is_loaded(st.manager, req.model):
         return _streaming(replier, _after_load(request, req, replier, arrived))
     gen = await start(request, req, replier, await st.manager.acquire(req.model, req.keep_alive), arrived)
@@ -95,6 +97,7 @@ async def start(request: Request, req: GenerationRequest, replier: Replier, leas
 async def prompt_tokens(request: Request, req: GenerationRequest, prompt_param: str) -> int:
     """The token count of `req`'s (first) prompt through the model's chat template, nothing generated."""
     st = server_state(request)
+    pick_adapter(st.manager, req)
     lease = await st.manager.acquire(req.model)
     try:
         gen = Generation(lease, req, st.metrics, request.state.request_id, prompt_param)

@@ -36,6 +36,9 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
                            float scale, void *out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
+/* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
+int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
+                  float *out, int64_t ldo, int N);
 
 enum { MAX_PARTS = 4 };
 
@@ -105,6 +108,7 @@ typedef struct {
     int64_t table_stride[2];
     const int64_t *slots[2];
     const int32_t *layer_pool;
+    const void *lora; /* the step's LoRA adapters (lora.c's lora_step_t), or NULL */
 } step_pools_t;
 
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
@@ -179,6 +183,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
+        if (pools->lora && qmm_lora_add(pools->lora, i, 0, h, m->act_bf16, hidden, T, hidden, qkv, nqkv, nqkv)) goto oom;
         if (L->qkv_bias)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
@@ -218,6 +223,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
+        if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
         MARK(P_O);
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
@@ -225,6 +231,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
+        if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F)) goto oom;
         MARK(P_GATE_UP);
         if (m->gelu)
             qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
@@ -234,6 +241,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(act, 0, F, T, F, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->down, F, qa, da, sa, T, o);
+        if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
         MARK(P_DOWN);
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
@@ -241,4 +249,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     }
     free(mem);
     return 0;
+oom:
+    free(mem);
+    return -1;
 }

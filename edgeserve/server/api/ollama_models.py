@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
@@ -16,6 +17,7 @@ import edgeserve
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, is_hf_name, is_pulled, pull, remove, resolve
 from edgeserve.registry.resolve import has_gguf_magic
+from edgeserve.server.adapters import adapter_entries
 from edgeserve.server.api.ollama import now_iso
 from edgeserve.server.body import parse_json_object
 from edgeserve.server.errors import APIError, bad_request
@@ -66,10 +68,22 @@ async def tags(request: Request) -> Response:
             models.append({"name": mid, "model": mid, "modified_at": now_iso(mtime), "size": size,
                            "digest": dig, "details": _details(spec, src, facts),
                            **({"capabilities": facts.capabilities} if facts else {})})
-        return models
+        return models + _adapter_tags(st.manager)
 
     # headers and hashes read files (a first digest hashes the whole file): off the event loop
     return JSONResponse({"models": await anyio.to_thread.run_sync(listing)})
+
+
+def _adapter_tags(manager: Any) -> list[dict[str, Any]]:
+    """/api/tags entries of the LoRA adapters (by name; `details.parent_model` is the base they run on)."""
+    out = []
+    for e in adapter_entries(manager):
+        mtime = Path(e["path"]).expanduser().stat().st_mtime if Path(e["path"]).expanduser().exists() else None
+        out.append({"name": e["name"], "model": e["name"], "modified_at": now_iso(mtime), "size": e["size"],
+                    "digest": e["digest"], "details": {"parent_model": e["base"], "format": e["format"],
+                                                       "family": "lora", "families": ["lora"],
+                                                       "parameter_size": "", "quantization_level": ""}})
+    return out
 
 
 def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: dict[str, Any]) -> dict[str, Any]:

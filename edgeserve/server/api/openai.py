@@ -75,6 +75,10 @@ def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationReque
     if bias is not None:
         req.sampling["logit_bias"] = _logit_bias(bias)
     parse_openai_tools(body, req, chat="messages" in allowed)
+    if body.get("lora") is not None:  # llama-server's per-request adapters (edgeserve/server/adapters.py)
+        if not isinstance(body["lora"], list):
+            raise bad_request('lora must be a list of {"id", "scale"} objects', "lora")
+        req.lora = body["lora"]
     return req
 
 
@@ -96,7 +100,8 @@ def _logit_bias(value) -> dict[int, float]:
 
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
-                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", *_SAMPLING_NUMBERS}
+                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", "lora",
+                *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
@@ -123,7 +128,8 @@ def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
 
 
 _COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
-                      "echo", "suffix", "best_of", "logit_bias", "ignore_eos", "response_format", *_SAMPLING_NUMBERS}
+                      "echo", "suffix", "best_of", "logit_bias", "ignore_eos", "response_format", "lora",
+                      *_SAMPLING_NUMBERS}
 
 
 def parse_completion_request(body: dict, max_n: int) -> GenerationRequest:
@@ -238,6 +244,8 @@ async def list_models(request: Request) -> Response:
             facts = spec_facts(spec)
             data.append({"id": mid, "object": "model", "created": st.started, "owned_by": "edgeserve",
                          **({"capabilities": facts.capabilities} if facts else {})})
+        data += [{"id": name, "object": "model", "created": st.started, "owned_by": "edgeserve",
+                  "parent": st.manager.default_id(), "root": path} for name, path in st.manager.adapters.items()]
         return data
 
     # headers are read from the files (once per file version): off the event loop
