@@ -55,6 +55,16 @@ class DecoderLayer:
     moe: MoELayer | None = None  # a Mixture-of-Experts feed-forward (MoEModel)
 
 
+def merge_image_rows(x: torch.Tensor, image_rows: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The embedded batch x [T, hidden] with rows `image_rows[0]` replaced by `image_rows[1]` (an image's embedding
+    rows stand where its placeholder tokens are, after any embedding scale: they are the LM's inputs as they are)."""
+    if image_rows is None:
+        return x
+    index, rows = image_rows
+    x[index] = rows.to(x.dtype)
+    return x
+
+
 def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, device: torch.device,
                 keep_int4: bool = True, dense_prefill: bool = False) -> LinearWeight:
     """The weight matrices `names` stacked by output rows into one linear weight, in the fastest form the device
@@ -203,9 +213,11 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+                prompt_rows: PromptRows | None = None,
+                image_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
-        rows are prompt tokens, for weights that keep a dense copy for them).
+        rows are prompt tokens, for weights that keep a dense copy for them; `image_rows`: (flat indices, rows)
+        whose embeddings an image's replace, see `merge_image_rows`).
 
         On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
         stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
@@ -222,6 +234,7 @@ class LlamaModel:
         x = self.embed_rows(input_ids)
         if c.embed_scale is not None:  # Granite's embedding multiplier
             x = x * c.embed_scale
+        x = merge_image_rows(x, image_rows)
         fused = self.fused_forward(x, positions, attn)
         if fused is not None:
             return fused
