@@ -29,8 +29,7 @@ class RequestImages:
 
     def engine_args(self) -> dict[str, Any]:
         """`prefix_key` and `images` for AsyncEngine.submit."""
-        return {"prefix_key": self.prompt.prefix_key(),
-                "images": [(p.start, e) for p, e in zip(self.prompt.images, self.embeds)]}
+        return {"prefix_key": self.prompt.prefix_key(), "images": self.prompt.engine_images(self.embeds)}
 
 
 def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any) -> dict[int, Image.Image]:
