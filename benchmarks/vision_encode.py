@@ -44,6 +44,7 @@ def write_random_mmproj(path: Path, shape: dict, qtype: str, seed: int = 0) -> P
     for key, value in (("embedding_length", s.hidden), ("feed_forward_length", s.ffn), ("block_count", s.layers),
                        ("attention.head_count", s.heads), ("image_size", s.image), ("patch_size", s.patch)):
         w.add_uint32(f"clip.vision.{key}", value)
+    w.add_uint32("clip.vision.projection_dim", s.lm)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
