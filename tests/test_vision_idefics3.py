@@ -164,3 +164,24 @@ def test_language_model_reads_every_tile(folder, family, hf_model, processor):
                                        image_rows=image_rows([seq], torch.device("cpu"))))
     torch.testing.assert_close(lm.model.logits(torch.cat(hidden)), want, atol=2e-3, rtol=2e-3)
     assert np.isfinite(want.numpy()).all()
+
+
+def test_generation_with_an_image_through_smolvlms_own_template(folder):
+    """SmolVLM's template reads content only as parts: text and images still reach the prompt, and the engine runs
+    a request with the image's rows; text-only chat renders its text too."""
+    from edgeserve.llm import LLM
+    from edgeserve.sampling_params import SamplingParams
+
+    llm = LLM(str(folder), dtype="float32", kv_cache_gb=0.01)
+    try:
+        ids, request = llm.image_prompt("see", [_image((40, 30), seed=8)])
+        text = llm.lm.tokenizer.decode(ids)
+        assert "User: " in text and "see<end_of_utterance>" in text and "<global-img>" in text
+        params = SamplingParams(max_tokens=4, temperature=0)
+        with_image = [t for d in llm.stream(ids, params, **request) for t in d.token_ids]
+        first = request["images"][0][0]
+        assert len(with_image) == 4 and ids[first] == llm.lm.tokenizer.token_to_id("<image>")
+        plain = llm.chat([{"role": "user", "content": "hello"}], params)[0]
+        assert "hello" in llm.lm.tokenizer.decode(plain.prompt_token_ids)
+    finally:
+        llm.close()

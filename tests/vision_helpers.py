@@ -78,8 +78,12 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
 
 SMOLVLM_SPECIALS = ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>",
                     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
-SMOLVLM_TEMPLATE = ("<|im_start|>{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}"
-                    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+# SmolVLM's own template: it reads content only as a list of parts
+SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+                    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+                    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+                    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+                    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 
 
 def tiny_smolvlm(folder: Path, seed: int = 0, tile: int = 32, longest: int = 64) -> Path:
