@@ -15,17 +15,18 @@ them beside the main rows, as llama.cpp does, concatenated along the feature axi
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from edgeserve.errors import ModelLoadError
+
+from .family import PreparedImage, VisionSource, register
+from .vit import VisionTransformer, VitConfig, VitLayer, VitWeights
 
 QWEN25_PROJECTORS = ("qwen2.5vl_merger", "qwen2_5_vl")
 QWEN3_PROJECTORS = ("qwen3vl_merger", "qwen3_vl")
@@ -68,15 +69,6 @@ class QwenVisionConfig:
         return self.hidden // self.heads
 
 
-@dataclass
-class PreparedQwenImage:
-    """One preprocessed image: its patches (one frame each, merge-block order) and grid."""
-
-    pixel_values: torch.Tensor  # [h * w, 3 * patch * patch] float32
-    grid: tuple[int, int, int]  # (t, h, w) in patches
-    num_tokens: int  # h * w / merge^2: the language model's rows for it
-
-
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """The (height, width) transformers' Qwen2-VL processor resizes an image to: multiples of `factor`, the pixel
     count inside [min_pixels, max_pixels], the aspect ratio kept as closely as that allows."""
@@ -93,8 +85,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-def preprocess(image: Image.Image, cfg: QwenVisionConfig) -> PreparedQwenImage:
-    """Resize, rescale, normalize and patchify one RGB image as transformers' Qwen2VLImageProcessor does."""
+def preprocess(image: Image.Image, cfg: QwenVisionConfig) -> PreparedImage:
+    """Resize, rescale, normalize and patchify one RGB image as transformers' Qwen2VLImageProcessor does: its
+    patches [h * w, 3 * patch * patch] (one frame each, merge-block order), grid (1, h, w) in patches."""
     p, m = cfg.patch, cfg.merge
     h, w = smart_resize(image.height, image.width, p * m, cfg.min_pixels, cfg.max_pixels)
     resized = image.convert("RGB").resize((w, h), Image.Resampling.BICUBIC)
@@ -103,7 +96,7 @@ def preprocess(image: Image.Image, cfg: QwenVisionConfig) -> PreparedQwenImage:
     gh, gw = h // p, w // p
     x = x.permute(2, 0, 1).reshape(3, gh // m, m, p, gw // m, m, p)
     patches = x.permute(1, 4, 2, 5, 0, 3, 6).reshape(gh * gw, 3 * p * p)
-    return PreparedQwenImage(patches.contiguous(), (1, gh, gw), gh * gw // (m * m))
+    return PreparedImage(patches.contiguous(), (1, gh, gw), gh * gw // (m * m))
 
 
 def merge_order(gh: int, gw: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,107 +106,170 @@ def merge_order(gh: int, gw: int, merge: int) -> tuple[torch.Tensor, torch.Tenso
     return rows.transpose(1, 2).reshape(-1), cols.transpose(1, 2).reshape(-1)
 
 
-@dataclass
-class QwenVisionWeights:
-    """The tower's weights by HF name without the `visual.` prefix (float32, dequantized from a GGUF)."""
+class QwenSource:
+    """The tower's tensors by HF name without the `visual.` prefix, from an HF folder's WeightSource or an mmproj
+    GGUF (llama.cpp's names), with GGUF block bytes (`blocks`) for the native CPU kernels."""
 
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    def __init__(self, cfg: QwenVisionConfig, weights: Any = None, gguf: Any = None):
+        self.cfg, self.weights, self.gguf = cfg, weights, gguf
+        self.prefix = ""
+        if weights is not None:
+            prefix = next((p for p in ("model.visual.", "visual.") if weights.has(p + "patch_embed.proj.weight")), None)
+            if prefix is None:
+                raise ModelLoadError("no Qwen vision tower (visual.patch_embed.proj.weight) in the weights")
+            self.prefix = prefix
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise ModelLoadError(f"vision tower weight {name!r} is missing") from None
+    def _name(self, name: str) -> str:
+        return self.prefix + name if self.gguf is None else gguf_name(name, self.cfg.deepstack_layers)
 
-    def get(self, name: str) -> torch.Tensor | None:
-        return self.tensors.get(name)
+    def has(self, name: str) -> bool:
+        if self.gguf is None:
+            return self.weights.has(self._name(name))
+        return self._name(name) in self.gguf.tensor_names()
+
+    def get(self, name: str, keep_int4: bool = False) -> torch.Tensor:
+        if not self.has(name):
+            raise ModelLoadError(f"vision tower weight {name!r} ({self._name(name)}) is missing")
+        if self.gguf is None:
+            return self.weights.get(self._name(name), keep_int4=False).float()
+        return self.gguf.load_tensor(self._name(name))
+
+    def blocks(self, name: str) -> Any:
+        if self.gguf is None:
+            return None
+        from edgeserve.loaders.gguf_weights import gguf_blocks
+
+        return gguf_blocks(self.gguf, self._name(name))
+
+    def patch_weight(self) -> torch.Tensor:
+        """The patch embedding over one frame [hidden, 3 * p * p]: the Conv3d's temporal kernels summed (an image
+        is two equal frames), from HF's Conv3d or llama.cpp's two Conv2d halves."""
+        if self.gguf is None:
+            conv = self.get("patch_embed.proj.weight")
+            conv = conv.sum(2) if conv.dim() == 5 else conv
+        else:
+            halves = [n for n in ("v.patch_embd.weight", "v.patch_embd.weight.1") if n in self.gguf.tensor_names()]
+            if not halves:
+                raise ModelLoadError("mmproj has no v.patch_embd.weight")
+            conv = sum(self.gguf.load_tensor(n) for n in halves)
+        return conv.reshape(conv.shape[0], -1)
+
+
+_GGUF_BLOCK_NAMES = {"norm1": "ln1", "norm2": "ln2", "attn.qkv": "attn_qkv", "attn.q": "attn_q", "attn.k": "attn_k",
+                     "attn.v": "attn_v", "attn.proj": "attn_out", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                     "mlp.down_proj": "ffn_down", "mlp.linear_fc1": "ffn_up", "mlp.linear_fc2": "ffn_down"}
+_GGUF_NAMES = {"merger.ln_q": "v.post_ln", "merger.norm": "v.post_ln", "merger.mlp.0": "mm.0",
+               "merger.linear_fc1": "mm.0", "merger.mlp.2": "mm.2", "merger.linear_fc2": "mm.2",
+               "pos_embed": "v.position_embd", "patch_embed.proj": "v.patch_embd"}
+_GGUF_DEEPSTACK = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}
+
+
+def gguf_name(name: str, deepstack: tuple[int, ...]) -> str:
+    """The mmproj GGUF name (llama.cpp's converter: clip-impl.h / gguf-py) of a tower tensor's HF name (without
+    `visual.`); Qwen2.5-VL's converter splits the fused qkv into attn_q / attn_k / attn_v (`attn.q` ... here)."""
+    stem, kind = name.rsplit(".", 1)
+    parts = stem.split(".")
+    if parts[0] == "blocks":
+        return f"v.blk.{parts[1]}.{_GGUF_BLOCK_NAMES.get('.'.join(parts[2:]), stem)}.{kind}"
+    if parts[0] == "deepstack_merger_list":
+        return f"v.deepstack.{deepstack[int(parts[1])]}.{_GGUF_DEEPSTACK.get(parts[2], stem)}.{kind}"
+    return f"{_GGUF_NAMES.get(stem, stem)}.{kind}"
 
 
 class QwenVisionTower:
-    """The Qwen2.5-VL / Qwen3-VL vision transformer and patch merger over preprocessed images."""
+    """The Qwen2.5-VL / Qwen3-VL vision transformer (vit.py's, with 2-D rotary positions) and its patch mergers."""
 
-    def __init__(self, cfg: QwenVisionConfig, weights: QwenVisionWeights):
-        self.cfg, self.w = cfg, weights
-        conv = weights["patch_embed.proj.weight"]  # [hidden, 3, T, p, p]
-        # two equal frames: the temporal kernels sum (transformers repeats the frame; same product)
-        self.patch_weight = conv.sum(2).reshape(cfg.hidden, -1) if conv.dim() == 5 else conv.reshape(cfg.hidden, -1)
-        self.patch_bias = weights.get("patch_embed.proj.bias")
+    def __init__(self, cfg: QwenVisionConfig, source: QwenSource, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        from edgeserve.models.llama import load_matrix
+
+        self.cfg, self.dtype = cfg, dtype
+        device = torch.device(device)
+
+        def vec(name: str) -> torch.Tensor | None:
+            return source.get(name).to(device) if source.has(name) else None
+
+        def matrix(names: list[str]) -> Any:
+            return load_matrix(source, names, dtype, device)
+
+        def norm(name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return source.get(name + ".weight").to(device), vec(name + ".bias")
+
+        def cat(names: list[str]) -> torch.Tensor | None:
+            found = [vec(n + ".bias") for n in names]
+            return None if any(b is None for b in found) else torch.cat(found)  # type: ignore[arg-type]
+
+        layers = []
+        for i in range(cfg.depth):
+            p = f"blocks.{i}."
+            qkv = [p + "attn.qkv"] if source.has(p + "attn.qkv.weight") else [p + f"attn.{x}" for x in "qkv"]
+            up, down = ("mlp.linear_fc1", "mlp.linear_fc2") if cfg.qwen3 else ("mlp.up_proj", "mlp.down_proj")
+            layers.append(VitLayer(
+                norm1=norm(p + "norm1"), qkv=matrix([n + ".weight" for n in qkv]), qkv_bias=cat(qkv),
+                out=matrix([p + "attn.proj.weight"]), out_bias=vec(p + "attn.proj.bias"), norm2=norm(p + "norm2"),
+                fc1=matrix([p + up + ".weight"]), fc1_bias=vec(p + up + ".bias"),
+                fc2=matrix([p + down + ".weight"]), fc2_bias=vec(p + down + ".bias"),
+                gate=None if cfg.qwen3 else matrix([p + "mlp.gate_proj.weight"]),
+                gate_bias=None if cfg.qwen3 else vec(p + "mlp.gate_proj.bias")))
+        weights = VitWeights(source.patch_weight().to(device), vec("patch_embed.proj.bias"), None, layers, None)
+        vit_cfg = VitConfig(cfg.hidden, cfg.depth, cfg.heads, cfg.patch, layer_norm_eps=cfg.eps,
+                            act="gelu_tanh" if cfg.qwen3 else "silu", post_norm=False,
+                            norm="layer" if cfg.qwen3 else "rms")
+        self.vit = VisionTransformer(vit_cfg, weights, dtype)
+        self.pos_table = vec("pos_embed.weight") if cfg.qwen3 else None
+        mergers = ["merger."] + [f"deepstack_merger_list.{j}." for j in range(len(cfg.deepstack_layers))]
+        names = ("norm", "linear_fc1", "linear_fc2") if cfg.qwen3 else ("ln_q", "mlp.0", "mlp.2")
+        self.mergers = [(norm(m + names[0]), matrix([m + names[1] + ".weight"]), vec(m + names[1] + ".bias"),
+                         matrix([m + names[2] + ".weight"]), vec(m + names[2] + ".bias")) for m in mergers]
         d = cfg.head_dim // 2
-        self.inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)
+        self.device = device
 
     @torch.inference_mode()
-    def forward(self, image: PreparedQwenImage) -> torch.Tensor:
-        """The merged features of one image: [num_tokens, out_hidden * (1 + len(deepstack_layers))]."""
+    def forward(self, image: PreparedImage) -> torch.Tensor:
+        """The merged features of one image: [num_tokens, out_hidden * (1 + len(deepstack_layers))] (float32)."""
         cfg = self.cfg
         _, gh, gw = image.grid
-        x = F.linear(image.pixel_values.float(), self.patch_weight, self.patch_bias)
-        rows, cols = merge_order(gh, gw, cfg.merge)
-        if cfg.qwen3:
-            x = x + self._learned_positions(gh, gw)[rows, cols]
+        rows, cols = (t.to(self.device) for t in merge_order(gh, gw, cfg.merge))
         freqs = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1)
         freqs = torch.cat([freqs, freqs], dim=-1)
         cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
-        window_mask = self._window_mask(rows, cols) if cfg.window else None
-        deep = []
-        for i in range(cfg.depth):
-            mask = None if i in cfg.full_layers else window_mask
-            x = self._block(i, x, cos, sin, mask)
-            if i in cfg.deepstack_layers:
-                deep.append(self._merger(f"deepstack_merger_list.{cfg.deepstack_layers.index(i)}.", x, post=True))
-        merged = self._merger("merger.", x, post=False)
+
+        def rotary(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return _rotate(q.float(), cos, sin).to(q.dtype), _rotate(k.float(), cos, sin).to(k.dtype)
+
+        pos = self._learned_positions(gh, gw)[rows, cols] if self.pos_table is not None else None
+        masks = None
+        if cfg.window:
+            window = self._window_mask(rows, cols)
+            masks = [None if i in cfg.full_layers else window for i in range(cfg.depth)]
+        x, kept = self.vit.forward(image.pixel_values.to(self.device)[None], rotary=rotary, pos_add=pos,
+                                   layer_masks=masks, keep_layers=cfg.deepstack_layers)
+        merged = self._merge(0, x[0], post=False)
+        deep = [self._merge(j + 1, kept[j][0], post=True) for j in range(len(kept))]
         return torch.cat([merged, *deep], dim=-1) if deep else merged
 
     def _learned_positions(self, gh: int, gw: int) -> torch.Tensor:
         """Qwen3-VL's square position table resampled (bilinear, corners aligned) to a gh x gw grid."""
-        table = self.w["pos_embed.weight"]
+        table = self.pos_table
+        assert table is not None
         side = int(math.isqrt(table.shape[0]))
         grid = table.view(side, side, -1).permute(2, 0, 1)[None]
         return F.interpolate(grid, size=(gh, gw), mode="bilinear", align_corners=True)[0].permute(1, 2, 0)
 
     def _window_mask(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Qwen2.5-VL's window attention as a mask: patches attend within their window of merged units."""
-        units = self.cfg.window // self.cfg.merge // self.cfg.patch
-        span = units * self.cfg.merge  # window side in patches
-        wid = (rows // span) * 100003 + cols // span
+        span = self.cfg.window // self.cfg.merge // self.cfg.patch * self.cfg.merge  # window side in patches
+        wid = (rows // span) * (int(cols.max()) // span + 1) + cols // span
         return wid[:, None] == wid[None, :]
 
-    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.w[name + ".weight"], self.w.get(name + ".bias")
-        if self.cfg.qwen3:
-            return F.layer_norm(x, (x.shape[-1],), weight, bias, self.cfg.eps)
-        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
-
-    def _block(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
-        cfg, w, p = self.cfg, self.w, f"blocks.{i}."
-        n = x.shape[0]
-        h = self._norm(p + "norm1", x)
-        q, k, v = F.linear(h, w[p + "attn.qkv.weight"], w.get(p + "attn.qkv.bias")).view(
-            n, 3, cfg.heads, cfg.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
-        x = x + F.linear(o.transpose(0, 1).reshape(n, -1), w[p + "attn.proj.weight"], w.get(p + "attn.proj.bias"))
-        h = self._norm(p + "norm2", x)
-        if cfg.qwen3:
-            y = F.gelu(F.linear(h, w[p + "mlp.linear_fc1.weight"], w.get(p + "mlp.linear_fc1.bias")), approximate="tanh")
-            return x + F.linear(y, w[p + "mlp.linear_fc2.weight"], w.get(p + "mlp.linear_fc2.bias"))
-        gate = F.linear(h, w[p + "mlp.gate_proj.weight"], w.get(p + "mlp.gate_proj.bias"))
-        up = F.linear(h, w[p + "mlp.up_proj.weight"], w.get(p + "mlp.up_proj.bias"))
-        return x + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"], w.get(p + "mlp.down_proj.bias"))
-
-    def _merger(self, prefix: str, x: torch.Tensor, post: bool) -> torch.Tensor:
-        """A patch merger: each 2x2 block's features concatenated, normed (before the concatenation, or after it
-        for DeepStack's `post` mergers), then a GELU MLP to the language model's width."""
-        cfg, w = self.cfg, self.w
-        wide = cfg.hidden * cfg.merge * cfg.merge
-        if cfg.qwen3:
-            x = self._norm(prefix + "norm", x.reshape(-1, wide) if post else x).reshape(-1, wide)
-            fc1, fc2 = prefix + "linear_fc1", prefix + "linear_fc2"
-        else:
-            x = self._norm(prefix + "ln_q", x).reshape(-1, wide)
-            fc1, fc2 = prefix + "mlp.0", prefix + "mlp.2"
-        x = F.gelu(F.linear(x, w[fc1 + ".weight"], w.get(fc1 + ".bias")))
-        return F.linear(x, w[fc2 + ".weight"], w.get(fc2 + ".bias"))
+    def _merge(self, index: int, x: torch.Tensor, post: bool) -> torch.Tensor:
+        """Patch merger `index` (0: the main one; then DeepStack's): each 2x2 block's features concatenated, normed
+        (before the concatenation, or after it for DeepStack's `post` mergers), then a GELU MLP."""
+        norm, fc1, b1, fc2, b2 = self.mergers[index]
+        wide = self.cfg.hidden * self.cfg.merge ** 2
+        x = self.vit.norm(x.reshape(-1, wide) if post else x, norm).reshape(-1, wide)
+        return self.vit._linear(F.gelu(self.vit._linear(x, fc1, b1)), fc2, b2)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -254,70 +310,6 @@ def config_from_hf(cfg: Mapping[str, Any], preprocessor: Mapping[str, Any] | Non
     return QwenVisionConfig(**fields)
 
 
-def weights_from_state(state: Mapping[str, torch.Tensor]) -> QwenVisionWeights:
-    """The tower's weights from HF tensors named `visual.*` or `model.visual.*` (others are ignored)."""
-    out = {}
-    for name, t in state.items():
-        for prefix in ("model.visual.", "visual."):
-            if name.startswith(prefix):
-                out[name[len(prefix):]] = t.float()
-    return QwenVisionWeights(out)
-
-
-def load_hf(folder: str | Path) -> QwenVisionTower:
-    """The vision tower of an HF Qwen2.5-VL / Qwen3-VL folder (safetensors)."""
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    pre_path = folder / "preprocessor_config.json"
-    pre = json.loads(pre_path.read_text()) if pre_path.is_file() else None
-    state = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            for name in f.keys():
-                if ".visual." in f".{name}":
-                    state[name] = f.get_tensor(name)
-    return QwenVisionTower(config_from_hf(cfg, pre), weights_from_state(state))
-
-
-# llama.cpp mmproj names (clip-impl.h / gguf-py tensor_mapping) of the tower's HF names, per block
-_GGUF_BLOCK = {
-    "ln1": "norm1", "ln2": "norm2", "attn_qkv": "attn.qkv", "attn_out": "attn.proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_GGUF_BLOCK_QWEN3 = {**_GGUF_BLOCK, "ffn_up": "mlp.linear_fc1", "ffn_down": "mlp.linear_fc2"}
-
-
-def hf_name_of_gguf(name: str, qwen3: bool, deepstack: tuple[int, ...]) -> str | None:
-    """The HF name (without `visual.`) of an mmproj tensor name; None for names the tower does not use."""
-    parts = name.split(".")
-    kind = parts[-1]
-    if name.startswith("v.blk."):
-        i, base = parts[2], parts[3]
-        hf = (_GGUF_BLOCK_QWEN3 if qwen3 else _GGUF_BLOCK).get(base)
-        return f"blocks.{i}.{hf}.{kind}" if hf else None
-    if name.startswith("v.deepstack."):
-        i, base = int(parts[2]), {"norm": "norm", "fc1": "linear_fc1", "fc2": "linear_fc2"}[parts[3]]
-        return f"deepstack_merger_list.{deepstack.index(i)}.{base}.{kind}"
-    if name.startswith("v.post_ln."):
-        return f"merger.{'norm' if qwen3 else 'ln_q'}.{kind}"
-    if name.startswith("mm."):
-        return _merger_name(int(parts[1]), qwen3) + f".{kind}"
-    if name == "v.position_embd.weight":
-        return "pos_embed.weight"
-    if name == "v.patch_embd.bias":
-        return "patch_embed.proj.bias"
-    return None
-
-
-def _merger_name(index: int, qwen3: bool) -> str:
-    names = {0: "linear_fc1", 2: "linear_fc2"} if qwen3 else {0: "mlp.0", 2: "mlp.2"}
-    if index not in names:
-        raise ModelLoadError(f"mmproj tensor mm.{index} is not part of a Qwen merger")
-    return "merger." + names[index]
-
-
 def config_from_gguf(meta: Mapping[str, Any], tensor_names: list[str]) -> QwenVisionConfig:
     """The tower's config from an mmproj GGUF's `clip.*` metadata (llama.cpp's converter)."""
     ptype = meta.get("clip.vision.projector_type") or meta.get("clip.projector_type")
@@ -332,9 +324,8 @@ def config_from_gguf(meta: Mapping[str, Any], tensor_names: list[str]) -> QwenVi
     depth = int(key("block_count"))
     patch, merge = int(key("patch_size")), int(key("spatial_merge_size", 2))
     deep_flags = key("is_deepstack_layers", [False] * depth) if qwen3 else []
-    wa = int(key("n_wa_pattern", 0)) if not qwen3 else 0
-    tokens_px = (patch * merge) ** 2
-    pos = [n for n in tensor_names if n == "v.position_embd.weight"]
+    wa = 0 if qwen3 else int(key("n_wa_pattern", 0))  # every wa-th layer has full attention
+    token_pixels = (patch * merge) ** 2
     return QwenVisionConfig(
         projector_type=QWEN3_PROJECTORS[0] if qwen3 else QWEN25_PROJECTORS[0],
         hidden=int(key("embedding_length")), heads=int(key("attention.head_count")), depth=depth,
@@ -342,41 +333,66 @@ def config_from_gguf(meta: Mapping[str, Any], tensor_names: list[str]) -> QwenVi
         patch=patch, merge=merge, eps=float(key("attention.layer_norm_epsilon", 1e-6)),
         window=int(key("window_size", 112)) if wa else 0,
         full_layers=tuple(i for i in range(depth) if (i + 1) % wa == 0) if wa else (),
-        num_position_embeddings=1 if pos else 0,
+        num_position_embeddings=1 if "v.position_embd.weight" in tensor_names else 0,
         deepstack_layers=tuple(i for i, f in enumerate(deep_flags) if f),
         image_mean=tuple(key("image_mean", OPENAI_CLIP_MEAN)), image_std=tuple(key("image_std", OPENAI_CLIP_STD)),
-        min_pixels=int(meta.get("clip.vision.image_min_pixels") or MMPROJ_MIN_TOKENS * tokens_px),
-        max_pixels=int(meta.get("clip.vision.image_max_pixels") or MMPROJ_MAX_TOKENS * tokens_px),
+        min_pixels=int(meta.get("clip.vision.image_min_pixels") or MMPROJ_MIN_TOKENS * token_pixels),
+        max_pixels=int(meta.get("clip.vision.image_max_pixels") or MMPROJ_MAX_TOKENS * token_pixels),
     )
 
 
-def load_mmproj(path: str | Path) -> QwenVisionTower:
-    """The vision tower of a llama.cpp Qwen2.5-VL / Qwen3-VL mmproj GGUF (any tensor type; dequantized)."""
-    from edgeserve.loaders.gguf_file import GGUFFile
+class QwenVLFamily:
+    """The Qwen2.5-VL / Qwen3-VL adapter (family.VisionFamily): preprocessing, `<|vision_start|>` + image pads +
+    `<|vision_end|>` in the prompt, the tower, and each image's M-RoPE grid for the language model."""
 
-    g = GGUFFile(path)
-    names = g.tensor_names()
-    cfg = config_from_gguf(g.metadata, names)
-    out: dict[str, torch.Tensor] = {}
-    conv = [g.load_tensor(n) for n in ("v.patch_embd.weight", "v.patch_embd.weight.1") if n in names]
-    if not conv:
-        raise ModelLoadError(f"{path}: mmproj has no v.patch_embd.weight")
-    out["patch_embed.proj.weight"] = torch.stack(conv, dim=2)  # [hidden, 3, T, p, p]
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for n in names:
-        if n.startswith("v.blk.") and n.split(".")[3] in ("attn_q", "attn_k", "attn_v"):
-            qkv.setdefault(f"blocks.{n.split('.')[2]}.attn.qkv.{n.split('.')[-1]}", {})[n.split(".")[3]] = \
-                g.load_tensor(n)
-            continue
-        hf = hf_name_of_gguf(n, cfg.qwen3, cfg.deepstack_layers)
-        if hf is not None:
-            out[hf] = g.load_tensor(n)
-    for hf, parts in qkv.items():  # Qwen2.5-VL's converter splits the fused projection
-        out[hf] = torch.cat([parts["attn_q"], parts["attn_k"], parts["attn_v"]])
-    return QwenVisionTower(cfg, QwenVisionWeights(out))
+    def __init__(self, cfg: QwenVisionConfig, tower: QwenVisionTower, identity: bytes):
+        self.cfg, self.tower = cfg, tower
+        self.projector_type = cfg.projector_type
+        self._identity = identity
+
+    def preprocess(self, image: Image.Image) -> PreparedImage:
+        """The image as transformers' Qwen2VLImageProcessor prepares it (`preprocess`)."""
+        return preprocess(image, self.cfg)
+
+    def prompt_tokens(self, prepared: PreparedImage, tokenizer: Any) -> tuple[list[int], int]:
+        """`<|vision_start|>`, num_tokens `<|image_pad|>`, `<|vision_end|>`; the pads start at offset 1."""
+        ids = [tokenizer.token_to_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")]
+        if any(i is None for i in ids):
+            raise ModelLoadError("the tokenizer has no <|vision_start|> / <|image_pad|> / <|vision_end|> tokens "
+                                 "(not a Qwen-VL model's tokenizer)")
+        start, pad, end = ids
+        return [start, *[pad] * prepared.num_tokens, end], 1
+
+    def encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
+        """Each image's rows [num_tokens, lm_hidden], with Qwen3-VL's DeepStack features after them on the feature
+        axis ([num_tokens, lm_hidden * (1 + len(deepstack_layers))])."""
+        return [self.tower.forward(image) for image in images]
+
+    def mrope_grid(self, prepared: PreparedImage) -> tuple[int, int, int]:
+        """The image's (t, h, w) grid in language-model tokens, for its M-RoPE positions."""
+        t, h, w = prepared.grid
+        return t, h // self.cfg.merge, w // self.cfg.merge
+
+    def settings_digest(self) -> bytes:
+        """A digest of the preprocessing settings, the tower's shape and the projector file's identity."""
+        return hashlib.sha256(repr(self.cfg).encode() + self._identity).digest()
 
 
-def settings_digest(cfg: QwenVisionConfig, weights: QwenVisionWeights, source: str) -> bytes:
-    """A digest of the preprocessing settings and the projector (its file's identity and shape)."""
-    h = hashlib.sha256(repr((cfg, source, sorted((k, tuple(v.shape)) for k, v in weights.tensors.items()))).encode())
-    return h.digest()
+@register(*QWEN25_PROJECTORS, *QWEN3_PROJECTORS)
+def load_qwen_vl(source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32) -> QwenVLFamily:
+    """The family for a Qwen2.5-VL / Qwen3-VL mmproj GGUF or HF folder (checked against the language model's
+    width where `lm_config` is given)."""
+    if source.gguf is not None:
+        cfg = config_from_gguf(source.gguf.metadata, source.gguf.tensor_names())
+        weights = QwenSource(cfg, gguf=source.gguf)
+    else:
+        assert source.config is not None
+        cfg = config_from_hf(source.config, source.preprocessor)
+        weights = QwenSource(cfg, weights=source.weights)
+    hidden = getattr(lm_config, "hidden_size", None)
+    if hidden is not None and hidden != cfg.out_hidden:
+        raise ModelLoadError(f"{source.path}: the vision projector makes {cfg.out_hidden}-wide rows but the language "
+                             f"model is {hidden} wide (a projector of another model?)")
+    st = source.path.stat()
+    identity = f"{source.path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+    return QwenVLFamily(cfg, QwenVisionTower(cfg, weights, dtype), identity)
