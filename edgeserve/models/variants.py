@@ -10,7 +10,8 @@ pre-norms (edgeserve.models.olmo2):
   `mscale_all_dim`) and Llama 4's attention temperature: queries times 1 + beta ln(1 + floor(pos / original)).
 - granite: embedding, residual, attention and logits multipliers.
 - qwen3vl (HF qwen3_vl's text model): Qwen3 with M-RoPE, which for text alone (every axis at the token's position)
-  is 1-D RoPE; DeepStack adds visual features to the first layers, zero without images.
+  is 1-D RoPE; an image's tokens take (t, h, w) positions (edgeserve.models.mrope); DeepStack adds visual features
+  to the first layers' hidden states at the image's rows, nothing without images.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def variant_fields_from_hf(arch: str, cfg: Mapping[str, Any], layers: int) -> di
                     query_scale=_multiplier(cfg.get("attention_multiplier")),
                     logit_scale=float(cfg.get("logits_scaling") or 1.0))
     if arch == "qwen3vl":
-        return dict(qk_norm=True)
+        rp = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        sections = rp.get("mrope_section") or cfg.get("mrope_section")
+        return dict(qk_norm=True, mrope_interleaved=True,
+                    mrope_sections=tuple(int(s) for s in sections) if sections else None)
     return {}
 
 
@@ -143,6 +147,9 @@ def variant_fields_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int
                                      f"{arch}.rope.scaling.original_context_length")
             fields.update(attn_temperature=beta, attn_temperature_length=int(length))
         return fields
+    if arch == "qwen3vl":
+        sections = get("rope.dimension_sections")  # llama.cpp writes 4 (t, h, w, unused)
+        return dict(mrope_interleaved=True, mrope_sections=tuple(int(s) for s in sections[:3]) if sections else None)
     if arch == "granite":
         scale = get("attention.scale")
         return dict(embed_scale=_multiplier(get("embedding_scale")),
