@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -23,6 +23,7 @@ from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
 from .prefix_key import NO_KEY, PrefixKey
+from .request_state import ImageRows
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -90,20 +91,22 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               prefix_key: PrefixKey = NO_KEY) -> RequestStream:
-        """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now."""
+               prefix_key: PrefixKey = NO_KEY, images: Sequence[ImageRows] = ()) -> RequestStream:
+        """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now.
+        `images`: embedding rows replacing prompt tokens (EngineCore.add_request)."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, images)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
         return RequestStream(self, rid, receive)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       prefix_key: PrefixKey = NO_KEY) -> AsyncIterator[RequestOutput]:
+                       prefix_key: PrefixKey = NO_KEY,
+                       images: Sequence[ImageRows] = ()) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id, prefix_key)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key, images)
         try:
             async for out in stream:
                 yield out

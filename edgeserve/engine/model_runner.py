@@ -69,7 +69,7 @@ class ModelRunner:
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens))
+                                self._step_states(scheduled, inputs.query_lens), image_rows(scheduled, dev))
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
@@ -90,3 +90,22 @@ def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | No
     if all(s.positions[0] >= s.num_prompt_tokens for s in step.scheduled):
         return None
     return PromptRows.build([p < s.num_prompt_tokens for s in step.scheduled for p in s.positions], device)
+
+
+def image_rows(scheduled: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's rows whose embeddings an image replaces: their flat indices [n] and the rows [n, hidden], the
+    part of each image that this step's chunk of its prompt covers (None when no chunk covers an image)."""
+    index: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    offset = 0
+    for s in scheduled:
+        first, count = s.positions[0], len(s.positions)
+        for start, emb in s.images:
+            lo, hi = max(start, first), min(start + emb.shape[0], first + count)
+            if lo < hi:
+                index.append(torch.arange(offset + lo - first, offset + hi - first))
+                rows.append(emb[lo - start: hi - start])
+        offset += count
+    if not index:
+        return None
+    return torch.cat(index).to(device), torch.cat(rows).to(device)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from edgeserve.errors import InvalidRequestError, PromptTooLongError
 from edgeserve.sampling_params import SamplingParams
+
+from .request_state import ImageRows
 
 
 def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
@@ -23,3 +27,16 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
     if len(prompt_ids) >= max_model_len:
         raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is {max_model_len} "
                                  "tokens, which leaves no room to generate")
+
+
+def check_images(images: Sequence[ImageRows], prompt_len: int, hidden_size: int) -> tuple[ImageRows, ...]:
+    """The request's image embedding rows, checked: each [n, hidden_size] inside the prompt, none overlapping
+    (InvalidRequestError naming `images` otherwise)."""
+    end = 0
+    for start, rows in sorted(images, key=lambda item: item[0]):
+        if rows.dim() != 2 or rows.shape[1] != hidden_size:
+            raise InvalidRequestError(f"image embeddings must be [n, {hidden_size}], got {list(rows.shape)}", "images")
+        if start < end or start + rows.shape[0] > prompt_len:
+            raise InvalidRequestError("image embeddings must sit inside the prompt without overlapping", "images")
+        end = start + rows.shape[0]
+    return tuple(images)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .output_processor import OutputProcessor
 
 SeqId = Hashable
+# (position of the first placeholder token, its embedding rows [n, hidden]): an image's rows in the prompt
+ImageRows = tuple[int, "torch.Tensor"]
 
 
 class SeqStatus(Enum):
@@ -51,6 +53,7 @@ class Sequence:
     kv: Any = field(default=None, repr=False)  # the block manager's part (kv_blocks._SeqBlocks) while it has blocks
     batch_row: int | None = None  # its row in the persistent input batch while it runs (input_batch.InputBatch)
     prefix_key: PrefixKey = NO_KEY  # what besides its tokens enters its blocks' hashes (adapter, images)
+    images: tuple[ImageRows, ...] = ()  # embedding rows that replace prompt placeholder tokens' (images)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -56,6 +56,26 @@ class DecoderLayer:
     moe: MoELayer | None = None  # a Mixture-of-Experts feed-forward (MoEModel)
 
 
+def merge_image_rows(x: torch.Tensor, image_rows: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The embedded batch x [T, hidden] with rows `image_rows[0]` replaced by `image_rows[1]` (an image's embedding
+    rows stand where its placeholder tokens are, after any embedding scale: they are the LM's inputs as they are)."""
+    if image_rows is None:
+        return x
+    index, rows = image_rows
+    x[index] = rows[:, : x.shape[1]].to(x.dtype)  # Qwen3-VL's DeepStack features follow: `deepstack_rows`
+    return x
+
+
+def deepstack_rows(image_rows: tuple[torch.Tensor, torch.Tensor] | None,
+                   hidden: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Qwen3-VL's DeepStack features of the step's image rows: (flat indices [n], features [n, k, hidden]) from rows
+    [n, hidden * (1 + k)] (the vision tower's output, as llama.cpp lays it out), or None where k is 0."""
+    if image_rows is None or image_rows[1].shape[1] == hidden:
+        return None
+    index, rows = image_rows
+    return index, rows[:, hidden:].reshape(rows.shape[0], -1, hidden).float()
+
+
 def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, device: torch.device,
                 keep_int4: bool = True, dense_prefill: bool = False) -> LinearWeight:
     """The weight matrices `names` stacked by output rows into one linear weight, in the fastest form the device
@@ -209,12 +229,12 @@ class LlamaModel:
                 prompt_rows: PromptRows | None = None, image_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
                 mrope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
-        rows are prompt tokens, for weights that keep a dense copy for them).
+        rows are prompt tokens, for weights that keep a dense copy for them; `image_rows`: (flat indices, rows)
+        whose embeddings an image's replace, see `merge_image_rows`).
 
-        `image_rows` (flat row index [n], rows [n, hidden * (1 + k)]) replaces those tokens' embeddings by an
-        image's (the first `hidden` columns); Qwen3-VL's DeepStack features (the other k groups) are added to the
-        hidden states at those rows after layers 0 .. k-1. `mrope_positions` [3, T]: M-RoPE's (t, h, w) positions
-        of a step with image tokens (models.mrope); the step then takes the per-op path.
+        Qwen3-VL's image rows are [n, hidden * (1 + k)]: the embeddings, then k DeepStack features added to the
+        hidden states at those rows after layers 0 .. k-1 (`deepstack_rows`). `mrope_positions` [3, T]: M-RoPE's
+        (t, h, w) positions of a step with image tokens (models.mrope); such steps take the per-op path.
 
         On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
         stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
@@ -231,9 +251,8 @@ class LlamaModel:
         x = self.embed_rows(input_ids)
         if c.embed_scale is not None:  # Granite's embedding multiplier
             x = x * c.embed_scale
-        deepstack = None
-        if image_rows is not None:
-            x, deepstack = self.place_image_rows(x, *image_rows)
+        x = merge_image_rows(x, image_rows)
+        deepstack = deepstack_rows(image_rows, c.hidden_size)
         fused = self.fused_forward(x, positions, attn) if deepstack is None and mrope_positions is None else None
         if fused is not None:
             return fused
@@ -272,16 +291,6 @@ class LlamaModel:
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
-
-    def place_image_rows(self, x: torch.Tensor, index: torch.Tensor,
-                         rows: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """The embeddings x [T, hidden] with rows `index` replaced by an image's rows [n, hidden * (1 + k)] (their
-        first `hidden` columns), and the DeepStack features (index, [n, k, hidden]) where k > 0, else None."""
-        hidden = self.config.hidden_size
-        x = x.index_copy(0, index, rows[:, :hidden].to(x.dtype))
-        if rows.shape[1] == hidden:
-            return x, None
-        return x, (index, rows[:, hidden:].reshape(rows.shape[0], -1, hidden).float())
 
     def attn_temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
         """Ministral 3's (Llama 4's) per-token query scale [T, 1, 1], 1 + beta ln(1 + floor(pos / length)), in

@@ -68,12 +68,14 @@ class VisionSource:
         return str(self.config.get("model_type", ""))
 
 
-Factory = Callable[[VisionSource, Any], VisionFamily]
+# (source, lm_config, dtype=..., device=...) -> the family
+Factory = Callable[..., VisionFamily]
 _FAMILIES: dict[str, Factory] = {}
 
 
 def register(*types: str) -> Callable[[Factory], Factory]:
-    """Register a family's factory `(source, lm_config) -> VisionFamily` under its projector types / model_types."""
+    """Register a family's factory `(source, lm_config, dtype=, device=) -> VisionFamily` under its projector types
+    (mmproj) and HF model_types."""
     def wrap(factory: Factory) -> Factory:
         for kind in types:
             _FAMILIES[kind] = factory
@@ -119,8 +121,11 @@ def has_vision(path: str | Path) -> bool:
     return "vision_config" in config and str(config.get("model_type", "")) in _FAMILIES
 
 
-def load_vision(path_or_mmproj: str | Path | VisionSource, lm_config: Any) -> VisionFamily:
-    """The vision family for an mmproj GGUF or an HF folder, dispatched on its projector type."""
+def load_vision(path_or_mmproj: str | Path | VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> VisionFamily:
+    """The vision family for an mmproj GGUF or an HF folder, dispatched on its projector type; its encoder computes
+    in `dtype` on `device` (quantized mmproj matrices stay in their blocks on the native CPU kernels when `dtype`
+    is not float32)."""
     source = path_or_mmproj if isinstance(path_or_mmproj, VisionSource) else open_source(path_or_mmproj)
     _import_families()
     kind = source.projector_type
@@ -128,4 +133,4 @@ def load_vision(path_or_mmproj: str | Path | VisionSource, lm_config: Any) -> Vi
     if factory is None:
         raise ModelLoadError(f"{source.path}: vision projector type {kind!r} is not supported "
                              f"(supported: {', '.join(sorted(_FAMILIES))})")
-    return factory(source, lm_config)
+    return factory(source, lm_config, dtype=dtype, device=torch.device(device))

@@ -1,0 +1,78 @@
+"""A rendered chat prompt with image markers as token ids, each image's placeholder span placed in them."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from edgeserve.engine.prefix_key import PrefixKey
+from edgeserve.vision.family import PreparedImage, VisionFamily
+from edgeserve.vision.images import image_digest
+
+# What an image part becomes in a message's text for the chat template: unguessable (a client cannot forge it),
+# numbered by the image's place in the request
+_NONCE = secrets.token_hex(8)
+_MARK = re.compile(rf"<\|image-{_NONCE}-(\d+)\|>")
+
+
+def image_mark(index: int) -> str:
+    """The text that stands for the request's image `index` in its messages until the prompt is tokenized."""
+    return f"<|image-{_NONCE}-{index}|>"
+
+
+def has_marks(text: str) -> bool:
+    return _MARK.search(text) is not None
+
+
+@dataclass
+class PlacedImage:
+    """One image of a prompt: where its placeholders start, what preprocessing made of it, its key."""
+
+    start: int
+    prepared: PreparedImage
+    key: bytes  # pixel digest + projector/preprocessing settings (VisionRuntime.key)
+
+
+@dataclass
+class ImagePrompt:
+    """A prompt's token ids with its images placed."""
+
+    ids: list[int]
+    images: list[PlacedImage]
+
+    def prefix_key(self) -> PrefixKey:
+        """The spans that make every block an image's tokens touch hash by that image."""
+        return PrefixKey(spans=tuple((p.start, p.start + p.prepared.num_tokens, p.key) for p in self.images))
+
+
+class ImageMarkError(ValueError):
+    """The template dropped or repeated an image's marker."""
+
+
+def image_prompt(text: str, images: list[Image.Image], family: VisionFamily, tokenizer: Any,
+                 key: Any) -> ImagePrompt:
+    """`text` (a rendered prompt holding `image_mark(i)` for each image i) as token ids: each marker replaced by the
+    family's tokens for that image. `key(digest) -> bytes` makes an image's key from its pixel digest."""
+    ids: list[int] = []
+    placed: list[PlacedImage] = []
+    seen: set[int] = set()
+    pos = 0
+    for m in _MARK.finditer(text):
+        i = int(m.group(1))
+        if i >= len(images) or i in seen:
+            raise ImageMarkError(f"image marker {i} is not one of the request's {len(images)} images")
+        seen.add(i)
+        ids += tokenizer.encode(text[pos:m.start()], add_special_tokens=False)
+        prepared = family.preprocess(images[i])
+        tokens, offset = family.prompt_tokens(prepared, tokenizer)
+        placed.append(PlacedImage(len(ids) + offset, prepared, key(image_digest(images[i]))))
+        ids += tokens
+        pos = m.end()
+    ids += tokenizer.encode(text[pos:], add_special_tokens=False)
+    if len(seen) != len(images):
+        raise ImageMarkError(f"the chat template dropped {len(images) - len(seen)} of the request's images")
+    return ImagePrompt(ids, placed)
