@@ -14,7 +14,6 @@ them beside the main rows, as llama.cpp does, concatenated along the feature axi
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -26,6 +25,7 @@ from PIL import Image
 from edgeserve.errors import ModelLoadError
 
 from .family import PreparedImage, VisionSource, register
+from .tower import MmprojWeights, identity_digest, special_id
 from .vit import VisionTransformer, VitConfig, VitLayer, VitWeights
 
 QWEN25_PROJECTORS = ("qwen2.5vl_merger", "qwen2_5_vl")
@@ -111,9 +111,10 @@ class QwenSource:
     GGUF (llama.cpp's names), with GGUF block bytes (`blocks`) for the native CPU kernels."""
 
     def __init__(self, cfg: QwenVisionConfig, weights: Any = None, gguf: Any = None):
-        self.cfg, self.weights, self.gguf = cfg, weights, gguf
+        self.cfg, self.gguf = cfg, gguf
+        self.weights = MmprojWeights(gguf) if gguf is not None else weights
         self.prefix = ""
-        if weights is not None:
+        if gguf is None:
             prefix = next((p for p in ("model.visual.", "visual.") if weights.has(p + "patch_embed.proj.weight")), None)
             if prefix is None:
                 raise ModelLoadError("no Qwen vision tower (visual.patch_embed.proj.weight) in the weights")
@@ -123,23 +124,16 @@ class QwenSource:
         return self.prefix + name if self.gguf is None else gguf_name(name, self.cfg.deepstack_layers)
 
     def has(self, name: str) -> bool:
-        if self.gguf is None:
-            return self.weights.has(self._name(name))
-        return self._name(name) in self.gguf.tensor_names()
+        return self.weights.has(self._name(name))
 
     def get(self, name: str, keep_int4: bool = False) -> torch.Tensor:
         if not self.has(name):
             raise ModelLoadError(f"vision tower weight {name!r} ({self._name(name)}) is missing")
-        if self.gguf is None:
-            return self.weights.get(self._name(name), keep_int4=False).float()
-        return self.gguf.load_tensor(self._name(name))
+        return self.weights.get(self._name(name), keep_int4=False).float()
 
     def blocks(self, name: str) -> Any:
-        if self.gguf is None:
-            return None
-        from edgeserve.loaders.gguf_weights import gguf_blocks
-
-        return gguf_blocks(self.gguf, self._name(name))
+        """A matrix's GGUF block bytes for the native CPU kernels (None from an HF folder)."""
+        return self.weights.blocks(self._name(name)) if self.gguf is not None else None
 
     def patch_weight(self) -> torch.Tensor:
         """The patch embedding over one frame [hidden, 3 * p * p]: the Conv3d's temporal kernels summed (an image
@@ -345,10 +339,9 @@ class QwenVLFamily:
     """The Qwen2.5-VL / Qwen3-VL adapter (family.VisionFamily): preprocessing, `<|vision_start|>` + image pads +
     `<|vision_end|>` in the prompt, the tower, and each image's M-RoPE grid for the language model."""
 
-    def __init__(self, cfg: QwenVisionConfig, tower: QwenVisionTower, identity: bytes):
-        self.cfg, self.tower = cfg, tower
+    def __init__(self, cfg: QwenVisionConfig, tower: QwenVisionTower, source: VisionSource):
+        self.cfg, self.tower, self.source = cfg, tower, source
         self.projector_type = cfg.projector_type
-        self._identity = identity
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
         """The image as transformers' Qwen2VLImageProcessor prepares it (`preprocess`)."""
@@ -356,11 +349,7 @@ class QwenVLFamily:
 
     def prompt_tokens(self, prepared: PreparedImage, tokenizer: Any) -> tuple[list[int], int]:
         """`<|vision_start|>`, num_tokens `<|image_pad|>`, `<|vision_end|>`; the pads start at offset 1."""
-        ids = [tokenizer.token_to_id(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")]
-        if any(i is None for i in ids):
-            raise ModelLoadError("the tokenizer has no <|vision_start|> / <|image_pad|> / <|vision_end|> tokens "
-                                 "(not a Qwen-VL model's tokenizer)")
-        start, pad, end = ids
+        start, pad, end = (special_id(tokenizer, t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
         return [start, *[pad] * prepared.num_tokens, end], 1
 
     def encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
@@ -374,12 +363,13 @@ class QwenVLFamily:
         return t, h // self.cfg.merge, w // self.cfg.merge
 
     def settings_digest(self) -> bytes:
-        """A digest of the preprocessing settings, the tower's shape and the projector file's identity."""
-        return hashlib.sha256(repr(self.cfg).encode() + self._identity).digest()
+        """A digest of the preprocessing settings, the tower's shape and the projector files' identity."""
+        return identity_digest(self.source, self.cfg)
 
 
 @register(*QWEN25_PROJECTORS, *QWEN3_PROJECTORS)
-def load_qwen_vl(source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32) -> QwenVLFamily:
+def load_qwen_vl(source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> QwenVLFamily:
     """The family for a Qwen2.5-VL / Qwen3-VL mmproj GGUF or HF folder (checked against the language model's
     width where `lm_config` is given)."""
     if source.gguf is not None:
@@ -393,6 +383,4 @@ def load_qwen_vl(source: VisionSource, lm_config: Any, dtype: torch.dtype = torc
     if hidden is not None and hidden != cfg.out_hidden:
         raise ModelLoadError(f"{source.path}: the vision projector makes {cfg.out_hidden}-wide rows but the language "
                              f"model is {hidden} wide (a projector of another model?)")
-    st = source.path.stat()
-    identity = f"{source.path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
-    return QwenVLFamily(cfg, QwenVisionTower(cfg, weights, dtype), identity)
+    return QwenVLFamily(cfg, QwenVisionTower(cfg, weights, dtype, device), source)

@@ -1,0 +1,127 @@
+"""A whole tiny Qwen3-VL (vision tower + DeepStack + M-RoPE language model) through the engine: greedy generation
+with an image equals transformers' generate() (float32), also with prefill chunks that split the image, and the
+M-RoPE positions equal transformers' get_rope_index."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from edgeserve.engine.delivery import Outbox, step_and_deliver
+from edgeserve.llm import LLM
+from edgeserve.models.mrope import mrope_positions
+from edgeserve.sampling_params import SamplingParams
+from edgeserve.vision.family import load_vision
+from vision_helpers import byte_tokenizer, picture
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PIXELS = dict(min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 12)
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A random tiny Qwen3-VL saved by transformers, with a byte-level tokenizer holding Qwen's vision tokens."""
+    folder = tmp_path_factory.mktemp("qwen3vl")
+    vocab = byte_tokenizer(folder, SPECIALS, TEMPLATE, "<|endoftext|>", "<|im_end|>")
+    torch.manual_seed(0)
+    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                 "mrope_interleaved": True})
+    vision = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, patch_size=16,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+    cfg = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=vocab["<|image_pad|>"],
+                                     vision_start_token_id=vocab["<|vision_start|>"],
+                                     vision_end_token_id=vocab["<|vision_end|>"], tie_word_embeddings=False,
+                                     eos_token_id=vocab["<|im_end|>"], pad_token_id=0)
+    model = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # wide weights: peaked logits (no greedy near-ties), DeepStack and positions that matter
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name and "weight" in name else 0.0, 0.3)
+    model.save_pretrained(folder)
+    Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS).save_pretrained(
+        folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf_model(folder):
+    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def llm(folder):
+    # 16-token steps: the image's placeholders span several prefill chunks
+    return LLM(str(folder), dtype="float32", device="cpu", max_num_batched_tokens=16)
+
+
+def image_prompt(llm, family, seed: int):
+    """Token ids of a user turn with one image, the image's prepared form, its first placeholder index."""
+    tok = llm.tokenizer
+    img = Image.open(io.BytesIO(picture(45, 70, seed=seed))).convert("RGB")
+    prepared = family.preprocess(img)
+    image_ids, offset = family.prompt_tokens(prepared, tok)
+    head = tok.encode("<|im_start|>user\nlook ", add_special_tokens=False)
+    tail = tok.encode(" what?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    return head + image_ids + tail, img, len(head) + offset, prepared
+
+
+def generate(llm, requests) -> list[list[int]]:
+    """Greedy tokens of each (ids, images, mrope) request, run together in one engine."""
+    outbox, results = Outbox(), {}
+    for ids, images, mrope in requests:
+        rid = llm.engine.add_request(ids, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                                     images=images, mrope=mrope)
+        results[rid] = []
+        outbox.open(rid, lambda out, rid=rid: results[rid].extend(out.token_ids)
+                    if not isinstance(out, Exception) else None)
+    while llm.engine.has_work():
+        step_and_deliver(llm.engine, outbox)
+    return list(results.values())
+
+
+def test_generation_with_an_image_matches_transformers(folder, hf_model, llm):
+    family = load_vision(folder, llm.lm.config)
+    ids, img, start, prepared = image_prompt(llm, family, seed=3)
+    rows = family.encode([prepared])[0]
+    assert rows.shape[1] == 3 * 32  # the embeddings and two DeepStack layers' features
+    mrope = mrope_positions(len(ids), [(start, family.mrope_grid(prepared))])
+    proc = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS)
+    pixels = proc(images=[img], return_tensors="pt")
+    input_ids = torch.tensor([ids])
+    types = (input_ids == hf_model.config.image_token_id).int()  # the processor's mm_token_type_ids
+    with torch.no_grad():
+        want = hf_model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                 mm_token_type_ids=types, pixel_values=pixels["pixel_values"],
+                                 image_grid_thw=pixels["image_grid_thw"], max_new_tokens=NEW_TOKENS,
+                                 do_sample=False)[0, len(ids):].tolist()
+        hf_positions, hf_delta = hf_model.model.get_rope_index(input_ids, types,
+                                                               image_grid_thw=pixels["image_grid_thw"])
+    assert torch.equal(mrope.prompt, hf_positions[:, 0]) and mrope.delta == int(hf_delta)
+    # beside it, the same prompt with no image rows (the placeholders' own embeddings, 1-D positions)
+    got, plain = generate(llm, [(ids, [(start, rows)], mrope), (list(ids), [], None)])
+    assert got == want
+    assert got != plain  # the image steers the answer
+
+
+def test_deepstack_and_mrope_each_matter(folder, llm):
+    """Dropping the DeepStack features, or the (t, h, w) positions, changes the answer (the parity above tests
+    both)."""
+    family = load_vision(folder, llm.lm.config)
+    ids, _, start, prepared = image_prompt(llm, family, seed=4)
+    rows = family.encode([prepared])[0]
+    mrope = mrope_positions(len(ids), [(start, family.mrope_grid(prepared))])
+    full, no_deep, flat = generate(llm, [(ids, [(start, rows)], mrope), (ids, [(start, rows[:, :32])], mrope),
+                                         (ids, [(start, rows)], None)])
+    assert full != no_deep and full != flat
