@@ -57,7 +57,7 @@ def mrope_positions(prompt_len: int, images: Sequence[tuple[int, tuple[int, int,
         index = start + t * h * w
     parts.append((torch.arange(prompt_len - index) + pos).expand(3, -1))
     table = torch.cat(parts, dim=1).to(torch.long)
-    return MRopePositions(table, pos + prompt_len - index - prompt_len)
+    return MRopePositions(table, pos - index)  # the last text run: token i at i - index + pos
 
 
 def mrope_axes(head_dim: int, sections: Sequence[int], interleaved: bool) -> torch.Tensor:
