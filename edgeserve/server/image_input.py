@@ -38,7 +38,7 @@ class RequestImages:
         return args
 
 
-def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any) -> list[Image.Image]:
+def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any) -> dict[int, Image.Image]:
     """The request's images decoded (400 naming the field for a text-only model, too many images, an image that
     does not decode or is over a limit, or an http(s) URL the server does not fetch)."""
     if vision is None:
@@ -51,7 +51,7 @@ def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any
         raise bad_request(f"{field}: {len(inputs)} images, over the limit of {limits.max_images} images per "
                           "request", field)
     try:
-        return [_decode(i, limits, config.allow_image_urls) for i in inputs]
+        return {i.number: _decode(i, limits, config.allow_image_urls) for i in inputs}
     except ImageError as e:
         raise bad_request(str(e), e.field) from None
 
@@ -86,7 +86,8 @@ def fetch_url(url: str, field: str, max_bytes: int) -> bytes:
         raise ImageError(f"{field}: the image URL could not be fetched: {e}", field) from None
 
 
-def place_images(prompt: str, images: list[Image.Image], vision: Any, tokenizer: Any, field: str) -> ImagePrompt:
+def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, tokenizer: Any,
+                 field: str) -> ImagePrompt:
     """The rendered prompt's token ids with each image's tokens where its marker is."""
     try:
         return image_prompt(prompt, images, vision.family, tokenizer, vision.key)

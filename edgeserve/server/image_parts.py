@@ -22,11 +22,15 @@ class ImageInput:
 
     data: str
     field: str
-    mark: str = ""  # the text that stands for it in its message's content
+    number: int = -1  # process-wide; its marker, the text that stands for it in its message, is image_mark(number)
 
     def __post_init__(self) -> None:
-        if not self.mark:
-            self.mark = image_mark(next(_ids))
+        if self.number < 0:
+            self.number = next(_ids)
+
+    @property
+    def mark(self) -> str:
+        return image_mark(self.number)
 
 
 def image_part(part: dict, here: str) -> ImageInput:

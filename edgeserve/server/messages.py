@@ -122,7 +122,7 @@ def _message(m: Any, here: str, tool_call_ids: bool) -> dict[str, Any]:
     if tool_call_ids and role == "tool" and m.get("tool_call_id") is None:
         raise bad_request(f"{here}.tool_call_id is required on a tool message (the id of the call it answers)",
                           f"{here}.tool_call_id")
-    images = base64_images(m["images"], f"{here}.images") if m.get("images") else []  # Ollama's
+    images = base64_images(m["images"], f"{here}.images") if m.get("images") is not None else []  # Ollama's
     content = m.get("content")
     if content is None and role in ("assistant", "tool"):
         content = ""

@@ -174,6 +174,7 @@ def _save_digest_file(digests: dict[tuple, str]) -> None:
 
 
 def _gguf_facts(path: Path) -> ModelFacts:
+    from edgeserve.vision.runtime import find_mmproj
     from gguf.constants import LlamaFileType
 
     from edgeserve.loaders.gguf_file import GGUFFile
@@ -204,6 +205,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
     encoder = arch in ENCODER_TYPES
     pooled = gguf_pooling(md) is not None  # served by the embedder only (see model_manager.is_embedding_spec)
     caps = capabilities(template, encoder or pooled, generates=not (encoder or pooled))
+    if find_mmproj(path) is not None:  # a projector beside it (an hf.co pull's): it takes images
+        caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
     return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info, template, stop,
                       str(md.get("general.license") or ""), caps, ctx)
@@ -235,6 +238,8 @@ _HF_KEYS = {  # config.json key -> GGUF-style model_info suffix
 
 
 def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
+    from edgeserve.vision.family import has_vision
+
     cfg = _json(folder / "config.json") if folder.is_dir() else _json(folder)
     arch = str(cfg.get("model_type") or "llama")
     params, dtypes = 0, {}
@@ -260,6 +265,8 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
     eos = eos.get("content") if isinstance(eos, dict) else eos
     encoder = arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())
     caps = capabilities(template, encoder, generates=not encoder)
+    if folder.is_dir() and has_vision(folder):
+        caps.append("vision")
     size = sum(f.stat().st_size for f in files)
     return ModelFacts("safetensors", arch, params, quant, size, info, template, [eos] if eos else [], "", caps,
                       int(cfg.get("max_position_embeddings") or 0))

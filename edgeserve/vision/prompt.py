@@ -15,13 +15,14 @@ from edgeserve.vision.family import PreparedImage, VisionFamily
 from edgeserve.vision.images import image_digest
 
 # What an image part becomes in a message's text for the chat template: unguessable (a client cannot forge it),
-# numbered by the image's place in the request
+# numbered process-wide
 _NONCE = secrets.token_hex(8)
 _MARK = re.compile(rf"<\|image-{_NONCE}-(\d+)\|>")
 
 
 def image_mark(index: int) -> str:
-    """The text that stands for the request's image `index` in its messages until the prompt is tokenized."""
+    """The text that stands for image `index` (a process-wide number) in its message until the prompt is
+    tokenized."""
     return f"<|image-{_NONCE}-{index}|>"
 
 
@@ -62,17 +63,18 @@ class ImageMarkError(ValueError):
     """The template dropped or repeated an image's marker."""
 
 
-def image_prompt(text: str, images: list[Image.Image], family: VisionFamily, tokenizer: Any,
+def image_prompt(text: str, images: dict[int, Image.Image], family: VisionFamily, tokenizer: Any,
                  key: Any) -> ImagePrompt:
-    """`text` (a rendered prompt holding `image_mark(i)` for each image i) as token ids: each marker replaced by the
-    family's tokens for that image. `key(digest) -> bytes` makes an image's key from its pixel digest."""
+    """`text` (a rendered prompt holding `image_mark(i)` for each image i of `images`) as token ids: each marker
+    replaced by the family's tokens for that image. `key(digest) -> bytes` makes an image's key from its pixel
+    digest."""
     ids: list[int] = []
     placed: list[PlacedImage] = []
     seen: set[int] = set()
     pos = 0
     for m in _MARK.finditer(text):
         i = int(m.group(1))
-        if i >= len(images) or i in seen:
+        if i not in images or i in seen:
             raise ImageMarkError(f"image marker {i} is not one of the request's {len(images)} images")
         seen.add(i)
         ids += tokenizer.encode(text[pos:m.start()], add_special_tokens=False)

@@ -118,7 +118,7 @@ def parse_ollama_generate(body: dict) -> GenerationRequest:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise bad_request("system must be a string", "system")
-    images = base64_images(body["images"], "images") if body.get("images") else []
+    images = base64_images(body["images"], "images") if body.get("images") is not None else []
     if not prompt and not images:
         req.messages = []
     elif boolean(body, "raw", False):
