@@ -127,6 +127,26 @@ def test_deepstack_and_mrope_each_matter(folder, llm):
     assert full != no_deep and full != flat
 
 
+def hf_answer(hf_model, tok, img: Image.Image, head: str, tail: str) -> str:
+    """transformers' greedy answer (text up to the end of turn) to a user turn `head` + the image + `tail`."""
+    pixels = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS)(
+        images=[img], return_tensors="pt")
+    n = int(pixels["image_grid_thw"][0].prod()) // 4
+    image_ids = [tok.token_to_id(t) for t in ["<|vision_start|>"] + ["<|image_pad|>"] * n + ["<|vision_end|>"]]
+    ids = tok.encode(f"<|im_start|>user\n{head}", add_special_tokens=False) + image_ids + tok.encode(
+        f"{tail}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf_model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                mm_token_type_ids=(input_ids == hf_model.config.image_token_id).int(),
+                                pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                                max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
+    eos = tok.token_to_id("<|im_end|>")
+    text = tok.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
+    assert text  # an empty answer would make the comparisons vacuous
+    return text
+
+
 def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
     """Through the HTTP pipeline (OpenAI `image_url`, Ollama `images`): the prompt's image placed, encoded, its
     M-RoPE positions and DeepStack rows reaching the engine; greedy text equals transformers' generate()."""
@@ -135,31 +155,14 @@ def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
     import httpx
 
     from edgeserve.engine.config import EngineConfig
+    from edgeserve.loaders.tokenizer import tokenizer_from_hf_folder
     from edgeserve.server import ServerConfig
     from server_helpers import serve
     from vision_helpers import data_url
 
     png = picture(45, 70, seed=6)
     img = Image.open(io.BytesIO(png)).convert("RGB")
-    proc = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS)
-    pixels = proc(images=[img], return_tensors="pt")
-    tok = LLM.__new__(LLM)  # only for its tokenizer below
-    from edgeserve.loaders.tokenizer import tokenizer_from_hf_folder
-
     tok = tokenizer_from_hf_folder(folder)
-    n = int(pixels["image_grid_thw"][0].prod()) // 4
-    image_ids = [tok.token_to_id("<|vision_start|>")] + [tok.token_to_id("<|image_pad|>")] * n + \
-        [tok.token_to_id("<|vision_end|>")]
-    ids = tok.encode("<|im_start|>user\nlook ", add_special_tokens=False) + image_ids + tok.encode(
-        " what?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = hf_model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                mm_token_type_ids=(input_ids == hf_model.config.image_token_id).int(),
-                                pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
-                                max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
-    eos = tok.token_to_id("<|im_end|>")
-    want = tok.decode(out[: out.index(eos)] if eos in out else out, skip_special_tokens=True)
     config = ServerConfig(models=(str(folder),), dtype="float32", device="cpu",
                           engine=EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_gb=0.05))
     with serve(config) as server:
@@ -168,9 +171,10 @@ def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
                 {"type": "text", "text": "look "}, {"type": "image_url", "image_url": {"url": data_url(png)}},
                 {"type": "text", "text": " what?"}]}]})
         assert chat.status_code == 200, chat.text
-        assert chat.json()["choices"][0]["message"]["content"] == want
+        assert chat.json()["choices"][0]["message"]["content"] == hf_answer(hf_model, tok, img, "look ", " what?")
         ollama = httpx.post(f"{server.url}/api/chat", timeout=120, json={
             "model": str(folder), "stream": False, "options": {"temperature": 0, "num_predict": NEW_TOKENS},
-            "messages": [{"role": "user", "content": "look  what?", "images": [base64.b64encode(png).decode()]}]})
+            "messages": [{"role": "user", "content": "what?", "images": [base64.b64encode(png).decode()]}]})
         assert ollama.status_code == 200, ollama.text
-        assert ollama.json()["message"]["content"]  # Ollama puts the images first: another prompt, an answer
+        # Ollama's images come before the message's text
+        assert ollama.json()["message"]["content"] == hf_answer(hf_model, tok, img, "", "what?")
