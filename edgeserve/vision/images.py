@@ -9,7 +9,7 @@ import io
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
@@ -52,6 +52,8 @@ def decode_image(data: bytes, field: str, limits: ImageLimits = DEFAULT_LIMITS) 
             img.load()
     except ImageError:
         raise
+    except UnidentifiedImageError:
+        raise ImageError(f"{field} is not a decodable image (PNG, JPEG, WebP or GIF)", field) from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
         raise ImageError(f"{field} is not a decodable image (PNG, JPEG, WebP or GIF): {e}", field) from None
     return rgb(img)
