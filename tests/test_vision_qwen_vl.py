@@ -181,3 +181,25 @@ def test_prompt_tokens_and_width_check(tiny):
 
     with pytest.raises(ModelLoadError, match="64 wide"):
         load_vision(folder, Narrow())
+
+
+def test_a_q8_0_mmproj_runs_on_the_native_kernels_in_bf16(tiny, tmp_path):
+    """A Q8_0 mmproj loaded for a bf16 model keeps its matrices as GGUF blocks (the native CPU kernels) and still
+    gives transformers' rows within bf16 / Q8_0 rounding."""
+    from edgeserve.kernels.cpu_native import BlockWeight, library
+
+    kind, model, _ = tiny
+    if library() is None:
+        pytest.skip("native CPU kernels not built")
+    mean, std = ((0.5,) * 3, (0.5,) * 3) if kind == "qwen3" else (None, None)
+    path = write_qwen_mmproj(tmp_path / "mmproj-q8.gguf", VISION[kind], model.state_dict(), qwen3=kind == "qwen3",
+                             matrix_type="Q8_0", image_mean=mean, image_std=std)
+    family = load_vision(path, model.config.text_config, dtype=torch.bfloat16)
+    assert isinstance(family.tower.vit.weights.layers[0].qkv, BlockWeight)
+    lo, hi = PIXELS[kind]
+    family.cfg.min_pixels, family.cfg.max_pixels = lo, hi
+    image = odd_image(75, 131, "PNG", seed=2)
+    _, want = reference(model, kind, image)
+    (got,) = family.encode([family.preprocess(image)])
+    rel = float((got.float() - want).norm() / want.norm())
+    assert rel < 0.05, rel

@@ -18,8 +18,9 @@ def write_qwen_mmproj(path: str | Path, vision_config: Mapping[str, Any], state:
                       qwen3: bool, matrix_type: str = "F32", image_mean: tuple[float, ...] | None = None,
                       image_std: tuple[float, ...] | None = None) -> Path:
     """Write the tower `state` (HF names with or without `visual.` / `model.visual.`) of an HF `vision_config` as an
-    mmproj GGUF at `path`; `matrix_type` ("F32" or "F16") is the type of its 2-D+ weights (norms, biases and the
-    position table stay F32, as the converter keeps them)."""
+    mmproj GGUF at `path`; `matrix_type` ("F32", "F16" or "Q8_0") is the type of its 2-D+ weights (norms, biases
+    and the position table stay F32, as the converter keeps them; a Q8_0 file keeps F16 where a row is not whole
+    32-value blocks, and for the patch embedding, as llama.cpp's quantizer does)."""
     import gguf
 
     v = vision_config
@@ -53,8 +54,13 @@ def write_qwen_mmproj(path: str | Path, vision_config: Mapping[str, Any], state:
         if int(v.get("window_size", 112)) != 112:  # llama.cpp assumes 112 where the key is absent
             w.add_vision_window_size(int(v["window_size"]))
     for name, t in _tensors(state, qwen3, deepstack):
-        keep_f32 = t.dim() < 2 or "position_embd" in name or matrix_type == "F32"
-        w.add_tensor(name, t.float().numpy() if keep_f32 else t.to(torch.float16).numpy().astype(np.float16))
+        if t.dim() < 2 or "position_embd" in name or matrix_type == "F32":
+            w.add_tensor(name, t.float().numpy())
+        elif matrix_type == "Q8_0" and t.dim() == 2 and t.shape[1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(t.float().numpy(), q8), raw_dtype=q8)
+        else:
+            w.add_tensor(name, t.to(torch.float16).numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
