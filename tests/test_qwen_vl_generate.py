@@ -1,6 +1,7 @@
-"""A whole tiny Qwen3-VL (vision tower + DeepStack + M-RoPE language model) through the engine: greedy generation
-with an image equals transformers' generate() (float32), also with prefill chunks that split the image, and the
-M-RoPE positions equal transformers' get_rope_index."""
+"""Whole tiny Qwen3-VL (vision tower + DeepStack + interleaved M-RoPE) and Qwen2.5-VL (window-attention tower +
+M-RoPE in sections) models through the engine: greedy generation with an image equals transformers' generate()
+(float32), with prefill chunks that split the image, and the M-RoPE positions equal transformers' get_rope_index;
+then through the server's OpenAI and Ollama routes."""
 
 from __future__ import annotations
 
@@ -23,39 +24,60 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-PIXELS = dict(min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 12)
 NEW_TOKENS = 8
+HIDDEN = 32
+KINDS = {  # each family's tiny shapes: Qwen3-VL (patch 16, DeepStack), Qwen2.5-VL (patch 14, windows of 2x2 units)
+    "qwen3": dict(patch=16, processor=dict(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+                  vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=HIDDEN,
+                              patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])),
+    "qwen25": dict(patch=14, processor={},
+                   vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=HIDDEN,
+                               patch_size=14, window_size=56, fullatt_block_indexes=[2])),
+}
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A random tiny Qwen3-VL saved by transformers, with a byte-level tokenizer holding Qwen's vision tokens."""
-    folder = tmp_path_factory.mktemp("qwen3vl")
+def processor(kind: str) -> Qwen2VLImageProcessorPil:
+    unit = KINDS[kind]["patch"] * 2
+    return Qwen2VLImageProcessorPil(min_pixels=unit * unit * 4, max_pixels=unit * unit * 12,
+                                    **KINDS[kind]["processor"])
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def folder(request, tmp_path_factory):
+    """A random tiny Qwen3-VL / Qwen2.5-VL saved by transformers, with a byte-level tokenizer holding Qwen's vision
+    tokens."""
+    kind = request.param
+    folder = tmp_path_factory.mktemp(f"{kind}-")
     vocab = byte_tokenizer(folder, SPECIALS, TEMPLATE, "<|endoftext|>", "<|im_end|>")
     torch.manual_seed(0)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    text = dict(vocab_size=len(vocab), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=3,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                 "mrope_interleaved": True})
-    vision = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, patch_size=16,
-                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
-    cfg = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=vocab["<|image_pad|>"],
-                                     vision_start_token_id=vocab["<|vision_start|>"],
-                                     vision_end_token_id=vocab["<|vision_end|>"], tie_word_embeddings=False,
-                                     eos_token_id=vocab["<|im_end|>"], pad_token_id=0)
-    model = transformers.Qwen3VLForConditionalGeneration(cfg).eval()
+                                 "mrope_interleaved": kind == "qwen3"})
+    classes = {"qwen3": (transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration),
+               "qwen25": (transformers.Qwen2_5_VLConfig, transformers.Qwen2_5_VLForConditionalGeneration)}
+    config_class, model_class = classes[kind]
+    cfg = config_class(text_config=text, vision_config=KINDS[kind]["vision"], image_token_id=vocab["<|image_pad|>"],
+                       vision_start_token_id=vocab["<|vision_start|>"], vision_end_token_id=vocab["<|vision_end|>"],
+                       tie_word_embeddings=False, eos_token_id=vocab["<|im_end|>"], pad_token_id=0)
+    model = model_class(cfg).eval()
     with torch.no_grad():  # wide weights: peaked logits (no greedy near-ties), DeepStack and positions that matter
         for name, p in model.named_parameters():
             p.normal_(1.0 if "norm" in name and "weight" in name else 0.0, 0.3)
     model.save_pretrained(folder)
-    Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS).save_pretrained(
-        folder)
+    processor(kind).save_pretrained(folder)
     return folder
+
+
+def kind_of(folder) -> str:
+    """The family of a `folder` fixture's model (its folder is named `KIND-N`)."""
+    return folder.name.rsplit("-", 1)[0]
 
 
 @pytest.fixture(scope="module")
 def hf_model(folder):
-    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model_class = transformers.AutoModelForImageTextToText
+    model = model_class.from_pretrained(folder, dtype=torch.float32)
     model.config._attn_implementation = "eager"
     return model.eval()
 
@@ -95,10 +117,10 @@ def test_generation_with_an_image_matches_transformers(folder, hf_model, llm):
     family = load_vision(folder, llm.lm.config)
     ids, img, start, prepared = image_prompt(llm, family, seed=3)
     rows = family.encode([prepared])[0]
-    assert rows.shape[1] == 3 * 32  # the embeddings and two DeepStack layers' features
+    # Qwen3-VL: the embeddings and two DeepStack layers' features
+    assert rows.shape[1] == HIDDEN * (3 if kind_of(folder) == "qwen3" else 1)
     mrope = mrope_positions(len(ids), [(start, family.mrope_grid(prepared))])
-    proc = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS)
-    pixels = proc(images=[img], return_tensors="pt")
+    pixels = processor(kind_of(folder))(images=[img], return_tensors="pt")
     input_ids = torch.tensor([ids])
     types = (input_ids == hf_model.config.image_token_id).int()  # the processor's mm_token_type_ids
     with torch.no_grad():
@@ -118,19 +140,20 @@ def test_generation_with_an_image_matches_transformers(folder, hf_model, llm):
 def test_deepstack_and_mrope_each_matter(folder, llm):
     """Dropping the DeepStack features, or the (t, h, w) positions, changes the answer (the parity above tests
     both)."""
+    if kind_of(folder) != "qwen3":
+        pytest.skip("DeepStack is Qwen3-VL's")
     family = load_vision(folder, llm.lm.config)
     ids, _, start, prepared = image_prompt(llm, family, seed=4)
     rows = family.encode([prepared])[0]
     mrope = mrope_positions(len(ids), [(start, family.mrope_grid(prepared))])
-    full, no_deep, flat = generate(llm, [(ids, [(start, rows)], mrope), (ids, [(start, rows[:, :32])], mrope),
+    full, no_deep, flat = generate(llm, [(ids, [(start, rows)], mrope), (ids, [(start, rows[:, :HIDDEN])], mrope),
                                          (ids, [(start, rows)], None)])
     assert full != no_deep and full != flat
 
 
-def hf_answer(hf_model, tok, img: Image.Image, head: str, tail: str) -> str:
+def hf_answer(hf_model, kind: str, tok, img: Image.Image, head: str, tail: str) -> str:
     """transformers' greedy answer (text up to the end of turn) to a user turn `head` + the image + `tail`."""
-    pixels = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3, **PIXELS)(
-        images=[img], return_tensors="pt")
+    pixels = processor(kind)(images=[img], return_tensors="pt")
     n = int(pixels["image_grid_thw"][0].prod()) // 4
     image_ids = [tok.token_to_id(t) for t in ["<|vision_start|>"] + ["<|image_pad|>"] * n + ["<|vision_end|>"]]
     ids = tok.encode(f"<|im_start|>user\n{head}", add_special_tokens=False) + image_ids + tok.encode(
@@ -171,10 +194,11 @@ def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
                 {"type": "text", "text": "look "}, {"type": "image_url", "image_url": {"url": data_url(png)}},
                 {"type": "text", "text": " what?"}]}]})
         assert chat.status_code == 200, chat.text
-        assert chat.json()["choices"][0]["message"]["content"] == hf_answer(hf_model, tok, img, "look ", " what?")
+        assert chat.json()["choices"][0]["message"]["content"] == hf_answer(hf_model, kind_of(folder), tok, img,
+                                                                            "look ", " what?")
         ollama = httpx.post(f"{server.url}/api/chat", timeout=120, json={
             "model": str(folder), "stream": False, "options": {"temperature": 0, "num_predict": NEW_TOKENS},
             "messages": [{"role": "user", "content": "what?", "images": [base64.b64encode(png).decode()]}]})
         assert ollama.status_code == 200, ollama.text
         # Ollama's images come before the message's text
-        assert ollama.json()["message"]["content"] == hf_answer(hf_model, tok, img, "", "what?")
+        assert ollama.json()["message"]["content"] == hf_answer(hf_model, kind_of(folder), tok, img, "", "what?")
