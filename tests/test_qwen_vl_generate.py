@@ -202,3 +202,7 @@ def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
         assert ollama.status_code == 200, ollama.text
         # Ollama's images come before the message's text
         assert ollama.json()["message"]["content"] == hf_answer(hf_model, kind_of(folder), tok, img, "", "what?")
+        sliver = httpx.post(f"{server.url}/v1/chat/completions", timeout=120, json={
+            "model": str(folder), "max_tokens": 1, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(picture(603, 3, seed=1))}}]}]})
+        assert sliver.status_code == 400 and "aspect ratio" in sliver.json()["error"]["message"]

@@ -91,6 +91,8 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
     """The rendered prompt's token ids with each image's tokens where its marker is."""
     try:
         return image_prompt(prompt, images, vision.family, tokenizer, vision.key)
+    except ImageError as e:  # one the family's preprocessing refuses (e.g. Qwen-VL's aspect-ratio limit)
+        raise bad_request(str(e), field) from None
     except ImageMarkError as e:
         raise bad_request(f"{e} (the model's chat template must render every message's content)", field) from None
 

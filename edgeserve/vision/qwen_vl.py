@@ -25,6 +25,7 @@ from PIL import Image
 from edgeserve.errors import ModelLoadError
 
 from .family import PreparedImage, VisionSource, register
+from .images import ImageError
 from .tower import MmprojWeights, identity_digest, special_id
 from .vit import VisionTransformer, VitConfig, VitLayer, VitWeights
 
@@ -72,8 +73,9 @@ class QwenVisionConfig:
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """The (height, width) transformers' Qwen2-VL processor resizes an image to: multiples of `factor`, the pixel
     count inside [min_pixels, max_pixels], the aspect ratio kept as closely as that allows."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"image aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
+    if max(height, width) / min(height, width) > 200:  # the processor's limit too
+        raise ImageError(f"image of {width}x{height} pixels: its aspect ratio is over the model's limit of 200",
+                         "image")
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
