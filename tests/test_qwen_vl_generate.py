@@ -206,3 +206,15 @@ def test_the_server_answers_an_image_as_transformers_does(folder, hf_model):
             "model": str(folder), "max_tokens": 1, "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": data_url(picture(603, 3, seed=1))}}]}]})
         assert sliver.status_code == 400 and "aspect ratio" in sliver.json()["error"]["message"]
+
+
+def test_the_llm_api_answers_an_image_as_transformers_does(folder, hf_model, llm):
+    """`LLM.image_prompt` (what `edgeserve run --image` uses) passes the prompt's M-RoPE positions on."""
+    png = picture(45, 70, seed=7)
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    ids, request = llm.image_prompt("what?", [img])
+    assert "mrope" in request
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
+    tokens = [t for out in llm.stream(ids, params, **request) for t in out.token_ids]
+    text = llm.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert text == hf_answer(hf_model, kind_of(folder), llm.tokenizer, img, "", "what?")
