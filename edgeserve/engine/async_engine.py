@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -24,6 +25,9 @@ from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
 from .prefix_key import NO_KEY, PrefixKey
 from .request_state import ImageRows
+
+if TYPE_CHECKING:
+    from edgeserve.models.mrope import MRopePositions
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -91,12 +95,13 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               prefix_key: PrefixKey = NO_KEY, images: Sequence[ImageRows] = ()) -> RequestStream:
+               prefix_key: PrefixKey = NO_KEY, images: Sequence[ImageRows] = (),
+               mrope: MRopePositions | None = None) -> RequestStream:
         """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now.
-        `images`: embedding rows replacing prompt tokens (EngineCore.add_request)."""
+        `images`: embedding rows replacing prompt tokens, `mrope`: M-RoPE positions (EngineCore.add_request)."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, images)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, images, mrope)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
@@ -104,9 +109,10 @@ class AsyncEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        prefix_key: PrefixKey = NO_KEY,
-                       images: Sequence[ImageRows] = ()) -> AsyncIterator[RequestOutput]:
+                       images: Sequence[ImageRows] = (),
+                       mrope: MRopePositions | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id, prefix_key, images)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key, images, mrope)
         try:
             async for out in stream:
                 yield out

@@ -27,6 +27,7 @@ import torch
 from edgeserve.errors import QueueFullError
 from edgeserve.kernels.transfer import HostCopy, to_device
 from edgeserve.models.load import LoadedModel
+from edgeserve.models.mrope import MRopePositions
 from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.grammar import GrammarCompiler
@@ -37,7 +38,7 @@ from .kv_cache import KVPool, size_pool
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
-from .request_check import check_images, check_request
+from .request_check import check_images, check_mrope, check_request
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
 from .request_state import ImageRows, Registry, Request, SeqStatus
@@ -131,18 +132,21 @@ class EngineCore:
     # --- requests (any thread) ------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    prefix_key: PrefixKey = NO_KEY, images: Sequence[ImageRows] = ()) -> str:
+                    prefix_key: PrefixKey = NO_KEY, images: Sequence[ImageRows] = (),
+                    mrope: MRopePositions | None = None) -> str:
         """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or InvalidRequestError (a ValueError)
         now, not later (`check_request` is the one validation). `prefix_key`: what besides the tokens enters its
         prefix-cache keys (an adapter, images); `images`: (start, rows [n, hidden]) embeddings that replace the
-        prompt's tokens start..start+n-1 (an image's placeholders)."""
+        prompt's tokens start..start+n-1 (an image's placeholders); `mrope`: the prompt's M-RoPE positions (a Qwen-VL
+        model's, with images: models.mrope)."""
         check_request(prompt_ids, params, self.lm.config.vocab_size, self.max_model_len)
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, list(prompt_ids), params=params, generator=make_generator(params), stop_ids=stop_ids,
                       max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                       proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer), prefix_key=prefix_key,
-                      images=check_images(images, len(prompt_ids), self.lm.config.hidden_size))
+                      images=check_images(images, len(prompt_ids), self.lm.config.hidden_size),
+                      mrope=check_mrope(mrope, len(prompt_ids), self.lm.config))
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:

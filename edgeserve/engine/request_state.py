@@ -22,6 +22,7 @@ from .prefix_key import NO_KEY, PrefixKey
 if TYPE_CHECKING:
     import torch
 
+    from edgeserve.models.mrope import MRopePositions
     from edgeserve.text.grammar import GrammarState
 
     from .output_processor import OutputProcessor
@@ -54,6 +55,7 @@ class Sequence:
     batch_row: int | None = None  # its row in the persistent input batch while it runs (input_batch.InputBatch)
     prefix_key: PrefixKey = NO_KEY  # what besides its tokens enters its blocks' hashes (adapter, images)
     images: tuple[ImageRows, ...] = ()  # embedding rows that replace prompt placeholder tokens' (images)
+    mrope: MRopePositions | None = None  # M-RoPE positions of a request with images (Qwen-VL; models.mrope)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -94,6 +94,9 @@ class ModelConfig:
     attn_temperature_length: int = 0
     residual_scale: float = 1.0  # Granite: attention and MLP outputs times this before each residual add
     logit_scale: float = 1.0  # Granite: output logits divided by this
+    # Qwen3-VL's M-RoPE (edgeserve.models.mrope): rotary pairs per (t, h, w) axis, interleaved; None: 1-D RoPE
+    mrope_sections: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
     # Gemma's block (defaults: the Llama one)
     activation: str = "silu"  # "silu" or "gelu_tanh", of the gated MLP
     norm_offset: float = 0.0  # added to stored RMSNorm weights at load (HF Gemma stores w for a (1 + w) norm)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from edgeserve.models.mrope import MRopePositions
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.image_parts import ImageInput
 from edgeserve.vision.images import ImageError, ImageLimits, decode_base64, decode_image
@@ -26,10 +27,15 @@ class RequestImages:
     embeds: list[torch.Tensor]
     encode_seconds: float  # encoder time for this request (0 when every image was cached)
     decode_seconds: float  # decoding and preprocessing time
+    mrope: MRopePositions | None = None  # the prompt's M-RoPE positions (Qwen-VL)
 
     def engine_args(self) -> dict[str, Any]:
-        """`prefix_key` and `images` for AsyncEngine.submit."""
-        return {"prefix_key": self.prompt.prefix_key(), "images": self.prompt.engine_images(self.embeds)}
+        """`prefix_key`, `images` (and a Qwen-VL prompt's `mrope`) for AsyncEngine.submit."""
+        args: dict[str, Any] = {"prefix_key": self.prompt.prefix_key(),
+                                "images": self.prompt.engine_images(self.embeds)}
+        if self.mrope is not None:
+            args["mrope"] = self.mrope
+        return args
 
 
 def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any) -> dict[int, Image.Image]:
@@ -85,6 +91,8 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
     """The rendered prompt's token ids with each image's tokens where its marker is."""
     try:
         return image_prompt(prompt, images, vision.family, tokenizer, vision.key)
+    except ImageError as e:  # one the family's preprocessing refuses (e.g. Qwen-VL's aspect-ratio limit)
+        raise bad_request(str(e), field) from None
     except ImageMarkError as e:
         raise bad_request(f"{e} (the model's chat template must render every message's content)", field) from None
 
@@ -92,4 +100,4 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
 def encode_images(placed: ImagePrompt, vision: Any, decode_seconds: float) -> RequestImages:
     """The placed images' embedding rows (encoder cache first)."""
     embeds, seconds = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
-    return RequestImages(placed, embeds, seconds, decode_seconds)
+    return RequestImages(placed, embeds, seconds, decode_seconds, placed.mrope(vision.family))

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from edgeserve.engine.prefix_key import PrefixKey
+from edgeserve.models.mrope import MRopePositions, mrope_positions
 from edgeserve.vision.family import PreparedImage, VisionFamily
 from edgeserve.vision.images import image_digest
 
@@ -75,6 +76,14 @@ class ImagePrompt:
 
     ids: list[int]
     images: list[PlacedImage]
+
+    def mrope(self, family: VisionFamily) -> MRopePositions | None:
+        """The prompt's M-RoPE positions where the family places images on a (t, h, w) grid (Qwen-VL's
+        `mrope_grid`), else None."""
+        grid = getattr(family, "mrope_grid", None)
+        if grid is None or not self.images:
+            return None
+        return mrope_positions(len(self.ids), [(p.start, grid(p.prepared)) for p in self.images])
 
     def prefix_key(self) -> PrefixKey:
         """The spans that make every block an image's tokens touch hash by that image."""

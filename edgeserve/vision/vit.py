@@ -1,6 +1,6 @@
 """The one vision transformer every family's encoder runs: patch embedding, learned (or a family's rotary)
-positions, pre-norm blocks (LayerNorm, multi-head attention with qkv bias, GELU / quick-GELU MLP), optional
-per-layer hidden outputs. Families add their projector on top (gemma3.py, idefics3.py, qwen_vl.py)."""
+positions, pre-norm blocks (LayerNorm or RMSNorm, multi-head attention with qkv bias, GELU / quick-GELU MLP or a
+gated SiLU MLP), optional per-layer hidden outputs. Families add their projector on top (gemma3.py, idefics3.py, qwen_vl.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class VitConfig:
     layer_norm_eps: float = 1e-6
     act: str = "gelu_tanh"  # "gelu_tanh" (SigLIP), "gelu" (erf), "quick_gelu" (CLIP)
     post_norm: bool = True
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm, no bias: Qwen2.5-VL)
 
     @property
     def head_dim(self) -> int:
@@ -37,16 +38,18 @@ class VitConfig:
 class VitLayer:
     """One pre-norm block's weights (matrices in any LinearWeight form: dense, or GGUF blocks on the CPU)."""
 
-    norm1: tuple[torch.Tensor, torch.Tensor]
+    norm1: tuple[torch.Tensor, torch.Tensor | None]  # weight, bias (None for RMSNorm)
     qkv: LinearWeight  # q, k, v stacked by rows
     qkv_bias: torch.Tensor | None
     out: LinearWeight
     out_bias: torch.Tensor | None
-    norm2: tuple[torch.Tensor, torch.Tensor]
-    fc1: LinearWeight
+    norm2: tuple[torch.Tensor, torch.Tensor | None]
+    fc1: LinearWeight  # the up projection where the MLP is gated
     fc1_bias: torch.Tensor | None
     fc2: LinearWeight
     fc2_bias: torch.Tensor | None
+    gate: LinearWeight | None = None  # a gated MLP's gate: fc2(act(gate(h)) * fc1(h)) (Qwen2.5-VL)
+    gate_bias: torch.Tensor | None = None
 
 
 @dataclass
@@ -136,6 +139,7 @@ _ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "silu": F.silu,
 }
 
 # a family's rotary positions: (q, k [B, N, H, D]) -> rotated (q, k)
@@ -166,31 +170,51 @@ class VisionTransformer:
     @torch.inference_mode()
     def forward(self, patches: torch.Tensor, pos_ids: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, rotary: Rotary | None = None,
-                keep_layers: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                keep_layers: Sequence[int] = (), pos_add: torch.Tensor | None = None,
+                layer_masks: Sequence[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states [B, N, hidden] (after the post-norm, where the tower has one) for patches [B, N, C*p*p],
         and the residual stream after each layer in `keep_layers` (before the post-norm).
 
         `pos_ids` [N] picks the learned position rows (default 0..N-1); `attn_mask` [B or 1, 1, N, N] (bool: may
-        attend) restricts attention (e.g. to each image of a packed sequence, or a window); `rotary` rotates q and
-        k instead of learned positions."""
+        attend) restricts attention (e.g. to each image of a packed sequence, or a window); `layer_masks` gives
+        each layer its own mask instead (Qwen2.5-VL's window and full-attention layers); `rotary` rotates q and k
+        instead of learned positions; `pos_add` [N, hidden] is added in place of the learned rows (a family's own
+        position embedding, e.g. Qwen3-VL's table resampled to the image's grid)."""
         c, w = self.config, self.weights
         x = self._linear(patches.float(), w.patch, w.patch_bias)
-        if w.pos_embed is not None:
+        if pos_add is not None:
+            x = x + pos_add
+        elif w.pos_embed is not None:
             n = x.shape[1]
             if pos_ids is None and n > w.pos_embed.shape[0]:
                 raise ValueError(f"{n} patches, but the tower has {w.pos_embed.shape[0]} positions")
             x = x + (w.pos_embed[:n] if pos_ids is None else w.pos_embed[pos_ids])
         kept: list[torch.Tensor] = []
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(F.layer_norm(x, (c.hidden_size,), *layer.norm1, c.layer_norm_eps), layer,
-                                    attn_mask, rotary)
-            h = F.layer_norm(x, (c.hidden_size,), *layer.norm2, c.layer_norm_eps)
-            x = x + self._linear(self._act(self._linear(h, layer.fc1, layer.fc1_bias)), layer.fc2, layer.fc2_bias)
+            mask = layer_masks[i] if layer_masks is not None else attn_mask
+            x = x + self._attention(self.norm(x, layer.norm1), layer, mask, rotary)
+            x = x + self._mlp(self.norm(x, layer.norm2), layer)
             if i in keep_layers:
                 kept.append(x)
         if w.post_norm is not None:
-            x = F.layer_norm(x, (c.hidden_size,), *w.post_norm, c.layer_norm_eps)
+            x = self.norm(x, w.post_norm)
         return x, kept
+
+    def norm(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        """The tower's LayerNorm (or RMSNorm) of x over its last axis."""
+        c = self.config
+        if c.norm == "rms":
+            return F.rms_norm(x, (x.shape[-1],), weights[0], c.layer_norm_eps)
+        return F.layer_norm(x, (x.shape[-1],), weights[0], weights[1], c.layer_norm_eps)
+
+    def _mlp(self, h: torch.Tensor, layer: VitLayer) -> torch.Tensor:
+        """The block's MLP: fc2(act(fc1 h)), or fc2(act(gate h) * fc1 h) where it is gated."""
+        up = self._linear(h, layer.fc1, layer.fc1_bias)
+        if layer.gate is not None:
+            up = self._act(self._linear(h, layer.gate, layer.gate_bias)) * up
+        else:
+            up = self._act(up)
+        return self._linear(up, layer.fc2, layer.fc2_bias)
 
     def _attention(self, h: torch.Tensor, layer: VitLayer, attn_mask: torch.Tensor | None,
                    rotary: Rotary | None) -> torch.Tensor:
