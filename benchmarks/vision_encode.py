@@ -21,83 +21,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-# the towers and projectors of the real models (their config.json / preprocessor_config.json)
-SHAPES = {
-    # Gemma 3 4B: SigLIP so400m at 896, average-pooled to 256 tokens, into a 2560-wide LM
-    "gemma3-4b": dict(kind="gemma3", hidden=1152, ffn=4304, layers=27, heads=16, patch=14, image=896, lm=2560),
-    # SmolVLM-256M-Instruct: SigLIP base at 512 tiles, pixel shuffle 4, into a 576-wide LM, images to 2048 first
-    "smolvlm-256m": dict(kind="idefics3", hidden=768, ffn=3072, layers=12, heads=12, patch=16, image=512, lm=576,
-                         scale=4, longest=2048),
-}
-
-
-def write_random_mmproj(path: Path, shape: dict, qtype: str, seed: int = 0) -> Path:
-    """A random-weight mmproj GGUF of `shape`; the layer matrices stored as `qtype` (F16 or Q8_0)."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    s = SimpleNamespace(**shape)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("clip.projector_type", s.kind)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_gelu", True)
-    for key, value in (("embedding_length", s.hidden), ("feed_forward_length", s.ffn), ("block_count", s.layers),
-                       ("attention.head_count", s.heads), ("image_size", s.image), ("patch_size", s.patch)):
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_uint32("clip.vision.projection_dim", s.lm)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    if s.kind == "idefics3":
-        w.add_uint32("clip.vision.projector.scale_factor", s.scale)
-        w.add_uint32("clip.vision.preproc_image_size", s.longest)
-
-    def mat(name: str, rows: int, cols: int, quantize: bool = True) -> None:
-        a = (rng.standard_normal((rows, cols), dtype=np.float32) * cols ** -0.5).astype(np.float32)
-        if quantize and qtype == "Q8_0":
-            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, a.astype(np.float16))
-
-    def vec(name: str, n: int, value: float | None = None) -> None:
-        w.add_tensor(name, np.full(n, value, np.float32) if value is not None
-                     else (rng.standard_normal(n, dtype=np.float32) * 0.02))
-
-    n_pos = (s.image // s.patch) ** 2
-    w.add_tensor("v.patch_embd.weight", (rng.standard_normal((s.hidden, 3, s.patch, s.patch), dtype=np.float32)
-                                         * 0.02))
-    vec("v.patch_embd.bias", s.hidden)
-    w.add_tensor("v.position_embd.weight", rng.standard_normal((n_pos, s.hidden), dtype=np.float32) * 0.02)
-    for i in range(s.layers):
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            mat(f"v.blk.{i}.{part}.weight", s.hidden, s.hidden)
-            vec(f"v.blk.{i}.{part}.bias", s.hidden)
-        mat(f"v.blk.{i}.ffn_up.weight", s.ffn, s.hidden)
-        vec(f"v.blk.{i}.ffn_up.bias", s.ffn)
-        mat(f"v.blk.{i}.ffn_down.weight", s.hidden, s.ffn)
-        vec(f"v.blk.{i}.ffn_down.bias", s.hidden)
-        for ln in ("ln1", "ln2"):
-            vec(f"v.blk.{i}.{ln}.weight", s.hidden, 1.0)
-            vec(f"v.blk.{i}.{ln}.bias", s.hidden, 0.0)
-    vec("v.post_ln.weight", s.hidden, 1.0)
-    vec("v.post_ln.bias", s.hidden, 0.0)
-    if s.kind == "gemma3":
-        w.add_tensor("mm.input_projection.weight", (rng.standard_normal((s.hidden, s.lm), dtype=np.float32)
-                                                    * s.hidden ** -0.5).astype(np.float16))
-        vec("mm.soft_emb_norm.weight", s.hidden, 1.0)
-    else:
-        mat("mm.model.fc.weight", s.lm, s.hidden * s.scale ** 2)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=sorted(SHAPES), default="smolvlm-256m")
+    ap.add_argument("--family", choices=sorted(SIGLIP_SHAPES), default="smolvlm-256m")
     ap.add_argument("--qtype", choices=["F16", "Q8_0"], default="F16")
     ap.add_argument("--mmproj", default=None, help="time this file instead of writing a random one")
     ap.add_argument("--keep", default=None, metavar="DIR", help="write the random mmproj here and keep it")
@@ -105,12 +31,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = ap.parse_args()
+    from edgeserve.bench.random_mmproj import SIGLIP_SHAPES, write_siglip_mmproj
     from edgeserve.vision.family import load_vision
 
-    shape = SHAPES[args.family]
+    shape = SIGLIP_SHAPES[args.family]
     folder = Path(args.keep or tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
-    path = Path(args.mmproj) if args.mmproj else write_random_mmproj(
+    path = Path(args.mmproj) if args.mmproj else write_siglip_mmproj(
         folder / f"mmproj-{args.family}-{args.qtype}.gguf", shape, args.qtype)
     t0 = time.perf_counter()
     family = load_vision(path, SimpleNamespace(hidden_size=shape["lm"]), dtype=getattr(torch, args.dtype))
