@@ -132,7 +132,7 @@ class Idefics3Vision:
         c = self.config
         frames = torch.cat([p.pixel_values for p in images])
         hidden, _ = self.tower.forward(patchify(frames, c.patch_size))
-        rows = self.tower._linear(pixel_shuffle(hidden, self.scale), self.proj, None)
+        rows = self.tower.linear(pixel_shuffle(hidden, self.scale), self.proj, None)
         return list(rows.reshape(-1, rows.shape[-1]).split([p.num_tokens for p in images]))
 
     def settings_digest(self) -> bytes:
