@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--system", default=None, help="system message for the chat template")
     r.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+    r.add_argument("--image", action="append", default=None, metavar="FILE",
+                   help="an image (PNG, JPEG, WebP, GIF) before the prompt; repeat for several (a vision model)")
+    add_mmproj_arg(r)
     r.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs; on CPU 4-bit weights stay packed; "
                         "float32 dequantizes everything, slower but closest to a reference)")
@@ -93,6 +96,10 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
     add_quantize_args(s)
     s.add_argument("--no-pull", action="store_true",
                    help="do not download missing catalog models (at start or through POST /api/pull)")
+    add_mmproj_arg(s)
+    s.add_argument("--allow-image-urls", action="store_true",
+                   help="fetch http(s) image URLs in requests (size and time limited); without it only data URLs "
+                        "and base64 images are taken")
     add_engine_args(s)
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
@@ -185,6 +192,13 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
                    help="CPU, 4-bit weights: also keep a bf16 copy of each matrix for prompt tokens (torch's int4 "
                         "kernel is fast for decode, slow for long prompts); auto: on when the copies take at most a "
                         "quarter of the free memory (default %(default)s)")
+
+
+def add_mmproj_arg(parser: argparse.ArgumentParser) -> None:
+    """--mmproj, shared by `run` and `serve`."""
+    parser.add_argument("--mmproj", default=None, metavar="FILE",
+                        help="a vision projector GGUF (llama.cpp's mmproj) for a GGUF model, to take images; an "
+                             "mmproj beside the model file, or an HF folder's vision tower, is found without it")
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -407,7 +421,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
                   quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
-                  cpu_moe_layers=args.cpu_moe_layers)
+                  cpu_moe_layers=args.cpu_moe_layers, mmproj=args.mmproj)
+    images = _read_images(args.image) if args.image else []
+    if images and (args.raw or llm.lm.vision is None):
+        raise EdgeserveError("--image needs a vision model through its chat template (no --raw; a GGUF model needs "
+                             "--mmproj)")
     if config.kv_offload != "none":
         import atexit
 
@@ -417,8 +435,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"loaded {lm.name} in {lm.load_seconds:.2f}s", file=sys.stderr)
 
     def reply(messages: list[dict], text: str) -> str:
+        request: dict = {}
         if args.raw:
             ids = lm.tokenizer.encode(text)
+        elif images and len(messages) == 1 + bool(args.system):
+            ids, request = llm.image_prompt(text, images, args.system)  # the images go with the first turn
         else:
             ids = chat_ids(lm.tokenizer, lm.chat_template, messages)
         out = []
@@ -426,7 +447,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         n = 0
         # a harmony (gpt-oss) reply: the answer on stdout, the reasoning on stderr, no format markers
         parser = HarmonyParser() if not args.raw and template_is_harmony(lm.chat_template.source) else None
-        for delta in llm.stream(ids, params, adapter=adapter):
+        for delta in llm.stream(ids, params, adapter=adapter, **request):
             n += len(delta.token_ids)
             text = delta.text
             if parser is not None:
@@ -476,10 +497,23 @@ def server_config_from_args(args: argparse.Namespace):
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
-        log_level=args.log_level,
+        log_level=args.log_level, mmproj=args.mmproj, allow_image_urls=args.allow_image_urls,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config
+
+
+def _read_images(paths: list[str]) -> list:
+    """`run --image` files decoded (one line naming the file for one that is missing or not an image)."""
+    from edgeserve.vision.images import ImageError, decode_image
+
+    out = []
+    for p in paths:
+        try:
+            out.append(decode_image(Path(p).expanduser().read_bytes(), p))
+        except (OSError, ImageError) as e:
+            raise EdgeserveError(f"--image {p}: {e}") from None
+    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
@@ -51,7 +52,7 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "auto",
                  load_format: str = "auto", dense_prefill: str = "auto", config: EngineConfig | None = None,
                  quantize: str | None = None, quantize_group_size: int = 128, quantize_calibration: str | None = None,
-                 cpu_moe_layers: int | str | None = None, **engine_options) -> None:
+                 cpu_moe_layers: int | str | None = None, mmproj: str | None = None, **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
         `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (bfloat16; float16 on
@@ -59,16 +60,23 @@ class LLM:
         `quantize="int4"` quantizes a float model to INT4 at load (see `load_model`). `dense_prefill`: auto / on /
         off (`edgeserve.models.load.want_dense_prefill`). `cpu_moe_layers` (a count or "all"): the experts of the
         first that many MoE layers stay in host memory on the CPU kernels (`edgeserve.models.cpu_moe`).
+        `mmproj`: a vision projector GGUF for a GGUF model (an HF folder's vision tower, or an mmproj beside the GGUF,
+        is found without it); `image_prompt` then builds prompts with images.
         `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, kv_cache_dtype,
         gpu_memory_fraction, enforce_eager, ...).
         """
         if config is not None and engine_options:
             raise ValueError("pass either config or engine options, not both")
         self.config = config or EngineConfig(**engine_options)
-        self.lm: LoadedModel = load_model(resolve(model), dtype=dtype, device=device, load_format=load_format,
+        source = resolve(model)
+        self.lm: LoadedModel = load_model(source, dtype=dtype, device=device, load_format=load_format,
                                           quantize=quantize, quantize_group_size=quantize_group_size,
                                           quantize_calibration=quantize_calibration, dense_prefill=dense_prefill,
                                           cpu_moe_layers=cpu_moe_layers)
+        if load_format != "dummy":
+            from edgeserve.vision.runtime import load_runtime
+
+            self.lm.vision = load_runtime(source, self.lm, mmproj)
         self.engine = EngineCore(self.lm, self.config, draft=load_draft_model(self.config.draft_model, self.lm))
 
     @classmethod
@@ -105,12 +113,33 @@ class LLM:
         items = [(None, chat_ids(self.lm.tokenizer, self.lm.chat_template, list(conv))) for conv in conversations]
         return self._run(items, sampling_params)
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None,
-               adapter: str | None = None) -> Iterator[RequestOutput]:
+    def image_prompt(self, text: str, images: list, system: str | None = None) -> tuple[list[int], dict]:
+        """A user turn of `text` after the Pillow `images` (after a `system` message), through the chat template:
+        its token ids and the `images` / `prefix_key` that `stream` passes on (a ValueError for a model without
+        vision)."""
+        from edgeserve.vision.prompt import image_mark, image_prompt
+
+        vision = self.lm.vision
+        if vision is None:
+            raise ValueError(f"{self.lm.name} does not take images (no vision projector; give one with --mmproj)")
+        content = "".join(image_mark(i) for i in range(len(images))) + text
+        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+        rendered = self.lm.chat_template.render(turns, add_generation_prompt=True)
+        placed = image_prompt(rendered, dict(enumerate(images)), vision.family, self.lm.tokenizer, vision.key)
+        embeds, _ = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
+        request: dict[str, Any] = {"prefix_key": placed.prefix_key(), "images": placed.engine_images(embeds)}
+        mrope = placed.mrope(vision.family)  # a Qwen-VL prompt's (t, h, w) positions
+        if mrope is not None:
+            request["mrope"] = mrope
+        return placed.ids, request
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams | None = None, adapter: str | None = None,
+               **request: Any) -> Iterator[RequestOutput]:
         """Deltas of one completion as they are generated (what `edgeserve run` prints); `adapter`: the name of a
-        LoRA adapter of the config's `loras` to run it with."""
+        LoRA adapter of the config's `loras` to run it with; `request`: prefix_key, images and mrope, as
+        `image_prompt` gives them."""
         params = params or SamplingParams()
-        rid = self.engine.add_request(prompt_ids, params, adapter=adapter)
+        rid = self.engine.add_request(prompt_ids, params, adapter=adapter, **request)
         outbox, deltas = Outbox(), []
         outbox.open(rid, deltas.append)
         try:

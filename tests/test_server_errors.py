@@ -65,6 +65,8 @@ BAD_BODIES = [
     ({**GOOD, "messages": "hi"}, "messages", None, ""),
     ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None, "robot"),
     ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].image_url.url", None, "data URL"),
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "audio", "audio": "x"}]}]},
      "messages[0].content[0]", None, "text part"),
     ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "messages[0].content", None, ""),
     ({**GOOD, "model": 3}, "model", None, ""),

@@ -98,7 +98,8 @@ def test_stream_event_order(client):
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]"),
+     "input[0].content[0].image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_audio", "data": "x"}]}]}, "input[0].content[0]"),
     ({"input": ""}, "input"),
     ({"temperature": "hot"}, "temperature"),
 ])

@@ -70,10 +70,14 @@ class LlamaShape:
     rope_base: float = 500000.0
     rotary_dim: int | None = None  # phi3: partial rotary (Phi-4-mini: 96 of 128)
 
+    qwen3vl: bool = False  # Qwen3-VL's language model: Qwen3's Q/K norms, M-RoPE sections, 3 DeepStack layers
+
     @property
     def arch(self) -> str:
         if self.variant:
             return self.variant
+        if self.qwen3vl:
+            return "qwen3vl"
         return "gemma3" if self.gemma3 else "gpt-oss" if self.gpt_oss else "qwen3moe" if self.experts else "llama"
 
     @property
@@ -86,6 +90,7 @@ SHAPES = {
     "1b": LlamaShape(2048, 16, 32, 8, 8192),  # Llama-3.2-1B
     "3b": LlamaShape(3072, 28, 24, 8, 8192),  # Llama-3.2-3B
     "gemma3-1b": LlamaShape(1152, 26, 4, 1, 6912, head_dim=256, gemma3=True),  # Gemma 3 1B
+    "qwen3vl-2b": LlamaShape(2048, 28, 16, 8, 6144, head_dim=128, qwen3vl=True),  # Qwen3-VL-2B's language model
     # Qwen3-30B-A3B: 128 experts of 768, 8 per token (17+ GB at Q4_K_M: for benchmarks, never for tests)
     "qwen3-30b-a3b": LlamaShape(2048, 48, 32, 4, 6144, tie_embeddings=False, head_dim=128, experts=128,
                                 experts_used=8, expert_ffn=768),
@@ -103,6 +108,10 @@ SHAPES = {
     "phi4-mini": LlamaShape(3072, 32, 24, 8, 8192, vocab=200064, variant="phi3", rope_base=10000.0, rotary_dim=96),
 }
 VARIANTS = ("smollm3", "olmo2", "granite", "mistral3", "phi3")
+
+# Qwen2-VL's vision tokens (Qwen's ids): a Qwen2 vocabulary GGUF holds them as [PAD...] placeholders
+QWEN_VL_TOKENS = {151652: "<|vision_start|>", 151653: "<|vision_end|>", 151654: "<|vision_pad|>",
+                  151655: "<|image_pad|>", 151656: "<|video_pad|>"}
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
@@ -213,6 +222,14 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
         w.add_expert_count(shape.experts)
         w.add_expert_used_count(shape.experts_used)
         w.add_expert_feed_forward_length(shape.expert_ffn)
+    elif shape.qwen3vl:  # the keys llama.cpp's qwen3vl loader reads
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(5000000.0)
+        w.add_vocab_size(vocab)
+        w.add_rope_dimension_sections([24, 20, 20, 0])
+        w.add_num_deepstack_layers(3)
     elif shape.experts:
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -231,7 +248,7 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
             w.add_key_length(hd)
             w.add_value_length(hd)
         add_variant_keys(w, shape)
-    copy_tokenizer(w, src, pad)
+    copy_tokenizer(w, src, pad, QWEN_VL_TOKENS if shape.qwen3vl else None)
     # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
     # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
     types = tensor_types(shape, mix)
@@ -255,6 +272,8 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
                          (f"blk.{i}.ffn_down_exps.bias", (e, h), "F32")]
             elif shape.experts:  # the router stays float32 (llama.cpp does not quantize it); Qwen3's Q/K norms
                 plan += [(f"blk.{i}.ffn_gate_inp.weight", (shape.experts, shape.hidden), "F32"), *head_norms]
+            elif shape.qwen3vl:
+                plan += head_norms
             if shape.gemma3:  # GGUF stores Gemma's (1 + w) norm weights with the 1 added: ones are w = 0
                 norms += ["post_attention_norm", "post_ffw_norm"]
                 plan += head_norms
@@ -304,15 +323,20 @@ def _llama_f32_values(name: str, dims: tuple[int, ...], rng: np.random.Generator
     return None
 
 
-def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader", pad: int = 0) -> None:
+def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader", pad: int = 0,
+                   control: dict[int, str] | None = None) -> None:
     """Copy every `tokenizer.*` key of the GGUF `src` into the writer `w`, the vocabulary padded with `pad`
-    unreachable normal tokens (no merge makes them)."""
+    unreachable normal tokens (no merge makes them); `control`: tokens renamed (by id) and made control tokens."""
     import gguf
 
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             value = field.contents()
+            if control and key == "tokenizer.ggml.tokens":
+                value = [control.get(i, t) for i, t in enumerate(value)]
+            elif control and key == "tokenizer.ggml.token_type":
+                value = [int(gguf.TokenType.CONTROL) if i in control else t for i, t in enumerate(value)]
             if pad and key == "tokenizer.ggml.tokens":
                 value = list(value) + [f"<pad_{j}>" for j in range(pad)]
             elif pad and key == "tokenizer.ggml.token_type":

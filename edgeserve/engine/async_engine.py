@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -23,6 +24,10 @@ from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
 from .prefix_key import NO_KEY, PrefixKey
+from .request_state import ImageRows
+
+if TYPE_CHECKING:
+    from edgeserve.models.mrope import MRopePositions
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -90,22 +95,25 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0) -> RequestStream:
+               prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0,
+               images: Sequence[ImageRows] = (), mrope: MRopePositions | None = None) -> RequestStream:
         """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now.
-        `adapter`: the LoRA adapter (by name) it runs at `adapter_scale`."""
+        `adapter`: the LoRA adapter (by name) it runs at `adapter_scale`; `images`: embedding rows replacing prompt
+        tokens, `mrope`: M-RoPE positions (EngineCore.add_request)."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
         return RequestStream(self, rid, receive)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       prefix_key: PrefixKey = NO_KEY, adapter: str | None = None,
-                       adapter_scale: float = 1.0) -> AsyncIterator[RequestOutput]:
+                       prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0,
+                       images: Sequence[ImageRows] = (),
+                       mrope: MRopePositions | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope)
         try:
             async for out in stream:
                 yield out

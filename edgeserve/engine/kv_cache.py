@@ -349,11 +349,13 @@ def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], po
 
 
 def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None, fill=None,
-                   states=None, lora=None) -> torch.Tensor:
+                   states=None, lora=None, image_rows=None, mrope=None) -> torch.Tensor:
     """One engine step's inputs (the persistent batch's, on the device) through `model.forward` over `pool`;
     hidden states [T, hidden]. `fill` writes token ids still on the device (model_runner.TokenFill); `states`: the
     step's recurrent states (state_pool.StepStates) for a hybrid model; `lora`: the step's LoRA adapters
-    (models.lora_step.StepLora; only a decoder that takes adapters gets one)."""
+    (models.lora_step.StepLora; only a decoder that takes adapters gets one); `image_rows`: (flat indices, rows)
+    whose embeddings images replace (model_runner.image_rows), passed only when set; `mrope`: the step's positions
+    with M-RoPE's offsets and, where image tokens are in it, their [3, T] positions (model_runner.step_mrope)."""
     meta = AttentionMetadata(slot_mapping=inputs.slot_mapping, query_start_loc=inputs.query_start_loc,
                              seq_lens=inputs.seq_lens, block_tables=inputs.block_tables,
                              max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens_host),
@@ -361,6 +363,13 @@ def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None
     if fill is not None:
         fill.apply(inputs.token_ids)
     attn = PagedKVAttention(pool, meta, states=states)
+    positions, extra = inputs.positions, {}
     if lora is not None:
-        return model.forward(inputs.token_ids, inputs.positions, attn, prompt_rows, lora=lora)
-    return model.forward(inputs.token_ids, inputs.positions, attn, prompt_rows)
+        extra["lora"] = lora
+    if image_rows is not None:
+        extra["image_rows"] = image_rows
+    if mrope is not None:
+        positions = mrope[0]
+        if mrope[1] is not None:
+            extra["mrope_positions"] = mrope[1]
+    return model.forward(inputs.token_ids, positions, attn, prompt_rows, **extra)

@@ -67,12 +67,14 @@ class ModelRunner:
         inputs = self.batch.prepare(scheduled)
         sample_seqs = [i for i, s in enumerate(scheduled) if s.samples]
         lora = self._step_lora(scheduled, inputs.query_lens)
-        if sample_seqs and lora is None and self.graphs is not None and self.graphs.can_run(inputs.query_lens,
-                                                                           inputs.block_tables.shape[1]):
+        images = image_rows(scheduled, dev)  # a graph replays token embeddings only: a step with images runs eager
+        mrope = step_mrope(scheduled, dev)
+        if (sample_seqs and lora is None and images is None and mrope is None and self.graphs is not None
+                and self.graphs.can_run(inputs.query_lens, inputs.block_tables.shape[1])):
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens), lora)
+                                self._step_states(scheduled, inputs.query_lens), lora, images, mrope)
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
@@ -103,3 +105,40 @@ def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | No
     if all(s.positions[0] >= s.num_prompt_tokens for s in step.scheduled):
         return None
     return PromptRows.build([p < s.num_prompt_tokens for s in step.scheduled for p in s.positions], device)
+
+
+def image_rows(scheduled: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's rows whose embeddings an image replaces: their flat indices [n] and the rows [n, hidden], the
+    part of each image that this step's chunk of its prompt covers (None when no chunk covers an image)."""
+    index: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    offset = 0
+    for s in scheduled:
+        first, count = s.positions[0], len(s.positions)
+        for start, emb in s.images:
+            lo, hi = max(start, first), min(start + emb.shape[0], first + count)
+            if lo < hi:
+                index.append(torch.arange(offset + lo - first, offset + hi - first))
+                rows.append(emb[lo - start: hi - start])
+        offset += count
+    if not index:
+        return None
+    return torch.cat(index).to(device), torch.cat(rows).to(device)
+
+
+def step_mrope(scheduled: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """For a step with M-RoPE requests (images in a Qwen-VL prompt; models.mrope): each token's 1-D position with its
+    request's offset, and the [3, T] (t, h, w) positions where an image's tokens are in the step (else None, so
+    the step runs 1-D RoPE, the fused native stack included). None when no sequence has M-RoPE positions."""
+    if all(s.mrope is None for s in scheduled):
+        return None
+    parts, flat = [], True
+    for s in scheduled:
+        first, n = s.positions[0], len(s.positions)
+        if s.mrope is None:
+            parts.append(torch.arange(first, first + n).expand(3, n))
+        else:
+            parts.append(s.mrope.rows(first, n))
+            flat = flat and s.mrope.is_flat(first, n)
+    table = torch.cat(parts, dim=1).to(device)
+    return table[0], None if flat else table

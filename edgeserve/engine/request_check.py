@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from edgeserve.errors import InvalidRequestError, PromptTooLongError
 from edgeserve.sampling_params import SamplingParams
+
+from .request_state import ImageRows
+
+if TYPE_CHECKING:
+    from edgeserve.models.mrope import MRopePositions
 
 
 def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
@@ -23,3 +31,30 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
     if len(prompt_ids) >= max_model_len:
         raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens but the context is {max_model_len} "
                                  "tokens, which leaves no room to generate")
+
+
+def check_images(images: Sequence[ImageRows], prompt_len: int, hidden_size: int) -> tuple[ImageRows, ...]:
+    """The request's image embedding rows, checked: each [n, hidden_size] (or [n, hidden_size * (1 + k)] with
+    Qwen3-VL's k DeepStack features) inside the prompt, none overlapping (InvalidRequestError naming `images`
+    otherwise)."""
+    end = 0
+    for start, rows in sorted(images, key=lambda item: item[0]):
+        if rows.dim() != 2 or not rows.shape[1] or rows.shape[1] % hidden_size:
+            raise InvalidRequestError(f"image embeddings must be [n, {hidden_size}], got {list(rows.shape)}", "images")
+        if start < end or start + rows.shape[0] > prompt_len:
+            raise InvalidRequestError("image embeddings must sit inside the prompt without overlapping", "images")
+        end = start + rows.shape[0]
+    return tuple(images)
+
+
+def check_mrope(mrope: MRopePositions | None, prompt_len: int, config: Any) -> MRopePositions | None:
+    """The request's M-RoPE positions, checked: [3, prompt_len], for a model with M-RoPE (InvalidRequestError
+    naming `mrope` otherwise)."""
+    if mrope is None:
+        return None
+    if not getattr(config, "mrope_sections", None):
+        raise InvalidRequestError("the model has no M-RoPE positions (only Qwen-VL models take them)", "mrope")
+    if tuple(mrope.prompt.shape) != (3, prompt_len):
+        raise InvalidRequestError(f"M-RoPE positions must be [3, {prompt_len}], got {list(mrope.prompt.shape)}",
+                                  "mrope")
+    return mrope

@@ -22,6 +22,7 @@ from .prefix_key import NO_KEY, PrefixKey
 if TYPE_CHECKING:
     import torch
 
+    from edgeserve.models.mrope import MRopePositions
     from edgeserve.text.grammar import GrammarState
 
     from .adapters import AdapterChoice
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .output_processor import OutputProcessor
 
 SeqId = Hashable
+# (position of the first placeholder token, its embedding rows [n, hidden]): an image's rows in the prompt
+ImageRows = tuple[int, "torch.Tensor"]
 
 
 class SeqStatus(Enum):
@@ -53,6 +56,8 @@ class Sequence:
     kv: Any = field(default=None, repr=False)  # the block manager's part (kv_blocks._SeqBlocks) while it has blocks
     batch_row: int | None = None  # its row in the persistent input batch while it runs (input_batch.InputBatch)
     prefix_key: PrefixKey = NO_KEY  # what besides its tokens enters its blocks' hashes (adapter, images)
+    images: tuple[ImageRows, ...] = ()  # embedding rows that replace prompt placeholder tokens' (images)
+    mrope: MRopePositions | None = None  # M-RoPE positions of a request with images (Qwen-VL; models.mrope)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -10,7 +10,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from edgeserve.errors import QueueFullError
 
@@ -71,6 +71,8 @@ class ScheduledSeq:
     num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
     num_prompt_tokens: int = 0  # the request's prompt length: positions below it are prompt tokens
     state_slot: int = -1  # a hybrid model's recurrent-state slot of the sequence (engine.state_cache); -1: none
+    images: tuple = ()  # the request's image rows (request_state.ImageRows) while its prompt is computed
+    mrope: Any = None  # the request's M-RoPE positions (models.mrope.MRopePositions), None for 1-D positions
 
     @property
     def num_new_tokens(self) -> int:
@@ -479,6 +481,8 @@ class Scheduler:
             num_spec=len(spec or ()),
             num_prompt_tokens=seq.num_prompt_tokens,
             state_slot=self.states.slot(seq.seq_id) if self.states is not None else -1,
+            images=seq.images if start < seq.num_prompt_tokens else (),
+            mrope=seq.mrope,
         )
 
 

@@ -94,6 +94,9 @@ class ModelConfig:
     attn_temperature_length: int = 0
     residual_scale: float = 1.0  # Granite: attention and MLP outputs times this before each residual add
     logit_scale: float = 1.0  # Granite: output logits divided by this
+    # Qwen3-VL's M-RoPE (edgeserve.models.mrope): rotary pairs per (t, h, w) axis, interleaved; None: 1-D RoPE
+    mrope_sections: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
     # Gemma's block (defaults: the Llama one)
     activation: str = "silu"  # "silu" or "gelu_tanh", of the gated MLP
     norm_offset: float = 0.0  # added to stored RMSNorm weights at load (HF Gemma stores w for a (1 + w) norm)
@@ -422,6 +425,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         arch = VARIANT_HF_CLASSES.get(arch, arch)
     if arch == "gemma3" and isinstance(cfg.get("text_config"), Mapping):
         cfg = {**cfg["text_config"], "model_type": "gemma3"}  # the multimodal config's language model
+    if arch in ("idefics3", "smolvlm") and isinstance(cfg.get("text_config"), Mapping):  # SmolVLM: a Llama inside
+        text = cfg["text_config"]
+        cfg = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
+        arch = str(text.get("model_type") or "llama")
     if not isinstance(arch, str):
         raise ModelLoadError("config.json has no model_type or architectures")
     arch = HF_MODEL_TYPES.get(arch, VARIANT_HF_MODEL_TYPES.get(arch, arch))

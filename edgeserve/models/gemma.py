@@ -18,7 +18,8 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
-from .llama import LlamaModel
+from .llama import LlamaModel, merge_image_rows
+from .text_part import text_part
 
 # How many positions the RoPE tables cover at most (they are float32 [positions, head_dim / 2] each, two per base).
 MAX_ROPE_TABLE = 32768
@@ -79,7 +80,7 @@ class GemmaModel(LlamaModel):
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "GemmaModel":
         """Build the model from a weight source (HF or GGUF names), as LlamaModel.from_weights does."""
-        names = GemmaWeights(source, config)
+        names = GemmaWeights(text_part(source), config)  # a Gemma 3 vision model's decoder is its language_model
         model = super().from_weights(config, names, dtype, device, keep_int4, dense_prefill)
         assert isinstance(model, GemmaModel)
         dev = torch.device(device)
@@ -101,7 +102,8 @@ class GemmaModel(LlamaModel):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+                prompt_rows: PromptRows | None = None,
+                image_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (see LlamaModel).
 
         On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
@@ -109,7 +111,7 @@ class GemmaModel(LlamaModel):
         residual add fused with the norm after it), so its results are this path's, bit for bit."""
         c = self.config
         eps = c.rms_norm_eps
-        x = self.embed_rows(input_ids) * self.embed_scale.to(input_ids.device)
+        x = merge_image_rows(self.embed_rows(input_ids) * self.embed_scale.to(input_ids.device), image_rows)
         fused = self.fused_forward(x, positions, attn)
         if fused is not None:
             return fused

@@ -37,6 +37,7 @@ from .attention import KVAttention
 from .config import ModelConfig
 from .lora_step import StepLora
 from .moe import MoELayer
+from .mrope import mrope_axes, mrope_cos_sin
 from .text_part import text_part
 
 
@@ -54,6 +55,26 @@ class DecoderLayer:
     gate_up: LinearWeight | None  # None where `moe` is the feed-forward
     down: LinearWeight | None
     moe: MoELayer | None = None  # a Mixture-of-Experts feed-forward (MoEModel)
+
+
+def merge_image_rows(x: torch.Tensor, image_rows: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The embedded batch x [T, hidden] with rows `image_rows[0]` replaced by `image_rows[1]` (an image's embedding
+    rows stand where its placeholder tokens are, after any embedding scale: they are the LM's inputs as they are)."""
+    if image_rows is None:
+        return x
+    index, rows = image_rows
+    x[index] = rows[:, : x.shape[1]].to(x.dtype)  # Qwen3-VL's DeepStack features follow: `deepstack_rows`
+    return x
+
+
+def deepstack_rows(image_rows: tuple[torch.Tensor, torch.Tensor] | None,
+                   hidden: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Qwen3-VL's DeepStack features of the step's image rows: (flat indices [n], features [n, k, hidden]) from rows
+    [n, hidden * (1 + k)] (the vision tower's output, as llama.cpp lays it out), or None where k is 0."""
+    if image_rows is None or image_rows[1].shape[1] == hidden:
+        return None
+    index, rows = image_rows
+    return index, rows[:, hidden:].reshape(rows.shape[0], -1, hidden).float()
 
 
 def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, device: torch.device,
@@ -102,6 +123,8 @@ class LlamaModel:
         self.cos_nope, self.sin_nope = (torch.ones_like(self.cos), torch.zeros_like(self.sin)) \
             if config.rope_layers is not None else (None, None)
         self.attend_options = {"scale": config.query_scale} if config.query_scale is not None else {}
+        self.mrope_axes = mrope_axes(config.head_dim, config.mrope_sections, config.mrope_interleaved).to(device) \
+            if config.mrope_sections else None
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
     def native_decoder(self) -> NativeDecoder | None:
@@ -213,10 +236,17 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None, lora: StepLora | None = None) -> torch.Tensor:
+                prompt_rows: PromptRows | None = None, lora: StepLora | None = None,
+                image_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mrope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch of T tokens at the given positions (`prompt_rows`: which
         rows are prompt tokens, for weights that keep a dense copy for them; `lora`: the step's LoRA adapters, by
-        row, applied beside the base matmuls, never merged into them).
+        row, applied beside the base matmuls, never merged into them; `image_rows`: (flat indices, rows) whose
+        embeddings an image's replace, see `merge_image_rows`).
+
+        Qwen3-VL's image rows are [n, hidden * (1 + k)]: the embeddings, then k DeepStack features added to the
+        hidden states at those rows after layers 0 .. k-1 (`deepstack_rows`). `mrope_positions` [3, T]: M-RoPE's
+        (t, h, w) positions of a step with image tokens (models.mrope); such steps take the per-op path.
 
         On the CPU, when every weight runs on the native kernels and `attn` is the engine's paged pool, the whole
         stack runs as one native call (`native_decoder`), with the same kernels in the same order as below.
@@ -233,10 +263,16 @@ class LlamaModel:
         x = self.embed_rows(input_ids)
         if c.embed_scale is not None:  # Granite's embedding multiplier
             x = x * c.embed_scale
-        fused = self.fused_forward(x, positions, attn, lora)
+        x = merge_image_rows(x, image_rows)
+        deepstack = deepstack_rows(image_rows, c.hidden_size)
+        fused = (self.fused_forward(x, positions, attn, lora) if deepstack is None and mrope_positions is None
+                 else None)
         if fused is not None:
             return fused
-        rope = self.cos[positions], self.sin[positions]
+        if mrope_positions is not None and self.mrope_axes is not None:
+            rope = mrope_cos_sin(self.cos, self.sin, mrope_positions, self.mrope_axes)
+        else:
+            rope = self.cos[positions], self.sin[positions]
         nope = (self.cos_nope[positions], self.sin_nope[positions]) if self.cos_nope is not None else rope
         temperature = self.attn_temperature(positions)
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
@@ -265,6 +301,8 @@ class LlamaModel:
             y = self.mlp(layer, h, prompt_rows, lora, i)
             if c.residual_scale != 1.0:
                 y = y * c.residual_scale
+            if deepstack is not None and i < deepstack[1].shape[1]:  # added to the layer's output at the image rows
+                y = y.float().index_add(0, deepstack[0], deepstack[1][:, i])
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     load_seconds: float
+    vision: Any = None  # edgeserve.vision.runtime.VisionRuntime of a model that takes images (load_runtime)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -9,8 +9,11 @@ pre-norms (edgeserve.models.olmo2):
 - mistral3 (HF ministral3, or the text part of mistral3): YaRN (its attention factor from `mscale` /
   `mscale_all_dim`) and Llama 4's attention temperature: queries times 1 + beta ln(1 + floor(pos / original)).
 - granite: embedding, residual, attention and logits multipliers.
+- qwen2vl (HF qwen2_5_vl / qwen2_vl's text model): Qwen2 with M-RoPE in contiguous sections (images as qwen3vl's,
+  no DeepStack).
 - qwen3vl (HF qwen3_vl's text model): Qwen3 with M-RoPE, which for text alone (every axis at the token's position)
-  is 1-D RoPE; DeepStack adds visual features to the first layers, zero without images.
+  is 1-D RoPE; an image's tokens take (t, h, w) positions (edgeserve.models.mrope); DeepStack adds visual features
+  to the first layers' hidden states at the image's rows, nothing without images.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
-VARIANT_ARCHITECTURES = ("smollm3", "olmo2", "mistral3", "granite", "qwen3vl")
+VARIANT_ARCHITECTURES = ("smollm3", "olmo2", "mistral3", "granite", "qwen3vl", "qwen2vl")
 # HF `model_type` spellings (of the top config) of the variants' names
 VARIANT_HF_MODEL_TYPES = {"olmo3": "olmo2", "ministral3": "mistral3", "qwen3_vl": "qwen3vl",
-                          "qwen3_vl_text": "qwen3vl"}
+                          "qwen3_vl_text": "qwen3vl", "qwen2_5_vl": "qwen2vl", "qwen2_5_vl_text": "qwen2vl",
+                          "qwen2_vl": "qwen2vl", "qwen2_vl_text": "qwen2vl"}
 VARIANT_HF_CLASSES = {
     "SmolLM3ForCausalLM": "smollm3",
     "Olmo2ForCausalLM": "olmo2",
@@ -32,6 +36,8 @@ VARIANT_HF_CLASSES = {
     "Mistral3ForConditionalGeneration": "mistral3",
     "GraniteForCausalLM": "granite",
     "Qwen3VLForConditionalGeneration": "qwen3vl",
+    "Qwen2_5_VLForConditionalGeneration": "qwen2vl",
+    "Qwen2VLForConditionalGeneration": "qwen2vl",
 }
 # llama.cpp's NoPE step (hparams.n_no_rope_layer_step): layer i has no RoPE when (i + 1) % 4 == 0
 SMOLLM3_NO_ROPE_STEP = 4
@@ -41,7 +47,7 @@ OLMO3_SWA_PATTERN = 4
 
 def variant_text_config(arch: str, cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's part of a multimodal HF config (Mistral 3, Qwen3-VL), else `cfg` itself."""
-    if arch in ("mistral3", "qwen3vl") and isinstance(cfg.get("text_config"), Mapping):
+    if arch in ("mistral3", "qwen3vl", "qwen2vl") and isinstance(cfg.get("text_config"), Mapping):
         return {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings",
                                                                      cfg["text_config"].get("tie_word_embeddings"))}
     return cfg
@@ -95,8 +101,13 @@ def variant_fields_from_hf(arch: str, cfg: Mapping[str, Any], layers: int) -> di
                     residual_scale=float(cfg.get("residual_multiplier") or 1.0),
                     query_scale=_multiplier(cfg.get("attention_multiplier")),
                     logit_scale=float(cfg.get("logits_scaling") or 1.0))
-    if arch == "qwen3vl":
-        return dict(qk_norm=True)
+    if arch in ("qwen3vl", "qwen2vl"):
+        rp = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        sections = rp.get("mrope_section") or cfg.get("mrope_section")
+        mrope = dict(mrope_sections=tuple(int(s) for s in sections) if sections else None)
+        if arch == "qwen2vl":  # Qwen2's block (q/k/v biases), the sections in contiguous runs
+            return dict(mrope, attention_bias=True)
+        return dict(mrope, qk_norm=True, mrope_interleaved=True)
     return {}
 
 
@@ -143,6 +154,10 @@ def variant_fields_from_gguf(arch: str, metadata: Mapping[str, Any], layers: int
                                      f"{arch}.rope.scaling.original_context_length")
             fields.update(attn_temperature=beta, attn_temperature_length=int(length))
         return fields
+    if arch in ("qwen3vl", "qwen2vl"):
+        sections = get("rope.dimension_sections")  # llama.cpp writes 4 (t, h, w, unused)
+        return dict(mrope_interleaved=arch == "qwen3vl",
+                    mrope_sections=tuple(int(s) for s in sections[:3]) if sections else None)
     if arch == "granite":
         scale = get("attention.scale")
         return dict(embed_scale=_multiplier(get("embedding_scale")),

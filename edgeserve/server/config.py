@@ -77,7 +77,13 @@ class ServerConfig:
     dense_prefill: str = _flag("auto", "--dense-prefill")  # CPU int4: a bf16 copy of each matrix for prompt tokens
     # the experts of the first N MoE layers (or "all") in host memory on the CPU kernels (edgeserve.models.cpu_moe)
     cpu_moe_layers: int | str | None = _flag(None, "--cpu-moe-layers")
-    max_body_bytes: int = 4 * 1024 * 1024  # request bodies over this get 413
+    max_body_bytes: int = 32 * 1024 * 1024  # request bodies over this get 413 (images come base64 in the body)
+    # image input (edgeserve/vision): a projector for GGUF models (else found beside the model or in its HF folder),
+    # whether http(s) image URLs are fetched, and the limits of one request
+    mmproj: str | None = _flag(None, "--mmproj")
+    allow_image_urls: bool = _flag(False, "--allow-image-urls")
+    max_images: int = 8  # images per request
+    max_image_pixels: int = 4096 * 4096  # pixels per image
     max_n: int = 16  # the largest `n` a request may ask for
     # output tokens of a request that sets no limit; None: up to the end of the context (server/output_limit.py)
     default_max_tokens: int | None = _flag(DEFAULT_MAX_TOKENS, "--default-max-tokens")
@@ -94,7 +100,7 @@ class ServerConfig:
             raise config_error(ServerConfig, "engine", "be an EngineConfig", self.engine)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise config_error(ServerConfig, "port", "be between 0 and 65535", self.port)
-        for name in ("max_loaded_models", "max_body_bytes", "max_n"):
+        for name in ("max_loaded_models", "max_body_bytes", "max_n", "max_images", "max_image_pixels"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise config_error(ServerConfig, name, "be a positive integer", value)

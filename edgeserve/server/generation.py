@@ -15,6 +15,8 @@ from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.image_input import RequestImages, decode_inputs, encode_images, place_images
+from edgeserve.server.image_parts import message_images
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import Lease
 from edgeserve.server.output_limit import output_tokens
@@ -79,6 +81,9 @@ class Generation:
         self._closed = False
         self.chat: ChatSetup | None = None  # chat replies: template inputs, constraint, output parsing
         self._prompts: list[list[int]] | None = None  # prompt_ids(), computed off the event loop by prepare()
+        self._decoded: list | None = None  # the chat's images, decoded (PIL) by prepare()
+        self._placed = None  # vision.prompt.ImagePrompt: the images placed in the prompt by prompt_ids()
+        self.images: RequestImages | None = None  # the images encoded, as the engine request carries them
 
     def prompt_ids(self) -> list[list[int]]:
         """Token ids of each prompt: chat messages through the model's template, text encoded, ids checked."""
@@ -89,6 +94,9 @@ class Generation:
             if self.chat is None:
                 self.chat = chat_setup(self.req, lm.chat_template)
             self._refuse_if_surely_too_long(self.chat.prompt, context)
+            if self._decoded:
+                self._placed = place_images(self.chat.prompt, self._decoded, lm.vision, tok, self.prompt_param)
+                return [self._placed.ids]
             return [chat_prompt_ids(tok, self.chat.prompt)]
         out = []
         for i, p in enumerate(self.req.prompts):
@@ -131,8 +139,9 @@ class Generation:
                     params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)
                     # unique even when a client reuses an X-Request-Id; the log id stays a prefix
                     rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
+                    extra = self.images.engine_args() if self.images is not None else {}
                     self.streams.append(engine.submit(ids, params, request_id=rid, adapter=self.req.adapter,
-                                                      adapter_scale=self.req.adapter_scale))
+                                                      adapter_scale=self.req.adapter_scale, **extra))
         except PromptTooLongError as e:
             self.close()
             raise APIError(400, str(e), "invalid_request_error", self.prompt_param, "context_length_exceeded")
@@ -170,6 +179,7 @@ class Generation:
             if self.req.think_required and self.req.messages is not None and not can_think(lm.chat_template):
                 raise APIError(400, f'"{self.model}" does not support thinking', "invalid_request_error", "think")
             await self.check_size()
+            await self._decode_images()
             if self.req.messages is not None:
                 self.chat = await anyio.to_thread.run_sync(chat_setup, self.req, lm.chat_template)
             spec = self.constraint()
@@ -178,6 +188,9 @@ class Generation:
                                                           lm.config.vocab_size)
                 await anyio.to_thread.run_sync(compiler.compile, spec)
             self._prompts = await anyio.to_thread.run_sync(self.prompt_ids)
+            if self._placed is not None:  # off the loop: running streams keep their pace meanwhile
+                self.images = await anyio.to_thread.run_sync(encode_images, self._placed, lm.vision,
+                                                             self.decode_seconds)
         except GrammarError as e:
             self.close()
             forced = self.req.tool_choice not in ("none", "auto")
@@ -187,6 +200,17 @@ class Generation:
             raise
 
     constraint_param = "response_format"  # the request field a grammar error names (Ollama routes: "format")
+    decode_seconds = 0.0  # decoding the request's images
+
+    async def _decode_images(self) -> None:
+        """Decode the chat's images off the event loop (400s: a text-only model, limits, undecodable images)."""
+        inputs = message_images(self.req.messages)
+        if not inputs:
+            return
+        t0 = time.monotonic()
+        self._decoded = await anyio.to_thread.run_sync(decode_inputs, inputs, self.lease.lm.vision, self.model,
+                                                       self.lease.manager.config)
+        self.decode_seconds = time.monotonic() - t0
 
     async def check_size(self) -> None:
         """400 context_length_exceeded for a prompt surely longer than the context, before it is rendered."""

@@ -4,7 +4,8 @@ A chat message is {"role", "content"} with, where present, `tool_calls` (OpenAI-
 `tool_call_id` / `tool_name` (a tool result), `name`, and `reasoning_content` (an assistant's earlier reasoning):
 what the chat templates read (edgeserve/server/chat_setup.py). The API adapters walk their own shapes (OpenAI and
 Ollama messages here; Anthropic content blocks and Responses input items in their adapters) and build every
-piece with the functions below: content parts (text; images would join here), tool calls, tool results and
+piece with the functions below: content parts (text, and images: each becomes an `ImageInput` in the message's
+`images` and a marker in its text where it stood, edgeserve/server/image_parts.py), tool calls, tool results and
 reasoning, each checked with a 400 naming the field.
 """
 
@@ -14,7 +15,7 @@ import json
 from typing import Any, Iterable
 
 from edgeserve.server.errors import bad_request
-from edgeserve.server.fields import expect_type
+from edgeserve.server.image_parts import IMAGE_PART_TYPES, ImageInput, base64_images, image_part
 
 ROLES = {"system", "user", "assistant", "developer", "tool"}
 MESSAGE_KEYS = {"role", "content", "name", "images", "tool_calls", "tool_call_id", "tool_name", "thinking",
@@ -22,16 +23,28 @@ MESSAGE_KEYS = {"role", "content", "name", "images", "tool_calls", "tool_call_id
 
 
 def content_text(content: Any, where: str, part_types: Iterable[str] = ("text",),
-                 part_keys: set[str] | None = None, noun: str = "content part") -> str:
+                 part_keys: set[str] | None = None, noun: str = "content part",
+                 images: list[ImageInput] | None = None) -> str:
     """A message's content as text: a string, or a list of text parts (`{"type": one of part_types, "text"}`)
     joined; any other part is a 400 naming it. `part_keys`: the keys a part may have (None: any); `noun`: what
-    the API calls a part (Anthropic: content block)."""
+    the API calls a part (Anthropic: content block). With `images` (a list to fill), image parts are taken too:
+    each is appended there and its marker stands in the text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of text {noun}s", where)
-    return "".join(text_part(part, f"{where}[{j}]", tuple(part_types), part_keys, noun)
+    return "".join(content_part(part, f"{where}[{j}]", tuple(part_types), part_keys, noun, images)
                    for j, part in enumerate(content))
+
+
+def content_part(part: Any, here: str, part_types: tuple[str, ...], part_keys: set[str] | None, noun: str,
+                 images: list[ImageInput] | None) -> str:
+    """One content part's text: a text part's, or (where `images` is given) an image part's marker."""
+    if images is not None and isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+        image = image_part(part, here)
+        images.append(image)
+        return image.mark
+    return text_part(part, here, part_types, part_keys, noun)
 
 
 def text_part(part: Any, here: str, part_types: tuple[str, ...] = ("text",), part_keys: set[str] | None = None,
@@ -109,13 +122,14 @@ def _message(m: Any, here: str, tool_call_ids: bool) -> dict[str, Any]:
     if tool_call_ids and role == "tool" and m.get("tool_call_id") is None:
         raise bad_request(f"{here}.tool_call_id is required on a tool message (the id of the call it answers)",
                           f"{here}.tool_call_id")
-    if expect_type(m, "images", list, "a list", here + "."):
-        raise bad_request(f"{here}.images: images are not supported", f"{here}.images")
+    images = base64_images(m["images"], f"{here}.images") if m.get("images") is not None else []  # Ollama's
     content = m.get("content")
     if content is None and role in ("assistant", "tool"):
         content = ""
-    content = content_text(content, f"{here}.content", ("text",), noun="part")
-    return {"role": "system" if role == "developer" else role, "content": content, **message_tool_fields(m, here)}
+    content = "".join(i.mark for i in images) + content_text(content, f"{here}.content", ("text",), noun="part",
+                                                             images=images)
+    out = {"role": "system" if role == "developer" else role, "content": content, **message_tool_fields(m, here)}
+    return {**out, "images": images} if images else out
 
 
 def message_tool_fields(m: dict, here: str) -> dict[str, Any]:

@@ -114,6 +114,7 @@ class _EngineCollector:
             engine = entry.engine
             if engine is None:
                 continue
+
             stats = engine.stats()
             if getattr(engine, "is_embedding", False):
                 for key in ("num_running", "num_waiting"):
@@ -131,8 +132,23 @@ class _EngineCollector:
                         f"edgeserve_kv_offload_{key}", f"KV offload tiers: {key.replace('_', ' ')}", labels=["model"]))
                     family.add_metric([entry.id], float(value))
         yield from offload.values()
+        yield from self._vision()
         yield from gauges.values()
         yield from spec.values()
         yield preempt
         yield loaded
         yield kv_dtype
+
+    def _vision(self) -> Iterator[Metric]:
+        """The image encoder's cache hits and misses and its time, per model that takes images."""
+        families = {key: CounterMetricFamily(f"edgeserve_image_{key}", text, labels=["model"]) for key, text in (
+            ("encoder_cache_hits", "Images whose encoder output came from the cache"),
+            ("encoder_cache_misses", "Images the vision encoder ran for"),
+            ("encode_seconds", "Seconds spent in the vision encoder"))}
+        for entry in list(self.manager.entries.values()):
+            runtime = getattr(entry.lm, "vision", None) if entry.engine is not None else None
+            if runtime is not None:
+                for key, value in (("encoder_cache_hits", runtime.hits), ("encoder_cache_misses", runtime.misses),
+                                   ("encode_seconds", runtime.encode_seconds)):
+                    families[key].add_metric([entry.id], float(value))
+        yield from families.values()

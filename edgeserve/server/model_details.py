@@ -182,6 +182,7 @@ def _save_digest_file(digests: dict[tuple, str]) -> None:
 
 
 def _gguf_facts(path: Path) -> ModelFacts:
+    from edgeserve.vision.runtime import find_mmproj
     from gguf.constants import LlamaFileType
 
     from edgeserve.loaders.gguf_file import GGUFFile
@@ -210,6 +211,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
 
     template = str(md.get("tokenizer.chat_template") or "")
     caps = capabilities(template, gguf_kind(md))  # an embedder or reranker is served by the embedder only
+    if find_mmproj(path) is not None:  # a projector beside it (an hf.co pull's): it takes images
+        caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
     return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info, template, stop,
                       str(md.get("general.license") or ""), caps, ctx)
@@ -241,6 +244,8 @@ _HF_KEYS = {  # config.json key -> GGUF-style model_info suffix
 
 
 def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
+    from edgeserve.vision.family import has_vision
+
     cfg = _json(folder / "config.json") if folder.is_dir() else _json(folder)
     arch = str(cfg.get("model_type") or "llama")
     params, dtypes = 0, {}
@@ -270,6 +275,8 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
     if kind is None and (arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())):
         kind = "embedding"  # an encoder or sentence-transformers folder edgeserve may not load: still not a chat model
     caps = capabilities(template, kind)
+    if folder.is_dir() and has_vision(folder):
+        caps.append("vision")
     size = sum(f.stat().st_size for f in files)
     return ModelFacts("safetensors", arch, params, quant, size, info, template, [eos] if eos else [], "", caps,
                       int(cfg.get("max_position_embeddings") or 0))

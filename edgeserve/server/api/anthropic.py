@@ -21,6 +21,7 @@ from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, anthropic_error_body, bad_request
 from edgeserve.server.fields import model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
+from edgeserve.server.image_parts import image_part
 from edgeserve.server.messages import assistant, content_text, text_part, tool_call, tool_result
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import prompt_tokens, respond
@@ -63,7 +64,7 @@ def _turn(role: str, content: Any, here: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise bad_request(f"{here} must be a string or a list of content blocks", here)
-    texts, calls, thoughts, results = [], [], [], []
+    texts, calls, thoughts, results, images = [], [], [], [], []
     for j, block in enumerate(content):
         at = f"{here}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -77,10 +78,14 @@ def _turn(role: str, content: Any, here: str) -> list[dict[str, Any]]:
             thoughts.append(block["thinking"])
         elif kind == "redacted_thinking" and role == "assistant":
             continue  # encrypted by another server: nothing a local model can read
+        elif kind == "image" and role == "user":
+            images.append(image_part(block, at))
+            texts.append(images[-1].mark)
         else:
             texts.append(_text_block(block, at))
     if role == "user":
-        return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+        user = {"role": "user", "content": "".join(texts), **({"images": images} if images else {})}
+        return results + ([user] if texts or not results else [])
     return [assistant("".join(texts), calls, "".join(thoughts) if thoughts else None)]
 
 

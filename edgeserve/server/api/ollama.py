@@ -21,6 +21,7 @@ from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, keep_alive, model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
+from edgeserve.server.image_parts import base64_images
 from edgeserve.server.messages import parse_messages
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import respond
@@ -106,8 +107,7 @@ def parse_ollama_generate(body: dict) -> GenerationRequest:
     """Validate a POST /api/generate body; an empty prompt only loads or unloads the model."""
     req = _ollama_common(body, {"model", "prompt", "system", "raw", "stream", "options", "keep_alive", "format",
                                 "images", "suffix", "context", "template", "think", "logprobs", "top_logprobs"})
-    for key, types, what in (("images", list, "a list"), ("suffix", str, "a string"), ("context", list, "a list"),
-                             ("template", str, "a string")):
+    for key, types, what in (("suffix", str, "a string"), ("context", list, "a list"), ("template", str, "a string")):
         if expect_type(body, key, types, what):
             raise bad_request(f"{key} is not supported", key)
     prompt = body.get("prompt", "")
@@ -118,13 +118,17 @@ def parse_ollama_generate(body: dict) -> GenerationRequest:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise bad_request("system must be a string", "system")
-    if not prompt:
+    images = base64_images(body["images"], "images") if body.get("images") is not None else []
+    if not prompt and not images:
         req.messages = []
     elif boolean(body, "raw", False):
+        if images:
+            raise bad_request("images need the chat template: raw must be false", "images")
         req.prompts = [prompt]
     else:
+        user = {"role": "user", "content": "".join(i.mark for i in images) + prompt}
         req.messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": prompt}]
+            {**user, "images": images} if images else user]
     return req
 
 

@@ -83,12 +83,15 @@ def _message_item(item: dict, here: str, out: list[dict], thought: list[str | No
     extra = set(item) - {"type", "role", "content", "id", "status", "phase"}
     if extra:
         raise bad_request(f"{here}.{sorted(extra)[0]} is not supported", f"{here}.{sorted(extra)[0]}")
-    text = _content(item.get("content"), f"{here}.content")
+    images: list = []
+    text = content_text(item.get("content"), f"{here}.content", _TEXT_PARTS,
+                        images=images if role == "user" else None)
     if role == "assistant":
         out.append(assistant(text, None, thought[0]))
         thought[0] = None
     else:
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        msg = {"role": "system" if role == "developer" else role, "content": text}
+        out.append({**msg, "images": images} if images else msg)
 
 
 def _function_call_item(item: dict, here: str, out: list[dict], thought: list[str | None]) -> None:

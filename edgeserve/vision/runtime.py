@@ -1,0 +1,118 @@
+"""A loaded model's vision: its family, an LRU cache of encoder outputs, and finding the projector to load."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+from edgeserve.vision.family import PreparedImage, VisionFamily, has_vision, load_vision
+
+log = logging.getLogger("edgeserve.vision")
+
+ENCODER_CACHE_IMAGES = 32  # encoder outputs kept (one 256-row Gemma 3 image at 2560 wide: 2.5 MiB)
+
+
+@dataclass
+class VisionRuntime:
+    """A model's image pipeline: the family, and encoder outputs by image key (an LRU; hits and misses counted)."""
+
+    family: VisionFamily
+    capacity: int = ENCODER_CACHE_IMAGES
+    hits: int = 0
+    misses: int = 0
+    encode_seconds: float = 0.0  # time spent in the encoder, all requests
+    _cache: OrderedDict[bytes, torch.Tensor] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def key(self, digest: bytes) -> bytes:
+        """An image's key: its pixel digest with the projector and preprocessing settings."""
+        import hashlib
+
+        return hashlib.sha256(self.family.settings_digest() + digest).digest()
+
+    def embeddings(self, images: list[PreparedImage], keys: list[bytes]) -> tuple[list[torch.Tensor], float]:
+        """Each image's LM embedding rows (from the cache, or encoded now in one batch per size) and the seconds the
+        encoder ran for this call."""
+        out: list[torch.Tensor | None] = []
+        with self._lock:
+            for k in keys:
+                hit = self._cache.get(k)
+                if hit is not None:
+                    self._cache.move_to_end(k)
+                    self.hits += 1
+                else:
+                    self.misses += 1
+                out.append(hit)
+        todo = [i for i, e in enumerate(out) if e is None]
+        t0 = time.perf_counter()
+        for group in _same_shape(images, todo):
+            for i, emb in zip(group, self.family.encode([images[i] for i in group])):
+                out[i] = emb.detach()
+        seconds = time.perf_counter() - t0 if todo else 0.0
+        with self._lock:
+            self.encode_seconds += seconds
+            for i in todo:
+                self._cache[keys[i]] = out[i]  # type: ignore[assignment]
+                self._cache.move_to_end(keys[i])
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+        return out, seconds  # type: ignore[return-value]
+
+
+def _same_shape(images: list[PreparedImage], todo: list[int]) -> list[list[int]]:
+    """The images to encode grouped by pixel_values shape (one encoder batch each)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in todo:
+        groups.setdefault(tuple(images[i].pixel_values.shape), []).append(i)
+    return list(groups.values())
+
+
+def _load(path: Path, lm: Any) -> VisionFamily:
+    """The family at `path` for the loaded model `lm`, its prompt tokens checked against `lm`'s vocabulary."""
+    from PIL import Image
+
+    family = load_vision(path, lm.config, dtype=lm.model.dtype, device=lm.model.device)
+    family.prompt_tokens(family.preprocess(Image.new("RGB", (32, 32))), lm.tokenizer)  # the tokens it needs exist
+    return family
+
+
+def find_mmproj(model_path: Path) -> Path | None:
+    """An mmproj GGUF beside a GGUF model (as `hf.co/...` pulls place it, and llama-server's -hf finds it)."""
+    if model_path.suffix.lower() != ".gguf":
+        return None
+    found = sorted(p for p in model_path.parent.glob("*.gguf") if "mmproj" in p.name.lower() and p != model_path)
+    return found[0] if found else None
+
+
+def load_runtime(source: Any, lm: Any, mmproj: str | Path | None = None) -> VisionRuntime | None:
+    """The vision of a loaded model: from `mmproj` when given, else its HF folder's vision tower, else an mmproj
+    found beside its GGUF; None for a text-only model."""
+    path: Path | None
+    if mmproj is not None:
+        path = Path(mmproj).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"--mmproj: {path} not found")
+    elif source.kind == "hf" and has_vision(source.path):
+        path = source.path
+    else:
+        path = find_mmproj(source.path)
+        if path is None:
+            return None
+    try:
+        family = _load(path, lm)
+    except ModelLoadError as e:
+        if mmproj is not None or source.kind == "hf":
+            raise
+        # a projector that happened to lie beside the file, made for another model: text only, as before
+        log.warning("not using %s for %s: %s", path.name, source.name, e)
+        return None
+    log.info("vision: %s projector from %s", family.projector_type, path)
+    return VisionRuntime(family)
