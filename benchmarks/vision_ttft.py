@@ -39,24 +39,26 @@ def picture(size: int, seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def ttft(url: str, model: str, image: str | None = None, prompt_ids: list[int] | None = None) -> float:
+def ttft(url: str, model: str, image: str | None = None, prompt_ids: list[int] | None = None,
+         native: bool = False) -> float:
     """Seconds from sending the request (a chat turn with `image`, or a completion of `prompt_ids`) to the first
-    streamed token."""
-    body: dict = {"model": model, "stream": True, "max_tokens": 1, "temperature": 0}
+    streamed token; `native`: llama-server's own /completion (its /v1/completions takes no token ids)."""
+    body: dict = {"model": model, "stream": True, "max_tokens": 1, "n_predict": 1, "temperature": 0}
     if image is not None:
         body["messages"] = [{"role": "user", "content": [{"type": "text", "text": "Describe this picture."},
                                                          {"type": "image_url", "image_url": {"url": image}}]}]
-        route = "chat/completions"
+        route = "/v1/chat/completions"
     else:
-        body["prompt"], route = prompt_ids, "completions"
+        body["prompt"], route = prompt_ids, "/completion" if native else "/v1/completions"
     t0 = time.perf_counter()
-    with httpx.stream("POST", f"{url}/v1/{route}", json=body, timeout=900) as r:
+    with httpx.stream("POST", f"{url}{route}", json=body, timeout=900) as r:
         if r.status_code != 200:
             raise SystemExit(f"{url}: HTTP {r.status_code}: {r.read().decode()[:300]}")
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
-                if any(c.get("delta", {}).get("content") or c.get("text") for c in chunk.get("choices", [])):
+                if chunk.get("content") or any(c.get("delta", {}).get("content") or c.get("text")
+                                               for c in chunk.get("choices", [])):
                     return time.perf_counter() - t0
     return time.perf_counter() - t0
 
@@ -110,7 +112,7 @@ def main() -> None:
                 if name == "edgeserve":
                     s["encoder_s"].append(encode_seconds_counter(url) - before)
                 ids = rng.integers(1000, 50000, lengths[name]).tolist()
-                s["text_ttft_s"].append(ttft(url, args.model, prompt_ids=ids))
+                s["text_ttft_s"].append(ttft(url, args.model, prompt_ids=ids, native=name == "llama.cpp"))
                 s["image_cost_s"].append(s["ttft_s"][-1] - s["text_ttft_s"][-1])
                 print(name, {k: round(v[-1], 3) for k, v in s.items()}, file=sys.stderr, flush=True)
     finally:
