@@ -127,8 +127,7 @@ class LLM:
         rendered = self.lm.chat_template.render(turns, add_generation_prompt=True)
         placed = image_prompt(rendered, dict(enumerate(images)), vision.family, self.lm.tokenizer, vision.key)
         embeds, _ = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
-        request: dict[str, Any] = {"prefix_key": placed.prefix_key(),
-                                   "images": [(p.start, e) for p, e in zip(placed.images, embeds)]}
+        request: dict[str, Any] = {"prefix_key": placed.prefix_key(), "images": placed.engine_images(embeds)}
         mrope = placed.mrope(vision.family)  # a Qwen-VL prompt's (t, h, w) positions
         if mrope is not None:
             request["mrope"] = mrope

@@ -152,17 +152,22 @@ class ChatTemplate:
             self._template = _ENV.from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
+        self._reads_parts: bool | None = None  # whether it reads content only as a list of parts (_wants_parts)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt for `messages` (dicts with 'role' and 'content'); `extra` reaches the template as
         variables (e.g. tools=[...], documents=[...], enable_thinking=False)."""
+        messages = _plain(messages)
+        if self._wants_parts():  # string content as one text part
+            messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
+                        if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
         context = {
             "tools": None,  # passed explicitly, as transformers does: templates test `tools is not none`
             "documents": None,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             **_plain(extra),
-            "messages": _plain(messages),
+            "messages": messages,
             "add_generation_prompt": add_generation_prompt,
         }
         try:
@@ -173,6 +178,24 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template refused by the sandbox: {e}") from None
         except Exception as e:  # a template bug or an unexpected message shape: still the request's problem
             raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    def _wants_parts(self) -> bool:
+        """Whether the template drops string content and prints only a list of content parts (SmolVLM's and
+        Idefics3's iterate `message['content']` as parts): decided once, by rendering a probe both ways."""
+        if self._reads_parts is None:
+            probe = "edgeserve-probe-7f3a9c"
+
+            def shows(content: Any) -> bool:
+                try:
+                    out = self._template.render(messages=[{"role": "user", "content": content}], tools=None,
+                                                documents=None, bos_token=self.bos_token, eos_token=self.eos_token,
+                                                add_generation_prompt=True)
+                except Exception:
+                    return False
+                return probe in out
+
+            self._reads_parts = not shows(probe) and shows([{"type": "text", "text": probe}])
+        return self._reads_parts
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} chars, fallback={self.is_fallback})"

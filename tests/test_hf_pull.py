@@ -201,3 +201,23 @@ def test_qwen35_entries_pick_the_q4_k_m_file_of_unsloths_naming() -> None:
         files = {f"Qwen3.5-{size}-{q}.gguf": 1 for q in ("Q4_K_M", "UD-Q4_K_XL", "Q4_K_S", "Q8_0", "BF16")}
         assert pick_gguf({**files, "mmproj-F16.gguf": 1, "mmproj-BF16.gguf": 1}, ref.quant) == (
             f"Qwen3.5-{size}-Q4_K_M.gguf")
+
+
+def test_a_vision_repo_pulls_its_projector_beside_the_model(gguf_files, home, monkeypatch) -> None:
+    from edgeserve.registry.hf import pick_mmproj
+    from edgeserve.vision.runtime import find_mmproj
+
+    files = {"tiny.Q4_K_M.gguf": gguf_files["tiny.Q4_K_M.gguf"], "mmproj-tiny-Q8_0.gguf": b"q8" * 10,
+             "mmproj-tiny-F16.gguf": b"f16" * 10}
+    assert pick_mmproj({f: len(d) for f, d in files.items()}, "tiny.Q4_K_M.gguf") == "mmproj-tiny-F16.gguf"
+    assert pick_mmproj({"m.Q4_K_M.gguf": 1}, "m.Q4_K_M.gguf") is None
+    with pytest.raises(PullError, match="no GGUF file for F16"):  # a projector is never taken for the model
+        pick_gguf({f: len(d) for f, d in files.items()}, "F16")
+    with running(FakeHub(repos={"Owner/Vision-GGUF": files})) as h:
+        monkeypatch.setenv("HF_ENDPOINT", h.url)
+        path = pull("hf.co/Owner/Vision-GGUF", progress=False)
+    assert path.name == "tiny.Q4_K_M.gguf"
+    assert find_mmproj(path) == path.parent / "mmproj-tiny-F16.gguf"
+    assert (path.parent / "mmproj-tiny-F16.gguf").read_bytes() == files["mmproj-tiny-F16.gguf"]
+    assert not (path.parent / "mmproj-tiny-Q8_0.gguf").exists()
+    assert [s.name for s in list_local() if "Vision" in s.name] == ["hf.co/Owner/Vision-GGUF:Q4_K_M"]

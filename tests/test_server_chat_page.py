@@ -539,3 +539,25 @@ def test_regenerate_keeps_both_replies_switchable(browser, server):
         assert not errors
     finally:
         context.close()
+
+
+def test_an_attached_image_is_sent_as_an_image_part_and_shown_in_the_conversation(browser, server, tmp_path):
+    from vision_helpers import picture
+
+    (tmp_path / "cat.png").write_bytes(picture(24, 16, seed=7))
+    context, page, errors = _open(browser, server.url)
+    bodies = _scripted(page, lambda body, n: "a picture")
+    page.set_input_files("#file", str(tmp_path / "cat.png"))
+    expect(page.locator("#attachments .thumb")).to_have_count(1)
+    _send(page, "what is this?")
+    parts = bodies[0]["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "what is this?"}
+    assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    expect(page.locator("#attachments .thumb")).to_have_count(0)  # sent: the next message starts without it
+    expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
+    _send(page, "and now?")  # the image stays in the history the next turn sends
+    assert bodies[1]["messages"][0]["content"][1] == parts[1] and bodies[1]["messages"][-1]["content"] == "and now?"
+    page.reload()
+    expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
+    assert not errors, errors
+    context.close()

@@ -149,3 +149,26 @@ def test_language_model_reads_the_image_rows_in_chunks(folder, family, hf_model)
         KVPool(lm.config, 4, 16, lm.model.dtype, lm.model.device),
         AttentionMetadata.build([len(ids)], [len(ids)], [[0, 1, 2, 3]], list(range(len(ids)))))))
     assert (plain[-1] - want[-1]).abs().max() > 1e-2
+
+
+def test_a_q8_0_mmproj_runs_its_matrices_on_the_native_kernels(tmp_path):
+    """mmproj files are often Q8_0: in a reduced-precision dtype on the CPU those matrices stay in their blocks on
+    the native kernels, and the encoder agrees with the same file dequantized to float32."""
+    from types import SimpleNamespace
+
+    from edgeserve.bench.random_mmproj import write_siglip_mmproj
+    from edgeserve.kernels.cpu_native import BlockWeight, available
+
+    if not available():
+        pytest.skip("no native CPU kernels on this machine")
+    shape = dict(kind="gemma3", hidden=64, ffn=128, layers=2, heads=2, patch=8, image=64, lm=48)
+    path = write_siglip_mmproj(tmp_path / "mmproj-q8.gguf", shape, "Q8_0")
+    lm = SimpleNamespace(hidden_size=48)
+    native = load_vision(path, lm, dtype=torch.bfloat16)
+    exact = load_vision(path, lm, dtype=torch.float32)
+    assert isinstance(native.tower.weights.layers[0].qkv, BlockWeight)
+    assert isinstance(exact.tower.weights.layers[0].qkv, torch.Tensor)
+    img = Image.open(io.BytesIO(picture(41, 29, seed=9))).convert("RGB")
+    a, b = native.encode([native.preprocess(img)])[0], exact.encode([exact.preprocess(img)])[0]
+    assert a.shape == b.shape == (4, 48)
+    assert (a - b).abs().max() < 0.05 * b.abs().max()

@@ -74,3 +74,35 @@ def picture(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
 
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+SMOLVLM_SPECIALS = ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>",
+                    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+# SmolVLM's own template: it reads content only as a list of parts
+SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+                    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+                    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+                    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+                    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+def tiny_smolvlm(folder: Path, seed: int = 0, tile: int = 32, longest: int = 64) -> Path:
+    """A random SmolVLM / Idefics3 model (SigLIP tower, pixel shuffle + linear, 2-layer Llama) saved by
+    transformers, its processor splitting images into `tile` squares after resizing to `longest`."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = byte_tokenizer(folder, SMOLVLM_SPECIALS, SMOLVLM_TEMPLATE, "<|im_start|>", "<end_of_utterance>")
+    torch.manual_seed(seed)
+    cfg = Idefics3Config(
+        text_config=dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, vocab_size=len(vocab),
+                         max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=tile, patch_size=8),
+        scale_factor=2, image_token_id=vocab["<image>"], tie_word_embeddings=False)
+    model = Idefics3ForConditionalGeneration(cfg).eval()
+    model.save_pretrained(folder)
+    Idefics3ImageProcessorPil(size={"longest_edge": longest}, max_image_size={"longest_edge": tile}).save_pretrained(
+        folder)
+    return folder

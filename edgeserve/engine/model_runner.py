@@ -64,13 +64,14 @@ class ModelRunner:
             return None
         inputs = self.batch.prepare(scheduled)
         sample_seqs = [i for i, s in enumerate(scheduled) if s.samples]
+        images = image_rows(scheduled, dev)  # a graph replays token embeddings only: a step with images runs eager
         mrope = step_mrope(scheduled, dev)
-        if sample_seqs and self.graphs is not None and mrope is None and self.graphs.can_run(
+        if sample_seqs and images is None and mrope is None and self.graphs is not None and self.graphs.can_run(
                 inputs.query_lens, inputs.block_tables.shape[1]):
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens), image_rows(scheduled, dev), mrope)
+                                self._step_states(scheduled, inputs.query_lens), images, mrope)
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples

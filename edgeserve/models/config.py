@@ -425,6 +425,10 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         arch = VARIANT_HF_CLASSES.get(arch, arch)
     if arch == "gemma3" and isinstance(cfg.get("text_config"), Mapping):
         cfg = {**cfg["text_config"], "model_type": "gemma3"}  # the multimodal config's language model
+    if arch in ("idefics3", "smolvlm") and isinstance(cfg.get("text_config"), Mapping):  # SmolVLM: a Llama inside
+        text = cfg["text_config"]
+        cfg = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
+        arch = str(text.get("model_type") or "llama")
     if not isinstance(arch, str):
         raise ModelLoadError("config.json has no model_type or architectures")
     arch = HF_MODEL_TYPES.get(arch, VARIANT_HF_MODEL_TYPES.get(arch, arch))

@@ -7,8 +7,9 @@ from typing import Any
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 # transformers 5 saves a multimodal model's decoder under `model.language_model.` (older checkpoints:
-# `language_model.model.`), its output head as `lm_head` (older: `language_model.lm_head`)
-_PREFIXES = (("model.", "model.language_model."), ("model.", "language_model.model."),
+# `language_model.model.`; Idefics3 / SmolVLM: `model.text_model.`), its output head as `lm_head` (older:
+# `language_model.lm_head`)
+_PREFIXES = (("model.", "model.language_model."), ("model.", "language_model.model."), ("model.", "model.text_model."),
              ("lm_head.", "language_model.lm_head."))
 
 

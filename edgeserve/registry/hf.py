@@ -104,7 +104,7 @@ def pick_gguf(files: dict[str, int], quant: str | None) -> str:
     them. PullError lists the models otherwise."""
     ggufs: dict[str, int] = {}
     for f, size in files.items():
-        if not f.lower().endswith(".gguf"):
+        if not f.lower().endswith(".gguf") or is_mmproj(f):
             continue
         m = _SPLIT_RE.search(f)
         if m is None:
@@ -124,6 +124,24 @@ def pick_gguf(files: dict[str, int], quant: str | None) -> str:
             return four_bit[0][1]
     listing = ", ".join(f"{f} ({quant_of(f) or '?'})" for f in sorted(ggufs))
     raise PullError(f"no GGUF file for {quant or 'a 4-bit quantization'}; the repository has: {listing}")
+
+
+def is_mmproj(filename: str) -> bool:
+    """Whether a repository file is a vision projector (llama.cpp's `mmproj-*.gguf`), not a model."""
+    name = filename.rsplit("/", 1)[-1].lower()
+    return "mmproj" in name and name.endswith(".gguf")
+
+
+def pick_mmproj(files: dict[str, int], model: str) -> str | None:
+    """The vision projector to pull beside `model` (as llama-server's -hf does): in its folder, F16 first, then BF16,
+    Q8_0, F32, else the smallest; None when the repository has none."""
+    folder = model.rsplit("/", 1)[0] if "/" in model else ""
+    found = [f for f in files if is_mmproj(f) and (f.rsplit("/", 1)[0] if "/" in f else "") == folder]
+    for q in ("F16", "BF16", "Q8_0", "F32"):
+        hits = sorted(f for f in found if quant_of(f) == q)
+        if hits:
+            return hits[0]
+    return min(found, key=lambda f: (files[f], f)) if found else None
 
 
 def local_path(name: str) -> Path | None:
@@ -165,10 +183,13 @@ def pull_hf(name: str, progress: bool = True, out: TextIO = sys.stderr) -> Path:
         raise PullError(f"cannot reach the Hub for {ref.repo}: {_short(e)}") from None
     siblings = {s.rfilename: s for s in info.siblings or []}
     if ref.gguf:
-        wanted = split_parts(pick_gguf({f: s.size or 0 for f, s in siblings.items()}, ref.quant))
+        sizes = {f: s.size or 0 for f, s in siblings.items()}
+        wanted = split_parts(pick_gguf(sizes, ref.quant))
         missing = [f for f in wanted if f not in siblings]
         if missing:
             raise PullError(f"{ref.repo} lacks part {', '.join(missing)} of the split model {wanted[0]}")
+        mmproj = pick_mmproj(sizes, wanted[0])  # a vision model's projector comes along (found beside it)
+        wanted += [mmproj] if mmproj is not None and not (ref.folder / mmproj).is_file() else []
     else:
         from fnmatch import fnmatch
 

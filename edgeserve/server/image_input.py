@@ -32,7 +32,7 @@ class RequestImages:
     def engine_args(self) -> dict[str, Any]:
         """`prefix_key`, `images` (and a Qwen-VL prompt's `mrope`) for AsyncEngine.submit."""
         args: dict[str, Any] = {"prefix_key": self.prompt.prefix_key(),
-                                "images": [(p.start, e) for p, e in zip(self.prompt.images, self.embeds)]}
+                                "images": self.prompt.engine_images(self.embeds)}
         if self.mrope is not None:
             args["mrope"] = self.mrope
         return args

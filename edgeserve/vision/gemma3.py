@@ -73,7 +73,9 @@ class Gemma3Vision:
         """"\\n\\n<start_of_image>" + num_tokens soft tokens + "<end_of_image>\\n\\n" (the processor's expansion of the
         template's <start_of_image>)."""
         nl = tokenizer.encode("\n\n", add_special_tokens=False)
-        soft = special_id(tokenizer, SOFT)
+        # the placeholders' own embeddings are replaced: a vocabulary without the soft token (Gemma 3 270M's, 1B's)
+        # lets any token stand in (the padding token), as llama.cpp needs none
+        soft = special_id(tokenizer, SOFT, tokenizer.token_to_id("<pad>") or 0)
         ids = nl + [special_id(tokenizer, BOI)] + [soft] * prepared.num_tokens + [special_id(tokenizer, EOI)] + nl
         return ids, len(nl) + 1
 

@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from PIL import Image
 
 from edgeserve.engine.prefix_key import PrefixKey
@@ -32,11 +33,41 @@ def has_marks(text: str) -> bool:
 
 @dataclass
 class PlacedImage:
-    """One image of a prompt: where its placeholders start, what preprocessing made of it, its key."""
+    """One image of a prompt: where its placeholders are, what preprocessing made of it, its key."""
 
-    start: int
+    runs: list[tuple[int, int]]  # (position, count) of each run of placeholders (Idefics3: one per tile)
     prepared: PreparedImage
     key: bytes  # pixel digest + projector/preprocessing settings (VisionRuntime.key)
+
+    @property
+    def start(self) -> int:
+        return self.runs[0][0]
+
+    @property
+    def stop(self) -> int:
+        return self.runs[-1][0] + self.runs[-1][1]
+
+    def rows(self, embeds: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """The image's embedding rows split over its placeholder runs: (position, rows) each."""
+        out, used = [], 0
+        for pos, n in self.runs:
+            out.append((pos, embeds[used:used + n]))
+            used += n
+        return out
+
+
+def placeholder_runs(ids: list[int], offset: int, base: int) -> list[tuple[int, int]]:
+    """The runs of the placeholder id `ids[offset]` in `ids`, from `offset` on, at prompt positions `base` + i."""
+    runs: list[tuple[int, int]] = []
+    tid = ids[offset]
+    for i in range(offset, len(ids)):
+        if ids[i] != tid:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == base + i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((base + i, 1))
+    return runs
 
 
 @dataclass
@@ -56,7 +87,11 @@ class ImagePrompt:
 
     def prefix_key(self) -> PrefixKey:
         """The spans that make every block an image's tokens touch hash by that image."""
-        return PrefixKey(spans=tuple((p.start, p.start + p.prepared.num_tokens, p.key) for p in self.images))
+        return PrefixKey(spans=tuple((p.start, p.stop, p.key) for p in self.images))
+
+    def engine_images(self, embeds: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+        """The engine request's image rows (request_state.ImageRows) for each image's embeddings."""
+        return [run for p, e in zip(self.images, embeds) for run in p.rows(e)]
 
 
 class ImageMarkError(ValueError):
@@ -80,7 +115,11 @@ def image_prompt(text: str, images: dict[int, Image.Image], family: VisionFamily
         ids += tokenizer.encode(text[pos:m.start()], add_special_tokens=False)
         prepared = family.preprocess(images[i])
         tokens, offset = family.prompt_tokens(prepared, tokenizer)
-        placed.append(PlacedImage(len(ids) + offset, prepared, key(image_digest(images[i]))))
+        runs = placeholder_runs(tokens, offset, len(ids))
+        if sum(n for _, n in runs) != prepared.num_tokens:
+            raise ValueError(f"{family.projector_type}: {sum(n for _, n in runs)} placeholders for "
+                             f"{prepared.num_tokens} embedding rows")
+        placed.append(PlacedImage(runs, prepared, key(image_digest(images[i]))))
         ids += tokens
         pos = m.end()
     ids += tokenizer.encode(text[pos:], add_special_tokens=False)

@@ -99,5 +99,8 @@ def load_runtime(source: Any, lm: Any, mmproj: str | Path | None = None) -> Visi
             return None
     model = lm.model
     family = load_vision(path, lm.config, dtype=model.dtype, device=model.device)
+    from PIL import Image
+
+    family.prompt_tokens(family.preprocess(Image.new("RGB", (32, 32))), lm.tokenizer)  # the tokens it needs exist
     log.info("vision: %s projector from %s", family.projector_type, path)
     return VisionRuntime(family)

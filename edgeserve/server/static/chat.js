@@ -211,6 +211,7 @@ function renderTurn(chat, m, i) {
   actions.className = "actions";
   if (m.role === "user") {
     msg.textContent = m.content;
+    for (const url of m.images || []) msg.append(imageThumb(url, "attached"));
     if (!busy) actions.append(button("Edit", "edit", () => startEdit(turn, chat, i)));
     turn.append(msg, actions);
     return turn;
@@ -261,9 +262,10 @@ function startEdit(turn, chat, i) {
   ta.setAttribute("aria-label", "edit message");
   const submit = () => {
     const text = ta.value.trim();
-    if (!text || stream) return;
+    const images = chat.messages[i].images;  // an edit keeps the message's images
+    if ((!text && !images) || stream) return;
     chat.messages.splice(i);
-    chat.messages.push({role: "user", content: text});
+    chat.messages.push(images ? {role: "user", content: text, images} : {role: "user", content: text});
     generate(chat);
   };
   row.append(button("Cancel", "cancel", () => renderMessages()), button("Send", "save", submit));
@@ -324,7 +326,8 @@ function requestBody(chat, model) {
   if (settings.system.trim()) messages.push({role: "system", content: settings.system.trim()});
   for (const m of chat.messages) {
     if (m.role === "assistant" && m.meta && m.meta.error && !m.content) continue;
-    messages.push({role: m.role, content: m.content});
+    const images = (m.images || []).map((url) => ({type: "image_url", image_url: {url}}));
+    messages.push({role: m.role, content: images.length ? [{type: "text", text: m.content}, ...images] : m.content});
   }
   const body = {model, messages, stream: true, stream_options: {include_usage: true}};
   const num = (v, parse) => (String(v).trim() === "" || Number.isNaN(parse(v)) ? undefined : parse(v));
@@ -340,15 +343,49 @@ function titleOf(text) {
   return t.length <= TITLE_CHARS ? t : t.slice(0, TITLE_CHARS - 1).trimEnd() + "\u2026";
 }
 
+// ---- attached images ----------------------------------------------------------------------------------------
+
+let pending = [];  // data URLs of the images attached to the next message
+
+function imageThumb(url, cls) {
+  const img = document.createElement("img");
+  img.src = url; img.className = cls; img.alt = "attached image";
+  return img;
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren(...pending.map((url, i) => {
+    const item = document.createElement("span");
+    item.className = "attachment";
+    item.append(imageThumb(url, "thumb"), button("\u2715", "remove-image", () => {
+      pending.splice(i, 1); renderAttachments();
+    }, "remove the image"));
+    return item;
+  }));
+  box.classList.toggle("hidden", !pending.length);
+}
+
+function attachFiles(files) {
+  for (const file of files) {
+    const reader = new FileReader();
+    reader.onload = () => { pending.push(reader.result); renderAttachments(); };
+    reader.onerror = () => notice("could not read " + file.name);
+    reader.readAsDataURL(file);
+  }
+}
+
 function send(text) {
   let chat = currentChat();
   if (!chat) {
     const id = Date.now().toString(36) + Math.random().toString(36).slice(2, 6);
-    chat = {id, title: titleOf(text), created: Date.now(), updated: Date.now(), messages: []};
+    chat = {id, title: titleOf(text || "image"), created: Date.now(), updated: Date.now(), messages: []};
     chats[id] = chat;
     currentId = id;
   }
-  chat.messages.push({role: "user", content: text});
+  const user = {role: "user", content: text};
+  if (pending.length) { user.images = pending; pending = []; renderAttachments(); }
+  chat.messages.push(user);
   generate(chat);
 }
 
@@ -619,7 +656,7 @@ function autosize() {
 $("form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const text = $("input").value.trim();
-  if (!text || stream) return;
+  if ((!text && !pending.length) || stream) return;
   $("input").value = "";
   autosize();
   send(text);
@@ -630,6 +667,8 @@ $("input").addEventListener("keydown", (ev) => {
 });
 $("input").addEventListener("input", autosize);
 $("stop").addEventListener("click", () => { if (stream) stream.controller.abort(); });
+$("attach").addEventListener("click", () => $("file").click());
+$("file").addEventListener("change", (ev) => { attachFiles(ev.target.files); ev.target.value = ""; });
 $("new-chat").addEventListener("click", () => switchTo(null));
 $("new-chat-top").addEventListener("click", () => switchTo(null));
 $("log").addEventListener("click", (ev) => {
