@@ -172,3 +172,24 @@ def test_a_q8_0_mmproj_runs_its_matrices_on_the_native_kernels(tmp_path):
     a, b = native.encode([native.preprocess(img)])[0], exact.encode([exact.preprocess(img)])[0]
     assert a.shape == b.shape == (4, 48)
     assert (a - b).abs().max() < 0.05 * b.abs().max()
+
+
+def test_a_projector_found_beside_a_model_it_does_not_fit_is_left_out(tmp_path):
+    """An mmproj that lies beside a GGUF made for another model (another width) leaves the model text-only; the
+    same file given with --mmproj is a load error naming the widths."""
+    from edgeserve.bench.random_mmproj import write_siglip_mmproj
+    from edgeserve.errors import ModelLoadError
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+    from edgeserve.vision.runtime import find_mmproj, load_runtime
+    from tiny_gguf import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    shape = dict(kind="gemma3", hidden=32, ffn=64, layers=1, heads=2, patch=8, image=64, lm=48)
+    proj = write_siglip_mmproj(tmp_path / "mmproj-other.gguf", shape, "F16")
+    source = resolve(str(model))
+    lm = load_model(source, dtype="float32")
+    assert find_mmproj(model) == proj and lm.config.hidden_size != 48
+    assert load_runtime(source, lm) is None
+    with pytest.raises(ModelLoadError, match="48 wide rows"):
+        load_runtime(source, lm, proj)

@@ -62,3 +62,50 @@ def test_base64_and_data_urls_give_the_same_pixels():
     a = decode_base64(base64.b64encode(data).decode(), "f")
     b = decode_data_url(data_url(data), "f")
     assert image_digest(a) == image_digest(b)
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """A local HTTP server: /cat.png (a picture), /big.png (over a small limit), /missing.png (404)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    files = {"/cat.png": picture(20, 10, seed=11), "/big.png": picture(300, 300, seed=12)}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            data = files.get(self.path)
+            self.send_response(200 if data else 404)
+            self.send_header("Content-Length", str(len(data or b"")))
+            self.end_headers()
+            self.wfile.write(data or b"")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", files
+    server.shutdown()
+
+
+def test_image_urls_are_fetched_only_when_allowed_and_within_the_limits(image_host):
+    from types import SimpleNamespace
+
+    from edgeserve.server.errors import APIError
+    from edgeserve.server.image_input import decode_inputs
+    from edgeserve.server.image_parts import ImageInput
+
+    base, files = image_host
+    config = SimpleNamespace(max_images=4, max_image_pixels=10**6, max_body_bytes=10**6, allow_image_urls=True)
+    cat = ImageInput(f"{base}/cat.png", "messages[0].content[1].image_url.url")
+    got = decode_inputs([cat], object(), "m", config)[cat.number]
+    assert image_digest(got) == image_digest(decode_image(files["/cat.png"], "f"))
+    for name, limit, message in (("missing.png", 10**6, "HTTP 404"), ("big.png", 1000, "1000 bytes")):
+        bad = ImageInput(f"{base}/{name}", "messages[0].content[0].image_url.url")
+        with pytest.raises(APIError) as e:
+            decode_inputs([bad], object(), "m", SimpleNamespace(**{**vars(config), "max_body_bytes": limit}))
+        assert e.value.status == 400 and e.value.param == bad.field and message in e.value.message
+    with pytest.raises(APIError) as e:  # not fetched without --allow-image-urls
+        decode_inputs([cat], object(), "m", SimpleNamespace(**{**vars(config), "allow_image_urls": False}))
+    assert e.value.param == cat.field and "--allow-image-urls" in e.value.message

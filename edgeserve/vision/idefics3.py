@@ -82,6 +82,10 @@ class Idefics3Vision:
                 raise ModelLoadError(f"{source.path}: no Idefics3 vision tower / connector weights")
             self.tower, _, matrix = load_tower(source, self.config, tower, dtype, device)
             self.proj = matrix([proj])
+        lm_hidden = getattr(lm_config, "hidden_size", None)
+        if lm_hidden is not None and self.proj.shape[0] != lm_hidden:
+            raise ModelLoadError(f"{source.path}: the projector maps to {self.proj.shape[0]} wide rows, the language "
+                                 f"model is {lm_hidden} wide")
         patches = self.tile // self.config.patch_size
         if patches % self.scale:
             raise ModelLoadError(f"{source.path}: {patches} patches per side do not shuffle by {self.scale}")
@@ -132,7 +136,7 @@ class Idefics3Vision:
         c = self.config
         frames = torch.cat([p.pixel_values for p in images])
         hidden, _ = self.tower.forward(patchify(frames, c.patch_size))
-        rows = self.tower._linear(pixel_shuffle(hidden, self.scale), self.proj, None)
+        rows = self.tower.linear(pixel_shuffle(hidden, self.scale), self.proj, None)
         return list(rows.reshape(-1, rows.shape[-1]).split([p.num_tokens for p in images]))
 
     def settings_digest(self) -> bytes:

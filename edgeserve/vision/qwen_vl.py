@@ -265,7 +265,7 @@ class QwenVisionTower:
         norm, fc1, b1, fc2, b2 = self.mergers[index]
         wide = self.cfg.hidden * self.cfg.merge ** 2
         x = self.vit.norm(x.reshape(-1, wide) if post else x, norm).reshape(-1, wide)
-        return self.vit._linear(F.gelu(self.vit._linear(x, fc1, b1)), fc2, b2)
+        return self.vit.linear(F.gelu(self.vit.linear(x, fc1, b1)), fc2, b2)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

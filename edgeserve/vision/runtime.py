@@ -75,6 +75,15 @@ def _same_shape(images: list[PreparedImage], todo: list[int]) -> list[list[int]]
     return list(groups.values())
 
 
+def _load(path: Path, lm: Any) -> VisionFamily:
+    """The family at `path` for the loaded model `lm`, its prompt tokens checked against `lm`'s vocabulary."""
+    from PIL import Image
+
+    family = load_vision(path, lm.config, dtype=lm.model.dtype, device=lm.model.device)
+    family.prompt_tokens(family.preprocess(Image.new("RGB", (32, 32))), lm.tokenizer)  # the tokens it needs exist
+    return family
+
+
 def find_mmproj(model_path: Path) -> Path | None:
     """An mmproj GGUF beside a GGUF model (as `hf.co/...` pulls place it, and llama-server's -hf finds it)."""
     if model_path.suffix.lower() != ".gguf":
@@ -97,10 +106,13 @@ def load_runtime(source: Any, lm: Any, mmproj: str | Path | None = None) -> Visi
         path = find_mmproj(source.path)
         if path is None:
             return None
-    model = lm.model
-    family = load_vision(path, lm.config, dtype=model.dtype, device=model.device)
-    from PIL import Image
-
-    family.prompt_tokens(family.preprocess(Image.new("RGB", (32, 32))), lm.tokenizer)  # the tokens it needs exist
+    try:
+        family = _load(path, lm)
+    except ModelLoadError as e:
+        if mmproj is not None or source.kind == "hf":
+            raise
+        # a projector that happened to lie beside the file, made for another model: text only, as before
+        log.warning("not using %s for %s: %s", path.name, source.name, e)
+        return None
     log.info("vision: %s projector from %s", family.projector_type, path)
     return VisionRuntime(family)

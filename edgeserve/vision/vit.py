@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.dispatch import linear
+from edgeserve.kernels.dispatch import linear as matmul
 from edgeserve.kernels.quant_linear import LinearWeight
 
 
@@ -160,10 +160,10 @@ class VisionTransformer:
             raise ModelLoadError(f"vision tower: activation {self.config.act!r} is not supported")
         self._act = _ACTS[self.config.act]
 
-    def _linear(self, x: torch.Tensor, w: LinearWeight, b: torch.Tensor | None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: LinearWeight, b: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] @ w.T + b in the compute dtype, as float32 [..., out]."""
         shape = x.shape
-        y = linear(x.reshape(-1, shape[-1]).to(self.dtype), w, None)
+        y = matmul(x.reshape(-1, shape[-1]).to(self.dtype), w, None)
         y = y.float()
         return (y + b if b is not None else y).reshape(*shape[:-1], y.shape[-1])
 
@@ -181,7 +181,7 @@ class VisionTransformer:
         instead of learned positions; `pos_add` [N, hidden] is added in place of the learned rows (a family's own
         position embedding, e.g. Qwen3-VL's table resampled to the image's grid)."""
         c, w = self.config, self.weights
-        x = self._linear(patches.float(), w.patch, w.patch_bias)
+        x = self.linear(patches.float(), w.patch, w.patch_bias)
         if pos_add is not None:
             x = x + pos_add
         elif w.pos_embed is not None:
@@ -209,22 +209,22 @@ class VisionTransformer:
 
     def _mlp(self, h: torch.Tensor, layer: VitLayer) -> torch.Tensor:
         """The block's MLP: fc2(act(fc1 h)), or fc2(act(gate h) * fc1 h) where it is gated."""
-        up = self._linear(h, layer.fc1, layer.fc1_bias)
+        up = self.linear(h, layer.fc1, layer.fc1_bias)
         if layer.gate is not None:
-            up = self._act(self._linear(h, layer.gate, layer.gate_bias)) * up
+            up = self._act(self.linear(h, layer.gate, layer.gate_bias)) * up
         else:
             up = self._act(up)
-        return self._linear(up, layer.fc2, layer.fc2_bias)
+        return self.linear(up, layer.fc2, layer.fc2_bias)
 
     def _attention(self, h: torch.Tensor, layer: VitLayer, attn_mask: torch.Tensor | None,
                    rotary: Rotary | None) -> torch.Tensor:
         """Bidirectional multi-head self-attention of normed h [B, N, hidden]."""
         c = self.config
         b, n, _ = h.shape
-        qkv = self._linear(h, layer.qkv, layer.qkv_bias).view(b, n, 3, c.num_heads, c.head_dim)
+        qkv = self.linear(h, layer.qkv, layer.qkv_bias).view(b, n, 3, c.num_heads, c.head_dim)
         q, k, v = qkv.unbind(2)
         if rotary is not None:
             q, k = rotary(q, k)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=attn_mask)
-        return self._linear(o.transpose(1, 2).reshape(b, n, c.hidden_size), layer.out, layer.out_bias)
+        return self.linear(o.transpose(1, 2).reshape(b, n, c.hidden_size), layer.out, layer.out_bias)
