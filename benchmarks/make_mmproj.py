@@ -5,8 +5,8 @@ and a random language-model GGUF of the matching shape.
     python benchmarks/make_mmproj.py --family qwen3vl-2b --out /tmp/vbench
 
 writes mmproj-qwen3vl-2b-f16.gguf and qwen3vl-2b-q4_k_m.gguf (Qwen3-VL-2B-Instruct's shapes: a 24-layer 1024-wide
-ViT with DeepStack after layers 5, 11, 17, and its 28-layer 2048-wide language model). Only the Qwen3-VL family is
-written here (Gemma 3 and SmolVLM towers: not yet).
+ViT with DeepStack after layers 5, 11, 17, and its 28-layer 2048-wide language model). `--family gemma3-4b` /
+`smolvlm-256m` write those towers' mmproj only (edgeserve.bench.random_mmproj.SIGLIP_SHAPES; no language model).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from edgeserve.bench.random_gguf import SHAPES, write_random_llama
-from edgeserve.bench.random_mmproj import write_qwen_mmproj
+from edgeserve.bench.random_mmproj import SIGLIP_SHAPES, write_qwen_mmproj, write_siglip_mmproj
 
 # Qwen3-VL-2B-Instruct's vision_config (config.json)
 QWEN3VL_2B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
@@ -56,12 +56,15 @@ def random_qwen3vl_tower(v: dict, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="qwen3vl-2b", choices=["qwen3vl-2b"])
+    ap.add_argument("--family", default="qwen3vl-2b", choices=["qwen3vl-2b", *SIGLIP_SHAPES])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocab", default=VOCAB_GGUF, help="a GGUF whose Qwen2 tokenizer the language model takes")
     ap.add_argument("--mix", default="Q4_K_M", help="the language model's quantization mix")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.family in SIGLIP_SHAPES:
+        print(write_siglip_mmproj(args.out / f"mmproj-{args.family}-f16.gguf", SIGLIP_SHAPES[args.family], "F16"))
+        return
     mmproj = args.out / "mmproj-qwen3vl-2b-f16.gguf"
     write_qwen_mmproj(mmproj, QWEN3VL_2B_VISION, random_qwen3vl_tower(QWEN3VL_2B_VISION), qwen3=True,
                       matrix_type="F16")

@@ -42,19 +42,18 @@ def picture(size: int, seed: int) -> str:
 def ttft(url: str, model: str, image: str | None = None, prompt_ids: list[int] | None = None,
          native: bool = False) -> float:
     """Seconds from sending the request (a chat turn with `image`, or a completion of `prompt_ids`) to the first
-    streamed token."""
+    streamed token; `native`: llama-server's own /completion (its /v1/completions takes no token ids)."""
     body: dict = {"model": model, "stream": True, "max_tokens": 1, "temperature": 0}
     if image is not None:
         body["messages"] = [{"role": "user", "content": [{"type": "text", "text": "Describe this picture."},
                                                          {"type": "image_url", "image_url": {"url": image}}]}]
-        route = "v1/chat/completions"
-    elif native:  # llama-server's own route: its /v1/completions takes no token-id prompt
-        body = {"prompt": prompt_ids, "n_predict": 1, "temperature": 0, "stream": True, "cache_prompt": False}
-        route = "completion"
+        route = "/v1/chat/completions"
     else:
-        body["prompt"], route = prompt_ids, "v1/completions"
+        body["prompt"], route = prompt_ids, "/completion" if native else "/v1/completions"
+        if native:
+            body["n_predict"] = 1
     t0 = time.perf_counter()
-    with httpx.stream("POST", f"{url}/{route}", json=body, timeout=900) as r:
+    with httpx.stream("POST", f"{url}{route}", json=body, timeout=900) as r:
         if r.status_code != 200:
             raise SystemExit(f"{url}: HTTP {r.status_code}: {r.read().decode()[:300]}")
         for line in r.iter_lines():

@@ -228,11 +228,11 @@ class QwenVisionTower:
         _, gh, gw = image.grid
         rows, cols = (t.to(self.device) for t in merge_order(gh, gw, cfg.merge))
         freqs = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1)
-        freqs = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+        cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)[:, None, :]
+        sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)[:, None, :]  # rotate-half's sign folded in
 
         def rotary(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return _rotate(q.float(), cos, sin).to(q.dtype), _rotate(k.float(), cos, sin).to(k.dtype)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
         pos = self._learned_positions(gh, gw)[rows, cols] if self.pos_table is not None else None
         masks = None
@@ -268,10 +268,11 @@ class QwenVisionTower:
         return self.vit.linear(F.gelu(self.vit.linear(x, fc1, b1)), fc2, b2)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in the rotate-half layout ([n, heads, d] by [n, 1, d] tables)."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the rotate-half layout of x [..., n, heads, d] by [n, 1, d] tables (`signed_sin`: sin
+    with the first half negated, so the halves only swap)."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), signed_sin)
 
 
 # ---- loading -------------------------------------------------------------------------------------------------

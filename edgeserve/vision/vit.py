@@ -160,12 +160,15 @@ class VisionTransformer:
             raise ModelLoadError(f"vision tower: activation {self.config.act!r} is not supported")
         self._act = _ACTS[self.config.act]
 
-    def linear(self, x: torch.Tensor, w: LinearWeight, b: torch.Tensor | None) -> torch.Tensor:
-        """x [..., in] @ w.T + b in the compute dtype, as float32 [..., out]."""
+    def linear(self, x: torch.Tensor, w: LinearWeight, b: torch.Tensor | None,
+               keep_dtype: bool = False) -> torch.Tensor:
+        """x [..., in] @ w.T + b in the compute dtype, as float32 [..., out] (`keep_dtype`: as the matmul gave it,
+        for an intermediate the next matmul reads)."""
         shape = x.shape
-        y = matmul(x.reshape(-1, shape[-1]).to(self.dtype), w, None)
-        y = y.float()
-        return (y + b if b is not None else y).reshape(*shape[:-1], y.shape[-1])
+        if b is not None:  # into the matmul (one fused addmm for dense weights, not a float32 add after it)
+            b = b.to(w.dtype if isinstance(w, torch.Tensor) else self.dtype)
+        y = matmul(x.reshape(-1, shape[-1]).to(self.dtype), w, b)
+        return (y if keep_dtype else y.float()).reshape(*shape[:-1], y.shape[-1])
 
     @torch.inference_mode()
     def forward(self, patches: torch.Tensor, pos_ids: torch.Tensor | None = None,
@@ -208,10 +211,11 @@ class VisionTransformer:
         return F.layer_norm(x, (x.shape[-1],), weights[0], weights[1], c.layer_norm_eps)
 
     def _mlp(self, h: torch.Tensor, layer: VitLayer) -> torch.Tensor:
-        """The block's MLP: fc2(act(fc1 h)), or fc2(act(gate h) * fc1 h) where it is gated."""
-        up = self.linear(h, layer.fc1, layer.fc1_bias)
+        """The block's MLP: fc2(act(fc1 h)), or fc2(act(gate h) * fc1 h) where it is gated; the wide middle stays in
+        the compute dtype (no float32 round trip of the largest activation)."""
+        up = self.linear(h, layer.fc1, layer.fc1_bias, keep_dtype=True)
         if layer.gate is not None:
-            up = self._act(self.linear(h, layer.gate, layer.gate_bias)) * up
+            up = self._act(self.linear(h, layer.gate, layer.gate_bias, keep_dtype=True)) * up
         else:
             up = self._act(up)
         return self.linear(up, layer.fc2, layer.fc2_bias)
