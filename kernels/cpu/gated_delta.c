@@ -185,3 +185,88 @@ void qmm_gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, cons
                 slot_stride, scale};
     pool_run(rule_block, &a, B * Hv * col_blocks, (int64_t)cu[B] * Hv * Dk * Dv >= 65536);
 }
+
+/* ---- the hybrid's output gates and per-head norms ------------------------------------------------------------
+   Row kernels over [T, H, D] heads read in place (any token and head stride, so the views of a fused projection's
+   output need no copies): each (token, head) row is computed on its own in a fixed order, so a row's result does
+   not depend on T or on the other rows. */
+
+static inline float bf16_value(const uint16_t *p, int64_t i) {
+    uint32_t bits = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+typedef struct {
+    const float *x, *z, *weight;
+    int64_t ldx, ldhx, ldz, ldhz;
+    int H, D;
+    float eps;
+    float *out;
+} head_norm_t;
+
+/* out row = x / rms(x) * weight, times silu(z) when z is given */
+static void head_norm_row(void *ctx, int task) {
+    const head_norm_t *a = (const head_norm_t *)ctx;
+    const int t = task / a->H, h = task % a->H, D = a->D;
+    const float *restrict x = a->x + t * a->ldx + h * a->ldhx;
+    float *restrict o = a->out + ((int64_t)t * a->H + h) * D;
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= D; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += x[i + j] * x[i + j];
+    for (; i < D; i++) acc[i & 15] += x[i] * x[i];
+    for (int w = 8; w; w >>= 1)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    const float scale = 1.0f / sqrtf(acc[0] / D + a->eps);
+    if (!a->z) {
+        for (i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i];
+        return;
+    }
+    const float *restrict z = a->z + t * a->ldz + h * a->ldhz;
+    float e[GDN_MAX_DIM];
+    for (i = 0; i < D; i++) e[i] = -z[i];
+    qmm_exp(e, D, e);
+    for (i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i] * (z[i] / (1.0f + e[i]));
+}
+
+/* out [T, H, D] float32 = rms_norm(x[t, h]) * weight [D] (RMSNorm over each head), times silu(z[t, h]) when z is
+   not NULL (Qwen3.5's gated RMSNorm); x[t, h] at x + t * ldx + h * ldhx, z[t, h] likewise; D <= 512. */
+void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z, int64_t ldz, int64_t ldhz, int T,
+                       int H, int D, const float *weight, float eps, float *out) {
+    head_norm_t a = {x, z, weight, ldx, ldhx, ldz, ldhz, H, D, eps, out};
+    pool_run(head_norm_row, &a, T * H, (int64_t)T * H * D >= 16384);
+}
+
+typedef struct {
+    const void *o;
+    int o_bf16;
+    const float *gate;
+    int64_t ldg, ldhg;
+    int H, D;
+    float *out;
+} sigmoid_gate_t;
+
+static void sigmoid_gate_row(void *ctx, int task) {
+    const sigmoid_gate_t *a = (const sigmoid_gate_t *)ctx;
+    const int t = task / a->H, h = task % a->H, D = a->D;
+    const int64_t at = ((int64_t)t * a->H + h) * D;
+    const float *restrict g = a->gate + t * a->ldg + h * a->ldhg;
+    float e[GDN_MAX_DIM];
+    for (int i = 0; i < D; i++) e[i] = -g[i];
+    qmm_exp(e, D, e);
+    float *out = a->out + at; /* may be o */
+    for (int i = 0; i < D; i++) {
+        const float v = a->o_bf16 ? bf16_value((const uint16_t *)a->o, at + i) : ((const float *)a->o)[at + i];
+        out[i] = v / (1.0f + e[i]);
+    }
+}
+
+/* out [T, H, D] float32 = o * sigmoid(gate) (Qwen3.5's gated attention output): o [T, H, D] contiguous (bf16 when
+   o_bf16), gate[t, h] at gate + t * ldg + h * ldhg; D <= 512; out may be o when o is float32. */
+void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
+                      float *out) {
+    sigmoid_gate_t a = {o, o_bf16, gate, ldg, ldhg, H, D, out};
+    pool_run(sigmoid_gate_row, &a, T * H, (int64_t)T * H * D >= 16384);
+}
