@@ -3,9 +3,10 @@
    (kernels/gated_delta.py is the torch twin and says what is computed).
 
    The rule runs token by token for prompts too: per token and value head it is about 8 Dk Dv flops (decay, read,
-   write, query) on a state that stays in cache (a task sweeps a 32-column block of one head's state, 16 KiB at
-   Dk = 128, through all the sequence's tokens), about 4 MFLOP a token at Qwen3.5's 32 heads of 128 x 128, a few
-   percent of the layer's projections. The chunked form does no fewer flops at these head sizes (its matmuls
+   write, query) on a state that stays in cache (a task sweeps a block of 64 columns (AVX-512) or 32 of one head's
+   state, 32 or 16 KiB at Dk = 128, through all the sequence's tokens), about 4 MFLOP a token at Qwen3.5's 32 heads
+   of 128 x 128; at Qwen3.5-0.8B's 16 heads it was about 12% of a prefill's CPU time before the 64-column block
+   (which made it about 1.5x faster on AVX-512). The chunked form does no fewer flops at these head sizes (its matmuls
    replace the per-token sweeps, and the chunk-local attention and triangular solve come on top); it pays where
    matmuls are much faster than vector loops (a GPU), not here: measured against the chunked torch twin in
    docs/PERFORMANCE.md.
@@ -21,7 +22,14 @@
 
 #include "pool.h"
 
-enum { CONV_BLOCK = 64, CONV_TOKENS = 16, CONV_MAX_K = 16, GDN_MAX_DIM = 512, COL_BLOCK = 32 };
+enum { CONV_BLOCK = 64, CONV_TOKENS = 16, CONV_MAX_K = 16, GDN_MAX_DIM = 512 };
+/* the rule's column block: 64 columns (four 16-wide vectors per state row, o and kv in 8 of the 32 registers, more
+   independent FMA chains) where the build has AVX-512; 32 where there are 16 vector registers */
+#if defined(QMM_VNNI)
+enum { COL_BLOCK = 64 };
+#else
+enum { COL_BLOCK = 32 };
+#endif
 
 /* out[i] = 1 / (1 + expf(-x[i])) for n values, with expf by range reduction (x = k ln2 + r) and a degree-6
    polynomial in plain C that the compiler vectorizes (within a few ulp of expf; inputs clamped to [-87, 88], where
