@@ -367,6 +367,24 @@ def test_native_prefill_matches_chunked_twin_and_float64(lib):
 
 
 @native
+def test_native_rule_full_and_partial_column_blocks(lib):
+    """Value heads wider than the kernel's column block (64 on AVX-512 builds, 32 elsewhere) with a partial block
+    after the full ones, against float64 and batch-invariant."""
+    lens = [1, 33, 70]
+    q, k, v, g, beta, cu, slots, state = inputs(lens, hk=1, hv=3, dk=48, dv=100)
+    expected, expected_state = reference_rule(q, k, v, g, beta, cu, slots, state)
+    nat_state = state.clone()
+    nat = cpu_native.gdn_rule(q, k, v, g, beta, nat_state, B(cu, slots), lib=lib)
+    close(nat, expected)
+    close(nat_state, expected_state)
+    a, b = int(cu[2]), int(cu[3])
+    alone_state = state.clone()
+    alone = cpu_native.gdn_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], alone_state,
+                                B(torch.tensor([0, b - a]), slots[2:]), lib=lib)
+    assert torch.equal(alone, nat[a:b]) and torch.equal(alone_state[slots[2]], nat_state[slots[2]])
+
+
+@native
 def test_native_is_batch_invariant(lib):
     """A sequence's outputs and states from the native kernels are the same bits alone as in a ragged batch."""
     lens = [7, 1, 0, 50]
