@@ -1,7 +1,9 @@
 """Second-turn TTFT of a two-turn conversation (first turn cached), edgeserve vs llama-server, same GGUF.
 Text prompts on /v1/completions (no chat template), greedy. Turn 1: ~1,000-token user message, 32 tokens out
 (not timed). Turn 2: turn 1's prompt + its reply + a new ~60-token user message, streamed, 4 out; TTFT timed.
-Both servers up at once, one request at a time, order alternating per round."""
+Both servers up at once, one request at a time, order alternating per round.
+EDGESERVE_BASELINE_PATH=DIR adds a third peer, "edgeserve-baseline": edgeserve run with PYTHONPATH=DIR (a package
+tree of another commit: DIR/edgeserve with kernels/, loaders/, offload/ inside it), for before/after in one run."""
 import json, os, random, subprocess, sys, time, socket
 import httpx
 
@@ -9,7 +11,9 @@ MODEL, LLAMA, ROUNDS = sys.argv[1], sys.argv[2], int(sys.argv[3])
 WORDS = ("the of and to in is was for on that with as by at from his her an are were which this be has had "
          "model layer state token cache memory server prompt turn reply value weight matrix vector head time").split()
 
-EXTRA = {"edgeserve": {}, "llama.cpp": {"cache_prompt": True, "repeat_penalty": 1.0}}
+EXTRA = {"edgeserve": {}, "edgeserve-baseline": {}, "llama.cpp": {"cache_prompt": True, "repeat_penalty": 1.0}}
+BASELINE = os.environ.get("EDGESERVE_BASELINE_PATH")
+os.makedirs("/tmp/q35mt", exist_ok=True)
 
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -30,6 +34,13 @@ ours = subprocess.Popen([sys.executable, "-m", "edgeserve", "serve", "--model", 
                          "--log-level", "warning", "--keep-alive", "-1"], env=dict(os.environ, OMP_NUM_THREADS="2"),
                         stdout=open("/tmp/q35mt/edgeserve.log", "w"), stderr=subprocess.STDOUT)
 peers = {"llama.cpp": f"http://127.0.0.1:{lp}", "edgeserve": f"http://127.0.0.1:{ep}"}
+if BASELINE:
+    bp = port()
+    base = subprocess.Popen([sys.executable, "-m", "edgeserve", "serve", "--model", MODEL, "--port", str(bp),
+                             "--max-seqs", "8", "--log-level", "warning", "--keep-alive", "-1"],
+                            env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=BASELINE),
+                            stdout=open("/tmp/q35mt/edgeserve-baseline.log", "w"), stderr=subprocess.STDOUT)
+    peers["edgeserve-baseline"] = f"http://127.0.0.1:{bp}"
 try:
     for u in peers.values(): wait(u, "/health")
     models = {k: httpx.get(u + "/v1/models", timeout=30).json()["data"][0]["id"] for k, u in peers.items()}
@@ -59,6 +70,9 @@ try:
         json.dump(res, open(sys.argv[4], "w"), indent=1)
     import statistics
     med = {k: statistics.median(x["ttft_ms"] for x in v) for k, v in res.items()}
-    print(json.dumps({"per_round": res, "median_ms": med, "ratio": med["edgeserve"] / med["llama.cpp"]}, indent=1))
+    ratios = {k: med[k] / med["llama.cpp"] for k in med if k != "llama.cpp"}
+    print(json.dumps({"per_round": res, "median_ms": med, "ratio": ratios["edgeserve"], "ratios": ratios}, indent=1))
 finally:
-    llama.terminate(); ours.terminate(); llama.wait(); ours.wait()
+    servers = [llama, ours] + ([base] if BASELINE else [])
+    for s in servers: s.terminate()
+    for s in servers: s.wait()

@@ -22,3 +22,8 @@ def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) 
     gate, up = gate_up.chunk(2, dim=-1)
     gate = gate.clamp(max=limit)
     return (up.clamp(-limit, limit) + 1) * gate * torch.sigmoid(alpha * gate)
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """o * sigmoid(gate) in float32 (Qwen3.5's gated attention output)."""
+    return o.float() * torch.sigmoid(gate.float())

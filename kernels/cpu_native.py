@@ -198,6 +198,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
                                      ctypes.c_float, p]
         lib.qmm_gdn_rule.restype = None
+    if hasattr(lib, "qmm_head_rms_norm"):
+        lib.qmm_head_rms_norm.argtypes = [p, i64, i64, p, i64, i64, i32, i32, i32, p, ctypes.c_float, p]
+        lib.qmm_head_rms_norm.restype = None
+        lib.qmm_sigmoid_gate.argtypes = [p, i32, p, i64, i64, i32, i32, i32, p]
+        lib.qmm_sigmoid_gate.restype = None
     if hasattr(lib, "qmm_paged_attention_sinks"):
         lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
                                                   ctypes.c_float, p]
@@ -684,4 +689,41 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     lib.qmm_gdn_rule(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                      g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
                      state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
+    return out
+
+
+def _heads(x: torch.Tensor) -> bool:
+    """Whether x [T, H, D] is float32 heads of unit-stride values (any token and head stride)."""
+    return x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.device.type == "cpu"
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor | None = None,
+                  lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """RMSNorm of each head of x [T, H, D] times weight [D] (and silu(z [T, H, D]) when given: the gated RMSNorm
+    of kernels.gated_delta), float32 [T, H, D], read in place whatever the token and head strides; None when the
+    library predates it or the inputs are not ones it takes (float32 heads of unit-stride values, D <= 512)."""
+    lib = lib or library()
+    t, h, d = x.shape
+    if (lib is None or not hasattr(lib, "qmm_head_rms_norm") or not _heads(x) or d > GDN_MAX_HEAD_DIM
+            or weight.shape != (d,) or (z is not None and (not _heads(z) or z.shape != x.shape))):
+        return None
+    w = weight.float().contiguous()
+    out = torch.empty(t, h, d, dtype=torch.float32)
+    zs = (z.stride(0), z.stride(1)) if z is not None else (0, 0)
+    lib.qmm_head_rms_norm(x.data_ptr(), x.stride(0), x.stride(1), z.data_ptr() if z is not None else None, *zs,
+                          t, h, d, w.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """o [T, H, D] (contiguous, float32 or bfloat16) times sigmoid(gate [T, H, D]), float32 [T, H, D], the gate
+    read in place whatever its strides; None when the library predates it or the inputs are not ones it takes."""
+    lib = lib or library()
+    t, h, d = o.shape
+    if (lib is None or not hasattr(lib, "qmm_sigmoid_gate") or o.dtype not in _FLOATS or not o.is_contiguous()
+            or not _heads(gate) or gate.shape != o.shape or d > GDN_MAX_HEAD_DIM):
+        return None
+    out = torch.empty(t, h, d, dtype=torch.float32)
+    lib.qmm_sigmoid_gate(o.data_ptr(), o.dtype == torch.bfloat16, gate.data_ptr(), gate.stride(0), gate.stride(1),
+                         t, h, d, out.data_ptr())
     return out

@@ -21,8 +21,9 @@ Every function here is a drop-in for the twin of the same name (same arguments, 
 `write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
 `rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
 `W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16),
-`causal_conv1d_silu`, `gated_delta_rule` and `gated_delta_net` (kernels.gated_delta; native on CPU, the twins
-elsewhere: no Triton version yet).
+`causal_conv1d_silu`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.gated_delta),
+`head_rms_norm` (kernels.norm over each head) and `sigmoid_gate` (kernels.activation): native on CPU, the twins
+elsewhere (no Triton version yet).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
     "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
-    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_delta_net",
+    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_rms_norm", "gated_delta_net", "head_rms_norm",
+    "sigmoid_gate",
 ]
 
 BACKENDS = ("auto", "triton", "torch")
@@ -281,9 +283,37 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return _gdn.gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled)
 
 
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(o) * weight * SiLU(z) over each head of o, z [T, H, D] (Qwen3.5's RMSNormGated), float32."""
+    if _native_cpu(o):
+        done = _native.head_rms_norm(o, weight, eps, z)
+        if done is not None:
+            return done
+    return _gdn.gated_rms_norm(o, z, weight, eps)
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head of x [T, H, D] (any strides: a view of a fused projection) times weight [D], float32
+    [T, H, D]."""
+    if _native_cpu(x):
+        done = _native.head_rms_norm(x, weight, eps)
+        if done is not None:
+            return done
+    return rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """o * sigmoid(gate) for o, gate [T, H, D] (the gate any strides), float32 [T, H, D]."""
+    if _native_cpu(o):
+        done = _native.sigmoid_gate(o, gate)
+        if done is not None:
+            return done
+    return _act.sigmoid_gate(o, gate)
+
+
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                     weights: _gdn.DeltaNetWeights, dims: _gdn.DeltaNetDims, conv_state: torch.Tensor,
                     recurrent_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
     """kernels.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
     return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, conv_state, recurrent_state, batch,
-                                conv=causal_conv1d_silu, rule=gated_delta_rule)
+                                conv=causal_conv1d_silu, rule=gated_delta_rule, norm=gated_rms_norm)

@@ -367,6 +367,24 @@ def test_native_prefill_matches_chunked_twin_and_float64(lib):
 
 
 @native
+def test_native_rule_full_and_partial_column_blocks(lib):
+    """Value heads wider than the kernel's column block (64 on AVX-512 builds, 32 elsewhere) with a partial block
+    after the full ones, against float64 and batch-invariant."""
+    lens = [1, 33, 70]
+    q, k, v, g, beta, cu, slots, state = inputs(lens, hk=1, hv=3, dk=48, dv=100)
+    expected, expected_state = reference_rule(q, k, v, g, beta, cu, slots, state)
+    nat_state = state.clone()
+    nat = cpu_native.gdn_rule(q, k, v, g, beta, nat_state, B(cu, slots), lib=lib)
+    close(nat, expected)
+    close(nat_state, expected_state)
+    a, b = int(cu[2]), int(cu[3])
+    alone_state = state.clone()
+    alone = cpu_native.gdn_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], alone_state,
+                                B(torch.tensor([0, b - a]), slots[2:]), lib=lib)
+    assert torch.equal(alone, nat[a:b]) and torch.equal(alone_state[slots[2]], nat_state[slots[2]])
+
+
+@native
 def test_native_is_batch_invariant(lib):
     """A sequence's outputs and states from the native kernels are the same bits alone as in a ragged batch."""
     lens = [7, 1, 0, 50]
@@ -422,6 +440,88 @@ def test_dispatch_takes_native_kernels_unless_torch_is_forced():
     s, cs = state.clone(), conv_state.clone()
     assert torch.equal(results["twin"][0], gd.gated_delta_rule(q, k, v, g, beta, s, B(cu, slots)))
     assert torch.equal(results["twin"][1], gd.causal_conv1d_silu(x, w, cs, B(cu, slots)))
+
+
+def head_views(t: int, h: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, z [t, h, d]: strided views of wider rows (a token stride of h * 2 * d + 3, a head stride of 2 * d), as the
+    model reads them out of a fused projection's output."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(t, h * 2 * d + 3, generator=gen) * 2
+    heads = rows[:, 3:].view(t, h, 2 * d)
+    return heads[:, :, :d], heads[:, :, d:]
+
+
+def reference_head_norm(x, w, eps, z=None):
+    x64 = x.double()
+    out = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    return out if z is None else out * F.silu(z.double())
+
+
+@native
+@pytest.mark.parametrize("t,h,d", [(1, 1, 8), (7, 3, 24), (37, 5, 100), (64, 16, 128)])
+def test_native_head_norms_match_float64(lib, t, h, d):
+    """The per-head RMSNorm and the gated RMSNorm read strided head views in place and match float64, with odd
+    token and head counts and head sizes that are not a multiple of the kernel's 16 lanes."""
+    x, z = head_views(t, h, d, seed=t)
+    w = torch.randn(d, generator=torch.Generator().manual_seed(1))
+    close(cpu_native.head_rms_norm(x, w, 1e-6, lib=lib), reference_head_norm(x, w, 1e-6))
+    close(cpu_native.head_rms_norm(x, w, 1e-6, z, lib=lib), reference_head_norm(x, w, 1e-6, z))
+    close(gd.gated_rms_norm(x, z, w, 1e-6), reference_head_norm(x, w, 1e-6, z))
+
+
+@native
+@pytest.mark.parametrize("t,h,d", [(1, 1, 8), (7, 3, 24), (37, 5, 100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_sigmoid_gate_matches_float64(lib, t, h, d, dtype):
+    o, gate = head_views(t, h, d, seed=t + 1)
+    o = o.contiguous().to(dtype)
+    expected = o.double() * torch.sigmoid(gate.double())
+    close(cpu_native.sigmoid_gate(o, gate, lib=lib), expected)
+    close(dispatch._act.sigmoid_gate(o, gate), expected)
+
+
+@native
+def test_native_head_kernels_are_batch_invariant(lib):
+    """A token's rows from the norm / gate kernels are the same bits alone as among 37 tokens."""
+    x, z = head_views(37, 5, 100, seed=3)
+    w = torch.randn(100)
+    many = (cpu_native.head_rms_norm(x, w, 1e-6, z, lib=lib), cpu_native.head_rms_norm(x, w, 1e-6, lib=lib),
+            cpu_native.sigmoid_gate(x.contiguous(), z, lib=lib))
+    for i in (0, 17, 36):
+        one = (cpu_native.head_rms_norm(x[i:i + 1], w, 1e-6, z[i:i + 1], lib=lib),
+               cpu_native.head_rms_norm(x[i:i + 1], w, 1e-6, lib=lib),
+               cpu_native.sigmoid_gate(x[i:i + 1].contiguous(), z[i:i + 1], lib=lib))
+        for a, b in zip(one, many):
+            assert torch.equal(a[0], b[i])
+
+
+@native
+def test_native_head_kernels_decline_what_they_do_not_take(lib):
+    x, z = head_views(3, 2, 16, seed=0)
+    w = torch.ones(16)
+    assert cpu_native.head_rms_norm(x.double(), w, 1e-6, lib=lib) is None
+    assert cpu_native.head_rms_norm(x, torch.ones(8), 1e-6, lib=lib) is None  # weight of another size
+    assert cpu_native.head_rms_norm(x, w, 1e-6, z[:2], lib=lib) is None
+    assert cpu_native.sigmoid_gate(x, z, lib=lib) is None  # o must be contiguous
+    assert cpu_native.head_rms_norm(*head_views(2, 1, 600, seed=0)[:1], torch.ones(600), 1e-6, lib=lib) is None
+
+
+@native
+def test_dispatch_takes_native_head_kernels_unless_torch_is_forced():
+    x, z = head_views(9, 3, 40, seed=5)
+    w = torch.randn(40)
+    o = x.contiguous()
+    native = (dispatch.gated_rms_norm(x, z, w, 1e-6), dispatch.head_rms_norm(x, w, 1e-6), dispatch.sigmoid_gate(o, z))
+    assert torch.equal(native[0], cpu_native.head_rms_norm(x, w, 1e-6, z))
+    assert torch.equal(native[1], cpu_native.head_rms_norm(x, w, 1e-6))
+    assert torch.equal(native[2], cpu_native.sigmoid_gate(o, z))
+    with dispatch.force_backend("torch"):
+        twin = (dispatch.gated_rms_norm(x, z, w, 1e-6), dispatch.head_rms_norm(x, w, 1e-6),
+                dispatch.sigmoid_gate(o, z))
+    assert torch.equal(twin[0], gd.gated_rms_norm(x, z, w, 1e-6))
+    assert torch.equal(twin[2], dispatch._act.sigmoid_gate(o, z))
+    for a, b in zip(native, twin):
+        close(a, b)
 
 
 # --- the whole layer against transformers --------------------------------------------------------------------

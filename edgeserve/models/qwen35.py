@@ -24,7 +24,8 @@ from typing import Protocol
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.dispatch import add_rms_norm, gated_delta_net, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.dispatch import (add_rms_norm, gated_delta_net, head_rms_norm, linear, rms_norm, rope_write_kv,
+                                        sigmoid_gate)
 from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.rope import rope_cos_sin, rope_permutation
@@ -260,21 +261,25 @@ class Qwen35Model(LlamaModel):
         mixed, z, b, a = proj.split([d.conv_dim, d.value_dim, d.num_v_heads, d.num_v_heads], dim=-1)
         conv_state, recurrent = states.layer(layer.linear_index)
         o = gated_delta_net(mixed, z, a, b, layer.delta, d, conv_state, recurrent, states.batch)
-        return linear(o.to(self.dtype), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+        return linear(self._matmul_input(o), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+
+    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A float32 mixer output as the output projection takes it: as it is on the CPU (every CPU matmul casts or
+        quantizes its input itself: no bfloat16 copy first), in the model's dtype elsewhere."""
+        return x if x.device.type == "cpu" else x.to(self.dtype)
 
     def _attention(self, i: int, layer: Qwen35Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    attn, prompt_rows: PromptRows | None) -> torch.Tensor:
         """A gated full-attention mixer's output [T, hidden] (K/V written to layer i's pool)."""
         c = self.config
-        t, heads, d = h.shape[0], c.num_heads, c.head_dim
+        t, heads, d, kv = h.shape[0], c.num_heads, c.head_dim, c.num_kv_heads
         qkv = linear(h, layer.qkv, None, prompt_rows)  # type: ignore[arg-type]
-        qg = qkv[:, : 2 * heads * d].view(t, heads, 2 * d)
-        gate = qg[:, :, d:].reshape(t, heads * d)
-        q = rms_norm(qg[:, :, :d].reshape(-1, d), layer.q_norm, c.rms_norm_eps).view(t, heads, d)  # type: ignore
-        k = qkv[:, 2 * heads * d: 2 * heads * d + c.kv_size].reshape(-1, d)
-        k = rms_norm(k, layer.k_norm, c.rms_norm_eps).view(t, c.num_kv_heads, d)  # type: ignore[arg-type]
-        v = qkv[:, 2 * heads * d + c.kv_size:].reshape(t, c.num_kv_heads, d)
+        qg = qkv[:, : 2 * heads * d].view(t, heads, 2 * d)  # views of the projection: the kernels read them in place
+        q = head_rms_norm(qg[:, :, :d], layer.q_norm, c.rms_norm_eps)  # type: ignore[arg-type]
+        k = head_rms_norm(qkv[:, 2 * heads * d: 2 * heads * d + c.kv_size].view(t, kv, d), layer.k_norm,  # type: ignore
+                          c.rms_norm_eps)
+        v = qkv[:, 2 * heads * d + c.kv_size:].view(t, kv, d)
         k_cache, v_cache, slots = attn.layer_cache(i)
         q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-        o = attn.attend(i, q).float() * torch.sigmoid(gate.float())
-        return linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+        o = sigmoid_gate(attn.attend(i, q).view(t, heads, d), qg[:, :, d:]).view(t, heads * d)
+        return linear(self._matmul_input(o), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
