@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from edgeserve.engine.config import EngineConfig
-from edgeserve.engine.kv_format import KV_CACHE_DTYPES
+from edgeserve.engine.config import KV_CACHE_DTYPES, EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from edgeserve.errors import config_error
 from edgeserve.offload.config import OffloadConfig
 
-from .kv_format import KV_CACHE_DTYPES
 from .scheduler import SchedulerConfig, check_decode_slowdown
+
+# --kv-cache-dtype choices (engine.kv_format resolves them; kept here so the CLI stays torch-free)
+KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
 
 
 def _flag(default, flag: str):

@@ -16,7 +16,8 @@ import torch
 from edgeserve.kernels.kv_quant import Q8_BLOCK, q8_row_bytes
 from edgeserve.models.config import ModelConfig
 
-KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
+from .config import KV_CACHE_DTYPES  # noqa: F401  (re-exported)
+
 _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
