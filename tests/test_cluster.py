@@ -146,6 +146,15 @@ def running_requests(state) -> float:
                if line.startswith("edgeserve_num_requests_running{"))
 
 
+def test_limits_and_the_chat_page_hold_at_the_ingress(cluster):
+    big = post(cluster, "/v1/chat/completions", chat_body("x" * (4 * 1024 * 1024 + 1)))
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    page = httpx.get(cluster["url"] + "/", timeout=60)
+    assert page.status_code == 200 and "<html" in page.text.lower() and "x-edgeserve-replica" in page.headers
+    bad = post(cluster, "/api/chat", {"model": DEFAULT_MODEL, "messages": "not a list"})
+    assert bad.status_code == 400 and "error" in bad.json()  # the replica's own validation, Ollama's shape
+
+
 def test_a_client_that_goes_away_cancels_the_request_on_its_replica(cluster):
     body = {**chat_body("Count from one to a thousand in words."), "max_tokens": 1800, "stream": True,
             "ignore_eos": True}
