@@ -3,8 +3,6 @@ ingress; streaming for every API, prefix affinity, per-replica routes, the API k
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import psutil
 import pytest
@@ -148,6 +146,15 @@ def running_requests(state) -> float:
                if line.startswith("edgeserve_num_requests_running{"))
 
 
+def test_limits_and_the_chat_page_hold_at_the_ingress(cluster):
+    big = post(cluster, "/v1/chat/completions", chat_body("x" * (4 * 1024 * 1024 + 1)))
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    page = httpx.get(cluster["url"] + "/", timeout=60)
+    assert page.status_code == 200 and "<html" in page.text.lower() and "x-edgeserve-replica" in page.headers
+    bad = post(cluster, "/api/chat", {"model": DEFAULT_MODEL, "messages": "not a list"})
+    assert bad.status_code == 400 and "error" in bad.json()  # the replica's own validation, Ollama's shape
+
+
 def test_a_client_that_goes_away_cancels_the_request_on_its_replica(cluster):
     body = {**chat_body("Count from one to a thousand in words."), "max_tokens": 1800, "stream": True,
             "ignore_eos": True}
@@ -163,7 +170,7 @@ def test_a_killed_replicas_requests_go_to_the_other(cluster):
     import ray
     from ray import serve
 
-    home = cluster.get("home") or pytest.skip("needs the affinity test's replica")
+    home = cluster["home"]  # the replica holding SYSTEM (the affinity test)
     ray.kill(ray.get_actor(f"SERVE_REPLICA::edgeserve#EdgeserveReplica#{home}", namespace="serve"))
     r = post(cluster, "/v1/chat/completions", chat_body("Question 9: what does `ls -l` show?"))
     assert r.status_code == 200, r.text

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from edgeserve.cluster.affinity import AffinityTable, rank_replicas
 from edgeserve.cluster.aggregate import merge_health, merge_metrics, merge_ps
 from edgeserve.cluster.route_key import CHUNK_CHARS, chunk_hashes, route_key
