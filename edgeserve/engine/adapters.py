@@ -121,6 +121,10 @@ class AdapterStore:
             self._busy[id(adapter)] += 1
             return AdapterChoice(adapter, scale)
 
+    def prefetch(self, name: str) -> None:
+        """Make `name` resident now (raising what `acquire` would), so that a request's `acquire` finds it."""
+        self.release(self.acquire(name))
+
     def release(self, choice: AdapterChoice | None) -> None:
         """A request that held `choice` ended."""
         if choice is None:
