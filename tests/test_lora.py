@@ -268,3 +268,15 @@ def test_serve_refuses_a_missing_lora_path_at_start(tmp_path):
     check_adapters([("ok", str(tmp_path))])
     with pytest.raises(EdgeserveError, match="--lora x=.*does not exist"):
         check_adapters([("x", str(tmp_path / "nope"))])
+
+
+def test_a_decoder_without_adapter_support_refuses_them_by_name(tmp_path):
+    from edgeserve.engine.adapters import AdapterStore
+    from edgeserve.models.gemma import GemmaModel
+
+    lm = tiny(tmp_path)
+    other = GemmaModel.__new__(GemmaModel)  # any decoder whose forward is not the Llama family's
+    store = AdapterStore(lm.config, 2, other)
+    store.register("a", write_peft(tmp_path / "a", random_pairs(lm.config, 4, seed=1), 4, 8))
+    with pytest.raises(AdapterError, match=r"not supported for this llama model's decoder \(GemmaModel\)"):
+        store.acquire("a")

@@ -61,6 +61,7 @@ class AdapterStore:
         self.config = config
         self.max_loras = max_loras
         self.supported = model is None or supports_adapters(model)
+        self.decoder = type(model).__name__
         self.device = getattr(model, "device", "cpu")
         # bfloat16 beside a bfloat16 model halves what a step reads; float32 otherwise
         self.dtype = torch.bfloat16 if getattr(model, "dtype", None) == torch.bfloat16 else torch.float32
@@ -121,6 +122,10 @@ class AdapterStore:
             self._busy[id(adapter)] += 1
             return AdapterChoice(adapter, scale)
 
+    def prefetch(self, name: str) -> None:
+        """Make `name` resident now (raising what `acquire` would), so that a request's `acquire` finds it."""
+        self.release(self.acquire(name))
+
     def release(self, choice: AdapterChoice | None) -> None:
         """A request that held `choice` ended."""
         if choice is None:
@@ -147,8 +152,8 @@ class AdapterStore:
 
     def _read(self, name: str, path: Path) -> LoraAdapter:
         if not self.supported:
-            raise AdapterError(f"LoRA adapters are not supported for the {self.config.architecture} decoder "
-                               "(Llama-family dense models only)")
+            raise AdapterError(f"LoRA adapters are not supported for this {self.config.architecture} model's "
+                               f"decoder ({self.decoder}): Llama-family dense decoders only")
         return load_adapter(name, path, self.config).to(self.device, self.dtype)
 
     @staticmethod

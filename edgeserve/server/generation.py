@@ -175,6 +175,8 @@ class Generation:
 
         self._refuse_embedding_model()
         lm = self.lease.lm
+        if self.req.adapter is not None:  # read a LoRA adapter that is not resident here, not on the event loop
+            await anyio.to_thread.run_sync(self.lease.engine.core.adapters.prefetch, self.req.adapter)
         try:
             if self.req.think_required and self.req.messages is not None and not can_think(lm.chat_template):
                 raise APIError(400, f'"{self.model}" does not support thinking', "invalid_request_error", "think")

@@ -15,6 +15,11 @@
 
 #include "pool.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+/* 16-float vectors pass between this file's static functions only (inlined): no ABI reaches another unit */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 enum { LORA_MAX_PARTS = 3, LORA_GROUP = 4, LORA_COLS = 256, LORA_SPLIT = 4 /* phase 1 tasks per slot */ };
 
 typedef struct {
