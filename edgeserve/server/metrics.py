@@ -146,7 +146,7 @@ class _EngineCollector:
             ("encoder_cache_misses", "Images the vision encoder ran for"),
             ("encode_seconds", "Seconds spent in the vision encoder"))}
         for entry in list(self.manager.entries.values()):
-            runtime = getattr(entry.lm, "vision", None) if entry.engine is not None else None
+            runtime = getattr(getattr(entry, "lm", None), "vision", None) if entry.engine is not None else None
             if runtime is not None:
                 for key, value in (("encoder_cache_hits", runtime.hits), ("encoder_cache_misses", runtime.misses),
                                    ("encode_seconds", runtime.encode_seconds)):
