@@ -62,7 +62,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--mmproj", required=True)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--tokens", type=int, default=400, help="the loaded stream's length (it must outlast the encode)")
+    ap.add_argument("--alone-tokens", type=int, default=200, help="the unloaded stream's length")
     ap.add_argument("--size", type=int, default=512)
     a = ap.parse_args()
     server = start_edgeserve(a.model, extra_args=["--mmproj", a.mmproj])
@@ -71,7 +72,7 @@ def main() -> None:
         rounds = []
         for i in range(a.rounds):
             alone: list[float] = []
-            _stream(server.url, a.tokens, alone)
+            _stream(server.url, a.alone_tokens, alone)
             loaded: list[float] = []
             started = threading.Event()
             t = threading.Thread(target=_stream, args=(server.url, a.tokens, loaded, started))
