@@ -33,9 +33,9 @@ def _png(size: int, seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _stream(url: str, tokens: int, times: list[float], started: threading.Event | None = None) -> None:
+def _stream(url: str, model: str, tokens: int, times: list[float], started: threading.Event | None = None) -> None:
     """A greedy text stream; the arrival time of each content chunk is appended to `times`."""
-    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=3600) as r:
         for line in r.iter_lines():
@@ -45,9 +45,9 @@ def _stream(url: str, tokens: int, times: list[float], started: threading.Event 
                     started.set()
 
 
-def _image_request(url: str, size: int, seed: int) -> tuple[float, float]:
+def _image_request(url: str, model: str, size: int, seed: int) -> tuple[float, float]:
     """(send time, first-token time) of a one-image chat request."""
-    body = {"model": "m", "max_tokens": 1, "temperature": 0, "stream": True, "messages": [{"role": "user", "content": [
+    body = {"model": model, "max_tokens": 1, "temperature": 0, "stream": True, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": _png(size, seed)}}]}]}
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as r:
@@ -62,22 +62,23 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--mmproj", required=True)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--tokens", type=int, default=400, help="the loaded stream's length (it must outlast the encode)")
+    ap.add_argument("--alone-tokens", type=int, default=200, help="the unloaded stream's length")
     ap.add_argument("--size", type=int, default=512)
     a = ap.parse_args()
     server = start_edgeserve(a.model, extra_args=["--mmproj", a.mmproj])
     try:
-        _image_request(server.url, 64, seed=999)  # load the model and the encoder
+        _image_request(server.url, a.model, 64, seed=999)  # load the model and the encoder
         rounds = []
         for i in range(a.rounds):
             alone: list[float] = []
-            _stream(server.url, a.tokens, alone)
+            _stream(server.url, a.model, a.alone_tokens, alone)
             loaded: list[float] = []
             started = threading.Event()
-            t = threading.Thread(target=_stream, args=(server.url, a.tokens, loaded, started))
+            t = threading.Thread(target=_stream, args=(server.url, a.model, a.tokens, loaded, started))
             t.start()
             started.wait()
-            sent, first = _image_request(server.url, a.size, seed=i)
+            sent, first = _image_request(server.url, a.model, a.size, seed=i)
             t.join()
             gaps = np.diff(loaded)
             during = [g for g, end in zip(gaps, loaded[1:]) if sent <= end <= first]
