@@ -1,0 +1,137 @@
+"""Embedding (and reranking) throughput, edgeserve vs llama.cpp's `llama-server --embedding` (`--reranking`) on the
+same GGUF, both servers up at once and requests alternated A/B per round: texts/s at 64- and 512-token inputs,
+batch 1 and 32 (one request carrying that many inputs), medians and ratios.
+
+    python benchmarks/embed_compare.py --llama-server /path/to/llama-server --model minilm-q8_0.gguf
+    python benchmarks/embed_compare.py --llama-server ... --model x.gguf --rerank   # a rank-pooling GGUF
+    python benchmarks/embed_compare.py --make-bert base --qtype q8_0 --out bge-base-q8_0.gguf \\
+        --convert /path/to/llama.cpp/convert_hf_to_gguf.py --vocab-from /path/to/all-MiniLM-L6-v2
+
+`--make-bert` writes a random-weight BERT of a real shape (minilm: 384x6, small: 384x12, base: 768x12) through
+llama.cpp's own converter, with a real WordPiece vocabulary taken from an encoder folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from edgeserve.bench.servers import free_port, http_post_json, start_edgeserve, start_server, stop_server
+
+SHAPES = {"minilm": (384, 6, 12, 1536), "small": (384, 12, 12, 1536), "base": (768, 12, 12, 3072)}
+
+
+def make_bert(shape: str, qtype: str, out: Path, convert: str, vocab_from: Path) -> Path:
+    """A random-weight BERT GGUF of `shape` and `qtype`, converted by llama.cpp's convert_hf_to_gguf.py."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    hidden, layers, heads, ffn = SHAPES[shape]
+    vocab = (vocab_from / "vocab.txt").read_text().splitlines()
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=ffn, max_position_embeddings=512)
+    with tempfile.TemporaryDirectory() as d:
+        BertModel(cfg, add_pooling_layer=False).save_pretrained(d)
+        for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
+                  "1_Pooling"):
+            src = vocab_from / f
+            if src.is_dir():
+                shutil.copytree(src, Path(d) / f)
+            elif src.exists():
+                shutil.copy(src, Path(d) / f)
+        subprocess.run([sys.executable, convert, d, "--outtype", qtype, "--outfile", str(out)], check=True,
+                       capture_output=True)
+    return out
+
+
+def texts(n_tokens: int, count: int) -> list[str]:
+    """`count` different texts of about `n_tokens` WordPiece tokens each ([CLS]/[SEP] included)."""
+    words = ["river", "mountain", "blue", "cat", "table", "green", "house", "light", "stone", "water"]
+    return [" ".join(words[(i + j) % len(words)] for j in range(n_tokens - 2)) for i in range(count)]
+
+
+def request(url: str, model: str, rerank: bool, inputs: list[str]) -> float:
+    """Seconds for one embeddings (or rerank) request carrying `inputs`; raises on an error reply."""
+    t0 = time.perf_counter()
+    if rerank:
+        status, body = http_post_json(url + "/v1/rerank", {"model": model, "query": inputs[0], "documents": inputs[1:]}, timeout=600)
+    else:
+        status, body = http_post_json(url + "/v1/embeddings", {"input": inputs, "model": model}, timeout=600)
+    dt = time.perf_counter() - t0
+    if status != 200:
+        raise RuntimeError(f"{url}: HTTP {status}: {json.dumps(body)[:300]}")
+    return dt
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Both servers up, each workload warmed then alternated for `rounds`; texts/s medians and ratios."""
+    flag = "--reranking" if args.rerank else "--embedding"
+    port = free_port()
+    ctx = 32 * 512
+    peer = start_server("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port",
+                                         str(port), flag, "-np", "32", "-c", str(ctx), "-b", str(ctx), "-ub", "4096",
+                                         "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"], port)
+    ours = start_edgeserve(args.model, max_seqs=32)
+    results, name = {}, Path(args.model).stem
+    try:
+        for n_tok in (64, 512):
+            for batch in (1, 32):
+                inputs = texts(n_tok, batch + 1 if args.rerank else batch)  # a rerank's query, then its documents
+                rounds = args.rounds if n_tok * batch < 4096 else max(2, args.rounds // 2)
+                times: dict[str, list[float]] = {"edgeserve": [], "llama-server": []}
+                for srv in (ours, peer):
+                    request(srv.url, name, args.rerank, inputs)  # warm-up
+                for r in range(rounds):
+                    order = (ours, peer) if r % 2 == 0 else (peer, ours)
+                    for srv in order:
+                        times["edgeserve" if srv is ours else "llama-server"].append(
+                            request(srv.url, name, args.rerank, inputs))
+                tps = {k: batch / statistics.median(v) for k, v in times.items()}
+                key = f"{n_tok}tok_b{batch}"
+                results[key] = {**{f"{k}_texts_s": round(v, 2) for k, v in tps.items()},
+                                "ratio": round(tps["edgeserve"] / tps["llama-server"], 3), "rounds": rounds}
+                print(f"{key:>12}  edgeserve {tps['edgeserve']:8.2f} texts/s  llama-server "
+                      f"{tps['llama-server']:8.2f} texts/s  ratio {results[key]['ratio']:.2f}x", flush=True)
+    finally:
+        stop_server(ours)
+        stop_server(peer)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-server", help="path to llama.cpp's llama-server")
+    p.add_argument("--model", help="the GGUF both servers load")
+    p.add_argument("--rerank", action="store_true", help="rerank throughput (the GGUF has rank pooling)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--make-bert", choices=sorted(SHAPES), help="write a random-weight BERT GGUF and exit")
+    p.add_argument("--qtype", default="q8_0", help="--make-bert's type (convert_hf_to_gguf --outtype)")
+    p.add_argument("--out", help="--make-bert's output path")
+    p.add_argument("--convert", help="llama.cpp's convert_hf_to_gguf.py")
+    p.add_argument("--vocab-from", help="an encoder folder with vocab.txt / tokenizer.json")
+    args = p.parse_args()
+    if args.make_bert:
+        if not (args.out and args.convert and args.vocab_from):
+            p.error("--make-bert needs --out, --convert and --vocab-from")
+        print(make_bert(args.make_bert, args.qtype, Path(args.out), args.convert, Path(args.vocab_from)))
+        return 0
+    if not (args.llama_server and args.model):
+        p.error("--llama-server and --model are required")
+    results = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "rerank": args.rerank, **results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
