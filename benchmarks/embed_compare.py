@@ -28,18 +28,19 @@ from edgeserve.bench.servers import free_port, http_post_json, start_edgeserve, 
 SHAPES = {"minilm": (384, 6, 12, 1536), "small": (384, 12, 12, 1536), "base": (768, 12, 12, 3072)}
 
 
-def make_bert(shape: str, qtype: str, out: Path, convert: str, vocab_from: Path) -> Path:
-    """A random-weight BERT GGUF of `shape` and `qtype`, converted by llama.cpp's convert_hf_to_gguf.py."""
+def make_bert(shape: str, qtype: str, out: Path, convert: str, vocab_from: Path, rerank: bool = False) -> Path:
+    """A random-weight BERT GGUF of `shape` and `qtype`, converted by llama.cpp's convert_hf_to_gguf.py; with
+    `rerank` a cross-encoder (one-logit classifier as `cls.output`, the pooling type set to rank)."""
     import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
 
     hidden, layers, heads, ffn = SHAPES[shape]
     vocab = (vocab_from / "vocab.txt").read_text().splitlines()
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                     intermediate_size=ffn, max_position_embeddings=512)
+                     intermediate_size=ffn, max_position_embeddings=512, num_labels=1)
     with tempfile.TemporaryDirectory() as d:
-        BertModel(cfg, add_pooling_layer=False).save_pretrained(d)
+        (BertForSequenceClassification(cfg) if rerank else BertModel(cfg, add_pooling_layer=False)).save_pretrained(d)
         for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
                   "1_Pooling"):
             src = vocab_from / f
@@ -49,7 +50,17 @@ def make_bert(shape: str, qtype: str, out: Path, convert: str, vocab_from: Path)
                 shutil.copy(src, Path(d) / f)
         subprocess.run([sys.executable, convert, d, "--outtype", qtype, "--outfile", str(out)], check=True,
                        capture_output=True)
+    if rerank:
+        set_rank_pooling(out)
     return out
+
+
+def set_rank_pooling(path: Path) -> None:
+    """Rewrite the GGUF's `bert.pooling_type` in place to rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK)."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path), "r+").fields["bert.pooling_type"]
+    field.parts[field.data[0]][0] = 4
 
 
 def texts(n_tokens: int, count: int) -> list[str]:
@@ -110,7 +121,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-server", help="path to llama.cpp's llama-server")
     p.add_argument("--model", help="the GGUF both servers load")
-    p.add_argument("--rerank", action="store_true", help="rerank throughput (the GGUF has rank pooling)")
+    p.add_argument("--rerank", action="store_true", help="rerank throughput (the GGUF has rank pooling); with --make-bert, write a cross-encoder")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write the results here")
@@ -123,7 +134,7 @@ def main() -> int:
     if args.make_bert:
         if not (args.out and args.convert and args.vocab_from):
             p.error("--make-bert needs --out, --convert and --vocab-from")
-        print(make_bert(args.make_bert, args.qtype, Path(args.out), args.convert, Path(args.vocab_from)))
+        print(make_bert(args.make_bert, args.qtype, Path(args.out), args.convert, Path(args.vocab_from), args.rerank))
         return 0
     if not (args.llama_server and args.model):
         p.error("--llama-server and --model are required")
