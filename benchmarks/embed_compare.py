@@ -119,6 +119,39 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
+def native_ab(model: str, rounds: int) -> dict:
+    """In process: the GGUF loaded with its quantized matrices on the native kernels and again dequantized to
+    float32 for torch (`EDGESERVE_NATIVE=0`), embed calls alternated; texts/s medians per workload."""
+    import os
+
+    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.registry import resolve
+
+    models = {}
+    for name, flag in (("native", "1"), ("torch", "0")):
+        os.environ["EDGESERVE_NATIVE"] = flag
+        models[name] = load_gguf_encoder(resolve(model), dtype="float32")
+    os.environ.pop("EDGESERVE_NATIVE")
+    results = {}
+    for n_tok in (64, 512):
+        for batch in (1, 32):
+            seqs = [models["native"].encode(t)[0] for t in texts(n_tok, batch)]
+            times: dict[str, list[float]] = {k: [] for k in models}
+            for r in range(max(2, rounds if batch == 1 or n_tok == 64 else rounds // 2) + 1):
+                for name in (("native", "torch") if r % 2 == 0 else ("torch", "native")):
+                    t0 = time.perf_counter()
+                    models[name].embed(seqs)
+                    if r:  # round 0 warms up
+                        times[name].append(time.perf_counter() - t0)
+            tps = {k: batch / statistics.median(v) for k, v in times.items()}
+            key = f"{n_tok}tok_b{batch}"
+            results[key] = {**{f"{k}_texts_s": round(v, 2) for k, v in tps.items()},
+                            "ratio": round(tps["native"] / tps["torch"], 3)}
+            print(f"{key:>12}  native {tps['native']:8.2f} texts/s  torch (dequantized) {tps['torch']:8.2f} texts/s"
+                  f"  ratio {results[key]['ratio']:.2f}x", flush=True)
+    return results
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-server", help="path to llama.cpp's llama-server")
@@ -127,6 +160,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--native-ab", action="store_true",
+                   help="no servers: the native quantized matmuls vs torch on the dequantized weights, in process")
     p.add_argument("--make-bert", choices=sorted(SHAPES), help="write a random-weight BERT GGUF and exit")
     p.add_argument("--qtype", default="q8_0", help="--make-bert's type (convert_hf_to_gguf --outtype)")
     p.add_argument("--out", help="--make-bert's output path")
@@ -138,9 +173,12 @@ def main() -> int:
             p.error("--make-bert needs --out, --convert and --vocab-from")
         print(make_bert(args.make_bert, args.qtype, Path(args.out), args.convert, Path(args.vocab_from), args.rerank))
         return 0
-    if not (args.llama_server and args.model):
-        p.error("--llama-server and --model are required")
-    results = run(args)
+    if args.native_ab and args.model:
+        results = native_ab(args.model, args.rounds)
+    elif not (args.llama_server and args.model):
+        p.error("--llama-server and --model are required (--model alone with --native-ab)")
+    else:
+        results = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "rerank": args.rerank, **results}, indent=1))
     return 0
