@@ -73,7 +73,8 @@ def request(url: str, model: str, rerank: bool, inputs: list[str]) -> float:
     """Seconds for one embeddings (or rerank) request carrying `inputs`; raises on an error reply."""
     t0 = time.perf_counter()
     if rerank:
-        status, body = http_post_json(url + "/v1/rerank", {"model": model, "query": inputs[0], "documents": inputs[1:]}, timeout=600)
+        body = {"model": model, "query": inputs[0], "documents": inputs[1:]}
+        status, body = http_post_json(url + "/v1/rerank", body, timeout=600)
     else:
         status, body = http_post_json(url + "/v1/embeddings", {"input": inputs, "model": model}, timeout=600)
     dt = time.perf_counter() - t0
@@ -156,7 +157,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-server", help="path to llama.cpp's llama-server")
     p.add_argument("--model", help="the GGUF both servers load")
-    p.add_argument("--rerank", action="store_true", help="rerank throughput (the GGUF has rank pooling); with --make-bert, write a cross-encoder")
+    p.add_argument("--rerank", action="store_true",
+                   help="rerank throughput (the GGUF has rank pooling); with --make-bert, write a cross-encoder")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write the results here")
