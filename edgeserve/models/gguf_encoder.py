@@ -5,8 +5,8 @@ snowflake-arctic-embed, bge; also rerankers with a `cls` head), `nomic-bert` (no
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, ...) to the BertEncoder names and
 dequantized to the run dtype, except the layers' quantized matrices: on the CPU those stay in their GGUF blocks
 and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. The tokenizer comes from
-the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type` (mean, CLS or last token; rank for a reranker)
-and, as llama.cpp's server and Ollama return them, embeddings are L2-normalized.
+the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
+(mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are L2-normalized.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype) -> dict[st
         if lib is not None and target.startswith("encoder.layer.") and target.endswith(".weight"):
             info = gguf.tensor_info(name)
             blocks = gguf_blocks(gguf, name) if len(info.shape) == 2 and info.qtype not in DENSE else None
-        weights[target] = BlockWeight([blocks], lib) if blocks is not None else gguf.load_tensor(name, dtype).to(device)
+        weights[target] = (BlockWeight([blocks], lib) if blocks is not None
+                           else gguf.load_tensor(name, dtype).to(device))
     for needed in ("embeddings.word_embeddings.weight", "embeddings.LayerNorm.weight"):
         if needed not in weights:
             raise ModelLoadError(f"{gguf.path}: tensor for {needed!r} missing; not a BERT-family GGUF")
