@@ -6,7 +6,8 @@ Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, .
 dequantized to the run dtype, except the layers' quantized matrices: on the CPU those stay in their GGUF blocks
 and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. The tokenizer comes from
 the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
-(mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are L2-normalized.
+(mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are
+L2-normalized.
 """
 
 from __future__ import annotations
