@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> dict:
     try:
         for n_tok in (64, 512):
             for batch in (1, 32):
-                # a rerank: a 6-word query, then documents so that each (query, document) pair is n_tok tokens
-                inputs = texts(8, 1) + texts(n_tok - 6, batch) if args.rerank else texts(n_tok, batch)
+                # a rerank: a 6-word query, then documents: each pair is n_tok tokens in llama-server's template
+                inputs = texts(8, 1) + texts(n_tok - 8, batch) if args.rerank else texts(n_tok, batch)
                 # single inputs are short and their latency noisy on a loaded machine: more rounds there
                 rounds = 3 * args.rounds if batch == 1 else args.rounds if n_tok * batch < 4096 else args.rounds // 2
                 rounds = max(2, rounds)
