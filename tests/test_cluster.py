@@ -147,7 +147,7 @@ def running_requests(state) -> float:
 
 
 def test_limits_and_the_chat_page_hold_at_the_ingress(cluster):
-    big = post(cluster, "/v1/chat/completions", chat_body("x" * (4 * 1024 * 1024 + 1)))
+    big = post(cluster, "/v1/chat/completions", chat_body("x" * (ServerConfig().max_body_bytes + 1)))
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     page = httpx.get(cluster["url"] + "/", timeout=60)
     assert page.status_code == 200 and "<html" in page.text.lower() and "x-edgeserve-replica" in page.headers

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.quant_linear import linear
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,10 @@ class BertEncoder(torch.nn.Module):
                             self.cfg.layer_norm_eps)
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.linear(x, self.w[f"{name}.weight"], self.w.get(f"{name}.bias"))
+        w, b = self.w[f"{name}.weight"], self.w.get(f"{name}.bias")
+        if isinstance(w, torch.Tensor):
+            return F.linear(x, w, b)
+        return linear(x, w, b).to(x.dtype)  # a GGUF block weight: the native quantized matmul (float32 out)
 
     def _token_types(self, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         """The segment embeddings to add: type 0 everywhere, or per token (clamped to the model's type count)."""

@@ -3,9 +3,11 @@ snowflake-arctic-embed, bge; also rerankers with a `cls` head), `nomic-bert` (no
 (jina-embeddings-v2: ALiBi, GEGLU).
 
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, ...) to the BertEncoder names and
-dequantized to the run dtype; the tokenizer comes from the `tokenizer.ggml.*` keys (WordPiece, see
-loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type` (mean, CLS or last token; rank for a reranker)
-and, as llama.cpp's server and Ollama return them, embeddings are L2-normalized.
+dequantized to the run dtype, except the layers' quantized matrices: on the CPU those stay in their GGUF blocks
+and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. The tokenizer comes from
+the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
+(mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are
+L2-normalized.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any, Mapping
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.cpu_native import BlockWeight, library
+from edgeserve.loaders.gguf_weights import gguf_blocks
 from edgeserve.models.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
 from edgeserve.models.decoder_embed import gguf_pooling
 from edgeserve.models.jina_bert import JinaBertEncoder
@@ -37,6 +41,7 @@ _LAYER = {"attn_q": "attention.self.query", "attn_k": "attention.self.key", "att
           "attn_q_norm": "attention.self.q_norm", "attn_k_norm": "attention.self.k_norm",
           "ffn_up": "intermediate.dense",
           "ffn_gate": "intermediate.gate", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm"}
+DENSE = ("F32", "F16", "BF16")  # matrices torch multiplies (dequantized to the run dtype)
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -85,17 +90,31 @@ def gguf_encoder_config(metadata: Mapping[str, Any]) -> EncoderConfig:
         normalize=True, max_seq_length=ctx, rope_theta=float(key("rope.freq_base", 10000.0)))
 
 
-def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor an encoder uses, renamed and dequantized onto `device` (norms and biases too, in `dtype`)."""
-    weights: dict[str, torch.Tensor] = {}
+def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Every tensor an encoder uses, renamed onto `device`: a layer's matrix stored in a block format the native
+    CPU kernels take (Q8_0, Q4_K, ...) stays in its blocks as a BlockWeight when those kernels run here; the rest
+    (embeddings, norms, biases, F16/F32 matrices, the classifier head) dequantized to `dtype`."""
+    weights: dict[str, Any] = {}
+    lib = native_library(device)
     for name in gguf.tensor_names():
         target = encoder_name(name)
-        if target is not None:
-            weights[target] = gguf.load_tensor(name, dtype).to(device)
+        if target is None:
+            continue
+        blocks = None
+        if lib is not None and target.startswith("encoder.layer.") and target.endswith(".weight"):
+            info = gguf.tensor_info(name)
+            blocks = gguf_blocks(gguf, name) if len(info.shape) == 2 and info.qtype not in DENSE else None
+        weights[target] = (BlockWeight([blocks], lib) if blocks is not None
+                           else gguf.load_tensor(name, dtype).to(device))
     for needed in ("embeddings.word_embeddings.weight", "embeddings.LayerNorm.weight"):
         if needed not in weights:
             raise ModelLoadError(f"{gguf.path}: tensor for {needed!r} missing; not a BERT-family GGUF")
     return weights
+
+
+def native_library(device: torch.device) -> Any:
+    """The native CPU kernel library when an encoder on `device` can use it (CPU, EDGESERVE_NATIVE not 0)."""
+    return library() if device.type == "cpu" else None
 
 
 def with_specials(backend: Any, metadata: Mapping[str, Any]) -> Any:

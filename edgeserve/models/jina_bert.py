@@ -37,6 +37,8 @@ def split_fused_up(cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None
         up = weights.get(f"{p}.dense.weight")
         if f"{p}.gate.weight" in weights or up is None or up.shape[0] != 2 * cfg.intermediate_size:
             continue
+        if not isinstance(up, torch.Tensor):  # a native block weight: its rows are interleaved, split the floats
+            up = up.dequantize().to(weights["embeddings.LayerNorm.weight"].dtype)
         weights[f"{p}.gate.weight"], weights[f"{p}.dense.weight"] = up.chunk(2, dim=0)
         bias = weights.get(f"{p}.dense.bias")
         if bias is not None:

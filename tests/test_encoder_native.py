@@ -1,0 +1,67 @@
+"""GGUF encoders whose layer matrices are quantized run those matmuls on the native CPU kernels (BlockWeight), and
+give the embeddings / scores of the dequantized float path within tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgeserve.kernels.cpu_native import BlockWeight, library
+from edgeserve.registry import resolve
+from encoder_gguf import write_encoder_gguf
+
+pytestmark = pytest.mark.skipif(library() is None, reason="native CPU kernels unavailable")
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [c for c in "abcdefghijklmnopqrstuvwxyz"] + [
+    "the", "cat", "sat", "on", "mat", "river", "mountain", "blue", "##s", "##ed", "##ing", "."]
+TEXTS = ["the cat sat on the mat .", "blue river", "mountains", "the " * 40, "a"]
+
+
+def _bert_state(hidden: int, layers: int, ffn: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                     intermediate_size=ffn, max_position_embeddings=128, type_vocab_size=2)
+    return BertModel(cfg, add_pooling_layer=False).eval().state_dict()
+
+
+def _load(path, monkeypatch, native: bool):
+    from edgeserve.models.gguf_encoder import load_gguf_encoder
+
+    monkeypatch.setenv("EDGESERVE_NATIVE", "1" if native else "0")
+    return load_gguf_encoder(resolve(str(path)), dtype="float32")
+
+
+def _state(arch: str) -> dict[str, torch.Tensor]:
+    from test_gguf_encoders import _jina_state, _nomic_state
+
+    if arch == "nomic-bert":
+        return _nomic_state(64, 2, 128, len(VOCAB))
+    if arch == "jina-bert-v2":  # the fused GLU up: split after dequantizing
+        return _jina_state(64, 2, 128, len(VOCAB), fused=True, qk_norm=False)
+    return _bert_state(hidden=64, layers=2, ffn=128)
+
+
+@pytest.mark.parametrize("arch", ["bert", "nomic-bert", "jina-bert-v2"])
+def test_q8_encoder_native_equals_float_path(tmp_path, monkeypatch, arch):
+    sd = _state(arch)
+    path = write_encoder_gguf(tmp_path / f"{arch}.gguf", arch, sd, VOCAB, hidden=64, layers=2, heads=4, ffn=128,
+                              context=128, pooling_type=1, qtype="Q8_0")
+    native, dense = _load(path, monkeypatch, True), _load(path, monkeypatch, False)
+    q = "encoder.layer.0.attention.output.dense.weight"
+    assert isinstance(native.model.w[q], BlockWeight) and isinstance(dense.model.w[q], torch.Tensor)
+    assert isinstance(native.model.w["embeddings.word_embeddings.weight"], torch.Tensor)  # lookups stay dense
+    seqs = [native.encode(t)[0] for t in TEXTS]
+    got, want = native.embed(seqs).numpy(), dense.embed(seqs).numpy()
+    cos = (got * want).sum(-1)  # both L2-normalized
+    assert cos.min() > 0.999
+    np.testing.assert_allclose(got, want, atol=2e-2)
+
+
+def test_f16_encoder_stays_dense(tmp_path, monkeypatch):
+    path = write_encoder_gguf(tmp_path / "f16.gguf", "bert", _bert_state(64, 1, 128), VOCAB, hidden=64, layers=1,
+                              heads=4, ffn=128, context=128, pooling_type=1, qtype="F16")
+    lm = _load(path, monkeypatch, True)
+    assert all(isinstance(v, torch.Tensor) for v in lm.model.w.values())
