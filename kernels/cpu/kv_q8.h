@@ -10,45 +10,18 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
+
 /* the KV pool formats a kernel's `kv_bf16` / `cache_bf16` argument takes */
 enum { KV_F32 = 0, KV_BF16 = 1, KV_Q8_0 = 2 };
 enum { Q8_BLOCK = 32, Q8_BYTES = 34 };
 
 static inline int64_t q8_row_bytes(int D) { return (int64_t)D / Q8_BLOCK * Q8_BYTES; }
 
-static inline float q8_f16_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) return sign ? -0.0f : 0.0f;
-        float f = ldexpf((float)man, -24); /* subnormal */
-        return sign ? -f : f;
-    }
-    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* float32 -> float16, rounded to nearest even (overflow to infinity, NaN kept) */
-static inline uint16_t q8_f32_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds past 65504 */
-    if (ax < 0x38800000u) { /* a float16 subnormal (or zero): value / 2^-24, rounded to nearest even */
-        float a;
-        memcpy(&a, &ax, 4);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
-    }
-    const uint32_t r = ax + 0xfffu + ((ax >> 13) & 1); /* round the 13 dropped bits to nearest even */
-    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-}
-
 static inline float q8_scale(const uint8_t *block) {
     uint16_t h;
     memcpy(&h, block, 2);
-    return q8_f16_f32(h);
+    return f16_to_f32(h);
 }
 
 /* x [D] (float32) as a q8_0 row at out (D / 32 * 34 bytes) */
@@ -57,7 +30,7 @@ static inline void q8_quantize_row(const float *x, int D, uint8_t *out) {
         float amax = 0.0f;
         for (int i = 0; i < Q8_BLOCK; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        const uint16_t h = q8_f32_f16(d);
+        const uint16_t h = f32_to_f16(d);
         memcpy(out, &h, 2);
         for (int i = 0; i < Q8_BLOCK; i++) out[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
     }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "half.h"
 #include "qmatmul.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
@@ -77,25 +78,6 @@ const char *qmm_variant(void) { return "neon"; }
 #else
 const char *qmm_variant(void) { return "scalar"; }
 #endif
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal */
-            float f = ldexpf((float)man, -24);
-            return sign ? -f : f;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 static inline float rd16(const uint8_t *p) {
     uint16_t h;
