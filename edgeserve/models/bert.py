@@ -148,17 +148,24 @@ class BertEncoder(torch.nn.Module):
             return table[0]
         return table[token_type_ids.clamp(max=table.shape[0] - 1)]
 
+    def _embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The embedding layer's output [batch, seq, hidden]: word (+ learned position, where the model has a table:
+        RoPE and ALiBi encoders have none) + segment embeddings, LayerNormed."""
+        w = self.w
+        x = w["embeddings.word_embeddings.weight"][input_ids]
+        positions = w.get("embeddings.position_embeddings.weight")
+        if positions is not None:
+            x = x + positions[torch.arange(input_ids.shape[1], device=input_ids.device)]
+        return self._ln(x + self._token_types(token_type_ids), "embeddings.LayerNorm")
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[batch, seq] ids and 0/1 mask (and segment ids, 0 when None) -> [batch, seq, hidden] states (padding
         positions are garbage)."""
-        c, w = self.cfg, self.w
+        c = self.cfg
         b, t = input_ids.shape
-        pos = torch.arange(t, device=input_ids.device)
-        x = w["embeddings.word_embeddings.weight"][input_ids] + w["embeddings.position_embeddings.weight"][pos]
-        x = x + self._token_types(token_type_ids)
-        x = self._ln(x, "embeddings.LayerNorm")
+        x = self._embed(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, x.dtype)
         heads, hd = c.num_heads, c.hidden_size // c.num_heads
         for i in range(c.num_layers):

@@ -80,8 +80,7 @@ class JinaBertEncoder(BertEncoder):
         """[batch, seq] ids and 0/1 mask -> [batch, seq, hidden] states (padding positions are garbage)."""
         c, w = self.cfg, self.w
         b, t = input_ids.shape
-        x = w["embeddings.word_embeddings.weight"][input_ids] + self._token_types(token_type_ids)
-        x = self._ln(x, "embeddings.LayerNorm")
+        x = self._embed(input_ids, token_type_ids)
         heads, hd = c.num_heads, c.hidden_size // c.num_heads
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}"

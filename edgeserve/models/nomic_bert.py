@@ -34,10 +34,9 @@ class NomicBertEncoder(BertEncoder):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[batch, seq] ids and 0/1 mask -> [batch, seq, hidden] states (padding positions are garbage)."""
-        c, w = self.cfg, self.w
+        c = self.cfg
         b, t = input_ids.shape
-        x = w["embeddings.word_embeddings.weight"][input_ids] + self._token_types(token_type_ids)
-        x = self._ln(x, "embeddings.LayerNorm")
+        x = self._embed(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, x.dtype)
         heads, hd = c.num_heads, c.hidden_size // c.num_heads
         cos, sin = rope_tables(t, hd, c.rope_theta, x.device, x.dtype)
