@@ -15,7 +15,7 @@ import torch
 
 from . import cpu_native
 from .cpu_lora import step_struct, takes
-from .cpu_native import BlockWeight, _attention_rows
+from .cpu_native import BlockWeight, _attention_rows, spans_fit_window
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
 _FLOATS = (torch.float32, torch.bfloat16)
@@ -79,6 +79,7 @@ class NativeDecoder:
     hidden: int
     act_dtype: torch.dtype
     windowed: bool = False  # some layers attend over a sliding window (the library must have windows)
+    min_window: int = 0  # the smallest of those windows
     _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
 
     @classmethod
@@ -143,7 +144,8 @@ class NativeDecoder:
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
                           ptr(model.sin), ptr(local), ptr(local_sin))
-        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed)
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed,
+                   min(w for w in windows if w is not None) if windowed else 0)
 
     def takes_lora(self, step) -> bool:
         """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
@@ -152,9 +154,13 @@ class NativeDecoder:
 
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
-        bfloat16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call."""
+        bfloat16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call. Not
+        a step whose bidirectional spans reach past a sliding window: the stack windows from each row's length,
+        while such a row's window starts from its own position (cpu_native.visible_rows, on the per-op path)."""
         pool = getattr(attn, "pool", None)
         if pool is None or getattr(attn, "scale", None) is not None or not hasattr(attn, "meta"):
+            return False
+        if self.windowed and not spans_fit_window(attn.meta, self.min_window):
             return False
         tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if getattr(pool, "window", None) else [])
         if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _POOLS:

@@ -28,6 +28,7 @@ import torch
 
 from .gated_delta import DeltaBatch
 from .kv_quant import q8_row_bytes
+from .paged_attention import span_ends
 from .rope import q_dtype
 
 log = logging.getLogger(__name__)
@@ -432,21 +433,48 @@ def block_weight(source: object, names: list[str], device: torch.device, dtype: 
 
 
 def _attention_rows(meta) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row of a step: its sequence's index and how many positions it sees (built once per step)."""
+    """Per query row of a step: its sequence's index and how many positions it sees (a row inside one of
+    `meta.attend_spans` sees its whole span), built once per step."""
     plan = getattr(meta, "native_rows", None)
     if plan is None:
-        seqs, lens = [], []
+        seqs, lens, causal = [], [], []
+        spans = getattr(meta, "attend_spans", None)
         for i, (n, s) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
             seqs += [i] * n
-            lens += range(s - n + 1, s + 1)
-        plan = meta.native_rows = (torch.tensor(seqs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
-    return plan
+            causal += range(s - n + 1, s + 1)
+            lens += span_ends(spans[i], s - n, n) if spans is not None else range(s - n + 1, s + 1)
+        as_int = functools.partial(torch.tensor, dtype=torch.int32)
+        plan = meta.native_rows = (as_int(seqs), as_int(lens), as_int(causal) if spans is not None else None)
+    return plan[0], plan[1]
 
 
 def window_rows(lens: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(first key, keys) of each row of a sliding-window layer whose rows see `lens` positions: the last `window`."""
     seen = lens.clamp(max=window)
     return (lens - seen).contiguous(), seen.contiguous()
+
+
+def visible_rows(meta, window: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(first key or None from 0, keys) of each query row of a step in a layer with `window` (None: global). A row
+    in a bidirectional span sees its span's end and, in a window, the keys within the window of its own position:
+    keys max(0, p + 1 - window) .. end - 1 (transformers' Gemma 3: window AND (causal OR span))."""
+    _, lens = _attention_rows(meta)
+    if window is None:
+        return None, lens
+    causal = meta.native_rows[2]
+    if causal is None:
+        return window_rows(lens, window)
+    lo = (causal - window).clamp(min=0)
+    return lo.contiguous(), (lens - lo).contiguous()
+
+
+def spans_fit_window(meta, window: int) -> bool:
+    """Whether, in a layer with `window`, a window taken back from each row's visible length (as the fused stack
+    takes it) starts where `visible_rows` starts it: always without spans, and for span rows whose span ends within
+    the first `window` keys or whose position is that far in anyway."""
+    _, lens = _attention_rows(meta)
+    causal = meta.native_rows[2]
+    return causal is None or torch.equal((lens - window).clamp(min=0), (causal - window).clamp(min=0))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
@@ -479,14 +507,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     scale = d ** -0.5 if scale is None else scale
     if sinks is not None:
         sinks = sinks.to(torch.float32).contiguous()
-        lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+        lo, seen = visible_rows(meta, window)
         lib.qmm_paged_attention_sinks(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
                                       v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(),
                                       tables.stride(0), seqs.data_ptr(), None if lo is None else lo.data_ptr(),
                                       seen.data_ptr(), sinks.data_ptr(), scale, out.data_ptr())
         return out
     if window is not None:
-        lo, seen = window_rows(lens, window)
+        lo, seen = visible_rows(meta, window)
         lib.qmm_paged_attention_from(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k_cache.data_ptr(),
                                      v_cache.data_ptr(), kv_bf16, block_size, hkv, tables.data_ptr(), tables.stride(0),
                                      seqs.data_ptr(), lo.data_ptr(), seen.data_ptr(), scale, out.data_ptr())
@@ -508,8 +536,8 @@ def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if k_cache.shape[-1] != q8_row_bytes(d) or v_cache.dtype != torch.uint8 or h % hkv:
         raise ValueError(f"q8_0 pools {tuple(k_cache.shape)} do not fit queries {tuple(q.shape)}")
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    seqs, lens = _attention_rows(meta)
-    lo, seen = window_rows(lens, window) if window is not None else (None, lens)
+    seqs, _ = _attention_rows(meta)
+    lo, seen = visible_rows(meta, window)
     tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
     tables = tables.contiguous()
     if sinks is not None:

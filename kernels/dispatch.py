@@ -136,9 +136,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
     `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
-    takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss)."""
+    takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss). The tokens of one
+    of `meta.attend_spans` see each other both ways (the Triton kernel is causal only: such steps take the twin)."""
     q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant): the native kernels or the torch twin
-    if (softcap is None and not q8 and use_triton(q.device) and q.shape[-1] <= 256
+    if (softcap is None and not q8 and meta.attend_spans is None and use_triton(q.device) and q.shape[-1] <= 256
             and q.shape[1] % k_cache.shape[2] == 0):
         from .triton_paged_attention import paged_attention as kernel
 

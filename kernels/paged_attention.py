@@ -30,6 +30,9 @@ class AttentionMetadata:
     # the same facts as host lists, for code that splits the batch in Python (the torch reference)
     query_lens_host: list[int]
     seq_lens_host: list[int]
+    # each sequence's [start, end) position spans whose tokens attend to each other both ways (Gemma 3's images;
+    # a span's keys are all in the pool when its tokens attend), None when the step has none
+    attend_spans: "list[tuple[tuple[int, int], ...]] | None" = None
     # the torch reference's split of this step, built by the first layer and reused by the others
     torch_plan: "_Plan | None" = field(default=None, repr=False, compare=False)
     # the native CPU kernel's per-row (sequence, visible length) tensors, built by its first layer
@@ -58,6 +61,16 @@ class AttentionMetadata:
             query_lens_host=list(query_lens),
             seq_lens_host=list(seq_lens),
         )
+
+
+def span_ends(spans: tuple[tuple[int, int], ...], first: int, count: int) -> list[int]:
+    """For query positions first .. first + count - 1 of one sequence: the end of the keys each sees before any
+    window, its position + 1, or the end of the bidirectional span (`spans`, [start, end) each) it sits in."""
+    ends = list(range(first + 1, first + count + 1))
+    for a, b in spans:
+        for p in range(max(a, first), min(b, first + count)):
+            ends[p - first] = b
+    return ends
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -132,10 +145,12 @@ def _plan(meta: AttentionMetadata, device: torch.device, block_size: int, window
             length_i, past = slens[i], slens[i] - n
             # no cached past: plain causal attention, which lets SDPA skip the masked half instead of computing it
             causal = None
-            if past > 0 or (window is not None and length_i > window):
+            spans = meta.attend_spans[i] if meta.attend_spans is not None else ()
+            if past > 0 or spans or (window is not None and length_i > window):
                 keys = torch.arange(length_i, device=device)[None, :]
                 qpos = (past + torch.arange(n, device=device))[:, None]
-                causal = keys <= qpos
+                ends = torch.tensor(span_ends(spans, past, n), device=device)[:, None]
+                causal = keys < ends  # a span's tokens see the whole span (the window still bounds the past)
                 if window is not None:
                     causal &= keys > qpos - window
             prefills.append((starts[i], n, length_i, meta.block_tables[i : i + 1], causal))
@@ -177,7 +192,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float | None = None, window: int | None = None,
                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype.
+    """Causal attention of q [T, H, D] over each sequence's paged K/V; returns [T, H, D] in q's dtype (the tokens of
+    one of `meta.attend_spans` see each other both ways).
 
     `window`: a sliding-window layer, where the query at position p sees keys p - window + 1 .. p only.
     `softcap`: attention-logit soft-capping (scores -> softcap * tanh(scores / softcap)).

@@ -24,7 +24,7 @@ from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
 from .prefix_key import NO_KEY, PrefixKey
-from .request_state import ImageRows
+from .request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
@@ -96,13 +96,15 @@ class AsyncEngine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0,
-               images: Sequence[ImageRows] = (), mrope: MRopePositions | None = None) -> RequestStream:
+               images: Sequence[ImageRows] = (), mrope: MRopePositions | None = None,
+               attend_spans: Sequence[AttendSpan] = ()) -> RequestStream:
         """Queue a request and return its stream; PromptTooLongError, QueueFullError or ValueError raise now.
         `adapter`: the LoRA adapter (by name) it runs at `adapter_scale`; `images`: embedding rows replacing prompt
-        tokens, `mrope`: M-RoPE positions (EngineCore.add_request)."""
+        tokens, `mrope`: M-RoPE positions, `attend_spans`: bidirectional prompt spans (EngineCore.add_request)."""
         if self._shutdown:
             raise EngineError("the engine is shutting down")
-        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope)
+        rid = self.core.add_request(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope,
+                                    attend_spans)
         send, receive = anyio.create_memory_object_stream[RequestOutput | Exception](math.inf)
         self._outbox.open(rid, _StreamSink(send))
         self._wakeup.set()
@@ -111,9 +113,11 @@ class AsyncEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0,
                        images: Sequence[ImageRows] = (),
-                       mrope: MRopePositions | None = None) -> AsyncIterator[RequestOutput]:
+                       mrope: MRopePositions | None = None,
+                       attend_spans: Sequence[AttendSpan] = ()) -> AsyncIterator[RequestOutput]:
         """Submit and yield the deltas; leaving the loop early (or being cancelled) aborts the request."""
-        stream = self.submit(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope)
+        stream = self.submit(prompt_ids, params, request_id, prefix_key, adapter, adapter_scale, images, mrope,
+                             attend_spans)
         try:
             async for out in stream:
                 yield out

@@ -39,10 +39,10 @@ from .kv_cache import KVPool, engine_kv_format, size_pool
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
-from .request_check import check_images, check_mrope, check_request
+from .request_check import check_images, check_mrope, check_request, check_spans
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
-from .request_state import ImageRows, Registry, Request, SeqStatus
+from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
 from .state_cache import StateSlots
 from .state_pool import StateSpec
@@ -139,30 +139,35 @@ class EngineCore:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     prefix_key: PrefixKey = NO_KEY, adapter: str | None = None, adapter_scale: float = 1.0,
-                    images: Sequence[ImageRows] = (), mrope: MRopePositions | None = None) -> str:
+                    images: Sequence[ImageRows] = (), mrope: MRopePositions | None = None,
+                    attend_spans: Sequence[AttendSpan] = ()) -> str:
         """Queue a request; raises PromptTooLongError, QueueFullError ('busy') or InvalidRequestError (a ValueError)
         now, not later (`check_request` is the one validation). `prefix_key`: what besides the tokens enters its
         prefix-cache keys (images); `adapter`: the name of the LoRA adapter it runs at `adapter_scale` (its
         digest and scale join the prefix key); `images`: (start, rows [n, hidden]) embeddings that replace the
         prompt's tokens start..start+n-1 (an image's placeholders); `mrope`: the prompt's M-RoPE positions (a Qwen-VL
-        model's, with images: models.mrope)."""
+        model's, with images: models.mrope); `attend_spans`: [start, end) prompt ranges whose tokens attend to each
+        other both ways (Gemma 3's images; a prefill chunk never ends inside one)."""
         check_request(prompt_ids, params, self.lm.config.vocab_size, self.max_model_len)
         choice = self.adapters.acquire(adapter, adapter_scale) if adapter is not None else None
         try:
-            return self._add(prompt_ids, params, request_id, prefix_key_for(prefix_key, choice), choice, images, mrope)
+            return self._add(prompt_ids, params, request_id, prefix_key_for(prefix_key, choice), choice, images, mrope,
+                             attend_spans)
         except BaseException:
             self.adapters.release(choice)
             raise
 
     def _add(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None, prefix_key: PrefixKey,
-             choice: AdapterChoice | None, images: Sequence[ImageRows], mrope: MRopePositions | None) -> str:
+             choice: AdapterChoice | None, images: Sequence[ImageRows], mrope: MRopePositions | None,
+             attend_spans: Sequence[AttendSpan] = ()) -> str:
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, list(prompt_ids), params=params, generator=make_generator(params), stop_ids=stop_ids,
                       max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                       proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer), prefix_key=prefix_key,
                       adapter=choice, images=check_images(images, len(prompt_ids), self.lm.config.hidden_size),
-                      mrope=check_mrope(mrope, len(prompt_ids), self.lm.config))
+                      mrope=check_mrope(mrope, len(prompt_ids), self.lm.config),
+                      attend_spans=check_spans(attend_spans, len(prompt_ids)))
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:

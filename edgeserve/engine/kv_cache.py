@@ -349,17 +349,19 @@ def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], po
 
 
 def forward_inputs(model, pool: "KVPool", inputs: "StepInputs", prompt_rows=None, fill=None,
-                   states=None, lora=None, image_rows=None, mrope=None) -> torch.Tensor:
+                   states=None, lora=None, image_rows=None, mrope=None, spans=None) -> torch.Tensor:
     """One engine step's inputs (the persistent batch's, on the device) through `model.forward` over `pool`;
     hidden states [T, hidden]. `fill` writes token ids still on the device (model_runner.TokenFill); `states`: the
     step's recurrent states (state_pool.StepStates) for a hybrid model; `lora`: the step's LoRA adapters
     (models.lora_step.StepLora; only a decoder that takes adapters gets one); `image_rows`: (flat indices, rows)
     whose embeddings images replace (model_runner.image_rows), passed only when set; `mrope`: the step's positions
-    with M-RoPE's offsets and, where image tokens are in it, their [3, T] positions (model_runner.step_mrope)."""
+    with M-RoPE's offsets and, where image tokens are in it, their [3, T] positions (model_runner.step_mrope);
+    `spans`: each sequence's bidirectional prompt spans (model_runner.step_spans, AttentionMetadata.attend_spans)."""
     meta = AttentionMetadata(slot_mapping=inputs.slot_mapping, query_start_loc=inputs.query_start_loc,
                              seq_lens=inputs.seq_lens, block_tables=inputs.block_tables,
                              max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens_host),
-                             query_lens_host=inputs.query_lens, seq_lens_host=inputs.seq_lens_host)
+                             query_lens_host=inputs.query_lens, seq_lens_host=inputs.seq_lens_host,
+                             attend_spans=spans)
     if fill is not None:
         fill.apply(inputs.token_ids)
     attn = PagedKVAttention(pool, meta, states=states)

@@ -74,7 +74,8 @@ class ModelRunner:
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens), lora, images, mrope)
+                                self._step_states(scheduled, inputs.query_lens), lora, images, mrope,
+                                step_spans(scheduled))
         if not sample_seqs:
             return None
         rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
@@ -124,6 +125,14 @@ def image_rows(scheduled: list, device: torch.device) -> tuple[torch.Tensor, tor
     if not index:
         return None
     return torch.cat(index).to(device), torch.cat(rows).to(device)
+
+
+def step_spans(scheduled: list) -> list[tuple] | None:
+    """Each sequence's bidirectional prompt spans this step's chunk reaches (AttentionMetadata.attend_spans), or None
+    when no chunk of the step has any."""
+    spans = [tuple((a, b) for a, b in s.attend_spans if b > s.positions[0] and a < s.positions[-1] + 1)
+             for s in scheduled]
+    return spans if any(spans) else None
 
 
 def step_mrope(scheduled: list, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None] | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from edgeserve.errors import InvalidRequestError, PromptTooLongError
 from edgeserve.sampling_params import SamplingParams
 
-from .request_state import ImageRows
+from .request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
@@ -58,3 +58,16 @@ def check_mrope(mrope: MRopePositions | None, prompt_len: int, config: Any) -> M
         raise InvalidRequestError(f"M-RoPE positions must be [3, {prompt_len}], got {list(mrope.prompt.shape)}",
                                   "mrope")
     return mrope
+
+
+def check_spans(spans: Sequence[AttendSpan], prompt_len: int) -> tuple[AttendSpan, ...]:
+    """The request's bidirectional attention spans, checked: [start, end) of at least one token each, inside the
+    prompt, none overlapping (InvalidRequestError naming `attend_spans` otherwise); returned sorted."""
+    out = tuple(sorted((int(a), int(b)) for a, b in spans))
+    end = 0
+    for a, b in out:
+        if not end <= a < b <= prompt_len:
+            raise InvalidRequestError("attention spans must be non-empty [start, end) ranges inside the prompt "
+                                      "without overlapping", "attend_spans")
+        end = b
+    return out

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 SeqId = Hashable
 # (position of the first placeholder token, its embedding rows [n, hidden]): an image's rows in the prompt
 ImageRows = tuple[int, "torch.Tensor"]
+# [start, end) prompt positions whose tokens attend to each other both ways in prefill (one Gemma 3 image)
+AttendSpan = tuple[int, int]
 
 
 class SeqStatus(Enum):
@@ -58,6 +60,7 @@ class Sequence:
     prefix_key: PrefixKey = NO_KEY  # what besides its tokens enters its blocks' hashes (adapter, images)
     images: tuple[ImageRows, ...] = ()  # embedding rows that replace prompt placeholder tokens' (images)
     mrope: MRopePositions | None = None  # M-RoPE positions of a request with images (Qwen-VL; models.mrope)
+    attend_spans: tuple[AttendSpan, ...] = ()  # bidirectional prompt spans (Gemma 3's images), sorted, disjoint
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

@@ -73,6 +73,8 @@ class ScheduledSeq:
     state_slot: int = -1  # a hybrid model's recurrent-state slot of the sequence (engine.state_cache); -1: none
     images: tuple = ()  # the request's image rows (request_state.ImageRows) while its prompt is computed
     mrope: Any = None  # the request's M-RoPE positions (models.mrope.MRopePositions), None for 1-D positions
+    attend_spans: tuple = ()  # the request's bidirectional prompt spans (request_state.AttendSpan) while its prompt
+    # is computed
 
     @property
     def num_new_tokens(self) -> int:
@@ -468,7 +470,7 @@ class Scheduler:
             point = self._prompt_snapshot_point(seq)
             if start < point < start + n:  # stop the chunk there, so the state there can be kept
                 n = point - start
-        stop = start + n
+        stop = span_stop(start, start + n, seq.attend_spans)
         end = stop + len(spec or ())
         return ScheduledSeq(
             seq_id=seq.seq_id,
@@ -483,7 +485,18 @@ class Scheduler:
             state_slot=self.states.slot(seq.seq_id) if self.states is not None else -1,
             images=seq.images if start < seq.num_prompt_tokens else (),
             mrope=seq.mrope,
+            attend_spans=seq.attend_spans if start < seq.num_prompt_tokens else (),
         )
+
+
+def span_stop(start: int, stop: int, spans: tuple) -> int:
+    """Where a chunk from `start` that would stop at `stop` stops so that no bidirectional span is cut: before a
+    span it would end inside, or, when the chunk starts inside or at that span, past its end (beyond the budget:
+    a span's tokens need all of its keys in the pool when they attend)."""
+    for a, b in spans:
+        if a < stop < b:
+            return b if a <= start else a
+    return stop
 
 
 def _shape(scheduled: list[ScheduledSeq]) -> StepShape:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,13 +28,17 @@ class RequestImages:
     encode_seconds: float  # encoder time for this request (0 when every image was cached)
     decode_seconds: float  # decoding and preprocessing time
     mrope: MRopePositions | None = None  # the prompt's M-RoPE positions (Qwen-VL)
+    attend_spans: list[tuple[int, int]] = field(default_factory=list)  # bidirectional image spans (Gemma 3)
 
     def engine_args(self) -> dict[str, Any]:
-        """`prefix_key`, `images` (and a Qwen-VL prompt's `mrope`) for AsyncEngine.submit."""
+        """`prefix_key`, `images` (and a Qwen-VL prompt's `mrope`, a Gemma 3 prompt's `attend_spans`) for
+        AsyncEngine.submit."""
         args: dict[str, Any] = {"prefix_key": self.prompt.prefix_key(),
                                 "images": self.prompt.engine_images(self.embeds)}
         if self.mrope is not None:
             args["mrope"] = self.mrope
+        if self.attend_spans:
+            args["attend_spans"] = self.attend_spans
         return args
 
 
@@ -100,4 +104,5 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
 def encode_images(placed: ImagePrompt, vision: Any, decode_seconds: float) -> RequestImages:
     """The placed images' embedding rows (encoder cache first)."""
     embeds, seconds = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
-    return RequestImages(placed, embeds, seconds, decode_seconds, placed.mrope(vision.family))
+    return RequestImages(placed, embeds, seconds, decode_seconds, placed.mrope(vision.family),
+                         placed.attend_spans(vision.family))

@@ -26,6 +26,9 @@ class VisionFamily(Protocol):
     """One family's image pipeline: preprocessing, the image's prompt tokens, the encoder + projector."""
 
     projector_type: str
+    # whether the language model's prefill lets each image's placeholder tokens attend to each other both ways
+    # (Gemma 3)
+    bidirectional_images: bool
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
         """The image resized, rescaled, normalized (and tiled) as the family's HF image processor does it."""

@@ -32,6 +32,9 @@ class Gemma3Vision:
     """Gemma 3's VisionFamily."""
 
     projector_type = "gemma3"
+    # the language model's prefill lets an image's tokens attend to each other both ways (transformers' Gemma 3
+    # mask: causal OR same image, on every layer)
+    bidirectional_images = True
 
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):

@@ -56,6 +56,7 @@ class Idefics3Vision:
     """SmolVLM / Idefics3's VisionFamily."""
 
     projector_type = "idefics3"
+    bidirectional_images = False  # causal throughout, as transformers' Idefics3
 
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):

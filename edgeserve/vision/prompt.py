@@ -89,6 +89,13 @@ class ImagePrompt:
         """The spans that make every block an image's tokens touch hash by that image."""
         return PrefixKey(spans=tuple((p.start, p.stop, p.key) for p in self.images))
 
+    def attend_spans(self, family: VisionFamily) -> list[tuple[int, int]]:
+        """The [start, end) placeholder runs whose tokens attend to each other both ways in prefill, where the family
+        asks for it (`bidirectional_images`: Gemma 3), else none."""
+        if not family.bidirectional_images:
+            return []
+        return [(pos, pos + n) for p in self.images for pos, n in p.runs]
+
     def engine_images(self, embeds: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
         """The engine request's image rows (request_state.ImageRows) for each image's embeddings."""
         return [run for p, e in zip(self.images, embeds) for run in p.rows(e)]

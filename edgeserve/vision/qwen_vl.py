@@ -342,6 +342,8 @@ class QwenVLFamily:
     """The Qwen2.5-VL / Qwen3-VL adapter (family.VisionFamily): preprocessing, `<|vision_start|>` + image pads +
     `<|vision_end|>` in the prompt, the tower, and each image's M-RoPE grid for the language model."""
 
+    bidirectional_images = False  # causal throughout, as transformers' Qwen-VL
+
     def __init__(self, cfg: QwenVisionConfig, tower: QwenVisionTower, source: VisionSource):
         self.cfg, self.tower, self.source = cfg, tower, source
         self.projector_type = cfg.projector_type
