@@ -115,8 +115,8 @@ class LLM:
 
     def image_prompt(self, text: str, images: list, system: str | None = None) -> tuple[list[int], dict]:
         """A user turn of `text` after the Pillow `images` (after a `system` message), through the chat template:
-        its token ids and the `images` / `prefix_key` that `stream` passes on (a ValueError for a model without
-        vision)."""
+        its token ids and the `images` / `prefix_key` (/ `mrope`, `attend_spans`) that `stream` passes on (a
+        ValueError for a model without vision)."""
         from edgeserve.vision.prompt import image_mark, image_prompt
 
         vision = self.lm.vision
@@ -127,17 +127,13 @@ class LLM:
         rendered = self.lm.chat_template.render(turns, add_generation_prompt=True)
         placed = image_prompt(rendered, dict(enumerate(images)), vision.family, self.lm.tokenizer, vision.key)
         embeds, _ = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
-        request: dict[str, Any] = {"prefix_key": placed.prefix_key(), "images": placed.engine_images(embeds)}
-        mrope = placed.mrope(vision.family)  # a Qwen-VL prompt's (t, h, w) positions
-        if mrope is not None:
-            request["mrope"] = mrope
-        return placed.ids, request
+        return placed.ids, placed.engine_request(vision.family, embeds)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams | None = None, adapter: str | None = None,
                **request: Any) -> Iterator[RequestOutput]:
         """Deltas of one completion as they are generated (what `edgeserve run` prints); `adapter`: the name of a
-        LoRA adapter of the config's `loras` to run it with; `request`: prefix_key, images and mrope, as
-        `image_prompt` gives them."""
+        LoRA adapter of the config's `loras` to run it with; `request`: prefix_key, images, mrope and attend_spans,
+        as `image_prompt` gives them."""
         params = params or SamplingParams()
         rid = self.engine.add_request(prompt_ids, params, adapter=adapter, **request)
         outbox, deltas = Outbox(), []

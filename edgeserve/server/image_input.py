@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from PIL import Image
 
-from edgeserve.models.mrope import MRopePositions
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.image_parts import ImageInput
 from edgeserve.vision.images import ImageError, ImageLimits, decode_base64, decode_image
@@ -27,19 +26,12 @@ class RequestImages:
     embeds: list[torch.Tensor]
     encode_seconds: float  # encoder time for this request (0 when every image was cached)
     decode_seconds: float  # decoding and preprocessing time
-    mrope: MRopePositions | None = None  # the prompt's M-RoPE positions (Qwen-VL)
-    attend_spans: list[tuple[int, int]] = field(default_factory=list)  # bidirectional image spans (Gemma 3)
+    request: dict[str, Any] = field(default_factory=dict)  # ImagePrompt.engine_request
 
     def engine_args(self) -> dict[str, Any]:
         """`prefix_key`, `images` (and a Qwen-VL prompt's `mrope`, a Gemma 3 prompt's `attend_spans`) for
         AsyncEngine.submit."""
-        args: dict[str, Any] = {"prefix_key": self.prompt.prefix_key(),
-                                "images": self.prompt.engine_images(self.embeds)}
-        if self.mrope is not None:
-            args["mrope"] = self.mrope
-        if self.attend_spans:
-            args["attend_spans"] = self.attend_spans
-        return args
+        return self.request
 
 
 def decode_inputs(inputs: list[ImageInput], vision: Any, model: str, config: Any) -> dict[int, Image.Image]:
@@ -104,5 +96,4 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
 def encode_images(placed: ImagePrompt, vision: Any, decode_seconds: float) -> RequestImages:
     """The placed images' embedding rows (encoder cache first)."""
     embeds, seconds = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
-    return RequestImages(placed, embeds, seconds, decode_seconds, placed.mrope(vision.family),
-                         placed.attend_spans(vision.family))
+    return RequestImages(placed, embeds, seconds, decode_seconds, placed.engine_request(vision.family, embeds))

@@ -100,6 +100,18 @@ class ImagePrompt:
         """The engine request's image rows (request_state.ImageRows) for each image's embeddings."""
         return [run for p, e in zip(self.images, embeds) for run in p.rows(e)]
 
+    def engine_request(self, family: VisionFamily, embeds: list[torch.Tensor]) -> dict[str, Any]:
+        """The engine request's image arguments (AsyncEngine.submit): `prefix_key`, `images`, and where the family
+        needs them a Qwen-VL prompt's `mrope` and a Gemma 3 prompt's `attend_spans`."""
+        request: dict[str, Any] = {"prefix_key": self.prefix_key(), "images": self.engine_images(embeds)}
+        mrope = self.mrope(family)
+        if mrope is not None:
+            request["mrope"] = mrope
+        spans = self.attend_spans(family)
+        if spans:
+            request["attend_spans"] = spans
+        return request
+
 
 class ImageMarkError(ValueError):
     """The template dropped or repeated an image's marker."""
