@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,9 @@ from edgeserve.vision.family import PreparedImage, VisionFamily, has_vision, loa
 log = logging.getLogger("edgeserve.vision")
 
 ENCODER_CACHE_IMAGES = 32  # encoder outputs kept (one 256-row Gemma 3 image at 2560 wide: 2.5 MiB)
+# The encoder's thread (and the torch worker threads it starts) run this much nicer than the engine: while streams
+# decode, their steps take the cores first and the encoder the rest; alone, it still has every core.
+ENCODER_NICE = 10
 
 
 @dataclass
@@ -29,8 +34,10 @@ class VisionRuntime:
     hits: int = 0
     misses: int = 0
     encode_seconds: float = 0.0  # time spent in the encoder, all requests
+    encoder_nice: int | None = ENCODER_NICE  # the encoder thread's nice increment (None: the caller's thread)
     _cache: OrderedDict[bytes, torch.Tensor] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _worker: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def key(self, digest: bytes) -> bytes:
         """An image's key: its pixel digest with the projector and preprocessing settings."""
@@ -54,7 +61,7 @@ class VisionRuntime:
         todo = [i for i, e in enumerate(out) if e is None]
         t0 = time.perf_counter()
         for group in _same_shape(images, todo):
-            for i, emb in zip(group, self.family.encode([images[i] for i in group])):
+            for i, emb in zip(group, self._encode([images[i] for i in group])):
                 out[i] = emb.detach()
         seconds = time.perf_counter() - t0 if todo else 0.0
         with self._lock:
@@ -65,6 +72,26 @@ class VisionRuntime:
             while len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
         return out, seconds  # type: ignore[return-value]
+
+
+    def _encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
+        """The family's encoder over `images`, on the encoder's own low-priority thread (one image batch at a
+        time)."""
+        if self.encoder_nice is None:
+            return self.family.encode(images)
+        with self._lock:
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, "edgeserve-encoder", _lower_priority, (self.encoder_nice,))
+        return self._worker.submit(self.family.encode, images).result()
+
+
+def _lower_priority(nice: int) -> None:
+    """Make the calling thread (and the threads it starts: torch's OpenMP team) `nice` steps nicer; Linux only,
+    where a thread has its own priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except (AttributeError, OSError) as e:  # not Linux, or a sandbox that refuses: the encoder runs at the same pace
+        log.debug("the encoder thread keeps its priority: %s", e)
 
 
 def _same_shape(images: list[PreparedImage], todo: list[int]) -> list[list[int]]:
