@@ -6,7 +6,9 @@ and a random language-model GGUF of the matching shape.
 
 writes mmproj-qwen3vl-2b-f16.gguf and qwen3vl-2b-q4_k_m.gguf (Qwen3-VL-2B-Instruct's shapes: a 24-layer 1024-wide
 ViT with DeepStack after layers 5, 11, 17, and its 28-layer 2048-wide language model). `--family gemma3-4b` /
-`smolvlm-256m` write those towers' mmproj only (edgeserve.bench.random_mmproj.SIGLIP_SHAPES; no language model).
+`smolvlm-256m` write those towers' mmproj only (edgeserve.bench.random_mmproj.SIGLIP_SHAPES; no language model);
+`--lm-width 640` makes its projector map into 640-wide rows, so the real Gemma 3 270M GGUF can be its language model
+(mmproj-gemma3-4b-to640-f16.gguf, the file of the PERFORMANCE sections' vision_ttft / vision_interference runs).
 """
 
 from __future__ import annotations
@@ -60,10 +62,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocab", default=VOCAB_GGUF, help="a GGUF whose Qwen2 tokenizer the language model takes")
     ap.add_argument("--mix", default="Q4_K_M", help="the language model's quantization mix")
+    ap.add_argument("--lm-width", type=int, default=None, help="a SigLIP tower's projector output width")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.family in SIGLIP_SHAPES:
-        print(write_siglip_mmproj(args.out / f"mmproj-{args.family}-f16.gguf", SIGLIP_SHAPES[args.family], "F16"))
+        shape = dict(SIGLIP_SHAPES[args.family], **({"lm": args.lm_width} if args.lm_width else {}))
+        name = f"mmproj-{args.family}{f'-to{args.lm_width}' if args.lm_width else ''}-f16.gguf"
+        print(write_siglip_mmproj(args.out / name, shape, "F16"))
         return
     mmproj = args.out / "mmproj-qwen3vl-2b-f16.gguf"
     write_qwen_mmproj(mmproj, QWEN3VL_2B_VISION, random_qwen3vl_tower(QWEN3VL_2B_VISION), qwen3=True,
