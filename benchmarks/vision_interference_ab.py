@@ -4,11 +4,12 @@ thread at the engine's priority (as before) and on the vision runtime's own nice
     python benchmarks/vision_interference_ab.py --model LM.gguf [--layers 3] [--rounds 3] [--nice 10 19]
 
 Writes a random-weight Gemma 3 tower mmproj (SigLIP so400m's shape with `--layers` of its 27 layers, F16, projecting
-into the language model's width), loads the model with it (torch's 2 threads), then per round, in alternating order:
-the stream alone, the stream while the image is encoded in a plain thread, alone again, the stream while it is
-encoded on the runtime's thread (once per `--nice` value). A stream is a greedy `ignore_eos` request stepped by this process (one token per
-step). Reported per mode: the median step gap during the encode over the median alone, and the encode's seconds;
-then the medians over rounds. Prints one JSON object. For the server-level figure see vision_interference.py.
+into the language model's width), loads the model with it (torch's 2 threads), then per round, in alternating
+order: the stream alone, then the stream while the image is encoded in a plain thread; alone again, then while it
+is encoded on the runtime's thread (once per `--nice` value). A stream is a greedy `ignore_eos` request stepped by
+this process (one token per step). Reported per mode: the median step gap during the encode over the median alone
+just before, and the encode's seconds; then the medians over rounds. Prints one JSON object. For the server-level
+figure see vision_interference.py.
 """
 
 from __future__ import annotations
