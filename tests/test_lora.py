@@ -353,3 +353,45 @@ def test_a_decoder_without_adapter_support_refuses_them_by_name(tmp_path):
     store.register("a", write_peft(tmp_path / "a", random_pairs(lm.config, 4, seed=1), 4, 8))
     with pytest.raises(AdapterError, match=r"not supported for this llama model's decoder \(GemmaModel\)"):
         store.acquire("a")
+
+
+@native
+@pytest.mark.parametrize("int8", [False, True])
+def test_prompt_sized_and_decode_sized_calls_give_the_same_rows(int8):
+    """lora.c splits a prompt-sized call's slots over the pool and runs a decode-sized one slot per task: each row
+    comes out the same either way, bit for bit (default-model shapes of q/k/v, one layer)."""
+    import ctypes
+    from pathlib import Path
+
+    from edgeserve.kernels.cpu_lora import step_struct
+    from edgeserve.models.lora import LoraAdapter, LoraPair, LoraPart
+
+    torch.manual_seed(0)
+    k, outs, r = 576, [576, 192, 192], 16
+
+    def adapter(name):
+        parts = [LoraPart(i * r, sum(outs[:i]), torch.randn(r, o) * 0.05) for i, o in enumerate(outs)]
+        a = LoraAdapter(name, Path(name), b"", r, [{"qkv": LoraPair(torch.randn(3 * r, k) * 0.05, parts)}])
+        a.to("cpu", torch.bfloat16).int8 = int8
+        return a
+
+    lib, n = cpu_native.library(), sum(outs)
+    a, b = adapter("a"), adapter("b")
+    x = torch.randn(160, k)
+
+    def run(rows: slice, choice) -> torch.Tensor:
+        t = rows.stop - rows.start
+        step = StepLora.build([choice(i) for i in range(rows.start, rows.stop)], [1] * t)
+        s, keep = step_struct(step)
+        out = torch.zeros(t, n)
+        xs = x[rows].contiguous()
+        assert lib.qmm_lora_add(ctypes.addressof(s), 0, 0, xs.data_ptr(), 0, k, t, k, out.data_ptr(), n, n) == 0
+        return out
+
+    def choice(i):
+        return None if i % 5 == 4 else ((a, 1.0) if i % 2 else (b, 0.5))
+
+    whole = run(slice(0, 160), choice)  # 128+ rows of one adapter: the prompt-sized split
+    parts = torch.cat([run(slice(i, i + 4), choice) for i in range(0, 160, 4)])  # 4 rows: decode-sized
+    assert whole.abs().max() > 0 and torch.equal(whole, parts)
+    assert not whole[4::5].any()  # rows without an adapter are left alone
