@@ -174,6 +174,19 @@ def test_lora_weights_auto_picks_int8_beside_a_quantized_base_only(tmp_path):
         EngineConfig(lora_weights="int4")
 
 
+def test_the_lora_weights_flag_reaches_the_engine_and_a_bad_one_is_one_line(capsys):
+    from edgeserve.cli import build_parser, engine_config_from_args, main
+
+    args = build_parser().parse_args(["serve", "--lora-weights", "float"])
+    assert engine_config_from_args(args).lora_weights == "float"
+    assert engine_config_from_args(build_parser().parse_args(["serve"])).lora_weights == "auto"
+    with pytest.raises(SystemExit) as exited:  # argparse's choices: one line, status 1
+        main(["serve", "--lora-weights", "int4"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "--lora-weights" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("qtype,dtype", [("F32", "float32"), pytest.param("Q4_1", "bfloat16", marks=native)])
 def test_a_zero_b_gives_exactly_the_base_output(tmp_path, qtype, dtype):
     lm = tiny(tmp_path, qtype=qtype, dtype=dtype)
