@@ -314,7 +314,12 @@ int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_b
     if (x_bf16) { /* the adapters' rows as float32, once */
         for (int i = 0; i < rows; i++) {
             const int row = s->seg_rows[i];
-            for (int k = 0; k < K; k++) xf[(int64_t)row * K + k] = load1(x, LORA_BF16, (int64_t)row * ldx + k);
+            int k = 0;
+            for (; k + 16 <= K; k += 16) {
+                const v16f v = load16(x, LORA_BF16, (int64_t)row * ldx + k);
+                memcpy(xf + (int64_t)row * K + k, &v, sizeof v);
+            }
+            for (; k < K; k++) xf[(int64_t)row * K + k] = load1(x, LORA_BF16, (int64_t)row * ldx + k);
         }
     }
     int n = 0;
