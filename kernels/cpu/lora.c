@@ -333,12 +333,11 @@ int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_b
             }
     }
     lora_job_t job = {s, layer, target, K, N, R, x_bf16 ? xf : (const float *)x, x_bf16 ? K : ldx, ldo, out, t,
-                      tasks};
+                      tasks, n_tasks};
     if ((int64_t)rows * R * (K + N) >= (1 << 23)) { /* prompt chunks: every slot's work split over the threads */
         pool_run(lora_down, &job, s->n_adapters * LORA_SPLIT, 1);
         pool_run(lora_up, &job, n_tasks, 1);
     } else { /* decode: a slot's split costs more dispatches than it saves; the slots side by side instead */
-        job.n_tasks = n_tasks;
         pool_run(lora_slot, &job, s->n_adapters, 1);
     }
     free(t);
