@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from edgeserve.engine.config import KV_CACHE_DTYPES, EngineConfig
+from edgeserve.engine.config import KV_CACHE_DTYPES, LORA_WEIGHTS, EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG
@@ -278,6 +278,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-loras", type=int, default=EngineConfig.max_loras,
                    help="LoRA adapters resident at once; the least recently used idle one is unloaded to make room "
                         "(default %(default)s)")
+    g.add_argument("--lora-weights", choices=list(LORA_WEIGHTS), default=EngineConfig.lora_weights,
+                   help="what the CPU decoder reads of each adapter per step: int8 (a scale per rank row, half "
+                        "bfloat16's bytes), float (the model's dtype), auto: int8 beside a quantized base "
+                        "(default %(default)s)")
     g.add_argument("--max-decode-slowdown", type=_factor_or_off, default=EngineConfig.max_decode_slowdown,
                    help="while requests decode, a step carries only the prompt tokens that keep it within this "
                         "factor of a decode-only step; off: every step takes the whole --max-batched-tokens "
@@ -327,7 +331,7 @@ def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
                         speculative=args.speculative, draft_model=args.draft_model,
                         num_speculative_tokens=args.num_speculative_tokens,
                         max_decode_slowdown=args.max_decode_slowdown, loras=tuple(args.lora),
-                        max_loras=args.max_loras, **fields)
+                        max_loras=args.max_loras, lora_weights=args.lora_weights, **fields)
 
 
 def names_model(text: str) -> bool:

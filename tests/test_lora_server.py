@@ -127,3 +127,43 @@ def test_structured_output_with_an_adapter(client):
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop" and isinstance(json.loads(choice["message"]["content"])["ok"], bool)
+
+
+def test_ollama_create_makes_an_adapter_model_from_pushed_blobs(client, files, tmp_path, monkeypatch):
+    """Ollama's clients push the adapter's files as blobs, then /api/create {model, from, adapters}: the new name
+    lists in /api/tags and /v1/models and serves the adapter; bad input is a 400 naming the field."""
+    import hashlib
+
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path / "home"))  # blobs land here
+    digests = {}
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        data = (files["c"] / name).read_bytes()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert client.head(f"/api/blobs/{digest}").status_code == 404
+        assert client.post(f"/api/blobs/{digest}", content=data).status_code == 201
+        assert client.head(f"/api/blobs/{digest}").status_code == 200
+        digests[name] = digest
+    bad = client.post("/api/blobs/sha256:" + "0" * 64, content=b"other bytes")
+    assert bad.status_code == 400 and "digest" in bad.json()["error"]  # Ollama's error shape: {"error": "..."}
+    r = client.post("/api/create", json={"model": "coder:latest", "from": "tiny", "adapters": digests,
+                                         "stream": False})
+    assert r.status_code == 200 and r.json() == {"status": "success"}, r.text
+    tags = {m["name"]: m for m in client.get("/api/tags").json()["models"]}
+    assert tags["coder"]["details"]["parent_model"] == "tiny"
+    assert {m["id"]: m.get("parent") for m in client.get("/v1/models").json()["data"]}["coder"] == "tiny"
+    assert complete(client, "coder") != complete(client, "tiny")
+    gguf = client.post("/api/create", json={"model": "g", "from": "tiny", "adapters": {"x.gguf": str(files["b"])}})
+    assert gguf.status_code == 200 and gguf.text.strip().splitlines()[-1] == '{"status": "success"}'
+    assert complete(client, "g") == complete(client, "b")  # the same GGUF file as adapter b, by local path
+    for body, field in [({"from": "tiny", "adapters": digests}, "model"),
+                        ({"model": "x", "adapters": digests}, "from"),
+                        ({"model": "x", "from": "nope", "adapters": digests}, "from"),
+                        ({"model": "x", "from": "tiny"}, "adapters"),
+                        ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:" + "1" * 64}}, "adapters"),
+                        ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:xyz"}}, "adapters"),
+                        ({"model": "x", "from": "tiny", "adapters": digests, "quantize": "q4_0"}, "quantize"),
+                        ({"model": "x", "from": "tiny", "adapters": {"w": str(files["wrong"])}}, "do not fit")]:
+        r = client.post("/api/create", json=body)
+        assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
+    for name in ("coder", "g"):
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200

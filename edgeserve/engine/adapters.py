@@ -53,11 +53,17 @@ def supports_adapters(model: object) -> bool:
         getattr(layer, "moe", None) is None for layer in getattr(model, "layers", []))
 
 
+def quantized_base(model: object) -> bool:
+    """Whether the decoder's projections are stored quantized (GGUF blocks, INT4), not as dense float tensors."""
+    layers = getattr(model, "layers", None) or []
+    return bool(len(layers)) and not isinstance(getattr(layers[0], "qkv", None), torch.Tensor)
+
+
 class AdapterStore:
     """Known adapters by name and the resident ones (LRU); thread-safe (the event loop acquires, the engine's worker
     thread releases)."""
 
-    def __init__(self, config: ModelConfig, max_loras: int = 4, model: object = None) -> None:
+    def __init__(self, config: ModelConfig, max_loras: int = 4, model: object = None, weights: str = "auto") -> None:
         self.config = config
         self.max_loras = max_loras
         self.supported = model is None or supports_adapters(model)
@@ -65,6 +71,9 @@ class AdapterStore:
         self.device = getattr(model, "device", "cpu")
         # bfloat16 beside a bfloat16 model halves what a step reads; float32 otherwise
         self.dtype = torch.bfloat16 if getattr(model, "dtype", None) == torch.bfloat16 else torch.float32
+        # an int8 copy for the native CPU stack halves the bytes a step reads per adapter; beside a quantized base
+        # its error (docs/SERVER.md) is far below the base's own
+        self.int8 = weights == "int8" or (weights == "auto" and quantized_base(model))
         self.paths: dict[str, Path] = {}  # every known name, in the order it became known
         self._resident: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
         self._busy: Counter[int] = Counter()  # running requests per adapter object (by id)
@@ -154,7 +163,9 @@ class AdapterStore:
         if not self.supported:
             raise AdapterError(f"LoRA adapters are not supported for this {self.config.architecture} model's "
                                f"decoder ({self.decoder}): Llama-family dense decoders only")
-        return load_adapter(name, path, self.config).to(self.device, self.dtype)
+        adapter = load_adapter(name, path, self.config).to(self.device, self.dtype)
+        adapter.int8 = self.int8
+        return adapter
 
     @staticmethod
     def _check_name(name: str) -> None:

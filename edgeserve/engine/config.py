@@ -17,6 +17,7 @@ from .scheduler import SchedulerConfig, check_decode_slowdown
 
 # --kv-cache-dtype choices (engine.kv_format resolves them; kept here so the CLI stays torch-free)
 KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
+LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.adapters.AdapterStore)
 
 
 def _flag(default, flag: str):
@@ -55,6 +56,8 @@ class EngineConfig:
     max_decode_slowdown: float | None = _flag(1.5, "--max-decode-slowdown")
     loras: tuple[tuple[str, str], ...] = _flag((), "--lora")  # (name, path) of LoRA adapters requests may pick
     max_loras: int = _flag(4, "--max-loras")  # adapters resident at once (the least recently used idle one goes)
+    # what the native CPU stack reads of each adapter: auto (int8 beside a quantized base, else float) | int8 | float
+    lora_weights: str = _flag("auto", "--lora-weights")
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "block_size", "max_loras"):
@@ -74,6 +77,8 @@ class EngineConfig:
             raise config_error(EngineConfig, "max_model_len", "be an integer of at least 2", self.max_model_len)
         if self.overlap not in ("auto", "on", "off"):
             raise config_error(EngineConfig, "overlap", "be 'auto', 'on' or 'off'", self.overlap)
+        if self.lora_weights not in LORA_WEIGHTS:
+            raise config_error(EngineConfig, "lora_weights", f"be one of {', '.join(LORA_WEIGHTS)}", self.lora_weights)
         if self.speculative not in (None, "ngram", "draft"):
             raise config_error(EngineConfig, "speculative", "be 'ngram' or 'draft'", self.speculative)
         k = self.num_speculative_tokens

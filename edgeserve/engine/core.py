@@ -118,7 +118,7 @@ class EngineCore:
         if use_graphs:  # decode steps replay CUDA graphs captured at bucketed batch sizes
             self.runner.graphs = DecodeGraphs(model, self.pool, config.max_num_seqs, self.max_model_len)
         # LoRA adapters requests may pick (--lora, or loaded at runtime); at most max_loras resident
-        self.adapters = AdapterStore(lm.config, config.max_loras, model)
+        self.adapters = AdapterStore(lm.config, config.max_loras, model, config.lora_weights)
         for name, path in config.loras:
             self.adapters.register(name, path)
         self.spec: Speculator | None = None

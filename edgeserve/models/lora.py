@@ -73,11 +73,13 @@ class LoraAdapter:
     layers: list[dict[str, LoraPair]]
     dtype: torch.dtype = torch.float32  # of every tensor of its pairs
     device: torch.device = torch.device("cpu")
+    int8: bool = False  # the native CPU stack reads an int8 copy (a scale per rank row) rather than these pairs
     native: object = field(default=None, repr=False)  # kernels.cpu_lora's tables, built on first use
 
     def prefix_root(self, scale: float) -> bytes:
         """The prefix-cache chain root of a request running this adapter at `scale` (engine.prefix_key)."""
-        return hashlib.sha256(b"lora\0" + self.digest + struct.pack("<d", float(scale))).digest()
+        kind = b"int8\0" if self.int8 else b""  # the int8 copy computes slightly other values: other KV
+        return hashlib.sha256(b"lora\0" + kind + self.digest + struct.pack("<d", float(scale))).digest()
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "LoraAdapter":
         """Move the pairs to `device` (the base model's: a GPU step adds them there) as `dtype` (bfloat16 halves

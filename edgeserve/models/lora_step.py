@@ -16,14 +16,14 @@ from .lora import LoraAdapter
 
 @dataclass
 class StepLora:
-    """The step's distinct adapters (slot = index), each row's scale, and the rows of each slot (index tensors for
-    the torch path; for the native one, `seg_rows` holds them slot after slot, slot a's from `seg_start[a]`)."""
+    """The step's distinct adapters (slot = index), each row's scale, and the rows of each slot: `seg_rows` holds
+    them slot after slot, slot a's from `seg_start[a]` (on the host; the native stack reads them as they are)."""
 
     adapters: list[LoraAdapter]
     row_scale: torch.Tensor  # float32 [T] (0 for a row with no adapter)
-    segments: list[torch.Tensor]  # per slot: its rows, int64
     seg_start: torch.Tensor  # int32 [slots + 1], on the host
     seg_rows: torch.Tensor  # int32 [rows with an adapter], on the host
+    device: torch.device | str = "cpu"  # where the torch path indexes rows
 
     @classmethod
     def build(cls, per_seq: list[tuple[LoraAdapter, float] | None], query_lens: list[int],
@@ -34,28 +34,32 @@ class StepLora:
             return None
         adapters: list[LoraAdapter] = []
         slot_of: dict[int, int] = {}
-        slots, scales = [], []
+        rows: list[list[int]] = []
+        scales: list[float] = []
         for sel, n in zip(per_seq, query_lens):
             if sel is None:
-                slots += [-1] * n
                 scales += [0.0] * n
                 continue
             adapter, scale = sel
             slot = slot_of.setdefault(id(adapter), len(adapters))
             if slot == len(adapters):
                 adapters.append(adapter)
-            slots += [slot] * n
+                rows.append([])
+            rows[slot] += range(len(scales), len(scales) + n)
             scales += [float(scale)] * n
-        row_slot = torch.tensor(slots, dtype=torch.int32)
-        rows = [torch.nonzero(row_slot == s).flatten() for s in range(len(adapters))]
         start = torch.tensor([0, *itertools.accumulate(len(r) for r in rows)], dtype=torch.int32)
-        return cls(adapters, torch.tensor(scales, dtype=torch.float32, device=device), [r.to(device) for r in rows],
-                   start, torch.cat(rows).to(torch.int32))
+        return cls(adapters, torch.tensor(scales, dtype=torch.float32, device=device), start,
+                   torch.tensor([i for r in rows for i in r], dtype=torch.int32), device)
+
+    def segments(self) -> list[torch.Tensor]:
+        """Each slot's rows (int64, on the step's device), for the torch path."""
+        rows = self.seg_rows.to(self.device, torch.int64)
+        return [rows[int(a):int(b)] for a, b in zip(self.seg_start[:-1], self.seg_start[1:])]
 
     def add(self, out: torch.Tensor, x: torch.Tensor, layer: int, target: str) -> torch.Tensor:
         """out [T, N] (the base matmul's output of x [T, K]) plus each row's s * (x A^T) B^T, in float32."""
         x = x.reshape(x.shape[0], -1)
-        for adapter, rows in zip(self.adapters, self.segments):
+        for adapter, rows in zip(self.adapters, self.segments()):
             pair = adapter.layers[layer].get(target)
             if pair is None or not rows.numel():
                 continue

@@ -22,11 +22,16 @@ from edgeserve.server.request import GenerationRequest
 def split_adapter(manager: ModelManager, name: str) -> tuple[str, str | None]:
     """(base model name, adapter name or None) of a requested `model`."""
     if name in manager.adapters:
-        return manager.default_id(), name
+        return adapter_base(manager, name), name
     base, sep, tail = name.rpartition(":")
     if sep and base and tail in manager.adapters:
         return base, tail
     return name, None
+
+
+def adapter_base(manager: ModelManager, name: str) -> str:
+    """The base model adapter `name` runs on when a request names the adapter alone."""
+    return manager.adapter_bases.get(name) or manager.default_id()
 
 
 def pick_adapter(manager: ModelManager, req: GenerationRequest) -> None:
@@ -70,6 +75,8 @@ async def load_adapter(manager: ModelManager, name: Any, path: Any, base: str | 
     finally:
         lease.release()
     manager.adapters[name] = path
+    if base:
+        manager.adapter_bases[name] = base
     for entry in manager.entries.values():
         if entry.engine is not None and hasattr(entry.engine, "core"):
             entry.engine.core.adapters.register(name, path)
@@ -81,6 +88,7 @@ def unload_adapter(manager: ModelManager, name: Any) -> None:
         raise APIError(404, f"adapter {name!r} is not loaded", "invalid_request_error", "lora_name",
                        "adapter_not_found")
     del manager.adapters[name]
+    manager.adapter_bases.pop(name, None)
     for entry in manager.entries.values():
         store = getattr(getattr(entry.engine, "core", None), "adapters", None)
         if store is not None and name in store.paths:
@@ -96,7 +104,7 @@ def adapter_entries(manager: ModelManager) -> list[dict[str, Any]]:
         h = hashlib.sha256()
         for f in files:
             h.update(f.read_bytes())
-        out.append({"id": i, "name": name, "path": path, "base": manager.default_id(),
+        out.append({"id": i, "name": name, "path": path, "base": adapter_base(manager, name),
                     "size": sum(f.stat().st_size for f in files), "digest": h.hexdigest(),
                     "format": "gguf" if p.suffix == ".gguf" else "safetensors"})
     return out

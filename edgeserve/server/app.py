@@ -19,7 +19,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeserve.server.api import adapter_routes, anthropic, embeddings, ollama, ollama_models, openai, rerank, responses
+from edgeserve.server.api import (adapter_routes, anthropic, embeddings, ollama, ollama_create, ollama_models, openai,
+                                  rerank, responses)
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -156,6 +157,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *anthropic.ROUTES,
         *responses.ROUTES,
         *adapter_routes.ROUTES,
+        *ollama_create.ROUTES,
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

@@ -188,6 +188,7 @@ class ModelManager:
             self.configured[model_id(spec)] = spec
         # LoRA adapters requests may pick, name -> path (--lora, then runtime loads: edgeserve/server/adapters.py)
         self.adapters: dict[str, str] = dict(config.engine.loras)
+        self.adapter_bases: dict[str, str] = {}  # an adapter's base model where not the default (/api/create `from`)
 
     # --- names ---------------------------------------------------------------------------------------------
     def known(self) -> dict[str, str]:

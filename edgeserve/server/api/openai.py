@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from edgeserve.engine.outputs import TokenLogprob
 from edgeserve.sampling_params import SamplingParams
+from edgeserve.server.adapters import adapter_base
 from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, model_name, number, reject_unknown, stop_list
@@ -245,7 +246,8 @@ async def list_models(request: Request) -> Response:
             data.append({"id": mid, "object": "model", "created": st.started, "owned_by": "edgeserve",
                          **({"capabilities": facts.capabilities} if facts else {})})
         data += [{"id": name, "object": "model", "created": st.started, "owned_by": "edgeserve",
-                  "parent": st.manager.default_id(), "root": path} for name, path in st.manager.adapters.items()]
+                  "parent": adapter_base(st.manager, name), "root": path}
+                 for name, path in st.manager.adapters.items()]
         return data
 
     # headers are read from the files (once per file version): off the event loop
