@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.quant_linear import linear
+from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads
 
 log = logging.getLogger(__name__)
 
@@ -253,11 +255,22 @@ class LoadedEncoder:
                                       else [ids[limit - 1]])
         return ids, full
 
+    @cached_property
+    def forward_threads(self) -> int | None:
+        """Torch's intra-op threads for a forward (encoder_threads: 1 beside the native pool, else torch's)."""
+        return encoder_threads(self.model.w)
+
+    def states(self, input_ids: torch.Tensor, mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder's last hidden states [batch, seq, hidden] of a padded batch, on forward_threads."""
+        with intra_op_threads(self.forward_threads):
+            return self.model(input_ids, mask, token_type_ids)
+
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
         """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
         input_ids, mask = pad_batch(batch)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        states = self.model(input_ids, mask)
+        states = self.states(input_ids, mask)
         return pool(states, mask, self.config.pooling, self.config.normalize).cpu()
 
 
