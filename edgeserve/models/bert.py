@@ -138,6 +138,9 @@ class BertEncoder(torch.nn.Module):
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         w, b = self.w[f"{name}.weight"], self.w.get(f"{name}.bias")
         if isinstance(w, torch.Tensor):
+            if w.dtype != x.dtype:  # a 16-bit matrix of a float32 encoder (gguf_encoder.bf16_matmuls)
+                y = F.linear(x.to(w.dtype), w).to(x.dtype)
+                return y if b is None else y + b
             return F.linear(x, w, b)
         return linear(x, w, b).to(x.dtype)  # a GGUF block weight: the native quantized matmul (float32 out)
 
