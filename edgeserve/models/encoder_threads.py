@@ -38,7 +38,7 @@ def _omp_runtime() -> Any:
                 setter, getter = process.omp_set_num_threads, process.omp_get_max_threads
                 setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
                 _omp = (setter, getter)
-            except (OSError, AttributeError):
+            except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) on Windows
                 log.debug("no OpenMP runtime symbols in the process; encoder thread counts stay torch's")
     return _omp
 
