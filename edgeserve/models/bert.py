@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.quant_linear import linear
-from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads
+from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
 log = logging.getLogger(__name__)
 
@@ -259,14 +259,15 @@ class LoadedEncoder:
         return ids, full
 
     @cached_property
-    def forward_threads(self) -> int | None:
-        """Torch's intra-op threads for a forward (encoder_threads: 1 beside the native pool, else torch's)."""
-        return encoder_threads(self.model.w)
+    def on_native_pool(self) -> bool:
+        """Whether the encoder's layer matrices run on the native kernels' thread pool."""
+        return uses_native_pool(self.model.w)
 
     def states(self, input_ids: torch.Tensor, mask: torch.Tensor,
                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The encoder's last hidden states [batch, seq, hidden] of a padded batch, on forward_threads."""
-        with intra_op_threads(self.forward_threads):
+        """The encoder's last hidden states [batch, seq, hidden] of a padded batch, on the torch thread count
+        encoder_threads picks for it."""
+        with intra_op_threads(encoder_threads(self.on_native_pool, input_ids.numel())):
             return self.model(input_ids, mask, token_type_ids)
 
     def embed(self, batch: list[list[int]]) -> torch.Tensor:

@@ -64,9 +64,19 @@ def intra_op_threads(n: int | None) -> Iterator[None]:
         setter(before)
 
 
-def encoder_threads(weights: dict[str, Any]) -> int | None:
-    """Torch's intra-op threads for an encoder with these weights: 1 when some layer matrix runs on the native
-    pool (its threads do the matmuls), else None (torch's own count: its GEMMs are the parallel work)."""
+SMALL_BATCH_TOKENS = 256  # a padded batch under this many tokens runs torch's ops on one thread
+
+
+def uses_native_pool(weights: dict[str, Any]) -> bool:
+    """Whether some of an encoder's layer matrices run on the native kernels' thread pool."""
     from edgeserve.kernels.cpu_native import BlockWeight
 
-    return 1 if any(isinstance(w, BlockWeight) for w in weights.values()) else None
+    return any(isinstance(w, BlockWeight) for w in weights.values())
+
+
+def encoder_threads(native: bool, tokens: int) -> int | None:
+    """Torch's intra-op threads for an encoder forward over a padded batch of `tokens`: 1 beside the native pool
+    (its threads do the matmuls) or for a batch under SMALL_BATCH_TOKENS (a single short text: a few ms of work,
+    where a second thread's hand-overs cost about what it saves, and far more on a shared machine); else None
+    (torch's own count: its GEMMs are the parallel work)."""
+    return 1 if native or tokens < SMALL_BATCH_TOKENS else None
