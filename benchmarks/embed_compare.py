@@ -6,9 +6,14 @@ batch 1 and 32 (one request carrying that many inputs), medians and ratios.
     python benchmarks/embed_compare.py --llama-server ... --model x.gguf --rerank   # a rank-pooling GGUF
     python benchmarks/embed_compare.py --make-bert base --qtype q8_0 --out bge-base-q8_0.gguf \\
         --convert /path/to/llama.cpp/convert_hf_to_gguf.py --vocab-from /path/to/all-MiniLM-L6-v2
+    python benchmarks/embed_compare.py --convert-folder ~/.cache/edgeserve/models/all-MiniLM-L6-v2 --qtype q8_0 \\
+        --out minilm-q8_0.gguf --convert /path/to/llama.cpp/convert_hf_to_gguf.py
 
 `--make-bert` writes a random-weight BERT of a real shape (minilm: 384x6, small: 384x12, base: 768x12) through
-llama.cpp's own converter, with a real WordPiece vocabulary taken from an encoder folder.
+llama.cpp's own converter, with a real WordPiece vocabulary taken from an encoder folder (the weights are seeded:
+the same torch and converter give the same file); with `--rerank`, a one-logit cross-encoder with rank pooling.
+`--convert-folder` converts a real encoder folder (all-MiniLM-L6-v2, which `edgeserve pull all-minilm` fetches)
+the same way.
 """
 
 from __future__ import annotations
@@ -48,10 +53,18 @@ def make_bert(shape: str, qtype: str, out: Path, convert: str, vocab_from: Path,
                 shutil.copytree(src, Path(d) / f)
             elif src.exists():
                 shutil.copy(src, Path(d) / f)
-        subprocess.run([sys.executable, convert, d, "--outtype", qtype, "--outfile", str(out)], check=True,
-                       capture_output=True)
+        # a fixed model name: the converter would otherwise name it after the temporary folder
+        subprocess.run([sys.executable, convert, d, "--outtype", qtype, "--outfile", str(out), "--model-name",
+                        f"random-bert-{shape}{'-rerank' if rerank else ''}"], check=True, capture_output=True)
     if rerank:
         set_rank_pooling(out)
+    return out
+
+
+def convert_folder(folder: Path, qtype: str, out: Path, convert: str) -> Path:
+    """A real Hugging Face encoder folder converted to a GGUF of `qtype` by llama.cpp's convert_hf_to_gguf.py."""
+    subprocess.run([sys.executable, convert, str(folder), "--outtype", qtype, "--outfile", str(out)], check=True,
+                   capture_output=True)
     return out
 
 
@@ -166,11 +179,18 @@ def main() -> int:
     p.add_argument("--native-ab", action="store_true",
                    help="no servers: the native quantized matmuls vs torch on the dequantized weights, in process")
     p.add_argument("--make-bert", choices=sorted(SHAPES), help="write a random-weight BERT GGUF and exit")
+    p.add_argument("--convert-folder", help="convert this Hugging Face encoder folder to a GGUF (--qtype, --out, "
+                   "--convert) and exit")
     p.add_argument("--qtype", default="q8_0", help="--make-bert's type (convert_hf_to_gguf --outtype)")
     p.add_argument("--out", help="--make-bert's output path")
     p.add_argument("--convert", help="llama.cpp's convert_hf_to_gguf.py")
     p.add_argument("--vocab-from", help="an encoder folder with vocab.txt / tokenizer.json")
     args = p.parse_args()
+    if args.convert_folder:
+        if not (args.out and args.convert):
+            p.error("--convert-folder needs --out and --convert")
+        print(convert_folder(Path(args.convert_folder).expanduser(), args.qtype, Path(args.out), args.convert))
+        return 0
     if args.make_bert:
         if not (args.out and args.convert and args.vocab_from):
             p.error("--make-bert needs --out, --convert and --vocab-from")

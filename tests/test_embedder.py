@@ -87,3 +87,29 @@ def test_failed_batch_fails_its_requests_and_engine_goes_on():
 
     anyio.run(main)
     assert out[0].tolist() == [[2, 7, 15]]
+
+
+def test_a_lone_request_is_not_held_for_a_batching_window(monkeypatch):
+    """With the event loop's clock frozen, any timer-based wait for company (a batching window) would never end: a
+    lone request must still be embedded and answered."""
+    import asyncio
+
+    lm = FakeEncoder()
+    lm.gate.set()
+    engine = EmbeddingEngine(lm)
+    out: list[torch.Tensor] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        frozen = loop.time()
+        monkeypatch.setattr(loop, "time", lambda: frozen)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            out.append(await engine.embed([[4, 5]]))
+            engine.shutdown()
+
+    runner = threading.Thread(target=anyio.run, args=(main,), daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the lone request was held back"
+    assert lm.calls == [[[4, 5]]] and out[0].tolist() == [[2, 4, 9]]

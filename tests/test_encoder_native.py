@@ -65,3 +65,26 @@ def test_f16_encoder_stays_dense(tmp_path, monkeypatch):
                               heads=4, ffn=128, context=128, pooling_type=1, qtype="F16")
     lm = _load(path, monkeypatch, True)
     assert all(isinstance(v, torch.Tensor) for v in lm.model.w.values())
+
+
+def _load_auto(path, monkeypatch, flags):
+    from edgeserve.models import gguf_encoder
+
+    monkeypatch.setattr(gguf_encoder, "cpu_flags", lambda: frozenset(flags))
+    return gguf_encoder.load_gguf_encoder(resolve(str(path)), dtype="auto")
+
+
+def test_f16_matrices_multiply_in_bf16_where_the_cpu_has_bf16_dots(tmp_path, monkeypatch):
+    path = write_encoder_gguf(tmp_path / "f16.gguf", "bert", _bert_state(64, 2, 128), VOCAB, hidden=64, layers=2,
+                              heads=4, ffn=128, context=128, pooling_type=1, qtype="F16")
+    q = "encoder.layer.0.attention.self.query.weight"
+    fast = _load_auto(path, monkeypatch, {"avx2", "avx512_bf16"})
+    plain = _load_auto(path, monkeypatch, {"avx2"})  # an AVX2-only CPU: torch's bfloat16 GEMM is slow there
+    exact = _load(path, monkeypatch, True)  # dtype float32 asked for
+    assert fast.model.w[q].dtype == torch.bfloat16
+    assert plain.model.w[q].dtype == torch.float32 and exact.model.w[q].dtype == torch.float32
+    assert fast.model.w["embeddings.LayerNorm.weight"].dtype == torch.float32  # only the layer matrices
+    seqs = [fast.encode(t)[0] for t in TEXTS]
+    got, want = fast.embed(seqs).numpy(), exact.embed(seqs).numpy()
+    assert got.dtype == np.float32 and (got * want).sum(-1).min() > 0.9999
+    np.testing.assert_array_equal(plain.embed(seqs).numpy(), want)

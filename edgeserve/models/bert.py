@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.quant_linear import linear
+from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,9 @@ class BertEncoder(torch.nn.Module):
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         w, b = self.w[f"{name}.weight"], self.w.get(f"{name}.bias")
         if isinstance(w, torch.Tensor):
+            if w.dtype != x.dtype:  # a 16-bit matrix of a float32 encoder (gguf_encoder.bf16_matmuls)
+                y = F.linear(x.to(w.dtype), w).to(x.dtype)
+                return y if b is None else y + b
             return F.linear(x, w, b)
         return linear(x, w, b).to(x.dtype)  # a GGUF block weight: the native quantized matmul (float32 out)
 
@@ -253,11 +258,23 @@ class LoadedEncoder:
                                       else [ids[limit - 1]])
         return ids, full
 
+    @cached_property
+    def on_native_pool(self) -> bool:
+        """Whether the encoder's layer matrices run on the native kernels' thread pool."""
+        return uses_native_pool(self.model.w)
+
+    def states(self, input_ids: torch.Tensor, mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder's last hidden states [batch, seq, hidden] of a padded batch, on the torch thread count
+        encoder_threads picks for it."""
+        with intra_op_threads(encoder_threads(self.on_native_pool, input_ids.numel())):
+            return self.model(input_ids, mask, token_type_ids)
+
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
         """[len(batch), hidden] float32 embeddings of token-id sequences (each within max_seq_length)."""
         input_ids, mask = pad_batch(batch)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        states = self.model(input_ids, mask)
+        states = self.states(input_ids, mask)
         return pool(states, mask, self.config.pooling, self.config.normalize).cpu()
 
 

@@ -71,7 +71,7 @@ class LoadedCrossEncoder(LoadedEncoder):
         """[len(batch), output_dim] float32 logits of pair sequences (from encode_pair)."""
         input_ids, mask = pad_batch(batch)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        states = self.model(input_ids, mask, segment_ids(input_ids, self.sep_id))
+        states = self.states(input_ids, mask, segment_ids(input_ids, self.sep_id))
         return self.score_logits(states).float().cpu()
 
 

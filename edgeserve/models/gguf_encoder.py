@@ -4,7 +4,10 @@ snowflake-arctic-embed, bge; also rerankers with a `cls` head), `nomic-bert` (no
 
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, ...) to the BertEncoder names and
 dequantized to the run dtype, except the layers' quantized matrices: on the CPU those stay in their GGUF blocks
-and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. The tokenizer comes from
+and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. A layer matrix stored
+F16 or BF16 is multiplied in bfloat16 (float32 around it) where the CPU has bfloat16 dot products (avx512_bf16 /
+amx_bf16) and the dtype is auto: about half the CPU time of torch's float32 GEMM there (docs/PERFORMANCE.md), and
+within the 16-bit file's own rounding (exact float32 on request: `--dtype float32`). The tokenizer comes from
 the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
 (mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are
 L2-normalized.
@@ -20,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.cpu_native import BlockWeight, library
+from edgeserve.kernels.cpu_native import BlockWeight, cpu_flags, library
 from edgeserve.loaders.gguf_weights import gguf_blocks
 from edgeserve.models.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
 from edgeserve.models.decoder_embed import gguf_pooling
@@ -42,6 +45,8 @@ _LAYER = {"attn_q": "attention.self.query", "attn_k": "attention.self.key", "att
           "ffn_up": "intermediate.dense",
           "ffn_gate": "intermediate.gate", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm"}
 DENSE = ("F32", "F16", "BF16")  # matrices torch multiplies (dequantized to the run dtype)
+HALF = ("F16", "BF16")  # 16-bit matrices: multiplied in bfloat16 where bf16_matmuls() says so
+BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU flags under which torch's bfloat16 GEMM beats its float32 one
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -90,22 +95,33 @@ def gguf_encoder_config(metadata: Mapping[str, Any]) -> EncoderConfig:
         normalize=True, max_seq_length=ctx, rope_theta=float(key("rope.freq_base", 10000.0)))
 
 
-def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def bf16_matmuls(dtype: str, device: torch.device) -> bool:
+    """Whether an encoder's F16 / BF16 layer matrices run in bfloat16: dtype auto, on a CPU with bfloat16 dot
+    products."""
+    return dtype == "auto" and device.type == "cpu" and any(f in cpu_flags() for f in BF16_DOT_FLAGS)
+
+
+def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype, half_dtype: torch.dtype | None = None
+                 ) -> dict[str, Any]:
     """Every tensor an encoder uses, renamed onto `device`: a layer's matrix stored in a block format the native
-    CPU kernels take (Q8_0, Q4_K, ...) stays in its blocks as a BlockWeight when those kernels run here; the rest
-    (embeddings, norms, biases, F16/F32 matrices, the classifier head) dequantized to `dtype`."""
+    CPU kernels take (Q8_0, Q4_K, ...) stays in its blocks as a BlockWeight when those kernels run here; one stored
+    F16 / BF16 becomes `half_dtype` when given; the rest (embeddings, norms, biases, F32 matrices, the classifier
+    head) is dequantized to `dtype`."""
     weights: dict[str, Any] = {}
     lib = native_library(device)
     for name in gguf.tensor_names():
         target = encoder_name(name)
         if target is None:
             continue
-        blocks = None
-        if lib is not None and target.startswith("encoder.layer.") and target.endswith(".weight"):
+        blocks, load_dtype = None, dtype
+        if target.startswith("encoder.layer.") and target.endswith(".weight"):
             info = gguf.tensor_info(name)
-            blocks = gguf_blocks(gguf, name) if len(info.shape) == 2 and info.qtype not in DENSE else None
+            matrix = len(info.shape) == 2
+            blocks = gguf_blocks(gguf, name) if lib is not None and matrix and info.qtype not in DENSE else None
+            if half_dtype is not None and matrix and info.qtype in HALF:
+                load_dtype = half_dtype
         weights[target] = (BlockWeight([blocks], lib) if blocks is not None
-                           else gguf.load_tensor(name, dtype).to(device))
+                           else gguf.load_tensor(name, load_dtype).to(device))
     for needed in ("embeddings.word_embeddings.weight", "embeddings.LayerNorm.weight"):
         if needed not in weights:
             raise ModelLoadError(f"{gguf.path}: tensor for {needed!r} missing; not a BERT-family GGUF")
@@ -152,7 +168,8 @@ def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> 
                                     f"(supported: {', '.join(GGUF_ENCODER_ARCHS)})")
     cfg = gguf_encoder_config(md)
     dev = resolve_device(device)
-    weights = read_weights(gguf, dev, encoder_dtype(dtype, dev))
+    half = torch.bfloat16 if bf16_matmuls(dtype, dev) else None
+    weights = read_weights(gguf, dev, encoder_dtype(dtype, dev), half)
     tok = tokenizer_from_gguf(md)
     backend = with_specials(tok.backend, md)
     backend.no_padding()

@@ -16,13 +16,12 @@ import time
 import uuid
 from typing import Any
 
-import anyio.to_thread
 import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeserve.server.api.embeddings import MAX_INPUTS
+from edgeserve.server.api.embeddings import MAX_INPUTS, tokenize_off_loop_if_large
 from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, model_name
@@ -91,7 +90,8 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
             raise APIError(400, f"model {lease.entry.id!r} is not a reranker: serve a cross-encoder (a GGUF with "
                            "pooling type rank, or a *ForSequenceClassification folder) such as bge-reranker",
                            "invalid_request_error", "model", "model_not_supported")
-        seqs = await anyio.to_thread.run_sync(_pairs, lm, pairs, truncate, param)
+        chars = sum(len(q) + len(d) for q, d in pairs)
+        seqs = await tokenize_off_loop_if_large(_pairs, chars, lm, pairs, truncate, param)
         scores = relevance(await engine.embed(seqs)).tolist()
         num_tokens = sum(len(s) for s in seqs)
         st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, time.monotonic() - t0)
