@@ -136,3 +136,41 @@ def kernel_device_ok() -> bool:
     from edgeserve.kernels._triton import HAS_TRITON, interpreting
 
     return HAS_TRITON and interpreting()
+
+
+def test_engine_serves_fp8_kv_batch_invariant_and_as_the_float64_twin(tmp_path, monkeypatch):
+    """A tiny model served with fp8 KV in the interpreter: the pool is fp8, a request's greedy tokens are the same
+    alone, chunked or batched, and the same as with the float64 twin attending over the same fp8 pool."""
+    kernel_device("cpu")
+    from tiny_gguf import write_tiny_llama
+
+    import edgeserve.kernels.triton_paged_attention as triton_attention
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.engine.core import EngineCore
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+    from edgeserve.sampling_params import SamplingParams
+
+    lm = load_model(resolve(str(write_tiny_llama(tmp_path / "tiny.gguf", hidden=128, heads=4, kv_heads=2, ffn=256,
+                                                 qtype="Q8_0", seed=4))))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 259, (n,), generator=g).tolist() for n in (13, 21, 9)]
+
+    def serve(batch: list[int], **kw) -> dict[int, list[int]]:
+        with dispatch.force_backend("triton"):
+            engine = EngineCore(lm, EngineConfig(block_size=8, kv_cache_gb=0.01, kv_cache_dtype="fp8", **kw))
+            assert engine.pool.k.dtype == torch.float8_e4m3fn and engine.stats().kv_cache_dtype == "fp8"
+            for i in batch:
+                engine.add_request(prompts[i], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                                   request_id=str(i))
+            outs: dict[int, list[int]] = {}
+            while engine.has_work():
+                for o in engine.step():
+                    outs.setdefault(int(o.request_id), []).extend(o.token_ids)
+        return outs
+
+    batched = serve([0, 1, 2])
+    assert serve([1], max_num_batched_tokens=8) == {1: batched[1]}  # alone, its prompt in chunks of 8
+    monkeypatch.setattr(triton_attention, "paged_attention", lambda q, k, v, meta, scale=None, window=None,
+                        sinks=None: twin(q, k, v, meta, scale, window, None, sinks))
+    assert serve([0, 1, 2]) == batched
