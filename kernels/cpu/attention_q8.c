@@ -145,6 +145,75 @@ static void scores_q8(const int8_t *q, const float *qd, int D, const uint8_t *k,
 #endif
 }
 
+#if defined(QMM_VNNI)
+/* scores_q8_group for up to 4 vectors (G <= 4) with VNNI: each key block's bytes are loaded, its scale converted
+   and its value sum taken once for the G vectors. The integer dot q . k is (q + 128) . k - 128 * sum(k), u8 times
+   s8 in one vpdpbusd per vector and block, instead of the sign trick's three instructions; the integers are the
+   same, so the scores are scores_q8's bits. */
+static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const int64_t *at,
+                           int64_t stride, int n, float scale, float *s, int ss) {
+    const int nb = D / Q8_BLOCK;
+    const __m256 sc = _mm256_set1_ps(scale);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
+    __m256i qu[4][4]; /* [g][b]: q + 128 as u8 (D <= 128 here) */
+    for (int g = 0; g < G; g++)
+        for (int b = 0; b < nb; b++)
+            qu[g][b] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + (int64_t)g * D + b * Q8_BLOCK)), flip);
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) rows[i] = k + at[j0 + (i < m ? i : 0)] * stride; /* past n: any row, unread */
+        for (int i = j0 + PREFETCH; i < j0 + PREFETCH + 8 && i < n; i++) prefetch_row(k + at[i] * stride, D);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int b = 0; b < nb; b++) {
+            const int64_t off = (int64_t)b * Q8_BYTES;
+            __m256i kv[8], p[8];
+            for (int i = 0; i < 8; i++) {
+                kv[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
+                p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, kv[i]);
+            }
+            const __m256i ksum128 = _mm256_slli_epi32(reduce8_epi32(p), 7);
+            uint16_t h[8];
+            for (int i = 0; i < 8; i++) memcpy(&h[i], rows[i] + off, 2);
+            const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+            for (int g = 0; g < G; g++) {
+                for (int i = 0; i < 8; i++) p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qu[g][b], kv[i]);
+                const __m256i dot = _mm256_sub_epi32(reduce8_epi32(p), ksum128);
+                acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dk, _mm256_set1_ps(qd[g * nb + b])),
+                                         acc[g]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const __m256 r = _mm256_mul_ps(acc[g], sc);
+            if (m == 8) {
+                _mm256_storeu_ps(s + (int64_t)g * ss + j0, r);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, r);
+                memcpy(s + (int64_t)g * ss + j0, tmp, sizeof(float) * (size_t)m);
+            }
+        }
+    }
+}
+#endif
+
+/* scores_q8 for G vectors (q: G * D values, qd: G * D / 32 scales) over the same n keys, vector g's scores at
+   s + g * ss */
+static void scores_q8_group(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const int64_t *at,
+                            int64_t stride, int n, float scale, float *s, int ss) {
+    const int nb = D / Q8_BLOCK;
+#if defined(QMM_VNNI)
+    if (nb <= 4) {
+        for (int g0 = 0; g0 < G; g0 += 4) /* each vector's scores are its own: any grouping gives the same bits */
+            scores_q8_vnni(q + (int64_t)g0 * D, qd + (int64_t)g0 * nb, G - g0 < 4 ? G - g0 : 4, D, k, at, stride, n,
+                           scale, s + (int64_t)g0 * ss, ss);
+        return;
+    }
+#endif
+    for (int g = 0; g < G; g++)
+        scores_q8(q + (int64_t)g * D, qd + (int64_t)g * nb, D, k, at, stride, n, scale, s + (int64_t)g * ss);
+}
+
 #if defined(QMM_AVX2)
 /* weigh_q8 for a compile-time G: block b's 32 outputs of the G vectors in registers over all n keys, each key's
    weight p * d_v made first for the whole block (w: G * n floats of scratch) */
@@ -228,15 +297,23 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
     const int jlo = k * SEG, n = L - jlo < SEG ? L - jlo : SEG, lo = a->row_lo ? a->row_lo[t] : 0;
     const int64_t rb = q8_row_bytes(D), v0 = (int64_t)t * a->H + (int64_t)kvh * G, stride = a->Hkv * rb;
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
-    for (int jj = 0; jj < n; jj++) { /* each key's pool row, counted in rows of all kv heads */
-        const int j = lo + jlo + jj;
-        at[jj] = (int64_t)table[j / bs] * bs + j % bs;
+    { /* each key's pool row, counted in rows of all kv heads; one division per segment, not per key */
+        const int j0 = lo + jlo;
+        int blk = j0 / bs, off = j0 % bs;
+        int64_t base = (int64_t)table[blk] * bs;
+        for (int jj = 0; jj < n; jj++) {
+            at[jj] = base + off;
+            if (++off == bs && jj + 1 < n) {
+                off = 0;
+                base = (int64_t)table[++blk] * bs;
+            }
+        }
     }
     const uint8_t *k0 = a->k + kvh * rb, *vh = a->v + kvh * rb;
     float mx[G], sum[G];
-    for (int g = 0; g < G; g++) { /* scores, then the softmax in key order */
+    scores_q8_group(a->qa + v0 * D, a->qd + v0 * (D / Q8_BLOCK), G, D, k0, at, stride, n, a->scale, scores, SEG);
+    for (int g = 0; g < G; g++) { /* the softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
-        scores_q8(a->qa + (v0 + g) * D, a->qd + (v0 + g) * (D / Q8_BLOCK), D, k0, at, stride, n, a->scale, sg);
         for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
         for (int jj = 0; jj < n; jj++) sg[jj] -= m;
         qmm_exp(sg, n, sg);
