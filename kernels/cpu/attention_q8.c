@@ -72,6 +72,12 @@ static void store(const q8attn_t *a, int t, int head, float *x, float M, float t
 
 #if defined(QMM_AVX2)
 enum { PREFETCH = 24 }; /* keys ahead whose rows are fetched while the current ones are worked on */
+#ifndef PREFETCH_FAR_KEYS
+#define PREFETCH_FAR_KEYS 64
+#endif
+/* the same in the VNNI paths, which spend less time per key (and fetch K and V rows together): further ahead to
+   cover a memory latency */
+enum { PREFETCH_FAR = PREFETCH_FAR_KEYS };
 
 /* ask for the cache lines of a q8_0 row of D values */
 static inline void prefetch_row(const uint8_t *row, int D) {
@@ -150,8 +156,8 @@ static void scores_q8(const int8_t *q, const float *qd, int D, const uint8_t *k,
    and its value sum taken once for the G vectors. The integer dot q . k is (q + 128) . k - 128 * sum(k), u8 times
    s8 in one vpdpbusd per vector and block, instead of the sign trick's three instructions; the integers are the
    same, so the scores are scores_q8's bits. */
-static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const int64_t *at,
-                           int64_t stride, int n, float scale, float *s, int ss) {
+static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const uint8_t *v,
+                           const int64_t *at, int64_t stride, int n, float scale, float *s, int ss) {
     const int nb = D / Q8_BLOCK;
     const __m256 sc = _mm256_set1_ps(scale);
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
@@ -163,7 +169,10 @@ static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const
         const int m = n - j0 < 8 ? n - j0 : 8;
         const uint8_t *rows[8];
         for (int i = 0; i < 8; i++) rows[i] = k + at[j0 + (i < m ? i : 0)] * stride; /* past n: any row, unread */
-        for (int i = j0 + PREFETCH; i < j0 + PREFETCH + 8 && i < n; i++) prefetch_row(k + at[i] * stride, D);
+        for (int i = j0 + PREFETCH_FAR; i < j0 + PREFETCH_FAR + 8 && i < n; i++) {
+            prefetch_row(k + at[i] * stride, D);
+            prefetch_row(v + at[i] * stride, D); /* the value rows too: the weighed sum then finds them in L2 */
+        }
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int b = 0; b < nb; b++) {
             const int64_t off = (int64_t)b * Q8_BYTES;
@@ -199,17 +208,18 @@ static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const
 
 /* scores_q8 for G vectors (q: G * D values, qd: G * D / 32 scales) over the same n keys, vector g's scores at
    s + g * ss */
-static void scores_q8_group(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const int64_t *at,
-                            int64_t stride, int n, float scale, float *s, int ss) {
+static void scores_q8_group(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const uint8_t *v,
+                            const int64_t *at, int64_t stride, int n, float scale, float *s, int ss) {
     const int nb = D / Q8_BLOCK;
 #if defined(QMM_VNNI)
     if (nb <= 4) {
         for (int g0 = 0; g0 < G; g0 += 4) /* each vector's scores are its own: any grouping gives the same bits */
-            scores_q8_vnni(q + (int64_t)g0 * D, qd + (int64_t)g0 * nb, G - g0 < 4 ? G - g0 : 4, D, k, at, stride, n,
-                           scale, s + (int64_t)g0 * ss, ss);
+            scores_q8_vnni(q + (int64_t)g0 * D, qd + (int64_t)g0 * nb, G - g0 < 4 ? G - g0 : 4, D, k, v, at, stride,
+                           n, scale, s + (int64_t)g0 * ss, ss);
         return;
     }
 #endif
+    (void)v;
     for (int g = 0; g < G; g++)
         scores_q8(q + (int64_t)g * D, qd + (int64_t)g * nb, D, k, at, stride, n, scale, s + (int64_t)g * ss);
 }
@@ -255,10 +265,65 @@ static inline __attribute__((always_inline)) void weigh_q8_g(float *acc, const i
 }
 #endif
 
+#if defined(QMM_VNNI)
+/* weigh_q8 with AVX-512VL's 32 registers, for compile-time G and NB: blocks b0 .. b0 + NB - 1 of the G vectors'
+   outputs in registers (G * NB <= 6: 24 accumulators) over all n keys in one walk, each key's blocks read once
+   while its row is in L1 and its weights p * d_v made on the way (the same products and sums, in the same order,
+   as weigh_q8_g: the same bits) */
+static inline __attribute__((always_inline)) void weigh_q8_rows(float *acc, const int G, const int NB, int b0, int D,
+                                                                const float *p, int ps, const uint8_t *v,
+                                                                const int64_t *at, int64_t stride, int n) {
+    __m256 o[6][4];
+    for (int r = 0; r < G * NB; r++)
+        for (int c = 0; c < 4; c++) o[r][c] = _mm256_setzero_ps();
+    for (int jj = 0; jj < n; jj++) {
+        if (jj + PREFETCH_FAR < n) prefetch_row(v + at[jj + PREFETCH_FAR] * stride, D);
+        const uint8_t *row = v + at[jj] * stride + (int64_t)b0 * Q8_BYTES;
+        for (int bb = 0; bb < NB; bb++) {
+            const uint8_t *blk = row + (int64_t)bb * Q8_BYTES;
+            const float dv = _cvtsh_ss(*(const uint16_t *)blk);
+            __m256 x[4];
+            for (int c = 0; c < 4; c++)
+                x[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c))));
+            for (int g = 0; g < G; g++) {
+                const __m256 wg = _mm256_set1_ps(p[(int64_t)g * ps + jj] * dv);
+                for (int c = 0; c < 4; c++) o[g * NB + bb][c] = _mm256_fmadd_ps(wg, x[c], o[g * NB + bb][c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int bb = 0; bb < NB; bb++)
+            for (int c = 0; c < 4; c++)
+                _mm256_storeu_ps(acc + (int64_t)g * D + (b0 + bb) * Q8_BLOCK + 8 * c, o[g * NB + bb][c]);
+}
+
+/* weigh_q8 in passes of weigh_q8_rows over as many blocks as G's accumulators leave room for; 0 where G > 6 */
+static int weigh_q8_fused(float *acc, int G, int D, const float *p, int ps, const uint8_t *v, const int64_t *at,
+                          int64_t stride, int n) {
+    const int nb = D / Q8_BLOCK;
+    int b0 = 0;
+#define WEIGH_PASS(g, k)                                                                                               \
+    for (; b0 + (k) <= nb; b0 += (k)) weigh_q8_rows(acc, g, k, b0, D, p, ps, v, at, stride, n)
+    switch (G) {
+    case 1: WEIGH_PASS(1, 6); WEIGH_PASS(1, 1); return 1;
+    case 2: WEIGH_PASS(2, 3); WEIGH_PASS(2, 1); return 1;
+    case 3: WEIGH_PASS(3, 2); WEIGH_PASS(3, 1); return 1;
+    case 4: WEIGH_PASS(4, 1); return 1;
+    case 5: WEIGH_PASS(5, 1); return 1;
+    case 6: WEIGH_PASS(6, 1); return 1;
+    default: return 0;
+    }
+#undef WEIGH_PASS
+}
+#endif
+
 /* acc[g] (D floats each, G vectors D apart) = sum over keys jj in order of p[g * ps + jj] * value row jj (at
    v + at[jj] * stride), each value block dequantized once for the G vectors (w: scratch of G * n floats) */
 static void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uint8_t *v, const int64_t *at,
                      int64_t stride, int n, float *w) {
+#if defined(QMM_VNNI)
+    if (weigh_q8_fused(acc, G, D, p, ps, v, at, stride, n)) return;
+#endif
 #if defined(QMM_AVX2)
     switch (G) { /* the accumulators of up to 4 vectors stay in registers */
     case 1: weigh_q8_g(acc, 1, D, p, ps, v, at, stride, n, w); return;
@@ -311,7 +376,7 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
     }
     const uint8_t *k0 = a->k + kvh * rb, *vh = a->v + kvh * rb;
     float mx[G], sum[G];
-    scores_q8_group(a->qa + v0 * D, a->qd + v0 * (D / Q8_BLOCK), G, D, k0, at, stride, n, a->scale, scores, SEG);
+    scores_q8_group(a->qa + v0 * D, a->qd + v0 * (D / Q8_BLOCK), G, D, k0, vh, at, stride, n, a->scale, scores, SEG);
     for (int g = 0; g < G; g++) { /* the softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
         for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
