@@ -161,7 +161,7 @@ static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const
     const int nb = D / Q8_BLOCK;
     const __m256 sc = _mm256_set1_ps(scale);
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
-    __m256i qu[4][4]; /* [g][b]: q + 128 as u8 (D <= 128 here) */
+    __m256i qu[4][8]; /* [g][b]: q + 128 as u8 (D <= 256 here) */
     for (int g = 0; g < G; g++)
         for (int b = 0; b < nb; b++)
             qu[g][b] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + (int64_t)g * D + b * Q8_BLOCK)), flip);
@@ -212,7 +212,7 @@ static void scores_q8_group(const int8_t *q, const float *qd, int G, int D, cons
                             const int64_t *at, int64_t stride, int n, float scale, float *s, int ss) {
     const int nb = D / Q8_BLOCK;
 #if defined(QMM_VNNI)
-    if (nb <= 4) {
+    if (nb <= 8) {
         for (int g0 = 0; g0 < G; g0 += 4) /* each vector's scores are its own: any grouping gives the same bits */
             scores_q8_vnni(q + (int64_t)g0 * D, qd + (int64_t)g0 * nb, G - g0 < 4 ? G - g0 : 4, D, k, v, at, stride,
                            n, scale, s + (int64_t)g0 * ss, ss);
@@ -277,7 +277,7 @@ static inline __attribute__((always_inline)) void weigh_q8_rows(float *acc, cons
     for (int r = 0; r < G * NB; r++)
         for (int c = 0; c < 4; c++) o[r][c] = _mm256_setzero_ps();
     for (int jj = 0; jj < n; jj++) {
-        if (jj + PREFETCH_FAR < n) prefetch_row(v + at[jj + PREFETCH_FAR] * stride, D);
+        if (b0 == 0 && jj + PREFETCH_FAR < n) prefetch_row(v + at[jj + PREFETCH_FAR] * stride, D); /* once */
         const uint8_t *row = v + at[jj] * stride + (int64_t)b0 * Q8_BYTES;
         for (int bb = 0; bb < NB; bb++) {
             const uint8_t *blk = row + (int64_t)bb * Q8_BYTES;
