@@ -174,3 +174,15 @@ def test_engine_serves_fp8_kv_batch_invariant_and_as_the_float64_twin(tmp_path, 
     monkeypatch.setattr(triton_attention, "paged_attention", lambda q, k, v, meta, scale=None, window=None,
                         sinks=None: twin(q, k, v, meta, scale, window, None, sinks))
     assert serve([0, 1, 2]) == batched
+
+
+def test_fp8_pools_off_the_triton_path_take_the_torch_twin():
+    """Without Triton (here the auto backend on the CPU, whose native kernels take no fp8) an fp8 pool is read by
+    the torch twin over its dequantized values, not misread as floats."""
+    query_lens, seq_lens, block_size = MIXES["mixed"]
+    k, v, meta = paged_batch(query_lens, seq_lens, block_size, 2, 64, torch.float32, "cpu", 11)
+    k8, v8 = quantize_fp8(k), quantize_fp8(v)
+    q = torch.randn(sum(query_lens), 6, 64, generator=torch.Generator().manual_seed(12))
+    out = dispatch.paged_attention(q, k8, v8, meta)
+    expected = twin(q.double(), dequantize_fp8(k8).double(), dequantize_fp8(v8).double(), meta)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
