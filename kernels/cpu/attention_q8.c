@@ -353,6 +353,40 @@ static void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uin
 #endif
 }
 
+/* the largest of x[0 .. n - 1] and m (max is exact in any order: the same bits however it is grouped) */
+static inline float max_of(const float *x, int n, float m) {
+    int i = 0;
+#if defined(QMM_AVX2)
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + i));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, v);
+        for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* the sum of x[0 .. n - 1] in a fixed order for a given n: eight running lane sums (lane l: x[l], x[l + 8], ...)
+   added pairwise, then the tail in order (a dependency chain of n / 8 adds instead of n) */
+static inline float sum_of(const float *x, int n) {
+    float total = 0.0f;
+    int i = 0;
+#if defined(QMM_AVX2)
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_add_ps(v, _mm256_loadu_ps(x + i));
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        total = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
+#endif
+    for (; i < n; i++) total += x[i];
+    return total;
+}
+
 /* Row t, kv head kvh, key segment k: the segment's softmax and weighed values for the kv head's G query heads,
    stored as the output (a row of one segment) or as the segment's partials. scores: G * SEG floats of scratch,
    acc: G * D, at: n key rows, w: G * SEG. */
@@ -379,10 +413,10 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
     scores_q8_group(a->qa + v0 * D, a->qd + v0 * (D / Q8_BLOCK), G, D, k0, vh, at, stride, n, a->scale, scores, SEG);
     for (int g = 0; g < G; g++) { /* the softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
-        for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
+        m = max_of(sg, n, m);
         for (int jj = 0; jj < n; jj++) sg[jj] -= m;
         qmm_exp(sg, n, sg);
-        for (int jj = 0; jj < n; jj++) total += sg[jj];
+        total = sum_of(sg, n);
         const float inv = 1.0f / total;
         for (int jj = 0; jj < n; jj++) sg[jj] *= inv;
         mx[g] = m;
