@@ -194,3 +194,22 @@ def test_fp8_pools_off_the_triton_path_take_the_torch_twin():
     out = dispatch.paged_attention(q, k8, v8, meta)
     expected = twin(q.double(), dequantize_fp8(k8).double(), dequantize_fp8(v8).double(), meta)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_disk_tier_round_trips_fp8_blocks_and_refuses_q8_0(tmp_path):
+    from edgeserve.offload.block_file import CorruptBlockError, decode
+    from edgeserve.offload.disk_tier import DiskTier
+
+    fp8 = KVLayout("m", torch.float8_e4m3fn, num_layers=2, block_size=4, num_kv_heads=2, head_dim=68,
+                   kv_format="fp8")
+    q8 = KVLayout("m", torch.uint8, num_layers=2, block_size=4, num_kv_heads=2, head_dim=68, kv_format="q8_0")
+    g = torch.Generator().manual_seed(3)
+    k, v = (quantize_fp8(torch.randn(2, 4, 2, 64, generator=g)) for _ in range(2))
+    tier = DiskTier(tmp_path, fp8, 10 * fp8.block_nbytes)
+    assert tier.put(b"\x02" * 32, b"", (1, 2, 3, 4), k, v)
+    block = DiskTier(tmp_path, fp8, 10 * fp8.block_nbytes).get(b"\x02" * 32)  # a restart finds it
+    assert block.k.dtype == torch.float8_e4m3fn
+    assert torch.equal(block.k.view(torch.uint8), k.view(torch.uint8))
+    assert torch.equal(block.v.view(torch.uint8), v.view(torch.uint8))
+    with pytest.raises(CorruptBlockError):  # the same bytes per block, another format: never read
+        decode(bytearray(tier.path(b"\x02" * 32).read_bytes()), q8, b"\x02" * 32)
