@@ -3,8 +3,11 @@ edgeserve with --kv-cache-dtype auto (bf16) and q8_0, llama-server with -ctk/-ct
 default as it comes and with --poll 0, which stops its threads busy-waiting: on a shared, oversubscribed machine
 busy-waiting threads lose their cores), one request at a time, the servers interleaved round by round.
 
-    python benchmarks/kv_cache_decode.py --llama-server /path/to/llama-server [--model PATH.gguf]
+    python benchmarks/kv_cache_decode.py --llama-server /path/to/llama-server [--model PATH.gguf | NAME]
         [--depths 2048,8192] [--decode 32] [--rounds 3] [--threads 2] [--llama 'q8_0 --poll 0' ...]
+
+`--model` takes a GGUF path or a catalog name whose file is downloaded already (e.g. `gemma3-270m` for Gemma 3
+270M; default: the default model's file); both servers load the same file.
 
 Each request is a token-id prompt of (depth - decode) tokens (the same ids every round, so after the first round
 both servers reuse the cached prompt and a round costs only its decode) plus `decode` greedy tokens; TPOT is the
@@ -28,6 +31,15 @@ from edgeserve.bench.compare import llama_server_command
 from edgeserve.bench.servers import (EXTRA_BODY, free_port, served_model, start_edgeserve, start_server,
                                      stop_server)
 from edgeserve.bench.workloads import RequestSpec
+
+
+def model_file(model: str) -> str:
+    """The GGUF file `model` names: a path, or a catalog name resolved to its local file."""
+    if os.path.exists(model):
+        return model
+    from edgeserve.registry import resolve
+
+    return str(resolve(model).path)
 
 
 def tpot_ms(times: list[float]) -> float | None:
@@ -58,6 +70,7 @@ def main() -> int:
                     help="a llama-server variant: its -ctk/-ctv type and extra flags, e.g. 'q8_0 --poll 0' "
                          "(repeatable; default: 'q8_0' and 'q8_0 --poll 0'; 'none': edgeserve only)")
     args = ap.parse_args()
+    args.model = model_file(args.model)
     depths = [int(d) for d in args.depths.split(",")]
     ctx = max(depths) + 64
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), EDGESERVE_THREADS=str(args.threads))

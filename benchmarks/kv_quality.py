@@ -3,6 +3,10 @@
 (edgeserve.bench.kv_quality).
 
     python benchmarks/kv_quality.py MODEL.gguf [MODEL.gguf ...] [--lengths 512,2048] [--text FILE ...]
+        [--pairs q8_0:auto,fp8:auto]
+
+`--pairs`: candidate:reference formats (`--kv-cache-dtype` names, or f32); fp8 runs through the torch twins where
+the Triton kernels do not (the format's cost, not its speed).
 
 The text defaults to this checkout's README.md and docs/ENGINE.md, concatenated. One JSON line per model,
 length and pair.
@@ -23,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--lengths", default="512,2048")
+    ap.add_argument("--pairs", default=",".join(f"{c}:{r}" for c, r in PAIRS))
     ap.add_argument("--text", nargs="*", default=[str(ROOT / "README.md"), str(ROOT / "docs" / "ENGINE.md")])
     args = ap.parse_args()
 
@@ -35,7 +40,7 @@ def main() -> None:
         lm = load_model(resolve(path))
         ids = lm.tokenizer.encode(text)
         for n in (int(x) for x in args.lengths.split(",")):
-            for cand, ref in PAIRS:
+            for cand, ref in (p.split(":") for p in args.pairs.split(",")):
                 t = time.perf_counter()
                 d = kv_divergence(lm, ids[:n], candidate=cand, reference=ref)
                 print(json.dumps({"model": Path(path).name, "tokens": d.positions, "candidate": cand,

@@ -44,6 +44,7 @@ from . import rope as _rope
 from . import w4a16 as _w4
 from . import w8a16 as _w8
 from ._triton import HAS_TRITON, interpreting
+from .kv_quant import is_fp8
 from .paged_attention import AttentionMetadata
 from .w4a16 import W4A16Weight, repack_q4
 from .w8a16 import W8A16Weight, repack_q8
@@ -144,7 +145,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from .triton_paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale, window, sinks)
-    if softcap is None and _native_cpu(q):
+    if softcap is None and _native_cpu(q) and not is_fp8(k_cache):  # fp8: Triton or the torch twin
         # float32 C, batch-invariant
         done = _native.paged_attention(q, k_cache, v_cache, meta, scale, window=window, sinks=sinks)
         if done is not None:

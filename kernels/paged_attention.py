@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .kv_quant import dequantize_q8, is_q8, quantize_q8
+from .kv_quant import dequantize_kv, is_quantized, quantize_kv
 from .transfer import to_device
 
 
@@ -75,12 +75,13 @@ def span_ends(spans: tuple[tuple[int, int], ...], first: int, count: int) -> lis
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Store this step's k, v [T, Hkv, D] at their slots of one layer's pool (quantized for a q8_0 pool)."""
+    """Store this step's k, v [T, Hkv, D] at their slots of one layer's pool (quantized for a q8_0 or fp8 pool)."""
     hkv, d = k_cache.shape[-2:]
-    if is_q8(k_cache):
-        k, v = quantize_q8(k), quantize_q8(v)
-    k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        rows = quantize_kv(x, cache)
+        if is_quantized(cache):  # as bytes: index_copy_ has no float8 kernel on every device
+            cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+        cache.view(-1, hkv, d).index_copy_(0, slot_mapping, rows)
 
 
 def _gather(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
@@ -206,8 +207,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # bits) on how long the padded batch is and how the prompt was chunked, and greedy outputs then change
     # with whatever else is running; float64 differences vanish when rounded back
     out_dtype, q = q.dtype, q.double()
-    if is_q8(k_cache):  # a q8_0 pool: attend over its dequantized values (the whole layer: a reference, not fast)
-        k_cache, v_cache = dequantize_q8(k_cache), dequantize_q8(v_cache)
+    if is_quantized(k_cache):  # attend over the dequantized values (the whole layer: a reference, not fast)
+        k_cache, v_cache = dequantize_kv(k_cache), dequantize_kv(v_cache)
     gqa = q.shape[1] != k_cache.shape[2]
     plan = _plan(meta, q.device, k_cache.shape[1], window)
     if plan.decode_rows is not None:

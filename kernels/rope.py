@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .kv_quant import is_quantized
 from .paged_attention import write_kv
 
 
@@ -110,8 +111,8 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 
 def q_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
-    """The dtype rope_write_kv returns the rotated q in: the cache's, or for a q8_0 pool (uint8) bfloat16 when q is
-    bfloat16 and float32 otherwise."""
-    if k_cache.dtype == torch.uint8:
+    """The dtype rope_write_kv returns the rotated q in: the cache's, or for a quantized pool (q8_0 or fp8) bfloat16
+    when q is bfloat16 and float32 otherwise."""
+    if is_quantized(k_cache):
         return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
     return k_cache.dtype

@@ -13,9 +13,16 @@ from __future__ import annotations
 import torch
 
 from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
+from .kv_quant import is_fp8
 
 BLOCK_N = 16  # tokens per inner step (tl.dot needs >= 16 on the GPU)
 TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split count
+
+
+@triton.jit
+def _row_scales(cache_ptr, off, mask, HEAD_DIM: tl.constexpr):
+    """The float32 scales of the fp8 rows at `off` (kernels.kv_quant: 4 bytes after each row's values); 0 masked."""
+    return tl.load((cache_ptr + off + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True), mask=mask, other=0.0)
 
 
 @triton.jit
@@ -25,7 +32,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          tokens_per_split,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+                         BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                         FP8: tl.constexpr):
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -56,12 +64,17 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], base-2 logits
+        if FP8:
+            s = s * _row_scales(k_ptr, off, t_mask, HEAD_DIM)[None, :]
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+        pv = p
+        if FP8:  # the V row scales weigh the probabilities: sum_j p_j s_j v_j
+            pv = p * _row_scales(v_ptr, off, t_mask, HEAD_DIM)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(pv.to(DOT), v.to(DOT), input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
@@ -124,8 +137,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `window`: a sliding-window layer, attending to the last `window` tokens only.
     `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
-    nb, bs, nkv, d = k_cache.shape
-    t, nh, _ = q.shape
+    nb, bs, nkv, _ = k_cache.shape
+    t, nh, d = q.shape
+    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.kv_quant)
+    kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
     batch = seq_lens.shape[0]
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -149,7 +164,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         per_split,
         GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype),
+        DOT=dot_dtype(kv_dtype), PRECISION=dot_precision(kv_dtype), FP8=fp8,
     )
     _decode_reduce_kernel[(batch, nh)](
         part_o, part_lse, out, seq_lens, query_start_loc, part_lse if sinks is None else sinks.float().contiguous(),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
+from .triton_decode_attention import _row_scales
+from .kv_quant import is_fp8
 
 BLOCK_M = 16
 BLOCK_N = 16
@@ -25,7 +27,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-                    HAS_SINKS: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, FP8: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -64,6 +66,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             kv_mask = t_mask[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
+            if FP8:
+                s = s * _row_scales(k_ptr, off, t_mask, HEAD_DIM)[None, :]
             s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]) & (tok[None, :] >= lowest[:, None]), s,
                          float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -72,7 +76,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+            pv = p
+            if FP8:  # the V row scales weigh the probabilities: sum_j p_j s_j v_j
+                pv = p * _row_scales(v_ptr, off, t_mask, HEAD_DIM)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(pv.to(DOT), v.to(DOT), input_precision=PRECISION)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -89,8 +96,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     The K/V of this step's tokens must already be in the pool. `window`: each row sees only its last `window` keys.
     `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
-    nb, bs, nkv, d = k_cache.shape
-    t, nh, _ = q.shape
+    nb, bs, nkv, _ = k_cache.shape
+    t, nh, d = q.shape
+    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.kv_quant)
+    kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
     batch = seq_lens.shape[0]
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -107,6 +116,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(k_cache.dtype), PRECISION=dot_precision(k_cache.dtype), HAS_SINKS=sinks is not None,
+        DOT=dot_dtype(kv_dtype), PRECISION=dot_precision(kv_dtype), HAS_SINKS=sinks is not None, FP8=fp8,
     )
     return out

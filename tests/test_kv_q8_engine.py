@@ -157,7 +157,7 @@ def test_bad_choices_are_refused_with_one_line_errors(tiny_lm, tmp_path):
     c = tiny_lm.config
     assert resolve_kv_format("q8_0", c, torch.bfloat16, "cpu") == Q8_0
     assert resolve_kv_format("auto", c, torch.bfloat16, "cpu").storage == torch.bfloat16
-    for name, device, message in (("fp8", "cpu", "not supported yet"), ("f16", "cpu", "compute dtype"),
+    for name, device, message in (("fp8", "cpu", "fp8 needs the Triton kernels"), ("f16", "cpu", "compute dtype"),
                                   ("q8_0", "cuda", "CPU only")):
         with pytest.raises(ValueError, match=message):
             resolve_kv_format(name, c, torch.bfloat16, device)

@@ -163,3 +163,18 @@ def test_refuses_head_sizes_off_the_block(lib):
                                     tables.data_ptr(), 1, seq.data_ptr(), None, lens.data_ptr(), None, 1.0,
                                     torch.empty_like(q).data_ptr())
     assert rc == -1
+
+
+@pytest.mark.parametrize("heads,hkv,d", LAYOUTS + [(10, 5, 64), (5, 1, 64), (12, 2, 32), (7, 1, 96)])
+def test_vnni_paths_give_the_avx2_bits(heads, hkv, d):
+    """The VNNI variant's own score and weighed-sum paths ((q + 128) . k - 128 sum k; each value row walked once,
+    groups of up to 6 query heads) compute the AVX2 variant's integers and sums in its order: the same bits."""
+    variants = cpu_native.supported_variants()
+    if not {"avx512vnni", "avx2"} <= set(variants):
+        pytest.skip("needs a CPU with AVX-512 VNNI")
+    kp, vp = random_pools(hkv, d, blocks=80, seed=5)
+    tables = torch.randperm(80, generator=torch.Generator().manual_seed(6)).view(2, 40).to(torch.int32)
+    rows = [(0, 640), (1, 515), (1, 33), (0, 7)]
+    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    vnni = attend_q8(cpu_native.load("avx512vnni"), q, kp, vp, tables, rows)
+    assert torch.equal(vnni, attend_q8(cpu_native.load("avx2"), q, kp, vp, tables, rows))

@@ -41,3 +41,14 @@ def test_q8_0_kv_stays_close_to_bf16(model, default_model_path):
     assert d.mean_kl < MEAN_KL_BOUND, d
     assert d.top1_agreement > TOP1_BOUND, d
     assert d.mean_kl > 0  # the q8_0 pool is what the candidate read
+
+
+def test_fp8_kv_format_stays_close_to_bf16(default_model_path):
+    """The fp8 format (e4m3, a float32 scale per row; written and read by the torch twins here, by the Triton
+    kernels on a GPU) on the default model: about twice q8_0's KL (3 mantissa bits), under twice its bound."""
+    lm = load_model(resolve(str(default_model_path)))
+    ids = lm.tokenizer.encode(TEXT)[:256]
+    d = kv_divergence(lm, ids, candidate="fp8", reference="auto", chunk=128)
+    assert d.positions == 256
+    assert 0 < d.mean_kl < 2 * MEAN_KL_BOUND, d
+    assert d.top1_agreement > TOP1_BOUND - 0.03, d

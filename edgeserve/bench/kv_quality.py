@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.engine.kv_cache import KVPool, forward_batch
-from edgeserve.engine.kv_format import KVFormat, as_kv_format, resolve_kv_format
+from edgeserve.engine.kv_format import FP8, KVFormat, as_kv_format, resolve_kv_format
 
 
 @dataclass
@@ -38,9 +38,13 @@ def _chunk_logits(model, pool: KVPool, ids: list[int], chunk: int, block_size: i
 
 
 def _format(name: str, lm) -> KVFormat:
-    """A `--kv-cache-dtype` name's format for `lm`, or "f32": float32 K/V (a reference finer than bf16)."""
+    """A `--kv-cache-dtype` name's format for `lm`, or "f32": float32 K/V (a reference finer than bf16). "fp8" is
+    the format wherever the model runs: off the Triton path the torch twins write and read it (slowly), which is
+    enough to measure what the format costs."""
     if name == "f32":
         return as_kv_format(torch.float32)
+    if name == "fp8":
+        return FP8
     return resolve_kv_format(name, lm.config, lm.model.dtype, lm.model.device)
 
 

@@ -92,7 +92,8 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
 
 class KVPool:
     """K and V for every layer: [num_layers, num_blocks, block_size, num_kv_heads, head_dim] each, zeroed; in a
-    quantized KV format (`kv_format`) the last dimension is a head row's storage (q8_0: uint8, head_dim / 32 * 34).
+    quantized KV format (`kv_format`) the last dimension is a head row's storage (q8_0: uint8, head_dim / 32 * 34;
+    fp8: float8_e4m3fn, head_dim + 4 with the row's float32 scale).
 
     Layers that read another layer's K/V (Gemma 4's KV-shared layers, `ModelConfig.kv_source`) get no memory:
     `layer_slot` sends them to their source's. Sliding layers whose K/V heads differ in shape from the global ones
@@ -152,7 +153,7 @@ class KVPool:
 
     @property
     def kv_dtype(self) -> str:
-        """The KV format's name (bf16, f16, f32, q8_0), as /metrics and /api/ps show it."""
+        """The KV format's name (bf16, f16, f32, q8_0, fp8), as /metrics and /api/ps show it."""
         return self.kv_format.name
 
     @property

@@ -4,7 +4,10 @@
 K and V as GGUF q8_0 blocks (kernels.kv_quant: 32 int8 values and a float16 scale, 34 bytes per 32 values), about
 half the bytes of bfloat16, so the same `--kv-cache-gb` holds about twice the tokens; the native kernels quantize
 where K/V are written and read the blocks directly in attention. `bf16` / `f16` name the compute dtype
-explicitly and are refused where they are not it. `fp8` (e4m3 on CUDA) is refused for now.
+explicitly and are refused where they are not it. `fp8` (GPU) stores each head row as e4m3 values and a float32
+row scale (kernels.kv_quant: head_dim + 4 bytes), written by the Triton RoPE + KV-write kernel and read inside the
+Triton attention kernels; it needs the Triton path on a CUDA GPU with fp8 conversions (compute capability 8.9+),
+or Triton's interpreter on the CPU (EDGESERVE_KERNELS=triton, TRITON_INTERPRET=1: tests), and is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.kv_quant import Q8_BLOCK, q8_row_bytes
+from edgeserve.kernels.kv_quant import Q8_BLOCK, fp8_row_width, q8_row_bytes
 from edgeserve.models.config import ModelConfig
 
 from .config import KV_CACHE_DTYPES  # noqa: F401  (re-exported)
@@ -23,18 +26,21 @@ _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f3
 
 @dataclass(frozen=True)
 class KVFormat:
-    """A KV pool's storage: `name` (bf16, f16, f32, q8_0) and the pool tensors' dtype (uint8 rows for q8_0)."""
+    """A KV pool's storage: `name` (bf16, f16, f32, q8_0, fp8) and the pool tensors' dtype (uint8 rows for q8_0,
+    float8_e4m3fn rows with a scale for fp8)."""
 
     name: str
     storage: torch.dtype
 
     @property
     def quantized(self) -> bool:
-        return self.name == "q8_0"
+        return self.name in ("q8_0", "fp8")
 
     def row_width(self, head_dim: int) -> int:
         """Elements of `storage` one head row of `head_dim` values takes (the pool's last dimension)."""
-        return q8_row_bytes(head_dim) if self.quantized else head_dim
+        if self.name == "q8_0":
+            return q8_row_bytes(head_dim)
+        return fp8_row_width(head_dim) if self.name == "fp8" else head_dim
 
     def row_bytes(self, head_dim: int) -> int:
         """Bytes one head row of `head_dim` values takes."""
@@ -42,6 +48,7 @@ class KVFormat:
 
 
 Q8_0 = KVFormat("q8_0", torch.uint8)
+FP8 = KVFormat("fp8", torch.float8_e4m3fn)
 
 
 def as_kv_format(fmt: KVFormat | torch.dtype) -> KVFormat:
@@ -67,7 +74,7 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
                              f"({_FLOAT_NAMES.get(compute_dtype, compute_dtype)}): use auto or q8_0")
         return as_kv_format(wanted)
     if name == "fp8":
-        raise ValueError("--kv-cache-dtype fp8 (e4m3 on CUDA) is not supported yet: use auto, or q8_0 on the CPU")
+        return _fp8_format(config, device)
     if device.type != "cpu":
         raise ValueError(f"--kv-cache-dtype q8_0 runs on the CPU only, not on {device.type}")
     if config.attn_softcap is not None:
@@ -80,3 +87,31 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
         raise ValueError(f"--kv-cache-dtype q8_0 needs head sizes that are multiples of {Q8_BLOCK}; this model's "
                          f"are {dims}")
     return Q8_0
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """Whether fp8 KV runs on `device`: the Triton path on CUDA with fp8 conversions (sm_89+), or the Triton
+    interpreter on the CPU."""
+    from edgeserve.kernels import dispatch
+    from edgeserve.kernels._triton import HAS_TRITON, interpreting
+
+    if device.type == "cpu":
+        return HAS_TRITON and interpreting() and dispatch.backend() == "triton"
+    return device.type == "cuda" and dispatch.use_triton(device) and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _fp8_format(config: ModelConfig, device: torch.device) -> KVFormat:
+    """FP8 where it runs for this model on this device; ValueError (one line) where it does not."""
+    if not fp8_supported(device):
+        where = "on the CPU use q8_0" if device.type == "cpu" else "use auto"
+        raise ValueError(f"--kv-cache-dtype fp8 needs the Triton kernels on a CUDA GPU with fp8 (compute capability "
+                         f"8.9+); not available on {device.type} here: {where}")
+    if config.attn_softcap is not None:
+        raise ValueError("--kv-cache-dtype fp8 is not supported for models with attention-logit soft-capping "
+                         "(Gemma 2): their attention runs on the torch path, which would dequantize the whole pool")
+    from .kv_cache import kv_owners
+
+    dims = sorted({config.layer_head_dim(i) for i in kv_owners(config)})
+    if any(d % 4 for d in dims):
+        raise ValueError(f"--kv-cache-dtype fp8 needs head sizes that are multiples of 4; this model's are {dims}")
+    return FP8

@@ -64,7 +64,7 @@ class EngineStats:
     kv_blocks_cached: int = 0  # free but still holding a reusable prefix
     kv_block_size: int = 16
     kv_cache_bytes: int = 0
-    kv_cache_dtype: str = ""  # what the pool stores per value (engine.kv_format): bf16, f16, f32, q8_0
+    kv_cache_dtype: str = ""  # what the pool stores per value (engine.kv_format): bf16, f16, f32, q8_0, fp8
     prompt_tokens_computed: int = 0
     prompt_tokens_reused: int = 0
     generation_tokens: int = 0

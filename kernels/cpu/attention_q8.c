@@ -72,6 +72,12 @@ static void store(const q8attn_t *a, int t, int head, float *x, float M, float t
 
 #if defined(QMM_AVX2)
 enum { PREFETCH = 24 }; /* keys ahead whose rows are fetched while the current ones are worked on */
+#ifndef PREFETCH_FAR_KEYS
+#define PREFETCH_FAR_KEYS 64
+#endif
+/* the same in the VNNI paths, which spend less time per key (and fetch K and V rows together): further ahead to
+   cover a memory latency */
+enum { PREFETCH_FAR = PREFETCH_FAR_KEYS };
 
 /* ask for the cache lines of a q8_0 row of D values */
 static inline void prefetch_row(const uint8_t *row, int D) {
@@ -145,6 +151,79 @@ static void scores_q8(const int8_t *q, const float *qd, int D, const uint8_t *k,
 #endif
 }
 
+#if defined(QMM_VNNI)
+/* scores_q8_group for up to 4 vectors (G <= 4) with VNNI: each key block's bytes are loaded, its scale converted
+   and its value sum taken once for the G vectors. The integer dot q . k is (q + 128) . k - 128 * sum(k), u8 times
+   s8 in one vpdpbusd per vector and block, instead of the sign trick's three instructions; the integers are the
+   same, so the scores are scores_q8's bits. */
+static void scores_q8_vnni(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const uint8_t *v,
+                           const int64_t *at, int64_t stride, int n, float scale, float *s, int ss) {
+    const int nb = D / Q8_BLOCK;
+    const __m256 sc = _mm256_set1_ps(scale);
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
+    __m256i qu[4][8]; /* [g][b]: q + 128 as u8 (D <= 256 here) */
+    for (int g = 0; g < G; g++)
+        for (int b = 0; b < nb; b++)
+            qu[g][b] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + (int64_t)g * D + b * Q8_BLOCK)), flip);
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        const uint8_t *rows[8];
+        for (int i = 0; i < 8; i++) rows[i] = k + at[j0 + (i < m ? i : 0)] * stride; /* past n: any row, unread */
+        for (int i = j0 + PREFETCH_FAR; i < j0 + PREFETCH_FAR + 8 && i < n; i++) {
+            prefetch_row(k + at[i] * stride, D);
+            prefetch_row(v + at[i] * stride, D); /* the value rows too: the weighed sum then finds them in L2 */
+        }
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int b = 0; b < nb; b++) {
+            const int64_t off = (int64_t)b * Q8_BYTES;
+            __m256i kv[8], p[8];
+            for (int i = 0; i < 8; i++) {
+                kv[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
+                p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, kv[i]);
+            }
+            const __m256i ksum128 = _mm256_slli_epi32(reduce8_epi32(p), 7);
+            uint16_t h[8];
+            for (int i = 0; i < 8; i++) memcpy(&h[i], rows[i] + off, 2);
+            const __m256 dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+            for (int g = 0; g < G; g++) {
+                for (int i = 0; i < 8; i++) p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qu[g][b], kv[i]);
+                const __m256i dot = _mm256_sub_epi32(reduce8_epi32(p), ksum128);
+                acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dk, _mm256_set1_ps(qd[g * nb + b])),
+                                         acc[g]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const __m256 r = _mm256_mul_ps(acc[g], sc);
+            if (m == 8) {
+                _mm256_storeu_ps(s + (int64_t)g * ss + j0, r);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, r);
+                memcpy(s + (int64_t)g * ss + j0, tmp, sizeof(float) * (size_t)m);
+            }
+        }
+    }
+}
+#endif
+
+/* scores_q8 for G vectors (q: G * D values, qd: G * D / 32 scales) over the same n keys, vector g's scores at
+   s + g * ss */
+static void scores_q8_group(const int8_t *q, const float *qd, int G, int D, const uint8_t *k, const uint8_t *v,
+                            const int64_t *at, int64_t stride, int n, float scale, float *s, int ss) {
+    const int nb = D / Q8_BLOCK;
+#if defined(QMM_VNNI)
+    if (nb <= 8) {
+        for (int g0 = 0; g0 < G; g0 += 4) /* each vector's scores are its own: any grouping gives the same bits */
+            scores_q8_vnni(q + (int64_t)g0 * D, qd + (int64_t)g0 * nb, G - g0 < 4 ? G - g0 : 4, D, k, v, at, stride,
+                           n, scale, s + (int64_t)g0 * ss, ss);
+        return;
+    }
+#endif
+    (void)v;
+    for (int g = 0; g < G; g++)
+        scores_q8(q + (int64_t)g * D, qd + (int64_t)g * nb, D, k, at, stride, n, scale, s + (int64_t)g * ss);
+}
+
 #if defined(QMM_AVX2)
 /* weigh_q8 for a compile-time G: block b's 32 outputs of the G vectors in registers over all n keys, each key's
    weight p * d_v made first for the whole block (w: G * n floats of scratch) */
@@ -186,10 +265,65 @@ static inline __attribute__((always_inline)) void weigh_q8_g(float *acc, const i
 }
 #endif
 
+#if defined(QMM_VNNI)
+/* weigh_q8 with AVX-512VL's 32 registers, for compile-time G and NB: blocks b0 .. b0 + NB - 1 of the G vectors'
+   outputs in registers (G * NB <= 6: 24 accumulators) over all n keys in one walk, each key's blocks read once
+   while its row is in L1 and its weights p * d_v made on the way (the same products and sums, in the same order,
+   as weigh_q8_g: the same bits) */
+static inline __attribute__((always_inline)) void weigh_q8_rows(float *acc, const int G, const int NB, int b0, int D,
+                                                                const float *p, int ps, const uint8_t *v,
+                                                                const int64_t *at, int64_t stride, int n) {
+    __m256 o[6][4];
+    for (int r = 0; r < G * NB; r++)
+        for (int c = 0; c < 4; c++) o[r][c] = _mm256_setzero_ps();
+    for (int jj = 0; jj < n; jj++) {
+        if (b0 == 0 && jj + PREFETCH_FAR < n) prefetch_row(v + at[jj + PREFETCH_FAR] * stride, D); /* once */
+        const uint8_t *row = v + at[jj] * stride + (int64_t)b0 * Q8_BYTES;
+        for (int bb = 0; bb < NB; bb++) {
+            const uint8_t *blk = row + (int64_t)bb * Q8_BYTES;
+            const float dv = _cvtsh_ss(*(const uint16_t *)blk);
+            __m256 x[4];
+            for (int c = 0; c < 4; c++)
+                x[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * c))));
+            for (int g = 0; g < G; g++) {
+                const __m256 wg = _mm256_set1_ps(p[(int64_t)g * ps + jj] * dv);
+                for (int c = 0; c < 4; c++) o[g * NB + bb][c] = _mm256_fmadd_ps(wg, x[c], o[g * NB + bb][c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int bb = 0; bb < NB; bb++)
+            for (int c = 0; c < 4; c++)
+                _mm256_storeu_ps(acc + (int64_t)g * D + (b0 + bb) * Q8_BLOCK + 8 * c, o[g * NB + bb][c]);
+}
+
+/* weigh_q8 in passes of weigh_q8_rows over as many blocks as G's accumulators leave room for; 0 where G > 6 */
+static int weigh_q8_fused(float *acc, int G, int D, const float *p, int ps, const uint8_t *v, const int64_t *at,
+                          int64_t stride, int n) {
+    const int nb = D / Q8_BLOCK;
+    int b0 = 0;
+#define WEIGH_PASS(g, k)                                                                                               \
+    for (; b0 + (k) <= nb; b0 += (k)) weigh_q8_rows(acc, g, k, b0, D, p, ps, v, at, stride, n)
+    switch (G) {
+    case 1: WEIGH_PASS(1, 6); WEIGH_PASS(1, 1); return 1;
+    case 2: WEIGH_PASS(2, 3); WEIGH_PASS(2, 1); return 1;
+    case 3: WEIGH_PASS(3, 2); WEIGH_PASS(3, 1); return 1;
+    case 4: WEIGH_PASS(4, 1); return 1;
+    case 5: WEIGH_PASS(5, 1); return 1;
+    case 6: WEIGH_PASS(6, 1); return 1;
+    default: return 0;
+    }
+#undef WEIGH_PASS
+}
+#endif
+
 /* acc[g] (D floats each, G vectors D apart) = sum over keys jj in order of p[g * ps + jj] * value row jj (at
    v + at[jj] * stride), each value block dequantized once for the G vectors (w: scratch of G * n floats) */
 static void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uint8_t *v, const int64_t *at,
                      int64_t stride, int n, float *w) {
+#if defined(QMM_VNNI)
+    if (weigh_q8_fused(acc, G, D, p, ps, v, at, stride, n)) return;
+#endif
 #if defined(QMM_AVX2)
     switch (G) { /* the accumulators of up to 4 vectors stay in registers */
     case 1: weigh_q8_g(acc, 1, D, p, ps, v, at, stride, n, w); return;
@@ -219,6 +353,40 @@ static void weigh_q8(float *acc, int G, int D, const float *p, int ps, const uin
 #endif
 }
 
+/* the largest of x[0 .. n - 1] and m (max is exact in any order: the same bits however it is grouped) */
+static inline float max_of(const float *x, int n, float m) {
+    int i = 0;
+#if defined(QMM_AVX2)
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + i));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, v);
+        for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* the sum of x[0 .. n - 1] in a fixed order for a given n: eight running lane sums (lane l: x[l], x[l + 8], ...)
+   added pairwise, then the tail in order (a dependency chain of n / 8 adds instead of n) */
+static inline float sum_of(const float *x, int n) {
+    float total = 0.0f;
+    int i = 0;
+#if defined(QMM_AVX2)
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_add_ps(v, _mm256_loadu_ps(x + i));
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        total = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
+#endif
+    for (; i < n; i++) total += x[i];
+    return total;
+}
+
 /* Row t, kv head kvh, key segment k: the segment's softmax and weighed values for the kv head's G query heads,
    stored as the output (a row of one segment) or as the segment's partials. scores: G * SEG floats of scratch,
    acc: G * D, at: n key rows, w: G * SEG. */
@@ -228,19 +396,27 @@ static void row_segment(const q8attn_t *a, int t, int kvh, int k, float *scores,
     const int jlo = k * SEG, n = L - jlo < SEG ? L - jlo : SEG, lo = a->row_lo ? a->row_lo[t] : 0;
     const int64_t rb = q8_row_bytes(D), v0 = (int64_t)t * a->H + (int64_t)kvh * G, stride = a->Hkv * rb;
     const int32_t *table = a->tables + (int64_t)a->row_seq[t] * a->table_stride;
-    for (int jj = 0; jj < n; jj++) { /* each key's pool row, counted in rows of all kv heads */
-        const int j = lo + jlo + jj;
-        at[jj] = (int64_t)table[j / bs] * bs + j % bs;
+    { /* each key's pool row, counted in rows of all kv heads; one division per segment, not per key */
+        const int j0 = lo + jlo;
+        int blk = j0 / bs, off = j0 % bs;
+        int64_t base = (int64_t)table[blk] * bs;
+        for (int jj = 0; jj < n; jj++) {
+            at[jj] = base + off;
+            if (++off == bs && jj + 1 < n) {
+                off = 0;
+                base = (int64_t)table[++blk] * bs;
+            }
+        }
     }
     const uint8_t *k0 = a->k + kvh * rb, *vh = a->v + kvh * rb;
     float mx[G], sum[G];
-    for (int g = 0; g < G; g++) { /* scores, then the softmax in key order */
+    scores_q8_group(a->qa + v0 * D, a->qd + v0 * (D / Q8_BLOCK), G, D, k0, vh, at, stride, n, a->scale, scores, SEG);
+    for (int g = 0; g < G; g++) { /* the softmax in key order */
         float *sg = scores + (int64_t)g * SEG, m = -INFINITY, total = 0.0f;
-        scores_q8(a->qa + (v0 + g) * D, a->qd + (v0 + g) * (D / Q8_BLOCK), D, k0, at, stride, n, a->scale, sg);
-        for (int jj = 0; jj < n; jj++) m = sg[jj] > m ? sg[jj] : m;
+        m = max_of(sg, n, m);
         for (int jj = 0; jj < n; jj++) sg[jj] -= m;
         qmm_exp(sg, n, sg);
-        for (int jj = 0; jj < n; jj++) total += sg[jj];
+        total = sum_of(sg, n);
         const float inv = 1.0f / total;
         for (int jj = 0; jj < n; jj++) sg[jj] *= inv;
         mx[g] = m;
