@@ -1200,6 +1200,151 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
     for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * ldo, acc[r]);
 }
 
+#if defined(QMM_VNNI)
+/* ---- two _X8 bands (16 weight rows) in the 16 lanes of a 512-bit register (K-quants, VNNI builds) ----------
+   Lanes 0-7 hold band n's rows, lanes 8-15 band n + 8's, so each broadcast of 4 activation bytes meets 16 weight rows
+   and the per-block float work serves 16 rows. Per lane the operations are dot_x8's VNNI path's, in the same order
+   (the int32 block sums are exact, whatever order dpbusd adds them in), so a row gets the same bits in a 16-row
+   pass as in an 8-row one: a matmul's result does not depend on how its rows were split into tasks. On a CPU with
+   a full-width AVX-512 unit (Zen 5) a 512-bit dpbusd costs about what a 256-bit one does. */
+#define PINZ(v) __asm__("" : "+v"(v))
+/* Tiles of fewer activation rows keep the 8-row pass: at 1-4 rows a step streams the weights from memory, and the
+   two bands' interleaved reads made a decode step about 1.1-1.3x slower (measured, one thread, docs/PERFORMANCE.md);
+   the bits are the same either way. */
+#ifndef X16_MIN_ROWS
+#define X16_MIN_ROWS 8
+#endif
+
+static inline __m512i cat256(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* 8 bytes at p0 then 8 at p1 */
+static inline __m128i cat64(const uint8_t *p0, const uint8_t *p1) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
+}
+
+/* the 8 float16 values at p0, then the 8 at p1 */
+static inline __m512 cvt16h(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                                   _mm_loadu_si128((const __m128i *)p1), 1));
+}
+
+static inline __m512i bcast4z(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Bands at w and w + band_bytes (rows n .. n + 15) against nr <= NX activation rows: out[r * ldo + i], i < 16. */
+static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t *w, int64_t band_bytes, int K,
+                                                          act_t a, int nr, float *out, int64_t ldo) {
+    __m512 acc[NX];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    const int nb = K / 32, gb = 8 * BLOCK_BYTES[fmt];
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+#define A4Z(r, b, c) bcast4z(a.qa + (r) * a.lda + (b) * 32 + 4 * (c))
+    if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
+        const __m512i x10 = _mm512_set1_epi8(0x10);
+        const int q0 = fmt == F_Q4_K_X8 ? 128 : 384;
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *g0 = w + (size_t)sb * gb, *g1 = g0 + band_bytes;
+            const __m512 dv = cvt16h(g0, g1), nmv = _mm512_sub_ps(_mm512_setzero_ps(), cvt16h(g0 + 16, g1 + 16));
+            __attribute__((aligned(32))) uint8_t sc0[64], mn0[64], sc1[64], mn1[64];
+            x8_scales_mins(g0 + 32, sc0, mn0);
+            x8_scales_mins(g1 + 32, sc1, mn1);
+            for (int j = 0; j < 8; j++) {
+                const int b = 8 * sb + j;
+                prefetch_ahead(g0 + j * (gb / 8), gb / 8);
+                prefetch_ahead(g1 + j * (gb / 8), gb / 8);
+                const __m512i s32 = _mm512_cvtepu8_epi32(cat64(sc0 + 8 * j, sc1 + 8 * j));
+                const __m512 mnv = _mm512_mul_ps(nmv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(cat64(mn0 + 8 * j, mn1 + 8 * j))));
+                const __m128i jc = _mm_cvtsi32_si128(j);
+                __m512i u[8];
+                for (int c = 0; c < 8; c++) {
+                    const int o = q0 + 256 * (j / 2) + 32 * c;
+                    const __m512i wv = cat256(g0 + o, g1 + o);
+                    u[c] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(wv, 4) : wv, low4);
+                    if (fmt == F_Q5_K_X8) {
+                        const __m512i h = cat256(g0 + 128 + 32 * c, g1 + 128 + 32 * c);
+                        u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi16(_mm512_srl_epi16(h, jc), 4), x10));
+                    }
+                }
+                for (int r = 0; r < nr; r++) {
+                    __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], A4Z(r, b, 0));
+                    __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], A4Z(r, b, 1));
+                    for (int c = 2; c < 8; c += 2) {
+                        e = _mm512_dpbusd_epi32(e, u[c], A4Z(r, b, c));
+                        f = _mm512_dpbusd_epi32(f, u[c + 1], A4Z(r, b, c + 1));
+                    }
+                    const __m512i i32 = _mm512_mullo_epi32(_mm512_add_epi32(e, f), s32);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dv, _mm512_set1_ps(DA(r, b))), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(mnv, _mm512_set1_ps(FS(r, b)), acc[r]);
+                    PINZ(acc[r]);
+                }
+            }
+        }
+    } else { /* Q6_K */
+        const __m512i x30 = _mm512_set1_epi8(0x30);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const uint8_t *g0 = w + (size_t)sb * gb, *g1 = g0 + band_bytes;
+            const __m512 dv = cvt16h(g0, g1);
+            for (int j = 0; j < 8; j++) {
+                const int b = 8 * sb + j;
+                prefetch_ahead(g0 + j * (gb / 8), gb / 8);
+                prefetch_ahead(g1 + j * (gb / 8), gb / 8);
+                const __m512i scp = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(g0 + 16 + 16 * j))),
+                    _mm_loadu_si128((const __m128i *)(g1 + 16 + 16 * j)), 1));
+                const __m512i se = _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16), so = _mm512_srai_epi32(scp, 16);
+                const int part = j % 4;
+                __m512i u[8];
+                for (int c = 0; c < 8; c++) {
+                    const int lo_off = q6x8_lo(j / 2) + 32 * c, hi_off = q6x8_hi(j / 4) + 32 * c;
+                    const __m512i lw = cat256(g0 + lo_off, g1 + lo_off), hw = cat256(g0 + hi_off, g1 + hi_off);
+                    const __m512i hi = part == 0 ? _mm512_slli_epi16(hw, 4)
+                                     : part == 1 ? _mm512_slli_epi16(hw, 2)
+                                     : part == 2 ? hw
+                                                 : _mm512_srli_epi16(hw, 2);
+                    u[c] = _mm512_or_si512(_mm512_and_si512(j & 1 ? _mm512_srli_epi16(lw, 4) : lw, low4),
+                                           _mm512_and_si512(hi, x30));
+                }
+                for (int r = 0; r < nr; r++) {
+                    __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], A4Z(r, b, 0));
+                    __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], A4Z(r, b, 4));
+                    for (int c = 1; c < 4; c++) {
+                        e = _mm512_dpbusd_epi32(e, u[c], A4Z(r, b, c));
+                        f = _mm512_dpbusd_epi32(f, u[c + 4], A4Z(r, b, c + 4));
+                    }
+                    const __m512i corr = _mm512_madd_epi16(scp, bcast4z(a.sa + r * (a.lda / 16) + 2 * b));
+                    const __m512i i32 = _mm512_add_epi32(_mm512_mullo_epi32(e, se), _mm512_mullo_epi32(f, so));
+                    const __m512i isum = _mm512_sub_epi32(i32, _mm512_slli_epi32(corr, 5));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(DA(r, b))), acc[r]);
+                    PINZ(acc[r]);
+                }
+            }
+        }
+    }
+#undef A4Z
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
+typedef void (*x16_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
+#define X16_NR(F, NR)                                                                                       \
+    static void dot_x16_##F##_##NR(const uint8_t *w, int64_t bb, int K, act_t a, float *out, int64_t ldo) { \
+        dot_x16(F, w, bb, K, a, NR, out, ldo);                                                              \
+    }
+#define X16_FMT(F) X16_NR(F, 1) X16_NR(F, 2) X16_NR(F, 3) X16_NR(F, 4) X16_NR(F, 5) X16_NR(F, 6) X16_NR(F, 7) X16_NR(F, 8)
+X16_FMT(F_Q4_K_X8)
+X16_FMT(F_Q5_K_X8)
+X16_FMT(F_Q6_K_X8)
+#define X16_ROW(F)                                                                                          \
+    [F] = {dot_x16_##F##_1, dot_x16_##F##_2, dot_x16_##F##_3, dot_x16_##F##_4,                              \
+           dot_x16_##F##_5, dot_x16_##F##_6, dot_x16_##F##_7, dot_x16_##F##_8}
+static const x16_fn X16[N_FORMATS][NX] = {X16_ROW(F_Q4_K_X8), X16_ROW(F_Q5_K_X8), X16_ROW(F_Q6_K_X8)};
+#endif
+
 typedef void (*x8_fn)(const uint8_t *, int, act_t, float *, int64_t);
 #define X8_NR(F, NR)                                                                                        \
     static void dot_x8_##F##_##NR(const uint8_t *band, int K, act_t a, float *out, int64_t ldo) {          \
@@ -1259,7 +1404,19 @@ static void dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int 
                       float *out, int64_t ldo) {
     if (is_x8(fmt)) { /* band by band (n0, n1: multiples of 8), every tile of activation rows over each band */
         const x8_fn *fn = X8[fmt];
-        for (int n = n0; n < n1; n += 8) {
+        int n = n0;
+#if defined(QMM_VNNI)
+        const x16_fn *fn16 = X16[fmt];
+        if (fn16[0] && nr >= X16_MIN_ROWS) /* two bands at a time while two are left */
+            for (; n + 16 <= n1; n += 16) {
+                const uint8_t *band = w + (int64_t)n * row_bytes;
+                for (int r = 0; r < nr; r += NX) {
+                    const int k = nr - r < NX ? nr - r : NX;
+                    fn16[k - 1](band, 8 * row_bytes, K, act_from(a, r), out + r * ldo + n, ldo);
+                }
+            }
+#endif
+        for (; n < n1; n += 8) {
             const uint8_t *band = w + (int64_t)n * row_bytes;
             for (int r = 0; r < nr; r += NX) {
                 const int k = nr - r < NX ? nr - r : NX;
