@@ -7,7 +7,9 @@ Build OLD.so from a commit's sources with the flags of `kernels.cpu_native.build
 `git show BASE:kernels/cpu/qmatmul.c > base/qmatmul.c` (every .c/.h of kernels/cpu/) then
 `gcc -O3 -shared -fPIC -pthread -std=gnu11 <VARIANT_FLAGS> base/*.c -o OLD.so -lm`. Both libraries must agree on
 the repacked weight layouts (qmm_repack) and the entry points: the model's weights are loaded once, by this
-checkout. Each round times one fresh prompt (its first token changed: no prefix-cache hit) per library, in
+checkout. `--base-malloc`: the baseline runs also get the glibc setting main had before `reuse_step_buffers`
+(the load's 1 MiB mmap threshold left in place, every megabyte buffer a fresh mapping), the others this checkout's.
+Each round times one fresh prompt (its first token changed: no prefix-cache hit) per library, in
 alternating order; it prints the median wall and process-CPU milliseconds of each and their ratio.
 """
 
@@ -20,6 +22,7 @@ import time
 
 from edgeserve import LLM, SamplingParams
 from edgeserve.kernels import cpu_native
+from edgeserve.memory import release_large_frees_to_os, reuse_step_buffers
 
 
 def _use(lib: ctypes.CDLL, weights: list[cpu_native.BlockWeight]) -> None:
@@ -53,6 +56,7 @@ def main() -> None:
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--base-malloc", action="store_true", help="the baseline runs with main's glibc setting too")
     args = ap.parse_args()
     llm = LLM(args.model, kv_cache_gb=0.3)
     mine = cpu_native.library()
@@ -67,15 +71,19 @@ def main() -> None:
         order = [("this", mine), ("base", base)] if r % 2 else [("base", base), ("this", mine)]
         for name, lib in order:
             _use(lib, weights)
+            if args.base_malloc:
+                (release_large_frees_to_os if name == "base" else reuse_step_buffers)()
             ids[0][0] += 1
             wall, cpu = time.perf_counter(), time.process_time()
             llm.generate(ids, params)
             if r:  # round 0 warms both up
                 times[name].append(((time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3))
     _use(mine, weights)
+    reuse_step_buffers()
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
     for k, (w, c) in med.items():
-        print(f"{k:5s} wall {w:9.1f} ms  cpu {c:9.1f} ms  rounds {[round(x) for x, _ in times[k]]}")
+        print(f"{k:5s} wall {w:9.1f} ms  cpu {c:9.1f} ms  rounds {[round(x) for x, _ in times[k]]} "
+              f"cpu {[round(x) for _, x in times[k]]}")
     print(f"this / base: wall {med['this'][0] / med['base'][0]:.3f}x, cpu {med['this'][1] / med['base'][1]:.3f}x")
 
 
