@@ -915,8 +915,9 @@ static inline __m256 e8m0_half8(const uint8_t *p) {
    (Q4_K) of the time at prefill sizes (docs/PERFORMANCE.md).
    Every output gets the same operations in the same order whatever nr is, so results do not depend on the batch. */
 static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t *band, int K, act_t a, int nr,
-                                                          float *out, int64_t ldo) {
+                                                          float *out, int64_t ldo, int dpbusd) {
     __m256 acc[NX];
+    (void)dpbusd; /* only VNNI builds have the dpbusd branches */
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     const int nb = K / 32, gb = 8 * BLOCK_BYTES[fmt];
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -1018,7 +1019,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
         }
 #if defined(QMM_VNNI)
-    } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
+    } else if (dpbusd && (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8)) {
         /* VNNI: dpbusd sums a lane's (a row's) 4 products straight into int32, so the block's 8 runs accumulate
            without int16 partial sums or madds; the sub-block scale multiplies the block's integer sum once (the
            same integers as the maddubs path, so the same bits) */
@@ -1056,7 +1057,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 }
             }
         }
-    } else { /* Q6_K as below, the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
+    } else if (dpbusd && fmt == F_Q6_K_X8) { /* Q6_K as below, the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
         const __m256i x30 = _mm256_set1_epi8(0x30);
         for (int sb = 0; sb < nb / 8; sb++) {
             const uint8_t *g = band + (size_t)sb * gb;
@@ -1098,8 +1099,7 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 }
             }
         }
-    }
-#else
+#endif
     } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
         const __m256i x10 = _mm256_set1_epi8(0x10);
         for (int sb = 0; sb < nb / 8; sb++) {
@@ -1195,7 +1195,6 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             }
         }
     }
-#endif
 #undef A4
     for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * ldo, acc[r]);
 }
@@ -1345,10 +1344,18 @@ X16_FMT(F_Q6_K_X8)
 static const x16_fn X16[N_FORMATS][NX] = {X16_ROW(F_Q4_K_X8), X16_ROW(F_Q5_K_X8), X16_ROW(F_Q6_K_X8)};
 #endif
 
+/* The K-quants' dpbusd path (VNNI builds) for tiles of 2+ activation rows; a single row (a one-stream decode step,
+   the output head) keeps the maddubs path, which measured 1.02x-1.19x faster there (all of the 0.8B Qwen3.5 shape's
+   matrices, streamed once per step). Both give the same bits. */
+#if defined(QMM_VNNI)
+#define X8_DPBUSD(NR) ((NR) >= 2)
+#else
+#define X8_DPBUSD(NR) 0
+#endif
 typedef void (*x8_fn)(const uint8_t *, int, act_t, float *, int64_t);
 #define X8_NR(F, NR)                                                                                        \
     static void dot_x8_##F##_##NR(const uint8_t *band, int K, act_t a, float *out, int64_t ldo) {          \
-        dot_x8(F, band, K, a, NR, out, ldo);                                                                \
+        dot_x8(F, band, K, a, NR, out, ldo, X8_DPBUSD(NR));                                                 \
     }
 #define X8_FMT(F) X8_NR(F, 1) X8_NR(F, 2) X8_NR(F, 3) X8_NR(F, 4) X8_NR(F, 5) X8_NR(F, 6) X8_NR(F, 7) X8_NR(F, 8)
 X8_FMT(F_Q4_K_X8)
