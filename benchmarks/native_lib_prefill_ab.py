@@ -63,7 +63,8 @@ def main() -> None:
     assert mine is not None, "the native library is not available here"
     base = cpu_native._bind(ctypes.CDLL(args.baseline_lib))
     weights = _block_weights(llm.lm)
-    ids = [(llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * (args.tokens // 8 + 1))[:args.tokens]]
+    words = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. ")
+    ids = [(words * (args.tokens // len(words) + 1))[:args.tokens]]
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times: dict[str, list[tuple[float, float]]] = {"this": [], "base": []}
     print(f"{len(weights)} native weights; variant {cpu_native.best_variant()}, {cpu_native.threads()} threads")

@@ -1057,7 +1057,8 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 }
             }
         }
-    } else if (dpbusd && fmt == F_Q6_K_X8) { /* Q6_K as below, the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
+    } else if (dpbusd && fmt == F_Q6_K_X8) {
+        /* Q6_K as below, the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
         const __m256i x30 = _mm256_set1_epi8(0x30);
         for (int sb = 0; sb < nb / 8; sb++) {
             const uint8_t *g = band + (size_t)sb * gb;
