@@ -136,6 +136,19 @@ def test_every_variant_agrees_with_the_scalar_one():
                 torch.testing.assert_close(got, base, rtol=1e-4, atol=1e-4 * base.abs().max().item())
 
 
+@pytest.mark.skipif(not {"avx2", "avx512vnni"} <= set(VARIANTS), reason="needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_vnni_k_quants_give_the_avx2_bits(qtype):
+    """The VNNI build's K-quant bands (dpbusd, 8 rows or 16 rows at a time) sum the same integers as the AVX2
+    build's maddubs, in any batch size: the same bits, so batch invariance holds across the 8- and 16-row passes."""
+    gen = np.random.default_rng(9)
+    w = random_blocks(qtype, 104, 768, gen)  # 13 bands: pairs of bands and a lone one
+    x = torch.from_numpy(gen.standard_normal((37, 768)).astype(np.float32))
+    vnni, avx2 = (BlockWeight([w], cpu_native.load(v)) for v in ("avx512vnni", "avx2"))
+    for rows in (x, x[:1], x[3:7], x[:8], x[:19]):
+        assert torch.equal(vnni.matmul(rows), avx2.matmul(rows))
+
+
 def test_activation_blocks_are_the_same_bits_in_every_variant():
     """The SIMD activation quantizer gives the scalar one's int8 values, scales and sums exactly (ties at half a
     step, all-zero blocks, bf16 and float32, rows split over threads or not)."""

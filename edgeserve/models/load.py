@@ -18,7 +18,7 @@ from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.loaders.quantize import DEFAULT_GROUP_SIZE, Int4QuantizingWeights, check_quantize_options
 from edgeserve.loaders.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from edgeserve.errors import ModelLoadError
-from edgeserve.memory import release_large_frees_to_os
+from edgeserve.memory import load_allocations, release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
@@ -80,6 +80,7 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
     return dense_prefill_bytes(config, dtype) <= DENSE_PREFILL_RAM_FRACTION * psutil.virtual_memory().available
 
 
+@load_allocations()  # large frees back to the OS while loading; step buffers reused after
 def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", load_format: str = "auto",
                quantize: str | None = None, quantize_group_size: int = DEFAULT_GROUP_SIZE,
                quantize_calibration: str | None = None, dense_prefill: str = "auto",
@@ -105,7 +106,6 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
         parse_cpu_moe_layers(cpu_moe_layers)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
-    release_large_frees_to_os()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if load_format not in LOAD_FORMATS:
