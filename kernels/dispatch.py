@@ -192,6 +192,18 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     return _rope.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
 
 
+def rope_q(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+           dtype: torch.dtype) -> torch.Tensor:
+    """Rotate q [T, H, D] alone (a KV-shared layer's, over `k_cache`'s pool): rotated q as rope_write_kv gives it
+    for that pool, natively on CPU (the fused stack's kernel), else the torch twin in `dtype`."""
+    if _native_cpu(q):
+        none = q[:, :0]  # no K/V heads: nothing is written
+        done = _native.rope_write_kv(q, none, none, cos, sin, k_cache, k_cache, torch.empty(0, dtype=torch.int64))
+        if done is not None:
+            return done
+    return _rope.apply_rope(q, cos, sin).to(dtype)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, where the last dimension is [gate | up]."""
     if use_triton(gate_up.device):

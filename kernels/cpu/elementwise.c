@@ -274,3 +274,8 @@ void qmm_swiglu_oai_mul(const void *x, int bf16, int64_t ldx, int T, int F, floa
     silu_t a = {x, bf16, ldx, out, F, chunks, 0, 1, alpha, limit};
     pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }
+
+/* out [n] = x [n] rounded to bfloat16 (nearest even), as torch's float32 -> bfloat16 cast */
+void qmm_to_bf16(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) st(out, 1, i, x[i]);
+}
