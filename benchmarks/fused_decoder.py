@@ -4,9 +4,11 @@ Loads a model once, fills a paged pool for B sequences of `--context` tokens, th
 decode row per sequence, alternating the fused stack (kernels.cpu_decoder, one native call for every layer) and
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
-Prints medians and minimums (ms) and the ratios, as JSON.
+With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
+same way. Prints medians and minimums (ms) and the ratios, as JSON.
 
     python benchmarks/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
+                                       [--prefill 256 --prefill-reps 6]
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def main() -> None:
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
+    ap.add_argument("--prefill-reps", type=int, default=6)
     args = ap.parse_args()
 
     import torch
@@ -84,8 +88,41 @@ def main() -> None:
             "per_op_over_matmuls_median": round(med["per_op"] / med["matmuls_only"], 2),
         }
         print(json.dumps({b: result["batches"][b]}), flush=True)
+    if args.prefill:
+        result["prefill"] = prefill(model, args.prefill, args.prefill_reps, block)
+        print(json.dumps({"prefill": result["prefill"]}), flush=True)
     model._native = False
     print(json.dumps(result, indent=1))
+
+
+def prefill(model, n: int, reps: int, block: int) -> dict:
+    """Medians and minimums (ms) of a cold prompt step of n tokens, fused and per-op, alternated rep by rep."""
+    import torch
+
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    blocks = -(-n // block)
+    pool = KVPool(model.config, blocks, block, model.dtype)
+    ids, pos = torch.randint(100, 1000, (n,)), torch.arange(n)
+
+    def step(fused: bool) -> float:
+        model._native = False if fused else None
+        meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
+        start = time.perf_counter()
+        model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta))[-1:])
+        return (time.perf_counter() - start) * 1e3
+
+    times: dict[str, list[float]] = {"fused": [], "per_op": []}
+    for r in range(reps + 1):
+        got = {"fused": step(True), "per_op": step(False)}
+        if r >= 1:  # warm-up
+            for k, v in got.items():
+                times[k].append(v)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"tokens": n, "median_ms": {k: round(v, 1) for k, v in med.items()},
+            "min_ms": {k: round(min(v), 1) for k, v in times.items()},
+            "per_op_over_fused_median": round(med["per_op"] / med["fused"], 2)}
 
 
 if __name__ == "__main__":
