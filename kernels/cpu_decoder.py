@@ -42,7 +42,7 @@ class Layer(ctypes.Structure):
                 # Gemma 4's (kernels.cpu_decoder_gemma4); zero elsewhere
                 ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
                 ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight), ("ple_norm", ctypes.c_void_p),
-                ("out_scale", ctypes.c_float)]
+                ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32)]
 
 
 class Decoder(ctypes.Structure):

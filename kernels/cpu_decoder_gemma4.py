@@ -1,7 +1,8 @@
 """Gemma 4's dense block in the fused native stack (kernels/cpu/layer.c through kernels.cpu_decoder): the plan.
 
 Beside Gemma 3's pieces (Q/K norms, sandwich norms, GELU, sliding layers with their own RoPE tables) a Gemma 4
-layer has its own head size, K/V heads and MLP width, a weightless V norm, attention scale 1, and, in the E models,
+layer has its own head size, K/V heads and MLP width, a weightless V norm, attention scale 1, V = K in the 31B's
+global layers, and, in the E models,
 KV-shared layers (q alone, reading an earlier layer's pool slot) and a per-layer input after the MLP; any layer may
 scale the residual stream at its end. The per-op path (models.gemma4) calls the same kernels in the same order, so
 the two agree bit for bit.
@@ -24,7 +25,7 @@ def _fits(weight, shape: tuple[int, int]) -> bool:
 
 
 def _layers_fit(model) -> bool:
-    """Whether every layer's weights and sizes are ones layer.c takes (no experts, no K = V; a KV-shared layer's
+    """Whether every layer's weights and sizes are ones layer.c takes (no experts; a KV-shared layer's
     heads shaped as its source's; sliding heads D_local wide, global ones as wide as the global RoPE table)."""
     c = model.config
     w, h = c.per_layer_input_size, c.hidden_size
@@ -33,11 +34,11 @@ def _layers_fit(model) -> bool:
         d, kv = layer.head_dim, layer.kv_heads
         f = layer.gate_up.shape[0] // 2 if isinstance(layer.gate_up, BlockWeight) else 0
         src = model.layers[c.kv_source(i)]
-        if layer.moe is not None or layer.k_eq_v or d % 2 or d != (global_dim if layer.window is None else local_dim):
+        if layer.moe is not None or d % 2 or d != (global_dim if layer.window is None else local_dim):
             return False
         if layer.shared and (src.head_dim, src.kv_heads, src.window is None) != (d, kv, layer.window is None):
             return False
-        qkv = c.num_heads * d + (0 if layer.shared else 2 * kv * d)
+        qkv = c.num_heads * d + (0 if layer.shared else (1 if layer.k_eq_v else 2) * kv * d)
         shapes = [(layer.qkv, (qkv, h)), (layer.o_proj, (h, c.num_heads * d)), (layer.gate_up, (2 * f, h)),
                   (layer.down, (h, f))]
         if w:
@@ -49,7 +50,7 @@ def _layers_fit(model) -> bool:
 
 def build_gemma4(model) -> NativeDecoder | None:
     """The fused plan for a Gemma4Model (models.gemma4), or None where it does not fit the native stack (weights not
-    in block formats, the 26B-A4B's experts, global layers with K = V, float32 compute, a GPU, the kernels off)."""
+    in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
     if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in _FLOATS:
@@ -79,7 +80,7 @@ def build_gemma4(model) -> NativeDecoder | None:
         out.mlp_out_norm, out.next_norm = ptr(layer.post_ffn_norm), ptr(nxt)
         out.window, out.local_rope = layer.window or 0, int(sliding)
         out.D, out.Hkv, out.F = layer.head_dim, layer.kv_heads, layer.gate_up.shape[0] // 2
-        out.shared = int(layer.shared)
+        out.shared, out.k_eq_v = int(layer.shared), int(layer.k_eq_v)
         out.v_norm = ptr(model._v_norm[layer.head_dim])
         if w:
             out.ple_gate, out.ple_proj, out.ple_norm = _qweight(layer.ple_gate), _qweight(layer.ple_proj), \

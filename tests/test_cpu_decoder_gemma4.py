@@ -1,6 +1,7 @@
 """Gemma 4 in the fused native stack (kernels/cpu/layer.c, planned by kernels.cpu_decoder_gemma4): per-layer head
 sizes (16 sliding, 32 global) and K/V heads, a weightless V norm, attention scale 1, proportional RoPE, KV-shared
-layers, the E models' per-layer inputs and the layer output scales, in one native call per step. On a Q8_0 GGUF at
+layers, the E models' per-layer inputs, the layer output scales and the 31B's V = K global layers, in one native
+call per step. On a Q8_0 GGUF at
 bfloat16 it gives the per-op path's hidden states and K/V pool bit for bit, through prompt chunks and decodes past
 the window; a row's result does not depend on its batch; the engine generates the same tokens fused and per-op."""
 
@@ -29,8 +30,8 @@ from test_window_blocks import engine, generate  # noqa: E402
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
 # E2B-shaped with a per-layer input width of whole Q8_0 blocks (32), so every matrix runs in the stack; and the
-# 31B shape without K = V (no per-layer inputs or KV-shared layers)
-SHAPES = {"e2b": dict(hidden_size_per_layer_input=32), "31b": dict(attention_k_eq_v=False)}
+# 31B shape (no per-layer inputs or KV-shared layers; global layers with V = K and 1 K/V head, sliding ones 2)
+SHAPES = {"e2b": dict(hidden_size_per_layer_input=32), "31b": {}}
 
 
 def gemma4_q8(path: Path, shape: str) -> Gemma4Model:
@@ -51,7 +52,8 @@ def test_gemma4_fused_stack_equals_the_per_op_path(tmp_path, shape):
         assert c.per_layer_input_size == 32 and c.kv_shared_layers == 3
         assert any(layer.scale != 1.0 for layer in model.layers)
     else:
-        assert c.per_layer_input_size == 0 and not any(layer.shared for layer in model.layers)
+        assert c.per_layer_input_size == 0 and c.global_k_eq_v
+        assert {layer.kv_heads for layer in model.layers} == {1, 2}
     plan = model.native_decoder()
     assert isinstance(plan, NativeDecoder) and plan.windowed
     fused, fused_pool = run_steps(model, True, STEPS)  # sequences of up to 42 positions: far past the window of 5

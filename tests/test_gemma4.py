@@ -242,7 +242,8 @@ def test_multimodal_checkpoint_loads_its_language_model(tmp_path: Path) -> None:
 
 def test_q8_0_gguf_at_bfloat16_runs_the_block_weights(tmp_path: Path) -> None:
     """A Q8_0 file at the CPU serving dtype: its matrices stay GGUF blocks (native kernels where built), and the
-    per-op path's logits stay close to the float32 reference."""
+    logits (the fused native stack's where the kernels build, else the per-op path's) stay close to the float32
+    reference."""
     from edgeserve.kernels import cpu_native
     from edgeserve.kernels.cpu_native import BlockWeight
 
@@ -252,8 +253,8 @@ def test_q8_0_gguf_at_bfloat16_runs_the_block_weights(tmp_path: Path) -> None:
     ref_model = hf_model("31b", spread=0.05)
     ref = reference(ref_model)
     model = ours(ref_model, tmp_path, "gguf-q8_0", dtype=torch.bfloat16)
-    assert model.native_decoder() is None  # the fused native stack declines global layers with K = V
     if cpu_native.library() is not None:
+        assert model.native_decoder() is not None  # the fused native stack runs it (bit for bit the per-op path)
         assert all(isinstance(layer.qkv, BlockWeight) and isinstance(layer.down, BlockWeight)
                    for layer in model.layers)
     got = paged_logits(model).float()

@@ -14,8 +14,8 @@ per-token table row per layer plus a projection of the scaled embedding, both [t
 
 On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
 (kernels.cpu_decoder_gemma4: one native call per step), which calls the same kernels in the same order as the
-per-op path below, so the two agree bit for bit; the 26B-A4B's experts and the 31B's K = V layers keep the per-op
-path, which runs on every device.
+per-op path below, so the two agree bit for bit; the 26B-A4B's experts keep the per-op path, which runs on every
+device.
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ typedef struct {
     qweight_t ple_gate, ple_proj; /* per-layer input gate [width, hidden] and projection [hidden, width] */
     const float *ple_norm;        /* RMSNorm of the projection before its residual add */
     float out_scale;              /* the residual stream's scale at the layer's end (0: none) */
+    int32_t k_eq_v;               /* qkv is q and k: V is K before K's norm (Gemma 4's 31B global layers) */
 } layer_t;
 
 typedef struct {
@@ -189,27 +190,29 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     const int hidden = m->hidden, H = m->H, half = m->D / 2, w = m->ple_width;
     const int local = m->cos_local != 0, half_l = local && m->half_local ? m->half_local : half;
     /* the widest layer's sizes (Gemma 4's vary by layer) size the scratch */
-    int qd_max = H * m->D, nqkv_max = qd_max + 2 * m->Hkv * m->D, f_max = m->F;
+    int qd_max = H * m->D, nqkv_max = qd_max + 2 * m->Hkv * m->D, f_max = m->F, kvd_max = m->Hkv * m->D;
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
         const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
         qd_max = imax(qd_max, H * D);
         nqkv_max = imax(nqkv_max, H * D + (L->shared ? 0 : 2 * Hkv * D));
         f_max = imax(f_max, F);
+        kvd_max = imax(kvd_max, Hkv * D);
     }
     const int kmax = imax(imax(hidden, qd_max), imax(f_max, w)), act_max = imax(f_max, w);
     const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
-                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w);
+                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max);
     size_t bytes = floats * 4 + (size_t)T * qd_max * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
                    (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
     if (!mem) return -1;
     float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv_max, *gu = o + (size_t)T * hidden;
     float *act = gu + (size_t)T * 2 * f_max, *gp = act + (size_t)T * act_max;
-    float *cs = gp + (size_t)T * 2 * w, *sn = cs + (size_t)T * half;
+    float *vk = gp + (size_t)T * 2 * w; /* V = K's copy (k_eq_v layers) */
+    float *cs = vk + (size_t)T * kvd_max, *sn = cs + (size_t)T * half;
     float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half_l : sn;
     float *da = (local ? sn_l + (size_t)T * half_l : sn + (size_t)T * half);
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
@@ -233,7 +236,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
         const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
-        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D, nqkv = qd + 2 * kvd;
+        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D, nqkv = qd + (L->k_eq_v ? 1 : 2) * kvd;
         const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
         char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
         char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
@@ -245,16 +248,23 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
         MARK(P_QKV);
+        float *v = qkv + qd + kvd;
+        int64_t ldv = nqkv;
+        if (L->k_eq_v && kvd) { /* V is K before its norm and RoPE */
+            for (int t = 0; t < T; t++) memcpy(vk + (size_t)t * kvd, qkv + (size_t)t * nqkv + qd, sizeof(float) * kvd);
+            v = vk;
+            ldv = kvd;
+        }
         if (L->q_norm)
             for (int t = 0; t < T; t++) {
                 norm_in_place(qkv + (size_t)t * nqkv, D, H, D, L->q_norm, m->eps);
                 if (!L->shared) norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
             }
         if (L->v_norm && !L->shared)
-            for (int t = 0; t < T; t++) norm_in_place(qkv + (size_t)t * nqkv + qd + kvd, D, Hkv, D, L->v_norm, m->eps);
+            for (int t = 0; t < T; t++) norm_in_place(v + (size_t)t * ldv, D, Hkv, D, L->v_norm, m->eps);
         MARK(P_NORM);
         /* a KV-shared layer rotates its q alone (no K/V heads: nothing written) */
-        qmm_rope_write_kv_fmt(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, L->local_rope ? cs_l : cs,
+        qmm_rope_write_kv_fmt(qkv, qkv + qd, v, 0, nqkv, nqkv, ldv, L->local_rope ? cs_l : cs,
                               L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H,
                               L->shared ? 0 : Hkv, D, q, q_bf16);
         MARK(P_ROPE);
