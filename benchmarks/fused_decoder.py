@@ -61,17 +61,7 @@ def main() -> None:
             model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta)))
             return (time.perf_counter() - start) * 1e3
 
-        weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-        xs = {w.in_features: torch.randn(b, w.in_features).to(model.dtype) for w in weights}
-        x_head = torch.randn(b, model.config.hidden_size).to(model.dtype)
-
-        def matmuls() -> float:
-            start = time.perf_counter()
-            for w in weights:
-                w.matmul(xs[w.in_features])
-            model.lm_head.matmul(x_head)
-            return (time.perf_counter() - start) * 1e3
-
+        matmuls = matmul_timer(model, b, b)
         times: dict[str, list[float]] = {"fused": [], "per_op": [], "matmuls_only": []}
         for r in range(args.reps + 2):
             got = {"fused": step(True), "per_op": step(False), "matmuls_only": matmuls()}
@@ -113,16 +103,37 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
         model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta))[-1:])
         return (time.perf_counter() - start) * 1e3
 
-    times: dict[str, list[float]] = {"fused": [], "per_op": []}
+    matmuls = matmul_timer(model, n, 1)
+    times: dict[str, list[float]] = {"fused": [], "per_op": [], "matmuls_only": []}
     for r in range(reps + 1):
-        got = {"fused": step(True), "per_op": step(False)}
+        got = {"fused": step(True), "per_op": step(False), "matmuls_only": matmuls()}
         if r >= 1:  # warm-up
             for k, v in got.items():
                 times[k].append(v)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"tokens": n, "median_ms": {k: round(v, 1) for k, v in med.items()},
             "min_ms": {k: round(min(v), 1) for k, v in times.items()},
-            "per_op_over_fused_median": round(med["per_op"] / med["fused"], 2)}
+            "per_op_over_fused_median": round(med["per_op"] / med["fused"], 2),
+            "fused_over_matmuls_median": round(med["fused"] / med["matmuls_only"], 2)}
+
+
+def matmul_timer(model, rows: int, head_rows: int):
+    """A function timing (ms) every layer's four main matrices over `rows` rows and the output head over
+    `head_rows`: the floor of a step's matmuls both paths share."""
+    import torch
+
+    weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    xs = {w.in_features: torch.randn(rows, w.in_features).to(model.dtype) for w in weights}
+    x_head = torch.randn(head_rows, model.config.hidden_size).to(model.dtype)
+
+    def matmuls() -> float:
+        start = time.perf_counter()
+        for w in weights:
+            w.matmul(xs[w.in_features])
+        model.lm_head.matmul(x_head)
+        return (time.perf_counter() - start) * 1e3
+
+    return matmuls
 
 
 if __name__ == "__main__":
