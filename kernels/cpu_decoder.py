@@ -41,8 +41,8 @@ class Layer(ctypes.Structure):
                 ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
                 # Gemma 4's (kernels.cpu_decoder_gemma4); zero elsewhere
                 ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
-                ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight), ("ple_norm", ctypes.c_void_p),
-                ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32)]
+                ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
+                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32)]
 
 
 class Decoder(ctypes.Structure):

@@ -48,7 +48,7 @@ enum { MAX_PARTS = 4 };
 
 /* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
-enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_SECTIONS };
+enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_SECTIONS };
 #if defined(QMM_PROFILE)
 #include <time.h>
 int64_t qmm_profile_ns[P_SECTIONS];
@@ -317,9 +317,11 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         if (L->ple_gate.n_parts || L->out_scale != 0.0f) { /* Gemma 4: more after the MLP's residual add */
             for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
+            MARK(P_NORM);
             if (L->ple_gate.n_parts)
                 per_layer_input(m, L, T, x, pools->ple + (size_t)i * w, (int64_t)m->n_layers * w, h, qa, da, sa, o,
                                 gp, act);
+            MARK(P_PLE);
             if (L->out_scale != 0.0f)
                 for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] *= L->out_scale;
             qmm_add_rms_norm(x, 0, hidden, 0, L->next_norm, T, hidden, m->eps, 0, h, m->act_bf16);
