@@ -164,6 +164,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _norm.rms_norm(x, weight, eps)
 
 
+def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
+                    c: float) -> torch.Tensor:
+    """(rms_norm(x * a) * weight + y * b) * c over the last dimension of 2-D rows, in float32: natively on CPU
+    (row by row, on the library's threads), the torch twin elsewhere."""
+    if _native_cpu(x):
+        done = _native.scaled_norm_add(x, y, weight, eps, a, b, c)
+        if done is not None:
+            return done
+    return _norm.scaled_norm_add(x, y, weight, eps, a, b, c)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """new_residual = residual + x (in residual's dtype); returns (rms_norm(new_residual) in out_dtype, new_residual)."""

@@ -98,3 +98,16 @@ def test_gemma4_chunked_prompt_equals_whole_through_the_engine(tmp_path, monkeyp
     whole = generate(engine(lm, True, monkeypatch, enable_prefix_caching=False, max_num_batched_tokens=64), prompt, 12)
     assert isinstance(model._native, NativeDecoder)
     assert chunked == whole
+
+
+def test_per_layer_input_mix_native_matches_its_torch_twin():
+    """kernels' scaled_norm_add (Gemma 4's per-layer inputs, one native pass on CPU) against its torch twin."""
+    from edgeserve.kernels import norm
+    from edgeserve.kernels.dispatch import scaled_norm_add
+
+    torch.manual_seed(0)
+    x, y, weight = torch.randn(70, 256) * 3, torch.randn(70, 256), torch.rand(256) + 0.5
+    got = scaled_norm_add(x, y, weight, 1e-6, 0.03, 16.0, 2.0 ** -0.5)
+    want = norm.scaled_norm_add(x, y, weight, 1e-6, 0.03, 16.0, 2.0 ** -0.5)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, norm.scaled_norm_add(x, y, weight, 1e-6, 0.03, 1.0, 2.0 ** -0.5))

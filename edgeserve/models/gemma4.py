@@ -29,7 +29,7 @@ from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.cpu_decoder import NativeDecoder
 from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
-                                        use_triton)
+                                        scaled_norm_add, use_triton)
 from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows, int8_supported
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
@@ -244,10 +244,11 @@ class Gemma4Model(LlamaModel):
         if not c.per_layer_input_size:
             return None
         t, n, w = x.shape[0], c.num_layers, c.per_layer_input_size
-        rows = table_rows(self.ple_table, input_ids).view(t, n, w) * (w ** 0.5)  # type: ignore[arg-type]
-        proj = linear(x.to(self.dtype), self.ple_model_proj).float() * (c.hidden_size ** -0.5)  # type: ignore[arg-type]
-        proj = rms_norm(proj.reshape(-1, w), self.ple_proj_norm, c.rms_norm_eps).view(t, n, w)  # type: ignore[arg-type]
-        return (proj + rows) * (2.0 ** -0.5)
+        rows = table_rows(self.ple_table, input_ids).reshape(t * n, w)  # type: ignore[arg-type]
+        proj = linear(x.to(self.dtype), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
+        # one native pass on CPU: torch's own threads on these [T, layers * width] ops stall beside the kernels'
+        return scaled_norm_add(proj, rows, self.ple_proj_norm, c.rms_norm_eps, c.hidden_size ** -0.5, w ** 0.5,
+                               2.0 ** -0.5).view(t, n, w)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

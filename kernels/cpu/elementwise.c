@@ -279,3 +279,32 @@ void qmm_swiglu_oai_mul(const void *x, int bf16, int64_t ldx, int T, int F, floa
 void qmm_to_bf16(const float *x, int64_t n, uint16_t *out) {
     for (int64_t i = 0; i < n; i++) st(out, 1, i, x[i]);
 }
+
+typedef struct {
+    const float *x, *y, *weight;
+    float *out;
+    int N;
+    float eps, a, b, c;
+} norm_add_t;
+
+static void norm_add_row(void *ctx, int r) {
+    const norm_add_t *p = (const norm_add_t *)ctx;
+    const int N = p->N;
+    const float *x = p->x + (int64_t)r * N, *y = p->y + (int64_t)r * N;
+    float *out = p->out + (int64_t)r * N;
+    float ss = 0.0f;
+    for (int i = 0; i < N; i++) {
+        const float v = x[i] * p->a;
+        ss += v * v;
+    }
+    const float scale = 1.0f / sqrtf(ss / N + p->eps);
+    for (int i = 0; i < N; i++) out[i] = ((x[i] * p->a) * scale * p->weight[i] + y[i] * p->b) * p->c;
+}
+
+/* out [R, N] = (rms_norm(x * a) * weight + y * b) * c, row by row (float32; Gemma 4's per-layer inputs: the
+   embedding's projection normed, plus the per-layer table's rows) */
+void qmm_scaled_norm_add(const float *x, const float *y, const float *weight, int R, int N, float eps, float a, float b,
+                         float c, float *out) {
+    norm_add_t p = {x, y, weight, out, N, eps, a, b, c};
+    pool_run(norm_add_row, &p, R, (int64_t)R * N >= 32768);
+}
