@@ -164,6 +164,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _norm.rms_norm(x, weight, eps)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """tanh(x / cap) * cap (final logit soft-capping): one native pass on CPU (torch's threaded elementwise ops over
+    a vocabulary of logits stall beside the native kernels' threads), torch elsewhere."""
+    if _native_cpu(x):
+        done = _native.softcap(x, cap)
+        if done is not None:
+            return done
+    return torch.tanh(x / cap) * cap
+
+
 def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
                     c: float) -> torch.Tensor:
     """(rms_norm(x * a) * weight + y * b) * c over the last dimension of 2-D rows, in float32: natively on CPU

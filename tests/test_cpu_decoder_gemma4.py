@@ -111,3 +111,13 @@ def test_per_layer_input_mix_native_matches_its_torch_twin():
     want = norm.scaled_norm_add(x, y, weight, 1e-6, 0.03, 16.0, 2.0 ** -0.5)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got, norm.scaled_norm_add(x, y, weight, 1e-6, 0.03, 1.0, 2.0 ** -0.5))
+
+
+def test_logit_softcap_native_matches_torch():
+    """The final logit soft-capping (one native pass on CPU) is torch's tanh(x / cap) * cap, over several chunks."""
+    from edgeserve.kernels.dispatch import softcap
+
+    x = torch.randn(3, 40_000) * 40
+    got = softcap(x, 30.0)
+    assert torch.allclose(got, torch.tanh(x / 30.0) * 30.0, rtol=1e-5, atol=1e-4)
+    assert got.abs().max() < 30.0 < x.abs().max() and not torch.equal(got, x)

@@ -29,7 +29,7 @@ from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.cpu_decoder import NativeDecoder
 from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
-                                        scaled_norm_add, use_triton)
+                                        scaled_norm_add, softcap, use_triton)
 from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows, int8_supported
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
@@ -327,4 +327,4 @@ class Gemma4Model(LlamaModel):
         """Float32 logits [T, vocab], soft-capped by `final_softcap`."""
         logits = super().logits(hidden)
         cap = self.config.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else softcap(logits, cap)

@@ -308,3 +308,33 @@ void qmm_scaled_norm_add(const float *x, const float *y, const float *weight, in
     norm_add_t p = {x, y, weight, out, N, eps, a, b, c};
     pool_run(norm_add_row, &p, R, (int64_t)R * N >= 32768);
 }
+
+typedef struct {
+    float *x;
+    int64_t n;
+    float cap;
+} softcap_t;
+
+enum { SOFTCAP_CHUNK = 16384 };
+
+/* tanh(u) = 1 - 2 / (1 + exp(2u)), with the exponentials qmm_exp's (vectorized) a stack block at a time */
+static void softcap_chunk(void *ctx, int task) {
+    const softcap_t *p = (const softcap_t *)ctx;
+    const int64_t i0 = (int64_t)task * SOFTCAP_CHUNK, i1 = i0 + SOFTCAP_CHUNK < p->n ? i0 + SOFTCAP_CHUNK : p->n;
+    const float two_over = 2.0f / p->cap, cap = p->cap;
+    float e[SILU_CHUNK];
+    for (int64_t b = i0; b < i1; b += SILU_CHUNK) {
+        const int n = i1 - b < SILU_CHUNK ? (int)(i1 - b) : SILU_CHUNK;
+        float *x = p->x + b;
+        for (int i = 0; i < n; i++) e[i] = x[i] * two_over;
+        qmm_exp(e, n, e);
+        for (int i = 0; i < n; i++) x[i] = cap - 2.0f * cap / (1.0f + e[i]);
+    }
+}
+
+/* x [n] := tanh(x / cap) * cap in place (float32; final logit soft-capping), in chunks on the pool's threads */
+void qmm_softcap(float *x, int64_t n, float cap) {
+    softcap_t p = {x, n, cap};
+    const int tasks = (int)((n + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK);
+    pool_run(softcap_chunk, &p, tasks, n >= (1 << 20)); /* a few rows: quicker here than waking the pool */
+}
