@@ -4,9 +4,11 @@ Loads a model once, fills a paged pool for B sequences of `--context` tokens, th
 decode row per sequence, alternating the fused stack (kernels.cpu_decoder, one native call for every layer) and
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
-Prints medians and minimums (ms) and the ratios, as JSON.
+With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
+same way. Prints medians and minimums (ms) and the ratios, as JSON.
 
     python benchmarks/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
+                                       [--prefill 256 --prefill-reps 6]
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def main() -> None:
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
+    ap.add_argument("--prefill-reps", type=int, default=6)
     args = ap.parse_args()
 
     import torch
@@ -57,17 +61,7 @@ def main() -> None:
             model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta)))
             return (time.perf_counter() - start) * 1e3
 
-        weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-        xs = {w.in_features: torch.randn(b, w.in_features).to(model.dtype) for w in weights}
-        x_head = torch.randn(b, model.config.hidden_size).to(model.dtype)
-
-        def matmuls() -> float:
-            start = time.perf_counter()
-            for w in weights:
-                w.matmul(xs[w.in_features])
-            model.lm_head.matmul(x_head)
-            return (time.perf_counter() - start) * 1e3
-
+        matmuls = matmul_timer(model, b, b)
         times: dict[str, list[float]] = {"fused": [], "per_op": [], "matmuls_only": []}
         for r in range(args.reps + 2):
             got = {"fused": step(True), "per_op": step(False), "matmuls_only": matmuls()}
@@ -84,8 +78,62 @@ def main() -> None:
             "per_op_over_matmuls_median": round(med["per_op"] / med["matmuls_only"], 2),
         }
         print(json.dumps({b: result["batches"][b]}), flush=True)
+    if args.prefill:
+        result["prefill"] = prefill(model, args.prefill, args.prefill_reps, block)
+        print(json.dumps({"prefill": result["prefill"]}), flush=True)
     model._native = False
     print(json.dumps(result, indent=1))
+
+
+def prefill(model, n: int, reps: int, block: int) -> dict:
+    """Medians and minimums (ms) of a cold prompt step of n tokens, fused and per-op, alternated rep by rep."""
+    import torch
+
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    blocks = -(-n // block)
+    pool = KVPool(model.config, blocks, block, model.dtype)
+    ids, pos = torch.randint(100, 1000, (n,)), torch.arange(n)
+
+    def step(fused: bool) -> float:
+        model._native = False if fused else None
+        meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
+        start = time.perf_counter()
+        model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta))[-1:])
+        return (time.perf_counter() - start) * 1e3
+
+    matmuls = matmul_timer(model, n, 1)
+    times: dict[str, list[float]] = {"fused": [], "per_op": [], "matmuls_only": []}
+    for r in range(reps + 1):
+        got = {"fused": step(True), "per_op": step(False), "matmuls_only": matmuls()}
+        if r >= 1:  # warm-up
+            for k, v in got.items():
+                times[k].append(v)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"tokens": n, "median_ms": {k: round(v, 1) for k, v in med.items()},
+            "min_ms": {k: round(min(v), 1) for k, v in times.items()},
+            "per_op_over_fused_median": round(med["per_op"] / med["fused"], 2),
+            "fused_over_matmuls_median": round(med["fused"] / med["matmuls_only"], 2)}
+
+
+def matmul_timer(model, rows: int, head_rows: int):
+    """A function timing (ms) every layer's four main matrices over `rows` rows and the output head over
+    `head_rows`: the floor of a step's matmuls both paths share."""
+    import torch
+
+    weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    xs = {w.in_features: torch.randn(rows, w.in_features).to(model.dtype) for w in weights}
+    x_head = torch.randn(head_rows, model.config.hidden_size).to(model.dtype)
+
+    def matmuls() -> float:
+        start = time.perf_counter()
+        for w in weights:
+            w.matmul(xs[w.in_features])
+        model.lm_head.matmul(x_head)
+        return (time.perf_counter() - start) * 1e3
+
+    return matmuls
 
 
 if __name__ == "__main__":

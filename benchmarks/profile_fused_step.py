@@ -1,5 +1,5 @@
 """Where a fused CPU decode step's time goes, section by section (norms, activation quantize, each matmul, RoPE,
-attention, SiLU-mul, the output head), at each batch size.
+attention, SiLU-mul, Gemma 4's per-layer input, the output head), at each batch size.
 
 Builds the native library once more with -DQMM_PROFILE (layer.c then adds up wall time per section), loads the
 model on it, fills a paged pool for B sequences of `--context` tokens and times forward + logits of one decode row
@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 
-SECTIONS = ["norm", "quantize", "qkv", "rope_kv", "attention", "o", "gate_up", "silu_mul", "down"]
+SECTIONS = ["norm", "quantize", "qkv", "rope_kv", "attention", "o", "gate_up", "silu_mul", "down", "per_layer_input"]
 
 
 def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:

@@ -38,7 +38,11 @@ class Layer(ctypes.Structure):
     _fields_ = [("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
                 ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("attn_out_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
-                ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32)]
+                ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
+                # Gemma 4's (kernels.cpu_decoder_gemma4); zero elsewhere
+                ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
+                ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
+                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32)]
 
 
 class Decoder(ctypes.Structure):
@@ -48,7 +52,8 @@ class Decoder(ctypes.Structure):
                 ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32), ("F", ctypes.c_int32), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("gelu", ctypes.c_int32),
                 ("first_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p),
-                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p)]
+                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p),
+                ("half_local", ctypes.c_int32), ("ple_width", ctypes.c_int32)]
 
 
 class StepPools(ctypes.Structure):
@@ -56,7 +61,8 @@ class StepPools(ctypes.Structure):
 
     _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
                 ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
-                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p)]
+                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p),
+                ("ple", ctypes.c_void_p)]
 
 
 def _qweight(w: BlockWeight) -> QWeight:
@@ -162,7 +168,7 @@ class NativeDecoder:
             return False
         if self.windowed and not spans_fit_window(attn.meta, self.min_window):
             return False
-        tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if getattr(pool, "window", None) else [])
+        tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if _second_pool(pool) else [])
         if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _POOLS:
             return False
         from .dispatch import backend
@@ -176,10 +182,12 @@ class NativeDecoder:
             self._pool_layers = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
         return self._pool_layers[1]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn, lora=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn, lora=None,
+                per_layer: torch.Tensor | None = None) -> torch.Tensor:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
         stream); returns the final-normed hidden states [T, hidden] in the compute dtype. `lora`: the step's
-        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/lora.c)."""
+        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/lora.c); `per_layer`:
+        Gemma 4's per-layer inputs [T, layers, width] (float32), where the plan has them."""
         meta, pool = attn.meta, attn.pool
         t = x.shape[0]
         x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
@@ -189,6 +197,8 @@ class NativeDecoder:
         metas = [meta]
         if getattr(pool, "window", None):  # sliding layers in the window pool: its tables and slots
             metas.append(attn.window_meta())
+        elif _second_pool(pool):  # sliding layers apart for their K/V shape (Gemma 4): the main block ids
+            metas.append(meta)
         keep = [layer_pool]
         step = StepPools()
         step.layer_pool = layer_pool.data_ptr()
@@ -203,6 +213,12 @@ class NativeDecoder:
             lora_struct, lora_keep = step_struct(lora)
             keep += [lora_struct, *lora_keep]
             step.lora = ctypes.addressof(lora_struct)
+        if self.decoder.ple_width:
+            if per_layer is None:
+                raise ValueError("this decoder's layers take per-layer inputs")
+            per_layer = per_layer.to(torch.float32).contiguous()
+            keep.append(per_layer)
+            step.ple = per_layer.data_ptr()
         positions = positions.to(torch.int64).contiguous()
         rc = self.lib.qmm_decoder_forward(
             ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),
@@ -210,3 +226,9 @@ class NativeDecoder:
         if rc != 0:
             raise MemoryError(f"native decoder step of {t} rows could not allocate its scratch memory")
         return h
+
+
+def _second_pool(pool) -> bool:
+    """Whether the pool keeps sliding layers apart (`window_k` / `window_v`): in a window pool, or for their K/V
+    head shape (Gemma 4)."""
+    return bool(getattr(pool, "window", None)) or getattr(pool, "window_k", torch.empty(0)).shape[0] > 0

@@ -186,6 +186,13 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
         lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
         lib.qmm_gelu_tanh_mul.restype = None
+    if hasattr(lib, "qmm_softcap"):
+        lib.qmm_softcap.argtypes = [p, i64, ctypes.c_float]
+        lib.qmm_softcap.restype = None
+    if hasattr(lib, "qmm_scaled_norm_add"):
+        f = ctypes.c_float
+        lib.qmm_scaled_norm_add.argtypes = [p, p, p, i32, i32, f, f, f, f, p]
+        lib.qmm_scaled_norm_add.restype = None
     if hasattr(lib, "qmm_swiglu_oai_mul"):
         lib.qmm_swiglu_oai_mul.argtypes = [p, i32, i64, i32, i32, ctypes.c_float, ctypes.c_float, p]
         lib.qmm_swiglu_oai_mul.restype = None
@@ -608,6 +615,32 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                               k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                               v_cache.data_ptr(), fmt, slots.data_ptr(), t, h, k.shape[1], d, out.data_ptr(),
                               out.dtype == torch.bfloat16)
+    return out
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor | None:
+    """tanh(x / cap) * cap of float32 x in one native pass (a new tensor); None when the library lacks it or x is
+    not float32."""
+    lib = library()
+    if lib is None or not hasattr(lib, "qmm_softcap") or x.dtype != torch.float32:
+        return None
+    out = x.clone(memory_format=torch.contiguous_format)
+    lib.qmm_softcap(out.data_ptr(), out.numel(), cap)
+    return out
+
+
+def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
+                    c: float) -> torch.Tensor | None:
+    """kernels.norm.scaled_norm_add in one native pass over float32 rows; None when the inputs are not ones it
+    takes."""
+    lib = library()
+    if (lib is None or not hasattr(lib, "qmm_scaled_norm_add") or x.shape != y.shape or x.dim() != 2
+            or not all(t.dtype == torch.float32 for t in (x, y, weight))):
+        return None
+    x, y, weight = x.contiguous(), y.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    lib.qmm_scaled_norm_add(x.data_ptr(), y.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, a, b, c,
+                            out.data_ptr())
     return out
 
 

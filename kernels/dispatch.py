@@ -166,6 +166,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _norm.rms_norm(x, weight, eps)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """tanh(x / cap) * cap (final logit soft-capping): one native pass on CPU (torch's threaded elementwise ops over
+    a vocabulary of logits stall beside the native kernels' threads), torch elsewhere."""
+    if _native_cpu(x):
+        done = _native.softcap(x, cap)
+        if done is not None:
+            return done
+    return torch.tanh(x / cap) * cap
+
+
+def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
+                    c: float) -> torch.Tensor:
+    """(rms_norm(x * a) * weight + y * b) * c over the last dimension of 2-D rows, in float32: natively on CPU
+    (row by row, on the library's threads), the torch twin elsewhere."""
+    if _native_cpu(x):
+        done = _native.scaled_norm_add(x, y, weight, eps, a, b, c)
+        if done is not None:
+            return done
+    return _norm.scaled_norm_add(x, y, weight, eps, a, b, c)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """new_residual = residual + x (in residual's dtype); returns (rms_norm(new_residual) in out_dtype, new_residual)."""
@@ -192,6 +213,18 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         if done is not None:
             return done
     return _rope.rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def rope_q(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+           dtype: torch.dtype) -> torch.Tensor:
+    """Rotate q [T, H, D] alone (a KV-shared layer's, over `k_cache`'s pool): rotated q as rope_write_kv gives it
+    for that pool, natively on CPU (the fused stack's kernel), else the torch twin in `dtype`."""
+    if _native_cpu(q):
+        none = q[:, :0]  # no K/V heads: nothing is written
+        done = _native.rope_write_kv(q, none, none, cos, sin, k_cache, k_cache, torch.empty(0, dtype=torch.int64))
+        if done is not None:
+            return done
+    return _rope.apply_rope(q, cos, sin).to(dtype)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

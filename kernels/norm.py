@@ -20,3 +20,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     else:
         new_residual = (residual.float() + x.float()).to(residual.dtype)
     return rms_norm(new_residual, weight, eps).to(out_dtype), new_residual
+
+
+def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
+                    c: float) -> torch.Tensor:
+    """(rms_norm(x * a) * weight + y * b) * c over the last dimension, in float32 (Gemma 4's per-layer inputs)."""
+    return (rms_norm(x.float() * a, weight, eps) + y.float() * b) * c

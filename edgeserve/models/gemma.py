@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.kernels.dispatch import add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.dispatch import add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_write_kv, softcap
 from edgeserve.kernels.quant_linear import Int8Weight, PromptRows
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
@@ -146,4 +146,4 @@ class GemmaModel(LlamaModel):
         """Float32 logits [T, vocab], soft-capped when the model says so (Gemma 2)."""
         logits = super().logits(hidden)
         cap = self.config.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else softcap(logits, cap)

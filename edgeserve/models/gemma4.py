@@ -12,8 +12,10 @@ whose unrotated tail is a zero frequency here (cos 1, sin 0). The last `kv_share
 attend over an earlier layer's K/V (the KV pool keeps nothing for them). The per-layer inputs (E models) are a
 per-token table row per layer plus a projection of the scaled embedding, both [tokens, layers, width].
 
-The fused native CPU stack (kernels.cpu_decoder) does not run this block: `native_decoder` declines, and the per-op
-path below runs on every device.
+On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
+(kernels.cpu_decoder_gemma4: one native call per step), which calls the same kernels in the same order as the
+per-op path below, so the two agree bit for bit; the 26B-A4B's experts keep the per-op path, which runs on every
+device.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.kernels.cpu_native import BlockWeight, block_weight
-from edgeserve.kernels.dispatch import gelu_tanh_and_mul, linear, rms_norm, rope_write_kv, use_triton
+from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
+from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
+                                        scaled_norm_add, softcap, use_triton)
 from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows, int8_supported
-from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
 from .attention import KVAttention
@@ -209,7 +214,7 @@ class Gemma4Model(LlamaModel):
         self.lm_head = lm_head
         self.dtype = dtype
         self.device = device
-        self._native = None  # the fused native stack does not run Gemma 4's block
+        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
         self.max_positions = min(c.max_position_embeddings, MAX_ROPE_TABLE)
         global_dim = c.global_head_dim or c.head_dim
         inv = rope_inv_freq(global_dim, c.rope_theta, None, rope_freqs)
@@ -225,9 +230,12 @@ class Gemma4Model(LlamaModel):
         self._v_norm = {d: torch.ones(d, device=device) for d in {layer.head_dim for layer in layers}}
         self._unit = torch.ones(c.hidden_size, device=device)  # the router's weightless RMSNorm (MoE)
 
-    def native_decoder(self):
-        """None: the fused native CPU stack does not implement Gemma 4's block (the per-op path runs)."""
-        return None
+    def native_decoder(self) -> NativeDecoder | None:
+        """The whole layer stack as one native call (kernels.cpu_decoder_gemma4), planned once; None where it does
+        not apply. Setting `_native = None` keeps the per-op path (the tests compare the two that way)."""
+        if self._native is False:
+            self._native = build_gemma4(self)
+        return self._native  # type: ignore[return-value]
 
     def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """The E models' per-layer inputs [T, layers, width] (float32): each token's row of the per-layer table
@@ -236,10 +244,11 @@ class Gemma4Model(LlamaModel):
         if not c.per_layer_input_size:
             return None
         t, n, w = x.shape[0], c.num_layers, c.per_layer_input_size
-        rows = table_rows(self.ple_table, input_ids).view(t, n, w) * (w ** 0.5)  # type: ignore[arg-type]
-        proj = linear(x.to(self.dtype), self.ple_model_proj).float() * (c.hidden_size ** -0.5)  # type: ignore[arg-type]
-        proj = rms_norm(proj.reshape(-1, w), self.ple_proj_norm, c.rms_norm_eps).view(t, n, w)  # type: ignore[arg-type]
-        return (proj + rows) * (2.0 ** -0.5)
+        rows = table_rows(self.ple_table, input_ids).reshape(t * n, w)  # type: ignore[arg-type]
+        proj = linear(x.to(self.dtype), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
+        # one native pass on CPU: torch's own threads on these [T, layers * width] ops stall beside the kernels'
+        return scaled_norm_add(proj, rows, self.ple_proj_norm, c.rms_norm_eps, c.hidden_size ** -0.5, w ** 0.5,
+                               2.0 ** -0.5).view(t, n, w)  # type: ignore[arg-type]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
@@ -254,39 +263,54 @@ class Gemma4Model(LlamaModel):
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = self.embed_rows(input_ids) * self.embed_scale
         ple = self.per_layer_inputs(input_ids, x)
+        native = self.native_decoder()
+        if native is not None and native.runs(attn):
+            return native.forward(x, positions, attn, per_layer=ple)
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             d = layer.head_dim
             cos, sin = rope_global if layer.window is None else rope_local
-            h = rms_norm(x, layer.input_norm, eps).to(self.dtype)
             qkv = linear(h, layer.qkv, None, prompt_rows)
             q = rms_norm(qkv[:, : heads * d].reshape(-1, d), layer.q_norm, eps).view(t, heads, d)
+            k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
             if layer.shared:  # attends over its source layer's K/V, written earlier in this step
-                q = apply_rope(q, cos, sin).to(self.dtype)
+                q = rope_q(q, cos, sin, k_cache, self.dtype)
             else:
                 kv = layer.kv_heads * d
                 k = qkv[:, heads * d: heads * d + kv].reshape(-1, d)
                 v = k if layer.k_eq_v else qkv[:, heads * d + kv:].reshape(-1, d)
                 k = rms_norm(k, layer.k_norm, eps).view(t, layer.kv_heads, d)  # type: ignore[arg-type]
                 v = rms_norm(v, self._v_norm[d], eps).view(t, layer.kv_heads, d)
-                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
             o = attn.attend(i, q, window=layer.window, scale=1.0)  # type: ignore[attr-defined]
-            x = x + rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
-            h = rms_norm(x, layer.pre_ffn_norm, eps).to(self.dtype)
+            o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
+            h, x = add_rms_norm(o, x, layer.pre_ffn_norm, eps, self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
             if layer.moe is not None:
                 y = rms_norm(y, layer.post_ffn_norm_1, eps) + self._experts(layer, x)
-            x = x + rms_norm(y, layer.post_ffn_norm, eps)
+            y = rms_norm(y, layer.post_ffn_norm, eps)
+            nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            if ple is None and layer.scale == 1.0:
+                h, x = add_rms_norm(y, x, nxt, eps, self.dtype)
+                continue
+            x = x + y
             if ple is not None:
-                gate = linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows)  # type: ignore[arg-type]
-                g = F.gelu(gate.float(), approximate="tanh") * ple[:, i]
-                g = linear(g.to(self.dtype), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
-                x = x + rms_norm(g, layer.ple_norm, eps)  # type: ignore[arg-type]
+                x = x + self._per_layer_input(layer, x, ple[:, i], prompt_rows)
             if layer.scale != 1.0:
                 x = x * layer.scale
-        return rms_norm(x, self.norm, eps).to(self.dtype)
+            h = rms_norm(x, nxt, eps).to(self.dtype)
+        return h
+
+    def _per_layer_input(self, layer: Gemma4Layer, x: torch.Tensor, ple: torch.Tensor,
+                         prompt_rows: PromptRows | None) -> torch.Tensor:
+        """What an E model's layer adds to the residual stream x from its per-layer input `ple` [T, width]:
+        the normed projection of gelu_tanh(gate(x)) * ple."""
+        gate = linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows).float()  # type: ignore[arg-type]
+        g = gelu_tanh_and_mul(torch.cat([gate, ple], dim=-1))
+        g = linear(g.to(self.dtype), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
+        return rms_norm(g, layer.ple_norm, self.config.rms_norm_eps)  # type: ignore[arg-type]
 
     def _experts(self, layer: Gemma4Layer, x: torch.Tensor) -> torch.Tensor:
         """The routed experts' normed output (float32 [T, hidden]) for the residual stream x: routed on x's
@@ -303,4 +327,4 @@ class Gemma4Model(LlamaModel):
         """Float32 logits [T, vocab], soft-capped by `final_softcap`."""
         logits = super().logits(hidden)
         cap = self.config.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else softcap(logits, cap)

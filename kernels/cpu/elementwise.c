@@ -274,3 +274,67 @@ void qmm_swiglu_oai_mul(const void *x, int bf16, int64_t ldx, int T, int F, floa
     silu_t a = {x, bf16, ldx, out, F, chunks, 0, 1, alpha, limit};
     pool_run(silu_chunk, &a, T * chunks, (int64_t)T * F >= 8192);
 }
+
+/* out [n] = x [n] rounded to bfloat16 (nearest even), as torch's float32 -> bfloat16 cast */
+void qmm_to_bf16(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) st(out, 1, i, x[i]);
+}
+
+typedef struct {
+    const float *x, *y, *weight;
+    float *out;
+    int N;
+    float eps, a, b, c;
+} norm_add_t;
+
+static void norm_add_row(void *ctx, int r) {
+    const norm_add_t *p = (const norm_add_t *)ctx;
+    const int N = p->N;
+    const float *x = p->x + (int64_t)r * N, *y = p->y + (int64_t)r * N;
+    float *out = p->out + (int64_t)r * N;
+    float ss = 0.0f;
+    for (int i = 0; i < N; i++) {
+        const float v = x[i] * p->a;
+        ss += v * v;
+    }
+    const float scale = 1.0f / sqrtf(ss / N + p->eps);
+    for (int i = 0; i < N; i++) out[i] = ((x[i] * p->a) * scale * p->weight[i] + y[i] * p->b) * p->c;
+}
+
+/* out [R, N] = (rms_norm(x * a) * weight + y * b) * c, row by row (float32; Gemma 4's per-layer inputs: the
+   embedding's projection normed, plus the per-layer table's rows) */
+void qmm_scaled_norm_add(const float *x, const float *y, const float *weight, int R, int N, float eps, float a, float b,
+                         float c, float *out) {
+    norm_add_t p = {x, y, weight, out, N, eps, a, b, c};
+    pool_run(norm_add_row, &p, R, (int64_t)R * N >= 32768);
+}
+
+typedef struct {
+    float *x;
+    int64_t n;
+    float cap;
+} softcap_t;
+
+enum { SOFTCAP_CHUNK = 16384 };
+
+/* tanh(u) = 1 - 2 / (1 + exp(2u)), with the exponentials qmm_exp's (vectorized) a stack block at a time */
+static void softcap_chunk(void *ctx, int task) {
+    const softcap_t *p = (const softcap_t *)ctx;
+    const int64_t i0 = (int64_t)task * SOFTCAP_CHUNK, i1 = i0 + SOFTCAP_CHUNK < p->n ? i0 + SOFTCAP_CHUNK : p->n;
+    const float two_over = 2.0f / p->cap, cap = p->cap;
+    float e[SILU_CHUNK];
+    for (int64_t b = i0; b < i1; b += SILU_CHUNK) {
+        const int n = i1 - b < SILU_CHUNK ? (int)(i1 - b) : SILU_CHUNK;
+        float *x = p->x + b;
+        for (int i = 0; i < n; i++) e[i] = x[i] * two_over;
+        qmm_exp(e, n, e);
+        for (int i = 0; i < n; i++) x[i] = cap - 2.0f * cap / (1.0f + e[i]);
+    }
+}
+
+/* x [n] := tanh(x / cap) * cap in place (float32; final logit soft-capping), in chunks on the pool's threads */
+void qmm_softcap(float *x, int64_t n, float cap) {
+    softcap_t p = {x, n, cap};
+    const int tasks = (int)((n + SOFTCAP_CHUNK - 1) / SOFTCAP_CHUNK);
+    pool_run(softcap_chunk, &p, tasks, n >= (1 << 20)); /* a few rows: quicker here than waking the pool */
+}

@@ -3,7 +3,10 @@
    paged attention [over a sliding window] -> o_proj -> [RMSNorm] -> residual add + RMSNorm -> gate_up ->
    SiLU- or GELU-mul -> down -> [RMSNorm] -> residual add + the next layer's RMSNorm. The bracketed steps are
    Qwen3's and Gemma 3's (Q/K norms, sandwich norms, GELU, sliding-window layers with their own RoPE base and,
-   optionally, their own K/V pool).
+   optionally, their own K/V pool). Gemma 4 adds per-layer head sizes, K/V heads and MLP widths, a weightless V
+   norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
+   GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
+   the MLP's residual add and before the next layer's norm.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -36,6 +39,7 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
                            float scale, void *out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
+void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
 /* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
 int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
                   float *out, int64_t ldo, int N);
@@ -44,7 +48,7 @@ enum { MAX_PARTS = 4 };
 
 /* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
-enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_SECTIONS };
+enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_SECTIONS };
 #if defined(QMM_PROFILE)
 #include <time.h>
 int64_t qmm_profile_ns[P_SECTIONS];
@@ -85,6 +89,14 @@ typedef struct {
     const float *next_norm;      /* the next layer's input norm; the final norm after the last layer */
     int32_t window;              /* a sliding-window layer's window (keys), 0 for a global layer */
     int32_t local_rope;          /* RoPE from the decoder's local tables (Gemma 3's sliding layers) */
+    /* Gemma 4 (all zero / NULL elsewhere) */
+    int32_t D, Hkv, F;            /* this layer's head size, K/V heads and MLP width (0: the decoder's) */
+    int32_t shared;               /* KV-shared: qkv is q alone; attends over the pool slot layer_pool names */
+    const float *v_norm;          /* RMSNorm weights [D] of each v head (Gemma 4's weightless norm: ones), or NULL */
+    qweight_t ple_gate, ple_proj; /* per-layer input gate [width, hidden] and projection [hidden, width] */
+    const float *ple_norm;        /* RMSNorm of the projection before its residual add */
+    float out_scale;              /* the residual stream's scale at the layer's end (0: none) */
+    int32_t k_eq_v;               /* qkv is q and k: V is K before K's norm (Gemma 4's 31B global layers) */
 } layer_t;
 
 typedef struct {
@@ -96,6 +108,8 @@ typedef struct {
     const layer_t *layers;
     const float *cos, *sin;             /* RoPE tables [positions, D / 2] */
     const float *cos_local, *sin_local; /* the local layers' tables (NULL: the same) */
+    int32_t half_local;                 /* the local tables' width (0: D / 2; Gemma 4's sliding heads are narrower) */
+    int32_t ple_width;                  /* the per-layer input width (Gemma 4's E models), 0 without */
 } decoder_t;
 
 /* One step's K/V: up to two pools (the main one and a sliding-window layers' one), each [layers, blocks,
@@ -109,6 +123,7 @@ typedef struct {
     const int64_t *slots[2];
     const int32_t *layer_pool;
     const void *lora; /* the step's LoRA adapters (lora.c's lora_step_t), or NULL */
+    const float *ple; /* the step's per-layer inputs [T, n_layers, ple_width] (decoder_t.ple_width), or NULL */
 } step_pools_t;
 
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
@@ -133,6 +148,36 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
     for (int t = 0; t < T; t++) qmm_add_rms_norm(x + (size_t)t * ldx, 0, N, 0, weight, 1, N, eps, 0, x + (size_t)t * ldx, 0);
 }
 
+/* Gemma 4's per-layer input, after the MLP's residual add: x += rms_norm(ple_proj(gelu_tanh(ple_gate(x)) *
+   ple)) * ple_norm, with x and the GELU product rounded to bf16 before their matmuls when act_bf16 (as the per-op
+   path casts them). ple: this layer's rows [T, width], `ple_ld` values apart; o [T, hidden], gp [T, 2 width],
+   act [T, width] and hb (h's memory) scratch. */
+static void per_layer_input(const decoder_t *m, const layer_t *L, int T, float *x, const float *ple, int64_t ple_ld,
+                            void *hb, int8_t *qa, float *da, int16_t *sa, float *o, float *gp, float *act) {
+    const int hidden = m->hidden, w = m->ple_width;
+    if (m->act_bf16) {
+        qmm_to_bf16(x, (int64_t)T * hidden, hb);
+        qmm_quantize(hb, 1, hidden, T, hidden, qa, da, sa);
+    } else {
+        qmm_quantize(x, 0, hidden, T, hidden, qa, da, sa);
+    }
+    matmul(&L->ple_gate, hidden, qa, da, sa, T, o);
+    for (int t = 0; t < T; t++) {
+        memcpy(gp + (size_t)t * 2 * w, o + (size_t)t * w, sizeof(float) * w);
+        memcpy(gp + (size_t)t * 2 * w + w, ple + (size_t)t * ple_ld, sizeof(float) * w);
+    }
+    qmm_gelu_tanh_mul(gp, 0, 2 * (int64_t)w, T, w, act);
+    if (m->act_bf16) {
+        qmm_to_bf16(act, (int64_t)T * w, hb);
+        qmm_quantize(hb, 1, w, T, w, qa, da, sa);
+    } else {
+        qmm_quantize(act, 0, w, T, w, qa, da, sa);
+    }
+    matmul(&L->ple_proj, w, qa, da, sa, T, o);
+    norm_in_place(o, hidden, T, hidden, L->ple_norm, m->eps);
+    for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
+}
+
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
    [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16 is 1; q8_0
    bytes, kv_q8.h, when it is 2, with the attention's queries and outputs then in float32, as the per-op path) are
@@ -142,24 +187,37 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools) {
     if (T <= 0) return 0;
-    const int hidden = m->hidden, H = m->H, Hkv = m->Hkv, D = m->D, F = m->F, half = D / 2;
-    const int qd = H * D, kvd = Hkv * D, nqkv = qd + 2 * kvd, kmax = imax(imax(hidden, qd), F);
-    const int local = m->cos_local != 0;
+    const int hidden = m->hidden, H = m->H, half = m->D / 2, w = m->ple_width;
+    const int local = m->cos_local != 0, half_l = local && m->half_local ? m->half_local : half;
+    /* the widest layer's sizes (Gemma 4's vary by layer) size the scratch */
+    int qd_max = H * m->D, nqkv_max = qd_max + 2 * m->Hkv * m->D, f_max = m->F, kvd_max = m->Hkv * m->D;
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *L = m->layers + i;
+        const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
+        qd_max = imax(qd_max, H * D);
+        nqkv_max = imax(nqkv_max, H * D + (L->shared ? 0 : 2 * Hkv * D));
+        f_max = imax(f_max, F);
+        kvd_max = imax(kvd_max, Hkv * D);
+    }
+    const int kmax = imax(imax(hidden, qd_max), imax(f_max, w)), act_max = imax(f_max, w);
     const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
-    size_t floats = (size_t)T * (nqkv + hidden + 2 * (size_t)F + F + 2 * half * (1 + local) + kmax / 32);
-    size_t bytes = floats * 4 + (size_t)T * qd * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
+    size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
+                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max);
+    size_t bytes = floats * 4 + (size_t)T * qd_max * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
                    (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
     if (!mem) return -1;
-    float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv, *gu = o + (size_t)T * hidden, *act = gu + (size_t)T * 2 * F;
-    float *cs = act + (size_t)T * F, *sn = cs + (size_t)T * half;
-    float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half : sn;
-    float *da = (local ? sn_l : sn) + (size_t)T * half;
+    float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv_max, *gu = o + (size_t)T * hidden;
+    float *act = gu + (size_t)T * 2 * f_max, *gp = act + (size_t)T * act_max;
+    float *vk = gp + (size_t)T * 2 * w; /* V = K's copy (k_eq_v layers) */
+    float *cs = vk + (size_t)T * kvd_max, *sn = cs + (size_t)T * half;
+    float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half_l : sn;
+    float *da = (local ? sn_l + (size_t)T * half_l : sn + (size_t)T * half);
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
     void *q = rest;
-    int16_t *sa = (int16_t *)(rest + (size_t)T * qd * q_el);
+    int16_t *sa = (int16_t *)(rest + (size_t)T * qd_max * q_el);
     int8_t *qa = (int8_t *)(sa + (size_t)T * (kmax / 16));
     int32_t *win_lo = (int32_t *)(qa + (size_t)T * kmax), *win_len = win_lo + T;
     int32_t have_window = 0; /* the window win_lo / win_len hold */
@@ -167,8 +225,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         memcpy(cs + (size_t)t * half, m->cos + positions[t] * half, sizeof(float) * half);
         memcpy(sn + (size_t)t * half, m->sin + positions[t] * half, sizeof(float) * half);
         if (local) {
-            memcpy(cs_l + (size_t)t * half, m->cos_local + positions[t] * half, sizeof(float) * half);
-            memcpy(sn_l + (size_t)t * half, m->sin_local + positions[t] * half, sizeof(float) * half);
+            memcpy(cs_l + (size_t)t * half_l, m->cos_local + positions[t] * half_l, sizeof(float) * half_l);
+            memcpy(sn_l + (size_t)t * half_l, m->sin_local + positions[t] * half_l, sizeof(float) * half_l);
         }
     }
     void *h = h_out;
@@ -177,6 +235,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     MARK(P_NORM);
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
+        const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
+        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D, nqkv = qd + (L->k_eq_v ? 1 : 2) * kvd;
         const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
         char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
         char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
@@ -188,14 +248,25 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
         MARK(P_QKV);
+        float *v = qkv + qd + kvd;
+        int64_t ldv = nqkv;
+        if (L->k_eq_v && kvd) { /* V is K before its norm and RoPE */
+            for (int t = 0; t < T; t++) memcpy(vk + (size_t)t * kvd, qkv + (size_t)t * nqkv + qd, sizeof(float) * kvd);
+            v = vk;
+            ldv = kvd;
+        }
         if (L->q_norm)
             for (int t = 0; t < T; t++) {
                 norm_in_place(qkv + (size_t)t * nqkv, D, H, D, L->q_norm, m->eps);
-                norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
+                if (!L->shared) norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
             }
+        if (L->v_norm && !L->shared)
+            for (int t = 0; t < T; t++) norm_in_place(v + (size_t)t * ldv, D, Hkv, D, L->v_norm, m->eps);
         MARK(P_NORM);
-        qmm_rope_write_kv_fmt(qkv, qkv + qd, qkv + qd + kvd, 0, nqkv, nqkv, nqkv, L->local_rope ? cs_l : cs,
-                              L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H, Hkv, D, q, q_bf16);
+        /* a KV-shared layer rotates its q alone (no K/V heads: nothing written) */
+        qmm_rope_write_kv_fmt(qkv, qkv + qd, v, 0, nqkv, nqkv, ldv, L->local_rope ? cs_l : cs,
+                              L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H,
+                              L->shared ? 0 : Hkv, D, q, q_bf16);
         MARK(P_ROPE);
         const int32_t *lo = 0, *len = row_len;
         if (L->window > 0) {
@@ -244,7 +315,19 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
         MARK(P_DOWN);
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
-        qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
+        if (L->ple_gate.n_parts || L->out_scale != 0.0f) { /* Gemma 4: more after the MLP's residual add */
+            for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
+            MARK(P_NORM);
+            if (L->ple_gate.n_parts)
+                per_layer_input(m, L, T, x, pools->ple + (size_t)i * w, (int64_t)m->n_layers * w, h, qa, da, sa, o,
+                                gp, act);
+            MARK(P_PLE);
+            if (L->out_scale != 0.0f)
+                for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] *= L->out_scale;
+            qmm_add_rms_norm(x, 0, hidden, 0, L->next_norm, T, hidden, m->eps, 0, h, m->act_bf16);
+        } else {
+            qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
+        }
         MARK(P_NORM);
     }
     free(mem);
