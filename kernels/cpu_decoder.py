@@ -9,6 +9,7 @@ results are identical to that path's, row for row, whatever the batch (a test ho
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,16 @@ def _qweight(w: BlockWeight) -> QWeight:
     return out
 
 
+def kept_f32_ptr(keep: list[torch.Tensor], t: torch.Tensor | None) -> int | None:
+    """The address of `t` as a contiguous float32 tensor that `keep` holds alive for the native decoder (None for
+    None)."""
+    if t is None:
+        return None
+    t = t.detach().to(torch.float32).contiguous()
+    keep.append(t)
+    return t.data_ptr()
+
+
 @dataclass
 class NativeDecoder:
     """A model's layers as C structs, ready for `qmm_decoder_forward`; keeps alive every tensor they point into."""
@@ -118,13 +129,7 @@ class NativeDecoder:
         if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()):
             return None
         keep: list[torch.Tensor] = []
-
-        def ptr(t: torch.Tensor | None) -> int | None:
-            if t is None:
-                return None
-            t = t.detach().to(torch.float32).contiguous()
-            keep.append(t)
-            return t.data_ptr()
+        ptr = functools.partial(kept_f32_ptr, keep)
 
         sandwich = getattr(model, "post_attn_norms", None)
         local = getattr(model, "cos_local", None)

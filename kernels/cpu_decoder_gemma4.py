@@ -11,11 +11,12 @@ the two agree bit for bit.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
 from . import cpu_native
-from .cpu_decoder import _FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, _qweight
+from .cpu_decoder import _FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, _qweight, kept_f32_ptr
 from .cpu_native import BlockWeight
 
 
@@ -59,13 +60,7 @@ def build_gemma4(model) -> NativeDecoder | None:
     if not model.layers or (w and (w % 32 or w > c.hidden_size)) or not _layers_fit(model):
         return None
     keep: list[torch.Tensor] = []
-
-    def ptr(t: torch.Tensor | None) -> int | None:
-        if t is None:
-            return None
-        t = t.detach().to(torch.float32).contiguous()
-        keep.append(t)
-        return t.data_ptr()
+    ptr = functools.partial(kept_f32_ptr, keep)
 
     layers = model.layers
     array = (Layer * len(layers))()

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from edgeserve.kernels import cpu_native
 from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.transfer import to_device
+from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.llama import LlamaModel
 from edgeserve.models.lora_step import StepLora
 
@@ -18,6 +20,11 @@ from .kv_cache import KVPool, forward_inputs
 from .request_state import Registry
 from .scheduler import SchedulerOutput
 from .state_pool import StatePool, StepStates
+
+# A CPU step of at most this many rows runs torch's own ops on one thread: they are a few microseconds of work each,
+# and torch's OpenMP team spinning beside the native kernels' pool on the same cores made them 50-100x slower
+# (a MoE decode step's row gathers: docs/PERFORMANCE.md, the quiet evening section).
+SMALL_STEP_ROWS = 64
 
 
 @dataclass
@@ -52,6 +59,8 @@ class ModelRunner:
         self.batch = InputBatch(max_num_seqs, -(-max_model_len // pool.block_size), model.device, max_num_tokens,
                                 rows=registry.view("batch_row") if registry is not None else None)
         self.registry = registry
+        if self.device.type == "cpu":
+            cpu_native.library()  # sized from torch's thread count here, not inside a one-thread small step
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
@@ -73,14 +82,16 @@ class ModelRunner:
                 and self.graphs.can_run(inputs.query_lens, inputs.block_tables.shape[1])):
             logits = self.graphs.run(inputs, fill)
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
-        hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                self._step_states(scheduled, inputs.query_lens), lora, images, mrope,
-                                step_spans(scheduled))
-        if not sample_seqs:
-            return None
-        rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
-                for r in range(end - 1 - s.num_spec, end)]
-        return self.model.logits(hidden[to_device(rows, torch.long, dev)])
+        small = dev.type == "cpu" and sum(inputs.query_lens) <= SMALL_STEP_ROWS
+        with intra_op_threads(1 if small else None):
+            hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
+                                    self._step_states(scheduled, inputs.query_lens), lora, images, mrope,
+                                    step_spans(scheduled))
+            if not sample_seqs:
+                return None
+            rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
+                    for r in range(end - 1 - s.num_spec, end)]
+            return self.model.logits(hidden[to_device(rows, torch.long, dev)])
 
 
     def _step_lora(self, scheduled, query_lens: list[int]) -> StepLora | None:
