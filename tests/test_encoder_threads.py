@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from edgeserve.kernels.cpu_native import library
+from edgeserve.models import bert
 from edgeserve.models.bert import pad_batch, pool
 from edgeserve.models.encoder_threads import SMALL_BATCH_TOKENS, _omp_runtime, encoder_threads, intra_op_threads
 from encoder_gguf import write_encoder_gguf
@@ -62,10 +63,12 @@ def test_native_encoder_runs_one_torch_thread_with_the_same_results(tmp_path, mo
     lm = _load(path, monkeypatch, True)
     assert lm.on_native_pool and encoder_threads(lm.on_native_pool, 10**6) == 1
     counts = _counting(lm, monkeypatch)
+    pooled: list[int] = []  # pooling too: beside the native pool's spinning workers it is slow on two threads
+    monkeypatch.setattr(bert, "pool", lambda *a: pooled.append(torch.get_num_threads()) or pool(*a))
     seqs = [lm.encode(t)[0] for t in TEXTS] * 8  # past SMALL_BATCH_TOKENS: one thread for the native pool's sake
     assert len(seqs) * max(map(len, seqs)) >= SMALL_BATCH_TOKENS
     got = lm.embed(seqs)
-    assert counts == [1] if _omp_runtime() is not None else counts == [2]
+    assert counts == pooled == ([1] if _omp_runtime() is not None else [2])
     ids, mask = pad_batch(seqs)
     want = pool(type(lm.model).forward(lm.model, ids, mask), mask, lm.config.pooling, lm.config.normalize)
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)

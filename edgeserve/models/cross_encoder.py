@@ -71,8 +71,9 @@ class LoadedCrossEncoder(LoadedEncoder):
         """[len(batch), output_dim] float32 logits of pair sequences (from encode_pair)."""
         input_ids, mask = pad_batch(batch)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        states = self.states(input_ids, mask, segment_ids(input_ids, self.sep_id))
-        return self.score_logits(states).float().cpu()
+        with self.threads(input_ids):
+            states = self.states(input_ids, mask, segment_ids(input_ids, self.sep_id))
+            return self.score_logits(states).float().cpu()
 
 
 def is_cross_encoder_folder(path: Path) -> bool:
