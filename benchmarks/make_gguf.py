@@ -4,6 +4,7 @@
     python benchmarks/make_gguf.py --shape 3b --mix Q8_0 /tmp/llama-3b-q8.gguf
     python benchmarks/make_gguf.py --shape gemma3-1b --tokenizer-from GEMMA.gguf /tmp/gemma3-1b-q4km.gguf
     python benchmarks/make_gguf.py --shape qwen3-30b-a3b --layers 4 /tmp/qwen3-30b-a3b-4layers-q4km.gguf
+    python benchmarks/make_gguf.py --shape smolvlm-256m /tmp/smolvlm-256m-q4_k_m.gguf
     python benchmarks/make_gguf.py --shape qwen35-0.8b --tokenizer-from QWEN35.gguf /tmp/qwen35-0.8b-q4km.gguf
     python benchmarks/make_gguf.py --shape gpt-oss-20b --mix MXFP4_MOE --tile-mb 64 --tokenizer-from VOCAB.gguf \
         /tmp/gpt-oss-20b-mxfp4.gguf
@@ -18,7 +19,10 @@ qwen35moe-35b-a3b (Qwen3.5-35B-A3B, architecture qwen35moe: 256 experts, 8 route
 GGUF's tokenizer: its 248k-token embeddings are a third of the 0.8B's weights); smollm3-3b, olmo2-1b, granite3.3-2b,
 ministral3-3b and phi4-mini (issue 33's Llama variants at their published sizes, each as its GGUF architecture:
 smollm3, olmo2, granite, mistral3, phi3 with fused QKV / gate-up and LongRoPE factors; the tokenizer's vocabulary
-padded to the model's); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
+padded to the model's); smolvlm-256m (SmolVLM-256M-Instruct's language model: SmolLM2-135M's block, untied,
+SmolLM2's vocabulary plus SmolVLM's 128 added tokens at their ids (<global-img>, <row_R_col_C>, <fake_token_around_image>,
+<image>, <end_of_utterance>), its chat template: the language model for make_mmproj.py's smolvlm-256m mmproj in both
+llama-server and edgeserve); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
 of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer). The vocabulary is
 the tokenizer's unless the shape pads it.
 Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as

@@ -6,7 +6,8 @@ and a random language-model GGUF of the matching shape.
 
 writes mmproj-qwen3vl-2b-f16.gguf and qwen3vl-2b-q4_k_m.gguf (Qwen3-VL-2B-Instruct's shapes: a 24-layer 1024-wide
 ViT with DeepStack after layers 5, 11, 17, and its 28-layer 2048-wide language model). `--family gemma3-4b` /
-`smolvlm-256m` write those towers' mmproj only (edgeserve.bench.random_mmproj.SIGLIP_SHAPES; no language model);
+`smolvlm-256m` write those towers' mmproj only (edgeserve.bench.random_mmproj.SIGLIP_SHAPES; no language model:
+for SmolVLM, `make_gguf.py --shape smolvlm-256m` writes one with SmolVLM's image tokens);
 `--lm-width 640` makes its projector map into 640-wide rows, so the real Gemma 3 270M GGUF can be its language model
 (mmproj-gemma3-4b-to640-f16.gguf, the file of the PERFORMANCE sections' vision_ttft / vision_interference runs).
 """

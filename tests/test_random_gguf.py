@@ -184,3 +184,29 @@ def test_a_gemma4_e2b_shape_writes_shared_kv_layers_and_per_layer_embeddings(tmp
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
     logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
     assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_a_smolvlm_shape_adds_smolvlm_s_image_tokens_at_their_ids(tmp_path):
+    """SmolVLM-256M's language model (scaled down): the source tokenizer's vocabulary padded to 49,280 with
+    SmolVLM's added tokens at their real ids as control tokens, its chat template and end of turn; edgeserve's
+    tokenizer reads a row tag as one token (the Idefics3 prompt expansion needs that)."""
+    from edgeserve.bench.command import load_tokenizer
+    from edgeserve.bench.random_gguf import SHAPES
+
+    real = SHAPES["smolvlm-256m"]
+    assert (real.hidden, real.layers, real.heads, real.kv_heads, real.ffn, real.vocab) == (576, 30, 9, 3, 1536, 49280)
+    tokenizer = write_tiny_llama(tmp_path / "tok.gguf")
+    shape = LlamaShape(hidden=64, layers=1, heads=2, kv_heads=1, ffn=64, tie_embeddings=False, vocab=49280,
+                       smolvlm=True)
+    path = write_random_llama(tmp_path / "s.gguf", shape, "Q8_0", tokenizer)
+    fields = gguf.GGUFReader(str(path)).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert len(tokens) == 49280 and tokens[49152] == "<global-img>" and tokens[49161] == "<row_2_col_3>"
+    assert tokens[49189:49191] == ["<fake_token_around_image>", "<image>"] and tokens[49279] == "<end_of_utterance>"
+    assert types[49190] == int(gguf.TokenType.CONTROL) and types[49000] == int(gguf.TokenType.NORMAL)
+    assert fields["tokenizer.ggml.eos_token_id"].contents() == 49279
+    assert "<end_of_utterance>" in fields["tokenizer.chat_template"].contents()
+    tok, _ = load_tokenizer(str(path))
+    assert tok.token_to_id("<image>") == 49190
+    assert tok.encode("<row_2_col_3>", add_special_tokens=False) == [49161]

@@ -71,6 +71,7 @@ class LlamaShape:
     rotary_dim: int | None = None  # phi3: partial rotary (Phi-4-mini: 96 of 128)
 
     qwen3vl: bool = False  # Qwen3-VL's language model: Qwen3's Q/K norms, M-RoPE sections, 3 DeepStack layers
+    smolvlm: bool = False  # SmolVLM's language model: SmolVLM's image tokens, chat template and end of turn added
 
     @property
     def arch(self) -> str:
@@ -91,6 +92,10 @@ SHAPES = {
     "3b": LlamaShape(3072, 28, 24, 8, 8192),  # Llama-3.2-3B
     "gemma3-1b": LlamaShape(1152, 26, 4, 1, 6912, head_dim=256, gemma3=True),  # Gemma 3 1B
     "qwen3vl-2b": LlamaShape(2048, 28, 16, 8, 6144, head_dim=128, qwen3vl=True),  # Qwen3-VL-2B's language model
+    # SmolVLM-256M-Instruct's language model (text_config): SmolLM2-135M's block, untied, 128 tokens added (give it
+    # SmolLM2's tokenizer, the default model's)
+    "smolvlm-256m": LlamaShape(576, 30, 9, 3, 1536, tie_embeddings=False, vocab=49280, rope_base=100000.0,
+                               smolvlm=True),
     # Qwen3-30B-A3B: 128 experts of 768, 8 per token (17+ GB at Q4_K_M: for benchmarks, never for tests)
     "qwen3-30b-a3b": LlamaShape(2048, 48, 32, 4, 6144, tie_embeddings=False, head_dim=128, experts=128,
                                 experts_used=8, expert_ffn=768),
@@ -112,6 +117,20 @@ VARIANTS = ("smollm3", "olmo2", "granite", "mistral3", "phi3")
 # Qwen2-VL's vision tokens (Qwen's ids): a Qwen2 vocabulary GGUF holds them as [PAD...] placeholders
 QWEN_VL_TOKENS = {151652: "<|vision_start|>", 151653: "<|vision_end|>", 151654: "<|vision_pad|>",
                   151655: "<|image_pad|>", 151656: "<|video_pad|>"}
+
+# SmolVLM's added tokens at their ids (its tokenizer's added_tokens): SmolLM2's 49,152 tokens, then these
+SMOLVLM_TOKENS = {49152: "<global-img>",
+                  **{49153 + 6 * r + c: f"<row_{r + 1}_col_{c + 1}>" for r in range(6) for c in range(6)},
+                  49189: "<fake_token_around_image>", 49190: "<image>",
+                  **{49191 + i: f"<|reserved_special_token_{i}|>" for i in range(88)},
+                  49279: "<end_of_utterance>"}
+# SmolVLM's chat template (transformers' SmolVLMProcessor default); turns end in <end_of_utterance>
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'] is string %}"
+    "{{': ' + message['content']}}{% else %}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}"
+    "{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 
 # where a tensor's rows are not a multiple of 256 values, llama.cpp's quantizer falls back from a K type
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
@@ -248,7 +267,11 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
             w.add_key_length(hd)
             w.add_value_length(hd)
         add_variant_keys(w, shape)
-    copy_tokenizer(w, src, pad, QWEN_VL_TOKENS if shape.qwen3vl else None)
+    if shape.smolvlm:
+        copy_tokenizer(w, src, pad, SMOLVLM_TOKENS, {"tokenizer.chat_template": SMOLVLM_TEMPLATE,
+                                                      "tokenizer.ggml.eos_token_id": 49279})
+    else:
+        copy_tokenizer(w, src, pad, QWEN_VL_TOKENS if shape.qwen3vl else None)
     # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
     # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
     types = tensor_types(shape, mix)
@@ -324,26 +347,33 @@ def _llama_f32_values(name: str, dims: tuple[int, ...], rng: np.random.Generator
 
 
 def copy_tokenizer(w: "gguf.GGUFWriter", src: "gguf.GGUFReader", pad: int = 0,
-                   control: dict[int, str] | None = None) -> None:
+                   control: dict[int, str] | None = None, overrides: dict[str, object] | None = None) -> None:
     """Copy every `tokenizer.*` key of the GGUF `src` into the writer `w`, the vocabulary padded with `pad`
-    unreachable normal tokens (no merge makes them); `control`: tokens renamed (by id) and made control tokens."""
+    unreachable normal tokens (no merge makes them); `control`: tokens renamed (by id, padded ones too) and made
+    control tokens; `overrides`: keys whose value (of the source's type) replaces the source's, or added."""
     import gguf
 
+    control = control or {}
+    n = len(src.fields["tokenizer.ggml.tokens"].contents()) if "tokenizer.ggml.tokens" in src.fields else 0
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
-            value = field.contents()
+            value = (overrides or {}).get(key, field.contents())
             if control and key == "tokenizer.ggml.tokens":
                 value = [control.get(i, t) for i, t in enumerate(value)]
             elif control and key == "tokenizer.ggml.token_type":
                 value = [int(gguf.TokenType.CONTROL) if i in control else t for i, t in enumerate(value)]
             if pad and key == "tokenizer.ggml.tokens":
-                value = list(value) + [f"<pad_{j}>" for j in range(pad)]
+                value = list(value) + [control.get(n + j, f"<pad_{j}>") for j in range(pad)]
             elif pad and key == "tokenizer.ggml.token_type":
-                value = list(value) + [int(gguf.TokenType.NORMAL)] * pad
+                value = list(value) + [int(gguf.TokenType.CONTROL if n + j in control else gguf.TokenType.NORMAL)
+                                       for j in range(pad)]
             elif pad and key == "tokenizer.ggml.scores":
                 value = list(value) + [0.0] * pad
             w.add_key_value(key, value, field.types[0], sub)
+    for key, value in (overrides or {}).items():  # a key the source lacks: a string or a uint32
+        if key not in src.fields:
+            (w.add_string if isinstance(value, str) else w.add_uint32)(key, value)
 
 
 def write_plan(w: "gguf.GGUFWriter", plan: list[tuple[str, tuple[int, ...], str]], rng: np.random.Generator,
