@@ -43,7 +43,9 @@ class Layer(ctypes.Structure):
                 # Gemma 4's (kernels.cpu_decoder_gemma4); zero elsewhere
                 ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
                 ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
-                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32)]
+                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
+                # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
+                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p)]
 
 
 class Decoder(ctypes.Structure):
@@ -63,7 +65,7 @@ class StepPools(ctypes.Structure):
     _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
                 ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
                 ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p),
-                ("ple", ctypes.c_void_p)]
+                ("ple", ctypes.c_void_p), ("recurrent", ctypes.c_void_p)]
 
 
 def _qweight(w: BlockWeight) -> QWeight:

@@ -97,6 +97,9 @@ typedef struct {
     const float *ple_norm;        /* RMSNorm of the projection before its residual add */
     float out_scale;              /* the residual stream's scale at the layer's end (0: none) */
     int32_t k_eq_v;               /* qkv is q and k: V is K before K's norm (Gemma 4's 31B global layers) */
+    /* seams for the layer kinds beside attention + dense MLP (NULL: not this kind) */
+    const void *moe;   /* a Mixture-of-Experts feed-forward in place of gate_up / down (moe.c) */
+    const void *mixer; /* a linear-attention (Gated DeltaNet) layer in place of the attention (gated_delta.c) */
 } layer_t;
 
 typedef struct {
@@ -124,6 +127,7 @@ typedef struct {
     const int32_t *layer_pool;
     const void *lora; /* the step's LoRA adapters (lora.c's lora_step_t), or NULL */
     const float *ple; /* the step's per-layer inputs [T, n_layers, ple_width] (decoder_t.ple_width), or NULL */
+    const void *recurrent; /* the step's rows' recurrent-state slots for `mixer` layers (gated_delta.c), or NULL */
 } step_pools_t;
 
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
@@ -148,6 +152,17 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
     for (int t = 0; t < T; t++) qmm_add_rms_norm(x + (size_t)t * ldx, 0, N, 0, weight, 1, N, eps, 0, x + (size_t)t * ldx, 0);
 }
 
+/* Quantize float32 x [T, K] (packed rows) for a matmul, first rounding it to bf16 in hb when as_bf16 (as the per-op
+   path casts activations it keeps in bf16). */
+static void quantize_f32(const float *x, int T, int K, int as_bf16, void *hb, int8_t *qa, float *da, int16_t *sa) {
+    if (as_bf16) {
+        qmm_to_bf16(x, (int64_t)T * K, hb);
+        qmm_quantize(hb, 1, K, T, K, qa, da, sa);
+    } else {
+        qmm_quantize(x, 0, K, T, K, qa, da, sa);
+    }
+}
+
 /* Gemma 4's per-layer input, after the MLP's residual add: x += rms_norm(ple_proj(gelu_tanh(ple_gate(x)) *
    ple)) * ple_norm, with x and the GELU product rounded to bf16 before their matmuls when act_bf16 (as the per-op
    path casts them). ple: this layer's rows [T, width], `ple_ld` values apart; o [T, hidden], gp [T, 2 width],
@@ -155,24 +170,14 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
 static void per_layer_input(const decoder_t *m, const layer_t *L, int T, float *x, const float *ple, int64_t ple_ld,
                             void *hb, int8_t *qa, float *da, int16_t *sa, float *o, float *gp, float *act) {
     const int hidden = m->hidden, w = m->ple_width;
-    if (m->act_bf16) {
-        qmm_to_bf16(x, (int64_t)T * hidden, hb);
-        qmm_quantize(hb, 1, hidden, T, hidden, qa, da, sa);
-    } else {
-        qmm_quantize(x, 0, hidden, T, hidden, qa, da, sa);
-    }
+    quantize_f32(x, T, hidden, m->act_bf16, hb, qa, da, sa);
     matmul(&L->ple_gate, hidden, qa, da, sa, T, o);
     for (int t = 0; t < T; t++) {
         memcpy(gp + (size_t)t * 2 * w, o + (size_t)t * w, sizeof(float) * w);
         memcpy(gp + (size_t)t * 2 * w + w, ple + (size_t)t * ple_ld, sizeof(float) * w);
     }
     qmm_gelu_tanh_mul(gp, 0, 2 * (int64_t)w, T, w, act);
-    if (m->act_bf16) {
-        qmm_to_bf16(act, (int64_t)T * w, hb);
-        qmm_quantize(hb, 1, w, T, w, qa, da, sa);
-    } else {
-        qmm_quantize(act, 0, w, T, w, qa, da, sa);
-    }
+    quantize_f32(act, T, w, m->act_bf16, hb, qa, da, sa);
     matmul(&L->ple_proj, w, qa, da, sa, T, o);
     norm_in_place(o, hidden, T, hidden, L->ple_norm, m->eps);
     for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
