@@ -167,3 +167,23 @@ def test_ollama_create_makes_an_adapter_model_from_pushed_blobs(client, files, t
         assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
     for name in ("coder", "g"):
         assert client.post("/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200
+
+
+def test_ollama_client_library_creates_an_adapter_model(client, files, tmp_path, monkeypatch):
+    """Ollama's own Python client: create_blob pushes each adapter file, create(from_, adapters) names the model,
+    generate serves it, and a bad adapter comes back as its ResponseError with our message."""
+    ollama = pytest.importorskip("ollama")
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path / "home"))
+    ol = ollama.Client(host=str(client.base_url), headers=KEY)
+    digests = {name: ol.create_blob(files["c"] / name) for name in ("adapter_config.json", "adapter_model.safetensors")}
+    assert all(d.startswith("sha256:") for d in digests.values())
+    assert ol.create("viaclient", from_="tiny", adapters=digests).status == "success"
+    assert "viaclient" in {m.model for m in ol.list().models}
+    opts = {"temperature": 0, "num_predict": 8}
+    ours = ol.generate(model="viaclient", prompt="hello there", raw=True, options=opts).response
+    base = ol.generate(model="tiny", prompt="hello there", raw=True, options=opts).response
+    assert ours != base
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.create("broken", from_="tiny", adapters={"a.gguf": "sha256:" + "1" * 64})
+    assert e.value.status_code == 400 and "adapters" in e.value.error
+    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "viaclient"}).status_code == 200
