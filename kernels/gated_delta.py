@@ -289,8 +289,8 @@ def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b
                     gates: Gates = delta_gates) -> torch.Tensor:
     """The layer between its projections: mixed_qkv [T, conv_dim] (in_proj_qkv's output), z [T, value_dim]
     (in_proj_z), a, b [T, Hv] (in_proj_a, in_proj_b) -> [T, value_dim] float32 for out_proj, updating both
-    states of each sequence's slot. `conv` / `rule` / `norm` / `gates`: the kernels to run (kernels.dispatch passes native
-    ones). z may be a view with any row stride (the projection's columns as they are)."""
+    states of each sequence's slot. `conv` / `rule` / `norm` / `gates`: the kernels to run (kernels.dispatch passes
+    native ones). z may be a view with any row stride (the projection's columns as they are)."""
     t = mixed_qkv.shape[0]
     x = conv(mixed_qkv, weights.conv_weight, conv_state, batch)
     q, k, v = x.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)

@@ -6,7 +6,10 @@
    optionally, their own K/V pool). Gemma 4 adds per-layer head sizes, K/V heads and MLP widths, a weightless V
    norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
    GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
-   the MLP's residual add and before the next layer's norm.
+   the MLP's residual add and before the next layer's norm. Qwen3.5 adds Gated DeltaNet layers in place of the
+   attention (`mixer`: in_proj matmul -> gated_delta.c's qmm_gdn_mix over the step's recurrent states in place ->
+   out_proj matmul) and gated attention (`attn_gate`: [q | gate] heads, Q/K norms per head into rows of their own,
+   the attention output times sigmoid(gate) before o_proj).
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
