@@ -5,7 +5,8 @@ decode row per sequence, alternating the fused stack (kernels.cpu_decoder, one n
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
 With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
-same way. Prints medians and minimums (ms) and the ratios, as JSON.
+same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5) runs over a state pool
+beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for both).
 
     python benchmarks/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
                                        [--prefill 256 --prefill-reps 6]
@@ -32,7 +33,7 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.kv_cache import KVPool
     from edgeserve.kernels.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
@@ -49,7 +50,8 @@ def main() -> None:
         pos = torch.arange(args.context).repeat(b)
         slots = [tables[i][p // block] * block + p % block for i in range(b) for p in range(args.context)]
         meta = AttentionMetadata.build([args.context] * b, [args.context] * b, tables, slots)
-        model.forward(ids, pos, PagedKVAttention(pool, meta))
+        states = state_pool(model, b)
+        model.forward(ids, pos, attention(pool, meta, states, [args.context] * b))
         p = args.context
         step_slots = [tables[i][p // block] * block + p % block for i in range(b)]
         ids, pos = torch.randint(100, 1000, (b,)), torch.full((b,), p)
@@ -58,7 +60,7 @@ def main() -> None:
             model._native = False if fused else None
             meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
             start = time.perf_counter()
-            model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta)))
+            model.logits(model.forward(ids, pos, attention(pool, meta, states, [1] * b)))
             return (time.perf_counter() - start) * 1e3
 
         matmuls = matmul_timer(model, b, b)
@@ -89,18 +91,22 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
     """Medians and minimums (ms) of a cold prompt step of n tokens, fused and per-op, alternated rep by rep."""
     import torch
 
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.kv_cache import KVPool
     from edgeserve.kernels.paged_attention import AttentionMetadata
 
     blocks = -(-n // block)
     pool = KVPool(model.config, blocks, block, model.dtype)
+    states = state_pool(model, 1)
     ids, pos = torch.randint(100, 1000, (n,)), torch.arange(n)
 
     def step(fused: bool) -> float:
         model._native = False if fused else None
         meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
         start = time.perf_counter()
-        model.logits(model.forward(ids, pos, PagedKVAttention(pool, meta))[-1:])
+        if states is not None:  # a cold prompt: from a zero state
+            states.conv.zero_()
+            states.recurrent.zero_()
+        model.logits(model.forward(ids, pos, attention(pool, meta, states, [n]))[-1:])
         return (time.perf_counter() - start) * 1e3
 
     matmuls = matmul_timer(model, n, 1)
@@ -117,12 +123,39 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
             "fused_over_matmuls_median": round(med["fused"] / med["matmuls_only"], 2)}
 
 
+def state_pool(model, num_seqs: int):
+    """A hybrid model's recurrent-state pool with a slot per sequence, all taken (None for other models)."""
+    from edgeserve.engine.state_pool import StatePool, StateSpec
+
+    c = model.config
+    if not getattr(c, "is_hybrid", False):
+        return None
+    pool = StatePool(StateSpec(c.num_linear_layers, c.delta), num_seqs)
+    for _ in range(num_seqs):
+        pool.allocate()
+    return pool
+
+
+def attention(pool, meta, states, query_lens: list[int]):
+    """The step's attention over the paged pool, with sequence i's recurrent state in slot i for a hybrid."""
+    import itertools
+
+    from edgeserve.engine.kv_cache import PagedKVAttention
+    from edgeserve.engine.state_pool import StepStates
+
+    if states is None:
+        return PagedKVAttention(pool, meta)
+    step = StepStates.build(states, [0, *itertools.accumulate(query_lens)], list(range(len(query_lens))))
+    return PagedKVAttention(pool, meta, states=step)
+
+
 def matmul_timer(model, rows: int, head_rows: int):
     """A function timing (ms) every layer's four main matrices over `rows` rows and the output head over
     `head_rows`: the floor of a step's matmuls both paths share."""
     import torch
 
-    weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    names = ("qkv", "o_proj", "in_proj", "out_proj", "gate_up", "down")  # a hybrid's linear layers: in / out_proj
+    weights = [getattr(layer, n) for layer in model.layers for n in names if getattr(layer, n, None) is not None]
     xs = {w.in_features: torch.randn(rows, w.in_features).to(model.dtype) for w in weights}
     x_head = torch.randn(head_rows, model.config.hidden_size).to(model.dtype)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,7 +46,9 @@ class Layer(ctypes.Structure):
                 ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
                 ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
                 # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
-                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p)]
+                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
+                # Qwen3.5's gated attention (kernels.cpu_decoder_qwen35); zero elsewhere
+                ("attn_gate", ctypes.c_int32)]
 
 
 class Decoder(ctypes.Structure):
@@ -100,6 +103,9 @@ class NativeDecoder:
     windowed: bool = False  # some layers attend over a sliding window (the library must have windows)
     min_window: int = 0  # the smallest of those windows
     _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
+    # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
+    # its `attn` (kernels.cpu_decoder_qwen35.Mixers); None: no such layers
+    recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
@@ -186,6 +192,7 @@ class NativeDecoder:
         """Layer i's pool (0 main, 1 window) and index in it, as int32 [layers, 2] (cached per pool)."""
         if self._pool_layers is None or self._pool_layers[0] is not pool:
             slots = getattr(pool, "layer_slot", None) or [(False, i) for i in range(self.decoder.n_layers)]
+            slots = [s or (False, 0) for s in slots]  # None: a layer without K/V (a hybrid's linear attention)
             self._pool_layers = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
         return self._pool_layers[1]
 
@@ -226,6 +233,10 @@ class NativeDecoder:
             per_layer = per_layer.to(torch.float32).contiguous()
             keep.append(per_layer)
             step.ple = per_layer.data_ptr()
+        if self.recurrent is not None:
+            states, states_keep = self.recurrent(attn)
+            keep += [states, *states_keep]
+            step.recurrent = ctypes.addressof(states)
         positions = positions.to(torch.int64).contiguous()
         rc = self.lib.qmm_decoder_forward(
             ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
                                                                  "layer.c", "moe.c", "gated_delta.c",
                                                                  "attention_q8.c", "lora.c")]
-HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h")]
+HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
+                                                                 "gdn_layer.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -206,6 +207,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
                                      ctypes.c_float, p]
         lib.qmm_gdn_rule.restype = None
+    if hasattr(lib, "qmm_gdn_gates"):
+        lib.qmm_gdn_gates.argtypes = [p, i64, p, i64, i32, i32, p, p, p, p]
+        lib.qmm_gdn_gates.restype = None
     if hasattr(lib, "qmm_head_rms_norm"):
         lib.qmm_head_rms_norm.argtypes = [p, i64, i64, p, i64, i64, i32, i32, i32, p, ctypes.c_float, p]
         lib.qmm_head_rms_norm.restype = None
@@ -751,6 +755,25 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                      g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
                      state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+              lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """kernels.gated_delta.delta_gates in one native pass: (g, beta) float32 [T, Hv] from a, b [T, Hv] (float32, unit
+    stride within a row, any row stride: the projection's columns as they are); None when the library predates it
+    or the inputs are not ones it takes."""
+    lib = lib or library()
+    t, hv = a.shape
+    if (lib is None or not hasattr(lib, "qmm_gdn_gates") or b.shape != a.shape
+            or any(x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1 for x in (a, b))):
+        return None
+    A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
+    if A_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"A_log {tuple(A_log.shape)} / dt_bias {tuple(dt_bias.shape)} must be [{hv}]")
+    g, beta = torch.empty(t, hv, dtype=torch.float32), torch.empty(t, hv, dtype=torch.float32)
+    lib.qmm_gdn_gates(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), t, hv, A_log.data_ptr(),
+                      dt_bias.data_ptr(), g.data_ptr(), beta.data_ptr())
+    return g, beta
 
 
 def _heads(x: torch.Tensor) -> bool:

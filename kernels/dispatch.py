@@ -21,7 +21,7 @@ Every function here is a drop-in for the twin of the same name (same arguments, 
 `write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
 `rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
 `W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16),
-`causal_conv1d_silu`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.gated_delta),
+`causal_conv1d_silu`, `delta_gates`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.gated_delta),
 `head_rms_norm` (kernels.norm over each head) and `sigmoid_gate` (kernels.activation): native on CPU, the twins
 elsewhere (no Triton version yet).
 """
@@ -53,7 +53,8 @@ __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
     "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
-    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_rms_norm", "gated_delta_net", "head_rms_norm",
+    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_rms_norm", "gated_delta_net", "delta_gates",
+    "head_rms_norm",
     "sigmoid_gate",
 ]
 
@@ -327,6 +328,16 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     return _gdn.gated_rms_norm(o, z, weight, eps)
 
 
+def delta_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's gates (g, beta) [T, Hv] float32 from the projections a, b [T, Hv] (kernels.gated_delta)."""
+    if _native_cpu(a):
+        done = _native.gdn_gates(a, b, A_log, dt_bias)
+        if done is not None:
+            return done
+    return _gdn.delta_gates(a, b, A_log, dt_bias)
+
+
 def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each head of x [T, H, D] (any strides: a view of a fused projection) times weight [D], float32
     [T, H, D]."""
@@ -351,4 +362,5 @@ def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b
                     recurrent_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
     """kernels.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
     return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, conv_state, recurrent_state, batch,
-                                conv=causal_conv1d_silu, rule=gated_delta_rule, norm=gated_rms_norm)
+                                conv=causal_conv1d_silu, rule=gated_delta_rule, norm=gated_rms_norm,
+                                gates=delta_gates)

@@ -279,23 +279,25 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 Conv = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DeltaBatch], torch.Tensor]
 Rule = Callable[..., torch.Tensor]
 Norm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+Gates = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                     weights: DeltaNetWeights, dims: DeltaNetDims, conv_state: torch.Tensor,
                     recurrent_state: torch.Tensor, batch: DeltaBatch, conv: Conv = causal_conv1d_silu,
-                    rule: Rule = gated_delta_rule, norm: Norm = gated_rms_norm) -> torch.Tensor:
+                    rule: Rule = gated_delta_rule, norm: Norm = gated_rms_norm,
+                    gates: Gates = delta_gates) -> torch.Tensor:
     """The layer between its projections: mixed_qkv [T, conv_dim] (in_proj_qkv's output), z [T, value_dim]
     (in_proj_z), a, b [T, Hv] (in_proj_a, in_proj_b) -> [T, value_dim] float32 for out_proj, updating both
-    states of each sequence's slot. `conv` / `rule` / `norm`: the kernels to run (kernels.dispatch passes native
-    ones). z may be a view with any row stride (the projection's columns as they are)."""
+    states of each sequence's slot. `conv` / `rule` / `norm` / `gates`: the kernels to run (kernels.dispatch passes
+    native ones). z may be a view with any row stride (the projection's columns as they are)."""
     t = mixed_qkv.shape[0]
     x = conv(mixed_qkv, weights.conv_weight, conv_state, batch)
     q, k, v = x.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
     q = q.reshape(t, dims.num_k_heads, dims.head_k_dim)
     k = k.reshape(t, dims.num_k_heads, dims.head_k_dim)
     v = v.reshape(t, dims.num_v_heads, dims.head_v_dim)
-    g, beta = delta_gates(a, b, weights.A_log, weights.dt_bias)
+    g, beta = gates(a, b, weights.A_log, weights.dt_bias)
     o = rule(q, k, v, g, beta, recurrent_state, batch, tiled=dims.tiled)
     z = z.unflatten(-1, (dims.num_v_heads, dims.head_v_dim))  # a view, whatever z's row stride
     out = norm(o, z, weights.norm_weight, weights.norm_eps)

@@ -524,6 +524,30 @@ def test_dispatch_takes_native_head_kernels_unless_torch_is_forced():
         close(a, b)
 
 
+@native
+@pytest.mark.parametrize("t,hv", [(1, 4), (37, 16)])
+def test_native_gates_match_float64(lib, t, hv):
+    """The decay and write gates from a, b read as strided columns of one projection, against float64, with inputs
+    past softplus's linear threshold (20) among them; a token's gates are the same bits alone as among others; the
+    dispatch takes them natively (the per-op layer and the fused stack share them), the twin when torch is forced."""
+    gen = torch.Generator().manual_seed(t)
+    proj = torch.randn(t, 3 * hv, generator=gen) * 8
+    proj[0, 2 * hv] = 25.0  # softplus(x) is x here
+    b, a = proj[:, hv:2 * hv], proj[:, 2 * hv:]
+    A_log, dt_bias = torch.randn(hv, generator=gen), torch.randn(hv, generator=gen)
+    g, beta = cpu_native.gdn_gates(a, b, A_log, dt_bias, lib=lib)
+    close(g, -A_log.double().exp() * F.softplus(a.double() + dt_bias.double()))
+    close(beta, torch.sigmoid(b.double()))
+    one = cpu_native.gdn_gates(a[-1:], b[-1:], A_log, dt_bias, lib=lib)
+    assert torch.equal(one[0][0], g[-1]) and torch.equal(one[1][0], beta[-1])
+    assert cpu_native.gdn_gates(a.double(), b, A_log, dt_bias, lib=lib) is None
+    assert all(torch.equal(x, y) for x, y in zip(dispatch.delta_gates(a, b, A_log, dt_bias),
+                                                 cpu_native.gdn_gates(a, b, A_log, dt_bias)))
+    with dispatch.force_backend("torch"):
+        twin = dispatch.delta_gates(a, b, A_log, dt_bias)
+    assert all(torch.equal(x, y) for x, y in zip(twin, gd.delta_gates(a, b, A_log, dt_bias)))
+
+
 # --- the whole layer against transformers --------------------------------------------------------------------
 
 def hf_layer(hk=2, hv=4, dk=8, dv=16, hidden=32, seed=0):

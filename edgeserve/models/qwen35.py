@@ -13,7 +13,10 @@ Partial RoPE runs on the full-width RoPE kernels: the q / k rows of each head ar
 dims' rotate-half pairs (i, i + r/2) become the full head's pairs (i, i + D/2), with a zero frequency (no rotation) on
 the other pairs; q . k is unchanged by a permutation applied to both, and V / the output are not touched.
 
-The fused native CPU stack (kernels.cpu_decoder) does not run this block: `native_decoder` declines.
+On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
+(kernels.cpu_decoder_qwen35: one native call per step, the recurrent states updated in place in the state pool),
+which calls the same kernels in the same order as the per-op path here, so the two agree bit for bit. The MoE block
+runs per-op.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Protocol
 import torch
 
 from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.cpu_decoder_qwen35 import build_qwen35
 from edgeserve.kernels.dispatch import (add_rms_norm, gated_delta_net, head_rms_norm, linear, rms_norm, rope_write_kv,
                                         sigmoid_gate)
 from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
@@ -219,11 +224,15 @@ class Qwen35Model(LlamaModel):
         self.device = device
         self.max_positions = config.max_position_embeddings
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
-        self._native = None
+        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
-    def native_decoder(self):
-        """None: the fused native CPU stack does not implement the hybrid block (the per-op path runs)."""
-        return None
+    def native_decoder(self) -> NativeDecoder | None:
+        """The whole layer stack as one native call (kernels.cpu_decoder_qwen35), planned once; None where it does
+        not apply (qwen35moe, weights not in block formats, a GPU). Setting `_native = None` keeps the per-op path
+        (the tests and benchmarks compare the two that way)."""
+        if self._native is False:
+            self._native = build_qwen35(self)
+        return self._native  # type: ignore[return-value]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
@@ -239,6 +248,9 @@ class Qwen35Model(LlamaModel):
         if t and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = self.embed_rows(input_ids)
+        native = self.native_decoder()
+        if native is not None and native.runs(attn) and native.recurrent.takes(states, t):  # type: ignore[union-attr]
+            return native.forward(x, positions, attn)
         cos, sin = self.cos[positions], self.sin[positions]
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):

@@ -316,3 +316,40 @@ void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg,
     sigmoid_gate_t a = {o, o_bf16, gate, ldg, ldhg, H, D, out};
     pool_run(sigmoid_gate_row, &a, T * H, (int64_t)T * H * D >= 16384);
 }
+
+/* ---- the gates and the whole layer between its projections --------------------------------------------------- */
+
+/* g [T, Hv] = -exp(A_log) * softplus(a + dt_bias) (the log-decay, <= 0) and beta [T, Hv] = sigmoid(b), from the
+   projections a, b [T, Hv] (rows lda / ldb apart): kernels.gated_delta.delta_gates. softplus as torch's (x above 20
+   is x). Each value on its own: the same bits whatever T. */
+void qmm_gdn_gates(const float *a, int64_t lda, const float *b, int64_t ldb, int T, int Hv, const float *A_log,
+                   const float *dt_bias, float *g, float *beta) {
+    for (int t = 0; t < T; t++) {
+        const float *at = a + t * lda;
+        for (int h = 0; h < Hv; h++) {
+            const float x = at[h] + dt_bias[h];
+            const float sp = x > 20.0f ? x : log1pf(expf(x));
+            g[(int64_t)t * Hv + h] = -expf(A_log[h]) * sp;
+        }
+        sigmoid_n(b + t * ldb, Hv, beta + (int64_t)t * Hv);
+    }
+}
+
+#include "gdn_layer.h"
+
+/* out [T, Hv Dv] float32 = a Gated DeltaNet layer between its projections, for proj [T, C + Hv Dv + 2 Hv] (in_proj's
+   output [conv qkv | z | b | a], rows ldp apart): the causal conv + SiLU, the gates, the gated delta rule and the
+   gated RMSNorm, each sequence's conv and recurrent states of linear layer g->index updated in place; the same
+   kernels in the same order as kernels.dispatch.gated_delta_net on the CPU. scratch: gdn_scratch_per_row(g) * T
+   floats. */
+void qmm_gdn_mix(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *proj, int64_t ldp, float *scratch,
+                 float *out) {
+    const int kd = g->Hk * g->Dk, vd = g->Hv * g->Dv, C = 2 * kd + vd;
+    float *x = scratch, *decay = x + (size_t)T * C, *beta = decay + (size_t)T * g->Hv, *o = beta + (size_t)T * g->Hv;
+    qmm_gdn_conv(proj, ldp, C, g->K, g->conv_weight, s->cu, s->B, s->conv + g->index * s->conv_layer_stride,
+                 s->conv_slot_stride, s->slots, x);
+    qmm_gdn_gates(proj + C + vd + g->Hv, ldp, proj + C + vd, ldp, T, g->Hv, g->A_log, g->dt_bias, decay, beta);
+    qmm_gdn_rule(x, C, x + kd, C, x + 2 * kd, C, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv, g->tiled, s->cu, s->B,
+                 s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, o);
+    qmm_head_rms_norm(o, vd, g->Dv, proj + C, ldp, g->Dv, T, g->Hv, g->Dv, g->norm, g->eps, out);
+}

@@ -6,7 +6,10 @@
    optionally, their own K/V pool). Gemma 4 adds per-layer head sizes, K/V heads and MLP widths, a weightless V
    norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
    GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
-   the MLP's residual add and before the next layer's norm.
+   the MLP's residual add and before the next layer's norm. Qwen3.5 adds Gated DeltaNet layers in place of the
+   attention (`mixer`: in_proj matmul -> gated_delta.c's qmm_gdn_mix over the step's recurrent states in place ->
+   out_proj matmul) and gated attention (`attn_gate`: [q | gate] heads, Q/K norms per head into rows of their own,
+   the attention output times sigmoid(gate) before o_proj).
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -16,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "gdn_layer.h"
 
 /* the kernels this file strings together (qmatmul.c, attention.c, elementwise.c) */
 void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
@@ -40,6 +45,11 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
+/* gated_delta.c: Qwen3.5's per-head norms and gated attention output */
+void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z, int64_t ldz, int64_t ldhz, int T,
+                       int H, int D, const float *weight, float eps, float *out);
+void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
+                      float *out);
 /* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
 int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
                   float *out, int64_t ldo, int N);
@@ -100,6 +110,9 @@ typedef struct {
     /* seams for the layer kinds beside attention + dense MLP (NULL: not this kind) */
     const void *moe;   /* a Mixture-of-Experts feed-forward in place of gate_up / down (moe.c) */
     const void *mixer; /* a linear-attention (Gated DeltaNet) layer in place of the attention (gated_delta.c) */
+    /* Qwen3.5's gated attention: qkv is [q | gate] per head, then k, v; q and k normed per head (qmm_head_rms_norm,
+       as the per-op path), the attention output times sigmoid(gate) before o */
+    int32_t attn_gate;
 } layer_t;
 
 typedef struct {
@@ -142,6 +155,12 @@ static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da,
 }
 
 static inline int imax(int a, int b) { return a > b ? a : b; }
+
+static int weight_rows(const qweight_t *w) {
+    int rows = 0;
+    for (int p = 0; p < w->n_parts; p++) rows += w->rows[p];
+    return rows;
+}
 
 /* x [T, N] float32 (rows ldx apart, the first N of each) := rms_norm(x) * weight, row by row in place */
 static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weight, float eps) {
@@ -196,6 +215,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     const int local = m->cos_local != 0, half_l = local && m->half_local ? m->half_local : half;
     /* the widest layer's sizes (Gemma 4's vary by layer) size the scratch */
     int qd_max = H * m->D, nqkv_max = qd_max + 2 * m->Hkv * m->D, f_max = m->F, kvd_max = m->Hkv * m->D;
+    int mix_max = 0, mix_in = 0; /* Qwen3.5's scratch per row (a mixer's or the gated attention's), o's input width */
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
         const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
@@ -203,13 +223,22 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         nqkv_max = imax(nqkv_max, H * D + (L->shared ? 0 : 2 * Hkv * D));
         f_max = imax(f_max, F);
         kvd_max = imax(kvd_max, Hkv * D);
+        if (L->mixer) {
+            const gdn_layer_t *g = L->mixer;
+            nqkv_max = imax(nqkv_max, weight_rows(&L->qkv));
+            mix_max = imax(mix_max, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
+            mix_in = imax(mix_in, g->Hv * g->Dv);
+        } else if (L->attn_gate) {
+            nqkv_max = imax(nqkv_max, 2 * H * D + 2 * Hkv * D);
+            mix_max = imax(mix_max, 2 * H * D + Hkv * D);
+        }
     }
-    const int kmax = imax(imax(hidden, qd_max), imax(f_max, w)), act_max = imax(f_max, w);
+    const int kmax = imax(imax(imax(hidden, qd_max), imax(f_max, w)), mix_in), act_max = imax(f_max, w);
     const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
-                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max);
+                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max + mix_max);
     size_t bytes = floats * 4 + (size_t)T * qd_max * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
                    (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
@@ -217,7 +246,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv_max, *gu = o + (size_t)T * hidden;
     float *act = gu + (size_t)T * 2 * f_max, *gp = act + (size_t)T * act_max;
     float *vk = gp + (size_t)T * 2 * w; /* V = K's copy (k_eq_v layers) */
-    float *cs = vk + (size_t)T * kvd_max, *sn = cs + (size_t)T * half;
+    float *mix = vk + (size_t)T * kvd_max; /* Qwen3.5's: a mixer's scratch and output, or gated q, k and output */
+    float *cs = mix + (size_t)T * mix_max, *sn = cs + (size_t)T * half;
     float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half_l : sn;
     float *da = (local ? sn_l + (size_t)T * half_l : sn + (size_t)T * half);
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
@@ -241,26 +271,47 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *L = m->layers + i;
         const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
-        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D, nqkv = qd + (L->k_eq_v ? 1 : 2) * kvd;
+        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D;
+        const int nqkv = (L->attn_gate ? 2 * qd : qd) + (L->k_eq_v ? 1 : 2) * kvd;
         const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
         char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
         char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
         qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
         MARK(P_QUANT);
+        if (L->mixer) { /* Gated DeltaNet in place of the attention: in_proj, the mixer, out_proj */
+            const gdn_layer_t *g = L->mixer;
+            const int np = weight_rows(&L->qkv), vd = g->Hv * g->Dv;
+            matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
+            MARK(P_QKV);
+            qmm_gdn_mix(g, pools->recurrent, T, qkv, np, mix + (size_t)T * vd, mix);
+            MARK(P_ATTN);
+            qmm_quantize(mix, 0, vd, T, vd, qa, da, sa);
+            matmul(&L->o, vd, qa, da, sa, T, o);
+            MARK(P_O);
+            goto mixed;
+        }
         matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
         if (pools->lora && qmm_lora_add(pools->lora, i, 0, h, m->act_bf16, hidden, T, hidden, qkv, nqkv, nqkv)) goto oom;
         if (L->qkv_bias)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
         MARK(P_QKV);
-        float *v = qkv + qd + kvd;
-        int64_t ldv = nqkv;
+        float *v = qkv + qd + kvd, *qin = qkv, *kin = qkv + qd;
+        int64_t ldv = nqkv, ldq = nqkv, ldk = nqkv;
         if (L->k_eq_v && kvd) { /* V is K before its norm and RoPE */
             for (int t = 0; t < T; t++) memcpy(vk + (size_t)t * kvd, qkv + (size_t)t * nqkv + qd, sizeof(float) * kvd);
             v = vk;
             ldv = kvd;
         }
-        if (L->q_norm)
+        if (L->attn_gate) { /* [q | gate] per head: q and k normed into rows of their own */
+            qin = mix;
+            kin = mix + (size_t)T * qd;
+            qmm_head_rms_norm(qkv, nqkv, 2 * D, 0, 0, 0, T, H, D, L->q_norm, m->eps, qin);
+            qmm_head_rms_norm(qkv + 2 * qd, nqkv, D, 0, 0, 0, T, Hkv, D, L->k_norm, m->eps, kin);
+            v = qkv + 2 * qd + kvd;
+            ldq = qd;
+            ldk = kvd;
+        } else if (L->q_norm)
             for (int t = 0; t < T; t++) {
                 norm_in_place(qkv + (size_t)t * nqkv, D, H, D, L->q_norm, m->eps);
                 if (!L->shared) norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
@@ -269,7 +320,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             for (int t = 0; t < T; t++) norm_in_place(v + (size_t)t * ldv, D, Hkv, D, L->v_norm, m->eps);
         MARK(P_NORM);
         /* a KV-shared layer rotates its q alone (no K/V heads: nothing written) */
-        qmm_rope_write_kv_fmt(qkv, qkv + qd, v, 0, nqkv, nqkv, ldv, L->local_rope ? cs_l : cs,
+        qmm_rope_write_kv_fmt(qin, kin, v, 0, ldq, ldk, ldv, L->local_rope ? cs_l : cs,
                               L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H,
                               L->shared ? 0 : Hkv, D, q, q_bf16);
         MARK(P_ROPE);
@@ -296,11 +347,18 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
                                      pools->table_stride[pl], row_seq, lo, len, m->scale, q);
         }
         MARK(P_ATTN);
-        qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
+        if (L->attn_gate) { /* the output times sigmoid(gate), in float32 */
+            float *gated = mix + (size_t)T * (qd + kvd);
+            qmm_sigmoid_gate(q, q_bf16, qkv + D, nqkv, 2 * D, T, H, D, gated);
+            qmm_quantize(gated, 0, qd, T, qd, qa, da, sa);
+        } else {
+            qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
+        }
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
         if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
         MARK(P_O);
+    mixed:
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
         MARK(P_NORM);
