@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
 from edgeserve.kernels.cpu_native import BlockWeight, library
 from edgeserve.registry import resolve
 from encoder_gguf import write_encoder_gguf
@@ -81,7 +82,10 @@ def test_f16_matrices_multiply_in_bf16_where_the_cpu_has_bf16_dots(tmp_path, mon
     fast = _load_auto(path, monkeypatch, {"avx2", "avx512_bf16"})
     plain = _load_auto(path, monkeypatch, {"avx2"})  # an AVX2-only CPU: torch's bfloat16 GEMM is slow there
     exact = _load(path, monkeypatch, True)  # dtype float32 asked for
-    assert fast.model.w[q].dtype == torch.bfloat16
+    if bf16_library() is not None:  # this CPU runs the native bfloat16 kernel (AVX-512 BF16)
+        assert isinstance(fast.model.w[q], Bf16Weight) and fast.on_native_pool
+    else:
+        assert fast.model.w[q].dtype == torch.bfloat16
     assert plain.model.w[q].dtype == torch.float32 and exact.model.w[q].dtype == torch.float32
     assert fast.model.w["embeddings.LayerNorm.weight"].dtype == torch.float32  # only the layer matrices
     seqs = [fast.encode(t)[0] for t in TEXTS]

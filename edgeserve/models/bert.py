@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.bf16_weight import Bf16Weight
 from edgeserve.kernels.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
@@ -142,6 +143,8 @@ class BertEncoder(torch.nn.Module):
                 y = F.linear(x.to(w.dtype), w).to(x.dtype)
                 return y if b is None else y + b
             return F.linear(x, w, b)
+        if isinstance(w, Bf16Weight):  # a 16-bit GGUF matrix on the native bfloat16 kernel, the bias added there
+            return w.matmul(x, b).to(x.dtype)
         return linear(x, w, b).to(x.dtype)  # a GGUF block weight: the native quantized matmul (float32 out)
 
     def _token_types(self, token_type_ids: torch.Tensor | None) -> torch.Tensor:
