@@ -92,3 +92,18 @@ def test_f16_matrices_multiply_in_bf16_where_the_cpu_has_bf16_dots(tmp_path, mon
     got, want = fast.embed(seqs).numpy(), exact.embed(seqs).numpy()
     assert got.dtype == np.float32 and (got * want).sum(-1).min() > 0.9999
     np.testing.assert_array_equal(plain.embed(seqs).numpy(), want)
+
+
+def test_an_embedding_load_leaves_forwards_reusing_their_buffers(tmp_path, monkeypatch):
+    """Loading an encoder ends with glibc's step-buffer setting (as a text model's load does): a 512-token forward
+    otherwise mapped fresh pages for its attention and GELU outputs, thousands of page faults per request."""
+    from edgeserve import memory
+    from edgeserve.models.embedders import load_embedding_model
+
+    path = write_encoder_gguf(tmp_path / "q8.gguf", "bert", _bert_state(64, 1, 128), VOCAB, hidden=64, layers=1,
+                              heads=4, ffn=128, context=128, pooling_type=1, qtype="Q8_0")
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(memory, "_mallopt", lambda *settings: calls.extend(settings))
+    load_embedding_model(resolve(str(path)))
+    assert calls[-2:] == [(memory._M_MMAP_THRESHOLD, memory.STEP_MMAP_THRESHOLD),
+                          (memory._M_TRIM_THRESHOLD, memory.STEP_TRIM_THRESHOLD)]
