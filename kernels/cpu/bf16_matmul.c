@@ -34,7 +34,16 @@ void qmm_bf16_pack(const uint16_t *w, int64_t ldw, int N, int K, uint16_t *dst) 
     }
 }
 
-#if defined(QMM_AVX2) && defined(__x86_64__)
+/* compilers that know the AVX-512 BF16 intrinsics (GCC 10+, clang 9+); older ones build the refusing stubs */
+#if defined(__clang__)
+#define BF16_COMPILER (__clang_major__ >= 9)
+#elif defined(__GNUC__)
+#define BF16_COMPILER (__GNUC__ >= 10)
+#else
+#define BF16_COMPILER 0
+#endif
+
+#if defined(QMM_AVX2) && defined(__x86_64__) && BF16_COMPILER
 #include <immintrin.h>
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
