@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
                                                                  "layer.c", "moe.c", "gated_delta.c",
-                                                                 "attention_q8.c", "lora.c", "bf16_matmul.c")]
+                                                                 "attention_q8.c", "lora.c", "bf16_matmul.c",
+                                                                 "encoder_attention.c")]
 HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {

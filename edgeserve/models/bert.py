@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.bf16_weight import Bf16Weight
+from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
 from edgeserve.kernels.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
@@ -131,6 +132,8 @@ class BertEncoder(torch.nn.Module):
         self.cfg = cfg
         self.w = weights
         self.act = _ACTS[cfg.hidden_act]
+        # beside native matmuls, attention on the native pool too (torch's would run on one thread there)
+        self.attn_lib = attention_library(cfg.hidden_size // cfg.num_heads) if uses_native_pool(weights) else None
 
     def _ln(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.w[f"{name}.weight"], self.w[f"{name}.bias"],
@@ -175,17 +178,38 @@ class BertEncoder(torch.nn.Module):
         b, t = input_ids.shape
         x = self._embed(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, x.dtype)
-        heads, hd = c.num_heads, c.hidden_size // c.num_heads
+        lengths = prefix_lengths(attention_mask) if self.attn_lib is not None else None
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}"
-            q, k, v = (self._lin(x, f"{p}.attention.self.{n}").view(b, t, heads, hd).transpose(1, 2)
-                       for n in ("query", "key", "value"))
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            a = self._lin(a.transpose(1, 2).reshape(b, t, c.hidden_size), f"{p}.attention.output.dense")
+            q, k, v = (self._lin(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
+            a = self._lin(self._attend(q, k, v, mask, lengths), f"{p}.attention.output.dense")
             x = self._ln(a + x, f"{p}.attention.output.LayerNorm")
             h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
             x = self._ln(h + x, f"{p}.output.LayerNorm")
         return x
+
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                lengths: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q, k, v [batch, seq, hidden]: the native kernel where it runs (`lengths`: each row's
+        unpadded length), else torch's under the additive `mask`."""
+        if lengths is not None:
+            out = encoder_attention(q, k, v, lengths, self.cfg.num_heads, self.attn_lib)
+            if out is not None:
+                return out
+        b, t, hidden = q.shape
+        heads = self.cfg.num_heads
+        q, k, v = (y.view(b, t, heads, hidden // heads).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return a.transpose(1, 2).reshape(b, t, hidden)
+
+
+def prefix_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """Each row's token count when the 0/1 mask is right padding (ones, then zeros, at least one one), else None."""
+    lengths = attention_mask.sum(1)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    ok = bool((lengths > 0).all()) and torch.equal(attention_mask.bool(), positions < lengths[:, None])
+    return lengths if ok else None
 
 
 def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
