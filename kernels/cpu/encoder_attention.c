@@ -100,6 +100,7 @@ static inline __attribute__((always_inline)) void weigh(const float *p, int ls, 
                                                         const float *v, int64_t ld_v, int L, const float *inv,
                                                         float *const *orow) {
     __m512 acc[RB * 4];
+    if (nr > NR) nr = NR; /* (callers never pass more; tells the compiler every stored accumulator was set) */
     for (int i = 0; i < NR * DV; i++) acc[i] = _mm512_setzero_ps();
     for (int j = 0; j < L; j++) {
         const float *vj = v + (int64_t)j * ld_v;
