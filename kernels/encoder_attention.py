@@ -18,14 +18,15 @@ _bound: set[int] = set()
 def attention_library(head_dim: int, lib: Any = None) -> ctypes.CDLL | None:
     """The native library when it has the encoder attention kernel for `head_dim` (AVX-512 builds), else None."""
     lib = lib if lib is not None else library()
-    if lib is None or not hasattr(lib, "qmm_encoder_attention") or head_dim not in HEAD_DIMS:
+    if lib is None or not hasattr(lib, "qmm_encoder_attention_available") or head_dim not in HEAD_DIMS:
         return None
     if id(lib) not in _bound:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.qmm_encoder_attention.argtypes = [p, i64, p, i64, p, i64, i32, i32, i32, i32, p, ctypes.c_float, p, i64]
         lib.qmm_encoder_attention.restype = i32
+        lib.qmm_encoder_attention_available.argtypes, lib.qmm_encoder_attention_available.restype = [], i32
         _bound.add(id(lib))
-    return lib
+    return lib if lib.qmm_encoder_attention_available() else None
 
 
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, heads: int,

@@ -146,6 +146,8 @@ static void attend_task(void *ctx, int task) {
     }
 }
 
+int qmm_encoder_attention_available(void) { return 1; }
+
 int qmm_encoder_attention(const float *q, int64_t ld_q, const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                           int B, int T, int H, int D, const int32_t *lens, float scale, float *out, int64_t ld_o) {
     if (D != 32 && D != 64) return -1;
@@ -157,6 +159,8 @@ int qmm_encoder_attention(const float *q, int64_t ld_q, const float *k, int64_t 
 }
 
 #else
+
+int qmm_encoder_attention_available(void) { return 0; }
 
 int qmm_encoder_attention(const float *q, int64_t ld_q, const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                           int B, int T, int H, int D, const int32_t *lens, float scale, float *out, int64_t ld_o) {
