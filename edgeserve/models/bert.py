@@ -175,7 +175,6 @@ class BertEncoder(torch.nn.Module):
         """[batch, seq] ids and 0/1 mask (and segment ids, 0 when None) -> [batch, seq, hidden] states (padding
         positions are garbage)."""
         c = self.cfg
-        b, t = input_ids.shape
         x = self._embed(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, x.dtype)
         lengths = prefix_lengths(attention_mask) if self.attn_lib is not None else None
@@ -187,7 +186,6 @@ class BertEncoder(torch.nn.Module):
             h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
             x = self._ln(h + x, f"{p}.output.LayerNorm")
         return x
-
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
