@@ -55,6 +55,20 @@ class Bf16Weight:
         self.packed = torch.empty(lib.qmm_bf16_packed_size(self.out_features, self.in_features), dtype=torch.int16)
         lib.qmm_bf16_pack(w.data_ptr(), self.in_features, self.out_features, self.in_features, self.packed.data_ptr())
 
+    @classmethod
+    def stacked(cls, parts: list["Bf16Weight"]) -> "Bf16Weight":
+        """One weight of `parts` stacked along the output rows (a fused q/k/v): their packed panels joined where each
+        has a multiple of 32 rows (the packing's unit), else packed again from their values."""
+        if len({p.in_features for p in parts}) != 1:
+            raise ValueError(f"parts disagree on in_features: {sorted({p.in_features for p in parts})}")
+        if any(p.out_features % 32 for p in parts):
+            return cls(torch.cat([p.dequantize() for p in parts]), parts[0].lib)
+        fused = cls.__new__(cls)
+        fused.lib, fused.in_features = parts[0].lib, parts[0].in_features
+        fused.out_features = sum(p.out_features for p in parts)
+        fused.packed = torch.cat([p.packed for p in parts])
+        return fused
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)

@@ -55,3 +55,15 @@ def test_strided_and_bfloat16_inputs_give_the_same_result():
 def test_a_wrong_width_is_refused():
     with pytest.raises(ValueError, match="features"):
         Bf16Weight(torch.randn(8, 16)).matmul(torch.randn(2, 15))
+
+
+@pytest.mark.parametrize("rows", [(32, 64, 32), (40, 32, 8)])  # panels joined / packed again
+def test_stacked_weights_give_each_parts_bits(rows):
+    gen = torch.Generator().manual_seed(sum(rows))
+    parts = [Bf16Weight(torch.randn(n, 48, generator=gen)) for n in rows]
+    x = torch.randn(11, 48, generator=gen)
+    fused = Bf16Weight.stacked(parts)
+    assert fused.shape == (sum(rows), 48)
+    assert torch.equal(fused.matmul(x), torch.cat([p.matmul(x) for p in parts], dim=1))
+    with pytest.raises(ValueError, match="in_features"):
+        Bf16Weight.stacked([parts[0], Bf16Weight(torch.randn(32, 16))])

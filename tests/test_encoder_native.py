@@ -78,7 +78,7 @@ def _load_auto(path, monkeypatch, flags):
 def test_f16_matrices_multiply_in_bf16_where_the_cpu_has_bf16_dots(tmp_path, monkeypatch):
     path = write_encoder_gguf(tmp_path / "f16.gguf", "bert", _bert_state(64, 2, 128), VOCAB, hidden=64, layers=2,
                               heads=4, ffn=128, context=128, pooling_type=1, qtype="F16")
-    q = "encoder.layer.0.attention.self.query.weight"
+    q = "encoder.layer.0.attention.output.dense.weight"
     fast = _load_auto(path, monkeypatch, {"avx2", "avx512_bf16"})
     plain = _load_auto(path, monkeypatch, {"avx2"})  # an AVX2-only CPU: torch's bfloat16 GEMM is slow there
     exact = _load(path, monkeypatch, True)  # dtype float32 asked for
@@ -123,3 +123,26 @@ def test_f16_matrices_of_fused_encoders_in_bf16_match_float32(tmp_path, monkeypa
     seqs = [fast.encode(t)[0] for t in TEXTS]
     got, want = fast.embed(seqs).numpy(), exact.embed(seqs).numpy()
     assert (got * want).sum(-1).min() > 0.9995
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "F16"])
+def test_native_query_key_value_run_as_one_matmul_with_the_same_bits(tmp_path, monkeypatch, qtype):
+    from edgeserve.models import bert
+
+    sd = _bert_state(64, 2, 128)
+    gen = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(v.shape, generator=gen) * 0.1 if k.endswith("self.query.bias") or k.endswith("self.key.bias")
+          or k.endswith("self.value.bias") else v for k, v in sd.items()}  # (BERT's init leaves them zero)
+    path = write_encoder_gguf(tmp_path / f"{qtype}.gguf", "bert", sd, VOCAB, hidden=64,
+                              layers=2, heads=4, ffn=128, context=128, pooling_type=1, qtype=qtype)
+    fused = _load_auto(path, monkeypatch, {"avx2", "avx512_bf16"})
+    monkeypatch.setattr(bert, "fuse_qkv", lambda cfg, weights: None)
+    apart = _load_auto(path, monkeypatch, {"avx2", "avx512_bf16"})
+    p = "encoder.layer.1.attention.self"
+    if not fused.on_native_pool:  # F16 where the CPU lacks AVX-512 BF16: torch tensors, nothing to fuse
+        assert f"{p}.qkv.weight" not in fused.model.w
+        return
+    assert f"{p}.qkv.weight" in fused.model.w and f"{p}.query.weight" not in fused.model.w
+    assert f"{p}.query.weight" in apart.model.w and f"{p}.qkv.weight" not in apart.model.w
+    seqs = [fused.encode(t)[0] for t in TEXTS]
+    assert torch.equal(fused.embed(seqs), apart.embed(seqs))

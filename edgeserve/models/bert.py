@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.bf16_weight import Bf16Weight
+from edgeserve.kernels.cpu_native import BlockWeight
 from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
 from edgeserve.kernels.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
@@ -125,10 +126,14 @@ _ACTS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximat
 class BertEncoder(torch.nn.Module):
     """BERT's embeddings + post-LayerNorm transformer layers; forward gives the last hidden states."""
 
+    fuses_qkv = True  # whether forward reads a fused `attention.self.qkv` (subclasses with their own forward: no)
+
     def __init__(self, cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
         super().__init__()
         if cfg.hidden_act not in _ACTS:
             raise UnsupportedModelError(f"hidden_act {cfg.hidden_act!r} is not supported")
+        if self.fuses_qkv:
+            fuse_qkv(cfg, weights)
         self.cfg = cfg
         self.w = weights
         self.act = _ACTS[cfg.hidden_act]
@@ -180,7 +185,10 @@ class BertEncoder(torch.nn.Module):
         lengths = prefix_lengths(attention_mask) if self.attn_lib is not None else None
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}"
-            q, k, v = (self._lin(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
+            if f"{p}.attention.self.qkv.weight" in self.w:
+                q, k, v = self._lin(x, f"{p}.attention.self.qkv").split(c.hidden_size, dim=-1)
+            else:
+                q, k, v = (self._lin(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
             a = self._lin(self._attend(q, k, v, mask, lengths), f"{p}.attention.output.dense")
             x = self._ln(a + x, f"{p}.attention.output.LayerNorm")
             h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
@@ -200,6 +208,28 @@ class BertEncoder(torch.nn.Module):
         q, k, v = (y.view(b, t, heads, hidden // heads).transpose(1, 2) for y in (q, k, v))
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return a.transpose(1, 2).reshape(b, t, hidden)
+
+
+def fuse_qkv(cfg: EncoderConfig, weights: dict[str, Any]) -> None:
+    """Each layer's query, key and value matrices (and biases) replaced by one `attention.self.qkv` where all three
+    run on the native kernels (BlockWeight or Bf16Weight): one matmul, activation quantization and pool hand-over
+    instead of three; each output value is the same bits as from its own matrix."""
+    for i in range(cfg.num_layers):
+        p = f"encoder.layer.{i}.attention.self"
+        names = [f"{p}.{n}" for n in ("query", "key", "value")]
+        ws = [weights.get(f"{n}.weight") for n in names]
+        bs = [weights.get(f"{n}.bias") for n in names]
+        if any(b is None for b in bs):
+            continue
+        if all(isinstance(w, BlockWeight) for w in ws) and len({id(w.lib) for w in ws}) == 1:
+            fused: Any = BlockWeight([part for w in ws for part in w.parts], ws[0].lib)
+        elif all(isinstance(w, Bf16Weight) for w in ws):
+            fused = Bf16Weight.stacked(ws)
+        else:
+            continue
+        weights[f"{p}.qkv.weight"], weights[f"{p}.qkv.bias"] = fused, torch.cat(bs)
+        for n in names:
+            del weights[f"{n}.weight"], weights[f"{n}.bias"]
 
 
 def prefix_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:

@@ -53,6 +53,8 @@ def split_fused_up(cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None
 class JinaBertEncoder(BertEncoder):
     """jina-bert-v2's embeddings + post-LayerNorm ALiBi layers; forward gives the last hidden states."""
 
+    fuses_qkv = False  # its forward reads query / key / value (and their optional norms) apart
+
     def __init__(self, cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
         split_fused_up(cfg, weights)
         super().__init__(cfg, weights)
