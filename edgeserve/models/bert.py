@@ -23,6 +23,7 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.bf16_weight import Bf16Weight
 from edgeserve.kernels.cpu_native import BlockWeight
 from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.encoder_gelu import bias_gelu_, gelu_library
 from edgeserve.kernels.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
@@ -137,8 +138,11 @@ class BertEncoder(torch.nn.Module):
         self.cfg = cfg
         self.w = weights
         self.act = _ACTS[cfg.hidden_act]
-        # beside native matmuls, attention on the native pool too (torch's would run on one thread there)
-        self.attn_lib = attention_library(cfg.hidden_size // cfg.num_heads) if uses_native_pool(weights) else None
+        # beside native matmuls, attention and the up projection's GELU on the native pool too (torch's ops run on
+        # one thread there)
+        native = uses_native_pool(weights)
+        self.attn_lib = attention_library(cfg.hidden_size // cfg.num_heads) if native else None
+        self.gelu_lib = gelu_library() if native and cfg.hidden_act == "gelu" else None
 
     def _ln(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.w[f"{name}.weight"], self.w[f"{name}.bias"],
@@ -191,9 +195,19 @@ class BertEncoder(torch.nn.Module):
                 q, k, v = (self._lin(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
             a = self._lin(self._attend(q, k, v, mask, lengths), f"{p}.attention.output.dense")
             x = self._ln(a + x, f"{p}.attention.output.LayerNorm")
-            h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
+            h = self._lin(self._up_act(x, f"{p}.intermediate.dense"), f"{p}.output.dense")
             x = self._ln(h + x, f"{p}.output.LayerNorm")
         return x
+
+    def _up_act(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The activation of the feed-forward up projection `name`: its bias and GELU in one native pass in place
+        where that runs (a native matrix, erf GELU), else act(_lin)."""
+        w = self.w[f"{name}.weight"]
+        if self.gelu_lib is not None and not isinstance(w, torch.Tensor):
+            y = w.matmul(x)  # a BlockWeight or Bf16Weight: float32 rows, the bias not yet added
+            if bias_gelu_(y, self.w.get(f"{name}.bias"), self.gelu_lib):
+                return y.to(x.dtype)
+        return self.act(self._lin(x, name))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
