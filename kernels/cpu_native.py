@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
                                                                  "layer.c", "moe.c", "gated_delta.c",
-                                                                 "attention_q8.c", "lora.c")]
+                                                                 "attention_q8.c", "lora.c", "bf16_matmul.c",
+                                                                 "encoder_attention.c", "encoder_gelu.c")]
 HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
-                                                                 "gdn_layer.h")]
+                                                                 "gdn_layer.h", "simd_exp.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),

@@ -137,10 +137,11 @@ def test_every_variant_agrees_with_the_scalar_one():
 
 
 @pytest.mark.skipif(not {"avx2", "avx512vnni"} <= set(VARIANTS), reason="needs a CPU with AVX-512 VNNI")
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_vnni_k_quants_give_the_avx2_bits(qtype):
-    """The VNNI build's K-quant bands (dpbusd, 8 rows or 16 rows at a time) sum the same integers as the AVX2
-    build's maddubs, in any batch size: the same bits, so batch invariance holds across the 8- and 16-row passes."""
+    """The VNNI build's K-quant and Q8_0 bands (dpbusd, 8 rows or 16 rows at a time; Q8_0's weights offset to
+    unsigned and 128 x the activation sum taken off) sum the same integers as the AVX2 build's maddubs, in any batch
+    size: the same bits, so batch invariance holds across the 8- and 16-row passes."""
     gen = np.random.default_rng(9)
     w = random_blocks(qtype, 104, 768, gen)  # 13 bands: pairs of bands and a lone one
     x = torch.from_numpy(gen.standard_normal((37, 768)).astype(np.float32))

@@ -283,6 +283,16 @@ def test_real_minilm_gguf_matches_sentence_transformers(minilm_gguf, st_referenc
         assert _cos(got, st_reference).min() > min_cos, qtype
 
 
+def test_real_minilm_f16_in_bfloat16_matches_sentence_transformers(minilm_gguf, st_reference):
+    """dtype auto: the F16 matrices multiply in bfloat16 (the native kernel where the CPU has AVX-512 BF16, torch
+    where it has only other bfloat16 dots, float32 elsewhere), within the F16 file's bound."""
+    from edgeserve.models.gguf_encoder import load_gguf_encoder
+
+    lm = load_gguf_encoder(resolve(str(minilm_gguf["F16"])), dtype="auto")
+    got = lm.embed([lm.encode(t)[0] for t in TEXTS]).numpy()
+    assert _cos(got, st_reference).min() > 0.999
+
+
 def test_gguf_encoder_served(minilm_gguf, st_reference):
     with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(minilm_gguf["F32"]),),
                             keep_alive=None, dtype="float32")) as s, httpx.Client(base_url=s.url, timeout=120) as c:

@@ -20,6 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.bf16_weight import Bf16Weight
+from edgeserve.kernels.cpu_native import BlockWeight
+from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.encoder_gelu import bias_gelu_, gelu_library
 from edgeserve.kernels.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
@@ -123,13 +127,22 @@ _ACTS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximat
 class BertEncoder(torch.nn.Module):
     """BERT's embeddings + post-LayerNorm transformer layers; forward gives the last hidden states."""
 
+    fuses_qkv = True  # whether forward reads a fused `attention.self.qkv` (subclasses with their own forward: no)
+
     def __init__(self, cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
         super().__init__()
         if cfg.hidden_act not in _ACTS:
             raise UnsupportedModelError(f"hidden_act {cfg.hidden_act!r} is not supported")
+        if self.fuses_qkv:
+            fuse_qkv(cfg, weights)
         self.cfg = cfg
         self.w = weights
         self.act = _ACTS[cfg.hidden_act]
+        # beside native matmuls, attention and the up projection's GELU on the native pool too (torch's ops run on
+        # one thread there)
+        native = uses_native_pool(weights)
+        self.attn_lib = attention_library(cfg.hidden_size // cfg.num_heads) if native else None
+        self.gelu_lib = gelu_library() if native and cfg.hidden_act == "gelu" else None
 
     def _ln(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.w[f"{name}.weight"], self.w[f"{name}.bias"],
@@ -142,6 +155,8 @@ class BertEncoder(torch.nn.Module):
                 y = F.linear(x.to(w.dtype), w).to(x.dtype)
                 return y if b is None else y + b
             return F.linear(x, w, b)
+        if isinstance(w, Bf16Weight):  # a 16-bit GGUF matrix on the native bfloat16 kernel, the bias added there
+            return w.matmul(x, b).to(x.dtype)
         return linear(x, w, b).to(x.dtype)  # a GGUF block weight: the native quantized matmul (float32 out)
 
     def _token_types(self, token_type_ids: torch.Tensor | None) -> torch.Tensor:
@@ -169,20 +184,74 @@ class BertEncoder(torch.nn.Module):
         """[batch, seq] ids and 0/1 mask (and segment ids, 0 when None) -> [batch, seq, hidden] states (padding
         positions are garbage)."""
         c = self.cfg
-        b, t = input_ids.shape
         x = self._embed(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, x.dtype)
-        heads, hd = c.num_heads, c.hidden_size // c.num_heads
+        lengths = prefix_lengths(attention_mask) if self.attn_lib is not None else None
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}"
-            q, k, v = (self._lin(x, f"{p}.attention.self.{n}").view(b, t, heads, hd).transpose(1, 2)
-                       for n in ("query", "key", "value"))
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            a = self._lin(a.transpose(1, 2).reshape(b, t, c.hidden_size), f"{p}.attention.output.dense")
+            if f"{p}.attention.self.qkv.weight" in self.w:
+                q, k, v = self._lin(x, f"{p}.attention.self.qkv").split(c.hidden_size, dim=-1)
+            else:
+                q, k, v = (self._lin(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
+            a = self._lin(self._attend(q, k, v, mask, lengths), f"{p}.attention.output.dense")
             x = self._ln(a + x, f"{p}.attention.output.LayerNorm")
-            h = self._lin(self.act(self._lin(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
+            h = self._lin(self._up_act(x, f"{p}.intermediate.dense"), f"{p}.output.dense")
             x = self._ln(h + x, f"{p}.output.LayerNorm")
         return x
+
+    def _up_act(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The activation of the feed-forward up projection `name`: its bias and GELU in one native pass in place
+        where that runs (a native matrix, erf GELU), else act(_lin)."""
+        w = self.w[f"{name}.weight"]
+        if self.gelu_lib is not None and not isinstance(w, torch.Tensor):
+            y = w.matmul(x)  # a BlockWeight or Bf16Weight: float32 rows, the bias not yet added
+            if bias_gelu_(y, self.w.get(f"{name}.bias"), self.gelu_lib):
+                return y.to(x.dtype)
+        return self.act(self._lin(x, name))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                lengths: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q, k, v [batch, seq, hidden]: the native kernel where it runs (`lengths`: each row's
+        unpadded length), else torch's under the additive `mask`."""
+        if lengths is not None:
+            out = encoder_attention(q, k, v, lengths, self.cfg.num_heads, self.attn_lib)
+            if out is not None:
+                return out
+        b, t, hidden = q.shape
+        heads = self.cfg.num_heads
+        q, k, v = (y.view(b, t, heads, hidden // heads).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return a.transpose(1, 2).reshape(b, t, hidden)
+
+
+def fuse_qkv(cfg: EncoderConfig, weights: dict[str, Any]) -> None:
+    """Each layer's query, key and value matrices (and biases) replaced by one `attention.self.qkv` where all three
+    run on the native kernels (BlockWeight or Bf16Weight): one matmul, activation quantization and pool hand-over
+    instead of three; each output value is the same bits as from its own matrix."""
+    for i in range(cfg.num_layers):
+        p = f"encoder.layer.{i}.attention.self"
+        names = [f"{p}.{n}" for n in ("query", "key", "value")]
+        ws = [weights.get(f"{n}.weight") for n in names]
+        bs = [weights.get(f"{n}.bias") for n in names]
+        if any(b is None for b in bs):
+            continue
+        if all(isinstance(w, BlockWeight) for w in ws) and len({id(w.lib) for w in ws}) == 1:
+            fused: Any = BlockWeight([part for w in ws for part in w.parts], ws[0].lib)
+        elif all(isinstance(w, Bf16Weight) for w in ws):
+            fused = Bf16Weight.stacked(ws)
+        else:
+            continue
+        weights[f"{p}.qkv.weight"], weights[f"{p}.qkv.bias"] = fused, torch.cat(bs)
+        for n in names:
+            del weights[f"{n}.weight"], weights[f"{n}.bias"]
+
+
+def prefix_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """Each row's token count when the 0/1 mask is right padding (ones, then zeros, at least one one), else None."""
+    lengths = attention_mask.sum(1)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    ok = bool((lengths > 0).all()) and torch.equal(attention_mask.bool(), positions < lengths[:, None])
+    return lengths if ok else None
 
 
 def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

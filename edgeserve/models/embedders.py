@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from edgeserve.memory import load_allocations
+
 
 def gguf_kind(metadata: Mapping[str, Any]) -> str | None:
     """What a GGUF serves besides text: "rerank" (pooling type rank), "embedding" (an encoder, or a decoder whose
@@ -46,6 +48,7 @@ def is_embedding_source(source: Any) -> bool:
     return source.kind == "hf" and folder_kind(source.path) is not None
 
 
+@load_allocations()  # as load_model: the load's temporaries back to the OS, then each forward reuses its buffers' pages
 def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", max_len: int | None = None) -> Any:
     """Load an embedding model or reranker (the LoadedEncoder interface); `max_len` caps a decoder's context."""
     from edgeserve.models.bert import is_encoder_folder, load_encoder

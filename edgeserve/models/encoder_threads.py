@@ -68,10 +68,12 @@ SMALL_BATCH_TOKENS = 256  # a padded batch under this many tokens runs torch's o
 
 
 def uses_native_pool(weights: dict[str, Any]) -> bool:
-    """Whether some of an encoder's layer matrices run on the native kernels' thread pool."""
+    """Whether some of an encoder's layer matrices run on the native kernels' thread pool (quantized blocks, or
+    16-bit matrices on the native bfloat16 kernel)."""
+    from edgeserve.kernels.bf16_weight import Bf16Weight
     from edgeserve.kernels.cpu_native import BlockWeight
 
-    return any(isinstance(w, BlockWeight) for w in weights.values())
+    return any(isinstance(w, (BlockWeight, Bf16Weight)) for w in weights.values())
 
 
 def encoder_threads(native: bool, tokens: int) -> int | None:

@@ -7,7 +7,8 @@ dequantized to the run dtype, except the layers' quantized matrices: on the CPU 
 and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. A layer matrix stored
 F16 or BF16 is multiplied in bfloat16 (float32 around it) where the CPU has bfloat16 dot products (avx512_bf16 /
 amx_bf16) and the dtype is auto: about half the CPU time of torch's float32 GEMM there (docs/PERFORMANCE.md), and
-within the 16-bit file's own rounding (exact float32 on request: `--dtype float32`). The tokenizer comes from
+within the 16-bit file's own rounding (exact float32 on request: `--dtype float32`); with AVX-512 BF16 on the
+native kernel (kernels/bf16_weight.py Bf16Weight, the native pool's threads), else in torch. The tokenizer comes from
 the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
 (mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are
 L2-normalized.
@@ -23,6 +24,7 @@ from typing import Any, Mapping
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
 from edgeserve.kernels.cpu_native import BlockWeight, cpu_flags, library
 from edgeserve.loaders.gguf_weights import gguf_blocks
 from edgeserve.models.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
@@ -105,23 +107,30 @@ def read_weights(gguf: Any, device: torch.device, dtype: torch.dtype, half_dtype
                  ) -> dict[str, Any]:
     """Every tensor an encoder uses, renamed onto `device`: a layer's matrix stored in a block format the native
     CPU kernels take (Q8_0, Q4_K, ...) stays in its blocks as a BlockWeight when those kernels run here; one stored
-    F16 / BF16 becomes `half_dtype` when given; the rest (embeddings, norms, biases, F32 matrices, the classifier
-    head) is dequantized to `dtype`."""
+    F16 / BF16 becomes `half_dtype` when given (bfloat16: a Bf16Weight on the native kernel where this CPU runs it,
+    else a torch tensor); the rest (embeddings, norms, biases, F32 matrices, the classifier head) is dequantized to
+    `dtype`."""
     weights: dict[str, Any] = {}
     lib = native_library(device)
+    bf16_lib = bf16_library(lib) if lib is not None and half_dtype == torch.bfloat16 else None
     for name in gguf.tensor_names():
         target = encoder_name(name)
         if target is None:
             continue
-        blocks, load_dtype = None, dtype
+        blocks, load_dtype, half = None, dtype, False
         if target.startswith("encoder.layer.") and target.endswith(".weight"):
             info = gguf.tensor_info(name)
             matrix = len(info.shape) == 2
             blocks = gguf_blocks(gguf, name) if lib is not None and matrix and info.qtype not in DENSE else None
-            if half_dtype is not None and matrix and info.qtype in HALF:
+            half = half_dtype is not None and matrix and info.qtype in HALF
+            if half:
                 load_dtype = half_dtype
-        weights[target] = (BlockWeight([blocks], lib) if blocks is not None
-                           else gguf.load_tensor(name, load_dtype).to(device))
+        if blocks is not None:
+            weights[target] = BlockWeight([blocks], lib)
+        elif half and bf16_lib is not None:
+            weights[target] = Bf16Weight(gguf.load_tensor(name, torch.bfloat16), bf16_lib)
+        else:
+            weights[target] = gguf.load_tensor(name, load_dtype).to(device)
     for needed in ("embeddings.word_embeddings.weight", "embeddings.LayerNorm.weight"):
         if needed not in weights:
             raise ModelLoadError(f"{gguf.path}: tensor for {needed!r} missing; not a BERT-family GGUF")

@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from edgeserve.kernels.bf16_weight import Bf16Weight
 from edgeserve.models.bert import BertEncoder, EncoderConfig
 
 MAX_ALIBI_BIAS = 8.0
@@ -37,9 +38,13 @@ def split_fused_up(cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None
         up = weights.get(f"{p}.dense.weight")
         if f"{p}.gate.weight" in weights or up is None or up.shape[0] != 2 * cfg.intermediate_size:
             continue
-        if not isinstance(up, torch.Tensor):  # a native block weight: its rows are interleaved, split the floats
-            up = up.dequantize().to(weights["embeddings.LayerNorm.weight"].dtype)
-        weights[f"{p}.gate.weight"], weights[f"{p}.dense.weight"] = up.chunk(2, dim=0)
+        if isinstance(up, Bf16Weight):  # a 16-bit matrix on the native bfloat16 kernel: two of them
+            gate, dense = (Bf16Weight(h, up.lib) for h in up.dequantize().chunk(2, dim=0))
+        else:
+            if not isinstance(up, torch.Tensor):  # a native block weight: its rows are interleaved, split the floats
+                up = up.dequantize().to(weights["embeddings.LayerNorm.weight"].dtype)
+            gate, dense = up.chunk(2, dim=0)
+        weights[f"{p}.gate.weight"], weights[f"{p}.dense.weight"] = gate, dense
         bias = weights.get(f"{p}.dense.bias")
         if bias is not None:
             weights[f"{p}.gate.bias"], weights[f"{p}.dense.bias"] = bias.chunk(2, dim=0)
@@ -47,6 +52,8 @@ def split_fused_up(cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None
 
 class JinaBertEncoder(BertEncoder):
     """jina-bert-v2's embeddings + post-LayerNorm ALiBi layers; forward gives the last hidden states."""
+
+    fuses_qkv = False  # its forward reads query / key / value (and their optional norms) apart
 
     def __init__(self, cfg: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
         split_fused_up(cfg, weights)
