@@ -6,7 +6,8 @@
    optionally, their own K/V pool). Gemma 4 adds per-layer head sizes, K/V heads and MLP widths, a weightless V
    norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
    GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
-   the MLP's residual add and before the next layer's norm.
+   the MLP's residual add and before the next layer's norm. A Mixture-of-Experts layer (layer_t.moe) runs
+   moe_layer.c's whole feed-forward where the dense MLP would.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -43,12 +44,15 @@ void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
 /* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
 int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
                   float *out, int64_t ldo, int N);
+/* moe_layer.c: a whole MoE feed-forward (`moe`: its moe_t) */
+int qmm_moe_forward(const void *moe, int T, const void *h, int h_bf16, int64_t ldh, const float *route_w,
+                    const int32_t *route_ids, int with_shared, float *out);
 
 enum { MAX_PARTS = 4 };
 
 /* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
-enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_SECTIONS };
+enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_MOE, P_SECTIONS };
 #if defined(QMM_PROFILE)
 #include <time.h>
 int64_t qmm_profile_ns[P_SECTIONS];
@@ -304,21 +308,27 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
         MARK(P_NORM);
-        qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
-        MARK(P_QUANT);
-        matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
-        if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F)) goto oom;
-        MARK(P_GATE_UP);
-        if (m->gelu)
-            qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-        else
-            qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-        MARK(P_SILU);
-        qmm_quantize(act, 0, F, T, F, qa, da, sa);
-        MARK(P_QUANT);
-        matmul(&L->down, F, qa, da, sa, T, o);
-        if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
-        MARK(P_DOWN);
+        if (L->moe) { /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of the dense MLP */
+            if (qmm_moe_forward(L->moe, T, h, m->act_bf16, hidden, 0, 0, 1, o)) goto oom;
+            MARK(P_MOE);
+        } else {
+            qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
+            MARK(P_QUANT);
+            matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
+            if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F))
+                goto oom;
+            MARK(P_GATE_UP);
+            if (m->gelu)
+                qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+            else
+                qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+            MARK(P_SILU);
+            qmm_quantize(act, 0, F, T, F, qa, da, sa);
+            MARK(P_QUANT);
+            matmul(&L->down, F, qa, da, sa, T, o);
+            if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
+            MARK(P_DOWN);
+        }
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         if (L->ple_gate.n_parts || L->out_scale != 0.0f) { /* Gemma 4: more after the MLP's residual add */
             for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
