@@ -1,0 +1,120 @@
+"""A MoE model's step three ways in one process, on one copy of the weights: the per-op path as main had it (torch
+router, ExpertGroups, BlockExperts.grouped, torch slot sum), the per-op path with the one-call native MoE layer
+(kernels/cpu/moe_layer.c), and the whole fused native stack (kernels/cpu/layer.c with layer_t.moe).
+
+Fills a paged pool with B sequences of `--context` tokens, then times blocks of decode steps (forward + logits) at
+each batch, the sides taking turns (rotating order per block, a pause between blocks); then prompt chunks of
+`--prefill` tokens (forward only). Prints per side the median (ms) and the ratios against main's per-op path, as
+JSON, and checks that the fused and per-op native steps give the same logits bit for bit.
+
+    OMP_NUM_THREADS=2 python benchmarks/moe_fused_ab.py -m /work/models/qwen3-30b-a3b-24layers-q4km.gguf \\
+        [--batch 1,8] [--context 64] [--prefill 256] [--blocks 8] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+SIDES = ("main per-op", "per-op native moe", "fused")
+
+
+def set_side(model, side: str) -> None:
+    """Point the model at one side's path."""
+    model._native = False if side == "fused" else None
+    for layer in model.layers:
+        if layer.moe is not None:
+            layer.moe._native = None if side == "main per-op" else False
+
+
+def timed(fn, blocks: int, steps: int, clock) -> dict[str, list[float]]:
+    """Per side, the times (ms) of `steps - 1` calls of fn(side) per block (the first call of a block untimed)."""
+    times: dict[str, list[float]] = {s: [] for s in SIDES}
+    for blk in range(blocks):
+        order = SIDES[blk % 3:] + SIDES[:blk % 3]
+        for side in order:
+            time.sleep(0.05)  # the pool's workers go to sleep between sides
+            fn(side)
+            for _ in range(steps - 1):
+                t = clock()
+                fn(side)
+                times[side].append((clock() - t) * 1e3)
+    return times
+
+
+def summary(times: dict[str, list[float]]) -> dict:
+    med = {s: statistics.median(v) for s, v in times.items()}
+    base = med["main per-op"]
+    return {"median_ms": {s: round(v, 2) for s, v in med.items()},
+            "speedup_vs_main_per_op": {s: round(base / v, 3) for s, v in med.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=256, help="prompt chunk (tokens) to time; 0: none")
+    ap.add_argument("--blocks", type=int, default=8, help="timed blocks per side and batch")
+    ap.add_argument("--steps", type=int, default=4, help="steps per block (the first one is not timed)")
+    args = ap.parse_args()
+
+    import torch
+
+    from edgeserve import LLM
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+
+    clock = time.perf_counter
+    model = LLM(args.model, kv_cache_gb=0.05).lm.model
+    set_side(model, "fused")
+    assert model.native_decoder() is not None, "this model does not take the fused native stack here"
+    block = 16
+    batches = [int(x) for x in args.batch.split(",")]
+    per_seq = -(-(max(args.context, args.prefill) + 2) // block)
+    result: dict = {"model": args.model, "context": args.context, "threads": cpu_native.threads(), "decode": {}}
+    for b in batches:
+        tables = [[i * per_seq + j for j in range(per_seq)] for i in range(b)]
+        p = args.context
+        ids = torch.randint(100, 1000, (b * p,))
+        pos = torch.arange(p).repeat(b)
+        slots = [tables[i][q // block] * block + q % block for i in range(b) for q in range(p)]
+        pool = KVPool(model.config, b * per_seq, block, model.dtype)
+        set_side(model, "fused")
+        model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([p] * b, [p] * b, tables, slots)))
+        step_slots = [tables[i][p // block] * block + p % block for i in range(b)]
+        step_ids, step_pos = torch.randint(100, 1000, (b,)), torch.full((b,), p)
+
+        def step(side: str) -> torch.Tensor:
+            set_side(model, side)
+            meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
+            return model.logits(model.forward(step_ids, step_pos, PagedKVAttention(pool, meta)))
+
+        outs = {s: step(s) for s in SIDES}
+        result["decode"][b] = {**summary(timed(step, args.blocks, args.steps, clock)),
+                               "fused_equals_per_op_native": torch.equal(outs["fused"], outs["per-op native moe"])}
+        print(json.dumps({f"decode b{b}": result["decode"][b]}), flush=True)
+        del pool
+    if args.prefill:
+        n = args.prefill
+        table = [list(range(per_seq))]
+        pool = KVPool(model.config, per_seq, block, model.dtype)
+        ids, pos = torch.randint(100, 1000, (n,)), torch.arange(n)
+        slots = [table[0][q // block] * block + q % block for q in range(n)]
+
+        def chunk(side: str) -> torch.Tensor:
+            set_side(model, side)
+            return model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([n], [n], table, slots)))
+
+        outs = {s: chunk(s) for s in SIDES}
+        result["prefill"] = {"tokens": n, **summary(timed(chunk, max(2, args.blocks // 2), 2, clock)),
+                             "fused_equals_per_op_native": torch.equal(outs["fused"], outs["per-op native moe"])}
+        print(json.dumps({f"prefill {n}": result["prefill"]}), flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
