@@ -46,7 +46,9 @@ class Layer(ctypes.Structure):
                 ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
                 ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
                 # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
-                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p)]
+                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
+                # gpt-oss's attention sinks and o_proj bias; NULL elsewhere
+                ("sinks", ctypes.c_void_p), ("o_bias", ctypes.c_void_p)]
 
 
 class Decoder(ctypes.Structure):
@@ -105,16 +107,18 @@ class NativeDecoder:
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
-        """The fused plan for a LlamaModel or GemmaModel, or None when some part of it does not fit the native
-        stack (a weight not in block formats or with too many parts, a Mixture-of-Experts feed-forward that
-        moe_layer.c does not take (kernels.cpu_decoder_moe), attention sinks, attention-logit soft-capping, a head size the kernels do not take, float32 compute, or the native kernels off)."""
+        """The fused plan for a LlamaModel, GemmaModel, MoEModel or GptOssModel, or None when some part of it does
+        not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
+        feed-forward that moe_layer.c does not take (kernels.cpu_decoder_moe), attention-logit soft-capping, a head
+        size the kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
         layers = model.layers
         lib = cpu_native.library()
         if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
             return None
-        if getattr(model, "sinks", None):
-            return None  # attention sinks run on the per-op path
+        sinks = getattr(model, "sinks", None)  # gpt-oss's, with its o_proj biases (GptOssModel)
+        if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
+            return None
         moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a dense MLP)
         if moe is None:
             return None
@@ -127,7 +131,8 @@ class NativeDecoder:
             return None
         if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
             return None  # Granite's residual multiplier, OLMo 2's block: the per-op path runs them
-        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") else []
+        # the models whose per-op path attends over their sliding windows: Gemma's, gpt-oss
+        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") or sinks is not None else []
         windowed = any(w is not None for w in windows)
         if (windowed or c.activation == "gelu_tanh" or c.rope_layers is not None) \
                 and not hasattr(lib, "qmm_paged_attention_from"):
@@ -164,6 +169,8 @@ class NativeDecoder:
                              int(local_layers[i] and local is not None))
             if not dense_mlp:
                 array[i].moe = moe[i].address()
+            if sinks is not None:
+                array[i].sinks, array[i].o_bias = ptr(sinks[i]), ptr(model.o_biases[i])
         scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",

@@ -3,8 +3,8 @@ capability check.
 
 A MoE layer enters the stack as a pointer to its moe_layer.c struct (layer_t.moe, kernels.cpu_moe_layer's
 NativeMoE), which layer.c runs where a dense layer runs its MLP; the per-op path (models.moe.MoELayer on the CPU)
-runs the same struct, so the two agree bit for bit. Qwen3 MoE runs this way; gpt-oss's attention sinks keep it
-on the per-op path (kernels.cpu_decoder declines models with sinks).
+runs the same struct, so the two agree bit for bit. Qwen3 MoE and gpt-oss run this way (gpt-oss's attention
+sinks, o_proj biases and sliding layers are layer_t fields kernels.cpu_decoder fills).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
    norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
    GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
    the MLP's residual add and before the next layer's norm. A Mixture-of-Experts layer (layer_t.moe) runs
-   moe_layer.c's whole feed-forward where the dense MLP would.
+   moe_layer.c's whole feed-forward where the dense MLP would; gpt-oss adds attention sinks and an o_proj bias.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -38,6 +38,10 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
                            int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
                            const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
                            float scale, void *out);
+void qmm_paged_attention_sinks(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                               int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                               const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len,
+                               const float *sinks, float scale, void *out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
@@ -104,6 +108,9 @@ typedef struct {
     /* seams for the layer kinds beside attention + dense MLP (NULL: not this kind) */
     const void *moe;   /* a Mixture-of-Experts feed-forward in place of gate_up / down (moe.c) */
     const void *mixer; /* a linear-attention (Gated DeltaNet) layer in place of the attention (gated_delta.c) */
+    /* gpt-oss (NULL elsewhere) */
+    const float *sinks;  /* per-head attention sinks [H]: an extra logit in each head's softmax denominator */
+    const float *o_bias; /* o_proj's bias [hidden] */
 } layer_t;
 
 typedef struct {
@@ -146,6 +153,15 @@ static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da,
 }
 
 static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* f rounded to bfloat16 (nearest even) and back */
+static inline float round_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1)) & 0xffff0000u;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* x [T, N] float32 (rows ldx apart, the first N of each) := rms_norm(x) * weight, row by row in place */
 static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weight, float eps) {
@@ -291,10 +307,13 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         }
         if (q8) {
             if (qmm_paged_attention_q8(q, q_bf16, T, H, D, kc, vc, block_size, Hkv, pools->tables[pl],
-                                       pools->table_stride[pl], row_seq, lo, len, 0, m->scale, q)) {
+                                       pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q)) {
                 free(mem);
                 return -1;
             }
+        } else if (L->sinks) {
+            qmm_paged_attention_sinks(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+                                      pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q);
         } else {
             qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
                                      pools->table_stride[pl], row_seq, lo, len, m->scale, q);
@@ -303,6 +322,10 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
+        if (L->o_bias) /* in the attention output's dtype, as the per-op path casts it */
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < hidden; j++)
+                    o[(size_t)t * hidden + j] += q_bf16 ? round_bf16(L->o_bias[j]) : L->o_bias[j];
         if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
         MARK(P_O);
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
