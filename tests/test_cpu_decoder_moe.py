@@ -25,6 +25,7 @@ from edgeserve.models.moe_decoder import MoEModel
 
 pytest.importorskip("transformers")
 from test_cpu_decoder import STEPS, _native_on, run_steps  # noqa: E402,F401  (the fixture keeps the kernels on)
+import test_gpt_oss  # noqa: E402
 from test_gpt_oss import hf_gpt_oss, load_ours  # noqa: E402
 from test_qwen3_moe import VOCAB, hf_moe, write_moe_gguf  # noqa: E402
 from test_window_blocks import engine, generate  # noqa: E402
@@ -100,28 +101,51 @@ def test_moe_engine_tokens_are_the_same_fused_and_per_op_chunked_and_whole(tmp_p
     assert whole == outputs[0][:1]  # the default engine above took the 37-token prompt in chunks of 16
 
 
-def gpt_oss(tmp_path: Path):
-    """The tiny gpt-oss as a GGUF with MXFP4 experts and Q8_0 matrices, at the CPU serving dtype."""
+def wide_gpt_oss():
+    """test_gpt_oss's tiny model with heads 32 wide (a q8_0 KV pool's smallest)."""
+    t = test_gpt_oss
+    torch.manual_seed(0)
+    cfg = t.transformers.GptOssConfig(
+        vocab_size=t.VOCAB, hidden_size=t.HIDDEN, intermediate_size=t.FFN, num_hidden_layers=t.LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=t.EXPERTS,
+        num_experts_per_tok=t.TOP_K, sliding_window=t.WINDOW, max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_parameters=dict(t.YARN), tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    model = t.transformers.GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name or "router" in name else (1.0 if "sinks" in name else 0.15))
+    return model
+
+
+def gpt_oss(tmp_path: Path, wide: bool = False):
+    """The tiny gpt-oss (heads 32 wide when `wide`) as a GGUF with MXFP4 experts and Q8_0 matrices, at the CPU
+    serving dtype."""
     if "MXFP4" not in cpu_native.FORMATS:
         pytest.skip("MXFP4 not in this build")
-    model = load_ours("gguf", hf_gpt_oss(), tmp_path, torch.bfloat16, expert_qtype="MXFP4", matrix_qtype="Q8_0")
+    hf = wide_gpt_oss() if wide else hf_gpt_oss()
+    model = load_ours("gguf", hf, tmp_path, torch.bfloat16, expert_qtype="MXFP4", matrix_qtype="Q8_0")
     assert all(isinstance(layer.moe.gate_up, BlockExperts) for layer in model.layers)
     return model
 
 
-def test_gpt_oss_fused_stack_equals_the_per_op_path(tmp_path):
-    model = gpt_oss(tmp_path)
+@pytest.mark.parametrize("kv", ["model", "q8_0"])
+def test_gpt_oss_fused_stack_equals_the_per_op_path(tmp_path, kv):
+    from edgeserve.engine.kv_format import Q8_0
+
+    model = gpt_oss(tmp_path, wide=kv == "q8_0")
     plan = model.native_decoder()
     assert isinstance(plan, NativeDecoder) and plan.windowed and plan.min_window == 4
     assert all(plan.layers[i].sinks and plan.layers[i].o_bias for i in range(model.config.num_layers))
-    fused, fused_pool = run_steps(model, True, STEPS)  # sequences of up to 42 positions: far past the window
-    per_op, per_op_pool = run_steps(model, False, STEPS)
+    pool_kind = None if kv == "model" else Q8_0  # q8_0: float32 queries and attention output, the sinks in its kernel
+    fused, fused_pool = run_steps(model, True, STEPS, kv=pool_kind)  # up to 42 positions: far past the window
+    per_op, per_op_pool = run_steps(model, False, STEPS, kv=pool_kind)
     for step, (a, b) in enumerate(zip(fused, per_op)):
         assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
     assert torch.equal(fused_pool.k, per_op_pool.k) and torch.equal(fused_pool.v, per_op_pool.v)
     model.sinks = [s * 0 for s in model.sinks]  # the sinks reach the stack: without them, other states
     try:
-        changed, _ = run_steps(model, True, STEPS[:1])
+        changed, _ = run_steps(model, True, STEPS[:1], kv=pool_kind)
     finally:
         model._native = False
     assert not torch.equal(changed[0], fused[0])
