@@ -4,7 +4,8 @@ router, ExpertGroups, BlockExperts.grouped, torch slot sum), the per-op path wit
 
 Fills a paged pool with B sequences of `--context` tokens, then times blocks of decode steps (forward + logits) at
 each batch, the sides taking turns (rotating order per block, a pause between blocks); then prompt chunks of
-`--prefill` tokens (forward only). Prints per side the median (ms) and the ratios against main's per-op path, as
+`--prefill` tokens (forward only). Torch's intra-op threads are set as the engine's model runner sets them (1 for a
+step of at most SMALL_STEP_ROWS rows). Prints per side the median (ms) and the ratios against main's per-op path, as
 JSON, and checks that the fused and per-op native steps give the same logits bit for bit.
 
     OMP_NUM_THREADS=2 python benchmarks/moe_fused_ab.py -m /work/models/qwen3-30b-a3b-24layers-q4km.gguf \\
@@ -29,18 +30,23 @@ def set_side(model, side: str) -> None:
             layer.moe._native = None if side == "main per-op" else False
 
 
-def timed(fn, blocks: int, steps: int, clock) -> dict[str, list[float]]:
-    """Per side, the times (ms) of `steps - 1` calls of fn(side) per block (the first call of a block untimed)."""
+def timed(fn, rows: int, blocks: int, steps: int, clock) -> dict[str, list[float]]:
+    """Per side, the times (ms) of `steps - 1` calls of fn(side) per block (the first call of a block untimed), with
+    torch's intra-op threads as the engine's model runner sets them for a step of `rows` rows."""
+    from edgeserve.engine.model_runner import SMALL_STEP_ROWS
+    from edgeserve.models.encoder_threads import intra_op_threads
+
     times: dict[str, list[float]] = {s: [] for s in SIDES}
-    for blk in range(blocks):
-        order = SIDES[blk % 3:] + SIDES[:blk % 3]
-        for side in order:
-            time.sleep(0.05)  # the pool's workers go to sleep between sides
-            fn(side)
-            for _ in range(steps - 1):
-                t = clock()
+    with intra_op_threads(1 if rows <= SMALL_STEP_ROWS else None):
+        for blk in range(blocks):
+            order = SIDES[blk % 3:] + SIDES[:blk % 3]
+            for side in order:
+                time.sleep(0.05)  # the pool's workers go to sleep between sides
                 fn(side)
-                times[side].append((clock() - t) * 1e3)
+                for _ in range(steps - 1):
+                    t = clock()
+                    fn(side)
+                    times[side].append((clock() - t) * 1e3)
     return times
 
 
@@ -94,7 +100,7 @@ def main() -> None:
             return model.logits(model.forward(step_ids, step_pos, PagedKVAttention(pool, meta)))
 
         outs = {s: step(s) for s in SIDES}
-        result["decode"][b] = {**summary(timed(step, args.blocks, args.steps, clock)),
+        result["decode"][b] = {**summary(timed(step, b, args.blocks, args.steps, clock)),
                                "fused_equals_per_op_native": torch.equal(outs["fused"], outs["per-op native moe"])}
         print(json.dumps({f"decode b{b}": result["decode"][b]}), flush=True)
         del pool
@@ -110,7 +116,7 @@ def main() -> None:
             return model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([n], [n], table, slots)))
 
         outs = {s: chunk(s) for s in SIDES}
-        result["prefill"] = {"tokens": n, **summary(timed(chunk, max(2, args.blocks // 2), 2, clock)),
+        result["prefill"] = {"tokens": n, **summary(timed(chunk, n, max(2, args.blocks // 2), 2, clock)),
                              "fused_equals_per_op_native": torch.equal(outs["fused"], outs["per-op native moe"])}
         print(json.dumps({f"prefill {n}": result["prefill"]}), flush=True)
     print(json.dumps(result))
