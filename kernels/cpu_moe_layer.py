@@ -51,7 +51,8 @@ def _experts(parts: list[tuple[int, int, int, int, int]]) -> ExpertsStruct | Non
     out = ExpertsStruct()
     out.n_parts = len(parts)
     for i, (fmt, ptr, expert_bytes, row_bytes, rows) in enumerate(parts):
-        out.fmt[i], out.w[i], out.expert_bytes[i], out.row_bytes[i], out.rows[i] = fmt, ptr, expert_bytes, row_bytes, rows
+        out.fmt[i], out.w[i], out.expert_bytes[i] = fmt, ptr, expert_bytes
+        out.row_bytes[i], out.rows[i] = row_bytes, rows
     return out
 
 
@@ -162,7 +163,8 @@ class NativeMoE:
             weights = weights.to(torch.float32).contiguous()
             experts = experts.to(torch.int32).contiguous()
             if tuple(weights.shape) != (t, self.k) or tuple(experts.shape) != (t, self.k):
-                raise ValueError(f"routing must be [{t}, {self.k}], not {tuple(weights.shape)} / {tuple(experts.shape)}")
+                raise ValueError(f"routing must be [{t}, {self.k}], not {tuple(weights.shape)} / "
+                                 f"{tuple(experts.shape)}")
             w_ptr, ids_ptr = weights.data_ptr(), experts.data_ptr()
         rc = self.lib.qmm_moe_forward(ctypes.byref(self.struct), t, h.data_ptr(), h.dtype == torch.bfloat16,
                                       h.stride(0), w_ptr, ids_ptr, int(shared and self.has_shared), out.data_ptr())

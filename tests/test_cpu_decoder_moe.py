@@ -1,10 +1,10 @@
-"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/layer.c with moe_layer.c's feed-forward at layer_t.moe, planned
-by kernels.cpu_decoder_moe): on a tiny qwen3moe GGUF (Q8_0 matrices, Q4_0 / Q8_0 experts, GGUF or repacked layout)
-at bfloat16 the whole stack runs in one native call per step and gives the per-op path's hidden states and K/V
-pool bit for bit through prompt chunks and decodes; a row's result does not depend on its batch; the engine's
-greedy tokens are the same fused and per-op, chunked and whole. gpt-oss (MXFP4 experts with biases and the clamped
-SwiGLU, attention sinks, o_proj biases, a sliding window of 4 on every other layer, in the window pool or not) the
-same way."""
+"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/layer.c with moe_layer.c's feed-forward at
+layer_t.moe, planned by kernels.cpu_decoder_moe): on a tiny qwen3moe GGUF (Q8_0 matrices, Q4_0 / Q8_0 experts,
+GGUF or repacked layout) at bfloat16 the whole stack runs in one native call per step and gives the per-op path's
+hidden states and K/V pool bit for bit through prompt chunks and decodes; a row's result does not depend on its
+batch; the engine's greedy tokens are the same fused and per-op, chunked and whole. gpt-oss (MXFP4 experts with
+biases and the clamped SwiGLU, attention sinks, o_proj biases, a sliding window of 4 on every other layer, in the
+window pool or not, bf16 and q8_0 pools) the same way."""
 
 from __future__ import annotations
 
