@@ -55,6 +55,27 @@ typedef struct {
     const float *shared_gate;        /* [hidden]: its output times sigmoid(h . shared_gate), or NULL */
 } moe_t;
 
+/* Scratch memory kept by each calling thread between calls, up to KEEP_BYTES: a prompt chunk's scratch is tens of
+   MB, which malloc maps fresh on every call, and faulting those pages in again each layer costs as much as a good
+   part of the layer's matmuls. Larger requests are allocated and freed per call. */
+enum { KEEP_BYTES = 128 << 20 };
+static __thread char *kept;
+static __thread size_t kept_bytes;
+
+static char *scratch(size_t bytes) {
+    if (bytes > KEEP_BYTES) return malloc(bytes);
+    if (bytes > kept_bytes) {
+        free(kept);
+        kept = malloc(bytes);
+        kept_bytes = kept ? bytes : 0;
+    }
+    return kept;
+}
+
+static void scratch_done(char *mem) {
+    if (mem != kept) free(mem);
+}
+
 static int run_experts(const experts_t *e, int K, const int8_t *qa, const float *da, const int16_t *sa, int n_active,
                        const int *ids, const int *starts, float *out) {
     int64_t ldo = 0;
@@ -168,7 +189,7 @@ int qmm_moe_forward(const moe_t *m, int T, const void *h, int h_bf16, int64_t ld
     size_t bytes = floats * 4 + (size_t)N * 4 * 2 + (size_t)(E + 1) * 4 * 3 + (size_t)T * hidden +
                    (size_t)T * (hidden / 16) * 2 + (size_t)N * hidden + (size_t)N * (hidden / 32) * 4 +
                    (size_t)N * (hidden / 16) * 2 + (size_t)nmax * fmax + (size_t)nmax * (fmax / 16) * 2 + 64;
-    char *mem = malloc(bytes);
+    char *mem = scratch(bytes);
     if (!mem) return -1;
     float *logits = (float *)mem, *e_buf = logits + (size_t)T * E, *weights = e_buf + E;
     float *da = weights + N, *gu = da + (size_t)T * (hidden / 32), *act = gu + (size_t)nmax * 2 * fmax;
@@ -244,6 +265,6 @@ int qmm_moe_forward(const moe_t *m, int T, const void *h, int h_bf16, int64_t ld
     if (S && shared_expert(m, T, h, h_bf16, ldh, qa, da, sa, gu, act, q8, d8, s8, y, out)) goto done;
     rc = 0;
 done:
-    free(mem);
+    scratch_done(mem);
     return rc;
 }
