@@ -140,6 +140,11 @@ class NativeMoE:
         s.shared_gate = ptr(None if shared.gate is None else shared.gate.reshape(-1))
         return True
 
+    def __del__(self) -> None:
+        # the model's MoE layers are going away: give back moe_layer.c's kept scratch (the next call maps it again)
+        if getattr(self, "lib", None) is not None and hasattr(self.lib, "qmm_moe_release"):
+            self.lib.qmm_moe_release()
+
     def address(self) -> int:
         """The moe_t's address (layer_t.moe of the fused stack)."""
         return ctypes.addressof(self.struct)

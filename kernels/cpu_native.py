@@ -230,6 +230,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_moe_forward"):  # the whole MoE feed-forward (kernels/cpu/moe_layer.c)
         lib.qmm_moe_forward.argtypes = [p, i32, p, i32, i64, p, p, i32, p]
         lib.qmm_moe_forward.restype = i32
+        lib.qmm_moe_release.argtypes = []
+        lib.qmm_moe_release.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32

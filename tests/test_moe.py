@@ -387,4 +387,6 @@ def test_one_native_layer_call_matches_the_torch_path(name: str, activation: str
     layer._native = native_plan
     for i in (0, 13, 28):
         assert torch.equal(layer.forward(h[i:i + 1])[0], got[i])
+    native_plan.lib.qmm_moe_release()  # the kept scratch given back: the next call maps its own again
+    assert torch.equal(layer.forward(h), got)
     assert not torch.allclose(layer.mix(h, weights, experts.flip(-1)), got)  # the routing handed in is used

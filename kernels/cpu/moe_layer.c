@@ -9,6 +9,7 @@
    (edgeserve.models.moe through kernels.cpu_moe_layer) calls it too, so both are one implementation. Every step
    works on each row on its own in a fixed order, so a token's output does not depend on the batch. */
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,25 +56,46 @@ typedef struct {
     const float *shared_gate;        /* [hidden]: its output times sigmoid(h . shared_gate), or NULL */
 } moe_t;
 
-/* Scratch memory kept by each calling thread between calls, up to KEEP_BYTES: a prompt chunk's scratch is tens of
-   MB, which malloc maps fresh on every call, and faulting those pages in again each layer costs as much as a good
-   part of the layer's matmuls. Larger requests are allocated and freed per call. */
+/* Scratch memory kept between calls, up to KEEP_BYTES, one buffer for the process: a prompt chunk's scratch is
+   tens of MB, which malloc maps fresh on every call, and faulting those pages in again each layer costs as much as
+   a good part of the layer's matmuls. A call that finds it in use (another thread's), or needs more, allocates
+   and frees its own. qmm_moe_release gives it back (a model's MoE layers going away). */
 enum { KEEP_BYTES = 128 << 20 };
-static __thread char *kept;
-static __thread size_t kept_bytes;
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *kept;
+static size_t kept_bytes;
 
-static char *scratch(size_t bytes) {
-    if (bytes > KEEP_BYTES) return malloc(bytes);
+/* `bytes` of scratch: the kept buffer (*kept_out 1) or a fresh one (0); NULL when out of memory */
+static char *scratch(size_t bytes, int *kept_out) {
+    *kept_out = 0;
+    if (bytes > KEEP_BYTES || pthread_mutex_trylock(&kept_lock) != 0) return malloc(bytes);
     if (bytes > kept_bytes) {
         free(kept);
         kept = malloc(bytes);
         kept_bytes = kept ? bytes : 0;
+        if (!kept) {
+            pthread_mutex_unlock(&kept_lock);
+            return 0;
+        }
     }
+    *kept_out = 1;
     return kept;
 }
 
-static void scratch_done(char *mem) {
-    if (mem != kept) free(mem);
+static void scratch_done(char *mem, int was_kept) {
+    if (was_kept)
+        pthread_mutex_unlock(&kept_lock);
+    else
+        free(mem);
+}
+
+/* Free the kept scratch memory unless a call is using it. */
+void qmm_moe_release(void) {
+    if (pthread_mutex_trylock(&kept_lock) != 0) return;
+    free(kept);
+    kept = 0;
+    kept_bytes = 0;
+    pthread_mutex_unlock(&kept_lock);
 }
 
 static int run_experts(const experts_t *e, int K, const int8_t *qa, const float *da, const int16_t *sa, int n_active,
@@ -189,7 +211,8 @@ int qmm_moe_forward(const moe_t *m, int T, const void *h, int h_bf16, int64_t ld
     size_t bytes = floats * 4 + (size_t)N * 4 * 2 + (size_t)(E + 1) * 4 * 3 + (size_t)T * hidden +
                    (size_t)T * (hidden / 16) * 2 + (size_t)N * hidden + (size_t)N * (hidden / 32) * 4 +
                    (size_t)N * (hidden / 16) * 2 + (size_t)nmax * fmax + (size_t)nmax * (fmax / 16) * 2 + 64;
-    char *mem = scratch(bytes);
+    int was_kept;
+    char *mem = scratch(bytes, &was_kept);
     if (!mem) return -1;
     float *logits = (float *)mem, *e_buf = logits + (size_t)T * E, *weights = e_buf + E;
     float *da = weights + N, *gu = da + (size_t)T * (hidden / 32), *act = gu + (size_t)nmax * 2 * fmax;
@@ -265,6 +288,6 @@ int qmm_moe_forward(const moe_t *m, int T, const void *h, int h_bf16, int64_t ld
     if (S && shared_expert(m, T, h, h_bf16, ldh, qa, da, sa, gu, act, q8, d8, s8, y, out)) goto done;
     rc = 0;
 done:
-    scratch_done(mem);
+    scratch_done(mem, was_kept);
     return rc;
 }
