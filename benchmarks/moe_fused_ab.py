@@ -9,7 +9,10 @@ step of at most SMALL_STEP_ROWS rows). Prints per side the median (ms) and the r
 JSON, and checks that the fused and per-op native steps give the same logits bit for bit.
 
     OMP_NUM_THREADS=2 python benchmarks/moe_fused_ab.py -m /work/models/qwen3-30b-a3b-24layers-q4km.gguf \\
-        [--batch 1,8] [--context 64] [--prefill 256] [--blocks 8] [--steps 4]
+        [--batch 1,8] [--context 64] [--prefill 256] [--blocks 8] [--steps 4] [--generate 32 --rounds 3]
+
+`--generate N` then also times whole greedy generations through the engine (1 and 8 prompts), as a server's
+requests run.
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=256, help="prompt chunk (tokens) to time; 0: none")
     ap.add_argument("--blocks", type=int, default=8, help="timed blocks per side and batch")
     ap.add_argument("--steps", type=int, default=4, help="steps per block (the first one is not timed)")
+    ap.add_argument("--generate", type=int, default=0,
+                    help="also time LLM.generate of this many greedy tokens for 1 and 8 prompts through the engine")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --generate per side")
     args = ap.parse_args()
 
     import torch
@@ -75,7 +81,8 @@ def main() -> None:
     from edgeserve.kernels.paged_attention import AttentionMetadata
 
     clock = time.perf_counter
-    model = LLM(args.model, kv_cache_gb=0.05).lm.model
+    llm = LLM(args.model, kv_cache_gb=0.05)
+    model = llm.lm.model
     set_side(model, "fused")
     assert model.native_decoder() is not None, "this model does not take the fused native stack here"
     block = 16
@@ -119,7 +126,38 @@ def main() -> None:
         result["prefill"] = {"tokens": n, **summary(timed(chunk, n, max(2, args.blocks // 2), 2, clock)),
                              "fused_equals_per_op_native": torch.equal(outs["fused"], outs["per-op native moe"])}
         print(json.dumps({f"prefill {n}": result["prefill"]}), flush=True)
+    if args.generate:
+        result["generate"] = generate(llm, model, args.generate, args.rounds)
     print(json.dumps(result))
+
+
+def generate(llm, model, tokens: int, rounds: int) -> dict:
+    """Output tokens/s of LLM.generate (greedy, `tokens` each) for 1 and 8 prompts of 32 random ids, each side in
+    turn per round; medians, ratios against main's per-op path, and whether the sides' tokens agree."""
+    import torch
+
+    from edgeserve.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    out: dict = {}
+    for n in (1, 8):
+        prompts = [torch.randint(100, 1000, (32,)).tolist() for _ in range(n)]
+        rates: dict[str, list[float]] = {s: [] for s in SIDES}
+        ids: dict[str, list] = {}
+        for r in range(rounds):
+            for side in SIDES[r % 3:] + SIDES[:r % 3]:
+                set_side(model, side)
+                time.sleep(0.05)
+                t = time.perf_counter()
+                done = llm.generate(prompts, params)
+                rates[side].append(n * tokens / (time.perf_counter() - t))
+                ids[side] = [d.outputs[0].token_ids for d in done]
+        med = {s: statistics.median(v) for s, v in rates.items()}
+        out[n] = {"tokens_per_s": {s: round(v, 2) for s, v in med.items()},
+                  "speedup_vs_main_per_op": {s: round(v / med["main per-op"], 3) for s, v in med.items()},
+                  "same_tokens": ids["fused"] == ids["main per-op"] == ids["per-op native moe"]}
+        print(json.dumps({f"generate {n} x {tokens}": out[n]}), flush=True)
+    return out
 
 
 if __name__ == "__main__":
