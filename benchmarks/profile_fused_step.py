@@ -20,7 +20,8 @@ import subprocess
 import tempfile
 import time
 
-SECTIONS = ["norm", "quantize", "qkv", "rope_kv", "attention", "o", "gate_up", "silu_mul", "down", "per_layer_input"]
+SECTIONS = ["norm", "quantize", "qkv", "rope_kv", "attention", "o", "gate_up", "silu_mul", "down", "per_layer_input",
+            "moe"]
 
 
 def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import cpu_native
+from .cpu_decoder_moe import moe_plans
 from .cpu_lora import step_struct, takes
 from .cpu_native import BlockWeight, _attention_rows, spans_fit_window
 
@@ -48,7 +49,9 @@ class Layer(ctypes.Structure):
                 # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
                 ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
                 # Qwen3.5's gated attention (kernels.cpu_decoder_qwen35); zero elsewhere
-                ("attn_gate", ctypes.c_int32)]
+                ("attn_gate", ctypes.c_int32),
+                # gpt-oss's attention sinks and o_proj bias; NULL elsewhere
+                ("sinks", ctypes.c_void_p), ("o_bias", ctypes.c_void_p)]
 
 
 class Decoder(ctypes.Structure):
@@ -106,35 +109,45 @@ class NativeDecoder:
     # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
     # its `attn` (kernels.cpu_decoder_qwen35.Mixers); None: no such layers
     recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
+    moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu_moe_layer.NativeMoE plans
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
-        """The fused plan for a LlamaModel or GemmaModel, or None when some part of it does not fit the native
-        stack (a weight not in block formats or with too many parts, a Mixture-of-Experts feed-forward, attention sinks,
-        attention-logit soft-capping, a head size the kernels do not take, float32 compute, or the native kernels off)."""
+        """The fused plan for a LlamaModel, GemmaModel, MoEModel or GptOssModel, or None when some part of it does
+        not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
+        feed-forward that moe_layer.c does not take (kernels.cpu_decoder_moe), attention-logit soft-capping, a head
+        size the kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
         layers = model.layers
         lib = cpu_native.library()
         if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
             return None
-        if any(getattr(layer, "moe", None) is not None for layer in layers) or getattr(model, "sinks", None):
-            return None  # Mixture-of-Experts feed-forwards and attention sinks run on the per-op path
-        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        sinks = getattr(model, "sinks", None)  # gpt-oss's, with its o_proj biases (GptOssModel)
+        if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
+            return None
+        moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a dense MLP)
+        if moe is None:
+            return None
+        dense = [layer for layer, plan in zip(layers, moe) if plan is None]
+        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj)]
+        weights += [w for layer in dense for w in (layer.gate_up, layer.down)]
         if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
             return None
         if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
             return None
         if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
             return None  # Granite's residual multiplier, OLMo 2's block: the per-op path runs them
-        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") else []
+        # the models whose per-op path attends over their sliding windows: Gemma's, gpt-oss
+        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") or sinks is not None else []
         windowed = any(w is not None for w in windows)
         if (windowed or c.activation == "gelu_tanh" or c.rope_layers is not None) \
                 and not hasattr(lib, "qmm_paged_attention_from"):
             return None  # a library built before windows and GELU
-        f = layers[0].gate_up.out_features // 2
-        expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size),
-                    "gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
-        if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()):
+        f = dense[0].gate_up.out_features // 2 if dense else 0
+        expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size)}
+        mlp = {"gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
+        if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()) or \
+                any(getattr(layer, name).shape != shape for layer in dense for name, shape in mlp.items()):
             return None
         keep: list[torch.Tensor] = []
         ptr = functools.partial(kept_f32_ptr, keep)
@@ -153,18 +166,24 @@ class NativeDecoder:
         for i, layer in enumerate(layers):
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
             window = windows[i] if windows else None
-            array[i] = Layer(_qweight(layer.qkv), _qweight(layer.o_proj), _qweight(layer.gate_up),
-                             _qweight(layer.down), ptr(layer.qkv_bias), ptr(layer.q_norm), ptr(layer.k_norm),
-                             ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
+            dense_mlp = moe[i] is None
+            array[i] = Layer(_qweight(layer.qkv), _qweight(layer.o_proj),
+                             _qweight(layer.gate_up) if dense_mlp else QWeight(),
+                             _qweight(layer.down) if dense_mlp else QWeight(), ptr(layer.qkv_bias), ptr(layer.q_norm),
+                             ptr(layer.k_norm), ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
                              ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
                              int(local_layers[i] and local is not None))
+            if not dense_mlp:
+                array[i].moe = moe[i].address()
+            if sinks is not None:
+                array[i].sinks, array[i].o_bias = ptr(sinks[i]), ptr(model.o_biases[i])
         scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
                           ptr(model.sin), ptr(local), ptr(local_sin))
         return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed,
-                   min(w for w in windows if w is not None) if windowed else 0)
+                   min(w for w in windows if w is not None) if windowed else 0, moe=[p for p in moe if p is not None])
 
     def takes_lora(self, step) -> bool:
         """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it

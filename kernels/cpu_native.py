@@ -34,7 +34,7 @@ from .rope import q_dtype
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c", "moe.c", "gated_delta.c",
+                                                                 "layer.c", "moe.c", "moe_layer.c", "gated_delta.c",
                                                                  "attention_q8.c", "lora.c", "bf16_matmul.c",
                                                                  "encoder_attention.c", "encoder_gelu.c")]
 HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
@@ -232,6 +232,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_moe_matmul.restype = i32
         lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
         lib.qmm_f32_matmul.restype = i32
+    if hasattr(lib, "qmm_moe_forward"):  # the whole MoE feed-forward (kernels/cpu/moe_layer.c)
+        lib.qmm_moe_forward.argtypes = [p, i32, p, i32, i64, p, p, i32, p]
+        lib.qmm_moe_forward.restype = i32
+        lib.qmm_moe_release.argtypes = []
+        lib.qmm_moe_release.restype = None
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32

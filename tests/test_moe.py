@@ -249,6 +249,7 @@ def test_one_native_call_equals_a_matmul_per_expert(tokens: int, repack: bool):
     counts."""
     cfg = MoEConfig(8, 3, 256, "softmax_topk")
     layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13, repack=repack)
+    layer._native = None  # the torch path around BlockExperts.grouped, whose two ways are compared here
     h = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
     assert hasattr(layer.gate_up.lib, "qmm_moe_matmul")
     one_call = layer.forward(h)
@@ -321,6 +322,8 @@ def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path
     source = GGUFWeights(GGUFFile(tmp_path / "moe.gguf"), 4, 2)
     layer = load_moe_layer(config, source, 0, matrix, torch.device("cpu"), dtype, moe=cfg)
     assert isinstance(layer.gate_up, DenseExperts if qtype == "F32" else BlockExperts)
+    if qtype != "F32":  # one native call (moe_layer.c), the gated shared expert inside it
+        assert layer.native() is not None and layer.native().has_shared
     s = stored
     ref = {"router": s["ffn_gate_inp.weight"], "router_bias": s["ffn_gate_inp.bias"],
            "gate_up": torch.cat([s["ffn_gate_exps.weight"], s["ffn_up_exps.weight"]], dim=1),
@@ -331,3 +334,59 @@ def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path
                       s["ffn_gate_inp_shexp.weight"])}
     h = torch.randn(19, hidden, generator=torch.Generator().manual_seed(18)).to(dtype)
     check(layer, ref, cfg, h, rel=1e-5 if qtype == "F32" else 0.03)
+
+
+def _block_shared(hidden: int, f: int, seed: int) -> SharedExpert:
+    """A gated shared expert with Q8_0 block weights (as a GGUF's, on the native kernels)."""
+    import gguf
+
+    from edgeserve.kernels.cpu_native import BlockTensor, BlockWeight
+
+    rng = np.random.default_rng(seed)
+
+    def blocks(rows: int, cols: int) -> BlockWeight:
+        data = gguf.quants.quantize(rng.normal(0, 0.2, size=(rows, cols)).astype(np.float32),
+                                    gguf.GGMLQuantizationType.Q8_0)
+        return BlockWeight([BlockTensor("Q8_0", torch.from_numpy(data), cols)])
+
+    gate = torch.from_numpy(rng.normal(0, 0.3, size=(1, hidden)).astype(np.float32))
+    return SharedExpert(blocks(2 * f, hidden), blocks(hidden, f), gate)
+
+
+@native
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_native_layer_call_matches_the_torch_path(name: str, activation: str):
+    """MoELayer's one native call (kernels/cpu/moe_layer.c: router + bias, routing, grouping, expert matmuls and
+    biases, SiLU or gpt-oss's clamped SwiGLU, the slot sum, a block-weight shared expert with its sigmoid gate) gives
+    the torch path's output around the same grouped matmuls, up to float rounding, with its own routing and with a
+    routing handed in (`mix`); its rows do not depend on the batch."""
+    import dataclasses
+    import functools
+
+    from edgeserve.kernels.dispatch import swiglu_oai
+
+    cfg = CASES[name]
+    if activation == "swiglu_oai":
+        cfg = dataclasses.replace(cfg, activation=functools.partial(swiglu_oai, alpha=1.702, limit=7.0))
+    bias = torch.randn(8, generator=torch.Generator().manual_seed(20)) * 0.5
+    layer, _ = make_layer(cfg, HIDDEN, ("Q4_0", "Q8_0"), seed=19, biases=True, router_bias=bias)
+    layer.shared = _block_shared(HIDDEN, FFN, 21)
+    layer.shared.activation = cfg.activation
+    native_plan = layer.native()
+    assert native_plan is not None and native_plan.has_shared
+    h = torch.randn(29, HIDDEN, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16)
+    got = layer.forward(h)
+    weights, experts = layer.route(h)
+    given = layer.mix(h, weights, experts)
+    layer._native = None
+    want = layer.forward(h)
+    assert want.abs().max() > 0
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    assert torch.allclose(given, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    layer._native = native_plan
+    for i in (0, 13, 28):
+        assert torch.equal(layer.forward(h[i:i + 1])[0], got[i])
+    native_plan.lib.qmm_moe_release()  # the kept scratch given back: the next call maps its own again
+    assert torch.equal(layer.forward(h), got)
+    assert not torch.allclose(layer.mix(h, weights, experts.flip(-1)), got)  # the routing handed in is used

@@ -141,8 +141,9 @@ class GptOssWeights:
 
 
 class GptOssModel(LlamaModel):
-    """gpt-oss over flat token batches (same interface as LlamaModel). The fused native layer stack declines it
-    (kernels.cpu_decoder: a MoE feed-forward, sinks), so its steps run the per-op path below."""
+    """gpt-oss over flat token batches (same interface as LlamaModel). On the CPU with block-format weights its
+    steps run in the fused native stack (kernels.cpu_decoder: sinks, o_proj biases, sliding layers and the MoE
+    layer of kernels/cpu/moe_layer.c); elsewhere, the per-op path below, which calls the same kernels."""
 
     o_biases: list[torch.Tensor]
     sinks: list[torch.Tensor]
@@ -182,6 +183,9 @@ class GptOssModel(LlamaModel):
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
+        fused = self.fused_forward(x, positions, attn)  # the whole stack in one native call, where it runs
+        if fused is not None:
+            return fused
         if x.shape[0] and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         cos, sin = self.cos[positions], self.sin[positions]

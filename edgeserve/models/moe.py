@@ -6,7 +6,8 @@ Expert weights stay as the file stores them (GGUF block formats on the native CP
 BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step reads only its active experts,
 each once for all the rows routed to it (kernels.experts.ExpertGroups). A token's output does not depend on what
 else is in the step: routing is per row, expert rows are computed on their own, and a token's expert outputs are
-summed in its own slot order.
+summed in its own slot order. On the CPU, with block-format experts, the whole layer is one native call
+(kernels.cpu_moe_layer, kernels/cpu/moe_layer.c), the same one the fused native layer stack makes.
 
 A layer whose experts stay in host memory (`experts_on_host`, --cpu-moe-layers, edgeserve.models.cpu_moe) routes
 on the model's device, copies the routed rows to the host (pinned, non-blocking), runs the experts there on the
@@ -20,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from edgeserve.kernels.dispatch import f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
+from edgeserve.kernels.cpu_moe_layer import NativeMoE
+from edgeserve.kernels.dispatch import backend, f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
 from edgeserve.kernels.experts import EXPERT_TILE, ExpertGroups, Experts
 from edgeserve.kernels.quant_linear import LinearWeight, dense_tiles
 from edgeserve.kernels.transfer import HostCopy, to_device
@@ -149,6 +151,19 @@ class MoELayer:
         self.activation = gated_activation(config.activation)
         # the experts (and their biases) are in host memory while h is on the model's device (--cpu-moe-layers)
         self.experts_on_host = False
+        self._native: NativeMoE | None | bool = False  # the one-call native layer, planned on first use
+
+    def native(self) -> NativeMoE | None:
+        """The whole layer as one native call (kernels.cpu_moe_layer), planned once; None where it does not apply
+        (experts not in native block formats, a GPU, host experts). Setting `_native = None` keeps the torch path
+        around the grouped expert matmuls (tests compare the two that way)."""
+        if self._native is False:
+            self._native = NativeMoE.build(self)
+        return self._native  # type: ignore[return-value]
+
+    def _native_for(self, h: torch.Tensor) -> NativeMoE | None:
+        native = self.native()
+        return native if native is not None and native.runs(h) and backend() == "auto" else None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights float32 [T, k], expert ids [T, k]) for h [T, hidden]; the logits are float32, each row on its
@@ -160,17 +175,29 @@ class MoELayer:
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """float32 [T, hidden]: the routed experts' weighted sum (plus the shared expert) for normed h [T, hidden]."""
-        t, k = h.shape[0], self.config.experts_per_token
+        t = h.shape[0]
         if t == 0:
             return torch.zeros(0, self.router.shape[1], dtype=torch.float32, device=h.device)
+        native = self._native_for(h)
+        if native is not None:  # router, experts, slot sum and shared expert in one call
+            return self._with_shared(native, h, native.forward(h))
         weights, experts = self.route(h)
         return self.mix(h, weights, experts)
+
+    def _with_shared(self, native: NativeMoE, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`out` plus the shared expert where the native call did not run it."""
+        if self.shared is not None and not native.has_shared:
+            out += self.shared.forward(h)
+        return out
 
     def mix(self, h: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """float32 [T, hidden]: the experts `experts` [T, k] run on h [T, hidden], summed with `weights` [T, k]
         (plus the shared expert); `forward` after routing, for a model that routes its own way (Gemma 4)."""
         if self.experts_on_host:
             return self._mix_on_host(h, weights, experts)
+        native = self._native_for(h)
+        if native is not None:
+            return self._with_shared(native, h, native.forward(h, weights, experts))
         out = self.routed(h, weights, experts)
         if self.shared is not None:
             out += self.shared.forward(h)

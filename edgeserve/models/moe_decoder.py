@@ -16,8 +16,9 @@ from .moe_weights import load_moe_layer
 
 
 class MoEModel(LlamaModel):
-    """A Llama-family MoE decoder over flat token batches (same interface as LlamaModel). The fused native layer
-    stack declines it (kernels.cpu_decoder), so its steps run the per-op path."""
+    """A Llama-family MoE decoder over flat token batches (same interface as LlamaModel). On the CPU with
+    block-format weights its steps run in the fused native layer stack, each MoE layer one moe_layer.c call there
+    (kernels.cpu_decoder, kernels.cpu_decoder_moe); elsewhere the per-op path."""
 
     @classmethod
     def feed_forward(cls, config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],

@@ -9,7 +9,8 @@
    the MLP's residual add and before the next layer's norm. Qwen3.5 adds Gated DeltaNet layers in place of the
    attention (`mixer`: in_proj matmul -> gated_delta.c's qmm_gdn_mix over the step's recurrent states in place ->
    out_proj matmul) and gated attention (`attn_gate`: [q | gate] heads, Q/K norms per head into rows of their own,
-   the attention output times sigmoid(gate) before o_proj).
+   the attention output times sigmoid(gate) before o_proj). A Mixture-of-Experts layer (layer_t.moe) runs
+   moe_layer.c's whole feed-forward where the dense MLP would; gpt-oss adds attention sinks and an o_proj bias.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
    edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
@@ -42,6 +43,10 @@ int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const
                            int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
                            const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
                            float scale, void *out);
+void qmm_paged_attention_sinks(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
+                               int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
+                               const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len,
+                               const float *sinks, float scale, void *out);
 void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
 void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
@@ -53,12 +58,15 @@ void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg,
 /* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
 int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
                   float *out, int64_t ldo, int N);
+/* moe_layer.c: a whole MoE feed-forward (`moe`: its moe_t) */
+int qmm_moe_forward(const void *moe, int T, const void *h, int h_bf16, int64_t ldh, const float *route_w,
+                    const int32_t *route_ids, int with_shared, float *out);
 
 enum { MAX_PARTS = 4 };
 
 /* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
-enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_SECTIONS };
+enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_MOE, P_SECTIONS };
 #if defined(QMM_PROFILE)
 #include <time.h>
 int64_t qmm_profile_ns[P_SECTIONS];
@@ -113,6 +121,9 @@ typedef struct {
     /* Qwen3.5's gated attention: qkv is [q | gate] per head, then k, v; q and k normed per head (qmm_head_rms_norm,
        as the per-op path), the attention output times sigmoid(gate) before o */
     int32_t attn_gate;
+    /* gpt-oss (NULL elsewhere) */
+    const float *sinks;  /* per-head attention sinks [H]: an extra logit in each head's softmax denominator */
+    const float *o_bias; /* o_proj's bias [hidden] */
 } layer_t;
 
 typedef struct {
@@ -143,10 +154,16 @@ typedef struct {
     const void *recurrent; /* the step's rows' recurrent-state slots for `mixer` layers (gated_delta.c), or NULL */
 } step_pools_t;
 
+/* the output rows of a weight (all its parts) */
+static int weight_rows(const qweight_t *w) {
+    int rows = 0;
+    for (int p = 0; p < w->n_parts; p++) rows += w->rows[p];
+    return rows;
+}
+
 static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
                    float *out) {
-    int64_t ldo = 0;
-    for (int p = 0; p < w->n_parts; p++) ldo += w->rows[p];
+    const int64_t ldo = weight_rows(w);
     int64_t col = 0;
     for (int p = 0; p < w->n_parts; p++) {
         qmm_matmul(w->fmt[p], w->w[p], w->row_bytes[p], w->rows[p], K, qa, da, sa, M, out + col, ldo);
@@ -156,10 +173,13 @@ static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da,
 
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
-static int weight_rows(const qweight_t *w) {
-    int rows = 0;
-    for (int p = 0; p < w->n_parts; p++) rows += w->rows[p];
-    return rows;
+/* f rounded to bfloat16 (nearest even) and back */
+static inline float round_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1)) & 0xffff0000u;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* x [T, N] float32 (rows ldx apart, the first N of each) := rms_norm(x) * weight, row by row in place */
@@ -338,10 +358,13 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         }
         if (q8) {
             if (qmm_paged_attention_q8(q, q_bf16, T, H, D, kc, vc, block_size, Hkv, pools->tables[pl],
-                                       pools->table_stride[pl], row_seq, lo, len, 0, m->scale, q)) {
+                                       pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q)) {
                 free(mem);
                 return -1;
             }
+        } else if (L->sinks) {
+            qmm_paged_attention_sinks(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+                                      pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q);
         } else {
             qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
                                      pools->table_stride[pl], row_seq, lo, len, m->scale, q);
@@ -356,27 +379,37 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         }
         MARK(P_QUANT);
         matmul(&L->o, qd, qa, da, sa, T, o);
+        if (L->o_bias) /* in the attention output's dtype, as the per-op path casts it */
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < hidden; j++)
+                    o[(size_t)t * hidden + j] += q_bf16 ? round_bf16(L->o_bias[j]) : L->o_bias[j];
         if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
         MARK(P_O);
     mixed:
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
         qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
         MARK(P_NORM);
-        qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
-        MARK(P_QUANT);
-        matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
-        if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F)) goto oom;
-        MARK(P_GATE_UP);
-        if (m->gelu)
-            qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-        else
-            qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-        MARK(P_SILU);
-        qmm_quantize(act, 0, F, T, F, qa, da, sa);
-        MARK(P_QUANT);
-        matmul(&L->down, F, qa, da, sa, T, o);
-        if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
-        MARK(P_DOWN);
+        if (L->moe) { /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of the dense MLP */
+            if (qmm_moe_forward(L->moe, T, h, m->act_bf16, hidden, 0, 0, 1, o)) goto oom;
+            MARK(P_MOE);
+        } else {
+            qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
+            MARK(P_QUANT);
+            matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
+            if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F))
+                goto oom;
+            MARK(P_GATE_UP);
+            if (m->gelu)
+                qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+            else
+                qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
+            MARK(P_SILU);
+            qmm_quantize(act, 0, F, T, F, qa, da, sa);
+            MARK(P_QUANT);
+            matmul(&L->down, F, qa, da, sa, T, o);
+            if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
+            MARK(P_DOWN);
+        }
         if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
         if (L->ple_gate.n_parts || L->out_scale != 0.0f) { /* Gemma 4: more after the MLP's residual add */
             for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
