@@ -1,6 +1,7 @@
 """Embedding (and reranking) throughput, edgeserve vs llama.cpp's `llama-server --embedding` (`--reranking`) on the
-same GGUF, both servers up at once and requests alternated A/B per round: texts/s at 64- and 512-token inputs,
-batch 1 and 32 (one request carrying that many inputs), medians and ratios.
+same GGUF, both servers up at once and requests alternated A/B per round, each after a short settle so neither
+runs beside the other's idle-spinning threads: texts/s at 64- and 512-token inputs, batch 1 and 32 (one request
+carrying that many inputs), medians and ratios.
 
     python benchmarks/embed_compare.py --llama-server /path/to/llama-server --model minilm-q8_0.gguf
     python benchmarks/embed_compare.py --llama-server ... --model x.gguf --rerank   # a rank-pooling GGUF
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> dict:
                 for r in range(rounds):
                     order = (ours, peer) if r % 2 == 0 else (peer, ours)
                     for srv in order:
+                        time.sleep(args.settle)  # the other server's threads idle again (see --settle)
                         times["edgeserve" if srv is ours else "llama-server"].append(
                             request(srv.url, name, args.rerank, inputs))
                 tps = {k: batch / statistics.median(v) for k, v in times.items()}
@@ -174,6 +176,10 @@ def main() -> int:
     p.add_argument("--rerank", action="store_true",
                    help="rerank throughput (the GGUF has rank pooling); with --make-bert, write a cross-encoder")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="seconds to wait before each timed request, so it runs as a lone user's would: after a "
+                        "request llama-server keeps a thread busy-waiting for work (its --poll, about 160 ms here), "
+                        "and an alternated request would otherwise share a core with it (0: back to back)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--native-ab", action="store_true",
