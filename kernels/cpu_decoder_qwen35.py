@@ -84,12 +84,12 @@ def _layers_fit(model, moe: list) -> bool:
     c, d = model.config, model.config.delta
     h, qd, kvd = c.hidden_size, c.num_heads * c.head_dim, c.kv_size
     for layer, plan in zip(model.layers, moe):
-        if plan is None and layer.gate_up is None:
-            return False
-        f = layer.gate_up.shape[0] // 2 if plan is None and isinstance(layer.gate_up, BlockWeight) else 0
-        shapes = [] if plan is not None else [(layer.gate_up, (2 * f, h)), (layer.down, (h, f))]
-        if plan is None and not f:
-            return False
+        shapes = []
+        if plan is None:
+            f = layer.gate_up.shape[0] // 2 if isinstance(layer.gate_up, BlockWeight) else 0
+            if not f:
+                return False
+            shapes = [(layer.gate_up, (2 * f, h)), (layer.down, (h, f))]
         if layer.delta is not None:
             shapes += [(layer.in_proj, (d.conv_dim + d.value_dim + 2 * d.num_v_heads, h)),
                        (layer.out_proj, (h, d.value_dim))]
