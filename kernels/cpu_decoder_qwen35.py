@@ -8,7 +8,9 @@ head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), page
 sigmoid(gate). Every norm's 1 + w is folded into its weight at load. The per-op path (models.qwen35 through
 kernels.dispatch) calls the same kernels in the same order, so the two agree bit for bit.
 
-`qwen35moe` stays on the per-op path until layer.c runs Mixture-of-Experts feed-forwards (its `moe` seam).
+`qwen35moe`'s feed-forwards are Mixture-of-Experts layers (routed experts plus the sigmoid-gated shared expert): each
+enters the stack as its moe_layer.c plan (layer_t.moe, kernels.cpu_decoder_moe.moe_plans), the same struct its per-op
+MoELayer runs, and the NativeDecoder keeps the plans alive.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from . import cpu_native
 from .cpu_decoder import _FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, _qweight, kept_f32_ptr
+from .cpu_decoder_moe import moe_plans
 from .cpu_native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight
 
 
@@ -75,36 +78,43 @@ def _fits(weight, shape: tuple[int, int]) -> bool:
     return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
-def _layers_fit(model) -> bool:
-    """Whether every layer's weights are ones layer.c takes, of the config's shapes (dense feed-forwards only)."""
+def _layers_fit(model, moe: list) -> bool:
+    """Whether every layer's weights are ones layer.c takes, of the config's shapes (`moe`: each layer's MoE plan,
+    None for a dense feed-forward, whose gated MLP is checked here)."""
     c, d = model.config, model.config.delta
     h, qd, kvd = c.hidden_size, c.num_heads * c.head_dim, c.kv_size
-    for layer in model.layers:
-        if layer.moe is not None or layer.gate_up is None:
-            return False
-        f = layer.gate_up.shape[0] // 2 if isinstance(layer.gate_up, BlockWeight) else 0
-        shapes = [(layer.gate_up, (2 * f, h)), (layer.down, (h, f))]
+    for layer, plan in zip(model.layers, moe):
+        shapes = []
+        if plan is None:
+            f = layer.gate_up.shape[0] // 2 if isinstance(layer.gate_up, BlockWeight) else 0
+            if not f:
+                return False
+            shapes = [(layer.gate_up, (2 * f, h)), (layer.down, (h, f))]
         if layer.delta is not None:
             shapes += [(layer.in_proj, (d.conv_dim + d.value_dim + 2 * d.num_v_heads, h)),
                        (layer.out_proj, (h, d.value_dim))]
         else:
             shapes += [(layer.qkv, (2 * qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
-        if not f or not all(_fits(w, s) for w, s in shapes):
+        if not all(_fits(w, s) for w, s in shapes):
             return False
     return True
 
 
 def build_qwen35(model) -> NativeDecoder | None:
-    """The fused plan for a dense Qwen35Model (models.qwen35), or None where it does not fit the native stack (the
-    MoE `qwen35moe`, weights not in block formats, head sizes the kernels do not take, a GPU, the kernels off)."""
+    """The fused plan for a Qwen35Model (models.qwen35: dense `qwen35` or MoE `qwen35moe`), or None where it does not
+    fit the native stack (weights or experts not in block formats, head sizes the kernels do not take, a GPU, the
+    kernels off)."""
     c = model.config
     lib = cpu_native.library()
     if (lib is None or not hasattr(lib, "qmm_gdn_mix") or model.device.type != "cpu" or model.dtype not in _FLOATS
-            or not model.layers or c.is_moe or c.delta is None):
+            or not model.layers or c.delta is None):
         return None
     d = c.delta
-    if (max(d.head_k_dim, d.head_v_dim, c.head_dim) > GDN_MAX_HEAD_DIM or d.conv_kernel > GDN_MAX_CONV_KERNEL
-            or c.head_dim % 2 or not _layers_fit(model)):
+    if max(d.head_k_dim, d.head_v_dim, c.head_dim) > GDN_MAX_HEAD_DIM or d.conv_kernel > GDN_MAX_CONV_KERNEL \
+            or c.head_dim % 2:
+        return None
+    moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a gated MLP)
+    if moe is None or not _layers_fit(model, moe):
         return None
     keep: list[torch.Tensor] = []
     ptr = functools.partial(kept_f32_ptr, keep)
@@ -113,7 +123,10 @@ def build_qwen35(model) -> NativeDecoder | None:
     mixers = (GdnLayer * max(1, c.num_linear_layers))()
     for i, layer in enumerate(layers):
         out = array[i]
-        out.gate_up, out.down = _qweight(layer.gate_up), _qweight(layer.down)
+        if moe[i] is not None:
+            out.moe = moe[i].address()
+        else:
+            out.gate_up, out.down = _qweight(layer.gate_up), _qweight(layer.down)
         out.post_norm = ptr(layer.post_norm)
         out.next_norm = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
         if layer.delta is not None:
@@ -127,9 +140,9 @@ def build_qwen35(model) -> NativeDecoder | None:
             out.qkv, out.o = _qweight(layer.qkv), _qweight(layer.o_proj)
             out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
             out.attn_gate = 1
-    f = layers[0].gate_up.shape[0] // 2
+    f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                       c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
-                         recurrent=Mixers(mixers, c.num_linear_layers))
+                         recurrent=Mixers(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])

@@ -3,7 +3,8 @@ DeltaNet layers over the state pool's slots in place, gated attention with per-h
 native call per step. On a Q8_0 GGUF it gives the per-op path's hidden states, K/V pool and recurrent states bit for
 bit through prompt chunks and decodes beside other sequences; a row's result does not depend on its batch or on how
 its prompt was chunked; through the engine the tokens are the per-op path's batched, chunked, after preemption,
-beside a cancel, on a prefix-cache hit and under speculation, and the state pool ends empty. qwen35moe stays per-op."""
+beside a cancel, on a prefix-cache hit and under speculation, and the state pool ends empty. qwen35moe runs fused too
+(its MoE feed-forwards, shared expert included, as moe_layer.c plans at layer_t.moe), bit for bit the per-op path's."""
 
 from __future__ import annotations
 
@@ -76,10 +77,15 @@ def run_steps(model: Qwen35Model, fused: bool | NativeDecoder, steps=STEPS, ids=
     return hidden, pool, states
 
 
-@pytest.mark.parametrize("kv", [None, Q8_0], ids=["bf16-kv", "q8_0-kv"])
-def test_qwen35_fused_stack_equals_the_per_op_path(tmp_path, kv):
-    model = load(tmp_path / "q.gguf")
-    assert isinstance(model.native_decoder(), NativeDecoder)
+@pytest.mark.parametrize("kv,moe", [(None, False), (Q8_0, False), (None, True), (Q8_0, True)],
+                         ids=["bf16-kv", "q8_0-kv", "moe-bf16-kv", "moe-q8_0-kv"])
+def test_qwen35_fused_stack_equals_the_per_op_path(tmp_path, kv, moe):
+    model = load(tmp_path / "q.gguf", moe=moe)
+    plan = model.native_decoder()
+    assert isinstance(plan, NativeDecoder)
+    if moe:  # every feed-forward is a moe_layer.c plan, the shared expert inside it, kept alive by the plan
+        assert len(plan.moe) == len(model.layers) and all(p.has_shared for p in plan.moe)
+        assert [plan.layers[i].moe for i in range(len(model.layers))] == [p.address() for p in plan.moe]
     fused, fused_kv, fused_states = run_steps(model, True, kv=kv)
     per_op, per_op_kv, per_op_states = run_steps(model, False, kv=kv)
     for step, (a, b) in enumerate(zip(fused, per_op)):
@@ -102,8 +108,8 @@ def test_qwen35_fused_rows_do_not_depend_on_their_batch_or_chunks(tmp_path):
     assert torch.equal(whole[0][-1], chunked[2][-1])
 
 
-def test_qwen35moe_and_unquantized_matrices_stay_per_op(tmp_path):
-    assert build_qwen35(load(tmp_path / "moe.gguf", moe=True)) is None  # until layer.c runs MoE feed-forwards
+def test_qwen35_unquantized_matrices_stay_per_op(tmp_path):
+    assert build_qwen35(load(tmp_path / "moe.gguf", moe=True, qtype="F32")) is None  # experts not block formats
     assert build_qwen35(load(tmp_path / "f32.gguf", qtype="F32")) is None  # not block formats
     assert build_qwen35(load(tmp_path / "q8.gguf", torch.float32)) is None  # float32: exact, not block formats
     model = load(tmp_path / "q.gguf")
@@ -192,3 +198,19 @@ def test_qwen35_engine_prefix_hit_and_speculation_fused(fused_llm):
     assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
     assert isinstance(fused_llm.lm.model._native, NativeDecoder)
     assert_empty(spec.engine)
+
+
+def test_qwen35moe_engine_tokens_are_the_per_op_paths(tmp_path):
+    """qwen35moe through the engine, batched and chunked: the fused stack's tokens are the per-op path's alone."""
+    path = write_qwen35_gguf(hf_qwen35(moe=True), tmp_path / "moe.gguf", "Q8_0")
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+    assert isinstance(llm.lm.model.native_decoder(), NativeDecoder)
+    ps = prompts(5, 23, 40, 71)
+    with per_op(llm):
+        alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
+    assert ids(llm.generate(ps, GREEDY)) == alone and len(set(alone[3])) > 2
+    assert_empty(llm.engine)
+    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert ids(chunked.generate(ps, GREEDY)) == alone
+    assert isinstance(llm.lm.model._native, NativeDecoder)
+    assert_empty(chunked.engine)

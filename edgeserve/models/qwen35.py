@@ -13,10 +13,10 @@ Partial RoPE runs on the full-width RoPE kernels: the q / k rows of each head ar
 dims' rotate-half pairs (i, i + r/2) become the full head's pairs (i, i + D/2), with a zero frequency (no rotation) on
 the other pairs; q . k is unchanged by a permutation applied to both, and V / the output are not touched.
 
-On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
+On the CPU, with every matrix in GGUF block formats, the block runs in the fused native stack
 (kernels.cpu_decoder_qwen35: one native call per step, the recurrent states updated in place in the state pool),
-which calls the same kernels in the same order as the per-op path here, so the two agree bit for bit. The MoE block
-runs per-op.
+which calls the same kernels in the same order as the per-op path here, so the two agree bit for bit; the MoE block's
+feed-forward enters it as the same moe_layer.c plan its MoELayer runs per-op.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class Qwen35Model(LlamaModel):
 
     def native_decoder(self) -> NativeDecoder | None:
         """The whole layer stack as one native call (kernels.cpu_decoder_qwen35), planned once; None where it does
-        not apply (qwen35moe, weights not in block formats, a GPU). Setting `_native = None` keeps the per-op path
+        not apply (weights or experts not in block formats, a GPU). Setting `_native = None` keeps the per-op path
         (the tests and benchmarks compare the two that way)."""
         if self._native is False:
             self._native = build_qwen35(self)
