@@ -192,6 +192,8 @@ def main() -> int:
     p.add_argument("--convert", help="llama.cpp's convert_hf_to_gguf.py")
     p.add_argument("--vocab-from", help="an encoder folder with vocab.txt / tokenizer.json")
     args = p.parse_args()
+    if not args.settle >= 0:  # also NaN
+        p.error(f"--settle must be a number of seconds >= 0, not {args.settle}")
     if args.convert_folder:
         if not (args.out and args.convert):
             p.error("--convert-folder needs --out and --convert")
