@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-from dataclasses import dataclass
 from typing import Any
 
+from edgeserve.text.formats.base import ToolCall
 from edgeserve.text.xml_tool_calls import FUNCTION_OPEN, parse_xml_calls, template_writes_xml_calls
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -45,33 +44,6 @@ TOOLS_SYSTEM_PROMPT = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}"
     "\n</tool_call>"
 )
-
-
-@dataclass
-class ToolCall:
-    """One parsed call: `arguments` is JSON text (as OpenAI sends it)."""
-
-    name: str
-    arguments: str
-    id: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.id:
-            self.id = "call_" + secrets.token_hex(12)
-
-    def openai(self, index: int | None = None) -> dict[str, Any]:
-        """The OpenAI `tool_calls` item (with `index` for stream deltas)."""
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}
-        return out if index is None else {"index": index, **out}
-
-    def ollama(self) -> dict[str, Any]:
-        """The Ollama `tool_calls` item (arguments as an object)."""
-        try:
-            args = json.loads(self.arguments)
-        except json.JSONDecodeError:
-            args = self.arguments
-        return {"function": {"name": self.name, "arguments": args}}
 
 
 def detect_format(template_source: str) -> str:
