@@ -491,12 +491,12 @@ class Interpreter:
         while i < len(toks):
             if toks[i].value != "." or toks[i + 1].kind != "id":
                 raise Unsupported(f"unexpected {toks[i].value!r} at line {toks[i].line}")
-            name, i = toks[i + 1].value, i + 2
+            name, line, i = toks[i + 1].value, toks[i + 1].line, i + 2
             args: list = []
             if i < len(toks) and toks[i].value == "(":
                 close = _close(toks, i)
                 args, i = self.eval_list(toks[i + 1:close], env), close + 1
-            value = self.method(value, name, args, toks[i - 1].line)
+            value = self.method(value, name, args, line)
         return value
 
     def _primary(self, toks: list[Tok], env: dict) -> tuple[Any, int]:
