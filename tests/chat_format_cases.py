@@ -134,8 +134,9 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
     if "".join(pieces) != case["input"]:
         raise ValueError("the chunks do not make up the case's input")
     content, reasoning, calls = "", "", []
-    for i, piece in enumerate(pieces or [""]):
-        last = i == len(pieces) - 1 or not pieces
+    pieces = pieces or [""]
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
         finish = ("length" if case.get("is_partial") else "stop") if last else None
         out = RequestOutput("case", piece, [], None, finish)
         setup.split(parser, out)
@@ -189,15 +190,16 @@ def check_case(case: dict) -> list[str]:
 
 
 def chunkings(text: str, seed: str) -> dict[str, list[str]]:
-    """The streamed splits of `text` the tests try: one character at a time, and random pieces of 1-8
-    characters from a seed fixed per case."""
+    """The streamed splits of `text` the tests try: one character at a time, random pieces of 1-8 characters
+    from a seed fixed per case, and the whole text with the finish in a delta of its own (as when the
+    end-of-turn token has no text)."""
     rng = random.Random(zlib.crc32(seed.encode()))
     pieces, i = [], 0
     while i < len(text):
         n = rng.randint(1, 8)
         pieces.append(text[i:i + n])
         i += n
-    return {"chars": list(text), "random": pieces}
+    return {"chars": list(text), "random": pieces, "finish_apart": [text, ""]}
 
 
 def stream_mismatch(case: dict) -> str | None:
