@@ -9,6 +9,10 @@ models/templates/, a model reply (`input`), the request's parameters and the mes
      "add_generation_prompt", "continue_final_message",
      "expect": {"content", "reasoning_content", "tool_calls": [{"name", "arguments" (JSON text), "id"}]}}
 
+(llama.cpp's cases also say `expect_reconstruction` and `explicit`, the parameters the case set itself, the others
+being llama.cpp's defaults; the harness does not read them.) A case without `tools` is a request without tools
+(tool_choice "none", as the routes make it), whatever its tool_choice says.
+
 `run_case` takes exactly the server's path: the request's fields parsed by the OpenAI route's own parsers into a
 `GenerationRequest`, `chat_setup(req, template)`, then its `.parser()` fed the reply as `RequestOutput` deltas through
 `ChatSetup.split`, as `Generation.outputs` does; the last delta finishes with "stop" ("length" for a partial case:
@@ -255,7 +259,8 @@ def render_error(name: str) -> str | None:
         prompt = chat_setup(build_request(case), chat_template(name)).prompt
     except Exception as e:  # noqa: BLE001
         return f"error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-    missing = [t for t in ("What is the weather in Paris?", "It is 21 degrees in Paris.", "Thanks!") if t not in prompt]
+    missing = [t for t in ("get_weather", "What is the weather in Paris?", "It is 21 degrees in Paris.", "Thanks!")
+               if t not in prompt]
     return f"the prompt lacks {missing[0]!r}" if missing else None
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from chat_format_cases import (DATA, KNOWN_FAILURES, check_case, known_failures, load_cases, render_error,
-                               stream_mismatch, template_names)
+from chat_format_cases import (DATA, KNOWN_FAILURES, Call, check_case, known_failures, load_cases, mismatches,
+                               render_error, stream_mismatch, template_names)
 
 CASES = load_cases()
 KNOWN = known_failures()
@@ -49,6 +49,20 @@ def test_streamed_reads_as_whole(case):
 def test_template_renders_tool_conversation(name):
     problem = render_error(name)
     assert problem is None, problem
+
+
+def test_comparison_follows_llama_cpp():
+    """Whitespace around content and reasoning is ignored, arguments compare as JSON (text that does not parse as
+    nothing), ids only where the expectation has one; anything else differing is reported."""
+    case = {"expect": {"content": "Hi", "reasoning_content": "", "tool_calls": [
+        {"name": "f", "arguments": '{"a": 1, "b": [2]}', "id": ""}, {"name": "g", "arguments": '{"x', "id": "7"}]}}
+    calls = [Call("f", '{"b":[2],"a":1}', "call_1"), Call("g", '{"y', "7")]
+    assert mismatches(case, ("\n Hi \n", " ", calls)) == []
+    assert mismatches(case, ("Hi!", "", calls))[0].startswith("content")
+    assert mismatches(case, ("Hi", "x", calls))[0].startswith("reasoning")
+    assert mismatches(case, ("Hi", "", [Call("f", '{"a": 2, "b": [2]}'), calls[1]]))[0].startswith("call 0 arguments")
+    assert mismatches(case, ("Hi", "", [calls[0], Call("g", "{", "8")]))[0].startswith("call 1 id")
+    assert mismatches(case, ("Hi", "", calls[:1]))[0].startswith("1 tool calls != 2")
 
 
 def test_known_failures_name_real_cases():
