@@ -242,7 +242,8 @@ RENDER_MESSAGES = [  # the call id is 9 alphanumerics, as Mistral's templates de
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
     {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "a1b2c3d4e", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"id": "a1b2c3d4e", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": '{"temperature": 21}'},
     {"role": "assistant", "content": "It is 21 degrees in Paris."},
     {"role": "user", "content": "Thanks!"},

@@ -89,6 +89,23 @@ def _escape(src: str, i: int, out: bytearray) -> int:
     raise ValueError(f"unknown escape \\{c}")
 
 
+def _string_literal(src: str, m: re.Match) -> tuple[bytes, int]:
+    """The bytes of the string literal whose opening `m` matched, and the index after it."""
+    if m.group(2):  # raw string R"delim( ... )delim"
+        j = src.index("(", m.end())
+        delim = src[m.end():j]
+        end = src.index(")" + delim + '"', j)
+        return src[j + 1:end].encode(), end + len(delim) + 2
+    i, out = m.end(), bytearray()
+    while src[i] != '"':
+        if src[i] == "\\":
+            i = _escape(src, i + 1, out)
+        else:
+            out += src[i].encode()
+            i += 1
+    return bytes(out), i + 1
+
+
 def tokenize(src: str) -> list[Tok]:
     """C++ tokens (comments and preprocessor lines dropped); string literals decoded to bytes."""
     toks: list[Tok] = []
@@ -118,25 +135,10 @@ def tokenize(src: str) -> list[Tok]:
             continue
         m = _STR_START.match(src, i)
         if m and (i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")):
-            start_line = line
-            if m.group(2):  # raw string R"delim( ... )delim"
-                j = src.index("(", m.end())
-                delim = src[m.end():j]
-                end = src.index(")" + delim + '"', j)
-                body = src[j + 1:end]
-                toks.append(Tok("str", body.encode(), start_line))
-                line += src.count("\n", i, end)
-                i = end + len(delim) + 2
-                continue
-            i, out = m.end(), bytearray()
-            while src[i] != '"':
-                if src[i] == "\\":
-                    i = _escape(src, i + 1, out)
-                else:
-                    out += src[i].encode()
-                    i += 1
-            toks.append(Tok("str", bytes(out), start_line))
-            i += 1
+            data, end = _string_literal(src, m)
+            toks.append(Tok("str", data, line))
+            line += src.count("\n", i, end)
+            i = end
             continue
         if c == "'":
             j = i + 1
@@ -181,9 +183,9 @@ def _split_top(toks: list[Tok], sep: str = ",") -> list[list[Tok]]:
     """toks split at depth-0 separators (empty trailing part dropped)."""
     parts, cur, depth = [], [], 0
     for t in toks:
-        if t.kind == "op" and t.value in "({[" and t.value:
+        if t.kind == "op" and t.value in ("(", "{", "["):
             depth += 1
-        elif t.kind == "op" and t.value in ")}]":
+        elif t.kind == "op" and t.value in (")", "}", "]"):
             depth -= 1
         if depth == 0 and t.kind == "op" and t.value == sep:
             parts.append(cur)
@@ -208,7 +210,8 @@ def call(name: str, arguments: str = "", id: str = "") -> dict:
     return {"name": name, "arguments": arguments, "id": id}
 
 
-def simple_assist_msg(content: str, reasoning: str = "", tool_name: str = "", arguments: str = "", id: str = "") -> dict:
+def simple_assist_msg(content: str, reasoning: str = "", tool_name: str = "", arguments: str = "",
+                      id: str = "") -> dict:
     calls = [call(tool_name, arguments, id)] if tool_name or id else []
     return msg("assistant", content, reasoning, calls)
 
@@ -277,6 +280,11 @@ class Builder:
 
 
 # ---------------------------------------------------------------- the interpreter
+
+
+# the words a local declaration starts with in the test functions
+DECL_STARTS = ("static", "const", "auto", "std", "char", "common_chat_msg", "common_chat_tool",
+               "common_chat_templates_inputs")
 
 
 class Unsupported(Exception):
@@ -448,8 +456,7 @@ class Interpreter:
             target = self.lookup(head[0].value, env)  # x.field = value
             target[head[2].value] = self.eval(stmt[eq + 1:], env)
             return
-        if head and head[0].kind == "id" and head[0].value in ("static", "const", "auto", "std", "common_chat_msg",
-                                                             "common_chat_tool", "char", "common_chat_templates_inputs"):
+        if head and head[0].kind == "id" and head[0].value in DECL_STARTS:
             if eq is not None:
                 env[head[-1].value] = self.eval(stmt[eq + 1:], env)
             elif stmt[-1].value == "}":  # Type name{...}
