@@ -1,6 +1,7 @@
 """Chat templates: a model's Jinja template turned into a prompt string, as transformers renders it.
 
-Templates come with the model and are untrusted code, so they run in Jinja's immutable sandbox with
+Templates come with the model and are untrusted code, so they run in Jinja's sandbox (mutable, as llama.cpp's
+engine is: Kimi K2's template appends to its own lists; each render gets fresh copies of the request's data) with
 the same settings and helpers as transformers' `apply_chat_template` (`trim_blocks`, `lstrip_blocks`,
 `loopcontrols`, `raise_exception`, a `tojson` that does not HTML-escape, `strftime_now`), and reaching
 for an underscore attribute such as `__class__` stops rendering with a `ChatTemplateError`.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from edgeserve.errors import ChatTemplateError, ModelLoadError
 
@@ -71,7 +72,15 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_json_sequence)
+
+
+def _json_sequence(value: Any) -> list:
+    """A filter's lazy result (`tools | map(attribute='function')`) as the list it stands for, for `tojson`."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str) -> str:
@@ -119,7 +128,7 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body).set_lineno(lineno)
 
 
-class _Environment(ImmutableSandboxedEnvironment):
+class _Environment(SandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         # The stock sandbox returns an Undefined that prints as '' -- fail loudly instead.
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")

@@ -123,10 +123,12 @@ def test_sandbox_blocks_escapes(source, tmp_path):
     assert not marker.exists()
 
 
-def test_template_cannot_mutate_messages():
+def test_template_mutates_only_its_own_copies():
+    """Lists may be appended to (Kimi K2's template queues tool-call ids), but never the caller's messages."""
     messages = [{"role": "user", "content": "hi"}]
-    with pytest.raises(ChatTemplateError, match="refused by the sandbox"):
-        ChatTemplate("{% set _ = messages.append(1) %}").render(messages)
+    source = ("{% set ns = namespace(ids=[]) %}{% set _ = ns.ids.append('a') %}{% set _ = messages.append(1) %}"
+              "{{ ns.ids | tojson }} {{ messages | length }} {{ messages[:1] | map(attribute='role') | tojson }}")
+    assert ChatTemplate(source).render(messages) == '["a"] 2 ["user"]'
     assert messages == [{"role": "user", "content": "hi"}]
 
 
