@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,8 @@ def _block(body: str) -> str:
 
 @pytest.mark.parametrize("body, calls", [
     ('[f(a=1, b="x", c=True, d=None, e={"k": 1})]', [("f", {"a": 1, "b": "x", "c": True, "d": None, "e": {"k": 1}})]),
-    ("[f(a='single', b=-2.5, c=[1, (2, 3)], d=1e3)]", [("f", {"a": "single", "b": -2.5, "c": [1, [2, 3]], "d": 1000.0})]),
+    ("[f(a='single', b=-2.5, c=[1, (2, 3)], d=1e3)]",
+     [("f", {"a": "single", "b": -2.5, "c": [1, [2, 3]], "d": 1000.0})]),
     ('[f(a="x, y) ]"), g()]', [("f", {"a": "x, y) ]"}), ("g", {})]),
     ('[ f( a = 1 , ) ,g(b="""tri"ple""") ]', [("f", {"a": 1}), ("g", {"b": 'tri"ple'})]),
     ('[Calendar.create_event(title="demo")]', [("Calendar.create_event", {"title": "demo"})]),
@@ -237,6 +239,28 @@ def test_forced_grammar_named_and_single_call(tok):
     assert _admits(tok, one, _block("[anything()]"))
     assert not _admits(tok, one, _block("[anything(), anything()]"))
     assert _walk(tok, one, _block("[anything()]"))[0].finished
+
+
+def test_forced_grammar_after_a_thought(tok):
+    """LFM2.5-8B-A1B thinks first: with the reasoning tags set on the spec, the thought is free and the call
+    follows it."""
+    spec = replace(forced_grammar(TOOLS, "get_weather", True), think=("<think>", "</think>"))
+    assert _admits(tok, spec, "<think>Paris, surely.</think>" + _block("[get_weather(city='Paris')]"))
+    assert not _admits(tok, spec, "<think>Paris, surely.</think>Sure.")
+
+
+def test_forced_grammar_resolves_refs_to_the_parameters_definitions(tok):
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+             "additionalProperties": False}
+    move = {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/$defs/point"}, "why": {"type": "string", "nullable": True}},
+        "required": ["to"], "$defs": {"point": point}}}}
+    spec = forced_grammar([move], None, False)
+    assert _admits(tok, spec, _block('[move(to={"x": 3}, why=None)]'))
+    assert _admits(tok, spec, _block("[move(to={\"x\": 3}, why='go')]"))
+    assert not _admits(tok, spec, _block('[move(to={"y": 3})]'))
+    assert parse_calls(_block('[move(to={"x": 3}, why=None)]'), _ctx([move]))[1][0].arguments == \
+        '{"to": {"x": 3}, "why": null}'
 
 
 def test_random_walks_through_the_grammar_read_back(tok):

@@ -165,7 +165,8 @@ def to_json(value: Any) -> str:
     if isinstance(value, dict):
         if not all(isinstance(k, str) or type(k) is int for k in value):
             raise TypeError("a dict key that is neither a string nor an integer")
-        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {to_json(v)}" for k, v in value.items()) + "}"
+        items = (f"{json.dumps(str(k), ensure_ascii=False)}: {to_json(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
     if value is None or isinstance(value, (str, int, float)):
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
     raise TypeError(f"no JSON for a {type(value).__name__}")
