@@ -139,14 +139,22 @@ CONVERSATIONS = {
 }
 
 
+def _without_template_quirks(text: str, instructions: str) -> str:
+    """The official template's rendering with its two documented departures from harmony undone: tool results
+    JSON-quoted, and a blank line closing a developer message that has instructions but no tools."""
+    text = text.replace(json.dumps(RESULT), RESULT)
+    return text.replace(f"# Instructions\n\n{instructions}\n\n<|end|>", f"# Instructions\n\n{instructions}<|end|>")
+
+
 @pytest.mark.parametrize("name", CONVERSATIONS)
 @pytest.mark.parametrize("effort", ["low", "high"])
 def test_matches_the_official_template(name, effort):
-    """Byte for byte, but for the documented difference: the template JSON-quotes tool results, harmony (and
-    edgeserve) writes them as they are."""
+    """Byte for byte, but for the documented differences (test_where_the_official_template_strays_from_the_reference
+    shows each)."""
     messages = CONVERSATIONS[name]
     tools = [WEATHER] if "tool" in name else None
-    want = official(messages, tools, reasoning_effort=effort).replace(json.dumps(RESULT), RESULT)
+    first = messages[0]["content"] if messages[0]["role"] in ("system", "developer") else ""
+    want = _without_template_quirks(official(messages, tools, reasoning_effort=effort), first)
     got = ours(messages, tools, effort)
     assert got == want
     assert f"Reasoning: {effort}\n" in got and got.endswith("<|start|>assistant")
@@ -178,16 +186,40 @@ def test_parallel_calls_each_get_a_message_and_their_results_are_named():
 
 
 def test_where_the_official_template_strays_from_the_reference():
-    """Two more template quirks edgeserve does not copy (it follows openai/harmony's renderer, as
-    test_matches_the_reference_renderer checks): a comma after a defaulted parameter's `// default:` comment, and
-    a blank line opening a developer message that has tools but no instructions."""
+    """Template quirks edgeserve does not copy (it follows openai/harmony's renderer, as
+    test_matches_the_reference_renderer checks): a comma after a defaulted parameter's `// default:` comment, a
+    blank line closing a developer message that has instructions but no tools (harmony's docs/format.md: `#
+    Instructions\n\n{instructions}<|end|>`), JSON-quoted tool results. A developer message with tools but no
+    instructions opens with `# Tools` in both now (the template's earlier revision opened it with a blank line)."""
     unit = {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"], "default": "c"}}}
     tool = {"type": "function", "function": {"name": "t", "description": "T", "parameters": unit}}
     line = 'unit?: "c" | "f", // default: c'
     assert f"{line}\n" in tools_namespace([tool])
     template = official([{"role": "user", "content": "x"}], [tool])
-    assert f"{line},\n" in template and "<|start|>developer<|message|>\n\n# Tools" in template
+    assert f"{line},\n" in template and "<|start|>developer<|message|># Tools" in template
     assert "<|start|>developer<|message|># Tools" in ours([{"role": "user", "content": "x"}], [tool])
+    brief = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]
+    assert "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>" in official(brief)
+    assert "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>" in ours(brief)
+    result = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+              {"role": "tool", "content": RESULT, "tool_call_id": "call_1"}]
+    assert f"<|message|>{json.dumps(RESULT)}<|end|>" in official(result, [WEATHER])
+    assert f"<|message|>{RESULT}<|end|>" in ours(result, [WEATHER])
+
+
+def test_instructions_alone_match_the_reference_renderer():
+    """openai/harmony's test_simple_convo_high_effort (its test-data file), byte for byte but for the current date
+    (edgeserve, like the template, always writes one): a developer message with instructions and no tools ends
+    right after them."""
+    messages = [{"role": "system", "content": "Answer the user's questions like a robot."},
+                {"role": "user", "content": "What is the capital of the largest country in the world?"}]
+    expected = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                "Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: high\n\n"
+                "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+                "<|start|>developer<|message|># Instructions\n\nAnswer the user's questions like a robot.<|end|>"
+                "<|start|>user<|message|>What is the capital of the largest country in the world?<|end|>"
+                "<|start|>assistant")
+    assert ours(messages, effort="high") == expected
 
 
 # --- parsing replies -----------------------------------------------------------------------------------------------
@@ -206,8 +238,8 @@ REPLIES = {
                             [("get_weather", '{"city":"Rome"}')]),
     "unknown function is text": ('<|channel|>commentary to=functions.launch <|constrain|>json<|message|>{"at": 1}',
                                  "", '{"at": 1}', []),
-    "built-in tool is reasoning": ('<|channel|>analysis<|message|>Search.<|end|><|start|>assistant<|channel|>analysis'
-                                   ' to=browser.search code<|message|>{"query": "x"}', 'Search.{"query": "x"}', "", []),
+    "built-in tool is dropped": ('<|channel|>analysis<|message|>Search.<|end|><|start|>assistant<|channel|>analysis'
+                                 ' to=browser.search code<|message|>{"query": "x"}<|call|>', "Search.", "", []),
     "answer only, ended": (f"<|channel|>final<|message|>{ANSWER}<|return|>ignored", "", ANSWER, []),
     "missing <|end|>": (f"<|channel|>analysis<|message|>{THOUGHT}<|start|>assistant<|channel|>final<|message|>{ANSWER}",
                         THOUGHT, ANSWER, []),
@@ -236,6 +268,68 @@ def test_parses_whole_and_streamed_at_every_split(name):
     assert _parse(list(text)) == want  # one character at a time: every token boundary is among these
     for i in range(1, len(text)):
         assert _parse([text[:i], text[i:]]) == want, f"split at {i}: {text[:i]!r} | {text[i:]!r}"
+
+
+# llama.cpp's gpt-oss expectations (tests/test-chat.cpp, its openai-gpt-oss-120b.jinja block; the line each starts
+# on): model text -> (reasoning, content, calls). Left out: the reasoning_format "none" case (edgeserve always
+# splits harmony) and the two continue_final_message cases (no API here continues a prefilled message).
+HELLO, THINKING, ARG1 = "Hello, world!\nWhat's up?", "I'm\nthinking", '{"arg1": 1}'
+EDIT_ARGS = '{"oldString": "if (part < railCount - 1) {", "newString": "if (part < 4) {", "replaceAll": false}'
+PY_HELLO = "I will execute python to say hello"
+LLAMA_CPP_CASES = {
+    6428: (f"<|channel|>final<|message|>{HELLO}", "", HELLO, []),
+    6431: (f"<|channel|>commentary<|message|>{HELLO}", "", HELLO, []),
+    6434: (f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant<|channel|>final<|message|>{HELLO}",
+           THINKING, HELLO, []),
+    6450: (f"<|channel|>analysis<|message|>{THINKING}", THINKING, "", []),
+    6457: (f" to=functions.special_function<|channel|>analysis<|message|>{ARG1}", "", "", [("special_function", ARG1)]),
+    6464: (f"<|channel|>analysis to=functions.special_function<|message|>{ARG1}", "", "",
+           [("special_function", ARG1)]),
+    6471: (f" to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>{ARG1}", "", "",
+           [("special_function", ARG1)]),
+    6478: (f"<|channel|>commentary to=functions.special_function<|message|>{ARG1}", "", "",
+           [("special_function", ARG1)]),
+    6485: (f"<|channel|>analysis<|message|>{THINKING}<|end|>"
+           f"<|start|>assistant to=functions.special_function<|channel|>analysis<|message|>{ARG1}", THINKING, "",
+           [("special_function", ARG1)]),
+    6494: ("<|channel|>analysis<|message|>Thinking about edit...<|end|><|start|>assistant<|channel|>commentary "
+           f"to=functions.edit <|constrain|>json<|message|>{EDIT_ARGS}", "Thinking about edit...", "",
+           [("edit", EDIT_ARGS)]),
+    6531: ('<|channel|>analysis<|message|>I need to output the invoice details in JSON<|end|><|start|>assistant'
+           '<|channel|>final <|constrain|>json<|message|>{"amount": 123.45, "date": "2025-12-03"}',
+           "I need to output the invoice details in JSON", '{"amount": 123.45, "date": "2025-12-03"}', []),
+    # messages to built-in tools: neither the answer nor the thought
+    6547: (f"<|channel|>analysis<|message|>{PY_HELLO}<|end|><|start|>assistant to=container.exec<|channel|>commentary"
+           "<|message|>python3 -c 'print(\"hello\")'", PY_HELLO, "", []),
+    6556: (f"<|channel|>analysis<|message|>{PY_HELLO}<|end|><|start|>assistant<|channel|>commentary to=python "
+           '<|constrain|>code<|message|>print("hello")', PY_HELLO, "", []),
+    # a header that names a channel twice: the last one counts
+    6567: (f"<|channel|>commentary to=assistant<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant"
+           f"<|channel|>final<|message|>{HELLO}", THINKING, HELLO, []),
+    6575: (f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant<|channel|>commentary to=assistant"
+           f"<|channel|>final<|message|>{HELLO}", THINKING, HELLO, []),
+}
+
+
+@pytest.mark.parametrize("line", LLAMA_CPP_CASES)
+def test_llama_cpp_expectations_whole_and_streamed(line):
+    """Each gpt-oss reply llama.cpp's parser tests check, whole, one character at a time and split in two
+    everywhere; the tools offered are the ones those tests declare."""
+    text, thought, answer, calls = LLAMA_CPP_CASES[line]
+    known = {"special_function", "edit"}
+    want = (thought, answer, calls)
+    assert _parse([text], known) == want
+    assert _parse(list(text), known) == want
+    for i in range(1, len(text)):
+        assert _parse([text[:i], text[i:]], known) == want, f"split at {i}"
+
+
+def test_llama_cpp_cases_are_the_reference_ones():
+    """The table above quotes test-chat.cpp: each case's text is the one its line passes to `tst.test(`."""
+    from chat_cpp_inputs import input_at
+
+    for line, (text, *_) in LLAMA_CPP_CASES.items():
+        assert input_at(line) == text, line
 
 
 def test_streamed_text_is_final_and_never_shows_a_marker():

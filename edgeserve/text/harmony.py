@@ -14,8 +14,9 @@ Why edgeserve renders harmony itself instead of running the model's Jinja templa
   renderer of the format gpt-oss was trained on), while the Jinja copies drift from it: GGUFs carry the first
   published template or patched community ones, and the current official one still differs from the reference
   renderer (it JSON-quotes tool results, `"{\\"temp\\": 20}"`; renders only the first of several parallel
-  calls; puts a comma after a parameter's `// default:` comment; opens a developer message that has tools but no
-  instructions with a blank line). edgeserve follows the reference in each of these;
+  calls; puts a comma after a parameter's `// default:` comment; ends a developer message that has instructions
+  but no tools with a blank line, where openai/harmony's docs/format.md and renderer end it right after the
+  instructions). edgeserve follows the reference in each of these;
 - the server must understand the format anyway, to parse replies and build grammars, and a request's fields map
   onto it directly (reasoning effort onto `Reasoning:`, `reasoning_content` onto the analysis of a tool-calling
   turn) without template-variable conventions (`thinking`, `reasoning_effort`, `builtin_tools`).
@@ -27,7 +28,7 @@ developer message (`# Instructions` from the first system/developer message, `# 
 `namespace functions`), earlier reasoning dropped except for tool-calling turns not yet answered, tool calls as
 `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{args}<|call|>`, tool results from
 `functions.NAME to=assistant` on commentary. Not supported: the built-in `browser` / `python` tools (nothing
-here runs them).
+here runs them; a reply's messages to them are dropped, as llama.cpp drops them).
 """
 
 from __future__ import annotations
@@ -294,6 +295,7 @@ def render_harmony(messages: list[dict[str, Any]], tools: list[dict] | None = No
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 _BODY_ENDS = (END, RETURN, CALL, START, CHANNEL)
+_TO_THE_READER = ("all", "assistant", "user")  # recipients that make a message an ordinary one
 _MAX_HEADER = 512  # header text without <|message|> past this is not harmony: it is shown as content
 
 
@@ -310,10 +312,12 @@ class HarmonyParser:
     """Splits one harmony reply as it streams: push(text) -> (reasoning, content); finish() -> (reasoning,
     content, tool calls). Same interface as edgeserve.text.chat_output.ChatOutputParser.
 
-    analysis -> reasoning; final and commentary without a recipient (a preamble) -> content; a message to
+    analysis -> reasoning; final and commentary without a recipient (a preamble) -> content; a header naming
+    its channel twice (`commentary to=assistant<|channel|>final`) goes by the last; a message to
     `functions.NAME` (NAME in `known`) -> a tool call, returned at finish() (a call ends the turn: `<|call|>`);
-    a call to an unknown function is content, messages to other recipients (built-in tools) reasoning. No
-    harmony marker ever reaches reasoning or content; nothing returned is retracted."""
+    a call to an unknown function is content; messages to other recipients (built-in tools: `python`,
+    `browser.search`, `container.exec`) are dropped. No harmony marker ever reaches reasoning or content; nothing
+    returned is retracted."""
 
     known: set[str] = field(default_factory=set)
     parallel: bool = True
@@ -385,12 +389,16 @@ class HarmonyParser:
     def _open(self, header: str) -> None:
         """Start a message: its header says where its content goes."""
         recipient = m.group(1) if (m := _RECIPIENT.search(header)) else ""
-        channel = m.group(1) if (m := _CHANNEL_NAME.search(header)) else ""
+        # a header may name its channel twice (`commentary to=assistant<|channel|>final`): the last one counts
+        channels = _CHANNEL_NAME.findall(header)
+        channel = channels[-1] if channels else ""
         if recipient.startswith("functions."):
             self._call, self._args = recipient[len("functions."):], ""
             self._kind = "call" if self._call in self.known else "unknown_call"
-        elif recipient and recipient != "all":
-            self._kind = "reasoning"  # a built-in tool's call is part of the chain of thought
+        elif recipient and recipient not in _TO_THE_READER:
+            # a call to a built-in tool (python, browser.search, container.exec): nothing here runs them, and it
+            # is neither the answer nor the thought (llama.cpp drops it the same way)
+            self._kind = "dropped"
         else:
             self._kind = "reasoning" if channel == "analysis" else "content"
         self._state, self._opened = "body", True
@@ -401,7 +409,7 @@ class HarmonyParser:
             return
         if self._kind in ("call", "unknown_call"):
             self._args += text
-        else:
+        elif self._kind != "dropped":
             pieces[self._kind] += text
 
     def _end_message(self, pieces: dict[str, str]) -> None:
