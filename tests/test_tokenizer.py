@@ -13,6 +13,7 @@ from tokenizers import decoders, processors
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.loaders.gguf_file import GGUFFile
+from edgeserve.loaders.pretokenizers import PRE_TOKENIZERS
 from edgeserve.loaders.tokenizer import (
     TOKEN_BYTE,
     TOKEN_CONTROL,
@@ -150,6 +151,19 @@ def _pieces(pre: str | None, text: str) -> list[str]:
 )
 def test_pre_tokenizer_splits(pre, text, pieces):
     assert _pieces(pre, text) == pieces
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_every_pre_tokenizer_builds_and_keeps_the_text(pre, tmp_path, monkeypatch):
+    # Every regex compiles in tokenizers' engine, and the pieces join back to the text (nothing dropped or doubled)
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))  # ~60 throwaway tokenizers stay out of the user's cache
+    text = "Hello, y'all! 我想在apple工作 1234567 ½ naïve e\u0301 한국어\n\n\t  <sentinel:3> x=3333!!"
+    backend = tokenizer_from_gguf(_pre_metadata(pre)).backend
+    if not PRE_TOKENIZERS[pre].byte_level:
+        assert backend.pre_tokenizer is None
+        return
+    pieces = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]  # byte-level spelled
+    assert decoders.ByteLevel().decode(pieces) == text and len(pieces) > 5
 
 
 def test_qwen35_keeps_decomposed_accents():
