@@ -4,8 +4,8 @@ GGUF files carry no `tokenizer.json`; they store the vocabulary under llama.cpp'
 an equivalent `tokenizers.Tokenizer` from those keys:
 
 - `tokenizer.ggml.model == "gpt2"`: byte-level BPE with the file's merges. How text is split before
-  BPE depends on `tokenizer.ggml.pre`: we use llama.cpp's regexes for each name, written the way the
-  original `tokenizer.json` files write them.
+  BPE depends on `tokenizer.ggml.pre` (pretokenizers.py: the original `tokenizer.json` splits for each
+  name llama.cpp knows); a few names mean SentencePiece-style BPE over raw UTF-8 instead, as `gemma4`.
 - `tokenizer.ggml.model == "llama"`: SentencePiece BPE. The file has scores instead of merges; merging
   the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
   `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
@@ -23,7 +23,6 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
