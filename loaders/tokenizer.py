@@ -4,8 +4,8 @@ GGUF files carry no `tokenizer.json`; they store the vocabulary under llama.cpp'
 an equivalent `tokenizers.Tokenizer` from those keys:
 
 - `tokenizer.ggml.model == "gpt2"`: byte-level BPE with the file's merges. How text is split before
-  BPE depends on `tokenizer.ggml.pre`: we use llama.cpp's regexes for each name, written the way the
-  original `tokenizer.json` files write them.
+  BPE depends on `tokenizer.ggml.pre` (pretokenizers.py: the original `tokenizer.json` splits for each
+  name llama.cpp knows); a few names mean SentencePiece-style BPE over raw UTF-8 instead, as `gemma4`.
 - `tokenizer.ggml.model == "llama"`: SentencePiece BPE. The file has scores instead of merges; merging
   the best-scoring pair first is what SentencePiece does, so merges are derived from the scores.
   `▁` stands for a space, unknown characters fall back to `<0xXX>` byte tokens.
@@ -23,7 +23,6 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,8 @@ import tokenizers
 from tokenizers.decoders import DecodeStream
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
+
+from .pretokenizers import PreTokenizer, pre_tokenizer_for, pre_tokenizer_steps
 
 log = logging.getLogger(__name__)
 
@@ -55,67 +56,6 @@ END_OF_TURN_TOKENS = (
     "_<EOT>",
     "<end_of_utterance>",
 )
-
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35_SPLIT = (  # Qwen2's with combining marks (\p{M}) kept inside words
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-@dataclass(frozen=True)
-class _PreTokenizer:
-    """How a byte-level BPE vocabulary splits text before merging, and its other per-family settings."""
-
-    splits: tuple[str, ...]  # regexes applied in turn, each splitting the pieces of the one before
-    ignore_merges: bool = False  # a piece that is itself a token is taken whole (Llama 3's tokenizer.json)
-    nfc: bool = False
-    add_bos: bool = False  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
-
-
-# `tokenizer.ggml.pre` names as llama.cpp's convert_hf_to_gguf.py writes them, with llama.cpp's regexes.
-_DEFAULT_PRE = _PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
-_GPT2_PRE = _PreTokenizer((_GPT2_SPLIT,))
-_DIGITS_GPT2_PRE = _PreTokenizer((r"\p{N}", _GPT2_SPLIT))
-_LLAMA3_PRE = _PreTokenizer((_LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
-_QWEN2_PRE = _PreTokenizer((_QWEN2_SPLIT,), nfc=True)  # Qwen2's tokenizer.json normalizes to NFC
-_PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
-    "default": _DEFAULT_PRE,
-    **dict.fromkeys(
-        ["gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "gigachat", "a.x-4.0", "mellum", "exaone4"],
-        _GPT2_PRE,
-    ),
-    **dict.fromkeys(
-        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], _DIGITS_GPT2_PRE
-    ),
-    **dict.fromkeys(
-        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2", "midm-2.0"], _LLAMA3_PRE
-    ),
-    **dict.fromkeys(["dbrx", "smaug-bpe"], _PreTokenizer((_LLAMA3_SPLIT,))),
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "megrez"], _QWEN2_PRE),
-    "qwen35": _PreTokenizer((_QWEN35_SPLIT,), nfc=True),  # Qwen3.5 / 3.6
-    "tekken": _PreTokenizer((_TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
-    **dict.fromkeys(["gpt-4o", "llama4"], _PreTokenizer((_GPT4O_SPLIT,))),
-}
-
 
 class Tokenizer:
     """Text <-> token ids for one model, plus the ids that matter to generation (BOS, EOS, end of turn)."""
@@ -204,8 +144,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     if len(types) != len(tokens):
         raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
 
-    if model == "gpt2":
-        pre = _gpt2_pre_tokenizer(metadata)
+    pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre")) if model == "gpt2" else None
+    if pre is not None:
         add_bos_default = pre.add_bos
     elif model in ("llama", "gemma4"):
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
@@ -242,7 +182,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
 
             spec = unigram_spec(metadata, tokens, types)
         else:
-            spec = _gpt2_spec(metadata, tokens, pre) if model == "gpt2" else _spm_spec(metadata, tokens, types)
+            byte_level = pre is not None and pre.byte_level
+            spec = _gpt2_spec(metadata, tokens, pre) if byte_level else _spm_spec(metadata, tokens, types, model)
         try:
             return tokenizers.Tokenizer.from_str(json.dumps({"version": "1.0", "added_tokens": added, **spec}))
         except Exception as e:  # the Rust side reports bad vocabularies/merges as a plain Exception
@@ -264,7 +205,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
 
 
 # Bump when the tokenizer.json this module builds from GGUF metadata changes, so stale cached ones are not used.
-_TOKENIZER_CACHE_VERSION = 1
+_TOKENIZER_CACHE_VERSION = 2
 
 
 def _gguf_tokenizer_key(metadata: Mapping[str, Any], added: list[dict[str, Any]]) -> str:
@@ -320,25 +261,15 @@ def _trim_cache(folder: Path, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
-def _gpt2_pre_tokenizer(metadata: Mapping[str, Any]) -> _PreTokenizer:
-    name = metadata.get("tokenizer.ggml.pre") or "default"
-    pre = _PRE_TOKENIZERS.get(name)
-    if pre is None:
-        log.warning("unknown GGUF pre-tokenizer %r; splitting text the GPT-2 way", name)
-        return _GPT2_PRE
-    return pre
-
-
-def _gpt2_spec(metadata: Mapping[str, Any], tokens: list[str], pre: _PreTokenizer) -> dict[str, Any]:
+def _gpt2_spec(metadata: Mapping[str, Any], tokens: list[str], pre: PreTokenizer) -> dict[str, Any]:
     """tokenizer.json fields for a byte-level BPE vocabulary."""
     merges = metadata.get("tokenizer.ggml.merges")
     if not merges:
         raise ModelLoadError("GGUF tokenizer 'gpt2' has no tokenizer.ggml.merges")
-    splits = [{"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in pre.splits]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "normalizer": {"type": "NFC"} if pre.nfc else None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*splits, byte_level]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizer_steps(pre)},
         "post_processor": None,
         "decoder": byte_level,
         # Normal tokens are stored in the byte-level alphabet, added ones as raw text; both go in as they are,
@@ -351,15 +282,17 @@ def _gpt2_spec(metadata: Mapping[str, Any], tokens: list[str], pre: _PreTokenize
     }
 
 
-def _spm_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> dict[str, Any]:
+def _spm_spec(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray, model: str) -> dict[str, Any]:
     """tokenizer.json fields for a SentencePiece BPE vocabulary (`▁` spaces, byte fallback), merging by the file's
-    merges where it has them (Gemma 4's 'gemma4' model: raw UTF-8 pieces, ranked merges), else by its scores."""
+    merges where it has them (Gemma 4's 'gemma4' model and 'gpt2' ones with a SentencePiece-style pre-tokenizer
+    name: raw UTF-8 pieces, ranked merges), else by its scores."""
     file_merges = metadata.get("tokenizer.ggml.merges")
     scores = metadata.get("tokenizer.ggml.scores")
     if not file_merges and (scores is None or len(scores) != len(tokens)):
         raise ModelLoadError("GGUF tokenizer 'llama' needs one tokenizer.ggml.scores entry per token")
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
-    prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    # llama.cpp's default: a dummy prefix for SentencePiece ('llama'), none for the BPE-typed models
+    prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", model == "llama"))
     decoders: list[dict[str, Any]] = [
         {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
         {"type": "ByteFallback"},

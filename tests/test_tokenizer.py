@@ -13,6 +13,7 @@ from tokenizers import decoders, processors
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.loaders.gguf_file import GGUFFile
+from edgeserve.loaders.pretokenizers import PRE_TOKENIZERS
 from edgeserve.loaders.tokenizer import (
     TOKEN_BYTE,
     TOKEN_CONTROL,
@@ -139,10 +140,50 @@ def _pieces(pre: str | None, text: str) -> list[str]:
         ("qwen2", "नमस्ते ok", ["नमस", "्त", "े", " ok"]),
         ("gpt2", "I'M ok", ["I", "'", "M", " ok"]),  # GPT-2's contractions are case-sensitive
         (None, "x=1234567!", ["x", "=", "123", "456", "7", "!"]),  # llama.cpp's 'default'
+        ("falcon", "\n =3333", ["\n ", "=", "333", "3"]),  # punctuation runs first, digits in threes
+        ("deepseek-llm", "ied 4 ½ months", ["ied", " ", "4", " ", "½", " months"]),
+        ("deepseek-coder", "ab12 ½", ["ab", "1", "2", " ", "½"]),
+        ("deepseek-v3", "Hello 1234567 世界ok.Go", ["Hello", " ", "123", "456", "7", " ", "世界", "ok", ".Go"]),
+        ("kimi-k2", "我想在apple工作 It's", ["我想在", "apple", "工作", " It's"]),  # Han never inside a word
+        ("afmoe", "x1234567 12", ["x", "1", "234", "567", " ", "12"]),  # threes counted from the right
+        ("gpt-4o", "HelloWorld I'M", ["Hello", "World", " I'M"]),
     ],
 )
 def test_pre_tokenizer_splits(pre, text, pieces):
     assert _pieces(pre, text) == pieces
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_every_pre_tokenizer_builds_and_keeps_the_text(pre, tmp_path, monkeypatch):
+    # Every regex compiles in tokenizers' engine, and the pieces join back to the text (nothing dropped or doubled)
+    monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))  # ~60 throwaway tokenizers stay out of the user's cache
+    text = "Hello, y'all! 我想在apple工作 1234567 ½ naïve e\u0301 한국어\n\n\t  <sentinel:3> x=3333!!"
+    backend = tokenizer_from_gguf(_pre_metadata(pre)).backend
+    if not PRE_TOKENIZERS[pre].byte_level:
+        assert backend.pre_tokenizer is None
+        return
+    pieces = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]  # byte-level spelled
+    assert decoders.ByteLevel().decode(pieces) == text and len(pieces) > 5
+
+
+def test_qwen35_keeps_decomposed_accents():
+    # Qwen3.5's tokenizer.json has no normalizer (Qwen2's normalizes to NFC): "e" + U+0301 stays two characters
+    assert json.loads(tokenizer_from_gguf(_pre_metadata("qwen35")).backend.to_str())["normalizer"] is None
+    assert json.loads(tokenizer_from_gguf(_pre_metadata("qwen2")).backend.to_str())["normalizer"] == {"type": "NFC"}
+
+
+def test_sentencepiece_style_bpe_under_gpt2():
+    # 'sarvam-moe': a 'gpt2' vocabulary of raw UTF-8 pieces with ▁ for spaces and no dummy prefix (as Gemma 4's)
+    meta = {
+        **_pre_metadata("sarvam-moe"),
+        "tokenizer.ggml.tokens": ["<unk>", "▁", "a", "b", "▁a", "ab"],
+        "tokenizer.ggml.token_type": [TOKEN_UNKNOWN] + [TOKEN_NORMAL] * 5,
+        "tokenizer.ggml.merges": ["▁ a", "a b"],
+        "tokenizer.ggml.eos_token_id": 0,
+    }
+    tok = tokenizer_from_gguf(meta)
+    assert tok.encode("ab a", add_special_tokens=False) == [5, 4]
+    assert tok.decode([5, 4]) == "ab a"
 
 
 def test_llama3_ignores_merges_for_whole_words():
