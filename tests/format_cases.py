@@ -35,8 +35,10 @@ TODO_LIST = tool("todo_list", {"todos": {"type": "array"}}, ["todos"])
 EMPTY_ARGS = tool("empty_args", {})
 # a tool whose every value is finite (a random walk through its grammar ends)
 PICK = tool("pick", {"color": {"enum": ["red", "green"]}, "on": {"type": "boolean"}}, ["color", "on"])
+PICK["function"]["parameters"]["additionalProperties"] = False
 
 CALL = ("special_function", {"arg1": 1})
+HELLO = "Hello, world!\nWhat's up?"
 
 
 def context(tools: list[dict]) -> CallContext:
@@ -58,7 +60,7 @@ def split(fmt: ChatFormat, text: str, tools: list[dict], opened: bool = False,
             end = body.find(tags[1])
             thought, text = (body, "") if end < 0 else (body[:end], body[end + len(tags[1]):].lstrip())
     calls = []
-    if tools and fmt.parse is not None:
+    if fmt.parse is not None:  # with no tools too: some formats wrap their answer in markup the parser drops
         starts = [at for m in fmt.call_markers if (at := text.find(m)) >= 0]
         if starts:
             at = min(starts)
@@ -108,7 +110,7 @@ def accepts(tok, spec: GrammarSpec, text: str) -> bool:
     return masked is None and any(allowed_mask([state], tok.vocab_size)[0, t] for t in tok.eot_ids)
 
 
-def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 400) -> str:
+def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 3000) -> str:
     """A reply a random-weight model would write under the grammar: uniformly random allowed tokens (end of turn
     as soon as it is allowed) until the grammar ends."""
     rng = random.Random(seed)
@@ -125,3 +127,17 @@ def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 400) -> str:
     else:
         raise AssertionError("the grammar did not end")
     return tok.decode(ids, skip_special_tokens=False)
+
+
+def check(name: str, text: str, tools: list[dict], opened: bool, expect: tuple) -> list[tuple[str, dict, str]]:
+    """Assert that format `name` splits `text` into `expect` = (content, reasoning, [(name, args[, id])]); the ids
+    are compared where `expect` gives one. Returns the calls read."""
+    from edgeserve.text.formats import get_format
+
+    content, reasoning, calls = split(get_format(name), text, tools, opened)
+    assert (content, reasoning) == expect[:2]
+    assert [c[:2] for c in calls] == [tuple(c[:2]) for c in expect[2]]
+    for got, want in zip(calls, expect[2]):
+        if len(want) == 3:
+            assert got[2] == want[2]
+    return calls

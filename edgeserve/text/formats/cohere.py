@@ -1,0 +1,132 @@
+"""Cohere's Command R7B, Cohere2 MoE (North) and Command R+: calls as a JSON list of
+`{"tool_call_id": ..., "tool_name": ..., "parameters": {...}}`.
+
+- "command_r7b": `<|START_THINKING|>...<|END_THINKING|>` reasoning, then `<|START_ACTION|>[...]<|END_ACTION|>` or
+  the answer in `<|START_RESPONSE|>...<|END_RESPONSE|>` (the wrapper is dropped from the content).
+- "cohere2moe": the same, the answer in `<|START_TEXT|>...<|END_TEXT|>`; its prompt opens the thought
+  (`<|START_THINKING|>`, or an empty one when the template's `reasoning` is off).
+- "command_r_plus": `Action:` then a ```` ```json ```` block holding the list (no `tool_call_id`); a reply may start
+  with `<|CHATBOT_TOKEN|>` and end with `<|END_OF_TURN_TOKEN|>`, both dropped.
+
+All the `<|...|>` markers are single special tokens of these vocabularies. A call's `tool_call_id` is its id.
+Detected by `<|START_ACTION|>` with `<|START_TEXT|>` (Cohere2 MoE) or `<|START_RESPONSE|>` (R7B), and R+ by `Action:`
+with `"tool_name"` in its tool prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.markup import Read, Reader, call_list, call_rules, json_at, lit, scan, skip_space
+
+THINKING = ("<|START_THINKING|>", "<|END_THINKING|>")
+ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
+RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
+TEXT = ("<|START_TEXT|>", "<|END_TEXT|>")
+CHATBOT, TURN_END = "<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"
+ACTION_WORD, FENCE = "Action:", "```"
+TOKENS = (*THINKING, *ACTION, *RESPONSE, *TEXT, CHATBOT, TURN_END)
+
+
+def _calls(value: Any, ctx: CallContext) -> list[ToolCall] | None:
+    return call_list(value, ctx, name_key="tool_name", args_keys=("parameters",), id_key="tool_call_id")
+
+
+def _read_action(text: str, pos: int, ctx: CallContext) -> Read | None:
+    """`[...]<|END_ACTION|>` after `<|START_ACTION|>` (the closing marker may be missing)."""
+    value = json_at(text, pos)
+    calls = _calls(value[0], ctx) if value is not None and isinstance(value[0], list) else None
+    if not calls:
+        return None
+    end = skip_space(text, value[1])
+    return Read(calls, "", end + len(ACTION[1]) if text.startswith(ACTION[1], end) else value[1])
+
+
+def _wrapper(close: str) -> Reader:
+    """A reader of an answer wrapper: its text up to `close` (or the end) is content."""
+    def read(text: str, pos: int, ctx: CallContext) -> Read:
+        end = text.find(close, pos)
+        end = len(text) if end < 0 else end
+        return Read([], text[pos:end], min(len(text), end + len(close)))
+    return read
+
+
+def _drop(text: str, pos: int, ctx: CallContext) -> Read:
+    return Read([], "", pos)
+
+
+def _read_fenced(text: str, pos: int, ctx: CallContext) -> Read | None:
+    """R+'s "Action:" then ```json [...] ``` (the language tag optional)."""
+    at = skip_space(text, pos)
+    if not text.startswith(FENCE, at):
+        return None
+    at += len(FENCE)
+    if text.startswith("json", at):
+        at += len("json")
+    value = json_at(text, at)
+    calls = _calls(value[0], ctx) if value is not None and isinstance(value[0], list) else None
+    if not calls:
+        return None
+    end = skip_space(text, value[1])
+    return Read(calls, "", end + len(FENCE) if text.startswith(FENCE, end) else value[1])
+
+
+_R7B = {ACTION[0]: _read_action, RESPONSE[0]: _wrapper(RESPONSE[1])}
+_MOE = {ACTION[0]: _read_action, TEXT[0]: _wrapper(TEXT[1])}
+_PLUS = {ACTION_WORD: _read_fenced, CHATBOT: _drop, TURN_END: _drop}
+
+
+def parse_r7b(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a Command R7B reply from its first action or response marker on."""
+    return scan(text, _R7B, ctx)
+
+
+def parse_moe(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a Cohere2 MoE reply from its first action or text marker on."""
+    return scan(text, _MOE, ctx)
+
+
+def parse_plus(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a Command R+ reply from its first `Action:` (or turn marker) on."""
+    return scan(text, _PLUS, ctx)
+
+
+def _list_grammar(tools: list[dict], choice: str | None, parallel: bool, head: str, tail: str) -> str:
+    """Lark: `head` + a JSON list of `{"tool_call_id": "N", "tool_name": NAME, "parameters": {...}}` + `tail`."""
+    from edgeserve.text.grammar import json_rule
+
+    def call(name: str, args: str) -> str:
+        return (f'"{{\\"tool_call_id\\": \\"" /[0-9]{{1,3}}/ "\\", \\"tool_name\\": " {lit(lit(name))} '
+                f'", \\"parameters\\": " {args} "}}"')
+
+    items = 'call (",\\n    " call)*' if parallel and choice is None else "call"
+    return (f'start: {head} "[\\n    " {items} "\\n]" {tail}\n'
+            + call_rules(tools, choice, call, json_rule))
+
+
+def forced_action(tools: list[dict], choice: str | None, parallel: bool) -> Any:
+    """The grammar of a `<|START_ACTION|>[...]<|END_ACTION|>` reply (R7B, Cohere2 MoE)."""
+    from edgeserve.text.grammar import GrammarSpec
+
+    return GrammarSpec("lark", _list_grammar(tools, choice, parallel, lit(ACTION[0]), lit(ACTION[1])),
+                       tokens=TOKENS)
+
+
+def forced_plus(tools: list[dict], choice: str | None, parallel: bool) -> Any:
+    """The grammar of an `Action:\\n```json\\n[...]\\n```` reply (R+)."""
+    from edgeserve.text.grammar import GrammarSpec
+
+    return GrammarSpec("lark", _list_grammar(tools, choice, parallel, lit("Action:\n```json\n"), lit("```")),
+                       tokens=TOKENS)
+
+
+FORMATS = (
+    ChatFormat("cohere2moe", lambda s: ACTION[0] in s and TEXT[0] in s, call_markers=(ACTION[0], TEXT[0]),
+               parse=parse_moe, reasoning=THINKING, forced=forced_action, thinking_switches=("reasoning",),
+               priority=20),
+    ChatFormat("command_r7b", lambda s: ACTION[0] in s and RESPONSE[0] in s, call_markers=(ACTION[0], RESPONSE[0]),
+               parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21),
+    ChatFormat("command_r_plus", lambda s: ACTION_WORD in s and '"tool_name"' in s and ACTION[0] not in s,
+               call_markers=(ACTION_WORD, CHATBOT, TURN_END), parse=parse_plus, forced=forced_plus, priority=22),
+)
