@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import Read, Reader, call_list, call_rules, json_at, lit, scan, skip_space
+from edgeserve.text.formats.markup import (Read, call_list, call_rules, drop_reader, json_list_reader, lit, scan,
+                                           skip_space, wrapper_reader)
 
 THINKING = ("<|START_THINKING|>", "<|END_THINKING|>")
 ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
@@ -33,48 +34,20 @@ def _calls(value: Any, ctx: CallContext) -> list[ToolCall] | None:
     return call_list(value, ctx, name_key="tool_name", args_keys=("parameters",), id_key="tool_call_id")
 
 
-def _read_action(text: str, pos: int, ctx: CallContext) -> Read | None:
-    """`[...]<|END_ACTION|>` after `<|START_ACTION|>` (the closing marker may be missing)."""
-    value = json_at(text, pos)
-    calls = _calls(value[0], ctx) if value is not None and isinstance(value[0], list) else None
-    if not calls:
-        return None
-    end = skip_space(text, value[1])
-    return Read(calls, "", end + len(ACTION[1]) if text.startswith(ACTION[1], end) else value[1])
-
-
-def _wrapper(close: str) -> Reader:
-    """A reader of an answer wrapper: its text up to `close` (or the end) is content."""
-    def read(text: str, pos: int, ctx: CallContext) -> Read:
-        end = text.find(close, pos)
-        end = len(text) if end < 0 else end
-        return Read([], text[pos:end], min(len(text), end + len(close)))
-    return read
-
-
-def _drop(text: str, pos: int, ctx: CallContext) -> Read:
-    return Read([], "", pos)
-
-
 def _read_fenced(text: str, pos: int, ctx: CallContext) -> Read | None:
     """R+'s "Action:" then ```json [...] ``` (the language tag optional)."""
     at = skip_space(text, pos)
     if not text.startswith(FENCE, at):
         return None
     at += len(FENCE)
-    if text.startswith("json", at):
-        at += len("json")
-    value = json_at(text, at)
-    calls = _calls(value[0], ctx) if value is not None and isinstance(value[0], list) else None
-    if not calls:
-        return None
-    end = skip_space(text, value[1])
-    return Read(calls, "", end + len(FENCE) if text.startswith(FENCE, end) else value[1])
+    return _FENCED(text, at + len("json") if text.startswith("json", at) else at, ctx)
 
 
-_R7B = {ACTION[0]: _read_action, RESPONSE[0]: _wrapper(RESPONSE[1])}
-_MOE = {ACTION[0]: _read_action, TEXT[0]: _wrapper(TEXT[1])}
-_PLUS = {ACTION_WORD: _read_fenced, CHATBOT: _drop, TURN_END: _drop}
+_FENCED = json_list_reader(FENCE, _calls)
+_ACTION = json_list_reader(ACTION[1], _calls)
+_R7B = {ACTION[0]: _ACTION, RESPONSE[0]: wrapper_reader(RESPONSE[1])}
+_MOE = {ACTION[0]: _ACTION, TEXT[0]: wrapper_reader(TEXT[1])}
+_PLUS = {ACTION_WORD: _read_fenced, CHATBOT: drop_reader, TURN_END: drop_reader}
 
 
 def parse_r7b(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:

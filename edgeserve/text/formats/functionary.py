@@ -16,7 +16,8 @@ import json
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import Read, arguments_json, call_list, call_rules, json_at, lit, scan, skip_space
+from edgeserve.text.formats.markup import (Read, arguments_json, call_rules, json_at, json_list_reader, list_grammar,
+                                           lit, object_call, scan, skip_space)
 
 FUNCTION_OPEN, FUNCTION_CLOSE, PYTHON_TAG = "<function=", "</function>", "<|python_tag|>"
 RECIPIENT, ANSWER = ">>>", "all"
@@ -113,30 +114,20 @@ def forced_v32(tools: list[dict], choice: str | None, parallel: bool) -> Any:
 # --- firefunction v2 ------------------------------------------------------------------------------------------
 
 
-def _read_functools(text: str, pos: int, ctx: CallContext) -> Read | None:
-    if not text.startswith("[", pos):
-        return None
-    value = json_at(text, pos)
-    calls = call_list(value[0], ctx) if value is not None and isinstance(value[0], list) else None
-    return Read(calls, "", value[1]) if calls else None
+_FUNCTOOLS = json_list_reader()
 
 
 def parse_firefunction(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a firefunction v2 reply from its first `functools` on."""
-    return scan(text, {" " + FUNCTOOLS: _read_functools, FUNCTOOLS: _read_functools}, ctx)
+    return scan(text, {" " + FUNCTOOLS: _FUNCTOOLS, FUNCTOOLS: _FUNCTOOLS}, ctx)
 
 
 def forced_firefunction(tools: list[dict], choice: str | None, parallel: bool) -> Any:
     """The grammar of a ` functools[{"name": ..., "arguments": {...}}, ...]` reply."""
     from edgeserve.text.grammar import GrammarSpec, json_rule
 
-    def call(name: str, args: str) -> str:
-        head = '{"name": ' + json.dumps(name) + ', "arguments": '
-        return f"{lit(head)} {args} {lit('}')}"
-
-    items = 'call (", " call)*' if parallel and choice is None else "call"
-    rules = call_rules(tools, choice, call, json_rule)
-    return GrammarSpec("lark", f'start: " functools[" {items} "]"\n' + rules)
+    rules = call_rules(tools, choice, object_call, json_rule)
+    return GrammarSpec("lark", list_grammar(lit(" " + FUNCTOOLS), parallel and choice is None, rules))
 
 
 FORMATS = (

@@ -59,6 +59,38 @@ def scan(text: str, readers: dict[str, Reader], ctx: CallContext) -> tuple[str, 
     return (content.strip(_SPACE) if calls else content), calls
 
 
+def json_list_reader(close: str = "", read_calls: Callable[[Any, CallContext], "list[ToolCall] | None"] | None = None,
+                     lists_only: bool = True) -> Reader:
+    """A reader of a JSON list of calls (one object too, unless `lists_only`) right after its marker, then
+    `close` (which may be missing: a reply cut short). `read_calls`: the calls of the JSON value (default
+    `call_list`, `{"name", "arguments"}` items)."""
+    def read(text: str, pos: int, ctx: CallContext) -> Read | None:
+        value = json_at(text, pos)
+        if value is None or (lists_only and not isinstance(value[0], list)):
+            return None
+        calls = (read_calls or call_list)(value[0], ctx)
+        if not calls:
+            return None
+        end = skip_space(text, value[1])
+        return Read(calls, "", end + len(close) if close and text.startswith(close, end) else value[1])
+    return read
+
+
+def wrapper_reader(close: str) -> Reader:
+    """A reader of an answer wrapper (`<response>...</response>`): its text up to `close` (or the end) is content,
+    the markup is dropped."""
+    def read(text: str, pos: int, ctx: CallContext) -> Read:
+        end = text.find(close, pos)
+        end = len(text) if end < 0 else end
+        return Read([], text[pos:end], min(len(text), end + len(close)))
+    return read
+
+
+def drop_reader(text: str, pos: int, ctx: CallContext) -> Read:
+    """A reader that drops its marker (turn markup a model may write around its answer)."""
+    return Read([], "", pos)
+
+
 def skip_space(text: str, pos: int) -> int:
     """The first position at or after `pos` that is not whitespace."""
     while pos < len(text) and text[pos] in _SPACE:
@@ -145,3 +177,17 @@ def call_rules(tools: list[dict], choice: str | None, call: Callable[[str, str],
 def lit(text: str) -> str:
     """`text` as a Lark string literal."""
     return json.dumps(text)
+
+
+def object_call(name: str, args: str, name_key: str = "name", args_key: str = "arguments") -> str:
+    """Lark for the JSON object `{"name": NAME, "arguments": <args rule>}` (the compact spacing the grammars
+    here use)."""
+    head = "{" + json.dumps(name_key) + ": " + json.dumps(name) + ", " + json.dumps(args_key) + ": "
+    return f"{lit(head)} {args} {lit('}')}"
+
+
+def list_grammar(head: str, parallel: bool, call_rules_text: str, tail: str = "") -> str:
+    """Lark `start: head "[" call (", " call)* "]" tail` (one call unless `parallel`) with `call_rules_text`.
+    head and tail are Lark expressions ('' for none)."""
+    items = 'call (", " call)*' if parallel else "call"
+    return f'start: {head} "[" {items} "]" {tail}\n'.replace("start:  ", "start: ") + call_rules_text
