@@ -36,19 +36,21 @@ def parse_v31(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     return scan(text, {FUNCTION_CALL: _single}, ctx)
 
 
-def _forced(head: str) -> Any:
+def _forced(*head: str) -> Any:
+    """The forced grammar of calls after the `head` pieces (each a Lark literal of its own, as the special tokens
+    among them must be)."""
     def forced(tools: list[dict], choice: str | None, parallel: bool) -> Any:
         """The grammar of one call (the format has no parallel calls)."""
         from edgeserve.text.grammar import GrammarSpec, json_rule
 
-        return GrammarSpec("lark", f"start: {lit(head)} call\n" + call_rules(tools, choice, object_call, json_rule),
-                           tokens=TOKENS)
+        start = f"start: {' '.join(map(lit, head))} call\n"
+        return GrammarSpec("lark", start + call_rules(tools, choice, object_call, json_rule), tokens=TOKENS)
     return forced
 
 
 FORMATS = (
     ChatFormat("gigachat3", lambda s: ROLE_SEP in s and MESSAGE_SEP in s and FUNCTION_CALL not in s,
-               call_markers=(CALL_MESSAGE,), parse=parse_v3, forced=_forced(CALL_MESSAGE), priority=20),
+               call_markers=(CALL_MESSAGE,), parse=parse_v3, forced=_forced(MESSAGE_SEP, "\n\nfunction call", ROLE_SEP, "\n"), priority=20),
     ChatFormat("gigachat31", lambda s: ROLE_SEP in s and FUNCTION_CALL in s, call_markers=(FUNCTION_CALL,),
                parse=parse_v31, forced=_forced(FUNCTION_CALL), priority=20),
 )

@@ -86,7 +86,7 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> Any:
 
     start = 'start: call ("\\n" call)*\n' if parallel and choice is None else "start: call\n"
     rules = call_rules(tools, choice, call, json_rule)
-    return GrammarSpec("lark", start + rules + "".join(extra) + f"text[stop={lit(PARAM_CLOSE)}]: /[^<]*/\n")
+    return GrammarSpec("lark", start + rules + "".join(extra) + f"text[stop={lit(PARAM_CLOSE)}]: /(?s:.*)/\n")
 
 
 def _value_rule(schema: Any, json_rule: Any) -> str:
