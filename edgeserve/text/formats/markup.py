@@ -9,6 +9,7 @@ follows is not its syntax (the marker then stays content). `scan` runs them over
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -191,3 +192,63 @@ def list_grammar(head: str, parallel: bool, call_rules_text: str, tail: str = ""
     head and tail are Lark expressions ('' for none)."""
     items = 'call (", " call)*' if parallel else "call"
     return f'start: {head} "[" {items} "]" {tail}\n'.replace("start:  ", "start: ") + call_rules_text
+
+
+def block_reader(item_open: str, item: Reader, close: str) -> Reader:
+    """A reader of a block of calls after its marker: one or more `item_open` + what `item` reads (whitespace
+    between them), then `close` (may be missing). None when no call was read."""
+    def read(text: str, pos: int, ctx: CallContext) -> Read | None:
+        calls: list[ToolCall] = []
+        at = skip_space(text, pos)
+        while text.startswith(item_open, at):
+            one = item(text, at + len(item_open), ctx)
+            if one is None:
+                return None
+            calls += one.calls
+            at = skip_space(text, one.end)
+        if not calls:
+            return None
+        return Read(calls, "", at + len(close) if close and text.startswith(close, at) else at)
+    return read
+
+
+def free_text(close: str, name: str = "free") -> str:
+    """Lark rules: `name` is free text and then `close`, whether `close` is text or one special token of the
+    vocabulary (listed in GrammarSpec.tokens, which turns its quoted literal into the token): text ends at the
+    first `close` (llguidance's stop=, its string escaped so that it stays text), or a lexeme that cannot hold
+    `close` is followed by the token."""
+    escaped = '"' + f"\\u{ord(close[0]):04x}" + json.dumps(close)[2:]
+    inner = re.escape(close).replace("/", "\\/")
+    lexeme = name.upper()
+    return (f"{name}: {lexeme} {lit(close)} | {name}_stop\n"
+            f"{name}_stop[stop={escaped}]: /(?s:.*)/\n"
+            f"{lexeme}: /(?s:.*)/ & ~/(?s:.*{inner}.*)/\n")
+
+
+def value_rule(schema: Any, close: str, json_rule: Callable[[Any], str], text_rule: str = "free") -> str:
+    """Lark for a parameter's value written as text and then `close`: one of a string enum's values, free text
+    (`text_rule`, see `free_text`) for a string, JSON of its schema otherwise."""
+    from edgeserve.text.xml_tool_calls import schema_types
+
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(lit(v) for v in enum) + f") {lit(close)}"
+    types = schema_types(schema)
+    return text_rule if not types or "string" in types else f"{json_rule(schema)} {lit(close)}"
+
+
+def param_sequence(params: dict, head: Callable[[str], str], close: str, tail: str, json_rule: Callable[[Any], str],
+                   rules: list[str]) -> str:
+    """Lark for a function's parameters written one by one as `head(key)` VALUE `close` `tail`, in the schema's
+    property order, required ones always and the others maybe (VALUE: `value_rule`). Each parameter's rule is
+    appended to `rules`; returns the sequence of their names."""
+    from edgeserve.text.xml_tool_calls import resolve_ref
+
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    required = set(params.get("required") or [])
+    parts = []
+    for key, prop in props.items():
+        name = f"p_{len(rules)}"
+        rules.append(f"{name}: {head(key)} {value_rule(resolve_ref(prop, params), close, json_rule)} {tail}\n")
+        parts.append(name if key in required else f"{name}?")
+    return " ".join(parts)

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import Read, call_rules, lit, scan, skip_space
-from edgeserve.text.xml_tool_calls import resolve_ref, schema_types, typed_value
+from edgeserve.text.formats.markup import (Read, call_rules, free_text, lit, param_sequence, parameters, scan,
+                                           skip_space)
+from edgeserve.text.xml_tool_calls import resolve_ref, typed_value
 
 FUNCTION_OPEN, FUNCTION_CLOSE = '<function name="', "</function>"
 PARAM_OPEN, PARAM_CLOSE = '<param name="', "</param>"
@@ -72,30 +73,13 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> Any:
     extra: list[str] = []
 
     def call(name: str, args_rule: str) -> str:
-        tool = next(t for t in tools if t["function"]["name"] == name)
-        params = tool["function"].get("parameters") or {}
-        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-        required = set(params.get("required") or [])
-        parts = []
-        for key, prop in props.items():
-            rule = f"p_{len(extra)}"
-            value = _value_rule(resolve_ref(prop, params), json_rule)
-            extra.append(f"{rule}: {lit(PARAM_OPEN + key + chr(34) + '>')} {value}\n")
-            parts.append(rule if key in required else f"{rule}?")
-        return f"{lit(FUNCTION_OPEN + name + chr(34) + '>')} {' '.join(parts)} {lit(FUNCTION_CLOSE)}"
+        params = next(parameters(t) for t in tools if t["function"]["name"] == name)
+        seq = param_sequence(params, lambda key: lit(PARAM_OPEN + key + '">'), PARAM_CLOSE, "", json_rule, extra)
+        return f"{lit(FUNCTION_OPEN + name + chr(34) + '>')} {seq} {lit(FUNCTION_CLOSE)}"
 
     start = 'start: call ("\\n" call)*\n' if parallel and choice is None else "start: call\n"
     rules = call_rules(tools, choice, call, json_rule)
-    return GrammarSpec("lark", start + rules + "".join(extra) + f"text[stop={lit(PARAM_CLOSE)}]: /(?s:.*)/\n")
-
-
-def _value_rule(schema: Any, json_rule: Any) -> str:
-    """A value and its `</param>`: one of a string enum's values, free text for a string, else JSON."""
-    enum = schema.get("enum") if isinstance(schema, dict) else None
-    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        return "(" + " | ".join(lit(v + PARAM_CLOSE) for v in enum) + ")"
-    types = schema_types(schema)
-    return "text" if not types or "string" in types else f"{json_rule(schema)} {lit(PARAM_CLOSE)}"
+    return GrammarSpec("lark", start + rules + "".join(extra) + free_text(PARAM_CLOSE))
 
 
 FORMATS = (
