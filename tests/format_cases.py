@@ -19,6 +19,7 @@ from scripted_gguf import write_scripted_gguf
 
 def tool(name: str, properties: dict, required: list[str] | None = None) -> dict:
     """An OpenAI tool dict."""
+    properties = {k: {"description": k, **v} for k, v in properties.items()}  # Command R+'s template needs one
     params = {"type": "object", "properties": properties}
     if required is not None:
         params["required"] = required
