@@ -32,7 +32,8 @@ CASES = [
     ("cohere2moe", THOUGHT + "<|END_THINKING|>" + ACTION_ONE, [SPECIAL], True, ("", THOUGHT, [(*CALL, "0")])),
     ("cohere2moe", "<|END_THINKING|>" + ACTION_ONE, [SPECIAL], True, ("", "", [(*CALL, "0")])),
     ("cohere2moe", "<|END_THINKING|><|START_ACTION|>[\n"
-     "    {\"tool_call_id\": \"0\", \"tool_name\": \"todo_list\", \"parameters\": {\"todos\": [\"buy milk\", \"walk dog\"]}}\n"
+     "    {\"tool_call_id\": \"0\", \"tool_name\": \"todo_list\", "
+     "\"parameters\": {\"todos\": [\"buy milk\", \"walk dog\"]}}\n"
      "]<|END_ACTION|>", [TODO_LIST], True, ("", "", [("todo_list", {"todos": ["buy milk", "walk dog"]}, "0")])),
     ("cohere2moe", THOUGHT + "<|END_THINKING|><|START_ACTION|>[\n"
      "    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", \"parameters\": {\"arg1\": 1}},\n"
@@ -87,7 +88,8 @@ def test_forced_grammars_accept_calls_and_refuse_junk(tok):
     for junk in ("Sure " + ACTION_ONE, ACTION_ONE.replace("special_function", "nope"),
                  ACTION_ONE.replace('{"arg1": 1}', '{"arg1": "one"}'), "<|START_RESPONSE|>hi<|END_RESPONSE|>"):
         assert not accepts(tok, spec, junk), junk
-    plus = "Action:\n```json\n[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", \"parameters\": {\"arg1\": 1}}\n]```"
+    plus = ("Action:\n```json\n[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"special_function\", "
+            "\"parameters\": {\"arg1\": 1}}\n]```")
     assert accepts(tok, forced_plus([SPECIAL], None, True), plus)
     assert not accepts(tok, forced_plus([SPECIAL], None, True), "Action: none")
 

@@ -27,7 +27,8 @@ MORE = [  # our own
     ("functionary_v31", 'Let me see. <function=special_function>{"arg1": 1}</function>'
                         '<function=special_function_with_opt>{"arg1": 1, "arg2": 2}</function>', [SPECIAL, SPECIAL_OPT],
      False, ("Let me see. ", "", [CALL, ("special_function_with_opt", {"arg1": 1, "arg2": 2})])),
-    ("functionary_v31", "<|python_tag|>print('hey')", [PYTHON], False, ("", "", [("python", {"code": "print('hey')"})])),
+    ("functionary_v31", "<|python_tag|>print('hey')", [PYTHON], False,
+     ("", "", [("python", {"code": "print('hey')"})])),
     ("functionary_v32", 'all\nChecking.>>>special_function\n{"arg1": 1}>>>python\nprint(1)', [SPECIAL, PYTHON],
      False, ("Checking.", "", [CALL, ("python", {"code": "print(1)"})])),
     ("functionary_v32", 'all\nUse >>>nope\n{} like this', [SPECIAL], False, ("Use >>>nope\n{} like this", "", [])),

@@ -9,7 +9,7 @@ import pytest
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.hunyuan import TOKENS, forced
-from format_cases import (CALL, GET_TIME, HELLO, PICK, SPECIAL, TODO_LIST, accepts, check, context, detections,
+from format_cases import (GET_TIME, HELLO, PICK, SPECIAL, TODO_LIST, accepts, check, context, detections,
                           random_reply, templates, vocabulary)
 
 ASSISTANT = "<｜hy_Assistant:opensource｜>"

@@ -93,7 +93,8 @@ def test_forced_grammar_accepts_calls_and_refuses_junk(tok):
     call = '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}'
     assert accepts(tok, spec, call)
     assert accepts(tok, spec, call + '[TOOL_CALLS]pick[ARGS]{"color": "red", "on": true}')
-    for junk in ("Sure! " + call, '[TOOL_CALLS]nope[ARGS]{"arg1": 1}', '[TOOL_CALLS]special_function[ARGS]{"arg1": "x"}',
+    for junk in ("Sure! " + call, '[TOOL_CALLS]nope[ARGS]{"arg1": 1}',
+                 '[TOOL_CALLS]special_function[ARGS]{"arg1": "x"}',
                  '[TOOL_CALLS]special_function{"arg1": 1}'):
         assert not accepts(tok, spec, junk), junk
     assert not accepts(tok, forced([SPECIAL, PICK], None, False), call + call)

@@ -50,7 +50,8 @@ def _forced(*head: str) -> Any:
 
 FORMATS = (
     ChatFormat("gigachat3", lambda s: ROLE_SEP in s and MESSAGE_SEP in s and FUNCTION_CALL not in s,
-               call_markers=(CALL_MESSAGE,), parse=parse_v3, forced=_forced(MESSAGE_SEP, "\n\nfunction call", ROLE_SEP, "\n"), priority=20),
+               call_markers=(CALL_MESSAGE,), parse=parse_v3,
+               forced=_forced(MESSAGE_SEP, "\n\nfunction call", ROLE_SEP, "\n"), priority=20),
     ChatFormat("gigachat31", lambda s: ROLE_SEP in s and FUNCTION_CALL in s, call_markers=(FUNCTION_CALL,),
                parse=parse_v31, forced=_forced(FUNCTION_CALL), priority=20),
 )
