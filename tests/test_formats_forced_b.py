@@ -25,7 +25,8 @@ def test_every_format_is_registered():
 def tok(tmp_path_factory):
     specials = {t for f in FORMATS for t in f.forced([PICK], None, True).tokens}
     # reasoning tags that are one token in their vocabularies (Apriel's are plain text)
-    specials |= {tag for f in FORMATS if f.reasoning for tag in f.reasoning if tag and not any(c.isspace() for c in tag)}
+    specials |= {tag for f in FORMATS if f.reasoning for tag in f.reasoning
+                 if tag and not any(c.isspace() for c in tag)}
     return vocabulary(tmp_path_factory.mktemp("forced"), tuple(sorted(specials)))
 
 
