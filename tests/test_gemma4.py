@@ -398,7 +398,7 @@ def test_tool_calls_in_gemma4_format_are_parsed() -> None:
     req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
                             tool_choice="auto")
     setup = chat_setup(req, ChatTemplate(GEMMA4_STYLE_TEMPLATE, "<bos>"))
-    assert "<|tool>declaration:get_weather<tool|>" in setup.prompt and setup.tools.fmt == "gemma4"
+    assert "<|tool>declaration:get_weather<tool|>" in setup.prompt and setup.tools.format.name == "gemma4"
     out = RequestOutput(request_id="r", text='Let me check.<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,'
                         'days:2}<tool_call|>', token_ids=[], logprobs=None, finish_reason="stop")
     setup.split(setup.parser(), out)
