@@ -206,7 +206,13 @@ def test_parallel_off_keeps_the_first_call():
     ("[1, 2]", {"type": "array"}, [1, 2]),
     ("[1, 2", {"type": "array"}, "[1, 2"),
     ("3", {"enum": [1, 2, 3]}, 3),
-    ("3", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "3"),
+    # a union with string: a value of the other type is that type, anything else a string (llama.cpp's reading)
+    ("3", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, 3),
+    ('{"a": 1}', {"type": ["string", "object"]}, {"a": 1}),
+    ("{not valid json", {"type": ["string", "object"]}, "{not valid json"),
+    ("2 dollars", {"type": ["string", "integer"]}, "2 dollars"),
+    ("42", {"type": ["string", "integer"]}, 42),
+    ("null", {"type": ["string", "null"]}, None),
     ("3", {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, 3),
     ("3", None, "3"),
 ])

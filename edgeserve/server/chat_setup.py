@@ -27,10 +27,11 @@ Other routes (Anthropic messages, Responses) can fill the same request fields an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from edgeserve.engine.outputs import RequestOutput
 from edgeserve.loaders.chat_template import ChatTemplate
+from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.formats import ChatFormat, detect_format, get_format
@@ -177,6 +178,26 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
     return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+
+
+def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],
+                 token_to_id: Callable[[str], int | None]) -> dict[str, Any]:
+    """SamplingParams fields `sampling` with a format's stop strings added: one that is a single token of the
+    vocabulary ends the reply as a stop token (its text is never shown, as llama.cpp ends Gemma 4's turn at
+    `<|tool_response>`), others as stop strings (as many as the request's limit leaves room for)."""
+    kw = dict(sampling)
+    if not stops:
+        return kw
+    stop = kw.get("stop") or []
+    stop, ids = [stop] if isinstance(stop, str) else list(stop), list(kw.get("stop_token_ids") or [])
+    for s in stops:
+        i = token_to_id(s)
+        if i is not None and i not in ids:
+            ids.append(i)
+        elif i is None and s not in stop and len(stop) < SamplingParams.MAX_STOP:
+            stop.append(s)
+    kw["stop"], kw["stop_token_ids"] = stop, ids
+    return kw
 
 
 def required_schema(tools: list[dict], choice: str | None, parallel: bool | None) -> dict:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
-from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
+from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -157,23 +157,9 @@ class Generation:
             raise
 
     def _sampling_fields(self) -> dict:
-        """The request's SamplingParams fields, with its chat format's stop strings: one that is a single token of
-        the vocabulary ends the reply as a stop token (its text never shown), others as stop strings (as many as
-        the request's limit leaves room for)."""
-        kw = dict(self.req.sampling)
+        """The request's SamplingParams fields, with its chat format's stop strings (format_stops)."""
         stops = self.chat.stop if self.chat is not None else ()
-        if not stops:
-            return kw
-        tok = self.lease.lm.tokenizer
-        stop, ids = list(kw.get("stop") or []), list(kw.get("stop_token_ids") or [])
-        for s in stops:
-            i = tok.token_to_id(s)
-            if i is not None and i not in ids:
-                ids.append(i)
-            elif i is None and s not in stop and len(stop) < SamplingParams.MAX_STOP:
-                stop.append(s)
-        kw["stop"], kw["stop_token_ids"] = stop, ids
-        return kw
+        return format_stops(self.req.sampling, stops, self.lease.lm.tokenizer.token_to_id)
 
     def _fit_num_ctx(self, ids: list[int], max_tokens: int) -> int:
         """max_tokens capped to the request's own context window; a prompt that fills it is refused, never cut."""
