@@ -106,6 +106,14 @@ def test_a_call_marker_in_a_thought_is_reasoning_without_tools():
     assert _read(setup, ["About <tool_call> tags.\n</think>\n\nDone."])[:2] == ("About <tool_call> tags.", "Done.")
 
 
+def test_a_call_id_the_model_writes_is_kept():
+    setup = _setup(_template("mistralai-Mistral-Nemo-Instruct-2407"), tools=[WEATHER])
+    out = RequestOutput(request_id="r", token_ids=[], logprobs=None, finish_reason="stop",
+                        text='[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "123456789"}]')
+    setup.split(setup.parser(), out)
+    assert [(c.name, c.id) for c in out.tool_calls] == [("get_weather", "123456789")]
+
+
 def test_qwen3_coder_union_with_string_reads_objects():
     union = _tool("set_union", {"value": {"type": ["string", "object"]}, "amount": {"type": ["string", "integer"]}})
     setup = _setup(_template("Qwen3-Coder"), tools=[union])

@@ -78,7 +78,8 @@ class ChatSetup:
             return None
         splitter = None
         if splits:
-            ends = self.fmt.call_markers if self.fmt is not None and self.fmt.calls_in_reasoning and self.tools else ()
+            calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None
+            ends = self.tools.format.call_markers if calls_end_it else ()
             splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
         return ChatOutputParser(splitter, self.tools, stray, prefix)
 
@@ -118,7 +119,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     knows_tools = template_knows_tools(source)
     if tools and knows_tools:
         kwargs["tools"] = tools
-    messages = messages_for_template(req.messages or [], tools, source, system_role=template.accepts_system())
+    system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
+    messages = messages_for_template(req.messages or [], tools, source, system_role=system_role)
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
     thinks, in_thought = _thought_state(prompt, tags)

@@ -40,7 +40,8 @@ def json_values(text: str, start: int = 0) -> tuple[list[Any], int]:
 def call_from_json(obj: Any, ctx: CallContext, args_keys: tuple[str, ...] = ("arguments", "parameters"),
                    name_key: str = "name") -> ToolCall | None:
     """The call an object describes, or None: its name must be a function the request offered and its arguments
-    (the first of `args_keys` present, an object or JSON text of one; none: {}) an object."""
+    (the first of `args_keys` present, an object or JSON text of one; none: {}) an object. An `id` the model
+    wrote (Mistral's) is the call's id."""
     if not isinstance(obj, dict) or not isinstance(obj.get(name_key), str) or obj[name_key] not in ctx.known:
         return None
     args: Any = {}
@@ -50,7 +51,8 @@ def call_from_json(obj: Any, ctx: CallContext, args_keys: tuple[str, ...] = ("ar
             break
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj[name_key], json.dumps(args, ensure_ascii=False))
+    call_id = obj.get("id") if isinstance(obj.get("id"), str) else ""
+    return ToolCall(obj[name_key], json.dumps(args, ensure_ascii=False), call_id)
 
 
 def calls_from_json(values: list[Any], ctx: CallContext) -> list[ToolCall] | None:
