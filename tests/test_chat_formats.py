@@ -217,8 +217,8 @@ def test_gguf_tool_use_template_renders_requests_with_tools():
     with_tools = _setup(template, tools=[WEATHER])
     assert "<tools>" in with_tools.prompt and "get_weather" in with_tools.prompt and "PLAIN" not in with_tools.prompt
     assert _setup(template).prompt == "PLAINHi"
-    assert _read(with_tools, ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'])[2] \
-        == [("get_weather", {"city": "Paris"})]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert _read(with_tools, [call])[2] == [("get_weather", {"city": "Paris"})]
 
 
 @pytest.mark.parametrize("layout", ["named list", "additional file"])
@@ -242,8 +242,8 @@ def test_gemma2_takes_the_tools_prompt_in_the_first_user_message():
     assert not template.accepts_system()
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris and Rome?"},
                {"role": "assistant", "content": "", "tool_calls": [
-                   {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-                   {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+                   {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": c})}}
+                   for i, c in (("a", "Paris"), ("b", "Rome"))]},
                {"role": "tool", "tool_call_id": "a", "content": "18 C"},
                {"role": "tool", "tool_call_id": "b", "content": "21 C"}]
     prompt = _setup(template, tools=[WEATHER], messages=history).prompt

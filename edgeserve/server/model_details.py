@@ -211,7 +211,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
     from edgeserve.models.embedders import gguf_kind
 
     template = str(md.get("tokenizer.chat_template") or "")
-    caps = capabilities(template, gguf_kind(md), str(md.get("tokenizer.chat_template.tool_use") or ""))  # an embedder or reranker is served by the embedder only
+    tool_use = str(md.get("tokenizer.chat_template.tool_use") or "")
+    caps = capabilities(template, gguf_kind(md), tool_use)  # an embedder or reranker is served by the embedder only
     if find_mmproj(path) is not None:  # a projector beside it (an hf.co pull's): it takes images
         caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
