@@ -325,6 +325,19 @@ def test_malformed_calls_come_back_as_content(template):
         assert _whole_and_streamed(setup, "Sure. " + text) == ("", "Sure. " + text, [], "stop"), text
 
 
+@pytest.mark.parametrize("fmt", [f for f in all_formats() if f.parse is not None], ids=lambda f: f.name)
+def test_every_format_keeps_text_that_is_no_call(fmt):
+    """The registry's contract, for every module: a reply with no valid call comes back whole as content."""
+    from edgeserve.text.formats import CallContext
+
+    ctx = CallContext({"f"}, {"f": {"type": "object", "properties": {"x": {"type": "integer"}}}})
+    for marker in fmt.call_markers:
+        for tail in ("", "{", '{"name": "g", "arguments": {}}', "g>\n", "f[", " junk ", "\u00e9\n</x>"):
+            text = "Before " + marker + tail
+            content, calls = fmt.parse(text[text.index(marker):], ctx)
+            assert calls or content == text[text.index(marker):], (marker, tail, content)
+
+
 def test_a_parser_that_fails_leaves_the_reply_as_content():
     def broken(text, ctx):
         raise RuntimeError("bug")
