@@ -147,6 +147,12 @@ def test_gemma4_stops_at_tool_response():
     assert as_text["stop"] == ["x", "<|tool_response>"] and as_text["stop_token_ids"] == []
     full = format_stops({"stop": [str(i) for i in range(16)]}, setup.stop, {}.get)
     assert len(full["stop"]) == 16  # never past the request's limit
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.loaders.tokenizer import tokenizer_from_gguf
+
+    gemma = tokenizer_from_gguf(GGUFFile(llama_cpp_dir() / "models" / "ggml-vocab-gemma-4.gguf").metadata)
+    token = gemma.token_to_id("<|tool_response>")  # Gemma 4's own vocabulary has it as one token
+    assert token is not None and format_stops({}, setup.stop, gemma.token_to_id)["stop_token_ids"] == [token]
 
 
 def test_gemma4_call_after_reasoning():
