@@ -155,6 +155,14 @@ def test_gemma4_stops_at_tool_response():
     assert token is not None and format_stops({}, setup.stop, gemma.token_to_id)["stop_token_ids"] == [token]
 
 
+def test_a_forced_reply_in_the_format_own_syntax_is_read():
+    setup = _setup(_template("google-gemma-4-31B-it"), tools=[WEATHER], tool_choice="required")
+    assert setup.constraint.kind == "json_schema"  # Gemma 4's forced calls are the generic JSON reply
+    native = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    for text in (native, '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'):
+        assert _read(setup, [text])[1:] == ("", [("get_weather", {"city": "Paris"})], "tool_calls")
+
+
 def test_gemma4_call_after_reasoning():
     setup = _setup(_template("google-gemma-4-31B-it"), tools=[WEATHER], think=True)
     text = "<|channel>thought\nI'm\nthinking<channel|><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"

@@ -51,7 +51,9 @@ class ToolSetup:
         fmt = self.format
         if self.mode == "forced" and fmt.forced is None:
             calls = parse_forced(held, self.choice)
-            return ("" if calls else held), calls
+            if calls:
+                return "", calls
+            # not the generic JSON (no constraint applied): calls in the format's own syntax are still calls
         if fmt.parse is None:
             return held, []
         try:
