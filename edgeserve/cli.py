@@ -99,6 +99,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--allow-image-urls", action="store_true",
                    help="fetch http(s) image URLs in requests (size and time limited); without it only data URLs "
                         "and base64 images are taken")
+    s.add_argument("--tool-format", default=None, metavar="NAME",
+                   help="read every model's tool calls and reasoning in this format instead of the one detected "
+                        "from its chat template (docs/SERVER.md lists them: hermes, qwen3_coder, gemma4, ...)")
     add_engine_args(s)
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
@@ -501,7 +504,8 @@ def server_config_from_args(args: argparse.Namespace):
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
         log_level=args.log_level, mmproj=args.mmproj, allow_image_urls=args.allow_image_urls,
-        default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
+        default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
+        tool_format=args.tool_format)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config
 

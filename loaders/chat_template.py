@@ -157,11 +157,14 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.is_fallback = is_fallback  # True when the model had no template and CHATML_TEMPLATE stands in
+        # the tokenizer's named "tool_use" template (Hermes 2 Pro / 3, Command R): what requests with tools render
+        self.tool_use: ChatTemplate | None = None
         try:
             self._template = _ENV.from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
         self._reads_parts: bool | None = None  # whether it reads content only as a list of parts (_wants_parts)
+        self._system_ok: bool | None = None  # whether it renders a system message (accepts_system)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt for `messages` (dicts with 'role' and 'content'); `extra` reaches the template as
@@ -206,27 +209,40 @@ class ChatTemplate:
             self._reads_parts = not shows(probe) and shows([{"type": "text", "text": probe}])
         return self._reads_parts
 
+    def accepts_system(self) -> bool:
+        """Whether the template renders a system message (Gemma 2's refuses one): decided once, by rendering one."""
+        if self._system_ok is None:
+            try:
+                self.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+                self._system_ok = True
+            except ChatTemplateError:
+                self._system_ok = False
+        return self._system_ok
+
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} chars, fallback={self.is_fallback})"
 
 
-def _pick(templates: Any, name: str | None, where: str) -> str | None:
-    """One template from a string or from transformers' list of {'name', 'template'} form."""
+def _pick(templates: Any, where: str) -> str | None:
+    """The default template from a string or from transformers' list of {'name', 'template'} form."""
     if templates is None or isinstance(templates, str):
-        return None if name else templates
+        return templates
     if isinstance(templates, list):
         named = {t.get("name"): t.get("template") for t in templates if isinstance(t, dict)}
-        key = name or "default"
-        if key not in named:
-            raise ModelLoadError(f"{where} has no chat template named {key!r} (has: {', '.join(map(str, named))})")
-        return named[key]
+        if "default" not in named:
+            raise ModelLoadError(f"{where} has no chat template named 'default' (has: {', '.join(map(str, named))})")
+        return named["default"]
     raise ModelLoadError(f"{where}: chat_template is neither a string nor a list of named templates")
+
+
+TEMPLATE_KEY = "tokenizer.chat_template"  # GGUF metadata; named templates are TEMPLATE_KEY + ".<name>"
+TOOL_USE = "tool_use"  # the name of a tokenizer's template for requests with tools (as transformers picks it)
 
 
 def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None) -> ChatTemplate:
     """The template in `tokenizer.chat_template` (or `tokenizer.chat_template.<name>`); if absent, Gemma's for a
     Gemma model, else ChatML."""
-    key = "tokenizer.chat_template" + (f".{name}" if name else "")
+    key = TEMPLATE_KEY + (f".{name}" if name else "")
     source = metadata.get(key)
     if name and source is None:
         raise ModelLoadError(f"GGUF metadata has no {key}")
@@ -242,13 +258,26 @@ def chat_template_from_gguf(metadata: Mapping[str, Any], name: str | None = None
         return ChatTemplate(GEMMA_TEMPLATE, bos, eos)
     if not source:
         return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)
-    return ChatTemplate(source, bos, eos)
+    template = ChatTemplate(source, bos, eos)
+    tool_use = metadata.get(f"{TEMPLATE_KEY}.{TOOL_USE}") if not name else None
+    if isinstance(tool_use, str) and tool_use:
+        template.tool_use = ChatTemplate(tool_use, bos, eos)
+    return template
 
 
 def chat_template_from_hf_folder(path: str | os.PathLike[str], name: str | None = None) -> ChatTemplate:
     """The template of a Hugging Face folder: chat_template.jinja, else tokenizer_config.json's
-    `chat_template` (string or named list), else chat_template.json; ChatML if none has one."""
-    folder = Path(path)
+    `chat_template` (string or named list), else chat_template.json; ChatML if none has one. Its `tool_use`
+    template (the named list's, or additional_chat_templates/tool_use.jinja) comes along as `.tool_use`."""
+    template = _hf_template(Path(path), name)
+    if not name and not template.is_fallback:
+        tool_use = _hf_named_source(Path(path), TOOL_USE)
+        if tool_use:
+            template.tool_use = ChatTemplate(tool_use, template.bos_token, template.eos_token)
+    return template
+
+
+def _hf_template(folder: Path, name: str | None) -> ChatTemplate:
     bos, eos = (t or "" for t in hf_special_tokens(folder))
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file() and not name:
@@ -256,10 +285,31 @@ def chat_template_from_hf_folder(path: str | os.PathLike[str], name: str | None 
             return ChatTemplate(jinja_file.read_text(encoding="utf-8"), bos, eos)
         except (OSError, UnicodeDecodeError) as e:
             raise ModelLoadError(f"cannot read {jinja_file}: {e}") from None
-    for file in ("tokenizer_config.json", "chat_template.json"):
-        source = _pick(load_json_if_exists(folder / file).get("chat_template"), name, str(folder / file))
+    if name:
+        source = _hf_named_source(folder, name)
         if source:
             return ChatTemplate(source, bos, eos)
-    if name:
         raise ModelLoadError(f"{folder} has no chat template named {name!r}")
+    for file in ("tokenizer_config.json", "chat_template.json"):
+        source = _pick(load_json_if_exists(folder / file).get("chat_template"), str(folder / file))
+        if source:
+            return ChatTemplate(source, bos, eos)
     return ChatTemplate(CHATML_TEMPLATE, bos, eos, is_fallback=True)
+
+
+def _hf_named_source(folder: Path, name: str) -> str | None:
+    """The source of a folder's template called `name`: additional_chat_templates/<name>.jinja, else the entry of
+    that name in tokenizer_config.json's / chat_template.json's list of named templates; None when there is none."""
+    extra = folder / "additional_chat_templates" / f"{name}.jinja"
+    if extra.is_file():
+        try:
+            return extra.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"cannot read {extra}: {e}") from None
+    for file in ("tokenizer_config.json", "chat_template.json"):
+        templates = load_json_if_exists(folder / file).get("chat_template")
+        if isinstance(templates, list):
+            named = {t.get("name"): t.get("template") for t in templates if isinstance(t, dict)}
+            if isinstance(named.get(name), str) and named[name]:
+                return named[name]
+    return None

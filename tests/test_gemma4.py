@@ -374,11 +374,8 @@ def test_thinking_switch_and_thought_channel(think) -> None:
     setup = chat_setup(req, ChatTemplate(GEMMA4_STYLE_TEMPLATE, "<bos>"))
     assert ("<|think|>" in setup.prompt) == bool(think)
     assert setup.prompt.endswith("<|turn>model\n")
-    parser = setup.parser()
+    parser = setup.parser()  # reasoning off too: a thought the model writes anyway is reasoning, never content
     reply = "<|channel>thought\nThe user greets.<channel|>Hello!"
-    if think is False:
-        assert parser is None  # reasoning off: nothing is split
-        return
     out = RequestOutput(request_id="r", text="", token_ids=[], logprobs=None, finish_reason=None)
     out.text = reply[:12]
     setup.split(parser, out)
@@ -398,7 +395,7 @@ def test_tool_calls_in_gemma4_format_are_parsed() -> None:
     req = GenerationRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
                             tool_choice="auto")
     setup = chat_setup(req, ChatTemplate(GEMMA4_STYLE_TEMPLATE, "<bos>"))
-    assert "<|tool>declaration:get_weather<tool|>" in setup.prompt and setup.tools.fmt == "gemma4"
+    assert "<|tool>declaration:get_weather<tool|>" in setup.prompt and setup.tools.format.name == "gemma4"
     out = RequestOutput(request_id="r", text='Let me check.<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,'
                         'days:2}<tool_call|>', token_ids=[], logprobs=None, finish_reason="stop")
     setup.split(setup.parser(), out)

@@ -14,8 +14,8 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.grammar import GrammarCompiler, GrammarError, GrammarSpec, allowed_mask
 from edgeserve.text.reasoning import ReasoningSplitter
-from edgeserve.text.tool_calls import (forced_schema, messages_for_template, parse_forced, parse_tool_calls,
-                                       tools_system_prompt)
+from edgeserve.text.formats import CallContext, get_format
+from edgeserve.text.tool_calls import forced_schema, messages_for_template, parse_forced, tools_system_prompt
 from tiny_gguf import write_tiny_llama
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yy"]}},
@@ -119,7 +119,7 @@ def test_reasoning_opened_by_the_prompt_and_plain_text():
     ("llama3", '{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}', ""),
 ])
 def test_tool_call_formats(fmt, text, content):
-    got, calls = parse_tool_calls(text, fmt, {"f", "g"})
+    got, calls = get_format(fmt).parse(text, CallContext({"f", "g"}))
     assert got == content
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}), ("g", {})]
     assert calls[0].id != calls[1].id
@@ -127,7 +127,7 @@ def test_tool_call_formats(fmt, text, content):
 
 def test_unknown_function_stays_text():
     text = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
-    assert parse_tool_calls(text, "hermes", {"f"}) == (text, [])
+    assert get_format("hermes").parse(text, CallContext({"f"})) == (text, [])
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9])

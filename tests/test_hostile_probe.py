@@ -234,9 +234,9 @@ def render_log(monkeypatch):
     calls = []
     real_setup, real_ids = generation.chat_setup, generation.chat_prompt_ids
 
-    def setup(req, template):
+    def setup(req, template, *rest):
         calls.append(("render", _on_event_loop(), sum(len(m["content"]) for m in req.messages)))
-        return real_setup(req, template)
+        return real_setup(req, template, *rest)
 
     def ids(tok, prompt):
         calls.append(("tokenize", _on_event_loop(), len(prompt)))

@@ -26,7 +26,7 @@ from edgeserve.server.chat_setup import chat_setup
 from edgeserve.server.api.ollama import parse_ollama_chat
 from edgeserve.server.api.openai import parse_chat_request
 from edgeserve.text.grammar import GrammarCompiler, GrammarSpec, allowed_mask, json_rule
-from edgeserve.text.tool_calls import detect_format
+from edgeserve.text.formats import detect_format
 from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar, typed_value
 from scripted_gguf import ANSWER, NEWLINE, THOUGHT, TOOL_TEMPLATE, write_scripted_gguf
 from server_helpers import serve
@@ -56,8 +56,8 @@ def test_fixture_is_the_published_template():
 
 
 def test_detects_the_xml_format():
-    assert detect_format(SOURCE) == "qwen3_coder"
-    assert detect_format(TOOL_TEMPLATE) == "hermes"  # <tool_call> JSON templates keep theirs
+    assert detect_format(SOURCE).name == "qwen3_coder"
+    assert detect_format(TOOL_TEMPLATE).name == "hermes"  # <tool_call> JSON templates keep theirs
 
 
 # --- rendering -----------------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def _read(setup, pieces: list[str]):
 
 def test_calls_parse_at_every_split_point():
     setup = _setup(SOURCE, {"tools": [WEATHER, COUNT]})
-    assert setup.tools.fmt == "qwen3_coder"
+    assert setup.tools.format.name == "qwen3_coder"
     whole = _read(setup, [CALLS_REPLY])
     assert whole[:3] == ("I will look it up.", "Checking.\n\n", CALLS)  # text before a call streams as it is
     for i in range(1, len(CALLS_REPLY)):
@@ -206,7 +206,13 @@ def test_parallel_off_keeps_the_first_call():
     ("[1, 2]", {"type": "array"}, [1, 2]),
     ("[1, 2", {"type": "array"}, "[1, 2"),
     ("3", {"enum": [1, 2, 3]}, 3),
-    ("3", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "3"),
+    # a union with string: a value of the other type is that type, anything else a string (llama.cpp's reading)
+    ("3", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, 3),
+    ('{"a": 1}', {"type": ["string", "object"]}, {"a": 1}),
+    ("{not valid json", {"type": ["string", "object"]}, "{not valid json"),
+    ("2 dollars", {"type": ["string", "integer"]}, "2 dollars"),
+    ("42", {"type": ["string", "integer"]}, 42),
+    ("null", {"type": ["string", "null"]}, None),
     ("3", {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, 3),
     ("3", None, "3"),
 ])

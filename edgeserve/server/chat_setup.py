@@ -3,11 +3,17 @@
 This is the one place that turns `GenerationRequest` (messages, tools, tool_choice, parallel_tool_calls,
 constraint, template_kwargs, think) into what the engine runs and how the reply is read back:
 
-- the prompt: the model's chat template gets `tools` (or, if it knows none, a system-prompt block, see
-  edgeserve.text.tool_calls) and `template_kwargs` (`enable_thinking` from `think`);
+- the format: the template's reply format from the registry (edgeserve.text.formats.detect_format), or the one
+  the server was told (`--tool-format`);
+- the prompt: the model's chat template (its tokenizer's named `tool_use` template for a request with tools, when
+  it has one) gets `tools` (or, if it knows none, a tools block in the system prompt, see
+  edgeserve.text.tool_calls) and `template_kwargs` (`think` as every reasoning switch the template reads,
+  edgeserve.text.thinking_switch);
 - the constraint: `response_format` / Ollama `format`, or with tool_choice "required" / a named function the
-  grammar of the tools' schemas; for a model that reasons it applies after `</think>`;
-- the reply: reasoning split from content, tool calls parsed (template's format under "auto").
+  format's own grammar of forced calls (else the generic JSON reply); for a model that reasons it applies after
+  the thought;
+- the reply: reasoning split from content by the format's tags (kept in the content under reasoning_format
+  "none"), tool calls parsed by the format's parser, its stray markers dropped, its stop strings passed on.
 
 A model whose template is harmony (gpt-oss, edgeserve.text.harmony) is rendered by edgeserve itself, with the
 reasoning effort from `template_kwargs["reasoning_effort"]` (the routes put OpenAI `reasoning_effort`, Responses
@@ -21,21 +27,23 @@ Other routes (Anthropic messages, Responses) can fill the same request fields an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from edgeserve.engine.outputs import RequestOutput
 from edgeserve.loaders.chat_template import ChatTemplate
+from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
+from edgeserve.text.formats import ChatFormat, detect_format, get_format
+from edgeserve.text.formats import FALLBACK as FALLBACK_FORMAT
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
                                     tool_call_grammar)
-from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, prompt_opens_thought,
-                                      reasoning_tags, template_thinks)
+from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, format_reasoning_tags,
+                                      prompt_opens_thought)
 from edgeserve.text.partial_calls import cut_forced_calls
-from edgeserve.text.tool_calls import (NATIVE_FORCED, detect_format, forced_schema, function_parameters,
-                                       messages_for_template, template_knows_tools)
-from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar
+from edgeserve.text.thinking_switch import thinking_kwargs
+from edgeserve.text.tool_calls import forced_schema, function_parameters, messages_for_template, template_knows_tools
 
 # Calls one reply may make under tool_choice "required" with parallel_tool_calls true (one without it): a
 # random-weights or looping model must not emit calls until max_tokens.
@@ -53,15 +61,27 @@ class ChatSetup:
     tools: ToolSetup | None
     tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # the reasoning's open and close tags
     harmony: bool = False  # the reply is harmony: HarmonyParser reads it
+    fmt: ChatFormat | None = None  # the template's reply format (stray markers, calls inside a thought)
+    stop: tuple[str, ...] = ()  # the format's stop strings: the engine request ends at any of them
+    raw_reasoning: bool = False  # reasoning_format "none": the reasoning stays in the content, tags and all
+    opened: str = ""  # the thought the prompt opened (its tag as the prompt wrote it), shown first when raw
 
     def parser(self) -> ChatOutputParser | HarmonyParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
             return HarmonyParser(tools.known, tools.parallel)
-        if not self.thinks and self.tools is None:
+        splits = self.thinks and not self.raw_reasoning
+        stray = self.fmt.stray if self.fmt is not None and not self.raw_reasoning else ()
+        prefix = self.opened if self.raw_reasoning and self.in_thought else ""
+        if not splits and self.tools is None and not stray and not prefix:
             return None
-        return ChatOutputParser(ReasoningSplitter(self.in_thought, *self.tags) if self.thinks else None, self.tools)
+        splitter = None
+        if splits:
+            calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None
+            ends = self.tools.format.call_markers if calls_end_it else ()
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
+        return ChatOutputParser(splitter, self.tools, stray, prefix)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
         """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`.
@@ -73,7 +93,7 @@ class ChatSetup:
             thought, content, calls = parser.finish()
             out.reasoning += thought
             forced = self.tools is not None and self.tools.mode == "forced" and not self.harmony
-            if forced and not calls and out.finish_reason == "length":
+            if forced and not calls and out.finish_reason == "length" and self.tools.format.forced is None:
                 calls = cut_forced_calls(content, self.tools.choice)
                 content = "" if calls else content
             out.text += content
@@ -82,43 +102,68 @@ class ChatSetup:
                 out.finish_reason = "tool_calls"
 
 
-def chat_setup(req: GenerationRequest, template: ChatTemplate) -> ChatSetup:
-    """Render the prompt of a chat request and decide its constraint and reply parsing."""
-    source = template.source
+def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str | None = None) -> ChatSetup:
+    """Render the prompt of a chat request and decide its constraint and reply parsing. `tool_format`: the name of
+    a registered format that replaces the one detected from the template (`--tool-format`)."""
     tools = req.tools if req.tool_choice != "none" else None
+    if tools and template.tool_use is not None:  # the tokenizer's own template for requests with tools
+        template = template.tool_use
+    source = template.source
     if template_is_harmony(source):
         return _harmony_setup(req, tools)
+    fmt = get_format(tool_format) if tool_format is not None else detect_format(source)
     kwargs: dict[str, Any] = dict(req.template_kwargs)
     if req.think is not None:
-        kwargs["enable_thinking"] = req.think
-    if tools and template_knows_tools(source):
+        switches = thinking_kwargs(req.think, source, fmt.thinking_switches)
+        kwargs.update({k: v for k, v in switches.items() if k == "enable_thinking" or k not in req.template_kwargs})
+    knows_tools = template_knows_tools(source)
+    if tools and knows_tools:
         kwargs["tools"] = tools
-    prompt = template.render(messages_for_template(req.messages or [], tools, source), add_generation_prompt=True,
-                             **kwargs)
-    # a template that closed the reasoning in the prompt (Qwen3 with enable_thinking false) expects none
-    tags = reasoning_tags(source) or (THINK_OPEN, THINK_CLOSE)
-    thinks = template_thinks(source) and req.think is not False and not prompt.rstrip().endswith(tags[1])
-    in_thought = thinks and prompt_opens_thought(prompt, tags[0])
+    system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
+    messages = messages_for_template(req.messages or [], tools, source, system_role=system_role)
+    prompt = template.render(messages, add_generation_prompt=True, **kwargs)
+    tags = format_reasoning_tags(fmt.reasoning, source)
+    thinks, in_thought = _thought_state(prompt, tags)
+    tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
     tool_setup = None
     if tools:
-        names = {t["function"]["name"] for t in tools}
-        schemas = {t["function"]["name"]: function_parameters(t) for t in tools}
-        fmt = detect_format(source)
-        if req.tool_choice == "auto":
-            tool_setup = ToolSetup("auto", fmt, names, parallel=req.parallel_tool_calls is not False, schemas=schemas)
-        else:
-            choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
-            parallel = req.parallel_tool_calls is True
-            if fmt in NATIVE_FORCED:
-                grammar = forced_call_grammar(tools, choice, parallel, json_rule)
-                constraint = GrammarSpec("lark", grammar, tokens=CALL_TAGS)
-            else:
-                constraint = GrammarSpec.json_schema(required_schema(tools, choice, req.parallel_tool_calls))
-            tool_setup = ToolSetup("forced", fmt, names, choice, parallel, schemas)
+        # our tools prompt (a template that knows no tools) asks for hermes calls; so does a format without calls
+        call_fmt = fmt if (knows_tools or tool_format is not None) and fmt.parse is not None \
+            else get_format(FALLBACK_FORMAT)
+        tool_setup, forced = _tool_setup(req, tools, call_fmt)
+        constraint = forced or constraint
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
-    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags)
+    opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""
+    return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
+                     raw_reasoning=req.reasoning_format == "none", opened=opened)
+
+
+def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool]:
+    """(thinks, in_thought) of a rendered prompt: the reply may start with reasoning unless the template does not
+    reason or the prompt closed the thought itself (reasoning off: Qwen3's empty `<think></think>`); it starts
+    inside one when the prompt opened it. Reasoning off does not stop a model whose template always opens a thought
+    (DeepSeek-R1 distills, MiniMax M2), nor one that thinks anyway: that thought is reasoning, never content."""
+    if tags is None or prompt.rstrip().endswith(tags[1].strip()):
+        return False, False
+    return True, prompt_opens_thought(prompt, tags[0])
+
+
+def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> tuple[ToolSetup, GrammarSpec | None]:
+    """How the reply's calls are read, and under tool_choice "required" / a named function the grammar that forces
+    them (the format's own, else the generic JSON reply)."""
+    names = {t["function"]["name"] for t in tools}
+    schemas = {t["function"]["name"]: function_parameters(t) for t in tools}
+    if req.tool_choice == "auto":
+        return ToolSetup("auto", fmt, names, parallel=req.parallel_tool_calls is not False, schemas=schemas), None
+    choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
+    parallel = req.parallel_tool_calls is True
+    if fmt.forced is not None:
+        constraint = fmt.forced(tools, choice, parallel)
+    else:
+        constraint = GrammarSpec.json_schema(required_schema(tools, choice, req.parallel_tool_calls))
+    return ToolSetup("forced", fmt, names, choice, parallel, schemas), constraint
 
 
 def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:
@@ -132,9 +177,29 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
         if forced:
             choice = req.tool_choice["name"] if isinstance(req.tool_choice, dict) else None
             constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
-        tool_setup = ToolSetup("forced" if forced else "auto", "harmony", names,
+        tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
     return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+
+
+def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],
+                 token_to_id: Callable[[str], int | None]) -> dict[str, Any]:
+    """SamplingParams fields `sampling` with a format's stop strings added: one that is a single token of the
+    vocabulary ends the reply as a stop token (its text is never shown, as llama.cpp ends Gemma 4's turn at
+    `<|tool_response>`), others as stop strings (as many as the request's limit leaves room for)."""
+    kw = dict(sampling)
+    if not stops:
+        return kw
+    stop = kw.get("stop") or []
+    stop, ids = [stop] if isinstance(stop, str) else list(stop), list(kw.get("stop_token_ids") or [])
+    for s in stops:
+        i = token_to_id(s)
+        if i is not None and i not in ids:
+            ids.append(i)
+        elif i is None and s not in stop and len(stop) < SamplingParams.MAX_STOP:
+            stop.append(s)
+    kw["stop"], kw["stop_token_ids"] = stop, ids
+    return kw
 
 
 def required_schema(tools: list[dict], choice: str | None, parallel: bool | None) -> dict:
@@ -147,5 +212,8 @@ def required_schema(tools: list[dict], choice: str | None, parallel: bool | None
 
 
 def can_think(template: ChatTemplate) -> bool:
-    """Whether the model's template writes reasoning (<think> tags, or harmony's analysis channel)."""
+    """Whether the model's template writes reasoning (<think> tags, its format's own, or harmony's analysis
+    channel)."""
+    from edgeserve.text.reasoning import template_thinks
+
     return template_thinks(template.source) or template_is_harmony(template.source)

@@ -89,6 +89,9 @@ class ServerConfig:
     default_max_tokens: int | None = _flag(DEFAULT_MAX_TOKENS, "--default-max-tokens")
     max_tokens_limit: int | None = _flag(None, "--max-tokens-limit")  # the most output tokens a request gets
     allow_pull: bool = True  # POST /api/pull may download catalog models
+    # the reply format (tool calls, reasoning) of every model served, instead of the one detected from its chat
+    # template: a name in edgeserve.text.formats (for a model whose template is ambiguous)
+    tool_format: str | None = _flag(None, "--tool-format")
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -124,6 +127,12 @@ class ServerConfig:
                                self.cpu_moe_layers) from None
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise config_error(ServerConfig, "dtype", "be auto, float32, bfloat16 or float16", self.dtype)
+        if self.tool_format is not None:
+            from edgeserve.text.formats import all_formats
+
+            known = sorted(f.name for f in all_formats())
+            if self.tool_format not in known:
+                raise config_error(ServerConfig, "tool_format", f"be one of {', '.join(known)}", self.tool_format)
         from edgeserve.loaders.quantize_options import check_quantize_options
 
         check_quantize_options(self.quantize, self.quantize_group_size)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
-from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
+from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -92,7 +92,7 @@ class Generation:
         context = self.lease.engine.max_model_len
         if self.req.messages is not None:
             if self.chat is None:
-                self.chat = chat_setup(self.req, lm.chat_template)
+                self.chat = self._chat_setup()
             self._refuse_if_surely_too_long(self.chat.prompt, context)
             if self._decoded:
                 self._placed = place_images(self.chat.prompt, self._decoded, lm.vision, tok, self.prompt_param)
@@ -104,6 +104,10 @@ class Generation:
                 self._refuse_if_surely_too_long(p, context)
             out.append(tok.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p))
         return out
+
+    def _chat_setup(self) -> ChatSetup:
+        """The chat request's setup with the model's template (and the server's --tool-format)."""
+        return chat_setup(self.req, self.lease.lm.chat_template, self.lease.manager.config.tool_format)
 
     def _refuse_if_surely_too_long(self, text: str, context: int) -> None:
         count = surely_too_long(self.lease.lm.tokenizer, text, context)
@@ -133,7 +137,7 @@ class Generation:
                     max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))
                 for j in range(self.req.n):
-                    kw = dict(self.req.sampling)
+                    kw = self._sampling_fields()
                     if self.req.n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + j
                     params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)
@@ -151,6 +155,11 @@ class Generation:
         except BaseException:
             self.close()
             raise
+
+    def _sampling_fields(self) -> dict:
+        """The request's SamplingParams fields, with its chat format's stop strings (format_stops)."""
+        stops = self.chat.stop if self.chat is not None else ()
+        return format_stops(self.req.sampling, stops, self.lease.lm.tokenizer.token_to_id)
 
     def _fit_num_ctx(self, ids: list[int], max_tokens: int) -> int:
         """max_tokens capped to the request's own context window; a prompt that fills it is refused, never cut."""
@@ -183,7 +192,7 @@ class Generation:
             await self.check_size()
             await self._decode_images()
             if self.req.messages is not None:
-                self.chat = await anyio.to_thread.run_sync(chat_setup, self.req, lm.chat_template)
+                self.chat = await anyio.to_thread.run_sync(self._chat_setup)
             spec = self.constraint()
             if spec is not None:  # a bad schema is reported before the prompt's length
                 compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,

@@ -60,10 +60,11 @@ class ModelFacts:
         return "\n".join(lines)
 
 
-def capabilities(template: str, kind: str | None = None) -> list[str]:
+def capabilities(template: str, kind: str | None = None, tool_use: str = "") -> list[str]:
     """Ollama's capabilities: "completion" for a text model, with "tools" when its chat template renders tools
-    (as the chat route decides to hand them to the template) and "thinking" when it reasons (<think> tags, harmony);
-    `kind` "embedding" (a model that embeds) or "rerank" (a reranker) instead of those (see models/embedders.py)."""
+    (as the chat route decides to hand them to the template), or it has a named `tool_use` template, and
+    "thinking" when it reasons (<think> tags, its format's own, harmony); `kind` "embedding" (a model that embeds)
+    or "rerank" (a reranker) instead of those (see models/embedders.py)."""
     from edgeserve.text.harmony import template_is_harmony
     from edgeserve.text.reasoning import template_thinks
     from edgeserve.text.tool_calls import template_knows_tools
@@ -71,7 +72,7 @@ def capabilities(template: str, kind: str | None = None) -> list[str]:
     if kind is not None:
         return [kind]
     caps = ["completion"]
-    if template and template_knows_tools(template):
+    if (template and template_knows_tools(template)) or tool_use:
         caps.append("tools")
     if template and (template_thinks(template) or template_is_harmony(template)):
         caps.append("thinking")
@@ -210,7 +211,8 @@ def _gguf_facts(path: Path) -> ModelFacts:
     from edgeserve.models.embedders import gguf_kind
 
     template = str(md.get("tokenizer.chat_template") or "")
-    caps = capabilities(template, gguf_kind(md))  # an embedder or reranker is served by the embedder only
+    tool_use = str(md.get("tokenizer.chat_template.tool_use") or "")
+    caps = capabilities(template, gguf_kind(md), tool_use)  # an embedder or reranker is served by the embedder only
     if find_mmproj(path) is not None:  # a projector beside it (an hf.co pull's): it takes images
         caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
@@ -265,8 +267,10 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
             info[f"{arch}.{suffix}"] = cfg[k]
     tok_cfg = _json(folder / "tokenizer_config.json") if folder.is_dir() else {}
     template = tok_cfg.get("chat_template") or ""
+    tool_use = ""
     if not isinstance(template, str):  # a list of named templates
-        template = next((t.get("template", "") for t in template if t.get("name") == "default"), "")
+        named = {t.get("name"): t.get("template") or "" for t in template if isinstance(t, dict)}
+        template, tool_use = named.get("default", ""), named.get("tool_use", "")
     eos = tok_cfg.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     from edgeserve.models.embedders import folder_kind
@@ -274,7 +278,7 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
     kind = folder_kind(folder) if folder.is_dir() else None
     if kind is None and (arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())):
         kind = "embedding"  # an encoder or sentence-transformers folder edgeserve may not load: still not a chat model
-    caps = capabilities(template, kind)
+    caps = capabilities(template, kind, tool_use)
     if folder.is_dir() and has_vision(folder):
         caps.append("vision")
     size = sum(f.stat().st_size for f in files)

@@ -35,6 +35,9 @@ class GenerationRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat template variables
     think: bool | None = None  # reasoning on/off (Ollama think, enable_thinking); None: the template's default
     think_required: bool = False  # a model that cannot think is a 400 (Ollama think: true / a level)
+    # llama-server's reasoning_format: "none" keeps the reasoning in the content (tags and all); "auto" / "deepseek"
+    # (and None) split it into the reasoning field
+    reasoning_format: str | None = None
     # LoRA (edgeserve/server/adapters.py): the adapter it runs and its scale; `lora` is llama-server's raw list
     adapter: str | None = None
     adapter_scale: float = 1.0

@@ -1,31 +1,67 @@
 """One chat reply's text split into reasoning, content and tool calls, as it streams.
 
 `ChatOutputParser.push(text)` returns the reasoning and content that are final; text that may belong to a tool
-call is held back (from the format's start marker on) and parsed at `finish()`, which returns the calls. Nothing
-returned is ever retracted, so streamed deltas and the non-streamed message are the same text.
+call is held back (from the format's first call marker on) and parsed at `finish()`, which returns the calls.
+Nothing returned is ever retracted, so streamed deltas and the non-streamed message are the same text. A call the
+format's parser cannot read (unclosed, arguments that are not JSON, a function that was not offered) comes back as
+content: the parser never raises and never drops text.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass, field
 
+from edgeserve.text.formats import CallContext, ChatFormat, get_format
+from edgeserve.text.formats.base import ToolCall
 from edgeserve.text.reasoning import ReasoningSplitter
-from edgeserve.text.tool_calls import NATIVE_FORCED, ToolCall, parse_forced, parse_tool_calls, start_markers
+from edgeserve.text.tool_calls import parse_forced
+
+log = logging.getLogger("edgeserve.server")
 
 
 @dataclass
 class ToolSetup:
-    """How a reply's tool calls are read. mode: "auto" (parse the template's format out of free text) or "forced"
-    (the reply is `forced_schema` JSON, or calls in the format itself for one in NATIVE_FORCED: `choice` names the
-    function, None for "required"). `schemas`: each function's parameters schema, for formats that type values
-    by it."""
+    """How a reply's tool calls are read. mode: "auto" (parse the format's calls out of free text) or "forced"
+    (the reply is the format's own forced calls when it has a grammar for them, `ChatFormat.forced`, else
+    `forced_schema` JSON: `choice` names the function, None for "required"). `fmt`: the format (or its registered
+    name). `schemas`: each function's parameters schema, for formats that type values by it."""
 
     mode: str
-    fmt: str = "hermes"
+    fmt: ChatFormat | str = "hermes"
     known: set[str] = field(default_factory=set)
     choice: str | None = None
     parallel: bool = True
     schemas: dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fmt, str):
+            self.fmt = get_format(self.fmt)
+
+    @property
+    def format(self) -> ChatFormat:
+        """The format, as a ChatFormat."""
+        assert isinstance(self.fmt, ChatFormat)
+        return self.fmt
+
+    def read(self, held: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of the held text (from the first call marker on). A parser that fails leaves it all
+        as content."""
+        fmt = self.format
+        if self.mode == "forced" and fmt.forced is None:
+            calls = parse_forced(held, self.choice)
+            if calls:
+                return "", calls
+            # not the generic JSON (no constraint applied): calls in the format's own syntax are still calls
+        if fmt.parse is None:
+            return held, []
+        try:
+            rest, calls = fmt.parse(held, CallContext(set(self.known), dict(self.schemas)))
+        except Exception:  # a format's parser must never turn a reply into a 500
+            log.exception("the %s call parser failed; the reply is returned as content", fmt.name)
+            return held, []
+        return rest, calls
 
 
 def _partial(buf: str, marker: str) -> int:
@@ -35,12 +71,40 @@ def _partial(buf: str, marker: str) -> int:
     return 0
 
 
-class ChatOutputParser:
-    """Splits one reply: push() text pieces, then finish() once."""
+class StrayFilter:
+    """Removes a format's stray markers (`ChatFormat.stray`) from streamed text, longer ones first; the start of
+    one at the end of a piece is held until the next."""
 
-    def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolSetup | None) -> None:
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self.markers = tuple(sorted(markers, key=len, reverse=True))
+        self._pattern = re.compile("|".join(map(re.escape, self.markers))) if markers else None
+        self._held = ""
+
+    def push(self, text: str) -> str:
+        """The text without markers, less what may be the start of one."""
+        if self._pattern is None:
+            return text
+        buf = self._held + text
+        hold = max(_partial(buf, m) for m in self.markers)
+        self._held = buf[len(buf) - hold:]
+        return self._pattern.sub("", buf[: len(buf) - hold])
+
+    def flush(self) -> str:
+        """What is held at the end (the start of a marker that never came is text)."""
+        held, self._held = self._held, ""
+        return self._pattern.sub("", held) if self._pattern is not None else held
+
+
+class ChatOutputParser:
+    """Splits one reply: push() text pieces, then finish() once. `stray`: markers removed from the content;
+    `prefix`: content shown before the reply's own (the thought the prompt opened, when reasoning stays raw)."""
+
+    def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolSetup | None,
+                 stray: tuple[str, ...] = (), prefix: str = "") -> None:
         self.reasoning = reasoning
         self.tools = tools
+        self._stray = StrayFilter(stray)
+        self._prefix = prefix
         self._held = ""  # content that may be (the start of) a tool call
         self._in_call = False
         self._content = ""  # all content returned so far
@@ -48,20 +112,18 @@ class ChatOutputParser:
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) that `text` completes."""
         thought, content = self.reasoning.push(text) if self.reasoning is not None else ("", text)
-        return thought, self._content_piece(content)
+        content, self._prefix = self._prefix + content, ""
+        return thought, self._content_piece(self._stray.push(content))
 
     def finish(self) -> tuple[str, str, list[ToolCall]]:
         """(reasoning, content, tool calls) left at the end of the reply."""
         thought, content = self.reasoning.flush() if self.reasoning is not None else ("", "")
-        content = self._content_piece(content)
+        content, self._prefix = self._prefix + content, ""
+        content = self._content_piece(self._stray.push(content) + self._stray.flush())
         held, self._held = self._held, ""
         calls: list[ToolCall] = []
         if self.tools is not None and held:
-            if self.tools.mode == "forced" and self.tools.fmt not in NATIVE_FORCED:
-                calls = parse_forced(held, self.tools.choice)
-                rest = "" if calls else held
-            else:
-                rest, calls = parse_tool_calls(held, self.tools.fmt, self.tools.known, self.tools.schemas)
+            rest, calls = self.tools.read(held)
             if not self.tools.parallel:
                 calls = calls[:1]
             content += rest
@@ -78,13 +140,14 @@ class ChatOutputParser:
             self._held += text
             return ""
         buf = self._held + text
-        starts = [i for m in start_markers(self.tools.fmt) if (i := buf.find(m)) >= 0]
+        markers = self.tools.format.call_markers
+        starts = [i for m in markers if (i := buf.find(m)) >= 0]
         if starts:
             at = min(starts)
             self._in_call, self._held = True, buf[at:]
             out = buf[:at]
         else:
-            hold = max(_partial(buf, m) for m in start_markers(self.tools.fmt))
+            hold = max((_partial(buf, m) for m in markers), default=0)
             self._held, out = buf[len(buf) - hold:], buf[: len(buf) - hold]
         self._content += out
         return out

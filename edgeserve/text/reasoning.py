@@ -1,11 +1,12 @@
-"""Reasoning split from the answer: `<think>...</think>` text streamed into its own field.
+"""Reasoning split from the answer: `<think>...</think>` (or a format's own tags) streamed into its own field.
 
 Models that think (Qwen3, DeepSeek-R1 distills, QwQ) write their reasoning between `<think>` and `</think>` before
-the answer. Whether a model does is read from its chat template (it mentions `<think>`); whether this reply starts
-inside the reasoning is read from the rendered prompt (DeepSeek-R1's template opens `<think>` itself; Qwen3 with
-`enable_thinking: false` closes an empty one). Gemma 4 writes its reasoning in a thought channel instead,
-`<|channel>thought\n...<channel|>` (its template turns it on with `enable_thinking`); `reasoning_tags` says which
-pair a template's model uses.
+the answer. A format in the registry (edgeserve.text.formats) may name other tags (`ChatFormat.reasoning`: Gemma 4's
+thought channel `<|channel>thought...<channel|>`); otherwise a template that mentions `<think>` reasons with those.
+Whether this reply starts inside the reasoning is read from the rendered prompt (DeepSeek-R1's template opens
+`<think>` itself; Qwen3 with `enable_thinking: false` closes an empty one).
+
+Reasoning comes back trimmed (no whitespace at its start or end), as llama.cpp returns it.
 """
 
 from __future__ import annotations
@@ -13,22 +14,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-GEMMA4_THOUGHT = ("<|channel>thought\n", "<channel|>")
-GEMMA4_TURN = "<|turn>"  # Gemma 4's turn marker: its templates have it, others do not
 
 
 def reasoning_tags(template_source: str) -> tuple[str, str] | None:
-    """The (open, close) tags the reasoning of a chat template's model sits between; None for one that does not
-    reason."""
-    if GEMMA4_TURN in template_source:
-        return GEMMA4_THOUGHT
+    """The (open, close) tags the reasoning of a chat template's model sits between (its format's, else <think>
+    when the template mentions it); None for one that does not reason."""
+    from edgeserve.text.formats import detect_format
+
+    return format_reasoning_tags(detect_format(template_source).reasoning, template_source)
+
+
+def format_reasoning_tags(tags: tuple[str, str] | None, template_source: str) -> tuple[str, str] | None:
+    """A format's reasoning tags, else the generic rule: <think> / </think> when the template mentions either."""
+    if tags is not None:
+        return tags
     if THINK_OPEN in template_source or THINK_CLOSE in template_source:
         return THINK_OPEN, THINK_CLOSE
     return None
 
 
 def template_thinks(template_source: str) -> bool:
-    """Whether a chat template belongs to a model that reasons (<think> tags, Gemma 4's thought channel)."""
+    """Whether a chat template belongs to a model that reasons (<think> tags, or its format's own)."""
     return reasoning_tags(template_source) is not None
 
 
@@ -50,15 +56,20 @@ class ReasoningSplitter:
     """Feed reply text as it streams; get (reasoning, content) pieces. A tag split across pieces is held back.
 
     Reasoning is the text between an opening tag (<think>, or `open_tag`) at the start of the reply (or the start
-    itself, when the prompt opened it) and the first closing one; whitespace right after </think> is dropped; everything else is
-    content. Nothing returned is ever retracted.
+    itself, when the prompt opened it) and the first closing one, or the first of `ends` (text that ends a thought
+    without closing it and belongs to the answer: a format's call markers, for models that call tools from inside
+    an open thought); whitespace at the reasoning's ends and right after the closing tag is dropped; everything
+    else is content. Nothing returned is ever retracted.
     """
 
     in_thought: bool = False  # the prompt opened the reasoning
     open_tag: str = THINK_OPEN
     close_tag: str = THINK_CLOSE
+    ends: tuple[str, ...] = ()
     _state: str = "start"  # start -> (thought ->) answer
-    _held: str = ""
+    _held: str = ""  # the start of a tag, maybe
+    _space: str = ""  # whitespace at the end of the reasoning so far: shown only when more reasoning follows
+    _started: bool = False  # some reasoning text was returned
 
     def __post_init__(self) -> None:
         if self.in_thought:
@@ -80,15 +91,8 @@ class ReasoningSplitter:
                 else:
                     self._state = "answer"
             elif self._state == "thought":
-                end = buf.find(self.close_tag)
-                if end >= 0:
-                    reasoning += buf[:end]
-                    self._state, buf = "after", buf[end + len(self.close_tag):]
-                else:
-                    hold = _partial(buf, self.close_tag)
-                    reasoning += buf[: len(buf) - hold]
-                    self._held = buf[len(buf) - hold:]
-                    return reasoning, content
+                piece, buf = self._thought(buf)
+                reasoning += piece
             elif self._state == "after":  # drop the whitespace between the reasoning and the answer
                 buf = buf.lstrip()
                 if buf:
@@ -98,9 +102,36 @@ class ReasoningSplitter:
                 buf = ""
         return reasoning, content
 
+    def _thought(self, buf: str) -> tuple[str, str]:
+        """(reasoning, text left) of text inside the thought: up to its end (the state moves on), or all of it but
+        the start of a tag (held)."""
+        ends = [(at, self.close_tag) for at in [buf.find(self.close_tag)] if at >= 0]
+        ends += [(at, e) for e in self.ends if (at := buf.find(e)) >= 0]
+        if ends:
+            at, tag = min(ends, key=lambda x: x[0])
+            if tag == self.close_tag:
+                self._state, rest = "after", buf[at + len(tag):]
+            else:  # a call: it belongs to the answer
+                self._state, rest = "answer", buf[at:]
+            return self._trimmed(buf[:at], final=True), rest
+        hold = max(_partial(buf, t) for t in (self.close_tag, *self.ends))
+        self._held = buf[len(buf) - hold:]
+        return self._trimmed(buf[: len(buf) - hold], final=False), ""
+
+    def _trimmed(self, text: str, final: bool) -> str:
+        """Reasoning text without the whitespace at the reasoning's start, and with trailing whitespace held until
+        more reasoning follows (dropped when the reasoning ends: `final`)."""
+        text = self._space + text
+        if not self._started:
+            text = text.lstrip()
+            self._started = bool(text)
+        body = text.rstrip()
+        self._space = "" if final else text[len(body):]
+        return body
+
     def flush(self) -> tuple[str, str]:
         """At the end of the reply: whatever is held (an unfinished tag is text of the field it was in)."""
         held, self._held = self._held, ""
         if self._state == "thought":
-            return held, ""
+            return self._trimmed(held, final=True), ""
         return "", held

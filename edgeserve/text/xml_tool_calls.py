@@ -1,6 +1,6 @@
 """Qwen3-Coder / Qwen3.5 tool calls: XML function blocks read back by the tools' schemas, and their forced-call grammar.
 
-A call in this format ("qwen3_coder" in edgeserve.text.tool_calls) is
+A call in this format (edgeserve.text.formats.qwen3_coder, and others that write the same blocks) is
 
     <tool_call>
     <function=NAME>
@@ -14,8 +14,8 @@ A call in this format ("qwen3_coder" in edgeserve.text.tool_calls) is
 Each VALUE is text (one newline after `<parameter=ARG>` and one before `</parameter>` belong to the markup); it
 becomes the type its parameter's schema names: integers, numbers, booleans and null as such, objects and arrays as
 JSON (or a Python literal, as the template writes dicts back), anything else, or text that does not read as the
-type, stays a string. A block closed by `</function>` is a call even when `</tool_call>` is missing (a reply cut
-short) or was never written.
+type, stays a string; a union with string takes the other type when the text reads as one. A block closed by
+`</function>` is a call even when `</tool_call>` is missing (a reply cut short) or was never written.
 
 With tool_choice "required" or a named function, `forced_call_grammar` constrains the reply to such blocks:
 string parameters are free text up to `</parameter>`, the others JSON of their schema, in the schema's property
@@ -122,14 +122,15 @@ def _json_type(value: Any) -> str:
 
 
 def typed_value(text: str, schema: Any) -> Any:
-    """A parameter's text as the type its schema names (the text itself when it names none, allows strings, or the
-    text does not read as any type it names)."""
+    """A parameter's text as the type its schema names: the first of its non-string types the text reads as (so a
+    union with string, `["string", "object"]`, still gets a JSON object as an object, as llama.cpp reads it); the
+    text itself when it names no type, only strings, or the text reads as none of them."""
     types = schema_types(schema)
     if "null" in types and text.strip().lower() in ("null", "none"):
         return None
-    if not types or "string" in types:
-        return text
     for t in types:
+        if t == "string":
+            continue
         value = _read(text.strip(), t)
         if value is not _NO:
             return value

@@ -31,6 +31,8 @@ from edgeserve.server.tools import parse_tools, set_tools
 from edgeserve.text.grammar import GrammarSpec
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
+# llama-server's reasoning_format values: "none" keeps the reasoning in the content; the others split it off
+REASONING_FORMATS = ("none", "auto", "deepseek")
 
 # --- the request ------------------------------------------------------------------------------------------------
 
@@ -101,8 +103,8 @@ def _logit_bias(value) -> dict[int, float]:
 
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
-                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", "lora",
-                *_SAMPLING_NUMBERS}
+                "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", "reasoning_format",
+                "lora", *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
@@ -125,6 +127,9 @@ def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
                           "top_logprobs")
     if req.logprobs:
         req.sampling["logprobs"] = 0 if top is None else top
+    req.reasoning_format = body.get("reasoning_format")
+    if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
+        raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}", "reasoning_format")
     return req
 
 

@@ -17,7 +17,8 @@ __all__ = ["CallContext", "ChatFormat", "ToolCall", "MODULES", "all_formats", "d
 
 # the modules of edgeserve.text.formats that define formats (each a FORMATS tuple); the fallback is "hermes"
 MODULES: tuple[str, ...] = ("lfm2", "mistral3", "cohere", "functionary", "granite", "apertus", "apriel", "gigachat",
-                             "minicpm5", "hunyuan", "solar_open")
+                             "minicpm5", "hunyuan", "solar_open", "gemma4", "qwen3_coder", "mistral", "llama3",
+                             "hermes")
 FALLBACK = "hermes"
 
 

@@ -74,3 +74,7 @@ class ChatFormat:
     forced: ForcedGrammar | None = None  # None: forced calls use the generic JSON reply (tool_calls.forced_schema)
     thinking_switches: tuple[str, ...] = ("enable_thinking",)  # template variables that turn reasoning on / off
     priority: int = 100  # detection order: lower is tried first (specific markers before generic ones)
+    # markers of the format that are never content: removed from the content wherever they appear (Gemma 4's stray
+    # `<channel|>`); longer ones are matched first. Kept when the request asks for raw reasoning (reasoning_format
+    # "none").
+    stray: tuple[str, ...] = ()
