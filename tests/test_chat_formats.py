@@ -349,7 +349,9 @@ def test_every_format_keeps_text_that_is_no_call(fmt):
         for tail in ("", "{", '{"name": "g", "arguments": {}}', "g>\n", "f[", " junk ", "\u00e9\n</x>"):
             text = "Before " + marker + tail
             content, calls = fmt.parse(text[text.index(marker):], ctx)
-            assert calls or content == text[text.index(marker):], (marker, tail, content)
+            # an answer wrapper (`<response>`, `<|START_TEXT|>`) is markup a format may drop; the text never
+            assert calls or content == text[text.index(marker):] or (marker not in content and tail.strip() in content), \
+                (marker, tail, content)
 
 
 def test_a_parser_that_fails_leaves_the_reply_as_content():
