@@ -16,7 +16,9 @@ from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 __all__ = ["CallContext", "ChatFormat", "ToolCall", "MODULES", "all_formats", "detect_format", "get_format"]
 
 # the modules of edgeserve.text.formats that define formats (each a FORMATS tuple); the fallback is "hermes"
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = (
+    "deepseek", "deepseek_dsml",
+)
 FALLBACK = "hermes"
 
 

@@ -1,0 +1,140 @@
+"""Pieces the tag-based call formats share: cutting call blocks out of a reply, typing argument values by the
+tool's schema, and the Lark (llguidance) building blocks of their forced-call grammars.
+
+A block of calls becomes calls only when every call in it is well formed and names a known function; otherwise
+the whole block stays content, so no text is ever lost.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from edgeserve.text.formats.base import CallContext, ToolCall
+from edgeserve.text.grammar import json_rule
+from edgeserve.text.xml_tool_calls import resolve_ref, schema_types, typed_value
+
+# a block's calls as (name, arguments JSON text, id); None: the block is not a call (it stays content)
+BlockReader = Callable[[re.Match], "list[tuple[str, str, str]] | None"]
+
+
+def cut_calls(text: str, block: re.Pattern, read: BlockReader, ctx: CallContext,
+              strip: bool = True) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of `text`: each match of `block` that `read` turns into calls to known functions is cut
+    out; everything else stays, in order. Content is stripped when calls were found (`strip`)."""
+    calls: list[ToolCall] = []
+    kept, last = [], 0
+    for m in block.finditer(text):
+        found = read(m)
+        if not found or any(name not in ctx.known for name, _, _ in found):
+            continue
+        calls += [ToolCall(name, args, call_id) for name, args, call_id in found]
+        kept.append(text[last:m.start()])
+        last = m.end()
+    if not calls:
+        return text, []
+    content = "".join(kept) + text[last:]
+    return (content.strip() if strip else content), calls
+
+
+def dumps(args: Any) -> str:
+    """Arguments as the JSON text a ToolCall carries."""
+    return json.dumps(args, ensure_ascii=False)
+
+
+def json_object_text(text: str) -> str | None:
+    """`text` as compact JSON text when it is one JSON object (whitespace around it allowed), else None."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return dumps(value) if isinstance(value, dict) else None
+
+
+def param_schema(ctx: CallContext, name: str, key: str) -> Any:
+    """The schema of parameter `key` of function `name` (refs resolved), None when unknown."""
+    params = ctx.schemas.get(name) or {}
+    props = params.get("properties") if isinstance(params, dict) else None
+    return resolve_ref(props.get(key), params) if isinstance(props, dict) else None
+
+
+def typed(text: str, schema: Any) -> Any:
+    """A value written as text, as its schema's type: a union with a string reads as one of its other types when
+    the text is one (`{"a": 1}` for ["string", "object"]), else stays text; other schemas as
+    edgeserve.text.xml_tool_calls.typed_value reads them; without a schema, JSON when the text is JSON."""
+    if schema is None:
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            return text
+    types = schema_types(schema)
+    others = [t for t in types if t != "string"]
+    if "string" in types and others:
+        return typed_value(text, {"type": others})
+    return typed_value(text, schema)
+
+
+def may_be_string(schema: Any) -> bool:
+    """Whether a parameter's value is written as raw text (its schema allows strings or names no type)."""
+    types = schema_types(schema)
+    return not types or "string" in types
+
+
+# --- forced-call grammars (llguidance's Lark dialect) ---------------------------------------------------------
+
+
+def lit(text: str) -> str:
+    """A Lark string literal (JSON-quoted, as GrammarSpec.tokens expects single-token markup to be written)."""
+    return json.dumps(text)
+
+
+def chosen_tools(tools: list[dict], choice: str | None) -> list[dict]:
+    """The tools a forced reply may call: the named one, or all of them under "required"."""
+    return [t for t in tools if choice is None or t["function"]["name"] == choice]
+
+
+def parameters(tool: dict) -> tuple[dict, dict, set[str]]:
+    """(parameters schema, properties, required names) of a tool."""
+    params = tool["function"].get("parameters")
+    params = params if isinstance(params, dict) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    return params, props, set(params.get("required") or [])
+
+
+def args_json_rule(tool: dict) -> str:
+    """A %json expression for a tool's whole arguments object."""
+    params, _, _ = parameters(tool)
+    return json_rule(params if params else {"type": "object"})
+
+
+def value_json_rule(schema: Any, params: dict) -> str:
+    """A %json expression for one parameter's value (with the root's definitions, for $refs)."""
+    defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+    return json_rule({**schema, **defs} if isinstance(schema, dict) else {})
+
+
+def text_rule(name: str, stop: str) -> str:
+    """A rule `name` of free text that ends with (and includes) `stop`."""
+    return f"{name}[stop={lit(stop)}]: /(?s:.*)/\n"
+
+
+def repeat(call_rule: str, parallel: bool, choice: str | None, sep: str = "") -> str:
+    """`call_rule` once, or one or more times (separated by the literal `sep`) when parallel calls are allowed
+    under "required"."""
+    if parallel and choice is None:
+        return f"{call_rule} ({lit(sep)} {call_rule})*" if sep else f"{call_rule}+"
+    return call_rule
+
+
+def keyed_args(tool: dict, i: int, arg: Callable[[int, int, str, Any, dict], str]) -> tuple[str, list[str]]:
+    """A tool's arguments as tag-per-parameter markup: (the sequence expression, its rules). `arg(i, j, key,
+    schema, params)` gives the expression of parameter j (its own separators included); required parameters come
+    always and optional ones maybe, in the schema's order."""
+    params, props, required = parameters(tool)
+    parts: list[str] = []
+    rules: list[str] = []
+    for j, (key, schema) in enumerate(props.items()):
+        rules.append(f"a_{i}_{j}: {arg(i, j, key, resolve_ref(schema, params), params)}\n")
+        parts.append(f"a_{i}_{j}" if key in required else f"a_{i}_{j}?")
+    return " ".join(parts), rules
