@@ -113,10 +113,14 @@ def same(got: Reply, want: Reply) -> bool:
 
 
 def detected_templates(name: str) -> list[str]:
-    """The llama.cpp templates whose detected format is `name`."""
-    from edgeserve.text.formats import detect_format
+    """The llama.cpp templates whose detected format (the first registered one whose `detect` accepts the
+    template) is `name`."""
+    from edgeserve.text.formats import all_formats
 
-    return [t for t in all_templates() if detect_format(template_source(t)).name == name]
+    def first(source: str) -> str | None:
+        return next((f.name for f in all_formats() if f.detect(source)), None)
+
+    return [t for t in all_templates() if first(template_source(t)) == name]
 
 
 # --- forced grammars ------------------------------------------------------------------------------------------
@@ -151,3 +155,45 @@ def accepts(tok, spec, text: str) -> bool:
 
     state, masked = walk(tok, spec, text)
     return masked is None and bool(any(allowed_mask([state], tok.vocab_size)[0, t] for t in tok.eot_ids))
+
+
+# --- the data files (tests/data/chat_formats/<family>.json) ------------------------------------------------------
+
+DATA = Path(__file__).parent / "data" / "chat_formats"
+# templates our renderer cannot render yet (their generation prompt opens the thought, as llama.cpp renders it)
+OPENS_THOUGHT = {"llama-cpp-deepseek-r1.jinja": True}
+
+
+def data_cases(family: str) -> list[dict]:
+    """The cases of tests/data/chat_formats/<family>.json."""
+    return json.loads((DATA / f"{family}.json").read_text())
+
+
+def case_id(case: dict) -> str:
+    """A short test id: the template and the line of test-chat.cpp (0: our own case)."""
+    return f"{case['template'].removesuffix('.jinja')}:{case['line']}"
+
+
+def prompt_opens_thought(case: dict, fmt: ChatFormat) -> bool:
+    """Whether the case's prompt (a user message, its tools, its reasoning switch) ends inside an open thought."""
+    from edgeserve.loaders.chat_template import ChatTemplate
+
+    if case["template"] in OPENS_THOUGHT:
+        return OPENS_THOUGHT[case["template"]]
+    extra = {s: case["enable_thinking"] for s in fmt.thinking_switches} if case["enable_thinking"] is not None else {}
+    if case["tools"]:
+        extra["tools"] = case["tools"]
+    prompt = ChatTemplate(template_source(case["template"]), bos_token="<s>", eos_token="</s>").render(
+        [{"role": "user", "content": "Hello"}], add_generation_prompt=True, **extra)
+    return prompt.rstrip().endswith((fmt.reasoning or THINK)[0].strip())
+
+
+def check_case(case: dict) -> tuple[Reply, Reply]:
+    """(what the detected format reads out of the case's input, what llama.cpp expects)."""
+    from edgeserve.text.formats import detect_format
+
+    fmt = detect_format(template_source(case["template"]))
+    got = read_reply(fmt, case["input"], case["tools"], prompt_opens_thought(case, fmt))
+    want = case["expect"]
+    return got, expect(want["content"], want["reasoning_content"],
+                       [(c["name"], c["arguments"], c["id"]) for c in want["tool_calls"]])

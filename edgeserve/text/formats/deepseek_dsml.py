@@ -18,7 +18,7 @@ import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.markup import (chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
-                                           param_schema, repeat, text_rule, typed, value_json_rule)
+                                           param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
 DSML = "｜DSML｜"  # one special token in the V3.2 / V4 vocabularies
@@ -73,13 +73,12 @@ def _forced(block: str):
         d = lit(DSML)
         rules = [f'start: "<" {d} "{block}>\\n" {repeat("invoke", parallel, choice)} "</" {d} "{block}>"\n',
                  f"invoke: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
-                 # a text value ends at "</" (the DSML token that follows may be a special token no text matches)
-                 text_rule("str_value", "</")]
+                 text_until("str_value", f"</{DSML}parameter>", DSML)]
 
         def arg(i: int, j: int, key: str, schema, params) -> str:
             head = f'"<" {d} {lit("parameter name=" + json.dumps(key) + " string=")}'
             if may_be_string(schema):
-                return f'{head} "\\"true\\">" str_value {d} "parameter>\\n"'
+                return f'{head} "\\"true\\">" str_value "\\n"'
             return f'{head} "\\"false\\">" {value_json_rule(schema, params)} "</" {d} "parameter>\\n"'
 
         for i, tool in enumerate(chosen):

@@ -115,8 +115,26 @@ def value_json_rule(schema: Any, params: dict) -> str:
 
 
 def text_rule(name: str, stop: str) -> str:
-    """A rule `name` of free text that ends with (and includes) `stop`."""
+    """A rule `name` of free text that ends with (and includes) the text `stop`."""
     return f"{name}[stop={lit(stop)}]: /(?s:.*)/\n"
+
+
+def text_until(name: str, close: str, token: str = "") -> str:
+    """Rules of `name`: free text, then the closing tag `close` (included), whether `close` (or the part of it that
+    is `token`) is one special token of the vocabulary or text. A special token is quoted on its own, for
+    GrammarSpec.tokens, and no text regex matches one: free text before it ends where it comes; spelled out as
+    text, the tag ends the text at its first occurrence (a stop string spelled so that the token substitution
+    leaves it alone)."""
+    token = token or close
+    before, _, after = close.partition(token)
+    hidden = json.dumps(close).replace("<", "\\u003c")
+    tail = " ".join(lit(p) for p in (token, after) if p)
+    if before:  # text before the token: up to its first occurrence
+        special = f"{name}_s {tail}"
+        extra = f"{name}_s[stop={json.dumps(before).replace('<', chr(92) + 'u003c')}]: /(?s:.*)/\n"
+    else:
+        special, extra = f"{name.upper()}_ANY {tail}", f"{name.upper()}_ANY: /(?s:.*)/\n"
+    return f"{name}: {name}_t | {special}\n{name}_t[stop={hidden}]: /(?s:.*)/\n{extra}"
 
 
 def repeat(call_rule: str, parallel: bool, choice: str | None, sep: str = "") -> str:
