@@ -5,7 +5,8 @@
 - `read_reply(fmt, text, ...)`: a whole reply split the simple way a server does it: reasoning off by the format's
   tags (an opened thought when the prompt opened it; a close tag alone at the start is an empty thought; a call
   marker inside an open thought ends it for formats with `calls_in_reasoning`), then content up to the first call
-  marker, the rest through the format's `parse`. Stop strings of the format cut the reply first.
+  marker, the rest through the format's `parse` (with or without tools: Kimi K3 and muse-glimmer wrap the answer
+  itself in markup their parser unwraps). Stop strings of the format cut the reply first.
 - `template_source(name)`, `all_templates()`: llama.cpp's chat templates.
 - `vocab(tmp, specials)` / `walk(tok, spec, text)`: a byte-level tokenizer with the given special tokens, and a
   forced grammar walked over a text token by token.
@@ -92,7 +93,7 @@ def read_reply(fmt: ChatFormat, text: str, tool_list: list[dict] = (), opened: b
     reasoning, rest = split_reasoning(fmt, text, opened)
     calls: list[ToolCall] = []
     starts = [i for m in fmt.call_markers if (i := rest.find(m)) >= 0]
-    if tool_list and fmt.parse is not None and starts:
+    if fmt.parse is not None and starts:  # also without tools: some formats' markers wrap the answer itself
         at = min(starts)
         left, calls = fmt.parse(rest[at:], context(list(tool_list)))
         rest = rest[:at] + left

@@ -73,7 +73,7 @@ def _forced(block: str):
         d = lit(DSML)
         rules = [f'start: "<" {d} "{block}>\\n" {repeat("invoke", parallel, choice)} "</" {d} "{block}>"\n',
                  f"invoke: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
-                 text_until("str_value", f"</{DSML}parameter>", DSML)]
+                 text_until("str_value", f"</{DSML}parameter>", (DSML,))]
 
         def arg(i: int, j: int, key: str, schema, params) -> str:
             head = f'"<" {d} {lit("parameter name=" + json.dumps(key) + " string=")}'

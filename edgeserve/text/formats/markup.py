@@ -119,22 +119,35 @@ def text_rule(name: str, stop: str) -> str:
     return f"{name}[stop={lit(stop)}]: /(?s:.*)/\n"
 
 
-def text_until(name: str, close: str, token: str = "") -> str:
-    """Rules of `name`: free text, then the closing tag `close` (included), whether `close` (or the part of it that
-    is `token`) is one special token of the vocabulary or text. A special token is quoted on its own, for
+def lits(text: str, tokens: tuple[str, ...] = ()) -> str:
+    """`text` as a sequence of Lark literals, each of `tokens` in it quoted on its own (GrammarSpec.tokens)."""
+    if not tokens:
+        return lit(text)
+    parts = re.split("(" + "|".join(re.escape(t) for t in tokens) + ")", text)
+    return " ".join(lit(p) for p in parts if p)
+
+
+def text_until(name: str, close: str, tokens: tuple[str, ...] = ()) -> str:
+    """Rules of `name`: free text, then the closing tag `close` (included), whether `close` (or the parts of it
+    in `tokens`) are special tokens of the vocabulary or text. A special token is quoted on its own, for
     GrammarSpec.tokens, and no text regex matches one: free text before it ends where it comes; spelled out as
     text, the tag ends the text at its first occurrence (a stop string spelled so that the token substitution
-    leaves it alone)."""
-    token = token or close
-    before, _, after = close.partition(token)
-    hidden = json.dumps(close).replace("<", "\\u003c")
-    tail = " ".join(lit(p) for p in (token, after) if p)
-    if before:  # text before the token: up to its first occurrence
+    leaves it alone). With tokens, text before the first one ends at its first occurrence."""
+    tokens = tokens or (close,)
+    at = min((i for t in tokens if (i := close.find(t)) >= 0), default=0)
+    before, tail = close[:at], lits(close[at:], tokens)
+    if before:
         special = f"{name}_s {tail}"
-        extra = f"{name}_s[stop={json.dumps(before).replace('<', chr(92) + 'u003c')}]: /(?s:.*)/\n"
+        extra = f"{name}_s[stop={_hidden(before)}]: /(?s:.*)/\n"
     else:
         special, extra = f"{name.upper()}_ANY {tail}", f"{name.upper()}_ANY: /(?s:.*)/\n"
-    return f"{name}: {name}_t | {special}\n{name}_t[stop={hidden}]: /(?s:.*)/\n{extra}"
+    return f"{name}: {name}_t | {special}\n{name}_t[stop={_hidden(close)}]: /(?s:.*)/\n{extra}"
+
+
+def _hidden(text: str) -> str:
+    """`text` as a Lark string spelled unlike `lit(text)` (its "<" escaped), so GrammarSpec's token substitution
+    does not touch it."""
+    return json.dumps(text).replace("<", "\\u003c")
 
 
 def repeat(call_rule: str, parallel: bool, choice: str | None, sep: str = "") -> str:
