@@ -24,16 +24,17 @@ from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from llama_cpp_source import llama_cpp_dir
 
 THINK = ("<think>", "</think>")
-_TOOL = re.compile(r'static common_chat_tool (\w+)\{\s*(?:/\*.*?\*/\s*)?"([^"]*)",\s*(?:/\*.*?\*/\s*)?"(?:[^"\\]|\\.)*",'
-                   r'\s*(?:/\*.*?\*/\s*)?(?:R"(\w*)\((.*?)\)\3"|"((?:[^"\\]|\\.)*)")', re.S)
+_TOOL = re.compile(r'static common_chat_tool (\w+)\{\s*(?:/\*.*?\*/\s*)?"([^"]*)",\s*(?:/\*.*?\*/\s*)?"((?:[^"\\]|\\.)*)",'
+                   r'\s*(?:/\*.*?\*/\s*)?(?:R"(\w*)\((.*?)\)\4"|"((?:[^"\\]|\\.)*)")', re.S)
 
 
 @lru_cache(maxsize=1)
 def reference_tools() -> dict[str, dict]:
     """test-chat.cpp's tools by C++ variable name, as OpenAI tool dicts."""
     source = (llama_cpp_dir() / "tests" / "test-chat.cpp").read_text()
-    return {var: {"type": "function", "function": {"name": name, "parameters": json.loads(raw or plain)}}
-            for var, name, _, raw, plain in _TOOL.findall(source)}
+    return {var: {"type": "function", "function": {"name": name, "description": json.loads(f'"{about}"'),
+                                                   "parameters": json.loads(raw or plain)}}
+            for var, name, about, _, raw, plain in _TOOL.findall(source)}
 
 
 def tools(*names: str) -> list[dict]:

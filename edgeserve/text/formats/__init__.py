@@ -17,7 +17,7 @@ __all__ = ["CallContext", "ChatFormat", "ToolCall", "MODULES", "all_formats", "d
 
 # the modules of edgeserve.text.formats that define formats (each a FORMATS tuple); the fallback is "hermes"
 MODULES: tuple[str, ...] = (
-    "deepseek", "deepseek_dsml", "glm", "kimi", "minimax",
+    "deepseek", "deepseek_dsml", "glm", "kimi", "minimax", "seed_oss", "nemotron", "muse_glimmer",
 )
 FALLBACK = "hermes"
 
