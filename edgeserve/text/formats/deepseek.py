@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat
+from edgeserve.text.formats.markup import Block, args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat
 from edgeserve.text.grammar import GrammarSpec
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -22,13 +22,13 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 TOKENS = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)  # single special tokens in DeepSeek's vocabularies
 FENCE = "```json"
 
-_BLOCK = re.compile(f"{CALLS_BEGIN}(?P<body>.*?)(?:{CALLS_END}|$)|(?P<one>{CALL_BEGIN}.*?(?:{CALL_END}|$))", re.S)
+BLOCKS = (Block(CALLS_BEGIN, CALLS_END, to_end=True), Block(CALL_BEGIN, CALL_END, to_end=True))
 _R1_CALL = re.compile(r"\s*function\s*" + SEP + r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
-def _read_block(m: re.Match) -> list[tuple[str, str, str]] | None:
-    """The calls of one section (or one bare call): None unless every piece is a call with an object argument."""
-    body = m.group("body") if m.group("body") is not None else m.group("one")
+def _read_block(opener: str, body: str) -> list[tuple[str, str, str]] | None:
+    """The calls of one section (or bare calls): None unless every piece is a call with an object argument."""
+    body = body if opener == CALLS_BEGIN else CALL_BEGIN + body
     head, *pieces = body.split(CALL_BEGIN)
     if head.strip() or not pieces:
         return None
@@ -57,7 +57,7 @@ def _read_call(piece: str) -> tuple[str, str] | None:
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply in either DeepSeek spelling."""
-    return cut_calls(text, _BLOCK, _read_block, ctx)
+    return cut_calls(text, BLOCKS, _read_block, ctx)
 
 
 def _forced(call_body, sep: str):

@@ -17,20 +17,20 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
+from edgeserve.text.formats.markup import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
 DSML = "｜DSML｜"  # one special token in the V3.2 / V4 vocabularies
-BLOCKS = ("function_calls", "tool_calls")  # V3.2's block name, V4's
+BLOCK_NAMES = ("function_calls", "tool_calls")  # V3.2's block name, V4's
 
-_BLOCK = re.compile(f"<{DSML}(function_calls|tool_calls)>(.*?)(?:</{DSML}\\1>|$)", re.S)
+BLOCKS = tuple(Block(f"<{DSML}{b}>", f"</{DSML}{b}>", to_end=True) for b in BLOCK_NAMES)
 _INVOKE = re.compile(f'\\s*<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>\\s*', re.S)
 _PARAM = re.compile(f'\\s*<{DSML}parameter name="([^"]*)" string="(true|false)">(.*?)</{DSML}parameter>\\s*', re.S)
 
 
-def _read_block(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    body, pos, calls = m.group(2), 0, []
+def _read_block(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    pos, calls = 0, []
     while pos < len(body.rstrip()):
         inv = _INVOKE.match(body, pos)
         if inv is None:
@@ -63,7 +63,7 @@ def _arguments(name: str, body: str, ctx: CallContext) -> dict | None:
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply with DSML call blocks."""
-    return cut_calls(text, _BLOCK, lambda m: _read_block(m, ctx), ctx)
+    return cut_calls(text, BLOCKS, lambda _, body: _read_block(body, ctx), ctx)
 
 
 def _forced(block: str):
@@ -94,7 +94,7 @@ def _is_dsml(source: str) -> bool:
     return DSML in source
 
 
-MARKERS = tuple(f"<{DSML}{b}>" for b in BLOCKS)
+MARKERS = tuple(b.open for b in BLOCKS)
 
 FORMATS = (
     ChatFormat(name="deepseek_v3_2", detect=lambda s: _is_dsml(s) and "function_calls" in s, call_markers=MARKERS,

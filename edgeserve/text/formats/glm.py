@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
+from edgeserve.text.formats.markup import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
@@ -26,20 +26,31 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 TOKENS = (CALL_OPEN, CALL_CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE)  # special tokens in GLM's vocabulary
 
-_CALL = re.compile(r"<tool_call>\s*([^\s<>{}\[\]\"]+)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>\s*)*)"
-                   r"</tool_call>", re.S)
-_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+BLOCKS = (Block(CALL_OPEN, CALL_CLOSE),)
+_NAME = re.compile(r"\s*([^\s<>{}\[\]\"]+)\s*")
+_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.S)
 
 
-def _read_call(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]]:
-    name = m.group(1)
-    args = {key.strip(): typed(value, param_schema(ctx, name, key.strip())) for key, value in _ARG.findall(m.group(2))}
+def _read_call(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    """The call of one `<tool_call>` block: a bare name, then key / value pairs and nothing else (one anchored
+    match after another: linear, whatever the text)."""
+    head = _NAME.match(body)
+    if head is None:
+        return None
+    name, pos, args = head.group(1), head.end(), {}
+    while pos < len(body):
+        pair = _ARG.match(body, pos)
+        if pair is None:
+            return None
+        key = pair.group(1).strip()
+        args[key] = typed(pair.group(2), param_schema(ctx, name, key))
+        pos = pair.end()
     return [(name, dumps(args), "")]
 
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a reply with GLM-style `<tool_call>` blocks."""
-    return cut_calls(text, _CALL, lambda m: _read_call(m, ctx), ctx)
+    return cut_calls(text, BLOCKS, lambda _, body: _read_call(body, ctx), ctx)
 
 
 def _forced(newline: bool):

@@ -21,7 +21,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (args_json_rule, chosen_tools, cut_calls, dumps, json_object_text, keyed_args,
+from edgeserve.text.formats.markup import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text, keyed_args,
                                            lit, lits, param_schema, repeat, text_until, typed, value_json_rule,
                                            may_be_string)
 from edgeserve.text.grammar import GrammarSpec
@@ -30,13 +30,12 @@ SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_secti
 CALL_BEGIN, ARGS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 K2_TOKENS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGS_BEGIN, CALL_END)
 
-_K2_BLOCK = re.compile(re.escape(SECTION_BEGIN) + r"(?P<body>.*?)(?:" + re.escape(SECTION_END) + r"|$)|"
-                       r"(?P<one>" + re.escape(CALL_BEGIN) + r".*?(?:" + re.escape(CALL_END) + r"|$))", re.S)
+K2_BLOCKS = (Block(SECTION_BEGIN, SECTION_END, to_end=True), Block(CALL_BEGIN, CALL_END, to_end=True))
 _K2_ID = re.compile(r"\s*((?:functions\.)?([^\s:<>]+)(?::\d+)?)\s*$")
 
 
-def _read_k2_block(m: re.Match) -> list[tuple[str, str, str]] | None:
-    body = m.group("body") if m.group("body") is not None else m.group("one")
+def _read_k2_block(opener: str, body: str) -> list[tuple[str, str, str]] | None:
+    body = body if opener == SECTION_BEGIN else CALL_BEGIN + body
     head, *pieces = body.split(CALL_BEGIN)
     if head.strip() or not pieces:
         return None
@@ -54,7 +53,7 @@ def _read_k2_block(m: re.Match) -> list[tuple[str, str, str]] | None:
 
 def parse_k2(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a Kimi K2 reply; each call's id is its `functions.NAME:INDEX`."""
-    return cut_calls(text, _K2_BLOCK, _read_k2_block, ctx)
+    return cut_calls(text, K2_BLOCKS, _read_k2_block, ctx)
 
 
 def forced_k2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:

@@ -9,33 +9,54 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from edgeserve.text.formats.base import CallContext, ToolCall
 from edgeserve.text.grammar import json_rule
 from edgeserve.text.xml_tool_calls import resolve_ref, schema_types, typed_value
 
-# a block's calls as (name, arguments JSON text, id); None: the block is not a call (it stays content)
-BlockReader = Callable[[re.Match], "list[tuple[str, str, str]] | None"]
+# (the opener that started the block, the text between it and its closer) -> the block's calls as (name, arguments
+# JSON text, id); None: the block is not a call (it stays content)
+BlockReader = Callable[[str, str], "list[tuple[str, str, str]] | None"]
 
 
-def cut_calls(text: str, block: re.Pattern, read: BlockReader, ctx: CallContext,
-              strip: bool = True) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of `text`: each match of `block` that `read` turns into calls to known functions is cut
-    out; everything else stays, in order. Content is stripped when calls were found (`strip`)."""
+@dataclass(frozen=True)
+class Block:
+    """Call markup that runs from `open` to the first `close` after it; `to_end`: unclosed, it runs to the end of
+    the reply (a reply cut short after its last call)."""
+
+    open: str
+    close: str
+    to_end: bool = False
+
+
+def cut_calls(text: str, blocks: tuple[Block, ...], read: BlockReader, ctx: CallContext) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of `text`: each block that `read` turns into calls to known functions is cut out;
+    everything else stays, in order (stripped when calls were found). One pass, `str.find` only: linear in the
+    text, however much unclosed markup it holds (a block that is no call is skipped whole)."""
     calls: list[ToolCall] = []
-    kept, last = [], 0
-    for m in block.finditer(text):
-        found = read(m)
-        if not found or any(name not in ctx.known for name, _, _ in found):
+    kept, last, pos = [], 0, 0
+    live = list(blocks)
+    while live:
+        found = [(at, b) for b in live if (at := text.find(b.open, pos)) >= 0]
+        if not found:
+            break
+        at, block = min(found, key=lambda f: f[0])
+        end = text.find(block.close, at + len(block.open))
+        if end < 0 and not block.to_end:
+            live.remove(block)  # no closer after this opener, so none after a later one either
             continue
-        calls += [ToolCall(name, args, call_id) for name, args, call_id in found]
-        kept.append(text[last:m.start()])
-        last = m.end()
+        stop = len(text) if end < 0 else end + len(block.close)
+        got = read(block.open, text[at + len(block.open): end if end >= 0 else len(text)])
+        if got and all(name in ctx.known for name, _, _ in got):
+            calls += [ToolCall(name, args, call_id) for name, args, call_id in got]
+            kept.append(text[last:at])
+            last = stop
+        pos = max(stop, at + 1)
     if not calls:
         return text, []
-    content = "".join(kept) + text[last:]
-    return (content.strip() if strip else content), calls
+    return ("".join(kept) + text[last:]).strip(), calls
 
 
 def dumps(args: Any) -> str:

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (chosen_tools, cut_calls, dumps, keyed_args, lit, lits, may_be_string,
+from edgeserve.text.formats.markup import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, lits, may_be_string,
                                            param_schema, parameters, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.xml_tool_calls import resolve_ref, schema_types
@@ -24,11 +24,11 @@ from edgeserve.text.xml_tool_calls import resolve_ref, schema_types
 # --- M1 ---------------------------------------------------------------------------------------------------------
 
 M1_OPEN, M1_CLOSE = "<tool_calls>", "</tool_calls>"
-_M1_BLOCK = re.compile(re.escape(M1_OPEN) + r"(.*?)" + re.escape(M1_CLOSE), re.S)
+M1_BLOCKS = (Block(M1_OPEN, M1_CLOSE),)
 
 
-def _read_m1(m: re.Match) -> list[tuple[str, str, str]] | None:
-    decoder, body, pos, calls = json.JSONDecoder(), m.group(1), 0, []
+def _read_m1(_: str, body: str) -> list[tuple[str, str, str]] | None:
+    decoder, pos, calls = json.JSONDecoder(), 0, []
     while body[pos:].strip():
         pos += len(body[pos:]) - len(body[pos:].lstrip())
         try:
@@ -47,7 +47,7 @@ def _read_m1(m: re.Match) -> list[tuple[str, str, str]] | None:
 
 def parse_m1(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a MiniMax M1 reply (`<tool_calls>` blocks of JSON lines)."""
-    return cut_calls(text, _M1_BLOCK, _read_m1, ctx)
+    return cut_calls(text, M1_BLOCKS, _read_m1, ctx)
 
 
 def forced_m1(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
@@ -65,13 +65,13 @@ def forced_m1(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
 
 M2_OPEN, M2_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 M2_TOKENS = (M2_OPEN, M2_CLOSE)
-_M2_BLOCK = re.compile(re.escape(M2_OPEN) + r"(.*?)" + re.escape(M2_CLOSE), re.S)
+M2_BLOCKS = (Block(M2_OPEN, M2_CLOSE),)
 _M2_INVOKE = re.compile(r'\s*<invoke name="([^"]*)">(.*?)</invoke>\s*', re.S)
 _M2_PARAM = re.compile(r'\s*<parameter name="([^"]*)">(.*?)</parameter>\s*', re.S)
 
 
-def _read_m2(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    body, pos, calls = m.group(1), 0, []
+def _read_m2(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    pos, calls = 0, []
     while body[pos:].strip():
         inv = _M2_INVOKE.match(body, pos)
         if inv is None:
@@ -90,7 +90,7 @@ def _read_m2(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None
 
 def parse_m2(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a MiniMax M2 reply."""
-    return cut_calls(text, _M2_BLOCK, lambda m: _read_m2(m, ctx), ctx)
+    return cut_calls(text, M2_BLOCKS, lambda _, body: _read_m2(body, ctx), ctx)
 
 
 def forced_m2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
@@ -117,7 +117,7 @@ def forced_m2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
 NS = "]<]minimax[>["  # one special token in M3's vocabulary
 M3_TOKENS = (NS, "<tool_call>", "</tool_call>")
 M3_THINK = ("<mm:think>", "</mm:think>")
-_M3_BLOCK = re.compile(re.escape(NS + "<tool_call>") + r"(.*?)" + re.escape(NS + "</tool_call>"), re.S)
+M3_BLOCKS = (Block(NS + "<tool_call>", NS + "</tool_call>"),)
 _M3_INVOKE = re.compile(r'\s*' + re.escape(NS) + r'<invoke name="([^"]*)">(.*?)' + re.escape(NS) + r"</invoke>\s*",
                         re.S)
 _M3_OPEN = re.compile(r"\s*" + re.escape(NS) + r"<([A-Za-z_][\w.\-]*)>")
@@ -175,8 +175,8 @@ def _m3_close(body: str, pos: int, close: str, value: Any) -> tuple[Any, int] | 
     return (value, len(body) - len(rest) + len(close)) if rest.startswith(close) else None
 
 
-def _read_m3(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    body, pos, calls = m.group(1), 0, []
+def _read_m3(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    pos, calls = 0, []
     while body[pos:].strip():
         inv = _M3_INVOKE.match(body, pos)
         if inv is None:
@@ -196,7 +196,7 @@ def _read_m3(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None
 
 def parse_m3(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a MiniMax M3 reply."""
-    return cut_calls(text, _M3_BLOCK, lambda m: _read_m3(m, ctx), ctx)
+    return cut_calls(text, M3_BLOCKS, lambda _, body: _read_m3(body, ctx), ctx)
 
 
 def forced_m3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:

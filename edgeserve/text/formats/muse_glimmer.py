@@ -47,7 +47,7 @@ def parse_reply(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
         else:
             content.append(body if recipient in ("user", "self") else m.group(0))
         after_eom, pos = end == EOM, m.end()
-    return "".join(content), calls
+    return "".join(content) + text[pos:], calls
 
 
 def _call(recipient: str, body: str, ctx: CallContext) -> ToolCall | None:

@@ -8,16 +8,16 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import chosen_tools, cut_calls, dumps, parameters
+from edgeserve.text.formats.markup import Block, chosen_tools, cut_calls, dumps, parameters
 from edgeserve.text.grammar import GrammarSpec, json_rule
 
 OPEN, CLOSE = "<TOOLCALL>", "</TOOLCALL>"
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+BLOCKS = (Block(OPEN, CLOSE),)
 
 
-def _read(m: re.Match) -> list[tuple[str, str, str]] | None:
+def _read(_: str, body: str) -> list[tuple[str, str, str]] | None:
     try:
-        value = json.loads(m.group(1))
+        value = json.loads(body)
     except json.JSONDecodeError:
         return None
     value = value if isinstance(value, list) else [value]
@@ -33,7 +33,7 @@ def _read(m: re.Match) -> list[tuple[str, str, str]] | None:
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a Nemotron Nano v2 reply."""
-    return cut_calls(text, _BLOCK, _read, ctx)
+    return cut_calls(text, BLOCKS, _read, ctx)
 
 
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:

@@ -16,7 +16,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
+from edgeserve.text.formats.markup import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
@@ -24,11 +24,15 @@ CALL_OPEN, CALL_CLOSE = "<seed:tool_call>", "</seed:tool_call>"
 THINK = ("<seed:think>", "</seed:think>")
 TOKENS = (CALL_OPEN, CALL_CLOSE, *THINK)  # single special tokens in Seed-OSS's vocabulary
 
-_BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*<function=([^>\n]+)>(.*?)</function>\s*" + re.escape(CALL_CLOSE), re.S)
+BLOCKS = (Block(CALL_OPEN, CALL_CLOSE),)
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*$", re.S)
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>\s*", re.S)
 
 
-def _read(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+def _read(block: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    m = _FUNCTION.match(block)
+    if m is None:
+        return None
     name, body, pos, args = m.group(1).strip(), m.group(2), 0, {}
     while body[pos:].strip():
         p = _PARAM.match(body, pos)
@@ -42,7 +46,7 @@ def _read(m: re.Match, ctx: CallContext) -> list[tuple[str, str, str]] | None:
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a Seed-OSS reply."""
-    return cut_calls(text, _BLOCK, lambda m: _read(m, ctx), ctx)
+    return cut_calls(text, BLOCKS, lambda _, body: _read(body, ctx), ctx)
 
 
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
