@@ -24,8 +24,9 @@ from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from llama_cpp_source import llama_cpp_dir
 
 THINK = ("<think>", "</think>")
-_TOOL = re.compile(r'static common_chat_tool (\w+)\{\s*(?:/\*.*?\*/\s*)?"([^"]*)",\s*(?:/\*.*?\*/\s*)?"((?:[^"\\]|\\.)*)",'
-                   r'\s*(?:/\*.*?\*/\s*)?(?:R"(\w*)\((.*?)\)\4"|"((?:[^"\\]|\\.)*)")', re.S)
+_COMMENT = r"\s*(?:/\*.*?\*/\s*)?"
+_TOOL = re.compile(r"static common_chat_tool (\w+)\{" + _COMMENT + r'"([^"]*)",' + _COMMENT + r'"((?:[^"\\]|\\.)*)",'
+                   + _COMMENT + r'(?:R"(\w*)\((.*?)\)\4"|"((?:[^"\\]|\\.)*)")', re.S)
 
 
 @lru_cache(maxsize=1)

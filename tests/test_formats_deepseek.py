@@ -45,7 +45,8 @@ def _r1(*calls):
 
 def _dsml(block, *calls):
     def param(k, v):
-        return f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{v}</{DSML}parameter>\n'
+        kind = "true" if isinstance(v, str) else "false"
+        return f'<{DSML}parameter name="{k}" string="{kind}">{v}</{DSML}parameter>\n'
     body = "".join(f'<{DSML}invoke name="{n}">\n' + "".join(param(k, v) for k, v in a.items()) + f"</{DSML}invoke>\n"
                    for n, a in calls)
     return f"<{DSML}{block}>\n{body}</{DSML}{block}>"

@@ -10,7 +10,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.glm import TOKENS
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("glm"), ids=case_id)
@@ -54,7 +55,8 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tok, name,
     two = _call(newline, "magic_int", {"ref": 42, "name": "foo bar"}) + ("\n" if newline else "") + \
         _call(newline, "get_time", {"city": "New York"})
     spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris </b> <i>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
+    for reply, args in ((one, [{"city": "Paris </b> <i>"}]),
+                        (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
         assert accepts(tok, spec, reply), reply
         content, calls = fmt.parse(reply, context(offered))
         assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply

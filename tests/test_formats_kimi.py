@@ -1,5 +1,5 @@
-"""Kimi K2 / K2-Thinking / K3 calls against llama.cpp's parser expectations and our own cases (tests/data/chat_formats/kimi.json), their detection among llama.cpp's 70
-templates, and their forced grammars."""
+"""Kimi K2 / K2-Thinking / K3 calls against llama.cpp's parser expectations and our own cases
+(tests/data/chat_formats/kimi.json), their detection among llama.cpp's 70 templates, and their forced grammars."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import json
 import pytest
 
 from edgeserve.text.formats import get_format
-from edgeserve.text.formats.kimi import (ARGS_BEGIN, CALL_BEGIN, CALL_END, CLOSE, K2_TOKENS, K3_TOKENS, MESSAGE_END, OPEN,
-                                       SECTION_BEGIN, SECTION_END, SEP, TOOLS)
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from edgeserve.text.formats.kimi import (ARGS_BEGIN, CALL_BEGIN, CALL_END, CLOSE, K2_TOKENS, K3_TOKENS, MESSAGE_END,
+                                         OPEN, SECTION_BEGIN, SECTION_END, SEP, TOOLS)
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("kimi"), ids=case_id)
@@ -29,20 +30,23 @@ def test_detected_for_its_templates_and_no_other(name, templates):
 
 @pytest.fixture(scope="module", params=["markup is special tokens", "markup is text"])
 def tok(tmp_path_factory, request):
-    return vocab(tmp_path_factory.mktemp("kimi"), K2_TOKENS + K3_TOKENS if request.param == "markup is special tokens" else ())
+    special = request.param == "markup is special tokens"
+    return vocab(tmp_path_factory.mktemp("kimi"), K2_TOKENS + K3_TOKENS if special else ())
 
 
 def _k2(*calls):
-    body = "".join(f"{CALL_BEGIN}functions.{n}:{i}{ARGS_BEGIN}{json.dumps(a)}{CALL_END}" for i, (n, a) in enumerate(calls))
+    body = "".join(f"{CALL_BEGIN}functions.{n}:{i}{ARGS_BEGIN}{json.dumps(a)}{CALL_END}"
+                   for i, (n, a) in enumerate(calls))
     return f"{SECTION_BEGIN}{body}{SECTION_END}"
 
 
 def _k3(*calls):
     def arg(k, v):
         kind = "string" if isinstance(v, str) else "integer"
-        return f'{OPEN}argument key="{k}" type="{kind}"{SEP}{v if isinstance(v, str) else json.dumps(v)}{CLOSE}argument{SEP}'
-    body = "".join(f'{OPEN}call tool="{n}" index="{i + 1}"{SEP}' + "".join(arg(k, v) for k, v in a.items()) + f"{CLOSE}call{SEP}"
-                   for i, (n, a) in enumerate(calls))
+        value = v if isinstance(v, str) else json.dumps(v)
+        return f'{OPEN}argument key="{k}" type="{kind}"{SEP}{value}{CLOSE}argument{SEP}'
+    body = "".join(f'{OPEN}call tool="{n}" index="{i + 1}"{SEP}' + "".join(arg(k, v) for k, v in a.items())
+                   + f"{CLOSE}call{SEP}" for i, (n, a) in enumerate(calls))
     return f"{TOOLS[0]}{body}{TOOLS[1]}{MESSAGE_END}"
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.minimax import M2_TOKENS, M3_TOKENS, NS
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("minimax"), ids=case_id)
@@ -28,7 +29,8 @@ def test_detected_for_its_templates_and_no_other(name, templates):
 
 @pytest.fixture(scope="module", params=["markup is special tokens", "markup is text"])
 def tok(tmp_path_factory, request):
-    return vocab(tmp_path_factory.mktemp("mm"), M2_TOKENS + M3_TOKENS if request.param == "markup is special tokens" else ())
+    special = request.param == "markup is special tokens"
+    return vocab(tmp_path_factory.mktemp("mm"), M2_TOKENS + M3_TOKENS if special else ())
 
 
 def _m1(*calls):

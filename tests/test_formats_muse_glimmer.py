@@ -10,7 +10,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.muse_glimmer import TOKENS
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("muse_glimmer"), ids=case_id)
@@ -36,13 +37,14 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, 
     fmt = get_format("muse_glimmer")
     offered = tools("get_time_tool", "magic_int_tool")
     one = _call("get_time", {"city": "Paris </b>"})
-    two = _call("magic_int", {"ref": 42, "name": "foo bar"}) + "<|eom|><|start|>assistant" + _call("get_time", {"city": "Rome"})
+    two = (_call("magic_int", {"ref": 42, "name": "foo bar"}) + "<|eom|><|start|>assistant"
+           + _call("get_time", {"city": "Rome"}))
     spec = fmt.forced(offered, None, True)
     for reply, args in ((one, [{"city": "Paris </b>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "Rome"}])):
         assert accepts(tok, spec, reply), reply
         content, calls = fmt.parse(reply, context(offered))
         assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
-    for junk in (" to=user<|message|>Sure." , _call("get_time", {"town": "Paris"}), _call("nope", {}),
+    for junk in (" to=user<|message|>Sure.", _call("get_time", {"town": "Paris"}), _call("nope", {}),
                  _call("magic_int", {"ref": "three"}), _call("magic_int", {"name": "no ref"})):
         assert not accepts(tok, spec, junk), junk
     assert not accepts(tok, fmt.forced(offered, None, False), two)

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from edgeserve.text.formats import get_format
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("nemotron"), ids=case_id)
@@ -25,7 +26,8 @@ def _call(*calls):
     return "<TOOLCALL>" + json.dumps([{"name": n, "arguments": a} for n, a in calls]) + "</TOOLCALL>"
 
 
-@pytest.mark.parametrize("specials", [("<TOOLCALL>", "</TOOLCALL>"), ()], ids=["tags are special tokens", "tags are text"])
+@pytest.mark.parametrize("specials", [("<TOOLCALL>", "</TOOLCALL>"), ()],
+                         ids=["tags are special tokens", "tags are text"])
 def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, specials):
     tok = vocab(tmp_path, specials)
     fmt = get_format("nemotron_v2")

@@ -9,7 +9,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.seed_oss import TOKENS
-from format_family_check import accepts, case_id, check_case, context, data_cases, detected_templates, same, tools, vocab
+from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
+                                 vocab)
 
 
 @pytest.mark.parametrize("case", data_cases("seed_oss"), ids=case_id)
@@ -37,7 +38,8 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, 
     one = _call(("get_time", {"city": "Paris\nFrance </b>"}))
     two = _call(("magic_int", {"ref": 42, "name": "foo bar"}), ("get_time", {"city": "New York"}))
     spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris\nFrance </b>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
+    for reply, args in ((one, [{"city": "Paris\nFrance </b>"}]),
+                        (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
         assert accepts(tok, spec, reply), reply
         content, calls = fmt.parse(reply, context(offered))
         assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply

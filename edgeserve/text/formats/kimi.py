@@ -21,9 +21,9 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.markup import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text, keyed_args,
-                                           lit, lits, param_schema, repeat, text_until, typed, value_json_rule,
-                                           may_be_string)
+from edgeserve.text.formats.markup import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
+                                           keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
+                                           typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -133,7 +133,8 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
         seq, arg_rules = keyed_args(tool, i, arg)
         rules += arg_rules
         head = lits(f'{OPEN}call tool={json.dumps(tool["function"]["name"])} index=', K3_TOKENS)
-        rules.append(f'fn_{i}: {head} "\\"" /[0-9]{{1,3}}/ "\\"" {lit(SEP)} {seq} {lits(f"{CLOSE}call{SEP}", K3_TOKENS)}\n')
+        tail = lits(f"{CLOSE}call{SEP}", K3_TOKENS)
+        rules.append(f'fn_{i}: {head} "\\"" /[0-9]{{1,3}}/ "\\"" {lit(SEP)} {seq} {tail}\n')
     return GrammarSpec("lark", "".join(rules), tokens=K3_TOKENS)
 
 

@@ -53,7 +53,8 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
     """`<seed:tool_call>` blocks: string values as text up to `</parameter>`, the others JSON of their schema."""
     chosen = chosen_tools(tools, choice)
     rules = [f"start: {repeat('call', parallel, choice, chr(10))}\n",
-             f"call: {lit(CALL_OPEN)} \"\\n\" ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) {lit(CALL_CLOSE)}\n",
+             f"call: {lit(CALL_OPEN)} \"\\n\" ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) "
+             f"{lit(CALL_CLOSE)}\n",
              text_until("str_value", "</parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
