@@ -9,7 +9,7 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.kimi import (ARGS_BEGIN, CALL_BEGIN, CALL_END, CLOSE, K2_TOKENS, K3_TOKENS, MESSAGE_END,
-                                         OPEN, SECTION_BEGIN, SECTION_END, SEP, TOOLS)
+                                         OPEN, RESPONSE, SECTION_BEGIN, SECTION_END, SEP, TOOLS)
 from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
                                  vocab)
 
@@ -47,7 +47,7 @@ def _k3(*calls):
         return f'{OPEN}argument key="{k}" type="{kind}"{SEP}{value}{CLOSE}argument{SEP}'
     body = "".join(f'{OPEN}call tool="{n}" index="{i + 1}"{SEP}' + "".join(arg(k, v) for k, v in a.items())
                    + f"{CLOSE}call{SEP}" for i, (n, a) in enumerate(calls))
-    return f"{TOOLS[0]}{body}{TOOLS[1]}{MESSAGE_END}"
+    return f"Let me call.{CLOSE}think{SEP}{TOOLS[0]}{body}{TOOLS[1]}{MESSAGE_END}"
 
 
 @pytest.mark.parametrize("name, build", [("kimi_k2", _k2), ("kimi_k3", _k3)])
@@ -59,9 +59,11 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tok, name,
     spec = fmt.forced(offered, None, True)
     for reply, args in ((one, [{"city": "Paris </b>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
         assert accepts(tok, spec, reply), reply
-        content, calls = fmt.parse(reply, context(offered))
+        content, calls = fmt.parse(reply.split(f"{CLOSE}think{SEP}")[-1], context(offered))  # after the thought
         assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
-    for junk in ("Sure. " + one, build(("get_time", {"town": "Paris"})), build(("nope", {})),
+    chatty = (one.replace(f"{CLOSE}think{SEP}", f"{CLOSE}think{SEP}{RESPONSE[0]}Sure.{RESPONSE[1]}")
+              if name == "kimi_k3" else "Sure. " + one)  # an answer before the call
+    for junk in (chatty, build(("get_time", {"town": "Paris"})), build(("nope", {})),
                  build(("magic_int", {"ref": "three"})), build(("magic_int", {"name": "no ref"}))):
         assert not accepts(tok, spec, junk), junk
     assert not accepts(tok, fmt.forced(offered, None, False), two)

@@ -47,6 +47,7 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, 
     for junk in (" to=user<|message|>Sure.", _call("get_time", {"town": "Paris"}), _call("nope", {}),
                  _call("magic_int", {"ref": "three"}), _call("magic_int", {"name": "no ref"})):
         assert not accepts(tok, spec, junk), junk
+    assert accepts(tok, spec, " to=self<|message|>Let me see.<|eom|><|start|>assistant" + one)  # after a thought
     assert not accepts(tok, fmt.forced(offered, None, False), two)
     named = fmt.forced(offered, "magic_int", True)
     assert accepts(tok, named, _call("magic_int", {"ref": 7})) and not accepts(tok, named, one)

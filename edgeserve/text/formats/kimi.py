@@ -115,10 +115,13 @@ def _k3_calls(section: str, ctx: CallContext) -> list[ToolCall] | None:
 
 
 def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
-    """Kimi K3's answer part as calls only: an empty response, then the tools section and the message end."""
+    """Kimi K3's reply as calls only: the rest of the thought the prompt opened (free text up to its close tag), an
+    empty response, then the tools section and the message end. The grammar covers the thought itself: it is not
+    to be wrapped in GrammarSpec.think (its close tag is three tokens, two of them special)."""
     chosen = chosen_tools(tools, choice)
-    rules = [f"start: ({lits(RESPONSE[0] + RESPONSE[1], K3_TOKENS)})? {lits(TOOLS[0], K3_TOKENS)} "
+    rules = [f"start: thought ({lits(RESPONSE[0] + RESPONSE[1], K3_TOKENS)})? {lits(TOOLS[0], K3_TOKENS)} "
              f"{repeat('call', parallel, choice)} {lits(TOOLS[1] + MESSAGE_END, K3_TOKENS)}\n",
+             text_until("thought", THINK[1], K3_TOKENS),
              f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
              text_until("str_value", f"{CLOSE}argument{SEP}", K3_TOKENS)]
 

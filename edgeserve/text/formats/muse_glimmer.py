@@ -66,12 +66,16 @@ def _call(recipient: str, body: str, ctx: CallContext) -> ToolCall | None:
 
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """Call messages only: ` to=NAME<|message|>` and its `<atem:function_calls>` block, several joined by
-    `<|eom|><|start|>assistant` when parallel calls are allowed."""
+    `<|eom|><|start|>assistant` when parallel calls are allowed, after at most one ` to=self` thought. The grammar
+    covers the thought itself: it is not to be wrapped in GrammarSpec.think (the reply's leading space comes before
+    the thought's tag)."""
     chosen = chosen_tools(tools, choice)
-    sep = f"{lit(EOM)} {lit('<|start|>')} \"assistant\""
-    body = "call" if not (parallel and choice is None) else f"call ({sep} call)*"
-    rules = [f"start: {body}\n", f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
-             text_until("str_value", "</atem:parameter>")]
+    header = f"{lit('<|start|>')} \"assistant\""
+    body = "call" if not (parallel and choice is None) else f"call ({lit(EOM)} {header} call)*"
+    # a thought (` to=self<|message|>...<|eom|>`) may come first; the call is then a new message
+    thought = f'" to=self" {lit(MESSAGE)} thought_text {header}'
+    rules = [f"start: ({thought})? {body}\n", text_until("thought_text", EOM, (EOM,)),
+             f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n", text_until("str_value", "</atem:parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
         value = "str_value" if may_be_string(schema) else f'{value_json_rule(schema, params)} "</atem:parameter>"'
