@@ -54,3 +54,55 @@ def test_long_unclosed_markup_parses_in_linear_time(name):
     assert time.perf_counter() - start < 2.0  # a backtracking regex takes minutes here
     kept = HOSTILE[name].removeprefix("<|open|>response<|sep|>") if name in UNWRAPS else HOSTILE[name]
     assert content == kept and not calls
+
+
+# --- forced calls from a model that picks tokens at random ---------------------------------------------------------
+
+SPECIALS = {"deepseek_v3_1": "deepseek", "deepseek_r1": "deepseek", "deepseek_v3_2": "dsml", "deepseek_v4": "dsml",
+            "kimi_k2": "kimi_k2", "kimi_k3": "kimi_k3", "minimax_m2": "minimax_m2", "minimax_m3": "minimax_m3",
+            "glm_4_6": "glm", "glm_4_7": "glm", "ling3": "glm", "laguna": "glm", "seed_oss": "seed",
+            "nemotron_v2": "nemotron", "muse_glimmer": "muse", "minimax_m1": None}
+# number and boolean parameters only: a random walk through free text would rarely write its closing tag
+RANDOM_TOOLS = [{"type": "function", "function": {"name": "set", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}, "on": {"type": "boolean"}}, "required": ["n", "on"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _special_tokens(kind: str | None) -> tuple[str, ...]:
+    from edgeserve.text.formats import deepseek, deepseek_dsml, glm, kimi, minimax, muse_glimmer, nemotron, seed_oss
+
+    return {"deepseek": deepseek.TOKENS, "dsml": (deepseek_dsml.DSML,), "kimi_k2": kimi.K2_TOKENS,
+            "kimi_k3": kimi.K3_TOKENS, "minimax_m2": minimax.M2_TOKENS, "minimax_m3": minimax.M3_TOKENS,
+            "glm": glm.TOKENS, "seed": seed_oss.TOKENS, "nemotron": ("<TOOLCALL>", "</TOOLCALL>"),
+            "muse": muse_glimmer.TOKENS, None: ()}[kind]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_random_model_under_the_forced_grammar_writes_calls_that_parse(tmp_path, name):
+    import numpy as np
+
+    from edgeserve.text.grammar import GrammarCompiler, allowed_mask
+    from format_family_check import vocab
+
+    tok = vocab(tmp_path, _special_tokens(SPECIALS[name]))
+    fmt = get_format(name)
+    compiler = GrammarCompiler.for_tokenizer(tok, tok.vocab_size)
+    rng = np.random.default_rng(0)
+    for choice, parallel in ((None, True), (None, False), ("set", True)):
+        spec = fmt.forced(RANDOM_TOOLS, choice, parallel)
+        for _ in range(3):
+            state, ids = compiler.start(spec), []
+            for _ in range(3000):
+                allowed = allowed_mask([state], tok.vocab_size)[0].nonzero().flatten().tolist()
+                if any(t in tok.eot_ids for t in allowed):
+                    break  # the grammar may end here: a model that ends as soon as it may
+                ids.append(int(rng.choice(allowed)))
+                assert state.accept([ids[-1]])
+            text = tok.decode(ids, skip_special_tokens=False)
+            if name == "kimi_k3":  # the reply starts inside the thought the prompt opened
+                text = text.split("<|close|>think<|sep|>", 1)[1]
+            if name == "muse_glimmer" and text.startswith(" to=self"):
+                text = text.split("<|eom|>", 1)[1]
+            content, calls = fmt.parse(text, context(RANDOM_TOOLS))
+            assert calls and content == "", text
+            assert all(c.name == choice for c in calls) if choice else (parallel or len(calls) == 1), text
