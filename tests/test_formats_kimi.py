@@ -42,7 +42,7 @@ def _k2(*calls):
 
 def _k3(*calls):
     def arg(k, v):
-        kind = "string" if isinstance(v, str) else "integer"
+        kind = "string" if isinstance(v, str) else "number"
         value = v if isinstance(v, str) else json.dumps(v)
         return f'{OPEN}argument key="{k}" type="{kind}"{SEP}{value}{CLOSE}argument{SEP}'
     body = "".join(f'{OPEN}call tool="{n}" index="{i + 1}"{SEP}' + "".join(arg(k, v) for k, v in a.items())

@@ -127,6 +127,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
         kind = schema.get("type") if isinstance(schema, dict) and isinstance(schema.get("type"), str) else "string"
+        kind = "number" if kind == "integer" else kind  # the template's type names (xtml_type)
         head = lits(f'{OPEN}argument key={json.dumps(key)} type={json.dumps(kind)}{SEP}', K3_TOKENS)
         if may_be_string(schema):
             return f"{head} str_value"
