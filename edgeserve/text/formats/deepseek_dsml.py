@@ -8,7 +8,8 @@
     </｜DSML｜function_calls>
 
 `string="true"` values are text, `string="false"` ones JSON. The model may call from inside an open thought (the
-block then ends the reasoning). Both formats read both block names.
+block then ends the reasoning). Both formats read both block names. In a forced call a text value ends at its
+first `</` (the closing tag holds the `｜DSML｜` token, which may be special: text cannot stop on it).
 """
 
 from __future__ import annotations
