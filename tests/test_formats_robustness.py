@@ -34,6 +34,7 @@ HOSTILE = {
     "glm_4_7": "<tool_call>f" + "<arg_key>k</arg_key><arg_value>v</arg_value>" * 4000,
     "deepseek_v3_2": "<｜DSML｜function_calls>\n" + '<｜DSML｜invoke name="f">\n' * 2000
                      + '<｜DSML｜parameter name="k" string="true">v</｜DSML｜parameter>\n' * 2000,
+    "deepseek_v4": "<｜DSML｜function_calls>x</｜DSML｜function_calls>" * 20000,  # closed blocks, the other kind never
     "minimax_m2": "<minimax:tool_call>\n" + '<invoke name="f">\n<parameter name="k">v</parameter>\n' * 3000,
     "seed_oss": "<seed:tool_call>\n<function=f>\n" + "<parameter=k>v</parameter>\n" * 4000,
     "kimi_k3": "<|open|>response<|sep|>x<|open|>tools<|sep|>" + '<|open|>call tool="f" index="1"<|sep|>' * 3000,

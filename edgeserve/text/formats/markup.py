@@ -37,15 +37,19 @@ def cut_calls(text: str, blocks: tuple[Block, ...], read: BlockReader, ctx: Call
     text, however much unclosed markup it holds (a block that is no call is skipped whole)."""
     calls: list[ToolCall] = []
     kept, last, pos = [], 0, 0
-    live = list(blocks)
-    while live:
-        found = [(at, b) for b in live if (at := text.find(b.open, pos)) >= 0]
-        if not found:
+    ahead = {b: -1 for b in blocks}  # each kind's next opener at or after pos (searched again once passed)
+    while ahead:
+        for b, at in list(ahead.items()):
+            if at < pos and (at := text.find(b.open, pos)) < 0:
+                del ahead[b]  # this kind opens no more blocks
+            else:
+                ahead[b] = at
+        if not ahead:
             break
-        at, block = min(found, key=lambda f: f[0])
+        block, at = min(ahead.items(), key=lambda item: item[1])
         end = text.find(block.close, at + len(block.open))
         if end < 0 and not block.to_end:
-            live.remove(block)  # no closer after this opener, so none after a later one either
+            del ahead[block]  # no closer after this opener, so none after a later one either
             continue
         stop = len(text) if end < 0 else end + len(block.close)
         got = read(block.open, text[at + len(block.open): end if end >= 0 else len(text)])
@@ -65,7 +69,7 @@ def dumps(args: Any) -> str:
 
 
 def json_object_text(text: str) -> str | None:
-    """`text` as compact JSON text when it is one JSON object (whitespace around it allowed), else None."""
+    """`text` as normalised JSON text when it is one JSON object (whitespace around it allowed), else None."""
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
