@@ -5,7 +5,6 @@ XML calls: the "qwen3_coder" format.)"""
 from __future__ import annotations
 
 import json
-import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.markup import Block, chosen_tools, cut_calls, dumps, parameters

@@ -12,7 +12,6 @@ thought with `thinking_budget` rather than switching it.
 
 from __future__ import annotations
 
-import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
