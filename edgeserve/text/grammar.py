@@ -146,6 +146,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self._executor = llguidance.LLExecutor()
+        self._specials: dict[str, int] | None = None  # special tokens' texts, built on first need
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, vocab_size: int) -> "GrammarCompiler":
@@ -215,7 +216,16 @@ class GrammarCompiler:
 
     def _special_id(self, text: str) -> int | None:
         token = self.tokenizer.tokenize_str(text, parse_special=True)
-        return token[0] if len(token) == 1 and self.tokenizer.is_special_token(token[0]) else None
+        if len(token) == 1 and self.tokenizer.is_special_token(token[0]):
+            return token[0]
+        # llguidance finds special tokens in text only where they start with "<" at a scan point; markup such as
+        # MiniMax M3's "]<]minimax[>[" is looked up among the vocabulary's special tokens instead (once)
+        if self._specials is None:
+            self._specials = {}
+            for i in range(self.tokenizer.vocab_size):
+                if self.tokenizer.is_special_token(i):
+                    self._specials.setdefault(self.tokenizer.decode_str([i]), i)
+        return self._specials.get(text)
 
     def start(self, spec: GrammarSpec) -> GrammarState:
         """A fresh state of `spec` for one request."""

@@ -16,9 +16,11 @@ from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 __all__ = ["CallContext", "ChatFormat", "ToolCall", "MODULES", "all_formats", "detect_format", "get_format"]
 
 # the modules of edgeserve.text.formats that define formats (each a FORMATS tuple); the fallback is "hermes"
-MODULES: tuple[str, ...] = ("lfm2", "mistral3", "cohere", "functionary", "granite", "apertus", "apriel", "gigachat",
-                             "minicpm5", "hunyuan", "solar_open", "gemma4", "qwen3_coder", "mistral", "llama3",
-                             "hermes")
+MODULES: tuple[str, ...] = (
+    "lfm2", "mistral3", "cohere", "functionary", "granite", "apertus", "apriel", "gigachat", "minicpm5", "hunyuan",
+    "solar_open", "deepseek", "deepseek_dsml", "glm", "kimi", "minimax", "seed_oss", "nemotron", "muse_glimmer",
+    "gemma4", "qwen3_coder", "mistral", "llama3", "hermes",
+)
 FALLBACK = "hermes"
 
 

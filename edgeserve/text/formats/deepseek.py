@@ -1,0 +1,93 @@
+"""DeepSeek's tool calls in full-width special tokens: V3.1 and the R1 family (R1 distills of Llama / Qwen,
+llama.cpp's own R1 template).
+
+- "deepseek_v3_1": `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>...
+  <｜tool▁calls▁end｜>`; its template keys reasoning on `thinking` (or `enable_thinking`).
+- "deepseek_r1": the same section, each call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{json}
+  \\n```<｜tool▁call▁end｜>`.
+
+Both read either spelling, a call without its section markers, and a section cut short (no end markers).
+"""
+
+from __future__ import annotations
+
+import re
+
+from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import Block, args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat
+from edgeserve.text.grammar import GrammarSpec
+
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+TOKENS = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)  # single special tokens in DeepSeek's vocabularies
+FENCE = "```json"
+
+BLOCKS = (Block(CALLS_BEGIN, CALLS_END, to_end=True), Block(CALL_BEGIN, CALL_END, to_end=True))
+_R1_CALL = re.compile(r"\s*function\s*" + SEP + r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
+
+
+def _read_block(opener: str, body: str) -> list[tuple[str, str, str]] | None:
+    """The calls of one section (or bare calls): None unless every piece is a call with an object argument."""
+    body = body if opener == CALLS_BEGIN else CALL_BEGIN + body
+    head, *pieces = body.split(CALL_BEGIN)
+    if head.strip() or not pieces:
+        return None
+    calls = []
+    for piece in pieces:
+        piece = piece.strip()
+        piece = piece[: -len(CALL_END)] if piece.endswith(CALL_END) else piece
+        call = _read_call(piece)
+        if call is None:
+            return None
+        calls.append((*call, ""))
+    return calls
+
+
+def _read_call(piece: str) -> tuple[str, str] | None:
+    r1 = _R1_CALL.match(piece)
+    if r1 is not None:
+        args = json_object_text(r1.group(2))
+        return (r1.group(1), args) if args is not None else None
+    name, sep, args_text = piece.partition(SEP)
+    args = json_object_text(args_text) if sep else None
+    if args is None or not name.strip() or any(c.isspace() for c in name.strip()):
+        return None
+    return name.strip(), args
+
+
+def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a reply in either DeepSeek spelling."""
+    return cut_calls(text, BLOCKS, _read_block, ctx)
+
+
+def _forced(call_body, sep: str):
+    def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
+        chosen = chosen_tools(tools, choice)
+        rules = [f"start: {lit(CALLS_BEGIN)} {repeat('call', parallel, choice, sep)} {lit(CALLS_END)}\n",
+                 f"call: {lit(CALL_BEGIN)} ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) {lit(CALL_END)}\n"]
+        rules += [f"fn_{i}: {call_body(t)}\n" for i, t in enumerate(chosen)]
+        return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
+    return forced
+
+
+def _v3_1_body(tool: dict) -> str:
+    return f"{lit(tool['function']['name'])} {lit(SEP)} {args_json_rule(tool)}"
+
+
+def _r1_body(tool: dict) -> str:
+    return (f'"function" {lit(SEP)} {lit(tool["function"]["name"] + chr(10) + FENCE + chr(10))} '
+            f'{args_json_rule(tool)} {lit(chr(10) + "```")}')
+
+
+def _writes_deepseek_calls(source: str) -> bool:
+    return SEP in source and CALL_BEGIN in source
+
+
+FORMATS = (
+    ChatFormat(name="deepseek_v3_1", detect=lambda s: _writes_deepseek_calls(s) and FENCE not in s,
+               call_markers=(CALLS_BEGIN, CALL_BEGIN), parse=parse_calls, forced=_forced(_v3_1_body, ""),
+               thinking_switches=("thinking", "enable_thinking"), priority=20),
+    ChatFormat(name="deepseek_r1", detect=lambda s: _writes_deepseek_calls(s) and FENCE in s,
+               call_markers=(CALLS_BEGIN, CALL_BEGIN), parse=parse_calls, forced=_forced(_r1_body, "\n"),
+               priority=20),
+)
