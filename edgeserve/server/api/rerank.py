@@ -1,4 +1,4 @@
-"""Rerank adapter: POST /v1/rerank, /rerank (Jina / Cohere shapes, as vLLM serves them), llama-server's
+"""Rerank adapter: POST /v1/rerank, /v2/rerank, /rerank (Jina / Cohere v1 and v2 shapes, as vLLM serves them), llama-server's
 /v1/reranking, /reranking, and vLLM's /v1/score (`text_1` against each `text_2`).
 
 The request names a reranker (a cross-encoder; see models/cross_encoder.py), a `query` and `documents` (strings or
@@ -102,7 +102,8 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
 
 @api_errors
 async def rerank(request: Request) -> Response:
-    """POST /v1/rerank (also /rerank, /v1/reranking, /reranking): documents ordered by relevance to the query."""
+    """POST /v1/rerank (also /v2/rerank, /rerank, /v1/reranking, /reranking): documents ordered by relevance to the
+    query."""
     body = await read_request(request)
     model = model_name(body)
     query = body.get("query")
@@ -117,7 +118,10 @@ async def rerank(request: Request) -> Response:
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": documents[i]}}
                                                              if return_documents else {})} for i in order]
     return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": model_id,
-                         "results": results, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+                         "results": results, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+                         "meta": {"api_version": {"version": "2" if request.url.path == "/v2/rerank" else "1"},
+                                  "billed_units": {"search_units": 1},
+                                  "tokens": {"input_tokens": num_tokens, "output_tokens": 0}}})
 
 
 def _texts(value: Any, name: str) -> list[str]:
@@ -150,5 +154,6 @@ async def score(request: Request) -> Response:
                          "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
 
 
-ROUTES = [*(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
+ROUTES = [*(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking",
+                                                               "/reranking")),
           Route("/v1/score", score, methods=["POST"])]
