@@ -193,11 +193,35 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
                         "quarter of the free memory (default %(default)s)")
 
 
+class _MmprojAction(argparse.Action):
+    """--mmproj FILE: kept as `mmproj` (the last one) and, in `mmproj_pairs`, with the index of the -m it follows
+    (-1 before any), so that `serve -m VLM --mmproj MM -m other` ties MM to VLM alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        models = getattr(namespace, "model", None)
+        index = len(models) - 1 if isinstance(models, list) else -1
+        namespace.mmproj = values
+        namespace.mmproj_pairs = [*(getattr(namespace, "mmproj_pairs", None) or []), (index, values)]
+
+
 def add_mmproj_arg(parser: argparse.ArgumentParser) -> None:
     """--mmproj, shared by `run` and `serve`."""
-    parser.add_argument("--mmproj", default=None, metavar="FILE",
-                        help="a vision projector GGUF (llama.cpp's mmproj) for a GGUF model, to take images; an "
-                             "mmproj beside the model file, or an HF folder's vision tower, is found without it")
+    parser.add_argument("--mmproj", default=None, metavar="FILE", action=_MmprojAction,
+                        help="a vision projector GGUF (llama.cpp's mmproj) for the GGUF model given before it (-m "
+                             "VLM --mmproj FILE; before any -m: the first model), to take images; an mmproj beside "
+                             "the model file, or an HF folder's vision tower, is found without it")
+
+
+def mmproj_pairs(args: argparse.Namespace, models: list[str]) -> tuple[tuple[str, str], ...]:
+    """(model, projector) of each `serve --mmproj`, tied to the -m before it; one line for a model given two."""
+    pairs: dict[str, str] = {}
+    for index, path in getattr(args, "mmproj_pairs", None) or []:
+        model = models[max(index, 0)]
+        if model in pairs:
+            raise EdgeserveError(f"--mmproj: model {model} already has a projector ({pairs[model]}); give one "
+                                 "--mmproj after each -m that needs one")
+        pairs[model] = path
+    return tuple(pairs.items())
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -494,13 +518,14 @@ def server_config_from_args(args: argparse.Namespace):
     from edgeserve.server.config import parse_keep_alive
 
     engine = engine_config_from_args(args, max_waiting=args.max_queue)  # a bad flag fails now, not at first load
+    models = list(args.model or [DEFAULT_MODEL])
     config = ServerConfig(
-        host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
+        host=args.host, port=args.port, models=tuple(models), api_key=args.api_key or None,
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
-        log_level=args.log_level, mmproj=args.mmproj, allow_image_urls=args.allow_image_urls,
+        log_level=args.log_level, mmproj=mmproj_pairs(args, models), allow_image_urls=args.allow_image_urls,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config

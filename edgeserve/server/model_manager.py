@@ -332,7 +332,7 @@ class ModelManager:
                 lm = await anyio.to_thread.run_sync(load_embedder, source, cfg)
                 engine = EmbeddingEngine(lm)
             else:
-                lm, engine = await self._load_generator(source)
+                lm, engine = await self._load_generator(source, cfg.mmproj_for(entry.spec))
         except Exception as e:
             entry.error = e
             entry.state = "failed"
@@ -353,8 +353,9 @@ class ModelManager:
             self._on_loaded(entry)
         entry.ready.set()
 
-    async def _load_generator(self, source: ModelSource) -> tuple[Any, Any]:
-        """Load a decoder's weights and start its AsyncEngine (blocking parts in a worker thread)."""
+    async def _load_generator(self, source: ModelSource, mmproj: str | None) -> tuple[Any, Any]:
+        """Load a decoder's weights (with its projector `mmproj`, if given) and start its AsyncEngine (blocking parts
+        in a worker thread)."""
         from edgeserve.engine.async_engine import AsyncEngine
         from edgeserve.engine.spec import load_draft_model
         from edgeserve.models.load import load_model
@@ -365,7 +366,7 @@ class ModelManager:
             source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
             quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
             dense_prefill=cfg.dense_prefill, cpu_moe_layers=cfg.cpu_moe_layers))
-        lm.vision = await anyio.to_thread.run_sync(load_runtime, source, lm, cfg.mmproj)
+        lm.vision = await anyio.to_thread.run_sync(load_runtime, source, lm, mmproj)
         engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
         # the server's adapter list (the flags' and runtime loads, less unloads) is the engine's
