@@ -16,8 +16,12 @@ from edgeserve.server.config import DEFAULT_MAX_TOKENS  # edgeserve.server loads
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
+    from edgeserve import __version__
+
     parser = argparse.ArgumentParser(prog="edgeserve", description="A local LLM server and runner.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"edgeserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                title="commands (edgeserve COMMAND --help for each one's flags)")
 
     p = sub.add_parser("pull", help="download a catalog or Hugging Face model into the cache folder")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL,
@@ -33,15 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate a reply to a prompt, streamed to the terminal")
     r.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
-                   help="model (catalog name, .gguf path or HF folder; default %(default)s) and prompt; "
+                   help=f"model (catalog name, .gguf path or HF folder; default {DEFAULT_MODEL}) and prompt; "
                         "with no prompt: chat interactively, or read the prompt from stdin")
     r.add_argument("--model", "-m", default=None, help=f"model to run (default {DEFAULT_MODEL})")
-    r.add_argument("--max-tokens", type=int, default=256)
-    r.add_argument("--temperature", type=float, default=0.7)
-    r.add_argument("--top-p", type=float, default=0.9)
-    r.add_argument("--top-k", type=int, default=0)
-    r.add_argument("--min-p", type=float, default=0.0)
-    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--max-tokens", type=int, default=256, help="the most tokens of the reply")
+    r.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
+    r.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling: the smallest set of this mass")
+    r.add_argument("--top-k", type=int, default=0, help="draw from the k most likely tokens (0: off)")
+    r.add_argument("--min-p", type=float, default=0.0, help="drop tokens under this fraction of the best's probability")
+    r.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable reply")
     r.add_argument("--system", default=None, help="system message for the chat template")
     r.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
     r.add_argument("--image", action="append", default=None, metavar="FILE",
@@ -65,13 +69,28 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
     add_bench_args(b)
     parser.subcommand_parsers = list(sub.choices.values())  # type: ignore[attr-defined]
+    for p in parser.subcommand_parsers:  # type: ignore[attr-defined]
+        p.formatter_class = DefaultsHelpFormatter
     return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends each flag's line with its default, where it has one worth saying (not None, off or empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, (list, tuple)) and not default)
+                or isinstance(action, argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
 def add_serve_args(s: argparse.ArgumentParser) -> None:
     """`serve`'s flags (address, models, key, limits, model and engine options), shared by `cluster`."""
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     s.add_argument("--model", "-m", action="append", default=None,
                    help=f"a model to serve (catalog name, .gguf path or HF folder); repeat for several; "
                         f"default {DEFAULT_MODEL}")
@@ -100,7 +119,8 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                    help="fetch http(s) image URLs in requests (size and time limited); without it only data URLs "
                         "and base64 images are taken")
     add_engine_args(s)
-    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="the least important log lines printed")
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +177,7 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="requests in flight (closed loop); a comma list sweeps (default 1)")
     b.add_argument("--request-rate", type=_comma_list(float), default=None,
                    help="Poisson arrivals per second (open loop, seeded; inf: all at once); a comma list sweeps")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="random seed of the run (prompts, arrivals)")
     b.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every request (default %(default)s: greedy)")
     b.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (default %(default)s: off)")
@@ -390,26 +410,34 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Print the pulled models (with --all every catalog model too) as aligned columns under a header."""
     from edgeserve.registry import cached_path, is_pulled
-    from edgeserve.registry.hf import list_pulled
+    from edgeserve.registry.hf import list_pulled, local_path
 
+    rows = []
     for name, entry in CATALOG.items():
         pulled = is_pulled(name)
         if pulled or args.all:
-            state = str(cached_path(name)) if pulled else "not pulled"
-            print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license.split(' (')[0]:<12} {state}")
-    from edgeserve.registry.catalog import HF_CATALOG
-    from edgeserve.registry.hf import local_path
-
-    for name, entry in HF_CATALOG.items():
-        path = local_path(name)
-        if args.all and path is None:
-            print(f"{name:<20} ~{entry.approx_size_bytes / 1e6:7.0f} MB  {entry.license.split(' (')[0]:<12} "
-                  f"not pulled ({entry.hf})")
+            rows.append((name, entry.kind, f"{entry.size_bytes / 1e6:.1f} MB", entry.license.split(" (")[0],
+                         str(cached_path(name)) if pulled else "not pulled"))
+    for name, hf_entry in HF_CATALOG.items():
+        if args.all and local_path(name) is None:
+            rows.append((name, hf_entry.kind, f"~{hf_entry.approx_size_bytes / 1e6:.0f} MB",
+                         hf_entry.license.split(" (")[0], f"not pulled ({hf_entry.hf})"))
     for name, path in list_pulled():
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-        print(f"{name:<20} {size / 1e6:8.1f} MB  {'':<12} {path}")
+        rows.append((name, "", f"{size / 1e6:.1f} MB", "", str(path)))
+    if rows:
+        print_columns([("NAME", "KIND", "SIZE", "LICENSE", "WHERE"), *rows], right=(2,))
     return 0
+
+
+def print_columns(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
+    """Print `rows` as columns two spaces apart, each as wide as its widest cell (`right`: right-aligned ones)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        print("  ".join(cells).rstrip())
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
@@ -609,6 +637,10 @@ COMMANDS = {"pull": cmd_pull, "list": cmd_list, "rm": cmd_rm, "run": cmd_run, "s
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `edgeserve`: the usage and what to type, as argparse
+        parser.print_usage(sys.stderr)
+        print("edgeserve: error: a command is required; `edgeserve --help` lists them", file=sys.stderr)
+        return 2
     one_line_parse_errors("edgeserve", parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":  # flags may sit between MODEL and PROMPT: the words after them are positionals too
