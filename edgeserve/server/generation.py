@@ -133,7 +133,7 @@ class Generation:
                     max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))
                 for j in range(self.req.n):
-                    kw = dict(self.req.sampling)
+                    kw = {**self.lease.entry.sampling, **self.req.sampling}  # the model's recommended, then the request's
                     if self.req.n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + j
                     params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)

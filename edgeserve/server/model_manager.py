@@ -137,6 +137,7 @@ class ModelEntry:
     load_started_wall: float = field(default_factory=time.time)
     load_seconds: float | None = None
     embedding: bool = False  # an embedding model: loads beside text models (not counted in max_loaded_models)
+    sampling: dict[str, Any] = field(default_factory=dict)  # its recommended sampling: every API's defaults
 
     def expires_in(self) -> float | None:
         """Seconds until this model is unloaded if no request comes (None: never)."""
@@ -328,6 +329,7 @@ class ModelManager:
             if not estimate.fits:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
+            entry.sampling = await anyio.to_thread.run_sync(recommended_sampling, entry.spec, source)
             if entry.embedding:  # an embedding model: no KV cache, no sampler
                 lm = await anyio.to_thread.run_sync(load_embedder, source, cfg)
                 engine = EmbeddingEngine(lm)
@@ -387,6 +389,17 @@ class ModelManager:
                 entry.engine = entry.lm = None
                 if self.entries.get(entry.id) is entry:
                     del self.entries[entry.id]
+
+
+def recommended_sampling(spec: str, source: ModelSource) -> dict[str, Any]:
+    """The model's recommended sampling (GGUF general.sampling.*, generation_config.json); empty when none."""
+    from edgeserve.server.model_details import spec_facts
+
+    facts = spec_facts(spec, source)
+    if facts is not None and facts.sampling:
+        log.info("model %s: recommended sampling %s (the default where a request sets none)", spec,
+                 ", ".join(f"{k}={v}" for k, v in facts.sampling.items()))
+    return dict(facts.sampling) if facts is not None else {}
 
 
 def is_embedding_spec(spec: str) -> bool:
