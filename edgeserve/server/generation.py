@@ -12,6 +12,7 @@ import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup
+from edgeserve.server.disconnect import run_abandonable
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -191,8 +192,7 @@ class Generation:
                 await anyio.to_thread.run_sync(compiler.compile, spec)
             self._prompts = await anyio.to_thread.run_sync(self.prompt_ids)
             if self._placed is not None:  # off the loop: running streams keep their pace meanwhile
-                self.images = await anyio.to_thread.run_sync(encode_images, self._placed, lm.vision,
-                                                             self.decode_seconds)
+                self.images = await run_abandonable(encode_images, self._placed, lm.vision, self.decode_seconds)
         except GrammarError as e:
             self.close()
             forced = self.req.tool_choice not in ("none", "auto")

@@ -290,6 +290,12 @@ class ModelManager:
             pass
         log.info("model %s unloaded", entry.id)
 
+    def stop_engines(self) -> None:
+        """Tell every loaded engine to stop (the server is stopping): each returns at its next step or sub-batch."""
+        for entry in list(self.entries.values()):
+            if entry.engine is not None:
+                entry.engine.shutdown()
+
     async def unload_by_name(self, name: str) -> bool:
         """Unload now if loaded and idle, else mark it to unload when its requests finish; True if it was loaded."""
         mid, _ = self.canonical(name)

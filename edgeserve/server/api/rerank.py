@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from edgeserve.server.api.embeddings import MAX_INPUTS, tokenize_off_loop_if_large
 from edgeserve.server.body import read_request
+from edgeserve.server.disconnect import unless_disconnected
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, model_name
 from edgeserve.server.state import api_errors, server_state
@@ -92,7 +93,7 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
                            "invalid_request_error", "model", "model_not_supported")
         chars = sum(len(q) + len(d) for q, d in pairs)
         seqs = await tokenize_off_loop_if_large(_pairs, chars, lm, pairs, truncate, param)
-        scores = relevance(await engine.embed(seqs)).tolist()
+        scores = relevance(await unless_disconnected(request, engine.embed(seqs))).tolist()
         num_tokens = sum(len(s) for s in seqs)
         st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, time.monotonic() - t0)
         return lease.entry.id, scores, num_tokens
