@@ -80,3 +80,15 @@ def test_chat_page_attach_button_is_an_inline_svg():
     assert m, "the attach button"
     inner = m.group(1)
     assert "<svg" in inner and not re.search(r"[\U0001F300-\U0001FAFF]|&#x1F", inner)
+
+
+def test_a_closed_stdout_is_a_quiet_exit():
+    """`edgeserve list | head`: the reader closing the pipe is no error."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom edgeserve.errors import run_reporting_errors\n"
+            "def f():\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "sys.exit(run_reporting_errors('edgeserve', f))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == ""
