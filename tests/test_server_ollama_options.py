@@ -89,3 +89,12 @@ def test_typical_keeps_tokens_nearest_the_entropy():
     p_other = 1 / (math.exp(3.0) + 100)
     assert kept[0, 0] == float("-inf") and int(torch.isfinite(kept[0]).sum()) == math.ceil(0.5 / p_other)
     assert torch.equal(apply_typical(logits, [SamplingParams()]), logits)
+
+
+def test_langchain_chat_ollama_with_runtime_options(server):
+    langchain_ollama = pytest.importorskip("langchain_ollama")
+    chat = langchain_ollama.ChatOllama(model="tiny", base_url=server.url, num_predict=4, num_gpu=1, num_thread=2,
+                                       mirostat=0, mirostat_eta=0.1, mirostat_tau=5.0, repeat_last_n=64,
+                                       tfs_z=1.0, temperature=0)
+    reply = chat.invoke("hello")
+    assert reply.response_metadata.get("done") is True and reply.usage_metadata["output_tokens"] == 4
