@@ -71,6 +71,14 @@ def test_a_requests_own_value_wins_and_other_models_keep_the_server_default(serv
     assert len({_openai(server, "plain", seed=s) for s in (1, 2, 3, 4)}) > 1
 
 
+def test_responses_reports_the_sampling_it_ran_with(server):
+    r = server.post("/v1/responses", json={"model": "picky", "max_output_tokens": 2, "input": PROMPT}).json()
+    assert r["temperature"] == 1.5 and r["top_p"] == pytest.approx(0.95)
+    r = server.post("/v1/responses", json={"model": "picky", "max_output_tokens": 2, "input": PROMPT,
+                                           "temperature": 0.2}).json()
+    assert r["temperature"] == 0.2
+
+
 def test_show_lists_the_recommended_sampling(server):
     params = server.post("/api/show", json={"model": "picky"}).json()["parameters"].splitlines()
     assert "top_k 1" in params and "temperature 1.5" in params and "top_p 0.95" in params
