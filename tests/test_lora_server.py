@@ -174,6 +174,7 @@ def test_ollama_create_makes_an_adapter_model_from_pushed_blobs(client, files, t
                         ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:" + "1" * 64}}, "adapters"),
                         ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:xyz"}}, "adapters"),
                         ({"model": "x", "from": "tiny", "adapters": digests, "quantize": "q4_0"}, "quantize"),
+                        ({"model": "gemma3-270m", "from": "tiny", "adapters": digests}, "base model's name"),
                         ({"model": "x", "from": "tiny", "adapters": {"w": str(files["wrong"])}}, "do not fit")]:
         r = client.post("/api/create", json=body)
         assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
