@@ -424,9 +424,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         if args.all and local_path(name) is None:
             rows.append((name, hf_entry.kind, f"~{hf_entry.approx_size_bytes / 1e6:.0f} MB",
                          hf_entry.license.split(" (")[0], f"not pulled ({hf_entry.hf})"))
+    kinds = {e.hf: (e.kind, e.license.split(" (")[0]) for e in HF_CATALOG.values()}  # a short name's pull
     for name, path in list_pulled():
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-        rows.append((name, "", f"{size / 1e6:.1f} MB", "", str(path)))
+        kind, license = kinds.get(name, ("", ""))
+        rows.append((name, kind, f"{size / 1e6:.1f} MB", license, str(path)))
     if rows:
         print_columns([("NAME", "KIND", "SIZE", "LICENSE", "WHERE"), *rows], right=(2,))
     return 0
