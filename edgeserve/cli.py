@@ -16,8 +16,12 @@ from edgeserve.server.config import DEFAULT_MAX_TOKENS  # edgeserve.server loads
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
+    from edgeserve import __version__
+
     parser = argparse.ArgumentParser(prog="edgeserve", description="A local LLM server and runner.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"edgeserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                title="commands (edgeserve COMMAND --help for each one's flags)")
 
     p = sub.add_parser("pull", help="download a catalog or Hugging Face model into the cache folder")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL,
@@ -33,15 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate a reply to a prompt, streamed to the terminal")
     r.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
-                   help="model (catalog name, .gguf path or HF folder; default %(default)s) and prompt; "
+                   help=f"model (catalog name, .gguf path or HF folder; default {DEFAULT_MODEL}) and prompt; "
                         "with no prompt: chat interactively, or read the prompt from stdin")
     r.add_argument("--model", "-m", default=None, help=f"model to run (default {DEFAULT_MODEL})")
-    r.add_argument("--max-tokens", type=int, default=256)
-    r.add_argument("--temperature", type=float, default=0.7)
-    r.add_argument("--top-p", type=float, default=0.9)
-    r.add_argument("--top-k", type=int, default=0)
-    r.add_argument("--min-p", type=float, default=0.0)
-    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--max-tokens", type=int, default=256, help="the most tokens of the reply")
+    r.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy")
+    r.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling: the smallest set of this mass")
+    r.add_argument("--top-k", type=int, default=0, help="draw from the k most likely tokens (0: off)")
+    r.add_argument("--min-p", type=float, default=0.0, help="drop tokens under this fraction of the best's probability")
+    r.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable reply")
     r.add_argument("--system", default=None, help="system message for the chat template")
     r.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
     r.add_argument("--image", action="append", default=None, metavar="FILE",
@@ -65,13 +69,28 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (or a fresh edgeserve) with streaming load")
     add_bench_args(b)
     parser.subcommand_parsers = list(sub.choices.values())  # type: ignore[attr-defined]
+    for p in parser.subcommand_parsers:  # type: ignore[attr-defined]
+        p.formatter_class = DefaultsHelpFormatter
     return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends each flag's line with its default, where it has one worth saying (not None, off or empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, (list, tuple)) and not default)
+                or isinstance(action, argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
 def add_serve_args(s: argparse.ArgumentParser) -> None:
     """`serve`'s flags (address, models, key, limits, model and engine options), shared by `cluster`."""
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     s.add_argument("--model", "-m", action="append", default=None,
                    help=f"a model to serve (catalog name, .gguf path or HF folder); repeat for several; "
                         f"default {DEFAULT_MODEL}")
@@ -103,7 +122,8 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                    help="read every model's tool calls and reasoning in this format instead of the one detected "
                         "from its chat template (docs/SERVER.md lists them: hermes, qwen3_coder, gemma4, ...)")
     add_engine_args(s)
-    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="the least important log lines printed")
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +180,7 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="requests in flight (closed loop); a comma list sweeps (default 1)")
     b.add_argument("--request-rate", type=_comma_list(float), default=None,
                    help="Poisson arrivals per second (open loop, seeded; inf: all at once); a comma list sweeps")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="random seed of the run (prompts, arrivals)")
     b.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every request (default %(default)s: greedy)")
     b.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (default %(default)s: off)")
@@ -196,11 +216,35 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
                         "quarter of the free memory (default %(default)s)")
 
 
+class _MmprojAction(argparse.Action):
+    """--mmproj FILE: kept as `mmproj` (the last one) and, in `mmproj_pairs`, with the index of the -m it follows
+    (-1 before any), so that `serve -m VLM --mmproj MM -m other` ties MM to VLM alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        models = getattr(namespace, "model", None)
+        index = len(models) - 1 if isinstance(models, list) else -1
+        namespace.mmproj = values
+        namespace.mmproj_pairs = [*(getattr(namespace, "mmproj_pairs", None) or []), (index, values)]
+
+
 def add_mmproj_arg(parser: argparse.ArgumentParser) -> None:
     """--mmproj, shared by `run` and `serve`."""
-    parser.add_argument("--mmproj", default=None, metavar="FILE",
-                        help="a vision projector GGUF (llama.cpp's mmproj) for a GGUF model, to take images; an "
-                             "mmproj beside the model file, or an HF folder's vision tower, is found without it")
+    parser.add_argument("--mmproj", default=None, metavar="FILE", action=_MmprojAction,
+                        help="a vision projector GGUF (llama.cpp's mmproj) for the GGUF model given before it (-m "
+                             "VLM --mmproj FILE; before any -m: the first model), to take images; an mmproj beside "
+                             "the model file, or an HF folder's vision tower, is found without it")
+
+
+def mmproj_pairs(args: argparse.Namespace, models: list[str]) -> tuple[tuple[str, str], ...]:
+    """(model, projector) of each `serve --mmproj`, tied to the -m before it; one line for a model given two."""
+    pairs: dict[str, str] = {}
+    for index, path in getattr(args, "mmproj_pairs", None) or []:
+        model = models[max(index, 0)]
+        if model in pairs:
+            raise EdgeserveError(f"--mmproj: model {model} already has a projector ({pairs[model]}); give one "
+                                 "--mmproj after each -m that needs one")
+        pairs[model] = path
+    return tuple(pairs.items())
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -369,26 +413,36 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Print the pulled models (with --all every catalog model too) as aligned columns under a header."""
     from edgeserve.registry import cached_path, is_pulled
-    from edgeserve.registry.hf import list_pulled
+    from edgeserve.registry.hf import list_pulled, local_path
 
+    rows = []
     for name, entry in CATALOG.items():
         pulled = is_pulled(name)
         if pulled or args.all:
-            state = str(cached_path(name)) if pulled else "not pulled"
-            print(f"{name:<20} {entry.size_bytes / 1e6:8.1f} MB  {entry.license.split(' (')[0]:<12} {state}")
-    from edgeserve.registry.catalog import HF_CATALOG
-    from edgeserve.registry.hf import local_path
-
-    for name, entry in HF_CATALOG.items():
-        path = local_path(name)
-        if args.all and path is None:
-            print(f"{name:<20} ~{entry.approx_size_bytes / 1e6:7.0f} MB  {entry.license.split(' (')[0]:<12} "
-                  f"not pulled ({entry.hf})")
+            rows.append((name, entry.kind, f"{entry.size_bytes / 1e6:.1f} MB", entry.license.split(" (")[0],
+                         str(cached_path(name)) if pulled else "not pulled"))
+    for name, hf_entry in HF_CATALOG.items():
+        if args.all and local_path(name) is None:
+            rows.append((name, hf_entry.kind, f"~{hf_entry.approx_size_bytes / 1e6:.0f} MB",
+                         hf_entry.license.split(" (")[0], f"not pulled ({hf_entry.hf})"))
+    kinds = {e.hf: (e.kind, e.license.split(" (")[0]) for e in HF_CATALOG.values()}  # a short name's pull
     for name, path in list_pulled():
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-        print(f"{name:<20} {size / 1e6:8.1f} MB  {'':<12} {path}")
+        kind, license = kinds.get(name, ("", ""))
+        rows.append((name, kind, f"{size / 1e6:.1f} MB", license, str(path)))
+    if rows:
+        print_columns([("NAME", "KIND", "SIZE", "LICENSE", "WHERE"), *rows], right=(2,))
     return 0
+
+
+def print_columns(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> None:
+    """Print `rows` as columns two spaces apart, each as wide as its widest cell (`right`: right-aligned ones)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        print("  ".join(cells).rstrip())
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
@@ -497,13 +551,14 @@ def server_config_from_args(args: argparse.Namespace):
     from edgeserve.server.config import parse_keep_alive
 
     engine = engine_config_from_args(args, max_waiting=args.max_queue)  # a bad flag fails now, not at first load
+    models = list(args.model or [DEFAULT_MODEL])
     config = ServerConfig(
-        host=args.host, port=args.port, models=tuple(args.model or [DEFAULT_MODEL]), api_key=args.api_key or None,
+        host=args.host, port=args.port, models=tuple(models), api_key=args.api_key or None,
         keep_alive=parse_keep_alive(args.keep_alive), max_loaded_models=args.max_loaded_models,
         engine=engine, dtype=args.dtype, quantize=args.quantize, quantize_group_size=args.quantize_group_size,
         quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill, device=args.device,
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
-        log_level=args.log_level, mmproj=args.mmproj, allow_image_urls=args.allow_image_urls,
+        log_level=args.log_level, mmproj=mmproj_pairs(args, models), allow_image_urls=args.allow_image_urls,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
         tool_format=args.tool_format)
     check_device(args)  # after the flags' own checks: this one imports torch
@@ -588,6 +643,10 @@ COMMANDS = {"pull": cmd_pull, "list": cmd_list, "rm": cmd_rm, "run": cmd_run, "s
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edgeserve` console script; errors become one line and exit status 1."""
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `edgeserve`: the usage and what to type, as argparse
+        parser.print_usage(sys.stderr)
+        print("edgeserve: error: a command is required; `edgeserve --help` lists them", file=sys.stderr)
+        return 2
     one_line_parse_errors("edgeserve", parser, *parser.subcommand_parsers)  # type: ignore[attr-defined]
     args, extra = parser.parse_known_args(argv)
     if args.command == "run":  # flags may sit between MODEL and PROMPT: the words after them are positionals too

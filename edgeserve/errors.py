@@ -76,7 +76,7 @@ def one_line_parse_errors(prog: str, *parsers) -> None:
 
 def run_reporting_errors(prog: str, fn) -> int:
     """Run `fn()` and return its exit status; any error becomes one `PROG: error: ...` line and status 1 (130 on
-    Ctrl-C). An exception group (a failed task group) is reported by its first leaf. EDGESERVE_DEBUG=1 re-raises
+    Ctrl-C; 0 when stdout's reader closed it, as `| head` does). An exception group (a failed task group) is reported by its first leaf. EDGESERVE_DEBUG=1 re-raises
     unexpected errors with their traceback."""
     import os
     import sys
@@ -92,6 +92,10 @@ def run_reporting_errors(prog: str, fn) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `edgeserve list | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain again
+        return 0
     except EdgeserveError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1

@@ -22,6 +22,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1.0 = off; over prompt and output tokens (HF/vLLM)
     presence_penalty: float = 0.0  # over output tokens (OpenAI)
     frequency_penalty: float = 0.0  # over output tokens (OpenAI)
+    penalty_last_n: int = -1  # the penalties look at the last n tokens only (-1 = all; 0 = penalties off; Ollama)
+    typical_p: float = 1.0  # locally typical sampling (1.0 = off; Ollama / llama.cpp)
     logprobs: int | None = None  # report the chosen token's logprob and this many top alternatives
     stop: list[str] = field(default_factory=list)  # stop strings: the text ends before the first match
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request, like EOS
@@ -45,7 +47,8 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether a penalty reads this request's earlier tokens when sampling."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return self.penalty_last_n != 0 and (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
     @property
     def filtered(self) -> bool:
@@ -81,6 +84,11 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be between -2 and 2, got {getattr(self, name)!r}")
+        if not isinstance(self.penalty_last_n, int) or isinstance(self.penalty_last_n, bool) \
+                or self.penalty_last_n < -1:
+            raise ValueError(f"penalty_last_n must be an integer from -1 (all tokens), got {self.penalty_last_n!r}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p!r}")
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
             or not 0 <= self.logprobs <= self.MAX_LOGPROBS

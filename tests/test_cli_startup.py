@@ -23,6 +23,8 @@ print(json.dumps({"status": status, "heavy": heavy}))
 
 @pytest.mark.parametrize("argv, status", [
     (["--help"], 0),
+    (["--version"], 0),
+    ([], 2),
     (["serve", "--help"], 0),
     (["run", "--help"], 0),
     (["serve", "--port", "x"], 1),

@@ -82,6 +82,18 @@ def test_bad_adapter_choices_are_clear_errors(client):
     assert err("tiny:nope")[0] == 404
 
 
+@pytest.mark.parametrize("name,what", [("tiny", "a model's name"), ("smollm2-135m", "a model's name"),
+                                       ("x" * 129, "at most 128")])
+def test_load_lora_adapter_refuses_model_names_and_long_names(client, files, name, what):
+    r = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(files["c"])})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "lora_name" and what in err["message"]
+    # the served model still answers as itself, without any adapter
+    assert name not in [x["name"] for x in client.get("/lora-adapters").json()]
+    assert complete(client, "tiny") == complete(client, "tiny", lora=[{"id": 0, "scale": 0.0}])
+
+
 def test_load_and_unload_at_runtime_while_another_request_streams(client, files):
     lines: list[str] = []
     started = threading.Event()
@@ -162,6 +174,7 @@ def test_ollama_create_makes_an_adapter_model_from_pushed_blobs(client, files, t
                         ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:" + "1" * 64}}, "adapters"),
                         ({"model": "x", "from": "tiny", "adapters": {"a.gguf": "sha256:xyz"}}, "adapters"),
                         ({"model": "x", "from": "tiny", "adapters": digests, "quantize": "q4_0"}, "quantize"),
+                        ({"model": "gemma3-270m", "from": "tiny", "adapters": digests}, "base model's name"),
                         ({"model": "x", "from": "tiny", "adapters": {"w": str(files["wrong"])}}, "do not fit")]:
         r = client.post("/api/create", json=body)
         assert r.status_code == 400 and field in r.json()["error"], (body, r.text)

@@ -561,3 +561,25 @@ def test_an_attached_image_is_sent_as_an_image_part_and_shown_in_the_conversatio
     expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
     assert not errors, errors
     context.close()
+
+
+def test_settings_show_the_models_recommended_sampling(browser, server):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        shown = []
+
+        def show(route):
+            shown.append(json.loads(route.request.post_data)["model"])
+            route.fulfill(status=200, headers={"content-type": "application/json"},
+                          body=json.dumps({"parameters": "num_ctx 128\ntemperature 0.6\ntop_p 0.95"}))
+
+        page.route("**/api/show", show)
+        page.goto(server.url + "/")
+        page.wait_for_selector("#model option", state="attached")
+        expect(page.locator("#temperature")).to_have_attribute("placeholder", "model's: 0.6")
+        expect(page.locator("#top_p")).to_have_attribute("placeholder", "model's: 0.95")
+        assert shown == ["tiny"]
+        assert page.locator("#attach svg").count() == 1  # an icon that needs no emoji font
+    finally:
+        context.close()

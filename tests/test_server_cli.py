@@ -129,3 +129,35 @@ def test_serve_process_answers_and_stops(tmp_path):
     # log lines about the request carry its id
     rid_lines = [line for line in err.splitlines() if "prompt tokens" in line]
     assert rid_lines and all("[-]" not in line for line in rid_lines)
+
+
+def test_mmproj_is_tied_to_the_model_before_it(tmp_path, capsys):
+    """`-m VLM --mmproj MM -m other` gives MM to VLM alone: the other text model loads and answers without it."""
+    import httpx
+
+    from edgeserve.bench.random_mmproj import write_siglip_mmproj
+    from edgeserve.cli import server_config_from_args
+    from server_helpers import serve
+
+    for d in ("vlm", "other"):
+        (tmp_path / d).mkdir()
+    vlm = write_tiny_llama(tmp_path / "vlm" / "vlm.gguf")
+    other = write_tiny_llama(tmp_path / "other" / "other.gguf", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
+    shape = dict(kind="gemma3", hidden=32, ffn=64, layers=1, heads=2, patch=8, image=64, lm=48)
+    proj = write_siglip_mmproj(tmp_path / "mm.gguf", shape, "F16")
+    args = build_parser().parse_args(["serve", "-m", str(vlm), "--mmproj", str(proj), "-m", str(other),
+                                      "--kv-cache-gb", "0.01", "--no-pull"])
+    config = server_config_from_args(args)
+    assert config.mmproj_for(str(vlm)) == str(proj) and config.mmproj_for(str(other)) is None
+    with serve(config) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        r = c.post("/v1/chat/completions", json={"model": "other", "max_tokens": 2,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert "vision" in c.post("/api/show", json={"model": "vlm"}).json()["capabilities"]
+        assert "vision" not in c.post("/api/show", json={"model": "other"}).json()["capabilities"]
+    # before any -m: the first model's; two for one model is a one-line error
+    first = build_parser().parse_args(["serve", "--mmproj", str(proj), "-m", str(vlm), "-m", str(other)])
+    assert server_config_from_args(first).mmproj == ((str(vlm), str(proj)),)
+    assert main(["serve", "-m", str(vlm), "--mmproj", "a.gguf", "--mmproj", "b.gguf", "--no-pull"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("edgeserve: error: --mmproj") and err.count("\n") == 1

@@ -277,7 +277,7 @@ def test_api_key_on_every_route(tiny_path):
 
 def test_ollama_errors_have_ollama_shape(client):
     r = client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-                                       "options": {"mirostat": 1}})
+                                       "options": {"mirostat": "on"}})
     assert r.status_code == 400 and "options.mirostat" in r.json()["error"]
     r = client.post("/api/generate", json={"model": "tiny", "prompt": "x", "keep_alive": "soon"})
     assert r.status_code == 400 and "keep_alive" in r.json()["error"]

@@ -26,10 +26,10 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
                      skip_tensor: str | None = None, pooling_type: int | None = None,
                      split_max_tensors: int = 0, context: int = 128,
                      extra_tensors: dict[str, np.ndarray] | None = None,
-                     extra_metadata: dict[str, list[str]] | None = None) -> Path:
+                     extra_metadata: dict[str, list[str] | int | float] | None = None) -> Path:
     """A GGUF with `arch` metadata, a 262-token byte-level vocab and random weights stored as `qtype`
     (`pooling_type`: llama.cpp's `<arch>.pooling_type`, which makes it an embedding model; `extra_tensors` are
-    written as given (float32), `extra_metadata` as string arrays).
+    written as given (float32), `extra_metadata` as string arrays, int32 or float32 values).
     `split_max_tensors`: written as llama.cpp's gguf-split parts of that many tensors (`path` then names the set:
     the parts are PATH_STEM-00001-of-0000N.gguf, ...; the first part's path is returned)."""
     import gguf
@@ -87,7 +87,12 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
     for name, data in (extra_tensors or {}).items():
         w.add_tensor(name, data.astype(np.float32))
     for key, values in (extra_metadata or {}).items():
-        w.add_array(key, values)
+        if isinstance(values, int):
+            w.add_int32(key, values)
+        elif isinstance(values, float):
+            w.add_float32(key, values)
+        else:
+            w.add_array(key, values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -34,6 +34,7 @@ class _Job:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
+    abandoned: bool = False  # its caller went away: its inputs left in the batch are skipped
 
 
 class EmbeddingEngine:
@@ -57,7 +58,13 @@ class EmbeddingEngine:
         job = _Job(inputs)
         self._queue.append(job)
         self._wake.set()
-        await job.done.wait()
+        try:
+            await job.done.wait()
+        except BaseException:  # cancelled (the client went away): drop it, or skip what is left of it
+            job.abandoned = True
+            if job in self._queue:
+                self._queue.remove(job)
+            raise
         if job.error is not None:
             raise job.error
         assert job.result is not None
@@ -76,11 +83,15 @@ class EmbeddingEngine:
                 jobs.append(job)
                 tokens += self._tokens(job)
             seqs = [ids for job in jobs for ids in job.inputs]
+            owners = [job for job in jobs for _ in job.inputs]
             self._num_running = len(jobs)
             try:
-                out = await anyio.to_thread.run_sync(self._forward, seqs)
+                out = await anyio.to_thread.run_sync(self._forward, seqs, owners)
             except Exception as e:  # a failed batch fails its requests, not the engine
-                log.exception("embedding batch failed")
+                if self._shutdown:
+                    log.info("embedding batch stopped: the engine is shutting down")
+                else:
+                    log.exception("embedding batch failed")
                 for job in jobs:
                     job.error = EngineError(f"embedding failed: {e}")
                     job.done.set()
@@ -105,7 +116,9 @@ class EmbeddingEngine:
     def _tokens(job: _Job) -> int:
         return sum(len(ids) for ids in job.inputs)
 
-    def _forward(self, seqs: list[list[int]]) -> torch.Tensor:
+    def _forward(self, seqs: list[list[int]], owners: list[_Job] | None = None) -> torch.Tensor:
+        """The embeddings of `seqs` in sub-batches of up to max_batch_tokens (padded); before each sub-batch, the
+        inputs of abandoned jobs (`owners[i]` is seq i's) are skipped, and shutdown() skips everything left."""
         # sorted by length so each sub-batch pads little; results go back in request order
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         width = getattr(self.lm, "output_dim", self.lm.config.hidden_size)  # a reranker: its head's logits
@@ -117,12 +130,15 @@ class EmbeddingEngine:
                                         <= self.max_batch_tokens):
                 longest = max(longest, len(seqs[order[end]]))
                 end += 1
-            idx = order[start:end]
-            out[idx] = self.lm.embed([seqs[i] for i in idx])
+            idx = [i for i in order[start:end] if owners is None or not owners[i].abandoned]
             start = end
+            if self._shutdown:
+                raise EngineError("the engine is shutting down")
+            if idx:
+                out[idx] = self.lm.embed([seqs[i] for i in idx])
         return out
 
     def shutdown(self) -> None:
-        """Stop run() after the batch in flight; waiting requests get an error."""
+        """Stop run() at the batch in flight's next sub-batch; its requests and the waiting ones get an error."""
         self._shutdown = True
         self._wake.set()

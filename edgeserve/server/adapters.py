@@ -14,9 +14,12 @@ from typing import Any
 
 import anyio.to_thread
 
+from edgeserve.registry.catalog import CATALOG
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.request import GenerationRequest
+
+MAX_NAME = 128  # characters of an adapter's name
 
 
 def split_adapter(manager: ModelManager, name: str) -> tuple[str, str | None]:
@@ -64,6 +67,11 @@ async def load_adapter(manager: ModelManager, name: Any, path: Any, base: str | 
     adapter is refused here; every other loaded engine learns the name too."""
     if not isinstance(name, str) or not name or ":" in name or "/" in name:
         raise bad_request("lora_name must be a non-empty name without ':' or '/'", "lora_name")
+    if len(name) > MAX_NAME:
+        raise bad_request(f"lora_name is {len(name)} characters; at most {MAX_NAME}", "lora_name")
+    if name in manager.known() or name in CATALOG:
+        raise bad_request(f"lora_name {name!r} is a model's name (a served or catalog model); pick another name",
+                          "lora_name")
     if not isinstance(path, str) or not path:
         raise bad_request("lora_path must be a path to a PEFT folder or a GGUF LoRA file", "lora_path")
     if name in manager.adapters and manager.adapters[name] != path:

@@ -78,9 +78,10 @@ class ServerConfig:
     # the experts of the first N MoE layers (or "all") in host memory on the CPU kernels (edgeserve.models.cpu_moe)
     cpu_moe_layers: int | str | None = _flag(None, "--cpu-moe-layers")
     max_body_bytes: int = 32 * 1024 * 1024  # request bodies over this get 413 (images come base64 in the body)
-    # image input (edgeserve/vision): a projector for GGUF models (else found beside the model or in its HF folder),
+    # image input (edgeserve/vision): projectors of GGUF models as (model, mmproj file) pairs, each for its model
+    # alone (a plain path: for the first model; a model without one finds it beside its file or in its HF folder),
     # whether http(s) image URLs are fetched, and the limits of one request
-    mmproj: str | None = _flag(None, "--mmproj")
+    mmproj: tuple[tuple[str, str], ...] | str | None = _flag((), "--mmproj")
     allow_image_urls: bool = _flag(False, "--allow-image-urls")
     max_images: int = 8  # images per request
     max_image_pixels: int = 4096 * 4096  # pixels per image
@@ -99,6 +100,11 @@ class ServerConfig:
             object.__setattr__(self, "models", tuple([self.models] if isinstance(self.models, str) else self.models))
         if not self.models:
             raise config_error(ServerConfig, "models", "name at least one model", self.models)
+        if self.mmproj is None or isinstance(self.mmproj, str):
+            object.__setattr__(self, "mmproj", ((self.models[0], self.mmproj),) if self.mmproj else ())
+        if not all(isinstance(p, tuple) and len(p) == 2 and p[0] in self.models for p in self.mmproj):
+            raise config_error(ServerConfig, "mmproj", "pair each projector with a configured model",
+                               self.mmproj)
         if not isinstance(self.engine, EngineConfig):
             raise config_error(ServerConfig, "engine", "be an EngineConfig", self.engine)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -136,3 +142,7 @@ class ServerConfig:
         from edgeserve.loaders.quantize_options import check_quantize_options
 
         check_quantize_options(self.quantize, self.quantize_group_size)
+
+    def mmproj_for(self, spec: str) -> str | None:
+        """The projector given for configured model `spec` (None: found beside it, or none)."""
+        return dict(self.mmproj).get(spec)

@@ -60,6 +60,18 @@ RANGES: dict[str, Range] = {
     "top_logprobs": Range(0, SamplingParams.MAX_LOGPROBS, integer=True),
     "best_of": Range(1, INT32_MAX, integer=True),
     "n": Range(1, INT32_MAX, integer=True),  # the server's --max-n narrows it further
+    # Ollama's runtime options (edgeserve/server/api/ollama.py says which ones change anything)
+    "penalty_last_n": Range(-1, INT32_MAX, integer=True),  # repeat_last_n: -1 = the whole context, 0 = off
+    "typical_p": Range(0, 1, low_open=True),
+    "tfs_z": Range(0, 1e6),
+    "mirostat": Range(0, 2, integer=True),
+    "mirostat_eta": Range(0, 1e6),
+    "mirostat_tau": Range(0, 1e6),
+    "num_thread": Range(0, INT32_MAX, integer=True),
+    "num_gpu": Range(-1, INT32_MAX, integer=True),
+    "main_gpu": Range(0, INT32_MAX, integer=True),
+    "num_batch": Range(1, INT32_MAX, integer=True),
+    "num_keep": Range(-1, INT32_MAX, integer=True),
 }
 
 

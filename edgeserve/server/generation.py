@@ -12,6 +12,7 @@ import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
+from edgeserve.server.disconnect import run_abandonable
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.errors import APIError, bad_request
@@ -157,9 +158,11 @@ class Generation:
             raise
 
     def _sampling_fields(self) -> dict:
-        """The request's SamplingParams fields, with its chat format's stop strings (format_stops)."""
+        """The request's SamplingParams fields over the model's recommended ones, with its chat format's stop
+        strings (format_stops)."""
         stops = self.chat.stop if self.chat is not None else ()
-        return format_stops(self.req.sampling, stops, self.lease.lm.tokenizer.token_to_id)
+        return format_stops({**self.lease.entry.sampling, **self.req.sampling}, stops,
+                            self.lease.lm.tokenizer.token_to_id)
 
     def _fit_num_ctx(self, ids: list[int], max_tokens: int) -> int:
         """max_tokens capped to the request's own context window; a prompt that fills it is refused, never cut."""
@@ -200,8 +203,7 @@ class Generation:
                 await anyio.to_thread.run_sync(compiler.compile, spec)
             self._prompts = await anyio.to_thread.run_sync(self.prompt_ids)
             if self._placed is not None:  # off the loop: running streams keep their pace meanwhile
-                self.images = await anyio.to_thread.run_sync(encode_images, self._placed, lm.vision,
-                                                             self.decode_seconds)
+                self.images = await run_abandonable(encode_images, self._placed, lm.vision, self.decode_seconds)
         except GrammarError as e:
             self.close()
             forced = self.req.tool_choice not in ("none", "auto")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from PIL import Image
@@ -93,7 +93,10 @@ def place_images(prompt: str, images: dict[int, Image.Image], vision: Any, token
         raise bad_request(f"{e} (the model's chat template must render every message's content)", field) from None
 
 
-def encode_images(placed: ImagePrompt, vision: Any, decode_seconds: float) -> RequestImages:
-    """The placed images' embedding rows (encoder cache first)."""
-    embeds, seconds = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images])
+def encode_images(placed: ImagePrompt, vision: Any, decode_seconds: float,
+                  abandoned: Callable[[], bool] | None = None) -> RequestImages:
+    """The placed images' embedding rows (encoder cache first); `abandoned()` true stops the encoder between
+    images (vision.runtime.EncodeAbandoned)."""
+    embeds, seconds = vision.embeddings([p.prepared for p in placed.images], [p.key for p in placed.images],
+                                        abandoned)
     return RequestImages(placed, embeds, seconds, decode_seconds, placed.engine_request(vision.family, embeds))

@@ -20,6 +20,7 @@ from typing import Any
 
 from edgeserve.registry import CATALOG, ModelSource, resolve
 from edgeserve.registry.paths import write_text_atomic
+from edgeserve.server.recommended_sampling import from_gguf, from_generation_config, ollama_lines
 
 _CHUNK = 1 << 20
 _SAFETENSORS_QUANT = {"F32": "F32", "F16": "F16", "BF16": "BF16", "I8": "Q8_0", "U8": "Q8_0"}
@@ -41,6 +42,7 @@ class ModelFacts:
     license: str = ""
     capabilities: list[str] = field(default_factory=lambda: ["completion"])
     context_length: int = 0
+    sampling: dict[str, Any] = field(default_factory=dict)  # recommended sampling (server/recommended_sampling.py)
 
     @property
     def parameter_size(self) -> str:
@@ -57,7 +59,7 @@ class ModelFacts:
         lines = [f"stop {json.dumps(s)}" for s in self.stop]
         if self.context_length:
             lines.append(f"num_ctx {self.context_length}")
-        return "\n".join(lines)
+        return "\n".join(lines + ollama_lines(self.sampling))
 
 
 def capabilities(template: str, kind: str | None = None, tool_use: str = "") -> list[str]:
@@ -217,7 +219,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
         caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
     return ModelFacts("gguf", arch, params, quant, path.stat().st_size, info, template, stop,
-                      str(md.get("general.license") or ""), caps, ctx)
+                      str(md.get("general.license") or ""), caps, ctx, from_gguf(md))
 
 
 def _dominant_qtype(g: Any) -> str:
@@ -283,7 +285,8 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
         caps.append("vision")
     size = sum(f.stat().st_size for f in files)
     return ModelFacts("safetensors", arch, params, quant, size, info, template, [eos] if eos else [], "", caps,
-                      int(cfg.get("max_position_embeddings") or 0))
+                      int(cfg.get("max_position_embeddings") or 0),
+                      from_generation_config(folder) if folder.is_dir() else {})
 
 
 def _json(path: Path) -> dict[str, Any]:

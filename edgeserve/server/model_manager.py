@@ -137,6 +137,7 @@ class ModelEntry:
     load_started_wall: float = field(default_factory=time.time)
     load_seconds: float | None = None
     embedding: bool = False  # an embedding model: loads beside text models (not counted in max_loaded_models)
+    sampling: dict[str, Any] = field(default_factory=dict)  # its recommended sampling: every API's defaults
 
     def expires_in(self) -> float | None:
         """Seconds until this model is unloaded if no request comes (None: never)."""
@@ -289,6 +290,12 @@ class ModelManager:
             pass
         log.info("model %s unloaded", entry.id)
 
+    def stop_engines(self) -> None:
+        """Tell every loaded engine to stop (the server is stopping): each returns at its next step or sub-batch."""
+        for entry in list(self.entries.values()):
+            if entry.engine is not None:
+                entry.engine.shutdown()
+
     async def unload_by_name(self, name: str) -> bool:
         """Unload now if loaded and idle, else mark it to unload when its requests finish; True if it was loaded."""
         mid, _ = self.canonical(name)
@@ -328,11 +335,12 @@ class ModelManager:
             if not estimate.fits:
                 raise InsufficientMemoryError(f"model {entry.id!r} does not fit: it {estimate.describe()}")
             entry.source, entry.size_bytes = source, estimate.weights
+            entry.sampling = await anyio.to_thread.run_sync(recommended_sampling, entry.spec, source)
             if entry.embedding:  # an embedding model: no KV cache, no sampler
                 lm = await anyio.to_thread.run_sync(load_embedder, source, cfg)
                 engine = EmbeddingEngine(lm)
             else:
-                lm, engine = await self._load_generator(source)
+                lm, engine = await self._load_generator(source, cfg.mmproj_for(entry.spec))
         except Exception as e:
             entry.error = e
             entry.state = "failed"
@@ -353,8 +361,9 @@ class ModelManager:
             self._on_loaded(entry)
         entry.ready.set()
 
-    async def _load_generator(self, source: ModelSource) -> tuple[Any, Any]:
-        """Load a decoder's weights and start its AsyncEngine (blocking parts in a worker thread)."""
+    async def _load_generator(self, source: ModelSource, mmproj: str | None) -> tuple[Any, Any]:
+        """Load a decoder's weights (with its projector `mmproj`, if given) and start its AsyncEngine (blocking parts
+        in a worker thread)."""
         from edgeserve.engine.async_engine import AsyncEngine
         from edgeserve.engine.spec import load_draft_model
         from edgeserve.models.load import load_model
@@ -365,7 +374,7 @@ class ModelManager:
             source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
             quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
             dense_prefill=cfg.dense_prefill, cpu_moe_layers=cfg.cpu_moe_layers))
-        lm.vision = await anyio.to_thread.run_sync(load_runtime, source, lm, cfg.mmproj)
+        lm.vision = await anyio.to_thread.run_sync(load_runtime, source, lm, mmproj)
         engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)
         # the server's adapter list (the flags' and runtime loads, less unloads) is the engine's
@@ -386,6 +395,17 @@ class ModelManager:
                 entry.engine = entry.lm = None
                 if self.entries.get(entry.id) is entry:
                     del self.entries[entry.id]
+
+
+def recommended_sampling(spec: str, source: ModelSource) -> dict[str, Any]:
+    """The model's recommended sampling (GGUF general.sampling.*, generation_config.json); empty when none."""
+    from edgeserve.server.model_details import spec_facts
+
+    facts = spec_facts(spec, source)
+    if facts is not None and facts.sampling:
+        log.info("model %s: recommended sampling %s (the default where a request sets none)", spec,
+                 ", ".join(f"{k}={v}" for k, v in facts.sampling.items()))
+    return dict(facts.sampling) if facts is not None else {}
 
 
 def is_embedding_spec(spec: str) -> bool:

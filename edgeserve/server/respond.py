@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edgeserve.engine.outputs import RequestOutput
 from edgeserve.server.adapters import pick_adapter
+from edgeserve.server.disconnect import CLIENT_CLOSED, ClientGone, unless_disconnected
 from edgeserve.server.errors import APIError, from_exception
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.loading import acquire_with_pings, is_loaded
@@ -38,7 +39,6 @@ from edgeserve.server.request import GenerationRequest
 from edgeserve.server.state import server_state
 
 NDJSON = "application/x-ndjson"
-CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection before the reply
 
 # The pipeline's events, as a replier reads them from `Generation.outputs()`: (choice index, delta). The delta's
 # `text` is content, `reasoning` the reasoning, `tool_calls` the parsed calls (on a choice's last delta, whose
@@ -72,7 +72,11 @@ async def respond(request: Request, req: GenerationRequest, replier: Replier) ->
     pick_adapter(st.manager, req)
     if req.stream and not is_loaded(st.manager, req.model):
         return _streaming(replier, _after_load(request, req, replier, arrived))
-    gen = await start(request, req, replier, await st.manager.acquire(req.model, req.keep_alive), arrived)
+    lease = await st.manager.acquire(req.model, req.keep_alive)
+    try:  # a client that leaves while its prompt is prepared (images encoded) stops that work too
+        gen = await unless_disconnected(request, start(request, req, replier, lease, arrived))
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
     if req.stream:
         # close() also runs if the body is never iterated (the client left before the response started)
         return _streaming(replier, _guarded(gen, replier), BackgroundTask(gen.aclose))
@@ -89,8 +93,12 @@ async def start(request: Request, req: GenerationRequest, replier: Replier, leas
     gen = Generation(lease, req, st.metrics, request.state.request_id, replier.prompt_param)
     gen.constraint_param = replier.constraint_param
     gen.arrived, gen.load_ns = arrived, int((time.monotonic() - arrived) * 1e9)
-    await gen.prepare()
-    gen.submit()
+    try:
+        await gen.prepare()
+        gen.submit()
+    except BaseException:  # an error, or the client left (cancelled): the model's lease goes back
+        gen.close()
+        raise
     return gen
 
 

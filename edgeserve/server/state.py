@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edgeserve.server.config import ServerConfig
+from edgeserve.server.disconnect import CLIENT_CLOSED, ClientGone
 from edgeserve.server.errors import error_response
 from edgeserve.server.metrics import Metrics
 from edgeserve.server.model_manager import ModelManager
@@ -42,6 +43,8 @@ def api_errors(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Reques
     async def wrapper(request: Request) -> Response:
         try:
             return await fn(request)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
         except Exception as e:
             return error_response(request, e)
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,6 +19,11 @@ from edgeserve.vision.family import PreparedImage, VisionFamily, has_vision, loa
 
 log = logging.getLogger("edgeserve.vision")
 
+
+class EncodeAbandoned(RuntimeError):
+    """The request whose images were being encoded went away."""
+
+ENCODE_CHUNK = 2  # images per encoder batch: a request that goes away stops at the next batch
 ENCODER_CACHE_IMAGES = 32  # encoder outputs kept (one 256-row Gemma 3 image at 2560 wide: 2.5 MiB)
 # The encoder's thread (and the torch worker threads it starts) run this much nicer than the engine: while streams
 # decode, their steps take the cores first and the encoder the rest; alone, it still has every core.
@@ -45,9 +50,11 @@ class VisionRuntime:
 
         return hashlib.sha256(self.family.settings_digest() + digest).digest()
 
-    def embeddings(self, images: list[PreparedImage], keys: list[bytes]) -> tuple[list[torch.Tensor], float]:
-        """Each image's LM embedding rows (from the cache, or encoded now in one batch per size) and the seconds the
-        encoder ran for this call."""
+    def embeddings(self, images: list[PreparedImage], keys: list[bytes],
+                   abandoned: Callable[[], bool] | None = None) -> tuple[list[torch.Tensor], float]:
+        """Each image's LM embedding rows (from the cache, or encoded now: each distinct image once, in batches of
+        up to ENCODE_CHUNK of one size) and the seconds the encoder ran for this call. `abandoned()` is checked
+        before each batch: true raises EncodeAbandoned (the batches done stay cached)."""
         out: list[torch.Tensor | None] = []
         with self._lock:
             for k in keys:
@@ -58,21 +65,38 @@ class VisionRuntime:
                 else:
                     self.misses += 1
                 out.append(hit)
-        todo = [i for i, e in enumerate(out) if e is None]
+        first: dict[bytes, int] = {}  # the same image twice in one request is encoded once
+        for i, e in enumerate(out):
+            if e is None:
+                first.setdefault(keys[i], i)
         t0 = time.perf_counter()
-        for group in _same_shape(images, todo):
-            for i, emb in zip(group, self._encode([images[i] for i in group])):
-                out[i] = emb.detach()
-        seconds = time.perf_counter() - t0 if todo else 0.0
-        with self._lock:
-            self.encode_seconds += seconds
-            for i in todo:
-                self._cache[keys[i]] = out[i]  # type: ignore[assignment]
-                self._cache.move_to_end(keys[i])
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
+        try:
+            for group in _same_shape(images, list(first.values())):
+                for start in range(0, len(group), ENCODE_CHUNK):
+                    if abandoned is not None and abandoned():
+                        raise EncodeAbandoned("the request went away: its images are not encoded")
+                    chunk = group[start:start + ENCODE_CHUNK]
+                    encoded = [e.detach() for e in self._encode([images[i] for i in chunk])]
+                    self._remember([keys[i] for i in chunk], encoded)
+                    for i, emb in zip(chunk, encoded):
+                        out[i] = emb
+        finally:
+            seconds = time.perf_counter() - t0 if first else 0.0
+            with self._lock:
+                self.encode_seconds += seconds
+        for i, e in enumerate(out):
+            if e is None:
+                out[i] = out[first[keys[i]]]
         return out, seconds  # type: ignore[return-value]
 
+    def _remember(self, keys: list[bytes], embeds: list[torch.Tensor]) -> None:
+        """Put encoder outputs in the LRU cache (the oldest leave past `capacity`)."""
+        with self._lock:
+            for k, e in zip(keys, embeds):
+                self._cache[k] = e
+                self._cache.move_to_end(k)
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
 
     def _encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
         """The family's encoder over `images`, on the encoder's own low-priority thread (one image batch at a

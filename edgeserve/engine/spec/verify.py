@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.engine.sampler import apply_penalties, filter_logits, sample_from, scale_by_temperature
+from edgeserve.engine.sampler import apply_penalties, apply_typical, filter_logits, sample_from, scale_by_temperature
 from edgeserve.sampling_params import SamplingParams
 
 
@@ -25,7 +25,7 @@ def token_probs(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: 
     if all(p.greedy for p in params):
         return onehot
     greedy = torch.tensor([p.greedy for p in params], device=device)
-    probs = filter_logits(scale_by_temperature(logits, params), params).softmax(-1)
+    probs = filter_logits(scale_by_temperature(apply_typical(logits, params), params), params).softmax(-1)
     return torch.where(greedy.unsqueeze(1), onehot, probs)
 
 

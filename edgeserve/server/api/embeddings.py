@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from edgeserve.server.body import read_request
 from edgeserve.server.config import UNSET
+from edgeserve.server.disconnect import unless_disconnected
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, keep_alive, model_name, reject_unknown
 from edgeserve.server.state import api_errors, server_state
@@ -138,7 +139,7 @@ async def embed(request: Request, model: str, inputs: list[str | list[int]], *, 
             raise bad_request(f"dimensions must be at most {hidden} for {lease.entry.id!r}, got {dimensions}",
                               "dimensions")
         seqs, cut = await tokenize_off_loop_if_large(_tokenize, text_chars(inputs), lm, inputs, truncate, name)
-        vectors = await engine.embed(seqs)
+        vectors = await unless_disconnected(request, engine.embed(seqs))  # a client that leaves: skipped
         if dimensions is not None and dimensions < hidden:
             vectors = vectors[:, :dimensions]
             if lm.config.normalize:

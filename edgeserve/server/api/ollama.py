@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -29,6 +30,8 @@ from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.tools import parse_tools
 from edgeserve.text.grammar import GrammarSpec
 
+log = logging.getLogger("edgeserve.server")
+
 # --- the request ------------------------------------------------------------------------------------------------
 
 _OLLAMA_OPTIONS = {  # option -> (SamplingParams field, integer?)
@@ -40,11 +43,21 @@ _OLLAMA_OPTIONS = {  # option -> (SamplingParams field, integer?)
     "repeat_penalty": ("repetition_penalty", False),
     "presence_penalty": ("presence_penalty", False),
     "frequency_penalty": ("frequency_penalty", False),
+    "repeat_last_n": ("penalty_last_n", True),
+    "typical_p": ("typical_p", False),
 }
+# Options Ollama documents that change nothing here (the hardware and loading ones: this server decides those
+# itself; tfs_z and mirostat: samplers it does not have). Checked for type and range, logged once, then ignored.
+_IGNORED_NUMBERS = {"num_thread": True, "num_gpu": True, "main_gpu": True, "num_batch": True, "num_keep": True,
+                    "mirostat": True, "tfs_z": False, "mirostat_eta": False, "mirostat_tau": False}
+_IGNORED_FLAGS = {"use_mmap", "use_mlock", "numa", "low_vram", "vocab_only", "f16_kv", "logits_all",
+                  "embedding_only", "penalize_newline"}
+_logged_ignored: set[str] = set()
 
 
 def _ollama_options(body: dict, req: GenerationRequest) -> None:
-    """`options`: sampling values, num_predict, stop and num_ctx; any other option is a 400 naming it."""
+    """`options`: sampling values, num_predict, stop and num_ctx; Ollama's other documented options are checked
+    and ignored (logged once each); an unknown option is a 400 naming it."""
     opts = body.get("options")
     if opts is None:
         return
@@ -66,9 +79,23 @@ def _ollama_options(body: dict, req: GenerationRequest) -> None:
             req.sampling["stop"] = stop_list(value, "options.stop")
         elif key == "num_ctx":
             req.num_ctx = _num_ctx(opts)
+        elif key in _IGNORED_NUMBERS or key in _IGNORED_FLAGS:
+            _ignored_option(opts, key)
         else:
-            known = ", ".join(sorted([*_OLLAMA_OPTIONS, "num_predict", "stop", "num_ctx"]))
-            raise bad_request(f"options.{key} is not supported; supported options: {known}", f"options.{key}")
+            known = ", ".join(sorted([*_OLLAMA_OPTIONS, "num_predict", "stop", "num_ctx",
+                                      *_IGNORED_NUMBERS, *_IGNORED_FLAGS]))
+            raise bad_request(f"options.{key} is not a known option; known options: {known}", f"options.{key}")
+
+
+def _ignored_option(opts: dict, key: str) -> None:
+    """Check an option this server accepts without using it, and log the first time each one is seen."""
+    if key in _IGNORED_FLAGS:
+        boolean(opts, key, False, where="options.")
+    else:
+        number(opts, key, integer=_IGNORED_NUMBERS[key], where="options.")
+    if opts.get(key) is not None and key not in _logged_ignored:
+        _logged_ignored.add(key)
+        log.info("Ollama option %s accepted and ignored (this server sets it itself or has no such sampler)", key)
 
 
 def _num_ctx(opts: dict) -> int | None:

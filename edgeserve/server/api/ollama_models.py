@@ -148,7 +148,7 @@ async def show(request: Request) -> Response:
         raise APIError(500, f"cannot read model {mid!r}", "server_error", "model")
     parameters = "\n".join(filter(None, [facts.parameters(), *ollama_parameter_lines(st.config)]))
     caps = facts.capabilities  # a GGUF served with --mmproj takes images too
-    if st.config.mmproj and facts.format == "gguf" and "completion" in caps and "vision" not in caps:
+    if st.config.mmproj_for(spec) and facts.format == "gguf" and "completion" in caps and "vision" not in caps:
         caps = [*caps, "vision"]
     return JSONResponse({"modelfile": f"FROM {spec}\n", "parameters": parameters, "template": facts.template,
                          "details": facts.details(), "model_info": facts.model_info,

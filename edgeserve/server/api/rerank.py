@@ -1,4 +1,4 @@
-"""Rerank adapter: POST /v1/rerank, /rerank (Jina / Cohere shapes, as vLLM serves them), llama-server's
+"""Rerank adapter: POST /v1/rerank, /v2/rerank, /rerank (Jina / Cohere v1 and v2 shapes, as vLLM serves them), llama-server's
 /v1/reranking, /reranking, and vLLM's /v1/score (`text_1` against each `text_2`).
 
 The request names a reranker (a cross-encoder; see models/cross_encoder.py), a `query` and `documents` (strings or
@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from edgeserve.server.api.embeddings import MAX_INPUTS, tokenize_off_loop_if_large
 from edgeserve.server.body import read_request
+from edgeserve.server.disconnect import unless_disconnected
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, model_name
 from edgeserve.server.state import api_errors, server_state
@@ -92,7 +93,7 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
                            "invalid_request_error", "model", "model_not_supported")
         chars = sum(len(q) + len(d) for q, d in pairs)
         seqs = await tokenize_off_loop_if_large(_pairs, chars, lm, pairs, truncate, param)
-        scores = relevance(await engine.embed(seqs)).tolist()
+        scores = relevance(await unless_disconnected(request, engine.embed(seqs))).tolist()
         num_tokens = sum(len(s) for s in seqs)
         st.metrics.observe_embedding(lease.entry.id, len(seqs), num_tokens, time.monotonic() - t0)
         return lease.entry.id, scores, num_tokens
@@ -102,7 +103,8 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
 
 @api_errors
 async def rerank(request: Request) -> Response:
-    """POST /v1/rerank (also /rerank, /v1/reranking, /reranking): documents ordered by relevance to the query."""
+    """POST /v1/rerank (also /v2/rerank, /rerank, /v1/reranking, /reranking): documents ordered by relevance to the
+    query."""
     body = await read_request(request)
     model = model_name(body)
     query = body.get("query")
@@ -117,7 +119,10 @@ async def rerank(request: Request) -> Response:
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": documents[i]}}
                                                              if return_documents else {})} for i in order]
     return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": model_id,
-                         "results": results, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+                         "results": results, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+                         "meta": {"api_version": {"version": "2" if request.url.path == "/v2/rerank" else "1"},
+                                  "billed_units": {"search_units": 1},
+                                  "tokens": {"input_tokens": num_tokens, "output_tokens": 0}}})
 
 
 def _texts(value: Any, name: str) -> list[str]:
@@ -150,5 +155,6 @@ async def score(request: Request) -> Response:
                          "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
 
 
-ROUTES = [*(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
+ROUTES = [*(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking",
+                                                               "/reranking")),
           Route("/v1/score", score, methods=["POST"])]

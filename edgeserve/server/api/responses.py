@@ -256,6 +256,11 @@ class _Reply:
             items.append(self.message(self.new_id("msg"), r.text, status))
         return items + [self.function_call(self.new_id("fc"), c, c.arguments, "completed") for c in r.tool_calls]
 
+    def _sampling(self, key: str, default: float) -> float:
+        """The value `key` ran with: the request's, else the model's recommended, else the server's default."""
+        value = self.body.get(key)
+        return value if value is not None else self.gen.lease.entry.sampling.get(key, default)
+
     def response(self, status: str, finish: str | None = None, n_out: int = 0, reasoning: str = "") -> dict:
         """The response object; when done, `self.items` is its output and usage is filled in."""
         done = status != "in_progress"
@@ -274,10 +279,10 @@ class _Reply:
                 "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
                 "previous_response_id": None, "reasoning": {"effort": (self.body.get("reasoning") or {}).get("effort"),
                                                             "summary": None},
-                "store": False, "temperature": self.body.get("temperature", 1.0),
+                "store": False, "temperature": self._sampling("temperature", 1.0),
                 "text": {"format": text.get("format") or {"type": "text"}},
                 "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
-                "top_p": self.body.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
+                "top_p": self._sampling("top_p", 1.0), "truncation": "disabled", "usage": usage,
                 "metadata": self.body.get("metadata") or {}}
 
 

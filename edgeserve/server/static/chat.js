@@ -581,10 +581,30 @@ async function refreshModels() {
     if (ids.includes(chosen)) select.value = chosen;
     labelModels(models);
     clearNotice();
+    showModelDefaults();
   } catch (e) {
     notice("could not list models: " + e.message + (/key/i.test(e.message) ? " (set it in Settings)" : ""));
   }
   return models;
+}
+
+/** Show the chosen model's recommended temperature / top_p (its file's, from /api/show) as the settings'
+ * placeholders: what the server uses when the field is left empty. */
+let defaultsShownFor = null;
+async function showModelDefaults() {
+  const model = $("model").value;
+  if (model === defaultsShownFor) return;
+  defaultsShownFor = model;
+  let params = "";
+  if (model) {
+    params = await fetch("/api/show", {method: "POST", headers: headers(),
+                                       body: JSON.stringify({model})})
+      .then((r) => (r.ok ? r.json() : {})).then((b) => b.parameters || "").catch(() => "");
+  }
+  for (const [name, id] of [["temperature", "temperature"], ["top_p", "top_p"]]) {
+    const m = params.match(new RegExp("^" + name + " (\\S+)$", "m"));
+    $(id).placeholder = m ? `model's: ${m[1]}` : "default";
+  }
 }
 
 function loadSettingsIntoForm() {
@@ -675,7 +695,9 @@ $("log").addEventListener("click", (ev) => {
   const copy = ev.target.closest(".code .copy");
   if (copy) copyText(copy.closest(".code").querySelector("code").textContent).then(() => flash(copy, "Copied"));
 });
-$("model").addEventListener("change", () => { settings.model = $("model").value; saveSettings(); renderEmpty(); });
+$("model").addEventListener("change", () => {
+  settings.model = $("model").value; saveSettings(); renderEmpty(); showModelDefaults();
+});
 $("examples").addEventListener("click", (ev) => {
   const example = ev.target.closest(".example");
   if (example && !stream) send(example.textContent.trim());
