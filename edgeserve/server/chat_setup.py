@@ -78,7 +78,8 @@ class ChatSetup:
             return None
         splitter = None
         if splits:
-            calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None
+            calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None \
+                and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
             splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
         return ChatOutputParser(splitter, self.tools, stray, prefix)
@@ -119,8 +120,10 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     knows_tools = template_knows_tools(source)
     if tools and knows_tools:
         kwargs["tools"] = tools
+    native_calls = knows_tools or fmt.tools_prompt is not None  # the template writes calls in its own syntax
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
-    messages = messages_for_template(req.messages or [], tools, source, system_role=system_role)
+    messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
+                                     tools_prompt=fmt.tools_prompt)
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
     thinks, in_thought = _thought_state(prompt, tags)
@@ -129,10 +132,14 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     tool_setup = None
     if tools:
         # our tools prompt (a template that knows no tools) asks for hermes calls; so does a format without calls
-        call_fmt = fmt if (knows_tools or tool_format is not None) and fmt.parse is not None \
+        call_fmt = fmt if (native_calls or tool_format is not None) and fmt.parse is not None \
             else get_format(FALLBACK_FORMAT)
         tool_setup, forced = _tool_setup(req, tools, call_fmt)
         constraint = forced or constraint
+    elif fmt.wraps_answer and fmt.parse is not None and not req.constraint:
+        # no tools offered: nothing is read as a call, but a family's answer markup (Command R7B's
+        # `<|START_RESPONSE|>`, Kimi K3's response section) is still taken off the content by its parser
+        tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""

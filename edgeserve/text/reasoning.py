@@ -70,10 +70,11 @@ class ReasoningSplitter:
     _held: str = ""  # the start of a tag, maybe
     _space: str = ""  # whitespace at the end of the reasoning so far: shown only when more reasoning follows
     _started: bool = False  # some reasoning text was returned
+    _echo: bool = False  # the prompt opened the thought and the model may write the open tag again (MiniMax M3)
 
     def __post_init__(self) -> None:
         if self.in_thought:
-            self._state = "thought"
+            self._state, self._echo = "thought", True
 
     def push(self, text: str) -> tuple[str, str]:
         """Add reply text; return (new reasoning, new content)."""
@@ -90,6 +91,14 @@ class ReasoningSplitter:
                     return reasoning, content
                 else:
                     self._state = "answer"
+            elif self._state == "thought" and self._echo:  # an open tag written again is not reasoning
+                stripped = buf.lstrip()
+                if not stripped or (self.open_tag.startswith(stripped) and stripped != self.open_tag):
+                    self._held = buf
+                    return reasoning, content
+                self._echo = False
+                if stripped.startswith(self.open_tag):
+                    buf = stripped[len(self.open_tag):]
             elif self._state == "thought":
                 piece, buf = self._thought(buf)
                 reasoning += piece

@@ -78,3 +78,10 @@ class ChatFormat:
     # `<channel|>`); longer ones are matched first. Kept when the request asks for raw reasoning (reasoning_format
     # "none").
     stray: tuple[str, ...] = ()
+    # the system-prompt text that lists the tools in the family's own words, for a template that writes calls and
+    # results natively but never lists the tools (DeepSeek V3.1, R1 distills); None: the template lists them, or
+    # (a template that knows no tools) edgeserve's generic hermes prompt
+    tools_prompt: Callable[[list[dict]], str] | None = None
+    # its call markers include answer markup (Command R7B's `<|START_RESPONSE|>`, Kimi K3's response section) that
+    # its parser takes off the content, with or without tools, and that ends a thought the prompt opened
+    wraps_answer: bool = False

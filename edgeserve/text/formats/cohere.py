@@ -97,9 +97,9 @@ def forced_plus(tools: list[dict], choice: str | None, parallel: bool) -> Any:
 FORMATS = (
     ChatFormat("cohere2moe", lambda s: ACTION[0] in s and TEXT[0] in s, call_markers=(ACTION[0], TEXT[0]),
                parse=parse_moe, reasoning=THINKING, forced=forced_action, thinking_switches=("reasoning",),
-               priority=20),
+               priority=20, wraps_answer=True),
     ChatFormat("command_r7b", lambda s: ACTION[0] in s and RESPONSE[0] in s, call_markers=(ACTION[0], RESPONSE[0]),
-               parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21),
+               parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21, wraps_answer=True),
     ChatFormat("command_r_plus", lambda s: ACTION_WORD in s and '"tool_name"' in s and ACTION[0] not in s,
-               call_markers=(ACTION_WORD, CHATBOT, TURN_END), parse=parse_plus, forced=forced_plus, priority=22),
+               call_markers=(ACTION_WORD, CHATBOT, TURN_END), parse=parse_plus, forced=forced_plus, priority=22, wraps_answer=True),
 )

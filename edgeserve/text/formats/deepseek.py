@@ -11,6 +11,7 @@ Both read either spelling, a call without its section markers, and a section cut
 
 from __future__ import annotations
 
+import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
@@ -79,6 +80,26 @@ def _r1_body(tool: dict) -> str:
             f'{args_json_rule(tool)} {lit(chr(10) + "```")}')
 
 
+V3_1_SYNTAX = f"{CALLS_BEGIN}{CALL_BEGIN}tool_call_name{SEP}tool_call_arguments{CALL_END}{{{{additional_tool_calls}}}}{CALLS_END}"
+R1_SYNTAX = (f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}tool_call_name\n{FENCE}\ntool_call_arguments\n```{CALL_END}"
+             f"{{{{additional_tool_calls}}}}{CALLS_END}")
+
+
+def tools_prompt(tools: list[dict], syntax: str) -> str:
+    """DeepSeek's documented tools section of the system prompt: each tool's name, description and parameters
+    schema, then the call syntax the model was trained to write (its templates render calls but list no tools)."""
+    parts = ["## Tools\nYou have access to the following tools:"]
+    for tool in tools:
+        fn = tool["function"]
+        parts.append(f"### {fn['name']}\nDescription: {fn.get('description', '')}\n\n"
+                     f"Parameters: {json.dumps(fn.get('parameters') or {}, ensure_ascii=False)}")
+    parts.append(f"IMPORTANT: ALWAYS adhere to this exact format for tool use:\n{syntax.format()}\n\nWhere:\n"
+                 "- `tool_call_name` must be an exact match to one of the available tools\n"
+                 "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
+                 "- For multiple tool calls, chain them directly without separators or spaces")
+    return "\n\n".join(parts)
+
+
 def _writes_deepseek_calls(source: str) -> bool:
     return SEP in source and CALL_BEGIN in source
 
@@ -86,8 +107,9 @@ def _writes_deepseek_calls(source: str) -> bool:
 FORMATS = (
     ChatFormat(name="deepseek_v3_1", detect=lambda s: _writes_deepseek_calls(s) and FENCE not in s,
                call_markers=(CALLS_BEGIN, CALL_BEGIN), parse=parse_calls, forced=_forced(_v3_1_body, ""),
-               thinking_switches=("thinking", "enable_thinking"), priority=20),
+               thinking_switches=("thinking", "enable_thinking"), priority=20,
+               tools_prompt=lambda tools: tools_prompt(tools, V3_1_SYNTAX)),
     ChatFormat(name="deepseek_r1", detect=lambda s: _writes_deepseek_calls(s) and FENCE in s,
                call_markers=(CALLS_BEGIN, CALL_BEGIN), parse=parse_calls, forced=_forced(_r1_body, "\n"),
-               priority=20),
+               priority=20, tools_prompt=lambda tools: tools_prompt(tools, R1_SYNTAX)),
 )

@@ -134,7 +134,7 @@ FORMATS = (
     ChatFormat("functionary_v31", lambda s: FUNCTION_OPEN in s and PYTHON_TAG in s and "<parameter=" not in s,
                call_markers=(FUNCTION_OPEN, PYTHON_TAG), parse=parse_v31, forced=forced_v31, priority=20),
     ChatFormat("functionary_v32", lambda s: RECIPIENT + ANSWER in s, call_markers=("",), parse=parse_v32,
-               forced=forced_v32, priority=20),
+               forced=forced_v32, priority=20, wraps_answer=True),
     ChatFormat("firefunction_v2", lambda s: FUNCTOOLS + "[" in s, call_markers=(" " + FUNCTOOLS, FUNCTOOLS),
                parse=parse_firefunction, forced=forced_firefunction, priority=20),
 )

@@ -36,5 +36,5 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> Any:
 
 FORMATS = (
     ChatFormat("granite", lambda s: TOOL_CALL in s, call_markers=(TOOL_CALL, RESPONSE[0]), parse=parse, reasoning=THINK,
-               forced=forced, thinking_switches=("thinking",), priority=20),
+               forced=forced, thinking_switches=("thinking",), priority=20, wraps_answer=True),
 )

@@ -94,5 +94,5 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
 FORMATS = (
     ChatFormat(name="muse_glimmer", detect=lambda s: "<atem:function_calls>" in s or "atem:invoke" in s,
                call_markers=(START, " to=", MESSAGE), parse=parse_reply, reasoning=THOUGHT, forced=forced,
-               priority=20),
+               priority=20, wraps_answer=True),
 )

@@ -72,5 +72,5 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> Any:
 
 FORMATS = (
     ChatFormat("solar_open", lambda s: BEGIN in s and NAME in s, call_markers=(CALLS, BEGIN, CONTENT, ASSISTANT),
-               parse=parse, reasoning=THINK, stop=(CALLS_END,), forced=forced, thinking_switches=(), priority=20),
+               parse=parse, reasoning=THINK, stop=(CALLS_END,), forced=forced, thinking_switches=(), priority=20, wraps_answer=True),
 )
