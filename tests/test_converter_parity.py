@@ -1,0 +1,119 @@
+"""Converter parity (issue 54): tiny random checkpoints of every architecture we claim, made in transformers with the
+structural features of the real configs, converted by llama.cpp's own convert_hf_to_gguf.py to f32 GGUFs, loaded by
+edgeserve's loader (GGUF and HF folder) and compared with transformers' float32 logits at every position.
+
+Qwen3.5 checkpoints carry their MTP block as the real ones do; the converter keeps it by default (extra blocks,
+`nextn_predict_layers`), and such a file must give the `--no-mtp` file's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+import transformers  # noqa: E402
+
+from converter_parity import (Case, build_checkpoint, convert, load_ours, max_logprob_diff, our_logits,  # noqa: E402
+                              reference_logits, tokenizer_folder)
+
+# float32 noise: the same math in another order over 2-4 layers of width 64 (measured up to ~1e-4)
+F32_BOUND = 5e-4
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN35 = dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+QWEN35_MOE = dict(QWEN35, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                  shared_expert_intermediate_size=64)
+
+CASES = [
+    # layer kinds off the full_attention_interval rhythm: only `attention.recurrent_layers` tells them
+    Case("qwen35", lambda v: transformers.Qwen3_5TextConfig(
+        **QWEN35, vocab_size=v, intermediate_size=96,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]), "qwen35",
+        ("--no-mtp",)),
+    Case("qwen35-mtp", lambda v: transformers.Qwen3_5TextConfig(**QWEN35, vocab_size=v, intermediate_size=96),
+         "qwen35", mtp_layers=1),
+    Case("qwen35moe-mtp", lambda v: transformers.Qwen3_5MoeTextConfig(**QWEN35_MOE, vocab_size=v), "qwen35moe",
+         mtp_layers=1),
+]
+BY_NAME = {c.name: c for c in CASES}
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(default_model_path: Path, tmp_path_factory) -> Path:
+    return tokenizer_folder(default_model_path, tmp_path_factory.mktemp("smollm2-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tokenizer_dir: Path, tmp_path_factory):
+    """get(name, *converter flags) -> (transformers model, HF folder, f32 GGUF), built and converted once a session."""
+    made: dict = {}
+
+    def get(name: str, *flags: str):
+        case = BY_NAME[name]
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = (build_checkpoint(case, tokenizer_dir, folder), folder, {})
+        model, folder, ggufs = made[name]
+        flags = flags or case.convert_args
+        if flags not in ggufs:
+            ggufs[flags] = convert(folder, folder.parent / f"{name}{''.join(flags)}.f32.gguf", *flags)
+        return model, folder, ggufs[flags]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoints):
+    cache: dict[str, torch.Tensor] = {}
+
+    def get(name: str) -> torch.Tensor:
+        if name not in cache:
+            cache[name] = reference_logits(checkpoints(name)[0])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_f32_gguf_matches_transformers(name: str, checkpoints, reference) -> None:
+    _, _, gguf = checkpoints(name)
+    loaded = load_ours(gguf)
+    assert loaded.config.architecture == BY_NAME[name].arch
+    ref = reference(name)
+    assert ref.abs().max() > 1.0  # a model whose logits say something
+    diff = max_logprob_diff(our_logits(loaded.model), ref)
+    print(f"{name} f32 GGUF: max |logprob diff| {diff:.2e}")
+    assert diff < F32_BOUND
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_hf_folder_matches_transformers(name: str, checkpoints, reference) -> None:
+    _, folder, _ = checkpoints(name)
+    loaded = load_ours(folder)
+    diff = max_logprob_diff(our_logits(loaded.model), reference(name))
+    print(f"{name} HF folder: max |logprob diff| {diff:.2e}")
+    assert diff < F32_BOUND
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.mtp_layers])
+def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
+    """The converter's default file (MTP block appended, `nextn_predict_layers`) runs the same trunk as `--no-mtp`'s,
+    and keeps the MTP block's tensors readable for MTP drafting."""
+    from edgeserve.loaders.gguf_file import GGUFFile
+
+    _, folder, with_mtp = checkpoints(name)
+    _, _, without = checkpoints(name, "--no-mtp")
+    a, b = load_ours(with_mtp), load_ours(without)
+    layers = BY_NAME[name].config(8).num_hidden_layers
+    assert (a.config.num_layers, a.config.mtp_layers) == (layers, BY_NAME[name].mtp_layers)
+    assert (b.config.num_layers, b.config.mtp_layers) == (layers, 0)
+    assert a.config.linear_layers == b.config.linear_layers
+    assert torch.equal(our_logits(a.model), our_logits(b.model))
+    names = set(GGUFFile(with_mtp).tensor_names())
+    assert {f"blk.{layers}.nextn.eh_proj.weight", f"blk.{layers}.attn_q.weight"} <= names
+    assert load_ours(folder).config.mtp_layers == BY_NAME[name].mtp_layers
