@@ -2,8 +2,11 @@
 own `convert_hf_to_gguf.py` (the tool that made the GGUFs people download), loaded by edgeserve's loader and compared
 with transformers' float32 logits.
 
-The tiny models use the default model's real tokenizer (SmolLM2's byte-level BPE, 49152 tokens, which the converter
-recognizes as its `smollm` pre-tokenizer): transformers reads it from the cached GGUF and saves it beside the weights.
+The tiny models borrow a real tokenizer, read by transformers from a GGUF and saved beside the weights: the default
+model's (SmolLM2's byte-level BPE, 49152 tokens, which the converter recognizes as its `smollm` pre-tokenizer), or for
+the families whose converter wants a SentencePiece model (Gemma 2, Phi-3) or a SentencePiece-style BPE (Gemma 4)
+Llama 2's 32000-token vocabulary from llama.cpp's `models/ggml-vocab-llama-spm.gguf`, with a `tokenizer.model`
+written from the same vocabulary.
 The converter runs as a subprocess of this Python with `PYTHONPATH` at its own `gguf-py`, so it uses its own gguf
 package. A checkpoint with an MTP block gets `mtp.*` tensors the way Qwen3.5's real checkpoints store them.
 """
@@ -14,7 +17,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,8 +25,8 @@ import torch
 
 from llama_cpp_source import llama_cpp_dir
 
-# token ids of a fixed prompt (inside SmolLM2's vocabulary), then the decode inputs
-PROMPT = [1, 504, 3458, 314, 253, 1837, 28, 2, 1010, 17, 49000, 5, 800, 12000, 31, 7]
+# token ids of a fixed prompt (inside both borrowed vocabularies), then the decode inputs
+PROMPT = [1, 504, 3458, 314, 253, 1837, 28, 2, 1010, 17, 31000, 5, 800, 12000, 31, 7]
 DECODES = [40, 41, 9000, 3]
 IDS = PROMPT + DECODES
 CHUNK = 9  # the prompt in two chunks (across a block boundary), then single-token decode steps
@@ -39,17 +42,46 @@ class Case:
     config: Callable[[int], Any]
     arch: str
     convert_args: tuple[str, ...] = ()
+    tokenizer: str = "bpe"  # "bpe": SmolLM2's; "spm": Llama 2's SentencePiece vocabulary
     mtp_layers: int = 0
     init: Callable[[Any], None] | None = None  # re-draws weights in place (default: `spread`)
-    extra: dict[str, Any] = field(default_factory=dict)
+    # rewrites the saved folder the way the real checkpoint stores it (and the model to its values): (model, folder)
+    post_save: Callable[[Any, Path], None] | None = None
 
 
-def tokenizer_folder(default_gguf: Path, dest: Path) -> Path:
-    """SmolLM2's tokenizer files (tokenizer.json, tokenizer_config.json), read by transformers from the GGUF."""
+def tokenizer_folder(gguf: Path, dest: Path) -> Path:
+    """The tokenizer files (tokenizer.json, tokenizer_config.json) transformers makes of a GGUF's vocabulary."""
     import transformers
 
-    tok = transformers.AutoTokenizer.from_pretrained(str(default_gguf.parent), gguf_file=default_gguf.name)
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tok.save_pretrained(dest)
+    return dest
+
+
+def spm_tokenizer_folder(dest: Path) -> Path:
+    """Llama 2's SentencePiece vocabulary (llama.cpp's ggml-vocab-llama-spm.gguf) as tokenizer.json and as the
+    `tokenizer.model` protobuf SentencePiece checkpoints ship (pieces, scores and types as the GGUF stores them)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from edgeserve.loaders.gguf_file import GGUFFile
+
+    gguf = llama_cpp_dir() / "models" / "ggml-vocab-llama-spm.gguf"
+    tokenizer_folder(gguf, dest)
+    meta = GGUFFile(gguf).metadata
+    model = pb.ModelProto()
+    for piece, score, kind in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
+                                  meta["tokenizer.ggml.token_type"]):
+        model.pieces.add(piece=piece, score=float(score), type=int(kind))  # GGUF token types are SentencePiece's
+    model.trainer_spec.model_type = pb.TrainerSpec.BPE
+    model.trainer_spec.vocab_size = len(model.pieces)
+    model.trainer_spec.byte_fallback = True
+    model.trainer_spec.unk_id, model.trainer_spec.bos_id, model.trainer_spec.eos_id = 0, 1, 2
+    model.trainer_spec.pad_id = -1
+    model.normalizer_spec.name = "identity"
+    model.normalizer_spec.add_dummy_prefix = True
+    model.normalizer_spec.remove_extra_whitespaces = False
+    model.normalizer_spec.escape_whitespaces = True
+    (dest / "tokenizer.model").write_bytes(model.SerializeToString())
     return dest
 
 
@@ -74,7 +106,8 @@ def build_checkpoint(case: Case, tokenizer: Path, dest: Path):
 
     import transformers
 
-    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
+    tj = json.loads((tokenizer / "tokenizer.json").read_text())
+    vocab = 1 + max([*tj["model"]["vocab"].values(), *(t["id"] for t in tj["added_tokens"])])
     cfg = case.config(vocab)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -83,6 +116,8 @@ def build_checkpoint(case: Case, tokenizer: Path, dest: Path):
     model.save_pretrained(dest)
     for f in tokenizer.iterdir():
         shutil.copy(f, dest / f.name)
+    if case.post_save is not None:
+        case.post_save(model, dest)
     if case.mtp_layers:
         add_mtp_block(dest, case.mtp_layers)
     return model

@@ -13,43 +13,31 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-import transformers  # noqa: E402
 
-from converter_parity import (Case, build_checkpoint, convert, load_ours, max_logprob_diff, our_logits,  # noqa: E402
-                              reference_logits, tokenizer_folder)
+from converter_cases import BY_NAME, CASES  # noqa: E402
+from converter_parity import (build_checkpoint, convert, load_ours, max_logprob_diff, our_logits,  # noqa: E402
+                              reference_logits, spm_tokenizer_folder, tokenizer_folder)
 
-# float32 noise: the same math in another order over 2-4 layers of width 64 (measured up to ~1e-4)
+# float32 noise: the same math in another order over 2-7 layers of width 64 (measured up to ~1e-4)
 F32_BOUND = 5e-4
-SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             rms_norm_eps=1e-6, tie_word_embeddings=False)
-QWEN35 = dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-              linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
-QWEN35_MOE = dict(QWEN35, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-                  shared_expert_intermediate_size=64)
-
-CASES = [
-    # layer kinds off the full_attention_interval rhythm: only `attention.recurrent_layers` tells them
-    Case("qwen35", lambda v: transformers.Qwen3_5TextConfig(
-        **QWEN35, vocab_size=v, intermediate_size=96,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]), "qwen35",
-        ("--no-mtp",)),
-    Case("qwen35-mtp", lambda v: transformers.Qwen3_5TextConfig(**QWEN35, vocab_size=v, intermediate_size=96),
-         "qwen35", mtp_layers=1),
-    Case("qwen35moe-mtp", lambda v: transformers.Qwen3_5MoeTextConfig(**QWEN35_MOE, vocab_size=v), "qwen35moe",
-         mtp_layers=1),
-]
-BY_NAME = {c.name: c for c in CASES}
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir(default_model_path: Path, tmp_path_factory) -> Path:
-    return tokenizer_folder(default_model_path, tmp_path_factory.mktemp("smollm2-tokenizer"))
+def tokenizer_dirs(default_model_path: Path, tmp_path_factory):
+    """get(Case.tokenizer) -> its folder of tokenizer files, made once a session."""
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            dest = tmp_path_factory.mktemp(f"tokenizer-{kind}")
+            made[kind] = tokenizer_folder(default_model_path, dest) if kind == "bpe" else spm_tokenizer_folder(dest)
+        return made[kind]
+
+    return get
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tokenizer_dir: Path, tmp_path_factory):
+def checkpoints(tokenizer_dirs, tmp_path_factory):
     """get(name, *converter flags) -> (transformers model, HF folder, f32 GGUF), built and converted once a session."""
     made: dict = {}
 
@@ -57,7 +45,7 @@ def checkpoints(tokenizer_dir: Path, tmp_path_factory):
         case = BY_NAME[name]
         if name not in made:
             folder = tmp_path_factory.mktemp(name)
-            made[name] = (build_checkpoint(case, tokenizer_dir, folder), folder, {})
+            made[name] = (build_checkpoint(case, tokenizer_dirs(case.tokenizer), folder), folder, {})
         model, folder, ggufs = made[name]
         flags = flags or case.convert_args
         if flags not in ggufs:
