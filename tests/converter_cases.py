@@ -32,6 +32,13 @@ GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDI
                   hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True,
                   num_global_key_value_heads=1, enable_moe_block=True, num_experts=8, top_k_experts=2,
                   moe_intermediate_size=32)
+# Gemma 2 / 3 tie their embeddings (llama.cpp's converter drops an untied lm_head.weight)
+GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
+              query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
+GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16, sliding_window=5,
+              query_pre_attn_scalar=16, rope_parameters={
+                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -99,11 +106,8 @@ CASES = [
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), "llama"),
     # the real 5:1 sliding / global rhythm (llama.cpp's gemma3 knows no other), per-kind RoPE as in Gemma 3 4B+
-    Case("gemma3", lambda v: t.Gemma3TextConfig(**DENSE | dict(num_hidden_layers=6), vocab_size=v, head_dim=16,
-                                                sliding_window=5, query_pre_attn_scalar=16, rope_parameters={
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
-         "gemma3", tokenizer="spm", init=gemma4_init),
+    Case("gemma3", lambda v: t.Gemma3TextConfig(**GEMMA3, vocab_size=v), "gemma3", tokenizer="spm",
+         init=gemma4_init),
     Case("gemma4-e2b", lambda v: t.Gemma4TextConfig(**GEMMA4_E2B, vocab_size=v, vocab_size_per_layer_input=v),
          "gemma4", tokenizer="spm", init=gemma4_init),
     Case("gemma4-26b-a4b", lambda v: t.Gemma4TextConfig(**GEMMA4_MOE, vocab_size=v), "gemma4",
@@ -123,9 +127,6 @@ CASES = [
     Case("granite", lambda v: t.GraniteConfig(**DENSE, vocab_size=v, embedding_multiplier=3.0,
                                               residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
          "granite"),
-    Case("gemma2", lambda v: t.Gemma2Config(**DENSE | dict(num_hidden_layers=3), vocab_size=v, head_dim=16,
-                                            sliding_window=5, query_pre_attn_scalar=16, attn_logit_softcapping=0.5,
-                                            final_logit_softcapping=2.0), "gemma2",
-         tokenizer="spm", init=gemma4_init),
+    Case("gemma2", lambda v: t.Gemma2Config(**GEMMA2, vocab_size=v), "gemma2", tokenizer="spm", init=gemma4_init),
 ]
 BY_NAME = {c.name: c for c in CASES}
