@@ -178,12 +178,12 @@ def reference_logits(model, ids: list[int] = IDS) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()
 
 
-def load_ours(path: Path):
-    """The model at `path` (a GGUF file or an HF folder) as the server loads it, computing in float32."""
+def load_ours(path: Path, dtype: str = "float32"):
+    """The model at `path` (a GGUF file or an HF folder) as the server loads it (computing in float32 by default)."""
     from edgeserve.models.load import load_model
     from edgeserve.registry.resolve import resolve
 
-    return load_model(resolve(str(path), pull_missing=False), dtype="float32")
+    return load_model(resolve(str(path), pull_missing=False), dtype=dtype)
 
 
 def our_logits(model, ids: list[int] = IDS) -> torch.Tensor:
