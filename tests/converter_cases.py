@@ -23,6 +23,8 @@ QWEN35 = dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, l
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 QWEN35_MOE = dict(QWEN35, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                   shared_expert_intermediate_size=64)
+QWEN35_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                     temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
 GEMMA4 = dict(SMALL, intermediate_size=96, head_dim=16, global_head_dim=32, sliding_window=5,
               final_logit_softcapping=5.0, tie_word_embeddings=True)
 GEMMA4_E2B = dict(GEMMA4, num_hidden_layers=7, num_key_value_heads=1,
@@ -98,6 +100,11 @@ CASES = [
     Case("qwen35-mtp", lambda v: t.Qwen3_5TextConfig(**QWEN35, vocab_size=v, intermediate_size=96), "qwen35",
          mtp_layers=1),
     Case("qwen35moe-mtp", lambda v: t.Qwen3_5MoeTextConfig(**QWEN35_MOE, vocab_size=v), "qwen35moe", mtp_layers=1),
+    # the layout of the published Qwen3.5 repos: the multimodal class (`model.language_model.*`, `model.visual.*`,
+    # `text_config`) with `mtp.*` beside; the GGUF holds the text model
+    Case("qwen35-vl-mtp", lambda v: t.Qwen3_5Config(
+        text_config=dict(QWEN35, vocab_size=v, intermediate_size=96), vision_config=QWEN35_VISION,
+        tie_word_embeddings=False), "qwen35", mtp_layers=1, model_class="Qwen3_5ForConditionalGeneration"),
     Case("qwen3", lambda v: t.Qwen3Config(**DENSE, vocab_size=v, head_dim=32), "qwen3"),
     Case("qwen3moe", lambda v: t.Qwen3MoeConfig(**DENSE, vocab_size=v, head_dim=32, num_experts=8,
                                                 num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),

@@ -43,6 +43,7 @@ class Case:
     arch: str
     convert_args: tuple[str, ...] = ()
     tokenizer: str = "bpe"  # "bpe": SmolLM2's; "spm": Llama 2's SentencePiece vocabulary
+    model_class: str | None = None  # the transformers class when not AutoModelForCausalLM's pick
     mtp_layers: int = 0
     init: Callable[[Any], None] | None = None  # re-draws weights in place (default: `spread`)
     # rewrites the saved folder the way the real checkpoint stores it (and the model to its values): (model, folder)
@@ -111,7 +112,10 @@ def build_checkpoint(case: Case, tokenizer: Path, dest: Path):
     cfg = case.config(vocab)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    if case.model_class:
+        model = getattr(transformers, case.model_class)(cfg).float().eval()
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
     (case.init or spread)(model)
     model.save_pretrained(dest)
     for f in tokenizer.iterdir():
@@ -125,24 +129,27 @@ def build_checkpoint(case: Case, tokenizer: Path, dest: Path):
 
 def add_mtp_block(folder: Path, layers: int) -> None:
     """Qwen3.5's MTP block in the checkpoint: `mtp.fc` over [embedding | hidden], its pre-norms, final norm, and
-    `layers` full-attention decoder layers (`mtp.layers.i.*`, shaped as the trunk's last full-attention layer)."""
+    `layers` full-attention decoder layers (`mtp.layers.i.*`, shaped as the trunk's last full-attention layer), with
+    `mtp_num_hidden_layers` in the (text) config."""
     from safetensors.torch import load_file, save_file
 
     path = folder / "model.safetensors"
     sd = load_file(path)
     cfg = json.loads((folder / "config.json").read_text())
-    hidden = int(cfg["hidden_size"])
-    full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"][-1]
+    text = cfg.get("text_config", cfg)
+    hidden = int(text["hidden_size"])
+    full = [i for i, t in enumerate(text["layer_types"]) if t == "full_attention"][-1]
     g = torch.Generator().manual_seed(7)
     sd["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=g) * 0.1
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         sd[f"mtp.{norm}.weight"] = torch.randn(hidden, generator=g) * 0.3
-    prefix = f"model.layers.{full}."
+    prefix = next(p for p in ("model.language_model.", "model.") if f"{p}layers.0.input_layernorm.weight" in sd)
+    prefix += f"layers.{full}."
     for i in range(layers):
         for k in [k for k in sd if k.startswith(prefix)]:
             sd[f"mtp.layers.{i}." + k[len(prefix):]] = sd[k] + 0.05 * torch.randn(sd[k].shape, generator=g)
     save_file(sd, path, metadata={"format": "pt"})
-    cfg["mtp_num_hidden_layers"] = layers
+    text["mtp_num_hidden_layers"] = layers
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 

@@ -99,7 +99,7 @@ def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
     _, folder, with_mtp = checkpoints(name)
     _, _, without = checkpoints(name, "--no-mtp")
     a, b = load_ours(with_mtp), load_ours(without)
-    layers = BY_NAME[name].config(8).num_hidden_layers
+    layers = BY_NAME[name].config(8).get_text_config().num_hidden_layers
     assert (a.config.num_layers, a.config.mtp_layers) == (layers, BY_NAME[name].mtp_layers)
     assert (b.config.num_layers, b.config.mtp_layers) == (layers, 0)
     assert a.config.linear_layers == b.config.linear_layers
