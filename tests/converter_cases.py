@@ -34,7 +34,7 @@ GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDI
                   hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True,
                   num_global_key_value_heads=1, enable_moe_block=True, num_experts=8, top_k_experts=2,
                   moe_intermediate_size=32)
-# Gemma 2 / 3 tie their embeddings (llama.cpp's converter drops an untied lm_head.weight)
+# Gemma 2 / 3 tie their embeddings as the real ones (llama.cpp's Gemma 2 converter drops an untied lm_head.weight)
 GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
               query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
 GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16, sliding_window=5,
