@@ -4,13 +4,11 @@ GGUF architecture llama.cpp's converter must write for it, and how the real chec
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 import transformers
 
 from converter_parity import Case
+from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LINEAR = "linear_attention"
@@ -64,33 +62,6 @@ def gpt_oss_init(model) -> None:
             p.normal_(0.0, 0.5 if "norm" in name or "router" in name else (1.0 if "sinks" in name else 0.15))
 
 
-def mxfp4_experts(model, folder: Path) -> None:
-    """The experts as OpenAI's checkpoint stores them: MXFP4 `*_blocks` / `*_scales` (random codes and exponents)
-    with quantization_config mxfp4; the model's experts set to those values (transformers' own dequantization)."""
-    from safetensors.torch import load_file, save_file
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    file = folder / "model.safetensors"
-    sd = load_file(str(file))
-    g = torch.Generator().manual_seed(5)
-    for i in range(model.config.num_hidden_layers):
-        experts = model.model.layers[i].mlp.experts
-        for name in ("gate_up_proj", "down_proj"):
-            param = getattr(experts, name)  # [E, in, out]
-            e, cols, rows = param.shape
-            blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
-            scales = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
-            key = f"model.layers.{i}.mlp.experts.{name}"
-            del sd[key]
-            sd[key + "_blocks"], sd[key + "_scales"] = blocks, scales
-            with torch.no_grad():
-                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
-    save_file(sd, str(file), metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
-    (folder / "config.json").write_text(json.dumps(cfg))
-
-
 t = transformers
 CASES = [
     # layer kinds off the full_attention_interval rhythm: only `attention.recurrent_layers` tells them
@@ -122,7 +93,8 @@ CASES = [
     Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
                                              num_experts_per_tok=2, sliding_window=5,
                                              rope_parameters=dict(GPT_OSS_YARN)),
-         "gpt-oss", init=gpt_oss_init, post_save=mxfp4_experts),
+         "gpt-oss", init=gpt_oss_init,
+         post_save=write_mxfp4_checkpoint),  # MXFP4 experts as OpenAI's checkpoint stores them
     Case("qwen2", lambda v: t.Qwen2Config(**DENSE, vocab_size=v), "qwen2"),
     Case("phi3", lambda v: t.Phi3Config(**DENSE, vocab_size=v), "phi3", tokenizer="spm"),
     Case("olmo2", lambda v: t.Olmo2Config(**DENSE, vocab_size=v), "olmo2"),

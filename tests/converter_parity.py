@@ -4,7 +4,7 @@ with transformers' float32 logits.
 
 The tiny models borrow a real tokenizer, read by transformers from a GGUF and saved beside the weights: the default
 model's (SmolLM2's byte-level BPE, 49152 tokens, which the converter recognizes as its `smollm` pre-tokenizer), or for
-the families whose converter wants a SentencePiece model (Gemma 2, Phi-3) or a SentencePiece-style BPE (Gemma 4)
+the families whose converter wants a SentencePiece model (Gemma 2 / 3, Phi-3) or a SentencePiece-style BPE (Gemma 4)
 Llama 2's 32000-token vocabulary from llama.cpp's `models/ggml-vocab-llama-spm.gguf`, with a `tokenizer.model`
 written from the same vocabulary.
 The converter runs as a subprocess of this Python with `PYTHONPATH` at its own `gguf-py`, so it uses its own gguf
