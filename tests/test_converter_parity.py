@@ -94,6 +94,8 @@ def test_hf_folder_matches_transformers(name: str, checkpoints, reference) -> No
 def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
     """The converter's default file (MTP block appended, `nextn_predict_layers`) runs the same trunk as `--no-mtp`'s,
     and keeps the MTP block's tensors readable for MTP drafting."""
+    from safetensors.torch import load_file
+
     from edgeserve.loaders.gguf_file import GGUFFile
 
     _, folder, with_mtp = checkpoints(name)
@@ -104,8 +106,10 @@ def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
     assert (b.config.num_layers, b.config.mtp_layers) == (layers, 0)
     assert a.config.linear_layers == b.config.linear_layers
     assert torch.equal(our_logits(a.model), our_logits(b.model))
-    names = set(GGUFFile(with_mtp).tensor_names())
-    assert {f"blk.{layers}.nextn.eh_proj.weight", f"blk.{layers}.attn_q.weight"} <= names
+    gguf = GGUFFile(with_mtp)
+    assert {f"blk.{layers}.nextn.eh_proj.weight", f"blk.{layers}.attn_q.weight"} <= set(gguf.tensor_names())
+    fc = load_file(folder / "model.safetensors")["mtp.fc.weight"]  # the MTP head's weights, readable as stored
+    assert torch.equal(gguf.load_tensor(f"blk.{layers}.nextn.eh_proj.weight"), fc)
     assert load_ours(folder).config.mtp_layers == BY_NAME[name].mtp_layers
 
 
