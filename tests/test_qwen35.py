@@ -125,6 +125,20 @@ def test_gguf_metadata_missing_a_key_is_named(tmp_path: Path) -> None:
         config_from_gguf(meta, set(g.tensor_names()))
 
 
+def test_gguf_layer_counts_and_kinds_from_nextn_and_recurrent_layers(tmp_path: Path) -> None:
+    """block_count includes the converter's MTP blocks (`nextn_predict_layers`); `attention.recurrent_layers` (one flag
+    a block, MTP ones included) sets the layer kinds over `full_attention_interval`; nonsense is refused by name."""
+    g = GGUFFile(write_qwen35_gguf(hf_qwen35(), tmp_path / "m.gguf"))
+    meta = dict(g.metadata, **{"qwen35.block_count": 5, "qwen35.nextn_predict_layers": 1,
+                               "qwen35.attention.recurrent_layers": [True, False, True, True, False]})
+    c = config_from_gguf(meta, set(g.tensor_names()))
+    assert (c.num_layers, c.mtp_layers, c.linear_layers) == (4, 1, (True, False, True, True))
+    with pytest.raises(ModelLoadError, match="nextn_predict_layers 5 does not fit block_count 5"):
+        config_from_gguf(dict(meta, **{"qwen35.nextn_predict_layers": 5}), set(g.tensor_names()))
+    with pytest.raises(ModelLoadError, match="recurrent_layers lists 3 layers"):
+        config_from_gguf(dict(meta, **{"qwen35.attention.recurrent_layers": [True] * 3}), set(g.tensor_names()))
+
+
 def test_block_bytes_carry_the_partial_rope_row_order(tmp_path: Path) -> None:
     """The native kernels' block bytes of q_proj / k_proj (and the Q/K norms) come in the same permuted row order
     as the dense tensors."""

@@ -130,6 +130,9 @@ class ModelConfig:
     delta: DeltaNetDims | None = None
     rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
     attn_output_gate: bool = False  # q_proj doubled per head: [q | gate], output times sigmoid(gate)
+    # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
+    # `blk.{num_layers + i}` (nextn.* tensors beside a layer's), in an HF checkpoint `mtp.*`
+    mtp_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -193,6 +196,17 @@ def gguf_key(metadata: Mapping[str, Any], arch: str) -> Callable[..., Any]:
 
     return key
 
+
+def gguf_trunk_layers(metadata: Mapping[str, Any], arch: str) -> tuple[int, int]:
+    """(trunk layers, MTP layers) of a GGUF: llama.cpp's converters append a model's multi-token-prediction blocks
+    after the trunk, counted in `block_count` and by `nextn_predict_layers`."""
+    blocks = int(gguf_key(metadata, arch)("block_count"))
+    mtp = int(metadata.get(f"{arch}.nextn_predict_layers") or 0)
+    if not 0 <= mtp < blocks:
+        raise ModelLoadError(f"{arch}.nextn_predict_layers {mtp} does not fit block_count {blocks}")
+    return blocks - mtp, mtp
+
+
 def check_architecture(arch: str) -> str:
     """Return `arch` if supported, else refuse it by name."""
     supported = SUPPORTED_ARCHITECTURES + VARIANT_ARCHITECTURES
@@ -244,15 +258,17 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
     elif scaling_type not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling type {scaling_type!r} is not supported")
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
-    gemma = _gemma_from_gguf(arch, metadata, int(key("block_count")), hidden, heads, head_dim)
-    gemma.update(_gpt_oss_from_gguf(arch, metadata, int(key("block_count"))))
+    layers, mtp = gguf_trunk_layers(metadata, arch)
+    gemma = _gemma_from_gguf(arch, metadata, layers, hidden, heads, head_dim)
+    gemma.update(_gpt_oss_from_gguf(arch, metadata, layers))
     moe = _moe_from_gguf(arch, metadata)
     config = ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length", 0 if moe else None)),
-        num_layers=int(key("block_count")),
+        num_layers=layers,
+        mtp_layers=mtp,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,

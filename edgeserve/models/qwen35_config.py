@@ -7,6 +7,12 @@ the first `partial_rotary_factor` of each head (text-only M-RoPE: all position s
 those dims). Every RMSNorm but the DeltaNet's gated one multiplies by (1 + w): HF checkpoints store w
 (`norm_offset` 1), llama.cpp's converter writes 1 + w into the GGUF (offset 0). llama.cpp also stores the DeltaNet
 value heads in tiled order (`DeltaNetDims.tiled`) and -exp(A_log) as `ssm_a`.
+
+The multi-token-prediction (MTP) block the checkpoints carry is not part of the trunk: an HF checkpoint keeps it
+under `mtp.*` (`mtp_num_hidden_layers`); llama.cpp's converter (unless run with `--no-mtp`) appends it as extra
+blocks, counted in `block_count` and by `nextn_predict_layers`, and marks them non-recurrent in
+`attention.recurrent_layers`. `ModelConfig.num_layers` counts the trunk's layers, `mtp_layers` the appended ones
+(left in the file for MTP drafting).
 """
 
 from __future__ import annotations
@@ -16,11 +22,17 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
 
-from .config import ModelConfig, gguf_key
+from .config import ModelConfig, gguf_key, gguf_trunk_layers
 
 
-def _layer_pattern(layers: int, types: list[str] | None, interval: int) -> tuple[bool, ...]:
-    """Per layer: True for a Gated DeltaNet layer."""
+def _layer_pattern(layers: int, types: list[str] | None, interval: int,
+                   recurrent: list[bool] | None = None) -> tuple[bool, ...]:
+    """Per layer: True for a Gated DeltaNet layer, from HF `layer_types`, llama.cpp's per-block `recurrent` flags
+    (which may list MTP blocks past `layers`), or else every layer but each `interval`-th."""
+    if recurrent is not None:
+        if len(recurrent) < layers:
+            raise ModelLoadError(f"attention.recurrent_layers lists {len(recurrent)} layers, the model has {layers}")
+        return tuple(bool(r) for r in recurrent[:layers])
     if types:
         if len(types) != layers:
             raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
@@ -66,6 +78,7 @@ def qwen35_config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
             rope_theta=float(rp.get("rope_theta", cfg.get("rope_theta", 10_000_000.0))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 262_144)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            mtp_layers=int(cfg.get("mtp_num_hidden_layers") or 0),
             attention_bias=bool(cfg.get("attention_bias", False)),
             qk_norm=True,
             norm_offset=1.0,
@@ -92,7 +105,8 @@ def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names
 
     key = gguf_key(metadata, arch)
 
-    layers = int(key("block_count"))
+    layers, mtp = gguf_trunk_layers(metadata, arch)
+    recurrent = metadata.get(f"{arch}.attention.recurrent_layers")
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
     head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
@@ -136,9 +150,11 @@ def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names
         max_position_embeddings=int(key("context_length", 262_144)),
         tie_word_embeddings="output.weight" not in tensor_names,
         qk_norm=True,
-        linear_layers=_layer_pattern(layers, None, int(key("full_attention_interval", 4))),
+        linear_layers=_layer_pattern(layers, None, int(key("full_attention_interval", 4)),
+                                     None if recurrent is None else list(recurrent)),
         delta=delta,
         rotary_dim=_rotary_dim(head_dim, int(key("rope.dimension_count", head_dim // 4))),
         attn_output_gate=True,
+        mtp_layers=mtp,
         **moe,
     )

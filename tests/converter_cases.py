@@ -1,0 +1,111 @@
+"""The converter-parity table: per architecture we claim, a tiny transformers config with the structural features of
+the real checkpoints (layer-type patterns, sliding windows, shared-KV layers, sinks, expert counts, MTP blocks), the
+GGUF architecture llama.cpp's converter must write for it, and how the real checkpoint stores its weights."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from converter_parity import Case
+from test_gpt_oss import write_mxfp4_checkpoint
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+LINEAR = "linear_attention"
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+DENSE = dict(SMALL, intermediate_size=96, num_hidden_layers=2)
+QWEN35 = dict(SMALL, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+QWEN35_MOE = dict(QWEN35, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                  shared_expert_intermediate_size=64)
+QWEN35_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                     temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
+GEMMA4 = dict(SMALL, intermediate_size=96, head_dim=16, global_head_dim=32, sliding_window=5,
+              final_logit_softcapping=5.0, tie_word_embeddings=True)
+GEMMA4_E2B = dict(GEMMA4, num_hidden_layers=7, num_key_value_heads=1,
+                  layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL], hidden_size_per_layer_input=8,
+                  num_kv_shared_layers=3, use_double_wide_mlp=True, attention_k_eq_v=False)
+GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDING, FULL],
+                  hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True,
+                  num_global_key_value_heads=1, enable_moe_block=True, num_experts=8, top_k_experts=2,
+                  moe_intermediate_size=32)
+# Gemma 2 / 3 tie their embeddings as the real ones (llama.cpp's Gemma 2 converter drops an untied lm_head.weight)
+GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
+              query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
+GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16, sliding_window=5,
+              query_pre_attn_scalar=16, rope_parameters={
+                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+
+
+def gemma4_init(model) -> None:
+    """Gemma 4's weights far from their init, so attention, soft-capping and the layer scales all bite."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("scale"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
+
+
+def gpt_oss_init(model) -> None:
+    with torch.no_grad():  # routing, sinks and the clamps all matter
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.5 if "norm" in name or "router" in name else (1.0 if "sinks" in name else 0.15))
+
+
+t = transformers
+CASES = [
+    # layer kinds off the full_attention_interval rhythm: only `attention.recurrent_layers` tells them
+    Case("qwen35", lambda v: t.Qwen3_5TextConfig(**QWEN35, vocab_size=v, intermediate_size=96,
+                                                 layer_types=[LINEAR, FULL, LINEAR, LINEAR]),
+         "qwen35", ("--no-mtp",)),
+    Case("qwen35-mtp", lambda v: t.Qwen3_5TextConfig(**QWEN35, vocab_size=v, intermediate_size=96), "qwen35",
+         mtp_layers=1),
+    Case("qwen35moe-mtp", lambda v: t.Qwen3_5MoeTextConfig(**QWEN35_MOE, vocab_size=v), "qwen35moe", mtp_layers=1),
+    # the layout of the published Qwen3.5 repos: the multimodal class (`model.language_model.*`, `model.visual.*`,
+    # `text_config`) with `mtp.*` beside; the GGUF holds the text model
+    Case("qwen35-vl-mtp", lambda v: t.Qwen3_5Config(
+        text_config=dict(QWEN35, vocab_size=v, intermediate_size=96), vision_config=QWEN35_VISION,
+        tie_word_embeddings=False), "qwen35", mtp_layers=1, model_class="Qwen3_5ForConditionalGeneration"),
+    Case("qwen3", lambda v: t.Qwen3Config(**DENSE, vocab_size=v, head_dim=32), "qwen3"),
+    Case("qwen3moe", lambda v: t.Qwen3MoeConfig(**DENSE, vocab_size=v, head_dim=32, num_experts=8,
+                                                num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+         "qwen3moe"),
+    Case("llama", lambda v: t.LlamaConfig(**DENSE, vocab_size=v, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}), "llama"),
+    # the real 5:1 sliding / global rhythm (llama.cpp's gemma3 knows no other), per-kind RoPE as in Gemma 3 4B+
+    Case("gemma3", lambda v: t.Gemma3TextConfig(**GEMMA3, vocab_size=v), "gemma3", tokenizer="spm",
+         init=gemma4_init),
+    Case("gemma4-e2b", lambda v: t.Gemma4TextConfig(**GEMMA4_E2B, vocab_size=v, vocab_size_per_layer_input=v),
+         "gemma4", tokenizer="spm", init=gemma4_init),
+    Case("gemma4-26b-a4b", lambda v: t.Gemma4TextConfig(**GEMMA4_MOE, vocab_size=v), "gemma4",
+         tokenizer="spm", init=gemma4_init),
+    Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
+                                             num_experts_per_tok=2, sliding_window=5,
+                                             rope_parameters=dict(GPT_OSS_YARN)),
+         "gpt-oss", init=gpt_oss_init,
+         post_save=write_mxfp4_checkpoint),  # MXFP4 experts as OpenAI's checkpoint stores them
+    Case("qwen2", lambda v: t.Qwen2Config(**DENSE, vocab_size=v), "qwen2"),
+    Case("phi3", lambda v: t.Phi3Config(**DENSE, vocab_size=v), "phi3", tokenizer="spm"),
+    Case("olmo2", lambda v: t.Olmo2Config(**DENSE, vocab_size=v), "olmo2"),
+    Case("smollm3", lambda v: t.SmolLM3Config(**DENSE | dict(num_hidden_layers=4), vocab_size=v), "smollm3"),
+    Case("mistral3", lambda v: t.Ministral3Config(**DENSE, vocab_size=v, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}),
+         "mistral3"),
+    Case("granite", lambda v: t.GraniteConfig(**DENSE, vocab_size=v, embedding_multiplier=3.0,
+                                              residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
+         "granite"),
+    Case("gemma2", lambda v: t.Gemma2Config(**GEMMA2, vocab_size=v), "gemma2", tokenizer="spm", init=gemma4_init),
+]
+BY_NAME = {c.name: c for c in CASES}

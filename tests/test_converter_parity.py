@@ -1,0 +1,123 @@
+"""Converter parity (issue 54): tiny random checkpoints of every architecture we claim, made in transformers with the
+structural features of the real configs, converted by llama.cpp's own convert_hf_to_gguf.py to f32 GGUFs, loaded by
+edgeserve's loader (GGUF and HF folder) and compared with transformers' float32 logits at every position.
+
+Qwen3.5 checkpoints carry their MTP block as the real ones do; the converter keeps it by default (extra blocks,
+`nextn_predict_layers`), and such a file must give the `--no-mtp` file's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from converter_cases import BY_NAME, CASES  # noqa: E402
+from converter_parity import (build_checkpoint, convert, load_ours, max_logprob_diff, our_logits,  # noqa: E402
+                              reference_logits, spm_tokenizer_folder, tokenizer_folder)
+
+# float32 noise: the same math in another order over 2-7 layers of width 64 (measured at most 4.8e-5)
+F32_BOUND = 2e-4
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dirs(default_model_path: Path, tmp_path_factory):
+    """get(Case.tokenizer) -> its folder of tokenizer files, made once a session."""
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            dest = tmp_path_factory.mktemp(f"tokenizer-{kind}")
+            made[kind] = tokenizer_folder(default_model_path, dest) if kind == "bpe" else spm_tokenizer_folder(dest)
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tokenizer_dirs, tmp_path_factory):
+    """get(name, *converter flags, outtype="f32") -> (transformers model, HF folder, GGUF), built and converted once a
+    session."""
+    made: dict = {}
+
+    def get(name: str, *flags: str, outtype: str = "f32"):
+        case = BY_NAME[name]
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = (build_checkpoint(case, tokenizer_dirs(case.tokenizer), folder), folder, {})
+        model, folder, ggufs = made[name]
+        key = (flags or case.convert_args, outtype)
+        if key not in ggufs:
+            out = folder.parent / f"{name}{''.join(key[0])}.{outtype}.gguf"
+            ggufs[key] = convert(folder, out, *key[0], outtype=outtype)
+        return model, folder, ggufs[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoints):
+    cache: dict[str, torch.Tensor] = {}
+
+    def get(name: str) -> torch.Tensor:
+        if name not in cache:
+            cache[name] = reference_logits(checkpoints(name)[0])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_f32_gguf_matches_transformers(name: str, checkpoints, reference) -> None:
+    _, _, gguf = checkpoints(name)
+    loaded = load_ours(gguf)
+    assert loaded.config.architecture == BY_NAME[name].arch
+    ref = reference(name)
+    assert ref.abs().max() > 1.0  # a model whose logits say something
+    diff = max_logprob_diff(our_logits(loaded.model), ref)
+    print(f"{name} f32 GGUF: max |logprob diff| {diff:.2e}")
+    assert diff < F32_BOUND
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_hf_folder_matches_transformers(name: str, checkpoints, reference) -> None:
+    _, folder, _ = checkpoints(name)
+    loaded = load_ours(folder)
+    diff = max_logprob_diff(our_logits(loaded.model), reference(name))
+    print(f"{name} HF folder: max |logprob diff| {diff:.2e}")
+    assert diff < F32_BOUND
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.mtp_layers])
+def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
+    """The converter's default file (MTP block appended, `nextn_predict_layers`) runs the same trunk as `--no-mtp`'s,
+    and keeps the MTP block's tensors readable for MTP drafting."""
+    from safetensors.torch import load_file
+
+    from edgeserve.loaders.gguf_file import GGUFFile
+
+    _, folder, with_mtp = checkpoints(name)
+    _, _, without = checkpoints(name, "--no-mtp")
+    a, b = load_ours(with_mtp), load_ours(without)
+    layers = BY_NAME[name].config(8).get_text_config().num_hidden_layers
+    assert (a.config.num_layers, a.config.mtp_layers) == (layers, BY_NAME[name].mtp_layers)
+    assert (b.config.num_layers, b.config.mtp_layers) == (layers, 0)
+    assert a.config.linear_layers == b.config.linear_layers
+    assert torch.equal(our_logits(a.model), our_logits(b.model))
+    gguf = GGUFFile(with_mtp)
+    assert {f"blk.{layers}.nextn.eh_proj.weight", f"blk.{layers}.attn_q.weight"} <= set(gguf.tensor_names())
+    fc = load_file(folder / "model.safetensors")["mtp.fc.weight"]  # the MTP head's weights, readable as stored
+    assert torch.equal(gguf.load_tensor(f"blk.{layers}.nextn.eh_proj.weight"), fc)
+    assert load_ours(folder).config.mtp_layers == BY_NAME[name].mtp_layers
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.mtp_layers])
+def test_q8_0_mtp_gguf_serves_like_no_mtp(name: str, checkpoints) -> None:
+    """The same at the serving dtype on a Q8_0 file (the fused native stack on a CPU)."""
+    _, _, with_mtp = checkpoints(name, outtype="q8_0")
+    _, _, without = checkpoints(name, "--no-mtp", outtype="q8_0")
+    a, b = load_ours(with_mtp, dtype="auto"), load_ours(without, dtype="auto")
+    assert a.config.mtp_layers == 1 and a.model.dtype != torch.float32
+    assert torch.equal(our_logits(a.model), our_logits(b.model))
