@@ -34,6 +34,7 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
+from edgeserve.text.continuation import CONTENT, REASONING, continuation_kind, render_continuation
 from edgeserve.text.formats import ChatFormat, detect_format, get_format
 from edgeserve.text.formats import FALLBACK as FALLBACK_FORMAT
 from edgeserve.text.grammar import GrammarSpec, json_rule
@@ -65,6 +66,9 @@ class ChatSetup:
     stop: tuple[str, ...] = ()  # the format's stop strings: the engine request ends at any of them
     raw_reasoning: bool = False  # reasoning_format "none": the reasoning stays in the content, tags and all
     opened: str = ""  # the thought the prompt opened (its tag as the prompt wrote it), shown first when raw
+    # assistant prefill: the final message's (reasoning, content) the reply continues; the reply returns only the
+    # continuation, these come before it in the whole message
+    prefilled: tuple[str, str] = ("", "")
 
     def parser(self) -> ChatOutputParser | HarmonyParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
@@ -81,7 +85,8 @@ class ChatSetup:
             calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None \
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
-            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends,
+                                         continued=self.in_thought and bool(self.prefilled[0]))
         return ChatOutputParser(splitter, self.tools, stray, prefix)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
@@ -124,9 +129,16 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
                                      tools_prompt=fmt.tools_prompt)
-    prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
+    kind = continuation_kind(messages[-1], req.continue_final_message) if req.continue_final_message else None
+    if kind is not None:
+        prompt = render_continuation(template, messages, kind, tags[0] if tags else None, **kwargs)
+    else:
+        prompt = template.render(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
     thinks, in_thought = _thought_state(prompt, tags)
+    if kind is not None:  # the reply continues the answer (its thought, if any, is over) or the thought
+        thinks = in_thought = kind == REASONING
+    prefilled = _prefilled(messages[-1], kind, tags is not None and req.reasoning_format != "none")
     tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
     tool_setup = None
@@ -142,9 +154,18 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
-    opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""
+    opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought and kind is None else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
-                     raw_reasoning=req.reasoning_format == "none", opened=opened)
+                     raw_reasoning=req.reasoning_format == "none", opened=opened, prefilled=prefilled)
+
+
+def _prefilled(message: dict[str, Any], kind: str | None, splits: bool) -> tuple[str, str]:
+    """(reasoning, content) of the final message that a continuation of `kind` continues: its reply so far (the
+    reasoning only where the reply's reasoning is split off; none of the content for a reasoning continuation)."""
+    if kind is None:
+        return "", ""
+    reasoning = (message.get("reasoning_content") or "") if splits else ""
+    return reasoning, (message.get("content") or "") if kind == CONTENT else ""
 
 
 def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool]:
@@ -154,7 +175,7 @@ def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, boo
     (DeepSeek-R1 distills, MiniMax M2), nor one that thinks anyway: that thought is reasoning, never content."""
     if tags is None or prompt.rstrip().endswith(tags[1].strip()):
         return False, False
-    return True, prompt_opens_thought(prompt, tags[0])
+    return True, prompt_opens_thought(prompt, *tags)
 
 
 def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> tuple[ToolSetup, GrammarSpec | None]:
