@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from edgeserve.engine.outputs import RequestOutput
+from edgeserve.errors import ChatTemplateError
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
@@ -38,8 +39,8 @@ from edgeserve.text.continuation import CONTENT, REASONING, continuation_kind, r
 from edgeserve.text.formats import ChatFormat, detect_format, get_format
 from edgeserve.text.formats import FALLBACK as FALLBACK_FORMAT
 from edgeserve.text.grammar import GrammarSpec, json_rule
-from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
-                                    tool_call_grammar)
+from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_continued_harmony, render_harmony,
+                                    template_is_harmony, tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, format_reasoning_tags,
                                       prompt_opens_thought)
 from edgeserve.text.partial_calls import cut_forced_calls
@@ -69,12 +70,14 @@ class ChatSetup:
     # assistant prefill: the final message's (reasoning, content) the reply continues; the reply returns only the
     # continuation, these come before it in the whole message
     prefilled: tuple[str, str] = ("", "")
+    continued: str | None = None  # what the reply continues: "content", "reasoning", None (a new turn)
 
     def parser(self) -> ChatOutputParser | HarmonyParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
-            return HarmonyParser(tools.known, tools.parallel)
+            parser = HarmonyParser(tools.known, tools.parallel)
+            return parser.continuing(self.continued == REASONING) if self.continued else parser
         splits = self.thinks and not self.raw_reasoning
         stray = self.fmt.stray if self.fmt is not None and not self.raw_reasoning else ()
         prefix = self.opened if self.raw_reasoning and self.in_thought else ""
@@ -86,7 +89,7 @@ class ChatSetup:
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
             splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends,
-                                         continued=self.in_thought and bool(self.prefilled[0]))
+                                         continued=self.continued == REASONING and bool(self.prefilled[0]))
         return ChatOutputParser(splitter, self.tools, stray, prefix)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
@@ -115,8 +118,10 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     if tools and template.tool_use is not None:  # the tokenizer's own template for requests with tools
         template = template.tool_use
     source = template.source
+    kind = continuation_kind(req.messages[-1], req.continue_final_message) \
+        if req.continue_final_message and req.messages else None
     if template_is_harmony(source):
-        return _harmony_setup(req, tools)
+        return _harmony_setup(req, tools, kind)
     fmt = get_format(tool_format) if tool_format is not None else detect_format(source)
     kwargs: dict[str, Any] = dict(req.template_kwargs)
     if req.think is not None:
@@ -130,7 +135,6 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
                                      tools_prompt=fmt.tools_prompt)
     tags = format_reasoning_tags(fmt.reasoning, source)
-    kind = continuation_kind(messages[-1], req.continue_final_message) if req.continue_final_message else None
     if kind is not None:
         prompt = render_continuation(template, messages, kind, tags[0] if tags else None, **kwargs)
     else:
@@ -156,7 +160,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought and kind is None else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
-                     raw_reasoning=req.reasoning_format == "none", opened=opened, prefilled=prefilled)
+                     raw_reasoning=req.reasoning_format == "none", opened=opened, prefilled=prefilled,
+                     continued=kind)
 
 
 def _prefilled(message: dict[str, Any], kind: str | None, splits: bool) -> tuple[str, str]:
@@ -194,9 +199,17 @@ def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> t
     return ToolSetup("forced", fmt, names, choice, parallel, schemas), constraint
 
 
-def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:
-    """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser."""
-    prompt = render_harmony(req.messages or [], tools, harmony_options(req.template_kwargs, req.think))
+def _harmony_setup(req: GenerationRequest, tools: list[dict] | None, kind: str | None) -> ChatSetup:
+    """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser.
+    A continued message (`kind`) takes no constraint: harmony's frame the grammars write is already open."""
+    options = harmony_options(req.template_kwargs, req.think)
+    if kind is None:
+        prompt = render_harmony(req.messages or [], tools, options)
+    elif req.constraint is not None or (tools and req.tool_choice != "auto"):
+        raise ChatTemplateError("a harmony (gpt-oss) model cannot continue an assistant message under "
+                                "response_format or a forced tool_choice")
+    else:
+        prompt = render_continued_harmony(req.messages or [], tools, options, kind == REASONING)
     constraint = replace(req.constraint, harmony=True) if req.constraint is not None else None
     tool_setup = None
     if tools:
@@ -207,7 +220,8 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
             constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
-    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True,
+                     prefilled=_prefilled((req.messages or [{}])[-1], kind, True), continued=kind)
 
 
 def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],
