@@ -13,7 +13,12 @@ constraint, template_kwargs, think) into what the engine runs and how the reply 
   format's own grammar of forced calls (else the generic JSON reply); for a model that reasons it applies after
   the thought;
 - the reply: reasoning split from content by the format's tags (kept in the content under reasoning_format
-  "none"), tool calls parsed by the format's parser, its stray markers dropped, its stop strings passed on.
+  "none"), tool calls parsed by the format's parser, its stray markers dropped, its stop strings passed on;
+- assistant prefill (`continue_final_message`, edgeserve.text.continuation): the prompt ends inside the final
+  assistant message; the reply is read from where it stops (a content continuation has no thought to split, a
+  reasoning continuation starts inside the thought) and returns only the continuation (`ChatSetup.prefilled` is
+  what comes before it); a constraint (response_format, forced calls) applies to the continuation alone, after
+  the thought when reasoning is continued. `add_generation_prompt` false renders the conversation alone.
 
 A model whose template is harmony (gpt-oss, edgeserve.text.harmony) is rendered by edgeserve itself, with the
 reasoning effort from `template_kwargs["reasoning_effort"]` (the routes put OpenAI `reasoning_effort`, Responses
@@ -142,7 +147,7 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     thinks, in_thought = _thought_state(prompt, tags)
     if kind is not None:  # the reply continues the answer (its thought, if any, is over) or the thought
         thinks = in_thought = kind == REASONING
-    prefilled = _prefilled(messages[-1], kind, tags is not None and req.reasoning_format != "none")
+    prefilled = _prefilled(req.messages, kind, tags is not None and req.reasoning_format != "none")
     tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
     tool_setup = None
@@ -164,11 +169,12 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
                      continued=kind)
 
 
-def _prefilled(message: dict[str, Any], kind: str | None, splits: bool) -> tuple[str, str]:
+def _prefilled(messages: list[dict[str, Any]] | None, kind: str | None, splits: bool) -> tuple[str, str]:
     """(reasoning, content) of the final message that a continuation of `kind` continues: its reply so far (the
     reasoning only where the reply's reasoning is split off; none of the content for a reasoning continuation)."""
-    if kind is None:
+    if kind is None or not messages:
         return "", ""
+    message = messages[-1]
     reasoning = (message.get("reasoning_content") or "") if splits else ""
     return reasoning, (message.get("content") or "") if kind == CONTENT else ""
 
@@ -221,7 +227,7 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None, kind: str |
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
     return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True,
-                     prefilled=_prefilled((req.messages or [{}])[-1], kind, True), continued=kind)
+                     prefilled=_prefilled(req.messages, kind, True), continued=kind)
 
 
 def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],

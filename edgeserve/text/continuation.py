@@ -56,9 +56,21 @@ def render_continuation(template: ChatTemplate, messages: list[dict[str, Any]], 
     if at >= 0:
         return rendered[:at] if rendered[at:at + len(_MARK)] == _MARK else rendered[:at].rstrip()
     if kind == REASONING:  # the template drops the final message's reasoning: build it as llama.cpp does
-        prompt = template.render(messages[:-1], add_generation_prompt=True, **extra)
         assert open_tag is not None
-        opened = prompt.rstrip().endswith(open_tag.strip())
-        return (prompt if opened else prompt + open_tag) + text
+        return _thought_opened(template, messages[:-1], open_tag, extra) + text
     raise ChatTemplateError("the model's chat template does not show the final assistant message's content, so "
                             "it cannot be continued")
+
+
+def _thought_opened(template: ChatTemplate, messages: list[dict[str, Any]], open_tag: str,
+                    extra: dict[str, Any]) -> str:
+    """The generation prompt of `messages` up to its open reasoning tag and the line break after it (the tag
+    added when the generation prompt has none; what it writes after the tag, as a closed empty thought, dropped)."""
+    prompt = template.render(messages, add_generation_prompt=True, **extra)
+    history = len(template.render(messages, add_generation_prompt=False, **extra))
+    tag = open_tag.strip()
+    at = prompt.rfind(tag)
+    if at < history:
+        return prompt + open_tag
+    end = at + len(tag)
+    return prompt[:end + len(prompt[end:]) - len(prompt[end:].lstrip("\n"))]
