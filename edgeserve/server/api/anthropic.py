@@ -128,8 +128,9 @@ def _messages(body: dict) -> list[dict[str, Any]]:
             raise bad_request(f"{here}.role must be 'user' or 'assistant', got {m.get('role')!r}", f"{here}.role")
         out += _turn(m["role"], m.get("content"), f"{here}.content")
     if out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
-        raise bad_request("the last assistant message cannot be continued: it has tool_use blocks",
-                          f"messages[{len(msgs) - 1}].content")
+        here = f"messages[{len(msgs) - 1}].content"
+        raise bad_request(f"{here}: the last assistant turn has tool_use blocks, so it cannot be continued "
+                          "(prefill)", here)
     return out
 
 
