@@ -239,3 +239,20 @@ def test_ollama_continues_a_final_assistant_message(server, names):
         "messages": [USER, {"role": "assistant", "content": "Hello,"}]})
     assert r.status_code == 200, r.text
     assert r.json()["message"]["content"] == CONTINUED
+
+
+def test_prompt_opens_thought_sees_prefilled_reasoning():
+    from edgeserve.text.reasoning import prompt_opens_thought
+
+    assert prompt_opens_thought("<|im_start|>assistant\n<think>\n")
+    assert prompt_opens_thought("<|im_start|>assistant\n<think>\nI'm")  # the thought's text was prefilled
+    assert not prompt_opens_thought("<think>\nI'm\n</think>\n\nHello, ")
+    assert not prompt_opens_thought("<|im_start|>assistant\n")
+
+
+def test_no_generation_prompt_renders_the_conversation_alone():
+    req = GenerationRequest(model="m", messages=[USER], add_generation_prompt=False)
+    template = chat_template("Qwen-Qwen2.5-7B-Instruct.jinja")
+    prompt = chat_setup(req, template).prompt
+    assert prompt == template.render([USER], add_generation_prompt=False)
+    assert prompt.endswith("Hey there!<|im_end|>\n")
