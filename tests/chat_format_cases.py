@@ -16,7 +16,10 @@ being llama.cpp's defaults; the harness does not read them.) A case without `too
 `run_case` takes exactly the server's path: the request's fields parsed by the OpenAI route's own parsers into a
 `GenerationRequest`, `chat_setup(req, template)`, then its `.parser()` fed the reply as `RequestOutput` deltas through
 `ChatSetup.split`, as `Generation.outputs` does; the last delta finishes with "stop" ("length" for a partial case:
-a reply cut short).
+a reply cut short). A continuation case (`continue_final_message` "content" / "reasoning": assistant prefill) reads
+back only the continuation, as the server returns it, while llama.cpp's expectation is the whole message: the
+harness puts the prefill first (`ChatSetup.prefilled`: the final message's content, for a content continuation,
+and its reasoning where the reply's reasoning is split off).
 
 Comparison follows llama.cpp's test (`assert_msg_equals` with ignore_whitespace_differences, as its PEG parser tests
 call it): content and reasoning equal after stripping leading and trailing whitespace, the same number of calls,
@@ -122,7 +125,7 @@ def build_request(case: dict):
                                                                                       "schema": schema}})
     fields = {f.name for f in dataclasses.fields(GenerationRequest)}
     for key in ("reasoning_format", "add_generation_prompt", "continue_final_message"):
-        if key in fields and case.get(key) is not None:
+        if key in fields and case.get(key) is not None and (key, case[key]) != ("continue_final_message", "none"):
             setattr(req, key, case[key])
     return req
 
@@ -137,7 +140,8 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
     pieces = chunks if chunks is not None else [case["input"]]
     if "".join(pieces) != case["input"]:
         raise ValueError("the chunks do not make up the case's input")
-    content, reasoning, calls = "", "", []
+    reasoning, content = setup.prefilled  # a continuation: llama.cpp's message includes the prefill
+    calls: list[Call] = []
     pieces = pieces or [""]
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1

@@ -83,7 +83,8 @@ def test_stop_sequences(client):
      "messages[0].content[0].source"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, "messages[1].role"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "messages[1].content"),  # prefill with calls
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop_sequences": [""]}, "stop_sequences"),
     ({"bogus": 1}, "bogus"),

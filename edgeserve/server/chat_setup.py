@@ -13,7 +13,12 @@ constraint, template_kwargs, think) into what the engine runs and how the reply 
   format's own grammar of forced calls (else the generic JSON reply); for a model that reasons it applies after
   the thought;
 - the reply: reasoning split from content by the format's tags (kept in the content under reasoning_format
-  "none"), tool calls parsed by the format's parser, its stray markers dropped, its stop strings passed on.
+  "none"), tool calls parsed by the format's parser, its stray markers dropped, its stop strings passed on;
+- assistant prefill (`continue_final_message`, edgeserve.text.continuation): the prompt ends inside the final
+  assistant message; the reply is read from where it stops (a content continuation has no thought to split, a
+  reasoning continuation starts inside the thought) and returns only the continuation (`ChatSetup.prefilled` is
+  what comes before it); a constraint (response_format, forced calls) applies to the continuation alone, after
+  the thought when reasoning is continued. `add_generation_prompt` false renders the conversation alone.
 
 A model whose template is harmony (gpt-oss, edgeserve.text.harmony) is rendered by edgeserve itself, with the
 reasoning effort from `template_kwargs["reasoning_effort"]` (the routes put OpenAI `reasoning_effort`, Responses
@@ -30,15 +35,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from edgeserve.engine.outputs import RequestOutput
+from edgeserve.errors import ChatTemplateError
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
+from edgeserve.text.continuation import CONTENT, REASONING, continuation_kind, render_continuation
 from edgeserve.text.formats import ChatFormat, detect_format, get_format
 from edgeserve.text.formats import FALLBACK as FALLBACK_FORMAT
 from edgeserve.text.grammar import GrammarSpec, json_rule
-from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_harmony, template_is_harmony,
-                                    tool_call_grammar)
+from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_continued_harmony, render_harmony,
+                                    template_is_harmony, tool_call_grammar)
 from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter, format_reasoning_tags,
                                       prompt_opens_thought)
 from edgeserve.text.partial_calls import cut_forced_calls
@@ -65,12 +72,17 @@ class ChatSetup:
     stop: tuple[str, ...] = ()  # the format's stop strings: the engine request ends at any of them
     raw_reasoning: bool = False  # reasoning_format "none": the reasoning stays in the content, tags and all
     opened: str = ""  # the thought the prompt opened (its tag as the prompt wrote it), shown first when raw
+    # assistant prefill: the final message's (reasoning, content) the reply continues; the reply returns only the
+    # continuation, these come before it in the whole message
+    prefilled: tuple[str, str] = ("", "")
+    continued: str | None = None  # what the reply continues: "content", "reasoning", None (a new turn)
 
     def parser(self) -> ChatOutputParser | HarmonyParser | None:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
-            return HarmonyParser(tools.known, tools.parallel)
+            parser = HarmonyParser(tools.known, tools.parallel)
+            return parser.continuing(self.continued == REASONING) if self.continued else parser
         splits = self.thinks and not self.raw_reasoning
         stray = self.fmt.stray if self.fmt is not None and not self.raw_reasoning else ()
         prefix = self.opened if self.raw_reasoning and self.in_thought else ""
@@ -81,7 +93,8 @@ class ChatSetup:
             calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None \
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
-            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends,
+                                         continued=self.continued == REASONING and bool(self.prefilled[0]))
         return ChatOutputParser(splitter, self.tools, stray, prefix)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
@@ -110,8 +123,10 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     if tools and template.tool_use is not None:  # the tokenizer's own template for requests with tools
         template = template.tool_use
     source = template.source
+    kind = continuation_kind(req.messages[-1], req.continue_final_message) \
+        if req.continue_final_message and req.messages else None
     if template_is_harmony(source):
-        return _harmony_setup(req, tools)
+        return _harmony_setup(req, tools, kind)
     fmt = get_format(tool_format) if tool_format is not None else detect_format(source)
     kwargs: dict[str, Any] = dict(req.template_kwargs)
     if req.think is not None:
@@ -124,9 +139,15 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
                                      tools_prompt=fmt.tools_prompt)
-    prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
+    if kind is not None:
+        prompt = render_continuation(template, messages, kind, tags[0] if tags else None, **kwargs)
+    else:
+        prompt = template.render(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
     thinks, in_thought = _thought_state(prompt, tags)
+    if kind is not None:  # the reply continues the answer (its thought, if any, is over) or the thought
+        thinks = in_thought = kind == REASONING
+    prefilled = _prefilled(req.messages, kind, tags is not None and req.reasoning_format != "none")
     tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
     tool_setup = None
@@ -142,9 +163,20 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
     if constraint is not None and thinks:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
-    opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""
+    opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought and kind is None else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
-                     raw_reasoning=req.reasoning_format == "none", opened=opened)
+                     raw_reasoning=req.reasoning_format == "none", opened=opened, prefilled=prefilled,
+                     continued=kind)
+
+
+def _prefilled(messages: list[dict[str, Any]] | None, kind: str | None, splits: bool) -> tuple[str, str]:
+    """(reasoning, content) of the final message that a continuation of `kind` continues: its reply so far (the
+    reasoning only where the reply's reasoning is split off; none of the content for a reasoning continuation)."""
+    if kind is None or not messages:
+        return "", ""
+    message = messages[-1]
+    reasoning = (message.get("reasoning_content") or "") if splits else ""
+    return reasoning, (message.get("content") or "") if kind == CONTENT else ""
 
 
 def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool]:
@@ -154,7 +186,7 @@ def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, boo
     (DeepSeek-R1 distills, MiniMax M2), nor one that thinks anyway: that thought is reasoning, never content."""
     if tags is None or prompt.rstrip().endswith(tags[1].strip()):
         return False, False
-    return True, prompt_opens_thought(prompt, tags[0])
+    return True, prompt_opens_thought(prompt, *tags)
 
 
 def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> tuple[ToolSetup, GrammarSpec | None]:
@@ -173,9 +205,17 @@ def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> t
     return ToolSetup("forced", fmt, names, choice, parallel, schemas), constraint
 
 
-def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetup:
-    """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser."""
-    prompt = render_harmony(req.messages or [], tools, harmony_options(req.template_kwargs, req.think))
+def _harmony_setup(req: GenerationRequest, tools: list[dict] | None, kind: str | None) -> ChatSetup:
+    """chat_setup for a harmony model: edgeserve's harmony rendering, harmony-framed constraints, HarmonyParser.
+    A continued message (`kind`) takes no constraint: harmony's frame the grammars write is already open."""
+    options = harmony_options(req.template_kwargs, req.think)
+    if kind is None:
+        prompt = render_harmony(req.messages or [], tools, options)
+    elif req.constraint is not None or (tools and req.tool_choice != "auto"):
+        raise ChatTemplateError("a harmony (gpt-oss) model cannot continue an assistant message under "
+                                "response_format or a forced tool_choice")
+    else:
+        prompt = render_continued_harmony(req.messages or [], tools, options, kind == REASONING)
     constraint = replace(req.constraint, harmony=True) if req.constraint is not None else None
     tool_setup = None
     if tools:
@@ -186,7 +226,8 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
             constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
-    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True,
+                     prefilled=_prefilled(req.messages, kind, True), continued=kind)
 
 
 def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],

@@ -168,3 +168,35 @@ def _message_call(c: Any, here: str, j: int) -> dict[str, Any]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request(f"{here}.function.name is required", here)
     return tool_call(c.get("id") or f"call_{j}", fn["name"], fn.get("arguments", {}), f"{here}.function")
+
+
+# values of continue_final_message: vLLM's boolean, llama-server's field names
+_CONTINUATIONS = {True: "auto", "auto": "auto", "content": "content", "reasoning_content": "reasoning",
+                  "reasoning": "reasoning"}
+
+
+def set_continuation(req: Any, messages: list[dict[str, Any]], continue_final: Any = None,
+                     add_generation_prompt: Any = None, param: str = "continue_final_message") -> None:
+    """Assistant prefill on `req` (GenerationRequest.continue_final_message / add_generation_prompt): asked for
+    (`continue_final`: true, "content", "reasoning_content"), or, with neither field said, a conversation that ends
+    with an assistant message (without tool calls) is continued, as llama-server does. Continuing without a final
+    assistant message, one with tool calls, or together with add_generation_prompt true is a 400."""
+    if continue_final is not None and not (continue_final is False or (isinstance(continue_final, (bool, str))
+                                                                       and continue_final in _CONTINUATIONS)):
+        raise bad_request(f"{param} must be true, false, \"content\" or \"reasoning_content\"", param)
+    if add_generation_prompt is not None and not isinstance(add_generation_prompt, bool):
+        raise bad_request("add_generation_prompt must be true or false", "add_generation_prompt")
+    last = messages[-1] if messages else {}
+    if continue_final in (None, False):
+        implicit = continue_final is None and add_generation_prompt is None and last.get("role") == "assistant" \
+            and not last.get("tool_calls")
+        req.continue_final_message = "auto" if implicit else None
+        req.add_generation_prompt = not implicit and add_generation_prompt is not False
+        return
+    if add_generation_prompt is True:
+        raise bad_request(f"{param} and add_generation_prompt cannot both be true", param)
+    if last.get("role") != "assistant":
+        raise bad_request(f"{param} needs the conversation to end with an assistant message to continue", param)
+    if last.get("tool_calls"):
+        raise bad_request(f"{param}: an assistant message with tool calls cannot be continued", param)
+    req.continue_final_message, req.add_generation_prompt = _CONTINUATIONS[continue_final], False

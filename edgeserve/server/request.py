@@ -38,6 +38,12 @@ class GenerationRequest:
     # llama-server's reasoning_format: "none" keeps the reasoning in the content (tags and all); "auto" / "deepseek"
     # (and None) split it into the reasoning field
     reasoning_format: str | None = None
+    # assistant prefill (edgeserve.text.continuation): the conversation ends with an assistant message the reply
+    # continues; "content" / "reasoning" (its content, or its reasoning), "auto" (the reasoning when the message has
+    # reasoning and no content), None: a new assistant turn. add_generation_prompt false (and no continuation):
+    # the prompt is the conversation alone, without the template's assistant header
+    continue_final_message: str | None = None
+    add_generation_prompt: bool = True
     # LoRA (edgeserve/server/adapters.py): the adapter it runs and its scale; `lora` is llama-server's raw list
     adapter: str | None = None
     adapter_scale: float = 1.0

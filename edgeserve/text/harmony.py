@@ -307,6 +307,22 @@ def _held_marker(buf: str, markers: tuple[str, ...]) -> int:
     return 0
 
 
+def render_continued_harmony(messages: list[dict[str, Any]], tools: list[dict] | None, options: HarmonyOptions,
+                             reasoning: bool) -> str:
+    """The harmony prompt of a conversation whose final assistant message the reply continues (assistant prefill):
+    it ends inside that message's analysis (`reasoning`) or, after its analysis if it has one, its final message."""
+    last = messages[-1]
+    out = render_harmony(messages[:-1], tools, options) + CHANNEL + "analysis" + MESSAGE
+    thought = last.get("reasoning_content") or ""
+    if reasoning:
+        return out + thought
+    if not thought:
+        out = out[:-len(CHANNEL + "analysis" + MESSAGE)]
+    else:
+        out += thought + END + START + "assistant"
+    return out + CHANNEL + "final" + MESSAGE + (last.get("content") or "")
+
+
 @dataclass
 class HarmonyParser:
     """Splits one harmony reply as it streams: push(text) -> (reasoning, content); finish() -> (reasoning,
@@ -328,6 +344,12 @@ class HarmonyParser:
     _args: str = ""
     _calls: list[ToolCall] = field(default_factory=list)
     _opened: bool = False  # a harmony message header was read
+
+    def continuing(self, reasoning: bool) -> HarmonyParser:
+        """This parser reading a reply that continues a prefilled message (render_continued_harmony): it starts
+        inside the analysis message (`reasoning`) or the final one."""
+        self._state, self._kind, self._opened = "body", "reasoning" if reasoning else "content", True
+        return self
 
     def push(self, text: str) -> tuple[str, str]:
         """Add reply text; return (new reasoning, new content)."""

@@ -38,9 +38,11 @@ def template_thinks(template_source: str) -> bool:
     return reasoning_tags(template_source) is not None
 
 
-def prompt_opens_thought(prompt: str, open_tag: str = THINK_OPEN) -> bool:
-    """Whether the rendered prompt ends inside an open reasoning tag (the reply starts with reasoning)."""
-    return prompt.rstrip().endswith(open_tag.strip())
+def prompt_opens_thought(prompt: str, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE) -> bool:
+    """Whether the rendered prompt ends inside an open thought (the reply starts with reasoning): its last open tag
+    comes after its last close tag (right at its end, or followed by prefilled reasoning the reply continues)."""
+    opened = prompt.rfind(open_tag.strip())
+    return opened >= 0 and opened > prompt.rfind(close_tag.strip())
 
 
 def _partial(buf: str, tag: str) -> int:
@@ -71,10 +73,12 @@ class ReasoningSplitter:
     _space: str = ""  # whitespace at the end of the reasoning so far: shown only when more reasoning follows
     _started: bool = False  # some reasoning text was returned
     _echo: bool = False  # the prompt opened the thought and the model may write the open tag again (MiniMax M3)
+    continued: bool = False  # the reply continues prefilled reasoning: its leading whitespace is kept
 
     def __post_init__(self) -> None:
         if self.in_thought:
-            self._state, self._echo = "thought", True
+            self._state, self._echo = "thought", not self.continued
+            self._started = self.continued
 
     def push(self, text: str) -> tuple[str, str]:
         """Add reply text; return (new reasoning, new content)."""

@@ -22,7 +22,8 @@ from edgeserve.server.errors import APIError, anthropic_error_body, bad_request
 from edgeserve.server.fields import model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.image_parts import image_part
-from edgeserve.server.messages import assistant, content_text, text_part, tool_call, tool_result
+from edgeserve.server.messages import (assistant, content_text, set_continuation, text_part, tool_call,
+                                       tool_result)
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import prompt_tokens, respond
 from edgeserve.server.state import api_errors
@@ -106,7 +107,7 @@ def _tool_result(block: dict, at: str) -> dict[str, Any]:
 
 
 def _messages(body: dict) -> list[dict[str, Any]]:
-    """`system` and `messages` as chat messages; the last turn must be the user's."""
+    """`system` and `messages` as chat messages; a last assistant turn is prefill (set_continuation)."""
     out = []
     system = body.get("system")
     if system is not None:
@@ -126,9 +127,10 @@ def _messages(body: dict) -> list[dict[str, Any]]:
         if m.get("role") not in ("user", "assistant"):
             raise bad_request(f"{here}.role must be 'user' or 'assistant', got {m.get('role')!r}", f"{here}.role")
         out += _turn(m["role"], m.get("content"), f"{here}.content")
-    if msgs[-1].get("role") != "user":
-        raise bad_request("the last message must have role 'user' (assistant prefill is not supported)",
-                          f"messages[{len(msgs) - 1}].role")
+    if out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+        here = f"messages[{len(msgs) - 1}].content"
+        raise bad_request(f"{here}: the last assistant turn has tool_use blocks, so it cannot be continued "
+                          "(prefill)", here)
     return out
 
 
@@ -204,6 +206,7 @@ def parse_messages_request(body: dict) -> GenerationRequest:
     reject_unknown(body, _FIELDS, _IGNORED, message="{bare}: Extra inputs are not permitted")
     req = GenerationRequest(model=model_name(body, "model: Field required (a non-empty string)"),
                             messages=_messages(body))
+    set_continuation(req, req.messages)  # a final assistant message is prefill: the reply continues it
     req.tools = parse_tool_list(body.get("tools"), _anthropic_tool)
     req.tool_choice, req.parallel_tool_calls = _tool_choice(body.get("tool_choice"), req.tools)
     req.think = _thinking(body.get("thinking"))

@@ -23,7 +23,7 @@ from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, keep_alive, model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
 from edgeserve.server.image_parts import base64_images
-from edgeserve.server.messages import parse_messages
+from edgeserve.server.messages import parse_messages, set_continuation
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import respond
 from edgeserve.server.state import api_errors, server_state
@@ -125,6 +125,7 @@ def parse_ollama_chat(body: dict) -> GenerationRequest:
                                 "think", "logprobs", "top_logprobs"})
     msgs = body.get("messages")
     req.messages = [] if msgs is None or msgs == [] else parse_messages(msgs)
+    set_continuation(req, req.messages)  # a final assistant message is continued, as Ollama does
     req.tools = parse_tools(body.get("tools"))
     req.tool_choice = "auto" if req.tools else "none"
     return req

@@ -22,7 +22,7 @@ from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
-from edgeserve.server.messages import parse_messages
+from edgeserve.server.messages import parse_messages, set_continuation
 from edgeserve.server.model_details import spec_facts
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import respond
@@ -104,13 +104,14 @@ def _logit_bias(value) -> dict[int, float]:
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
                 "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", "reasoning_format",
-                "lora", *_SAMPLING_NUMBERS}
+                "lora", "continue_final_message", "add_generation_prompt", *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
     """Validate a POST /v1/chat/completions body."""
     req = _openai_common(body, _CHAT_FIELDS, max_n)
     req.messages = parse_messages(body.get("messages"), tool_call_ids=True)
+    set_continuation(req, req.messages, body.get("continue_final_message"), body.get("add_generation_prompt"))
     mt = number(body, "max_completion_tokens", integer=True)
     name = "max_completion_tokens"
     if mt is None:
