@@ -16,7 +16,10 @@ being llama.cpp's defaults; the harness does not read them.) A case without `too
 `run_case` takes exactly the server's path: the request's fields parsed by the OpenAI route's own parsers into a
 `GenerationRequest`, `chat_setup(req, template)`, then its `.parser()` fed the reply as `RequestOutput` deltas through
 `ChatSetup.split`, as `Generation.outputs` does; the last delta finishes with "stop" ("length" for a partial case:
-a reply cut short).
+a reply cut short). The reply first goes through what the engine does with it: generation ends at the first of the
+format's stop strings (`ChatSetup.stop`: Ling 3's `<|role_end|>`, Laguna's `</assistant>`), matched by the
+engine's StopMatcher, the stop text itself never shown and the finish "stop" (`engine_deltas`); a single-token stop
+string ends the reply as a stop token, whose text the engine does not show either.
 
 Comparison follows llama.cpp's test (`assert_msg_equals` with ignore_whitespace_differences, as its PEG parser tests
 call it): content and reasoning equal after stripping leading and trailing whitespace, the same number of calls,
@@ -131,6 +134,7 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
     """(content, reasoning, tool calls) the server reads from the case's reply, fed whole or as `chunks`."""
     from edgeserve.engine.outputs import RequestOutput
     from edgeserve.server.chat_setup import chat_setup
+    from edgeserve.text.stop import StopMatcher
 
     setup = chat_setup(build_request(case), chat_template(case["template"]))
     parser = setup.parser()
@@ -138,16 +142,28 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
     if "".join(pieces) != case["input"]:
         raise ValueError("the chunks do not make up the case's input")
     content, reasoning, calls = "", "", []
-    pieces = pieces or [""]
-    for i, piece in enumerate(pieces):
-        last = i == len(pieces) - 1
-        finish = ("length" if case.get("is_partial") else "stop") if last else None
-        out = RequestOutput("case", piece, [], None, finish)
+    stops = StopMatcher(list(setup.stop))
+    for text, finish in engine_deltas(pieces or [""], stops, "length" if case.get("is_partial") else "stop"):
+        out = RequestOutput("case", text, [], None, finish)
         setup.split(parser, out)
         content += out.text
         reasoning += out.reasoning
         calls += [Call(c.name, c.arguments, c.id) for c in out.tool_calls or []]
     return content, reasoning, calls
+
+
+def engine_deltas(pieces: list[str], stops, finish: str) -> list[tuple[str, str | None]]:
+    """The (text, finish_reason) deltas the engine sends for a reply generated as `pieces`: its format's stop
+    strings (`ChatSetup.stop`) matched by the engine's own StopMatcher, so the reply ends before the first one (its
+    text never shown) with finish "stop"; otherwise the last piece finishes with `finish`."""
+    out: list[tuple[str, str | None]] = []
+    for i, piece in enumerate(pieces):
+        text, stopped = stops.push(piece)
+        if stopped:
+            return [*out, (text, "stop")]
+        last = i == len(pieces) - 1
+        out.append((text + stops.flush(), finish) if last else (text, None))
+    return out
 
 
 def _json_or_none(text: str) -> Any:

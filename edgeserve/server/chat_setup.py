@@ -126,7 +126,7 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
                                      tools_prompt=fmt.tools_prompt)
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
-    thinks, in_thought = _thought_state(prompt, tags)
+    thinks, in_thought, closed = _thought_state(prompt, tags)
     tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
     tool_setup = None
@@ -140,21 +140,23 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         # no tools offered: nothing is read as a call, but a family's answer markup (Command R7B's
         # `<|START_RESPONSE|>`, Kimi K3's response section) is still taken off the content by its parser
         tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
-    if constraint is not None and thinks:
+    if constraint is not None and thinks and not closed:  # reasoning off: the constrained reply starts at once
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
                      raw_reasoning=req.reasoning_format == "none", opened=opened)
 
 
-def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool]:
-    """(thinks, in_thought) of a rendered prompt: the reply may start with reasoning unless the template does not
-    reason or the prompt closed the thought itself (reasoning off: Qwen3's empty `<think></think>`); it starts
-    inside one when the prompt opened it. Reasoning off does not stop a model whose template always opens a thought
-    (DeepSeek-R1 distills, MiniMax M2), nor one that thinks anyway: that thought is reasoning, never content."""
-    if tags is None or prompt.rstrip().endswith(tags[1].strip()):
-        return False, False
-    return True, prompt_opens_thought(prompt, tags[0])
+def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool, bool]:
+    """(thinks, in_thought, closed) of a rendered prompt: the reply may start with reasoning unless the template
+    does not reason; it starts inside one when the prompt opened it; `closed` when the prompt closed an empty thought
+    itself (reasoning off: Qwen3's `<think></think>`, Command R7B's `<|START_THINKING|><|END_THINKING|>`). A model
+    that thinks anyway (its reply opens the tag again), or whose template always opens a thought (DeepSeek-R1
+    distills, MiniMax M2), gets that thought back as reasoning, never as content."""
+    if tags is None:
+        return False, False, False
+    closed = prompt.rstrip().endswith(tags[1].strip())
+    return True, not closed and prompt_opens_thought(prompt, tags[0]), closed
 
 
 def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> tuple[ToolSetup, GrammarSpec | None]:
