@@ -5,7 +5,7 @@ llama.cpp's tests/test-chat.cpp by make_llama_cpp_cases.py) names a chat templat
 models/templates/, a model reply (`input`), the request's parameters and the message the reply must parse into:
 
     {"id"?, "template", "line", "input", "tools": [OpenAI tool], "enable_thinking", "reasoning_format",
-     "parallel_tool_calls", "tool_choice", "json_schema", "messages" (null: one user message), "is_partial",
+     "parallel_tool_calls", "tool_choice", "json_schema" (JSON text or object), "messages" (null: one user message), "is_partial",
      "add_generation_prompt", "continue_final_message",
      "expect": {"content", "reasoning_content", "tool_calls": [{"name", "arguments" (JSON text), "id"}]}}
 
@@ -120,7 +120,8 @@ def build_request(case: dict):
     set_tools(req, parse_tools(case.get("tools") or None), body)
     req.think = case.get("enable_thinking")
     if case.get("json_schema"):
-        schema = json.loads(case["json_schema"])
+        schema = case["json_schema"]  # JSON text (llama.cpp's cases) or the schema itself (our own files)
+        schema = json.loads(schema) if isinstance(schema, str) else schema
         req.constraint = parse_response_format({"type": "json_schema", "json_schema": {"name": "case",
                                                                                       "schema": schema}})
     fields = {f.name for f in dataclasses.fields(GenerationRequest)}

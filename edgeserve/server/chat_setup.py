@@ -71,9 +71,11 @@ class ChatSetup:
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
             return HarmonyParser(tools.known, tools.parallel)
-        splits = self.thinks and not self.raw_reasoning
-        stray = self.fmt.stray if self.fmt is not None and not self.raw_reasoning else ()
-        prefix = self.opened if self.raw_reasoning and self.in_thought else ""
+        untagged = self.raw_reasoning and self.fmt is not None and self.fmt.raw_thought_untagged
+        raw = self.raw_reasoning and not untagged  # the thought stays in the content as written
+        splits = self.thinks and not raw
+        stray = self.fmt.stray if self.fmt is not None and not raw else ()
+        prefix = self.opened if raw and self.in_thought else ""
         if not splits and self.tools is None and not stray and not prefix:
             return None
         splitter = None
@@ -81,8 +83,9 @@ class ChatSetup:
             calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None \
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
-            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends)
-        return ChatOutputParser(splitter, self.tools, stray, prefix)
+            keep_open = self.fmt is not None and self.fmt.open_tag_is_reasoning
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends, keep_open=keep_open)
+        return ChatOutputParser(splitter, self.tools, stray, prefix, thought_as_content=untagged)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
         """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`.

@@ -97,11 +97,14 @@ class StrayFilter:
 
 class ChatOutputParser:
     """Splits one reply: push() text pieces, then finish() once. `stray`: markers removed from the content;
-    `prefix`: content shown before the reply's own (the thought the prompt opened, when reasoning stays raw)."""
+    `prefix`: content shown before the reply's own (the thought the prompt opened, when reasoning stays raw);
+    `thought_as_content`: the reasoning's text, its tags taken off, is content (reasoning_format "none" for a
+    format with `raw_thought_untagged`)."""
 
     def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolSetup | None,
-                 stray: tuple[str, ...] = (), prefix: str = "") -> None:
+                 stray: tuple[str, ...] = (), prefix: str = "", thought_as_content: bool = False) -> None:
         self.reasoning = reasoning
+        self._thought_as_content = thought_as_content
         self.tools = tools
         self._stray = StrayFilter(stray)
         self._prefix = prefix
@@ -111,13 +114,17 @@ class ChatOutputParser:
 
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) that `text` completes."""
-        thought, content = self.reasoning.push(text) if self.reasoning is not None else ("", text)
+        thought, content = self._split(*(self.reasoning.push(text) if self.reasoning is not None else ("", text)))
         content, self._prefix = self._prefix + content, ""
         return thought, self._content_piece(self._stray.push(content))
 
+    def _split(self, thought: str, content: str) -> tuple[str, str]:
+        """(reasoning, content) as returned: the thought moved into the content under `thought_as_content`."""
+        return ("", thought + content) if self._thought_as_content else (thought, content)
+
     def finish(self) -> tuple[str, str, list[ToolCall]]:
         """(reasoning, content, tool calls) left at the end of the reply."""
-        thought, content = self.reasoning.flush() if self.reasoning is not None else ("", "")
+        thought, content = self._split(*(self.reasoning.flush() if self.reasoning is not None else ("", "")))
         content, self._prefix = self._prefix + content, ""
         content = self._content_piece(self._stray.push(content) + self._stray.flush())
         held, self._held = self._held, ""

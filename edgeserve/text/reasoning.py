@@ -59,13 +59,15 @@ class ReasoningSplitter:
     itself, when the prompt opened it) and the first closing one, or the first of `ends` (text that ends a thought
     without closing it and belongs to the answer: a format's call markers, for models that call tools from inside
     an open thought); whitespace at the reasoning's ends and right after the closing tag is dropped; everything
-    else is content. Nothing returned is ever retracted.
+    else is content. With `keep_open` the open tag itself is the reasoning's first text. Nothing returned is ever
+    retracted.
     """
 
     in_thought: bool = False  # the prompt opened the reasoning
     open_tag: str = THINK_OPEN
     close_tag: str = THINK_CLOSE
     ends: tuple[str, ...] = ()
+    keep_open: bool = False  # the open tag is prose the reasoning starts with (Apriel 1.6): it is returned first
     _state: str = "start"  # start -> (thought ->) answer
     _held: str = ""  # the start of a tag, maybe
     _space: str = ""  # whitespace at the end of the reasoning so far: shown only when more reasoning follows
@@ -132,7 +134,7 @@ class ReasoningSplitter:
         more reasoning follows (dropped when the reasoning ends: `final`)."""
         text = self._space + text
         if not self._started:
-            text = text.lstrip()
+            text = (self.open_tag if self.keep_open else "") + text.lstrip()
             self._started = bool(text)
         body = text.rstrip()
         self._space = "" if final else text[len(body):]

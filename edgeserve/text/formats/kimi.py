@@ -147,5 +147,6 @@ FORMATS = (
                parse=parse_k2, calls_in_reasoning=True, forced=forced_k2, priority=20),
     ChatFormat(name="kimi_k3", detect=lambda s: OPEN in s and SEP in s and CLOSE in s,
                call_markers=(RESPONSE[0], TOOLS[0], MESSAGE_END), parse=parse_k3, reasoning=THINK,
-               calls_in_reasoning=True, forced=forced_k3, priority=20, wraps_answer=True),
+               calls_in_reasoning=True, forced=forced_k3, priority=20, wraps_answer=True,
+               raw_thought_untagged=True),
 )
