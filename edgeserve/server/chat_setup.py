@@ -120,13 +120,15 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     if req.think is not None:
         switches = thinking_kwargs(req.think, source, fmt.thinking_switches)
         kwargs.update({k: v for k, v in switches.items() if k == "enable_thinking" or k not in req.template_kwargs})
-    knows_tools = template_knows_tools(source)
+    knows_tools = template_knows_tools(source) or fmt.template_vars is not None
     if tools and knows_tools:
         kwargs["tools"] = tools
+    if fmt.template_vars is not None:  # firefunction v2's `functions` / `datetime`, unless the request set them
+        kwargs.update({k: v for k, v in fmt.template_vars(tools).items() if k not in req.template_kwargs})
     native_calls = knows_tools or fmt.tools_prompt is not None  # the template writes calls in its own syntax
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
-                                     tools_prompt=fmt.tools_prompt)
+                                     tools_prompt=fmt.tools_prompt, native=knows_tools)
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
     thinks, in_thought, closed = _thought_state(prompt, tags)

@@ -92,3 +92,6 @@ class ChatFormat:
     # the thought's open "tag" is prose the reasoning starts with (Apriel 1.6's "Here are my reasoning steps:\n"):
     # returned as the reasoning's first words, also when the prompt wrote it
     open_tag_is_reasoning: bool = False
+    # variables the template reads besides `tools`, from the request's tools (None without): firefunction v2's
+    # `functions` and `datetime`, which its model card has callers pass; a format with them writes calls natively
+    template_vars: Callable[[list[dict] | None], dict[str, Any]] | None = None
