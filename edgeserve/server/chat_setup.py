@@ -89,12 +89,14 @@ class ChatSetup:
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
         """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`.
-        A forced call cut short by max_tokens still comes back as a call, with the arguments it got to."""
+        A call cut short by max_tokens still comes back as a call, with the arguments it got to (forced: the generic
+        JSON's; auto: where the format has a `cut` reader)."""
         if parser is None:
             return
         out.reasoning, out.text = parser.push(out.text)
         if out.finish_reason is not None:
-            thought, content, calls = parser.finish()
+            thought, content, calls = parser.finish(cut=out.finish_reason == "length") \
+                if isinstance(parser, ChatOutputParser) else parser.finish()
             out.reasoning += thought
             forced = self.tools is not None and self.tools.mode == "forced" and not self.harmony
             if forced and not calls and out.finish_reason == "length" and self.tools.format.forced is None:

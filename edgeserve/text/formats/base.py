@@ -95,3 +95,6 @@ class ChatFormat:
     # variables the template reads besides `tools`, from the request's tools (None without): firefunction v2's
     # `functions` and `datetime`, which its model card has callers pass; a format with them writes calls natively
     template_vars: Callable[[list[dict] | None], dict[str, Any]] | None = None
+    # reads held text (from the first call marker on) cut short inside a call (finish "length"): the call whose name
+    # is complete, with its arguments so far (edgeserve.text.formats.cut_call); None: such text stays content
+    cut: Callable[[str, CallContext], list[ToolCall]] | None = None
