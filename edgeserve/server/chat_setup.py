@@ -70,7 +70,7 @@ class ChatSetup:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
-            return HarmonyParser(tools.known, tools.parallel)
+            return HarmonyParser(tools.known, tools.parallel, raw_reasoning=self.raw_reasoning)
         untagged = self.raw_reasoning and self.fmt is not None and self.fmt.raw_thought_untagged
         raw = self.raw_reasoning and not untagged  # the thought stays in the content as written
         splits = self.thinks and not raw
@@ -195,7 +195,8 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None) -> ChatSetu
             constraint = GrammarSpec("lark", tool_call_grammar(tools, choice, json_rule))
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
-    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True)
+    return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True,
+                     raw_reasoning=req.reasoning_format == "none")
 
 
 def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],
