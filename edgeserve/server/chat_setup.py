@@ -84,7 +84,8 @@ class ChatSetup:
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
             keep_open = self.fmt is not None and self.fmt.open_tag_is_reasoning
-            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends, keep_open=keep_open)
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends, keep_open=keep_open,
+                                         trim=not untagged)
         return ChatOutputParser(splitter, self.tools, stray, prefix, thought_as_content=untagged)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:

@@ -23,7 +23,7 @@ def tail_cut(pattern: str, arguments: Callable[[str], str] = lambda text: text) 
     rx = re.compile(pattern, re.DOTALL)
 
     def read(text: str, ctx: CallContext) -> list[ToolCall]:
-        m = rx.fullmatch(text.strip())
+        m = rx.fullmatch(text.lstrip())
         if m is None or (ctx.known and m.group("name") not in ctx.known):
             return []
         groups = m.groupdict()
