@@ -165,3 +165,21 @@ def test_cut_readers():
     assert [(c.name, c.arguments) for c in read("<c>f:{\"a", CallContext({"f"}))] == [("f", '{"a')]
     assert read("text", CallContext({"f"})) == []
     assert pythonic_arguments("a=1, b='x', c=") == "{\"a\": 1, \"b\": 'x', \"c\": "
+
+
+# --- call arguments as the template takes them -------------------------------------------------------------------------
+
+CALL_HISTORY = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "a1b2c3d4e", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "21"}]
+
+
+def test_a_template_that_concatenates_arguments_gets_them_as_text():
+    v32 = _template("meetkai-functionary-medium-v3.2")
+    assert not v32.accepts_object_arguments()
+    assert '>>>get_weather\n{"city": "Paris"}' in _setup(v32, tools=[WEATHER], messages=CALL_HISTORY).prompt
+    qwen = _template("Qwen-Qwen2.5-7B-Instruct")  # HF templates take an object (tojson of it)
+    assert qwen.accepts_object_arguments()
+    assert '"arguments": {"city": "Paris"}' in _setup(qwen, tools=[WEATHER], messages=CALL_HISTORY).prompt

@@ -131,7 +131,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     native_calls = knows_tools or fmt.tools_prompt is not None  # the template writes calls in its own syntax
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
-                                     tools_prompt=fmt.tools_prompt, native=knows_tools)
+                                     tools_prompt=fmt.tools_prompt, native=knows_tools,
+                                     object_arguments=not _has_calls(req.messages) or template.accepts_object_arguments())
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
     thinks, in_thought, closed = _thought_state(prompt, tags)
@@ -153,6 +154,12 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
                      raw_reasoning=req.reasoning_format == "none", opened=opened)
+
+
+def _has_calls(messages: list[dict] | None) -> bool:
+    """Whether an assistant message of the conversation made tool calls (only then do their arguments' type
+    matter to the template)."""
+    return any(m.get("tool_calls") for m in messages or [])
 
 
 def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool, bool]:
