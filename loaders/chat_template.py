@@ -227,8 +227,10 @@ class ChatTemplate:
         if self._object_args is None:
             def renders(arguments: Any) -> bool:
                 call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe_fn", "arguments": arguments}}
-                messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                            {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "r"}, {"role": "user", "content": "u"}]
+                messages = [{"role": "user", "content": "u"},
+                            {"role": "assistant", "content": "", "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "r"},
+                            {"role": "user", "content": "u"}]
                 tools = [{"type": "function", "function": {"name": "probe_fn", "parameters": {"type": "object"}}}]
                 try:
                     self.render(messages, tools=tools)

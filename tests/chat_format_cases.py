@@ -5,8 +5,8 @@ llama.cpp's tests/test-chat.cpp by make_llama_cpp_cases.py) names a chat templat
 models/templates/, a model reply (`input`), the request's parameters and the message the reply must parse into:
 
     {"id"?, "template", "line", "input", "tools": [OpenAI tool], "enable_thinking", "reasoning_format",
-     "parallel_tool_calls", "tool_choice", "json_schema" (JSON text or object), "messages" (null: one user message), "is_partial",
-     "add_generation_prompt", "continue_final_message",
+     "parallel_tool_calls", "tool_choice", "json_schema" (JSON text or object), "messages" (null: one user message),
+     "is_partial", "add_generation_prompt", "continue_final_message",
      "expect": {"content", "reasoning_content", "tool_calls": [{"name", "arguments" (JSON text), "id"}]}}
 
 (llama.cpp's cases also say `expect_reconstruction` and `explicit`, the parameters the case set itself, the others

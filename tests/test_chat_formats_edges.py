@@ -19,7 +19,7 @@ from edgeserve.text.stop import StopMatcher
 from test_chat_formats import WEATHER, _read, _setup, _template, _whole_and_streamed
 
 
-# --- the harness: stop strings as the engine applies them -----------------------------------------------------------
+# --- the harness: stop strings as the engine applies them ----------------------------------------------------------
 
 def test_harness_ends_the_reply_at_the_first_stop_string_without_its_text():
     stops = StopMatcher(["<|role_end|>", "</assistant>"])
@@ -45,7 +45,7 @@ def test_harness_reads_json_schema_as_text_or_object():
     assert as_text is not None and as_text == build_request({**case, "json_schema": schema}).constraint
 
 
-# --- thoughts --------------------------------------------------------------------------------------------------------
+# --- thoughts ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("template, reply", [
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "<|START_THINKING|>Need it.<|END_THINKING|><|START_RESPONSE|>"
@@ -66,7 +66,8 @@ def test_a_constraint_after_a_closed_thought_starts_at_once():
 
 def test_minimax_m1_thinks_in_think_tags():
     setup = _setup(_template("MiniMax-M1"), tools=[WEATHER])
-    reply = '<think>Weather.</think>\n<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_calls>'
+    reply = ('<think>Weather.</think>\n<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+             "</tool_calls>")
     assert _whole_and_streamed(setup, reply) == ("Weather.", "", [("get_weather", {"city": "Oslo"})], "tool_calls")
 
 
@@ -95,7 +96,7 @@ def test_reasoning_format_none_on_gpt_oss_returns_the_analysis_message_as_writte
     assert _read(_setup(_template("openai-gpt-oss-120b")), [reply])[:2] == ("Hmm", "Hi")
 
 
-# --- firefunction v2's template variables ------------------------------------------------------------------------------
+# --- firefunction v2's template variables --------------------------------------------------------------------------
 
 def test_firefunction_gets_its_functions_and_datetime():
     t = _template("fireworks-ai-llama-3-firefunction-v2")
@@ -119,7 +120,7 @@ def test_firefunction_renders_earlier_calls_natively():
     assert ' functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]' in prompt
 
 
-# --- calls cut short by max_tokens -------------------------------------------------------------------------------------
+# --- calls cut short by max_tokens ---------------------------------------------------------------------------------
 
 def _cut(setup, text: str):
     parser = setup.parser()
@@ -167,7 +168,7 @@ def test_cut_readers():
     assert pythonic_arguments("a=1, b='x', c=") == "{\"a\": 1, \"b\": 'x', \"c\": "
 
 
-# --- call arguments as the template takes them -------------------------------------------------------------------------
+# --- call arguments as the template takes them ---------------------------------------------------------------------
 
 CALL_HISTORY = [{"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": "", "tool_calls": [

@@ -130,9 +130,10 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         kwargs.update({k: v for k, v in fmt.template_vars(tools).items() if k not in req.template_kwargs})
     native_calls = knows_tools or fmt.tools_prompt is not None  # the template writes calls in its own syntax
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
+    object_arguments = not _has_calls(req.messages) or template.accepts_object_arguments()
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
                                      tools_prompt=fmt.tools_prompt, native=knows_tools,
-                                     object_arguments=not _has_calls(req.messages) or template.accepts_object_arguments())
+                                     object_arguments=object_arguments)
     prompt = template.render(messages, add_generation_prompt=True, **kwargs)
     tags = format_reasoning_tags(fmt.reasoning, source)
     thinks, in_thought, closed = _thought_state(prompt, tags)

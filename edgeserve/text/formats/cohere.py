@@ -102,7 +102,8 @@ ACTION_CUT = tail_cut(r"<\|START_ACTION\|>\s*\[\s*\{\s*(?:\"tool_call_id\"\s*:\s
 
 FORMATS = (
     ChatFormat("cohere2moe", lambda s: ACTION[0] in s and TEXT[0] in s, call_markers=(ACTION[0], TEXT[0]),
-               parse=parse_moe, reasoning=THINKING, forced=forced_action, thinking_switches=("reasoning",), cut=ACTION_CUT,
+               parse=parse_moe, reasoning=THINKING, forced=forced_action, thinking_switches=("reasoning",),
+               cut=ACTION_CUT,
                priority=20, wraps_answer=True),
     ChatFormat("command_r7b", lambda s: ACTION[0] in s and RESPONSE[0] in s, call_markers=(ACTION[0], RESPONSE[0]),
                parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21, wraps_answer=True,
