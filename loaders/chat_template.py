@@ -165,6 +165,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
         self._reads_parts: bool | None = None  # whether it reads content only as a list of parts (_wants_parts)
         self._system_ok: bool | None = None  # whether it renders a system message (accepts_system)
+        self._object_args: bool | None = None  # whether it renders call arguments given as an object
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         """The prompt for `messages` (dicts with 'role' and 'content'); `extra` reaches the template as
@@ -218,6 +219,27 @@ class ChatTemplate:
             except ChatTemplateError:
                 self._system_ok = False
         return self._system_ok
+
+    def accepts_object_arguments(self) -> bool:
+        """Whether the template renders an assistant call whose arguments are an object (as HF templates expect);
+        one that concatenates them as text (functionary v3.2's `'\\n' + arguments`) does not: decided once, by
+        rendering a probe call both ways (False only when the object fails and the text renders)."""
+        if self._object_args is None:
+            def renders(arguments: Any) -> bool:
+                call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe_fn", "arguments": arguments}}
+                messages = [{"role": "user", "content": "u"},
+                            {"role": "assistant", "content": "", "tool_calls": [call]},
+                            {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "r"},
+                            {"role": "user", "content": "u"}]
+                tools = [{"type": "function", "function": {"name": "probe_fn", "parameters": {"type": "object"}}}]
+                try:
+                    self.render(messages, tools=tools)
+                except ChatTemplateError:
+                    return False
+                return True
+
+            self._object_args = renders({"probe_key": "probe_value"}) or not renders('{"probe_key": "probe_value"}')
+        return self._object_args
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} chars, fallback={self.is_fallback})"

@@ -5,8 +5,8 @@ llama.cpp's tests/test-chat.cpp by make_llama_cpp_cases.py) names a chat templat
 models/templates/, a model reply (`input`), the request's parameters and the message the reply must parse into:
 
     {"id"?, "template", "line", "input", "tools": [OpenAI tool], "enable_thinking", "reasoning_format",
-     "parallel_tool_calls", "tool_choice", "json_schema", "messages" (null: one user message), "is_partial",
-     "add_generation_prompt", "continue_final_message",
+     "parallel_tool_calls", "tool_choice", "json_schema" (JSON text or object), "messages" (null: one user message),
+     "is_partial", "add_generation_prompt", "continue_final_message",
      "expect": {"content", "reasoning_content", "tool_calls": [{"name", "arguments" (JSON text), "id"}]}}
 
 (llama.cpp's cases also say `expect_reconstruction` and `explicit`, the parameters the case set itself, the others
@@ -16,10 +16,14 @@ being llama.cpp's defaults; the harness does not read them.) A case without `too
 `run_case` takes exactly the server's path: the request's fields parsed by the OpenAI route's own parsers into a
 `GenerationRequest`, `chat_setup(req, template)`, then its `.parser()` fed the reply as `RequestOutput` deltas through
 `ChatSetup.split`, as `Generation.outputs` does; the last delta finishes with "stop" ("length" for a partial case:
-a reply cut short). A continuation case (`continue_final_message` "content" / "reasoning": assistant prefill) reads
-back only the continuation, as the server returns it, while llama.cpp's expectation is the whole message: the
-harness puts the prefill first (`ChatSetup.prefilled`: the final message's content, for a content continuation,
-and its reasoning where the reply's reasoning is split off).
+a reply cut short). The reply first goes through what the engine does with it: generation ends at the first of the
+format's stop strings (`ChatSetup.stop`: Ling 3's `<|role_end|>`, Laguna's `</assistant>`), matched by the
+engine's StopMatcher, the stop text itself never shown and the finish "stop" (`engine_deltas`); a single-token stop
+string ends the reply as a stop token, whose text the engine does not show either. A continuation case
+(`continue_final_message` "content" / "reasoning": assistant prefill) reads back only the continuation, as the
+server returns it, while llama.cpp's expectation is the whole message: the harness puts the prefill first
+(`ChatSetup.prefilled`: the final message's content, for a content continuation, and its reasoning where the
+reply's reasoning is split off).
 
 Comparison follows llama.cpp's test (`assert_msg_equals` with ignore_whitespace_differences, as its PEG parser tests
 call it): content and reasoning equal after stripping leading and trailing whitespace, the same number of calls,
@@ -120,7 +124,8 @@ def build_request(case: dict):
     set_tools(req, parse_tools(case.get("tools") or None), body)
     req.think = case.get("enable_thinking")
     if case.get("json_schema"):
-        schema = json.loads(case["json_schema"])
+        schema = case["json_schema"]  # JSON text (llama.cpp's cases) or the schema itself (our own files)
+        schema = json.loads(schema) if isinstance(schema, str) else schema
         req.constraint = parse_response_format({"type": "json_schema", "json_schema": {"name": "case",
                                                                                       "schema": schema}})
     fields = {f.name for f in dataclasses.fields(GenerationRequest)}
@@ -134,6 +139,7 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
     """(content, reasoning, tool calls) the server reads from the case's reply, fed whole or as `chunks`."""
     from edgeserve.engine.outputs import RequestOutput
     from edgeserve.server.chat_setup import chat_setup
+    from edgeserve.text.stop import StopMatcher
 
     setup = chat_setup(build_request(case), chat_template(case["template"]))
     parser = setup.parser()
@@ -142,16 +148,28 @@ def run_case(case: dict, chunks: list[str] | None = None) -> tuple[str, str, lis
         raise ValueError("the chunks do not make up the case's input")
     reasoning, content = setup.prefilled  # a continuation: llama.cpp's message includes the prefill
     calls: list[Call] = []
-    pieces = pieces or [""]
-    for i, piece in enumerate(pieces):
-        last = i == len(pieces) - 1
-        finish = ("length" if case.get("is_partial") else "stop") if last else None
-        out = RequestOutput("case", piece, [], None, finish)
+    stops = StopMatcher(list(setup.stop))
+    for text, finish in engine_deltas(pieces or [""], stops, "length" if case.get("is_partial") else "stop"):
+        out = RequestOutput("case", text, [], None, finish)
         setup.split(parser, out)
         content += out.text
         reasoning += out.reasoning
         calls += [Call(c.name, c.arguments, c.id) for c in out.tool_calls or []]
     return content, reasoning, calls
+
+
+def engine_deltas(pieces: list[str], stops, finish: str) -> list[tuple[str, str | None]]:
+    """The (text, finish_reason) deltas the engine sends for a reply generated as `pieces`: its format's stop
+    strings (`ChatSetup.stop`) matched by the engine's own StopMatcher, so the reply ends before the first one (its
+    text never shown) with finish "stop"; otherwise the last piece finishes with `finish`."""
+    out: list[tuple[str, str | None]] = []
+    for i, piece in enumerate(pieces):
+        text, stopped = stops.push(piece)
+        if stopped:
+            return [*out, (text, "stop")]
+        last = i == len(pieces) - 1
+        out.append((text + stops.flush(), finish) if last else (text, None))
+    return out
 
 
 def _json_or_none(text: str) -> Any:

@@ -82,7 +82,10 @@ def test_thinking_on_and_off(source, body, thinking):
         assert setup.thinks and setup.in_thought
     else:
         assert setup.prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-        assert not setup.thinks and setup.parser() is None
+        assert not setup.in_thought and setup.thinks  # a thought the model writes anyway is reasoning, not content
+        parser = setup.parser()
+        (r1, c1), (r2, c2, _) = parser.push("<think>x</think>Hi"), parser.finish()
+        assert (r1 + r2, c1 + c2) == ("x", "Hi")
 
 
 @pytest.mark.parametrize("think", [True, False])

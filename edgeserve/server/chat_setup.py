@@ -81,11 +81,13 @@ class ChatSetup:
         """A fresh parser for one reply (None when there is nothing to split)."""
         if self.harmony:
             tools = self.tools or ToolSetup("auto")
-            parser = HarmonyParser(tools.known, tools.parallel)
+            parser = HarmonyParser(tools.known, tools.parallel, raw_reasoning=self.raw_reasoning)
             return parser.continuing(self.continued == REASONING) if self.continued else parser
-        splits = self.thinks and not self.raw_reasoning
-        stray = self.fmt.stray if self.fmt is not None and not self.raw_reasoning else ()
-        prefix = self.opened if self.raw_reasoning and self.in_thought else ""
+        untagged = self.raw_reasoning and self.fmt is not None and self.fmt.raw_thought_untagged
+        raw = self.raw_reasoning and not untagged  # the thought stays in the content as written
+        splits = self.thinks and not raw
+        stray = self.fmt.stray if self.fmt is not None and not raw else ()
+        prefix = self.opened if raw and self.in_thought else ""
         if not splits and self.tools is None and not stray and not prefix:
             return None
         splitter = None
@@ -93,18 +95,22 @@ class ChatSetup:
             calls_end_it = self.fmt is not None and self.fmt.calls_in_reasoning and self.tools is not None \
                 and self.tools.format is self.fmt and (bool(self.tools.known) or self.fmt.wraps_answer)
             ends = self.tools.format.call_markers if calls_end_it else ()
-            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends,
+            keep_open = self.fmt is not None and self.fmt.open_tag_is_reasoning
+            splitter = ReasoningSplitter(self.in_thought, *self.tags, ends=ends, keep_open=keep_open,
+                                         trim=not untagged,
                                          continued=self.continued == REASONING and bool(self.prefilled[0]))
-        return ChatOutputParser(splitter, self.tools, stray, prefix)
+        return ChatOutputParser(splitter, self.tools, stray, prefix, thought_as_content=untagged)
 
     def split(self, parser: ChatOutputParser | HarmonyParser | None, out: RequestOutput) -> None:
         """Rewrite one delta in place: `text` becomes content, with `reasoning` and (at the end) `tool_calls`.
-        A forced call cut short by max_tokens still comes back as a call, with the arguments it got to."""
+        A call cut short by max_tokens still comes back as a call, with the arguments it got to (forced: the generic
+        JSON's; auto: where the format has a `cut` reader)."""
         if parser is None:
             return
         out.reasoning, out.text = parser.push(out.text)
         if out.finish_reason is not None:
-            thought, content, calls = parser.finish()
+            thought, content, calls = parser.finish(cut=out.finish_reason == "length") \
+                if isinstance(parser, ChatOutputParser) else parser.finish()
             out.reasoning += thought
             forced = self.tools is not None and self.tools.mode == "forced" and not self.harmony
             if forced and not calls and out.finish_reason == "length" and self.tools.format.forced is None:
@@ -132,21 +138,26 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     if req.think is not None:
         switches = thinking_kwargs(req.think, source, fmt.thinking_switches)
         kwargs.update({k: v for k, v in switches.items() if k == "enable_thinking" or k not in req.template_kwargs})
-    knows_tools = template_knows_tools(source)
+    knows_tools = template_knows_tools(source) or fmt.template_vars is not None
     if tools and knows_tools:
         kwargs["tools"] = tools
+    if fmt.template_vars is not None:  # firefunction v2's `functions` / `datetime`, unless the request set them
+        kwargs.update({k: v for k, v in fmt.template_vars(tools).items() if k not in req.template_kwargs})
     native_calls = knows_tools or fmt.tools_prompt is not None  # the template writes calls in its own syntax
     system_role = knows_tools or not tools or template.accepts_system()  # asked only where our block goes in
+    object_arguments = not _has_calls(req.messages) or template.accepts_object_arguments()
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
-                                     tools_prompt=fmt.tools_prompt)
+                                     tools_prompt=fmt.tools_prompt, native=knows_tools,
+                                     object_arguments=object_arguments)
     tags = format_reasoning_tags(fmt.reasoning, source)
     if kind is not None:
         prompt = render_continuation(template, messages, kind, tags[0] if tags else None, **kwargs)
     else:
         prompt = template.render(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
-    thinks, in_thought = _thought_state(prompt, tags)
+    thinks, in_thought, closed = _thought_state(prompt, tags)
     if kind is not None:  # the reply continues the answer (its thought, if any, is over) or the thought
         thinks = in_thought = kind == REASONING
+        closed = False
     prefilled = _prefilled(req.messages, kind, tags is not None and req.reasoning_format != "none")
     tags = tags or (THINK_OPEN, THINK_CLOSE)
     constraint = req.constraint
@@ -161,7 +172,7 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         # no tools offered: nothing is read as a call, but a family's answer markup (Command R7B's
         # `<|START_RESPONSE|>`, Kimi K3's response section) is still taken off the content by its parser
         tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
-    if constraint is not None and thinks:
+    if constraint is not None and thinks and not closed:  # reasoning off: the constrained reply starts at once
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought and kind is None else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,
@@ -179,14 +190,22 @@ def _prefilled(messages: list[dict[str, Any]] | None, kind: str | None, splits: 
     return reasoning, (message.get("content") or "") if kind == CONTENT else ""
 
 
-def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool]:
-    """(thinks, in_thought) of a rendered prompt: the reply may start with reasoning unless the template does not
-    reason or the prompt closed the thought itself (reasoning off: Qwen3's empty `<think></think>`); it starts
-    inside one when the prompt opened it. Reasoning off does not stop a model whose template always opens a thought
-    (DeepSeek-R1 distills, MiniMax M2), nor one that thinks anyway: that thought is reasoning, never content."""
-    if tags is None or prompt.rstrip().endswith(tags[1].strip()):
-        return False, False
-    return True, prompt_opens_thought(prompt, *tags)
+def _has_calls(messages: list[dict] | None) -> bool:
+    """Whether an assistant message of the conversation made tool calls (only then do their arguments' type
+    matter to the template)."""
+    return any(m.get("tool_calls") for m in messages or [])
+
+
+def _thought_state(prompt: str, tags: tuple[str, str] | None) -> tuple[bool, bool, bool]:
+    """(thinks, in_thought, closed) of a rendered prompt: the reply may start with reasoning unless the template
+    does not reason; it starts inside one when the prompt opened it; `closed` when the prompt closed an empty thought
+    itself (reasoning off: Qwen3's `<think></think>`, Command R7B's `<|START_THINKING|><|END_THINKING|>`). A model
+    that thinks anyway (its reply opens the tag again), or whose template always opens a thought (DeepSeek-R1
+    distills, MiniMax M2), gets that thought back as reasoning, never as content."""
+    if tags is None:
+        return False, False, False
+    closed = prompt.rstrip().endswith(tags[1].strip())
+    return True, not closed and prompt_opens_thought(prompt, *tags), closed
 
 
 def _tool_setup(req: GenerationRequest, tools: list[dict], fmt: ChatFormat) -> tuple[ToolSetup, GrammarSpec | None]:
@@ -227,7 +246,8 @@ def _harmony_setup(req: GenerationRequest, tools: list[dict] | None, kind: str |
         tool_setup = ToolSetup("forced" if forced else "auto", known=names,
                                parallel=req.parallel_tool_calls is not False)
     return ChatSetup(prompt, constraint, True, True, tool_setup, harmony=True,
-                     prefilled=_prefilled(req.messages, kind, True), continued=kind)
+                     prefilled=_prefilled(req.messages, kind, True), continued=kind,
+                     raw_reasoning=req.reasoning_format == "none")
 
 
 def format_stops(sampling: dict[str, Any], stops: tuple[str, ...],

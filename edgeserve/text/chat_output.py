@@ -45,9 +45,18 @@ class ToolSetup:
         assert isinstance(self.fmt, ChatFormat)
         return self.fmt
 
-    def read(self, held: str) -> tuple[str, list[ToolCall]]:
+    def read(self, held: str, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """(content, calls) of the held text (from the first call marker on). A parser that fails leaves it all
-        as content."""
+        as content. `cut`: the reply was cut short (finish "length"): a call it cut is read by the format's
+        `cut` reader when the parser reads none."""
+        rest, calls = self._parse(held)
+        if cut and not calls and self.mode == "auto" and self.format.cut is not None:
+            cut_calls = self.format.cut(held, CallContext(set(self.known), dict(self.schemas)))
+            if cut_calls:
+                return "", cut_calls
+        return rest, calls
+
+    def _parse(self, held: str) -> tuple[str, list[ToolCall]]:
         fmt = self.format
         if self.mode == "forced" and fmt.forced is None:
             calls = parse_forced(held, self.choice)
@@ -97,11 +106,14 @@ class StrayFilter:
 
 class ChatOutputParser:
     """Splits one reply: push() text pieces, then finish() once. `stray`: markers removed from the content;
-    `prefix`: content shown before the reply's own (the thought the prompt opened, when reasoning stays raw)."""
+    `prefix`: content shown before the reply's own (the thought the prompt opened, when reasoning stays raw);
+    `thought_as_content`: the reasoning's text, its tags taken off, is content (reasoning_format "none" for a
+    format with `raw_thought_untagged`)."""
 
     def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolSetup | None,
-                 stray: tuple[str, ...] = (), prefix: str = "") -> None:
+                 stray: tuple[str, ...] = (), prefix: str = "", thought_as_content: bool = False) -> None:
         self.reasoning = reasoning
+        self._thought_as_content = thought_as_content
         self.tools = tools
         self._stray = StrayFilter(stray)
         self._prefix = prefix
@@ -111,19 +123,23 @@ class ChatOutputParser:
 
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) that `text` completes."""
-        thought, content = self.reasoning.push(text) if self.reasoning is not None else ("", text)
+        thought, content = self._split(*(self.reasoning.push(text) if self.reasoning is not None else ("", text)))
         content, self._prefix = self._prefix + content, ""
         return thought, self._content_piece(self._stray.push(content))
 
-    def finish(self) -> tuple[str, str, list[ToolCall]]:
-        """(reasoning, content, tool calls) left at the end of the reply."""
-        thought, content = self.reasoning.flush() if self.reasoning is not None else ("", "")
+    def _split(self, thought: str, content: str) -> tuple[str, str]:
+        """(reasoning, content) as returned: the thought moved into the content under `thought_as_content`."""
+        return ("", thought + content) if self._thought_as_content else (thought, content)
+
+    def finish(self, cut: bool = False) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content, tool calls) left at the end of the reply; `cut`: it was cut short (max_tokens)."""
+        thought, content = self._split(*(self.reasoning.flush() if self.reasoning is not None else ("", "")))
         content, self._prefix = self._prefix + content, ""
         content = self._content_piece(self._stray.push(content) + self._stray.flush())
         held, self._held = self._held, ""
         calls: list[ToolCall] = []
         if self.tools is not None and held:
-            rest, calls = self.tools.read(held)
+            rest, calls = self.tools.read(held, cut)
             if not self.tools.parallel:
                 calls = calls[:1]
             content += rest

@@ -333,10 +333,12 @@ class HarmonyParser:
     `functions.NAME` (NAME in `known`) -> a tool call, returned at finish() (a call ends the turn: `<|call|>`);
     a call to an unknown function is content; messages to other recipients (built-in tools: `python`,
     `browser.search`, `container.exec`) are dropped. No harmony marker ever reaches reasoning or content; nothing
-    returned is retracted."""
+    returned is retracted. `raw_reasoning` (reasoning_format "none"): an analysis message is content as written,
+    from its `<|channel|>` to its `<|end|>`, as llama.cpp returns it."""
 
     known: set[str] = field(default_factory=set)
     parallel: bool = True
+    raw_reasoning: bool = False
     _state: str = "header"  # the prompt ended with <|start|>assistant: the reply opens with the rest of a header
     _buf: str = ""
     _kind: str = ""  # of the message being read: "reasoning", "content", "call" or "unknown_call"
@@ -384,13 +386,15 @@ class HarmonyParser:
                     if final:
                         self._buf = ""
                     break
-                self._open(self._buf[:at])
+                self._open(self._buf[:at], pieces)
                 self._buf = self._buf[at + len(MESSAGE):]
             else:  # body
                 ends = [(i, m) for m in _BODY_ENDS if (i := self._buf.find(m)) >= 0]
                 if ends:
                     at, marker = min(ends)
                     self._emit(self._buf[:at], pieces)
+                    if self._kind == "raw_thought" and marker == END:
+                        pieces["content"] += END
                     self._end_message(pieces)
                     self._buf = self._buf[at + len(marker):]
                     if marker == START:
@@ -408,7 +412,7 @@ class HarmonyParser:
             self._buf = ""
         return pieces["reasoning"], pieces["content"]
 
-    def _open(self, header: str) -> None:
+    def _open(self, header: str, pieces: dict[str, str]) -> None:
         """Start a message: its header says where its content goes."""
         recipient = m.group(1) if (m := _RECIPIENT.search(header)) else ""
         # a header may name its channel twice (`commentary to=assistant<|channel|>final`): the last one counts
@@ -423,6 +427,9 @@ class HarmonyParser:
             self._kind = "dropped"
         else:
             self._kind = "reasoning" if channel == "analysis" else "content"
+        if self._kind == "reasoning" and self.raw_reasoning:  # the thought stays in the content as written
+            self._kind = "raw_thought"
+            pieces["content"] += header[max(header.find(CHANNEL), 0):] + MESSAGE
         self._state, self._opened = "body", True
 
     def _emit(self, text: str, pieces: dict[str, str]) -> None:
@@ -431,6 +438,8 @@ class HarmonyParser:
             return
         if self._kind in ("call", "unknown_call"):
             self._args += text
+        elif self._kind == "raw_thought":
+            pieces["content"] += text
         elif self._kind != "dropped":
             pieces[self._kind] += text
 

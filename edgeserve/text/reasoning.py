@@ -61,13 +61,17 @@ class ReasoningSplitter:
     itself, when the prompt opened it) and the first closing one, or the first of `ends` (text that ends a thought
     without closing it and belongs to the answer: a format's call markers, for models that call tools from inside
     an open thought); whitespace at the reasoning's ends and right after the closing tag is dropped; everything
-    else is content. Nothing returned is ever retracted.
+    else is content (`trim` false: no whitespace dropped). With `keep_open` the open tag itself is the reasoning's
+    first text. Nothing returned is ever
+    retracted.
     """
 
     in_thought: bool = False  # the prompt opened the reasoning
     open_tag: str = THINK_OPEN
     close_tag: str = THINK_CLOSE
     ends: tuple[str, ...] = ()
+    keep_open: bool = False  # the open tag is prose the reasoning starts with (Apriel 1.6): it is returned first
+    trim: bool = True  # False: the thought's whitespace is kept as written (its text goes into the content)
     _state: str = "start"  # start -> (thought ->) answer
     _held: str = ""  # the start of a tag, maybe
     _space: str = ""  # whitespace at the end of the reasoning so far: shown only when more reasoning follows
@@ -107,7 +111,7 @@ class ReasoningSplitter:
                 piece, buf = self._thought(buf)
                 reasoning += piece
             elif self._state == "after":  # drop the whitespace between the reasoning and the answer
-                buf = buf.lstrip()
+                buf = buf.lstrip() if self.trim else buf
                 if buf:
                     self._state = "answer"
             else:
@@ -133,10 +137,12 @@ class ReasoningSplitter:
 
     def _trimmed(self, text: str, final: bool) -> str:
         """Reasoning text without the whitespace at the reasoning's start, and with trailing whitespace held until
-        more reasoning follows (dropped when the reasoning ends: `final`)."""
+        more reasoning follows (dropped when the reasoning ends: `final`); as written when not `trim`."""
+        if not self.trim:
+            return text
         text = self._space + text
         if not self._started:
-            text = text.lstrip()
+            text = (self.open_tag if self.keep_open else "") + text.lstrip()
             self._started = bool(text)
         body = text.rstrip()
         self._space = "" if final else text[len(body):]

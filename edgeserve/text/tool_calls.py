@@ -47,20 +47,25 @@ def tools_system_prompt(tools: list[dict]) -> str:
 
 def messages_for_template(messages: list[dict[str, Any]], tools: list[dict] | None, template_source: str,
                           system_role: bool = True,
-                          tools_prompt: Callable[[list[dict]], str] | None = None) -> list[dict[str, Any]]:
+                          tools_prompt: Callable[[list[dict]], str] | None = None,
+                          native: bool = False, object_arguments: bool = True) -> list[dict[str, Any]]:
     """Messages as the template should see them. A template that knows tools gets them as they are (assistant
     `tool_calls` with arguments as objects, as HF templates expect). For one that does not: the tools go into the
     system prompt (into the first user message when the template refuses a system role: `system_role` false),
     assistant calls become `<tool_call>` text and tool results user text in `<tool_response>` (consecutive results
     one user message, so roles still alternate). A template that writes calls natively but lists no tools (its
-    format's `tools_prompt`) gets the messages as they are and that prompt's tools block."""
-    if template_knows_tools(template_source) or tools_prompt is not None:
+    format's `tools_prompt`) gets the messages as they are and that prompt's tools block; so does one that gets the
+    tools under another name (`native`: firefunction v2's `functions`), without the block. `object_arguments`
+    false: the template concatenates call arguments as text (functionary v3.2), so they stay JSON text."""
+    native = native or template_knows_tools(template_source)
+    if native or tools_prompt is not None:
         out = []
         for m in messages:
             if m.get("tool_calls"):
-                m = {**m, "tool_calls": [_with_object_arguments(c) for c in m["tool_calls"]]}
+                m = {**m, "tool_calls": [_with_object_arguments(c) if object_arguments else _with_text_arguments(c)
+                                         for c in m["tool_calls"]]}
             out.append(m)
-        if tools_prompt is not None and tools and not template_knows_tools(template_source):
+        if tools_prompt is not None and tools and not native:
             return _with_tools_block(out, tools_prompt(tools), system_role)
         return out
     out: list[dict[str, Any]] = []
@@ -113,6 +118,13 @@ def _text(content: Any) -> str:
 def _call_json(call: dict) -> dict:
     fn = call.get("function", {})
     return {"name": fn.get("name"), "arguments": arguments_object(fn.get("arguments"))}
+
+
+def _with_text_arguments(call: dict) -> dict:
+    fn = call.get("function", {})
+    args = fn.get("arguments")
+    return {**call, "function": {**fn, "arguments": args if isinstance(args, str)
+                                 else json.dumps(args if args is not None else {}, ensure_ascii=False)}}
 
 
 def _with_object_arguments(call: dict) -> dict:

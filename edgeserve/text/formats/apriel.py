@@ -40,7 +40,7 @@ def _apriel(source: str) -> bool:
 
 FORMATS = (
     ChatFormat("apriel16", lambda s: _apriel(s) and REASONING[0].strip() in s, call_markers=(TOOL_CALLS[0],),
-               parse=parse, reasoning=REASONING, forced=forced, priority=20),
+               parse=parse, reasoning=REASONING, forced=forced, priority=20, open_tag_is_reasoning=True),
     ChatFormat("apriel15", lambda s: _apriel(s) and REASONING[0].strip() not in s, call_markers=(TOOL_CALLS[0],),
                parse=parse, forced=forced, priority=20),
 )

@@ -85,3 +85,16 @@ class ChatFormat:
     # its call markers include answer markup (Command R7B's `<|START_RESPONSE|>`, Kimi K3's response section) that
     # its parser takes off the content, with or without tools, and that ends a thought the prompt opened
     wraps_answer: bool = False
+    # under reasoning_format "none" the thought's tags are taken off and its text kept as content, the rest read as
+    # without it (Ling 3's and Kimi K3's replies, as llama.cpp's parsers for them do); False: the thought stays in
+    # the content as written, tags and all, after the tag the prompt opened
+    raw_thought_untagged: bool = False
+    # the thought's open "tag" is prose the reasoning starts with (Apriel 1.6's "Here are my reasoning steps:\n"):
+    # returned as the reasoning's first words, also when the prompt wrote it
+    open_tag_is_reasoning: bool = False
+    # variables the template reads besides `tools`, from the request's tools (None without): firefunction v2's
+    # `functions` and `datetime`, which its model card has callers pass; a format with them writes calls natively
+    template_vars: Callable[[list[dict] | None], dict[str, Any]] | None = None
+    # reads held text (from the first call marker on) cut short inside a call (finish "length"): the call whose name
+    # is complete, with its arguments so far (edgeserve.text.formats.cut_call); None: such text stays content
+    cut: Callable[[str, CallContext], list[ToolCall]] | None = None

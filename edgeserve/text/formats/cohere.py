@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.cut_call import tail_cut
 from edgeserve.text.formats.markup import (Read, call_list, call_rules, drop_reader, json_list_reader, lit, scan,
                                            skip_space, wrapper_reader)
 
@@ -94,12 +95,19 @@ def forced_plus(tools: list[dict], choice: str | None, parallel: bool) -> Any:
                        tokens=TOKENS)
 
 
+# an action cut short: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "NAME", "parameters": {...` so far
+ACTION_CUT = tail_cut(r"<\|START_ACTION\|>\s*\[\s*\{\s*(?:\"tool_call_id\"\s*:\s*\"(?P<id>[^\"]*)\"\s*,\s*)?"
+                      r"\"tool_name\"\s*:\s*\"(?P<name>[^\"]+)\"\s*,?\s*(?:\"parameters\"\s*:\s*(?P<args>.*))?")
+
+
 FORMATS = (
     ChatFormat("cohere2moe", lambda s: ACTION[0] in s and TEXT[0] in s, call_markers=(ACTION[0], TEXT[0]),
                parse=parse_moe, reasoning=THINKING, forced=forced_action, thinking_switches=("reasoning",),
+               cut=ACTION_CUT,
                priority=20, wraps_answer=True),
     ChatFormat("command_r7b", lambda s: ACTION[0] in s and RESPONSE[0] in s, call_markers=(ACTION[0], RESPONSE[0]),
-               parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21, wraps_answer=True),
+               parse=parse_r7b, reasoning=THINKING, forced=forced_action, priority=21, wraps_answer=True,
+               cut=ACTION_CUT),
     ChatFormat("command_r_plus", lambda s: ACTION_WORD in s and '"tool_name"' in s and ACTION[0] not in s,
                call_markers=(ACTION_WORD, CHATBOT, TURN_END), parse=parse_plus, forced=forced_plus, priority=22, wraps_answer=True),
 )

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -122,6 +123,14 @@ def parse_firefunction(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]
     return scan(text, {" " + FUNCTOOLS: _FUNCTOOLS, FUNCTOOLS: _FUNCTOOLS}, ctx)
 
 
+def firefunction_vars(tools: list[dict] | None) -> dict[str, Any]:
+    """The variables firefunction v2's template concatenates into its system prompt: `functions`, the offered tools
+    as JSON (empty without tools, as Ollama's firefunction template writes nothing there), and `datetime`, today's
+    date as llama.cpp supplies it ("Dec 02 2026")."""
+    return {"functions": json.dumps(tools, ensure_ascii=False) if tools else "",
+            "datetime": datetime.date.today().strftime("%b %d %Y")}
+
+
 def forced_firefunction(tools: list[dict], choice: str | None, parallel: bool) -> Any:
     """The grammar of a ` functools[{"name": ..., "arguments": {...}}, ...]` reply."""
     from edgeserve.text.grammar import GrammarSpec, json_rule
@@ -136,5 +145,5 @@ FORMATS = (
     ChatFormat("functionary_v32", lambda s: RECIPIENT + ANSWER in s, call_markers=("",), parse=parse_v32,
                forced=forced_v32, priority=20, wraps_answer=True),
     ChatFormat("firefunction_v2", lambda s: FUNCTOOLS + "[" in s, call_markers=(" " + FUNCTOOLS, FUNCTOOLS),
-               parse=parse_firefunction, forced=forced_firefunction, priority=20),
+               parse=parse_firefunction, forced=forced_firefunction, priority=20, template_vars=firefunction_vars),
 )

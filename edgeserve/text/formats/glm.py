@@ -94,7 +94,7 @@ def _is_laguna(source: str) -> bool:
 
 FORMATS = (
     ChatFormat(name="ling3", detect=_is_ling, call_markers=(CALL_OPEN,), parse=parse_calls, calls_in_reasoning=True,
-               stop=("<|role_end|>",), forced=_forced(True), priority=30),
+               stop=("<|role_end|>",), forced=_forced(True), priority=30, raw_thought_untagged=True),
     ChatFormat(name="laguna", detect=_is_laguna, call_markers=(CALL_OPEN,), parse=parse_calls,
                stop=("</assistant>",), forced=_forced(False), priority=30),
     ChatFormat(name="glm_4_6", detect=lambda s: _is_glm(s) and _newline_style(s), call_markers=(CALL_OPEN,),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.cut_call import tail_cut
 from edgeserve.text.formats.json_calls import calls_from_json, json_values
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -31,5 +32,8 @@ def parse(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
     return (content.strip(), calls) if calls else (text, [])
 
 
+# a call cut short: `<tool_call>\n{"name": "NAME", "arguments": {...` so far
+CUT = tail_cut(r"<tool_call>\s*\{\s*\"name\"\s*:\s*\"(?P<name>[^\"]+)\"\s*,?\s*(?:\"arguments\"\s*:\s*(?P<args>.*))?")
+
 FORMATS = (ChatFormat("hermes", detect=lambda source: OPEN in source, call_markers=(OPEN,), parse=parse,
-                      priority=900),)
+                      priority=900, cut=CUT),)

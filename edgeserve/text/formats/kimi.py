@@ -21,6 +21,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.cut_call import tail_cut
 from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
                                            keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
                                            typed, value_json_rule)
@@ -144,8 +145,12 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
 
 FORMATS = (
     ChatFormat(name="kimi_k2", detect=lambda s: SECTION_BEGIN in s, call_markers=(SECTION_BEGIN, CALL_BEGIN),
-               parse=parse_k2, calls_in_reasoning=True, forced=forced_k2, priority=20),
+               parse=parse_k2, calls_in_reasoning=True, forced=forced_k2, priority=20,
+               cut=tail_cut(r"(?:<\|tool_calls_section_begin\|>)?\s*<\|tool_call_begin\|>\s*"
+                            r"(?P<id>(?:functions\.)?(?P<name>[^\s:<>]+)(?::\d+)?)\s*"
+                            r"<\|tool_call_argument_begin\|>(?P<args>.*)")),
     ChatFormat(name="kimi_k3", detect=lambda s: OPEN in s and SEP in s and CLOSE in s,
                call_markers=(RESPONSE[0], TOOLS[0], MESSAGE_END), parse=parse_k3, reasoning=THINK,
-               calls_in_reasoning=True, forced=forced_k3, priority=20, wraps_answer=True),
+               calls_in_reasoning=True, forced=forced_k3, priority=20, wraps_answer=True,
+               raw_thought_untagged=True),
 )

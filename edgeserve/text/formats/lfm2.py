@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.cut_call import pythonic_arguments, tail_cut
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.xml_tool_calls import resolve_ref
 
@@ -275,5 +276,7 @@ FORMATS = (
         parse=parse_calls,
         forced=forced_grammar,
         priority=50,
+        cut=tail_cut(r"<\|tool_call_start\|>\s*\[\s*(?P<name>[A-Za-z_][\w\-.]*)\((?P<args>[^()]*)",
+                     pythonic_arguments),
     ),
 )

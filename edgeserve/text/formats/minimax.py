@@ -1,6 +1,8 @@
 """MiniMax's tool calls.
 
 - "minimax_m1": `<tool_calls>` with one `{"name": ..., "arguments": {...}}` JSON object a line, `</tool_calls>`.
+  The model (MiniMax-M1, a reasoning model) thinks in `<think>...</think>` although its template never names the
+  tag, so the format names it.
 - "minimax_m2": `<minimax:tool_call>` around `<invoke name="NAME">` blocks with one
   `<parameter name="KEY">VALUE</parameter>` per argument (values text, typed by the tool's schema). Its prompt
   opens the thought (`<think>\\n`).
@@ -228,5 +230,6 @@ FORMATS = (
     ChatFormat(name="minimax_m2", detect=lambda s: M2_OPEN in s, call_markers=(M2_OPEN,), parse=parse_m2,
                forced=forced_m2, priority=20),
     ChatFormat(name="minimax_m1", detect=lambda s: M1_OPEN in s and M1_CLOSE in s and "ai name=assistant" in s,
-               call_markers=(M1_OPEN,), parse=parse_m1, forced=forced_m1, priority=20),
+               call_markers=(M1_OPEN,), parse=parse_m1, reasoning=("<think>", "</think>"), forced=forced_m1,
+               priority=20),
 )
