@@ -145,7 +145,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
 
 FORMATS = (
     ChatFormat(name="kimi_k2", detect=lambda s: SECTION_BEGIN in s, call_markers=(SECTION_BEGIN, CALL_BEGIN),
-               parse=parse_k2, calls_in_reasoning=True, forced=forced_k2, priority=20,
+               parse=parse_k2, reasoning=("<think>", "</think>"), calls_in_reasoning=True, forced=forced_k2, priority=20,
                cut=tail_cut(r"(?:<\|tool_calls_section_begin\|>)?\s*<\|tool_call_begin\|>\s*"
                             r"(?P<id>(?:functions\.)?(?P<name>[^\s:<>]+)(?::\d+)?)\s*"
                             r"<\|tool_call_argument_begin\|>(?P<args>.*)")),
