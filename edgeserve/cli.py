@@ -108,6 +108,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "the context)")
     s.add_argument("--max-tokens-limit", type=_count_or_off, default=None, metavar="N|off",
                    help="the most output tokens any request gets; larger limits are lowered to it (default: off)")
+    s.add_argument("--max-blob-bytes", type=int, default=8 * 1024 ** 3, metavar="N",
+                   help="the largest file a client may push to /api/blobs (an adapter for /api/create); it streams "
+                        "to disk (default %(default)s: 8 GiB)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
     add_device_args(s)
@@ -560,7 +563,7 @@ def server_config_from_args(args: argparse.Namespace):
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
         log_level=args.log_level, mmproj=mmproj_pairs(args, models), allow_image_urls=args.allow_image_urls,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
-        tool_format=args.tool_format)
+        tool_format=args.tool_format, max_blob_bytes=args.max_blob_bytes)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config
 

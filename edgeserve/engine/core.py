@@ -53,6 +53,8 @@ log = logging.getLogger("edgeserve.engine")
 _ids = itertools.count()
 
 PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
+NONFINITE = ("the model's logits became non-finite (inf or NaN) while decoding, so no token could be chosen; "
+             "with a LoRA adapter, its weights or scale are too large")
 
 
 @dataclass
@@ -310,17 +312,21 @@ class EngineCore:
 
     def _apply(self, launched: Launched) -> list[RequestOutput | None]:
         """A launched step's tokens on the host: replace the placeholders, cut at stop/length, emit text."""
-        ids, lps = [], []
+        ids, lps, broken = [], [], []
         if launched.copy is not None:
             sample = launched.copy.wait()
             ids = sample.token_ids.tolist()
             lps = token_logprobs(sample, [launched.sampling[i].params.logprobs for i in launched.plain])
+            broken = sample.nonfinite.tolist() if sample.nonfinite is not None else [False] * len(ids)
         plain = {i: j for j, i in enumerate(launched.plain)}
         outputs = []
         for i, req in enumerate(launched.sampling):
             k = launched.out_index[req.request_id]
             if self.requests.get(req.request_id) is not req:
                 continue  # ended while the step ran: the row was wasted work
+            if i in plain and broken[plain[i]]:  # never a normal stop: the model's numbers overflowed
+                outputs.append(self._fail(req, NONFINITE))
+                continue
             if i in plain:
                 toks, lp = [ids[plain[i]]], lps[plain[i]]
                 req.set_output(k, toks[0])

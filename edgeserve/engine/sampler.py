@@ -27,6 +27,9 @@ class SampleOutput:
     logprobs: torch.Tensor | None = None  # [B] each chosen token's logprob; None when no row asked
     top_ids: torch.Tensor | None = None  # [B, N] best first, N = the largest `logprobs` asked in the batch
     top_logprobs: torch.Tensor | None = None  # [B, N]
+    # [B] bool: the row's logits held an inf or NaN (the model's activations overflowed): its token is meaningless,
+    # and the engine ends the request with an error instead of a normal stop
+    nonfinite: torch.Tensor | None = None
 
 
 @dataclass
@@ -265,12 +268,14 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
     `prompt_ids` / `output_ids` (one list per row) are what the penalties look at; `grammars` (one per row, None
     for unconstrained rows) mask each constrained row to the tokens its grammar allows next.
     """
-    logits = apply_grammars(apply_penalties(logits.float(), params, prompt_ids, output_ids), grammars)
+    logits = logits.float()
+    nonfinite = ~torch.isfinite(logits.sum(-1))  # one reduction: any inf or NaN in a row makes its sum non-finite
+    logits = apply_grammars(apply_penalties(logits, params, prompt_ids, output_ids), grammars)
     device = logits.device
     tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     top_n = max((p.logprobs for p in params if p.logprobs is not None), default=None)
-    out = SampleOutput(tokens)
+    out = SampleOutput(tokens, nonfinite=nonfinite)
     if not sampled and top_n is None:
         return out
     # host-side flags and to_device: nothing here waits for the device (see kernels.transfer)
