@@ -598,6 +598,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",
           file=sys.stderr, flush=True)
+    from edgeserve.server.kv_plan import planned_kv_line
+
+    for spec in models:  # the memory each text model's KV pool will take, and why
+        line = planned_kv_line(spec, config)
+        if line:
+            print(f"edgeserve: {line}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
 

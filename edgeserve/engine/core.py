@@ -87,7 +87,7 @@ class EngineCore:
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
-        num_blocks, window_blocks, self.max_model_len, state_budget = size_pool(lm, config)
+        num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         use_offload = config.offload_config().use_cpu
         if hybrid and use_offload:
