@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 from edgeserve.engine.config import KV_CACHE_DTYPES, LORA_WEIGHTS, EngineConfig
@@ -480,6 +481,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
     first_run_hint(model_name)
+    start_native_build(args.device, args.cpu_moe_layers).join()  # its own line, before the loading line
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
@@ -581,6 +583,26 @@ def _read_images(paths: list[str]) -> list:
     return out
 
 
+def start_native_build(device: str, cpu_moe_layers: object) -> threading.Thread:
+    """Where the native CPU kernels will run (a CPU device, or MoE experts kept on the host), compile them now in a
+    thread, with a progress line on stderr, rather than silently inside the first request or load (which waits for
+    the build if it comes first). Returns the thread (already finished where there is nothing to do)."""
+    from edgeserve.device import resolve_device
+
+    def say(message: str) -> None:
+        print(f"edgeserve: {message}", file=sys.stderr, flush=True)
+
+    def work() -> None:
+        if resolve_device(device).type == "cpu" or cpu_moe_layers is not None:
+            from edgeserve.kernels import cpu_native
+
+            cpu_native.prebuild(say)
+
+    thread = threading.Thread(target=work, name="native-kernel-build", daemon=True)
+    thread.start()
+    return thread
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from edgeserve.serve_checks import check_adapters, check_models, check_port
 
@@ -598,6 +620,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",
           file=sys.stderr, flush=True)
+    start_native_build(config.device, config.cpu_moe_layers)  # in the background: the server answers meanwhile
     from edgeserve.server.kv_plan import planned_kv_line
 
     for spec in models:  # the memory each text model's KV pool will take, and why

@@ -127,7 +127,7 @@ def test_serve_process_answers_and_stops(tmp_path):
     assert proc.returncode in (0, -15)
     assert "serving" in err and "loaded in" in err
     # the first lines say what the KV pool will take and why; the load line what it took
-    first = err.splitlines()[:3]
+    first = err.splitlines()[:5]
     assert any(line.startswith("edgeserve: KV cache for tiny: ") and "full 128-token context" in line
                for line in first), first
     assert any("loaded in" in line and "KV pool" in line and "room for 4 requests" in line
