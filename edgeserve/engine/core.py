@@ -36,6 +36,7 @@ from .adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
 from .kv_cache import KVPool, engine_kv_format, size_pool
+from .thinking_budget import ThinkingState
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
@@ -170,6 +171,8 @@ class EngineCore:
                       adapter=choice, images=check_images(images, len(prompt_ids), self.lm.config.hidden_size),
                       mrope=check_mrope(mrope, len(prompt_ids), self.lm.config),
                       attend_spans=check_spans(attend_spans, len(prompt_ids)))
+        if params.thinking is not None:
+            req.thinking = ThinkingState(params.thinking)
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:
@@ -236,7 +239,8 @@ class EngineCore:
             if self._pending_finish:
                 return True
         prev = self._inflight
-        return any(r.params.penalized or r.grammar is not None or (self.spec is not None and self.spec.wants(r))
+        return any(r.params.penalized or r.grammar is not None or (r.thinking is not None and r.thinking.active)
+                   or (self.spec is not None and self.spec.wants(r))
                    for r in (prev.sampling[i] for i in prev.plain))
 
     def _launch(self) -> Launched:
@@ -335,6 +339,8 @@ class EngineCore:
                 toks, lp = launched.verified[i], None
             self.generation_tokens += len(toks)
             n, reason = _cut(toks, req.stop_ids, req.max_tokens - k)
+            if req.thinking is not None:
+                req.thinking.accept(toks[:n])
             if req.grammar is not None:
                 req.grammar.accept([t for t in toks[:n] if t not in req.stop_ids])
                 if req.grammar.error:  # never a silent stop: the reply could not be kept valid
@@ -498,9 +504,11 @@ class EngineCore:
 
 def _sampling_row(req: Request) -> SamplingRow:
     """The sampler's view of a request; its token history only where a penalty reads it (no per-step copies)."""
+    forced = req.thinking.forced() if req.thinking is not None else None
     if req.params.penalized:
-        return SamplingRow(req.params, req.generator, req.prompt_token_ids, req.output_token_ids, req.grammar)
-    return SamplingRow(req.params, req.generator, [], [], req.grammar)
+        return SamplingRow(req.params, req.generator, req.prompt_token_ids, req.output_token_ids, req.grammar,
+                           forced)
+    return SamplingRow(req.params, req.generator, [], [], req.grammar, forced)
 
 
 def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, str | None]:

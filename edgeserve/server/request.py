@@ -38,6 +38,9 @@ class GenerationRequest:
     # llama-server's reasoning_format: "none" keeps the reasoning in the content (tags and all); "auto" / "deepseek"
     # (and None) split it into the reasoning field
     reasoning_format: str | None = None
+    # reasoning tokens before the model's closing tag is forced and the answer follows (server/thinking.py); None: no
+    # budget
+    thinking_budget: int | None = None
     # LoRA (edgeserve/server/adapters.py): the adapter it runs and its scale; `lora` is llama-server's raw list
     adapter: str | None = None
     adapter_scale: float = 1.0
