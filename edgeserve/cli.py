@@ -481,7 +481,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
     first_run_hint(model_name)
-    start_native_build(args.device, args.cpu_moe_layers).join()  # its own line, before the loading line
+    from edgeserve.serve_checks import check_models
+
+    check_models([model_name], allow_pull=True, load_format=args.load_format)  # an unknown model: its line first
+    # on a terminal its own line before the loading line, as that one (piped, stderr keeps to errors)
+    start_native_build(args.device, args.cpu_moe_layers, say_it=sys.stderr.isatty()).join()
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
@@ -583,14 +587,15 @@ def _read_images(paths: list[str]) -> list:
     return out
 
 
-def start_native_build(device: str, cpu_moe_layers: object) -> threading.Thread:
+def start_native_build(device: str, cpu_moe_layers: object, say_it: bool = True) -> threading.Thread:
     """Where the native CPU kernels will run (a CPU device, or MoE experts kept on the host), compile them now in a
-    thread, with a progress line on stderr, rather than silently inside the first request or load (which waits for
-    the build if it comes first). Returns the thread (already finished where there is nothing to do)."""
+    thread, with a progress line on stderr (`say_it`), rather than silently inside the first request or load (which
+    waits for the build if it comes first). Returns the thread (already finished where there is nothing to do)."""
     from edgeserve.device import resolve_device
 
     def say(message: str) -> None:
-        print(f"edgeserve: {message}", file=sys.stderr, flush=True)
+        if say_it:
+            print(f"edgeserve: {message}", file=sys.stderr, flush=True)
 
     def work() -> None:
         if resolve_device(device).type == "cpu" or cpu_moe_layers is not None:
