@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 from edgeserve.engine.config import KV_CACHE_DTYPES, LORA_WEIGHTS, EngineConfig
@@ -108,6 +109,9 @@ def add_serve_args(s: argparse.ArgumentParser) -> None:
                         "the context)")
     s.add_argument("--max-tokens-limit", type=_count_or_off, default=None, metavar="N|off",
                    help="the most output tokens any request gets; larger limits are lowered to it (default: off)")
+    s.add_argument("--max-blob-bytes", type=int, default=8 * 1024 ** 3, metavar="N",
+                   help="the largest file a client may push to /api/blobs (an adapter for /api/create); it streams "
+                        "to disk (default %(default)s: 8 GiB)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype (auto: bfloat16, float16 on sm_75 GPUs)")
     add_device_args(s)
@@ -477,6 +481,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgeserve.text.harmony import HarmonyParser, template_is_harmony
 
     first_run_hint(model_name)
+    from edgeserve.serve_checks import check_models
+
+    check_models([model_name], allow_pull=True, load_format=args.load_format)  # an unknown model: its line first
+    # on a terminal its own line before the loading line, as that one (piped, stderr keeps to errors)
+    start_native_build(args.device, args.cpu_moe_layers, say_it=sys.stderr.isatty()).join()
     with LoadingLine(model_name):
         llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
@@ -560,7 +569,7 @@ def server_config_from_args(args: argparse.Namespace):
         load_format=args.load_format, cpu_moe_layers=args.cpu_moe_layers, allow_pull=not args.no_pull,
         log_level=args.log_level, mmproj=mmproj_pairs(args, models), allow_image_urls=args.allow_image_urls,
         default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
-        tool_format=args.tool_format)
+        tool_format=args.tool_format, max_blob_bytes=args.max_blob_bytes)
     check_device(args)  # after the flags' own checks: this one imports torch
     return config
 
@@ -576,6 +585,27 @@ def _read_images(paths: list[str]) -> list:
         except (OSError, ImageError) as e:
             raise EdgeserveError(f"--image {p}: {e}") from None
     return out
+
+
+def start_native_build(device: str, cpu_moe_layers: object, say_it: bool = True) -> threading.Thread:
+    """Where the native CPU kernels will run (a CPU device, or MoE experts kept on the host), compile them now in a
+    thread, with a progress line on stderr (`say_it`), rather than silently inside the first request or load (which
+    waits for the build if it comes first). Returns the thread (already finished where there is nothing to do)."""
+    from edgeserve.device import resolve_device
+
+    def say(message: str) -> None:
+        if say_it:
+            print(f"edgeserve: {message}", file=sys.stderr, flush=True)
+
+    def work() -> None:
+        if resolve_device(device).type == "cpu" or cpu_moe_layers is not None:
+            from edgeserve.kernels import cpu_native
+
+            cpu_native.prebuild(say)
+
+    thread = threading.Thread(target=work, name="native-kernel-build", daemon=True)
+    thread.start()
+    return thread
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -595,6 +625,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"edgeserve: serving {', '.join(models)} on http://{args.host}:{args.port} "
           f"(OpenAI API at /v1, Ollama API at /api, chat page at /); models load on first request",
           file=sys.stderr, flush=True)
+    start_native_build(config.device, config.cpu_moe_layers)  # in the background: the server answers meanwhile
+    from edgeserve.server.kv_plan import planned_kv_line
+
+    for spec in models:  # the memory each text model's KV pool will take, and why
+        line = planned_kv_line(spec, config)
+        if line:
+            print(f"edgeserve: {line}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
 

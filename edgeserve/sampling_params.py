@@ -36,6 +36,9 @@ class SamplingParams:
     grammar: GrammarSpec | None = None
     json_schema: dict[str, Any] | str | None = None
     json_object: bool = False
+    # a thinking budget (edgeserve.engine.thinking_budget.ThinkingBudget): after that many reasoning tokens the
+    # model's closing tag is forced and the answer follows
+    thinking: Any = None
 
     # the largest number of top alternatives `logprobs` may ask for
     MAX_LOGPROBS = 20
@@ -66,6 +69,11 @@ class SamplingParams:
             self.grammar = GrammarSpec("json_object")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ValueError("grammar must be an edgeserve.text.grammar.GrammarSpec")
+        if self.thinking is not None:
+            from edgeserve.engine.thinking_budget import ThinkingBudget
+
+            if not isinstance(self.thinking, ThinkingBudget):
+                raise ValueError("thinking must be an edgeserve.engine.thinking_budget.ThinkingBudget")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:

@@ -92,3 +92,16 @@ def test_a_closed_stdout_is_a_quiet_exit():
             "sys.exit(run_reporting_errors('edgeserve', f))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_readme_first_run_installs_cpu_torch_before_the_package():
+    """Typed in order, First run installs the CPU build of torch (where there is no NVIDIA GPU) before anything that
+    would pull the CUDA build; CI's grep still finds the test command line."""
+    readme = (ROOT / "README.md").read_text()
+    first_run = readme.split("## First run", 1)[1].split("\n## ", 1)[0]
+    installs = [line for line in first_run.splitlines() if line.startswith("python -m pip install")]
+    assert installs and "download.pytorch.org/whl/cpu" in installs[0] and "-e ." not in installs[0], installs
+    assert any("-e ." in line for line in installs[1:])
+    ci = [line for line in readme.splitlines()
+          if re.match(r"^python -m pip install .*\[test\].*&& python -m pytest", line)]
+    assert ci and ci[0] == 'python -m pip install -q torch==2.13.0 -e ".[test]" && python -m pytest -q'

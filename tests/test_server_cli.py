@@ -126,6 +126,12 @@ def test_serve_process_answers_and_stops(tmp_path):
         _, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, -15)
     assert "serving" in err and "loaded in" in err
+    # the first lines say what the KV pool will take and why; the load line what it took
+    first = err.splitlines()[:5]
+    assert any(line.startswith("edgeserve: KV cache for tiny: ") and "full 128-token context" in line
+               for line in first), first
+    assert any("loaded in" in line and "KV pool" in line and "room for 4 requests" in line
+               for line in err.splitlines())
     # log lines about the request carry its id
     rid_lines = [line for line in err.splitlines() if "prompt tokens" in line]
     assert rid_lines and all("[-]" not in line for line in rid_lines)

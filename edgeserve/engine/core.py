@@ -36,6 +36,7 @@ from .adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
 from .kv_cache import KVPool, engine_kv_format, size_pool
+from .thinking_budget import ThinkingState
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
@@ -53,6 +54,8 @@ log = logging.getLogger("edgeserve.engine")
 _ids = itertools.count()
 
 PLACEHOLDER = -1  # an output token whose id is still on the device (one-step overlap)
+NONFINITE = ("the model's logits became non-finite (inf or NaN) while decoding, so no token could be chosen; "
+             "with a LoRA adapter, its weights or scale are too large")
 
 
 @dataclass
@@ -85,7 +88,7 @@ class EngineCore:
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
-        num_blocks, window_blocks, self.max_model_len, state_budget = size_pool(lm, config)
+        num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         use_offload = config.offload_config().use_cpu
         if hybrid and use_offload:
@@ -168,6 +171,8 @@ class EngineCore:
                       adapter=choice, images=check_images(images, len(prompt_ids), self.lm.config.hidden_size),
                       mrope=check_mrope(mrope, len(prompt_ids), self.lm.config),
                       attend_spans=check_spans(attend_spans, len(prompt_ids)))
+        if params.thinking is not None:
+            req.thinking = ThinkingState(params.thinking)
         if params.grammar is not None:  # GrammarError (a ValueError) names what the grammar engine cannot do
             req.grammar = GrammarCompiler.for_tokenizer(self.lm.tokenizer, self.lm.config.vocab_size).start(params.grammar)
         with self._lock:
@@ -234,7 +239,8 @@ class EngineCore:
             if self._pending_finish:
                 return True
         prev = self._inflight
-        return any(r.params.penalized or r.grammar is not None or (self.spec is not None and self.spec.wants(r))
+        return any(r.params.penalized or r.grammar is not None or (r.thinking is not None and r.thinking.active)
+                   or (self.spec is not None and self.spec.wants(r))
                    for r in (prev.sampling[i] for i in prev.plain))
 
     def _launch(self) -> Launched:
@@ -310,17 +316,21 @@ class EngineCore:
 
     def _apply(self, launched: Launched) -> list[RequestOutput | None]:
         """A launched step's tokens on the host: replace the placeholders, cut at stop/length, emit text."""
-        ids, lps = [], []
+        ids, lps, broken = [], [], []
         if launched.copy is not None:
             sample = launched.copy.wait()
             ids = sample.token_ids.tolist()
             lps = token_logprobs(sample, [launched.sampling[i].params.logprobs for i in launched.plain])
+            broken = sample.nonfinite.tolist() if sample.nonfinite is not None else [False] * len(ids)
         plain = {i: j for j, i in enumerate(launched.plain)}
         outputs = []
         for i, req in enumerate(launched.sampling):
             k = launched.out_index[req.request_id]
             if self.requests.get(req.request_id) is not req:
                 continue  # ended while the step ran: the row was wasted work
+            if i in plain and broken[plain[i]]:  # never a normal stop: the model's numbers overflowed
+                outputs.append(self._fail(req, NONFINITE))
+                continue
             if i in plain:
                 toks, lp = [ids[plain[i]]], lps[plain[i]]
                 req.set_output(k, toks[0])
@@ -329,6 +339,8 @@ class EngineCore:
                 toks, lp = launched.verified[i], None
             self.generation_tokens += len(toks)
             n, reason = _cut(toks, req.stop_ids, req.max_tokens - k)
+            if req.thinking is not None:
+                req.thinking.accept(toks[:n])
             if req.grammar is not None:
                 req.grammar.accept([t for t in toks[:n] if t not in req.stop_ids])
                 if req.grammar.error:  # never a silent stop: the reply could not be kept valid
@@ -492,9 +504,11 @@ class EngineCore:
 
 def _sampling_row(req: Request) -> SamplingRow:
     """The sampler's view of a request; its token history only where a penalty reads it (no per-step copies)."""
+    forced = req.thinking.forced() if req.thinking is not None else None
     if req.params.penalized:
-        return SamplingRow(req.params, req.generator, req.prompt_token_ids, req.output_token_ids, req.grammar)
-    return SamplingRow(req.params, req.generator, [], [], req.grammar)
+        return SamplingRow(req.params, req.generator, req.prompt_token_ids, req.output_token_ids, req.grammar,
+                           forced)
+    return SamplingRow(req.params, req.generator, [], [], req.grammar, forced)
 
 
 def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, str | None]:

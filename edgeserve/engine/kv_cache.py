@@ -15,6 +15,7 @@ from edgeserve.kernels.dispatch import AttentionMetadata, paged_attention, write
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 
+from .kv_budget import KVBudget, default_cpu_budget, explicit_why, gpu_budget_why
 from .kv_format import KVFormat, as_kv_format, resolve_kv_format
 
 if TYPE_CHECKING:
@@ -296,22 +297,35 @@ def engine_kv_format(lm, config) -> KVFormat:
     return resolve_kv_format(config.kv_cache_dtype, lm.config, lm.model.dtype, lm.model.device)
 
 
-def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
-    """(KV blocks, sliding-window pool blocks, usable context, recurrent-state slots) of one engine: the budget
-    (`kv_cache_gb`, else what the GPU memory fraction leaves after the weights and a warm-up step, else a fraction of
-    free host memory) in blocks (`pool_blocks_for_budget`), no more than every seat filled to the full context; the
-    context shrinks to what the pool holds. A hybrid model's recurrent-state seats and snapshots
+def pool_budget(lm, config, max_model_len: int) -> KVBudget:
+    """The KV pool's byte budget and why: `kv_cache_gb`, else what the GPU memory fraction leaves after the weights
+    and a warm-up step, else on a CPU room for a few full-context requests within a fraction of free memory
+    (engine.kv_budget; a hybrid model, whose recurrent states share the budget, takes that fraction)."""
+    model = lm.model
+    if config.kv_cache_gb:
+        return KVBudget(int(config.kv_cache_gb * 2**30), explicit_why())
+    if model.device.type == "cuda":
+        return KVBudget(gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, max_model_len),
+                                        config.max_num_seqs, config.block_size, config.gpu_memory_fraction),
+                        gpu_budget_why(config.gpu_memory_fraction))
+    free = free_memory_bytes(model.device)
+    if lm.config.is_hybrid:
+        return KVBudget(int(config.kv_cache_fraction * free), f"{config.kv_cache_fraction:.0%} of the memory free "
+                        "(the recurrent states share it); --kv-cache-gb sets it")
+    return default_cpu_budget(kv_bytes_per_token(lm.config, engine_kv_format(lm, config)), max_model_len,
+                              config.max_num_seqs, free, config.kv_cache_fraction)
+
+
+def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None", KVBudget]:
+    """(KV blocks, sliding-window pool blocks, usable context, recurrent-state slots, budget) of one engine: the
+    budget (`pool_budget`) in blocks (`pool_blocks_for_budget`), no more than every seat filled to the full context;
+    the context shrinks to what the pool holds. A hybrid model's recurrent-state seats and snapshots
     (engine.state_cache.state_budget) come out of the same budget first (None for other models). ValueError when no
     block fits."""
     model = lm.model
     max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)
-    if config.kv_cache_gb:
-        budget = config.kv_cache_gb * 2**30
-    elif model.device.type == "cuda":
-        budget = gpu_pool_budget(model, lm.config, min(config.max_num_batched_tokens, max_model_len),
-                                 config.max_num_seqs, config.block_size, config.gpu_memory_fraction)
-    else:
-        budget = config.kv_cache_fraction * free_memory_bytes(model.device)
+    plan = pool_budget(lm, config, max_model_len)
+    budget = plan.nbytes
     states = None
     if lm.config.is_hybrid:
         from .state_cache import state_budget
@@ -333,7 +347,7 @@ def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None"]:
                          f"{need / 2**20:.2f} MiB{hint}")
     if num_blocks < blocks_per_seq:  # a request may not use more context than the pool holds
         max_model_len = num_blocks * config.block_size
-    return num_blocks, window_blocks, max_model_len, states
+    return num_blocks, window_blocks, max_model_len, states, plan
 
 
 def forward_batch(model, pool: "KVPool", token_ids: torch.Tensor | list[int], positions: torch.Tensor | list[int],

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from edgeserve.text.grammar import GrammarState
 
     from .adapters import AdapterChoice
+    from .thinking_budget import ThinkingState
 
     from .output_processor import OutputProcessor
 
@@ -112,6 +113,7 @@ class Request(Sequence):
     grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
     draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
     adapter: AdapterChoice | None = None  # the LoRA adapter it runs (engine.adapters), held until it ends
+    thinking: ThinkingState | None = None  # a thinking budget: reasoning tokens spent, the closing tag to force
 
     @property
     def request_id(self) -> str:

@@ -27,6 +27,9 @@ class SampleOutput:
     logprobs: torch.Tensor | None = None  # [B] each chosen token's logprob; None when no row asked
     top_ids: torch.Tensor | None = None  # [B, N] best first, N = the largest `logprobs` asked in the batch
     top_logprobs: torch.Tensor | None = None  # [B, N]
+    # [B] bool: the row's logits held an inf or NaN (the model's activations overflowed): its token is meaningless,
+    # and the engine ends the request with an error instead of a normal stop
+    nonfinite: torch.Tensor | None = None
 
 
 @dataclass
@@ -38,12 +41,14 @@ class SamplingRow:
     prompt_ids: list[int]
     output_ids: list[int]
     grammar: GrammarState | None = None  # constrained decoding: the mask comes from here
+    forced: int | None = None  # the token this row must take (a thinking budget's closing tag), else sampled
 
 
 def sample_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
     """`sample_tokens` over one logits row per SamplingRow (the result stays on the logits' device)."""
     return sample_tokens(logits, [r.params for r in rows], [r.generator for r in rows],
-                         [r.prompt_ids for r in rows], [r.output_ids for r in rows], [r.grammar for r in rows])
+                         [r.prompt_ids for r in rows], [r.output_ids for r in rows], [r.grammar for r in rows],
+                         [r.forced for r in rows])
 
 
 def token_logprobs(sample: SampleOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:
@@ -259,19 +264,24 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                   prompt_ids: list[list[int]] | None = None,
                   output_ids: list[list[int]] | None = None,
-                  grammars: list[GrammarState | None] | None = None) -> SampleOutput:
+                  grammars: list[GrammarState | None] | None = None,
+                  forced: list[int | None] | None = None) -> SampleOutput:
     """One token per row of logits [B, V], each row under its own params and generator, with logprobs if asked.
 
     `prompt_ids` / `output_ids` (one list per row) are what the penalties look at; `grammars` (one per row, None
-    for unconstrained rows) mask each constrained row to the tokens its grammar allows next.
+    for unconstrained rows) mask each constrained row to the tokens its grammar allows next; `forced` (one per row,
+    None to sample) gives rows their token outright (its logprob is still reported as the model's).
     """
-    logits = apply_grammars(apply_penalties(logits.float(), params, prompt_ids, output_ids), grammars)
+    logits = logits.float()
+    nonfinite = ~torch.isfinite(logits.sum(-1))  # one reduction: any inf or NaN in a row makes its sum non-finite
+    logits = apply_grammars(apply_penalties(logits, params, prompt_ids, output_ids), grammars)
     device = logits.device
     tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     top_n = max((p.logprobs for p in params if p.logprobs is not None), default=None)
-    out = SampleOutput(tokens)
+    out = SampleOutput(tokens, nonfinite=nonfinite)
     if not sampled and top_n is None:
+        _force(tokens, forced)
         return out
     # host-side flags and to_device: nothing here waits for the device (see kernels.transfer)
     scaled = scale_by_temperature(logits, params)
@@ -280,11 +290,20 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], generators
         typical = apply_typical(logits, params)  # truncation: the logprobs below stay before it
         drawn = scaled if typical is logits else scale_by_temperature(typical, params)
         tokens[rows] = _draw(drawn[rows], [params[i] for i in sampled], [generators[i] for i in sampled])
+    _force(tokens, forced)
     if top_n is not None:
         logprobs = scaled.log_softmax(-1)
         out.logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
         out.top_logprobs, out.top_ids = top_logprobs(logprobs, top_n)
     return out
+
+
+def _force(tokens: torch.Tensor, forced: list[int | None] | None) -> None:
+    """Put each forced row's token in place (a Python check for batches without any)."""
+    rows = [i for i, t in enumerate(forced or ()) if t is not None]
+    if rows:
+        tokens[to_device(rows, torch.long, tokens.device)] = to_device([forced[i] for i in rows], torch.long,
+                                                                      tokens.device)
 
 
 TIE_SLACK = 8  # extra candidates, so that the tokens tied at the n-th place are in the set before it is ordered

@@ -97,13 +97,18 @@ def load_adapter(name: str, path: str | Path, config: ModelConfig) -> LoraAdapte
     """The adapter at `path` (a PEFT folder with adapter_config.json, or a GGUF LoRA file), checked against the
     base model's `config`; raises AdapterError with what is wrong."""
     path = Path(path).expanduser()
-    if not path.exists():
-        raise AdapterError(f"adapter {name!r}: {path} does not exist")
-    if path.is_dir():
-        pairs, digest = _read_peft(path, config)
-    elif path.suffix == ".gguf" or _magic(path) == b"GGUF":
-        pairs, digest = _read_gguf(path, config)
-    else:
+    try:
+        if not path.exists():
+            raise AdapterError(f"adapter {name!r}: {path} does not exist")
+        if path.is_dir():
+            pairs, digest = _read_peft(path, config)
+        elif path.suffix == ".gguf" or _magic(path) == b"GGUF":
+            pairs, digest = _read_gguf(path, config)
+        else:
+            pairs = None
+    except OSError as e:  # a name too long, a folder without permission, a file gone while it was read
+        raise AdapterError(f"adapter {name!r}: {str(path)[:200]} cannot be read ({e.strerror or e})") from None
+    if pairs is None:
         raise AdapterError(f"adapter {name!r}: {path} is neither a PEFT folder (adapter_config.json + "
                            "adapter_model.safetensors) nor a GGUF LoRA file")
     if not pairs:

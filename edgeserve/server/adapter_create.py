@@ -7,6 +7,7 @@ template, ...) is refused by field name."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,13 @@ async def create_adapter_model(manager: ModelManager, body: dict[str, Any]) -> s
         raise bad_request(f"from {base!r} is not a model this server has (GET /api/tags lists them)", "from") from None
     if name in manager.known() or name in CATALOG:
         raise bad_request(f"model {name!r} is a base model's name; pick another name for the adapter model", "model")
-    await load_adapter(manager, name, str(adapter_files(body.get("adapters"))), base_id)
+    path = adapter_files(body.get("adapters"))
+    try:
+        await load_adapter(manager, name, str(path), base_id)
+    except BaseException:
+        if path.parent == blob_folder() / "adapters" and str(path) not in manager.adapters.values():
+            shutil.rmtree(path, ignore_errors=True)  # refused: no links to what it named stay behind
+        raise
     return name
 
 

@@ -20,6 +20,8 @@ from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.request import GenerationRequest
 
 MAX_NAME = 128  # characters of an adapter's name
+MAX_PATH = 4096  # characters of an adapter's path (Linux's PATH_MAX)
+MAX_SCALE = 100.0  # the largest |scale| a request's `lora` entry may ask (1 is the adapter as trained)
 
 
 def split_adapter(manager: ModelManager, name: str) -> tuple[str, str | None]:
@@ -51,6 +53,9 @@ def pick_adapter(manager: ModelManager, req: GenerationRequest) -> None:
                 or isinstance(item.get("id"), bool) or not isinstance(scale, (int, float)) \
                 or isinstance(scale, bool) or not math.isfinite(scale):
             raise bad_request(f"lora[{i}] must be an object with an integer id and a numeric scale", "lora")
+        if abs(scale) > MAX_SCALE:  # far past any trained strength: the activations overflow to inf / NaN
+            raise bad_request(f"lora[{i}].scale {scale:g} is out of range; at most {MAX_SCALE:g} in magnitude "
+                              "(1 is the adapter as trained)", "lora")
         if not 0 <= item["id"] < len(names):
             raise bad_request(f"lora[{i}].id {item['id']} is not a loaded adapter (GET /lora-adapters lists "
                               f"{len(names)})", "lora")
@@ -74,12 +79,19 @@ async def load_adapter(manager: ModelManager, name: Any, path: Any, base: str | 
                           "lora_name")
     if not isinstance(path, str) or not path:
         raise bad_request("lora_path must be a path to a PEFT folder or a GGUF LoRA file", "lora_path")
+    if len(path) > MAX_PATH or "\0" in path:
+        raise bad_request(f"lora_path is {len(path)} characters or holds a NUL; a path has at most {MAX_PATH}",
+                          "lora_path")
     if name in manager.adapters and manager.adapters[name] != path:
         raise APIError(400, f"adapter {name!r} is already loaded from {manager.adapters[name]}; unload it first",
                        "invalid_request_error", "lora_name")
     lease = await manager.acquire(base or manager.default_id())
     try:
-        await anyio.to_thread.run_sync(lease.engine.core.adapters.load, name, path)
+        core = getattr(lease.engine, "core", None)
+        if core is None:
+            raise bad_request(f"model {lease.entry.id!r} is an embedding model; LoRA adapters run on text "
+                              "generation models", "base_model")
+        await anyio.to_thread.run_sync(core.adapters.load, name, path)
     finally:
         lease.release()
     manager.adapters[name] = path

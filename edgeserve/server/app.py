@@ -55,6 +55,13 @@ async def chat_page(request: Request) -> Response:
     return HTMLResponse(html, headers={"content-security-policy": CHAT_PAGE_CSP})
 
 
+BLOB_PATH = "/api/blobs/"
+
+
+def _too_large(limit: int) -> str:
+    return f"request body is larger than the limit of {limit} bytes ({limit / 2 ** 20:g} MiB)"
+
+
 class ServerMiddleware:
     """Request ids (X-Request-Id in and out, in every log line), the API key, the body size limit, status counts."""
 
@@ -87,9 +94,11 @@ class ServerMiddleware:
                 msg = "missing or invalid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
                 await self._reply(scope, send_with_id, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
                 return
+            # a blob streams to disk (server/blobs.py) under its own limit; every other body is read whole
+            limit = cfg.max_blob_bytes if path.startswith(BLOB_PATH) else cfg.max_body_bytes
             length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > cfg.max_body_bytes:
-                await self._reply(scope, send_with_id, 413, self._too_large(), "request_too_large", {})
+            if length.isdigit() and int(length) > limit:
+                await self._reply(scope, send_with_id, 413, _too_large(limit), "request_too_large", {})
                 return
             received = [0]
 
@@ -97,8 +106,8 @@ class ServerMiddleware:
                 message = await receive()
                 if message["type"] == "http.request":
                     received[0] += len(message.get("body", b""))
-                    if received[0] > cfg.max_body_bytes:
-                        raise BodyTooLargeError(self._too_large())
+                    if received[0] > limit:
+                        raise BodyTooLargeError(_too_large(limit))
                 return message
 
             try:
@@ -113,9 +122,6 @@ class ServerMiddleware:
             label = path if path in self.paths else "other"
             self.state.metrics.requests.labels(label, str(status[0])).inc()
             request_id_var.reset(token)
-
-    def _too_large(self) -> str:
-        return f"request body is larger than the limit of {self.state.config.max_body_bytes} bytes"
 
     async def _reply(self, scope: Scope, send: Send, status: int, message: str, code: str,
                      headers: dict[str, str]) -> None:

@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
-from edgeserve.server.errors import bad_request
+import anyio.to_thread
+
+from edgeserve.server.errors import APIError, bad_request
 
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 
@@ -31,20 +33,38 @@ def blob_path(digest: object, field: str = "digest") -> Path:
     return blob_folder() / f"sha256-{m[1]}"
 
 
+WRITE_BYTES = 4 * 1024 * 1024  # pushed bytes are hashed and written in pieces of this size, off the event loop
+
+
 async def save_blob(digest: str, chunks: AsyncIterator[bytes]) -> Path:
-    """Write the pushed bytes as the blob of `digest`; a 400 when they do not hash to it (nothing is kept then)."""
+    """Stream the pushed bytes to disk as the blob of `digest`; a 400 when they do not hash to it, a 507 when the
+    disk is full (nothing is kept then). The body limit is the middleware's (`max_blob_bytes`)."""
     path = blob_path(digest)
     path.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
+
+    def write(piece: bytes) -> None:
+        h.update(piece)
+        f.write(piece)
+
     try:
         with os.fdopen(fd, "wb") as f:
+            pending: list[bytes] = []
+            size = 0
             async for chunk in chunks:
-                h.update(chunk)
-                f.write(chunk)
+                pending.append(chunk)
+                size += len(chunk)
+                if size >= WRITE_BYTES:
+                    await anyio.to_thread.run_sync(write, b"".join(pending))
+                    pending, size = [], 0
+            await anyio.to_thread.run_sync(write, b"".join(pending))
         if f"sha256-{h.hexdigest()}" != path.name:
             raise bad_request(f"digest {digest} does not match the pushed bytes (sha256:{h.hexdigest()})", "digest")
         os.replace(tmp, path)
+    except OSError as e:
+        raise APIError(507, f"the blob could not be stored: {e.strerror or e}", "server_error", None,
+                       "insufficient_storage") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -33,7 +33,8 @@ def parse_keep_alive(value: object) -> float | None:
             raise bad("be a number")
         seconds = float(value) if abs(value) < 1e300 else float("inf") * (1 if value > 0 else -1)
     elif isinstance(value, str):
-        parts = re.findall(r"(-?\d+(?:\.\d+)?)(ms|h|m|s)?", value.strip())
+        # ASCII digits only: float() would read "١" (Arabic-Indic one) as 1
+        parts = re.findall(r"(-?[0-9]+(?:\.[0-9]+)?)(ms|h|m|s)?", value.strip())
         if not parts or "".join(n + (u or "") for n, u in parts) != value.strip().replace(" ", ""):
             raise bad("be a duration like '5m', '30s', '1h30m' or a number of seconds")
         seconds = sum(float(n) * _UNITS[u or None] for n, u in parts)
@@ -78,6 +79,8 @@ class ServerConfig:
     # the experts of the first N MoE layers (or "all") in host memory on the CPU kernels (edgeserve.models.cpu_moe)
     cpu_moe_layers: int | str | None = _flag(None, "--cpu-moe-layers")
     max_body_bytes: int = 32 * 1024 * 1024  # request bodies over this get 413 (images come base64 in the body)
+    # a blob pushed to /api/blobs (an adapter's files) streams to disk up to this many bytes instead
+    max_blob_bytes: int = _flag(8 * 1024 ** 3, "--max-blob-bytes")
     # image input (edgeserve/vision): projectors of GGUF models as (model, mmproj file) pairs, each for its model
     # alone (a plain path: for the first model; a model without one finds it beside its file or in its HF folder),
     # whether http(s) image URLs are fetched, and the limits of one request
@@ -109,7 +112,7 @@ class ServerConfig:
             raise config_error(ServerConfig, "engine", "be an EngineConfig", self.engine)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise config_error(ServerConfig, "port", "be between 0 and 65535", self.port)
-        for name in ("max_loaded_models", "max_body_bytes", "max_n", "max_images", "max_image_pixels"):
+        for name in ("max_loaded_models", "max_body_bytes", "max_blob_bytes", "max_n", "max_images", "max_image_pixels"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise config_error(ServerConfig, name, "be a positive integer", value)

@@ -12,6 +12,7 @@ import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
+from edgeserve.server.thinking import thinking_spec
 from edgeserve.server.disconnect import run_abandonable
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
@@ -141,7 +142,9 @@ class Generation:
                     kw = self._sampling_fields()
                     if self.req.n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + j
-                    params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(), **kw)
+                    params = SamplingParams(max_tokens=max_tokens, grammar=self.constraint(),
+                                            thinking=thinking_spec(self.req.thinking_budget, self.chat,
+                                                                   self.lease.lm.tokenizer), **kw)
                     # unique even when a client reuses an X-Request-Id; the log id stays a prefix
                     rid = f"{self.request_id}-{secrets.token_hex(3)}-{p_idx * self.req.n + j}"
                     extra = self.images.engine_args() if self.images is not None else {}

@@ -356,7 +356,8 @@ class ModelManager:
         entry.last_used = time.monotonic()
         assert self._tg is not None
         self._tg.start_soon(self._run_engine, entry)
-        log.info("model %s loaded in %.2fs (context %d tokens)", entry.id, entry.load_seconds, engine.max_model_len)
+        log.info("model %s loaded in %.2fs (context %d tokens)%s", entry.id, entry.load_seconds, engine.max_model_len,
+                 _kv_note(engine))
         if self._on_loaded is not None:
             self._on_loaded(entry)
         entry.ready.set()
@@ -395,6 +396,15 @@ class ModelManager:
                 entry.engine = entry.lm = None
                 if self.entries.get(entry.id) is entry:
                     del self.entries[entry.id]
+
+
+def _kv_note(engine: Any) -> str:
+    """", KV pool 0.70 GiB (why)" for a text model's engine; empty for an embedding model."""
+    core = getattr(engine, "core", None)
+    plan = getattr(core, "kv_budget", None)
+    if plan is None:
+        return ""
+    return f", KV pool {core.pool.nbytes / 2**30:.2f} GiB ({plan.why})"
 
 
 def recommended_sampling(spec: str, source: ModelSource) -> dict[str, Any]:

@@ -44,6 +44,9 @@ class GenerationRequest:
     # the prompt is the conversation alone, without the template's assistant header
     continue_final_message: str | None = None
     add_generation_prompt: bool = True
+    # reasoning tokens before the model's closing tag is forced and the answer follows (server/thinking.py); None: no
+    # budget
+    thinking_budget: int | None = None
     # LoRA (edgeserve/server/adapters.py): the adapter it runs and its scale; `lora` is llama-server's raw list
     adapter: str | None = None
     adapter_scale: float = 1.0

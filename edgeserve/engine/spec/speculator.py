@@ -56,8 +56,10 @@ class Speculator:
     @staticmethod
     def wants(req: "Request") -> bool:
         """Whether a request speculates: it did not opt out, asks no logprobs (not supported here yet) and has no
-        grammar (a constrained request draws its tokens one at a time, each under its grammar's mask)."""
-        return req.params.speculative and req.params.logprobs is None and req.grammar is None
+        grammar (a constrained request draws its tokens one at a time, each under its grammar's mask) or live thinking
+        budget (its closing tag is forced one token per step)."""
+        return req.params.speculative and req.params.logprobs is None and req.grammar is None and (
+            req.thinking is None or not req.thinking.active)
 
     def propose(self, reqs: list["Request"]) -> None:
         """Set `spec_token_ids` (and, with a draft model, `draft_probs`) of each decoding request (never more than

@@ -210,6 +210,8 @@ def parse_messages_request(body: dict) -> GenerationRequest:
     req.tools = parse_tool_list(body.get("tools"), _anthropic_tool)
     req.tool_choice, req.parallel_tool_calls = _tool_choice(body.get("tool_choice"), req.tools)
     req.think = _thinking(body.get("thinking"))
+    if req.think:  # enabled: budget_tokens is honoured as a budget, not only a level
+        req.thinking_budget = body["thinking"]["budget_tokens"]
     req.constraint = _output_format(body.get("output_config"))
     # harmony's Reasoning: level (gpt-oss): output_config.effort, else the thinking budget in tokens
     effort = (body.get("output_config") or {}).get("effort") or (body.get("thinking") or {}).get("budget_tokens")

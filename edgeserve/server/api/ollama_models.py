@@ -86,9 +86,13 @@ def _adapter_tags(manager: Any) -> list[dict[str, Any]]:
     return out
 
 
+FOREVER_SECONDS = (2 ** 63 - 1) / 1e9
+
+
 def _ps_entry(e: ModelEntry, state: str, on_gpu: bool, digest_: str, details: dict[str, Any]) -> dict[str, Any]:
     remaining = e.expires_in()
-    expires = "0001-01-01T00:00:00Z" if remaining is None else now_iso(time.time() + remaining)
+    # forever: as Ollama says it (now plus the longest Go duration, about 292 years), which clients read as "Forever"
+    expires = now_iso(time.time() + (FOREVER_SECONDS if remaining is None else remaining))
     out = {"name": e.id, "model": e.id, "size": e.size_bytes, "digest": digest_, "details": details,
            "expires_at": expires, "size_vram": e.size_bytes if on_gpu else 0, "status": state,
            "active_requests": e.active}

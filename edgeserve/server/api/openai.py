@@ -30,6 +30,7 @@ from edgeserve.server.state import api_errors, server_state
 from edgeserve.server.tools import parse_tools, set_tools
 from edgeserve.text.grammar import GrammarSpec
 
+MAX_BUDGET = 2**31 - 1  # the largest thinking budget a request may give
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
 # llama-server's reasoning_format values: "none" keeps the reasoning in the content; the others split it off
 REASONING_FORMATS = ("none", "auto", "deepseek")
@@ -104,7 +105,8 @@ def _logit_bias(value) -> dict[int, float]:
 _CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options",
                 "stop", "logprobs", "top_logprobs", "response_format", "logit_bias", "tools", "tool_choice",
                 "parallel_tool_calls", "ignore_eos", "chat_template_kwargs", "reasoning_effort", "reasoning_format",
-                "lora", "continue_final_message", "add_generation_prompt", *_SAMPLING_NUMBERS}
+                "lora", "continue_final_message", "add_generation_prompt", "thinking_budget_tokens",
+                "max_thinking_tokens", *_SAMPLING_NUMBERS}
 
 
 def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
@@ -131,7 +133,20 @@ def parse_chat_request(body: dict, max_n: int) -> GenerationRequest:
     req.reasoning_format = body.get("reasoning_format")
     if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMATS:
         raise bad_request(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}", "reasoning_format")
+    req.thinking_budget = _thinking_budget(body)
     return req
+
+
+def _thinking_budget(body: dict) -> int | None:
+    """`thinking_budget_tokens` or its alias `max_thinking_tokens`: reasoning tokens before the thought is closed."""
+    given = {name: number(body, name, integer=True) for name in ("thinking_budget_tokens", "max_thinking_tokens")}
+    values = {name: v for name, v in given.items() if v is not None}
+    for name, v in values.items():
+        if not 0 <= v <= MAX_BUDGET:
+            raise bad_request(f"{name} must be an integer from 0 to {MAX_BUDGET}, got {v}", name)
+    if len(set(values.values())) > 1:
+        raise bad_request("thinking_budget_tokens and max_thinking_tokens differ; give one", "max_thinking_tokens")
+    return next(iter(values.values()), None)
 
 
 _COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "n", "stream", "stream_options", "stop", "logprobs",
