@@ -55,6 +55,9 @@ class CallContext:
 # (reply text from the first call marker on, context) -> (content left over, calls read). A parser must not lose
 # text: what is not a call comes back as content, in order.
 CallParser = Callable[[str, CallContext], "tuple[str, list[ToolCall]]"]
+# (the text of a forced reply cut short by max_tokens, context) -> its calls: every complete one, then the cut one
+# when its name is complete, with its arguments as far as they got (JSON text, perhaps unfinished)
+CutReader = Callable[[str, CallContext], "list[ToolCall]"]
 # (tools, choice: a function name or None for "required", parallel) -> the grammar that constrains the reply to
 # calls in the format's own syntax.
 ForcedGrammar = Callable[[list[dict], "str | None", bool], "GrammarSpec"]
@@ -72,6 +75,7 @@ class ChatFormat:
     calls_in_reasoning: bool = False  # a call marker inside an unclosed thought ends the thought there
     stop: tuple[str, ...] = ()  # strings that end the reply besides the vocabulary's end-of-turn tokens
     forced: ForcedGrammar | None = None  # None: forced calls use the generic JSON reply (tool_calls.forced_schema)
+    cut: CutReader | None = None  # reads a forced reply cut short (None: `parse` alone reads it)
     thinking_switches: tuple[str, ...] = ("enable_thinking",)  # template variables that turn reasoning on / off
     priority: int = 100  # detection order: lower is tried first (specific markers before generic ones)
     # markers of the format that are never content: removed from the content wherever they appear (Gemma 4's stray
