@@ -99,7 +99,6 @@ class ChatSetup:
             if calls and out.finish_reason == "stop":
                 out.finish_reason = "tool_calls"
 
-
     def _cut_calls(self, content: str) -> list[ToolCall]:
         """The calls of a forced reply cut short by max_tokens (the content left after its complete calls were
         read): by the format's cut reader, or the generic JSON reply's."""
