@@ -164,3 +164,80 @@ def test_named_call_cut_by_max_tokens_comes_back_with_its_arguments_so_far(clien
     assert choice.finish_reason == "length" and not choice.message.content
     (call,) = choice.message.tool_calls
     assert call.function.name == "count" and call.function.arguments.startswith('{"')
+
+
+# --- the four formats that used to fall back to a JSON wrapper: their grammars and cut calls -----------------------
+
+CUTS = {
+    "hermes": ('<tool_call>\n{"name": "pick", "arguments": {"color": "red", "on": true}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "count", "arguments": {"n": 3, "lo', '{"n": 3, "lo'),
+    "mistral": ('[TOOL_CALLS][{"name": "pick", "arguments": {"color": "red", "on": true}, "id": "a1b2c3d4e"}, '
+                '{"name": "count", "arguments": {"n": 3, "lo', '{"n": 3, "lo'),
+    "llama3": ('{"name": "pick", "parameters": {"color": "red", "on": true}}; {"name": "count", "parameters": {"n": 3, '
+               '"lo', '{"n": 3, "lo'),
+    "gemma4": ('<|tool_call>call:pick{color:<|"|>red<|"|>,on:true}<tool_call|><|tool_call>call:count{loud:true,n:<|"|>3',
+               '{"loud":true,"n":"3'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUTS))
+def test_a_forced_reply_cut_short_keeps_its_calls_and_the_cut_ones_arguments(name):
+    text, partial = CUTS[name]
+    setup = _format_setup(name, None)
+    out = _read(setup, text, finish="length")
+    assert out.finish_reason == "length" and out.text == ""
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("pick", '{"color": "red", "on": true}'),
+                                                                ("count", partial)]
+    if name == "mistral":  # the id the model wrote is the call's id
+        assert out.tool_calls[0].id == "a1b2c3d4e"
+    # not even the name: nothing to call, the text stays
+    head = text[:text.index("pick") + 2]
+    out = _read(setup, head, finish="length")
+    assert out.tool_calls == [] and out.text.strip() == head.strip()
+
+
+NESTED = {"type": "function", "function": {"name": "plan", "parameters": {
+    "type": "object", "required": ["steps", "zip"],
+    "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}, "note": {"type": "string", "maxLength": 3},
+                   "steps": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"$ref": "#/$defs/step"}},
+                   "odd key": {"type": "integer"}},
+    "$defs": {"step": {"type": "object", "properties": {"say": {"type": "string"},
+                                                        "then": {"$ref": "#/$defs/step"}},
+                       "required": ["say"], "additionalProperties": False}}}}}
+STEP = '{say:<|"|>hi, {x:1}<|"|>,then:{say:<|"|><|"|>}}'
+
+
+@pytest.mark.parametrize("text,ok", [
+    (f'<|tool_call>call:plan{{note:<|"|>abc<|"|>,<|"|>odd key<|"|>:4,steps:[{STEP}],zip:<|"|>12345<|"|>}}<tool_call|>',
+     True),
+    (f'<|tool_call>call:plan{{steps:[{STEP},{STEP}],zip:<|"|>00000<|"|>}}<tool_call|>', True),
+    (f'<|tool_call>call:plan{{steps:[{STEP},{STEP},{STEP}],zip:<|"|>00000<|"|>}}<tool_call|>', False),  # maxItems
+    ('<|tool_call>call:plan{steps:[],zip:<|"|>00000<|"|>}<tool_call|>', False),  # minItems
+    (f'<|tool_call>call:plan{{steps:[{STEP}],zip:<|"|>0000<|"|>}}<tool_call|>', False),  # pattern
+    (f'<|tool_call>call:plan{{note:<|"|>abcd<|"|>,steps:[{STEP}],zip:<|"|>00000<|"|>}}<tool_call|>', False),  # length
+    (f'<|tool_call>call:plan{{zip:<|"|>00000<|"|>,steps:[{STEP}]}}<tool_call|>', False),  # keys in sorted order
+    ('<|tool_call>call:plan{steps:[{say:<|"|>a<|"|>,x:1}],zip:<|"|>00000<|"|>}<tool_call|>', False),  # no extras
+])
+def test_gemma4_arguments_follow_the_schema(tmp_path_factory, text, ok):
+    from format_cases import accepts, context
+
+    fmt = next(f for f in FORMATS if f.name == "gemma4")
+    spec = fmt.forced([NESTED], "plan", False)
+    tok = vocabulary(tmp_path_factory.mktemp("g4"), spec.tokens)
+    assert accepts(tok, spec, text) == ok
+    if ok:
+        (call,) = fmt.parse(text, context([NESTED]))[1]
+        jsonschema.validate(json.loads(call.arguments), NESTED["function"]["parameters"])
+
+
+def test_gemma4_forced_grammar_on_gemma4s_own_vocabulary():
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.loaders.tokenizer import tokenizer_from_gguf
+    from format_cases import accepts, walk
+
+    tok = tokenizer_from_gguf(GGUFFile(llama_cpp_dir() / "models" / "ggml-vocab-gemma-4.gguf").metadata)
+    spec = next(f for f in FORMATS if f.name == "gemma4").forced(TOOLS, None, True)
+    call = '<|tool_call>call:pick{color:<|"|>green<|"|>,on:false}<tool_call|>'
+    assert len(tok.encode('<|"|>', add_special_tokens=False)) == 1  # the delimiter is one token there
+    assert accepts(tok, spec, call) and accepts(tok, spec, call * 2)
+    assert walk(tok, spec, call.replace("green", "blue"))[1] is not None
