@@ -175,7 +175,8 @@ CUTS = {
                 '{"name": "count", "arguments": {"n": 3, "lo', '{"n": 3, "lo'),
     "llama3": ('{"name": "pick", "parameters": {"color": "red", "on": true}}; {"name": "count", "parameters": {"n": 3, '
                '"lo', '{"n": 3, "lo'),
-    "gemma4": ('<|tool_call>call:pick{color:<|"|>red<|"|>,on:true}<tool_call|><|tool_call>call:count{loud:true,n:<|"|>3',
+    "gemma4": ('<|tool_call>call:pick{color:<|"|>red<|"|>,on:true}<tool_call|>'
+               '<|tool_call>call:count{loud:true,n:<|"|>3',
                '{"loud":true,"n":"3'),
 }
 

@@ -116,7 +116,8 @@ def test_cut_required_reply_keeps_its_complete_calls():
     setup = ChatSetup("", None, False, False, ToolSetup("forced", known={"a", "b"}, parallel=True))
     parser = setup.parser()
     assert isinstance(parser, ChatOutputParser)
-    text = '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {"y'
+    text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {"y')
     out = RequestOutput(request_id="r", text=text, token_ids=[1], logprobs=None, finish_reason="length")
     setup.split(parser, out)
     assert [(c.name, c.arguments) for c in out.tool_calls] == [("a", '{"x": 1}'), ("b", '{"y')]
