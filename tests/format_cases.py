@@ -111,13 +111,16 @@ def accepts(tok, spec: GrammarSpec, text: str) -> bool:
     return masked is None and any(allowed_mask([state], tok.vocab_size)[0, t] for t in tok.eot_ids)
 
 
-def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 3000) -> str:
+def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 3000, prefix: str = "") -> str:
     """A reply a random-weight model would write under the grammar: uniformly random allowed tokens (end of turn
-    as soon as it is allowed) until the grammar ends."""
+    as soon as it is allowed) until the grammar ends. `prefix`: text the reply starts with (a thought), which the
+    grammar must allow."""
     rng = random.Random(seed)
     state = GrammarCompiler.for_tokenizer(tok, tok.vocab_size).start(spec)
     eot = set(tok.eot_ids)
-    ids: list[int] = []
+    ids: list[int] = tok.encode(prefix, add_special_tokens=False) if prefix else []
+    for t in ids:
+        assert allowed_mask([state], tok.vocab_size)[0, t] and state.accept([t]), prefix
     for _ in range(steps):
         allowed = allowed_mask([state], tok.vocab_size)[0].nonzero().flatten().tolist()
         if any(t in eot for t in allowed):

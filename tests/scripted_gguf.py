@@ -19,11 +19,12 @@ NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML gene
 
 def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str, arch: str = "llama",
                         hidden: int = 64, layers: int = 1, heads: int = 4, specials: tuple[str, ...] = (),
-                        context: int = 512) -> Path:
+                        context: int = 512, noise: float = 0.0) -> Path:
     """A GGUF whose model, after token `a`, always picks `b`, for each (a, b) in `script` (`a` may be a byte
     symbol such as NEWLINE, or a piece of the script); pieces that are not byte symbols become vocabulary entries.
     `template` is its chat template; `specials` are more control tokens (after the three ChatML ones); `context`
-    its context length in tokens."""
+    its context length in tokens; `noise`: the scale of random output weights added (a random-weight model where
+    nothing is scripted)."""
     import gguf
 
     rng = np.random.default_rng(0)
@@ -68,6 +69,8 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
     out = np.zeros((vocab, hidden), dtype=np.float32)
     for a, b in script:
         out[index[b]] += 4.0 * ortho[involved.index(index[a])]  # logit ~ 4 * sqrt(hidden) = 32 over every other
+    if noise:
+        out += np.random.default_rng(1).normal(0, noise, size=out.shape).astype(np.float32)
     tensors = {"token_embd.weight": embd, "output.weight": out, "output_norm.weight": np.ones(hidden, np.float32)}
     for i in range(layers):
         p = f"blk.{i}."

@@ -296,7 +296,7 @@ def test_forced_setup_uses_the_format_after_the_reasoning():
         "Go.", "", [("get_weather", PARIS)])
     hermes = chat_setup(parse_chat_request({"model": "m", "messages": ASK, "tools": [WEATHER],
                                             "tool_choice": "required"}, 4), ChatTemplate(TOOL_TEMPLATE))
-    assert hermes.constraint.kind == "json_schema"  # other formats keep their JSON constraint
+    assert hermes.constraint.kind == "lark" and '"<tool_call>"' in hermes.constraint.source  # hermes: its own
 
 
 # --- end to end through the four routes ----------------------------------------------------------------------------

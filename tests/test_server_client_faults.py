@@ -82,8 +82,11 @@ def test_forced_call_with_output_format_is_accepted_on_anthropic(http):
 
 # --- 2. a forced call cut by max_tokens is still a call ---------------------------------------------------------
 
-NAMED = {"model": "tooly", "messages": ASK, "tools": TOOLS, "max_tokens": 3, **GREEDY,
-         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+# get_time is off the scripted model's path: it writes the hermes call byte by byte (greedy among equal logits:
+# the lowest allowed token, a space inside the arguments' first key), 36 tokens up to the arguments, so 40 tokens
+# cut it inside them
+NAMED = {"model": "tooly", "messages": ASK, "tools": TOOLS, "max_tokens": 40, **GREEDY,
+         "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
 
 
 def test_forced_call_cut_by_max_tokens_is_a_call_with_partial_arguments(http):
@@ -91,15 +94,15 @@ def test_forced_call_cut_by_max_tokens_is_a_call_with_partial_arguments(http):
     assert choice["finish_reason"] == "length"
     assert choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
+    assert call["function"]["name"] == "get_time"
     args = call["function"]["arguments"]
-    assert args.startswith("{") and "}" not in args  # what was generated: 3 tokens of the arguments object
+    assert args.startswith("{") and "}" not in args  # what was generated: 4 tokens of the arguments object
 
 
 def test_forced_call_cut_by_max_tokens_streams_as_a_call(http):
     chunks = sse(http.post("/v1/chat/completions", json={**NAMED, "stream": True}))
     calls = [c for ch in chunks for c in ch["choices"][0]["delta"].get("tool_calls", [])]
-    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
     assert calls[0]["function"]["arguments"].startswith("{")
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks) == ""
@@ -113,8 +116,9 @@ def test_cut_required_reply_keeps_its_complete_calls():
     setup = ChatSetup("", None, False, False, ToolSetup("forced", known={"a", "b"}, parallel=True))
     parser = setup.parser()
     assert isinstance(parser, ChatOutputParser)
-    out = RequestOutput(request_id="r", text='[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y',
-                        token_ids=[1], logprobs=None, finish_reason="length")
+    text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {"y')
+    out = RequestOutput(request_id="r", text=text, token_ids=[1], logprobs=None, finish_reason="length")
     setup.split(parser, out)
     assert [(c.name, c.arguments) for c in out.tool_calls] == [("a", '{"x": 1}'), ("b", '{"y')]
     assert out.text == "" and out.finish_reason == "length"
@@ -126,14 +130,20 @@ def test_cut_required_reply_keeps_its_complete_calls():
 def test_required_allows_one_call_unless_parallel(server, http, parallel, most):
     from edgeserve.server.api.openai import parse_chat_request
     from edgeserve.server.chat_setup import MAX_PARALLEL_CALLS, chat_setup
+    from edgeserve.text.grammar import GrammarCompiler, allowed_mask
 
     ok(http.post("/api/generate", json={"model": "tooly"}))  # loaded
     body = {"model": "tooly", "messages": ASK, "tools": TOOLS, "tool_choice": "required"}
     if parallel is not None:
         body["parallel_tool_calls"] = parallel
-    setup = chat_setup(parse_chat_request(body, 1), server.manager.entries["tooly"].lm.chat_template)
-    schema = json.loads(setup.constraint.source)
-    assert schema["minItems"] == 1 and schema["maxItems"] == most
+    lm = server.manager.entries["tooly"].lm
+    setup = chat_setup(parse_chat_request(body, 1), lm.chat_template)
+    compiler = GrammarCompiler.for_tokenizer(lm.tokenizer, lm.tokenizer.vocab_size)
+    block = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    for n, allowed in ((most, True), (most + 1, False)):  # the hermes grammar's own bound
+        state = compiler.start(setup.constraint)
+        ids = lm.tokenizer.encode("\n".join([block] * n), add_special_tokens=False)
+        assert all(allowed_mask([state], compiler.vocab_size)[0, t] and state.accept([t]) for t in ids) == allowed
     assert MAX_PARALLEL_CALLS == 16
 
 

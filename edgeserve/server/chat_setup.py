@@ -41,8 +41,9 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.chat_output import ChatOutputParser, ToolSetup
 from edgeserve.text.continuation import CONTENT, REASONING, continuation_kind, render_continuation
-from edgeserve.text.formats import ChatFormat, detect_format, get_format
+from edgeserve.text.formats import CallContext, ChatFormat, ToolCall, detect_format, get_format
 from edgeserve.text.formats import FALLBACK as FALLBACK_FORMAT
+from edgeserve.text.formats.markup import MAX_PARALLEL_CALLS  # the bound of calls in every forced grammar
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.harmony import (HarmonyParser, harmony_options, render_continued_harmony, render_harmony,
                                     template_is_harmony, tool_call_grammar)
@@ -51,10 +52,6 @@ from edgeserve.text.reasoning import (THINK_CLOSE, THINK_OPEN, ReasoningSplitter
 from edgeserve.text.partial_calls import cut_forced_calls
 from edgeserve.text.thinking_switch import thinking_kwargs
 from edgeserve.text.tool_calls import forced_schema, function_parameters, messages_for_template, template_knows_tools
-
-# Calls one reply may make under tool_choice "required" with parallel_tool_calls true (one without it): a
-# random-weights or looping model must not emit calls until max_tokens.
-MAX_PARALLEL_CALLS = 16
 
 
 @dataclass
@@ -113,13 +110,21 @@ class ChatSetup:
                 if isinstance(parser, ChatOutputParser) else parser.finish()
             out.reasoning += thought
             forced = self.tools is not None and self.tools.mode == "forced" and not self.harmony
-            if forced and not calls and out.finish_reason == "length" and self.tools.format.forced is None:
-                calls = cut_forced_calls(content, self.tools.choice)
-                content = "" if calls else content
+            if forced and out.finish_reason == "length":
+                cut = self._cut_calls(content)
+                calls, content = (calls + cut, "") if cut else (calls, content)
             out.text += content
             out.tool_calls = calls
             if calls and out.finish_reason == "stop":
                 out.finish_reason = "tool_calls"
+
+    def _cut_calls(self, content: str) -> list[ToolCall]:
+        """The calls of a forced reply cut short by max_tokens (the content left after its complete calls were
+        read): by the format's cut reader, or the generic JSON reply's."""
+        fmt = self.tools.format
+        if fmt.forced is None:
+            return cut_forced_calls(content, self.tools.choice)
+        return fmt.cut(content, CallContext(set(self.tools.known), dict(self.tools.schemas))) if fmt.cut else []
 
 
 def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str | None = None) -> ChatSetup:

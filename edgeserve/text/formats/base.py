@@ -55,6 +55,10 @@ class CallContext:
 # (reply text from the first call marker on, context) -> (content left over, calls read). A parser must not lose
 # text: what is not a call comes back as content, in order.
 CallParser = Callable[[str, CallContext], "tuple[str, list[ToolCall]]"]
+# (reply text cut short by max_tokens, from its first call marker on, context) -> its calls: the complete ones (a
+# forced reply's), then the cut one when its name is complete, with its arguments as far as they got (JSON text,
+# perhaps unfinished). Used for forced replies and, in auto mode, for held text the parser read no call from.
+CutReader = Callable[[str, CallContext], "list[ToolCall]"]
 # (tools, choice: a function name or None for "required", parallel) -> the grammar that constrains the reply to
 # calls in the format's own syntax.
 ForcedGrammar = Callable[[list[dict], "str | None", bool], "GrammarSpec"]
@@ -72,6 +76,7 @@ class ChatFormat:
     calls_in_reasoning: bool = False  # a call marker inside an unclosed thought ends the thought there
     stop: tuple[str, ...] = ()  # strings that end the reply besides the vocabulary's end-of-turn tokens
     forced: ForcedGrammar | None = None  # None: forced calls use the generic JSON reply (tool_calls.forced_schema)
+    cut: CutReader | None = None  # reads a reply cut short inside a call (None: such text stays content)
     thinking_switches: tuple[str, ...] = ("enable_thinking",)  # template variables that turn reasoning on / off
     priority: int = 100  # detection order: lower is tried first (specific markers before generic ones)
     # markers of the format that are never content: removed from the content wherever they appear (Gemma 4's stray
@@ -95,6 +100,3 @@ class ChatFormat:
     # variables the template reads besides `tools`, from the request's tools (None without): firefunction v2's
     # `functions` and `datetime`, which its model card has callers pass; a format with them writes calls natively
     template_vars: Callable[[list[dict] | None], dict[str, Any]] | None = None
-    # reads held text (from the first call marker on) cut short inside a call (finish "length"): the call whose name
-    # is complete, with its arguments so far (edgeserve.text.formats.cut_call); None: such text stays content
-    cut: Callable[[str, CallContext], list[ToolCall]] | None = None

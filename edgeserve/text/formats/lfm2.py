@@ -27,6 +27,7 @@ from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.cut_call import pythonic_arguments, tail_cut
+from edgeserve.text.formats.markup import separated
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.xml_tool_calls import resolve_ref
 
@@ -237,21 +238,7 @@ def _function_rules(i: int, tool: dict) -> list[str]:
     if not props:  # no declared properties: any keyword arguments, each a JSON value
         rules.append(f'free_{i}: FREE_KEY "=" {json_rule({})}\n')
         return rules + [f'fn_{i}: {head} (free_{i} (", " free_{i})*)? ")"\n']
-    return rules + [f'fn_{i}: {head} {_argument_list(items)} ")"\n']
-
-
-def _argument_list(items: list[tuple[str, bool]]) -> str:
-    """The arguments in order, `, `-separated, required ones always and optional ones maybe: one alternative
-    for each argument that can come first."""
-    def tail(k: int) -> str:
-        return " ".join(f'", " {rule}' if req else f'(", " {rule})?' for rule, req in items[k:])
-
-    firsts = []
-    for k, (rule, req) in enumerate(items):
-        firsts.append(f"({rule} {tail(k + 1)})")
-        if req:
-            return "(" + " | ".join(firsts) + ")"
-    return "(" + " | ".join(firsts) + ")?"  # every argument optional: maybe none at all
+    return rules + [f'fn_{i}: {head} {separated(items, ", ")} ")"\n']
 
 
 def _value_rule(schema: Any, defs: dict) -> str:

@@ -147,6 +147,31 @@ def call_object(item: Any, ctx: CallContext, name_key: str = "name",
 
 # --- forced calls ---------------------------------------------------------------------------------------------
 
+# Calls one forced reply may make under tool_choice "required" with parallel_tool_calls true (one without it): a
+# random-weights or looping model must not emit calls until max_tokens.
+MAX_PARALLEL_CALLS = 16
+
+
+def calls_rule(call: str, parallel: bool, sep: str = "") -> str:
+    """Lark for `call` once, or (`parallel`) one to MAX_PARALLEL_CALLS times separated by the literal `sep`."""
+    if not parallel:
+        return call
+    return f"{call} ({lit(sep)} {call}){{0,{MAX_PARALLEL_CALLS - 1}}}" if sep else f"{call}{{1,{MAX_PARALLEL_CALLS}}}"
+
+
+def separated(items: list[tuple[str, bool]], sep: str) -> str:
+    """Lark for rules written in order with the literal `sep` between them, each (rule, required) present always
+    or maybe: one alternative for each rule that can come first. '' for no items."""
+    def tail(k: int) -> str:
+        return " ".join(f"{lit(sep)} {rule}" if req else f"({lit(sep)} {rule})?" for rule, req in items[k:])
+
+    firsts = []
+    for k, (rule, req) in enumerate(items):
+        firsts.append(f"({rule} {tail(k + 1)})".replace(" )", ")"))
+        if req:
+            return "(" + " | ".join(firsts) + ")"
+    return "(" + " | ".join(firsts) + ")?" if firsts else ""
+
 
 def parameters(tool: dict) -> dict:
     """A tool's parameters schema (an empty object schema when it has none)."""
