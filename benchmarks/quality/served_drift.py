@@ -59,26 +59,35 @@ def widened(config_fn):
 
 
 def dequantized_reference(model, f32_gguf: Path, gguf: Path) -> tuple[torch.nn.Module, int]:
-    """`model` with each weight row replaced by the file's dequantized row (rows found by their exact float32 values
-    in the converter's f32 file, so the converter's renames, permutations and splits need no mapping); returns the
-    model and how many changed rows of the file were not found in the model (0 when the substitution is complete)."""
+    """`model` with each weight row replaced by the file's dequantized row, rows found by their exact float32 values
+    in the converter's f32 file (so the converter's renames, row permutations and splits need no mapping; a row
+    whose columns the converter permuted, as Qwen3.5's V heads in out_proj, is found by its sorted values and
+    takes the same permutation); returns the model and how many changed rows of the file were not found in it."""
     from edgeserve.loaders.gguf_file import GGUFFile
 
     exact, quant = GGUFFile(f32_gguf), GGUFFile(gguf)
     by_row: dict[bytes, torch.Tensor] = {}
+    by_sorted: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
     for name in quant.tensor_names():
         a, b = exact.load_tensor(name), quant.load_tensor(name)
         if torch.equal(a, b):
             continue
-        width = a.shape[-1]
-        for ra, rb in zip(a.reshape(-1, width), b.reshape(-1, width)):
+        for ra, rb in zip(a.reshape(-1, a.shape[-1]), b.reshape(-1, a.shape[-1])):
             by_row[ra.numpy().tobytes()] = rb
+            values, order = ra.sort()
+            by_sorted[values.numpy().tobytes()] = (order, rb)
     found = 0
     with torch.no_grad():
         for p in model.parameters():
             rows = p.data.reshape(-1, p.shape[-1]) if p.dim() else p.data.reshape(1, 1)
             for i in range(rows.shape[0]):
                 hit = by_row.get(rows[i].numpy().tobytes())
+                if hit is None:
+                    values, order = rows[i].sort()
+                    permuted = by_sorted.get(values.numpy().tobytes())
+                    if permuted is not None:
+                        hit = torch.empty_like(rows[i])
+                        hit[order] = permuted[1][permuted[0]]
                 if hit is not None:
                     rows[i].copy_(hit)
                     found += 1
