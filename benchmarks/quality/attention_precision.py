@@ -44,7 +44,7 @@ def variant(path: str, round_qkv, pool_dtype: torch.dtype | None = None) -> torc
     model = load_ours(path).model
     model._native = None
     project = model.project_qkv
-    model.project_qkv = lambda layer, h, rows: round_qkv(*project(layer, h, rows))
+    model.project_qkv = lambda *args: round_qkv(*project(*args))
     try:
         if pool_dtype is not None:
             kv_cache.KVPool = lambda c, b, bs, _d, **kw: pool(c, b, bs, pool_dtype, **kw)
