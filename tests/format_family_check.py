@@ -22,6 +22,7 @@ from pathlib import Path
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from llama_cpp_source import llama_cpp_dir
+from format_cases import walk  # noqa: F401 (the families' tests import it from here)
 
 THINK = ("<think>", "</think>")
 _COMMENT = r"\s*(?:/\*.*?\*/\s*)?"
@@ -138,18 +139,6 @@ def vocab(folder: Path, specials: tuple[str, ...] = ()):
     path = write_scripted_gguf(folder / "vocab.gguf", [("t", "x")], "{{ messages }}", specials=specials)
     return tokenizer_from_gguf(GGUFFile(path).metadata)
 
-
-def walk(tok, spec, text: str):
-    """Feed `text` to a fresh state of `spec` token by token: (state, index of the first token the grammar masked,
-    or None)."""
-    from edgeserve.text.grammar import GrammarCompiler, allowed_mask
-
-    state = GrammarCompiler.for_tokenizer(tok, tok.vocab_size).start(spec)
-    for i, t in enumerate(tok.encode(text, add_special_tokens=False)):
-        if not allowed_mask([state], tok.vocab_size)[0, t]:
-            return state, i
-        assert state.accept([t])
-    return state, None
 
 
 def accepts(tok, spec, text: str) -> bool:

@@ -21,6 +21,7 @@ from edgeserve.text.grammar import GrammarCompiler, allowed_mask
 from edgeserve.text.reasoning import ReasoningSplitter, reasoning_tags
 from llama_cpp_source import llama_cpp_dir
 from scripted_gguf import write_scripted_gguf
+from format_cases import walk as _walk
 
 CASES = json.loads((Path(__file__).parent / "data" / "chat_formats" / "lfm2.json").read_text())
 LFM = ("LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "LFM2.5-8B-A1B.jinja")
@@ -184,15 +185,6 @@ def tok(tmp_path_factory, request):
                                specials=specials)
     return tokenizer_from_gguf(GGUFFile(path).metadata)
 
-
-def _walk(tok, spec, text):
-    """Feed `text` token by token; (state, index of the first token the grammar masked, or None)."""
-    state = GrammarCompiler.for_tokenizer(tok, tok.vocab_size).start(spec)
-    for i, t in enumerate(tok.encode(text, add_special_tokens=False)):
-        if not allowed_mask([state], tok.vocab_size)[0, t]:
-            return state, i
-        assert state.accept([t])
-    return state, None
 
 
 def _admits(tok, spec, text) -> bool:

@@ -30,6 +30,7 @@ from edgeserve.text.formats import detect_format
 from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar, typed_value
 from scripted_gguf import ANSWER, NEWLINE, THOUGHT, TOOL_TEMPLATE, write_scripted_gguf
 from server_helpers import serve
+from format_cases import walk as _walk
 
 SOURCE = (Path(__file__).parent / "qwen35_chat_template.jinja").read_text()
 OFF_BY_DEFAULT = ("{%- if enable_thinking is defined and enable_thinking is true %}\n        {{- '<think>\\n' }}\n"
@@ -235,15 +236,6 @@ def tok(tmp_path_factory, request):
     path = write_scripted_gguf(tmp_path_factory.mktemp("q") / "vocab.gguf", pieces, SOURCE)
     return tokenizer_from_gguf(GGUFFile(path).metadata)
 
-
-def _walk(tok, spec, text):
-    """Feed `text` token by token; (state, index of the first token the grammar masked, or None)."""
-    state = GrammarCompiler.for_tokenizer(tok, tok.vocab_size).start(spec)
-    for i, t in enumerate(tok.encode(text, add_special_tokens=False)):
-        if not allowed_mask([state], tok.vocab_size)[0, t]:
-            return state, i
-        assert state.accept([t])
-    return state, None
 
 
 def _call(name: str, **args: str) -> str:
