@@ -43,11 +43,7 @@ ASK = [{"role": "user", "content": "Pick one."}]
 FORMATS = all_formats()
 CHOICES = {"required": None, "named": "count"}
 # known gaps of other format modules (found by this test; non-strict, so their fixes need only drop the entry)
-_FREE_ENUM = "a string parameter's enum is not kept: free text until a closing tag"
-GAPS = {**{(name, "required"): _FREE_ENUM for name in (
-            "deepseek_v3_2", "deepseek_v4", "minimax_m2", "minimax_m3", "seed_oss", "ling3", "laguna", "glm_4_6",
-            "glm_4_7")},
-        **{("kimi_k3", c): "its forced grammar's `thought` rule collides with the reasoning prefix's (duplicate "
+GAPS = {**{("kimi_k3", c): "its forced grammar's `thought` rule collides with the reasoning prefix's (duplicate "
                            "rule) when the prompt opened a thought" for c in CHOICES},
         **{("muse_glimmer", c): "a self-addressed message the grammar allows before the call stays content"
            for c in CHOICES}}

@@ -22,6 +22,7 @@ import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.cut_call import tail_cut
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
                                            keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
                                            typed, value_json_rule)
@@ -131,7 +132,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
         kind = "number" if kind == "integer" else kind  # the template's type names (xtml_type)
         head = lits(f'{OPEN}argument key={json.dumps(key)} type={json.dumps(kind)}{SEP}', K3_TOKENS)
         if may_be_string(schema):
-            return f"{head} str_value"
+            return f"{head} {string_value(schema, 'str_value', lits(f'{CLOSE}argument{SEP}', K3_TOKENS))}"
         return f"{head} {value_json_rule(schema, params)} {lits(f'{CLOSE}argument{SEP}', K3_TOKENS)}"
 
     for i, tool in enumerate(chosen):

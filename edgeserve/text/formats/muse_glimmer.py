@@ -16,6 +16,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (chosen_tools, dumps, keyed_args, lit, may_be_string, param_schema,
                                            text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
@@ -78,7 +79,9 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
              f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n", text_until("str_value", "</atem:parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = "str_value" if may_be_string(schema) else f'{value_json_rule(schema, params)} "</atem:parameter>"'
+        value = f'{value_json_rule(schema, params)} "</atem:parameter>"'
+        if may_be_string(schema):
+            value = string_value(schema, "str_value", '"</atem:parameter>"')
         return f'{lit("<atem:parameter name=" + json.dumps(key) + ">")} {value} "\\n"'
 
     for i, tool in enumerate(chosen):
