@@ -68,8 +68,8 @@ def _call(recipient: str, body: str, ctx: CallContext) -> ToolCall | None:
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """Call messages only: ` to=NAME<|message|>` and its `<atem:function_calls>` block, several joined by
     `<|eom|><|start|>assistant` when parallel calls are allowed, after at most one ` to=self` thought. The grammar
-    covers the thought itself: it is not to be wrapped in GrammarSpec.think (the reply's leading space comes before
-    the thought's tag)."""
+    covers the thought itself (GrammarSpec.own_thought: the reply's leading space comes before the thought's
+    tag, which `think` would not allow)."""
     chosen = chosen_tools(tools, choice)
     header = f"{lit('<|start|>')} \"assistant\""
     body = "call" if not (parallel and choice is None) else f"call ({lit(EOM)} {header} call)*"
@@ -91,7 +91,7 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
         rules.append(f'fn_{i}: {lit(" to=" + name)} {lit(MESSAGE)} '
                      f'{lit(CALLS[0] + chr(10) + "<atem:invoke name=" + json.dumps(name) + ">" + chr(10))} {seq} '
                      f'{lit("</atem:invoke>" + chr(10) + CALLS[1])}\n')
-    return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
+    return GrammarSpec("lark", "".join(rules), tokens=TOKENS, own_thought=True)
 
 
 FORMATS = (
