@@ -107,6 +107,16 @@ def test_a_random_model_under_the_forced_grammar_writes_calls_that_read_back(tmp
         _check_calls(_read(setup, reply), choice, reply)
 
 
+def test_muse_glimmer_thought_before_a_forced_call_is_reasoning():
+    setup = _format_setup("muse_glimmer", None)
+    assert setup.constraint.think is None  # its grammar covers the thought (own_thought)
+    call = ('<atem:function_calls>\n<atem:invoke name="count">\n<atem:parameter name="n">6</atem:parameter>\n'
+            '</atem:invoke>\n</atem:function_calls>')
+    reply = f" to=self<|message|>I think.<|eom|><|start|>assistant to=count<|message|>{call}"
+    out = _read(setup, reply)
+    assert out.reasoning == "I think." and out.text == "" and [c.name for c in out.tool_calls] == ["count"]
+
+
 @pytest.mark.parametrize("choice", CHOICES.values(), ids=CHOICES.keys())
 def test_gpt_oss_forced_call_through_harmony(tmp_path, choice):
     source = (Path(__file__).parent / "gpt_oss_chat_template.jinja").read_text()
