@@ -43,14 +43,7 @@ ASK = [{"role": "user", "content": "Pick one."}]
 FORMATS = all_formats()
 CHOICES = {"required": None, "named": "count"}
 # known gaps of other format modules (found by this test; non-strict, so their fixes need only drop the entry)
-_FREE_ENUM = "a string parameter's enum is not kept: free text until a closing tag"
-GAPS = {**{(name, "required"): _FREE_ENUM for name in (
-            "deepseek_v3_2", "deepseek_v4", "minimax_m2", "minimax_m3", "seed_oss", "ling3", "laguna", "glm_4_6",
-            "glm_4_7")},
-        **{("kimi_k3", c): "its forced grammar's `thought` rule collides with the reasoning prefix's (duplicate "
-                           "rule) when the prompt opened a thought" for c in CHOICES},
-        **{("muse_glimmer", c): "a self-addressed message the grammar allows before the call stays content"
-           for c in CHOICES}}
+GAPS: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> list:
@@ -112,6 +105,16 @@ def test_a_random_model_under_the_forced_grammar_writes_calls_that_read_back(tmp
     for seed in range(3):
         reply = random_reply(tok, setup.constraint, seed, prefix=thought)
         _check_calls(_read(setup, reply), choice, reply)
+
+
+def test_muse_glimmer_thought_before_a_forced_call_is_reasoning():
+    setup = _format_setup("muse_glimmer", None)
+    assert setup.constraint.think is None  # its grammar covers the thought (own_thought)
+    call = ('<atem:function_calls>\n<atem:invoke name="count">\n<atem:parameter name="n">6</atem:parameter>\n'
+            '</atem:invoke>\n</atem:function_calls>')
+    reply = f" to=self<|message|>I think.<|eom|><|start|>assistant to=count<|message|>{call}"
+    out = _read(setup, reply)
+    assert out.reasoning == "I think." and out.text == "" and [c.name for c in out.tool_calls] == ["count"]
 
 
 @pytest.mark.parametrize("choice", CHOICES.values(), ids=CHOICES.keys())

@@ -177,7 +177,8 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
         # no tools offered: nothing is read as a call, but a family's answer markup (Command R7B's
         # `<|START_RESPONSE|>`, Kimi K3's response section) is still taken off the content by its parser
         tool_setup = ToolSetup("auto", fmt, set(), parallel=False)
-    if constraint is not None and thinks and not closed:  # reasoning off: the constrained reply starts at once
+    # reasoning off: the constrained reply starts at once; a grammar that owns its thought is never wrapped
+    if constraint is not None and thinks and not closed and not constraint.own_thought:
         constraint = replace(constraint, think=("" if in_thought else tags[0], tags[1]))
     opened = prompt[prompt.rstrip().rfind(tags[0].strip()):] if in_thought and kind is None else ""
     return ChatSetup(prompt, constraint, thinks, in_thought, tool_setup, tags, fmt=fmt, stop=fmt.stop,

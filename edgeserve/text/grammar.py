@@ -47,6 +47,8 @@ class GrammarSpec:
     of its `final` message (edgeserve.text.harmony.answer_frame).
     tokens: texts a "lark" source quotes on their own (`"<tool_call>"`) that, where the tokenizer has one as a
     single special token, mean that token (no text regex matches a special token).
+    own_thought: the "lark" source covers the rest of the thought the prompt opened itself (a close tag of
+    several tokens that `think` cannot end on): never to be given `think`.
     """
 
     kind: str
@@ -54,6 +56,7 @@ class GrammarSpec:
     think: tuple[str, str] | None = None
     harmony: bool = False
     tokens: tuple[str, ...] = ()
+    own_thought: bool = False
 
     @staticmethod
     def json_schema(schema: dict | str, think: tuple[str, str] | None = None) -> "GrammarSpec":

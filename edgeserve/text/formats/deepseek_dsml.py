@@ -18,6 +18,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
@@ -77,9 +78,10 @@ def _forced(block: str):
                  text_until("str_value", f"</{DSML}parameter>", (DSML,))]
 
         def arg(i: int, j: int, key: str, schema, params) -> str:
+            close = f'"</" {d} "parameter>"'
             head = f'"<" {d} {lit("parameter name=" + json.dumps(key) + " string=")}'
             if may_be_string(schema):
-                return f'{head} "\\"true\\">" str_value "\\n"'
+                return f'{head} "\\"true\\">" {string_value(schema, "str_value", close)} "\\n"'
             return f'{head} "\\"false\\">" {value_json_rule(schema, params)} "</" {d} "parameter>\\n"'
 
         for i, tool in enumerate(chosen):

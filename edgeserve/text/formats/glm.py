@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
@@ -65,7 +66,9 @@ def _forced(newline: bool):
                  text_until("str_value", VALUE_CLOSE)]
 
         def arg(i: int, j: int, key: str, schema, params) -> str:
-            value = "str_value" if may_be_string(schema) else f"{value_json_rule(schema, params)} {lit(VALUE_CLOSE)}"
+            value = f"{value_json_rule(schema, params)} {lit(VALUE_CLOSE)}"
+            if may_be_string(schema):
+                value = string_value(schema, "str_value", lit(VALUE_CLOSE))
             return f"{lit(KEY_OPEN)} {lit(key)} {lit(KEY_CLOSE)}{nl} {lit(VALUE_OPEN)} {value}{nl}"
 
         for i, tool in enumerate(chosen):

@@ -22,6 +22,7 @@ import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.cut_call import tail_cut
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
                                            keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
                                            typed, value_json_rule)
@@ -117,8 +118,8 @@ def _k3_calls(section: str, ctx: CallContext) -> list[ToolCall] | None:
 
 def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """Kimi K3's reply as calls only: the rest of the thought the prompt opened (free text up to its close tag), an
-    empty response, then the tools section and the message end. The grammar covers the thought itself: it is not
-    to be wrapped in GrammarSpec.think (its close tag is three tokens, two of them special)."""
+    empty response, then the tools section and the message end. The grammar covers the thought itself
+    (GrammarSpec.own_thought): `think` cannot end on its close tag, three tokens, two of them special."""
     chosen = chosen_tools(tools, choice)
     rules = [f"start: thought ({lits(RESPONSE[0] + RESPONSE[1], K3_TOKENS)})? {lits(TOOLS[0], K3_TOKENS)} "
              f"{repeat('call', parallel, choice)} {lits(TOOLS[1] + MESSAGE_END, K3_TOKENS)}\n",
@@ -131,7 +132,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
         kind = "number" if kind == "integer" else kind  # the template's type names (xtml_type)
         head = lits(f'{OPEN}argument key={json.dumps(key)} type={json.dumps(kind)}{SEP}', K3_TOKENS)
         if may_be_string(schema):
-            return f"{head} str_value"
+            return f"{head} {string_value(schema, 'str_value', lits(f'{CLOSE}argument{SEP}', K3_TOKENS))}"
         return f"{head} {value_json_rule(schema, params)} {lits(f'{CLOSE}argument{SEP}', K3_TOKENS)}"
 
     for i, tool in enumerate(chosen):
@@ -140,7 +141,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
         head = lits(f'{OPEN}call tool={json.dumps(tool["function"]["name"])} index=', K3_TOKENS)
         tail = lits(f"{CLOSE}call{SEP}", K3_TOKENS)
         rules.append(f'fn_{i}: {head} "\\"" /[0-9]{{1,3}}/ "\\"" {lit(SEP)} {seq} {tail}\n')
-    return GrammarSpec("lark", "".join(rules), tokens=K3_TOKENS)
+    return GrammarSpec("lark", "".join(rules), tokens=K3_TOKENS, own_thought=True)
 
 
 FORMATS = (

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, lits, may_be_string,
                                            param_schema, parameters, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec, json_rule
@@ -103,7 +104,9 @@ def forced_m2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
              text_until("str_value", "</parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = "str_value" if may_be_string(schema) else f'{value_json_rule(schema, params)} "</parameter>"'
+        value = f'{value_json_rule(schema, params)} "</parameter>"'
+        if may_be_string(schema):
+            value = string_value(schema, "str_value", '"</parameter>"')
         return f'{lit("<parameter name=" + json.dumps(key) + ">")} {value} "\\n"'
 
     for i, tool in enumerate(chosen):
@@ -212,8 +215,10 @@ def forced_m3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
     def arg(i: int, j: int, key: str, schema, params) -> str:
         close = f"{NS}</{key}>"
         if may_be_string(schema):
-            rules.append(text_until(f"s_{i}_{j}", close, (NS,)))
-            return f'{n} {lit(f"<{key}>")} s_{i}_{j}'
+            value = string_value(schema, f"s_{i}_{j}", lits(close, (NS,)))
+            if value == f"s_{i}_{j}":
+                rules.append(text_until(value, close, (NS,)))
+            return f'{n} {lit(f"<{key}>")} {value}'
         return f'{n} {lit(f"<{key}>")} {value_json_rule(schema, params)} {lits(close, (NS,))}'
 
     for i, tool in enumerate(chosen):

@@ -16,6 +16,7 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (chosen_tools, dumps, keyed_args, lit, may_be_string, param_schema,
                                            text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
@@ -67,8 +68,8 @@ def _call(recipient: str, body: str, ctx: CallContext) -> ToolCall | None:
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """Call messages only: ` to=NAME<|message|>` and its `<atem:function_calls>` block, several joined by
     `<|eom|><|start|>assistant` when parallel calls are allowed, after at most one ` to=self` thought. The grammar
-    covers the thought itself: it is not to be wrapped in GrammarSpec.think (the reply's leading space comes before
-    the thought's tag)."""
+    covers the thought itself (GrammarSpec.own_thought: the reply's leading space comes before the thought's
+    tag, which `think` would not allow)."""
     chosen = chosen_tools(tools, choice)
     header = f"{lit('<|start|>')} \"assistant\""
     body = "call" if not (parallel and choice is None) else f"call ({lit(EOM)} {header} call)*"
@@ -78,7 +79,9 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
              f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n", text_until("str_value", "</atem:parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = "str_value" if may_be_string(schema) else f'{value_json_rule(schema, params)} "</atem:parameter>"'
+        value = f'{value_json_rule(schema, params)} "</atem:parameter>"'
+        if may_be_string(schema):
+            value = string_value(schema, "str_value", '"</atem:parameter>"')
         return f'{lit("<atem:parameter name=" + json.dumps(key) + ">")} {value} "\\n"'
 
     for i, tool in enumerate(chosen):
@@ -88,7 +91,7 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
         rules.append(f'fn_{i}: {lit(" to=" + name)} {lit(MESSAGE)} '
                      f'{lit(CALLS[0] + chr(10) + "<atem:invoke name=" + json.dumps(name) + ">" + chr(10))} {seq} '
                      f'{lit("</atem:invoke>" + chr(10) + CALLS[1])}\n')
-    return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
+    return GrammarSpec("lark", "".join(rules), tokens=TOKENS, own_thought=True)
 
 
 FORMATS = (

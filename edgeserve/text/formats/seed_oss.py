@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
+from edgeserve.text.formats.tag_blocks import string_value
 from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
                                            param_schema, repeat, text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
@@ -57,7 +58,9 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
              text_until("str_value", "</parameter>")]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = "str_value" if may_be_string(schema) else f'{value_json_rule(schema, params)} "</parameter>"'
+        value = f'{value_json_rule(schema, params)} "</parameter>"'
+        if may_be_string(schema):
+            value = string_value(schema, "str_value", '"</parameter>"')
         return f'{lit("<parameter=" + key + ">")} {value} "\\n"'
 
     for i, tool in enumerate(chosen):

@@ -139,6 +139,15 @@ def value_json_rule(schema: Any, params: dict) -> str:
     return json_rule({**schema, **defs} if isinstance(schema, dict) else {})
 
 
+def string_value(schema: Any, text: str, close: str) -> str:
+    """The expression of a string parameter's value up to its closing tag: one of a string enum's values then the
+    expression `close`, or else the free-text rule `text` (which includes the closing tag)."""
+    enum = schema.get("enum") if isinstance(schema, dict) else None
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(lit(v) for v in enum) + f") {close}"
+    return text
+
+
 def text_rule(name: str, stop: str) -> str:
     """A rule `name` of free text that ends with (and includes) the text `stop`."""
     return f"{name}[stop={lit(stop)}]: /(?s:.*)/\n"
