@@ -27,6 +27,7 @@ from edgeserve.models.decoders import decoder_class
 
 import test_gpt_oss
 import test_qwen3_moe
+from tiny_gguf import write_tiny_llama
 
 native = pytest.mark.skipif(not cpu_native.available(), reason="native CPU kernels not built")
 # each model's (random HF model, GGUF writer, paged logits of its steps, number of those steps, expert block format)
@@ -269,7 +270,6 @@ def test_run_hands_the_flag_to_the_load(tmp_path: Path, monkeypatch, capsys) -> 
         raise EdgeserveError("stop here")
 
     monkeypatch.setattr(llm_module, "LLM", fake_llm)
-    path = tmp_path / "m.gguf"
-    path.write_bytes(b"")
+    path = write_tiny_llama(tmp_path / "m.gguf")  # a real file: `run` checks the model before it loads
     assert main(["run", "--device", "cpu", "--cpu-moe-layers", "1", str(path), "hi"]) != 0
     assert seen["cpu_moe_layers"] == 1 and "stop here" in capsys.readouterr().err

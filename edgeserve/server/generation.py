@@ -107,6 +107,16 @@ class Generation:
             out.append(tok.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p))
         return out
 
+    def _forced_schemas(self) -> list[dict]:
+        """The parameter schemas a forced call (tool_choice "required" / a named function) must satisfy: compiled on
+        their own, so a schema no output satisfies is a 400 even where the format's markup before the arguments
+        offers choices that stop the compile-time probe short of them."""
+        tools = self.chat.tools if self.chat is not None else None
+        if tools is None or tools.mode != "forced":
+            return []
+        names = [tools.choice] if tools.choice is not None else sorted(tools.schemas)
+        return [tools.schemas[n] for n in names if n in tools.schemas]
+
     def _chat_setup(self) -> ChatSetup:
         """The chat request's setup with the model's template (and the server's --tool-format)."""
         return chat_setup(self.req, self.lease.lm.chat_template, self.lease.manager.config.tool_format)
@@ -186,7 +196,7 @@ class Generation:
         cached per model; the first use of a tokenizer takes ~1 s). A prompt surely past the context is refused
         before any of that (edgeserve.server.prompt_bounds); a schema the grammar engine cannot handle is a 400
         naming what is unsupported."""
-        from edgeserve.text.grammar import GrammarCompiler, GrammarError
+        from edgeserve.text.grammar import GrammarCompiler, GrammarError, GrammarSpec
 
         self._refuse_embedding_model()
         lm = self.lease.lm
@@ -204,6 +214,8 @@ class Generation:
                 compiler = await anyio.to_thread.run_sync(GrammarCompiler.for_tokenizer, lm.tokenizer,
                                                           lm.config.vocab_size)
                 await anyio.to_thread.run_sync(compiler.compile, spec)
+                for schema in self._forced_schemas():  # a format's own markup may keep a dead schema from the probe
+                    await anyio.to_thread.run_sync(compiler.compile, GrammarSpec.json_schema(schema))
             self._prompts = await anyio.to_thread.run_sync(self.prompt_ids)
             if self._placed is not None:  # off the loop: running streams keep their pace meanwhile
                 self.images = await run_abandonable(encode_images, self._placed, lm.vision, self.decode_seconds)
