@@ -15,7 +15,8 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import Block, args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat
+from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat,
+                                              section_calls)
 from edgeserve.text.grammar import GrammarSpec
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -29,19 +30,8 @@ _R1_CALL = re.compile(r"\s*function\s*" + SEP + r"\s*([^\s`]+)\s*```(?:json)?\s*
 
 def _read_block(opener: str, body: str) -> list[tuple[str, str, str]] | None:
     """The calls of one section (or bare calls): None unless every piece is a call with an object argument."""
-    body = body if opener == CALLS_BEGIN else CALL_BEGIN + body
-    head, *pieces = body.split(CALL_BEGIN)
-    if head.strip() or not pieces:
-        return None
-    calls = []
-    for piece in pieces:
-        piece = piece.strip()
-        piece = piece[: -len(CALL_END)] if piece.endswith(CALL_END) else piece
-        call = _read_call(piece)
-        if call is None:
-            return None
-        calls.append((*call, ""))
-    return calls
+    return section_calls(opener, body, CALLS_BEGIN, CALL_BEGIN, CALL_END,
+                         lambda piece: (*call, "") if (call := _read_call(piece)) is not None else None)
 
 
 def _read_call(piece: str) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.cut_call import tail_cut
-from edgeserve.text.formats.tag_blocks import string_value
+from edgeserve.text.formats.tag_blocks import section_calls, string_value
 from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
                                            keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
                                            typed, value_json_rule)
@@ -37,20 +37,16 @@ _K2_ID = re.compile(r"\s*((?:functions\.)?([^\s:<>]+)(?::\d+)?)\s*$")
 
 
 def _read_k2_block(opener: str, body: str) -> list[tuple[str, str, str]] | None:
-    body = body if opener == SECTION_BEGIN else CALL_BEGIN + body
-    head, *pieces = body.split(CALL_BEGIN)
-    if head.strip() or not pieces:
+    """The calls of one K2 section (or bare calls): each `functions.NAME:IDX` then its JSON object arguments."""
+    return section_calls(opener, body, SECTION_BEGIN, CALL_BEGIN, CALL_END, _read_k2_call)
+
+
+def _read_k2_call(piece: str) -> tuple[str, str, str] | None:
+    ident, sep, args_text = piece.partition(ARGS_BEGIN)
+    who, args = _K2_ID.match(ident), json_object_text(args_text)
+    if not sep or who is None or args is None:
         return None
-    calls = []
-    for piece in pieces:
-        piece = piece.strip()
-        piece = piece[: -len(CALL_END)] if piece.endswith(CALL_END) else piece
-        ident, sep, args_text = piece.partition(ARGS_BEGIN)
-        who, args = _K2_ID.match(ident), json_object_text(args_text)
-        if not sep or who is None or args is None:
-            return None
-        calls.append((who.group(2), args, who.group(1)))
-    return calls
+    return who.group(2), args, who.group(1)
 
 
 def parse_k2(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:

@@ -63,6 +63,25 @@ def cut_calls(text: str, blocks: tuple[Block, ...], read: BlockReader, ctx: Call
     return ("".join(kept) + text[last:]).strip(), calls
 
 
+
+def section_calls(opener: str, body: str, section: str, call_open: str, call_close: str,
+                  read: Callable[[str], "tuple[str, str, str] | None"]) -> list[tuple[str, str, str]] | None:
+    """The calls of one call section (or of bare calls, when the block opened with `call_open` itself): each piece
+    between `call_open` markers, its `call_close` dropped, read by `read` into (name, arguments, id); None unless
+    every piece reads as a call (the block then stays content)."""
+    body = body if opener == section else call_open + body
+    head, *pieces = body.split(call_open)
+    if head.strip() or not pieces:
+        return None
+    calls = []
+    for piece in pieces:
+        piece = piece.strip()
+        call = read(piece[: -len(call_close)] if piece.endswith(call_close) else piece)
+        if call is None:
+            return None
+        calls.append(call)
+    return calls
+
 def dumps(args: Any) -> str:
     """Arguments as the JSON text a ToolCall carries."""
     return json.dumps(args, ensure_ascii=False)
