@@ -33,8 +33,8 @@ def edgeserve_serve(tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
         proc = subprocess.Popen([sys.executable, "-m", "edgeserve", "serve", "--port", str(port), "--no-pull",
                                  "--keep-alive", "-1", *args], stdout=err, stderr=err, env=env)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-            deadline = time.monotonic() + 120
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+            deadline = time.monotonic() + 300
             while True:  # the process is up when /health answers
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, log.read_text()
@@ -45,7 +45,7 @@ def edgeserve_serve(tmp_path: Path, *args: str) -> Iterator[httpx.Client]:
             yield c
         proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal it caught (the conventional exit status)
-        assert proc.wait(timeout=120) in (0, -signal.SIGTERM), log.read_text()
+        assert proc.wait(timeout=300) in (0, -signal.SIGTERM), log.read_text()
         assert "Traceback" not in log.read_text(), log.read_text()
     finally:
         if proc.poll() is None:
