@@ -177,3 +177,26 @@ def test_swap_preemption_carries_the_state(gguf_path: Path, cold: LLM) -> None:
     # swapped back, not recomputed: every prompt token was computed once
     assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
     assert llm.engine.states.num_seated == 0 and llm.engine.offload.tiers.host.num_swapped == 0
+
+
+def turn(body: list[int]) -> list[int]:
+    """A chat turn: <|im_start|> (id 1 in the tiny vocabulary) ... <|im_end|> (id 2)."""
+    return [1, *body, 2]
+
+
+def test_a_rewritten_reply_still_resumes_after_the_turns_before_it(gguf_path: Path, cold: LLM) -> None:
+    """An agent drops the previous reply's <think> part: the prompt differs from the last turn's inside that reply,
+    and the state kept before that turn starts serves the system prompt and history."""
+    llm = LLM.from_model(served(gguf_path, None).lm, kv_cache_gb=0.01)
+    system, user1, user2 = turn(tokens(20, seed=30)), turn(tokens(15, seed=31)), turn(tokens(12, seed=32))
+    think, answer = tokens(20, seed=33), tokens(10, seed=34)
+    start = [1, 7, 8]  # <|im_start|>assistant\n
+    first = system + user1 + turn(think + answer) + user2 + start
+    run(llm, first)
+    rewritten = system + user1 + turn(answer) + user2 + start
+    reply_at = len(system) + len(user1)  # 39: the reply's turn starts there
+    out, computed, from_states = run(llm, rewritten)
+    assert from_states == reply_at // BS * BS == 32 and computed == len(rewritten) - 32
+    assert out == cold_out(cold, rewritten)
+    metrics = llm.engine.stats()
+    assert metrics.prompt_tokens_from_states == 32
