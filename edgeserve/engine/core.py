@@ -85,7 +85,6 @@ class EngineCore:
         self.lm = lm
         self.config = config
         model = lm.model
-        hybrid = lm.config.is_hybrid
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")

@@ -140,7 +140,7 @@ class Scheduler:
         without it the scheduler keeps its own and forgets a sequence when it finishes it. `clock`: seconds, read
         once per `schedule()` to time the steps (for `max_decode_slowdown`). `states`: a hybrid model's
         recurrent-state slots: a sequence holds a seat while it runs, prefix hits stop at a state snapshot, and
-        a prompt's chunks stop at its last full block so its state there is snapshotted (engine.state_cache)."""
+        a prompt's chunks stop at its snapshot points so its state there is snapshotted (engine.state_cache)."""
         self.config = config
         self._owns_registry = registry is None
         self._seqs: Registry = Registry() if registry is None else registry

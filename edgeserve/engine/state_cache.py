@@ -2,17 +2,19 @@
 snapshots that make prefix-cache hits usable for such a model.
 
 Every running sequence holds one slot of the StatePool (a *seat*) from admission until it finishes, is cancelled or
-is preempted (preemption recomputes: the seat goes back and the sequence restarts from its tokens). The KV of a
-cached prefix is not enough to resume a hybrid: the recurrent state at the prefix's end is needed too. So after a
+is preempted (preemption recomputes, or swaps the seat's state out with the KV when offload tiers are on). The KV of
+a cached prefix is not enough to resume a hybrid: the recurrent state at the prefix's end is needed too. So after a
 step that leaves a sequence's computed tokens at a block boundary whose block is now cached (hashed), the sequence's
-state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshot at its prompt's
-last full block (the same prompt again) and its latest one (a multi-turn chat's next turn starts with this turn's
-tokens), older ones go back. A prefix hit is cut to the deepest hit block that has a snapshot, whose state is then
-copied into the new sequence's seat; snapshots are evicted with their blocks, and the least recently used goes
-first when the snapshot slots run out. Seats and snapshots share one pool, sized from the KV budget at load.
+state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshots at its prompt's
+snapshot points (engine.snapshot_points: before each chat turn, so a rewritten later turn still resumes after the
+turns before it, and the prompt's last full block: the same prompt again) and its latest one (a multi-turn chat's
+next turn starts with this turn's tokens), older ones go back. A prefix hit is cut to the deepest hit block that has
+a snapshot, whose state is then copied into the new sequence's seat; snapshots are evicted with their blocks, and
+when the snapshot slots run out the one that saves the fewest tokens among the least recently used goes. Seats and
+snapshots share one pool, sized from the KV budget at load.
 
 With KV offload tiers (`offload`, edgeserve.offload.PoolOffload), a snapshot that leaves the device (its block
-evicted, or the least recently used when the slots run out) goes down to the host and disk tiers under its block's
+evicted, or let go of when the slots run out) goes down to the host and disk tiers under its block's
 hash, beside that block, and `usable_prefix` brings one back up into a snapshot slot when a prefix hit reaches its
 block in a tier (a missing or damaged copy is a miss: the hit stops at a shallower snapshot, or recomputes). At
 shutdown every snapshot goes down (`offer_all`), so a conversation resumes after a restart from the disk tier. A
