@@ -293,3 +293,4 @@ class StateSlots:
             s.backup for s in self._seats.values() if s.backup is not None]
         assert len(set(used)) == len(used) == self.pool.num_used, "state slots lost or shared"
         assert len(self._seats) <= self.budget.seats and len(self._snapshots) <= self.budget.snapshots
+        assert set(self._depth) <= set(self._snapshots), "a value kept for a snapshot that is gone"
