@@ -130,6 +130,14 @@ class StateSpec:
         return f"{self.kind.name}/{self.num_layers}/{','.join(parts)}"
 
 
+def state_spec_for(config) -> StateSpec:
+    """The state spec of a hybrid model (a models.config.ModelConfig with `is_hybrid`): how many state layers it
+    has and the kind each keeps. The one place a new family's layer kind is chosen (Gated DeltaNet today)."""
+    if not config.is_hybrid:
+        raise ValueError(f"{config.architecture} has no state layers")
+    return StateSpec(config.num_linear_layers, config.delta)
+
+
 def slots_for_budget(budget_bytes: float, spec: StateSpec) -> int:
     """How many slots fit in `budget_bytes`."""
     return int(budget_bytes // spec.bytes_per_sequence)
