@@ -147,6 +147,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, tg)
+            state.tasks = tg
             yield
             manager.stop_engines()  # work in flight stops at its next step or sub-batch, not at its end
             tg.cancel_scope.cancel()

@@ -134,6 +134,21 @@ async def _guarded(gen: Generation, replier: Replier) -> AsyncIterator[Any]:
         gen.close()
 
 
+async def detached(request: Request, req: GenerationRequest, replier: Replier) -> AsyncIterator[Any]:
+    """The replier's stream of `req` for a run that outlives its request (background responses; `pick_adapter`
+    already applied): the model is leased first (loaded if need be), and every error comes in-band."""
+    arrived = time.monotonic()
+    st = server_state(request)
+    try:
+        lease = await st.manager.acquire(req.model, req.keep_alive)
+        gen = await start(request, req, replier, lease, arrived)
+    except Exception as e:
+        yield replier.error(from_exception(e, request.state.request_id))
+        return
+    async for item in _guarded(gen, replier):
+        yield item
+
+
 async def _after_load(request: Request, req: GenerationRequest, replier: Replier,
                       arrived: float) -> AsyncIterator[Any]:
     """A streamed body for a model not loaded yet: `replier.ping` items while it loads, then the stream. Errors
