@@ -4,46 +4,17 @@ the engine request, unknown ids are 404s, and the store is bounded."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import openai
 import pytest
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.server import ServerConfig
-from server_helpers import serve, wait_until
+from server_helpers import StepGate, serve, wait_until
 from tiny_gguf import write_tiny_llama
 
 KEY = "k-background"
 CAPACITY = 3
-
-
-class StepGate:
-    """Wraps the engine's step: while shut, each step waits for a permit; open() lets every step through."""
-
-    def __init__(self, core) -> None:
-        self.core, self.step = core, core.step
-        self.permits, self.opened, self.waiting = threading.Semaphore(0), threading.Event(), threading.Event()
-        core.step = self
-
-    def __call__(self):
-        if not self.opened.is_set():
-            self.waiting.set()
-            assert self.permits.acquire(timeout=60)
-        return self.step()
-
-    def allow(self, n: int) -> None:
-        for _ in range(n):
-            self.permits.release()
-
-    def open(self) -> None:
-        self.opened.set()
-        self.allow(1000)
-
-    def restore(self) -> None:
-        self.open()
-        self.core.step = self.step
 
 
 @pytest.fixture(scope="module")

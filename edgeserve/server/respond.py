@@ -99,6 +99,8 @@ async def start(request: Request, req: GenerationRequest, replier: Replier, leas
     except BaseException:  # an error, or the client left (cancelled): the model's lease goes back
         gen.close()
         raise
+    reply_id = getattr(replier, "rid", None) or getattr(replier, "mid", None)  # the id its reply carries
+    st.live.add(gen, {request.state.request_id} | ({reply_id} if reply_id else set()))
     return gen
 
 

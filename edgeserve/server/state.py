@@ -17,6 +17,7 @@ from edgeserve.server.config import ServerConfig
 from edgeserve.server.disconnect import CLIENT_CLOSED, ClientGone
 from edgeserve.server.errors import error_response
 from edgeserve.server.metrics import Metrics
+from edgeserve.server.live_requests import LiveRequests
 from edgeserve.server.model_manager import ModelManager
 from edgeserve.server.response_store import ResponseStore
 
@@ -26,7 +27,7 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("edgeserve_
 @dataclass
 class ServerState:
     """What every route needs: the config, the model manager, the metrics, the stored background responses and
-    the app's task group (for work that outlives its request; set while the app runs)."""
+    the app's task group (for work that outlives its request; set while the app runs) and the running generations."""
 
     config: ServerConfig
     manager: ModelManager
@@ -34,6 +35,7 @@ class ServerState:
     started: int = field(default_factory=lambda: int(time.time()))
     responses: ResponseStore = field(init=False)
     tasks: TaskGroup | None = None
+    live: LiveRequests = field(default_factory=LiveRequests)  # running generations by request / reply id
 
     def __post_init__(self) -> None:
         self.responses = ResponseStore(self.config.max_stored_responses, self.config.stored_response_seconds)
