@@ -79,11 +79,12 @@ def test_stream_survives_a_disconnect_and_resumes(server, client, gate):
     with client.responses.stream(response_id=rid, starting_after=last_seq) as s:  # the SDK's helper replays all
         helper = list(s)
     assert [e.sequence_number for e in helper] == [e.sequence_number for e in rest]
-    # an EventSource reconnect: Last-Event-ID names the last event seen
-    raw = httpx.get(f"{server.url}/v1/responses/{rid}", params={"stream": "true"},
-                    headers={"authorization": f"Bearer {KEY}", "last-event-id": str(last_seq)})
-    ids = [int(line[4:]) for line in raw.text.splitlines() if line.startswith("id: ")]
-    assert ids == [e.sequence_number for e in rest]
+    # an EventSource reconnect: Last-Event-ID names the last event seen (its SSE id: ID/N)
+    for last in (f"{rid}/{last_seq}", str(last_seq)):
+        raw = httpx.get(f"{server.url}/v1/responses/{rid}", params={"stream": "true"},
+                        headers={"authorization": f"Bearer {KEY}", "last-event-id": last})
+        ids = [line[4:] for line in raw.text.splitlines() if line.startswith("id: ")]
+        assert ids == [f"{rid}/{e.sequence_number}" for e in rest]
 
 
 def test_cancel_stops_the_engine_request(server, client, gate):

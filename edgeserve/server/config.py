@@ -97,6 +97,8 @@ class ServerConfig:
     # seconds a finished one stays readable
     max_stored_responses: int = 64
     stored_response_seconds: float = 3600.0
+    # a resumable stream (`stream_options.resumable`) that no client follows is cancelled after this many seconds
+    resume_grace_seconds: float = 60.0
     # the reply format (tool calls, reasoning) of every model served, instead of the one detected from its chat
     # template: a name in edgeserve.text.formats (for a model whose template is ambiguous)
     tool_format: str | None = _flag(None, "--tool-format")
@@ -128,9 +130,10 @@ class ServerConfig:
         if self.keep_alive is not None and not 0 <= self.keep_alive <= MAX_KEEP_ALIVE:
             raise config_error(ServerConfig, "keep_alive", f"be from 0 to {MAX_KEEP_ALIVE:.0f} seconds or None "
                                "(forever)", self.keep_alive)
-        if not isinstance(self.stored_response_seconds, (int, float)) or not self.stored_response_seconds >= 0:
-            raise config_error(ServerConfig, "stored_response_seconds", "be a number of seconds >= 0",
-                               self.stored_response_seconds)
+        for name in ("stored_response_seconds", "resume_grace_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise config_error(ServerConfig, name, "be a number of seconds >= 0", value)
         if self.load_format not in ("auto", "dummy"):
             raise config_error(ServerConfig, "load_format", "be auto or dummy", self.load_format)
         if self.dense_prefill not in ("auto", "on", "off"):

@@ -26,6 +26,8 @@ class StoredResponse:
     events: list[dict[str, Any]] = field(default_factory=list)  # SSE dicts; events[i] has sequence number i
     finished_at: float | None = None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the run's; cancel() stops it
+    followers: int = 0  # clients reading its events now
+    _unwatched_since: float | None = field(default_factory=time.monotonic)
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     @property
@@ -33,8 +35,9 @@ class StoredResponse:
         return self.finished_at is not None
 
     def add(self, event: dict[str, Any]) -> None:
-        """Append the next stream event (its SSE id is its sequence number, for Last-Event-ID reconnects)."""
-        self.events.append({**event, "id": str(len(self.events))})
+        """Append the next stream event; its SSE id is `ID/N` (N: its sequence number), which a Last-Event-ID
+        reconnect sends back."""
+        self.events.append({**event, "id": f"{self.id}/{len(self.events)}"})
         self._notify()
 
     def update(self, snapshot: dict[str, Any]) -> None:
@@ -48,6 +51,14 @@ class StoredResponse:
         self._changed.set()
         self._changed = anyio.Event()
 
+    async def changed(self) -> None:
+        """Wait for the next event or change of state."""
+        await self._changed.wait()
+
+    def unwatched_for(self) -> float | None:
+        """Seconds since the last client stopped following it (None while one follows)."""
+        return None if self._unwatched_since is None else time.monotonic() - self._unwatched_since
+
     async def finished(self) -> None:
         """Wait until the response has finished (its run recorded the end)."""
         while not self.done:
@@ -56,13 +67,21 @@ class StoredResponse:
     async def follow(self, after: int = -1) -> AsyncIterator[dict[str, Any]]:
         """The events numbered after `after`, those to come included, until the response finishes."""
         i = after + 1
-        while True:
-            while i < len(self.events):
-                yield self.events[i]
-                i += 1
-            if self.done:
-                return
-            await self._changed.wait()
+        self.followers += 1
+        self._unwatched_since = None
+        try:
+            while True:
+                while i < len(self.events):
+                    yield self.events[i]
+                    i += 1
+                if self.done:
+                    return
+                await self._changed.wait()
+        finally:
+            self.followers -= 1
+            if not self.followers:
+                self._unwatched_since = time.monotonic()
+                self._notify()
 
 
 class ResponseStore:
