@@ -186,3 +186,30 @@ def test_end_thinking_of_a_background_response_by_its_id(server, oai):
     # ended before its first step: the thought closes as soon as the model opens it, and the answer follows
     assert done.output[-1].type == "message" and done.output_text.strip() == ANSWER
     assert done.usage.output_tokens < 10
+
+
+def test_end_thinking_of_an_anthropic_stream_by_its_message_id(server):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    claude.messages.create(model="looping", max_tokens=1, messages=[{"role": "user", "content": "hi"}])  # loaded
+    gate = _gate(server)
+    try:
+        gate.allow(5)
+        thinking, text, ended = "", "", None
+        with claude.messages.stream(model="looping", max_tokens=300, extra_body={"temperature": 0, "top_k": 1},
+                                    thinking={"type": "enabled", "budget_tokens": 1024},
+                                    messages=[{"role": "user", "content": "2+2?"}]) as s:
+            for event in s:
+                if event.type == "message_start":
+                    mid = event.message.id
+                elif event.type == "content_block_delta" and event.delta.type == "thinking_delta":
+                    thinking += event.delta.thinking
+                    if ended is None and thinking.count(HMM) >= 2:
+                        ended = httpx.post(f"{server.url}/v1/requests/{mid}/end_thinking").json()
+                        gate.open()
+                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    text += event.delta.text
+            final = s.get_final_message()
+    finally:
+        gate.restore()
+    assert ended["ended"] == 1 and text.strip() == ANSWER and final.stop_reason == "end_turn"
+    assert 2 <= thinking.count(HMM) <= 8
