@@ -128,7 +128,8 @@ def test_a_request_that_fails_after_it_was_queued_is_failed(client):
     done = _final(client, r.id)
     assert done.status == "failed" and done.error.code == "invalid_prompt" and "context" in done.error.message
     events = list(client.responses.retrieve(r.id, stream=True))
-    assert [e.type for e in events] == ["error", "response.failed"] and events[1].sequence_number == 1
+    assert [e.type for e in events] == ["response.created", "error", "response.failed"]
+    assert events[0].response.status == "queued" and [e.sequence_number for e in events] == [0, 1, 2]
 
 
 def test_the_store_is_bounded(server, client, gate):

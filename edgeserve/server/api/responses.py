@@ -333,6 +333,7 @@ class ResponsesReplier:
         self.latest: dict | None = None  # the response object the last response.* event carried
         self.failed: APIError | None = None  # the error that ended the stream
         self.n_out = 0  # output tokens so far
+        self.announced = False  # response.created was sent already (a background response's, while queued)
 
     def snapshot(self, status: str) -> dict:
         """The response object now, with `status` (queued before the run starts; cancelled / failed after)."""
@@ -367,7 +368,8 @@ class ResponsesReplier:
     async def stream(self, gen: Generation) -> AsyncIterator[dict]:
         """The whole event sequence."""
         reply = self.reply = _Reply(gen, self.request_body, self.rid, self.created)
-        yield self.event("response.created", response=reply.response("in_progress"))
+        if not self.announced:
+            yield self.event("response.created", response=reply.response("in_progress"))
         yield self.event("response.in_progress", response=reply.response("in_progress"))
         last = None
         async for _, out in gen.outputs():

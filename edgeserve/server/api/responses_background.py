@@ -30,6 +30,9 @@ def start_background(request: Request, req: GenerationRequest, replier: Any) -> 
     """Store the response as queued, start its run, and answer with it (or with its stream)."""
     entry = StoredResponse(replier.rid, replier.snapshot("queued"))
     spawn(request, req, entry, _run, request, req, replier, entry)
+    # the stream's first event at once, with the id to resume by, even while the model loads
+    entry.add(replier.event("response.created", response=entry.snapshot))
+    replier.announced = True
     return sse(entry.follow()) if req.stream else JSONResponse(entry.snapshot)
 
 
