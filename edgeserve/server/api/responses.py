@@ -208,8 +208,8 @@ def parse_responses_request(body: dict) -> GenerationRequest:
 def _refuse_stateful(body: dict) -> None:
     """400 for what needs stored state or features this server does not have."""
     _refuse_unless(body, "previous_response_id", (None,),
-                   "is not supported: this server stores no conversations (only background responses, to poll); send the whole "
-                   "conversation as input items")
+                   "is not supported: this server stores no conversations (only background responses, to poll); "
+                   "send the whole conversation as input items")
     _refuse_unless(body, "conversation", (None,), "is not supported: this server stores no conversations")
     _refuse_unless(body, "prompt", (None,), "(stored prompt templates) is not supported")
     include = body.get("include")
