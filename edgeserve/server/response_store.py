@@ -98,9 +98,9 @@ class ResponseStore:
         if len(self._items) >= self.capacity:
             oldest = next((k for k, v in self._items.items() if v.done), None)
             if oldest is None:
-                raise APIError(429, f"{self.capacity} background responses are running; retry when one finishes "
-                               "or cancel one", "rate_limit_error", "background", "too_many_background_responses",
-                               {"Retry-After": "1"})
+                raise APIError(429, f"{self.capacity} background responses and resumable streams are running; "
+                               "retry when one finishes, or cancel one", "rate_limit_error", None,
+                               "too_many_background_responses", {"Retry-After": "1"})
             del self._items[oldest]
         self._items[entry.id] = entry
 
