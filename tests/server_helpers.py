@@ -80,3 +80,30 @@ def metric(text: str, name: str, labels: str = "") -> float | None:
         if key == name or (labels and key == f"{name}{{{labels}}}"):
             return float(value)
     return None
+
+
+class StepGate:
+    """Wraps the engine's step: while shut, each step waits for a permit; open() lets every step through."""
+
+    def __init__(self, core) -> None:
+        self.core, self.step = core, core.step
+        self.permits, self.opened, self.waiting = threading.Semaphore(0), threading.Event(), threading.Event()
+        core.step = self
+
+    def __call__(self):
+        if not self.opened.is_set():
+            self.waiting.set()
+            assert self.permits.acquire(timeout=60)
+        return self.step()
+
+    def allow(self, n: int) -> None:
+        for _ in range(n):
+            self.permits.release()
+
+    def open(self) -> None:
+        self.opened.set()
+        self.allow(1000)
+
+    def restore(self) -> None:
+        self.open()
+        self.core.step = self.step

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -113,3 +114,17 @@ def test_a_lone_request_is_not_held_for_a_batching_window(monkeypatch):
     runner.join(30)
     assert not runner.is_alive(), "the lone request was held back"
     assert lm.calls == [[[4, 5]]] and out[0].tolist() == [[2, 4, 9]]
+
+
+def test_sub_batches_are_small_on_the_cpu_so_abandoned_work_stops_soon():
+    from edgeserve.engine.embedder import CPU_SUB_BATCH_TOKENS, GPU_SUB_BATCH_TOKENS, default_sub_batch
+
+    enc = FakeEncoder()
+    enc.gate.set()
+    assert EmbeddingEngine(enc).sub_batch_tokens == CPU_SUB_BATCH_TOKENS < GPU_SUB_BATCH_TOKENS  # no device: CPU
+
+    on_cuda = SimpleNamespace(model=SimpleNamespace(device=torch.device("cuda")))  # what it reads; nothing runs
+    assert default_sub_batch(on_cuda) == GPU_SUB_BATCH_TOKENS
+    engine = EmbeddingEngine(enc, sub_batch_tokens=8)  # two 4-token inputs per forward
+    out = engine._forward([[1, 2, 3, 4]] * 5)
+    assert [len(c) for c in enc.calls] == [2, 2, 1] and out.shape == (5, 3)

@@ -272,26 +272,31 @@ def test_top_n_return_documents_and_object_documents(client):
 
 def test_cohere_v2_rerank_shape(client):
     # cohere's ClientV2.rerank: POST /v2/rerank with string documents, top_n and max_tokens_per_doc
-    try:
-        import cohere
-    except ImportError:
-        cohere = None
-    if cohere is not None:
-        co = cohere.ClientV2(api_key="unused", base_url=str(client.base_url))
-        got = co.rerank(model="xlmr-rank", query=QUERY, documents=DOCS, top_n=2, max_tokens_per_doc=512)
-        results = [{"index": x.index, "relevance_score": x.relevance_score} for x in got.results]
-    else:
-        r = client.post("/v2/rerank", json={"model": "xlmr-rank", "query": QUERY, "documents": DOCS, "top_n": 2,
-                                            "max_tokens_per_doc": 512})
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["meta"]["api_version"]["version"] == "2" and body["meta"]["billed_units"]["search_units"] == 1
-        results = body["results"]
+    r = client.post("/v2/rerank", json={"model": "xlmr-rank", "query": QUERY, "documents": DOCS, "top_n": 2,
+                                        "max_tokens_per_doc": 512})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["meta"]["api_version"]["version"] == "2" and body["meta"]["billed_units"]["search_units"] == 1
+    _same_as_v1(client, body["results"])
+    bad = client.post("/v2/rerank", json={"model": "xlmr-rank", "query": QUERY, "documents": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
+
+
+def _same_as_v1(client, results: list) -> None:
     v1 = client.post("/v1/rerank", json={"model": "xlmr-rank", "query": QUERY, "documents": DOCS}).json()["results"]
     assert [x["index"] for x in results] == [x["index"] for x in v1[:2]]
     assert results[0]["relevance_score"] == pytest.approx(v1[0]["relevance_score"], abs=1e-6)
-    bad = client.post("/v2/rerank", json={"model": "xlmr-rank", "query": QUERY, "documents": []})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
+
+
+def test_cohere_client_v2_rerank(client):
+    """The real cohere client (ClientV2.rerank, issue 52 item 2) against /v2/rerank; its 400 as cohere's error."""
+    cohere = pytest.importorskip("cohere")
+    co = cohere.ClientV2(api_key="unused", base_url=str(client.base_url))
+    got = co.rerank(model="xlmr-rank", query=QUERY, documents=DOCS, top_n=2, max_tokens_per_doc=512)
+    _same_as_v1(client, [{"index": x.index, "relevance_score": x.relevance_score} for x in got.results])
+    with pytest.raises(cohere.BadRequestError) as e:
+        co.rerank(model="xlmr-rank", query=QUERY, documents=[])
+    assert e.value.status_code == 400 and e.value.body["error"]["param"] == "documents"
 
 
 @pytest.mark.parametrize("body, param", [

@@ -92,6 +92,28 @@ def test_an_abandoned_image_request_stops_encoding(tmp_path):
         assert r.status_code == 200, r.text
         # the gone request's first batch (2 images) and no more; the next request's image once (three copies)
         assert gate.items == [2, 1]
+        family.encode = gate.fn
+        _abandoned_between_layers(s.manager.entries["gemma3v"].lm.vision, picture(40, 30, seed=77))
+
+
+def _abandoned_between_layers(vision, png: bytes) -> None:
+    """An encode whose request goes away during its first layer stops before the next one (vision/stop.py)."""
+    import io
+
+    from PIL import Image
+
+    from edgeserve.vision.runtime import EncodeAbandoned
+
+    calls = []
+
+    def abandoned() -> bool:  # checked before the batch, then before each tower layer: gone at the second layer
+        calls.append(1)
+        return len(calls) >= 3
+
+    prepared = vision.family.preprocess(Image.open(io.BytesIO(png)).convert("RGB"))
+    with pytest.raises(EncodeAbandoned):
+        vision.embeddings([prepared], [b"gone-image"], abandoned)
+    assert len(calls) == 3 and b"gone-image" not in vision._cache
 
 
 def test_a_stopping_embedding_engine_ends_its_batch_at_the_next_sub_batch(tmp_path):

@@ -108,7 +108,7 @@ def test_bad_requests_name_the_field(client, kw, param):
         client.responses.create(**{"model": "tiny", "input": "hi", **kw})
     assert e.value.status_code == 400 and e.value.body["param"] == param
     if param == "previous_response_id":
-        assert "stores no responses" in e.value.body["message"]
+        assert "stores no conversations" in e.value.body["message"]
 
 
 def test_unknown_model_auth_then_success(server, client):

@@ -4,9 +4,10 @@ own closing tag and the answer follows: OpenAI `thinking_budget_tokens` / `max_t
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from scripted_gguf import ANSWER, NEWLINE, THINK_TEMPLATE, write_scripted_gguf
-from server_helpers import serve
+from server_helpers import StepGate, serve, wait_until
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.thinking_budget import ThinkingBudget, ThinkingState
@@ -118,3 +119,97 @@ def test_thinking_state_counts_from_the_opening_tag_and_stops_at_the_models_own_
     answers = ThinkingState(ThinkingBudget(1, close_ids=(9,), open_ids=(7,)))
     answers.accept([1, 2, 3, 4, 5, 6])  # no thought at the reply's start: never forced
     assert answers.done and answers.forced() is None
+
+
+def test_end_now_closes_a_running_thought_and_a_resumed_state_replays_the_output():
+    s = ThinkingState(ThinkingBudget(100, close_ids=(9, 10), open_ids=(7,)))
+    s.accept([7, 1, 1])
+    assert s.forced() is None and s.end_now()
+    assert s.forced() == 9  # the closing tag at the next step, the budget notwithstanding
+    s.accept([9, 10])
+    assert s.done and s.forced() is None and not s.end_now()
+    spec = ThinkingBudget(2**31 - 1, close_ids=(9,), open_ids=(7,))
+    assert ThinkingState.resume(spec, [7, 1, 1]).end_now()  # still thinking
+    assert not ThinkingState.resume(spec, [7, 1, 9, 4]).end_now()  # already answering
+    before_open = ThinkingState.resume(spec, [])
+    assert before_open.end_now() and before_open.forced() is None  # nothing to close until the thought opens
+    before_open.accept([7])
+    assert before_open.forced() == 9
+
+
+def _gate(server):
+    return StepGate(server.manager.entries["looping"].engine.core)
+
+
+def test_end_thinking_now_through_the_openai_client(server, oai):
+    """A chat stream thinking forever: POST /v1/requests/{X-Request-Id}/end_thinking closes the thought and the
+    answer follows in the same stream."""
+    chat(oai, "looping", max_tokens=1)  # loaded
+    gate = _gate(server)
+    try:
+        gate.allow(5)  # the opening tag and a few thoughts, then the steps wait
+        stream = oai.chat.completions.create(model="looping", messages=[{"role": "user", "content": "2+2?"}],
+                                             max_tokens=300, stream=True, extra_body=GREEDY,
+                                             extra_headers={"X-Request-Id": "think-now-1"})
+        reasoning, content, finish, ended = "", "", None, None
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            content += delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+            if ended is None and reasoning.count(HMM) >= 2:
+                ended = httpx.post(f"{server.url}/v1/requests/think-now-1/end_thinking").json()
+                gate.open()
+    finally:
+        gate.restore()
+    assert ended == {"id": "think-now-1", "object": "thinking.end", "ended": 1}
+    assert content.strip() == ANSWER and finish == "stop"
+    assert 2 <= reasoning.count(HMM) <= 8  # not the 300 tokens it would think
+    missing = httpx.post(f"{server.url}/v1/requests/think-now-1/end_thinking")  # it has finished
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "id"
+
+
+def test_end_thinking_of_a_background_response_by_its_id(server, oai):
+    oai.chat.completions.create(model="looping", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    gate = _gate(server)
+    try:
+        r = oai.responses.create(model="looping", input="2+2?", max_output_tokens=300, background=True,
+                                 temperature=0)
+        assert gate.waiting.wait(30)
+        ended = httpx.post(f"{server.url}/v1/responses/{r.id}/end_thinking").json()
+        gate.open()
+        assert ended["ended"] == 1
+        assert wait_until(lambda: oai.responses.retrieve(r.id).status == "completed", timeout=60)
+    finally:
+        gate.restore()
+    done = oai.responses.retrieve(r.id)
+    # ended before its first step: the thought closes as soon as the model opens it, and the answer follows
+    assert done.output[-1].type == "message" and done.output_text.strip() == ANSWER
+    assert done.usage.output_tokens < 10
+
+
+def test_end_thinking_of_an_anthropic_stream_by_its_message_id(server):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    claude.messages.create(model="looping", max_tokens=1, messages=[{"role": "user", "content": "hi"}])  # loaded
+    gate = _gate(server)
+    try:
+        gate.allow(5)
+        thinking, text, ended = "", "", None
+        with claude.messages.stream(model="looping", max_tokens=300, extra_body={"temperature": 0, "top_k": 1},
+                                    thinking={"type": "enabled", "budget_tokens": 1024},
+                                    messages=[{"role": "user", "content": "2+2?"}]) as s:
+            for event in s:
+                if event.type == "message_start":
+                    mid = event.message.id
+                elif event.type == "content_block_delta" and event.delta.type == "thinking_delta":
+                    thinking += event.delta.thinking
+                    if ended is None and thinking.count(HMM) >= 2:
+                        ended = httpx.post(f"{server.url}/v1/requests/{mid}/end_thinking").json()
+                        gate.open()
+                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    text += event.delta.text
+            final = s.get_final_message()
+    finally:
+        gate.restore()
+    assert ended["ended"] == 1 and text.strip() == ANSWER and final.stop_reason == "end_turn"
+    assert 2 <= thinking.count(HMM) <= 8

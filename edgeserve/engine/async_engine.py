@@ -28,6 +28,7 @@ from .request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
+    from edgeserve.engine.thinking_budget import ThinkingBudget
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -131,6 +132,12 @@ class AsyncEngine:
             sink.send.close()
             self.core.finish_request(request_id, "abort")
             self._wakeup.set()
+
+    def end_thinking(self, request_id: str, spec: "ThinkingBudget") -> bool:
+        """Close a running request's thought at its next step (EngineCore.end_thinking)."""
+        ended = self.core.end_thinking(request_id, spec)
+        self._wakeup.set()
+        return ended
 
     def stats(self) -> EngineStats:
         """The engine's counters now."""

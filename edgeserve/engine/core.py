@@ -36,7 +36,7 @@ from .adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
 from .kv_cache import KVPool, engine_kv_format, size_pool
-from .thinking_budget import ThinkingState
+from .thinking_budget import ThinkingBudget, ThinkingState
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
@@ -187,6 +187,18 @@ class EngineCore:
         """End a request at the start of the next step (its blocks are freed there); unknown ids are ignored."""
         with self._lock:
             self._pending_finish[request_id] = reason
+
+    def end_thinking(self, request_id: str, spec: ThinkingBudget) -> bool:
+        """Close request `request_id`'s thought at its next step (engine/thinking_budget.py; `spec` gives the tags
+        for a request that runs without a budget); False when it is unknown, finished or already answering."""
+        with self._lock:
+            req = self.requests.get(request_id) or next((r for r in self._pending_add if r.request_id == request_id),
+                                                        None)
+            if req is None or req.status is SeqStatus.FINISHED:
+                return False
+            if req.thinking is None:
+                req.thinking = ThinkingState.resume(spec, list(req.output_token_ids))
+            return req.thinking.end_now()
 
     def has_work(self) -> bool:
         """Whether a step would do anything."""

@@ -19,6 +19,16 @@ from edgeserve.errors import EngineError
 
 log = logging.getLogger(__name__)
 
+CPU_SUB_BATCH_TOKENS = 2048  # on the CPU a forward this size runs near full speed, and takes a second or two
+GPU_SUB_BATCH_TOKENS = 16384
+
+
+def default_sub_batch(lm: Any) -> int:
+    """Padded tokens per forward for `lm`: smaller on the CPU, where a forward is slow, so abandoned work stops
+    soon."""
+    device = getattr(getattr(lm, "model", None), "device", None)
+    return GPU_SUB_BATCH_TOKENS if getattr(device, "type", "cpu") == "cuda" else CPU_SUB_BATCH_TOKENS
+
 
 @dataclass
 class EmbeddingStats:
@@ -42,9 +52,11 @@ class EmbeddingEngine:
 
     is_embedding = True
 
-    def __init__(self, lm: Any, max_batch_tokens: int = 16384) -> None:
+    def __init__(self, lm: Any, max_batch_tokens: int = 16384, sub_batch_tokens: int | None = None) -> None:
         self.lm = lm
         self.max_batch_tokens = max_batch_tokens
+        # padded tokens per forward: a request that goes away (or the server's stop) waits for at most one
+        self.sub_batch_tokens = sub_batch_tokens if sub_batch_tokens is not None else default_sub_batch(lm)
         self.max_model_len = lm.config.max_seq_length
         self._queue: list[_Job] = []
         self._num_running = 0  # requests in the batch being embedded now
@@ -117,7 +129,7 @@ class EmbeddingEngine:
         return sum(len(ids) for ids in job.inputs)
 
     def _forward(self, seqs: list[list[int]], owners: list[_Job] | None = None) -> torch.Tensor:
-        """The embeddings of `seqs` in sub-batches of up to max_batch_tokens (padded); before each sub-batch, the
+        """The embeddings of `seqs` in sub-batches of up to sub_batch_tokens (padded); before each sub-batch, the
         inputs of abandoned jobs (`owners[i]` is seq i's) are skipped, and shutdown() skips everything left."""
         # sorted by length so each sub-batch pads little; results go back in request order
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
@@ -127,7 +139,7 @@ class EmbeddingEngine:
         while start < len(order):
             end, longest = start, 0
             while end < len(order) and (end == start or (end - start + 1) * max(longest, len(seqs[order[end]]))
-                                        <= self.max_batch_tokens):
+                                        <= min(self.sub_batch_tokens, self.max_batch_tokens)):
                 longest = max(longest, len(seqs[order[end]]))
                 end += 1
             idx = [i for i in order[start:end] if owners is None or not owners[i].abandoned]

@@ -3,7 +3,10 @@
 
 The thought starts where the prompt opened it (`in_thought`) or where the model writes the opening tag; it ends
 early, and nothing is forced, where the model writes the closing tag itself. A request that never opens a thought
-is never touched."""
+is never touched.
+
+`end_now()` closes a running thought at once, whatever is left of the budget (a client's "stop thinking and
+answer"); a state made for a request that had none replays its output so far first (`resume`)."""
 
 from __future__ import annotations
 
@@ -39,6 +42,25 @@ class ThinkingState:
         self._seen = 0  # output tokens so far
         self._tail: list[int] = []  # the last output tokens, to find a tag written across tokens
         self._forcing: list[int] = []
+        self._end_now = False
+
+    @classmethod
+    def resume(cls, spec: ThinkingBudget, output: list[int]) -> "ThinkingState":
+        """A state for a request already running without one: its output tokens so far accounted for."""
+        state = cls(spec)
+        state.accept(output)
+        return state
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the reply is in its thought now, or may still open one."""
+        return not self.done
+
+    def end_now(self) -> bool:
+        """Close the thought at the next step (or as soon as the reply opens one); False when it is already closed
+        (the reply is answering)."""
+        self._end_now = not self.done
+        return self._end_now
 
     @property
     def active(self) -> bool:
@@ -47,7 +69,8 @@ class ThinkingState:
 
     def forced(self) -> int | None:
         """The token the next step must take, or None to sample."""
-        if not self.done and self.in_thought and not self._forcing and self.spent >= self.spec.budget:
+        if not self.done and self.in_thought and not self._forcing and (self._end_now
+                                                                         or self.spent >= self.spec.budget):
             self._forcing = list(self.spec.close_ids)
         return self._forcing[0] if self._forcing else None
 

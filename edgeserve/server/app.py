@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edgeserve.server.api import (adapter_routes, anthropic, embeddings, ollama, ollama_create, ollama_models, openai,
-                                  rerank, responses)
+                                  rerank, responses, thinking_routes)
 from edgeserve.server.auth import authorized, needs_key
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.errors import APIError, BodyTooLargeError, error_body, error_response, from_exception
@@ -147,6 +147,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run, tg)
+            state.tasks = tg
             yield
             manager.stop_engines()  # work in flight stops at its next step or sub-batch, not at its end
             tg.cancel_scope.cancel()
@@ -163,6 +164,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         *rerank.ROUTES,
         *anthropic.ROUTES,
         *responses.ROUTES,
+        *thinking_routes.ROUTES,
         *adapter_routes.ROUTES,
         *ollama_create.ROUTES,
     ]

@@ -93,6 +93,12 @@ class ServerConfig:
     default_max_tokens: int | None = _flag(DEFAULT_MAX_TOKENS, "--default-max-tokens")
     max_tokens_limit: int | None = _flag(None, "--max-tokens-limit")  # the most output tokens a request gets
     allow_pull: bool = True  # POST /api/pull may download catalog models
+    # Responses `background: true` replies kept in memory (server/response_store.py): how many, and for how many
+    # seconds a finished one stays readable
+    max_stored_responses: int = 64
+    stored_response_seconds: float = 3600.0
+    # a resumable stream (`stream_options.resumable`) that no client follows is cancelled after this many seconds
+    resume_grace_seconds: float = 60.0
     # the reply format (tool calls, reasoning) of every model served, instead of the one detected from its chat
     # template: a name in edgeserve.text.formats (for a model whose template is ambiguous)
     tool_format: str | None = _flag(None, "--tool-format")
@@ -112,7 +118,8 @@ class ServerConfig:
             raise config_error(ServerConfig, "engine", "be an EngineConfig", self.engine)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise config_error(ServerConfig, "port", "be between 0 and 65535", self.port)
-        for name in ("max_loaded_models", "max_body_bytes", "max_blob_bytes", "max_n", "max_images", "max_image_pixels"):
+        for name in ("max_loaded_models", "max_body_bytes", "max_blob_bytes", "max_n", "max_images", "max_image_pixels",
+                     "max_stored_responses"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise config_error(ServerConfig, name, "be a positive integer", value)
@@ -123,6 +130,10 @@ class ServerConfig:
         if self.keep_alive is not None and not 0 <= self.keep_alive <= MAX_KEEP_ALIVE:
             raise config_error(ServerConfig, "keep_alive", f"be from 0 to {MAX_KEEP_ALIVE:.0f} seconds or None "
                                "(forever)", self.keep_alive)
+        for name in ("stored_response_seconds", "resume_grace_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise config_error(ServerConfig, name, "be a number of seconds >= 0", value)
         if self.load_format not in ("auto", "dummy"):
             raise config_error(ServerConfig, "load_format", "be auto or dummy", self.load_format)
         if self.dense_prefill not in ("auto", "on", "off"):

@@ -6,13 +6,13 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
-from edgeserve.server.thinking import thinking_spec
+from edgeserve.server.thinking import MAX_BUDGET, thinking_spec
 from edgeserve.server.disconnect import run_abandonable
 from edgeserve.errors import InvalidRequestError
 from edgeserve.sampling_params import SamplingParams
@@ -81,6 +81,7 @@ class Generation:
         self.usage = Usage()
         self.first_token_at: float | None = None  # monotonic time of the first generated token (prefill done)
         self._closed = False
+        self.on_close: list[Callable[[], None]] = []  # called once when it closes (server/live_requests.py)
         self.chat: ChatSetup | None = None  # chat replies: template inputs, constraint, output parsing
         self._prompts: list[list[int]] | None = None  # prompt_ids(), computed off the event loop by prepare()
         self._decoded: list | None = None  # the chat's images, decoded (PIL) by prepare()
@@ -328,6 +329,17 @@ class Generation:
         for s in self.streams:
             s.abort()
         self.lease.release()
+        for callback in self.on_close:
+            callback()
+
+    def end_thinking(self) -> int:
+        """Close every running choice's thought at its next step, so the answer follows now (whatever is left of a
+        thinking budget); the number of choices that were thinking (0: none is, or the model does not reason)."""
+        budget = self.req.thinking_budget if self.req.thinking_budget is not None else MAX_BUDGET
+        spec = thinking_spec(budget, self.chat, self.lease.lm.tokenizer)
+        if spec is None or self._closed:
+            return 0
+        return sum(self.lease.engine.end_thinking(s.request_id, spec) for s in self.streams if not s.finished)
 
     async def aclose(self) -> None:
         """close() on the event loop (for a response's background task: a sync one would run in a thread)."""

@@ -23,6 +23,7 @@ class GenerationRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    resumable: bool = False  # stream_options.resumable: the stream runs on without its client (server/detached_runs.py)
     logprobs: bool = False  # chat: report logprobs
     keep_alive: Any = UNSET  # seconds or None (forever); UNSET: the server default
     num_ctx: int | None = None  # this request's context window (Ollama options.num_ctx); None: the model's

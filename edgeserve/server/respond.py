@@ -99,6 +99,8 @@ async def start(request: Request, req: GenerationRequest, replier: Replier, leas
     except BaseException:  # an error, or the client left (cancelled): the model's lease goes back
         gen.close()
         raise
+    reply_id = getattr(replier, "rid", None) or getattr(replier, "mid", None)  # the id its reply carries
+    st.live.add(gen, {request.state.request_id} | ({reply_id} if reply_id else set()))
     return gen
 
 
@@ -132,6 +134,21 @@ async def _guarded(gen: Generation, replier: Replier) -> AsyncIterator[Any]:
         yield replier.error(from_exception(e, gen.request_id))
     finally:
         gen.close()
+
+
+async def detached(request: Request, req: GenerationRequest, replier: Replier) -> AsyncIterator[Any]:
+    """The replier's stream of `req` for a run that outlives its request (background responses; `pick_adapter`
+    already applied): the model is leased first (loaded if need be), and every error comes in-band."""
+    arrived = time.monotonic()
+    st = server_state(request)
+    try:
+        lease = await st.manager.acquire(req.model, req.keep_alive)
+        gen = await start(request, req, replier, lease, arrived)
+    except Exception as e:
+        yield replier.error(from_exception(e, request.state.request_id))
+        return
+    async for item in _guarded(gen, replier):
+        yield item
 
 
 async def _after_load(request: Request, req: GenerationRequest, replier: Replier,

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from anyio.abc import TaskGroup
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,19 +17,28 @@ from edgeserve.server.config import ServerConfig
 from edgeserve.server.disconnect import CLIENT_CLOSED, ClientGone
 from edgeserve.server.errors import error_response
 from edgeserve.server.metrics import Metrics
+from edgeserve.server.live_requests import LiveRequests
 from edgeserve.server.model_manager import ModelManager
+from edgeserve.server.response_store import ResponseStore
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("edgeserve_request_id", default="-")
 
 
 @dataclass
 class ServerState:
-    """What every route needs: the config, the model manager and the metrics."""
+    """What every route needs: the config, the model manager, the metrics, the stored background responses and
+    the app's task group (for work that outlives its request; set while the app runs) and the running generations."""
 
     config: ServerConfig
     manager: ModelManager
     metrics: Metrics
     started: int = field(default_factory=lambda: int(time.time()))
+    responses: ResponseStore = field(init=False)
+    tasks: TaskGroup | None = None
+    live: LiveRequests = field(default_factory=LiveRequests)  # running generations by request / reply id
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.config.max_stored_responses, self.config.stored_response_seconds)
 
 
 def server_state(request: Request) -> ServerState:

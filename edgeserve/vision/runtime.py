@@ -16,12 +16,10 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.vision.family import PreparedImage, VisionFamily, has_vision, load_vision
+from edgeserve.vision.stop import EncodeAbandoned, checking
 
 log = logging.getLogger("edgeserve.vision")
 
-
-class EncodeAbandoned(RuntimeError):
-    """The request whose images were being encoded went away."""
 
 ENCODE_CHUNK = 2  # images per encoder batch: a request that goes away stops at the next batch
 ENCODER_CACHE_IMAGES = 32  # encoder outputs kept (one 256-row Gemma 3 image at 2560 wide: 2.5 MiB)
@@ -54,7 +52,8 @@ class VisionRuntime:
                    abandoned: Callable[[], bool] | None = None) -> tuple[list[torch.Tensor], float]:
         """Each image's LM embedding rows (from the cache, or encoded now: each distinct image once, in batches of
         up to ENCODE_CHUNK of one size) and the seconds the encoder ran for this call. `abandoned()` is checked
-        before each batch: true raises EncodeAbandoned (the batches done stay cached)."""
+        before each batch and between the tower's layers (vision/stop.py): true raises EncodeAbandoned (the batches
+        done stay cached)."""
         out: list[torch.Tensor | None] = []
         with self._lock:
             for k in keys:
@@ -76,7 +75,7 @@ class VisionRuntime:
                     if abandoned is not None and abandoned():
                         raise EncodeAbandoned("the request went away: its images are not encoded")
                     chunk = group[start:start + ENCODE_CHUNK]
-                    encoded = [e.detach() for e in self._encode([images[i] for i in chunk])]
+                    encoded = [e.detach() for e in self._encode([images[i] for i in chunk], abandoned)]
                     self._remember([keys[i] for i in chunk], encoded)
                     for i, emb in zip(chunk, encoded):
                         out[i] = emb
@@ -98,15 +97,20 @@ class VisionRuntime:
             while len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
 
-    def _encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
+    def _encode(self, images: list[PreparedImage],
+                abandoned: Callable[[], bool] | None = None) -> list[torch.Tensor]:
         """The family's encoder over `images`, on the encoder's own low-priority thread (one image batch at a
-        time)."""
+        time), stopped between layers once `abandoned()` is true."""
+        def encode() -> list[torch.Tensor]:
+            with checking(abandoned):
+                return self.family.encode(images)
+
         if self.encoder_nice is None:
-            return self.family.encode(images)
+            return encode()
         with self._lock:
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(1, "edgeserve-encoder", _lower_priority, (self.encoder_nice,))
-        return self._worker.submit(self.family.encode, images).result()
+        return self._worker.submit(encode).result()
 
 
 def _lower_priority(nice: int) -> None:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import linear as matmul
 from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.vision.stop import check as check_stop
 
 
 @dataclass
@@ -194,6 +195,7 @@ class VisionTransformer:
             x = x + (w.pos_embed[:n] if pos_ids is None else w.pos_embed[pos_ids])
         kept: list[torch.Tensor] = []
         for i, layer in enumerate(w.layers):
+            check_stop()  # the request went away: stop here, not after the last layer
             mask = layer_masks[i] if layer_masks is not None else attn_mask
             x = x + self._attention(self.norm(x, layer.norm1), layer, mask, rotary)
             x = x + self._mlp(self.norm(x, layer.norm2), layer)

@@ -8,6 +8,7 @@ text_completion objects.
 from __future__ import annotations
 
 import json
+from secrets import token_hex
 from typing import Any, AsyncIterator
 
 import anyio.to_thread
@@ -19,6 +20,7 @@ from edgeserve.engine.outputs import TokenLogprob
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server.adapters import adapter_base
 from edgeserve.server.body import read_request
+from edgeserve.server.detached_runs import reattach, resumed_post, start_resumable
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import boolean, expect_type, model_name, number, reject_unknown, stop_list
 from edgeserve.server.generation import ChoiceResult, Generation
@@ -72,9 +74,11 @@ def _openai_common(body: dict, allowed: set[str], max_n: int) -> GenerationReque
     if opts is not None:
         if not req.stream:
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-        if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
-            raise bad_request("stream_options must be an object with only include_usage", "stream_options")
+        if not isinstance(opts, dict) or set(opts) - {"include_usage", "resumable"}:
+            raise bad_request("stream_options must be an object with include_usage and/or resumable",
+                              "stream_options")
         req.include_usage = boolean(opts, "include_usage", False, "stream_options.")
+        req.resumable = boolean(opts, "resumable", False, "stream_options.")
     bias = body.get("logit_bias")
     if bias is not None:
         req.sampling["logit_bias"] = _logit_bias(bias)
@@ -303,17 +307,27 @@ def completion_logprobs(gen: Generation, lps: list[TokenLogprob] | None, offset:
 
 @api_errors
 async def chat_completions(request: Request) -> Response:
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions (a `Last-Event-ID: ID/N` header: the rest of resumable stream ID)."""
     st = server_state(request)
+    resumed = resumed_post(request)
+    if resumed is not None:
+        return resumed
     req = await read_request(request, lambda body: parse_chat_request(body, st.config.max_n))
+    if req.resumable:
+        return start_resumable(request, req, ChatReplier(f"chatcmpl-{request.state.request_id}{token_hex(4)}"))
     return await respond(request, req, ChatReplier(f"chatcmpl-{request.state.request_id}"))
 
 
 @api_errors
 async def completions(request: Request) -> Response:
-    """POST /v1/completions."""
+    """POST /v1/completions (a `Last-Event-ID: ID/N` header: the rest of resumable stream ID)."""
     st = server_state(request)
+    resumed = resumed_post(request)
+    if resumed is not None:
+        return resumed
     req = await read_request(request, lambda body: parse_completion_request(body, st.config.max_n))
+    if req.resumable:
+        return start_resumable(request, req, CompletionReplier(f"cmpl-{request.state.request_id}{token_hex(4)}"))
     return await respond(request, req, CompletionReplier(f"cmpl-{request.state.request_id}"))
 
 
@@ -438,4 +452,6 @@ ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions/{stream_id}", api_errors(reattach), methods=["GET"]),
+    Route("/v1/completions/{stream_id}", api_errors(reattach), methods=["GET"]),
 ]

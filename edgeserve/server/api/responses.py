@@ -1,5 +1,6 @@
-"""OpenAI Responses adapter, stateless: POST /v1/responses (JSON or SSE with the response.* events), translated
-into a GenerationRequest and back. Nothing is stored, so `previous_response_id` is refused with a 400.
+"""OpenAI Responses adapter: POST /v1/responses (JSON or SSE with the response.* events), translated into a
+GenerationRequest and back. Only `background: true` responses are stored (api/responses_background.py: poll,
+resume the stream, cancel); conversations are not, so `previous_response_id` is refused with a 400.
 
 Function tools, tool_choice, parallel_tool_calls, text.format and reasoning.effort map onto the chat route's
 fields (tools, tool_choice, constraint, think; see chat_setup); function_call / function_call_output / reasoning
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from edgeserve.server.api.responses_background import ROUTES as background_routes, start_background
 from edgeserve.server.body import read_request
 from edgeserve.server.errors import APIError, bad_request
 from edgeserve.server.fields import model_name, number, positive, reject_unknown
@@ -193,6 +195,10 @@ def parse_responses_request(body: dict) -> GenerationRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("stream must be true or false", "stream")
+    if body.get("background") not in (None, True, False):
+        raise bad_request("background must be true or false", "background")
+    if body.get("background") and body.get("store") is False:
+        raise bad_request("a background response is stored until it is read: store must not be false", "store")
     req.stream = stream
     if body.get("stream_options") is not None and not stream:
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
@@ -202,10 +208,10 @@ def parse_responses_request(body: dict) -> GenerationRequest:
 def _refuse_stateful(body: dict) -> None:
     """400 for what needs stored state or features this server does not have."""
     _refuse_unless(body, "previous_response_id", (None,),
-                   "is not supported: this server stores no responses; send the whole conversation as input items")
+                   "is not supported: this server stores no conversations (only background responses, to poll); "
+                   "send the whole conversation as input items")
     _refuse_unless(body, "conversation", (None,), "is not supported: this server stores no conversations")
     _refuse_unless(body, "prompt", (None,), "(stored prompt templates) is not supported")
-    _refuse_unless(body, "background", (None, False), "is not supported")
     include = body.get("include")
     if include is not None and (not isinstance(include, list)
                                 or not all(isinstance(x, str) and x in _INCLUDE for x in include)):
@@ -218,9 +224,9 @@ def _refuse_stateful(body: dict) -> None:
 class _Reply:
     """The output items and response object of one request, built up as the reply arrives."""
 
-    def __init__(self, gen: Generation, body: dict, rid: str) -> None:
-        self.gen, self.body, self.id = gen, body, rid
-        self.created = int(time.time())
+    def __init__(self, gen: Generation | None, body: dict, rid: str, created: int | None = None) -> None:
+        self.gen, self.body, self.id = gen, body, rid  # gen None: not started (a queued background response)
+        self.created = int(time.time()) if created is None else created
         self.items: list[dict] = []  # output items, finished or in progress
 
     @staticmethod
@@ -256,16 +262,19 @@ class _Reply:
             items.append(self.message(self.new_id("msg"), r.text, status))
         return items + [self.function_call(self.new_id("fc"), c, c.arguments, "completed") for c in r.tool_calls]
 
-    def _sampling(self, key: str, default: float) -> float:
-        """The value `key` ran with: the request's, else the model's recommended, else the server's default."""
+    def _sampling(self, key: str, default: float) -> float | None:
+        """The value `key` ran with: the request's, else the model's recommended, else the server's default (None
+        before the model is known)."""
         value = self.body.get(key)
-        return value if value is not None else self.gen.lease.entry.sampling.get(key, default)
+        if value is not None or self.gen is None:
+            return value
+        return self.gen.lease.entry.sampling.get(key, default)
 
     def response(self, status: str, finish: str | None = None, n_out: int = 0, reasoning: str = "") -> dict:
         """The response object; when done, `self.items` is its output and usage is filled in."""
-        done = status != "in_progress"
+        done = status not in ("queued", "in_progress")
         usage = None
-        if done:
+        if done and self.gen is not None:
             u = self.gen.usage
             thought = len(self.gen.lease.lm.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
             usage = {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
@@ -275,11 +284,12 @@ class _Reply:
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "error": None, "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
                 "instructions": self.body.get("instructions"), "max_output_tokens": self.body.get("max_output_tokens"),
-                "model": self.gen.model, "output": self.items if done else [],
+                "model": self.gen.model if self.gen is not None else self.body["model"],
+                "output": self.items if done else [], "background": bool(self.body.get("background")),
                 "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
                 "previous_response_id": None, "reasoning": {"effort": (self.body.get("reasoning") or {}).get("effort"),
                                                             "summary": None},
-                "store": False, "temperature": self._sampling("temperature", 1.0),
+                "store": bool(self.body.get("background")), "temperature": self._sampling("temperature", 1.0),
                 "text": {"format": text.get("format") or {"type": "text"}},
                 "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                 "top_p": self._sampling("top_p", 1.0), "truncation": "disabled", "usage": usage,
@@ -288,9 +298,12 @@ class _Reply:
 
 @api_errors
 async def responses(request: Request) -> Response:
-    """POST /v1/responses (stateless)."""
+    """POST /v1/responses; `background: true` returns at once and runs on (api/responses_background.py)."""
     body, req = await read_request(request, lambda b: (b, parse_responses_request(b)))
-    return await respond(request, req, ResponsesReplier(body, f"resp_{request.state.request_id}{secrets.token_hex(4)}"))
+    replier = ResponsesReplier(body, f"resp_{request.state.request_id}{secrets.token_hex(4)}")
+    if body.get("background"):
+        return start_background(request, req, replier)
+    return await respond(request, req, replier)
 
 
 def _part(kind: str, text: str) -> dict:
@@ -312,34 +325,51 @@ class ResponsesReplier:
 
     def __init__(self, body: dict, rid: str) -> None:
         self.request_body, self.rid = body, rid
+        self.created = int(time.time())
         self.seq = 0  # the next event's sequence_number
         self.open_kind: str | None = None  # "reasoning" / "message": the item taking deltas
         self.texts = {"reasoning": "", "message": ""}
         self.reply: _Reply | None = None
+        self.latest: dict | None = None  # the response object the last response.* event carried
+        self.failed: APIError | None = None  # the error that ended the stream
+        self.n_out = 0  # output tokens so far
+        self.announced = False  # response.created was sent already (a background response's, while queued)
+
+    def snapshot(self, status: str) -> dict:
+        """The response object now, with `status` (queued before the run starts; cancelled / failed after)."""
+        reply = self.reply or _Reply(None, self.request_body, self.rid, self.created)
+        out = reply.response(status, None, self.n_out, self.texts["reasoning"])
+        if self.failed is not None:
+            code = "server_error" if self.failed.status >= 500 else "invalid_prompt"
+            out["error"] = {"code": code, "message": self.failed.message}
+        return out
 
     def body(self, gen: Generation, results: list[ChoiceResult]) -> dict:
         """The response object."""
         r = results[0]
-        reply = _Reply(gen, self.request_body, self.rid)
+        reply = _Reply(gen, self.request_body, self.rid, self.created)
         reply.items = reply.items_of(r)
         status = "incomplete" if r.finish_reason == "length" else "completed"
         return reply.response(status, r.finish_reason, r.num_output_tokens, r.reasoning)
 
     def error(self, err: APIError) -> dict:
         """The error event that ends a stream."""
-        return {"event": "error", "data": json.dumps({"type": "error", "code": err.code, "message": err.message,
-                                                      "param": err.param, "sequence_number": self.seq})}
+        self.failed = err
+        return self.event("error", code=err.code, message=err.message, param=err.param)
 
     def event(self, kind: str, **data: Any) -> dict:
         """One SSE event, numbered."""
+        if "response" in data:
+            self.latest = data["response"]
         self.seq += 1
         return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.seq - 1, **data},
                                                   ensure_ascii=False)}
 
     async def stream(self, gen: Generation) -> AsyncIterator[dict]:
         """The whole event sequence."""
-        reply = self.reply = _Reply(gen, self.request_body, self.rid)
-        yield self.event("response.created", response=reply.response("in_progress"))
+        reply = self.reply = _Reply(gen, self.request_body, self.rid, self.created)
+        if not self.announced:
+            yield self.event("response.created", response=reply.response("in_progress"))
         yield self.event("response.in_progress", response=reply.response("in_progress"))
         last = None
         async for _, out in gen.outputs():
@@ -364,6 +394,7 @@ class ResponsesReplier:
     def deltas(self, out: Any) -> list[dict]:
         """The reasoning and text deltas of one engine delta (opening their items as needed)."""
         events = []
+        self.n_out = out.num_output_tokens
         for kind, piece in (("reasoning", out.reasoning), ("message", out.text)):
             if not piece:
                 continue
@@ -424,4 +455,4 @@ class ResponsesReplier:
         return out
 
 
-ROUTES = [Route("/v1/responses", responses, methods=["POST"])]
+ROUTES = [Route("/v1/responses", responses, methods=["POST"]), *background_routes]
