@@ -1,6 +1,6 @@
 """The Gemma 4 text decoder (dense sizes: E2B, E4B, 31B) over flat token batches and the engine's paged KV pool.
 
-The block, from transformers' modeling_gemma4 (config fields in gemma4_config):
+The block, from transformers' modeling_gemma4 (config fields in archs/gemma4/config.py):
   h = norm(x); q = rope(q_norm(Wq h)); k = rope(k_norm(Wk h)); v = rms(Wv h)  (no weight; V = Wk h with k_eq_v)
   x = x + post_attn_norm(Wo attention(q, k, v, scale 1))
   x = x + post_ffn_norm(down(gelu_tanh(gate h') * up h')), h' = pre_ffn_norm(x)
@@ -34,13 +34,13 @@ from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows,
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
-from .attention import KVAttention
-from .config import ModelConfig
-from .gemma import MAX_ROPE_TABLE
-from .llama import LlamaModel, load_matrix
-from .moe import MoEConfig, MoELayer
-from .moe_weights import load_moe_layer
-from .text_part import RenamedWeights, language_model_prefix
+from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoEConfig, MoELayer
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights, language_model_prefix
 
 Table = torch.Tensor | Int8Weight | BlockWeight
 
@@ -328,3 +328,8 @@ class Gemma4Model(LlamaModel):
         logits = super().logits(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else softcap(logits, cap)
+
+
+def model_class(config: ModelConfig) -> type[Gemma4Model]:
+    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: kernels.cpu_decoder_gemma4)."""
+    return Gemma4Model
