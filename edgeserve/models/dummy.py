@@ -24,6 +24,7 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.tokenizer import Tokenizer
 
 from .config import ModelConfig
+from .registry import architecture
 
 INIT_STD = 0.02  # the usual initializer range: with unit-weight norms the residual stream stays O(1)
 DUMMY_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -66,6 +67,7 @@ class DummyWeights:
                                               "model.norm.weight": (c.hidden_size,)}
         if not c.tie_word_embeddings:
             shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        own_layer = getattr(architecture(c.architecture).part("model"), "dummy_layer_shapes", None)
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
@@ -74,13 +76,8 @@ class DummyWeights:
             shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
-            if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.archs.gpt_oss reads them)
-                e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
-                shapes.update({p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
-                               p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
-                               p + "mlp.experts.gate_up_proj_bias": (e, 2 * f),
-                               p + "mlp.experts.down_proj": (e, f, h), p + "mlp.experts.down_proj_bias": (e, h),
-                               p + "self_attn.o_proj.bias": (h,), p + "self_attn.sinks": (c.num_heads,)})
+            if own_layer is not None:  # the architecture's own names (gpt-oss's, edgeserve.models.archs.gpt_oss)
+                shapes.update(own_layer(c, p))
             elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)
                 e, f = c.num_experts, c.moe_intermediate_size
                 shapes[p + "mlp.gate.weight"] = (e, c.hidden_size)
