@@ -1,7 +1,7 @@
 """Every architecture in edgeserve.models.registry, one parametrized run each (issue 48): it has a converter-parity
-case (tests/converter_cases.py; an architecture registered without one fails here), loads with `--load-format
-dummy` for every case of it (or is refused by name where its package declares no random weights), and matches transformers' float32
-logits through a GGUF made by llama.cpp's own converter and through its HF folder."""
+case (tests/converter_cases.py; an architecture registered without one fails here), each of its cases loads with
+`--load-format dummy` (or is refused by name where its package declares no random weights), and matches
+transformers' float32 logits through a GGUF made by llama.cpp's own converter and through its HF folder."""
 
 from __future__ import annotations
 
