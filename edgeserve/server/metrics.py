@@ -74,6 +74,30 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def _engine_gauges() -> dict[str, GaugeMetricFamily]:
+    """The per-model gauges an engine's stats fill, by stats field name."""
+    return {
+        "num_running": GaugeMetricFamily("edgeserve_num_requests_running", "Requests in the running batch",
+                                         labels=["model"]),
+        "num_waiting": GaugeMetricFamily("edgeserve_num_requests_waiting", "Requests waiting to be scheduled",
+                                         labels=["model"]),
+        "kv_blocks_used": GaugeMetricFamily("edgeserve_kv_blocks_used", "KV blocks held by running requests",
+                                            labels=["model"]),
+        "kv_blocks_cached": GaugeMetricFamily("edgeserve_kv_blocks_cached",
+                                              "Free KV blocks still holding a reusable prefix", labels=["model"]),
+        "kv_blocks_total": GaugeMetricFamily("edgeserve_kv_blocks_total", "KV blocks in the pool",
+                                             labels=["model"]),
+        "kv_cache_bytes": GaugeMetricFamily("edgeserve_kv_cache_bytes", "Bytes of the KV pool", labels=["model"]),
+        **{key: GaugeMetricFamily(f"edgeserve_{key}", f"Hybrid models' recurrent states: {text}", labels=["model"])
+           for key, text in (("state_slots_used", "slots held by running requests"),
+                             ("state_slots_total", "slots for running requests"),
+                             ("state_snapshots", "prefix-cache snapshots held"),
+                             ("state_bytes", "bytes of the state pool"),
+                             ("prompt_tokens_from_states", "prompt tokens served from state snapshots (not "
+                              "computed)"))},
+    }
+
+
 class _EngineCollector:
     """Gauges read from each loaded engine's stats() when scraped (an embedding engine has only running / waiting)."""
 
@@ -81,26 +105,7 @@ class _EngineCollector:
         self.manager = manager
 
     def collect(self) -> Iterator[Metric]:
-        gauges = {
-            "num_running": GaugeMetricFamily("edgeserve_num_requests_running", "Requests in the running batch",
-                                             labels=["model"]),
-            "num_waiting": GaugeMetricFamily("edgeserve_num_requests_waiting", "Requests waiting to be scheduled",
-                                             labels=["model"]),
-            "kv_blocks_used": GaugeMetricFamily("edgeserve_kv_blocks_used", "KV blocks held by running requests",
-                                                labels=["model"]),
-            "kv_blocks_cached": GaugeMetricFamily("edgeserve_kv_blocks_cached",
-                                                  "Free KV blocks still holding a reusable prefix", labels=["model"]),
-            "kv_blocks_total": GaugeMetricFamily("edgeserve_kv_blocks_total", "KV blocks in the pool",
-                                                 labels=["model"]),
-            "kv_cache_bytes": GaugeMetricFamily("edgeserve_kv_cache_bytes", "Bytes of the KV pool", labels=["model"]),
-            **{key: GaugeMetricFamily(f"edgeserve_{key}", f"Hybrid models' recurrent states: {text}", labels=["model"])
-               for key, text in (("state_slots_used", "slots held by running requests"),
-                                 ("state_slots_total", "slots for running requests"),
-                                 ("state_snapshots", "prefix-cache snapshots held"),
-                                 ("state_bytes", "bytes of the state pool"),
-                                 ("prompt_tokens_from_states", "prompt tokens served from state snapshots (not "
-                                  "computed)"))},
-        }
+        gauges = _engine_gauges()
         preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
                                       labels=["model"])
         loaded = GaugeMetricFamily("edgeserve_model_loaded", "1 when loaded, 0.5 while loading", labels=["model"])
