@@ -11,27 +11,15 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable
 
 import anyio
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
 from edgeserve.server.adapters import pick_adapter
 from edgeserve.server.errors import bad_request
 from edgeserve.server.request import GenerationRequest
-from edgeserve.server.respond import detached
+from edgeserve.server.respond import detached, sse
 from edgeserve.server.response_store import StoredResponse
 from edgeserve.server.state import ServerState, server_state
-
-
-# No keep-alive comments on these streams: their events carry SSE ids, and after an id the openai client reads a
-# comment's blank line as an event with empty data (it fails to parse it). A client whose connection idles out
-# reattaches instead. (A day, not 0: 0 means "no pings" only in recent sse-starlette versions.)
-NO_PING = 86400
-
-
-def sse(events: AsyncIterator[dict]) -> Response:
-    """A stored run's events as an SSE response."""
-    return EventSourceResponse(events, ping=NO_PING, send_timeout=30)
 
 
 def spawn(request: Request, req: GenerationRequest, entry: StoredResponse, run: Callable[..., Any],

@@ -170,3 +170,14 @@ async def _after_load(request: Request, req: GenerationRequest, replier: Replier
     assert gen is not None
     async for item in _guarded(gen, replier):
         yield item
+
+
+# No keep-alive comments on these streams: their events carry SSE ids, and after an id the openai client reads a
+# comment's blank line as an event with empty data (it fails to parse it). A client whose connection idles out
+# reattaches instead. (A day, not 0: 0 means "no pings" only in recent sse-starlette versions.)
+NO_PING = 86400
+
+
+def sse(events: AsyncIterator[dict]) -> Response:
+    """A stored run's events as an SSE response."""
+    return EventSourceResponse(events, ping=NO_PING, send_timeout=30)

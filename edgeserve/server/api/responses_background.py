@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeserve.server.detached_runs import pump, resume_point, spawn, sse
+from edgeserve.server.detached_runs import pump, resume_point, spawn
+from edgeserve.server.respond import sse
 from edgeserve.server.errors import bad_request
 from edgeserve.server.request import GenerationRequest
 from edgeserve.server.respond import detached
