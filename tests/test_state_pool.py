@@ -9,7 +9,8 @@ import random
 import pytest
 import torch
 
-from edgeserve.engine.state_pool import OutOfSlotsError, StatePool, StateSpec, slots_for_budget
+from edgeserve.engine.state_pool import (LayerStateKind, OutOfSlotsError, StatePool, StateSpec, StateTensor,
+                                        gated_delta_kind, mamba2_kind, short_conv_kind, slots_for_budget)
 from edgeserve.kernels.gated_delta import DeltaNetDims
 
 DIMS = DeltaNetDims(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=6, conv_kernel=4)
@@ -125,3 +126,40 @@ def test_bad_sizes_are_refused():
         StatePool(StateSpec(1, DIMS), 0)
     with pytest.raises(ValueError):
         StateSpec(0, DIMS)
+
+
+def test_a_spec_from_dims_is_the_gated_delta_kind():
+    spec = StateSpec(2, DIMS)
+    assert spec == StateSpec(2, gated_delta_kind(DIMS)) and spec.kind.name == "gated_delta"
+    assert [t.name for t in spec.tensors] == ["conv", "recurrent"]
+    assert spec.conv_shape == (3, DIMS.conv_dim) and spec.recurrent_shape == (4, 8, 6)
+    assert spec.format == f"gated_delta/2/conv:3x{DIMS.conv_dim}:float32,recurrent:4x8x6:float32"
+
+
+@pytest.mark.parametrize("kind, names", [(short_conv_kind(3, 10), ["conv"]), (mamba2_kind(4, 12, 2, 5, 7), ["conv", "ssm"])])
+def test_other_kinds_get_pools_of_what_they_declare(kind, names):
+    p = StatePool(StateSpec(3, kind), 4)
+    assert list(p.tensors) == names
+    for t in kind.tensors:
+        assert getattr(p, t.name).shape == (4, 3, *t.shape)
+    assert p.nbytes == sum(x.nbytes for x in p.tensors.values()) == 4 * p.spec.bytes_per_sequence
+    a, b = p.allocate(), p.allocate()
+    for x in p.tensors.values():
+        x[a].normal_()
+    p.copy(a, b)
+    assert all(torch.equal(x[a], x[b]) for x in p.tensors.values())
+    assert [v.shape for v in p.slot_views(b)] == [(3, *t.shape) for t in kind.tensors]
+    assert len(p.layer(0)) == len(names)
+    assert not hasattr(p, "recurrent") or "recurrent" in names
+    assert StateSpec(3, kind).format != StateSpec(2, kind).format
+
+
+def test_per_tensor_dtypes_count_in_bytes_and_format():
+    kind = LayerStateKind("mixed", (StateTensor("conv", (2, 4), torch.bfloat16), StateTensor("ssm", (3,))))
+    spec = StateSpec(2, kind)
+    assert spec.bytes_per_sequence == 2 * (8 * 2 + 3 * 4)
+    p = StatePool(spec, 2)
+    assert p.conv.dtype == torch.bfloat16 and p.ssm.dtype == torch.float32
+    assert "conv:2x4:bfloat16" in spec.format
+    with pytest.raises(ValueError):
+        LayerStateKind("dup", (StateTensor("a", (1,)), StateTensor("a", (2,))))

@@ -1,10 +1,14 @@
-"""Recurrent-state slots for linear-attention layers (Gated DeltaNet): the cache those layers need instead of KV.
+"""Recurrent-state slots for a hybrid model's state layers (Gated DeltaNet today; short-conv and Mamba-2 kinds are
+declared here too): the cache those layers need instead of KV.
 
-A sequence holds one slot for its whole life; the slot holds, for every linear layer, the conv state (the last
-K - 1 inputs of the causal convolution) and the recurrent state (per value head a k_dim x v_dim matrix), whatever
-the sequence's length. The pools are preallocated like the KV pool, and a slot's number is what the kernels take
-(kernels.gated_delta: `slots`). Copying a slot into another snapshots a sequence's state (for prefix-cache entries
-and speculation rollback).
+A layer *kind* declares the named tensors one layer keeps per sequence (`LayerStateKind`: Gated DeltaNet's conv
+[K - 1, conv_dim] and recurrent [Hv, Dk, Dv]; a short convolution's conv [K - 1, C]; Mamba-2's conv and ssm
+[H, head_dim, N]), and a `StateSpec` is `num_layers` layers of one kind. A sequence holds one slot for its whole
+life; the slot holds every declared tensor for every layer, whatever the sequence's length. The pools are
+preallocated like the KV pool (one tensor [num_slots, num_layers, *shape] per declared name), and a slot's number
+is what the kernels take (kernels.gated_delta: `slots`). Copying a slot into another snapshots a sequence's state
+(for prefix-cache entries and speculation rollback). The offload tiers store a slot as the bytes of its tensors in
+declared order (`StatePool.slot_views`), under the spec's `format` string, so they keep whatever a kind declares.
 """
 
 from __future__ import annotations
@@ -22,32 +26,108 @@ class OutOfSlotsError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class StateTensor:
+    """One named tensor a layer keeps per sequence: its shape for one layer of one slot (`dtype`: None for the
+    spec's dtype)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or not self.shape or min(self.shape) < 1:
+            raise ValueError(f"a state tensor needs a name and a positive shape: {self}")
+
+
+@dataclass(frozen=True)
+class LayerStateKind:
+    """What one layer of a kind keeps per sequence: its named tensors, in order (the first one is what `layer`
+    returns first)."""
+
+    name: str  # "gated_delta" | "short_conv" | "mamba2" | ...
+    tensors: tuple[StateTensor, ...]
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tensors]
+        if not self.tensors or len(set(names)) != len(names):
+            raise ValueError(f"layer state kind {self.name!r} needs distinct tensor names: {names}")
+
+
+def gated_delta_kind(dims: DeltaNetDims) -> LayerStateKind:
+    """A Gated DeltaNet layer's state: conv [K - 1, conv_dim] (the last K - 1 inputs of the causal convolution,
+    oldest first) and recurrent [Hv, Dk, Dv] (per value head a k_dim x v_dim matrix)."""
+    return LayerStateKind("gated_delta", (StateTensor("conv", (dims.conv_kernel - 1, dims.conv_dim)),
+                                          StateTensor("recurrent", (dims.num_v_heads, dims.head_k_dim,
+                                                                    dims.head_v_dim))))
+
+
+def short_conv_kind(conv_kernel: int, channels: int) -> LayerStateKind:
+    """A short gated convolution layer's state (LFM2-style): conv [K - 1, channels] only."""
+    return LayerStateKind("short_conv", (StateTensor("conv", (conv_kernel - 1, channels)),))
+
+
+def mamba2_kind(conv_kernel: int, conv_dim: int, num_heads: int, head_dim: int, state_size: int) -> LayerStateKind:
+    """A Mamba-2 layer's state: conv [K - 1, conv_dim] (x | B | C channels) and ssm [H, head_dim, N]."""
+    return LayerStateKind("mamba2", (StateTensor("conv", (conv_kernel - 1, conv_dim)),
+                                     StateTensor("ssm", (num_heads, head_dim, state_size))))
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
 class StateSpec:
-    """What one slot holds: the states of `num_layers` linear layers of shape `dims`."""
+    """What one slot holds: `num_layers` layers of one state kind. `kind` may be given as a DeltaNetDims (a Gated
+    DeltaNet layer's shape), which is what `StateSpec(num_linear_layers, config.delta)` means."""
 
     num_layers: int
-    dims: DeltaNetDims
+    kind: LayerStateKind | DeltaNetDims
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError("num_layers must be positive")
+        if isinstance(self.kind, DeltaNetDims):
+            object.__setattr__(self, "kind", gated_delta_kind(self.kind))
 
     @property
-    def conv_shape(self) -> tuple[int, int]:
+    def tensors(self) -> tuple[StateTensor, ...]:
+        """The named tensors one layer keeps, in order."""
+        return self.kind.tensors
+
+    def tensor_dtype(self, t: StateTensor) -> torch.dtype:
+        """The dtype tensor `t` is kept in."""
+        return t.dtype or self.dtype
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """One layer's shape of the tensor `name`."""
+        for t in self.tensors:
+            if t.name == name:
+                return t.shape
+        raise KeyError(f"state kind {self.kind.name!r} has no tensor {name!r}")
+
+    @property
+    def conv_shape(self) -> tuple[int, ...]:
         """One layer's conv state: [K - 1, conv_dim], oldest input first."""
-        return (self.dims.conv_kernel - 1, self.dims.conv_dim)
+        return self.shape("conv")
 
     @property
-    def recurrent_shape(self) -> tuple[int, int, int]:
-        """One layer's recurrent state: [Hv, Dk, Dv]."""
-        return (self.dims.num_v_heads, self.dims.head_k_dim, self.dims.head_v_dim)
+    def recurrent_shape(self) -> tuple[int, ...]:
+        """One layer's recurrent state (Gated DeltaNet): [Hv, Dk, Dv]."""
+        return self.shape("recurrent")
 
     @property
     def bytes_per_sequence(self) -> int:
         """Bytes of one slot over all layers (what a sequence costs, at any length)."""
-        values = math.prod(self.conv_shape) + math.prod(self.recurrent_shape)
-        return self.num_layers * values * torch.empty((), dtype=self.dtype).element_size()
+        return self.num_layers * sum(math.prod(t.shape) * _itemsize(self.tensor_dtype(t)) for t in self.tensors)
+
+    @property
+    def format(self) -> str:
+        """A stable description of a slot's bytes (kind, layers, tensors, dtypes): what a stored state must match."""
+        parts = [f"{t.name}:{'x'.join(map(str, t.shape))}:{str(self.tensor_dtype(t)).removeprefix('torch.')}"
+                 for t in self.tensors]
+        return f"{self.kind.name}/{self.num_layers}/{','.join(parts)}"
 
 
 def slots_for_budget(budget_bytes: float, spec: StateSpec) -> int:
@@ -56,19 +136,30 @@ def slots_for_budget(budget_bytes: float, spec: StateSpec) -> int:
 
 
 class StatePool:
-    """`num_slots` preallocated slots of conv [num_slots, num_layers, K - 1, conv_dim] and recurrent
-    [num_slots, num_layers, Hv, Dk, Dv] state, handed out and taken back by slot number."""
+    """`num_slots` preallocated slots: for each tensor the spec declares (e.g. conv, recurrent) one pool
+    [num_slots, num_layers, *shape], reachable as `tensors[name]` or as the attribute `name` (`pool.conv`), handed
+    out and taken back by slot number."""
 
     def __init__(self, spec: StateSpec, num_slots: int, device: torch.device | str = "cpu") -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be positive")
         self.spec = spec
         self.num_slots = num_slots
-        self.conv = torch.zeros(num_slots, spec.num_layers, *spec.conv_shape, dtype=spec.dtype, device=device)
-        self.recurrent = torch.zeros(num_slots, spec.num_layers, *spec.recurrent_shape, dtype=spec.dtype,
-                                     device=device)
+        self.tensors: dict[str, torch.Tensor] = {
+            t.name: torch.zeros(num_slots, spec.num_layers, *t.shape, dtype=spec.tensor_dtype(t), device=device)
+            for t in spec.tensors}
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # a stack: the lowest slot goes out first
         self._used: set[int] = set()
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        tensors = self.__dict__.get("tensors")
+        if tensors is not None and name in tensors:
+            return tensors[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.tensors.values())).device
 
     @property
     def num_free(self) -> int:
@@ -90,8 +181,8 @@ class StatePool:
         slot = self._free.pop()
         self._used.add(slot)
         if zero:
-            self.conv[slot].zero_()
-            self.recurrent[slot].zero_()
+            for t in self.tensors.values():
+                t[slot].zero_()
         return slot
 
     def free(self, slot: int) -> None:
@@ -107,15 +198,20 @@ class StatePool:
             if s not in self._used:
                 raise ValueError(f"state slot {s} is not in use")
         if src != dst:
-            self.conv[dst].copy_(self.conv[src])
-            self.recurrent[dst].copy_(self.recurrent[src])
+            for t in self.tensors.values():
+                t[dst].copy_(t[src])
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Linear layer `index`'s (conv [num_slots, K - 1, conv_dim], recurrent [num_slots, Hv, Dk, Dv]) views, as
-        the kernels take them."""
+    def slot_views(self, slot: int) -> list[torch.Tensor]:
+        """Slot `slot`'s tensors ([num_layers, *shape] each, contiguous views), in the spec's order: what the
+        offload tiers copy (as bytes, one after another)."""
+        return [self.tensors[t.name][slot] for t in self.spec.tensors]
+
+    def layer(self, index: int) -> tuple[torch.Tensor, ...]:
+        """Layer `index`'s views of every declared tensor ([num_slots, *shape] each), in the spec's order, as the
+        kernels take them: Gated DeltaNet's (conv [num_slots, K - 1, conv_dim], recurrent [num_slots, Hv, Dk, Dv])."""
         if not 0 <= index < self.spec.num_layers:
-            raise IndexError(f"linear layer {index} out of range 0..{self.spec.num_layers - 1}")
-        return self.conv[:, index], self.recurrent[:, index]
+            raise IndexError(f"state layer {index} out of range 0..{self.spec.num_layers - 1}")
+        return tuple(self.tensors[t.name][:, index] for t in self.spec.tensors)
 
     @property
     def nbytes(self) -> int:
@@ -139,8 +235,8 @@ class StepStates:
     pool: StatePool
     batch: "DeltaBatch"
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Linear layer `index`'s (conv, recurrent) pool views."""
+    def layer(self, index: int) -> tuple[torch.Tensor, ...]:
+        """Layer `index`'s pool views (Gated DeltaNet: conv, recurrent)."""
         return self.pool.layer(index)
 
     @classmethod
@@ -149,7 +245,7 @@ class StepStates:
         (tensors or host lists: lists are checked on the host and the batch is sent to the pool's device in one go,
         so a GPU step waits on nothing here)."""
         batch = DeltaBatch.build(cu_seqlens, slots, pool.num_slots)
-        dev = pool.recurrent.device
+        dev = pool.device
         if batch.seq.device != dev:
             batch = replace(batch, **{f: getattr(batch, f).to(dev, non_blocking=True)
                                       for f in ("cu_seqlens", "slots", "seq", "pos", "lens")})
