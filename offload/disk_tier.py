@@ -10,6 +10,10 @@ to a `.tmp-*` file first and are renamed into place, so a crash never leaves a h
 name; temp files are never read. Any I/O error while writing (full disk, unwritable path) turns the tier
 off with one warning; callers just see misses.
 
+A hybrid model's recurrent-state snapshots are files of their own beside the blocks (`<block hash>.kvs`: the
+state after that block), under the same checks, budget, LRU and repair rules; the layout key includes the state
+format, so a state is never read into a model whose state layers differ.
+
 The budget covers every layout's files under `root` (other models' blocks are evicted too, oldest first).
 Two processes sharing one folder each keep their own index; each stays within budget for what it sees.
 """
@@ -27,16 +31,20 @@ from pathlib import Path
 
 import json
 
-from .block_file import PREFIX_SIZE, CorruptBlockError, DecodedBlock, check_prefix, decode, encode, file_size
+import torch
+
+from .block_file import (PREFIX_SIZE, CorruptBlockError, DecodedBlock, check_prefix, decode, decode_state, encode,
+                         encode_state, file_size)
 from .layout import KVLayout
 
 log = logging.getLogger("edgeserve.offload")
 
 SUFFIX = ".kvb"
+STATE_SUFFIX = ".kvs"  # a hybrid model's recurrent-state snapshot after the block of the same name
 TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 600  # older temp files are leftovers of a crash (younger ones may be another process's)
 _LAYOUT_DIR = re.compile(r"^[0-9a-f]{32}$")
-_BLOCK_NAME = re.compile(r"^[0-9a-f]{64}\.kvb$")
+_BLOCK_NAME = re.compile(r"^[0-9a-f]{64}\.kv[bs]$")
 
 
 class DiskTier:
@@ -54,6 +62,8 @@ class DiskTier:
         self._files: OrderedDict[Path, int] = OrderedDict()  # every block file under root, LRU first -> size
         self._own: dict[bytes, Path] = {}  # this layout's blocks
         self._verified: set[bytes] = set()  # blocks read back whole or written by this process
+        self._own_states: dict[bytes, Path] = {}  # this layout's state snapshots (hybrid models), by block hash
+        self._verified_states: set[bytes] = set()
         self._skipped: set[Path] = set()  # block names held by something that is not a regular file
         self._warned_skipped = False
         try:
@@ -86,32 +96,8 @@ class DiskTier:
 
     def get(self, block_hash: bytes) -> DecodedBlock | None:
         """Read and verify a block; None when absent, unreadable or corrupt (a corrupt file is deleted)."""
-        path = self._own.get(block_hash)
-        if path is None:
-            return None
-        try:
-            with open(path, "rb", buffering=0) as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                n = f.readinto(data)
-            if n != len(data):
-                raise CorruptBlockError("short read")
-            block = decode(data, self.layout, block_hash)
-        except CorruptBlockError as e:
-            self.num_corrupt += 1
-            log.warning("ignoring corrupt KV block file %s (%s); it will be recomputed", path, e)
-            self._forget(path, delete=True)
-            return None
-        except OSError as e:
-            log.warning("cannot read KV block file %s (%s); it will be recomputed", path, e)
-            self._forget(path, delete=not isinstance(e, FileNotFoundError))
-            return None
-        self._verified.add(block_hash)
-        self._files.move_to_end(path)
-        try:
-            os.utime(path)  # LRU order survives a restart
-        except OSError:
-            pass
-        return block
+        return self._read(self._own, self._verified, block_hash, "KV block",
+                          lambda data: decode(data, self.layout, block_hash))
 
     def put(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...], k, v) -> bool:
         """Store a block (evicting LRU files to stay in budget); False when it was not stored."""
@@ -121,10 +107,81 @@ class DiskTier:
         if path is not None and (block_hash in self._verified or self.get(block_hash) is not None):
             self._files.move_to_end(path)
             return True  # already stored (a damaged copy was deleted by get(): this one replaces it)
-        path = self.path(block_hash)
+        return self._store(self._own, self._verified, block_hash, self.path(block_hash),
+                           lambda: encode(self.layout, block_hash, parent_hash, token_ids, k, v))
+
+    # --- state snapshots (hybrid models) ------------------------------------
+
+    def has_state(self, block_hash: bytes) -> bool:
+        """Whether a state snapshot file for the block `block_hash` is on disk (not yet verified)."""
+        return block_hash in self._own_states
+
+    def state_verified(self, block_hash: bytes) -> bool:
+        """Whether the block's state snapshot is on disk and known whole."""
+        return block_hash in self._verified_states and block_hash in self._own_states
+
+    @property
+    def num_states(self) -> int:
+        """State snapshots of this layout on disk."""
+        return len(self._own_states)
+
+    def state_path(self, block_hash: bytes) -> Path:
+        """Where the state snapshot file for `block_hash` lives."""
+        return self.dir / f"{block_hash.hex()}{STATE_SUFFIX}"
+
+    def get_state(self, block_hash: bytes) -> torch.Tensor | None:
+        """Read and verify a state snapshot (uint8); None when absent, unreadable or corrupt (a corrupt file is
+        deleted: the state is recomputed)."""
+        return self._read(self._own_states, self._verified_states, block_hash, "state snapshot",
+                          lambda data: decode_state(data, self.layout, block_hash))
+
+    def put_state(self, block_hash: bytes, data: torch.Tensor) -> bool:
+        """Store a state snapshot (evicting LRU files to stay in budget); False when it was not stored."""
+        if not self.enabled or not self.layout.state_format:
+            return False
+        path = self._own_states.get(block_hash)
+        if path is not None and (block_hash in self._verified_states or self.get_state(block_hash) is not None):
+            self._files.move_to_end(path)
+            return True
+        return self._store(self._own_states, self._verified_states, block_hash, self.state_path(block_hash),
+                           lambda: encode_state(self.layout, block_hash, data))
+
+    # --- one record, either kind ----------------------------------------------
+
+    def _read(self, own: dict[bytes, Path], verified: set[bytes], block_hash: bytes, what: str, decoder):
+        """Read a file of `own` and decode it with `decoder`; None when absent, unreadable or corrupt (deleted)."""
+        path = own.get(block_hash)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                n = f.readinto(data)
+            if n != len(data):
+                raise CorruptBlockError("short read")
+            found = decoder(data)
+        except CorruptBlockError as e:
+            self.num_corrupt += 1
+            log.warning("ignoring corrupt %s file %s (%s); it will be recomputed", what, path, e)
+            self._forget(path, delete=True)
+            return None
+        except OSError as e:
+            log.warning("cannot read %s file %s (%s); it will be recomputed", what, path, e)
+            self._forget(path, delete=not isinstance(e, FileNotFoundError))
+            return None
+        verified.add(block_hash)
+        self._files.move_to_end(path)
+        try:
+            os.utime(path)  # LRU order survives a restart
+        except OSError:
+            pass
+        return found
+
+    def _store(self, own: dict[bytes, Path], verified: set[bytes], block_hash: bytes, path: Path, pieces_of) -> bool:
+        """Write the record `pieces_of()` makes at `path` (atomic, within budget); False when it was not stored."""
         if path in self._skipped:
             return False
-        pieces = encode(self.layout, block_hash, parent_hash, token_ids, k, v)
+        pieces = pieces_of()
         size = file_size(pieces)
         if size > self.capacity_bytes:
             return False
@@ -132,14 +189,14 @@ class DiskTier:
             self._evict_to(self.capacity_bytes - size)
             self._write_atomic(path, pieces)
         except OSError as e:
-            if _is_irregular(path):  # something else took the block's name: skip this block, keep the tier
+            if _is_irregular(path):  # something else took the record's name: skip this one, keep the tier
                 self._skip(path)
             else:
                 self._disable(e)
             return False
         self._files[path] = size
-        self._own[block_hash] = path
-        self._verified.add(block_hash)
+        own[block_hash] = path
+        verified.add(block_hash)
         self.used_bytes += size
         return True
 
@@ -198,13 +255,13 @@ class DiskTier:
             self._files[path] = size
             self.used_bytes += size
             if path.parent == self.dir:
-                self._own[bytes.fromhex(path.name[:-len(SUFFIX)])] = path
+                self._own_of(path)[bytes.fromhex(path.name[:-len(SUFFIX)])] = path
 
     def _prefix_ok(self, path: Path, size: int) -> bool:
         """Whether a block file's prefix and size fit the layout (a cheap start-up check; the checksum is read later)."""
         try:
             with open(path, "rb", buffering=0) as f:
-                check_prefix(f.read(PREFIX_SIZE), size, self.layout)
+                check_prefix(f.read(PREFIX_SIZE), size, self.layout, state=path.suffix == STATE_SUFFIX)
         except CorruptBlockError:
             return False
         except OSError:
@@ -230,9 +287,13 @@ class DiskTier:
         if size is not None:
             self.used_bytes -= size
         if path.parent == self.dir:
-            self._own.pop(bytes.fromhex(path.name[:-len(SUFFIX)]), None)
+            self._own_of(path).pop(bytes.fromhex(path.name[:-len(SUFFIX)]), None)
         if delete:
             self._unlink(path)
+
+    def _own_of(self, path: Path) -> dict[bytes, Path]:
+        """The index a file of this layout belongs in: state snapshots or blocks."""
+        return self._own_states if path.suffix == STATE_SUFFIX else self._own
 
     @staticmethod
     def _unlink(path: Path) -> None:

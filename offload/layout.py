@@ -39,7 +39,8 @@ def model_identity(path: str | os.PathLike[str], extra: str = "") -> str:
 class KVLayout:
     """One block's K (and V) tensor: shape [num_layers, block_size, num_kv_heads, head_dim] in `dtype`. In a
     quantized KV format (`kv_format`, e.g. "q8_0"; "" for plain float values) `head_dim` is a head row's storage
-    (q8_0: bytes) and the format enters the key."""
+    (q8_0: bytes) and the format enters the key. A hybrid's state snapshot format (`state_format`, its bytes
+    `state_nbytes`) enters the key too."""
 
     model_id: str
     dtype: torch.dtype
@@ -48,6 +49,10 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     kv_format: str = ""
+    # a hybrid model's recurrent-state snapshots (engine.state_pool.StateSpec.format and bytes_per_sequence): stored
+    # beside the blocks, keyed like them; "" / 0 for a model without state layers
+    state_format: str = ""
+    state_nbytes: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -70,6 +75,9 @@ class KVLayout:
                "shape": list(self.shape)}
         if self.kv_format:  # plain float pools keep the keys their stored blocks were written under
             out["kv_format"] = self.kv_format
+        if self.state_format:  # likewise: keys of models without state layers do not change
+            out["state_format"] = self.state_format
+            out["state_nbytes"] = self.state_nbytes
         return out
 
     @property

@@ -1,11 +1,10 @@
 """A Qwen3.5 hybrid through the engine: its recurrent states live in seats of a state pool beside the paged KV
 (one budget), so greedy outputs are the same batched or alone, chunked or whole, after preemption (recompute) and
-beside a cancelled request; the pool is empty when the requests are done; KV offload and speculation are refused
-for hybrids by name."""
+beside a cancelled request; the pool is empty when the requests are done; a hybrid draft model is refused by name
+(KV offload for hybrids: test_qwen35_offload)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -207,14 +206,6 @@ def test_moe_gguf_in_block_formats_runs_natively_in_bfloat16(tmp_path: Path) -> 
         a = llm.generate([p], lp)[0].outputs[0]
         b = exact.generate([p], lp)[0].outputs[0]
         assert a.token_ids[0] in [t for t, _ in b.logprobs[0].top]
-
-
-def test_kv_offload_is_off_for_hybrids_with_a_log_line(llm: LLM, tmp_path: Path, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="edgeserve.engine"):
-        engine = EngineCore(llm.lm, EngineConfig(kv_cache_gb=0.01, kv_offload="cpu,disk",
-                                                 disk_kv_path=str(tmp_path)))
-    assert engine.offload is None
-    assert any("KV offload (cpu,disk) is off for qwen35" in r.message for r in caplog.records)
 
 
 def test_metrics_and_api_ps_show_the_state_slots(llm: LLM) -> None:

@@ -91,11 +91,6 @@ class EngineCore:
         num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
         use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
         use_offload = config.offload_config().use_cpu
-        if hybrid and use_offload:
-            log.warning("KV offload (%s) is off for %s: its host and disk tiers and swap preemption do not keep a "
-                        "hybrid model's recurrent states (preemption recomputes)", config.kv_offload,
-                        lm.config.architecture)
-            use_offload = False
         # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
         window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
         self.pool = KVPool(lm.config, num_blocks, config.block_size, engine_kv_format(lm, config), model.device,
@@ -103,13 +98,17 @@ class EngineCore:
         if use_offload and self.pool.window_k.shape[0]:
             raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
                              "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
-        # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes move down, swaps go there
-        kv_name = self.pool.kv_dtype if self.pool.kv_format.quantized else ""
-        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v,
-                                          kv_name) if use_offload else None
         # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
         self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.delta), state_budget,
                                  model.device) if state_budget is not None else None
+        # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes (and a hybrid's state snapshots)
+        # move down, swaps go there
+        kv_name = self.pool.kv_dtype if self.pool.kv_format.quantized else ""
+        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v, kv_name,
+                                          self.states.pool if self.states is not None else None) \
+            if use_offload else None
+        if self.states is not None:
+            self.states.offload = self.offload
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,
@@ -467,9 +466,12 @@ class EngineCore:
         return [o for o in outputs if o is not None]
 
     def close(self) -> None:
-        """Before shutdown: hand the pool's cached prefixes down to the offload tiers and write them to disk."""
+        """Before shutdown: hand the pool's cached prefixes (and a hybrid's state snapshots) down to the offload tiers
+        and write them to disk."""
         if self.offload is not None:
             self.scheduler.block_manager.offer_cached()
+            if self.states is not None:
+                self.states.offer_all()
             self.offload.tiers.flush()
 
     def stats(self) -> EngineStats:
@@ -525,7 +527,7 @@ def _cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[int, s
 def _state_stats(states: StateSlots) -> dict:
     return dict(state_slots_total=states.budget.seats, state_slots_used=states.num_seated,
                 state_snapshots=states.num_snapshots, state_snapshots_total=states.budget.snapshots,
-                state_bytes=states.nbytes)
+                state_bytes=states.nbytes, prompt_tokens_from_states=states.counters.prompt_tokens_from_states)
 
 
 def _spec_stats(spec: Speculator) -> dict:

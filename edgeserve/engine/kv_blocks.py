@@ -95,9 +95,9 @@ class BlockManager:
         # first tokens of a block (the same prompt again, a regenerated reply) reuses them from a copy.
         self.copy_block: Callable[[int, int], None] | None = None
         self._children: dict[bytes, dict[int, None]] = {}  # parent hash -> blocks holding KV after that prefix
-        # A hybrid model's recurrent states (engine.state_cache): a prefix hit is cut to the blocks this says it can
-        # resume after (given the hit blocks' hashes: how many), no hit ends inside a block, and `on_evict` hears of
-        # every hash that leaves the cache
+        # A hybrid model's recurrent states (engine.state_cache): a prefix hit (device blocks, then tier blocks) is
+        # cut to the blocks this says it can resume after (given the hit blocks' hashes: how many), no hit ends
+        # inside a block, and `on_evict` hears of every hash that leaves the device cache
         self.usable_prefix: Callable[[list[bytes | None]], int] | None = None
         self.on_evict: Callable[[bytes], None] | None = None
 
@@ -186,15 +186,16 @@ class BlockManager:
             raise ValueError("cannot allocate an empty sequence")
         max_blocks = (n - 1) // self.block_size if self.enable_prefix_caching else 0
         hits, parent = self._find_prefix(token_ids, max_blocks, key)
-        if self.usable_prefix is not None:
-            hits = hits[:self.usable_prefix([self.blocks[b].hash for b in hits])] if hits else hits
+        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent, key)
+        if self.usable_prefix is not None and (hits or tier_hits):
+            # a hybrid resumes only where a state snapshot was kept (on the device or in a tier)
+            usable = self.usable_prefix([self.blocks[b].hash for b in hits] + [h for h, _, _ in tier_hits])
+            hits, tier_hits = hits[:usable], tier_hits[:max(0, usable - len(hits))]
             parent = self.blocks[hits[-1]].hash if hits else key.root
-            max_blocks = len(hits)  # the tiers' blocks have no state to resume after
         window_from = 0
         if self.window is not None:
             hits, window_from = self._window_covered(hits)
             parent = self.blocks[hits[-1]].hash if hits else key.root
-        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent, key)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh + revived > len(self._free):
@@ -203,6 +204,11 @@ class BlockManager:
             self._ref(b)
         new_ids, parent = self._fetch(tier_hits, parent)
         fetched = len(new_ids)
+        if fetched < len(tier_hits) and self.usable_prefix is not None:
+            # a hybrid's snapshot is after the last tier hit, which did not come back: look again from what did
+            for b in hits + new_ids:
+                self._unref(b)
+            return self.allocate(seq, token_ids, key)
         start = (len(hits) + fetched) * self.block_size
         source, partial = (self._find_partial(parent, token_ids[start:n - 1])
                            if self.enable_prefix_caching and not key.block_extra(start // self.block_size,

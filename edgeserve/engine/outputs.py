@@ -79,6 +79,7 @@ class EngineStats:
     state_snapshots: int = 0
     state_snapshots_total: int = 0
     state_bytes: int = 0
+    prompt_tokens_from_states: int = 0  # prompt tokens not computed because a sequence resumed from a snapshot
     # speculative decoding (zero when it is off)
     spec_proposed_tokens: int = 0  # draft tokens sent to verification
     spec_accepted_tokens: int = 0  # of those, accepted by the target

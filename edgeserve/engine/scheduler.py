@@ -117,11 +117,12 @@ class SchedulerOutput:
 class SwapOffload(BlockOffload, Protocol):
     """Tiers that also hold preempted sequences' KV (edgeserve.offload.PoolOffload)."""
 
-    def swap_out(self, seq_id: SeqId, block_ids: list[int]) -> bool:
-        """Copy the blocks to swap space; False if there is no room."""
+    def swap_out(self, seq_id: SeqId, block_ids: list[int], state_slot: int | None = None) -> bool:
+        """Copy the blocks (and a hybrid's state slot) to swap space; False if there is no room."""
 
-    def swap_in(self, seq_id: SeqId, block_ids: list[int]) -> bool:
-        """Copy the swapped blocks back into `block_ids`; False if they are gone."""
+    def swap_in(self, seq_id: SeqId, block_ids: list[int], state_slot: int | None = None) -> bool:
+        """Copy the swapped blocks back into `block_ids` (and the state into `state_slot`); False if they are
+        gone."""
 
     def drop_swap(self, seq_id: SeqId) -> None:
         """Forget a swapped sequence."""
@@ -147,8 +148,6 @@ class Scheduler:
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.states = states
         if states is not None:
-            if offload is not None:
-                raise ValueError("swap preemption and KV tiers do not carry recurrent states")
             if enable_prefix_caching:
                 self.block_manager.usable_prefix = states.usable_prefix
                 self.block_manager.on_evict = states.evicted
@@ -392,12 +391,8 @@ class Scheduler:
             if not bm.can_allocate(seq.num_tokens) or (self.states is not None and not self.states.can_admit()):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
-            if seq.swapped:
-                self._swap_in(seq)
-            else:
-                seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids, seq.prefix_key)
-            if self.states is not None:  # a hit resumes from the snapshot at its end
-                self.states.admit(seq.seq_id, bm.prefix_hash(seq.seq_id, seq.num_computed_tokens // bm.block_size))
+            if not (seq.swapped and self._swap_in(seq)):
+                self._allocate(seq)
             seq.status = SeqStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
             admitted.append(seq)
@@ -418,15 +413,24 @@ class Scheduler:
                 return False
         return True
 
+    def _allocate(self, seq: Sequence) -> None:
+        """Give an admitted sequence its blocks (prefix hits included) and, for a hybrid, its seat."""
+        bm = self.block_manager
+        seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids, seq.prefix_key)
+        if self.states is not None:  # a hit resumes from the snapshot at its end
+            n = seq.num_computed_tokens
+            self.states.admit(seq.seq_id, bm.prefix_hash(seq.seq_id, n // bm.block_size), num_tokens=n)
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Swap `seq`'s KV out to the host tier, or drop it (recomputed later, partly from the prefix cache);
-        requeue it first."""
+        """Swap `seq`'s KV (and a hybrid's state) out to the host tier, or drop it (recomputed later, partly from the
+        prefix cache); requeue it first."""
         self.running.remove(seq)
         seq.spec_token_ids = []  # drafts are never computed KV: nothing of them to keep
         bm = self.block_manager
         computed_blocks = bm.block_table(seq.seq_id)[:bm.blocks_needed(seq.num_computed_tokens)]
+        state_slot = self.states.slot(seq.seq_id) if self.states is not None else None
         seq.swapped = bool(self.offload is not None and computed_blocks
-                           and self.offload.swap_out(seq.seq_id, computed_blocks))
+                           and self.offload.swap_out(seq.seq_id, computed_blocks, state_slot=state_slot))
         bm.free(seq.seq_id)
         if self.states is not None:  # recomputed from its tokens (and maybe a snapshot) when it comes back
             self.states.release(seq.seq_id)
@@ -437,16 +441,20 @@ class Scheduler:
         out.preempted.append(seq.seq_id)
         self.num_preemptions += 1
 
-    def _swap_in(self, seq: Sequence) -> None:
-        """Give a swapped-out sequence fresh blocks and its KV back; recompute when the swap copy is gone."""
+    def _swap_in(self, seq: Sequence) -> bool:
+        """Give a swapped-out sequence fresh blocks (and a hybrid a seat) and its KV (and state) back; False (nothing
+        held) when the swap copy is gone: then it is allocated like a new one."""
         bm = self.block_manager
         seq.swapped = False
         table = bm.allocate_uncached(seq.seq_id, seq.num_tokens, seq.prefix_key)
-        if self.offload.swap_in(seq.seq_id, table[:bm.blocks_needed(seq.num_computed_tokens)]):
+        slot = self.states.admit(seq.seq_id) if self.states is not None else None
+        if self.offload.swap_in(seq.seq_id, table[:bm.blocks_needed(seq.num_computed_tokens)], state_slot=slot):
             bm.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
-        else:
-            bm.free(seq.seq_id)
-            seq.num_computed_tokens = bm.allocate(seq.seq_id, seq.all_token_ids, seq.prefix_key)
+            return True
+        bm.free(seq.seq_id)
+        if self.states is not None:
+            self.states.release(seq.seq_id)
+        return False
 
     def _snapshot(self, seq: Sequence) -> None:
         """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at."""

@@ -11,6 +11,13 @@ tokens), older ones go back. A prefix hit is cut to the deepest hit block that h
 copied into the new sequence's seat; snapshots are evicted with their blocks, and the least recently used goes
 first when the snapshot slots run out. Seats and snapshots share one pool, sized from the KV budget at load.
 
+With KV offload tiers (`offload`, edgeserve.offload.PoolOffload), a snapshot that leaves the device (its block
+evicted, or the least recently used when the slots run out) goes down to the host and disk tiers under its block's
+hash, beside that block, and `usable_prefix` brings one back up into a snapshot slot when a prefix hit reaches its
+block in a tier (a missing or damaged copy is a miss: the hit stops at a shallower snapshot, or recomputes). At
+shutdown every snapshot goes down (`offer_all`), so a conversation resumes after a restart from the disk tier. A
+preempted sequence's seat is swapped out with its KV (the scheduler does that through the same bridge).
+
 Speculative decoding: a step that verifies k drafts feeds all of them through the linear layers, so the state goes
 past the tokens kept when some are rejected. Before such a step the seat's states are copied to the sequence's
 backup slot; when a draft is rejected the backup is put back and the sequence's computed count goes back to before
@@ -22,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Hashable, Protocol
 
 import torch
 
@@ -84,11 +91,27 @@ class _Seat:
 
 @dataclass
 class StateCounters:
-    """Snapshots taken, restored by prefix hits, and evicted with their blocks."""
+    """Snapshots taken, restored by prefix hits, evicted with their blocks, brought back from a tier; prompt tokens
+    that a sequence did not compute because it resumed from a snapshot."""
 
     snapshots_taken: int = 0
     snapshot_hits: int = 0
     snapshots_evicted: int = 0
+    snapshots_fetched: int = 0
+    prompt_tokens_from_states: int = 0
+
+
+class StateOffload(Protocol):
+    """Tiers behind the snapshots (edgeserve.offload.PoolOffload over this pool)."""
+
+    def offer_state(self, slot: int, block_hash: bytes) -> None:
+        """Save the snapshot in `slot` (the state after block `block_hash`) before the slot is reused."""
+
+    def contains_state(self, block_hash: bytes) -> bool:
+        """Whether a tier claims the snapshot after block `block_hash`."""
+
+    def fetch_state(self, block_hash: bytes, slot: int) -> bool:
+        """Copy a tier's snapshot into `slot`; False when it is missing or corrupt."""
 
 
 class StateSlots:
@@ -100,6 +123,7 @@ class StateSlots:
         self._seats: dict[SeqId, _Seat] = {}
         self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.counters = StateCounters()
+        self.offload: StateOffload | None = None  # where snapshots leaving the device go (KV offload tiers)
 
     # --- seats -----------------------------------------------------------
 
@@ -115,9 +139,9 @@ class StateSlots:
         """Whether a new sequence can get a seat."""
         return len(self._seats) < self.budget.seats
 
-    def admit(self, seq_id: SeqId, prefix_hash: bytes | None = None) -> int:
-        """Give `seq_id` a seat: zeroed states, or with `prefix_hash` (a prefix-cache hit ending at that block) the
-        snapshot's states. Returns its slot."""
+    def admit(self, seq_id: SeqId, prefix_hash: bytes | None = None, num_tokens: int = 0) -> int:
+        """Give `seq_id` a seat: zeroed states, or with `prefix_hash` (a prefix-cache hit of `num_tokens` tokens ending
+        at that block) the snapshot's states. Returns its slot."""
         if seq_id in self._seats:
             raise ValueError(f"sequence {seq_id!r} already has a state slot")
         if not self.can_admit():
@@ -131,6 +155,7 @@ class StateSlots:
             self.pool.copy(src, slot)
             self._snapshots.move_to_end(prefix_hash)
             self.counters.snapshot_hits += 1
+            self.counters.prompt_tokens_from_states += num_tokens
         return slot
 
     def slot(self, seq_id: SeqId) -> int:
@@ -170,11 +195,37 @@ class StateSlots:
 
     def usable_prefix(self, hashes: list[bytes | None]) -> int:
         """How many leading blocks of a prefix hit (their hashes, in order) a hybrid can resume after: up to the
-        deepest one with a snapshot (0: none)."""
+        deepest one with a snapshot on the device, or in a tier (then brought up into a snapshot slot here; a
+        damaged or missing copy is passed over); 0: none."""
         for n in range(len(hashes), 0, -1):
-            if hashes[n - 1] in self._snapshots:
+            h = hashes[n - 1]
+            if h in self._snapshots:
+                return n
+            if h is not None and self.offload is not None and self.offload.contains_state(h) and self._fetch(h):
                 return n
         return 0
+
+    def _fetch(self, block_hash: bytes) -> bool:
+        """Bring a tier's snapshot after `block_hash` into a snapshot slot; False when it did not come back."""
+        if not self.budget.snapshots:
+            return False
+        if len(self._snapshots) >= self.budget.snapshots:
+            self._drop(next(iter(self._snapshots)), offer=True)
+        dst = self.pool.allocate(zero=False)
+        if not self.offload.fetch_state(block_hash, dst):
+            self.pool.free(dst)
+            return False
+        self._snapshots[block_hash] = dst
+        self.counters.snapshots_fetched += 1
+        return True
+
+    def offer_all(self) -> int:
+        """Hand every snapshot down to the tiers (at shutdown; they stay here too); return how many."""
+        if self.offload is None:
+            return 0
+        for block_hash, slot in self._snapshots.items():
+            self.offload.offer_state(slot, block_hash)
+        return len(self._snapshots)
 
     def snapshot(self, seq_id: SeqId, block_hash: bytes, at_prompt_end: bool) -> None:
         """Keep `seq_id`'s states now (its computed tokens end at the block `block_hash`) as that block's snapshot;
@@ -193,21 +244,25 @@ class StateSlots:
             self._snapshots.move_to_end(block_hash)
             return
         if len(self._snapshots) >= self.budget.snapshots:
-            self._drop(next(iter(self._snapshots)))
+            self._drop(next(iter(self._snapshots)), offer=True)
         dst = self.pool.allocate(zero=False)
         self.pool.copy(seat.slot, dst)
         self._snapshots[block_hash] = dst
         self.counters.snapshots_taken += 1
 
     def evicted(self, block_hash: bytes) -> None:
-        """The block `block_hash` left the prefix cache: its snapshot (if any) goes too."""
+        """The block `block_hash` left the device's prefix cache: its snapshot (if any) goes too (down to the tiers,
+        where the block went, when they are on)."""
         if block_hash in self._snapshots:
-            self._drop(block_hash)
+            self._drop(block_hash, offer=True)
             self.counters.snapshots_evicted += 1
 
-    def _drop(self, block_hash: bytes) -> None:
+    def _drop(self, block_hash: bytes, offer: bool = False) -> None:
+        """Free a snapshot's slot; `offer`: hand it down to the tiers first (a superseded one is not worth it)."""
         slot = self._snapshots.pop(block_hash, None)
         if slot is not None:
+            if offer and self.offload is not None:
+                self.offload.offer_state(slot, block_hash)
             self.pool.free(slot)
 
     # --- accounting ------------------------------------------------------

@@ -97,7 +97,9 @@ class _EngineCollector:
                for key, text in (("state_slots_used", "slots held by running requests"),
                                  ("state_slots_total", "slots for running requests"),
                                  ("state_snapshots", "prefix-cache snapshots held"),
-                                 ("state_bytes", "bytes of the state pool"))},
+                                 ("state_bytes", "bytes of the state pool"),
+                                 ("prompt_tokens_from_states", "prompt tokens served from state snapshots (not "
+                                  "computed)"))},
         }
         preempt = CounterMetricFamily("edgeserve_preemptions", "Requests preempted for lack of KV blocks",
                                       labels=["model"])

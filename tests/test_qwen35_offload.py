@@ -1,0 +1,179 @@
+"""KV offload for a Qwen3.5 hybrid (issue 51): its recurrent-state snapshots travel with their KV blocks through the
+host and disk tiers, so a conversation's next turn computes only the new tokens after the device evicted the turn,
+after a restart (same disk folder) and after an unload and load; a damaged or missing state file is recomputed to
+the same tokens; swap preemption carries the state; host, disk and device budgets hold. Every output is compared
+with a cold run (prefix caching off), and the counters show which path was taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.llm import LLM
+from edgeserve.offload.disk_tier import STATE_SUFFIX
+from edgeserve.sampling_params import SamplingParams
+
+from qwen35_helpers import VOCAB, hf_qwen35, write_qwen35_gguf
+
+pytest.importorskip("transformers")
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory) -> Path:
+    return write_qwen35_gguf(hf_qwen35(), tmp_path_factory.mktemp("qwen35") / "q.gguf")
+
+
+@pytest.fixture(scope="module")
+def cold(gguf_path: Path) -> LLM:
+    return LLM(str(gguf_path), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, VOCAB, size=n).tolist()
+
+
+def served(path: Path, disk: Path | None, **kw) -> LLM:
+    """A freshly loaded model with KV offload (host tier, and the disk tier at `disk`): what `edgeserve serve
+    --kv-offload cpu,disk` builds at start-up."""
+    kw.setdefault("kv_cache_gb", 0.01)
+    return LLM(str(path), dtype="float32", device="cpu", kv_offload="cpu,disk" if disk else "cpu",
+               disk_kv_path=str(disk) if disk else None, **kw)
+
+
+def run(llm: LLM, prompt: list[int]) -> tuple[list[int], int, int]:
+    """Greedy output, prompt tokens computed, prompt tokens resumed from a state snapshot."""
+    before = llm.engine.stats()
+    out = llm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    after = llm.engine.stats()
+    return (out, after.prompt_tokens_computed - before.prompt_tokens_computed,
+            after.prompt_tokens_from_states - before.prompt_tokens_from_states)
+
+
+def cold_out(cold: LLM, prompt: list[int]) -> list[int]:
+    return cold.generate([prompt], GREEDY)[0].outputs[0].token_ids
+
+
+def resumable(n_tokens: int) -> int:
+    """Where a finished sequence of `n_tokens` (prompt + 12 outputs, the last never computed) left its latest
+    snapshot: its last computed block boundary."""
+    return (n_tokens - 1) // BS * BS
+
+
+def test_a_conversation_resumes_after_restarts_from_the_disk_tier(gguf_path: Path, cold: LLM, tmp_path: Path) -> None:
+    first = tokens(45, seed=1)
+    a = served(gguf_path, tmp_path)
+    assert a.engine.offload is not None and a.engine.offload.state_pool is a.engine.states.pool
+    reply, computed, _ = run(a, first)
+    assert computed == 45 and reply == cold_out(cold, first)
+    a.close()  # the server's shutdown (or an unload) hands the cache down and writes it to disk
+    assert len(list(tmp_path.rglob(f"*{STATE_SUFFIX}"))) == 2  # the prompt's and the latest snapshot
+
+    second = first + reply + tokens(9, seed=2)
+    b = served(gguf_path, tmp_path)  # a restart
+    out, computed, from_states = run(b, second)
+    assert from_states == resumable(45 + 12) == 48 and computed == len(second) - 48
+    assert out == cold_out(cold, second)
+    s = b.engine.stats().offload
+    assert s.state_disk_hits == 1 and s.disk_hits == 3 and s.corrupt_blocks == 0
+    b.close()
+
+    third = second + out + tokens(5, seed=3)
+    c = served(gguf_path, tmp_path)  # another restart: the second turn's state is on disk too
+    out3, computed, from_states = run(c, third)
+    assert from_states == resumable(len(second) + 12) and computed == len(third) - from_states
+    assert out3 == cold_out(cold, third)
+
+
+def test_an_unloaded_and_reloaded_model_resumes(gguf_path: Path, cold: LLM, tmp_path: Path) -> None:
+    """The server's unload (keep_alive) ends the engine's loop, which closes the core; a load builds a new one."""
+    first = tokens(40, seed=4)
+    a = served(gguf_path, tmp_path)
+    reply, _, _ = run(a, first)
+    a.engine.close()
+    del a
+    b = LLM.from_model(served(gguf_path, None).lm, kv_offload="cpu,disk", disk_kv_path=str(tmp_path),
+                       kv_cache_gb=0.01)
+    second = first + reply + tokens(7, seed=5)
+    out, computed, from_states = run(b, second)
+    assert from_states == 48 and computed == len(second) - 48 and out == cold_out(cold, second)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_or_missing_state_file_is_recomputed_identically(gguf_path: Path, cold: LLM, tmp_path: Path,
+                                                                   damage: str) -> None:
+    first = tokens(45, seed=6)
+    a = served(gguf_path, tmp_path)
+    reply, _, _ = run(a, first)
+    a.close()
+    files = list(tmp_path.rglob(f"*{STATE_SUFFIX}"))
+    assert len(files) == 2
+    for f in files:
+        if damage == "missing":
+            f.unlink()
+        else:
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0x01  # one bit of the state's payload
+            f.write_bytes(bytes(data))
+    second = first + reply + tokens(9, seed=7)
+    b = served(gguf_path, tmp_path)
+    out, computed, from_states = run(b, second)
+    assert out == cold_out(cold, second)
+    assert from_states == 0 and computed == len(second)  # the blocks are on disk, but no state to resume from
+    s = b.engine.stats().offload
+    assert s.state_disk_hits == 0 and s.corrupt_blocks == (2 if damage == "corrupt" else 0)
+    b.close()  # recomputed states are written again: the next restart resumes
+    third = second + out + tokens(5, seed=8)
+    out3, _, from_states = run(served(gguf_path, tmp_path), third)
+    assert from_states == resumable(len(second) + 12) and out3 == cold_out(cold, third)
+
+
+def small_pool(lm, blocks: int, **kw) -> LLM:
+    """An engine over `lm` whose device pool holds about `blocks` KV blocks beside 2 seats and 2 snapshots."""
+    per = 9600  # one sequence's states (test_qwen35_engine checks the formula)
+    budget = 4 * per + blocks * kv_bytes_per_token(lm.config, lm.model.dtype) * BS
+    return LLM.from_model(lm, kv_cache_gb=budget / 2**30, max_num_seqs=2, **kw)
+
+
+def test_states_evicted_from_the_device_come_back_from_the_host_tier(gguf_path: Path, cold: LLM) -> None:
+    lm = served(gguf_path, None).lm
+    llm = small_pool(lm, 12, kv_offload="cpu", cpu_kv_gb=0.01)
+    assert llm.engine.states.budget.snapshots == 2
+    first = tokens(45, seed=9)
+    reply, _, _ = run(llm, first)
+    for seed in range(10, 14):  # other conversations push the first one's blocks and snapshots off the device
+        run(llm, tokens(40, seed=seed))
+    s = llm.engine.stats().offload
+    assert s.host_states >= 2 and s.host_blocks >= 3
+    second = first + reply + tokens(9, seed=2)
+    out, computed, from_states = run(llm, second)
+    assert from_states == 48 and computed == len(second) - 48 and out == cold_out(cold, second)
+    s = llm.engine.stats().offload
+    assert s.state_host_hits == 1 and s.host_hits == 3
+    assert s.host_bytes <= 0.01 * 2**30
+    stats = llm.engine.stats()
+    assert stats.kv_cache_bytes + stats.state_bytes <= llm.config.kv_cache_gb * 2**30
+    llm.engine.states.check()
+
+
+def test_swap_preemption_carries_the_state(gguf_path: Path, cold: LLM) -> None:
+    """A pool of a few blocks: sequences are preempted, their KV and state swapped out and back, not recomputed."""
+    ps = [tokens(n, seed=20 + n) for n in (20, 26, 31, 17)]
+    alone = [cold_out(cold, p) for p in ps]
+    lm = served(gguf_path, None).lm
+    per = 9600
+    budget = 8 * per + 5 * kv_bytes_per_token(lm.config, lm.model.dtype) * BS
+    llm = LLM.from_model(lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
+                         kv_offload="cpu", cpu_kv_gb=0.01)
+    assert [r.outputs[0].token_ids for r in llm.generate(ps, GREEDY)] == alone
+    stats = llm.engine.stats()
+    assert stats.num_preemptions > 0 and stats.offload.swap_outs > 0
+    assert stats.offload.swap_ins == stats.offload.swap_outs
+    # swapped back, not recomputed: every prompt token was computed once
+    assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
+    assert llm.engine.states.num_seated == 0 and llm.engine.offload.tiers.host.num_swapped == 0
