@@ -205,7 +205,7 @@ def our_logits(model, ids: list[int] = IDS) -> torch.Tensor:
     pool = KVPool(c, blocks, BLOCK, model.dtype)
     states = slot = None
     if c.is_hybrid:
-        states = StatePool(StateSpec(c.num_linear_layers, c.delta), 1, "cpu")
+        states = StatePool(StateSpec(c.num_linear_layers, c.layer_state), 1, "cpu")
         slot = states.allocate()
     table = list(range(blocks))
     steps = [(0, CHUNK), (CHUNK, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]

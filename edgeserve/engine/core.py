@@ -99,7 +99,7 @@ class EngineCore:
             raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
                              "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
         # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
-        self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.delta), state_budget,
+        self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.layer_state), state_budget,
                                  model.device) if state_budget is not None else None
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes (and a hybrid's state snapshots)
         # move down, swaps go there
