@@ -39,6 +39,11 @@ GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16,
               query_pre_attn_scalar=16, rope_parameters={
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+# LFM2's pattern of the real 1.2B (attention every few layers, conv first), its MLP-width adjustment at work
+LFM2 = dict(SMALL | dict(tie_word_embeddings=True), num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
+            layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=144, block_multiple_of=32,
+            block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -107,5 +112,6 @@ CASES = [
                                               residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
          "granite"),
     Case("gemma2", lambda v: t.Gemma2Config(**GEMMA2, vocab_size=v), "gemma2", tokenizer="spm", init=gemma4_init),
+    Case("lfm2", lambda v: t.Lfm2Config(**LFM2, vocab_size=v), "lfm2"),
 ]
 BY_NAME = {c.name: c for c in CASES}

@@ -1,0 +1,171 @@
+"""The LFM2 decoder over flat token batches (LlamaModel's interface).
+
+Each layer is x = x + mixer(operator_norm(x)); x = x + ffn(ffn_norm(x)); the final norm is `embedding_norm`. The
+mixer is either
+  - a gated short convolution (kernels.short_conv): in_proj gives [b | c | x], y = c * conv(b * x) with a causal
+    depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's StatePool,
+    `attn.states`), then out_proj; it keeps no KV, or
+  - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
+The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down). The whole stack runs on the per-op path (no fused
+native plan yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.short_conv import gated_short_conv
+from edgeserve.loaders.weights import WeightSource
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.gemma4 import load_table
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoELayer
+from edgeserve.models.text_part import text_part
+
+
+@dataclass
+class Lfm2Layer:
+    """One block's weights: a short convolution (`in_proj` [3C, C], `conv` [C, K], `out_proj`) or attention (`qkv`
+    stacked, per-head Q/K norms, `o_proj`), and the SwiGLU feed-forward (gate and up stacked)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: LinearWeight | None
+    down: LinearWeight | None
+    moe: MoELayer | None = None
+    # attention
+    qkv: LinearWeight | None = None
+    qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    o_proj: LinearWeight | None = None
+    # short convolution
+    conv_index: int = -1  # its index among the conv layers (its layer of the state pool)
+    in_proj: LinearWeight | None = None
+    conv: torch.Tensor | None = None
+    out_proj: LinearWeight | None = None
+
+
+class Lfm2Model(LlamaModel):
+    """LFM2 over the engine's paged KV pool with the step's conv states beside it (`attn.states`)."""
+
+    layers: list[Lfm2Layer]  # type: ignore[assignment]
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True,
+                     dense_prefill: bool = False) -> "Lfm2Model":
+        """Build the model from a weight source (an HF checkpoint's names or an lfm2 GGUF file's)."""
+        dev, c = torch.device(device), config
+        src = text_part(source)
+
+        def norm(name: str) -> torch.Tensor:
+            value = src.get(name, keep_int4=False)
+            assert isinstance(value, torch.Tensor)
+            return value.to(device=dev, dtype=torch.float32)
+
+        def matrix(names: list[str]) -> LinearWeight:
+            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
+
+        layers, conv_index = [], 0
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            f = p + "feed_forward."
+            layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
+                              gate_up=matrix([f + "w1.weight", f + "w3.weight"]), down=matrix([f + "w2.weight"]))
+            if c.is_linear(i):
+                layer.conv_index, conv_index = conv_index, conv_index + 1
+                layer.in_proj = matrix([p + "conv.in_proj.weight"])
+                layer.out_proj = matrix([p + "conv.out_proj.weight"])
+                layer.conv = cls._conv_weight(c, norm(p + "conv.conv.weight"), i)
+            else:
+                a = p + "self_attn."
+                layer.qkv = matrix([a + f"{x}_proj.weight" for x in "qkv"])
+                layer.q_norm, layer.k_norm = norm(a + "q_layernorm.weight"), norm(a + "k_layernorm.weight")
+                layer.o_proj = matrix([a + "out_proj.weight"])
+            layers.append(layer)
+        embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
+        lm_head: LinearWeight = embed
+        if not c.tie_word_embeddings and src.has("lm_head.weight"):
+            lm_head = matrix(["lm_head.weight"])
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
+        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, dev)
+
+    @staticmethod
+    def _conv_weight(c: ModelConfig, conv: torch.Tensor, i: int) -> torch.Tensor:
+        """A conv layer's depthwise weight as [C, K] (HF stores [C, 1, K], a GGUF [C, K]), checked against the
+        state the config declares."""
+        conv = conv.reshape(conv.shape[0], -1)
+        k_minus_1, channels = c.layer_state.tensors[0].shape
+        if tuple(conv.shape) != (channels, k_minus_1 + 1):
+            raise ModelLoadError(f"layer {i}: short-conv weight has shape {tuple(conv.shape)}, expected "
+                                 f"{(channels, k_minus_1 + 1)}")
+        return conv
+
+    def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
+                 lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.embed = embed
+        self.layers = layers  # type: ignore[assignment]
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = config.max_position_embeddings
+        self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
+        self._native = None
+
+    def native_decoder(self) -> None:
+        """No fused native plan for LFM2: every step takes the per-op path."""
+        return None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
+        (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
+        states = getattr(attn, "states", None)
+        if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")) or states is None:
+            raise TypeError("LFM2 runs over the paged KV pool with conv states beside it "
+                            "(PagedKVAttention with `states`)")
+        c = self.config
+        eps = c.rms_norm_eps
+        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+        x = self.embed_rows(input_ids)
+        cos, sin = self.cos[positions], self.sin[positions]
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.conv is not None:
+                (conv_state,) = states.layer(layer.conv_index)
+                y = gated_short_conv(linear(h, layer.in_proj, None, prompt_rows),  # type: ignore[arg-type]
+                                     layer.conv, conv_state, states.batch)
+                y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+            else:
+                q, k, v = self.project_qkv(layer, h, prompt_rows)  # type: ignore[arg-type]
+                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
+                q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+                o = attn.attend(i, q)  # type: ignore[attr-defined]
+                y = linear(o, layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
+            y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h
+
+    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A float32 mixer output as out_proj takes it: as it is on the CPU (CPU matmuls cast their input), in the
+        model's dtype elsewhere."""
+        return x if x.device.type == "cpu" else x.to(self.dtype)
+
+
+def model_class(config: ModelConfig) -> type[Lfm2Model]:
+    """LFM2's decoder (per-op path only)."""
+    return Lfm2Model
