@@ -40,7 +40,7 @@ _LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
-    # fused (Phi-3): edgeserve.models.phi3 splits them
+    # fused (Phi-3): edgeserve.models.archs.phi3 splits them
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
     # Mixture-of-Experts (edgeserve.models.moe_weights): the router, every expert's projection as one 3-D tensor

@@ -56,7 +56,7 @@ class ModelConfig:
     sliding_window: int | None = None  # one window for every layer (mistral); caps the context
     # issue 33's Llama-family variants (models.archs.llama, models.archs.olmo2): SmolLM3, OLMo 2/3, Ministral 3, Granite
     rope_layers: tuple[bool, ...] | None = None  # per layer: whether it applies RoPE (SmolLM3's NoPE); None: all
-    post_norms: bool = False  # OLMo 2: RMSNorm after attention and after the MLP, none before (models.olmo2)
+    post_norms: bool = False  # OLMo 2: RMSNorm after attention and after the MLP, none before (models.archs.olmo2)
     qk_norm_full: bool = False  # OLMo 2: the Q/K RMSNorm spans the whole projection, not each head
     attn_temperature: float = 0.0  # Ministral 3: queries times 1 + this * ln(1 + floor(pos / length)); 0: none
     attn_temperature_length: int = 0
@@ -75,7 +75,7 @@ class ModelConfig:
     query_scale: float | None = None  # attention scale when not head_dim ** -0.5
     attn_softcap: float | None = None  # attention-logit soft-capping (Gemma 2)
     final_softcap: float | None = None  # output-logit soft-capping (Gemma 2)
-    # Gemma 4's block (edgeserve.models.gemma4); `head_dim` / `num_kv_heads` are then the sliding layers'
+    # Gemma 4's block (edgeserve.models.archs.gemma4); `head_dim` / `num_kv_heads` are then the sliding layers'
     global_head_dim: int | None = None  # head size of the global (full-attention) layers
     global_kv_heads: int | None = None  # K/V heads of the global layers
     global_k_eq_v: bool = False  # the global layers have no V projection: V is K (before K's norm and RoPE)
@@ -89,7 +89,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
-    # gpt-oss (edgeserve.models.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
+    # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     # hybrids (edgeserve.models.qwen35): per layer, whether it is a Gated DeltaNet layer (no KV, a recurrent
@@ -389,7 +389,7 @@ def _shared_from_hf(spec: Architecture, cfg: Mapping[str, Any]) -> ModelConfig:
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0) and not spec.declared("PARTIAL_ROTARY", False):  # Phi-4-mini: models.phi3
+    if partial not in (None, 1, 1.0) and not spec.declared("PARTIAL_ROTARY", False):  # Phi-4-mini: models.archs.phi3
         raise UnsupportedModelError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
     rope_theta = cfg.get("rope_theta")
     if rope_theta is None:  # newer transformers nest it under rope_parameters

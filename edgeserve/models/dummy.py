@@ -74,7 +74,7 @@ class DummyWeights:
             shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
             shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
-            if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.gpt_oss reads them)
+            if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.archs.gpt_oss reads them)
                 e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
                 shapes.update({p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
                                p + "mlp.experts.gate_up_proj": (e, h, 2 * f),

@@ -1,4 +1,4 @@
-"""Gemma 4 (edgeserve.models.gemma4): sliding and global layers with their own head sizes, proportional RoPE,
+"""Gemma 4 (model.py, config.py here): sliding and global layers with their own head sizes, proportional RoPE,
 per-layer embeddings, shared-KV layers, a per-layer output scale, and (26B-A4B) routed experts beside the MLP."""
 
 DUMMY_WEIGHTS = False  # edgeserve.models.dummy draws Llama's names, not Gemma 4's block

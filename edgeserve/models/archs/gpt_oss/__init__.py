@@ -1,4 +1,4 @@
-"""gpt-oss (edgeserve.models.gpt_oss): attention sinks and biases, alternating sliding / full layers, clamped
+"""gpt-oss (model.py here): attention sinks and biases, alternating sliding / full layers, clamped
 SwiGLU experts, YaRN with the ramp's ends not rounded."""
 
 EXPERTS = True

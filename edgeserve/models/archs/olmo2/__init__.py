@@ -1,4 +1,4 @@
-"""OLMo 2 / OLMo 3 (edgeserve.models.olmo2): RMSNorm after attention and after the MLP only, Q/K RMSNorm over the
+"""OLMo 2 / OLMo 3 (model.py here): RMSNorm after attention and after the MLP only, Q/K RMSNorm over the
 whole projection; OLMo 3's sliding-window layers (3 of every 4) with plain RoPE where the global ones scale it."""
 
 # its norms after attention and after the MLP (it has none before them)

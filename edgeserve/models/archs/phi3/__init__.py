@@ -1,4 +1,4 @@
-"""Phi-3 / Phi-4-mini (edgeserve.models.phi3): the Llama decoder over fused weights, longrope RoPE scaling and
+"""Phi-3 / Phi-4-mini (model.py here): the Llama decoder over fused weights, longrope RoPE scaling and
 partial RoPE."""
 
 LONGROPE = True  # HF rope_scaling type longrope / su
