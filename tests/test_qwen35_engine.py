@@ -221,6 +221,7 @@ def test_metrics_and_api_ps_show_the_state_slots(llm: LLM) -> None:
     stats = llm.engine.stats()
     assert metrics["edgeserve_state_slots_total"] == stats.state_slots_total > 0
     assert metrics["edgeserve_state_bytes"] == stats.state_bytes > 0
+    assert metrics["edgeserve_prompt_tokens_from_states"] == stats.prompt_tokens_from_states
     ps = _ps_entry(entry, "loaded", False, "", {})
     assert ps["recurrent_state"] == {"slots": stats.state_slots_total, "slots_used": 0,
                                      "snapshots": stats.state_snapshots, "bytes": stats.state_bytes}

@@ -6,6 +6,11 @@ with a cold run (prefix caching off), and the counters show which path was taken
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +93,31 @@ def test_a_conversation_resumes_after_restarts_from_the_disk_tier(gguf_path: Pat
     out3, computed, from_states = run(c, third)
     assert from_states == resumable(len(second) + 12) and computed == len(third) - from_states
     assert out3 == cold_out(cold, third)
+
+
+_FIRST_TURN = """
+import json
+from edgeserve.llm import LLM
+from edgeserve.sampling_params import SamplingParams
+llm = LLM({model!r}, dtype="float32", device="cpu", kv_cache_gb=0.01, kv_offload="cpu,disk", disk_kv_path={disk!r})
+out = llm.generate([{prompt!r}], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+llm.close()  # what `edgeserve serve` does on its way out
+print(json.dumps(out.outputs[0].token_ids))
+"""
+
+
+def test_the_next_turn_in_a_new_process_computes_only_the_new_tokens(gguf_path: Path, cold: LLM,
+                                                                     tmp_path: Path) -> None:
+    first = tokens(45, seed=40)
+    script = _FIRST_TURN.format(model=str(gguf_path), disk=str(tmp_path), prompt=first)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reply == cold_out(cold, first)
+    second = first + reply + tokens(9, seed=41)
+    out, computed, from_states = run(served(gguf_path, tmp_path), second)
+    assert from_states == 48 and computed == len(second) - 48 and out == cold_out(cold, second)
 
 
 def test_an_unloaded_and_reloaded_model_resumes(gguf_path: Path, cold: LLM, tmp_path: Path) -> None:
@@ -177,3 +207,59 @@ def test_swap_preemption_carries_the_state(gguf_path: Path, cold: LLM) -> None:
     # swapped back, not recomputed: every prompt token was computed once
     assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
     assert llm.engine.states.num_seated == 0 and llm.engine.offload.tiers.host.num_swapped == 0
+
+
+def turn(body: list[int]) -> list[int]:
+    """A chat turn: <|im_start|> (id 1 in the tiny vocabulary) ... <|im_end|> (id 2)."""
+    return [1, *body, 2]
+
+
+def test_a_rewritten_reply_still_resumes_after_the_turns_before_it(gguf_path: Path, cold: LLM) -> None:
+    """An agent drops the previous reply's <think> part: the prompt differs from the last turn's inside that reply,
+    and the state kept before that turn starts serves the system prompt and history."""
+    llm = LLM.from_model(served(gguf_path, None).lm, kv_cache_gb=0.01)
+    system, user1, user2 = turn(tokens(20, seed=30)), turn(tokens(15, seed=31)), turn(tokens(12, seed=32))
+    think, answer = tokens(20, seed=33), tokens(10, seed=34)
+    start = [1, 7, 8]  # <|im_start|>assistant\n
+    first = system + user1 + turn(think + answer) + user2 + start
+    run(llm, first)
+    rewritten = system + user1 + turn(answer) + user2 + start
+    reply_at = len(system) + len(user1)  # 39: the reply's turn starts there
+    out, computed, from_states = run(llm, rewritten)
+    assert from_states == reply_at // BS * BS == 32 and computed == len(rewritten) - 32
+    assert out == cold_out(cold, rewritten)
+    metrics = llm.engine.stats()
+    assert metrics.prompt_tokens_from_states == 32
+
+
+def test_the_server_resumes_a_conversation_after_keep_alive_unloads_the_model(gguf_path: Path,
+                                                                               tmp_path: Path) -> None:
+    """Through `edgeserve serve`'s own path: the unload ends the engine's loop (which writes the cache to disk), the
+    next request loads the model again, and its prompt resumes from the first turn's state read back from disk."""
+    import httpx
+
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.server import ServerConfig
+
+    from server_helpers import metric, serve, wait_until
+
+    engine = EngineConfig(kv_cache_gb=0.01, kv_offload="cpu,disk", disk_kv_path=str(tmp_path / "kv"))
+    first = "hello there, " * 6
+    with serve(ServerConfig(engine=engine, models=(str(gguf_path),), keep_alive=300, dtype="float32")) as s:
+        name = gguf_path.stem
+        with httpx.Client(base_url=s.url, timeout=120) as c:
+            def generate(prompt: str, **kw) -> dict:
+                r = c.post("/api/generate", json={"model": name, "prompt": prompt, "raw": True, "stream": False,
+                                                  "options": {"num_predict": 12, "temperature": 0}, **kw})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            one = generate(first, keep_alive=0)  # unloaded once it has answered
+            assert wait_until(lambda: not c.get("/api/ps").json()["models"], timeout=60)
+            two = generate(first + one["response"] + " and now?")
+            served_states = metric(c.get("/metrics").text, "edgeserve_prompt_tokens_from_states", f'model="{name}"')
+    assert list((tmp_path / "kv").rglob(f"*{STATE_SUFFIX}"))
+    # the second prompt resumed at the first prompt's last full block, whose state came back from disk (the reply's
+    # text is re-tokenized, so the first turn's later snapshot need not match)
+    assert served_states == (one["prompt_eval_count"] - 1) // BS * BS == 48
+    assert two["prompt_eval_count"] > one["prompt_eval_count"] + 12

@@ -50,11 +50,11 @@ def test_snapshots_restore_and_keep_the_prompt_one_and_the_latest() -> None:
     s = slots()
     a = s.admit("a")
     s.pool.recurrent[a].fill_(1.0)
-    s.snapshot("a", b"p", at_prompt_end=True)
+    s.snapshot("a", b"p", keep=True)
     s.pool.recurrent[a].fill_(2.0)
-    s.snapshot("a", b"x", at_prompt_end=False)
+    s.snapshot("a", b"x", keep=False)
     s.pool.recurrent[a].fill_(3.0)
-    s.snapshot("a", b"y", at_prompt_end=False)  # "x" goes back: neither the prompt one nor the latest
+    s.snapshot("a", b"y", keep=False)  # "x" goes back: neither the prompt one nor the latest
     assert s.usable_prefix([b"p", b"x", b"y"]) == 3 and s.usable_prefix([b"p", b"x"]) == 1
     assert s.usable_prefix([b"q", b"x"]) == 0
     b = s.admit("b", b"p")
@@ -72,13 +72,13 @@ def test_snapshots_restore_and_keep_the_prompt_one_and_the_latest() -> None:
 def test_snapshots_are_evicted_with_blocks_and_least_recently_used_first() -> None:
     s = slots(seats=1, snapshots=2)
     s.admit("a")
-    s.snapshot("a", b"1", at_prompt_end=True)
-    s.snapshot("a", b"2", at_prompt_end=False)
-    s.snapshot("a", b"3", at_prompt_end=False)  # "2" superseded, then room for "3"
+    s.snapshot("a", b"1", keep=True)
+    s.snapshot("a", b"2", keep=False)
+    s.snapshot("a", b"3", keep=False)  # "2" superseded, then room for "3"
     assert s.usable_prefix([b"1"]) == 1 and s.usable_prefix([b"1", b"2"]) == 1 and s.num_snapshots == 2
     s.release("a")
     s.admit("b")
-    s.snapshot("b", b"4", at_prompt_end=True)  # full: "1", the least recently used, goes
+    s.snapshot("b", b"4", keep=True)  # full: "1", the least recently used, goes
     assert s.usable_prefix([b"1"]) == 0 and s.usable_prefix([b"1", b"2", b"3"]) == 3
     s.evicted(b"3")
     assert s.num_snapshots == 1 and s.counters.snapshots_evicted == 1
@@ -104,3 +104,30 @@ def test_backups_put_a_seat_back_and_go_with_it() -> None:
         plain = slots()
         plain.admit("b")
         plain.backup("b")
+
+
+def test_snapshot_points_are_before_each_turn_and_at_the_prompts_last_full_block() -> None:
+    from edgeserve.engine.snapshot_points import MAX_PROMPT_POINTS, prompt_snapshot_points
+
+    im = 1  # a turn-start token
+    prompt = [im] + [5] * 20 + [im] + [6] * 30 + [im] + [7] * 3  # turns start at 0, 21 and 52; 56 tokens
+    assert prompt_snapshot_points(prompt, len(prompt), 16, frozenset({im})) == (16, 48)
+    assert prompt_snapshot_points(prompt, len(prompt), 16, frozenset()) == (48,)  # no markers: the last block only
+    assert prompt_snapshot_points(prompt, 10, 16, frozenset({im})) == ()  # nothing before the first block ends
+    many = ([im] + [5] * 15) * 20
+    points = prompt_snapshot_points(many, len(many), 16, frozenset({im}))
+    assert len(points) == MAX_PROMPT_POINTS and points[-1] == len(many) - 16  # the last ones
+
+
+def test_room_is_made_by_letting_go_of_the_snapshot_that_saves_the_fewest_tokens() -> None:
+    s = slots(seats=1, snapshots=3)
+    s.admit("a")
+    s.snapshot("a", b"deep", keep=True, num_blocks=9)
+    s.snapshot("a", b"shallow", keep=True, num_blocks=1)
+    s.snapshot("a", b"mid", keep=True, num_blocks=4)
+    s.snapshot("a", b"new", keep=True, num_blocks=2)  # full: "shallow" goes, though "deep" is older
+    assert s.usable_prefix([b"deep"]) == 1 and s.usable_prefix([b"shallow"]) == 0 and s.num_snapshots == 3
+    s.snapshot("a", b"newer", keep=True, num_blocks=5)  # of deep, mid, new: new saves the fewest
+    assert s.usable_prefix([b"new"]) == 0 and s.usable_prefix([b"mid"]) == 1
+    s.release("a")
+    s.check()

@@ -45,6 +45,7 @@ from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
 from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
+from .snapshot_points import turn_marker_ids
 from .state_cache import StateSlots
 from .state_pool import StateSpec
 from .spec import Speculator
@@ -84,7 +85,6 @@ class EngineCore:
         self.lm = lm
         self.config = config
         model = lm.model
-        hybrid = lm.config.is_hybrid
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
@@ -109,6 +109,7 @@ class EngineCore:
             if use_offload else None
         if self.states is not None:
             self.states.offload = self.offload
+            self.states.turn_markers = turn_marker_ids(lm.tokenizer)  # snapshots before each chat turn too
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,

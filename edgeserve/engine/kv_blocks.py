@@ -184,18 +184,7 @@ class BlockManager:
         n = len(token_ids)
         if n == 0:
             raise ValueError("cannot allocate an empty sequence")
-        max_blocks = (n - 1) // self.block_size if self.enable_prefix_caching else 0
-        hits, parent = self._find_prefix(token_ids, max_blocks, key)
-        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent, key)
-        if self.usable_prefix is not None and (hits or tier_hits):
-            # a hybrid resumes only where a state snapshot was kept (on the device or in a tier)
-            usable = self.usable_prefix([self.blocks[b].hash for b in hits] + [h for h, _, _ in tier_hits])
-            hits, tier_hits = hits[:usable], tier_hits[:max(0, usable - len(hits))]
-            parent = self.blocks[hits[-1]].hash if hits else key.root
-        window_from = 0
-        if self.window is not None:
-            hits, window_from = self._window_covered(hits)
-            parent = self.blocks[hits[-1]].hash if hits else key.root
+        hits, tier_hits, parent, window_from = self._lookup(token_ids, key)
         fresh = self.blocks_needed(n) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh + revived > len(self._free):
@@ -238,6 +227,24 @@ class BlockManager:
         self.num_prompt_tokens_reused += cached
         self.num_prompt_tokens_computed += n - cached
         return cached
+
+    def _lookup(self, token_ids: Sequence[int], key: PrefixKey) -> tuple[list[int], list, bytes, int]:
+        """A new sequence's prefix hit: the device blocks, then the blocks in the tiers that continue them (hash,
+        parent hash, tokens), the key of the last device block, and the first logical block that needs a window
+        block."""
+        max_blocks = (len(token_ids) - 1) // self.block_size if self.enable_prefix_caching else 0
+        hits, parent = self._find_prefix(token_ids, max_blocks, key)
+        tier_hits = self._find_in_tiers(token_ids, len(hits), max_blocks, parent, key)
+        if self.usable_prefix is not None and (hits or tier_hits):
+            # a hybrid resumes only where a state snapshot was kept (on the device or in a tier)
+            usable = self.usable_prefix([self.blocks[b].hash for b in hits] + [h for h, _, _ in tier_hits])
+            hits, tier_hits = hits[:usable], tier_hits[:max(0, usable - len(hits))]
+            parent = self.blocks[hits[-1]].hash if hits else key.root
+        window_from = 0
+        if self.window is not None:  # (no tiers with a window pool)
+            hits, window_from = self._window_covered(hits)
+            parent = self.blocks[hits[-1]].hash if hits else key.root
+        return hits, tier_hits, parent, window_from
 
     def allocate_uncached(self, seq: SeqId, num_tokens: int, key: PrefixKey = NO_KEY) -> list[int]:
         """Give `seq` fresh blocks for `num_tokens` tokens with no prefix lookup (their KV is about to be swapped in);

@@ -62,6 +62,7 @@ class Sequence:
     images: tuple[ImageRows, ...] = ()  # embedding rows that replace prompt placeholder tokens' (images)
     mrope: MRopePositions | None = None  # M-RoPE positions of a request with images (Qwen-VL; models.mrope)
     attend_spans: tuple[AttendSpan, ...] = ()  # bidirectional prompt spans (Gemma 3's images), sorted, disjoint
+    snapshot_points: tuple[int, ...] = ()  # a hybrid's prompt positions whose state is kept (state_cache)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 0:

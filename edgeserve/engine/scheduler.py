@@ -16,6 +16,7 @@ from edgeserve.errors import QueueFullError
 
 from .kv_blocks import BlockManager, BlockOffload
 from .prompt_pacing import FloorPacer
+from .snapshot_points import prompt_snapshot_points
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
 
@@ -139,7 +140,7 @@ class Scheduler:
         without it the scheduler keeps its own and forgets a sequence when it finishes it. `clock`: seconds, read
         once per `schedule()` to time the steps (for `max_decode_slowdown`). `states`: a hybrid model's
         recurrent-state slots: a sequence holds a seat while it runs, prefix hits stop at a state snapshot, and
-        a prompt's chunks stop at its last full block so its state there is snapshotted (engine.state_cache)."""
+        a prompt's chunks stop at its snapshot points so its state there is snapshotted (engine.state_cache)."""
         self.config = config
         self._owns_registry = registry is None
         self._seqs: Registry = Registry() if registry is None else registry
@@ -176,6 +177,9 @@ class Scheduler:
             raise ValueError(f"prompt of {seq.num_tokens} tokens does not fit in the KV cache")
         if not self._seqs:
             self._timing = None  # the engine idled since the last step: that gap is no step's cost
+        if self._snapshots_on:
+            seq.snapshot_points = prompt_snapshot_points(seq.all_token_ids, seq.num_prompt_tokens,
+                                                         self.config.block_size, self.states.turn_markers)
         seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
         seq.status, seq.num_computed_tokens = SeqStatus.WAITING, 0
         self._seqs[seq.seq_id] = seq
@@ -456,28 +460,29 @@ class Scheduler:
             self.states.release(seq.seq_id)
         return False
 
+    @property
+    def _snapshots_on(self) -> bool:
+        """Whether a hybrid's states are snapshotted for the prefix cache."""
+        return self.states is not None and bool(self.states.budget.snapshots) and \
+            self.block_manager.enable_prefix_caching
+
     def _snapshot(self, seq: Sequence) -> None:
-        """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at."""
+        """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at
+        (kept while it lives at its prompt's snapshot points, else until its next one)."""
         bm = self.block_manager
         n = seq.num_computed_tokens
         if n % bm.block_size or not self.states.budget.snapshots:
             return
         h = bm.prefix_hash(seq.seq_id, n // bm.block_size)
         if h is not None:
-            self.states.snapshot(seq.seq_id, h, at_prompt_end=n == self._prompt_snapshot_point(seq))
-
-    def _prompt_snapshot_point(self, seq: Sequence) -> int:
-        """Where a hybrid sequence's prompt state is snapshotted: its prompt's last full block that a repeat of the
-        prompt can hit (the last prompt token is always computed)."""
-        bs = self.block_manager.block_size
-        return (seq.num_prompt_tokens - 1) // bs * bs
+            self.states.snapshot(seq.seq_id, h, keep=n in seq.snapshot_points, num_blocks=n // bm.block_size)
 
     def _build(self, seq: Sequence, n: int, spec: list[int] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens
-        if self.states is not None and self.states.budget.snapshots and self.block_manager.enable_prefix_caching:
-            point = self._prompt_snapshot_point(seq)
-            if start < point < start + n:  # stop the chunk there, so the state there can be kept
+        for point in seq.snapshot_points:  # a hybrid's chunk stops at the next one, so the state there can be kept
+            if start < point < start + n:
                 n = point - start
+                break
         stop = span_stop(start, start + n, seq.attend_spans)
         end = stop + len(spec or ())
         return ScheduledSeq(

@@ -2,17 +2,19 @@
 snapshots that make prefix-cache hits usable for such a model.
 
 Every running sequence holds one slot of the StatePool (a *seat*) from admission until it finishes, is cancelled or
-is preempted (preemption recomputes: the seat goes back and the sequence restarts from its tokens). The KV of a
-cached prefix is not enough to resume a hybrid: the recurrent state at the prefix's end is needed too. So after a
+is preempted (preemption recomputes, or swaps the seat's state out with the KV when offload tiers are on). The KV of
+a cached prefix is not enough to resume a hybrid: the recurrent state at the prefix's end is needed too. So after a
 step that leaves a sequence's computed tokens at a block boundary whose block is now cached (hashed), the sequence's
-state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshot at its prompt's
-last full block (the same prompt again) and its latest one (a multi-turn chat's next turn starts with this turn's
-tokens), older ones go back. A prefix hit is cut to the deepest hit block that has a snapshot, whose state is then
-copied into the new sequence's seat; snapshots are evicted with their blocks, and the least recently used goes
-first when the snapshot slots run out. Seats and snapshots share one pool, sized from the KV budget at load.
+state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshots at its prompt's
+snapshot points (engine.snapshot_points: before each chat turn, so a rewritten later turn still resumes after the
+turns before it, and the prompt's last full block: the same prompt again) and its latest one (a multi-turn chat's
+next turn starts with this turn's tokens), older ones go back. A prefix hit is cut to the deepest hit block that has
+a snapshot, whose state is then copied into the new sequence's seat; snapshots are evicted with their blocks, and
+when the snapshot slots run out the one that saves the fewest tokens among the least recently used goes. Seats and
+snapshots share one pool, sized from the KV budget at load.
 
 With KV offload tiers (`offload`, edgeserve.offload.PoolOffload), a snapshot that leaves the device (its block
-evicted, or the least recently used when the slots run out) goes down to the host and disk tiers under its block's
+evicted, or let go of when the slots run out) goes down to the host and disk tiers under its block's
 hash, beside that block, and `usable_prefix` brings one back up into a snapshot slot when a prefix hit reaches its
 block in a tier (a missing or damaged copy is a miss: the hit stops at a shallower snapshot, or recomputes). At
 shutdown every snapshot goes down (`offer_all`), so a conversation resumes after a restart from the disk tier. A
@@ -26,9 +28,10 @@ the step, so the next step recomputes the accepted tokens (with the new one) fro
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Protocol
 
 import torch
@@ -59,6 +62,7 @@ class StateBudget:
         return self.num_slots * self.bytes_per_slot
 
 
+EVICT_WINDOW = 4  # snapshots evicted by value among this many least recently used
 SEAT_FRACTION = 0.5  # at most this much of the KV budget for running sequences' states
 SNAPSHOT_FRACTION = 0.25  # at most this much for prefix-cache snapshots
 
@@ -84,7 +88,7 @@ def state_budget(spec: StateSpec, budget_bytes: float, max_num_seqs: int, prefix
 @dataclass
 class _Seat:
     slot: int
-    prompt_hash: bytes | None = None  # its snapshot at the prompt's last full block (kept)
+    kept: set[bytes] = field(default_factory=set)  # its snapshots at its prompt's snapshot points (kept)
     latest_hash: bytes | None = None  # its latest snapshot
     backup: int | None = None  # its states before a speculative step (restored when drafts are rejected)
 
@@ -124,6 +128,8 @@ class StateSlots:
         self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
         self.counters = StateCounters()
         self.offload: StateOffload | None = None  # where snapshots leaving the device go (KV offload tiers)
+        self._depth: dict[bytes, int] = {}  # snapshot -> blocks it saves recomputing (its value)
+        self.turn_markers: frozenset[int] = frozenset()  # token ids that start a chat turn (snapshot points)
 
     # --- seats -----------------------------------------------------------
 
@@ -201,21 +207,22 @@ class StateSlots:
             h = hashes[n - 1]
             if h in self._snapshots:
                 return n
-            if h is not None and self.offload is not None and self.offload.contains_state(h) and self._fetch(h):
+            if h is not None and self.offload is not None and self.offload.contains_state(h) and self._fetch(h, n):
                 return n
         return 0
 
-    def _fetch(self, block_hash: bytes) -> bool:
+    def _fetch(self, block_hash: bytes, num_blocks: int) -> bool:
         """Bring a tier's snapshot after `block_hash` into a snapshot slot; False when it did not come back."""
         if not self.budget.snapshots:
             return False
         if len(self._snapshots) >= self.budget.snapshots:
-            self._drop(next(iter(self._snapshots)), offer=True)
+            self._drop(self._victim(), offer=True)
         dst = self.pool.allocate(zero=False)
         if not self.offload.fetch_state(block_hash, dst):
             self.pool.free(dst)
             return False
         self._snapshots[block_hash] = dst
+        self._depth[block_hash] = num_blocks
         self.counters.snapshots_fetched += 1
         return True
 
@@ -227,28 +234,35 @@ class StateSlots:
             self.offload.offer_state(slot, block_hash)
         return len(self._snapshots)
 
-    def snapshot(self, seq_id: SeqId, block_hash: bytes, at_prompt_end: bool) -> None:
-        """Keep `seq_id`'s states now (its computed tokens end at the block `block_hash`) as that block's snapshot;
-        `at_prompt_end`: this is its prompt's last full block (kept while the sequence lives). Its previous latest
-        snapshot goes back unless it is the prompt one."""
+    def snapshot(self, seq_id: SeqId, block_hash: bytes, keep: bool, num_blocks: int = 0) -> None:
+        """Keep `seq_id`'s states now (its computed tokens end at the block `block_hash`, its `num_blocks`-th) as that
+        block's snapshot; `keep`: this is one of its prompt's snapshot points (a turn boundary, its last full block:
+        kept while the sequence lives, unless the slots run out). Its previous latest snapshot goes back unless it
+        is a kept one."""
         seat = self._seats[seq_id]
         if not self.budget.snapshots:
             return
         old, seat.latest_hash = seat.latest_hash, block_hash
-        if at_prompt_end:
-            seat.prompt_hash = block_hash
-        if old is not None and old not in (block_hash, seat.prompt_hash) and not any(
-                old in (s.prompt_hash, s.latest_hash) for s in self._seats.values()):
-            self._drop(old)  # superseded first, so the least recently used below is another's
+        if keep:
+            seat.kept.add(block_hash)
+        if old is not None and old != block_hash and not any(
+                old in s.kept or old == s.latest_hash for s in self._seats.values()):
+            self._drop(old)  # superseded first, so the one let go of below is another's
+        self._depth[block_hash] = max(num_blocks, self._depth.get(block_hash, 0))
         if block_hash in self._snapshots:
             self._snapshots.move_to_end(block_hash)
             return
         if len(self._snapshots) >= self.budget.snapshots:
-            self._drop(next(iter(self._snapshots)), offer=True)
+            self._drop(self._victim(), offer=True)
         dst = self.pool.allocate(zero=False)
         self.pool.copy(seat.slot, dst)
         self._snapshots[block_hash] = dst
         self.counters.snapshots_taken += 1
+
+    def _victim(self) -> bytes:
+        """The snapshot to let go of for room: of the EVICT_WINDOW least recently used, the one that saves the
+        fewest tokens (every snapshot costs the same bytes: the fewest tokens saved per byte); the oldest of equals."""
+        return min(itertools.islice(self._snapshots, EVICT_WINDOW), key=lambda h: self._depth.get(h, 0))
 
     def evicted(self, block_hash: bytes) -> None:
         """The block `block_hash` left the device's prefix cache: its snapshot (if any) goes too (down to the tiers,
@@ -260,6 +274,7 @@ class StateSlots:
     def _drop(self, block_hash: bytes, offer: bool = False) -> None:
         """Free a snapshot's slot; `offer`: hand it down to the tiers first (a superseded one is not worth it)."""
         slot = self._snapshots.pop(block_hash, None)
+        self._depth.pop(block_hash, None)
         if slot is not None:
             if offer and self.offload is not None:
                 self.offload.offer_state(slot, block_hash)
