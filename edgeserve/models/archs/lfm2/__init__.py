@@ -1,6 +1,9 @@
-"""LFM2 / LFM2.5 (Liquid AI; llama.cpp `lfm2`, HF `lfm2`): gated short-convolution layers beside GQA attention
-layers with Q/K RMSNorm and RoPE, a SwiGLU feed-forward on every layer. A conv layer keeps no KV, only a conv state
-per sequence in the engine's state pool (engine.state_pool.short_conv_kind)."""
+"""LFM2 / LFM2.5 (Liquid AI; llama.cpp `lfm2`, HF `lfm2`) and LFM2-MoE (`lfm2moe`, HF `lfm2_moe`): gated
+short-convolution layers beside GQA attention layers with Q/K RMSNorm and RoPE, a SwiGLU feed-forward on every
+layer (LFM2-MoE: after its leading dense layers, experts routed by a sigmoid, chosen with a per-expert bias). A conv
+layer keeps no KV, only a conv state per sequence in the engine's state pool (engine.state_pool.short_conv_kind)."""
+
+EXPERTS = ("lfm2moe",)
 
 DUMMY_WEIGHTS = False  # edgeserve.models.dummy draws Llama's names, not the short-conv layers'
 # llama.cpp's names of LFM2's tensors, by HF name (q / k / v projections keep Llama's; no Q/K permutation: LFM2 is
@@ -20,4 +23,5 @@ GGUF_LAYER = {
     "feed_forward.w1.weight": "ffn_gate.weight",
     "feed_forward.w3.weight": "ffn_up.weight",
     "feed_forward.w2.weight": "ffn_down.weight",
+    "feed_forward.expert_bias": "exp_probs_b.bias",  # LFM2-MoE: added to the router's sigmoids to choose experts
 }

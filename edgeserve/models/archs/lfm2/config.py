@@ -1,10 +1,13 @@
-"""ModelConfig for LFM2 (llama.cpp `lfm2`, HF `lfm2`).
+"""ModelConfig for LFM2 (llama.cpp `lfm2`, HF `lfm2`) and LFM2-MoE (llama.cpp `lfm2moe`, HF `lfm2_moe`).
 
 Layers are `conv` (a gated short convolution of kernel `conv_L_cache`, state [K - 1, hidden]) or `full_attention`:
 HF lists them in `layer_types` (older configs: `full_attn_idxs`); llama.cpp's converter writes a per-layer
 `attention.head_count_kv` with 0 for the conv layers. HF's `intermediate_size` (or `block_ff_dim`) is adjusted as
 the checkpoints' MLP was built (2/3 of it, times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`);
-the GGUF stores the adjusted width.
+the GGUF stores the adjusted width. LFM2-MoE's dense layers take `intermediate_size` as it is, its experts
+`moe_intermediate_size`; which layers are dense the weights say (a router or not), and the chosen experts' weights are
+always renormalized (llama.cpp writes no key for it). A `routed_scaling_factor` other than 1 (llama.cpp ignores it;
+no released checkpoint has one) is refused.
 """
 
 from __future__ import annotations
@@ -51,8 +54,21 @@ def _rope_theta(cfg: Mapping[str, Any]) -> float:
     return float(rp.get("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
 
 
+def _moe_from_hf(arch: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """LFM2-MoE's expert fields and its dense layers' width (empty for LFM2, whose width is adjusted)."""
+    if arch != "lfm2moe":
+        return dict(intermediate_size=feed_forward_width(cfg))
+    if float(cfg.get("routed_scaling_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"LFM2-MoE with routed_scaling_factor {cfg['routed_scaling_factor']} is not "
+                                    "supported")
+    return dict(intermediate_size=int(cfg["intermediate_size"]), num_experts=int(cfg["num_experts"]),
+                experts_per_token=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))
+
+
 def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
-    """An LFM2 ModelConfig from an HF config.json dict."""
+    """An LFM2 / LFM2-MoE ModelConfig from an HF config.json dict."""
     try:
         if cfg.get("conv_bias"):
             raise UnsupportedModelError("LFM2 with conv_bias is not supported (no released checkpoint has it)")
@@ -62,7 +78,6 @@ def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=feed_forward_width(cfg),
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -74,13 +89,15 @@ def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
             qk_norm=True,
             linear_layers=_conv_layers(layers, cfg),
             state_kind=short_conv_kind(int(cfg.get("conv_L_cache", 3)), hidden),
+            **_moe_from_hf(arch, cfg),
         )
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None
 
 
 def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
-    """An LFM2 ModelConfig from llama.cpp's `lfm2.*` metadata (per-layer KV heads, 0 on the conv layers)."""
+    """An LFM2 / LFM2-MoE ModelConfig from llama.cpp's `lfm2.*` / `lfm2moe.*` metadata (per-layer KV heads, 0 on
+    the conv layers)."""
     key = gguf_key(metadata, arch)
     layers, hidden = int(key("block_count")), int(key("embedding_length"))
     heads = int(key("attention.head_count"))
@@ -111,4 +128,16 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
         qk_norm=True,
         linear_layers=tuple(n == 0 for n in kv),
         state_kind=short_conv_kind(int(key("shortconv.l_cache")), hidden),
+        **_moe_from_gguf(arch, key),
     )
+
+
+def _moe_from_gguf(arch: str, key) -> dict[str, Any]:
+    """LFM2-MoE's expert fields from `lfm2moe.expert_*` (sigmoid gating is the only kind it has)."""
+    if arch != "lfm2moe":
+        return {}
+    gating = int(key("expert_gating_func", 2))
+    if gating != 2:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+        raise UnsupportedModelError(f"{arch} with expert gating function {gating} is not supported (sigmoid: 2)")
+    return dict(num_experts=int(key("expert_count")), experts_per_token=int(key("expert_used_count")),
+                moe_intermediate_size=int(key("expert_feed_forward_length")), norm_topk_prob=True)

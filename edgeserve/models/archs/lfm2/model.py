@@ -6,7 +6,9 @@ mixer is either
     depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's StatePool,
     `attn.states`), then out_proj; it keeps no KV, or
   - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
-The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down). The whole stack runs on the per-op path (no fused
+The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down), or (LFM2-MoE, after its leading dense layers) routed
+experts: the router's sigmoids, plus a per-expert bias, choose the top k; the chosen sigmoids, renormalized, weigh
+them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). The whole stack runs on the per-op path (no fused
 native plan yet).
 """
 
@@ -17,17 +19,39 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, rope_write_kv
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.kernels.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.gemma4 import load_table
+from edgeserve.models.archs.gemma4.model import load_table
 from edgeserve.models.llama import LlamaModel, load_matrix
 from edgeserve.models.moe import MoELayer
-from edgeserve.models.text_part import text_part
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights, text_part
+
+# HF per-expert projection names of LFM2-MoE, by the names edgeserve.models.moe_weights reads
+_EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+class Lfm2MoeWeights(RenamedWeights):
+    """An HF LFM2-MoE checkpoint's `feed_forward.*` expert tensors under the `mlp.*` names the shared MoE loader
+    reads (`mlp.gate.weight`, `mlp.experts.{j}.gate_proj.weight`, ...); other names as they are."""
+
+    def _name(self, name: str) -> str:
+        head, sep, tail = name.partition(".mlp.")
+        if not sep:
+            return name
+        parts = tail.split(".")
+        if len(parts) == 4 and parts[0] == "experts":  # experts.{j}.{proj}.weight
+            parts[2] = _EXPERT_NAMES.get(parts[2], parts[2])
+        return f"{head}.feed_forward." + ".".join(parts)
+
+    def blocks(self, name: str):
+        """GGUF block bytes (an HF source has none)."""
+        return None
 
 
 @dataclass
@@ -40,6 +64,7 @@ class Lfm2Layer:
     gate_up: LinearWeight | None
     down: LinearWeight | None
     moe: MoELayer | None = None
+    expert_bias: torch.Tensor | None = None  # LFM2-MoE: [E], added to the router's sigmoids to choose experts
     # attention
     qkv: LinearWeight | None = None
     qkv_bias: torch.Tensor | None = None
@@ -65,6 +90,8 @@ class Lfm2Model(LlamaModel):
         """Build the model from a weight source (an HF checkpoint's names or an lfm2 GGUF file's)."""
         dev, c = torch.device(device), config
         src = text_part(source)
+        if c.is_moe and getattr(source, "gguf", None) is None:
+            src = Lfm2MoeWeights(src)
 
         def norm(name: str) -> torch.Tensor:
             value = src.get(name, keep_int4=False)
@@ -77,9 +104,8 @@ class Lfm2Model(LlamaModel):
         layers, conv_index = [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            f = p + "feed_forward."
             layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
-                              gate_up=matrix([f + "w1.weight", f + "w3.weight"]), down=matrix([f + "w2.weight"]))
+                              **cls._feed_forward(c, src, i, matrix, norm, dev, dtype))
             if c.is_linear(i):
                 layer.conv_index, conv_index = conv_index, conv_index + 1
                 layer.in_proj = matrix([p + "conv.in_proj.weight"])
@@ -97,6 +123,18 @@ class Lfm2Model(LlamaModel):
             lm_head = matrix(["lm_head.weight"])
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
         return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, dev)
+
+    @staticmethod
+    def _feed_forward(c: ModelConfig, src, i: int, matrix, norm, dev: torch.device, dtype: torch.dtype) -> dict:
+        """Layer i's feed-forward fields: routed experts where the layer has a router (LFM2-MoE past its leading
+        dense layers), else the SwiGLU MLP."""
+        p = f"model.layers.{i}."
+        if c.is_moe and src.has(p + "mlp.gate.weight"):
+            bias = p + "feed_forward.expert_bias"
+            return dict(gate_up=None, down=None, moe=load_moe_layer(c, src, i, matrix, dev, dtype),
+                        expert_bias=norm(bias).reshape(-1) if src.has(bias) else None)
+        f = p + "feed_forward."
+        return dict(gate_up=matrix([f + "w1.weight", f + "w3.weight"]), down=matrix([f + "w2.weight"]))
 
     @staticmethod
     def _conv_weight(c: ModelConfig, conv: torch.Tensor, i: int) -> torch.Tensor:
@@ -160,6 +198,26 @@ class Lfm2Model(LlamaModel):
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
 
+    def mlp(self, layer: Lfm2Layer, h: torch.Tensor, prompt_rows: PromptRows | None,  # type: ignore[override]
+            lora=None, index: int = 0) -> torch.Tensor:
+        """The feed-forward of `layer` for its normed input h [T, hidden]: the SwiGLU MLP, or the routed experts."""
+        if layer.moe is None:
+            return super().mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
+        return layer.moe.mix(h, *self._route(layer, h))
+
+    def _route(self, layer: Lfm2Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], expert ids [T, k]): the top k of the router's sigmoids plus the expert bias,
+        weighed by their sigmoids, renormalized (as transformers' Lfm2MoeTopKRouter: sum + 1e-6)."""
+        moe = layer.moe
+        assert moe is not None
+        probs = torch.sigmoid(f32_row_linear(h, moe.router))
+        scores = probs if layer.expert_bias is None else probs + layer.expert_bias
+        experts = torch.topk(scores, moe.config.experts_per_token, dim=-1).indices
+        weights = probs.gather(1, experts)
+        if self.config.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+        return weights, experts
+
     def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
         """A float32 mixer output as out_proj takes it: as it is on the CPU (CPU matmuls cast their input), in the
         model's dtype elsewhere."""
@@ -167,5 +225,5 @@ class Lfm2Model(LlamaModel):
 
 
 def model_class(config: ModelConfig) -> type[Lfm2Model]:
-    """LFM2's decoder (per-op path only)."""
+    """LFM2's and LFM2-MoE's decoder (per-op path only)."""
     return Lfm2Model
