@@ -1,8 +1,8 @@
 """LFM2 (gated short-conv layers beside attention) through the engine: each conv layer's state lives in a seat of the
 state pool (the `short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy
 outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a
-conv-state snapshot; speculation rolls the conv state back. Logit parity of the GGUF and HF folder:
-test_converter_parity's `lfm2` case."""
+conv-state snapshot; speculation rolls the conv state back. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
+parity of the GGUF and HF folder: test_registered_architectures' `lfm2` and `lfm2moe` cases."""
 
 from __future__ import annotations
 
@@ -23,12 +23,16 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabulary)
 
 
+def make_checkpoint(name: str, default_model_path, tmp_path_factory):
+    """(transformers model, HF folder) of the converter-parity case `name`."""
+    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp(f"{name}-tokenizer"))
+    folder = tmp_path_factory.mktemp(name)
+    return build_checkpoint(BY_NAME[name], tok, folder), folder
+
+
 @pytest.fixture(scope="module")
 def checkpoint(default_model_path, tmp_path_factory):
-    """(transformers model, HF folder) of the converter-parity `lfm2` case."""
-    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp("lfm2-tokenizer"))
-    folder = tmp_path_factory.mktemp("lfm2")
-    return build_checkpoint(BY_NAME["lfm2"], tok, folder), folder
+    return make_checkpoint("lfm2", default_model_path, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +117,17 @@ def test_speculation_rolls_the_conv_state_back(llm: LLM, prefix_caching: bool) -
     stats = spec.engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
     assert_empty(spec)
+
+
+def test_lfm2_moe_greedy_equals_transformers_batched_or_alone(default_model_path, tmp_path_factory) -> None:
+    """LFM2-MoE: expert layers (sigmoid router, expert bias) after the dense ones, conv states in the pool."""
+    model, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
+    llm = LLM(str(folder), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+    assert llm.lm.config.architecture == "lfm2moe" and llm.engine.states.pool.spec.kind.name == "short_conv"
+    assert [layer.moe is not None for layer in llm.lm.model.layers] == [False, False, True, True, True]
+    ps = prompts(6, 27, 50, seed=11)
+    reference = [hf_greedy(model, p, 10) for p in ps]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == reference
+    assert [ids(llm.generate([p], params))[0] for p in ps] == reference
+    assert_empty(llm)
