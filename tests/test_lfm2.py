@@ -131,3 +131,30 @@ def test_lfm2_moe_greedy_equals_transformers_batched_or_alone(default_model_path
     assert ids(llm.generate(ps, params)) == reference
     assert [ids(llm.generate([p], params))[0] for p in ps] == reference
     assert_empty(llm)
+
+
+def test_a_conversation_resumes_after_a_restart_from_the_disk_tier(checkpoint, llm: LLM, tmp_path) -> None:
+    """LFM2's conv-state snapshots go to the disk tier beside their blocks (as `short_conv` records) and come back
+    after a restart: the next turn computes only its new tokens, with the cold run's output."""
+    from edgeserve.offload.disk_tier import STATE_SUFFIX
+
+    def served() -> LLM:
+        return LLM(str(checkpoint[1]), dtype="float32", device="cpu", kv_cache_gb=0.01, kv_offload="cpu,disk",
+                   disk_kv_path=str(tmp_path))
+
+    first = prompts(45, seed=21)[0]
+    a = served()
+    reply = ids(a.generate([first], GREEDY))[0]
+    assert reply == ids(llm.generate([first], GREEDY))[0]
+    a.close()
+    assert len(list(tmp_path.rglob(f"*{STATE_SUFFIX}"))) == 2  # the prompt's and the latest snapshot
+    second = first + reply + prompts(9, seed=22)[0]
+    b = served()
+    before = b.engine.stats()
+    out = ids(b.generate([second], GREEDY))[0]
+    after = b.engine.stats()
+    assert after.prompt_tokens_from_states - before.prompt_tokens_from_states == 48
+    assert after.prompt_tokens_computed - before.prompt_tokens_computed == len(second) - 48
+    assert out == ids(llm.generate([second], GREEDY))[0]
+    assert after.offload.state_disk_hits == 1
+    b.close()
