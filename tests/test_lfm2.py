@@ -158,3 +158,24 @@ def test_a_conversation_resumes_after_a_restart_from_the_disk_tier(checkpoint, l
     assert out == ids(llm.generate([second], GREEDY))[0]
     assert after.offload.state_disk_hits == 1
     b.close()
+
+
+def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
+    """A budget of a few blocks: sequences are preempted (their seats given back) and recomputed to the same
+    outputs; with the host tier, swapped out and back instead (every prompt token computed once)."""
+    from edgeserve.engine.kv_cache import kv_bytes_per_token
+
+    ps = prompts(20, 26, 31, 17, seed=31)
+    alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
+    per = llm.engine.states.budget.bytes_per_slot
+    budget = 8 * per + 9 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 9 blocks
+    small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
+    assert ids(small.generate(ps, GREEDY)) == alone
+    assert small.engine.stats().num_preemptions > 0
+    assert_empty(small)
+    swapping = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
+                              kv_offload="cpu", cpu_kv_gb=0.01)
+    assert ids(swapping.generate(ps, GREEDY)) == alone
+    stats = swapping.engine.stats()
+    assert stats.offload.swap_outs > 0 and stats.offload.swap_ins == stats.offload.swap_outs
+    assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
