@@ -26,6 +26,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
         raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
                          f"[{t}, {c}]")
+    if batch.max_len == 1 and t == batch.lens.numel():
+        y = _one_token_each(x, weight, conv_state, batch.slots.long())
+    else:
+        y = _ragged(x, weight, conv_state, batch)
+    return y if bias is None else y + bias.float()
+
+
+def _ragged(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: "DeltaBatch") -> torch.Tensor:
+    """causal_conv1d over any ragged batch: each sequence's rows padded to the longest."""
+    c, k = x.shape[1], weight.shape[1]
     seq, pos, lens, length, slots = batch.seq, batch.pos, batch.lens, batch.max_len, batch.slots.long()
     # each sequence's window: its K - 1 stored inputs, then its new ones
     rows = x.new_zeros(lens.numel(), length, c, dtype=torch.float32)
@@ -36,8 +46,20 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     if k > 1:  # the last K - 1 inputs sit at window rows len .. len + K - 2
         last = lens[:, None] + torch.arange(k - 1, device=lens.device)
         conv_state[slots] = torch.gather(window, 1, last[:, :, None].expand(-1, -1, c)).to(conv_state.dtype)
-    y = out[seq, pos]
-    return y if bias is None else y + bias.float()
+    return out[seq, pos]
+
+
+def _one_token_each(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                    slots: torch.Tensor) -> torch.Tensor:
+    """causal_conv1d of a decode step (sequence i owns row i alone): the same products summed in the same order as
+    `_ragged`, without the padding."""
+    k = weight.shape[1]
+    window = torch.cat([conv_state[slots].float(), x.float()[:, None]], dim=1)  # [B, K, C]
+    w = weight.float()
+    out = sum(window[:, j] * w[:, j] for j in range(k))
+    if k > 1:
+        conv_state[slots] = window[:, 1:].to(conv_state.dtype)
+    return out
 
 
 def gated_short_conv(bcx: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: "DeltaBatch",
