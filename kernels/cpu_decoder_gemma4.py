@@ -50,8 +50,8 @@ def _layers_fit(model) -> bool:
 
 
 def build_gemma4(model) -> NativeDecoder | None:
-    """The fused plan for a Gemma4Model (models.archs.gemma4), or None where it does not fit the native stack (weights not
-    in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
+    """The fused plan for a Gemma4Model (models.archs.gemma4), or None where it does not fit the native stack (weights
+    not in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
     if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in _FLOATS:

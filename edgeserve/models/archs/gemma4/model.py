@@ -333,3 +333,39 @@ class Gemma4Model(LlamaModel):
 def model_class(config: ModelConfig) -> type[Gemma4Model]:
     """Gemma 4's block (edgeserve.models.registry's hook; its native plan: kernels.cpu_decoder_gemma4)."""
     return Gemma4Model
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a dense Gemma 4's tensors, for random weights (edgeserve.models.dummy): each
+    layer's own head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the
+    per-layer inputs. The experts of the 26B-A4B size have none yet (refused by name)."""
+    from edgeserve.errors import ModelLoadError
+
+    c, h = config, config.hidden_size
+    if c.is_moe:
+        raise ModelLoadError("--load-format dummy has no random weights for Gemma 4's experts yet")
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    ple = c.per_layer_input_size
+    if ple:
+        shapes.update({"model.embed_tokens_per_layer.weight": (c.vocab_size, c.num_layers * ple),
+                       "model.per_layer_model_projection.weight": (c.num_layers * ple, h),
+                       "model.per_layer_projection_norm.weight": (ple,)})
+    for i in range(c.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        d, q, kv = c.layer_head_dim(i), c.num_heads * c.layer_head_dim(i), c.layer_kv_heads(i) * c.layer_head_dim(i)
+        ffn = c.layer_intermediate[i] if c.layer_intermediate else c.intermediate_size
+        shapes.update({a + "q_proj.weight": (q, h), a + "q_norm.weight": (d,), a + "o_proj.weight": (h, q),
+                       p + "mlp.gate_proj.weight": (ffn, h), p + "mlp.up_proj.weight": (ffn, h),
+                       p + "mlp.down_proj.weight": (h, ffn)})
+        shapes.update({p + n: (h,) for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                             "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")})
+        if c.kv_source(i) == i:
+            shapes.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
+            if not (c.global_k_eq_v and c.is_global(i)):
+                shapes[a + "v_proj.weight"] = (kv, h)
+        if ple:
+            shapes.update({p + "per_layer_input_gate.weight": (ple, h), p + "per_layer_projection.weight": (h, ple),
+                           p + "post_per_layer_input_norm.weight": (h,)})
+    return shapes

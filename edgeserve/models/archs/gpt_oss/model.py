@@ -210,5 +210,16 @@ class GptOssModel(LlamaModel):
 
 
 def model_class(config: ModelConfig) -> type[GptOssModel]:
-    """gpt-oss's decoder (edgeserve.models.registry's hook; DummyWeights draws its HF names too)."""
+    """gpt-oss's decoder (edgeserve.models.registry's hook)."""
     return GptOssModel
+
+
+def dummy_layer_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of a layer's tensors beyond q/k/v/o and the norms, under HF gpt_oss's names and layouts, for
+    random weights (edgeserve.models.dummy): router, fused experts with biases, o_proj's bias, the sinks."""
+    c, p = config, prefix
+    e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
+    return {p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,), p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
+            p + "mlp.experts.gate_up_proj_bias": (e, 2 * f), p + "mlp.experts.down_proj": (e, f, h),
+            p + "mlp.experts.down_proj_bias": (e, h), p + "self_attn.o_proj.bias": (h,),
+            p + "self_attn.sinks": (c.num_heads,)}

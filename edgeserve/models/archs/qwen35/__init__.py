@@ -2,7 +2,6 @@
 are): Gated DeltaNet layers with a recurrent state beside gated full attention."""
 
 EXPERTS = ("qwen35moe",)
-DUMMY_WEIGHTS = False  # edgeserve.models.dummy draws Llama's names, not the DeltaNet layers'
 # the Gated DeltaNet layers' tensors; `linear_attn.ssm_a` is llama.cpp's -exp(A_log) (edgeserve.models.qwen35 turns it
 # back)
 GGUF_LAYER = {
