@@ -263,3 +263,34 @@ def test_the_server_resumes_a_conversation_after_keep_alive_unloads_the_model(gg
     # text is re-tokenized, so the first turn's later snapshot need not match)
     assert served_states == (one["prompt_eval_count"] - 1) // BS * BS == 48
     assert two["prompt_eval_count"] > one["prompt_eval_count"] + 12
+
+
+def test_a_damaged_block_under_a_good_state_is_recomputed_identically(gguf_path: Path, cold: LLM,
+                                                                       tmp_path: Path) -> None:
+    """The state after block 3 is whole but block 2's KV file is not: the hit cannot reach the state, so the engine
+    looks again from the blocks that did come back (none of which has a state) and recomputes."""
+    from edgeserve.engine.kv_blocks import block_hash
+
+    first = tokens(45, seed=50)
+    a = served(gguf_path, tmp_path)
+    reply, _, _ = run(a, first)
+    a.close()
+    disk = a.engine.offload.tiers.disk
+    conversation = first + reply
+    parent, paths = b"", []
+    for i in range(3):
+        parent = block_hash(parent, conversation[i * BS:(i + 1) * BS])
+        paths.append(disk.path(parent))
+    assert all(p.exists() for p in paths) and disk.state_path(parent).exists()
+    data = bytearray(paths[1].read_bytes())
+    data[-3] ^= 0x10
+    paths[1].write_bytes(bytes(data))
+    second = conversation + tokens(9, seed=51)
+    b = served(gguf_path, tmp_path)
+    out, computed, from_states = run(b, second)
+    assert out == cold_out(cold, second)
+    assert from_states == 0 and computed == len(second)
+    s = b.engine.stats().offload
+    assert s.corrupt_blocks == 1 and s.state_disk_hits == 1  # the state was read, then found unusable
+    b.engine.states.check()
+    b.engine.scheduler.block_manager.check_integrity()

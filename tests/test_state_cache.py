@@ -107,7 +107,7 @@ def test_backups_put_a_seat_back_and_go_with_it() -> None:
 
 
 def test_snapshot_points_are_before_each_turn_and_at_the_prompts_last_full_block() -> None:
-    from edgeserve.engine.snapshot_points import MAX_PROMPT_POINTS, prompt_snapshot_points
+    from edgeserve.engine.snapshot_points import LADDER_TOKENS, MAX_PROMPT_POINTS, prompt_snapshot_points
 
     im = 1  # a turn-start token
     prompt = [im] + [5] * 20 + [im] + [6] * 30 + [im] + [7] * 3  # turns start at 0, 21 and 52; 56 tokens
@@ -117,6 +117,9 @@ def test_snapshot_points_are_before_each_turn_and_at_the_prompts_last_full_block
     many = ([im] + [5] * 15) * 20
     points = prompt_snapshot_points(many, len(many), 16, frozenset({im}))
     assert len(points) == MAX_PROMPT_POINTS and points[-1] == len(many) - 16  # the last ones
+    long = [5] * (2 * LADDER_TOKENS + 100)  # one long message: a rung every LADDER_TOKENS, and the last block
+    assert prompt_snapshot_points(long, len(long), 16, frozenset({im})) == (LADDER_TOKENS, 2 * LADDER_TOKENS,
+                                                                             (len(long) - 1) // 16 * 16)
 
 
 def test_room_is_made_by_letting_go_of_the_snapshot_that_saves_the_fewest_tokens() -> None:

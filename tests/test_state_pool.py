@@ -163,3 +163,14 @@ def test_per_tensor_dtypes_count_in_bytes_and_format():
     assert "conv:2x4:bfloat16" in spec.format
     with pytest.raises(ValueError):
         LayerStateKind("dup", (StateTensor("a", (1,)), StateTensor("a", (2,))))
+
+
+def test_a_hybrid_configs_spec_and_a_plain_one_refused():
+    from types import SimpleNamespace
+
+    from edgeserve.engine.state_pool import state_spec_for
+
+    hybrid = SimpleNamespace(is_hybrid=True, num_linear_layers=3, delta=DIMS, architecture="qwen35")
+    assert state_spec_for(hybrid) == StateSpec(3, DIMS)
+    with pytest.raises(ValueError, match="no state layers"):
+        state_spec_for(SimpleNamespace(is_hybrid=False, architecture="llama"))

@@ -47,7 +47,7 @@ from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
 from .snapshot_points import turn_marker_ids
 from .state_cache import StateSlots
-from .state_pool import StateSpec
+from .state_pool import state_spec_for
 from .spec import Speculator
 
 log = logging.getLogger("edgeserve.engine")
@@ -99,7 +99,7 @@ class EngineCore:
             raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
                              "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
         # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
-        self.states = StateSlots(StateSpec(lm.config.num_linear_layers, lm.config.layer_state), state_budget,
+        self.states = StateSlots(state_spec_for(lm.config), state_budget,
                                  model.device) if state_budget is not None else None
         # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes (and a hybrid's state snapshots)
         # move down, swaps go there

@@ -263,9 +263,9 @@ def warmup_peak_bytes(model, config: ModelConfig, num_tokens: int, num_rows: int
     positions = torch.arange(num_tokens, dtype=torch.long, device=dev)
     states = None
     if config.is_hybrid:  # one throwaway recurrent state for the warm-up sequence
-        from .state_pool import StatePool, StateSpec, StepStates
+        from .state_pool import StatePool, StepStates, state_spec_for
 
-        one = StatePool(StateSpec(config.num_linear_layers, config.layer_state), 1, dev)
+        one = StatePool(state_spec_for(config), 1, dev)
         states = StepStates.build(one, torch.tensor([0, num_tokens], device=dev), torch.tensor([one.allocate()],
                                                                                                device=dev))
     hidden = forward_batch(model, pool, ids, positions, [num_tokens], [num_tokens], [list(range(num_blocks))],
@@ -329,9 +329,9 @@ def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None", KVBudget
     states = None
     if lm.config.is_hybrid:
         from .state_cache import state_budget
-        from .state_pool import StateSpec
+        from .state_pool import state_spec_for
 
-        states = state_budget(StateSpec(lm.config.num_linear_layers, lm.config.layer_state), budget, config.max_num_seqs,
+        states = state_budget(state_spec_for(lm.config), budget, config.max_num_seqs,
                               config.enable_prefix_caching, speculative=config.speculative is not None)
         budget -= states.nbytes
     fmt = engine_kv_format(lm, config)

@@ -7,7 +7,8 @@ a cached prefix is not enough to resume a hybrid: the recurrent state at the pre
 step that leaves a sequence's computed tokens at a block boundary whose block is now cached (hashed), the sequence's
 state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshots at its prompt's
 snapshot points (engine.snapshot_points: before each chat turn, so a rewritten later turn still resumes after the
-turns before it, and the prompt's last full block: the same prompt again) and its latest one (a multi-turn chat's
+turns before it, a rung every few thousand tokens of a long prompt, and the prompt's last full block: the same
+prompt again) and its latest one (a multi-turn chat's
 next turn starts with this turn's tokens), older ones go back. A prefix hit is cut to the deepest hit block that has
 a snapshot, whose state is then copied into the new sequence's seat; snapshots are evicted with their blocks, and
 when the snapshot slots run out the one that saves the fewest tokens among the least recently used goes. Seats and
@@ -293,3 +294,4 @@ class StateSlots:
             s.backup for s in self._seats.values() if s.backup is not None]
         assert len(set(used)) == len(used) == self.pool.num_used, "state slots lost or shared"
         assert len(self._seats) <= self.budget.seats and len(self._snapshots) <= self.budget.snapshots
+        assert set(self._depth) <= set(self._snapshots), "a value kept for a snapshot that is gone"
