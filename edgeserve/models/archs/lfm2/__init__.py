@@ -4,8 +4,8 @@ layer (LFM2-MoE: after its leading dense layers, experts routed by a sigmoid, ch
 layer keeps no KV, only a conv state per sequence in the engine's state pool (engine.state_pool.short_conv_kind)."""
 
 EXPERTS = ("lfm2moe",)
+# random weights (--load-format dummy): model.dummy_shapes
 
-DUMMY_WEIGHTS = False  # edgeserve.models.dummy draws Llama's names, not the short-conv layers'
 # llama.cpp's names of LFM2's tensors, by HF name (q / k / v projections keep Llama's; no Q/K permutation: LFM2 is
 # a NeoX-RoPE model)
 GGUF_TOP = {

@@ -227,3 +227,35 @@ class Lfm2Model(LlamaModel):
 def model_class(config: ModelConfig) -> type[Lfm2Model]:
     """LFM2's and LFM2-MoE's decoder (per-op path only)."""
     return Lfm2Model
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of an LFM2 model's tensors, for random weights (edgeserve.models.dummy): short-conv
+    and attention layers, the SwiGLU MLP, or (LFM2-MoE) experts on every layer (the leading dense layers' count is
+    not in the config) in transformers' fused layout."""
+    c, h = config, config.hidden_size
+    kernel = c.layer_state.tensors[0].shape[0] + 1
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
+                                          "model.embedding_norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        f = p + "feed_forward."
+        shapes.update({p + "operator_norm.weight": (h,), p + "ffn_norm.weight": (h,)})
+        if c.is_moe:
+            e, m = c.num_experts, c.moe_intermediate_size
+            shapes.update({f + "gate.weight": (e, h), f + "expert_bias": (e,),
+                           f + "experts.gate_up_proj": (e, 2 * m, h), f + "experts.down_proj": (e, h, m)})
+        else:
+            w = c.intermediate_size
+            shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
+        if c.is_linear(i):
+            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
+                           p + "conv.out_proj.weight": (h, h)})
+        else:
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
+                           a + "v_proj.weight": (c.kv_size, h), a + "out_proj.weight": (h, c.q_size),
+                           a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
+    return shapes
