@@ -179,3 +179,22 @@ def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
     stats = swapping.engine.stats()
     assert stats.offload.swap_outs > 0 and stats.offload.swap_ins == stats.offload.swap_outs
     assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
+
+
+def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_path_factory) -> None:
+    """llama.cpp's Q8_0 conversion served at the default dtype: the experts stay in block format on the one-call
+    native MoE layer (taking LFM2-MoE's own routing), and outputs are the same batched or alone."""
+    from converter_parity import convert, load_ours
+
+    from edgeserve.kernels import cpu_native
+
+    if not cpu_native.available():
+        pytest.skip("the native CPU kernels are not built here")
+    _, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
+    lm = load_ours(convert(folder, folder.parent / "lfm2moe.q8_0.gguf", outtype="q8_0"), dtype="auto")
+    assert lm.model.dtype == torch.bfloat16 and lm.model.layers[2].moe.native() is not None
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    ps = prompts(7, 19, 33, seed=41)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
+    assert_empty(llm)
