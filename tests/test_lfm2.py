@@ -198,3 +198,43 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
     assert_empty(llm)
+
+
+def test_served_chat_with_lfm2s_template_returns_a_forced_call(checkpoint, tmp_path) -> None:
+    """The tiny model served with LFM2.5-Instruct's real template: a required call comes back as an OpenAI tool call
+    (the pythonic block made by the format's grammar and read back), and the next turn, with the call and its
+    result in the history, answers."""
+    import json
+    import shutil
+
+    import httpx
+
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.server import ServerConfig
+    from llama_cpp_source import llama_cpp_dir
+    from server_helpers import serve
+
+    folder = tmp_path / "lfm2-chat"
+    shutil.copytree(checkpoint[1], folder)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = (llama_cpp_dir() / "models" / "templates" / "LFM2.5-Instruct.jinja").read_text()
+    cfg_path.write_text(json.dumps(cfg))
+    tool = {"type": "function", "function": {"name": "set_units", "parameters": {
+        "type": "object", "properties": {"metric": {"type": "boolean"}}, "required": ["metric"]}}}
+    ask = [{"role": "user", "content": "Use metric units."}]
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(folder),), dtype="float32",
+                            keep_alive=None)) as s:
+        body = {"model": "lfm2-chat", "messages": ask, "tools": [tool], "tool_choice": "required", "max_tokens": 64}
+        r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "set_units"
+        assert isinstance(json.loads(call["function"]["arguments"])["metric"], bool)
+        history = ask + [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "ok"}]
+        r = httpx.post(s.url + "/v1/chat/completions", json={"model": "lfm2-chat", "messages": history,
+                                                              "tools": [tool], "max_tokens": 4}, timeout=300)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 0
