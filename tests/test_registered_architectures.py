@@ -1,7 +1,7 @@
 """Every architecture in edgeserve.models.registry, one parametrized run each (issue 48): it has a converter-parity
-case (tests/converter_cases.py; an architecture registered without one fails here), loads with `--load-format
-dummy` (or is refused by name where its package declares no random weights), and matches transformers' float32
-logits through a GGUF made by llama.cpp's own converter and through its HF folder."""
+case (tests/converter_cases.py; an architecture registered without one fails here), each of its cases loads with
+`--load-format dummy` (or is refused by name where its package declares no random weights), and matches
+transformers' float32 logits through a GGUF made by llama.cpp's own converter and through its HF folder."""
 
 from __future__ import annotations
 
@@ -37,21 +37,21 @@ def test_has_a_converter_case(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", registry.names())
 def test_loads_with_dummy_weights(arch: str, tmp_path: Path) -> None:
-    """Random weights of the first case's config.json shape run a prompt and decode steps to finite logits."""
+    """Random weights of each case's config.json shape run a prompt and decode steps to finite logits."""
     from edgeserve.models.load import load_model
     from edgeserve.registry.resolve import resolve
 
-    case = cases_for(arch)[0]
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(case.config(DUMMY_VOCAB).to_dict()))
-    if not registry.architecture(arch).declared("DUMMY_WEIGHTS", True):
-        with pytest.raises(ModelLoadError, match="no random weights"):
-            load_model(resolve(str(path)), dtype="float32", load_format="dummy")
-        pytest.xfail(f"{arch}'s package declares no random weights (DUMMY_WEIGHTS = False)")
-    loaded = load_model(resolve(str(path)), dtype="float32", load_format="dummy")
-    assert loaded.config.architecture == arch
-    logits = our_logits(loaded.model)
-    assert logits.shape == (len(IDS), loaded.config.vocab_size) and torch.isfinite(logits).all()
+    for case in cases_for(arch) or pytest.fail(f"{arch!r} has no converter case"):
+        path = tmp_path / f"{case.name}.json"
+        path.write_text(json.dumps(case.config(DUMMY_VOCAB).to_dict()))
+        if not registry.architecture(arch).declared("DUMMY_WEIGHTS", True):
+            with pytest.raises(ModelLoadError, match="no random weights"):
+                load_model(resolve(str(path)), dtype="float32", load_format="dummy")
+            pytest.xfail(f"{arch}'s package declares no random weights (DUMMY_WEIGHTS = False)")
+        loaded = load_model(resolve(str(path)), dtype="float32", load_format="dummy")
+        assert loaded.config.architecture == arch, case.name
+        logits = our_logits(loaded.model)
+        assert logits.shape == (len(IDS), loaded.config.vocab_size) and torch.isfinite(logits).all(), case.name
 
 
 @pytest.mark.parametrize("arch", registry.names())

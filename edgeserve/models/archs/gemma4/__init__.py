@@ -1,7 +1,7 @@
 """Gemma 4 (model.py, config.py here): sliding and global layers with their own head sizes, proportional RoPE,
 per-layer embeddings, shared-KV layers, a per-layer output scale, and (26B-A4B) routed experts beside the MLP."""
 
-# random weights: model.dummy_shapes (dense sizes; the 26B-A4B's experts are refused by name)
+# random weights: model.dummy_shapes (its names are not Llama's)
 # llama.cpp's names of its sandwich norms, per-layer embeddings and output scale, by HF name
 GGUF_TOP = {
     "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",

@@ -336,14 +336,10 @@ def model_class(config: ModelConfig) -> type[Gemma4Model]:
 
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The HF names and shapes of a dense Gemma 4's tensors, for random weights (edgeserve.models.dummy): each
-    layer's own head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the
-    per-layer inputs. The experts of the 26B-A4B size have none yet (refused by name)."""
-    from edgeserve.errors import ModelLoadError
-
+    """The HF names and shapes of Gemma 4's tensors, for random weights (edgeserve.models.dummy): each layer's own
+    head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the per-layer inputs,
+    and the 26B-A4B's experts beside the MLP."""
     c, h = config, config.hidden_size
-    if c.is_moe:
-        raise ModelLoadError("--load-format dummy has no random weights for Gemma 4's experts yet")
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, h)
@@ -368,4 +364,17 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if ple:
             shapes.update({p + "per_layer_input_gate.weight": (ple, h), p + "per_layer_projection.weight": (h, ple),
                            p + "post_per_layer_input_norm.weight": (h,)})
+        if c.is_moe:
+            shapes.update(_dummy_expert_shapes(c, p))
+    return shapes
+
+
+def _dummy_expert_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A 26B-A4B layer's experts, router and their norms under HF names."""
+    e, f, h, p = config.num_experts, config.moe_intermediate_size, config.hidden_size, prefix
+    shapes: dict[str, tuple[int, ...]] = {p + "experts.gate_up_proj": (e, 2 * f, h), p + "experts.down_proj": (e, h, f),
+                                          p + "router.proj.weight": (e, h), p + "router.scale": (h,),
+                                          p + "router.per_expert_scale": (e,)}
+    shapes.update({p + n: (h,) for n in ("pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                                         "post_feedforward_layernorm_2.weight")})
     return shapes
