@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .short_conv import causal_conv1d
+
 L2_EPS = 1e-6  # transformers' l2norm: x / sqrt(sum(x^2) + eps)
 
 
@@ -144,21 +146,7 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.
                        batch: DeltaBatch) -> torch.Tensor:
     """SiLU of the causal depthwise convolution of x [T, C] with weight [C, K] (no bias), each sequence continuing
     from the K - 1 inputs in its conv state; writes each sequence's last K - 1 inputs back. Returns float32 [T, C]."""
-    t, c = x.shape
-    k = weight.shape[1]
-    batch.check_fits(t, conv_state.shape[0])
-    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
-        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
-                         f"[{t}, {c}]")
-    seq, pos, lens, length, slots = batch.seq, batch.pos, batch.lens, batch.max_len, batch.slots.long()
-    # each sequence's window: its K - 1 stored inputs, then its new ones
-    window = torch.cat([conv_state[slots].float(), _pad(x.float(), seq, pos, lens.numel(), length)], dim=1)
-    w = weight.float()
-    out = sum(window[:, j:j + length] * w[:, j] for j in range(k))  # [B, L, C]
-    if k > 1:  # the last K - 1 inputs sit at window rows len .. len + K - 2
-        last = lens[:, None] + torch.arange(k - 1, device=lens.device)
-        conv_state[slots] = torch.gather(window, 1, last[:, :, None].expand(-1, -1, c)).to(conv_state.dtype)
-    return F.silu(out[seq, pos])
+    return F.silu(causal_conv1d(x, weight, conv_state, batch))
 
 
 # --- the gated delta rule ------------------------------------------------------------------------------------

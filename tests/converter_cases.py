@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from converter_parity import Case
+from converter_parity import Case, spread
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -42,6 +42,18 @@ GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16,
 # the VL models' vision towers, as small as their configs allow (the GGUF holds the text model only)
 QWEN_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                       temporal_patch_size=2, spatial_merge_size=2)
+# LFM2's pattern of the real 1.2B (attention every few layers, conv first), its MLP-width adjustment at work
+# (their configs name the norms' epsilon `norm_eps` only, as the real ones)
+LFM2_SMALL = {k: v for k, v in SMALL.items() if k != "rms_norm_eps"} | dict(tie_word_embeddings=True)
+LFM2 = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
+            layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=144, block_multiple_of=32,
+            block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+# LFM2-8B-A1B's layout: leading dense layers, then experts (sigmoid router, expert bias), conv and attention mixed
+LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
+                layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=96, moe_intermediate_size=32,
+                num_dense_layers=2, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
+                norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -57,6 +69,15 @@ def gemma4_init(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
+
+
+def lfm2moe_init(model) -> None:
+    """`spread`, and expert biases far enough from 0 to change which experts a token gets."""
+    spread(model)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.normal_(0.0, 0.3)
 
 
 def gpt_oss_init(model) -> None:
@@ -123,5 +144,7 @@ CASES = [
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
         vision_config=dict(QWEN_VL_VISION, fullatt_block_indexes=[0], window_size=16), tie_word_embeddings=False),
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
+    Case("lfm2", lambda v: t.Lfm2Config(**LFM2, vocab_size=v), "lfm2"),
+    Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
 ]
 BY_NAME = {c.name: c for c in CASES}

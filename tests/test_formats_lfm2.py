@@ -279,3 +279,44 @@ def test_random_walks_through_the_grammar_read_back(tok):
         assert all(isinstance(json.loads(call.arguments), dict) for call in calls)
         read += 1
     assert read >= 8, read
+
+
+# --- calls in the history --------------------------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+ODD_ARGS = {"city": 'Paris "Left" Bank\n\u00e9', "days": 2, "metric": True, "alt": None, "opts": {"u": [1, False]}}
+# LFM2.5-8B-A1B's template writes strings between single quotes as they are: no line break or ' in them
+TEMPLATE_ARGS = {**ODD_ARGS, "city": 'Paris "Left" Bank \u00e9'}
+
+
+@pytest.mark.parametrize("name", LFM)
+def test_a_tool_conversation_renders_the_calls_the_model_made(name):
+    """Each real template (two of which never render `tool_calls`) shows the earlier call once, in the models' own
+    block, which reads back as the same call, then the tool's result."""
+    from edgeserve.loaders.chat_template import ChatTemplate
+    from edgeserve.server.api.openai import parse_chat_request
+    from edgeserve.server.chat_setup import chat_setup
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                           "arguments": json.dumps(TEMPLATE_ARGS)}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18 C"}]
+    body = {"model": "m", "messages": messages, "tools": [WEATHER_TOOL]}
+    prompt = chat_setup(parse_chat_request(body, 4), ChatTemplate(_template(name))).prompt
+    turn = prompt.split("<|im_start|>assistant\n")[1]
+    assert turn.count(CALL_START) == 1 and turn.startswith(CALL_START), turn
+    rest, calls = parse_calls(turn[:turn.index("<|im_end|>")], _ctx([WEATHER_TOOL]))
+    assert rest == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", TEMPLATE_ARGS)]
+    assert "18 C" in prompt.split("<|im_start|>tool\n")[1] and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_history_calls_follow_the_content_and_read_back():
+    from edgeserve.text.formats.lfm2 import write_calls
+
+    calls = [{"function": {"name": "a.b", "arguments": ODD_ARGS}}, {"function": {"name": "c", "arguments": {}}}]
+    text = write_calls(calls)
+    assert text.startswith(CALL_START + '[a.b(city="Paris \\"Left\\" Bank\\n\u00e9", days=2, metric=True, alt=None')
+    _, read = parse_calls(text, CallContext({"a.b", "c"}, {}))
+    assert [(c.name, json.loads(c.arguments)) for c in read] == [("a.b", ODD_ARGS), ("c", {})]

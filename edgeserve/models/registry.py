@@ -71,6 +71,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")),
     Architecture("qwen35moe", "qwen35", ("qwen35moe", "qwen3_5_moe", "qwen3_5_moe_text"),
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")),
+    Architecture("lfm2", "lfm2", ("lfm2",), ("Lfm2ForCausalLM", "LFM2ForCausalLM")),
+    Architecture("lfm2moe", "lfm2", ("lfm2_moe", "lfm2moe"), ("Lfm2MoeForCausalLM",)),
 )
 # HF model types that wrap another architecture's text model in `text_config` (SmolVLM: a Llama inside)
 HF_WRAPPERS = ("idefics3", "smolvlm")

@@ -153,7 +153,7 @@ def chat_setup(req: GenerationRequest, template: ChatTemplate, tool_format: str 
     object_arguments = not _has_calls(req.messages) or template.accepts_object_arguments()
     messages = messages_for_template(req.messages or [], tools, source, system_role=system_role,
                                      tools_prompt=fmt.tools_prompt, native=knows_tools,
-                                     object_arguments=object_arguments)
+                                     object_arguments=object_arguments, history_calls=fmt.history_calls)
     tags = format_reasoning_tags(fmt.reasoning, source)
     if kind is not None:
         prompt = render_continuation(template, messages, kind, tags[0] if tags else None, **kwargs)

@@ -48,7 +48,8 @@ def tools_system_prompt(tools: list[dict]) -> str:
 def messages_for_template(messages: list[dict[str, Any]], tools: list[dict] | None, template_source: str,
                           system_role: bool = True,
                           tools_prompt: Callable[[list[dict]], str] | None = None,
-                          native: bool = False, object_arguments: bool = True) -> list[dict[str, Any]]:
+                          native: bool = False, object_arguments: bool = True,
+                          history_calls: Callable[[list[dict]], str] | None = None) -> list[dict[str, Any]]:
     """Messages as the template should see them. A template that knows tools gets them as they are (assistant
     `tool_calls` with arguments as objects, as HF templates expect). For one that does not: the tools go into the
     system prompt (into the first user message when the template refuses a system role: `system_role` false),
@@ -56,7 +57,9 @@ def messages_for_template(messages: list[dict[str, Any]], tools: list[dict] | No
     one user message, so roles still alternate). A template that writes calls natively but lists no tools (its
     format's `tools_prompt`) gets the messages as they are and that prompt's tools block; so does one that gets the
     tools under another name (`native`: firefunction v2's `functions`), without the block. `object_arguments`
-    false: the template concatenates call arguments as text (functionary v3.2), so they stay JSON text."""
+    false: the template concatenates call arguments as text (functionary v3.2), so they stay JSON text.
+    `history_calls`: the format's writer of calls as its model writes them, used where the template never renders
+    `tool_calls` (LFM2's): an assistant message's calls become that text after its content."""
     native = native or template_knows_tools(template_source)
     if native or tools_prompt is not None:
         out = []
@@ -64,6 +67,9 @@ def messages_for_template(messages: list[dict[str, Any]], tools: list[dict] | No
             if m.get("tool_calls"):
                 m = {**m, "tool_calls": [_with_object_arguments(c) if object_arguments else _with_text_arguments(c)
                                          for c in m["tool_calls"]]}
+                if history_calls is not None and "tool_calls" not in template_source:
+                    calls = [_with_object_arguments(c) for c in m.pop("tool_calls")]
+                    m["content"] = _text(m.get("content")) + history_calls(calls)
             out.append(m)
         if tools_prompt is not None and tools and not native:
             return _with_tools_block(out, tools_prompt(tools), system_role)

@@ -100,3 +100,7 @@ class ChatFormat:
     # variables the template reads besides `tools`, from the request's tools (None without): firefunction v2's
     # `functions` and `datetime`, which its model card has callers pass; a format with them writes calls natively
     template_vars: Callable[[list[dict] | None], dict[str, Any]] | None = None
+    # an assistant message's calls (arguments as objects) as the model writes them, for a template that lists the
+    # tools but never renders `tool_calls` (LFM2's, LFM2.5-Instruct's): history calls go into the content as this
+    # text; None: the template renders them (or the generic rewrite applies)
+    history_calls: Callable[[list[dict]], str] | None = None

@@ -14,7 +14,9 @@ LFM2.5-8B-A1B thinks in `<think>...</think>` before the answer (the generic rule
 templates write into the system prompt (`<|tool_list_start|>` in LFM2's, `List of tools: [` in LFM2.5's) or by
 the call token itself. Forced calls (`forced`) are a grammar of this syntax: the tools' keyword arguments in
 their schema's order, string values in either quotes, booleans and None as Python writes them, other values JSON
-of their schema.
+of their schema. LFM2's and LFM2.5-Instruct's templates never render an assistant message's `tool_calls`: such
+calls go into the message's content in this syntax (`history_calls`), so a conversation with tool results shows
+the model its own calls.
 """
 
 from __future__ import annotations
@@ -196,6 +198,27 @@ def literal(text: str) -> Any:
         raise ValueError(f"not a literal: {text[:80]!r}") from e
 
 
+# --- writing calls ---------------------------------------------------------------------------------------------
+
+
+def write_calls(calls: list[dict]) -> str:
+    """OpenAI-style calls (arguments as objects) as the models write them: one block
+    `<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`, strings in double quotes, True / False / None
+    as Python spells them, lists and objects as JSON (as LFM2.5's own template writes them)."""
+    written = []
+    for call in calls:
+        fn = call.get("function", {})
+        args = fn.get("arguments") or {}
+        written.append(f"{fn.get('name')}(" + ", ".join(f"{k}={_python_value(v)}" for k, v in args.items()) + ")")
+    return f"{CALL_START}[{', '.join(written)}]{CALL_END}"
+
+
+def _python_value(value: Any) -> str:
+    if value is True or value is False or value is None:
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
 # --- forced calls ----------------------------------------------------------------------------------------------
 
 # a Python string in double or single quotes: the escapes Python reads (no \N{...}, no lone surrogate), no line
@@ -262,6 +285,7 @@ FORMATS = (
         call_markers=(CALL_START,),
         parse=parse_calls,
         forced=forced_grammar,
+        history_calls=write_calls,
         priority=50,
         cut=tail_cut(r"<\|tool_call_start\|>\s*\[\s*(?P<name>[A-Za-z_][\w\-.]*)\((?P<args>[^()]*)",
                      pythonic_arguments),

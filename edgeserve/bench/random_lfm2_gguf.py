@@ -1,0 +1,128 @@
+"""Random-weight GGUFs of LFM2's shapes (llama.cpp arch `lfm2`), for benchmarks and side-by-side checks: the
+tensors, metadata keys and types llama.cpp's lfm2 loader reads, random values.
+
+Layers listed in `attention` are GQA attention (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `attn_q_norm`,
+`attn_k_norm`; `attention.head_count_kv` per layer, 0 on the others); the rest are gated short convolutions
+(`shortconv.in_proj` [3 hidden, hidden], `shortconv.conv` [hidden, L_cache] float32, `shortconv.out_proj`). Every
+layer has `attn_norm` (LFM2's operator norm), `ffn_norm` and the SwiGLU FFN; `token_embd_norm` is the final norm.
+The output head is tied to the embeddings, as in the released models. Norm weights are ones; see
+edgeserve.bench.random_gguf for the block formats and mixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+
+
+@dataclass(frozen=True)
+class Lfm2Shape:
+    """The dimensions of an LFM2 model's text stack."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int  # the adjusted MLP width llama.cpp's converter writes (feed_forward_length)
+    attention: tuple[int, ...]  # the attention layers' indices
+    vocab: int
+    conv_kernel: int = 3  # conv_L_cache
+    arch: str = "lfm2"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# LFM2-1.2B / LFM2.5-1.2B (config.json: hidden 2048, 16 layers, full_attn_idxs, block_ff_dim 12288 adjusted to 8192)
+LFM2_SHAPES = {
+    "lfm2.5-1.2b": Lfm2Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
+                             attention=(2, 5, 8, 10, 12, 14), vocab=65536),
+}
+
+
+def lfm2_tensor_shapes(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
+    """The quantized tensors by GGUF name, as numpy shapes (rows, cols)."""
+    h, f, kv = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (shape.vocab, h)}
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        out.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)})
+        if i in shape.attention:
+            out.update({p + "attn_q.weight": (h, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
+                        p + "attn_output.weight": (h, h)})
+        else:
+            out.update({p + "shortconv.in_proj.weight": (3 * h, h), p + "shortconv.out_proj.weight": (h, h)})
+    return out
+
+
+def lfm2_f32_tensors(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
+    """The float32 tensors by GGUF name: norms and the convolutions' weights."""
+    h = shape.hidden
+    out: dict[str, tuple[int, ...]] = {"token_embd_norm.weight": (h,)}
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        out.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,)})
+        if i in shape.attention:
+            out.update({p + "attn_q_norm.weight": (shape.head_dim,), p + "attn_k_norm.weight": (shape.head_dim,)})
+        else:
+            out[p + "shortconv.conv.weight"] = (h, shape.conv_kernel)
+    return out
+
+
+def lfm2_tensor_types(shape: Lfm2Shape, mix: str) -> dict[str, str]:
+    """The qtype of each quantized tensor: Q4_K_M as llama.cpp picks it for most tensors (Q6_K embeddings, Q6_K
+    ffn_down on the first and last eighth and every third layer between, Q4_K elsewhere), or the mix everywhere."""
+    if mix not in MIXES or mix == "MXFP4_MOE":
+        raise ValueError(f"mix must be one of Q4_K_M, Q8_0, Q4_0, not {mix!r}")
+    names = lfm2_tensor_shapes(shape)
+    if mix != "Q4_K_M":
+        return {n: mix for n in names}
+    n = shape.layers
+    types = {}
+    for name, dims in names.items():
+        i = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        more = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+        kind = "Q6_K" if name == "token_embd.weight" or ("ffn_down" in name and more) else "Q4_K"
+        types[name] = K_FALLBACK.get(kind, kind) if dims[-1] % 256 else kind
+    return types
+
+
+def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_from: str | Path,
+                      seed: int = 0, context: int = 128000) -> Path:
+    """Write an lfm2 GGUF of `shape` with random weights in the `mix` quantization, using the tokenizer of the GGUF
+    `tokenizer_from`, its vocabulary padded to the shape's."""
+    import gguf
+
+    src = gguf.GGUFReader(str(tokenizer_from))
+    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    if vocab > shape.vocab:
+        raise ValueError(f"the tokenizer's {vocab} tokens do not fit the shape's vocabulary of {shape.vocab}")
+    w = gguf.GGUFWriter(str(path), shape.arch)
+    w.add_block_count(shape.layers)
+    w.add_context_length(context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv([shape.kv_heads if i in shape.attention else 0 for i in range(shape.layers)])
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(shape.vocab)
+    w.add_shortconv_l_cache(shape.conv_kernel)
+    copy_tokenizer(w, src, pad=shape.vocab - vocab)
+    types = lfm2_tensor_types(shape, mix)
+    plan = [(name, dims, "F32") for name, dims in lfm2_f32_tensors(shape).items()]
+    plan += [(name, dims, types[name]) for name, dims in lfm2_tensor_shapes(shape).items()]
+    rng = np.random.default_rng(seed)
+
+    def values(name: str, dims: tuple[int, ...]) -> np.ndarray | None:
+        if name.endswith("shortconv.conv.weight"):
+            return rng.normal(0, 0.3, size=dims).astype(np.float32)
+        return None  # norms: ones
+
+    write_plan(w, plan, rng, values)
+    return Path(path)

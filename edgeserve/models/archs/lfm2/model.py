@@ -1,0 +1,261 @@
+"""The LFM2 decoder over flat token batches (LlamaModel's interface).
+
+Each layer is x = x + mixer(operator_norm(x)); x = x + ffn(ffn_norm(x)); the final norm is `embedding_norm`. The
+mixer is either
+  - a gated short convolution (kernels.short_conv): in_proj gives [b | c | x], y = c * conv(b * x) with a causal
+    depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's StatePool,
+    `attn.states`), then out_proj; it keeps no KV, or
+  - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
+The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down), or (LFM2-MoE, after its leading dense layers) routed
+experts: the router's sigmoids, plus a per-expert bias, choose the top k; the chosen sigmoids, renormalized, weigh
+them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). The whole stack runs on the per-op path (no fused
+native plan yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.short_conv import gated_short_conv
+from edgeserve.loaders.weights import WeightSource
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.archs.gemma4.model import load_table
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoELayer
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights, text_part
+
+# HF per-expert projection names of LFM2-MoE, by the names edgeserve.models.moe_weights reads
+_EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+class Lfm2MoeWeights(RenamedWeights):
+    """An HF LFM2-MoE checkpoint's `feed_forward.*` expert tensors under the `mlp.*` names the shared MoE loader
+    reads (`mlp.gate.weight`, `mlp.experts.{j}.gate_proj.weight`, ...); other names as they are."""
+
+    def _name(self, name: str) -> str:
+        head, sep, tail = name.partition(".mlp.")
+        if not sep:
+            return name
+        parts = tail.split(".")
+        if len(parts) == 4 and parts[0] == "experts":  # experts.{j}.{proj}.weight
+            parts[2] = _EXPERT_NAMES.get(parts[2], parts[2])
+        return f"{head}.feed_forward." + ".".join(parts)
+
+    def blocks(self, name: str):
+        """GGUF block bytes (an HF source has none)."""
+        return None
+
+
+@dataclass
+class Lfm2Layer:
+    """One block's weights: a short convolution (`in_proj` [3C, C], `conv` [C, K], `out_proj`) or attention (`qkv`
+    stacked, per-head Q/K norms, `o_proj`), and the SwiGLU feed-forward (gate and up stacked)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: LinearWeight | None
+    down: LinearWeight | None
+    moe: MoELayer | None = None
+    expert_bias: torch.Tensor | None = None  # LFM2-MoE: [E], added to the router's sigmoids to choose experts
+    # attention
+    qkv: LinearWeight | None = None
+    qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    o_proj: LinearWeight | None = None
+    # short convolution
+    conv_index: int = -1  # its index among the conv layers (its layer of the state pool)
+    in_proj: LinearWeight | None = None
+    conv: torch.Tensor | None = None
+    out_proj: LinearWeight | None = None
+
+
+class Lfm2Model(LlamaModel):
+    """LFM2 over the engine's paged KV pool with the step's conv states beside it (`attn.states`)."""
+
+    layers: list[Lfm2Layer]  # type: ignore[assignment]
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True,
+                     dense_prefill: bool = False) -> "Lfm2Model":
+        """Build the model from a weight source (an HF checkpoint's names or an lfm2 GGUF file's)."""
+        dev, c = torch.device(device), config
+        src = text_part(source)
+        if c.is_moe and getattr(source, "gguf", None) is None:
+            src = Lfm2MoeWeights(src)
+
+        def norm(name: str) -> torch.Tensor:
+            value = src.get(name, keep_int4=False)
+            assert isinstance(value, torch.Tensor)
+            return value.to(device=dev, dtype=torch.float32)
+
+        def matrix(names: list[str]) -> LinearWeight:
+            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
+
+        layers, conv_index = [], 0
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
+                              **cls._feed_forward(c, src, i, matrix, norm, dev, dtype))
+            if c.is_linear(i):
+                layer.conv_index, conv_index = conv_index, conv_index + 1
+                layer.in_proj = matrix([p + "conv.in_proj.weight"])
+                layer.out_proj = matrix([p + "conv.out_proj.weight"])
+                layer.conv = cls._conv_weight(c, norm(p + "conv.conv.weight"), i)
+            else:
+                a = p + "self_attn."
+                layer.qkv = matrix([a + f"{x}_proj.weight" for x in "qkv"])
+                layer.q_norm, layer.k_norm = norm(a + "q_layernorm.weight"), norm(a + "k_layernorm.weight")
+                layer.o_proj = matrix([a + "out_proj.weight"])
+            layers.append(layer)
+        embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
+        lm_head: LinearWeight = embed
+        if not c.tie_word_embeddings and src.has("lm_head.weight"):
+            lm_head = matrix(["lm_head.weight"])
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
+        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, dev)
+
+    @staticmethod
+    def _feed_forward(c: ModelConfig, src, i: int, matrix, norm, dev: torch.device, dtype: torch.dtype) -> dict:
+        """Layer i's feed-forward fields: routed experts where the layer has a router (LFM2-MoE past its leading
+        dense layers), else the SwiGLU MLP."""
+        p = f"model.layers.{i}."
+        if c.is_moe and src.has(p + "mlp.gate.weight"):
+            bias = p + "feed_forward.expert_bias"
+            return dict(gate_up=None, down=None, moe=load_moe_layer(c, src, i, matrix, dev, dtype),
+                        expert_bias=norm(bias).reshape(-1) if src.has(bias) else None)
+        f = p + "feed_forward."
+        return dict(gate_up=matrix([f + "w1.weight", f + "w3.weight"]), down=matrix([f + "w2.weight"]))
+
+    @staticmethod
+    def _conv_weight(c: ModelConfig, conv: torch.Tensor, i: int) -> torch.Tensor:
+        """A conv layer's depthwise weight as [C, K] (HF stores [C, 1, K], a GGUF [C, K]), checked against the
+        state the config declares."""
+        conv = conv.reshape(conv.shape[0], -1)
+        k_minus_1, channels = c.layer_state.tensors[0].shape
+        if tuple(conv.shape) != (channels, k_minus_1 + 1):
+            raise ModelLoadError(f"layer {i}: short-conv weight has shape {tuple(conv.shape)}, expected "
+                                 f"{(channels, k_minus_1 + 1)}")
+        return conv
+
+    def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
+                 lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.embed = embed
+        self.layers = layers  # type: ignore[assignment]
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = config.max_position_embeddings
+        self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
+        self._native = None
+
+    def native_decoder(self) -> None:
+        """No fused native plan for LFM2: every step takes the per-op path."""
+        return None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
+        (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
+        states = getattr(attn, "states", None)
+        if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")) or states is None:
+            raise TypeError("LFM2 runs over the paged KV pool with conv states beside it "
+                            "(PagedKVAttention with `states`)")
+        c = self.config
+        eps = c.rms_norm_eps
+        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+        x = self.embed_rows(input_ids)
+        cos, sin = self.cos[positions], self.sin[positions]
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.conv is not None:
+                (conv_state,) = states.layer(layer.conv_index)
+                y = gated_short_conv(linear(h, layer.in_proj, None, prompt_rows),  # type: ignore[arg-type]
+                                     layer.conv, conv_state, states.batch)
+                y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+            else:
+                q, k, v = self.project_qkv(layer, h, prompt_rows)  # type: ignore[arg-type]
+                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
+                q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+                o = attn.attend(i, q)  # type: ignore[attr-defined]
+                y = linear(o, layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
+            y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h
+
+    def mlp(self, layer: Lfm2Layer, h: torch.Tensor, prompt_rows: PromptRows | None,  # type: ignore[override]
+            lora=None, index: int = 0) -> torch.Tensor:
+        """The feed-forward of `layer` for its normed input h [T, hidden]: the SwiGLU MLP, or the routed experts."""
+        if layer.moe is None:
+            return super().mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
+        return layer.moe.mix(h, *self._route(layer, h))
+
+    def _route(self, layer: Lfm2Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], expert ids [T, k]): the top k of the router's sigmoids plus the expert bias,
+        weighed by their sigmoids, renormalized (as transformers' Lfm2MoeTopKRouter: sum + 1e-6)."""
+        moe = layer.moe
+        assert moe is not None
+        probs = torch.sigmoid(f32_row_linear(h, moe.router))
+        scores = probs if layer.expert_bias is None else probs + layer.expert_bias
+        experts = torch.topk(scores, moe.config.experts_per_token, dim=-1).indices
+        weights = probs.gather(1, experts)
+        if self.config.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+        return weights, experts
+
+    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A float32 mixer output as out_proj takes it: as it is on the CPU (CPU matmuls cast their input), in the
+        model's dtype elsewhere."""
+        return x if x.device.type == "cpu" else x.to(self.dtype)
+
+
+def model_class(config: ModelConfig) -> type[Lfm2Model]:
+    """LFM2's and LFM2-MoE's decoder (per-op path only)."""
+    return Lfm2Model
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of an LFM2 model's tensors, for random weights (edgeserve.models.dummy): short-conv
+    and attention layers, the SwiGLU MLP, or (LFM2-MoE) experts on every layer (the leading dense layers' count is
+    not in the config) in transformers' fused layout."""
+    c, h = config, config.hidden_size
+    kernel = c.layer_state.tensors[0].shape[0] + 1
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
+                                          "model.embedding_norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        f = p + "feed_forward."
+        shapes.update({p + "operator_norm.weight": (h,), p + "ffn_norm.weight": (h,)})
+        if c.is_moe:
+            e, m = c.num_experts, c.moe_intermediate_size
+            shapes.update({f + "gate.weight": (e, h), f + "expert_bias": (e,),
+                           f + "experts.gate_up_proj": (e, 2 * m, h), f + "experts.down_proj": (e, h, m)})
+        else:
+            w = c.intermediate_size
+            shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
+        if c.is_linear(i):
+            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
+                           p + "conv.out_proj.weight": (h, h)})
+        else:
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
+                           a + "v_proj.weight": (c.kv_size, h), a + "out_proj.weight": (h, c.q_size),
+                           a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
+    return shapes

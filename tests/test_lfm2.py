@@ -1,0 +1,201 @@
+"""LFM2 (gated short-conv layers beside attention) through the engine: each conv layer's state lives in a seat of the
+state pool (the `short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy
+outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a
+conv-state snapshot; speculation rolls the conv state back. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
+parity of the GGUF and HF folder: test_registered_architectures' `lfm2` and `lfm2moe` cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from converter_cases import BY_NAME  # noqa: E402
+from converter_parity import build_checkpoint, tokenizer_folder  # noqa: E402
+from test_qwen35_engine import OracleProposer  # noqa: E402
+
+from edgeserve.llm import LLM  # noqa: E402
+from edgeserve.sampling_params import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabulary)
+
+
+def make_checkpoint(name: str, default_model_path, tmp_path_factory):
+    """(transformers model, HF folder) of the converter-parity case `name`."""
+    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp(f"{name}-tokenizer"))
+    folder = tmp_path_factory.mktemp(name)
+    return build_checkpoint(BY_NAME[name], tok, folder), folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(default_model_path, tmp_path_factory):
+    return make_checkpoint("lfm2", default_model_path, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint) -> LLM:
+    return LLM(str(checkpoint[1]), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+
+
+def prompts(*lens: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB_USED, size=n).tolist() for n in lens]
+
+
+def ids(results) -> list[list[int]]:
+    return [r.outputs[0].token_ids for r in results]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate of `n` tokens (its own conv and KV caches), never stopping early."""
+    config = model.generation_config.__class__(do_sample=False, max_new_tokens=n, eos_token_id=None,
+                                               pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_empty(llm: LLM) -> None:
+    states = llm.engine.states
+    assert states is not None and states.num_seated == 0
+    states.check()
+    assert states.pool.num_used == states.num_snapshots
+
+
+def test_state_pool_holds_short_conv_states(llm: LLM) -> None:
+    engine, c = llm.engine, llm.lm.config
+    spec = engine.states.pool.spec
+    assert spec.kind.name == "short_conv" and spec.num_layers == 3 == c.num_linear_layers
+    assert spec.bytes_per_sequence == 3 * (3 - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
+    assert engine.pool.k.shape[0] == 2  # only the attention layers keep K/V
+
+
+def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
+    model, _ = checkpoint
+    ps = prompts(5, 23, 40, 71)
+    reference = [hf_greedy(model, p, 12) for p in ps]
+    assert ids(llm.generate(ps, GREEDY)) == reference
+    assert [ids(llm.generate([p], GREEDY))[0] for p in ps] == reference
+    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert ids(chunked.generate(ps, GREEDY)) == reference
+    assert chunked.engine.stats().num_steps >= 71 // 16 + 11
+    assert_empty(llm)
+    assert_empty(chunked)
+
+
+def test_second_turn_resumes_from_a_conv_state_snapshot(llm: LLM) -> None:
+    warm = LLM.from_model(llm.lm, kv_cache_gb=0.01)
+
+    def run(prompt: list[int]) -> tuple[list[int], int]:
+        before = warm.engine.stats().prompt_tokens_reused
+        out = warm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+        return out, warm.engine.stats().prompt_tokens_reused - before
+
+    first = prompts(45, seed=1)[0]
+    reply, reused = run(first)
+    assert reused == 0 and reply == ids(llm.generate([first], GREEDY))[0]
+    second = first + reply + prompts(9, seed=2)[0]
+    out, reused = run(second)
+    assert reused == 48  # the first turn's state was kept at its last block boundary
+    assert out == ids(llm.generate([second], GREEDY))[0]
+    assert warm.engine.states.num_snapshots > 0
+    assert_empty(warm)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_speculation_rolls_the_conv_state_back(llm: LLM, prefix_caching: bool) -> None:
+    ps = prompts(13, 29, 40, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = [ids(llm.generate([p], params))[0] for p in ps]
+    spec = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
+                          enable_prefix_caching=prefix_caching)
+    spec.engine.spec.ngram = OracleProposer(ps, plain)
+    assert ids(spec.generate(ps, params)) == plain
+    stats = spec.engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+    assert_empty(spec)
+
+
+def test_lfm2_moe_greedy_equals_transformers_batched_or_alone(default_model_path, tmp_path_factory) -> None:
+    """LFM2-MoE: expert layers (sigmoid router, expert bias) after the dense ones, conv states in the pool."""
+    model, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
+    llm = LLM(str(folder), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+    assert llm.lm.config.architecture == "lfm2moe" and llm.engine.states.pool.spec.kind.name == "short_conv"
+    assert [layer.moe is not None for layer in llm.lm.model.layers] == [False, False, True, True, True]
+    ps = prompts(6, 27, 50, seed=11)
+    reference = [hf_greedy(model, p, 10) for p in ps]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == reference
+    assert [ids(llm.generate([p], params))[0] for p in ps] == reference
+    assert_empty(llm)
+
+
+def test_a_conversation_resumes_after_a_restart_from_the_disk_tier(checkpoint, llm: LLM, tmp_path) -> None:
+    """LFM2's conv-state snapshots go to the disk tier beside their blocks (as `short_conv` records) and come back
+    after a restart: the next turn computes only its new tokens, with the cold run's output."""
+    from edgeserve.offload.disk_tier import STATE_SUFFIX
+
+    def served() -> LLM:
+        return LLM(str(checkpoint[1]), dtype="float32", device="cpu", kv_cache_gb=0.01, kv_offload="cpu,disk",
+                   disk_kv_path=str(tmp_path))
+
+    first = prompts(45, seed=21)[0]
+    a = served()
+    reply = ids(a.generate([first], GREEDY))[0]
+    assert reply == ids(llm.generate([first], GREEDY))[0]
+    a.close()
+    assert len(list(tmp_path.rglob(f"*{STATE_SUFFIX}"))) == 2  # the prompt's and the latest snapshot
+    second = first + reply + prompts(9, seed=22)[0]
+    b = served()
+    before = b.engine.stats()
+    out = ids(b.generate([second], GREEDY))[0]
+    after = b.engine.stats()
+    assert after.prompt_tokens_from_states - before.prompt_tokens_from_states == 48
+    assert after.prompt_tokens_computed - before.prompt_tokens_computed == len(second) - 48
+    assert out == ids(llm.generate([second], GREEDY))[0]
+    assert after.offload.state_disk_hits == 1
+    b.close()
+
+
+def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
+    """A budget of a few blocks: sequences are preempted (their seats given back) and recomputed to the same
+    outputs; with the host tier, swapped out and back instead (every prompt token computed once)."""
+    from edgeserve.engine.kv_cache import kv_bytes_per_token
+
+    ps = prompts(20, 26, 31, 17, seed=31)
+    alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
+    per = llm.engine.states.budget.bytes_per_slot
+    budget = 8 * per + 9 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 9 blocks
+    small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
+    assert ids(small.generate(ps, GREEDY)) == alone
+    assert small.engine.stats().num_preemptions > 0
+    assert_empty(small)
+    swapping = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
+                              kv_offload="cpu", cpu_kv_gb=0.01)
+    assert ids(swapping.generate(ps, GREEDY)) == alone
+    stats = swapping.engine.stats()
+    assert stats.offload.swap_outs > 0 and stats.offload.swap_ins == stats.offload.swap_outs
+    assert stats.prompt_tokens_computed == sum(len(p) for p in ps)
+
+
+def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_path_factory) -> None:
+    """llama.cpp's Q8_0 conversion served at the default dtype: the experts stay in block format on the one-call
+    native MoE layer (taking LFM2-MoE's own routing), and outputs are the same batched or alone."""
+    from converter_parity import convert, load_ours
+
+    from edgeserve.kernels import cpu_native
+
+    if not cpu_native.available():
+        pytest.skip("the native CPU kernels are not built here")
+    _, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
+    lm = load_ours(convert(folder, folder.parent / "lfm2moe.q8_0.gguf", outtype="q8_0"), dtype="auto")
+    assert lm.model.dtype == torch.bfloat16 and lm.model.layers[2].moe.native() is not None
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    ps = prompts(7, 19, 33, seed=41)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
+    assert_empty(llm)
+

@@ -1,0 +1,54 @@
+"""benchmarks/make_gguf.py's LFM2 shape (edgeserve.bench.random_lfm2_gguf): a GGUF with the tensors, shapes and
+metadata keys llama.cpp's lfm2 loader reads (src/models/lfm2.cpp: load_arch_tensors), which our loader reads back
+as the shape and runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_gguf import write_tiny_llama
+
+from edgeserve.bench.random_lfm2_gguf import LFM2_SHAPES, write_random_lfm2
+from edgeserve.loaders.gguf_file import GGUFFile
+
+# llama.cpp's view (ne: columns first) of LFM2.5-1.2B's conv layer 0 and attention layer 2
+CONV = {"attn_norm.weight": [2048], "ffn_norm.weight": [2048], "shortconv.conv.weight": [3, 2048],
+        "shortconv.in_proj.weight": [2048, 6144], "shortconv.out_proj.weight": [2048, 2048],
+        "ffn_gate.weight": [2048, 8192], "ffn_up.weight": [2048, 8192], "ffn_down.weight": [8192, 2048]}
+ATTENTION = {"attn_norm.weight": [2048], "ffn_norm.weight": [2048], "attn_q.weight": [2048, 2048],
+             "attn_k.weight": [2048, 512], "attn_v.weight": [2048, 512], "attn_output.weight": [2048, 2048],
+             "attn_q_norm.weight": [64], "attn_k_norm.weight": [64], "ffn_gate.weight": [2048, 8192],
+             "ffn_up.weight": [2048, 8192], "ffn_down.weight": [8192, 2048]}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tok") / "tok.gguf")
+
+
+def test_lfm2_5_1_2b_has_llama_cpps_tensors_and_keys(tmp_path, tokenizer):
+    real = dataclasses.replace(LFM2_SHAPES["lfm2.5-1.2b"], layers=3, attention=(2,))
+    f = GGUFFile(write_random_lfm2(tmp_path / "l.gguf", real, "Q4_K_M", tokenizer))
+    assert f.architecture == "lfm2"
+    want = {"token_embd.weight": [2048, 65536], "token_embd_norm.weight": [2048]}
+    for i in range(3):
+        want.update({f"blk.{i}.{k}": v for k, v in (ATTENTION if i == 2 else CONV).items()})
+    assert {n: list(reversed(f.tensor_info(n).shape)) for n in f.tensor_names()} == want
+    m = f.metadata
+    assert (m["lfm2.attention.head_count_kv"], m["lfm2.shortconv.l_cache"], m["lfm2.feed_forward_length"],
+            m["lfm2.vocab_size"], len(m["tokenizer.ggml.tokens"])) == ([0, 0, 8], 3, 8192, 65536, 65536)
+
+
+def test_a_small_lfm2_file_loads_and_runs(tmp_path, tokenizer):
+    from converter_parity import load_ours, our_logits
+
+    shape = dataclasses.replace(LFM2_SHAPES["lfm2.5-1.2b"], hidden=256, heads=4, kv_heads=2, ffn=512, layers=4,
+                                attention=(1, 3), vocab=512)
+    loaded = load_ours(write_random_lfm2(tmp_path / "s.gguf", shape, "Q8_0", tokenizer))
+    c = loaded.config
+    assert (c.architecture, c.num_layers, c.num_linear_layers, c.num_kv_heads, c.intermediate_size) == (
+        "lfm2", 4, 2, 2, 512)
+    assert torch.isfinite(our_logits(loaded.model, [1, 5, 9, 3, 7, 2, 8, 4] * 3)).all()
