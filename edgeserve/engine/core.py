@@ -47,7 +47,7 @@ from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
 from .state_cache import StateSlots
 from .state_pool import StateSpec
-from .spec import Speculator
+from .spec import Speculator, speculative_method
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -80,8 +80,10 @@ class EngineCore:
     """Continuous batching over one model: add requests, call `step()` until none is left."""
 
     def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig(), draft: LoadedModel | None = None) -> None:
-        """`draft`: the loaded draft model for `speculative="draft"` (the caller loads it: `load_draft_model`)."""
+        """`draft`: the loaded draft model for `speculative="draft"` (the caller loads it: `load_draft_model`);
+        `config.speculative` "auto" becomes "mtp" where the model has an MTP head, else off."""
         self.lm = lm
+        config = replace(config, speculative=speculative_method(config.speculative, lm, config.draft_model))
         self.config = config
         model = lm.model
         hybrid = lm.config.is_hybrid
@@ -89,7 +91,9 @@ class EngineCore:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
         num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
-        use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
+        # MTP drafting reads every step's hidden states, which a replayed CUDA graph does not keep
+        use_graphs = (not config.enforce_eager and graphs_supported(model.device, lm.config)
+                      and config.speculative != "mtp")
         use_offload = config.offload_config().use_cpu
         if hybrid and use_offload:
             log.warning("KV offload (%s) is off for %s: its host and disk tiers and swap preemption do not keep a "
@@ -128,6 +132,7 @@ class EngineCore:
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
                                    config.block_size, draft)
+            self.runner.keep_hidden = self.spec.needs_hidden
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
         self._inflight: Launched | None = None
         self._lock = threading.Lock()
@@ -268,6 +273,8 @@ class EngineCore:
                 if s.num_spec:
                     self.states.backup(s.seq_id)
         logits = self.runner.execute(sched, fill)
+        if self.spec is not None and self.spec.needs_hidden:
+            self.spec.observe(sched.scheduled, self.runner.hidden, self.requests)
         if logits is None:  # every sequence was mid-prefill
             return out
         ends = list(itertools.accumulate(1 + s.num_spec for s in scheduled))

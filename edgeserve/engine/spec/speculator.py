@@ -11,11 +11,37 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.models.load import LoadedModel
 
 from .draft import DraftProposer
+from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
 from .verify import token_probs, verify
 
 if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
+
+
+# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
+# the oracle benchmark's decode rate peaks at 70% acceptance (docs/PERFORMANCE.md); 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 2, "ngram": 4, "draft": 4}
+
+
+def speculative_method(asked: str | None, target: LoadedModel, draft_model: str | None = None) -> str | None:
+    """The speculation an engine over `target` runs for EngineConfig.speculative `asked`: None (off) for None / "off";
+    for "auto", "draft" when a draft model is named, else "mtp" where the model has an MTP head, else None;
+    NoMtpHeadError (one line) for "mtp" on a model without one."""
+    if asked in (None, "off"):
+        return None
+    if asked == "auto":
+        if draft_model is not None:
+            return "draft"
+        return "mtp" if mtp_head_error(target) is None else None
+    if asked == "mtp" and (why := mtp_head_error(target)) is not None:
+        raise NoMtpHeadError(why)
+    return asked
+
+
+def default_num_tokens(method: str, asked: int | None) -> int:
+    """Tokens proposed per step: `asked`, else the method's default."""
+    return asked if asked is not None else DEFAULT_NUM_TOKENS.get(method, 4)
 
 
 @dataclass
@@ -37,20 +63,22 @@ class SpecCounters:
 
 
 class Speculator:
-    """Proposes drafts for decoding requests (prompt lookup or a draft model) and verifies them in one target
-    forward: `propose` before `Scheduler.schedule`, `verify` for the rows with drafts (the others go to the plain
-    sampler), `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
+    """Proposes drafts for decoding requests (prompt lookup, a draft model or the target's MTP head) and verifies
+    them in one target forward: `propose` before `Scheduler.schedule`, `observe` the target's hidden states after its
+    forward (the MTP head reads them), `verify` for the rows with drafts (the others go to the plain sampler),
+    `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
 
-    def __init__(self, method: str, num_tokens: int, target: LoadedModel, num_blocks: int, block_size: int,
+    def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
                  draft: LoadedModel | None = None) -> None:
         self.method = method
-        self.num_tokens = num_tokens
+        self.num_tokens = default_num_tokens(method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
         self.draft: DraftProposer | None = None
         if method == "draft":
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
             self.draft = DraftProposer(draft, target, num_blocks, block_size)
+        self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
         self.counters = SpecCounters()
 
     @staticmethod
@@ -70,11 +98,26 @@ class Speculator:
             for r, k in zip(reqs, ks):
                 r.spec_token_ids = self.ngram.propose(r.all_token_ids, k)
             return
-        assert self.draft is not None
-        drafts, qs = self.draft.propose(reqs, ks, [r.params for r in reqs],
+        proposer = self.draft or self.mtp
+        assert proposer is not None
+        drafts, qs = proposer.propose(reqs, ks, [r.params for r in reqs],
                                         [r.generator for r in reqs])
         for r, d, q in zip(reqs, drafts, qs):
             r.spec_token_ids, r.draft_probs = d, q
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether `observe` wants the target's hidden states of every step (the MTP head reads them)."""
+        return self.mtp is not None
+
+    def observe(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor | None,
+                requests: dict[str, "Request"]) -> None:
+        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head."""
+        if self.mtp is None or hidden is None:
+            return
+        wanted = {s.seq_id: requests[s.seq_id] for s in scheduled
+                  if s.seq_id in requests and self.wants(requests[s.seq_id])}
+        self.mtp.observe(scheduled, hidden, wanted)
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (read on the host); `logits` are its
@@ -88,7 +131,7 @@ class Speculator:
                       if history else None)
         p = token_probs(logits, params, prompt_ids, output_ids)
         q = None
-        if self.draft is not None:
+        if self.draft is not None or self.mtp is not None:
             q = [r.draft_probs[: len(d)] for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
         self.counters.proposed += sum(len(d) for d in drafts)
@@ -98,11 +141,11 @@ class Speculator:
 
     def rollback(self, reqs: list["Request"]) -> None:
         """After `Scheduler.update`: drop the draft KV past each request's accepted tokens."""
-        if self.draft is not None:
+        for proposer in filter(None, (self.draft, self.mtp)):
             for r in reqs:
-                self.draft.rollback(r.request_id, r.num_computed_tokens)
+                proposer.rollback(r.request_id, r.num_computed_tokens)
 
     def free(self, request_id: str) -> None:
         """A request ended or was preempted: release its draft state."""
-        if self.draft is not None:
-            self.draft.free(request_id)
+        for proposer in filter(None, (self.draft, self.mtp)):
+            proposer.free(request_id)

@@ -36,6 +36,17 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], determin
     return sample_from(probs, generators)
 
 
+def draw_drafts(logits: torch.Tensor, seqs: list, params: list[SamplingParams], drafts: list[list[int]],
+                generators: list[torch.Generator | None], deterministic: bool) -> tuple[list[int], torch.Tensor]:
+    """A proposer's next draft token for each row of `logits` (sequence `seqs[r]` with `drafts[r]` drafted so far)
+    and the distributions [R, V] they were drawn from: the sampler's own (penalties over the prompt, the output and
+    the drafts; temperature and filters), as rejection sampling needs."""
+    history = any(p.penalized for p in params)
+    probs = token_probs(logits, params, [s.prompt_token_ids for s in seqs] if history else None,
+                        [s.output_token_ids + d for s, d in zip(seqs, drafts)] if history else None)
+    return draw(probs, generators, deterministic).tolist(), probs
+
+
 @dataclass
 class Verdict:
     """Per sequence: how many drafts were accepted, and the token that follows them (correction or bonus)."""
