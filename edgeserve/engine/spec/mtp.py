@@ -189,8 +189,7 @@ class MtpProposer:
                 self._truncate(s.seq_id, st, st.end)
         if self.oracle is not None:
             drafts = [self.oracle(s, d) if d else d for s, d in zip(seqs, drafts)]
-            eye = torch.eye(self.vocab, device=self.model.device)
-            qs = [list(eye[d]) for d in drafts]
+            qs = [list(_one_hot(d, self.vocab, self.model.device)) for d in drafts]
         return drafts, [torch.stack(q) if q else torch.empty(0, self.vocab) for q in qs]
 
     def _draft_row(self, seqs: list[Sequence], tokens: list[int], g: torch.Tensor, j: int) -> torch.Tensor | None:
@@ -237,3 +236,8 @@ class MtpProposer:
         if self.block_manager.has_seq(seq_id):
             self.block_manager.free(seq_id)
 
+
+
+def _one_hot(tokens: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Point-mass distributions [len(tokens), vocab] on `tokens`."""
+    return torch.zeros(len(tokens), vocab, device=device).scatter_(1, torch.tensor(tokens, device=device)[:, None], 1.0)
