@@ -252,8 +252,9 @@ class EngineCore:
         """Schedule, run the forward, sample the one-token rows (on the device) and verify the rows with drafts
         (on the host)."""
         if self.spec is not None:
-            self.spec.propose([r for r in self.requests.values()
-                               if r.status is SeqStatus.RUNNING and r.num_remaining == 1])
+            # decoding requests, and hybrids' that compute accepted tokens again after a partly rejected step
+            self.spec.propose([r for r in self.requests.values() if r.status is SeqStatus.RUNNING and (
+                r.num_remaining == 1 or r.num_computed_tokens >= r.num_prompt_tokens)])
         sched = self.scheduler.schedule()
         self.num_steps += 1
         for seq_id in sched.preempted:  # requeued: their blocks went back to the pool

@@ -99,8 +99,10 @@ class MtpProposer:
             self.free(seq_id)
             self.seqs[seq_id] = _HeadSeq(start, start, rows)
             return
-        if start < st.end:  # recomputed positions (a hybrid's rolled-back step)
-            self._truncate(seq_id, st, start)
+        if start < st.end:  # positions computed again (a hybrid's accepted tokens after a partly rejected step):
+            rows, start = rows[st.end - start:], st.end  # their tokens are final, the head has them already
+            if not rows.shape[0]:
+                return
         keep = None if st.pending is None else st.pending[: start - st.end]
         st.pending = rows if keep is None or not keep.shape[0] else torch.cat([keep, rows])
 

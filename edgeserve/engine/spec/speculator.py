@@ -13,7 +13,7 @@ from edgeserve.models.load import LoadedModel
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
-from .verify import token_probs, verify
+from .verify import Verdict, greedy_verify, token_probs, verify
 
 if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
@@ -124,6 +124,8 @@ class Speculator:
         k+1 rows each, in order. The distributions are the plain sampler's (`verify.token_probs`), so the tokens
         are distributed exactly as without speculation."""
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
+        if all(r.params.greedy and not r.params.penalized and not r.params.logit_bias for r in rs):
+            return self._count(drafts, greedy_verify(logits, drafts))
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
         history = any(r.params.penalized for r in rs)
         prompt_ids = [r.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
@@ -134,6 +136,10 @@ class Speculator:
         if self.draft is not None or self.mtp is not None:
             q = [r.draft_probs[: len(d)] for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
+        return self._count(drafts, verdict)
+
+    def _count(self, drafts: list[list[int]], verdict: Verdict) -> list[list[int]]:
+        """Each sequence's accepted drafts plus its next token, counted for /metrics."""
         self.counters.proposed += sum(len(d) for d in drafts)
         self.counters.accepted += sum(verdict.num_accepted)
         self.counters.verifications += len(drafts)
@@ -141,9 +147,12 @@ class Speculator:
 
     def rollback(self, reqs: list["Request"]) -> None:
         """After `Scheduler.update`: drop the draft KV past each request's accepted tokens."""
-        for proposer in filter(None, (self.draft, self.mtp)):
+        if self.draft is not None:
             for r in reqs:
-                proposer.rollback(r.request_id, r.num_computed_tokens)
+                self.draft.rollback(r.request_id, r.num_computed_tokens)
+        if self.mtp is not None:  # the target's hidden states of every token but the last are right (a hybrid's
+            for r in reqs:        # accepted ones too, though its state went back to before them)
+                self.mtp.rollback(r.request_id, r.num_tokens - 1)
 
     def free(self, request_id: str) -> None:
         """A request ended or was preempted: release its draft state."""
