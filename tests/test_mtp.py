@@ -123,9 +123,18 @@ def test_engine_first_drafts_are_the_reference_heads(name, files):
     spec = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=3, max_num_batched_tokens=16,
                           block_size=4)
     oracle = spec.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
+    rows, execute = [], spec.engine.runner.execute
+
+    def spy(step, fill=None):
+        rows.extend(s.num_new_tokens - s.num_spec for s in step.scheduled if s.num_spec)
+        return execute(step, fill)
+
+    spec.engine.runner.execute = spy
     assert outputs(spec, ps) == plain
     c = spec.engine.spec.counters
     assert 0 < c.accepted < c.proposed  # drafts accepted and rejected
+    # after a partly rejected step the hybrid computes its accepted tokens again beside its next drafts
+    assert max(rows) > 1
     checked = 0
     for tokens, drafts in oracle.seen[::3]:
         ref = mtp_reference_logits(hf, folder, tokens, drafts[:1])[-2:]
