@@ -26,6 +26,7 @@ import torch
 
 from edgeserve.errors import QueueFullError
 from edgeserve.kernels.transfer import HostCopy, to_device
+from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 from edgeserve.models.mrope import MRopePositions
 from edgeserve.offload.engine_glue import build_pool_offload
@@ -270,9 +271,11 @@ class EngineCore:
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
         if self.states is not None:  # a hybrid's states before its drafts, for a rollback when some are rejected
-            for s in sched.scheduled:
-                if s.num_spec:
-                    self.states.backup(s.seq_id)
+            # (a copy of a few MB: on one torch thread on the CPU, which does not wait on busy cores)
+            with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):
+                for s in sched.scheduled:
+                    if s.num_spec:
+                        self.states.backup(s.seq_id)
         logits = self.runner.execute(sched, fill)
         if self.spec is not None and self.spec.needs_hidden:
             self.spec.observe(sched.scheduled, self.runner.hidden, self.requests)

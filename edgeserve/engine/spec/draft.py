@@ -107,7 +107,8 @@ class DraftProposer:
                                             [drafts[i] for i in batch], [generators[i] for i in batch], deterministic)
             for r, i in enumerate(batch):
                 drafts[i].append(tokens_out[r])
-                qs[i].append(probs[r])
+                if probs is not None:
+                    qs[i].append(probs[r])
             active = [i for i in batch if len(drafts[i]) < ks[i]]
         return drafts, [torch.stack(q) if q else torch.empty(0, self.vocab) for q in qs]
 

@@ -28,7 +28,7 @@ from edgeserve.models.load import LoadedModel
 from edgeserve.models.mtp_head import mtp_forward, mtp_logits
 from edgeserve.sampling_params import SamplingParams
 
-from .verify import draw_drafts
+from .verify import draw_drafts, one_hot
 
 
 class NoMtpHeadError(EdgeserveError, ValueError):
@@ -180,7 +180,8 @@ class MtpProposer:
                                         [drafts[i] for i in active], [generators[i] for i in active], deterministic)
             for r, i in enumerate(active):
                 drafts[i].append(tokens[r])
-                qs[i].append(probs[r])
+                if probs is not None:
+                    qs[i].append(probs[r])
             keep = [r for r, i in enumerate(active) if len(drafts[i]) < ks[i]]
             active, g = [active[r] for r in keep], g[keep]
             if not active:
@@ -191,7 +192,7 @@ class MtpProposer:
                 self._truncate(s.seq_id, st, st.end)
         if self.oracle is not None:
             drafts = [self.oracle(s, d) if d else d for s, d in zip(seqs, drafts)]
-            qs = [list(_one_hot(d, self.vocab, self.model.device)) for d in drafts]
+            qs = [list(one_hot(d, self.vocab, self.model.device)) for d in drafts]
         return drafts, [torch.stack(q) if q else torch.empty(0, self.vocab) for q in qs]
 
     def _draft_row(self, seqs: list[Sequence], tokens: list[int], g: torch.Tensor, j: int) -> torch.Tensor | None:
@@ -239,7 +240,3 @@ class MtpProposer:
             self.block_manager.free(seq_id)
 
 
-
-def _one_hot(tokens: list[int], vocab: int, device: torch.device) -> torch.Tensor:
-    """Point-mass distributions [len(tokens), vocab] on `tokens`."""
-    return torch.zeros(len(tokens), vocab, device=device).scatter_(1, torch.tensor(tokens, device=device)[:, None], 1.0)

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
-from .verify import Verdict, greedy_verify, token_probs, verify
+from .verify import Verdict, greedy_verify, one_hot, token_probs, verify
 
 if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
@@ -80,6 +81,9 @@ class Speculator:
             self.draft = DraftProposer(draft, target, num_blocks, block_size)
         self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
         self.counters = SpecCounters()
+        # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
+        # small steps do): a vocabulary-wide op split over busy cores waits longer than it computes
+        self.threads = 1 if target.model.device.type == "cpu" else None
 
     @staticmethod
     def wants(req: "Request") -> bool:
@@ -90,8 +94,12 @@ class Speculator:
             req.thinking is None or not req.thinking.active)
 
     def propose(self, reqs: list["Request"]) -> None:
-        """Set `spec_token_ids` (and, with a draft model, `draft_probs`) of each decoding request (never more than
-        its max_tokens leaves room for)."""
+        """Set `spec_token_ids` (and, with a draft model or the MTP head, `draft_probs`) of each decoding request
+        (never more than its max_tokens leaves room for)."""
+        with intra_op_threads(self.threads):
+            self._propose(reqs)
+
+    def _propose(self, reqs: list["Request"]) -> None:
         reqs = [r for r in reqs if self.wants(r)]
         ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
         if self.ngram is not None:
@@ -120,6 +128,11 @@ class Speculator:
         self.mtp.observe(scheduled, hidden, wanted)
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
+        """Accepted drafts plus the next token for each speculating request (see `_verify`)."""
+        with intra_op_threads(self.threads):
+            return self._verify(logits, scheduled, rs)
+
+    def _verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (read on the host); `logits` are its
         k+1 rows each, in order. The distributions are the plain sampler's (`verify.token_probs`), so the tokens
         are distributed exactly as without speculation."""
@@ -133,8 +146,9 @@ class Speculator:
                       if history else None)
         p = token_probs(logits, params, prompt_ids, output_ids)
         q = None
-        if self.draft is not None or self.mtp is not None:
-            q = [r.draft_probs[: len(d)] for r, d in zip(rs, drafts)]
+        if self.draft is not None or self.mtp is not None:  # greedy drafts come without q: their point masses
+            q = [r.draft_probs[: len(d)] if r.draft_probs.shape[0] >= len(d) else one_hot(d, p.shape[-1], p.device)
+                 for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
         return self._count(drafts, verdict)
 

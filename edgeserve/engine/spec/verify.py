@@ -37,10 +37,13 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], determin
 
 
 def draw_drafts(logits: torch.Tensor, seqs: list, params: list[SamplingParams], drafts: list[list[int]],
-                generators: list[torch.Generator | None], deterministic: bool) -> tuple[list[int], torch.Tensor]:
+                generators: list[torch.Generator | None], deterministic: bool) -> tuple[list[int], torch.Tensor | None]:
     """A proposer's next draft token for each row of `logits` (sequence `seqs[r]` with `drafts[r]` drafted so far)
     and the distributions [R, V] they were drawn from: the sampler's own (penalties over the prompt, the output and
-    the drafts; temperature and filters), as rejection sampling needs."""
+    the drafts; temperature and filters), as rejection sampling needs; None for greedy rows without penalties or
+    logit biases (their drafts are the argmax, and greedy verification reads no q)."""
+    if deterministic and not any(p.penalized or p.logit_bias for p in params):
+        return logits.argmax(-1).tolist(), None
     history = any(p.penalized for p in params)
     probs = token_probs(logits, params, [s.prompt_token_ids for s in seqs] if history else None,
                         [s.output_token_ids + d for s, d in zip(seqs, drafts)] if history else None)
@@ -121,3 +124,8 @@ def greedy_verify(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
         following.append(top[row + a])
         row += len(d) + 1
     return Verdict(accepted, following)
+
+
+def one_hot(tokens: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Point-mass distributions [len(tokens), vocab] on `tokens`."""
+    return torch.zeros(len(tokens), vocab, device=device).scatter_(1, torch.tensor(tokens, device=device)[:, None], 1.0)
