@@ -12,7 +12,7 @@ loaded model for every side; sides alternate within each round; reports medians 
 tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill included).
 
     python benchmarks/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
-                                    [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N]
+                                    [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--ks", default="1,2,3,4")
     ap.add_argument("--accept", default="1.0,0.7,0.4")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--backoff", type=float, default=None,
+                    help="also this acceptance with the back-off policy on (it is off for the other sides)")
     ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
     a = ap.parse_args()
 
@@ -70,7 +72,12 @@ def main() -> None:
         for acc in (float(x) for x in a.accept.split(",")):
             llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
             llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+            llm.engine.spec.backoff = None  # the raw cost at this acceptance
             engines[f"mtp k={k} a={acc:.0%}"] = llm
+        if a.backoff is not None:  # the same with the back-off policy on
+            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
+            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
+            engines[f"mtp k={k} a={a.backoff:.0%} backoff"] = llm
     rates: dict[str, list[float]] = {side: [] for side in engines}
     spec: dict[str, tuple[float, float]] = {}
     for _ in range(a.rounds):

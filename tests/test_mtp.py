@@ -215,3 +215,28 @@ def test_auto_leaves_a_file_without_a_head_alone_and_mtp_refuses_it(tmp_path, ca
     assert main(["run", str(path), "hi", "--speculative", "mtp", "--max-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no MTP head" in err[0] and "Traceback" not in err[0]
+
+
+def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
+    from edgeserve.engine.spec.backoff import Backoff
+
+    b = Backoff(threshold=0.4)
+    steps = []
+    for _ in range(40):
+        if b.drafts_now("low"):
+            b.record("low", 2, 0)  # never accepted
+            steps.append(1)
+        else:
+            steps.append(0)
+    drafted = [i for i, s in enumerate(steps) if s]
+    gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:])]
+    assert gaps[:3] == [0, 0, 4] and gaps[3:5] == [8, 16]  # a few tries, then pauses that double
+    assert all(b.drafts_now("good") for _ in range(5))  # an unknown request drafts
+    for _ in range(20):
+        b.record("good", 2, 2)
+        assert b.drafts_now("good")
+    b.record("low", 2, 2)  # a probe that goes well (after its pause) ends the pauses
+    while not b.drafts_now("low"):
+        pass
+    b.record("low", 2, 2)
+    assert b.drafts_now("low") and b.drafts_now("low")

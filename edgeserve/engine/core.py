@@ -303,8 +303,9 @@ class EngineCore:
     def _advance(self, launched: Launched) -> None:
         """Account for a launched step in the scheduler (after the previous step's ids replaced their placeholders,
         so full blocks are hashed with real ids); a one-token row's token is a placeholder until `_apply`."""
-        self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
-                                               for i, r in enumerate(launched.sampling)})
+        with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):  # a hybrid's state restore
+            self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
+                                                   for i, r in enumerate(launched.sampling)})
         if self.spec is not None:
             self.spec.rollback(launched.sampling)
         bm = self.scheduler.block_manager

@@ -11,6 +11,7 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
+from .backoff import Backoff
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
 # the oracle benchmark's decode rate peaks at 70% acceptance (docs/PERFORMANCE.md); 4 for the others
 DEFAULT_NUM_TOKENS = {"mtp": 2, "ngram": 4, "draft": 4}
+# the acceptance below which MTP drafting costs more than it saves (benchmarks/mtp_oracle.py, docs/PERFORMANCE.md):
+# a request under it pauses drafting (spec.backoff)
+MTP_BREAK_EVEN = 0.5
 
 
 def speculative_method(asked: str | None, target: LoadedModel, draft_model: str | None = None) -> str | None:
@@ -84,6 +88,8 @@ class Speculator:
         # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
         # small steps do): a vocabulary-wide op split over busy cores waits longer than it computes
         self.threads = 1 if target.model.device.type == "cpu" else None
+        # MTP is on by default where a file has a head: a request whose drafts are rarely accepted stops drafting
+        self.backoff = Backoff(MTP_BREAK_EVEN) if method == "mtp" else None
 
     @staticmethod
     def wants(req: "Request") -> bool:
@@ -101,6 +107,8 @@ class Speculator:
 
     def _propose(self, reqs: list["Request"]) -> None:
         reqs = [r for r in reqs if self.wants(r)]
+        if self.backoff is not None:
+            reqs = [r for r in reqs if self.backoff.drafts_now(r.request_id)]
         ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
         if self.ngram is not None:
             for r, k in zip(reqs, ks):
@@ -138,7 +146,7 @@ class Speculator:
         are distributed exactly as without speculation."""
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
         if all(r.params.greedy and not r.params.penalized and not r.params.logit_bias for r in rs):
-            return self._count(drafts, greedy_verify(logits, drafts))
+            return self._count(rs, drafts, greedy_verify(logits, drafts))
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
         history = any(r.params.penalized for r in rs)
         prompt_ids = [r.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
@@ -150,10 +158,13 @@ class Speculator:
             q = [r.draft_probs[: len(d)] if r.draft_probs.shape[0] >= len(d) else one_hot(d, p.shape[-1], p.device)
                  for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
-        return self._count(drafts, verdict)
+        return self._count(rs, drafts, verdict)
 
-    def _count(self, drafts: list[list[int]], verdict: Verdict) -> list[list[int]]:
-        """Each sequence's accepted drafts plus its next token, counted for /metrics."""
+    def _count(self, rs: list["Request"], drafts: list[list[int]], verdict: Verdict) -> list[list[int]]:
+        """Each sequence's accepted drafts plus its next token, counted for /metrics (and the back-off)."""
+        if self.backoff is not None:
+            for r, d, a in zip(rs, drafts, verdict.num_accepted):
+                self.backoff.record(r.request_id, len(d), a)
         self.counters.proposed += sum(len(d) for d in drafts)
         self.counters.accepted += sum(verdict.num_accepted)
         self.counters.verifications += len(drafts)
@@ -170,5 +181,7 @@ class Speculator:
 
     def free(self, request_id: str) -> None:
         """A request ended or was preempted: release its draft state."""
+        if self.backoff is not None:
+            self.backoff.forget(request_id)
         for proposer in filter(None, (self.draft, self.mtp)):
             proposer.free(request_id)
