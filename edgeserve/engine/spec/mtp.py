@@ -4,8 +4,8 @@ hidden state, with the head's K/V in a one-layer paged pool of its own.
 The head at position i reads (token x_{i+1}, trunk hidden h_i). Its K/V row for position i is kept once both are
 final: the trunk's step gave h_i (`observe` takes every scheduled row's hidden state) and x_{i+1} is a token of the
 sequence. Rows whose next token is not known yet (the last computed position, verified drafts) wait as `pending`
-hidden rows. `propose` first runs the pending rows whose next token is now known (a prompt's rows run during
-prefill already, chunk by chunk), which ends at position n - 2 of a sequence of n tokens: its output g gives the first
+hidden rows. `propose` first runs the pending rows whose next token is now known (a prompt's chunks run during
+prefill already, as soon as EAGER_ROWS rows wait), which ends at position n - 2 of a sequence of n tokens: its output g gives the first
 draft; each further draft reads (previous draft, previous g) one position on. Those speculative rows are dropped
 from the head's K/V right after drafting (the trunk's hidden states replace them once it has verified).
 """
@@ -29,6 +29,9 @@ from edgeserve.models.mtp_head import mtp_forward, mtp_logits
 from edgeserve.sampling_params import SamplingParams
 
 from .verify import draw_drafts, one_hot
+
+
+EAGER_ROWS = 16  # hidden rows a sequence may keep waiting between drafts before the head runs over them
 
 
 class NoMtpHeadError(EdgeserveError, ValueError):
@@ -83,15 +86,17 @@ class MtpProposer:
     # --- the trunk's hidden states -----------------------------------------
 
     def observe(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor, seqs: dict[object, Sequence]) -> None:
-        """Take the trunk's hidden rows [T, hidden] of a step (in `scheduled`'s order) for the sequences in `seqs`
-        and run the head over those whose next token is already known (a prompt's)."""
+        """Take the trunk's hidden rows [T, hidden] of a step (in `scheduled`'s order) for the sequences in `seqs`,
+        and run the head over those whose next token is already known where EAGER_ROWS or more wait (a prompt's
+        chunks; a paused request's decodes): the rest wait for the next `propose`."""
         row = 0
         for s in scheduled:
             n = s.num_new_tokens
             if s.seq_id in seqs:
                 self._take(s.seq_id, s.positions[0], hidden[row: row + n].clone())
             row += n
-        self._advance([seqs[s.seq_id] for s in scheduled if s.seq_id in seqs])
+        self._advance([seqs[s.seq_id] for s in scheduled if s.seq_id in seqs
+                       and self.seqs[s.seq_id].pending_end - self.seqs[s.seq_id].end >= EAGER_ROWS])
 
     def _take(self, seq_id: object, start: int, rows: torch.Tensor) -> None:
         st = self.seqs.get(seq_id)
