@@ -165,7 +165,7 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     assert off.engine.spec is None
     plain = outputs(off, ps)
     auto = LLM.from_model(lm, kv_cache_gb=0.01)  # auto: the file has a head
-    assert auto.engine.spec.method == "mtp" and auto.engine.spec.num_tokens == 2
+    assert auto.engine.spec.method == "mtp" and auto.engine.spec.num_tokens == 1
     assert [outputs(auto, [p])[0] for p in ps] == plain
     assert auto.engine.spec.counters.proposed > 0
     auto.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size, seed=3)
