@@ -183,7 +183,8 @@ def test_config_flags_and_bad_values():
     alias = engine_config_from_args(build_parser().parse_args(["run", "hi", "--speculative", "mtp",
                                                                "--spec-tokens", "3"]))
     assert (alias.speculative, alias.num_speculative_tokens) == ("mtp", 3)
-    assert engine_config_from_args(build_parser().parse_args(["run", "hi", "--speculative", "off"])).speculative == "off"
+    off = engine_config_from_args(build_parser().parse_args(["run", "hi", "--speculative", "off"]))
+    assert off.speculative == "off"
     with pytest.raises(EdgeserveError, match="--num-speculative-tokens"):
         engine_config_from_args(build_parser().parse_args(["run", "hi", "--num-speculative-tokens", "0"]))
     with pytest.raises(ValueError, match="speculative"):

@@ -5,9 +5,10 @@ The head at position i reads (token x_{i+1}, trunk hidden h_i). Its K/V row for 
 final: the trunk's step gave h_i (`observe` takes every scheduled row's hidden state) and x_{i+1} is a token of the
 sequence. Rows whose next token is not known yet (the last computed position, verified drafts) wait as `pending`
 hidden rows. `propose` first runs the pending rows whose next token is now known (a prompt's chunks run during
-prefill already, as soon as EAGER_ROWS rows wait), which ends at position n - 2 of a sequence of n tokens: its output g gives the first
-draft; each further draft reads (previous draft, previous g) one position on. Those speculative rows are dropped
-from the head's K/V right after drafting (the trunk's hidden states replace them once it has verified).
+prefill already, as soon as EAGER_ROWS rows wait), which ends at position n - 2 of a sequence of n tokens: its
+output g gives the first draft; each further draft reads (previous draft, previous g) one position on. Those
+speculative rows are dropped from the head's K/V right after drafting (the trunk's hidden states replace them once
+it has verified).
 """
 
 from __future__ import annotations

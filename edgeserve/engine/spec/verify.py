@@ -112,8 +112,9 @@ def verify(target_probs: torch.Tensor, drafts: list[list[int]], draft_probs: lis
 
 
 def greedy_verify(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
-    """`verify` for greedy rows without penalties or logit biases, read off the logits' argmax [sum(k_s + 1), V] alone (the same
-    verdict: each row's distribution is the one-hot of its argmax), without building [rows, V] distributions."""
+    """`verify` for greedy rows without penalties or logit biases, read off the argmax of the logits
+    [sum(k_s + 1), V] alone (the same verdict: each row's distribution is the one-hot of its argmax), without
+    building [rows, V] distributions."""
     top = logits.argmax(-1).tolist()
     accepted, following, row = [], [], 0
     for d in drafts:
