@@ -174,6 +174,10 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     mixed = auto.generate([ps[0], ps[1], ps[2], ps[0]], [GREEDY, sampled, opted_out, GREEDY])
     assert [mixed[i].outputs[0].token_ids for i in (0, 2, 3)] == [plain[0], plain[2], plain[0]]
     assert auto.engine.spec.counters.accepted > 0
+    stats = auto.engine.stats()  # what /metrics exports (edgeserve_spec_*)
+    assert (stats.spec_proposed_tokens, stats.spec_accepted_tokens) == (auto.engine.spec.counters.proposed,
+                                                                        auto.engine.spec.counters.accepted)
+    assert 0 < stats.spec_acceptance_rate <= 1 and stats.spec_mean_accepted_length > 1
     assert_spec_pools_empty(auto)
 
 
