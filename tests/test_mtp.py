@@ -181,6 +181,26 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     assert_spec_pools_empty(auto)
 
 
+def test_preemption_drops_the_heads_state_and_recomputes(files):
+    """A budget of a few blocks: sequences are preempted and recomputed with MTP on; outputs are plain decoding's
+    and the head's pool ends empty."""
+    _, _, gguf, _ = files("qwen35-mtp")
+    lm = load_ours(gguf)
+    ps = [p + p[:10] for p in prompts(5, 4)]
+    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps)
+    probe = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp")
+    pool = probe.engine.pool
+    block = (pool.k[:, 0].numel() + pool.v[:, 0].numel()) * pool.k.element_size()
+    budget = 8 * probe.engine.states.budget.bytes_per_slot + block
+    small = LLM.from_model(lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
+                           speculative="mtp")
+    small.engine.spec.backoff = None
+    small.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
+    assert outputs(small, ps) == plain
+    assert small.engine.stats().num_preemptions > 0 and small.engine.spec.counters.accepted > 0
+    assert_spec_pools_empty(small)
+
+
 def test_temperature_drafts_carry_their_distributions_to_verification(files, monkeypatch):
     """At temperature > 0 the MTP drafts come with the distributions q they were drawn from (a real distribution,
     each draft inside it), which rejection sampling needs to keep the target's distribution (test_spec_verify)."""
