@@ -317,12 +317,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="disk KV tier size in GiB (default %(default)s)")
     g.add_argument("--disk-kv-path", default=None,
                    help="disk KV tier folder (default: kv/ under the edgeserve cache folder)")
-    g.add_argument("--speculative", choices=["ngram", "draft"], default=None,
-                   help="speculative decoding: ngram (prompt lookup, no extra model) or draft (--draft-model)")
+    g.add_argument("--speculative", choices=["auto", "off", "ngram", "draft", "mtp"], default="auto",
+                   help="speculative decoding: mtp (the model's own multi-token-prediction head: Qwen3.5 / 3.6 files "
+                        "that carry it), ngram (prompt lookup, no extra model), draft (--draft-model) or off; auto "
+                        "(default): mtp where the model has a head, draft with --draft-model, else off")
     g.add_argument("--draft-model", default=None,
                    help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
-    g.add_argument("--num-speculative-tokens", type=int, default=EngineConfig.num_speculative_tokens,
-                   help="tokens proposed per sequence per step (default %(default)s)")
+    g.add_argument("--num-speculative-tokens", "--spec-tokens", dest="num_speculative_tokens", type=int,
+                   default=EngineConfig.num_speculative_tokens,
+                   help="tokens proposed per sequence per step (default: 1 with mtp, 4 with ngram / draft)")
     g.add_argument("--lora", action="append", type=_lora_flag, default=[], metavar="NAME=PATH",
                    help="a LoRA adapter (PEFT folder or GGUF LoRA file) requests may pick by model NAME or "
                         "BASE:NAME (repeatable; `run` uses it for its replies)")

@@ -117,3 +117,26 @@ def test_make_gguf_writes_a_qwen35_shape(tmp_path, tokenizer):
                            "--tokenizer-from", str(tokenizer)]) == 0
     f = GGUFFile(out)
     assert f.metadata["qwen35.block_count"] == 1 and f.tensor_info("blk.0.attn_qkv.weight").qtype == "Q8_0"
+
+
+@pytest.mark.parametrize("name", ["qwen35-0.8b", "qwen35moe-35b-a3b"])
+def test_an_mtp_block_follows_the_trunk_as_the_converter_writes_it(tmp_path, tokenizer, name):
+    """`mtp_layers`: blk.{layers} is a full-attention layer with its FFN and the nextn tensors, counted in
+    block_count and nextn_predict_layers; the loader reads a 2-layer trunk and the MTP head."""
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    small = dict(layers=2, full_attention_interval=2)
+    if HYBRID_SHAPES[name].experts:
+        small.update(experts=8, experts_used=2)
+    shape = dataclasses.replace(HYBRID_SHAPES[name], mtp_layers=1, **small)
+    path = write_random_hybrid(tmp_path / "m.gguf", shape, "Q8_0", tokenizer)
+    f = GGUFFile(path)
+    arch = shape.arch
+    assert (f.metadata[f"{arch}.block_count"], f.metadata[f"{arch}.nextn_predict_layers"]) == (3, 1)
+    blk2 = {n[len("blk.2."):] for n in f.tensor_names() if n.startswith("blk.2.")}
+    assert {"nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight",
+            "attn_q.weight", "attn_output.weight", "attn_q_norm.weight", "post_attention_norm.weight"} <= blk2
+    assert _ne(f.tensor_info("blk.2.nextn.eh_proj.weight")) == [2 * shape.hidden, shape.hidden]
+    lm = load_model(resolve(str(path)))
+    assert (lm.config.num_layers, lm.config.mtp_layers) == (2, 1) and lm.model.mtp is not None

@@ -178,7 +178,13 @@ def test_config_flags_and_bad_values():
                                       "--num-speculative-tokens", "3"])
     config = engine_config_from_args(args)
     assert (config.speculative, config.draft_model, config.num_speculative_tokens) == ("draft", "x.gguf", 3)
-    assert engine_config_from_args(build_parser().parse_args(["run", "hi"])).speculative is None
+    default = engine_config_from_args(build_parser().parse_args(["run", "hi"]))
+    assert (default.speculative, default.num_speculative_tokens) == ("auto", None)  # mtp where the file has a head
+    alias = engine_config_from_args(build_parser().parse_args(["run", "hi", "--speculative", "mtp",
+                                                               "--spec-tokens", "3"]))
+    assert (alias.speculative, alias.num_speculative_tokens) == ("mtp", 3)
+    off = engine_config_from_args(build_parser().parse_args(["run", "hi", "--speculative", "off"]))
+    assert off.speculative == "off"
     with pytest.raises(EdgeserveError, match="--num-speculative-tokens"):
         engine_config_from_args(build_parser().parse_args(["run", "hi", "--num-speculative-tokens", "0"]))
     with pytest.raises(ValueError, match="speculative"):

@@ -7,7 +7,10 @@ a router, routed experts and one shared expert with its sigmoid gate). Full-atte
 heads (per head, the query then its output gate), `attn_k`, `attn_v`, `attn_output`, `attn_q_norm`, `attn_k_norm`.
 Gated DeltaNet layers: `attn_qkv` (Q, K, V), `attn_gate` (the output gate z), `ssm_conv1d`, `ssm_dt.bias`, `ssm_a`
 (A = -exp(A_log): negative), `ssm_alpha`, `ssm_beta`, `ssm_norm`, `ssm_out`. Norm weights are ones (GGUF stores
-Qwen3.5's (1 + w) norms with the 1 added). See edgeserve.bench.random_gguf for the block formats and mixes.
+Qwen3.5's (1 + w) norms with the 1 added). With `mtp_layers`, the MTP blocks follow the trunk as llama.cpp's
+converter writes them: a full-attention layer with its FFN plus `nextn.eh_proj` and the `nextn.{enorm, hnorm,
+shared_head_norm}` norms, counted in `block_count` and `nextn_predict_layers`. See edgeserve.bench.random_gguf for the
+block formats and mixes.
 """
 
 from __future__ import annotations
@@ -42,14 +45,15 @@ class HybridShape:
     experts_used: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
+    mtp_layers: int = 0  # MTP blocks after the trunk (`blk.{layers + j}`, nextn.* tensors, nextn_predict_layers)
 
     @property
     def arch(self) -> str:
         return "qwen35moe" if self.experts else "qwen35"
 
     def is_full_attention(self, layer: int) -> bool:
-        """Whether layer `layer` is full attention (else Gated DeltaNet)."""
-        return (layer + 1) % self.full_attention_interval == 0
+        """Whether layer `layer` is full attention (else Gated DeltaNet); an MTP block is."""
+        return layer >= self.layers or (layer + 1) % self.full_attention_interval == 0
 
     @property
     def conv_dim(self) -> int:
@@ -77,8 +81,10 @@ def hybrid_tensor_shapes(shape: HybridShape, vocab: int) -> dict[str, tuple[int,
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, h)}
     if not shape.tie_embeddings:
         shapes["output.weight"] = (vocab, h)
-    for i in range(shape.layers):
+    for i in range(shape.layers + shape.mtp_layers):
         p = f"blk.{i}."
+        if i >= shape.layers:
+            shapes[p + "nextn.eh_proj.weight"] = (h, 2 * h)
         if shape.is_full_attention(i):
             shapes.update({p + "attn_q.weight": (2 * shape.heads * hd, h),
                            p + "attn_k.weight": (shape.kv_heads * hd, h), p + "attn_v.weight": (shape.kv_heads * hd, h),
@@ -103,9 +109,11 @@ def hybrid_f32_tensors(shape: HybridShape) -> dict[str, tuple[int, ...]]:
     """The float32 tensors by GGUF name: norms, the DeltaNet's conv / dt / A, routers (llama.cpp quantizes none)."""
     h = shape.hidden
     out: dict[str, tuple[int, ...]] = {"output_norm.weight": (h,)}
-    for i in range(shape.layers):
+    for i in range(shape.layers + shape.mtp_layers):
         p = f"blk.{i}."
         out.update({p + "attn_norm.weight": (h,), p + "post_attention_norm.weight": (h,)})
+        if i >= shape.layers:
+            out.update({p + f"nextn.{n}.weight": (h,) for n in ("enorm", "hnorm", "shared_head_norm")})
         if shape.is_full_attention(i):
             out.update({p + "attn_q_norm.weight": (shape.head_dim,), p + "attn_k_norm.weight": (shape.head_dim,)})
         else:
@@ -132,13 +140,15 @@ def hybrid_tensor_types(shape: HybridShape, mix: str) -> dict[str, str]:
     names = hybrid_tensor_shapes(shape, vocab=256)
     if mix != "Q4_K_M":
         return {n: mix for n in names}
-    attention = [i for i in range(shape.layers) if shape.is_full_attention(i)]
+    attention = [i for i in range(shape.layers + shape.mtp_layers) if shape.is_full_attention(i)]
     types = {}
     for name in names:
         kind = name.split(".")[-2]
         i = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if name in ("token_embd.weight", "output.weight"):
             types[name] = "Q6_K"
+        elif kind == "eh_proj":
+            types[name] = "Q8_0"
         elif kind == "attn_qkv":
             types[name] = "Q5_K"
         elif kind == "attn_v":
@@ -161,7 +171,9 @@ def write_random_hybrid(path: str | Path, shape: HybridShape, mix: str, tokenize
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(str(path), shape.arch)
-    w.add_block_count(shape.layers)
+    w.add_block_count(shape.layers + shape.mtp_layers)
+    if shape.mtp_layers:
+        w.add_nextn_predict_layers(shape.mtp_layers)
     w.add_context_length(context)
     w.add_embedding_length(shape.hidden)
     w.add_feed_forward_length(shape.shared_ffn if shape.experts else shape.ffn)

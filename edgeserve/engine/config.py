@@ -20,6 +20,9 @@ KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
 LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.adapters.AdapterStore)
 
 
+SPECULATIVE_METHODS = (None, "auto", "off", "ngram", "draft", "mtp")
+
+
 def _flag(default, flag: str):
     """A field with a default, settable from the command line as `flag`."""
     return field(default=default, metadata={"flag": flag})
@@ -47,10 +50,12 @@ class EngineConfig:
     cpu_kv_gb: float = _flag(4.0, "--cpu-kv-gb")  # host tier (and swap space) budget
     disk_kv_gb: float = _flag(16.0, "--disk-kv-gb")  # disk tier budget
     disk_kv_path: str | None = _flag(None, "--disk-kv-path")  # None: kv/ under the edgeserve cache folder
-    # None (off), "ngram" (prompt lookup) or "draft" (a draft model)
-    speculative: str | None = _flag(None, "--speculative")
+    # "auto" (the model's MTP head where it has one, else off), None / "off", "ngram" (prompt lookup), "draft" (a draft
+    # model) or "mtp" (the model's own MTP head: Qwen3.5 / 3.6); the engine resolves it (spec.speculative_method)
+    speculative: str | None = _flag("auto", "--speculative")
     draft_model: str | None = _flag(None, "--draft-model")  # the draft's name (catalog, .gguf, HF folder)
-    num_speculative_tokens: int = _flag(4, "--num-speculative-tokens")  # tokens proposed per sequence per step
+    # tokens proposed per sequence per step; None: the method's default (spec.default_num_tokens)
+    num_speculative_tokens: int | None = _flag(None, "--num-speculative-tokens")
     # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
     # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
     max_decode_slowdown: float | None = _flag(1.5, "--max-decode-slowdown")
@@ -79,12 +84,13 @@ class EngineConfig:
             raise config_error(EngineConfig, "overlap", "be 'auto', 'on' or 'off'", self.overlap)
         if self.lora_weights not in LORA_WEIGHTS:
             raise config_error(EngineConfig, "lora_weights", f"be one of {', '.join(LORA_WEIGHTS)}", self.lora_weights)
-        if self.speculative not in (None, "ngram", "draft"):
-            raise config_error(EngineConfig, "speculative", "be 'ngram' or 'draft'", self.speculative)
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise config_error(EngineConfig, "speculative", "be one of " + ", ".join(m for m in SPECULATIVE_METHODS
+                                                                                   if m), self.speculative)
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
             raise config_error(EngineConfig, "num_speculative_tokens", "be an integer from 1 to 16", k)
-        if self.draft_model is not None and self.speculative != "draft":
+        if self.draft_model is not None and self.speculative not in ("draft", "auto"):
             raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
         try:
             check_decode_slowdown(self.max_decode_slowdown)

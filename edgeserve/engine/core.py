@@ -26,6 +26,7 @@ import torch
 
 from edgeserve.errors import QueueFullError
 from edgeserve.kernels.transfer import HostCopy, to_device
+from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 from edgeserve.models.mrope import MRopePositions
 from edgeserve.offload.engine_glue import build_pool_offload
@@ -48,7 +49,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .snapshot_points import turn_marker_ids
 from .state_cache import StateSlots
 from .state_pool import state_spec_for
-from .spec import Speculator
+from .spec import Speculator, speculative_method
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -81,15 +82,19 @@ class EngineCore:
     """Continuous batching over one model: add requests, call `step()` until none is left."""
 
     def __init__(self, lm: LoadedModel, config: EngineConfig = EngineConfig(), draft: LoadedModel | None = None) -> None:
-        """`draft`: the loaded draft model for `speculative="draft"` (the caller loads it: `load_draft_model`)."""
+        """`draft`: the loaded draft model for `speculative="draft"` (the caller loads it: `load_draft_model`);
+        `config.speculative` "auto" becomes "mtp" where the model has an MTP head, else off."""
         self.lm = lm
+        config = replace(config, speculative=speculative_method(config.speculative, lm, config.draft_model))
         self.config = config
         model = lm.model
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
         num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
-        use_graphs = not config.enforce_eager and graphs_supported(model.device, lm.config)
+        # MTP drafting reads every step's hidden states, which a replayed CUDA graph does not keep
+        use_graphs = (not config.enforce_eager and graphs_supported(model.device, lm.config)
+                      and config.speculative != "mtp")
         use_offload = config.offload_config().use_cpu
         # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
         window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
@@ -128,6 +133,7 @@ class EngineCore:
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
                                    config.block_size, draft)
+            self.runner.keep_hidden = self.spec.needs_hidden
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
         self._inflight: Launched | None = None
         self._lock = threading.Lock()
@@ -259,8 +265,9 @@ class EngineCore:
         """Schedule, run the forward, sample the one-token rows (on the device) and verify the rows with drafts
         (on the host)."""
         if self.spec is not None:
-            self.spec.propose([r for r in self.requests.values()
-                               if r.status is SeqStatus.RUNNING and r.num_remaining == 1])
+            # decoding requests, and hybrids' that compute accepted tokens again after a partly rejected step
+            self.spec.propose([r for r in self.requests.values() if r.status is SeqStatus.RUNNING and (
+                r.num_remaining == 1 or r.num_computed_tokens >= r.num_prompt_tokens)])
         sched = self.scheduler.schedule()
         self.num_steps += 1
         for seq_id in sched.preempted:  # requeued: their blocks went back to the pool
@@ -276,10 +283,14 @@ class EngineCore:
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
         if self.states is not None:  # a hybrid's states before its drafts, for a rollback when some are rejected
-            for s in sched.scheduled:
-                if s.num_spec:
-                    self.states.backup(s.seq_id)
+            # (a copy of a few MB: on one torch thread on the CPU, which does not wait on busy cores)
+            with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):
+                for s in sched.scheduled:
+                    if s.num_spec:
+                        self.states.backup(s.seq_id)
         logits = self.runner.execute(sched, fill)
+        if self.spec is not None and self.spec.needs_hidden:
+            self.spec.observe(sched.scheduled, self.runner.hidden, self.requests)
         if logits is None:  # every sequence was mid-prefill
             return out
         ends = list(itertools.accumulate(1 + s.num_spec for s in scheduled))
@@ -304,8 +315,9 @@ class EngineCore:
     def _advance(self, launched: Launched) -> None:
         """Account for a launched step in the scheduler (after the previous step's ids replaced their placeholders,
         so full blocks are hashed with real ids); a one-token row's token is a placeholder until `_apply`."""
-        self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
-                                               for i, r in enumerate(launched.sampling)})
+        with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):  # a hybrid's state restore
+            self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
+                                                   for i, r in enumerate(launched.sampling)})
         if self.spec is not None:
             self.spec.rollback(launched.sampling)
         bm = self.scheduler.block_manager

@@ -62,6 +62,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             cpu_native.library()  # sized from torch's thread count here, not inside a one-thread small step
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
+        self.keep_hidden = False  # keep each step's hidden states [T, hidden] in `hidden` (MTP speculation)
+        self.hidden: torch.Tensor | None = None
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
         """Run the step's tokens; the logits of each sampling sequence's last 1 + num_spec rows (its next token's
@@ -87,6 +89,7 @@ class ModelRunner:
             hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
                                     self._step_states(scheduled, inputs.query_lens), lora, images, mrope,
                                     step_spans(scheduled))
+            self.hidden = hidden if self.keep_hidden else None
             if not sample_seqs:
                 return None
             rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples

@@ -237,7 +237,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(out, budget)
         decodes = _shape(out.scheduled) if limited else StepShape(0, 0)
-        prefilling = [seq for seq in self.running if seq.num_remaining > 1]
+        decoding = {s.seq_id for s in out.scheduled}
+        prefilling = [seq for seq in self.running if seq.num_remaining > 1 and seq.seq_id not in decoding]
         if self.config.fair_prefill:
             room = budget - len(prefilling)  # every prefill gets at least one token
         else:
@@ -287,22 +288,24 @@ class Scheduler:
     # --- phases ------------------------------------------------------------
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
-        """One token per running sequence that is past its prompt, preempting the newest when blocks run out."""
+        """One token per running sequence that is past its prompt, preempting the newest when blocks run out (a
+        hybrid's accepted tokens to compute again after a partly rejected step go with its new drafts)."""
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.num_remaining != 1:
+            n = seq.num_remaining
+            if seq.status is not SeqStatus.RUNNING or not (n == 1 or _redecodes(seq)) or n > budget:
                 continue  # preempted earlier in this loop, or still prefilling
             if not self._reserve_or_preempt(seq, out):
                 continue  # seq itself was preempted or retired
-            spec = seq.spec_token_ids[: budget - 1]
+            spec = seq.spec_token_ids[: budget - n]
             # speculative tokens take only free blocks, and leave one per running sequence for plain decodes
             bm = self.block_manager
             if spec and (bm.num_free_blocks < len(self.running)
                          or not bm.ensure_capacity(seq.seq_id, seq.num_tokens + len(spec))):
                 spec = []
-            out.scheduled.append(self._build(seq, 1, spec))
-            budget -= 1 + len(spec)
+            out.scheduled.append(self._build(seq, n, spec))
+            budget -= n + len(spec)
         return budget
 
     def _prompt_budget(self, decodes: StepShape, prefilling: list[Sequence],
@@ -500,6 +503,13 @@ class Scheduler:
             mrope=seq.mrope,
             attend_spans=seq.attend_spans if start < seq.num_prompt_tokens else (),
         )
+
+
+def _redecodes(seq: Sequence) -> bool:
+    """Whether `seq` is past its prompt with more than its last token to compute (a hybrid's accepted drafts after a
+    partly rejected step: its state went back to before them) and has new drafts: then those tokens are computed
+    again in the same step that verifies the new drafts, as one decode row."""
+    return seq.num_remaining > 1 and seq.num_computed_tokens >= seq.num_prompt_tokens and bool(seq.spec_token_ids)
 
 
 def span_stop(start: int, stop: int, spans: tuple) -> int:

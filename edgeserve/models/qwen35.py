@@ -42,6 +42,7 @@ from .archs.gemma4.model import load_table
 from .llama import LlamaModel, load_matrix
 from .moe import MoELayer
 from .moe_weights import load_moe_layer
+from .mtp_head import MtpHead, attach_mtp_head
 from .text_part import RenamedWeights, language_model_prefix
 
 
@@ -132,6 +133,8 @@ class Qwen35Model(LlamaModel):
     step's recurrent states beside it (`attn.states`)."""
 
     layers: list[Qwen35Layer]  # type: ignore[assignment]
+    mtp: MtpHead | None = None  # the multi-token-prediction head, where the file has one (models.mtp_head)
+    mtp_error: str | None = None  # why a file's MTP block could not be read
 
     @classmethod
     def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
@@ -180,7 +183,9 @@ class Qwen35Model(LlamaModel):
         if not c.tie_word_embeddings and src.has("lm_head.weight"):
             lm_head = matrix(["lm_head.weight"])
         inv_freq = partial_rope_inv_freq(c.head_dim, c.rotary_dim or c.head_dim, c.rope_theta)
-        return cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, dev)
+        model = cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, dev)
+        attach_mtp_head(model, src, keep_int4, dense_prefill)  # the MTP block, for speculation (engine.spec.mtp)
+        return model
 
     @staticmethod
     def _feed_forward(c: ModelConfig, src: WeightSource, i: int, matrix, dev: torch.device,

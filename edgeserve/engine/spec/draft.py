@@ -13,7 +13,7 @@ from edgeserve.loaders.tokenizer import Tokenizer
 from edgeserve.models.load import LoadedModel
 from edgeserve.sampling_params import SamplingParams
 
-from .verify import draw, token_probs
+from .verify import draw_drafts
 
 _PROBE = "Hello, world! Ünïcödé 123 <|im_start|>user\n  def f(x):\treturn x ** 2  # 日本語"
 
@@ -103,15 +103,12 @@ class DraftProposer:
             last = torch.cumsum(torch.tensor(query_lens, device=dev), 0) - 1
             logits = self.model.logits(hidden[last])
             logits = _fit_vocab(logits, self.vocab)
-            rows = [params[i] for i in batch]
-            history = any(p.penalized for p in rows)
-            probs = token_probs(logits, rows,
-                                [seqs[i].prompt_token_ids for i in batch] if history else None,
-                                [seqs[i].output_token_ids + drafts[i] for i in batch] if history else None)
-            tokens_out = draw(probs, [generators[i] for i in batch], deterministic).tolist()
+            tokens_out, probs = draw_drafts(logits, [seqs[i] for i in batch], [params[i] for i in batch],
+                                            [drafts[i] for i in batch], [generators[i] for i in batch], deterministic)
             for r, i in enumerate(batch):
                 drafts[i].append(tokens_out[r])
-                qs[i].append(probs[r])
+                if probs is not None:
+                    qs[i].append(probs[r])
             active = [i for i in batch if len(drafts[i]) < ks[i]]
         return drafts, [torch.stack(q) if q else torch.empty(0, self.vocab) for q in qs]
 

@@ -8,14 +8,45 @@ from typing import TYPE_CHECKING
 import torch
 
 from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
+from .backoff import Backoff
 from .draft import DraftProposer
+from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
-from .verify import token_probs, verify
+from .verify import Verdict, greedy_verify, one_hot, token_probs, verify
 
 if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
+
+
+# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
+# the oracle benchmark's decode rate peaks at 70% acceptance (docs/PERFORMANCE.md); 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
+# the acceptance below which MTP drafting costs more than it saves (benchmarks/mtp_oracle.py, docs/PERFORMANCE.md):
+# a request under it pauses drafting (spec.backoff)
+MTP_BREAK_EVEN = 0.5
+
+
+def speculative_method(asked: str | None, target: LoadedModel, draft_model: str | None = None) -> str | None:
+    """The speculation an engine over `target` runs for EngineConfig.speculative `asked`: None (off) for None / "off";
+    for "auto", "draft" when a draft model is named, else "mtp" where the model has an MTP head, else None;
+    NoMtpHeadError (one line) for "mtp" on a model without one."""
+    if asked in (None, "off"):
+        return None
+    if asked == "auto":
+        if draft_model is not None:
+            return "draft"
+        return "mtp" if mtp_head_error(target) is None else None
+    if asked == "mtp" and (why := mtp_head_error(target)) is not None:
+        raise NoMtpHeadError(why)
+    return asked
+
+
+def default_num_tokens(method: str, asked: int | None) -> int:
+    """Tokens proposed per step: `asked`, else the method's default."""
+    return asked if asked is not None else DEFAULT_NUM_TOKENS.get(method, 4)
 
 
 @dataclass
@@ -37,21 +68,28 @@ class SpecCounters:
 
 
 class Speculator:
-    """Proposes drafts for decoding requests (prompt lookup or a draft model) and verifies them in one target
-    forward: `propose` before `Scheduler.schedule`, `verify` for the rows with drafts (the others go to the plain
-    sampler), `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
+    """Proposes drafts for decoding requests (prompt lookup, a draft model or the target's MTP head) and verifies
+    them in one target forward: `propose` before `Scheduler.schedule`, `observe` the target's hidden states after its
+    forward (the MTP head reads them), `verify` for the rows with drafts (the others go to the plain sampler),
+    `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
 
-    def __init__(self, method: str, num_tokens: int, target: LoadedModel, num_blocks: int, block_size: int,
+    def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
                  draft: LoadedModel | None = None) -> None:
         self.method = method
-        self.num_tokens = num_tokens
+        self.num_tokens = default_num_tokens(method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
         self.draft: DraftProposer | None = None
         if method == "draft":
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
             self.draft = DraftProposer(draft, target, num_blocks, block_size)
+        self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
         self.counters = SpecCounters()
+        # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
+        # small steps do): a vocabulary-wide op split over busy cores waits longer than it computes
+        self.threads = 1 if target.model.device.type == "cpu" else None
+        # MTP is on by default where a file has a head: a request whose drafts are rarely accepted stops drafting
+        self.backoff = Backoff(MTP_BREAK_EVEN) if method == "mtp" else None
 
     @staticmethod
     def wants(req: "Request") -> bool:
@@ -62,25 +100,53 @@ class Speculator:
             req.thinking is None or not req.thinking.active)
 
     def propose(self, reqs: list["Request"]) -> None:
-        """Set `spec_token_ids` (and, with a draft model, `draft_probs`) of each decoding request (never more than
-        its max_tokens leaves room for)."""
+        """Set `spec_token_ids` (and, with a draft model or the MTP head, `draft_probs`) of each decoding request
+        (never more than its max_tokens leaves room for)."""
+        with intra_op_threads(self.threads):
+            self._propose(reqs)
+
+    def _propose(self, reqs: list["Request"]) -> None:
         reqs = [r for r in reqs if self.wants(r)]
+        if self.backoff is not None:
+            reqs = [r for r in reqs if self.backoff.drafts_now(r.request_id)]
         ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
         if self.ngram is not None:
             for r, k in zip(reqs, ks):
                 r.spec_token_ids = self.ngram.propose(r.all_token_ids, k)
             return
-        assert self.draft is not None
-        drafts, qs = self.draft.propose(reqs, ks, [r.params for r in reqs],
+        proposer = self.draft or self.mtp
+        assert proposer is not None
+        drafts, qs = proposer.propose(reqs, ks, [r.params for r in reqs],
                                         [r.generator for r in reqs])
         for r, d, q in zip(reqs, drafts, qs):
             r.spec_token_ids, r.draft_probs = d, q
 
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether `observe` wants the target's hidden states of every step (the MTP head reads them)."""
+        return self.mtp is not None
+
+    def observe(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor | None,
+                requests: dict[str, "Request"]) -> None:
+        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head."""
+        if self.mtp is None or hidden is None:
+            return
+        wanted = {s.seq_id: requests[s.seq_id] for s in scheduled
+                  if s.seq_id in requests and self.wants(requests[s.seq_id])}
+        self.mtp.observe(scheduled, hidden, wanted)
+
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
+        """Accepted drafts plus the next token for each speculating request (see `_verify`)."""
+        with intra_op_threads(self.threads):
+            return self._verify(logits, scheduled, rs)
+
+    def _verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (read on the host); `logits` are its
         k+1 rows each, in order. The distributions are the plain sampler's (`verify.token_probs`), so the tokens
         are distributed exactly as without speculation."""
         drafts = [s.token_ids[-s.num_spec:] for s in scheduled]
+        if all(r.params.greedy and not r.params.penalized and not r.params.logit_bias for r in rs):
+            return self._count(rs, drafts, greedy_verify(logits, drafts))
         params = [r.params for r, d in zip(rs, drafts) for _ in range(len(d) + 1)]
         history = any(r.params.penalized for r in rs)
         prompt_ids = [r.prompt_token_ids for r, d in zip(rs, drafts) for _ in range(len(d) + 1)] if history else None
@@ -88,9 +154,17 @@ class Speculator:
                       if history else None)
         p = token_probs(logits, params, prompt_ids, output_ids)
         q = None
-        if self.draft is not None:
-            q = [r.draft_probs[: len(d)] for r, d in zip(rs, drafts)]
+        if self.draft is not None or self.mtp is not None:  # greedy drafts come without q: their point masses
+            q = [r.draft_probs[: len(d)] if r.draft_probs.shape[0] >= len(d) else one_hot(d, p.shape[-1], p.device)
+                 for r, d in zip(rs, drafts)]
         verdict = verify(p, drafts, q, [r.generator for r in rs], deterministic=all(r.params.greedy for r in rs))
+        return self._count(rs, drafts, verdict)
+
+    def _count(self, rs: list["Request"], drafts: list[list[int]], verdict: Verdict) -> list[list[int]]:
+        """Each sequence's accepted drafts plus its next token, counted for /metrics (and the back-off)."""
+        if self.backoff is not None:
+            for r, d, a in zip(rs, drafts, verdict.num_accepted):
+                self.backoff.record(r.request_id, len(d), a)
         self.counters.proposed += sum(len(d) for d in drafts)
         self.counters.accepted += sum(verdict.num_accepted)
         self.counters.verifications += len(drafts)
@@ -101,8 +175,13 @@ class Speculator:
         if self.draft is not None:
             for r in reqs:
                 self.draft.rollback(r.request_id, r.num_computed_tokens)
+        if self.mtp is not None:  # the target's hidden states of every token but the last are right (a hybrid's
+            for r in reqs:        # accepted ones too, though its state went back to before them)
+                self.mtp.rollback(r.request_id, r.num_tokens - 1)
 
     def free(self, request_id: str) -> None:
         """A request ended or was preempted: release its draft state."""
-        if self.draft is not None:
-            self.draft.free(request_id)
+        if self.backoff is not None:
+            self.backoff.forget(request_id)
+        for proposer in filter(None, (self.draft, self.mtp)):
+            proposer.free(request_id)

@@ -36,6 +36,20 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], determin
     return sample_from(probs, generators)
 
 
+def draw_drafts(logits: torch.Tensor, seqs: list, params: list[SamplingParams], drafts: list[list[int]],
+                generators: list[torch.Generator | None], deterministic: bool) -> tuple[list[int], torch.Tensor | None]:
+    """A proposer's next draft token for each row of `logits` (sequence `seqs[r]` with `drafts[r]` drafted so far)
+    and the distributions [R, V] they were drawn from: the sampler's own (penalties over the prompt, the output and
+    the drafts; temperature and filters), as rejection sampling needs; None for greedy rows without penalties or
+    logit biases (their drafts are the argmax, and greedy verification reads no q)."""
+    if deterministic and not any(p.penalized or p.logit_bias for p in params):
+        return logits.argmax(-1).tolist(), None
+    history = any(p.penalized for p in params)
+    probs = token_probs(logits, params, [s.prompt_token_ids for s in seqs] if history else None,
+                        [s.output_token_ids + d for s, d in zip(seqs, drafts)] if history else None)
+    return draw(probs, generators, deterministic).tolist(), probs
+
+
 @dataclass
 class Verdict:
     """Per sequence: how many drafts were accepted, and the token that follows them (correction or bonus)."""
@@ -95,3 +109,24 @@ def verify(target_probs: torch.Tensor, drafts: list[list[int]], draft_probs: lis
     dist = torch.where(rejected, residual / mass.clamp_min(1e-30), p_next)
     next_token = draw(dist, generators, deterministic)
     return Verdict(num_accepted.tolist(), next_token.tolist())
+
+
+def greedy_verify(logits: torch.Tensor, drafts: list[list[int]]) -> Verdict:
+    """`verify` for greedy rows without penalties or logit biases, read off the argmax of the logits
+    [sum(k_s + 1), V] alone (the same verdict: each row's distribution is the one-hot of its argmax), without
+    building [rows, V] distributions."""
+    top = logits.argmax(-1).tolist()
+    accepted, following, row = [], [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == top[row + a]:
+            a += 1
+        accepted.append(a)
+        following.append(top[row + a])
+        row += len(d) + 1
+    return Verdict(accepted, following)
+
+
+def one_hot(tokens: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Point-mass distributions [len(tokens), vocab] on `tokens`."""
+    return torch.zeros(len(tokens), vocab, device=device).scatter_(1, torch.tensor(tokens, device=device)[:, None], 1.0)

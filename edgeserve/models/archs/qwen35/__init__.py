@@ -15,4 +15,11 @@ GGUF_LAYER = {
     "linear_attn.ssm_a": "ssm_a",
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
+    # the MTP block after the trunk (edgeserve.models.mtp_head), under the converter's intermediate names
+    "eh_proj.weight": "nextn.eh_proj.weight",
+    "enorm.weight": "nextn.enorm.weight",
+    "hnorm.weight": "nextn.hnorm.weight",
+    "shared_head.norm.weight": "nextn.shared_head_norm.weight",
+    "shared_head.head.weight": "nextn.shared_head_head.weight",
+    "embed_tokens.weight": "nextn.embed_tokens.weight",
 }
