@@ -33,7 +33,7 @@ from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig
-from .gemma4 import Table, load_table, table_rows
+from .archs.gemma4.model import Table, load_table, table_rows
 from .llama import load_matrix
 from .text_part import RenamedWeights
 
