@@ -23,11 +23,15 @@ def _modules(root: Path = SERVER, package: str = "edgeserve.server") -> dict[str
 
 
 def _all_imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
-    """Modules `module` imports anywhere, inside functions too, relative imports resolved (`from X import y` also
-    names X.y, which may be a module)."""
+    """Modules `module` imports anywhere it runs, inside functions too (not under `if TYPE_CHECKING`, which never
+    runs), relative imports resolved (`from X import y` also names X.y, which may be a module)."""
     here = module.split(".") if is_package else module.split(".")[:-1]
     names: set[str] = set()
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                 and node.test.id == "TYPE_CHECKING" for stmt in node.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:

@@ -91,8 +91,8 @@ def load_mtp_head(model: "Qwen35Model", source: WeightSource, keep_int4: bool = 
                   dense_prefill: bool = False) -> MtpHead:
     """The first MTP block of `source` (a Qwen3.5 GGUF or HF checkpoint, already wrapped as Qwen35Weights) for
     `model`; raises ModelLoadError when the config has none or a tensor is missing."""
-    from .qwen35 import Qwen35Layer, Qwen35Model
-
+    # the trunk's own classes, from the model (qwen35 imports this module: no import back)
+    Qwen35Layer, Qwen35Model = type(model.layers[0]), type(model)
     c, dev, dtype = model.config, model.device, model.dtype
     if not c.mtp_layers:
         raise ModelLoadError(f"this {c.architecture} model has no MTP block")
