@@ -4,7 +4,7 @@ Beside Gemma 3's pieces (Q/K norms, sandwich norms, GELU, sliding layers with th
 layer has its own head size, K/V heads and MLP width, a weightless V norm, attention scale 1, V = K in the 31B's
 global layers, and, in the E models,
 KV-shared layers (q alone, reading an earlier layer's pool slot) and a per-layer input after the MLP; any layer may
-scale the residual stream at its end. The per-op path (models.gemma4) calls the same kernels in the same order, so
+scale the residual stream at its end. The per-op path (models.archs.gemma4) calls the same kernels in the same order, so
 the two agree bit for bit.
 """
 
@@ -50,8 +50,8 @@ def _layers_fit(model) -> bool:
 
 
 def build_gemma4(model) -> NativeDecoder | None:
-    """The fused plan for a Gemma4Model (models.gemma4), or None where it does not fit the native stack (weights not
-    in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
+    """The fused plan for a Gemma4Model (models.archs.gemma4), or None where it does not fit the native stack (weights
+    not in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
     if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in _FLOATS:

@@ -72,7 +72,7 @@ def pad_rope_tables(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> tupl
 
 def rope_attention_factor(scaling) -> float:
     """The factor a scaling multiplies cos and sin by: YaRN's `attention_factor`, by default 0.1 ln(factor) + 1
-    (1.0 for the other kinds here; Phi-3's longrope applies its own in edgeserve.models.phi3)."""
+    (1.0 for the other kinds here; Phi-3's longrope applies its own in edgeserve.models.archs.phi3)."""
     if scaling is None or scaling.kind != "yarn":
         return 1.0
     if scaling.attention_factor is not None:

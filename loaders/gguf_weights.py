@@ -40,7 +40,7 @@ _LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
-    # fused (Phi-3): edgeserve.models.phi3 splits them
+    # fused (Phi-3): edgeserve.models.archs.phi3 splits them
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
     # Mixture-of-Experts (edgeserve.models.moe_weights): the router, every expert's projection as one 3-D tensor
@@ -60,57 +60,33 @@ _LAYER = {
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
-# Gemma 4 (llama.cpp's `gemma4`): its sandwich norms, per-layer embeddings and output scale under HF names
-_ARCH_TOP = {"gemma4": {
-    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
-    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-}}
-_ARCH_LAYER = {"gemma4": {
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "per_layer_input_gate.weight": "inp_gate.weight",
-    "per_layer_projection.weight": "proj.weight",
-    "post_per_layer_input_norm.weight": "post_norm.weight",
-    "layer_scalar": "layer_output_scale.weight",
-    # the 26B-A4B MoE block: its router under the Qwen-MoE names edgeserve.models.moe_weights reads
-    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
-    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
-    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
-    "router.scale": "ffn_gate_inp.scale",
-    "router.per_expert_scale": "ffn_down_exps.scale",
-}}
-# Qwen3.5 hybrids (llama.cpp's `qwen35` / `qwen35moe`): the Gated DeltaNet layers' tensors; `linear_attn.ssm_a` is
-# llama.cpp's -exp(A_log) (edgeserve.models.qwen35 turns it back)
-_QWEN35_LAYER = {
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
-    "linear_attn.in_proj_z.weight": "attn_gate.weight",
-    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
-    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
-    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
-    "linear_attn.dt_bias": "ssm_dt.bias",
-    "linear_attn.ssm_a": "ssm_a",
-    "linear_attn.norm.weight": "ssm_norm.weight",
-    "linear_attn.out_proj.weight": "ssm_out.weight",
-}
-_ARCH_LAYER["qwen35"] = _ARCH_LAYER["qwen35moe"] = _QWEN35_LAYER
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-# OLMo 2 (issue 33's variants): its norms after attention and after the MLP (it has none before them)
-_ARCH_LAYER["olmo2"] = {
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-}
-# Architectures whose llama.cpp converter permutes the Q/K rows for its interleaved RoPE (LlamaModel's subclasses)
-PERMUTED_ARCHITECTURES = ("llama", "mistral", "smollm3", "mistral3", "granite")
+
+
+@functools.lru_cache(maxsize=None)
+def _names(arch: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(top-level, per-layer) HF-to-llama.cpp tensor names of `arch`: Llama's, with its package's own over them
+    (GGUF_TOP / GGUF_LAYER, edgeserve.models.registry)."""
+    from edgeserve.models.registry import find_gguf_architecture
+
+    spec = find_gguf_architecture(arch)
+    if spec is None:
+        return _TOP, _LAYER
+    return {**_TOP, **spec.declared("GGUF_TOP", {})}, {**_LAYER, **spec.declared("GGUF_LAYER", {})}
+
+
+def permuted_qk(arch: str) -> bool:
+    """Whether llama.cpp's converter permuted `arch`'s Q/K rows for its interleaved RoPE (PERMUTED_QK)."""
+    from edgeserve.models.registry import find_gguf_architecture
+
+    spec = find_gguf_architecture(arch)
+    return spec is not None and bool(spec.declared("PERMUTED_QK", False))
 
 
 def gguf_name(hf_name: str, arch: str = "") -> str:
     """The llama.cpp tensor name for an HF tensor name (`arch`: the file's architecture, for its own names)."""
-    top = {**_TOP, **_ARCH_TOP.get(arch, {})}
-    layer = {**_LAYER, **_ARCH_LAYER.get(arch, {})}
+    top, layer = _names(arch)
     if hf_name in top:
         return top[hf_name]
     m = _LAYER_RE.fullmatch(hf_name)
@@ -126,7 +102,7 @@ class GGUFWeights:
         self.gguf = gguf
         self._names = set(gguf.tensor_names())
         # llama.cpp permutes Q/K rows for its interleaved RoPE only for the llama family.
-        self._permuted = gguf.architecture in PERMUTED_ARCHITECTURES
+        self._permuted = permuted_qk(gguf.architecture)
         self._heads = {"q_proj": n_heads, "k_proj": n_kv_heads}
         for name in self._names:
             check_supported_qtype(gguf.tensor_info(name).qtype, name)

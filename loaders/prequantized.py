@@ -95,7 +95,7 @@ def prequantized_format(config: dict[str, Any]) -> PrequantizedFormat | None:
         return None
     method = str(qc.get("quant_method", "")).lower()
     if method == "mxfp4" and config.get("model_type") == "gpt_oss":
-        return None  # only the experts are MXFP4, and edgeserve.models.gpt_oss reads them
+        return None  # only the experts are MXFP4, and edgeserve.models.archs.gpt_oss reads them
     if method not in ("awq", "gptq"):
         raise UnsupportedModelError(
             f"quantization method {method or 'unknown'!r} is not supported (supported: 4-bit awq and gptq)")

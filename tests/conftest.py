@@ -14,6 +14,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# the converter-parity fixtures (checkpoints converted once a session), shared by the modules that use them
+pytest_plugins = ("converter_fixtures",)
+
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():

@@ -39,6 +39,9 @@ GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16,
               query_pre_attn_scalar=16, rope_parameters={
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+# the VL models' vision towers, as small as their configs allow (the GGUF holds the text model only)
+QWEN_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                      temporal_patch_size=2, spatial_merge_size=2)
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -107,5 +110,18 @@ CASES = [
                                               residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
          "granite"),
     Case("gemma2", lambda v: t.Gemma2Config(**GEMMA2, vocab_size=v), "gemma2", tokenizer="spm", init=gemma4_init),
+    # llama.cpp converts Mistral as llama (no window key; the real configs have none)
+    Case("mistral", lambda v: t.MistralConfig(**DENSE, vocab_size=v, sliding_window=None), "llama", ours="mistral"),
+    # the VL checkpoints' text models (`model.language_model.*`): M-RoPE, which for text alone is 1-D RoPE
+    Case("qwen3vl", lambda v: t.Qwen3VLConfig(
+        text_config=dict(DENSE, vocab_size=v, head_dim=32, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
+        vision_config=dict(QWEN_VL_VISION, deepstack_visual_indexes=[0]), tie_word_embeddings=False), "qwen3vl",
+        model_class="Qwen3VLForConditionalGeneration"),
+    Case("qwen2vl", lambda v: t.Qwen2_5_VLConfig(
+        text_config=dict(DENSE, vocab_size=v, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(QWEN_VL_VISION, fullatt_block_indexes=[0], window_size=16), tie_word_embeddings=False),
+        "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
 ]
 BY_NAME = {c.name: c for c in CASES}

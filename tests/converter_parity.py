@@ -48,6 +48,7 @@ class Case:
     init: Callable[[Any], None] | None = None  # re-draws weights in place (default: `spread`)
     # rewrites the saved folder the way the real checkpoint stores it (and the model to its values): (model, folder)
     post_save: Callable[[Any, Path], None] | None = None
+    ours: str | None = None  # the registered architecture of the HF folder where not `arch` (Mistral: a llama GGUF)
 
 
 def tokenizer_folder(gguf: Path, dest: Path) -> Path:

@@ -1,13 +1,12 @@
-"""Converter parity (issue 54): tiny random checkpoints of every architecture we claim, made in transformers with the
-structural features of the real configs, converted by llama.cpp's own convert_hf_to_gguf.py to f32 GGUFs, loaded by
-edgeserve's loader (GGUF and HF folder) and compared with transformers' float32 logits at every position.
+"""Converter parity (issue 54), the MTP part: tiny random checkpoints made in transformers with the structural features
+of the real configs, converted by llama.cpp's own convert_hf_to_gguf.py (the fixtures of tests/converter_fixtures.py).
+Every case's logits against transformers', through its GGUF and its HF folder, are checked per registered
+architecture in tests/test_registered_architectures.py.
 
 Qwen3.5 checkpoints carry their MTP block as the real ones do; the converter keeps it by default (extra blocks,
 `nextn_predict_layers`), and such a file must give the `--no-mtp` file's logits."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,79 +14,7 @@ import torch
 pytest.importorskip("transformers")
 
 from converter_cases import BY_NAME, CASES  # noqa: E402
-from converter_parity import (build_checkpoint, convert, load_ours, max_logprob_diff, our_logits,  # noqa: E402
-                              reference_logits, spm_tokenizer_folder, tokenizer_folder)
-
-# float32 noise: the same math in another order over 2-7 layers of width 64 (measured at most 4.8e-5)
-F32_BOUND = 2e-4
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dirs(default_model_path: Path, tmp_path_factory):
-    """get(Case.tokenizer) -> its folder of tokenizer files, made once a session."""
-    made: dict[str, Path] = {}
-
-    def get(kind: str) -> Path:
-        if kind not in made:
-            dest = tmp_path_factory.mktemp(f"tokenizer-{kind}")
-            made[kind] = tokenizer_folder(default_model_path, dest) if kind == "bpe" else spm_tokenizer_folder(dest)
-        return made[kind]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tokenizer_dirs, tmp_path_factory):
-    """get(name, *converter flags, outtype="f32") -> (transformers model, HF folder, GGUF), built and converted once a
-    session."""
-    made: dict = {}
-
-    def get(name: str, *flags: str, outtype: str = "f32"):
-        case = BY_NAME[name]
-        if name not in made:
-            folder = tmp_path_factory.mktemp(name)
-            made[name] = (build_checkpoint(case, tokenizer_dirs(case.tokenizer), folder), folder, {})
-        model, folder, ggufs = made[name]
-        key = (flags or case.convert_args, outtype)
-        if key not in ggufs:
-            out = folder.parent / f"{name}{''.join(key[0])}.{outtype}.gguf"
-            ggufs[key] = convert(folder, out, *key[0], outtype=outtype)
-        return model, folder, ggufs[key]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def reference(checkpoints):
-    cache: dict[str, torch.Tensor] = {}
-
-    def get(name: str) -> torch.Tensor:
-        if name not in cache:
-            cache[name] = reference_logits(checkpoints(name)[0])
-        return cache[name]
-
-    return get
-
-
-@pytest.mark.parametrize("name", [c.name for c in CASES])
-def test_f32_gguf_matches_transformers(name: str, checkpoints, reference) -> None:
-    _, _, gguf = checkpoints(name)
-    loaded = load_ours(gguf)
-    assert loaded.config.architecture == BY_NAME[name].arch
-    ref = reference(name)
-    assert ref.abs().max() > 1.0  # a model whose logits say something
-    diff = max_logprob_diff(our_logits(loaded.model), ref)
-    print(f"{name} f32 GGUF: max |logprob diff| {diff:.2e}")
-    assert diff < F32_BOUND
-
-
-@pytest.mark.parametrize("name", [c.name for c in CASES])
-def test_hf_folder_matches_transformers(name: str, checkpoints, reference) -> None:
-    _, folder, _ = checkpoints(name)
-    loaded = load_ours(folder)
-    diff = max_logprob_diff(our_logits(loaded.model), reference(name))
-    print(f"{name} HF folder: max |logprob diff| {diff:.2e}")
-    assert diff < F32_BOUND
+from converter_parity import load_ours, our_logits  # noqa: E402
 
 
 @pytest.mark.parametrize("name", [c.name for c in CASES if c.mtp_layers])

@@ -19,7 +19,7 @@ from edgeserve.kernels.cpu_native import BlockWeight
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf
-from edgeserve.models.gemma4 import Gemma4Model
+from edgeserve.models.archs.gemma4.model import Gemma4Model
 from edgeserve.models.load import LoadedModel
 
 pytest.importorskip("transformers")

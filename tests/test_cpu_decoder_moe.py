@@ -21,7 +21,7 @@ from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf
 from edgeserve.models.load import LoadedModel
-from edgeserve.models.moe_decoder import MoEModel
+from edgeserve.models.archs.qwen3moe.model import MoEModel
 
 pytest.importorskip("transformers")
 from test_cpu_decoder import STEPS, _native_on, run_steps  # noqa: E402,F401  (the fixture keeps the kernels on)

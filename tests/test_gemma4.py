@@ -18,7 +18,7 @@ from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
-from edgeserve.models.gemma4 import Gemma4Model
+from edgeserve.models.archs.gemma4.model import Gemma4Model
 
 transformers = pytest.importorskip("transformers")
 

@@ -23,7 +23,7 @@ from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
-from edgeserve.models.gpt_oss import GptOssModel
+from edgeserve.models.archs.gpt_oss.model import GptOssModel
 
 from tiny_gguf import byte_vocab
 

@@ -358,7 +358,7 @@ def test_serve_refuses_a_missing_lora_path_at_start(tmp_path):
 
 def test_a_decoder_without_adapter_support_refuses_them_by_name(tmp_path):
     from edgeserve.engine.adapters import AdapterStore
-    from edgeserve.models.gemma import GemmaModel
+    from edgeserve.models.archs.gemma.model import GemmaModel
 
     lm = tiny(tmp_path)
     other = GemmaModel.__new__(GemmaModel)  # any decoder whose forward is not the Llama family's

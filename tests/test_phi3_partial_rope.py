@@ -103,7 +103,7 @@ def test_the_unrotated_dims_matter(tmp_path: Path) -> None:
     import dataclasses
 
     from edgeserve.loaders.hf_folder import HFFolder
-    from edgeserve.models.phi3 import Phi3Model
+    from edgeserve.models.archs.phi3.model import Phi3Model
 
     model = phi3(False)
     ref = reference(model)

@@ -22,7 +22,7 @@ from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
-from edgeserve.models.moe_decoder import MoEModel
+from edgeserve.models.archs.qwen3moe.model import MoEModel
 
 from tiny_gguf import byte_vocab
 

@@ -1,5 +1,6 @@
 """The server's shape (issue 34): its modules import each other without a cycle, every function stays under 60
-lines, and the generation routes go through the one pipeline (edgeserve/server/respond.py)."""
+lines, and the generation routes go through the one pipeline (edgeserve/server/respond.py). The models' shape
+(issue 48): no import cycle in edgeserve/models, counting the imports inside functions too."""
 
 from __future__ import annotations
 
@@ -7,16 +8,52 @@ import ast
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().parents[1] / "edgeserve" / "server"
+MODELS = SERVER.parent / "models"
 MAX_FUNCTION_LINES = 60
 
 
-def _modules() -> dict[str, ast.Module]:
+def _modules(root: Path = SERVER, package: str = "edgeserve.server") -> dict[str, ast.Module]:
+    """Every module under `root` by its dotted name (a package by its own name, not `.__init__`)."""
     out = {}
-    for path in sorted(SERVER.rglob("*.py")):
-        rel = path.relative_to(SERVER).with_suffix("").as_posix().replace("/", ".")
-        out["edgeserve.server" + ("" if rel == "__init__" else "." + rel.removesuffix(".__init__"))] = \
-            ast.parse(path.read_text(encoding="utf-8"))
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+        rel = "" if rel == "__init__" else rel.removesuffix(".__init__")
+        out[package + ("." + rel if rel else "")] = ast.parse(path.read_text(encoding="utf-8"))
     return out
+
+
+def _all_imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """Modules `module` imports anywhere, inside functions too, relative imports resolved (`from X import y` also
+    names X.y, which may be a module)."""
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def _assert_acyclic(graph: dict[str, set[str]]) -> None:
+    """Fail naming the cycle where `graph` (module -> modules it imports) has one."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            assert state.get(n) != 1, f"import cycle: {' -> '.join([*path, m, n])}"
+            if n not in state:
+                visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
 
 
 def _top_level_imports(tree: ast.Module) -> set[str]:
@@ -35,19 +72,31 @@ def test_server_modules_import_without_a_cycle():
     modules = _modules()
     graph = {m: {n for n in _top_level_imports(t) if n in modules and n != m} for m, t in modules.items()}
     graph["edgeserve.server"] = set()  # the package's __init__ re-exports create_app; its users import it first
-    state: dict[str, int] = {}  # 1: on the path, 2: done
+    _assert_acyclic(graph)
 
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for n in graph[m]:
-            assert state.get(n) != 1, f"import cycle: {' -> '.join([*path, m, n])}"
-            if n not in state:
-                visit(n, [*path, m])
-        state[m] = 2
 
-    for m in graph:
-        if m not in state:
-            visit(m, [])
+def _models_graph() -> dict[str, set[str]]:
+    modules = _modules(MODELS, "edgeserve.models")
+    packages = {m for m in modules if (MODELS / Path(*m.split(".")[2:]) / "__init__.py").is_file()}
+    return {m: {n for n in _all_imports(t, m, m in packages) if n in modules and n != m} for m, t in modules.items()}
+
+
+def test_models_import_without_a_cycle_lazy_imports_included():
+    """The registry finds architecture packages by name (importlib), so config.py reads no package it is read by."""
+    _assert_acyclic(_models_graph())
+
+
+def test_the_models_cycle_check_sees_a_lazy_import():
+    graph = _models_graph()
+    assert "edgeserve.models.decoder_embed" in graph["edgeserve.models.embedders"]  # imported inside a function
+    assert "edgeserve.models.config" in graph["edgeserve.models.archs.gemma4.config"]
+    graph["edgeserve.models.config"].add("edgeserve.models.archs.gemma4.config")  # as before the registry
+    try:
+        _assert_acyclic(graph)
+    except AssertionError as e:
+        assert "import cycle" in str(e)
+    else:
+        raise AssertionError("a cycle through a function-level import went unseen")
 
 
 def test_every_server_function_is_short():

@@ -270,7 +270,7 @@ def test_what_the_variants_do_not_cover_is_refused_by_name() -> None:
 def test_dummy_weights_take_the_olmo_block(tmp_path: Path) -> None:
     """`--load-format dummy` of an OLMo 3 config gives OLMo's decoder with its whole-projection Q/K norms."""
     from edgeserve.models.load import load_model
-    from edgeserve.models.olmo2 import Olmo2Model
+    from edgeserve.models.archs.olmo2.model import Olmo2Model
     from edgeserve.registry import resolve
 
     path = tmp_path / "olmo3.json"

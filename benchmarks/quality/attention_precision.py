@@ -37,7 +37,7 @@ def variant(path: str, round_qkv, pool_dtype: torch.dtype | None = None) -> torc
     """Logits of the float32 per-op model with `round_qkv` applied to (q, k, v) after the projections and the KV
     pool in `pool_dtype` (float32 when None)."""
     import edgeserve.engine.kv_cache as kv_cache
-    import edgeserve.models.gpt_oss as gpt_oss
+    import edgeserve.models.archs.gpt_oss.model as gpt_oss
     import edgeserve.models.llama as llama
 
     pool, linears = kv_cache.KVPool, (gpt_oss.linear, llama.linear)

@@ -24,6 +24,7 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.tokenizer import Tokenizer
 
 from .config import ModelConfig
+from .registry import architecture
 
 INIT_STD = 0.02  # the usual initializer range: with unit-weight norms the residual stream stays O(1)
 DUMMY_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -49,6 +50,45 @@ def int4_group_size(cfg: dict[str, Any]) -> int | None:
     return int(q.get("group_size", q.get("q_group_size", 128)) or 128)
 
 
+def llama_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF Llama names and shapes of `config`'s tensors (MoE experts fused as transformers 5 stores them; an
+    architecture's own layer tensors from its package's `dummy_layer_shapes`)."""
+    c = config
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+                                          "model.norm.weight": (c.hidden_size,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    own_layer = getattr(architecture(c.architecture).part("model"), "dummy_layer_shapes", None)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
+        shapes[p + "self_attn.q_proj.weight"] = (c.q_size, c.hidden_size)
+        shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
+        shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
+        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
+        if own_layer is not None:  # the architecture's own names (gpt-oss's, edgeserve.models.archs.gpt_oss)
+            shapes.update(own_layer(c, p))
+        elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)
+            e, f = c.num_experts, c.moe_intermediate_size
+            shapes[p + "mlp.gate.weight"] = (e, c.hidden_size)
+            shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * f, c.hidden_size)
+            shapes[p + "mlp.experts.down_proj"] = (e, c.hidden_size, f)
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+            shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
+            shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
+        if c.attention_bias:
+            for x, n in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+                shapes[p + f"self_attn.{x}_proj.bias"] = (n,)
+        if c.qk_norm:  # per head, or (OLMo 2) over the whole projection
+            shapes[p + "self_attn.q_norm.weight"] = (c.q_size if c.qk_norm_full else c.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (c.kv_size if c.qk_norm_full else c.head_dim,)
+        if c.post_norms:  # OLMo 2: its norm after the MLP (the one after attention is post_attention_layernorm)
+            shapes[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)
+    return shapes
+
+
 class DummyWeights:
     """A WeightSource of random tensors in HF Llama naming for `config` (drawn on `device`, seeded)."""
 
@@ -61,44 +101,9 @@ class DummyWeights:
         self.std = std
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
-        c = config
-        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-                                              "model.norm.weight": (c.hidden_size,)}
-        if not c.tie_word_embeddings:
-            shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
-            shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
-            shapes[p + "self_attn.q_proj.weight"] = (c.q_size, c.hidden_size)
-            shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
-            shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
-            shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
-            if c.architecture == "gpt-oss":  # HF gpt_oss names and layouts (edgeserve.models.gpt_oss reads them)
-                e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
-                shapes.update({p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
-                               p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
-                               p + "mlp.experts.gate_up_proj_bias": (e, 2 * f),
-                               p + "mlp.experts.down_proj": (e, f, h), p + "mlp.experts.down_proj_bias": (e, h),
-                               p + "self_attn.o_proj.bias": (h,), p + "self_attn.sinks": (c.num_heads,)})
-            elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)
-                e, f = c.num_experts, c.moe_intermediate_size
-                shapes[p + "mlp.gate.weight"] = (e, c.hidden_size)
-                shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * f, c.hidden_size)
-                shapes[p + "mlp.experts.down_proj"] = (e, c.hidden_size, f)
-            else:
-                shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
-                shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, c.hidden_size)
-                shapes[p + "mlp.down_proj.weight"] = (c.hidden_size, c.intermediate_size)
-            if c.attention_bias:
-                for x, n in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
-                    shapes[p + f"self_attn.{x}_proj.bias"] = (n,)
-            if c.qk_norm:  # per head, or (OLMo 2) over the whole projection
-                shapes[p + "self_attn.q_norm.weight"] = (c.q_size if c.qk_norm_full else c.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (c.kv_size if c.qk_norm_full else c.head_dim,)
-            if c.post_norms:  # OLMo 2: its norm after the MLP (the one after attention is post_attention_layernorm)
-                shapes[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)
-        self.shapes = shapes
+        model = architecture(config.architecture).part("model")
+        own = getattr(model, "dummy_shapes", None)  # an architecture whose names are not Llama's (Gemma 4)
+        self.shapes = own(config) if own is not None else llama_shapes(config)
 
     def has(self, name: str) -> bool:
         return name in self.shapes

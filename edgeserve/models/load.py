@@ -23,11 +23,8 @@ from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .cpu_moe import CpuMoeLayers, applies_to, host_expert_layers, host_experts, moe_layer_count, parse_cpu_moe_layers
-from .decoders import decoder_class
-from .gpt_oss import GptOssModel
+from .decoders import decoder_class, dummy_decoder_class
 from .llama import LlamaModel
-from .moe_decoder import MoEModel
-from .olmo2 import Olmo2Model
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +176,8 @@ def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, s
 
     cfg = read_config_json(source.path)
     config = config_from_hf(cfg)
-    if config.architecture == "gemma4" or config.is_hybrid:
-        raise ModelLoadError(f"--load-format dummy has no random weights for {config.architecture}'s block yet")
+    decoder = dummy_decoder_class(config)  # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
-    # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
-    decoder = GptOssModel if config.architecture == "gpt-oss" else MoEModel if config.is_moe else \
-        Olmo2Model if config.post_norms else LlamaModel
     with host_experts(_host_expert_layers(cpu_moe_layers, config, device)):
         model = decoder.from_weights(config, weights, dtype=dtype, device=device,
                                      dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))

@@ -175,7 +175,7 @@ def _read_peft(folder: Path, config: ModelConfig) -> tuple[_Pairs, bytes]:
 
 def _read_gguf(path: Path, config: ModelConfig) -> tuple[_Pairs, bytes]:
     from edgeserve.loaders.gguf_file import GGUFFile
-    from edgeserve.loaders.gguf_weights import PERMUTED_ARCHITECTURES, gguf_name
+    from edgeserve.loaders.gguf_weights import gguf_name, permuted_qk
     from edgeserve.loaders.weights import unpermute_qk
 
     try:
@@ -208,7 +208,7 @@ def _read_gguf(path: Path, config: ModelConfig) -> tuple[_Pairs, bytes]:
             raise AdapterError(f"GGUF adapter {path}: {n!r} has no lora_b")
         i, proj = by_gguf[base]
         a, b = f.load_tensor(n, torch.float32), f.load_tensor(base + ".lora_b", torch.float32)
-        if arch in PERMUTED_ARCHITECTURES and proj in ("self_attn.q_proj", "self_attn.k_proj"):
+        if permuted_qk(arch) and proj in ("self_attn.q_proj", "self_attn.k_proj"):
             b = unpermute_qk(b, config.num_heads if proj.startswith("self_attn.q") else config.num_kv_heads)
         r = a.shape[0]
         pairs[i, proj] = (a.clone(), b.clone(), alpha / r if alpha else 1.0)

@@ -38,7 +38,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
-from .gemma4 import load_table
+from .archs.gemma4.model import load_table
 from .llama import LlamaModel, load_matrix
 from .moe import MoELayer
 from .moe_weights import load_moe_layer

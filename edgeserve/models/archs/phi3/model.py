@@ -23,8 +23,8 @@ from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
 from edgeserve.kernels.rope import pad_rope_tables, rope_cos_sin, rope_inv_freq, rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
-from .config import ModelConfig
-from .llama import LlamaModel
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel
 
 _SPLIT = {  # unfused name -> (fused name, which part)
     "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
@@ -153,3 +153,13 @@ class Phi3Model(LlamaModel):
         cos, sin = rope_cos_sin(inv_freq, self.max_positions, self._longrope_scale())
         cos, sin = pad_rope_tables(cos, sin, self.config.head_dim)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
+
+
+def model_class(config: ModelConfig) -> type[LlamaModel]:
+    """Llama's decoder over Phi-3's fused weights (edgeserve.models.registry's hook)."""
+    return Phi3Model
+
+
+def dummy_model_class(config: ModelConfig) -> type[LlamaModel]:
+    """Random weights (edgeserve.models.dummy, unfused Llama names) run Llama's block with Phi-3's sizes."""
+    return LlamaModel

@@ -28,11 +28,11 @@ from edgeserve.kernels.rope import apply_rope
 from edgeserve.loaders.dequant import dequantize
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
-from .attention import KVAttention
-from .config import ModelConfig
-from .llama import LlamaModel
-from .moe import MoEConfig
-from .moe_weights import load_moe_layer
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel
+from edgeserve.models.moe import MoEConfig
+from edgeserve.models.moe_weights import load_moe_layer
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -207,3 +207,19 @@ class GptOssModel(LlamaModel):
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
+
+
+def model_class(config: ModelConfig) -> type[GptOssModel]:
+    """gpt-oss's decoder (edgeserve.models.registry's hook)."""
+    return GptOssModel
+
+
+def dummy_layer_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of a layer's tensors beyond q/k/v/o and the norms, under HF gpt_oss's names and layouts, for
+    random weights (edgeserve.models.dummy): router, fused experts with biases, o_proj's bias, the sinks."""
+    c, p = config, prefix
+    e, f, h = c.num_experts, c.moe_intermediate_size, c.hidden_size
+    return {p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,), p + "mlp.experts.gate_up_proj": (e, h, 2 * f),
+            p + "mlp.experts.gate_up_proj_bias": (e, 2 * f), p + "mlp.experts.down_proj": (e, f, h),
+            p + "mlp.experts.down_proj_bias": (e, h), p + "self_attn.o_proj.bias": (h,),
+            p + "self_attn.sinks": (c.num_heads,)}

@@ -10,9 +10,9 @@ import torch
 from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
-from .config import ModelConfig
-from .llama import LlamaModel
-from .moe_weights import load_moe_layer
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel
+from edgeserve.models.moe_weights import load_moe_layer
 
 
 class MoEModel(LlamaModel):
@@ -25,3 +25,9 @@ class MoEModel(LlamaModel):
                      device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         """Layer i's MoE layer, in place of the gated MLP."""
         return dict(gate_up=None, down=None, moe=load_moe_layer(config, source, i, matrix, device, dtype))
+
+
+def model_class(config: ModelConfig) -> type[LlamaModel]:
+    """Llama's decoder with Mixture-of-Experts layers; a file without experts: Llama's (edgeserve.models.registry's
+    hook)."""
+    return MoEModel if config.is_moe else LlamaModel

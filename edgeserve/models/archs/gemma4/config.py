@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
-from .config import ModelConfig, gguf_key
+from edgeserve.models.config import ModelConfig, gguf_key
 
 def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """A Gemma 4 ModelConfig from an HF config.json dict (a `gemma4_text` config or the multimodal one, whose
@@ -175,3 +175,13 @@ def _per_layer(value: Any, layers: int) -> list[int]:
             raise ModelLoadError(f"GGUF per-layer value has {len(value)} entries for {layers} layers")
         return [int(v) for v in value]
     return [int(value)] * layers
+
+
+def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
+    """edgeserve.models.registry's hook: Gemma 4 reads its whole config."""
+    return gemma4_config_from_gguf(metadata, tensor_names)
+
+
+def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
+    """edgeserve.models.registry's hook (the text model's config or the multimodal one's)."""
+    return gemma4_config_from_hf(cfg)

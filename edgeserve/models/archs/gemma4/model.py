@@ -1,6 +1,6 @@
 """The Gemma 4 text decoder (dense sizes: E2B, E4B, 31B) over flat token batches and the engine's paged KV pool.
 
-The block, from transformers' modeling_gemma4 (config fields in gemma4_config):
+The block, from transformers' modeling_gemma4 (config fields in archs/gemma4/config.py):
   h = norm(x); q = rope(q_norm(Wq h)); k = rope(k_norm(Wk h)); v = rms(Wv h)  (no weight; V = Wk h with k_eq_v)
   x = x + post_attn_norm(Wo attention(q, k, v, scale 1))
   x = x + post_ffn_norm(down(gelu_tanh(gate h') * up h')), h' = pre_ffn_norm(x)
@@ -34,13 +34,13 @@ from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows,
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
-from .attention import KVAttention
-from .config import ModelConfig
-from .gemma import MAX_ROPE_TABLE
-from .llama import LlamaModel, load_matrix
-from .moe import MoEConfig, MoELayer
-from .moe_weights import load_moe_layer
-from .text_part import RenamedWeights, language_model_prefix
+from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoEConfig, MoELayer
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights, language_model_prefix
 
 Table = torch.Tensor | Int8Weight | BlockWeight
 
@@ -328,3 +328,53 @@ class Gemma4Model(LlamaModel):
         logits = super().logits(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else softcap(logits, cap)
+
+
+def model_class(config: ModelConfig) -> type[Gemma4Model]:
+    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: kernels.cpu_decoder_gemma4)."""
+    return Gemma4Model
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of Gemma 4's tensors, for random weights (edgeserve.models.dummy): each layer's own
+    head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the per-layer inputs,
+    and the 26B-A4B's experts beside the MLP."""
+    c, h = config, config.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    ple = c.per_layer_input_size
+    if ple:
+        shapes.update({"model.embed_tokens_per_layer.weight": (c.vocab_size, c.num_layers * ple),
+                       "model.per_layer_model_projection.weight": (c.num_layers * ple, h),
+                       "model.per_layer_projection_norm.weight": (ple,)})
+    for i in range(c.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        d, q, kv = c.layer_head_dim(i), c.num_heads * c.layer_head_dim(i), c.layer_kv_heads(i) * c.layer_head_dim(i)
+        ffn = c.layer_intermediate[i] if c.layer_intermediate else c.intermediate_size
+        shapes.update({a + "q_proj.weight": (q, h), a + "q_norm.weight": (d,), a + "o_proj.weight": (h, q),
+                       p + "mlp.gate_proj.weight": (ffn, h), p + "mlp.up_proj.weight": (ffn, h),
+                       p + "mlp.down_proj.weight": (h, ffn)})
+        shapes.update({p + n: (h,) for n in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                             "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")})
+        if c.kv_source(i) == i:
+            shapes.update({a + "k_proj.weight": (kv, h), a + "k_norm.weight": (d,)})
+            if not (c.global_k_eq_v and c.is_global(i)):
+                shapes[a + "v_proj.weight"] = (kv, h)
+        if ple:
+            shapes.update({p + "per_layer_input_gate.weight": (ple, h), p + "per_layer_projection.weight": (h, ple),
+                           p + "post_per_layer_input_norm.weight": (h,)})
+        if c.is_moe:
+            shapes.update(_dummy_expert_shapes(c, p))
+    return shapes
+
+
+def _dummy_expert_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A 26B-A4B layer's experts, router and their norms under HF names."""
+    e, f, h, p = config.num_experts, config.moe_intermediate_size, config.hidden_size, prefix
+    shapes: dict[str, tuple[int, ...]] = {p + "experts.gate_up_proj": (e, 2 * f, h), p + "experts.down_proj": (e, h, f),
+                                          p + "router.proj.weight": (e, h), p + "router.scale": (h,),
+                                          p + "router.per_expert_scale": (e,)}
+    shapes.update({p + n: (h,) for n in ("pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_1.weight",
+                                         "post_feedforward_layernorm_2.weight")})
+    return shapes

@@ -16,10 +16,10 @@ from edgeserve.kernels.quant_linear import Int8Weight, PromptRows
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
-from .attention import KVAttention
-from .config import ModelConfig
-from .llama import LlamaModel, merge_image_rows
-from .text_part import text_part
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, merge_image_rows
+from edgeserve.models.text_part import text_part
 
 # How many positions the RoPE tables cover at most (they are float32 [positions, head_dim / 2] each, two per base).
 MAX_ROPE_TABLE = 32768
@@ -147,3 +147,13 @@ class GemmaModel(LlamaModel):
         logits = super().logits(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else softcap(logits, cap)
+
+
+def model_class(config: ModelConfig) -> type[LlamaModel]:
+    """Gemma's block (edgeserve.models.registry's hook)."""
+    return GemmaModel
+
+
+def dummy_model_class(config: ModelConfig) -> type[LlamaModel]:
+    """Random weights (edgeserve.models.dummy, Llama's names) run Llama's block with Gemma's sizes."""
+    return LlamaModel

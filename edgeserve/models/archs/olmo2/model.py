@@ -16,10 +16,10 @@ from edgeserve.kernels.quant_linear import PromptRows
 from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
-from .attention import KVAttention
-from .config import ModelConfig
-from .llama import LlamaModel
-from .text_part import text_part
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel
+from edgeserve.models.text_part import text_part
 
 
 class Olmo2Weights:
@@ -108,3 +108,8 @@ class Olmo2Model(LlamaModel):
             y = self.mlp(layer, x.to(self.dtype), prompt_rows)
             x = x + rms_norm(y, self.post_ffn_norms[i], eps)
         return rms_norm(x, self.norm, eps).to(self.dtype)
+
+
+def model_class(config: ModelConfig) -> type[Olmo2Model]:
+    """OLMo 2's block, no pre-norms (edgeserve.models.registry's hook)."""
+    return Olmo2Model
