@@ -198,7 +198,7 @@ def our_logits(model, ids: list[int] = IDS) -> torch.Tensor:
     """Our logits at every position of `ids`: the prompt in two chunks, then decode steps, over the engine's paged
     KV pool (and state pool for a hybrid)."""
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.state_pool import StatePool, StateSpec, StepStates
+    from edgeserve.engine.state_pool import StatePool, StepStates, state_spec_for
     from edgeserve.kernels.dispatch import AttentionMetadata
 
     c = model.config
@@ -206,7 +206,7 @@ def our_logits(model, ids: list[int] = IDS) -> torch.Tensor:
     pool = KVPool(c, blocks, BLOCK, model.dtype)
     states = slot = None
     if c.is_hybrid:
-        states = StatePool(StateSpec(c.num_linear_layers, c.delta), 1, "cpu")
+        states = StatePool(state_spec_for(c), 1, "cpu")
         slot = states.allocate()
     table = list(range(blocks))
     steps = [(0, CHUNK), (CHUNK, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]

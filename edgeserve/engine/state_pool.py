@@ -132,10 +132,11 @@ class StateSpec:
 
 def state_spec_for(config) -> StateSpec:
     """The state spec of a hybrid model (a models.config.ModelConfig with `is_hybrid`): how many state layers it
-    has and the kind each keeps. The one place a new family's layer kind is chosen (Gated DeltaNet today)."""
+    has and the kind each keeps: the config's `layer_state` (its architecture's `state_kind`, e.g. LFM2's
+    short_conv_kind, else Gated DeltaNet's `delta`)."""
     if not config.is_hybrid:
         raise ValueError(f"{config.architecture} has no state layers")
-    return StateSpec(config.num_linear_layers, config.delta)
+    return StateSpec(config.num_linear_layers, config.layer_state)
 
 
 def slots_for_budget(budget_bytes: float, spec: StateSpec) -> int:

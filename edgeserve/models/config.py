@@ -96,6 +96,9 @@ class ModelConfig:
     # state) rather than full attention; the DeltaNet layers' shape; partial RoPE; attention output gate
     linear_layers: tuple[bool, ...] | None = None
     delta: DeltaNetDims | None = None
+    # what each of those layers keeps per sequence when not Gated DeltaNet's state (an engine.state_pool
+    # LayerStateKind: LFM2's short convolution's conv state); None: `delta`'s
+    state_kind: Any = None
     rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
     attn_output_gate: bool = False  # q_proj doubled per head: [q | gate], output times sigmoid(gate)
     # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
@@ -108,16 +111,22 @@ class ModelConfig:
 
     @property
     def is_hybrid(self) -> bool:
-        """Whether some layers keep a recurrent state instead of KV (Gated DeltaNet)."""
+        """Whether some layers keep a recurrent state instead of KV (Gated DeltaNet, a short convolution)."""
         return bool(self.linear_layers) and any(self.linear_layers)
 
     def is_linear(self, layer: int) -> bool:
-        """Whether `layer` is a linear-attention (Gated DeltaNet) layer: no KV of its own."""
+        """Whether `layer` is a state layer (Gated DeltaNet, a short convolution): no KV of its own."""
         return bool(self.linear_layers) and self.linear_layers[layer]
 
     @property
     def num_linear_layers(self) -> int:
         return sum(self.linear_layers or ())
+
+    @property
+    def layer_state(self) -> Any:
+        """What one state layer of a hybrid keeps per sequence, as `engine.state_pool.StateSpec` takes it: its
+        `state_kind`, else the Gated DeltaNet shape `delta`."""
+        return self.state_kind if self.state_kind is not None else self.delta
 
     @property
     def q_size(self) -> int:
