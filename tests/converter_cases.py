@@ -4,6 +4,9 @@ GGUF architecture llama.cpp's converter must write for it, and how the real chec
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import transformers
 
@@ -42,6 +45,10 @@ GEMMA3 = dict(DENSE, num_hidden_layers=6, tie_word_embeddings=True, head_dim=16,
 # the VL models' vision towers, as small as their configs allow (the GGUF holds the text model only)
 QWEN_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                       temporal_patch_size=2, spatial_merge_size=2)
+# Nemotron-H-8B's block pattern in small (Mamba-2 M, attention *, MLP -), several heads per B / C group (its
+# configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
+NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96, layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-",
+                  ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -57,6 +64,20 @@ def gemma4_init(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
+
+
+def nemotron_h_config(model, folder: Path) -> None:
+    """config.json as the released dense checkpoints store it: the block pattern as `hybrid_override_pattern`, no
+    MoE keys. (llama.cpp's converter reads it through transformers' AutoConfig, which fills in the MoE defaults, so
+    it writes the file as `nemotron_h_moe` with dense blocks only: edgeserve reads that name as an alias.)"""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "moe_intermediate_size",
+                "moe_shared_expert_intermediate_size", "moe_latent_size", "moe_shared_expert_overlap", "n_group",
+                "topk_group", "norm_topk_prob", "routed_scaling_factor", "mtp_layers_block_type", "layers_block_type"):
+        cfg.pop(key, None)
+    cfg["hybrid_override_pattern"] = NEMOTRON_H["hybrid_override_pattern"]
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def gpt_oss_init(model) -> None:
@@ -123,5 +144,7 @@ CASES = [
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
         vision_config=dict(QWEN_VL_VISION, fullatt_block_indexes=[0], window_size=16), tie_word_embeddings=False),
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
+    Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
+         model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
 ]
 BY_NAME = {c.name: c for c in CASES}

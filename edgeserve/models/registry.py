@@ -71,6 +71,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")),
     Architecture("qwen35moe", "qwen35", ("qwen35moe", "qwen3_5_moe", "qwen3_5_moe_text"),
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")),
+    Architecture("nemotron_h", "nemotron_h", ("nemotron_h",), ("NemotronHForCausalLM",),
+                 gguf_aliases=("nemotron_h_moe",)),  # a dense Nemotron-H as llama.cpp converts it today; experts refused
 )
 # HF model types that wrap another architecture's text model in `text_config` (SmolVLM: a Llama inside)
 HF_WRAPPERS = ("idefics3", "smolvlm")
