@@ -1,0 +1,116 @@
+"""Nemotron-H (Mamba-2 blocks beside attention and MLP blocks) through the engine: each Mamba-2 layer's conv and ssm
+states live in a slot of the state pool (the `mamba2` kind) beside the paged KV of the attention blocks alone;
+greedy outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes
+from a state snapshot; speculation rolls the states back. Logit parity of the GGUF and HF folder:
+test_registered_architectures' `nemotron_h` case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from converter_cases import BY_NAME  # noqa: E402
+from converter_parity import build_checkpoint, tokenizer_folder  # noqa: E402
+from test_qwen35_engine import OracleProposer  # noqa: E402
+
+from edgeserve.llm import LLM  # noqa: E402
+from edgeserve.sampling_params import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabulary)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(default_model_path, tmp_path_factory):
+    """(transformers model, HF folder) of the converter-parity case `nemotron_h`."""
+    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp("nemotron_h-tokenizer"))
+    folder = tmp_path_factory.mktemp("nemotron_h")
+    return build_checkpoint(BY_NAME["nemotron_h"], tok, folder), folder
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint) -> LLM:
+    return LLM(str(checkpoint[1]), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
+
+
+def prompts(*lens: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB_USED, size=n).tolist() for n in lens]
+
+
+def ids(results) -> list[list[int]]:
+    return [r.outputs[0].token_ids for r in results]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate of `n` tokens (its own Mamba and KV caches), never stopping early."""
+    config = model.generation_config.__class__(do_sample=False, max_new_tokens=n, eos_token_id=None,
+                                               pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_empty(llm: LLM) -> None:
+    states = llm.engine.states
+    assert states is not None and states.num_seated == 0
+    states.check()
+    assert states.pool.num_used == states.num_snapshots
+
+
+def test_state_pool_holds_mamba2_states(llm: LLM) -> None:
+    engine, c = llm.engine, llm.lm.config
+    spec = engine.states.pool.spec
+    assert spec.kind.name == "mamba2" and spec.num_layers == 3 == c.num_linear_layers  # "M-*M-M*-"
+    conv = (4 - 1) * (8 * 16 + 2 * 2 * 16)  # (K - 1) x (H * P + 2 * G * N)
+    assert spec.bytes_per_sequence == 3 * (conv + 8 * 16 * 16) * 4  # + ssm H x P x N, float32
+    assert engine.pool.k.shape[0] == 2  # only the attention blocks keep K/V (not the MLP blocks)
+
+
+def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
+    model, _ = checkpoint
+    ps = prompts(5, 23, 40, 71)
+    reference = [hf_greedy(model, p, 12) for p in ps]
+    assert ids(llm.generate(ps, GREEDY)) == reference
+    assert [ids(llm.generate([p], GREEDY))[0] for p in ps] == reference
+    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert ids(chunked.generate(ps, GREEDY)) == reference
+    assert chunked.engine.stats().num_steps >= 71 // 16 + 11
+    assert_empty(llm)
+    assert_empty(chunked)
+
+
+def test_second_turn_resumes_from_a_state_snapshot(llm: LLM) -> None:
+    warm = LLM.from_model(llm.lm, kv_cache_gb=0.01)
+
+    def run(prompt: list[int]) -> tuple[list[int], int]:
+        before = warm.engine.stats().prompt_tokens_reused
+        out = warm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+        return out, warm.engine.stats().prompt_tokens_reused - before
+
+    first = prompts(45, seed=1)[0]
+    reply, reused = run(first)
+    assert reused == 0 and reply == ids(llm.generate([first], GREEDY))[0]
+    second = first + reply + prompts(9, seed=2)[0]
+    out, reused = run(second)
+    assert reused == 48  # the first turn's states were kept at its last block boundary
+    assert out == ids(llm.generate([second], GREEDY))[0]
+    assert warm.engine.states.num_snapshots > 0
+    assert_empty(warm)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_speculation_rolls_the_states_back(llm: LLM, prefix_caching: bool) -> None:
+    ps = prompts(13, 29, 40, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = [ids(llm.generate([p], params))[0] for p in ps]
+    spec = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
+                          enable_prefix_caching=prefix_caching)
+    spec.engine.spec.ngram = OracleProposer(ps, plain)
+    assert ids(spec.generate(ps, params)) == plain
+    stats = spec.engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+    assert_empty(spec)
