@@ -170,7 +170,10 @@ def test_a_hybrid_configs_spec_and_a_plain_one_refused():
 
     from edgeserve.engine.state_pool import state_spec_for
 
-    hybrid = SimpleNamespace(is_hybrid=True, num_linear_layers=3, delta=DIMS, architecture="qwen35")
+    hybrid = SimpleNamespace(is_hybrid=True, num_linear_layers=3, delta=DIMS, layer_state=DIMS, architecture="qwen35")
     assert state_spec_for(hybrid) == StateSpec(3, DIMS)
+    conv = short_conv_kind(3, 8)  # LFM2's: the config's layer_state names the kind
+    lfm2 = SimpleNamespace(is_hybrid=True, num_linear_layers=2, delta=None, layer_state=conv, architecture="lfm2")
+    assert state_spec_for(lfm2) == StateSpec(2, conv) and state_spec_for(lfm2).conv_shape == (2, 8)
     with pytest.raises(ValueError, match="no state layers"):
         state_spec_for(SimpleNamespace(is_hybrid=False, architecture="llama"))
