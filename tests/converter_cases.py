@@ -49,6 +49,14 @@ QWEN_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2
 # configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
 NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96, layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-",
                   ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
+# Granite 4 H Micro's layout in small: Mamba-2 and NoPE attention layers (`layer_types` as released), each with a
+# SwiGLU MLP, Granite's multipliers, no experts; as many KV heads as heads, since llama.cpp's converter (reading the
+# config through transformers 5, which renames the layer kinds) writes 0 KV heads on every layer
+GRANITE_H = dict(SMALL, num_key_value_heads=4, num_hidden_layers=6, shared_intermediate_size=96,
+                 layer_types=["mamba", "mamba", "attention", "mamba", "mamba", "attention"], num_local_experts=0,
+                 mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4,
+                 mamba_chunk_size=8, position_embedding_type="nope", embedding_multiplier=3.0,
+                 residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0)
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -146,5 +154,7 @@ CASES = [
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
     Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
+    Case("granitehybrid", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H, vocab_size=v), "granitehybrid",
+         model_class="GraniteMoeHybridForCausalLM"),
 ]
 BY_NAME = {c.name: c for c in CASES}

@@ -67,6 +67,28 @@ class NemotronHLayer:
     down: LinearWeight | None = None
 
 
+def load_mamba2(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
+    """A Mamba-2 mixer's weights under prefix `m` (`vector` / `matrix` load one; A from llama.cpp's ssm_a, or -exp
+    of HF's A_log). Granite 4 H's layers load theirs through it too."""
+    conv = vector(m + "conv1d.weight").reshape(dims.conv_dim, dims.conv_kernel)
+    a = vector(m + "ssm_a") if is_gguf else -torch.exp(vector(m + "A_log"))
+    bias = m + "conv1d.bias"
+    return Mamba2Weights(in_proj=matrix([m + "in_proj.weight"]), conv=conv,
+                         conv_bias=vector(bias) if src.has(bias) else None, dt_bias=vector(m + "dt_bias"),
+                         A=a, D=vector(m + "D"), norm=vector(m + "norm.weight"),
+                         out_proj=matrix([m + "out_proj.weight"]))
+
+
+def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor, states,
+               prompt_rows: PromptRows | None) -> torch.Tensor:
+    """A Mamba-2 mixer's output [T, hidden] for its normed input h, through state layer `index` of the step's
+    states (`model.dims`: the layers' shape)."""
+    conv_state, ssm_state = states.layer(index)
+    y = mamba2_mixer(linear(h, w.in_proj, None, prompt_rows), model.dims, w.conv, w.conv_bias, w.dt_bias, w.A,
+                     w.D, w.norm, model.config.rms_norm_eps, conv_state, ssm_state, states.batch)
+    return linear(y if y.device.type == "cpu" else y.to(model.dtype), w.out_proj, None, prompt_rows)
+
+
 class NemotronHModel(LlamaModel):
     """Nemotron-H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
@@ -95,7 +117,7 @@ class NemotronHModel(LlamaModel):
             m = p + "mixer."
             layer = NemotronHLayer(input_norm=vector(p + "norm.weight"))
             if c.is_linear(i):
-                layer.mamba, layer.state_index, index = cls._mamba(dims, src, m, vector, matrix, is_gguf), index, \
+                layer.mamba, layer.state_index, index = load_mamba2(dims, src, m, vector, matrix, is_gguf), index, \
                     index + 1
             elif c.keeps_kv(i):
                 layer.qkv = matrix([m + f"{x}_proj.weight" for x in "qkv"])
@@ -108,17 +130,6 @@ class NemotronHModel(LlamaModel):
         if not c.tie_word_embeddings and src.has("lm_head.weight"):
             lm_head = matrix(["lm_head.weight"])
         return cls(c, embed, layers, vector("model.norm_f.weight"), lm_head, dtype, dev)
-
-    @staticmethod
-    def _mamba(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
-        """A Mamba-2 mixer's weights under prefix `m` (A from llama.cpp's ssm_a, or -exp of HF's A_log)."""
-        conv = vector(m + "conv1d.weight").reshape(dims.conv_dim, dims.conv_kernel)
-        a = vector(m + "ssm_a") if is_gguf else -torch.exp(vector(m + "A_log"))
-        bias = m + "conv1d.bias"
-        return Mamba2Weights(in_proj=matrix([m + "in_proj.weight"]), conv=conv,
-                             conv_bias=vector(bias) if src.has(bias) else None, dt_bias=vector(m + "dt_bias"),
-                             A=a, D=vector(m + "D"), norm=vector(m + "norm.weight"),
-                             out_proj=matrix([m + "out_proj.weight"]))
 
     def __init__(self, config: ModelConfig, embed, layers: list[NemotronHLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
@@ -154,7 +165,7 @@ class NemotronHModel(LlamaModel):
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             if layer.mamba is not None:
-                y = self._mamba_mixer(layer.mamba, layer.state_index, h, states, prompt_rows)
+                y = run_mamba2(self, layer.mamba, layer.state_index, h, states, prompt_rows)
             elif layer.qkv is not None:
                 q, k, v = linear(h, layer.qkv, None, prompt_rows).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
                 t = h.shape[0]
@@ -167,13 +178,6 @@ class NemotronHModel(LlamaModel):
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
-
-    def _mamba_mixer(self, w: Mamba2Weights, index: int, h: torch.Tensor, states, prompt_rows) -> torch.Tensor:
-        """A Mamba-2 mixer's output [T, hidden] for its normed input h, through state layer `index`."""
-        conv_state, ssm_state = states.layer(index)
-        y = mamba2_mixer(linear(h, w.in_proj, None, prompt_rows), self.dims, w.conv, w.conv_bias, w.dt_bias, w.A,
-                         w.D, w.norm, self.config.rms_norm_eps, conv_state, ssm_state, states.batch)
-        return linear(y if y.device.type == "cpu" else y.to(self.dtype), w.out_proj, None, prompt_rows)
 
 
 def model_class(config: ModelConfig) -> type[NemotronHModel]:
