@@ -1,8 +1,9 @@
-"""Nemotron-H (Mamba-2 blocks beside attention and MLP blocks) through the engine: each Mamba-2 layer's conv and ssm
-states live in a slot of the state pool (the `mamba2` kind) beside the paged KV of the attention blocks alone;
-greedy outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes
-from a state snapshot; speculation rolls the states back. Logit parity of the GGUF and HF folder:
-test_registered_architectures' `nemotron_h` case."""
+"""The Mamba-2 hybrids through the engine: Nemotron-H (Mamba-2 blocks beside attention and MLP blocks) and Granite
+4 H (Mamba-2 or attention, then an MLP, in every layer). Each Mamba-2 layer's conv and ssm states live in a slot of
+the state pool (the `mamba2` kind) beside the paged KV of the attention layers alone; greedy outputs equal
+transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a state snapshot;
+speculation rolls the states back. Logit parity of the GGUF and HF folder: test_registered_architectures'
+`nemotron_h` and `granitehybrid` cases."""
 
 from __future__ import annotations
 
@@ -23,12 +24,18 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabulary)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(default_model_path, tmp_path_factory):
-    """(transformers model, HF folder) of the converter-parity case `nemotron_h`."""
-    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp("nemotron_h-tokenizer"))
-    folder = tmp_path_factory.mktemp("nemotron_h")
-    return build_checkpoint(BY_NAME["nemotron_h"], tok, folder), folder
+# case: (Mamba-2 layers, attention layers, conv channels H * P + 2 * G * N, ssm H x P x N)
+SHAPES = {"nemotron_h": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "M-*M-M*-": MLP blocks keep nothing
+          "granitehybrid": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16)}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def checkpoint(request, default_model_path, tmp_path_factory):
+    """(transformers model, HF folder, case name) of a converter-parity case."""
+    name = request.param
+    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp(f"{name}-tokenizer"))
+    folder = tmp_path_factory.mktemp(name)
+    return build_checkpoint(BY_NAME[name], tok, folder), folder, name
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +68,17 @@ def assert_empty(llm: LLM) -> None:
     assert states.pool.num_used == states.num_snapshots
 
 
-def test_state_pool_holds_mamba2_states(llm: LLM) -> None:
+def test_state_pool_holds_mamba2_states(checkpoint, llm: LLM) -> None:
     engine, c = llm.engine, llm.lm.config
+    mamba, attention, channels, ssm = SHAPES[checkpoint[2]]
     spec = engine.states.pool.spec
-    assert spec.kind.name == "mamba2" and spec.num_layers == 3 == c.num_linear_layers  # "M-*M-M*-"
-    conv = (4 - 1) * (8 * 16 + 2 * 2 * 16)  # (K - 1) x (H * P + 2 * G * N)
-    assert spec.bytes_per_sequence == 3 * (conv + 8 * 16 * 16) * 4  # + ssm H x P x N, float32
-    assert engine.pool.k.shape[0] == 2  # only the attention blocks keep K/V (not the MLP blocks)
+    assert spec.kind.name == "mamba2" and spec.num_layers == mamba == c.num_linear_layers
+    assert spec.bytes_per_sequence == mamba * ((4 - 1) * channels + ssm) * 4  # conv (K - 1) x channels, float32
+    assert engine.pool.k.shape[0] == attention  # only the attention layers keep K/V
 
 
 def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
-    model, _ = checkpoint
+    model = checkpoint[0]
     ps = prompts(5, 23, 40, 71)
     reference = [hf_greedy(model, p, 12) for p in ps]
     assert ids(llm.generate(ps, GREEDY)) == reference
