@@ -121,3 +121,19 @@ def test_speculation_rolls_the_states_back(llm: LLM, prefix_caching: bool) -> No
     stats = spec.engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
     assert_empty(spec)
+
+
+def test_experts_and_rope_are_refused_by_name() -> None:
+    """The variants not run (Nemotron-H MoE blocks, Granite 4 H with experts or RoPE) get a clear refusal."""
+    from edgeserve.errors import UnsupportedModelError
+    from edgeserve.models.config import config_from_hf
+
+    nemotron = BY_NAME["nemotron_h"].config(1000).to_dict()
+    with pytest.raises(UnsupportedModelError, match="MoE"):
+        config_from_hf(dict(nemotron, hybrid_override_pattern="M*E"))
+    granite = BY_NAME["granitehybrid"].config(1000).to_dict()
+    assert config_from_hf(granite).architecture == "granitehybrid"
+    with pytest.raises(UnsupportedModelError, match="experts"):
+        config_from_hf(dict(granite, num_local_experts=8))
+    with pytest.raises(UnsupportedModelError, match="RoPE"):
+        config_from_hf(dict(granite, position_embedding_type="rope"))
