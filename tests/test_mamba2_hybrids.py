@@ -137,3 +137,34 @@ def test_experts_and_rope_are_refused_by_name() -> None:
         config_from_hf(dict(granite, num_local_experts=8))
     with pytest.raises(UnsupportedModelError, match="RoPE"):
         config_from_hf(dict(granite, position_embedding_type="rope"))
+
+
+def test_preemption_recomputes_the_states(llm: LLM) -> None:
+    """A budget of a few blocks (4 slots in half of it, the rest fewer blocks than the 4 sequences need once they
+    decode): sequences are preempted (their slots given back) and recomputed to the same outputs."""
+    budget = 8 * llm.engine.states.budget.bytes_per_slot
+    small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
+    assert small.engine.states.budget.seats == 4
+    blocks = small.engine.stats().kv_blocks_total
+    # prompts that fill all but one block between them, each 2 tokens short of a block boundary
+    sizes = [(blocks - 1) // 4 + (1 if i < (blocks - 1) % 4 else 0) for i in range(4)]
+    ps = prompts(*[16 * b - 2 for b in sizes], seed=31)
+    alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
+    assert ids(small.generate(ps, GREEDY)) == alone
+    assert small.engine.stats().num_preemptions > 0
+    assert_empty(small)
+
+
+def test_q8_0_gguf_serves_batched_like_alone(checkpoint) -> None:
+    """llama.cpp's Q8_0 conversion at the default dtype (the matrices on the native block matmuls where built):
+    outputs are the same batched or alone."""
+    from converter_parity import convert, load_ours
+
+    folder = checkpoint[1]
+    lm = load_ours(convert(folder, folder.parent / f"{checkpoint[2]}.q8_0.gguf", outtype="q8_0"), dtype="auto")
+    assert lm.config.architecture == checkpoint[2]
+    served = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    ps = prompts(7, 19, 33, seed=41)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ids(served.generate(ps, params)) == [ids(served.generate([p], params))[0] for p in ps]
+    assert_empty(served)
