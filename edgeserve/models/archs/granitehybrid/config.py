@@ -3,7 +3,9 @@
 HF lists the layers in `layer_types` ("mamba" / "linear_attention", "attention" / "full_attention"). A GGUF's
 layer kinds are read off its tensors (`ssm_in` or `attn_q`): llama.cpp's converter, reading the config through
 transformers 5's AutoConfig (which renames the kinds), writes 0 KV heads for every layer. Only the released hybrids'
-no-RoPE attention (`position_embedding_type` "nope") is supported, and no experts.
+no-RoPE attention (`position_embedding_type` "nope") is supported. With experts (Tiny, Small: `num_local_experts`),
+HF's `intermediate_size` is each expert's width and `shared_intermediate_size` the MLP's; the router's top k logits,
+softmaxed, weigh the chosen experts (the shared MoE layer's softmax_topk with renormalization: the same weights).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ def _config(arch: str, mamba: tuple[bool, ...], dims: Mamba2Dims, **fields: Any)
 def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
     """A Granite 4 H ModelConfig from an HF config.json dict."""
     try:
-        if int(cfg.get("num_local_experts") or 0):
-            raise UnsupportedModelError("Granite 4 H with experts (Tiny, Small) is not supported")
         if (cfg.get("position_embedding_type") or "nope") != "nope":
             raise UnsupportedModelError("Granite 4 H with RoPE attention is not supported")
         if cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias") or cfg.get("mamba_proj_bias"):
@@ -55,16 +55,26 @@ def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
                        embed_scale=float(cfg.get("embedding_multiplier", 1.0)),
                        residual_scale=float(cfg.get("residual_multiplier", 1.0)),
                        query_scale=float(cfg.get("attention_multiplier", head_dim ** -0.5)),
-                       logit_scale=float(cfg.get("logits_scaling", 1.0)))
+                       logit_scale=float(cfg.get("logits_scaling", 1.0)), **_experts_from_hf(cfg))
     except KeyError as e:
         raise ModelLoadError(f"config.json is missing {e.args[0]!r}") from None
+
+
+def _experts_from_hf(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The expert fields of a config with `num_local_experts` (none without)."""
+    experts = int(cfg.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True)
 
 
 def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     """A Granite 4 H ModelConfig from llama.cpp's `granitehybrid.*` metadata, each layer's kind from its tensors."""
     key = gguf_key(metadata, arch)
-    if int(key("expert_count", 0)) or any("_exps" in n for n in tensor_names):
-        raise UnsupportedModelError("Granite 4 H with experts (Tiny, Small) is not supported")
+    experts = int(key("expert_count", 0))
+    moe = dict(num_experts=experts, experts_per_token=int(key("expert_used_count")),
+               moe_intermediate_size=int(key("feed_forward_length")), norm_topk_prob=True) if experts else {}
     layers, hidden = int(key("block_count")), int(key("embedding_length"))
     mamba = []
     for i in range(layers):
@@ -81,11 +91,12 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
     vocab = metadata.get(f"{arch}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ())
     head_dim = hidden // heads
     return _config(arch, tuple(mamba), dims, vocab_size=int(vocab), hidden_size=hidden,
-                   intermediate_size=int(key("feed_forward_length")), num_heads=heads,
+                   intermediate_size=int(key("expert_shared_feed_forward_length", 0) or key("feed_forward_length")),
+                   num_heads=heads,
                    num_kv_heads=kv or heads,  # 0 everywhere in files converted under transformers 5: no GQA to know
                    head_dim=head_dim, rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
                    max_position_embeddings=int(key("context_length", 1 << 20)),
                    tie_word_embeddings="output.weight" not in tensor_names,
                    embed_scale=float(key("embedding_scale", 1.0)), residual_scale=float(key("residual_scale", 1.0)),
                    query_scale=float(key("attention.scale", head_dim ** -0.5)),
-                   logit_scale=float(key("logit_scale", 1.0)))
+                   logit_scale=float(key("logit_scale", 1.0)), **moe)

@@ -23,6 +23,27 @@ from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, 
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoELayer
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights
+
+# HF Granite 4 H's expert tensors (`block_sparse_moe.*`, experts stacked [E, 2I, H] / [E, H, I]), by the names the
+# shared MoE loader reads
+_EXPERT_NAMES = {"mlp.gate.weight": "block_sparse_moe.router.layer.weight",
+                 "mlp.experts.gate_up_proj": "block_sparse_moe.input_linear.weight",
+                 "mlp.experts.down_proj": "block_sparse_moe.output_linear.weight"}
+
+
+class GraniteExpertWeights(RenamedWeights):
+    """An HF Granite 4 H checkpoint's expert tensors under the `mlp.*` names edgeserve.models.moe_weights reads."""
+
+    def _name(self, name: str) -> str:
+        head, sep, tail = name.partition(".mlp.")
+        return f"{head}.{_EXPERT_NAMES.get('mlp.' + tail, 'mlp.' + tail)}" if sep else name
+
+    def blocks(self, name: str):
+        """GGUF block bytes (an HF source has none)."""
+        return None
 
 
 @dataclass
@@ -31,8 +52,9 @@ class GraniteHybridLayer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: LinearWeight
-    down: LinearWeight
+    gate_up: LinearWeight | None  # None where the MoE layer runs the MLP as its shared expert (a GGUF's)
+    down: LinearWeight | None
+    moe: MoELayer | None = None  # routed experts beside the MLP (Tiny, Small)
     mamba: Mamba2Weights | None = None
     state_index: int = -1
     qkv: LinearWeight | None = None
@@ -51,6 +73,8 @@ class GraniteHybridModel(LlamaModel):
         """Build the model from a weight source (an HF checkpoint's names or a granitehybrid GGUF's)."""
         dev, c = torch.device(device), config
         is_gguf = getattr(source, "gguf", None) is not None
+        if c.is_moe and not is_gguf:
+            source = GraniteExpertWeights(source)
 
         def vector(name: str) -> torch.Tensor:
             value = source.get(name, keep_int4=False)
@@ -63,11 +87,15 @@ class GraniteHybridModel(LlamaModel):
         dims, layers, index = mamba2_dims(c), [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            mlp = [p + "shared_mlp.gate.weight", p + "shared_mlp.up.weight"] if is_gguf else \
-                [p + "shared_mlp.input_linear.weight"]
+            s = p + "shared_mlp."
+            moe = load_moe_layer(c, source, i, matrix, dev, dtype) if c.is_moe else None
+            # a GGUF with experts holds the MLP as the shared expert (ffn_*_shexp), which the MoE layer runs
+            mlp = moe is None or moe.shared is None
+            gate_up = [s + "gate.weight", s + "up.weight"] if is_gguf else [s + "input_linear.weight"]
             layer = GraniteHybridLayer(input_norm=vector(p + "input_layernorm.weight"),
-                                       post_norm=vector(p + "post_attention_layernorm.weight"), gate_up=matrix(mlp),
-                                       down=matrix([p + "shared_mlp.output_linear.weight"]))
+                                       post_norm=vector(p + "post_attention_layernorm.weight"),
+                                       gate_up=matrix(gate_up) if mlp else None,
+                                       down=matrix([s + "output_linear.weight"]) if mlp else None, moe=moe)
             if c.is_linear(i):
                 layer.mamba = load_mamba2(dims, source, p + "mamba.", vector, matrix, is_gguf)
                 layer.state_index, index = index, index + 1
@@ -131,12 +159,23 @@ class GraniteHybridModel(LlamaModel):
                 o = attn.attend(i, q.reshape(t, c.num_heads, c.head_dim), scale=c.query_scale)  # type: ignore
                 y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
             h, x = add_rms_norm(y.float() * r, x, layer.post_norm, eps, self.dtype)
-            gate, up = linear(h, layer.gate_up, None, prompt_rows).float().chunk(2, dim=-1)
-            y = linear((torch.nn.functional.silu(gate) * up).to(self.dtype), layer.down, None, prompt_rows)
+            y = self._feed_forward(layer, h, prompt_rows)
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y.float() * r, x, self.norm if last else self.layers[i + 1].input_norm, eps,
                                 self.dtype)
         return h
+
+
+    def _feed_forward(self, layer: GraniteHybridLayer, h: torch.Tensor,
+                      prompt_rows: PromptRows | None) -> torch.Tensor:
+        """The SwiGLU MLP of normed h, plus the routed experts where the layer has them (float32 [T, hidden])."""
+        y = layer.moe.forward(h) if layer.moe is not None else None
+        if layer.gate_up is None or layer.down is None:
+            assert y is not None
+            return y
+        gate, up = linear(h, layer.gate_up, None, prompt_rows).float().chunk(2, dim=-1)
+        mlp = linear((torch.nn.functional.silu(gate) * up).to(self.dtype), layer.down, None, prompt_rows).float()
+        return mlp if y is None else mlp + y
 
 
 def model_class(config: ModelConfig) -> type[GraniteHybridModel]:
@@ -145,7 +184,7 @@ def model_class(config: ModelConfig) -> type[GraniteHybridModel]:
 
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The HF names and shapes of a dense Granite 4 H model's tensors, for random weights (edgeserve.models.dummy)."""
+    """The HF names and shapes of a Granite 4 H model's tensors, for random weights (edgeserve.models.dummy)."""
     c, h, d = config, config.hidden_size, mamba2_dims(config)
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
     if not c.tie_word_embeddings:
@@ -155,6 +194,11 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         w = c.intermediate_size
         shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
                        p + "shared_mlp.input_linear.weight": (2 * w, h), p + "shared_mlp.output_linear.weight": (h, w)})
+        if c.is_moe:
+            e, m = c.num_experts, c.moe_intermediate_size
+            shapes.update({p + "block_sparse_moe.router.layer.weight": (e, h),
+                           p + "block_sparse_moe.input_linear.weight": (e, 2 * m, h),
+                           p + "block_sparse_moe.output_linear.weight": (e, h, m)})
         if c.is_linear(i):
             m = p + "mamba."
             shapes.update({m + "in_proj.weight": (d.in_proj_dim, h), m + "conv1d.weight": (d.conv_dim, 1, d.conv_kernel),
