@@ -156,9 +156,9 @@ CASES = [
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
     Case("granitehybrid", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H, vocab_size=v), "granitehybrid",
          model_class="GraniteMoeHybridForCausalLM"),
-    # Granite 4 H Tiny's: 8 experts (2 a token, 24 wide) beside the 96-wide MLP on every layer
+    # Granite 4 H Tiny's: 8 experts (2 a token, 32 wide: Q8_0 blocks for the native MoE layer) beside the 96-wide MLP
     Case("granitehybrid-moe", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H | dict(
-        num_local_experts=8, num_experts_per_tok=2, intermediate_size=24), vocab_size=v), "granitehybrid",
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32), vocab_size=v), "granitehybrid",
          model_class="GraniteMoeHybridForCausalLM"),
 ]
 BY_NAME = {c.name: c for c in CASES}

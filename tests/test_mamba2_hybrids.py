@@ -26,7 +26,8 @@ VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabular
 
 # case: (Mamba-2 layers, attention layers, conv channels H * P + 2 * G * N, ssm H x P x N)
 SHAPES = {"nemotron_h": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "M-*M-M*-": MLP blocks keep nothing
-          "granitehybrid": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16)}
+          "granitehybrid": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16),
+          "granitehybrid-moe": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16)}  # experts beside the MLP
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -124,7 +125,7 @@ def test_speculation_rolls_the_states_back(llm: LLM, prefix_caching: bool) -> No
 
 
 def test_experts_and_rope_are_refused_by_name() -> None:
-    """The variants not run (Nemotron-H MoE blocks, Granite 4 H with experts or RoPE) get a clear refusal."""
+    """The variants not run (Nemotron-H MoE blocks, Granite 4 H with RoPE) get a clear refusal."""
     from edgeserve.errors import UnsupportedModelError
     from edgeserve.models.config import config_from_hf
 
@@ -133,8 +134,6 @@ def test_experts_and_rope_are_refused_by_name() -> None:
         config_from_hf(dict(nemotron, hybrid_override_pattern="M*E"))
     granite = BY_NAME["granitehybrid"].config(1000).to_dict()
     assert config_from_hf(granite).architecture == "granitehybrid"
-    with pytest.raises(UnsupportedModelError, match="experts"):
-        config_from_hf(dict(granite, num_local_experts=8))
     with pytest.raises(UnsupportedModelError, match="RoPE"):
         config_from_hf(dict(granite, position_embedding_type="rope"))
 
@@ -156,13 +155,18 @@ def test_preemption_recomputes_the_states(llm: LLM) -> None:
 
 
 def test_q8_0_gguf_serves_batched_like_alone(checkpoint) -> None:
-    """llama.cpp's Q8_0 conversion at the default dtype (the matrices on the native block matmuls where built):
-    outputs are the same batched or alone."""
+    """llama.cpp's Q8_0 conversion at the default dtype (the matrices, and Granite 4 H's experts with the shared
+    MLP, on the native block kernels where built): outputs are the same batched or alone."""
     from converter_parity import convert, load_ours
 
     folder = checkpoint[1]
     lm = load_ours(convert(folder, folder.parent / f"{checkpoint[2]}.q8_0.gguf", outtype="q8_0"), dtype="auto")
-    assert lm.config.architecture == checkpoint[2]
+    assert lm.config.architecture == BY_NAME[checkpoint[2]].arch
+    from edgeserve.kernels import cpu_native
+
+    if lm.config.is_moe and cpu_native.available():  # experts and the shared MLP in the one-call MoE layer
+        moe = lm.model.layers[0].moe
+        assert moe.native() is not None and moe.shared is not None and lm.model.layers[0].gate_up is None
     served = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
     ps = prompts(7, 19, 33, seed=41)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
