@@ -47,11 +47,13 @@ QWEN_VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2
                       temporal_patch_size=2, spatial_merge_size=2)
 # Nemotron-H-8B's block pattern in small (Mamba-2 M, attention *, MLP -), several heads per B / C group (its
 # configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
-NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96, layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-",
-                  ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
+NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
+                  layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-", ssm_state_size=16, mamba_num_heads=8,
+                  mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
 # Granite 4 H Micro's layout in small: Mamba-2 and NoPE attention layers (`layer_types` as released), each with a
-# SwiGLU MLP, Granite's multipliers, no experts; as many KV heads as heads, since llama.cpp's converter (reading the
-# config through transformers 5, which renames the layer kinds) writes 0 KV heads on every layer
+# SwiGLU MLP, Granite's multipliers (no experts here; the -moe case adds them); as many KV heads as heads, since
+# llama.cpp's converter (reading the config through transformers 5, which renames the layer kinds) writes 0 KV heads
+# on every layer
 GRANITE_H = dict(SMALL, num_key_value_heads=4, num_hidden_layers=6, shared_intermediate_size=96,
                  layer_types=["mamba", "mamba", "attention", "mamba", "mamba", "attention"], num_local_experts=0,
                  mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4,

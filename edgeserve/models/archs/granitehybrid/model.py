@@ -19,7 +19,7 @@ from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.gemma4.model import load_table
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
-from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, run_mamba2
+from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, mamba2_dummy_shapes, run_mamba2
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel, load_matrix
@@ -200,11 +200,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                            p + "block_sparse_moe.input_linear.weight": (e, 2 * m, h),
                            p + "block_sparse_moe.output_linear.weight": (e, h, m)})
         if c.is_linear(i):
-            m = p + "mamba."
-            shapes.update({m + "in_proj.weight": (d.in_proj_dim, h), m + "conv1d.weight": (d.conv_dim, 1, d.conv_kernel),
-                           m + "conv1d.bias": (d.conv_dim,), m + "dt_bias": (d.num_heads,),
-                           m + "A_log": (d.num_heads,), m + "D": (d.num_heads,), m + "norm.weight": (d.inner,),
-                           m + "out_proj.weight": (h, d.inner)})
+            shapes.update(mamba2_dummy_shapes(d, p + "mamba.", h))
         else:
             a = p + "self_attn."
             shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),

@@ -185,6 +185,13 @@ def model_class(config: ModelConfig) -> type[NemotronHModel]:
     return NemotronHModel
 
 
+def mamba2_dummy_shapes(d: Mamba2Dims, m: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """HF names (under prefix `m`) and shapes of a Mamba-2 mixer's tensors, for random weights."""
+    return {m + "in_proj.weight": (d.in_proj_dim, hidden), m + "conv1d.weight": (d.conv_dim, 1, d.conv_kernel),
+            m + "conv1d.bias": (d.conv_dim,), m + "dt_bias": (d.num_heads,), m + "A_log": (d.num_heads,),
+            m + "D": (d.num_heads,), m + "norm.weight": (d.inner,), m + "out_proj.weight": (hidden, d.inner)}
+
+
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a Nemotron-H model's tensors, for random weights (edgeserve.models.dummy)."""
     c, h, d = config, config.hidden_size, mamba2_dims(config)
@@ -196,10 +203,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         m = f"backbone.layers.{i}.mixer."
         shapes[f"backbone.layers.{i}.norm.weight"] = (h,)
         if c.is_linear(i):
-            shapes.update({m + "in_proj.weight": (d.in_proj_dim, h), m + "conv1d.weight": (d.conv_dim, 1, d.conv_kernel),
-                           m + "conv1d.bias": (d.conv_dim,), m + "dt_bias": (d.num_heads,),
-                           m + "A_log": (d.num_heads,), m + "D": (d.num_heads,), m + "norm.weight": (d.inner,),
-                           m + "out_proj.weight": (h, d.inner)})
+            shapes.update(mamba2_dummy_shapes(d, m, h))
         elif c.keeps_kv(i):
             shapes.update({m + "q_proj.weight": (c.q_size, h), m + "k_proj.weight": (c.kv_size, h),
                            m + "v_proj.weight": (c.kv_size, h), m + "o_proj.weight": (h, c.q_size)})
