@@ -4,6 +4,9 @@ GGUF architecture llama.cpp's converter must write for it, and how the real chec
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import transformers
 
@@ -54,6 +57,20 @@ LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
                 layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=96, moe_intermediate_size=32,
                 num_dense_layers=2, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
                 norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+# Nemotron-H-8B's block pattern in small (Mamba-2 M, attention *, MLP -), several heads per B / C group (its
+# configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
+NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
+                  layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-", ssm_state_size=16, mamba_num_heads=8,
+                  mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
+# Granite 4 H Micro's layout in small: Mamba-2 and NoPE attention layers (`layer_types` as released), each with a
+# SwiGLU MLP, Granite's multipliers (no experts here; the -moe case adds them); as many KV heads as heads, since
+# llama.cpp's converter (reading the config through transformers 5, which renames the layer kinds) writes 0 KV heads
+# on every layer
+GRANITE_H = dict(SMALL, num_key_value_heads=4, num_hidden_layers=6, shared_intermediate_size=96,
+                 layer_types=["mamba", "mamba", "attention", "mamba", "mamba", "attention"], num_local_experts=0,
+                 mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4,
+                 mamba_chunk_size=8, position_embedding_type="nope", embedding_multiplier=3.0,
+                 residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0)
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -78,6 +95,18 @@ def lfm2moe_init(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("expert_bias"):
                 b.normal_(0.0, 0.3)
+def nemotron_h_config(model, folder: Path) -> None:
+    """config.json as the released dense checkpoints store it: the block pattern as `hybrid_override_pattern`, no
+    MoE keys. (llama.cpp's converter reads it through transformers' AutoConfig, which fills in the MoE defaults, so
+    it writes the file as `nemotron_h_moe` with dense blocks only: edgeserve reads that name as an alias.)"""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "moe_intermediate_size",
+                "moe_shared_expert_intermediate_size", "moe_latent_size", "moe_shared_expert_overlap", "n_group",
+                "topk_group", "norm_topk_prob", "routed_scaling_factor", "mtp_layers_block_type", "layers_block_type"):
+        cfg.pop(key, None)
+    cfg["hybrid_override_pattern"] = NEMOTRON_H["hybrid_override_pattern"]
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def gpt_oss_init(model) -> None:
@@ -146,5 +175,13 @@ CASES = [
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
     Case("lfm2", lambda v: t.Lfm2Config(**LFM2, vocab_size=v), "lfm2"),
     Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
+    Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
+         model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
+    Case("granitehybrid", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H, vocab_size=v), "granitehybrid",
+         model_class="GraniteMoeHybridForCausalLM"),
+    # Granite 4 H Tiny's: 8 experts (2 a token, 32 wide: Q8_0 blocks for the native MoE layer) beside the 96-wide MLP
+    Case("granitehybrid-moe", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H | dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32), vocab_size=v), "granitehybrid",
+         model_class="GraniteMoeHybridForCausalLM"),
 ]
 BY_NAME = {c.name: c for c in CASES}

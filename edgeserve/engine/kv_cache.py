@@ -31,8 +31,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | KVFormat) -> in
 
 def kv_owners(config: ModelConfig) -> list[int]:
     """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`,
-    and a hybrid's linear-attention layers, which keep a recurrent state instead)."""
-    return [i for i in range(config.num_layers) if config.kv_source(i) == i and not config.is_linear(i)]
+    a hybrid's linear-attention layers, which keep a recurrent state instead, and mixerless MLP blocks)."""
+    return [i for i in range(config.num_layers) if config.kv_source(i) == i and config.keeps_kv(i)]
 
 
 def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype | KVFormat, layer: int) -> int:

@@ -99,6 +99,8 @@ class ModelConfig:
     # what each of those layers keeps per sequence when not Gated DeltaNet's state (an engine.state_pool
     # LayerStateKind: LFM2's short convolution's conv state); None: `delta`'s
     state_kind: Any = None
+    # per layer: keeps neither KV nor a state (Nemotron-H's MLP-only blocks); None: every layer has a mixer
+    mixerless_layers: tuple[bool, ...] | None = None
     rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
     attn_output_gate: bool = False  # q_proj doubled per head: [q | gate], output times sigmoid(gate)
     # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
@@ -117,6 +119,10 @@ class ModelConfig:
     def is_linear(self, layer: int) -> bool:
         """Whether `layer` is a state layer (Gated DeltaNet, a short convolution): no KV of its own."""
         return bool(self.linear_layers) and self.linear_layers[layer]
+
+    def keeps_kv(self, layer: int) -> bool:
+        """Whether `layer` attends over K/V (not a state layer, not a mixerless MLP block)."""
+        return not self.is_linear(layer) and not (self.mixerless_layers and self.mixerless_layers[layer])
 
     @property
     def num_linear_layers(self) -> int:

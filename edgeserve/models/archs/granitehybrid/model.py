@@ -1,0 +1,208 @@
+"""The Granite 4 H decoder (dense) over flat token batches (LlamaModel's interface).
+
+Each layer is x = x + r * mixer(input_norm(x)); x = x + r * mlp(post_norm(x)) with Granite's residual multiplier r,
+the embeddings times its embedding multiplier and the logits divided by its logits scaling. The mixer is Mamba-2
+(archs.nemotron_h's: conv and ssm states in a slot of the engine's StatePool, `attn.states`) or GQA attention with
+Granite's attention multiplier as its scale and no positional encoding; the MLP is SwiGLU (`shared_mlp`:
+input_linear = [gate; up], output_linear). The whole stack runs on the per-op path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, write_kv
+from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.loaders.weights import WeightSource
+from edgeserve.models.archs.gemma4.model import load_table
+from edgeserve.models.archs.nemotron_h.config import mamba2_dims
+from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, mamba2_dummy_shapes, run_mamba2
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.moe import MoELayer
+from edgeserve.models.moe_weights import load_moe_layer
+from edgeserve.models.text_part import RenamedWeights
+
+# HF Granite 4 H's expert tensors (`block_sparse_moe.*`, experts stacked [E, 2I, H] / [E, H, I]), by the names the
+# shared MoE loader reads
+_EXPERT_NAMES = {"mlp.gate.weight": "block_sparse_moe.router.layer.weight",
+                 "mlp.experts.gate_up_proj": "block_sparse_moe.input_linear.weight",
+                 "mlp.experts.down_proj": "block_sparse_moe.output_linear.weight"}
+
+
+class GraniteExpertWeights(RenamedWeights):
+    """An HF Granite 4 H checkpoint's expert tensors under the `mlp.*` names edgeserve.models.moe_weights reads."""
+
+    def _name(self, name: str) -> str:
+        head, sep, tail = name.partition(".mlp.")
+        return f"{head}.{_EXPERT_NAMES.get('mlp.' + tail, 'mlp.' + tail)}" if sep else name
+
+    def blocks(self, name: str):
+        """GGUF block bytes (an HF source has none)."""
+        return None
+
+
+@dataclass
+class GraniteHybridLayer:
+    """One layer: its two norms, a Mamba-2 mixer (with its state index) or attention, and the SwiGLU MLP."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: LinearWeight | None  # None where the MoE layer runs the MLP as its shared expert (a GGUF's)
+    down: LinearWeight | None
+    moe: MoELayer | None = None  # routed experts beside the MLP (Tiny, Small)
+    mamba: Mamba2Weights | None = None
+    state_index: int = -1
+    qkv: LinearWeight | None = None
+    o_proj: LinearWeight | None = None
+
+
+class GraniteHybridModel(LlamaModel):
+    """Granite 4 H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
+
+    layers: list[GraniteHybridLayer]  # type: ignore[assignment]
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True,
+                     dense_prefill: bool = False) -> "GraniteHybridModel":
+        """Build the model from a weight source (an HF checkpoint's names or a granitehybrid GGUF's)."""
+        dev, c = torch.device(device), config
+        is_gguf = getattr(source, "gguf", None) is not None
+        if c.is_moe and not is_gguf:
+            source = GraniteExpertWeights(source)
+
+        def vector(name: str) -> torch.Tensor:
+            value = source.get(name, keep_int4=False)
+            assert isinstance(value, torch.Tensor)
+            return value.to(device=dev, dtype=torch.float32).reshape(-1)
+
+        def matrix(names: list[str]) -> LinearWeight:
+            return load_matrix(source, names, dtype, dev, keep_int4, dense_prefill)
+
+        dims, layers, index = mamba2_dims(c), [], 0
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            s = p + "shared_mlp."
+            moe = load_moe_layer(c, source, i, matrix, dev, dtype) if c.is_moe else None
+            # a GGUF with experts holds the MLP as the shared expert (ffn_*_shexp), which the MoE layer runs
+            mlp = moe is None or moe.shared is None
+            gate_up = [s + "gate.weight", s + "up.weight"] if is_gguf else [s + "input_linear.weight"]
+            layer = GraniteHybridLayer(input_norm=vector(p + "input_layernorm.weight"),
+                                       post_norm=vector(p + "post_attention_layernorm.weight"),
+                                       gate_up=matrix(gate_up) if mlp else None,
+                                       down=matrix([s + "output_linear.weight"]) if mlp else None, moe=moe)
+            if c.is_linear(i):
+                layer.mamba = load_mamba2(dims, source, p + "mamba.", vector, matrix, is_gguf)
+                layer.state_index, index = index, index + 1
+            else:
+                a = p + "self_attn."
+                k = source.get(a + "k_proj.weight", keep_int4=False)
+                if isinstance(k, torch.Tensor) and k.shape[0] != c.kv_size:
+                    raise ModelLoadError(f"layer {i}: K projection of {k.shape[0]} rows, the config says "
+                                         f"{c.num_kv_heads} KV heads x {c.head_dim} (a GGUF whose "
+                                         "attention.head_count_kv is 0 on every layer cannot say its KV heads)")
+                layer.qkv = matrix([a + f"{x}_proj.weight" for x in "qkv"])
+                layer.o_proj = matrix([a + "o_proj.weight"])
+            layers.append(layer)
+        embed = load_table(source, "model.embed_tokens.weight", dtype, dev)
+        lm_head: LinearWeight = embed
+        if not c.tie_word_embeddings and source.has("lm_head.weight"):
+            lm_head = matrix(["lm_head.weight"])
+        return cls(c, embed, layers, vector("model.norm.weight"), lm_head, dtype, dev)
+
+    def __init__(self, config: ModelConfig, embed, layers: list[GraniteHybridLayer], norm: torch.Tensor,
+                 lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.embed = embed
+        self.layers = layers  # type: ignore[assignment]
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = config.max_position_embeddings
+        self.dims = mamba2_dims(config)
+        self._native = None
+
+    def native_decoder(self) -> None:
+        """No fused native plan for Granite 4 H: every step takes the per-op path."""
+        return None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool and
+        its Mamba-2 states (`attn.states`)."""
+        states = getattr(attn, "states", None)
+        if not callable(attn) or states is None:
+            raise TypeError("Granite 4 H runs over the paged KV pool with Mamba-2 states beside it "
+                            "(PagedKVAttention with `states`)")
+        c = self.config
+        eps, r = c.rms_norm_eps, c.residual_scale
+        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+        x = self.embed_rows(input_ids) * (c.embed_scale or 1.0)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.mamba is not None:
+                y = run_mamba2(self, layer.mamba, layer.state_index, h, states, prompt_rows)
+            else:
+                q, k, v = linear(h, layer.qkv, None, prompt_rows).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+                t = h.shape[0]
+                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
+                write_kv(k_cache, v_cache, k.reshape(t, c.num_kv_heads, c.head_dim),
+                         v.reshape(t, c.num_kv_heads, c.head_dim), slots)
+                o = attn.attend(i, q.reshape(t, c.num_heads, c.head_dim), scale=c.query_scale)  # type: ignore
+                y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+            h, x = add_rms_norm(y.float() * r, x, layer.post_norm, eps, self.dtype)
+            y = self._feed_forward(layer, h, prompt_rows)
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y.float() * r, x, self.norm if last else self.layers[i + 1].input_norm, eps,
+                                self.dtype)
+        return h
+
+
+    def _feed_forward(self, layer: GraniteHybridLayer, h: torch.Tensor,
+                      prompt_rows: PromptRows | None) -> torch.Tensor:
+        """The SwiGLU MLP of normed h, plus the routed experts where the layer has them (float32 [T, hidden])."""
+        y = layer.moe.forward(h) if layer.moe is not None else None
+        if layer.gate_up is None or layer.down is None:
+            assert y is not None
+            return y
+        gate, up = linear(h, layer.gate_up, None, prompt_rows).float().chunk(2, dim=-1)
+        mlp = linear((torch.nn.functional.silu(gate) * up).to(self.dtype), layer.down, None, prompt_rows).float()
+        return mlp if y is None else mlp + y
+
+
+def model_class(config: ModelConfig) -> type[GraniteHybridModel]:
+    """Granite 4 H's decoder (per-op path only)."""
+    return GraniteHybridModel
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a Granite 4 H model's tensors, for random weights (edgeserve.models.dummy)."""
+    c, h, d = config, config.hidden_size, mamba2_dims(config)
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        w = c.intermediate_size
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       p + "shared_mlp.input_linear.weight": (2 * w, h), p + "shared_mlp.output_linear.weight": (h, w)})
+        if c.is_moe:
+            e, m = c.num_experts, c.moe_intermediate_size
+            shapes.update({p + "block_sparse_moe.router.layer.weight": (e, h),
+                           p + "block_sparse_moe.input_linear.weight": (e, 2 * m, h),
+                           p + "block_sparse_moe.output_linear.weight": (e, h, m)})
+        if c.is_linear(i):
+            shapes.update(mamba2_dummy_shapes(d, p + "mamba.", h))
+        else:
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
+                           a + "v_proj.weight": (c.kv_size, h), a + "o_proj.weight": (h, c.q_size)})
+    return shapes

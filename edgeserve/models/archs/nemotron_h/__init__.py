@@ -1,0 +1,30 @@
+"""Nemotron-H (NVIDIA; llama.cpp `nemotron_h`, HF `nemotron_h`): a stack of single-mixer blocks, each
+x = x + mixer(norm(x)), the mixer a Mamba-2 layer (M), GQA attention without positional encoding (*), or a
+squared-ReLU MLP (-). A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the engine's state pool
+(engine.state_pool.mamba2_kind); an MLP block keeps nothing. The MoE variant (`nemotron_h_moe`) is not supported."""
+
+# random weights (--load-format dummy): model.dummy_shapes
+
+# llama.cpp's names of Nemotron-H's tensors, by the HF names the model reads (`model.` for the checkpoints'
+# `backbone.`); `mixer.ssm_a` is llama.cpp's -exp(A_log) [H, 1], which the model turns back from HF's A_log
+GGUF_TOP = {
+    "model.embeddings.weight": "token_embd.weight",
+    "model.norm_f.weight": "output_norm.weight",
+}
+GGUF_LAYER = {
+    "norm.weight": "attn_norm.weight",
+    "mixer.in_proj.weight": "ssm_in.weight",
+    "mixer.conv1d.weight": "ssm_conv1d.weight",
+    "mixer.conv1d.bias": "ssm_conv1d.bias",
+    "mixer.dt_bias": "ssm_dt.bias",
+    "mixer.ssm_a": "ssm_a",
+    "mixer.D": "ssm_d",
+    "mixer.norm.weight": "ssm_norm.weight",
+    "mixer.out_proj.weight": "ssm_out.weight",
+    "mixer.q_proj.weight": "attn_q.weight",
+    "mixer.k_proj.weight": "attn_k.weight",
+    "mixer.v_proj.weight": "attn_v.weight",
+    "mixer.o_proj.weight": "attn_output.weight",
+    "mixer.up_proj.weight": "ffn_up.weight",
+    "mixer.down_proj.weight": "ffn_down.weight",
+}

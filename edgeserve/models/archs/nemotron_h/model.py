@@ -1,0 +1,213 @@
+"""The Nemotron-H decoder over flat token batches (LlamaModel's interface).
+
+Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is one of
+  - Mamba-2 (kernels.mamba2.mamba2_mixer): in_proj gives [z | x B C | dt]; a causal depthwise conv (with bias) and
+    SiLU over x B C continuing from the sequence's conv state, the SSD recurrence continuing from its ssm state
+    (both in a slot of the engine's StatePool, `attn.states`), a gated group RMSNorm, then out_proj; no KV,
+  - GQA attention over the paged KV pool, without positional encoding, then o_proj,
+  - a squared-ReLU MLP (up, down); no KV, no state.
+The whole stack runs on the per-op path (no fused native plan yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm
+from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer
+from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.loaders.weights import WeightSource
+from edgeserve.models.archs.gemma4.model import load_table
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.text_part import RenamedWeights
+
+from .config import mamba2_dims
+
+
+class BackboneWeights(RenamedWeights):
+    """An HF Nemotron-H checkpoint (`backbone.*`) under the `model.*` names the model reads."""
+
+    def _name(self, name: str) -> str:
+        return "backbone." + name[len("model."):] if name.startswith("model.") else name
+
+    def blocks(self, name: str):
+        """GGUF block bytes (an HF source has none)."""
+        return None
+
+
+@dataclass
+class Mamba2Weights:
+    """A Mamba-2 mixer's weights: conv [conv_dim, K] and its bias, dt_bias, A (= -exp(A_log)) and D [H], the gated
+    norm's weight [H * P]."""
+
+    in_proj: LinearWeight
+    conv: torch.Tensor
+    conv_bias: torch.Tensor | None
+    dt_bias: torch.Tensor
+    A: torch.Tensor
+    D: torch.Tensor
+    norm: torch.Tensor
+    out_proj: LinearWeight
+
+
+@dataclass
+class NemotronHLayer:
+    """One block: its pre-norm and exactly one mixer (Mamba-2 with its state index, attention, or the MLP)."""
+
+    input_norm: torch.Tensor
+    mamba: Mamba2Weights | None = None
+    state_index: int = -1  # its index among the Mamba-2 layers (its layer of the state pool)
+    qkv: LinearWeight | None = None
+    o_proj: LinearWeight | None = None
+    up: LinearWeight | None = None
+    down: LinearWeight | None = None
+
+
+def load_mamba2(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
+    """A Mamba-2 mixer's weights under prefix `m` (`vector` / `matrix` load one; A from llama.cpp's ssm_a, or -exp
+    of HF's A_log). Granite 4 H's layers load theirs through it too."""
+    conv = vector(m + "conv1d.weight").reshape(dims.conv_dim, dims.conv_kernel)
+    a = vector(m + "ssm_a") if is_gguf else -torch.exp(vector(m + "A_log"))
+    bias = m + "conv1d.bias"
+    return Mamba2Weights(in_proj=matrix([m + "in_proj.weight"]), conv=conv,
+                         conv_bias=vector(bias) if src.has(bias) else None, dt_bias=vector(m + "dt_bias"),
+                         A=a, D=vector(m + "D"), norm=vector(m + "norm.weight"),
+                         out_proj=matrix([m + "out_proj.weight"]))
+
+
+def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor, states,
+               prompt_rows: PromptRows | None) -> torch.Tensor:
+    """A Mamba-2 mixer's output [T, hidden] for its normed input h, through state layer `index` of the step's
+    states (`model.dims`: the layers' shape)."""
+    conv_state, ssm_state = states.layer(index)
+    y = mamba2_mixer(linear(h, w.in_proj, None, prompt_rows), model.dims, w.conv, w.conv_bias, w.dt_bias, w.A,
+                     w.D, w.norm, model.config.rms_norm_eps, conv_state, ssm_state, states.batch)
+    return linear(y if y.device.type == "cpu" else y.to(model.dtype), w.out_proj, None, prompt_rows)
+
+
+class NemotronHModel(LlamaModel):
+    """Nemotron-H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
+
+    layers: list[NemotronHLayer]  # type: ignore[assignment]
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True,
+                     dense_prefill: bool = False) -> "NemotronHModel":
+        """Build the model from a weight source (an HF checkpoint's `backbone.*` names or a nemotron_h GGUF's)."""
+        dev, c = torch.device(device), config
+        is_gguf = getattr(source, "gguf", None) is not None
+        src = source if is_gguf or source.has("model.embeddings.weight") else BackboneWeights(source)
+
+        def vector(name: str) -> torch.Tensor:
+            value = src.get(name, keep_int4=False)
+            assert isinstance(value, torch.Tensor)
+            return value.to(device=dev, dtype=torch.float32).reshape(-1)
+
+        def matrix(names: list[str]) -> LinearWeight:
+            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
+
+        dims, layers, index = mamba2_dims(c), [], 0
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            m = p + "mixer."
+            layer = NemotronHLayer(input_norm=vector(p + "norm.weight"))
+            if c.is_linear(i):
+                layer.mamba, layer.state_index, index = load_mamba2(dims, src, m, vector, matrix, is_gguf), index, \
+                    index + 1
+            elif c.keeps_kv(i):
+                layer.qkv = matrix([m + f"{x}_proj.weight" for x in "qkv"])
+                layer.o_proj = matrix([m + "o_proj.weight"])
+            else:
+                layer.up, layer.down = matrix([m + "up_proj.weight"]), matrix([m + "down_proj.weight"])
+            layers.append(layer)
+        embed = load_table(src, "model.embeddings.weight", dtype, dev)
+        lm_head: LinearWeight = embed
+        if not c.tie_word_embeddings and src.has("lm_head.weight"):
+            lm_head = matrix(["lm_head.weight"])
+        return cls(c, embed, layers, vector("model.norm_f.weight"), lm_head, dtype, dev)
+
+    def __init__(self, config: ModelConfig, embed, layers: list[NemotronHLayer], norm: torch.Tensor,
+                 lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
+        self.config = config
+        self.embed = embed
+        self.layers = layers  # type: ignore[assignment]
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = config.max_position_embeddings
+        self.dims = mamba2_dims(config)
+        self._native = None
+
+    def native_decoder(self) -> None:
+        """No fused native plan for Nemotron-H: every step takes the per-op path."""
+        return None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
+        (`attn` exposing `layer_cache` / `attend`) and its Mamba-2 states (`attn.states`)."""
+        states = getattr(attn, "states", None)
+        if not callable(attn) or states is None:
+            raise TypeError("Nemotron-H runs over the paged KV pool with Mamba-2 states beside it "
+                            "(PagedKVAttention with `states`)")
+        c = self.config
+        eps = c.rms_norm_eps
+        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
+        x = self.embed_rows(input_ids)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.mamba is not None:
+                y = run_mamba2(self, layer.mamba, layer.state_index, h, states, prompt_rows)
+            elif layer.qkv is not None:
+                q, k, v = linear(h, layer.qkv, None, prompt_rows).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+                t = h.shape[0]
+                o = attn(i, q.reshape(t, c.num_heads, c.head_dim), k.reshape(t, c.num_kv_heads, c.head_dim),
+                         v.reshape(t, c.num_kv_heads, c.head_dim))
+                y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+            else:
+                up = linear(h, layer.up, None, prompt_rows)  # type: ignore[arg-type]
+                y = linear(torch.relu(up).square().to(self.dtype), layer.down, None, prompt_rows)  # type: ignore
+            last = i + 1 == len(self.layers)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h
+
+
+def model_class(config: ModelConfig) -> type[NemotronHModel]:
+    """Nemotron-H's decoder (per-op path only)."""
+    return NemotronHModel
+
+
+def mamba2_dummy_shapes(d: Mamba2Dims, m: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    """HF names (under prefix `m`) and shapes of a Mamba-2 mixer's tensors, for random weights."""
+    return {m + "in_proj.weight": (d.in_proj_dim, hidden), m + "conv1d.weight": (d.conv_dim, 1, d.conv_kernel),
+            m + "conv1d.bias": (d.conv_dim,), m + "dt_bias": (d.num_heads,), m + "A_log": (d.num_heads,),
+            m + "D": (d.num_heads,), m + "norm.weight": (d.inner,), m + "out_proj.weight": (hidden, d.inner)}
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a Nemotron-H model's tensors, for random weights (edgeserve.models.dummy)."""
+    c, h, d = config, config.hidden_size, mamba2_dims(config)
+    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (c.vocab_size, h),
+                                          "backbone.norm_f.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        m = f"backbone.layers.{i}.mixer."
+        shapes[f"backbone.layers.{i}.norm.weight"] = (h,)
+        if c.is_linear(i):
+            shapes.update(mamba2_dummy_shapes(d, m, h))
+        elif c.keeps_kv(i):
+            shapes.update({m + "q_proj.weight": (c.q_size, h), m + "k_proj.weight": (c.kv_size, h),
+                           m + "v_proj.weight": (c.kv_size, h), m + "o_proj.weight": (h, c.q_size)})
+        else:
+            w = c.intermediate_size
+            shapes.update({m + "up_proj.weight": (w, h), m + "down_proj.weight": (h, w)})
+    return shapes
