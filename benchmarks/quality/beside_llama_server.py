@@ -111,16 +111,14 @@ def shaped_case(name: str):
     base = BY_NAME[shape.case]
 
     def config(vocab: int):
-        cfg = base.config(vocab)
-        text = cfg.get_text_config()
-        for k, v in shape.fields.items():
-            setattr(text, k, v)
+        cfg = base.config(vocab)  # a text model's config (not a multimodal one's): rebuilt with the real fields
+        values = {k: v for k, v in cfg.to_dict().items() if k != "per_layer_config"}  # derived again from these
+        if "layer_types" not in shape.fields:
+            values.pop("layer_types", None)  # the config's own rhythm for the new layer count
+        values.update(shape.fields)
         if "gemma4" in shape.case:
-            text.vocab_size_per_layer_input = vocab
-        kinds = getattr(text, "layer_types", None)
-        if kinds and len(kinds) != text.num_hidden_layers:  # the case's pattern repeated
-            text.layer_types = [kinds[i % len(kinds)] for i in range(text.num_hidden_layers)]
-        return cfg
+            values["vocab_size_per_layer_input"] = vocab
+        return type(cfg)(**values)
 
     def init(model) -> None:
         (base.init or spread)(model)
