@@ -70,8 +70,8 @@ def _qwen3() -> dict:
                 intermediate_size=3072, num_hidden_layers=4, tie_word_embeddings=True)
 
 
-def _qwen35() -> dict:
-    s = HYBRID_SHAPES["qwen35-0.8b"]
+def _qwen35(name: str = "qwen35-0.8b") -> dict:
+    s = HYBRID_SHAPES[name]
     return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
                 intermediate_size=s.ffn, linear_num_key_heads=s.linear_k_heads, linear_num_value_heads=s.linear_v_heads,
                 linear_key_head_dim=s.linear_head_dim, linear_value_head_dim=s.linear_head_dim,
@@ -79,6 +79,13 @@ def _qwen35() -> dict:
                 rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                  "partial_rotary_factor": s.rope_dims / s.head_dim,
                                  "mrope_section": list(s.rope_sections[:3]), "mrope_interleaved": True})
+
+
+def _qwen3moe() -> dict:
+    s = SHAPES["qwen3-30b-a3b"]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                num_local_experts=16, num_experts_per_tok=s.experts_used, moe_intermediate_size=s.expert_ffn,
+                num_hidden_layers=4, tie_word_embeddings=s.tie_embeddings)
 
 
 def _gemma4() -> dict:
@@ -100,6 +107,8 @@ def _gpt_oss() -> dict:
 SHAPED = {
     "qwen3-0.6b": Shape("qwen3", _qwen3(), "4 of 28 layers"),
     "qwen35-0.8b": Shape("qwen35", _qwen35(), "4 of 24 layers (3 DeltaNet + 1 full attention, the real rhythm)"),
+    "qwen35-2b": Shape("qwen35", _qwen35("qwen35-2b"), "4 of 24 layers (3 DeltaNet + 1 full attention)"),
+    "qwen3-30b-a3b": Shape("qwen3moe", _qwen3moe(), "4 of 48 layers, 16 of 128 experts (8 per token)"),
     "gemma4-e2b": Shape("gemma4-e2b", _gemma4(), "10 of 35 layers (4 sliding : 1 global), the last 5 KV-shared"),
     "gpt-oss-20b": Shape("gpt-oss", _gpt_oss(), "2 of 24 layers, 8 of 32 experts (4 per token), MXFP4 experts"),
 }
