@@ -287,7 +287,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-gb", type=float, default=None,
                    help="KV cache pool size in GiB (default: a tenth of the memory free after loading)")
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=EngineConfig.kv_cache_dtype,
-                   help="what the KV cache stores: auto (the compute dtype), bf16, f16, or q8_0 (CPU: about half "
+                   help="what the KV cache stores: auto (the compute dtype; f16 beside bf16 compute on the CPU), "
+                        "bf16, f16, or q8_0 (CPU: about half "
                         "the bytes, so the same --kv-cache-gb holds about twice the tokens; see README for the "
                         "quality cost) (default %(default)s)")
     g.add_argument("--max-seqs", type=int, default=EngineConfig.max_num_seqs,

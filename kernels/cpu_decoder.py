@@ -22,9 +22,9 @@ from .cpu_native import BlockWeight, _attention_rows, spans_fit_window
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
 _FLOATS = (torch.float32, torch.bfloat16)
-_POOLS = (*_FLOATS, torch.uint8)  # uint8: a q8_0 KV pool (kernels.kv_quant)
-# layer.c's cache format argument (kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0)
-_POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}
+_POOLS = (*_FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.kv_quant)
+# layer.c's cache format argument (kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
+_POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float16: 3}
 
 
 class QWeight(ctypes.Structure):
@@ -192,7 +192,7 @@ class NativeDecoder:
 
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
-        bfloat16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call. Not
+        bfloat16, float16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call. Not
         a step whose bidirectional spans reach past a sliding window: the stack windows from each row's length,
         while such a row's window starts from its own position (cpu_native.visible_rows, on the per-op path)."""
         pool = getattr(attn, "pool", None)

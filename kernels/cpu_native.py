@@ -548,9 +548,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q.contiguous()
     if k_cache.dtype == torch.uint8:
         return _paged_attention_q8(q, k_cache, v_cache, meta, scale, lib, window, sinks)
-    kv_bf16 = k_cache.dtype == torch.bfloat16
-    if k_cache.dtype not in (torch.float32, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
-        k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), False
+    kv_bf16 = _KV_FORMAT.get(k_cache.dtype)  # the pools' format (kernels/cpu/kv_q8.h)
+    if kv_bf16 is None or v_cache.dtype != k_cache.dtype:
+        k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), 0
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # no-ops for the engine's pool
     seqs, lens = _attention_rows(meta)
     tables = meta.block_tables if meta.block_tables.dtype == torch.int32 else meta.block_tables.int()
@@ -606,6 +606,8 @@ def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 _FLOATS = (torch.float32, torch.bfloat16)
+# kernels/cpu/kv_q8.h's float pool formats (KV_F32, KV_BF16, KV_F16; KV_Q8_0 is 2): the attention reads these pools
+_KV_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 3}
 
 
 def _rows(x: torch.Tensor) -> bool:
@@ -639,7 +641,8 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     dtypes = {q.dtype, k.dtype, v.dtype}
     q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant); q comes back in its own dtype
     if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
-            or (k_cache.dtype not in _FLOATS and not (q8 and hasattr(lib, "qmm_rope_write_kv_fmt")))
+            or (k_cache.dtype not in _FLOATS and not ((q8 or k_cache.dtype == torch.float16)
+                                                      and hasattr(lib, "qmm_rope_write_kv_fmt")))
             or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
             or not v_cache.is_contiguous() or cos.dtype != torch.float32 or sin.dtype != torch.float32):
         return None
@@ -655,7 +658,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                               v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1],
                               d, out.data_ptr())
         return out
-    fmt = 2 if q8 else int(k_cache.dtype == torch.bfloat16)  # kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0
+    fmt = 2 if q8 else _KV_FORMAT[k_cache.dtype]  # kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16
     lib.qmm_rope_write_kv_fmt(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
                               k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                               v_cache.data_ptr(), fmt, slots.data_ptr(), t, h, k.shape[1], d, out.data_ptr(),

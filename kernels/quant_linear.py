@@ -250,4 +250,5 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
         else:
             y = weight.matmul(x)
         return y + bias if bias is not None else y
-    return F.linear(x.to(weight.dtype), weight, bias)
+    # x (and a bias) in the weight's dtype: a float32 attention output (beside an f16 KV pool) meets bf16 weights
+    return F.linear(x.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))

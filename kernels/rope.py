@@ -112,7 +112,10 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 def q_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
     """The dtype rope_write_kv returns the rotated q in: the cache's, or for a quantized pool (q8_0 or fp8) bfloat16
-    when q is bfloat16 and float32 otherwise."""
+    when q is bfloat16 and float32 otherwise; float32 for a float16 pool beside another compute dtype (the CPU's
+    bf16 compute with an f16 KV cache keeps its queries float32, as the native stack does)."""
     if is_quantized(k_cache):
         return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+    if k_cache.dtype == torch.float16 and q.dtype != torch.float16:
+        return torch.float32
     return k_cache.dtype

@@ -194,22 +194,25 @@ def load_ours(path: Path, dtype: str = "float32"):
     return load_model(resolve(str(path), pull_missing=False), dtype=dtype)
 
 
-def our_logits(model, ids: list[int] = IDS) -> torch.Tensor:
-    """Our logits at every position of `ids`: the prompt in two chunks, then decode steps, over the engine's paged
-    KV pool (and state pool for a hybrid)."""
+def our_logits(model, ids: list[int] = IDS, kv_cache_dtype: str = "auto",
+               prompt_len: int = len(PROMPT)) -> torch.Tensor:
+    """Our logits at every position of `ids`: the first `prompt_len` (the prompt) in two chunks, then decode steps,
+    over the engine's paged KV pool in the format `--kv-cache-dtype kv_cache_dtype` gives this model (and state
+    pool for a hybrid)."""
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.kv_format import resolve_kv_format
     from edgeserve.engine.state_pool import StatePool, StepStates, state_spec_for
     from edgeserve.kernels.dispatch import AttentionMetadata
 
     c = model.config
     blocks = (len(ids) + BLOCK - 1) // BLOCK
-    pool = KVPool(c, blocks, BLOCK, model.dtype)
+    pool = KVPool(c, blocks, BLOCK, resolve_kv_format(kv_cache_dtype, c, model.dtype, model.device))
     states = slot = None
     if c.is_hybrid:
         states = StatePool(state_spec_for(c), 1, "cpu")
         slot = states.allocate()
     table = list(range(blocks))
-    steps = [(0, CHUNK), (CHUNK, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
+    steps = [(0, CHUNK), (CHUNK, prompt_len)] + [(p, p + 1) for p in range(prompt_len, len(ids))]
     out = []
     with torch.no_grad():
         for a, b in steps:

@@ -17,6 +17,30 @@ from converter_cases import BY_NAME, CASES  # noqa: E402
 from converter_parity import load_ours, our_logits  # noqa: E402
 
 
+# the served default's mean drift on these cases' tiny f32 files (measured 0.06-0.30): a bound that a broken path
+# (wrong dtype, wrong pool) exceeds, not a precision claim
+SERVED_MEAN_BOUND = 0.5
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt-oss", "gemma2", "qwen35"])
+def test_served_default_runs_every_path(name: str, checkpoints, reference) -> None:
+    """The server's default compute on the CPU (bf16, the f16 KV pool with float32 queries and attention outputs)
+    on an f32 GGUF, fused stack and per-op path alike: finite logits near transformers' (gpt-oss's dense bf16 o_proj
+    with its bias takes the float32 attention output; Gemma 2's soft-capped attention reads the f16 pool on the
+    torch path; Qwen3.5's gated attention)."""
+    _, _, gguf = checkpoints(name)
+    model = load_ours(gguf, dtype="auto").model
+    ref = reference(name)
+    means = []
+    for native in (False, None):  # False: the fused stack where the model takes it; None: the per-op path
+        if hasattr(model, "_native"):
+            model._native = native
+        out = our_logits(model)
+        assert torch.isfinite(out).all()
+        means.append((out.log_softmax(-1) - ref.log_softmax(-1)).abs().amax(-1).mean().item())
+    assert max(means) < SERVED_MEAN_BOUND, means
+
+
 @pytest.mark.parametrize("name", [c.name for c in CASES if c.mtp_layers])
 def test_mtp_gguf_gives_the_no_mtp_logits(name: str, checkpoints) -> None:
     """The converter's default file (MTP block appended, `nextn_predict_layers`) runs the same trunk as `--no-mtp`'s,

@@ -23,6 +23,16 @@ def lib(request):
     return cpu_native.load(request.param)
 
 
+# kernels/cpu/kv_q8.h's pool formats
+POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 3}
+
+
+def queries(t: int, heads: int, d: int, pool_dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random queries in the dtype that goes with a pool of `pool_dtype` (float32 beside a float16 pool)."""
+    q = torch.randn(t, heads, d, generator=torch.Generator().manual_seed(seed))
+    return q if pool_dtype == torch.float16 else q.to(pool_dtype)
+
+
 def pools(heads_kv: int, d: int, dtype: torch.dtype, blocks: int = 24, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     k = (torch.randn(blocks, BLOCK, heads_kv, d, generator=g) * 2).to(dtype)
@@ -37,7 +47,7 @@ def attend(lib, q, k, v, tables, rows: list[tuple[int, int]]) -> torch.Tensor:
     lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
     out = torch.empty_like(q)
     lib.qmm_paged_attention(q.data_ptr(), q.dtype == torch.bfloat16, t, h, d, k.data_ptr(), v.data_ptr(),
-                            k.dtype == torch.bfloat16, BLOCK, k.shape[2], tables.data_ptr(), tables.stride(0),
+                            POOL_FORMAT[k.dtype], BLOCK, k.shape[2], tables.data_ptr(), tables.stride(0),
                             seq.data_ptr(), lens.data_ptr(), d ** -0.5, out.data_ptr())
     return out
 
@@ -67,14 +77,14 @@ def bits(x: torch.Tensor) -> torch.Tensor:
 LAYOUTS = [(9, 3, 64), (8, 1, 72), (4, 4, 32), (10, 2, 40), (6, 2, 30)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
 def test_chunk_rows_are_the_bits_of_each_row_alone(lib, heads, heads_kv, d, dtype):
     k, v = pools(heads_kv, d, dtype)
     tables = torch.randperm(24, generator=torch.Generator().manual_seed(1))[:21].view(3, 7).to(torch.int32)
     # a decode row, a 45-row chunk over 50 cached positions, a fresh 9-row prompt, another decode row
     rows = [(2, 71)] + [(0, n) for n in range(51, 96)] + [(1, n) for n in range(1, 10)] + [(2, 112)]
-    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(2)).to(dtype)
+    q = queries(len(rows), heads, d, dtype, 2)
     got = attend(lib, q, k, v, tables, rows)
     torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
     for t in (0, 1, 2, 17, 44, 45, 46, 54, 55):
@@ -82,6 +92,20 @@ def test_chunk_rows_are_the_bits_of_each_row_alone(lib, heads, heads_kv, d, dtyp
     # the chunk cut elsewhere (13 + 32 rows), alone and behind other rows
     assert torch.equal(bits(attend(lib, q[1:14], k, v, tables, rows[1:14])), bits(got[1:14]))
     assert torch.equal(bits(attend(lib, q[14:], k, v, tables, rows[14:])), bits(got[14:]))
+
+
+@pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
+def test_a_float16_pool_gives_the_bits_of_its_float32_values(lib, heads, heads_kv, d):
+    """A float16 pool (the CPU's default KV cache beside bf16 compute) is read as its exact float32 values: the
+    result is the float32 pool's bit for bit, on the blocked path (a chunk), the row path (decode rows) and across
+    key segments; where the pool is float16 but the values are not, it differs."""
+    k, v = pools(heads_kv, d, torch.float16, blocks=80, seed=11)
+    tables = torch.randperm(80, generator=torch.Generator().manual_seed(12))[:72].view(2, 36).to(torch.int32)
+    rows = [(0, 430)] + [(1, n) for n in range(500, 530)] + [(0, 7)]
+    q = queries(len(rows), heads, d, torch.float16, 13)
+    got = attend(lib, q, k, v, tables, rows)
+    assert torch.equal(bits(got), bits(attend(lib, q, k.float(), v.float(), tables, rows)))
+    assert not torch.equal(got, attend(lib, q, k.float() * 1.001, v.float(), tables, rows))
 
 
 def test_rows_that_see_nothing_give_zeros(lib):
@@ -122,7 +146,7 @@ def test_softmax_exp_special_cases_and_accuracy(lib):
 SEGMENT = 512  # attention.c's KEY_SEGMENT: a row's keys are split at multiples of it
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
 def test_rows_over_several_key_segments_are_the_bits_of_each_row_alone(lib, heads, heads_kv, d, dtype):
     """Rows deeper than one key segment (their keys split at fixed positions, computed as tasks of their own and
@@ -136,7 +160,7 @@ def test_rows_over_several_key_segments_are_the_bits_of_each_row_alone(lib, head
     # across 1,024, a row of exactly two segments, and one 2 keys past three
     rows = ([(0, 513), (1, 1600)] + [(0, n) for n in range(490, 530)] + [(1, 7)]
             + [(1, n) for n in range(1010, 1040)] + [(0, 2 * SEGMENT), (0, 3 * SEGMENT + 2)])
-    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(5)).to(dtype)
+    q = queries(len(rows), heads, d, dtype, 5)
     got = attend(lib, q, k, v, tables, rows)
     torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
     for t in range(len(rows)):
@@ -148,7 +172,7 @@ def test_rows_over_several_key_segments_are_the_bits_of_each_row_alone(lib, head
 
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,heads_kv,d", LAYOUTS)
 def test_a_batch_of_decode_rows_is_the_bits_of_each_row_alone_and_in_a_chunk(lib, heads, heads_kv, d, dtype):
     """Decode rows batched (one row per sequence: the row path, one task per row over all kv heads once there are
@@ -162,7 +186,7 @@ def test_a_batch_of_decode_rows_is_the_bits_of_each_row_alone_and_in_a_chunk(lib
     perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(7))
     tables = perm[:per_seq * len(lens)].view(len(lens), per_seq).to(torch.int32).contiguous()
     rows = [(s, n) for s, n in enumerate(lens)]
-    q = torch.randn(len(rows), heads, d, generator=torch.Generator().manual_seed(8)).to(dtype)
+    q = queries(len(rows), heads, d, dtype, 8)
     got = attend(lib, q, k, v, tables, rows)
     torch.testing.assert_close(got.double(), reference(q, k, v, tables, rows), rtol=0.02, atol=0.02)
     for t in range(len(rows)):
@@ -172,7 +196,7 @@ def test_a_batch_of_decode_rows_is_the_bits_of_each_row_alone_and_in_a_chunk(lib
         if n < 3:
             continue
         chunk = [(s, m) for m in range(n - 2, n + 4)]
-        qc = torch.randn(len(chunk), heads, d, generator=torch.Generator().manual_seed(9 + t)).to(dtype)
+        qc = queries(len(chunk), heads, d, dtype, 9 + t)
         qc[2] = q[t]
         assert torch.equal(bits(attend(lib, qc, k, v, tables, chunk)[2]), bits(got[t])), rows[t]
 

@@ -90,6 +90,30 @@ def test_fused_stack_equals_the_per_op_path_over_a_q8_0_pool(tmp_path):
     assert torch.nn.functional.cosine_similarity(bf16[-1].float(), fused[-1].float()).min() > 0.99
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_fused_stack_equals_the_per_op_path_over_an_f16_pool(tmp_path, qtype):
+    """The CPU's default KV cache beside bf16 compute (float16 K/V, float32 queries and attention outputs): the
+    fused stack gives the per-op path's bits and pool; it is what the stack read (not the bf16 pool's result), and
+    the pool holds the float32 K rounded to float16, much closer to it than a bf16 pool's."""
+    from edgeserve.engine.kv_format import resolve_kv_format
+
+    model = tiny_model(tmp_path, qtype)
+    f16 = resolve_kv_format("auto", model.config, model.dtype, "cpu")
+    assert f16.storage == torch.float16
+    fused, fused_pool = run_steps(model, True, STEPS, kv=f16)
+    per_op, per_op_pool = run_steps(model, False, STEPS, kv=f16)
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert a.dtype == b.dtype == model.dtype
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
+    assert torch.equal(fused_pool.k, per_op_pool.k) and torch.equal(fused_pool.v, per_op_pool.v)
+    bf16, bf16_pool = run_steps(model, True, STEPS, kv=torch.bfloat16)
+    assert not torch.equal(bf16[-1], fused[-1])
+    f32, f32_pool = run_steps(model, True, STEPS, kv=torch.float32)
+    # layer 0's K (the same float32 values on every run, before any attention): rounded to float16 it is 8x closer
+    err = {name: (p.k[0].float() - f32_pool.k[0]).abs().mean() for name, p in (("f16", fused_pool), ("bf16", bf16_pool))}
+    assert 0 < err["f16"] < err["bf16"] / 4, err
+
+
 def test_fused_stack_with_a_qkv_bias(tmp_path):
     model = tiny_model(tmp_path, "Q4_0", seed=3)
     gen = torch.Generator().manual_seed(0)

@@ -304,6 +304,32 @@ def test_fused_elementwise_kernels_match_the_twins():
     assert torch.equal(caches[1], caches[3])
 
 
+def test_rope_write_kv_and_attention_over_an_f16_pool_match_the_twins():
+    """The CPU's default KV cache beside bf16 compute: bf16 q, k, v rotated in float32, K and V stored as float16
+    (V exactly the twin's cast), q returned float32; the attention over that pool takes float32 queries and gives
+    the twin's result."""
+    from edgeserve.kernels import rope
+    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.paged_attention import paged_attention as twin
+
+    torch.manual_seed(2)
+    qkv = torch.randn(3, 4 * 16).bfloat16()
+    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
+    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
+    caches = [torch.zeros(2, 4, 1, 16, dtype=torch.float16) for _ in range(4)]
+    slots = torch.tensor([0, 1, 2])
+    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots)
+    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], slots)
+    assert got_q.dtype == want_q.dtype == torch.float32
+    torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=1e-3, atol=1e-3)
+    assert caches[0].dtype == torch.float16 and torch.equal(caches[1], caches[3])
+    meta = AttentionMetadata.build([3], [3], [[0]], [0, 1, 2])
+    got = cpu_native.paged_attention(got_q, caches[0], caches[1], meta, None)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, twin(got_q, caches[0], caches[1], meta).float(), rtol=1e-4, atol=1e-4)
+
+
 def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("EDGESERVE_HOME", str(tmp_path))  # nothing cached here
     monkeypatch.setenv("EDGESERVE_NATIVE_VARIANT", "scalar")  # a setting not looked up yet in this test

@@ -255,10 +255,11 @@ def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) ->
     assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
 
 
-def write_mxfp4_checkpoint(model, folder: Path) -> None:
+def write_mxfp4_checkpoint(model, folder: Path, exponents: tuple[int, int] = (121, 125)) -> None:
     """Save `model` as OpenAI's checkpoints are laid out: experts as MXFP4 `*_blocks` / `*_scales` (random codes and
-    exponents here) with quantization_config mxfp4, and set the model's experts to those blocks' values (transformers'
-    own dequantization), so it is the reference for what the checkpoint holds."""
+    exponents here, the scales' biased exponents drawn from [exponents[0], exponents[1])) with quantization_config
+    mxfp4, and set the model's experts to those blocks' values (transformers' own dequantization), so it is the
+    reference for what the checkpoint holds."""
     from safetensors.torch import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -272,7 +273,7 @@ def write_mxfp4_checkpoint(model, folder: Path) -> None:
             param = getattr(experts, name)  # [E, in, out]
             e, cols, rows = param.shape
             blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
-            scales = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
+            scales = torch.randint(*exponents, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
             key = f"model.layers.{i}.mlp.experts.{name}"
             del sd[key]
             sd[key + "_blocks"], sd[key + "_scales"] = blocks, scales

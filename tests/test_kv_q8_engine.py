@@ -76,15 +76,15 @@ def prompts(lengths, seed=5):
 
 def test_the_same_budget_holds_about_twice_the_tokens(tiny_lm):
     budget = EngineConfig(block_size=BS, kv_cache_gb=0.0005)
-    bf16 = EngineCore(tiny_lm, budget)
+    f16 = EngineCore(tiny_lm, budget)  # the default beside bf16 compute on the CPU
     q8 = EngineCore(tiny_lm, EngineConfig(block_size=BS, kv_cache_gb=0.0005, kv_cache_dtype="q8_0"))
-    assert bf16.pool.k.dtype == torch.bfloat16 and q8.pool.k.dtype == torch.uint8
-    ratio = q8.pool.num_blocks / bf16.pool.num_blocks
+    assert f16.pool.k.dtype == torch.float16 and q8.pool.k.dtype == torch.uint8
+    ratio = q8.pool.num_blocks / f16.pool.num_blocks
     assert 64 / 34 - 0.05 < ratio < 64 / 34 + 0.05  # 2 bytes per value against 34 bytes per 32 values
     assert q8.pool.nbytes <= 0.0005 * 2**30
     s = q8.stats()
     assert (s.kv_cache_dtype, s.kv_cache_bytes) == ("q8_0", q8.pool.nbytes)
-    assert bf16.stats().kv_cache_dtype == "bf16"
+    assert f16.stats().kv_cache_dtype == "f16"
 
 
 def test_greedy_outputs_do_not_depend_on_batch_or_chunking(tiny_lm):
@@ -156,11 +156,18 @@ def test_bad_choices_are_refused_with_one_line_errors(tiny_lm, tmp_path):
         EngineConfig(kv_cache_dtype="int4")
     c = tiny_lm.config
     assert resolve_kv_format("q8_0", c, torch.bfloat16, "cpu") == Q8_0
-    assert resolve_kv_format("auto", c, torch.bfloat16, "cpu").storage == torch.bfloat16
-    for name, device, message in (("fp8", "cpu", "fp8 needs the Triton kernels"), ("f16", "cpu", "compute dtype"),
-                                  ("q8_0", "cuda", "CPU only")):
+    # float16 K/V beside bf16 compute on the CPU (the default there, and by name); the compute dtype on a GPU
+    assert resolve_kv_format("auto", c, torch.bfloat16, "cpu").storage == torch.float16
+    assert resolve_kv_format("f16", c, torch.bfloat16, "cpu").storage == torch.float16
+    assert resolve_kv_format("bf16", c, torch.bfloat16, "cpu").storage == torch.bfloat16
+    assert resolve_kv_format("auto", c, torch.bfloat16, "cuda").storage == torch.bfloat16
+    assert resolve_kv_format("auto", c, torch.float32, "cpu").storage == torch.float32
+    for name, device, compute, message in (("fp8", "cpu", torch.bfloat16, "fp8 needs the Triton kernels"),
+                                           ("f16", "cuda", torch.bfloat16, "compute dtype"),
+                                           ("bf16", "cpu", torch.float32, "compute dtype"),
+                                           ("q8_0", "cuda", torch.bfloat16, "CPU only")):
         with pytest.raises(ValueError, match=message):
-            resolve_kv_format(name, c, torch.bfloat16, device)
+            resolve_kv_format(name, c, compute, device)
     with pytest.raises(ValueError, match="soft-capping"):
         resolve_kv_format("q8_0", dataclasses.replace(c, attn_softcap=50.0), torch.bfloat16, "cpu")
     odd = load_model(resolve(str(write_tiny_llama(tmp_path / "odd.gguf", hidden=48, heads=2, kv_heads=1, ffn=64))))

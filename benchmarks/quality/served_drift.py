@@ -6,7 +6,8 @@ layers), converted by llama.cpp's own convert_hf_to_gguf.py to f32, bf16 and q8_
 - `ref`: transformers' float32 logits with the model's weights replaced by the file's dequantized values (so the
   quantization itself is not counted, only compute precision);
 - `f32`: edgeserve on the file at dtype float32 (a check of the weight substitution: float32 noise);
-- `served`: edgeserve on the file at its default dtype ("auto": bf16 compute on CPU, the native kernels).
+- `served`: edgeserve on the file at its default dtype ("auto": bf16 compute on CPU, the native kernels), with the
+  KV pool of each `--kv-cache-dtypes` choice (auto: f16 beside bf16 compute on the CPU).
 Reported per file: max and mean over positions of max |logprob diff| over the vocabulary, and top-1 agreement.
 
 Q4_K_M is not measured: there is no float -> Q4_K quantizer here (edgeserve's benchmarks/make_gguf.py writes random
@@ -14,6 +15,7 @@ Q4_K blocks, not quantized weights; gguf-py quantizes only BF16 / Q4_0..Q8_0 / M
 built.
 
     .venv/bin/python benchmarks/quality/served_drift.py [--cases gpt-oss,qwen35] [--outtypes f32,bf16,q8_0]
+        [--kv-cache-dtypes bf16,f16]
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def drift(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, int]:
     return d.max().item(), d.mean().item(), int((ours.argmax(-1) == ref.argmax(-1)).sum())
 
 
-def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: Path) -> list[str]:
+def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: Path,
+             kv_cache_dtypes: list[str]) -> list[str]:
     """The report rows of one architecture."""
     import copy
 
@@ -117,11 +120,12 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         ref = reference_logits(ref_model)
         exact = drift(our_logits(load_ours(gguf).model), ref)
         served_model = load_ours(gguf, dtype="auto").model
-        served = drift(our_logits(served_model), ref)
-        n = ref.shape[0]
-        rows.append(f"| {name} | {outtype} | {exact[0]:.1e} | {served[0]:.3f} | {served[1]:.4f} | {served[2]}/{n} "
-                    f"| {served_model.dtype} |" + (f" {missed} rows not substituted |" if missed else ""))
-        print(rows[-1], flush=True)
+        for kv in kv_cache_dtypes:
+            served = drift(our_logits(served_model, kv_cache_dtype=kv), ref)
+            n = ref.shape[0]
+            rows.append(f"| {name} | {outtype} | {exact[0]:.1e} | {served[0]:.3f} | {served[1]:.4f} | {served[2]}/{n} "
+                        f"| {served_model.dtype}, KV {kv} |" + (f" {missed} rows not substituted |" if missed else ""))
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help="converter_cases names, comma-separated")
     ap.add_argument("--outtypes", default="f32,bf16,q8_0")
+    ap.add_argument("--kv-cache-dtypes", default="auto",
+                    help="--kv-cache-dtype choices to serve with, comma-separated (e.g. bf16,f16: before and after)")
     args = ap.parse_args(argv)
     from edgeserve.registry import DEFAULT_MODEL, pull
 
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| arch | file | ours f32 max | served max | served mean | served top-1 | served dtype |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for name in args.cases.split(","):
-            run_case(name, args.outtypes.split(","), tokenizers, work)
+            run_case(name, args.outtypes.split(","), tokenizers, work, args.kv_cache_dtypes.split(","))
     return 0
 
 

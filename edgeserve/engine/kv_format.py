@@ -1,10 +1,13 @@
 """What the KV pool stores per value: the `--kv-cache-dtype` choice, resolved for a model and device.
 
-`auto` (the default) keeps the model's compute dtype (bfloat16 on the CPU). `q8_0` (CPU) stores each head row of
+`auto` (the default) keeps the model's compute dtype, except with bfloat16 compute on the CPU, where it is `f16`: IEEE
+half K/V (llama.cpp's default KV type) with the queries and attention outputs in float32, which the native kernels
+read as fast as bfloat16 (F16C) and which moves the logits an order of magnitude less from float32 than a bfloat16
+pool (docs/MODELS.md, "Served-path drift"; same bytes, so the same tokens per `--kv-cache-gb`). `q8_0` (CPU) stores each head row of
 K and V as GGUF q8_0 blocks (kernels.kv_quant: 32 int8 values and a float16 scale, 34 bytes per 32 values), about
 half the bytes of bfloat16, so the same `--kv-cache-gb` holds about twice the tokens; the native kernels quantize
-where K/V are written and read the blocks directly in attention. `bf16` / `f16` name the compute dtype
-explicitly and are refused where they are not it. `fp8` (GPU) stores each head row as e4m3 values and a float32
+where K/V are written and read the blocks directly in attention. `bf16` / `f16` name a float pool: the compute
+dtype, or on the CPU `f16` beside bfloat16 compute (as `auto` there); anything else is refused. `fp8` (GPU) stores each head row as e4m3 values and a float32
 row scale (kernels.kv_quant: head_dim + 4 bytes), written by the Triton RoPE + KV-write kernel and read inside the
 Triton attention kernels; it needs the Triton path on a CUDA GPU with fp8 conversions (compute capability 8.9+),
 or Triton's interpreter on the CPU (EDGESERVE_KERNELS=triton, TRITON_INTERPRET=1: tests), and is refused elsewhere.
@@ -66,10 +69,10 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
     if name not in KV_CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {name!r}")
     if name == "auto":
-        return as_kv_format(compute_dtype)
+        return as_kv_format(_f16_beside_bf16(compute_dtype, device) or compute_dtype)
     if name in ("bf16", "f16"):
         wanted = torch.bfloat16 if name == "bf16" else torch.float16
-        if wanted != compute_dtype:
+        if wanted != compute_dtype and wanted != _f16_beside_bf16(compute_dtype, device):
             raise ValueError(f"--kv-cache-dtype {name} is not this model's compute dtype here "
                              f"({_FLOAT_NAMES.get(compute_dtype, compute_dtype)}): use auto or q8_0")
         return as_kv_format(wanted)
@@ -87,6 +90,12 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
         raise ValueError(f"--kv-cache-dtype q8_0 needs head sizes that are multiples of {Q8_BLOCK}; this model's "
                          f"are {dims}")
     return Q8_0
+
+
+def _f16_beside_bf16(compute_dtype: torch.dtype, device: torch.device) -> torch.dtype | None:
+    """float16 where a float16 pool runs beside the compute dtype: bfloat16 compute on the CPU (the native kernels
+    and the torch twins read it, with float32 queries); None elsewhere (the Triton kernels read the compute dtype)."""
+    return torch.float16 if compute_dtype == torch.bfloat16 and device.type == "cpu" else None
 
 
 def fp8_supported(device: torch.device) -> bool:

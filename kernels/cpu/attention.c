@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_q8.h" /* the pool formats: KV_F32, KV_BF16, KV_F16 (the q8_0 pools are attention_q8.c's) */
 #include "pool.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
@@ -45,8 +46,12 @@ static inline uint16_t f32_bf16(float f) {
     return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
 }
 
+/* a row of D values as float32: from float32, bfloat16 (bf16 1) or float16 (bf16 KV_F16) */
 static inline void load_row(const void *base, int bf16, int64_t index, int D, float *out) {
-    if (bf16) {
+    if (bf16 == KV_F16) {
+        const uint16_t *p = (const uint16_t *)base + index * D;
+        for (int d = 0; d < D; d++) out[d] = f16_to_f32(p[d]);
+    } else if (bf16) {
         const uint16_t *p = (const uint16_t *)base + index * D;
         for (int d = 0; d < D; d++) out[d] = bf16_f32(p[d]);
     } else {
@@ -100,7 +105,7 @@ static inline int row_start(const attn_t *a, int t) { return a->row_lo ? a->row_
 /* a K or V row as float32: the pool's own memory when it is float32, else converted into buf */
 static inline const float *kv_row(const void *base, int bf16, int64_t index, int D, float *buf) {
     if (!bf16) return (const float *)base + index * D;
-    load_row(base, 1, index, D, buf);
+    load_row(base, bf16, index, D, buf);
     return buf;
 }
 
@@ -201,7 +206,7 @@ static void attend_task(void *ctx, int task) {
             const int j = lo + jlo + jj;
             const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
-            if (a->kv_bf16) {
+            if (a->kv_bf16 == KV_BF16) {
                 const uint16_t *kr = (const uint16_t *)a->k + (at * a->Hkv + kvh) * D;
                 for (int g = 0; g < group; g++)
                     scores[(size_t)g * SL + jj] = dot_bf16(qf + (size_t)g * D, kr, D) * a->scale;
@@ -220,7 +225,7 @@ static void attend_task(void *ctx, int task) {
             const int j = lo + jlo + jj;
             const int64_t at = (int64_t)table[j / bs] * bs + j % bs;
 #if defined(QMM_AVX2)
-            if (a->kv_bf16 && D % 8 == 0) { /* out[d] += p * v[d] as one FMA per value, as the loop below compiles */
+            if (a->kv_bf16 == KV_BF16 && D % 8 == 0) { /* out[d] += p * v[d] as one FMA per value, as the loop below compiles */
                 const uint16_t *vr = (const uint16_t *)a->v + (at * a->Hkv + kvh) * D;
                 for (int g = 0; g < group; g++) {
                     __m256 p = _mm256_set1_ps(scores[(size_t)g * SL + jj]);
@@ -325,10 +330,12 @@ static inline float seg_exp(float x) { return _mm_cvtss_f32(exp4(_mm_set1_ps(x))
 
 enum { KEY_TILE = 128, PV_MAX = 6 };
 
-/* eight float32 values of a K or V row from element d, converted from bfloat16 when bf16 (exact either way): the
+/* eight float32 values of a K or V row from element d, converted from float16 when bf16 is KV_F16 (F16C), from
+   bfloat16 when it is KV_BF16 (exact either way): for bfloat16 the
    eight halves loaded into both 128-bit lanes, each moved into the high half of its float by one byte shuffle
    (one shuffle per eight values, where widening and shifting took two) */
 static inline __attribute__((always_inline)) __m256 load8(const void *row, int bf16, int d) {
+    if (bf16 == KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
     if (bf16) {
         const __m256i to_high = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 2, 3, -128, -128, 4, 5, -128, -128, 6,
                                                  7, -128, -128, 8, 9, -128, -128, 10, 11, -128, -128, 12, 13, -128,
@@ -412,20 +419,19 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, int D
 }
 
 #define WEIGH_CASE(NV, C, BF)                                                                                          \
-    case (NV) * 4 + ((C) - 1) * 2 + (BF): weigh_values(acc, D, d, NV, C, p, ps, vp, n, BF); break;
+    case (NV) * 8 + ((C) - 1) * 4 + (BF): weigh_values(acc, D, d, NV, C, p, ps, vp, n, BF); break;
+#define WEIGH_CASES(NV, C) WEIGH_CASE(NV, C, KV_F32) WEIGH_CASE(NV, C, KV_BF16) WEIGH_CASE(NV, C, KV_F16)
 
-/* weigh_values for a run-time nv (1 .. PV_MAX), c (1, 2) and bf16, each its own unrolled copy */
+/* weigh_values for a run-time nv (1 .. PV_MAX), c (1, 2) and pool format bf16 (KV_F32, KV_BF16, KV_F16), each its
+   own unrolled copy */
 static void weigh(float *acc, int D, int d, int nv, int c, const float *p, int ps, const void *const *vp, int n,
                   int bf16) {
-    switch (nv * 4 + (c - 1) * 2 + bf16) {
-        WEIGH_CASE(1, 1, 0) WEIGH_CASE(1, 1, 1) WEIGH_CASE(1, 2, 0) WEIGH_CASE(1, 2, 1)
-        WEIGH_CASE(2, 1, 0) WEIGH_CASE(2, 1, 1) WEIGH_CASE(2, 2, 0) WEIGH_CASE(2, 2, 1)
-        WEIGH_CASE(3, 1, 0) WEIGH_CASE(3, 1, 1) WEIGH_CASE(3, 2, 0) WEIGH_CASE(3, 2, 1)
-        WEIGH_CASE(4, 1, 0) WEIGH_CASE(4, 1, 1) WEIGH_CASE(4, 2, 0) WEIGH_CASE(4, 2, 1)
-        WEIGH_CASE(5, 1, 0) WEIGH_CASE(5, 1, 1) WEIGH_CASE(5, 2, 0) WEIGH_CASE(5, 2, 1)
-        WEIGH_CASE(6, 1, 0) WEIGH_CASE(6, 1, 1) WEIGH_CASE(6, 2, 0) WEIGH_CASE(6, 2, 1)
+    switch (nv * 8 + (c - 1) * 4 + bf16) {
+        WEIGH_CASES(1, 1) WEIGH_CASES(1, 2) WEIGH_CASES(2, 1) WEIGH_CASES(2, 2) WEIGH_CASES(3, 1) WEIGH_CASES(3, 2)
+        WEIGH_CASES(4, 1) WEIGH_CASES(4, 2) WEIGH_CASES(5, 1) WEIGH_CASES(5, 2) WEIGH_CASES(6, 1) WEIGH_CASES(6, 2)
     }
 }
+#undef WEIGH_CASES
 
 typedef struct {
     const attn_t *a;
@@ -511,15 +517,19 @@ static void row_scores8(const float *q, const void *const *kp, size_t off, int D
 #define ROW_SCORES(NV, NK, BF)                                                                                         \
     for (int j = 0; j < 8; j += NK) row_scores(q, kp + j, off, D, BF, scale, s + j, ls, NV, NK);                       \
     break;
-    switch (nv * 2 + bf16) {
-    case 2: ROW_SCORES(1, 8, 0)
-    case 3: ROW_SCORES(1, 8, 1)
-    case 4: ROW_SCORES(2, 4, 0)
-    case 5: ROW_SCORES(2, 4, 1)
-    case 6: ROW_SCORES(3, 4, 0)
-    case 7: ROW_SCORES(3, 4, 1)
-    case 8: ROW_SCORES(4, 2, 0)
-    case 9: ROW_SCORES(4, 2, 1)
+    switch (nv * 4 + bf16) { /* bf16: KV_F32 (0), KV_BF16 (1) or KV_F16 (3) */
+    case 4: ROW_SCORES(1, 8, 0)
+    case 5: ROW_SCORES(1, 8, 1)
+    case 7: ROW_SCORES(1, 8, 3)
+    case 8: ROW_SCORES(2, 4, 0)
+    case 9: ROW_SCORES(2, 4, 1)
+    case 11: ROW_SCORES(2, 4, 3)
+    case 12: ROW_SCORES(3, 4, 0)
+    case 13: ROW_SCORES(3, 4, 1)
+    case 15: ROW_SCORES(3, 4, 3)
+    case 16: ROW_SCORES(4, 2, 0)
+    case 17: ROW_SCORES(4, 2, 1)
+    case 19: ROW_SCORES(4, 2, 3)
     }
 #undef ROW_SCORES
 }
@@ -550,12 +560,12 @@ static inline __attribute__((always_inline)) void row_values(float *acc, int D, 
 static void row_values_all(float *acc, int D, const float *p, int ls, const void *const *vp, size_t off, int n,
                            int bf16, int nv) {
 #define ROW_VALUES(NV, C, BF)                                                                                          \
-    case (NV) * 32 + (C) * 2 + (BF): row_values(acc, D, d, p, ls, vp, off, n, BF, NV, C); break;
-#define ROW_VALUES_C(NV, C) ROW_VALUES(NV, C, 0) ROW_VALUES(NV, C, 1)
+    case (NV) * 64 + (C) * 4 + (BF): row_values(acc, D, d, p, ls, vp, off, n, BF, NV, C); break;
+#define ROW_VALUES_C(NV, C) ROW_VALUES(NV, C, KV_F32) ROW_VALUES(NV, C, KV_BF16) ROW_VALUES(NV, C, KV_F16)
     const int most = nv == 1 ? 8 : (nv == 2 ? 4 : (nv == 3 ? 3 : 2));
     for (int d = 0; d < D;) {
         const int c = (D - d) / 8 < most ? (D - d) / 8 : most;
-        switch (nv * 32 + c * 2 + bf16) {
+        switch (nv * 64 + c * 4 + bf16) {
             ROW_VALUES_C(1, 1) ROW_VALUES_C(1, 2) ROW_VALUES_C(1, 3) ROW_VALUES_C(1, 4)
             ROW_VALUES_C(1, 5) ROW_VALUES_C(1, 6) ROW_VALUES_C(1, 7) ROW_VALUES_C(1, 8)
             ROW_VALUES_C(2, 1) ROW_VALUES_C(2, 2) ROW_VALUES_C(2, 3) ROW_VALUES_C(2, 4)
@@ -763,8 +773,9 @@ static void attend_block_task(void *ctx, int task) {
         for (int v0 = 0; v0 < vp; v0 += 4)
             for (int i = 0; i < n; i += 3) {
                 float *out = scores + (size_t)(j0 + i) * vp + v0;
-                if (bf16) scores12(qf + (size_t)v0 * D, rowp + i, D, 1, scale, out, vp);
-                else scores12(qf + (size_t)v0 * D, rowp + i, D, 0, scale, out, vp);
+                if (bf16 == KV_BF16) scores12(qf + (size_t)v0 * D, rowp + i, D, KV_BF16, scale, out, vp);
+                else if (bf16 == KV_F16) scores12(qf + (size_t)v0 * D, rowp + i, D, KV_F16, scale, out, vp);
+                else scores12(qf + (size_t)v0 * D, rowp + i, D, KV_F32, scale, out, vp);
             }
     }
     /* softmax of each vector over its own keys, four vectors per register, in key order */
@@ -891,8 +902,8 @@ void qmm_exp(const float *x, int n, float *out) {
 /* out[t, h, :] = softmax(scale * q[t, h] . K[keys of row t]) V for T query rows of H heads of size D (q and out
    in bf16 when q_bf16, else float32; out may be q); row t attends to the row_len[t] positions of sequence
    row_seq[t] from position row_lo[t] on (0 when row_lo is NULL; a sliding-window layer's rows start later), whose
-   blocks are tables[row_seq[t] * table_stride + ...]; the pools are [blocks, block_size, Hkv, D] (bf16 when
-   kv_bf16). A row's keys are counted from its first one, so its bits depend only on which keys it sees. With
+   blocks are tables[row_seq[t] * table_stride + ...]; the pools are [blocks, block_size, Hkv, D] in format kv_bf16
+   (KV_F32, KV_BF16 or KV_F16, kv_q8.h). A row's keys are counted from its first one, so its bits depend only on which keys it sees. With
    sinks (float32 [H], or NULL), head h's softmax denominator also has exp(sinks[h]) (attention sinks: gpt-oss). */
 void qmm_paged_attention_sinks(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
                                int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,

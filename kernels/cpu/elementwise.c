@@ -18,8 +18,11 @@ static inline float ld(const void *p, int bf16, int64_t i) {
     return ((const float *)p)[i];
 }
 
+/* f into p[i]: float32, bfloat16 (bf16 1, rounded to nearest even, NaN kept quiet) or float16 (bf16 KV_F16) */
 static inline void st(void *p, int bf16, int64_t i, float f) {
-    if (bf16) {
+    if (bf16 == KV_F16) {
+        ((uint16_t *)p)[i] = f32_to_f16(f);
+    } else if (bf16) {
         uint32_t bits;
         memcpy(&bits, &f, 4);
         if ((bits & 0x7fffffffu) > 0x7f800000u) {
@@ -34,10 +37,14 @@ static inline void st(void *p, int bf16, int64_t i, float f) {
 
 #if defined(QMM_AVX2)
 #include <immintrin.h>
-/* st() of 8 floats at once: bfloat16 rounded to nearest even (NaN kept quiet) or float32 */
+/* st() of 8 floats at once */
 static inline void st8(void *p, int bf16, int64_t i, __m256 f) {
     if (!bf16) {
         _mm256_storeu_ps((float *)p + i, f);
+        return;
+    }
+    if (bf16 == KV_F16) { /* rounded to nearest even, as f32_to_f16() */
+        _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
         return;
     }
     const __m256i bits = _mm256_castps_si256(f);
@@ -128,7 +135,7 @@ typedef struct {
     int64_t ldq, ldk, ldv;
     const float *cos, *sin;
     void *k_cache, *v_cache, *q_out;
-    int cache_bf16, H, Hkv, D; /* cache_bf16: the pool's format, KV_F32 / KV_BF16 / KV_Q8_0 (kv_q8.h) */
+    int cache_bf16, H, Hkv, D; /* cache_bf16: the pool's format, KV_F32 / KV_BF16 / KV_Q8_0 / KV_F16 (kv_q8.h) */
     const int64_t *slots;
     int q_bf16; /* q_out in bfloat16 */
 } rope_t;
@@ -194,7 +201,7 @@ void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16,
     pool_run(rope_row, &a, T, T >= 4);
 }
 
-/* qmm_rope_write_kv() into pools of format cache_fmt (KV_F32 / KV_BF16 / KV_Q8_0, kv_q8.h: a q8_0 pool is
+/* qmm_rope_write_kv() into pools of format cache_fmt (KV_F32 / KV_BF16 / KV_Q8_0 / KV_F16, kv_q8.h: a q8_0 pool is
    [slots, Hkv, D / 32 * 34] bytes, each K and V head quantized from its float32 value) with q_out in bf16 when
    q_bf16 */
 void qmm_rope_write_kv_fmt(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,

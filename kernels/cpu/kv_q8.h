@@ -12,8 +12,9 @@
 
 #include "half.h"
 
-/* the KV pool formats a kernel's `kv_bf16` / `cache_bf16` argument takes */
-enum { KV_F32 = 0, KV_BF16 = 1, KV_Q8_0 = 2 };
+/* the KV pool formats a kernel's `kv_bf16` / `cache_bf16` argument takes (KV_F16: IEEE half, llama.cpp's default
+   KV type: 3 more mantissa bits than bfloat16, with the queries and outputs then in float32) */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_Q8_0 = 2, KV_F16 = 3 };
 enum { Q8_BLOCK = 32, Q8_BYTES = 34 };
 
 static inline int64_t q8_row_bytes(int D) { return (int64_t)D / Q8_BLOCK * Q8_BYTES; }

@@ -224,7 +224,8 @@ static void per_layer_input(const decoder_t *m, const layer_t *L, int T, float *
 
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
    [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16 is 1; q8_0
-   bytes, kv_q8.h, when it is 2, with the attention's queries and outputs then in float32, as the per-op path) are
+   bytes, kv_q8.h, when it is 2, float16 when it is 3, with the attention's queries and outputs then in float32, as
+   the per-op path) are
    `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool and attends to the
    first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a sliding-window layer).
    Returns 0, or -1 when out of memory. */
@@ -254,7 +255,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         }
     }
     const int kmax = imax(imax(imax(hidden, qd_max), imax(f_max, w)), mix_in), act_max = imax(f_max, w);
-    const int q8 = cache_bf16 == 2, q_bf16 = q8 ? 0 : cache_bf16; /* kv_q8.h's KV_Q8_0 */
+    /* kv_q8.h's KV_Q8_0 and KV_F16: queries and attention outputs in float32 (bf16 only beside a bf16 pool) */
+    const int q8 = cache_bf16 == 2, q_bf16 = cache_bf16 == 1;
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
@@ -363,10 +365,10 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
                 return -1;
             }
         } else if (L->sinks) {
-            qmm_paged_attention_sinks(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+            qmm_paged_attention_sinks(q, q_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
                                       pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q);
         } else {
-            qmm_paged_attention_from(q, cache_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
+            qmm_paged_attention_from(q, q_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
                                      pools->table_stride[pl], row_seq, lo, len, m->scale, q);
         }
         MARK(P_ATTN);
@@ -383,7 +385,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < hidden; j++)
                     o[(size_t)t * hidden + j] += q_bf16 ? round_bf16(L->o_bias[j]) : L->o_bias[j];
-        if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, cache_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
+        if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, q_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
         MARK(P_O);
     mixed:
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);

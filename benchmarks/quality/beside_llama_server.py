@@ -1,0 +1,263 @@
+"""edgeserve beside llama.cpp's llama-server on the same random-weight GGUFs of real shapes (issue 54), with
+transformers' float32 run on the same weights as the judge.
+
+Each case is a transformers checkpoint with a real model's dimensions (taken from edgeserve/bench's writers:
+SHAPES, HYBRID_SHAPES, GEMMA4_SHAPES) and fewer layers (the real layer-kind rhythm kept), the converter-parity
+case's structure (tests/converter_cases.py) and random weights scaled to the width (logits of a few units),
+converted by llama.cpp's own convert_hf_to_gguf.py to f32 (and bf16 / q8_0), or made Q4_K_M from the f32 file by
+llama.cpp's llama-quantize (`--keep DIR` keeps the files and reuses them). For each file and each of 8 fixed token-id prompts, the first generated position's
+log-probabilities:
+- llama-server: /completion with the prompt as token ids, n_predict 1, n_probs 5 (the top 5 of the raw logits'
+  softmax, before sampling); its defaults otherwise (f16 KV cache, flash attention auto);
+- edgeserve: the server's compute in process (load_model at dtype auto, the default KV format, the prompt in two
+  chunks over the paged pool: what `edgeserve serve` runs for the same ids);
+- reference: transformers float32 with every weight replaced by the file's dequantized value (served_drift.py's
+  substitution), so quantization is not counted, only the engines' compute.
+Reported per file: top-1 agreement of the two engines, their top-5 overlap and mean |logprob diff| over
+llama-server's top 5; then for each engine its top-1 agreement with the reference and mean |logprob diff| from it
+over the same tokens; and the same two for edgeserve with `--kv-cache-dtype bf16` (the CPU default before f16).
+
+    .venv/bin/python benchmarks/quality/beside_llama_server.py [--cases qwen3-0.6b,gpt-oss-20b]
+        [--outtypes q8_0,q4_k_m] [--llama-server PATH] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from converter_cases import BY_NAME, FULL, LINEAR, SLIDING  # noqa: E402
+from converter_parity import (build_checkpoint, convert, load_ours, our_logits, reference_logits,  # noqa: E402
+                              spm_tokenizer_folder, spread, tokenizer_folder)
+from served_drift import dequantized_reference  # noqa: E402
+from test_gpt_oss import write_mxfp4_checkpoint  # noqa: E402
+
+from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES  # noqa: E402
+from edgeserve.bench.random_gguf import SHAPES  # noqa: E402
+from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES  # noqa: E402
+
+BUILD = Path.home() / ".cache" / "edgeserve" / "reference" / "llama-server-build" / "bin"
+PROMPTS, PROMPT_LEN, TOP = 8, 24, 5
+LOGIT_SCALE = 2.5  # the output matrix's extra scale: logits with a standard deviation of about 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A real model's dimensions on a converter-parity case: config fields to set, and a note of what was cut."""
+
+    case: str
+    fields: dict = field(default_factory=dict)
+    note: str = ""
+
+
+def _qwen3() -> dict:
+    """Qwen3-0.6B's published config.json (not among the writers' shapes)."""
+    return dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                intermediate_size=3072, num_hidden_layers=4, tie_word_embeddings=True)
+
+
+def _qwen35(name: str = "qwen35-0.8b") -> dict:
+    s = HYBRID_SHAPES[name]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                intermediate_size=s.ffn, linear_num_key_heads=s.linear_k_heads, linear_num_value_heads=s.linear_v_heads,
+                linear_key_head_dim=s.linear_head_dim, linear_value_head_dim=s.linear_head_dim,
+                num_hidden_layers=4, layer_types=[LINEAR, LINEAR, LINEAR, FULL],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                 "partial_rotary_factor": s.rope_dims / s.head_dim,
+                                 "mrope_section": list(s.rope_sections[:3]), "mrope_interleaved": True})
+
+
+def _qwen3moe() -> dict:
+    s = SHAPES["qwen3-30b-a3b"]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+                num_local_experts=16, num_experts_per_tok=s.experts_used, moe_intermediate_size=s.expert_ffn,
+                num_hidden_layers=4, tie_word_embeddings=s.tie_embeddings)
+
+
+def _gemma4() -> dict:
+    s = GEMMA4_SHAPES["gemma4-e2b"]
+    layers = [SLIDING, SLIDING, SLIDING, SLIDING, FULL] * 2
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                head_dim=s.head_dim, global_head_dim=s.global_head_dim, intermediate_size=s.ffn,
+                hidden_size_per_layer_input=s.per_layer, num_hidden_layers=len(layers), layer_types=layers,
+                num_kv_shared_layers=5, sliding_window=s.window, final_logit_softcapping=30.0)
+
+
+def _gpt_oss() -> dict:
+    s = SHAPES["gpt-oss-20b"]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                head_dim=s.head_dim, intermediate_size=s.expert_ffn, num_local_experts=8,
+                num_experts_per_tok=s.experts_used, num_hidden_layers=2, sliding_window=128)
+
+
+SHAPED = {
+    "qwen3-0.6b": Shape("qwen3", _qwen3(), "4 of 28 layers"),
+    "qwen35-0.8b": Shape("qwen35", _qwen35(), "4 of 24 layers (3 DeltaNet + 1 full attention, the real rhythm)"),
+    "qwen35-2b": Shape("qwen35", _qwen35("qwen35-2b"), "4 of 24 layers (3 DeltaNet + 1 full attention)"),
+    "qwen3-30b-a3b": Shape("qwen3moe", _qwen3moe(), "4 of 48 layers, 16 of 128 experts (8 per token)"),
+    "gemma4-e2b": Shape("gemma4-e2b", _gemma4(), "10 of 35 layers (4 sliding : 1 global), the last 5 KV-shared"),
+    "gpt-oss-20b": Shape("gpt-oss", _gpt_oss(), "2 of 24 layers, 8 of 32 experts (4 per token), MXFP4 experts"),
+}
+
+
+def shaped_case(name: str):
+    """The converter-parity case `name` builds on, with the real dimensions and width-scaled random weights."""
+    shape = SHAPED[name]
+    base = BY_NAME[shape.case]
+
+    def config(vocab: int):
+        cfg = base.config(vocab)  # a text model's config (not a multimodal one's): rebuilt with the real fields
+        values = {k: v for k, v in cfg.to_dict().items() if k != "per_layer_config"}  # derived again from these
+        if "layer_types" not in shape.fields:
+            values.pop("layer_types", None)  # the config's own rhythm for the new layer count
+        values.update(shape.fields)
+        if "gemma4" in shape.case:
+            values["vocab_size_per_layer_input"] = vocab
+        return type(cfg)(**values)
+
+    def init(model) -> None:
+        (base.init or spread)(model)
+        scale = (64 / model.config.get_text_config().hidden_size) ** 0.5  # the cases' weights are drawn for width 64
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(scale)
+            model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+
+    post = base.post_save
+    if post is write_mxfp4_checkpoint:  # MXFP4 scales near the width-scaled weights' size
+        post = functools.partial(write_mxfp4_checkpoint, exponents=(117, 120))
+    return replace(base, name=name, config=config, init=init, post_save=post)
+
+
+def make_file(outtype: str, folder: Path, f32: Path, convert_args: tuple[str, ...], quantize: Path) -> Path:
+    """The GGUF of `outtype`: the converter's (f32, bf16, q8_0), or llama-quantize's from the f32 file (q4_k_m)."""
+    out = f32.with_name(f32.name.replace(".f32.", f".{outtype}."))
+    if outtype == "f32" or out.exists():
+        return f32 if outtype == "f32" else out
+    if outtype in ("bf16", "q8_0"):
+        return convert(folder, out, *convert_args, outtype=outtype)
+    run = subprocess.run([str(quantize), str(f32), str(out), outtype.upper(), "2"], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
+    return out
+
+
+def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
+    """llama-server's top-TOP (token id, logprob) at the first generated position of each prompt."""
+    from edgeserve.bench.servers import free_port, start_server, stop_server
+
+    port = free_port()
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-np", "1",
+           "-t", "2", "--no-webui"]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    server = start_server("llama-server", cmd, port, env=env, timeout=600)
+    try:
+        out = []
+        for ids in prompts:
+            body = {"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False}
+            req = urllib.request.Request(f"{server.url}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                top = json.loads(r.read())["completion_probabilities"][0]["top_logprobs"]
+            out.append([(t["id"], t["logprob"]) for t in top])
+        return out
+    finally:
+        stop_server(server)
+
+
+def compare(llama: list[list[tuple[int, float]]], ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """The report's numbers: ours / ref are log-probabilities [prompts, vocab]."""
+    n = len(llama)
+    ids = [[t for t, _ in top] for top in llama]
+    lp = torch.tensor([[p for _, p in top] for top in llama])
+    ours_at = torch.stack([ours[i, ids[i]] for i in range(n)])
+    ref_at = torch.stack([ref[i, ids[i]] for i in range(n)])
+    ours_top = ours.topk(TOP, dim=-1).indices.tolist()
+    ref_top1 = ref.argmax(-1).tolist()
+    return {"agree": sum(ids[i][0] == ours_top[i][0] for i in range(n)),
+            "overlap": sum(len(set(ids[i]) & set(ours_top[i])) for i in range(n)) / (TOP * n),
+            "diff": (ours_at - lp).abs().mean().item(),
+            "llama_ref_top1": sum(ids[i][0] == ref_top1[i] for i in range(n)),
+            "ours_ref_top1": sum(ours_top[i][0] == ref_top1[i] for i in range(n)),
+            "llama_ref": (lp - ref_at).abs().mean().item(), "ours_ref": (ours_at - ref_at).abs().mean().item()}
+
+
+def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: Path, binary: Path,
+             prompts: list[list[int]]) -> None:
+    """Print one report row per file of case `name`."""
+    case = shaped_case(name)
+    folder = work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
+    f32 = work / f"{name}.f32.gguf"
+    if not f32.exists():
+        convert(folder, f32, *case.convert_args, outtype="f32")
+    for outtype in outtypes:
+        try:
+            gguf = make_file(outtype, folder, f32, case.convert_args, binary.parent / "llama-quantize")
+        except RuntimeError as e:  # e.g. llama-quantize will not requantize gpt-oss's MXFP4 experts
+            print(f"| {name} | {outtype} | not made: {str(e).strip().splitlines()[-1][:120]} |", flush=True)
+            continue
+        ref_model, missed = dequantized_reference(copy.deepcopy(model), f32, gguf)
+        ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
+        del ref_model
+        served = load_ours(gguf, dtype="auto").model
+        ours, bf16_kv = (torch.stack([our_logits(served, ids, kv, prompt_len=len(ids))[-1] for ids in prompts])
+                         .log_softmax(-1) for kv in ("auto", "bf16"))
+        del served
+        llama = llama_server_top(binary, gguf, prompts)
+        c, before = compare(llama, ours, ref), compare(llama, bf16_kv, ref)
+        note = f" {missed} rows not substituted" if missed else ""
+        n = len(prompts)
+        print(f"| {name} | {outtype} | {c['agree']}/{n} | {c['overlap']:.2f} | {c['diff']:.3f} "
+              f"| {c['llama_ref_top1']}/{n} | {c['llama_ref']:.3f} | {c['ours_ref_top1']}/{n} | {c['ours_ref']:.3f} "
+              f"| {before['ours_ref_top1']}/{n}, {before['ours_ref']:.3f} | {SHAPED[name].note}{note} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(SHAPED))
+    ap.add_argument("--outtypes", default="q8_0,q4_k_m")
+    ap.add_argument("--llama-server", default=str(BUILD / "llama-server"))
+    ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
+    args = ap.parse_args(argv)
+    from edgeserve.registry import DEFAULT_MODEL, pull
+
+    binary = Path(args.llama_server)
+    if not binary.exists():
+        raise SystemExit(f"no llama-server at {binary} (--llama-server)")
+    g = torch.Generator().manual_seed(54)
+    prompts = [torch.randint(3, 30000, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        tokenizers = {}
+        for kind in ("bpe", "spm"):
+            (work / f"tok-{kind}").mkdir(exist_ok=True)
+        tokenizers["bpe"] = tokenizer_folder(pull(DEFAULT_MODEL, progress=False), work / "tok-bpe")
+        tokenizers["spm"] = spm_tokenizer_folder(work / "tok-spm")
+        print("| shape | file | top-1 agree | top-5 overlap | mean abs logprob diff | llama-server top-1 = ref "
+              "| llama-server vs ref | edgeserve top-1 = ref | edgeserve vs ref | same, bf16 KV | cut |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name in args.cases.split(","):
+            run_case(name, args.outtypes.split(","), tokenizers, work, binary, prompts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
