@@ -23,26 +23,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from edgeserve.kernels.cpu_native import BlockWeight, block_weight
 from edgeserve.kernels.cpu_decoder import NativeDecoder
 from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
-                                        scaled_norm_add, softcap, use_triton)
-from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, PromptRows, int8_supported
+                                        scaled_norm_add, softcap)
+from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
 from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.decoder_scaffold import set_decoder_fields
+from edgeserve.models.llama import LlamaModel
 from edgeserve.models.moe import MoEConfig, MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, language_model_prefix
-
-Table = torch.Tensor | Int8Weight | BlockWeight
+from edgeserve.models.weight_loader import Table, WeightLoader, load_table, table_rows
 
 
 @dataclass
@@ -101,25 +99,6 @@ class Gemma4Weights(RenamedWeights):
         return None if blocks is None else blocks(self._name(name))
 
 
-def load_table(source: WeightSource, name: str, dtype: torch.dtype, device: torch.device) -> Table:
-    """A row-lookup table (token embeddings): GGUF blocks on the native CPU kernels, int8 rows on a bf16 CPU, else
-    dense `dtype` (float32 stays exact)."""
-    native = block_weight(source, [name], device, dtype) if not use_triton(device) else None
-    if native is not None:
-        return native
-    value = source.get(name, keep_int4=False)
-    assert isinstance(value, torch.Tensor)
-    table = value.to(device=device, dtype=torch.float32)
-    return Int8Weight(table, dtype) if int8_supported(device, dtype) else table.to(dtype)
-
-
-def table_rows(table: Table, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of a table as float32 [T, width]."""
-    if not isinstance(table, torch.Tensor):
-        return table.rows(ids)
-    return F.embedding(ids, table).float()
-
-
 class Gemma4Model(LlamaModel):
     """Gemma 4 over flat token batches (LlamaModel's interface); runs over the engine's paged KV pool."""
 
@@ -130,18 +109,9 @@ class Gemma4Model(LlamaModel):
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "Gemma4Model":
         """Build the model from a weight source (HF names, the multimodal checkpoint's, or a GGUF file's)."""
-        dev = torch.device(device)
-        src = Gemma4Weights(source)
-        c = config
-
-        def norm(name: str) -> torch.Tensor:
-            value = src.get(name, keep_int4=False)
-            assert isinstance(value, torch.Tensor)
-            return value.to(device=dev, dtype=torch.float32)
-
-        def matrix(names: list[str]) -> LinearWeight:
-            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
-
+        c, src = config, Gemma4Weights(source)
+        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
+        dev, norm, matrix = w.device, w.tensor, w.matrix
         layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -175,10 +145,7 @@ class Gemma4Model(LlamaModel):
                 ple_norm=norm(p + "post_per_layer_input_norm.weight") if ple else None,
                 **(cls._moe_weights(c, src, i, matrix, norm, dev, dtype) if c.is_moe else {}),
             ))
-        embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
-        lm_head: LinearWeight = embed
-        if not c.tie_word_embeddings and src.has("lm_head.weight"):
-            lm_head = matrix(["lm_head.weight"])
+        embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         model = cls(c, embed, layers, norm("model.norm.weight"), lm_head, dtype, dev,
                     rope_freqs=norm("rope_freqs") if src.has("rope_freqs") else None)
         if c.per_layer_input_size:
@@ -207,13 +174,7 @@ class Gemma4Model(LlamaModel):
         """`rope_freqs`: a GGUF file's per-frequency divisors of the global layers' RoPE (llama.cpp writes
         proportional RoPE so: 1 for rotated pairs, 1e30 for the rest); without it, `rope_global_partial` says."""
         c = config
-        self.config = c
-        self.embed = embed
-        self.layers = layers  # type: ignore[assignment]
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
+        set_decoder_fields(self, c, embed, layers, norm, lm_head, dtype, device)
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
         self.max_positions = min(c.max_position_embeddings, MAX_ROPE_TABLE)
         global_dim = c.global_head_dim or c.head_dim

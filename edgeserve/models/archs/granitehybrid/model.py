@@ -17,15 +17,16 @@ from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, write_kv
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
-from edgeserve.models.archs.gemma4.model import load_table
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
 from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, mamba2_dummy_shapes, run_mamba2
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
+from edgeserve.models.llama import LlamaModel
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights
+from edgeserve.models.weight_loader import WeightLoader
 
 # HF Granite 4 H's expert tensors (`block_sparse_moe.*`, experts stacked [E, 2I, H] / [E, H, I]), by the names the
 # shared MoE loader reads
@@ -71,33 +72,24 @@ class GraniteHybridModel(LlamaModel):
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "GraniteHybridModel":
         """Build the model from a weight source (an HF checkpoint's names or a granitehybrid GGUF's)."""
-        dev, c = torch.device(device), config
-        is_gguf = getattr(source, "gguf", None) is not None
+        c, is_gguf = config, getattr(source, "gguf", None) is not None
         if c.is_moe and not is_gguf:
             source = GraniteExpertWeights(source)
-
-        def vector(name: str) -> torch.Tensor:
-            value = source.get(name, keep_int4=False)
-            assert isinstance(value, torch.Tensor)
-            return value.to(device=dev, dtype=torch.float32).reshape(-1)
-
-        def matrix(names: list[str]) -> LinearWeight:
-            return load_matrix(source, names, dtype, dev, keep_int4, dense_prefill)
-
+        w = WeightLoader(source, dtype, torch.device(device), keep_int4, dense_prefill)
         dims, layers, index = mamba2_dims(c), [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             s = p + "shared_mlp."
-            moe = load_moe_layer(c, source, i, matrix, dev, dtype) if c.is_moe else None
+            moe = load_moe_layer(c, source, i, w.matrix, w.device, dtype) if c.is_moe else None
             # a GGUF with experts holds the MLP as the shared expert (ffn_*_shexp), which the MoE layer runs
             mlp = moe is None or moe.shared is None
             gate_up = [s + "gate.weight", s + "up.weight"] if is_gguf else [s + "input_linear.weight"]
-            layer = GraniteHybridLayer(input_norm=vector(p + "input_layernorm.weight"),
-                                       post_norm=vector(p + "post_attention_layernorm.weight"),
-                                       gate_up=matrix(gate_up) if mlp else None,
-                                       down=matrix([s + "output_linear.weight"]) if mlp else None, moe=moe)
+            layer = GraniteHybridLayer(input_norm=w.vector(p + "input_layernorm.weight"),
+                                       post_norm=w.vector(p + "post_attention_layernorm.weight"),
+                                       gate_up=w.matrix(gate_up) if mlp else None,
+                                       down=w.matrix([s + "output_linear.weight"]) if mlp else None, moe=moe)
             if c.is_linear(i):
-                layer.mamba = load_mamba2(dims, source, p + "mamba.", vector, matrix, is_gguf)
+                layer.mamba = load_mamba2(dims, source, p + "mamba.", w.vector, w.matrix, is_gguf)
                 layer.state_index, index = index, index + 1
             else:
                 a = p + "self_attn."
@@ -106,25 +98,15 @@ class GraniteHybridModel(LlamaModel):
                     raise ModelLoadError(f"layer {i}: K projection of {k.shape[0]} rows, the config says "
                                          f"{c.num_kv_heads} KV heads x {c.head_dim} (a GGUF whose "
                                          "attention.head_count_kv is 0 on every layer cannot say its KV heads)")
-                layer.qkv = matrix([a + f"{x}_proj.weight" for x in "qkv"])
-                layer.o_proj = matrix([a + "o_proj.weight"])
+                layer.qkv = w.matrix([a + f"{x}_proj.weight" for x in "qkv"])
+                layer.o_proj = w.matrix([a + "o_proj.weight"])
             layers.append(layer)
-        embed = load_table(source, "model.embed_tokens.weight", dtype, dev)
-        lm_head: LinearWeight = embed
-        if not c.tie_word_embeddings and source.has("lm_head.weight"):
-            lm_head = matrix(["lm_head.weight"])
-        return cls(c, embed, layers, vector("model.norm.weight"), lm_head, dtype, dev)
+        embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
+        return cls(c, embed, layers, w.vector("model.norm.weight"), lm_head, dtype, w.device)
 
     def __init__(self, config: ModelConfig, embed, layers: list[GraniteHybridLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
-        self.config = config
-        self.embed = embed
-        self.layers = layers  # type: ignore[assignment]
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
-        self.max_positions = config.max_position_embeddings
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.dims = mamba2_dims(config)
         self._native = None
 
@@ -137,14 +119,9 @@ class GraniteHybridModel(LlamaModel):
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool and
         its Mamba-2 states (`attn.states`)."""
-        states = getattr(attn, "states", None)
-        if not callable(attn) or states is None:
-            raise TypeError("Granite 4 H runs over the paged KV pool with Mamba-2 states beside it "
-                            "(PagedKVAttention with `states`)")
+        states = step_states(attn, positions, self.max_positions, "Granite 4 H", "Mamba-2", needs=("__call__",))
         c = self.config
         eps, r = c.rms_norm_eps, c.residual_scale
-        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
-            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = self.embed_rows(input_ids) * (c.embed_scale or 1.0)
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
@@ -160,9 +137,7 @@ class GraniteHybridModel(LlamaModel):
                 y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
             h, x = add_rms_norm(y.float() * r, x, layer.post_norm, eps, self.dtype)
             y = self._feed_forward(layer, h, prompt_rows)
-            last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y.float() * r, x, self.norm if last else self.layers[i + 1].input_norm, eps,
-                                self.dtype)
+            h, x = add_rms_norm(y.float() * r, x, next_norm(self, i), eps, self.dtype)
         return h
 
 

@@ -26,11 +26,12 @@ from edgeserve.kernels.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.archs.gemma4.model import load_table
-from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
+from edgeserve.models.llama import LlamaModel
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
+from edgeserve.models.weight_loader import WeightLoader
 
 # HF per-expert projection names of LFM2-MoE, by the names edgeserve.models.moe_weights reads
 _EXPERT_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -88,24 +89,16 @@ class Lfm2Model(LlamaModel):
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "Lfm2Model":
         """Build the model from a weight source (an HF checkpoint's names or an lfm2 GGUF file's)."""
-        dev, c = torch.device(device), config
-        src = text_part(source)
+        c, src = config, text_part(source)
         if c.is_moe and getattr(source, "gguf", None) is None:
             src = Lfm2MoeWeights(src)
-
-        def norm(name: str) -> torch.Tensor:
-            value = src.get(name, keep_int4=False)
-            assert isinstance(value, torch.Tensor)
-            return value.to(device=dev, dtype=torch.float32)
-
-        def matrix(names: list[str]) -> LinearWeight:
-            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
-
+        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
+        norm, matrix = w.tensor, w.matrix
         layers, conv_index = [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
-                              **cls._feed_forward(c, src, i, matrix, norm, dev, dtype))
+                              **cls._feed_forward(c, src, i, matrix, norm, w.device, dtype))
             if c.is_linear(i):
                 layer.conv_index, conv_index = conv_index, conv_index + 1
                 layer.in_proj = matrix([p + "conv.in_proj.weight"])
@@ -117,12 +110,9 @@ class Lfm2Model(LlamaModel):
                 layer.q_norm, layer.k_norm = norm(a + "q_layernorm.weight"), norm(a + "k_layernorm.weight")
                 layer.o_proj = matrix([a + "out_proj.weight"])
             layers.append(layer)
-        embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
-        lm_head: LinearWeight = embed
-        if not c.tie_word_embeddings and src.has("lm_head.weight"):
-            lm_head = matrix(["lm_head.weight"])
+        embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
-        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, dev)
+        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, w.device)
 
     @staticmethod
     def _feed_forward(c: ModelConfig, src, i: int, matrix, norm, dev: torch.device, dtype: torch.dtype) -> dict:
@@ -149,14 +139,7 @@ class Lfm2Model(LlamaModel):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        self.config = config
-        self.embed = embed
-        self.layers = layers  # type: ignore[assignment]
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
-        self.max_positions = config.max_position_embeddings
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native = None
 
@@ -169,14 +152,9 @@ class Lfm2Model(LlamaModel):
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
         (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
-        states = getattr(attn, "states", None)
-        if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")) or states is None:
-            raise TypeError("LFM2 runs over the paged KV pool with conv states beside it "
-                            "(PagedKVAttention with `states`)")
+        states = step_states(attn, positions, self.max_positions, "LFM2", "conv")
         c = self.config
         eps = c.rms_norm_eps
-        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
-            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = self.embed_rows(input_ids)
         cos, sin = self.cos[positions], self.sin[positions]
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
@@ -194,8 +172,7 @@ class Lfm2Model(LlamaModel):
                 y = linear(o, layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
             h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
-            last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+            h, x = add_rms_norm(y, x, next_norm(self, i), eps, self.dtype)
         return h
 
     def mlp(self, layer: Lfm2Layer, h: torch.Tensor, prompt_rows: PromptRows | None,  # type: ignore[override]

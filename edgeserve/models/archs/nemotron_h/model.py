@@ -19,11 +19,12 @@ from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm
 from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
-from edgeserve.models.archs.gemma4.model import load_table
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.llama import LlamaModel, load_matrix
+from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
+from edgeserve.models.llama import LlamaModel
 from edgeserve.models.text_part import RenamedWeights
+from edgeserve.models.weight_loader import WeightLoader
 
 from .config import mamba2_dims
 
@@ -99,48 +100,29 @@ class NemotronHModel(LlamaModel):
                      device: str | torch.device = "cpu", keep_int4: bool = True,
                      dense_prefill: bool = False) -> "NemotronHModel":
         """Build the model from a weight source (an HF checkpoint's `backbone.*` names or a nemotron_h GGUF's)."""
-        dev, c = torch.device(device), config
-        is_gguf = getattr(source, "gguf", None) is not None
+        c, is_gguf = config, getattr(source, "gguf", None) is not None
         src = source if is_gguf or source.has("model.embeddings.weight") else BackboneWeights(source)
-
-        def vector(name: str) -> torch.Tensor:
-            value = src.get(name, keep_int4=False)
-            assert isinstance(value, torch.Tensor)
-            return value.to(device=dev, dtype=torch.float32).reshape(-1)
-
-        def matrix(names: list[str]) -> LinearWeight:
-            return load_matrix(src, names, dtype, dev, keep_int4, dense_prefill)
-
+        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
         dims, layers, index = mamba2_dims(c), [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             m = p + "mixer."
-            layer = NemotronHLayer(input_norm=vector(p + "norm.weight"))
+            layer = NemotronHLayer(input_norm=w.vector(p + "norm.weight"))
             if c.is_linear(i):
-                layer.mamba, layer.state_index, index = load_mamba2(dims, src, m, vector, matrix, is_gguf), index, \
-                    index + 1
+                layer.mamba, layer.state_index, index = load_mamba2(dims, src, m, w.vector, w.matrix, is_gguf), \
+                    index, index + 1
             elif c.keeps_kv(i):
-                layer.qkv = matrix([m + f"{x}_proj.weight" for x in "qkv"])
-                layer.o_proj = matrix([m + "o_proj.weight"])
+                layer.qkv = w.matrix([m + f"{x}_proj.weight" for x in "qkv"])
+                layer.o_proj = w.matrix([m + "o_proj.weight"])
             else:
-                layer.up, layer.down = matrix([m + "up_proj.weight"]), matrix([m + "down_proj.weight"])
+                layer.up, layer.down = w.matrix([m + "up_proj.weight"]), w.matrix([m + "down_proj.weight"])
             layers.append(layer)
-        embed = load_table(src, "model.embeddings.weight", dtype, dev)
-        lm_head: LinearWeight = embed
-        if not c.tie_word_embeddings and src.has("lm_head.weight"):
-            lm_head = matrix(["lm_head.weight"])
-        return cls(c, embed, layers, vector("model.norm_f.weight"), lm_head, dtype, dev)
+        embed, lm_head = w.embed_and_head("model.embeddings.weight", c.tie_word_embeddings)
+        return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, dtype, w.device)
 
     def __init__(self, config: ModelConfig, embed, layers: list[NemotronHLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
-        self.config = config
-        self.embed = embed
-        self.layers = layers  # type: ignore[assignment]
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
-        self.max_positions = config.max_position_embeddings
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.dims = mamba2_dims(config)
         self._native = None
 
@@ -153,14 +135,9 @@ class NemotronHModel(LlamaModel):
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
         (`attn` exposing `layer_cache` / `attend`) and its Mamba-2 states (`attn.states`)."""
-        states = getattr(attn, "states", None)
-        if not callable(attn) or states is None:
-            raise TypeError("Nemotron-H runs over the paged KV pool with Mamba-2 states beside it "
-                            "(PagedKVAttention with `states`)")
+        states = step_states(attn, positions, self.max_positions, "Nemotron-H", "Mamba-2", needs=("__call__",))
         c = self.config
         eps = c.rms_norm_eps
-        if input_ids.shape[0] and int(positions.max()) >= self.max_positions:
-            raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = self.embed_rows(input_ids)
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
@@ -175,8 +152,7 @@ class NemotronHModel(LlamaModel):
             else:
                 up = linear(h, layer.up, None, prompt_rows)  # type: ignore[arg-type]
                 y = linear(torch.relu(up).square().to(self.dtype), layer.down, None, prompt_rows)  # type: ignore
-            last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+            h, x = add_rms_norm(y, x, next_norm(self, i), eps, self.dtype)
         return h
 
 

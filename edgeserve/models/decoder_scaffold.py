@@ -1,0 +1,43 @@
+"""The scaffolding LlamaModel-interface decoders share: their common fields, the norm that ends a layer, and (for
+hybrids with recurrent state beside the paged KV pool: Mamba-2, short-conv, DeltaNet) the step's states with the
+checks each forward makes first."""
+
+from __future__ import annotations
+
+import torch
+
+from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel
+
+
+def set_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: list, norm: torch.Tensor,
+                       lm_head: LinearWeight, dtype: torch.dtype, device: torch.device) -> None:
+    """Set the fields every LlamaModel-interface decoder has (config, embeddings, layers, final norm, head, dtype,
+    device) and `max_positions` to the config's."""
+    model.config = config
+    model.embed = embed
+    model.layers = layers
+    model.norm = norm
+    model.lm_head = lm_head
+    model.dtype = dtype
+    model.device = device
+    model.max_positions = config.max_position_embeddings
+
+
+def step_states(attn, positions: torch.Tensor, max_positions: int, model_name: str, state_kind: str,
+                needs: tuple[str, ...] = ("layer_cache", "attend")):
+    """The step's recurrent states (`attn.states`), after checking that `attn` is the paged KV pool with states
+    beside it (it has every attribute in `needs`) and that no position is past `max_positions`."""
+    states = getattr(attn, "states", None)
+    if not all(hasattr(attn, name) for name in needs) or states is None:
+        raise TypeError(f"{model_name} runs over the paged KV pool with {state_kind} states beside it "
+                        "(PagedKVAttention with `states`)")
+    if positions.shape[0] and int(positions.max()) >= max_positions:
+        raise IndexError(f"position {int(positions.max())} is past the model's {max_positions}")
+    return states
+
+
+def next_norm(model: LlamaModel, i: int) -> torch.Tensor:
+    """The norm that follows layer i: the next layer's input norm, or the final norm after the last layer."""
+    return model.norm if i + 1 == len(model.layers) else model.layers[i + 1].input_norm
