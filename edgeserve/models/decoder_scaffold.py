@@ -8,7 +8,9 @@ import torch
 
 from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.models.config import ModelConfig
+from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.llama import LlamaModel
+from edgeserve.models.weight_loader import WeightLoader
 
 
 def set_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: list, norm: torch.Tensor,
@@ -41,3 +43,38 @@ def step_states(attn, positions: torch.Tensor, max_positions: int, model_name: s
 def next_norm(model: LlamaModel, i: int) -> torch.Tensor:
     """The norm that follows layer i: the next layer's input norm, or the final norm after the last layer."""
     return model.norm if i + 1 == len(model.layers) else model.layers[i + 1].input_norm
+
+
+class LoadedDecoder(LlamaModel):
+    """A decoder built from a WeightLoader over its view of the weight source: subclasses say the view
+    (`weight_view`) and build themselves from the loader (`load`)."""
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
+                     device: str | torch.device = "cpu", keep_int4: bool = True, dense_prefill: bool = False):
+        """Build the model from a weight source (an HF checkpoint's names or a GGUF file's)."""
+        view = cls.weight_view(config, source)
+        return cls.load(config, WeightLoader(view, dtype, torch.device(device), keep_int4, dense_prefill))
+
+    @classmethod
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """The source under the names `load` reads (the source itself unless a subclass renames)."""
+        return source
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader):
+        """Build the model from its tensors."""
+        raise NotImplementedError
+
+
+class PerOpHybridDecoder(LoadedDecoder):
+    """A decoder without a fused native plan (every step takes the per-op path) and with the common fields only."""
+
+    def __init__(self, config: ModelConfig, embed, layers: list, norm: torch.Tensor, lm_head: LinearWeight,
+                 dtype: torch.dtype, device: torch.device):
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
+        self._native = None
+
+    def native_decoder(self) -> None:
+        """No fused native plan: every step takes the per-op path."""
+        return None

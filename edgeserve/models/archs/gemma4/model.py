@@ -35,8 +35,7 @@ from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import set_decoder_fields
-from edgeserve.models.llama import LlamaModel
+from edgeserve.models.decoder_scaffold import LoadedDecoder, set_decoder_fields
 from edgeserve.models.moe import MoEConfig, MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, language_model_prefix
@@ -99,18 +98,20 @@ class Gemma4Weights(RenamedWeights):
         return None if blocks is None else blocks(self._name(name))
 
 
-class Gemma4Model(LlamaModel):
+class Gemma4Model(LoadedDecoder):
     """Gemma 4 over flat token batches (LlamaModel's interface); runs over the engine's paged KV pool."""
 
     layers: list[Gemma4Layer]  # type: ignore[assignment]
 
     @classmethod
-    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", keep_int4: bool = True,
-                     dense_prefill: bool = False) -> "Gemma4Model":
-        """Build the model from a weight source (HF names, the multimodal checkpoint's, or a GGUF file's)."""
-        c, src = config, Gemma4Weights(source)
-        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """The language model's names (HF names, the multimodal checkpoint's, or a GGUF file's)."""
+        return Gemma4Weights(source)
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader) -> "Gemma4Model":
+        """Build the model from its tensors."""
+        c, src, dtype = config, w.source, w.dtype
         dev, norm, matrix = w.device, w.tensor, w.matrix
         layers = []
         for i in range(c.num_layers):

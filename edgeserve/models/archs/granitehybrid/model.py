@@ -18,11 +18,11 @@ from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, write_kv
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
-from edgeserve.models.archs.nemotron_h.model import Mamba2Weights, load_mamba2, mamba2_dummy_shapes, run_mamba2
+from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2Weights, load_mamba2,
+                                                     mamba2_dummy_shapes, run_mamba2)
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
-from edgeserve.models.llama import LlamaModel
+from edgeserve.models.decoder_scaffold import next_norm, step_states
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights
@@ -62,20 +62,23 @@ class GraniteHybridLayer:
     o_proj: LinearWeight | None = None
 
 
-class GraniteHybridModel(LlamaModel):
+class GraniteHybridModel(Mamba2HybridDecoder):
     """Granite 4 H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
     layers: list[GraniteHybridLayer]  # type: ignore[assignment]
 
     @classmethod
-    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", keep_int4: bool = True,
-                     dense_prefill: bool = False) -> "GraniteHybridModel":
-        """Build the model from a weight source (an HF checkpoint's names or a granitehybrid GGUF's)."""
-        c, is_gguf = config, getattr(source, "gguf", None) is not None
-        if c.is_moe and not is_gguf:
-            source = GraniteExpertWeights(source)
-        w = WeightLoader(source, dtype, torch.device(device), keep_int4, dense_prefill)
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """An HF MoE checkpoint's expert tensors under the shared MoE loader's names; other sources as they are."""
+        if config.is_moe and getattr(source, "gguf", None) is None:
+            return GraniteExpertWeights(source)
+        return source
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader) -> "GraniteHybridModel":
+        """Build the model from its tensors (an HF checkpoint's names or a granitehybrid GGUF's)."""
+        c, source, dtype = config, w.source, w.dtype
+        is_gguf = getattr(source, "gguf", None) is not None
         dims, layers, index = mamba2_dims(c), [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -102,17 +105,7 @@ class GraniteHybridModel(LlamaModel):
                 layer.o_proj = w.matrix([a + "o_proj.weight"])
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
-        return cls(c, embed, layers, w.vector("model.norm.weight"), lm_head, dtype, w.device)
-
-    def __init__(self, config: ModelConfig, embed, layers: list[GraniteHybridLayer], norm: torch.Tensor,
-                 lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
-        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
-        self.dims = mamba2_dims(config)
-        self._native = None
-
-    def native_decoder(self) -> None:
-        """No fused native plan for Granite 4 H: every step takes the per-op path."""
-        return None
+        return cls(c, embed, layers, w.vector("model.norm.weight"), lm_head, w.dtype, w.device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

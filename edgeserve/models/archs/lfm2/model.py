@@ -26,8 +26,7 @@ from edgeserve.kernels.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
-from edgeserve.models.llama import LlamaModel
+from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
@@ -79,26 +78,27 @@ class Lfm2Layer:
     out_proj: LinearWeight | None = None
 
 
-class Lfm2Model(LlamaModel):
+class Lfm2Model(PerOpHybridDecoder):
     """LFM2 over the engine's paged KV pool with the step's conv states beside it (`attn.states`)."""
 
     layers: list[Lfm2Layer]  # type: ignore[assignment]
 
     @classmethod
-    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", keep_int4: bool = True,
-                     dense_prefill: bool = False) -> "Lfm2Model":
-        """Build the model from a weight source (an HF checkpoint's names or an lfm2 GGUF file's)."""
-        c, src = config, text_part(source)
-        if c.is_moe and getattr(source, "gguf", None) is None:
-            src = Lfm2MoeWeights(src)
-        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
-        norm, matrix = w.tensor, w.matrix
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """The text model's names (an HF checkpoint's, LFM2-MoE's experts under the shared MoE loader's names, or
+        an lfm2 GGUF file's)."""
+        src = text_part(source)
+        return Lfm2MoeWeights(src) if config.is_moe and getattr(source, "gguf", None) is None else src
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader) -> "Lfm2Model":
+        """Build the model from its tensors (short-conv and attention layers)."""
+        c, src, norm, matrix = config, w.source, w.tensor, w.matrix
         layers, conv_index = [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
-                              **cls._feed_forward(c, src, i, matrix, norm, w.device, dtype))
+                              **cls._feed_forward(c, src, i, matrix, norm, w.device, w.dtype))
             if c.is_linear(i):
                 layer.conv_index, conv_index = conv_index, conv_index + 1
                 layer.in_proj = matrix([p + "conv.in_proj.weight"])
@@ -112,7 +112,7 @@ class Lfm2Model(LlamaModel):
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
-        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, dtype, w.device)
+        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, w.dtype, w.device)
 
     @staticmethod
     def _feed_forward(c: ModelConfig, src, i: int, matrix, norm, dev: torch.device, dtype: torch.dtype) -> dict:
@@ -139,13 +139,8 @@ class Lfm2Model(LlamaModel):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
+        super().__init__(config, embed, layers, norm, lm_head, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
-        self._native = None
-
-    def native_decoder(self) -> None:
-        """No fused native plan for LFM2: every step takes the per-op path."""
-        return None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

@@ -12,6 +12,7 @@ The whole stack runs on the per-op path (no fused native plan yet).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -21,7 +22,7 @@ from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import next_norm, set_decoder_fields, step_states
+from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
 from edgeserve.models.llama import LlamaModel
 from edgeserve.models.text_part import RenamedWeights
 from edgeserve.models.weight_loader import WeightLoader
@@ -90,19 +91,31 @@ def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor,
     return linear(y if y.device.type == "cpu" else y.to(model.dtype), w.out_proj, None, prompt_rows)
 
 
-class NemotronHModel(LlamaModel):
+class Mamba2HybridDecoder(PerOpHybridDecoder):
+    """A per-op decoder with Mamba-2 layers (Nemotron-H, Granite 4 H), their shape as `dims` (run_mamba2 reads it)."""
+
+    @cached_property
+    def dims(self) -> Mamba2Dims:
+        """The Mamba-2 layers' shape."""
+        return mamba2_dims(self.config)
+
+
+class NemotronHModel(Mamba2HybridDecoder):
     """Nemotron-H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
     layers: list[NemotronHLayer]  # type: ignore[assignment]
 
     @classmethod
-    def from_weights(cls, config: ModelConfig, source: WeightSource, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", keep_int4: bool = True,
-                     dense_prefill: bool = False) -> "NemotronHModel":
-        """Build the model from a weight source (an HF checkpoint's `backbone.*` names or a nemotron_h GGUF's)."""
-        c, is_gguf = config, getattr(source, "gguf", None) is not None
-        src = source if is_gguf or source.has("model.embeddings.weight") else BackboneWeights(source)
-        w = WeightLoader(src, dtype, torch.device(device), keep_int4, dense_prefill)
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """An HF checkpoint's `backbone.*` names as `model.*`; a nemotron_h GGUF's as they are."""
+        is_gguf = getattr(source, "gguf", None) is not None
+        return source if is_gguf or source.has("model.embeddings.weight") else BackboneWeights(source)
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader) -> "NemotronHModel":
+        """Build the model from its tensors (Mamba-2, attention and MLP blocks)."""
+        c, src = config, w.source
+        is_gguf = getattr(src, "gguf", None) is not None
         dims, layers, index = mamba2_dims(c), [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -118,17 +131,7 @@ class NemotronHModel(LlamaModel):
                 layer.up, layer.down = w.matrix([m + "up_proj.weight"]), w.matrix([m + "down_proj.weight"])
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embeddings.weight", c.tie_word_embeddings)
-        return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, dtype, w.device)
-
-    def __init__(self, config: ModelConfig, embed, layers: list[NemotronHLayer], norm: torch.Tensor,
-                 lm_head: LinearWeight, dtype: torch.dtype, device: torch.device):
-        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
-        self.dims = mamba2_dims(config)
-        self._native = None
-
-    def native_decoder(self) -> None:
-        """No fused native plan for Nemotron-H: every step takes the per-op path."""
-        return None
+        return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, w.dtype, w.device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
