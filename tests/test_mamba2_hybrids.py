@@ -7,21 +7,16 @@ speculation rolls the states back. Logit parity of the GGUF and HF folder: test_
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from converter_cases import BY_NAME  # noqa: E402
-from converter_parity import build_checkpoint, tokenizer_folder  # noqa: E402
-from test_qwen35_engine import OracleProposer  # noqa: E402
+from hybrid_helpers import (GREEDY, assert_empty, check_greedy_equals_transformers,  # noqa: E402
+                            check_second_turn_resumes, check_speculation_rolls_back, ids, make_checkpoint, prompts)
 
 from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-VOCAB_USED = 30000  # prompt ids drawn below this (inside the borrowed vocabulary)
 
 
 # case: (Mamba-2 layers, attention layers, conv channels H * P + 2 * G * N, ssm H x P x N)
@@ -33,40 +28,12 @@ SHAPES = {"nemotron_h": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "M-*M-M*-":
 @pytest.fixture(scope="module", params=list(SHAPES))
 def checkpoint(request, default_model_path, tmp_path_factory):
     """(transformers model, HF folder, case name) of a converter-parity case."""
-    name = request.param
-    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp(f"{name}-tokenizer"))
-    folder = tmp_path_factory.mktemp(name)
-    return build_checkpoint(BY_NAME[name], tok, folder), folder, name
+    return (*make_checkpoint(request.param, default_model_path, tmp_path_factory), request.param)
 
 
 @pytest.fixture(scope="module")
 def llm(checkpoint) -> LLM:
     return LLM(str(checkpoint[1]), dtype="float32", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
-
-
-def prompts(*lens: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB_USED, size=n).tolist() for n in lens]
-
-
-def ids(results) -> list[list[int]]:
-    return [r.outputs[0].token_ids for r in results]
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy generate of `n` tokens (its own Mamba and KV caches), never stopping early."""
-    config = model.generation_config.__class__(do_sample=False, max_new_tokens=n, eos_token_id=None,
-                                               pad_token_id=0)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), generation_config=config)
-    return out[0, len(prompt):].tolist()
-
-
-def assert_empty(llm: LLM) -> None:
-    states = llm.engine.states
-    assert states is not None and states.num_seated == 0
-    states.check()
-    assert states.pool.num_used == states.num_snapshots
 
 
 def test_state_pool_holds_mamba2_states(checkpoint, llm: LLM) -> None:
@@ -79,49 +46,16 @@ def test_state_pool_holds_mamba2_states(checkpoint, llm: LLM) -> None:
 
 
 def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
-    model = checkpoint[0]
-    ps = prompts(5, 23, 40, 71)
-    reference = [hf_greedy(model, p, 12) for p in ps]
-    assert ids(llm.generate(ps, GREEDY)) == reference
-    assert [ids(llm.generate([p], GREEDY))[0] for p in ps] == reference
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert ids(chunked.generate(ps, GREEDY)) == reference
-    assert chunked.engine.stats().num_steps >= 71 // 16 + 11
-    assert_empty(llm)
-    assert_empty(chunked)
+    check_greedy_equals_transformers(checkpoint[0], llm)
 
 
 def test_second_turn_resumes_from_a_state_snapshot(llm: LLM) -> None:
-    warm = LLM.from_model(llm.lm, kv_cache_gb=0.01)
-
-    def run(prompt: list[int]) -> tuple[list[int], int]:
-        before = warm.engine.stats().prompt_tokens_reused
-        out = warm.generate([prompt], GREEDY)[0].outputs[0].token_ids
-        return out, warm.engine.stats().prompt_tokens_reused - before
-
-    first = prompts(45, seed=1)[0]
-    reply, reused = run(first)
-    assert reused == 0 and reply == ids(llm.generate([first], GREEDY))[0]
-    second = first + reply + prompts(9, seed=2)[0]
-    out, reused = run(second)
-    assert reused == 48  # the first turn's states were kept at its last block boundary
-    assert out == ids(llm.generate([second], GREEDY))[0]
-    assert warm.engine.states.num_snapshots > 0
-    assert_empty(warm)
+    check_second_turn_resumes(llm)
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_speculation_rolls_the_states_back(llm: LLM, prefix_caching: bool) -> None:
-    ps = prompts(13, 29, 40, seed=8)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    plain = [ids(llm.generate([p], params))[0] for p in ps]
-    spec = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
-                          enable_prefix_caching=prefix_caching)
-    spec.engine.spec.ngram = OracleProposer(ps, plain)
-    assert ids(spec.generate(ps, params)) == plain
-    stats = spec.engine.stats()
-    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
-    assert_empty(spec)
+    check_speculation_rolls_back(llm, prefix_caching)
 
 
 def test_experts_and_rope_are_refused_by_name() -> None:
