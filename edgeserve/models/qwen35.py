@@ -38,6 +38,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
+from .decoder_scaffold import set_decoder_fields
 from .archs.gemma4.model import load_table
 from .llama import LlamaModel, load_matrix
 from .moe import MoELayer
@@ -220,14 +221,7 @@ class Qwen35Model(LlamaModel):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Qwen35Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        self.config = config
-        self.embed = embed
-        self.layers = layers  # type: ignore[assignment]
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
-        self.max_positions = config.max_position_embeddings
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
