@@ -1,30 +1,16 @@
-"""The scaffolding LlamaModel-interface decoders share: their common fields, the norm that ends a layer, and (for
-hybrids with recurrent state beside the paged KV pool: Mamba-2, short-conv, DeltaNet) the step's states with the
-checks each forward makes first."""
+"""The scaffolding LlamaModel-interface decoders share beyond their common fields (llama.set_decoder_fields): building
+from a WeightLoader, the norm that ends a layer, and (for hybrids with recurrent state beside the paged KV pool:
+Mamba-2, short-conv, DeltaNet) the step's states with the checks each forward makes first."""
 
 from __future__ import annotations
 
 import torch
 
 from edgeserve.kernels.quant_linear import LinearWeight
-from edgeserve.models.config import ModelConfig
 from edgeserve.loaders.weights import WeightSource
-from edgeserve.models.llama import LlamaModel
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.llama import LlamaModel, set_decoder_fields
 from edgeserve.models.weight_loader import WeightLoader
-
-
-def set_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: list, norm: torch.Tensor,
-                       lm_head: LinearWeight, dtype: torch.dtype, device: torch.device) -> None:
-    """Set the fields every LlamaModel-interface decoder has (config, embeddings, layers, final norm, head, dtype,
-    device) and `max_positions` to the config's."""
-    model.config = config
-    model.embed = embed
-    model.layers = layers
-    model.norm = norm
-    model.lm_head = lm_head
-    model.dtype = dtype
-    model.device = device
-    model.max_positions = config.max_position_embeddings
 
 
 def step_states(attn, positions: torch.Tensor, max_positions: int, model_name: str, state_kind: str,

@@ -103,18 +103,26 @@ def load_matrix(source: WeightSource, names: list[str], dtype: torch.dtype, devi
     return torch.cat(floats).to(device=device, dtype=dtype)
 
 
+def set_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: list, norm: torch.Tensor,
+                       lm_head: LinearWeight, dtype: torch.dtype, device: torch.device) -> None:
+    """Set the fields every LlamaModel-interface decoder has (config, embeddings, layers, final norm, head, dtype,
+    device) and `max_positions` to the config's."""
+    model.config = config
+    model.embed = embed
+    model.layers = layers
+    model.norm = norm
+    model.lm_head = lm_head
+    model.dtype = dtype
+    model.device = device
+    model.max_positions = config.max_position_embeddings
+
+
 class LlamaModel:
     """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
 
     def __init__(self, config: ModelConfig, embed: torch.Tensor | Int8Weight | BlockWeight, layers: list[DecoderLayer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        self.config = config
-        self.embed = embed
-        self.layers = layers
-        self.norm = norm
-        self.lm_head = lm_head
-        self.dtype = dtype
-        self.device = device
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         # Within a sliding window full attention is exact, so a windowed model's context stops at the window.
         self.max_positions = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
         cos, sin = rope_cos_sin(inv_freq, self.max_positions, rope_attention_factor(config.rope_scaling))

@@ -38,9 +38,8 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
-from .decoder_scaffold import set_decoder_fields
 from .archs.gemma4.model import load_table
-from .llama import LlamaModel, load_matrix
+from .llama import LlamaModel, load_matrix, set_decoder_fields
 from .moe import MoELayer
 from .moe_weights import load_moe_layer
 from .mtp_head import MtpHead, attach_mtp_head

@@ -35,7 +35,8 @@ from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import LoadedDecoder, set_decoder_fields
+from edgeserve.models.decoder_scaffold import LoadedDecoder
+from edgeserve.models.llama import set_decoder_fields
 from edgeserve.models.moe import MoEConfig, MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, language_model_prefix
