@@ -209,6 +209,24 @@ def test_max_tokens_is_capped_by_the_context(default_model):
     assert out.outputs[0].finish_reason == "length"
 
 
+def test_a_request_ends_once_whichever_ways_it_is_ended(default_model):
+    """A request that ends by length while an abort for it waits, and is then ended again directly, is counted
+    and freed once; the outputs say it ended once."""
+    llm = LLM.from_model(default_model, kv_cache_gb=0.05)
+    eng = llm.engine
+    rid = eng.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    finished_before = eng.num_requests_finished
+    req = eng._pending_add[0]
+    ends = [o for o in eng.step() if o is not None and o.finished]
+    req_gone = rid not in eng.requests
+    eng.finish_request(rid)  # an abort for a request that already ended
+    ends += [o for o in eng.step() if o is not None and o.finished]
+    eng._end(req, "abort")  # the one ending, called again (a failure after a stop, say): nothing happens
+    assert req_gone and [o.request_id for o in ends] == [rid]
+    assert eng.num_requests_finished == finished_before + 1
+    assert_pool_empty(llm)
+
+
 def test_engine_config_rejects_bad_values():
     for bad in [dict(max_num_seqs=0), dict(block_size=-1), dict(kv_cache_gb=0), dict(max_model_len=1)]:
         with pytest.raises(ValueError, match=next(iter(bad))):

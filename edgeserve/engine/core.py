@@ -41,7 +41,7 @@ from .thinking_budget import ThinkingBudget, ThinkingState
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
 from .prefix_key import NO_KEY, PrefixKey
-from .request_check import check_images, check_mrope, check_request, check_spans
+from .request_check import check_images, check_mrope, check_request, check_spans, output_budget
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
 from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
@@ -172,7 +172,7 @@ class EngineCore:
         request_id = request_id or f"req-{next(_ids)}"
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.lm.tokenizer.eot_ids)
         req = Request(request_id, list(prompt_ids), params=params, generator=make_generator(params), stop_ids=stop_ids,
-                      max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
+                      max_tokens=output_budget(params.max_tokens, len(prompt_ids), self.max_model_len),
                       proc=OutputProcessor(request_id, prompt_ids, params, self.lm.tokenizer), prefix_key=prefix_key,
                       adapter=choice, images=check_images(images, len(prompt_ids), self.lm.config.hidden_size),
                       mrope=check_mrope(mrope, len(prompt_ids), self.lm.config),
@@ -380,12 +380,11 @@ class EngineCore:
         if reason is None:
             return self._output(req, tokens, logprobs)
         # the scheduler may have retired it already (it outgrew the pool while its last token was in flight)
-        return self._retire(req, tokens, logprobs, reason, stop_reason=tokens[-1] if reason == "stop" else None,
-                            already_finished=not self.scheduler.has(req.request_id))
+        return self._retire(req, tokens, logprobs, reason, stop_reason=tokens[-1] if reason == "stop" else None)
 
     def _retire_outgrown(self, sched: SchedulerOutput) -> list[RequestOutput | None]:
         """Retire the requests the scheduler ended because they outgrew the whole pool."""
-        return [self._retire(self.requests[seq_id], [], None, "length", already_finished=True)
+        return [self._retire(self.requests[seq_id], [], None, "length")
                 for seq_id in sched.finished if seq_id in self.requests]
 
     def _apply_pending(self) -> list[RequestOutput | None]:
@@ -402,13 +401,17 @@ class EngineCore:
         return outputs
 
     def _retire(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob] | None, reason: str,
-                stop_reason: int | None = None, already_finished: bool = False) -> RequestOutput | None:
-        self._end(req, reason, already_finished)
+                stop_reason: int | None = None) -> RequestOutput | None:
+        self._end(req, reason)
         return self._output(req, tokens, logprobs, reason, stop_reason)
 
-    def _end(self, req: Request, reason: str, already_finished: bool = False) -> None:
-        """Forget a request and free its blocks now."""
-        if not already_finished:
+    def _end(self, req: Request, reason: str) -> None:
+        """Forget a request and free its blocks now: the one place a request ends, whichever way (a stop, a length,
+        an abort, a failure, the scheduler having retired it already); a second call for the same request does
+        nothing."""
+        if self.requests.get(req.request_id) is not req:
+            return
+        if self.scheduler.has(req.request_id):
             self.scheduler.finish(req.request_id, reason)
         self.runner.batch.remove(req.request_id)
         if self.spec is not None:
@@ -429,7 +432,7 @@ class EngineCore:
         except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone
             log.error("request %s failed while turning tokens into text", req.request_id, exc_info=e)
             return self._fail(req, "this request failed while turning tokens into text")
-        if delta is not None and delta.finished and reason is None and self.requests.get(req.request_id) is req:
+        if delta is not None and delta.finished and reason is None:
             self._end(req, "stop")  # a stop string
         return delta
 
@@ -438,8 +441,7 @@ class EngineCore:
     def _fail(self, req: Request, message: str) -> RequestOutput:
         """End one request on a failure of its own: its stream gets `message` as an error, the others go on."""
         log.warning("request %s failed: %s", req.request_id, message)
-        if self.requests.get(req.request_id) is req:
-            self._end(req, "abort", already_finished=not self.scheduler.has(req.request_id))
+        self._end(req, "abort")
         req.proc.done = True
         return RequestOutput(req.request_id, "", [], None, "abort", error=message)
 

@@ -33,6 +33,12 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
                                  "tokens, which leaves no room to generate")
 
 
+def output_budget(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    """The most tokens a request may generate: what it asked (all the context's room when None), never past the
+    context (the one cap of max_tokens: a huge client value must not reach the engine's tensors)."""
+    return min(requested or max_model_len, max(1, max_model_len - prompt_len))
+
+
 def check_images(images: Sequence[ImageRows], prompt_len: int, hidden_size: int) -> tuple[ImageRows, ...]:
     """The request's image embedding rows, checked: each [n, hidden_size] (or [n, hidden_size * (1 + k)] with
     Qwen3-VL's k DeepStack features) inside the prompt, none overlapping (InvalidRequestError naming `images`

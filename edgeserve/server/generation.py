@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
+from edgeserve.engine.request_check import output_budget
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
 from edgeserve.server.thinking import MAX_BUDGET, thinking_spec
 from edgeserve.server.disconnect import run_abandonable
@@ -143,9 +144,8 @@ class Generation:
         try:
             prompts = self._prompts if self._prompts is not None else self.prompt_ids()
             for p_idx, ids in enumerate(prompts):
-                # never more than the context holds (a huge client value must not reach the engine's tensors)
                 requested = output_tokens(self.req.max_tokens, self.lease.manager.config)  # the server's default/max
-                max_tokens = min(requested or engine.max_model_len, max(1, engine.max_model_len - len(ids)))
+                max_tokens = output_budget(requested, len(ids), engine.max_model_len)
                 if self.req.num_ctx is not None:
                     max_tokens = self._fit_num_ctx(ids, max_tokens)
                 self.prompt_lens.append(len(ids))
