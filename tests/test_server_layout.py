@@ -1,14 +1,22 @@
 """The server's shape (issue 34): its modules import each other without a cycle, every function stays under 60
 lines, and the generation routes go through the one pipeline (edgeserve/server/respond.py). The models' shape
-(issue 48): no import cycle in edgeserve/models, counting the imports inside functions too."""
+(issue 48): no import cycle in edgeserve/models, engine, kernels, offload and loaders, counting the imports inside
+functions too."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parents[1] / "edgeserve" / "server"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "edgeserve" / "server"
 MODELS = SERVER.parent / "models"
+# the packages whose modules must not import each other in a circle, lazy imports included (kernels/, loaders/ and
+# offload/ install as edgeserve.kernels, .loaders, .offload)
+ACYCLIC = {"edgeserve.models": MODELS, "edgeserve.engine": SERVER.parent / "engine", "edgeserve.kernels":
+           ROOT / "kernels", "edgeserve.offload": ROOT / "offload", "edgeserve.loaders": ROOT / "loaders"}
 MAX_FUNCTION_LINES = 60
 
 
@@ -79,15 +87,23 @@ def test_server_modules_import_without_a_cycle():
     _assert_acyclic(graph)
 
 
-def _models_graph() -> dict[str, set[str]]:
-    modules = _modules(MODELS, "edgeserve.models")
-    packages = {m for m in modules if (MODELS / Path(*m.split(".")[2:]) / "__init__.py").is_file()}
+def _package_graph(package: str = "edgeserve.models") -> dict[str, set[str]]:
+    """`package`'s modules -> the modules of the same package each imports anywhere it runs."""
+    root = ACYCLIC[package]
+    modules = _modules(root, package)
+    packages = {m for m in modules if (root / Path(*m.split(".")[2:]) / "__init__.py").is_file()}
     return {m: {n for n in _all_imports(t, m, m in packages) if n in modules and n != m} for m, t in modules.items()}
 
 
-def test_models_import_without_a_cycle_lazy_imports_included():
-    """The registry finds architecture packages by name (importlib), so config.py reads no package it is read by."""
-    _assert_acyclic(_models_graph())
+def _models_graph() -> dict[str, set[str]]:
+    return _package_graph("edgeserve.models")
+
+
+@pytest.mark.parametrize("package", sorted(ACYCLIC))
+def test_packages_import_without_a_cycle_lazy_imports_included(package):
+    """The registry finds architecture packages by name (importlib), so config.py reads no package it is read by;
+    the engine's KV formats, pools and window pools, the kernels' decoders and the offload tiers import downwards."""
+    _assert_acyclic(_package_graph(package))
 
 
 def test_the_models_cycle_check_sees_a_lazy_import():

@@ -10,15 +10,11 @@ from typing import Callable, Hashable, MutableMapping, Protocol, Sequence
 
 from .prefix_key import NO_KEY, PrefixKey
 from .request_state import Registry
-from .window_blocks import WindowBlocks
+from .window_blocks import OutOfBlocksError, WindowBlocks
 
 SeqId = Hashable
 
 _ROOT_HASH = b""
-
-
-class OutOfBlocksError(RuntimeError):
-    """The pool has too few free blocks for a request (callers check `can_allocate` first)."""
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:

@@ -16,7 +16,7 @@ from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 
 from .kv_budget import KVBudget, default_cpu_budget, explicit_why, gpu_budget_why
-from .kv_format import KVFormat, as_kv_format, resolve_kv_format
+from .kv_format import KVFormat, as_kv_format, kv_owners, resolve_kv_format
 
 if TYPE_CHECKING:
     from .input_batch import StepInputs
@@ -27,12 +27,6 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | KVFormat) -> in
     """Bytes of K and V one token takes over all layers that keep their own (not Gemma 4's KV-shared layers), in
     the pool's float dtype or KV format (q8_0: 34 bytes per 32 values)."""
     return sum(layer_kv_bytes(config, dtype, i) for i in kv_owners(config))
-
-
-def kv_owners(config: ModelConfig) -> list[int]:
-    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`,
-    a hybrid's linear-attention layers, which keep a recurrent state instead, and mixerless MLP blocks)."""
-    return [i for i in range(config.num_layers) if config.kv_source(i) == i and config.keeps_kv(i)]
 
 
 def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype | KVFormat, layer: int) -> int:

@@ -17,6 +17,11 @@ from array import array
 from collections import OrderedDict
 
 
+class OutOfBlocksError(RuntimeError):
+    """A KV pool (the main one or the sliding-window one) has too few free blocks for a request (callers check
+    `can_allocate` first)."""
+
+
 class WindowBlocks:
     """The pairing of main blocks with window blocks, and the window pool's references and free list."""
 
@@ -51,8 +56,6 @@ class WindowBlocks:
         w = self.of_block[main_block]
         if w < 0:
             if not self.free:
-                from .kv_blocks import OutOfBlocksError
-
                 raise OutOfBlocksError("the sliding-window KV pool is out of blocks")
             w, _ = self.free.popitem(last=False)
             self._unpair(w)
