@@ -18,6 +18,7 @@ import torch
 
 from . import cpu_native
 from .cpu_native import FORMATS, GGUF_QTYPES, native_format, quantize_activations
+from .host_pages import release_pages
 from .quant_linear import dense_tiles
 
 EXPERT_TILE = 16  # rows per dense matmul of the torch path (fixed, for batch invariance)
@@ -136,8 +137,6 @@ def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
     for e in range(experts):  # expert by expert: a band of 8 rows never spans two experts
         lib.qmm_repack(fmt, src + e * expert_bytes, row_bytes, rows, part.cols, out[e].data_ptr())
     if isinstance(part.data, np.ndarray):  # a view of the file's mmap: the copy replaces it, unmap its pages
-        from edgeserve.loaders.gguf_file import release_pages
-
         release_pages(part.data)
     return ExpertBlocks(twin, out, part.cols)
 

@@ -139,3 +139,34 @@ def test_generation_routes_go_through_the_pipeline():
         if name in ("edgeserve.server.api.openai", "edgeserve.server.api.ollama", "edgeserve.server.api.anthropic",
                     "edgeserve.server.api.responses"):
             assert "respond(request, req," in source, name
+
+
+# what kernels/ may import of the rest of edgeserve: the errors, and the leaf module naming edgeserve's folder
+# (the native libraries are cached under it)
+KERNELS_MAY_IMPORT = {"edgeserve.errors", "edgeserve.registry.paths"}
+
+
+def _outside_imports(package: str, prefix: str = "edgeserve.") -> dict[str, set[str]]:
+    """`package`'s modules -> the edgeserve modules outside `package` each imports anywhere it runs."""
+    root = ACYCLIC[package]
+    modules = _modules(root, package)
+    packages = {m for m in modules if (root / Path(*m.split(".")[2:]) / "__init__.py").is_file()}
+    out = {}
+    for m, t in modules.items():
+        names = {n for n in _all_imports(t, m, m in packages) if n.startswith(prefix) and n != package
+                 and not n.startswith(package + ".")}
+        # `from edgeserve.errors import X` also names edgeserve.errors.X: keep the module
+        out[m] = {n for n in names if not any(n.startswith(k + ".") for k in names)}
+    return out
+
+
+def test_kernels_know_no_model_engine_or_loader():
+    """Kernels import nothing of edgeserve but the errors (and the folder they cache builds in)."""
+    bad = {m: names - KERNELS_MAY_IMPORT for m, names in _outside_imports("edgeserve.kernels").items()}
+    assert not {m: n for m, n in bad.items() if n}, bad
+
+
+def test_the_engine_imports_no_server():
+    server = {m: {n for n in names if n.startswith("edgeserve.server")}
+              for m, names in _outside_imports("edgeserve.engine").items()}
+    assert not {m: n for m, n in server.items() if n}, server
