@@ -461,33 +461,26 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import time
-
+def _run_params(args: argparse.Namespace):
+    """`run`'s sampling flags as SamplingParams; a bad value is one line (before torch is imported)."""
     from edgeserve.sampling_params import SamplingParams
 
-    model_name, prompt = split_model_and_prompt(args)
-    try:  # the flags first: a bad value is one line before torch is imported
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, min_p=args.min_p, seed=args.seed)
+    try:
+        return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, min_p=args.min_p, seed=args.seed)
     except ValueError as e:
         raise EdgeserveError(str(e)) from None
-    config = engine_config_from_args(args)
-    check_device(args)
-    if len(config.loras) > 1:
-        raise EdgeserveError("run takes one --lora adapter (serve takes several)")
-    adapter = config.loras[0][0] if config.loras else None
 
+
+def _load_for_run(args: argparse.Namespace, model_name: str, config):
+    """The LLM `run` talks to, loaded with a loading line (an unknown model's line comes first)."""
     from edgeserve.first_run import first_run_hint
     from edgeserve.llm import LLM
     from edgeserve.load_progress import LoadingLine
-    from edgeserve.text.chat_prompt import chat_ids
-    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
-
-    first_run_hint(model_name)
     from edgeserve.serve_checks import check_models
 
-    check_models([model_name], allow_pull=True, load_format=args.load_format)  # an unknown model: its line first
+    first_run_hint(model_name)
+    check_models([model_name], allow_pull=True, load_format=args.load_format)
     # on a terminal its own line before the loading line, as that one (piped, stderr keeps to errors)
     start_native_build(args.device, args.cpu_moe_layers, say_it=sys.stderr.isatty()).join()
     with LoadingLine(model_name):
@@ -495,48 +488,71 @@ def cmd_run(args: argparse.Namespace) -> int:
                   quantize=args.quantize, quantize_group_size=args.quantize_group_size,
                   quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
                   cpu_moe_layers=args.cpu_moe_layers, mmproj=args.mmproj)
-    images = _read_images(args.image) if args.image else []
-    if images and (args.raw or llm.lm.vision is None):
-        raise EdgeserveError("--image needs a vision model through its chat template (no --raw; a GGUF model needs "
-                             "--mmproj)")
     if config.kv_offload != "none":
         import atexit
 
         atexit.register(llm.close)  # the disk tier keeps this run's prefixes for the next one
-    lm = llm.lm
     if args.verbose:
-        print(f"loaded {lm.name} in {lm.load_seconds:.2f}s", file=sys.stderr)
+        print(f"loaded {llm.lm.name} in {llm.lm.load_seconds:.2f}s", file=sys.stderr)
+    return llm
+
+
+def _run_reply(llm, args: argparse.Namespace, params, adapter: str | None, images: list, messages: list[dict],
+               text: str) -> str:
+    """Stream one reply of `run` to stdout (a harmony model's reasoning to stderr) and return its answer text."""
+    import time
+
+    from edgeserve.text.chat_prompt import chat_ids
+    from edgeserve.text.harmony import HarmonyParser, template_is_harmony
+
+    lm = llm.lm
+    request: dict = {}
+    if args.raw:
+        ids = lm.tokenizer.encode(text)
+    elif images and len(messages) == 1 + bool(args.system):
+        ids, request = llm.image_prompt(text, images, args.system)  # the images go with the first turn
+    else:
+        ids = chat_ids(lm.tokenizer, lm.chat_template, messages)
+    out = []
+    start = time.perf_counter()
+    n = 0
+    # a harmony (gpt-oss) reply: the answer on stdout, the reasoning on stderr, no format markers
+    parser = HarmonyParser() if not args.raw and template_is_harmony(lm.chat_template.source) else None
+    for delta in llm.stream(ids, params, adapter=adapter, **request):
+        n += len(delta.token_ids)
+        piece = delta.text
+        if parser is not None:
+            thought, piece = parser.push(piece)
+            if delta.finish_reason is not None:
+                more, tail, _ = parser.finish()
+                thought, piece = thought + more, piece + tail
+            sys.stderr.write(thought)
+        out.append(piece)
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.verbose:
+        dt = time.perf_counter() - start
+        print(f"[{len(ids)} prompt tokens, {n} generated in {dt:.2f}s, {n / dt:.1f} tokens/s]", file=sys.stderr)
+    return "".join(out)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    model_name, prompt = split_model_and_prompt(args)
+    params = _run_params(args)  # the flags first: a bad value is one line before torch is imported
+    config = engine_config_from_args(args)
+    check_device(args)
+    if len(config.loras) > 1:
+        raise EdgeserveError("run takes one --lora adapter (serve takes several)")
+    adapter = config.loras[0][0] if config.loras else None
+    llm = _load_for_run(args, model_name, config)
+    images = _read_images(args.image) if args.image else []
+    if images and (args.raw or llm.lm.vision is None):
+        raise EdgeserveError("--image needs a vision model through its chat template (no --raw; a GGUF model needs "
+                             "--mmproj)")
 
     def reply(messages: list[dict], text: str) -> str:
-        request: dict = {}
-        if args.raw:
-            ids = lm.tokenizer.encode(text)
-        elif images and len(messages) == 1 + bool(args.system):
-            ids, request = llm.image_prompt(text, images, args.system)  # the images go with the first turn
-        else:
-            ids = chat_ids(lm.tokenizer, lm.chat_template, messages)
-        out = []
-        start = time.perf_counter()
-        n = 0
-        # a harmony (gpt-oss) reply: the answer on stdout, the reasoning on stderr, no format markers
-        parser = HarmonyParser() if not args.raw and template_is_harmony(lm.chat_template.source) else None
-        for delta in llm.stream(ids, params, adapter=adapter, **request):
-            n += len(delta.token_ids)
-            text = delta.text
-            if parser is not None:
-                thought, text = parser.push(text)
-                if delta.finish_reason is not None:
-                    more, tail, _ = parser.finish()
-                    thought, text = thought + more, text + tail
-                sys.stderr.write(thought)
-            out.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        if args.verbose:
-            dt = time.perf_counter() - start
-            print(f"[{len(ids)} prompt tokens, {n} generated in {dt:.2f}s, {n / dt:.1f} tokens/s]", file=sys.stderr)
-        return "".join(out)
+        return _run_reply(llm, args, params, adapter, images, messages, text)
 
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     if prompt is None and not sys.stdin.isatty():
@@ -544,7 +560,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if prompt is not None:
         reply(messages + [{"role": "user", "content": prompt}], prompt)
         return 0
-    print(f"chatting with {lm.name}; an empty line or Ctrl-D ends", file=sys.stderr)
+    print(f"chatting with {llm.lm.name}; an empty line or Ctrl-D ends", file=sys.stderr)
     while True:
         try:
             text = input(">>> ")
