@@ -133,44 +133,43 @@ class Tokenizer:
 # ---------------------------------------------------------------------------------------------- GGUF
 
 
-def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
-    """The tokenizer a GGUF file describes (`tokenizer.ggml.*` keys, as `GGUFFile.metadata` gives them)."""
-    model = metadata.get("tokenizer.ggml.model")
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if model is None or not tokens:
-        raise ModelLoadError("GGUF metadata has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens)")
-    tokens = list(tokens)
-    types = np.asarray(metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens), dtype=np.int64)
-    if len(types) != len(tokens):
-        raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
-
-    pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre")) if model == "gpt2" else None
+def _add_bos_default(model: str, pre) -> bool:
+    """Whether a GGUF vocabulary of tokenizer `model` adds BOS when the file does not say."""
     if pre is not None:
-        add_bos_default = pre.add_bos
-    elif model in ("llama", "gemma4"):
-        add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
-    elif model in ("bert", "t5"):
-        add_bos_default = False  # [CLS] ... [SEP] / <s> ... </s> come from the post-processor (wordpiece / unigram)
-    else:
-        raise UnsupportedModelError(
-            f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
-            "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece, 't5' Unigram)"
-        )
+        return pre.add_bos
+    if model in ("llama", "gemma4"):
+        return True  # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise
+    if model in ("bert", "t5"):
+        return False  # [CLS] ... [SEP] / <s> ... </s> come from the post-processor (wordpiece / unigram)
+    raise UnsupportedModelError(
+        f"GGUF tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, "
+        "'gemma4' SentencePiece-style BPE with merges, 'bert' WordPiece, 't5' Unigram)"
+    )
 
-    def token_id(key: str) -> int | None:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
 
-    bos_id, eos_id = token_id("bos_token_id"), token_id("eos_token_id")
-    named_ids = (bos_id, eos_id, token_id("unknown_token_id"), token_id("padding_token_id"))
+def _gguf_token_id(metadata: Mapping[str, Any], key: str, vocab_size: int) -> int | None:
+    """The `tokenizer.ggml.{key}` token id when the file names one inside the vocabulary."""
+    value = metadata.get(f"tokenizer.ggml.{key}")
+    return int(value) if value is not None and 0 <= int(value) < vocab_size else None
+
+
+def _added_tokens(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> list[dict]:
+    """The special (control, unknown and named) and user-defined tokens, as tokenizers' `added_tokens`."""
+    named_ids = [_gguf_token_id(metadata, k, len(tokens))
+                 for k in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")]
     special_mask = np.isin(types, (TOKEN_CONTROL, TOKEN_UNKNOWN))
     special_mask[[i for i in named_ids if i is not None]] = True
     user_mask = (types == TOKEN_USER_DEFINED) & ~special_mask
-    added = [
+    return [
         {"id": int(i), "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": bool(special_mask[i])}
         for i in np.flatnonzero(special_mask | user_mask)
     ]  # fmt: skip
+
+
+def _gguf_backend(metadata: Mapping[str, Any], model: str, tokens: list[str], types: np.ndarray, pre,
+                  added: list[dict]) -> tokenizers.Tokenizer:
+    """The tokenizers backend of a GGUF vocabulary (BPE / SentencePiece ones cached, with their merges derived)."""
 
     def build() -> tokenizers.Tokenizer:
         if model == "bert":
@@ -190,14 +189,30 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
             raise ModelLoadError(f"GGUF tokenizer metadata is invalid: {e}") from None
 
     # WordPiece / Unigram specs need no merges derived: built on each load, never cached (so never stale)
-    backend = build() if model in ("bert", "t5") else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
-    eot_ids = {i for i in (token_id("eot_token_id"), token_id("eom_token_id")) if i is not None}
+    return build() if model in ("bert", "t5") else cached_tokenizer(_gguf_tokenizer_key(metadata, added), build)
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer a GGUF file describes (`tokenizer.ggml.*` keys, as `GGUFFile.metadata` gives them)."""
+    model = metadata.get("tokenizer.ggml.model")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if model is None or not tokens:
+        raise ModelLoadError("GGUF metadata has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens)")
+    tokens = list(tokens)
+    types = np.asarray(metadata.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens), dtype=np.int64)
+    if len(types) != len(tokens):
+        raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
+    pre = pre_tokenizer_for(metadata.get("tokenizer.ggml.pre")) if model == "gpt2" else None
+    add_bos_default = _add_bos_default(model, pre)
+    backend = _gguf_backend(metadata, model, tokens, types, pre, _added_tokens(metadata, tokens, types))
+    eot_ids = {i for i in (_gguf_token_id(metadata, "eot_token_id", len(tokens)),
+                           _gguf_token_id(metadata, "eom_token_id", len(tokens))) if i is not None}
     eot_ids = _without_harmony_message_end(backend, eot_ids | _named_end_of_turn_ids(backend))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
     return Tokenizer(
         backend,
-        bos_id=bos_id,
-        eos_id=eos_id,
+        bos_id=_gguf_token_id(metadata, "bos_token_id", len(tokens)),
+        eos_id=_gguf_token_id(metadata, "eos_token_id", len(tokens)),
         eot_ids=eot_ids,
         add_bos=bool(add_bos_default if add_bos is None else add_bos),
         vocab_size=len(tokens),
