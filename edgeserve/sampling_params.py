@@ -59,6 +59,12 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def __post_init__(self) -> None:
+        self._check_constraints()
+        self._check_sampling()
+        self._check_stops()
+
+    def _check_constraints(self) -> None:
+        """Grammar, JSON schema / object and thinking budget: at most one output constraint, of the right types."""
         if sum(x is not None and x is not False for x in (self.grammar, self.json_schema, self.json_object)) > 1:
             raise ValueError("grammar, json_schema and json_object are exclusive: give at most one")
         if self.json_schema is not None:
@@ -74,6 +80,9 @@ class SamplingParams:
 
             if not isinstance(self.thinking, ThinkingBudget):
                 raise ValueError("thinking must be an edgeserve.engine.thinking_budget.ThinkingBudget")
+
+    def _check_sampling(self) -> None:
+        """Every number that shapes the distribution, the length and the logprobs, inside its range."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
@@ -103,6 +112,8 @@ class SamplingParams:
         ):
             raise ValueError(f"logprobs must be an integer between 0 and {self.MAX_LOGPROBS}, got {self.logprobs!r}")
 
+    def _check_stops(self) -> None:
+        """Stop strings (one string becomes a list), stop token ids and logit biases, bounded in number."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(x, str) and x for x in self.stop):
