@@ -95,26 +95,7 @@ class EngineCore:
         # MTP drafting reads every step's hidden states, which a replayed CUDA graph does not keep
         use_graphs = (not config.enforce_eager and graphs_supported(model.device, lm.config)
                       and config.speculative != "mtp")
-        use_offload = config.offload_config().use_cpu
-        # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
-        window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
-        self.pool = KVPool(lm.config, num_blocks, config.block_size, engine_kv_format(lm, config), model.device,
-                           scratch_block=use_graphs, window_blocks=window_blocks)
-        if use_offload and self.pool.window_k.shape[0]:
-            raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
-                             "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
-        # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
-        self.states = StateSlots(state_spec_for(lm.config), state_budget,
-                                 model.device) if state_budget is not None else None
-        # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes (and a hybrid's state snapshots)
-        # move down, swaps go there
-        kv_name = self.pool.kv_dtype if self.pool.kv_format.quantized else ""
-        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v, kv_name,
-                                          self.states.pool if self.states is not None else None) \
-            if use_offload else None
-        if self.states is not None:
-            self.states.offload = self.offload
-            self.states.turn_markers = turn_marker_ids(lm.tokenizer)  # snapshots before each chat turn too
+        self._build_caches(num_blocks, window_blocks, state_budget, use_graphs)
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching, offload=self.offload,
@@ -143,6 +124,30 @@ class EngineCore:
         self.generation_tokens = 0
         self.num_requests_finished = 0
         self._stats = self._collect_stats()
+
+    def _build_caches(self, num_blocks: int, window_blocks: int, state_budget: int | None, use_graphs: bool) -> None:
+        """The KV pool, a hybrid model's state slots and the offload tiers behind them."""
+        lm, config, model = self.lm, self.config, self.lm.model
+        use_offload = config.offload_config().use_cpu
+        # the sliding-window layers' own pool, unless offload tiers (which copy blocks of every layer) are on
+        window_blocks = 0 if use_offload else min(window_blocks, num_blocks)
+        self.pool = KVPool(lm.config, num_blocks, config.block_size, engine_kv_format(lm, config), model.device,
+                           scratch_block=use_graphs, window_blocks=window_blocks)
+        if use_offload and self.pool.window_k.shape[0]:
+            raise ValueError("KV offload tiers copy one pool of every layer's K/V; this model's sliding-window "
+                             "layers keep K/V of another head shape apart (Gemma 4): run it without --kv-offload")
+        # a hybrid model's recurrent states: a seat per running sequence and prefix-cache snapshots (state_cache)
+        self.states = StateSlots(state_spec_for(lm.config), state_budget,
+                                 model.device) if state_budget is not None else None
+        # KV tiers behind the pool (None when --kv-offload is none): evicted prefixes (and a hybrid's state snapshots)
+        # move down, swaps go there
+        kv_name = self.pool.kv_dtype if self.pool.kv_format.quantized else ""
+        self.offload = build_pool_offload(config.offload_config(), lm, self.pool.k, self.pool.v, kv_name,
+                                          self.states.pool if self.states is not None else None) \
+            if use_offload else None
+        if self.states is not None:
+            self.states.offload = self.offload
+            self.states.turn_markers = turn_marker_ids(lm.tokenizer)  # snapshots before each chat turn too
 
     # --- requests (any thread) ------------------------------------------------
 
