@@ -88,6 +88,65 @@ def check_args(args: argparse.Namespace) -> list[LoadLevel]:
     return [LoadLevel(concurrency=c) for c in (args.concurrency or [1])]
 
 
+def _bench_target(args: argparse.Namespace, model_arg: str | None, tokenizer, source) -> tuple:
+    """(url, server kind, served model name, tokenizer, its source, started server or None) of a bench run: the
+    --url given, else an edgeserve started on the model."""
+    server = None
+    if args.url:
+        url = args.url.rstrip("/")
+    else:
+        print(f"edgeserve bench: starting edgeserve on {model_arg} (--max-seqs {args.max_seqs})",
+              file=sys.stderr, flush=True)
+        server = start_edgeserve(str(source.path), args.max_seqs, timeout=args.server_timeout)
+        url = server.url
+    try:
+        kind = detect_kind(url)
+        model_name = args.served_model_name or served_model(url)
+        if model_name is None:
+            raise EdgeserveError(f"the server at {url} lists no model in /v1/models; pass --served-model-name")
+        if tokenizer is None:  # --url without --model: the served model's tokenizer, when this machine has it
+            tokenizer, source = tokenizer_of_served_model(url, kind, model_name)
+            print(f"edgeserve bench: model {model_name} (from {url}/v1/models)"
+                  + ("" if tokenizer is not None else "; its tokenizer is not here, so the prompts are text"),
+                  file=sys.stderr, flush=True)
+    except BaseException:
+        if server is not None:
+            stop_server(server)
+        raise
+    return url, kind, model_name, tokenizer, source, server
+
+
+def _bench_levels(args: argparse.Namespace, levels: list, tokens: TokenSource, url: str, model_name: str,
+                  extra: dict[str, Any]) -> tuple[list[LevelResult], Any]:
+    """Warm the server (not measured), then run every load level on fresh prompts; (results, last workload)."""
+    if args.warmup:  # load the model (edgeserve loads lazily) and warm caches; not measured
+        warm = fixed_workload(tokens, args.warmup, 8, 4, seed=10_000 + args.seed)
+        lr = run_level_sync(url, warm.requests, LoadLevel(concurrency=1), model_name, extra, progress=False)
+        if not any(r.ok for r in lr.results):
+            raise ServerError(f"the server at {url} failed the warm-up request: {lr.results[0].error}")
+    results: list[LevelResult] = []
+    workload = None
+    for i, level in enumerate(levels):
+        workload = build_workload(args, tokens, args.seed + i)  # new prompts per level: no cross-level cache
+        results.append(run_level_sync(url, workload.requests, level, model_name, extra, duration=args.duration,
+                                      seed=args.seed + i, slo_ttft_ms=args.slo_ttft, slo_tpot_ms=args.slo_tpot,
+                                      progress=False if args.no_progress else None))
+    return results, workload
+
+
+def _write_report(args: argparse.Namespace, report: BenchReport) -> None:
+    """The table on stdout (unless the JSON goes there), the JSON file and the plot asked for."""
+    if args.json != "-":
+        print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        from edgeserve.bench.plot import plot_report
+
+        plot_report(report, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """The `bench` subcommand: returns the exit status (1 when every request failed)."""
     from edgeserve.registry import DEFAULT_MODEL
@@ -99,24 +158,8 @@ def run_bench(args: argparse.Namespace) -> int:
         require_matplotlib()
     model_arg = args.model or (None if args.url else DEFAULT_MODEL)
     tokenizer, source = load_tokenizer(model_arg) if model_arg else (None, None)
-    server = None
+    url, kind, model_name, tokenizer, source, server = _bench_target(args, model_arg, tokenizer, source)
     try:
-        if args.url:
-            url = args.url.rstrip("/")
-        else:
-            print(f"edgeserve bench: starting edgeserve on {model_arg} (--max-seqs {args.max_seqs})",
-                  file=sys.stderr, flush=True)
-            server = start_edgeserve(str(source.path), args.max_seqs, timeout=args.server_timeout)
-            url = server.url
-        kind = detect_kind(url)
-        model_name = args.served_model_name or served_model(url)
-        if model_name is None:
-            raise EdgeserveError(f"the server at {url} lists no model in /v1/models; pass --served-model-name")
-        if tokenizer is None:  # --url without --model: the served model's tokenizer, when this machine has it
-            tokenizer, source = tokenizer_of_served_model(url, kind, model_name)
-            print(f"edgeserve bench: model {model_name} (from {url}/v1/models)"
-                  + ("" if tokenizer is not None else "; its tokenizer is not here, so the prompts are text"),
-                  file=sys.stderr, flush=True)
         extra: dict[str, Any] = dict(EXTRA_BODY[kind])
         if args.temperature > 0:  # sampled requests (the body says temperature 0 otherwise)
             extra.update(temperature=args.temperature, top_p=args.top_p)
@@ -125,34 +168,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if want_ids and tokenizer is None:
             raise EdgeserveError("token-id prompts need --model (its tokenizer builds them)")
         tokens = TokenSource(tokenizer, as_ids=want_ids)
-        if args.warmup:  # load the model (edgeserve loads lazily) and warm caches; not measured
-            warm = fixed_workload(tokens, args.warmup, 8, 4, seed=10_000 + args.seed)
-            lr = run_level_sync(url, warm.requests, LoadLevel(concurrency=1), model_name, extra, progress=False)
-            if not any(r.ok for r in lr.results):
-                raise ServerError(f"the server at {url} failed the warm-up request: {lr.results[0].error}")
-        results: list[LevelResult] = []
-        workload = None
-        for i, level in enumerate(levels):
-            workload = build_workload(args, tokens, args.seed + i)  # new prompts per level: no cross-level cache
-            results.append(run_level_sync(url, workload.requests, level, model_name, extra, duration=args.duration,
-                                          seed=args.seed + i, slo_ttft_ms=args.slo_ttft, slo_tpot_ms=args.slo_tpot,
-                                          progress=False if args.no_progress else None))
+        results, workload = _bench_levels(args, levels, tokens, url, model_name, extra)
         assert workload is not None
-        roof = None
-        if args.roofline:
-            roof = _roofline(args, source, tokens, url, model_name, extra, results)
+        roof = _roofline(args, source, tokens, url, model_name, extra, results) if args.roofline else None
         report = BenchReport(url, kind, model_name, workload.name, workload.prompt_format,
                              {**workload.notes, "num_requests": args.num_requests, "seed": args.seed,
                               "temperature": args.temperature, "top_p": args.top_p}, results, roof)
-        if args.json != "-":
-            print(format_table(report))
-        if args.json:
-            write_json(report, args.json)
-        if args.plot:
-            from edgeserve.bench.plot import plot_report
-
-            plot_report(report, args.plot)
-            print(f"plot written to {args.plot}", file=sys.stderr)
+        _write_report(args, report)
         return 0 if any(lv.summary.completed for lv in results) else 1
     finally:
         if server is not None:
