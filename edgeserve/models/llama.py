@@ -288,18 +288,7 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             cos, sin = rope if c.rope_layers is None or c.rope_layers[i] else nope
             q, k, v = self.project_qkv(layer, h, prompt_rows, lora, i)
-            if paged:
-                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
-                q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-                if temperature is not None:
-                    q = (q * temperature).to(self.dtype)
-                o = attn.attend(i, q, **self.attend_options)  # type: ignore[attr-defined]
-            else:
-                q = apply_rope(q, cos, sin)
-                if temperature is not None:
-                    q = q * temperature
-                o = attn(i, q.to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
-                         v.to(self.dtype), **self.attend_options)
+            o = self._attend(i, q, k, v, cos, sin, attn, paged, temperature)
             o_in, o = o, linear(o, layer.o_proj, None, prompt_rows)
             if lora is not None:
                 o = lora.add(o, o_in, i, "o_proj")
@@ -314,6 +303,22 @@ class LlamaModel:
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn: KVAttention, paged: bool, temperature: torch.Tensor | None) -> torch.Tensor:
+        """Layer `i`'s attention output (before o_proj): RoPE on q and k, K/V written to the cache, q scaled by the
+        position's temperature where the model has one (RoPE fused with the paged pool's K/V write when `paged`)."""
+        if paged:
+            k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
+            q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+            if temperature is not None:
+                q = (q * temperature).to(self.dtype)
+            return attn.attend(i, q, **self.attend_options)  # type: ignore[attr-defined]
+        q = apply_rope(q, cos, sin)
+        if temperature is not None:
+            q = q * temperature
+        return attn(i, q.to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
+                    v.to(self.dtype), **self.attend_options)
 
     def attn_temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
         """Ministral 3's (Llama 4's) per-token query scale [T, 1, 1], 1 + beta ln(1 + floor(pos / length)), in
