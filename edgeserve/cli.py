@@ -484,10 +484,7 @@ def _load_for_run(args: argparse.Namespace, model_name: str, config):
     # on a terminal its own line before the loading line, as that one (piped, stderr keeps to errors)
     start_native_build(args.device, args.cpu_moe_layers, say_it=sys.stderr.isatty()).join()
     with LoadingLine(model_name):
-        llm = LLM(model_name, dtype=args.dtype, device=args.device, load_format=args.load_format, config=config,
-                  quantize=args.quantize, quantize_group_size=args.quantize_group_size,
-                  quantize_calibration=args.quantize_calibration, dense_prefill=args.dense_prefill,
-                  cpu_moe_layers=args.cpu_moe_layers, mmproj=args.mmproj)
+        llm = LLM(model_name, config=config, mmproj=args.mmproj, load=load_config_from_args(args))
     if config.kv_offload != "none":
         import atexit
 
@@ -571,6 +568,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": text})
         messages.append({"role": "assistant", "content": reply(messages, text)})
     return 0
+
+
+def load_config_from_args(args: argparse.Namespace):
+    """The LoadConfig of `run`'s load flags (--dtype, --device, --load-format, --quantize*, --dense-prefill,
+    --cpu-moe-layers)."""
+    from edgeserve.models.load_config import LoadConfig
+
+    return LoadConfig(dtype=args.dtype, device=args.device, load_format=args.load_format, quantize=args.quantize,
+                      quantize_group_size=args.quantize_group_size, quantize_calibration=args.quantize_calibration,
+                      dense_prefill=args.dense_prefill, cpu_moe_layers=args.cpu_moe_layers)
 
 
 def server_config_from_args(args: argparse.Namespace):

@@ -13,6 +13,7 @@ from edgeserve.engine.delivery import Outbox, step_and_deliver
 from edgeserve.engine.spec import load_draft_model
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
 from edgeserve.models.load import LoadedModel, load_model
+from edgeserve.models.load_config import LoadConfig
 from edgeserve.registry import DEFAULT_MODEL, resolve
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.chat_prompt import chat_ids
@@ -52,7 +53,8 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str = "auto", device: str = "auto",
                  load_format: str = "auto", dense_prefill: str = "auto", config: EngineConfig | None = None,
                  quantize: str | None = None, quantize_group_size: int = 128, quantize_calibration: str | None = None,
-                 cpu_moe_layers: int | str | None = None, mmproj: str | None = None, **engine_options) -> None:
+                 cpu_moe_layers: int | str | None = None, mmproj: str | None = None, load: LoadConfig | None = None,
+                 **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
         `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (bfloat16; float16 on
@@ -61,7 +63,8 @@ class LLM:
         off (`edgeserve.models.load.want_dense_prefill`). `cpu_moe_layers` (a count or "all"): the experts of the
         first that many MoE layers stay in host memory on the CPU kernels (`edgeserve.models.cpu_moe`).
         `mmproj`: a vision projector GGUF for a GGUF model (an HF folder's vision tower, or an mmproj beside the GGUF,
-        is found without it); `image_prompt` then builds prompts with images.
+        is found without it); `image_prompt` then builds prompts with images. `load`: all the load options at once
+        (a LoadConfig), instead of the keywords above.
         `engine_options` are EngineConfig fields (max_num_seqs, max_num_batched_tokens, kv_cache_gb, kv_cache_dtype,
         gpu_memory_fraction, enforce_eager, ...).
         """
@@ -69,11 +72,11 @@ class LLM:
             raise ValueError("pass either config or engine options, not both")
         self.config = config or EngineConfig(**engine_options)
         source = resolve(model)
-        self.lm: LoadedModel = load_model(source, dtype=dtype, device=device, load_format=load_format,
-                                          quantize=quantize, quantize_group_size=quantize_group_size,
-                                          quantize_calibration=quantize_calibration, dense_prefill=dense_prefill,
-                                          cpu_moe_layers=cpu_moe_layers)
-        if load_format != "dummy":
+        load = load or LoadConfig(dtype=dtype, device=device, load_format=load_format, quantize=quantize,
+                                  quantize_group_size=quantize_group_size, quantize_calibration=quantize_calibration,
+                                  dense_prefill=dense_prefill, cpu_moe_layers=cpu_moe_layers)
+        self.lm: LoadedModel = load_model(source, load)
+        if load.load_format != "dummy":
             from edgeserve.vision.runtime import load_runtime
 
             self.lm.vision = load_runtime(source, self.lm, mmproj)

@@ -132,6 +132,23 @@ def test_dummy_tiny_model_generates():
     assert llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].token_ids
 
 
+def test_one_load_config_carries_every_load_option():
+    """LLM and load_model take the options as one LoadConfig (what the CLI and the server pass); its bad values
+    are one-line errors before anything loads, and it is not mixed with loose keywords."""
+    from edgeserve.errors import EdgeserveError, ModelLoadError
+    from edgeserve.models.load_config import LoadConfig
+
+    load = LoadConfig(dtype="float32", device="cpu", load_format="dummy")
+    llm = LLM(str(TINY), load=load, kv_cache_gb=0.01)
+    assert llm.lm.model.dtype == torch.float32 and llm.lm.model.device.type == "cpu"
+    with pytest.raises(EdgeserveError, match="group"):
+        load_model(resolve(str(TINY)), LoadConfig(load_format="dummy", quantize="int4", quantize_group_size=3))
+    with pytest.raises(ModelLoadError, match="load format 'weird'"):
+        load_model(resolve(str(TINY)), LoadConfig(load_format="weird"))
+    with pytest.raises(ValueError, match="not both"):
+        load_model(resolve(str(TINY)), load, dtype="bfloat16")
+
+
 def test_config_json_without_dummy_is_refused():
     from edgeserve.errors import ModelLoadError
 

@@ -190,6 +190,14 @@ def gguf_trunk_layers(metadata: Mapping[str, Any], arch: str) -> tuple[int, int]
     return blocks - mtp, mtp
 
 
+def gguf_vocab_size(metadata: Mapping[str, Any], arch: str) -> int:
+    """The vocabulary size a GGUF gives: `{arch}.vocab_size`, else the tokenizer's token count."""
+    vocab = metadata.get(f"{arch}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ())
+    if not vocab:
+        raise ModelLoadError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
+    return int(vocab)
+
+
 def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (`{arch}.*` keys) and the file's tensor names."""
     name = metadata.get("general.architecture")
@@ -216,12 +224,7 @@ def _shared_from_gguf(spec: Architecture, metadata: Mapping[str, Any], tensor_na
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
     head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
-    vocab = metadata.get(f"{arch}.vocab_size")
-    if vocab is None:
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise ModelLoadError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
-        vocab = len(tokens)
+    vocab = gguf_vocab_size(metadata, arch)
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
     layers, mtp = gguf_trunk_layers(metadata, arch)
     moe = _moe_from_gguf(spec, metadata)

@@ -15,21 +15,21 @@ from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.errors import EdgeserveError
 from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.loaders.quantize import DEFAULT_GROUP_SIZE, Int4QuantizingWeights, check_quantize_options
+from edgeserve.loaders.quantize import Int4QuantizingWeights
 from edgeserve.loaders.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from edgeserve.errors import ModelLoadError
 from edgeserve.memory import load_allocations, release_large_frees_to_os
 from edgeserve.registry.resolve import ModelSource
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
-from .cpu_moe import CpuMoeLayers, applies_to, host_expert_layers, host_experts, moe_layer_count, parse_cpu_moe_layers
+from .cpu_moe import CpuMoeLayers, applies_to, host_expert_layers, host_experts, moe_layer_count
 from .decoders import decoder_class, dummy_decoder_class
 from .llama import LlamaModel
+from .load_config import LoadConfig
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -78,38 +78,20 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
 
 
 @load_allocations()  # large frees back to the OS while loading; step buffers reused after
-def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", load_format: str = "auto",
-               quantize: str | None = None, quantize_group_size: int = DEFAULT_GROUP_SIZE,
-               quantize_calibration: str | None = None, dense_prefill: str = "auto",
-               cpu_moe_layers: CpuMoeLayers = None) -> LoadedModel:
-    """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder.
-
-    `device`: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N" (a bad one raises DeviceError).
-    `load_format="dummy"`: random weights of the shape a config.json (a file or a folder's) describes (4-bit with
-    `quantize="int4"` or a 4-bit quantization_config).
-    `quantize="int4"`: a float model's layer matrices are quantized to group-wise INT4 as they load (groups of
-    `quantize_group_size` input columns), after activation-aware scaling from the text file
-    `quantize_calibration` when one is given; a model that is already quantized loads as stored, with a warning.
-    `dense_prefill` (auto / on / off): see `want_dense_prefill`; it only matters for 4-bit weights on a CPU.
-    `cpu_moe_layers` (None, a count, or "all"): the routed experts of that many MoE layers (the first ones) stay in
-    host memory on the native CPU kernels while the rest of the model is on `device` (edgeserve.models.cpu_moe);
-    a no-op on a CPU; refused for a model without experts or a count over its MoE layers.
-    """
+def load_model(source: ModelSource, load: LoadConfig | None = None, **options: Any) -> LoadedModel:
+    """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder, as `load` (a
+    LoadConfig; or its fields as keyword `options`) says."""
     from edgeserve.device import resolve_device, resolve_dtype
 
+    if load is not None and options:
+        raise ValueError("pass either a LoadConfig or its fields, not both")
+    load = load or LoadConfig(**options)
     start = time.perf_counter()
-    try:
-        check_quantize_options(quantize, quantize_group_size)
-        parse_cpu_moe_layers(cpu_moe_layers)
-    except ValueError as e:
-        raise EdgeserveError(str(e)) from None
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    if load_format not in LOAD_FORMATS:
-        raise ModelLoadError(f"load format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
-    if load_format == "dummy":
-        return _load_dummy(source, torch_dtype, dev, start, quantize_group_size if quantize else None, dense_prefill,
-                           cpu_moe_layers)
+    load.check()
+    dev = resolve_device(load.device)
+    torch_dtype = resolve_dtype(load.dtype, dev)
+    if load.load_format == "dummy":
+        return _load_dummy(source, load, torch_dtype, dev, start)
     if source.path.is_file() and source.path.suffix.lower() == ".json":
         raise ModelLoadError(f"{source.path} is a config file without weights; add --load-format dummy for "
                              "random weights of its shape")
@@ -125,13 +107,13 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", lo
         tokenizer = tokenizer_from_hf_folder(source.path)
         template = chat_template_from_hf_folder(source.path)
         weights = folder.weights()
-    if quantize is not None:
-        weights = _quantizing(weights, source, config, tokenizer, torch_dtype, dev, quantize_group_size,
-                              quantize_calibration)
-    with host_experts(_host_expert_layers(cpu_moe_layers, config, dev)):
+    if load.quantize is not None:
+        weights = _quantizing(weights, source, config, tokenizer, torch_dtype, dev, load.quantize_group_size,
+                              load.quantize_calibration)
+    with host_experts(_host_expert_layers(load.cpu_moe_layers, config, dev)):
         model = decoder_class(config).from_weights(config, weights, dtype=torch_dtype, device=dev,
-                                                   dense_prefill=want_dense_prefill(dense_prefill, config, torch_dtype,
-                                                                                    dev))
+                                                   dense_prefill=want_dense_prefill(load.dense_prefill, config,
+                                                                                    torch_dtype, dev))
     return LoadedModel(source.name, source, config, model, tokenizer, template, time.perf_counter() - start)
 
 
@@ -168,18 +150,19 @@ def _quantizing(weights, source: ModelSource, config: ModelConfig, tokenizer: To
     return Int4QuantizingWeights(weights, group_size, scales)
 
 
-def _load_dummy(source: ModelSource, dtype: torch.dtype, device: torch.device, start: float, int4_group: int | None,
-                dense_prefill: str, cpu_moe_layers: CpuMoeLayers = None) -> LoadedModel:
+def _load_dummy(source: ModelSource, load: LoadConfig, dtype: torch.dtype, device: torch.device,
+                start: float) -> LoadedModel:
     """Random weights (drawn on the device) for a config.json's shape; 4-bit when its quantization_config says so
-    or `int4_group` is given."""
+    or `load.quantize` asks for it."""
     from .dummy import DummyWeights, dummy_chat_template, dummy_tokenizer, int4_group_size, read_config_json
 
     cfg = read_config_json(source.path)
     config = config_from_hf(cfg)
     decoder = dummy_decoder_class(config)  # DummyWeights has Llama names (and MoE experts), and gpt-oss's own
+    int4_group = load.quantize_group_size if load.quantize else None
     weights = DummyWeights(config, device, dtype, int4_group=int4_group_size(cfg) or int4_group)
-    with host_experts(_host_expert_layers(cpu_moe_layers, config, device)):
+    with host_experts(_host_expert_layers(load.cpu_moe_layers, config, device)):
         model = decoder.from_weights(config, weights, dtype=dtype, device=device,
-                                     dense_prefill=want_dense_prefill(dense_prefill, config, dtype, device))
+                                     dense_prefill=want_dense_prefill(load.dense_prefill, config, dtype, device))
     return LoadedModel(source.name, source, config, model, dummy_tokenizer(config.vocab_size), dummy_chat_template(),
                        time.perf_counter() - start)

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
 
-from .config import ModelConfig, gguf_key, gguf_trunk_layers
+from .config import ModelConfig, gguf_key, gguf_trunk_layers, gguf_vocab_size
 
 
 def _layer_pattern(layers: int, types: list[str] | None, interval: int,
@@ -110,12 +110,7 @@ def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
     head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
-    vocab = metadata.get(f"{arch}.vocab_size")
-    if vocab is None:
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise ModelLoadError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
-        vocab = len(tokens)
+    vocab = gguf_vocab_size(metadata, arch)
     v_heads = int(key("ssm.time_step_rank"))
     inner = int(key("ssm.inner_size"))
     if inner % v_heads:

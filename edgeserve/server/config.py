@@ -104,6 +104,15 @@ class ServerConfig:
     tool_format: str | None = _flag(None, "--tool-format")
     log_level: str = "info"
 
+    def load_config(self):
+        """The LoadConfig every model this server loads is loaded with."""
+        from edgeserve.models.load_config import LoadConfig
+
+        return LoadConfig(dtype=self.dtype, device=self.device, load_format=self.load_format, quantize=self.quantize,
+                          quantize_group_size=self.quantize_group_size,
+                          quantize_calibration=self.quantize_calibration, dense_prefill=self.dense_prefill,
+                          cpu_moe_layers=self.cpu_moe_layers)
+
     def __post_init__(self) -> None:
         if isinstance(self.models, (list, str)):
             object.__setattr__(self, "models", tuple([self.models] if isinstance(self.models, str) else self.models))

@@ -371,10 +371,7 @@ class ModelManager:
         from edgeserve.vision.runtime import load_runtime
 
         cfg = self.config
-        lm = await anyio.to_thread.run_sync(lambda: load_model(
-            source, dtype=cfg.dtype, device=cfg.device, load_format=cfg.load_format, quantize=cfg.quantize,
-            quantize_group_size=cfg.quantize_group_size, quantize_calibration=cfg.quantize_calibration,
-            dense_prefill=cfg.dense_prefill, cpu_moe_layers=cfg.cpu_moe_layers))
+        lm = await anyio.to_thread.run_sync(load_model, source, cfg.load_config())
         lm.vision = await anyio.to_thread.run_sync(load_runtime, source, lm, mmproj)
         engine_cfg = cfg.engine
         draft = await anyio.to_thread.run_sync(load_draft_model, engine_cfg.draft_model, lm)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from edgeserve.engine.state_pool import mamba2_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.mamba2 import Mamba2Dims
-from edgeserve.models.config import ModelConfig, gguf_key
+from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
 
 _MAMBA, _ATTENTION = {"mamba", "linear_attention"}, {"attention", "full_attention"}
 
@@ -88,7 +88,7 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
         key("ssm.time_step_rank"))
     dims = Mamba2Dims(ssm_heads, inner // ssm_heads, int(key("ssm.state_size")), int(key("ssm.group_count")),
                       int(key("ssm.conv_kernel")))
-    vocab = metadata.get(f"{arch}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ())
+    vocab = gguf_vocab_size(metadata, arch)
     head_dim = hidden // heads
     return _config(arch, tuple(mamba), dims, vocab_size=int(vocab), hidden_size=hidden,
                    intermediate_size=int(key("expert_shared_feed_forward_length", 0) or key("feed_forward_length")),

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from edgeserve.engine.state_pool import short_conv_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.models.config import ModelConfig, gguf_key
+from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
 
 
 def _conv_layers(layers: int, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
@@ -109,9 +109,7 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
         raise UnsupportedModelError(f"{arch} with attention layers of different KV heads {kv} is not supported")
     if int(metadata.get(f"{arch}.attention.sliding_window") or 0):
         raise UnsupportedModelError(f"a sliding-window {arch} GGUF (an audio tokenizer) is not supported")
-    vocab = metadata.get(f"{arch}.vocab_size") or len(metadata.get("tokenizer.ggml.tokens") or ())
-    if not vocab:
-        raise ModelLoadError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
+    vocab = gguf_vocab_size(metadata, arch)
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
