@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from converter_parity import Case, spread
+from llama_cpp_source import llama_cpp_dir
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -115,13 +116,16 @@ def nemotron_h_config(model, folder: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def no_experts_key(model, folder: Path) -> None:
-    """`moe_intermediate_size: null` in the text config: llama.cpp's Gemma 4 converter reads that key
-    unconditionally (null: no experts), and transformers 5.24's Gemma4UnifiedTextConfig no longer writes it."""
+def gemma4_unified_folder(model, folder: Path) -> None:
+    """The folder as the released checkpoint ships it: Gemma 4's chat template (llama.cpp's copy of the 31B's) as
+    chat_template.jinja, and `moe_intermediate_size: null` in the text config: llama.cpp's Gemma 4 converter reads
+    that key unconditionally (null: no experts), and transformers 5.24's Gemma4UnifiedTextConfig no longer writes it."""
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
     cfg["text_config"]["moe_intermediate_size"] = None
     path.write_text(json.dumps(cfg, indent=2))
+    template = llama_cpp_dir() / "models" / "templates" / "google-gemma-4-31B-it.jinja"
+    (folder / "chat_template.jinja").write_text(template.read_text())
 
 
 def gpt_oss_init(model) -> None:
@@ -161,7 +165,7 @@ CASES = [
     Case("gemma4-12b", lambda v: t.Gemma4UnifiedConfig(text_config=dict(GEMMA4_UNIFIED, vocab_size=v),
                                                         vision_config=None, audio_config=None),
          "gemma4", tokenizer="spm", init=gemma4_init, model_class="Gemma4UnifiedForConditionalGeneration",
-         post_save=no_experts_key, ours="gemma4_unified"),
+         post_save=gemma4_unified_folder, ours="gemma4_unified"),
     Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
                                              num_experts_per_tok=2, sliding_window=5,
                                              rope_parameters=dict(GPT_OSS_YARN)),
