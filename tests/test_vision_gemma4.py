@@ -1,0 +1,133 @@
+"""Gemma 4 image input (edgeserve/vision/gemma4.py): preprocessing against transformers' Gemma4ImageProcessorPil,
+and the encoder's LM rows against transformers' get_image_features, from the HF folder and from the `gemma4v` mmproj
+llama.cpp's converter writes of it (`--mmproj`); a tiny random tower with clipped linears and standardization."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from converter_parity import convert
+from vision_helpers import picture
+
+from edgeserve.vision.family import load_vision
+
+transformers = pytest.importorskip("transformers")
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2, intermediate_size=96, head_dim=16,
+            global_head_dim=32, sliding_window=5, num_hidden_layers=2, layer_types=[SLIDING, FULL],
+            hidden_size_per_layer_input=0, num_kv_shared_layers=0, vocab_size=512)
+# 4-pixel patches pooled 3 x 3 (llama.cpp's gemma4v pooling, which its mmproj does not store), 4 heads of 16
+VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+              head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=64, standardize=True,
+              use_clipped_linears=True)
+MAX_SOFT_TOKENS = 70
+
+
+def _randomize(model) -> None:
+    """Weights far from their init; clip bounds that bite (the inputs of the q projections, the outputs of the MLP's
+    down projections)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith(("std_bias", "std_scale")):
+                b.copy_(torch.randn_like(b) * 0.3 + (1.0 if "scale" in name else 0.0))
+            elif "q_proj.input_" in name:
+                b.fill_(1.5 if name.endswith("max") else -1.5)
+            elif "down_proj.output_" in name:
+                b.fill_(0.5 if name.endswith("max") else -0.5)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A tiny random Gemma4ForConditionalGeneration (text + vision) with its image processor's config, as saved."""
+    from converter_parity import spm_tokenizer_folder
+
+    out = tmp_path_factory.mktemp("gemma4v")
+    cfg = transformers.Gemma4Config(text_config=TEXT, vision_config=VISION, audio_config=None)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(cfg).float().eval()
+    _randomize(model)
+    model.save_pretrained(out)
+    transformers.Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=3,
+                                         max_soft_tokens=MAX_SOFT_TOKENS).save_pretrained(out)
+    tok = spm_tokenizer_folder(tmp_path_factory.mktemp("spm"))
+    for f in tok.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_model(folder):
+    return transformers.Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def mmproj(folder, tmp_path_factory) -> Path:
+    return convert(folder, tmp_path_factory.mktemp("mmproj") / "mmproj.gguf", "--mmproj")
+
+
+def _image(width: int, height: int, seed: int, fmt: str = "PNG") -> Image.Image:
+    return Image.open(io.BytesIO(picture(width, height, seed=seed, fmt=fmt))).convert("RGB")
+
+
+def _hf_rows(hf_model, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """transformers' LM rows for one image's patches (row-major, as the processor makes them)."""
+    rows, cols = grid
+    positions = torch.stack([torch.arange(cols).repeat(rows), torch.arange(rows).repeat_interleave(cols)], -1)
+    with torch.no_grad():
+        out = hf_model.model.get_image_features(pixel_values=patches[None], image_position_ids=positions[None])
+    return torch.cat(list(out.pooler_output)) if isinstance(out.pooler_output, (list, tuple)) else out.pooler_output
+
+
+@pytest.mark.parametrize("size,fmt", [((37, 53), "PNG"), ((129, 31), "JPEG"), ((64, 64), "PNG"), ((400, 9), "PNG")])
+def test_preprocessing_matches_the_processor(folder, size, fmt):
+    family = load_vision(folder, None)
+    img = _image(*size, seed=sum(size), fmt=fmt)
+    want = transformers.Gemma4ImageProcessorPil.from_pretrained(folder)(images=img, return_tensors="pt")
+    got = family.preprocess(img)
+    n = got.pixel_values.shape[0]
+    assert got.num_tokens == int(want["num_soft_tokens_per_image"][0]) and got.num_tokens <= MAX_SOFT_TOKENS
+    torch.testing.assert_close(got.pixel_values, want["pixel_values"][0, :n], atol=1e-6, rtol=0)
+    assert (want["image_position_ids"][0, n:] == -1).all()  # the rest is the processor's padding
+
+
+@pytest.mark.parametrize("form", ["folder", "mmproj"])
+def test_image_rows_match_transformers(form, folder, mmproj, hf_model):
+    family = load_vision(folder if form == "folder" else mmproj, hf_model.config.text_config)
+    assert family.projector_type == "gemma4v"
+    family.max_tokens = MAX_SOFT_TOKENS  # the mmproj's budget is the processor's default (280): too wide a grid for
+    # this tiny tower's 64-row position tables
+    for size in ((50, 41), (23, 90)):
+        prepared = family.preprocess(_image(*size, seed=size[0]))
+        got = family.encode([prepared])[0]
+        want = _hf_rows(hf_model, prepared.pixel_values, prepared.grid)
+        assert got.shape == (prepared.num_tokens, 64) and want.abs().max() > 0.5
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_clipped_linears_matter(folder, hf_model):
+    family = load_vision(folder, hf_model.config.text_config)
+    prepared = family.preprocess(_image(40, 40, seed=3))
+    want = _hf_rows(hf_model, prepared.pixel_values, prepared.grid)
+    for layer in family.tower.layers:
+        layer["q"].bounds = None
+    assert (family.encode([prepared])[0] - want).abs().max() > 1e-3
+
+
+def test_mmproj_metadata_is_gemma4v(mmproj):
+    from edgeserve.loaders.gguf_file import GGUFFile
+
+    meta = GGUFFile(mmproj).metadata
+    assert meta["clip.vision.projector_type"] == "gemma4v"
+    assert json.dumps(meta.get("clip.vision.projector.scale_factor")) == "null"  # so the family's default pool is 3
