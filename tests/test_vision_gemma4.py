@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 from PIL import Image
 
 from converter_parity import convert
-from vision_helpers import picture
+from vision_helpers import byte_tokenizer, picture
 
 from edgeserve.vision.family import load_vision
 
@@ -24,12 +23,13 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
             rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2, intermediate_size=96, head_dim=16,
             global_head_dim=32, sliding_window=5, num_hidden_layers=2, layer_types=[SLIDING, FULL],
-            hidden_size_per_layer_input=0, num_kv_shared_layers=0, vocab_size=512)
+            hidden_size_per_layer_input=8, num_kv_shared_layers=0)
 # 4-pixel patches pooled 3 x 3 (llama.cpp's gemma4v pooling, which its mmproj does not store), 4 heads of 16
 VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
               head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=64, standardize=True,
               use_clipped_linears=True)
 MAX_SOFT_TOKENS = 70
+MODEL = "gemma4v"
 
 
 def _randomize(model) -> None:
@@ -47,13 +47,23 @@ def _randomize(model) -> None:
                 b.fill_(0.5 if name.endswith("max") else -0.5)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """A tiny random Gemma4ForConditionalGeneration (text + vision) with its image processor's config, as saved."""
-    from converter_parity import spm_tokenizer_folder
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|image>", "<|image|>", "<image|>"]
+# Gemma 4's turn markers and its image part (`<|image|>`, which the processor expands): the plumbing, not Google's text
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+            "{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
+            "{% if p.type == 'image' %}<|image|>{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<turn|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
 
-    out = tmp_path_factory.mktemp("gemma4v")
-    cfg = transformers.Gemma4Config(text_config=TEXT, vision_config=VISION, audio_config=None)
+
+def tiny_gemma4v(out: Path) -> Path:
+    """A tiny random Gemma4ForConditionalGeneration (an E model's text with per-layer inputs, and the vision tower)
+    with its image processor's config and a byte-level tokenizer holding Gemma 4's image tokens, as saved."""
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = byte_tokenizer(out, SPECIALS, TEMPLATE, "<bos>", "<turn|>")
+    cfg = transformers.Gemma4Config(
+        text_config=dict(TEXT, vocab_size=len(vocab), vocab_size_per_layer_input=len(vocab)), vision_config=VISION,
+        audio_config=None, boi_token_id=vocab["<|image>"], image_token_id=vocab["<|image|>"],
+        eoi_token_id=vocab["<image|>"])
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = transformers.Gemma4ForConditionalGeneration(cfg).float().eval()
@@ -61,10 +71,12 @@ def folder(tmp_path_factory) -> Path:
     model.save_pretrained(out)
     transformers.Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=3,
                                          max_soft_tokens=MAX_SOFT_TOKENS).save_pretrained(out)
-    tok = spm_tokenizer_folder(tmp_path_factory.mktemp("spm"))
-    for f in tok.iterdir():
-        shutil.copy(f, out / f.name)
     return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tiny_gemma4v(tmp_path_factory.mktemp("m") / MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +143,43 @@ def test_mmproj_metadata_is_gemma4v(mmproj):
     meta = GGUFFile(mmproj).metadata
     assert meta["clip.vision.projector_type"] == "gemma4v"
     assert json.dumps(meta.get("clip.vision.projector.scale_factor")) == "null"  # so the family's default pool is 3
+
+
+def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
+    """The image's rows replace its placeholders' embeddings (an E model's per-layer inputs there: the padding
+    token's), also when prefill chunks split the image: the logits are transformers' with the same pixels."""
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.model_runner import image_rows
+    from edgeserve.engine.scheduler import ScheduledSeq
+    from edgeserve.kernels.dispatch import AttentionMetadata
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    lm = load_model(resolve(str(folder)), dtype="float32", device="cpu")
+    assert lm.config.per_layer_input_size == 8
+    family = load_vision(folder, lm.config)
+    prepared = family.preprocess(_image(30, 20, seed=5))
+    image_ids, offset = family.prompt_tokens(prepared, lm.tokenizer)
+    head = lm.tokenizer.encode("<bos>look:", add_special_tokens=False)
+    ids = head + image_ids + lm.tokenizer.encode(" ok", add_special_tokens=False)
+    start, rows = len(head) + offset, family.encode([prepared])[0]
+    rows_, cols = prepared.grid
+    positions = torch.stack([torch.arange(cols).repeat(rows_), torch.arange(rows_).repeat_interleave(cols)], -1)
+    with torch.no_grad():
+        want = hf_model(input_ids=torch.tensor([ids]), pixel_values=prepared.pixel_values[None],
+                        image_position_ids=positions[None]).logits[0]
+    blocks = list(range((len(ids) + 15) // 16))
+
+    def run(chunk: int, images: tuple) -> torch.Tensor:
+        pool, hidden = KVPool(lm.config, len(blocks), 16, lm.model.dtype, lm.model.device), []
+        for lo in range(0, len(ids), chunk):
+            hi = min(lo + chunk, len(ids))
+            seq = ScheduledSeq(0, ids[lo:hi], list(range(lo, hi)), list(range(lo, hi)), blocks, hi,
+                               hi == len(ids), images=images)
+            meta = AttentionMetadata.build([hi - lo], [hi], [blocks], list(range(lo, hi)))
+            hidden.append(lm.model.forward(torch.tensor(ids[lo:hi]), torch.arange(lo, hi),
+                                           PagedKVAttention(pool, meta), image_rows=image_rows([seq], lm.model.device)))
+        return lm.model.logits(torch.cat(hidden))
+
+    torch.testing.assert_close(run(23, ((start, rows),)), want, atol=2e-4, rtol=2e-4)  # the image straddles chunks
+    assert (run(len(ids), ())[-1] - want[-1]).abs().max() > 1e-2  # without the rows the logits after it differ
