@@ -4,6 +4,7 @@ llama.cpp's converter writes of it (`--mmproj`); a tiny random tower with clippe
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from pathlib import Path
@@ -183,3 +184,51 @@ def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
 
     torch.testing.assert_close(run(23, ((start, rows),)), want, atol=2e-4, rtol=2e-4)  # the image straddles chunks
     assert (run(len(ids), ())[-1] - want[-1]).abs().max() > 1e-2  # without the rows the logits after it differ
+
+
+def test_chat_image_api_and_prefix_cache(folder):
+    """Through the server: each API's image form reaches the same rows; the same image again is answered the same
+    from the encoder cache with its blocks from the prefix cache, another image with the same text shares none."""
+    import httpx
+
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.server import ServerConfig
+    from server_helpers import metric, serve
+    from vision_helpers import data_url
+
+    red, blue = picture(40, 30, seed=1), picture(40, 30, seed=2)
+
+    def chat(image: bytes) -> dict:
+        return {"model": MODEL, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": data_url(image)}}]}]}
+
+    cfg = ServerConfig(engine=EngineConfig(kv_cache_gb=0.02, block_size=16), models=(str(folder),), keep_alive=None,
+                       max_images=2, max_image_pixels=200 * 200)
+    with serve(cfg) as s, httpx.Client(base_url=s.url, timeout=120) as c:
+        assert c.post("/v1/chat/completions", json=chat(red)).status_code == 200
+        engine, calls = s.manager.entries[MODEL].engine, []
+        submit = engine.submit
+        engine.submit = lambda ids, params, request_id=None, **kw: (calls.append({"ids": list(ids), **kw}),
+                                                                    submit(ids, params, request_id, **kw))[1]
+        hits = metric(c.get("/metrics").text, "edgeserve_image_encoder_cache_hits_total", f'model="{MODEL}"') or 0
+        again = c.post("/v1/chat/completions", json=chat(red)).json()
+        start, rows = calls[-1]["images"][0]
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= (start + rows.shape[0]) // 16 * 16 > start  # the image's whole blocks came cached
+        assert metric(c.get("/metrics").text, "edgeserve_image_encoder_cache_hits_total",
+                      f'model="{MODEL}"') == hits + 1
+        b64 = base64.b64encode(blue).decode()
+        for path, body in [
+                ("/v1/chat/completions", chat(blue)),
+                ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                    {"type": "text", "text": "hi"}]}]}),
+                ("/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 4},
+                               "messages": [{"role": "user", "content": "hi", "images": [b64]}]})]:
+            assert c.post(path, json=body).status_code == 200, path
+        red_call, blue_call = calls[0], calls[1]
+        assert blue_call["ids"] == red_call["ids"]  # the same tokens: only the image tells them apart
+        assert blue_call["prefix_key"] != red_call["prefix_key"]
+        assert (blue_call["images"][0][1] - rows).abs().max() > 1e-3  # another image, other rows
+        assert len(calls) == 4 and all(torch.equal(call["images"][0][1], blue_call["images"][0][1])
+                                       for call in calls[2:])
