@@ -56,13 +56,14 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m.role =
             "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")
 
 
-def tiny_gemma4v(out: Path) -> Path:
-    """A tiny random Gemma4ForConditionalGeneration (an E model's text with per-layer inputs, and the vision tower)
-    with its image processor's config and a byte-level tokenizer holding Gemma 4's image tokens, as saved."""
+def tiny_gemma4v(out: Path, **text) -> Path:
+    """A tiny random Gemma4ForConditionalGeneration (an E model's text with per-layer inputs, and the vision tower;
+    `text`: text config overrides) with its image processor's config and a byte-level tokenizer holding Gemma 4's
+    image tokens, as saved."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = byte_tokenizer(out, SPECIALS, TEMPLATE, "<bos>", "<turn|>")
     cfg = transformers.Gemma4Config(
-        text_config=dict(TEXT, vocab_size=len(vocab), vocab_size_per_layer_input=len(vocab)), vision_config=VISION,
+        text_config=dict(TEXT, vocab_size=len(vocab), vocab_size_per_layer_input=len(vocab), **text), vision_config=VISION,
         audio_config=None, boi_token_id=vocab["<|image>"], image_token_id=vocab["<|image|>"],
         eoi_token_id=vocab["<image|>"])
     cfg._attn_implementation = "eager"
@@ -184,6 +185,52 @@ def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
 
     torch.testing.assert_close(run(23, ((start, rows),)), want, atol=2e-4, rtol=2e-4)  # the image straddles chunks
     assert (run(len(ids), ())[-1] - want[-1]).abs().max() > 1e-2  # without the rows the logits after it differ
+
+
+def test_image_tokens_attend_both_ways_on_the_sliding_layers(tmp_path):
+    """`use_bidirectional_attention: vision` (the larger sizes): an image's tokens see each other both ways on the
+    sliding layers (within the window behind them), causally on the global ones: the logits are transformers' with
+    the processor's mm_token_type_ids, and differ from causal ones and from ones open both ways on every layer."""
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.dispatch import AttentionMetadata
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    folder = tiny_gemma4v(tmp_path / MODEL, use_bidirectional_attention="vision")
+    hf = transformers.Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    lm = load_model(resolve(str(folder)), dtype="float32", device="cpu")
+    family = load_vision(folder, lm.config)
+    assert family.bidirectional_images
+    prepared = family.preprocess(_image(20, 30, seed=7))
+    image_ids, offset = family.prompt_tokens(prepared, lm.tokenizer)
+    head = lm.tokenizer.encode("<bos>see", add_special_tokens=False)
+    ids = head + image_ids + lm.tokenizer.encode(" then", add_special_tokens=False)
+    start, n = len(head) + offset, prepared.num_tokens
+    rows_, cols = prepared.grid
+    positions = torch.stack([torch.arange(cols).repeat(rows_), torch.arange(rows_).repeat_interleave(cols)], -1)
+    types = torch.zeros(1, len(ids), dtype=torch.long)
+    types[0, start:start + n] = 1
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([ids]), pixel_values=prepared.pixel_values[None],
+                  image_position_ids=positions[None], mm_token_type_ids=types).logits[0]
+    blocks = list(range((len(ids) + 15) // 16))
+    index = torch.arange(start, start + n)
+
+    def logits(spans, every_layer: bool = False) -> torch.Tensor:
+        meta = AttentionMetadata.build([len(ids)], [len(ids)], [blocks], list(range(len(ids))))
+        meta.attend_spans = spans
+        attn = PagedKVAttention(KVPool(lm.config, len(blocks), 16, lm.model.dtype, lm.model.device), meta)
+        if every_layer:  # the global layers' spans too (Gemma 3's rule)
+            attend = attn.attend
+            attn.attend = lambda *a, spans=True, **kw: attend(*a, **kw)  # type: ignore[method-assign]
+        hidden = lm.model.forward(torch.tensor(ids), torch.arange(len(ids)), attn,
+                                  image_rows=(index, family.encode([prepared])[0]))
+        return lm.model.logits(hidden)
+
+    span = [((start, start + n),)]
+    torch.testing.assert_close(logits(span), want, atol=2e-4, rtol=2e-4)
+    assert (logits(None)[start:start + n] - want[start:start + n]).abs().max() > 1e-2
+    assert (logits(span, every_layer=True)[start:start + n] - want[start:start + n]).abs().max() > 1e-2
 
 
 def test_chat_image_api_and_prefix_cache(folder):

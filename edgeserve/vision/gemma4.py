@@ -1,8 +1,9 @@
 """Gemma 4's vision (E2B / E4B / 26B-A4B / 31B; llama.cpp's `gemma4v` mmproj, or the HF folder of
 Gemma4ForConditionalGeneration): each image resized keeping its aspect ratio to at most `max_soft_tokens` pooled
 tokens (sides whole multiples of patch x pooling kernel, bicubic), its patches through the encoder of
-vision/gemma4_tower.py, written into the prompt as `<|image>` + one `<|image|>` per row + `<image|>`. The prompt's
-image tokens attend causally (transformers' default for Gemma 4: `use_bidirectional_attention` unset)."""
+vision/gemma4_tower.py, written into the prompt as `<|image>` + one `<|image|>` per row + `<image|>`. An image's tokens attend to each other both ways on the sliding layers where the
+language model's config says `use_bidirectional_attention: vision` (an mmproj, which does not say: llama.cpp's rule,
+every size but E2B's and E4B's widths), else causally (archs/gemma4/model.py keeps the global layers causal)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from edgeserve.vision.tower import MmprojWeights, identity_digest, special_id
 BOI, SOFT, EOI = "<|image>", "<|image|>", "<image|>"
 # llama.cpp's gemma4v defaults (its mmproj stores neither): a 3 x 3 pooling kernel; transformers' processor default
 POOL, MAX_SOFT_TOKENS = 3, 280
+# llama.cpp's gemma4v: E2B's and E4B's language models (these widths) read images causally, the others both ways
+CAUSAL_WIDTHS = (1536, 2560)
 
 
 class Gemma4Vision:
     """Gemma 4's VisionFamily."""
 
     projector_type = "gemma4v"
-    bidirectional_images = False
+    bidirectional_images = False  # per model: __init__
 
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):
@@ -52,6 +55,11 @@ class Gemma4Vision:
                                     source.path)
             self.tower.rope_theta = theta
         lm_hidden = getattr(lm_config, "hidden_size", None)
+        if source.gguf is not None:
+            self.bidirectional_images = lm_hidden is not None and lm_hidden not in CAUSAL_WIDTHS
+        else:
+            text = (source.config or {}).get("text_config") or {}
+            self.bidirectional_images = text.get("use_bidirectional_attention") == "vision"
         if lm_hidden is not None and self.tower.proj.shape[0] != lm_hidden:
             raise ModelLoadError(f"{source.path}: the projector maps to {self.tower.proj.shape[0]} wide rows, the "
                                  f"language model is {lm_hidden} wide")

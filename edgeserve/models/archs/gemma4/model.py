@@ -234,7 +234,8 @@ class Gemma4Model(LoadedDecoder):
         ple = self.per_layer_inputs(input_ids if image_rows is None else input_ids.index_fill(0, image_rows[0], PAD_ID),
                                     x)
         native = self.native_decoder()
-        if native is not None and native.runs(attn):
+        # an image's bidirectional span holds on the sliding layers only: the fused stack would apply it on all
+        if native is not None and native.runs(attn) and attn.meta.attend_spans is None:  # type: ignore[attr-defined]
             return native.forward(x, positions, attn, per_layer=ple)
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
@@ -254,7 +255,8 @@ class Gemma4Model(LoadedDecoder):
                 k = rms_norm(k, layer.k_norm, eps).view(t, layer.kv_heads, d)  # type: ignore[arg-type]
                 v = rms_norm(v, self._v_norm[d], eps).view(t, layer.kv_heads, d)
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-            o = attn.attend(i, q, window=layer.window, scale=1.0)  # type: ignore[attr-defined]
+            o = attn.attend(i, q, window=layer.window, scale=1.0,  # type: ignore[attr-defined]
+                            spans=layer.window is not None)
             o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
             h, x = add_rms_norm(o, x, layer.pre_ffn_norm, eps, self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
