@@ -279,3 +279,14 @@ def test_chat_image_api_and_prefix_cache(folder):
         assert (blue_call["images"][0][1] - rows).abs().max() > 1e-3  # another image, other rows
         assert len(calls) == 4 and all(torch.equal(call["images"][0][1], blue_call["images"][0][1])
                                        for call in calls[2:])
+
+
+def test_f16_mmproj_encodes_to_float16_rounding(folder, hf_model, tmp_path):
+    """The converter's default file (F16 matrices, F32 position tables) encodes as transformers to float16
+    rounding."""
+    family = load_vision(convert(folder, tmp_path / "mmproj-f16.gguf", "--mmproj", outtype="f16"),
+                         hf_model.config.text_config)
+    family.max_tokens = MAX_SOFT_TOKENS
+    prepared = family.preprocess(_image(33, 45, seed=9))
+    want = _hf_rows(hf_model, prepared.pixel_values, prepared.grid)
+    assert (family.encode([prepared])[0] - want).abs().max().item() < 2e-2 * max(1.0, want.abs().max().item())
