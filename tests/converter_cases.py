@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from converter_parity import Case, spread
+from llama_cpp_source import llama_cpp_dir
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -35,6 +36,12 @@ GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDI
                   hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True,
                   num_global_key_value_heads=1, enable_moe_block=True, num_experts=8, top_k_experts=2,
                   moe_intermediate_size=32)
+# Gemma 4 12B's text model (`gemma4_unified`): K = V global layers with their own K/V head count, the last layers
+# reading an earlier layer's K/V with a double-wide MLP, no per-layer inputs, no experts; the multimodal class as
+# released (`model.language_model.*`, `text_config`), without its image / audio embedders (the GGUF holds the text)
+GEMMA4_UNIFIED = dict(GEMMA4, num_hidden_layers=7, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
+                      num_kv_shared_layers=3, use_double_wide_mlp=True, attention_k_eq_v=True,
+                      num_global_key_value_heads=1)
 # Gemma 2 / 3 tie their embeddings as the real ones (llama.cpp's Gemma 2 converter drops an untied lm_head.weight)
 GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
               query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
@@ -109,6 +116,18 @@ def nemotron_h_config(model, folder: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
+def gemma4_unified_folder(model, folder: Path) -> None:
+    """The folder as the released checkpoint ships it: Gemma 4's chat template (llama.cpp's copy of the 31B's) as
+    chat_template.jinja, and `moe_intermediate_size: null` in the text config: llama.cpp's Gemma 4 converter reads
+    that key unconditionally (null: no experts), and transformers 5.24's Gemma4UnifiedTextConfig no longer writes it."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"]["moe_intermediate_size"] = None
+    path.write_text(json.dumps(cfg, indent=2))
+    template = llama_cpp_dir() / "models" / "templates" / "google-gemma-4-31B-it.jinja"
+    (folder / "chat_template.jinja").write_text(template.read_text())
+
+
 def gpt_oss_init(model) -> None:
     with torch.no_grad():  # routing, sinks and the clamps all matter
         for name, p in model.named_parameters():
@@ -143,6 +162,10 @@ CASES = [
          "gemma4", tokenizer="spm", init=gemma4_init),
     Case("gemma4-26b-a4b", lambda v: t.Gemma4TextConfig(**GEMMA4_MOE, vocab_size=v), "gemma4",
          tokenizer="spm", init=gemma4_init),
+    Case("gemma4-12b", lambda v: t.Gemma4UnifiedConfig(text_config=dict(GEMMA4_UNIFIED, vocab_size=v),
+                                                        vision_config=None, audio_config=None),
+         "gemma4", tokenizer="spm", init=gemma4_init, model_class="Gemma4UnifiedForConditionalGeneration",
+         post_save=gemma4_unified_folder, ours="gemma4_unified"),
     Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
                                              num_experts_per_tok=2, sliding_window=5,
                                              rope_parameters=dict(GPT_OSS_YARN)),

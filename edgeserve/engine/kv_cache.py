@@ -198,6 +198,7 @@ class PagedKVAttention:
         self.scale = scale
         self.states = states
         self._window_meta: AttentionMetadata | None = None
+        self._causal_metas: dict[int, AttentionMetadata] = {}  # a metadata's copy without its spans, by its id
         pool.sync_window_map()
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -211,11 +212,14 @@ class PagedKVAttention:
         return k, v, meta.slot_mapping
 
     def attend(self, layer: int, q: torch.Tensor, window: int | None = None, softcap: float | None = None,
-               scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+               scale: float | None = None, sinks: torch.Tensor | None = None, spans: bool = True) -> torch.Tensor:
         """Attention of q [T, H, D] over this layer's pool, this step's K/V already written: [T, H * D].
         `window`: a sliding-window layer; `softcap`: attention-logit soft-capping; `scale`: overrides the pool's;
-        `sinks`: float32 [H] attention sinks (gpt-oss)."""
+        `sinks`: float32 [H] attention sinks (gpt-oss); `spans` False: causal even over the step's bidirectional
+        spans (Gemma 4's global layers)."""
         k, v, meta = self._layer(layer)
+        if not spans and meta.attend_spans is not None:
+            meta = self._causal(meta)
         return paged_attention(q, k, v, meta, self.scale if scale is None else scale, window,
                                softcap, sinks).reshape(q.shape[0], -1)
 
@@ -227,6 +231,13 @@ class PagedKVAttention:
         if self.pool.window is None:  # kept apart for their K/V shape only: the main pool's block ids
             return self.pool.window_k[j], self.pool.window_v[j], self.meta
         return self.pool.window_k[j], self.pool.window_v[j], self.window_meta()
+
+    def _causal(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """`meta` without its bidirectional spans, with its own per-step plans (the kernels cache them on it)."""
+        if id(meta) not in self._causal_metas:
+            self._causal_metas[id(meta)] = dataclasses.replace(meta, attend_spans=None, torch_plan=None,
+                                                               native_rows=None, torch_window_plans={})
+        return self._causal_metas[id(meta)]
 
     def window_meta(self) -> AttentionMetadata:
         """The step's metadata over the sliding-window pool (block tables and slots of its blocks), made once."""

@@ -64,6 +64,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  gguf_aliases=("gemma-embedding",)),  # EmbeddingGemma: a Gemma 3 body (decoder_embed: bidirectional)
     Architecture("gemma4", "gemma4", ("gemma4", "gemma4_text"),
                  ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")),
+    Architecture("gemma4_unified", "gemma4_unified", ("gemma4_unified", "gemma4_unified_text"),
+                 ("Gemma4UnifiedForConditionalGeneration", "Gemma4UnifiedForCausalLM")),
     Architecture("phi3", "phi3", ("phi3",), ("Phi3ForCausalLM",)),
     Architecture("gpt-oss", "gpt_oss", ("gpt-oss", "gpt_oss"), ("GptOssForCausalLM",)),
     Architecture("olmo2", "olmo2", ("olmo2", "olmo3"), ("Olmo2ForCausalLM", "Olmo3ForCausalLM")),

@@ -36,11 +36,14 @@ from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import LoadedDecoder
-from edgeserve.models.llama import set_decoder_fields
+from edgeserve.models.llama import merge_image_rows, set_decoder_fields
 from edgeserve.models.moe import MoEConfig, MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, language_model_prefix
 from edgeserve.models.weight_loader import Table, WeightLoader, load_table, table_rows
+
+
+PAD_ID = 0  # Gemma 4's `<pad>` (its configs' pad_token_id): an image token's per-layer table row is this one's
 
 
 @dataclass
@@ -215,19 +218,24 @@ class Gemma4Model(LoadedDecoder):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+                prompt_rows: PromptRows | None = None,
+                image_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of T tokens at the given positions, over the
-        engine's paged KV pool (`attn` exposing `layer_cache` / `attend`, as PagedKVAttention does)."""
+        engine's paged KV pool (`attn` exposing `layer_cache` / `attend`, as PagedKVAttention does); `image_rows`:
+        (flat indices, rows) whose embeddings an image's replace (an E model's per-layer inputs there are the padding
+        token's table rows with the image rows' projection, as transformers' Gemma4Model makes them)."""
         if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")):
             raise TypeError("Gemma 4 runs over the paged KV pool (edgeserve.engine.kv_cache.PagedKVAttention)")
         c = self.config
         eps, t, heads = c.rms_norm_eps, input_ids.shape[0], c.num_heads
         if t and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
-        x = self.embed_rows(input_ids) * self.embed_scale
-        ple = self.per_layer_inputs(input_ids, x)
+        x = merge_image_rows(self.embed_rows(input_ids) * self.embed_scale, image_rows)
+        ple = self.per_layer_inputs(input_ids if image_rows is None else input_ids.index_fill(0, image_rows[0], PAD_ID),
+                                    x)
         native = self.native_decoder()
-        if native is not None and native.runs(attn):
+        # an image's bidirectional span holds on the sliding layers only: the fused stack would apply it on all
+        if native is not None and native.runs(attn) and attn.meta.attend_spans is None:  # type: ignore[attr-defined]
             return native.forward(x, positions, attn, per_layer=ple)
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
@@ -247,7 +255,8 @@ class Gemma4Model(LoadedDecoder):
                 k = rms_norm(k, layer.k_norm, eps).view(t, layer.kv_heads, d)  # type: ignore[arg-type]
                 v = rms_norm(v, self._v_norm[d], eps).view(t, layer.kv_heads, d)
                 q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-            o = attn.attend(i, q, window=layer.window, scale=1.0)  # type: ignore[attr-defined]
+            o = attn.attend(i, q, window=layer.window, scale=1.0,  # type: ignore[attr-defined]
+                            spans=layer.window is not None)
             o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
             h, x = add_rms_norm(o, x, layer.pre_ffn_norm, eps, self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)

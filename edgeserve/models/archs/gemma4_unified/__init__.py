@@ -1,0 +1,9 @@
+"""Gemma 4 12B (HF `gemma4_unified`, class Gemma4UnifiedForConditionalGeneration): Gemma 4's text block without
+per-layer inputs or experts (global layers with K = V and their own head size, the last layers reading an earlier
+layer's K/V with a double-wide MLP), so it runs on archs/gemma4's decoder and native plan; config.py reads its HF
+config's own defaults. llama.cpp's converter writes it as a `gemma4` GGUF, which archs/gemma4 reads as it is.
+
+Its images are encoder-free (merged pixel patches through one projection, bidirectional attention over an image's
+tokens on the sliding layers); edgeserve runs its text only."""
+
+# random weights (--load-format dummy): model.dummy_shapes (Gemma 4's)
