@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
-from edgeserve.models.config import ModelConfig, gguf_key
+from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
 
 def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """A Gemma 4 ModelConfig from an HF config.json dict (a `gemma4_text` config or the multimodal one, whose
@@ -128,10 +128,7 @@ def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str])
     ffn = _per_layer(key("feed_forward_length"), layers)
     shared = int(metadata.get(f"{arch}.attention.shared_kv_layers") or 0)
     owner = first_global if first_global < layers - shared else 0
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    vocab = metadata.get(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
-    if vocab is None:
-        raise ModelLoadError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
+    vocab = gguf_vocab_size(metadata, arch)
     softcap = metadata.get(f"{arch}.final_logit_softcapping")
     return ModelConfig(
         architecture=arch,
