@@ -166,14 +166,15 @@ def test_per_tensor_dtypes_count_in_bytes_and_format():
 
 
 def test_a_hybrid_configs_spec_and_a_plain_one_refused():
-    from types import SimpleNamespace
-
     from edgeserve.engine.state_pool import state_spec_for
+    from edgeserve.models.config import ModelConfig
 
-    hybrid = SimpleNamespace(is_hybrid=True, num_linear_layers=3, delta=DIMS, layer_state=DIMS, architecture="qwen35")
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8,
+                rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=256, tie_word_embeddings=True)
+    hybrid = ModelConfig("qwen35", num_layers=4, linear_layers=(True, True, True, False), delta=DIMS, **base)
     assert state_spec_for(hybrid) == StateSpec(3, DIMS)
     conv = short_conv_kind(3, 8)  # LFM2's: the config's layer_state names the kind
-    lfm2 = SimpleNamespace(is_hybrid=True, num_linear_layers=2, delta=None, layer_state=conv, architecture="lfm2")
+    lfm2 = ModelConfig("lfm2", num_layers=3, linear_layers=(True, False, True), state_kind=conv, **base)
     assert state_spec_for(lfm2) == StateSpec(2, conv) and state_spec_for(lfm2).conv_shape == (2, 8)
     with pytest.raises(ValueError, match="no state layers"):
-        state_spec_for(SimpleNamespace(is_hybrid=False, architecture="llama"))
+        state_spec_for(ModelConfig("llama", num_layers=2, **base))

@@ -16,7 +16,8 @@ from edgeserve.kernels.transfer import to_device
 from edgeserve.models.config import ModelConfig
 
 from .kv_budget import KVBudget, default_cpu_budget, explicit_why, gpu_budget_why
-from .kv_format import KVFormat, as_kv_format, kv_owners, resolve_kv_format
+from .cache_spec import kv_owners, kv_source, layer_caches
+from .kv_format import KVFormat, as_kv_format, resolve_kv_format
 
 if TYPE_CHECKING:
     from .input_batch import StepInputs
@@ -31,7 +32,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | KVFormat) -> in
 
 def layer_kv_bytes(config: ModelConfig, dtype: torch.dtype | KVFormat, layer: int) -> int:
     """Bytes of K and V one token takes in `layer`."""
-    return 2 * config.layer_kv_heads(layer) * as_kv_format(dtype).row_bytes(config.layer_head_dim(layer))
+    c = layer_caches(config)[layer]
+    return 2 * c.kv_heads * as_kv_format(dtype).row_bytes(c.head_dim)
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -53,7 +55,7 @@ def num_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torch
 def split_window(config: ModelConfig) -> int | None:
     """The sliding window of a model whose layers mix one window size with global attention (their K/V can live in
     a window pool); None otherwise."""
-    windows = set(config.layer_windows or ())
+    windows = {c.window for c in layer_caches(config) if c.owns_kv}
     if None not in windows or len(windows) != 2:
         return None
     return next(w for w in windows if w is not None)
@@ -74,8 +76,8 @@ def pool_blocks_for_budget(budget_bytes: float, config: ModelConfig, dtype: torc
     unsplit = num_blocks_for_budget(budget_bytes, config, dtype, block_size)
     if window is None:
         return unsplit, 0
-    windows = config.layer_windows
-    window_token = sum(layer_kv_bytes(config, dtype, i) for i in kv_owners(config) if windows[i] is not None)
+    window_token = sum(layer_kv_bytes(config, dtype, i) for i, c in enumerate(layer_caches(config))
+                       if c.kind == "window")
     main_token = kv_bytes_per_token(config, dtype) - window_token
     window_blocks = window_pool_blocks(window, block_size, max_num_seqs, max_num_batched_tokens)
     left = budget_bytes - window_blocks * block_size * window_token
@@ -109,11 +111,11 @@ class KVPool:
         self.scratch_block: int | None = num_blocks if scratch_block else None
         extra = 1 if scratch_block else 0
         self.window = split_window(config) if window_blocks > 0 else None
-        windows = config.layer_windows or (None,) * config.num_layers
+        caches = layer_caches(config)  # what each layer keeps
         owners = kv_owners(config)
-        sliding = [i for i in owners if windows[i] is not None]
-        global_ = [i for i in owners if windows[i] is None]
-        shapes = {(config.layer_kv_heads(i), config.layer_head_dim(i)) for i in owners}
+        sliding = [i for i in owners if caches[i].kind == "window"]
+        global_ = [i for i in owners if caches[i].kind == "full"]
+        shapes = {(caches[i].kv_heads, caches[i].head_dim) for i in owners}
         # the sliding layers live apart in their own window pool, or (Gemma 4) for their own K/V head shape
         apart = bool(sliding) and (self.window is not None or len(shapes) > 1)
         if not apart:
@@ -121,10 +123,10 @@ class KVPool:
         # layer i -> (kept with the sliding layers, its index there); a KV-shared layer reads its source's slot; a
         # linear-attention layer has none
         own = {i: (False, global_.index(i)) if i in global_ else (True, sliding.index(i)) for i in owners}
-        self.layer_slot = [own.get(config.kv_source(i)) for i in range(config.num_layers)]
+        self.layer_slot = [own.get(kv_source(caches, i)) for i in range(config.num_layers)]
 
         def tail(layers: list[int]) -> tuple[int, int, int]:
-            heads, dim = (config.layer_kv_heads(layers[0]), config.layer_head_dim(layers[0])) if layers else \
+            heads, dim = (caches[layers[0]].kv_heads, caches[layers[0]].head_dim) if layers else \
                 (config.num_kv_heads, config.head_dim)
             return block_size, heads, fmt.row_width(dim) if layers else dim
 

@@ -22,15 +22,10 @@ import torch
 from edgeserve.kernels.kv_quant import Q8_BLOCK, fp8_row_width, q8_row_bytes
 from edgeserve.models.config import ModelConfig
 
+from .cache_spec import layer_caches
 from .config import KV_CACHE_DTYPES  # noqa: F401  (re-exported)
 
 _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-
-
-def kv_owners(config: ModelConfig) -> list[int]:
-    """The layers that keep K/V of their own (every layer but those reading another's, `ModelConfig.kv_source`,
-    a hybrid's linear-attention layers, which keep a recurrent state instead, and mixerless MLP blocks)."""
-    return [i for i in range(config.num_layers) if config.kv_source(i) == i and config.keeps_kv(i)]
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,7 @@ def resolve_kv_format(name: str, config: ModelConfig, compute_dtype: torch.dtype
     if config.attn_softcap is not None:
         raise ValueError("--kv-cache-dtype q8_0 is not supported for models with attention-logit soft-capping "
                          "(Gemma 2): their attention runs on the torch path, which would dequantize the whole pool")
-    dims = sorted({config.layer_head_dim(i) for i in kv_owners(config)})
+    dims = sorted({c.head_dim for c in layer_caches(config) if c.owns_kv})
     if any(d % Q8_BLOCK for d in dims):
         raise ValueError(f"--kv-cache-dtype q8_0 needs head sizes that are multiples of {Q8_BLOCK}; this model's "
                          f"are {dims}")
@@ -122,7 +117,7 @@ def _fp8_format(config: ModelConfig, device: torch.device) -> KVFormat:
     if config.attn_softcap is not None:
         raise ValueError("--kv-cache-dtype fp8 is not supported for models with attention-logit soft-capping "
                          "(Gemma 2): their attention runs on the torch path, which would dequantize the whole pool")
-    dims = sorted({config.layer_head_dim(i) for i in kv_owners(config)})
+    dims = sorted({c.head_dim for c in layer_caches(config) if c.owns_kv})
     if any(d % 4 for d in dims):
         raise ValueError(f"--kv-cache-dtype fp8 needs head sizes that are multiples of 4; this model's are {dims}")
     return FP8

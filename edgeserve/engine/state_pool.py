@@ -20,6 +20,8 @@ import torch
 
 from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims
 
+from .cache_spec import state_layers
+
 
 class OutOfSlotsError(RuntimeError):
     """No free state slot (callers check `can_allocate` first)."""
@@ -134,9 +136,10 @@ def state_spec_for(config) -> StateSpec:
     """The state spec of a hybrid model (a models.config.ModelConfig with `is_hybrid`): how many state layers it
     has and the kind each keeps: the config's `layer_state` (its architecture's `state_kind`, e.g. LFM2's
     short_conv_kind, else Gated DeltaNet's `delta`)."""
-    if not config.is_hybrid:
+    count, kind = state_layers(config)
+    if not count:
         raise ValueError(f"{config.architecture} has no state layers")
-    return StateSpec(config.num_linear_layers, config.layer_state)
+    return StateSpec(count, kind)
 
 
 def slots_for_budget(budget_bytes: float, spec: StateSpec) -> int:
