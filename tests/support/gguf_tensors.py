@@ -88,8 +88,8 @@ def _converted(name: str, t: torch.Tensor, c: Any, arch: str, sd: dict) -> list[
         t = permute_qk(t, heads)
     if name.endswith("norm.weight") and arch in ("gemma2", "gemma3", "qwen35", "qwen35moe"):
         t = t + 1  # the converter stores these norms' (1 + w)
-    if local == "mlp.shared_expert_gate.weight" or t.dim() == 0:
-        t = t.reshape(-1)  # 1-D, as llama.cpp reads them
+    if t.dim() == 0:
+        t = t.reshape(1)  # a scalar (Gemma 4's layer_scalar) as a 1-element tensor
     return [(gname, t)]
 
 
