@@ -24,11 +24,11 @@ from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.qwen3moe.model import MoEModel
 
-from tiny_gguf import byte_vocab
+from support.gguf_vocab import TOKENS
+from support.gguf_writer import matrices, write_model_gguf
 
 transformers = pytest.importorskip("transformers")
 
-TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
 VOCAB, HIDDEN, EXPERTS, TOP_K, EXPERT_FFN = len(TOKENS), 64, 8, 2, 32
 PROMPT = [1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250]
 DECODES = 5
@@ -49,66 +49,10 @@ def hf_moe():
     return model
 
 
-_ATTN = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
-
-
 def write_moe_gguf(model, path: Path, expert_qtype: str = "F32", matrix_qtype: str = "F32") -> Path:
-    """The model as a qwen3moe GGUF with llama.cpp's names (experts as 3-D ffn_{gate,up,down}_exps) and a
-    byte-level tokenizer; experts stored as `expert_qtype`, the other matrices as `matrix_qtype`."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(str(path), arch="qwen3moe")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    w.add_expert_count(c.num_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
-    w.add_token_merges(["h e", "l l", "he ll"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-
-    def add(name: str, t: torch.Tensor, qtype: str) -> None:
-        data = t.detach().float().numpy().astype(np.float32)
-        if t.dim() >= 2 and qtype != "F32":
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, data)
-
-    sd = model.state_dict()
-    add("token_embd.weight", sd["model.embed_tokens.weight"], matrix_qtype)
-    add("output_norm.weight", sd["model.norm.weight"], "F32")
-    add("output.weight", sd["lm_head.weight"], matrix_qtype)
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        for hf, g in _ATTN.items():
-            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], "F32" if hf == "mlp.gate" else matrix_qtype)
-        experts = model.model.layers[i].mlp.experts
-        gate, up = experts.gate_up_proj.chunk(2, dim=1)  # [E, F, H] each
-        add(f"blk.{i}.ffn_gate_exps.weight", gate, expert_qtype)
-        add(f"blk.{i}.ffn_up_exps.weight", up, expert_qtype)
-        add(f"blk.{i}.ffn_down_exps.weight", experts.down_proj, expert_qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """The model as llama.cpp's converter writes a qwen3moe GGUF (experts as 3-D ffn_{gate,up,down}_exps), with the
+    tests' byte-level tokenizer; experts stored as `expert_qtype`, the other matrices as `matrix_qtype`."""
+    return write_model_gguf(model, path, qtype=matrices(matrix_qtype, expert_qtype), pre="qwen2")
 
 
 def fuse_experts(folder: Path) -> None:
