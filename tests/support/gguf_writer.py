@@ -16,8 +16,8 @@ from support.gguf_vocab import MERGES, SPECIALS, TOKENS
 
 # the architectures whose converter writes `{arch}.vocab_size` and `rope.dimension_count` (LlamaModel's)
 _LLAMA_KEYS = ("llama", "mistral3", "smollm3", "granite")
-# tensors never quantized: 1-D ones, norms, routers, convolutions
-_KEEP_F32 = (".bias", "norm", "ffn_gate_inp", "conv1d", "rope_freqs", "ssm_a", "attn_sinks")
+# matrices never quantized (besides 1-D tensors): biases, norms, routers, convolutions
+_KEEP_F32 = (".bias", "norm", "ffn_gate_inp", "conv1d")
 QType = str | Callable[[str, torch.Tensor], str]
 
 
