@@ -118,7 +118,8 @@ def _experts(i: str, local: str, t: torch.Tensor, arch: str) -> list[tuple[str, 
 
 
 def tiled_order(x: torch.Tensor, dim: int, hk: int, group: int, head: int = 1) -> torch.Tensor:
-    """x with its value heads along `dim` (blocks of `head` values) moved from grouped (HF) to tiled (GGUF) order."""
+    """x with its value heads along `dim` (blocks of `head` values) moved from grouped order (HF: key head j serves
+    value heads j * group ..) to tiled order (llama.cpp's GGUF: value head r * hk + j reads key head j)."""
     shape = list(x.shape)
     dim = dim % len(shape)
     x = x.reshape(*shape[:dim], hk, group, head, *shape[dim + 1:]).transpose(dim, dim + 1)
