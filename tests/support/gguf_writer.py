@@ -106,20 +106,21 @@ def _add_key(w: Any, key: str, value: Any) -> None:
 
 
 def _add_vocab(w: Any, tokens: list[str] | None, vocab: int, pre: str, template: str | None) -> None:
-    """A byte-level BPE vocabulary of `vocab` entries (`tokens`, default the tiny one padded with unused ones)."""
+    """A byte-level BPE vocabulary of `vocab` entries (`tokens`, default the tiny one, cut to a smaller vocabulary
+    or padded with unused entries to a larger one)."""
     import gguf
 
-    tokens = list(tokens or TOKENS)
+    tokens = list(tokens or TOKENS)[:vocab]
+    merges = [m for m in MERGES if m.replace(" ", "") in tokens]
     kinds = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens]
     pad = vocab - len(tokens)
-    assert pad >= 0, f"{len(tokens)} tokens do not fit a vocabulary of {vocab}"
     tokens += [f"[PAD{i}]" for i in range(pad)]
     kinds += [gguf.TokenType.UNUSED] * pad
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(kinds)
-    w.add_token_merges(MERGES)
+    w.add_token_merges(merges)
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
