@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,6 +17,8 @@ from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
+
+from support.gguf_writer import write_model_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,66 +52,10 @@ def hf_model(arch: str):
     return model
 
 
-# HF name -> GGUF name (per layer), as llama.cpp's converter writes them
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
-_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                "post_feedforward_layernorm": "post_ffw_norm"}
-
-
-def write_gguf(model, arch: str, path: Path, q8_0: bool = False, extra=None) -> Path:
-    """The model as a GGUF with llama.cpp's names; `q8_0` stores every matrix as Q8_0 blocks (else float32);
-    `extra(writer)` adds keys or tensors of its own."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(path, arch=arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.hidden_size // c.num_attention_heads if arch == "phi3" else c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}  # transformers 5.x / 4.x
-    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
-    w.add_vocab_size(c.vocab_size)
-    if arch.startswith("gemma"):
-        w.add_sliding_window(c.sliding_window)
-    if arch == "gemma2":
-        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    gemma = arch.startswith("gemma")
-    if extra is not None:
-        extra(w)
-    for name, t in model.state_dict().items():
-        t = t.float()
-        if name == "model.embed_tokens.weight":
-            g = "token_embd.weight"
-        elif name == "model.norm.weight":
-            g = "output_norm.weight"
-        elif name == "lm_head.weight":
-            g = "output.weight"
-        else:
-            _, _, i, rest = name.split(".", 3)
-            base = rest.removesuffix(".weight")
-            table = {**_LAYER, **(_GEMMA_NORMS if gemma else {"post_attention_layernorm": "ffn_norm"})}
-            g = f"blk.{i}.{table[base]}.weight"
-        if gemma and name.endswith("norm.weight"):
-            t = t + 1  # llama.cpp stores Gemma's (1 + w)
-        if q8_0 and t.dim() == 2:
-            kind = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(g, gguf.quants.quantize(t.numpy().astype(np.float32), kind), raw_dtype=kind)
-        else:
-            w.add_tensor(g, t.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
+    """The model as llama.cpp's converter writes an `arch` GGUF; `q8_0` stores every matrix as Q8_0 blocks (else
+    float32)."""
+    return write_model_gguf(model, path, arch, qtype="Q8_0" if q8_0 else "F32")
 
 
 def ours(arch: str, model, tmp_path: Path, source: str):

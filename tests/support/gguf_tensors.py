@@ -71,6 +71,9 @@ def llama_cpp_tensors(state: dict[str, torch.Tensor], config: Any, arch: str) ->
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_freqs(config, rope)
+    if rope.get("long_factor"):  # Phi-3's longrope
+        out["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
+        out["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
     return out
 
 

@@ -195,6 +195,8 @@ def _family(c: Any, arch: str, rope: dict[str, Any]) -> dict[str, Any]:
         return gemma4_metadata(c, rope)
     if arch in ("qwen35", "qwen35moe"):
         return qwen35_metadata(c, rope)
+    if arch == "phi3":
+        return phi3_metadata(c, rope)
     return {}
 
 
@@ -231,4 +233,20 @@ def qwen35_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
             "rope.dimension_count": int(c.head_dim * rope.get("partial_rotary_factor", 1.0))}
     if rope.get("mrope_section"):
         keys["rope.dimension_sections"] = list(rope["mrope_section"]) + [0] * (4 - len(rope["mrope_section"]))
+    return keys
+
+
+def phi3_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's keys: partial RoPE as its dimension count, no head size, the window (0: none), longrope's original
+    context and attention factor (its factors are tensors: support.gguf_tensors)."""
+    import math
+
+    heads, hidden = c.num_attention_heads, c.hidden_size
+    original = rope.get("original_max_position_embeddings") or getattr(c, "original_max_position_embeddings", None)
+    keys = {"attention.key_length": None, "attention.value_length": None,
+            "attention.sliding_window": c.sliding_window or 0, "rope.dimension_count": int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads,
+            "rope.scaling.original_context_length": original}
+    if rope.get("long_factor"):
+        scale = c.max_position_embeddings / original
+        keys["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
     return keys
