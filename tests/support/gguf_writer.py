@@ -40,7 +40,7 @@ def write_gguf(path: Path, state: dict[str, torch.Tensor], config: Any, arch: st
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch = arch or gguf_arch(c)
     w = gguf.GGUFWriter(str(path), arch=arch)
-    keys = {**model_metadata(c, arch), **(metadata or {})}
+    keys = {**model_metadata(c, arch), **_deepstack(config, arch), **(metadata or {})}
     for key, value in keys.items():
         if value is not None:
             _add_key(w, key, value)
@@ -54,6 +54,12 @@ def write_gguf(path: Path, state: dict[str, torch.Tensor], config: Any, arch: st
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _deepstack(config: Any, arch: str) -> dict[str, Any]:
+    """Qwen3-VL's count of vision layers whose features join the first text layers (from its vision config)."""
+    layers = getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", None)
+    return {f"{arch}.n_deepstack_layers": len(layers)} if layers else {}
 
 
 def gguf_arch(c: Any) -> str:
@@ -145,6 +151,8 @@ def model_metadata(c: Any, arch: str) -> dict[str, Any]:
     if arch in _LLAMA_KEYS:
         keys["vocab_size"] = c.vocab_size
         keys["rope.dimension_count"] = head_dim or c.hidden_size // c.num_attention_heads
+    if rope.get("mrope_section"):  # M-RoPE (the Qwen VL and Qwen3.5 text models): four sections
+        keys["rope.dimension_sections"] = list(rope["mrope_section"]) + [0] * (4 - len(rope["mrope_section"]))
     keys.update(_experts(c, arch))
     keys.update(_rope_scaling(full))
     keys.update(_family(c, arch, rope))
@@ -174,15 +182,26 @@ def _rope_scaling(full: dict[str, Any]) -> dict[str, Any]:
     if kind == "linear":
         return {"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])}
     if kind == "yarn":
+        factor = full.get("attention_factor")
         return {"rope.scaling.type": "yarn", "rope.scaling.factor": float(full["factor"]),
                 "rope.scaling.original_context_length": full["original_max_position_embeddings"],
                 "rope.scaling.yarn_beta_fast": float(full.get("beta_fast", 32.0)),
-                "rope.scaling.yarn_beta_slow": float(full.get("beta_slow", 1.0))}
+                "rope.scaling.yarn_beta_slow": float(full.get("beta_slow", 1.0)),
+                "rope.scaling.attn_factor": None if factor is None else float(factor)}
     return {}
 
 
 def _family(c: Any, arch: str, rope: dict[str, Any]) -> dict[str, Any]:
-    """The keys of one family's converter (sliding windows, soft-capping, hybrids)."""
+    """The keys of one family's converter (sliding windows, soft-capping, multipliers, hybrids)."""
+    if arch == "olmo2" and "sliding_attention" in (getattr(c, "layer_types", None) or ()):
+        return {"attention.sliding_window": c.sliding_window,
+                "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types]}
+    if arch == "mistral3":
+        return {"rope.scaling.yarn_log_multiplier": float(rope["mscale_all_dim"]),
+                "attention.temperature_scale": float(rope["llama_4_scaling_beta"])}
+    if arch == "granite":
+        return {"embedding_scale": float(c.embedding_multiplier), "residual_scale": float(c.residual_multiplier),
+                "attention.scale": float(c.attention_multiplier), "logit_scale": float(c.logits_scaling)}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         keys = {"attention.sliding_window": c.sliding_window}
         if arch == "gemma2":
@@ -226,14 +245,12 @@ def gemma4_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
 def qwen35_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
     """Qwen3.5's keys: the Gated DeltaNet sizes, which layers are recurrent, partial and sectioned RoPE."""
     recurrent = [t == "linear_attention" for t in c.layer_types]
-    keys = {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
+    interval = getattr(c, "full_attention_interval", 4)
+    return {"ssm.conv_kernel": c.linear_conv_kernel_dim, "ssm.state_size": c.linear_key_head_dim,
             "ssm.group_count": c.linear_num_key_heads, "ssm.time_step_rank": c.linear_num_value_heads,
             "ssm.inner_size": c.linear_num_value_heads * c.linear_value_head_dim,
-            "attention.recurrent_layers": recurrent, "full_attention_interval": getattr(c, "full_attention_interval", 4),
+            "attention.recurrent_layers": recurrent, "full_attention_interval": interval,
             "rope.dimension_count": int(c.head_dim * rope.get("partial_rotary_factor", 1.0))}
-    if rope.get("mrope_section"):
-        keys["rope.dimension_sections"] = list(rope["mrope_section"]) + [0] * (4 - len(rope["mrope_section"]))
-    return keys
 
 
 def phi3_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
