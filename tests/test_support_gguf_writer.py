@@ -30,6 +30,11 @@ CASES = {
     "gpt-oss": ((), matrices("F32", experts="MXFP4")),
     "qwen35": ((), "F32"),
     "qwen35moe-mtp": (("--no-mtp",), "F32"),
+    "gemma2": ((), "F32"),
+    "phi3": ((), "F32"),
+    "olmo2": ((), "F32"),
+    "mistral3": ((), "F32"),
+    "granite": ((), "F32"),
 }
 
 
