@@ -12,14 +12,13 @@ import torch
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token, pool_blocks_for_budget
 from edgeserve.kernels.dispatch import AttentionMetadata
-from edgeserve.loaders.gguf_file import GGUFFile
-from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.config import config_from_gguf, config_from_hf
+from edgeserve.models.config import config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.gemma4.model import Gemma4Model
 
 from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,13 +77,9 @@ def write_gguf(model, path: Path, q8_0: bool = False) -> Path:
 
 def ours(model, tmp_path: Path, source: str, dtype: torch.dtype = torch.float32) -> Gemma4Model:
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = saved_source(model, tmp_path / "hf")
     else:
-        g = GGUFFile(write_gguf(model, tmp_path / "m.gguf", q8_0=source == "gguf-q8_0"))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_gguf(model, tmp_path / "m.gguf", q8_0=source == "gguf-q8_0"))
     assert config.architecture == "gemma4"
     cls = decoder_class(config)
     assert cls is Gemma4Model

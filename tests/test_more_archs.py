@@ -3,7 +3,6 @@ our logits against transformers' through prefill and decode (contiguous cache an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,12 @@ from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 
+from support import logit_runs
 from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,43 +59,21 @@ def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
 
 def ours(arch: str, model, tmp_path: Path, source: str):
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-        config = config_from_hf(cfg)
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = saved_source(model, tmp_path / "hf")
     else:
-        g = GGUFFile(write_gguf(model, arch, tmp_path / "m.gguf"))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_gguf(model, arch, tmp_path / "m.gguf"))
     assert config.architecture == arch
     return decoder_class(config).from_weights(config, weights, dtype=torch.float32)
 
 
 def contiguous_logits(model) -> torch.Tensor:
-    """Prefill PROMPT then decode DECODES tokens (the reference's next inputs), one at a time."""
-    c = model.config
-    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
-    kv.advance(len(PROMPT))
-    for p in range(len(PROMPT), len(ids)):
-        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
-        kv.advance(1)
-    return torch.cat(out)
+    """Prefill PROMPT, then decode DECODES tokens one at a time."""
+    return logit_runs.contiguous_logits(model, PROMPT, DECODES)
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
     """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
-    c = model.config
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(c, 8, block_size, torch.float32)
-    table = list(range(8))
-    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
-    out = []
-    for a, b in steps:
-        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
-    return torch.cat(out)
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size)
 
 
 @pytest.mark.parametrize("source", ["safetensors", "gguf"])

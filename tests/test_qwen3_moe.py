@@ -11,21 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.qwen3moe.model import MoEModel
 
+from support import logit_runs
 from support.gguf_vocab import TOKENS
 from support.gguf_writer import matrices, write_model_gguf
+from support.model_sources import folder_source, gguf_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,41 +74,21 @@ def load_ours(source: str, model, tmp_path: Path, dtype: torch.dtype = torch.flo
         model.save_pretrained(tmp_path / "hf")
         if source == "safetensors-fused":
             fuse_experts(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = folder_source(tmp_path / "hf")
     else:
-        g = GGUFFile(write_moe_gguf(model, tmp_path / "m.gguf", **gguf_types))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_moe_gguf(model, tmp_path / "m.gguf", **gguf_types))
     assert config.architecture == "qwen3moe" and decoder_class(config) is MoEModel
     return decoder_class(config).from_weights(config, weights, dtype=dtype)
 
 
 def contiguous_logits(model) -> torch.Tensor:
     """Prefill PROMPT, then decode DECODES tokens one at a time."""
-    c = model.config
-    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
-    kv.advance(len(PROMPT))
-    for p in range(len(PROMPT), len(ids)):
-        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
-        kv.advance(1)
-    return torch.cat(out)
+    return logit_runs.contiguous_logits(model, PROMPT, DECODES)
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
     """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
-    c = model.config
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(c, 8, block_size, model.dtype)
-    table = list(range(8))
-    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
-    out = []
-    for a, b in steps:
-        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
-    return torch.cat(out)
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size)
 
 
 def test_config_reads_the_moe_fields(tmp_path: Path) -> None:

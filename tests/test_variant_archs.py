@@ -12,11 +12,11 @@ import torch
 
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import ModelConfig, config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 
 from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 from test_more_archs import COMMON, DECODES, PROMPT, contiguous_logits, paged_logits  # noqa: E402
@@ -87,12 +87,8 @@ def write_gguf(model, case: str, path: Path, q8_0: bool = False, drop: str | Non
 def load_config(model, case: str, tmp_path: Path, source: str):
     """Our config and weights of `model` from an HF folder or a GGUF file."""
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        return config, HFFolder(tmp_path / "hf").weights()
-    g = GGUFFile(write_gguf(model, case, tmp_path / "m.gguf"))
-    config = config_from_gguf(g.metadata, set(g.tensor_names()))
-    return config, GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        return saved_source(model, tmp_path / "hf")
+    return gguf_source(write_gguf(model, case, tmp_path / "m.gguf"))
 
 
 def reference_logits(model) -> torch.Tensor:
