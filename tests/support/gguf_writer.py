@@ -43,7 +43,7 @@ def write_gguf(path: Path, state: dict[str, torch.Tensor], config: Any, arch: st
     keys = {**model_metadata(c, arch), **_deepstack(config, arch), **(metadata or {})}
     for key, value in keys.items():
         if value is not None:
-            _add_key(w, key, value)
+            add_key(w, key, value)
     _add_vocab(w, tokens, c.vocab_size, pre, chat_template)
     chooser = qtype if callable(qtype) else matrices(qtype)
     for name, t in {**llama_cpp_tensors(state, c, arch), **(tensors or {})}.items():
@@ -98,7 +98,8 @@ def add_tensor(w: Any, name: str, t: torch.Tensor, qtype: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
-def _add_key(w: Any, key: str, value: Any) -> None:
+def add_key(w: Any, key: str, value: Any) -> None:
+    """One metadata key, typed as the converter types it: bool, uint32, float32, string or array."""
     if isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
@@ -204,8 +205,8 @@ def _family(c: Any, arch: str, rope: dict[str, Any]) -> dict[str, Any]:
                 "attention.scale": float(c.attention_multiplier), "logit_scale": float(c.logits_scaling)}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         keys = {"attention.sliding_window": c.sliding_window}
-        if arch == "gemma2":
-            keys.update({"attn_logit_softcapping": c.attn_logit_softcapping,
+        if arch == "gemma2":  # no RoPE base: llama.cpp's default is Gemma 2's
+            keys.update({"rope.freq_base": None, "attn_logit_softcapping": c.attn_logit_softcapping,
                          "final_logit_softcapping": c.final_logit_softcapping})
         if "sliding_attention" in rope:
             keys["rope.freq_base_swa"] = float(rope["sliding_attention"]["rope_theta"])
