@@ -72,8 +72,8 @@ def contiguous_logits(model) -> torch.Tensor:
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
-    """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
-    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size)
+    """The same through a float32 paged pool: the prompt in two chunks, then single-token decode steps."""
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size, kv_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("source", ["safetensors", "gguf"])

@@ -28,11 +28,12 @@ def contiguous_logits(model, prompt: list[int], decodes: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def paged_logits(model, prompt: list[int], decodes: int, block_size: int = 4) -> torch.Tensor:
-    """The same through a paged pool of the model's dtype (window layers in the window pool): the prompt in two
-    chunks (5 tokens, then the rest), then single-token decode steps."""
+def paged_logits(model, prompt: list[int], decodes: int, block_size: int = 4,
+                 kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The same through a paged pool of `kv_dtype` (default the model's dtype; window layers in the window pool):
+    the prompt in two chunks (5 tokens, then the rest), then single-token decode steps."""
     ids = decode_ids(prompt, decodes)
-    pool = KVPool(model.config, 8, block_size, model.dtype)
+    pool = KVPool(model.config, 8, block_size, kv_dtype or model.dtype)
     table = list(range(8))
     steps = [(0, 5), (5, len(prompt))] + [(p, p + 1) for p in range(len(prompt), len(ids))]
     out = []
