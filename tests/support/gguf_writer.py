@@ -268,3 +268,19 @@ def phi3_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
         scale = c.max_position_embeddings / original
         keys["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
     return keys
+
+
+def write_raw_tensors(path: Path, tensors: dict[str, tuple[np.ndarray, Any]], arch: str = "llama") -> Path:
+    """A GGUF of stored tensor bytes only (no model keys): name -> (data as stored, GGML type or its name), for tests
+    of the formats themselves."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    for name, (data, qtype) in tensors.items():
+        kind = gguf.GGMLQuantizationType[qtype] if isinstance(qtype, str) else qtype
+        w.add_tensor(name, data, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
