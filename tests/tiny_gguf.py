@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from support.gguf_vocab import byte_vocab
+from support.gguf_writer import finish
 
 
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
@@ -81,10 +82,7 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
             w.add_float32(key, values)
         else:
             w.add_array(key, values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     if split_max_tensors:
         return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))[0]
     return path

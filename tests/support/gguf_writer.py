@@ -49,10 +49,7 @@ def write_gguf(path: Path, state: dict[str, torch.Tensor], config: Any, arch: st
     for name, t in {**llama_cpp_tensors(state, c, arch), **(tensors or {})}.items():
         if name not in drop:
             add_tensor(w, name, t, chooser(name, t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 
@@ -60,6 +57,14 @@ def _deepstack(config: Any, arch: str) -> dict[str, Any]:
     """Qwen3-VL's count of vision layers whose features join the first text layers (from its vision config)."""
     layers = getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", None)
     return {f"{arch}.n_deepstack_layers": len(layers)} if layers else {}
+
+
+def finish(w: Any) -> None:
+    """Write a GGUFWriter's header, keys and tensors to its file and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def gguf_arch(c: Any) -> str:
@@ -279,8 +284,5 @@ def write_raw_tensors(path: Path, tensors: dict[str, tuple[np.ndarray, Any]], ar
     for name, (data, qtype) in tensors.items():
         kind = gguf.GGMLQuantizationType[qtype] if isinstance(qtype, str) else qtype
         w.add_tensor(name, data, raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from support.gguf_writer import add_key
+from support.gguf_writer import add_key, finish
 
 # HF name (after the tower's prefix, without .weight / .bias) -> clip.cpp's
 _TOP = {"embeddings.patch_embedding": "v.patch_embd", "embeddings.position_embedding": "v.position_embd",
@@ -56,8 +56,5 @@ def write_mmproj(path: Path, state: dict[str, np.ndarray], prefix: str, vc: Any,
         w.add_tensor(name, t.astype(np.float16) if f16_matrices and t.ndim == 2 else t)
     for name, t in projector.items():
         w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
