@@ -22,6 +22,7 @@ from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.gpt_oss.model import GptOssModel
 
 from support import logit_runs
+from support.engine_checks import assert_batch_and_chunk_invariant
 from support.gguf_vocab import byte_vocab
 from support.gguf_writer import matrices, write_model_gguf
 from support.model_sources import gguf_source, saved_source
@@ -150,20 +151,13 @@ def test_mxfp4_experts_run_natively(tmp_path: Path) -> None:
 @native
 def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) -> None:
     from edgeserve.llm import LLM
-    from edgeserve.sampling_params import SamplingParams
 
     path = write_gpt_oss_gguf(hf_gpt_oss(), tmp_path / "g.gguf", expert_qtype="Q8_0", matrix_qtype="Q8_0")
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
     llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
     assert isinstance(llm.lm.model, GptOssModel)
-    together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
-    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
-    assert together == alone and all(len(t) == 8 for t in together)
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
-    assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+    assert_batch_and_chunk_invariant(llm, prompts)
 
 
 def write_mxfp4_checkpoint(model, folder: Path, exponents: tuple[int, int] = (121, 125)) -> None:

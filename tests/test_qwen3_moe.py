@@ -21,8 +21,9 @@ from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.qwen3moe.model import MoEModel
 
 from support import logit_runs
+from support.engine_checks import assert_batch_and_chunk_invariant
 from support.gguf_vocab import TOKENS
-from support.gguf_writer import matrices, write_model_gguf
+from support.gguf_writer import finish, matrices, write_model_gguf
 from support.model_sources import folder_source, gguf_source
 
 transformers = pytest.importorskip("transformers")
@@ -116,10 +117,7 @@ def test_experts_in_other_architectures_are_refused_by_name(tmp_path: Path) -> N
         w.add_uint32(f"llama.{key}", value)
     w.add_vocab_size(32)
     w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     g = GGUFFile(tmp_path / "mixtral.gguf")
     with pytest.raises(UnsupportedModelError, match="'llama' models with experts"):
         config_from_gguf(g.metadata, set(g.tensor_names()))
@@ -182,22 +180,15 @@ def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: P
 @pytest.mark.parametrize("repack", ["0", "1"])
 def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path, monkeypatch, repack: str) -> None:
     from edgeserve.llm import LLM
-    from edgeserve.sampling_params import SamplingParams
 
     monkeypatch.setenv("EDGESERVE_MOE_REPACK", repack)
     path = write_moe_gguf(hf_moe(), tmp_path / "q.gguf", expert_qtype="Q4_0", matrix_qtype="Q8_0")
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
     llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
     experts = llm.lm.model.layers[0].moe.gate_up
     assert isinstance(experts, BlockExperts) and experts.parts[0].qtype.endswith("_X8") == (repack == "1")
-    together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
-    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
-    assert together == alone and all(len(t) == 8 for t in together)
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
-    assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+    assert_batch_and_chunk_invariant(llm, prompts)
 
 
 def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:
