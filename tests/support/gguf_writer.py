@@ -266,8 +266,9 @@ def phi3_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
 
     heads, hidden = c.num_attention_heads, c.hidden_size
     original = rope.get("original_max_position_embeddings") or getattr(c, "original_max_position_embeddings", None)
+    rotated = int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads
     keys = {"attention.key_length": None, "attention.value_length": None,
-            "attention.sliding_window": c.sliding_window or 0, "rope.dimension_count": int(rope.get("partial_rotary_factor", 1.0) * hidden) // heads,
+            "attention.sliding_window": c.sliding_window or 0, "rope.dimension_count": rotated,
             "rope.scaling.original_context_length": original}
     if rope.get("long_factor"):
         scale = c.max_position_embeddings / original

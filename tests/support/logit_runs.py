@@ -39,5 +39,6 @@ def paged_logits(model, prompt: list[int], decodes: int, block_size: int = 4,
     out = []
     for a, b in steps:
         meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
+        attn = PagedKVAttention(pool, meta)
+        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), attn)))
     return torch.cat(out)
