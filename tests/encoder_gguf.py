@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from support.gguf_writer import finish
+
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -64,10 +66,7 @@ def write_encoder_gguf(path: Path, arch: str, state: dict[str, torch.Tensor], vo
             w.add_tensor(name, gguf.quants.quantize(data, q), raw_dtype=q)
             continue
         w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.state_pool import StatePool, StateSpec, StepStates
 from edgeserve.kernels.dispatch import AttentionMetadata
 
-from tiny_gguf import byte_vocab
+from support.gguf_tensors import llama_cpp_tensors
+from support.gguf_vocab import TOKENS
+from support.gguf_writer import matrices, write_model_gguf
 
-TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
 VOCAB, HIDDEN, LAYERS = len(TOKENS), 64, 4
 EXPERTS, TOP_K, EXPERT_FFN, SHARED_FFN = 8, 2, 32, 64
 PROMPT = [1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250, 9, 44]
@@ -66,124 +66,26 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()
 
 
-def tiled_order(x: torch.Tensor, dim: int, hk: int, group: int, head: int = 1) -> torch.Tensor:
-    """x with its value heads along `dim` (blocks of `head` values) moved from grouped (HF) to tiled (GGUF) order."""
-    shape = list(x.shape)
-    dim = dim % len(shape)
-    x = x.reshape(*shape[:dim], hk, group, head, *shape[dim + 1:]).transpose(dim, dim + 1)
-    return x.reshape(shape)
-
-
-_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-          "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
-          "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
-
-
-def llama_cpp_tensors(model) -> dict[str, torch.Tensor]:
-    """The model's tensors under llama.cpp's qwen35 / qwen35moe names, converted as its converter does."""
-    c = model.config
-    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
-    hk, group = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads
-    dv, kd = c.linear_value_head_dim, c.linear_num_key_heads * c.linear_key_head_dim
-    out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"] + 1,
-           "output.weight": sd["lm_head.weight"]}
-    for i in range(c.num_hidden_layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        for hf, g in _NAMES.items():
-            if p + hf + ".weight" in sd:
-                w = sd[p + hf + ".weight"]
-                out[b + g + ".weight"] = w + 1 if hf.endswith("norm") else w
-                if hf == "mlp.shared_expert_gate":  # 1-D [hidden], as llama.cpp reads it
-                    out[b + g + ".weight"] = w.reshape(-1)
-        a = p + "linear_attn."
-        if a + "A_log" in sd:
-            qkv = sd[a + "in_proj_qkv.weight"].clone()
-            qkv[2 * kd:] = tiled_order(qkv[2 * kd:], 0, hk, group, dv)
-            conv = sd[a + "conv1d.weight"][:, 0].clone()
-            conv[2 * kd:] = tiled_order(conv[2 * kd:], 0, hk, group, dv)
-            out[b + "attn_qkv.weight"] = qkv
-            out[b + "ssm_conv1d.weight"] = conv
-            out[b + "attn_gate.weight"] = tiled_order(sd[a + "in_proj_z.weight"], 0, hk, group, dv)
-            out[b + "ssm_beta.weight"] = tiled_order(sd[a + "in_proj_b.weight"], 0, hk, group)
-            out[b + "ssm_alpha.weight"] = tiled_order(sd[a + "in_proj_a.weight"], 0, hk, group)
-            out[b + "ssm_a"] = tiled_order(-sd[a + "A_log"].exp(), 0, hk, group)
-            out[b + "ssm_dt.bias"] = tiled_order(sd[a + "dt_bias"], 0, hk, group)
-            out[b + "ssm_norm.weight"] = sd[a + "norm.weight"]
-            out[b + "ssm_out.weight"] = tiled_order(sd[a + "out_proj.weight"], 1, hk, group, dv)
-        if p + "mlp.experts.gate_up_proj" in sd:
-            gate, up = sd[p + "mlp.experts.gate_up_proj"].chunk(2, dim=1)
-            out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = gate, up
-            out[b + "ffn_down_exps.weight"] = sd[p + "mlp.experts.down_proj"]
-    return out
-
-
 def write_qwen35_gguf(model, path: Path, qtype: str = "F32", skip: str | None = None,
                       rounded: str | None = None) -> Path:
-    """The model as a qwen35 / qwen35moe GGUF with a byte-level tokenizer; 2-D matrices (not norms, router, conv)
-    stored as `qtype`; `skip`: a tensor name left out (to test the error); `rounded`: those matrices stored as F32
-    after a round trip through that type (the exact values a `qtype` file of it holds)."""
+    """The model as llama.cpp's converter writes a qwen35 / qwen35moe GGUF, with the tests' byte-level tokenizer;
+    matrices (not norms, router, conv) stored as `qtype`; `skip`: a tensor name left out (to test the error);
+    `rounded`: those matrices stored as F32 after a round trip through that type (the exact values a `qtype` file of
+    it holds)."""
     import gguf
 
-    c = model.config
-    moe = hasattr(c, "num_experts")
-    arch = "qwen35moe" if moe else "qwen35"
-    w = gguf.GGUFWriter(str(path), arch=arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_rope_dimension_count(int(c.head_dim * c.rope_parameters["partial_rotary_factor"]))
-    w.add_uint32(f"{arch}.full_attention_interval", 4)
-    w.add_uint32(f"{arch}.ssm.conv_kernel", c.linear_conv_kernel_dim)
-    w.add_uint32(f"{arch}.ssm.state_size", c.linear_key_head_dim)
-    w.add_uint32(f"{arch}.ssm.group_count", c.linear_num_key_heads)
-    w.add_uint32(f"{arch}.ssm.time_step_rank", c.linear_num_value_heads)
-    w.add_uint32(f"{arch}.ssm.inner_size", c.linear_num_value_heads * c.linear_value_head_dim)
-    if moe:
-        w.add_expert_count(c.num_experts)
-        w.add_expert_used_count(c.num_experts_per_tok)
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c.shared_expert_intermediate_size)
-    else:
-        w.add_feed_forward_length(c.intermediate_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
-    w.add_token_merges(["h e", "l l", "he ll"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    for name, t in llama_cpp_tensors(model).items():
-        if name == skip:
-            continue
-        data = t.numpy().astype(np.float32)
-        small = t.dim() < 2 or "norm" in name or "ffn_gate_inp" in name or "conv1d" in name
-        if rounded is not None and not small:
-            kind = gguf.GGMLQuantizationType[rounded]
-            data = data.astype(np.float16).astype(np.float32) if rounded == "F16" else \
-                gguf.quants.dequantize(gguf.quants.quantize(data, kind), kind)
-        if qtype == "F32" or small:
-            w.add_tensor(name, data)
-        elif qtype == "F16":
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    arch = "qwen35moe" if hasattr(model.config, "num_experts") else "qwen35"
+    choose = matrices(rounded or "F32")
+    tensors = {}
+    for name, t in (llama_cpp_tensors(model.state_dict(), model.config, arch).items() if rounded else ()):
+        kind = choose(name, t)
+        if kind == "F16":
+            tensors[name] = t.half().float()
+        elif kind != "F32":
+            k = gguf.GGMLQuantizationType[kind]
+            tensors[name] = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(t.numpy(), k), k))
+    return write_model_gguf(model, path, arch, qtype=qtype, drop=(skip,) if skip else (), tensors=tensors,
+                            pre="qwen2")
 
 
 def state_pool(config, num_slots: int = 4, device: torch.device | str = "cpu") -> StatePool:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_gguf import byte_vocab
+from support.gguf_vocab import byte_vocab
+from support.gguf_writer import finish
 
 NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML generation prompt
 
@@ -89,10 +90,7 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
             tensors[p + "attn_k_norm.weight"] = np.ones(hd, np.float32)
     for name, data in tensors.items():
         w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, quants
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.loaders import dequant
 from edgeserve.loaders.dequant import BLOCK_LAYOUTS, SUPPORTED_QTYPES, dequantize, q4_blocks
 from edgeserve.loaders.gguf_file import GGUFFile, check_supported_qtype
+
+from support.gguf_writer import write_raw_tensors
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 BLOCK32_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")  # gguf can quantize these
@@ -83,17 +85,6 @@ def reference(data: np.ndarray, qtype: str) -> torch.Tensor:
     return torch.from_numpy(np.array(quants.dequantize(data, GGMLQuantizationType[qtype]), dtype=np.float32))
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> Path:
-    writer = GGUFWriter(path, arch="llama")
-    for name, (data, qtype) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType[qtype])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 CASES = (
     [(q, s, "quantize") for q in FLOAT_TYPES for s in FLOAT_SHAPES]
     + [(q, s, src) for q in BLOCK32_TYPES for s in BLOCK32_SHAPES for src in ("quantize", "random")]
@@ -105,7 +96,7 @@ CASES = (
 @pytest.mark.parametrize("qtype,shape,source", CASES)
 def test_load_tensor_matches_gguf(tmp_path: Path, qtype: str, shape: tuple[int, ...], source: str) -> None:
     data = stored(qtype, shape, source)
-    f = GGUFFile(write_gguf(tmp_path / "t.gguf", {"w": (data, qtype), "other": (stored("F32", (4,), "quantize"), "F32")}))
+    f = GGUFFile(write_raw_tensors(tmp_path / "t.gguf", {"w": (data, qtype), "other": (stored("F32", (4,), "quantize"), "F32")}))
     info = f.tensor_info("w")
     assert (info.qtype, info.shape) == (qtype, shape)
     expected = reference(data, qtype)
@@ -159,7 +150,7 @@ Q4_CASES = [
 @pytest.mark.parametrize("qtype,shape,source", Q4_CASES)
 def test_q4_blocks_reconstruct_dequantized(tmp_path: Path, qtype: str, shape: tuple[int, ...], source: str) -> None:
     data = stored(qtype, shape, source, seed=2)
-    f = GGUFFile(write_gguf(tmp_path / "q4.gguf", {"w": (data, qtype)}))
+    f = GGUFFile(write_raw_tensors(tmp_path / "q4.gguf", {"w": (data, qtype)}))
     q, scale, offset = q4_blocks(f.raw("w"), qtype, shape)
     rows, cols = prod(shape[:-1]), shape[-1]
     assert q.dtype == torch.uint8 and q.shape == (rows, cols)
@@ -181,7 +172,7 @@ def test_q4_blocks_refuses_other_types() -> None:
 def test_unsupported_type_is_refused_by_name(tmp_path: Path, qtype: str, source: str) -> None:
     shape = (2, 256)
     data = stored(qtype, shape, source)
-    f = GGUFFile(write_gguf(tmp_path / "u.gguf", {"blk.0.w": (data, qtype)}))
+    f = GGUFFile(write_raw_tensors(tmp_path / "u.gguf", {"blk.0.w": (data, qtype)}))
     info = f.tensor_info("blk.0.w")
     assert info.qtype == qtype
     with pytest.raises(UnsupportedModelError, match=rf"'blk\.0\.w'.*{qtype}"):

@@ -15,7 +15,8 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.registry import resolve
 from edgeserve.server import ServerConfig
 from server_helpers import serve
-from tiny_gguf import byte_vocab
+from support.gguf_vocab import byte_vocab
+from support.gguf_writer import finish
 
 WINDOW = 8  # sliding layers see keys at most 4 positions away; texts below run past it
 TOKENS = ["<pad>", "<eos>", "<bos>"] + byte_vocab() + ["he", "ll"]
@@ -73,10 +74,7 @@ def _write_gguf(path, model, dense: list[torch.Tensor]) -> None:
         w.add_tensor(name, data + 1.0 if "norm" in hf_name else data)
     w.add_tensor("dense_2.weight", dense[0].numpy())
     w.add_tensor("dense_3.weight", dense[1].numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ from edgeserve.engine.state_pool import StatePool, StateSpec
 from edgeserve.kernels import cpu_native, dispatch
 from edgeserve.kernels import gated_delta as gd
 
+from support.gguf_tensors import tiled_order
+
 CHUNKED = pytest.param("chunked", id="chunked")
 
 
@@ -127,15 +129,6 @@ def test_forms_match_transformers_functions():
         s = state.clone()
         close(run_rule(form, q, k, v, g, beta, cu, slots, s, chunk_size=8), ref[0])
         close(s[slots], ref_state)
-
-
-def tiled_order(x: torch.Tensor, dim: int, hk: int, group: int, head: int = 1) -> torch.Tensor:
-    """x with its value heads along `dim` (blocks of `head` values) moved from grouped order (HF: key head j serves
-    value heads j * group ..) to tiled order (llama.cpp's GGUF: value head r * hk + j reads key head j)."""
-    shape = list(x.shape)
-    dim = dim % len(shape)
-    x = x.reshape(*shape[:dim], hk, group, head, *shape[dim + 1:]).transpose(dim, dim + 1)
-    return x.reshape(shape)
 
 
 @pytest.mark.parametrize("form", ["recurrent", "chunked"])

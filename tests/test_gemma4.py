@@ -7,18 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token, pool_blocks_for_budget
 from edgeserve.kernels.dispatch import AttentionMetadata
-from edgeserve.loaders.gguf_file import GGUFFile
-from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.config import config_from_gguf, config_from_hf
+from edgeserve.models.config import config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.gemma4.model import Gemma4Model
+
+from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,96 +69,17 @@ def hf_model(shape: str, spread: float = 0.15, **overrides):
     return model
 
 
-# HF name (after `model.layers.N.`) -> llama.cpp's gemma4 name (after `blk.N.`)
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "post_attention_norm",
-          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-          "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
-          "layer_scalar": "layer_output_scale", "router.proj": "ffn_gate_inp",
-          "experts.gate_up_proj": "ffn_gate_up_exps", "experts.down_proj": "ffn_down_exps",
-          "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
-          "post_feedforward_layernorm_2": "post_ffw_norm_2"}
-_LAYER_EXACT = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-        "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
-        "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
-
-
 def write_gguf(model, path: Path, q8_0: bool = False) -> Path:
-    """The model as llama.cpp's converter writes a Gemma 4 GGUF: its keys, names, norms as stored (no 1 + w) and
-    proportional RoPE as a `rope_freqs` tensor of divisors (1 rotated, 1e30 not). `q8_0`: matrices whose rows are
-    whole Q8_0 blocks are stored so."""
-    import gguf
-
-    c = model.config
-    swa = [t == SLIDING for t in c.layer_types]
-    w = gguf.GGUFWriter(path, arch="gemma4")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_head_count(c.num_attention_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_sliding_window(c.sliding_window)
-    w.add_sliding_window_pattern(swa)
-    w.add_final_logit_softcapping(c.final_logit_softcapping)
-    w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
-    w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
-    global_hd = c.per_layer_config[c.layer_types.index(FULL)].head_dim
-    w.add_key_length(global_hd)
-    w.add_value_length(global_hd)
-    sliding_hd = c.per_layer_config[c.layer_types.index(SLIDING)].head_dim
-    w.add_key_length_swa(sliding_hd)
-    w.add_value_length_swa(sliding_hd)
-    w.add_shared_kv_layers(c.num_kv_shared_layers)
-    w.add_embedding_length_per_layer_input(c.hidden_size_per_layer_input or 0)
-    first_shared = c.num_hidden_layers - c.num_kv_shared_layers
-    ffn = [c.intermediate_size * (2 if c.use_double_wide_mlp and i >= first_shared else 1)
-           for i in range(c.num_hidden_layers)]
-    w.add_feed_forward_length(ffn if len(set(ffn)) > 1 else ffn[0])
-    kv = [c.per_layer_config[i].num_key_value_heads for i in range(c.num_hidden_layers)]
-    w.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
-    if c.enable_moe_block:
-        w.add_expert_count(c.num_experts)
-        w.add_expert_used_count(c.top_k_experts)
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    partial = c.rope_parameters["full_attention"]["partial_rotary_factor"]
-    rotated = int(global_hd * partial / 2)
-    w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (global_hd // 2 - rotated), np.float32))
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied
-        if name in _TOP:
-            g = _TOP[name]
-        else:
-            _, _, i, rest = name.split(".", 3)
-            suffix = _LAYER_EXACT.get(rest) or f"{_LAYER[rest.removesuffix('.weight')]}.weight"
-            g = f"blk.{i}.{suffix}"
-        t = t.float().reshape(-1) if t.dim() == 0 else t.float()
-        if q8_0 and t.dim() == 2 and t.shape[1] % 32 == 0:
-            kind = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(g, gguf.quants.quantize(t.numpy(), kind), raw_dtype=kind)
-        else:
-            w.add_tensor(g, t.numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """The model as llama.cpp's converter writes a Gemma 4 GGUF (its keys, names, norms as stored, proportional RoPE
+    as a `rope_freqs` tensor of divisors). `q8_0`: matrices whose rows are whole Q8_0 blocks are stored so."""
+    return write_model_gguf(model, path, qtype="Q8_0" if q8_0 else "F32")
 
 
 def ours(model, tmp_path: Path, source: str, dtype: torch.dtype = torch.float32) -> Gemma4Model:
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = saved_source(model, tmp_path / "hf")
     else:
-        g = GGUFFile(write_gguf(model, tmp_path / "m.gguf", q8_0=source == "gguf-q8_0"))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_gguf(model, tmp_path / "m.gguf", q8_0=source == "gguf-q8_0"))
     assert config.architecture == "gemma4"
     cls = decoder_class(config)
     assert cls is Gemma4Model

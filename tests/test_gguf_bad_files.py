@@ -13,6 +13,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from edgeserve.errors import ModelLoadError
 from edgeserve.loaders.gguf_file import GGUFFile
 
+from support.gguf_writer import finish
+
 
 def write_valid(path: Path) -> Path:
     """A small but complete GGUF: string, int and array metadata, an F32 and a Q8_0 tensor."""
@@ -25,10 +27,7 @@ def write_valid(path: Path) -> Path:
     writer.add_tensor("norm.weight", rng.standard_normal(8).astype(np.float32))
     q8 = quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), GGMLQuantizationType.Q8_0)
     writer.add_tensor("blk.0.w", q8, raw_dtype=GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return path
 
 

@@ -16,6 +16,8 @@ from edgeserve.errors import ModelLoadError
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_parse import parse_gguf
 
+from support.gguf_writer import finish
+
 # --- comparison against the reference reader ---
 
 
@@ -154,10 +156,7 @@ def write_all_types(path: Path, endian: GGUFEndian = GGUFEndian.LITTLE) -> Path:
         blocks = rng.integers(0, 256, (3, 256 // block_size * type_size), dtype=np.uint8)
         w.add_tensor(f"blk.{i}.{name}", blocks, raw_dtype=qtype)
     w.add_tensor("scalar.i32", np.arange(24, dtype=np.int32).reshape(2, 3, 4))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

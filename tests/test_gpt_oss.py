@@ -12,20 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
-from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.gpt_oss.model import GptOssModel
 
-from tiny_gguf import byte_vocab
+from support import logit_runs
+from support.engine_checks import assert_batch_and_chunk_invariant
+from support.gguf_vocab import byte_vocab
+from support.gguf_writer import matrices, write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,87 +52,18 @@ def hf_gpt_oss():
     return model
 
 
-_ATTN = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-         "self_attn.o_proj": "attn_output", "mlp.router": "ffn_gate_inp"}
-
-
 def write_gpt_oss_gguf(model, path: Path, expert_qtype: str = "F32", matrix_qtype: str = "F32") -> Path:
-    """The model as llama.cpp's gpt-oss GGUF: experts split and de-interleaved into 3-D ffn_{gate,up,down}_exps
-    (+ biases), the router as ffn_gate_inp (+ bias), sinks as attn_sinks, YaRN and the window as metadata."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(str(path), arch="gpt-oss")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_expert_feed_forward_length(c.intermediate_size)
-    w.add_expert_count(c.num_local_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(YARN["rope_theta"])
-    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    w.add_rope_scaling_factor(YARN["factor"])
-    w.add_rope_scaling_orig_ctx_len(YARN["original_max_position_embeddings"])
-    w.add_sliding_window(c.sliding_window)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-4o")
-    w.add_token_list(TOKENS)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
-    w.add_token_merges(["h e", "l l", "he ll"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-
-    def add(name: str, t: torch.Tensor, qtype: str = "F32") -> None:
-        data = np.ascontiguousarray(t.detach().float().numpy().astype(np.float32))
-        if t.dim() >= 2 and qtype != "F32":
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, data)
-
-    sd = model.state_dict()
-    add("token_embd.weight", sd["model.embed_tokens.weight"], matrix_qtype)
-    add("output_norm.weight", sd["model.norm.weight"])
-    add("output.weight", sd["lm_head.weight"], matrix_qtype)
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        for hf, g in _ATTN.items():
-            qtype = "F32" if "norm" in g or g == "ffn_gate_inp" else matrix_qtype
-            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], qtype)
-            if p + hf + ".bias" in sd:
-                add(f"blk.{i}.{g}.bias", sd[p + hf + ".bias"])
-        add(f"blk.{i}.attn_sinks.weight", sd[p + "self_attn.sinks"])
-        gate_up, bias = sd[p + "mlp.experts.gate_up_proj"], sd[p + "mlp.experts.gate_up_proj_bias"]  # [E, H, 2F]
-        add(f"blk.{i}.ffn_gate_exps.weight", gate_up[..., 0::2].transpose(1, 2), expert_qtype)
-        add(f"blk.{i}.ffn_up_exps.weight", gate_up[..., 1::2].transpose(1, 2), expert_qtype)
-        add(f"blk.{i}.ffn_gate_exps.bias", bias[:, 0::2])
-        add(f"blk.{i}.ffn_up_exps.bias", bias[:, 1::2])
-        add(f"blk.{i}.ffn_down_exps.weight", sd[p + "mlp.experts.down_proj"].transpose(1, 2), expert_qtype)
-        add(f"blk.{i}.ffn_down_exps.bias", sd[p + "mlp.experts.down_proj_bias"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """The model as llama.cpp's converter writes a gpt-oss GGUF (experts split and de-interleaved into 3-D
+    ffn_{gate,up,down}_exps with biases, the router as ffn_gate_inp, sinks as attn_sinks, YaRN and the window as
+    metadata), with the tests' byte-level tokenizer; experts as `expert_qtype`, other matrices as `matrix_qtype`."""
+    return write_model_gguf(model, path, qtype=matrices(matrix_qtype, expert_qtype), pre="gpt-4o")
 
 
 def load_ours(source: str, model, tmp_path: Path, dtype: torch.dtype = torch.float32, **gguf_types) -> GptOssModel:
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = saved_source(model, tmp_path / "hf")
     else:
-        g = GGUFFile(write_gpt_oss_gguf(model, tmp_path / "m.gguf", **gguf_types))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_gpt_oss_gguf(model, tmp_path / "m.gguf", **gguf_types))
     assert config.architecture == "gpt-oss" and decoder_class(config) is GptOssModel
     got = decoder_class(config).from_weights(config, weights, dtype=dtype)
     assert isinstance(got, GptOssModel)
@@ -141,31 +72,12 @@ def load_ours(source: str, model, tmp_path: Path, dtype: torch.dtype = torch.flo
 
 def contiguous_logits(model) -> torch.Tensor:
     """Prefill PROMPT, then decode DECODES tokens one at a time."""
-    c = model.config
-    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
-    kv.advance(len(PROMPT))
-    for p in range(len(PROMPT), len(ids)):
-        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
-        kv.advance(1)
-    return torch.cat(out)
+    return logit_runs.contiguous_logits(model, PROMPT, DECODES)
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
-    """The same through a paged pool (window layers in the window pool): the prompt in two chunks, then single-token
-    decode steps."""
-    c = model.config
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(c, 8, block_size, model.dtype)
-    table = list(range(8))
-    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
-    out = []
-    for a, b in steps:
-        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        attn = PagedKVAttention(pool, meta)
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), attn)))
-    return torch.cat(out)
+    """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size)
 
 
 def reference_logits(model) -> torch.Tensor:
@@ -239,20 +151,13 @@ def test_mxfp4_experts_run_natively(tmp_path: Path) -> None:
 @native
 def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path) -> None:
     from edgeserve.llm import LLM
-    from edgeserve.sampling_params import SamplingParams
 
     path = write_gpt_oss_gguf(hf_gpt_oss(), tmp_path / "g.gguf", expert_qtype="Q8_0", matrix_qtype="Q8_0")
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
     llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
     assert isinstance(llm.lm.model, GptOssModel)
-    together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
-    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
-    assert together == alone and all(len(t) == 8 for t in together)
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
-    assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+    assert_batch_and_chunk_invariant(llm, prompts)
 
 
 def write_mxfp4_checkpoint(model, folder: Path, exponents: tuple[int, int] = (121, 125)) -> None:

@@ -10,6 +10,8 @@ from edgeserve.kernels import cpu_native
 from edgeserve.kernels.experts import BlockExperts, DenseExperts, ExpertBlocks, ExpertGroups
 from edgeserve.models.moe import MoEConfig, MoELayer, SharedExpert, route
 
+from support.gguf_writer import finish
+
 native = pytest.mark.skipif(not cpu_native.available(), reason="native CPU kernels not built")
 
 
@@ -304,10 +306,7 @@ def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path
         else:
             w.add_tensor(f"blk.0.{name}", a)
         stored[name] = torch.from_numpy(np.asarray(a, dtype=np.float64))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     config = ModelConfig("qwen3moe", 32, hidden, 0, 1, 4, 2, 16, 1e-6, 1e4, 64, False, num_experts=e,
                          experts_per_token=k, moe_intermediate_size=f)
     cfg = MoEConfig(e, k, f, "topk_softmax")

@@ -3,10 +3,8 @@ our logits against transformers' through prefill and decode (contiguous cache an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,10 +12,12 @@ from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
+
+from support import logit_runs
+from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,107 +51,29 @@ def hf_model(arch: str):
     return model
 
 
-# HF name -> GGUF name (per layer), as llama.cpp's converter writes them
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
-_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                "post_feedforward_layernorm": "post_ffw_norm"}
-
-
-def write_gguf(model, arch: str, path: Path, q8_0: bool = False, extra=None) -> Path:
-    """The model as a GGUF with llama.cpp's names; `q8_0` stores every matrix as Q8_0 blocks (else float32);
-    `extra(writer)` adds keys or tensors of its own."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(path, arch=arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.hidden_size // c.num_attention_heads if arch == "phi3" else c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}  # transformers 5.x / 4.x
-    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
-    w.add_vocab_size(c.vocab_size)
-    if arch.startswith("gemma"):
-        w.add_sliding_window(c.sliding_window)
-    if arch == "gemma2":
-        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-        w.add_final_logit_softcapping(c.final_logit_softcapping)
-    gemma = arch.startswith("gemma")
-    if extra is not None:
-        extra(w)
-    for name, t in model.state_dict().items():
-        t = t.float()
-        if name == "model.embed_tokens.weight":
-            g = "token_embd.weight"
-        elif name == "model.norm.weight":
-            g = "output_norm.weight"
-        elif name == "lm_head.weight":
-            g = "output.weight"
-        else:
-            _, _, i, rest = name.split(".", 3)
-            base = rest.removesuffix(".weight")
-            table = {**_LAYER, **(_GEMMA_NORMS if gemma else {"post_attention_layernorm": "ffn_norm"})}
-            g = f"blk.{i}.{table[base]}.weight"
-        if gemma and name.endswith("norm.weight"):
-            t = t + 1  # llama.cpp stores Gemma's (1 + w)
-        if q8_0 and t.dim() == 2:
-            kind = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(g, gguf.quants.quantize(t.numpy().astype(np.float32), kind), raw_dtype=kind)
-        else:
-            w.add_tensor(g, t.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def write_gguf(model, arch: str, path: Path, q8_0: bool = False) -> Path:
+    """The model as llama.cpp's converter writes an `arch` GGUF; `q8_0` stores every matrix as Q8_0 blocks (else
+    float32)."""
+    return write_model_gguf(model, path, arch, qtype="Q8_0" if q8_0 else "F32")
 
 
 def ours(arch: str, model, tmp_path: Path, source: str):
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
-        config = config_from_hf(cfg)
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = saved_source(model, tmp_path / "hf")
     else:
-        g = GGUFFile(write_gguf(model, arch, tmp_path / "m.gguf"))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_gguf(model, arch, tmp_path / "m.gguf"))
     assert config.architecture == arch
     return decoder_class(config).from_weights(config, weights, dtype=torch.float32)
 
 
 def contiguous_logits(model) -> torch.Tensor:
-    """Prefill PROMPT then decode DECODES tokens (the reference's next inputs), one at a time."""
-    c = model.config
-    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
-    kv.advance(len(PROMPT))
-    for p in range(len(PROMPT), len(ids)):
-        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
-        kv.advance(1)
-    return torch.cat(out)
+    """Prefill PROMPT, then decode DECODES tokens one at a time."""
+    return logit_runs.contiguous_logits(model, PROMPT, DECODES)
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
-    """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
-    c = model.config
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(c, 8, block_size, torch.float32)
-    table = list(range(8))
-    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
-    out = []
-    for a, b in steps:
-        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
-    return torch.cat(out)
+    """The same through a float32 paged pool: the prompt in two chunks, then single-token decode steps."""
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size, kv_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("source", ["safetensors", "gguf"])

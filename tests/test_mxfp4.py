@@ -5,12 +5,10 @@ BlockWeight or, without the native library, a dense tensor."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, quants
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels import cpu_native
@@ -18,6 +16,8 @@ from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight, bloc
 from edgeserve.loaders.dequant import dequantize
 from edgeserve.loaders.gguf_file import GGUFFile, check_supported_qtype
 from edgeserve.loaders.gguf_weights import GGUFWeights, gguf_blocks
+
+from support.gguf_writer import write_raw_tensors
 
 MXFP4 = GGMLQuantizationType.MXFP4
 VARIANTS = cpu_native.supported_variants()
@@ -48,17 +48,6 @@ def reference(x: torch.Tensor, data: np.ndarray, cols: int) -> torch.Tensor:
     return x.double() @ w.T
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType]]) -> Path:
-    writer = GGUFWriter(path, arch="llama")
-    for name, (data, qtype) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module", params=VARIANTS)
 def lib(request):
     return cpu_native.load(request.param)
@@ -84,7 +73,7 @@ def test_every_exponent_byte_and_code_dequantizes_as_gguf_does():
 def test_quantized_floats_round_trip_through_a_gguf_file(tmp_path):
     values = np.random.default_rng(1).standard_normal((6, 96)).astype(np.float32)
     data = quants.quantize(values, MXFP4)
-    f = GGUFFile(write_gguf(tmp_path / "m.gguf", {"w": (data, MXFP4)}))
+    f = GGUFFile(write_raw_tensors(tmp_path / "m.gguf", {"w": (data, "MXFP4")}))
     info = f.tensor_info("w")
     assert (info.qtype, info.shape) == ("MXFP4", (6, 96))
     check_supported_qtype(info.qtype, "w")  # accepted, no error
@@ -97,7 +86,7 @@ def test_a_3d_expert_stack_loads_whole_and_one_expert_at_a_time(tmp_path):
     gen = np.random.default_rng(2)
     experts, rows, cols = 3, 5, 64
     data = mxfp4_blocks(experts * rows, cols, gen).reshape(experts, rows, cols // 32 * 17)
-    f = GGUFFile(write_gguf(tmp_path / "e.gguf", {"blk.0.ffn_down_exps.weight": (data, MXFP4)}))
+    f = GGUFFile(write_raw_tensors(tmp_path / "e.gguf", {"blk.0.ffn_down_exps.weight": (data, "MXFP4")}))
     assert f.tensor_info("blk.0.ffn_down_exps.weight").shape == (experts, rows, cols)
     whole = f.load_tensor("blk.0.ffn_down_exps.weight")
     assert whole.shape == (experts, rows, cols)
@@ -237,7 +226,7 @@ def test_block_weight_over_a_gguf_source_and_the_dense_fallback(tmp_path, monkey
     gen = np.random.default_rng(9)
     rows, cols = 24, 96
     data = mxfp4_blocks(rows, cols, gen)
-    path = write_gguf(tmp_path / "w.gguf", {"blk.0.ffn_down.weight": (data, MXFP4),
+    path = write_raw_tensors(tmp_path / "w.gguf", {"blk.0.ffn_down.weight": (data, MXFP4),
                                             "blk.0.ffn_gate_exps.weight": (np.stack([data, data]), MXFP4)})
     source = GGUFWeights(GGUFFile(path), n_heads=2, n_kv_heads=1)
     assert source.stored_quantized() == ["MXFP4"]

@@ -39,19 +39,6 @@ def phi3(longrope: bool, factor: float = 0.75):
     return model
 
 
-def _gguf_keys(longrope: bool, factor: float = 0.75):
-    """What llama.cpp's converter adds for a partial-RoPE (and longrope) Phi-3."""
-    import numpy as np
-
-    def add(w) -> None:
-        w.add_rope_dimension_count(int(HEAD * factor))
-        if longrope:
-            w.add_rope_scaling_orig_ctx_len(32)
-            w.add_tensor("rope_factors_short.weight", np.array(SHORT, dtype=np.float32))
-            w.add_tensor("rope_factors_long.weight", np.full(len(SHORT), 2.0, dtype=np.float32))
-    return add
-
-
 def paged_logits(model, block_size: int = 4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Prefill PROMPT in two chunks through a paged pool of `dtype`, then decode DECODES tokens one at a time."""
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
@@ -80,7 +67,7 @@ def load(model, source: str, tmp_path: Path, longrope: bool, factor: float = 0.7
     from edgeserve.models.config import config_from_gguf
     from edgeserve.models.decoders import decoder_class
 
-    g = GGUFFile(write_gguf(model, "phi3", tmp_path / "p.gguf", extra=_gguf_keys(longrope, factor)))
+    g = GGUFFile(write_gguf(model, "phi3", tmp_path / "p.gguf"))
     config = config_from_gguf(g.metadata, set(g.tensor_names()))
     return decoder_class(config).from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads),
                                               dtype=torch.float32)
@@ -125,7 +112,7 @@ def test_q8_0_blocks_run_natively_with_partial_rope(tmp_path: Path) -> None:
 
     if cpu_native.library() is None:
         pytest.skip("native CPU kernels not built here")
-    g = GGUFFile(write_gguf(phi3(True), "phi3", tmp_path / "q8.gguf", q8_0=True, extra=_gguf_keys(True)))
+    g = GGUFFile(write_gguf(phi3(True), "phi3", tmp_path / "q8.gguf", q8_0=True))
     config = config_from_gguf(g.metadata, set(g.tensor_names()))
 
     def run(dtype):

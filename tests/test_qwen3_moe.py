@@ -11,24 +11,23 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
-from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
 from edgeserve.models.archs.qwen3moe.model import MoEModel
 
-from tiny_gguf import byte_vocab
+from support import logit_runs
+from support.engine_checks import assert_batch_and_chunk_invariant
+from support.gguf_vocab import TOKENS
+from support.gguf_writer import finish, matrices, write_model_gguf
+from support.model_sources import folder_source, gguf_source
 
 transformers = pytest.importorskip("transformers")
 
-TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + byte_vocab() + ["he", "ll", "hell"]
 VOCAB, HIDDEN, EXPERTS, TOP_K, EXPERT_FFN = len(TOKENS), 64, 8, 2, 32
 PROMPT = [1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250]
 DECODES = 5
@@ -49,66 +48,10 @@ def hf_moe():
     return model
 
 
-_ATTN = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
-
-
 def write_moe_gguf(model, path: Path, expert_qtype: str = "F32", matrix_qtype: str = "F32") -> Path:
-    """The model as a qwen3moe GGUF with llama.cpp's names (experts as 3-D ffn_{gate,up,down}_exps) and a
-    byte-level tokenizer; experts stored as `expert_qtype`, the other matrices as `matrix_qtype`."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(str(path), arch="qwen3moe")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    w.add_expert_count(c.num_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
-    w.add_token_merges(["h e", "l l", "he ll"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-
-    def add(name: str, t: torch.Tensor, qtype: str) -> None:
-        data = t.detach().float().numpy().astype(np.float32)
-        if t.dim() >= 2 and qtype != "F32":
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, data)
-
-    sd = model.state_dict()
-    add("token_embd.weight", sd["model.embed_tokens.weight"], matrix_qtype)
-    add("output_norm.weight", sd["model.norm.weight"], "F32")
-    add("output.weight", sd["lm_head.weight"], matrix_qtype)
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        for hf, g in _ATTN.items():
-            add(f"blk.{i}.{g}.weight", sd[p + hf + ".weight"], "F32" if hf == "mlp.gate" else matrix_qtype)
-        experts = model.model.layers[i].mlp.experts
-        gate, up = experts.gate_up_proj.chunk(2, dim=1)  # [E, F, H] each
-        add(f"blk.{i}.ffn_gate_exps.weight", gate, expert_qtype)
-        add(f"blk.{i}.ffn_up_exps.weight", up, expert_qtype)
-        add(f"blk.{i}.ffn_down_exps.weight", experts.down_proj, expert_qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """The model as llama.cpp's converter writes a qwen3moe GGUF (experts as 3-D ffn_{gate,up,down}_exps), with the
+    tests' byte-level tokenizer; experts stored as `expert_qtype`, the other matrices as `matrix_qtype`."""
+    return write_model_gguf(model, path, qtype=matrices(matrix_qtype, expert_qtype), pre="qwen2")
 
 
 def fuse_experts(folder: Path) -> None:
@@ -132,41 +75,21 @@ def load_ours(source: str, model, tmp_path: Path, dtype: torch.dtype = torch.flo
         model.save_pretrained(tmp_path / "hf")
         if source == "safetensors-fused":
             fuse_experts(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        weights = HFFolder(tmp_path / "hf").weights()
+        config, weights = folder_source(tmp_path / "hf")
     else:
-        g = GGUFFile(write_moe_gguf(model, tmp_path / "m.gguf", **gguf_types))
-        config = config_from_gguf(g.metadata, set(g.tensor_names()))
-        weights = GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        config, weights = gguf_source(write_moe_gguf(model, tmp_path / "m.gguf", **gguf_types))
     assert config.architecture == "qwen3moe" and decoder_class(config) is MoEModel
     return decoder_class(config).from_weights(config, weights, dtype=dtype)
 
 
 def contiguous_logits(model) -> torch.Tensor:
     """Prefill PROMPT, then decode DECODES tokens one at a time."""
-    c = model.config
-    kv = ContiguousKV(c.num_layers, 32, c.num_kv_heads, c.head_dim, torch.float32)
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    out = [model.logits(model.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv))]
-    kv.advance(len(PROMPT))
-    for p in range(len(PROMPT), len(ids)):
-        out.append(model.logits(model.forward(torch.tensor([ids[p]]), torch.tensor([p]), kv)))
-        kv.advance(1)
-    return torch.cat(out)
+    return logit_runs.contiguous_logits(model, PROMPT, DECODES)
 
 
 def paged_logits(model, block_size: int = 4) -> torch.Tensor:
     """The same through a paged pool: the prompt in two chunks, then single-token decode steps."""
-    c = model.config
-    ids = PROMPT + list(range(40, 40 + DECODES))
-    pool = KVPool(c, 8, block_size, model.dtype)
-    table = list(range(8))
-    steps = [(0, 5), (5, len(PROMPT))] + [(p, p + 1) for p in range(len(PROMPT), len(ids))]
-    out = []
-    for a, b in steps:
-        meta = AttentionMetadata.build([b - a], [b], [table], list(range(a, b)))
-        out.append(model.logits(model.forward(torch.tensor(ids[a:b]), torch.arange(a, b), PagedKVAttention(pool, meta))))
-    return torch.cat(out)
+    return logit_runs.paged_logits(model, PROMPT, DECODES, block_size)
 
 
 def test_config_reads_the_moe_fields(tmp_path: Path) -> None:
@@ -194,10 +117,7 @@ def test_experts_in_other_architectures_are_refused_by_name(tmp_path: Path) -> N
         w.add_uint32(f"llama.{key}", value)
     w.add_vocab_size(32)
     w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     g = GGUFFile(tmp_path / "mixtral.gguf")
     with pytest.raises(UnsupportedModelError, match="'llama' models with experts"):
         config_from_gguf(g.metadata, set(g.tensor_names()))
@@ -260,22 +180,15 @@ def test_block_experts_run_natively_from_the_mmap(expert_qtype: str, tmp_path: P
 @pytest.mark.parametrize("repack", ["0", "1"])
 def test_engine_outputs_do_not_depend_on_batching_or_chunking(tmp_path: Path, monkeypatch, repack: str) -> None:
     from edgeserve.llm import LLM
-    from edgeserve.sampling_params import SamplingParams
 
     monkeypatch.setenv("EDGESERVE_MOE_REPACK", repack)
     path = write_moe_gguf(hf_moe(), tmp_path / "q.gguf", expert_qtype="Q4_0", matrix_qtype="Q8_0")
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 23, 40, 71)]
     llm = LLM(str(path), dtype="bfloat16", device="cpu", kv_cache_gb=0.01, enable_prefix_caching=False)
     experts = llm.lm.model.layers[0].moe.gate_up
     assert isinstance(experts, BlockExperts) and experts.parts[0].qtype.endswith("_X8") == (repack == "1")
-    together = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy)]
-    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
-    assert together == alone and all(len(t) == 8 for t in together)
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert chunked.generate([prompts[3]], greedy)[0].outputs[0].token_ids == alone[3]
-    assert chunked.engine.stats().num_steps >= len(prompts[3]) // 16 + 7
+    assert_batch_and_chunk_invariant(llm, prompts)
 
 
 def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:

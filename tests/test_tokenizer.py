@@ -26,6 +26,8 @@ from edgeserve.loaders.tokenizer import (
     tokenizer_from_hf_folder,
 )
 
+from support.gguf_writer import finish
+
 CORPUS = [
     "Hello, world!",
     "The quick brown fox jumps over the lazy dog.",
@@ -264,10 +266,7 @@ def spm(tmp_path_factory):
     w.add_eos_token_id(sp.eos_id())
     w.add_unk_token_id(sp.unk_id())
     w.add_tensor("token_embd.weight", np.zeros((n, 8), dtype=np.float32))  # transformers wants one tensor
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return sp, path
 
 

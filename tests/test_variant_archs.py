@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
-from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import ModelConfig, config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
+
+from support.gguf_writer import write_model_gguf
+from support.model_sources import gguf_source, saved_source
 
 transformers = pytest.importorskip("transformers")
 from test_more_archs import COMMON, DECODES, PROMPT, contiguous_logits, paged_logits  # noqa: E402
@@ -24,8 +25,6 @@ IDS = PROMPT + list(range(40, 40 + DECODES))
 ARCHS = ["smollm3", "olmo2", "olmo3", "olmo3-yarn", "mistral3", "mistral3-vl", "granite", "qwen3vl"]
 # our architecture name (GGUF general.architecture) of each case
 GGUF_ARCH = {"olmo3": "olmo2", "olmo3-yarn": "olmo2", "mistral3-vl": "mistral3"}
-# llama.cpp's converter permutes Q/K rows for these (its LlamaModel subclasses)
-PERMUTED = ("smollm3", "mistral3", "mistral3-vl", "granite")
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
@@ -77,116 +76,19 @@ def hf_model(case: str):
 
 HIDDEN_OUT = COMMON["hidden_size"]
 
-# HF name -> GGUF name (per layer), as llama.cpp's converter writes them
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "post_attention_layernorm": "ffn_norm"}
-_OLMO_NORMS = {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}
-
-
-def llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """llama.cpp's LlamaModel.permute: each head's rotate-half pairs interleaved."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def text_state(model) -> dict[str, torch.Tensor]:
-    """The language model's tensors under the text model's names (`model.layers...`, `lm_head`)."""
-    out = {}
-    for name, t in model.state_dict().items():
-        if "visual" in name or "vision_tower" in name or "multi_modal_projector" in name:
-            continue
-        for theirs, ours in (("model.language_model.", "model."), ("language_model.model.", "model."),
-                             ("language_model.lm_head.", "lm_head.")):
-            name = name.replace(theirs, ours)
-        out[name] = t
-    return out
-
 
 def write_gguf(model, case: str, path: Path, q8_0: bool = False, drop: str | None = None) -> Path:
-    """The model as a GGUF with llama.cpp's names and keys for `case` (`q8_0`: matrices as Q8_0 blocks; `drop`: a
+    """The model as llama.cpp's converter writes a GGUF of `case` (`q8_0`: matrices as Q8_0 blocks; `drop`: a
     tensor left out)."""
-    import gguf
-
-    arch = GGUF_ARCH.get(case, case)
-    c = model.config.get_text_config()
-    rope = c.rope_parameters
-    w = gguf.GGUFWriter(path, arch=arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
-    w.add_vocab_size(c.vocab_size)
-    if case.startswith("olmo3"):
-        w.add_sliding_window(c.sliding_window)
-        w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
-        full = rope["full_attention"]
-        if full.get("rope_type") == "yarn":  # as llama.cpp's Olmo2Model writes it
-            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            w.add_rope_scaling_factor(full["factor"])
-            w.add_rope_scaling_attn_factors(full["attention_factor"])
-            w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
-    if arch == "mistral3":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rope["factor"])
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
-        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
-    if case == "granite":
-        w.add_embedding_scale(c.embedding_multiplier)
-        w.add_residual_scale(c.residual_multiplier)
-        w.add_attention_scale(c.attention_multiplier)
-        w.add_logit_scale(c.logits_scaling)
-    if case == "qwen3vl":
-        w.add_rope_dimension_sections(list(rope["mrope_section"]) + [0])
-        w.add_num_deepstack_layers(1)
-    olmo = arch == "olmo2"
-    for name, t in text_state(model).items():
-        t = t.float()
-        if name == "model.embed_tokens.weight":
-            g = "token_embd.weight"
-        elif name == "model.norm.weight":
-            g = "output_norm.weight"
-        elif name == "lm_head.weight":
-            g = "output.weight"
-        else:
-            _, _, i, rest = name.split(".", 3)
-            base = rest.removesuffix(".weight")
-            g = f"blk.{i}.{({**_LAYER, **_OLMO_NORMS} if olmo else _LAYER)[base]}.weight"
-            if case in PERMUTED and base in ("self_attn.q_proj", "self_attn.k_proj"):
-                heads = c.num_attention_heads if base == "self_attn.q_proj" else c.num_key_value_heads
-                t = llama_cpp_permute(t, heads)
-        if g == drop:
-            continue
-        if q8_0 and t.dim() == 2:
-            kind = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(g, gguf.quants.quantize(t.numpy().astype(np.float32), kind), raw_dtype=kind)
-        else:
-            w.add_tensor(g, t.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_model_gguf(model, path, GGUF_ARCH.get(case, case), qtype="Q8_0" if q8_0 else "F32",
+                            drop=(drop,) if drop else ())
 
 
 def load_config(model, case: str, tmp_path: Path, source: str):
     """Our config and weights of `model` from an HF folder or a GGUF file."""
     if source == "safetensors":
-        model.save_pretrained(tmp_path / "hf")
-        config = config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
-        return config, HFFolder(tmp_path / "hf").weights()
-    g = GGUFFile(write_gguf(model, case, tmp_path / "m.gguf"))
-    config = config_from_gguf(g.metadata, set(g.tensor_names()))
-    return config, GGUFWeights(g, config.num_heads, config.num_kv_heads)
+        return saved_source(model, tmp_path / "hf")
+    return gguf_source(write_gguf(model, case, tmp_path / "m.gguf"))
 
 
 def reference_logits(model) -> torch.Tensor:

@@ -15,6 +15,7 @@ from edgeserve.engine.model_runner import image_rows
 from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.vision.family import load_vision
+from support import mmproj_writer
 from vision_helpers import picture, tiny_gemma3
 
 transformers = pytest.importorskip("transformers")
@@ -63,46 +64,15 @@ def test_encoder_matches_transformers(family, hf_model):
 
 def write_mmproj(path, hf_model) -> None:
     """The model's tower and projector as llama.cpp's converter writes an mmproj (clip.cpp's names)."""
-    import gguf
-
     sd = {k: v.float().numpy() for k, v in hf_model.state_dict().items()}
-    v, vc = "model.vision_tower.", hf_model.config.vision_config
+    v = "model.vision_tower."
     if v + "embeddings.patch_embedding.weight" not in sd:
         v = "model.vision_tower.vision_model."
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("clip.projector_type", "gemma3")
-    w.add_bool("clip.has_vision_encoder", True)
-    for key, value in (("embedding_length", vc.hidden_size), ("feed_forward_length", vc.intermediate_size),
-                       ("block_count", vc.num_hidden_layers), ("attention.head_count", vc.num_attention_heads),
-                       ("image_size", vc.image_size), ("patch_size", vc.patch_size)):
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", vc.layer_norm_eps)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_uint32("clip.vision.projector.scale_factor", 4)
-    w.add_bool("clip.use_gelu", True)
-    names = {"embeddings.patch_embedding": "v.patch_embd", "embeddings.position_embedding": "v.position_embd",
-             "post_layernorm": "v.post_ln"}
-    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up",
-                 "mlp.fc2": "ffn_down"}
-    for name, t in sd.items():
-        if not name.startswith(v) or ".head." in name:
-            continue
-        rest, kind = name[len(v):].rsplit(".", 1)
-        if rest.startswith("encoder.layers."):
-            i, sub = rest[len("encoder.layers."):].split(".", 1)
-            out = f"v.blk.{i}.{per_layer[sub]}.{kind}"
-        else:
-            out = f"{names[rest]}.{kind}"
-        w.add_tensor(out, t.astype(np.float16) if t.ndim == 2 else t)
     proj = "model.multi_modal_projector."
-    w.add_tensor("mm.input_projection.weight", sd[proj + "mm_input_projection_weight"].astype(np.float16))
-    w.add_tensor("mm.soft_emb_norm.weight", sd[proj + "mm_soft_emb_norm.weight"] + 1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    projector = {"mm.input_projection.weight": sd[proj + "mm_input_projection_weight"].astype(np.float16),
+                 "mm.soft_emb_norm.weight": sd[proj + "mm_soft_emb_norm.weight"] + 1}
+    mmproj_writer.write_mmproj(path, sd, v, hf_model.config.vision_config, "gemma3", projector,
+                               {"projector.scale_factor": 4}, f16_matrices=True)
 
 
 def test_encoder_from_an_mmproj_gguf(tmp_path, family, hf_model):

@@ -17,6 +17,7 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.vision.family import load_vision
 from edgeserve.vision.prompt import image_mark, image_prompt
+from support import mmproj_writer
 from vision_helpers import picture, tiny_smolvlm
 
 transformers = pytest.importorskip("transformers")
@@ -91,40 +92,10 @@ def test_encoder_matches_transformers(family, hf_model, processor):
 
 def write_mmproj(path, hf_model, longest: int) -> None:
     """The tower and connector as llama.cpp's converter writes a SmolVLM mmproj."""
-    import gguf
-
     sd = {k: v.float().numpy() for k, v in hf_model.state_dict().items()}
-    v, vc = "model.vision_model.", hf_model.config.vision_config
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_string("clip.projector_type", "idefics3")
-    for key, value in (("embedding_length", vc.hidden_size), ("feed_forward_length", vc.intermediate_size),
-                       ("block_count", vc.num_hidden_layers), ("attention.head_count", vc.num_attention_heads),
-                       ("image_size", vc.image_size), ("patch_size", vc.patch_size),
-                       ("projector.scale_factor", 2), ("preproc_image_size", longest)):
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", vc.layer_norm_eps)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_bool("clip.use_gelu", True)
-    names = {"embeddings.patch_embedding": "v.patch_embd", "embeddings.position_embedding": "v.position_embd",
-             "post_layernorm": "v.post_ln"}
-    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up",
-                 "mlp.fc2": "ffn_down"}
-    for name, t in sd.items():
-        if not name.startswith(v):
-            continue
-        rest, kind = name[len(v):].rsplit(".", 1)
-        if rest.startswith("encoder.layers."):
-            i, sub = rest[len("encoder.layers."):].split(".", 1)
-            w.add_tensor(f"v.blk.{i}.{per_layer[sub]}.{kind}", t)
-        else:
-            w.add_tensor(f"{names[rest]}.{kind}", t)
-    w.add_tensor("mm.model.fc.weight", sd["model.connector.modality_projection.proj.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    projector = {"mm.model.fc.weight": sd["model.connector.modality_projection.proj.weight"]}
+    mmproj_writer.write_mmproj(path, sd, "model.vision_model.", hf_model.config.vision_config, "idefics3", projector,
+                               {"projector.scale_factor": 2, "preproc_image_size": longest})
 
 
 def test_encoder_from_an_mmproj_gguf(tmp_path, family, hf_model):

@@ -6,19 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def byte_vocab() -> list[str]:
-    """The 256 GPT-2 byte-level symbols, in byte order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
+from support.gguf_vocab import byte_vocab
+from support.gguf_writer import finish
 
 
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
@@ -93,10 +82,7 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
             w.add_float32(key, values)
         else:
             w.add_array(key, values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     if split_max_tensors:
         return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))[0]
     return path
