@@ -9,19 +9,20 @@ decoder folder (Qwen3-Embedding, EmbeddingGemma), or a causal LM published as a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from edgeserve.memory import load_allocations
 
 
-def gguf_kind(metadata: Mapping[str, Any]) -> str | None:
-    """What a GGUF serves besides text: "rerank" (pooling type rank), "embedding" (an encoder, or a decoder whose
-    metadata names a pooling), or None for a text model."""
+def gguf_kind(metadata: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> str | None:
+    """What a GGUF serves besides text: "rerank" (pooling type rank, or an encoder with a classification head among
+    `tensor_names` and no pooling named), "embedding" (an encoder, or a decoder whose metadata names a pooling), or
+    None for a text model."""
     from edgeserve.models.decoder_embed import gguf_pooling
     from edgeserve.models.decoder_rerank import is_decoder_reranker
-    from edgeserve.models.gguf_encoder import is_gguf_encoder
+    from edgeserve.models.gguf_encoder import is_gguf_encoder, is_gguf_reranker
 
-    if is_decoder_reranker(metadata):  # pooling type rank, encoder or decoder
+    if is_decoder_reranker(metadata) or is_gguf_reranker(metadata, tensor_names):  # pooling type rank, or a head
         return "rerank"
     return "embedding" if gguf_pooling(metadata) is not None or is_gguf_encoder(metadata) else None
 
@@ -44,7 +45,8 @@ def is_embedding_source(source: Any) -> bool:
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile
 
-        return gguf_kind(GGUFFile(source.path).metadata) is not None
+        g = GGUFFile(source.path)
+        return gguf_kind(g.metadata, g.tensor_names()) is not None
     return source.kind == "hf" and folder_kind(source.path) is not None
 
 
