@@ -187,19 +187,39 @@ def llama_server(case: EncoderCase, binary: Path, gguf: Path, flash: str) -> tup
         stop_server(server)
 
 
-def row(case: EncoderCase, engine: str, got: torch.Tensor, ref: torch.Tensor) -> str:
+def row(case: EncoderCase, outtype: str, engine: str, got: torch.Tensor, ref: torch.Tensor) -> str:
     """One report row: an engine's distance from the reference."""
     if case.kind == "rerank":
         same = got.argsort(descending=True).tolist() == ref.argsort(descending=True).tolist()
-        return (f"| {case.name} | {engine} | max abs score diff {(got - ref).abs().max().item():.5f} "
+        return (f"| {case.name} | {outtype} | {engine} | max abs score diff {(got - ref).abs().max().item():.5f} "
                 f"(scores {ref.min().item():.2f} .. {ref.max().item():.2f}) | ranking {'same' if same else 'differs'} |")
     cos = F.cosine_similarity(got.double(), ref.double(), dim=-1).min().item()
-    return (f"| {case.name} | {engine} | min cosine {cos:.7f}, max abs component diff "
+    return (f"| {case.name} | {outtype} | {engine} | min cosine {cos:.7f}, max abs component diff "
             f"{(got - ref).abs().max().item():.2e} | |")
 
 
-def run_case(case: EncoderCase, layers: int, work: Path, binary: Path) -> None:
-    """Print the case's rows (and the token-id check)."""
+def with_file_weights(model, gguf: Path) -> None:
+    """`model`'s weights replaced by the GGUF's dequantized values (so a 16-bit or quantized file's rounding is not
+    counted, only the engines' compute): names mapped back through edgeserve's encoder names, RoBERTa's first
+    pad_token_id + 1 position rows (which the converter cut) kept."""
+    from edgeserve.loaders.gguf_file import GGUFFile
+    from edgeserve.models.gguf_encoder import encoder_name
+
+    params = dict(model.named_parameters())
+    prefix = "roberta." if "roberta.embeddings.word_embeddings.weight" in params else ""
+    g = GGUFFile(gguf)
+    with torch.no_grad():
+        for name in g.tensor_names():
+            ours = encoder_name(name)
+            if ours is None:
+                continue
+            p = params[ours if ours.startswith("classifier.") else prefix + ours]
+            value = g.load_tensor(name, torch.float32).reshape(-1, *p.shape[1:])
+            p[p.shape[0] - value.shape[0]:] = value
+
+
+def run_case(case: EncoderCase, layers: int, outtypes: list[str], work: Path, binary: Path) -> None:
+    """Print the case's rows for each file type (and the token-id check)."""
     from transformers import AutoTokenizer
 
     tok_dir = work / "xlmr-tokenizer"
@@ -207,25 +227,28 @@ def run_case(case: EncoderCase, layers: int, work: Path, binary: Path) -> None:
         xlmr_tokenizer_folder(tok_dir)
     folder = work / f"{case.name}-{layers}l"
     model = build(case, layers, tok_dir, folder)
-    gguf = work / f"{case.name}-{layers}l.f32.gguf"
-    if not gguf.exists():
-        convert(folder, gguf, outtype="f32")
-    ref_ids, ref = reference(case, model, AutoTokenizer.from_pretrained(str(folder)))
-    del model
-    our_ids, got = ours(case, gguf)
-    assert our_ids == ref_ids, "edgeserve tokenizes differently from the checkpoint's tokenizer"
-    print(row(case, "edgeserve (dtype auto)", got, ref), flush=True)
-    for flash in ("auto", "off"):
-        ll_ids, ll = llama_server(case, binary, gguf, flash)
-        if ll_ids != ref_ids:
-            print(f"| {case.name} | llama-server | token ids differ from the reference's |", flush=True)
-        print(row(case, f"llama-server -fa {flash}", ll, ref), flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    for outtype in outtypes:
+        gguf = work / f"{case.name}-{layers}l.{outtype}.gguf"
+        if not gguf.exists():
+            convert(folder, gguf, outtype=outtype)
+        with_file_weights(model, gguf)
+        ref_ids, ref = reference(case, model, tokenizer)
+        our_ids, got = ours(case, gguf)
+        assert our_ids == ref_ids, "edgeserve tokenizes differently from the checkpoint's tokenizer"
+        print(row(case, outtype, "edgeserve (dtype auto)", got, ref), flush=True)
+        for flash in ("auto", "off"):
+            ll_ids, ll = llama_server(case, binary, gguf, flash)
+            if ll_ids != ref_ids:
+                print(f"| {case.name} | {outtype} | llama-server | token ids differ from the reference's |")
+            print(row(case, outtype, f"llama-server -fa {flash}", ll, ref), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--outtypes", default="f32,f16,q8_0", help="the converter's --outtype for each file")
     ap.add_argument("--llama-server", default=str(BUILD / "llama-server"))
     ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
     args = ap.parse_args(argv)
@@ -235,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        print("| shape | engine | vs transformers float32 | |\n| --- | --- | --- | --- |")
+        print("| shape | file | engine | vs transformers float32 on the file's weights | |\n"
+              "| --- | --- | --- | --- | --- |")
         for name in args.cases.split(","):
-            run_case(CASES[name], args.layers, work, binary)
+            run_case(CASES[name], args.layers, args.outtypes.split(","), work, binary)
     return 0
 
 
