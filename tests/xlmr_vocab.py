@@ -44,13 +44,14 @@ def xlmr_sentencepiece() -> bytes:
     return model.SerializeToString()
 
 
-def xlmr_tokenizer_folder(dest: Path) -> Path:
-    """`dest` with XLM-R's tokenizer files: sentencepiece.bpe.model, and the tokenizer.json / tokenizer_config.json
-    transformers' XLMRobertaTokenizer saves of it."""
+def xlmr_tokenizer_folder(dest: Path, spm: bytes | None = None) -> Path:
+    """`dest` with an XLM-R tokenizer's files: sentencepiece.bpe.model (XLM-R's own unless `spm`, a Unigram model, is
+    given), and the tokenizer.json / tokenizer_config.json transformers' XLMRobertaTokenizer saves of it; its
+    vocabulary is the model's pieces + 2 (`<pad>`, `<mask>`)."""
     from transformers import AutoTokenizer
 
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "sentencepiece.bpe.model").write_bytes(xlmr_sentencepiece())
+    (dest / "sentencepiece.bpe.model").write_bytes(xlmr_sentencepiece() if spm is None else spm)
     (dest / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer",
                                                             "model_max_length": 8192}))
     AutoTokenizer.from_pretrained(str(dest)).save_pretrained(dest)
