@@ -13,7 +13,8 @@ converter wrote, then L2-normalized, as served) to float32 noise, and tokenize a
   key LayerNorms): transformers has no class for it (the checkpoints run as remote code, which nothing here may
   fetch), so the folder holds the real checkpoint's config.json and tensor names and the reference is
   tests/encoder_references.py's float64 code written from the published definition.
-edgeserve loads neither from a Hugging Face folder (refused with a one-line reason; the converted GGUF is the way in).
+edgeserve loads the nomic-bert folder too (models/nomic_folder.py; also under transformers' own tensor names); a
+jina-bert-v2 folder is refused with a one-line reason (the converted GGUF is the way in).
 XLM-RoBERTa (bge-m3, bge-reranker-v2-m3) is in test_converter_parity_xlmr.py."""
 
 from __future__ import annotations
@@ -148,6 +149,14 @@ def _embed_gguf(gguf: Path, folder: Path):
     return seqs, lm.embed(seqs)
 
 
+def _load_folder(folder: Path):
+    """The Hugging Face folder as the server loads an embedding model (float32)."""
+    from edgeserve.models.embedders import load_embedding_model
+    from edgeserve.registry import resolve
+
+    return load_embedding_model(resolve(str(folder)), dtype="float32")
+
+
 def _folder_refused(folder: Path) -> None:
     """Loading the Hugging Face folder itself is a one-line refusal naming why."""
     from edgeserve.errors import UnsupportedModelError
@@ -175,7 +184,41 @@ def test_converted_nomic_bert_embeds_as_transformers(tmp_path, minilm):
     assert (got - want).abs().max().item() < 1e-5
     exact = torch.stack([nomic_reference(sd, ids, heads, layers, base, 1e-12) for ids in seqs]).float()
     assert (want - exact).abs().max().item() < 1e-5
-    _folder_refused(folder)
+    lm = _load_folder(folder)
+    assert (lm.config.pooling, lm.config.normalize, lm.config.rope_theta) == ("mean", True, base)
+    assert [lm.encode(t)[0] for t in TEXTS] == seqs
+    assert (lm.embed(seqs) - want).abs().max().item() < 1e-5
+
+
+def test_nomic_folder_under_transformers_names(tmp_path, minilm):
+    """A folder with transformers 5's own NomicBertModel names (separate q / k / v projections, up / gate / down)
+    loads as the published layout does; an unsupported variant (experts) is refused naming the field."""
+    from safetensors.torch import load_file, save_file
+
+    from edgeserve.errors import UnsupportedModelError
+
+    sd = nomic_state(32, 2, 48, 30522)
+    cfg = nomic_config(32, 2, 4, 48, 30522, 1000.0)
+    folder = remote_code_folder(minilm, tmp_path / "nomic", cfg, sd)
+    names = {"encoder.layers.": "layers.", "emb_ln": "embeddings.LayerNorm", "attn.out_proj": "self_attn.o_proj",
+             "fc11": "up_proj", "fc12": "gate_proj", "fc2": "down_proj", "norm1": "post_attention_layernorm",
+             "norm2": "post_mlp_layernorm"}
+    native = {}
+    for k, v in load_file(folder / "model.safetensors").items():
+        for a, b in names.items():
+            k = k.replace(a, b)
+        if k.endswith("attn.Wqkv.weight"):
+            for part, w in zip("qkv", v.chunk(3)):
+                native[k.replace("attn.Wqkv", f"self_attn.{part}_proj")] = w.contiguous()
+        else:
+            native[k] = v
+    other = remote_code_folder(minilm, tmp_path / "native", cfg, {})
+    save_file(native, other / "model.safetensors", metadata={"format": "pt"})
+    ids = [_load_folder(folder).encode(t)[0] for t in TEXTS]
+    assert torch.equal(_load_folder(other).embed(ids), _load_folder(folder).embed(ids))
+    (other / "config.json").write_text(json.dumps(dict(cfg, moe_every_n_layers=2)))
+    with pytest.raises(UnsupportedModelError, match="moe_every_n_layers"):
+        _load_folder(other)
 
 
 @pytest.mark.parametrize("heads, qk_norm", [(4, False), (6, True)])
