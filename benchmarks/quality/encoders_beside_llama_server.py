@@ -123,6 +123,21 @@ def build(case: EncoderCase, layers: int, tokenizer: Path, folder: Path):
     return model
 
 
+def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU as llama.cpp's CPU backend computes `ggml_gelu` (GGML_GELU_FP16): the tanh approximation, looked up in
+    a table indexed by the input rounded to float16 and holding float16 values; x itself at or above 10, 0 at or
+    below -10."""
+    y = F.gelu(x.half().float(), approximate="tanh").half().float()
+    return torch.where(x >= 10, x, torch.where(x <= -10, torch.zeros_like(x), y))
+
+
+def with_gelu(model, act) -> None:
+    """Every layer's feed-forward activation of a transformers XLM-R model set to `act`."""
+    body = model.roberta if hasattr(model, "roberta") else model
+    for layer in body.encoder.layer:
+        layer.intermediate.intermediate_act_fn = act
+
+
 def reference(case: EncoderCase, model, tokenizer) -> tuple[list[list[int]], torch.Tensor]:
     """The reference's token ids and outputs: pair scores [8] or normalized embeddings [8, hidden]."""
     if case.kind == "rerank":
@@ -237,11 +252,16 @@ def run_case(case: EncoderCase, layers: int, outtypes: list[str], work: Path, bi
         our_ids, got = ours(case, gguf)
         assert our_ids == ref_ids, "edgeserve tokenizes differently from the checkpoint's tokenizer"
         print(row(case, outtype, "edgeserve (dtype auto)", got, ref), flush=True)
+        with_gelu(model, ggml_gelu)
+        _, ref_ggml = reference(case, model, tokenizer)
+        with_gelu(model, torch.nn.GELU())
         for flash in ("auto", "off"):
             ll_ids, ll = llama_server(case, binary, gguf, flash)
             if ll_ids != ref_ids:
                 print(f"| {case.name} | {outtype} | llama-server | token ids differ from the reference's |")
             print(row(case, outtype, f"llama-server -fa {flash}", ll, ref), flush=True)
+            print(row(case, outtype, f"llama-server -fa {flash} vs the reference with ggml's GELU", ll, ref_ggml),
+                  flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
