@@ -15,7 +15,8 @@ def nomic_state(hidden: int, layers: int, ffn: int, vocab: int, seed: int = 0) -
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
     sd = {"embeddings.word_embeddings.weight": r(vocab, hidden),
-          "embeddings.token_type_embeddings.weight": r(2, hidden), "emb_ln.weight": 1 + r(hidden), "emb_ln.bias": r(hidden)}
+          "embeddings.token_type_embeddings.weight": r(2, hidden), "emb_ln.weight": 1 + r(hidden),
+          "emb_ln.bias": r(hidden)}
     for i in range(layers):
         p = f"encoder.layers.{i}"
         sd.update({f"{p}.attn.Wqkv.weight": r(3 * hidden, hidden), f"{p}.attn.out_proj.weight": r(hidden, hidden),

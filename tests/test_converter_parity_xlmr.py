@@ -3,9 +3,10 @@ and the bge-reranker-v2-m3 cross-encoder (XLMRobertaForSequenceClassification), 
 small SentencePiece Unigram vocabulary of XLM-R's kind (nmt_nfkc normalization, precompiled charsmap; XLM-R's real
 250002-token one, tests/xlmr_vocab.py, takes a minute to convert and load here: the encoders beside llama-server
 benchmark uses it), saved as the real folders are (`sentencepiece.bpe.model`, tokenizer.json; the embedder with
-sentence-transformers pooling files, the reranker without, as BAAI publishes it), converted by llama.cpp's own convert_hf_to_gguf.py to f32, loaded by edgeserve from
-the GGUF and from the folder, tokenized as the folder's tokenizer does and computing as transformers float32 does
-(embeddings: the served pooled and normalized vectors; reranker: the head's score of each (query, document) pair)."""
+sentence-transformers pooling files, the reranker without, as BAAI publishes it), converted by llama.cpp's own
+convert_hf_to_gguf.py to f32, loaded by edgeserve from the GGUF and from the folder, tokenized as the folder's
+tokenizer does and computing as transformers float32 does (embeddings: the served pooled and normalized vectors;
+reranker: the head's score of each (query, document) pair)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def tiny_xlmr(kind: str, tokenizer: Path, dest: Path):
 
     import sentencepiece
 
-    pieces = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer / "sentencepiece.bpe.model")).get_piece_size()
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer / "sentencepiece.bpe.model"))
+    pieces = spm.get_piece_size()
     torch.manual_seed(1 if kind == "rerank" else 0)
     cfg = XLMRobertaConfig(vocab_size=pieces + 2, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5,

@@ -206,8 +206,9 @@ def row(case: EncoderCase, outtype: str, engine: str, got: torch.Tensor, ref: to
     """One report row: an engine's distance from the reference."""
     if case.kind == "rerank":
         same = got.argsort(descending=True).tolist() == ref.argsort(descending=True).tolist()
+        spread = f"scores {ref.min().item():.2f} .. {ref.max().item():.2f}"
         return (f"| {case.name} | {outtype} | {engine} | max abs score diff {(got - ref).abs().max().item():.5f} "
-                f"(scores {ref.min().item():.2f} .. {ref.max().item():.2f}) | ranking {'same' if same else 'differs'} |")
+                f"({spread}) | ranking {'same' if same else 'differs'} |")
     cos = F.cosine_similarity(got.double(), ref.double(), dim=-1).min().item()
     return (f"| {case.name} | {outtype} | {engine} | min cosine {cos:.7f}, max abs component diff "
             f"{(got - ref).abs().max().item():.2e} | |")
