@@ -123,15 +123,17 @@ def build(case: EncoderCase, layers: int, tokenizer: Path, folder: Path):
     return model
 
 
-def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+class GgmlGelu(torch.nn.Module):
     """GELU as llama.cpp's CPU backend computes `ggml_gelu` (GGML_GELU_FP16): the tanh approximation, looked up in
     a table indexed by the input rounded to float16 and holding float16 values; x itself at or above 10, 0 at or
     below -10."""
-    y = F.gelu(x.half().float(), approximate="tanh").half().float()
-    return torch.where(x >= 10, x, torch.where(x <= -10, torch.zeros_like(x), y))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x >= 10, x, torch.where(x <= -10, torch.zeros_like(x), y))
 
 
-def with_gelu(model, act) -> None:
+def with_gelu(model, act: torch.nn.Module) -> None:
     """Every layer's feed-forward activation of a transformers XLM-R model set to `act`."""
     body = model.roberta if hasattr(model, "roberta") else model
     for layer in body.encoder.layer:
@@ -253,7 +255,7 @@ def run_case(case: EncoderCase, layers: int, outtypes: list[str], work: Path, bi
         our_ids, got = ours(case, gguf)
         assert our_ids == ref_ids, "edgeserve tokenizes differently from the checkpoint's tokenizer"
         print(row(case, outtype, "edgeserve (dtype auto)", got, ref), flush=True)
-        with_gelu(model, ggml_gelu)
+        with_gelu(model, GgmlGelu())
         _, ref_ggml = reference(case, model, tokenizer)
         with_gelu(model, torch.nn.GELU())
         for flash in ("auto", "off"):
