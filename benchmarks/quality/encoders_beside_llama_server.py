@@ -4,18 +4,21 @@ shapes (issue 54), with transformers' float32 on the same weights as the judge.
 Each case is a checkpoint with a real model's widths and vocabulary and fewer layers, random weights (matrices
 N(0, 1/fan_in), LayerNorms N(1, 0.3), biases N(0, 0.1); a reranker's head sized so scores spread over a few units),
 saved as the real folder is (tokenizer files, sentence-transformers pooling), converted by llama.cpp's own
-convert_hf_to_gguf.py to an f32 GGUF:
+convert_hf_to_gguf.py to f32, f16 and q8_0 GGUFs (`--outtypes`):
 - bge-reranker-v2-m3: XLMRobertaForSequenceClassification, XLM-R's real 250002-token SentencePiece vocabulary
   (tests/xlmr_vocab.py), scored on 1 query x 8 documents through llama-server's /v1/rerank (`--reranking`);
 - bge-m3: XLMRobertaModel, the same vocabulary, CLS pooling, 8 texts through /v1/embeddings (`--embedding`).
-For each: edgeserve in process as the server computes it (load_embedding_model at dtype auto), llama-server with its
-defaults (flash attention auto, 2 threads) and with `-fa off`, and the reference: transformers float32 on the
-checkpoint (its ids from the folder's tokenizer; every engine's ids are checked equal to them first).
+For each file: edgeserve in process as the server computes it (load_embedding_model at dtype auto), llama-server
+with its defaults (flash attention auto, 2 threads) and with `-fa off`, and the reference: transformers float32 on
+the file's own (dequantized) weights, its ids from the folder's tokenizer (every engine's ids are checked equal to
+them first); llama-server is also compared with the reference recomputed with llama.cpp's GELU (`ggml_gelu`: the
+tanh approximation through a float16 table), which shows how much of its distance that GELU is.
 Reported per engine: max |score - reference| (rerankers) or min cosine / max |component diff| of the normalized
-embedding (embedders), and whether the ranking matches the reference's.
+embeddings (embedders), and whether the ranking matches the reference's. About 5 minutes a file type on a 2-core
+machine, 3-4 GB of memory (the 250002 x 1024 embedding table, three times).
 
     .venv/bin/python benchmarks/quality/encoders_beside_llama_server.py [--cases bge-reranker-v2-m3,bge-m3]
-        [--layers 2] [--llama-server PATH] [--keep DIR]
+        [--outtypes f32,f16,q8_0] [--layers 2] [--llama-server PATH] [--keep DIR]
 """
 
 from __future__ import annotations
