@@ -124,10 +124,13 @@ def test_converted_xlmr_reranker_scores_as_transformers(reranker, source):
 
     from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.models.embedders import gguf_kind
+    from edgeserve.registry.resolve import resolve
+    from edgeserve.server.model_details import model_facts
 
     model, folder, gguf = reranker
     g = GGUFFile(gguf)
     assert "bert.pooling_type" not in g.metadata and gguf_kind(g.metadata, g.tensor_names()) == "rerank"
+    assert model_facts(resolve(str(gguf), pull_missing=False)).capabilities == ["rerank"]
     lm = _load(gguf if source == "gguf" else folder)
     assert lm.is_reranker and lm.output_dim == 1
     tok = AutoTokenizer.from_pretrained(str(folder))
