@@ -5,7 +5,6 @@ sentence-transformers, also through /v1/embeddings and /api/embed."""
 
 from __future__ import annotations
 
-import math
 
 import httpx
 import numpy as np
@@ -17,6 +16,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.registry import resolve
 from edgeserve.server import ServerConfig
 from encoder_gguf import minilm_vocab, train_unigram, write_encoder_gguf, xlmr_ids
+from encoder_references import jina_reference, jina_state, nomic_reference, nomic_state
 from server_helpers import serve
 
 TEXTS = [
@@ -103,120 +103,18 @@ def test_bert_gguf_matches_transformers(tmp_path, minilm, hf_tokenizer, pooling_
     np.testing.assert_allclose(got, np.stack(want), atol=2e-5)
 
 
-def _nomic_state(hidden: int, layers: int, ffn: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights under nomic-embed-text's Hugging Face names (no biases in attention / MLP)."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
-    sd = {"embeddings.word_embeddings.weight": r(vocab, hidden),
-          "embeddings.token_type_embeddings.weight": r(2, hidden), "emb_ln.weight": 1 + r(hidden), "emb_ln.bias": r(hidden)}
-    for i in range(layers):
-        p = f"encoder.layers.{i}"
-        sd.update({f"{p}.attn.Wqkv.weight": r(3 * hidden, hidden), f"{p}.attn.out_proj.weight": r(hidden, hidden),
-                   f"{p}.mlp.fc11.weight": r(ffn, hidden), f"{p}.mlp.fc12.weight": r(ffn, hidden),
-                   f"{p}.mlp.fc2.weight": r(hidden, ffn), f"{p}.norm1.weight": 1 + r(hidden),
-                   f"{p}.norm1.bias": r(hidden), f"{p}.norm2.weight": 1 + r(hidden), f"{p}.norm2.bias": r(hidden)})
-    return sd
-
-
-def _nomic_reference(sd: dict[str, torch.Tensor], ids: list[int], heads: int, layers: int, base: float,
-                     eps: float) -> torch.Tensor:
-    """nomic-bert in float64, written from its published definition (rotary non-interleaved over the whole head,
-    SwiGLU with fc12 as the gate, post-LayerNorm), mean-pooled and normalized."""
-    w = {k: v.double() for k, v in sd.items()}
-    ln = lambda x, n: F.layer_norm(x, x.shape[-1:], w[f"{n}.weight"], w[f"{n}.bias"], eps)  # noqa: E731
-    x = ln(w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0], "emb_ln")
-    t, d = x.shape
-    hd = d // heads
-    freqs = [[p / base ** (2 * j / hd) for j in range(hd // 2)] for p in range(t)]
-    cos, sin = torch.tensor(freqs, dtype=torch.float64).cos(), torch.tensor(freqs, dtype=torch.float64).sin()
-
-    def rot(v: torch.Tensor) -> torch.Tensor:  # [heads, t, hd]
-        a, b = v[..., : hd // 2], v[..., hd // 2:]
-        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
-
-    for i in range(layers):
-        p = f"encoder.layers.{i}"
-        q, k, v = (x @ w[f"{p}.attn.Wqkv.weight"].T).view(t, 3, heads, hd).permute(1, 2, 0, 3)
-        att = torch.softmax(rot(q) @ rot(k).transpose(-1, -2) / math.sqrt(hd), -1) @ v
-        x = ln(x + att.transpose(0, 1).reshape(t, d) @ w[f"{p}.attn.out_proj.weight"].T, f"{p}.norm1")
-        y = (x @ w[f"{p}.mlp.fc11.weight"].T) * F.silu(x @ w[f"{p}.mlp.fc12.weight"].T)
-        x = ln(x + y @ w[f"{p}.mlp.fc2.weight"].T, f"{p}.norm2")
-    return F.normalize(x.mean(0), dim=-1)
-
-
 def test_nomic_bert_gguf_matches_reference(tmp_path, minilm):
     vocab = minilm_vocab(minilm)
-    sd = _nomic_state(32, 2, 48, len(vocab))
+    sd = nomic_state(32, 2, 48, len(vocab))
     path = write_encoder_gguf(tmp_path / "nomic.gguf", "nomic-bert", sd, vocab, hidden=32, layers=2, heads=4, ffn=48,
                               context=2048, pooling_type=1, rope_base=1000.0)
     lm = _load(path)
     assert lm.config.rope_theta == 1000.0 and lm.config.pooling == "mean"
     seqs = [lm.encode(t)[0] for t in TEXTS]
     got = lm.embed(seqs).numpy()
-    want = np.stack([_nomic_reference(sd, ids, 4, 2, 1000.0, 1e-12).numpy() for ids in seqs])
+    want = np.stack([nomic_reference(sd, ids, 4, 2, 1000.0, 1e-12).numpy() for ids in seqs])
     assert _cos(got, want).min() > 0.9999
     np.testing.assert_allclose(got, want, atol=2e-5)
-
-
-def _jina_state(hidden: int, layers: int, ffn: int, vocab: int, fused: bool, qk_norm: bool) -> dict[str, torch.Tensor]:
-    """Random jina-bert-v2 weights under the Hugging Face names llama.cpp's converter maps (the GLU's gate and up
-    halves split as `gated_layers_w` / `_v`, or fused as `up_gated_layer`, gate rows first)."""
-    g = torch.Generator().manual_seed(5)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
-    sd = {"embeddings.word_embeddings.weight": r(vocab, hidden), "embeddings.token_type_embeddings.weight":
-          r(2, hidden), "embeddings.LayerNorm.weight": 1 + r(hidden), "embeddings.LayerNorm.bias": r(hidden)}
-    for i in range(layers):
-        p = f"encoder.layer.{i}"
-        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-            sd.update({f"{p}.{n}.weight": r(hidden, hidden), f"{p}.{n}.bias": r(hidden)})
-        for n in ("attention.output.LayerNorm", "mlp.layernorm") + (
-                ("attention.self.layer_norm_q", "attention.self.layer_norm_k") if qk_norm else ()):
-            sd.update({f"{p}.{n}.weight": 1 + r(hidden), f"{p}.{n}.bias": r(hidden)})
-        gate, up = r(ffn, hidden), r(ffn, hidden)
-        if fused:
-            sd[f"{p}.mlp.up_gated_layer.weight"] = torch.cat([gate, up])
-        else:
-            sd.update({f"{p}.mlp.gated_layers_w.weight": gate, f"{p}.mlp.gated_layers_v.weight": up})
-        sd.update({f"{p}.mlp.wo.weight": r(hidden, ffn), f"{p}.mlp.wo.bias": r(hidden)})
-    return sd
-
-
-def _paper_slopes(n: int) -> list[float]:
-    """ALiBi's head slopes as its paper defines them (a geometric series from 2^(-8/n); for a head count that is no
-    power of two, every other slope of twice the nearest power of two fills the rest)."""
-    if math.log2(n).is_integer():
-        return [2 ** (-8 / n * (i + 1)) for i in range(n)]
-    c = 2 ** math.floor(math.log2(n))
-    return _paper_slopes(c) + _paper_slopes(2 * c)[0::2][: n - c]
-
-
-def _jina_reference(sd: dict[str, torch.Tensor], ids: list[int], heads: int, layers: int, ffn: int,
-                    eps: float) -> torch.Tensor:
-    """jina-bert-v2 in float64, written from its published definition (JinaBert: symmetric ALiBi -m_h * |i - j|
-    added to the scaled scores, no position embeddings, post-LayerNorm, GEGLU `wo(gelu(gate) * up)`), mean-pooled
-    and normalized."""
-    w = {k: v.double() for k, v in sd.items()}
-    ln = lambda x, n: F.layer_norm(x, x.shape[-1:], w[f"{n}.weight"], w[f"{n}.bias"], eps)  # noqa: E731
-    lin = lambda x, n: x @ w[f"{n}.weight"].T + w.get(f"{n}.bias", 0)  # noqa: E731
-    x = ln(w["embeddings.word_embeddings.weight"][ids] + w["embeddings.token_type_embeddings.weight"][0],
-           "embeddings.LayerNorm")
-    t, d = x.shape
-    hd = d // heads
-    pos = torch.arange(t, dtype=torch.float64)
-    alibi = -torch.tensor(_paper_slopes(heads), dtype=torch.float64)[:, None, None] * (pos[:, None] - pos).abs()
-    for i in range(layers):
-        p = f"encoder.layer.{i}"
-        q, k = lin(x, f"{p}.attention.self.query"), lin(x, f"{p}.attention.self.key")
-        if f"{p}.attention.self.layer_norm_q.weight" in w:
-            q, k = ln(q, f"{p}.attention.self.layer_norm_q"), ln(k, f"{p}.attention.self.layer_norm_k")
-        q, k, v = (y.view(t, heads, hd).transpose(0, 1) for y in (q, k, lin(x, f"{p}.attention.self.value")))
-        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + alibi, -1) @ v
-        h = ln(x + lin(att.transpose(0, 1).reshape(t, d), f"{p}.attention.output.dense"),
-               f"{p}.attention.output.LayerNorm")
-        gu = (h @ w[f"{p}.mlp.up_gated_layer.weight"].T if f"{p}.mlp.up_gated_layer.weight" in w else
-              torch.cat([h @ w[f"{p}.mlp.gated_layers_w.weight"].T, h @ w[f"{p}.mlp.gated_layers_v.weight"].T], -1))
-        x = ln(h + lin(F.gelu(gu[:, :ffn]) * gu[:, ffn:], f"{p}.mlp.wo"), f"{p}.mlp.layernorm")
-    return F.normalize(x.mean(0), dim=-1)
 
 
 @pytest.mark.parametrize("heads, fused, qk_norm", [(4, False, False), (6, True, True)])
@@ -226,7 +124,7 @@ def test_jina_bert_v2_gguf_matches_reference(tmp_path, minilm, heads, fused, qk_
     GLU layouts, the optional query/key LayerNorms; the batch padded, so padding must not leak through ALiBi."""
     vocab = minilm_vocab(minilm)
     hidden, ffn = 8 * heads, 40
-    sd = _jina_state(hidden, 2, ffn, len(vocab), fused, qk_norm)
+    sd = jina_state(hidden, 2, ffn, len(vocab), fused, qk_norm)
     path = write_encoder_gguf(tmp_path / "jina.gguf", "jina-bert-v2", sd, vocab, hidden=hidden, layers=2, heads=heads,
                               ffn=ffn, context=8192, pooling_type=1)
     lm = _load(path)
@@ -237,7 +135,7 @@ def test_jina_bert_v2_gguf_matches_reference(tmp_path, minilm, heads, fused, qk_
     assert is_embedding_source(resolve(str(path))) and model_facts(resolve(str(path))).capabilities == ["embedding"]
     seqs = [lm.encode(t)[0] for t in TEXTS]
     got = lm.embed(seqs).numpy()
-    want = np.stack([_jina_reference(sd, ids, heads, 2, ffn, 1e-12).numpy() for ids in seqs])
+    want = np.stack([jina_reference(sd, ids, heads, 2, ffn, 1e-12).numpy() for ids in seqs])
     assert _cos(got, want).min() > 0.9999
     np.testing.assert_allclose(got, want, atol=2e-5)
 
@@ -247,7 +145,7 @@ def test_jina_alibi_attends_in_query_blocks(minilm, tmp_path, monkeypatch):
     from edgeserve.models import jina_bert
 
     vocab = minilm_vocab(minilm)
-    sd = _jina_state(32, 1, 40, len(vocab), False, False)
+    sd = jina_state(32, 1, 40, len(vocab), False, False)
     lm = _load(write_encoder_gguf(tmp_path / "jina.gguf", "jina-bert-v2", sd, vocab, hidden=32, layers=1, heads=4,
                                   ffn=40, context=8192, pooling_type=1))
     seqs = [lm.encode(TEXTS[5])[0]]

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # the layout implemented here: post-LayerNorm, absolute positions (RoBERTa's start after its padding id)
 ENCODER_MODEL_TYPES = ("bert", "xlm-roberta", "roberta")
+NOMIC_MODEL_TYPE = "nomic_bert"  # a nomic-bert folder: an encoder too, loaded by models/nomic_folder.py
 ROBERTA_TYPES = ("xlm-roberta", "roberta")
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 
@@ -61,7 +62,7 @@ def is_encoder_folder(path: Path) -> bool:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(cfg, dict) and cfg.get("model_type") in ENCODER_MODEL_TYPES
+    return isinstance(cfg, dict) and cfg.get("model_type") in (*ENCODER_MODEL_TYPES, NOMIC_MODEL_TYPE)
 
 
 def _json(path: Path) -> Any:
@@ -82,18 +83,8 @@ def encoder_config(folder: Path) -> EncoderConfig:
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise UnsupportedModelError(f"{folder}: position_embedding_type {cfg['position_embedding_type']!r} "
                                     "is not supported")
-    pooling, normalize = "cls", False  # a plain BERT folder: the [CLS] state, as transformers' pipelines use
-    modules = _json(folder / "modules.json") or []
-    for m in modules:
-        kind = str(m.get("type", ""))
-        if kind.endswith("Pooling"):
-            pcfg = _json(folder / m.get("path", "1_Pooling") / "config.json") or {}
-            pooling = _pooling_mode(pcfg, folder)
-        elif kind.endswith("Normalize"):
-            normalize = True
-    st_cfg = _json(folder / "sentence_bert_config.json") or {}
     max_pos = int(cfg.get("max_position_embeddings", 512)) - position_offset(cfg)
-    max_len = min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
+    pooling, normalize, max_len = sentence_settings(folder, max_pos)
     try:
         return EncoderConfig(
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
@@ -104,6 +95,21 @@ def encoder_config(folder: Path) -> EncoderConfig:
             max_seq_length=max_len)
     except KeyError as e:
         raise ModelLoadError(f"{folder}/config.json is missing {e.args[0]}") from None
+
+
+def sentence_settings(folder: Path, max_pos: int) -> tuple[str, bool, int]:
+    """(pooling, normalize, max length) from a folder's sentence-transformers files (CLS, no normalization and
+    `max_pos` for a plain folder, as transformers' pipelines use it)."""
+    pooling, normalize = "cls", False
+    for m in _json(folder / "modules.json") or []:
+        kind = str(m.get("type", ""))
+        if kind.endswith("Pooling"):
+            pcfg = _json(folder / m.get("path", "1_Pooling") / "config.json") or {}
+            pooling = _pooling_mode(pcfg, folder)
+        elif kind.endswith("Normalize"):
+            normalize = True
+    st_cfg = _json(folder / "sentence_bert_config.json") or {}
+    return pooling, normalize, min(int(st_cfg.get("max_seq_length") or max_pos), max_pos)
 
 
 def position_offset(cfg: dict) -> int:
@@ -359,18 +365,10 @@ def _first_id(tok: Any, *names: str) -> int | None:
     return next((i for i in map(tok.token_to_id, names) if i is not None), None)
 
 
-def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
-    """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
-    import tokenizers
+def read_folder_weights(folder: Path, dev: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's `*.safetensors` on `dev` in `dtype`, BERT's / RoBERTa's model prefix dropped."""
     from safetensors import safe_open
 
-    from edgeserve.device import resolve_device
-
-    start = time.monotonic()
-    folder = Path(source.path)
-    cfg = encoder_config(folder)
-    dev = resolve_device(device)
-    torch_dtype = encoder_dtype(dtype, dev)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights")
@@ -379,7 +377,40 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 name = key.removeprefix("bert.").removeprefix("roberta.")
-                weights[name] = st.get_tensor(key).to(dev, torch_dtype)
+                weights[name] = st.get_tensor(key).to(dev, dtype)
+    return weights
+
+
+def folder_encoder(source: Any, cfg: EncoderConfig, model: BertEncoder, dev: torch.device,
+                   start: float) -> LoadedEncoder:
+    """The LoadedEncoder of a folder's `model`, with the folder's tokenizer.json (padding and truncation off)."""
+    import tokenizers
+
+    folder = Path(source.path)
+    tok_file = folder / "tokenizer.json"
+    if not tok_file.is_file():
+        raise ModelLoadError(f"{folder} has no tokenizer.json")
+    tok = tokenizers.Tokenizer.from_file(str(tok_file))
+    tok.no_padding()
+    tok.no_truncation()
+    lm = LoadedEncoder(folder.name if source.name is None else source.name, source, cfg, model, tok,
+                       _first_id(tok, "[CLS]", "<s>"), _first_id(tok, "[SEP]", "</s>"), dev, 0.0)
+    lm.load_seconds = time.monotonic() - start
+    log.info("loaded encoder %s: %d layers, %d dims, pooling %s%s, max %d tokens, in %.2fs", lm.name,
+             cfg.num_layers, cfg.hidden_size, cfg.pooling, " + normalize" if cfg.normalize else "",
+             cfg.max_seq_length, lm.load_seconds)
+    return lm
+
+
+def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
+    """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
+    from edgeserve.device import resolve_device
+
+    start = time.monotonic()
+    folder = Path(source.path)
+    cfg = encoder_config(folder)
+    dev = resolve_device(device)
+    weights = read_folder_weights(folder, dev, encoder_dtype(dtype, dev))
     offset = position_offset(_json(folder / "config.json") or {})
     if offset and "embeddings.position_embeddings.weight" in weights:  # RoBERTa: position 0 is row pad_token_id + 1
         weights["embeddings.position_embeddings.weight"] = weights["embeddings.position_embeddings.weight"][offset:]
@@ -387,16 +418,4 @@ def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> Loade
                if n not in weights]
     if missing:
         raise ModelLoadError(f"{folder}: weights {missing[0]!r} missing; not a BERT checkpoint")
-    tok_file = folder / "tokenizer.json"
-    if not tok_file.is_file():
-        raise ModelLoadError(f"{folder} has no tokenizer.json")
-    tok = tokenizers.Tokenizer.from_file(str(tok_file))
-    tok.no_padding()
-    tok.no_truncation()
-    lm = LoadedEncoder(folder.name if source.name is None else source.name, source, cfg, BertEncoder(cfg, weights),
-                       tok, _first_id(tok, "[CLS]", "<s>"), _first_id(tok, "[SEP]", "</s>"), dev, 0.0)
-    lm.load_seconds = time.monotonic() - start
-    log.info("loaded encoder %s: %d layers, %d dims, pooling %s%s, max %d tokens, in %.2fs", lm.name,
-             cfg.num_layers, cfg.hidden_size, cfg.pooling, " + normalize" if cfg.normalize else "",
-             cfg.max_seq_length, lm.load_seconds)
-    return lm
+    return folder_encoder(source, cfg, BertEncoder(cfg, weights), dev, start)

@@ -1,27 +1,29 @@
 """Which model files embed or rerank, and which loader each kind takes: the model manager's one door to them.
 
-GGUF: a BERT-family encoder (`bert`, `nomic-bert`; a reranker when its pooling type is rank), a decoder reranker
-(pooling type rank: Qwen3-Reranker), or a decoder whose `<arch>.pooling_type` names a pooling (Qwen3-Embedding,
-EmbeddingGemma). Hugging Face folder: a BERT-family encoder or sequence classifier, a sentence-transformers
-decoder folder (Qwen3-Embedding, EmbeddingGemma), or a causal LM published as a yes/no reranker (Qwen3-Reranker).
+GGUF: a BERT-family encoder (`bert`, `nomic-bert`, `jina-bert-v2`; a reranker when its pooling type is rank, or
+when it has a classification head and names no pooling), a decoder reranker (pooling type rank: Qwen3-Reranker), or
+a decoder whose `<arch>.pooling_type` names a pooling (Qwen3-Embedding, EmbeddingGemma). Hugging Face folder: a
+BERT-family encoder (nomic-bert too) or sequence classifier, a sentence-transformers decoder folder
+(Qwen3-Embedding, EmbeddingGemma), or a causal LM published as a yes/no reranker (Qwen3-Reranker).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from edgeserve.memory import load_allocations
 
 
-def gguf_kind(metadata: Mapping[str, Any]) -> str | None:
-    """What a GGUF serves besides text: "rerank" (pooling type rank), "embedding" (an encoder, or a decoder whose
-    metadata names a pooling), or None for a text model."""
+def gguf_kind(metadata: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> str | None:
+    """What a GGUF serves besides text: "rerank" (pooling type rank, or an encoder with a classification head among
+    `tensor_names` and no pooling named), "embedding" (an encoder, or a decoder whose metadata names a pooling), or
+    None for a text model."""
     from edgeserve.models.decoder_embed import gguf_pooling
     from edgeserve.models.decoder_rerank import is_decoder_reranker
-    from edgeserve.models.gguf_encoder import is_gguf_encoder
+    from edgeserve.models.gguf_encoder import is_gguf_encoder, is_gguf_reranker
 
-    if is_decoder_reranker(metadata):  # pooling type rank, encoder or decoder
+    if is_decoder_reranker(metadata) or is_gguf_reranker(metadata, tensor_names):  # pooling type rank, or a head
         return "rerank"
     return "embedding" if gguf_pooling(metadata) is not None or is_gguf_encoder(metadata) else None
 
@@ -44,7 +46,8 @@ def is_embedding_source(source: Any) -> bool:
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile
 
-        return gguf_kind(GGUFFile(source.path).metadata) is not None
+        g = GGUFFile(source.path)
+        return gguf_kind(g.metadata, g.tensor_names()) is not None
     return source.kind == "hf" and folder_kind(source.path) is not None
 
 
@@ -57,6 +60,7 @@ def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", 
     from edgeserve.models.decoder_rerank import (is_decoder_rerank_folder, is_decoder_reranker, load_decoder_reranker,
                                                  load_hf_decoder_reranker)
     from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
+    from edgeserve.models.nomic_folder import is_nomic_folder, load_nomic_folder
 
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile
@@ -71,6 +75,8 @@ def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", 
         return load_cross_encoder(source, device, dtype)
     if is_decoder_rerank_folder(source.path):
         return load_hf_decoder_reranker(source, device, dtype, max_len)
+    if is_nomic_folder(source.path):
+        return load_nomic_folder(source, device, dtype)
     if is_encoder_folder(source.path):
         return load_encoder(source, device, dtype)
     return load_decoder_embedder(source, device, dtype, max_len)  # a sentence-transformers decoder folder

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 GGUF_ENCODER_ARCHS = {"bert": BertEncoder, "nomic-bert": NomicBertEncoder, "jina-bert-v2": JinaBertEncoder}
 RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK: a classification head scores (query, document) pairs
+HEAD_TENSOR = "cls.output.weight"  # a classification head's output projection
 
 _TOP = {"token_embd": "embeddings.word_embeddings", "position_embd": "embeddings.position_embeddings",
         "token_types": "embeddings.token_type_embeddings", "token_embd_norm": "embeddings.LayerNorm",
@@ -57,10 +58,15 @@ def is_gguf_encoder(metadata: Mapping[str, Any]) -> bool:
     return metadata.get("general.architecture") in GGUF_ENCODER_ARCHS
 
 
-def is_gguf_reranker(metadata: Mapping[str, Any]) -> bool:
-    """Whether a GGUF encoder scores pairs (`<arch>.pooling_type` is rank, as llama.cpp's `--reranking` needs)."""
-    arch = metadata.get("general.architecture")
-    return is_gguf_encoder(metadata) and metadata.get(f"{arch}.pooling_type") == RANK_POOLING
+def is_gguf_reranker(metadata: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> bool:
+    """Whether a GGUF encoder scores pairs: `<arch>.pooling_type` is rank, or the file names no pooling and has a
+    classification head (`cls.output.weight` among `tensor_names`): llama.cpp's converter writes no pooling type for
+    a sequence classifier without sentence-transformers files (bge-reranker-v2-m3), and llama-server scores it
+    under `--reranking`."""
+    if not is_gguf_encoder(metadata):
+        return False
+    pooling = metadata.get(f"{metadata.get('general.architecture')}.pooling_type")
+    return pooling == RANK_POOLING or (pooling is None and HEAD_TENSOR in tensor_names)
 
 
 def encoder_name(gguf_name: str) -> str | None:
@@ -187,7 +193,8 @@ def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> 
     name = source.path.stem if getattr(source, "name", None) is None else source.name
     args = (name, source, cfg, GGUF_ENCODER_ARCHS[arch](cfg, weights), backend, tok.bos_id,
             None if sep is None else int(sep), dev, 0.0)
-    if is_gguf_reranker(md):
+    reranker = is_gguf_reranker(md, gguf.tensor_names())
+    if reranker:
         from edgeserve.models.cross_encoder import LoadedCrossEncoder, classifier_head
 
         lm: LoadedEncoder = LoadedCrossEncoder(*args, head=classifier_head(weights, str(source.path)))
@@ -195,6 +202,6 @@ def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> 
         lm = LoadedEncoder(*args)
     lm.load_seconds = time.monotonic() - start
     log.info("loaded %s GGUF %s: %d layers, %d dims, %s, max %d tokens, in %.2fs", arch, lm.name, cfg.num_layers,
-             cfg.hidden_size, "reranker" if is_gguf_reranker(md) else f"pooling {cfg.pooling} + normalize",
+             cfg.hidden_size, "reranker" if reranker else f"pooling {cfg.pooling} + normalize",
              cfg.max_seq_length, lm.load_seconds)
     return lm

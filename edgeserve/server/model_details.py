@@ -214,7 +214,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
 
     template = str(md.get("tokenizer.chat_template") or "")
     tool_use = str(md.get("tokenizer.chat_template.tool_use") or "")
-    caps = capabilities(template, gguf_kind(md), tool_use)  # an embedder or reranker is served by the embedder only
+    caps = capabilities(template, gguf_kind(md, g.tensor_names()), tool_use)  # an embedder or reranker is served by the embedder only
     if find_mmproj(path) is not None:  # a projector beside it (an hf.co pull's): it takes images
         caps.append("vision")
     ctx = int(md.get(f"{arch}.context_length") or 0)
