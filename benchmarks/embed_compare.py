@@ -141,7 +141,7 @@ def native_ab(model: str, rounds: int) -> dict:
     float32 for torch (`EDGESERVE_NATIVE=0`), embed calls alternated; texts/s medians per workload."""
     import os
 
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
     from edgeserve.registry import resolve
 
     models = {}

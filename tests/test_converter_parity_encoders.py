@@ -13,7 +13,7 @@ converter wrote, then L2-normalized, as served) to float32 noise, and tokenize a
   key LayerNorms): transformers has no class for it (the checkpoints run as remote code, which nothing here may
   fetch), so the folder holds the real checkpoint's config.json and tensor names and the reference is
   tests/encoder_references.py's float64 code written from the published definition.
-edgeserve loads the nomic-bert folder too (models/nomic_folder.py; also under transformers' own tensor names); a
+edgeserve loads the nomic-bert folder too (models/encoders/nomic_folder.py; also under transformers' own tensor names); a
 jina-bert-v2 folder is refused with a one-line reason (the converted GGUF is the way in).
 XLM-RoBERTa (bge-m3, bge-reranker-v2-m3) is in test_converter_parity_xlmr.py."""
 
@@ -76,7 +76,7 @@ def st_files(minilm: Path, dest: Path, pooling: str, width: int) -> None:
 def test_converted_bert_embeds_as_transformers(tmp_path, minilm, pooling):
     import tokenizers
 
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
     from edgeserve.registry import resolve
 
     folder = tmp_path / "bert"
@@ -136,7 +136,7 @@ def _embed_gguf(gguf: Path, folder: Path):
     tokenizer.json; returns (ids, embeddings)."""
     import tokenizers
 
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
     from edgeserve.registry import resolve
 
     lm = load_gguf_encoder(resolve(str(gguf)), dtype="float32")
@@ -151,7 +151,7 @@ def _embed_gguf(gguf: Path, folder: Path):
 
 def _load_folder(folder: Path):
     """The Hugging Face folder as the server loads an embedding model (float32)."""
-    from edgeserve.models.embedders import load_embedding_model
+    from edgeserve.models.encoders.embedders import load_embedding_model
     from edgeserve.registry import resolve
 
     return load_embedding_model(resolve(str(folder)), dtype="float32")
@@ -160,7 +160,7 @@ def _load_folder(folder: Path):
 def _folder_refused(folder: Path) -> None:
     """Loading the Hugging Face folder itself is a one-line refusal naming why."""
     from edgeserve.errors import UnsupportedModelError
-    from edgeserve.models.bert import encoder_config
+    from edgeserve.models.encoders.bert import encoder_config
 
     with pytest.raises(UnsupportedModelError) as e:
         encoder_config(folder)

@@ -79,7 +79,7 @@ def tiny_xlmr(kind: str, tokenizer: Path, dest: Path):
 
 
 def _load(path: Path):
-    from edgeserve.models.embedders import load_embedding_model
+    from edgeserve.models.encoders.embedders import load_embedding_model
     from edgeserve.registry.resolve import resolve
 
     return load_embedding_model(resolve(str(path), pull_missing=False), dtype="float32")
@@ -123,7 +123,7 @@ def test_converted_xlmr_reranker_scores_as_transformers(reranker, source):
     from transformers import AutoTokenizer
 
     from edgeserve.loaders.gguf_file import GGUFFile
-    from edgeserve.models.embedders import gguf_kind
+    from edgeserve.models.encoders.embedders import gguf_kind
     from edgeserve.registry.resolve import resolve
     from edgeserve.server.model_details import model_facts
 

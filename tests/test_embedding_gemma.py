@@ -97,7 +97,7 @@ TEXTS = ["hello world, a longer text that runs well past the sliding window", "h
 
 
 def test_embeddings_match_transformers(gemma):
-    from edgeserve.models.decoder_embed import load_decoder_embedder
+    from edgeserve.models.encoders.decoder_embed import load_decoder_embedder
 
     model, dense, path = gemma
     lm = load_decoder_embedder(resolve(str(path)), dtype="float32")

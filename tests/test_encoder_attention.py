@@ -62,7 +62,7 @@ def test_strided_views_of_a_fused_projection_are_taken_and_other_inputs_refused(
 def test_a_native_encoder_attends_natively_with_torchs_results(tmp_path, monkeypatch):
     from test_encoder_native import TEXTS, VOCAB, _bert_state, _load
 
-    from edgeserve.models.bert import pad_batch
+    from edgeserve.models.encoders.bert import pad_batch
     from encoder_gguf import write_encoder_gguf
 
     path = write_encoder_gguf(tmp_path / "q8.gguf", "bert", _bert_state(128, 2, 256), VOCAB, hidden=128, layers=2,
@@ -71,7 +71,7 @@ def test_a_native_encoder_attends_natively_with_torchs_results(tmp_path, monkeyp
     assert lm.model.attn_lib is not None
     calls = []
     native = encoder_attention
-    monkeypatch.setattr("edgeserve.models.bert.encoder_attention", lambda *a: calls.append(1) or native(*a))
+    monkeypatch.setattr("edgeserve.models.encoders.bert.encoder_attention", lambda *a: calls.append(1) or native(*a))
     ids, mask = pad_batch([lm.encode(t)[0] for t in TEXTS])
     got = lm.model(ids, mask)
     assert len(calls) == 2  # one per layer

@@ -52,7 +52,7 @@ def test_a_native_encoder_fuses_its_up_projections_bias_and_gelu(tmp_path, monke
     lm = _load(path, monkeypatch, True)
     assert lm.model.gelu_lib is not None
     calls = []
-    monkeypatch.setattr("edgeserve.models.bert.bias_gelu_", lambda *a: calls.append(1) or bias_gelu_(*a))
+    monkeypatch.setattr("edgeserve.models.encoders.bert.bias_gelu_", lambda *a: calls.append(1) or bias_gelu_(*a))
     seqs = [lm.encode(t)[0] for t in TEXTS]
     got = lm.embed(seqs).numpy()
     assert len(calls) == 2  # one per layer

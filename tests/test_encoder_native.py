@@ -29,19 +29,19 @@ def _bert_state(hidden: int, layers: int, ffn: int, seed: int = 0) -> dict[str, 
 
 
 def _load(path, monkeypatch, native: bool):
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
 
     monkeypatch.setenv("EDGESERVE_NATIVE", "1" if native else "0")
     return load_gguf_encoder(resolve(str(path)), dtype="float32")
 
 
 def _state(arch: str) -> dict[str, torch.Tensor]:
-    from test_gguf_encoders import _jina_state, _nomic_state
+    from encoder_references import jina_state, nomic_state
 
     if arch == "nomic-bert":
-        return _nomic_state(64, 2, 128, len(VOCAB))
+        return nomic_state(64, 2, 128, len(VOCAB))
     if arch == "jina-bert-v2":  # the fused GLU up: split after dequantizing
-        return _jina_state(64, 2, 128, len(VOCAB), fused=True, qk_norm=False)
+        return jina_state(64, 2, 128, len(VOCAB), fused=True, qk_norm=False)
     return _bert_state(hidden=64, layers=2, ffn=128)
 
 
@@ -69,7 +69,7 @@ def test_f16_encoder_stays_dense(tmp_path, monkeypatch):
 
 
 def _load_auto(path, monkeypatch, flags):
-    from edgeserve.models import gguf_encoder
+    from edgeserve.models.encoders import gguf_encoder
 
     monkeypatch.setattr(gguf_encoder, "cpu_flags", lambda: frozenset(flags))
     return gguf_encoder.load_gguf_encoder(resolve(str(path)), dtype="auto")
@@ -98,7 +98,7 @@ def test_an_embedding_load_leaves_forwards_reusing_their_buffers(tmp_path, monke
     """Loading an encoder ends with glibc's step-buffer setting (as a text model's load does): a 512-token forward
     otherwise mapped fresh pages for its attention and GELU outputs, thousands of page faults per request."""
     from edgeserve import memory
-    from edgeserve.models.embedders import load_embedding_model
+    from edgeserve.models.encoders.embedders import load_embedding_model
 
     path = write_encoder_gguf(tmp_path / "q8.gguf", "bert", _bert_state(64, 1, 128), VOCAB, hidden=64, layers=1,
                               heads=4, ffn=128, context=128, pooling_type=1, qtype="Q8_0")
@@ -127,7 +127,7 @@ def test_f16_matrices_of_fused_encoders_in_bf16_match_float32(tmp_path, monkeypa
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16"])
 def test_native_query_key_value_run_as_one_matmul_with_the_same_bits(tmp_path, monkeypatch, qtype):
-    from edgeserve.models import bert
+    from edgeserve.models.encoders import bert
 
     sd = _bert_state(64, 2, 128)
     gen = torch.Generator().manual_seed(0)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from edgeserve.kernels.cpu_native import library
-from edgeserve.models import bert
-from edgeserve.models.bert import pad_batch, pool
+from edgeserve.models.encoders import bert
+from edgeserve.models.encoders.bert import pad_batch, pool
 from edgeserve.models.encoder_threads import SMALL_BATCH_TOKENS, _omp_runtime, encoder_threads, intra_op_threads
 from encoder_gguf import write_encoder_gguf
 from test_encoder_native import TEXTS, VOCAB, _bert_state, _load

@@ -57,7 +57,7 @@ def _tiny_bert(seed: int = 0):
 
 
 def _load(path):
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
 
     return load_gguf_encoder(resolve(str(path)), dtype="float32")
 
@@ -129,7 +129,7 @@ def test_jina_bert_v2_gguf_matches_reference(tmp_path, minilm, heads, fused, qk_
                               ffn=ffn, context=8192, pooling_type=1)
     lm = _load(path)
     assert lm.config.pooling == "mean" and lm.config.max_seq_length == 8192
-    from edgeserve.models.embedders import is_embedding_source
+    from edgeserve.models.encoders.embedders import is_embedding_source
     from edgeserve.server.model_details import model_facts
 
     assert is_embedding_source(resolve(str(path))) and model_facts(resolve(str(path))).capabilities == ["embedding"]
@@ -142,7 +142,7 @@ def test_jina_bert_v2_gguf_matches_reference(tmp_path, minilm, heads, fused, qk_
 
 def test_jina_alibi_attends_in_query_blocks(minilm, tmp_path, monkeypatch):
     """A long input attends in query blocks (the bias is never [seq, seq] whole) with the same states."""
-    from edgeserve.models import jina_bert
+    from edgeserve.models.encoders import jina_bert
 
     vocab = minilm_vocab(minilm)
     sd = jina_state(32, 1, 40, len(vocab), False, False)
@@ -184,7 +184,7 @@ def test_real_minilm_gguf_matches_sentence_transformers(minilm_gguf, st_referenc
 def test_real_minilm_f16_in_bfloat16_matches_sentence_transformers(minilm_gguf, st_reference):
     """dtype auto: the F16 matrices multiply in bfloat16 (the native kernel where the CPU has AVX-512 BF16, torch
     where it has only other bfloat16 dots, float32 elsewhere), within the F16 file's bound."""
-    from edgeserve.models.gguf_encoder import load_gguf_encoder
+    from edgeserve.models.encoders.gguf_encoder import load_gguf_encoder
 
     lm = load_gguf_encoder(resolve(str(minilm_gguf["F16"])), dtype="auto")
     got = lm.embed([lm.encode(t)[0] for t in TEXTS]).numpy()

@@ -197,7 +197,7 @@ def _qwen3_reference(path, head: np.ndarray) -> np.ndarray:
     """Qwen3-Reranker's score of each (QUERY, doc): the prompt alone through the decoder's single-sequence
     attention, the last state times the (yes, no) rows, softmax -> P(yes)."""
     from edgeserve.models.attention import ContiguousKV
-    from edgeserve.models.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
+    from edgeserve.models.encoders.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
@@ -232,7 +232,7 @@ def test_qwen3_reranker_gguf(client, models):
 def _qwen3_folder_reference(model, tok, ids) -> np.ndarray:
     """Qwen3-Reranker's published scoring in transformers: the prompt through the causal LM, the last position's
     logits of ("no", "yes"), softmax -> P(yes)."""
-    from edgeserve.models.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
+    from edgeserve.models.encoders.decoder_rerank import INSTRUCTION, PREFIX, SUFFIX
 
     out = []
     with torch.no_grad():

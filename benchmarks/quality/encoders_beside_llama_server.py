@@ -163,7 +163,7 @@ def reference(case: EncoderCase, model, tokenizer) -> tuple[list[list[int]], tor
 
 def ours(case: EncoderCase, gguf: Path) -> tuple[list[list[int]], torch.Tensor]:
     """edgeserve's token ids and outputs on the GGUF as the server computes them (dtype auto)."""
-    from edgeserve.models.embedders import load_embedding_model
+    from edgeserve.models.encoders.embedders import load_embedding_model
     from edgeserve.registry.resolve import resolve
 
     lm = load_embedding_model(resolve(str(gguf), pull_missing=False), dtype="auto")
@@ -224,7 +224,7 @@ def with_file_weights(model, gguf: Path) -> None:
     counted, only the engines' compute): names mapped back through edgeserve's encoder names, RoBERTa's first
     pad_token_id + 1 position rows (which the converter cut) kept."""
     from edgeserve.loaders.gguf_file import GGUFFile
-    from edgeserve.models.gguf_encoder import encoder_name
+    from edgeserve.models.encoders.gguf_encoder import encoder_name
 
     params = dict(model.named_parameters())
     prefix = "roberta." if "roberta.embeddings.word_embeddings.weight" in params else ""

@@ -42,7 +42,7 @@ def _planned(spec: str, config: ServerConfig) -> str | None:
     from edgeserve.device import resolve_device, resolve_dtype
     from edgeserve.engine.kv_cache import kv_bytes_per_token
     from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.models.embedders import is_embedding_source
+    from edgeserve.models.encoders.embedders import is_embedding_source
     from edgeserve.registry import resolve
     from edgeserve.server.model_manager import source_bytes
 

@@ -66,7 +66,7 @@ def capabilities(template: str, kind: str | None = None, tool_use: str = "") -> 
     """Ollama's capabilities: "completion" for a text model, with "tools" when its chat template renders tools
     (as the chat route decides to hand them to the template), or it has a named `tool_use` template, and
     "thinking" when it reasons (<think> tags, its format's own, harmony); `kind` "embedding" (a model that embeds)
-    or "rerank" (a reranker) instead of those (see models/embedders.py)."""
+    or "rerank" (a reranker) instead of those (see models/encoders/embedders.py)."""
     from edgeserve.text.harmony import template_is_harmony
     from edgeserve.text.reasoning import template_thinks
     from edgeserve.text.tool_calls import template_knows_tools
@@ -210,7 +210,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
         i = md.get(k)
         if isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] not in stop:
             stop.append(tokens[i])
-    from edgeserve.models.embedders import gguf_kind
+    from edgeserve.models.encoders.embedders import gguf_kind
 
     template = str(md.get("tokenizer.chat_template") or "")
     tool_use = str(md.get("tokenizer.chat_template.tool_use") or "")
@@ -275,7 +275,7 @@ def _hf_facts(folder: Path, files: list[Path]) -> ModelFacts:
         template, tool_use = named.get("default", ""), named.get("tool_use", "")
     eos = tok_cfg.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
-    from edgeserve.models.embedders import folder_kind
+    from edgeserve.models.encoders.embedders import folder_kind
 
     kind = folder_kind(folder) if folder.is_dir() else None
     if kind is None and (arch in ENCODER_TYPES or (folder.is_dir() and (folder / "modules.json").is_file())):

@@ -416,9 +416,9 @@ def recommended_sampling(spec: str, source: ModelSource) -> dict[str, Any]:
 
 
 def is_embedding_spec(spec: str) -> bool:
-    """Whether `spec` names an embedding model or reranker on disk (see edgeserve.models.embedders); False when it
+    """Whether `spec` names an embedding model or reranker on disk (see edgeserve.models.encoders.embedders); False when it
     cannot be told."""
-    from edgeserve.models.embedders import is_embedding_source
+    from edgeserve.models.encoders.embedders import is_embedding_source
 
     try:
         return is_embedding_source(resolve(spec, pull_missing=False))
@@ -427,8 +427,8 @@ def is_embedding_spec(spec: str) -> bool:
 
 
 def load_embedder(source: ModelSource, cfg: ServerConfig) -> Any:
-    """Load an embedding model or reranker (see edgeserve.models.embedders)."""
-    from edgeserve.models.embedders import load_embedding_model
+    """Load an embedding model or reranker (see edgeserve.models.encoders.embedders)."""
+    from edgeserve.models.encoders.embedders import load_embedding_model
 
     return load_embedding_model(source, cfg.device, cfg.dtype, cfg.engine.max_model_len)
 

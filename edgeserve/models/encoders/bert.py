@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # the layout implemented here: post-LayerNorm, absolute positions (RoBERTa's start after its padding id)
 ENCODER_MODEL_TYPES = ("bert", "xlm-roberta", "roberta")
-NOMIC_MODEL_TYPE = "nomic_bert"  # a nomic-bert folder: an encoder too, loaded by models/nomic_folder.py
+NOMIC_MODEL_TYPE = "nomic_bert"  # a nomic-bert folder: an encoder too, loaded by models/encoders/nomic_folder.py
 ROBERTA_TYPES = ("xlm-roberta", "roberta")
 POOLING_MODES = ("mean", "cls", "max", "lasttoken")
 

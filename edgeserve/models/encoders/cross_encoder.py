@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.models.bert import LoadedEncoder, pad_batch, segment_ids
+from edgeserve.models.encoders.bert import LoadedEncoder, pad_batch, segment_ids
 
 # BERT's Hugging Face head names -> ours (RoBERTa's `classifier.dense` / `classifier.out_proj` are ours already)
 _BERT_HEAD = {"pooler.dense": "classifier.dense", "classifier": "classifier.out_proj"}
@@ -87,7 +87,7 @@ def is_cross_encoder_folder(path: Path) -> bool:
 
 def load_cross_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedCrossEncoder:
     """Load a BERT sequence classifier from a Hugging Face folder as a reranker."""
-    from edgeserve.models.bert import load_encoder
+    from edgeserve.models.encoders.bert import load_encoder
 
     lm = load_encoder(source, device, dtype)
     head = classifier_head(lm.model.w, str(source.path))

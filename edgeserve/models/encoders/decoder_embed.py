@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from edgeserve.models.bert import pad_batch, pool
+from edgeserve.models.encoders.bert import pad_batch, pool
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +155,8 @@ class LoadedDecoderEmbedder:
 def is_decoder_embed_folder(path: Path) -> bool:
     """Whether a Hugging Face folder is a decoder published for sentence-transformers (a modules.json with a Pooling
     module, and not a BERT-family encoder): Qwen3-Embedding, EmbeddingGemma."""
-    from edgeserve.models.bert import is_encoder_folder
-    from edgeserve.models.st_modules import has_pooling
+    from edgeserve.models.encoders.bert import is_encoder_folder
+    from edgeserve.models.encoders.st_modules import has_pooling
 
     return path.is_dir() and has_pooling(path) and not is_encoder_folder(path)
 
@@ -173,7 +173,7 @@ def load_hf_decoder_embedder(source: Any, device: str = "cpu", dtype: str = "aut
                              max_len: int | None = None) -> LoadedDecoderEmbedder:
     """Load a sentence-transformers decoder folder (see is_decoder_embed_folder); `max_len` caps its context."""
     from edgeserve.models.load import load_model
-    from edgeserve.models.st_modules import sentence_head
+    from edgeserve.models.encoders.st_modules import sentence_head
 
     start = time.monotonic()
     folder = Path(source.path)

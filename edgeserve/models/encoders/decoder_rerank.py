@@ -23,8 +23,8 @@ from typing import Any, Mapping
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.models.bert import pad_batch
-from edgeserve.models.decoder_embed import DecoderEmbedConfig, LoadedDecoderEmbedder, PaddedCausalAttention
+from edgeserve.models.encoders.bert import pad_batch
+from edgeserve.models.encoders.decoder_embed import DecoderEmbedConfig, LoadedDecoderEmbedder, PaddedCausalAttention
 
 log = logging.getLogger(__name__)
 

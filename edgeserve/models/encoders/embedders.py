@@ -19,9 +19,9 @@ def gguf_kind(metadata: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> 
     """What a GGUF serves besides text: "rerank" (pooling type rank, or an encoder with a classification head among
     `tensor_names` and no pooling named), "embedding" (an encoder, or a decoder whose metadata names a pooling), or
     None for a text model."""
-    from edgeserve.models.decoder_embed import gguf_pooling
-    from edgeserve.models.decoder_rerank import is_decoder_reranker
-    from edgeserve.models.gguf_encoder import is_gguf_encoder, is_gguf_reranker
+    from edgeserve.models.encoders.decoder_embed import gguf_pooling
+    from edgeserve.models.encoders.decoder_rerank import is_decoder_reranker
+    from edgeserve.models.encoders.gguf_encoder import is_gguf_encoder, is_gguf_reranker
 
     if is_decoder_reranker(metadata) or is_gguf_reranker(metadata, tensor_names):  # pooling type rank, or a head
         return "rerank"
@@ -31,10 +31,10 @@ def gguf_kind(metadata: Mapping[str, Any], tensor_names: Iterable[str] = ()) -> 
 def folder_kind(path: Path) -> str | None:
     """What a Hugging Face folder serves besides text: "rerank" (a sequence classifier, or a causal LM published as
     a yes/no reranker), "embedding" (an encoder or a sentence-transformers decoder), or None."""
-    from edgeserve.models.bert import is_encoder_folder
-    from edgeserve.models.cross_encoder import is_cross_encoder_folder
-    from edgeserve.models.decoder_embed import is_decoder_embed_folder
-    from edgeserve.models.decoder_rerank import is_decoder_rerank_folder
+    from edgeserve.models.encoders.bert import is_encoder_folder
+    from edgeserve.models.encoders.cross_encoder import is_cross_encoder_folder
+    from edgeserve.models.encoders.decoder_embed import is_decoder_embed_folder
+    from edgeserve.models.encoders.decoder_rerank import is_decoder_rerank_folder
 
     if is_cross_encoder_folder(path) or is_decoder_rerank_folder(path):
         return "rerank"
@@ -54,13 +54,13 @@ def is_embedding_source(source: Any) -> bool:
 @load_allocations()  # as load_model: the load's temporaries back to the OS, then each forward reuses its buffers' pages
 def load_embedding_model(source: Any, device: str = "cpu", dtype: str = "auto", max_len: int | None = None) -> Any:
     """Load an embedding model or reranker (the LoadedEncoder interface); `max_len` caps a decoder's context."""
-    from edgeserve.models.bert import is_encoder_folder, load_encoder
-    from edgeserve.models.cross_encoder import is_cross_encoder_folder, load_cross_encoder
-    from edgeserve.models.decoder_embed import load_decoder_embedder
-    from edgeserve.models.decoder_rerank import (is_decoder_rerank_folder, is_decoder_reranker, load_decoder_reranker,
+    from edgeserve.models.encoders.bert import is_encoder_folder, load_encoder
+    from edgeserve.models.encoders.cross_encoder import is_cross_encoder_folder, load_cross_encoder
+    from edgeserve.models.encoders.decoder_embed import load_decoder_embedder
+    from edgeserve.models.encoders.decoder_rerank import (is_decoder_rerank_folder, is_decoder_reranker, load_decoder_reranker,
                                                  load_hf_decoder_reranker)
-    from edgeserve.models.gguf_encoder import is_gguf_encoder, load_gguf_encoder
-    from edgeserve.models.nomic_folder import is_nomic_folder, load_nomic_folder
+    from edgeserve.models.encoders.gguf_encoder import is_gguf_encoder, load_gguf_encoder
+    from edgeserve.models.encoders.nomic_folder import is_nomic_folder, load_nomic_folder
 
     if source.kind == "gguf":
         from edgeserve.loaders.gguf_file import GGUFFile

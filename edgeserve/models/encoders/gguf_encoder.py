@@ -27,10 +27,10 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
 from edgeserve.kernels.cpu_native import BlockWeight, cpu_flags, library
 from edgeserve.loaders.gguf_weights import gguf_blocks
-from edgeserve.models.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
-from edgeserve.models.decoder_embed import gguf_pooling
-from edgeserve.models.jina_bert import JinaBertEncoder
-from edgeserve.models.nomic_bert import NomicBertEncoder
+from edgeserve.models.encoders.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
+from edgeserve.models.encoders.decoder_embed import gguf_pooling
+from edgeserve.models.encoders.jina_bert import JinaBertEncoder
+from edgeserve.models.encoders.nomic_bert import NomicBertEncoder
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def load_gguf_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> 
             None if sep is None else int(sep), dev, 0.0)
     reranker = is_gguf_reranker(md, gguf.tensor_names())
     if reranker:
-        from edgeserve.models.cross_encoder import LoadedCrossEncoder, classifier_head
+        from edgeserve.models.encoders.cross_encoder import LoadedCrossEncoder, classifier_head
 
         lm: LoadedEncoder = LoadedCrossEncoder(*args, head=classifier_head(weights, str(source.path)))
     else:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.kernels.bf16_weight import Bf16Weight
-from edgeserve.models.bert import BertEncoder, EncoderConfig
+from edgeserve.models.encoders.bert import BertEncoder, EncoderConfig
 
 MAX_ALIBI_BIAS = 8.0
 _MASK_BYTES = 256 << 20  # the most an attention-bias block may take; longer inputs attend in query blocks

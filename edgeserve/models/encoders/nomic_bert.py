@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgeserve.models.bert import BertEncoder, additive_mask
+from edgeserve.models.encoders.bert import BertEncoder, additive_mask
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.models.bert import (NOMIC_MODEL_TYPE, EncoderConfig, LoadedEncoder, _json, encoder_dtype,
+from edgeserve.models.encoders.bert import (NOMIC_MODEL_TYPE, EncoderConfig, LoadedEncoder, _json, encoder_dtype,
                                    folder_encoder, read_folder_weights, sentence_settings)
-from edgeserve.models.nomic_bert import NomicBertEncoder
+from edgeserve.models.encoders.nomic_bert import NomicBertEncoder
 
 # config fields whose other values describe a model NomicBertEncoder does not compute
 _REQUIRED = {"prenorm": False, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,

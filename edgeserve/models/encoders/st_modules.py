@@ -58,7 +58,7 @@ def _dense(folder: Path) -> torch.Tensor:
 
 def sentence_head(folder: Path) -> SentenceHead:
     """The Pooling / Dense / Normalize modules of a sentence-transformers folder, in order."""
-    from edgeserve.models.bert import _pooling_mode
+    from edgeserve.models.encoders.bert import _pooling_mode
 
     head = SentenceHead("mean")
     dense: list[torch.Tensor] = []

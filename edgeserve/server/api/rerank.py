@@ -1,7 +1,7 @@
 """Rerank adapter: POST /v1/rerank, /v2/rerank, /rerank (Jina / Cohere v1 and v2 shapes, as vLLM serves them), llama-server's
 /v1/reranking, /reranking, and vLLM's /v1/score (`text_1` against each `text_2`).
 
-The request names a reranker (a cross-encoder; see models/cross_encoder.py), a `query` and `documents` (strings or
+The request names a reranker (a cross-encoder; see models/encoders/cross_encoder.py), a `query` and `documents` (strings or
 objects with `text`); each (query, document) pair is tokenized as `[CLS] query [SEP] document [SEP]`, the pairs are
 batched by the model's EmbeddingEngine like embeddings, and the answer lists `{index, relevance_score[, document]}`
 sorted by score, best first, cut to `top_n`. A one-logit head's score is its sigmoid (as sentence-transformers'
