@@ -5,8 +5,8 @@ Each side runs in its own process (the two code versions cannot share one); the 
 chat prompt generate `--tokens` tokens; step time = (time to N tokens - time to 1 token) / (N - 1), so prefill
 is excluded. Reports per-side medians over rounds, the ratio, and whether the generated token ids are identical.
 
-    python benchmarks/decode_step.py --against 2db8d7e [--rounds 4] [--tokens 48] [--batch 1,4] [--model GGUF]
-    python benchmarks/decode_step.py --side    # one process, this checkout only: prints JSON
+    python benchmarks/engine/decode_step.py --against 2db8d7e [--rounds 4] [--tokens 48] [--batch 1,4] [--model GGUF]
+    python benchmarks/engine/decode_step.py --side    # one process, this checkout only: prints JSON
 
 With `--count-ops`, each side also counts the aten ops of one batch-1 decode step (torch profiler events, every
 nested call included; machine-independent, unlike the times).
@@ -82,7 +82,7 @@ def side(tokens: int, batches: list[int], repeats: int, ops: bool = False, model
 
 def export(rev: str) -> Path:
     """A copy of the repository at `rev` in a temporary folder (git archive), for PYTHONPATH."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     dest = Path(tempfile.mkdtemp(prefix=f"edgeserve-{rev}-"))
     archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
@@ -111,7 +111,7 @@ def main() -> None:
     if args.side or not args.against:
         print(json.dumps(side(args.tokens, batches, args.repeats, args.count_ops, args.model)))
         return
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     paths = {args.against: export(args.against), "this checkout": here}
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
            "--repeats", str(args.repeats), "--model", args.model] + (["--count-ops"] if args.count_ops else [])

@@ -3,7 +3,7 @@
 Runs alternate A/B/C in one process so machine drift hits all sides alike; reports medians.
 Decode rate for every side is (N - 1) / (time to N tokens - time to 1 token), prefill excluded.
 
-    python benchmarks/decode_vs_transformers.py [--tokens 64] [--rounds 5]
+    python benchmarks/engine/decode_vs_transformers.py [--tokens 64] [--rounds 5]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 rows alone, and with P prompt tokens of a long prompt at depth C, optionally this checkout against a library built
 from another commit, side by side in one process.
 
-    python benchmarks/deep_step.py [--model smollm2-135m] [--decodes 3] [--prompt-tokens 1,4,16]
+    python benchmarks/engine/deep_step.py [--model smollm2-135m] [--decodes 3] [--prompt-tokens 1,4,16]
         [--depths 500,2000,4000] [--single-depths 100,4000] [--reps 15] [--baseline-lib OLD.so]
         [--kv-cache-dtypes bf16,f16]
 

@@ -3,7 +3,7 @@
 For each prompt length: the median of 5 runs of a 1-token generation (prefill + the first token), prefix cache off,
 with the default model loaded twice in one process: once keeping bf16 copies for prompt tokens, once int4 only.
 
-    python benchmarks/dense_prefill.py [--lengths 1,16,64,256,512] [--runs 5] [--native]
+    python benchmarks/engine/dense_prefill.py [--lengths 1,16,64,256,512] [--runs 5] [--native]
 
 With `--native` the two sides are instead the native quantized GEMM (kernels/cpu/qmatmul.c, EDGESERVE_NATIVE=1,
 no dense copies) and the torch path with dense copies (EDGESERVE_NATIVE=0, `--dense-prefill on`); the environment

@@ -1,6 +1,6 @@
 """Embedding sub-batch size on the CPU: throughput, and how long a request waits behind an abandoned one.
 
-    python benchmarks/embedding_sub_batch.py --model ~/.cache/edgeserve/models/all-MiniLM-L6-v2 --sizes 2048 16384
+    python benchmarks/engine/embedding_sub_batch.py --model ~/.cache/edgeserve/models/all-MiniLM-L6-v2 --sizes 2048 16384
 
 For each sub-batch size (EmbeddingEngine.sub_batch_tokens), interleaved over --rounds: (1) the seconds to embed
 --inputs inputs of --length tokens in one request; (2) an abandoned request: the same inputs are submitted, the

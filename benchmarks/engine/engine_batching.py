@@ -3,7 +3,7 @@
 Both sides use the same engine and model in one process, alternating rounds so machine drift hits both;
 reports medians and the ratio. Every request generates exactly --max-tokens tokens (end-of-turn ignored).
 
-    python benchmarks/engine_batching.py [--requests 32] [--max-tokens 64] [--rounds 3]
+    python benchmarks/engine/engine_batching.py [--requests 32] [--max-tokens 64] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the vocabulary), detokenizing and stop checks. For every batch size B and contex
 stepped to decoding (prefill excluded), then each of N - 1 decode steps is timed with its text work (detokenize,
 stop strings: inside the step now, by the caller before); the median step is reported. Each side runs in its own process; sides alternate A/B/A/B for `--rounds` rounds; medians are printed.
 
-    python benchmarks/engine_host_step.py --against 4286945[,REV2...] [--rounds 3] [--batch 1,8,32] [--context 256,8192]
-    python benchmarks/engine_host_step.py --side    # this checkout only: prints JSON
+    python benchmarks/engine/engine_host_step.py --against 4286945[,REV2...] [--rounds 3] [--batch 1,8,32] [--context 256,8192]
+    python benchmarks/engine/engine_host_step.py --side    # this checkout only: prints JSON
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TINY = Path(__file__).resolve().parent / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny-llama.json"
 
 
 def stub_model(lm) -> None:
@@ -130,7 +130,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from decode_step import export
 
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     paths = {rev: export(rev) for rev in args.against.split(",")}
     paths["this checkout"] = here
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,

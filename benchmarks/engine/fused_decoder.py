@@ -8,7 +8,7 @@ With `--prefill N`, also times a cold prompt step of N tokens (forward + the las
 same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5) runs over a state pool
 beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for both).
 
-    python benchmarks/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
+    python benchmarks/engine/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
                                        [--prefill 256 --prefill-reps 6]
 """
 

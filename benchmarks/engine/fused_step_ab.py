@@ -6,7 +6,7 @@ for B sequences of `--context` tokens, then times blocks of decode steps, the si
 a pause between blocks so that the idle side's pool workers are asleep. Prints per side the median step (ms) and
 the ratio, as JSON. `--single-thread` runs one thread and reads thread CPU time (steadier on a busy machine).
 
-    python benchmarks/fused_step_ab.py --baseline-lib OLD.so [--model smollm2-135m | GGUF] [--batch 1,8]
+    python benchmarks/engine/fused_step_ab.py --baseline-lib OLD.so [--model smollm2-135m | GGUF] [--batch 1,8]
         [--context 128] [--blocks 12] [--steps 5] [--single-thread] [--lib OTHER.so]
 """
 

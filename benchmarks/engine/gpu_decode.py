@@ -10,7 +10,7 @@
    (random weights, static batch, `--skip-transformers` to leave it out).
 3. Single-stream decode tokens/s of the default model (smollm2-135m, when it is pulled).
 
-    python benchmarks/gpu_decode.py [--models bf16,int4] [--concurrency 1,8,32,64] [--bandwidth-gbs 3350]
+    python benchmarks/engine/gpu_decode.py [--models bf16,int4] [--concurrency 1,8,32,64] [--bandwidth-gbs 3350]
 
 On a machine without CUDA it prints one line and exits with status 1.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODELS = {"bf16": CONFIGS / "llama-3-8b.json", "int4": CONFIGS / "llama-3-8b-int4.json"}
 # nominal DRAM bandwidth in GB/s by device name (most specific first)
 PEAK_GBS = [

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One lease on the device machine (docs/PERFORMANCE.md, GPU runs): set up, then the checks of one stage.
-#   bash benchmarks/gpu_session.sh stage1   # GPU-marked tests, kernel tests, batch-1 decode roofline
-#   bash benchmarks/gpu_session.sh stage2   # the default model's engine tests on CUDA, default and batch-invariant
-#   bash benchmarks/gpu_session.sh kernels  # the GPU kernel tests alone
-#   bash benchmarks/gpu_session.sh invariant  # the batch-invariant W4A16 path: launch sweep, int4 decode
+#   bash benchmarks/engine/gpu_session.sh stage1   # GPU-marked tests, kernel tests, batch-1 decode roofline
+#   bash benchmarks/engine/gpu_session.sh stage2   # the default model's engine tests on CUDA, default and batch-invariant
+#   bash benchmarks/engine/gpu_session.sh kernels  # the GPU kernel tests alone
+#   bash benchmarks/engine/gpu_session.sh invariant  # the batch-invariant W4A16 path: launch sweep, int4 decode
 # Carried (ignored) folders: .whl (wheels the image lacks), .gpua / .gpub (the default model in two halves, each
 # under the tree limit). Everything is logged under $OUT.
 set -u
@@ -24,7 +24,7 @@ git log -1 --format='commit %h %s' 2>/dev/null
 case "${1:-}" in
 stage1)
     timeout 200 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=10 --continue-on-collection-errors 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-    timeout 120 python3 benchmarks/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
+    timeout 120 python3 benchmarks/engine/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
     ;;
 stage2)
     tests="tests/test_server_openai.py::test_seed_reproducible_and_n tests/test_server_openai.py::test_logprobs_shape
@@ -40,8 +40,8 @@ kernels)
         2>&1 | tee "$OUT/gpu_kernel_tests.log" | tail -15
     ;;
 invariant)
-    timeout 100 python3 benchmarks/w4a16_invariant.py 2>&1 | tee "$OUT/w4a16_invariant.log" | tail -60
-    EDGESERVE_BATCH_INVARIANT=1 timeout 60 python3 benchmarks/gpu_decode.py --models int4 --skip-throughput \
+    timeout 100 python3 benchmarks/kernels/w4a16_invariant.py 2>&1 | tee "$OUT/w4a16_invariant.log" | tail -60
+    EDGESERVE_BATCH_INVARIANT=1 timeout 60 python3 benchmarks/engine/gpu_decode.py --models int4 --skip-throughput \
         --skip-transformers 2>&1 | tee "$OUT/gpu_decode_invariant.log" | tail -6
     timeout 60 python3 -m pytest -q -m gpu tests/test_kernels_w4a16.py -p no:cacheprovider 2>&1 | tail -3
     ;;

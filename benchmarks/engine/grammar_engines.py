@@ -2,7 +2,7 @@
 tokenizer setup, schema compile, and the per-token mask cost while walking a valid JSON document, medians.
 
     pip install xgrammar   # optional: only this benchmark uses it
-    python benchmarks/grammar_engines.py [--repeats 5]
+    python benchmarks/engine/grammar_engines.py [--repeats 5]
 """
 
 from __future__ import annotations

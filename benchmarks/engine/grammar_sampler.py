@@ -1,7 +1,7 @@
 """The sampler's cost per decode step at batch 8 with and without grammars, over the default model's vocabulary
 (49,152), interleaved, medians and ratios.
 
-    python benchmarks/grammar_sampler.py [--steps 40] [--repeats 5] [--threads N]
+    python benchmarks/engine/grammar_sampler.py [--steps 40] [--repeats 5] [--threads N]
 
 Cases: 8 plain rows; 8 rows under a JSON schema (each advanced along a valid document of its own, so every step
 computes a real mask); 4 plain + 4 constrained. Logits are random (the mask cost does not depend on them); rows

@@ -1,10 +1,10 @@
 """Cold TTFT of a 1,000-token prompt and the second turn of a two-turn text chat on a hybrid (or any) GGUF, in one
 process, wall and process CPU time; run it under two package trees (PYTHONPATH) alternating for a before/after.
 
-    PYTHONPATH=/tmp/base/site OMP_NUM_THREADS=2 python benchmarks/hybrid_turns_ab.py MODEL.gguf ROUNDS
+    PYTHONPATH=/tmp/base/site OMP_NUM_THREADS=2 python benchmarks/engine/hybrid_turns_ab.py MODEL.gguf ROUNDS
 
 Turn 1: `User: ` + 990 random words + `\\nAssistant:`, 32 tokens out; turn 2: turn 1 + its reply + 55 words, one
-token out (as benchmarks/multiturn_ttft.py builds them). Prints one JSON line; `turn2_cached` is [cached tokens,
+token out (as benchmarks/serve/multiturn_ttft.py builds them). Prints one JSON line; `turn2_cached` is [cached tokens,
 prompt tokens] of each second turn."""
 import json
 import random

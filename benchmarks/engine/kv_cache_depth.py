@@ -2,7 +2,7 @@
 context C through the model's whole forward (the fused native stack) and its logits, the KV formats interleaved
 rep by rep, plus how many C-token sequences a KV budget holds in each format.
 
-    python benchmarks/kv_cache_depth.py [--model smollm2-135m] [--depths 2048,8192] [--reps 15] [--budget-gb 1]
+    python benchmarks/engine/kv_cache_depth.py [--model smollm2-135m] [--depths 2048,8192] [--reps 15] [--budget-gb 1]
         [--single-thread] [--device cuda --formats auto,fp8]
 
 `--device cuda` runs the model on the GPU (Triton kernels; fp8 needs sm_89+), each step timed to its end

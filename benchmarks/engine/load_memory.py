@@ -1,6 +1,6 @@
 """Load time and peak RSS of loading a model, each load in a fresh process; medians over runs.
 
-    python benchmarks/load_memory.py [--model smollm2-135m] [--runs 5] [--dtype auto] [--llama-server PATH]
+    python benchmarks/engine/load_memory.py [--model smollm2-135m] [--runs 5] [--dtype auto] [--llama-server PATH]
 
 With --llama-server, each run also starts llama.cpp's server on the same GGUF (1 slot, 4,096 context, 2 threads)
 and times it from spawn until /health answers 200 (it loads the model before that), with its resident memory

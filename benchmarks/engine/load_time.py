@@ -1,6 +1,6 @@
 """Model load time, this checkout vs a baseline git ref (default `main`), interleaved A/B in fresh processes.
 
-    python benchmarks/load_time.py [--baseline main] [--model smollm2-135m] [--rounds 5] [--profile]
+    python benchmarks/engine/load_time.py [--baseline main] [--model smollm2-135m] [--rounds 5] [--profile]
 
 Each round runs one fresh process per side, in alternating order; each process imports edgeserve first
 (untimed), then times `GGUFFile(path)` and then the full `load_model(resolve(path))` (the server's first-request
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, os, sys, time

@@ -3,7 +3,7 @@ rank-16 LoRA adapters, read as bfloat16 (as the engine keeps them beside a bfloa
 (--lora-weights int8, the default beside this quantized base), alternating, medians of --reps; the step-level cost
 of the adapters without the server around it.
 
-    python benchmarks/lora_step.py [--targets all|q_proj,v_proj] [--rows 8] [--adapters 4] [--cpu-time]
+    python benchmarks/engine/lora_step.py [--targets all|q_proj,v_proj] [--rows 8] [--adapters 4] [--cpu-time]
 """
 
 from __future__ import annotations

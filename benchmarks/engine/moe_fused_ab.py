@@ -8,7 +8,7 @@ each batch, the sides taking turns (rotating order per block, a pause between bl
 step of at most SMALL_STEP_ROWS rows). Prints per side the median (ms) and the ratios against main's per-op path, as
 JSON, and checks that the fused and per-op native steps give the same logits bit for bit.
 
-    OMP_NUM_THREADS=2 python benchmarks/moe_fused_ab.py -m /work/models/qwen3-30b-a3b-24layers-q4km.gguf \\
+    OMP_NUM_THREADS=2 python benchmarks/engine/moe_fused_ab.py -m /work/models/qwen3-30b-a3b-24layers-q4km.gguf \\
         [--batch 1,8] [--context 64] [--prefill 256] [--blocks 8] [--steps 4] [--generate 32 --rounds 3]
 
 `--generate N` then also times whole greedy generations through the engine (1 and 8 prompts), as a server's

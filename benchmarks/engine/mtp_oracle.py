@@ -11,7 +11,7 @@ vocabulary (llama.cpp's models/ggml-vocab-qwen35.gguf), written once into the ca
 loaded model for every side; sides alternate within each round; reports medians and ratios to the plain side.
 tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill included).
 
-    python benchmarks/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
+    python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
 """
 

@@ -1,7 +1,7 @@
 """A cold prefill's time with this checkout's native CPU library against a baseline library (built from another
 commit's kernels/cpu/*.c), interleaved in one process over the same loaded model.
 
-    python benchmarks/native_lib_prefill_ab.py MODEL.gguf --baseline-lib OLD.so [--tokens 1000] [--rounds 5]
+    python benchmarks/engine/native_lib_prefill_ab.py MODEL.gguf --baseline-lib OLD.so [--tokens 1000] [--rounds 5]
 
 Build OLD.so from a commit's sources with the flags of `kernels.cpu_native.build` for this CPU's variant, e.g.
 `git show BASE:kernels/cpu/qmatmul.c > base/qmatmul.c` (every .c/.h of kernels/cpu/) then

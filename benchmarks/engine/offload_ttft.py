@@ -5,7 +5,7 @@ copy bandwidth of each tier on its own.
 Each round uses a fresh random prefix and measures every case in turn, so machine drift hits all alike;
 reports medians. Engine defaults otherwise (max_num_batched_tokens 512: a 2,000-token prefill runs in chunks).
 
-    python benchmarks/offload_ttft.py [--prefix 2000] [--rounds 5] [--model smollm2-135m]
+    python benchmarks/engine/offload_ttft.py [--prefix 2000] [--rounds 5] [--model smollm2-135m]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ TTFT), then a long prompt (default 6025 tokens, the issue's case) with the short
 second step. Reports medians: the short request's TTFT and steps to its first token, its ratio to the unloaded TTFT,
 and the long prompt's own TTFT (what fairness costs it).
 
-    python benchmarks/prefill_fairness.py [--long-tokens 6025] [--rounds 3] [--max-batched-tokens 512]
+    python benchmarks/engine/prefill_fairness.py [--long-tokens 6025] [--rounds 3] [--max-batched-tokens 512]
 
 `--late-depth N [--shorts K]` (issue 39): both policies fair, the prompt-token budget alone ("budget",
 bound_prefill_steps off) vs steps bounded by cost ("bounded", the default); K short requests arrive together once

@@ -8,7 +8,7 @@ Reports medians over rounds: p99 TPOT of the short requests unloaded and during 
 time - first token time) / (tokens - 1), as compare.py), their ratio, the short requests' TTFT and the long
 prompt's TTFT (what the limit costs it).
 
-    python benchmarks/prefill_interference.py [--long-tokens 4000] [--rounds 3] [--slowdown 1.5]
+    python benchmarks/engine/prefill_interference.py [--long-tokens 4000] [--rounds 3] [--slowdown 1.5]
 
 `--late-depth N`: the short requests arrive once the long prompt has N tokens computed (deep into it, where one
 prompt token beside the decode rows may cost more than a decode step); the policies are then the limit with its token floor paid every step (`floor every step`, as before the

@@ -5,7 +5,7 @@ one's prefix was computed by the previous request, so only its own question is p
 request's whole prompt sent again (only its last token is computed: the partly filled last block is reused from a
 copy). Reports medians.
 
-    python benchmarks/prefix_cache_ttft.py [--prefix-tokens 1000] [--rounds 5]
+    python benchmarks/engine/prefix_cache_ttft.py [--prefix-tokens 1000] [--rounds 5]
 """
 
 from __future__ import annotations

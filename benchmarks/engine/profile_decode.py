@@ -1,6 +1,6 @@
 """Where a batch-1 decode step's time goes: torch profiler table of aten ops over one greedy generation.
 
-    python benchmarks/profile_decode.py [--tokens 32]
+    python benchmarks/engine/profile_decode.py [--tokens 32]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Builds the native library once more with -DQMM_PROFILE (layer.c then adds up wal
 model on it, fills a paged pool for B sequences of `--context` tokens and times forward + logits of one decode row
 per sequence `--reps` times. Prints the median per step of each section (ms and share of the step) as JSON.
 
-    python benchmarks/profile_fused_step.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 30]
+    python benchmarks/engine/profile_fused_step.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 30]
         [--source-dir DIR]
 """
 

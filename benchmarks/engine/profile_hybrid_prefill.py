@@ -1,7 +1,7 @@
 """Where a Qwen3.5 prefill's time goes: process CPU time per section (the model's functions wrapped with timers),
 one thread by default, best of N runs of a fresh T-token prompt.
 
-    python benchmarks/profile_hybrid_prefill.py MODEL.gguf T [RUNS]"""
+    python benchmarks/engine/profile_hybrid_prefill.py MODEL.gguf T [RUNS]"""
 import collections
 import os
 import sys

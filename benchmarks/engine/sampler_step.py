@@ -2,7 +2,7 @@
 another version of edgeserve/engine/sampler.py, interleaved, medians and ratios.
 
     git show 70d481f:edgeserve/engine/sampler.py > /tmp/sampler_before.py
-    python benchmarks/sampler_step.py --other /tmp/sampler_before.py [--end-to-end]
+    python benchmarks/engine/sampler_step.py --other /tmp/sampler_before.py [--end-to-end]
 
 Logits are the default model's own, for 8 different prompts, so the distributions' widths are realistic.
 `--end-to-end` also times whole generations (8 prompts together, 64 sampled tokens each, temperature 0.7,

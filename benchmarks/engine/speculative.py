@@ -5,7 +5,7 @@ them all; reports medians, ratios to the plain side and acceptance. Greedy, end 
 answer ends by itself); tokens/s = tokens generated / wall time of `generate` (prefill included, prefix cache
 off).
 
-    python benchmarks/speculative.py [--rounds 3] [--max-tokens 64] [--batch 8] [--draft-pair]
+    python benchmarks/engine/speculative.py [--rounds 3] [--max-tokens 64] [--batch 8] [--draft-pair]
 
 --draft-pair adds the int4 default model as draft for the same GGUF at float32 (target) at batch 1.
 """

@@ -5,7 +5,7 @@ here as it was: flatten each ScheduledSeq's lists, one `to_device` per input), s
 Decode steps (one token per sequence, each with a 20-block table) at batch 1, 8 and 32; the two paths alternate
 for `--rounds` rounds of `--number` calls; medians of the per-round means are printed.
 
-    python benchmarks/step_inputs.py [--rounds 7] [--number 2000]
+    python benchmarks/engine/step_inputs.py [--rounds 7] [--number 2000]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 to the moment the encoder is free for the next request, with the check between the tower's layers
 (vision/stop.py) and with the check between image batches only (as before).
 
-    python benchmarks/vision_abandon.py --model gemma-3-270m.gguf --mmproj mmproj-gemma3-4b-to640-f16.gguf
+    python benchmarks/engine/vision_abandon.py --model gemma-3-270m.gguf --mmproj mmproj-gemma3-4b-to640-f16.gguf
 
 Loads the model with the projector (torch's threads as they are), encodes one --size image to warm up and time a
 whole encode, then per round, alternating the order: a request of --images distinct images is encoded in a thread

@@ -1,6 +1,6 @@
 """Time edgeserve's vision encoder on one image, on random-weight mmproj files of real shapes (or a given one).
 
-    python benchmarks/vision_encode.py --family smolvlm-256m --qtype F16 --size 512 [--repeat 2] [--keep DIR]
+    python benchmarks/engine/vision_encode.py --family smolvlm-256m --qtype F16 --size 512 [--repeat 2] [--keep DIR]
 
 Writes the mmproj (clip.cpp's tensor names, as llama.cpp's converter would) unless --mmproj names one, loads it as
 the server does (bf16 compute: Q8_0 matrices on the native CPU kernels, F16 ones as bf16), and prints the
@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from edgeserve.bench.random_mmproj import SIGLIP_SHAPES, write_siglip_mmproj
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=sorted(SIGLIP_SHAPES), default="smolvlm-256m")
@@ -31,7 +34,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = ap.parse_args()
-    from edgeserve.bench.random_mmproj import SIGLIP_SHAPES, write_siglip_mmproj
     from edgeserve.vision.family import load_vision
 
     shape = SIGLIP_SHAPES[args.family]

@@ -1,7 +1,7 @@
 """In-process A/B: a decoding stream's step time while an image is encoded beside it, with the encoder in a plain
 thread at the engine's priority (as before) and on the vision runtime's own nicer thread (VisionRuntime.encoder_nice).
 
-    python benchmarks/vision_interference_ab.py --model LM.gguf [--layers 3] [--rounds 3] [--nice 10 19]
+    python benchmarks/engine/vision_interference_ab.py --model LM.gguf [--layers 3] [--rounds 3] [--nice 10 19]
 
 Writes a random-weight Gemma 3 tower mmproj (SigLIP so400m's shape with `--layers` of its 27 layers, F16, projecting
 into the language model's width), loads the model with it (torch's 2 threads), then per round, in alternating

@@ -1,6 +1,6 @@
 """Native quantized GEMV/GEMM (kernels/cpu/qmatmul.c) against torch's CPU int4 and bf16 matmuls, side by side.
 
-    python benchmarks/cpu_kernels.py [--shape 8192x2048] [--batch 1,8,64] [--reps 9] [--single-thread]
+    python benchmarks/kernels/cpu_kernels.py [--shape 8192x2048] [--batch 1,8,64] [--reps 9] [--single-thread]
         [--baseline-lib OLD.so]
 
 `--baseline-lib` also times a library built from another commit (a copy of its `qmatmul-avx2-*.so` from

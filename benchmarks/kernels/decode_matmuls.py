@@ -1,7 +1,7 @@
 """Native matmul time of one decode step of a GGUF model (its real layer-0 and output weights) at batch 1 (or
 each of `--batch`), this checkout's kernels against another commit's library, side by side.
 
-    python benchmarks/decode_matmuls.py [--model PATH.gguf] [--baseline-lib OLD.so] [--rounds 5] [--single-thread]
+    python benchmarks/kernels/decode_matmuls.py [--model PATH.gguf] [--baseline-lib OLD.so] [--rounds 5] [--single-thread]
         [--batch 1,4,8]
 
 Times the raw `qmm_matmul` call (activations quantized once beforehand; no Python wrapper) for each matrix a Llama

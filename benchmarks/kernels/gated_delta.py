@@ -2,7 +2,7 @@
 (kernels.gated_delta), per layer call, at Qwen3.5 shapes (default: 16 key heads, 32 value heads, 128 x 128 state,
 conv kernel 4).
 
-    python benchmarks/gated_delta.py [--threads 2] [--reps 15] [--prompt 512] [--batch 8]
+    python benchmarks/kernels/gated_delta.py [--threads 2] [--reps 15] [--prompt 512] [--batch 8]
 
 Prints the median wall time in ms of: decode (one token for each of 1 and --batch sequences), and a --prompt-token
 prefill of one sequence (native token by token, the twin chunked by 64 and token by token), for the conv + SiLU and

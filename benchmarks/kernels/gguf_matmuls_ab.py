@@ -2,10 +2,10 @@
 format, on its own) at M activation rows, this checkout's native library against a baseline library, per format,
 with the two libraries' outputs asserted bit-equal.
 
-    python benchmarks/gguf_matmuls_ab.py MODEL.gguf --baseline-lib OLD.so [--rows 512] [--reps 3]
+    python benchmarks/kernels/gguf_matmuls_ab.py MODEL.gguf --baseline-lib OLD.so [--rows 512] [--reps 3]
 
 One thread (`EDGESERVE_THREADS=1`), timed in thread CPU time (steady on a busy machine); calls alternate between
-the libraries, and each weight's figure is its fastest call. Build OLD.so as `benchmarks/native_lib_prefill_ab.py`
+the libraries, and each weight's figure is its fastest call. Build OLD.so as `benchmarks/engine/native_lib_prefill_ab.py`
 says. Prints the total per format (milliseconds, this / base) and over all weights: a prompt chunk of M rows costs
 one call of each.
 """

@@ -5,7 +5,7 @@ Decode is memory-bound, so each kernel is reported as GB/s (bytes it must read /
 device's nominal bandwidth and a measured copy bandwidth. Shapes are Llama-3-8B's (32 query heads, 8 KV heads,
 head_dim 128; hidden 4096, MLP 14336). bf16 on sm_80+, fp16 on sm_75.
 
-    python benchmarks/kernels_gpu.py [--reps 50] [--context 4096] [--batches 1,8,32]
+    python benchmarks/kernels/kernels_gpu.py [--reps 50] [--context 4096] [--batches 1,8,32]
 """
 
 from __future__ import annotations

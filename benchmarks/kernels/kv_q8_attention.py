@@ -1,7 +1,7 @@
 """One decode row's attention at depth over a q8_0 KV pool against the same over bf16, and against a native
 library built from another commit, in one process with the calls interleaved rep by rep.
 
-    python benchmarks/kv_q8_attention.py [--depths 2048,8192] [--heads 9,3] [--head-dim 64] [--rows 1]
+    python benchmarks/kernels/kv_q8_attention.py [--depths 2048,8192] [--heads 9,3] [--head-dim 64] [--rows 1]
         [--layers 30] [--reps 15] [--single-thread] [--baseline-lib OLD.so]
 
 The shape defaults to the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head size 64); `--rows`

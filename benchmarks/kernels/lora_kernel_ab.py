@@ -4,7 +4,7 @@ the default model's shapes), 8 rows over 4 rank-16 all-projection adapters; the 
 engine kept them, this tree bfloat16 and its int8 copy (--lora-weights int8). Also the int8 copy's error against
 the float update.
 
-    python benchmarks/lora_kernel_ab.py [--baseline REV] [--adapters 4] [--rows 8] [--reps 40]
+    python benchmarks/kernels/lora_kernel_ab.py [--baseline REV] [--adapters 4] [--rows 8] [--reps 40]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from edgeserve.kernels.cpu_native import VARIANT_FLAGS, best_variant, compiler, 
 from edgeserve.models.lora import LoraAdapter, LoraPair, LoraPart
 from edgeserve.models.lora_step import StepLora
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = dict(hidden=576, ffn=1536, kv=192, layers=30)  # SmolLM2-135M
 
 

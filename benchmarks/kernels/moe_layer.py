@@ -3,7 +3,7 @@ experts, as a Q4_K_M file's first layers store them): per step of T tokens, in t
 as from a memory map) and repacked: the whole layer in one native call (kernels/cpu/moe_layer.c, "layer call"),
 and the torch path around the grouped call (qmm_moe_matmul, "one call") or a matmul per expert.
 
-    EDGESERVE_THREADS=1 python benchmarks/moe_layer.py --tokens 1 4 64
+    EDGESERVE_THREADS=1 python benchmarks/kernels/moe_layer.py --tokens 1 4 64
 
 Reports process CPU time and median wall time per layer forward (on a shared machine wall time mostly measures the
 neighbours); run it with EDGESERVE_THREADS=1 and 2 to see whether a decode row's experts keep both threads busy.

@@ -1,7 +1,7 @@
 """Check the native attention softmax's exp (`qmm_exp` of kernels/cpu/attention.c) against this machine's libm
 `expf` on every one of the 2^32 float32 inputs, bit for bit (any NaN matches any NaN).
 
-    python benchmarks/native_exp_check.py [--variant avx2]
+    python benchmarks/kernels/native_exp_check.py [--variant avx2]
 
 The SIMD variants replicate glibc's expf as its FMA build computes it, so that the attention keeps the bits it had
 when it called `expf`; this says whether that holds for the libm here. It compiles a small C driver against the

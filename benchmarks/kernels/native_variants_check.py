@@ -1,7 +1,7 @@
 """Check the native kernels' SIMD variants against the portable (scalar) build on any machine, without edgeserve's
 dependencies (numpy and gcc only): for a machine with AVX-512 VNNI where the test suite cannot be installed.
 
-    python benchmarks/native_variants_check.py [scalar avx2 avx512vnni | scalar neon neondot]
+    python benchmarks/kernels/native_variants_check.py [scalar avx2 avx512vnni | scalar neon neondot]
 
 Builds kernels/cpu/*.c once per variant (the flags of edgeserve.kernels.cpu_native.VARIANT_FLAGS), multiplies random
 blocks of every format (Q4_0 / Q4_1 also in their repacked _R8 layout) by 9 activation rows, and checks that each
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCES = [str(Path(__file__).parent.parent / "kernels" / "cpu" / n)
+SOURCES = [str(Path(__file__).resolve().parents[2] / "kernels" / "cpu" / n)
            for n in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
 FLAGS = {"scalar": [], "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
          "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",

@@ -1,7 +1,7 @@
 """Native paged attention (kernels/cpu/attention.c) over prompt chunks and decode rows, this checkout against a
 library built from another commit, side by side, with a bit-for-bit check of every output.
 
-    python benchmarks/prefill_attention.py --baseline-lib OLD.so [--heads 9 --kv-heads 3 --head-dim 64]
+    python benchmarks/kernels/prefill_attention.py --baseline-lib OLD.so [--heads 9 --kv-heads 3 --head-dim 64]
         [--cases prefill:512@512,prefill:512@2000,prefill:512@4000,decode:8@2000,decode:1@4000] [--reps 5]
 
 `OLD.so` is a `qmatmul-avx2-*.so` from `<edgeserve home>/native/` built at the other commit (or the same sources

@@ -4,7 +4,7 @@ For the Llama-3-8B matrices: GB/s of the default GEMV and of the invariant path 
 weight alone) over a sweep of launch shapes, timed over CUDA-graph replays; then whether each invariant shape keeps
 a row's result bit for bit at M = 1, 7 and 40.
 
-    python benchmarks/w4a16_invariant.py
+    python benchmarks/kernels/w4a16_invariant.py
 """
 
 from __future__ import annotations

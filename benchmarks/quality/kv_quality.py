@@ -2,7 +2,7 @@
 (and, for scale, bf16 and q8_0 against a float32 KV cache) over a fixed text, per model and length
 (edgeserve.bench.kv_quality).
 
-    python benchmarks/kv_quality.py MODEL.gguf [MODEL.gguf ...] [--lengths 512,2048] [--text FILE ...]
+    python benchmarks/quality/kv_quality.py MODEL.gguf [MODEL.gguf ...] [--lengths 512,2048] [--text FILE ...]
         [--pairs q8_0:auto,fp8:auto]
 
 `--pairs`: candidate:reference formats (`--kv-cache-dtype` names, or f32); fp8 runs through the torch twins where
@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAIRS = (("q8_0", "auto"), ("auto", "f32"), ("q8_0", "f32"))  # (candidate, reference)
 
 

@@ -13,7 +13,7 @@ out (--system-prompts 8: each conversation its own). Per request: TTFT (streamed
 (usage.prompt_tokens_details). Then the ingress overhead: `serve` and a `prefix` cluster up at once, the same short
 cached request sent one at a time, alternating between them (TTFT medians).
 
-    python benchmarks/cluster_routing.py [--model smollm2-135m] [--system-prompts 2] [--json out.json]
+    python benchmarks/serve/cluster_routing.py [--model smollm2-135m] [--system-prompts 2] [--json out.json]
 """
 
 from __future__ import annotations

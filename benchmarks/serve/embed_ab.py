@@ -3,8 +3,8 @@ up at once and requests alternated per round: ms medians and the new/base time r
 
     git archive <base-commit> | tar -x -C /tmp/base   # then link its kernels/loaders/offload into its package:
     for d in kernels loaders offload; do ln -s ../$d /tmp/base/edgeserve/$d; done
-    python benchmarks/embed_ab.py --base-tree /tmp/base --model minilm-q8_0.gguf 64x1 512x1 64x32
-    python benchmarks/embed_ab.py --base-tree /tmp/base --model rerank-minilm-q8_0.gguf --rerank 64x1 64x32
+    python benchmarks/serve/embed_ab.py --base-tree /tmp/base --model minilm-q8_0.gguf 64x1 512x1 64x32
+    python benchmarks/serve/embed_ab.py --base-tree /tmp/base --model rerank-minilm-q8_0.gguf --rerank 64x1 64x32
 
 Workloads are TOKENSxBATCH: one request carrying BATCH inputs of about TOKENS tokens (for --rerank, a 6-word
 query and BATCH documents, each pair TOKENS tokens), the texts of embed_compare.py. The base server runs from

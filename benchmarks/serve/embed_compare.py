@@ -3,11 +3,11 @@ same GGUF, both servers up at once and requests alternated A/B per round, each a
 runs beside the other's idle-spinning threads: texts/s at 64- and 512-token inputs, batch 1 and 32 (one request
 carrying that many inputs), medians and ratios.
 
-    python benchmarks/embed_compare.py --llama-server /path/to/llama-server --model minilm-q8_0.gguf
-    python benchmarks/embed_compare.py --llama-server ... --model x.gguf --rerank   # a rank-pooling GGUF
-    python benchmarks/embed_compare.py --make-bert base --qtype q8_0 --out bge-base-q8_0.gguf \\
+    python benchmarks/serve/embed_compare.py --llama-server /path/to/llama-server --model minilm-q8_0.gguf
+    python benchmarks/serve/embed_compare.py --llama-server ... --model x.gguf --rerank   # a rank-pooling GGUF
+    python benchmarks/serve/embed_compare.py --make-bert base --qtype q8_0 --out bge-base-q8_0.gguf \\
         --convert /path/to/llama.cpp/convert_hf_to_gguf.py --vocab-from /path/to/all-MiniLM-L6-v2
-    python benchmarks/embed_compare.py --convert-folder ~/.cache/edgeserve/models/all-MiniLM-L6-v2 --qtype q8_0 \\
+    python benchmarks/serve/embed_compare.py --convert-folder ~/.cache/edgeserve/models/all-MiniLM-L6-v2 --qtype q8_0 \\
         --out minilm-q8_0.gguf --convert /path/to/llama.cpp/convert_hf_to_gguf.py
 
 `--make-bert` writes a random-weight BERT of a real shape (minilm: 384x6, small: 384x12, base: 768x12) through

@@ -4,7 +4,7 @@ blocks at shutdown and turn 6 resumes from them), `edgeserve-ram` (no offload: t
 only, so turn 6 recomputes the whole conversation) and, with --llama-server, llama.cpp's llama-server with its best
 cache flags (`--cache-reuse 256 --ctx-checkpoints 8 --cache-ram 4096`, one slot).
 
-    python benchmarks/hybrid_restart_turns.py [--model QWEN35.gguf] [--llama-server PATH] [--threads 2]
+    python benchmarks/serve/hybrid_restart_turns.py [--model QWEN35.gguf] [--llama-server PATH] [--threads 2]
 
 Without --model it writes a random-weight Qwen3.5-0.8B-shaped Q4_K_M GGUF (edgeserve.bench.random_hybrid_gguf)
 with llama.cpp's Qwen3.5 vocabulary (tests/llama_cpp_source.py finds it) under the temp folder and reuses it. Each
@@ -36,7 +36,7 @@ def random_model(folder: Path) -> Path:
     """The random Qwen3.5-0.8B-shaped GGUF (written once)."""
     path = folder / "qwen35-0.8b-random-q4km.gguf"
     if not path.exists():
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
         from llama_cpp_source import llama_cpp_dir
 
         from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid

@@ -3,7 +3,7 @@ edgeserve with --kv-cache-dtype auto (bf16) and q8_0, llama-server with -ctk/-ct
 default as it comes and with --poll 0, which stops its threads busy-waiting: on a shared, oversubscribed machine
 busy-waiting threads lose their cores), one request at a time, the servers interleaved round by round.
 
-    python benchmarks/kv_cache_decode.py --llama-server /path/to/llama-server [--model PATH.gguf | NAME]
+    python benchmarks/serve/kv_cache_decode.py --llama-server /path/to/llama-server [--model PATH.gguf | NAME]
         [--depths 2048,8192] [--decode 32] [--rounds 3] [--threads 2] [--llama 'q8_0 --poll 0' ...]
 
 `--model` takes a GGUF path or a catalog name whose file is downloaded already (e.g. `gemma3-270m` for Gemma 3

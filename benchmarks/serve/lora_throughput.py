@@ -3,7 +3,7 @@ different rank-16 adapters vs the same 8 on the base alone, on edgeserve and on 
 adapters with --lora and a per-request `lora` list), alternating A/B rounds; plus a greedy cross-check of one
 adapter on both servers (edgeserve reads the PEFT folder, llama-server the GGUF file of the same weights).
 
-    python benchmarks/lora_throughput.py --llama-server /path/to/llama-server --json out.json
+    python benchmarks/serve/lora_throughput.py --llama-server /path/to/llama-server --json out.json
 """
 
 from __future__ import annotations

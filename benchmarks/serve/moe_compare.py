@@ -2,7 +2,7 @@
 cannot hold in memory at once. Each round starts each server in turn (the order alternating A/B, B/A, ...), times
 its load, reads its resident memory, runs the workloads, and stops it before the other starts.
 
-    OMP_NUM_THREADS=2 python benchmarks/moe_compare.py -m /work/models/qwen3-30b-a3b-q4km.gguf \
+    OMP_NUM_THREADS=2 python benchmarks/serve/moe_compare.py -m /work/models/qwen3-30b-a3b-q4km.gguf \
         --llama-server LLAMA_SERVER --threads 2 --max-seqs 8 --rounds 2 --json OUT.json
 
 Per server and round:
@@ -14,7 +14,7 @@ Per server and round:
 - decode tokens/s, 1 stream (16-token prompts, `--decode-tokens` out, `--decode-requests` of them, median 1/TPOT);
 - output tokens/s with `--max-seqs` requests in flight (16-token prompts, `--agg-tokens` out each);
 - TTFT of a fresh `--ttft-prompt`-token prompt (cold), then of the same prompt again (prefix cached).
-The workloads and their sizes are edgeserve.bench.compare's (benchmarks/compare.py), so figures line up with it.
+The workloads and their sizes are edgeserve.bench.compare's (benchmarks/serve/compare.py), so figures line up with it.
 """
 
 from __future__ import annotations

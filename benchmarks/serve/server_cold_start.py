@@ -1,6 +1,6 @@
 """Cold start and warm TTFT of `edgeserve serve` on one model, each run in a fresh server process.
 
-    python benchmarks/server_cold_start.py --runs 3 --warm 5
+    python benchmarks/serve/server_cold_start.py --runs 3 --warm 5
 
 Cold start: from spawning `edgeserve serve` (model not loaded) to the first streamed token of a chat request
 sent as soon as /health answers. Warm TTFT: request sent to first streamed token, model loaded, the same short

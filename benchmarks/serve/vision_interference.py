@@ -1,6 +1,6 @@
 """Decode pace of a running stream while another request's image is encoded (issue 35: within 1.5x of unloaded).
 
-    python benchmarks/vision_interference.py --model LM.gguf --mmproj MMPROJ.gguf [--rounds 2] [--tokens 400]
+    python benchmarks/serve/vision_interference.py --model LM.gguf --mmproj MMPROJ.gguf [--rounds 2] [--tokens 400]
 
 One edgeserve server (2 threads). Each round: a text stream (greedy, `ignore_eos`, --tokens output tokens) alone,
 then the same stream with an image request (a new random SIZE x SIZE PNG, so nothing is cached) sent once it has

@@ -1,6 +1,6 @@
 """Image encode time and one-image TTFT, edgeserve vs llama-server (--mmproj), same GGUF + mmproj files.
 
-    python benchmarks/vision_ttft.py --model LM.gguf --mmproj MMPROJ.gguf --llama-server PATH --rounds 3
+    python benchmarks/serve/vision_ttft.py --model LM.gguf --mmproj MMPROJ.gguf --llama-server PATH --rounds 3
 
 Both servers up at once (2 threads each), one request at a time, order alternating per round. Each round sends a
 new random SIZE x SIZE PNG (so no encoder or prefix cache helps) in an OpenAI chat request with a short text,
