@@ -25,17 +25,13 @@ import torch
 from edgeserve.bench.cpu_clock import cpu_clock
 from edgeserve.bench.random_gguf import random_blocks
 from edgeserve.kernels.cpu_native import BlockTensor, _bind, BlockWeight, best_variant, load, native_format, threads
+from edgeserve.bench.timing import call_times
 from edgeserve.kernels.quant_linear import Int4Weight, Q4Blocks
 
 
 def times_ms(fn, reps: int, clock=time.perf_counter) -> tuple[float, float]:
     """(median, minimum) milliseconds per call by `clock`; on a busy machine the minimum is the steadier figure."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t = clock()
-        fn()
-        times.append(clock() - t)
+    times = call_times(fn, reps, warmup=1, clock=clock)
     return statistics.median(times) * 1e3, min(times) * 1e3
 
 

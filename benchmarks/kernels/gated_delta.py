@@ -12,23 +12,12 @@ for the rule. Both sides run at --threads threads.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from edgeserve.bench.timing import median_ms
 from edgeserve.kernels import cpu_native
 from edgeserve.kernels import gated_delta as gd
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def case(lens: list[int], dims: gd.DeltaNetDims):

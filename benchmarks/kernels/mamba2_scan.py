@@ -5,10 +5,10 @@ alternately in one process (report the ratio)."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from edgeserve.bench.timing import alternate
 from edgeserve.kernels.gated_delta import DeltaBatch
 from edgeserve.kernels.mamba2 import ssd_scan, ssd_step
 
@@ -36,14 +36,9 @@ def main() -> None:
 
     torch.testing.assert_close(chunked(), steps(), atol=1e-3, rtol=1e-3)
     for _ in range(args.rounds):
-        times = {}
-        for f in (chunked, steps):
-            t0 = time.perf_counter()
-            f()
-            times[f.__name__] = time.perf_counter() - t0
-        print(f"chunked {times['chunked']:.3f} s, one step per token {times['steps']:.3f} s: "
-              f"{times['steps'] / times['chunked']:.1f}x")
-
+        ab = alternate({"chunked": chunked, "steps": steps}, rounds=1, warmup=0)
+        print(f"chunked {ab.median_ms('chunked') / 1e3:.3f} s, one step per token {ab.median_ms('steps') / 1e3:.3f} s: "
+              f"{ab.ratio('steps', 'chunked'):.1f}x")
 
 if __name__ == "__main__":
     main()
