@@ -77,7 +77,7 @@ VARIANT_NEEDS: dict[str, set[str]] = {
 VARIANT_MACHINE: dict[str, str | None] = {"scalar": None, "avx2": "x86_64", "avx512vnni": "x86_64",
                                           "neon": "aarch64", "neondot": "aarch64"}
 BEST_FIRST = ("avx512vnni", "avx2", "neondot", "neon", "scalar")
-# measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md, single-thread CPU time): the torch fallback against native
+# measured on a 2-core AVX2 EPYC (docs/perf-log/2026-11-to-12.md, single-thread CPU time): the torch fallback against native
 FALLBACK_SLOWDOWN = "about 1.4x slower per token, and over 10x slower to load files with Q5_K / Q6_K tensors"
 
 _lock = threading.Lock()

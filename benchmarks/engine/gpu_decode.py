@@ -1,4 +1,4 @@
-"""Decode speed on a CUDA GPU, read against the memory-bandwidth roofline (first run: docs/PERFORMANCE.md, H100).
+"""Decode speed on a CUDA GPU, read against the memory-bandwidth roofline (first run: docs/perf-log/2026-11-to-12.md, H100).
 
 1. Batch-1 decode of a dummy Llama-3-8B (benchmarks/configs/llama-3-8b.json: random weights drawn on the GPU,
    no download) in bf16 and in int4 (llama-3-8b-int4.json: 4-bit W4A16, group 128), with and without CUDA graphs

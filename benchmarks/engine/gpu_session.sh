@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lease on the device machine (docs/PERFORMANCE.md, GPU runs): set up, then the checks of one stage.
+# One lease on the device machine (docs/perf-log/2026-11-to-12.md, GPU runs): set up, then the checks of one stage.
 #   bash benchmarks/engine/gpu_session.sh stage1   # GPU-marked tests, kernel tests, batch-1 decode roofline
 #   bash benchmarks/engine/gpu_session.sh stage2   # the default model's engine tests on CUDA, default and batch-invariant
 #   bash benchmarks/engine/gpu_session.sh kernels  # the GPU kernel tests alone
