@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from edgeserve.bench.timing import alternate
 from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
 
 TEXT = "the quick brown fox jumps over the lazy dog and then " * 600
@@ -116,13 +117,9 @@ def main() -> None:
         outs = {name: attend(lib, *inputs) for name, lib in libs.items()}
         same = torch.equal(outs["this"].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                            outs["base"].view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
-        times: dict[str, list[float]] = {name: [] for name in libs}
-        for _ in range(args.reps):  # interleaved, so drift on a shared machine hits both sides
-            for name, lib in libs.items():
-                t = time.perf_counter()
-                attend(lib, *inputs)
-                times[name].append(time.perf_counter() - t)
-        base, this = (statistics.median(times[n]) * 1e3 for n in ("base", "this"))
+        # alternated, so drift on a shared machine hits both sides
+        ab = alternate({name: (lambda lib=lib: attend(lib, *inputs)) for name, lib in libs.items()}, args.reps, warmup=0)
+        base, this = ab.median_ms("base"), ab.median_ms("this")
         print(f"{case:<20}{base:>10.2f}{this:>10.2f}{base / this:>9.2f}x  {same}", flush=True)
     if args.engine_lengths:
         engine_prefill(libs, args.model, [int(n) for n in args.engine_lengths.split(",")], args.runs)
