@@ -6,9 +6,9 @@ process, wall and process CPU time; run it under two package trees (PYTHONPATH) 
 Turn 1: `User: ` + 990 random words + `\\nAssistant:`, 32 tokens out; turn 2: turn 1 + its reply + 55 words, one
 token out (as benchmarks/serve/multiturn_ttft.py builds them). Prints one JSON line; `turn2_cached` is [cached tokens,
 prompt tokens] of each second turn."""
+import argparse
 import json
 import random
-import sys
 import time
 
 import edgeserve
@@ -25,11 +25,15 @@ def timed(f):
 
 
 def main() -> None:
-    llm = LLM(sys.argv[1], kv_cache_gb=0.3)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="a GGUF path or catalog name")
+    ap.add_argument("rounds", type=int)
+    args = ap.parse_args()
+    llm = LLM(args.model, kv_cache_gb=0.3)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     llm.generate([[1, 2, 3]], one)  # warm-up
     res: dict = {"cold_ms": [], "cold_cpu_ms": [], "turn2_ms": [], "turn2_cpu_ms": [], "turn2_cached": []}
-    for r in range(int(sys.argv[2])):
+    for r in range(args.rounds):
         rng = random.Random(2000 + r)
         ids = [rng.randrange(1000, 100000) for _ in range(1000)]
         _, w, c = timed(lambda: llm.generate([ids], one))

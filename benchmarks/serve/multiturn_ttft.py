@@ -4,10 +4,16 @@ Text prompts on /v1/completions (no chat template), greedy. Turn 1: ~1,000-token
 Both servers up at once, one request at a time, order alternating per round.
 EDGESERVE_BASELINE_PATH=DIR adds a third peer, "edgeserve-baseline": edgeserve run with PYTHONPATH=DIR (a package
 tree of another commit: DIR/edgeserve with kernels/, loaders/, offload/ inside it), for before/after in one run."""
-import json, os, random, subprocess, sys, time, socket
+import argparse, json, os, random, subprocess, sys, time, socket
 import httpx
 
-MODEL, LLAMA, ROUNDS = sys.argv[1], sys.argv[2], int(sys.argv[3])
+_ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+_ap.add_argument("model", help="the GGUF both servers load")
+_ap.add_argument("llama_server", help="path of llama-server")
+_ap.add_argument("rounds", type=int)
+_ap.add_argument("json_out", nargs="?", help="also write the per-round results here")
+ARGS = _ap.parse_args()
+MODEL, LLAMA, ROUNDS = ARGS.model, ARGS.llama_server, ARGS.rounds
 WORDS = ("the of and to in is was for on that with as by at from his her an are were which this be has had "
          "model layer state token cache memory server prompt turn reply value weight matrix vector head time").split()
 
@@ -66,8 +72,8 @@ try:
                         ttft = time.perf_counter() - t0
             res[k].append({"ttft_ms": ttft * 1000, "turn1_prompt_tokens": t1["usage"]["prompt_tokens"]})
             print(k, r + 1, res[k][-1], file=sys.stderr, flush=True)
-    if len(sys.argv) > 4:
-        json.dump(res, open(sys.argv[4], "w"), indent=1)
+    if ARGS.json_out:
+        json.dump(res, open(ARGS.json_out, "w"), indent=1)
     import statistics
     med = {k: statistics.median(x["ttft_ms"] for x in v) for k, v in res.items()}
     ratios = {k: med[k] / med["llama.cpp"] for k in med if k != "llama.cpp"}
