@@ -40,7 +40,7 @@ def reuse_step_buffers() -> None:
     """After a load: allocations up to 32 MiB come from the heap again, and up to 256 MiB of freed heap is kept, so
     each step's activation buffers reuse pages instead of mapping fresh zeroed ones. With the load's 1 MiB threshold
     left in place, a 1,000-token Qwen3.5-0.8B prefill (per-op path, megabyte outputs per kernel) took about 760,000
-    page faults, about 1.4 s of system time beside 4 s of user time (docs/PERFORMANCE.md)."""
+    page faults, about 1.4 s of system time beside 4 s of user time (docs/perf-log/2026-11-to-12.md)."""
     _mallopt((_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD))
 
 

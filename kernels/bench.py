@@ -1,4 +1,4 @@
-"""GPU timing helpers shared by benchmarks/kernels_gpu.py and the GPU-marked kernel tests."""
+"""GPU timing helpers shared by benchmarks/kernels/kernels_gpu.py and the GPU-marked kernel tests."""
 
 from __future__ import annotations
 

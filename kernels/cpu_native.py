@@ -77,7 +77,7 @@ VARIANT_NEEDS: dict[str, set[str]] = {
 VARIANT_MACHINE: dict[str, str | None] = {"scalar": None, "avx2": "x86_64", "avx512vnni": "x86_64",
                                           "neon": "aarch64", "neondot": "aarch64"}
 BEST_FIRST = ("avx512vnni", "avx2", "neondot", "neon", "scalar")
-# measured on a 2-core AVX2 EPYC (docs/PERFORMANCE.md, single-thread CPU time): the torch fallback against native
+# measured on a 2-core AVX2 EPYC (docs/perf-log/2026-11-to-12.md, single-thread CPU time): the torch fallback against native
 FALLBACK_SLOWDOWN = "about 1.4x slower per token, and over 10x slower to load files with Q5_K / Q6_K tensors"
 
 _lock = threading.Lock()
@@ -255,7 +255,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.qmm_variant.restype = ctypes.c_char_p
     if hasattr(lib, "qmm_format_count"):
         lib.qmm_format_count.restype = i32
-    if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/cpu_kernels.py --baseline-lib)
+    if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/kernels/cpu_kernels.py --baseline-lib)
         lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
         lib.qmm_repack.restype = None
     if hasattr(lib, "qmm_repacked_format"):
@@ -383,7 +383,7 @@ def native_format(qtype: str, cols: int) -> bool:
 def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
     """`part` in the layout the kernels read fastest (qmm_repacked_format: the _X8 bands where the rows are a
     multiple of 8, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; other formats, or any format for a
-    library built before the repack (benchmarks/cpu_kernels.py --baseline-lib), as they are."""
+    library built before the repack (benchmarks/kernels/cpu_kernels.py --baseline-lib), as they are."""
     if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repack"):
         return part
     rows = part.data.shape[0]

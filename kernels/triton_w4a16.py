@@ -24,7 +24,7 @@ class GemvConfig:
     """Launch shape of the GEMV kernel: rows per program, packed words per row per step, warps, and how many
     programs the K splits should bring the grid up to (per multiprocessor)."""
 
-    # defaults: the best of an 81-shape sweep on an H100 over the Llama-3-8B matrices (docs/PERFORMANCE.md, GPU)
+    # defaults: the best of an 81-shape sweep on an H100 over the Llama-3-8B matrices (docs/perf-log/2026-11-to-12.md, GPU)
     block_n: int = 4
     block_w: int = 128
     num_warps: int = 2

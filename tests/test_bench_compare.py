@@ -1,4 +1,4 @@
-"""benchmarks/compare.py's process handling: a peer that fails to start or never becomes healthy is reported
+"""benchmarks/serve/compare.py's process handling: a peer that fails to start or never becomes healthy is reported
 in one clear line and nothing is left running. No real llama-server needed."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_llama_server_that_is_not_executable(tmp_path, capsys, default_model_pat
 
 
 def test_bin_false_as_a_script(tmp_path, default_model_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--llama-server", "/bin/false",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve" / "compare.py"), "--llama-server", "/bin/false",
                            "--model", str(default_model_path), "--server-timeout", "20"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""

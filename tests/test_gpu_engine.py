@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU (skipped without one): CUDA-graph decode equal to eager, the default model on CUDA
 against the CPU path, the KV pool sized from the GPU's memory, and a dummy Llama shape with 4-bit weights.
 
-Run on an H100 on 2026-11-23 (docs/PERFORMANCE.md): all pass there."""
+Run on an H100 on 2026-11-23 (docs/perf-log/2026-11-to-12.md): all pass there."""
 
 from __future__ import annotations
 

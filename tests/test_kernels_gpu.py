@@ -1,6 +1,6 @@
 """GPU-only kernel checks (skipped without CUDA): auto dispatch picks Triton, and the decode kernels stream
 memory at a sane fraction of the measured copy bandwidth (a floor that catches a badly broken kernel, not a target;
-benchmarks/kernels_gpu.py reports the actual figures). The GEMVs are timed inside a CUDA graph, as decode runs them:
+benchmarks/kernels/kernels_gpu.py reports the actual figures). The GEMVs are timed inside a CUDA graph, as decode runs them:
 timed one eager call at a time, a 30 us kernel measures the host's launch time instead."""
 
 from __future__ import annotations

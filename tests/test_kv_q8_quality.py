@@ -1,6 +1,6 @@
 """What the q8_0 KV cache costs in quality on real models: next-token KL divergence against the bf16 KV cache over
 a fixed text, on the default model and Gemma 3 270M (head sizes 64 and 256, sliding-window layers), stays under
-a stated bound with top-1 agreement above a stated rate (docs/PERFORMANCE.md has the measured values: mean KL
+a stated bound with top-1 agreement above a stated rate (docs/perf-log/2026-11-to-12.md has the measured values: mean KL
 about 0.005 and about 94% agreement on 512 to 2048 tokens)."""
 
 from __future__ import annotations

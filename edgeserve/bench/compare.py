@@ -1,5 +1,5 @@
 """edgeserve vs llama.cpp's server on the same GGUF and workloads, alternating A/B over rounds, plus a greedy
-correctness cross-check. `benchmarks/compare.py` is the command line."""
+correctness cross-check. `benchmarks/serve/compare.py` is the command line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Random LoRA adapters of a model's shapes, written as PEFT folders (adapter_config.json +
 adapter_model.safetensors) and as llama.cpp GGUF LoRA files (what convert_lora_to_gguf.py writes), for the tests and
-benchmarks/lora_throughput.py."""
+benchmarks/serve/lora_throughput.py."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from .state_pool import StatePool, StepStates
 
 # A CPU step of at most this many rows runs torch's own ops on one thread: they are a few microseconds of work each,
 # and torch's OpenMP team spinning beside the native kernels' pool on the same cores made them 50-100x slower
-# (a MoE decode step's row gathers: docs/PERFORMANCE.md, the quiet evening section).
+# (a MoE decode step's row gathers: docs/perf-log/2026-11-to-12.md, the quiet evening section).
 SMALL_STEP_ROWS = 64
 
 

@@ -4,7 +4,7 @@ An encoder whose layer matrices run on the native kernels (kernels/cpu_native.py
 the native pool for the matmuls and torch's OpenMP team for the rest (LayerNorm, attention, GELU). Both spin
 between jobs, so with torch's team at full size beside the native pool's workers there are more spinning threads
 than cores and each side waits on a preempted thread of the other: a 64-token MiniLM text took 1.5x to 20x longer
-with 2 torch threads than with 1 on a 2-core machine (docs/PERFORMANCE.md). With one torch thread the native pool
+with 2 torch threads than with 1 on a 2-core machine (docs/perf-log/2026-11-to-12.md). With one torch thread the native pool
 alone runs in parallel, and the few non-matmul ops run on the calling thread.
 
 `torch.set_num_threads` would also change the process-wide default that threads read when they first use torch

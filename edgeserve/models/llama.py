@@ -138,7 +138,7 @@ class LlamaModel:
     def native_decoder(self) -> NativeDecoder | None:
         """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
         not apply (weights not in native block formats, attention soft-capping, a GPU). Setting `_native = None` keeps the
-        per-op path (the tests and benchmarks/fused_decoder.py compare the two that way)."""
+        per-op path (the tests and benchmarks/engine/fused_decoder.py compare the two that way)."""
         if self._native is False:
             self._native = NativeDecoder.build(self)
         return self._native  # type: ignore[return-value]

@@ -2,7 +2,7 @@
 
 The grammar engine is llguidance (https://github.com/guidance-ai/llguidance): no Python dependencies, it reads our
 `tokenizers.Tokenizer` as JSON directly (GGUF-rebuilt vocabularies included), names unsupported JSON-schema keywords,
-and computes a 49k-token mask in ~25 us per token (benchmarks/grammar_engines.py compares it with xgrammar).
+and computes a 49k-token mask in ~25 us per token (benchmarks/engine/grammar_engines.py compares it with xgrammar).
 
 - `GrammarSpec`: what a request asks for (hashable: the compile cache key).
 - `GrammarCompiler`: per tokenizer; `compile(spec)` validates and builds a template matcher once (LRU cache);

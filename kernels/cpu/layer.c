@@ -64,7 +64,7 @@ int qmm_moe_forward(const void *moe, int T, const void *h, int h_bf16, int64_t l
 
 enum { MAX_PARTS = 4 };
 
-/* Built with -DQMM_PROFILE (benchmarks/profile_fused_step.py), the stack adds up wall time per section into
+/* Built with -DQMM_PROFILE (benchmarks/engine/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
 enum { P_NORM, P_QUANT, P_QKV, P_ROPE, P_ATTN, P_O, P_GATE_UP, P_SILU, P_DOWN, P_PLE, P_MOE, P_SECTIONS };
 #if defined(QMM_PROFILE)

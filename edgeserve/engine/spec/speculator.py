@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 
 
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
-# the oracle benchmark's decode rate peaks at 70% acceptance (docs/PERFORMANCE.md); 4 for the others
+# the oracle benchmark's decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md); 4 for the others
 DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
-# the acceptance below which MTP drafting costs more than it saves (benchmarks/mtp_oracle.py, docs/PERFORMANCE.md):
+# the acceptance below which MTP drafting costs more than it saves (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md):
 # a request under it pauses drafting (spec.backoff)
 MTP_BREAK_EVEN = 0.5
 

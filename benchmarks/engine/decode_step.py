@@ -1,0 +1,143 @@
+"""Time of one greedy decode step through the engine, this checkout against another git revision, side by side.
+
+Each side runs in its own process (the two code versions cannot share one); the sides alternate A/B/A/B for
+`--rounds` rounds. In each process the default model is loaded once, then for every batch size B, B copies of a
+chat prompt generate `--tokens` tokens; step time = (time to N tokens - time to 1 token) / (N - 1), so prefill
+is excluded. Reports per-side medians over rounds, the ratio, and whether the generated token ids are identical.
+
+    python benchmarks/engine/decode_step.py --against 2db8d7e [--rounds 4] [--tokens 48] [--batch 1,4] [--model GGUF]
+    python benchmarks/engine/decode_step.py --side    # one process, this checkout only: prints JSON
+
+With `--count-ops`, each side also counts the aten ops of one batch-1 decode step (torch profiler events, every
+nested call included; machine-independent, unlike the times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+PROMPT = "Write a long story about a lighthouse keeper and a storm."
+
+
+def count_ops(llm, ids: list[int]) -> int:
+    """aten ops (profiler events, nested calls included) per batch-1 decode step, averaged over 4 steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from edgeserve import SamplingParams
+
+    engine = llm.engine
+    engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.step()  # prefill
+    engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")) // 4
+
+
+def side(tokens: int, batches: list[int], repeats: int, ops: bool = False, model: str = "smollm2-135m") -> dict:
+    """Median decode step ms per batch size, and a digest of the generated ids, for the importable edgeserve."""
+    import edgeserve
+    from edgeserve import LLM, SamplingParams
+
+    llm = LLM(model, kv_cache_gb=0.25, enable_prefix_caching=False)
+    msgs = [{"role": "user", "content": PROMPT}]
+    ids = llm.lm.tokenizer.encode(llm.lm.chat_template.render(msgs, add_generation_prompt=True),
+                                  add_special_tokens=False)
+
+    def run(b: int, n: int) -> tuple[float, list]:
+        start = time.perf_counter()
+        out = llm.generate([ids] * b, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        return time.perf_counter() - start, [o.outputs[0].token_ids for o in out]
+
+    run(1, 4)  # warm-up
+    import edgeserve.kernels
+
+    result: dict = {"edgeserve": [edgeserve.__file__, edgeserve.kernels.__file__], "step_ms": {}, "digest": {}}
+    if ops:
+        result["ops_per_step"] = count_ops(llm, ids)
+        return result
+    for b in batches:
+        steps, outs = [], []
+        for _ in range(repeats):
+            t1, _ = run(b, 1)
+            tn, outs = run(b, tokens)
+            steps.append((tn - t1) / (tokens - 1) * 1e3)
+        result["step_ms"][b] = statistics.median(steps)
+        result["digest"][b] = hashlib.sha256(json.dumps(outs).encode()).hexdigest()[:16]
+    return result
+
+
+def export(rev: str) -> Path:
+    """A copy of the repository at `rev` in a temporary folder (git archive), for PYTHONPATH."""
+    root = Path(__file__).resolve().parents[2]
+    dest = Path(tempfile.mkdtemp(prefix=f"edgeserve-{rev}-"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    # subpackages that pyproject maps from other folders (edgeserve.kernels = kernels/, ...): link them into place,
+    # or they would be imported from the editable install, i.e. from this checkout
+    package_dirs = tomllib.loads((dest / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in package_dirs.items():
+        target = dest / package.replace(".", "/")
+        if not target.exists():
+            target.symlink_to(dest / folder, target_is_directory=True)
+    return dest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", help="git revision to compare with (side A); this checkout is side B")
+    ap.add_argument("--side", action="store_true", help="measure the importable edgeserve only, print JSON")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--batch", default="1,4")
+    ap.add_argument("--repeats", type=int, default=3, help="generations per batch size in one process")
+    ap.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
+    ap.add_argument("--count-ops", action="store_true", help="only count aten ops per batch-1 decode step")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    if args.side or not args.against:
+        print(json.dumps(side(args.tokens, batches, args.repeats, args.count_ops, args.model)))
+        return
+    here = Path(__file__).resolve().parents[2]
+    paths = {args.against: export(args.against), "this checkout": here}
+    cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
+           "--repeats", str(args.repeats), "--model", args.model] + (["--count-ops"] if args.count_ops else [])
+    results: dict[str, list[dict]] = {k: [] for k in paths}
+    for r in range(args.rounds):
+        order = list(paths) if r % 2 == 0 else list(reversed(paths))  # A/B, B/A, ...
+        for name in order:
+            env = dict(os.environ, PYTHONPATH=str(paths[name]))
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            results[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
+    a, b = args.against, "this checkout"
+    if args.count_ops:
+        print(f"aten ops per batch-1 decode step: {a} {results[a][0]['ops_per_step']}, "
+              f"this checkout {results[b][0]['ops_per_step']}")
+        return
+    for name in paths:
+        print(f"{name}: edgeserve from {results[name][0]['edgeserve']}")
+    for bs in batches:
+        key = str(bs)
+        ma = statistics.median(x["step_ms"][key] for x in results[a])
+        mb = statistics.median(x["step_ms"][key] for x in results[b])
+        same = {x["digest"][key] for x in results[a]} == {x["digest"][key] for x in results[b]}
+        print(f"batch {bs}: {a} {ma:.2f} ms/step, this checkout {mb:.2f} ms/step, speed-up {ma / mb:.2f}x, "
+              f"identical outputs: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""MTP speculation's cost on random weights (issue 50): single-stream tokens/s with the MTP head at forced acceptance
+100 / 70 / 40 % against no speculation, for k = 1..4 drafts per step.
+
+Random weights make a head that never agrees with its trunk, so acceptance is forced: the proposer is the model's
+MTP head (it runs every step, so its cost is the real one) and an oracle (MtpProposer.oracle, for benchmarks only)
+replaces its drafts with the target's own greedy continuation from a plain run, each draft kept right with
+probability `a` (the first wrong one ends what can be accepted). Acceptance on real text is not measured here.
+
+The GGUF: a random Qwen3.5 shape (edgeserve.bench.random_hybrid_gguf) with one MTP block and the real Qwen3.5
+vocabulary (llama.cpp's models/ggml-vocab-qwen35.gguf), written once into the cache folder. One process, the same
+loaded model for every side; sides alternate within each round; reports medians and ratios to the plain side.
+tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill included).
+
+    python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
+                                    [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+VOCAB = Path.home() / ".cache/edgeserve/reference/llama.cpp-0.3.36/models/ggml-vocab-qwen35.gguf"
+
+
+def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: int, seed: int = 0):
+    """MtpProposer.oracle proposing `reference` (the plain run's output for `prompt`), each draft right with
+    probability `accept`."""
+    rng = random.Random(seed)
+
+    def oracle(seq, drafts: list[int]) -> list[int]:
+        done = len(seq.all_token_ids) - len(prompt)
+        future = reference[done: done + len(drafts)]
+        return [t if rng.random() < accept else (t + 1) % vocab for t in future] or drafts
+
+    return oracle
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen35-0.8b")
+    ap.add_argument("--mix", default="Q4_K_M")
+    ap.add_argument("--layers", type=int, default=None, help="fewer trunk layers (a quicker, smaller model)")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--ks", default="1,2,3,4")
+    ap.add_argument("--accept", default="1.0,0.7,0.4")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--backoff", type=float, default=None,
+                    help="also this acceptance with the back-off policy on (it is off for the other sides)")
+    ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
+    a = ap.parse_args()
+
+    from edgeserve import LLM, SamplingParams
+    from edgeserve.models.load import load_model
+    from edgeserve.registry import resolve
+
+    path = write_model(a.shape, a.mix, a.layers, Path(a.vocab))
+    lm = load_model(resolve(str(path)))
+    vocab = lm.config.vocab_size
+    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
+    opts = dict(kv_cache_gb=0.25, max_num_seqs=4, enable_prefix_caching=False)
+    plain = LLM.from_model(lm, speculative="off", **opts)
+    reference = plain.generate([prompt], params)[0].outputs[0].token_ids
+    engines = {"plain": plain}
+    for k in (int(x) for x in a.ks.split(",")):
+        for acc in (float(x) for x in a.accept.split(",")):
+            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
+            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+            llm.engine.spec.backoff = None  # the raw cost at this acceptance
+            engines[f"mtp k={k} a={acc:.0%}"] = llm
+        if a.backoff is not None:  # the same with the back-off policy on
+            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
+            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
+            engines[f"mtp k={k} a={a.backoff:.0%} backoff"] = llm
+    rates: dict[str, list[float]] = {side: [] for side in engines}
+    spec: dict[str, tuple[float, float]] = {}
+    for _ in range(a.rounds):
+        for side, llm in engines.items():
+            before = llm.engine.stats()
+            start = time.perf_counter()
+            out = llm.generate([prompt], params)[0].outputs[0].token_ids
+            dt = time.perf_counter() - start
+            assert out == reference, f"{side}: greedy output differs from the plain run's"
+            rates[side].append(len(out) / dt)
+            after = llm.engine.stats()
+            prop = after.spec_proposed_tokens - before.spec_proposed_tokens
+            if prop:
+                acc = after.spec_accepted_tokens - before.spec_accepted_tokens
+                ver = after.spec_verifications - before.spec_verifications
+                spec[side] = (acc / prop, 1 + acc / max(ver, 1))
+            print(f"# {side}: {len(out)} tokens in {dt:.2f}s = {len(out) / dt:.1f} tok/s", flush=True)
+    base = statistics.median(rates["plain"])
+    for side, r in rates.items():
+        med = statistics.median(r)
+        s = spec.get(side)
+        print(json.dumps({"shape": a.shape, "layers": a.layers, "mix": a.mix, "side": side,
+                          "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
+                          "ratio": round(med / base, 2), "acceptance": round(s[0], 2) if s else None,
+                          "tokens_per_verification": round(s[1], 2) if s else None}))
+
+
+def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB) -> Path:
+    """The random GGUF of `shape_name` with one MTP block and the Qwen3.5 vocabulary (written once, cached)."""
+    from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
+    from edgeserve.registry.paths import edgeserve_home
+
+    shape = dataclasses.replace(HYBRID_SHAPES[shape_name], mtp_layers=1)
+    if layers:
+        shape = dataclasses.replace(shape, layers=layers)
+    path = edgeserve_home() / "bench" / f"{shape_name}{f'-{layers}l' if layers else ''}-mtp-{mix}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_random_hybrid(path, shape, mix, vocab)
+    return path
+
+
+if __name__ == "__main__":
+    main()
