@@ -199,22 +199,11 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     return types
 
 
-def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
-                       seed: int = 0, tile_mb: int | None = None) -> Path:
-    """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for a `gpt_oss` shape, gpt-oss; for another MoE
-    shape, qwen3moe) GGUF of `shape` with random weights in the `mix` quantization (routers float32), using the
-    tokenizer (and vocabulary size, padded with unreachable tokens to `shape.vocab`) of the GGUF `tokenizer_from`.
-    With `tile_mb` each tensor repeats one random draw of about that many MB (rows of whole blocks) instead of
-    drawing every byte: many GB are written at disk speed, and the kernels do the same work on any bytes."""
+def _add_llama_keys(w, shape: LlamaShape, vocab: int) -> None:
+    """The `{arch}.*` keys of a random llama-family GGUF of `shape`, as llama.cpp's loader of its architecture
+    reads them."""
     import gguf
 
-    src = gguf.GGUFReader(str(tokenizer_from))
-    tokens = src.fields["tokenizer.ggml.tokens"].contents()
-    vocab = max(len(tokens), shape.vocab or 0)
-    pad = vocab - len(tokens)  # unreachable normal tokens (no merge makes them) up to the shape's vocabulary size
-    rng = np.random.default_rng(seed)
-    arch = shape.arch
-    w = gguf.GGUFWriter(str(path), arch)
     hd = shape.head_size
     w.add_block_count(shape.layers)
     w.add_context_length(8192)
@@ -267,13 +256,12 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
             w.add_key_length(hd)
             w.add_value_length(hd)
         add_variant_keys(w, shape)
-    if shape.smolvlm:
-        copy_tokenizer(w, src, pad, SMOLVLM_TOKENS, {"tokenizer.chat_template": SMOLVLM_TEMPLATE,
-                                                      "tokenizer.ggml.eos_token_id": 49279})
-    else:
-        copy_tokenizer(w, src, pad, QWEN_VL_TOKENS if shape.qwen3vl else None)
-    # Tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
-    # in memory whole. plan: (GGUF name, shape in values, qtype); the F32 tensors are norms of ones and routers.
+
+
+def _llama_plan(shape: LlamaShape, mix: str, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, shape in values, qtype) of every tensor of a random llama-family GGUF of `shape` in the `mix`
+    quantization; the F32 tensors are norms of ones and routers."""
+    hd = shape.head_size
     types = tensor_types(shape, mix)
     plan: list[tuple[str, tuple[int, ...], str]] = [("output_norm.weight", (shape.hidden,), "F32")]
     for name, dims in tensor_shapes(shape, vocab).items():
@@ -308,6 +296,33 @@ def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_
     if shape.variant == "phi3":  # LongRoPE's per-frequency factors (one pair for every layer)
         half = (shape.rotary_dim or hd) // 2
         plan += [("rope_factors_long.weight", (half,), "F32"), ("rope_factors_short.weight", (half,), "F32")]
+    return plan
+
+
+def write_random_llama(path: str | Path, shape: LlamaShape, mix: str, tokenizer_from: str | Path,
+                       seed: int = 0, tile_mb: int | None = None) -> Path:
+    """Write a llama-architecture (or, for a `gemma3` shape, gemma3; for a `gpt_oss` shape, gpt-oss; for another MoE
+    shape, qwen3moe) GGUF of `shape` with random weights in the `mix` quantization (routers float32), using the
+    tokenizer (and vocabulary size, padded with unreachable tokens to `shape.vocab`) of the GGUF `tokenizer_from`.
+    With `tile_mb` each tensor repeats one random draw of about that many MB (rows of whole blocks) instead of
+    drawing every byte: many GB are written at disk speed, and the kernels do the same work on any bytes."""
+    import gguf
+
+    src = gguf.GGUFReader(str(tokenizer_from))
+    tokens = src.fields["tokenizer.ggml.tokens"].contents()
+    vocab = max(len(tokens), shape.vocab or 0)
+    pad = vocab - len(tokens)  # unreachable normal tokens (no merge makes them) up to the shape's vocabulary size
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), shape.arch)
+    _add_llama_keys(w, shape, vocab)
+    if shape.smolvlm:
+        copy_tokenizer(w, src, pad, SMOLVLM_TOKENS, {"tokenizer.chat_template": SMOLVLM_TEMPLATE,
+                                                      "tokenizer.ggml.eos_token_id": 49279})
+    else:
+        copy_tokenizer(w, src, pad, QWEN_VL_TOKENS if shape.qwen3vl else None)
+    # tensor infos first, then each tensor's data drawn and written one at a time: a model of many GB never sits
+    # in memory whole
+    plan = _llama_plan(shape, mix, vocab)
     write_plan(w, plan, rng, lambda name, dims: _llama_f32_values(name, dims, rng), tile_mb)
     return Path(path)
 
