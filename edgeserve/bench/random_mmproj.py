@@ -99,14 +99,8 @@ SIGLIP_SHAPES = {
 }
 
 
-def write_siglip_mmproj(path: Path, shape: dict, qtype: str, seed: int = 0) -> Path:
-    """A random-weight Gemma 3 / SmolVLM mmproj GGUF of `shape` (SIGLIP_SHAPES) as llama.cpp's converter names it; the
-    layer matrices stored as `qtype` (F16, or Q8_0 where a row is whole 32-value blocks)."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    s = SimpleNamespace(**shape)
-    w = gguf.GGUFWriter(str(path), "clip")
+def _add_siglip_keys(w, s: SimpleNamespace) -> None:
+    """The `clip.*` keys of a Gemma 3 / SmolVLM mmproj of shape `s`, as llama.cpp's converter writes them."""
     w.add_string("clip.projector_type", s.kind)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
@@ -120,6 +114,17 @@ def write_siglip_mmproj(path: Path, shape: dict, qtype: str, seed: int = 0) -> P
     if s.kind == "idefics3":
         w.add_uint32("clip.vision.projector.scale_factor", s.scale)
         w.add_uint32("clip.vision.preproc_image_size", s.longest)
+
+
+def write_siglip_mmproj(path: Path, shape: dict, qtype: str, seed: int = 0) -> Path:
+    """A random-weight Gemma 3 / SmolVLM mmproj GGUF of `shape` (SIGLIP_SHAPES) as llama.cpp's converter names it; the
+    layer matrices stored as `qtype` (F16, or Q8_0 where a row is whole 32-value blocks)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    s = SimpleNamespace(**shape)
+    w = gguf.GGUFWriter(str(path), "clip")
+    _add_siglip_keys(w, s)
 
     def mat(name: str, rows: int, cols: int, quantize: bool = True) -> None:
         a = (rng.standard_normal((rows, cols), dtype=np.float32) * cols ** -0.5).astype(np.float32)
