@@ -17,6 +17,21 @@ from edgeserve.errors import ModelLoadError, UnsupportedModelError
 
 from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
 
+def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(sliding layers' RoPE base, global layers' base, the global layers' partial rotary factor) of an HF Gemma 4
+    config; UnsupportedModelError for RoPE kinds Gemma 4 does not use."""
+    rp = cfg.get("rope_parameters") or {}
+    sliding_rope = rp.get("sliding_attention") or {"rope_theta": 10_000.0}
+    full_rope = rp.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                             "rope_theta": 1_000_000.0}
+    if full_rope.get("rope_type", "default") not in ("default", "proportional") or \
+            sliding_rope.get("rope_type", "default") != "default" or float(full_rope.get("factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"Gemma 4 RoPE parameters {dict(rp)} are not supported")
+    partial = float(full_rope.get("partial_rotary_factor", 1.0)) if full_rope.get("rope_type") == "proportional" \
+        else 1.0
+    return float(sliding_rope.get("rope_theta", 10_000.0)), float(full_rope.get("rope_theta", 1_000_000.0)), partial
+
+
 def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """A Gemma 4 ModelConfig from an HF config.json dict (a `gemma4_text` config or the multimodal one, whose
     `text_config` is the language model)."""
@@ -34,20 +49,11 @@ def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         kv_heads = int(cfg.get("num_key_value_heads") or 1)
         k_eq_v = bool(cfg.get("attention_k_eq_v", False))
         global_head_dim, global_kv = _global_overrides(cfg, windows, k_eq_v)
-        rp = cfg.get("rope_parameters") or {}
-        sliding_rope = rp.get("sliding_attention") or {"rope_theta": 10_000.0}
-        full_rope = rp.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                                 "rope_theta": 1_000_000.0}
-        if full_rope.get("rope_type", "default") not in ("default", "proportional") or \
-                sliding_rope.get("rope_type", "default") != "default" or float(full_rope.get("factor", 1.0)) != 1.0:
-            raise UnsupportedModelError(f"Gemma 4 RoPE parameters {dict(rp)} are not supported")
-        partial = float(full_rope.get("partial_rotary_factor", 1.0)) \
-            if full_rope.get("rope_type") == "proportional" else 1.0
+        local_theta, global_theta, partial = _hf_rope(cfg)
         shared = int(cfg.get("num_kv_shared_layers") or 0)
         ffn = int(cfg["intermediate_size"])
-        per_layer_ffn = None
-        if cfg.get("use_double_wide_mlp") and shared:
-            per_layer_ffn = tuple(ffn * 2 if i >= layers - shared else ffn for i in range(layers))
+        double = bool(cfg.get("use_double_wide_mlp")) and shared > 0  # the KV-shared layers' MLP is twice as wide
+        per_layer_ffn = tuple(ffn * 2 if i >= layers - shared else ffn for i in range(layers)) if double else None
         ple = cfg.get("hidden_size_per_layer_input", 256)
         return ModelConfig(
             architecture="gemma4",
@@ -59,7 +65,7 @@ def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(full_rope.get("rope_theta", 1_000_000.0)),
+            rope_theta=global_theta,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 131_072)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             attention_bias=bool(cfg.get("attention_bias", False)),
@@ -68,7 +74,7 @@ def gemma4_config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             sandwich_norms=True,
             embed_scale=hidden ** 0.5,
             layer_windows=windows,
-            rope_local_theta=float(sliding_rope.get("rope_theta", 10_000.0)),
+            rope_local_theta=local_theta,
             query_scale=1.0,
             final_softcap=float(cfg["final_logit_softcapping"]) if cfg.get("final_logit_softcapping") else None,
             global_head_dim=global_head_dim,
@@ -102,24 +108,27 @@ def _global_overrides(cfg: Mapping[str, Any], windows: tuple[int | None, ...], k
     return int(head_dim), int(global_kv)
 
 
+def _gguf_windows(metadata: Mapping[str, Any], arch: str, layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: global) from `attention.sliding_window_pattern`, else Gemma 4's rhythm of
+    five sliding layers and one global, the last layer global."""
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    window = int(gguf_key(metadata, arch)("attention.sliding_window", 512))
+    if isinstance(pattern, (list, tuple)) and len(pattern) == layers:
+        return tuple(window if bool(p) else None for p in pattern)
+    return tuple(None if (i + 1) % 6 == 0 or i == layers - 1 else window for i in range(layers))
+
+
 def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     """A Gemma 4 ModelConfig from llama.cpp's `gemma4.*` metadata and the file's tensor names."""
     arch = "gemma4"
-
     key = gguf_key(metadata, arch)
-
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     layers = int(key("block_count"))
     hidden = int(key("embedding_length"))
     heads = _per_layer(key("attention.head_count"), layers)
     if len(set(heads)) != 1:
         raise UnsupportedModelError("Gemma 4 GGUF with a query head count that varies by layer is not supported")
-    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
-    window = int(key("attention.sliding_window", 512))
-    if isinstance(pattern, (list, tuple)) and len(pattern) == layers:
-        windows = tuple(window if bool(p) else None for p in pattern)
-    else:
-        windows = tuple(None if (i + 1) % 6 == 0 or i == layers - 1 else window for i in range(layers))
+    windows = _gguf_windows(metadata, arch, layers)
     first_sliding = next((i for i, w in enumerate(windows) if w is not None), None)
     first_global = windows.index(None)
     kv = _per_layer(key("attention.head_count_kv", heads[0]), layers)
