@@ -170,3 +170,36 @@ def test_the_engine_imports_no_server():
     server = {m: {n for n in names if n.startswith("edgeserve.server")}
               for m, names in _outside_imports("edgeserve.engine").items()}
     assert not {m: n for m, n in server.items() if n}, server
+
+
+# functions allowed over MAX_FUNCTION_LINES outside the server: native bindings and kernels, whose length is one
+# table or one kernel body (issue 48 allows a named list of kernels)
+LONG_KERNELS = {"kernels/cpu_native.py:_bind", "kernels/cpu_decoder.py:build",
+                "kernels/triton_prefill_attention.py:_prefill_kernel"}
+
+
+def _long_functions(roots: tuple[str, ...] = ("edgeserve", "kernels", "loaders", "offload")) -> list[str]:
+    """`path:name (lines)` of every function over MAX_FUNCTION_LINES under `roots`."""
+    out = []
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        out.append(f"{path.relative_to(ROOT).as_posix()}:{node.name} ({lines})")
+    return out
+
+
+def test_no_long_function_outside_the_kernel_list():
+    """Every product function is at most 60 lines, but the named kernels."""
+    long = [f for f in _long_functions() if f.rsplit(" (", 1)[0] not in LONG_KERNELS]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path, monkeypatch):
+    pkg = tmp_path / "edgeserve"
+    pkg.mkdir()
+    (pkg / "x.py").write_text("def f():\n" + "    x = 1\n" * 70)
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _long_functions(("edgeserve",)) == ["edgeserve/x.py:f (71)"]
