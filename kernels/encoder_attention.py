@@ -1,6 +1,7 @@
 """Bidirectional attention of an encoder's padded batch on the native pool (kernels/cpu/encoder_attention.c): the
 native twin of `F.scaled_dot_product_attention` under a right-padding key mask, for encoders whose matmuls already
-run on the native pool (torch's own ops there run on one thread, so its attention would too)."""
+run on the native pool (torch's own ops there run on one thread, so its attention would too): text encoders and the
+vision towers (edgeserve/vision/vit.py; the keys are walked in blocks, so thousands of patches stay in cache)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ import torch
 
 from edgeserve.kernels.cpu_native import library
 
-HEAD_DIMS = (32, 64)  # the kernel's head sizes (MiniLM, bge-small: 32; BERT-base and -large, nomic, bge-m3: 64)
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether the kernel takes this head size: a multiple of 8 up to 128 (MiniLM, bge-small: 32; BERT-base,
+    SigLIP base: 64; SigLIP so400m: 72)."""
+    return head_dim % 8 == 0 and 8 <= head_dim <= 128
+
 _bound: set[int] = set()
 
 
 def attention_library(head_dim: int, lib: Any = None) -> ctypes.CDLL | None:
     """The native library when it has the encoder attention kernel for `head_dim` (AVX-512 builds), else None."""
     lib = lib if lib is not None else library()
-    if lib is None or not hasattr(lib, "qmm_encoder_attention_available") or head_dim not in HEAD_DIMS:
+    if lib is None or not hasattr(lib, "qmm_encoder_attention_available") or not head_dim_supported(head_dim):
         return None
     if id(lib) not in _bound:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -36,7 +43,7 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
     None where the kernel does not take these inputs (the caller runs torch's attention)."""
     b, t, width = q.shape
     d = width // heads
-    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32 or d not in HEAD_DIMS
+    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32 or not head_dim_supported(d)
             or any(x.stride(-1) != 1 or (b > 1 and x.stride(0) != t * x.stride(1)) for x in (q, k, v))):
         return None
     lens = lengths.to(torch.int32).contiguous()
