@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from edgeserve.kernels.cpu_native import library, result_buffer
+from edgeserve.kernels.cpu_native import library
 
 
 
@@ -40,17 +40,19 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
                       lib: ctypes.CDLL, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """Attention of q, k, v [B, T, heads * D] (float32) where sequence b's queries see its first lengths[b] keys;
     [B, T, heads * D] float32 out (rows past a sequence's length attend like the others; their values are unused),
-    in the front of `out` (a reused contiguous float32 buffer) where given. None where the kernel does not take these
-    inputs (the caller runs torch's attention)."""
+    written into `out` where given (a float32 [B, T, heads * D] tensor or view of a wider one, e.g. some heads' columns
+    of a reused buffer). None where the kernel does not take these inputs (the caller runs torch's attention)."""
     b, t, width = q.shape
     d = width // heads
+    if out is None:
+        out = torch.empty(b, t, width, dtype=torch.float32)
     if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32 or not head_dim_supported(d)
-            or any(x.stride(-1) != 1 or (b > 1 and x.stride(0) != t * x.stride(1)) for x in (q, k, v))):
+            or out.dtype != torch.float32 or out.shape != q.shape
+            or any(x.stride(-1) != 1 or (b > 1 and x.stride(0) != t * x.stride(1)) for x in (q, k, v, out))):
         return None
     lens = lengths.to(torch.int32).contiguous()
-    out = result_buffer(out, b * t, width).view(b, t, width)
     rc = lib.qmm_encoder_attention(q.data_ptr(), q.stride(1), k.data_ptr(), k.stride(1), v.data_ptr(), v.stride(1),
-                                   b, t, heads, d, lens.data_ptr(), d ** -0.5, out.data_ptr(), width)
+                                   b, t, heads, d, lens.data_ptr(), d ** -0.5, out.data_ptr(), out.stride(1))
     if rc == -2:
         raise ValueError(f"sequence lengths {lens.tolist()} must be within 1 .. {t}")
     return out if rc == 0 else None

@@ -113,16 +113,25 @@ class NativeBlocks:
         rows, m = xs.view(-1, d), g * n
         h = F.layer_norm(rows, (d,), layer.norm1[0], layer.norm1[1], self.eps)
         qkv = native_matmul(layer.qkv, h, layer.qkv_bias, self._buffer("qkv", m * 3 * d)).view(g, n, 3 * d)
-        lengths = torch.full((g,), n, dtype=torch.int32)
-        att = encoder_attention(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], lengths, self.num_heads,
-                                self.attn_lib, self._buffer("att", m * d))
-        assert att is not None  # for_tower checked the head size; the views are the kernel's strides
+        att = self._attention(qkv, g, n, d)
         rows.add_(native_matmul(layer.out, att.view(m, d), layer.out_bias))
         h = F.layer_norm(rows, (d,), layer.norm2[0], layer.norm2[1], self.eps)
         up = native_matmul(layer.fc1, h, None, self._buffer("up", m * layer.fc1.shape[0]))
         if self.gelu_lib is None or not bias_gelu_(up, layer.fc1_bias, self.gelu_lib, tanh=_NATIVE_GELU[self.act]):
             up = act(up if layer.fc1_bias is None else up.add_(layer.fc1_bias))
         rows.add_(native_matmul(layer.fc2, up, layer.fc2_bias))
+
+    def _attention(self, qkv: torch.Tensor, g: int, n: int, d: int) -> torch.Tensor:
+        """Each image's attention [G, N, hidden] from its fused q/k/v rows [G, N, 3 * hidden], one head a kernel call
+        (a decode step waiting for the native pool gets it between heads, not after the whole layer's attention)."""
+        att = self._buffer("att", g * n * d).view(-1)[:g * n * d].view(g, n, d)
+        lengths = torch.full((g,), n, dtype=torch.int32)
+        hd = d // self.num_heads
+        for h in range(0, d, hd):
+            done = encoder_attention(qkv[..., h:h + hd], qkv[..., d + h:d + h + hd], qkv[..., 2 * d + h:2 * d + h + hd],
+                                     lengths, 1, self.attn_lib, att[..., h:h + hd])
+            assert done is not None  # for_tower checked the head size; the views have the kernel's strides
+        return att
 
     def _buffer(self, name: str, numel: int) -> torch.Tensor:
         """The kept float32 buffer `name` of at least `numel` values (grown when a larger group needs it)."""
