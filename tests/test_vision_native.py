@@ -50,7 +50,8 @@ def _both_paths(family, prepared):
 # Q8_0 quantizes each matmul's activations to 8 bits: a float-noise difference in them can move a value to the next
 # step, so the two forwards agree to about 1% there
 @pytest.mark.parametrize("qtype,kind,tol", [("F16", Bf16Weight, 3e-3), ("Q8_0", BlockWeight, 2e-2)])
-def test_gemma3_tower_natively_equals_the_torch_forward(tmp_path, qtype, kind, tol):
+def test_gemma3_tower_natively_equals_the_torch_forward(tmp_path, monkeypatch, qtype, kind, tol):
+    monkeypatch.setattr("edgeserve.vision.native_vit.ROWS_PER_CALL", 24)  # 64 patches: matmuls in 3 calls
     path = write_siglip_mmproj(tmp_path / f"mmproj-{qtype}.gguf", GEMMA, qtype)
     family = load_vision(path, SimpleNamespace(hidden_size=48), dtype=torch.bfloat16)
     assert isinstance(family.tower.weights.layers[0].qkv, kind)
@@ -74,6 +75,7 @@ def test_smolvlm_tiles_go_through_in_groups_with_the_same_result(tmp_path, monke
     frames = prepared[0].pixel_values.shape[0]
     assert frames > 2  # tiles and the global view
     monkeypatch.setattr("edgeserve.vision.native_vit.GROUP_TOKENS", 32)  # 2 tiles of 16 patches a group
+    monkeypatch.setattr("edgeserve.vision.native_vit.ROWS_PER_CALL", 24)
     (native,), (reference,) = _both_paths(family, prepared)
     _close(native, reference, 3e-3)
 
