@@ -109,7 +109,10 @@ static inline void online_softmax(float *s, int n, __m512 m[2], __m512 l[2], flo
         }
         l[h] = _mm512_fmadd_ps(l[h], c, sum);
         m[h] = mx;
-        for (int d = 0; d < D; d++) _mm512_storeu_ps(ot + d * QB + 16 * h, _mm512_mul_ps(_mm512_loadu_ps(ot + d * QB + 16 * h), c));
+        for (int d = 0; d < D; d++) {
+            float *o = ot + d * QB + 16 * h;
+            _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), c));
+        }
     }
 }
 
@@ -131,7 +134,8 @@ static void attend_task(void *ctx, int task) {
     __m512 l[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int j0 = 0; j0 < L; j0 += KB) {
         const int n = L - j0 < KB ? L - j0 : KB;
-        for (int j = 0; j < n; j += G) scores(qt, kb + (int64_t)j0 * a->ld_k, a->ld_k, j, n - j < G ? n - j : G, D, a->scale, s);
+        const float *kblock = kb + (int64_t)j0 * a->ld_k;
+        for (int j = 0; j < n; j += G) scores(qt, kblock, a->ld_k, j, n - j < G ? n - j : G, D, a->scale, s);
         online_softmax(s, n, m, l, ot, D);
         for (int d0 = 0; d0 < D; d0 += G) weigh(s, n, vb + (int64_t)j0 * a->ld_v, a->ld_v, d0, ot);
     }

@@ -38,8 +38,9 @@ static inline __m512 gelu16(__m512 v) {
 }
 
 static inline __m512 gelu_tanh16(__m512 v) {
+    const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
     const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, v), v), _mm512_set1_ps(0.044715f), v));
+                                   _mm512_fmadd_ps(cube, _mm512_set1_ps(0.044715f), v));
     const __m512 t = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_abs_ps(u))); /* e^(-2|u|) in (0, 1] */
     const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), t));
     const __mmask16 neg = _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_LT_OQ);
