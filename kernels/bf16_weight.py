@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from edgeserve.kernels.cpu_native import library
+from edgeserve.kernels.cpu_native import library, result_buffer
 
 _bound: set[int] = set()
 
@@ -73,8 +73,10 @@ class Bf16Weight:
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., in] @ W.T (+ bias [out]) -> float32 [..., out]."""
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """x [..., in] @ W.T (+ bias [out]) -> float32 [..., out], into `out` (a contiguous float32 buffer of at least
+        that many values, e.g. an encoder's reused workspace) where given."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the weight takes {self.in_features}")
         x2 = x.reshape(-1, self.in_features)
@@ -82,7 +84,7 @@ class Bf16Weight:
             x2 = x2.float().contiguous()
         b = None if bias is None else bias.float().contiguous()
         m = x2.shape[0]
-        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        out = result_buffer(out, m, self.out_features)
         rc = self.lib.qmm_bf16_matmul(x2.data_ptr(), x2.stride(0) if m else self.in_features, m, self.in_features,
                                       self.packed.data_ptr(), self.out_features,
                                       None if b is None else b.data_ptr(), out.data_ptr(), self.out_features)

@@ -400,6 +400,16 @@ def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
     return BlockTensor(twin, out, part.cols)
 
 
+def result_buffer(out: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor:
+    """A contiguous float32 [rows, cols] for a native kernel's result: the front of `out` (a caller's reused buffer,
+    so a large result takes no fresh pages) where given, else a new tensor."""
+    if out is None:
+        return torch.empty(rows, cols, dtype=torch.float32)
+    if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() < rows * cols:
+        raise ValueError(f"an output buffer of {tuple(out.shape)} {out.dtype} cannot hold float32 [{rows}, {cols}]")
+    return out.view(-1)[:rows * cols].view(rows, cols)
+
+
 class BlockWeight:
     """A linear weight whose parts (stacked along the output rows, e.g. Q4_K q/k with a Q6_K v) stay in their
     GGUF block formats; `matmul` quantizes the activations once and runs the native kernel per part."""
@@ -431,8 +441,9 @@ class BlockWeight:
         """Int8 activation blocks (q [M, K], scales [M, K/32], sums of 16 [M, K/16]) of x [M, K]."""
         return quantize_activations(x, self.lib)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] @ W.T -> float32 [..., out]."""
+    def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., in] @ W.T -> float32 [..., out], into `out` (a contiguous float32 buffer of at least that many
+        values) where given."""
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         if x2.dtype not in (torch.float32, torch.bfloat16):
             x2 = x2.float()
@@ -440,7 +451,7 @@ class BlockWeight:
             x2 = x2.contiguous()
         m = x2.shape[0]
         qa, da, sa = self.quantize(x2)
-        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        out = result_buffer(out, m, self.out_features)
         col, base, row_stride = 0, out.data_ptr(), self.out_features
         for fmt, ptr, row_bytes, n in self.kernel_parts():
             self.lib.qmm_matmul(fmt, ptr, row_bytes, n, self.in_features, qa.data_ptr(), da.data_ptr(),

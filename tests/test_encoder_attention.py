@@ -22,8 +22,8 @@ def _sdpa(q, k, v, lengths, heads):
     return F.scaled_dot_product_attention(*split, attn_mask=mask).transpose(1, 2).reshape(b, t, width)
 
 
-@pytest.mark.parametrize("d", [32, 64])
-@pytest.mark.parametrize("lengths", [[1], [17], [64, 40, 3], [130, 129]])
+@pytest.mark.parametrize("d", [32, 64, 72])
+@pytest.mark.parametrize("lengths", [[1], [17], [64, 40, 3], [130, 129], [600, 257]])  # 600: keys in 3 blocks
 def test_matches_torch_attention_under_the_padding_mask(d, lengths):
     gen = torch.Generator().manual_seed(len(lengths) * 100 + d)
     b, t, heads = len(lengths), max(lengths), 3
@@ -53,8 +53,13 @@ def test_strided_views_of_a_fused_projection_are_taken_and_other_inputs_refused(
     got = encoder_attention(q, k, v, lens, 2, attention_library(32))
     want = _sdpa(q.contiguous(), k.contiguous(), v.contiguous(), lens, 2)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    wide = torch.full((2, 9, 128), 7.0)  # into some columns of a wider buffer, the others untouched
+    assert encoder_attention(q, k, v, lens, 2, attention_library(32), out=wide[..., 64:]) is not None
+    torch.testing.assert_close(wide[0, :, 64:], want[0], rtol=1e-5, atol=1e-5)
+    assert (wide[..., :64] == 7.0).all()
     assert encoder_attention(q.double(), k, v, lens, 2, attention_library(32)) is None  # not float32
-    assert encoder_attention(q, k, v, lens, 4, attention_library(32)) is None  # head size 16
+    assert encoder_attention(q, k, v, lens, 4, attention_library(32)) is not None  # head size 16: a multiple of 8
+    assert encoder_attention(q[..., :60], k[..., :60], v[..., :60], lens, 5, attention_library(32)) is None  # 12
     with pytest.raises(ValueError, match="lengths"):
         encoder_attention(q, k, v, torch.tensor([9, 0]), 2, attention_library(32))
 

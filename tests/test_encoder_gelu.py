@@ -26,6 +26,22 @@ def test_matches_torchs_erf_gelu(rows, cols, bias):
     torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 17), (64, 4304)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_tanh_form_matches_torchs_tanh_gelu(rows, cols, bias):
+    gen = torch.Generator().manual_seed(rows + cols)
+    y = torch.randn(rows, cols, generator=gen) * 4
+    y[0, 0] = 0.0
+    b = torch.randn(cols, generator=gen) if bias else None
+    want = F.gelu((y + b if bias else y).double(), approximate="tanh")
+    assert bias_gelu_(y, b, gelu_library(), tanh=True)
+    torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=2e-6)
+    extremes = torch.tensor([[-100.0, -12.0, -3.0, 0.5, 12.0, 100.0, -0.0, 1e-30]])
+    want = F.gelu(extremes.double(), approximate="tanh")
+    assert bias_gelu_(extremes, None, gelu_library(), tanh=True)
+    torch.testing.assert_close(extremes.double(), want, rtol=1e-6, atol=2e-6)
+
+
 def test_extremes_and_refusals():
     y = torch.tensor([[-100.0, -12.0, -3.0, 0.5, 12.0, 100.0, -0.0, 1e-30]])
     want = F.gelu(y.double())

@@ -15,6 +15,7 @@ from edgeserve.errors import ModelLoadError
 from edgeserve.loaders.gguf_weights import gguf_blocks
 from edgeserve.loaders.weights import WeightValue
 from edgeserve.vision.family import VisionSource
+from edgeserve.vision.native_vit import native_matrix
 from edgeserve.vision.vit import (GGUF_CLIP_NAMES, MatrixLoader, VisionTransformer, VitConfig, VitNames,
                                   load_vit_weights)
 
@@ -97,13 +98,14 @@ def vit_config(source: VisionSource, eps: float = 1e-6) -> tuple[VitConfig, int]
 def load_tower(source: VisionSource, config: VitConfig, hf_prefix: str, dtype: torch.dtype,
                device: torch.device) -> tuple[VisionTransformer, Any, MatrixLoader]:
     """The ViT of `source` (HF tensors under `hf_prefix`, or the mmproj's `v.*`), the WeightSource the projector
-    reads from, and the matrix loader (GGUF blocks on the native CPU kernels where they run)."""
+    reads from, and the matrix loader (GGUF blocks on the native CPU kernels where they run, bfloat16 matrices on the
+    native bfloat16 kernel where this CPU has it)."""
     from edgeserve.models.llama import load_matrix
 
     weights = MmprojWeights(source.gguf) if source.gguf is not None else source.weights
 
     def matrix(names: list[str]):
-        return load_matrix(weights, names, dtype, device, keep_int4=False)
+        return native_matrix(load_matrix(weights, names, dtype, device, keep_int4=False), device)
 
     names = GGUF_CLIP_NAMES if source.gguf is not None else VitNames.hf_siglip(hf_prefix)
     return VisionTransformer(config, load_vit_weights(weights, names, config, matrix), dtype), weights, matrix

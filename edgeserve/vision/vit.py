@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import linear as matmul
 from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.vision.native_vit import NativeBlocks, is_native, native_matmul
 from edgeserve.vision.stop import check as check_stop
 
 
@@ -154,18 +155,29 @@ class VisionTransformer:
     config: VitConfig
     weights: VitWeights
     dtype: torch.dtype = torch.float32
+    native: bool = True  # the blocks on the native CPU kernels where they run (False: torch's ops, as a reference)
     _act: Callable[[torch.Tensor], torch.Tensor] = field(init=False)
+    _native: NativeBlocks | None = field(init=False)
 
     def __post_init__(self) -> None:
         if self.config.act not in _ACTS:
             raise ModelLoadError(f"vision tower: activation {self.config.act!r} is not supported")
         self._act = _ACTS[self.config.act]
+        self._native = NativeBlocks.for_tower(self.config, self.weights.layers)
+
+    @property
+    def runs_natively(self) -> bool:
+        """Whether an unmasked forward runs its blocks on the native CPU kernels (vision/native_vit.py)."""
+        return self.native and self._native is not None
 
     def linear(self, x: torch.Tensor, w: LinearWeight, b: torch.Tensor | None,
                keep_dtype: bool = False) -> torch.Tensor:
         """x [..., in] @ w.T + b in the compute dtype, as float32 [..., out] (`keep_dtype`: as the matmul gave it,
         for an intermediate the next matmul reads)."""
         shape = x.shape
+        if is_native(w):  # float32 in and out; the kernel rounds to bfloat16 (or quantizes) itself
+            y = native_matmul(w, x.reshape(-1, shape[-1]).float(), b)
+            return y.reshape(*shape[:-1], y.shape[-1])
         if b is not None:  # into the matmul (one fused addmm for dense weights, not a float32 add after it)
             b = b.to(w.dtype if isinstance(w, torch.Tensor) else self.dtype)
         y = matmul(x.reshape(-1, shape[-1]).to(self.dtype), w, b)
@@ -193,6 +205,10 @@ class VisionTransformer:
             if pos_ids is None and n > w.pos_embed.shape[0]:
                 raise ValueError(f"{n} patches, but the tower has {w.pos_embed.shape[0]} positions")
             x = x + (w.pos_embed[:n] if pos_ids is None else w.pos_embed[pos_ids])
+        if self.runs_natively and attn_mask is None and layer_masks is None and rotary is None:
+            assert self._native is not None
+            x, kept = self._native.run(x, w.layers, keep_layers, self._act)
+            return (self.norm(x, w.post_norm) if w.post_norm is not None else x), kept
         kept: list[torch.Tensor] = []
         for i, layer in enumerate(w.layers):
             check_stop()  # the request went away: stop here, not after the last layer
