@@ -166,6 +166,30 @@ def test_a_client_that_goes_away_cancels_the_request_on_its_replica(cluster):
     assert wait_until(lambda: running_requests(cluster) == 0, timeout=3, interval=0.1)
 
 
+def test_a_background_response_is_found_on_the_replica_that_holds_it(cluster):
+    """Each replica stores its own background responses: polls, a streamed resume and a cancel by id all reach the
+    replica that answered the create, whichever the router would pick by load."""
+    created = post(cluster, "/v1/responses", {"model": DEFAULT_MODEL, "input": "Say hi.", "max_output_tokens": 6,
+                                              "background": True})
+    assert created.status_code == 200, created.text
+    rid, home = created.json()["id"], created.headers["x-edgeserve-replica"]
+    for _ in range(6):  # by load alone, 6 polls would not all land on one of two replicas
+        r = httpx.get(f"{cluster['url']}/v1/responses/{rid}", headers=AUTH, timeout=60)
+        assert r.status_code == 200 and r.headers["x-edgeserve-replica"] == home and r.json()["id"] == rid
+
+    def done() -> bool:
+        got = httpx.get(f"{cluster['url']}/v1/responses/{rid}", headers=AUTH, timeout=60).json()
+        return got["status"] not in ("queued", "in_progress")
+
+    assert wait_until(done, timeout=60, interval=0.2)
+    with httpx.stream("GET", f"{cluster['url']}/v1/responses/{rid}?stream=true&starting_after=0", headers=AUTH,
+                      timeout=60) as r:
+        assert r.status_code == 200 and r.headers["x-edgeserve-replica"] == home
+        assert any(line.startswith("data: ") for line in r.iter_lines())
+    gone = httpx.delete(f"{cluster['url']}/v1/responses/{rid}", headers=AUTH, timeout=60)
+    assert gone.status_code == 200 and gone.headers["x-edgeserve-replica"] == home
+
+
 def test_a_killed_replicas_requests_go_to_the_other(cluster):
     import ray
     from ray import serve

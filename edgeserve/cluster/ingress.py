@@ -12,6 +12,7 @@ from ray.exceptions import RayActorError
 from starlette.types import Receive, Scope, Send
 
 from edgeserve.cluster.aggregate import merge_health, merge_metrics, merge_ps
+from edgeserve.cluster.owners import ReplicaOwners, addressed_id, request_id
 from edgeserve.cluster.route_key import route_key
 from edgeserve.cluster.wire import ForwardedRequest, ResponseStart
 from edgeserve.server.auth import authorized, needs_key
@@ -34,6 +35,7 @@ class ClusterIngress:
         self.handle = handle.options(stream=True)  # one handle, so one router (and one affinity table) for all
         self.config = config
         self.local = {"/metrics": self._metrics, "/api/ps": self._ps, "/health": self._health}
+        self.owners = ReplicaOwners()  # which replica answered which request (what it stored stays there)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -56,13 +58,17 @@ class ClusterIngress:
             msg = f"request body is larger than the limit of {self.config.max_body_bytes} bytes"
             await _send_error(send, path, APIError(413, msg, code="request_too_large"))
             return
-        req = ForwardedRequest(scope["method"], path, scope.get("query_string", b""), tuple(scope["headers"]),
-                               body, route_key(path, body))
+        rid = request_id(headers.get("x-request-id"))
+        addressed = addressed_id(path, headers.get("last-event-id"))
+        req = ForwardedRequest(scope["method"], path, scope.get("query_string", b""),
+                               (*((k, v) for k, v in scope["headers"] if k.lower() != b"x-request-id"),
+                                (b"x-request-id", rid.encode())),
+                               body, route_key(path, body), self.owners.owner_of(addressed) if addressed else None)
         if scope["method"] == "GET" and path in self.local:
             status, data, ctype = await self.local[path](req)
             await _send_whole(send, status, data, ctype)
             return
-        await self._stream(req, receive, send)
+        await self._stream(req, rid, receive, send)
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         limit = self.config.max_body_bytes
@@ -80,7 +86,7 @@ class ClusterIngress:
             more = msg.get("more_body", False)
         return b"".join(chunks)
 
-    async def _stream(self, req: ForwardedRequest, receive: Receive, send: Send) -> None:
+    async def _stream(self, req: ForwardedRequest, rid: str, receive: Receive, send: Send) -> None:
         """Forward `req` and stream the reply; a client that goes away cancels it on the replica."""
         async with anyio.create_task_group() as tg:
             async def watch_disconnect() -> None:
@@ -89,10 +95,12 @@ class ClusterIngress:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch_disconnect)
-            await self._forward(req, send)
+            await self._forward(req, rid, send)
             tg.cancel_scope.cancel()
 
-    async def _forward(self, req: ForwardedRequest, send: Send) -> None:
+    async def _forward(self, req: ForwardedRequest, rid: str, send: Send) -> None:
+        """Stream `req`'s reply from a replica (another one when it dies before answering), remembering which
+        replica answered request `rid`."""
         for attempt in range(RETRIES):
             started = False
             gen = self.handle.forward.remote(req)
@@ -100,6 +108,7 @@ class ClusterIngress:
                 async for item in gen:
                     if isinstance(item, ResponseStart):
                         started = True
+                        self.owners.answered(rid, item.replica)
                         hdrs = [*item.headers, (b"x-edgeserve-replica", item.replica.encode())]
                         await send({"type": "http.response.start", "status": item.status, "headers": hdrs})
                     else:

@@ -43,6 +43,9 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         req = _forwarded(pending_request)
+        pinned = [r for r in candidate_replicas if req is not None and r.replica_id.unique_id == req.replica]
+        if pinned:  # it names something only that replica holds
+            return [pinned]
         if req is None or not self._affinity or not req.prefix or not candidate_replicas:
             return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}

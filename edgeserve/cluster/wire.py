@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class ForwardedRequest:
     """One HTTP request as the ingress read it, with its routing key.
 
-    `prefix` is route_key's chained hashes (empty: route by load).
+    `prefix` is route_key's chained hashes (empty: route by load); `replica`: the replica it must reach (it names a
+    response or a running request that one holds: cluster.owners), None when any may take it.
     """
 
     method: str
@@ -18,6 +19,7 @@ class ForwardedRequest:
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
     prefix: tuple[int, ...] = ()
+    replica: str | None = None
 
 
 @dataclass(frozen=True)
