@@ -62,6 +62,11 @@ LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
 NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
                   layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-", ssm_state_size=16, mamba_num_heads=8,
                   mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
+# Nemotron 3 Nano 30B-A3B's block pattern in small (Mamba-2 M, MoE E, attention *; no plain MLP blocks): 8 routed
+# squared-ReLU experts, 2 a token, beside a shared one; the router's correction bias and scaling factor at work
+NEMOTRON_H_MOE = dict(NEMOTRON_H, hybrid_override_pattern="MEM*EME*E", n_routed_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_group=1, topk_group=1,
+                      norm_topk_prob=True, routed_scaling_factor=2.5)
 # Granite 4 H Micro's layout in small: Mamba-2 and NoPE attention layers (`layer_types` as released), each with a
 # SwiGLU MLP, Granite's multipliers (no experts here; the -moe case adds them); as many KV heads as heads, since
 # llama.cpp's converter (reading the config through transformers 5, which renames the layer kinds) writes 0 KV heads
@@ -107,6 +112,24 @@ def nemotron_h_config(model, folder: Path) -> None:
         cfg.pop(key, None)
     cfg["hybrid_override_pattern"] = NEMOTRON_H["hybrid_override_pattern"]
     path.write_text(json.dumps(cfg, indent=2))
+
+
+def nemotron_h_moe_config(model, folder: Path) -> None:
+    """config.json as the released Nemotron 3 Nano stores it: the block pattern as `hybrid_override_pattern`."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.pop("layers_block_type", None)
+    cfg["hybrid_override_pattern"] = NEMOTRON_H_MOE["hybrid_override_pattern"]
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def nemotron_h_moe_init(model) -> None:
+    """`spread`, and correction biases far enough from 0 to change which experts a token gets."""
+    spread(model)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
 
 
 def gpt_oss_init(model) -> None:
@@ -177,6 +200,9 @@ CASES = [
     Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
     Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
+    # transformers saves the experts one by one (`mixer.experts.N.up_proj.weight`), as the released checkpoint
+    Case("nemotron_h_moe", lambda v: t.NemotronHConfig(**NEMOTRON_H_MOE, vocab_size=v), "nemotron_h_moe",
+         model_class="NemotronHForCausalLM", init=nemotron_h_moe_init, post_save=nemotron_h_moe_config),
     Case("granitehybrid", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H, vocab_size=v), "granitehybrid",
          model_class="GraniteMoeHybridForCausalLM"),
     # Granite 4 H Tiny's: 8 experts (2 a token, 32 wide: Q8_0 blocks for the native MoE layer) beside the 96-wide MLP

@@ -89,6 +89,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    routed_scaling_factor: float = 1.0  # the chosen experts' weights times this (Nemotron-H MoE)
     # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
