@@ -104,6 +104,39 @@ def _gpt_oss() -> dict:
                 num_experts_per_tok=s.experts_used, num_hidden_layers=2, sliding_window=128)
 
 
+def _nemotron_h() -> dict:
+    """NVIDIA-Nemotron-Nano-9B-v2's config.json (nemotron_h, dense) as recalled (no writer has the shape): its
+    blocks "M-M-M-MM-M-M-M*-..." cut to "M-M*-"."""
+    return dict(hidden_size=4480, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                intermediate_size=15680, mamba_num_heads=128, mamba_head_dim=80, ssm_state_size=128, n_groups=8,
+                conv_kernel=4, chunk_size=128, layers_block_type=_blocks("M-M*-"), num_hidden_layers=5)
+
+
+def _nemotron_h_moe() -> dict:
+    """Nemotron 3 Nano 30B-A3B's config.json (nemotron_h_moe) as recalled: its blocks "MEMEM*EMEMEM*..." cut to
+    "MEM*E", 16 of its 128 experts (6 a token)."""
+    return dict(hidden_size=2688, num_attention_heads=32, num_key_value_heads=2, head_dim=128,
+                mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4,
+                chunk_size=128, n_routed_experts=16, num_experts_per_tok=6, moe_intermediate_size=1856,
+                moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5,
+                layers_block_type=_blocks("MEM*E"), num_hidden_layers=5)
+
+
+def _blocks(pattern: str) -> list[str]:
+    """transformers' Nemotron-H block types of a `hybrid_override_pattern`."""
+    return [{"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}[c] for c in pattern]
+
+
+def _granite_h_micro() -> dict:
+    """granite-4.0-h-micro's config.json (granitehybrid, dense) as recalled: Mamba-2 layers with NoPE attention
+    every few, cut to 4 layers (3 Mamba-2, 1 attention); Granite's multipliers are the converter case's; as many KV
+    heads as heads (its 8 would need a KV-head count in the file: llama.cpp's converter under transformers 5 writes
+    0 KV heads on every layer, the converter case's note)."""
+    return dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=32, shared_intermediate_size=8192,
+                mamba_n_heads=64, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4,
+                mamba_chunk_size=128, layer_types=["mamba", "mamba", "mamba", "attention"], num_hidden_layers=4)
+
+
 SHAPED = {
     "qwen3-0.6b": Shape("qwen3", _qwen3(), "4 of 28 layers"),
     "qwen35-0.8b": Shape("qwen35", _qwen35(), "4 of 24 layers (3 DeltaNet + 1 full attention, the real rhythm)"),
@@ -111,6 +144,10 @@ SHAPED = {
     "qwen3-30b-a3b": Shape("qwen3moe", _qwen3moe(), "4 of 48 layers, 16 of 128 experts (8 per token)"),
     "gemma4-e2b": Shape("gemma4-e2b", _gemma4(), "10 of 35 layers (4 sliding : 1 global), the last 5 KV-shared"),
     "gpt-oss-20b": Shape("gpt-oss", _gpt_oss(), "2 of 24 layers, 8 of 32 experts (4 per token), MXFP4 experts"),
+    "nemotron-nano-9b-v2": Shape("nemotron_h", _nemotron_h(), "5 of 56 blocks (M-M*-)"),
+    "nemotron3-nano-30b-a3b": Shape("nemotron_h_moe", _nemotron_h_moe(),
+                                    "5 of 52 blocks (MEM*E), 16 of 128 experts (6 per token)"),
+    "granite4-h-micro": Shape("granitehybrid", _granite_h_micro(), "4 of 40 layers (3 Mamba-2, 1 attention)"),
 }
 
 

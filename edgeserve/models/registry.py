@@ -77,6 +77,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     # HF names both `nemotron_h` (its config reader names the MoE one); a nemotron_h_moe GGUF without experts is dense
     Architecture("nemotron_h_moe", "nemotron_h"),
     Architecture("granitehybrid", "granitehybrid", ("granitemoehybrid",), ("GraniteMoeHybridForCausalLM",)),
+    Architecture("falcon-h1", "falcon_h1", ("falcon_h1",), ("FalconH1ForCausalLM",)),
 )
 # HF model types that wrap another architecture's text model in `text_config` (SmolVLM: a Llama inside)
 HF_WRAPPERS = ("idefics3", "smolvlm")

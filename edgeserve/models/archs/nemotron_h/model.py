@@ -52,7 +52,7 @@ class BackboneWeights(RenamedWeights):
 @dataclass
 class Mamba2Weights:
     """A Mamba-2 mixer's weights: conv [conv_dim, K] and its bias, dt_bias, A (= -exp(A_log)) and D [H], the gated
-    norm's weight [H * P]."""
+    norm's weight [H * P] (None: y * silu(z) without a norm, Falcon-H1's `mamba_rms_norm` off)."""
 
     in_proj: LinearWeight
     conv: torch.Tensor
@@ -60,7 +60,7 @@ class Mamba2Weights:
     dt_bias: torch.Tensor
     A: torch.Tensor
     D: torch.Tensor
-    norm: torch.Tensor
+    norm: torch.Tensor | None
     out_proj: LinearWeight
 
 
@@ -81,13 +81,13 @@ class NemotronHLayer:
 
 def load_mamba2(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
     """A Mamba-2 mixer's weights under prefix `m` (`vector` / `matrix` load one; A from llama.cpp's ssm_a, or -exp
-    of HF's A_log). Granite 4 H's layers load theirs through it too."""
+    of HF's A_log). Granite 4 H's and Falcon-H1's layers load theirs through it too."""
     conv = vector(m + "conv1d.weight").reshape(dims.conv_dim, dims.conv_kernel)
     a = vector(m + "ssm_a") if is_gguf else -torch.exp(vector(m + "A_log"))
-    bias = m + "conv1d.bias"
+    bias, norm = m + "conv1d.bias", m + "norm.weight"
     return Mamba2Weights(in_proj=matrix([m + "in_proj.weight"]), conv=conv,
                          conv_bias=vector(bias) if src.has(bias) else None, dt_bias=vector(m + "dt_bias"),
-                         A=a, D=vector(m + "D"), norm=vector(m + "norm.weight"),
+                         A=a, D=vector(m + "D"), norm=vector(norm) if src.has(norm) else None,
                          out_proj=matrix([m + "out_proj.weight"]))
 
 
