@@ -12,7 +12,7 @@ GGUF_TOP = {
     "model.final_layernorm.weight": "output_norm.weight",
 }
 GGUF_LAYER = {
-    "pre_ff_layernorm.weight": "ffn_norm.weight",
+    "pre_ff_layernorm.weight": "ffn_norm",  # without ".weight": as llama.cpp's converter names it
     "feed_forward.gate_proj.weight": "ffn_gate.weight",
     "feed_forward.up_proj.weight": "ffn_up.weight",
     "feed_forward.down_proj.weight": "ffn_down.weight",

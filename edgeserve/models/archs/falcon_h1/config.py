@@ -23,6 +23,11 @@ def _state_fields(layers: int, dims: Mamba2Dims) -> dict[str, Any]:
                                        dims.state_size))
 
 
+def _number(value: Any) -> float:
+    """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, Mapping) else value)
+
+
 def _check(cfg: Mapping[str, Any]) -> None:
     """Refuse the variants the decoder does not run, by name."""
     if cfg.get("hidden_act", "silu") != "silu":
@@ -31,7 +36,7 @@ def _check(cfg: Mapping[str, Any]) -> None:
         raise UnsupportedModelError("Falcon-H1 with projection biases is not supported")
     if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
         raise UnsupportedModelError("Falcon-H1 with the Mamba norm before its gate is not supported")
-    limit = tuple(cfg.get("time_step_limit") or (0.0, float("inf")))
+    limit = tuple(_number(v) for v in cfg.get("time_step_limit") or (0.0, float("inf")))
     if limit != (0.0, float("inf")):
         raise UnsupportedModelError(f"Falcon-H1 with a time step limit {limit} is not supported")
     if cfg.get("tie_word_embeddings") and cfg.get("embedding_multiplier", 1.0) != cfg.get("lm_head_multiplier", 1.0):
