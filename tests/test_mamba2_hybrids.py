@@ -1,9 +1,10 @@
 """The Mamba-2 hybrids through the engine: Nemotron-H (Mamba-2 blocks beside attention and MLP blocks; MoE blocks
-in nemotron_h_moe) and Granite 4 H (Mamba-2 or attention, then an MLP, in every layer). Each Mamba-2 layer's conv and ssm states live in a slot of
-the state pool (the `mamba2` kind) beside the paged KV of the attention layers alone; greedy outputs equal
-transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a state snapshot;
-speculation rolls the states back; preemption recomputes them. Logit parity of the GGUF and HF folder:
-test_registered_architectures' `nemotron_h`, `nemotron_h_moe` and `granitehybrid` cases."""
+in nemotron_h_moe), Granite 4 H (Mamba-2 or attention, then an MLP, in every layer) and Falcon-H1 (attention and
+Mamba-2 side by side in every layer). Each Mamba-2 layer's conv and ssm states live in a slot of the state pool (the
+`mamba2` kind) beside the paged KV of the attention layers; greedy outputs equal transformers' greedy generate,
+batched or alone, chunked or whole; a prefix-cache hit resumes from a state snapshot; speculation rolls the states
+back; preemption recomputes them. Logit parity of the GGUF and HF folder: test_registered_architectures'
+`nemotron_h`, `nemotron_h_moe`, `granitehybrid` and `falcon-h1` cases."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from edgeserve.sampling_params import SamplingParams  # noqa: E402
 SHAPES = {"nemotron_h": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "M-*M-M*-": MLP blocks keep nothing
           "nemotron_h_moe": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "MEM*EME*E": MoE blocks keep nothing
           "granitehybrid": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16),
-          "granitehybrid-moe": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16)}  # experts beside the MLP
+          "granitehybrid-moe": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16),  # experts beside the MLP
+          "falcon-h1": (3, 3, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16)}  # attention beside Mamba-2 in every layer
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

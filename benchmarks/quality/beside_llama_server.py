@@ -133,6 +133,7 @@ def _granite_h_micro() -> dict:
     heads as heads (its 8 would need a KV-head count in the file: llama.cpp's converter under transformers 5 writes
     0 KV heads on every layer, the converter case's note)."""
     return dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=32, shared_intermediate_size=8192,
+                num_local_experts=0, num_experts_per_tok=0,  # as released (llama.cpp refuses k > 0 of 0 experts)
                 mamba_n_heads=64, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4,
                 mamba_chunk_size=128, layer_types=["mamba", "mamba", "mamba", "attention"], num_hidden_layers=4)
 
