@@ -1,6 +1,6 @@
 """The Mixture-of-Experts feed-forward layer shared by every MoE architecture: a router picks `experts_per_token`
-of `num_experts` gated FFNs (or plain up / down ones) per token, their outputs are summed with the router's weights, and an optional shared
-expert (a dense gated FFN, optionally sigmoid-gated) is added.
+of `num_experts` gated FFNs (or plain up / down ones: MoEConfig.gated) per token, their outputs are summed with the
+router's weights, and an optional shared expert (a dense gated FFN, optionally sigmoid-gated) is added.
 
 Expert weights stay as the file stores them (GGUF block formats on the native CPU kernels, kernels.experts
 BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step reads only its active experts,

@@ -115,8 +115,10 @@ def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Ca
     expert_device = torch.device("cpu") if on_host else device
     native = host_experts_native(source) if on_host else native_experts_here(source, device, dtype)
     if not moe.gated:  # an up projection alone (Nemotron-H): fused [E, F, hidden] or per expert
-        gate_up = _experts(source, [p + "experts.up_proj"], native, expert_device, dtype) if source.has(
-            p + "experts.up_proj") else _per_expert(source, f"model.layers.{i}.", e, ["up_proj"], expert_device, dtype)
+        if source.has(p + "experts.up_proj"):
+            gate_up = _experts(source, [p + "experts.up_proj"], native, expert_device, dtype)
+        else:
+            gate_up = _per_expert(source, f"model.layers.{i}.", e, ["up_proj"], expert_device, dtype)
         gate_up_bias = None
     elif source.has(p + "experts.gate_up_proj"):
         gate_up = _experts(source, [p + "experts.gate_up_proj"], native, expert_device, dtype)

@@ -88,7 +88,8 @@ class FalconH1Model(Mamba2HybridDecoder):
                 input_norm=w.vector(p + "input_layernorm.weight"), post_norm=w.vector(p + "pre_ff_layernorm.weight"),
                 qkv=w.matrix([a + f"{x}_proj.weight" for x in "qkv"]), o_proj=w.matrix([a + "o_proj.weight"]),
                 mamba=load_mamba2(dims, src, p + "mamba.", w.vector, w.matrix, is_gguf), state_index=i,
-                gate_up=w.matrix([f + "gate_proj.weight", f + "up_proj.weight"]), down=w.matrix([f + "down_proj.weight"])))
+                gate_up=w.matrix([f + "gate_proj.weight", f + "up_proj.weight"]),
+                down=w.matrix([f + "down_proj.weight"])))
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         model = cls(c, embed, layers, w.vector("model.final_layernorm.weight"), lm_head, w.dtype, w.device)
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)

@@ -70,7 +70,8 @@ def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
                           int(cfg.get("n_groups", cfg.get("mamba_n_groups", 8))),
                           int(cfg.get("conv_kernel", cfg.get("mamba_d_conv", 4))))
         pattern = _block_kinds(cfg)
-        return _config(arch, pattern, dims, **(_experts_from_hf(cfg) if "E" in pattern else {}), vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+        experts = _experts_from_hf(cfg) if "E" in pattern else {}
+        return _config(arch, pattern, dims, **experts, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
                        intermediate_size=int(cfg["intermediate_size"]), num_heads=heads,
                        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                        head_dim=int(cfg.get("head_dim") or hidden // heads),

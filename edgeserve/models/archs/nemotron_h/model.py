@@ -222,7 +222,8 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             e, f, sh = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
             shapes.update({m + "gate.weight": (e, h), m + "gate.e_score_correction_bias": (e,),
                            m + "experts.up_proj": (e, f, h), m + "experts.down_proj": (e, h, f),
-                           m + "shared_experts.up_proj.weight": (sh, h), m + "shared_experts.down_proj.weight": (h, sh)})
+                           m + "shared_experts.up_proj.weight": (sh, h),
+                           m + "shared_experts.down_proj.weight": (h, sh)})
         else:
             w = c.intermediate_size
             shapes.update({m + "up_proj.weight": (w, h), m + "down_proj.weight": (h, w)})
