@@ -138,6 +138,14 @@ def _granite_h_micro() -> dict:
                 mamba_chunk_size=128, layer_types=["mamba", "mamba", "mamba", "attention"], num_hidden_layers=4)
 
 
+def _falcon_h1() -> dict:
+    """Falcon-H1-0.5B's config.json (falcon-h1) as recalled: 4 of its layers (attention beside Mamba-2 in each);
+    the multipliers are the converter case's."""
+    return dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=64, intermediate_size=2048,
+                mamba_d_ssm=1536, mamba_n_heads=24, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1,
+                mamba_chunk_size=128, num_hidden_layers=4)
+
+
 SHAPED = {
     "qwen3-0.6b": Shape("qwen3", _qwen3(), "4 of 28 layers"),
     "qwen35-0.8b": Shape("qwen35", _qwen35(), "4 of 24 layers (3 DeltaNet + 1 full attention, the real rhythm)"),
@@ -149,6 +157,7 @@ SHAPED = {
     "nemotron3-nano-30b-a3b": Shape("nemotron_h_moe", _nemotron_h_moe(),
                                     "5 of 52 blocks (MEM*E), 16 of 128 experts (6 per token)"),
     "granite4-h-micro": Shape("granitehybrid", _granite_h_micro(), "4 of 40 layers (3 Mamba-2, 1 attention)"),
+    "falcon-h1-0.5b": Shape("falcon-h1", _falcon_h1(), "4 of 36 layers"),
 }
 
 
