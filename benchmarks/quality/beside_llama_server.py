@@ -176,7 +176,11 @@ def shaped_case(name: str):
         values.update(shape.fields)
         if "gemma4" in shape.case:
             values["vocab_size_per_layer_input"] = vocab
-        return type(cfg)(**values)
+        real = type(cfg)(**values)
+        # the reference's experts one at a time: transformers' batched default gathers an expert matrix per routed
+        # token (GBs at these widths; the first Nemotron 3 Nano run was killed for memory)
+        real._experts_implementation = "eager"
+        return real
 
     def init(model) -> None:
         (base.init or spread)(model)
