@@ -222,7 +222,8 @@ def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list
     try:
         out = []
         for ids in prompts:
-            body = {"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False}
+            body = {"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
+                    "ignore_eos": True}  # a random model may put an end-of-generation token first
             req = urllib.request.Request(f"{server.url}/completion", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as r:
