@@ -222,8 +222,10 @@ def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list
     try:
         out = []
         for ids in prompts:
-            body = {"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
-                    "ignore_eos": True}  # a random model may put an end-of-generation token first
+            # 2 tokens: a first one that is part of a UTF-8 character comes with its probabilities only once the
+            # character is whole; ignore_eos: a random model may put an end-of-generation token first
+            body = {"prompt": ids, "n_predict": 2, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
+                    "ignore_eos": True}
             req = urllib.request.Request(f"{server.url}/completion", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as r:
