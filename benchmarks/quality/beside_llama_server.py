@@ -7,7 +7,7 @@ case's structure (tests/converter_cases.py) and random weights scaled to the wid
 converted by llama.cpp's own convert_hf_to_gguf.py to f32 (and bf16 / q8_0), or made Q4_K_M from the f32 file by
 llama.cpp's llama-quantize (`--keep DIR` keeps the files and reuses them). For each file and each of 8 fixed token-id prompts, the first generated position's
 log-probabilities:
-- llama-server: /completion with the prompt as token ids, n_predict 1, n_probs 5 (the top 5 of the raw logits'
+- llama-server: /completion with the prompt as token ids, n_predict 2 (the first position read), n_probs 5 (the top 5 of the raw logits'
   softmax, before sampling); its defaults otherwise (f16 KV cache, flash attention auto);
 - edgeserve: the server's compute in process (load_model at dtype auto, the default KV format, the prompt in two
   chunks over the paged pool: what `edgeserve serve` runs for the same ids);
