@@ -69,6 +69,11 @@ LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
 NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
                   layer_norm_epsilon=1e-5, hybrid_override_pattern="M-*M-M*-", ssm_state_size=16, mamba_num_heads=8,
                   mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8)
+# Nemotron 3 Nano 30B-A3B's block pattern in small (Mamba-2 M, MoE E, attention *; no plain MLP blocks): 8 routed
+# squared-ReLU experts, 2 a token, beside a shared one; the router's correction bias and scaling factor at work
+NEMOTRON_H_MOE = dict(NEMOTRON_H, hybrid_override_pattern="MEM*EME*E", n_routed_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_group=1, topk_group=1,
+                      norm_topk_prob=True, routed_scaling_factor=2.5)
 # Granite 4 H Micro's layout in small: Mamba-2 and NoPE attention layers (`layer_types` as released), each with a
 # SwiGLU MLP, Granite's multipliers (no experts here; the -moe case adds them); as many KV heads as heads, since
 # llama.cpp's converter (reading the config through transformers 5, which renames the layer kinds) writes 0 KV heads
@@ -78,6 +83,15 @@ GRANITE_H = dict(SMALL, num_key_value_heads=4, num_hidden_layers=6, shared_inter
                  mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4,
                  mamba_chunk_size=8, position_embedding_type="nope", embedding_multiplier=3.0,
                  residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0)
+# Falcon-H1's layer in small: attention (RoPE) and Mamba-2 side by side in every layer, then a SwiGLU MLP, with every
+# multiplier away from 1 (folded into the weights by llama.cpp's converter, at load by edgeserve); no Mamba norm, as
+# the released configs (`mamba_rms_norm` false)
+FALCON_H1 = dict(SMALL, num_hidden_layers=3, head_dim=16, intermediate_size=96, mamba_d_ssm=128, mamba_n_heads=8,
+                 mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8,
+                 mamba_rms_norm=False, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                 embedding_multiplier=2.0, lm_head_multiplier=0.5, key_multiplier=0.7, attention_in_multiplier=1.3,
+                 attention_out_multiplier=0.8, ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
+                 mlp_multipliers=[1.1, 0.6], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7])
 GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                 "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
 
@@ -112,7 +126,7 @@ def nemotron_h_config(model, folder: Path) -> None:
                 "moe_shared_expert_intermediate_size", "moe_latent_size", "moe_shared_expert_overlap", "n_group",
                 "topk_group", "norm_topk_prob", "routed_scaling_factor", "mtp_layers_block_type", "layers_block_type"):
         cfg.pop(key, None)
-    cfg["hybrid_override_pattern"] = NEMOTRON_H["hybrid_override_pattern"]
+    cfg["hybrid_override_pattern"] = model.config.hybrid_override_pattern
     path.write_text(json.dumps(cfg, indent=2))
 
 
@@ -126,6 +140,24 @@ def gemma4_unified_folder(model, folder: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
     template = llama_cpp_dir() / "models" / "templates" / "google-gemma-4-31B-it.jinja"
     (folder / "chat_template.jinja").write_text(template.read_text())
+
+
+def nemotron_h_moe_config(model, folder: Path) -> None:
+    """config.json as the released Nemotron 3 Nano stores it: the block pattern as `hybrid_override_pattern`."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.pop("layers_block_type", None)
+    cfg["hybrid_override_pattern"] = model.config.hybrid_override_pattern
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def nemotron_h_moe_init(model) -> None:
+    """`spread`, and correction biases far enough from 0 to change which experts a token gets."""
+    spread(model)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
 
 
 def gpt_oss_init(model) -> None:
@@ -200,8 +232,13 @@ CASES = [
     Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
     Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
+    # transformers saves the experts one by one (`mixer.experts.N.up_proj.weight`), as the released checkpoint
+    Case("nemotron_h_moe", lambda v: t.NemotronHConfig(**NEMOTRON_H_MOE, vocab_size=v), "nemotron_h_moe",
+         model_class="NemotronHForCausalLM", init=nemotron_h_moe_init, post_save=nemotron_h_moe_config),
     Case("granitehybrid", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H, vocab_size=v), "granitehybrid",
          model_class="GraniteMoeHybridForCausalLM"),
+    Case("falcon-h1", lambda v: t.FalconH1Config(**FALCON_H1, vocab_size=v), "falcon-h1",
+         model_class="FalconH1ForCausalLM"),
     # Granite 4 H Tiny's: 8 experts (2 a token, 32 wide: Q8_0 blocks for the native MoE layer) beside the 96-wide MLP
     Case("granitehybrid-moe", lambda v: t.GraniteMoeHybridConfig(**GRANITE_H | dict(
         num_local_experts=8, num_experts_per_tok=2, intermediate_size=32), vocab_size=v), "granitehybrid",

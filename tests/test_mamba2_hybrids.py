@@ -1,9 +1,10 @@
-"""The Mamba-2 hybrids through the engine: Nemotron-H (Mamba-2 blocks beside attention and MLP blocks) and Granite
-4 H (Mamba-2 or attention, then an MLP, in every layer). Each Mamba-2 layer's conv and ssm states live in a slot of
-the state pool (the `mamba2` kind) beside the paged KV of the attention layers alone; greedy outputs equal
-transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a state snapshot;
-speculation rolls the states back. Logit parity of the GGUF and HF folder: test_registered_architectures'
-`nemotron_h` and `granitehybrid` cases."""
+"""The Mamba-2 hybrids through the engine: Nemotron-H (Mamba-2 blocks beside attention and MLP blocks; MoE blocks
+in nemotron_h_moe), Granite 4 H (Mamba-2 or attention, then an MLP, in every layer) and Falcon-H1 (attention and
+Mamba-2 side by side in every layer). Each Mamba-2 layer's conv and ssm states live in a slot of the state pool (the
+`mamba2` kind) beside the paged KV of the attention layers; greedy outputs equal transformers' greedy generate,
+batched or alone, chunked or whole; a prefix-cache hit resumes from a state snapshot; speculation rolls the states
+back; preemption recomputes them. Logit parity of the GGUF and HF folder: test_registered_architectures'
+`nemotron_h`, `nemotron_h_moe`, `granitehybrid` and `falcon-h1` cases."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 # case: (Mamba-2 layers, attention layers, conv channels H * P + 2 * G * N, ssm H x P x N)
 SHAPES = {"nemotron_h": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "M-*M-M*-": MLP blocks keep nothing
+          "nemotron_h_moe": (3, 2, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16),  # "MEM*EME*E": MoE blocks keep nothing
           "granitehybrid": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16),
-          "granitehybrid-moe": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16)}  # experts beside the MLP
+          "granitehybrid-moe": (4, 2, 8 * 16 + 2 * 1 * 16, 8 * 16 * 16),  # experts beside the MLP
+          "falcon-h1": (3, 3, 8 * 16 + 2 * 2 * 16, 8 * 16 * 16)}  # attention beside Mamba-2 in every layer
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -58,14 +61,18 @@ def test_speculation_rolls_the_states_back(llm: LLM, prefix_caching: bool) -> No
     check_speculation_rolls_back(llm, prefix_caching)
 
 
-def test_experts_and_rope_are_refused_by_name() -> None:
-    """The variants not run (Nemotron-H MoE blocks, Granite 4 H with RoPE) get a clear refusal."""
+def test_unsupported_variants_are_refused_by_name() -> None:
+    """The variants not run (Nemotron 3 Super's latent expert projections and group-limited routing, Granite 4 H
+    with RoPE) get a clear refusal; a pattern with E blocks is nemotron_h_moe."""
     from edgeserve.errors import UnsupportedModelError
     from edgeserve.models.config import config_from_hf
 
-    nemotron = BY_NAME["nemotron_h"].config(1000).to_dict()
-    with pytest.raises(UnsupportedModelError, match="MoE"):
-        config_from_hf(dict(nemotron, hybrid_override_pattern="M*E"))
+    moe = BY_NAME["nemotron_h_moe"].config(1000).to_dict()
+    assert config_from_hf(moe).architecture == "nemotron_h_moe"
+    with pytest.raises(UnsupportedModelError, match="latent"):
+        config_from_hf(dict(moe, moe_latent_size=32))
+    with pytest.raises(UnsupportedModelError, match="group-limited"):
+        config_from_hf(dict(moe, n_group=4, topk_group=2))
     granite = BY_NAME["granitehybrid"].config(1000).to_dict()
     assert config_from_hf(granite).architecture == "granitehybrid"
     with pytest.raises(UnsupportedModelError, match="RoPE"):
@@ -98,7 +105,7 @@ def test_q8_0_gguf_serves_batched_like_alone(checkpoint) -> None:
     assert lm.config.architecture == BY_NAME[checkpoint[2]].arch
     from edgeserve.kernels import cpu_native
 
-    if lm.config.is_moe and cpu_native.available():  # experts and the shared MLP in the one-call MoE layer
+    if checkpoint[2] == "granitehybrid-moe" and cpu_native.available():  # experts and shared MLP in one call
         moe = lm.model.layers[0].moe
         assert moe.native() is not None and moe.shared is not None and lm.model.layers[0].gate_up is None
     served = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)

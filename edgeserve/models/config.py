@@ -89,6 +89,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    routed_scaling_factor: float = 1.0  # the chosen experts' weights times this (Nemotron-H MoE)
     # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
@@ -101,6 +102,11 @@ class ModelConfig:
     state_kind: Any = None
     # per layer: keeps neither KV nor a state (Nemotron-H's MLP-only blocks); None: every layer has a mixer
     mixerless_layers: tuple[bool, ...] | None = None
+    # every state layer attends over its own K/V too (Falcon-H1: attention and Mamba-2 side by side in each layer)
+    attention_beside_state: bool = False
+    # HF tensors to scale at load, by name suffix, as llama.cpp's converter folds them into the GGUF (Falcon-H1's
+    # multipliers): a scale, or per-segment scales of the rows (segment sizes, scales)
+    folded_scales: tuple[tuple[str, Any], ...] = ()
     rotary_dim: int | None = None  # RoPE rotates only the first rotary_dim dims of each head (None: all)
     attn_output_gate: bool = False  # q_proj doubled per head: [q | gate], output times sigmoid(gate)
     # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
@@ -121,8 +127,11 @@ class ModelConfig:
         return bool(self.linear_layers) and self.linear_layers[layer]
 
     def keeps_kv(self, layer: int) -> bool:
-        """Whether `layer` attends over K/V (not a state layer, not a mixerless MLP block)."""
-        return not self.is_linear(layer) and not (self.mixerless_layers and self.mixerless_layers[layer])
+        """Whether `layer` attends over K/V (not a state layer unless `attention_beside_state`, not a mixerless MLP
+        block)."""
+        if self.is_linear(layer):
+            return self.attention_beside_state
+        return not (self.mixerless_layers and self.mixerless_layers[layer])
 
     @property
     def num_linear_layers(self) -> int:

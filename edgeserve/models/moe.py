@@ -1,6 +1,6 @@
 """The Mixture-of-Experts feed-forward layer shared by every MoE architecture: a router picks `experts_per_token`
-of `num_experts` gated FFNs per token, their outputs are summed with the router's weights, and an optional shared
-expert (a dense gated FFN, optionally sigmoid-gated) is added.
+of `num_experts` gated FFNs (or plain up / down ones: MoEConfig.gated) per token, their outputs are summed with the
+router's weights, and an optional shared expert (a dense gated FFN, optionally sigmoid-gated) is added.
 
 Expert weights stay as the file stores them (GGUF block formats on the native CPU kernels, kernels.experts
 BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step reads only its active experts,
@@ -33,6 +33,14 @@ GatedActivation = Callable[[torch.Tensor], torch.Tensor]
 _ACTIVATIONS: dict[str, GatedActivation] = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
 
 
+def relu_squared(up: torch.Tensor) -> torch.Tensor:
+    """relu(up)^2 of a non-gated expert's up projection [N, F] (Nemotron-H's experts)."""
+    return torch.relu(up).square()
+
+
+_ACTIVATIONS["relu2"] = relu_squared  # non-gated: MoEConfig.gated False
+
+
 def register_activation(name: str, fn: GatedActivation) -> None:
     """Make `fn` (gate_up [N, 2F] -> [N, F]) available to MoEConfig.activation under `name`."""
     _ACTIVATIONS[name] = fn
@@ -55,7 +63,8 @@ class MoEConfig:
     `router`: "softmax_topk" (softmax over all experts, then the top k; with `normalize_topk` the chosen weights
     are rescaled to sum to 1, as Qwen3 MoE's norm_topk_prob) or "topk_softmax" (the top k logits, then a softmax
     over those k, as gpt-oss). `activation`: "silu", "gelu_tanh", a name given to `register_activation`, or a
-    callable gate_up [N, 2F] -> [N, F]."""
+    callable gate_up [N, 2F] -> [N, F]. Non-`gated` experts have an up projection alone ([E, F, hidden] in the
+    `gate_up` slot) and an activation up [N, F] -> [N, F] ("relu2": Nemotron-H's)."""
 
     num_experts: int
     experts_per_token: int
@@ -63,6 +72,7 @@ class MoEConfig:
     router: str = "softmax_topk"
     normalize_topk: bool = False
     activation: str | GatedActivation = "silu"
+    gated: bool = True
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
@@ -127,7 +137,8 @@ def route(logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.
 class MoELayer:
     """A MoE feed-forward layer: `forward(h [T, hidden]) -> float32 [T, hidden]`.
 
-    `router` [E, hidden] float32 (+ `router_bias` [E]); `gate_up` experts [E, 2F, hidden] (gate rows first) and
+    `router` [E, hidden] float32 (+ `router_bias` [E]); `gate_up` experts [E, 2F, hidden] (gate rows first; [E, F,
+    hidden] of up rows alone where the config is not `gated`) and
     `down` experts [E, hidden, F], with optional biases `gate_up_bias` [E, 2F] and `down_bias` [E, hidden]
     (float32); `shared`: an optional SharedExpert."""
 
@@ -138,7 +149,7 @@ class MoELayer:
         hidden = router.shape[1]
         if tuple(router.shape) != (e, hidden):
             raise ValueError(f"router is {tuple(router.shape)}, expected ({e}, hidden)")
-        if gate_up.shape != (e, 2 * f, hidden) or down.shape != (e, hidden, f):
+        if gate_up.shape != (e, (2 if config.gated else 1) * f, hidden) or down.shape != (e, hidden, f):
             raise ValueError(f"expert shapes {gate_up.shape} / {down.shape} do not match {e} experts of "
                              f"{f} x {hidden}")
         self.config = config

@@ -1,6 +1,6 @@
 """Build a layer's MoELayer from a weight source: GGUF (3-D expert tensors kept as block bytes for the native CPU
 kernels, else dequantized) or an HF checkpoint (fused `mlp.experts.gate_up_proj` / `down_proj`, or the older
-per-expert `mlp.experts.N.gate_proj.weight` ...)."""
+per-expert `mlp.experts.N.gate_proj.weight` ...); non-gated experts (MoEConfig.gated False) from `up_proj` alone."""
 
 from __future__ import annotations
 
@@ -114,7 +114,13 @@ def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Ca
     on_host = next_layer_on_host()
     expert_device = torch.device("cpu") if on_host else device
     native = host_experts_native(source) if on_host else native_experts_here(source, device, dtype)
-    if source.has(p + "experts.gate_up_proj"):
+    if not moe.gated:  # an up projection alone (Nemotron-H): fused [E, F, hidden] or per expert
+        if source.has(p + "experts.up_proj"):
+            gate_up = _experts(source, [p + "experts.up_proj"], native, expert_device, dtype)
+        else:
+            gate_up = _per_expert(source, f"model.layers.{i}.", e, ["up_proj"], expert_device, dtype)
+        gate_up_bias = None
+    elif source.has(p + "experts.gate_up_proj"):
         gate_up = _experts(source, [p + "experts.gate_up_proj"], native, expert_device, dtype)
         gate_up_bias = _bias(source, [p + "experts.gate_up_proj_bias"])
     elif source.has(p + "experts.gate_proj"):

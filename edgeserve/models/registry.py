@@ -75,9 +75,11 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")),
     Architecture("lfm2", "lfm2", ("lfm2",), ("Lfm2ForCausalLM", "LFM2ForCausalLM")),
     Architecture("lfm2moe", "lfm2", ("lfm2_moe", "lfm2moe"), ("Lfm2MoeForCausalLM",)),
-    Architecture("nemotron_h", "nemotron_h", ("nemotron_h",), ("NemotronHForCausalLM",),
-                 gguf_aliases=("nemotron_h_moe",)),  # a dense Nemotron-H as llama.cpp converts it today; experts refused
+    Architecture("nemotron_h", "nemotron_h", ("nemotron_h",), ("NemotronHForCausalLM",)),
+    # HF names both `nemotron_h` (its config reader names the MoE one); a nemotron_h_moe GGUF without experts is dense
+    Architecture("nemotron_h_moe", "nemotron_h"),
     Architecture("granitehybrid", "granitehybrid", ("granitemoehybrid",), ("GraniteMoeHybridForCausalLM",)),
+    Architecture("falcon-h1", "falcon_h1", ("falcon_h1",), ("FalconH1ForCausalLM",)),
 )
 # HF model types that wrap another architecture's text model in `text_config` (SmolVLM: a Llama inside)
 HF_WRAPPERS = ("idefics3", "smolvlm")

@@ -1,8 +1,10 @@
 """Nemotron-H (NVIDIA; llama.cpp `nemotron_h`, HF `nemotron_h`): a stack of single-mixer blocks, each
 x = x + mixer(norm(x)), the mixer a Mamba-2 layer (M), GQA attention without positional encoding (*), or a
-squared-ReLU MLP (-). A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the engine's state pool
-(engine.state_pool.mamba2_kind); an MLP block keeps nothing. The MoE variant (`nemotron_h_moe`) is not supported."""
+squared-ReLU MLP (-), or (`nemotron_h_moe`, Nemotron 3 Nano 30B-A3B) routed squared-ReLU experts beside a shared
+one (E). A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the engine's state pool
+(engine.state_pool.mamba2_kind); an MLP or MoE block keeps nothing."""
 
+EXPERTS = ("nemotron_h_moe",)
 # random weights (--load-format dummy): model.dummy_shapes
 
 # llama.cpp's names of Nemotron-H's tensors, by the HF names the model reads (`model.` for the checkpoints'
@@ -27,4 +29,8 @@ GGUF_LAYER = {
     "mixer.o_proj.weight": "attn_output.weight",
     "mixer.up_proj.weight": "ffn_up.weight",
     "mixer.down_proj.weight": "ffn_down.weight",
+    # MoE blocks: the router and experts read under the shared MoE loader's `mlp.*` names (its own table)
+    "mixer.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mixer.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mixer.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
 }

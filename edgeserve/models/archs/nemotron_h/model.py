@@ -5,7 +5,10 @@ Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is o
     SiLU over x B C continuing from the sequence's conv state, the SSD recurrence continuing from its ssm state
     (both in a slot of the engine's StatePool, `attn.states`), a gated group RMSNorm, then out_proj; no KV,
   - GQA attention over the paged KV pool, without positional encoding, then o_proj,
-  - a squared-ReLU MLP (up, down); no KV, no state.
+  - a squared-ReLU MLP (up, down); no KV, no state,
+  - (nemotron_h_moe) routed squared-ReLU experts (edgeserve.models.moe's layer, non-gated) beside a shared
+    squared-ReLU MLP; the router's sigmoids plus a correction bias choose the top k, their sigmoids (renormalized)
+    times the routed scaling factor weigh them; no KV, no state.
 The whole stack runs on the per-op path (no fused native plan yet).
 """
 
@@ -16,7 +19,7 @@ from functools import cached_property
 
 import torch
 
-from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm
+from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm
 from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
@@ -24,6 +27,8 @@ from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
 from edgeserve.models.llama import LlamaModel
+from edgeserve.models.moe import MoEConfig, MoELayer, row_sigmoid
+from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights
 from edgeserve.models.weight_loader import WeightLoader
 
@@ -31,10 +36,13 @@ from .config import mamba2_dims
 
 
 class BackboneWeights(RenamedWeights):
-    """An HF Nemotron-H checkpoint (`backbone.*`) under the `model.*` names the model reads."""
+    """An HF Nemotron-H checkpoint (`backbone.*`) under the `model.*` names the model reads (a MoE block's router and
+    experts, `mixer.*`, under the shared MoE loader's `mlp.*`)."""
 
     def _name(self, name: str) -> str:
-        return "backbone." + name[len("model."):] if name.startswith("model.") else name
+        if not name.startswith("model."):
+            return name
+        return "backbone." + name[len("model."):].replace(".mlp.", ".mixer.", 1)
 
     def blocks(self, name: str):
         """GGUF block bytes (an HF source has none)."""
@@ -44,7 +52,7 @@ class BackboneWeights(RenamedWeights):
 @dataclass
 class Mamba2Weights:
     """A Mamba-2 mixer's weights: conv [conv_dim, K] and its bias, dt_bias, A (= -exp(A_log)) and D [H], the gated
-    norm's weight [H * P]."""
+    norm's weight [H * P] (None: y * silu(z) without a norm, Falcon-H1's `mamba_rms_norm` off)."""
 
     in_proj: LinearWeight
     conv: torch.Tensor
@@ -52,7 +60,7 @@ class Mamba2Weights:
     dt_bias: torch.Tensor
     A: torch.Tensor
     D: torch.Tensor
-    norm: torch.Tensor
+    norm: torch.Tensor | None
     out_proj: LinearWeight
 
 
@@ -65,19 +73,21 @@ class NemotronHLayer:
     state_index: int = -1  # its index among the Mamba-2 layers (its layer of the state pool)
     qkv: LinearWeight | None = None
     o_proj: LinearWeight | None = None
-    up: LinearWeight | None = None
+    up: LinearWeight | None = None  # the MLP's, or a MoE block's shared expert's
     down: LinearWeight | None = None
+    moe: MoELayer | None = None  # a MoE block's routed experts
+    expert_bias: torch.Tensor | None = None  # [E] added to the router's sigmoids to choose the experts
 
 
 def load_mamba2(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
     """A Mamba-2 mixer's weights under prefix `m` (`vector` / `matrix` load one; A from llama.cpp's ssm_a, or -exp
-    of HF's A_log). Granite 4 H's layers load theirs through it too."""
+    of HF's A_log). Granite 4 H's and Falcon-H1's layers load theirs through it too."""
     conv = vector(m + "conv1d.weight").reshape(dims.conv_dim, dims.conv_kernel)
     a = vector(m + "ssm_a") if is_gguf else -torch.exp(vector(m + "A_log"))
-    bias = m + "conv1d.bias"
+    bias, norm = m + "conv1d.bias", m + "norm.weight"
     return Mamba2Weights(in_proj=matrix([m + "in_proj.weight"]), conv=conv,
                          conv_bias=vector(bias) if src.has(bias) else None, dt_bias=vector(m + "dt_bias"),
-                         A=a, D=vector(m + "D"), norm=vector(m + "norm.weight"),
+                         A=a, D=vector(m + "D"), norm=vector(norm) if src.has(norm) else None,
                          out_proj=matrix([m + "out_proj.weight"]))
 
 
@@ -127,6 +137,13 @@ class NemotronHModel(Mamba2HybridDecoder):
             elif c.keeps_kv(i):
                 layer.qkv = w.matrix([m + f"{x}_proj.weight" for x in "qkv"])
                 layer.o_proj = w.matrix([m + "o_proj.weight"])
+            elif c.is_moe and src.has(p + "mlp.gate.weight"):
+                moe = MoEConfig(c.num_experts, c.experts_per_token, c.moe_intermediate_size,
+                                normalize_topk=c.norm_topk_prob, activation="relu2", gated=False)
+                layer.moe = load_moe_layer(c, src, i, w.matrix, w.device, w.dtype, moe)
+                layer.expert_bias = w.vector(m + "gate.e_score_correction_bias").float()
+                s = m + "shared_experts."
+                layer.up, layer.down = w.matrix([s + "up_proj.weight"]), w.matrix([s + "down_proj.weight"])
             else:
                 layer.up, layer.down = w.matrix([m + "up_proj.weight"]), w.matrix([m + "down_proj.weight"])
             layers.append(layer)
@@ -155,8 +172,23 @@ class NemotronHModel(Mamba2HybridDecoder):
             else:
                 up = linear(h, layer.up, None, prompt_rows)  # type: ignore[arg-type]
                 y = linear(torch.relu(up).square().to(self.dtype), layer.down, None, prompt_rows)  # type: ignore
+                if layer.moe is not None:
+                    y = layer.moe.mix(h, *self._route(layer, h)) + y.float()
             h, x = add_rms_norm(y, x, next_norm(self, i), eps, self.dtype)
         return h
+
+    def _route(self, layer: NemotronHLayer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 [T, k], expert ids [T, k]) of a MoE block: the top k of the router's sigmoids plus the
+        correction bias, weighed by their sigmoids (renormalized as transformers' NemotronHTopkRouter: sum + 1e-20)
+        times the routed scaling factor."""
+        moe, c = layer.moe, self.config
+        assert moe is not None and layer.expert_bias is not None
+        probs = row_sigmoid(f32_row_linear(h, moe.router))
+        experts = torch.topk(probs + layer.expert_bias, c.experts_per_token, dim=-1).indices
+        weights = probs.gather(1, experts)
+        if c.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * c.routed_scaling_factor, experts
 
 
 def model_class(config: ModelConfig) -> type[NemotronHModel]:
@@ -186,7 +218,14 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif c.keeps_kv(i):
             shapes.update({m + "q_proj.weight": (c.q_size, h), m + "k_proj.weight": (c.kv_size, h),
                            m + "v_proj.weight": (c.kv_size, h), m + "o_proj.weight": (h, c.q_size)})
+        elif c.is_moe:  # the released MoE models have no plain MLP blocks beside their MoE blocks
+            e, f, sh = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+            shapes.update({m + "gate.weight": (e, h), m + "gate.e_score_correction_bias": (e,),
+                           m + "experts.up_proj": (e, f, h), m + "experts.down_proj": (e, h, f),
+                           m + "shared_experts.up_proj.weight": (sh, h),
+                           m + "shared_experts.down_proj.weight": (h, sh)})
         else:
             w = c.intermediate_size
             shapes.update({m + "up_proj.weight": (w, h), m + "down_proj.weight": (h, w)})
     return shapes
+
