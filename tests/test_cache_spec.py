@@ -38,11 +38,24 @@ def test_state_and_mixerless_layers_keep_no_kv():
     kind = short_conv_kind(3, 32)
     c = ModelConfig(**BASE, num_layers=4, linear_layers=(True, False, True, False), state_kind=kind,
                     mixerless_layers=(False, False, False, True))
-    assert [x.kind for x in layer_caches(c)] == ["state", "full", "state", "none"]
+    caches = layer_caches(c)
+    assert [x.kind for x in caches] == ["none", "full", "none", "none"]
+    assert [x.state for x in caches] == [kind, None, kind, None]
     assert kv_owners(c) == [1]
     assert state_layers(c) == (2, kind)
     spec = state_spec_for(c)
     assert spec.num_layers == 2 and spec.kind == kind
+
+
+def test_a_layer_may_keep_kv_and_a_state():
+    """Falcon-H1: attention beside a Mamba-2 state in every layer."""
+    from edgeserve.engine.state_pool import mamba2_kind
+
+    kind = mamba2_kind(4, 64, 2, 16, 8)
+    c = ModelConfig(**BASE, num_layers=2, linear_layers=(True, True), state_kind=kind, attention_beside_state=True)
+    caches = layer_caches(c)
+    assert [(x.kind, x.state) for x in caches] == [("full", kind), ("full", kind)]
+    assert kv_owners(c) == [0, 1] and state_layers(c) == (2, kind)
 
 
 def test_a_model_without_states_has_no_state_spec():
