@@ -88,6 +88,28 @@ def _qwen3moe() -> dict:
                 num_hidden_layers=4, tie_word_embeddings=s.tie_embeddings)
 
 
+def _qwen35moe() -> dict:
+    """Qwen3.5-35B-A3B (HYBRID_SHAPES; transformers' Qwen3_5MoeTextConfig defaults are the same model): 4 of its 40
+    layers, 16 of its 256 experts (8 per token, as the real router) beside the one shared expert."""
+    s = HYBRID_SHAPES["qwen35moe-35b-a3b"]
+    fields = {k: v for k, v in _qwen35().items() if k != "intermediate_size"}
+    return dict(fields, hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                head_dim=s.head_dim, linear_num_key_heads=s.linear_k_heads, linear_num_value_heads=s.linear_v_heads,
+                num_experts=16, num_experts_per_tok=s.experts_used, moe_intermediate_size=s.expert_ffn,
+                shared_expert_intermediate_size=s.shared_ffn, tie_word_embeddings=s.tie_embeddings)
+
+
+def _gemma4_26b() -> dict:
+    """google/gemma-4-26B-A4B's text_config (30 layers, 5 sliding : 1 global; 16 heads, 8 KV heads of 256 on the
+    sliding layers, 2 of 512 on the global ones with K = V; a 2112-wide dense MLP beside 128 experts of 704, 8 per
+    token; window 1024; vocabulary 262144, here the borrowed one's): 6 layers, 16 of the experts."""
+    layers = [SLIDING] * 5 + [FULL]
+    return dict(hidden_size=2816, num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=2,
+                head_dim=256, global_head_dim=512, attention_k_eq_v=True, intermediate_size=2112,
+                num_experts=16, top_k_experts=8, moe_intermediate_size=704, num_hidden_layers=len(layers),
+                layer_types=layers, sliding_window=1024, final_logit_softcapping=30.0)
+
+
 def _gemma4() -> dict:
     s = GEMMA4_SHAPES["gemma4-e2b"]
     layers = [SLIDING, SLIDING, SLIDING, SLIDING, FULL] * 2
@@ -110,6 +132,12 @@ SHAPED = {
     "qwen35-2b": Shape("qwen35", _qwen35("qwen35-2b"), "4 of 24 layers (3 DeltaNet + 1 full attention)"),
     "qwen3-30b-a3b": Shape("qwen3moe", _qwen3moe(), "4 of 48 layers, 16 of 128 experts (8 per token)"),
     "gemma4-e2b": Shape("gemma4-e2b", _gemma4(), "10 of 35 layers (4 sliding : 1 global), the last 5 KV-shared"),
+    "qwen35moe-35b-a3b": Shape("qwen35moe-mtp", _qwen35moe(),
+                               "4 of 40 layers (3 DeltaNet + 1 full attention), 16 of 256 experts (8 per token) + "
+                               "the shared one, converted with its MTP block"),
+    "gemma4-26b-a4b": Shape("gemma4-26b-a4b", _gemma4_26b(),
+                            "6 of 30 layers (5 sliding : 1 global, K = V), 16 of 128 experts (8 per token) + the "
+                            "dense MLP"),
     "gpt-oss-20b": Shape("gpt-oss", _gpt_oss(), "2 of 24 layers, 8 of 32 experts (4 per token), MXFP4 experts"),
 }
 
@@ -155,6 +183,17 @@ def make_file(outtype: str, folder: Path, f32: Path, convert_args: tuple[str, ..
     if run.returncode:
         raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
     return out
+
+
+def fresh_model(case, model, folder: Path):
+    """A copy of the case's float32 model to substitute weights in: a deep copy of `model` where the folder stores
+    the weights otherwise (gpt-oss's MXFP4 experts), else (`model` None) read again from the saved folder."""
+    if model is not None:
+        return copy.deepcopy(model)
+    import transformers
+
+    cls = getattr(transformers, case.model_class or "AutoModelForCausalLM")
+    return cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
@@ -204,6 +243,9 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
+    layers = model.config.get_text_config().num_hidden_layers
+    if case.post_save is None:
+        model = None  # read again from the folder for each file: one model of the big shapes in memory at a time
     f32 = work / f"{name}.f32.gguf"
     if not f32.exists():
         convert(folder, f32, *case.convert_args, outtype="f32")
@@ -213,7 +255,8 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         except RuntimeError as e:  # e.g. llama-quantize will not requantize gpt-oss's MXFP4 experts
             print(f"| {name} | {outtype} | not made: {str(e).strip().splitlines()[-1][:120]} |", flush=True)
             continue
-        ref_model, missed = dequantized_reference(copy.deepcopy(model), f32, gguf)
+        mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
+        ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
         ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
         del ref_model
         served = load_ours(gguf, dtype="auto").model
