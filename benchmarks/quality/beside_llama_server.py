@@ -196,6 +196,39 @@ def fresh_model(case, model, folder: Path):
     return cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
+def _first_top(url: str, ids: list[int], tries: int = 3) -> list[dict]:
+    """llama-server's top_logprobs of the first generated token for prompt `ids`. Asked again when the answer has
+    no `completion_probabilities` (seen once, on the Qwen3.5-35B-A3B-shaped q8_0 file: an answer with the token but
+    neither probabilities nor `tokens`; the same prompt asked again had them)."""
+    body = json.dumps({"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0,
+                       "cache_prompt": False}).encode()
+    for _ in range(tries):
+        req = urllib.request.Request(f"{url}/completion", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            answer = json.loads(r.read())
+        if "completion_probabilities" in answer:
+            return answer["completion_probabilities"][0]["top_logprobs"]
+        print("llama-server gave no probabilities for a prompt; asking again", file=sys.stderr, flush=True)
+    raise RuntimeError(f"llama-server gave no probabilities in {tries} tries: {str(answer)[:300]}")
+
+
+def reference(case, model, folder: Path, f32: Path, gguf: Path, prompts: list[list[int]], layers: int
+              ) -> tuple[torch.Tensor, int]:
+    """transformers' float32 log-probabilities at each prompt's last position on the file's dequantized weights,
+    and the count of the file's rows not substituted; kept beside the file (`--keep`) and read back when the same
+    prompts ask again."""
+    cached = gguf.with_name(gguf.name + ".reference.pt")
+    if cached.exists():
+        saved = torch.load(cached)
+        if saved["prompts"] == prompts:
+            return saved["ref"], saved["missed"]
+    mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
+    ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
+    ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
+    torch.save({"prompts": prompts, "ref": ref, "missed": missed}, cached)
+    return ref, missed
+
+
 def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
     """llama-server's top-TOP (token id, logprob) at the first generated position of each prompt."""
     from edgeserve.bench.servers import free_port, start_server, stop_server
@@ -206,15 +239,7 @@ def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list
     env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
     server = start_server("llama-server", cmd, port, env=env, timeout=600)
     try:
-        out = []
-        for ids in prompts:
-            body = {"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False}
-            req = urllib.request.Request(f"{server.url}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                top = json.loads(r.read())["completion_probabilities"][0]["top_logprobs"]
-            out.append([(t["id"], t["logprob"]) for t in top])
-        return out
+        return [[(t["id"], t["logprob"]) for t in _first_top(server.url, ids)] for ids in prompts]
     finally:
         stop_server(server)
 
@@ -255,10 +280,7 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         except RuntimeError as e:  # e.g. llama-quantize will not requantize gpt-oss's MXFP4 experts
             print(f"| {name} | {outtype} | not made: {str(e).strip().splitlines()[-1][:120]} |", flush=True)
             continue
-        mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
-        ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
-        ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
-        del ref_model
+        ref, missed = reference(case, model, folder, f32, gguf, prompts, layers)
         served = load_ours(gguf, dtype="auto").model
         ours, bf16_kv = (torch.stack([our_logits(served, ids, kv, prompt_len=len(ids))[-1] for ids in prompts])
                          .log_softmax(-1) for kv in ("auto", "bf16"))
