@@ -178,10 +178,23 @@ def make_file(outtype: str, folder: Path, f32: Path, convert_args: tuple[str, ..
     if outtype == "f32" or out.exists():
         return f32 if outtype == "f32" else out
     if outtype in ("bf16", "q8_0"):
-        return convert(folder, out, *convert_args, outtype=outtype)
-    run = subprocess.run([str(quantize), str(f32), str(out), outtype.upper(), "2"], capture_output=True, text=True)
-    if run.returncode:
-        raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
+        return _whole(out, lambda part: convert(folder, part, *convert_args, outtype=outtype))
+
+    def quantized(part: Path) -> None:
+        run = subprocess.run([str(quantize), str(f32), str(part), outtype.upper(), "2"], capture_output=True,
+                             text=True)
+        if run.returncode:
+            raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
+
+    return _whole(out, quantized)
+
+
+def _whole(out: Path, write) -> Path:
+    """`out` written by `write(part)` under a temporary name, renamed once whole (so `--keep` never reuses a file
+    a killed or timed-out run left half written)."""
+    part = out.with_name(out.name + ".part")
+    write(part)
+    part.rename(out)
     return out
 
 
@@ -273,7 +286,7 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         model = None  # read again from the folder for each file: one model of the big shapes in memory at a time
     f32 = work / f"{name}.f32.gguf"
     if not f32.exists():
-        convert(folder, f32, *case.convert_args, outtype="f32")
+        _whole(f32, lambda part: convert(folder, part, *case.convert_args, outtype="f32"))
     for outtype in outtypes:
         try:
             gguf = make_file(outtype, folder, f32, case.convert_args, binary.parent / "llama-quantize")
