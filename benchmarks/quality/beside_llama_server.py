@@ -209,37 +209,22 @@ def fresh_model(case, model, folder: Path):
     return cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def _first_top(url: str, ids: list[int], tries: int = 3) -> list[dict]:
-    """llama-server's top_logprobs of the first generated token for prompt `ids`. Asked again when the answer has
-    no `completion_probabilities` (seen once, on the Qwen3.5-35B-A3B-shaped q8_0 file: an answer with the token but
-    neither probabilities nor `tokens`; the same prompt asked again had them)."""
-    body = json.dumps({"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0,
-                       "cache_prompt": False}).encode()
+def _first_top(url: str, ids: list[int], tries: int = 4) -> list[dict]:
+    """llama-server's top_logprobs of the first generated token for prompt `ids`. llama-server leaves out the
+    probabilities of a token whose text is an incomplete UTF-8 sequence (a byte-level token); then the prompt is
+    asked again with that token banned by `logit_bias`, which moves the sampled token but not the raw logits'
+    softmax that `top_logprobs` reports (the banned token is still listed there at its raw log-probability)."""
+    banned: list[list] = []
     for _ in range(tries):
+        body = json.dumps({"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
+                           "return_tokens": True, "logit_bias": banned}).encode()
         req = urllib.request.Request(f"{url}/completion", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             answer = json.loads(r.read())
         if "completion_probabilities" in answer:
             return answer["completion_probabilities"][0]["top_logprobs"]
-        print("llama-server gave no probabilities for a prompt; asking again", file=sys.stderr, flush=True)
+        banned += [[t, False] for t in answer["tokens"]]
     raise RuntimeError(f"llama-server gave no probabilities in {tries} tries: {str(answer)[:300]}")
-
-
-def reference(case, model, folder: Path, f32: Path, gguf: Path, prompts: list[list[int]], layers: int
-              ) -> tuple[torch.Tensor, int]:
-    """transformers' float32 log-probabilities at each prompt's last position on the file's dequantized weights,
-    and the count of the file's rows not substituted; kept beside the file (`--keep`) and read back when the same
-    prompts ask again."""
-    cached = gguf.with_name(gguf.name + ".reference.pt")
-    if cached.exists():
-        saved = torch.load(cached)
-        if saved["prompts"] == prompts:
-            return saved["ref"], saved["missed"]
-    mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
-    ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
-    ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
-    torch.save({"prompts": prompts, "ref": ref, "missed": missed}, cached)
-    return ref, missed
 
 
 def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
