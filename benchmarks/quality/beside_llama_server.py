@@ -265,11 +265,17 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
     case = shaped_case(name)
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
-    layers = model.config.get_text_config().num_hidden_layers
-    if case.post_save is None:
-        model = None  # read again from the folder for each file: one model of the big shapes in memory at a time
     f32 = work / f"{name}.f32.gguf"
+    if case.post_save is None and f32.exists():  # the folder was saved whole before the f32 file was made of it
+        import transformers
+
+        model, config = None, transformers.AutoConfig.from_pretrained(folder)
+    else:
+        model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
+        config = model.config
+        if case.post_save is None:
+            model = None  # read again from the folder for each file: one model of the big shapes in memory at once
+    layers = config.get_text_config().num_hidden_layers
     if not f32.exists():
         _whole(f32, lambda part: convert(folder, part, *case.convert_args, outtype="f32"))
     for outtype in outtypes:
@@ -284,6 +290,8 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
                          .log_softmax(-1) for kv in ("auto", "bf16"))
         del served
         llama = llama_server_top(binary, gguf, prompts)
+        torch.save({"prompts": prompts, "llama": llama, "ours": ours, "bf16_kv": bf16_kv, "ref": ref},
+                   gguf.with_name(gguf.name + ".results.pt"))  # for a closer look at a row
         c, before = compare(llama, ours, ref), compare(llama, bf16_kv, ref)
         note = f" {missed} rows not substituted" if missed else ""
         n = len(prompts)
