@@ -227,6 +227,23 @@ def _first_top(url: str, ids: list[int], tries: int = 4) -> list[dict]:
     raise RuntimeError(f"llama-server gave no probabilities in {tries} tries: {str(answer)[:300]}")
 
 
+def reference(case, model, folder: Path, f32: Path, gguf: Path, prompts: list[list[int]], layers: int
+              ) -> tuple[torch.Tensor, int]:
+    """transformers' float32 log-probabilities at each prompt's last position on the file's dequantized weights,
+    and the count of the file's rows not substituted; kept beside the file (`--keep`) and read back when the same
+    prompts ask again."""
+    cached = gguf.with_name(gguf.name + ".reference.pt")
+    if cached.exists():
+        saved = torch.load(cached)
+        if saved["prompts"] == prompts:
+            return saved["ref"], saved["missed"]
+    mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
+    ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
+    ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
+    torch.save({"prompts": prompts, "ref": ref, "missed": missed}, cached)
+    return ref, missed
+
+
 def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
     """llama-server's top-TOP (token id, logprob) at the first generated position of each prompt."""
     from edgeserve.bench.servers import free_port, start_server, stop_server
