@@ -240,7 +240,7 @@ def reference(case, model, folder: Path, f32: Path, gguf: Path, prompts: list[li
     mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
     ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
     ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
-    torch.save({"prompts": prompts, "ref": ref, "missed": missed}, cached)
+    _whole(cached, lambda part: torch.save({"prompts": prompts, "ref": ref, "missed": missed}, part))
     return ref, missed
 
 
