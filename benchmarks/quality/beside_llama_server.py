@@ -89,6 +89,28 @@ def _qwen3moe() -> dict:
                 num_hidden_layers=4, tie_word_embeddings=s.tie_embeddings)
 
 
+def _qwen35moe() -> dict:
+    """Qwen3.5-35B-A3B (HYBRID_SHAPES; transformers' Qwen3_5MoeTextConfig defaults are the same model): 4 of its 40
+    layers, 16 of its 256 experts (8 per token, as the real router) beside the one shared expert."""
+    s = HYBRID_SHAPES["qwen35moe-35b-a3b"]
+    fields = {k: v for k, v in _qwen35().items() if k != "intermediate_size"}
+    return dict(fields, hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                head_dim=s.head_dim, linear_num_key_heads=s.linear_k_heads, linear_num_value_heads=s.linear_v_heads,
+                num_experts=16, num_experts_per_tok=s.experts_used, moe_intermediate_size=s.expert_ffn,
+                shared_expert_intermediate_size=s.shared_ffn, tie_word_embeddings=s.tie_embeddings)
+
+
+def _gemma4_26b() -> dict:
+    """google/gemma-4-26B-A4B's text_config (30 layers, 5 sliding : 1 global; 16 heads, 8 KV heads of 256 on the
+    sliding layers, 2 of 512 on the global ones with K = V; a 2112-wide dense MLP beside 128 experts of 704, 8 per
+    token; window 1024; vocabulary 262144, here the borrowed one's): 6 layers, 16 of the experts."""
+    layers = [SLIDING] * 5 + [FULL]
+    return dict(hidden_size=2816, num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=2,
+                head_dim=256, global_head_dim=512, attention_k_eq_v=True, intermediate_size=2112,
+                num_experts=16, top_k_experts=8, moe_intermediate_size=704, num_hidden_layers=len(layers),
+                layer_types=layers, sliding_window=1024, final_logit_softcapping=30.0)
+
+
 def _gemma4() -> dict:
     s = GEMMA4_SHAPES["gemma4-e2b"]
     layers = [SLIDING, SLIDING, SLIDING, SLIDING, FULL] * 2
@@ -154,6 +176,12 @@ SHAPED = {
     "qwen35-2b": Shape("qwen35", _qwen35("qwen35-2b"), "4 of 24 layers (3 DeltaNet + 1 full attention)"),
     "qwen3-30b-a3b": Shape("qwen3moe", _qwen3moe(), "4 of 48 layers, 16 of 128 experts (8 per token)"),
     "gemma4-e2b": Shape("gemma4-e2b", _gemma4(), "10 of 35 layers (4 sliding : 1 global), the last 5 KV-shared"),
+    "qwen35moe-35b-a3b": Shape("qwen35moe-mtp", _qwen35moe(),
+                               "4 of 40 layers (3 DeltaNet + 1 full attention), 16 of 256 experts (8 per token) + "
+                               "the shared one, converted with its MTP block"),
+    "gemma4-26b-a4b": Shape("gemma4-26b-a4b", _gemma4_26b(),
+                            "6 of 30 layers (5 sliding : 1 global, K = V), 16 of 128 experts (8 per token) + the "
+                            "dense MLP"),
     "gpt-oss-20b": Shape("gpt-oss", _gpt_oss(), "2 of 24 layers, 8 of 32 experts (4 per token), MXFP4 experts"),
     "nemotron-nano-9b-v2": Shape("nemotron_h", _nemotron_h(), "5 of 56 blocks (M-M*-)"),
     "nemotron3-nano-30b-a3b": Shape("nemotron_h_moe", _nemotron_h_moe(),
@@ -203,11 +231,71 @@ def make_file(outtype: str, folder: Path, f32: Path, convert_args: tuple[str, ..
     if outtype == "f32" or out.exists():
         return f32 if outtype == "f32" else out
     if outtype in ("bf16", "q8_0"):
-        return convert(folder, out, *convert_args, outtype=outtype)
-    run = subprocess.run([str(quantize), str(f32), str(out), outtype.upper(), "2"], capture_output=True, text=True)
-    if run.returncode:
-        raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
+        return _whole(out, lambda part: convert(folder, part, *convert_args, outtype=outtype))
+
+    def quantized(part: Path) -> None:
+        run = subprocess.run([str(quantize), str(f32), str(part), outtype.upper(), "2"], capture_output=True,
+                             text=True)
+        if run.returncode:
+            raise RuntimeError(f"llama-quantize failed: {(run.stderr or run.stdout).strip()[-2000:]}")
+
+    return _whole(out, quantized)
+
+
+def _whole(out: Path, write) -> Path:
+    """`out` written by `write(part)` under a temporary name, renamed once whole (so `--keep` never reuses a file
+    a killed or timed-out run left half written)."""
+    part = out.with_name(out.name + ".part")
+    write(part)
+    part.rename(out)
     return out
+
+
+def fresh_model(case, model, folder: Path):
+    """A copy of the case's float32 model to substitute weights in: a deep copy of `model` where the folder stores
+    the weights otherwise (gpt-oss's MXFP4 experts), else (`model` None) read again from the saved folder."""
+    if model is not None:
+        return copy.deepcopy(model)
+    import transformers
+
+    cls = getattr(transformers, case.model_class or "AutoModelForCausalLM")
+    return cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _first_top(url: str, ids: list[int], tries: int = 4) -> list[dict]:
+    """llama-server's top_logprobs of the first generated token for prompt `ids`. llama-server leaves out the
+    probabilities of a token whose text is an incomplete UTF-8 sequence (a byte-level token); then the prompt is
+    asked again with that token banned by `logit_bias`, which moves the sampled token but not the raw logits'
+    softmax that `top_logprobs` reports (the banned token is still listed there at its raw log-probability)."""
+    banned: list[list] = []
+    for _ in range(tries):
+        body = json.dumps({"prompt": ids, "n_predict": 1, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
+                           "return_tokens": True, "logit_bias": banned,
+                           "ignore_eos": True}).encode()  # a random model may put an end-of-generation token first
+        req = urllib.request.Request(f"{url}/completion", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            answer = json.loads(r.read())
+        if "completion_probabilities" in answer:
+            return answer["completion_probabilities"][0]["top_logprobs"]
+        banned += [[t, False] for t in answer["tokens"]]
+    raise RuntimeError(f"llama-server gave no probabilities in {tries} tries: {str(answer)[:300]}")
+
+
+def reference(case, model, folder: Path, f32: Path, gguf: Path, prompts: list[list[int]], layers: int
+              ) -> tuple[torch.Tensor, int]:
+    """transformers' float32 log-probabilities at each prompt's last position on the file's dequantized weights,
+    and the count of the file's rows not substituted; kept beside the file (`--keep`) and read back when the same
+    prompts ask again."""
+    cached = gguf.with_name(gguf.name + ".reference.pt")
+    if cached.exists():
+        saved = torch.load(cached)
+        if saved["prompts"] == prompts:
+            return saved["ref"], saved["missed"]
+    mtp = (f"blk.{layers}.",) if case.mtp_layers else ()  # the MTP block: not in transformers' model
+    ref_model, missed = dequantized_reference(fresh_model(case, model, folder), f32, gguf, skip=mtp)
+    ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
+    _whole(cached, lambda part: torch.save({"prompts": prompts, "ref": ref, "missed": missed}, part))
+    return ref, missed
 
 
 def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:
@@ -220,18 +308,7 @@ def llama_server_top(binary: Path, gguf: Path, prompts: list[list[int]]) -> list
     env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
     server = start_server("llama-server", cmd, port, env=env, timeout=600)
     try:
-        out = []
-        for ids in prompts:
-            # 2 tokens: a first one that is part of a UTF-8 character comes with its probabilities only once the
-            # character is whole; ignore_eos: a random model may put an end-of-generation token first
-            body = {"prompt": ids, "n_predict": 2, "n_probs": TOP, "temperature": 0, "cache_prompt": False,
-                    "ignore_eos": True}
-            req = urllib.request.Request(f"{server.url}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                top = json.loads(r.read())["completion_probabilities"][0]["top_logprobs"]
-            out.append([(t["id"], t["logprob"]) for t in top])
-        return out
+        return [[(t["id"], t["logprob"]) for t in _first_top(server.url, ids)] for ids in prompts]
     finally:
         stop_server(server)
 
@@ -259,19 +336,26 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
     case = shaped_case(name)
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
     f32 = work / f"{name}.f32.gguf"
+    if case.post_save is None and f32.exists():  # the folder was saved whole before the f32 file was made of it
+        import transformers
+
+        model, config = None, transformers.AutoConfig.from_pretrained(folder)
+    else:
+        model = build_checkpoint(case, tokenizers[case.tokenizer], folder)  # seeded: the same weights every run
+        config = model.config
+        if case.post_save is None:
+            model = None  # read again from the folder for each file: one model of the big shapes in memory at once
+    layers = config.get_text_config().num_hidden_layers
     if not f32.exists():
-        convert(folder, f32, *case.convert_args, outtype="f32")
+        _whole(f32, lambda part: convert(folder, part, *case.convert_args, outtype="f32"))
     for outtype in outtypes:
         try:
             gguf = make_file(outtype, folder, f32, case.convert_args, binary.parent / "llama-quantize")
         except RuntimeError as e:  # e.g. llama-quantize will not requantize gpt-oss's MXFP4 experts
             print(f"| {name} | {outtype} | not made: {str(e).strip().splitlines()[-1][:120]} |", flush=True)
             continue
-        ref_model, missed = dequantized_reference(copy.deepcopy(model), f32, gguf)
-        ref = torch.stack([reference_logits(ref_model, ids)[-1] for ids in prompts]).log_softmax(-1)
-        del ref_model
+        ref, missed = reference(case, model, folder, f32, gguf, prompts, layers)
         served = load_ours(gguf, dtype="auto").model
         ours, bf16_kv = (torch.stack([our_logits(served, ids, kv, prompt_len=len(ids))[-1] for ids in prompts])
                          .log_softmax(-1) for kv in ("auto", "bf16"))
@@ -281,6 +365,8 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         except ServerError as e:  # llama-server will not load the file: a report row, not the end of the run
             print(f"| {name} | {outtype} | llama-server failed: {str(e).strip()[-160:]} |", flush=True)
             continue
+        torch.save({"prompts": prompts, "llama": llama, "ours": ours, "bf16_kv": bf16_kv, "ref": ref},
+                   gguf.with_name(gguf.name + ".results.pt"))  # for a closer look at a row
         c, before = compare(llama, ours, ref), compare(llama, bf16_kv, ref)
         note = f" {missed} rows not substituted" if missed else ""
         n = len(prompts)
