@@ -272,4 +272,4 @@ def test_run_hands_the_flag_to_the_load(tmp_path: Path, monkeypatch, capsys) -> 
     monkeypatch.setattr(llm_module, "LLM", fake_llm)
     path = write_tiny_llama(tmp_path / "m.gguf")  # a real file: `run` checks the model before it loads
     assert main(["run", "--device", "cpu", "--cpu-moe-layers", "1", str(path), "hi"]) != 0
-    assert seen["cpu_moe_layers"] == 1 and "stop here" in capsys.readouterr().err
+    assert seen["load"].cpu_moe_layers == 1 and "stop here" in capsys.readouterr().err
