@@ -1,0 +1,145 @@
+"""Where the served (bfloat16) path drifts from the float32 one: a converter-parity case (tests/converter_cases.py,
+converted by llama.cpp's convert_hf_to_gguf.py to an f32 GGUF), optionally widened and with width-scaled weights as
+beside_llama_server.py makes them, loaded twice by edgeserve (dtype bfloat16 and float32); prints the relative
+drift of the hidden states after each layer, of the MoE block's parts (router weights, chosen experts, expert sum),
+and of the final log-probabilities, on the per-op path and on the fused native stack.
+
+    .venv/bin/python benchmarks/quality/layer_drift.py --case gemma4-26b-a4b --hidden 512 --work /tmp/drift
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+
+from converter_cases import BY_NAME  # noqa: E402
+from converter_parity import (IDS, build_checkpoint, convert, load_ours, our_logits,  # noqa: E402
+                              spm_tokenizer_folder, tokenizer_folder)
+
+LOGIT_SCALE = 2.5  # as beside_llama_server.py: logits with a standard deviation of a few units
+
+
+def widened(name: str, hidden: int, head_dim: int | None = None):
+    """Case `name` at `hidden` width (heads kept; with `head_dim`, heads of that size, a Gemma 4 global head twice
+    it), its matrices scaled by sqrt(64 / hidden) as beside_llama_server."""
+    base = BY_NAME[name]
+
+    def config(vocab: int):
+        cfg = base.config(vocab)
+        values = {k: v for k, v in cfg.to_dict().items() if k != "per_layer_config"}
+        ratio = hidden // values["hidden_size"]
+        for key in ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            if values.get(key):
+                values[key] = values[key] * ratio
+        if head_dim:
+            values["head_dim"] = head_dim
+            if values.get("global_head_dim"):
+                values["global_head_dim"] = 2 * head_dim
+        return type(cfg)(**values)
+
+    def init(model) -> None:
+        from converter_parity import spread
+
+        (base.init or spread)(model)
+        scale = (64 / hidden) ** 0.5
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(scale)
+            model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+
+    return replace(base, name=f"{name}-{hidden}-{head_dim or 0}", config=config, init=init)
+
+
+def make_gguf(name: str, hidden: int, work: Path, head_dim: int | None = None, outtype: str = "f32") -> Path:
+    """The case's GGUF of `outtype` (f32, bf16, q8_0: the converter's; made once under `work`)."""
+    case = widened(name, hidden, head_dim)
+    out = work / f"{case.name}.{outtype}.gguf"
+    if out.exists():
+        return out
+    tok = work / f"tok-{case.tokenizer}"
+    if not tok.exists():
+        if case.tokenizer == "spm":
+            spm_tokenizer_folder(tok)
+        else:
+            from edgeserve.registry import DEFAULT_MODEL, pull
+
+            tokenizer_folder(pull(DEFAULT_MODEL, progress=False), tok)
+    folder = work / case.name
+    if not (folder / "config.json").exists():
+        build_checkpoint(case, tok, folder)
+    return convert(folder, out, *case.convert_args, outtype=outtype)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b| (Frobenius), in float32."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def layer_outputs(model, native: bool) -> list[torch.Tensor]:
+    """The final-normed hidden states of `model` cut after each layer in turn (1..L), on IDS's prompt."""
+    layers = model.layers
+    outs = []
+    try:
+        for n in range(1, len(layers) + 1):
+            model.layers = layers[:n]
+            model._native = False if native else None
+            outs.append(model.forward(torch.tensor(IDS), torch.arange(len(IDS)), _attn(model)).float())
+    finally:
+        model.layers = layers
+        model._native = False if native else None
+    return outs
+
+
+def _attn(model):
+    """A fresh paged-KV attention over the whole prompt in one step."""
+    from converter_parity import BLOCK
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.kv_format import resolve_kv_format
+    from edgeserve.kernels.dispatch import AttentionMetadata
+
+    c, n = model.config, len(IDS)
+    blocks = (n + BLOCK - 1) // BLOCK
+    pool = KVPool(c, blocks, BLOCK, resolve_kv_format("auto", c, model.dtype, model.device))
+    meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
+    return PagedKVAttention(pool, meta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", default="gemma4-26b-a4b")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--head-dim", type=int, default=0)
+    ap.add_argument("--outtype", default="f32", choices=("f32", "bf16", "q8_0"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/layer_drift"))
+    a = ap.parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    gguf = make_gguf(a.case, a.hidden, a.work, a.head_dim, a.outtype)
+    bf, f32 = (load_ours(gguf, dtype=d).model for d in ("bfloat16", "float32"))
+    for native in (False, True):
+        path = "fused native" if native else "per-op"
+        for m in (bf, f32):
+            m._native = False if native else None
+        if native and (bf.native_decoder() is None):
+            print(f"{path}: not used by this model")
+            continue
+        ob, of = layer_outputs(bf, native), layer_outputs(f32, native)
+        print(f"{path}: relative drift of the hidden states after layer 1..{len(ob)}:",
+              " ".join(f"{rel(x, y):.4f}" for x, y in zip(ob, of)))
+        lb, lf = (our_logits(m).log_softmax(-1) for m in (bf, f32))
+        top = lf.topk(5, dim=-1).indices
+        print(f"{path}: mean |logprob diff| over the float32 top 5: "
+              f"{(lb.gather(1, top) - lf.gather(1, top)).abs().mean().item():.4f}, max over the vocabulary "
+              f"{(lb - lf).abs().max().item():.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
