@@ -112,6 +112,47 @@ def _attn(model):
     return PagedKVAttention(pool, meta)
 
 
+def routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weights, expert ids) each MoE layer's router gives on IDS's prompt in one step, in layer order (the per-op
+    path: MoELayer.route, which Gemma 4 calls itself and the other MoE models through MoELayer.forward)."""
+    from edgeserve.models.moe import MoELayer
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    orig = MoELayer.route
+
+    def recording(self, h):
+        out = orig(self, h)
+        seen.append(out)
+        return out
+
+    MoELayer.route = recording
+    native = model._native
+    try:
+        model._native = None
+        for layer in model.layers:
+            moe = getattr(layer, "moe", None) or getattr(layer, "mlp", None)
+            if isinstance(moe, MoELayer):
+                moe._native = None
+        model.forward(torch.tensor(IDS), torch.arange(len(IDS)), _attn(model))
+    finally:
+        MoELayer.route = orig
+        model._native = native
+    return seen
+
+
+def routing_drift(bf, f32) -> None:
+    """Per MoE layer: the share of (token, expert) choices that differ between the dtypes, and the largest router
+    weight of an expert chosen by one dtype only (what a flip moves)."""
+    for i, ((wb, eb), (wf, ef)) in enumerate(zip(routing(bf), routing(f32))):
+        k = eb.shape[1]
+        same = torch.tensor([len(set(a.tolist()) & set(b.tolist())) for a, b in zip(eb, ef)])
+        flipped = 1.0 - same.sum().item() / eb.numel()
+        lost = max((w for row_w, row_e, other in zip(wf, ef, eb) for w, e in zip(row_w.tolist(), row_e.tolist())
+                    if e not in set(other.tolist())), default=0.0)
+        print(f"  MoE layer {i}: {flipped:.1%} of the {eb.shape[0]}x{k} expert choices differ; "
+              f"largest float32 weight of an expert bfloat16 dropped: {lost:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="gemma4-26b-a4b")
@@ -123,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     gguf = make_gguf(a.case, a.hidden, a.work, a.head_dim, a.outtype)
     bf, f32 = (load_ours(gguf, dtype=d).model for d in ("bfloat16", "float32"))
+    print("routing, bfloat16 against float32 (per-op path):")
+    routing_drift(bf, f32)
     for native in (False, True):
         path = "fused native" if native else "per-op"
         for m in (bf, f32):
