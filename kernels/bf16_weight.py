@@ -98,13 +98,3 @@ class Bf16Weight:
         """The weight in float32 as the kernel multiplies it (rounded to bfloat16), for tests and references."""
         eye = torch.eye(self.in_features)
         return self.matmul(eye).T.contiguous()
-
-
-def float32_output(weight: Any) -> Any:
-    """`weight` as a Bf16Weight (float32 outputs) where it is a dense bfloat16 CPU matrix and this CPU runs the native
-    bfloat16 kernel; anything else unchanged. For a projection whose bfloat16-rounded outputs would cost precision
-    further on (Gemma 4's q / k: RMS-normed, then multiplied at attention scale 1 over heads of 256-512)."""
-    if not (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.device.type == "cpu") or bf16_library() is None:
-        return weight
-    return Bf16Weight(weight)

@@ -26,7 +26,6 @@ import torch
 
 from edgeserve.kernels.cpu_decoder import NativeDecoder
 from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
-from edgeserve.kernels.bf16_weight import float32_output
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
                                         scaled_norm_add, softcap)
 from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
@@ -131,8 +130,7 @@ class Gemma4Model(LoadedDecoder):
             scale = norm(p + "layer_scalar") if src.has(p + "layer_scalar") else torch.ones(1)
             layers.append(Gemma4Layer(
                 input_norm=norm(p + "input_layernorm.weight"),
-                # float32 q / k rows: bfloat16 ones drift far at scale 1 over heads of 256-512 (issue 54)
-                qkv=float32_output(matrix(names)),
+                qkv=matrix(names),
                 q_norm=norm(a + "q_norm.weight"),
                 k_norm=None if shared else norm(a + "k_norm.weight"),
                 o_proj=matrix([a + "o_proj.weight"]),
