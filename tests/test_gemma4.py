@@ -332,4 +332,3 @@ def test_kv_offload_is_refused_clearly(e2b_lm) -> None:
 
     with pytest.raises(ValueError, match="kv-offload"):
         LLM.from_model(e2b_lm, kv_cache_gb=0.01, block_size=4, kv_offload="cpu", cpu_kv_gb=0.01)
-
