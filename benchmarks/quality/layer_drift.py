@@ -113,7 +113,7 @@ def _attn(model):
 
 
 def routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weights, expert ids) each MoE layer's router gives on IDS's prompt in one step, in layer order (the per-op
+    """(weights, expert ids) each MoE layer's router gives on IDS (two prompt chunks, then decodes), in call order (the per-op
     path: MoELayer.route, which Gemma 4 calls itself and the other MoE models through MoELayer.forward)."""
     from edgeserve.models.moe import MoELayer
 
@@ -130,10 +130,9 @@ def routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
     try:
         model._native = None
         for layer in model.layers:
-            moe = getattr(layer, "moe", None) or getattr(layer, "mlp", None)
-            if isinstance(moe, MoELayer):
-                moe._native = None
-        model.forward(torch.tensor(IDS), torch.arange(len(IDS)), _attn(model))
+            if _moe_of(layer) is not None:
+                _moe_of(layer)._native = None
+        our_logits(model)
     finally:
         MoELayer.route = orig
         model._native = native
@@ -141,16 +140,53 @@ def routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def routing_drift(bf, f32) -> None:
-    """Per MoE layer: the share of (token, expert) choices that differ between the dtypes, and the largest router
-    weight of an expert chosen by one dtype only (what a flip moves)."""
-    for i, ((wb, eb), (wf, ef)) in enumerate(zip(routing(bf), routing(f32))):
-        k = eb.shape[1]
-        same = torch.tensor([len(set(a.tolist()) & set(b.tolist())) for a, b in zip(eb, ef)])
-        flipped = 1.0 - same.sum().item() / eb.numel()
-        lost = max((w for row_w, row_e, other in zip(wf, ef, eb) for w, e in zip(row_w.tolist(), row_e.tolist())
-                    if e not in set(other.tolist())), default=0.0)
-        print(f"  MoE layer {i}: {flipped:.1%} of the {eb.shape[0]}x{k} expert choices differ; "
-              f"largest float32 weight of an expert bfloat16 dropped: {lost:.3f}")
+    """Per MoE layer, over IDS's steps: the share of (token, expert) choices that differ between the dtypes, and the
+    largest float32 router weight of an expert the bfloat16 model did not choose (what a flip moves)."""
+    calls = list(zip(routing(bf), routing(f32)))
+    layers = sum(1 for layer in bf.layers if _moe_of(layer) is not None)
+    for i in range(layers):
+        differ = total = 0
+        lost = 0.0
+        for (wb, eb), (wf, ef) in calls[i::layers]:
+            for row_w, row_e, other in zip(wf.tolist(), ef.tolist(), eb.tolist()):
+                dropped = [w for w, e in zip(row_w, row_e) if e not in other]
+                differ, total = differ + len(dropped), total + len(row_e)
+                lost = max([lost, *dropped])
+        print(f"  MoE layer {i}: {differ / total:.1%} of {total} expert choices differ; largest float32 weight of "
+              f"an expert bfloat16 dropped: {lost:.3f}")
+
+
+def _moe_of(layer):
+    """The layer's MoELayer, or None."""
+    from edgeserve.models.moe import MoELayer
+
+    for name in ("moe", "mlp", "ffn"):
+        if isinstance(getattr(layer, name, None), MoELayer):
+            return getattr(layer, name)
+    return None
+
+
+def prompt_drift(bf, f32, prompts: list[list[int]], forced: bool) -> list[float]:
+    """Per prompt: mean |logprob diff| of the bfloat16 model from the float32 one over the latter's top 5, at every
+    position (per-op path); `forced`: the bfloat16 model given the float32 model's expert choices and weights."""
+    from edgeserve.models.moe import MoELayer
+
+    orig, out = MoELayer.route, []
+    for m in (bf, f32):
+        m._native = None
+    for p in prompts:
+        seen: list = []
+        MoELayer.route = lambda self, h: seen.append(orig(self, h)) or seen[-1]
+        try:
+            ref = our_logits(f32, p, prompt_len=len(p)).log_softmax(-1)
+            replay = iter(seen)
+            MoELayer.route = (lambda self, h: next(replay)) if forced else orig
+            lb = our_logits(bf, p, prompt_len=len(p)).log_softmax(-1)
+        finally:
+            MoELayer.route = orig
+        top = ref.topk(5, dim=-1).indices
+        out.append((lb.gather(1, top) - ref.gather(1, top)).abs().mean().item())
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,12 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--head-dim", type=int, default=0)
     ap.add_argument("--outtype", default="f32", choices=("f32", "bf16", "q8_0"))
+    ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--work", type=Path, default=Path("/tmp/layer_drift"))
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     gguf = make_gguf(a.case, a.hidden, a.work, a.head_dim, a.outtype)
     bf, f32 = (load_ours(gguf, dtype=d).model for d in ("bfloat16", "float32"))
-    print("routing, bfloat16 against float32 (per-op path):")
+    g = torch.Generator().manual_seed(54)
+    prompts = [torch.randint(3, 30000, (24,), generator=g).tolist() for _ in range(a.prompts)]
+    for forced in (False, True):
+        d = prompt_drift(bf, f32, prompts, forced)
+        print(f"per-op, {a.prompts} prompts of 24 tokens, mean |logprob diff| over the float32 top 5 at every position"
+              f"{', the float32 expert choices forced' if forced else ''}: mean {sum(d) / len(d):.4f} "
+              f"(per prompt {' '.join(f'{x:.3f}' for x in d)})")
+    print("routing on IDS, bfloat16 against float32 (per-op path):")
     routing_drift(bf, f32)
     for native in (False, True):
         path = "fused native" if native else "per-op"
