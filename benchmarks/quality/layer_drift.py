@@ -2,7 +2,8 @@
 converted by llama.cpp's convert_hf_to_gguf.py to an f32 GGUF), optionally widened and with width-scaled weights as
 beside_llama_server.py makes them, loaded twice by edgeserve (dtype bfloat16 and float32); prints the relative
 drift of the hidden states after each layer, of the MoE block's parts (router weights, chosen experts, expert sum),
-and of the final log-probabilities, on the per-op path and on the fused native stack.
+and of the final log-probabilities, on the per-op path (MoE layers on their torch path, where the router is called
+in Python) and on the fused native stack where the model uses it.
 
     .venv/bin/python benchmarks/quality/layer_drift.py --case gemma4-26b-a4b --hidden 512 --work /tmp/drift
 """
