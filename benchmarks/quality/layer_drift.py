@@ -1,11 +1,13 @@
-"""Where the served (bfloat16) path drifts from the float32 one: a converter-parity case (tests/converter_cases.py,
-converted by llama.cpp's convert_hf_to_gguf.py to an f32 GGUF), optionally widened and with width-scaled weights as
-beside_llama_server.py makes them, loaded twice by edgeserve (dtype bfloat16 and float32); prints the relative
-drift of the hidden states after each layer, of the MoE block's parts (router weights, chosen experts, expert sum),
-and of the final log-probabilities, on the per-op path (MoE layers on their torch path, where the router is called
-in Python) and on the fused native stack where the model uses it.
+"""Where the served (bfloat16) path drifts from the float32 one: a converter-parity case (tests/converter_cases.py)
+widened to `--hidden` (heads of `--head-dim`) with width-scaled weights as beside_llama_server.py makes them,
+converted by llama.cpp's convert_hf_to_gguf.py (`--outtype`), loaded twice by edgeserve (dtype bfloat16 and
+float32). Prints: the drift (mean |logprob diff| over float32's top 5) over random prompts, with each run's own
+expert choices and with the float32 run's forced on the bfloat16 one; per MoE layer, the share of expert choices
+that differ; the drift of the model cut after each layer. The per-op path (MoE layers on their torch path, where
+the router is called in Python), and the fused native stack where the model uses it.
 
-    .venv/bin/python benchmarks/quality/layer_drift.py --case gemma4-26b-a4b --hidden 512 --work /tmp/drift
+    .venv/bin/python benchmarks/quality/layer_drift.py --case gemma4-26b-a4b --hidden 256 --head-dim 256 \\
+        --work /tmp/drift
 """
 
 from __future__ import annotations
@@ -100,23 +102,10 @@ def layer_outputs(model, native: bool) -> list[torch.Tensor]:
     return outs
 
 
-def _attn(model):
-    """A fresh paged-KV attention over the whole prompt in one step."""
-    from converter_parity import BLOCK
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.kernels.dispatch import AttentionMetadata
-
-    c, n = model.config, len(IDS)
-    blocks = (n + BLOCK - 1) // BLOCK
-    pool = KVPool(c, blocks, BLOCK, resolve_kv_format("auto", c, model.dtype, model.device))
-    meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
-    return PagedKVAttention(pool, meta)
-
-
 def routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weights, expert ids) each MoE layer's router gives on IDS (two prompt chunks, then decodes), in call order (the per-op
-    path: MoELayer.route, which Gemma 4 calls itself and the other MoE models through MoELayer.forward)."""
+    """(weights, expert ids) each MoE layer's router gives on IDS (two prompt chunks, then decodes), in call order
+    (the per-op path: MoELayer.route, which Gemma 4 calls itself and the other MoE models through
+    MoELayer.forward)."""
     from edgeserve.models.moe import MoELayer
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
