@@ -201,15 +201,17 @@ class LlamaModel:
         # On CPU in bf16 the vocabulary-sized tables are int8 per row: the output head is the biggest single
         # read of a decode step for small models, and int8 halves it (float32 mode keeps them exact).
         use_int8 = int8_supported(device, dtype)
+        tied = c.tie_word_embeddings or not source.has("lm_head.weight")
         embed: torch.Tensor | Int8Weight | BlockWeight
         native_embed = block_weight(source, ["model.embed_tokens.weight"], device, dtype) if native_cpu else None
         if native_embed is not None:
             embed = native_embed
         else:
             embed_f = dense("model.embed_tokens.weight", torch.float32)
-            embed = Int8Weight(embed_f, dtype) if use_int8 else embed_f.to(dtype)
+            # an untied table is read by lookups alone: bf16 rows, not per-row int8 (issue 54's drift)
+            embed = Int8Weight(embed_f, dtype) if use_int8 and tied else embed_f.to(dtype)
             del embed_f
-        if c.tie_word_embeddings or not source.has("lm_head.weight"):
+        if tied:
             lm_head: LinearWeight = embed
         else:
             lm_head = matrix(["lm_head.weight"])

@@ -178,9 +178,10 @@ class Qwen35Model(LlamaModel):
                 layer.q_norm, layer.k_norm = norm(a + "q_norm.weight"), norm(a + "k_norm.weight")
                 layer.o_proj = matrix([a + "o_proj.weight"])
             layers.append(layer)
-        embed = load_table(src, "model.embed_tokens.weight", dtype, dev)
+        untied = not c.tie_word_embeddings and src.has("lm_head.weight")
+        embed = load_table(src, "model.embed_tokens.weight", dtype, dev, int8=not untied)
         lm_head: LinearWeight = embed
-        if not c.tie_word_embeddings and src.has("lm_head.weight"):
+        if untied:
             lm_head = matrix(["lm_head.weight"])
         inv_freq = partial_rope_inv_freq(c.head_dim, c.rotary_dim or c.head_dim, c.rope_theta)
         model = cls(c, embed, layers, norm("model.norm.weight"), lm_head, inv_freq, dtype, dev)

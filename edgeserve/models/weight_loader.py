@@ -17,16 +17,18 @@ from edgeserve.models.llama import load_matrix
 Table = torch.Tensor | Int8Weight | BlockWeight
 
 
-def load_table(source: WeightSource, name: str, dtype: torch.dtype, device: torch.device) -> Table:
-    """A row-lookup table (token embeddings): GGUF blocks on the native CPU kernels, int8 rows on a bf16 CPU, else
-    dense `dtype` (float32 stays exact)."""
+def load_table(source: WeightSource, name: str, dtype: torch.dtype, device: torch.device,
+               int8: bool = True) -> Table:
+    """A row-lookup table (token embeddings): GGUF blocks on the native CPU kernels, int8 rows on a bf16 CPU (where
+    `int8`: a table that is also the output head, whose read int8 halves), else dense `dtype` (float32 stays exact).
+    A table for lookups alone stays in `dtype`: per-row int8 rows cost Qwen3.5 most of its bf16 drift (issue 54)."""
     native = block_weight(source, [name], device, dtype) if not use_triton(device) else None
     if native is not None:
         return native
     value = source.get(name, keep_int4=False)
     assert isinstance(value, torch.Tensor)
     table = value.to(device=device, dtype=torch.float32)
-    return Int8Weight(table, dtype) if int8_supported(device, dtype) else table.to(dtype)
+    return Int8Weight(table, dtype) if int8 and int8_supported(device, dtype) else table.to(dtype)
 
 
 def table_rows(table: Table, ids: torch.Tensor) -> torch.Tensor:
@@ -63,8 +65,9 @@ class WeightLoader:
     def embed_and_head(self, embed_name: str, tie: bool) -> tuple[Table, LinearWeight]:
         """(the token-embedding table `embed_name`, the output head): `lm_head.weight` where the source has it and
         the embeddings are not tied, else the embedding table itself."""
-        embed = load_table(self.source, embed_name, self.dtype, self.device)
+        untied = not tie and self.source.has("lm_head.weight")
+        embed = load_table(self.source, embed_name, self.dtype, self.device, int8=not untied)
         lm_head: LinearWeight = embed  # type: ignore[assignment]
-        if not tie and self.source.has("lm_head.weight"):
+        if untied:
             lm_head = self.matrix(["lm_head.weight"])
         return embed, lm_head
