@@ -180,8 +180,7 @@ class LlamaModel:
         def matrix(names: list[str]) -> LinearWeight:
             return load_matrix(source, names, dtype, device, keep_int4, dense_prefill)
 
-        layers = []
-        c = config
+        layers, c = [], config
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             attn = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
