@@ -42,6 +42,7 @@ def main() -> None:
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels import cpu_native
     from edgeserve.kernels.paged_attention import AttentionMetadata
+    from profile_fused_step import hybrid_states
 
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     libs = {"baseline": cpu_native._bind(ctypes.CDLL(args.baseline_lib)), "this checkout": cpu_native._bind(ctypes.CDLL(args.lib)) if args.lib else cpu_native.library()}
@@ -67,11 +68,13 @@ def main() -> None:
         for name, model in models.items():
             cpu_native._chosen[setting] = libs[name]
             pool = KVPool(model.config, b * per_seq, block, model.dtype)
-            model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([p] * b, [p] * b, tables, slots)))
+            states = hybrid_states(model.config, b)  # a hybrid's recurrent states (None for others)
+            model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([p] * b, [p] * b, tables, slots),
+                                                     states=states(p)))
 
-            def step(model=model, pool=pool) -> torch.Tensor:
+            def step(model=model, pool=pool, states=states) -> torch.Tensor:
                 meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
-                return model.logits(model.forward(step_ids, step_pos, PagedKVAttention(pool, meta)))
+                return model.logits(model.forward(step_ids, step_pos, PagedKVAttention(pool, meta, states=states(1))))
             steps[name] = step
         outs = {name: fn() for name, fn in steps.items()}
         same = torch.equal(*outs.values())

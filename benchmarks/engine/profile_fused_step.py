@@ -42,6 +42,20 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     return lib
 
 
+def hybrid_states(config, b: int):
+    """For a hybrid model: a function of the rows per sequence giving the step's recurrent states of `b` sequences
+    (one slot each, the same slots every step); for others a function giving None."""
+    if not config.is_hybrid:
+        return lambda rows: None
+    import torch
+
+    from edgeserve.engine.state_pool import StatePool, StepStates, state_spec_for
+
+    pool = StatePool(state_spec_for(config), b)
+    slots = torch.tensor([pool.allocate() for _ in range(b)])
+    return lambda rows: StepStates.build(pool, torch.arange(b + 1) * rows, slots)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -72,12 +86,14 @@ def main() -> None:
     per_seq = -(-(args.context + 1) // block)
     for b in (int(x) for x in args.batch.split(",")):
         pool = KVPool(model.config, b * per_seq, block, model.dtype)
+        states = hybrid_states(model.config, b)
         tables = [[i * per_seq + j for j in range(per_seq)] for i in range(b)]
         ids = torch.randint(100, 1000, (b * args.context,))
         pos = torch.arange(args.context).repeat(b)
         slots = [tables[i][p // block] * block + p % block for i in range(b) for p in range(args.context)]
         model.forward(ids, pos, PagedKVAttention(pool, AttentionMetadata.build([args.context] * b, [args.context] * b,
-                                                                               tables, slots)))
+                                                                               tables, slots),
+                                                 states=states(args.context)))
         p = args.context
         step_slots = [tables[i][p // block] * block + p % block for i in range(b)]
         ids, pos = torch.randint(100, 1000, (b,)), torch.full((b,), p)
@@ -87,7 +103,7 @@ def main() -> None:
                 counters[i] = 0
             meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
             t0 = time.perf_counter()
-            hidden = model.forward(ids, pos, PagedKVAttention(pool, meta))
+            hidden = model.forward(ids, pos, PagedKVAttention(pool, meta, states=states(1)))
             t1 = time.perf_counter()
             model.logits(hidden)
             t2 = time.perf_counter()

@@ -32,8 +32,44 @@ enum { COL_BLOCK = 32 };
 #endif
 
 /* out[i] = 1 / (1 + expf(-x[i])) for n values, with expf by range reduction (x = k ln2 + r) and a degree-6
-   polynomial in plain C that the compiler vectorizes (within a few ulp of expf; inputs clamped to [-87, 88], where
-   the sigmoid is 0 or 1 to float precision anyway). Each value on its own: the same bits whatever n and the lanes. */
+   polynomial (within a few ulp of expf; inputs clamped to [-87, 88], where the sigmoid is 0 or 1 to float precision
+   anyway). Each value on its own: the same bits whatever n and the lanes. AVX2 builds run it 8 lanes at a time in
+   intrinsics (gcc does not vectorize the clamps' branches without -fno-trapping-math), the tail through a padded
+   vector, so every value takes the same instructions; elsewhere plain C. */
+#if defined(QMM_AVX2)
+#include <immintrin.h>
+
+static inline __m256 sigmoid8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 v = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+    v = _mm256_max_ps(_mm256_set1_ps(-87.0f), v); /* -87 > v ? -87 : v (a NaN stays) */
+    v = _mm256_min_ps(_mm256_set1_ps(88.0f), v);  /* 88 < v ? 88 : v */
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 k = _mm256_sub_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    const __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187e-06f),
+                                      _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), v));
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, one);
+    p = _mm256_fmadd_ps(p, r, one);
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_div_ps(one, _mm256_fmadd_ps(p, _mm256_castsi256_ps(bits), one));
+}
+
+static inline void sigmoid_n(const float *restrict x, int n, float *restrict out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, sigmoid8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float pad[8] = {0};
+        memcpy(pad, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(pad, sigmoid8(_mm256_loadu_ps(pad)));
+        memcpy(out + i, pad, sizeof(float) * (size_t)(n - i));
+    }
+}
+#else
 static inline void sigmoid_n(const float *restrict x, int n, float *restrict out) {
     for (int i = 0; i < n; i++) {
         float v = -x[i];
@@ -53,9 +89,23 @@ static inline void sigmoid_n(const float *restrict x, int n, float *restrict out
         out[i] = 1.0f / (1.0f + p * scale);
     }
 }
+#endif
+
+/* sum of x[i]^2 over n values in 16 running sums (a vector's worth of lanes, whatever the build) added pairwise at
+   the end: a fixed order for a given n */
+static inline float sum_squares(const float *restrict x, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += x[i + j] * x[i + j];
+    for (; i < n; i++) acc[i & 15] += x[i] * x[i];
+    for (int w = 8; w; w >>= 1)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
 
 typedef struct {
-    const float *x, *weight;
+    const float *x, *wt; /* wt: the weight transposed, [K, C] */
     int64_t ldx, slot_stride;
     int C, K;
     const int32_t *cu, *slots, *task_seq, *task_t0; /* task i: tokens task_t0[i] .. + CONV_TOKENS of one sequence */
@@ -67,16 +117,14 @@ typedef struct {
 static void conv_tokens(const conv_t *a, int b, int t0, int t1, int c0, int n, int K) {
     const int C = a->C, start = a->cu[b];
     const float *state = a->state + (int64_t)a->slots[b] * a->slot_stride; /* [K - 1, C] */
-    float w[CONV_MAX_K][CONV_BLOCK];
-    for (int c = 0; c < n; c++)
-        for (int j = 0; j < K; j++) w[j][c] = a->weight[(int64_t)(c0 + c) * K + j];
     for (int t = t0; t < t1; t++) {
         float acc[CONV_BLOCK], sig[CONV_BLOCK];
         for (int c = 0; c < n; c++) acc[c] = 0.0f;
         for (int j = 0; j < K; j++) {
             const int p = t - (K - 1) + j; /* input position; negative ones are in the state */
             const float *in = p < 0 ? state + (int64_t)(K - 1 + p) * C + c0 : a->x + (start + p) * a->ldx + c0;
-            for (int c = 0; c < n; c++) acc[c] += w[j][c] * in[c];
+            const float *restrict w = a->wt + (int64_t)j * C + c0;
+            for (int c = 0; c < n; c++) acc[c] += w[c] * in[c];
         }
         sigmoid_n(acc, n, sig);
         float *o = a->out + (int64_t)(start + t) * C + c0;
@@ -104,15 +152,19 @@ void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight
     int tasks = 0;
     for (int b = 0; b < B; b++) tasks += (cu[b + 1] - cu[b] + CONV_TOKENS - 1) / CONV_TOKENS;
     int32_t *task_seq = malloc(sizeof(int32_t) * 2 * (size_t)(tasks ? tasks : 1)), *task_t0 = task_seq + tasks;
-    if (!task_seq) abort();
+    float *wt = malloc(sizeof(float) * (size_t)C * K); /* every task reads the taps a channel block at a time */
+    if (!task_seq || !wt) abort();
+    for (int c = 0; c < C; c++)
+        for (int j = 0; j < K; j++) wt[(int64_t)j * C + c] = weight[(int64_t)c * K + j];
     for (int b = 0, i = 0; b < B; b++)
         for (int t0 = 0; t0 < cu[b + 1] - cu[b]; t0 += CONV_TOKENS, i++) {
             task_seq[i] = b;
             task_t0[i] = t0;
         }
-    conv_t a = {x, weight, ldx, slot_stride, C, K, cu, slots, task_seq, task_t0, state, out};
+    conv_t a = {x, wt, ldx, slot_stride, C, K, cu, slots, task_seq, task_t0, state, out};
     pool_run(conv_block, &a, tasks, (int64_t)cu[B] * C * K >= 32768);
     free(task_seq);
+    free(wt);
     /* then each sequence's new state: row r holds input position len - (K - 1) + r; from the old state (only when
        len < K - 1) it is row r + len, which no earlier r overwrote */
     for (int b = 0; b < B; b++) {
@@ -137,10 +189,8 @@ typedef struct {
 } rule_t;
 
 /* x * scale / sqrt(sum x^2 + 1e-6) */
-static void l2norm(const float *x, int n, float scale, float *out) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const float f = scale / sqrtf(ss + 1e-6f);
+static void l2norm(const float *restrict x, int n, float scale, float *restrict out) {
+    const float f = scale / sqrtf(sum_squares(x, n) + 1e-6f);
     for (int i = 0; i < n; i++) out[i] = x[i] * f;
 }
 
@@ -149,6 +199,16 @@ static inline void token_qk(const rule_t *a, int t, int h, float *qn, float *kn)
     const int hk = a->tiled ? h % a->Hk : h / (a->Hv / a->Hk);
     l2norm(a->q + t * a->ldq + (int64_t)hk * a->Dk, a->Dk, a->scale, qn);
     l2norm(a->k + t * a->ldk + (int64_t)hk * a->Dk, a->Dk, 1.0f, kn);
+}
+
+/* The state's rows are Dv floats apart (512 bytes at Dv = 128), a block's part of each one or two cache lines: the
+   hardware's prefetchers, which stay within a 4 KiB page (8 rows), miss most of a block whose state comes from
+   memory (every decode step: a step's states are far larger than the caches), so the first sweep asks for the rows
+   PREFETCH_ROWS ahead itself. */
+enum { PREFETCH_ROWS = 8 };
+
+static inline void prefetch_cols(const float *row, int n) {
+    for (int c = 0; c < n; c += 16) __builtin_prefetch(row + c, 1, 3);
 }
 
 /* Columns c0 .. c0 + n - 1 of one (sequence, value head)'s state S [Dk, Dv] through all the sequence's tokens.
@@ -163,12 +223,14 @@ static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int
     float qn[2][GDN_MAX_DIM], kn[2][GDN_MAX_DIM];
     float kv[COL_BLOCK], o[COL_BLOCK], delta[COL_BLOCK];
     int cur = 0;
+    for (int i = 0; i < PREFETCH_ROWS && i < Dk; i++) prefetch_cols(S + (int64_t)i * Dv, n);
     token_qk(a, t0, h, qn[0], kn[0]);
     float decay = expf(a->g[(int64_t)t0 * a->Hv + h]);
     for (int c = 0; c < n; c++) kv[c] = 0.0f;
     for (int i = 0; i < Dk; i++) { /* token t0: S *= decay; kv = S^T k */
         float *restrict row = S + (int64_t)i * Dv;
         const float ki = kn[0][i];
+        if (i + PREFETCH_ROWS < Dk) prefetch_cols(row + (int64_t)PREFETCH_ROWS * Dv, n);
         for (int c = 0; c < n; c++) {
             const float r = row[c] * decay;
             row[c] = r;
@@ -213,9 +275,53 @@ static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int
     }
 }
 
+/* A sequence's only token (a decode row) through one value head's whole state S [Dk, Dv], row by row: each column
+   takes the same operations in the same order as in rule_cols (decay and read, then write and query, summed over
+   the rows in order), so the same bits, but the state streams through memory front to back instead of a block's
+   strided slice of each row: one pass reads it from memory, the second finds it in L2. */
+static void rule_head_token(const rule_t *a, int b, int h) {
+    const int Dk = a->Dk, Dv = a->Dv, t = a->cu[b];
+    float *restrict S = a->state + (int64_t)a->slots[b] * a->slot_stride + (int64_t)h * Dk * Dv;
+    float qn[GDN_MAX_DIM], kn[GDN_MAX_DIM], kv[GDN_MAX_DIM], o[GDN_MAX_DIM], delta[GDN_MAX_DIM];
+    for (int i = 0; i < PREFETCH_ROWS && i < Dk; i++) prefetch_cols(S + (int64_t)i * Dv, Dv);
+    token_qk(a, t, h, qn, kn);
+    const float decay = expf(a->g[(int64_t)t * a->Hv + h]);
+    for (int c = 0; c < Dv; c++) kv[c] = 0.0f;
+    for (int i = 0; i < Dk; i++) { /* S *= decay; kv = S^T k */
+        float *restrict row = S + (int64_t)i * Dv;
+        const float ki = kn[i];
+        if (i + PREFETCH_ROWS < Dk) prefetch_cols(row + (int64_t)PREFETCH_ROWS * Dv, Dv);
+        for (int c = 0; c < Dv; c++) {
+            const float r = row[c] * decay;
+            row[c] = r;
+            kv[c] += r * ki;
+        }
+    }
+    const float beta = a->beta[(int64_t)t * a->Hv + h];
+    const float *v = a->v + t * a->ldv + (int64_t)h * Dv;
+    for (int c = 0; c < Dv; c++) {
+        delta[c] = (v[c] - kv[c]) * beta;
+        o[c] = 0.0f;
+    }
+    for (int i = 0; i < Dk; i++) { /* S += k delta^T; o = S^T q */
+        float *restrict row = S + (int64_t)i * Dv;
+        const float ki = kn[i], qi = qn[i];
+        for (int c = 0; c < Dv; c++) {
+            const float r = row[c] + ki * delta[c];
+            row[c] = r;
+            o[c] += r * qi;
+        }
+    }
+    memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv, o, sizeof(float) * Dv);
+}
+
 static void rule_block(void *ctx, int task) {
     const rule_t *a = (const rule_t *)ctx;
     const int jb = task % a->col_blocks, h = task / a->col_blocks % a->Hv, b = task / a->col_blocks / a->Hv;
+    if (a->cu[b + 1] - a->cu[b] == 1) { /* a decode row: the head's first block task takes its whole state */
+        if (jb == 0) rule_head_token(a, b, h);
+        return;
+    }
     const int c0 = jb * COL_BLOCK, n = a->Dv - c0 < COL_BLOCK ? a->Dv - c0 : COL_BLOCK;
     if (n == COL_BLOCK)
         rule_cols(a, b, h, c0, COL_BLOCK); /* the loops over a constant width: unrolled, kv / o in registers */
@@ -262,22 +368,15 @@ static void head_norm_row(void *ctx, int task) {
     const int t = task / a->H, h = task % a->H, D = a->D;
     const float *restrict x = a->x + t * a->ldx + h * a->ldhx;
     float *restrict o = a->out + ((int64_t)t * a->H + h) * D;
-    float acc[16] = {0};
-    int i = 0;
-    for (; i + 16 <= D; i += 16)
-        for (int j = 0; j < 16; j++) acc[j] += x[i + j] * x[i + j];
-    for (; i < D; i++) acc[i & 15] += x[i] * x[i];
-    for (int w = 8; w; w >>= 1)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    const float scale = 1.0f / sqrtf(acc[0] / D + a->eps);
+    const float scale = 1.0f / sqrtf(sum_squares(x, D) / D + a->eps);
     if (!a->z) {
-        for (i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i];
+        for (int i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i];
         return;
     }
     const float *restrict z = a->z + t * a->ldz + h * a->ldhz;
     float sig[GDN_MAX_DIM];
     sigmoid_n(z, D, sig);
-    for (i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i] * (z[i] * sig[i]);
+    for (int i = 0; i < D; i++) o[i] = x[i] * scale * a->weight[i] * (z[i] * sig[i]);
 }
 
 /* out [T, H, D] float32 = rms_norm(x[t, h]) * weight [D] (RMSNorm over each head), times silu(z[t, h]) when z is
