@@ -42,6 +42,12 @@ GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDI
 GEMMA4_UNIFIED = dict(GEMMA4, num_hidden_layers=7, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
                       num_kv_shared_layers=3, use_double_wide_mlp=True, attention_k_eq_v=True,
                       num_global_key_value_heads=1)
+# a Gemma 4 assistant drafter for the gemma4-e2b case's target (its K/V heads, head sizes, window and width): q-only
+# layers of both kinds over the target's K/V, its own smaller width, the target's width as `backbone_hidden_size`
+GEMMA4_ASSISTANT = dict(GEMMA4, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_key_value_heads=1,
+                        layer_types=[SLIDING, SLIDING, FULL], hidden_size_per_layer_input=0,
+                        vocab_size_per_layer_input=0, num_kv_shared_layers=3, use_double_wide_mlp=False,
+                        final_logit_softcapping=None)
 # Gemma 2 / 3 tie their embeddings as the real ones (llama.cpp's Gemma 2 converter drops an untied lm_head.weight)
 GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
               query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
@@ -198,6 +204,10 @@ CASES = [
                                                         vision_config=None, audio_config=None),
          "gemma4", tokenizer="spm", init=gemma4_init, model_class="Gemma4UnifiedForConditionalGeneration",
          post_save=gemma4_unified_folder, ours="gemma4_unified"),
+    # a drafter: its parity with transformers over a target's K/V is tests/test_gemma4_assistant.py's
+    Case("gemma4-assistant", lambda v: t.Gemma4AssistantConfig(text_config=dict(GEMMA4_ASSISTANT, vocab_size=v),
+                                                               backbone_hidden_size=GEMMA4["hidden_size"]),
+         "gemma4-assistant", tokenizer="spm", init=gemma4_init, model_class="Gemma4AssistantForCausalLM"),
     Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
                                              num_experts_per_tok=2, sliding_window=5,
                                              rope_parameters=dict(GPT_OSS_YARN)),

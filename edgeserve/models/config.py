@@ -112,6 +112,9 @@ class ModelConfig:
     # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
     # `blk.{num_layers + i}` (nextn.* tensors beside a layer's), in an HF checkpoint `mtp.*`
     mtp_layers: int = 0
+    # a drafter over another model's K/V (a Gemma 4 assistant, models.archs.gemma4_assistant): that target's hidden
+    # size, which its input and output projections have; 0: a model of its own
+    backbone_hidden_size: int = 0
 
     @property
     def is_moe(self) -> bool:

@@ -66,6 +66,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")),
     Architecture("gemma4_unified", "gemma4_unified", ("gemma4_unified", "gemma4_unified_text"),
                  ("Gemma4UnifiedForConditionalGeneration", "Gemma4UnifiedForCausalLM")),
+    # a drafter over a Gemma 4 target's K/V (--draft only; engine.spec.assistant)
+    Architecture("gemma4-assistant", "gemma4_assistant", ("gemma4_assistant", "gemma4_unified_assistant"),
+                 ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")),
     Architecture("phi3", "phi3", ("phi3",), ("Phi3ForCausalLM",)),
     Architecture("gpt-oss", "gpt_oss", ("gpt-oss", "gpt_oss"), ("GptOssForCausalLM",)),
     Architecture("olmo2", "olmo2", ("olmo2", "olmo3"), ("Olmo2ForCausalLM", "Olmo3ForCausalLM")),

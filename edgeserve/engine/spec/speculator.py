@@ -11,6 +11,7 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
+from .assistant import AssistantProposer, is_assistant
 from .backoff import Backoff
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
@@ -78,11 +79,13 @@ class Speculator:
         self.method = method
         self.num_tokens = default_num_tokens(method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
-        self.draft: DraftProposer | None = None
+        self.draft: DraftProposer | AssistantProposer | None = None
         if method == "draft":
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
-            self.draft = DraftProposer(draft, target, num_blocks, block_size)
+            # a Gemma 4 assistant drafts over the target's own K/V (`attach` gives it the pool)
+            self.draft = (AssistantProposer(draft, target) if is_assistant(draft)
+                          else DraftProposer(draft, target, num_blocks, block_size))
         self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
         self.counters = SpecCounters()
         # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
@@ -123,17 +126,29 @@ class Speculator:
 
     @property
     def needs_hidden(self) -> bool:
-        """Whether `observe` wants the target's hidden states of every step (the MTP head reads them)."""
-        return self.mtp is not None
+        """Whether `observe` wants the target's hidden states of every step (the MTP head and a Gemma 4 assistant
+        read them)."""
+        return self._hidden_reader is not None
+
+    @property
+    def _hidden_reader(self) -> MtpProposer | AssistantProposer | None:
+        return self.mtp if self.mtp is not None else self.draft if isinstance(self.draft, AssistantProposer) else None
+
+    def attach(self, pool, block_manager) -> None:
+        """The engine's KV pool and BlockManager, for a proposer that reads the target's K/V (a Gemma 4 assistant)."""
+        if isinstance(self.draft, AssistantProposer):
+            self.draft.attach(pool, block_manager)
 
     def observe(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor | None,
                 requests: dict[str, "Request"]) -> None:
-        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head."""
-        if self.mtp is None or hidden is None:
+        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head or a
+        Gemma 4 assistant."""
+        reader = self._hidden_reader
+        if reader is None or hidden is None:
             return
         wanted = {s.seq_id: requests[s.seq_id] for s in scheduled
                   if s.seq_id in requests and self.wants(requests[s.seq_id])}
-        self.mtp.observe(scheduled, hidden, wanted)
+        reader.observe(scheduled, hidden, wanted)
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (see `_verify`)."""

@@ -226,8 +226,7 @@ class Gemma4Model(LoadedDecoder):
         token's table rows with the image rows' projection, as transformers' Gemma4Model makes them)."""
         if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")):
             raise TypeError("Gemma 4 runs over the paged KV pool (edgeserve.engine.kv_cache.PagedKVAttention)")
-        c = self.config
-        eps, t, heads = c.rms_norm_eps, input_ids.shape[0], c.num_heads
+        t = input_ids.shape[0]
         if t and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = merge_image_rows(self.embed_rows(input_ids) * self.embed_scale, image_rows)
@@ -237,6 +236,15 @@ class Gemma4Model(LoadedDecoder):
         # an image's bidirectional span holds on the sliding layers only: the fused stack would apply it on all
         if native is not None and native.runs(attn) and attn.meta.attend_spans is None:  # type: ignore[attr-defined]
             return native.forward(x, positions, attn, per_layer=ple)
+        return self.layer_stack(x, positions, attn, ple, prompt_rows)
+
+    def layer_stack(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention, ple: torch.Tensor | None = None,
+                    prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """The layers, per op, over the residual stream x [T, hidden] (float32): the final-normed hidden states.
+        A KV-shared layer reads `attn.layer_cache(i)` / `attn.attend(i, ...)` of its own index i (the pool sends it
+        to its source; a Gemma 4 assistant's view sends it to the target's layer)."""
+        c = self.config
+        eps, t, heads = c.rms_norm_eps, x.shape[0], c.num_heads
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
