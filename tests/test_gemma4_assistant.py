@@ -7,8 +7,9 @@ llama.cpp's own convert_hf_to_gguf.py (`gemma4-assistant`).
 - inside the engine, each first and second draft is that reference's argmax for the sequence so far (through
   prompt chunks, accepted, partly accepted and rejected drafts; an oracle forces acceptance, since a random
   assistant never agrees with a random target);
-- greedy output with the assistant on equals off token for token, alone and in a mixed batch, per-op (f32) and with
-  the target on the fused native stack (Q8_0); `--speculative auto` picks it for `--draft`;
+- greedy output with the assistant on equals off token for token, alone and in a mixed batch, per-op (the f32
+  E2B-like target) and with the target on the fused native stack (the gemma4-12b case's Q8_0: a `gemma4_unified`
+  target, which the same assistant fits); `--speculative auto` picks it for `--draft`;
 - at temperature > 0 its drafts carry their distributions to rejection sampling;
 - an assistant whose target does not match (architecture, vocabulary, hidden size, heads) is refused in one line.
 """
@@ -41,18 +42,29 @@ PROMPT = [1, 504, 3458, 314, 253, 1837, 28, 2, 1010, 17, 31000, 5, 800, 12000, 3
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(target HF, target folder, target f32 GGUF, target Q8_0 GGUF, assistant HF, assistant folder, assistant
-    f32 GGUF), made once a module."""
-    tok = spm_tokenizer_folder(tmp_path_factory.mktemp("tokenizer"))
+def tokenizer(tmp_path_factory) -> Path:
+    return spm_tokenizer_folder(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def files(tokenizer, tmp_path_factory):
+    """(target HF, target folder, target f32 GGUF, assistant HF, assistant folder, assistant f32 GGUF), made once a
+    module; the target is the gemma4-e2b case."""
     made = []
     for name in ("gemma4-e2b", "gemma4-assistant"):
         folder = tmp_path_factory.mktemp(name)
-        made += [build_checkpoint(BY_NAME[name], tok, folder), folder,
+        made += [build_checkpoint(BY_NAME[name], tokenizer, folder), folder,
                  convert(folder, folder.parent / f"{name}.f32.gguf")]
-        if name == "gemma4-e2b":
-            made.append(convert(folder, folder.parent / f"{name}.q8.gguf", outtype="q8_0"))
     return tuple(made)
+
+
+@pytest.fixture(scope="module")
+def fused_target(tokenizer, tmp_path_factory) -> Path:
+    """The gemma4-12b case as Q8_0 (its target runs on the fused native stack; the E2B-like case's per-layer inputs
+    of width 8 keep it per-op)."""
+    folder = tmp_path_factory.mktemp("gemma4-12b")
+    build_checkpoint(BY_NAME["gemma4-12b"], tokenizer, folder)
+    return convert(folder, folder.parent / "gemma4-12b.q8.gguf", outtype="q8_0")
 
 
 def reference_drafts(target, assistant, tokens: list[int], drafts: list[int]) -> torch.Tensor:
@@ -97,7 +109,7 @@ def our_drafts(target, assistant, tokens: list[int], drafts: list[int]) -> torch
 
 
 def test_assistant_logits_equal_transformers(files):
-    t_hf, _, t_gguf, _, a_hf, a_folder, a_gguf = files
+    t_hf, _, t_gguf, a_hf, a_folder, a_gguf = files
     drafts = [9000, 40]
     ref = reference_drafts(t_hf, a_hf, PROMPT, drafts)
     assert ref.abs().max() > 1.0 and len(PROMPT) - 1 > t_hf.config.sliding_window
@@ -122,7 +134,7 @@ def engines(target_path: Path, assistant_path: Path, dtype: str = "float32", **o
 
 def test_engine_drafts_are_the_reference_assistants(files):
     """Each first and second draft is the argmax of the reference assistant for the sequence so far."""
-    t_hf, _, t_gguf, _, a_hf, _, a_gguf = files
+    t_hf, _, t_gguf, a_hf, _, a_gguf = files
     ps = prompts(1, 2)
     plain, spec = engines(t_gguf, a_gguf, num_speculative_tokens=3, max_num_batched_tokens=16, block_size=4)
     ref_out = outputs(plain, ps)
@@ -142,11 +154,12 @@ def test_engine_drafts_are_the_reference_assistants(files):
 
 
 @pytest.mark.parametrize("weights", ["f32", "q8"])
-def test_greedy_with_the_assistant_is_greedy_without(weights, files):
+def test_greedy_with_the_assistant_is_greedy_without(weights, files, request):
     """Alone and in a mixed batch (a sampled request and one that opts out beside greedy ones), the target per-op
     (f32) and on the fused native stack (Q8_0), with the assistant's own drafts and with forced acceptance."""
-    _, _, f32, q8, _, _, a_gguf = files
-    plain, spec = engines(f32 if weights == "f32" else q8, a_gguf, "float32" if weights == "f32" else "bfloat16")
+    _, _, f32, _, _, a_gguf = files
+    target = f32 if weights == "f32" else request.getfixturevalue("fused_target")
+    plain, spec = engines(target, a_gguf, "float32" if weights == "f32" else "bfloat16")
     assert (spec.lm.model.native_decoder() is not None) == (weights == "q8")
     ps = prompts(2)
     ref = outputs(plain, ps)
@@ -166,7 +179,7 @@ def test_greedy_with_the_assistant_is_greedy_without(weights, files):
 def test_temperature_drafts_carry_their_distributions_to_verification(files, monkeypatch):
     import edgeserve.engine.spec.speculator as speculator
 
-    _, _, t_gguf, _, _, _, a_gguf = files
+    _, _, t_gguf, _, _, a_gguf = files
     seen = []
     real = speculator.verify
 
@@ -188,7 +201,7 @@ def test_temperature_drafts_carry_their_distributions_to_verification(files, mon
 def test_a_mismatched_target_is_refused_in_one_line(files, default_model_path, capsys):
     from edgeserve.cli import main
 
-    _, _, t_gguf, _, _, _, a_gguf = files
+    _, _, t_gguf, _, _, a_gguf = files
     target, assistant = load_ours(t_gguf), load_ours(a_gguf)
     t, a = target.config, assistant.config
     assert target_mismatch(a, t) is None
