@@ -319,13 +319,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--disk-kv-path", default=None,
                    help="disk KV tier folder (default: kv/ under the edgeserve cache folder)")
     g.add_argument("--speculative", choices=["auto", "off", "ngram", "draft", "mtp"], default="auto",
-                   help="speculative decoding: mtp (the model's own multi-token-prediction head: Qwen3.5 / 3.6 files "
-                        "that carry it), ngram (prompt lookup, no extra model), draft (--draft) or off; auto "
-                        "(default): draft with --draft, else mtp where the model has a head, else off")
+                   help="speculative decoding: mtp (the model's own multi-token-prediction head: Qwen3.5 / 3.6), "
+                        "ngram (prompt lookup), draft (--draft) or off; auto (default): draft with --draft, else mtp "
+                        "where the model has a head, else off")
     g.add_argument("--draft", "--draft-model", dest="draft_model", default=None, metavar="PATH",
-                   help="draft model for --speculative draft: a smaller model with the same tokenizer, or a Gemma 4 "
-                        "assistant (gemma4-assistant GGUF or HF folder) for a Gemma 4 model, which reads the "
-                        "model's own K/V (catalog name or path)")
+                   help="draft model (catalog name or path): one with the same tokenizer, or a Gemma 4 assistant")
     g.add_argument("--num-speculative-tokens", "--spec-tokens", dest="num_speculative_tokens", type=int,
                    default=EngineConfig.num_speculative_tokens,
                    help="tokens proposed per sequence per step (default: 1 with mtp, 4 with ngram / draft)")
