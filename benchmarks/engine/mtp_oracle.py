@@ -78,9 +78,16 @@ def main() -> None:
             llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
             llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
             engines[f"mtp k={k} a={a.backoff:.0%} backoff"] = llm
+    measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
+
+
+def measure(engines: dict, prompt: list[int], params, reference: list[int], rounds: int, label: dict) -> None:
+    """Generate `prompt` on each side (`engines`: name -> LLM, "plain" among them) `rounds` times, sides alternating,
+    checking each output is `reference`; print each run, then one JSON line per side (`label`'s keys first): median
+    tokens/s, the ratio to plain's median, acceptance and tokens per verification."""
     rates: dict[str, list[float]] = {side: [] for side in engines}
     spec: dict[str, tuple[float, float]] = {}
-    for _ in range(a.rounds):
+    for _ in range(rounds):
         for side, llm in engines.items():
             before = llm.engine.stats()
             start = time.perf_counter()
@@ -99,7 +106,7 @@ def main() -> None:
     for side, r in rates.items():
         med = statistics.median(r)
         s = spec.get(side)
-        print(json.dumps({"shape": a.shape, "layers": a.layers, "mix": a.mix, "side": side,
+        print(json.dumps({**label, "side": side,
                           "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
                           "ratio": round(med / base, 2), "acceptance": round(s[0], 2) if s else None,
                           "tokens_per_verification": round(s[1], 2) if s else None}))
