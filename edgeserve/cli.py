@@ -326,7 +326,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="draft model (catalog name or path): one with the same tokenizer, or a Gemma 4 assistant")
     g.add_argument("--num-speculative-tokens", "--spec-tokens", dest="num_speculative_tokens", type=int,
                    default=EngineConfig.num_speculative_tokens,
-                   help="tokens proposed per sequence per step (default: 1 with mtp, 4 with ngram / draft)")
+                   help="tokens proposed per sequence per step (default: 1 with mtp or a Gemma 4 assistant, else 4)")
     g.add_argument("--lora", action="append", type=_lora_flag, default=[], metavar="NAME=PATH",
                    help="a LoRA adapter (PEFT folder or GGUF LoRA file) requests may pick by model NAME or "
                         "BASE:NAME (repeatable; `run` uses it for its replies)")

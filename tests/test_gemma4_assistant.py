@@ -129,6 +129,7 @@ def engines(target_path: Path, assistant_path: Path, dtype: str = "float32", **o
     spec = LLM.from_model(lm, kv_cache_gb=0.01, draft_model=str(assistant_path), draft=load_ours(assistant_path),
                           **options)
     assert spec.engine.spec.method == "draft" and isinstance(spec.engine.spec.draft, AssistantProposer)
+    assert spec.engine.spec.num_tokens == options.get("num_speculative_tokens", 1)  # the measured default: 1
     return plain, spec
 
 
@@ -216,6 +217,9 @@ def test_a_mismatched_target_is_refused_in_one_line(files, default_model_path, c
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Gemma 4 models only" in err[0] and "Traceback" not in err[0]
+    # the matching target runs with it from the command line
+    assert main(["run", str(t_gguf), "hi", "--draft", str(a_gguf), "--max-tokens", "3", "--temperature", "0"]) == 0
+    capsys.readouterr()
     # the assistant alone is no model to serve
     assert main(["run", str(a_gguf), "hi", "--max-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

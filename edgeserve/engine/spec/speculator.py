@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
 
 
-# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
-# the oracle benchmark's decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md); 4 for the others
-DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
+# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head and a Gemma 4
+# assistant, the k at which the oracle benchmarks' decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md);
+# 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 1, "assistant": 1, "ngram": 4, "draft": 4}
 # the acceptance below which MTP drafting costs more than it saves (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md):
 # a request under it pauses drafting (spec.backoff)
 MTP_BREAK_EVEN = 0.5
@@ -77,7 +78,7 @@ class Speculator:
     def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
                  draft: LoadedModel | None = None) -> None:
         self.method = method
-        self.num_tokens = default_num_tokens(method, num_tokens)
+        self.num_tokens = default_num_tokens("assistant" if is_assistant(draft) else method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
         self.draft: DraftProposer | AssistantProposer | None = None
         if method == "draft":
