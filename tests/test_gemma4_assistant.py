@@ -122,6 +122,42 @@ def test_assistant_logits_equal_transformers(files):
         assert diff < F32_BOUND, path
 
 
+def test_centroid_masked_head_equals_transformers(files, tokenizer, tmp_path):
+    """An assistant with `use_ordered_embeddings` (the E2B / E4B checkpoints' head over the top centroids' tokens),
+    from its HF folder: the same logits as transformers', masked entries included; a GGUF (its converter drops the
+    centroids) keeps the whole head."""
+    import shutil
+
+    import transformers
+
+    from converter_cases import GEMMA4, GEMMA4_ASSISTANT, gemma4_init
+
+    t_hf, _, t_gguf, _, _, _ = files
+    vocab = t_hf.config.vocab_size
+    cfg = transformers.Gemma4AssistantConfig(text_config=dict(GEMMA4_ASSISTANT, vocab_size=vocab),
+                                             backbone_hidden_size=GEMMA4["hidden_size"], use_ordered_embeddings=True,
+                                             num_centroids=64, centroid_intermediate_top_k=4)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    hf = transformers.Gemma4AssistantForCausalLM(cfg).float().eval()
+    gemma4_init(hf)
+    with torch.no_grad():
+        hf.masked_embedding.token_ordering.copy_(torch.randperm(vocab))
+    hf.save_pretrained(tmp_path)
+    for f in tokenizer.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    drafts = [9000, 40]
+    ref = reference_drafts(t_hf, hf, PROMPT, drafts)
+    masked = ref == ref.min(dim=-1, keepdim=True).values
+    assert (masked.sum(-1) == vocab - 4 * vocab // 64).all()  # all but the top 4 centroids' 500 tokens
+    lm = load_ours(tmp_path)
+    assert lm.config.head_top_centroids == 4 and lm.model.centroids is not None
+    ours = our_drafts(load_ours(t_gguf).model, lm.model, PROMPT, drafts)
+    assert max_logprob_diff(ours, ref) < F32_BOUND
+    gguf = load_ours(convert(tmp_path, tmp_path.parent / "ordered-assistant.f32.gguf"))
+    assert gguf.config.head_top_centroids == 0 and gguf.model.centroids is None
+
+
 def engines(target_path: Path, assistant_path: Path, dtype: str = "float32", **options) -> tuple[LLM, LLM]:
     """(plain, with the assistant through --speculative auto) over one loaded target."""
     lm = load_ours(target_path, dtype=dtype)

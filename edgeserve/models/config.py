@@ -115,6 +115,9 @@ class ModelConfig:
     # a drafter over another model's K/V (a Gemma 4 assistant, models.archs.gemma4_assistant): that target's hidden
     # size, which its input and output projections have; 0: a model of its own
     backbone_hidden_size: int = 0
+    # its head's centroid mask (E2B / E4B assistants' `use_ordered_embeddings`): logits of the tokens of the top this
+    # many of `masked_embedding`'s centroids only; 0: the whole head
+    head_top_centroids: int = 0
 
     @property
     def is_moe(self) -> bool:

@@ -1,6 +1,7 @@
 """ModelConfig of a Gemma 4 assistant drafter: its `text_config` read as Gemma 4's (archs/gemma4/config.py; a unified
 assistant's under Gemma 4 12B's defaults), every layer reading the target's K/V, no per-layer inputs, no soft-capping
-(the assistant's logits are its head's as they are), and `backbone_hidden_size`, the target's width. GGUF:
+(the assistant's logits are its head's as they are), `backbone_hidden_size`, the target's width, and with
+`use_ordered_embeddings` the centroid mask's top k (`head_top_centroids`). GGUF:
 llama.cpp's `gemma4-assistant.*` keys (its `embedding_length_out` is the target's width)."""
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def config_from_hf(arch: str, cfg: Mapping[str, Any]) -> ModelConfig:
     if text.get("model_type") == "gemma4_unified_text":
         text = {**UNIFIED_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
     text["hidden_size_per_layer_input"] = 0
-    return _drafter(gemma4_config_from_hf(text), arch, int(cfg.get("backbone_hidden_size") or 0))
+    config = _drafter(gemma4_config_from_hf(text), arch, int(cfg.get("backbone_hidden_size") or 0))
+    top = int(cfg.get("centroid_intermediate_top_k") or 32) if cfg.get("use_ordered_embeddings") else 0
+    return replace(config, head_top_centroids=top)
 
 
 def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:

@@ -8,8 +8,12 @@ From transformers' modeling_gemma4_assistant (and llama.cpp's gemma4-assistant g
   hidden = norm(x); logits = embed_tokens(hidden) (tied, no soft-capping); next h = post_projection(hidden)
 Every draft of one round sits at the position of the sequence's last token (the target has not computed it yet);
 the per-layer work is Gemma4Model.layer_stack's, over a view of the target's pool (engine.spec.assistant).
-The HF checkpoints' `masked_embedding` (E2B / E4B: logits of the top centroids' tokens only) is not read: the logits
-are the whole head's, as llama.cpp computes them (its converter drops those tensors).
+An HF checkpoint with `use_ordered_embeddings` (E2B / E4B) computes logits for the tokens of its top
+`centroid_intermediate_top_k` centroids only (`masked_embedding.centroids` scores the hidden state against
+`num_centroids` centroids; `token_ordering` lists each centroid's vocab / num_centroids tokens), the rest set below
+them (each row's lowest - 1; transformers takes the whole batch's lowest, the same for one row): a draft step then
+reads that many rows of the head instead of all. A GGUF from llama.cpp's converter has no such tensors (it drops
+them) and its logits are the whole head's, as llama.cpp computes them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from edgeserve.kernels.quant_linear import LinearWeight
 from edgeserve.models.archs.gemma4.model import Gemma4Layer, Gemma4Model
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.weight_loader import WeightLoader
+from edgeserve.models.weight_loader import WeightLoader, table_rows
 
 TARGETS = ("gemma4", "gemma4_unified")  # the architectures whose K/V an assistant reads
 
@@ -56,7 +60,29 @@ class Gemma4AssistantModel(Gemma4Model):
                     rope_freqs=norm("rope_freqs") if src.has("rope_freqs") else None)
         model.pre_projection = matrix(["pre_projection.weight"])
         model.post_projection = matrix(["post_projection.weight"])
+        if c.head_top_centroids and src.has("masked_embedding.centroids.weight"):
+            model.centroids = matrix(["masked_embedding.centroids.weight"])
+            order = src.get("masked_embedding.token_ordering", keep_int4=False)
+            model.token_ordering = order.to(device=w.device, dtype=torch.long)  # type: ignore[union-attr]
         return model
+
+    centroids: LinearWeight | None = None
+    token_ordering: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [T, vocab]: the whole head's, or with the centroid mask those of the top centroids' tokens
+        (the others each row's lowest - 1)."""
+        if self.centroids is None or self.token_ordering is None:
+            return super().logits(hidden)
+        t, k = hidden.shape[0], self.config.head_top_centroids
+        scores = linear(hidden, self.centroids).float()
+        clusters = self.token_ordering.view(scores.shape[1], -1)
+        ids = clusters[scores.topk(k, dim=-1).indices].reshape(t, -1)  # [T, k * tokens per centroid]
+        rows = table_rows(self.embed, ids.reshape(-1)).view(t, ids.shape[1], -1)
+        picked = torch.bmm(rows, hidden.float()[:, :, None]).squeeze(-1)
+        out = (picked.min(dim=-1, keepdim=True).values - 1.0).expand(t, self.config.vocab_size).contiguous()
+        return out.scatter_(1, ids, picked)
 
     def native_decoder(self) -> None:
         """No fused native stack: the drafter runs per op (each matmul a native kernel on the CPU)."""
