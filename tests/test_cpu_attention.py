@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 BLOCK = 16

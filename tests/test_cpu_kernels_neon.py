@@ -16,8 +16,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, INTERLEAVED, REPACKED, SOURCES
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import FORMATS, INTERLEAVED, REPACKED, SOURCES
 from test_cpu_kernels import GGUF_FORMATS, random_blocks
 
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 
-CPU = Path(cpu_native.__file__).with_name("cpu")
+CPU = Path(cpu_native.__file__).parent
 
 
 @pytest.mark.skipif(cpu_native.compiler() is None, reason="no C compiler")

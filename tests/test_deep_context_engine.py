@@ -8,7 +8,7 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 from edgeserve import LLM, SamplingParams
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.cpu.encoder_attention import attention_library, encoder_attention
 
 pytestmark = pytest.mark.skipif(attention_library(32) is None, reason="needs the native library's AVX-512 build")
 

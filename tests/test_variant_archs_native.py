@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf

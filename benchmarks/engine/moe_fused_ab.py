@@ -77,8 +77,8 @@ def main() -> None:
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     clock = time.perf_counter
     llm = LLM(args.model, kv_cache_gb=0.05)

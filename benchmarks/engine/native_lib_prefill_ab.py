@@ -3,7 +3,7 @@ commit's kernels/cpu/*.c), interleaved in one process over the same loaded model
 
     python benchmarks/engine/native_lib_prefill_ab.py MODEL.gguf --baseline-lib OLD.so [--tokens 1000] [--rounds 5]
 
-Build OLD.so from a commit's sources with the flags of `kernels.cpu_native.build` for this CPU's variant, e.g.
+Build OLD.so from a commit's sources with the flags of `kernels.cpu.native.build` for this CPU's variant, e.g.
 `git show BASE:kernels/cpu/qmatmul.c > base/qmatmul.c` (every .c/.h of kernels/cpu/) then
 `gcc -O3 -shared -fPIC -pthread -std=gnu11 <VARIANT_FLAGS> base/*.c -o OLD.so -lm`. Both libraries must agree on
 the repacked weight layouts (qmm_repack) and the entry points: the model's weights are loaded once, by this
@@ -21,7 +21,7 @@ import statistics
 import time
 
 from edgeserve import LLM, SamplingParams
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.memory import release_large_frees_to_os, reuse_step_buffers
 
 

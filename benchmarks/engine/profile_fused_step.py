@@ -29,7 +29,7 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     checkout's), installed as the process's native library."""
     from pathlib import Path
 
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
 
     variant = cpu_native.best_variant()
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", "-DQMM_PROFILE", *cpu_native.VARIANT_FLAGS[variant]]
@@ -58,9 +58,9 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from edgeserve.bench.random_gguf import random_blocks
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.experts import BlockExperts, ExpertBlocks
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.experts import BlockExperts, ExpertBlocks
 from edgeserve.models.moe import MoEConfig, MoELayer
 
 

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from edgeserve.kernels.cpu_native import best_variant, build, compiler
+from edgeserve.kernels.cpu.native import best_variant, build, compiler
 
 DRIVER = r"""
 #include <math.h>

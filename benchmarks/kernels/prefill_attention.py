@@ -26,7 +26,7 @@ import time
 import torch
 
 from edgeserve.bench.timing import alternate
-from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
+from edgeserve.kernels.cpu.native import _bind, best_variant, load, threads
 
 TEXT = "the quick brown fox jumps over the lazy dog and then " * 600
 

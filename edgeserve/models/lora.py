@@ -74,7 +74,7 @@ class LoraAdapter:
     dtype: torch.dtype = torch.float32  # of every tensor of its pairs
     device: torch.device = torch.device("cpu")
     int8: bool = False  # the native CPU stack reads an int8 copy (a scale per rank row) rather than these pairs
-    native: object = field(default=None, repr=False)  # kernels.cpu_lora's tables, built on first use
+    native: object = field(default=None, repr=False)  # kernels.cpu.lora's tables, built on first use
 
     def prefix_root(self, scale: float) -> bytes:
         """The prefix-cache chain root of a request running this adapter at `scale` (engine.prefix_key)."""

@@ -6,7 +6,7 @@
    (sigmoid-gated or not) added last.
 
    The fused layer stack (layer.c) calls it where a dense layer runs its MLP, and the per-op path
-   (edgeserve.models.moe through kernels.cpu_moe_layer) calls it too, so both are one implementation. Every step
+   (edgeserve.models.moe through kernels.cpu.moe_layer) calls it too, so both are one implementation. Every step
    works on each row on its own in a fixed order, so a token's output does not depend on the batch. */
 
 #include <pthread.h>

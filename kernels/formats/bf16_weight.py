@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from edgeserve.kernels.cpu_native import library, result_buffer
+from edgeserve.kernels.cpu.native import library, result_buffer
 
 _bound: set[int] = set()
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import cpu_native
-from .cpu_native import FORMATS, GGUF_QTYPES, native_format, quantize_activations
-from .host_pages import release_pages
-from .quant_linear import dense_tiles
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import FORMATS, GGUF_QTYPES, native_format, quantize_activations
+from edgeserve.kernels.host_pages import release_pages
+from edgeserve.kernels.formats.quant_linear import dense_tiles
 
 EXPERT_TILE = 16  # rows per dense matmul of the torch path (fixed, for batch invariance)
 

@@ -1,4 +1,4 @@
-"""Gemma 4's dense block in the fused native stack (kernels/cpu/layer.c through kernels.cpu_decoder): the plan.
+"""Gemma 4's dense block in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the plan.
 
 Beside Gemma 3's pieces (Q/K norms, sandwich norms, GELU, sliding layers with their own RoPE tables) a Gemma 4
 layer has its own head size, K/V heads and MLP width, a weightless V norm, attention scale 1, V = K in the 31B's
@@ -15,9 +15,9 @@ import functools
 
 import torch
 
-from . import cpu_native
-from .cpu_decoder import _FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, _qweight, kept_f32_ptr
-from .cpu_native import BlockWeight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, qweight
+from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
 
 
 def _fits(weight, shape: tuple[int, int]) -> bool:
@@ -54,7 +54,7 @@ def build_gemma4(model) -> NativeDecoder | None:
     not in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
-    if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in _FLOATS:
+    if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in FLOATS:
         return None
     w = c.per_layer_input_size
     if not model.layers or (w and (w % 32 or w > c.hidden_size)) or not _layers_fit(model):
@@ -68,7 +68,7 @@ def build_gemma4(model) -> NativeDecoder | None:
         nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
         sliding = layer.window is not None
         out = array[i]
-        out.qkv, out.o, out.gate_up, out.down = (_qweight(m) for m in (layer.qkv, layer.o_proj, layer.gate_up,
+        out.qkv, out.o, out.gate_up, out.down = (qweight(m) for m in (layer.qkv, layer.o_proj, layer.gate_up,
                                                                        layer.down))
         out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
         out.attn_out_norm, out.post_norm = ptr(layer.post_attn_norm), ptr(layer.pre_ffn_norm)
@@ -78,7 +78,7 @@ def build_gemma4(model) -> NativeDecoder | None:
         out.shared, out.k_eq_v = int(layer.shared), int(layer.k_eq_v)
         out.v_norm = ptr(model._v_norm[layer.head_dim])
         if w:
-            out.ple_gate, out.ple_proj, out.ple_norm = _qweight(layer.ple_gate), _qweight(layer.ple_proj), \
+            out.ple_gate, out.ple_proj, out.ple_norm = qweight(layer.ple_gate), qweight(layer.ple_proj), \
                 ptr(layer.ple_norm)
         out.out_scale = 0.0 if layer.scale == 1.0 else layer.scale
     first = layers[0]

@@ -1,7 +1,7 @@
 """Causal depthwise convolution over a flat ragged batch with per-sequence conv states (torch twins, float32), and
 the gated short convolution built on it (LFM2's mixer between its projections).
 
-The batch and states follow kernels.gated_delta: sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] of the step
+The batch and states follow kernels.torch.gated_delta: sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] of the step
 (a `DeltaBatch`) and reads and writes its conv state [K - 1, C] (the last K - 1 inputs, oldest first; zeros for a
 fresh sequence) at `slots[i]` of a pool [num_slots, K - 1, C]. This module knows no model.
 """
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # kernels.gated_delta imports this module
-    from .gated_delta import DeltaBatch
+if TYPE_CHECKING:  # kernels.torch.gated_delta imports this module
+    from edgeserve.kernels.torch.gated_delta import DeltaBatch
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: "DeltaBatch",

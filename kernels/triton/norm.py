@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import next_pow2, tl, triton
+from edgeserve.kernels.triton.runtime import next_pow2, tl, triton
 
 
 @triton.jit

@@ -2,8 +2,8 @@
 depthwise convolution over [x | B | C], the SSD recurrence (a chunked scan for prompts, one step per token for
 decode), the gated group RMSNorm. This module knows no model.
 
-The batch follows kernels.gated_delta: sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] of the step (a
-`DeltaBatch`) and its states at `slots[i]`: conv [K - 1, conv_dim] (kernels.short_conv) and ssm [H, P, N], the
+The batch follows kernels.torch.gated_delta: sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] of the step (a
+`DeltaBatch`) and its states at `slots[i]`: conv [K - 1, conv_dim] (kernels.torch.short_conv) and ssm [H, P, N], the
 recurrence's state per head (P = head_dim values x N = state size). Per head h and token t, with dt the softplus of
 the projected dt plus its bias, A < 0 per head and B, C from head h's group:
     state <- exp(dt * A) * state + dt * x_t B_t^T,    y_t = state C_t + D * x_t.
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .short_conv import causal_conv1d
+from edgeserve.kernels.torch.short_conv import causal_conv1d
 
 if TYPE_CHECKING:
-    from .gated_delta import DeltaBatch
+    from edgeserve.kernels.torch.gated_delta import DeltaBatch
 
 CHUNK = 64  # the chunked scan's chunk length (float32 sums over at most this many positions at once)
 

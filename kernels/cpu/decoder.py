@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cpu_native
-from .cpu_decoder_moe import moe_plans
-from .cpu_lora import step_struct, takes
-from .cpu_native import BlockWeight, _attention_rows, spans_fit_window
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.lora import step_struct, takes
+from edgeserve.kernels.cpu.native import BlockWeight, _attention_rows, kept_f32_ptr, spans_fit_window
 
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
-_FLOATS = (torch.float32, torch.bfloat16)
-_POOLS = (*_FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.kv_quant)
+FLOATS = (torch.float32, torch.bfloat16)
+_POOLS = (*FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.formats.kv_quant)
 # layer.c's cache format argument (kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
 _POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float16: 3}
 
@@ -42,13 +42,13 @@ class Layer(ctypes.Structure):
                 ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
                 ("attn_out_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
                 ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
-                # Gemma 4's (kernels.cpu_decoder_gemma4); zero elsewhere
+                # Gemma 4's (models.archs.gemma4.native_plan); zero elsewhere
                 ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
                 ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
                 ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
                 # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
                 ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
-                # Qwen3.5's gated attention (kernels.cpu_decoder_qwen35); zero elsewhere
+                # Qwen3.5's gated attention (models.archs.qwen35.native_plan); zero elsewhere
                 ("attn_gate", ctypes.c_int32),
                 # gpt-oss's attention sinks and o_proj bias; NULL elsewhere
                 ("sinks", ctypes.c_void_p), ("o_bias", ctypes.c_void_p)]
@@ -74,23 +74,13 @@ class StepPools(ctypes.Structure):
                 ("ple", ctypes.c_void_p), ("recurrent", ctypes.c_void_p)]
 
 
-def _qweight(w: BlockWeight) -> QWeight:
+def qweight(w: BlockWeight) -> QWeight:
     parts = w.kernel_parts()
     out = QWeight()
     out.n_parts = len(parts)
     for i, (fmt, ptr, row_bytes, rows) in enumerate(parts):
         out.fmt[i], out.w[i], out.row_bytes[i], out.rows[i] = fmt, ptr, row_bytes, rows
     return out
-
-
-def kept_f32_ptr(keep: list[torch.Tensor], t: torch.Tensor | None) -> int | None:
-    """The address of `t` as a contiguous float32 tensor that `keep` holds alive for the native decoder (None for
-    None)."""
-    if t is None:
-        return None
-    t = t.detach().to(torch.float32).contiguous()
-    keep.append(t)
-    return t.data_ptr()
 
 
 @dataclass
@@ -107,20 +97,20 @@ class NativeDecoder:
     min_window: int = 0  # the smallest of those windows
     _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
     # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
-    # its `attn` (kernels.cpu_decoder_qwen35.Mixers); None: no such layers
+    # its `attn` (models.archs.qwen35.native_plan.Mixers); None: no such layers
     recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
-    moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu_moe_layer.NativeMoE plans
+    moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu.moe_layer.NativeMoE plans
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
         """The fused plan for a LlamaModel, GemmaModel, MoEModel or GptOssModel, or None when some part of it does
         not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
-        feed-forward that moe_layer.c does not take (kernels.cpu_decoder_moe), attention-logit soft-capping, a head
+        feed-forward that moe_layer.c does not take (kernels.cpu.decoder_moe), attention-logit soft-capping, a head
         size the kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
         layers = model.layers
         lib = cpu_native.library()
-        if lib is None or not layers or model.device.type != "cpu" or model.dtype not in _FLOATS:
+        if lib is None or not layers or model.device.type != "cpu" or model.dtype not in FLOATS:
             return None
         sinks = getattr(model, "sinks", None)  # gpt-oss's, with its o_proj biases (GptOssModel)
         if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
@@ -167,9 +157,9 @@ class NativeDecoder:
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
             window = windows[i] if windows else None
             dense_mlp = moe[i] is None
-            array[i] = Layer(_qweight(layer.qkv), _qweight(layer.o_proj),
-                             _qweight(layer.gate_up) if dense_mlp else QWeight(),
-                             _qweight(layer.down) if dense_mlp else QWeight(), ptr(layer.qkv_bias), ptr(layer.q_norm),
+            array[i] = Layer(qweight(layer.qkv), qweight(layer.o_proj),
+                             qweight(layer.gate_up) if dense_mlp else QWeight(),
+                             qweight(layer.down) if dense_mlp else QWeight(), ptr(layer.qkv_bias), ptr(layer.q_norm),
                              ptr(layer.k_norm), ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
                              ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
                              int(local_layers[i] and local is not None))
@@ -203,7 +193,7 @@ class NativeDecoder:
         tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if _second_pool(pool) else [])
         if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _POOLS:
             return False
-        from .dispatch import backend
+        from edgeserve.kernels.dispatch import backend
 
         return backend() == "auto" and cpu_native.available()
 

@@ -28,18 +28,18 @@ from pathlib import Path
 
 import torch
 
-from .gated_delta import DeltaBatch
-from .kv_quant import q8_row_bytes
-from .paged_attention import span_ends
-from .rope import q_dtype
+from edgeserve.kernels.torch.gated_delta import DeltaBatch
+from edgeserve.kernels.formats.kv_quant import q8_row_bytes
+from edgeserve.kernels.torch.paged_attention import span_ends
+from edgeserve.kernels.torch.rope import q_dtype
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
+SOURCES = [Path(__file__).parent / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
                                                                  "layer.c", "moe.c", "moe_layer.c", "gated_delta.c",
                                                                  "attention_q8.c", "lora.c", "bf16_matmul.c",
                                                                  "encoder_attention.c", "encoder_gelu.c")]
-HEADERS = [Path(__file__).with_name("cpu") / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
+HEADERS = [Path(__file__).parent / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
                                                                  "gdn_layer.h", "simd_exp.h")]
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -400,6 +400,16 @@ def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
     return BlockTensor(twin, out, part.cols)
 
 
+def kept_f32_ptr(keep: list[torch.Tensor], t: torch.Tensor | None) -> int | None:
+    """The address of `t` as a contiguous float32 tensor that `keep` holds alive for the native decoder (None for
+    None)."""
+    if t is None:
+        return None
+    t = t.detach().to(torch.float32).contiguous()
+    keep.append(t)
+    return t.data_ptr()
+
+
 def result_buffer(out: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor:
     """A contiguous float32 [rows, cols] for a native kernel's result: the front of `out` (a caller's reused buffer,
     so a large result takes no fresh pages) where given, else a new tensor."""
@@ -461,7 +471,7 @@ class BlockWeight:
 
     def kernel_parts(self) -> list[tuple[int, int, int, int]]:
         """(format id, data pointer, bytes per row, rows) of each part, as qmm_matmul takes them (also what the
-        fused layer stack, kernels.cpu_decoder, hands to the C side)."""
+        fused layer stack, kernels.cpu.decoder, hands to the C side)."""
         return [(fmt, p.data.data_ptr(), p.data.shape[1], p.data.shape[0]) for fmt, p in zip(self._fmt, self.parts)]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -543,7 +553,7 @@ def spans_fit_window(meta, window: int) -> bool:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
                     lib: ctypes.CDLL | None = None, window: int | None = None,
                     sinks: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.paged_attention's contract) in
+    """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.torch.paged_attention's contract) in
     float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer;
     `sinks`: float32 [H] attention sinks (None returned where the library predates either)."""
     lib = lib or library()
@@ -590,7 +600,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
                         lib: ctypes.CDLL, window: int | None, sinks: torch.Tensor | None) -> torch.Tensor | None:
-    """paged_attention over q8_0 pools (uint8 [blocks, block_size, Hkv, D / 32 * 34], kernels.kv_quant) with
+    """paged_attention over q8_0 pools (uint8 [blocks, block_size, Hkv, D / 32 * 34], kernels.formats.kv_quant) with
     contiguous float32 / bfloat16 q; None where the library predates it."""
     if not hasattr(lib, "qmm_paged_attention_q8"):
         return None
@@ -630,7 +640,7 @@ def _rows(x: torch.Tensor) -> bool:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """kernels.norm.add_rms_norm (residual given) or rms_norm (residual None) in one native pass over 2-D
+    """kernels.torch.norm.add_rms_norm (residual given) or rms_norm (residual None) in one native pass over 2-D
     rows; None when the inputs are not a shape and dtype it takes."""
     lib = library()
     if (lib is None or x.dim() != 2 or not _rows(x) or out_dtype not in _FLOATS or weight.dtype != torch.float32
@@ -647,10 +657,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor | None:
-    """kernels.rope.rope_write_kv in one native pass; None when the inputs are not ones it takes."""
+    """kernels.torch.rope.rope_write_kv in one native pass; None when the inputs are not ones it takes."""
     lib = library()
     dtypes = {q.dtype, k.dtype, v.dtype}
-    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant); q comes back in its own dtype
+    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.formats.kv_quant); q comes back in its own dtype
     if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
             or (k_cache.dtype not in _FLOATS and not ((q8 or k_cache.dtype == torch.float16)
                                                       and hasattr(lib, "qmm_rope_write_kv_fmt")))
@@ -690,7 +700,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor | None:
 
 def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, a: float, b: float,
                     c: float) -> torch.Tensor | None:
-    """kernels.norm.scaled_norm_add in one native pass over float32 rows; None when the inputs are not ones it
+    """kernels.torch.norm.scaled_norm_add in one native pass over float32 rows; None when the inputs are not ones it
     takes."""
     lib = library()
     if (lib is None or not hasattr(lib, "qmm_scaled_norm_add") or x.shape != y.shape or x.dim() != 2
@@ -704,18 +714,18 @@ def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps:
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """kernels.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
+    """kernels.torch.activation.silu_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
     return _gated_mul(gate_up, "qmm_silu_mul")
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """kernels.activation.gelu_tanh_and_mul in one native pass (float32 out); None when the input is not 2-D rows
+    """kernels.torch.activation.gelu_tanh_and_mul in one native pass (float32 out); None when the input is not 2-D rows
     or the library predates it."""
     return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
 
 
 def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor | None:
-    """kernels.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
+    """kernels.torch.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
     rows or the library predates it."""
     return _gated_mul(gate_up, "qmm_swiglu_oai_mul", alpha, limit)
 
@@ -750,7 +760,7 @@ def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
-# Gated DeltaNet (kernels.gated_delta is the twin and documents the batch and state layouts)
+# Gated DeltaNet (kernels.torch.gated_delta is the twin and documents the batch and state layouts)
 GDN_MAX_CONV_KERNEL = 16  # kernels/cpu/gated_delta.c: CONV_MAX_K
 GDN_MAX_HEAD_DIM = 512  # GDN_MAX_DIM
 
@@ -763,7 +773,7 @@ def _slot_pool(state: torch.Tensor) -> bool:
 
 def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
              lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
-    """kernels.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
+    """kernels.torch.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
     it or the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
     lib = lib or library()
     t, c = x.shape
@@ -786,7 +796,7 @@ def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, ba
 def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
              lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
-    """kernels.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
+    """kernels.torch.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
     [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
     contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
     lib = lib or library()
@@ -814,7 +824,7 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
               lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """kernels.gated_delta.delta_gates in one native pass: (g, beta) float32 [T, Hv] from a, b [T, Hv] (float32, unit
+    """kernels.torch.gated_delta.delta_gates in one native pass: (g, beta) float32 [T, Hv] from a, b [T, Hv] (float32, unit
     stride within a row, any row stride: the projection's columns as they are); None when the library predates it
     or the inputs are not ones it takes."""
     lib = lib or library()
@@ -839,7 +849,7 @@ def _heads(x: torch.Tensor) -> bool:
 def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor | None = None,
                   lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """RMSNorm of each head of x [T, H, D] times weight [D] (and silu(z [T, H, D]) when given: the gated RMSNorm
-    of kernels.gated_delta), float32 [T, H, D], read in place whatever the token and head strides; None when the
+    of kernels.torch.gated_delta), float32 [T, H, D], read in place whatever the token and head strides; None when the
     library predates it or the inputs are not ones it takes (float32 heads of unit-stride values, D <= 512)."""
     lib = lib or library()
     t, h, d = x.shape

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
-from .triton_decode_attention import _row_scales
-from .kv_quant import is_fp8
+from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
+from edgeserve.kernels.triton.decode_attention import _row_scales
+from edgeserve.kernels.formats.kv_quant import is_fp8
 
 BLOCK_M = 16
 BLOCK_N = 16
@@ -98,7 +98,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     nb, bs, nkv, _ = k_cache.shape
     t, nh, d = q.shape
-    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.kv_quant)
+    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
     kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
     batch = seq_lens.shape[0]
     if q.stride(-1) != 1:

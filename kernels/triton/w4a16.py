@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
-from .w4a16 import W4A16Weight
+from edgeserve.kernels.triton.runtime import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
+from edgeserve.kernels.formats.w4a16 import W4A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
 

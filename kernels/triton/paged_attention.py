@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .paged_attention import AttentionMetadata
-from .triton_decode_attention import paged_decode_attention
-from .triton_prefill_attention import paged_prefill_attention
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+from edgeserve.kernels.triton.decode_attention import paged_decode_attention
+from edgeserve.kernels.triton.prefill_attention import paged_prefill_attention
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .kv_quant import dequantize_kv, is_quantized, quantize_kv
-from .transfer import to_device
+from edgeserve.kernels.formats.kv_quant import dequantize_kv, is_quantized, quantize_kv
+from edgeserve.kernels.transfer import to_device
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/layer.c through kernels.cpu_decoder): the plan.
+"""Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the plan.
 
 Three of every four layers are Gated DeltaNet: layer.c runs the in_proj matmul (the layer's `qkv` slot), then
 `qmm_gdn_mix` (kernels/cpu/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
@@ -9,7 +9,7 @@ sigmoid(gate). Every norm's 1 + w is folded into its weight at load. The per-op 
 kernels.dispatch) calls the same kernels in the same order, so the two agree bit for bit.
 
 `qwen35moe`'s feed-forwards are Mixture-of-Experts layers (routed experts plus the sigmoid-gated shared expert): each
-enters the stack as its moe_layer.c plan (layer_t.moe, kernels.cpu_decoder_moe.moe_plans), the same struct its per-op
+enters the stack as its moe_layer.c plan (layer_t.moe, kernels.cpu.decoder_moe.moe_plans), the same struct its per-op
 MoELayer runs, and the NativeDecoder keeps the plans alive.
 """
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cpu_native
-from .cpu_decoder import _FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, _qweight, kept_f32_ptr
-from .cpu_decoder_moe import moe_plans
-from .cpu_native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, qweight
+from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
 
 
 class GdnLayer(ctypes.Structure):
@@ -106,7 +106,7 @@ def build_qwen35(model) -> NativeDecoder | None:
     kernels off)."""
     c = model.config
     lib = cpu_native.library()
-    if (lib is None or not hasattr(lib, "qmm_gdn_mix") or model.device.type != "cpu" or model.dtype not in _FLOATS
+    if (lib is None or not hasattr(lib, "qmm_gdn_mix") or model.device.type != "cpu" or model.dtype not in FLOATS
             or not model.layers or c.delta is None):
         return None
     d = c.delta
@@ -126,7 +126,7 @@ def build_qwen35(model) -> NativeDecoder | None:
         if moe[i] is not None:
             out.moe = moe[i].address()
         else:
-            out.gate_up, out.down = _qweight(layer.gate_up), _qweight(layer.down)
+            out.gate_up, out.down = qweight(layer.gate_up), qweight(layer.down)
         out.post_norm = ptr(layer.post_norm)
         out.next_norm = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
         if layer.delta is not None:
@@ -134,10 +134,10 @@ def build_qwen35(model) -> NativeDecoder | None:
             mixers[j] = GdnLayer(d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel,
                                  int(d.tiled), j, w.norm_eps, d.head_k_dim ** -0.5, ptr(w.conv_weight),
                                  ptr(w.A_log), ptr(w.dt_bias), ptr(w.norm_weight))
-            out.qkv, out.o = _qweight(layer.in_proj), _qweight(layer.out_proj)
+            out.qkv, out.o = qweight(layer.in_proj), qweight(layer.out_proj)
             out.mixer = ctypes.addressof(mixers[j])
         else:
-            out.qkv, out.o = _qweight(layer.qkv), _qweight(layer.o_proj)
+            out.qkv, out.o = qweight(layer.qkv), qweight(layer.o_proj)
             out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
             out.attn_gate = 1
     f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)

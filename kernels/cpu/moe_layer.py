@@ -3,7 +3,7 @@ expert matmuls, the weighted slot sum and the shared expert.
 
 `NativeMoE.build(layer)` packs an edgeserve.models.moe.MoELayer whose experts are GGUF blocks on the native kernels
 into moe_layer.c's moe_t once; the per-op path (`MoELayer.forward` / `mix` on the CPU) and the fused layer stack
-(kernels.cpu_decoder, through layer_t.moe) both run that struct, so the two are one implementation.
+(kernels.cpu.decoder, through layer_t.moe) both run that struct, so the two are one implementation.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cpu_native
-from .cpu_decoder import kept_f32_ptr
-from .cpu_native import BlockWeight
-from .experts import BlockExperts
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
+from edgeserve.kernels.formats.experts import BlockExperts
 
 EXPERT_PARTS = 4  # moe_layer.c's limit on the stacked parts of one projection
 ROUTES = {"softmax_topk": 0, "topk_softmax": 1}  # moe_layer.c's ROUTE_*
@@ -69,7 +68,7 @@ def activation_code(spec) -> tuple[int, float, float] | None:
         return ACT_SILU, 0.0, 0.0
     if spec == "gelu_tanh":
         return ACT_GELU_TANH, 0.0, 0.0
-    from .dispatch import swiglu_oai
+    from edgeserve.kernels.dispatch import swiglu_oai
 
     if isinstance(spec, functools.partial) and spec.func is swiglu_oai and not spec.args:
         kw = spec.keywords

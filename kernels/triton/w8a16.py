@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
-from .w8a16 import W8A16Weight
+from edgeserve.kernels.triton.runtime import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
+from edgeserve.kernels.formats.w8a16 import W8A16Weight
 
 GEMV_MAX_M = 4  # up to this many rows the GEMV path; more take the tiled path
 

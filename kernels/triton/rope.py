@@ -2,7 +2,7 @@
 
 One program per (token, head) of q and k together: a q head is rotated into the output, a k head is rotated
 and stored at the token's slot together with the matching v head. A negative slot (a padding token) writes
-nothing to the cache. An fp8 pool (kernels.kv_quant) gets each k and v head row as e4m3 values scaled by
+nothing to the cache. An fp8 pool (kernels.formats.kv_quant) gets each k and v head row as e4m3 values scaled by
 max |row| / 448, the float32 scale in the 4 bytes after the row.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import next_pow2, tl, triton
-from .kv_quant import is_fp8
-from .rope import q_dtype
+from edgeserve.kernels.triton.runtime import next_pow2, tl, triton
+from edgeserve.kernels.formats.kv_quant import is_fp8
+from edgeserve.kernels.torch.rope import q_dtype
 
 
 @triton.jit

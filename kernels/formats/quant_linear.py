@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .transfer import to_device
+from edgeserve.kernels.transfer import to_device
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quant_linear import Q8Blocks
+from edgeserve.kernels.formats.quant_linear import Q8Blocks
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from edgeserve.kernels.cpu_native import library
+from edgeserve.kernels.cpu.native import library
 
 
 

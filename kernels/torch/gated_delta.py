@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .short_conv import causal_conv1d
+from edgeserve.kernels.torch.short_conv import causal_conv1d
 
 L2_EPS = 1e-6  # transformers' l2norm: x / sqrt(sum(x^2) + eps)
 

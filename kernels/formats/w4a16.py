@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
 
 @dataclass

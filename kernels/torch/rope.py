@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from .kv_quant import is_quantized
-from .paged_attention import write_kv
+from edgeserve.kernels.formats.kv_quant import is_quantized
+from edgeserve.kernels.torch.paged_attention import write_kv
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling=None, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

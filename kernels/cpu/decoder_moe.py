@@ -1,10 +1,10 @@
-"""Mixture-of-Experts layers in the fused native stack (kernels/cpu/layer.c through kernels.cpu_decoder): the
+"""Mixture-of-Experts layers in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the
 capability check.
 
-A MoE layer enters the stack as a pointer to its moe_layer.c struct (layer_t.moe, kernels.cpu_moe_layer's
+A MoE layer enters the stack as a pointer to its moe_layer.c struct (layer_t.moe, kernels.cpu.moe_layer's
 NativeMoE), which layer.c runs where a dense layer runs its MLP; the per-op path (models.moe.MoELayer on the CPU)
 runs the same struct, so the two agree bit for bit. Qwen3 MoE and gpt-oss run this way (gpt-oss's attention
-sinks, o_proj biases and sliding layers are layer_t fields kernels.cpu_decoder fills).
+sinks, o_proj biases and sliding layers are layer_t fields kernels.cpu.decoder fills).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .cpu_moe_layer import NativeMoE
+    from edgeserve.kernels.cpu.moe_layer import NativeMoE
 
 
 def moe_plans(model) -> "list[NativeMoE | None] | None":

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import dot_dtype, dot_precision, next_pow2, tl, triton
-from .kv_quant import is_fp8
+from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
+from edgeserve.kernels.formats.kv_quant import is_fp8
 
 BLOCK_N = 16  # tokens per inner step (tl.dot needs >= 16 on the GPU)
 TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split count
@@ -21,7 +21,7 @@ TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split cou
 
 @triton.jit
 def _row_scales(cache_ptr, off, mask, HEAD_DIM: tl.constexpr):
-    """The float32 scales of the fp8 rows at `off` (kernels.kv_quant: 4 bytes after each row's values); 0 masked."""
+    """The float32 scales of the fp8 rows at `off` (kernels.formats.kv_quant: 4 bytes after each row's values); 0 masked."""
     return tl.load((cache_ptr + off + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True), mask=mask, other=0.0)
 
 
@@ -139,7 +139,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """
     nb, bs, nkv, _ = k_cache.shape
     t, nh, d = q.shape
-    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.kv_quant)
+    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
     kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
     batch = seq_lens.shape[0]
     if q.stride(-1) != 1:
