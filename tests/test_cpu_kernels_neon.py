@@ -35,7 +35,7 @@ def builds(tmp_path_factory) -> dict[str, Path]:
     for variant in cpu_native.compilable_variants("aarch64"):
         exe = tmp_path_factory.mktemp(variant) / "harness"
         subprocess.run([CC, "-O2", "-pthread", "-std=gnu11", "-ffp-contract=off", "-static",
-                        *cpu_native.VARIANT_FLAGS[variant], f"-I{SOURCES[0].parent}", str(HARNESS),
+                        *cpu_native.VARIANT_FLAGS[variant], f"-I{cpu_native.INCLUDE}", str(HARNESS),
                         *map(str, SOURCES), "-o", str(exe), "-lm"], check=True)
         out[variant] = exe
     return out

@@ -20,10 +20,11 @@ def test_wheel_layout_and_import(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for expected in ["edgeserve/kernels/formats/quant_linear.py", "edgeserve/loaders/gguf_file.py",
                      "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py",
-                     "edgeserve/server/static/chat.html", "edgeserve/kernels/cpu/qmatmul.c",
-                     "edgeserve/kernels/cpu/pool.c", "edgeserve/kernels/cpu/pool.h", "edgeserve/kernels/cpu/attention.c",
-                     "edgeserve/kernels/cpu/elementwise.c"]:  # the native CPU kernels compile from these
+                     "edgeserve/server/static/chat.html", "edgeserve/kernels/cpu/src/pool.c",
+                     "edgeserve/kernels/cpu/include/pool.h", "edgeserve/kernels/cpu/src/attention.c"]:
         assert expected in names
+    for f in (ROOT / "kernels/cpu").rglob("*.[ch]"):  # the native CPU kernels compile from these, subfolders too
+        assert f"edgeserve/{f.relative_to(ROOT).as_posix()}" in names, f
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
     for f in (ROOT / "edgeserve/server/static").rglob("*"):  # the chat page's files, vendored ones included
         assert not f.is_file() or f.relative_to(ROOT).as_posix() in names, f

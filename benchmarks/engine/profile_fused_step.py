@@ -34,8 +34,9 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     variant = cpu_native.best_variant()
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", "-DQMM_PROFILE", *cpu_native.VARIANT_FLAGS[variant]]
     path = os.path.join(tempfile.mkdtemp(), f"qmatmul-{variant}-profile.so")
-    sources = [Path(source_dir) / p.name if source_dir else p for p in cpu_native.SOURCES]
-    subprocess.run([cpu_native.compiler(), *flags, *map(str, sources), "-o", path, "-lm"], check=True)
+    root = Path(source_dir) if source_dir else cpu_native.CPU_DIR
+    sources = cpu_native.sources(root)
+    subprocess.run([cpu_native.compiler(), *flags, f"-I{root / 'include'}", *map(str, sources), "-o", path, "-lm"], check=True)
     lib = cpu_native._bind(ctypes.CDLL(path))
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     cpu_native._chosen[setting] = lib

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCES = [str(Path(__file__).resolve().parents[2] / "kernels" / "cpu" / n)
-           for n in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
+CPU = Path(__file__).resolve().parents[2] / "kernels" / "cpu"
+SOURCES = [str(p) for p in sorted((CPU / "src").rglob("*.c"))]  # every unit, as the product builds them
 FLAGS = {"scalar": [], "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
          "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
                         "-mavx512vl", "-mavx512vnni"],
@@ -42,7 +42,7 @@ def ptr(a: np.ndarray) -> ctypes.c_void_p:
 def build(variant: str) -> ctypes.CDLL:
     """Compile and load the kernels for `variant`."""
     out = f"/tmp/qmm-check-{variant}.so"
-    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *FLAGS[variant], *SOURCES, "-o", out,
+    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *FLAGS[variant], f"-I{CPU / 'include'}", *SOURCES, "-o", out,
                     "-lm"], check=True)
     lib = ctypes.CDLL(out)
     lib.qmm_variant.restype = ctypes.c_char_p

@@ -35,12 +35,23 @@ from edgeserve.kernels.torch.rope import q_dtype
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / name for name in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c",
-                                                                 "layer.c", "moe.c", "moe_layer.c", "gated_delta.c",
-                                                                 "attention_q8.c", "lora.c", "bf16_matmul.c",
-                                                                 "encoder_attention.c", "encoder_gelu.c")]
-HEADERS = [Path(__file__).parent / name for name in ("pool.h", "qmatmul.h", "kv_q8.h", "half.h",
-                                                                 "gdn_layer.h", "simd_exp.h")]
+CPU_DIR = Path(__file__).parent
+INCLUDE = CPU_DIR / "include"  # one header per C unit (and the shared inline helpers)
+
+
+def sources(root: Path = CPU_DIR) -> list[Path]:
+    """The C units of the native library under `root` (this checkout's kernels/cpu, or another commit's), any
+    subfolder of src/ included."""
+    return sorted((root / "src").rglob("*.c"))
+
+
+def headers(root: Path = CPU_DIR) -> list[Path]:
+    """Every header the units include: include/ and the private ones beside the sources."""
+    return sorted((root / "include").rglob("*.h")) + sorted((root / "src").rglob("*.h"))
+
+
+SOURCES = sources()
+HEADERS = headers()
 # format name -> (id in the C enum, values per block, bytes per block)
 FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q5_0": (2, 32, 22), "Q5_1": (3, 32, 24),
@@ -152,7 +163,8 @@ def _plan(variant: str) -> tuple[str, list[str], Path]:
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *VARIANT_FLAGS[variant]]
     text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
     key = hashlib.sha256(text + " ".join([cc, *flags]).encode()).hexdigest()[:16]
-    return cc, flags, edgeserve_home() / "native" / f"qmatmul-{variant}-{key}.so"
+    # the include folder is not in the key: the same sources build the same library wherever they lie
+    return cc, [*flags, f"-I{INCLUDE}"], edgeserve_home() / "native" / f"qmatmul-{variant}-{key}.so"
 
 
 def is_built(variant: str) -> bool:

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "kv_q8.h" /* the pool formats: KV_F32, KV_BF16, KV_F16 (the q8_0 pools are attention_q8.c's) */
 #include "pool.h"
 #if defined(QMM_AVX2)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gated_delta.h"
 #include "pool.h"
 
 enum { CONV_BLOCK = 64, CONV_TOKENS = 16, CONV_MAX_K = 16, GDN_MAX_DIM = 512 };

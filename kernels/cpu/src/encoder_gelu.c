@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "encoder_gelu.h"
 #include "pool.h"
 #include "simd_exp.h"
 

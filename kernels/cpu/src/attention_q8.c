@@ -15,16 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
+#include "attention_q8.h"
 #include "kv_q8.h"
+#include "qmatmul.h"
 #include "pool.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
 #endif
 
-void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
-void qmm_exp(const float *x, int n, float *out);
-void qmm_attn_combine(const float *part, int64_t stride, int nseg, int D, float *out, float *max_out,
-                      float *total_out);
 
 enum { SEG = 512, ROWS = 8 }; /* SEG: attention.c's KEY_SEGMENT */
 

@@ -14,16 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-int qmm_moe_matmul(int n_parts, const int *fmt, const uint8_t *const *w, const int64_t *expert_bytes,
-                   const int64_t *row_bytes, const int *rows, int K, const int8_t *qa, const float *da,
-                   const int16_t *sa, int n_active, const int *experts, const int *starts, float *out, int64_t ldo);
-int qmm_f32_matmul(const void *x, int is_bf16, int64_t ldx, int T, const float *w, int N, int K, float *out,
-                   int64_t ldo);
-void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
-void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
-void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
-void qmm_swiglu_oai_mul(const void *x, int bf16, int64_t ldx, int T, int F, float alpha, float limit, float *out);
-void qmm_exp(const float *x, int n, float *out);
+#include "attention.h"
+#include "elementwise.h"
+#include "moe.h"
+#include "moe_layer.h"
+#include "qmatmul.h"
 
 enum { EXPERT_PARTS = 4 };
 enum { ROUTE_SOFTMAX_TOPK = 0, ROUTE_TOPK_SOFTMAX = 1 };
@@ -40,7 +35,7 @@ typedef struct {
     const uint8_t *w[EXPERT_PARTS];
 } experts_t;
 
-typedef struct {
+typedef struct moe {
     int32_t n_experts, k, hidden, F; /* F: one expert's intermediate size */
     int32_t route;                   /* ROUTE_* */
     int32_t normalize;               /* renormalize the chosen weights to sum to 1 (softmax_topk) */

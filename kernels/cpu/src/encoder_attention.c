@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "encoder_attention.h"
 #include "pool.h"
 #include "simd_exp.h"
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "moe.h"
 #include "pool.h"
 #include "qmatmul.h"
 

@@ -23,44 +23,14 @@
 
 #include "gdn_layer.h"
 
-/* the kernels this file strings together (qmatmul.c, attention.c, elementwise.c) */
-void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
-void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
-                const int16_t *sa, int M, float *out, int64_t ldo);
-void qmm_paged_attention_from(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
-                              int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                              const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, float scale,
-                              void *out);
-void qmm_add_rms_norm(const void *x, int x_bf16, int64_t ldx, const float *residual, const float *weight, int T, int N,
-                      float eps, float *new_residual, void *out, int out_bf16);
-void qmm_rope_write_kv(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
-                       int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_bf16,
-                       const int64_t *slots, int T, int H, int Hkv, int D, void *q_out);
-void qmm_rope_write_kv_fmt(const void *q, const void *k, const void *v, int in_bf16, int64_t ldq, int64_t ldk,
-                           int64_t ldv, const float *cos, const float *sin, void *k_cache, void *v_cache, int cache_fmt,
-                           const int64_t *slots, int T, int H, int Hkv, int D, void *q_out, int q_bf16);
-int qmm_paged_attention_q8(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
-                           int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                           const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len, const float *sinks,
-                           float scale, void *out);
-void qmm_paged_attention_sinks(const void *q, int q_bf16, int T, int H, int D, const void *k, const void *v,
-                               int kv_bf16, int block_size, int Hkv, const int32_t *tables, int64_t table_stride,
-                               const int32_t *row_seq, const int32_t *row_lo, const int32_t *row_len,
-                               const float *sinks, float scale, void *out);
-void qmm_silu_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
-void qmm_gelu_tanh_mul(const void *x, int bf16, int64_t ldx, int T, int F, float *out);
-void qmm_to_bf16(const float *x, int64_t n, uint16_t *out);
-/* gated_delta.c: Qwen3.5's per-head norms and gated attention output */
-void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z, int64_t ldz, int64_t ldhz, int T,
-                       int H, int D, const float *weight, float eps, float *out);
-void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
-                      float *out);
-/* lora.c: the step's LoRA adapters beside a base matmul (`lora`: its lora_step_t) */
-int qmm_lora_add(const void *lora, int layer, int target, const void *x, int x_bf16, int64_t ldx, int T, int K,
-                  float *out, int64_t ldo, int N);
-/* moe_layer.c: a whole MoE feed-forward (`moe`: its moe_t) */
-int qmm_moe_forward(const void *moe, int T, const void *h, int h_bf16, int64_t ldh, const float *route_w,
-                    const int32_t *route_ids, int with_shared, float *out);
+#include "attention.h"
+#include "attention_q8.h"
+#include "elementwise.h"
+#include "gated_delta.h"
+#include "layer.h"
+#include "lora.h"
+#include "moe_layer.h"
+#include "qmatmul.h"
 
 enum { MAX_PARTS = 4 };
 
@@ -126,7 +96,7 @@ typedef struct {
     const float *o_bias; /* o_proj's bias [hidden] */
 } layer_t;
 
-typedef struct {
+typedef struct decoder {
     int32_t n_layers, hidden, H, Hkv, D, F; /* F: the MLP's intermediate size */
     float eps, scale;
     int32_t act_bf16;        /* normed activations h in bfloat16 (else float32) */
@@ -142,7 +112,7 @@ typedef struct {
 /* One step's K/V: up to two pools (the main one and a sliding-window layers' one), each [layers, blocks,
    block_size, Hkv, D] with its own block tables and slots; layer i lives in pool layer_pool[2i], at its layer
    layer_pool[2i + 1]. */
-typedef struct {
+typedef struct step_pools {
     void *k[2], *v[2];
     int64_t layer_stride[2];
     const int32_t *tables[2];

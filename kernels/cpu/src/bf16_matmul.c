@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_matmul.h"
 #include "pool.h"
 
 enum { BF16_PANEL = 16, BF16_MR = 8 };

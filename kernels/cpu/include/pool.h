@@ -7,3 +7,5 @@ void pool_run(void (*fn)(void *, int), void *ctx, int n_tasks, int parallel);
 
 /* Threads a job runs on: the caller plus the workers. */
 int pool_threads(void);
+/* Use `n` threads (the caller plus n - 1 workers) from now on. */
+void qmm_set_threads(int n);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "pool.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attention.h"
+#include "elementwise.h"
 #include "kv_q8.h"
 #include "pool.h"
 
@@ -224,9 +226,6 @@ typedef struct {
 } silu_t;
 
 enum { SILU_CHUNK = 512 };
-
-/* expf of n values, bit for bit (attention.c: glibc's expf four at a time where the build has AVX2) */
-void qmm_exp(const float *x, int n, float *out);
 
 /* both activations are gate * sigmoid(z): z = gate for SiLU, z = 2 sqrt(2 / pi) (gate + 0.044715 gate^3) for
    GELU's tanh form (0.5 (1 + tanh(u)) = sigmoid(2u)); gate / (1 + expf(-z)) */
