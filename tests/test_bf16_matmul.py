@@ -1,4 +1,4 @@
-"""The native bfloat16 matmul (kernels/cpu/bf16_matmul.c, kernels/formats/bf16_weight.py) against a float64 product of the
+"""The native bfloat16 matmul (kernels/cpu/src/bf16_matmul.c, kernels/formats/bf16_weight.py) against a float64 product of the
 bfloat16-rounded operands: odd shapes (row panels and k-pairs padded), the bias, every tile height, and each row's
 result independent of the batch around it."""
 

@@ -1,4 +1,4 @@
-"""The fused native decoder stack (kernels/cpu/layer.c through kernels.cpu.decoder): one native call per step gives
+"""The fused native decoder stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): one native call per step gives
 the same hidden states and the same K/V pool contents, bit for bit, as the per-op path, for a decode batch of 1
 and of 3 sequences with different context lengths and for prompt chunks mixed with decodes."""
 

@@ -1,4 +1,4 @@
-"""Gemma 4 in the fused native stack (kernels/cpu/layer.c, planned by models.archs.gemma4.native_plan): per-layer head
+"""Gemma 4 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.gemma4.native_plan): per-layer head
 sizes (16 sliding, 32 global) and K/V heads, a weightless V norm, attention scale 1, proportional RoPE, KV-shared
 layers, the E models' per-layer inputs, the layer output scales and the 31B's V = K global layers, in one native
 call per step. On a Q8_0 GGUF at

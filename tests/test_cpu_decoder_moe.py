@@ -1,4 +1,4 @@
-"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/layer.c with moe_layer.c's feed-forward at
+"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/src/layer.c with moe_layer.c's feed-forward at
 layer_t.moe, planned by kernels.cpu.decoder_moe): on a tiny qwen3moe GGUF (Q8_0 matrices, Q4_0 / Q8_0 experts,
 GGUF or repacked layout) at bfloat16 the whole stack runs in one native call per step and gives the per-op path's
 hidden states and K/V pool bit for bit through prompt chunks and decodes; a row's result does not depend on its

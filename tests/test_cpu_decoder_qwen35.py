@@ -1,4 +1,4 @@
-"""Qwen3.5 (dense) in the fused native stack (kernels/cpu/layer.c, planned by models.archs.qwen35.native_plan): Gated
+"""Qwen3.5 (dense) in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.qwen35.native_plan): Gated
 DeltaNet layers over the state pool's slots in place, gated attention with per-head Q/K norms and partial RoPE, in one
 native call per step. On a Q8_0 GGUF it gives the per-op path's hidden states, K/V pool and recurrent states bit for
 bit through prompt chunks and decodes beside other sequences; a row's result does not depend on its batch or on how

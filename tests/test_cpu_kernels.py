@@ -1,4 +1,4 @@
-"""The native CPU matmuls over GGUF blocks (kernels/cpu/qmatmul.c) against a float64 dequantize-then-matmul
+"""The native CPU matmuls over GGUF blocks (kernels/cpu/src/qmm/) against a float64 dequantize-then-matmul
 reference (gguf's own dequantizer), for every format, every SIMD variant this CPU has plus the portable one,
 odd shapes and batches of 1 to 65; and that the library really builds where a compiler exists."""
 

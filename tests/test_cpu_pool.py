@@ -1,4 +1,4 @@
-"""The native kernels' thread pool (kernels/cpu/pool.c) under a stress harness: every task of every job runs
+"""The native kernels' thread pool (kernels/cpu/src/pool.c) under a stress harness: every task of every job runs
 exactly once, on its own job's context, before pool_run returns."""
 
 from __future__ import annotations

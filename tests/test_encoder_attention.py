@@ -1,4 +1,4 @@
-"""The encoders' native attention (kernels/cpu/encoder_attention.c) against torch's scaled_dot_product_attention
+"""The encoders' native attention (kernels/cpu/src/encoder_attention.c) against torch's scaled_dot_product_attention
 under the same right-padding mask, batch invariance, and BertEncoder's use of it beside native matmuls."""
 
 from __future__ import annotations

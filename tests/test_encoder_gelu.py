@@ -1,4 +1,4 @@
-"""The encoders' native bias + GELU (kernels/cpu/encoder_gelu.c) against torch's exact (erf) GELU, and BertEncoder
+"""The encoders' native bias + GELU (kernels/cpu/src/encoder_gelu.c) against torch's exact (erf) GELU, and BertEncoder
 using it for the feed-forward up projection beside native matmuls."""
 
 from __future__ import annotations

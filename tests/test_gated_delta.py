@@ -1,4 +1,4 @@
-"""Gated DeltaNet (kernels.torch.gated_delta, kernels/cpu/gated_delta.c): the recurrent and chunked forms of the gated
+"""Gated DeltaNet (kernels.torch.gated_delta, kernels/cpu/src/gated_delta.c): the recurrent and chunked forms of the gated
 delta rule and the ragged causal conv agree with float64 references written here token by token; a state carried
 across any split of a sequence equals one pass; a ragged batch equals its sequences alone; bad batches are
 refused; the native kernels match the twins for every variant this CPU runs; and the whole layer matches

@@ -1,4 +1,4 @@
-"""The q8_0 KV cache kernels (kernels/cpu/kv_q8.h, attention_q8.c) in every native variant: the K/V write gives
+"""The q8_0 KV cache kernels (kernels/cpu/include/kv_q8.h, attention_q8.c) in every native variant: the K/V write gives
 ggml's q8_0 bytes (kernels.formats.kv_quant is the reference), attention over q8_0 pools matches a float64 reference on
 random K/V with odd lengths and block boundaries (plain, sliding window, sinks, split across key segments), and a
 row's bits do not depend on the batch or the chunking."""

@@ -356,7 +356,7 @@ def _block_shared(hidden: int, f: int, seed: int) -> SharedExpert:
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_native_layer_call_matches_the_torch_path(name: str, activation: str):
-    """MoELayer's one native call (kernels/cpu/moe_layer.c: router + bias, routing, grouping, expert matmuls and
+    """MoELayer's one native call (kernels/cpu/src/moe_layer.c: router + bias, routing, grouping, expert matmuls and
     biases, SiLU or gpt-oss's clamped SwiGLU, the slot sum, a block-weight shared expert with its sigmoid gate) gives
     the torch path's output around the same grouped matmuls, up to float rounding, with its own routing and with a
     routing handed in (`mix`); its rows do not depend on the batch."""

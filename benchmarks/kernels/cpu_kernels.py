@@ -1,4 +1,4 @@
-"""Native quantized GEMV/GEMM (kernels/cpu/qmatmul.c) against torch's CPU int4 and bf16 matmuls, side by side.
+"""Native quantized GEMV/GEMM (kernels/cpu/src/qmm/) against torch's CPU int4 and bf16 matmuls, side by side.
 
     python benchmarks/kernels/cpu_kernels.py [--shape 8192x2048] [--batch 1,8,64] [--reps 9] [--single-thread]
         [--baseline-lib OLD.so]

@@ -1,4 +1,4 @@
-"""Gated DeltaNet on the CPU: the native kernels (kernels/cpu/gated_delta.c) against the torch twins
+"""Gated DeltaNet on the CPU: the native kernels (kernels/cpu/src/gated_delta.c) against the torch twins
 (kernels.torch.gated_delta), per layer call, at Qwen3.5 shapes (default: 16 key heads, 32 value heads, 128 x 128 state,
 conv kernel 4).
 

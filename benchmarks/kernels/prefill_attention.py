@@ -1,4 +1,4 @@
-"""Native paged attention (kernels/cpu/attention.c) over prompt chunks and decode rows, this checkout against a
+"""Native paged attention (kernels/cpu/src/attention.c) over prompt chunks and decode rows, this checkout against a
 library built from another commit, side by side, with a bit-for-bit check of every output.
 
     python benchmarks/kernels/prefill_attention.py --baseline-lib OLD.so [--heads 9 --kv-heads 3 --head-dim 64]

@@ -7,7 +7,7 @@ BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step
 each once for all the rows routed to it (kernels.formats.experts.ExpertGroups). A token's output does not depend on what
 else is in the step: routing is per row, expert rows are computed on their own, and a token's expert outputs are
 summed in its own slot order. On the CPU, with block-format experts, the whole layer is one native call
-(kernels.cpu.moe_layer, kernels/cpu/moe_layer.c), the same one the fused native layer stack makes.
+(kernels.cpu.moe_layer, kernels/cpu/src/moe_layer.c), the same one the fused native layer stack makes.
 
 A layer whose experts stay in host memory (`experts_on_host`, --cpu-moe-layers, edgeserve.models.cpu_moe) routes
 on the model's device, copies the routed rows to the host (pinned, non-blocking), runs the experts there on the

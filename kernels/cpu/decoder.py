@@ -1,4 +1,4 @@
-"""The whole Llama-family decoder stack in one native call (kernels/cpu/layer.c) for a flat batch on the CPU.
+"""The whole Llama-family decoder stack in one native call (kernels/cpu/src/layer.c) for a flat batch on the CPU.
 
 `NativeDecoder.build(model)` decides once, when the model's weights all stay in GGUF block formats on the native
 kernels, and packs every layer's weight pointers into C structs; `forward` then runs a step with one ctypes
@@ -23,7 +23,7 @@ from edgeserve.kernels.cpu.native import BlockWeight, _attention_rows, kept_f32_
 MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
 FLOATS = (torch.float32, torch.bfloat16)
 _POOLS = (*FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.formats.kv_quant)
-# layer.c's cache format argument (kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
+# layer.c's cache format argument (kernels/cpu/include/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
 _POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float16: 3}
 
 
@@ -177,7 +177,7 @@ class NativeDecoder:
 
     def takes_lora(self, step) -> bool:
         """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
-        (kernels/cpu/lora.c)."""
+        (kernels/cpu/src/lora.c)."""
         return hasattr(self.lib, "qmm_lora_add") and takes(step)
 
     def runs(self, attn: object) -> bool:
@@ -209,7 +209,7 @@ class NativeDecoder:
                 per_layer: torch.Tensor | None = None) -> torch.Tensor:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
         stream); returns the final-normed hidden states [T, hidden] in the compute dtype. `lora`: the step's
-        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/lora.c); `per_layer`:
+        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/src/lora.c); `per_layer`:
         Gemma 4's per-layer inputs [T, layers, width] (float32), where the plan has them."""
         meta, pool = attn.meta, attn.pool
         t = x.shape[0]

@@ -1,4 +1,4 @@
-"""Mixture-of-Experts layers in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the
+"""Mixture-of-Experts layers in the fused native stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): the
 capability check.
 
 A MoE layer enters the stack as a pointer to its moe_layer.c struct (layer_t.moe, kernels.cpu.moe_layer's

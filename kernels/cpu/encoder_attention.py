@@ -1,4 +1,4 @@
-"""Bidirectional attention of an encoder's padded batch on the native pool (kernels/cpu/encoder_attention.c): the
+"""Bidirectional attention of an encoder's padded batch on the native pool (kernels/cpu/src/encoder_attention.c): the
 native twin of `F.scaled_dot_product_attention` under a right-padding key mask, for encoders whose matmuls already
 run on the native pool (torch's own ops there run on one thread, so its attention would too): text encoders and the
 vision towers (edgeserve/vision/vit.py; the keys are walked in blocks, so thousands of patches stay in cache)."""

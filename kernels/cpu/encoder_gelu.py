@@ -1,5 +1,5 @@
 """An encoder's feed-forward bias + GELU (erf form, or the tanh form of SigLIP's towers) in one native pass, in place
-(kernels/cpu/encoder_gelu.c; AVX-512 builds): torch's `F.gelu(y + b)` (`approximate="tanh"`) within 1e-6, without
+(kernels/cpu/src/encoder_gelu.c; AVX-512 builds): torch's `F.gelu(y + b)` (`approximate="tanh"`) within 1e-6, without
 its two passes and the sum's allocation."""
 
 from __future__ import annotations

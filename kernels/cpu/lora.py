@@ -1,4 +1,4 @@
-"""A step's LoRA adapters as kernels/cpu/lora.c's structs, for the fused native decoder stack (cpu_decoder).
+"""A step's LoRA adapters as kernels/cpu/src/lora.c's structs, for the fused native decoder stack (cpu_decoder).
 
 An adapter's float32 / bfloat16 pairs are read in place; with `LoraAdapter.int8` the stack reads an int8 copy
 instead (one float32 scale per rank row of A and of each part's B^T, B^T in panels of PANEL columns), half the bytes

@@ -1,4 +1,4 @@
-"""A Mixture-of-Experts feed-forward as one native call (kernels/cpu/moe_layer.c): router, routing, the grouped
+"""A Mixture-of-Experts feed-forward as one native call (kernels/cpu/src/moe_layer.c): router, routing, the grouped
 expert matmuls, the weighted slot sum and the shared expert.
 
 `NativeMoE.build(layer)` packs an edgeserve.models.moe.MoELayer whose experts are GGUF blocks on the native kernels

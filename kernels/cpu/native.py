@@ -1,5 +1,5 @@
-"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/qmatmul.c), paged attention
-(kernels/cpu/attention.c) and Gated DeltaNet (kernels/cpu/gated_delta.c), compiled on first use and cached.
+"""Native CPU kernels: matmuls over GGUF block formats (kernels/cpu/src/qmm/), paged attention
+(kernels/cpu/src/attention.c) and Gated DeltaNet (kernels/cpu/src/gated_delta.c), compiled on first use and cached.
 
 The C sources are built with the system C compiler into `<edgeserve home>/native/` under a name keyed by the
 source's hash, the variant and the compiler, and loaded with ctypes. The variant follows the CPU's flags:
@@ -247,7 +247,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
                                                   ctypes.c_float, p]
         lib.qmm_paged_attention_sinks.restype = None
-    if hasattr(lib, "qmm_paged_attention_q8"):  # the q8_0 KV cache (kernels/cpu/attention_q8.c)
+    if hasattr(lib, "qmm_paged_attention_q8"):  # the q8_0 KV cache (kernels/cpu/src/attention_q8.c)
         lib.qmm_paged_attention_q8.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, p, i64, p, p, p, p,
                                                ctypes.c_float, p]
         lib.qmm_paged_attention_q8.restype = i32
@@ -259,7 +259,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_moe_matmul.restype = i32
         lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
         lib.qmm_f32_matmul.restype = i32
-    if hasattr(lib, "qmm_moe_forward"):  # the whole MoE feed-forward (kernels/cpu/moe_layer.c)
+    if hasattr(lib, "qmm_moe_forward"):  # the whole MoE feed-forward (kernels/cpu/src/moe_layer.c)
         lib.qmm_moe_forward.argtypes = [p, i32, p, i32, i64, p, p, i32, p]
         lib.qmm_moe_forward.restype = i32
         lib.qmm_moe_release.argtypes = []
@@ -581,7 +581,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q.contiguous()
     if k_cache.dtype == torch.uint8:
         return _paged_attention_q8(q, k_cache, v_cache, meta, scale, lib, window, sinks)
-    kv_bf16 = _KV_FORMAT.get(k_cache.dtype)  # the pools' format (kernels/cpu/kv_q8.h)
+    kv_bf16 = _KV_FORMAT.get(k_cache.dtype)  # the pools' format (kernels/cpu/include/kv_q8.h)
     if kv_bf16 is None or v_cache.dtype != k_cache.dtype:
         k_cache, v_cache, kv_bf16 = k_cache.float(), v_cache.float(), 0
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # no-ops for the engine's pool
@@ -639,7 +639,7 @@ def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 _FLOATS = (torch.float32, torch.bfloat16)
-# kernels/cpu/kv_q8.h's float pool formats (KV_F32, KV_BF16, KV_F16; KV_Q8_0 is 2): the attention reads these pools
+# kernels/cpu/include/kv_q8.h's float pool formats (KV_F32, KV_BF16, KV_F16; KV_Q8_0 is 2): the attention reads these pools
 _KV_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 3}
 
 
@@ -691,7 +691,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                               v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1],
                               d, out.data_ptr())
         return out
-    fmt = 2 if q8 else _KV_FORMAT[k_cache.dtype]  # kernels/cpu/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16
+    fmt = 2 if q8 else _KV_FORMAT[k_cache.dtype]  # kernels/cpu/include/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16
     lib.qmm_rope_write_kv_fmt(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
                               k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                               v_cache.data_ptr(), fmt, slots.data_ptr(), t, h, k.shape[1], d, out.data_ptr(),
@@ -773,7 +773,7 @@ def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
 
 
 # Gated DeltaNet (kernels.torch.gated_delta is the twin and documents the batch and state layouts)
-GDN_MAX_CONV_KERNEL = 16  # kernels/cpu/gated_delta.c: CONV_MAX_K
+GDN_MAX_CONV_KERNEL = 16  # kernels/cpu/src/gated_delta.c: CONV_MAX_K
 GDN_MAX_HEAD_DIM = 512  # GDN_MAX_DIM
 
 

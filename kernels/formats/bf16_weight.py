@@ -1,4 +1,4 @@
-"""A 16-bit (F16 / BF16) weight matrix multiplied in bfloat16 by the native kernel (kernels/cpu/bf16_matmul.c) on
+"""A 16-bit (F16 / BF16) weight matrix multiplied in bfloat16 by the native kernel (kernels/cpu/src/bf16_matmul.c) on
 the native thread pool, on CPUs with AVX-512 BF16 dot products.
 
 The weight is rounded to bfloat16 and packed once; each matmul rounds its float32 activations to bfloat16 (as

@@ -1,4 +1,4 @@
-"""The quantized KV cache formats in torch: q8_0 (the reference the native kernels, kernels/cpu/kv_q8.h, are held
+"""The quantized KV cache formats in torch: q8_0 (the reference the native kernels, kernels/cpu/include/kv_q8.h, are held
 to) and fp8 (the reference the Triton kernels are held to); the twins the torch paths use.
 
 A pool in q8_0 is uint8 [..., D / 32 * 34]: each head row of D values (D a multiple of 32) is D / 32 blocks laid

@@ -13,7 +13,7 @@
    moe_layer.c's whole feed-forward where the dense MLP would; gpt-oss adds attention sinks and an o_proj bias.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of
-   edgeserve/models/llama.py (qmatmul.c, attention.c, elementwise.c), so its results are bit for bit those of
+   edgeserve/models/llama.py (qmm/, attention.c, elementwise.c), so its results are bit for bit those of
    that path; what it saves is the Python, ctypes and allocator work around every one of those kernels. Every
    kernel computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
 

@@ -4,7 +4,7 @@
 
    The tasks are (active expert, part, chunk of weight rows); the pool's threads take them from one counter, so
    the experts of a decode step (a row or two each) run side by side instead of one small matmul after another.
-   Each task is qmatmul.c's own task (qmm_rows) over the expert's contiguous activation rows, so every output is
+   Each task is qmm/matmul.c's own task (qmm_rows) over the expert's contiguous activation rows, so every output is
    the same bits as a per-expert qmm_matmul gives, whatever the batch or the thread count. */
 
 #include <stdint.h>

@@ -1,4 +1,4 @@
-"""Gemma 4's dense block in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the plan.
+"""Gemma 4's dense block in the fused native stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): the plan.
 
 Beside Gemma 3's pieces (Q/K norms, sandwich norms, GELU, sliding layers with their own RoPE tables) a Gemma 4
 layer has its own head size, K/V heads and MLP width, a weightless V norm, attention scale 1, V = K in the 31B's

@@ -143,7 +143,7 @@ class GptOssWeights:
 class GptOssModel(LlamaModel):
     """gpt-oss over flat token batches (same interface as LlamaModel). On the CPU with block-format weights its
     steps run in the fused native stack (kernels.cpu.decoder: sinks, o_proj biases, sliding layers and the MoE
-    layer of kernels/cpu/moe_layer.c); elsewhere, the per-op path below, which calls the same kernels."""
+    layer of kernels/cpu/src/moe_layer.c); elsewhere, the per-op path below, which calls the same kernels."""
 
     o_biases: list[torch.Tensor]
     sinks: list[torch.Tensor]

@@ -1,7 +1,7 @@
-"""Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/layer.c through kernels.cpu.decoder): the plan.
+"""Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): the plan.
 
 Three of every four layers are Gated DeltaNet: layer.c runs the in_proj matmul (the layer's `qkv` slot), then
-`qmm_gdn_mix` (kernels/cpu/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
+`qmm_gdn_mix` (kernels/cpu/src/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
 RMSNorm over each sequence's conv and recurrent states, read and written in place in the engine's state pool), then
 out_proj (its `o` slot). The others are gated full attention: [q | gate] per head from one projection, Q/K RMSNorm per
 head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), paged attention, the output times
@@ -28,7 +28,7 @@ from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, 
 
 
 class GdnLayer(ctypes.Structure):
-    """kernels/cpu/gdn_layer.h's gdn_layer_t: one Gated DeltaNet layer's sizes and small weights."""
+    """kernels/cpu/include/gdn_layer.h's gdn_layer_t: one Gated DeltaNet layer's sizes and small weights."""
 
     _fields_ = [("Hk", ctypes.c_int32), ("Hv", ctypes.c_int32), ("Dk", ctypes.c_int32), ("Dv", ctypes.c_int32),
                 ("K", ctypes.c_int32), ("tiled", ctypes.c_int32), ("index", ctypes.c_int32), ("eps", ctypes.c_float),
@@ -37,7 +37,7 @@ class GdnLayer(ctypes.Structure):
 
 
 class GdnStep(ctypes.Structure):
-    """kernels/cpu/gdn_layer.h's gdn_step_t: one step's state pools and ragged batch (StepPools.recurrent)."""
+    """kernels/cpu/include/gdn_layer.h's gdn_step_t: one step's state pools and ragged batch (StepPools.recurrent)."""
 
     _fields_ = [("conv", ctypes.c_void_p), ("conv_slot_stride", ctypes.c_int64),
                 ("conv_layer_stride", ctypes.c_int64), ("state", ctypes.c_void_p),
