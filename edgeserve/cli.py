@@ -626,7 +626,7 @@ def start_native_build(device: str, cpu_moe_layers: object, say_it: bool = True)
 
     def work() -> None:
         if resolve_device(device).type == "cpu" or cpu_moe_layers is not None:
-            from edgeserve.kernels import cpu_native
+            from edgeserve.kernels.cpu import native as cpu_native
 
             cpu_native.prebuild(say)
 

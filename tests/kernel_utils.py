@@ -16,8 +16,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from edgeserve.kernels._triton import HAS_TRITON, interpreting  # noqa: E402
-from edgeserve.kernels.paged_attention import AttentionMetadata  # noqa: E402
+from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting  # noqa: E402
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 from kernel_utils import DEVICES, assert_close, kernel_device, paged_batch
 
-from edgeserve.kernels import cpu_native, dispatch
-from edgeserve.kernels.paged_attention import AttentionMetadata
-from edgeserve.kernels.paged_attention import paged_attention as twin
+from edgeserve.kernels.cpu import native as cpu_native
+
+from edgeserve.kernels import dispatch
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+from edgeserve.kernels.torch.paged_attention import paged_attention as twin
 from edgeserve.models.attention import causal_attention
 
 # (query_lens, seq_lens, block_size): decodes, a fresh prompt and a chunk after a cached prefix, a block-boundary
@@ -185,7 +187,7 @@ def test_triton_decode_splits_count_the_sink_once(device, tokens_per_split):
 
     device = kernel_device(device)
     # after the skip: a Triton kernel module needs triton to import
-    from edgeserve.kernels.triton_decode_attention import paged_decode_attention
+    from edgeserve.kernels.triton.decode_attention import paged_decode_attention
     q, k, v, meta = case("decode", 8, 1, 64, device=device)
     sinks = sinks_for(8).to(device)
     got = paged_decode_attention(q, k, v, meta.query_start_loc, meta.seq_lens, meta.block_tables, meta.max_seq_len,

@@ -1,4 +1,4 @@
-"""The native bfloat16 matmul (kernels/cpu/bf16_matmul.c, kernels/bf16_weight.py) against a float64 product of the
+"""The native bfloat16 matmul (kernels/cpu/src/bf16_matmul.c, kernels/formats/bf16_weight.py) against a float64 product of the
 bfloat16-rounded operands: odd shapes (row panels and k-pairs padded), the bias, every tile height, and each row's
 result independent of the batch around it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight, bf16_library
 
 pytestmark = pytest.mark.skipif(bf16_library() is None, reason="needs the native library on a CPU with AVX-512 BF16")
 

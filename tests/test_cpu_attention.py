@@ -1,4 +1,4 @@
-"""The native paged attention (kernels/cpu/attention.c): a prompt chunk's rows, computed a block of rows at a time,
+"""The native paged attention (kernels/cpu/src/attention.c): a prompt chunk's rows, computed a block of rows at a time,
 give the bits each row gets alone (as a decode row) and under any other chunking or batch, for the head layouts the
 blocked path takes (GQA groups of 1 to 8, head sizes that are and are not multiples of 16) and for the per-row
 path it leaves to the others; both stay close to a float64 reference; and the softmax's vectorized exp keeps
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 BLOCK = 16
@@ -23,7 +23,7 @@ def lib(request):
     return cpu_native.load(request.param)
 
 
-# kernels/cpu/kv_q8.h's pool formats
+# kernels/cpu/include/kv_q8.h's pool formats
 POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 3}
 
 

@@ -1,4 +1,4 @@
-"""The fused native decoder stack (kernels/cpu/layer.c through kernels.cpu_decoder): one native call per step gives
+"""The fused native decoder stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): one native call per step gives
 the same hidden states and the same K/V pool contents, bit for bit, as the per-op path, for a decode batch of 1
 and of 3 sequences with different context lengths and for prompt chunks mixed with decodes."""
 
@@ -9,9 +9,9 @@ import torch
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 

@@ -1,4 +1,4 @@
-"""Gemma 3 in the fused native stack (kernels/cpu/layer.c): Q/K norms, sandwich norms, GELU, sliding-window layers
+"""Gemma 3 in the fused native stack (kernels/cpu/src/layer.c): Q/K norms, sandwich norms, GELU, sliding-window layers
 with their own RoPE base, in one native call per step. On a Q8_0 GGUF at bfloat16 it gives the per-op path's hidden
 states and K/V pool bit for bit, through prompt chunks and decodes that run past the window; the engine generates
 the same tokens with it as without it, with the sliding layers in their own window pool and in the main one."""
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf

@@ -1,4 +1,4 @@
-"""Gemma 4 in the fused native stack (kernels/cpu/layer.c, planned by kernels.cpu_decoder_gemma4): per-layer head
+"""Gemma 4 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.gemma4.native_plan): per-layer head
 sizes (16 sliding, 32 global) and K/V heads, a weightless V norm, attention scale 1, proportional RoPE, KV-shared
 layers, the E models' per-layer inputs, the layer output scales and the 31B's V = K global layers, in one native
 call per step. On a Q8_0 GGUF at
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_native import BlockWeight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.cpu.native import BlockWeight
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf
@@ -102,7 +102,7 @@ def test_gemma4_chunked_prompt_equals_whole_through_the_engine(tmp_path, monkeyp
 
 def test_per_layer_input_mix_native_matches_its_torch_twin():
     """kernels' scaled_norm_add (Gemma 4's per-layer inputs, one native pass on CPU) against its torch twin."""
-    from edgeserve.kernels import norm
+    from edgeserve.kernels.torch import norm
     from edgeserve.kernels.dispatch import scaled_norm_add
 
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
-"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/layer.c with moe_layer.c's feed-forward at
-layer_t.moe, planned by kernels.cpu_decoder_moe): on a tiny qwen3moe GGUF (Q8_0 matrices, Q4_0 / Q8_0 experts,
+"""Qwen3 MoE and gpt-oss in the fused native stack (kernels/cpu/src/layer.c with moe_layer.c's feed-forward at
+layer_t.moe, planned by kernels.cpu.decoder_moe): on a tiny qwen3moe GGUF (Q8_0 matrices, Q4_0 / Q8_0 experts,
 GGUF or repacked layout) at bfloat16 the whole stack runs in one native call per step and gives the per-op path's
 hidden states and K/V pool bit for bit through prompt chunks and decodes; a row's result does not depend on its
 batch; the engine's greedy tokens are the same fused and per-op, chunked and whole. gpt-oss (MXFP4 experts with
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.experts import BlockExperts
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.formats.experts import BlockExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf

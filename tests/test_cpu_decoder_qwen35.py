@@ -1,4 +1,4 @@
-"""Qwen3.5 (dense) in the fused native stack (kernels/cpu/layer.c, planned by kernels.cpu_decoder_qwen35): Gated
+"""Qwen3.5 (dense) in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.qwen35.native_plan): Gated
 DeltaNet layers over the state pool's slots in place, gated attention with per-head Q/K norms and partial RoPE, in one
 native call per step. On a Q8_0 GGUF it gives the per-op path's hidden states, K/V pool and recurrent states bit for
 bit through prompt chunks and decodes beside other sequences; a row's result does not depend on its batch or on how
@@ -17,9 +17,9 @@ import torch
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.kv_format import Q8_0
 from edgeserve.engine.state_pool import StepStates
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_decoder_qwen35 import build_qwen35
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.models.archs.qwen35.native_plan import build_qwen35
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.llm import LLM
 from edgeserve.loaders.gguf_file import GGUFFile

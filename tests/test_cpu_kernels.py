@@ -1,4 +1,4 @@
-"""The native CPU matmuls over GGUF blocks (kernels/cpu/qmatmul.c) against a float64 dequantize-then-matmul
+"""The native CPU matmuls over GGUF blocks (kernels/cpu/src/qmm/) against a float64 dequantize-then-matmul
 reference (gguf's own dequantizer), for every format, every SIMD variant this CPU has plus the portable one,
 odd shapes and batches of 1 to 65; and that the library really builds where a compiler exists."""
 
@@ -13,8 +13,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, GGUF_QTYPES, INTERLEAVED, REPACKED, BlockTensor, BlockWeight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import FORMATS, GGUF_QTYPES, INTERLEAVED, REPACKED, BlockTensor, BlockWeight
 
 GGUF_FORMATS = sorted(GGUF_QTYPES)  # the _R8 / _X8 layouts are made by repacking
 
@@ -254,8 +254,8 @@ def test_disabled_by_environment(monkeypatch):
 
 
 def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
-    from edgeserve.kernels.paged_attention import AttentionMetadata
-    from edgeserve.kernels.paged_attention import paged_attention as twin
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import paged_attention as twin
 
     torch.manual_seed(0)
     bs, hkv, heads, d = 4, 2, 6, 32
@@ -275,7 +275,9 @@ def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
 
 
 def test_fused_elementwise_kernels_match_the_twins():
-    from edgeserve.kernels import activation, norm, rope
+    from edgeserve.kernels.torch import activation
+    from edgeserve.kernels.torch import norm
+    from edgeserve.kernels.torch import rope
 
     torch.manual_seed(1)
     x, res, w = torch.randn(5, 64).bfloat16(), torch.randn(5, 64), torch.randn(64)
@@ -308,9 +310,9 @@ def test_rope_write_kv_and_attention_over_an_f16_pool_match_the_twins():
     """The CPU's default KV cache beside bf16 compute: bf16 q, k, v rotated in float32, K and V stored as float16
     (V exactly the twin's cast), q returned float32; the attention over that pool takes float32 queries and gives
     the twin's result."""
-    from edgeserve.kernels import rope
-    from edgeserve.kernels.paged_attention import AttentionMetadata
-    from edgeserve.kernels.paged_attention import paged_attention as twin
+    from edgeserve.kernels.torch import rope
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import paged_attention as twin
 
     torch.manual_seed(2)
     qkv = torch.randn(3, 4 * 16).bfloat16()

@@ -1,4 +1,4 @@
-"""The ARM NEON variants of the native matmuls (kernels/cpu/qmatmul.c, -DQMM_NEON), checked from an x86 machine:
+"""The ARM NEON variants of the native matmuls (kernels/cpu/src/qmm/, -DQMM_NEON), checked from an x86 machine:
 cross-compiled with an aarch64 C compiler and run under qemu's user-mode emulator, against the portable build of
 the same sources for aarch64 (the same integer sums, so the same bits) and a float64 reference, every format,
 batch invariance included. On an ARM machine tests/test_cpu_kernels.py runs these variants natively instead.
@@ -16,8 +16,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, INTERLEAVED, REPACKED, SOURCES
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import FORMATS, INTERLEAVED, REPACKED, SOURCES
 from test_cpu_kernels import GGUF_FORMATS, random_blocks
 
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
@@ -35,7 +35,7 @@ def builds(tmp_path_factory) -> dict[str, Path]:
     for variant in cpu_native.compilable_variants("aarch64"):
         exe = tmp_path_factory.mktemp(variant) / "harness"
         subprocess.run([CC, "-O2", "-pthread", "-std=gnu11", "-ffp-contract=off", "-static",
-                        *cpu_native.VARIANT_FLAGS[variant], f"-I{SOURCES[0].parent}", str(HARNESS),
+                        *cpu_native.VARIANT_FLAGS[variant], f"-I{cpu_native.INCLUDE}", str(HARNESS),
                         *map(str, SOURCES), "-o", str(exe), "-lm"], check=True)
         out[variant] = exe
     return out

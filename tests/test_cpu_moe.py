@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from edgeserve.errors import EdgeserveError
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.experts import BlockExperts, DenseExperts
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models import moe as moe_module

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_llama
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import BlockWeight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import BlockWeight
 from edgeserve.loaders.dequant import SUPPORTED_QTYPES
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import load_model

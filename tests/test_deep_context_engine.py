@@ -1,4 +1,4 @@
-"""Greedy outputs over contexts deeper than one key segment of the native attention (kernels/cpu/attention.c splits
+"""Greedy outputs over contexts deeper than one key segment of the native attention (kernels/cpu/src/attention.c splits
 a row's keys at every 512 positions and combines the segments): the same tokens whatever the prompt's chunking and
 whatever else is batched with it, on a tiny random model through the engine."""
 
@@ -8,7 +8,7 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 from edgeserve import LLM, SamplingParams
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.quant_linear import PROMPT_TILE, Int4Weight, PromptRows, Q4Blocks, linear
+from edgeserve.kernels.formats.quant_linear import PROMPT_TILE, Int4Weight, PromptRows, Q4Blocks, linear
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.load import dense_prefill_bytes, want_dense_prefill
 

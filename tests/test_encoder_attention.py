@@ -1,4 +1,4 @@
-"""The encoders' native attention (kernels/cpu/encoder_attention.c) against torch's scaled_dot_product_attention
+"""The encoders' native attention (kernels/cpu/src/encoder_attention.c) against torch's scaled_dot_product_attention
 under the same right-padding mask, batch invariance, and BertEncoder's use of it beside native matmuls."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.cpu.encoder_attention import attention_library, encoder_attention
 
 pytestmark = pytest.mark.skipif(attention_library(32) is None, reason="needs the native library's AVX-512 build")
 

@@ -1,4 +1,4 @@
-"""The encoders' native bias + GELU (kernels/cpu/encoder_gelu.c) against torch's exact (erf) GELU, and BertEncoder
+"""The encoders' native bias + GELU (kernels/cpu/src/encoder_gelu.c) against torch's exact (erf) GELU, and BertEncoder
 using it for the feed-forward up projection beside native matmuls."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.encoder_gelu import bias_gelu_, gelu_library
+from edgeserve.kernels.cpu.encoder_gelu import bias_gelu_, gelu_library
 
 pytestmark = pytest.mark.skipif(gelu_library() is None, reason="needs the native library's AVX-512 build")
 

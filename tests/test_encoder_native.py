@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
-from edgeserve.kernels.cpu_native import BlockWeight, library
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight, bf16_library
+from edgeserve.kernels.cpu.native import BlockWeight, library
 from edgeserve.registry import resolve
 from encoder_gguf import write_encoder_gguf
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.kernels.cpu_native import library
+from edgeserve.kernels.cpu.native import library
 from edgeserve.models.encoders import bert
 from edgeserve.models.encoders.bert import pad_batch, pool
 from edgeserve.models.encoder_threads import SMALL_BATCH_TOKENS, _omp_runtime, encoder_threads, intra_op_threads

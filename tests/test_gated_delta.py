@@ -1,4 +1,4 @@
-"""Gated DeltaNet (kernels.gated_delta, kernels/cpu/gated_delta.c): the recurrent and chunked forms of the gated
+"""Gated DeltaNet (kernels.torch.gated_delta, kernels/cpu/src/gated_delta.c): the recurrent and chunked forms of the gated
 delta rule and the ragged causal conv agree with float64 references written here token by token; a state carried
 across any split of a sequence equals one pass; a ragged batch equals its sequences alone; bad batches are
 refused; the native kernels match the twins for every variant this CPU runs; and the whole layer matches
@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.engine.state_pool import StatePool, StateSpec
-from edgeserve.kernels import cpu_native, dispatch
-from edgeserve.kernels import gated_delta as gd
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels import dispatch
+from edgeserve.kernels.torch import gated_delta as gd
 
 from support.gguf_tensors import tiled_order
 

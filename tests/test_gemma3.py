@@ -156,8 +156,8 @@ def test_prefix_cache_across_the_window_gives_the_same_tokens(gemma_fp32) -> Non
 def test_cpu_serving_dtype_runs_the_gguf_blocks_natively(gemma_path, gemma_fp32) -> None:
     """At the CPU serving dtype (bfloat16) every projection of the Q4_K_M file runs on the native block kernels
     (the Gemma weight view passes the GGUF block bytes through), and its logits stay close to float32's."""
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.cpu.native import BlockWeight
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 

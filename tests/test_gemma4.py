@@ -165,8 +165,8 @@ def test_q8_0_gguf_at_bfloat16_runs_the_block_weights(tmp_path: Path) -> None:
     """A Q8_0 file at the CPU serving dtype: its matrices stay GGUF blocks (native kernels where built), and the
     logits (the fused native stack's where the kernels build, else the per-op path's) stay close to the float32
     reference."""
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.cpu.native import BlockWeight
 
     # Random Gemma 4 blocks are touchy (attention scale 1 over normed q / k): transformers' own bfloat16 copy of
     # these models drifts to cosine 0.997 (31B-shaped) and 0.91 (E2B-shaped) of its float32 logits, so this checks

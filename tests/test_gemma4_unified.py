@@ -14,9 +14,9 @@ from converter_parity import load_ours  # noqa: E402
 from test_cpu_decoder import STEPS, _native_on, run_steps  # noqa: E402,F401  (the fixture keeps the kernels on)
 
 from edgeserve.errors import UnsupportedModelError  # noqa: E402
-from edgeserve.kernels import cpu_native  # noqa: E402
-from edgeserve.kernels.cpu_decoder import NativeDecoder  # noqa: E402
-from edgeserve.kernels.cpu_native import BlockWeight  # noqa: E402
+from edgeserve.kernels.cpu import native as cpu_native  # noqa: E402
+from edgeserve.kernels.cpu.decoder import NativeDecoder  # noqa: E402
+from edgeserve.kernels.cpu.native import BlockWeight  # noqa: E402
 from edgeserve.models.config import config_from_hf  # noqa: E402
 
 CASE = "gemma4-12b"  # tests/converter_cases.py

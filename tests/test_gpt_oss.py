@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.experts import BlockExperts, DenseExperts
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.formats.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_gguf, config_from_hf

@@ -90,7 +90,7 @@ def test_default_model_on_cuda_matches_cpu(cuda_fp32, default_model_fp32):
 
 def test_default_bf16_path_on_cuda_agrees_with_cpu(default_model_path, default_model_fp32):
     """The GPU fast path (W4A16 Triton, bf16) picks the float32 CPU path's next token at >= 90% of prompt positions."""
-    from edgeserve.kernels.w4a16 import W4A16Weight
+    from edgeserve.kernels.formats.w4a16 import W4A16Weight
     from edgeserve.models.attention import ContiguousKV
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
@@ -144,7 +144,7 @@ def test_dummy_int4_llama_shape_generates(tmp_path):
     """A dummy 4-bit model (weights drawn on the GPU, packed W4A16) generates with graphs on."""
     import json
 
-    from edgeserve.kernels.w4a16 import W4A16Weight
+    from edgeserve.kernels.formats.w4a16 import W4A16Weight
 
     cfg = json.loads(TINY.read_text())
     cfg["quantization_config"] = {"bits": 4, "group_size": 32}

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.cpu_native import BlockWeight
-from edgeserve.kernels.quant_linear import Int4Weight
+from edgeserve.kernels.cpu.native import BlockWeight
+from edgeserve.kernels.formats.quant_linear import Int4Weight
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import LoadedModel, load_model
 from edgeserve.registry import resolve

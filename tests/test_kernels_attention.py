@@ -7,7 +7,7 @@ import torch
 from kernel_utils import DEVICES, assert_close, kernel_device, paged_batch
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.paged_attention import paged_attention as twin
+from edgeserve.kernels.torch.paged_attention import paged_attention as twin
 
 # (query_lens, seq_lens, block_size): decode-only, prefill-only, mixed; odd lengths and block-boundary ends
 MIXES = {
@@ -66,7 +66,7 @@ def test_decode_splits_agree(device, tokens_per_split):
 
     device = kernel_device(device)
     # after the skip: a Triton kernel module needs triton to import
-    from edgeserve.kernels.triton_decode_attention import paged_decode_attention
+    from edgeserve.kernels.triton.decode_attention import paged_decode_attention
     k_cache, v_cache, meta = paged_batch([1, 1, 1], [3, 70, 48], 16, 2, 64, torch.float32, device, seed=3)
     q = torch.randn(3, 6, 64).to(device)
     out = paged_decode_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,

@@ -68,7 +68,9 @@ def test_capability_window(monkeypatch):
 def test_twins_match_the_original_functions(monkeypatch):
     """On CPU under auto without the native kernels, each dispatch function is exactly the twin it replaces
     (the native ones are tested against the twins in test_cpu_kernels.py)."""
-    from edgeserve.kernels import activation, norm, rope
+    from edgeserve.kernels.torch import activation
+    from edgeserve.kernels.torch import norm
+    from edgeserve.kernels.torch import rope
 
     monkeypatch.setenv("EDGESERVE_NATIVE", "0")
     x = torch.randn(3, 16)
@@ -90,7 +92,7 @@ def test_package_runs_without_triton():
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
         import torch
         from edgeserve.kernels import dispatch
-        from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+        from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
         assert not dispatch.HAS_TRITON and not dispatch.use_triton("cpu")
         x = torch.randn(4, 64)
         dispatch.rms_norm(x, torch.ones(64), 1e-6)

@@ -7,9 +7,9 @@ import torch
 from kernel_utils import DEVICES, assert_close, kernel_device
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.activation import silu_and_mul
-from edgeserve.kernels.norm import add_rms_norm, rms_norm
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq, rope_write_kv
+from edgeserve.kernels.torch.activation import silu_and_mul
+from edgeserve.kernels.torch.norm import add_rms_norm, rms_norm
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq, rope_write_kv
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 

@@ -10,7 +10,7 @@ import torch
 from kernel_utils import kernel_device
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
 
 pytestmark = pytest.mark.gpu
 FLOOR = 0.2  # of copy bandwidth (which itself counts read + write bytes)
@@ -18,7 +18,7 @@ FLOOR = 0.2  # of copy bandwidth (which itself counts read + write bytes)
 
 @pytest.fixture(scope="module")
 def copy_gbs() -> float:
-    from edgeserve.kernels.bench import copy_bandwidth_gbs
+    from edgeserve.kernels.triton.bench import copy_bandwidth_gbs
 
     kernel_device("cuda")
     return copy_bandwidth_gbs("cuda", 1 << 28)
@@ -32,7 +32,7 @@ def test_auto_dispatch_picks_triton_on_supported_gpus(monkeypatch):
 
 
 def test_w4a16_gemv_bandwidth(copy_gbs):
-    from edgeserve.kernels.bench import graph_median_ms
+    from edgeserve.kernels.triton.bench import graph_median_ms
 
     n, k, g = 14336, 4096, 128
     dtype = dispatch.compute_dtype("cuda")
@@ -47,7 +47,7 @@ def test_w4a16_gemv_bandwidth(copy_gbs):
 
 
 def test_w8a16_gemv_bandwidth(copy_gbs):
-    from edgeserve.kernels.bench import graph_median_ms
+    from edgeserve.kernels.triton.bench import graph_median_ms
 
     n, k, g = 14336, 4096, 32  # GGUF Q8_0's group
     dtype = dispatch.compute_dtype("cuda")
@@ -61,7 +61,7 @@ def test_w8a16_gemv_bandwidth(copy_gbs):
 
 
 def test_decode_attention_bandwidth(copy_gbs):
-    from edgeserve.kernels.bench import median_ms
+    from edgeserve.kernels.triton.bench import median_ms
 
     batch, context, heads, kv_heads, d, bs = 8, 4096, 32, 8, 128, 16
     dtype = dispatch.compute_dtype("cuda")

@@ -11,7 +11,7 @@ from kernel_utils import kernel_device
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
 BLOCK = 4
 

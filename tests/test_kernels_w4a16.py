@@ -7,8 +7,8 @@ import torch
 from kernel_utils import DEVICES, assert_close, kernel_device
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.quant_linear import Q4Blocks
-from edgeserve.kernels.w4a16 import W4A16Weight, pack_int4, repack_q4, w4a16_matmul
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.w4a16 import W4A16Weight, pack_int4, repack_q4, w4a16_matmul
 
 
 def q4_blocks(n: int, k: int, group: int, seed: int = 0) -> Q4Blocks:
@@ -88,7 +88,7 @@ def test_gemv_split_k_matches_twin(device, block_w, split_target):
 
     device = kernel_device(device)
     # after the skip: a Triton kernel module needs triton to import
-    from edgeserve.kernels.triton_w4a16 import GemvConfig, gemv
+    from edgeserve.kernels.triton.w4a16 import GemvConfig, gemv
     n, k, group = 19, 352, 32  # 44 packed words a row: splits of 8 or 16 words leave a short last one
     w = repack_q4(q4_blocks(n, k, group, seed=5), torch.float32, device)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(6)).to(device)
@@ -116,8 +116,8 @@ def test_gemv_row_does_not_depend_on_the_batch(device):
 def test_batch_invariant_mode_row_does_not_depend_on_the_batch(device, kind, monkeypatch):
     """EDGESERVE_BATCH_INVARIANT=1: a row's result is the same, bit for bit, whether it is computed alone, beside
     a few rows (the GEMV sizes) or beside many (the tiled sizes), because every size takes one tiled path."""
-    from edgeserve.kernels.quant_linear import Q8Blocks
-    from edgeserve.kernels.w8a16 import repack_q8
+    from edgeserve.kernels.formats.quant_linear import Q8Blocks
+    from edgeserve.kernels.formats.w8a16 import repack_q8
 
     device = kernel_device(device)
     monkeypatch.setenv("EDGESERVE_BATCH_INVARIANT", "1")

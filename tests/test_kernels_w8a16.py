@@ -11,9 +11,9 @@ from kernel_utils import DEVICES, assert_close, kernel_device
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.kernels import dispatch
-from edgeserve.kernels import w8a16 as w8a16_module
-from edgeserve.kernels.quant_linear import Q8Blocks
-from edgeserve.kernels.w8a16 import W8A16Weight, repack_q8, w8a16_matmul
+from edgeserve.kernels.formats import w8a16 as w8a16_module
+from edgeserve.kernels.formats.quant_linear import Q8Blocks
+from edgeserve.kernels.formats.w8a16 import W8A16Weight, repack_q8, w8a16_matmul
 from edgeserve.loaders.dequant import dequantize, q8_blocks
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import load_model
@@ -140,7 +140,7 @@ def test_cpu_dispatch_runs_the_twin(monkeypatch):
 
 def test_forced_triton_dispatch_runs_the_kernel(monkeypatch):
     kernel_device("cpu")
-    from edgeserve.kernels import triton_w8a16
+    from edgeserve.kernels.triton import w8a16 as triton_w8a16
 
     calls: list[str] = []
     _spy(monkeypatch, triton_w8a16, calls, "triton")

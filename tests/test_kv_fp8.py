@@ -12,9 +12,9 @@ from kernel_utils import DEVICES, assert_close, kernel_device, paged_batch
 from edgeserve.engine.kv_cache import KVPool, kv_bytes_per_token
 from edgeserve.engine.kv_format import FP8, resolve_kv_format
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.kv_quant import FP8_MAX, dequantize_fp8, fp8_row_width, quantize_fp8
-from edgeserve.kernels.paged_attention import paged_attention as twin
-from edgeserve.kernels.rope import rope_write_kv as rope_twin
+from edgeserve.kernels.formats.kv_quant import FP8_MAX, dequantize_fp8, fp8_row_width, quantize_fp8
+from edgeserve.kernels.torch.paged_attention import paged_attention as twin
+from edgeserve.kernels.torch.rope import rope_write_kv as rope_twin
 from edgeserve.models.config import ModelConfig
 from edgeserve.offload import KVLayout
 
@@ -141,7 +141,7 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run():
 
 
 def kernel_device_ok() -> bool:
-    from edgeserve.kernels._triton import HAS_TRITON, interpreting
+    from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting
 
     return HAS_TRITON and interpreting()
 
@@ -152,7 +152,7 @@ def test_engine_serves_fp8_kv_batch_invariant_and_as_the_float64_twin(tmp_path, 
     kernel_device("cpu")
     from tiny_gguf import write_tiny_llama
 
-    import edgeserve.kernels.triton_paged_attention as triton_attention
+    import edgeserve.kernels.triton.paged_attention as triton_attention
     from edgeserve.engine.config import EngineConfig
     from edgeserve.engine.core import EngineCore
     from edgeserve.models.load import load_model

@@ -16,7 +16,7 @@ from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
 from edgeserve.engine.kv_cache import kv_bytes_per_token
 from edgeserve.engine.kv_format import Q8_0, resolve_kv_format
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.offload import KVLayout
 from edgeserve.offload.block_file import CorruptBlockError, decode

@@ -1,5 +1,5 @@
-"""The q8_0 KV cache kernels (kernels/cpu/kv_q8.h, attention_q8.c) in every native variant: the K/V write gives
-ggml's q8_0 bytes (kernels.kv_quant is the reference), attention over q8_0 pools matches a float64 reference on
+"""The q8_0 KV cache kernels (kernels/cpu/include/kv_q8.h, attention_q8.c) in every native variant: the K/V write gives
+ggml's q8_0 bytes (kernels.formats.kv_quant is the reference), attention over q8_0 pools matches a float64 reference on
 random K/V with odd lengths and block boundaries (plain, sliding window, sinks, split across key segments), and a
 row's bits do not depend on the batch or the chunking."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.kv_quant import dequantize_q8, q8_row_bytes, quantize_q8
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.kv_quant import dequantize_q8, q8_row_bytes, quantize_q8
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 BLOCK = 16

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgeserve.bench.kv_quality import kv_divergence
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 

@@ -117,7 +117,7 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
     native MoE layer (taking LFM2-MoE's own routing), and outputs are the same batched or alone."""
     from converter_parity import convert, load_ours
 
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
 
     if not cpu_native.available():
         pytest.skip("the native CPU kernels are not built here")

@@ -15,8 +15,8 @@ from edgeserve.engine.core import EngineCore
 from edgeserve.engine.kv_blocks import block_hash
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.prefix_key import NO_KEY
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.load import load_model
 from edgeserve.models.lora import AdapterError, load_adapter
 from edgeserve.models.lora_step import StepLora
@@ -127,7 +127,7 @@ def test_a_rows_update_does_not_depend_on_the_rest_of_its_step(tmp_path, int8):
 
 
 def test_int8_adapter_rows_are_within_half_a_step_of_the_float_ones():
-    from edgeserve.kernels.cpu_lora import panels, quantize_rows
+    from edgeserve.kernels.cpu.lora import panels, quantize_rows
 
     w = torch.randn(16, 100) * torch.logspace(-3, 1, 16)[:, None]
     w[3] = 0
@@ -376,7 +376,7 @@ def test_prompt_sized_and_decode_sized_calls_give_the_same_rows(int8):
     import ctypes
     from pathlib import Path
 
-    from edgeserve.kernels.cpu_lora import step_struct
+    from edgeserve.kernels.cpu.lora import step_struct
     from edgeserve.models.lora import LoraAdapter, LoraPair, LoraPart
 
     torch.manual_seed(0)

@@ -103,7 +103,7 @@ def test_q8_0_gguf_serves_batched_like_alone(checkpoint) -> None:
     folder = checkpoint[1]
     lm = load_ours(convert(folder, folder.parent / f"{checkpoint[2]}.q8_0.gguf", outtype="q8_0"), dtype="auto")
     assert lm.config.architecture == BY_NAME[checkpoint[2]].arch
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
 
     if checkpoint[2] == "granitehybrid-moe" and cpu_native.available():  # experts and shared MLP in one call
         moe = lm.model.layers[0].moe

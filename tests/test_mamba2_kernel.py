@@ -1,4 +1,4 @@
-"""kernels.mamba2 against transformers' PyTorch Mamba-2 (NemotronHMamba2Mixer over a whole sequence, its chunked
+"""kernels.torch.mamba2 against transformers' PyTorch Mamba-2 (NemotronHMamba2Mixer over a whole sequence, its chunked
 scan and one-step update): the same outputs whatever the steps a ragged batch cuts the sequences into, and states
 that carry from step to step."""
 
@@ -9,8 +9,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from edgeserve.kernels.gated_delta import DeltaBatch  # noqa: E402
-from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer, ssd_scan, ssd_step  # noqa: E402
+from edgeserve.kernels.torch.gated_delta import DeltaBatch  # noqa: E402
+from edgeserve.kernels.torch.mamba2 import Mamba2Dims, mamba2_mixer, ssd_scan, ssd_step  # noqa: E402
 
 DIMS = Mamba2Dims(num_heads=4, head_dim=8, state_size=6, n_groups=2, conv_kernel=4)
 

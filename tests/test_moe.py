@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.experts import BlockExperts, DenseExperts, ExpertBlocks, ExpertGroups
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.experts import BlockExperts, DenseExperts, ExpertBlocks, ExpertGroups
 from edgeserve.models.moe import MoEConfig, MoELayer, SharedExpert, route
 
 from support.gguf_writer import finish
@@ -313,7 +313,7 @@ def test_gguf_expert_tensors_load_with_biases_and_a_gated_shared_expert(tmp_path
     dtype = torch.float32 if qtype == "F32" else torch.bfloat16
 
     def matrix(names):
-        from edgeserve.kernels.cpu_native import block_weight
+        from edgeserve.kernels.cpu.native import block_weight
 
         return block_weight(source, names, torch.device("cpu"), dtype) or torch.cat(
             [source.get(n, keep_int4=False) for n in names]).to(dtype)
@@ -339,7 +339,7 @@ def _block_shared(hidden: int, f: int, seed: int) -> SharedExpert:
     """A gated shared expert with Q8_0 block weights (as a GGUF's, on the native kernels)."""
     import gguf
 
-    from edgeserve.kernels.cpu_native import BlockTensor, BlockWeight
+    from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight
 
     rng = np.random.default_rng(seed)
 
@@ -356,7 +356,7 @@ def _block_shared(hidden: int, f: int, seed: int) -> SharedExpert:
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_native_layer_call_matches_the_torch_path(name: str, activation: str):
-    """MoELayer's one native call (kernels/cpu/moe_layer.c: router + bias, routing, grouping, expert matmuls and
+    """MoELayer's one native call (kernels/cpu/src/moe_layer.c: router + bias, routing, grouping, expert matmuls and
     biases, SiLU or gpt-oss's clamped SwiGLU, the slot sum, a block-weight shared expert with its sigmoid gate) gives
     the torch path's output around the same grouped matmuls, up to float rounding, with its own routing and with a
     routing handed in (`mix`); its rows do not depend on the batch."""

@@ -106,8 +106,8 @@ def test_other_architectures_are_refused_by_name() -> None:
 def test_block_weights_run_natively_at_the_cpu_serving_dtype(arch: str, tmp_path: Path) -> None:
     """A Q8_0 GGUF of each architecture loaded in bfloat16 on CPU: every projection (Phi-3's parts of its fused
     qkv and gate_up included) is a native BlockWeight, and the logits stay close to the float32 load's."""
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.cpu.native import BlockWeight
 
     if cpu_native.library() is None:
         pytest.skip("native CPU kernels not built here")

@@ -11,8 +11,8 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_native import FORMATS, BlockTensor, BlockWeight, block_weight
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.native import FORMATS, BlockTensor, BlockWeight, block_weight
 from edgeserve.loaders.dequant import dequantize
 from edgeserve.loaders.gguf_file import GGUFFile, check_supported_qtype
 from edgeserve.loaders.gguf_weights import GGUFWeights, gguf_blocks

@@ -14,7 +14,7 @@ import urllib.request
 from server_helpers import free_port
 from tiny_gguf import write_tiny_llama
 
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 
 
 def test_prebuild_says_what_it_compiles_and_when_it_is_ready(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edgeserve.engine.state_pool import StatePool, StateSpec, mamba2_kind
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 from edgeserve.offload import TierManager
 from edgeserve.offload.disk_tier import STATE_SUFFIX
 from edgeserve.offload.pool_bridge import PoolOffload

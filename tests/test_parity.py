@@ -57,8 +57,8 @@ def test_greedy_64_tokens_identical_to_reference(default_model_fp32, reference_m
 
 def test_default_bf16_int4_path_stays_close(default_model_path, default_model_fp32):
     """The fast path (4-bit weights packed, bf16 compute) agrees with float32 on the next-token choice."""
-    from edgeserve.kernels.cpu_native import BlockWeight
-    from edgeserve.kernels.quant_linear import Int4Weight
+    from edgeserve.kernels.cpu.native import BlockWeight
+    from edgeserve.kernels.formats.quant_linear import Int4Weight
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 

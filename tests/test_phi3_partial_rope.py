@@ -103,8 +103,8 @@ def test_the_unrotated_dims_matter(tmp_path: Path) -> None:
 def test_q8_0_blocks_run_natively_with_partial_rope(tmp_path: Path) -> None:
     """A Q8_0 GGUF in bfloat16 on CPU: the permuted q / k rows are native block weights and the logits stay near
     the float32 load's."""
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.cpu.native import BlockWeight
     from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.loaders.gguf_weights import GGUFWeights
     from edgeserve.models.config import config_from_gguf

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from edgeserve.errors import UnsupportedModelError
-from edgeserve.kernels.quant_linear import Int4Weight, Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Int4Weight, Q4Blocks
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.loaders.prequantized import prequantized_format
 from edgeserve.models.attention import ContiguousKV

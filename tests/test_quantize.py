@@ -10,8 +10,8 @@ import torch
 
 from edgeserve.errors import EdgeserveError
 from edgeserve.kernels import dispatch
-from edgeserve.kernels.cpu_native import BlockWeight
-from edgeserve.kernels.quant_linear import Int4Weight, Int8Weight, Q4Blocks
+from edgeserve.kernels.cpu.native import BlockWeight
+from edgeserve.kernels.formats.quant_linear import Int4Weight, Int8Weight, Q4Blocks
 from edgeserve.loaders.quantize import Int4QuantizingWeights, awq_search, group_for
 from edgeserve.models.attention import ContiguousKV
 from edgeserve.models.load import load_model

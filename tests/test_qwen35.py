@@ -16,7 +16,7 @@ from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_gguf, config_from_hf
 from edgeserve.models.decoders import decoder_class
-from edgeserve.kernels.rope import rope_permutation
+from edgeserve.kernels.torch.rope import rope_permutation
 from edgeserve.models.qwen35 import Qwen35Model, partial_rope_inv_freq
 
 from qwen35_helpers import DECODES, PROMPT, hf_qwen35, reference_logits, run_steps, write_qwen35_gguf

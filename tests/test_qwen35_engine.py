@@ -183,8 +183,8 @@ def test_moe_gguf_in_block_formats_runs_natively_in_bfloat16(tmp_path: Path) -> 
     """A qwen35moe GGUF with Q8_0 matrices and experts in bfloat16 on the CPU: the matrices (attention q / k rows
     permuted for partial RoPE) stay in block format on the native kernels; outputs are the same batched or alone and
     close to the float32 model's."""
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.cpu.native import BlockWeight
 
     if not cpu_native.available():
         pytest.skip("the native CPU kernels are not built here")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.experts import BlockExperts, DenseExperts
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.formats.experts import BlockExperts, DenseExperts
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf, config_from_hf
@@ -261,7 +261,7 @@ def test_repacked_experts_let_go_of_the_file_pages(tmp_path: Path) -> None:
     process (madvise DONTNEED: resident memory drops by about the tensor's size) and still read the same bytes."""
     import psutil
 
-    from edgeserve.kernels.experts import ExpertBlocks, repacked_experts
+    from edgeserve.kernels.formats.experts import ExpertBlocks, repacked_experts
     from edgeserve.loaders.gguf_file import release_pages
 
     rng = np.random.default_rng(0)

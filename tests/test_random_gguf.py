@@ -10,7 +10,7 @@ import torch
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.bench.random_gguf import LlamaShape, tensor_types, write_random_llama
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 
@@ -32,7 +32,7 @@ def test_a_gemma3_shape_writes_a_gemma3_gguf_in_the_q4_k_m_mix(tmp_path):
     if cpu_native.available():
         assert model.native_decoder() is not None
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
@@ -44,7 +44,7 @@ def test_an_moe_shape_writes_a_qwen3moe_gguf_with_block_experts(tmp_path):
     """A Qwen3-MoE shape (the qwen3-30b-a3b entry scaled down): 3-D expert tensors in the Q4_K_M mix (ffn_down_exps
     Q6_K where llama.cpp gives ffn_down more bits), a float32 router, loaded as block-format experts."""
     from edgeserve.bench.random_gguf import SHAPES
-    from edgeserve.kernels.experts import BlockExperts
+    from edgeserve.kernels.formats.experts import BlockExperts
 
     real = SHAPES["qwen3-30b-a3b"]
     assert (real.hidden, real.layers, real.experts, real.experts_used, real.expert_ffn) == (2048, 48, 128, 8, 768)
@@ -66,7 +66,7 @@ def test_an_moe_shape_writes_a_qwen3moe_gguf_with_block_experts(tmp_path):
         assert isinstance(model.layers[0].moe.down, BlockExperts)
         assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.down.parts] == ["Q6_K"]
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
@@ -79,7 +79,7 @@ def test_a_gpt_oss_shape_writes_a_gpt_oss_gguf_with_mxfp4_experts(tmp_path):
     Q8_0 matrices, attention sinks, a router with a bias, the vocabulary padded to the shape's size; it loads as
     gpt-oss with block-format experts and runs."""
     from edgeserve.bench.random_gguf import SHAPES
-    from edgeserve.kernels.experts import BlockExperts
+    from edgeserve.kernels.formats.experts import BlockExperts
 
     real = SHAPES["gpt-oss-20b"]
     assert (real.hidden, real.layers, real.experts, real.experts_used, real.expert_ffn, real.vocab, real.heads,
@@ -107,7 +107,7 @@ def test_a_gpt_oss_shape_writes_a_gpt_oss_gguf_with_mxfp4_experts(tmp_path):
         assert isinstance(model.layers[0].moe.gate_up, BlockExperts)
         assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.gate_up.parts] == ["MXFP4", "MXFP4"]
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
@@ -150,7 +150,7 @@ def test_a_variant_shape_writes_its_architecture(tmp_path, name):
     if arch == "smollm3":
         assert c.rope_layers == (True, True, True, False)
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
@@ -178,7 +178,7 @@ def test_a_gemma4_e2b_shape_writes_shared_kv_layers_and_per_layer_embeddings(tmp
     c = model.config
     assert c.architecture == "gemma4" and [c.kv_source(i) != i for i in range(10)] == [False] * 5 + [True] * 5
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
     meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.rope import rope_attention_factor, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.rope import rope_attention_factor, rope_cos_sin, rope_inv_freq
 from edgeserve.models.config import RopeScaling, config_from_gguf, config_from_hf
 
 

@@ -1,4 +1,4 @@
-"""kernels.short_conv: the causal depthwise convolution over ragged batches with per-slot conv states equals
+"""kernels.torch.short_conv: the causal depthwise convolution over ragged batches with per-slot conv states equals
 torch's conv1d over each whole sequence however the sequence is cut into steps (prompt chunks, single-token decode
 steps, batched with others), the decode path bit for bit the general one; the gated short convolution is
 c * conv(b * x)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.gated_delta import DeltaBatch
-from edgeserve.kernels.short_conv import _one_token_each, _ragged, causal_conv1d, gated_short_conv
+from edgeserve.kernels.torch.gated_delta import DeltaBatch
+from edgeserve.kernels.torch.short_conv import _one_token_each, _ragged, causal_conv1d, gated_short_conv
 
 C, K = 24, 3
 

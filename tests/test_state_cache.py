@@ -7,7 +7,7 @@ import torch
 
 from edgeserve.engine.state_cache import StateBudget, StateSlots, state_budget
 from edgeserve.engine.state_pool import StateSpec
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 SPEC = StateSpec(2, DeltaNetDims(1, 2, 4, 4, conv_kernel=3))
 

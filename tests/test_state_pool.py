@@ -11,7 +11,7 @@ import torch
 
 from edgeserve.engine.state_pool import (LayerStateKind, OutOfSlotsError, StatePool, StateSpec, StateTensor,
                                         gated_delta_kind, mamba2_kind, short_conv_kind, slots_for_budget)
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 DIMS = DeltaNetDims(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=6, conv_kernel=4)
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgeserve.kernels import activation, cpu_native, dispatch
+from edgeserve.kernels.torch import activation
+
+from edgeserve.kernels.cpu import native as cpu_native
+
+from edgeserve.kernels import dispatch
 
 
 def rows(t: int = 6, f: int = 1100, seed: int = 0) -> torch.Tensor:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.decoders import decoder_class

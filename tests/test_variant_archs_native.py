@@ -1,4 +1,4 @@
-"""Issue 33's variants in the fused native CPU stack (kernels/cpu/layer.c): on a Q8_0 GGUF at bfloat16, SmolLM3 (its
+"""Issue 33's variants in the fused native CPU stack (kernels/cpu/src/layer.c): on a Q8_0 GGUF at bfloat16, SmolLM3 (its
 NoPE layers rotating by identity tables), Ministral 3 (below its attention-temperature length) and Qwen3-VL's text
 model run as one native call per step and give the per-op path's hidden states and K/V pool bit for bit; Granite's
 residual multiplier and OLMo's block are not in the stack, which declines them for the per-op path."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.cpu_decoder import NativeDecoder
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf

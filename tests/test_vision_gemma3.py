@@ -128,7 +128,7 @@ def test_a_q8_0_mmproj_runs_its_matrices_on_the_native_kernels(tmp_path):
     from types import SimpleNamespace
 
     from edgeserve.bench.random_mmproj import write_siglip_mmproj
-    from edgeserve.kernels.cpu_native import BlockWeight, available
+    from edgeserve.kernels.cpu.native import BlockWeight, available
 
     if not available():
         pytest.skip("no native CPU kernels on this machine")

@@ -16,8 +16,8 @@ from edgeserve.engine.delivery import Outbox, step_and_deliver
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.model_runner import image_rows
 from edgeserve.engine.scheduler import ScheduledSeq, span_stop
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels import paged_attention as torch_attention
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.torch import paged_attention as torch_attention
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.dispatch import paged_attention as dispatched_attention
 from edgeserve.sampling_params import SamplingParams

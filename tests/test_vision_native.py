@@ -12,9 +12,9 @@ import torch
 from PIL import Image
 
 from edgeserve.bench.random_mmproj import write_siglip_mmproj
-from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
-from edgeserve.kernels.cpu_native import BlockWeight
-from edgeserve.kernels.encoder_attention import attention_library
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight, bf16_library
+from edgeserve.kernels.cpu.native import BlockWeight
+from edgeserve.kernels.cpu.encoder_attention import attention_library
 from edgeserve.vision.family import load_vision
 from vision_helpers import picture
 

@@ -186,7 +186,7 @@ def test_prompt_tokens_and_width_check(tiny):
 def test_a_q8_0_mmproj_runs_on_the_native_kernels_in_bf16(tiny, tmp_path):
     """A Q8_0 mmproj loaded for a bf16 model keeps its matrices as GGUF blocks (the native CPU kernels) and still
     gives transformers' rows within bf16 / Q8_0 rounding."""
-    from edgeserve.kernels.cpu_native import BlockWeight, library
+    from edgeserve.kernels.cpu.native import BlockWeight, library
 
     kind, model, _ = tiny
     if library() is None:

@@ -37,8 +37,8 @@ def main() -> None:
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
     from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu.native import _bind, best_variant, load, threads
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model

@@ -40,8 +40,8 @@ def main() -> None:
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     libs = {"baseline": cpu_native._bind(ctypes.CDLL(args.baseline_lib)), "this checkout": cpu_native._bind(ctypes.CDLL(args.lib)) if args.lib else cpu_native.library()}

@@ -1,6 +1,6 @@
 """A MoE model's step three ways in one process, on one copy of the weights: the per-op path as main had it (torch
 router, ExpertGroups, BlockExperts.grouped, torch slot sum), the per-op path with the one-call native MoE layer
-(kernels/cpu/moe_layer.c), and the whole fused native stack (kernels/cpu/layer.c with layer_t.moe).
+(kernels/cpu/src/moe_layer.c), and the whole fused native stack (kernels/cpu/src/layer.c with layer_t.moe).
 
 Fills a paged pool with B sequences of `--context` tokens, then times blocks of decode steps (forward + logits) at
 each batch, the sides taking turns (rotating order per block, a pause between blocks); then prompt chunks of
@@ -77,8 +77,8 @@ def main() -> None:
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     clock = time.perf_counter
     llm = LLM(args.model, kv_cache_gb=0.05)

@@ -29,13 +29,14 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     checkout's), installed as the process's native library."""
     from pathlib import Path
 
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
 
     variant = cpu_native.best_variant()
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", "-DQMM_PROFILE", *cpu_native.VARIANT_FLAGS[variant]]
     path = os.path.join(tempfile.mkdtemp(), f"qmatmul-{variant}-profile.so")
-    sources = [Path(source_dir) / p.name if source_dir else p for p in cpu_native.SOURCES]
-    subprocess.run([cpu_native.compiler(), *flags, *map(str, sources), "-o", path, "-lm"], check=True)
+    root = Path(source_dir) if source_dir else cpu_native.CPU_DIR
+    sources = cpu_native.sources(root)
+    subprocess.run([cpu_native.compiler(), *flags, f"-I{root / 'include'}", *map(str, sources), "-o", path, "-lm"], check=True)
     lib = cpu_native._bind(ctypes.CDLL(path))
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     cpu_native._chosen[setting] = lib
@@ -58,9 +59,9 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model

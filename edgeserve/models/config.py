@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 from .registry import HF_WRAPPERS, Architecture, architecture, gguf_architecture, hf_class, hf_model_type, \
     names_declaring
@@ -90,7 +90,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     routed_scaling_factor: float = 1.0  # the chosen experts' weights times this (Nemotron-H MoE)
-    # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
+    # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.torch.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     # hybrids (edgeserve.models.qwen35): per layer, whether it is a Gated DeltaNet layer (no KV, a recurrent

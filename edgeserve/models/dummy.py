@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.tokenizer import Tokenizer
 

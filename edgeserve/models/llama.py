@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_native import BlockWeight, block_weight
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.cpu.native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import (
     add_rms_norm,
     linear,
@@ -20,7 +20,7 @@ from edgeserve.kernels.dispatch import (
     silu_and_mul,
     use_triton,
 )
-from edgeserve.kernels.quant_linear import (
+from edgeserve.kernels.formats.quant_linear import (
     Int4Weight,
     Int8Weight,
     LinearWeight,
@@ -30,7 +30,7 @@ from edgeserve.kernels.quant_linear import (
     int4_supported,
     int8_supported,
 )
-from edgeserve.kernels.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
@@ -136,7 +136,7 @@ class LlamaModel:
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
+        """The whole layer stack as one native call (kernels.cpu.decoder), planned once; None where it does
         not apply (weights not in native block formats, attention soft-capping, a GPU). Setting `_native = None` keeps the
         per-op path (the tests and benchmarks/engine/fused_decoder.py compare the two that way)."""
         if self._native is False:

@@ -29,7 +29,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 from .config import ModelConfig, gguf_key, gguf_trunk_layers, gguf_vocab_size
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
 from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2Weights, load_mamba2,

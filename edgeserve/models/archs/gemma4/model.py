@@ -13,7 +13,7 @@ attend over an earlier layer's K/V (the KV pool keeps nothing for them). The per
 per-token table row per layer plus a projection of the scaled embedding, both [tokens, layers, width].
 
 On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
-(kernels.cpu_decoder_gemma4: one native call per step), which calls the same kernels in the same order as the
+(models.archs.gemma4.native_plan: one native call per step), which calls the same kernels in the same order as the
 per-op path below, so the two agree bit for bit; the 26B-A4B's experts keep the per-op path, which runs on every
 device.
 """
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.models.archs.gemma4.native_plan import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
                                         scaled_norm_add, softcap)
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
 from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
@@ -197,7 +197,7 @@ class Gemma4Model(LoadedDecoder):
         self._unit = torch.ones(c.hidden_size, device=device)  # the router's weightless RMSNorm (MoE)
 
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu_decoder_gemma4), planned once; None where it does
+        """The whole layer stack as one native call (models.archs.gemma4.native_plan), planned once; None where it does
         not apply. Setting `_native = None` keeps the per-op path (the tests compare the two that way)."""
         if self._native is False:
             self._native = build_gemma4(self)
@@ -311,7 +311,7 @@ class Gemma4Model(LoadedDecoder):
 
 
 def model_class(config: ModelConfig) -> type[Gemma4Model]:
-    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: kernels.cpu_decoder_gemma4)."""
+    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: models.archs.gemma4.native_plan)."""
     return Gemma4Model
 
 

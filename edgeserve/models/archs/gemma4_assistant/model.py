@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from edgeserve.kernels.dispatch import linear
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.models.archs.gemma4.model import Gemma4Layer, Gemma4Model
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig

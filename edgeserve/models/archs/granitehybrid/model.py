@@ -15,7 +15,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, write_kv
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
 from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2Weights, load_mamba2,

@@ -1,7 +1,7 @@
 """The Nemotron-H decoder over flat token batches (LlamaModel's interface).
 
 Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is one of
-  - Mamba-2 (kernels.mamba2.mamba2_mixer): in_proj gives [z | x B C | dt]; a causal depthwise conv (with bias) and
+  - Mamba-2 (kernels.torch.mamba2.mamba2_mixer): in_proj gives [z | x B C | dt]; a causal depthwise conv (with bias) and
     SiLU over x B C continuing from the sequence's conv state, the SSD recurrence continuing from its ssm state
     (both in a slot of the engine's StatePool, `attn.states`), a gated group RMSNorm, then out_proj; no KV,
   - GQA attention over the paged KV pool, without positional encoding, then o_proj,
@@ -20,8 +20,8 @@ from functools import cached_property
 import torch
 
 from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm
-from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.mamba2 import Mamba2Dims, mamba2_mixer
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
