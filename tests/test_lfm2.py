@@ -1,8 +1,9 @@
-"""LFM2 (gated short-conv layers beside attention) through the engine: each conv layer's state lives in a seat of the
+"""LFM2 and LFM3 (gated short-conv layers beside attention; LFM3's sliding-window and global layers, each module
+test runs for both) through the engine: each conv layer's state lives in a seat of the
 state pool (the `short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy
 outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a
-conv-state snapshot; speculation rolls the conv state back. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
-parity of the GGUF and HF folder: test_registered_architectures' `lfm2` and `lfm2moe` cases."""
+conv-state snapshot; speculation rolls the conv state back; preemption recomputes or swaps it. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
+parity of the GGUF and HF folder: test_registered_architectures' `lfm2`, `lfm2moe` and `lfm3` cases."""
 
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def checkpoint(default_model_path, tmp_path_factory):
-    return make_checkpoint("lfm2", default_model_path, tmp_path_factory)
+# per architecture: (conv layers, conv kernel, attention layers) of its converter case
+SHAPES = {"lfm2": (3, 3, 2), "lfm3": (4, 7, 3)}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def checkpoint(request, default_model_path, tmp_path_factory):
+    return make_checkpoint(request.param, default_model_path, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +36,11 @@ def llm(checkpoint) -> LLM:
 
 def test_state_pool_holds_short_conv_states(llm: LLM) -> None:
     engine, c = llm.engine, llm.lm.config
+    conv, kernel, attention = SHAPES[c.architecture]
     spec = engine.states.pool.spec
-    assert spec.kind.name == "short_conv" and spec.num_layers == 3 == c.num_linear_layers
-    assert spec.bytes_per_sequence == 3 * (3 - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
-    assert engine.pool.k.shape[0] == 2  # only the attention layers keep K/V
+    assert spec.kind.name == "short_conv" and spec.num_layers == conv == c.num_linear_layers
+    assert spec.bytes_per_sequence == conv * (kernel - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
+    assert engine.pool.k.shape[0] + engine.pool.window_k.shape[0] == attention  # only they keep K/V
 
 
 def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
@@ -99,7 +105,7 @@ def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
     ps = prompts(20, 26, 31, 17, seed=31)
     alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
     per = llm.engine.states.budget.bytes_per_slot
-    budget = 8 * per + 9 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 9 blocks
+    budget = 8 * per + 7 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 7 blocks of every layer's K/V
     small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
     assert ids(small.generate(ps, GREEDY)) == alone
     assert small.engine.stats().num_preemptions > 0

@@ -149,7 +149,7 @@ def model_metadata(c: Any, arch: str) -> dict[str, Any]:
         "embedding_length": c.hidden_size, "feed_forward_length": getattr(c, "intermediate_size", None),
         "attention.head_count": c.num_attention_heads, "attention.head_count_kv": _get(c, "num_key_value_heads"),
         "rope.freq_base": float(full.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
-        "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+        "attention.layer_norm_rms_epsilon": float(getattr(c, "rms_norm_eps", None) or c.norm_eps),
     }
     head_dim = _get(c, "head_dim")
     if head_dim:
