@@ -136,3 +136,24 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
     assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
     assert_empty(llm)
 
+
+
+def test_lfm3_q8_0_gguf_serves_batched_as_alone(default_model_path, tmp_path_factory) -> None:
+    """Our lfm3 GGUF in Q8_0 (support.gguf_writer) served at the default dtype: the matrices (the gate's rows
+    stacked after q, k, v) stay in block format on the native kernels, and outputs are the same batched or alone."""
+    from converter_parity import load_ours
+    from support.gguf_writer import write_model_gguf
+
+    from edgeserve.kernels import cpu_native
+
+    if not cpu_native.available():
+        pytest.skip("the native CPU kernels are not built here")
+    model, folder = make_checkpoint("lfm3", default_model_path, tmp_path_factory)
+    lm = load_ours(write_model_gguf(model, folder.parent / "lfm3.q8_0.gguf", "lfm3", qtype="Q8_0"), dtype="auto")
+    attention = lm.model.layers[2]
+    assert lm.model.dtype == torch.bfloat16 and attention.gated and not isinstance(attention.qkv, torch.Tensor)
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    ps = prompts(7, 19, 33, seed=41)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
+    assert_empty(llm)
