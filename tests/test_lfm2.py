@@ -20,8 +20,10 @@ from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 
-# per architecture: (conv layers, conv kernel, attention layers) of its converter case
+# per architecture: (conv layers, conv kernel, attention layers) of its converter case, and each layer's cache
 SHAPES = {"lfm2": (3, 3, 2), "lfm3": (4, 7, 3)}
+CACHES = {"lfm2": ["none", "none", "full", "none", "full"],
+          "lfm3": ["none", "none", "full", "none", "window", "none", "full"]}  # window: 5 tokens
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -35,12 +37,18 @@ def llm(checkpoint) -> LLM:
 
 
 def test_state_pool_holds_short_conv_states(llm: LLM) -> None:
+    from edgeserve.engine.cache_spec import layer_caches
+
     engine, c = llm.engine, llm.lm.config
     conv, kernel, attention = SHAPES[c.architecture]
     spec = engine.states.pool.spec
     assert spec.kind.name == "short_conv" and spec.num_layers == conv == c.num_linear_layers
     assert spec.bytes_per_sequence == conv * (kernel - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
     assert engine.pool.k.shape[0] + engine.pool.window_k.shape[0] == attention  # only they keep K/V
+    caches = layer_caches(c)
+    assert [x.kind for x in caches] == CACHES[c.architecture]
+    assert all((x.state is not None) == (x.kind == "none") for x in caches)  # the conv layers keep a state
+    assert {x.window for x in caches if x.kind == "window"} <= {5}
 
 
 def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
