@@ -1,9 +1,10 @@
-"""LFM2 and LFM3 (gated short-conv layers beside attention; LFM3's sliding-window and global layers, each module
-test runs for both) through the engine: each conv layer's state lives in a seat of the
-state pool (the `short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy
-outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a
-conv-state snapshot; speculation rolls the conv state back; preemption recomputes or swaps it. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
-parity of the GGUF and HF folder: test_registered_architectures' `lfm2`, `lfm2moe` and `lfm3` cases."""
+"""LFM2 and LFM3 (gated short-conv layers beside attention; LFM3's sliding-window and global layers; each
+module-fixture test runs for both) through the engine: each conv layer's state lives in a seat of the state pool (the
+`short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy outputs equal
+transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a conv-state
+snapshot; speculation rolls the conv state back; preemption recomputes or swaps it. LFM2-MoE (`lfm2moe`) serves like
+transformers too. Logit parity of the GGUF and HF folder: test_registered_architectures' `lfm2`, `lfm2moe` and
+`lfm3` cases."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
     ps = prompts(20, 26, 31, 17, seed=31)
     alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
     per = llm.engine.states.budget.bytes_per_slot
-    budget = 8 * per + 7 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 7 blocks of every layer's K/V
+    # 4 seats, 7 blocks of every layer's K/V
+    budget = 8 * per + 7 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16
     small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
     assert ids(small.generate(ps, GREEDY)) == alone
     assert small.engine.stats().num_preemptions > 0
