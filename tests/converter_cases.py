@@ -12,6 +12,7 @@ import transformers
 
 from converter_parity import Case, spread
 from llama_cpp_source import llama_cpp_dir
+from support.gguf_writer import write_model_gguf
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -70,6 +71,10 @@ LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
                 layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=96, moe_intermediate_size=32,
                 num_dense_layers=2, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
                 norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+# LFM3-1.7B's layout in small (transformers' default rhythm over 7 layers: conv, conv, global, conv, sliding, conv,
+# global), its 7-wide conv cache, proportional RoPE over half of each 32-wide head; a window of 5 tokens so the sliding
+# layers' window bites. llama.cpp's converter has no lfm3: its GGUF is ours (support.gguf_writer, archs/lfm3)
+LFM3 = dict(LFM2_SMALL, num_hidden_layers=7, norm_eps=1e-5, head_dim=32, intermediate_size=96, sliding_window=5)
 # Nemotron-H-8B's block pattern in small (Mamba-2 M, attention *, MLP -), several heads per B / C group (its
 # configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
 NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
@@ -240,6 +245,8 @@ CASES = [
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
     Case("lfm2", lambda v: t.Lfm2Config(**LFM2, vocab_size=v), "lfm2"),
     Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
+    Case("lfm3", lambda v: t.Lfm3Config(**LFM3, vocab_size=v), "lfm3",
+         writer=lambda model, path, qtype: write_model_gguf(model, path, "lfm3", qtype=qtype)),
     Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
     # transformers saves the experts one by one (`mixer.experts.N.up_proj.weight`), as the released checkpoint

@@ -1,8 +1,10 @@
-"""LFM2 (gated short-conv layers beside attention) through the engine: each conv layer's state lives in a seat of the
-state pool (the `short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy
-outputs equal transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a
-conv-state snapshot; speculation rolls the conv state back. LFM2-MoE (`lfm2moe`) serves like transformers too. Logit
-parity of the GGUF and HF folder: test_registered_architectures' `lfm2` and `lfm2moe` cases."""
+"""LFM2 and LFM3 (gated short-conv layers beside attention; LFM3's sliding-window and global layers; each
+module-fixture test runs for both) through the engine: each conv layer's state lives in a seat of the state pool (the
+`short_conv` kind, [K - 1, hidden] per layer) beside the paged KV of the attention layers; greedy outputs equal
+transformers' greedy generate, batched or alone, chunked or whole; a prefix-cache hit resumes from a conv-state
+snapshot; speculation rolls the conv state back; preemption recomputes or swaps it. LFM2-MoE (`lfm2moe`) serves like
+transformers too. Logit parity of the GGUF and HF folder: test_registered_architectures' `lfm2`, `lfm2moe` and
+`lfm3` cases."""
 
 from __future__ import annotations
 
@@ -19,9 +21,15 @@ from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def checkpoint(default_model_path, tmp_path_factory):
-    return make_checkpoint("lfm2", default_model_path, tmp_path_factory)
+# per architecture: (conv layers, conv kernel, attention layers) of its converter case, and each layer's cache
+SHAPES = {"lfm2": (3, 3, 2), "lfm3": (4, 7, 3)}
+CACHES = {"lfm2": ["none", "none", "full", "none", "full"],
+          "lfm3": ["none", "none", "full", "none", "window", "none", "full"]}  # window: 5 tokens
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def checkpoint(request, default_model_path, tmp_path_factory):
+    return make_checkpoint(request.param, default_model_path, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +38,18 @@ def llm(checkpoint) -> LLM:
 
 
 def test_state_pool_holds_short_conv_states(llm: LLM) -> None:
+    from edgeserve.engine.cache_spec import layer_caches
+
     engine, c = llm.engine, llm.lm.config
+    conv, kernel, attention = SHAPES[c.architecture]
     spec = engine.states.pool.spec
-    assert spec.kind.name == "short_conv" and spec.num_layers == 3 == c.num_linear_layers
-    assert spec.bytes_per_sequence == 3 * (3 - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
-    assert engine.pool.k.shape[0] == 2  # only the attention layers keep K/V
+    assert spec.kind.name == "short_conv" and spec.num_layers == conv == c.num_linear_layers
+    assert spec.bytes_per_sequence == conv * (kernel - 1) * 64 * 4  # conv layers x (K - 1) x hidden x float32
+    assert engine.pool.k.shape[0] + engine.pool.window_k.shape[0] == attention  # only they keep K/V
+    caches = layer_caches(c)
+    assert [x.kind for x in caches] == CACHES[c.architecture]
+    assert all((x.state is not None) == (x.kind == "none") for x in caches)  # the conv layers keep a state
+    assert {x.window for x in caches if x.kind == "window"} <= {5}
 
 
 def test_greedy_equals_transformers_batched_or_alone(checkpoint, llm: LLM) -> None:
@@ -99,7 +114,8 @@ def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
     ps = prompts(20, 26, 31, 17, seed=31)
     alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
     per = llm.engine.states.budget.bytes_per_slot
-    budget = 8 * per + 9 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16  # 4 seats, 9 blocks
+    # 4 seats, 7 blocks of every layer's K/V
+    budget = 8 * per + 7 * kv_bytes_per_token(llm.lm.config, llm.lm.model.dtype) * 16
     small = LLM.from_model(llm.lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False)
     assert ids(small.generate(ps, GREEDY)) == alone
     assert small.engine.stats().num_preemptions > 0
@@ -130,3 +146,24 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
     assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
     assert_empty(llm)
 
+
+
+def test_lfm3_q8_0_gguf_serves_batched_as_alone(default_model_path, tmp_path_factory) -> None:
+    """Our lfm3 GGUF in Q8_0 (support.gguf_writer) served at the default dtype: the matrices (the gate's rows
+    stacked after q, k, v) stay in block format on the native kernels, and outputs are the same batched or alone."""
+    from converter_parity import load_ours
+    from support.gguf_writer import write_model_gguf
+
+    from edgeserve.kernels.cpu import native as cpu_native
+
+    if not cpu_native.available():
+        pytest.skip("the native CPU kernels are not built here")
+    model, folder = make_checkpoint("lfm3", default_model_path, tmp_path_factory)
+    lm = load_ours(write_model_gguf(model, folder.parent / "lfm3.q8_0.gguf", "lfm3", qtype="Q8_0"), dtype="auto")
+    attention = lm.model.layers[2]
+    assert lm.model.dtype == torch.bfloat16 and attention.gated and not isinstance(attention.qkv, torch.Tensor)
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    ps = prompts(7, 19, 33, seed=41)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert ids(llm.generate(ps, params)) == [ids(llm.generate([p], params))[0] for p in ps]
+    assert_empty(llm)

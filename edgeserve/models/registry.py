@@ -78,6 +78,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")),
     Architecture("lfm2", "lfm2", ("lfm2",), ("Lfm2ForCausalLM", "LFM2ForCausalLM")),
     Architecture("lfm2moe", "lfm2", ("lfm2_moe", "lfm2moe"), ("Lfm2MoeForCausalLM",)),
+    Architecture("lfm3", "lfm3", ("lfm3",), ("Lfm3ForCausalLM",)),  # GGUF: ours, pending llama.cpp (archs/lfm3)
     Architecture("nemotron_h", "nemotron_h", ("nemotron_h",), ("NemotronHForCausalLM",)),
     # HF names both `nemotron_h` (its config reader names the MoE one); a nemotron_h_moe GGUF without experts is dense
     Architecture("nemotron_h_moe", "nemotron_h"),
