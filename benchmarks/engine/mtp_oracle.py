@@ -13,6 +13,7 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
 
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
+                                    [--draft-vocab 0,32768] [--out /tmp/folder]
 """
 
 from __future__ import annotations
@@ -53,13 +54,16 @@ def main() -> None:
     ap.add_argument("--backoff", type=float, default=None,
                     help="also this acceptance with the back-off policy on (it is off for the other sides)")
     ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
+    ap.add_argument("--draft-vocab", default="32768",
+                    help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
+    ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
     a = ap.parse_args()
 
     from edgeserve import LLM, SamplingParams
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
-    path = write_model(a.shape, a.mix, a.layers, Path(a.vocab))
+    path = write_model(a.shape, a.mix, a.layers, Path(a.vocab), Path(a.out) if a.out else None)
     lm = load_model(resolve(str(path)))
     vocab = lm.config.vocab_size
     prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
@@ -68,16 +72,17 @@ def main() -> None:
     plain = LLM.from_model(lm, speculative="off", **opts)
     reference = plain.generate([prompt], params)[0].outputs[0].token_ids
     engines = {"plain": plain}
-    for k in (int(x) for x in a.ks.split(",")):
-        for acc in (float(x) for x in a.accept.split(",")):
-            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
-            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
-            llm.engine.spec.backoff = None  # the raw cost at this acceptance
-            engines[f"mtp k={k} a={acc:.0%}"] = llm
-        if a.backoff is not None:  # the same with the back-off policy on
-            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
-            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
-            engines[f"mtp k={k} a={a.backoff:.0%} backoff"] = llm
+    for dv in (int(x) for x in a.draft_vocab.split(",")):
+        for k in (int(x) for x in a.ks.split(",")):
+            for acc in (float(x) for x in a.accept.split(",")):
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+                llm.engine.spec.backoff = None  # the raw cost at this acceptance
+                engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
+            if a.backoff is not None:  # the same with the back-off policy on
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
+                engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
     rates: dict[str, list[float]] = {side: [] for side in engines}
     spec: dict[str, tuple[float, float]] = {}
     for _ in range(a.rounds):
@@ -105,15 +110,16 @@ def main() -> None:
                           "tokens_per_verification": round(s[1], 2) if s else None}))
 
 
-def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB) -> Path:
-    """The random GGUF of `shape_name` with one MTP block and the Qwen3.5 vocabulary (written once, cached)."""
+def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB, folder: Path | None = None) -> Path:
+    """The random GGUF of `shape_name` with one MTP block and the Qwen3.5 vocabulary (written once into `folder`,
+    default the cache folder's bench/)."""
     from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
     from edgeserve.registry.paths import edgeserve_home
 
     shape = dataclasses.replace(HYBRID_SHAPES[shape_name], mtp_layers=1)
     if layers:
         shape = dataclasses.replace(shape, layers=layers)
-    path = edgeserve_home() / "bench" / f"{shape_name}{f'-{layers}l' if layers else ''}-mtp-{mix}.gguf"
+    path = (folder or edgeserve_home() / "bench") / f"{shape_name}{f'-{layers}l' if layers else ''}-mtp-{mix}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_random_hybrid(path, shape, mix, vocab)

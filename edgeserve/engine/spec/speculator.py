@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
 # the oracle benchmark's decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md); 4 for the others
 DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
+# token ids the MTP head drafts within (`--spec-draft-vocab`; 0: the whole vocabulary): its output head cut to the
+# lowest ids costs a draft a fraction of the full head's read (docs/perf-log/2026-11-to-12.md)
+DEFAULT_DRAFT_VOCAB = 32768
 # the acceptance below which MTP drafting costs more than it saves (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md):
 # a request under it pauses drafting (spec.backoff)
 MTP_BREAK_EVEN = 0.5
@@ -74,7 +77,7 @@ class Speculator:
     `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
 
     def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, draft_vocab: int | None = None) -> None:
         self.method = method
         self.num_tokens = default_num_tokens(method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
@@ -83,7 +86,8 @@ class Speculator:
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
             self.draft = DraftProposer(draft, target, num_blocks, block_size)
-        self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
+        self.mtp = MtpProposer(target, num_blocks, block_size, DEFAULT_DRAFT_VOCAB if draft_vocab is None
+                               else draft_vocab) if method == "mtp" else None
         self.counters = SpecCounters()
         # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
         # small steps do): a vocabulary-wide op split over busy cores waits longer than it computes
