@@ -83,31 +83,42 @@ def main() -> None:
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
                 engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
-    rates: dict[str, list[float]] = {side: [] for side in engines}
-    spec: dict[str, tuple[float, float]] = {}
-    for _ in range(a.rounds):
+    rates, cpu = measure(engines, prompt, params, reference, a.rounds)
+    base, cpu_base = statistics.median(rates["plain"][0]), statistics.median(cpu["plain"])
+    for side, (r, s) in rates.items():
+        med, cmed = statistics.median(r), statistics.median(cpu[side])
+        print(json.dumps({"shape": a.shape, "layers": a.layers, "mix": a.mix, "side": side,
+                          "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
+                          "ratio": round(med / base, 2), "median_cpu_tok_s": round(cmed, 2),
+                          "cpu_rounds": [round(x, 2) for x in cpu[side]], "cpu_ratio": round(cmed / cpu_base, 2),
+                          "acceptance": round(s[0], 2) if s else None,
+                          "tokens_per_verification": round(s[1], 2) if s else None}))
+
+
+def measure(engines: dict, prompt: list[int], params, reference: list[int], rounds: int):
+    """Per side: (tokens / wall second per round, its (acceptance, tokens per verification) or None), and tokens
+    per CPU second of this process per round (steadier than wall time on a shared machine: another job's turn on
+    the core is not counted; with one thread it is the work a token costs). Sides alternate within each round."""
+    rates: dict[str, tuple[list[float], tuple[float, float] | None]] = {side: ([], None) for side in engines}
+    cpu: dict[str, list[float]] = {side: [] for side in engines}
+    for _ in range(rounds):
         for side, llm in engines.items():
             before = llm.engine.stats()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             out = llm.generate([prompt], params)[0].outputs[0].token_ids
-            dt = time.perf_counter() - start
+            dt, cpu_dt = time.perf_counter() - start, time.process_time() - cpu_start
             assert out == reference, f"{side}: greedy output differs from the plain run's"
-            rates[side].append(len(out) / dt)
+            rates[side][0].append(len(out) / dt)
+            cpu[side].append(len(out) / cpu_dt)
             after = llm.engine.stats()
             prop = after.spec_proposed_tokens - before.spec_proposed_tokens
             if prop:
                 acc = after.spec_accepted_tokens - before.spec_accepted_tokens
                 ver = after.spec_verifications - before.spec_verifications
-                spec[side] = (acc / prop, 1 + acc / max(ver, 1))
-            print(f"# {side}: {len(out)} tokens in {dt:.2f}s = {len(out) / dt:.1f} tok/s", flush=True)
-    base = statistics.median(rates["plain"])
-    for side, r in rates.items():
-        med = statistics.median(r)
-        s = spec.get(side)
-        print(json.dumps({"shape": a.shape, "layers": a.layers, "mix": a.mix, "side": side,
-                          "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
-                          "ratio": round(med / base, 2), "acceptance": round(s[0], 2) if s else None,
-                          "tokens_per_verification": round(s[1], 2) if s else None}))
+                rates[side] = (rates[side][0], (acc / prop, 1 + acc / max(ver, 1)))
+            print(f"# {side}: {len(out)} tokens in {dt:.2f}s ({cpu_dt:.2f} CPU s) = {len(out) / dt:.1f} tok/s",
+                  flush=True)
+    return rates, cpu
 
 
 def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB, folder: Path | None = None) -> Path:

@@ -188,14 +188,17 @@ class DraftVocab:
 def draft_vocab(model: "Qwen35Model", head: MtpHead, size: int) -> DraftVocab | None:
     """The head's output matrix cut to the lowest `size` token ids (made once per size, kept on the head); None where
     `size` is 0 or covers the vocabulary, or the matrix is of a kind that cannot be cut (the full head drafts)."""
-    vocab = model.config.vocab_size
-    if size <= 0 or size >= vocab:
+    if size <= 0 or size >= model.config.vocab_size:
         return None
     if size not in head.draft_vocabs:
-        ids = torch.arange(size, device=model.device)
-        matrix = weight_rows(model.lm_head if head.lm_head is None else head.lm_head, ids, model.dtype)
-        head.draft_vocabs[size] = None if matrix is None else DraftVocab(ids, matrix, model.config.logit_scale)
+        head.draft_vocabs[size] = cut_vocab(model, head, torch.arange(size, device=model.device))
     return head.draft_vocabs[size]
+
+
+def cut_vocab(model: "Qwen35Model", head: MtpHead, ids: torch.Tensor) -> DraftVocab | None:
+    """The head's output matrix cut to the token ids `ids` (any order); None where it cannot be cut."""
+    matrix = weight_rows(model.lm_head if head.lm_head is None else head.lm_head, ids, model.dtype)
+    return None if matrix is None else DraftVocab(ids, matrix, model.config.logit_scale)
 
 
 def weight_rows(weight: LinearWeight, ids: torch.Tensor, dtype: torch.dtype) -> LinearWeight | None:
