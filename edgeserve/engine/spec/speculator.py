@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
 # the oracle benchmark's decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md); 4 for the others
 DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
+# accepted tokens a hybrid's request may carry to recompute (its state went back before them when a later draft was
+# rejected) and still draft on top of them; more: a step without drafts first (docs/perf-log/2026-11-to-12.md)
+MAX_BACKLOG = 2
 # token ids the MTP head drafts within (`--spec-draft-vocab`; 0: the whole vocabulary): its output head cut to the
 # lowest ids costs a draft a fraction of the full head's read (docs/perf-log/2026-11-to-12.md)
 DEFAULT_DRAFT_VOCAB = 32768
@@ -94,6 +97,7 @@ class Speculator:
         self.threads = 1 if target.model.device.type == "cpu" else None
         # MTP is on by default where a file has a head: a request whose drafts are rarely accepted stops drafting
         self.backoff = Backoff(MTP_BREAK_EVEN) if method == "mtp" else None
+        self.max_backlog = MAX_BACKLOG
 
     @staticmethod
     def wants(req: "Request") -> bool:
@@ -114,6 +118,10 @@ class Speculator:
         if self.backoff is not None:
             reqs = [r for r in reqs if self.backoff.drafts_now(r.request_id)]
         ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
+        # a hybrid's request whose last drafts were partly rejected recomputes its accepted tokens (state rollback);
+        # past `max_backlog` of them it takes a step without drafts, which keeps them: drafts rejected again would
+        # send its state back to the same point, and the rows to recompute would grow step after step
+        ks = [0 if r.num_tokens - r.num_computed_tokens - 1 > self.max_backlog else k for r, k in zip(reqs, ks)]
         if self.ngram is not None:
             for r, k in zip(reqs, ks):
                 r.spec_token_ids = self.ngram.propose(r.all_token_ids, k)
