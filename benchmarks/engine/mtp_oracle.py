@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
     ap.add_argument("--draft-vocab", default="32768",
                     help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
+    ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
     a = ap.parse_args()
 
@@ -68,7 +69,7 @@ def main() -> None:
     vocab = lm.config.vocab_size
     prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
-    opts = dict(kv_cache_gb=0.25, max_num_seqs=4, enable_prefix_caching=False)
+    opts = dict(kv_cache_gb=a.kv_gb, max_num_seqs=1, enable_prefix_caching=False)  # one stream
     plain = LLM.from_model(lm, speculative="off", **opts)
     reference = plain.generate([prompt], params)[0].outputs[0].token_ids
     engines = {"plain": plain}
