@@ -94,7 +94,8 @@ class EngineConfig:
             raise config_error(EngineConfig, "num_speculative_tokens", "be an integer from 1 to 16", k)
         v = self.spec_draft_vocab
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise config_error(EngineConfig, "spec_draft_vocab", "be a non-negative integer (0: the whole vocabulary)", v)
+            raise config_error(EngineConfig, "spec_draft_vocab", "be a non-negative integer (0: the whole vocabulary)",
+                               v)
         if self.draft_model is not None and self.speculative not in ("draft", "auto"):
             raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
         try:
