@@ -9,7 +9,9 @@ block made in transformers, converted by llama.cpp's own convert_hf_to_gguf.py w
   native stack (Q8_0);
 - `auto` turns MTP on for a file with a head and leaves a file without one alone; `mtp` on such a file is one line;
 - at temperature > 0 the drafts' distributions go to rejection sampling (verify's own tests check it keeps the
-  target's distribution).
+  target's distribution);
+- a draft vocabulary (`--spec-draft-vocab`: the head's output matrix cut to some token ids) gives the full head's
+  logits of those ids, drafts map back to their token ids, and greedy output does not change.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from mtp_reference import mtp_reference_logits  # noqa: E402
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention  # noqa: E402
 from edgeserve.engine.spec import NoMtpHeadError  # noqa: E402
+from edgeserve.engine.spec.speculator import MAX_BACKLOG  # noqa: E402
 from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
 from edgeserve.llm import LLM  # noqa: E402
-from edgeserve.models.mtp_head import mtp_forward, mtp_logits  # noqa: E402
+from edgeserve.models.mtp_head import cut_vocab, draft_logits, mtp_forward, mtp_logits  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 CASES = ["qwen35-mtp", "qwen35moe-mtp"]
@@ -112,16 +115,18 @@ def outputs(llm: LLM, ps: list[list[int]], params=GREEDY) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_engine_first_drafts_are_the_reference_heads(name, files):
+@pytest.mark.parametrize("draft_vocab", [0, 1500])
+def test_engine_first_drafts_are_the_reference_heads(name, draft_vocab, files):
     """Each first draft is the argmax of the reference head over the whole sequence so far (its K/V kept through
     prompt chunks, verified steps and a hybrid's rolled-back ones), and each second draft the reference's for the
-    row after (the first draft and the head's own output)."""
+    row after (the first draft and the head's own output); with a draft vocabulary, the argmax over its token ids."""
     hf, folder, gguf, _ = files(name)
     lm = load_ours(gguf)
     ps = prompts(1, 2)
     plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps)
     spec = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=3, max_num_batched_tokens=16,
-                          block_size=4)
+                          block_size=4, spec_draft_vocab=draft_vocab)
+    assert (spec.engine.spec.mtp.draft_vocab is not None) == (draft_vocab > 0)
     oracle = spec.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
     rows, execute = [], spec.engine.runner.execute
 
@@ -133,11 +138,14 @@ def test_engine_first_drafts_are_the_reference_heads(name, files):
     assert outputs(spec, ps) == plain
     c = spec.engine.spec.counters
     assert 0 < c.accepted < c.proposed  # drafts accepted and rejected
-    # after a partly rejected step the hybrid computes its accepted tokens again beside its next drafts
-    assert max(rows) > 1
+    # after a partly rejected step the hybrid computes its accepted tokens again beside its next drafts, but never
+    # more than MAX_BACKLOG of them (then a step without drafts keeps them)
+    assert 1 < max(rows) <= MAX_BACKLOG + 1
     checked = 0
     for tokens, drafts in oracle.seen[::3]:
         ref = mtp_reference_logits(hf, folder, tokens, drafts[:1])[-2:]
+        if draft_vocab:
+            ref = ref[:, :draft_vocab]
         for j, row in enumerate(ref[: len(drafts)]):
             top = row.topk(2).values
             if top[0] - top[1] > 1e-3:  # never judge a near-tie
@@ -166,8 +174,12 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     plain = outputs(off, ps)
     auto = LLM.from_model(lm, kv_cache_gb=0.01)  # auto: the file has a head
     assert auto.engine.spec.method == "mtp" and auto.engine.spec.num_tokens == 1
+    assert auto.engine.spec.mtp.draft_vocab is not None  # the default draft vocabulary cuts this head
     assert [outputs(auto, [p])[0] for p in ps] == plain
     assert auto.engine.spec.counters.proposed > 0
+    full = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=2, spec_draft_vocab=0)
+    assert full.engine.spec.mtp.draft_vocab is None
+    assert outputs(full, ps) == plain and full.engine.spec.counters.proposed > 0
     auto.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size, seed=3)
     sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=12)
     opted_out = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, speculative=False)
@@ -179,6 +191,35 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
                                                                         auto.engine.spec.counters.accepted)
     assert 0 < stats.spec_acceptance_rate <= 1 and stats.spec_mean_accepted_length > 1
     assert_spec_pools_empty(auto)
+
+
+@pytest.mark.parametrize("weights", ["f32", "q8"])
+def test_draft_vocabulary_rows_map_back_to_their_token_ids(weights, files):
+    """A head cut to token ids in no particular order gives the full head's logits of those ids (the output matrix's
+    rows: dense, or q8_0 blocks re-cut), and the proposer's drafts are those ids: the argmax among them (greedy), or
+    samples of a distribution that is 0 outside them."""
+    _, _, f32, q8 = files("qwen35-mtp")
+    lm = load_ours(f32 if weights == "f32" else q8, dtype="float32" if weights == "f32" else "bfloat16")
+    model, vocab = lm.model, lm.config.vocab_size
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:700]
+    dv = cut_vocab(model, model.mtp, ids)
+    assert dv is not None and type(dv.matrix) is type(model.lm_head)
+    g = torch.randn(5, lm.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(model.dtype) * 3
+    full = mtp_logits(model, model.mtp, g)[:, :vocab]
+    ours = draft_logits(dv, g)
+    assert ours.shape == (5, 700) and torch.allclose(ours, full[:, ids], rtol=1e-3, atol=1e-3)
+    proposer = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp").engine.spec.mtp
+    proposer.draft_vocab = dv
+    tokens, q = proposer._draw(g, [None] * 5, [GREEDY] * 5, [[] for _ in range(5)], [None] * 5, True)
+    assert q is None and tokens == ids[full[:, ids].argmax(-1)].tolist()
+    assert any(t != int(i) for t, i in zip(tokens, full.argmax(-1)))  # the cut changed some drafts
+    hot = SamplingParams(temperature=1.0)
+    gens = [torch.Generator().manual_seed(i) for i in range(5)]
+    tokens, q = proposer._draw(g, [None] * 5, [hot] * 5, [[] for _ in range(5)], gens, False)
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[ids] = False
+    assert q.shape == (5, vocab) and torch.allclose(q.sum(-1), torch.ones(5), atol=1e-4)
+    assert (q[:, outside] == 0).all() and all(q[r, t] > 0 for r, t in enumerate(tokens))
 
 
 def test_preemption_drops_the_heads_state_and_recomputes(files):

@@ -61,6 +61,7 @@ def test_serve_bad_flag_is_one_line(capsys):
     (["--max-seqs", "0"], dict(max_num_seqs=0)),
     (["--kv-offload", "gpu"], dict(kv_offload="gpu")),
     (["--num-speculative-tokens", "99"], dict(num_speculative_tokens=99)),
+    (["--spec-draft-vocab", "-1"], dict(spec_draft_vocab=-1)),
 ])
 def test_a_bad_engine_value_is_the_same_line_on_every_surface(flags, fields, capsys):
     """One config tree: the Python API, ServerConfig and both CLI commands show EngineConfig's own message."""

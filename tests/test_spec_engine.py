@@ -187,6 +187,11 @@ def test_config_flags_and_bad_values():
     assert off.speculative == "off"
     with pytest.raises(EdgeserveError, match="--num-speculative-tokens"):
         engine_config_from_args(build_parser().parse_args(["run", "hi", "--num-speculative-tokens", "0"]))
+    assert default.spec_draft_vocab is None  # the measured default (spec.DEFAULT_DRAFT_VOCAB)
+    cut = engine_config_from_args(build_parser().parse_args(["run", "hi", "--spec-draft-vocab", "0"]))
+    assert cut.spec_draft_vocab == 0
+    with pytest.raises(EdgeserveError, match="--spec-draft-vocab"):
+        engine_config_from_args(build_parser().parse_args(["run", "hi", "--spec-draft-vocab", "-5"]))
     with pytest.raises(ValueError, match="speculative"):
         EngineConfig(speculative="medusa")
 

@@ -72,6 +72,27 @@ def test_rejection_sampling_reproduces_the_target_distribution(params):
     assert not chi_square_ok(fake, p[0])
 
 
+def test_proposals_from_a_draft_vocabulary_reproduce_the_target_distribution():
+    """A draft that samples within part of the vocabulary (the MTP head's draft vocabulary: q = 0 outside it, as
+    models.mtp_head.full_logits spreads it) still gives exactly the target's distribution, tokens outside included."""
+    from edgeserve.models.mtp_head import DraftVocab, full_logits
+
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    g = torch.Generator().manual_seed(3)
+    p_logits = torch.randn(K + 1, V, generator=g) * 1.5
+    ids = torch.tensor([7, 2, 9, 0, 4, 11])  # half the vocabulary, in no order
+    dv = DraftVocab(ids, torch.empty(0), 1.0)
+    q_logits = full_logits(dv, (p_logits[:K] + torch.randn(K, V, generator=g))[:, ids], V)
+    qd = token_probs(q_logits, [params] * K)
+    assert (qd[:, [1, 3, 5, 6, 8, 10]] == 0).all() and (qd.sum(-1) - 1).abs().max() < 1e-5
+    emitted, p, verdict = run_batch(p_logits, q_logits, params, n=40000)
+    assert 0 < sum(verdict.num_accepted) < K * 40000
+    for j in range(K + 1):
+        counts = position_counts(emitted, j)
+        assert counts[[1, 3, 5, 6, 8, 10]].sum() > 0  # tokens the draft never proposes still come out
+        assert chi_square_ok(counts, p[j]), f"position {j}"
+
+
 def test_point_mass_proposals_reproduce_the_target_distribution():
     params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95)
     g = torch.Generator().manual_seed(2)

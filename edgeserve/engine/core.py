@@ -116,7 +116,7 @@ class EngineCore:
         self.spec: Speculator | None = None
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
-                                   config.block_size, draft)
+                                   config.block_size, draft, config.spec_draft_vocab)
             self.runner.keep_hidden = self.spec.needs_hidden
             self.spec.attach(self.pool, self.scheduler.block_manager)
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
