@@ -163,3 +163,49 @@ def test_gpt_oss_engine_tokens_are_the_same_fused_and_per_op(tmp_path, monkeypat
         assert (model._native is not None) == fused
     assert outputs[0] == outputs[1]
     assert len(set(outputs[0][0])) > 3 or len(set(outputs[0][1])) > 3  # not a degenerate repetition
+
+
+def _near_tie_router(moe, row: torch.Tensor, winner: int, a: int, b: int) -> torch.Tensor:
+    """Router rows for `row` (a float32 [hidden] normed input): expert `winner` certain (logit 1), `a` at logit 0
+    and `b` at a logit that is positive for `row` and negative for `row` rounded to bfloat16, the rest at -1; so a
+    top-2 router picks {winner, b} from the float32 row and {winner, a} from its bf16 rounding."""
+    x, rounded = row.double(), row.bfloat16().double()
+    r = x - rounded  # the rounding; delta . rounded = -|r|^2 / 2 and delta . x = |r|^2 / 2 - alpha (r . rounded)
+    delta = r - (r @ rounded + (r @ r) / 2) / (rounded @ rounded) * rounded
+    unit = x / (x @ x)
+    router = -unit.repeat(moe.router.shape[0], 1)
+    router[winner], router[a], router[b] = unit, 0.0, delta
+    router = router.float()
+    assert router[b].double() @ x > 0 > router[b].double() @ rounded  # the flip is real at float32 weights
+    return router
+
+
+def test_moe_router_sees_the_float32_row_at_a_near_tie_per_op_and_fused(tmp_path, monkeypatch):
+    """A MoE layer's normed input stays float32 in a bfloat16 model (issue 54: bf16 rounding before the router
+    flipped experts at near-ties). Layer 0's router is rebuilt around a one-token step's input so that the float32
+    row picks experts {2, 1} and its bf16 rounding {2, 0}: the per-op step gives what a router offering only
+    expert 1 gives, not what one offering only expert 0 gives, and the fused stack gives the per-op hidden states
+    bit for bit."""
+    model = qwen3moe(tmp_path / "m.gguf", monkeypatch=monkeypatch)
+    moe, seen = model.layers[0].moe, []
+    forward = type(moe).forward
+    monkeypatch.setattr(type(moe), "forward", lambda self, h: seen.append((self, h)) or forward(self, h))
+    step = [[(0, 1)]]
+    run_steps(model, False, step)
+    h = next(h for layer, h in seen if layer is moe)
+    assert h.dtype == torch.float32 and not torch.equal(h, h.bfloat16().float())
+    near_tie = _near_tie_router(moe, h[0], winner=2, a=0, b=1)
+    moe.router.copy_(near_tie)
+    assert moe.route(h)[1][0].tolist() == [2, 1] and moe.route(h.bfloat16())[1][0].tolist() == [2, 0]
+    outputs = {}
+    for name, drop in (("tie", None), ("only 1", 0), ("only 0", 1)):
+        router = near_tie.clone()
+        if drop is not None:
+            router[drop] = router[3]  # out of the running (logit -1)
+        moe.router.copy_(router)
+        outputs[name] = run_steps(model, False, step)[0][0].float()
+    assert torch.allclose(outputs["tie"], outputs["only 1"], rtol=0, atol=0.02)
+    assert (outputs["tie"] - outputs["only 0"]).abs().max() > 0.2
+    moe.router.copy_(near_tie)
+    fused = run_steps(model, True, step)[0][0].float()
+    assert torch.equal(fused, outputs["tie"])

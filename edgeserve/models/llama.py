@@ -36,7 +36,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 from .attention import KVAttention
 from .config import ModelConfig
 from .lora_step import StepLora
-from .moe import MoELayer
+from .moe import MoELayer, ffn_input_dtype
 from .mrope import mrope_axes, mrope_cos_sin
 from .text_part import text_part
 
@@ -295,7 +295,7 @@ class LlamaModel:
                 o = lora.add(o, o_in, i, "o_proj")
             if c.residual_scale != 1.0:  # Granite's residual multiplier
                 o = o * c.residual_scale
-            h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows, lora, i)
             if c.residual_scale != 1.0:
                 y = y * c.residual_scale

@@ -120,6 +120,13 @@ def row_linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     return linear(x, weight)
 
 
+def ffn_input_dtype(layer: object, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a decoder layer's normed feed-forward input: float32 where it is a MoE layer's (its router's
+    input: a bf16-rounded row flips experts at near-ties; the experts quantize or round it themselves, so it costs
+    nothing), else the compute dtype `dtype`."""
+    return torch.float32 if getattr(layer, "moe", None) is not None else dtype
+
+
 def route(logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids long [T, k]) for router logits [T, E], per MoEConfig.router; the
     experts come in order of falling weight."""

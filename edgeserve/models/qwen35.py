@@ -40,7 +40,7 @@ from .attention import KVAttention
 from .config import ModelConfig
 from .archs.gemma4.model import load_table
 from .llama import LlamaModel, load_matrix, set_decoder_fields
-from .moe import MoELayer
+from .moe import MoELayer, ffn_input_dtype
 from .moe_weights import load_moe_layer
 from .mtp_head import MtpHead, attach_mtp_head
 from .text_part import RenamedWeights, language_model_prefix
@@ -257,7 +257,7 @@ class Qwen35Model(LlamaModel):
                 y = self._delta_net(layer, h, states, prompt_rows)
             else:
                 y = self._attention(i, layer, h, cos, sin, attn, prompt_rows)
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)

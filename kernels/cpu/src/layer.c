@@ -230,7 +230,7 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
     /* one allocation per call: float32 scratch first, then the narrower types */
     size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
-                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max + mix_max);
+                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max + mix_max + hidden);
     size_t bytes = floats * 4 + (size_t)T * qd_max * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
                    (size_t)T * 2 * sizeof(int32_t) + 64;
     char *mem = malloc(bytes);
@@ -239,7 +239,8 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
     float *act = gu + (size_t)T * 2 * f_max, *gp = act + (size_t)T * act_max;
     float *vk = gp + (size_t)T * 2 * w; /* V = K's copy (k_eq_v layers) */
     float *mix = vk + (size_t)T * kvd_max; /* Qwen3.5's: a mixer's scratch and output, or gated q, k and output */
-    float *cs = mix + (size_t)T * mix_max, *sn = cs + (size_t)T * half;
+    float *hm = mix + (size_t)T * mix_max; /* a MoE layer's normed input, float32 (its router's input) */
+    float *cs = hm + (size_t)T * hidden, *sn = cs + (size_t)T * half;
     float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half_l : sn;
     float *da = (local ? sn_l + (size_t)T * half_l : sn + (size_t)T * half);
     char *rest = (char *)(da + (size_t)T * (kmax / 32));
@@ -359,10 +360,12 @@ int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, flo
         MARK(P_O);
     mixed:
         if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
-        qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, h, m->act_bf16);
+        /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54) */
+        qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, L->moe ? (void *)hm : h,
+                         L->moe ? 0 : m->act_bf16);
         MARK(P_NORM);
         if (L->moe) { /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of the dense MLP */
-            if (qmm_moe_forward(L->moe, T, h, m->act_bf16, hidden, 0, 0, 1, o)) goto oom;
+            if (qmm_moe_forward(L->moe, T, hm, 0, hidden, 0, 0, 1, o)) goto oom;
             MARK(P_MOE);
         } else {
             qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);

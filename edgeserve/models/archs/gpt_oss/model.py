@@ -31,7 +31,7 @@ from edgeserve.loaders.weights import WeightSource, WeightValue
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
-from edgeserve.models.moe import MoEConfig
+from edgeserve.models.moe import MoEConfig, ffn_input_dtype
 from edgeserve.models.moe_weights import load_moe_layer
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -202,7 +202,7 @@ class GptOssModel(LlamaModel):
                 q, k = apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype)
                 o = attn(i, q, k, v.to(self.dtype), window=windows[i], sinks=self.sinks[i])  # type: ignore[call-arg]
             h, x = add_rms_norm(linear(o, layer.o_proj, self.o_biases[i].to(o.dtype), prompt_rows), x,
-                                layer.post_norm, eps, self.dtype)
+                                layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows)
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
