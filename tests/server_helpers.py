@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import uvicorn
@@ -107,3 +108,23 @@ class StepGate:
     def restore(self) -> None:
         self.open()
         self.core.step = self.step
+
+
+def write_tool_and_think(folder: Path) -> tuple[str, str]:
+    """scripted_gguf's two chat models in `folder`: tooly.gguf (answers with a tool call) and thinky.gguf (qwen3,
+    thinks first); their paths."""
+    from scripted_gguf import THINK_SCRIPT, THINK_TEMPLATE, TOOL_SCRIPT, TOOL_TEMPLATE, write_scripted_gguf
+
+    tool = write_scripted_gguf(folder / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
+    think = write_scripted_gguf(folder / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
+    return str(tool), str(think)
+
+
+@contextlib.contextmanager
+def serve_scripted(folder: Path, *more: str) -> Iterator[RunningServer]:
+    """A server (4 sequences, a small KV pool, no unloading) of write_tool_and_think's models and `more`."""
+    from edgeserve.engine.config import EngineConfig
+
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
+                            models=(*write_tool_and_think(folder), *more), keep_alive=None)) as s:
+        yield s

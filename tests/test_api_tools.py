@@ -11,11 +11,8 @@ import httpx
 import openai
 import pytest
 
-from edgeserve.server import ServerConfig
-from edgeserve.engine.config import EngineConfig
-from scripted_gguf import (ANSWER, THINK_SCRIPT, THINK_TEMPLATE, THOUGHT, TOOL_SCRIPT, TOOL_TEMPLATE,
-                           write_scripted_gguf)
-from server_helpers import serve
+from scripted_gguf import ANSWER, THOUGHT
+from server_helpers import serve_scripted
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 A_TOOLS = [{"name": "get_weather", "description": "Weather in a city", "input_schema": SCHEMA}]
@@ -26,11 +23,7 @@ PARIS = {"city": "Paris"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("scripted")
-    tool = write_scripted_gguf(d / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
-    think = write_scripted_gguf(d / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
-    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
-                            models=(str(tool), str(think)), keep_alive=None)) as s:
+    with serve_scripted(tmp_path_factory.mktemp("scripted")) as s:
         yield s
 
 

@@ -31,7 +31,8 @@ from edgeserve.sampling_params import SamplingParams
 pytest.importorskip("transformers")
 from qwen35_helpers import hf_qwen35, state_pool, write_qwen35_gguf  # noqa: E402
 from test_cpu_decoder import _native_on  # noqa: E402,F401  (the fixture keeps the kernels on)
-from test_qwen35_engine import OracleProposer, assert_empty, ids, prompts  # noqa: E402
+from test_qwen35_engine import (OracleProposer, assert_empty, check_cancel_returns_the_seat, ids,  # noqa: E402
+                               prompts)
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 BLOCK = 4
@@ -138,16 +139,22 @@ def per_op(llm: LLM):
         llm.lm.model._native = False
 
 
+def check_batched_and_chunked(llm: LLM, ps: list[list[int]], alone: list[list[int]]) -> None:
+    """`ps` generated together, and again in 16-token prompt chunks, give their tokens alone (`alone`), every
+    state seat back afterwards."""
+    assert ids(llm.generate(ps, GREEDY)) == alone and len(set(alone[3])) > 2
+    assert_empty(llm.engine)
+    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert ids(chunked.generate(ps, GREEDY)) == alone
+    assert_empty(chunked.engine)
+
+
 def test_qwen35_engine_tokens_are_the_per_op_paths(fused_llm):
     """Batched, chunked, preempted, beside a cancel: the fused stack's tokens are the per-op path's alone."""
     ps = prompts(5, 23, 40, 71)
     with per_op(fused_llm):
         alone = [ids(fused_llm.generate([p], GREEDY))[0] for p in ps]
-    assert ids(fused_llm.generate(ps, GREEDY)) == alone and len(set(alone[3])) > 2
-    assert_empty(fused_llm.engine)
-    chunked = LLM.from_model(fused_llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert ids(chunked.generate(ps, GREEDY)) == alone
-    assert_empty(chunked.engine)
+    check_batched_and_chunked(fused_llm, ps, alone)
     per = fused_llm.engine.states.budget.bytes_per_slot
     small = LLM.from_model(fused_llm.lm, kv_cache_gb=8 * per / 2**30, max_num_seqs=4, enable_prefix_caching=False)
     assert 6 <= small.engine.scheduler.block_manager.num_blocks < 14  # the longest fits; all four at once do not
@@ -156,20 +163,7 @@ def test_qwen35_engine_tokens_are_the_per_op_paths(fused_llm):
         grow_alone = [ids(fused_llm.generate([p], GREEDY))[0] for p in grow]
     assert ids(small.generate(grow, GREEDY)) == grow_alone and small.engine.stats().num_preemptions > 0
     assert_empty(small.engine)
-    engine = fused_llm.engine
-    rids = [engine.add_request(p, GREEDY) for p in ps[:3]]
-    outs: dict[str, list[int]] = {r: [] for r in rids}
-    for n in range(4):
-        if n == 3:
-            engine.finish_request(rids[1])
-        for o in engine.step():
-            outs[o.request_id] += o.token_ids
-    assert engine.states.num_seated == 2 and not engine.states.has_seat(rids[1])
-    while engine.has_work():
-        for o in engine.step():
-            outs[o.request_id] += o.token_ids
-    assert outs[rids[0]] == alone[0] and outs[rids[2]] == alone[2]
-    assert_empty(engine)
+    check_cancel_returns_the_seat(fused_llm.engine, ps, alone)
 
 
 def test_qwen35_engine_prefix_hit_and_speculation_fused(fused_llm):
@@ -208,9 +202,5 @@ def test_qwen35moe_engine_tokens_are_the_per_op_paths(tmp_path):
     ps = prompts(5, 23, 40, 71)
     with per_op(llm):
         alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
-    assert ids(llm.generate(ps, GREEDY)) == alone and len(set(alone[3])) > 2
-    assert_empty(llm.engine)
-    chunked = LLM.from_model(llm.lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert ids(chunked.generate(ps, GREEDY)) == alone
+    check_batched_and_chunked(llm, ps, alone)
     assert isinstance(llm.lm.model._native, NativeDecoder)
-    assert_empty(chunked.engine)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import engine_checks
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.engine.config import EngineConfig
@@ -52,21 +53,8 @@ def config(lm, pool_blocks: int, kv: str = "q8_0", host_blocks: int = 0, disk: P
 
 
 def drive(engine: EngineCore, prompts: list[list[int]], concurrent: bool = False):
-    """Run prompts (one after another, or all at once); ({id: tokens}, {id: cached prompt tokens})."""
-    outs: dict[str, list[int]] = {}
-    cached: dict[str, int] = {}
-
-    def drain():
-        while engine.has_work():
-            for o in engine.step():
-                outs.setdefault(o.request_id, []).extend(o.token_ids)
-                cached[o.request_id] = o.num_cached_tokens
-    for i, p in enumerate(prompts):
-        engine.add_request(p, GREEDY, request_id=f"r{i}")
-        if not concurrent:
-            drain()
-    drain()
-    return outs, cached
+    """engine_checks.drive with greedy sampling."""
+    return engine_checks.drive(engine, prompts, GREEDY, concurrent)
 
 
 def prompts(lengths, seed=5):

@@ -23,6 +23,7 @@ from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.sampling_params import SamplingParams
 
+from support import engine_checks
 from tiny_gguf import write_tiny_llama
 
 BS = 8  # tokens per block
@@ -54,21 +55,8 @@ def config(lm, pool_blocks: int, host_blocks: int = 0, disk: Path | None = None,
 
 
 def drive(engine: EngineCore, prompts: list[list[int]], concurrent: bool = False):
-    """Run prompts (one after another, or all at once); return ({id: tokens}, {id: cached prompt tokens})."""
-    outs: dict[str, list[int]] = {}
-    cached: dict[str, int] = {}
-
-    def drain():
-        while engine.has_work():
-            for o in engine.step():
-                outs.setdefault(o.request_id, []).extend(o.token_ids)
-                cached[o.request_id] = o.num_cached_tokens
-    for i, p in enumerate(prompts):
-        engine.add_request(p, GREEDY, request_id=f"r{i}")
-        if not concurrent:
-            drain()
-    drain()
-    return outs, cached
+    """engine_checks.drive with greedy sampling."""
+    return engine_checks.drive(engine, prompts, GREEDY, concurrent)
 
 
 def docs_workload(n_docs: int = 3, doc_blocks: int = 5, n_requests: int = 9, seed: int = 0) -> list[list[int]]:

@@ -10,10 +10,7 @@ import json
 import httpx
 import pytest
 
-from edgeserve.engine.config import EngineConfig
-from edgeserve.server import ServerConfig
-from scripted_gguf import THINK_SCRIPT, THINK_TEMPLATE, TOOL_SCRIPT, TOOL_TEMPLATE, write_scripted_gguf
-from server_helpers import serve
+from server_helpers import serve_scripted
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -28,11 +25,7 @@ GREEDY = {"temperature": 0, "top_k": 1}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("clients")
-    tool = write_scripted_gguf(d / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
-    think = write_scripted_gguf(d / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
-    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
-                            models=(str(tool), str(think)), keep_alive=None)) as s:
+    with serve_scripted(tmp_path_factory.mktemp("clients")) as s:
         yield s
 
 

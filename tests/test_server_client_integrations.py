@@ -15,10 +15,8 @@ import sys
 import pytest
 from pydantic import BaseModel
 
-from edgeserve.engine.config import EngineConfig
-from edgeserve.server import ServerConfig
-from scripted_gguf import ANSWER, THINK_SCRIPT, THINK_TEMPLATE, THOUGHT, TOOL_SCRIPT, TOOL_TEMPLATE, write_scripted_gguf
-from server_helpers import serve
+from scripted_gguf import ANSWER, THOUGHT
+from server_helpers import serve_scripted
 
 ASK = "Weather in Paris?"
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
@@ -39,11 +37,7 @@ def server(tmp_path_factory):
     from edgeserve.registry import pull
 
     pull("all-minilm", progress=False)
-    d = tmp_path_factory.mktemp("integrations")
-    tool = write_scripted_gguf(d / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
-    think = write_scripted_gguf(d / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
-    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
-                            models=(str(tool), str(think), "all-minilm"), keep_alive=None)) as s:
+    with serve_scripted(tmp_path_factory.mktemp("integrations"), "all-minilm") as s:
         yield s
 
 

@@ -11,9 +11,8 @@ import pytest
 
 from edgeserve.server import ServerConfig
 from edgeserve.engine.config import EngineConfig
-from scripted_gguf import (ANSWER, THINK_SCRIPT, THINK_TEMPLATE, THOUGHT, TOOL_SCRIPT, TOOL_TEMPLATE,
-                           write_scripted_gguf)
-from server_helpers import serve
+from scripted_gguf import ANSWER, THOUGHT
+from server_helpers import serve, write_tool_and_think
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -23,10 +22,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("scripted")
-    tool = write_scripted_gguf(d / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
-    think = write_scripted_gguf(d / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
-    return str(tool), str(think)
+    return write_tool_and_think(tmp_path_factory.mktemp("scripted"))
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class Gemma4Shape:
+class Gemma4Shape(TextShape):
     """The dimensions of a Gemma 4 E-model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     head_dim: int  # sliding-window layers
     global_head_dim: int  # full-attention layers
     ffn: int  # doubled in the KV-shared layers

@@ -48,6 +48,16 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
     return blocks.reshape(rows, cols // per * size)
 
 
+@dataclass(frozen=True)
+class TextShape:
+    """The dimensions every architecture's text stack has (each random_*_gguf adds its own)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+
 @dataclass
 class LlamaShape:
     """The dimensions of a Llama-family (or, with `gemma3`, a Gemma 3) model."""

@@ -20,17 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class HybridShape:
+class HybridShape(TextShape):
     """The dimensions of a Qwen3.5 dense (or, with `experts`, MoE) model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     head_dim: int
     ffn: int  # the dense FFN (for MoE: unused, 0)
     linear_k_heads: int  # Gated DeltaNet Q/K heads (ssm.group_count)

@@ -16,17 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class Lfm2Shape:
+class Lfm2Shape(TextShape):
     """The dimensions of an LFM2 model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     ffn: int  # the adjusted MLP width llama.cpp's converter writes (feed_forward_length)
     attention: tuple[int, ...]  # the attention layers' indices
     vocab: int
