@@ -10,24 +10,15 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.glm import TOKENS
-from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
-                                 vocab)
+from format_family_check import accepts, context, family_tests, tools, vocab
 
 
-@pytest.mark.parametrize("case", data_cases("glm"), ids=case_id)
-def test_reads_what_llama_cpp_reads(case):
-    got, want = check_case(case)
-    assert same(got, want), (got, want)
-
-
-@pytest.mark.parametrize("name, templates", [
-    ("glm_4_6", ["GLM-4.6.jinja"]),
-    ("glm_4_7", ["GLM-4.7-Flash.jinja", "Spark2.5.jinja"]),
-    ("ling3", ["inclusionai-ling-3.0-flash.jinja"]),
-    ("laguna", ["poolside-Laguna-S-2.1.jinja", "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-XS.2.jinja"]),
-])
-def test_detected_for_its_templates_and_no_other(name, templates):
-    assert detected_templates(name) == templates
+test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("glm", {
+    "glm_4_6": ["GLM-4.6.jinja"],
+    "glm_4_7": ["GLM-4.7-Flash.jinja", "Spark2.5.jinja"],
+    "ling3": ["inclusionai-ling-3.0-flash.jinja"],
+    "laguna": ["poolside-Laguna-S-2.1.jinja", "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-XS.2.jinja"],
+})
 
 
 def test_hermes_json_in_tool_call_tags_is_not_a_glm_call():

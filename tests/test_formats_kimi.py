@@ -10,22 +10,13 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.kimi import (ARGS_BEGIN, CALL_BEGIN, CALL_END, CLOSE, K2_TOKENS, K3_TOKENS, MESSAGE_END,
                                          OPEN, RESPONSE, SECTION_BEGIN, SECTION_END, SEP, TOOLS)
-from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
-                                 vocab)
+from format_family_check import accepts, context, family_tests, tools, vocab
 
 
-@pytest.mark.parametrize("case", data_cases("kimi"), ids=case_id)
-def test_reads_what_llama_cpp_reads(case):
-    got, want = check_case(case)
-    assert same(got, want), (got, want)
-
-
-@pytest.mark.parametrize("name, templates", [
-    ("kimi_k2", ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"]),
-    ("kimi_k3", ["Kimi-K3.jinja"]),
-])
-def test_detected_for_its_templates_and_no_other(name, templates):
-    assert detected_templates(name) == templates
+test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("kimi", {
+    "kimi_k2": ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"],
+    "kimi_k3": ["Kimi-K3.jinja"],
+})
 
 
 @pytest.fixture(scope="module", params=["markup is special tokens", "markup is text"])

@@ -10,21 +10,12 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.minimax import M2_TOKENS, M3_TOKENS, NS
-from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
-                                 vocab)
+from format_family_check import accepts, context, family_tests, tools, vocab
 
 
-@pytest.mark.parametrize("case", data_cases("minimax"), ids=case_id)
-def test_reads_what_llama_cpp_reads(case):
-    got, want = check_case(case)
-    assert same(got, want), (got, want)
-
-
-@pytest.mark.parametrize("name, templates", [
-    ("minimax_m1", ["MiniMax-M1.jinja"]), ("minimax_m2", ["MiniMax-M2.jinja"]), ("minimax_m3", ["MiniMax-M3.jinja"]),
-])
-def test_detected_for_its_templates_and_no_other(name, templates):
-    assert detected_templates(name) == templates
+test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("minimax", {
+    "minimax_m1": ["MiniMax-M1.jinja"], "minimax_m2": ["MiniMax-M2.jinja"], "minimax_m3": ["MiniMax-M3.jinja"],
+})
 
 
 @pytest.fixture(scope="module", params=["markup is special tokens", "markup is text"])

@@ -8,18 +8,11 @@ import json
 import pytest
 
 from edgeserve.text.formats import get_format
-from format_family_check import (accepts, case_id, check_case, context, data_cases, detected_templates, same, tools,
-                                 vocab)
+from format_family_check import accepts, context, family_tests, tools, vocab
 
 
-@pytest.mark.parametrize("case", data_cases("nemotron"), ids=case_id)
-def test_reads_what_llama_cpp_reads(case):
-    got, want = check_case(case)
-    assert same(got, want), (got, want)
-
-
-def test_detected_for_its_template_and_no_other():
-    assert detected_templates("nemotron_v2") == ["NVIDIA-Nemotron-Nano-v2.jinja"]
+test_reads_what_llama_cpp_reads, test_detected_for_its_template_and_no_other = family_tests(
+    "nemotron", {"nemotron_v2": ["NVIDIA-Nemotron-Nano-v2.jinja"]})
 
 
 def _call(*calls):
