@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from support.scheduler_runs import run_scheduler
 
 from edgeserve.engine.kv_blocks import block_hash
 from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
@@ -55,22 +56,7 @@ def make(num_blocks: int, tmp_path=None, host_blocks: int = 0, disk: bool = Fals
 
 def run(sched: Scheduler, model: TensorModel, requests: dict, max_tokens: dict, arrivals: dict | None = None) -> dict:
     """Drive until every request is done; check the pool's bookkeeping each step."""
-    arrivals = arrivals or {sid: 0 for sid in requests}
-    done: dict = {}
-    for step in range(5000):
-        for sid, at in arrivals.items():
-            if at == step:
-                sched.add(Sequence(sid, list(requests[sid])))
-        if not sched.has_unfinished() and len(done) == len(requests):
-            return done
-        out = sched.schedule()
-        sched.update(out, model.step(out))
-        for s in out.scheduled:
-            seq = sched.get(s.seq_id)
-            if len(seq.output_token_ids) >= max_tokens[s.seq_id]:
-                done[s.seq_id] = sched.finish(s.seq_id, "length").output_token_ids
-        sched.block_manager.check_integrity()
-    raise AssertionError("run did not finish")
+    return run_scheduler(sched, model, requests, max_tokens, arrivals)
 
 
 def sequential(sched, model, requests, max_tokens) -> dict:

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from support.scheduler_runs import run_scheduler
 
 from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence, SeqStatus
 from edgeserve.errors import EdgeserveError, QueueFullError
@@ -34,28 +35,14 @@ class FakeModel:
 def run(sched: Scheduler, requests: dict, max_tokens: dict, arrivals: dict | None = None) -> dict:
     """Drive `sched` with FakeModel until every request is done; check invariants each step."""
     cfg, bm = sched.config, sched.block_manager
-    model = FakeModel(bm.num_blocks, bm.block_size)
-    arrivals = arrivals or {sid: 0 for sid in requests}
-    done: dict = {}
-    for step in range(5000):
-        for sid, at in arrivals.items():
-            if at == step:
-                sched.add(Sequence(sid, list(requests[sid])))
-        if not sched.has_unfinished() and len(done) == len(requests):
-            break
-        out = sched.schedule()
+
+    def within_limits(out: SchedulerOutput) -> None:
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
         assert len(out.scheduled) <= cfg.max_num_seqs and len(sched.running) <= cfg.max_num_seqs
         assert len({s.seq_id for s in out.scheduled}) == len(out.scheduled)
         assert not out.finished
-        sched.update(out, model.step(out))
-        for s in out.scheduled:
-            seq = sched.get(s.seq_id)
-            if len(seq.output_token_ids) >= max_tokens[s.seq_id]:
-                done[s.seq_id] = sched.finish(s.seq_id, "length").output_token_ids
-        bm.check_integrity()
-    else:
-        raise AssertionError("run did not finish")
+    done = run_scheduler(sched, FakeModel(bm.num_blocks, bm.block_size), requests, max_tokens, arrivals,
+                         on_schedule=within_limits)
     assert bm.num_free_blocks == bm.num_blocks
     return done
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.scheduler_runs import run_scheduler
 
 from edgeserve.engine import kv_cache
 from edgeserve.engine.config import EngineConfig
@@ -186,27 +187,14 @@ class WindowFakeModel:
 
 def drive(sched, requests: dict, max_tokens: dict, arrivals: dict) -> dict:
     """Run the scheduler over WindowFakeModel until every request is done, checking the pools every step."""
-    from edgeserve.engine.scheduler import Sequence
-
     bm = sched.block_manager
-    model, done = WindowFakeModel(bm), {}
-    for step in range(5000):
-        for sid, at in arrivals.items():
-            if at == step:
-                sched.add(Sequence(sid, list(requests[sid])))
-        if not sched.has_unfinished() and len(done) == len(requests):
-            return done
-        out = sched.schedule()
-        sched.update(out, model.step(out))
-        for s in out.scheduled:
-            if len(sched.get(s.seq_id).output_token_ids) >= max_tokens[s.seq_id]:
-                done[s.seq_id] = sched.finish(s.seq_id, "length").output_token_ids
-        bm.check_integrity()
+
+    def window_bounded() -> None:
         if bm.window is not None:
             for seq in sched.running:
                 if seq.num_computed_tokens >= seq.num_tokens - 1:
                     assert bm.window_blocks_held(seq.seq_id) <= WINDOW // BS + 1
-    raise AssertionError("run did not finish")
+    return run_scheduler(sched, WindowFakeModel(bm), requests, max_tokens, arrivals, after_step=window_bounded)
 
 
 @pytest.mark.parametrize("seed", range(4))
