@@ -128,3 +128,17 @@ def serve_scripted(folder: Path, *more: str) -> Iterator[RunningServer]:
     with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
                             models=(*write_tool_and_think(folder), *more), keep_alive=None)) as s:
         yield s
+
+
+@contextlib.contextmanager
+def serve_tiny(folder: Path, **config) -> Iterator[RunningServer]:
+    """A server of tiny_gguf's llama (written as `folder`/tiny.gguf, served as "tiny") with a 0.01 GB KV pool and no
+    unloading; `config`: more ServerConfig fields."""
+    from tiny_gguf import write_tiny_llama
+
+    from edgeserve.engine.config import EngineConfig
+
+    path = write_tiny_llama(folder / "tiny.gguf")
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None,
+                            **config)) as s:
+        yield s

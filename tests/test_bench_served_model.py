@@ -7,10 +7,7 @@ import json
 import pytest
 
 from edgeserve.cli import main
-from edgeserve.engine.config import EngineConfig
-from edgeserve.server import ServerConfig
-from server_helpers import serve
-from tiny_gguf import write_tiny_llama
+from server_helpers import serve_tiny
 
 ARGS = ["--num-requests", "2", "--prompt-tokens", "8", "--max-tokens", "3", "--warmup", "0", "--json", "-",
         "--no-progress"]
@@ -18,8 +15,7 @@ ARGS = ["--num-requests", "2", "--prompt-tokens", "8", "--max-tokens", "3", "--w
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tiny = write_tiny_llama(tmp_path_factory.mktemp("bench") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(tiny),), keep_alive=None)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("bench")) as s:
         yield s
 
 

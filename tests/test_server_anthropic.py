@@ -7,10 +7,7 @@ import anthropic
 import httpx
 import pytest
 
-from edgeserve.server import ServerConfig
-from edgeserve.engine.config import EngineConfig
-from server_helpers import serve
-from tiny_gguf import write_tiny_llama
+from server_helpers import serve_tiny
 
 KEY = "k-anthropic"
 MSGS = [{"role": "user", "content": "hello there"}]
@@ -19,9 +16,7 @@ GREEDY = {"extra_body": {"temperature": 0, "top_k": 1, "top_p": 1.0}}  # this SD
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("anthropic") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01),
-                            models=(str(path),), keep_alive=None, api_key=KEY)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("anthropic"), api_key=KEY) as s:
         yield s
 
 

@@ -6,10 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from edgeserve.server import ServerConfig
-from edgeserve.engine.config import EngineConfig
-from server_helpers import serve
-from tiny_gguf import write_tiny_llama
+from server_helpers import serve_tiny
 
 BAD_VALUES = [None, 0, -1, 1.5, True, "", "x", [], [None], [[]], [{}], {}, {"type": "text"}, [1, "a"], [[-1]],
               [{"role": "user"}], [{"role": "user", "content": None}], [{"role": "user", "content": [None]}],
@@ -32,8 +29,7 @@ ROUTES = {
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("fuzz") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("fuzz")) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             yield c
 

@@ -18,7 +18,7 @@ import pytest
 
 from edgeserve.server import ServerConfig
 from edgeserve.engine.config import EngineConfig
-from server_helpers import serve
+from server_helpers import serve, serve_tiny
 from tiny_gguf import write_tiny_llama
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -86,8 +86,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, browser):
-    path = write_tiny_llama(tmp_path_factory.mktemp("chat_page") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("chat_page")) as s:
         yield s
 
 

@@ -7,16 +7,12 @@ import json
 import httpx
 import pytest
 
-from edgeserve.server import ServerConfig
-from edgeserve.engine.config import EngineConfig
-from server_helpers import serve
-from tiny_gguf import write_tiny_llama
+from server_helpers import serve_tiny
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("ollama") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("ollama")) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             yield c
 

@@ -10,12 +10,9 @@ import ollama
 import pytest
 import torch
 
-from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.sampler import apply_penalties, apply_typical
 from edgeserve.sampling_params import SamplingParams
-from edgeserve.server import ServerConfig
-from server_helpers import serve
-from tiny_gguf import write_tiny_llama
+from server_helpers import serve_tiny
 
 HARDWARE = dict(num_thread=2, num_gpu=1, main_gpu=0, num_batch=8, num_keep=4, use_mmap=True, use_mlock=False,
                 numa=False, low_vram=False, vocab_only=False, f16_kv=True, tfs_z=1.0, mirostat=0, mirostat_eta=0.1,
@@ -24,8 +21,7 @@ HARDWARE = dict(num_thread=2, num_gpu=1, main_gpu=0, num_batch=8, num_keep=4, us
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("ollama_opts") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("ollama_opts")) as s:
         yield s
 
 

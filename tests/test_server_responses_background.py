@@ -8,10 +8,7 @@ import httpx
 import openai
 import pytest
 
-from edgeserve.engine.config import EngineConfig
-from edgeserve.server import ServerConfig
-from server_helpers import StepGate, serve, wait_until
-from tiny_gguf import write_tiny_llama
+from server_helpers import StepGate, serve_tiny, wait_until
 
 KEY = "k-background"
 CAPACITY = 3
@@ -19,9 +16,7 @@ CAPACITY = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("background") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None,
-                            api_key=KEY, max_stored_responses=CAPACITY)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("background"), api_key=KEY, max_stored_responses=CAPACITY) as s:
         yield s
 
 

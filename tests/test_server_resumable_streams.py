@@ -11,10 +11,7 @@ import httpx
 import openai
 import pytest
 
-from edgeserve.engine.config import EngineConfig
-from edgeserve.server import ServerConfig
-from server_helpers import StepGate, serve, wait_until
-from tiny_gguf import write_tiny_llama
+from server_helpers import StepGate, serve_tiny, wait_until
 
 GRACE = 5.0
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -22,9 +19,7 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("resumable") / "tiny.gguf")
-    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None,
-                            resume_grace_seconds=GRACE)) as s:
+    with serve_tiny(tmp_path_factory.mktemp("resumable"), resume_grace_seconds=GRACE) as s:
         yield s
 
 
