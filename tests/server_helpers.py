@@ -142,3 +142,32 @@ def serve_tiny(folder: Path, **config) -> Iterator[RunningServer]:
     with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None,
                             **config)) as s:
         yield s
+
+
+@contextlib.contextmanager
+def gated_steps(server: RunningServer, model: str = "tiny"):
+    """A StepGate on the loaded `model`'s engine core, restored afterwards."""
+    gate = StepGate(server.manager.entries[model].engine.core)
+    try:
+        yield gate
+    finally:
+        gate.restore()
+
+
+def post_api(server: RunningServer, path: str, body: dict, stream: bool = False):
+    """POST `body` to `path`, status 200 asserted: the JSON reply, or with `stream` the events (NDJSON lines for
+    /api/chat, else SSE `data:` events but [DONE]) as a list."""
+    import json
+
+    import httpx
+
+    if not stream:
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.strip()]
+    if path == "/api/chat":
+        return [json.loads(line) for line in lines]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]

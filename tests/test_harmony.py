@@ -28,7 +28,7 @@ from edgeserve.text.harmony import (MARKERS, HarmonyOptions, HarmonyParser, reas
                                     template_is_harmony, tool_call_grammar, tools_namespace)
 from edgeserve.text.tool_calls import messages_for_template
 from scripted_gguf import write_scripted_gguf
-from server_helpers import serve
+from server_helpers import post_api, serve
 
 TEMPLATE_SOURCE = (Path(__file__).parent / "gpt_oss_chat_template.jinja").read_text()
 DATE = "2025-06-28"
@@ -485,18 +485,7 @@ def server(tmp_path_factory):
 
 
 def _post(server, path, body, stream=False):
-    if "input" not in body:
-        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], **body}
-    if not stream:
-        r = httpx.post(server.url + path, json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        return r.json()
-    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        lines = [line for line in r.iter_lines() if line.strip()]
-    if path == "/api/chat":
-        return [json.loads(line) for line in lines]
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+    return post_api(server, path, body if "input" in body else {"messages": [{"role": "user", "content": "Weather in Paris?"}], **body}, stream)
 
 
 def _no_markers(obj) -> None:

@@ -29,7 +29,7 @@ from edgeserve.text.grammar import GrammarCompiler, GrammarSpec, allowed_mask, j
 from edgeserve.text.formats import detect_format
 from edgeserve.text.xml_tool_calls import CALL_TAGS, forced_call_grammar, typed_value
 from scripted_gguf import ANSWER, NEWLINE, THOUGHT, TOOL_TEMPLATE, write_scripted_gguf
-from server_helpers import serve
+from server_helpers import post_api, serve
 from format_cases import walk as _walk
 
 SOURCE = (Path(__file__).parent / "qwen35_chat_template.jinja").read_text()
@@ -324,18 +324,7 @@ def server(tmp_path_factory):
 
 
 def _post(server, path, body, stream=False):
-    if "input" not in body:
-        body = {"messages": ASK, **body}
-    if not stream:
-        r = httpx.post(server.url + path, json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        return r.json()
-    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        lines = [line for line in r.iter_lines() if line.strip()]
-    if path == "/api/chat":
-        return [json.loads(line) for line in lines]
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+    return post_api(server, path, body if "input" in body else {"messages": ASK, **body}, stream)
 
 
 def _no_markup(obj) -> None:

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import StepGate, serve_tiny, wait_until
+from server_helpers import gated_steps, serve_tiny, wait_until
 
 KEY = "k-background"
 CAPACITY = 3
@@ -29,9 +29,8 @@ def client(server):
 
 @pytest.fixture
 def gate(server, client):
-    g = StepGate(server.manager.entries["tiny"].engine.core)
-    yield g
-    g.restore()
+    with gated_steps(server) as g:
+        yield g
 
 
 KW = dict(model="tiny", input="hello there", temperature=0)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import StepGate, serve_tiny, wait_until
+from server_helpers import gated_steps, serve_tiny, wait_until
 
 GRACE = 5.0
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -32,9 +32,8 @@ def client(server):
 
 @pytest.fixture
 def gate(server, client):
-    g = StepGate(server.manager.entries["tiny"].engine.core)
-    yield g
-    g.restore()
+    with gated_steps(server) as g:
+        yield g
 
 
 def _text(chunks) -> str:
