@@ -37,13 +37,6 @@ FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens
          "sentence_bert_config.json")
 
 
-@pytest.fixture(scope="module")
-def minilm() -> Path:
-    from edgeserve.registry import pull
-
-    return pull("all-minilm", progress=False)
-
-
 def tiny_bert_folder(minilm: Path, dest: Path, pooling: str):
     """A random 2-layer BERT saved with MiniLM's tokenizer and sentence-transformers files, `pooling` ("mean" or
     "cls") in 1_Pooling/config.json; returns the model."""

@@ -30,23 +30,6 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from edgeserve.registry import pull
-
-    return pull("all-minilm", progress=False)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(minilm):
-    import tokenizers
-
-    tok = tokenizers.Tokenizer.from_file(str(minilm / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
-
-
 def _tiny_bert(seed: int = 0):
     from transformers import BertConfig, BertModel
 
@@ -67,7 +50,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-def test_wordpiece_from_gguf_equals_hf(tmp_path, minilm, hf_tokenizer):
+def test_wordpiece_from_gguf_equals_hf(tmp_path, minilm, minilm_tokenizer):
     from edgeserve.loaders.gguf_file import GGUFFile
     from edgeserve.loaders.tokenizer import tokenizer_from_gguf
 
@@ -75,18 +58,18 @@ def test_wordpiece_from_gguf_equals_hf(tmp_path, minilm, hf_tokenizer):
                               hidden=32, layers=2, heads=4, ffn=64, context=512, pooling_type=1)
     tok = tokenizer_from_gguf(GGUFFile(path).metadata).backend
     for text in TEXTS:
-        assert tok.encode(text).ids == hf_tokenizer.encode(text).ids, text
+        assert tok.encode(text).ids == minilm_tokenizer.encode(text).ids, text
     pair = tok.encode(TEXTS[0], TEXTS[1])
-    want = hf_tokenizer.encode(TEXTS[0], TEXTS[1])
+    want = minilm_tokenizer.encode(TEXTS[0], TEXTS[1])
     assert pair.ids == want.ids and pair.type_ids == want.type_ids
     # an older file: [CLS] / [SEP] as cls_token_id / seperator_token_id only, BOS / EOS pointing elsewhere
     md = dict(GGUFFile(path).metadata)
     md.update({"tokenizer.ggml.cls_token_id": 101, "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 0})
-    assert tokenizer_from_gguf(md).backend.encode(TEXTS[0]).ids == hf_tokenizer.encode(TEXTS[0]).ids
+    assert tokenizer_from_gguf(md).backend.encode(TEXTS[0]).ids == minilm_tokenizer.encode(TEXTS[0]).ids
 
 
 @pytest.mark.parametrize("pooling_type, pool", [(1, "mean"), (2, "cls")])
-def test_bert_gguf_matches_transformers(tmp_path, minilm, hf_tokenizer, pooling_type, pool):
+def test_bert_gguf_matches_transformers(tmp_path, minilm, minilm_tokenizer, pooling_type, pool):
     model = _tiny_bert(seed=pooling_type)
     path = write_encoder_gguf(tmp_path / "bert.gguf", "bert", model.state_dict(), minilm_vocab(minilm), hidden=32,
                               layers=2, heads=4, ffn=64, context=512, pooling_type=pooling_type)

@@ -24,23 +24,6 @@ DOCS = ["Cats sleep on warm mats in the sun.", "The stock market fell on Tuesday
 SHAPE = dict(hidden=32, layers=2, heads=4, ffn=64)
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from edgeserve.registry import pull
-
-    return pull("all-minilm", progress=False)
-
-
-@pytest.fixture(scope="module")
-def hf_tok(minilm):
-    import tokenizers
-
-    tok = tokenizers.Tokenizer.from_file(str(minilm / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
-
-
 def _bert_classifier(seed: int):
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -157,12 +140,12 @@ def client(server):
         yield c
 
 
-def _reference(model, hf_tok, with_types: bool) -> np.ndarray:
+def _reference(model, minilm_tokenizer, with_types: bool) -> np.ndarray:
     """sigmoid(logit) of each (QUERY, doc) pair, one pair at a time through transformers."""
     out = []
     with torch.no_grad():
         for doc in DOCS:
-            enc = hf_tok.encode(QUERY, doc)
+            enc = minilm_tokenizer.encode(QUERY, doc)
             types = torch.tensor([enc.type_ids]) if with_types else torch.zeros(1, len(enc.ids), dtype=torch.long)
             logit = model(input_ids=torch.tensor([enc.ids]), token_type_ids=types).logits[0, 0]
             out.append(torch.sigmoid(logit).item())
@@ -172,11 +155,11 @@ def _reference(model, hf_tok, with_types: bool) -> np.ndarray:
 @pytest.mark.parametrize("name, model_id, with_types", [("bert", "bert-rank", True), ("xlmr", "xlmr-rank", False),
                                                          ("folder", "ce-folder", True),
                                                          ("xlmr-folder", "xlmr-ce", False)])
-def test_scores_match_transformers(client, models, hf_tok, name, model_id, with_types):
+def test_scores_match_transformers(client, models, minilm_tokenizer, name, model_id, with_types):
     r = client.post("/v1/rerank", json={"model": model_id, "query": QUERY, "documents": DOCS})
     assert r.status_code == 200, r.text
     body = r.json()
-    want = _reference(models[name][0], hf_tok, with_types)
+    want = _reference(models[name][0], minilm_tokenizer, with_types)
     got = {x["index"]: x["relevance_score"] for x in body["results"]}
     assert sorted(got) == list(range(len(DOCS)))
     np.testing.assert_allclose([got[i] for i in range(len(DOCS))], want, atol=1e-5)
@@ -330,9 +313,9 @@ def test_long_document_truncated_by_default_and_embeddings_refused(client):
     assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 32
 
 
-def test_score_route(client, models, hf_tok):
+def test_score_route(client, models, minilm_tokenizer):
     """vLLM's /v1/score: one text_1 against each text_2, or pairwise lists; the rerank scores, in input order."""
-    want = _reference(models["bert"][0], hf_tok, True)
+    want = _reference(models["bert"][0], minilm_tokenizer, True)
     one = client.post("/v1/score", json={"model": "bert-rank", "text_1": QUERY, "text_2": DOCS})
     assert one.status_code == 200, one.text
     data = one.json()["data"]
