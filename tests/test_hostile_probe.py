@@ -308,7 +308,7 @@ def _synthetic_cost(shape) -> float:
 
 
 def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
-    from edgeserve.engine.step_cost import StepCostModel, chunk_shape
+    from edgeserve.engine.step_cost import StepCostModel
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", context=4096)
     budget = 256
@@ -342,25 +342,35 @@ def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
         with httpx.Client(base_url=s.url, timeout=120) as c:  # the short one alone again: shapes of every kind
             assert c.post(CHAT, json=short).json()["choices"][0]["message"]["content"] == alone
         sched.schedule = schedule
-        out = {}
-
-        async def main():
-            async with httpx.AsyncClient(base_url=s.url, timeout=120) as c:
-                async def long():
-                    out["long"] = await c.post("/v1/completions", json={"model": "tiny", "prompt": long_ids,
-                                                                        "max_tokens": 2, "temperature": 0},
-                                               headers={"x-request-id": "long"})
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(long)
-                    with anyio.fail_after(120):
-                        while not any(st.get("long", (0, 0, 0))[0] >= 1500 for st in steps):
-                            await anyio.sleep(0.01)  # the long prompt is deep into its prefill
-                    out["short"] = await c.post(CHAT, json=short, headers={"x-request-id": "short"})
-
-        anyio.run(main)
+        out = anyio.run(_short_during_a_deep_prefill, s.url, long_ids, short, steps)
     assert out["long"].status_code == 200 and out["long"].json()["choices"][0]["finish_reason"] == "length"
     assert out["short"].json()["choices"][0]["message"]["content"] == alone  # the short one is served correctly
+    _assert_bounded_steps(steps, budget)
+
+
+async def _short_during_a_deep_prefill(url: str, long_ids: list[int], short: dict, steps: list[dict]) -> dict:
+    """Send the long prompt (request id "long"), then, once `steps` show it 1500 positions deep into its prefill,
+    the short chat (id "short"); both responses."""
+    out = {}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        async def long():
+            out["long"] = await c.post("/v1/completions", json={"model": "tiny", "prompt": long_ids,
+                                                                "max_tokens": 2, "temperature": 0},
+                                       headers={"x-request-id": "long"})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long)
+            with anyio.fail_after(120):
+                while not any(st.get("long", (0, 0, 0))[0] >= 1500 for st in steps):
+                    await anyio.sleep(0.01)  # the long prompt is deep into its prefill
+            out["short"] = await c.post(CHAT, json=short, headers={"x-request-id": "short"})
+    return out
+
+
+def _assert_bounded_steps(steps: list[dict], budget: int) -> None:
+    """The short request's first step computes its whole prompt beside at most one token of the deep one, its first
+    token comes first, and the deep prompt's own steps stay within the slowdown cap as their chunks shrink."""
+    from edgeserve.engine.step_cost import chunk_shape
 
     first_short = next(i for i, st in enumerate(steps) if "short" in st)
     assert steps[first_short]["short"][2], "the short prompt is computed whole in its first step"
