@@ -163,7 +163,7 @@ def test_qwen35_engine_tokens_are_the_per_op_paths(fused_llm):
         grow_alone = [ids(fused_llm.generate([p], GREEDY))[0] for p in grow]
     assert ids(small.generate(grow, GREEDY)) == grow_alone and small.engine.stats().num_preemptions > 0
     assert_empty(small.engine)
-    check_cancel_returns_the_seat(fused_llm.engine, ps, alone)
+    check_cancel_returns_the_seat(fused_llm.engine, ps, alone, GREEDY)
 
 
 def test_qwen35_engine_prefix_hit_and_speculation_fused(fused_llm):

@@ -113,13 +113,14 @@ def test_seats_limit_how_many_run_at_once(llm: LLM) -> None:
 def test_cancel_returns_the_seat_in_the_same_step(llm: LLM) -> None:
     ps = prompts(12, 30, 8, seed=3)
     alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]
-    check_cancel_returns_the_seat(llm.engine, ps, alone)
+    check_cancel_returns_the_seat(llm.engine, ps, alone, GREEDY)
 
 
-def check_cancel_returns_the_seat(engine: EngineCore, ps: list[list[int]], alone: list[list[int]]) -> None:
+def check_cancel_returns_the_seat(engine: EngineCore, ps: list[list[int]], alone: list[list[int]],
+                                  params: SamplingParams) -> None:
     """Three requests seated; the middle one finished after three steps: its seat is free after the next step, and
-    the other two end with their tokens alone (`alone`)."""
-    rids = [engine.add_request(p, GREEDY) for p in ps[:3]]
+    the other two end with their tokens alone (`alone`, under `params`)."""
+    rids = [engine.add_request(p, params) for p in ps[:3]]
     outs: dict[str, list[int]] = {r: [] for r in rids}
     for _ in range(3):
         for o in engine.step():
