@@ -41,7 +41,8 @@ def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: in
     return oracle
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen35-0.8b")
     ap.add_argument("--mix", default="Q4_K_M")
@@ -53,7 +54,11 @@ def main() -> None:
     ap.add_argument("--backoff", type=float, default=None,
                     help="also this acceptance with the back-off policy on (it is off for the other sides)")
     ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _parse_args()
 
     from edgeserve import LLM, SamplingParams
     from edgeserve.models.load import load_model
