@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import subfolders  # noqa: F401  (tests/ and its subfolders on sys.path: tests import helpers by module name)
 import torch
 
 # Triton fixes interpret-or-compile when `triton.language` is first imported (its own helpers are jitted

@@ -12,6 +12,7 @@ import transformers
 
 from converter_parity import Case, spread
 from llama_cpp_source import llama_cpp_dir
+import subfolders  # noqa: F401  (the test modules' folders on sys.path)
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"

@@ -119,7 +119,7 @@ def test_muse_glimmer_thought_before_a_forced_call_is_reasoning():
 
 @pytest.mark.parametrize("choice", CHOICES.values(), ids=CHOICES.keys())
 def test_gpt_oss_forced_call_through_harmony(tmp_path, choice):
-    source = (Path(__file__).parent / "gpt_oss_chat_template.jinja").read_text()
+    source = (Path(__file__).parents[1] / "gpt_oss_chat_template.jinja").read_text()
     setup = _setup(ChatTemplate(source), choice)
     assert setup.harmony and setup.constraint.kind == "lark"
     tok = vocabulary(tmp_path, tuple(MARKERS))

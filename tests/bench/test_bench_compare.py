@@ -15,7 +15,7 @@ import pytest
 from edgeserve.bench.compare import first_difference, llama_server_command, main
 from edgeserve.bench.servers import ServerError, pid_alive, start_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_peer(tmp_path: Path, body: str) -> Path:

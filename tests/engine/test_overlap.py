@@ -17,7 +17,7 @@ from edgeserve.engine.core import PLACEHOLDER
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
-TINY = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "tiny-llama.json"
 
 
 @pytest.fixture(scope="module")

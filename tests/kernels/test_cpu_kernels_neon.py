@@ -24,7 +24,7 @@ CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 pytestmark = pytest.mark.skipif(cpu_native.machine() == "aarch64" or not (CC and QEMU and SYSROOT.is_dir()),
                                 reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 on a non-ARM machine")
-HARNESS = Path(__file__).with_name("native") / "qmm_harness.c"
+HARNESS = Path(__file__).parents[1] / "native" / "qmm_harness.c"
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from scripted_gguf import ANSWER, NEWLINE, THOUGHT, TOOL_TEMPLATE, write_scripte
 from server_helpers import post_api, serve
 from format_cases import walk as _walk
 
-SOURCE = (Path(__file__).parent / "qwen35_chat_template.jinja").read_text()
+SOURCE = (Path(__file__).parents[1] / "qwen35_chat_template.jinja").read_text()
 OFF_BY_DEFAULT = ("{%- if enable_thinking is defined and enable_thinking is true %}\n        {{- '<think>\\n' }}\n"
                   "    {%- else %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}")
 ON_BY_DEFAULT = ("{%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n"

@@ -18,7 +18,7 @@ CPU = Path(cpu_native.__file__).with_name("cpu")
 def test_every_task_runs_once_on_its_own_job(tmp_path, threads):
     exe = tmp_path / "pool_stress"
     subprocess.run([cpu_native.compiler(), "-O2", "-pthread", "-std=gnu11", f"-I{CPU}",
-                    str(Path(__file__).with_name("native") / "pool_stress.c"), str(CPU / "pool.c"), "-o", str(exe)],
+                    str(Path(__file__).parents[1] / "native" / "pool_stress.c"), str(CPU / "pool.c"), "-o", str(exe)],
                    check=True)
     # The race this guards against (a late worker passing its compare-exchange against the next job's task
     # count) showed up about 10 times per million jobs on a 2-core AVX2 machine; 5 million jobs take ~0.5 s.

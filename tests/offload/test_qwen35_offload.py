@@ -111,7 +111,8 @@ def test_the_next_turn_in_a_new_process_computes_only_the_new_tokens(gguf_path: 
     first = tokens(45, seed=40)
     script = _FIRST_TURN.format(model=str(gguf_path), disk=str(tmp_path), prompt=first)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+                          timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                           (str(Path(__file__).parent), str(Path(__file__).parents[1])))})
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout.strip().splitlines()[-1])
     assert reply == cold_out(cold, first)

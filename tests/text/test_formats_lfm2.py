@@ -23,7 +23,7 @@ from llama_cpp_source import llama_cpp_dir
 from scripted_gguf import write_scripted_gguf
 from format_cases import walk as _walk
 
-CASES = json.loads((Path(__file__).parent / "data" / "chat_formats" / "lfm2.json").read_text())
+CASES = json.loads((Path(__file__).parents[1] / "data" / "chat_formats" / "lfm2.json").read_text())
 LFM = ("LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "LFM2.5-8B-A1B.jinja")
 FMT = get_format("lfm2")
 

@@ -22,7 +22,7 @@ from server_helpers import serve, serve_tiny
 from tiny_gguf import write_tiny_llama
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-OUTPUT = Path(os.environ.get("EDGESERVE_TEST_OUTPUT", Path(__file__).resolve().parents[1] / "test-output")) / "chat_page"
+OUTPUT = Path(os.environ.get("EDGESERVE_TEST_OUTPUT", Path(__file__).resolve().parents[2] / "test-output")) / "chat_page"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 IDLE = "#send:not(.hidden)"  # the send button is back: no reply is being generated

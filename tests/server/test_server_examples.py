@@ -12,7 +12,7 @@ import pytest
 
 from server_helpers import serve_tiny
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")

@@ -116,7 +116,8 @@ def test_restart_answers_from_disk_in_a_new_process(tiny_lm, tiny_path, referenc
     script = _WRITER.format(tests=str(Path(__file__).parent), model=str(tiny_path), disk=str(tmp_path),
                             prompt=prompts[0])
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                           (str(Path(__file__).parent), str(Path(__file__).parents[1])))})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(ref["r0"])
     engine = EngineCore(tiny_lm, config(tiny_lm, 8, host_blocks=40, disk=tmp_path))

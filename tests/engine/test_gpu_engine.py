@@ -14,7 +14,7 @@ from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
-TINY = Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "tiny-llama.json"
 CHATS = ["What is the capital of France?", "Write a Python function that reverses a string.",
          "Tell me a short story about a robot learning to paint.", "List five prime numbers.",
          "Why is the sky blue? Explain it to a child."]

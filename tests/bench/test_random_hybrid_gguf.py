@@ -107,7 +107,7 @@ def test_qwen35moe_shape_has_routed_and_shared_experts(tmp_path, tokenizer):
 
 
 def test_make_gguf_writes_a_qwen35_shape(tmp_path, tokenizer):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
     try:
         import make_gguf
     finally:

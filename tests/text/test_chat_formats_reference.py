@@ -131,6 +131,6 @@ static void test_template_output_peg_parsers(bool detailed_debug) {
 
 def test_report_runs():
     """`python tests/chat_format_cases.py --report` prints a row per template and the totals."""
-    out = subprocess.run([sys.executable, str(Path(__file__).parent / "chat_format_cases.py"), "--report"],
+    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "chat_format_cases.py"), "--report"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert "Qwen3.5-4B.jinja" in out and "total" in out

@@ -30,7 +30,7 @@ from edgeserve.text.tool_calls import messages_for_template
 from scripted_gguf import write_scripted_gguf
 from server_helpers import post_api, serve
 
-TEMPLATE_SOURCE = (Path(__file__).parent / "gpt_oss_chat_template.jinja").read_text()
+TEMPLATE_SOURCE = (Path(__file__).parents[1] / "gpt_oss_chat_template.jinja").read_text()
 DATE = "2025-06-28"
 OFFICIAL = ChatTemplate(TEMPLATE_SOURCE)
 OFFICIAL._template.globals["strftime_now"] = lambda fmt: DATE  # this template object only: a fixed date
