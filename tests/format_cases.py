@@ -1,4 +1,4 @@
-"""Helpers for the per-family format tests (tests/test_formats_*.py): llama.cpp's test tools, a reply split the
+"""Helpers for the per-family format tests (tests/text/test_formats_*.py): llama.cpp's test tools, a reply split the
 simple way (reasoning by the format's tags, content up to the first call marker, the rest through its parser),
 template detection over llama.cpp's 70 templates, and walking a forced grammar over a small vocabulary in which
 the format's markup are single special tokens."""

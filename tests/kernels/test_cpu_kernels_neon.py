@@ -1,7 +1,7 @@
 """The ARM NEON variants of the native matmuls (kernels/cpu/qmatmul.c, -DQMM_NEON), checked from an x86 machine:
 cross-compiled with an aarch64 C compiler and run under qemu's user-mode emulator, against the portable build of
 the same sources for aarch64 (the same integer sums, so the same bits) and a float64 reference, every format,
-batch invariance included. On an ARM machine tests/test_cpu_kernels.py runs these variants natively instead.
+batch invariance included. On an ARM machine tests/kernels/test_cpu_kernels.py runs these variants natively instead.
 Skipped where the cross compiler or the emulator is not installed (Debian: gcc-aarch64-linux-gnu, qemu-user)."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ FP16_FIELDS = {
     "TQ1_0": (52,),
     "MXFP4": (),
 }
-# Byte offsets of E8M0 exponent fields, kept to 2^-20 .. 2^-1 here so every value is finite (tests/test_mxfp4.py
+# Byte offsets of E8M0 exponent fields, kept to 2^-20 .. 2^-1 here so every value is finite (tests/loaders/test_mxfp4.py
 # covers every exponent byte).
 EXPONENT_FIELDS = {"MXFP4": (0,)}
 EXTRA_LAYOUTS = {"TQ1_0": (256, 54)}

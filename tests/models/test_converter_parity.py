@@ -1,7 +1,7 @@
 """Converter parity (issue 54), the MTP part: tiny random checkpoints made in transformers with the structural features
 of the real configs, converted by llama.cpp's own convert_hf_to_gguf.py (the fixtures of tests/converter_fixtures.py).
 Every case's logits against transformers', through its GGUF and its HF folder, are checked per registered
-architecture in tests/test_registered_architectures.py.
+architecture in tests/models/test_registered_architectures.py.
 
 Qwen3.5 checkpoints carry their MTP block as the real ones do; the converter keeps it by default (extra blocks,
 `nextn_predict_layers`), and such a file must give the `--no-mtp` file's logits."""

@@ -1,6 +1,6 @@
 """Gemma 4 12B (HF `gemma4_unified`, edgeserve.models.archs.gemma4_unified) beyond the parity of
-tests/test_registered_architectures.py: its config read under its own defaults (no per-layer inputs), its 12B layer
-kinds together (V = K global layers, KV-shared layers with a double-wide MLP) in the fused native stack bit for bit
+tests/models/test_registered_architectures.py: its config read under its own defaults (no per-layer inputs), its 12B
+layer kinds together (V = K global layers, KV-shared layers with a double-wide MLP) in the fused native stack bit for bit
 as the per-op path on llama.cpp's converter's Q8_0 GGUF, and Gemma 4's chat format from its template."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_encoder_from_an_mmproj_gguf(tmp_path, family, hf_model):
 def test_language_model_reads_the_image_rows_in_chunks(folder, family, hf_model):
     """The image's rows replace its placeholders' embeddings (after Gemma's embedding scale), also when prefill
     chunks split the image: the logits are transformers' with the same pixels (causal here: no token_type_ids;
-    the image attending both ways is tests/test_vision_gemma3_attention.py)."""
+    the image attending both ways is tests/vision/test_vision_gemma3_attention.py)."""
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
