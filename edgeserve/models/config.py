@@ -189,6 +189,17 @@ def gguf_key(metadata: Mapping[str, Any], arch: str) -> Callable[..., Any]:
     return key
 
 
+def layer_flags(types: list[str], layers: int, marked: str, other: str, family: str) -> tuple[bool, ...]:
+    """Per layer: True where HF's `layer_types` says `marked` (False where `other`); a one-line error when it lists
+    another number of layers than `layers` or a type that is neither."""
+    if len(types) != layers:
+        raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
+    unknown = set(types) - {marked, other}
+    if unknown:
+        raise UnsupportedModelError(f"{family} layer types {sorted(unknown)} are not supported")
+    return tuple(t == marked for t in types)
+
+
 def gguf_trunk_layers(metadata: Mapping[str, Any], arch: str) -> tuple[int, int]:
     """(trunk layers, MTP layers) of a GGUF: llama.cpp's converters append a model's multi-token-prediction blocks
     after the trunk, counted in `block_count` and by `nextn_predict_layers`."""

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.gated_delta import DeltaNetDims
 
-from .config import ModelConfig, gguf_common_fields, gguf_key, gguf_trunk_layers
+from .config import ModelConfig, gguf_common_fields, gguf_key, gguf_trunk_layers, layer_flags
 
 
 def _layer_pattern(layers: int, types: list[str] | None, interval: int,
@@ -34,12 +34,7 @@ def _layer_pattern(layers: int, types: list[str] | None, interval: int,
             raise ModelLoadError(f"attention.recurrent_layers lists {len(recurrent)} layers, the model has {layers}")
         return tuple(bool(r) for r in recurrent[:layers])
     if types:
-        if len(types) != layers:
-            raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
-        unknown = set(types) - {"linear_attention", "full_attention"}
-        if unknown:
-            raise UnsupportedModelError(f"Qwen3.5 layer types {sorted(unknown)} are not supported")
-        return tuple(t == "linear_attention" for t in types)
+        return layer_flags(types, layers, "linear_attention", "full_attention", "Qwen3.5")
     if interval < 1:
         raise ModelLoadError(f"full_attention_interval must be positive, not {interval}")
     return tuple((i + 1) % interval != 0 for i in range(layers))
