@@ -15,6 +15,8 @@ import numpy as np
 from support.gguf_vocab import byte_vocab
 from support.gguf_writer import finish
 
+from edgeserve.bench.random_gguf import add_stack_keys
+
 NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML generation prompt
 
 
@@ -74,12 +76,7 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *specials]
     w = gguf.GGUFWriter(str(path), arch)
     hd = hidden // heads
-    w.add_block_count(layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(hidden * 2)
-    w.add_head_count(heads)
-    w.add_head_count_kv(heads)
+    add_stack_keys(w, layers, context, hidden, hidden * 2, heads, heads)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     index = _add_script_tokenizer(w, script, specials)

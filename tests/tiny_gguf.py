@@ -9,6 +9,8 @@ import numpy as np
 from support.gguf_vocab import byte_vocab
 from support.gguf_writer import finish
 
+from edgeserve.bench.random_gguf import add_stack_keys
+
 
 def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 64, qtype: str = "F32", seed: int = 0,
@@ -25,12 +27,7 @@ def write_tiny_llama(path: Path, arch: str = "llama", hidden: int = 32, layers: 
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    w.add_block_count(layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    add_stack_keys(w, layers, context, hidden, ffn, heads, kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     vocab = _add_byte_tokenizer(w)
