@@ -8,7 +8,7 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.apertus import INNER, TOOLS, forced
 from format_cases import (CALL, HELLO, PICK, SPECIAL, SPECIAL_OPT, accepts, check, context, detections,
-                          random_reply, vocabulary)
+                          no_call_stays_text, random_reply, vocabulary)
 
 CASES = [
     # Apertus-8B-Instruct.jinja
@@ -27,11 +27,10 @@ def test_expectations(text, tools, expect):
     check("apertus", text, tools, False, expect)
 
 
-@pytest.mark.parametrize("text", ['<|tools_prefix|>[{"nope": {}}]<|tools_suffix|>',
-                                  '<|tools_prefix|>[{"special_function": {"arg1": 1}, "x": 2}]',
-                                  '<|tools_prefix|>[{"special_function": '])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("apertus").parse(text, context([SPECIAL])) == (text, [])
+test_what_is_no_call_stays_text = no_call_stays_text(
+    "apertus", ['<|tools_prefix|>[{"nope": {}}]<|tools_suffix|>',
+               '<|tools_prefix|>[{"special_function": {"arg1": 1}, "x": 2}]',
+               '<|tools_prefix|>[{"special_function": '])
 
 
 def test_detection_over_llama_cpp_templates():

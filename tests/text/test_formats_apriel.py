@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.apriel import TOOL_CALLS, forced
-from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, context, detections, random_reply,
-                          vocabulary)
+from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, context, detections, no_call_stays_text,
+                          random_reply, vocabulary)
 
 THOUGHT = "I'm\nthinking"
 CASES = [
@@ -29,11 +29,10 @@ def test_expectations(name, text, tools, opened, expect):
     check(name, text, tools, opened, expect)
 
 
-@pytest.mark.parametrize("text", ['<tool_calls>[{"name": "nope", "arguments": {}}]</tool_calls>',
-                                  '<tool_calls>{"name": "special_function", "arguments": {"arg1": 1}}</tool_calls>',
-                                  "<tool_calls>[{"])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("apriel15").parse(text, context([SPECIAL])) == (text, [])
+test_what_is_no_call_stays_text = no_call_stays_text(
+    "apriel15", ['<tool_calls>[{"name": "nope", "arguments": {}}]</tool_calls>',
+                '<tool_calls>{"name": "special_function", "arguments": {"arg1": 1}}</tool_calls>',
+                "<tool_calls>[{"])
 
 
 def test_detection_over_llama_cpp_templates():

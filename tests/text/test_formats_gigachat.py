@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgeserve.text.formats import get_format
 from edgeserve.text.formats.gigachat import TOKENS, FORMATS
-from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, context, detections, random_reply,
-                          vocabulary)
+from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, context, detections, no_call_stays_text,
+                          random_reply, vocabulary)
 
 V3_CALL = '<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "special_function", "arguments": {"arg1": 1}}'
 V31_CALL = '<|function_call|>{"name": "special_function", "arguments": {"arg1": 1}}'
@@ -29,10 +28,9 @@ def test_expectations(name, text, tools, expect):
     check(name, text, tools, False, expect)
 
 
-@pytest.mark.parametrize("text", [V31_CALL.replace("special_function", "nope"), '<|function_call|>[{"name": 1}]',
-                                  V31_CALL[:-3]])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("gigachat31").parse(text, context([SPECIAL])) == (text, [])
+test_what_is_no_call_stays_text = no_call_stays_text(
+    "gigachat31", [V31_CALL.replace("special_function", "nope"), '<|function_call|>[{"name": 1}]',
+                  V31_CALL[:-3]])
 
 
 def test_detection_over_llama_cpp_templates():

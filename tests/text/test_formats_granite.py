@@ -8,7 +8,7 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.granite import forced
 from format_cases import (CALL, HELLO, PICK, SPECIAL, SPECIAL_OPT, accepts, check, context, detections,
-                          random_reply, vocabulary)
+                          no_call_stays_text, random_reply, vocabulary)
 
 CASES = [
     # ibm-granite-granite-3.3-2B-Instruct.jinja
@@ -29,10 +29,9 @@ def test_expectations(text, tools, expect):
     check("granite", text, tools, False, expect)
 
 
-@pytest.mark.parametrize("text", ['<|tool_call|>[{"name": "nope", "arguments": {}}]', "<|tool_call|>[{\"name\": ",
-                                  "<|tool_call|> maybe later"])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("granite").parse(text, context([SPECIAL])) == (text, [])
+test_what_is_no_call_stays_text = no_call_stays_text(
+    "granite", ['<|tool_call|>[{"name": "nope", "arguments": {}}]', "<|tool_call|>[{\"name\": ",
+               "<|tool_call|> maybe later"])
 
 
 def test_detection_over_llama_cpp_templates():

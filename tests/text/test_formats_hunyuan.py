@@ -10,7 +10,7 @@ from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.hunyuan import TOKENS, forced
 from format_cases import (GET_TIME, HELLO, PICK, SPECIAL, TODO_LIST, accepts, check, context, detections,
-                          random_reply, templates, vocabulary)
+                          no_call_stays_text, random_reply, templates, vocabulary)
 
 ASSISTANT = "<｜hy_Assistant:opensource｜>"
 CALLS = [("special_function", {"arg1": 1}), ("get_time", {"city": "Paris"}), ("todo_list", {"todos": ["a", "b"]})]
@@ -39,13 +39,11 @@ def test_content_and_reasoning():
     check("hunyuan3", "</think:opensource>" + HELLO, [], True, (HELLO, "", []))  # the prompt opened the thought
 
 
-@pytest.mark.parametrize("text", [
+test_what_is_no_call_stays_text = no_call_stays_text("hunyuan3", [
     "<tool_calls:opensource>\n<tool_call:opensource>nope<tool_sep:opensource>\n</tool_call:opensource>",
     "<tool_calls:opensource>\n<tool_call:opensource>special_function<tool_sep:opensource>\n"
     "<arg_key:opensource>arg1</arg_key:opensource>\n<arg_value:opensource>1",
 ])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("hunyuan3").parse(text, context([SPECIAL])) == (text, [])
 
 
 def test_detection_over_llama_cpp_templates():

@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.minicpm5 import forced
-from format_cases import (HELLO, HTML, PICK, PYTHON, SPECIAL, EMPTY_ARGS, accepts, check, context, detections,
-                          random_reply, vocabulary)
+from format_cases import (EMPTY_ARGS, HELLO, HTML, PICK, PYTHON, SPECIAL, accepts, check, context, detections,
+                          no_call_stays_text, random_reply, vocabulary)
 
 CASES = [
     # openbmb-MiniCPM5-1B.jinja
@@ -36,11 +36,10 @@ def test_expectations(text, tools, opened, expect):
     check("minicpm5", text, tools, opened, expect)
 
 
-@pytest.mark.parametrize("text", ['<function name="nope"></function>',
-                                  '<function name="python"><param name="code">print(1)</param>',
-                                  '<function name="python"><param name="code">print(1)</function>'])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("minicpm5").parse(text, context([PYTHON])) == (text, [])
+test_what_is_no_call_stays_text = no_call_stays_text(
+    "minicpm5", ['<function name="nope"></function>',
+                '<function name="python"><param name="code">print(1)</param>',
+                '<function name="python"><param name="code">print(1)</function>'], [PYTHON])
 
 
 def test_detection_over_llama_cpp_templates():

@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import CallContext, get_format
 from edgeserve.text.formats.mistral3 import TOKENS, forced
-from format_cases import (GET_TIME, PICK, SPECIAL, SPECIAL_OPT, accepts, context, detections, random_reply, split,
-                          vocabulary)
+from format_cases import (GET_TIME, PICK, SPECIAL, SPECIAL_OPT, accepts, context, detections, no_call_stays_text,
+                          random_reply, split, vocabulary)
 
 HELLO = "Hello, world!\nWhat's up?"
 CALL = ("special_function", {"arg1": 1})
@@ -53,14 +53,12 @@ def test_llama_cpp_expectations(name, text, tools, opened, expect):
             assert len(got[2]) == 9 and got[2].isalnum()
 
 
-@pytest.mark.parametrize("text", [
+test_what_is_no_call_stays_text = no_call_stays_text("mistral3", [
     '[TOOL_CALLS]nope[ARGS]{"arg1": 1}',  # unknown function
     '[TOOL_CALLS]special_function[ARGS]{"arg1": ',  # cut short
     "[TOOL_CALLS]special_function[ARGS]not json",
     "[TOOL_CALLS] is how I would call a tool",
 ])
-def test_what_is_no_call_stays_text(text):
-    assert get_format("mistral3").parse(text, context([SPECIAL])) == (text, [])
 
 
 def test_text_between_and_after_calls_is_kept_and_old_json_lists_read():
