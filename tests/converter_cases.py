@@ -12,6 +12,7 @@ import transformers
 
 from converter_parity import Case, spread
 from llama_cpp_source import llama_cpp_dir
+import subfolders  # noqa: F401  (the test modules' folders on sys.path)
 from support.gguf_writer import write_model_gguf
 from test_gpt_oss import write_mxfp4_checkpoint
 
@@ -209,7 +210,7 @@ CASES = [
                                                         vision_config=None, audio_config=None),
          "gemma4", tokenizer="spm", init=gemma4_init, model_class="Gemma4UnifiedForConditionalGeneration",
          post_save=gemma4_unified_folder, ours="gemma4_unified"),
-    # a drafter: its parity with transformers over a target's K/V is tests/test_gemma4_assistant.py's
+    # a drafter: its parity with transformers over a target's K/V is tests/models/test_gemma4_assistant.py's
     Case("gemma4-assistant", lambda v: t.Gemma4AssistantConfig(text_config=dict(GEMMA4_ASSISTANT, vocab_size=v),
                                                                backbone_hidden_size=GEMMA4["hidden_size"]),
          "gemma4-assistant", tokenizer="spm", init=gemma4_init, model_class="Gemma4AssistantForCausalLM"),

@@ -1,6 +1,6 @@
 """Shared setup for the kernel tests: Triton's CPU interpreter, the device parameter, tolerances, paged batches.
 
-Imported by every tests/test_kernels_*.py at collection time, before any Triton kernel module is imported
+Imported by every tests/kernels/test_kernels_*.py at collection time, before any Triton kernel module is imported
 (Triton fixes interpret-or-compile when a kernel is decorated). Without CUDA the kernels run in the
 interpreter on CPU tensors; with CUDA they compile for the device and the `cuda` cases run instead.
 """

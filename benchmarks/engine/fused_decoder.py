@@ -20,7 +20,8 @@ import statistics
 import time
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1,8")
@@ -28,7 +29,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
     ap.add_argument("--prefill-reps", type=int, default=6)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     import torch
 

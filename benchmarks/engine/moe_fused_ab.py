@@ -60,7 +60,8 @@ def summary(times: dict[str, list[float]]) -> dict:
             "speedup_vs_main_per_op": {s: round(base / v, 3) for s, v in med.items()}}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--batch", default="1,8")
@@ -71,7 +72,11 @@ def main() -> None:
     ap.add_argument("--generate", type=int, default=0,
                     help="also time LLM.generate of this many greedy tokens for 1 and 8 prompts through the engine")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --generate per side")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     import torch
 

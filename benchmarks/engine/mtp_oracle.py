@@ -42,7 +42,8 @@ def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: in
     return oracle
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen35-0.8b")
     ap.add_argument("--mix", default="Q4_K_M")
@@ -58,7 +59,11 @@ def main() -> None:
                     help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
     ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _parse_args()
 
     from edgeserve import LLM, SamplingParams
     from edgeserve.models.load import load_model

@@ -43,7 +43,8 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1,8")
@@ -51,7 +52,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--source-dir", help="C sources to build instead of this checkout's (another commit's kernels/cpu, "
                                          "with this checkout's layer.c for the marks)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     lib = profiling_library(args.source_dir)
     counters = (ctypes.c_int64 * len(SECTIONS)).in_dll(lib, "qmm_profile_ns")

@@ -6,7 +6,8 @@ dependencies (numpy and gcc only): for a machine with AVX-512 VNNI where the tes
 Builds kernels/cpu/src/**/*.c once per variant (the flags of edgeserve.kernels.cpu.native.VARIANT_FLAGS), multiplies random
 blocks of every format (Q4_0 / Q4_1 also in their repacked _R8 layout) by 9 activation rows, and checks that each
 variant agrees with the scalar build (relative error below 1e-4) and gives every row the same bits alone as in the
-batch. The pytest suite (tests/test_cpu_kernels.py) checks the variants this CPU can run against float64 references.
+batch. The pytest suite (tests/kernels/test_cpu_kernels.py) checks the variants this CPU can run against float64
+references.
 """
 
 from __future__ import annotations

@@ -29,11 +29,9 @@ machine, 3-4 GB of memory (the 250002 x 1024 embedding table, three times).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from converter_parity import convert  # noqa: E402
 from xlmr_vocab import XLMR_VOCAB, xlmr_tokenizer_folder  # noqa: E402
 
-BUILD = Path.home() / ".cache" / "edgeserve" / "reference" / "llama-server-build" / "bin"
+from edgeserve.bench.servers import beside_llama_server_parser, llama_server_binary, work_folder  # noqa: E402
+
 QUERY = "What is the capital city of France?"
 DOCUMENTS = [
     "Paris is the capital and most populous city of France.",
@@ -332,19 +331,12 @@ def run_case(case: EncoderCase, layers: int, outtypes: list[str], work: Path, bi
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=",".join([*CASES, *REMOTE]))
+    ap = beside_llama_server_parser(__doc__, [*CASES, *REMOTE])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--outtypes", default="f32,f16,q8_0", help="the converter's --outtype for each file")
-    ap.add_argument("--llama-server", default=str(BUILD / "llama-server"))
-    ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
     args = ap.parse_args(argv)
-    binary = Path(args.llama_server)
-    if not binary.exists():
-        raise SystemExit(f"no llama-server at {binary} (--llama-server)")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.keep) if args.keep else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    binary = llama_server_binary(args.llama_server)
+    with work_folder(args.keep) as work:
         print("| shape | file | engine | vs transformers float32 on the file's weights | |\n"
               "| --- | --- | --- | --- | --- |")
         for name in args.cases.split(","):

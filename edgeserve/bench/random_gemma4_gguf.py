@@ -17,17 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class Gemma4Shape:
+class Gemma4Shape(TextShape):
     """The dimensions of a Gemma 4 E-model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     head_dim: int  # sliding-window layers
     global_head_dim: int  # full-attention layers
     ffn: int  # doubled in the KV-shared layers
@@ -129,12 +125,8 @@ def write_random_gemma4(path: str | Path, shape: Gemma4Shape, mix: str, tokenize
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(str(path), "gemma4")
-    w.add_block_count(shape.layers)
-    w.add_context_length(context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length([shape.layer_ffn(i) for i in range(shape.layers)])
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
+    add_stack_keys(w, shape.layers, context, shape.hidden, [shape.layer_ffn(i) for i in range(shape.layers)],
+                   shape.heads, shape.kv_heads)
     w.add_key_length(shape.global_head_dim)
     w.add_value_length(shape.global_head_dim)
     w.add_key_length_swa(shape.head_dim)

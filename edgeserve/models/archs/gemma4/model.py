@@ -320,9 +320,9 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the per-layer inputs,
     and the 26B-A4B's experts beside the MLP."""
     c, h = config, config.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    from edgeserve.models.dummy import top_shapes
+
+    shapes = top_shapes(c)
     ple = c.per_layer_input_size
     if ple:
         shapes.update({"model.embed_tokens_per_layer.weight": (c.vocab_size, c.num_layers * ple),

@@ -207,10 +207,9 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     not in the config) in transformers' fused layout."""
     c, h = config, config.hidden_size
     kernel = c.layer_state.tensors[0].shape[0] + 1
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
-                                          "model.embedding_norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
+    shapes = top_shapes(c, norm="model.embedding_norm.weight")
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         f = p + "feed_forward."
@@ -227,7 +226,6 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                            p + "conv.out_proj.weight": (h, h)})
         else:
             a = p + "self_attn."
-            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
-                           a + "v_proj.weight": (c.kv_size, h), a + "out_proj.weight": (h, c.q_size),
-                           a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
+            shapes.update(attention_shapes(c, a, out="out_proj"))
+            shapes.update({a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
     return shapes

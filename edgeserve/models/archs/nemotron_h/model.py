@@ -205,19 +205,17 @@ def mamba2_dummy_shapes(d: Mamba2Dims, m: str, hidden: int) -> dict[str, tuple[i
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a Nemotron-H model's tensors, for random weights (edgeserve.models.dummy)."""
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
     c, h, d = config, config.hidden_size, mamba2_dims(config)
-    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (c.vocab_size, h),
-                                          "backbone.norm_f.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    shapes = top_shapes(c, "backbone.embeddings.weight", "backbone.norm_f.weight")
     for i in range(c.num_layers):
         m = f"backbone.layers.{i}.mixer."
         shapes[f"backbone.layers.{i}.norm.weight"] = (h,)
         if c.is_linear(i):
             shapes.update(mamba2_dummy_shapes(d, m, h))
         elif c.keeps_kv(i):
-            shapes.update({m + "q_proj.weight": (c.q_size, h), m + "k_proj.weight": (c.kv_size, h),
-                           m + "v_proj.weight": (c.kv_size, h), m + "o_proj.weight": (h, c.q_size)})
+            shapes.update(attention_shapes(c, m))
         elif c.is_moe:  # the released MoE models have no plain MLP blocks beside their MoE blocks
             e, f, sh = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
             shapes.update({m + "gate.weight": (e, h), m + "gate.e_score_correction_bias": (e,),
