@@ -318,15 +318,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="disk KV tier size in GiB (default %(default)s)")
     g.add_argument("--disk-kv-path", default=None,
                    help="disk KV tier folder (default: kv/ under the edgeserve cache folder)")
-    g.add_argument("--speculative", choices=["auto", "off", "ngram", "draft", "mtp"], default="auto",
-                   help="speculative decoding: mtp (the model's own multi-token-prediction head: Qwen3.5 / 3.6 files "
-                        "that carry it), ngram (prompt lookup, no extra model), draft (--draft-model) or off; auto "
-                        "(default): mtp where the model has a head, draft with --draft-model, else off")
-    g.add_argument("--draft-model", default=None,
-                   help="draft model for --speculative draft (same tokenizer as the model; catalog name or path)")
-    g.add_argument("--num-speculative-tokens", "--spec-tokens", dest="num_speculative_tokens", type=int,
-                   default=EngineConfig.num_speculative_tokens,
-                   help="tokens proposed per sequence per step (default: 1 with mtp, 4 with ngram / draft)")
+    _add_spec_args(g)
     g.add_argument("--lora", action="append", type=_lora_flag, default=[], metavar="NAME=PATH",
                    help="a LoRA adapter (PEFT folder or GGUF LoRA file) requests may pick by model NAME or "
                         "BASE:NAME (repeatable; `run` uses it for its replies)")
@@ -341,6 +333,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="while requests decode, a step carries only the prompt tokens that keep it within this "
                         "factor of a decode-only step; off: every step takes the whole --max-batched-tokens "
                         "(default %(default)s)")
+
+
+def _add_spec_args(g) -> None:
+    """The speculative decoding flags (an argument group of add_engine_args)."""
+    g.add_argument("--speculative", choices=["auto", "off", "ngram", "draft", "mtp"], default="auto",
+                   help="speculative decoding: mtp (the model's own multi-token-prediction head: Qwen3.5 / 3.6), "
+                        "ngram (prompt lookup), draft (--draft) or off; auto (default): draft with --draft, else mtp "
+                        "where the model has a head, else off")
+    g.add_argument("--draft", "--draft-model", dest="draft_model", default=None, metavar="PATH",
+                   help="draft model (catalog name or path): one with the same tokenizer, or a Gemma 4 assistant")
+    g.add_argument("--num-speculative-tokens", "--spec-tokens", dest="num_speculative_tokens", type=int,
+                   default=EngineConfig.num_speculative_tokens,
+                   help="tokens proposed per sequence per step (default: 1 with mtp or a Gemma 4 assistant, else 4)")
+    g.add_argument("--spec-draft-vocab", type=int, default=EngineConfig.spec_draft_vocab, metavar="N",
+                   help="the MTP head drafts within the lowest N token ids (its output head cut to them, read once "
+                        "per draft); outputs do not change, only how often drafts are right; 0: the whole vocabulary "
+                        "(default: 32768)")
 
 
 def _count_or_off(text: str) -> int | None:
@@ -384,7 +393,7 @@ def engine_config_from_args(args: argparse.Namespace, **fields) -> EngineConfig:
                         gpu_memory_fraction=args.gpu_memory_fraction, enforce_eager=args.eager, overlap=args.overlap,
                         cpu_kv_gb=args.cpu_kv_gb, disk_kv_gb=args.disk_kv_gb, disk_kv_path=args.disk_kv_path,
                         speculative=args.speculative, draft_model=args.draft_model,
-                        num_speculative_tokens=args.num_speculative_tokens,
+                        num_speculative_tokens=args.num_speculative_tokens, spec_draft_vocab=args.spec_draft_vocab,
                         max_decode_slowdown=args.max_decode_slowdown, loras=tuple(args.lora),
                         max_loras=args.max_loras, lora_weights=args.lora_weights, **fields)
 
@@ -626,7 +635,7 @@ def start_native_build(device: str, cpu_moe_layers: object, say_it: bool = True)
 
     def work() -> None:
         if resolve_device(device).type == "cpu" or cpu_moe_layers is not None:
-            from edgeserve.kernels import cpu_native
+            from edgeserve.kernels.cpu import native as cpu_native
 
             cpu_native.prebuild(say)
 

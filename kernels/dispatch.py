@@ -8,7 +8,7 @@ Choice rules (per call, from the device of the call's main tensor):
    Triton call that cannot run (Triton missing, CPU tensors without the interpreter) raises instead of
    silently testing the twin.
 3. Default (`auto`): on CPU, paged attention and the GGUF block-format matmuls run in the native C kernels
-   (kernels.cpu_native) when they build (EDGESERVE_NATIVE=0 turns them off). Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
+   (kernels.cpu.native) when they build (EDGESERVE_NATIVE=0 turns them off). Triton on a CUDA device with compute capability sm_75 through sm_90 (Turing, Ampere, Ada,
    Hopper) when Triton imports; the torch twins on CPU, on other devices (MPS, ROCm, newer or older CUDA
    parts, untested here), or when Triton is not installed.
 4. A kernel whose shape the Triton version does not cover (e.g. a W4A16 weight whose in_features is not a
@@ -18,11 +18,11 @@ The compute dtype (`compute_dtype`) is bfloat16 where the device has it (CPU, sm
 sm_75, which has no bfloat16.
 
 Every function here is a drop-in for the twin of the same name (same arguments, same result up to rounding):
-`write_kv`, `paged_attention` (kernels.paged_attention), `rms_norm`, `add_rms_norm` (kernels.norm),
-`rope_write_kv` (kernels.rope), `silu_and_mul` (kernels.activation), `linear` (kernels.quant_linear, plus
-`W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.w4a16), `w8a16_matmul` (kernels.w8a16),
-`causal_conv1d_silu`, `delta_gates`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.gated_delta),
-`head_rms_norm` (kernels.norm over each head) and `sigmoid_gate` (kernels.activation): native on CPU, the twins
+`write_kv`, `paged_attention` (kernels.torch.paged_attention), `rms_norm`, `add_rms_norm` (kernels.torch.norm),
+`rope_write_kv` (kernels.torch.rope), `silu_and_mul` (kernels.torch.activation), `linear` (kernels.formats.quant_linear, plus
+`W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.formats.w4a16), `w8a16_matmul` (kernels.formats.w8a16),
+`causal_conv1d_silu`, `delta_gates`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.torch.gated_delta),
+`head_rms_norm` (kernels.torch.norm over each head) and `sigmoid_gate` (kernels.torch.activation): native on CPU, the twins
 elsewhere (no Triton version yet).
 """
 
@@ -34,20 +34,20 @@ from typing import Iterator
 
 import torch
 
-from . import activation as _act
-from . import cpu_native as _native
-from . import gated_delta as _gdn
-from . import norm as _norm
-from . import paged_attention as _attn
-from . import quant_linear as _ql
-from . import rope as _rope
-from . import w4a16 as _w4
-from . import w8a16 as _w8
-from ._triton import HAS_TRITON, interpreting
-from .kv_quant import is_fp8
-from .paged_attention import AttentionMetadata
-from .w4a16 import W4A16Weight, repack_q4
-from .w8a16 import W8A16Weight, repack_q8
+from edgeserve.kernels.torch import activation as _act
+from edgeserve.kernels.cpu import native as _native
+from edgeserve.kernels.torch import gated_delta as _gdn
+from edgeserve.kernels.torch import norm as _norm
+from edgeserve.kernels.torch import paged_attention as _attn
+from edgeserve.kernels.formats import quant_linear as _ql
+from edgeserve.kernels.torch import rope as _rope
+from edgeserve.kernels.formats import w4a16 as _w4
+from edgeserve.kernels.formats import w8a16 as _w8
+from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting
+from edgeserve.kernels.formats.kv_quant import is_fp8
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+from edgeserve.kernels.formats.w4a16 import W4A16Weight, repack_q4
+from edgeserve.kernels.formats.w8a16 import W8A16Weight, repack_q8
 
 __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
@@ -140,10 +140,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     `window`: a sliding-window layer (the last `window` keys only); `softcap`: attention-logit soft-capping, which
     takes the torch twin on every device for now; `sinks`: float32 [H] attention sinks (gpt-oss). The tokens of one
     of `meta.attend_spans` see each other both ways (the Triton kernel is causal only: such steps take the twin)."""
-    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.kv_quant): the native kernels or the torch twin
+    q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.formats.kv_quant): the native kernels or the torch twin
     if (softcap is None and not q8 and meta.attend_spans is None and use_triton(q.device) and q.shape[-1] <= 256
             and q.shape[1] % k_cache.shape[2] == 0):
-        from .triton_paged_attention import paged_attention as kernel
+        from edgeserve.kernels.triton.paged_attention import paged_attention as kernel
 
         return kernel(q, k_cache, v_cache, meta, scale, window, sinks)
     if softcap is None and _native_cpu(q) and not is_fp8(k_cache):  # fp8: Triton or the torch twin
@@ -157,7 +157,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * weight over the last dimension, computed and returned in float32."""
     if use_triton(x.device) and x.shape[-1] <= 65536:
-        from .triton_norm import rms_norm as kernel
+        from edgeserve.kernels.triton.norm import rms_norm as kernel
 
         return kernel(x, weight, eps)
     if _native_cpu(x):
@@ -192,7 +192,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                  out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """new_residual = residual + x (in residual's dtype); returns (rms_norm(new_residual) in out_dtype, new_residual)."""
     if use_triton(x.device) and x.shape[-1] <= 65536:
-        from .triton_norm import add_rms_norm as kernel
+        from edgeserve.kernels.triton.norm import add_rms_norm as kernel
 
         return kernel(x, residual, weight, eps, out_dtype)
     if _native_cpu(x):
@@ -206,7 +206,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """Rotate q and k by per-token cos/sin, store rotated k and v at their slots; returns rotated q in the cache dtype."""
     if k_cache.dtype != torch.uint8 and use_triton(q.device) and q.shape[-1] % 2 == 0:
-        from .triton_rope import rope_write_kv as kernel
+        from edgeserve.kernels.triton.rope import rope_write_kv as kernel
 
         return kernel(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
     if _native_cpu(q):
@@ -231,7 +231,7 @@ def rope_q(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, where the last dimension is [gate | up]."""
     if use_triton(gate_up.device):
-        from .triton_activation import silu_and_mul as kernel
+        from edgeserve.kernels.triton.activation import silu_and_mul as kernel
 
         return kernel(gate_up)
     if _native_cpu(gate_up):
@@ -273,7 +273,7 @@ def f32_row_linear(x: torch.Tensor, w: torch.Tensor, tile: int = 16) -> torch.Te
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype for a packed 4-bit weight."""
     if use_triton(x.device):
-        from .triton_w4a16 import w4a16_matmul as kernel
+        from edgeserve.kernels.triton.w4a16 import w4a16_matmul as kernel
 
         return kernel(x, weight)
     return _w4.w4a16_matmul(x, weight)
@@ -282,7 +282,7 @@ def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
 def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype for an 8-bit weight with group-wise scales."""
     if use_triton(x.device):
-        from .triton_w8a16 import w8a16_matmul as kernel
+        from edgeserve.kernels.triton.w8a16 import w8a16_matmul as kernel
 
         return kernel(x, weight)
     return _w8.w8a16_matmul(x, weight)
@@ -291,7 +291,7 @@ def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: _ql.LinearWeight | W4A16Weight | W8A16Weight, bias: torch.Tensor | None = None,
            prompt_rows: _ql.PromptRows | None = None) -> torch.Tensor:
     """y = x @ W.T (+ b) for a dense, CPU-packed (Int4Weight / Int8Weight), W4A16 or W8A16 weight
-    (`prompt_rows`: see kernels.quant_linear.PromptRows)."""
+    (`prompt_rows`: see kernels.formats.quant_linear.PromptRows)."""
     if isinstance(weight, (W4A16Weight, W8A16Weight)):
         y = w4a16_matmul(x, weight) if isinstance(weight, W4A16Weight) else w8a16_matmul(x, weight)
         return y + bias if bias is not None else y
@@ -330,7 +330,7 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 
 def delta_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                 dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet's gates (g, beta) [T, Hv] float32 from the projections a, b [T, Hv] (kernels.gated_delta)."""
+    """Gated DeltaNet's gates (g, beta) [T, Hv] float32 from the projections a, b [T, Hv] (kernels.torch.gated_delta)."""
     if _native_cpu(a):
         done = _native.gdn_gates(a, b, A_log, dt_bias)
         if done is not None:
@@ -360,7 +360,7 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 def gated_delta_net(mixed_qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                     weights: _gdn.DeltaNetWeights, dims: _gdn.DeltaNetDims, conv_state: torch.Tensor,
                     recurrent_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
-    """kernels.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
+    """kernels.torch.gated_delta.gated_delta_net (the layer between its projections) with the kernels above."""
     return _gdn.gated_delta_net(mixed_qkv, z, a, b, weights, dims, conv_state, recurrent_state, batch,
                                 conv=causal_conv1d_silu, rule=gated_delta_rule, norm=gated_rms_norm,
                                 gates=delta_gates)

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.cpu_native import BlockTensor, native_format
-from edgeserve.kernels.experts import ExpertBlocks
-from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+from edgeserve.kernels.cpu.native import BlockTensor, native_format
+from edgeserve.kernels.formats.experts import ExpertBlocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
 
 from .dequant import q4_blocks, q8_blocks
 from .gguf_file import GGUFFile, check_supported_qtype, release_pages

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from edgeserve.errors import UnsupportedModelError
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # value i of a word -> column 8j + AWQ_ORDER[i]
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)

@@ -19,7 +19,7 @@ import re
 
 import torch
 
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
 from .quantize_options import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANTIZE_METHODS, check_quantize_options  # noqa: F401
 from .weights import WeightSource, WeightValue

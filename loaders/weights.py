@@ -6,8 +6,8 @@ from typing import Protocol
 
 import torch
 
-from edgeserve.kernels.cpu_native import BlockTensor
-from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+from edgeserve.kernels.cpu.native import BlockTensor
+from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
 
 WeightValue = torch.Tensor | Q4Blocks | Q8Blocks | BlockTensor
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import subfolders  # noqa: F401  (tests/ and its subfolders on sys.path: tests import helpers by module name)
 import torch
 
 # Triton fixes interpret-or-compile when `triton.language` is first imported (its own helpers are jitted
@@ -95,3 +96,22 @@ def write_hf_copy(out: Path, reference_model, reference_tokenizer, dtype: torch.
 def default_model_hf_fp16(tmp_path_factory, reference_model, reference_tokenizer) -> Path:
     """The default model as an fp16 safetensors Hugging Face folder (see write_hf_copy)."""
     return write_hf_copy(tmp_path_factory.mktemp("smollm2-hf"), reference_model, reference_tokenizer, torch.float16)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The all-minilm catalog folder (BERT), pulled once into the user cache."""
+    from edgeserve.registry import pull
+
+    return pull("all-minilm", progress=False)
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm):
+    """all-minilm's `tokenizers` tokenizer, padding and truncation off."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok

@@ -12,6 +12,8 @@ import transformers
 
 from converter_parity import Case, spread
 from llama_cpp_source import llama_cpp_dir
+import subfolders  # noqa: F401  (the test modules' folders on sys.path)
+from support.gguf_writer import write_model_gguf
 from test_gpt_oss import write_mxfp4_checkpoint
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -42,6 +44,12 @@ GEMMA4_MOE = dict(GEMMA4, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDI
 GEMMA4_UNIFIED = dict(GEMMA4, num_hidden_layers=7, layer_types=[SLIDING, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL],
                       num_kv_shared_layers=3, use_double_wide_mlp=True, attention_k_eq_v=True,
                       num_global_key_value_heads=1)
+# a Gemma 4 assistant drafter for the gemma4-e2b case's target (its K/V heads, head sizes, window and width): q-only
+# layers of both kinds over the target's K/V, its own smaller width, the target's width as `backbone_hidden_size`
+GEMMA4_ASSISTANT = dict(GEMMA4, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_key_value_heads=1,
+                        layer_types=[SLIDING, SLIDING, FULL], hidden_size_per_layer_input=0,
+                        vocab_size_per_layer_input=0, num_kv_shared_layers=3, use_double_wide_mlp=False,
+                        final_logit_softcapping=None)
 # Gemma 2 / 3 tie their embeddings as the real ones (llama.cpp's Gemma 2 converter drops an untied lm_head.weight)
 GEMMA2 = dict(DENSE, num_hidden_layers=3, tie_word_embeddings=True, head_dim=16, sliding_window=5,
               query_pre_attn_scalar=16, attn_logit_softcapping=0.5, final_logit_softcapping=2.0)
@@ -64,6 +72,10 @@ LFM2_MOE = dict(LFM2_SMALL, num_hidden_layers=5, norm_eps=1e-5, conv_L_cache=3,
                 layer_types=["conv", "conv", FULL, "conv", FULL], intermediate_size=96, moe_intermediate_size=32,
                 num_dense_layers=2, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
                 norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+# LFM3-1.7B's layout in small (transformers' default rhythm over 7 layers: conv, conv, global, conv, sliding, conv,
+# global), its 7-wide conv cache, proportional RoPE over half of each 32-wide head; a window of 5 tokens so the sliding
+# layers' window bites. llama.cpp's converter has no lfm3: its GGUF is ours (support.gguf_writer, archs/lfm3)
+LFM3 = dict(LFM2_SMALL, num_hidden_layers=7, norm_eps=1e-5, head_dim=32, intermediate_size=96, sliding_window=5)
 # Nemotron-H-8B's block pattern in small (Mamba-2 M, attention *, MLP -), several heads per B / C group (its
 # configs name the norms' epsilon `layer_norm_epsilon` only, as the real ones)
 NEMOTRON_H = dict({k: v for k, v in SMALL.items() if k != "rms_norm_eps"}, head_dim=16, intermediate_size=96,
@@ -198,6 +210,10 @@ CASES = [
                                                         vision_config=None, audio_config=None),
          "gemma4", tokenizer="spm", init=gemma4_init, model_class="Gemma4UnifiedForConditionalGeneration",
          post_save=gemma4_unified_folder, ours="gemma4_unified"),
+    # a drafter: its parity with transformers over a target's K/V is tests/models/test_gemma4_assistant.py's
+    Case("gemma4-assistant", lambda v: t.Gemma4AssistantConfig(text_config=dict(GEMMA4_ASSISTANT, vocab_size=v),
+                                                               backbone_hidden_size=GEMMA4["hidden_size"]),
+         "gemma4-assistant", tokenizer="spm", init=gemma4_init, model_class="Gemma4AssistantForCausalLM"),
     Case("gpt-oss", lambda v: t.GptOssConfig(**DENSE, vocab_size=v, head_dim=16, num_local_experts=4,
                                              num_experts_per_tok=2, sliding_window=5,
                                              rope_parameters=dict(GPT_OSS_YARN)),
@@ -230,6 +246,8 @@ CASES = [
         "qwen2vl", model_class="Qwen2_5_VLForConditionalGeneration"),
     Case("lfm2", lambda v: t.Lfm2Config(**LFM2, vocab_size=v), "lfm2"),
     Case("lfm2moe", lambda v: t.Lfm2MoeConfig(**LFM2_MOE, vocab_size=v), "lfm2moe", init=lfm2moe_init),
+    Case("lfm3", lambda v: t.Lfm3Config(**LFM3, vocab_size=v), "lfm3",
+         writer=lambda model, path, qtype: write_model_gguf(model, path, "lfm3", qtype=qtype)),
     Case("nemotron_h", lambda v: t.NemotronHConfig(**NEMOTRON_H, vocab_size=v), "nemotron_h",
          model_class="NemotronHForCausalLM", post_save=nemotron_h_config),
     # transformers saves the experts one by one (`mixer.experts.N.up_proj.weight`), as the released checkpoint

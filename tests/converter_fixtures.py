@@ -44,7 +44,8 @@ def checkpoints(tokenizer_dirs, tmp_path_factory):
         key = (flags or case.convert_args, outtype)
         if key not in ggufs:
             out = folder.parent / f"{name}{''.join(key[0])}.{outtype}.gguf"
-            ggufs[key] = convert(folder, out, *key[0], outtype=outtype)
+            ggufs[key] = case.writer(model, out, outtype.upper()) if case.writer else \
+                convert(folder, out, *key[0], outtype=outtype)
         return model, folder, ggufs[key]
 
     return get

@@ -49,6 +49,9 @@ class Case:
     # rewrites the saved folder the way the real checkpoint stores it (and the model to its values): (model, folder)
     post_save: Callable[[Any, Path], None] | None = None
     ours: str | None = None  # the registered architecture of the HF folder where not `arch` (Mistral: a llama GGUF)
+    # (model, GGUF path, GGML type of the matrices) -> path: our own GGUF writer, for an architecture llama.cpp's
+    # converter does not know (LFM3); None: the converter
+    writer: Callable[[Any, Path, str], Path] | None = None
 
 
 def tokenizer_folder(gguf: Path, dest: Path) -> Path:

@@ -44,74 +44,81 @@ class FakeHub:
         return {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
 
 
-def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
-    api = re.compile(r"/api/models/([^/]+/[^/?]+)(?:/revision/[^/?]+)?(?:\?.*)?")
-    resolve = re.compile(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
+_API = re.compile(r"/api/models/([^/]+/[^/?]+)(?:/revision/[^/?]+)?(?:\?.*)?")
+_RESOLVE = re.compile(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
 
-        def log_message(self, *args) -> None:
-            pass
+class _HubHandler(BaseHTTPRequestHandler):
+    """Answers as the Hub does for `hub`'s repos (a subclass sets `hub`)."""
 
-        def _error(self, code: int, error_code: str) -> None:
-            body = json.dumps({"error": error_code}).encode()
-            self.send_response(code)
-            self.send_header("X-Error-Code", error_code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    hub: FakeHub
+    protocol_version = "HTTP/1.1"
 
-        def _serve(self) -> None:
-            hub.requests.append((self.command, self.path, self.headers.get("Range")))
-            m = api.fullmatch(self.path)
-            if m and self.command == "GET":
-                if m.group(1) not in hub.repos:
-                    return self._error(404, "RepoNotFound")
-                body = json.dumps(hub.info(m.group(1))).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            m = resolve.fullmatch(self.path)
-            if not m or m.group(1) not in hub.repos:
+    def log_message(self, *args) -> None:
+        pass
+
+    def _error(self, code: int, error_code: str) -> None:
+        self._send_json(code, {"error": error_code}, (("X-Error-Code", error_code),))
+
+    def _send_json(self, code: int, obj, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _serve(self) -> None:
+        self.hub.requests.append((self.command, self.path, self.headers.get("Range")))
+        m = _API.fullmatch(self.path)
+        if m and self.command == "GET":
+            if m.group(1) not in self.hub.repos:
                 return self._error(404, "RepoNotFound")
-            repo, name = m.group(1), m.group(3)
-            data = hub.repos[repo].get(name)
-            if data is None:
-                return self._error(404, "EntryNotFound")
-            etag = hashlib.sha256(data).hexdigest() if name.endswith(LFS_SUFFIXES) else \
-                hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            start = 0
-            rng = self.headers.get("Range")
-            if rng and self.command == "GET":
-                start = int(re.match(r"bytes=(\d+)-", rng).group(1))
-            self.send_response(206 if start else 200)
-            self.send_header("ETag", f'"{etag}"')
-            self.send_header("X-Repo-Commit", COMMIT)
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(len(data) - start))
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            if (repo, name) in hub.cut_first_get:
-                hub.cut_first_get.discard((repo, name))
-                self.wfile.write(data[: len(data) // 2])
-                self.wfile.flush()
-                self.close_connection = True
-                return
-            self.wfile.write(data[start:])
+            return self._send_json(200, self.hub.info(m.group(1)))
+        m = _RESOLVE.fullmatch(self.path)
+        if not m or m.group(1) not in self.hub.repos:
+            return self._error(404, "RepoNotFound")
+        repo, name = m.group(1), m.group(3)
+        data = self.hub.repos[repo].get(name)
+        if data is None:
+            return self._error(404, "EntryNotFound")
+        self._send_file(repo, name, data)
 
-        do_GET = _serve
-        do_HEAD = _serve
+    def _send_file(self, repo: str, name: str, data: bytes) -> None:
+        etag = hashlib.sha256(data).hexdigest() if name.endswith(LFS_SUFFIXES) else \
+            hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and self.command == "GET":
+            start = int(re.match(r"bytes=(\d+)-", rng).group(1))
+        self.send_response(206 if start else 200)
+        self.send_header("ETag", f'"{etag}"')
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(len(data) - start))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if (repo, name) in self.hub.cut_first_get:
+            self.hub.cut_first_get.discard((repo, name))
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(data[start:])
 
-    return Handler
+    do_GET = _serve
+    do_HEAD = _serve
+
+
+def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    """A request handler class serving `hub`."""
+    return type("Handler", (_HubHandler,), {"hub": hub})
 
 
 @contextlib.contextmanager

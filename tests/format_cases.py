@@ -1,4 +1,4 @@
-"""Helpers for the per-family format tests (tests/test_formats_*.py): llama.cpp's test tools, a reply split the
+"""Helpers for the per-family format tests (tests/text/test_formats_*.py): llama.cpp's test tools, a reply split the
 simple way (reasoning by the format's tags, content up to the first call marker, the rest through its parser),
 template detection over llama.cpp's 70 templates, and walking a forced grammar over a small vocabulary in which
 the format's markup are single special tokens."""
@@ -145,3 +145,16 @@ def check(name: str, text: str, tools: list[dict], opened: bool, expect: tuple) 
         if len(want) == 3:
             assert got[2] == want[2]
     return calls
+
+
+def no_call_stays_text(fmt: str, texts: list[str], tools: list[dict] | None = None):
+    """A test (to bind to `test_what_is_no_call_stays_text`) that each of `texts` is read by format `fmt` as plain
+    content and no call, with `tools` (default: SPECIAL) offered."""
+    import pytest
+
+    from edgeserve.text.formats import get_format
+
+    @pytest.mark.parametrize("text", texts)
+    def what_is_no_call_stays_text(text):
+        assert get_format(fmt).parse(text, context(tools or [SPECIAL])) == (text, [])
+    return what_is_no_call_stays_text

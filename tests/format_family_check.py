@@ -189,3 +189,20 @@ def check_case(case: dict) -> tuple[Reply, Reply]:
     want = case["expect"]
     return got, expect(want["content"], want["reasoning_content"],
                        [(c["name"], c["arguments"], c["id"]) for c in want["tool_calls"]])
+
+
+def family_tests(family: str, templates: dict[str, list[str]]):
+    """The two tests every format family's module runs, to bind to `test_...` names there: the cases of
+    tests/data/chat_formats/<family>.json read as llama.cpp reads them, and each format of `templates` detected for
+    exactly its templates among llama.cpp's."""
+    import pytest
+
+    @pytest.mark.parametrize("case", data_cases(family), ids=case_id)
+    def reads_what_llama_cpp_reads(case):
+        got, want = check_case(case)
+        assert same(got, want), (got, want)
+
+    @pytest.mark.parametrize("name, templates", list(templates.items()))
+    def detected_for_its_templates_and_no_other(name, templates):
+        assert detected_templates(name) == templates
+    return reads_what_llama_cpp_reads, detected_for_its_templates_and_no_other

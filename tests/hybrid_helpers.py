@@ -10,6 +10,7 @@ import torch
 
 from converter_cases import BY_NAME
 from converter_parity import build_checkpoint, tokenizer_folder
+import subfolders  # noqa: F401  (the test modules' folders on sys.path)
 from test_qwen35_engine import OracleProposer
 
 from edgeserve.llm import LLM

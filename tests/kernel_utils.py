@@ -1,6 +1,6 @@
 """Shared setup for the kernel tests: Triton's CPU interpreter, the device parameter, tolerances, paged batches.
 
-Imported by every tests/test_kernels_*.py at collection time, before any Triton kernel module is imported
+Imported by every tests/kernels/test_kernels_*.py at collection time, before any Triton kernel module is imported
 (Triton fixes interpret-or-compile when a kernel is decorated). Without CUDA the kernels run in the
 interpreter on CPU tensors; with CUDA they compile for the device and the `cuda` cases run instead.
 """
@@ -16,8 +16,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from edgeserve.kernels._triton import HAS_TRITON, interpreting  # noqa: E402
-from edgeserve.kernels.paged_attention import AttentionMetadata  # noqa: E402
+from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting  # noqa: E402
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

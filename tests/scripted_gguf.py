@@ -15,7 +15,51 @@ import numpy as np
 from support.gguf_vocab import byte_vocab
 from support.gguf_writer import finish
 
+from edgeserve.bench.random_gguf import add_stack_keys
+
 NEWLINE = "Ċ"  # the byte-level symbol of "\n": the last token of a ChatML generation prompt
+
+
+def _add_script_tokenizer(w, script: list[tuple[str, str]], specials: list[str]) -> dict[str, int]:
+    """A byte-level gpt2 vocabulary into writer `w`: `specials` (control), the bytes, one merge ("he") and every
+    piece of `script` that is neither (user-defined); {token: id}."""
+    import gguf
+
+    bytes_ = byte_vocab()
+    pieces = []
+    for a, b in script:
+        for t in (a, b):
+            if t not in specials and t not in bytes_ and t not in pieces:
+                pieces.append(t)
+    tokens = specials + bytes_ + ["he"] + pieces  # one merge: a BPE vocabulary needs at least one
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.NORMAL] * 257
+                      + [gguf.TokenType.USER_DEFINED] * len(pieces))
+    w.add_token_merges(["h e"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def _scripted_embeddings(script: list[tuple[str, str]], index: dict[str, int], hidden: int,
+                         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(token embeddings, output head): each scripted `a` embedded as its own orthonormal direction, which the head
+    maps to a large logit for its `b`; the other tokens random."""
+    vocab = len(index)
+    involved = sorted({index[a] for a, _ in script})
+    assert len(involved) <= hidden, "more scripted tokens than hidden dimensions"
+    embd = rng.normal(0, 1, size=(vocab, hidden)).astype(np.float32)
+    ortho = np.linalg.qr(rng.normal(size=(hidden, hidden)))[0].astype(np.float32)
+    for k, i in enumerate(involved):
+        embd[i] = ortho[k]
+    out = np.zeros((vocab, hidden), dtype=np.float32)
+    for a, b in script:
+        out[index[b]] += 4.0 * ortho[involved.index(index[a])]  # logit ~ 4 * sqrt(hidden) = 32 over every other
+    return embd, out
 
 
 def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str, arch: str = "llama",
@@ -30,46 +74,14 @@ def write_scripted_gguf(path: Path, script: list[tuple[str, str]], template: str
 
     rng = np.random.default_rng(0)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *specials]
-    bytes_ = byte_vocab()
-    pieces = []
-    for a, b in script:
-        for t in (a, b):
-            if t not in specials and t not in bytes_ and t not in pieces:
-                pieces.append(t)
-    tokens = specials + bytes_ + ["he"] + pieces  # one merge: a BPE vocabulary needs at least one
-    index = {t: i for i, t in enumerate(tokens)}
-    vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), arch)
     hd = hidden // heads
-    w.add_block_count(layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(hidden * 2)
-    w.add_head_count(heads)
-    w.add_head_count_kv(heads)
+    add_stack_keys(w, layers, context, hidden, hidden * 2, heads, heads)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.NORMAL] * 257
-                      + [gguf.TokenType.USER_DEFINED] * len(pieces))
-    w.add_token_merges(["h e"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    index = _add_script_tokenizer(w, script, specials)
     w.add_chat_template(template)
-
-    involved = sorted({index[a] for a, _ in script})
-    assert len(involved) <= hidden, "more scripted tokens than hidden dimensions"
-    embd = rng.normal(0, 1, size=(vocab, hidden)).astype(np.float32)
-    ortho = np.linalg.qr(rng.normal(size=(hidden, hidden)))[0].astype(np.float32)
-    for k, i in enumerate(involved):
-        embd[i] = ortho[k]
-    out = np.zeros((vocab, hidden), dtype=np.float32)
-    for a, b in script:
-        out[index[b]] += 4.0 * ortho[involved.index(index[a])]  # logit ~ 4 * sqrt(hidden) = 32 over every other
+    embd, out = _scripted_embeddings(script, index, hidden, rng)
     if noise:
         out += np.random.default_rng(1).normal(0, noise, size=out.shape).astype(np.float32)
     tensors = {"token_embd.weight": embd, "output.weight": out, "output_norm.weight": np.ones(hidden, np.float32)}

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import uvicorn
@@ -107,3 +108,66 @@ class StepGate:
     def restore(self) -> None:
         self.open()
         self.core.step = self.step
+
+
+def write_tool_and_think(folder: Path) -> tuple[str, str]:
+    """scripted_gguf's two chat models in `folder`: tooly.gguf (answers with a tool call) and thinky.gguf (qwen3,
+    thinks first); their paths."""
+    from scripted_gguf import THINK_SCRIPT, THINK_TEMPLATE, TOOL_SCRIPT, TOOL_TEMPLATE, write_scripted_gguf
+
+    tool = write_scripted_gguf(folder / "tooly.gguf", TOOL_SCRIPT, TOOL_TEMPLATE)
+    think = write_scripted_gguf(folder / "thinky.gguf", THINK_SCRIPT, THINK_TEMPLATE, arch="qwen3")
+    return str(tool), str(think)
+
+
+@contextlib.contextmanager
+def serve_scripted(folder: Path, *more: str) -> Iterator[RunningServer]:
+    """A server (4 sequences, a small KV pool, no unloading) of write_tool_and_think's models and `more`."""
+    from edgeserve.engine.config import EngineConfig
+
+    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
+                            models=(*write_tool_and_think(folder), *more), keep_alive=None)) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def serve_tiny(folder: Path, **config) -> Iterator[RunningServer]:
+    """A server of tiny_gguf's llama (written as `folder`/tiny.gguf, served as "tiny") with a 0.01 GB KV pool and no
+    unloading; `config`: more ServerConfig fields."""
+    from tiny_gguf import write_tiny_llama
+
+    from edgeserve.engine.config import EngineConfig
+
+    path = write_tiny_llama(folder / "tiny.gguf")
+    with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None,
+                            **config)) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def gated_steps(server: RunningServer, model: str = "tiny"):
+    """A StepGate on the loaded `model`'s engine core, restored afterwards."""
+    gate = StepGate(server.manager.entries[model].engine.core)
+    try:
+        yield gate
+    finally:
+        gate.restore()
+
+
+def post_api(server: RunningServer, path: str, body: dict, stream: bool = False):
+    """POST `body` to `path`, status 200 asserted: the JSON reply, or with `stream` the events (NDJSON lines for
+    /api/chat, else SSE `data:` events but [DONE]) as a list."""
+    import json
+
+    import httpx
+
+    if not stream:
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.strip()]
+    if path == "/api/chat":
+        return [json.loads(line) for line in lines]
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]

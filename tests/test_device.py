@@ -107,7 +107,7 @@ def test_dummy_int4_blocks_are_never_dense(tmp_path):
     cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 32}
     c = config_from_hf(cfg)
     w = DummyWeights(c, int4_group=int4_group_size(cfg))
-    from edgeserve.kernels.quant_linear import Q4Blocks
+    from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
     blocks = w.get("model.layers.0.mlp.down_proj.weight", keep_int4=True)
     assert isinstance(blocks, Q4Blocks) and blocks.group_size == 32 and blocks.q.dtype == torch.uint8

@@ -139,7 +139,7 @@ def test_hugging_face_folder_served_end_to_end(tmp_path, default_model_hf_fp16):
 
 
 def test_quantize_int4_through_edgeserve_run(tmp_path):
-    from edgeserve.kernels.quant_linear import Int4Weight
+    from edgeserve.kernels.formats.quant_linear import Int4Weight
     from edgeserve.llm import LLM
     from edgeserve.sampling_params import SamplingParams
 

@@ -18,12 +18,13 @@ def test_wheel_layout_and_import(tmp_path):
                     str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("edgeserve-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for expected in ["edgeserve/kernels/quant_linear.py", "edgeserve/loaders/gguf_file.py",
+    for expected in ["edgeserve/kernels/formats/quant_linear.py", "edgeserve/loaders/gguf_file.py",
                      "edgeserve/offload/__init__.py", "edgeserve/models/llama.py", "edgeserve/cli.py",
-                     "edgeserve/server/static/chat.html", "edgeserve/kernels/cpu/qmatmul.c",
-                     "edgeserve/kernels/cpu/pool.c", "edgeserve/kernels/cpu/pool.h", "edgeserve/kernels/cpu/attention.c",
-                     "edgeserve/kernels/cpu/elementwise.c"]:  # the native CPU kernels compile from these
+                     "edgeserve/server/static/chat.html", "edgeserve/kernels/cpu/src/pool.c",
+                     "edgeserve/kernels/cpu/include/pool.h", "edgeserve/kernels/cpu/src/attention.c"]:
         assert expected in names
+    for f in (ROOT / "kernels/cpu").rglob("*.[ch]"):  # the native CPU kernels compile from these, subfolders too
+        assert f"edgeserve/{f.relative_to(ROOT).as_posix()}" in names, f
     assert not any(n.split("/")[0] in ("kernels", "loaders", "offload", "tests") for n in names)
     for f in (ROOT / "edgeserve/server/static").rglob("*"):  # the chat page's files, vendored ones included
         assert not f.is_file() or f.relative_to(ROOT).as_posix() in names, f
@@ -41,7 +42,7 @@ def test_wheel_layout_and_import(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     env = dict(os.environ, PYTHONPATH=str(site))
-    code = ("import edgeserve, edgeserve.kernels.quant_linear, edgeserve.loaders.gguf_file, edgeserve.offload;"
+    code = ("import edgeserve, edgeserve.kernels.formats.quant_linear, edgeserve.loaders.gguf_file, edgeserve.offload;"
             "print(edgeserve.__file__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=120)

@@ -6,6 +6,7 @@ functions too."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,64 @@ def test_kernels_know_no_model_engine_or_loader():
     assert not {m: n for m, n in bad.items() if n}, bad
 
 
+def _architecture_stems() -> set[str]:
+    """The words that name a registered architecture or its family ("gemma" for gemma4, "gpt" for gpt-oss)."""
+    from edgeserve.models.registry import ARCHITECTURES
+
+    return {re.match(r"[a-z]+", n.lower()).group(0) for a in ARCHITECTURES for n in (a.name, a.package)}
+
+
+def _words(name: str) -> set[str]:
+    """The lower-case words of an identifier or file name (snake_case, CamelCase and digits split)."""
+    return {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", name)}
+
+
+_NAME_FIELD = {ast.FunctionDef: "name", ast.AsyncFunctionDef: "name", ast.ClassDef: "name", ast.Name: "id",
+               ast.Attribute: "attr", ast.arg: "arg", ast.keyword: "arg", ast.alias: "asname"}
+
+
+def _code_names(path: Path) -> set[str]:
+    """The names a Python or C file defines and uses (not its comments, docstrings or string literals)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        nodes = ast.walk(ast.parse(text))
+        names = {getattr(n, _NAME_FIELD[type(n)]) for n in nodes if type(n) in _NAME_FIELD}
+        return {n for n in names if n}
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
+    return set(re.findall(r"[A-Za-z_]\w*", re.sub(r'"(\\.|[^"\\])*"', " ", text)))
+
+
+def _architecture_names_in(root: Path) -> list[str]:
+    """`path: names` of each kernels file whose path or code names an architecture."""
+    stems = _architecture_stems()
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".py", ".c", ".h") or "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(root)
+        names = {p for p in rel.with_suffix("").parts} | _code_names(path)
+        bad = sorted(n for n in names if any(w.startswith(s) for w in _words(n) for s in stems))
+        if bad:
+            out.append(f"{rel.as_posix()}: {bad}")
+    return out
+
+
+def test_kernels_name_no_architecture():
+    """No kernels module, C file or name in their code names a model: a model's plan lives in its package
+    (edgeserve/models/archs/<name>/native_plan.py), the kernels offer options by what they do."""
+    assert not _architecture_names_in(ROOT / "kernels")
+
+
+def test_the_architecture_name_check_sees_a_model(tmp_path):
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "decoder_gemma4.py").write_text("x = 1\n")
+    (tmp_path / "plain.py").write_text("def build_qwen35(m):\n    return m.qwen_gate  # a comment: Llama\n")
+    (tmp_path / "cpu" / "layer.c").write_text("/* Gemma 4 */\nint gptoss_sinks; int window;\n")
+    (tmp_path / "cpu" / "ok.c").write_text("/* Gemma 4's option */ int sinks; const char *s = \"qwen\";\n")
+    assert _architecture_names_in(tmp_path) == ["cpu/layer.c: ['gptoss_sinks']", "decoder_gemma4.py: ['decoder_gemma4']",
+                                                "plain.py: ['build_qwen35', 'qwen_gate']"]
+
+
 def test_the_engine_imports_no_server():
     server = {m: {n for n in names if n.startswith("edgeserve.server")}
               for m, names in _outside_imports("edgeserve.engine").items()}
@@ -174,8 +233,8 @@ def test_the_engine_imports_no_server():
 
 # functions allowed over MAX_FUNCTION_LINES outside the server: native bindings and kernels, whose length is one
 # table or one kernel body (issue 48 allows a named list of kernels)
-LONG_KERNELS = {"kernels/cpu_native.py:_bind", "kernels/cpu_decoder.py:build",
-                "kernels/triton_prefill_attention.py:_prefill_kernel"}
+LONG_KERNELS = {"kernels/cpu/native.py:_bind", "kernels/cpu/decoder.py:build",
+                "kernels/triton/prefill_attention.py:_prefill_kernel"}
 
 
 def _long_functions(roots: tuple[str, ...] = ("edgeserve", "kernels", "loaders", "offload")) -> list[str]:

@@ -35,6 +35,7 @@ CASES = {
     "olmo2": ((), "F32"),
     "mistral3": ((), "F32"),
     "granite": ((), "F32"),
+    "lfm2": ((), "F32"),  # the part of our lfm3 naming that is lfm2's (archs/lfm3)
 }
 
 

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -82,17 +81,13 @@ def side(tokens: int, batches: list[int], repeats: int, ops: bool = False, model
 
 def export(rev: str) -> Path:
     """A copy of the repository at `rev` in a temporary folder (git archive), for PYTHONPATH."""
+    from edgeserve.bench.checkout import link_package_dirs
+
     root = Path(__file__).resolve().parents[2]
     dest = Path(tempfile.mkdtemp(prefix=f"edgeserve-{rev}-"))
     archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    # subpackages that pyproject maps from other folders (edgeserve.kernels = kernels/, ...): link them into place,
-    # or they would be imported from the editable install, i.e. from this checkout
-    package_dirs = tomllib.loads((dest / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in package_dirs.items():
-        target = dest / package.replace(".", "/")
-        if not target.exists():
-            target.symlink_to(dest / folder, target_is_directory=True)
+    link_package_dirs(dest)  # edgeserve.kernels = kernels/, ...: or the editable install answers for them
     return dest
 
 

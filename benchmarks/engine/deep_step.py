@@ -22,7 +22,8 @@ import time
 import torch
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--decodes", type=int, default=3)
@@ -32,13 +33,41 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--baseline-lib", help="a native library built from another commit (qmatmul-avx2-*.so)")
     ap.add_argument("--kv-cache-dtypes", default="auto", help="KV pool formats to time side by side (bf16,f16)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _random_pool(model, kv: str, blocks: int, block: int):
+    """A KV pool of `blocks` blocks in format `kv` for `model`, filled with random values (seed 0)."""
+    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.kv_format import resolve_kv_format
+
+    pool = KVPool(model.config, blocks, block, resolve_kv_format(kv, model.config, model.dtype, model.device))
+    g = torch.Generator().manual_seed(0)
+    pool.k.copy_(torch.randn(pool.k.shape, generator=g).to(pool.k.dtype))
+    pool.v.copy_(torch.randn(pool.v.shape, generator=g).to(pool.v.dtype))
+    return pool
+
+
+def _print_table(times: dict[str, dict[str, list[float]]], sides: list[str]) -> None:
+    """Per case and side the median ms and the ms above "decode alone"; with two sides or more, first / last."""
+    alone = {side: statistics.median(times["decode alone"][side]) for side in sides}
+    first, last = sides[0], sides[-1]
+    head = "".join(f"{side + ' ms':>14}{side + ' +ms':>14}" for side in sides)
+    print(f"{'case':<16}{head}" + (f"{first + '/' + last:>16}" if len(sides) > 1 else ""))
+    for name, per in times.items():
+        med = {side: statistics.median(per[side]) for side in sides}
+        row = "".join(f"{med[side]:>14.2f}{med[side] - alone[side]:>14.2f}" for side in sides)
+        ratio = f"{med[first] / med[last]:>15.2f}x" if len(sides) > 1 else ""
+        print(f"{name:<16}{row}{ratio}", flush=True)
+
+
+def main() -> None:
+    args = _parse_args()
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.engine.kv_cache import PagedKVAttention
+    from edgeserve.kernels.cpu.native import _bind, best_variant, load, threads
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model
@@ -52,13 +81,7 @@ def main() -> None:
     singles = [int(x) for x in args.single_depths.split(",")]
     per_seq = -(-(max(depths + singles) + 16) // block)
     n_seqs = args.decodes + 1
-    pools = {}
-    for kv in args.kv_cache_dtypes.split(","):
-        pool = pools[kv] = KVPool(model.config, n_seqs * per_seq, block,
-                                  resolve_kv_format(kv, model.config, model.dtype, model.device))
-        g = torch.Generator().manual_seed(0)
-        pool.k.copy_(torch.randn(pool.k.shape, generator=g).to(pool.k.dtype))
-        pool.v.copy_(torch.randn(pool.v.shape, generator=g).to(pool.v.dtype))
+    pools = {kv: _random_pool(model, kv, n_seqs * per_seq, block) for kv in args.kv_cache_dtypes.split(",")}
     sides = {(f"{lib}/{kv}" if len(pools) > 1 else lib): (lib, kv) for lib in libs for kv in pools}
     tables = [[i * per_seq + j for j in range(per_seq)] for i in range(n_seqs)]
     long = args.decodes
@@ -93,15 +116,7 @@ def main() -> None:
                 model.logits(model.forward(ids, pos, PagedKVAttention(pools[kv], meta))[-4:])
                 if rep:
                     times[name][side].append((time.perf_counter() - start) * 1e3)
-    alone = {side: statistics.median(times["decode alone"][side]) for side in sides}
-    first, last = list(sides)[0], list(sides)[-1]
-    head = "".join(f"{side + ' ms':>14}{side + ' +ms':>14}" for side in sides)
-    print(f"{'case':<16}{head}" + (f"{first + '/' + last:>16}" if len(sides) > 1 else ""))
-    for name, per in times.items():
-        med = {side: statistics.median(per[side]) for side in sides}
-        row = "".join(f"{med[side]:>14.2f}{med[side] - alone[side]:>14.2f}" for side in sides)
-        ratio = f"{med[first] / med[last]:>15.2f}x" if len(sides) > 1 else ""
-        print(f"{name:<16}{row}{ratio}", flush=True)
+    _print_table(times, list(sides))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ with the default model loaded twice in one process: once keeping bf16 copies for
 
     python benchmarks/engine/dense_prefill.py [--lengths 1,16,64,256,512] [--runs 5] [--native]
 
-With `--native` the two sides are instead the native quantized GEMM (kernels/cpu/qmatmul.c, EDGESERVE_NATIVE=1,
+With `--native` the two sides are instead the native quantized GEMM (kernels/cpu/src/qmm/, EDGESERVE_NATIVE=1,
 no dense copies) and the torch path with dense copies (EDGESERVE_NATIVE=0, `--dense-prefill on`); the environment
 is switched per side for loading and for every run.
 """

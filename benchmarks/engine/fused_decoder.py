@@ -1,7 +1,7 @@
 """The model part of a CPU decode step, fused native stack against the per-op path, in one process.
 
 Loads a model once, fills a paged pool for B sequences of `--context` tokens, then times forward + logits of one
-decode row per sequence, alternating the fused stack (kernels.cpu_decoder, one native call for every layer) and
+decode row per sequence, alternating the fused stack (kernels.cpu.decoder, one native call for every layer) and
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
 With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
@@ -20,7 +20,8 @@ import statistics
 import time
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1,8")
@@ -28,13 +29,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
     ap.add_argument("--prefill-reps", type=int, default=6)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     import torch
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model
@@ -92,7 +97,7 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
     import torch
 
     from edgeserve.engine.kv_cache import KVPool
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     blocks = -(-n // block)
     pool = KVPool(model.config, blocks, block, model.dtype)

@@ -20,7 +20,8 @@ import statistics
 import time
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline-lib", required=True)
     ap.add_argument("--lib", help="the library of the 'this checkout' side (default: this checkout's build)")
@@ -30,19 +31,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=12, help="timed blocks per side and batch")
     ap.add_argument("--steps", type=int, default=5, help="steps per block (the first one is not timed)")
     ap.add_argument("--single-thread", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    from edgeserve.bench.cpu_clock import cpu_clock
 
-    clock = cpu_clock(args.single_thread)
-
-    import torch
-
+def _load_sides(args: argparse.Namespace) -> tuple[tuple[str, str], dict, dict]:
+    """(the native setting key, {side: library}, {side: the model loaded and planned by that library})."""
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.paged_attention import AttentionMetadata
-    from profile_fused_step import hybrid_states
+    from edgeserve.kernels.cpu import native as cpu_native
 
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     libs = {"baseline": cpu_native._bind(ctypes.CDLL(args.baseline_lib)), "this checkout": cpu_native._bind(ctypes.CDLL(args.lib)) if args.lib else cpu_native.library()}
@@ -52,6 +47,24 @@ def main() -> None:
         model = LLM(args.model, kv_cache_gb=0.05).lm.model
         assert model.native_decoder() is not None and model.native_decoder().lib is lib
         models[name] = model
+    return setting, libs, models
+
+
+def main() -> None:
+    args = _parse_args()
+
+    from edgeserve.bench.cpu_clock import cpu_clock
+
+    clock = cpu_clock(args.single_thread)
+
+    import torch
+
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+    from profile_fused_step import hybrid_states
+
+    setting, libs, models = _load_sides(args)
     block = 16
     per_seq = -(-(args.context + 1) // block)
     result: dict = {"model": args.model, "context": args.context, "single_thread": args.single_thread,

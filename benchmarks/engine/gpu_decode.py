@@ -176,7 +176,7 @@ def main() -> None:
     info = device_info(dev)
     peak = a.bandwidth_gbs or peak_gbs_for(info.name)
     if peak is None:
-        from edgeserve.kernels.bench import peak_bandwidth_gbs
+        from edgeserve.kernels.triton.bench import peak_bandwidth_gbs
 
         peak = peak_bandwidth_gbs(dev)
     print(f"device: {info.describe()}; triton kernels: {dispatch.use_triton(dev)}; torch {torch.__version__}")

@@ -27,8 +27,8 @@ stage1)
     timeout 120 python3 benchmarks/engine/gpu_decode.py --skip-throughput --skip-transformers 2>&1 | tee "$OUT/gpu_decode.log" | tail -20
     ;;
 stage2)
-    tests="tests/test_server_openai.py::test_seed_reproducible_and_n tests/test_server_openai.py::test_logprobs_shape
-           tests/test_structured_output.py::test_mixed_batch_equals_each_alone"
+    tests="tests/server/test_server_openai.py::test_seed_reproducible_and_n tests/server/test_server_openai.py::test_logprobs_shape
+           tests/text/test_structured_output.py::test_mixed_batch_equals_each_alone"
     timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 | tee "$OUT/three_default.log" | tail -8
     EDGESERVE_BATCH_INVARIANT=1 timeout 100 python3 -m pytest -q $tests -p no:cacheprovider 2>&1 \
         | tee "$OUT/three_invariant.log" | tail -8
@@ -36,13 +36,13 @@ stage2)
         2>&1 | tee "$OUT/gpu_tests.log" | tail -15
     ;;
 kernels)
-    timeout 120 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_kernels_w4a16.py -p no:cacheprovider \
+    timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_w4a16.py -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_kernel_tests.log" | tail -15
     ;;
 invariant)
     timeout 100 python3 benchmarks/kernels/w4a16_invariant.py 2>&1 | tee "$OUT/w4a16_invariant.log" | tail -60
     EDGESERVE_BATCH_INVARIANT=1 timeout 60 python3 benchmarks/engine/gpu_decode.py --models int4 --skip-throughput \
         --skip-transformers 2>&1 | tee "$OUT/gpu_decode_invariant.log" | tail -6
-    timeout 60 python3 -m pytest -q -m gpu tests/test_kernels_w4a16.py -p no:cacheprovider 2>&1 | tail -3
+    timeout 60 python3 -m pytest -q -m gpu tests/kernels/test_kernels_w4a16.py -p no:cacheprovider 2>&1 | tail -3
     ;;
 esac

@@ -39,7 +39,7 @@ def main() -> None:
 
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token
     from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 

@@ -1,6 +1,6 @@
 """A MoE model's step three ways in one process, on one copy of the weights: the per-op path as main had it (torch
 router, ExpertGroups, BlockExperts.grouped, torch slot sum), the per-op path with the one-call native MoE layer
-(kernels/cpu/moe_layer.c), and the whole fused native stack (kernels/cpu/layer.c with layer_t.moe).
+(kernels/cpu/src/moe_layer.c), and the whole fused native stack (kernels/cpu/src/layer.c with layer_t.moe).
 
 Fills a paged pool with B sequences of `--context` tokens, then times blocks of decode steps (forward + logits) at
 each batch, the sides taking turns (rotating order per block, a pause between blocks); then prompt chunks of
@@ -60,7 +60,8 @@ def summary(times: dict[str, list[float]]) -> dict:
             "speedup_vs_main_per_op": {s: round(base / v, 3) for s, v in med.items()}}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--batch", default="1,8")
@@ -71,14 +72,18 @@ def main() -> None:
     ap.add_argument("--generate", type=int, default=0,
                     help="also time LLM.generate of this many greedy tokens for 1 and 8 prompts through the engine")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --generate per side")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     import torch
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     clock = time.perf_counter
     llm = LLM(args.model, kv_cache_gb=0.05)

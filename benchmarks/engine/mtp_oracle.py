@@ -13,6 +13,7 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
 
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
+                                    [--draft-vocab 0,32768] [--out /tmp/folder]
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: in
     return oracle
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen35-0.8b")
     ap.add_argument("--mix", default="Q4_K_M")
@@ -53,67 +55,95 @@ def main() -> None:
     ap.add_argument("--backoff", type=float, default=None,
                     help="also this acceptance with the back-off policy on (it is off for the other sides)")
     ap.add_argument("--vocab", default=str(VOCAB), help="a GGUF whose tokenizer the model takes")
-    a = ap.parse_args()
+    ap.add_argument("--draft-vocab", default="32768",
+                    help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
+    ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
+    ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _parse_args()
 
     from edgeserve import LLM, SamplingParams
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
-    path = write_model(a.shape, a.mix, a.layers, Path(a.vocab))
+    path = write_model(a.shape, a.mix, a.layers, Path(a.vocab), Path(a.out) if a.out else None)
     lm = load_model(resolve(str(path)))
     vocab = lm.config.vocab_size
     prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
-    opts = dict(kv_cache_gb=0.25, max_num_seqs=4, enable_prefix_caching=False)
+    opts = dict(kv_cache_gb=a.kv_gb, max_num_seqs=1, enable_prefix_caching=False)  # one stream
     plain = LLM.from_model(lm, speculative="off", **opts)
     reference = plain.generate([prompt], params)[0].outputs[0].token_ids
     engines = {"plain": plain}
-    for k in (int(x) for x in a.ks.split(",")):
-        for acc in (float(x) for x in a.accept.split(",")):
-            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
-            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
-            llm.engine.spec.backoff = None  # the raw cost at this acceptance
-            engines[f"mtp k={k} a={acc:.0%}"] = llm
-        if a.backoff is not None:  # the same with the back-off policy on
-            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
-            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
-            engines[f"mtp k={k} a={a.backoff:.0%} backoff"] = llm
-    rates: dict[str, list[float]] = {side: [] for side in engines}
-    spec: dict[str, tuple[float, float]] = {}
-    for _ in range(a.rounds):
+    for dv in (int(x) for x in a.draft_vocab.split(",")):
+        for k in (int(x) for x in a.ks.split(",")):
+            for acc in (float(x) for x in a.accept.split(",")):
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+                llm.engine.spec.backoff = None  # the raw cost at this acceptance
+                engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
+            if a.backoff is not None:  # the same with the back-off policy on
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
+                engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
+    measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
+
+
+def measure(engines: dict, prompt: list[int], params, reference: list[int], rounds: int, label: dict) -> None:
+    """Generate `prompt` on each side (`engines`: name -> LLM, "plain" among them) `rounds` times, sides alternating,
+    checking each output is `reference`; print each run, then one JSON line per side (`label`'s keys first): median
+    tokens per wall second and per CPU second, their ratios to plain's, acceptance and tokens per verification."""
+    rates, cpu = run_rounds(engines, prompt, params, reference, rounds)
+    base, cpu_base = statistics.median(rates["plain"][0]), statistics.median(cpu["plain"])
+    for side, (r, s) in rates.items():
+        med, cmed = statistics.median(r), statistics.median(cpu[side])
+        print(json.dumps({**label, "side": side,
+                          "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
+                          "ratio": round(med / base, 2), "median_cpu_tok_s": round(cmed, 2),
+                          "cpu_rounds": [round(x, 2) for x in cpu[side]], "cpu_ratio": round(cmed / cpu_base, 2),
+                          "acceptance": round(s[0], 2) if s else None,
+                          "tokens_per_verification": round(s[1], 2) if s else None}))
+
+
+def run_rounds(engines: dict, prompt: list[int], params, reference: list[int], rounds: int):
+    """Per side: (tokens / wall second per round, its (acceptance, tokens per verification) or None), and tokens
+    per CPU second of this process per round (steadier than wall time on a shared machine: another job's turn on
+    the core is not counted; with one thread it is the work a token costs). Sides alternate within each round."""
+    rates: dict[str, tuple[list[float], tuple[float, float] | None]] = {side: ([], None) for side in engines}
+    cpu: dict[str, list[float]] = {side: [] for side in engines}
+    for _ in range(rounds):
         for side, llm in engines.items():
             before = llm.engine.stats()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             out = llm.generate([prompt], params)[0].outputs[0].token_ids
-            dt = time.perf_counter() - start
+            dt, cpu_dt = time.perf_counter() - start, time.process_time() - cpu_start
             assert out == reference, f"{side}: greedy output differs from the plain run's"
-            rates[side].append(len(out) / dt)
+            rates[side][0].append(len(out) / dt)
+            cpu[side].append(len(out) / cpu_dt)
             after = llm.engine.stats()
             prop = after.spec_proposed_tokens - before.spec_proposed_tokens
             if prop:
                 acc = after.spec_accepted_tokens - before.spec_accepted_tokens
                 ver = after.spec_verifications - before.spec_verifications
-                spec[side] = (acc / prop, 1 + acc / max(ver, 1))
-            print(f"# {side}: {len(out)} tokens in {dt:.2f}s = {len(out) / dt:.1f} tok/s", flush=True)
-    base = statistics.median(rates["plain"])
-    for side, r in rates.items():
-        med = statistics.median(r)
-        s = spec.get(side)
-        print(json.dumps({"shape": a.shape, "layers": a.layers, "mix": a.mix, "side": side,
-                          "median_tok_s": round(med, 2), "rounds": [round(x, 2) for x in r],
-                          "ratio": round(med / base, 2), "acceptance": round(s[0], 2) if s else None,
-                          "tokens_per_verification": round(s[1], 2) if s else None}))
+                rates[side] = (rates[side][0], (acc / prop, 1 + acc / max(ver, 1)))
+            print(f"# {side}: {len(out)} tokens in {dt:.2f}s ({cpu_dt:.2f} CPU s) = {len(out) / dt:.1f} tok/s",
+                  flush=True)
+    return rates, cpu
 
 
-def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB) -> Path:
-    """The random GGUF of `shape_name` with one MTP block and the Qwen3.5 vocabulary (written once, cached)."""
+def write_model(shape_name: str, mix: str, layers: int | None, vocab: Path = VOCAB, folder: Path | None = None) -> Path:
+    """The random GGUF of `shape_name` with one MTP block and the Qwen3.5 vocabulary (written once into `folder`,
+    default the cache folder's bench/)."""
     from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
     from edgeserve.registry.paths import edgeserve_home
 
     shape = dataclasses.replace(HYBRID_SHAPES[shape_name], mtp_layers=1)
     if layers:
         shape = dataclasses.replace(shape, layers=layers)
-    path = edgeserve_home() / "bench" / f"{shape_name}{f'-{layers}l' if layers else ''}-mtp-{mix}.gguf"
+    path = (folder or edgeserve_home() / "bench") / f"{shape_name}{f'-{layers}l' if layers else ''}-mtp-{mix}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_random_hybrid(path, shape, mix, vocab)

@@ -1,11 +1,12 @@
 """A cold prefill's time with this checkout's native CPU library against a baseline library (built from another
-commit's kernels/cpu/*.c), interleaved in one process over the same loaded model.
+commit's kernels/cpu sources), interleaved in one process over the same loaded model.
 
     python benchmarks/engine/native_lib_prefill_ab.py MODEL.gguf --baseline-lib OLD.so [--tokens 1000] [--rounds 5]
 
-Build OLD.so from a commit's sources with the flags of `kernels.cpu_native.build` for this CPU's variant, e.g.
-`git show BASE:kernels/cpu/qmatmul.c > base/qmatmul.c` (every .c/.h of kernels/cpu/) then
-`gcc -O3 -shared -fPIC -pthread -std=gnu11 <VARIANT_FLAGS> base/*.c -o OLD.so -lm`. Both libraries must agree on
+Build OLD.so from a commit's sources with the flags of `kernels.cpu.native.build` for this CPU's variant, e.g.
+`git archive BASE kernels/cpu | tar -x -C base` then `gcc -O3 -shared -fPIC -pthread -std=gnu11 <VARIANT_FLAGS>
+-Ibase/kernels/cpu/include $(find base/kernels/cpu/src -name '*.c') -o OLD.so -lm` (a commit before the src/
+layout: `base/kernels/cpu/*.c`, `-Ibase/kernels/cpu`). Both libraries must agree on
 the repacked weight layouts (qmm_repack) and the entry points: the model's weights are loaded once, by this
 checkout. `--base-malloc`: the baseline runs also get the glibc setting main had before `reuse_step_buffers`
 (the load's 1 MiB mmap threshold left in place, every megabyte buffer a fresh mapping), the others this checkout's.
@@ -21,7 +22,7 @@ import statistics
 import time
 
 from edgeserve import LLM, SamplingParams
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.memory import release_large_frees_to_os, reuse_step_buffers
 
 

@@ -29,13 +29,14 @@ def profiling_library(source_dir: str | None = None) -> ctypes.CDLL:
     checkout's), installed as the process's native library."""
     from pathlib import Path
 
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
 
     variant = cpu_native.best_variant()
     flags = ["-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", "-DQMM_PROFILE", *cpu_native.VARIANT_FLAGS[variant]]
     path = os.path.join(tempfile.mkdtemp(), f"qmatmul-{variant}-profile.so")
-    sources = [Path(source_dir) / p.name if source_dir else p for p in cpu_native.SOURCES]
-    subprocess.run([cpu_native.compiler(), *flags, *map(str, sources), "-o", path, "-lm"], check=True)
+    root = Path(source_dir) if source_dir else cpu_native.CPU_DIR
+    sources = cpu_native.sources(root)
+    subprocess.run([cpu_native.compiler(), *flags, f"-I{root / 'include'}", *map(str, sources), "-o", path, "-lm"], check=True)
     lib = cpu_native._bind(ctypes.CDLL(path))
     setting = (os.environ.get("EDGESERVE_NATIVE", "1"), os.environ.get("EDGESERVE_NATIVE_VARIANT", ""))
     cpu_native._chosen[setting] = lib
@@ -56,7 +57,8 @@ def hybrid_states(config, b: int):
     return lambda rows: StepStates.build(pool, torch.arange(b + 1) * rows, slots)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", default="1,8")
@@ -64,7 +66,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--source-dir", help="C sources to build instead of this checkout's (another commit's kernels/cpu, "
                                          "with this checkout's layer.c for the marks)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     lib = profiling_library(args.source_dir)
     counters = (ctypes.c_int64 * len(SECTIONS)).in_dll(lib, "qmm_profile_ns")
@@ -72,9 +78,9 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.kernels import cpu_native
+    from edgeserve.kernels.cpu import native as cpu_native
     from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
     model = llm.lm.model

@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("EDGESERVE_THREADS", "1")
 
 import edgeserve.kernels.dispatch as D  # noqa: E402
-import edgeserve.kernels.gated_delta as G  # noqa: E402
+import edgeserve.kernels.torch.gated_delta as G  # noqa: E402
 import edgeserve.models.qwen35 as Q  # noqa: E402
 from edgeserve import LLM, SamplingParams  # noqa: E402
 

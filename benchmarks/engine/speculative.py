@@ -31,7 +31,8 @@ CHAT = "Write a short story about a lighthouse keeper who finds a message in a b
 TOPICS = ["the sea", "a clock", "bread", "winter", "a violin", "rivers", "chess", "bees"]
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -39,7 +40,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--draft-pair", action="store_true")
     ap.add_argument("--model", default="smollm2-135m")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = _parse_args()
 
     from edgeserve import LLM, SamplingParams
     from edgeserve.models.load import load_model

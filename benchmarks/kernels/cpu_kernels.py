@@ -1,4 +1,4 @@
-"""Native quantized GEMV/GEMM (kernels/cpu/qmatmul.c) against torch's CPU int4 and bf16 matmuls, side by side.
+"""Native quantized GEMV/GEMM (kernels/cpu/src/qmm/) against torch's CPU int4 and bf16 matmuls, side by side.
 
     python benchmarks/kernels/cpu_kernels.py [--shape 8192x2048] [--batch 1,8,64] [--reps 9] [--single-thread]
         [--baseline-lib OLD.so]
@@ -24,9 +24,9 @@ import torch
 
 from edgeserve.bench.cpu_clock import cpu_clock
 from edgeserve.bench.random_gguf import random_blocks
-from edgeserve.kernels.cpu_native import BlockTensor, _bind, BlockWeight, best_variant, load, native_format, threads
+from edgeserve.kernels.cpu.native import BlockTensor, _bind, BlockWeight, best_variant, load, native_format, threads
 from edgeserve.bench.timing import call_times
-from edgeserve.kernels.quant_linear import Int4Weight, Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Int4Weight, Q4Blocks
 
 
 def times_ms(fn, reps: int, clock=time.perf_counter) -> tuple[float, float]:

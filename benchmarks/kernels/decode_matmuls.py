@@ -23,7 +23,7 @@ import torch
 from gguf import GGUFReader
 
 from edgeserve.bench.cpu_clock import cpu_clock
-from edgeserve.kernels.cpu_native import BlockTensor, BlockWeight, _bind, best_variant, load, native_format
+from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, _bind, best_variant, load, native_format
 
 LAYER = [["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]]
 

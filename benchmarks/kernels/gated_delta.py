@@ -1,8 +1,8 @@
-"""Gated DeltaNet on the CPU: the native kernels (kernels/cpu/gated_delta.c) against the torch twins
-(kernels.gated_delta), per layer call, at Qwen3.5 shapes (default: 16 key heads, 32 value heads, 128 x 128 state,
+"""Gated DeltaNet on the CPU: the native kernels (kernels/cpu/src/gated_delta.c) against the torch twins
+(kernels.torch.gated_delta), per layer call, at Qwen3.5 shapes (default: 16 key heads, 32 value heads, 128 x 128 state,
 conv kernel 4).
 
-    python benchmarks/kernels/gated_delta.py [--threads 2] [--reps 15] [--prompt 512] [--batch 8]
+    python benchmarks/kernels/torch/gated_delta.py [--threads 2] [--reps 15] [--prompt 512] [--batch 8]
 
 Prints the median wall time in ms of: decode (one token for each of 1 and --batch sequences), and a --prompt-token
 prefill of one sequence (native token by token, the twin chunked by 64 and token by token), for the conv + SiLU and
@@ -16,8 +16,8 @@ import argparse
 import torch
 
 from edgeserve.bench.timing import median_ms
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels import gated_delta as gd
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.torch import gated_delta as gd
 
 
 def case(lens: list[int], dims: gd.DeltaNetDims):

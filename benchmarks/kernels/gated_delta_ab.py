@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels import gated_delta as gd
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.torch import gated_delta as gd
 
 from gated_delta import case
 

@@ -25,7 +25,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 from gguf import GGUFReader  # noqa: E402
 
-from edgeserve.kernels.cpu_native import BlockTensor, BlockWeight, _bind, library, native_format  # noqa: E402
+from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, _bind, library, native_format  # noqa: E402
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ def main() -> None:
         sys.exit("kernels_gpu.py needs a CUDA GPU and none is visible: nothing measured")
 
     from edgeserve.kernels import dispatch
-    from edgeserve.kernels.bench import copy_bandwidth_gbs, median_ms, peak_bandwidth_gbs
-    from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
+    from edgeserve.kernels.triton.bench import copy_bandwidth_gbs, median_ms, peak_bandwidth_gbs
+    from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
 
     dev = torch.device("cuda")
     if not dispatch.HAS_TRITON:

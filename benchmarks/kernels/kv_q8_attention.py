@@ -41,9 +41,9 @@ def main() -> None:
 
     clock = cpu_clock(args.single_thread)  # before the native library starts its threads
 
-    from edgeserve.kernels import cpu_native
-    from edgeserve.kernels.kv_quant import quantize_q8
-    from edgeserve.kernels.paged_attention import AttentionMetadata
+    from edgeserve.kernels.cpu import native as cpu_native
+    from edgeserve.kernels.formats.kv_quant import quantize_q8
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     lib = cpu_native.load(cpu_native.best_variant())
     kernels = {"bf16": lib, "q8_0": lib}

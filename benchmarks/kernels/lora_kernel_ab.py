@@ -1,4 +1,4 @@
-"""kernels/cpu/lora.c alone, this tree against another revision's (default: the branch's start, HEAD of main as the
+"""kernels/cpu/src/lora.c alone, this tree against another revision's (default: the branch's start, HEAD of main as the
 lead merges it), in one process, interleaved: the adapters' part of one decode step (every layer and fused weight of
 the default model's shapes), 8 rows over 4 rank-16 all-projection adapters; the baseline reads bfloat16 as the
 engine kept them, this tree bfloat16 and its int8 copy (--lora-weights int8). Also the int8 copy's error against
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from edgeserve.kernels import cpu_lora
-from edgeserve.kernels.cpu_native import VARIANT_FLAGS, best_variant, compiler, library
+from edgeserve.kernels.cpu import lora as cpu_lora
+from edgeserve.kernels.cpu.native import VARIANT_FLAGS, best_variant, compiler, library
 from edgeserve.models.lora import LoraAdapter, LoraPair, LoraPart
 from edgeserve.models.lora_step import StepLora
 
@@ -32,7 +32,7 @@ SHAPES = dict(hidden=576, ffn=1536, kv=192, layers=30)  # SmolLM2-135M
 
 def baseline(rev: str, folder: Path):
     """(the library of `rev`'s lora.c + pool.c, its cpu_lora module)."""
-    for name in ("kernels/cpu/lora.c", "kernels/cpu/pool.c", "kernels/cpu/pool.h", "kernels/cpu_lora.py"):
+    for name in ("kernels/cpu/src/lora.c", "kernels/cpu/src/pool.c", "kernels/cpu/include/pool.h", "kernels/cpu/lora.py"):
         text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"], capture_output=True, check=True).stdout
         (folder / Path(name).name).write_bytes(text)
     lib = folder / "base.so"

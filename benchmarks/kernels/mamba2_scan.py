@@ -1,4 +1,4 @@
-"""kernels.mamba2's chunked SSD scan beside one step per token over a prompt, on one Mamba-2 layer of Nemotron-H-8B's
+"""kernels.torch.mamba2's chunked SSD scan beside one step per token over a prompt, on one Mamba-2 layer of Nemotron-H-8B's
 shape (128 heads x 64 values, state 128, 8 groups), float32 torch: the same outputs, and each one's time, run
 alternately in one process (report the ratio)."""
 
@@ -9,8 +9,8 @@ import argparse
 import torch
 
 from edgeserve.bench.timing import alternate
-from edgeserve.kernels.gated_delta import DeltaBatch
-from edgeserve.kernels.mamba2 import ssd_scan, ssd_step
+from edgeserve.kernels.torch.gated_delta import DeltaBatch
+from edgeserve.kernels.torch.mamba2 import ssd_scan, ssd_step
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Time one MoE layer of Qwen3-30B-A3B's shape on the native CPU kernels (random Q4_K gate/up and Q6_K down
 experts, as a Q4_K_M file's first layers store them): per step of T tokens, in the GGUF layout (read in place,
-as from a memory map) and repacked: the whole layer in one native call (kernels/cpu/moe_layer.c, "layer call"),
+as from a memory map) and repacked: the whole layer in one native call (kernels/cpu/src/moe_layer.c, "layer call"),
 and the torch path around the grouped call (qmm_moe_matmul, "one call") or a matmul per expert.
 
     EDGESERVE_THREADS=1 python benchmarks/kernels/moe_layer.py --tokens 1 4 64
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from edgeserve.bench.random_gguf import random_blocks
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.experts import BlockExperts, ExpertBlocks
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.experts import BlockExperts, ExpertBlocks
 from edgeserve.models.moe import MoEConfig, MoELayer
 
 

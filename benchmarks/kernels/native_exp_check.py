@@ -1,4 +1,4 @@
-"""Check the native attention softmax's exp (`qmm_exp` of kernels/cpu/attention.c) against this machine's libm
+"""Check the native attention softmax's exp (`qmm_exp` of kernels/cpu/src/attention.c) against this machine's libm
 `expf` on every one of the 2^32 float32 inputs, bit for bit (any NaN matches any NaN).
 
     python benchmarks/kernels/native_exp_check.py [--variant avx2]
@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from edgeserve.kernels.cpu_native import best_variant, build, compiler
+from edgeserve.kernels.cpu.native import best_variant, build, compiler
 
 DRIVER = r"""
 #include <math.h>

@@ -3,10 +3,11 @@ dependencies (numpy and gcc only): for a machine with AVX-512 VNNI where the tes
 
     python benchmarks/kernels/native_variants_check.py [scalar avx2 avx512vnni | scalar neon neondot]
 
-Builds kernels/cpu/*.c once per variant (the flags of edgeserve.kernels.cpu_native.VARIANT_FLAGS), multiplies random
+Builds kernels/cpu/src/**/*.c once per variant (the flags of edgeserve.kernels.cpu.native.VARIANT_FLAGS), multiplies random
 blocks of every format (Q4_0 / Q4_1 also in their repacked _R8 layout) by 9 activation rows, and checks that each
 variant agrees with the scalar build (relative error below 1e-4) and gives every row the same bits alone as in the
-batch. The pytest suite (tests/test_cpu_kernels.py) checks the variants this CPU can run against float64 references.
+batch. The pytest suite (tests/kernels/test_cpu_kernels.py) checks the variants this CPU can run against float64
+references.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCES = [str(Path(__file__).resolve().parents[2] / "kernels" / "cpu" / n)
-           for n in ("pool.c", "qmatmul.c", "attention.c", "elementwise.c")]
+CPU = Path(__file__).resolve().parents[2] / "kernels" / "cpu"
+SOURCES = [str(p) for p in sorted((CPU / "src").rglob("*.c"))]  # every unit, as the product builds them
 FLAGS = {"scalar": [], "avx2": ["-DQMM_AVX2", "-mavx2", "-mfma", "-mf16c"],
          "avx512vnni": ["-DQMM_AVX2", "-DQMM_VNNI", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw",
                         "-mavx512vl", "-mavx512vnni"],
@@ -42,7 +43,7 @@ def ptr(a: np.ndarray) -> ctypes.c_void_p:
 def build(variant: str) -> ctypes.CDLL:
     """Compile and load the kernels for `variant`."""
     out = f"/tmp/qmm-check-{variant}.so"
-    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *FLAGS[variant], *SOURCES, "-o", out,
+    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-pthread", "-std=gnu11", *FLAGS[variant], f"-I{CPU / 'include'}", *SOURCES, "-o", out,
                     "-lm"], check=True)
     lib = ctypes.CDLL(out)
     lib.qmm_variant.restype = ctypes.c_char_p

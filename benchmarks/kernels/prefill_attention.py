@@ -1,4 +1,4 @@
-"""Native paged attention (kernels/cpu/attention.c) over prompt chunks and decode rows, this checkout against a
+"""Native paged attention (kernels/cpu/src/attention.c) over prompt chunks and decode rows, this checkout against a
 library built from another commit, side by side, with a bit-for-bit check of every output.
 
     python benchmarks/kernels/prefill_attention.py --baseline-lib OLD.so [--heads 9 --kv-heads 3 --head-dim 64]
@@ -26,7 +26,7 @@ import time
 import torch
 
 from edgeserve.bench.timing import alternate
-from edgeserve.kernels.cpu_native import _bind, best_variant, load, threads
+from edgeserve.kernels.cpu.native import _bind, best_variant, load, threads
 
 TEXT = "the quick brown fox jumps over the lazy dog and then " * 600
 

@@ -20,10 +20,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("w4a16_invariant: needs a CUDA GPU")
         return 1
-    from edgeserve.kernels import triton_w4a16 as tw
-    from edgeserve.kernels.bench import graph_median_ms
-    from edgeserve.kernels.quant_linear import Q4Blocks
-    from edgeserve.kernels.w4a16 import repack_q4
+    from edgeserve.kernels.triton import w4a16 as tw
+    from edgeserve.kernels.triton.bench import graph_median_ms
+    from edgeserve.kernels.formats.quant_linear import Q4Blocks
+    from edgeserve.kernels.formats.w4a16 import repack_q4
 
     configs = [tw.InvariantConfig(block_n=bn, block_k=bk, programs_per_sm=p)
                for bn in (32, 64) for bk in (32, 64, 128) for p in (2, 4, 8)]

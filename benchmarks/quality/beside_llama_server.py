@@ -23,14 +23,12 @@ over the same tokens; and the same two for edgeserve with `--kv-cache-dtype bf16
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,11 +45,11 @@ from served_drift import dequantized_reference  # noqa: E402
 from test_gpt_oss import write_mxfp4_checkpoint  # noqa: E402
 
 from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES  # noqa: E402
-from edgeserve.bench.servers import ServerError  # noqa: E402
+from edgeserve.bench.servers import (ServerError, beside_llama_server_parser, llama_server_binary,  # noqa: E402
+                                     work_folder)
 from edgeserve.bench.random_gguf import SHAPES  # noqa: E402
 from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES  # noqa: E402
 
-BUILD = Path.home() / ".cache" / "edgeserve" / "reference" / "llama-server-build" / "bin"
 PROMPTS, PROMPT_LEN, TOP = 8, 24, 5
 LOGIT_SCALE = 2.5  # the output matrix's extra scale: logits with a standard deviation of about 3
 
@@ -376,22 +374,15 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=",".join(SHAPED))
+    ap = beside_llama_server_parser(__doc__, SHAPED)
     ap.add_argument("--outtypes", default="q8_0,q4_k_m")
-    ap.add_argument("--llama-server", default=str(BUILD / "llama-server"))
-    ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
     args = ap.parse_args(argv)
     from edgeserve.registry import DEFAULT_MODEL, pull
 
-    binary = Path(args.llama_server)
-    if not binary.exists():
-        raise SystemExit(f"no llama-server at {binary} (--llama-server)")
+    binary = llama_server_binary(args.llama_server)
     g = torch.Generator().manual_seed(54)
     prompts = [torch.randint(3, 30000, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.keep) if args.keep else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.keep) as work:
         tokenizers = {}
         for kind in ("bpe", "spm"):
             (work / f"tok-{kind}").mkdir(exist_ok=True)

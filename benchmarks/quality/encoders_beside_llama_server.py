@@ -7,7 +7,11 @@ saved as the real folder is (tokenizer files, sentence-transformers pooling), co
 convert_hf_to_gguf.py to f32, f16 and q8_0 GGUFs (`--outtypes`):
 - bge-reranker-v2-m3: XLMRobertaForSequenceClassification, XLM-R's real 250002-token SentencePiece vocabulary
   (tests/xlmr_vocab.py), scored on 1 query x 8 documents through llama-server's /v1/rerank (`--reranking`);
-- bge-m3: XLMRobertaModel, the same vocabulary, CLS pooling, 8 texts through /v1/embeddings (`--embedding`).
+- bge-m3: XLMRobertaModel, the same vocabulary, CLS pooling, 8 texts through /v1/embeddings (`--embedding`);
+- nomic-embed-text-v1.5 and jina-embeddings-v2-base-en (f32 files only: the reference reads the checkpoint's own
+  tensors): the real config.json and tensor names at the real widths (768, 12 heads, 3072-wide GLU), MiniLM's
+  WordPiece vocabulary, mean pooling; the reference is tests/encoder_references.py's float64 code from the published
+  definitions (transformers 5's NomicBertModel agrees with it to 1e-5; it has no JinaBert class).
 For each file: edgeserve in process as the server computes it (load_embedding_model at dtype auto), llama-server
 with its defaults (flash attention auto, 2 threads) and with `-fa off`, and the reference: transformers float32 on
 the file's own (dequantized) weights, its ids from the folder's tokenizer (every engine's ids are checked equal to
@@ -19,15 +23,15 @@ machine, 3-4 GB of memory (the 250002 x 1024 embedding table, three times).
 
     .venv/bin/python benchmarks/quality/encoders_beside_llama_server.py [--cases bge-reranker-v2-m3,bge-m3]
         [--outtypes f32,f16,q8_0] [--layers 2] [--llama-server PATH] [--keep DIR]
+    .venv/bin/python benchmarks/quality/encoders_beside_llama_server.py \
+        --cases nomic-embed-text-v1.5,jina-embeddings-v2-base-en
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from converter_parity import convert  # noqa: E402
 from xlmr_vocab import XLMR_VOCAB, xlmr_tokenizer_folder  # noqa: E402
 
-BUILD = Path.home() / ".cache" / "edgeserve" / "reference" / "llama-server-build" / "bin"
+from edgeserve.bench.servers import beside_llama_server_parser, llama_server_binary, work_folder  # noqa: E402
+
 QUERY = "What is the capital city of France?"
 DOCUMENTS = [
     "Paris is the capital and most populous city of France.",
@@ -82,6 +87,59 @@ CASES = {
                                       "XLMRobertaForSequenceClassification", "rerank", note="of 24 layers"),
     "bge-m3": EncoderCase("bge-m3", _xlmr, "XLMRobertaModel", "embedding", note="of 24 layers"),
 }
+
+
+REMOTE = {"nomic-embed-text-v1.5": "of 12 layers", "jina-embeddings-v2-base-en": "of 12 layers"}
+REMOTE_WIDTH, REMOTE_HEADS, REMOTE_FFN, WORDPIECE = 768, 12, 3072, 30522
+
+
+def remote_case(name: str, layers: int, folder: Path) -> tuple[Callable[[list[int]], torch.Tensor], Path]:
+    """A remote-code embedder's checkpoint saved at `folder` (its matrices scaled to the width) and its float64
+    reference: ids -> normalized mean-pooled embedding."""
+    from encoder_references import jina_reference, jina_state, nomic_reference, nomic_state
+    from test_converter_parity_encoders import jina_config, nomic_config, remote_code_folder
+
+    from edgeserve.registry import pull
+
+    h, heads, ffn = REMOTE_WIDTH, REMOTE_HEADS, REMOTE_FFN
+    if name.startswith("nomic"):
+        sd, config = nomic_state(h, layers, ffn, WORDPIECE), nomic_config(h, layers, heads, ffn, WORDPIECE, 1000.0)
+        ref = lambda ids: nomic_reference(sd, ids, heads, layers, 1000.0, 1e-12)  # noqa: E731
+    else:
+        sd, config = jina_state(h, layers, ffn, WORDPIECE, fused=True, qk_norm=False), jina_config(h, layers, heads,
+                                                                                                   ffn, WORDPIECE)
+        ref = lambda ids: jina_reference(sd, ids, heads, layers, ffn, 1e-12)  # noqa: E731
+    for k, v in sd.items():  # 0.2 is the tests' scale at width 32: keep the activations of that order here
+        if v.dim() == 2 and "embeddings" not in k:
+            v.mul_((32 / v.shape[1]) ** 0.5)
+    real = {k.replace("mlp.up_gated_layer.", "mlp.gated_layers."): v for k, v in sd.items()}
+    if not (folder / "config.json").exists():
+        remote_code_folder(pull("all-minilm", progress=False), folder, config, real)
+    return ref, folder
+
+
+def run_remote_case(name: str, layers: int, work: Path, binary: Path) -> None:
+    """Rows for a remote-code embedder's f32 file: edgeserve and llama-server against the float64 reference."""
+    import tokenizers
+
+    ref_fn, folder = remote_case(name, layers, work / f"{name}-{layers}l")
+    gguf = work / f"{name}-{layers}l.f32.gguf"
+    if not gguf.exists():
+        convert(folder, gguf, outtype="f32")
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    ref_ids = [tok.encode(d).ids for d in DOCUMENTS]
+    ref = torch.stack([ref_fn(ids) for ids in ref_ids]).float()
+    case = EncoderCase(name, lambda n: None, "", "embedding", "mean")
+    our_ids, got = ours(case, gguf)
+    assert our_ids == ref_ids, "edgeserve tokenizes differently from the checkpoint's tokenizer"
+    print(row(case, "f32", "edgeserve (dtype auto)", got, ref), flush=True)
+    for flash in ("auto", "off"):
+        ll_ids, ll = llama_server(case, binary, gguf, flash, specials=(ref_ids[0][0], ref_ids[0][-1]))
+        if ll_ids != ref_ids:
+            print(f"| {name} | f32 | llama-server | token ids differ from the reference's |")
+        print(row(case, "f32", f"llama-server -fa {flash}", ll, ref), flush=True)
 
 
 def randomize(model) -> None:
@@ -180,8 +238,10 @@ def _post(url: str, body: dict) -> Any:
         return json.loads(r.read())
 
 
-def llama_server(case: EncoderCase, binary: Path, gguf: Path, flash: str) -> tuple[list[list[int]], torch.Tensor]:
-    """llama-server's token ids (/tokenize, specials added as its rerank / embedding paths add them) and outputs."""
+def llama_server(case: EncoderCase, binary: Path, gguf: Path, flash: str, specials: tuple[int, int] = (0, 2)
+                 ) -> tuple[list[list[int]], torch.Tensor]:
+    """llama-server's token ids (/tokenize, specials (start, end): XLM-R's by default, added as its rerank /
+    embedding paths add them) and outputs."""
     from edgeserve.bench.servers import free_port, start_server, stop_server
 
     port = free_port()
@@ -200,7 +260,7 @@ def llama_server(case: EncoderCase, binary: Path, gguf: Path, flash: str) -> tup
             for r in res:
                 scores[r["index"]] = r["relevance_score"]
             return ids, scores
-        ids = [[0, *tok(d), 2] for d in DOCUMENTS]
+        ids = [[specials[0], *tok(d), specials[1]] for d in DOCUMENTS]
         data = _post(f"{server.url}/v1/embeddings", {"input": DOCUMENTS})["data"]
         return ids, torch.tensor([d["embedding"] for d in sorted(data, key=lambda d: d["index"])])
     finally:
@@ -271,23 +331,19 @@ def run_case(case: EncoderCase, layers: int, outtypes: list[str], work: Path, bi
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap = beside_llama_server_parser(__doc__, [*CASES, *REMOTE])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--outtypes", default="f32,f16,q8_0", help="the converter's --outtype for each file")
-    ap.add_argument("--llama-server", default=str(BUILD / "llama-server"))
-    ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
     args = ap.parse_args(argv)
-    binary = Path(args.llama_server)
-    if not binary.exists():
-        raise SystemExit(f"no llama-server at {binary} (--llama-server)")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.keep) if args.keep else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    binary = llama_server_binary(args.llama_server)
+    with work_folder(args.keep) as work:
         print("| shape | file | engine | vs transformers float32 on the file's weights | |\n"
               "| --- | --- | --- | --- | --- |")
         for name in args.cases.split(","):
-            run_case(CASES[name], args.layers, args.outtypes.split(","), work, binary)
+            if name in REMOTE:
+                run_remote_case(name, args.layers, work, binary)
+            else:
+                run_case(CASES[name], args.layers, args.outtypes.split(","), work, binary)
     return 0
 
 

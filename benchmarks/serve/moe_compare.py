@@ -99,7 +99,8 @@ def one_run(label: str, args: argparse.Namespace, s: Settings, rnd: int, tokeniz
         stop_server(peer.server)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", "-m", required=True, help="a GGUF path")
     p.add_argument("--llama-server", required=True, metavar="PATH")
@@ -118,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-extra", default="", help="more llama-server flags, e.g. '--no-mmap' (appended)")
     p.add_argument("--first", choices=("edgeserve", "llama.cpp"), default="edgeserve")
     p.add_argument("--json", default=None, metavar="FILE")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if args.llama_extra:  # a wrapper that appends the flags to compare.llama_server_command's
         import shlex

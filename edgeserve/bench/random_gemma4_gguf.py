@@ -17,17 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class Gemma4Shape:
+class Gemma4Shape(TextShape):
     """The dimensions of a Gemma 4 E-model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     head_dim: int  # sliding-window layers
     global_head_dim: int  # full-attention layers
     ffn: int  # doubled in the KV-shared layers
@@ -129,12 +125,8 @@ def write_random_gemma4(path: str | Path, shape: Gemma4Shape, mix: str, tokenize
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(str(path), "gemma4")
-    w.add_block_count(shape.layers)
-    w.add_context_length(context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length([shape.layer_ffn(i) for i in range(shape.layers)])
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
+    add_stack_keys(w, shape.layers, context, shape.hidden, [shape.layer_ffn(i) for i in range(shape.layers)],
+                   shape.heads, shape.kv_heads)
     w.add_key_length(shape.global_head_dim)
     w.add_value_length(shape.global_head_dim)
     w.add_key_length_swa(shape.head_dim)
@@ -162,4 +154,80 @@ def write_random_gemma4(path: str | Path, shape: Gemma4Shape, mix: str, tokenize
         return None  # norms and output scales: ones
 
     write_plan(w, plan, np.random.default_rng(seed), values, tile_mb)
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class AssistantShape:
+    """A Gemma 4 assistant drafter's dimensions (its heads read the target's K/V: the target's head sizes, window
+    and K/V heads)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    global_every: int  # layer i is global when (i + 1) % global_every == 0
+
+
+# google/gemma-4-E2B-it-assistant as reported (78M parameters, 4 blocks of width 256 beside the 262,144-token head);
+# its heads and MLP width are assumed (4 heads, MLP 2048 make the 78M), the last block global
+ASSISTANT_SHAPES = {"gemma4-e2b-assistant": AssistantShape(256, 4, 4, 2048, 4)}
+
+
+def write_random_gemma4_assistant(path: str | Path, shape: AssistantShape, target: Gemma4Shape, mix: str,
+                                  tokenizer_from: str | Path, seed: int = 0) -> Path:
+    """Write a gemma4-assistant GGUF (llama.cpp's keys and names) of `shape` for a `target` of that shape, random
+    weights in `mix` (Q8_0 or Q4_0 everywhere), with the tokenizer of the GGUF `tokenizer_from`."""
+    import gguf
+
+    if mix not in ("Q8_0", "Q4_0"):
+        raise ValueError(f"mix must be Q8_0 or Q4_0 for an assistant, not {mix!r}")
+    src = gguf.GGUFReader(str(tokenizer_from))
+    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
+    arch = "gemma4-assistant"
+    is_global = [(i + 1) % shape.global_every == 0 for i in range(shape.layers)]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(shape.layers)
+    w.add_context_length(131072)
+    w.add_embedding_length(shape.hidden)
+    w.add_embedding_length_out(target.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(target.kv_heads)
+    w.add_key_length(target.global_head_dim)
+    w.add_value_length(target.global_head_dim)
+    w.add_key_length_swa(target.head_dim)
+    w.add_value_length_swa(target.head_dim)
+    w.add_rope_dimension_count(target.global_head_dim)
+    w.add_rope_dimension_count_swa(target.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_sliding_window(target.window)
+    w.add_sliding_window_pattern([not g for g in is_global])
+    w.add_shared_kv_layers(shape.layers)
+    w.add_nextn_predict_layers(shape.layers)
+    w.add_vocab_size(vocab)
+    copy_tokenizer(w, src)
+    h = shape.hidden
+    plan = [("output_norm.weight", (h,), "F32"), ("rope_freqs.weight", (target.global_head_dim // 2,), "F32"),
+            ("token_embd.weight", (vocab, h), mix), ("nextn.pre_projection.weight", (h, 2 * target.hidden), mix),
+            ("nextn.post_projection.weight", (target.hidden, h), mix)]
+    for i in range(shape.layers):
+        hd = target.global_head_dim if is_global[i] else target.head_dim
+        plan += [(f"blk.{i}.{n}.weight", (h,), "F32")
+                 for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")]
+        plan += [(f"blk.{i}.attn_q_norm.weight", (hd,), "F32"), (f"blk.{i}.layer_output_scale.weight", (1,), "F32"),
+                 (f"blk.{i}.attn_q.weight", (shape.heads * hd, h), mix),
+                 (f"blk.{i}.attn_output.weight", (h, shape.heads * hd), mix),
+                 (f"blk.{i}.ffn_gate.weight", (shape.ffn, h), mix), (f"blk.{i}.ffn_up.weight", (shape.ffn, h), mix),
+                 (f"blk.{i}.ffn_down.weight", (h, shape.ffn), mix)]
+    rotated = int(target.global_head_dim // 2 * target.partial_rotary)
+
+    def values(name: str, dims: tuple[int, ...]) -> np.ndarray | None:
+        if name == "rope_freqs.weight":
+            return np.array([1.0] * rotated + [1e30] * (dims[0] - rotated), dtype=np.float32)
+        return None
+
+    write_plan(w, plan, np.random.default_rng(seed), values)
     return Path(path)

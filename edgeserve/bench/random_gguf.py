@@ -48,6 +48,16 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
     return blocks.reshape(rows, cols // per * size)
 
 
+@dataclass(frozen=True)
+class TextShape:
+    """The dimensions every architecture's text stack has (each random_*_gguf adds its own)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+
 @dataclass
 class LlamaShape:
     """The dimensions of a Llama-family (or, with `gemma3`, a Gemma 3) model."""
@@ -199,18 +209,24 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     return types
 
 
+def add_stack_keys(w, layers: int, context: int, hidden: int, ffn, heads: int, kv_heads) -> None:
+    """The keys every random model's text stack writes first: block count, context, width, FFN width (a list: per
+    layer), attention heads and K/V heads (a list: per layer)."""
+    w.add_block_count(layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+
+
 def _add_llama_keys(w, shape: LlamaShape, vocab: int) -> None:
     """The `{arch}.*` keys of a random llama-family GGUF of `shape`, as llama.cpp's loader of its architecture
     reads them."""
     import gguf
 
     hd = shape.head_size
-    w.add_block_count(shape.layers)
-    w.add_context_length(8192)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
+    add_stack_keys(w, shape.layers, 8192, shape.hidden, shape.ffn, shape.heads, shape.kv_heads)
     if shape.gemma3:
         w.add_key_length(hd)
         w.add_value_length(hd)

@@ -20,17 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class HybridShape:
+class HybridShape(TextShape):
     """The dimensions of a Qwen3.5 dense (or, with `experts`, MoE) model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     head_dim: int
     ffn: int  # the dense FFN (for MoE: unused, 0)
     linear_k_heads: int  # Gated DeltaNet Q/K heads (ssm.group_count)
@@ -171,14 +167,10 @@ def write_random_hybrid(path: str | Path, shape: HybridShape, mix: str, tokenize
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(str(path), shape.arch)
-    w.add_block_count(shape.layers + shape.mtp_layers)
+    add_stack_keys(w, shape.layers + shape.mtp_layers, context, shape.hidden,
+                   shape.shared_ffn if shape.experts else shape.ffn, shape.heads, shape.kv_heads)
     if shape.mtp_layers:
         w.add_nextn_predict_layers(shape.mtp_layers)
-    w.add_context_length(context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length(shape.shared_ffn if shape.experts else shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_layer_norm_rms_eps(1e-6)

@@ -16,17 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
 
 
 @dataclass(frozen=True)
-class Lfm2Shape:
+class Lfm2Shape(TextShape):
     """The dimensions of an LFM2 model's text stack."""
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
     ffn: int  # the adjusted MLP width llama.cpp's converter writes (feed_forward_length)
     attention: tuple[int, ...]  # the attention layers' indices
     vocab: int
@@ -103,12 +99,8 @@ def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_fr
     if vocab > shape.vocab:
         raise ValueError(f"the tokenizer's {vocab} tokens do not fit the shape's vocabulary of {shape.vocab}")
     w = gguf.GGUFWriter(str(path), shape.arch)
-    w.add_block_count(shape.layers)
-    w.add_context_length(context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv([shape.kv_heads if i in shape.attention else 0 for i in range(shape.layers)])
+    add_stack_keys(w, shape.layers, context, shape.hidden, shape.ffn, shape.heads,
+                   [shape.kv_heads if i in shape.attention else 0 for i in range(shape.layers)])
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(shape.vocab)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from edgeserve.errors import EdgeserveError
 
@@ -265,3 +267,33 @@ GREEDY_BODY = {  # a plain greedy request (for the correctness cross-check: ends
     "openai": {},
 }
 TOKEN_ID_PROMPTS = {"edgeserve", "llama-server"}  # kinds whose /v1/completions takes token-id prompts
+
+
+LLAMA_SERVER_BUILD = Path.home() / ".cache" / "edgeserve" / "reference" / "llama-server-build" / "bin"
+
+
+def beside_llama_server_parser(doc: str, cases: Iterable[str]) -> argparse.ArgumentParser:
+    """The options every beside-llama-server quality script takes: --cases (default: all of `cases`),
+    --llama-server (the reference build's binary) and --keep (a folder for the checkpoints and GGUFs)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(cases))
+    ap.add_argument("--llama-server", default=str(LLAMA_SERVER_BUILD / "llama-server"))
+    ap.add_argument("--keep", help="a folder to keep the checkpoints and GGUFs in (reused when run again)")
+    return ap
+
+
+def llama_server_binary(path: str) -> Path:
+    """`path` as a Path; a one-line exit when there is no file there."""
+    binary = Path(path)
+    if not binary.exists():
+        raise SystemExit(f"no llama-server at {binary} (--llama-server)")
+    return binary
+
+
+@contextlib.contextmanager
+def work_folder(keep: str | None) -> Iterator[Path]:
+    """The folder `keep` (made if missing, left in place), else a temporary one removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(keep) if keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        yield work

@@ -56,6 +56,8 @@ class EngineConfig:
     draft_model: str | None = _flag(None, "--draft-model")  # the draft's name (catalog, .gguf, HF folder)
     # tokens proposed per sequence per step; None: the method's default (spec.default_num_tokens)
     num_speculative_tokens: int | None = _flag(None, "--num-speculative-tokens")
+    # token ids (the lowest) the MTP head drafts within; 0: the whole vocabulary; None: spec.DEFAULT_DRAFT_VOCAB
+    spec_draft_vocab: int | None = _flag(None, "--spec-draft-vocab")
     # while sequences decode, a step carries only the prompt tokens that keep its measured cost within this factor
     # of a decode-only step (a long prompt still moves every step); None: every step fills max_num_batched_tokens
     max_decode_slowdown: float | None = _flag(1.5, "--max-decode-slowdown")
@@ -90,6 +92,10 @@ class EngineConfig:
         k = self.num_speculative_tokens
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
             raise config_error(EngineConfig, "num_speculative_tokens", "be an integer from 1 to 16", k)
+        v = self.spec_draft_vocab
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise config_error(EngineConfig, "spec_draft_vocab", "be a non-negative integer (0: the whole vocabulary)",
+                               v)
         if self.draft_model is not None and self.speculative not in ("draft", "auto"):
             raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
         try:

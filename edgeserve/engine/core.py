@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from edgeserve.errors import QueueFullError
+from edgeserve.errors import EdgeserveError, QueueFullError
 from edgeserve.kernels.transfer import HostCopy, to_device
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
@@ -49,7 +49,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .snapshot_points import turn_marker_ids
 from .state_cache import StateSlots
 from .state_pool import state_spec_for
-from .spec import Speculator, speculative_method
+from .spec import Speculator, is_assistant, speculative_method
 
 log = logging.getLogger("edgeserve.engine")
 
@@ -88,13 +88,16 @@ class EngineCore:
         config = replace(config, speculative=speculative_method(config.speculative, lm, config.draft_model))
         self.config = config
         model = lm.model
+        if lm.config.backbone_hidden_size:
+            raise EdgeserveError(f"{lm.name} is a Gemma 4 assistant: it drafts for a Gemma 4 model (--draft), it "
+                                 "does not run on its own")
         if draft is not None and draft.config.is_hybrid:
             raise ValueError(f"a hybrid draft model ({draft.config.architecture}) is not supported: its recurrent "
                              "state is not kept; use a draft model with attention layers only")
         num_blocks, window_blocks, self.max_model_len, state_budget, self.kv_budget = size_pool(lm, config)
-        # MTP drafting reads every step's hidden states, which a replayed CUDA graph does not keep
+        # MTP and assistant drafting read every step's hidden states, which a replayed CUDA graph does not keep
         use_graphs = (not config.enforce_eager and graphs_supported(model.device, lm.config)
-                      and config.speculative != "mtp")
+                      and config.speculative != "mtp" and not is_assistant(draft))
         self._build_caches(num_blocks, window_blocks, state_budget, use_graphs)
         self.requests = Registry()  # every admitted request's state, shared with the scheduler and block manager
         self.scheduler = Scheduler(config.scheduler_config(), num_blocks,
@@ -113,8 +116,9 @@ class EngineCore:
         self.spec: Speculator | None = None
         if config.speculative is not None:
             self.spec = Speculator(config.speculative, config.num_speculative_tokens, lm, num_blocks,
-                                   config.block_size, draft)
+                                   config.block_size, draft, config.spec_draft_vocab)
             self.runner.keep_hidden = self.spec.needs_hidden
+            self.spec.attach(self.pool, self.scheduler.block_manager)
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
         self._inflight: Launched | None = None
         self._lock = threading.Lock()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from edgeserve.kernels.dispatch import use_triton
-from edgeserve.kernels.paged_attention import AttentionMetadata
+from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
 

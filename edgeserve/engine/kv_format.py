@@ -4,11 +4,11 @@
 half K/V (llama.cpp's default KV type) with the queries and attention outputs in float32, which the native kernels
 read as fast as bfloat16 (F16C) and which moves the logits an order of magnitude less from float32 than a bfloat16
 pool (docs/MODELS.md, "Served-path drift"; same bytes, so the same tokens per `--kv-cache-gb`). `q8_0` (CPU) stores each head row of
-K and V as GGUF q8_0 blocks (kernels.kv_quant: 32 int8 values and a float16 scale, 34 bytes per 32 values), about
+K and V as GGUF q8_0 blocks (kernels.formats.kv_quant: 32 int8 values and a float16 scale, 34 bytes per 32 values), about
 half the bytes of bfloat16, so the same `--kv-cache-gb` holds about twice the tokens; the native kernels quantize
 where K/V are written and read the blocks directly in attention. `bf16` / `f16` name a float pool: the compute
 dtype, or on the CPU `f16` beside bfloat16 compute (as `auto` there); anything else is refused. `fp8` (GPU) stores each head row as e4m3 values and a float32
-row scale (kernels.kv_quant: head_dim + 4 bytes), written by the Triton RoPE + KV-write kernel and read inside the
+row scale (kernels.formats.kv_quant: head_dim + 4 bytes), written by the Triton RoPE + KV-write kernel and read inside the
 Triton attention kernels; it needs the Triton path on a CUDA GPU with fp8 conversions (compute capability 8.9+),
 or Triton's interpreter on the CPU (EDGESERVE_KERNELS=triton, TRITON_INTERPRET=1: tests), and is refused elsewhere.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.kv_quant import Q8_BLOCK, fp8_row_width, q8_row_bytes
+from edgeserve.kernels.formats.kv_quant import Q8_BLOCK, fp8_row_width, q8_row_bytes
 from edgeserve.models.config import ModelConfig
 
 from .cache_spec import layer_caches
@@ -101,7 +101,7 @@ def fp8_supported(device: torch.device) -> bool:
     """Whether fp8 KV runs on `device`: the Triton path on CUDA with fp8 conversions (sm_89+), or the Triton
     interpreter on the CPU."""
     from edgeserve.kernels import dispatch
-    from edgeserve.kernels._triton import HAS_TRITON, interpreting
+    from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting
 
     if device.type == "cpu":
         return HAS_TRITON and interpreting() and dispatch.backend() == "triton"

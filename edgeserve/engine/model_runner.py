@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels import cpu_native
-from edgeserve.kernels.quant_linear import PromptRows
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.formats.quant_linear import PromptRows
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.llama import LlamaModel

@@ -6,7 +6,7 @@ A layer *kind* declares the named tensors one layer keeps per sequence (`LayerSt
 [H, head_dim, N]), and a `StateSpec` is `num_layers` layers of one kind. A sequence holds one slot for its whole
 life; the slot holds every declared tensor for every layer, whatever the sequence's length. The pools are
 preallocated like the KV pool (one tensor [num_slots, num_layers, *shape] per declared name), and a slot's number
-is what the kernels take (kernels.gated_delta: `slots`). Copying a slot into another snapshots a sequence's state
+is what the kernels take (kernels.torch.gated_delta: `slots`). Copying a slot into another snapshots a sequence's state
 (for prefix-cache entries and speculation rollback). The offload tiers store a slot as the bytes of its tensors in
 declared order (`StatePool.slot_views`), under the spec's `format` string, so they keep whatever a kind declares.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaBatch, DeltaNetDims
 
 from .cache_spec import state_layers
 

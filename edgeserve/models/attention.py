@@ -18,8 +18,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: in
                      softcap: float | None = None, scale: float | None = None,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [T, H, D] over k/v [past + T, Hkv, D], query i seeing keys up to past + i (GQA aware);
-    with `window`, only the last `window` of them; `softcap` / `scale` / `sinks` as in kernels.paged_attention."""
-    from edgeserve.kernels.paged_attention import _attention
+    with `window`, only the last `window` of them; `softcap` / `scale` / `sinks` as in kernels.torch.paged_attention."""
+    from edgeserve.kernels.torch.paged_attention import _attention
 
     t, s = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)

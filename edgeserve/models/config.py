@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 from .registry import HF_WRAPPERS, Architecture, architecture, gguf_architecture, hf_class, hf_model_type, \
     names_declaring
@@ -90,7 +90,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # rescale the chosen experts' weights to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     routed_scaling_factor: float = 1.0  # the chosen experts' weights times this (Nemotron-H MoE)
-    # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.activation.swiglu_oai)
+    # gpt-oss (edgeserve.models.archs.gpt_oss): clamped SwiGLU experts (kernels.torch.activation.swiglu_oai)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     # hybrids (edgeserve.models.qwen35): per layer, whether it is a Gated DeltaNet layer (no KV, a recurrent
@@ -112,6 +112,12 @@ class ModelConfig:
     # multi-token-prediction (MTP / nextn) blocks the file carries after the trunk, not run by the trunk: in a GGUF
     # `blk.{num_layers + i}` (nextn.* tensors beside a layer's), in an HF checkpoint `mtp.*`
     mtp_layers: int = 0
+    # a drafter over another model's K/V (a Gemma 4 assistant, models.archs.gemma4_assistant): that target's hidden
+    # size, which its input and output projections have; 0: a model of its own
+    backbone_hidden_size: int = 0
+    # its head's centroid mask (E2B / E4B assistants' `use_ordered_embeddings`): logits of the tokens of the top this
+    # many of `masked_embedding`'s centroids only; 0: the whole head
+    head_top_centroids: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -189,6 +195,17 @@ def gguf_key(metadata: Mapping[str, Any], arch: str) -> Callable[..., Any]:
     return key
 
 
+def layer_flags(types: list[str], layers: int, marked: str, other: str, family: str) -> tuple[bool, ...]:
+    """Per layer: True where HF's `layer_types` says `marked` (False where `other`); a one-line error when it lists
+    another number of layers than `layers` or a type that is neither."""
+    if len(types) != layers:
+        raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
+    unknown = set(types) - {marked, other}
+    if unknown:
+        raise UnsupportedModelError(f"{family} layer types {sorted(unknown)} are not supported")
+    return tuple(t == marked for t in types)
+
+
 def gguf_trunk_layers(metadata: Mapping[str, Any], arch: str) -> tuple[int, int]:
     """(trunk layers, MTP layers) of a GGUF: llama.cpp's converters append a model's multi-token-prediction blocks
     after the trunk, counted in `block_count` and by `nextn_predict_layers`."""
@@ -229,32 +246,40 @@ def config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> Mod
 def _shared_from_gguf(spec: Architecture, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
     """The ModelConfig fields every architecture reads from the same GGUF keys."""
     arch = spec.name
-    key = gguf_key(metadata, arch)
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
-    vocab = gguf_vocab_size(metadata, arch)
     # llama-3 scaling is stored in GGUF as a `rope_freqs.weight` tensor of per-frequency factors.
     layers, mtp = gguf_trunk_layers(metadata, arch)
     moe = _moe_from_gguf(spec, metadata)
     return ModelConfig(
         architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length", 0 if moe else None)),
         num_layers=layers,
         mtp_layers=mtp,
-        num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(key("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensor_names,
+        **gguf_common_fields(metadata, arch, tensor_names, bool(moe), rope_theta=10000.0, context=4096),
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         rope_scaling=_rope_scaling_from_gguf(spec, metadata, tensor_names),
         **moe,
+    )
+
+
+def gguf_common_fields(metadata: Mapping[str, Any], arch: str, tensor_names: set[str], moe: bool, rope_theta: float,
+                       context: int) -> dict[str, Any]:
+    """The ModelConfig fields every GGUF states under the same `{arch}.*` keys: sizes, heads, norm epsilon, RoPE base
+    and context (`rope_theta` / `context` where the file is silent), and whether the head is tied (no
+    `output.weight`); with `moe` a missing feed_forward_length is 0."""
+    key = gguf_key(metadata, arch)
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    return dict(
+        vocab_size=int(gguf_vocab_size(metadata, arch)),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length", 0 if moe else None)),
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(metadata.get(f"{arch}.attention.key_length") or hidden // heads),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", rope_theta)),
+        max_position_embeddings=int(key("context_length", context)),
+        tie_word_embeddings="output.weight" not in tensor_names,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel, set_decoder_fields

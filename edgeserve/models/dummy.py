@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.quant_linear import Q4Blocks
+from edgeserve.kernels.formats.quant_linear import Q4Blocks
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.loaders.tokenizer import Tokenizer
 
@@ -50,23 +50,33 @@ def int4_group_size(cfg: dict[str, Any]) -> int | None:
     return int(q.get("group_size", q.get("q_group_size", 128)) or 128)
 
 
+def top_shapes(config: ModelConfig, embed: str = "model.embed_tokens.weight",
+               norm: str = "model.norm.weight") -> dict[str, tuple[int, ...]]:
+    """The names and shapes of the token embedding, the final norm and (untied) the LM head."""
+    shapes = {embed: (config.vocab_size, config.hidden_size), norm: (config.hidden_size,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
+    return shapes
+
+
+def attention_shapes(config: ModelConfig, prefix: str, out: str = "o_proj") -> dict[str, tuple[int, ...]]:
+    """The names (under `prefix`) and shapes of a GQA layer's q/k/v/`out` projections."""
+    c, h = config, config.hidden_size
+    return {prefix + "q_proj.weight": (c.q_size, h), prefix + "k_proj.weight": (c.kv_size, h),
+            prefix + "v_proj.weight": (c.kv_size, h), prefix + f"{out}.weight": (h, c.q_size)}
+
+
 def llama_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF Llama names and shapes of `config`'s tensors (MoE experts fused as transformers 5 stores them; an
     architecture's own layer tensors from its package's `dummy_layer_shapes`)."""
     c = config
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-                                          "model.norm.weight": (c.hidden_size,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    shapes = top_shapes(c)
     own_layer = getattr(architecture(c.architecture).part("model"), "dummy_layer_shapes", None)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (c.hidden_size,)
         shapes[p + "post_attention_layernorm.weight"] = (c.hidden_size,)
-        shapes[p + "self_attn.q_proj.weight"] = (c.q_size, c.hidden_size)
-        shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, c.hidden_size)
-        shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, c.hidden_size)
-        shapes[p + "self_attn.o_proj.weight"] = (c.hidden_size, c.q_size)
+        shapes.update(attention_shapes(c, p + "self_attn."))
         if own_layer is not None:  # the architecture's own names (gpt-oss's, edgeserve.models.archs.gpt_oss)
             shapes.update(own_layer(c, p))
         elif c.is_moe:  # a router and every expert as one 3-D tensor (transformers 5's fused names)

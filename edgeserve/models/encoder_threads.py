@@ -1,6 +1,6 @@
 """Torch's intra-op (OpenMP) thread count for one encoder forward, set on the calling thread only.
 
-An encoder whose layer matrices run on the native kernels (kernels/cpu_native.py BlockWeight) has two thread pools:
+An encoder whose layer matrices run on the native kernels (kernels/cpu/native.py BlockWeight) has two thread pools:
 the native pool for the matmuls and torch's OpenMP team for the rest (LayerNorm, attention, GELU). Both spin
 between jobs, so with torch's team at full size beside the native pool's workers there are more spinning threads
 than cores and each side waits on a preempted thread of the other: a 64-token MiniLM text took 1.5x to 20x longer
@@ -70,8 +70,8 @@ SMALL_BATCH_TOKENS = 256  # a padded batch under this many tokens runs torch's o
 def uses_native_pool(weights: dict[str, Any]) -> bool:
     """Whether some of an encoder's layer matrices run on the native kernels' thread pool (quantized blocks, or
     16-bit matrices on the native bfloat16 kernel)."""
-    from edgeserve.kernels.bf16_weight import Bf16Weight
-    from edgeserve.kernels.cpu_native import BlockWeight
+    from edgeserve.kernels.formats.bf16_weight import Bf16Weight
+    from edgeserve.kernels.cpu.native import BlockWeight
 
     return any(isinstance(w, (BlockWeight, Bf16Weight)) for w in weights.values())
 

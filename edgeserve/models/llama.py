@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_native import BlockWeight, block_weight
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.cpu.native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import (
     add_rms_norm,
     linear,
@@ -20,7 +20,7 @@ from edgeserve.kernels.dispatch import (
     silu_and_mul,
     use_triton,
 )
-from edgeserve.kernels.quant_linear import (
+from edgeserve.kernels.formats.quant_linear import (
     Int4Weight,
     Int8Weight,
     LinearWeight,
@@ -30,13 +30,13 @@ from edgeserve.kernels.quant_linear import (
     int4_supported,
     int8_supported,
 )
-from edgeserve.kernels.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
 from .lora_step import StepLora
-from .moe import MoELayer
+from .moe import MoELayer, ffn_input_dtype
 from .mrope import mrope_axes, mrope_cos_sin
 from .text_part import text_part
 
@@ -136,7 +136,7 @@ class LlamaModel:
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu_decoder), planned once; None where it does
+        """The whole layer stack as one native call (kernels.cpu.decoder), planned once; None where it does
         not apply (weights not in native block formats, attention soft-capping, a GPU). Setting `_native = None` keeps the
         per-op path (the tests and benchmarks/engine/fused_decoder.py compare the two that way)."""
         if self._native is False:
@@ -295,7 +295,7 @@ class LlamaModel:
                 o = lora.add(o, o_in, i, "o_proj")
             if c.residual_scale != 1.0:  # Granite's residual multiplier
                 o = o * c.residual_scale
-            h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows, lora, i)
             if c.residual_scale != 1.0:
                 y = y * c.residual_scale

@@ -4,7 +4,7 @@ An adapter changes a projection W [out, in] to y = xW^T + s (x A^T) B^T with A [
 (lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA). The decoder fuses q/k/v into `qkv` and gate/up into `gate_up`,
 so the pairs of a fused weight's parts are stacked here into one: A of every part one above the other ([sum r, in])
 and each part's B transposed with its scale folded in ([r_p, out_p] at its rows of A and its output columns), so that
-one pair per fused weight serves the per-op torch path and the native stack (kernels/cpu/lora.c) alike.
+one pair per fused weight serves the per-op torch path and the native stack (kernels/cpu/src/lora.c) alike.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class LoraAdapter:
     dtype: torch.dtype = torch.float32  # of every tensor of its pairs
     device: torch.device = torch.device("cpu")
     int8: bool = False  # the native CPU stack reads an int8 copy (a scale per rank row) rather than these pairs
-    native: object = field(default=None, repr=False)  # kernels.cpu_lora's tables, built on first use
+    native: object = field(default=None, repr=False)  # kernels.cpu.lora's tables, built on first use
 
     def prefix_root(self, scale: float) -> bytes:
         """The prefix-cache chain root of a request running this adapter at `scale` (engine.prefix_key)."""

@@ -2,12 +2,12 @@
 of `num_experts` gated FFNs (or plain up / down ones: MoEConfig.gated) per token, their outputs are summed with the
 router's weights, and an optional shared expert (a dense gated FFN, optionally sigmoid-gated) is added.
 
-Expert weights stay as the file stores them (GGUF block formats on the native CPU kernels, kernels.experts
+Expert weights stay as the file stores them (GGUF block formats on the native CPU kernels, kernels.formats.experts
 BlockExperts; dense [E, rows, cols] tensors elsewhere, DenseExperts), and a step reads only its active experts,
-each once for all the rows routed to it (kernels.experts.ExpertGroups). A token's output does not depend on what
+each once for all the rows routed to it (kernels.formats.experts.ExpertGroups). A token's output does not depend on what
 else is in the step: routing is per row, expert rows are computed on their own, and a token's expert outputs are
 summed in its own slot order. On the CPU, with block-format experts, the whole layer is one native call
-(kernels.cpu_moe_layer, kernels/cpu/moe_layer.c), the same one the fused native layer stack makes.
+(kernels.cpu.moe_layer, kernels/cpu/src/moe_layer.c), the same one the fused native layer stack makes.
 
 A layer whose experts stay in host memory (`experts_on_host`, --cpu-moe-layers, edgeserve.models.cpu_moe) routes
 on the model's device, copies the routed rows to the host (pinned, non-blocking), runs the experts there on the
@@ -21,10 +21,10 @@ from typing import Callable
 
 import torch
 
-from edgeserve.kernels.cpu_moe_layer import NativeMoE
+from edgeserve.kernels.cpu.moe_layer import NativeMoE
 from edgeserve.kernels.dispatch import backend, f32_row_linear, gelu_tanh_and_mul, linear, silu_and_mul
-from edgeserve.kernels.experts import EXPERT_TILE, ExpertGroups, Experts
-from edgeserve.kernels.quant_linear import LinearWeight, dense_tiles
+from edgeserve.kernels.formats.experts import EXPERT_TILE, ExpertGroups, Experts
+from edgeserve.kernels.formats.quant_linear import LinearWeight, dense_tiles
 from edgeserve.kernels.transfer import HostCopy, to_device
 
 ROUTERS = ("softmax_topk", "topk_softmax")
@@ -120,6 +120,13 @@ def row_linear(x: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     return linear(x, weight)
 
 
+def ffn_input_dtype(layer: object, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a decoder layer's normed feed-forward input: float32 where it is a MoE layer's (its router's
+    input: a bf16-rounded row flips experts at near-ties; the experts quantize or round it themselves, so it costs
+    nothing), else the compute dtype `dtype`."""
+    return torch.float32 if getattr(layer, "moe", None) is not None else dtype
+
+
 def route(logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids long [T, k]) for router logits [T, E], per MoEConfig.router; the
     experts come in order of falling weight."""
@@ -165,7 +172,7 @@ class MoELayer:
         self._native: NativeMoE | None | bool = False  # the one-call native layer, planned on first use
 
     def native(self) -> NativeMoE | None:
-        """The whole layer as one native call (kernels.cpu_moe_layer), planned once; None where it does not apply
+        """The whole layer as one native call (kernels.cpu.moe_layer), planned once; None where it does not apply
         (experts not in native block formats, a GPU, host experts). Setting `_native = None` keeps the torch path
         around the grouped expert matmuls (tests compare the two that way)."""
         if self._native is False:

@@ -10,10 +10,10 @@ from typing import Callable
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels import cpu_native
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.dispatch import use_triton
-from edgeserve.kernels.experts import BlockExperts, DenseExperts, ExpertBlocks, Experts
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.experts import BlockExperts, DenseExperts, ExpertBlocks, Experts
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig

@@ -22,14 +22,16 @@ Qwen3.5 / 3.6 checkpoints carry one; llama.cpp runs one too).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from edgeserve.errors import ModelLoadError
+from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.kv_quant import quantize_q8
+from edgeserve.kernels.formats.quant_linear import Int8Weight, LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig
@@ -85,6 +87,8 @@ class MtpHead:
     embed: Table | None  # its own embedding table (None: the model's)
     lm_head: LinearWeight | None  # its own output head (None: the model's)
     kv_config: ModelConfig  # one full-attention layer, for the head's KVPool
+    # draft vocabularies cut from the output head, by size (draft_vocab), made on first use
+    draft_vocabs: dict[int, "DraftVocab | None"] = field(default_factory=dict, repr=False)
 
 
 def load_mtp_head(model: "Qwen35Model", source: WeightSource, keep_int4: bool = True,
@@ -164,3 +168,61 @@ def mtp_logits(model: "Qwen35Model", head: MtpHead, g: torch.Tensor) -> torch.Te
     if head.lm_head is None:
         return model.logits(g)
     return linear(g, head.lm_head).float()
+
+
+# rows of the output head dequantized at a time while a draft vocabulary is cut (keeps the float copy small)
+_CUT_ROWS = 8192
+
+
+@dataclass
+class DraftVocab:
+    """The output head cut to the token ids `ids` [n] (the lowest n ids: a BPE vocabulary numbers its tokens in merge
+    order, so the first ones are the bytes and the earliest, most frequent merges): the head drafts within them, and
+    verification stays over the whole vocabulary, so the outputs do not change (only how often drafts are right)."""
+
+    ids: torch.Tensor  # [n] long, the full-vocabulary id of each row of `matrix`
+    matrix: LinearWeight  # [n, hidden]
+    logit_scale: float
+
+
+def draft_vocab(model: "Qwen35Model", head: MtpHead, size: int) -> DraftVocab | None:
+    """The head's output matrix cut to the lowest `size` token ids (made once per size, kept on the head); None where
+    `size` is 0 or covers the vocabulary, or the matrix is of a kind that cannot be cut (the full head drafts)."""
+    if size <= 0 or size >= model.config.vocab_size:
+        return None
+    if size not in head.draft_vocabs:
+        head.draft_vocabs[size] = cut_vocab(model, head, torch.arange(size, device=model.device))
+    return head.draft_vocabs[size]
+
+
+def cut_vocab(model: "Qwen35Model", head: MtpHead, ids: torch.Tensor) -> DraftVocab | None:
+    """The head's output matrix cut to the token ids `ids` (any order); None where it cannot be cut."""
+    matrix = weight_rows(model.lm_head if head.lm_head is None else head.lm_head, ids, model.dtype)
+    return None if matrix is None else DraftVocab(ids, matrix, model.config.logit_scale)
+
+
+def weight_rows(weight: LinearWeight, ids: torch.Tensor, dtype: torch.dtype) -> LinearWeight | None:
+    """Rows `ids` of an output matrix as a matrix of their own: GGUF blocks (one part) as q8_0 blocks for the
+    native kernels (any block format's rows, dequantized, then q8_0: within a rounding of the stored values), int8
+    rows as int8 rows, a dense matrix as its rows; None for any other kind."""
+    if isinstance(weight, torch.Tensor):
+        return weight[ids].contiguous()
+    if isinstance(weight, Int8Weight):
+        return Int8Weight(weight.rows(ids), dtype)
+    if isinstance(weight, BlockWeight) and len(weight.parts) == 1 and weight.in_features % 32 == 0:
+        data = torch.cat([quantize_q8(weight.rows(ids[i: i + _CUT_ROWS])) for i in range(0, len(ids), _CUT_ROWS)])
+        return BlockWeight([BlockTensor("Q8_0", data, weight.in_features)], weight.lib)
+    return None
+
+
+def draft_logits(vocab: DraftVocab, g: torch.Tensor) -> torch.Tensor:
+    """Float32 logits [T, n] of the head's output rows g over the draft vocabulary (column j: token vocab.ids[j])."""
+    logits = linear(g, vocab.matrix).float()
+    return logits if vocab.logit_scale == 1.0 else logits / vocab.logit_scale
+
+
+def full_logits(vocab: DraftVocab, logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Draft-vocabulary logits [T, n] spread over the whole vocabulary of `size` ids, -inf outside it (a sampler's
+    distribution then gives those tokens q = 0, which rejection sampling takes as it is)."""
+    out = logits.new_full((logits.shape[0], size), float("-inf"))
+    return out.index_copy_(1, vocab.ids, logits)

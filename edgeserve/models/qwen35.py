@@ -1,7 +1,7 @@
 """The Qwen3.5 / 3.6 hybrid decoder (dense `qwen35` and MoE `qwen35moe`) over flat token batches.
 
 Each layer is x = x + mixer(norm(x)); x = x + ffn(norm(x)), the mixer being either
-  - a Gated DeltaNet layer (kernels.gated_delta): in_proj_qkv / z / b / a (one stacked matmul here), the causal conv,
+  - a Gated DeltaNet layer (kernels.torch.gated_delta): in_proj_qkv / z / b / a (one stacked matmul here), the causal conv,
     the gated delta rule over the sequence's recurrent state, the gated RMSNorm, out_proj; it keeps no KV, only the
     per-sequence state in a slot of the engine's StatePool (`attn.states`: a `RecurrentStates`), or
   - gated full attention: q_proj gives [q | gate] per head, Q/K RMSNorm, RoPE on the first `rotary_dim` dims of each
@@ -14,7 +14,7 @@ dims' rotate-half pairs (i, i + r/2) become the full head's pairs (i, i + D/2), 
 the other pairs; q . k is unchanged by a permutation applied to both, and V / the output are not touched.
 
 On the CPU, with every matrix in GGUF block formats, the block runs in the fused native stack
-(kernels.cpu_decoder_qwen35: one native call per step, the recurrent states updated in place in the state pool),
+(models.archs.qwen35.native_plan: one native call per step, the recurrent states updated in place in the state pool),
 which calls the same kernels in the same order as the per-op path here, so the two agree bit for bit; the MoE block's
 feed-forward enters it as the same moe_layer.c plan its MoELayer runs per-op.
 """
@@ -27,20 +27,20 @@ from typing import Protocol
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_decoder_qwen35 import build_qwen35
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.models.archs.qwen35.native_plan import build_qwen35
 from edgeserve.kernels.dispatch import (add_rms_norm, gated_delta_net, head_rms_norm, linear, rms_norm, rope_write_kv,
                                         sigmoid_gate)
-from edgeserve.kernels.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_permutation
+from edgeserve.kernels.torch.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
 from .archs.gemma4.model import load_table
 from .llama import LlamaModel, load_matrix, set_decoder_fields
-from .moe import MoELayer
+from .moe import MoELayer, ffn_input_dtype
 from .moe_weights import load_moe_layer
 from .mtp_head import MtpHead, attach_mtp_head
 from .text_part import RenamedWeights, language_model_prefix
@@ -226,7 +226,7 @@ class Qwen35Model(LlamaModel):
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu_decoder_qwen35), planned once; None where it does
+        """The whole layer stack as one native call (models.archs.qwen35.native_plan), planned once; None where it does
         not apply (weights or experts not in block formats, a GPU). Setting `_native = None` keeps the per-op path
         (the tests and benchmarks compare the two that way)."""
         if self._native is False:
@@ -257,7 +257,7 @@ class Qwen35Model(LlamaModel):
                 y = self._delta_net(layer, h, states, prompt_rows)
             else:
                 y = self._attention(i, layer, h, cos, sin, attn, prompt_rows)
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.gated_delta import DeltaNetDims
+from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
-from .config import ModelConfig, gguf_key, gguf_trunk_layers, gguf_vocab_size
+from .config import ModelConfig, gguf_common_fields, gguf_key, gguf_trunk_layers, layer_flags
 
 
 def _layer_pattern(layers: int, types: list[str] | None, interval: int,
@@ -34,12 +34,7 @@ def _layer_pattern(layers: int, types: list[str] | None, interval: int,
             raise ModelLoadError(f"attention.recurrent_layers lists {len(recurrent)} layers, the model has {layers}")
         return tuple(bool(r) for r in recurrent[:layers])
     if types:
-        if len(types) != layers:
-            raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
-        unknown = set(types) - {"linear_attention", "full_attention"}
-        if unknown:
-            raise UnsupportedModelError(f"Qwen3.5 layer types {sorted(unknown)} are not supported")
-        return tuple(t == "linear_attention" for t in types)
+        return layer_flags(types, layers, "linear_attention", "full_attention", "Qwen3.5")
     if interval < 1:
         raise ModelLoadError(f"full_attention_interval must be positive, not {interval}")
     return tuple((i + 1) % interval != 0 for i in range(layers))
@@ -107,10 +102,6 @@ def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names
 
     layers, mtp = gguf_trunk_layers(metadata, arch)
     recurrent = metadata.get(f"{arch}.attention.recurrent_layers")
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
-    vocab = gguf_vocab_size(metadata, arch)
     v_heads = int(key("ssm.time_step_rank"))
     inner = int(key("ssm.inner_size"))
     if inner % v_heads:
@@ -131,19 +122,12 @@ def qwen35_config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names
     scaling = metadata.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling type {scaling!r} is not supported for {arch}")
+    common = gguf_common_fields(metadata, arch, tensor_names, bool(moe), rope_theta=10_000_000.0, context=262_144)
+    head_dim = common["head_dim"]
     return ModelConfig(
         architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length", 0 if moe else None)),
         num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(key("rope.freq_base", 10_000_000.0)),
-        max_position_embeddings=int(key("context_length", 262_144)),
-        tie_word_embeddings="output.weight" not in tensor_names,
+        **common,
         qk_norm=True,
         linear_layers=_layer_pattern(layers, None, int(key("full_attention_interval", 4)),
                                      None if recurrent is None else list(recurrent)),

@@ -66,6 +66,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")),
     Architecture("gemma4_unified", "gemma4_unified", ("gemma4_unified", "gemma4_unified_text"),
                  ("Gemma4UnifiedForConditionalGeneration", "Gemma4UnifiedForCausalLM")),
+    # a drafter over a Gemma 4 target's K/V (--draft only; engine.spec.assistant)
+    Architecture("gemma4-assistant", "gemma4_assistant", ("gemma4_assistant", "gemma4_unified_assistant"),
+                 ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")),
     Architecture("phi3", "phi3", ("phi3",), ("Phi3ForCausalLM",)),
     Architecture("gpt-oss", "gpt_oss", ("gpt-oss", "gpt_oss"), ("GptOssForCausalLM",)),
     Architecture("olmo2", "olmo2", ("olmo2", "olmo3"), ("Olmo2ForCausalLM", "Olmo3ForCausalLM")),
@@ -75,6 +78,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")),
     Architecture("lfm2", "lfm2", ("lfm2",), ("Lfm2ForCausalLM", "LFM2ForCausalLM")),
     Architecture("lfm2moe", "lfm2", ("lfm2_moe", "lfm2moe"), ("Lfm2MoeForCausalLM",)),
+    Architecture("lfm3", "lfm3", ("lfm3",), ("Lfm3ForCausalLM",)),  # GGUF: ours, pending llama.cpp (archs/lfm3)
     Architecture("nemotron_h", "nemotron_h", ("nemotron_h",), ("NemotronHForCausalLM",)),
     # HF names both `nemotron_h` (its config reader names the MoE one); a nemotron_h_moe GGUF without experts is dense
     Architecture("nemotron_h_moe", "nemotron_h"),

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.cpu_native import BlockWeight, block_weight
+from edgeserve.kernels.cpu.native import BlockWeight, block_weight
 from edgeserve.kernels.dispatch import use_triton
-from edgeserve.kernels.quant_linear import Int8Weight, LinearWeight, int8_supported
+from edgeserve.kernels.formats.quant_linear import Int8Weight, LinearWeight, int8_supported
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.llama import load_matrix
 

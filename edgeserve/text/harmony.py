@@ -21,7 +21,7 @@ Why edgeserve renders harmony itself instead of running the model's Jinja templa
   onto it directly (reasoning effort onto `Reasoning:`, `reasoning_content` onto the analysis of a tool-calling
   turn) without template-variable conventions (`thinking`, `reasoning_effort`, `builtin_tools`).
 
-Everything else is the official template's rendering, byte for byte (tests/test_harmony.py renders the same
+Everything else is the official template's rendering, byte for byte (tests/text/test_harmony.py renders the same
 conversations through a copy of it, tests/gpt_oss_chat_template.jinja, and checks the differences above one by
 one): the system message (identity, knowledge cutoff, current date, `Reasoning:`, the valid channels), the
 developer message (`# Instructions` from the first system/developer message, `# Tools` as a TypeScript-like

@@ -1,6 +1,6 @@
 """A vision tower's blocks on the native CPU kernels, as the text encoders run theirs (models/bert.py): every layer
 matrix a native weight (Bf16Weight for F16 / BF16 matrices, BlockWeight for quantized GGUF blocks; q, k and v one
-fused matrix), the unmasked attention in the encoders' kernel (kernels/encoder_attention.py, head sizes any multiple
+fused matrix), the unmasked attention in the encoders' kernel (kernels/cpu/encoder_attention.py, head sizes any multiple
 of 8), the MLP's bias and GELU in one native pass, torch's own few ops (LayerNorm, residual adds) on the calling
 thread only, beside the native pool's threads.
 
@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
-from edgeserve.kernels.cpu_native import BlockWeight, result_buffer
-from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
-from edgeserve.kernels.encoder_gelu import bias_gelu_, gelu_library
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight, bf16_library
+from edgeserve.kernels.cpu.native import BlockWeight, result_buffer
+from edgeserve.kernels.cpu.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.cpu.encoder_gelu import bias_gelu_, gelu_library
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.vision.stop import check as check_stop
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import linear as matmul
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.vision.native_vit import NativeBlocks, is_native, native_matmul
 from edgeserve.vision.stop import check as check_stop
 

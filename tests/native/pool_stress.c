@@ -1,4 +1,4 @@
-/* Runs many tiny jobs on kernels/cpu/pool.c and counts every task that did not run exactly once before its
+/* Runs many tiny jobs on kernels/cpu/src/pool.c and counts every task that did not run exactly once before its
    pool_run returned, or ran with an index past its own job's task count: a late worker taking a task of the
    wrong job shows up here (and, in the model, as a use of a dead stack context). Prints the anomaly count. */
 #include <stdatomic.h>

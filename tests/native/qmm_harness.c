@@ -1,4 +1,4 @@
-/* Runs the quantized matmul of kernels/cpu/qmatmul.c on inputs read from stdin, for testing a build this machine
+/* Runs the quantized matmul of kernels/cpu/src/qmm on inputs read from stdin, for testing a build this machine
    cannot load (another architecture, under an emulator). Input: int32 fmt, N, K, M, repack (0/1); N weight rows of
    GGUF block bytes; M x K float32 activations. Output: the M x N float32 results of one call over all M rows,
    then the same rows computed one call per row. */
@@ -6,14 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-void qmm_set_threads(int n);
-int qmm_block_bytes(int fmt);
-int qmm_block_values(int fmt);
-int qmm_repacked_format(int fmt, int N);
-void qmm_repack(int fmt, const uint8_t *src, int64_t row_bytes, int N, int K, uint8_t *dst);
-void qmm_quantize(const void *x, int is_bf16, int64_t ldx, int M, int K, int8_t *qa, float *da, int16_t *sa);
-void qmm_matmul(int fmt, const uint8_t *w, int64_t row_bytes, int N, int K, const int8_t *qa, const float *da,
-                const int16_t *sa, int M, float *out, int64_t ldo);
+#include "pool.h"
+#include "qmatmul.h"
 
 static void need(size_t got, size_t want) {
     if (got != want) {

@@ -66,9 +66,12 @@ def llama_cpp_tensors(state: dict[str, torch.Tensor], config: Any, arch: str) ->
     for name, t in sd.items():
         for gname, value in _converted(name, t, config, arch, sd):
             out[gname] = value
+    rope = getattr(config, "rope_parameters", None) or {}
     if arch == "gemma4":
         out["rope_freqs.weight"] = gemma4_rope_freqs(config)
-    rope = getattr(config, "rope_parameters", None) or {}
+    if arch == "lfm3" and rope.get("full_attention", {}).get("rope_type") == "proportional":
+        out["rope_freqs.weight"] = proportional_rope_freqs(config.head_dim,
+                                                           rope["full_attention"]["partial_rotary_factor"])
     if rope.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_freqs(config, rope)
     if rope.get("long_factor"):  # Phi-3's longrope
@@ -91,6 +94,8 @@ def _converted(name: str, t: torch.Tensor, c: Any, arch: str, sd: dict) -> list[
         t = permute_qk(t, heads)
     if name.endswith("norm.weight") and arch in ("gemma2", "gemma3", "qwen35", "qwen35moe"):
         t = t + 1  # the converter stores these norms' (1 + w)
+    if local == "conv.conv.weight" and arch in ("lfm2", "lfm3"):
+        t = t.squeeze(1)  # the converter's short-conv weight is [channels, kernel]
     if t.dim() == 0:
         t = t.reshape(1)  # a scalar (Gemma 4's layer_scalar) as a 1-element tensor
     return [(gname, t)]
@@ -151,8 +156,14 @@ def gemma4_rope_freqs(c: Any) -> torch.Tensor:
     """Gemma 4's proportional RoPE as the converter writes it: a divisor per frequency pair of the global layers'
     heads, 1 where rotated, 1e30 where not."""
     hd = c.per_layer_config[c.layer_types.index("full_attention")].head_dim
-    rotated = int(hd * c.rope_parameters["full_attention"]["partial_rotary_factor"] / 2)
-    return torch.tensor([1.0] * rotated + [1e30] * (hd // 2 - rotated))
+    return proportional_rope_freqs(hd, c.rope_parameters["full_attention"]["partial_rotary_factor"])
+
+
+def proportional_rope_freqs(head_dim: int, partial: float) -> torch.Tensor:
+    """Proportional RoPE as a divisor per frequency pair of a head (1 where rotated, 1e30 where not), as llama.cpp's
+    Gemma 4 converter writes it (and our LFM3 GGUF)."""
+    rotated = int(head_dim * partial / 2)
+    return torch.tensor([1.0] * rotated + [1e30] * (head_dim // 2 - rotated))
 
 
 def llama3_rope_freqs(c: Any, rope: dict[str, Any]) -> torch.Tensor:

@@ -149,7 +149,7 @@ def model_metadata(c: Any, arch: str) -> dict[str, Any]:
         "embedding_length": c.hidden_size, "feed_forward_length": getattr(c, "intermediate_size", None),
         "attention.head_count": c.num_attention_heads, "attention.head_count_kv": _get(c, "num_key_value_heads"),
         "rope.freq_base": float(full.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
-        "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+        "attention.layer_norm_rms_epsilon": float(getattr(c, "rms_norm_eps", None) or c.norm_eps),
     }
     head_dim = _get(c, "head_dim")
     if head_dim:
@@ -222,6 +222,8 @@ def _family(c: Any, arch: str, rope: dict[str, Any]) -> dict[str, Any]:
         return qwen35_metadata(c, rope)
     if arch == "phi3":
         return phi3_metadata(c, rope)
+    if arch in ("lfm2", "lfm3"):
+        return lfm_metadata(c, arch, rope)
     return {}
 
 
@@ -257,6 +259,24 @@ def qwen35_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:
             "ssm.inner_size": c.linear_num_value_heads * c.linear_value_head_dim,
             "attention.recurrent_layers": recurrent, "full_attention_interval": interval,
             "rope.dimension_count": int(c.head_dim * rope.get("partial_rotary_factor", 1.0))}
+
+
+def lfm_metadata(c: Any, arch: str, rope: dict[str, Any]) -> dict[str, Any]:
+    """LFM2's keys (per-layer KV heads, 0 on the conv layers; the conv cache; the adjusted MLP width) and, for LFM3
+    (our extension, pending llama.cpp: edgeserve.models.archs.lfm3), the sliding layers' window, pattern and RoPE base
+    in Gemma 4's spelling, the global layers' proportional RoPE over the whole head (`rope_freqs`: gguf_tensors)."""
+    from edgeserve.models.archs.lfm2.config import feed_forward_width
+
+    keys: dict[str, Any] = {"attention.head_count_kv": [0 if t == "conv" else c.num_key_value_heads
+                                                        for t in c.layer_types],
+                            "shortconv.l_cache": c.conv_L_cache, "vocab_size": c.vocab_size}
+    if arch == "lfm2":
+        keys["feed_forward_length"] = feed_forward_width(c.to_dict())
+        return keys
+    keys.update({"rope.freq_base_swa": float(rope["sliding_attention"]["rope_theta"]),
+                 "rope.dimension_count": c.head_dim, "attention.sliding_window": c.sliding_window,
+                 "attention.sliding_window_pattern": [t == "sliding_attention" for t in c.layer_types]})
+    return keys
 
 
 def phi3_metadata(c: Any, rope: dict[str, Any]) -> dict[str, Any]:

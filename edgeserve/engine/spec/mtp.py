@@ -26,7 +26,7 @@ from edgeserve.errors import EdgeserveError
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.load import LoadedModel
-from edgeserve.models.mtp_head import mtp_forward, mtp_logits
+from edgeserve.models.mtp_head import draft_logits, draft_vocab, full_logits, mtp_forward, mtp_logits
 from edgeserve.sampling_params import SamplingParams
 
 from .verify import draw_drafts, one_hot
@@ -70,13 +70,15 @@ class MtpProposer:
     """Drafts with the target's MTP head over a batch of sequences, sampling each draft from its processed
     distribution q (the target's penalties, temperature and filters), as `DraftProposer` does."""
 
-    def __init__(self, target: LoadedModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, target: LoadedModel, num_blocks: int, block_size: int, draft_vocab_size: int = 0) -> None:
         why = mtp_head_error(target)
         if why is not None:
             raise NoMtpHeadError(why)
         self.model = target.model
         self.head = target.model.mtp
         self.vocab = target.config.vocab_size
+        # the head drafts within the lowest `draft_vocab_size` token ids (None: the whole vocabulary)
+        self.draft_vocab = draft_vocab(self.model, self.head, draft_vocab_size)
         self.pool = KVPool(self.head.kv_config, num_blocks, block_size, self.model.dtype, self.model.device)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.seqs: dict[object, _HeadSeq] = {}
@@ -181,9 +183,8 @@ class MtpProposer:
                 g = self._draft_row([seqs[i] for i in active], [drafts[i][-1] for i in active], g, j)
                 if g is None:
                     break
-            logits = mtp_logits(self.model, self.head, g)[:, : self.vocab]
-            tokens, probs = draw_drafts(logits, [seqs[i] for i in active], [params[i] for i in active],
-                                        [drafts[i] for i in active], [generators[i] for i in active], deterministic)
+            tokens, probs = self._draw(g, [seqs[i] for i in active], [params[i] for i in active],
+                                       [drafts[i] for i in active], [generators[i] for i in active], deterministic)
             for r, i in enumerate(active):
                 drafts[i].append(tokens[r])
                 if probs is not None:
@@ -200,6 +201,21 @@ class MtpProposer:
             drafts = [self.oracle(s, d) if d else d for s, d in zip(seqs, drafts)]
             qs = [list(one_hot(d, self.vocab, self.model.device)) for d in drafts]
         return drafts, [torch.stack(q) if q else torch.empty(0, self.vocab) for q in qs]
+
+    def _draw(self, g: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams], drafts: list[list[int]],
+              generators: list[torch.Generator | None], deterministic: bool) -> tuple[list[int], torch.Tensor | None]:
+        """draw_drafts over the head's logits for its output rows g: within the draft vocabulary where there is one
+        (a greedy row's argmax there, mapped back to its token id; otherwise its distribution over the whole vocabulary
+        with q = 0 outside the draft vocabulary, as rejection sampling reads it)."""
+        dv = self.draft_vocab
+        if dv is None:
+            logits = mtp_logits(self.model, self.head, g)[:, : self.vocab]
+        else:
+            logits = draft_logits(dv, g)
+            if deterministic and not any(p.penalized or p.logit_bias for p in params):
+                return dv.ids[logits.argmax(-1)].tolist(), None
+            logits = full_logits(dv, logits, self.vocab)
+        return draw_drafts(logits, seqs, params, drafts, generators, deterministic)
 
     def _draft_row(self, seqs: list[Sequence], tokens: list[int], g: torch.Tensor, j: int) -> torch.Tensor | None:
         """The head's outputs for draft j + 1 of each sequence: (draft j, its g) at position num_tokens - 2 + j."""

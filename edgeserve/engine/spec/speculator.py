@@ -11,6 +11,7 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
+from .assistant import AssistantProposer, is_assistant
 from .backoff import Backoff
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
@@ -21,9 +22,16 @@ if TYPE_CHECKING:
     from edgeserve.engine.request_state import Request
 
 
-# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head, the k at which
-# the oracle benchmark's decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md); 4 for the others
-DEFAULT_NUM_TOKENS = {"mtp": 1, "ngram": 4, "draft": 4}
+# tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head and a Gemma 4
+# assistant, the k at which the oracle benchmarks' decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md);
+# 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 1, "assistant": 1, "ngram": 4, "draft": 4}
+# accepted tokens a hybrid's request may carry to recompute (its state went back before them when a later draft was
+# rejected) and still draft on top of them; more: a step without drafts first (docs/perf-log/2026-11-to-12.md)
+MAX_BACKLOG = 2
+# token ids the MTP head drafts within (`--spec-draft-vocab`; 0: the whole vocabulary): its output head cut to the
+# lowest ids costs a draft a fraction of the full head's read (docs/perf-log/2026-11-to-12.md)
+DEFAULT_DRAFT_VOCAB = 32768
 # the acceptance below which MTP drafting costs more than it saves (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md):
 # a request under it pauses drafting (spec.backoff)
 MTP_BREAK_EVEN = 0.5
@@ -74,22 +82,26 @@ class Speculator:
     `rollback` after `Scheduler.update`, `free` when a request ends or is preempted."""
 
     def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, draft_vocab: int | None = None) -> None:
         self.method = method
-        self.num_tokens = default_num_tokens(method, num_tokens)
+        self.num_tokens = default_num_tokens("assistant" if is_assistant(draft) else method, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
-        self.draft: DraftProposer | None = None
+        self.draft: DraftProposer | AssistantProposer | None = None
         if method == "draft":
             if draft is None:
                 raise ValueError("speculative 'draft' needs a draft model (draft_model / --draft-model)")
-            self.draft = DraftProposer(draft, target, num_blocks, block_size)
-        self.mtp = MtpProposer(target, num_blocks, block_size) if method == "mtp" else None
+            # a Gemma 4 assistant drafts over the target's own K/V (`attach` gives it the pool)
+            self.draft = (AssistantProposer(draft, target) if is_assistant(draft)
+                          else DraftProposer(draft, target, num_blocks, block_size))
+        self.mtp = MtpProposer(target, num_blocks, block_size, DEFAULT_DRAFT_VOCAB if draft_vocab is None
+                               else draft_vocab) if method == "mtp" else None
         self.counters = SpecCounters()
         # the proposers' and verification's small tensor ops run on one torch thread on the CPU (as the runner's
         # small steps do): a vocabulary-wide op split over busy cores waits longer than it computes
         self.threads = 1 if target.model.device.type == "cpu" else None
         # MTP is on by default where a file has a head: a request whose drafts are rarely accepted stops drafting
         self.backoff = Backoff(MTP_BREAK_EVEN) if method == "mtp" else None
+        self.max_backlog = MAX_BACKLOG
 
     @staticmethod
     def wants(req: "Request") -> bool:
@@ -110,6 +122,10 @@ class Speculator:
         if self.backoff is not None:
             reqs = [r for r in reqs if self.backoff.drafts_now(r.request_id)]
         ks = [min(self.num_tokens, r.max_tokens - r.num_output_tokens - 1) for r in reqs]
+        # a hybrid's request whose last drafts were partly rejected recomputes its accepted tokens (state rollback);
+        # past `max_backlog` of them it takes a step without drafts, which keeps them: drafts rejected again would
+        # send its state back to the same point, and the rows to recompute would grow step after step
+        ks = [0 if r.num_tokens - r.num_computed_tokens - 1 > self.max_backlog else k for r, k in zip(reqs, ks)]
         if self.ngram is not None:
             for r, k in zip(reqs, ks):
                 r.spec_token_ids = self.ngram.propose(r.all_token_ids, k)
@@ -123,17 +139,29 @@ class Speculator:
 
     @property
     def needs_hidden(self) -> bool:
-        """Whether `observe` wants the target's hidden states of every step (the MTP head reads them)."""
-        return self.mtp is not None
+        """Whether `observe` wants the target's hidden states of every step (the MTP head and a Gemma 4 assistant
+        read them)."""
+        return self._hidden_reader is not None
+
+    @property
+    def _hidden_reader(self) -> MtpProposer | AssistantProposer | None:
+        return self.mtp if self.mtp is not None else self.draft if isinstance(self.draft, AssistantProposer) else None
+
+    def attach(self, pool, block_manager) -> None:
+        """The engine's KV pool and BlockManager, for a proposer that reads the target's K/V (a Gemma 4 assistant)."""
+        if isinstance(self.draft, AssistantProposer):
+            self.draft.attach(pool, block_manager)
 
     def observe(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor | None,
                 requests: dict[str, "Request"]) -> None:
-        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head."""
-        if self.mtp is None or hidden is None:
+        """The target's hidden states [T, hidden] of a step (rows in `scheduled`'s order), for the MTP head or a
+        Gemma 4 assistant."""
+        reader = self._hidden_reader
+        if reader is None or hidden is None:
             return
         wanted = {s.seq_id: requests[s.seq_id] for s in scheduled
                   if s.seq_id in requests and self.wants(requests[s.seq_id])}
-        self.mtp.observe(scheduled, hidden, wanted)
+        reader.observe(scheduled, hidden, wanted)
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
         """Accepted drafts plus the next token for each speculating request (see `_verify`)."""

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.bf16_weight import Bf16Weight
-from edgeserve.kernels.cpu_native import BlockWeight
-from edgeserve.kernels.encoder_attention import attention_library, encoder_attention
-from edgeserve.kernels.encoder_gelu import bias_gelu_, gelu_library
-from edgeserve.kernels.quant_linear import linear
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight
+from edgeserve.kernels.cpu.native import BlockWeight
+from edgeserve.kernels.cpu.encoder_attention import attention_library, encoder_attention
+from edgeserve.kernels.cpu.encoder_gelu import bias_gelu_, gelu_library
+from edgeserve.kernels.formats.quant_linear import linear
 from edgeserve.models.encoder_threads import encoder_threads, intra_op_threads, uses_native_pool
 
 log = logging.getLogger(__name__)

@@ -76,7 +76,7 @@ class PaddedCausalAttention:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
                  softcap: float | None = None, scale: float | None = None,
                  sinks: torch.Tensor | None = None) -> torch.Tensor:
-        from edgeserve.kernels.paged_attention import _attention
+        from edgeserve.kernels.torch.paged_attention import _attention
 
         b, t = self.batch, self.length
         qh, kh, vh = (x.reshape(b, t, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
@@ -99,7 +99,7 @@ class PaddedBidirectionalAttention(PaddedCausalAttention):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
                  softcap: float | None = None, scale: float | None = None,
                  sinks: torch.Tensor | None = None) -> torch.Tensor:
-        from edgeserve.kernels.paged_attention import _attention
+        from edgeserve.kernels.torch.paged_attention import _attention
 
         b, t = self.batch, self.length
         qh, kh, vh = (x.reshape(b, t, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))

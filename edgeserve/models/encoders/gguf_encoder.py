@@ -4,11 +4,11 @@ snowflake-arctic-embed, bge; also rerankers with a `cls` head), `nomic-bert` (no
 
 Tensors are renamed from llama.cpp's names (`blk.N.attn_q`, `token_embd_norm`, ...) to the BertEncoder names and
 dequantized to the run dtype, except the layers' quantized matrices: on the CPU those stay in their GGUF blocks
-and run on the native kernels (kernels/cpu_native.py BlockWeight), as llama.cpp runs them. A layer matrix stored
+and run on the native kernels (kernels/cpu/native.py BlockWeight), as llama.cpp runs them. A layer matrix stored
 F16 or BF16 is multiplied in bfloat16 (float32 around it) where the CPU has bfloat16 dot products (avx512_bf16 /
 amx_bf16) and the dtype is auto: about half the CPU time of torch's float32 GEMM there (docs/perf-log/2026-11-to-12.md), and
 within the 16-bit file's own rounding (exact float32 on request: `--dtype float32`); with AVX-512 BF16 on the
-native kernel (kernels/bf16_weight.py Bf16Weight, the native pool's threads), else in torch. The tokenizer comes from
+native kernel (kernels/formats/bf16_weight.py Bf16Weight, the native pool's threads), else in torch. The tokenizer comes from
 the `tokenizer.ggml.*` keys (WordPiece, see loaders/wordpiece.py). Pooling is the file's `<arch>.pooling_type`
 (mean, CLS or last token; rank for a reranker) and, as llama.cpp's server and Ollama return them, embeddings are
 L2-normalized.
@@ -24,8 +24,8 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.bf16_weight import Bf16Weight, bf16_library
-from edgeserve.kernels.cpu_native import BlockWeight, cpu_flags, library
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight, bf16_library
+from edgeserve.kernels.cpu.native import BlockWeight, cpu_flags, library
 from edgeserve.loaders.gguf_weights import gguf_blocks
 from edgeserve.models.encoders.bert import BertEncoder, EncoderConfig, LoadedEncoder, encoder_dtype
 from edgeserve.models.encoders.decoder_embed import gguf_pooling

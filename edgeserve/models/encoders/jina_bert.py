@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from edgeserve.kernels.bf16_weight import Bf16Weight
+from edgeserve.kernels.formats.bf16_weight import Bf16Weight
 from edgeserve.models.encoders.bert import BertEncoder, EncoderConfig
 
 MAX_ALIBI_BIAS = 8.0

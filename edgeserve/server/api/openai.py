@@ -308,27 +308,26 @@ def completion_logprobs(gen: Generation, lps: list[TokenLogprob] | None, offset:
 @api_errors
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions (a `Last-Event-ID: ID/N` header: the rest of resumable stream ID)."""
-    st = server_state(request)
-    resumed = resumed_post(request)
-    if resumed is not None:
-        return resumed
-    req = await read_request(request, lambda body: parse_chat_request(body, st.config.max_n))
-    if req.resumable:
-        return start_resumable(request, req, ChatReplier(f"chatcmpl-{request.state.request_id}{token_hex(4)}"))
-    return await respond(request, req, ChatReplier(f"chatcmpl-{request.state.request_id}"))
+    return await _generate(request, parse_chat_request, ChatReplier, "chatcmpl")
 
 
 @api_errors
 async def completions(request: Request) -> Response:
     """POST /v1/completions (a `Last-Event-ID: ID/N` header: the rest of resumable stream ID)."""
-    st = server_state(request)
+    return await _generate(request, parse_completion_request, CompletionReplier, "cmpl")
+
+
+async def _generate(request: Request, parse, replier, prefix: str) -> Response:
+    """A resumed stream, a resumable one started, or the reply of a request read by `parse`, written by `replier`
+    under the id `prefix`-<request id>."""
     resumed = resumed_post(request)
     if resumed is not None:
         return resumed
-    req = await read_request(request, lambda body: parse_completion_request(body, st.config.max_n))
+    max_n = server_state(request).config.max_n
+    req = await read_request(request, lambda body: parse(body, max_n))
     if req.resumable:
-        return start_resumable(request, req, CompletionReplier(f"cmpl-{request.state.request_id}{token_hex(4)}"))
-    return await respond(request, req, CompletionReplier(f"cmpl-{request.state.request_id}"))
+        return start_resumable(request, req, replier(f"{prefix}-{request.state.request_id}{token_hex(4)}"))
+    return await respond(request, req, replier(f"{prefix}-{request.state.request_id}"))
 
 
 def openai_error_event(err: APIError) -> dict:

@@ -4,10 +4,12 @@ its KV in the paged pool and a conv and an SSM state per sequence in the engine'
 (engine.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's). Falcon-H1's multipliers are folded into
 the weights as llama.cpp's converter does (an HF checkpoint's at load: model.FoldedScales)."""
 
+from edgeserve.models.archs.nemotron_h import mamba2_gguf_names
+
 # random weights (--load-format dummy): model.dummy_shapes
 
-# llama.cpp's names of the tensors beyond Llama's, by HF name (`mamba.ssm_a` is -exp(A_log); no Q/K permutation:
-# llama.cpp runs Falcon-H1's RoPE NeoX-style)
+# llama.cpp's names of the tensors beyond Llama's, by HF name (no Q/K permutation: llama.cpp runs
+# Falcon-H1's RoPE NeoX-style)
 GGUF_TOP = {
     "model.final_layernorm.weight": "output_norm.weight",
 }
@@ -16,12 +18,5 @@ GGUF_LAYER = {
     "feed_forward.gate_proj.weight": "ffn_gate.weight",
     "feed_forward.up_proj.weight": "ffn_up.weight",
     "feed_forward.down_proj.weight": "ffn_down.weight",
-    "mamba.in_proj.weight": "ssm_in.weight",
-    "mamba.conv1d.weight": "ssm_conv1d.weight",
-    "mamba.conv1d.bias": "ssm_conv1d.bias",
-    "mamba.dt_bias": "ssm_dt.bias",
-    "mamba.ssm_a": "ssm_a",
-    "mamba.D": "ssm_d",
-    "mamba.norm.weight": "ssm_norm.weight",
-    "mamba.out_proj.weight": "ssm_out.weight",
+    **mamba2_gguf_names("mamba."),
 }

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
 from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2Weights, load_mamba2,
@@ -129,17 +129,15 @@ def model_class(config: ModelConfig) -> type[FalconH1Model]:
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a Falcon-H1 model's tensors, for random weights (edgeserve.models.dummy)."""
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
     c, h, d = config, config.hidden_size, mamba2_dims(config)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
-                                          "model.final_layernorm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    shapes = top_shapes(c, norm="model.final_layernorm.weight")
     for i in range(c.num_layers):
         p, w = f"model.layers.{i}.", c.intermediate_size
         a, f = p + "self_attn.", p + "feed_forward."
+        shapes.update(attention_shapes(c, a))
         shapes.update({p + "input_layernorm.weight": (h,), p + "pre_ff_layernorm.weight": (h,),
-                       a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
-                       a + "v_proj.weight": (c.kv_size, h), a + "o_proj.weight": (h, c.q_size),
                        f + "gate_proj.weight": (w, h), f + "up_proj.weight": (w, h), f + "down_proj.weight": (h, w)})
         shapes.update(mamba2_dummy_shapes(d, p + "mamba.", h))
     return shapes

@@ -118,9 +118,9 @@ def _gguf_windows(metadata: Mapping[str, Any], arch: str, layers: int) -> tuple[
     return tuple(None if (i + 1) % 6 == 0 or i == layers - 1 else window for i in range(layers))
 
 
-def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
-    """A Gemma 4 ModelConfig from llama.cpp's `gemma4.*` metadata and the file's tensor names."""
-    arch = "gemma4"
+def gemma4_config_from_gguf(metadata: Mapping[str, Any], tensor_names: set[str], arch: str = "gemma4") -> ModelConfig:
+    """A Gemma 4 ModelConfig from llama.cpp's `gemma4.*` metadata (`arch`: the keys' prefix) and the file's tensor
+    names."""
     key = gguf_key(metadata, arch)
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     layers = int(key("block_count"))

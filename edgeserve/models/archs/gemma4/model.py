@@ -13,7 +13,7 @@ attend over an earlier layer's K/V (the KV pool keeps nothing for them). The per
 per-token table row per layer plus a projection of the scaled embedding, both [tokens, layers, width].
 
 On the CPU, with every matrix in GGUF block formats, the dense block runs in the fused native stack
-(kernels.cpu_decoder_gemma4: one native call per step), which calls the same kernels in the same order as the
+(models.archs.gemma4.native_plan: one native call per step), which calls the same kernels in the same order as the
 per-op path below, so the two agree bit for bit; the 26B-A4B's experts keep the per-op path, which runs on every
 device.
 """
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.cpu_decoder import NativeDecoder
-from edgeserve.kernels.cpu_decoder_gemma4 import build_gemma4
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.models.archs.gemma4.native_plan import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
                                         scaled_norm_add, softcap)
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 
 from edgeserve.models.archs.gemma.model import MAX_ROPE_TABLE
@@ -197,7 +197,7 @@ class Gemma4Model(LoadedDecoder):
         self._unit = torch.ones(c.hidden_size, device=device)  # the router's weightless RMSNorm (MoE)
 
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu_decoder_gemma4), planned once; None where it does
+        """The whole layer stack as one native call (models.archs.gemma4.native_plan), planned once; None where it does
         not apply. Setting `_native = None` keeps the per-op path (the tests compare the two that way)."""
         if self._native is False:
             self._native = build_gemma4(self)
@@ -226,8 +226,7 @@ class Gemma4Model(LoadedDecoder):
         token's table rows with the image rows' projection, as transformers' Gemma4Model makes them)."""
         if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")):
             raise TypeError("Gemma 4 runs over the paged KV pool (edgeserve.engine.kv_cache.PagedKVAttention)")
-        c = self.config
-        eps, t, heads = c.rms_norm_eps, input_ids.shape[0], c.num_heads
+        t = input_ids.shape[0]
         if t and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")
         x = merge_image_rows(self.embed_rows(input_ids) * self.embed_scale, image_rows)
@@ -237,6 +236,15 @@ class Gemma4Model(LoadedDecoder):
         # an image's bidirectional span holds on the sliding layers only: the fused stack would apply it on all
         if native is not None and native.runs(attn) and attn.meta.attend_spans is None:  # type: ignore[attr-defined]
             return native.forward(x, positions, attn, per_layer=ple)
+        return self.layer_stack(x, positions, attn, ple, prompt_rows)
+
+    def layer_stack(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention, ple: torch.Tensor | None = None,
+                    prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """The layers, per op, over the residual stream x [T, hidden] (float32): the final-normed hidden states.
+        A KV-shared layer reads `attn.layer_cache(i)` / `attn.attend(i, ...)` of its own index i (the pool sends it
+        to its source; a Gemma 4 assistant's view sends it to the target's layer)."""
+        c = self.config
+        eps, t, heads = c.rms_norm_eps, x.shape[0], c.num_heads
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
@@ -303,7 +311,7 @@ class Gemma4Model(LoadedDecoder):
 
 
 def model_class(config: ModelConfig) -> type[Gemma4Model]:
-    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: kernels.cpu_decoder_gemma4)."""
+    """Gemma 4's block (edgeserve.models.registry's hook; its native plan: models.archs.gemma4.native_plan)."""
     return Gemma4Model
 
 
@@ -312,9 +320,9 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     head size and K/V heads, no K/V in the shared layers, no V in a K = V layer, its MLP width, the per-layer inputs,
     and the 26B-A4B's experts beside the MLP."""
     c, h = config, config.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    from edgeserve.models.dummy import top_shapes
+
+    shapes = top_shapes(c)
     ple = c.per_layer_input_size
     if ple:
         shapes.update({"model.embed_tokens_per_layer.weight": (c.vocab_size, c.num_layers * ple),

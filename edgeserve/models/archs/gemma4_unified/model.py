@@ -1,5 +1,5 @@
 """Gemma 4 12B runs on Gemma 4's decoder (archs/gemma4/model.py) and its fused native plan
-(kernels.cpu_decoder_gemma4): k_eq_v global layers, KV-shared layers and their double-wide MLP are its layer kinds."""
+(models.archs.gemma4.native_plan): k_eq_v global layers, KV-shared layers and their double-wide MLP are its layer kinds."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """gpt-oss: the Llama-family decoder with biases on Q/K/V/O, attention sinks, a sliding window (128) on every
 other layer, YaRN RoPE, and a Mixture-of-Experts feed-forward (top-k of the router's logits, softmax over those;
-expert biases; the clamped SwiGLU kernels.activation.swiglu_oai).
+expert biases; the clamped SwiGLU kernels.torch.activation.swiglu_oai).
 
 HF checkpoints keep each layer's experts fused and transposed, `mlp.experts.gate_up_proj` [E, hidden, 2F] with gate
 and up columns interleaved (and `gate_up_proj_bias` [E, 2F] likewise), `down_proj` [E, F, hidden]; GptOssWeights
@@ -22,16 +22,16 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv, swiglu_oai
-from edgeserve.kernels.experts import ExpertBlocks
-from edgeserve.kernels.quant_linear import PromptRows
-from edgeserve.kernels.rope import apply_rope
+from edgeserve.kernels.formats.experts import ExpertBlocks
+from edgeserve.kernels.formats.quant_linear import PromptRows
+from edgeserve.kernels.torch.rope import apply_rope
 from edgeserve.loaders.dequant import dequantize
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
-from edgeserve.models.moe import MoEConfig
+from edgeserve.models.moe import MoEConfig, ffn_input_dtype
 from edgeserve.models.moe_weights import load_moe_layer
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -142,8 +142,8 @@ class GptOssWeights:
 
 class GptOssModel(LlamaModel):
     """gpt-oss over flat token batches (same interface as LlamaModel). On the CPU with block-format weights its
-    steps run in the fused native stack (kernels.cpu_decoder: sinks, o_proj biases, sliding layers and the MoE
-    layer of kernels/cpu/moe_layer.c); elsewhere, the per-op path below, which calls the same kernels."""
+    steps run in the fused native stack (kernels.cpu.decoder: sinks, o_proj biases, sliding layers and the MoE
+    layer of kernels/cpu/src/moe_layer.c); elsewhere, the per-op path below, which calls the same kernels."""
 
     o_biases: list[torch.Tensor]
     sinks: list[torch.Tensor]
@@ -202,7 +202,7 @@ class GptOssModel(LlamaModel):
                 q, k = apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype)
                 o = attn(i, q, k, v.to(self.dtype), window=windows[i], sinks=self.sinks[i])  # type: ignore[call-arg]
             h, x = add_rms_norm(linear(o, layer.o_proj, self.o_biases[i].to(o.dtype), prompt_rows), x,
-                                layer.post_norm, eps, self.dtype)
+                                layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows)
             last = i + 1 == len(self.layers)
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)

@@ -3,20 +3,15 @@ without positional encoding, then a SwiGLU MLP (Tiny / Small: beside routed expe
 residual / attention / logit multipliers. A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the
 engine's state pool (engine.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's)."""
 
+from edgeserve.models.archs.nemotron_h import mamba2_gguf_names
+
 EXPERTS = ("granitehybrid",)
 # random weights (--load-format dummy): model.dummy_shapes
 
 # llama.cpp's names of the tensors beyond Llama's, by HF name; the MLP's `input_linear` is [gate; up], which the
-# converter splits (the model reads the halves under these names from a GGUF); `mamba.ssm_a` is -exp(A_log)
+# converter splits (the model reads the halves under these names from a GGUF)
 GGUF_LAYER = {
-    "mamba.in_proj.weight": "ssm_in.weight",
-    "mamba.conv1d.weight": "ssm_conv1d.weight",
-    "mamba.conv1d.bias": "ssm_conv1d.bias",
-    "mamba.dt_bias": "ssm_dt.bias",
-    "mamba.ssm_a": "ssm_a",
-    "mamba.D": "ssm_d",
-    "mamba.norm.weight": "ssm_norm.weight",
-    "mamba.out_proj.weight": "ssm_out.weight",
+    **mamba2_gguf_names("mamba."),
     "shared_mlp.gate.weight": "ffn_gate.weight",
     "shared_mlp.up.weight": "ffn_up.weight",
     "shared_mlp.output_linear.weight": "ffn_down.weight",

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from edgeserve.engine.state_pool import mamba2_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.kernels.mamba2 import Mamba2Dims
+from edgeserve.kernels.torch.mamba2 import Mamba2Dims
 from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
 
 _MAMBA, _ATTENTION = {"mamba", "linear_attention"}, {"attention", "full_attention"}

@@ -15,7 +15,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, write_kv
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
 from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2Weights, load_mamba2,
@@ -153,10 +153,10 @@ def model_class(config: ModelConfig) -> type[GraniteHybridModel]:
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a Granite 4 H model's tensors, for random weights (edgeserve.models.dummy)."""
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
     c, h, d = config, config.hidden_size, mamba2_dims(config)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    shapes = top_shapes(c)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         w = c.intermediate_size
@@ -170,7 +170,5 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.is_linear(i):
             shapes.update(mamba2_dummy_shapes(d, p + "mamba.", h))
         else:
-            a = p + "self_attn."
-            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
-                           a + "v_proj.weight": (c.kv_size, h), a + "o_proj.weight": (h, c.q_size)})
+            shapes.update(attention_shapes(c, p + "self_attn."))
     return shapes

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from edgeserve.engine.state_pool import short_conv_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
+from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size, layer_flags
 
 
 def _conv_layers(layers: int, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
@@ -26,12 +26,7 @@ def _conv_layers(layers: int, cfg: Mapping[str, Any]) -> tuple[bool, ...]:
         full = cfg.get("full_attn_idxs")
         full = set(range(layers)) if full is None else set(full)
         types = ["full_attention" if i in full else "conv" for i in range(layers)]
-    if len(types) != layers:
-        raise ModelLoadError(f"layer_types lists {len(types)} layers, the model has {layers}")
-    unknown = set(types) - {"conv", "full_attention"}
-    if unknown:
-        raise UnsupportedModelError(f"LFM2 layer types {sorted(unknown)} are not supported")
-    return tuple(t == "conv" for t in types)
+    return layer_flags(types, layers, "conv", "full_attention", "LFM2")
 
 
 def feed_forward_width(cfg: Mapping[str, Any]) -> int:

@@ -2,7 +2,7 @@
 
 Each layer is x = x + mixer(operator_norm(x)); x = x + ffn(ffn_norm(x)); the final norm is `embedding_norm`. The
 mixer is either
-  - a gated short convolution (kernels.short_conv): in_proj gives [b | c | x], y = c * conv(b * x) with a causal
+  - a gated short convolution (kernels.torch.short_conv): in_proj gives [b | c | x], y = c * conv(b * x) with a causal
     depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's StatePool,
     `attn.states`), then out_proj; it keeps no KV, or
   - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
@@ -20,9 +20,9 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, rope_write_kv
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.rope import rope_cos_sin, rope_inv_freq
-from edgeserve.kernels.short_conv import gated_short_conv
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
@@ -207,10 +207,9 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     not in the config) in transformers' fused layout."""
     c, h = config, config.hidden_size
     kernel = c.layer_state.tensors[0].shape[0] + 1
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
-                                          "model.embedding_norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
+    shapes = top_shapes(c, norm="model.embedding_norm.weight")
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         f = p + "feed_forward."
@@ -227,7 +226,6 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                            p + "conv.out_proj.weight": (h, h)})
         else:
             a = p + "self_attn."
-            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
-                           a + "v_proj.weight": (c.kv_size, h), a + "out_proj.weight": (h, c.q_size),
-                           a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
+            shapes.update(attention_shapes(c, a, out="out_proj"))
+            shapes.update({a + "q_layernorm.weight": (c.head_dim,), a + "k_layernorm.weight": (c.head_dim,)})
     return shapes

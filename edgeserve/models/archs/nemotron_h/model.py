@@ -1,7 +1,7 @@
 """The Nemotron-H decoder over flat token batches (LlamaModel's interface).
 
 Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is one of
-  - Mamba-2 (kernels.mamba2.mamba2_mixer): in_proj gives [z | x B C | dt]; a causal depthwise conv (with bias) and
+  - Mamba-2 (kernels.torch.mamba2.mamba2_mixer): in_proj gives [z | x B C | dt]; a causal depthwise conv (with bias) and
     SiLU over x B C continuing from the sequence's conv state, the SSD recurrence continuing from its ssm state
     (both in a slot of the engine's StatePool, `attn.states`), a gated group RMSNorm, then out_proj; no KV,
   - GQA attention over the paged KV pool, without positional encoding, then o_proj,
@@ -20,8 +20,8 @@ from functools import cached_property
 import torch
 
 from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm
-from edgeserve.kernels.mamba2 import Mamba2Dims, mamba2_mixer
-from edgeserve.kernels.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.mamba2 import Mamba2Dims, mamba2_mixer
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
@@ -205,19 +205,17 @@ def mamba2_dummy_shapes(d: Mamba2Dims, m: str, hidden: int) -> dict[str, tuple[i
 
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a Nemotron-H model's tensors, for random weights (edgeserve.models.dummy)."""
+    from edgeserve.models.dummy import attention_shapes, top_shapes
+
     c, h, d = config, config.hidden_size, mamba2_dims(config)
-    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (c.vocab_size, h),
-                                          "backbone.norm_f.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
+    shapes = top_shapes(c, "backbone.embeddings.weight", "backbone.norm_f.weight")
     for i in range(c.num_layers):
         m = f"backbone.layers.{i}.mixer."
         shapes[f"backbone.layers.{i}.norm.weight"] = (h,)
         if c.is_linear(i):
             shapes.update(mamba2_dummy_shapes(d, m, h))
         elif c.keeps_kv(i):
-            shapes.update({m + "q_proj.weight": (c.q_size, h), m + "k_proj.weight": (c.kv_size, h),
-                           m + "v_proj.weight": (c.kv_size, h), m + "o_proj.weight": (h, c.q_size)})
+            shapes.update(attention_shapes(c, m))
         elif c.is_moe:  # the released MoE models have no plain MLP blocks beside their MoE blocks
             e, f, sh = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
             shapes.update({m + "gate.weight": (e, h), m + "gate.e_score_correction_bias": (e,),

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv
-from edgeserve.kernels.quant_linear import PromptRows
-from edgeserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.formats.quant_linear import PromptRows
+from edgeserve.kernels.torch.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from edgeserve.models.attention import KVAttention

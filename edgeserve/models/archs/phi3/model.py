@@ -8,7 +8,7 @@ computes; the long factors would change every cached key once a sequence outgrow
 
 Partial RoPE (Phi-4-mini: `partial_rotary_factor` 0.75, GGUF `rope.dimension_count` below the head size) rotates
 only the first `rotary_dim` dims of each head. The q and k rows of each head are served in
-`kernels.rope.rope_permutation`'s order and the cos / sin tables padded with cos 1, sin 0 (`pad_rope_tables`), so
+`kernels.torch.rope.rope_permutation`'s order and the cos / sin tables padded with cos 1, sin 0 (`pad_rope_tables`), so
 the decoder's full-head RoPE kernels do exactly that: q . k is the same under one permutation of both.
 """
 
@@ -18,9 +18,9 @@ import math
 
 import torch
 
-from edgeserve.kernels.cpu_native import BlockTensor
-from edgeserve.kernels.quant_linear import Q4Blocks, Q8Blocks
-from edgeserve.kernels.rope import pad_rope_tables, rope_cos_sin, rope_inv_freq, rope_permutation
+from edgeserve.kernels.cpu.native import BlockTensor
+from edgeserve.kernels.formats.quant_linear import Q4Blocks, Q8Blocks
+from edgeserve.kernels.torch.rope import pad_rope_tables, rope_cos_sin, rope_inv_freq, rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from edgeserve.models.config import ModelConfig

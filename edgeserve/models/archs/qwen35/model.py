@@ -7,7 +7,7 @@ from edgeserve.models.qwen35 import Qwen35Model
 
 
 def model_class(config: ModelConfig) -> type[Qwen35Model]:
-    """The hybrid decoder (its native plan: kernels.cpu_decoder_qwen35)."""
+    """The hybrid decoder (its native plan: models.archs.qwen35.native_plan)."""
     return Qwen35Model
 
 

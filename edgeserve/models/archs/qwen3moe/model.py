@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from edgeserve.kernels.quant_linear import LinearWeight
+from edgeserve.kernels.formats.quant_linear import LinearWeight
 from edgeserve.loaders.weights import WeightSource
 
 from edgeserve.models.config import ModelConfig
@@ -18,7 +18,7 @@ from edgeserve.models.moe_weights import load_moe_layer
 class MoEModel(LlamaModel):
     """A Llama-family MoE decoder over flat token batches (same interface as LlamaModel). On the CPU with
     block-format weights its steps run in the fused native layer stack, each MoE layer one moe_layer.c call there
-    (kernels.cpu_decoder, kernels.cpu_decoder_moe); elsewhere the per-op path."""
+    (kernels.cpu.decoder, kernels.cpu.decoder_moe); elsewhere the per-op path."""
 
     @classmethod
     def feed_forward(cls, config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],

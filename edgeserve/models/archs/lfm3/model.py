@@ -1,0 +1,181 @@
+"""The LFM3 decoder over flat token batches (LlamaModel's interface): LFM2's decoder (archs.lfm2) with sliding-window
+layers, per-kind RoPE, a per-head output gate and sandwich norms.
+
+Each layer is x = x + post_operator_norm(mixer(operator_norm(x))); x = x + post_ffn_norm(ffn(ffn_norm(x))), the
+final norm `embedding_norm`. The mixer is LFM2's gated short convolution (kernels.short_conv, its conv state a slot
+of the engine's StatePool) or GQA attention over the paged KV pool: q, k, v and the gate g projected in one matmul
+from the normed input h, per-head Q/K RMSNorm, RoPE (the sliding layers' own base; on the global layers proportional
+RoPE: the tail frequency pairs do not turn), attention (a sliding layer over its last `window` tokens), each head's
+output times sigmoid(g_head), then o_proj. Per-op path only (no fused native plan yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv, sigmoid_gate
+from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
+from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.short_conv import gated_short_conv
+from edgeserve.loaders.weights import WeightSource
+from edgeserve.models.archs.lfm2.model import Lfm2Layer, Lfm2Model
+from edgeserve.models.attention import KVAttention
+from edgeserve.models.config import ModelConfig
+from edgeserve.models.decoder_scaffold import next_norm, step_states
+from edgeserve.models.text_part import text_part
+from edgeserve.models.weight_loader import WeightLoader
+
+
+@dataclass
+class Lfm3Layer(Lfm2Layer):
+    """LFM2's layer (its `post_norm` is the pre-FFN `ffn_norm`) plus the sandwich norms, the attention layers' gate
+    rows (stacked after q, k, v in `qkv`) and window."""
+
+    post_mixer_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+    gated: bool = False  # `qkv` ends with the per-head gate's rows
+    window: int | None = None
+
+
+class Lfm3Model(Lfm2Model):
+    """LFM3 over the engine's paged KV pool (sliding and global layers) with the step's conv states beside it."""
+
+    layers: list[Lfm3Layer]  # type: ignore[assignment]
+
+    @classmethod
+    def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
+        """The text model's names (an HF checkpoint's or an lfm3 GGUF file's)."""
+        return text_part(source)
+
+    @classmethod
+    def load(cls, config: ModelConfig, w: WeightLoader) -> "Lfm3Model":
+        """Build the model from its tensors (short-conv, sliding and global attention layers)."""
+        c, src, norm = config, w.source, w.tensor
+        layers, conv_index = [], 0
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            layer = Lfm3Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
+                              post_mixer_norm=cls._optional(src, norm, p + "post_operator_norm.weight"),
+                              post_ffn_norm=cls._optional(src, norm, p + "post_ffn_norm.weight"),
+                              **cls._feed_forward(c, src, i, w.matrix, norm, w.device, w.dtype))
+            if c.is_linear(i):
+                layer.conv_index, conv_index = conv_index, conv_index + 1
+                layer.in_proj = w.matrix([p + "conv.in_proj.weight"])
+                layer.out_proj = w.matrix([p + "conv.out_proj.weight"])
+                layer.conv = cls._conv_weight(c, norm(p + "conv.conv.weight"), i)
+            else:
+                cls._attention_weights(c, w, layer, i)
+            layers.append(layer)
+        embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
+        model = cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head,
+                    cls._global_inv_freq(c, norm("rope_freqs") if src.has("rope_freqs") else None), w.dtype, w.device)
+        return model
+
+    @staticmethod
+    def _optional(src: WeightSource, norm, name: str) -> torch.Tensor | None:
+        return norm(name) if src.has(name) else None
+
+    @staticmethod
+    def _attention_weights(c: ModelConfig, w: WeightLoader, layer: Lfm3Layer, i: int) -> None:
+        """Layer i's attention: q, k, v (and the gate, where the checkpoint has one) stacked, Q/K norms, o_proj."""
+        a = f"model.layers.{i}.self_attn."
+        gate = next((a + n for n in ("gate_proj.weight", "g_proj.weight") if w.source.has(a + n)), None)
+        layer.qkv = w.matrix([a + f"{x}_proj.weight" for x in "qkv"] + ([gate] if gate else []))
+        layer.gated = gate is not None
+        layer.q_norm, layer.k_norm = w.tensor(a + "q_norm.weight"), w.tensor(a + "k_norm.weight")
+        layer.o_proj = w.matrix([a + "o_proj.weight"])
+        layer.window = None if c.is_global(i) else c.layer_windows[i]  # type: ignore[index]
+
+    @staticmethod
+    def _global_inv_freq(c: ModelConfig, rope_freqs: torch.Tensor | None) -> torch.Tensor:
+        """The global layers' inverse frequencies: proportional RoPE's tail pairs do not turn (a GGUF's `rope_freqs`
+        divisors say which, 1e30 for those; else `rope_global_partial`), as archs.gemma4's global layers."""
+        inv = rope_inv_freq(c.head_dim, c.rope_theta, None, None if rope_freqs is None else rope_freqs.reshape(-1))
+        if rope_freqs is None and c.rope_global_partial < 1.0:
+            inv[int(c.rope_global_partial * c.head_dim // 2):] = 0.0
+        return inv
+
+    def __init__(self, config: ModelConfig, embed, layers: list[Lfm3Layer], norm: torch.Tensor,
+                 lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
+        super().__init__(config, embed, layers, norm, lm_head, inv_freq, dtype, device)  # type: ignore[arg-type]
+        local = rope_inv_freq(config.head_dim, config.rope_local_theta or 10_000.0, None, None)
+        self.cos_local, self.sin_local = (t.to(device) for t in rope_cos_sin(local, self.max_positions))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
+                prompt_rows: PromptRows | None = None) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
+        (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
+        states = step_states(attn, positions, self.max_positions, "LFM3", "conv")
+        eps, dtype = self.config.rms_norm_eps, self.dtype
+        x = self.embed_rows(input_ids)
+        ropes = {None: (self.cos[positions], self.sin[positions]),
+                 "local": (self.cos_local[positions], self.sin_local[positions])}
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(dtype)
+        for i, layer in enumerate(self.layers):
+            if layer.conv is not None:
+                (conv_state,) = states.layer(layer.conv_index)
+                y = gated_short_conv(linear(h, layer.in_proj, None, prompt_rows),  # type: ignore[arg-type]
+                                     layer.conv, conv_state, states.batch)
+                y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+            else:
+                y = self._attention(i, layer, h, attn, ropes[None if layer.window is None else "local"], prompt_rows)
+            if layer.post_mixer_norm is not None:
+                y = rms_norm(y, layer.post_mixer_norm, eps)
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, dtype)
+            y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
+            if layer.post_ffn_norm is not None:
+                y = rms_norm(y, layer.post_ffn_norm, eps)
+            h, x = add_rms_norm(y, x, next_norm(self, i), eps, dtype)
+        return h
+
+    def _attention(self, i: int, layer: Lfm3Layer, h: torch.Tensor, attn, rope: tuple[torch.Tensor, torch.Tensor],
+                   prompt_rows: PromptRows | None) -> torch.Tensor:
+        """Attention layer i's output [T, hidden] for its normed input h: gated heads through o_proj."""
+        c, t = self.config, h.shape[0]
+        heads, kvh, d, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        qkv = linear(h, layer.qkv, None, prompt_rows)  # type: ignore[arg-type]
+        q = rms_norm(qkv[:, : c.q_size].reshape(-1, d), layer.q_norm, eps).view(t, heads, d)  # type: ignore[arg-type]
+        k = rms_norm(qkv[:, c.q_size: c.q_size + c.kv_size].reshape(-1, d), layer.k_norm,  # type: ignore[arg-type]
+                     eps).view(t, kvh, d)
+        v = qkv[:, c.q_size + c.kv_size: c.q_size + 2 * c.kv_size].reshape(t, kvh, d)
+        k_cache, v_cache, slots = attn.layer_cache(i)
+        q = rope_write_kv(q, k, v, rope[0], rope[1], k_cache, v_cache, slots)
+        o = attn.attend(i, q, window=layer.window)
+        if layer.gated:
+            gate = qkv[:, c.q_size + 2 * c.kv_size:].float()
+            o = sigmoid_gate(o.view(t, heads, d), gate[:, :, None].expand(t, heads, d)).view(t, heads * d)
+        return linear(o if o.device.type == "cpu" else o.to(self.dtype), layer.o_proj, None,  # type: ignore[arg-type]
+                      prompt_rows)
+
+
+def model_class(config: ModelConfig) -> type[Lfm3Model]:
+    """LFM3's decoder (per-op path only)."""
+    return Lfm3Model
+
+
+def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of an LFM3 model's tensors, for random weights (edgeserve.models.dummy)."""
+    c, h = config, config.hidden_size
+    kernel = c.layer_state.tensors[0].shape[0] + 1
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
+                                          "model.embedding_norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        p, f, w = f"model.layers.{i}.", f"model.layers.{i}.feed_forward.", c.intermediate_size
+        norms = ("operator_norm", "ffn_norm") + (("post_operator_norm", "post_ffn_norm") if c.sandwich_norms else ())
+        shapes.update({p + n + ".weight": (h,) for n in norms})
+        shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
+        if c.is_linear(i):
+            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
+                           p + "conv.out_proj.weight": (h, h)})
+        else:
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
+                           a + "v_proj.weight": (c.kv_size, h), a + "o_proj.weight": (h, c.q_size),
+                           a + "gate_proj.weight": (c.num_heads, h),
+                           a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)})
+    return shapes

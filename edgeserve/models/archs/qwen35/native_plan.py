@@ -1,0 +1,148 @@
+"""Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): the plan.
+
+Three of every four layers are Gated DeltaNet: layer.c runs the in_proj matmul (the layer's `qkv` slot), then
+`qmm_gdn_mix` (kernels/cpu/src/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
+RMSNorm over each sequence's conv and recurrent states, read and written in place in the engine's state pool), then
+out_proj (its `o` slot). The others are gated full attention: [q | gate] per head from one projection, Q/K RMSNorm per
+head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), paged attention, the output times
+sigmoid(gate). Every norm's 1 + w is folded into its weight at load. The per-op path (models.qwen35 through
+kernels.dispatch) calls the same kernels in the same order, so the two agree bit for bit.
+
+`qwen35moe`'s feed-forwards are Mixture-of-Experts layers (routed experts plus the sigmoid-gated shared expert): each
+enters the stack as its moe_layer.c plan (layer_t.moe, kernels.cpu.decoder_moe.moe_plans), the same struct its per-op
+MoELayer runs, and the NativeDecoder keeps the plans alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder import FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, qweight
+from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
+
+
+class GdnLayer(ctypes.Structure):
+    """kernels/cpu/include/gdn_layer.h's gdn_layer_t: one Gated DeltaNet layer's sizes and small weights."""
+
+    _fields_ = [("Hk", ctypes.c_int32), ("Hv", ctypes.c_int32), ("Dk", ctypes.c_int32), ("Dv", ctypes.c_int32),
+                ("K", ctypes.c_int32), ("tiled", ctypes.c_int32), ("index", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("conv_weight", ctypes.c_void_p), ("A_log", ctypes.c_void_p),
+                ("dt_bias", ctypes.c_void_p), ("norm", ctypes.c_void_p)]
+
+
+class GdnStep(ctypes.Structure):
+    """kernels/cpu/include/gdn_layer.h's gdn_step_t: one step's state pools and ragged batch (StepPools.recurrent)."""
+
+    _fields_ = [("conv", ctypes.c_void_p), ("conv_slot_stride", ctypes.c_int64),
+                ("conv_layer_stride", ctypes.c_int64), ("state", ctypes.c_void_p),
+                ("state_slot_stride", ctypes.c_int64), ("state_layer_stride", ctypes.c_int64),
+                ("cu", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("B", ctypes.c_int32)]
+
+
+@dataclass
+class Mixers:
+    """A plan's Gated DeltaNet layers (the structs layer_t.mixer points to) and, per step, the states they run over
+    (NativeDecoder.recurrent)."""
+
+    layers: ctypes.Array
+    num_layers: int  # linear layers: the state pool's layers
+
+    def takes(self, states, num_rows: int) -> bool:
+        """Whether the stack runs over these step states (engine.state_pool.StepStates): float32 pools of this
+        model's layers, each slot's block contiguous, a batch of the step's rows."""
+        pool = getattr(states, "pool", None)
+        if pool is None or states.batch.num_tokens != num_rows:
+            return False
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                   and t.shape[1] == self.num_layers for t in (pool.conv, pool.recurrent))
+
+    def __call__(self, attn) -> tuple[GdnStep, list]:
+        """The step's gdn_step_t over `attn.states`, and the tensors it points into."""
+        states = attn.states
+        pool, batch = states.pool, states.batch
+        cu, slots = batch.cu_seqlens.to(torch.int32).contiguous(), batch.slots.to(torch.int32).contiguous()
+        step = GdnStep(pool.conv.data_ptr(), pool.conv.stride(0), pool.conv.stride(1), pool.recurrent.data_ptr(),
+                       pool.recurrent.stride(0), pool.recurrent.stride(1), cu.data_ptr(), slots.data_ptr(),
+                       slots.numel())
+        return step, [cu, slots]
+
+
+def _fits(weight, shape: tuple[int, int]) -> bool:
+    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
+    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
+
+
+def _layers_fit(model, moe: list) -> bool:
+    """Whether every layer's weights are ones layer.c takes, of the config's shapes (`moe`: each layer's MoE plan,
+    None for a dense feed-forward, whose gated MLP is checked here)."""
+    c, d = model.config, model.config.delta
+    h, qd, kvd = c.hidden_size, c.num_heads * c.head_dim, c.kv_size
+    for layer, plan in zip(model.layers, moe):
+        shapes = []
+        if plan is None:
+            f = layer.gate_up.shape[0] // 2 if isinstance(layer.gate_up, BlockWeight) else 0
+            if not f:
+                return False
+            shapes = [(layer.gate_up, (2 * f, h)), (layer.down, (h, f))]
+        if layer.delta is not None:
+            shapes += [(layer.in_proj, (d.conv_dim + d.value_dim + 2 * d.num_v_heads, h)),
+                       (layer.out_proj, (h, d.value_dim))]
+        else:
+            shapes += [(layer.qkv, (2 * qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
+        if not all(_fits(w, s) for w, s in shapes):
+            return False
+    return True
+
+
+def build_qwen35(model) -> NativeDecoder | None:
+    """The fused plan for a Qwen35Model (models.qwen35: dense `qwen35` or MoE `qwen35moe`), or None where it does not
+    fit the native stack (weights or experts not in block formats, head sizes the kernels do not take, a GPU, the
+    kernels off)."""
+    c = model.config
+    lib = cpu_native.library()
+    if (lib is None or not hasattr(lib, "qmm_gdn_mix") or model.device.type != "cpu" or model.dtype not in FLOATS
+            or not model.layers or c.delta is None):
+        return None
+    d = c.delta
+    if max(d.head_k_dim, d.head_v_dim, c.head_dim) > GDN_MAX_HEAD_DIM or d.conv_kernel > GDN_MAX_CONV_KERNEL \
+            or c.head_dim % 2:
+        return None
+    moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a gated MLP)
+    if moe is None or not _layers_fit(model, moe):
+        return None
+    keep: list[torch.Tensor] = []
+    ptr = functools.partial(kept_f32_ptr, keep)
+    layers = model.layers
+    array = (Layer * len(layers))()
+    mixers = (GdnLayer * max(1, c.num_linear_layers))()
+    for i, layer in enumerate(layers):
+        out = array[i]
+        if moe[i] is not None:
+            out.moe = moe[i].address()
+        else:
+            out.gate_up, out.down = qweight(layer.gate_up), qweight(layer.down)
+        out.post_norm = ptr(layer.post_norm)
+        out.next_norm = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
+        if layer.delta is not None:
+            w, j = layer.delta, layer.linear_index
+            mixers[j] = GdnLayer(d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel,
+                                 int(d.tiled), j, w.norm_eps, d.head_k_dim ** -0.5, ptr(w.conv_weight),
+                                 ptr(w.A_log), ptr(w.dt_bias), ptr(w.norm_weight))
+            out.qkv, out.o = qweight(layer.in_proj), qweight(layer.out_proj)
+            out.mixer = ctypes.addressof(mixers[j])
+        else:
+            out.qkv, out.o = qweight(layer.qkv), qweight(layer.o_proj)
+            out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
+            out.attn_gate = 1
+    f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)
+    decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
+                      c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
+                      ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
+    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
+                         recurrent=Mixers(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])

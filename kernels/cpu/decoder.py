@@ -1,0 +1,261 @@
+"""The whole Llama-family decoder stack in one native call (kernels/cpu/src/layer.c) for a flat batch on the CPU.
+
+`NativeDecoder.build(model)` decides once, when the model's weights all stay in GGUF block formats on the native
+kernels, and packs every layer's weight pointers into C structs; `forward` then runs a step with one ctypes
+call. The C side calls the same kernels in the same order as the per-op path of LlamaModel.forward, so its
+results are identical to that path's, row for row, whatever the batch (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.lora import step_struct, takes
+from edgeserve.kernels.cpu.native import BlockWeight, _attention_rows, kept_f32_ptr, spans_fit_window
+
+MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
+FLOATS = (torch.float32, torch.bfloat16)
+_POOLS = (*FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.formats.kv_quant)
+# layer.c's cache format argument (kernels/cpu/include/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
+_POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float16: 3}
+
+
+class QWeight(ctypes.Structure):
+    """layer.c's qweight_t: a BlockWeight's parts (format id, rows, bytes per row, data pointer)."""
+
+    _fields_ = [("n_parts", ctypes.c_int32), ("fmt", ctypes.c_int32 * MAX_PARTS),
+                ("rows", ctypes.c_int32 * MAX_PARTS), ("row_bytes", ctypes.c_int64 * MAX_PARTS),
+                ("w", ctypes.c_void_p * MAX_PARTS)]
+
+
+class Layer(ctypes.Structure):
+    """layer.c's layer_t."""
+
+    _fields_ = [("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
+                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("attn_out_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
+                # Gemma 4's (models.archs.gemma4.native_plan); zero elsewhere
+                ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
+                ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
+                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
+                # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
+                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
+                # Qwen3.5's gated attention (models.archs.qwen35.native_plan); zero elsewhere
+                ("attn_gate", ctypes.c_int32),
+                # gpt-oss's attention sinks and o_proj bias; NULL elsewhere
+                ("sinks", ctypes.c_void_p), ("o_bias", ctypes.c_void_p)]
+
+
+class Decoder(ctypes.Structure):
+    """layer.c's decoder_t."""
+
+    _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("H", ctypes.c_int32),
+                ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32), ("F", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("gelu", ctypes.c_int32),
+                ("first_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p),
+                ("half_local", ctypes.c_int32), ("ple_width", ctypes.c_int32)]
+
+
+class StepPools(ctypes.Structure):
+    """layer.c's step_pools_t: one step's K/V pools (main, sliding-window), block tables and slots."""
+
+    _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
+                ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
+                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p),
+                ("ple", ctypes.c_void_p), ("recurrent", ctypes.c_void_p)]
+
+
+def qweight(w: BlockWeight) -> QWeight:
+    parts = w.kernel_parts()
+    out = QWeight()
+    out.n_parts = len(parts)
+    for i, (fmt, ptr, row_bytes, rows) in enumerate(parts):
+        out.fmt[i], out.w[i], out.row_bytes[i], out.rows[i] = fmt, ptr, row_bytes, rows
+    return out
+
+
+@dataclass
+class NativeDecoder:
+    """A model's layers as C structs, ready for `qmm_decoder_forward`; keeps alive every tensor they point into."""
+
+    lib: ctypes.CDLL = field(repr=False)
+    decoder: Decoder = field(repr=False)
+    layers: ctypes.Array = field(repr=False)
+    keep: list[torch.Tensor] = field(repr=False)
+    hidden: int
+    act_dtype: torch.dtype
+    windowed: bool = False  # some layers attend over a sliding window (the library must have windows)
+    min_window: int = 0  # the smallest of those windows
+    _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
+    # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
+    # its `attn` (models.archs.qwen35.native_plan.Mixers); None: no such layers
+    recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
+    moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu.moe_layer.NativeMoE plans
+
+    @classmethod
+    def build(cls, model) -> "NativeDecoder | None":
+        """The fused plan for a LlamaModel, GemmaModel, MoEModel or GptOssModel, or None when some part of it does
+        not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
+        feed-forward that moe_layer.c does not take (kernels.cpu.decoder_moe), attention-logit soft-capping, a head
+        size the kernels do not take, float32 compute, or the native kernels off)."""
+        c = model.config
+        layers = model.layers
+        lib = cpu_native.library()
+        if lib is None or not layers or model.device.type != "cpu" or model.dtype not in FLOATS:
+            return None
+        sinks = getattr(model, "sinks", None)  # gpt-oss's, with its o_proj biases (GptOssModel)
+        if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
+            return None
+        moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a dense MLP)
+        if moe is None:
+            return None
+        dense = [layer for layer, plan in zip(layers, moe) if plan is None]
+        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj)]
+        weights += [w for layer in dense for w in (layer.gate_up, layer.down)]
+        if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
+            return None
+        if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
+            return None
+        if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
+            return None  # Granite's residual multiplier, OLMo 2's block: the per-op path runs them
+        # the models whose per-op path attends over their sliding windows: Gemma's, gpt-oss
+        windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") or sinks is not None else []
+        windowed = any(w is not None for w in windows)
+        if (windowed or c.activation == "gelu_tanh" or c.rope_layers is not None) \
+                and not hasattr(lib, "qmm_paged_attention_from"):
+            return None  # a library built before windows and GELU
+        f = dense[0].gate_up.out_features // 2 if dense else 0
+        expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size)}
+        mlp = {"gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
+        if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()) or \
+                any(getattr(layer, name).shape != shape for layer in dense for name, shape in mlp.items()):
+            return None
+        keep: list[torch.Tensor] = []
+        ptr = functools.partial(kept_f32_ptr, keep)
+
+        sandwich = getattr(model, "post_attn_norms", None)
+        local = getattr(model, "cos_local", None)
+        local = local if local is not None and local is not model.cos else None
+        local_sin = model.sin_local if local is not None else None
+        local_layers = [w is not None for w in windows] if windows else [False] * len(layers)
+        if c.rope_layers is not None:  # SmolLM3's NoPE layers rotate by the identity tables, as "local" ones
+            if local is not None:
+                return None
+            local, local_sin = model.cos_nope, model.sin_nope
+            local_layers = [not r for r in c.rope_layers]
+        array = (Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+            window = windows[i] if windows else None
+            dense_mlp = moe[i] is None
+            array[i] = Layer(qweight(layer.qkv), qweight(layer.o_proj),
+                             qweight(layer.gate_up) if dense_mlp else QWeight(),
+                             qweight(layer.down) if dense_mlp else QWeight(), ptr(layer.qkv_bias), ptr(layer.q_norm),
+                             ptr(layer.k_norm), ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
+                             ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
+                             int(local_layers[i] and local is not None))
+            if not dense_mlp:
+                array[i].moe = moe[i].address()
+            if sinks is not None:
+                array[i].sinks, array[i].o_bias = ptr(sinks[i]), ptr(model.o_biases[i])
+        scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
+        decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
+                          scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
+                          ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
+                          ptr(model.sin), ptr(local), ptr(local_sin))
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed,
+                   min(w for w in windows if w is not None) if windowed else 0, moe=[p for p in moe if p is not None])
+
+    def takes_lora(self, step) -> bool:
+        """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
+        (kernels/cpu/src/lora.c)."""
+        return hasattr(self.lib, "qmm_lora_add") and takes(step)
+
+    def runs(self, attn: object) -> bool:
+        """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
+        bfloat16, float16 or q8_0, contiguous) with its default scale, and the native kernels still on for this call. Not
+        a step whose bidirectional spans reach past a sliding window: the stack windows from each row's length,
+        while such a row's window starts from its own position (cpu_native.visible_rows, on the per-op path)."""
+        pool = getattr(attn, "pool", None)
+        if pool is None or getattr(attn, "scale", None) is not None or not hasattr(attn, "meta"):
+            return False
+        if self.windowed and not spans_fit_window(attn.meta, self.min_window):
+            return False
+        tensors = [pool.k, pool.v] + ([pool.window_k, pool.window_v] if _second_pool(pool) else [])
+        if any(t.dtype != pool.k.dtype or not t.is_contiguous() for t in tensors) or pool.k.dtype not in _POOLS:
+            return False
+        from edgeserve.kernels.dispatch import backend
+
+        return backend() == "auto" and cpu_native.available()
+
+    def _layer_pool(self, pool) -> torch.Tensor:
+        """Layer i's pool (0 main, 1 window) and index in it, as int32 [layers, 2] (cached per pool)."""
+        if self._pool_layers is None or self._pool_layers[0] is not pool:
+            slots = getattr(pool, "layer_slot", None) or [(False, i) for i in range(self.decoder.n_layers)]
+            slots = [s or (False, 0) for s in slots]  # None: a layer without K/V (a hybrid's linear attention)
+            self._pool_layers = (pool, torch.tensor([[int(w), j] for w, j in slots], dtype=torch.int32))
+        return self._pool_layers[1]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn, lora=None,
+                per_layer: torch.Tensor | None = None) -> torch.Tensor:
+        """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
+        stream); returns the final-normed hidden states [T, hidden] in the compute dtype. `lora`: the step's
+        adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/src/lora.c); `per_layer`:
+        Gemma 4's per-layer inputs [T, layers, width] (float32), where the plan has them."""
+        meta, pool = attn.meta, attn.pool
+        t = x.shape[0]
+        x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
+        h = torch.empty(t, self.hidden, dtype=self.act_dtype)
+        seqs, lens = _attention_rows(meta)
+        layer_pool = self._layer_pool(pool)
+        metas = [meta]
+        if getattr(pool, "window", None):  # sliding layers in the window pool: its tables and slots
+            metas.append(attn.window_meta())
+        elif _second_pool(pool):  # sliding layers apart for their K/V shape (Gemma 4): the main block ids
+            metas.append(meta)
+        keep = [layer_pool]
+        step = StepPools()
+        step.layer_pool = layer_pool.data_ptr()
+        for i, (m, k, v) in enumerate(zip(metas, (pool.k, pool.window_k), (pool.v, pool.window_v))):
+            tables = m.block_tables if m.block_tables.dtype == torch.int32 else m.block_tables.int()
+            tables = tables.contiguous()
+            slots = m.slot_mapping.to(torch.int64).contiguous()
+            keep += [tables, slots]
+            step.k[i], step.v[i], step.layer_stride[i] = k.data_ptr(), v.data_ptr(), k.stride(0)
+            step.tables[i], step.table_stride[i], step.slots[i] = tables.data_ptr(), tables.stride(0), slots.data_ptr()
+        if lora is not None:
+            lora_struct, lora_keep = step_struct(lora)
+            keep += [lora_struct, *lora_keep]
+            step.lora = ctypes.addressof(lora_struct)
+        if self.decoder.ple_width:
+            if per_layer is None:
+                raise ValueError("this decoder's layers take per-layer inputs")
+            per_layer = per_layer.to(torch.float32).contiguous()
+            keep.append(per_layer)
+            step.ple = per_layer.data_ptr()
+        if self.recurrent is not None:
+            states, states_keep = self.recurrent(attn)
+            keep += [states, *states_keep]
+            step.recurrent = ctypes.addressof(states)
+        positions = positions.to(torch.int64).contiguous()
+        rc = self.lib.qmm_decoder_forward(
+            ctypes.byref(self.decoder), t, positions.data_ptr(), x.data_ptr(), h.data_ptr(),
+            _POOL_FORMAT[pool.k.dtype], pool.k.shape[2], seqs.data_ptr(), lens.data_ptr(), ctypes.byref(step))
+        if rc != 0:
+            raise MemoryError(f"native decoder step of {t} rows could not allocate its scratch memory")
+        return h
+
+
+def _second_pool(pool) -> bool:
+    """Whether the pool keeps sliding layers apart (`window_k` / `window_v`): in a window pool, or for their K/V
+    head shape (Gemma 4)."""
+    return bool(getattr(pool, "window", None)) or getattr(pool, "window_k", torch.empty(0)).shape[0] > 0

@@ -1,0 +1,121 @@
+"""Paged attention for prefill in Triton: a flat ragged batch, each sequence's new query rows attending causally
+to its cached prefix and its new tokens, K/V read through the block table.
+
+One program per (sequence, query head, tile of BLOCK_M query rows). Sequence b's rows are
+query_start_loc[b] .. query_start_loc[b+1]; its context is seq_lens[b] tokens and its row j sees keys
+0 .. seq_lens[b] - q_len + j. Keys are gathered BLOCK_N tokens at a time (any cache block size) with an online
+softmax; a tile stops at the last key its last row can see. Rows of one-token sequences (decodes in a mixed
+batch) are handled the same way. An attention sink (a per-head logit with no value, gpt-oss) starts the online
+softmax as a key of score `sink` and value 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
+from edgeserve.kernels.triton.decode_attention import _row_scales
+from edgeserve.kernels.formats.kv_quant import is_fp8
+
+BLOCK_M = 16
+BLOCK_N = 16
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_start_ptr, sinks_ptr, scale_log2,
+                    block_size, window,
+                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+                    HAS_SINKS: tl.constexpr, FP8: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(q_start_ptr + b)
+    q_len = tl.load(q_start_ptr + b + 1) - q_start
+    if tile * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + b)
+        past = seq_len - q_len
+        hk = h // GROUP
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        r_mask = rows < q_len
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < HEAD_DIM
+        tok_rows = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + tok_rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=r_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        q = (q * scale_log2).to(DOT)
+        limit = past + rows  # last key each row sees
+        # sliding window (window > 0): row r sees keys limit - window + 1 .. limit; the tile starts at its first row's
+        first = tl.where(window > 0, tl.maximum(past + tile * BLOCK_M - window + 1, 0), 0)
+        lowest = tl.where(window > 0, limit - window + 1, 0)
+
+        if HAS_SINKS:  # the sink as a first key: score sink (base 2), weight exp2(0) = 1, no value
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        else:
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        end = tl.minimum(seq_len, past + tl.minimum((tile + 1) * BLOCK_M, q_len))
+        for n0 in range(first, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            t_mask = tok < end
+            block = tl.load(tables_ptr + b.to(tl.int64) * stride_tb + tok // block_size, mask=t_mask, other=0)
+            off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
+            kv_mask = t_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
+            if FP8:
+                s = s * _row_scales(k_ptr, off, t_mask, HEAD_DIM)[None, :]
+            s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]) & (tok[None, :] >= lowest[:, None]), s,
+                         float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # a row whose window starts past this tile has seen nothing yet: keep it at zero, not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            pv = p
+            if FP8:  # the V row scales weigh the probabilities: sum_j p_j s_j v_j
+                pv = p * _row_scales(v_ptr, off, t_mask, HEAD_DIM)[None, :]
+            acc = acc * alpha[:, None] + tl.dot(pv.to(DOT), v.to(DOT), input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + tok_rows[:, None] * stride_ot + h * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                            max_query_len: int, scale: float | None = None, window: int | None = None,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] (a ragged batch) over each sequence's paged K/V; returns [T, H, D] in q's dtype.
+
+    The K/V of this step's tokens must already be in the pool. `window`: each row sees only its last `window` keys.
+    `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
+    """
+    nb, bs, nkv, _ = k_cache.shape
+    t, nh, d = q.shape
+    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
+    kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
+    batch = seq_lens.shape[0]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty_like(q)
+    if batch == 0 or t == 0:
+        return out
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV pool must be contiguous")
+    scale = d ** -0.5 if scale is None else scale
+    grid = (batch, nh, triton.cdiv(max_query_len, BLOCK_M))
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        out if sinks is None else sinks.float().contiguous(), scale * 1.4426950408889634, bs,
+        window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        DOT=dot_dtype(kv_dtype), PRECISION=dot_precision(kv_dtype), HAS_SINKS=sinks is not None, FP8=fp8,
+    )
+    return out

@@ -1,0 +1,40 @@
+"""Nemotron Nano v2's `<TOOLCALL>[...]</TOOLCALL>` calls against llama.cpp's parser expectations and our own cases
+(tests/data/chat_formats/nemotron.json), detection among llama.cpp's 70 templates, and the forced grammar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgeserve.text.formats import get_format
+from format_family_check import accepts, context, family_tests, tools, vocab
+
+
+test_reads_what_llama_cpp_reads, test_detected_for_its_template_and_no_other = family_tests(
+    "nemotron", {"nemotron_v2": ["NVIDIA-Nemotron-Nano-v2.jinja"]})
+
+
+def _call(*calls):
+    return "<TOOLCALL>" + json.dumps([{"name": n, "arguments": a} for n, a in calls]) + "</TOOLCALL>"
+
+
+@pytest.mark.parametrize("specials", [("<TOOLCALL>", "</TOOLCALL>"), ()],
+                         ids=["tags are special tokens", "tags are text"])
+def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, specials):
+    tok = vocab(tmp_path, specials)
+    fmt = get_format("nemotron_v2")
+    offered = tools("get_time_tool", "magic_int_tool")
+    one = _call(("get_time", {"city": "Paris"}))
+    two = _call(("magic_int", {"ref": 42, "name": "foo bar"}), ("get_time", {"city": "New York"}))
+    spec = fmt.forced(offered, None, True)
+    for reply, args in ((one, [{"city": "Paris"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
+        assert accepts(tok, spec, reply), reply
+        content, calls = fmt.parse(reply, context(offered))
+        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
+    for junk in ("Sure. " + one, _call(("get_time", {"town": "Paris"})), _call(("nope", {})),
+                 _call(("magic_int", {"ref": "three"})), "<TOOLCALL>[]</TOOLCALL>"):
+        assert not accepts(tok, spec, junk), junk
+    assert not accepts(tok, fmt.forced(offered, None, False), two)
+    named = fmt.forced(offered, "magic_int", True)
+    assert accepts(tok, named, _call(("magic_int", {"ref": 7}))) and not accepts(tok, named, one)
