@@ -12,24 +12,19 @@ global layers' proportional RoPE as `rope_freqs.weight` (1 on rotated frequency 
 as `lfm2`'s, with `blk.N.attn_gate.weight` (llama.cpp's name of Step 3.5's per-head gate), and the sandwich norms as
 `blk.N.post_attention_norm.weight` / `blk.N.post_ffw_norm.weight` (Gemma's)."""
 
+from edgeserve.models.archs.lfm2 import GGUF_LAYER as _LFM2_LAYER
+from edgeserve.models.archs.lfm2 import GGUF_TOP
+
 # random weights (--load-format dummy): model.dummy_shapes
 
-# our names of LFM3's tensors in a GGUF, by HF name (q / k / v / o projections and Q/K norms keep Llama's; no Q/K
-# permutation: LFM3 is a NeoX-RoPE model)
-GGUF_TOP = {
-    "model.embedding_norm.weight": "token_embd_norm.weight",  # the final norm, under llama.cpp's LFM2 name
-}
+# our names of LFM3's tensors in a GGUF, by HF name: LFM2's for the norms, the short convolution and the SwiGLU
+# feed-forward (q / k / v / o projections and Q/K norms keep Llama's; no Q/K permutation: LFM3 is a NeoX-RoPE model),
+# plus the sandwich norms and the per-head gate
 GGUF_LAYER = {
-    "operator_norm.weight": "attn_norm.weight",
+    **{hf: ours for hf, ours in _LFM2_LAYER.items()
+       if hf.startswith(("operator_norm.", "ffn_norm.", "conv.", "feed_forward.w"))},
     "post_operator_norm.weight": "post_attention_norm.weight",
-    "ffn_norm.weight": "ffn_norm.weight",
     "post_ffn_norm.weight": "post_ffw_norm.weight",
     "self_attn.gate_proj.weight": "attn_gate.weight",  # as the checkpoints store it (transformers: `g_proj`)
     "self_attn.g_proj.weight": "attn_gate.weight",
-    "conv.in_proj.weight": "shortconv.in_proj.weight",
-    "conv.conv.weight": "shortconv.conv.weight",
-    "conv.out_proj.weight": "shortconv.out_proj.weight",
-    "feed_forward.w1.weight": "ffn_gate.weight",
-    "feed_forward.w3.weight": "ffn_up.weight",
-    "feed_forward.w2.weight": "ffn_down.weight",
 }
