@@ -1,8 +1,9 @@
-"""The whole Llama-family decoder stack in one native call (kernels/cpu/src/layer.c) for a flat batch on the CPU.
+"""The whole decoder stack in one native call (kernels/cpu/src/layer.c) for a flat batch on the CPU.
 
-`NativeDecoder.build(model)` decides once, when the model's weights all stay in GGUF block formats on the native
-kernels, and packs every layer's weight pointers into C structs; `forward` then runs a step with one ctypes
-call. The C side calls the same kernels in the same order as the per-op path of LlamaModel.forward, so its
+`NativeDecoder` holds a plan (the layers' blocks as kernels.cpu.blocks structs) and runs a step with one ctypes
+call; `NativeDecoder.build(model)` is the plan of the Llama-like models (attention with its options, the gated MLP
+or a MoE feed-forward), made once when the model's weights all stay in GGUF block formats on the native kernels;
+other architectures' plans live in their packages (edgeserve/models/archs/<name>/native_plan.py). The C side calls the same kernels in the same order as the per-op path of LlamaModel.forward, so its
 results are identical to that path's, row for row, whatever the batch (a test holds it to that).
 """
 
@@ -16,62 +17,15 @@ from dataclasses import dataclass, field
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, Layer, Norms, QWeight, StepPools
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.lora import step_struct, takes
 from edgeserve.kernels.cpu.native import BlockWeight, _attention_rows, kept_f32_ptr, spans_fit_window
 
-MAX_PARTS = 4  # layer.c's limit on the stacked parts of one weight
 FLOATS = (torch.float32, torch.bfloat16)
 _POOLS = (*FLOATS, torch.float16, torch.uint8)  # uint8: a q8_0 KV pool (kernels.formats.kv_quant)
 # layer.c's cache format argument (kernels/cpu/include/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16)
 _POOL_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float16: 3}
-
-
-class QWeight(ctypes.Structure):
-    """layer.c's qweight_t: a BlockWeight's parts (format id, rows, bytes per row, data pointer)."""
-
-    _fields_ = [("n_parts", ctypes.c_int32), ("fmt", ctypes.c_int32 * MAX_PARTS),
-                ("rows", ctypes.c_int32 * MAX_PARTS), ("row_bytes", ctypes.c_int64 * MAX_PARTS),
-                ("w", ctypes.c_void_p * MAX_PARTS)]
-
-
-class Layer(ctypes.Structure):
-    """layer.c's layer_t."""
-
-    _fields_ = [("qkv", QWeight), ("o", QWeight), ("gate_up", QWeight), ("down", QWeight),
-                ("qkv_bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("attn_out_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
-                ("next_norm", ctypes.c_void_p), ("window", ctypes.c_int32), ("local_rope", ctypes.c_int32),
-                # Gemma 4's (models.archs.gemma4.native_plan); zero elsewhere
-                ("D", ctypes.c_int32), ("Hkv", ctypes.c_int32), ("F", ctypes.c_int32), ("shared", ctypes.c_int32),
-                ("v_norm", ctypes.c_void_p), ("ple_gate", QWeight), ("ple_proj", QWeight),
-                ("ple_norm", ctypes.c_void_p), ("out_scale", ctypes.c_float), ("k_eq_v", ctypes.c_int32),
-                # seams for MoE feed-forwards and linear-attention mixers (layer.c's layer_t); NULL: not this kind
-                ("moe", ctypes.c_void_p), ("mixer", ctypes.c_void_p),
-                # Qwen3.5's gated attention (models.archs.qwen35.native_plan); zero elsewhere
-                ("attn_gate", ctypes.c_int32),
-                # gpt-oss's attention sinks and o_proj bias; NULL elsewhere
-                ("sinks", ctypes.c_void_p), ("o_bias", ctypes.c_void_p)]
-
-
-class Decoder(ctypes.Structure):
-    """layer.c's decoder_t."""
-
-    _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("H", ctypes.c_int32),
-                ("Hkv", ctypes.c_int32), ("D", ctypes.c_int32), ("F", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("act_bf16", ctypes.c_int32), ("gelu", ctypes.c_int32),
-                ("first_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("cos", ctypes.c_void_p),
-                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p),
-                ("half_local", ctypes.c_int32), ("ple_width", ctypes.c_int32)]
-
-
-class StepPools(ctypes.Structure):
-    """layer.c's step_pools_t: one step's K/V pools (main, sliding-window), block tables and slots."""
-
-    _fields_ = [("k", ctypes.c_void_p * 2), ("v", ctypes.c_void_p * 2), ("layer_stride", ctypes.c_int64 * 2),
-                ("tables", ctypes.c_void_p * 2), ("table_stride", ctypes.c_int64 * 2),
-                ("slots", ctypes.c_void_p * 2), ("layer_pool", ctypes.c_void_p), ("lora", ctypes.c_void_p),
-                ("ple", ctypes.c_void_p), ("recurrent", ctypes.c_void_p)]
 
 
 def qweight(w: BlockWeight) -> QWeight:
@@ -112,73 +66,49 @@ class NativeDecoder:
         lib = cpu_native.library()
         if lib is None or not layers or model.device.type != "cpu" or model.dtype not in FLOATS:
             return None
-        sinks = getattr(model, "sinks", None)  # gpt-oss's, with its o_proj biases (GptOssModel)
-        if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
-            return None
         moe = moe_plans(model)  # each layer's MoE feed-forward in moe_layer.c (None: a dense MLP)
-        if moe is None:
+        f = None if moe is None else _mlp_width(model, moe)
+        if f is None:
             return None
-        dense = [layer for layer, plan in zip(layers, moe) if plan is None]
-        weights = [w for layer in layers for w in (layer.qkv, layer.o_proj)]
-        weights += [w for layer in dense for w in (layer.gate_up, layer.down)]
-        if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
-            return None
-        if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
-            return None
-        if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
-            return None  # Granite's residual multiplier, OLMo 2's block: the per-op path runs them
+        sinks = getattr(model, "sinks", None)  # attention sinks, with o_proj biases (GptOssModel)
         # the models whose per-op path attends over their sliding windows: Gemma's, gpt-oss
         windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") or sinks is not None else []
-        windowed = any(w is not None for w in windows)
-        if (windowed or c.activation == "gelu_tanh" or c.rope_layers is not None) \
-                and not hasattr(lib, "qmm_paged_attention_from"):
-            return None  # a library built before windows and GELU
-        f = dense[0].gate_up.out_features // 2 if dense else 0
-        expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size)}
-        mlp = {"gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
-        if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()) or \
-                any(getattr(layer, name).shape != shape for layer in dense for name, shape in mlp.items()):
+        rope = _local_rope(model, windows)
+        if rope is None:
             return None
+        local, local_sin, local_layers = rope
         keep: list[torch.Tensor] = []
         ptr = functools.partial(kept_f32_ptr, keep)
-
         sandwich = getattr(model, "post_attn_norms", None)
-        local = getattr(model, "cos_local", None)
-        local = local if local is not None and local is not model.cos else None
-        local_sin = model.sin_local if local is not None else None
-        local_layers = [w is not None for w in windows] if windows else [False] * len(layers)
-        if c.rope_layers is not None:  # SmolLM3's NoPE layers rotate by the identity tables, as "local" ones
-            if local is not None:
-                return None
-            local, local_sin = model.cos_nope, model.sin_nope
-            local_layers = [not r for r in c.rope_layers]
         array = (Layer * len(layers))()
         for i, layer in enumerate(layers):
-            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
-            window = windows[i] if windows else None
-            dense_mlp = moe[i] is None
-            array[i] = Layer(qweight(layer.qkv), qweight(layer.o_proj),
-                             qweight(layer.gate_up) if dense_mlp else QWeight(),
-                             qweight(layer.down) if dense_mlp else QWeight(), ptr(layer.qkv_bias), ptr(layer.q_norm),
-                             ptr(layer.k_norm), ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
-                             ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt), window or 0,
-                             int(local_layers[i] and local is not None))
-            if not dense_mlp:
-                array[i].moe = moe[i].address()
+            out = array[i]
+            a = out.attn
+            a.qkv, a.o = qweight(layer.qkv), qweight(layer.o_proj)
+            a.qkv_bias, a.q_norm, a.k_norm = ptr(layer.qkv_bias), ptr(layer.q_norm), ptr(layer.k_norm)
+            a.window, a.local_rope = (windows[i] if windows else None) or 0, int(local_layers[i] and local is not None)
             if sinks is not None:
-                array[i].sinks, array[i].o_bias = ptr(sinks[i]), ptr(model.o_biases[i])
+                a.sinks, a.o_bias = ptr(sinks[i]), ptr(model.o_biases[i])
+            if moe[i] is None:
+                out.mlp.gate_up, out.mlp.down = qweight(layer.gate_up), qweight(layer.down)
+            else:
+                out.moe = moe[i].address()
+            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+            out.norms = Norms(ptr(sandwich[i]) if sandwich else None, ptr(layer.post_norm),
+                              ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt))
         scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                           scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
                           ptr(model.sin), ptr(local), ptr(local_sin))
-        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed,
-                   min(w for w in windows if w is not None) if windowed else 0, moe=[p for p in moe if p is not None])
+        sliding = [w for w in windows if w is not None]
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, bool(sliding), min(sliding, default=0),
+                   moe=[p for p in moe if p is not None])
 
     def takes_lora(self, step) -> bool:
         """Whether the stack runs this step's LoRA adapters (models.lora_step.StepLora) inside it
         (kernels/cpu/src/lora.c)."""
-        return hasattr(self.lib, "qmm_lora_add") and takes(step)
+        return takes(step)
 
     def runs(self, attn: object) -> bool:
         """Whether a step over this attention can take the fused stack: the engine's paged pool (float32,
@@ -259,3 +189,41 @@ def _second_pool(pool) -> bool:
     """Whether the pool keeps sliding layers apart (`window_k` / `window_v`): in a window pool, or for their K/V
     head shape (Gemma 4)."""
     return bool(getattr(pool, "window", None)) or getattr(pool, "window_k", torch.empty(0)).shape[0] > 0
+
+
+def _mlp_width(model, moe: list) -> int | None:
+    """The dense MLP's intermediate size (0 with none), or None when some weight or option does not fit the stack:
+    a weight not in block formats, with too many parts or not of the config's shape, an odd head size, attention
+    soft-capping, an activation the MLP block lacks, or a block the stack does not run
+    (a residual multiplier, norms after the blocks, a Q/K norm over all heads: the per-op path runs them)."""
+    c, layers = model.config, model.layers
+    dense = [layer for layer, plan in zip(layers, moe) if plan is None]
+    weights = [w for layer in layers for w in (layer.qkv, layer.o_proj)]
+    weights += [w for layer in dense for w in (layer.gate_up, layer.down)]
+    if not all(isinstance(w, BlockWeight) and len(w.kernel_parts()) <= MAX_PARTS for w in weights):
+        return None
+    if c.head_dim % 2 or c.attn_softcap is not None or c.activation not in ("silu", "gelu_tanh"):
+        return None
+    if c.residual_scale != 1.0 or c.post_norms or c.qk_norm_full:
+        return None
+    f = dense[0].gate_up.out_features // 2 if dense else 0
+    expected = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o_proj": (c.hidden_size, c.q_size)}
+    mlp = {"gate_up": (2 * f, c.hidden_size), "down": (c.hidden_size, f)}
+    if any(getattr(layer, name).shape != shape for layer in layers for name, shape in expected.items()) or \
+            any(getattr(layer, name).shape != shape for layer in dense for name, shape in mlp.items()):
+        return None
+    return f
+
+
+def _local_rope(model, windows: list) -> tuple | None:
+    """(the local RoPE tables cos, sin or None, None; which layers rotate by them): the sliding layers' own tables,
+    or the identity tables of the layers without RoPE (config.rope_layers); None where a model would need both."""
+    local = getattr(model, "cos_local", None)
+    local = local if local is not None and local is not model.cos else None
+    local_sin = model.sin_local if local is not None else None
+    local_layers = [w is not None for w in windows] if windows else [False] * len(model.layers)
+    if model.config.rope_layers is not None:  # layers without RoPE rotate by the identity tables, as "local" ones
+        if local is not None:
+            return None
+        return model.cos_nope, model.sin_nope, [not r for r in model.config.rope_layers]
+    return local, local_sin, local_layers

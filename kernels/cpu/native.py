@@ -276,6 +276,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "qmm_decoder_forward"):  # likewise
         lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, i32, i32, p, p, p]
         lib.qmm_decoder_forward.restype = i32
+        lib.qmm_decoder_layout.argtypes = [ctypes.c_char_p]
+        lib.qmm_decoder_layout.restype = i64
     if hasattr(lib, "qmm_lora_add"):
         lib.qmm_lora_add.argtypes = [p, i32, i32, p, i32, i64, i32, i32, p, i64, i32]
         lib.qmm_lora_add.restype = i32

@@ -136,7 +136,7 @@ def test_gpt_oss_fused_stack_equals_the_per_op_path(tmp_path, kv):
     model = gpt_oss(tmp_path, wide=kv == "q8_0")
     plan = model.native_decoder()
     assert isinstance(plan, NativeDecoder) and plan.windowed and plan.min_window == 4
-    assert all(plan.layers[i].sinks and plan.layers[i].o_bias for i in range(model.config.num_layers))
+    assert all(plan.layers[i].attn.sinks and plan.layers[i].attn.o_bias for i in range(model.config.num_layers))
     pool_kind = None if kv == "model" else Q8_0  # q8_0: float32 queries and attention output, the sinks in its kernel
     fused, fused_pool = run_steps(model, True, STEPS, kv=pool_kind)  # up to 42 positions: far past the window
     per_op, per_op_pool = run_steps(model, False, STEPS, kv=pool_kind)

@@ -1,27 +1,24 @@
-/* A whole Llama- or Gemma-family decoder stack for one flat batch of rows in one call: per layer
-   RMSNorm -> quantize -> qkv matmul (+ bias) -> [Q/K RMSNorm per head] -> RoPE + K/V write into the paged pool ->
-   paged attention [over a sliding window] -> o_proj -> [RMSNorm] -> residual add + RMSNorm -> gate_up ->
-   SiLU- or GELU-mul -> down -> [RMSNorm] -> residual add + the next layer's RMSNorm. The bracketed steps are
-   Qwen3's and Gemma 3's (Q/K norms, sandwich norms, GELU, sliding-window layers with their own RoPE base and,
-   optionally, their own K/V pool). Gemma 4 adds per-layer head sizes, K/V heads and MLP widths, a weightless V
-   norm, KV-shared layers (q only, attending over an earlier layer's K/V), the E models' per-layer input (gate ->
-   GELU * the row's per-layer input -> projection -> RMSNorm -> residual add) and a layer output scale, both after
-   the MLP's residual add and before the next layer's norm. Qwen3.5 adds Gated DeltaNet layers in place of the
-   attention (`mixer`: in_proj matmul -> gated_delta.c's qmm_gdn_mix over the step's recurrent states in place ->
-   out_proj matmul) and gated attention (`attn_gate`: [q | gate] heads, Q/K norms per head into rows of their own,
-   the attention output times sigmoid(gate) before o_proj). A Mixture-of-Experts layer (layer_t.moe) runs
-   moe_layer.c's whole feed-forward where the dense MLP would; gpt-oss adds attention sinks and an o_proj bias.
+/* A whole decoder stack for one flat batch of rows in one call, composed of the blocks layer.h declares. Per layer:
 
-   It calls the same kernels, in the same order, with the same dtypes as the per-op path of
-   edgeserve/models/llama.py (qmm/, attention.c, elementwise.c), so its results are bit for bit those of
-   that path; what it saves is the Python, ctypes and allocator work around every one of those kernels. Every
-   kernel computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
+     h -> token mixer: the attention block (qkv matmul (+ bias) -> [q / k / v norms per head] -> RoPE + K/V write
+          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a Gated
+          DeltaNet mixer in its place (in_proj -> qmm_gdn_mix over the step's recurrent states -> out_proj)
+       -> [RMSNorm] -> residual add + RMSNorm
+       -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down), or a Mixture-of-Experts one
+          (moe_layer.c) in its place
+       -> [RMSNorm] -> residual add -> [per-layer input] -> [scale] -> the next layer's RMSNorm.
 
+   A layer runs the blocks its layer_t switches on; the bracketed steps are options, off when zero / NULL.
+
+   It calls the same kernels, in the same order, with the same dtypes as the per-op path of the models
+   (qmm/, attention.c, elementwise.c, gated_delta.c, moe_layer.c), so its results are bit for bit those of that
+   path; what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel
+   computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
+
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "gdn_layer.h"
 
 #include "attention.h"
 #include "attention_q8.h"
@@ -29,10 +26,7 @@
 #include "gated_delta.h"
 #include "layer.h"
 #include "lora.h"
-#include "moe_layer.h"
 #include "qmatmul.h"
-
-enum { MAX_PARTS = 4 };
 
 /* Built with -DQMM_PROFILE (benchmarks/engine/profile_fused_step.py), the stack adds up wall time per section into
    qmm_profile_ns; ordinary builds compile the marks away. */
@@ -58,71 +52,31 @@ static inline int64_t now_ns(void) {
 #define MARK(s) ((void)0)
 #endif
 
-/* A weight stacked from up to MAX_PARTS block-format parts along its output rows (BlockWeight's parts). */
+/* One call's state: the model, the step, and the scratch every block shares (one allocation, `mem`). */
 typedef struct {
-    int32_t n_parts;
-    int32_t fmt[MAX_PARTS];
-    int32_t rows[MAX_PARTS];
-    int64_t row_bytes[MAX_PARTS];
-    const uint8_t *w[MAX_PARTS];
-} qweight_t;
+    const decoder_t *m;
+    int T, cache_fmt, block_size;
+    const int32_t *row_seq, *row_len;
+    const step_pools_t *pools;
+    char *mem;
+    float *qkv, *o, *gu, *act, *gp, *vk, *mix, *hm, *cs, *sn, *cs_l, *sn_l, *da;
+    void *q;   /* the queries, then the attention output (bf16 beside a bf16 pool) */
+    int16_t *sa;
+    int8_t *qa;
+    int32_t *win_lo, *win_len;
+    int32_t have_window; /* the window win_lo / win_len hold */
+} run_t;
 
+/* An attention layer's sizes. */
 typedef struct {
-    qweight_t qkv, o, gate_up, down;
-    const float *qkv_bias;       /* float32 [q + 2 kv], or NULL */
-    const float *q_norm, *k_norm; /* RMSNorm weights [D] of each q and k head before RoPE, or NULL */
-    const float *attn_out_norm;  /* RMSNorm of the o_proj output before the residual add (Gemma), or NULL */
-    const float *post_norm;      /* before the MLP */
-    const float *mlp_out_norm;   /* RMSNorm of the MLP output before the residual add (Gemma), or NULL */
-    const float *next_norm;      /* the next layer's input norm; the final norm after the last layer */
-    int32_t window;              /* a sliding-window layer's window (keys), 0 for a global layer */
-    int32_t local_rope;          /* RoPE from the decoder's local tables (Gemma 3's sliding layers) */
-    /* Gemma 4 (all zero / NULL elsewhere) */
-    int32_t D, Hkv, F;            /* this layer's head size, K/V heads and MLP width (0: the decoder's) */
-    int32_t shared;               /* KV-shared: qkv is q alone; attends over the pool slot layer_pool names */
-    const float *v_norm;          /* RMSNorm weights [D] of each v head (Gemma 4's weightless norm: ones), or NULL */
-    qweight_t ple_gate, ple_proj; /* per-layer input gate [width, hidden] and projection [hidden, width] */
-    const float *ple_norm;        /* RMSNorm of the projection before its residual add */
-    float out_scale;              /* the residual stream's scale at the layer's end (0: none) */
-    int32_t k_eq_v;               /* qkv is q and k: V is K before K's norm (Gemma 4's 31B global layers) */
-    /* seams for the layer kinds beside attention + dense MLP (NULL: not this kind) */
-    const void *moe;   /* a Mixture-of-Experts feed-forward in place of gate_up / down (moe.c) */
-    const void *mixer; /* a linear-attention (Gated DeltaNet) layer in place of the attention (gated_delta.c) */
-    /* Qwen3.5's gated attention: qkv is [q | gate] per head, then k, v; q and k normed per head (qmm_head_rms_norm,
-       as the per-op path), the attention output times sigmoid(gate) before o */
-    int32_t attn_gate;
-    /* gpt-oss (NULL elsewhere) */
-    const float *sinks;  /* per-head attention sinks [H]: an extra logit in each head's softmax denominator */
-    const float *o_bias; /* o_proj's bias [hidden] */
-} layer_t;
+    int D, Hkv, qd, kvd, nqkv;
+} attn_dims_t;
 
-typedef struct decoder {
-    int32_t n_layers, hidden, H, Hkv, D, F; /* F: the MLP's intermediate size */
-    float eps, scale;
-    int32_t act_bf16;        /* normed activations h in bfloat16 (else float32) */
-    int32_t gelu;            /* the MLP's activation: GELU (tanh) instead of SiLU */
-    const float *first_norm; /* layer 0's input norm */
-    const layer_t *layers;
-    const float *cos, *sin;             /* RoPE tables [positions, D / 2] */
-    const float *cos_local, *sin_local; /* the local layers' tables (NULL: the same) */
-    int32_t half_local;                 /* the local tables' width (0: D / 2; Gemma 4's sliding heads are narrower) */
-    int32_t ple_width;                  /* the per-layer input width (Gemma 4's E models), 0 without */
-} decoder_t;
-
-/* One step's K/V: up to two pools (the main one and a sliding-window layers' one), each [layers, blocks,
-   block_size, Hkv, D] with its own block tables and slots; layer i lives in pool layer_pool[2i], at its layer
-   layer_pool[2i + 1]. */
-typedef struct step_pools {
-    void *k[2], *v[2];
-    int64_t layer_stride[2];
-    const int32_t *tables[2];
-    int64_t table_stride[2];
-    const int64_t *slots[2];
-    const int32_t *layer_pool;
-    const void *lora; /* the step's LoRA adapters (lora.c's lora_step_t), or NULL */
-    const float *ple; /* the step's per-layer inputs [T, n_layers, ple_width] (decoder_t.ple_width), or NULL */
-    const void *recurrent; /* the step's rows' recurrent-state slots for `mixer` layers (gated_delta.c), or NULL */
-} step_pools_t;
+/* Where the attention's q, k and v rows lie after their norms. */
+typedef struct {
+    float *q, *k, *v;
+    int64_t ldq, ldk, ldv;
+} qkv_rows_t;
 
 /* the output rows of a weight (all its parts) */
 static int weight_rows(const qweight_t *w) {
@@ -131,12 +85,11 @@ static int weight_rows(const qweight_t *w) {
     return rows;
 }
 
-static void matmul(const qweight_t *w, int K, const int8_t *qa, const float *da, const int16_t *sa, int M,
-                   float *out) {
+static void matmul(const qweight_t *w, int K, const run_t *r, float *out) {
     const int64_t ldo = weight_rows(w);
     int64_t col = 0;
     for (int p = 0; p < w->n_parts; p++) {
-        qmm_matmul(w->fmt[p], w->w[p], w->row_bytes[p], w->rows[p], K, qa, da, sa, M, out + col, ldo);
+        qmm_matmul(w->fmt[p], w->w[p], w->row_bytes[p], w->rows[p], K, r->qa, r->da, r->sa, r->T, out + col, ldo);
         col += w->rows[p];
     }
 }
@@ -161,249 +114,405 @@ static void norm_in_place(float *x, int64_t ldx, int T, int N, const float *weig
     for (int t = 0; t < T; t++) qmm_add_rms_norm(x + (size_t)t * ldx, 0, N, 0, weight, 1, N, eps, 0, x + (size_t)t * ldx, 0);
 }
 
-/* Quantize float32 x [T, K] (packed rows) for a matmul, first rounding it to bf16 in hb when as_bf16 (as the per-op
-   path casts activations it keeps in bf16). */
-static void quantize_f32(const float *x, int T, int K, int as_bf16, void *hb, int8_t *qa, float *da, int16_t *sa) {
+/* Quantize x [T, K] (packed rows, bf16 when x_bf16) into the run's activation blocks. */
+static void quantize(run_t *r, const void *x, int x_bf16, int K) {
+    qmm_quantize(x, x_bf16, K, r->T, K, r->qa, r->da, r->sa);
+}
+
+/* Quantize float32 x [T, K] for a matmul, first rounding it to bf16 in hb when as_bf16 (as the per-op path casts
+   activations it keeps in bf16). */
+static void quantize_f32(run_t *r, const float *x, int K, int as_bf16, void *hb) {
     if (as_bf16) {
-        qmm_to_bf16(x, (int64_t)T * K, hb);
-        qmm_quantize(hb, 1, K, T, K, qa, da, sa);
+        qmm_to_bf16(x, (int64_t)r->T * K, hb);
+        quantize(r, hb, 1, K);
     } else {
-        qmm_quantize(x, 0, K, T, K, qa, da, sa);
+        quantize(r, x, 0, K);
     }
 }
 
-/* Gemma 4's per-layer input, after the MLP's residual add: x += rms_norm(ple_proj(gelu_tanh(ple_gate(x)) *
-   ple)) * ple_norm, with x and the GELU product rounded to bf16 before their matmuls when act_bf16 (as the per-op
-   path casts them). ple: this layer's rows [T, width], `ple_ld` values apart; o [T, hidden], gp [T, 2 width],
-   act [T, width] and hb (h's memory) scratch. */
-static void per_layer_input(const decoder_t *m, const layer_t *L, int T, float *x, const float *ple, int64_t ple_ld,
-                            void *hb, int8_t *qa, float *da, int16_t *sa, float *o, float *gp, float *act) {
-    const int hidden = m->hidden, w = m->ple_width;
-    quantize_f32(x, T, hidden, m->act_bf16, hb, qa, da, sa);
-    matmul(&L->ple_gate, hidden, qa, da, sa, T, o);
-    for (int t = 0; t < T; t++) {
-        memcpy(gp + (size_t)t * 2 * w, o + (size_t)t * w, sizeof(float) * w);
-        memcpy(gp + (size_t)t * 2 * w + w, ple + (size_t)t * ple_ld, sizeof(float) * w);
+static attn_dims_t attn_dims(const decoder_t *m, const attention_t *a) {
+    attn_dims_t d;
+    d.D = a->D ? a->D : m->D;
+    d.Hkv = a->Hkv ? a->Hkv : m->Hkv;
+    d.qd = m->H * d.D;
+    d.kvd = a->kv_shared ? 0 : d.Hkv * d.D;
+    d.nqkv = (a->gate ? 2 * d.qd : d.qd) + (a->k_eq_v ? 1 : 2) * d.kvd;
+    return d;
+}
+
+/* ---- scratch ---- */
+
+/* The widest layer's sizes (layers may differ), which size the scratch. */
+typedef struct {
+    int qd, nqkv, f, kvd, mix, mix_in;
+} widths_t;
+
+static widths_t layer_widths(const decoder_t *m) {
+    widths_t w = {m->H * m->D, m->H * m->D + 2 * m->Hkv * m->D, m->F, m->Hkv * m->D, 0, 0};
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *L = m->layers + i;
+        const attn_dims_t d = attn_dims(m, &L->attn);
+        w.qd = imax(w.qd, d.qd);
+        w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd);
+        w.f = imax(w.f, L->mlp.F ? L->mlp.F : m->F);
+        w.kvd = imax(w.kvd, d.Hkv * d.D);
+        if (L->mixer.gdn) { /* the mixer's scratch and output; o's input width */
+            const gdn_layer_t *g = L->mixer.gdn;
+            w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
+            w.mix = imax(w.mix, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
+            w.mix_in = imax(w.mix_in, g->Hv * g->Dv);
+        } else if (L->attn.gate) { /* q and k normed into rows of their own, the gated output */
+            w.nqkv = imax(w.nqkv, 2 * d.qd + 2 * d.Hkv * d.D);
+            w.mix = imax(w.mix, 2 * d.qd + d.Hkv * d.D);
+        }
     }
-    qmm_gelu_tanh_mul(gp, 0, 2 * (int64_t)w, T, w, act);
-    quantize_f32(act, T, w, m->act_bf16, hb, qa, da, sa);
-    matmul(&L->ple_proj, w, qa, da, sa, T, o);
-    norm_in_place(o, hidden, T, hidden, L->ple_norm, m->eps);
-    for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
+    return w;
+}
+
+/* Carve the run's scratch out of one allocation: float32 first, then the narrower types; -1 when out of memory. */
+static int run_alloc(run_t *r) {
+    const decoder_t *m = r->m;
+    const int T = r->T, hidden = m->hidden, half = m->D / 2, w = m->ple_width, local = m->cos_local != 0;
+    const int half_l = local && m->half_local ? m->half_local : half;
+    const widths_t wd = layer_widths(m);
+    const int kmax = imax(imax(imax(hidden, wd.qd), imax(wd.f, w)), wd.mix_in), act_max = imax(wd.f, w);
+    /* kv_q8.h's KV_Q8_0 and KV_F16: queries and attention outputs in float32 (bf16 only beside a bf16 pool) */
+    const size_t q_el = r->cache_fmt == 1 ? 2 : 4;
+    size_t floats = (size_t)T * (wd.nqkv + hidden + 2 * (size_t)wd.f + act_max + 2 * half + (local ? 2 * half_l : 0) +
+                                 kmax / 32 + 2 * (size_t)w + wd.kvd + wd.mix + hidden);
+    size_t bytes = floats * 4 + (size_t)T * wd.qd * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
+                   (size_t)T * 2 * sizeof(int32_t) + 64;
+    r->mem = malloc(bytes);
+    if (!r->mem) return -1;
+    r->qkv = (float *)r->mem;
+    r->o = r->qkv + (size_t)T * wd.nqkv;
+    r->gu = r->o + (size_t)T * hidden;
+    r->act = r->gu + (size_t)T * 2 * wd.f;
+    r->gp = r->act + (size_t)T * act_max;   /* the per-layer input's gate and input rows */
+    r->vk = r->gp + (size_t)T * 2 * w;       /* V = K's copy (k_eq_v layers) */
+    r->mix = r->vk + (size_t)T * wd.kvd;     /* a mixer's scratch and output, or the gated attention's q, k, output */
+    r->hm = r->mix + (size_t)T * wd.mix;     /* a MoE layer's normed input, float32 (its router's input) */
+    r->cs = r->hm + (size_t)T * hidden;
+    r->sn = r->cs + (size_t)T * half;
+    r->cs_l = local ? r->sn + (size_t)T * half : r->cs;
+    r->sn_l = local ? r->cs_l + (size_t)T * half_l : r->sn;
+    r->da = local ? r->sn_l + (size_t)T * half_l : r->sn + (size_t)T * half;
+    char *rest = (char *)(r->da + (size_t)T * (kmax / 32));
+    r->q = rest;
+    r->sa = (int16_t *)(rest + (size_t)T * wd.qd * q_el);
+    r->qa = (int8_t *)(r->sa + (size_t)T * (kmax / 16));
+    r->win_lo = (int32_t *)(r->qa + (size_t)T * kmax);
+    r->win_len = r->win_lo + T;
+    r->have_window = 0;
+    return 0;
+}
+
+/* Each row's RoPE table rows (and the local tables'), gathered by position. */
+static void rope_rows(run_t *r, const int64_t *positions) {
+    const decoder_t *m = r->m;
+    const int half = m->D / 2, half_l = m->half_local ? m->half_local : half;
+    for (int t = 0; t < r->T; t++) {
+        memcpy(r->cs + (size_t)t * half, m->cos + positions[t] * half, sizeof(float) * half);
+        memcpy(r->sn + (size_t)t * half, m->sin + positions[t] * half, sizeof(float) * half);
+        if (m->cos_local) {
+            memcpy(r->cs_l + (size_t)t * half_l, m->cos_local + positions[t] * half_l, sizeof(float) * half_l);
+            memcpy(r->sn_l + (size_t)t * half_l, m->sin_local + positions[t] * half_l, sizeof(float) * half_l);
+        }
+    }
+}
+
+/* ---- the attention block ---- */
+
+/* qkv := the quantized h's q, k, v rows (+ LoRA, + bias); -1 when LoRA is out of memory. */
+static int attn_project(run_t *r, int i, const attention_t *a, const attn_dims_t *d, const void *h) {
+    const int T = r->T, hidden = r->m->hidden, n = d->nqkv;
+    matmul(&a->qkv, hidden, r, r->qkv);
+    if (r->pools->lora && qmm_lora_add(r->pools->lora, i, 0, h, r->m->act_bf16, hidden, T, hidden, r->qkv, n, n))
+        return -1;
+    if (a->qkv_bias)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < n; j++) r->qkv[(size_t)t * n + j] += a->qkv_bias[j];
+    MARK(P_QKV);
+    return 0;
+}
+
+/* The q / k / v norms per head (and V as K's copy); where the rows lie then. */
+static qkv_rows_t attn_norms(run_t *r, const attention_t *a, const attn_dims_t *d) {
+    const int T = r->T, H = r->m->H, D = d->D, qd = d->qd, kvd = d->kvd, n = d->nqkv;
+    const float eps = r->m->eps;
+    float *qkv = r->qkv;
+    qkv_rows_t x = {qkv, qkv + qd, qkv + qd + kvd, n, n, n};
+    if (a->k_eq_v && kvd) { /* V is K before its norm and RoPE */
+        for (int t = 0; t < T; t++) memcpy(r->vk + (size_t)t * kvd, qkv + (size_t)t * n + qd, sizeof(float) * kvd);
+        x.v = r->vk;
+        x.ldv = kvd;
+    }
+    if (a->gate) { /* [q | gate] per head: q and k normed into rows of their own */
+        x.q = r->mix;
+        x.k = r->mix + (size_t)T * qd;
+        qmm_head_rms_norm(qkv, n, 2 * D, 0, 0, 0, T, H, D, a->q_norm, eps, x.q);
+        qmm_head_rms_norm(qkv + 2 * qd, n, D, 0, 0, 0, T, d->Hkv, D, a->k_norm, eps, x.k);
+        x.v = qkv + 2 * qd + kvd;
+        x.ldq = qd;
+        x.ldk = kvd;
+    } else if (a->q_norm)
+        for (int t = 0; t < T; t++) {
+            norm_in_place(qkv + (size_t)t * n, D, H, D, a->q_norm, eps);
+            if (!a->kv_shared) norm_in_place(qkv + (size_t)t * n + qd, D, d->Hkv, D, a->k_norm, eps);
+        }
+    if (a->v_norm && !a->kv_shared)
+        for (int t = 0; t < T; t++) norm_in_place(x.v + (size_t)t * x.ldv, D, d->Hkv, D, a->v_norm, eps);
+    MARK(P_NORM);
+    return x;
+}
+
+/* The rows' first attended position and key count under the layer's window (NULL / row_len without one). */
+static void window_rows(run_t *r, int window, const int32_t **lo, const int32_t **len) {
+    *lo = 0;
+    *len = r->row_len;
+    if (window <= 0) return;
+    if (r->have_window != window) {
+        for (int t = 0; t < r->T; t++) {
+            r->win_len[t] = r->row_len[t] < window ? r->row_len[t] : window;
+            r->win_lo[t] = r->row_len[t] - r->win_len[t];
+        }
+        r->have_window = window;
+    }
+    *lo = r->win_lo;
+    *len = r->win_len;
+}
+
+/* RoPE + K/V write into layer i's pool slot, then paged attention: the output in r->q; -1 when out of memory. */
+static int attend(run_t *r, int i, const attention_t *a, const attn_dims_t *d, const qkv_rows_t *x) {
+    const step_pools_t *pools = r->pools;
+    const int T = r->T, H = r->m->H, D = d->D, fmt = r->cache_fmt, q_bf16 = fmt == 1;
+    const int Hkv = a->kv_shared ? 0 : d->Hkv; /* a KV-shared layer rotates its q alone: nothing written */
+    const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
+    const size_t cache_el = fmt == 2 ? 1 : (fmt ? 2 : 4);
+    char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
+    char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
+    qmm_rope_write_kv_fmt(x->q, x->k, x->v, 0, x->ldq, x->ldk, x->ldv, a->local_rope ? r->cs_l : r->cs,
+                          a->local_rope ? r->sn_l : r->sn, kc, vc, fmt, pools->slots[pl], T, H, Hkv, D, r->q,
+                          q_bf16);
+    MARK(P_ROPE);
+    const int32_t *lo, *len;
+    window_rows(r, a->window, &lo, &len);
+    const int32_t *tables = pools->tables[pl];
+    const int64_t ts = pools->table_stride[pl];
+    if (fmt == 2) {
+        if (qmm_paged_attention_q8(r->q, q_bf16, T, H, D, kc, vc, r->block_size, d->Hkv, tables, ts, r->row_seq, lo,
+                                   len, a->sinks, r->m->scale, r->q))
+            return -1;
+    } else if (a->sinks) {
+        qmm_paged_attention_sinks(r->q, q_bf16, T, H, D, kc, vc, fmt, r->block_size, d->Hkv, tables, ts, r->row_seq,
+                                  lo, len, a->sinks, r->m->scale, r->q);
+    } else {
+        qmm_paged_attention_from(r->q, q_bf16, T, H, D, kc, vc, fmt, r->block_size, d->Hkv, tables, ts, r->row_seq,
+                                 lo, len, r->m->scale, r->q);
+    }
+    MARK(P_ATTN);
+    return 0;
+}
+
+/* o := the o matmul of the attention output [times sigmoid(gate)] (+ bias, + LoRA); -1 when out of memory. */
+static int attn_output(run_t *r, int i, const attention_t *a, const attn_dims_t *d) {
+    const int T = r->T, hidden = r->m->hidden, qd = d->qd, q_bf16 = r->cache_fmt == 1;
+    if (a->gate) { /* the output times sigmoid(gate), in float32 */
+        float *gated = r->mix + (size_t)T * (qd + d->kvd);
+        qmm_sigmoid_gate(r->q, q_bf16, r->qkv + d->D, d->nqkv, 2 * d->D, T, r->m->H, d->D, gated);
+        quantize(r, gated, 0, qd);
+    } else {
+        quantize(r, r->q, q_bf16, qd);
+    }
+    MARK(P_QUANT);
+    matmul(&a->o, qd, r, r->o);
+    if (a->o_bias) /* in the attention output's dtype, as the per-op path casts it */
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < hidden; j++)
+                r->o[(size_t)t * hidden + j] += q_bf16 ? round_bf16(a->o_bias[j]) : a->o_bias[j];
+    if (r->pools->lora && qmm_lora_add(r->pools->lora, i, 1, r->q, q_bf16, qd, T, qd, r->o, hidden, hidden))
+        return -1;
+    MARK(P_O);
+    return 0;
+}
+
+/* The attention block of layer i over the quantized h: its output in r->o; -1 when out of memory. */
+static int attention_block(run_t *r, int i, const attention_t *a, const void *h) {
+    const attn_dims_t d = attn_dims(r->m, a);
+    if (attn_project(r, i, a, &d, h)) return -1;
+    const qkv_rows_t x = attn_norms(r, a, &d);
+    if (attend(r, i, a, &d, &x)) return -1;
+    return attn_output(r, i, a, &d);
+}
+
+/* ---- the other blocks ---- */
+
+/* The Gated DeltaNet mixer over the quantized h: in_proj, the mixer over the step's states, out_proj into r->o. */
+static void mixer_block(run_t *r, const mixer_t *mx) {
+    const gdn_layer_t *g = mx->gdn;
+    const int T = r->T, np = weight_rows(&mx->in_proj), vd = g->Hv * g->Dv;
+    matmul(&mx->in_proj, r->m->hidden, r, r->qkv);
+    MARK(P_QKV);
+    qmm_gdn_mix(g, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * vd, r->mix);
+    MARK(P_ATTN);
+    quantize(r, r->mix, 0, vd);
+    matmul(&mx->out_proj, vd, r, r->o);
+    MARK(P_O);
+}
+
+/* The gated MLP of layer i over the normed h: its output in r->o; -1 when LoRA is out of memory. */
+static int mlp_block(run_t *r, int i, const mlp_t *p, const void *h) {
+    const decoder_t *m = r->m;
+    const int T = r->T, hidden = m->hidden, F = p->F ? p->F : m->F;
+    const void *lora = r->pools->lora;
+    quantize(r, h, m->act_bf16, hidden);
+    MARK(P_QUANT);
+    matmul(&p->gate_up, hidden, r, r->gu);
+    if (lora && qmm_lora_add(lora, i, 2, h, m->act_bf16, hidden, T, hidden, r->gu, 2 * F, 2 * F)) return -1;
+    MARK(P_GATE_UP);
+    if (m->gelu)
+        qmm_gelu_tanh_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
+    else
+        qmm_silu_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
+    MARK(P_SILU);
+    quantize(r, r->act, 0, F);
+    MARK(P_QUANT);
+    matmul(&p->down, F, r, r->o);
+    if (lora && qmm_lora_add(lora, i, 3, r->act, 0, F, T, F, r->o, hidden, hidden)) return -1;
+    MARK(P_DOWN);
+    return 0;
+}
+
+/* The Mixture-of-Experts feed-forward over the float32 normed rows r->hm: its output in r->o. */
+static int moe_block(run_t *r, const moe_t *moe) {
+    if (qmm_moe_forward(moe, r->T, r->hm, 0, r->m->hidden, 0, 0, 1, r->o)) return -1;
+    MARK(P_MOE);
+    return 0;
+}
+
+/* Layer i's per-layer input, after the feed-forward's residual add: x += rms_norm(proj(gelu_tanh(gate(x)) *
+   ple)) * norm, with x and the GELU product rounded to bf16 before their matmuls when act_bf16 (as the per-op
+   path casts them); hb (h's memory) is scratch. */
+static void ple_block(run_t *r, int i, const ple_t *p, float *x, void *hb) {
+    const decoder_t *m = r->m;
+    const int T = r->T, hidden = m->hidden, w = m->ple_width;
+    const float *ple = r->pools->ple + (size_t)i * w;
+    const int64_t ple_ld = (int64_t)m->n_layers * w;
+    quantize_f32(r, x, hidden, m->act_bf16, hb);
+    matmul(&p->gate, hidden, r, r->o);
+    for (int t = 0; t < T; t++) {
+        memcpy(r->gp + (size_t)t * 2 * w, r->o + (size_t)t * w, sizeof(float) * w);
+        memcpy(r->gp + (size_t)t * 2 * w + w, ple + (size_t)t * ple_ld, sizeof(float) * w);
+    }
+    qmm_gelu_tanh_mul(r->gp, 0, 2 * (int64_t)w, T, w, r->act);
+    quantize_f32(r, r->act, w, m->act_bf16, hb);
+    matmul(&p->proj, w, r, r->o);
+    norm_in_place(r->o, hidden, T, hidden, p->norm, m->eps);
+    for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += r->o[j];
+}
+
+/* ---- the layer and the stack ---- */
+
+/* The feed-forward's residual add, [the per-layer input], [the scale], and the next layer's norm into h. */
+static void layer_end(run_t *r, int i, const layer_t *L, float *x, void *h) {
+    const decoder_t *m = r->m;
+    const int T = r->T, hidden = m->hidden;
+    if (L->norms.ffn_out) norm_in_place(r->o, hidden, T, hidden, L->norms.ffn_out, m->eps);
+    if (L->ple.gate.n_parts || L->norms.out_scale != 0.0f) {
+        for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += r->o[j];
+        MARK(P_NORM);
+        if (L->ple.gate.n_parts) ple_block(r, i, &L->ple, x, h);
+        MARK(P_PLE);
+        if (L->norms.out_scale != 0.0f)
+            for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] *= L->norms.out_scale;
+        qmm_add_rms_norm(x, 0, hidden, 0, L->norms.next, T, hidden, m->eps, 0, h, m->act_bf16);
+    } else {
+        qmm_add_rms_norm(r->o, 0, hidden, x, L->norms.next, T, hidden, m->eps, x, h, m->act_bf16);
+    }
+    MARK(P_NORM);
+}
+
+/* Layer i: the token mixer, the feed-forward, the residual stream's norms; -1 when out of memory. */
+static int layer_forward(run_t *r, int i, float *x, void *h) {
+    const decoder_t *m = r->m;
+    const layer_t *L = m->layers + i;
+    const int T = r->T, hidden = m->hidden;
+    quantize(r, h, m->act_bf16, hidden);
+    MARK(P_QUANT);
+    if (L->mixer.gdn)
+        mixer_block(r, &L->mixer);
+    else if (attention_block(r, i, &L->attn, h))
+        return -1;
+    if (L->norms.mix_out) norm_in_place(r->o, hidden, T, hidden, L->norms.mix_out, m->eps);
+    /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54) */
+    qmm_add_rms_norm(r->o, 0, hidden, x, L->norms.ffn_in, T, hidden, m->eps, x, L->moe ? (void *)r->hm : h,
+                     L->moe ? 0 : m->act_bf16);
+    MARK(P_NORM);
+    if (L->moe ? moe_block(r, L->moe) : mlp_block(r, i, &L->mlp, h)) return -1;
+    layer_end(r, i, L, x, h);
+    return 0;
 }
 
 /* Run every layer over T rows. x [T, hidden] float32: the embeddings in, the residual stream out; h_out
    [T, hidden] (bf16 when act_bf16): the final-normed hidden states. The K/V pools (bf16 when cache_bf16 is 1; q8_0
    bytes, kv_q8.h, when it is 2, float16 when it is 3, with the attention's queries and outputs then in float32, as
-   the per-op path) are
-   `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool and attends to the
-   first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a sliding-window layer).
-   Returns 0, or -1 when out of memory. */
+   the per-op path) are `pools`'; row t is at position positions[t], writes its K/V at slot slots[t] of each pool
+   and attends to the first row_len[t] positions of sequence row_seq[t] (the last `window` of them in a
+   sliding-window layer). Returns 0, or -1 when out of memory. */
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools) {
     if (T <= 0) return 0;
-    const int hidden = m->hidden, H = m->H, half = m->D / 2, w = m->ple_width;
-    const int local = m->cos_local != 0, half_l = local && m->half_local ? m->half_local : half;
-    /* the widest layer's sizes (Gemma 4's vary by layer) size the scratch */
-    int qd_max = H * m->D, nqkv_max = qd_max + 2 * m->Hkv * m->D, f_max = m->F, kvd_max = m->Hkv * m->D;
-    int mix_max = 0, mix_in = 0; /* Qwen3.5's scratch per row (a mixer's or the gated attention's), o's input width */
-    for (int i = 0; i < m->n_layers; i++) {
-        const layer_t *L = m->layers + i;
-        const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
-        qd_max = imax(qd_max, H * D);
-        nqkv_max = imax(nqkv_max, H * D + (L->shared ? 0 : 2 * Hkv * D));
-        f_max = imax(f_max, F);
-        kvd_max = imax(kvd_max, Hkv * D);
-        if (L->mixer) {
-            const gdn_layer_t *g = L->mixer;
-            nqkv_max = imax(nqkv_max, weight_rows(&L->qkv));
-            mix_max = imax(mix_max, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
-            mix_in = imax(mix_in, g->Hv * g->Dv);
-        } else if (L->attn_gate) {
-            nqkv_max = imax(nqkv_max, 2 * H * D + 2 * Hkv * D);
-            mix_max = imax(mix_max, 2 * H * D + Hkv * D);
-        }
-    }
-    const int kmax = imax(imax(imax(hidden, qd_max), imax(f_max, w)), mix_in), act_max = imax(f_max, w);
-    /* kv_q8.h's KV_Q8_0 and KV_F16: queries and attention outputs in float32 (bf16 only beside a bf16 pool) */
-    const int q8 = cache_bf16 == 2, q_bf16 = cache_bf16 == 1;
-    const size_t cache_el = q8 ? 1 : (cache_bf16 ? 2 : 4), q_el = q_bf16 ? 2 : 4;
-    /* one allocation per call: float32 scratch first, then the narrower types */
-    size_t floats = (size_t)T * (nqkv_max + hidden + 2 * (size_t)f_max + act_max + 2 * half +
-                                 (local ? 2 * half_l : 0) + kmax / 32 + 2 * (size_t)w + kvd_max + mix_max + hidden);
-    size_t bytes = floats * 4 + (size_t)T * qd_max * q_el + (size_t)T * kmax + (size_t)T * (kmax / 16) * 2 +
-                   (size_t)T * 2 * sizeof(int32_t) + 64;
-    char *mem = malloc(bytes);
-    if (!mem) return -1;
-    float *qkv = (float *)mem, *o = qkv + (size_t)T * nqkv_max, *gu = o + (size_t)T * hidden;
-    float *act = gu + (size_t)T * 2 * f_max, *gp = act + (size_t)T * act_max;
-    float *vk = gp + (size_t)T * 2 * w; /* V = K's copy (k_eq_v layers) */
-    float *mix = vk + (size_t)T * kvd_max; /* Qwen3.5's: a mixer's scratch and output, or gated q, k and output */
-    float *hm = mix + (size_t)T * mix_max; /* a MoE layer's normed input, float32 (its router's input) */
-    float *cs = hm + (size_t)T * hidden, *sn = cs + (size_t)T * half;
-    float *cs_l = local ? sn + (size_t)T * half : cs, *sn_l = local ? cs_l + (size_t)T * half_l : sn;
-    float *da = (local ? sn_l + (size_t)T * half_l : sn + (size_t)T * half);
-    char *rest = (char *)(da + (size_t)T * (kmax / 32));
-    void *q = rest;
-    int16_t *sa = (int16_t *)(rest + (size_t)T * qd_max * q_el);
-    int8_t *qa = (int8_t *)(sa + (size_t)T * (kmax / 16));
-    int32_t *win_lo = (int32_t *)(qa + (size_t)T * kmax), *win_len = win_lo + T;
-    int32_t have_window = 0; /* the window win_lo / win_len hold */
-    for (int t = 0; t < T; t++) {
-        memcpy(cs + (size_t)t * half, m->cos + positions[t] * half, sizeof(float) * half);
-        memcpy(sn + (size_t)t * half, m->sin + positions[t] * half, sizeof(float) * half);
-        if (local) {
-            memcpy(cs_l + (size_t)t * half_l, m->cos_local + positions[t] * half_l, sizeof(float) * half_l);
-            memcpy(sn_l + (size_t)t * half_l, m->sin_local + positions[t] * half_l, sizeof(float) * half_l);
-        }
-    }
-    void *h = h_out;
+    run_t r = {.m = m, .T = T, .cache_fmt = cache_bf16, .block_size = block_size, .row_seq = row_seq,
+               .row_len = row_len, .pools = pools};
+    if (run_alloc(&r)) return -1;
+    rope_rows(&r, positions);
     MARK_START();
-    qmm_add_rms_norm(x, 0, hidden, 0, m->first_norm, T, hidden, m->eps, 0, h, m->act_bf16);
+    qmm_add_rms_norm(x, 0, m->hidden, 0, m->first_norm, T, m->hidden, m->eps, 0, h_out, m->act_bf16);
     MARK(P_NORM);
-    for (int i = 0; i < m->n_layers; i++) {
-        const layer_t *L = m->layers + i;
-        const int D = L->D ? L->D : m->D, Hkv = L->Hkv ? L->Hkv : m->Hkv, F = L->F ? L->F : m->F;
-        const int qd = H * D, kvd = L->shared ? 0 : Hkv * D;
-        const int nqkv = (L->attn_gate ? 2 * qd : qd) + (L->k_eq_v ? 1 : 2) * kvd;
-        const int pl = pools->layer_pool[2 * i], at = pools->layer_pool[2 * i + 1];
-        char *kc = (char *)pools->k[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
-        char *vc = (char *)pools->v[pl] + (size_t)at * pools->layer_stride[pl] * cache_el;
-        qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
-        MARK(P_QUANT);
-        if (L->mixer) { /* Gated DeltaNet in place of the attention: in_proj, the mixer, out_proj */
-            const gdn_layer_t *g = L->mixer;
-            const int np = weight_rows(&L->qkv), vd = g->Hv * g->Dv;
-            matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
-            MARK(P_QKV);
-            qmm_gdn_mix(g, pools->recurrent, T, qkv, np, mix + (size_t)T * vd, mix);
-            MARK(P_ATTN);
-            qmm_quantize(mix, 0, vd, T, vd, qa, da, sa);
-            matmul(&L->o, vd, qa, da, sa, T, o);
-            MARK(P_O);
-            goto mixed;
-        }
-        matmul(&L->qkv, hidden, qa, da, sa, T, qkv);
-        if (pools->lora && qmm_lora_add(pools->lora, i, 0, h, m->act_bf16, hidden, T, hidden, qkv, nqkv, nqkv)) goto oom;
-        if (L->qkv_bias)
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < nqkv; j++) qkv[(size_t)t * nqkv + j] += L->qkv_bias[j];
-        MARK(P_QKV);
-        float *v = qkv + qd + kvd, *qin = qkv, *kin = qkv + qd;
-        int64_t ldv = nqkv, ldq = nqkv, ldk = nqkv;
-        if (L->k_eq_v && kvd) { /* V is K before its norm and RoPE */
-            for (int t = 0; t < T; t++) memcpy(vk + (size_t)t * kvd, qkv + (size_t)t * nqkv + qd, sizeof(float) * kvd);
-            v = vk;
-            ldv = kvd;
-        }
-        if (L->attn_gate) { /* [q | gate] per head: q and k normed into rows of their own */
-            qin = mix;
-            kin = mix + (size_t)T * qd;
-            qmm_head_rms_norm(qkv, nqkv, 2 * D, 0, 0, 0, T, H, D, L->q_norm, m->eps, qin);
-            qmm_head_rms_norm(qkv + 2 * qd, nqkv, D, 0, 0, 0, T, Hkv, D, L->k_norm, m->eps, kin);
-            v = qkv + 2 * qd + kvd;
-            ldq = qd;
-            ldk = kvd;
-        } else if (L->q_norm)
-            for (int t = 0; t < T; t++) {
-                norm_in_place(qkv + (size_t)t * nqkv, D, H, D, L->q_norm, m->eps);
-                if (!L->shared) norm_in_place(qkv + (size_t)t * nqkv + qd, D, Hkv, D, L->k_norm, m->eps);
-            }
-        if (L->v_norm && !L->shared)
-            for (int t = 0; t < T; t++) norm_in_place(v + (size_t)t * ldv, D, Hkv, D, L->v_norm, m->eps);
-        MARK(P_NORM);
-        /* a KV-shared layer rotates its q alone (no K/V heads: nothing written) */
-        qmm_rope_write_kv_fmt(qin, kin, v, 0, ldq, ldk, ldv, L->local_rope ? cs_l : cs,
-                              L->local_rope ? sn_l : sn, kc, vc, cache_bf16, pools->slots[pl], T, H,
-                              L->shared ? 0 : Hkv, D, q, q_bf16);
-        MARK(P_ROPE);
-        const int32_t *lo = 0, *len = row_len;
-        if (L->window > 0) {
-            if (have_window != L->window) {
-                for (int t = 0; t < T; t++) {
-                    win_len[t] = row_len[t] < L->window ? row_len[t] : L->window;
-                    win_lo[t] = row_len[t] - win_len[t];
-                }
-                have_window = L->window;
-            }
-            lo = win_lo;
-            len = win_len;
-        }
-        if (q8) {
-            if (qmm_paged_attention_q8(q, q_bf16, T, H, D, kc, vc, block_size, Hkv, pools->tables[pl],
-                                       pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q)) {
-                free(mem);
-                return -1;
-            }
-        } else if (L->sinks) {
-            qmm_paged_attention_sinks(q, q_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
-                                      pools->table_stride[pl], row_seq, lo, len, L->sinks, m->scale, q);
-        } else {
-            qmm_paged_attention_from(q, q_bf16, T, H, D, kc, vc, cache_bf16, block_size, Hkv, pools->tables[pl],
-                                     pools->table_stride[pl], row_seq, lo, len, m->scale, q);
-        }
-        MARK(P_ATTN);
-        if (L->attn_gate) { /* the output times sigmoid(gate), in float32 */
-            float *gated = mix + (size_t)T * (qd + kvd);
-            qmm_sigmoid_gate(q, q_bf16, qkv + D, nqkv, 2 * D, T, H, D, gated);
-            qmm_quantize(gated, 0, qd, T, qd, qa, da, sa);
-        } else {
-            qmm_quantize(q, q_bf16, qd, T, qd, qa, da, sa);
-        }
-        MARK(P_QUANT);
-        matmul(&L->o, qd, qa, da, sa, T, o);
-        if (L->o_bias) /* in the attention output's dtype, as the per-op path casts it */
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < hidden; j++)
-                    o[(size_t)t * hidden + j] += q_bf16 ? round_bf16(L->o_bias[j]) : L->o_bias[j];
-        if (pools->lora && qmm_lora_add(pools->lora, i, 1, q, q_bf16, qd, T, qd, o, hidden, hidden)) goto oom;
-        MARK(P_O);
-    mixed:
-        if (L->attn_out_norm) norm_in_place(o, hidden, T, hidden, L->attn_out_norm, m->eps);
-        /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54) */
-        qmm_add_rms_norm(o, 0, hidden, x, L->post_norm, T, hidden, m->eps, x, L->moe ? (void *)hm : h,
-                         L->moe ? 0 : m->act_bf16);
-        MARK(P_NORM);
-        if (L->moe) { /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of the dense MLP */
-            if (qmm_moe_forward(L->moe, T, hm, 0, hidden, 0, 0, 1, o)) goto oom;
-            MARK(P_MOE);
-        } else {
-            qmm_quantize(h, m->act_bf16, hidden, T, hidden, qa, da, sa);
-            MARK(P_QUANT);
-            matmul(&L->gate_up, hidden, qa, da, sa, T, gu);
-            if (pools->lora && qmm_lora_add(pools->lora, i, 2, h, m->act_bf16, hidden, T, hidden, gu, 2 * F, 2 * F))
-                goto oom;
-            MARK(P_GATE_UP);
-            if (m->gelu)
-                qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-            else
-                qmm_silu_mul(gu, 0, 2 * (int64_t)F, T, F, act);
-            MARK(P_SILU);
-            qmm_quantize(act, 0, F, T, F, qa, da, sa);
-            MARK(P_QUANT);
-            matmul(&L->down, F, qa, da, sa, T, o);
-            if (pools->lora && qmm_lora_add(pools->lora, i, 3, act, 0, F, T, F, o, hidden, hidden)) goto oom;
-            MARK(P_DOWN);
-        }
-        if (L->mlp_out_norm) norm_in_place(o, hidden, T, hidden, L->mlp_out_norm, m->eps);
-        if (L->ple_gate.n_parts || L->out_scale != 0.0f) { /* Gemma 4: more after the MLP's residual add */
-            for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += o[j];
-            MARK(P_NORM);
-            if (L->ple_gate.n_parts)
-                per_layer_input(m, L, T, x, pools->ple + (size_t)i * w, (int64_t)m->n_layers * w, h, qa, da, sa, o,
-                                gp, act);
-            MARK(P_PLE);
-            if (L->out_scale != 0.0f)
-                for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] *= L->out_scale;
-            qmm_add_rms_norm(x, 0, hidden, 0, L->next_norm, T, hidden, m->eps, 0, h, m->act_bf16);
-        } else {
-            qmm_add_rms_norm(o, 0, hidden, x, L->next_norm, T, hidden, m->eps, x, h, m->act_bf16);
-        }
-        MARK(P_NORM);
-    }
-    free(mem);
-    return 0;
-oom:
-    free(mem);
+    int rc = 0;
+    for (int i = 0; i < m->n_layers && !rc; i++) rc = layer_forward(&r, i, x, h_out);
+    free(r.mem);
+    return rc;
+}
+
+/* ---- the structs' layout, for their ctypes mirror ---- */
+
+#define SIZE(T) {#T, (int64_t)sizeof(T)}
+#define AT(T, f) {#T "." #f, (int64_t)offsetof(T, f)}
+static const struct {
+    const char *name;
+    int64_t value;
+} LAYOUT[] = {
+    SIZE(qweight_t), AT(qweight_t, n_parts), AT(qweight_t, fmt), AT(qweight_t, rows), AT(qweight_t, row_bytes),
+    AT(qweight_t, w),
+    SIZE(attention_t), AT(attention_t, qkv), AT(attention_t, o), AT(attention_t, qkv_bias), AT(attention_t, q_norm),
+    AT(attention_t, k_norm), AT(attention_t, v_norm), AT(attention_t, sinks), AT(attention_t, o_bias),
+    AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
+    AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
+    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj),
+    SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F),
+    SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),
+    SIZE(norms_t), AT(norms_t, mix_out), AT(norms_t, ffn_in), AT(norms_t, ffn_out), AT(norms_t, next),
+    AT(norms_t, out_scale),
+    SIZE(layer_t), AT(layer_t, attn), AT(layer_t, mixer), AT(layer_t, mlp), AT(layer_t, moe), AT(layer_t, ple),
+    AT(layer_t, norms),
+    SIZE(decoder_t), AT(decoder_t, n_layers), AT(decoder_t, hidden), AT(decoder_t, H), AT(decoder_t, Hkv),
+    AT(decoder_t, D), AT(decoder_t, F), AT(decoder_t, eps), AT(decoder_t, scale), AT(decoder_t, act_bf16),
+    AT(decoder_t, gelu), AT(decoder_t, first_norm), AT(decoder_t, layers), AT(decoder_t, cos), AT(decoder_t, sin),
+    AT(decoder_t, cos_local), AT(decoder_t, sin_local), AT(decoder_t, half_local), AT(decoder_t, ple_width),
+    SIZE(step_pools_t), AT(step_pools_t, k), AT(step_pools_t, v), AT(step_pools_t, layer_stride),
+    AT(step_pools_t, tables), AT(step_pools_t, table_stride), AT(step_pools_t, slots), AT(step_pools_t, layer_pool),
+    AT(step_pools_t, lora), AT(step_pools_t, ple), AT(step_pools_t, recurrent),
+    SIZE(gdn_layer_t), AT(gdn_layer_t, Hk), AT(gdn_layer_t, Hv), AT(gdn_layer_t, Dk), AT(gdn_layer_t, Dv),
+    AT(gdn_layer_t, K), AT(gdn_layer_t, tiled), AT(gdn_layer_t, index), AT(gdn_layer_t, eps), AT(gdn_layer_t, scale),
+    AT(gdn_layer_t, conv_weight), AT(gdn_layer_t, A_log), AT(gdn_layer_t, dt_bias), AT(gdn_layer_t, norm),
+    SIZE(gdn_step_t), AT(gdn_step_t, conv), AT(gdn_step_t, conv_slot_stride), AT(gdn_step_t, conv_layer_stride),
+    AT(gdn_step_t, state), AT(gdn_step_t, state_slot_stride), AT(gdn_step_t, state_layer_stride),
+    AT(gdn_step_t, cu), AT(gdn_step_t, slots), AT(gdn_step_t, B),
+};
+
+int64_t qmm_decoder_layout(const char *name) {
+    for (size_t i = 0; i < sizeof(LAYOUT) / sizeof(LAYOUT[0]); i++)
+        if (!strcmp(LAYOUT[i].name, name)) return LAYOUT[i].value;
     return -1;
 }

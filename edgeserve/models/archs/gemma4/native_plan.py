@@ -16,7 +16,8 @@ import functools
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.decoder import FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, Layer, Norms
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
 from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
 
 
@@ -54,7 +55,7 @@ def build_gemma4(model) -> NativeDecoder | None:
     not in block formats, the 26B-A4B's experts, float32 compute, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
-    if lib is None or not hasattr(lib, "qmm_to_bf16") or model.device.type != "cpu" or model.dtype not in FLOATS:
+    if lib is None or model.device.type != "cpu" or model.dtype not in FLOATS:
         return None
     w = c.per_layer_input_size
     if not model.layers or (w and (w % 32 or w > c.hidden_size)) or not _layers_fit(model):
@@ -68,19 +69,18 @@ def build_gemma4(model) -> NativeDecoder | None:
         nxt = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
         sliding = layer.window is not None
         out = array[i]
-        out.qkv, out.o, out.gate_up, out.down = (qweight(m) for m in (layer.qkv, layer.o_proj, layer.gate_up,
-                                                                       layer.down))
-        out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
-        out.attn_out_norm, out.post_norm = ptr(layer.post_attn_norm), ptr(layer.pre_ffn_norm)
-        out.mlp_out_norm, out.next_norm = ptr(layer.post_ffn_norm), ptr(nxt)
-        out.window, out.local_rope = layer.window or 0, int(sliding)
-        out.D, out.Hkv, out.F = layer.head_dim, layer.kv_heads, layer.gate_up.shape[0] // 2
-        out.shared, out.k_eq_v = int(layer.shared), int(layer.k_eq_v)
-        out.v_norm = ptr(model._v_norm[layer.head_dim])
+        a = out.attn
+        a.qkv, a.o = qweight(layer.qkv), qweight(layer.o_proj)
+        a.q_norm, a.k_norm, a.v_norm = ptr(layer.q_norm), ptr(layer.k_norm), ptr(model._v_norm[layer.head_dim])
+        a.D, a.Hkv, a.window, a.local_rope = layer.head_dim, layer.kv_heads, layer.window or 0, int(sliding)
+        a.kv_shared, a.k_eq_v = int(layer.shared), int(layer.k_eq_v)
+        out.mlp.gate_up, out.mlp.down, out.mlp.F = qweight(layer.gate_up), qweight(layer.down), \
+            layer.gate_up.shape[0] // 2
         if w:
-            out.ple_gate, out.ple_proj, out.ple_norm = qweight(layer.ple_gate), qweight(layer.ple_proj), \
+            out.ple.gate, out.ple.proj, out.ple.norm = qweight(layer.ple_gate), qweight(layer.ple_proj), \
                 ptr(layer.ple_norm)
-        out.out_scale = 0.0 if layer.scale == 1.0 else layer.scale
+        out.norms = Norms(ptr(layer.post_attn_norm), ptr(layer.pre_ffn_norm), ptr(layer.post_ffn_norm), ptr(nxt),
+                          0.0 if layer.scale == 1.0 else layer.scale)
     first = layers[0]
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, first.kv_heads, model.cos.shape[1] * 2,
                       first.gate_up.shape[0] // 2, c.rms_norm_eps, 1.0, model.dtype == torch.bfloat16, True,

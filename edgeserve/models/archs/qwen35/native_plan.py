@@ -1,9 +1,9 @@
 """Qwen3.5's dense hybrid block in the fused native stack (kernels/cpu/src/layer.c through kernels.cpu.decoder): the plan.
 
-Three of every four layers are Gated DeltaNet: layer.c runs the in_proj matmul (the layer's `qkv` slot), then
+Three of every four layers are Gated DeltaNet (the mixer block): layer.c runs the in_proj matmul, then
 `qmm_gdn_mix` (kernels/cpu/src/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
 RMSNorm over each sequence's conv and recurrent states, read and written in place in the engine's state pool), then
-out_proj (its `o` slot). The others are gated full attention: [q | gate] per head from one projection, Q/K RMSNorm per
+out_proj. The others are the attention block with its gate option: [q | gate] per head from one projection, Q/K RMSNorm per
 head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), paged attention, the output times
 sigmoid(gate). Every norm's 1 + w is folded into its weight at load. The per-op path (models.qwen35 through
 kernels.dispatch) calls the same kernels in the same order, so the two agree bit for bit.
@@ -22,32 +22,15 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.decoder import FLOATS, MAX_PARTS, Decoder, Layer, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, GdnLayer, GdnStep, Layer
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
 
 
-class GdnLayer(ctypes.Structure):
-    """kernels/cpu/include/gdn_layer.h's gdn_layer_t: one Gated DeltaNet layer's sizes and small weights."""
-
-    _fields_ = [("Hk", ctypes.c_int32), ("Hv", ctypes.c_int32), ("Dk", ctypes.c_int32), ("Dv", ctypes.c_int32),
-                ("K", ctypes.c_int32), ("tiled", ctypes.c_int32), ("index", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("conv_weight", ctypes.c_void_p), ("A_log", ctypes.c_void_p),
-                ("dt_bias", ctypes.c_void_p), ("norm", ctypes.c_void_p)]
-
-
-class GdnStep(ctypes.Structure):
-    """kernels/cpu/include/gdn_layer.h's gdn_step_t: one step's state pools and ragged batch (StepPools.recurrent)."""
-
-    _fields_ = [("conv", ctypes.c_void_p), ("conv_slot_stride", ctypes.c_int64),
-                ("conv_layer_stride", ctypes.c_int64), ("state", ctypes.c_void_p),
-                ("state_slot_stride", ctypes.c_int64), ("state_layer_stride", ctypes.c_int64),
-                ("cu", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("B", ctypes.c_int32)]
-
-
 @dataclass
 class Mixers:
-    """A plan's Gated DeltaNet layers (the structs layer_t.mixer points to) and, per step, the states they run over
+    """A plan's Gated DeltaNet layers (the structs layer_t.mixer.gdn points to) and, per step, the states they run over
     (NativeDecoder.recurrent)."""
 
     layers: ctypes.Array
@@ -106,7 +89,7 @@ def build_qwen35(model) -> NativeDecoder | None:
     kernels off)."""
     c = model.config
     lib = cpu_native.library()
-    if (lib is None or not hasattr(lib, "qmm_gdn_mix") or model.device.type != "cpu" or model.dtype not in FLOATS
+    if (lib is None or model.device.type != "cpu" or model.dtype not in FLOATS
             or not model.layers or c.delta is None):
         return None
     d = c.delta
@@ -126,20 +109,20 @@ def build_qwen35(model) -> NativeDecoder | None:
         if moe[i] is not None:
             out.moe = moe[i].address()
         else:
-            out.gate_up, out.down = qweight(layer.gate_up), qweight(layer.down)
-        out.post_norm = ptr(layer.post_norm)
-        out.next_norm = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
+            out.mlp.gate_up, out.mlp.down = qweight(layer.gate_up), qweight(layer.down)
+        out.norms.ffn_in = ptr(layer.post_norm)
+        out.norms.next = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
         if layer.delta is not None:
             w, j = layer.delta, layer.linear_index
             mixers[j] = GdnLayer(d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel,
                                  int(d.tiled), j, w.norm_eps, d.head_k_dim ** -0.5, ptr(w.conv_weight),
                                  ptr(w.A_log), ptr(w.dt_bias), ptr(w.norm_weight))
-            out.qkv, out.o = qweight(layer.in_proj), qweight(layer.out_proj)
-            out.mixer = ctypes.addressof(mixers[j])
+            out.mixer.in_proj, out.mixer.out_proj = qweight(layer.in_proj), qweight(layer.out_proj)
+            out.mixer.gdn = ctypes.addressof(mixers[j])
         else:
-            out.qkv, out.o = qweight(layer.qkv), qweight(layer.o_proj)
-            out.q_norm, out.k_norm = ptr(layer.q_norm), ptr(layer.k_norm)
-            out.attn_gate = 1
+            a = out.attn
+            a.qkv, a.o = qweight(layer.qkv), qweight(layer.o_proj)
+            a.q_norm, a.k_norm, a.gate = ptr(layer.q_norm), ptr(layer.k_norm), 1
     f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                       c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),

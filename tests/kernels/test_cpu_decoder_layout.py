@@ -1,0 +1,34 @@
+"""The fused stack's structs are written once in C (kernels/cpu/include/layer.h, gdn_layer.h) and once in ctypes
+(kernels.cpu.blocks): the library's qmm_decoder_layout gives C's sizes and field offsets, and every ctypes struct
+must agree with it field for field."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from edgeserve.kernels.cpu import blocks
+from edgeserve.kernels.cpu import native as cpu_native
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
+
+
+def test_ctypes_structs_have_the_c_layout():
+    lib = cpu_native.library()
+    assert not blocks.layout_mismatches(lib)
+    # every struct and field was asked for by name, and C knew each one
+    assert lib.qmm_decoder_layout(b"layer_t.attn") == 0
+    assert lib.qmm_decoder_layout(b"layer_t.norms") == blocks.Layer.norms.offset > 0
+    assert lib.qmm_decoder_layout(b"no_such_t") == -1
+
+
+def test_the_layout_check_sees_a_field_out_of_place(monkeypatch):
+    class Swapped(ctypes.Structure):  # attention_t with two fields in the wrong order
+        _fields_ = [(name, kind) for name, kind in blocks.Attention._fields_ if name != "o"] + \
+            [("o", blocks.QWeight)]
+
+    monkeypatch.setattr(blocks, "C_NAMES", {Swapped: "attention_t"})
+    found = blocks.layout_mismatches(cpu_native.library())
+    assert any(line.startswith("attention_t.o:") for line in found)
+    assert any(line.startswith("attention_t.qkv_bias:") for line in found)
