@@ -233,8 +233,7 @@ def test_the_engine_imports_no_server():
 
 # functions allowed over MAX_FUNCTION_LINES outside the server: native bindings and kernels, whose length is one
 # table or one kernel body (issue 48 allows a named list of kernels)
-LONG_KERNELS = {"kernels/cpu/native.py:_bind", "kernels/cpu/decoder.py:build",
-                "kernels/triton/prefill_attention.py:_prefill_kernel"}
+LONG_KERNELS = {"kernels/triton/prefill_attention.py:_prefill_kernel"}
 
 
 def _long_functions(roots: tuple[str, ...] = ("edgeserve", "kernels", "loaders", "offload")) -> list[str]:

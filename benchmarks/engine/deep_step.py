@@ -1,9 +1,9 @@
 """Cost of a decode step beside a deep prompt: the fused native stack's forward + logits for a few short decode
-rows alone, and with P prompt tokens of a long prompt at depth C, optionally this checkout against a library built
-from another commit, side by side in one process.
+rows alone, and with P prompt tokens of a long prompt at depth C (against another commit: run it in each commit's
+tree, or benchmarks/engine/commit_ab.py).
 
     python benchmarks/engine/deep_step.py [--model smollm2-135m] [--decodes 3] [--prompt-tokens 1,4,16]
-        [--depths 500,2000,4000] [--single-depths 100,4000] [--reps 15] [--baseline-lib OLD.so]
+        [--depths 500,2000,4000] [--single-depths 100,4000] [--reps 15]
         [--kv-cache-dtypes bf16,f16]
 
 A case `P@C` is the decode rows (each at context 32) plus P prompt rows whose last sees C positions; `1x@C` is one
@@ -15,7 +15,6 @@ each, the sides interleaved case by case) and its cost over the decode rows alon
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 
@@ -31,7 +30,6 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--depths", default="500,2000,4000")
     ap.add_argument("--single-depths", default="100,4000")
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--baseline-lib", help="a native library built from another commit (qmatmul-avx2-*.so)")
     ap.add_argument("--kv-cache-dtypes", default="auto", help="KV pool formats to time side by side (bf16,f16)")
     return ap.parse_args()
 
@@ -66,7 +64,7 @@ def main() -> None:
 
     from edgeserve import LLM
     from edgeserve.engine.kv_cache import PagedKVAttention
-    from edgeserve.kernels.cpu.native import _bind, best_variant, load, threads
+    from edgeserve.kernels.cpu.native import best_variant, load, threads
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)
@@ -74,8 +72,6 @@ def main() -> None:
     native = model.native_decoder()
     assert native is not None, "this model does not take the fused native stack here"
     libs = {"this": load(best_variant())}
-    if args.baseline_lib:
-        libs["base"] = _bind(ctypes.CDLL(args.baseline_lib))
     block, short_ctx = 16, 32
     depths = [int(x) for x in args.depths.split(",")]
     singles = [int(x) for x in args.single_depths.split(",")]

@@ -1,10 +1,9 @@
 """Native quantized GEMV/GEMM (kernels/cpu/src/qmm/) against torch's CPU int4 and bf16 matmuls, side by side.
 
     python benchmarks/kernels/cpu_kernels.py [--shape 8192x2048] [--batch 1,8,64] [--reps 9] [--single-thread]
-        [--baseline-lib OLD.so]
 
-`--baseline-lib` also times a library built from another commit (a copy of its `qmatmul-avx2-*.so` from
-`<edgeserve home>/native/`), its rows interleaved with this checkout's, marked `(base)`.
+Against another commit: run it in each commit's tree (benchmarks/kernels/qmm_bits_ab.py checks the bits, and
+benchmarks/engine/commit_ab.py times a whole decode step, each commit from its own tree).
 
 For each weight format and batch size: median milliseconds per call and the weight bytes read per second
 (GB/s from the median and from the fastest call; the weight is read once per call). MXFP4 weights get random
@@ -15,7 +14,6 @@ activations), bf16 is a dense `x @ W.T`.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import time
 
@@ -24,7 +22,7 @@ import torch
 
 from edgeserve.bench.cpu_clock import cpu_clock
 from edgeserve.bench.random_gguf import random_blocks
-from edgeserve.kernels.cpu.native import BlockTensor, _bind, BlockWeight, best_variant, load, native_format, threads
+from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, best_variant, load, native_format, threads
 from edgeserve.bench.timing import call_times
 from edgeserve.kernels.formats.quant_linear import Int4Weight, Q4Blocks
 
@@ -52,15 +50,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--single-thread", action="store_true",
                     help="one thread everywhere, timed in thread CPU time (steady on a busy machine)")
-    ap.add_argument("--baseline-lib", help="a native library built from another commit, timed beside this one")
     args = ap.parse_args()
     clock = cpu_clock(args.single_thread)
     n, k = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(0)
     lib = load(best_variant())
-    libs = [("", lib)]
-    if args.baseline_lib:
-        libs.append((" (base)", _bind(ctypes.CDLL(args.baseline_lib))))
     print(f"variant {best_variant()}, {threads()} threads, torch {torch.get_num_threads()} threads, W {n}x{k}")
     dense = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
     int4 = Int4Weight(Q4Blocks.quantize(dense.float(), 32), torch.bfloat16)
@@ -74,11 +68,8 @@ def main() -> None:
             if not native_format(qt, k):
                 continue  # e.g. a K-quant (256 per block) over K=576
             blocks = BlockTensor(qt, torch.from_numpy(weight_blocks(qt, n, k, rng)), k)
-            for tag, which in libs:
-                if qt == "MXFP4" and not hasattr(which, "qmm_format_count"):
-                    continue  # a library from before MXFP4
-                w = BlockWeight([blocks], which)
-                rows.append((qt + tag, w.parts[0].data.numel(), lambda w=w: w.matmul(x)))
+            w = BlockWeight([blocks], lib)
+            rows.append((qt, w.parts[0].data.numel(), lambda w=w: w.matmul(x)))
         for name, nbytes, fn in rows:
             med, low = times_ms(fn, args.reps, clock)
             print(f"{name:<20}{m:>6}{med:>11.2f}{low:>9.2f}{nbytes / med / 1e6:>12.1f}{nbytes / low / 1e6:>12.1f}")

@@ -1,7 +1,7 @@
 """Native matmul time of one decode step of a GGUF model (its real layer-0 and output weights) at batch 1 (or
-each of `--batch`), this checkout's kernels against another commit's library, side by side.
+each of `--batch`), this checkout's kernels (against another commit: run it in each commit's tree).
 
-    python benchmarks/kernels/decode_matmuls.py [--model PATH.gguf] [--baseline-lib OLD.so] [--rounds 5] [--single-thread]
+    python benchmarks/kernels/decode_matmuls.py [--model PATH.gguf] [--rounds 5] [--single-thread]
         [--batch 1,4,8]
 
 Times the raw `qmm_matmul` call (activations quantized once beforehand; no Python wrapper) for each matrix a Llama
@@ -14,7 +14,6 @@ library's pool workers go to sleep); the figure is the median over rounds of eac
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import time
@@ -23,7 +22,7 @@ import torch
 from gguf import GGUFReader
 
 from edgeserve.bench.cpu_clock import cpu_clock
-from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, _bind, best_variant, load, native_format
+from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, best_variant, load, native_format
 
 LAYER = [["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]]
 
@@ -50,7 +49,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.path.expanduser(
         "~/.cache/edgeserve/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--baseline-lib", help="a native library built from another commit")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=50, help="calls per block (the head gets a tenth)")
     ap.add_argument("--single-thread", action="store_true")
@@ -64,8 +62,6 @@ def run(args: argparse.Namespace, m: int) -> None:
     """Time one decode step's matmuls at batch m and print them."""
     clock = cpu_clock(args.single_thread)
     libs = {"this checkout": load(best_variant())}
-    if args.baseline_lib:
-        libs["baseline"] = _bind(ctypes.CDLL(args.baseline_lib))
     layers, mats = step_matrices(GGUFReader(args.model))
     print(f"{args.model}: {layers} layers, batch {m}, "
           f"{'1 thread' if args.single_thread else 'threads from torch/EDGESERVE_THREADS'}")
@@ -106,8 +102,6 @@ def run(args: argparse.Namespace, m: int) -> None:
             per_step[name] += count * statistics.median(v) / 1e3
     print(f"matmul ms per decode step of {m} rows: " + ", ".join(
         f"{name} {ms:.2f} ({ms / m:.2f} per row)" for name, ms in per_step.items()))
-    if "baseline" in per_step:
-        print(f"speed-up {per_step['baseline'] / per_step['this checkout']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,20 @@
-"""One decode row's attention at depth over a q8_0 KV pool against the same over bf16, and against a native
-library built from another commit, in one process with the calls interleaved rep by rep.
+"""One decode row's attention at depth over a q8_0 KV pool against the same over bf16, in one process with the calls
+interleaved rep by rep (against another commit: run this script in each commit's tree, or
+benchmarks/engine/commit_ab.py for the whole decode step).
 
     python benchmarks/kernels/kv_q8_attention.py [--depths 2048,8192] [--heads 9,3] [--head-dim 64] [--rows 1]
-        [--layers 30] [--reps 15] [--single-thread] [--baseline-lib OLD.so]
+        [--layers 30] [--reps 15] [--single-thread]
 
 The shape defaults to the default model's (SmolLM2-135M: 9 query heads, 3 KV heads, head size 64); `--rows`
 decode rows run as one batch, each its own sequence at the depth. A rep calls each kernel over `--layers`
 distinct pools in turn, as a decode step does, so K/V come from memory rather than from the cache of the last
-call. `--baseline-lib` times the q8_0 kernel of a
-library built from another commit too (build one from `git archive <commit> kernels/cpu` with the flags of
-kernels/cpu_native.build), marked `(base)`. Prints one JSON line per depth: median microseconds per call (per
-layer) of each kernel and the ratios of medians.
+call. Prints one JSON line per depth: median microseconds per call (per layer) of each kernel and the ratio of
+medians.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 
@@ -34,7 +32,6 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--single-thread", action="store_true",
                     help="one thread everywhere, timed in thread CPU time (steady on a busy machine)")
-    ap.add_argument("--baseline-lib", help="a native library built from another commit, timed beside this one")
     args = ap.parse_args()
 
     from edgeserve.bench.cpu_clock import cpu_clock
@@ -47,9 +44,6 @@ def main() -> None:
 
     lib = cpu_native.load(cpu_native.best_variant())
     kernels = {"bf16": lib, "q8_0": lib}
-    if args.baseline_lib:
-        base = cpu_native._bind(ctypes.CDLL(args.baseline_lib))
-        kernels["q8_0 (base)"] = base
     h, hkv = (int(v) for v in args.heads.split(","))
     d, bs = args.head_dim, args.block_size
     gen = torch.Generator().manual_seed(0)
@@ -79,9 +73,6 @@ def main() -> None:
         row = {"depth": depth, "rows": args.rows, "layers": args.layers, "heads": [h, hkv], "head_dim": d,
                "median_us": {n: round(m, 1) for n, m in med.items()},
                "q8_0/bf16": round(med["q8_0"] / med["bf16"], 3)}
-        if "q8_0 (base)" in med:
-            row["q8_0/base"] = round(med["q8_0"] / med["q8_0 (base)"], 3)
-            row["base/bf16"] = round(med["q8_0 (base)"] / med["bf16"], 3)
         print(json.dumps(row), flush=True)
 
 

@@ -26,6 +26,9 @@ from test_cpu_kernels import random_blocks  # noqa: E402
 
 SHAPES = ((16, 8), (24, 3), (8, 16), (40, 9))  # weight rows, K in blocks (x 256 for K formats, else x 32, x 9 for 3)
 ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 70)
+# the functions this script calls (either library, whatever else its tree has)
+QMM_FUNCTIONS = ("qmm_quantize", "qmm_matmul", "qmm_dequant_rows", "qmm_repack", "qmm_repacked_format",
+                 "qmm_set_threads", "qmm_variant")
 
 
 def ptr(t: torch.Tensor) -> ctypes.c_void_p:
@@ -67,7 +70,7 @@ def main() -> None:
     ap.add_argument("old")
     ap.add_argument("new")
     args = ap.parse_args()
-    libs = [cn._bind(ctypes.CDLL(p)) for p in (args.old, args.new)]
+    libs = [cn._bind(ctypes.CDLL(p), QMM_FUNCTIONS) for p in (args.old, args.new)]
     for lib in libs:
         lib.qmm_set_threads(1)
     variants = [lib.qmm_variant().decode() for lib in libs]

@@ -3,8 +3,9 @@
 `NativeDecoder` holds a plan (the layers' blocks as kernels.cpu.blocks structs) and runs a step with one ctypes
 call; `NativeDecoder.build(model)` is the plan of the Llama-like models (attention with its options, the gated MLP
 or a MoE feed-forward), made once when the model's weights all stay in GGUF block formats on the native kernels;
-other architectures' plans live in their packages (edgeserve/models/archs/<name>/native_plan.py). The C side calls the same kernels in the same order as the per-op path of LlamaModel.forward, so its
-results are identical to that path's, row for row, whatever the batch (a test holds it to that).
+other architectures' plans live in their packages (edgeserve/models/archs/<name>/native_plan.py). The C side calls
+the same kernels in the same order as the per-op path of LlamaModel.forward, so its results are identical to that
+path's, row for row, whatever the batch (a test holds it to that).
 """
 
 from __future__ import annotations

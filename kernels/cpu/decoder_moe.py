@@ -3,8 +3,8 @@ capability check.
 
 A MoE layer enters the stack as a pointer to its moe_layer.c struct (layer_t.moe, kernels.cpu.moe_layer's
 NativeMoE), which layer.c runs where a dense layer runs its MLP; the per-op path (models.moe.MoELayer on the CPU)
-runs the same struct, so the two agree bit for bit. Qwen3 MoE and gpt-oss run this way (gpt-oss's attention
-sinks, o_proj biases and sliding layers are layer_t fields kernels.cpu.decoder fills).
+runs the same struct, so the two agree bit for bit. The attention beside it is the attention block with whatever
+options the plan sets (sinks, an o_proj bias, sliding windows: kernels.cpu.decoder fills them).
 """
 
 from __future__ import annotations

@@ -19,20 +19,13 @@ def head_dim_supported(head_dim: int) -> bool:
     SigLIP base: 64; SigLIP so400m: 72)."""
     return head_dim % 8 == 0 and 8 <= head_dim <= 128
 
-_bound: set[int] = set()
-
 
 def attention_library(head_dim: int, lib: Any = None) -> ctypes.CDLL | None:
-    """The native library when it has the encoder attention kernel for `head_dim` (AVX-512 builds), else None."""
+    """The native library when its build runs the encoder attention kernel for `head_dim` (AVX-512 builds), else
+    None."""
     lib = lib if lib is not None else library()
-    if lib is None or not hasattr(lib, "qmm_encoder_attention_available") or not head_dim_supported(head_dim):
+    if lib is None or not head_dim_supported(head_dim):
         return None
-    if id(lib) not in _bound:
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.qmm_encoder_attention.argtypes = [p, i64, p, i64, p, i64, i32, i32, i32, i32, p, ctypes.c_float, p, i64]
-        lib.qmm_encoder_attention.restype = i32
-        lib.qmm_encoder_attention_available.argtypes, lib.qmm_encoder_attention_available.restype = [], i32
-        _bound.add(id(lib))
     return lib if lib.qmm_encoder_attention_available() else None
 
 

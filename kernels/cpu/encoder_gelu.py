@@ -11,20 +11,12 @@ import torch
 
 from edgeserve.kernels.cpu.native import library
 
-_bound: set[int] = set()
-
 
 def gelu_library(lib: Any = None) -> ctypes.CDLL | None:
-    """The native library when its build has the bias + GELU kernel (AVX-512 builds), else None."""
+    """The native library when its build runs the bias + GELU kernel (AVX-512 builds), else None."""
     lib = lib if lib is not None else library()
-    if lib is None or not hasattr(lib, "qmm_bias_gelu"):
+    if lib is None:
         return None
-    if id(lib) not in _bound:
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.qmm_bias_gelu.argtypes, lib.qmm_bias_gelu.restype = [p, i64, i32, i32, p], i32
-        if hasattr(lib, "qmm_bias_gelu_tanh"):
-            lib.qmm_bias_gelu_tanh.argtypes, lib.qmm_bias_gelu_tanh.restype = [p, i64, i32, i32, p], i32
-        _bound.add(id(lib))
     return lib if lib.qmm_bias_gelu(None, 0, 0, 0, None) == 0 else None  # the other builds refuse
 
 
@@ -34,8 +26,6 @@ def bias_gelu_(y: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, tan
     n = y.shape[-1]
     if (y.dtype != torch.float32 or not y.is_contiguous() or n == 0
             or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,) or not bias.is_contiguous()))):
-        return False
-    if tanh and not hasattr(lib, "qmm_bias_gelu_tanh"):
         return False
     rows = y.numel() // n
     fn = lib.qmm_bias_gelu_tanh if tanh else lib.qmm_bias_gelu

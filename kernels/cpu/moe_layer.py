@@ -98,7 +98,7 @@ class NativeMoE:
         expert that does not fit (dense weights) stays outside (`has_shared` False)."""
         lib = cpu_native.library()
         cfg = layer.config
-        if lib is None or not hasattr(lib, "qmm_moe_forward") or getattr(layer, "experts_on_host", False):
+        if lib is None or getattr(layer, "experts_on_host", False):
             return None
         if not (isinstance(layer.gate_up, BlockExperts) and isinstance(layer.down, BlockExperts)):
             return None
@@ -141,7 +141,7 @@ class NativeMoE:
 
     def __del__(self) -> None:
         # the model's MoE layers are going away: give back moe_layer.c's kept scratch (the next call maps it again)
-        if getattr(self, "lib", None) is not None and hasattr(self.lib, "qmm_moe_release"):
+        if getattr(self, "lib", None) is not None:
             self.lib.qmm_moe_release()
 
     def address(self) -> int:

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,92 +195,67 @@ def build(variant: str) -> Path:
     return target
 
 
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.qmm_quantize.argtypes = [p, i32, i64, i32, i32, p, p, p]
-    lib.qmm_quantize.restype = None
-    lib.qmm_matmul.argtypes = [i32, p, i64, i32, i32, p, p, p, i32, p, i64]
-    lib.qmm_matmul.restype = None
-    lib.qmm_dequant_rows.argtypes = [i32, p, i64, i32, p, i32, p]
-    lib.qmm_dequant_rows.restype = None
-    lib.qmm_set_threads.argtypes = [i32]
-    lib.qmm_paged_attention.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, ctypes.c_float, p]
-    lib.qmm_paged_attention.restype = None
-    lib.qmm_add_rms_norm.argtypes = [p, i32, i64, p, p, i32, i32, ctypes.c_float, p, p, i32]
-    lib.qmm_add_rms_norm.restype = None
-    lib.qmm_rope_write_kv.argtypes = [p, p, p, i32, i64, i64, i64, p, p, p, p, i32, p, i32, i32, i32, i32, p]
-    lib.qmm_rope_write_kv.restype = None
-    lib.qmm_silu_mul.argtypes = [p, i32, i64, i32, i32, p]
-    lib.qmm_silu_mul.restype = None
-    if hasattr(lib, "qmm_gelu_tanh_mul"):  # not in libraries built before it
-        lib.qmm_gelu_tanh_mul.argtypes = [p, i32, i64, i32, i32, p]
-        lib.qmm_gelu_tanh_mul.restype = None
-    if hasattr(lib, "qmm_softcap"):
-        lib.qmm_softcap.argtypes = [p, i64, ctypes.c_float]
-        lib.qmm_softcap.restype = None
-    if hasattr(lib, "qmm_scaled_norm_add"):
-        f = ctypes.c_float
-        lib.qmm_scaled_norm_add.argtypes = [p, p, p, i32, i32, f, f, f, f, p]
-        lib.qmm_scaled_norm_add.restype = None
-    if hasattr(lib, "qmm_swiglu_oai_mul"):
-        lib.qmm_swiglu_oai_mul.argtypes = [p, i32, i64, i32, i32, ctypes.c_float, ctypes.c_float, p]
-        lib.qmm_swiglu_oai_mul.restype = None
-    if hasattr(lib, "qmm_paged_attention_from"):
-        lib.qmm_paged_attention_from.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p,
-                                                 ctypes.c_float, p]
-        lib.qmm_paged_attention_from.restype = None
-    if hasattr(lib, "qmm_gdn_rule"):
-        lib.qmm_gdn_conv.argtypes = [p, i64, i32, i32, p, p, i32, p, i64, p, p]
-        lib.qmm_gdn_conv.restype = None
-        lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
-                                     ctypes.c_float, p]
-        lib.qmm_gdn_rule.restype = None
-    if hasattr(lib, "qmm_gdn_gates"):
-        lib.qmm_gdn_gates.argtypes = [p, i64, p, i64, i32, i32, p, p, p, p]
-        lib.qmm_gdn_gates.restype = None
-    if hasattr(lib, "qmm_head_rms_norm"):
-        lib.qmm_head_rms_norm.argtypes = [p, i64, i64, p, i64, i64, i32, i32, i32, p, ctypes.c_float, p]
-        lib.qmm_head_rms_norm.restype = None
-        lib.qmm_sigmoid_gate.argtypes = [p, i32, p, i64, i64, i32, i32, i32, p]
-        lib.qmm_sigmoid_gate.restype = None
-    if hasattr(lib, "qmm_paged_attention_sinks"):
-        lib.qmm_paged_attention_sinks.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, i32, p, i64, p, p, p, p,
-                                                  ctypes.c_float, p]
-        lib.qmm_paged_attention_sinks.restype = None
-    if hasattr(lib, "qmm_paged_attention_q8"):  # the q8_0 KV cache (kernels/cpu/src/attention_q8.c)
-        lib.qmm_paged_attention_q8.argtypes = [p, i32, i32, i32, i32, p, p, i32, i32, p, i64, p, p, p, p,
-                                               ctypes.c_float, p]
-        lib.qmm_paged_attention_q8.restype = i32
-        lib.qmm_rope_write_kv_fmt.argtypes = [p, p, p, i32, i64, i64, i64, p, p, p, p, i32, p, i32, i32, i32, i32, p,
-                                              i32]
-        lib.qmm_rope_write_kv_fmt.restype = None
-    if hasattr(lib, "qmm_moe_matmul"):  # likewise
-        lib.qmm_moe_matmul.argtypes = [i32, p, p, p, p, p, i32, p, p, p, i32, p, p, p, i64]
-        lib.qmm_moe_matmul.restype = i32
-        lib.qmm_f32_matmul.argtypes = [p, i32, i64, i32, p, i32, i32, p, i64]
-        lib.qmm_f32_matmul.restype = i32
-    if hasattr(lib, "qmm_moe_forward"):  # the whole MoE feed-forward (kernels/cpu/src/moe_layer.c)
-        lib.qmm_moe_forward.argtypes = [p, i32, p, i32, i64, p, p, i32, p]
-        lib.qmm_moe_forward.restype = i32
-        lib.qmm_moe_release.argtypes = []
-        lib.qmm_moe_release.restype = None
-    lib.qmm_variant.restype = ctypes.c_char_p
-    if hasattr(lib, "qmm_format_count"):
-        lib.qmm_format_count.restype = i32
-    if hasattr(lib, "qmm_repack"):  # not in libraries built before it (benchmarks/kernels/cpu_kernels.py --baseline-lib)
-        lib.qmm_repack.argtypes = [i32, p, i64, i32, i32, p]
-        lib.qmm_repack.restype = None
-    if hasattr(lib, "qmm_repacked_format"):
-        lib.qmm_repacked_format.argtypes = [i32, i32]
-        lib.qmm_repacked_format.restype = i32
-    if hasattr(lib, "qmm_decoder_forward"):  # likewise
-        lib.qmm_decoder_forward.argtypes = [p, i32, p, p, p, i32, i32, p, p, p]
-        lib.qmm_decoder_forward.restype = i32
-        lib.qmm_decoder_layout.argtypes = [ctypes.c_char_p]
-        lib.qmm_decoder_layout.restype = i64
-    if hasattr(lib, "qmm_lora_add"):
-        lib.qmm_lora_add.argtypes = [p, i32, i32, p, i32, i64, i32, i32, p, i64, i32]
-        lib.qmm_lora_add.restype = i32
+_p, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+# every function of the library that Python calls: (argument types, result type)
+SIGNATURES = {
+    "qmm_quantize": ([_p, _i32, _i64, _i32, _i32, _p, _p, _p], None),
+    "qmm_matmul": ([_i32, _p, _i64, _i32, _i32, _p, _p, _p, _i32, _p, _i64], None),
+    "qmm_dequant_rows": ([_i32, _p, _i64, _i32, _p, _i32, _p], None),
+    "qmm_set_threads": ([_i32], None),
+    "qmm_variant": ([], ctypes.c_char_p),
+    "qmm_format_count": ([], _i32),
+    "qmm_repack": ([_i32, _p, _i64, _i32, _i32, _p], None),
+    "qmm_repacked_format": ([_i32, _i32], _i32),
+    "qmm_paged_attention": ([_p, _i32, _i32, _i32, _i32, _p, _p, _i32, _i32, _i32, _p, _i64, _p, _p, _f32, _p], None),
+    "qmm_paged_attention_from": ([_p, _i32, _i32, _i32, _i32, _p, _p, _i32, _i32, _i32, _p, _i64, _p, _p, _p, _f32,
+                                  _p], None),
+    "qmm_paged_attention_sinks": ([_p, _i32, _i32, _i32, _i32, _p, _p, _i32, _i32, _i32, _p, _i64, _p, _p, _p, _p,
+                                   _f32, _p], None),
+    "qmm_paged_attention_q8": ([_p, _i32, _i32, _i32, _i32, _p, _p, _i32, _i32, _p, _i64, _p, _p, _p, _p, _f32, _p],
+                               _i32),
+    "qmm_add_rms_norm": ([_p, _i32, _i64, _p, _p, _i32, _i32, _f32, _p, _p, _i32], None),
+    "qmm_rope_write_kv": ([_p, _p, _p, _i32, _i64, _i64, _i64, _p, _p, _p, _p, _i32, _p, _i32, _i32, _i32, _i32, _p],
+                          None),
+    "qmm_rope_write_kv_fmt": ([_p, _p, _p, _i32, _i64, _i64, _i64, _p, _p, _p, _p, _i32, _p, _i32, _i32, _i32, _i32,
+                               _p, _i32], None),
+    "qmm_silu_mul": ([_p, _i32, _i64, _i32, _i32, _p], None),
+    "qmm_gelu_tanh_mul": ([_p, _i32, _i64, _i32, _i32, _p], None),
+    "qmm_swiglu_oai_mul": ([_p, _i32, _i64, _i32, _i32, _f32, _f32, _p], None),
+    "qmm_softcap": ([_p, _i64, _f32], None),
+    "qmm_scaled_norm_add": ([_p, _p, _p, _i32, _i32, _f32, _f32, _f32, _f32, _p], None),
+    "qmm_gdn_conv": ([_p, _i64, _i32, _i32, _p, _p, _i32, _p, _i64, _p, _p], None),
+    "qmm_gdn_rule": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _f32,
+                      _p], None),
+    "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
+    "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
+    "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i32, _i32, _i32, _p], None),
+    "qmm_moe_matmul": ([_i32, _p, _p, _p, _p, _p, _i32, _p, _p, _p, _i32, _p, _p, _p, _i64], _i32),
+    "qmm_f32_matmul": ([_p, _i32, _i64, _i32, _p, _i32, _i32, _p, _i64], _i32),
+    "qmm_moe_forward": ([_p, _i32, _p, _i32, _i64, _p, _p, _i32, _p], _i32),
+    "qmm_moe_release": ([], None),
+    "qmm_decoder_forward": ([_p, _i32, _p, _p, _p, _i32, _i32, _p, _p, _p], _i32),
+    "qmm_decoder_layout": ([ctypes.c_char_p], _i64),
+    "qmm_lora_add": ([_p, _i32, _i32, _p, _i32, _i64, _i32, _i32, _p, _i64, _i32], _i32),
+    # the encoders' kernels (kernels.formats.bf16_weight, kernels.cpu.encoder_gelu / encoder_attention): every build
+    # has them; where the CPU or build lacks the instructions they say so (bf16_supported 0, bias_gelu nonzero,
+    # encoder_attention_available 0)
+    "qmm_bf16_packed_size": ([_i32, _i32], _i64),
+    "qmm_bf16_pack": ([_p, _i64, _i32, _i32, _p], None),
+    "qmm_bf16_supported": ([], _i32),
+    "qmm_bf16_matmul": ([_p, _i64, _i32, _i32, _p, _i32, _p, _p, _i64], _i32),
+    "qmm_bias_gelu": ([_p, _i64, _i32, _i32, _p], _i32),
+    "qmm_bias_gelu_tanh": ([_p, _i64, _i32, _i32, _p], _i32),
+    "qmm_encoder_attention": ([_p, _i64, _p, _i64, _p, _i64, _i32, _i32, _i32, _i32, _p, _f32, _p, _i64], _i32),
+    "qmm_encoder_attention_available": ([], _i32),
+}
+
+
+def _bind(lib: ctypes.CDLL, names: Iterable[str] = SIGNATURES) -> ctypes.CDLL:
+    """`lib` with SIGNATURES' argument and result types (of `names`: a library built from another tree, e.g.
+    benchmarks/kernels/qmm_bits_ab.py's, has the functions its caller names), its threads set."""
+    for name in names:
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = SIGNATURES[name]
     lib.qmm_set_threads(threads())
     return lib
 
@@ -396,16 +371,11 @@ def native_format(qtype: str, cols: int) -> bool:
 
 def repacked(part: BlockTensor, lib: ctypes.CDLL) -> BlockTensor:
     """`part` in the layout the kernels read fastest (qmm_repacked_format: the _X8 bands where the rows are a
-    multiple of 8, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; other formats, or any format for a
-    library built before the repack (benchmarks/kernels/cpu_kernels.py --baseline-lib), as they are."""
-    if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repack"):
+    multiple of 8, else Q4_0 / Q4_1's _R8 rows (REPACKED); same size), a new tensor; other formats as they are."""
+    if part.qtype not in GGUF_QTYPES:
         return part
-    rows = part.data.shape[0]
-    if hasattr(lib, "qmm_repacked_format"):
-        twin_id = lib.qmm_repacked_format(FORMATS[part.qtype][0], rows)
-        twin = next((name for name, spec in FORMATS.items() if spec[0] == twin_id), None)
-    else:  # a library from before the _X8 layouts
-        twin = REPACKED.get(part.qtype)
+    twin_id = lib.qmm_repacked_format(FORMATS[part.qtype][0], part.data.shape[0])
+    twin = next((name for name, spec in FORMATS.items() if spec[0] == twin_id), None)
     if twin is None:
         return part
     out = torch.empty_like(part.data)
@@ -448,10 +418,6 @@ class BlockWeight:
         self.lib = lib or library()
         if self.lib is None:
             raise RuntimeError("native CPU kernels are not available")
-        known = self.lib.qmm_format_count() if hasattr(self.lib, "qmm_format_count") else FORMATS["MXFP4"][0]
-        for p in parts:
-            if FORMATS[p.qtype][0] >= known:  # a library built before the format (--baseline-lib)
-                raise ValueError(f"this native library predates the {p.qtype} format")
         self.parts = [repacked(p, self.lib) for p in _merge_parts(parts)]
         self.in_features = parts[0].cols
         self.out_features = sum(p.data.shape[0] for p in parts)
@@ -569,13 +535,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """Causal attention of q [T, H, D] over each sequence's paged K/V (kernels.torch.paged_attention's contract) in
     float32, batch- and chunking-invariant; returns [T, H, D] in q's dtype. `window`: a sliding-window layer;
-    `sinks`: float32 [H] attention sinks (None returned where the library predates either)."""
+    `sinks`: float32 [H] attention sinks."""
     lib = lib or library()
     assert lib is not None
-    if window is not None and not hasattr(lib, "qmm_paged_attention_from"):
-        return None
-    if sinks is not None and not hasattr(lib, "qmm_paged_attention_sinks"):
-        return None
     t, h, d = q.shape
     blocks, block_size, hkv, _ = k_cache.shape
     if q.dtype not in (torch.float32, torch.bfloat16):
@@ -615,9 +577,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def _paged_attention_q8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float | None,
                         lib: ctypes.CDLL, window: int | None, sinks: torch.Tensor | None) -> torch.Tensor | None:
     """paged_attention over q8_0 pools (uint8 [blocks, block_size, Hkv, D / 32 * 34], kernels.formats.kv_quant) with
-    contiguous float32 / bfloat16 q; None where the library predates it."""
-    if not hasattr(lib, "qmm_paged_attention_q8"):
-        return None
+    contiguous float32 / bfloat16 q."""
     t, h, d = q.shape
     block_size, hkv = k_cache.shape[1:3]
     if k_cache.shape[-1] != q8_row_bytes(d) or v_cache.dtype != torch.uint8 or h % hkv:
@@ -676,8 +636,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     dtypes = {q.dtype, k.dtype, v.dtype}
     q8 = k_cache.dtype == torch.uint8  # a q8_0 pool (kernels.formats.kv_quant); q comes back in its own dtype
     if (lib is None or len(dtypes) != 1 or not all(_rows(a) and a[0].stride(0) == a.shape[-1] for a in (q, k, v) if a.shape[0])
-            or (k_cache.dtype not in _FLOATS and not ((q8 or k_cache.dtype == torch.float16)
-                                                      and hasattr(lib, "qmm_rope_write_kv_fmt")))
+            or (k_cache.dtype not in _FLOATS and not q8 and k_cache.dtype != torch.float16)
             or v_cache.dtype != k_cache.dtype or not k_cache.is_contiguous()
             or not v_cache.is_contiguous() or cos.dtype != torch.float32 or sin.dtype != torch.float32):
         return None
@@ -687,12 +646,6 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     cos, sin = cos.contiguous(), sin.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     out = torch.empty(t, h, d, dtype=q_dtype(q, k_cache))
-    if not hasattr(lib, "qmm_rope_write_kv_fmt"):  # a library from before the q8_0 KV cache
-        lib.qmm_rope_write_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
-                              k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                              v_cache.data_ptr(), k_cache.dtype == torch.bfloat16, slots.data_ptr(), t, h, k.shape[1],
-                              d, out.data_ptr())
-        return out
     fmt = 2 if q8 else _KV_FORMAT[k_cache.dtype]  # kernels/cpu/include/kv_q8.h: KV_F32, KV_BF16, KV_Q8_0, KV_F16
     lib.qmm_rope_write_kv_fmt(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.dtype == torch.bfloat16, q.stride(0),
                               k.stride(0), v.stride(0), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
@@ -705,7 +658,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor | None:
     """tanh(x / cap) * cap of float32 x in one native pass (a new tensor); None when the library lacks it or x is
     not float32."""
     lib = library()
-    if lib is None or not hasattr(lib, "qmm_softcap") or x.dtype != torch.float32:
+    if lib is None or x.dtype != torch.float32:
         return None
     out = x.clone(memory_format=torch.contiguous_format)
     lib.qmm_softcap(out.data_ptr(), out.numel(), cap)
@@ -717,7 +670,7 @@ def scaled_norm_add(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps:
     """kernels.torch.norm.scaled_norm_add in one native pass over float32 rows; None when the inputs are not ones it
     takes."""
     lib = library()
-    if (lib is None or not hasattr(lib, "qmm_scaled_norm_add") or x.shape != y.shape or x.dim() != 2
+    if (lib is None or x.shape != y.shape or x.dim() != 2
             or not all(t.dtype == torch.float32 for t in (x, y, weight))):
         return None
     x, y, weight = x.contiguous(), y.contiguous(), weight.contiguous()
@@ -733,14 +686,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """kernels.torch.activation.gelu_tanh_and_mul in one native pass (float32 out); None when the input is not 2-D rows
-    or the library predates it."""
+    """kernels.torch.activation.gelu_tanh_and_mul in one native pass (float32 out); None when the input is not 2-D rows."""
     return _gated_mul(gate_up, "qmm_gelu_tanh_mul")
 
 
 def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor | None:
     """kernels.torch.activation.swiglu_oai (gpt-oss) in one native pass (float32 out); None when the input is not 2-D
-    rows or the library predates it."""
+    rows."""
     return _gated_mul(gate_up, "qmm_swiglu_oai_mul", alpha, limit)
 
 
@@ -748,7 +700,7 @@ def _gated_mul(gate_up: torch.Tensor, kernel: str, *params: float) -> torch.Tens
     """act(gate) * up of rows [gate | up] through the library's `kernel` (float32 out; `params` after the row
     count and width), or None."""
     lib = library()
-    if lib is None or gate_up.dim() != 2 or not _rows(gate_up) or not hasattr(lib, kernel):
+    if lib is None or gate_up.dim() != 2 or not _rows(gate_up):
         return None
     t, f2 = gate_up.shape
     out = torch.empty(t, f2 // 2, dtype=torch.float32)
@@ -762,7 +714,7 @@ def f32_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     fixed-order dot product (a row's result does not depend on the other rows); None when the library lacks it or
     the inputs are not CPU rows it takes."""
     lib = library()
-    if (lib is None or not hasattr(lib, "qmm_f32_matmul") or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
+    if (lib is None or x.dim() != 2 or not _rows(x) or w.dtype != torch.float32
             or x.device.type != "cpu" or w.device.type != "cpu"):
         return None
     w = w.contiguous()
@@ -787,12 +739,12 @@ def _slot_pool(state: torch.Tensor) -> bool:
 
 def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
              lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
-    """kernels.torch.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the library predates
-    it or the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
+    """kernels.torch.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the inputs are not
+    ones it takes (float32 rows, a float32 state pool, K <= 16)."""
     lib = lib or library()
     t, c = x.shape
     k = weight.shape[1]
-    if (lib is None or not hasattr(lib, "qmm_gdn_conv") or x.dtype != torch.float32 or not _rows(x)
+    if (lib is None or x.dtype != torch.float32 or not _rows(x)
             or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
         return None
     batch.check_fits(t, conv_state.shape[0])
@@ -811,14 +763,14 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
              state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
              lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """kernels.torch.gated_delta.gated_delta_rule in one native call, token by token for every batch (float32 out
-    [T, Hv, Dv]); None when the library predates it or the inputs are not ones it takes (float32 heads of
+    [T, Hv, Dv]); None when the inputs are not ones it takes (float32 heads of
     contiguous values, any row stride: the columns of the conv output as they are; head sizes <= 512)."""
     lib = lib or library()
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
     heads_ok = all(a.dtype == torch.float32 and a.dim() == 3 and a.stride(2) == 1 and a.stride(1) == a.shape[2]
                    for a in (q, k, v))
-    if (lib is None or not hasattr(lib, "qmm_gdn_rule") or not heads_ok or not _slot_pool(state)
+    if (lib is None or not heads_ok or not _slot_pool(state)
             or max(dk, dv) > GDN_MAX_HEAD_DIM):
         return None
     if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
@@ -839,11 +791,11 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
               lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """kernels.torch.gated_delta.delta_gates in one native pass: (g, beta) float32 [T, Hv] from a, b [T, Hv] (float32, unit
-    stride within a row, any row stride: the projection's columns as they are); None when the library predates it
-    or the inputs are not ones it takes."""
+    stride within a row, any row stride: the projection's columns as they are); None when the inputs are not ones
+    it takes."""
     lib = lib or library()
     t, hv = a.shape
-    if (lib is None or not hasattr(lib, "qmm_gdn_gates") or b.shape != a.shape
+    if (lib is None or b.shape != a.shape
             or any(x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1 for x in (a, b))):
         return None
     A_log, dt_bias = A_log.float().contiguous(), dt_bias.float().contiguous()
@@ -864,10 +816,10 @@ def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Te
                   lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """RMSNorm of each head of x [T, H, D] times weight [D] (and silu(z [T, H, D]) when given: the gated RMSNorm
     of kernels.torch.gated_delta), float32 [T, H, D], read in place whatever the token and head strides; None when the
-    library predates it or the inputs are not ones it takes (float32 heads of unit-stride values, D <= 512)."""
+    inputs are not ones it takes (float32 heads of unit-stride values, D <= 512)."""
     lib = lib or library()
     t, h, d = x.shape
-    if (lib is None or not hasattr(lib, "qmm_head_rms_norm") or not _heads(x) or d > GDN_MAX_HEAD_DIM
+    if (lib is None or not _heads(x) or d > GDN_MAX_HEAD_DIM
             or weight.shape != (d,) or (z is not None and (not _heads(z) or z.shape != x.shape))):
         return None
     w = weight.float().contiguous()
@@ -880,10 +832,10 @@ def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Te
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """o [T, H, D] (contiguous, float32 or bfloat16) times sigmoid(gate [T, H, D]), float32 [T, H, D], the gate
-    read in place whatever its strides; None when the library predates it or the inputs are not ones it takes."""
+    read in place whatever its strides; None when the inputs are not ones it takes."""
     lib = lib or library()
     t, h, d = o.shape
-    if (lib is None or not hasattr(lib, "qmm_sigmoid_gate") or o.dtype not in _FLOATS or not o.is_contiguous()
+    if (lib is None or o.dtype not in _FLOATS or not o.is_contiguous()
             or not _heads(gate) or gate.shape != o.shape or d > GDN_MAX_HEAD_DIM):
         return None
     out = torch.empty(t, h, d, dtype=torch.float32)

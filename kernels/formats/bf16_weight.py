@@ -16,27 +16,12 @@ import torch
 
 from edgeserve.kernels.cpu.native import library, result_buffer
 
-_bound: set[int] = set()
-
-
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    if id(lib) not in _bound:
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.qmm_bf16_packed_size.argtypes, lib.qmm_bf16_packed_size.restype = [i32, i32], i64
-        lib.qmm_bf16_pack.argtypes, lib.qmm_bf16_pack.restype = [p, i64, i32, i32, p], None
-        lib.qmm_bf16_supported.argtypes, lib.qmm_bf16_supported.restype = [], i32
-        lib.qmm_bf16_matmul.argtypes = [p, i64, i32, i32, p, i32, p, p, i64]
-        lib.qmm_bf16_matmul.restype = i32
-        _bound.add(id(lib))
-    return lib
-
 
 def bf16_library(lib: Any = None) -> ctypes.CDLL | None:
     """The native library when it has the bfloat16 kernel and this CPU runs it (AVX-512 BF16), else None."""
     lib = lib if lib is not None else library()
-    if lib is None or not hasattr(lib, "qmm_bf16_matmul"):
+    if lib is None:
         return None
-    lib = _bind(lib)
     return lib if lib.qmm_bf16_supported() else None
 
 

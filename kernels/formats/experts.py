@@ -121,11 +121,11 @@ class ExpertBlocks:
 def repacked_experts(part: ExpertBlocks, lib: ctypes.CDLL) -> ExpertBlocks:
     """`part` with each expert's rows in the layout the kernels read fastest (what cpu_native.repacked does for a
     matrix: the _X8 bands for rows % 8 == 0, else Q4_0 / Q4_1's _R8 rows; same size), a new tensor; `part` itself
-    where its format has no such layout or the library predates it. When `part` was a view of the file's mmap,
+    where its format has no such layout. When `part` was a view of the file's mmap,
     this process's mapping of those pages is released after the copy (they stay in the page cache), so the file's
     expert bytes do not stay resident beside their copy."""
     experts, rows, row_bytes = part.data.shape
-    if part.qtype not in GGUF_QTYPES or not hasattr(lib, "qmm_repacked_format"):
+    if part.qtype not in GGUF_QTYPES:
         return part
     fmt = FORMATS[part.qtype][0]
     twin_id = lib.qmm_repacked_format(fmt, rows)
@@ -145,7 +145,7 @@ class BlockExperts:
     """One projection of every expert in GGUF block formats on the native CPU kernels: parts stacked along the
     output rows (e.g. the gate and up tensors, which may differ in format), each [E, rows, bytes per row]. Only
     the active experts' rows are read: in one native call (qmm_moe_matmul, threads over experts and rows), or with
-    `one_call` False (or a library without it) one qmm_matmul per active expert and part. With `repack` the
+    `one_call` False one qmm_matmul per active expert and part. With `repack` the
     experts are copied into the kernels' faster layout (`repacked_experts`), else they stay where they are (a
     GGUF's memory map)."""
 
@@ -193,7 +193,7 @@ class BlockExperts:
         n_out = self.out_features
         out = torch.empty(groups.rows, n_out, dtype=torch.float32)
         pa, pd, ps, po = qa.data_ptr(), da.data_ptr(), sa.data_ptr(), out.data_ptr()
-        if self.one_call and hasattr(self.lib, "qmm_moe_matmul"):
+        if self.one_call:
             if groups.active:
                 rc = self.lib.qmm_moe_matmul(len(self._kernel), self._fmt.data_ptr(), self._w.data_ptr(),
                                              self._expert_bytes.data_ptr(), self._row_bytes.data_ptr(),

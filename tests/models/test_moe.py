@@ -253,7 +253,7 @@ def test_one_native_call_equals_a_matmul_per_expert(tokens: int, repack: bool):
     layer, _ = make_layer(cfg, 256, ("Q4_K", "Q6_K"), seed=13, repack=repack)
     layer._native = None  # the torch path around BlockExperts.grouped, whose two ways are compared here
     h = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
-    assert hasattr(layer.gate_up.lib, "qmm_moe_matmul")
+    assert layer.gate_up.one_call
     one_call = layer.forward(h)
     layer.gate_up.one_call = layer.down.one_call = False
     per_expert = layer.forward(h)

@@ -27,25 +27,12 @@
 #include <string.h>
 
 #include "attention.h"
+#include "half.h"
 #include "kv_q8.h" /* the pool formats: KV_F32, KV_BF16, KV_F16 (the q8_0 pools are attention_q8.c's) */
 #include "pool.h"
 #if defined(QMM_AVX2)
 #include <immintrin.h>
 #endif
-
-static inline float bf16_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
-}
 
 /* a row of D values as float32: from float32, bfloat16 (bf16 1) or float16 (bf16 KV_F16) */
 static inline void load_row(const void *base, int bf16, int64_t index, int D, float *out) {
@@ -54,7 +41,7 @@ static inline void load_row(const void *base, int bf16, int64_t index, int D, fl
         for (int d = 0; d < D; d++) out[d] = f16_to_f32(p[d]);
     } else if (bf16) {
         const uint16_t *p = (const uint16_t *)base + index * D;
-        for (int d = 0; d < D; d++) out[d] = bf16_f32(p[d]);
+        for (int d = 0; d < D; d++) out[d] = bf16_to_f32(p[d]);
     } else {
         memcpy(out, (const float *)base + index * D, sizeof(float) * D);
     }
@@ -84,7 +71,7 @@ static inline float dot_bf16(const float *a, const uint16_t *b, int D) {
     float l[8];
     _mm256_storeu_ps(l, acc);
     float s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-    for (; d < D; d++) s += a[d] * bf16_f32(b[d]);
+    for (; d < D; d++) s += a[d] * bf16_to_f32(b[d]);
     return s;
 }
 #endif
@@ -170,7 +157,7 @@ void qmm_attn_combine(const float *part, int64_t stride, int nseg, int D, float 
 static inline void store_out(void *out, int out_bf16, int64_t index, const float *x, int D) {
     if (out_bf16) {
         uint16_t *o = (uint16_t *)out + index;
-        for (int d = 0; d < D; d++) o[d] = f32_bf16(x[d]);
+        for (int d = 0; d < D; d++) o[d] = f32_to_bf16(x[d]);
     } else {
         memcpy((float *)out + index, x, sizeof(float) * D);
     }
@@ -274,21 +261,15 @@ static inline double f64_bits(uint64_t u) {
     return d;
 }
 
-static inline float f32_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* glibc's special cases of expf (|x| >= 88 or NaN): 1 with *out set, or 0 where x takes the normal path */
 static int expf_special(float x, float *out) {
     uint32_t bits;
     memcpy(&bits, &x, 4);
     if (bits == 0xff800000u) *out = 0.0f;
     else if ((bits & 0x7fffffffu) >= 0x7f800000u) *out = x + x;
-    else if (x > f32_bits(0x42b17217u)) *out = INFINITY;
-    else if (x < f32_bits(0xc2cff1b4u)) *out = 0.0f;
-    else if (x < f32_bits(0xc2ce8ecfu)) { /* "may underflow": 0x1.4p-75f squared, rounded at run time as glibc does */
+    else if (x > f32_from_bits(0x42b17217u)) *out = INFINITY;
+    else if (x < f32_from_bits(0xc2cff1b4u)) *out = 0.0f;
+    else if (x < f32_from_bits(0xc2ce8ecfu)) { /* "may underflow": 0x1.4p-75f squared, rounded at run time as glibc does */
         volatile float tiny = 0x1.4p-75f;
         *out = tiny * tiny;
     } else return 0;

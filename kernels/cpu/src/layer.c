@@ -24,6 +24,7 @@
 #include "attention_q8.h"
 #include "elementwise.h"
 #include "gated_delta.h"
+#include "half.h"
 #include "layer.h"
 #include "lora.h"
 #include "qmatmul.h"
@@ -98,11 +99,8 @@ static inline int imax(int a, int b) { return a > b ? a : b; }
 
 /* f rounded to bfloat16 (nearest even) and back */
 static inline float round_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits = (bits + 0x7fffu + ((bits >> 16) & 1)) & 0xffff0000u;
-    memcpy(&f, &bits, 4);
-    return f;
+    const uint32_t bits = f32_to_bits(f);
+    return f32_from_bits((bits + 0x7fffu + ((bits >> 16) & 1)) & 0xffff0000u);
 }
 
 /* x [T, N] float32 (rows ldx apart, the first N of each) := rms_norm(x) * weight, row by row in place */

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "moe.h"
 #include "pool.h"
 #include "qmatmul.h"
@@ -97,14 +98,6 @@ int qmm_moe_matmul(int n_parts, const int *fmt, const uint8_t *const *w, const i
 #include <immintrin.h>
 #endif
 
-static inline float bf16_value(uint16_t h) {
-    union {
-        uint32_t u;
-        float f;
-    } v = {(uint32_t)h << 16};
-    return v.f;
-}
-
 typedef struct {
     const void *x;
     int is_bf16, T, N, K, rows_per_task;
@@ -137,7 +130,7 @@ static void f32_rows(void *ctx, int task) {
         if (j->is_bf16) {
             float *buf = j->xf + (int64_t)t * j->K;
             const uint16_t *src = (const uint16_t *)j->x + (int64_t)t * j->ldx;
-            for (int k = 0; k < j->K; k++) buf[k] = bf16_value(src[k]);
+            for (int k = 0; k < j->K; k++) buf[k] = bf16_to_f32(src[k]);
             xr = buf;
         } else {
             xr = (const float *)j->x + (int64_t)t * j->ldx;

@@ -3,8 +3,8 @@
 Three of every four layers are Gated DeltaNet (the mixer block): layer.c runs the in_proj matmul, then
 `qmm_gdn_mix` (kernels/cpu/src/gated_delta.c: the causal conv + SiLU, the gates, the gated delta rule and the gated
 RMSNorm over each sequence's conv and recurrent states, read and written in place in the engine's state pool), then
-out_proj. The others are the attention block with its gate option: [q | gate] per head from one projection, Q/K RMSNorm per
-head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), paged attention, the output times
+out_proj. The others are the attention block with its gate option: [q | gate] per head from one projection, Q/K
+RMSNorm per head, RoPE (partial RoPE is a row permutation made at load, models.qwen35), paged attention, the output times
 sigmoid(gate). Every norm's 1 + w is folded into its weight at load. The per-op path (models.qwen35 through
 kernels.dispatch) calls the same kernels in the same order, so the two agree bit for bit.
 

@@ -222,6 +222,27 @@ static inline act_t act_from(act_t a, int64_t r) {
     return s;
 }
 
+/* Activation row r's term of weight block b from the block's integer sums of 16 products s0 (values 0-15) and s1
+   (16-31), its scale d, sub-block scales sc and offset m: the float arithmetic of the portable and NEON dot
+   products (one expression for both, so one rounding order and the same bits). */
+static inline float block_term(int fmt, act_t a, int r, int b, int s0, int s1, float d, const int sc[2], float m) {
+    const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
+    const float da = a.da[r * (a.lda / 32) + b];
+    if (is_mxfp4(fmt)) return da * d * (float)(s0 + s1);
+    return da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+}
+
+/* A dot product of weight row n against up to 4 activation rows (out[r * ldo], r < nr), and qmm_dot_block's walk
+   over such products for the portable and NEON builds. */
+typedef void dot4_fn(int fmt, const uint8_t *w, int64_t row_bytes, int64_t n, int K, act_t a, int nr, float *out,
+                     int64_t ldo);
+static inline void dot_rows_by4(dot4_fn *dot, int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K,
+                                act_t a, int nr, float *out, int64_t ldo) {
+    for (int n = n0; n < n1; n++)
+        for (int r = 0; r < nr; r += 4) dot(fmt, w, row_bytes, n, K, act_from(a, r), nr - r < 4 ? nr - r : 4,
+                                            out + r * ldo + n, ldo);
+}
+
 /* weight rows [n0, n1) against activation rows [0, nr) of a: out[r * ldo + n] (arch/x86, arch/arm or
    dot_scalar.c, whichever the build's ISA has) */
 void qmm_dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr, float *out,

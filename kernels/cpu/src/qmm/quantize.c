@@ -3,15 +3,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
 #include "pool.h"
 #include "qmatmul.h"
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* One block of 32 values (already float32 in buf) into q, its scale and its two sums of 16. */
 __attribute__((unused)) static inline void quantize_block(const float *buf, int8_t *q, float *da, int16_t *sa) {

@@ -75,7 +75,9 @@ static inline int32_t dot16(int8x16_t a, int8x16_t b) {
 }
 
 /* dot_scalar with NEON unpacking and integer sums: the same integers, so the same floats in the same order */
-static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float *out, int64_t ldo) {
+static void dot_neon(int fmt, const uint8_t *w, int64_t row_bytes, int64_t n, int K, act_t a, int nr, float *out,
+                     int64_t ldo) {
+    const uint8_t *row = w + n * row_bytes;
     int8x16_t q[2];
     int sc[2];
     float d, m;
@@ -85,12 +87,7 @@ static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
         for (int r = 0; r < nr; r++) {
             const int8_t *x = a.qa + r * a.lda + b * 32;
             const int s0 = dot16(q[0], vld1q_s8(x)), s1 = dot16(q[1], vld1q_s8(x + 16));
-            const int16_t *sums = a.sa + r * (a.lda / 16) + 2 * b;
-            const float da = a.da[r * (a.lda / 32) + b];
-            if (is_mxfp4(fmt))
-                acc[r] += da * d * (float)(s0 + s1);
-            else
-                acc[r] += da * (d * (float)(sc[0] * s0 + sc[1] * s1) + m * (float)(sums[0] + sums[1]));
+            acc[r] += block_term(fmt, a, r, b, s0, s1, d, sc, m);
         }
     }
     for (int r = 0; r < nr; r++) out[r * ldo] = acc[r];
@@ -98,11 +95,7 @@ static void dot_neon(int fmt, const uint8_t *row, int K, act_t a, int nr, float 
 
 void qmm_dot_block(int fmt, const uint8_t *w, int64_t row_bytes, int n0, int n1, int K, act_t a, int nr, float *out,
                    int64_t ldo) {
-    for (int n = n0; n < n1; n++)
-        for (int r = 0; r < nr; r += 4) {
-            int k = nr - r < 4 ? nr - r : 4;
-            dot_neon(fmt, w + n * row_bytes, K, act_from(a, r), k, out + r * ldo + n, ldo);
-        }
+    dot_rows_by4(dot_neon, fmt, w, row_bytes, n0, n1, K, a, nr, out, ldo);
 }
 
 #endif
