@@ -52,14 +52,15 @@ class NativeDecoder:
     min_window: int = 0  # the smallest of those windows
     _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
     # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
-    # its `attn` (models.archs.qwen35.native_plan.Mixers); None: no such layers
+    # its `attn` (a plan's callable, e.g. models.archs.qwen35.native_plan.Mixers); None: no such layers
     recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
     moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu.moe_layer.NativeMoE plans
 
     @classmethod
     def build(cls, model) -> "NativeDecoder | None":
-        """The fused plan for a LlamaModel, GemmaModel, MoEModel or GptOssModel, or None when some part of it does
-        not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
+        """The fused plan of a model with the Llama-like layer (models.llama's DecoderLayer: attention with a bias,
+        Q/K norms, sandwich norms, windows or sinks; a gated MLP or a MoE feed-forward), or None when some part of
+        it does not fit the native stack (a weight not in block formats or with too many parts, a Mixture-of-Experts
         feed-forward that moe_layer.c does not take (kernels.cpu.decoder_moe), attention-logit soft-capping, a head
         size the kernels do not take, float32 compute, or the native kernels off)."""
         c = model.config
@@ -71,8 +72,8 @@ class NativeDecoder:
         f = None if moe is None else _mlp_width(model, moe)
         if f is None:
             return None
-        sinks = getattr(model, "sinks", None)  # attention sinks, with o_proj biases (GptOssModel)
-        # the models whose per-op path attends over their sliding windows: Gemma's, gpt-oss
+        sinks = getattr(model, "sinks", None)  # per-layer attention sinks, with o_proj biases
+        # the models whose per-op path attends over their sliding windows: those with local RoPE tables or sinks
         windows = list(c.layer_windows or ()) if hasattr(model, "cos_local") or sinks is not None else []
         rope = _local_rope(model, windows)
         if rope is None:
@@ -141,7 +142,7 @@ class NativeDecoder:
         """Run every layer over the step's rows: x [T, hidden] float32 embeddings (its rows become the residual
         stream); returns the final-normed hidden states [T, hidden] in the compute dtype. `lora`: the step's
         adapters (models.lora_step.StepLora), applied beside each base matmul (kernels/cpu/src/lora.c); `per_layer`:
-        Gemma 4's per-layer inputs [T, layers, width] (float32), where the plan has them."""
+        the per-layer inputs [T, layers, width] (float32), where the plan has them (decoder_t.ple_width)."""
         meta, pool = attn.meta, attn.pool
         t = x.shape[0]
         x = x.to(torch.float32).contiguous()  # the residual stream, updated in place
@@ -151,7 +152,7 @@ class NativeDecoder:
         metas = [meta]
         if getattr(pool, "window", None):  # sliding layers in the window pool: its tables and slots
             metas.append(attn.window_meta())
-        elif _second_pool(pool):  # sliding layers apart for their K/V shape (Gemma 4): the main block ids
+        elif _second_pool(pool):  # sliding layers apart for their K/V shape (per-layer head sizes): the main block ids
             metas.append(meta)
         keep = [layer_pool]
         step = StepPools()
@@ -188,7 +189,7 @@ class NativeDecoder:
 
 def _second_pool(pool) -> bool:
     """Whether the pool keeps sliding layers apart (`window_k` / `window_v`): in a window pool, or for their K/V
-    head shape (Gemma 4)."""
+    head shape (per-layer head sizes)."""
     return bool(getattr(pool, "window", None)) or getattr(pool, "window_k", torch.empty(0)).shape[0] > 0
 
 
