@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
 from edgeserve.kernels.cpu import native as cn  # noqa: E402
 from test_cpu_kernels import random_blocks  # noqa: E402
 

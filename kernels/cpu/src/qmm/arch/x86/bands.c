@@ -41,6 +41,39 @@ static inline void x8_scales_mins(const uint8_t *p, uint8_t sc[64], uint8_t mn[6
                                                              _mm256_and_si256(_mm256_srli_epi16(hi, 2), x30)));
 }
 
+/* Block j's 8 rows' sub-block scales (int32 lanes) and minimum term (-dmin x min, float lanes) of a Q4_K / Q5_K
+   _X8 group whose x8_scales_mins are sc, mn and whose -dmin is nmv. */
+static inline __m256i x8_scale32(const uint8_t sc[64], int j) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
+}
+static inline __m256 x8_min_term(const uint8_t mn[64], int j, __m256 nmv) {
+    return _mm256_mul_ps(nmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j)))));
+}
+
+/* Run c (values 4c .. 4c + 3) of block j of a Q4_K / Q5_K _X8 group at g: the 8 rows' unsigned quants, 4 bits (Q5_K:
+   | the fifth bit << 4). */
+static inline __attribute__((always_inline)) __m256i x8_k_run(int fmt, const uint8_t *g, int j, int c) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(g + (fmt == F_Q4_K_X8 ? 128 : 384) + 256 * (j / 2) + 32 * c));
+    const __m256i u = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(0x0F));
+    if (fmt != F_Q5_K_X8) return u;
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(g + 128 + 32 * c));
+    return _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), 4),
+                                               _mm256_set1_epi8(0x10)));
+}
+
+/* Run c (values 4c .. 4c + 3) of block j of a Q6_K _X8 group at g: the 8 rows' unsigned 6-bit quants. */
+static inline __attribute__((always_inline)) __m256i x8_q6_run(const uint8_t *g, int j, int c) {
+    const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * c));
+    const __m256i hw = _mm256_loadu_si256((const __m256i *)(g + q6x8_hi(j / 4) + 32 * c));
+    const int part = j % 4;
+    const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
+                     : part == 1 ? _mm256_slli_epi16(hw, 2)
+                     : part == 2 ? hw
+                                 : _mm256_srli_epi16(hw, 2);
+    return _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, _mm256_set1_epi8(0x0F)),
+                           _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+
 /* The 8 halved E8M0 scales (e8m0_half) of the exponent bytes at p. */
 static inline __m256 e8m0_half8(const uint8_t *p) {
     const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
@@ -143,176 +176,94 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                                          _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
             }
         }
+    } else if (fmt == F_Q8_0_X8) {
+        /* signed weights: the sign trick, a madd per run (2 x 128 x 127 fills int16). VNNI (dpbusd): the weights
+           offset to unsigned (q + 128, an xor of the sign bit) straight into dpbusd, then 128 x the block's activation
+           sum taken off: the same integer sum q . a, so the same bits, in one instruction per run and row instead of
+           four */
+        const __m256i ones = _mm256_set1_epi16(1), x80 = _mm256_set1_epi8((char)0x80), n128 = _mm256_set1_epi16(128);
+        (void)x80, (void)n128;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *g = band + (size_t)b * gb;
+            prefetch_ahead(g, gb);
+            const __m256 dv = cvt8h(g);
+            __m256i i32[NX];
+            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * c));
 #if defined(QMM_VNNI)
-    } else if (dpbusd && fmt == F_Q8_0_X8) {
-        /* VNNI: the signed weights offset to unsigned (q + 128, an xor of the sign bit) straight into dpbusd, then
-           128 x the block's activation sum taken off: the same integer sum q . a as the sign trick's below, so the
-           same bits, in one instruction per run and row instead of four */
-        const __m256i x80 = _mm256_set1_epi8((char)0x80), n128 = _mm256_set1_epi16(128);
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *g = band + (size_t)b * gb;
-            prefetch_ahead(g, gb);
-            const __m256 dv = cvt8h(g);
-            __m256i i32[NX];
-            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
-                const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(g + 16 + 32 * c)), x80);
-                for (int r = 0; r < nr; r++) {
-                    i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
-                    PIN(i32[r]);
+                if (dpbusd) {
+                    const __m256i u = _mm256_xor_si256(q, x80);
+                    for (int r = 0; r < nr; r++) {
+                        i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
+                        PIN(i32[r]);
+                    }
+                    continue;
                 }
-            }
-            for (int r = 0; r < nr; r++) {
-                const __m256i corr = _mm256_madd_epi16(bcast4(a.sa + r * (a.lda / 16) + 2 * b), n128);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i32[r], corr)),
-                                         _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
-            }
-        }
 #endif
-    } else if (fmt == F_Q8_0_X8) { /* signed weights: the sign trick, a madd per run (2 x 128 x 127 fills int16) */
-        const __m256i ones = _mm256_set1_epi16(1);
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *g = band + (size_t)b * gb;
-            prefetch_ahead(g, gb);
-            const __m256 dv = cvt8h(g);
-            __m256i i32[NX];
-            for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * c)), aq = _mm256_sign_epi8(q, q);
+                const __m256i aq = _mm256_sign_epi8(q, q);
                 for (int r = 0; r < nr; r++) {
                     const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(A4(r, b, c), q));
                     i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, ones));
                     PIN(i32[r]);
                 }
             }
-            for (int r = 0; r < nr; r++)
+            for (int r = 0; r < nr; r++) {
+                if (dpbusd)
+                    i32[r] = _mm256_sub_epi32(i32[r], _mm256_madd_epi16(bcast4(a.sa + r * (a.lda / 16) + 2 * b), n128));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
-        }
-#if defined(QMM_VNNI)
-    } else if (dpbusd && (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8)) {
-        /* VNNI: dpbusd sums a lane's (a row's) 4 products straight into int32, so the block's 8 runs accumulate
-           without int16 partial sums or madds; the sub-block scale multiplies the block's integer sum once (the
-           same integers as the maddubs path, so the same bits) */
-        const __m256i x10 = _mm256_set1_epi8(0x10);
-        for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *g = band + (size_t)sb * gb, *qs = g + (fmt == F_Q4_K_X8 ? 128 : 384), *qh = g + 128;
-            const __m256 dv = cvt8h(g), nmv = _mm256_sub_ps(_mm256_setzero_ps(), cvt8h(g + 16));
-            __attribute__((aligned(32))) uint8_t sc[64], mn[64];
-            x8_scales_mins(g + 32, sc, mn);
-            for (int j = 0; j < 8; j++) {
-                const int b = 8 * sb + j;
-                prefetch_ahead(g + j * (gb / 8), gb / 8);
-                const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
-                const __m256 mnv = _mm256_mul_ps(
-                    nmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j)))));
-                const __m128i jc = _mm_cvtsi32_si128(j);
-                __m256i i32[NX];
-                for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 256 * (j / 2) + 32 * c));
-                    __m256i u = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
-                    if (fmt == F_Q5_K_X8) {
-                        const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * c));
-                        u = _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, jc), 4), x10));
-                    }
-                    for (int r = 0; r < nr; r++) {
-                        i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
-                        PIN(i32[r]);
-                    }
-                }
-                for (int r = 0; r < nr; r++) {
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(i32[r], s32)),
-                                             _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(mnv, _mm256_set1_ps(FS(r, b)), acc[r]);
-                }
             }
         }
-    } else if (dpbusd && fmt == F_Q6_K_X8) {
-        /* Q6_K as below, the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
-        const __m256i x30 = _mm256_set1_epi8(0x30);
+    } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
+        /* maddubs: Q4_K sums all 8 runs of 4 values in int16 (8 x 2 x 15 x 127), then one madd with the rows'
+           sub-block scales; Q5_K a madd every 2 runs. Both sums start at zero and every run adds (no first-run case).
+           VNNI (dpbusd): a lane's (a row's) 4 products go straight into int32, so the block's 8 runs accumulate
+           without int16 partial sums or madds, and the sub-block scale multiplies the block's sum once: the same
+           integers, so the same bits. */
         for (int sb = 0; sb < nb / 8; sb++) {
             const uint8_t *g = band + (size_t)sb * gb;
-            const __m256 dv = cvt8h(g);
-            for (int j = 0; j < 8; j++) {
-                const int b = 8 * sb + j;
-                prefetch_ahead(g + j * (gb / 8), gb / 8);
-                const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
-                /* int32 lane r: row r's scale of values 0-15 (the low int16 of scp's lane), 16-31 (the high one) */
-                const __m256i se = _mm256_srai_epi32(_mm256_slli_epi32(scp, 16), 16), so = _mm256_srai_epi32(scp, 16);
-                __m256i lo[NX], hi32[NX];
-                for (int r = 0; r < nr; r++) lo[r] = hi32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c++) {
-                    const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * c));
-                    const __m256i hw = _mm256_loadu_si256((const __m256i *)(g + q6x8_hi(j / 4) + 32 * c));
-                    const int part = j % 4;
-                    const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
-                                     : part == 1 ? _mm256_slli_epi16(hw, 2)
-                                     : part == 2 ? hw
-                                                 : _mm256_srli_epi16(hw, 2);
-                    const __m256i u = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, low4),
-                                                      _mm256_and_si256(hi, x30));
-                    for (int r = 0; r < nr; r++) {
-                        if (c < 4) {
-                            lo[r] = _mm256_dpbusd_epi32(lo[r], u, A4(r, b, c));
-                            PIN(lo[r]);
-                        } else {
-                            hi32[r] = _mm256_dpbusd_epi32(hi32[r], u, A4(r, b, c));
-                            PIN(hi32[r]);
-                        }
-                    }
-                }
-                for (int r = 0; r < nr; r++) {
-                    const __m256i corr = _mm256_madd_epi16(scp, bcast4(a.sa + r * (a.lda / 16) + 2 * b));
-                    const __m256i i32 = _mm256_add_epi32(_mm256_mullo_epi32(lo[r], se), _mm256_mullo_epi32(hi32[r], so));
-                    const __m256i isum = _mm256_sub_epi32(i32, _mm256_slli_epi32(corr, 5));
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))),
-                                             acc[r]);
-                }
-            }
-        }
-#endif
-    } else if (fmt == F_Q4_K_X8 || fmt == F_Q5_K_X8) {
-        const __m256i x10 = _mm256_set1_epi8(0x10);
-        for (int sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *g = band + (size_t)sb * gb, *qs = g + (fmt == F_Q4_K_X8 ? 128 : 384), *qh = g + 128;
             const __m256 dv = cvt8h(g), nmv = _mm256_sub_ps(_mm256_setzero_ps(), cvt8h(g + 16));
             __attribute__((aligned(32))) uint8_t sc[64], mn[64];
             x8_scales_mins(g + 32, sc, mn);
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
                 prefetch_ahead(g + j * (gb / 8), gb / 8);
-                const __m256i s32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
-                const __m256i scv = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
-                const __m256 mnv = _mm256_mul_ps(
-                    nmv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 8 * j)))));
-                const __m128i jc = _mm_cvtsi32_si128(j);
-                /* Q4_K: all 8 runs of 4 values in int16 (8 x 2 x 15 x 127), then one madd; Q5_K: a madd every 2 runs */
+                const __m256i s32 = x8_scale32(sc, j), scv = _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16));
+                const __m256 mnv = x8_min_term(mn, j, nmv);
                 __m256i s16[NX], i32[NX];
-                for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c += 2) {
-                    __m256i u[2];
-                    for (int e = 0; e < 2; e++) {
-                        const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 256 * (j / 2) + 32 * (c + e)));
-                        u[e] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
-                        if (fmt == F_Q5_K_X8) {
-                            const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * (c + e)));
-                            u[e] = _mm256_or_si256(u[e], _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(h, jc), 4), x10));
-                        }
-                    }
-                    for (int r = 0; r < nr; r++) {
-                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
-                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
-                        if (fmt == F_Q5_K_X8) {
-                            i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                for (int r = 0; r < nr; r++) s16[r] = i32[r] = _mm256_setzero_si256();
+#if defined(QMM_VNNI)
+                if (dpbusd) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        const __m256i u = x8_k_run(fmt, g, j, c);
+                        for (int r = 0; r < nr; r++) {
+                            i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
                             PIN(i32[r]);
-                        } else {
-                            s16[r] = c ? _mm256_add_epi16(s16[r], p) : p;
-                            PIN(s16[r]);
                         }
                     }
+                    for (int r = 0; r < nr; r++) i32[r] = _mm256_mullo_epi32(i32[r], s32);
+                } else
+#endif
+                {
+#pragma GCC unroll 4
+                    for (int c = 0; c < 8; c += 2) {
+                        const __m256i u0 = x8_k_run(fmt, g, j, c), u1 = x8_k_run(fmt, g, j, c + 1);
+                        for (int r = 0; r < nr; r++) {
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
+                                                               _mm256_maddubs_epi16(u1, A4(r, b, c + 1)));
+                            if (fmt == F_Q5_K_X8) {
+                                i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                                PIN(i32[r]);
+                            } else {
+                                s16[r] = _mm256_add_epi16(s16[r], p);
+                                PIN(s16[r]);
+                            }
+                        }
+                    }
+                    if (fmt == F_Q4_K_X8)
+                        for (int r = 0; r < nr; r++) i32[r] = _mm256_madd_epi16(s16[r], scv);
                 }
-                if (fmt == F_Q4_K_X8)
-                    for (int r = 0; r < nr; r++) i32[r] = _mm256_madd_epi16(s16[r], scv);
                 for (int r = 0; r < nr; r++) {
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[r]), _mm256_mul_ps(dv, _mm256_set1_ps(DA(r, b))),
                                              acc[r]);
@@ -321,7 +272,6 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             }
         }
     } else { /* Q6_K: unsigned 6-bit q, the -32 taken off as 32 * sum(scale * sums of 16 activations) */
-        const __m256i x30 = _mm256_set1_epi8(0x30);
         const __m256i dup_lo = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5,
                                                 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
         const __m256i dup_hi = _mm256_add_epi8(dup_lo, _mm256_set1_epi8(2));
@@ -331,30 +281,43 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
             for (int j = 0; j < 8; j++) {
                 const int b = 8 * sb + j;
                 prefetch_ahead(g + j * (gb / 8), gb / 8);
-                /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31; each duplicated for the madd */
+                /* int16 lanes 2r, 2r + 1: row r's scales of values 0-15 and 16-31 */
                 const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 16 + 16 * j)));
-                const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
                 __m256i i32[NX];
                 for (int r = 0; r < nr; r++) i32[r] = _mm256_setzero_si256();
-                for (int c = 0; c < 8; c += 2) { /* two runs of 4 values: at most 2 x 2 x 63 x 127 in int16 */
-                    __m256i u[2];
-                    for (int e = 0; e < 2; e++) {
-                        const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * (c + e)));
-                        const __m256i hw = _mm256_loadu_si256((const __m256i *)(g + q6x8_hi(j / 4) + 32 * (c + e)));
-                        const int part = j % 4;
-                        const __m256i hi = part == 0 ? _mm256_slli_epi16(hw, 4)
-                                         : part == 1 ? _mm256_slli_epi16(hw, 2)
-                                         : part == 2 ? hw
-                                                     : _mm256_srli_epi16(hw, 2);
-                        u[e] = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(lw, 4) : lw, low4),
-                                               _mm256_and_si256(hi, x30));
+#if defined(QMM_VNNI)
+                if (dpbusd) { /* the runs of values 0-15 and 16-31 summed by dpbusd apart (their scales differ) */
+                    const __m256i se = _mm256_srai_epi32(_mm256_slli_epi32(scp, 16), 16), so = _mm256_srai_epi32(scp, 16);
+                    __m256i hi32[NX];
+                    for (int r = 0; r < nr; r++) hi32[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        const __m256i u = x8_q6_run(g, j, c);
+                        for (int r = 0; r < nr; r++) {
+                            if (c < 4) {
+                                i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
+                                PIN(i32[r]);
+                            } else {
+                                hi32[r] = _mm256_dpbusd_epi32(hi32[r], u, A4(r, b, c));
+                                PIN(hi32[r]);
+                            }
+                        }
                     }
-                    const __m256i scv = c < 4 ? sce : sco;
-                    for (int r = 0; r < nr; r++) {
-                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], A4(r, b, c)),
-                                                           _mm256_maddubs_epi16(u[1], A4(r, b, c + 1)));
-                        i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
-                        PIN(i32[r]);
+                    for (int r = 0; r < nr; r++)
+                        i32[r] = _mm256_add_epi32(_mm256_mullo_epi32(i32[r], se), _mm256_mullo_epi32(hi32[r], so));
+                } else
+#endif
+                { /* each scale duplicated for the madd; two runs of 4 values: at most 2 x 2 x 63 x 127 in int16 */
+                    const __m256i sce = _mm256_shuffle_epi8(scp, dup_lo), sco = _mm256_shuffle_epi8(scp, dup_hi);
+#pragma GCC unroll 4
+                    for (int c = 0; c < 8; c += 2) {
+                        const __m256i u0 = x8_q6_run(g, j, c), u1 = x8_q6_run(g, j, c + 1), scv = c < 4 ? sce : sco;
+                        for (int r = 0; r < nr; r++) {
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, A4(r, b, c)),
+                                                               _mm256_maddubs_epi16(u1, A4(r, b, c + 1)));
+                            i32[r] = _mm256_add_epi32(i32[r], _mm256_madd_epi16(p, scv));
+                            PIN(i32[r]);
+                        }
                     }
                 }
                 for (int r = 0; r < nr; r++) {
