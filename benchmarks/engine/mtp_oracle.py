@@ -13,7 +13,7 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
 
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
-                                    [--draft-vocab 0,32768] [--out /tmp/folder]
+                                    [--draft-vocab 0,32768] [--per-op-head 0.7] [--out /tmp/folder]
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--draft-vocab", default="32768",
                     help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
     ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
+    ap.add_argument("--per-op-head", default=None, type=float,
+                    help="also this acceptance with the head's block per-op (its fused one-layer plan set aside)")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
     return ap.parse_args()
 
@@ -85,11 +87,31 @@ def main() -> None:
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
                 llm.engine.spec.backoff = None  # the raw cost at this acceptance
                 engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
+            if a.per_op_head is not None:  # the same with the head's block per-op
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab)
+                llm.engine.spec.backoff = None
+                engines[f"mtp dv={dv} k={k} a={a.per_op_head:.0%} per-op head"] = PerOpHead(llm, lm.model.mtp)
             if a.backoff is not None:  # the same with the back-off policy on
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
                 engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
     measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
+
+
+class PerOpHead:
+    """An LLM whose MTP head runs its block per-op during `generate` (the head's fused plan set aside, then put
+    back), beside sides that run it fused."""
+
+    def __init__(self, llm, head) -> None:
+        self.llm, self.head, self.engine = llm, head, llm.engine
+
+    def generate(self, *args, **kwargs):
+        fused, self.head.native = self.head.native, None
+        try:
+            return self.llm.generate(*args, **kwargs)
+        finally:
+            self.head.native = fused
 
 
 def measure(engines: dict, prompt: list[int], params, reference: list[int], rounds: int, label: dict) -> None:
