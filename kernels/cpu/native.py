@@ -235,6 +235,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.qmm_gdn_rule.argtypes = [p, i64, p, i64, p, i64, p, p, i32, i32, i32, i32, i32, p, i32, p, i64, p,
                                      ctypes.c_float, p]
         lib.qmm_gdn_rule.restype = None
+    if hasattr(lib, "qmm_gdn_rule_rows"):  # the state after every row (kernels/cpu/src/gated_delta_rows.c)
+        lib.qmm_gdn_rule_rows.argtypes = [*lib.qmm_gdn_rule.argtypes, p]
+        lib.qmm_gdn_rule_rows.restype = None
     if hasattr(lib, "qmm_gdn_gates"):
         lib.qmm_gdn_gates.argtypes = [p, i64, p, i64, i32, i32, p, p, p, p]
         lib.qmm_gdn_gates.restype = None
@@ -832,6 +835,34 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                      g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
                      state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out
+
+
+def gdn_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
+                  lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`gdn_rule` also keeping each sequence's state after each of its rows: (out [T, Hv, Dv], row states
+    [T, Hv, Dk, Dv]), the twin of kernels.torch.gated_delta.gated_delta_rule_rows; None where `gdn_rule` is None or
+    the library predates it."""
+    lib = lib or library()
+    if lib is None or not hasattr(lib, "qmm_gdn_rule_rows"):
+        return None
+    t, hv, dv, dk = q.shape[0], v.shape[1], v.shape[2], q.shape[2]
+    rows = torch.empty(t, hv, dk, dv, dtype=torch.float32)
+    # gdn_rule's checks and arguments, its call made to the entry point that also writes the row states
+    rows_lib = _Calls(lib, qmm_gdn_rule=lambda *args: lib.qmm_gdn_rule_rows(*args, rows.data_ptr()))
+    out = gdn_rule(q, k, v, g, beta, state, batch, scale, tiled, lib=rows_lib)  # type: ignore[arg-type]
+    return None if out is None else (out, rows)
+
+
+@dataclass
+class _Calls:
+    """A library whose named functions are replaced (the rest are the library's)."""
+
+    lib: ctypes.CDLL
+    qmm_gdn_rule: Callable
+
+    def __getattr__(self, name: str):
+        return getattr(self.lib, name)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
