@@ -8,7 +8,7 @@ its draft logits, the hybrid state backup / restore, verification, and the rest 
 bookkeeping) as the step total less the parts.
 
     OMP_NUM_THREADS=1 python benchmarks/engine/mtp_step_profile.py [--shape qwen35-0.8b] [--ks 2,3] [--accept 0.7]
-        [--max-tokens 48] [--rounds 2] [--out /tmp/folder]
+        [--max-tokens 48] [--rounds 2] [--out /tmp/folder] [--head-ab REPS]
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--head-ab", type=int, default=0,
+                    help="instead: the head's block on one draft row, fused against per-op, this many alternating reps")
     a = ap.parse_args()
 
     from pathlib import Path
@@ -89,6 +91,8 @@ def main() -> None:
     from edgeserve.registry import resolve
 
     lm = load_model(resolve(str(write_model(a.shape, a.mix, None, VOCAB, Path(a.out) if a.out else None))))
+    if a.head_ab:
+        return head_ab(lm, a.head_ab)
     prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     opts = dict(kv_cache_gb=0.1, max_num_seqs=1, enable_prefix_caching=False)
@@ -127,6 +131,41 @@ def main() -> None:
                           "ms_per_call": {k: round(1000 * v / clock.calls[k], 2) for k, v in sorted(clock.time.items())},
                           "calls": dict(sorted(clock.calls.items())),
                           "median_cpu_s_per_run": round(statistics.median(totals[side]), 3)}))
+
+
+def head_ab(lm, reps: int) -> None:
+    """Process time of the head's block (`mtp_forward`) on one draft row after a 32-row context, its fused one-layer
+    plan against per-op, sides alternating `reps` times; prints the medians and their ratio as JSON."""
+    import torch
+
+    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.dispatch import AttentionMetadata
+    from edgeserve.models.mtp_head import head_decoder, mtp_forward
+
+    model, head = lm.model, lm.model.mtp
+    fused = head_decoder(model, head)
+    assert fused is not None, "the head's block does not fit the fused stack"
+    pool = KVPool(head.kv_config, 4, 16, model.dtype, model.device)
+    hidden = torch.randn(33, lm.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(model.dtype)
+    ids = torch.randint(1000, 20000, (33,), generator=torch.Generator().manual_seed(1))
+
+    def run(native) -> float:
+        head.native = native
+        meta = AttentionMetadata.build([32], [32], [[0, 1, 2, 3]], list(range(32)))
+        mtp_forward(model, head, ids[:32], hidden[:32], torch.arange(32), PagedKVAttention(pool, meta))
+        meta = AttentionMetadata.build([1], [33], [[0, 1, 2, 3]], [32])
+        start = time.process_time()
+        mtp_forward(model, head, ids[32:], hidden[32:], torch.tensor([32]), PagedKVAttention(pool, meta))
+        return time.process_time() - start
+
+    times: dict[str, list[float]] = {"fused": [], "per-op": []}
+    for _ in range(reps):
+        times["fused"].append(run(fused))
+        times["per-op"].append(run(None))
+    head.native = fused
+    med = {side: statistics.median(t) * 1000 for side, t in times.items()}
+    print(json.dumps({"head_block_ms_per_draft_row": {k: round(v, 3) for k, v in med.items()},
+                      "per_op_over_fused": round(med["per-op"] / med["fused"], 2), "reps": reps}))
 
 
 if __name__ == "__main__":
