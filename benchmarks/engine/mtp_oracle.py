@@ -67,18 +67,15 @@ def _parse_args() -> argparse.Namespace:
 def main() -> None:
     a = _parse_args()
 
-    from edgeserve import LLM, SamplingParams
+    from edgeserve import LLM
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
     path = write_model(a.shape, a.mix, a.layers, Path(a.vocab), Path(a.out) if a.out else None)
     lm = load_model(resolve(str(path)))
     vocab = lm.config.vocab_size
-    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
-    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     opts = dict(kv_cache_gb=a.kv_gb, max_num_seqs=1, enable_prefix_caching=False)  # one stream
-    plain = LLM.from_model(lm, speculative="off", **opts)
-    reference = plain.generate([prompt], params)[0].outputs[0].token_ids
+    prompt, params, plain, reference = plain_run(lm, a.max_tokens, opts)
     engines = {"plain": plain}
     for dv in (int(x) for x in a.draft_vocab.split(",")):
         for k in (int(x) for x in a.ks.split(",")):
@@ -97,6 +94,17 @@ def main() -> None:
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
                 engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
     measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
+
+
+def plain_run(lm, max_tokens: int, opts: dict):
+    """The benchmarks' 8-token prompt, greedy `max_tokens` params, a plain (speculation off) LLM over `lm` with engine
+    options `opts`, and its output for the prompt (the reference every side must give)."""
+    from edgeserve import LLM, SamplingParams
+
+    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    plain = LLM.from_model(lm, speculative="off", **opts)
+    return prompt, params, plain, plain.generate([prompt], params)[0].outputs[0].token_ids
 
 
 class PerOpHead:

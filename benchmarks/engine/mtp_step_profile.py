@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import statistics
 import time
 from dataclasses import dataclass, field
 
-from mtp_oracle import VOCAB, oracle_for, write_model
+from mtp_oracle import VOCAB, oracle_for, plain_run, write_model
 
 
 @dataclass
@@ -86,18 +85,15 @@ def main() -> None:
 
     from pathlib import Path
 
-    from edgeserve import LLM, SamplingParams
+    from edgeserve import LLM
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
     lm = load_model(resolve(str(write_model(a.shape, a.mix, None, VOCAB, Path(a.out) if a.out else None))))
     if a.head_ab:
         return head_ab(lm, a.head_ab)
-    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
-    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     opts = dict(kv_cache_gb=0.1, max_num_seqs=1, enable_prefix_caching=False)
-    plain = LLM.from_model(lm, speculative="off", **opts)
-    reference = plain.generate([prompt], params)[0].outputs[0].token_ids
+    prompt, params, plain, reference = plain_run(lm, a.max_tokens, opts)
     engines = {"plain": plain}
     for k in (int(x) for x in a.ks.split(",")):
         llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
