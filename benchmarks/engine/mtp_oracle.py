@@ -13,7 +13,7 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
 
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
-                                    [--draft-vocab 0,32768] [--out /tmp/folder]
+                                    [--draft-vocab 0,32768] [--per-op-head 0.7] [--out /tmp/folder]
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--draft-vocab", default="32768",
                     help="comma-separated --spec-draft-vocab values, one set of sides each (0: the whole vocabulary)")
     ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
+    ap.add_argument("--per-op-head", default=None, type=float,
+                    help="also this acceptance with the head's block per-op (its fused one-layer plan set aside)")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
     return ap.parse_args()
 
@@ -65,18 +67,15 @@ def _parse_args() -> argparse.Namespace:
 def main() -> None:
     a = _parse_args()
 
-    from edgeserve import LLM, SamplingParams
+    from edgeserve import LLM
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 
     path = write_model(a.shape, a.mix, a.layers, Path(a.vocab), Path(a.out) if a.out else None)
     lm = load_model(resolve(str(path)))
     vocab = lm.config.vocab_size
-    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
-    params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     opts = dict(kv_cache_gb=a.kv_gb, max_num_seqs=1, enable_prefix_caching=False)  # one stream
-    plain = LLM.from_model(lm, speculative="off", **opts)
-    reference = plain.generate([prompt], params)[0].outputs[0].token_ids
+    prompt, params, plain, reference = plain_run(lm, a.max_tokens, opts)
     engines = {"plain": plain}
     for dv in (int(x) for x in a.draft_vocab.split(",")):
         for k in (int(x) for x in a.ks.split(",")):
@@ -85,11 +84,42 @@ def main() -> None:
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
                 llm.engine.spec.backoff = None  # the raw cost at this acceptance
                 engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
+            if a.per_op_head is not None:  # the same with the head's block per-op
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab)
+                llm.engine.spec.backoff = None
+                engines[f"mtp dv={dv} k={k} a={a.per_op_head:.0%} per-op head"] = PerOpHead(llm, lm.model.mtp)
             if a.backoff is not None:  # the same with the back-off policy on
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
                 engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
     measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
+
+
+def plain_run(lm, max_tokens: int, opts: dict):
+    """The benchmarks' 8-token prompt, greedy `max_tokens` params, a plain (speculation off) LLM over `lm` with engine
+    options `opts`, and its output for the prompt (the reference every side must give)."""
+    from edgeserve import LLM, SamplingParams
+
+    prompt = [random.Random(1).randrange(1000, 20000) for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    plain = LLM.from_model(lm, speculative="off", **opts)
+    return prompt, params, plain, plain.generate([prompt], params)[0].outputs[0].token_ids
+
+
+class PerOpHead:
+    """An LLM whose MTP head runs its block per-op during `generate` (the head's fused plan set aside, then put
+    back), beside sides that run it fused."""
+
+    def __init__(self, llm, head) -> None:
+        self.llm, self.head, self.engine = llm, head, llm.engine
+
+    def generate(self, *args, **kwargs):
+        fused, self.head.native = self.head.native, None
+        try:
+            return self.llm.generate(*args, **kwargs)
+        finally:
+            self.head.native = fused
 
 
 def measure(engines: dict, prompt: list[int], params, reference: list[int], rounds: int, label: dict) -> None:

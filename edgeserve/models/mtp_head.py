@@ -36,7 +36,9 @@ from edgeserve.loaders.weights import WeightSource
 
 from .config import ModelConfig
 from .archs.gemma4.model import Table, load_table, table_rows
+from .archs.qwen35.native_plan import build_mtp_head
 from .llama import load_matrix
+from .moe import ffn_input_dtype
 from .text_part import RenamedWeights
 
 if TYPE_CHECKING:
@@ -89,6 +91,8 @@ class MtpHead:
     kv_config: ModelConfig  # one full-attention layer, for the head's KVPool
     # draft vocabularies cut from the output head, by size (draft_vocab), made on first use
     draft_vocabs: dict[int, "DraftVocab | None"] = field(default_factory=dict, repr=False)
+    # the block on the fused native stack (head_decoder: a NativeDecoder, None where it does not fit), planned on first use
+    native: Any = field(default=False, repr=False)
 
 
 def load_mtp_head(model: "Qwen35Model", source: WeightSource, keep_int4: bool = True,
@@ -154,13 +158,26 @@ def mtp_forward(model: "Qwen35Model", head: MtpHead, token_ids: torch.Tensor, hi
     e = model.embed_rows(token_ids) if head.embed is None else table_rows(head.embed, token_ids)
     x = torch.cat([rms_norm(e, head.enorm, eps), rms_norm(hidden.float(), head.hnorm, eps)], dim=-1)
     x = linear(model._matmul_input(x), head.eh_proj).float()
+    native = head_decoder(model, head)
+    if native is not None and native.runs(attn):
+        return native.forward(x, positions, attn)
     cos, sin = model.cos[positions], model.sin[positions]
     h = rms_norm(x, head.layer.input_norm, eps).to(model.dtype)
     y = model._attention(0, head.layer, h, cos, sin, attn, None)
-    h, x = add_rms_norm(y, x, head.layer.post_norm, eps, model.dtype)
+    h, x = add_rms_norm(y, x, head.layer.post_norm, eps, ffn_input_dtype(head.layer, model.dtype))  # as the trunk's
     y = model.mlp(head.layer, h, None)  # type: ignore[arg-type]
     g, _ = add_rms_norm(y, x, head.head_norm, eps, model.dtype)
     return g
+
+
+def head_decoder(model: "Qwen35Model", head: MtpHead):
+    """The head's block as a one-layer fused native plan (models.archs.qwen35.native_plan.build_mtp_head, planned
+    once), where the trunk runs on the fused stack; None: the per-op path (also while the trunk's plan is off)."""
+    if model.native_decoder() is None:
+        return None
+    if head.native is False:
+        head.native = build_mtp_head(model, head)
+    return head.native
 
 
 def mtp_logits(model: "Qwen35Model", head: MtpHead, g: torch.Tensor) -> torch.Tensor:

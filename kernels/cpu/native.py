@@ -226,6 +226,8 @@ SIGNATURES = {
     "qmm_gdn_conv": ([_p, _i64, _i32, _i32, _p, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_gdn_rule": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _f32,
                       _p], None),
+    "qmm_gdn_rule_rows": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p,
+                           _f32, _p, _p], None),  # qmm_gdn_rule's, then the state after every row
     "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
     "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
     "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i32, _i32, _i32, _p], None),
@@ -786,6 +788,33 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                      g.data_ptr(), beta.data_ptr(), hk, hv, dk, dv, tiled, cu.data_ptr(), sl.numel(), state.data_ptr(),
                      state.stride(0), sl.data_ptr(), dk ** -0.5 if scale is None else scale, out.data_ptr())
     return out
+
+
+def gdn_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  state: torch.Tensor, batch: DeltaBatch, scale: float | None = None, tiled: bool = False,
+                  lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`gdn_rule` also keeping each sequence's state after each of its rows: (out [T, Hv, Dv], row states
+    [T, Hv, Dk, Dv]), the twin of kernels.torch.gated_delta.gated_delta_rule_rows; None where `gdn_rule` is None."""
+    lib = lib or library()
+    if lib is None:
+        return None
+    t, hv, dv, dk = q.shape[0], v.shape[1], v.shape[2], q.shape[2]
+    rows = torch.empty(t, hv, dk, dv, dtype=torch.float32)
+    # gdn_rule's checks and arguments, its call made to the entry point that also writes the row states
+    rows_lib = _Calls(lib, qmm_gdn_rule=lambda *args: lib.qmm_gdn_rule_rows(*args, rows.data_ptr()))
+    out = gdn_rule(q, k, v, g, beta, state, batch, scale, tiled, lib=rows_lib)  # type: ignore[arg-type]
+    return None if out is None else (out, rows)
+
+
+@dataclass
+class _Calls:
+    """A library whose named functions are replaced (the rest are the library's)."""
+
+    lib: ctypes.CDLL
+    qmm_gdn_rule: Callable
+
+    def __getattr__(self, name: str):
+        return getattr(self.lib, name)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,

@@ -203,6 +203,24 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out[batch.seq, batch.pos]
 
 
+def gated_delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                          state: torch.Tensor, batch: DeltaBatch, scale: float | None = None,
+                          tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """recurrent_gated_delta_rule also keeping each sequence's state after each of its rows (for speculative
+    verification: a partly accepted run of drafts restores its last accepted row's state instead of computing the
+    rows again): (o [T, Hv, Dv], row states [T, Hv, Dk, Dv] float32). Each row runs as a one-row batch."""
+    cu, slots = batch.cu_seqlens.tolist(), batch.slots
+    out = torch.empty(v.shape, dtype=torch.float32)
+    rows = torch.empty(v.shape[0], v.shape[1], q.shape[2], v.shape[2], dtype=torch.float32)
+    for b in range(len(cu) - 1):
+        one = DeltaBatch.build(torch.tensor([0, 1]), slots[b: b + 1], state.shape[0])
+        for t in range(cu[b], cu[b + 1]):
+            out[t: t + 1] = recurrent_gated_delta_rule(q[t: t + 1], k[t: t + 1], v[t: t + 1], g[t: t + 1],
+                                                       beta[t: t + 1], state, one, scale, tiled)
+            rows[t] = state[slots[b]].float()
+    return out, rows
+
+
 def chunked_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                              beta: torch.Tensor, state: torch.Tensor, batch: DeltaBatch, scale: float | None = None,
                              chunk_size: int = 64, tiled: bool = False) -> torch.Tensor:

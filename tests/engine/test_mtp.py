@@ -33,7 +33,7 @@ from edgeserve.engine.spec import NoMtpHeadError  # noqa: E402
 from edgeserve.engine.spec.speculator import MAX_BACKLOG  # noqa: E402
 from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
 from edgeserve.llm import LLM  # noqa: E402
-from edgeserve.models.mtp_head import cut_vocab, draft_logits, mtp_forward, mtp_logits  # noqa: E402
+from edgeserve.models.mtp_head import cut_vocab, draft_logits, head_decoder, mtp_forward, mtp_logits  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 CASES = ["qwen35-mtp", "qwen35moe-mtp"]
@@ -305,3 +305,20 @@ def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
         pass
     b.record("low", 2, 2)
     assert b.drafts_now("low") and b.drafts_now("low")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fused_head_gives_the_per_op_heads_logits(name, files):
+    """The head's block as a one-layer plan on the fused native stack (Q8_0, bfloat16) gives the per-op block's
+    logits, through a prompt chunk and single rows over its paged pool."""
+    _, _, _, q8 = files(name)
+    model = load_ours(q8, dtype="bfloat16").model
+    assert model.native_decoder() is not None and head_decoder(model, model.mtp) is not None
+    ids = IDS
+    hidden = torch.randn(len(ids) - 1, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    chunks = [(0, 9), *((i, i + 1) for i in range(9, len(ids) - 1))]
+    fused = head_logits(model, ids, hidden.to(model.dtype), chunks)
+    model.mtp.native = None  # the per-op path
+    per_op = head_logits(model, ids, hidden.to(model.dtype), chunks)
+    assert per_op.abs().max() > 1.0
+    assert torch.equal(fused, per_op)

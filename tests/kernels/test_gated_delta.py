@@ -648,3 +648,45 @@ def test_layer_with_gguf_head_order_matches_transformers(net):
         mixed = net(h @ qkv_w.T, h @ z_w.T, h @ a_w.T, h @ b_w.T, tiled_weights, tiled_dims, conv_state, state,
                     B([0, 13], slots))
         close(mixed @ out_w.T, layer(h[None])[0], tol=1e-5)
+
+
+# --- the state after every row (speculative verification) ------------------------------------------------------
+
+@native
+@pytest.mark.parametrize("lens", [[3], [1, 4, 2]])
+def test_native_row_states_restore_equals_recompute(lib, lens):
+    """gdn_rule_rows (kernels/cpu/src/gated_delta_rows.c) over k + 1 verified rows per sequence: the state it keeps
+    after row j is, bit for bit, the one computing rows 0..j again from the step's start state gives (a partly
+    accepted run of drafts restores it instead), its outputs and final states are gdn_rule's over the whole batch,
+    and its row states match the torch twin's (gated_delta_rule_rows)."""
+    q, k, v, g, beta, cu, slots, start = inputs(lens, dk=32, dv=24, seed=5)
+    state = start.clone()
+    out, rows = cpu_native.gdn_rule_rows(q, k, v, g, beta, state, B(cu, slots), lib=lib)
+    whole = start.clone()
+    assert torch.equal(out, cpu_native.gdn_rule(q, k, v, g, beta, whole, B(cu, slots), lib=lib))
+    assert torch.equal(state, whole)
+    for b, slot in enumerate(slots.tolist()):
+        for j in range(lens[b]):
+            a, e = int(cu[b]), int(cu[b]) + j + 1
+            again = start.clone()
+            cpu_native.gdn_rule(q[a:e], k[a:e], v[a:e], g[a:e], beta[a:e], again, B([0, e - a], [slot]), lib=lib)
+            assert torch.equal(rows[e - 1], again[slot]), (b, j)
+    twin_state = start.clone()
+    twin_out, twin_rows = gd.gated_delta_rule_rows(q, k, v, g, beta, twin_state, B(cu, slots))
+    assert torch.allclose(rows, twin_rows, atol=1e-5) and torch.allclose(out, twin_out, atol=1e-5)
+    assert not torch.allclose(rows[0], rows[1], atol=1e-3)  # the rows' states differ: a lag of one row would show
+
+
+def test_twin_row_states_are_the_float64_reference_after_each_row():
+    """gated_delta_rule_rows' state after row j of a sequence is reference_rule's over rows 0..j."""
+    lens = [2, 3]
+    q, k, v, g, beta, cu, slots, start = inputs(lens, seed=6)
+    out, rows = gd.gated_delta_rule_rows(q, k, v, g, beta, start.clone(), B(cu, slots))
+    ref_out, _ = reference_rule(q, k, v, g, beta, cu, slots, start)
+    assert torch.allclose(out.double(), ref_out, atol=1e-5)
+    for b, slot in enumerate(slots.tolist()):
+        for j in range(lens[b]):
+            a, e = int(cu[b]), int(cu[b]) + j + 1
+            _, ref = reference_rule(q[a:e], k[a:e], v[a:e], g[a:e], beta[a:e], torch.tensor([0, e - a]),
+                                    [slot], start)
+            assert torch.allclose(rows[e - 1].double(), ref[slot], atol=1e-5), (b, j)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -106,11 +107,7 @@ def build_qwen35(model) -> NativeDecoder | None:
     mixers = (GdnLayer * max(1, c.num_linear_layers))()
     for i, layer in enumerate(layers):
         out = array[i]
-        if moe[i] is not None:
-            out.moe = moe[i].address()
-        else:
-            out.mlp.gate_up, out.mlp.down = qweight(layer.gate_up), qweight(layer.down)
-        out.norms.ffn_in = ptr(layer.post_norm)
+        _pack_feed_forward(out, layer, moe[i], ptr)
         out.norms.next = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
         if layer.delta is not None:
             w, j = layer.delta, layer.linear_index
@@ -120,12 +117,61 @@ def build_qwen35(model) -> NativeDecoder | None:
             out.mixer.in_proj, out.mixer.out_proj = qweight(layer.in_proj), qweight(layer.out_proj)
             out.mixer.gdn = ctypes.addressof(mixers[j])
         else:
-            a = out.attn
-            a.qkv, a.o = qweight(layer.qkv), qweight(layer.o_proj)
-            a.q_norm, a.k_norm, a.gate = ptr(layer.q_norm), ptr(layer.k_norm), 1
+            _pack_attention(out, layer, ptr)
     f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
                       c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
                          recurrent=Mixers(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
+
+
+def _pack_attention(out: Layer, layer, ptr) -> None:
+    """A gated full-attention layer's weights into layer_t `out` (`ptr`: kept_f32_ptr over the plan's keep list)."""
+    a = out.attn
+    a.qkv, a.o = qweight(layer.qkv), qweight(layer.o_proj)
+    a.q_norm, a.k_norm, a.gate = ptr(layer.q_norm), ptr(layer.k_norm), 1
+
+
+def _pack_feed_forward(out: Layer, layer, plan, ptr) -> None:
+    """A layer's feed-forward (its moe_layer.c plan, or the gated MLP where `plan` is None) and post-mixer norm into
+    layer_t `out`."""
+    if plan is not None:
+        out.moe = plan.address()
+    else:
+        out.mlp.gate_up, out.mlp.down = qweight(layer.gate_up), qweight(layer.down)
+    out.norms.ffn_in = ptr(layer.post_norm)
+
+
+def build_mtp_head(model, head) -> NativeDecoder | None:
+    """The MTP head's block (models.mtp_head.MtpHead: gated full attention + feed-forward, one decoder layer) as a
+    one-layer fused plan over the head's own one-layer K/V pool: `forward(x, positions, attn)` takes the block's input
+    x (the eh_proj output, float32) and gives shared_head_norm of its output, g, as models.mtp_head.mtp_forward's
+    per-op path computes it (the same kernels in the same order). None where the trunk itself does not run fused, or
+    the block's weights do not fit the stack."""
+    trunk = model.native_decoder()
+    if trunk is None:
+        return None
+    c, layer = model.config, head.layer
+    one = SimpleNamespace(layers=[layer], config=c)
+    moe = moe_plans(one)
+    if moe is None:
+        return None
+    shapes = [(layer.qkv, (2 * c.num_heads * c.head_dim + 2 * c.kv_size, c.hidden_size)),
+              (layer.o_proj, (c.hidden_size, c.num_heads * c.head_dim))]
+    f = layer.gate_up.shape[0] // 2 if moe[0] is None and isinstance(layer.gate_up, BlockWeight) else 0
+    if moe[0] is None:
+        shapes += [(layer.gate_up, (2 * f, c.hidden_size)), (layer.down, (c.hidden_size, f))]
+    if (moe[0] is None and not f) or not all(_fits(w, s) for w, s in shapes):
+        return None
+    keep: list[torch.Tensor] = []
+    ptr = functools.partial(kept_f32_ptr, keep)
+    array = (Layer * 1)()
+    _pack_attention(array[0], layer, ptr)
+    _pack_feed_forward(array[0], layer, moe[0], ptr)
+    array[0].norms.next = ptr(head.head_norm)
+    decoder = Decoder(1, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
+                      c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layer.input_norm),
+                      ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
+    return NativeDecoder(trunk.lib, decoder, array, keep, c.hidden_size, model.dtype,
+                         moe=[p for p in moe if p is not None])
