@@ -234,12 +234,18 @@ def model_class(config: ModelConfig) -> type[Lfm2Model]:
     return Lfm2Model
 
 
+def conv_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a short-conv layer's tensors (`prefix`: the layer's `model.layers.{i}.`)."""
+    h, kernel = config.hidden_size, config.layer_state.tensors[0].shape[0] + 1
+    return {prefix + "conv.in_proj.weight": (3 * h, h), prefix + "conv.conv.weight": (h, 1, kernel),
+            prefix + "conv.out_proj.weight": (h, h)}
+
+
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of an LFM2 model's tensors, for random weights (edgeserve.models.dummy): short-conv
     and attention layers, the SwiGLU MLP, or (LFM2-MoE) experts on every layer (the leading dense layers' count is
     not in the config) in transformers' fused layout."""
     c, h = config, config.hidden_size
-    kernel = c.layer_state.tensors[0].shape[0] + 1
     from edgeserve.models.dummy import attention_shapes, top_shapes
 
     shapes = top_shapes(c, norm="model.embedding_norm.weight")
@@ -255,8 +261,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             w = c.intermediate_size
             shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
         if c.is_linear(i):
-            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
-                           p + "conv.out_proj.weight": (h, h)})
+            shapes.update(conv_shapes(c, p))
         else:
             a = p + "self_attn."
             shapes.update(attention_shapes(c, a, out="out_proj"))

@@ -19,7 +19,7 @@ from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv, sigmoid_
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
-from edgeserve.models.archs.lfm2.model import Lfm2Layer, Lfm2Model
+from edgeserve.models.archs.lfm2.model import Lfm2Layer, Lfm2Model, conv_shapes
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.text_part import text_part
 from edgeserve.models.weight_loader import WeightLoader
@@ -115,7 +115,6 @@ def model_class(config: ModelConfig) -> type[Lfm3Model]:
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of an LFM3 model's tensors, for random weights (edgeserve.models.dummy)."""
     c, h = config, config.hidden_size
-    kernel = c.layer_state.tensors[0].shape[0] + 1
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
                                           "model.embedding_norm.weight": (h,)}
     if not c.tie_word_embeddings:
@@ -126,8 +125,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update({p + n + ".weight": (h,) for n in norms})
         shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
         if c.is_linear(i):
-            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
-                           p + "conv.out_proj.weight": (h, h)})
+            shapes.update(conv_shapes(c, p))
         else:
             a = p + "self_attn."
             shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
