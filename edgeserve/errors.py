@@ -62,6 +62,16 @@ def config_error(config_cls: type, name: str, requirement: str, value: object) -
     return ConfigError(f"{name} must {requirement}, got {repr(value)[:60]}" + (f" (flag {flag})" if flag else ""))
 
 
+def check_field(config: object, name: str, requirement: str, check: "Callable[[Any], object]") -> None:
+    """Run `check` on field `name` of the dataclass `config`; a ValueError it raises becomes that field's
+    ConfigError (`config_error`)."""
+    value = getattr(config, name)
+    try:
+        check(value)
+    except ValueError:
+        raise config_error(type(config), name, requirement, value) from None
+
+
 def one_line_parse_errors(prog: str, *parsers) -> None:
     """Make argparse errors of these parsers one `PROG: error: ...` line and exit status 1."""
     import sys

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgeserve.errors import config_error
+from edgeserve.errors import check_field, config_error
 from edgeserve.offload.config import OffloadConfig
 
 from .scheduler import SchedulerConfig, check_decode_slowdown
@@ -98,11 +98,7 @@ class EngineConfig:
                                v)
         if self.draft_model is not None and self.speculative not in ("draft", "auto"):
             raise config_error(EngineConfig, "draft_model", "be used with speculative 'draft' only", self.draft_model)
-        try:
-            check_decode_slowdown(self.max_decode_slowdown)
-        except ValueError:
-            raise config_error(EngineConfig, "max_decode_slowdown", "be a number of at least 1.0 or None",
-                               self.max_decode_slowdown) from None
+        check_field(self, "max_decode_slowdown", "be a number of at least 1.0 or None", check_decode_slowdown)
         self.offload_config()
 
     def offload_config(self) -> OffloadConfig:

@@ -18,6 +18,7 @@ from edgeserve.kernels.dispatch import (
     rms_norm,
     rope_write_kv,
     silu_and_mul,
+    softcap,
     use_triton,
 )
 from edgeserve.kernels.formats.quant_linear import (
@@ -356,6 +357,9 @@ class LlamaModel:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, vocab] for hidden states [T, hidden] (divided by Granite's logits scaling)."""
+        """Float32 logits [T, vocab] for hidden states [T, hidden] (divided by Granite's logits scaling, then
+        soft-capped where the config says: Gemma 2, Gemma 4)."""
         logits = linear(hidden, self.lm_head).float()
-        return logits if self.config.logit_scale == 1.0 else logits / self.config.logit_scale
+        logits = logits if self.config.logit_scale == 1.0 else logits / self.config.logit_scale
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeserve.engine.config import EngineConfig
-from edgeserve.errors import config_error
+from edgeserve.errors import check_field, config_error
 from edgeserve.registry import DEFAULT_MODEL
 
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()  # "not given" (None means forever)
@@ -149,11 +149,7 @@ class ServerConfig:
             raise config_error(ServerConfig, "dense_prefill", "be auto, on or off", self.dense_prefill)
         from edgeserve.models.cpu_moe import parse_cpu_moe_layers
 
-        try:
-            parse_cpu_moe_layers(self.cpu_moe_layers)
-        except ValueError:
-            raise config_error(ServerConfig, "cpu_moe_layers", "be a non-negative integer or 'all'",
-                               self.cpu_moe_layers) from None
+        check_field(self, "cpu_moe_layers", "be a non-negative integer or 'all'", parse_cpu_moe_layers)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise config_error(ServerConfig, "dtype", "be auto, float32, bfloat16 or float16", self.dtype)
         if self.tool_format is not None:

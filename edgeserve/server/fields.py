@@ -165,6 +165,19 @@ def positive(value: int | None, name: str) -> int | None:
     return value
 
 
+def positive_integer(body: dict, key: str) -> int | None:
+    """body[key] as a positive integer (a float with no fraction counts); None when absent; a 400 naming `key`
+    for anything else."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"{key} must be a positive integer, got {value!r}", key)
+    return value
+
+
 def keep_alive(body: dict) -> Any:
     """Ollama's `keep_alive` (a duration, seconds, or negative for forever) in seconds; UNSET when absent."""
     if body.get("keep_alive") is None:

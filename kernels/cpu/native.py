@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from edgeserve.kernels.torch.gated_delta import DeltaBatch
+from edgeserve.kernels.torch.gated_delta import DeltaBatch, check_rule_shapes
 from edgeserve.kernels.formats.kv_quant import q8_row_bytes
 from edgeserve.kernels.torch.paged_attention import span_ends
 from edgeserve.kernels.torch.rope import q_dtype
@@ -775,12 +775,7 @@ def gdn_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     if (lib is None or not heads_ok or not _slot_pool(state)
             or max(dk, dv) > GDN_MAX_HEAD_DIM):
         return None
-    if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
-        raise ValueError(f"shapes do not fit: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
-                         f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
-    if tuple(state.shape[1:]) != (hv, dk, dv):
-        raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
-    batch.check_fits(t, state.shape[0])
+    check_rule_shapes(q, k, v, g, beta, state, batch)
     cu, sl = batch.cu_seqlens, batch.slots
     g, beta = g.float().contiguous(), beta.float().contiguous()
     out = torch.empty(t, hv, dv, dtype=torch.float32)

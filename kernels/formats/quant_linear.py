@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from edgeserve.kernels.formats.grouped import GroupBlocks
 from edgeserve.kernels.transfer import to_device
 
 
 @dataclass
-class Q4Blocks:
+class Q4Blocks(GroupBlocks):
     """A 4-bit weight as values q in 0..15 with w = q * scale + offset per group of `group_size` columns."""
 
     q: torch.Tensor  # uint8 [out, in]
@@ -20,19 +21,11 @@ class Q4Blocks:
     offset: torch.Tensor  # float32 [out, in // group_size]
     group_size: int = 32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)  # type: ignore[return-value]
-
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these blocks stand for."""
         g = self.group_size
         q = self.q.float().view(self.q.shape[0], -1, g)
         return (q * self.scale.unsqueeze(-1) + self.offset.unsqueeze(-1)).reshape(self.q.shape)
-
-    def rows(self, index: torch.Tensor) -> "Q4Blocks":
-        """The same weight with its output rows reordered by `index`."""
-        return Q4Blocks(self.q[index], self.scale[index], self.offset[index], self.group_size)
 
     @staticmethod
     def quantize(w: torch.Tensor, group_size: int = 128) -> "Q4Blocks":
@@ -59,44 +52,25 @@ class Q4Blocks:
         return Q4Blocks(self.q, self.scale.repeat_interleave(r, dim=1), self.offset.repeat_interleave(r, dim=1),
                         group_size)
 
-    @staticmethod
-    def cat(parts: list["Q4Blocks"]) -> "Q4Blocks":
+    @classmethod
+    def cat(cls, parts: list["Q4Blocks"]) -> "Q4Blocks":  # type: ignore[override]
         """Stack weights along the output dimension (for fused QKV and gate/up); group sizes may differ."""
         g = min(p.group_size for p in parts)
-        parts = [p.regroup(g) if p.group_size != g else p for p in parts]
-        return Q4Blocks(
-            torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            torch.cat([p.offset for p in parts]),
-            parts[0].group_size,
-        )
+        return Q4Blocks.stack([p.regroup(g) if p.group_size != g else p for p in parts])
 
 
 @dataclass
-class Q8Blocks:
+class Q8Blocks(GroupBlocks):
     """An 8-bit weight (GGUF Q8_0) as int8 values with w = q * scale per group of `group_size` columns."""
 
     q: torch.Tensor  # int8 [out, in]
     scale: torch.Tensor  # float32 [out, in // group_size]
     group_size: int = 32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)  # type: ignore[return-value]
-
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these blocks stand for."""
         q = self.q.float().view(self.q.shape[0], -1, self.group_size)
         return (q * self.scale.unsqueeze(-1)).reshape(self.q.shape)
-
-    def rows(self, index: torch.Tensor) -> "Q8Blocks":
-        """The same weight with its output rows reordered by `index`."""
-        return Q8Blocks(self.q[index], self.scale[index], self.group_size)
-
-    @staticmethod
-    def cat(parts: list["Q8Blocks"]) -> "Q8Blocks":
-        """Stack weights along the output dimension (for fused QKV and gate/up)."""
-        return Q8Blocks(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), parts[0].group_size)
 
 
 # group sizes torch's CPU int4 matmul takes; other multiples of 32 are regrouped (exactly) to the largest of these

@@ -11,37 +11,23 @@ K must be a multiple of 8 and of the group size, and the group size a multiple o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from edgeserve.kernels.formats.grouped import PackedWeight, dequantized_matmul
 from edgeserve.kernels.formats.quant_linear import Q4Blocks
 
 
 @dataclass
-class W4A16Weight:
+class W4A16Weight(PackedWeight):
     """A 4-bit weight packed for the W4A16 kernels (see the module docstring for the layout)."""
 
     qweight: torch.Tensor  # int32 [N, K // 8]
     scales: torch.Tensor  # [N, K // group_size], activation dtype
     offsets: torch.Tensor  # [N, K // group_size], activation dtype
     group_size: int
-
-    @property
-    def out_features(self) -> int:
-        return self.qweight.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.qweight.shape[1] * 8
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes one matmul reads from the weight (packed values, scales and offsets)."""
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.offsets))
-
-    def to(self, device: torch.device | str) -> "W4A16Weight":
-        """The same weight on another device."""
-        return W4A16Weight(self.qweight.to(device), self.scales.to(device), self.offsets.to(device), self.group_size)
+    VALUES_PER_ELEMENT: ClassVar[int] = 8
 
     def unpack(self) -> torch.Tensor:
         """The 4-bit values as uint8 [N, K]."""
@@ -83,7 +69,4 @@ def repack_q4(blocks: Q4Blocks, dtype: torch.dtype = torch.float16, device: torc
     )
 
 
-def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight) -> torch.Tensor:
-    """x [..., K] @ W.T -> [..., N] in x's dtype (torch twin: dequantize, then one float32 matmul)."""
-    y = x.reshape(-1, x.shape[-1]).float() @ weight.dequantize().t()
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.out_features)
+w4a16_matmul = dequantized_matmul  # the torch twin of kernels.triton.w4a16

@@ -10,36 +10,22 @@ K must be a multiple of the group size, and the group size a power of two (the k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from edgeserve.kernels.formats.grouped import PackedWeight, dequantized_matmul
 from edgeserve.kernels.formats.quant_linear import Q8Blocks
 
 
 @dataclass
-class W8A16Weight:
+class W8A16Weight(PackedWeight):
     """An 8-bit weight laid out for the W8A16 kernels (see the module docstring for the layout)."""
 
     qweight: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # [N, K // group_size], float16 / bfloat16 / float32
     group_size: int
-
-    @property
-    def out_features(self) -> int:
-        return self.qweight.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.qweight.shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes one matmul reads from the weight (codes and scales)."""
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales))
-
-    def to(self, device: torch.device | str) -> "W8A16Weight":
-        """The same weight on another device."""
-        return W8A16Weight(self.qweight.to(device), self.scales.to(device), self.group_size)
+    VALUES_PER_ELEMENT: ClassVar[int] = 1
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [N, K], from the stored (rounded) scales."""
@@ -62,7 +48,4 @@ def repack_q8(blocks: Q8Blocks, dtype: torch.dtype = torch.float16, device: torc
     )
 
 
-def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight) -> torch.Tensor:
-    """x [..., K] @ W.T -> [..., N] in x's dtype (torch twin: dequantize, then one float32 matmul)."""
-    y = x.reshape(-1, x.shape[-1]).float() @ weight.dequantize().t()
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.out_features)
+w8a16_matmul = dequantized_matmul  # the torch twin of kernels.triton.w8a16

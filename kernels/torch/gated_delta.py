@@ -165,8 +165,9 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _prepare(q, k, v, g, beta, state, batch, scale, tiled):
-    """Check shapes, normalize and scale q / k, repeat them to the value heads and pad all to [B, L, ...]."""
+def check_rule_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      state: torch.Tensor, batch: DeltaBatch) -> None:
+    """Raise ValueError unless the inputs of `gated_delta_rule` fit each other, the state pool and the batch."""
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
     if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
@@ -175,6 +176,13 @@ def _prepare(q, k, v, g, beta, state, batch, scale, tiled):
     if tuple(state.shape[1:]) != (hv, dk, dv):
         raise ValueError(f"recurrent state {tuple(state.shape)} must be [num_slots, {hv}, {dk}, {dv}]")
     batch.check_fits(t, state.shape[0])
+
+
+def _prepare(q, k, v, g, beta, state, batch, scale, tiled):
+    """Check shapes, normalize and scale q / k, repeat them to the value heads and pad all to [B, L, ...]."""
+    check_rule_shapes(q, k, v, g, beta, state, batch)
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1:]
     scale = dk ** -0.5 if scale is None else scale
     group = hv // hk
     qn, kn = l2norm(q) * scale, l2norm(k)

@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from edgeserve.kernels.triton.paged_tiles import tile_scores, tile_values, token_offsets
 from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
 from edgeserve.kernels.formats.kv_quant import is_fp8
 
 BLOCK_N = 16  # tokens per inner step (tl.dot needs >= 16 on the GPU)
 TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split count
-
-
-@triton.jit
-def _row_scales(cache_ptr, off, mask, HEAD_DIM: tl.constexpr):
-    """The float32 scales of the fp8 rows at `off` (kernels.formats.kv_quant: 4 bytes after each row's values); 0 masked."""
-    return tl.load((cache_ptr + off + HEAD_DIM).to(tl.pointer_type(tl.float32), bitcast=True), mask=mask, other=0.0)
 
 
 @triton.jit
@@ -58,23 +53,14 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, q_start_
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
-        t_mask = tok < end
-        block = tl.load(tables_ptr + b.to(tl.int64) * stride_tb + tok // block_size, mask=t_mask, other=0)
-        off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N], base-2 logits
-        if FP8:
-            s = s * _row_scales(k_ptr, off, t_mask, HEAD_DIM)[None, :]
+        off, t_mask, kv_mask = token_offsets(tables_ptr, b, tok, end, d_mask, hk, block_size, stride_tb, stride_cb,
+                                             stride_cs, stride_ch)
+        s = tile_scores(q, k_ptr, off, t_mask, kv_mask, d, HEAD_DIM, DOT, PRECISION, FP8)  # [BLOCK_G, BLOCK_N]
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        pv = p
-        if FP8:  # the V row scales weigh the probabilities: sum_j p_j s_j v_j
-            pv = p * _row_scales(v_ptr, off, t_mask, HEAD_DIM)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(pv.to(DOT), v.to(DOT), input_precision=PRECISION)
+        acc = tile_values(acc, p, alpha, v_ptr, off, t_mask, kv_mask, d, HEAD_DIM, DOT, PRECISION, FP8)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 

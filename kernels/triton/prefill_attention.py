@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
-from edgeserve.kernels.triton.decode_attention import _row_scales
+from edgeserve.kernels.triton.paged_tiles import tile_scores, tile_values, token_offsets
 from edgeserve.kernels.formats.kv_quant import is_fp8
 
 BLOCK_M = 16
@@ -60,14 +60,9 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
         end = tl.minimum(seq_len, past + tl.minimum((tile + 1) * BLOCK_M, q_len))
         for n0 in range(first, end, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
-            t_mask = tok < end
-            block = tl.load(tables_ptr + b.to(tl.int64) * stride_tb + tok // block_size, mask=t_mask, other=0)
-            off = block.to(tl.int64) * stride_cb + (tok % block_size) * stride_cs + hk * stride_ch
-            kv_mask = t_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], base-2 logits
-            if FP8:
-                s = s * _row_scales(k_ptr, off, t_mask, HEAD_DIM)[None, :]
+            off, t_mask, kv_mask = token_offsets(tables_ptr, b, tok, end, d_mask, hk, block_size, stride_tb,
+                                                 stride_cb, stride_cs, stride_ch)
+            s = tile_scores(q, k_ptr, off, t_mask, kv_mask, d, HEAD_DIM, DOT, PRECISION, FP8)  # [BLOCK_M, BLOCK_N]
             s = tl.where(t_mask[None, :] & (tok[None, :] <= limit[:, None]) & (tok[None, :] >= lowest[:, None]), s,
                          float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -75,11 +70,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_lens_ptr, q_st
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            pv = p
-            if FP8:  # the V row scales weigh the probabilities: sum_j p_j s_j v_j
-                pv = p * _row_scales(v_ptr, off, t_mask, HEAD_DIM)[None, :]
-            acc = acc * alpha[:, None] + tl.dot(pv.to(DOT), v.to(DOT), input_precision=PRECISION)
+            acc = tile_values(acc, p, alpha, v_ptr, off, t_mask, kv_mask, d, HEAD_DIM, DOT, PRECISION, FP8)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgeserve.kernels.triton.matmul_tiles import matmul_rows, output_tile, x_tile
 from edgeserve.kernels.triton.runtime import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
 from edgeserve.kernels.formats.w4a16 import W4A16Weight
 
@@ -102,19 +103,11 @@ def _w4a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, o_ptr, y_ptr, M, N, K, stride_xm, 
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTIAL: tl.constexpr):
     """y[m, n] (+)= sum over one K split of x[m, k] W[n, k] for a [BLOCK_M, BLOCK_N] tile; with several splits
     (grid axis 2) each writes float32 partial sums to its own slice of a [splits, M, N] buffer."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = m < M
-    n_mask = n < N
+    m, n, m_mask, n_mask = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_begin = tl.program_id(2) * K_PER_SPLIT
     for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = k < K
-        x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = x_tile(x_ptr, m, m_mask, k0, K, stride_xm, BLOCK_K)
         w = _dequant_rows(qw_ptr, s_ptr, o_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, BLOCK_N, BLOCK_K)
         acc += tl.dot(x.to(tl.float32).to(DOT), tl.trans(w.to(DOT)), input_precision=PRECISION)
     out_mask = m_mask[:, None] & n_mask[None, :]
@@ -161,11 +154,8 @@ def invariant_matmul(x2: torch.Tensor, weight: W4A16Weight, y: torch.Tensor, con
 def w4a16_matmul(x: torch.Tensor, weight: W4A16Weight, gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype, with float32 accumulation."""
     k, n = weight.in_features, weight.out_features
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, y = matmul_rows(x, k, n)
     m = x2.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
     if batch_invariant():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from edgeserve.kernels.triton.matmul_tiles import matmul_rows, output_tile, x_tile
 from edgeserve.kernels.triton.runtime import INVARIANT_BLOCK_M, batch_invariant, dot_dtype, dot_precision, tl, triton
 from edgeserve.kernels.formats.w8a16 import W8A16Weight
 
@@ -56,18 +57,10 @@ def _w8a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, N, K, stride_xm, stride_qn, 
 def _w8a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_qn, stride_sn, stride_ym,
                         GROUP: tl.constexpr, SUB: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = m < M
-    n_mask = n < N
+    m, n, m_mask, n_mask = output_tile(M, N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = k < K
-        x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = x_tile(x_ptr, m, m_mask, k0, K, stride_xm, BLOCK_K)
         w = _dequant_rows(qw_ptr, s_ptr, n, n_mask, k0, K, stride_qn, stride_sn, GROUP, SUB, BLOCK_N, BLOCK_K)
         acc += tl.dot(x.to(tl.float32).to(DOT), tl.trans(w.to(DOT)), input_precision=PRECISION)
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -77,11 +70,8 @@ def _w8a16_tiled_kernel(x_ptr, qw_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_
 def w8a16_matmul(x: torch.Tensor, weight: W8A16Weight, gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype, with float32 accumulation."""
     k, n, g = weight.in_features, weight.out_features, weight.group_size
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, y = matmul_rows(x, k, n)
     m = x2.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     qw, s = weight.qweight, weight.scales
     if m == 0:
         return y.reshape(*x.shape[:-1], n)

@@ -24,7 +24,7 @@ from edgeserve.server.body import read_request
 from edgeserve.server.config import UNSET
 from edgeserve.server.disconnect import unless_disconnected
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.fields import boolean, keep_alive, model_name, reject_unknown
+from edgeserve.server.fields import boolean, keep_alive, model_name, positive_integer, reject_unknown
 from edgeserve.server.state import api_errors, server_state
 
 log = logging.getLogger("edgeserve.server")
@@ -86,14 +86,7 @@ def parse_inputs(value: Any, name: str) -> list[str | list[int]]:
 
 def parse_dimensions(body: dict) -> int | None:
     """`dimensions`: a positive integer (a float with no fraction counts), or None."""
-    d = body.get("dimensions")
-    if d is None:
-        return None
-    if isinstance(d, float) and d.is_integer():
-        d = int(d)
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise bad_request(f"dimensions must be a positive integer, got {d!r}", "dimensions")
-    return d
+    return positive_integer(body, "dimensions")
 
 
 def _tokenize(lm: Any, inputs: list[str | list[int]], truncate: bool, name: str) -> tuple[list[list[int]], list[int]]:

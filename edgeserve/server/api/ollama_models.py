@@ -139,13 +139,17 @@ def _model_name(body: dict) -> str:
     return name
 
 
+async def _model_request(request: Request, allowed: set[str]) -> tuple[Any, dict, str]:
+    """(server state, JSON body with no field outside `allowed`, the model it names) of a model request."""
+    body = parse_json_object(await request.body())
+    reject_unknown(body, allowed)
+    return server_state(request), body, _model_name(body)
+
+
 @api_errors
 async def show(request: Request) -> Response:
     """POST /api/show: what is known about a model (more once it is loaded)."""
-    st = server_state(request)
-    body = parse_json_object(await request.body())
-    reject_unknown(body, {"model", "name", "verbose", "system", "template", "options"})
-    name = _model_name(body)
+    st, _, name = await _model_request(request, {"model", "name", "verbose", "system", "template", "options"})
     mid, spec = st.manager.canonical(name)
     facts = await anyio.to_thread.run_sync(spec_facts, spec)
     if facts is None:
@@ -187,10 +191,7 @@ class _Lines:
 @api_errors
 async def pull_model(request: Request) -> Response:
     """POST /api/pull: download a catalog model, streaming progress as NDJSON (or one reply with stream: false)."""
-    st = server_state(request)
-    body = parse_json_object(await request.body())
-    reject_unknown(body, {"model", "name", "insecure", "stream", "username", "password"})
-    name = _model_name(body)
+    st, body, name = await _model_request(request, {"model", "name", "insecure", "stream", "username", "password"})
     name = name[: -len(":latest")] if name.endswith(":latest") else name
     if name not in CATALOG and not is_hf_name(name):
         raise UnknownModelError(f"{name!r} is not in the catalog nor a Hugging Face name (hf.co/OWNER/REPO[:QUANT], "

@@ -25,7 +25,7 @@ from edgeserve.server.api.embeddings import MAX_INPUTS, tokenize_off_loop_if_lar
 from edgeserve.server.body import read_request
 from edgeserve.server.disconnect import unless_disconnected
 from edgeserve.server.errors import APIError, bad_request
-from edgeserve.server.fields import boolean, model_name
+from edgeserve.server.fields import boolean, model_name, positive_integer
 from edgeserve.server.state import api_errors, server_state
 
 
@@ -48,14 +48,8 @@ def parse_documents(value: Any) -> list[str]:
 
 def parse_top_n(body: dict, count: int) -> int:
     """`top_n`: a positive integer (at most the number of documents is returned), default all."""
-    n = body.get("top_n")
-    if n is None:
-        return count
-    if isinstance(n, float) and n.is_integer():
-        n = int(n)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise bad_request(f"top_n must be a positive integer, got {n!r}", "top_n")
-    return min(n, count)
+    n = positive_integer(body, "top_n")
+    return count if n is None else min(n, count)
 
 
 def relevance(logits: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, json_object_text, lit, repeat,
-                                              section_calls)
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, args_json_rule, chosen_tools, cut_calls,
+                                               json_object_text, lit, repeat, section_calls)
 from edgeserve.text.grammar import GrammarSpec
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -55,7 +55,7 @@ def _forced(call_body, sep: str):
     def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
         chosen = chosen_tools(tools, choice)
         rules = [f"start: {lit(CALLS_BEGIN)} {repeat('call', parallel, choice, sep)} {lit(CALLS_END)}\n",
-                 f"call: {lit(CALL_BEGIN)} ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) {lit(CALL_END)}\n"]
+                 f"call: {lit(CALL_BEGIN)} ({alternatives(len(chosen))}) {lit(CALL_END)}\n"]
         rules += [f"fn_{i}: {call_body(t)}\n" for i, t in enumerate(chosen)]
         return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
     return forced

@@ -18,9 +18,9 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import string_value
-from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
-                                           param_schema, repeat, text_until, typed, value_json_rule)
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, chosen_tools, consecutive, cut_calls, invoke_calls,
+                                               keyed_calls, lit, may_be_string, param_schema, repeat, string_value,
+                                               text_until, typed, value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
 DSML = "｜DSML｜"  # one special token in the V3.2 / V4 vocabularies
@@ -32,26 +32,15 @@ _PARAM = re.compile(f'\\s*<{DSML}parameter name="([^"]*)" string="(true|false)">
 
 
 def _read_block(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    pos, calls = 0, []
-    while pos < len(body.rstrip()):
-        inv = _INVOKE.match(body, pos)
-        if inv is None:
-            return None
-        args = _arguments(inv.group(1), inv.group(2), ctx)
-        if args is None:
-            return None
-        calls.append((inv.group(1), dumps(args), ""))
-        pos = inv.end()
-    return calls or None
+    return invoke_calls(_INVOKE, body, lambda inv: _arguments(inv.group(1), inv.group(2), ctx))
 
 
 def _arguments(name: str, body: str, ctx: CallContext) -> dict | None:
-    args, pos = {}, 0
-    while pos < len(body.rstrip()):
-        p = _PARAM.match(body, pos)
-        if p is None:
-            return None
-        key, is_string, value = p.groups()
+    params = consecutive(_PARAM, body)
+    if params is None:
+        return None
+    args = {}
+    for key, is_string, value in (p.groups() for p in params):
         if is_string == "true":
             args[key] = value
         else:
@@ -59,7 +48,6 @@ def _arguments(name: str, body: str, ctx: CallContext) -> dict | None:
                 args[key] = json.loads(value)
             except json.JSONDecodeError:
                 args[key] = typed(value, param_schema(ctx, name, key))
-        pos = p.end()
     return args
 
 
@@ -74,7 +62,7 @@ def _forced(block: str):
         chosen = chosen_tools(tools, choice)
         d = lit(DSML)
         rules = [f'start: "<" {d} "{block}>\\n" {repeat("invoke", parallel, choice)} "</" {d} "{block}>"\n',
-                 f"invoke: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
+                 f"invoke: {alternatives(len(chosen))}\n",
                  text_until("str_value", f"</{DSML}parameter>", (DSML,))]
 
         def arg(i: int, j: int, key: str, schema, params) -> str:
@@ -84,11 +72,9 @@ def _forced(block: str):
                 return f'{head} "\\"true\\">" {string_value(schema, "str_value", close)} "\\n"'
             return f'{head} "\\"false\\">" {value_json_rule(schema, params)} "</" {d} "parameter>\\n"'
 
-        for i, tool in enumerate(chosen):
-            seq, arg_rules = keyed_args(tool, i, arg)
-            rules += arg_rules
-            head = lit("invoke name=" + json.dumps(tool["function"]["name"]) + ">\n")
-            rules.append(f'fn_{i}: "<" {d} {head} {seq} "</" {d} "invoke>\\n"\n')
+        rules += keyed_calls(chosen, arg, lambda tool, seq: f'"<" {d} '
+                             f'{lit("invoke name=" + json.dumps(tool["function"]["name"]) + ">" + chr(10))} {seq} '
+                             f'"</" {d} "invoke>\\n"')
         return GrammarSpec("lark", "".join(rules), tokens=(DSML,))
     return forced
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import string_value
-from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
-                                           param_schema, repeat, text_until, typed, value_json_rule)
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, chosen_tools, cut_calls, dumps, keyed_calls, lit,
+                                               repeat, tagged_arg, text_until, typed_params)
 from edgeserve.text.grammar import GrammarSpec
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -36,17 +35,8 @@ def _read_call(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None
     """The call of one `<tool_call>` block: a bare name, then key / value pairs and nothing else (one anchored
     match after another: linear, whatever the text)."""
     head = _NAME.match(body)
-    if head is None:
-        return None
-    name, pos, args = head.group(1), head.end(), {}
-    while pos < len(body):
-        pair = _ARG.match(body, pos)
-        if pair is None:
-            return None
-        key = pair.group(1).strip()
-        args[key] = typed(pair.group(2), param_schema(ctx, name, key))
-        pos = pair.end()
-    return [(name, dumps(args), "")]
+    args = typed_params(_ARG, body[head.end():], ctx, head.group(1), str.strip) if head else None
+    return None if args is None else [(head.group(1), dumps(args), "")]
 
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -62,19 +52,12 @@ def _forced(newline: bool):
         schema."""
         chosen = chosen_tools(tools, choice)
         rules = [f"start: {repeat('call', parallel, choice, chr(10) if newline else '')}\n",
-                 f"call: {lit(CALL_OPEN)} ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) {lit(CALL_CLOSE)}\n",
+                 f"call: {lit(CALL_OPEN)} ({alternatives(len(chosen))}) {lit(CALL_CLOSE)}\n",
                  text_until("str_value", VALUE_CLOSE)]
-
-        def arg(i: int, j: int, key: str, schema, params) -> str:
-            value = f"{value_json_rule(schema, params)} {lit(VALUE_CLOSE)}"
-            if may_be_string(schema):
-                value = string_value(schema, "str_value", lit(VALUE_CLOSE))
-            return f"{lit(KEY_OPEN)} {lit(key)} {lit(KEY_CLOSE)}{nl} {lit(VALUE_OPEN)} {value}{nl}"
-
-        for i, tool in enumerate(chosen):
-            seq, arg_rules = keyed_args(tool, i, arg)
-            rules += arg_rules
-            rules.append(f"fn_{i}: {lit(tool['function']['name'])}{nl} {seq}\n")
+        rules += keyed_calls(
+            chosen, tagged_arg(lambda key: f"{lit(KEY_OPEN)} {lit(key)} {lit(KEY_CLOSE)}{nl} {lit(VALUE_OPEN)}",
+                               VALUE_CLOSE, nl),
+            lambda tool, seq: f"{lit(tool['function']['name'])}{nl} {seq}")
         return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
     return forced
 

@@ -37,6 +37,15 @@ def json_values(text: str, start: int = 0) -> tuple[list[Any], int]:
     return values, end
 
 
+def json_call(obj: Any) -> tuple[str, str, str] | None:
+    """(name, arguments JSON text, "") of a `{"name": ..., "arguments": {...}}` object (its arguments an object or
+    JSON text of one; none: {}), None when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = arguments_object(obj.get("arguments", {}))
+    return (obj["name"], json.dumps(args, ensure_ascii=False), "") if isinstance(args, dict) else None
+
+
 def call_from_json(obj: Any, ctx: CallContext, args_keys: tuple[str, ...] = ("arguments", "parameters"),
                    name_key: str = "name") -> ToolCall | None:
     """The call an object describes, or None: its name must be a function the request offered and its arguments

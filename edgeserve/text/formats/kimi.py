@@ -22,10 +22,10 @@ import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
 from edgeserve.text.formats.cut_call import tail_cut
-from edgeserve.text.formats.tag_blocks import section_calls, string_value
-from edgeserve.text.formats.tag_blocks import (Block, args_json_rule, chosen_tools, cut_calls, dumps, json_object_text,
-                                           keyed_args, lit, lits, may_be_string, param_schema, repeat, text_until,
-                                           typed, value_json_rule)
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, args_json_rule, chosen_tools, cut_calls, dumps,
+                                               json_object_text, keyed_calls, lit, lits, may_be_string, param_schema,
+                                               repeat, section_calls, string_value, text_until, typed,
+                                               value_json_rule)
 from edgeserve.text.grammar import GrammarSpec
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -58,7 +58,7 @@ def forced_k2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
     """A Kimi K2 call section: `functions.NAME:INDEX` ids and JSON arguments of each tool's schema."""
     chosen = chosen_tools(tools, choice)
     rules = [f"start: {lit(SECTION_BEGIN)} {repeat('call', parallel, choice)} {lit(SECTION_END)}\n",
-             f"call: {lit(CALL_BEGIN)} ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) {lit(CALL_END)}\n",
+             f"call: {lit(CALL_BEGIN)} ({alternatives(len(chosen))}) {lit(CALL_END)}\n",
              "INDEX: /[0-9]{1,3}/\n"]
     rules += [f'fn_{i}: {lit("functions." + t["function"]["name"] + ":")} INDEX {lit(ARGS_BEGIN)} {args_json_rule(t)}\n'
               for i, t in enumerate(chosen)]
@@ -120,7 +120,7 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
     rules = [f"start: thought ({lits(RESPONSE[0] + RESPONSE[1], K3_TOKENS)})? {lits(TOOLS[0], K3_TOKENS)} "
              f"{repeat('call', parallel, choice)} {lits(TOOLS[1] + MESSAGE_END, K3_TOKENS)}\n",
              text_until("thought", THINK[1], K3_TOKENS),
-             f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
+             f"call: {alternatives(len(chosen))}\n",
              text_until("str_value", f"{CLOSE}argument{SEP}", K3_TOKENS)]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
@@ -131,12 +131,11 @@ def forced_k3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
             return f"{head} {string_value(schema, 'str_value', lits(f'{CLOSE}argument{SEP}', K3_TOKENS))}"
         return f"{head} {value_json_rule(schema, params)} {lits(f'{CLOSE}argument{SEP}', K3_TOKENS)}"
 
-    for i, tool in enumerate(chosen):
-        seq, arg_rules = keyed_args(tool, i, arg)
-        rules += arg_rules
+    def call(tool: dict, seq: str) -> str:
         head = lits(f'{OPEN}call tool={json.dumps(tool["function"]["name"])} index=', K3_TOKENS)
-        tail = lits(f"{CLOSE}call{SEP}", K3_TOKENS)
-        rules.append(f'fn_{i}: {head} "\\"" /[0-9]{{1,3}}/ "\\"" {lit(SEP)} {seq} {tail}\n')
+        return f'{head} "\\"" /[0-9]{{1,3}}/ "\\"" {lit(SEP)} {seq} {lits(f"{CLOSE}call{SEP}", K3_TOKENS)}'
+
+    rules += keyed_calls(chosen, arg, call)
     return GrammarSpec("lark", "".join(rules), tokens=K3_TOKENS, own_thought=True)
 
 

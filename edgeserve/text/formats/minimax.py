@@ -18,9 +18,11 @@ import re
 from typing import Any
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import string_value
-from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, lits, may_be_string,
-                                           param_schema, parameters, repeat, text_until, typed, value_json_rule)
+from edgeserve.text.formats.json_calls import json_call
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, call_object_schema, chosen_tools, cut_calls,
+                                               invoke_calls, keyed_calls, lit, lits, may_be_string, param_schema,
+                                               repeat, string_value, tagged_arg, text_until, typed, typed_params,
+                                               value_json_rule)
 from edgeserve.text.grammar import GrammarSpec, json_rule
 from edgeserve.text.xml_tool_calls import resolve_ref, schema_types
 
@@ -38,14 +40,8 @@ def _read_m1(_: str, body: str) -> list[tuple[str, str, str]] | None:
             value, pos = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
             return None
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return None
-        args = value.get("arguments", {})
-        args = json.loads(args) if isinstance(args, str) and args.strip().startswith("{") else args
-        if not isinstance(args, dict):
-            return None
-        calls.append((value["name"], dumps(args), ""))
-    return calls or None
+        calls.append(json_call(value))
+    return None if not calls or None in calls else calls
 
 
 def parse_m1(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -55,12 +51,8 @@ def parse_m1(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
 
 def forced_m1(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """A `<tool_calls>` block of JSON call objects, one a line."""
-    items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                               "arguments": parameters(t)[0] or {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in chosen_tools(tools, choice)]
-    one = items[0] if len(items) == 1 else {"anyOf": items}
     source = (f'start: {lit(M1_OPEN + chr(10))} {repeat("call", parallel, choice, chr(10))} {lit(chr(10) + M1_CLOSE)}\n'
-              f"call: {json_rule(one)}\n")
+              f"call: {json_rule(call_object_schema(tools, choice))}\n")
     return GrammarSpec("lark", source)
 
 
@@ -74,21 +66,7 @@ _M2_PARAM = re.compile(r'\s*<parameter name="([^"]*)">(.*?)</parameter>\s*', re.
 
 
 def _read_m2(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    pos, calls = 0, []
-    while body[pos:].strip():
-        inv = _M2_INVOKE.match(body, pos)
-        if inv is None:
-            return None
-        args, at = {}, 0
-        while inv.group(2)[at:].strip():
-            p = _M2_PARAM.match(inv.group(2), at)
-            if p is None:
-                return None
-            args[p.group(1)] = typed(p.group(2), param_schema(ctx, inv.group(1), p.group(1)))
-            at = p.end()
-        calls.append((inv.group(1), dumps(args), ""))
-        pos = inv.end()
-    return calls or None
+    return invoke_calls(_M2_INVOKE, body, lambda inv: typed_params(_M2_PARAM, inv.group(2), ctx, inv.group(1)))
 
 
 def parse_m2(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -100,20 +78,11 @@ def forced_m2(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
     """A `<minimax:tool_call>` block: string values as text, the others JSON of their schema."""
     chosen = chosen_tools(tools, choice)
     rules = [f"start: {lit(M2_OPEN)} \"\\n\" {repeat('invoke', parallel, choice)} {lit(M2_CLOSE)}\n",
-             f"invoke: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n",
-             text_until("str_value", "</parameter>")]
-
-    def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = f'{value_json_rule(schema, params)} "</parameter>"'
-        if may_be_string(schema):
-            value = string_value(schema, "str_value", '"</parameter>"')
-        return f'{lit("<parameter name=" + json.dumps(key) + ">")} {value} "\\n"'
-
-    for i, tool in enumerate(chosen):
-        seq, arg_rules = keyed_args(tool, i, arg)
-        rules += arg_rules
-        rules.append(f'fn_{i}: {lit("<invoke name=" + json.dumps(tool["function"]["name"]) + ">" + chr(10))} {seq} '
-                     f'"</invoke>\\n"\n')
+             f"invoke: {alternatives(len(chosen))}\n", text_until("str_value", "</parameter>")]
+    rules += keyed_calls(
+        chosen, tagged_arg(lambda key: lit(f"<parameter name={json.dumps(key)}>"), "</parameter>"),
+        lambda tool, seq: f'{lit("<invoke name=" + json.dumps(tool["function"]["name"]) + ">" + chr(10))} {seq} '
+                          f'"</invoke>\\n"')
     return GrammarSpec("lark", "".join(rules), tokens=M2_TOKENS)
 
 
@@ -180,23 +149,20 @@ def _m3_close(body: str, pos: int, close: str, value: Any) -> tuple[Any, int] | 
     return (value, len(body) - len(rest) + len(close)) if rest.startswith(close) else None
 
 
-def _read_m3(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
-    pos, calls = 0, []
-    while body[pos:].strip():
-        inv = _M3_INVOKE.match(body, pos)
-        if inv is None:
+def _m3_args(name: str, inner: str, ctx: CallContext) -> dict | None:
+    """The arguments of an M3 call to `name`: one element a parameter."""
+    root, at, args = ctx.schemas.get(name) or {}, 0, {}
+    while inner[at:].strip():
+        head = _M3_OPEN.match(inner, at)
+        el = _m3_element(inner, at, param_schema(ctx, name, head.group(1)), root) if head else None
+        if el is None:
             return None
-        name, inner, at, args = inv.group(1), inv.group(2), 0, {}
-        root = ctx.schemas.get(name) or {}
-        while inner[at:].strip():
-            head = _M3_OPEN.match(inner, at)
-            el = _m3_element(inner, at, param_schema(ctx, name, head.group(1)), root) if head else None
-            if el is None:
-                return None
-            args[el[0]], at = el[1], el[2]
-        calls.append((name, dumps(args), ""))
-        pos = inv.end()
-    return calls or None
+        args[el[0]], at = el[1], el[2]
+    return args
+
+
+def _read_m3(body: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
+    return invoke_calls(_M3_INVOKE, body, lambda inv: _m3_args(inv.group(1), inv.group(2), ctx))
 
 
 def parse_m3(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -210,7 +176,7 @@ def forced_m3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
     chosen = chosen_tools(tools, choice)
     n = lit(NS)
     rules = [f'start: {n} {lit("<tool_call>")} "\\n" {repeat("invoke", parallel, choice)} {n} {lit("</tool_call>")}\n',
-             f"invoke: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n"]
+             f"invoke: {alternatives(len(chosen))}\n"]
 
     def arg(i: int, j: int, key: str, schema, params) -> str:
         close = f"{NS}</{key}>"
@@ -221,11 +187,8 @@ def forced_m3(tools: list[dict], choice: str | None, parallel: bool) -> GrammarS
             return f'{n} {lit(f"<{key}>")} {value}'
         return f'{n} {lit(f"<{key}>")} {value_json_rule(schema, params)} {lits(close, (NS,))}'
 
-    for i, tool in enumerate(chosen):
-        seq, arg_rules = keyed_args(tool, i, arg)
-        rules += arg_rules
-        rules.append(f'fn_{i}: {n} {lit("<invoke name=" + json.dumps(tool["function"]["name"]) + ">")} {seq} '
-                     f'{n} "</invoke>\\n"\n')
+    rules += keyed_calls(chosen, arg, lambda tool, seq: f'{n} {lit("<invoke name=" + json.dumps(tool["function"]["name"]) + ">")} '
+                                                      f'{seq} {n} "</invoke>\\n"')
     return GrammarSpec("lark", "".join(rules), tokens=M3_TOKENS)
 
 

@@ -16,9 +16,8 @@ import json
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import string_value
-from edgeserve.text.formats.tag_blocks import (chosen_tools, dumps, keyed_args, lit, may_be_string, param_schema,
-                                           text_until, typed, value_json_rule)
+from edgeserve.text.formats.tag_blocks import (alternatives, chosen_tools, dumps, keyed_calls, lit, tagged_arg,
+                                               text_until, typed_params)
 from edgeserve.text.grammar import GrammarSpec
 
 START, MESSAGE, EOM, EOT = "<|start|>assistant", "<|message|>", "<|eom|>", "<|eot|>"
@@ -55,14 +54,8 @@ def _call(recipient: str, body: str, ctx: CallContext) -> ToolCall | None:
     m = _INVOKE.match(body)
     if m is None or m.group(1) != recipient or recipient not in ctx.known:
         return None
-    args, pos = {}, 0
-    while m.group(2)[pos:].strip():
-        p = _PARAM.match(m.group(2), pos)
-        if p is None:
-            return None
-        args[p.group(1)] = typed(p.group(2), param_schema(ctx, recipient, p.group(1)))
-        pos = p.end()
-    return ToolCall(recipient, dumps(args))
+    args = typed_params(_PARAM, m.group(2), ctx, recipient)
+    return None if args is None else ToolCall(recipient, dumps(args))
 
 
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
@@ -76,21 +69,16 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
     # a thought (` to=self<|message|>...<|eom|>`) may come first; the call is then a new message
     thought = f'" to=self" {lit(MESSAGE)} thought_text {header}'
     rules = [f"start: ({thought})? {body}\n", text_until("thought_text", EOM, (EOM,)),
-             f"call: {' | '.join(f'fn_{i}' for i in range(len(chosen)))}\n", text_until("str_value", "</atem:parameter>")]
+             f"call: {alternatives(len(chosen))}\n", text_until("str_value", "</atem:parameter>")]
 
-    def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = f'{value_json_rule(schema, params)} "</atem:parameter>"'
-        if may_be_string(schema):
-            value = string_value(schema, "str_value", '"</atem:parameter>"')
-        return f'{lit("<atem:parameter name=" + json.dumps(key) + ">")} {value} "\\n"'
-
-    for i, tool in enumerate(chosen):
-        seq, arg_rules = keyed_args(tool, i, arg)
-        rules += arg_rules
+    def call(tool: dict, seq: str) -> str:
         name = tool["function"]["name"]
-        rules.append(f'fn_{i}: {lit(" to=" + name)} {lit(MESSAGE)} '
-                     f'{lit(CALLS[0] + chr(10) + "<atem:invoke name=" + json.dumps(name) + ">" + chr(10))} {seq} '
-                     f'{lit("</atem:invoke>" + chr(10) + CALLS[1])}\n')
+        return (f'{lit(" to=" + name)} {lit(MESSAGE)} '
+                f'{lit(CALLS[0] + chr(10) + "<atem:invoke name=" + json.dumps(name) + ">" + chr(10))} {seq} '
+                f'{lit("</atem:invoke>" + chr(10) + CALLS[1])}')
+
+    rules += keyed_calls(chosen, tagged_arg(lambda key: lit(f"<atem:parameter name={json.dumps(key)}>"),
+                                            "</atem:parameter>"), call)
     return GrammarSpec("lark", "".join(rules), tokens=TOKENS, own_thought=True)
 
 

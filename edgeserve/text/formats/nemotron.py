@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import Block, chosen_tools, cut_calls, dumps, parameters
+from edgeserve.text.formats.json_calls import json_call
+from edgeserve.text.formats.tag_blocks import Block, call_object_schema, cut_calls
 from edgeserve.text.grammar import GrammarSpec, json_rule
 
 OPEN, CLOSE = "<TOOLCALL>", "</TOOLCALL>"
@@ -19,15 +20,8 @@ def _read(_: str, body: str) -> list[tuple[str, str, str]] | None:
         value = json.loads(body)
     except json.JSONDecodeError:
         return None
-    value = value if isinstance(value, list) else [value]
-    calls = []
-    for item in value:
-        args = item.get("arguments", {}) if isinstance(item, dict) else None
-        args = json.loads(args) if isinstance(args, str) and args.strip().startswith("{") else args
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(args, dict):
-            return None
-        calls.append((item["name"], dumps(args), ""))
-    return calls or None
+    calls = [json_call(item) for item in (value if isinstance(value, list) else [value])]
+    return None if not calls or None in calls else calls
 
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -37,10 +31,7 @@ def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
 
 def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec:
     """`<TOOLCALL>` and a JSON array of calls (one call when parallel calls are off or a function is named)."""
-    items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                               "arguments": parameters(t)[0] or {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in chosen_tools(tools, choice)]
-    schema = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items}, "minItems": 1}
+    schema = {"type": "array", "items": call_object_schema(tools, choice), "minItems": 1}
     if not parallel or choice is not None:
         schema["maxItems"] = 1
     return GrammarSpec("lark", f'start: "{OPEN}" {json_rule(schema)} "{CLOSE}"\n', tokens=(OPEN, CLOSE))

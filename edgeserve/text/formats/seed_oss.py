@@ -15,9 +15,8 @@ from __future__ import annotations
 import re
 
 from edgeserve.text.formats.base import CallContext, ChatFormat, ToolCall
-from edgeserve.text.formats.tag_blocks import string_value
-from edgeserve.text.formats.tag_blocks import (Block, chosen_tools, cut_calls, dumps, keyed_args, lit, may_be_string,
-                                           param_schema, repeat, text_until, typed, value_json_rule)
+from edgeserve.text.formats.tag_blocks import (Block, alternatives, chosen_tools, cut_calls, dumps, keyed_calls, lit,
+                                               repeat, tagged_arg, text_until, typed_params)
 from edgeserve.text.grammar import GrammarSpec
 
 CALL_OPEN, CALL_CLOSE = "<seed:tool_call>", "</seed:tool_call>"
@@ -31,17 +30,8 @@ _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>\s*", re.S)
 
 def _read(block: str, ctx: CallContext) -> list[tuple[str, str, str]] | None:
     m = _FUNCTION.match(block)
-    if m is None:
-        return None
-    name, body, pos, args = m.group(1).strip(), m.group(2), 0, {}
-    while body[pos:].strip():
-        p = _PARAM.match(body, pos)
-        if p is None:
-            return None
-        key = p.group(1).strip()
-        args[key] = typed(p.group(2), param_schema(ctx, name, key))
-        pos = p.end()
-    return [(name, dumps(args), "")]
+    args = typed_params(_PARAM, m.group(2), ctx, m.group(1).strip(), str.strip) if m else None
+    return None if args is None else [(m.group(1).strip(), dumps(args), "")]
 
 
 def parse_calls(text: str, ctx: CallContext) -> tuple[str, list[ToolCall]]:
@@ -53,20 +43,11 @@ def forced(tools: list[dict], choice: str | None, parallel: bool) -> GrammarSpec
     """`<seed:tool_call>` blocks: string values as text up to `</parameter>`, the others JSON of their schema."""
     chosen = chosen_tools(tools, choice)
     rules = [f"start: {repeat('call', parallel, choice, chr(10))}\n",
-             f"call: {lit(CALL_OPEN)} \"\\n\" ({' | '.join(f'fn_{i}' for i in range(len(chosen)))}) "
-             f"{lit(CALL_CLOSE)}\n",
+             f"call: {lit(CALL_OPEN)} \"\\n\" ({alternatives(len(chosen))}) {lit(CALL_CLOSE)}\n",
              text_until("str_value", "</parameter>")]
-
-    def arg(i: int, j: int, key: str, schema, params) -> str:
-        value = f'{value_json_rule(schema, params)} "</parameter>"'
-        if may_be_string(schema):
-            value = string_value(schema, "str_value", '"</parameter>"')
-        return f'{lit("<parameter=" + key + ">")} {value} "\\n"'
-
-    for i, tool in enumerate(chosen):
-        seq, arg_rules = keyed_args(tool, i, arg)
-        rules += arg_rules
-        rules.append(f'fn_{i}: {lit("<function=" + tool["function"]["name"] + ">" + chr(10))} {seq} "</function>\\n"\n')
+    rules += keyed_calls(
+        chosen, tagged_arg(lambda key: lit(f"<parameter={key}>"), "</parameter>"),
+        lambda tool, seq: f'{lit("<function=" + tool["function"]["name"] + ">" + chr(10))} {seq} "</function>\\n"')
     return GrammarSpec("lark", "".join(rules), tokens=TOKENS)
 
 

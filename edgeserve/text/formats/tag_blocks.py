@@ -82,6 +82,46 @@ def section_calls(opener: str, body: str, section: str, call_open: str, call_clo
         calls.append(call)
     return calls
 
+def consecutive(pattern: re.Pattern, body: str) -> list[re.Match] | None:
+    """The matches of `pattern` one after another over all of `body` (each anchored where the last ended; only
+    whitespace may follow the last); None when anything else stands between them (the block is then no call)."""
+    found, pos = [], 0
+    while body[pos:].strip():
+        m = pattern.match(body, pos)
+        if m is None:
+            return None
+        found.append(m)
+        pos = m.end()
+    return found
+
+
+def invoke_calls(pattern: re.Pattern, body: str,
+                 arguments: Callable[[re.Match], "dict | None"]) -> list[tuple[str, str, str]] | None:
+    """The calls of a block of consecutive `pattern` matches, one a call (group 1 the function's name),
+    `arguments(m)` reading each one's arguments; None unless there is one and every one reads."""
+    calls = []
+    for m in consecutive(pattern, body) or ():
+        args = arguments(m)
+        if args is None:
+            return None
+        calls.append((m.group(1), dumps(args), ""))
+    return calls or None
+
+
+def typed_params(pattern: re.Pattern, body: str, ctx: CallContext, name: str,
+                 key: Callable[[str], str] = lambda k: k) -> dict | None:
+    """The arguments of a call to `name` written as consecutive `pattern` matches, one a parameter (group 1 its
+    key, as `key` cleans it, group 2 its text, typed by the tool's schema); None as `consecutive`."""
+    found = consecutive(pattern, body)
+    if found is None:
+        return None
+    args = {}
+    for m in found:
+        k = key(m.group(1))
+        args[k] = typed(m.group(2), param_schema(ctx, name, k))
+    return args
+
+
 def dumps(args: Any) -> str:
     """Arguments as the JSON text a ToolCall carries."""
     return json.dumps(args, ensure_ascii=False)
@@ -144,6 +184,14 @@ def parameters(tool: dict) -> tuple[dict, dict, set[str]]:
     params = params if isinstance(params, dict) else {}
     props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
     return params, props, set(params.get("required") or [])
+
+
+def call_object_schema(tools: list[dict], choice: str | None) -> dict:
+    """The JSON schema of one `{"name": ..., "arguments": {...}}` call object to one of the chosen tools."""
+    items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                               "arguments": parameters(t)[0] or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in chosen_tools(tools, choice)]
+    return items[0] if len(items) == 1 else {"anyOf": items}
 
 
 def args_json_rule(tool: dict) -> str:
@@ -209,6 +257,36 @@ def repeat(call_rule: str, parallel: bool, choice: str | None, sep: str = "") ->
     if parallel and choice is None:
         return f"{call_rule} ({lit(sep)} {call_rule})*" if sep else f"{call_rule}+"
     return call_rule
+
+
+def alternatives(count: int) -> str:
+    """The Lark alternation of the call rules `fn_0 | fn_1 | ...` of `count` tools."""
+    return " | ".join(f"fn_{i}" for i in range(count))
+
+
+def tagged_arg(head: Callable[[str], str], close: str,
+               after: str = ' "\\n"') -> Callable[[int, int, str, Any, dict], str]:
+    """The `keyed_args` expression of a parameter written `head(key)`, its value, the closing tag `close`, then
+    `after`: a string value as text (the rule `str_value`, `text_until(..., close)`), any other as JSON of its
+    schema."""
+    def arg(i: int, j: int, key: str, schema: Any, params: dict) -> str:
+        value = f"{value_json_rule(schema, params)} {lit(close)}"
+        if may_be_string(schema):
+            value = string_value(schema, "str_value", lit(close))
+        return f"{head(key)} {value}{after}"
+    return arg
+
+
+def keyed_calls(chosen: list[dict], arg: Callable[[int, int, str, Any, dict], str],
+                call: Callable[[dict, str], str]) -> list[str]:
+    """The rules of each chosen tool's call: its parameters' rules (`keyed_args` with `arg`) and `fn_I`, the
+    expression `call(tool, seq)` around the sequence `seq` of its parameters."""
+    rules: list[str] = []
+    for i, tool in enumerate(chosen):
+        seq, arg_rules = keyed_args(tool, i, arg)
+        rules += arg_rules
+        rules.append(f"fn_{i}: {call(tool, seq)}\n")
+    return rules
 
 
 def keyed_args(tool: dict, i: int, arg: Callable[[int, int, str, Any, dict], str]) -> tuple[str, list[str]]:

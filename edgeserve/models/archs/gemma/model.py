@@ -141,13 +141,6 @@ class GemmaModel(LlamaModel):
             h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
 
-    @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, vocab], soft-capped when the model says so (Gemma 2)."""
-        logits = super().logits(hidden)
-        cap = self.config.final_softcap
-        return logits if cap is None else softcap(logits, cap)
-
 
 def model_class(config: ModelConfig) -> type[LlamaModel]:
     """Gemma's block (edgeserve.models.registry's hook)."""

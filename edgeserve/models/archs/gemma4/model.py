@@ -27,7 +27,7 @@ import torch
 from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.models.archs.gemma4.native_plan import build_gemma4
 from edgeserve.kernels.dispatch import (add_rms_norm, gelu_tanh_and_mul, linear, rms_norm, rope_q, rope_write_kv,
-                                        scaled_norm_add, softcap)
+                                        scaled_norm_add)
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
@@ -301,13 +301,6 @@ class Gemma4Model(LoadedDecoder):
         h = rms_norm(x, layer.pre_ffn_norm_2, eps).to(self.dtype)  # type: ignore[arg-type]
         y = layer.moe.mix(h, weights, experts)  # type: ignore[union-attr]
         return rms_norm(y, layer.post_ffn_norm_2, eps)  # type: ignore[arg-type]
-
-    @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, vocab], soft-capped by `final_softcap`."""
-        logits = super().logits(hidden)
-        cap = self.config.final_softcap
-        return logits if cap is None else softcap(logits, cap)
 
 
 def model_class(config: ModelConfig) -> type[Gemma4Model]:

@@ -76,6 +76,9 @@ class Lfm2Layer:
     in_proj: LinearWeight | None = None
     conv: torch.Tensor | None = None
     out_proj: LinearWeight | None = None
+    # sandwich norms (LFM3): on the mixer's and the feed-forward's outputs
+    post_mixer_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
 
 
 class Lfm2Model(PerOpHybridDecoder):
@@ -90,29 +93,48 @@ class Lfm2Model(PerOpHybridDecoder):
         src = text_part(source)
         return Lfm2MoeWeights(src) if config.is_moe and getattr(source, "gguf", None) is None else src
 
+    NAME = "LFM2"  # in the step's error messages
+    LAYER: type[Lfm2Layer] = Lfm2Layer
+
     @classmethod
     def load(cls, config: ModelConfig, w: WeightLoader) -> "Lfm2Model":
         """Build the model from its tensors (short-conv and attention layers)."""
-        c, src, norm, matrix = config, w.source, w.tensor, w.matrix
+        c, norm = config, w.tensor
         layers, conv_index = [], 0
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            layer = Lfm2Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
-                              **cls._feed_forward(c, src, i, matrix, norm, w.device, w.dtype))
+            layer = cls.LAYER(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
+                              **cls._feed_forward(c, w.source, i, w.matrix, norm, w.device, w.dtype),
+                              **cls._extra_norms(w, p))
             if c.is_linear(i):
                 layer.conv_index, conv_index = conv_index, conv_index + 1
-                layer.in_proj = matrix([p + "conv.in_proj.weight"])
-                layer.out_proj = matrix([p + "conv.out_proj.weight"])
+                layer.in_proj = w.matrix([p + "conv.in_proj.weight"])
+                layer.out_proj = w.matrix([p + "conv.out_proj.weight"])
                 layer.conv = cls._conv_weight(c, norm(p + "conv.conv.weight"), i)
             else:
-                a = p + "self_attn."
-                layer.qkv = matrix([a + f"{x}_proj.weight" for x in "qkv"])
-                layer.q_norm, layer.k_norm = norm(a + "q_layernorm.weight"), norm(a + "k_layernorm.weight")
-                layer.o_proj = matrix([a + "out_proj.weight"])
+                cls._attention_weights(c, w, layer, i)
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
-        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, None, None)
-        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, inv_freq, w.dtype, w.device)
+        return cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head, cls._inv_freq(c, w), w.dtype,
+                   w.device)
+
+    @classmethod
+    def _extra_norms(cls, w: WeightLoader, prefix: str) -> dict:
+        """Norm fields of a layer beyond LFM2's two (none)."""
+        return {}
+
+    @staticmethod
+    def _attention_weights(c: ModelConfig, w: WeightLoader, layer: Lfm2Layer, i: int) -> None:
+        """Layer i's attention: q, k, v stacked, Q/K norms, out_proj."""
+        a = f"model.layers.{i}.self_attn."
+        layer.qkv = w.matrix([a + f"{x}_proj.weight" for x in "qkv"])
+        layer.q_norm, layer.k_norm = w.tensor(a + "q_layernorm.weight"), w.tensor(a + "k_layernorm.weight")
+        layer.o_proj = w.matrix([a + "out_proj.weight"])
+
+    @staticmethod
+    def _inv_freq(c: ModelConfig, w: WeightLoader) -> torch.Tensor:
+        """The RoPE inverse frequencies of the attention layers."""
+        return rope_inv_freq(c.head_dim, c.rope_theta, None, None)
 
     @staticmethod
     def _feed_forward(c: ModelConfig, src, i: int, matrix, norm, dev: torch.device, dtype: torch.dtype) -> dict:
@@ -147,12 +169,11 @@ class Lfm2Model(PerOpHybridDecoder):
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
         (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
-        states = step_states(attn, positions, self.max_positions, "LFM2", "conv")
-        c = self.config
-        eps = c.rms_norm_eps
+        states = step_states(attn, positions, self.max_positions, self.NAME, "conv")
+        eps, dtype = self.config.rms_norm_eps, self.dtype
         x = self.embed_rows(input_ids)
-        cos, sin = self.cos[positions], self.sin[positions]
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        ropes = self._ropes(positions)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(dtype)
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 (conv_state,) = states.layer(layer.conv_index)
@@ -160,15 +181,27 @@ class Lfm2Model(PerOpHybridDecoder):
                                      layer.conv, conv_state, states.batch)
                 y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
             else:
-                q, k, v = self.project_qkv(layer, h, prompt_rows)  # type: ignore[arg-type]
-                k_cache, v_cache, slots = attn.layer_cache(i)  # type: ignore[attr-defined]
-                q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
-                o = attn.attend(i, q)  # type: ignore[attr-defined]
-                y = linear(o, layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, self.dtype)
+                y = self._attention(i, layer, h, attn, ropes, prompt_rows)
+            if layer.post_mixer_norm is not None:
+                y = rms_norm(y, layer.post_mixer_norm, eps)
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, dtype)
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
-            h, x = add_rms_norm(y, x, next_norm(self, i), eps, self.dtype)
+            if layer.post_ffn_norm is not None:
+                y = rms_norm(y, layer.post_ffn_norm, eps)
+            h, x = add_rms_norm(y, x, next_norm(self, i), eps, dtype)
         return h
+
+    def _ropes(self, positions: torch.Tensor) -> dict:
+        """The step's (cos, sin) by the attention layers' kind: None for LFM2's one kind."""
+        return {None: (self.cos[positions], self.sin[positions])}
+
+    def _attention(self, i: int, layer: Lfm2Layer, h: torch.Tensor, attn, ropes: dict,
+                   prompt_rows: PromptRows | None) -> torch.Tensor:
+        """Attention layer i's output [T, hidden] for its normed input h."""
+        q, k, v = self.project_qkv(layer, h, prompt_rows)  # type: ignore[arg-type]
+        k_cache, v_cache, slots = attn.layer_cache(i)
+        q = rope_write_kv(q, k, v, *ropes[None], k_cache, v_cache, slots)
+        return linear(attn.attend(i, q), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
 
     def mlp(self, layer: Lfm2Layer, h: torch.Tensor, prompt_rows: PromptRows | None,  # type: ignore[override]
             lora=None, index: int = 0) -> torch.Tensor:
@@ -201,12 +234,18 @@ def model_class(config: ModelConfig) -> type[Lfm2Model]:
     return Lfm2Model
 
 
+def conv_shapes(config: ModelConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a short-conv layer's tensors (`prefix`: the layer's `model.layers.{i}.`)."""
+    h, kernel = config.hidden_size, config.layer_state.tensors[0].shape[0] + 1
+    return {prefix + "conv.in_proj.weight": (3 * h, h), prefix + "conv.conv.weight": (h, 1, kernel),
+            prefix + "conv.out_proj.weight": (h, h)}
+
+
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of an LFM2 model's tensors, for random weights (edgeserve.models.dummy): short-conv
     and attention layers, the SwiGLU MLP, or (LFM2-MoE) experts on every layer (the leading dense layers' count is
     not in the config) in transformers' fused layout."""
     c, h = config, config.hidden_size
-    kernel = c.layer_state.tensors[0].shape[0] + 1
     from edgeserve.models.dummy import attention_shapes, top_shapes
 
     shapes = top_shapes(c, norm="model.embedding_norm.weight")
@@ -222,8 +261,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             w = c.intermediate_size
             shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
         if c.is_linear(i):
-            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
-                           p + "conv.out_proj.weight": (h, h)})
+            shapes.update(conv_shapes(c, p))
         else:
             a = p + "self_attn."
             shapes.update(attention_shapes(c, a, out="out_proj"))

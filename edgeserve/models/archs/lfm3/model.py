@@ -15,15 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, rope_write_kv, sigmoid_gate
+from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv, sigmoid_gate
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
-from edgeserve.kernels.torch.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
-from edgeserve.models.archs.lfm2.model import Lfm2Layer, Lfm2Model
-from edgeserve.models.attention import KVAttention
+from edgeserve.models.archs.lfm2.model import Lfm2Layer, Lfm2Model, conv_shapes
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import next_norm, step_states
 from edgeserve.models.text_part import text_part
 from edgeserve.models.weight_loader import WeightLoader
 
@@ -33,8 +30,6 @@ class Lfm3Layer(Lfm2Layer):
     """LFM2's layer (its `post_norm` is the pre-FFN `ffn_norm`) plus the sandwich norms, the attention layers' gate
     rows (stacked after q, k, v in `qkv`) and window."""
 
-    post_mixer_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
     gated: bool = False  # `qkv` ends with the per-head gate's rows
     window: int | None = None
 
@@ -49,33 +44,15 @@ class Lfm3Model(Lfm2Model):
         """The text model's names (an HF checkpoint's or an lfm3 GGUF file's)."""
         return text_part(source)
 
-    @classmethod
-    def load(cls, config: ModelConfig, w: WeightLoader) -> "Lfm3Model":
-        """Build the model from its tensors (short-conv, sliding and global attention layers)."""
-        c, src, norm = config, w.source, w.tensor
-        layers, conv_index = [], 0
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            layer = Lfm3Layer(input_norm=norm(p + "operator_norm.weight"), post_norm=norm(p + "ffn_norm.weight"),
-                              post_mixer_norm=cls._optional(src, norm, p + "post_operator_norm.weight"),
-                              post_ffn_norm=cls._optional(src, norm, p + "post_ffn_norm.weight"),
-                              **cls._feed_forward(c, src, i, w.matrix, norm, w.device, w.dtype))
-            if c.is_linear(i):
-                layer.conv_index, conv_index = conv_index, conv_index + 1
-                layer.in_proj = w.matrix([p + "conv.in_proj.weight"])
-                layer.out_proj = w.matrix([p + "conv.out_proj.weight"])
-                layer.conv = cls._conv_weight(c, norm(p + "conv.conv.weight"), i)
-            else:
-                cls._attention_weights(c, w, layer, i)
-            layers.append(layer)
-        embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
-        model = cls(c, embed, layers, norm("model.embedding_norm.weight"), lm_head,
-                    cls._global_inv_freq(c, norm("rope_freqs") if src.has("rope_freqs") else None), w.dtype, w.device)
-        return model
+    NAME = "LFM3"
+    LAYER = Lfm3Layer
 
-    @staticmethod
-    def _optional(src: WeightSource, norm, name: str) -> torch.Tensor | None:
-        return norm(name) if src.has(name) else None
+    @classmethod
+    def _extra_norms(cls, w: WeightLoader, prefix: str) -> dict:
+        """The sandwich norms, where the checkpoint has them."""
+        return {field: w.tensor(prefix + name) if w.source.has(prefix + name) else None
+                for field, name in (("post_mixer_norm", "post_operator_norm.weight"),
+                                    ("post_ffn_norm", "post_ffn_norm.weight"))}
 
     @staticmethod
     def _attention_weights(c: ModelConfig, w: WeightLoader, layer: Lfm3Layer, i: int) -> None:
@@ -89,9 +66,10 @@ class Lfm3Model(Lfm2Model):
         layer.window = None if c.is_global(i) else c.layer_windows[i]  # type: ignore[index]
 
     @staticmethod
-    def _global_inv_freq(c: ModelConfig, rope_freqs: torch.Tensor | None) -> torch.Tensor:
+    def _inv_freq(c: ModelConfig, w: WeightLoader) -> torch.Tensor:
         """The global layers' inverse frequencies: proportional RoPE's tail pairs do not turn (a GGUF's `rope_freqs`
         divisors say which, 1e30 for those; else `rope_global_partial`), as archs.gemma4's global layers."""
+        rope_freqs = w.tensor("rope_freqs") if w.source.has("rope_freqs") else None
         inv = rope_inv_freq(c.head_dim, c.rope_theta, None, None if rope_freqs is None else rope_freqs.reshape(-1))
         if rope_freqs is None and c.rope_global_partial < 1.0:
             inv[int(c.rope_global_partial * c.head_dim // 2):] = 0.0
@@ -103,37 +81,15 @@ class Lfm3Model(Lfm2Model):
         local = rope_inv_freq(config.head_dim, config.rope_local_theta or 10_000.0, None, None)
         self.cos_local, self.sin_local = (t.to(device) for t in rope_cos_sin(local, self.max_positions))
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
-                prompt_rows: PromptRows | None = None) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden] for a flat batch of T tokens, over the engine's paged KV pool
-        (`attn` exposing `layer_cache` / `attend`) and its conv states (`attn.states`)."""
-        states = step_states(attn, positions, self.max_positions, "LFM3", "conv")
-        eps, dtype = self.config.rms_norm_eps, self.dtype
-        x = self.embed_rows(input_ids)
-        ropes = {None: (self.cos[positions], self.sin[positions]),
-                 "local": (self.cos_local[positions], self.sin_local[positions])}
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(dtype)
-        for i, layer in enumerate(self.layers):
-            if layer.conv is not None:
-                (conv_state,) = states.layer(layer.conv_index)
-                y = gated_short_conv(linear(h, layer.in_proj, None, prompt_rows),  # type: ignore[arg-type]
-                                     layer.conv, conv_state, states.batch)
-                y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
-            else:
-                y = self._attention(i, layer, h, attn, ropes[None if layer.window is None else "local"], prompt_rows)
-            if layer.post_mixer_norm is not None:
-                y = rms_norm(y, layer.post_mixer_norm, eps)
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, dtype)
-            y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
-            if layer.post_ffn_norm is not None:
-                y = rms_norm(y, layer.post_ffn_norm, eps)
-            h, x = add_rms_norm(y, x, next_norm(self, i), eps, dtype)
-        return h
+    def _ropes(self, positions: torch.Tensor) -> dict:
+        """The step's (cos, sin) of the global (None) and sliding ("local") layers."""
+        return {None: (self.cos[positions], self.sin[positions]),
+                "local": (self.cos_local[positions], self.sin_local[positions])}
 
-    def _attention(self, i: int, layer: Lfm3Layer, h: torch.Tensor, attn, rope: tuple[torch.Tensor, torch.Tensor],
+    def _attention(self, i: int, layer: Lfm3Layer, h: torch.Tensor, attn, ropes: dict,  # type: ignore[override]
                    prompt_rows: PromptRows | None) -> torch.Tensor:
         """Attention layer i's output [T, hidden] for its normed input h: gated heads through o_proj."""
+        rope = ropes[None if layer.window is None else "local"]
         c, t = self.config, h.shape[0]
         heads, kvh, d, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
         qkv = linear(h, layer.qkv, None, prompt_rows)  # type: ignore[arg-type]
@@ -159,7 +115,6 @@ def model_class(config: ModelConfig) -> type[Lfm3Model]:
 def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of an LFM3 model's tensors, for random weights (edgeserve.models.dummy)."""
     c, h = config, config.hidden_size
-    kernel = c.layer_state.tensors[0].shape[0] + 1
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
                                           "model.embedding_norm.weight": (h,)}
     if not c.tie_word_embeddings:
@@ -170,8 +125,7 @@ def dummy_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update({p + n + ".weight": (h,) for n in norms})
         shapes.update({f + "w1.weight": (w, h), f + "w3.weight": (w, h), f + "w2.weight": (h, w)})
         if c.is_linear(i):
-            shapes.update({p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
-                           p + "conv.out_proj.weight": (h, h)})
+            shapes.update(conv_shapes(c, p))
         else:
             a = p + "self_attn."
             shapes.update({a + "q_proj.weight": (c.q_size, h), a + "k_proj.weight": (c.kv_size, h),
