@@ -212,20 +212,25 @@ def test_rope_rows_are_the_same_bits_on_the_simd_and_the_scalar_loop():
             assert torch.equal(a, b), (variant, cache_dtype)
 
 
+def assert_rewritten_once(w: BlockTensor, lib, qtype: str) -> None:
+    """`w` is rewritten at load into layout `qtype` (same bytes per row, other bytes), every value the same, and a
+    weight built from the rewritten part is not rewritten twice."""
+    bw = BlockWeight([w], lib)
+    part = bw.parts[0]
+    assert part.qtype == qtype and part.data.shape == w.data.shape
+    assert not torch.equal(part.data, w.data)
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[w.qtype]).reshape(w.shape))
+    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
+    assert torch.equal(BlockWeight([part], lib).parts[0].data, part.data)
+
+
 @pytest.mark.parametrize("qtype", sorted(REPACKED))
 def test_repacked_formats_keep_the_values_and_size(lib, qtype):
     """Q4_0 / Q4_1 weights are rewritten at load into their _R8 layout (same bytes per row, new format id):
     every value stays the same, and a weight built from the repacked part is not repacked twice."""
     gen = np.random.default_rng(13)
     w = random_blocks(qtype, 7, 32 * 27, gen)  # three groups of 8 blocks and a tail of 3
-    bw = BlockWeight([w], lib)
-    part = bw.parts[0]
-    assert part.qtype == REPACKED[qtype] and part.data.shape == w.data.shape
-    assert not torch.equal(part.data, w.data)
-    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
-    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
-    again = BlockWeight([part], lib)
-    assert torch.equal(again.parts[0].data, part.data)
+    assert_rewritten_once(w, lib, REPACKED[qtype])
 
 
 @pytest.mark.parametrize("qtype", sorted(INTERLEAVED))
@@ -236,13 +241,7 @@ def test_interleaved_formats_keep_the_values_and_size(lib, qtype):
     gen = np.random.default_rng(17)
     per = FORMATS[qtype][1]
     w = random_blocks(qtype, 24, per * (3 if per == 256 else 19), gen)
-    bw = BlockWeight([w], lib)
-    part = bw.parts[0]
-    assert part.qtype == INTERLEAVED[qtype] and part.data.shape == w.data.shape
-    assert not torch.equal(part.data, w.data)
-    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
-    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
-    assert torch.equal(BlockWeight([part], lib).parts[0].data, part.data)
+    assert_rewritten_once(w, lib, INTERLEAVED[qtype])
     odd = BlockWeight([BlockTensor(qtype, w.data[:23].clone(), w.cols)], lib).parts[0]
     assert odd.qtype == REPACKED.get(qtype, qtype)
 
