@@ -171,3 +171,25 @@ def post_api(server: RunningServer, path: str, body: dict, stream: bool = False)
     if path == "/api/chat":
         return [json.loads(line) for line in lines]
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def server_fixture(start, folder_name: str, *args, **kwargs):
+    """A module-scoped pytest fixture `server`: `start(tmp folder named folder_name, *args, **kwargs)` (serve_tiny,
+    serve_scripted) entered for the module's tests and stopped after them. A test module assigns it to `server`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory) -> Iterator[RunningServer]:
+        with start(tmp_path_factory.mktemp(folder_name), *args, **kwargs) as s:
+            yield s
+
+    return server
+
+
+def served_ids(server: RunningServer, *markers: str) -> tuple[str, ...]:
+    """The id /v1/models lists for each of `markers` (the first id containing it)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url) as c:
+        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+    return tuple(next(n for n in ids if marker in n) for marker in markers)
