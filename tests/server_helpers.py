@@ -190,6 +190,28 @@ def served_ids(server: RunningServer, *markers: str) -> tuple[str, ...]:
     """The id /v1/models lists for each of `markers` (the first id containing it)."""
     import httpx
 
-    with httpx.Client(base_url=server.url) as c:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
         ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
     return tuple(next(n for n in ids if marker in n) for marker in markers)
+
+
+def concurrent_replies(server: RunningServer, n: int, one, **client_args) -> list:
+    """`await one(client, i)` for i in 0..n-1, all at once over one openai.AsyncOpenAI client of the server's /v1
+    (`client_args`: more client options); their results in order of i."""
+    import anyio
+    import openai
+
+    async def main() -> list:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, **client_args)
+        out: list = [None] * n
+
+        async def run(i: int) -> None:
+            out[i] = await one(client, i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(run, i)
+        await client.close()
+        return out
+
+    return anyio.run(main)
