@@ -133,6 +133,17 @@ def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 3000, prefix: s
     return tok.decode(ids, skip_special_tokens=False)
 
 
+
+def forced_calls_parse_back(tok, grammar, name: str, seed: int, offered: list[dict] | None = None) -> list:
+    """A random reply that `grammar([PICK], None, True)` (a call required) admits parses with format `name` (its tools
+    `offered`, default [PICK]) to no content and at least one call; the calls."""
+    from edgeserve.text.formats import get_format
+
+    reply = random_reply(tok, grammar([PICK], None, True), seed)
+    content, calls = get_format(name).parse(reply, context(offered or [PICK]))
+    assert content == "" and calls, reply
+    return calls
+
 def check(name: str, text: str, tools: list[dict], opened: bool, expect: tuple) -> list[tuple[str, dict, str]]:
     """Assert that format `name` splits `text` into `expect` = (content, reasoning, [(name, args[, id])]); the ids
     are compared where `expect` gives one. Returns the calls read."""

@@ -8,7 +8,7 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.cohere import TOKENS, forced_action, forced_plus
 from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, TODO_LIST, accepts, check, context, detections,
-                          random_reply, vocabulary)
+                          forced_calls_parse_back, vocabulary)
 
 THOUGHT = "I'm\nthinking"
 ACTION_ONE = ("<|START_ACTION|>[\n"
@@ -98,6 +98,4 @@ def test_forced_grammars_accept_calls_and_refuse_junk(tok):
                                            ("command_r_plus", forced_plus)])
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, name, grammar, seed):
-    reply = random_reply(tok, grammar([PICK], None, True), seed)
-    content, calls = get_format(name).parse(reply, context([PICK, SPECIAL]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, grammar, name, seed, [PICK, SPECIAL])

@@ -8,7 +8,7 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.functionary import forced_firefunction, forced_v31, forced_v32
 from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, SPECIAL_OPT, accepts, check, context, detections,
-                          random_reply, vocabulary)
+                          forced_calls_parse_back, vocabulary)
 
 CASES = [
     # meetkai-functionary-medium-v3.1.jinja
@@ -86,6 +86,4 @@ def test_forced_grammars_accept_calls_and_refuse_junk(tok):
                                            ("firefunction_v2", forced_firefunction)])
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, name, grammar, seed):
-    reply = random_reply(tok, grammar([PICK], None, True), seed)
-    content, calls = get_format(name).parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, grammar, name, seed)
