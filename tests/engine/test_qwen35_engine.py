@@ -16,7 +16,7 @@ from edgeserve.engine.state_pool import StateSpec
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
-from qwen35_helpers import VOCAB, hf_qwen35, write_qwen35_gguf
+from qwen35_helpers import VOCAB, gguf_path, hf_qwen35, write_qwen35_gguf  # noqa: F401 (gguf_path: a fixture)
 from support.hybrid_runs import assert_speculation_keeps_outputs
 
 pytest.importorskip("transformers")
@@ -24,11 +24,6 @@ pytest.importorskip("transformers")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 # KV of the one attention layer (2 heads of 32, float32) per block of 16 tokens, and one sequence's states
 KV_BLOCK = 2 * 2 * 32 * 4 * 16
-
-
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory) -> Path:
-    return write_qwen35_gguf(hf_qwen35(), tmp_path_factory.mktemp("qwen35") / "q.gguf")
 
 
 @pytest.fixture(scope="module")
