@@ -82,6 +82,13 @@ def detections() -> dict[str, str]:
     return {name: _detect(src) for name, src in templates().items()}
 
 
+def assert_detected_exactly(expected: dict[str, str]) -> None:
+    """Over llama.cpp's templates, each template of `expected` is detected as its format, and no other template as
+    any of those formats."""
+    names = set(expected.values())
+    assert {t: f for t, f in detections().items() if f in names} == expected
+
+
 def _detect(source: str) -> str:
     try:
         return detect_format(source).name
