@@ -121,13 +121,19 @@ def gemma4_init(model) -> None:
                 b.uniform_(0.5, 1.5)
 
 
-def lfm2moe_init(model) -> None:
-    """`spread`, and expert biases far enough from 0 to change which experts a token gets."""
+def spread_with_router_biases(model, suffix: str) -> None:
+    """`spread`, and the router's bias buffers (names ending in `suffix`) far enough from 0 to change which experts a
+    token gets."""
     spread(model)
     with torch.no_grad():
         for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):
+            if name.endswith(suffix):
                 b.normal_(0.0, 0.3)
+
+
+def lfm2moe_init(model) -> None:
+    """`spread`, and expert biases far enough from 0 to change which experts a token gets."""
+    spread_with_router_biases(model, "expert_bias")
 def nemotron_h_config(model, folder: Path) -> None:
     """config.json as the released dense checkpoints store it: the block pattern as `hybrid_override_pattern`, no
     MoE keys. (llama.cpp's converter reads it through transformers' AutoConfig, which fills in the MoE defaults, so
@@ -165,11 +171,7 @@ def nemotron_h_moe_config(model, folder: Path) -> None:
 
 def nemotron_h_moe_init(model) -> None:
     """`spread`, and correction biases far enough from 0 to change which experts a token gets."""
-    spread(model)
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.3)
+    spread_with_router_biases(model, "e_score_correction_bias")
 
 
 def gpt_oss_init(model) -> None:

@@ -82,6 +82,13 @@ def detections() -> dict[str, str]:
     return {name: _detect(src) for name, src in templates().items()}
 
 
+def assert_detected_exactly(expected: dict[str, str]) -> None:
+    """Over llama.cpp's templates, each template of `expected` is detected as its format, and no other template as
+    any of those formats."""
+    names = set(expected.values())
+    assert {t: f for t, f in detections().items() if f in names} == expected
+
+
 def _detect(source: str) -> str:
     try:
         return detect_format(source).name
@@ -132,6 +139,17 @@ def random_reply(tok, spec: GrammarSpec, seed: int, steps: int = 3000, prefix: s
         raise AssertionError("the grammar did not end")
     return tok.decode(ids, skip_special_tokens=False)
 
+
+
+def forced_calls_parse_back(tok, grammar, name: str, seed: int, offered: list[dict] | None = None) -> list:
+    """A random reply that `grammar([PICK], None, True)` (a call required) admits parses with format `name` (its tools
+    `offered`, default [PICK]) to no content and at least one call; the calls."""
+    from edgeserve.text.formats import get_format
+
+    reply = random_reply(tok, grammar([PICK], None, True), seed)
+    content, calls = get_format(name).parse(reply, context(offered or [PICK]))
+    assert content == "" and calls, reply
+    return calls
 
 def check(name: str, text: str, tools: list[dict], opened: bool, expect: tuple) -> list[tuple[str, dict, str]]:
     """Assert that format `name` splits `text` into `expect` = (content, reasoning, [(name, args[, id])]); the ids

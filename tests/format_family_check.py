@@ -206,3 +206,22 @@ def family_tests(family: str, templates: dict[str, list[str]]):
     def detected_for_its_templates_and_no_other(name, templates):
         assert detected_templates(name) == templates
     return reads_what_llama_cpp_reads, detected_for_its_templates_and_no_other
+
+
+def check_forced_calls(tok, fmt: ChatFormat, offered: list[dict], replies: list[tuple[str, list[dict]]],
+                       junk: list[str], named_reply: str, parsed=lambda reply: reply):
+    """The format's forced grammar with a call required over `offered`: it admits each (reply, arguments) of
+    `replies`, whose parse (of `parsed(reply)`) is no content and calls with exactly those arguments, and refuses
+    every text of `junk`; with parallel calls off it refuses the last reply (several calls); required to call
+    `magic_int` it admits `named_reply` and refuses the first reply. Returns the grammar, for more checks."""
+    spec = fmt.forced(offered, None, True)
+    for reply, args in replies:
+        assert accepts(tok, spec, reply), reply
+        content, calls = fmt.parse(parsed(reply), context(offered))
+        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
+    for text in junk:
+        assert not accepts(tok, spec, text), text
+    assert not accepts(tok, fmt.forced(offered, None, False), replies[-1][0])
+    named = fmt.forced(offered, "magic_int", True)
+    assert accepts(tok, named, named_reply) and not accepts(tok, named, replies[0][0])
+    return spec

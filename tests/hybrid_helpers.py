@@ -10,8 +10,7 @@ import torch
 
 from converter_cases import BY_NAME
 from converter_parity import build_checkpoint, tokenizer_folder
-import subfolders  # noqa: F401  (the test modules' folders on sys.path)
-from test_qwen35_engine import OracleProposer
+from support.hybrid_runs import assert_speculation_keeps_outputs
 
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
@@ -93,10 +92,4 @@ def check_speculation_rolls_back(llm: LLM, prefix_caching: bool) -> None:
     ps = prompts(13, 29, 40, seed=8)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     plain = [ids(llm.generate([p], params))[0] for p in ps]
-    spec = LLM.from_model(llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
-                          enable_prefix_caching=prefix_caching)
-    spec.engine.spec.ngram = OracleProposer(ps, plain)
-    assert ids(spec.generate(ps, params)) == plain
-    stats = spec.engine.stats()
-    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
-    assert_empty(spec)
+    assert_empty(assert_speculation_keeps_outputs(llm.lm, ps, plain, params, prefix_caching))

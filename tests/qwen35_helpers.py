@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
@@ -119,3 +120,9 @@ def run_steps(model, steps: list[list[tuple[int, int]]], ids: list[list[int]], b
         for (j, a, b), lo, hi in zip(run, cu[:-1], cu[1:]):
             out[j].append(logits[lo:hi])
     return [torch.cat(o) for o in out]
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory) -> Path:
+    """The tiny random Qwen3.5 (hf_qwen35) as a float32 GGUF, written once a module (a test module imports it)."""
+    return write_qwen35_gguf(hf_qwen35(), tmp_path_factory.mktemp("qwen35") / "q.gguf")

@@ -171,3 +171,47 @@ def post_api(server: RunningServer, path: str, body: dict, stream: bool = False)
     if path == "/api/chat":
         return [json.loads(line) for line in lines]
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def server_fixture(start, folder_name: str, *args, **kwargs):
+    """A module-scoped pytest fixture `server`: `start(tmp folder named folder_name, *args, **kwargs)` (serve_tiny,
+    serve_scripted) entered for the module's tests and stopped after them. A test module assigns it to `server`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory) -> Iterator[RunningServer]:
+        with start(tmp_path_factory.mktemp(folder_name), *args, **kwargs) as s:
+            yield s
+
+    return server
+
+
+def served_ids(server: RunningServer, *markers: str) -> tuple[str, ...]:
+    """The id /v1/models lists for each of `markers` (the first id containing it)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+    return tuple(next(n for n in ids if marker in n) for marker in markers)
+
+
+def concurrent_replies(server: RunningServer, n: int, one, **client_args) -> list:
+    """`await one(client, i)` for i in 0..n-1, all at once over one openai.AsyncOpenAI client of the server's /v1
+    (`client_args`: more client options); their results in order of i."""
+    import anyio
+    import openai
+
+    async def main() -> list:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, **client_args)
+        out: list = [None] * n
+
+        async def run(i: int) -> None:
+            out[i] = await one(client, i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(run, i)
+        await client.close()
+        return out
+
+    return anyio.run(main)

@@ -17,11 +17,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -79,16 +76,18 @@ def side(tokens: int, batches: list[int], repeats: int, ops: bool = False, model
     return result
 
 
-def export(rev: str) -> Path:
-    """A copy of the repository at `rev` in a temporary folder (git archive), for PYTHONPATH."""
-    from edgeserve.bench.checkout import link_package_dirs
+def against_this_checkout(revs: list[str], cmd: list[str], rounds: int, show) -> dict[str, list[dict]]:
+    """`cmd` run alternately in a worktree of each of `revs` and in this checkout (edgeserve.bench.checkout); the
+    runs' JSON per side, "this checkout" last."""
+    from edgeserve.bench.checkout import alternate_trees, remove_worktree, worktree
 
-    root = Path(__file__).resolve().parents[2]
-    dest = Path(tempfile.mkdtemp(prefix=f"edgeserve-{rev}-"))
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    link_package_dirs(dest)  # edgeserve.kernels = kernels/, ...: or the editable install answers for them
-    return dest
+    here = Path(__file__).resolve().parents[2]
+    trees = {rev: worktree(rev, here) for rev in revs}
+    try:
+        return alternate_trees({**trees, "this checkout": here}, cmd, rounds, show)
+    finally:
+        for tree in trees.values():
+            remove_worktree(tree, here)
 
 
 def main() -> None:
@@ -106,24 +105,16 @@ def main() -> None:
     if args.side or not args.against:
         print(json.dumps(side(args.tokens, batches, args.repeats, args.count_ops, args.model)))
         return
-    here = Path(__file__).resolve().parents[2]
-    paths = {args.against: export(args.against), "this checkout": here}
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
            "--repeats", str(args.repeats), "--model", args.model] + (["--count-ops"] if args.count_ops else [])
-    results: dict[str, list[dict]] = {k: [] for k in paths}
-    for r in range(args.rounds):
-        order = list(paths) if r % 2 == 0 else list(reversed(paths))  # A/B, B/A, ...
-        for name in order:
-            env = dict(os.environ, PYTHONPATH=str(paths[name]))
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            results[name].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"round {r + 1} {name}: {results[name][-1]}", flush=True)
+    results = against_this_checkout([args.against], cmd, args.rounds,
+                                    lambda r, name, out: print(f"round {r} {name}: {out}", flush=True))
     a, b = args.against, "this checkout"
     if args.count_ops:
         print(f"aten ops per batch-1 decode step: {a} {results[a][0]['ops_per_step']}, "
               f"this checkout {results[b][0]['ops_per_step']}")
         return
-    for name in paths:
+    for name in results:
         print(f"{name}: edgeserve from {results[name][0]['edgeserve']}")
     for bs in batches:
         key = str(bs)

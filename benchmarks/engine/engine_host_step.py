@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,21 +126,13 @@ def main() -> None:
         print(json.dumps(side(batches, contexts, args.tokens, args.repeats)))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_step import export
+    from decode_step import against_this_checkout
 
-    here = Path(__file__).resolve().parents[2]
-    paths = {rev: export(rev) for rev in args.against.split(",")}
-    paths["this checkout"] = here
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
            "--context", args.context, "--repeats", str(args.repeats)]
-    results: dict[str, list[dict]] = {k: [] for k in paths}
-    for r in range(args.rounds):
-        for name in (list(paths) if r % 2 == 0 else list(reversed(paths))):
-            env = dict(os.environ, PYTHONPATH=str(paths[name]))
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            results[name].append(json.loads(out.strip().splitlines()[-1]))
-            print(f"round {r + 1} {name}: {results[name][-1]['step_ms']}", flush=True)
-    names = list(paths)
+    results = against_this_checkout(args.against.split(","), cmd, args.rounds,
+                                    lambda r, name, out: print(f"round {r} {name}: {out['step_ms']}", flush=True))
+    names = list(results)
     print("median host ms per decode step; ratio = this checkout / first side")
     print(f"{'batch x context':>16} " + " ".join(f"{n:>14}" for n in names) + "   ratio")
     for key in results[names[0]][0]["step_ms"]:

@@ -16,7 +16,6 @@ block made in transformers, converted by llama.cpp's own convert_hf_to_gguf.py w
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,8 @@ pytest.importorskip("transformers")
 from converter_cases import BY_NAME  # noqa: E402
 from converter_parity import IDS, build_checkpoint, convert, load_ours, max_logprob_diff, tokenizer_folder  # noqa: E402
 from mtp_reference import mtp_reference_logits  # noqa: E402
+from support.spec_runs import (GREEDY, ForcedOracle, assert_drafts_are_reference_argmax,  # noqa: E402
+                               assert_drafts_carry_distributions, assert_mixed_batch_keeps_greedy, outputs, prompts)
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention  # noqa: E402
 from edgeserve.engine.spec import NoMtpHeadError  # noqa: E402
@@ -38,7 +39,6 @@ from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 CASES = ["qwen35-mtp", "qwen35moe-mtp"]
 F32_BOUND = 2e-4  # float32 noise, as in test_converter_parity
-GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -85,35 +85,6 @@ def test_head_logits_equal_the_reference_from_the_hf_weights(name, files):
         assert max_logprob_diff(ours, ref) < F32_BOUND
 
 
-class ForcedOracle:
-    """MtpProposer.oracle: records the head's own first draft with the sequence it was drafted for, and proposes
-    the known greedy continuation with drafts wrong now and then (accepted whole, in part, not at all)."""
-
-    def __init__(self, prompts: list[list[int]], outputs: list[list[int]], vocab: int, seed: int = 0) -> None:
-        self.runs = list(zip(prompts, outputs))
-        self.vocab = vocab
-        self.rng = random.Random(seed)
-        self.seen: list[tuple[list[int], int]] = []
-
-    def __call__(self, seq, drafts: list[int]) -> list[int]:
-        tokens = list(seq.all_token_ids)
-        self.seen.append((tokens, list(drafts)))
-        for prompt, out in self.runs:
-            if tokens[:len(prompt)] == prompt:
-                future = out[len(tokens) - len(prompt):][:len(drafts)]
-                return [t if self.rng.random() < 0.7 else (t + 1) % self.vocab for t in future] or drafts
-        return drafts
-
-
-def prompts(seed: int, n: int = 3) -> list[list[int]]:
-    rnd = random.Random(seed)
-    return [[rnd.randrange(3, 2000) for _ in range(rnd.randrange(4, 30))] for _ in range(n)]
-
-
-def outputs(llm: LLM, ps: list[list[int]], params=GREEDY) -> list[list[int]]:
-    return [r.outputs[0].token_ids for r in llm.generate(ps, params)]
-
-
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("draft_vocab", [0, 1500])
 def test_engine_first_drafts_are_the_reference_heads(name, draft_vocab, files):
@@ -141,17 +112,12 @@ def test_engine_first_drafts_are_the_reference_heads(name, draft_vocab, files):
     # after a partly rejected step the hybrid computes its accepted tokens again beside its next drafts, but never
     # more than MAX_BACKLOG of them (then a step without drafts keeps them)
     assert 1 < max(rows) <= MAX_BACKLOG + 1
-    checked = 0
-    for tokens, drafts in oracle.seen[::3]:
+
+    def reference(tokens, drafts):
         ref = mtp_reference_logits(hf, folder, tokens, drafts[:1])[-2:]
-        if draft_vocab:
-            ref = ref[:, :draft_vocab]
-        for j, row in enumerate(ref[: len(drafts)]):
-            top = row.topk(2).values
-            if top[0] - top[1] > 1e-3:  # never judge a near-tie
-                assert drafts[j] == int(row.argmax())
-                checked += 1
-    assert checked >= 6
+        return ref[:, :draft_vocab] if draft_vocab else ref
+
+    assert_drafts_are_reference_argmax(oracle.seen[::3], reference)
 
 
 def assert_spec_pools_empty(llm: LLM) -> None:
@@ -180,12 +146,7 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     full = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=2, spec_draft_vocab=0)
     assert full.engine.spec.mtp.draft_vocab is None
     assert outputs(full, ps) == plain and full.engine.spec.counters.proposed > 0
-    auto.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size, seed=3)
-    sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=12)
-    opted_out = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, speculative=False)
-    mixed = auto.generate([ps[0], ps[1], ps[2], ps[0]], [GREEDY, sampled, opted_out, GREEDY])
-    assert [mixed[i].outputs[0].token_ids for i in (0, 2, 3)] == [plain[0], plain[2], plain[0]]
-    assert auto.engine.spec.counters.accepted > 0
+    assert_mixed_batch_keeps_greedy(auto, auto.engine.spec.mtp, ps, plain)
     stats = auto.engine.stats()  # what /metrics exports (edgeserve_spec_*)
     assert (stats.spec_proposed_tokens, stats.spec_accepted_tokens) == (auto.engine.spec.counters.proposed,
                                                                         auto.engine.spec.counters.accepted)
@@ -245,26 +206,8 @@ def test_preemption_drops_the_heads_state_and_recomputes(files):
 def test_temperature_drafts_carry_their_distributions_to_verification(files, monkeypatch):
     """At temperature > 0 the MTP drafts come with the distributions q they were drawn from (a real distribution,
     each draft inside it), which rejection sampling needs to keep the target's distribution (test_spec_verify)."""
-    import edgeserve.engine.spec.speculator as speculator
-
     _, _, gguf, _ = files("qwen35-mtp")
-    seen = []
-    real = speculator.verify
-
-    def spy(p, drafts, q, generators, deterministic=False):
-        seen.append((drafts, q, deterministic))
-        return real(p, drafts, q, generators, deterministic)
-
-    monkeypatch.setattr(speculator, "verify", spy)
-    llm = LLM.from_model(load_ours(gguf), kv_cache_gb=0.01, speculative="mtp")
-    outputs(llm, prompts(4), SamplingParams(temperature=1.0, seed=1, max_tokens=10))
-    assert seen
-    for drafts, q, deterministic in seen:
-        assert not deterministic and q is not None
-        for d, qs in zip(drafts, q):
-            assert torch.allclose(qs.sum(-1), torch.ones(len(d)), atol=1e-4)
-            assert all(qs[j, t] > 0 for j, t in enumerate(d))
-            assert (qs.max(-1).values < 1).all()  # sampled, not a point mass
+    assert_drafts_carry_distributions(monkeypatch, LLM.from_model(load_ours(gguf), kv_cache_gb=0.01, speculative="mtp"))
 
 
 def test_auto_leaves_a_file_without_a_head_alone_and_mtp_refuses_it(tmp_path, capsys):

@@ -111,15 +111,22 @@ def test_prefix_reuse_across_the_window_gives_the_same_tokens(gemma, monkeypatch
     assert generate(core, [first], 20) == [ref_a]  # the same prompt again: a hit on blocks behind the window too
 
 
+def cached_prompt(n: int) -> tuple[BlockManager, object, list[int]]:
+    """A block manager of 32 blocks with a window pool of 12, sequence "a" of tokens 0..n-1 in it, its K/V written
+    and its full blocks committed to the prefix cache: (manager, window pool, tokens)."""
+    bm = BlockManager(num_blocks=32, block_size=BS)
+    window = bm.use_window(WINDOW, 12)
+    tokens = list(range(n))
+    bm.allocate("a", tokens)
+    bm.slots("a", 0, n)
+    bm.commit_full_blocks("a", tokens, n)
+    return bm, window, tokens
+
+
 def test_a_hit_whose_window_blocks_are_gone_is_shortened() -> None:
     """A cached prefix keeps its main blocks but its window blocks were handed to another sequence: the hit stops
     where the window blocks it needs are still there (here: nowhere), so the rest is recomputed."""
-    bm = BlockManager(num_blocks=32, block_size=BS)
-    window = bm.use_window(WINDOW, 12)
-    tokens = list(range(40))
-    bm.allocate("a", tokens)
-    bm.slots("a", 0, 40)
-    bm.commit_full_blocks("a", tokens, 40)
+    bm, window, tokens = cached_prompt(40)
     assert bm.window_blocks_held("a") == WINDOW // BS + 1 - 1  # next query at 40 sees 33..39: blocks 8, 9
     bm.free("a")
     bm.check_integrity()
@@ -227,12 +234,7 @@ def test_window_pool_sized_by_the_bound_never_runs_out(seed: int) -> None:
 
 
 def test_rolled_back_speculative_tokens_give_their_window_blocks_back() -> None:
-    bm = BlockManager(num_blocks=32, block_size=BS)
-    window = bm.use_window(WINDOW, 12)
-    tokens = list(range(30))
-    bm.allocate("a", tokens)
-    bm.slots("a", 0, 30)
-    bm.commit_full_blocks("a", tokens, 30)
+    bm, window, tokens = cached_prompt(30)
     held = bm.window_blocks_held("a")
     assert bm.ensure_capacity("a", 30 + 9)  # one decode token and 8 drafts: blocks 7..9
     bm.slots("a", 30, 39)

@@ -6,7 +6,6 @@ the same tokens with it as without it, with the sliding layers in their own wind
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,12 +16,12 @@ from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
 from edgeserve.models.config import config_from_gguf
 from edgeserve.models.decoders import decoder_class
-from edgeserve.models.load import LoadedModel
 
 pytest.importorskip("transformers")
 from test_cpu_decoder import STEPS, _native_on, run_steps  # noqa: E402,F401  (the fixture keeps the kernels on)
 from test_more_archs import VOCAB, hf_model, write_gguf  # noqa: E402
 from test_window_blocks import engine, generate  # noqa: E402
+from support.fused_runs import fused_and_per_op, stub_loaded  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
@@ -58,13 +57,8 @@ def test_gemma3_fused_stack_rows_do_not_depend_on_their_batch(tmp_path):
 @pytest.mark.parametrize("window_pool", [True, False])
 def test_gemma3_engine_tokens_are_the_same_fused_and_per_op(tmp_path, monkeypatch, window_pool):
     model = gemma_q8(tmp_path / "g.gguf")
-    tokenizer = SimpleNamespace(eot_ids=frozenset(), decode=lambda ids: "", byte_fallback_ids=frozenset())
-    lm = LoadedModel("tiny-gemma3-q8", SimpleNamespace(path=tmp_path), model.config, model, tokenizer, None, 0.0)
+    lm = stub_loaded(model, "tiny-gemma3-q8", tmp_path)
     prompts = [[(7 * i + 3) % VOCAB for i in range(23)], [(5 * i + 11) % VOCAB for i in range(13)]]
-    outputs = []
-    for fused in (True, False):
-        model._native = False if fused else None
-        outputs.append(generate(engine(lm, window_pool, monkeypatch, enable_prefix_caching=False), prompts, 30))
-        assert (model._native is not None) == fused
-    assert outputs[0] == outputs[1]
+    outputs = fused_and_per_op(model, lambda: generate(engine(lm, window_pool, monkeypatch,
+                                                              enable_prefix_caching=False), prompts, 30))
     assert len(set(outputs[0][0])) > 3  # not a degenerate repetition

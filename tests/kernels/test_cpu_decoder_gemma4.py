@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 from test_cpu_decoder import STEPS, _native_on, run_steps  # noqa: E402,F401  (the fixture keeps the kernels on)
 from test_gemma4 import VOCAB, hf_model, write_gguf  # noqa: E402
 from test_window_blocks import engine, generate  # noqa: E402
+from support.fused_runs import fused_and_per_op, stub_loaded  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
@@ -76,15 +77,10 @@ def test_gemma4_fused_stack_rows_do_not_depend_on_their_batch(tmp_path):
 @pytest.mark.parametrize("window_pool", [True, False])
 def test_gemma4_engine_tokens_are_the_same_fused_and_per_op(tmp_path, monkeypatch, window_pool):
     model = gemma4_q8(tmp_path / "g.gguf", "e2b")
-    tokenizer = SimpleNamespace(eot_ids=frozenset(), decode=lambda ids: "", byte_fallback_ids=frozenset())
-    lm = LoadedModel("tiny-gemma4-q8", SimpleNamespace(path=tmp_path), model.config, model, tokenizer, None, 0.0)
+    lm = stub_loaded(model, "tiny-gemma4-q8", tmp_path)
     prompts = [[(7 * i + 3) % VOCAB for i in range(23)], [(5 * i + 11) % VOCAB for i in range(13)]]
-    outputs = []
-    for fused in (True, False):
-        model._native = False if fused else None
-        outputs.append(generate(engine(lm, window_pool, monkeypatch, enable_prefix_caching=False), prompts, 20))
-        assert (model._native is not None) == fused
-    assert outputs[0] == outputs[1]
+    outputs = fused_and_per_op(model, lambda: generate(engine(lm, window_pool, monkeypatch,
+                                                              enable_prefix_caching=False), prompts, 20))
     assert len(set(outputs[0][0])) > 3  # not a degenerate repetition
 
 

@@ -9,7 +9,6 @@ window pool or not, bf16 and q8_0 pools) the same way."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ import test_gpt_oss  # noqa: E402
 from test_gpt_oss import hf_gpt_oss, load_ours  # noqa: E402
 from test_qwen3_moe import VOCAB, hf_moe, write_moe_gguf  # noqa: E402
 from test_window_blocks import engine, generate  # noqa: E402
+from support.fused_runs import fused_and_per_op, stub_loaded  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
@@ -79,20 +79,15 @@ PROMPTS = [(13, 5, 37), (5, 11, 13)]  # (step, start, length) of two prompts of 
 
 
 def _loaded(model: MoEModel, tmp_path: Path) -> LoadedModel:
-    tokenizer = SimpleNamespace(eot_ids=frozenset(), decode=lambda ids: "", byte_fallback_ids=frozenset())
-    return LoadedModel("tiny-qwen3moe", SimpleNamespace(path=tmp_path), model.config, model, tokenizer, None, 0.0)
+    return stub_loaded(model, "tiny-qwen3moe", tmp_path)
 
 
 def test_moe_engine_tokens_are_the_same_fused_and_per_op_chunked_and_whole(tmp_path, monkeypatch):
     model = qwen3moe(tmp_path / "m.gguf", monkeypatch=monkeypatch)
     lm = _loaded(model, tmp_path)
     prompts = [[(a * i + b) % VOCAB for i in range(n)] for a, b, n in PROMPTS]
-    outputs = []
-    for fused in (True, False):
-        model._native = False if fused else None
-        outputs.append(generate(engine(lm, False, monkeypatch, enable_prefix_caching=False), prompts, 12))
-        assert (model._native is not None) == fused
-    assert outputs[0] == outputs[1]
+    outputs = fused_and_per_op(model, lambda: generate(engine(lm, False, monkeypatch, enable_prefix_caching=False),
+                                                       prompts, 12))
     assert len(set(outputs[0][0])) > 3  # not a degenerate repetition
     model._native = False
     whole = generate(engine(lm, False, monkeypatch, enable_prefix_caching=False, max_num_batched_tokens=64),
@@ -156,12 +151,8 @@ def test_gpt_oss_engine_tokens_are_the_same_fused_and_per_op(tmp_path, monkeypat
     model = gpt_oss(tmp_path)
     lm = _loaded(model, tmp_path)
     prompts = [[(a * i + b) % VOCAB for i in range(n)] for a, b, n in PROMPTS]
-    outputs = []
-    for fused in (True, False):
-        model._native = False if fused else None
-        outputs.append(generate(engine(lm, window_pool, monkeypatch, enable_prefix_caching=False), prompts, 12))
-        assert (model._native is not None) == fused
-    assert outputs[0] == outputs[1]
+    outputs = fused_and_per_op(model, lambda: generate(engine(lm, window_pool, monkeypatch,
+                                                              enable_prefix_caching=False), prompts, 12))
     assert len(set(outputs[0][0])) > 3 or len(set(outputs[0][1])) > 3  # not a degenerate repetition
 
 

@@ -31,8 +31,8 @@ from edgeserve.sampling_params import SamplingParams
 pytest.importorskip("transformers")
 from qwen35_helpers import hf_qwen35, state_pool, write_qwen35_gguf  # noqa: E402
 from test_cpu_decoder import _native_on  # noqa: E402,F401  (the fixture keeps the kernels on)
-from test_qwen35_engine import (OracleProposer, assert_empty, check_cancel_returns_the_seat, ids,  # noqa: E402
-                               prompts)
+from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
+from test_qwen35_engine import assert_empty, check_cancel_returns_the_seat, ids, prompts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 BLOCK = 4
@@ -184,12 +184,7 @@ def test_qwen35_engine_prefix_hit_and_speculation_fused(fused_llm):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     with per_op(fused_llm):
         plain = [ids(fused_llm.generate([p], params))[0] for p in ps]
-    spec = LLM.from_model(fused_llm.lm, kv_cache_gb=0.01, speculative="ngram", num_speculative_tokens=3,
-                          enable_prefix_caching=True)
-    spec.engine.spec.ngram = OracleProposer(ps, plain)
-    assert ids(spec.generate(ps, params)) == plain
-    stats = spec.engine.stats()
-    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+    spec = assert_speculation_keeps_outputs(fused_llm.lm, ps, plain, params, prefix_caching=True)
     assert isinstance(fused_llm.lm.model._native, NativeDecoder)
     assert_empty(spec.engine)
 

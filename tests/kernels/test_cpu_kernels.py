@@ -212,20 +212,25 @@ def test_rope_rows_are_the_same_bits_on_the_simd_and_the_scalar_loop():
             assert torch.equal(a, b), (variant, cache_dtype)
 
 
+def assert_rewritten_once(w: BlockTensor, lib, qtype: str) -> None:
+    """`w` is rewritten at load into layout `qtype` (same bytes per row, other bytes), every value the same, and a
+    weight built from the rewritten part is not rewritten twice."""
+    bw = BlockWeight([w], lib)
+    part = bw.parts[0]
+    assert part.qtype == qtype and part.data.shape == w.data.shape
+    assert not torch.equal(part.data, w.data)
+    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[w.qtype]).reshape(w.shape))
+    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
+    assert torch.equal(BlockWeight([part], lib).parts[0].data, part.data)
+
+
 @pytest.mark.parametrize("qtype", sorted(REPACKED))
 def test_repacked_formats_keep_the_values_and_size(lib, qtype):
     """Q4_0 / Q4_1 weights are rewritten at load into their _R8 layout (same bytes per row, new format id):
     every value stays the same, and a weight built from the repacked part is not repacked twice."""
     gen = np.random.default_rng(13)
     w = random_blocks(qtype, 7, 32 * 27, gen)  # three groups of 8 blocks and a tail of 3
-    bw = BlockWeight([w], lib)
-    part = bw.parts[0]
-    assert part.qtype == REPACKED[qtype] and part.data.shape == w.data.shape
-    assert not torch.equal(part.data, w.data)
-    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
-    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
-    again = BlockWeight([part], lib)
-    assert torch.equal(again.parts[0].data, part.data)
+    assert_rewritten_once(w, lib, REPACKED[qtype])
 
 
 @pytest.mark.parametrize("qtype", sorted(INTERLEAVED))
@@ -236,13 +241,7 @@ def test_interleaved_formats_keep_the_values_and_size(lib, qtype):
     gen = np.random.default_rng(17)
     per = FORMATS[qtype][1]
     w = random_blocks(qtype, 24, per * (3 if per == 256 else 19), gen)
-    bw = BlockWeight([w], lib)
-    part = bw.parts[0]
-    assert part.qtype == INTERLEAVED[qtype] and part.data.shape == w.data.shape
-    assert not torch.equal(part.data, w.data)
-    want = torch.from_numpy(dequantize(w.data.numpy(), GGMLQuantizationType[qtype]).reshape(w.shape))
-    torch.testing.assert_close(bw.dequantize(), want, rtol=0, atol=0)
-    assert torch.equal(BlockWeight([part], lib).parts[0].data, part.data)
+    assert_rewritten_once(w, lib, INTERLEAVED[qtype])
     odd = BlockWeight([BlockTensor(qtype, w.data[:23].clone(), w.cols)], lib).parts[0]
     assert odd.qtype == REPACKED.get(qtype, qtype)
 
@@ -274,10 +273,25 @@ def test_paged_attention_matches_the_float64_twin_and_is_batch_invariant(lib):
     assert torch.equal(cpu_native.paged_attention(q[5:7], k_cache, v_cache, alone, None, lib), got[5:7])
 
 
+def rope_write_kv_both(cache_dtype: torch.dtype, slots: list[int]):
+    """Rotate random bf16 q, k, v of 3 tokens (q of 2 heads, k and v of 1, as views of one fused matmul output) and
+    write K/V into `cache_dtype` pools at `slots`, natively and by the torch twin: (native q, twin q, [native K,
+    native V, twin K, twin V])."""
+    from edgeserve.kernels.torch import rope
+
+    qkv = torch.randn(3, 4 * 16).bfloat16()
+    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
+    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
+    caches = [torch.zeros(2, 4, 1, 16, dtype=cache_dtype) for _ in range(4)]
+    at = torch.tensor(slots)
+    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], at)
+    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], at)
+    return got_q, want_q, caches
+
+
 def test_fused_elementwise_kernels_match_the_twins():
     from edgeserve.kernels.torch import activation
     from edgeserve.kernels.torch import norm
-    from edgeserve.kernels.torch import rope
 
     torch.manual_seed(1)
     x, res, w = torch.randn(5, 64).bfloat16(), torch.randn(5, 64), torch.randn(64)
@@ -294,13 +308,7 @@ def test_fused_elementwise_kernels_match_the_twins():
     wide[0, :2] = torch.tensor([60.0, -60.0])  # exp overflow / underflow: GELU is x and -0 there
     torch.testing.assert_close(cpu_native.gelu_tanh_and_mul(wide), activation.gelu_tanh_and_mul(wide),
                                rtol=1e-5, atol=1e-6)
-    qkv = torch.randn(3, 4 * 16).bfloat16()  # q of 2 heads, k and v of 1, as views of one fused matmul output
-    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
-    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
-    caches = [torch.zeros(2, 4, 1, 16, dtype=torch.bfloat16) for _ in range(4)]
-    slots = torch.tensor([0, 5, 6])
-    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots)
-    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], slots)
+    got_q, want_q, caches = rope_write_kv_both(torch.bfloat16, [0, 5, 6])
     torch.testing.assert_close(got_q.float(), want_q.float(), rtol=0.01, atol=0.02)
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=0.01, atol=0.02)
     assert torch.equal(caches[1], caches[3])
@@ -310,18 +318,11 @@ def test_rope_write_kv_and_attention_over_an_f16_pool_match_the_twins():
     """The CPU's default KV cache beside bf16 compute: bf16 q, k, v rotated in float32, K and V stored as float16
     (V exactly the twin's cast), q returned float32; the attention over that pool takes float32 queries and gives
     the twin's result."""
-    from edgeserve.kernels.torch import rope
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
     from edgeserve.kernels.torch.paged_attention import paged_attention as twin
 
     torch.manual_seed(2)
-    qkv = torch.randn(3, 4 * 16).bfloat16()
-    q, k, v = qkv[:, :32].view(3, 2, 16), qkv[:, 32:48].view(3, 1, 16), qkv[:, 48:].view(3, 1, 16)
-    cos, sin = torch.randn(3, 8), torch.randn(3, 8)
-    caches = [torch.zeros(2, 4, 1, 16, dtype=torch.float16) for _ in range(4)]
-    slots = torch.tensor([0, 1, 2])
-    got_q = cpu_native.rope_write_kv(q, k, v, cos, sin, caches[0], caches[1], slots)
-    want_q = rope.rope_write_kv(q, k, v, cos, sin, caches[2], caches[3], slots)
+    got_q, want_q, caches = rope_write_kv_both(torch.float16, [0, 1, 2])
     assert got_q.dtype == want_q.dtype == torch.float32
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(caches[0].float(), caches[2].float(), rtol=1e-3, atol=1e-3)

@@ -31,33 +31,30 @@ def test_auto_dispatch_picks_triton_on_supported_gpus(monkeypatch):
     assert dispatch.use_triton("cuda") is ((7, 5) <= (major, minor) <= (9, 9))
 
 
-def test_w4a16_gemv_bandwidth(copy_gbs):
+def assert_gemv_bandwidth(label: str, w, kernel, copy_gbs: float) -> None:
+    """`kernel` on one row of x against the packed weight `w` (Triton, timed in a CUDA graph) reads the weight's bytes
+    at more than FLOOR of the device's copy bandwidth."""
     from edgeserve.kernels.triton.bench import graph_median_ms
 
+    x = torch.randn(1, w.in_features, device="cuda", dtype=dispatch.compute_dtype("cuda"))
+    with dispatch.force_backend("triton"):
+        ms = graph_median_ms(lambda: kernel(x, w))
+    gbs = w.nbytes / (ms * 1e-3) / 1e9
+    assert gbs > FLOOR * copy_gbs, f"{label} GEMV at {gbs:.0f} GB/s, copy {copy_gbs:.0f} GB/s"
+
+
+def test_w4a16_gemv_bandwidth(copy_gbs):
     n, k, g = 14336, 4096, 128
     dtype = dispatch.compute_dtype("cuda")
     blocks = Q4Blocks(torch.randint(0, 16, (n, k), dtype=torch.uint8), torch.rand(n, k // g) * 0.01,
                       torch.randn(n, k // g) * 0.01, g)
-    w = dispatch.repack_q4(blocks, dtype, "cuda")
-    x = torch.randn(1, k, device="cuda", dtype=dtype)
-    with dispatch.force_backend("triton"):
-        ms = graph_median_ms(lambda: dispatch.w4a16_matmul(x, w))
-    gbs = w.nbytes / (ms * 1e-3) / 1e9
-    assert gbs > FLOOR * copy_gbs, f"W4A16 GEMV at {gbs:.0f} GB/s, copy {copy_gbs:.0f} GB/s"
+    assert_gemv_bandwidth("W4A16", dispatch.repack_q4(blocks, dtype, "cuda"), dispatch.w4a16_matmul, copy_gbs)
 
 
 def test_w8a16_gemv_bandwidth(copy_gbs):
-    from edgeserve.kernels.triton.bench import graph_median_ms
-
     n, k, g = 14336, 4096, 32  # GGUF Q8_0's group
-    dtype = dispatch.compute_dtype("cuda")
     blocks = Q8Blocks(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n, k // g) * 0.01, g)
-    w = dispatch.repack_q8(blocks, torch.float16, "cuda")
-    x = torch.randn(1, k, device="cuda", dtype=dtype)
-    with dispatch.force_backend("triton"):
-        ms = graph_median_ms(lambda: dispatch.w8a16_matmul(x, w))
-    gbs = w.nbytes / (ms * 1e-3) / 1e9
-    assert gbs > FLOOR * copy_gbs, f"W8A16 GEMV at {gbs:.0f} GB/s, copy {copy_gbs:.0f} GB/s"
+    assert_gemv_bandwidth("W8A16", dispatch.repack_q8(blocks, torch.float16, "cuda"), dispatch.w8a16_matmul, copy_gbs)
 
 
 def test_decode_attention_bandwidth(copy_gbs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_utils import DEVICES, assert_close, kernel_device
+from support.quant_checks import assert_linear_keeps_leading_dims_and_bias, assert_triton_matches_twin
 
 from edgeserve.kernels import dispatch
 from edgeserve.kernels.formats.quant_linear import Q4Blocks
@@ -46,29 +47,13 @@ SHAPES = [(1, 67, 96, 32), (3, 40, 256, 128), (4, 33, 128, 64), (5, 67, 96, 32),
 def test_w4a16_matches_twin(device, dtype, m, n, k, group):
     device = kernel_device(device)
     w = repack_q4(q4_blocks(n, k, group, seed=m), dtype, device)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 1)).to(dtype).to(device)
-    with dispatch.force_backend("triton"):
-        y = dispatch.w4a16_matmul(x, w)
-    assert y.dtype == dtype and y.shape == (m, n)
-    expected = w4a16_matmul(x.float().cpu(), w.to("cpu"))
-    # accumulation error scales with the sum of |terms|, not with the (partly cancelling) result
-    scale = float((x.float().cpu().abs() @ w.to("cpu").dequantize().abs().t()).max()) / 8
-    assert_close(y, expected, dtype, scale=scale)
+    assert_triton_matches_twin(w, m, dtype, device, dispatch.w4a16_matmul, w4a16_matmul)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_linear_with_bias_and_leading_dims(device):
     """dispatch.linear takes a W4A16Weight like any weight: leading dims kept, bias added."""
-    device = kernel_device(device)
-    blocks = q4_blocks(24, 64, 32, seed=9)
-    w = repack_q4(blocks, torch.float32, device)
-    x = torch.randn(2, 3, 64).to(device)
-    bias = torch.randn(24).to(device)
-    with dispatch.force_backend("triton"):
-        y = dispatch.linear(x, w, bias)
-    expected = x.cpu() @ blocks.dequantize().t() + bias.cpu()
-    assert y.shape == (2, 3, 24)
-    assert_close(y, expected, torch.float32)
+    assert_linear_keeps_leading_dims_and_bias(q4_blocks(24, 64, 32, seed=9), repack_q4, kernel_device(device))
 
 
 def test_twin_is_dispatched_without_triton():

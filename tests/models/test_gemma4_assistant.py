@@ -26,7 +26,8 @@ pytest.importorskip("transformers")
 
 from converter_cases import BY_NAME  # noqa: E402
 from converter_parity import build_checkpoint, convert, load_ours, max_logprob_diff, spm_tokenizer_folder  # noqa: E402
-from test_mtp import ForcedOracle, outputs, prompts  # noqa: E402
+from support.spec_runs import (ForcedOracle, assert_drafts_are_reference_argmax,  # noqa: E402
+                               assert_drafts_carry_distributions, assert_mixed_batch_keeps_greedy, outputs, prompts)
 
 from edgeserve.engine.kv_cache import KVPool, PagedKVAttention  # noqa: E402
 from edgeserve.engine.spec import AssistantProposer, DraftMismatchError  # noqa: E402
@@ -34,10 +35,8 @@ from edgeserve.engine.spec.assistant import TargetKV  # noqa: E402
 from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
 from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.models.archs.gemma4_assistant.model import target_layers, target_mismatch  # noqa: E402
-from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 F32_BOUND = 2e-4  # float32 noise, as in test_registered_architectures
-GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 PROMPT = [1, 504, 3458, 314, 253, 1837, 28, 2, 1010, 17, 31000, 5, 800, 12000, 31, 7]  # longer than the window (5)
 
 
@@ -179,15 +178,8 @@ def test_engine_drafts_are_the_reference_assistants(files):
     assert outputs(spec, ps) == ref_out
     c = spec.engine.spec.counters
     assert 0 < c.accepted < c.proposed  # drafts accepted and rejected
-    checked = 0
-    for tokens, drafts in oracle.seen[::2]:
-        ref = reference_drafts(t_hf, a_hf, tokens, drafts[:1])
-        for j, row in enumerate(ref[: len(drafts)]):
-            top = row.topk(2).values
-            if top[0] - top[1] > 1e-3:  # never judge a near-tie
-                assert drafts[j] == int(row.argmax())
-                checked += 1
-    assert checked >= 6
+    assert_drafts_are_reference_argmax(oracle.seen[::2], lambda tokens, drafts: reference_drafts(t_hf, a_hf, tokens,
+                                                                                                  drafts[:1]))
 
 
 @pytest.mark.parametrize("weights", ["f32", "q8"])
@@ -202,37 +194,14 @@ def test_greedy_with_the_assistant_is_greedy_without(weights, files, request):
     ref = outputs(plain, ps)
     assert [outputs(spec, [p])[0] for p in ps] == ref
     assert spec.engine.spec.counters.proposed > 0
-    spec.engine.spec.draft.oracle = ForcedOracle(ps, ref, spec.lm.config.vocab_size, seed=3)
-    sampled = SamplingParams(temperature=1.0, seed=5, max_tokens=12)
-    opted_out = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, speculative=False)
-    mixed = spec.generate([ps[0], ps[1], ps[2], ps[0]], [GREEDY, sampled, opted_out, GREEDY])
-    assert [mixed[i].outputs[0].token_ids for i in (0, 2, 3)] == [ref[0], ref[2], ref[0]]
-    assert len(mixed[1].outputs[0].token_ids) == 12
-    assert spec.engine.spec.counters.accepted > 0
+    assert_mixed_batch_keeps_greedy(spec, spec.engine.spec.draft, ps, ref)
     assert not spec.engine.spec.draft.rows  # every request's rows forgotten when it ended
     spec.engine.scheduler.block_manager.check_integrity()
 
 
 def test_temperature_drafts_carry_their_distributions_to_verification(files, monkeypatch):
-    import edgeserve.engine.spec.speculator as speculator
-
     _, _, t_gguf, _, _, a_gguf = files
-    seen = []
-    real = speculator.verify
-
-    def spy(p, drafts, q, generators, deterministic=False):
-        seen.append((drafts, q, deterministic))
-        return real(p, drafts, q, generators, deterministic)
-
-    monkeypatch.setattr(speculator, "verify", spy)
-    _, spec = engines(t_gguf, a_gguf)
-    outputs(spec, prompts(4), SamplingParams(temperature=1.0, seed=1, max_tokens=10))
-    assert seen
-    for drafts, q, deterministic in seen:
-        assert not deterministic and q is not None
-        for d, qs in zip(drafts, q):
-            assert torch.allclose(qs.sum(-1), torch.ones(len(d)), atol=1e-4)
-            assert all(qs[j, t] > 0 for j, t in enumerate(d))
+    assert_drafts_carry_distributions(monkeypatch, engines(t_gguf, a_gguf)[1])
 
 
 def test_a_mismatched_target_is_refused_in_one_line(files, default_model_path, capsys):

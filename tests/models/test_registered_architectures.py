@@ -64,29 +64,35 @@ def test_loads_with_dummy_weights(arch: str, tmp_path: Path) -> None:
         assert logits.shape == (len(IDS), loaded.config.vocab_size) and torch.isfinite(logits).all(), case.name
 
 
-@pytest.mark.parametrize("arch", registry.names())
-def test_f32_gguf_matches_transformers(arch: str, checkpoints, reference) -> None:
+def compared_cases(arch: str, checkpoints):
+    """(case, (HF model, HF folder, f32 GGUF)) of each converter case of `arch`; an assistant drafter skipped (it
+    runs over a target's K/V), an architecture without a case failed."""
     if drafter(arch):
         pytest.skip(f"{arch} drafts over a target's K/V: tests/models/test_gemma4_assistant.py compares it")
     for case in cases_for(arch) or pytest.fail(f"{arch!r} has no converter case"):
-        _, _, gguf = checkpoints(case.name)
+        yield case, checkpoints(case.name)
+
+
+def assert_logits_match(label: str, loaded, ref: torch.Tensor) -> None:
+    """Our float32 logits of `loaded` are transformers' `ref` within float32 noise."""
+    diff = max_logprob_diff(our_logits(loaded.model), ref)
+    print(f"{label}: max |logprob diff| {diff:.2e}")
+    assert diff < F32_BOUND, label
+
+
+@pytest.mark.parametrize("arch", registry.names())
+def test_f32_gguf_matches_transformers(arch: str, checkpoints, reference) -> None:
+    for case, (_, _, gguf) in compared_cases(arch, checkpoints):
         loaded = load_ours(gguf)
         assert loaded.config.architecture == case.arch, case.name
         ref = reference(case.name)
         assert ref.abs().max() > 1.0, case.name  # a model whose logits say something
-        diff = max_logprob_diff(our_logits(loaded.model), ref)
-        print(f"{case.name} f32 GGUF: max |logprob diff| {diff:.2e}")
-        assert diff < F32_BOUND, case.name
+        assert_logits_match(f"{case.name} f32 GGUF", loaded, ref)
 
 
 @pytest.mark.parametrize("arch", registry.names())
 def test_hf_folder_matches_transformers(arch: str, checkpoints, reference) -> None:
-    if drafter(arch):
-        pytest.skip(f"{arch} drafts over a target's K/V: tests/models/test_gemma4_assistant.py compares it")
-    for case in cases_for(arch) or pytest.fail(f"{arch!r} has no converter case"):
-        _, folder, _ = checkpoints(case.name)
+    for case, (_, folder, _) in compared_cases(arch, checkpoints):
         loaded = load_ours(folder)
         assert loaded.config.architecture == arch, case.name
-        diff = max_logprob_diff(our_logits(loaded.model), reference(case.name))
-        print(f"{case.name} HF folder: max |logprob diff| {diff:.2e}")
-        assert diff < F32_BOUND, case.name
+        assert_logits_match(f"{case.name} HF folder", loaded, reference(case.name))

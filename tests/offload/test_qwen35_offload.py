@@ -21,17 +21,12 @@ from edgeserve.llm import LLM
 from edgeserve.offload.disk_tier import STATE_SUFFIX
 from edgeserve.sampling_params import SamplingParams
 
-from qwen35_helpers import VOCAB, hf_qwen35, write_qwen35_gguf
+from qwen35_helpers import VOCAB, gguf_path  # noqa: F401 (gguf_path: a fixture)
 
 pytest.importorskip("transformers")
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 BS = 16
-
-
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory) -> Path:
-    return write_qwen35_gguf(hf_qwen35(), tmp_path_factory.mktemp("qwen35") / "q.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from scripted_gguf import ANSWER, THOUGHT
-from server_helpers import serve_scripted
+from server_helpers import serve_scripted, server_fixture
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 A_TOOLS = [{"name": "get_weather", "description": "Weather in a city", "input_schema": SCHEMA}]
@@ -21,10 +21,7 @@ ASK = "Weather in Paris?"
 PARIS = {"city": "Paris"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve_scripted(tmp_path_factory.mktemp("scripted")) as s:
-        yield s
+server = server_fixture(serve_scripted, "scripted")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from edgeserve.server.chat_setup import chat_setup
 from edgeserve.server.request import GenerationRequest
 from edgeserve.text.continuation import render_continuation
 from scripted_gguf import NEWLINE, TOOL_SCRIPT, TOOL_TEMPLATE, write_scripted_gguf
-from server_helpers import serve
+from server_helpers import serve, served_ids
 
 USER = {"role": "user", "content": "Hey there!"}
 PREFILL = {"role": "assistant", "content": "Hello, ", "reasoning_content": "I'm thinking"}
@@ -143,9 +143,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def names(server):
-    with httpx.Client(base_url=server.url) as c:
-        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
-    return next(n for n in ids if "prefilly" in n), next(n for n in ids if "tooly" in n)
+    return served_ids(server, "prefilly", "tooly")
 
 
 GREEDY = {"temperature": 0, "max_tokens": 8}

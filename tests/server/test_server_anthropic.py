@@ -7,17 +7,14 @@ import anthropic
 import httpx
 import pytest
 
-from server_helpers import serve_tiny
+from server_helpers import serve_tiny, server_fixture
 
 KEY = "k-anthropic"
 MSGS = [{"role": "user", "content": "hello there"}]
 GREEDY = {"extra_body": {"temperature": 0, "top_k": 1, "top_p": 1.0}}  # this SDK has no sampling arguments
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve_tiny(tmp_path_factory.mktemp("anthropic"), api_key=KEY) as s:
-        yield s
+server = server_fixture(serve_tiny, "anthropic", api_key=KEY)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import serve_scripted
+from server_helpers import serve_scripted, server_fixture
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -23,10 +23,7 @@ ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
 GREEDY = {"temperature": 0, "top_k": 1}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve_scripted(tmp_path_factory.mktemp("clients")) as s:
-        yield s
+server = server_fixture(serve_scripted, "clients")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.server import ServerConfig
 from edgeserve.engine.config import EngineConfig
-from server_helpers import metric, serve, wait_until
+from server_helpers import concurrent_replies, metric, serve, wait_until
 
 pytestmark = pytest.mark.slow
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -176,21 +176,13 @@ def test_sixteen_concurrent_streams_match_solo(server, client):
     kw = dict(model=DEFAULT_MODEL, max_tokens=6, temperature=0)
     solo = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
 
-    async def main() -> list[str]:
-        ac = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        out = [""] * 16
+    async def streamed(client, i: int) -> str:
+        text = ""
+        async for chunk in await client.completions.create(prompt=prompts[i], stream=True, **kw):
+            text += chunk.choices[0].text
+        return text
 
-        async def one(i: int) -> None:
-            async for chunk in await ac.completions.create(prompt=prompts[i], stream=True, **kw):
-                out[i] += chunk.choices[0].text
-
-        async with anyio.create_task_group() as tg:
-            for i in range(16):
-                tg.start_soon(one, i)
-        await ac.close()
-        return out
-
-    together = anyio.run(main)
+    together = concurrent_replies(server, 16, streamed)
     assert len(set(solo)) > 1  # the prompts really differ
     assert together == solo
 

@@ -7,15 +7,12 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import serve_tiny
+from server_helpers import serve_tiny, server_fixture
 
 KEY = "k-responses"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve_tiny(tmp_path_factory.mktemp("responses"), api_key=KEY) as s:
-        yield s
+server = server_fixture(serve_tiny, "responses", api_key=KEY)
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,13 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import gated_steps, serve_tiny, wait_until
+from server_helpers import gated_steps, serve_tiny, server_fixture, wait_until
 
 GRACE = 5.0
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve_tiny(tmp_path_factory.mktemp("resumable"), resume_grace_seconds=GRACE) as s:
-        yield s
+server = server_fixture(serve_tiny, "resumable", resume_grace_seconds=GRACE)
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgeserve.text.formats import get_format
 from edgeserve.text.formats.apertus import INNER, TOOLS, forced
-from format_cases import (CALL, HELLO, PICK, SPECIAL, SPECIAL_OPT, accepts, check, context, detections,
-                          no_call_stays_text, random_reply, vocabulary)
+from format_cases import (CALL, HELLO, PICK, SPECIAL, SPECIAL_OPT, accepts, check, detections, forced_calls_parse_back,
+                          no_call_stays_text, vocabulary)
 
 CASES = [
     # Apertus-8B-Instruct.jinja
@@ -54,6 +53,4 @@ def test_forced_grammar_accepts_calls_and_refuses_junk(tok):
 
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, seed):
-    reply = random_reply(tok, forced([PICK], None, True), seed)
-    content, calls = get_format("apertus").parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, forced, "apertus", seed)

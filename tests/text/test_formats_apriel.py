@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgeserve.text.formats import get_format
 from edgeserve.text.formats.apriel import TOOL_CALLS, forced
-from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, context, detections, no_call_stays_text,
-                          random_reply, vocabulary)
+from format_cases import (CALL, HELLO, PICK, SPECIAL, accepts, check, detections, forced_calls_parse_back,
+                          no_call_stays_text, vocabulary)
 
 THOUGHT = "I'm\nthinking"
 CASES = [
@@ -56,6 +55,4 @@ def test_forced_grammar_accepts_calls_and_refuses_junk(tok):
 
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, seed):
-    reply = random_reply(tok, forced([PICK], None, True), seed)
-    content, calls = get_format("apriel16").parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, forced, "apriel16", seed)

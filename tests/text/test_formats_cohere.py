@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.cohere import TOKENS, forced_action, forced_plus
-from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, TODO_LIST, accepts, check, context, detections,
-                          random_reply, vocabulary)
+from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, TODO_LIST, accepts, assert_detected_exactly, check,
+                          context, forced_calls_parse_back, vocabulary)
 
 THOUGHT = "I'm\nthinking"
 ACTION_ONE = ("<|START_ACTION|>[\n"
@@ -65,11 +65,9 @@ def test_what_is_no_call_stays_text(name, text):
 
 
 def test_detection_over_llama_cpp_templates():
-    found = detections()
-    assert found["CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"] == "command_r7b"
-    assert found["Cohere2MoE.jinja"] == "cohere2moe"
-    assert found["CohereForAI-c4ai-command-r-plus-tool_use.jinja"] == "command_r_plus"
-    assert sum(f in ("command_r7b", "cohere2moe", "command_r_plus") for f in found.values()) == 3
+    assert_detected_exactly({"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command_r7b",
+                             "Cohere2MoE.jinja": "cohere2moe",
+                             "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command_r_plus"})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +96,4 @@ def test_forced_grammars_accept_calls_and_refuse_junk(tok):
                                            ("command_r_plus", forced_plus)])
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, name, grammar, seed):
-    reply = random_reply(tok, grammar([PICK], None, True), seed)
-    content, calls = get_format(name).parse(reply, context([PICK, SPECIAL]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, grammar, name, seed, [PICK, SPECIAL])

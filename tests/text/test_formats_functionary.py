@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.functionary import forced_firefunction, forced_v31, forced_v32
-from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, SPECIAL_OPT, accepts, check, context, detections,
-                          random_reply, vocabulary)
+from format_cases import (CALL, HELLO, PICK, PYTHON, SPECIAL, SPECIAL_OPT, accepts, assert_detected_exactly, check,
+                          context, forced_calls_parse_back, vocabulary)
 
 CASES = [
     # meetkai-functionary-medium-v3.1.jinja
@@ -56,11 +56,9 @@ def test_what_is_no_call_stays_text(name, text):
 
 
 def test_detection_over_llama_cpp_templates():
-    found = detections()
-    assert found["meetkai-functionary-medium-v3.1.jinja"] == "functionary_v31"
-    assert found["meetkai-functionary-medium-v3.2.jinja"] == "functionary_v32"
-    assert found["fireworks-ai-llama-3-firefunction-v2.jinja"] == "firefunction_v2"
-    assert sum(f in ("functionary_v31", "functionary_v32", "firefunction_v2") for f in found.values()) == 3
+    assert_detected_exactly({"meetkai-functionary-medium-v3.1.jinja": "functionary_v31",
+                             "meetkai-functionary-medium-v3.2.jinja": "functionary_v32",
+                             "fireworks-ai-llama-3-firefunction-v2.jinja": "firefunction_v2"})
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +84,4 @@ def test_forced_grammars_accept_calls_and_refuse_junk(tok):
                                            ("firefunction_v2", forced_firefunction)])
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, name, grammar, seed):
-    reply = random_reply(tok, grammar([PICK], None, True), seed)
-    content, calls = get_format(name).parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, grammar, name, seed)

@@ -10,7 +10,7 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.glm import TOKENS
-from format_family_check import accepts, context, family_tests, tools, vocab
+from format_family_check import check_forced_calls, context, family_tests, tools, vocab
 
 
 test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("glm", {
@@ -45,17 +45,10 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tok, name,
     one = _call(newline, "get_time", {"city": "Paris </b> <i>"})
     two = _call(newline, "magic_int", {"ref": 42, "name": "foo bar"}) + ("\n" if newline else "") + \
         _call(newline, "get_time", {"city": "New York"})
-    spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris </b> <i>"}]),
-                        (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
-        assert accepts(tok, spec, reply), reply
-        content, calls = fmt.parse(reply, context(offered))
-        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
-    for junk in ("Sure. " + one, _call(newline, "get_time", {"town": "Paris"}), _call(newline, "nope", {}),
-                 _call(newline, "magic_int", {"ref": "three"}), _call(newline, "magic_int", {"name": "no ref"}),
-                 _call(not newline, "get_time", {"city": "Paris"}),
-                 '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call>'):
-        assert not accepts(tok, spec, junk), junk
-    assert not accepts(tok, fmt.forced(offered, None, False), two)
-    named = fmt.forced(offered, "magic_int", True)
-    assert accepts(tok, named, _call(newline, "magic_int", {"ref": 7})) and not accepts(tok, named, one)
+    check_forced_calls(tok, fmt, offered, [(one, [{"city": "Paris </b> <i>"}]),
+                                           (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])],
+                       ["Sure. " + one, _call(newline, "get_time", {"town": "Paris"}), _call(newline, "nope", {}),
+                        _call(newline, "magic_int", {"ref": "three"}), _call(newline, "magic_int", {"name": "no ref"}),
+                        _call(not newline, "get_time", {"city": "Paris"}),
+                        '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call>'],
+                       _call(newline, "magic_int", {"ref": 7}))

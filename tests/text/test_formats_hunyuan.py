@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from edgeserve.loaders.chat_template import ChatTemplate
-from edgeserve.text.formats import get_format
 from edgeserve.text.formats.hunyuan import TOKENS, forced
-from format_cases import (GET_TIME, HELLO, PICK, SPECIAL, TODO_LIST, accepts, check, context, detections,
-                          no_call_stays_text, random_reply, templates, vocabulary)
+from format_cases import (GET_TIME, HELLO, SPECIAL, TODO_LIST, accepts, check, detections, forced_calls_parse_back,
+                          no_call_stays_text, templates, vocabulary)
 
 ASSISTANT = "<｜hy_Assistant:opensource｜>"
 CALLS = [("special_function", {"arg1": 1}), ("get_time", {"city": "Paris"}), ("todo_list", {"todos": ["a", "b"]})]
@@ -66,6 +65,4 @@ def test_forced_grammar_accepts_calls_and_refuses_junk(tok):
 
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, seed):
-    reply = random_reply(tok, forced([PICK], None, True), seed)
-    content, calls = get_format("hunyuan3").parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, forced, "hunyuan3", seed)

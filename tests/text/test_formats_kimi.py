@@ -10,7 +10,7 @@ import pytest
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.kimi import (ARGS_BEGIN, CALL_BEGIN, CALL_END, CLOSE, K2_TOKENS, K3_TOKENS, MESSAGE_END,
                                          OPEN, RESPONSE, SECTION_BEGIN, SECTION_END, SEP, TOOLS)
-from format_family_check import accepts, context, family_tests, tools, vocab
+from format_family_check import check_forced_calls, context, family_tests, tools, vocab
 
 
 test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("kimi", {
@@ -47,19 +47,14 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tok, name,
     offered = tools("get_time_tool", "magic_int_tool")
     one = build(("get_time", {"city": "Paris </b>"}))
     two = build(("magic_int", {"ref": 42, "name": "foo bar"}), ("get_time", {"city": "New York"}))
-    spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris </b>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
-        assert accepts(tok, spec, reply), reply
-        content, calls = fmt.parse(reply.split(f"{CLOSE}think{SEP}")[-1], context(offered))  # after the thought
-        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
     chatty = (one.replace(f"{CLOSE}think{SEP}", f"{CLOSE}think{SEP}{RESPONSE[0]}Sure.{RESPONSE[1]}")
               if name == "kimi_k3" else "Sure. " + one)  # an answer before the call
-    for junk in (chatty, build(("get_time", {"town": "Paris"})), build(("nope", {})),
-                 build(("magic_int", {"ref": "three"})), build(("magic_int", {"name": "no ref"}))):
-        assert not accepts(tok, spec, junk), junk
-    assert not accepts(tok, fmt.forced(offered, None, False), two)
-    named = fmt.forced(offered, "magic_int", True)
-    assert accepts(tok, named, build(("magic_int", {"ref": 7}))) and not accepts(tok, named, one)
+    check_forced_calls(tok, fmt, offered, [(one, [{"city": "Paris </b>"}]),
+                                           (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])],
+                       [chatty, build(("get_time", {"town": "Paris"})), build(("nope", {})),
+                        build(("magic_int", {"ref": "three"})), build(("magic_int", {"name": "no ref"}))],
+                       build(("magic_int", {"ref": 7})),
+                       parsed=lambda reply: reply.split(f"{CLOSE}think{SEP}")[-1])  # after the thought
 
 
 def test_k2_call_ids_are_the_models():

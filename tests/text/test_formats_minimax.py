@@ -10,7 +10,7 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.minimax import M2_TOKENS, M3_TOKENS, NS
-from format_family_check import accepts, context, family_tests, tools, vocab
+from format_family_check import check_forced_calls, family_tests, tools, vocab
 
 
 test_reads_what_llama_cpp_reads, test_detected_for_its_templates_and_no_other = family_tests("minimax", {
@@ -51,14 +51,8 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tok, name,
     one = build(("get_time", {"city": "Paris </b>"}))
     number = {"real": 1.5, "imaginary": -2}
     two = build(("magic_int", {"ref": 42, "name": "foo bar"}), ("imaginary_number", {"number": number}))
-    spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris </b>"}]), (two, [{"ref": 42, "name": "foo bar"}, {"number": number}])):
-        assert accepts(tok, spec, reply), reply
-        content, calls = fmt.parse(reply, context(offered))
-        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
-    for junk in ("Sure. " + one, build(("get_time", {"town": "Paris"})), build(("nope", {})),
-                 build(("magic_int", {"ref": "three"})), build(("magic_int", {"name": "no ref"}))):
-        assert not accepts(tok, spec, junk), junk
-    assert not accepts(tok, fmt.forced(offered, None, False), two)
-    named = fmt.forced(offered, "magic_int", True)
-    assert accepts(tok, named, build(("magic_int", {"ref": 7}))) and not accepts(tok, named, one)
+    check_forced_calls(tok, fmt, offered, [(one, [{"city": "Paris </b>"}]),
+                                           (two, [{"ref": 42, "name": "foo bar"}, {"number": number}])],
+                       ["Sure. " + one, build(("get_time", {"town": "Paris"})), build(("nope", {})),
+                        build(("magic_int", {"ref": "three"})), build(("magic_int", {"name": "no ref"}))],
+                       build(("magic_int", {"ref": 7})))

@@ -7,8 +7,8 @@ import pytest
 
 from edgeserve.text.formats import CallContext, get_format
 from edgeserve.text.formats.mistral3 import TOKENS, forced
-from format_cases import (GET_TIME, PICK, SPECIAL, SPECIAL_OPT, accepts, context, detections, no_call_stays_text,
-                          random_reply, split, vocabulary)
+from format_cases import (GET_TIME, PICK, SPECIAL, SPECIAL_OPT, accepts, assert_detected_exactly, context,
+                          no_call_stays_text, random_reply, split, vocabulary)
 
 HELLO = "Hello, world!\nWhat's up?"
 CALL = ("special_function", {"arg1": 1})
@@ -72,13 +72,9 @@ def test_text_between_and_after_calls_is_kept_and_old_json_lists_read():
 
 
 def test_detection_over_llama_cpp_templates():
-    found = detections()
-    assert found["mistralai-Ministral-3-14B-Reasoning-2512.jinja"] == "magistral"
-    assert found["Mistral-Small-3.2-24B-Instruct-2506.jinja"] == "mistral3"
-    assert found["unsloth-mistral-Devstral-Small-2507.jinja"] == "mistral3"
-    mine = {n for n, f in found.items() if f in ("magistral", "mistral3")}
-    assert mine == {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja",
-                    "unsloth-mistral-Devstral-Small-2507.jinja"}  # not Nemo's JSON-list template
+    assert_detected_exactly({"mistralai-Ministral-3-14B-Reasoning-2512.jinja": "magistral",
+                             "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral3",
+                             "unsloth-mistral-Devstral-Small-2507.jinja": "mistral3"})  # not Nemo's JSON-list template
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.seed_oss import TOKENS
-from format_family_check import accepts, context, family_tests, tools, vocab
+from format_family_check import check_forced_calls, family_tests, tools, vocab
 
 
 test_reads_what_llama_cpp_reads, test_detected_for_its_template_and_no_other = family_tests(
@@ -30,15 +30,8 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, 
     offered = tools("get_time_tool", "magic_int_tool")
     one = _call(("get_time", {"city": "Paris\nFrance </b>"}))
     two = _call(("magic_int", {"ref": 42, "name": "foo bar"}), ("get_time", {"city": "New York"}))
-    spec = fmt.forced(offered, None, True)
-    for reply, args in ((one, [{"city": "Paris\nFrance </b>"}]),
-                        (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])):
-        assert accepts(tok, spec, reply), reply
-        content, calls = fmt.parse(reply, context(offered))
-        assert content == "" and [json.loads(c.arguments) for c in calls] == args, reply
-    for junk in ("Sure. " + one, _call(("get_time", {"town": "Paris"})), _call(("nope", {})),
-                 _call(("magic_int", {"ref": "three"})), _call(("magic_int", {"name": "no ref"}))):
-        assert not accepts(tok, spec, junk), junk
-    assert not accepts(tok, fmt.forced(offered, None, False), two)
-    named = fmt.forced(offered, "magic_int", True)
-    assert accepts(tok, named, _call(("magic_int", {"ref": 7}))) and not accepts(tok, named, one)
+    check_forced_calls(tok, fmt, offered, [(one, [{"city": "Paris\nFrance </b>"}]),
+                                           (two, [{"ref": 42, "name": "foo bar"}, {"city": "New York"}])],
+                       ["Sure. " + one, _call(("get_time", {"town": "Paris"})), _call(("nope", {})),
+                        _call(("magic_int", {"ref": "three"})), _call(("magic_int", {"name": "no ref"}))],
+                       _call(("magic_int", {"ref": 7})))

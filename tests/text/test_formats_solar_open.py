@@ -9,7 +9,7 @@ import pytest
 from edgeserve.loaders.chat_template import ChatTemplate
 from edgeserve.text.formats import get_format
 from edgeserve.text.formats.solar_open import TOKENS, forced
-from format_cases import (GET_TIME, HELLO, PICK, SPECIAL, accepts, check, context, detections, random_reply,
+from format_cases import (GET_TIME, HELLO, SPECIAL, accepts, check, context, detections, forced_calls_parse_back,
                           templates, vocabulary)
 
 CALLS = [("special_function", {"arg1": 1}, "a1b2c3d4e5"), ("get_time", {"city": "Paris"}, "0123456789")]
@@ -59,6 +59,4 @@ def test_forced_grammar_accepts_calls_and_refuses_junk(tok):
 
 @pytest.mark.parametrize("seed", range(2))
 def test_forced_calls_parse_back(tok, seed):
-    reply = random_reply(tok, forced([PICK], None, True), seed)
-    content, calls = get_format("solar_open").parse(reply, context([PICK]))
-    assert content == "" and calls, reply
+    forced_calls_parse_back(tok, forced, "solar_open", seed)

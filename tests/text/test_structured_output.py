@@ -14,7 +14,7 @@ import pytest
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.server import ServerConfig
 from edgeserve.engine.config import EngineConfig
-from server_helpers import serve
+from server_helpers import concurrent_replies, serve
 
 pytestmark = pytest.mark.slow
 
@@ -63,22 +63,12 @@ def client(server):
 
 
 def test_fifty_sampled_replies_match_the_schema(server):
-    async def main() -> list:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=1800)
-        out: list = [None] * 50
+    def person(client, i: int):
+        return client.chat.completions.create(
+            model=DEFAULT_MODEL, messages=[{"role": "user", "content": f"Invent person number {i} as JSON."}],
+            temperature=1.0, seed=i, max_tokens=120, response_format=_format(PERSON))
 
-        async def one(i: int) -> None:
-            out[i] = await client.chat.completions.create(
-                model=DEFAULT_MODEL, messages=[{"role": "user", "content": f"Invent person number {i} as JSON."}],
-                temperature=1.0, seed=i, max_tokens=120, response_format=_format(PERSON))
-
-        async with anyio.create_task_group() as tg:
-            for i in range(50):
-                tg.start_soon(one, i)
-        await client.close()
-        return out
-
-    replies = anyio.run(main)
+    replies = concurrent_replies(server, 50, person, timeout=1800)
     for r in replies:
         assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)

@@ -9,10 +9,8 @@ import httpx
 import openai
 import pytest
 
-from edgeserve.server import ServerConfig
-from edgeserve.engine.config import EngineConfig
 from scripted_gguf import ANSWER, THOUGHT
-from server_helpers import serve, write_tool_and_think
+from server_helpers import serve_scripted, served_ids, server_fixture
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -20,23 +18,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return write_tool_and_think(tmp_path_factory.mktemp("scripted"))
-
-
-@pytest.fixture(scope="module")
-def server(models):
-    with serve(ServerConfig(engine=EngineConfig(max_num_seqs=4, kv_cache_gb=0.05),
-                            models=models, keep_alive=None)) as s:
-        yield s
+server = server_fixture(serve_scripted, "scripted")
 
 
 @pytest.fixture(scope="module")
 def ids(server):
-    with httpx.Client(base_url=server.url) as c:
-        names = [m["id"] for m in c.get("/v1/models").json()["data"]]
-    return next(n for n in names if "tooly" in n), next(n for n in names if "thinky" in n)
+    return served_ids(server, "tooly", "thinky")
 
 
 @pytest.fixture(scope="module")

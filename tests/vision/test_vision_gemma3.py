@@ -16,24 +16,13 @@ from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.vision.family import load_vision
 from support import mmproj_writer
+from support.vision_fixtures import vision_fixtures
 from vision_helpers import picture, tiny_gemma3
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tiny_gemma3(tmp_path_factory.mktemp("gemma3v"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(folder):
-    return transformers.Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def family(folder, hf_model):
-    return load_vision(folder, hf_model.config.text_config)
+folder, hf_model, family = vision_fixtures(tiny_gemma3, "gemma3v", "Gemma3ForConditionalGeneration")
 
 
 @pytest.mark.parametrize("size,fmt", [((37, 53), "PNG"), ((129, 31), "JPEG"), ((64, 64), "PNG")])

@@ -18,25 +18,14 @@ from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.vision.family import load_vision
 from edgeserve.vision.prompt import image_mark, image_prompt
 from support import mmproj_writer
+from support.vision_fixtures import vision_fixtures
 from vision_helpers import picture, tiny_smolvlm
 
 transformers = pytest.importorskip("transformers")
 SIZES = [(37, 53), (129, 31), (20, 20), (64, 64)]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tiny_smolvlm(tmp_path_factory.mktemp("smolvlm"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(folder):
-    return transformers.Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def family(folder, hf_model):
-    return load_vision(folder, hf_model.config.text_config)
+folder, hf_model, family = vision_fixtures(tiny_smolvlm, "smolvlm", "Idefics3ForConditionalGeneration")
 
 
 @pytest.fixture(scope="module")
