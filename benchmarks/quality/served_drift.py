@@ -33,34 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from converter_cases import BY_NAME  # noqa: E402
 from converter_parity import (build_checkpoint, convert, load_ours, our_logits, reference_logits,  # noqa: E402
                               spm_tokenizer_folder, tokenizer_folder)
+from converter_parity import widened  # noqa: E402
 from dequantized_reference import dequantized_reference, drift  # noqa: E402
 
 DEFAULT_CASES = ("qwen3", "qwen3moe", "llama", "gemma3", "qwen35", "qwen35moe-mtp", "gemma4-e2b", "gemma4-26b-a4b",
                  "gpt-oss")
-HIDDEN = 256
-WIDER = {"intermediate_size": 512, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
-         "hidden_size_per_layer_input": 32}
-
-
-def widened(config_fn):
-    """The case's config at hidden 256 (its feed-forwards 2x wider) and 4-8 layers (its layer pattern repeated)."""
-
-    def make(vocab: int):
-        cfg = config_fn(vocab)
-        text = cfg.get_text_config()
-        text.hidden_size = HIDDEN
-        for k, v in WIDER.items():
-            if getattr(text, k, None):
-                setattr(text, k, v)
-        reps = max(1, 6 // text.num_hidden_layers)
-        text.num_hidden_layers *= reps
-        if getattr(text, "layer_types", None):
-            text.layer_types = list(text.layer_types) * reps
-        return cfg
-
-    return make
-
-
 def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: Path,
              kv_cache_dtypes: list[str]) -> list[str]:
     """The report rows of one architecture."""
