@@ -29,17 +29,18 @@ from dequantized_reference import dequantized_reference, drift  # noqa: E402
 LLAMA_QUANTIZE = Path(os.environ.get("EDGESERVE_LLAMA_QUANTIZE",
                                      Path.home() / ".cache/edgeserve/reference/build-avx2/bin/llama-quantize"))
 # (case, file) -> (bound on the mean over positions of max |logprob diff|, top-1 agreements of 20 at least).
-# Measured 2026-12-02 (commit of this file, AVX-512 VNNI/BF16 CPU): q8_0 qwen3 0.492 (18/20), qwen35 0.534 (18/20),
-# qwen3moe 0.962 (15/20): the random models' logits are large (several units), so these are large in nats; a MoE
-# amplifies a perturbation through its router's discrete choice (docs/MODELS.md). Bounds: about 1.6x the measured
-# mean, and top-1 two flips below the measured count (a flip at a near-tie is not a failure).
+# Measured 2026-12-02 (AVX-512 VNNI/BF16 CPU): q8_0 qwen3 0.492 (18/20), qwen35 0.534 (18/20), qwen3moe 0.962
+# (15/20); Q4_K_M (llama-quantize) qwen3 0.524 (18/20), qwen35 0.501 (18/20), qwen3moe 1.680 (13/20). The random
+# models' logits are large (several units), so these are large in nats; a MoE amplifies a perturbation through its
+# router's discrete choice (docs/MODELS.md). Bounds: about 1.5x the measured mean, and top-1 two flips below the
+# measured count (a flip at a near-tie is not a failure).
 BOUNDS = {
     ("qwen3", "q8_0"): (0.8, 16),
     ("qwen35", "q8_0"): (0.8, 16),
     ("qwen3moe", "q8_0"): (1.5, 13),
     ("qwen3", "q4_k_m"): (0.8, 16),
     ("qwen35", "q4_k_m"): (0.8, 16),
-    ("qwen3moe", "q4_k_m"): (1.5, 13),
+    ("qwen3moe", "q4_k_m"): (2.6, 11),
 }
 
 
