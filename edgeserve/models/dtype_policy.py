@@ -10,7 +10,7 @@ torch dtype, with the reason in words (logged once at load).
   weight; the CPU has no fast float16 matmul, torch's is slower than its float32) when the float32 weights, twice
   the file, take at most half the memory available now; else bfloat16, said so. On CUDA an F16 file keeps the
   device default (float16 activations overflow on some models, float32 halves what fits).
-- `auto` on anything else (BF16 files, quantized GGUFs, random `dummy` weights): the device default
+- `auto` on anything else (BF16 files, quantized GGUFs, random `dummy` weights, `--quantize int4`): the device default
   (`edgeserve.device.auto_dtype`: bfloat16 on CPUs and CUDA sm_80+), as before.
 """
 
@@ -85,8 +85,9 @@ def _numel(shape: list[int]) -> int:
 
 
 def choose_dtype(requested: str | torch.dtype | None, device: torch.device, source: ModelSource | None,
-                 load_format: str = "auto") -> DtypeChoice:
-    """The compute dtype for a load of `source` on `device` with `--dtype requested` (see the module docstring)."""
+                 load_format: str = "auto", quantize: str | None = None) -> DtypeChoice:
+    """The compute dtype for a load of `source` on `device` with `--dtype requested` (see the module docstring);
+    `quantize` ("int4": the float matrices become 4-bit at load) keeps the device default."""
     from edgeserve.device import resolve_dtype
 
     default = resolve_dtype(requested, device)  # the device default (auto_dtype) when `requested` is auto
@@ -94,6 +95,8 @@ def choose_dtype(requested: str | torch.dtype | None, device: torch.device, sour
         return DtypeChoice(default, "asked for with --dtype")
     if source is None or load_format == "dummy":
         return DtypeChoice(default, f"the {device.type} default")
+    if quantize is not None:
+        return DtypeChoice(default, f"the {device.type} default (the matrices are quantized to {quantize} at load)")
     stored = stored_matrix_type(source)
     if stored == "F32":
         return DtypeChoice(torch.float32, "the file's matrices are stored F32: kept as they are (no rounding; "

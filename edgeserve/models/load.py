@@ -91,7 +91,7 @@ def load_model(source: ModelSource, load: LoadConfig | None = None, **options: A
     start = time.perf_counter()
     load.check()
     dev = resolve_device(load.device)
-    choice = choose_dtype(load.dtype, dev, source, load.load_format)
+    choice = choose_dtype(load.dtype, dev, source, load.load_format, load.quantize)
     log.info("%s: %s", source.name, choice.describe())
     torch_dtype = choice.dtype
     if load.load_format == "dummy":

@@ -79,7 +79,7 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
     from edgeserve.models.dtype_policy import choose_dtype, float32_growth
 
     dev = resolve_device(config.device)
-    dtype = choose_dtype(config.dtype, dev, source, config.load_format).dtype
+    dtype = choose_dtype(config.dtype, dev, source, config.load_format, config.quantize).dtype
     host = 0
     if dev.type == "cuda" and config.cpu_moe_layers is not None:
         from edgeserve.models.cpu_moe_memory import host_expert_bytes

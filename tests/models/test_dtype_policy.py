@@ -77,6 +77,7 @@ def test_explicit_dtype_and_random_weights_are_not_the_files(checkpoints) -> Non
     assert dtype_policy.choose_dtype("auto", cpu, source).dtype == torch.float32
     assert dtype_policy.choose_dtype("bfloat16", cpu, source).dtype == torch.bfloat16
     assert dtype_policy.choose_dtype("auto", cpu, source, load_format="dummy").dtype == torch.bfloat16
+    assert dtype_policy.choose_dtype("auto", cpu, source, quantize="int4").dtype == torch.bfloat16
 
 
 def test_memory_estimate_counts_an_f32_file_once(checkpoints) -> None:
