@@ -6,6 +6,7 @@ into a torch device, a compute dtype and a KV pool budget, the same way on every
   one-line `DeviceError` (a CLI error line, an HTTP 400 body), never a traceback.
 - `resolve_dtype("auto", device)`: bfloat16 on CPU and on CUDA sm_80+, float16 on older CUDA parts (sm_75 has no
   bfloat16); an explicit dtype is taken as it is (float16/bfloat16 asked for on a device that lacks it is refused).
+  A load's `auto` also looks at the file (F32 / F16 matrices): `edgeserve.models.dtype_policy.choose_dtype`.
 - `gpu_kv_budget(...)`: the KV pool on a GPU is what `fraction * total` leaves after the weights, the CUDA
   context / other processes, and the peak of a warm-up forward at the largest step (nano-vllm's rule).
 """

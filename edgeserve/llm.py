@@ -57,8 +57,9 @@ class LLM:
                  **engine_options) -> None:
         """Load `model` (catalog name, .gguf file or Hugging Face folder) and build its engine.
 
-        `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (bfloat16; float16 on
-        sm_75), float32, bfloat16, float16; `load_format="dummy"`: random weights of a config.json's shape.
+        `device`: auto (CUDA when available, else CPU), cpu, cuda, cuda:N; `dtype`: auto (follows the file:
+        `edgeserve.models.dtype_policy`; bfloat16, float16 on sm_75, for BF16 and quantized files), float32,
+        bfloat16, float16; `load_format="dummy"`: random weights of a config.json's shape.
         `quantize="int4"` quantizes a float model to INT4 at load (see `load_model`). `dense_prefill`: auto / on /
         off (`edgeserve.models.load.want_dense_prefill`). `cpu_moe_layers` (a count or "all"): the experts of the
         first that many MoE layers stay in host memory on the CPU kernels (`edgeserve.models.cpu_moe`).

@@ -230,3 +230,28 @@ def max_logprob_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """max |log-probability difference| over every position and the whole vocabulary."""
     assert ours.shape == ref.shape, (ours.shape, ref.shape)
     return (ours.log_softmax(-1) - ref.log_softmax(-1)).abs().max().item()
+
+
+# the served-drift cases: a converter case at a width the quantized block formats take (Q4_K: rows of 256)
+HIDDEN = 256
+WIDER = {"intermediate_size": 512, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+         "hidden_size_per_layer_input": 32}
+
+
+def widened(config_fn):
+    """The case's config at hidden 256 (its feed-forwards 2x wider) and 4-8 layers (its layer pattern repeated)."""
+
+    def make(vocab: int):
+        cfg = config_fn(vocab)
+        text = cfg.get_text_config()
+        text.hidden_size = HIDDEN
+        for k, v in WIDER.items():
+            if getattr(text, k, None):
+                setattr(text, k, v)
+        reps = max(1, 6 // text.num_hidden_layers)
+        text.num_hidden_layers *= reps
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types) * reps
+        return cfg
+
+    return make

@@ -11,7 +11,7 @@ log-probabilities:
   softmax, before sampling); its defaults otherwise (f16 KV cache, flash attention auto);
 - edgeserve: the server's compute in process (load_model at dtype auto, the default KV format, the prompt in two
   chunks over the paged pool: what `edgeserve serve` runs for the same ids);
-- reference: transformers float32 with every weight replaced by the file's dequantized value (served_drift.py's
+- reference: transformers float32 with every weight replaced by the file's dequantized value (tests/dequantized_reference.py's
   substitution), so quantization is not counted, only the engines' compute.
 Reported per file: top-1 agreement of the two engines, their top-5 overlap and mean |logprob diff| over
 llama-server's top 5; then for each engine its top-1 agreement with the reference and mean |logprob diff| from it
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from converter_cases import BY_NAME, FULL, LINEAR, SLIDING  # noqa: E402
 from converter_parity import (build_checkpoint, convert, load_ours, our_logits, reference_logits,  # noqa: E402
                               spm_tokenizer_folder, spread, tokenizer_folder)
-from served_drift import dequantized_reference  # noqa: E402
+from dequantized_reference import dequantized_reference  # noqa: E402
 from test_gpt_oss import write_mxfp4_checkpoint  # noqa: E402
 
 from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES  # noqa: E402

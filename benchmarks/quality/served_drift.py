@@ -33,97 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from converter_cases import BY_NAME  # noqa: E402
 from converter_parity import (build_checkpoint, convert, load_ours, our_logits, reference_logits,  # noqa: E402
                               spm_tokenizer_folder, tokenizer_folder)
+from converter_parity import widened  # noqa: E402
+from dequantized_reference import dequantized_reference, drift  # noqa: E402
 
 DEFAULT_CASES = ("qwen3", "qwen3moe", "llama", "gemma3", "qwen35", "qwen35moe-mtp", "gemma4-e2b", "gemma4-26b-a4b",
                  "gpt-oss")
-HIDDEN = 256
-WIDER = {"intermediate_size": 512, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
-         "hidden_size_per_layer_input": 32}
-
-
-def widened(config_fn):
-    """The case's config at hidden 256 (its feed-forwards 2x wider) and 4-8 layers (its layer pattern repeated)."""
-
-    def make(vocab: int):
-        cfg = config_fn(vocab)
-        text = cfg.get_text_config()
-        text.hidden_size = HIDDEN
-        for k, v in WIDER.items():
-            if getattr(text, k, None):
-                setattr(text, k, v)
-        reps = max(1, 6 // text.num_hidden_layers)
-        text.num_hidden_layers *= reps
-        if getattr(text, "layer_types", None):
-            text.layer_types = list(text.layer_types) * reps
-        return cfg
-
-    return make
-
-
-def _row_key(row: torch.Tensor) -> int:
-    return hash(row.numpy().tobytes())
-
-
-def _file_rows(exact, quant, skip: tuple[str, ...]) -> tuple[dict[int, tuple[str, int]], dict[int, tuple[str, int]]]:
-    """(name, row) of every row the quantization changed, by the hash of its exact float32 values and of its sorted
-    values (hashes, not the rows: the maps stay small beside a model of several GB)."""
-    by_row: dict[int, tuple[str, int]] = {}
-    by_sorted: dict[int, tuple[str, int]] = {}
-    for name in quant.tensor_names():
-        if name.startswith(skip):
-            continue
-        a, b = exact.load_tensor(name), quant.load_tensor(name)
-        if torch.equal(a, b):
-            continue
-        rows = a.reshape(-1, a.shape[-1])
-        for i, (row, values) in enumerate(zip(rows, rows.sort(-1).values)):
-            by_row[_row_key(row)] = (name, i)
-            by_sorted[_row_key(values)] = (name, i)
-    return by_row, by_sorted
-
-
-def dequantized_reference(model, f32_gguf: Path, gguf: Path, skip: tuple[str, ...] = ()
-                          ) -> tuple[torch.nn.Module, int]:
-    """`model` with each weight row replaced by the file's dequantized row, rows found by their exact float32 values
-    in the converter's f32 file (so the converter's renames, row permutations and splits need no mapping; a row
-    whose columns the converter permuted, as Qwen3.5's V heads in out_proj, is found by its sorted values and
-    takes the same permutation); tensors whose names start with one of `skip` are left out (an MTP block the model
-    lacks); returns the model and how many changed rows of the file were not found in it."""
-    from edgeserve.loaders.gguf_file import GGUFFile
-
-    exact, quant = GGUFFile(f32_gguf), GGUFFile(gguf)
-    by_row, by_sorted = _file_rows(exact, quant, skip)
-    hits: dict[str, list[tuple[torch.Tensor, int, torch.Tensor | None]]] = {}
-    for p in model.parameters():
-        rows = p.data.reshape(-1, p.shape[-1]) if p.dim() else p.data.reshape(1, 1)
-        for row in rows:
-            hit, order = by_row.get(_row_key(row)), None
-            if hit is None:
-                values, order = row.sort()
-                hit = by_sorted.get(_row_key(values))
-            if hit is not None:
-                hits.setdefault(hit[0], []).append((row, hit[1], order))
-    found = 0
-    with torch.no_grad():
-        for name, rows in hits.items():
-            b = quant.load_tensor(name)
-            b = b.reshape(-1, b.shape[-1])
-            a = exact.load_tensor(name).reshape(b.shape) if any(o is not None for *_, o in rows) else None
-            for row, i, order in rows:
-                if order is None:
-                    row.copy_(b[i])
-                else:  # the model row's k-th smallest value takes the file row's k-th smallest value's place
-                    row[order] = b[i][a[i].sort().indices]
-                found += 1
-    return model, len(by_row) - found
-
-
-def drift(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, int]:
-    """(max, mean) over positions of the max |logprob diff| over the vocabulary, and top-1 agreements."""
-    d = (ours.log_softmax(-1) - ref.log_softmax(-1)).abs().amax(-1)
-    return d.max().item(), d.mean().item(), int((ours.argmax(-1) == ref.argmax(-1)).sum())
-
-
 def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: Path,
              kv_cache_dtypes: list[str]) -> list[str]:
     """The report rows of one architecture."""

@@ -81,7 +81,9 @@ def want_dense_prefill(setting: str, config: ModelConfig, dtype: torch.dtype, de
 def load_model(source: ModelSource, load: LoadConfig | None = None, **options: Any) -> LoadedModel:
     """Read config, tokenizer, template and weights (layer by layer) from a GGUF file or HF folder, as `load` (a
     LoadConfig; or its fields as keyword `options`) says."""
-    from edgeserve.device import resolve_device, resolve_dtype
+    from edgeserve.device import resolve_device
+
+    from .dtype_policy import choose_dtype
 
     if load is not None and options:
         raise ValueError("pass either a LoadConfig or its fields, not both")
@@ -89,7 +91,9 @@ def load_model(source: ModelSource, load: LoadConfig | None = None, **options: A
     start = time.perf_counter()
     load.check()
     dev = resolve_device(load.device)
-    torch_dtype = resolve_dtype(load.dtype, dev)
+    choice = choose_dtype(load.dtype, dev, source, load.load_format, load.quantize)
+    log.info("%s: %s", source.name, choice.describe())
+    torch_dtype = choice.dtype
     if load.load_format == "dummy":
         return _load_dummy(source, load, torch_dtype, dev, start)
     if source.path.is_file() and source.path.suffix.lower() == ".json":

@@ -16,7 +16,8 @@ LOAD_FORMATS = ("auto", "dummy")
 class LoadConfig:
     """Options of one model load.
 
-    `device`: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N"; `dtype`: auto, float32, bfloat16,
+    `device`: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:N"; `dtype`: auto (decided by
+    `models.dtype_policy.choose_dtype` from the device and the file's stored matrix type), float32, bfloat16,
     float16. `load_format="dummy"`: random weights of the shape a config.json (a file or a folder's) describes
     (4-bit with `quantize="int4"` or a 4-bit quantization_config).
     `quantize="int4"`: a float model's layer matrices are quantized to group-wise INT4 as they load (groups of

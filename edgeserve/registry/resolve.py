@@ -23,6 +23,15 @@ class ModelSource:
     path: Path
 
 
+def source_bytes(source: ModelSource) -> int:
+    """Size on disk of a model's weights (the GGUF file, or the folder's *.safetensors files)."""
+    if source.kind == "gguf":
+        from edgeserve.loaders.gguf_file import gguf_parts
+
+        return sum(p.stat().st_size for p in gguf_parts(source.path) if p.is_file())  # every part of a split model
+    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+
+
 def resolve(name_or_path: str, pull_missing: bool = True) -> ModelSource:
     """Find the model for a catalog name, a .gguf file path or a Hugging Face folder path.
 

@@ -39,7 +39,8 @@ def planned_kv_line(spec: str, config: ServerConfig) -> str | None:
 def _planned(spec: str, config: ServerConfig) -> str | None:
     import psutil
 
-    from edgeserve.device import resolve_device, resolve_dtype
+    from edgeserve.device import resolve_device
+    from edgeserve.models.dtype_policy import choose_dtype
     from edgeserve.engine.kv_cache import kv_bytes_per_token
     from edgeserve.engine.kv_format import resolve_kv_format
     from edgeserve.models.encoders.embedders import is_embedding_source
@@ -64,7 +65,8 @@ def _planned(spec: str, config: ServerConfig) -> str | None:
     if mc.is_hybrid:
         return f"{head}: {engine.kv_cache_fraction:.0%} of the memory free when it loads (its recurrent states " \
                "share it); --kv-cache-gb sets it"
-    fmt = resolve_kv_format(engine.kv_cache_dtype, mc, resolve_dtype(config.dtype, dev), dev)
+    dtype = choose_dtype(config.dtype, dev, source, config.load_format, config.quantize).dtype
+    fmt = resolve_kv_format(engine.kv_cache_dtype, mc, dtype, dev)
     plan = default_cpu_budget(kv_bytes_per_token(mc, fmt), context, engine.max_num_seqs, free,
                               engine.kv_cache_fraction)
     return f"{head}: {plan.nbytes / GiB:.2f} GiB ({fmt.name}), {plan.why}"

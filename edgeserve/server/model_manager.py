@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup
 
 from edgeserve.errors import UnknownModelError
 from edgeserve.registry import CATALOG, ModelSource, is_hf_name, is_pulled, list_local, resolve
+from edgeserve.registry.resolve import source_bytes  # noqa: F401 - the server's users import it from here
 from edgeserve.server.config import UNSET, ServerConfig
 from edgeserve.server.errors import InsufficientMemoryError, ModelsBusyError
 
@@ -56,19 +57,11 @@ class MemoryEstimate:
                 f"activations {gb(self.activations)}) but only {gb(self.available)} of {self.where} memory is free")
 
 
-def source_bytes(source: ModelSource) -> int:
-    """Size on disk of a model's weights (the GGUF file, or the folder's *.safetensors files)."""
-    if source.kind == "gguf":
-        from edgeserve.loaders.gguf_file import gguf_parts
-
-        return sum(p.stat().st_size for p in gguf_parts(source.path) if p.is_file())  # every part of a split model
-    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
-
-
 def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate:
     """Estimate what loading `source` under `config` takes, against free device (torch) or host (psutil) memory.
 
-    Weights: the file size (4-bit GGUF weights stay packed; float32 dequantizes, about 8x a 4-bit file;
+    Weights: the file size (4-bit GGUF weights stay packed; float32 dequantizes, about 8x a 4-bit file, 2x a
+    16-bit one, 1x an F32 file, which dtype auto keeps at float32: models.dtype_policy;
     `--dense-prefill on` adds a bf16 copy, about 4x).
     KV: --kv-cache-gb when given (otherwise the engine sizes its pool from what is free after the load).
     Activations: about 200 kB per batched token (hidden states, the logits of a step).
@@ -82,21 +75,23 @@ def estimate_memory(source: ModelSource, config: ServerConfig) -> MemoryEstimate
         weights = _dummy_weight_bytes(source, config)
     else:
         weights = source_bytes(source)
-    from edgeserve.device import resolve_device, resolve_dtype
+    from edgeserve.device import resolve_device
+    from edgeserve.models.dtype_policy import choose_dtype, float32_growth
 
     dev = resolve_device(config.device)
+    dtype = choose_dtype(config.dtype, dev, source, config.load_format, config.quantize).dtype
     host = 0
     if dev.type == "cuda" and config.cpu_moe_layers is not None:
         from edgeserve.models.cpu_moe_memory import host_expert_bytes
 
-        host = host_expert_bytes(source, config.cpu_moe_layers, resolve_dtype(config.dtype, dev), config.load_format)
+        host = host_expert_bytes(source, config.cpu_moe_layers, dtype, config.load_format)
         # GGUF experts on the host stay as stored; the file's other bytes (or the dummy's dense size) go to the GPU
         weights = max(0, weights - host)
-    if config.dtype == "float32" and config.load_format != "dummy":
-        weights *= 8 if source.kind == "gguf" else 2
+    if dtype == torch.float32 and config.load_format != "dummy":
+        weights *= float32_growth(source)
     kv = int(config.engine.kv_cache_gb * 2**30) if config.engine.kv_cache_gb else 0
     activations = config.engine.max_num_batched_tokens * 200_000
-    if config.dense_prefill == "on" and dev.type == "cpu" and config.dtype != "float32":
+    if config.dense_prefill == "on" and dev.type == "cpu" and dtype != torch.float32:
         weights *= 5  # a bf16 copy is about 4x the 4-bit weights (auto only keeps one when it fits easily)
     if dev.type == "cuda":
         available, where = torch.cuda.mem_get_info(dev)[0], f"{dev} device"

@@ -24,12 +24,13 @@ SERVED_MEAN_BOUND = 0.5
 
 @pytest.mark.parametrize("name", ["llama", "gpt-oss", "gemma2", "qwen35"])
 def test_served_default_runs_every_path(name: str, checkpoints, reference) -> None:
-    """The server's default compute on the CPU (bf16, the f16 KV pool with float32 queries and attention outputs)
-    on an f32 GGUF, fused stack and per-op path alike: finite logits near transformers' (gpt-oss's dense bf16 o_proj
+    """bf16 compute on the CPU (the default for BF16 and quantized files; asked for here on an f32 GGUF, which the
+    default keeps at float32: tests/models/test_dtype_policy.py), the f16 KV pool with float32 queries and
+    attention outputs, fused stack and per-op path alike: finite logits near transformers' (gpt-oss's dense bf16 o_proj
     with its bias takes the float32 attention output; Gemma 2's soft-capped attention reads the f16 pool on the
     torch path; Qwen3.5's gated attention)."""
     _, _, gguf = checkpoints(name)
-    model = load_ours(gguf, dtype="auto").model
+    model = load_ours(gguf, dtype="bfloat16").model
     ref = reference(name)
     means = []
     for native in (False, None):  # False: the fused stack where the model takes it; None: the per-op path
