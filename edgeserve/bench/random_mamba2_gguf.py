@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import (K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer,
+                                        ffn_tensor_shapes, more_bits, write_plan)
+from edgeserve.kernels.torch.mamba2 import Mamba2Dims
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,9 @@ class Mamba2Shape(TextShape):
     scales: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # Granite: embedding, residual, attention, logit
 
     @property
-    def inner(self) -> int:
-        return self.ssm_heads * self.ssm_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the causal conv: x, B and C."""
-        return self.inner + 2 * self.ssm_groups * self.ssm_state
-
-    @property
-    def in_proj(self) -> int:
-        """Rows of ssm_in: z, x B C and dt."""
-        return self.inner + self.conv_dim + self.ssm_heads
+    def dims(self) -> Mamba2Dims:
+        """The Mamba-2 layers' shape (inner width, conv channels, ssm_in rows)."""
+        return Mamba2Dims(self.ssm_heads, self.ssm_head_dim, self.ssm_state, self.ssm_groups, self.conv_kernel)
 
     def kind(self, layer: int) -> str:
         return self.blocks[layer]
@@ -106,22 +99,14 @@ def mamba2_tensor_shapes(shape: Mamba2Shape) -> dict[str, tuple[int, ...]]:
     for i in range(shape.layers):
         p, kind = f"blk.{i}.", shape.kind(i)
         if kind == "M":
-            out.update({p + "ssm_in.weight": (shape.in_proj, h), p + "ssm_out.weight": (h, shape.inner)})
+            out.update({p + "ssm_in.weight": (shape.dims.in_proj_dim, h), p + "ssm_out.weight": (h, shape.dims.inner)})
         elif kind == "*":
             out.update({p + "attn_q.weight": (shape.heads * hd, h), p + "attn_k.weight": (shape.kv_heads * hd, h),
                         p + "attn_v.weight": (shape.kv_heads * hd, h), p + "attn_output.weight": (h, shape.heads * hd)})
         else:
             out.update({p + "ffn_up.weight": (shape.ffn, h), p + "ffn_down.weight": (h, shape.ffn)})
-        if shape.arch != "granitehybrid":
-            continue
-        if shape.experts:
-            e, f, s = shape.experts, shape.expert_ffn, shape.ffn
-            out.update({p + "ffn_gate_exps.weight": (e, f, h), p + "ffn_up_exps.weight": (e, f, h),
-                        p + "ffn_down_exps.weight": (e, h, f), p + "ffn_gate_shexp.weight": (s, h),
-                        p + "ffn_up_shexp.weight": (s, h), p + "ffn_down_shexp.weight": (h, s)})
-        else:
-            out.update({p + "ffn_gate.weight": (shape.ffn, h), p + "ffn_up.weight": (shape.ffn, h),
-                        p + "ffn_down.weight": (h, shape.ffn)})
+        if shape.arch == "granitehybrid":
+            out.update(ffn_tensor_shapes(p, h, shape.ffn, shape.experts, shape.expert_ffn))
     return out
 
 
@@ -133,10 +118,10 @@ def mamba2_f32_tensors(shape: Mamba2Shape) -> dict[str, tuple[int, ...]]:
         p = f"blk.{i}."
         out[p + "attn_norm.weight"] = (h,)
         if shape.kind(i) == "M":
-            out.update({p + "ssm_conv1d.weight": (shape.conv_dim, shape.conv_kernel),
-                        p + "ssm_conv1d.bias": (shape.conv_dim,), p + "ssm_dt.bias": (shape.ssm_heads,),
+            out.update({p + "ssm_conv1d.weight": (shape.dims.conv_dim, shape.conv_kernel),
+                        p + "ssm_conv1d.bias": (shape.dims.conv_dim,), p + "ssm_dt.bias": (shape.ssm_heads,),
                         p + "ssm_a": (shape.ssm_heads, 1), p + "ssm_d": (shape.ssm_heads, 1),
-                        p + "ssm_norm.weight": (shape.ssm_groups, shape.inner // shape.ssm_groups)})
+                        p + "ssm_norm.weight": (shape.ssm_groups, shape.dims.inner // shape.ssm_groups)})
         if shape.arch == "granitehybrid":
             out[p + "ffn_norm.weight"] = (h,)
             if shape.experts:
@@ -162,18 +147,13 @@ def mamba2_tensor_types(shape: Mamba2Shape, mix: str) -> dict[str, str]:
         if name in ("token_embd.weight", "output.weight"):
             qt = "Q6_K"
         elif kind == "attn_v":
-            qt = "Q6_K" if _more_bits(attention.index(i), len(attention)) else "Q4_K"
+            qt = "Q6_K" if more_bits(attention.index(i), len(attention)) else "Q4_K"
         elif kind.startswith("ffn_down"):
-            qt = "Q6_K" if _more_bits(i, shape.layers) else "Q4_K"
+            qt = "Q6_K" if more_bits(i, shape.layers) else "Q4_K"
         else:
             qt = "Q4_K"
         types[name] = K_FALLBACK.get(qt, qt) if dims[-1] % 256 else qt
     return types
-
-
-def _more_bits(i: int, n: int) -> bool:
-    """llama.cpp's use_more_bits: the first and last eighth, and every third in between."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def _add_keys(w, shape: Mamba2Shape, context: int) -> None:
@@ -189,7 +169,7 @@ def _add_keys(w, shape: Mamba2Shape, context: int) -> None:
     w.add_layer_norm_rms_eps(shape.eps)
     w.add_vocab_size(shape.vocab)
     w.add_ssm_conv_kernel(shape.conv_kernel)
-    w.add_ssm_inner_size(shape.inner)
+    w.add_ssm_inner_size(shape.dims.inner)
     w.add_ssm_state_size(shape.ssm_state)
     w.add_ssm_time_step_rank(shape.ssm_heads)
     w.add_ssm_group_count(shape.ssm_groups)
