@@ -195,6 +195,29 @@ def granite_kv_heads(path: Path) -> None:
     r.data.flush()
 
 
+def nemotron_layer_counts(path: Path) -> None:
+    """Write a converted dense Nemotron-H file's per-layer MLP widths (the blocks with `ffn_up`) into its
+    `feed_forward_length`, and its expert counts to 0, in place: llama.cpp's converter under transformers 5 (whose
+    AutoConfig fills in MoE defaults) writes such a checkpoint as `nemotron_h_moe` with 0 widths on every block and 8
+    experts, so llama-server takes the MLP blocks for Mamba-2 ones (`blk.1.ssm_in.weight` not found)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path), "r+")
+    arch = r.fields["general.architecture"].contents()
+    names = {t.name: t for t in r.tensors}
+    if any("_exps." in n for n in names):
+        return  # an MoE file: the converter's counts are right
+    ff = r.fields[f"{arch}.feed_forward_length"]
+    for i, part in enumerate(ff.data):
+        up = names.get(f"blk.{i}.ffn_up.weight")
+        ff.parts[part][0] = int(up.shape[1]) if up is not None else 0
+    for key in ("expert_count", "expert_used_count", "expert_group_count", "expert_group_used_count"):
+        field = r.fields.get(f"{arch}.{key}")
+        for part in (field.data if field is not None else ()):
+            field.parts[part][0] = 0
+    r.data.flush()
+
+
 def _falcon_h1() -> dict:
     """Falcon-H1-0.5B's config.json (falcon-h1) as recalled: 4 of its layers (attention beside Mamba-2 in each);
     the multipliers are the converter case's."""
@@ -224,7 +247,8 @@ SHAPED = {
     "granite4-h-tiny": Shape("granitehybrid-moe", _granite_h("granite4-h-tiny", ["mamba"] * 3 + ["attention"], 16),
                              "4 of 40 layers (3 Mamba-2, 1 attention), 16 of 64 experts (6 per token) + the shared "
                              "MLP, its 4 KV heads written in", granite_kv_heads),
-    "nemotron3-nano-4b": Shape("nemotron_h", _nemotron3_nano_4b(), "5 of 42 blocks (M-M*-)"),
+    "nemotron3-nano-4b": Shape("nemotron_h", _nemotron3_nano_4b(), "5 of 42 blocks (M-M*-), its MLP widths written in",
+                               nemotron_layer_counts),
     "falcon-h1-0.5b": Shape("falcon-h1", _falcon_h1(), "4 of 36 layers"),
 }
 
