@@ -25,7 +25,10 @@ SmolLM2's vocabulary plus SmolVLM's 128 added tokens at their ids (<global-img>,
 llama-server and edgeserve); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
 of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer). The vocabulary is
 the tokenizer's unless the shape pads it. lfm2.5-1.2b: LFM2 / LFM2.5-1.2B, architecture lfm2 (10 short-conv and 6
-attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0).
+attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0). nemotron3-nano-4b (Nemotron 3
+Nano 4B, architecture nemotron_h: 21 Mamba-2, 17 MLP and 4 attention blocks), granite4-h-tiny (Granite 4 H Tiny,
+granitehybrid: 36 Mamba-2 and 4 attention layers, 64 experts of 512, 6 a token, beside a shared 1,024) and
+granite4-h-micro (Granite 4 H Micro, granitehybrid dense): vocabularies padded to theirs (Q4_K_M, Q8_0 or Q4_0).
 Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as
 llama.cpp's quantizer picks), Q8_0, Q4_0, MXFP4_MOE (llama.cpp's gpt-oss files: MXFP4 experts, Q8_0 elsewhere).
 """
@@ -40,12 +43,14 @@ from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES, write_random_gemma
 from edgeserve.bench.random_gguf import MIXES, SHAPES, write_random_llama
 from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES, write_random_hybrid
 from edgeserve.bench.random_lfm2_gguf import LFM2_SHAPES, write_random_lfm2
+from edgeserve.bench.random_mamba2_gguf import MAMBA2_SHAPES, with_layers, write_random_mamba2
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("output")
-    p.add_argument("--shape", choices=sorted({**SHAPES, **HYBRID_SHAPES, **GEMMA4_SHAPES, **LFM2_SHAPES}),
+    p.add_argument("--shape", choices=sorted({**SHAPES, **HYBRID_SHAPES, **GEMMA4_SHAPES, **LFM2_SHAPES,
+                                              **MAMBA2_SHAPES}),
                    default="1b")
     p.add_argument("--mix", choices=MIXES, default="Q4_K_M")
     p.add_argument("--tokenizer-from", help="GGUF whose tokenizer to copy (default: the default model)")
@@ -60,19 +65,22 @@ def main(argv: list[str] | None = None) -> int:
 
         source = resolve(DEFAULT_MODEL).path
     shape = (SHAPES.get(args.shape) or HYBRID_SHAPES.get(args.shape) or LFM2_SHAPES.get(args.shape)
-             or GEMMA4_SHAPES[args.shape])
+             or MAMBA2_SHAPES.get(args.shape) or GEMMA4_SHAPES[args.shape])
     if args.layers is not None:
         if args.layers < 1:
             p.error("--layers must be at least 1")
         extra = {"kv_shared_layers": shape.kv_shared_layers * args.layers // shape.layers} \
             if args.shape in GEMMA4_SHAPES else {}  # the same share of KV-shared layers
-        shape = dataclasses.replace(shape, layers=args.layers, **extra)
+        shape = with_layers(shape, args.layers) if args.shape in MAMBA2_SHAPES else \
+            dataclasses.replace(shape, layers=args.layers, **extra)
     if args.shape in GEMMA4_SHAPES:
         path = write_random_gemma4(args.output, shape, args.mix, source, args.seed, args.tile_mb)
     elif args.shape in HYBRID_SHAPES:
         path = write_random_hybrid(args.output, shape, args.mix, source, args.seed)
     elif args.shape in LFM2_SHAPES:
         path = write_random_lfm2(args.output, shape, args.mix, source, args.seed)
+    elif args.shape in MAMBA2_SHAPES:
+        path = write_random_mamba2(args.output, shape, args.mix, source, args.seed, tile_mb=args.tile_mb)
     else:
         path = write_random_llama(args.output, shape, args.mix, source, args.seed, args.tile_mb)
     print(f"wrote {path}")

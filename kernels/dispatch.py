@@ -37,6 +37,7 @@ import torch
 from edgeserve.kernels.torch import activation as _act
 from edgeserve.kernels.cpu import native as _native
 from edgeserve.kernels.torch import gated_delta as _gdn
+from edgeserve.kernels.torch import mamba2 as _m2
 from edgeserve.kernels.torch import norm as _norm
 from edgeserve.kernels.torch import paged_attention as _attn
 from edgeserve.kernels.formats import quant_linear as _ql
@@ -317,6 +318,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         if done is not None:
             return done
     return _gdn.gated_delta_rule(q, k, v, g, beta, state, batch, scale, tiled)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
+             ssm_state: torch.Tensor, batch: _gdn.DeltaBatch) -> torch.Tensor:
+    """The Mamba-2 (SSD) recurrence over a ragged batch with per-slot states; y [T, H, P] float32."""
+    if _native_cpu(x):
+        done = _native.ssd_rule(x, dt, A, B, C, D, ssm_state, batch)
+        if done is not None:
+            return done
+    return _m2.ssd_scan(x, dt, A, B, C, D, ssm_state, batch)
 
 
 def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -32,6 +32,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -49,6 +50,7 @@ from edgeserve.bench.servers import (ServerError, beside_llama_server_parser, ll
                                      work_folder)
 from edgeserve.bench.random_gguf import SHAPES  # noqa: E402
 from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES  # noqa: E402
+from edgeserve.bench.random_mamba2_gguf import MAMBA2_SHAPES  # noqa: E402
 
 PROMPTS, PROMPT_LEN, TOP = 8, 24, 5
 LOGIT_SCALE = 2.5  # the output matrix's extra scale: logits with a standard deviation of about 3
@@ -61,6 +63,7 @@ class Shape:
     case: str
     fields: dict = field(default_factory=dict)
     note: str = ""
+    fix: Callable[[Path], None] | None = None  # applied to each converted file (the f32 one before quantizing)
 
 
 def _qwen3() -> dict:
@@ -143,21 +146,76 @@ def _nemotron_h_moe() -> dict:
                 layers_block_type=_blocks("MEM*E"), num_hidden_layers=5)
 
 
+def _nemotron3_nano_4b() -> dict:
+    """Nemotron 3 Nano 4B (MAMBA2_SHAPES, dense nemotron_h): its blocks cut to "M-M*-"."""
+    s = MAMBA2_SHAPES["nemotron3-nano-4b"]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                head_dim=s.head_dim, intermediate_size=s.ffn, mamba_num_heads=s.ssm_heads,
+                mamba_head_dim=s.ssm_head_dim, ssm_state_size=s.ssm_state, n_groups=s.ssm_groups,
+                conv_kernel=s.conv_kernel, chunk_size=128, layers_block_type=_blocks("M-M*-"), num_hidden_layers=5)
+
+
 def _blocks(pattern: str) -> list[str]:
     """transformers' Nemotron-H block types of a `hybrid_override_pattern`."""
     return [{"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}[c] for c in pattern]
 
 
-def _granite_h_micro() -> dict:
-    """granite-4.0-h-micro's config.json (granitehybrid, dense) as recalled: Mamba-2 layers with NoPE attention
-    every few, cut to 4 layers (3 Mamba-2, 1 attention); Granite's multipliers are the converter case's; as many KV
-    heads as heads (its 8 would need a KV-head count in the file: llama.cpp's converter under transformers 5 writes
-    0 KV heads on every layer, the converter case's note)."""
-    return dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=32, shared_intermediate_size=8192,
-                intermediate_size=8192,  # llama.cpp reads the MLP's width from it (feed_forward_length)
-                num_local_experts=0, num_experts_per_tok=0,  # as released (llama.cpp refuses k > 0 of 0 experts)
-                mamba_n_heads=64, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4,
-                mamba_chunk_size=128, layer_types=["mamba", "mamba", "mamba", "attention"], num_hidden_layers=4)
+def _granite_h(name: str, types: list[str], experts: int = 0) -> dict:
+    """A Granite 4 H shape of edgeserve/bench's writer (MAMBA2_SHAPES) on the converter case's layout: its widths,
+    heads, KV heads and Mamba-2 dims, the `types` layers, `experts` of its experts; Granite's multipliers are the
+    converter case's."""
+    s = MAMBA2_SHAPES[name]
+    moe = dict(num_local_experts=experts, num_experts_per_tok=s.experts_used, intermediate_size=s.expert_ffn) \
+        if experts else dict(num_local_experts=0, num_experts_per_tok=0,  # as released (llama.cpp refuses k of 0)
+                             intermediate_size=s.ffn)  # llama.cpp reads the MLP's width from it (feed_forward_length)
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                shared_intermediate_size=s.ffn, mamba_n_heads=s.ssm_heads, mamba_d_head=s.ssm_head_dim,
+                mamba_d_state=s.ssm_state, mamba_n_groups=s.ssm_groups, mamba_d_conv=s.conv_kernel,
+                mamba_chunk_size=128, layer_types=types, num_hidden_layers=len(types), **moe)
+
+
+def granite_kv_heads(path: Path) -> None:
+    """Write the KV heads of a converted granitehybrid file's attention layers (those with `attn_k`) into its
+    per-layer `attention.head_count_kv`, in place: llama.cpp's converter under transformers 5 writes 0 on every
+    layer, which llama-server refuses (it takes a layer of 0 KV heads for Mamba-2) and from which no reader can
+    know the GQA. The heads are the K projection's rows over the head size."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path), "r+")
+    kv = r.fields.get("granitehybrid.attention.head_count_kv")
+    if kv is None or len(kv.data) < 2:
+        raise ValueError(f"{path} has no per-layer granitehybrid.attention.head_count_kv")
+    width = int(r.fields["granitehybrid.embedding_length"].contents())
+    heads = int(r.fields["granitehybrid.attention.head_count"].contents())
+    rows = {t.name: int(t.shape[1]) for t in r.tensors if t.name.endswith("attn_k.weight")}  # ne: columns first
+    for i, part in enumerate(kv.data):
+        k = rows.get(f"blk.{i}.attn_k.weight")
+        if k:
+            kv.parts[part][0] = k // (width // heads)
+    r.data.flush()
+
+
+def nemotron_layer_counts(path: Path) -> None:
+    """Write a converted dense Nemotron-H file's per-layer MLP widths (the blocks with `ffn_up`) into its
+    `feed_forward_length`, and its expert counts to 0, in place: llama.cpp's converter under transformers 5 (whose
+    AutoConfig fills in MoE defaults) writes such a checkpoint as `nemotron_h_moe` with 0 widths on every block and 8
+    experts, so llama-server takes the MLP blocks for Mamba-2 ones (`blk.1.ssm_in.weight` not found)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path), "r+")
+    arch = r.fields["general.architecture"].contents()
+    names = {t.name: t for t in r.tensors}
+    if any("_exps." in n for n in names):
+        return  # an MoE file: the converter's counts are right
+    ff = r.fields[f"{arch}.feed_forward_length"]
+    for i, part in enumerate(ff.data):
+        up = names.get(f"blk.{i}.ffn_up.weight")
+        ff.parts[part][0] = int(up.shape[1]) if up is not None else 0
+    for key in ("expert_count", "expert_used_count", "expert_group_count", "expert_group_used_count"):
+        field = r.fields.get(f"{arch}.{key}")
+        for part in (field.data if field is not None else ()):
+            field.parts[part][0] = 0
+    r.data.flush()
 
 
 def _falcon_h1() -> dict:
@@ -184,7 +242,13 @@ SHAPED = {
     "nemotron-nano-9b-v2": Shape("nemotron_h", _nemotron_h(), "5 of 56 blocks (M-M*-)"),
     "nemotron3-nano-30b-a3b": Shape("nemotron_h_moe", _nemotron_h_moe(),
                                     "5 of 52 blocks (MEM*E), 16 of 128 experts (6 per token)"),
-    "granite4-h-micro": Shape("granitehybrid", _granite_h_micro(), "4 of 40 layers (3 Mamba-2, 1 attention)"),
+    "granite4-h-micro": Shape("granitehybrid", _granite_h("granite4-h-micro", ["mamba"] * 3 + ["attention"]),
+                              "4 of 40 layers (3 Mamba-2, 1 attention), its 8 KV heads written in", granite_kv_heads),
+    "granite4-h-tiny": Shape("granitehybrid-moe", _granite_h("granite4-h-tiny", ["mamba"] * 3 + ["attention"], 16),
+                             "4 of 40 layers (3 Mamba-2, 1 attention), 16 of 64 experts (6 per token) + the shared "
+                             "MLP, its 4 KV heads written in", granite_kv_heads),
+    "nemotron3-nano-4b": Shape("nemotron_h", _nemotron3_nano_4b(), "5 of 42 blocks (M-M*-), its MLP widths written in",
+                               nemotron_layer_counts),
     "falcon-h1-0.5b": Shape("falcon-h1", _falcon_h1(), "4 of 36 layers"),
 }
 
@@ -345,11 +409,13 @@ def run_case(name: str, outtypes: list[str], tokenizers: dict[str, Path], work: 
         if case.post_save is None:
             model = None  # read again from the folder for each file: one model of the big shapes in memory at once
     layers = config.get_text_config().num_hidden_layers
+    fix = SHAPED[name].fix or (lambda path: None)
     if not f32.exists():
-        _whole(f32, lambda part: convert(folder, part, *case.convert_args, outtype="f32"))
+        _whole(f32, lambda part: (convert(folder, part, *case.convert_args, outtype="f32"), fix(part)))
     for outtype in outtypes:
         try:
             gguf = make_file(outtype, folder, f32, case.convert_args, binary.parent / "llama-quantize")
+            fix(gguf)
         except RuntimeError as e:  # e.g. llama-quantize will not requantize gpt-oss's MXFP4 experts
             print(f"| {name} | {outtype} | not made: {str(e).strip().splitlines()[-1][:120]} |", flush=True)
             continue

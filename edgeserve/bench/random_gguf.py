@@ -209,6 +209,24 @@ def tensor_types(shape: LlamaShape, mix: str) -> dict[str, str]:
     return types
 
 
+def more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth, and every third in between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def ffn_tensor_shapes(p: str, hidden: int, ffn: int, experts: int = 0, expert_ffn: int = 0
+                      ) -> dict[str, tuple[int, ...]]:
+    """[rows, columns] of a layer's SwiGLU FFN tensors under prefix `p` ([experts, rows, columns] for experts): the
+    dense `ffn_gate/up/down`, or with `experts` the routed experts beside a shared one of width `ffn` (`*_shexp`)."""
+    h = hidden
+    if not experts:
+        return {p + "ffn_gate.weight": (ffn, h), p + "ffn_up.weight": (ffn, h), p + "ffn_down.weight": (h, ffn)}
+    e, f = experts, expert_ffn
+    return {p + "ffn_gate_exps.weight": (e, f, h), p + "ffn_up_exps.weight": (e, f, h),
+            p + "ffn_down_exps.weight": (e, h, f), p + "ffn_gate_shexp.weight": (ffn, h),
+            p + "ffn_up_shexp.weight": (ffn, h), p + "ffn_down_shexp.weight": (h, ffn)}
+
+
 def add_stack_keys(w, layers: int, context: int, hidden: int, ffn, heads: int, kv_heads) -> None:
     """The keys every random model's text stack writes first: block count, context, width, FFN width (a list: per
     layer), attention heads and K/V heads (a list: per layer)."""

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeserve.bench.random_gguf import K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer, write_plan
+from edgeserve.bench.random_gguf import (K_FALLBACK, MIXES, TextShape, add_stack_keys, copy_tokenizer,
+                                        ffn_tensor_shapes, more_bits, write_plan)
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,8 @@ def hybrid_tensor_shapes(shape: HybridShape, vocab: int) -> dict[str, tuple[int,
                            p + "ssm_alpha.weight": (shape.linear_v_heads, h),
                            p + "ssm_beta.weight": (shape.linear_v_heads, h),
                            p + "ssm_out.weight": (h, shape.value_dim)})
-        if shape.experts:
-            e, f, s = shape.experts, shape.expert_ffn, shape.shared_ffn
-            shapes.update({p + "ffn_gate_exps.weight": (e, f, h), p + "ffn_up_exps.weight": (e, f, h),
-                           p + "ffn_down_exps.weight": (e, h, f), p + "ffn_gate_shexp.weight": (s, h),
-                           p + "ffn_up_shexp.weight": (s, h), p + "ffn_down_shexp.weight": (h, s)})
-        else:
-            shapes.update({p + "ffn_gate.weight": (shape.ffn, h), p + "ffn_up.weight": (shape.ffn, h),
-                           p + "ffn_down.weight": (h, shape.ffn)})
+        shapes.update(ffn_tensor_shapes(p, h, shape.shared_ffn if shape.experts else shape.ffn, shape.experts,
+                                         shape.expert_ffn))
     return shapes
 
 
@@ -119,11 +114,6 @@ def hybrid_f32_tensors(shape: HybridShape) -> dict[str, tuple[int, ...]]:
         if shape.experts:
             out.update({p + "ffn_gate_inp.weight": (shape.experts, h), p + "ffn_gate_inp_shexp.weight": (h,)})
     return out
-
-
-def _more_bits(i: int, n: int) -> bool:
-    """llama.cpp's use_more_bits: the first and last eighth, and every third in between."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def hybrid_tensor_types(shape: HybridShape, mix: str) -> dict[str, str]:
@@ -148,9 +138,9 @@ def hybrid_tensor_types(shape: HybridShape, mix: str) -> dict[str, str]:
         elif kind == "attn_qkv":
             types[name] = "Q5_K"
         elif kind == "attn_v":
-            types[name] = "Q6_K" if _more_bits(attention.index(i), len(attention)) else "Q4_K"
+            types[name] = "Q6_K" if more_bits(attention.index(i), len(attention)) else "Q4_K"
         elif kind.startswith("ffn_down"):
-            types[name] = "Q6_K" if _more_bits(i, shape.layers) else "Q4_K"
+            types[name] = "Q6_K" if more_bits(i, shape.layers) else "Q4_K"
         else:
             types[name] = "Q4_K"
         if names[name][-1] % 256:  # rows that are no multiple of a K block

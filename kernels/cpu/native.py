@@ -229,6 +229,7 @@ SIGNATURES = {
     "qmm_gdn_rule_rows": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p,
                            _f32, _p, _p], None),  # qmm_gdn_rule's, then the state after every row
     "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
+    "qmm_ssd_rule": ([_p, _p, _p, _i64, _p, _p, _p, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
     "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i32, _i32, _i32, _p], None),
     "qmm_moe_matmul": ([_i32, _p, _p, _p, _p, _p, _i32, _p, _p, _p, _i32, _p, _p, _p, _i64], _i32),
@@ -829,6 +830,33 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     lib.qmm_gdn_gates(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), t, hv, A_log.data_ptr(),
                       dt_bias.data_ptr(), g.data_ptr(), beta.data_ptr())
     return g, beta
+
+
+def ssd_rule(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+             D: torch.Tensor, state: torch.Tensor, batch: DeltaBatch,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.torch.mamba2.ssd_scan in one native call, token by token for every batch (float32 y [T, H, P]), each
+    state updated in its slot; None when the library predates it or the inputs are not ones it takes (float32 x
+    [T, H, P] and B, C [T, G, N] of unit-stride heads whose rows share one stride: columns of one conv output)."""
+    lib = lib or library()
+    t, h, p = x.shape
+    g, n = B.shape[1:]
+    rows = all(a.dtype == torch.float32 and a.device.type == "cpu" and a.dim() == 3 and a.stride(2) == 1
+               and a.stride(1) == a.shape[2] and (t < 2 or a.stride(0) == x.stride(0)) for a in (x, B, C))
+    if lib is None or not rows or not _slot_pool(state):
+        return None
+    if C.shape != B.shape or B.shape[0] != t or dt.shape != (t, h) or h % g:
+        raise ValueError(f"shapes do not fit: x {tuple(x.shape)} dt {tuple(dt.shape)} B {tuple(B.shape)} "
+                         f"C {tuple(C.shape)}")
+    if tuple(state.shape[1:]) != (h, p, n):
+        raise ValueError(f"ssm state {tuple(state.shape)} must be [num_slots, {h}, {p}, {n}]")
+    batch.check_fits(t, state.shape[0])
+    dt, A, D = dt.float().contiguous(), A.float().reshape(-1).contiguous(), D.float().reshape(-1).contiguous()
+    y = torch.empty(t, h, p, dtype=torch.float32)
+    lib.qmm_ssd_rule(x.data_ptr(), B.data_ptr(), C.data_ptr(), x.stride(0) if t > 1 else h * p + 2 * g * n,
+                     dt.data_ptr(), A.data_ptr(), D.data_ptr(), h, p, n, g, batch.cu_seqlens.data_ptr(),
+                     batch.slots.numel(), state.data_ptr(), state.stride(0), batch.slots.data_ptr(), y.data_ptr())
+    return y
 
 
 def _heads(x: torch.Tensor) -> bool:

@@ -12,7 +12,7 @@ the projected dt plus its bias, A < 0 per head and B, C from head h's group:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -137,17 +137,20 @@ def gated_group_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
 
 def mamba2_mixer(zxbcdt: torch.Tensor, dims: Mamba2Dims, conv_weight: torch.Tensor, conv_bias: torch.Tensor | None,
                  dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, norm_weight: torch.Tensor | None,
-                 eps: float, conv_state: torch.Tensor, ssm_state: torch.Tensor, batch: "DeltaBatch") -> torch.Tensor:
+                 eps: float, conv_state: torch.Tensor, ssm_state: torch.Tensor, batch: "DeltaBatch",
+                 scan: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """A Mamba-2 mixer between its projections: zxbcdt [T, in_proj_dim] (in_proj's output) to the gated, normed
     y [T, H * P] (float32) that out_proj takes, continuing from and updating each sequence's conv and ssm states;
-    without a norm weight (Falcon-H1's `mamba_rms_norm` off) y * silu(z) alone."""
+    without a norm weight (Falcon-H1's `mamba_rms_norm` off) y * silu(z) alone. `scan`: the recurrence (ssd_scan's
+    signature; kernels.dispatch.ssd_scan picks the native one), ssd_scan by default."""
     d = dims
     z, xbc, dt = zxbcdt.float().split([d.inner, d.conv_dim, d.num_heads], dim=-1)
     xbc = F.silu(causal_conv1d(xbc, conv_weight, conv_state, batch, conv_bias))
     x, B, C = xbc.split([d.inner, d.n_groups * d.state_size, d.n_groups * d.state_size], dim=-1)
     dt = F.softplus(dt + dt_bias.float())
-    y = ssd_scan(x.unflatten(-1, (d.num_heads, d.head_dim)), dt, A, B.unflatten(-1, (d.n_groups, d.state_size)),
-                 C.unflatten(-1, (d.n_groups, d.state_size)), D, ssm_state, batch)
+    y = (scan or ssd_scan)(x.unflatten(-1, (d.num_heads, d.head_dim)), dt, A,
+                           B.unflatten(-1, (d.n_groups, d.state_size)), C.unflatten(-1, (d.n_groups, d.state_size)),
+                           D, ssm_state, batch)
     if norm_weight is None:
         return y.flatten(-2) * F.silu(z)
     return gated_group_rms_norm(y.flatten(-2), z, norm_weight, d.n_groups, eps)

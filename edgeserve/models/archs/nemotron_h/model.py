@@ -19,7 +19,7 @@ from functools import cached_property
 
 import torch
 
-from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm
+from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, ssd_scan
 from edgeserve.kernels.torch.mamba2 import Mamba2Dims, mamba2_mixer
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
@@ -97,7 +97,7 @@ def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor,
     states (`model.dims`: the layers' shape)."""
     conv_state, ssm_state = states.layer(index)
     y = mamba2_mixer(linear(h, w.in_proj, None, prompt_rows), model.dims, w.conv, w.conv_bias, w.dt_bias, w.A,
-                     w.D, w.norm, model.config.rms_norm_eps, conv_state, ssm_state, states.batch)
+                     w.D, w.norm, model.config.rms_norm_eps, conv_state, ssm_state, states.batch, ssd_scan)
     return linear(y if y.device.type == "cpu" else y.to(model.dtype), w.out_proj, None, prompt_rows)
 
 
