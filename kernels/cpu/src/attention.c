@@ -499,20 +499,18 @@ static void row_scores8(const float *q, const void *const *kp, size_t off, int D
 #define ROW_SCORES(NV, NK, BF)                                                                                         \
     for (int j = 0; j < 8; j += NK) row_scores(q, kp + j, off, D, BF, scale, s + j, ls, NV, NK);                       \
     break;
-    switch (nv * 4 + bf16) { /* bf16: KV_F32 (0), KV_BF16 (1) or KV_F16 (3) */
-    case 4: ROW_SCORES(1, 8, 0)
-    case 5: ROW_SCORES(1, 8, 1)
-    case 7: ROW_SCORES(1, 8, 3)
-    case 8: ROW_SCORES(2, 4, 0)
-    case 9: ROW_SCORES(2, 4, 1)
-    case 11: ROW_SCORES(2, 4, 3)
-    case 12: ROW_SCORES(3, 4, 0)
-    case 13: ROW_SCORES(3, 4, 1)
-    case 15: ROW_SCORES(3, 4, 3)
-    case 16: ROW_SCORES(4, 2, 0)
-    case 17: ROW_SCORES(4, 2, 1)
-    case 19: ROW_SCORES(4, 2, 3)
+/* nv vectors, NK keys a call, for each KV element type: KV_F32 (0), KV_BF16 (1) or KV_F16 (3) */
+#define EACH_KV(NV, NK)                                                                                                \
+    case 4 * NV: ROW_SCORES(NV, NK, 0)                                                                                 \
+    case 4 * NV + 1: ROW_SCORES(NV, NK, 1)                                                                             \
+    case 4 * NV + 3: ROW_SCORES(NV, NK, 3)
+    switch (nv * 4 + bf16) {
+    EACH_KV(1, 8)
+    EACH_KV(2, 4)
+    EACH_KV(3, 4)
+    EACH_KV(4, 2)
     }
+#undef EACH_KV
 #undef ROW_SCORES
 }
 

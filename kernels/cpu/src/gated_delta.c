@@ -212,6 +212,22 @@ static inline void prefetch_cols(const float *row, int n) {
     for (int c = 0; c < n; c += 16) __builtin_prefetch(row + c, 1, 3);
 }
 
+/* S[i][c] += k[i] * delta[c], then o[c] += S[i][c] * q[i], for rows i < Dk in order and columns c < n of a state
+   slice S whose rows are ld floats apart. */
+static inline __attribute__((always_inline)) void write_and_query(float *restrict S, int64_t ld, int Dk, int n,
+                                                                  const float *k, const float *q, const float *delta,
+                                                                  float *restrict o) {
+    for (int i = 0; i < Dk; i++) {
+        float *restrict row = S + (int64_t)i * ld;
+        const float ki = k[i], qi = q[i];
+        for (int c = 0; c < n; c++) {
+            const float r = row[c] + ki * delta[c];
+            row[c] = r;
+            o[c] += r * qi;
+        }
+    }
+}
+
 /* Columns c0 .. c0 + n - 1 of one (sequence, value head)'s state S [Dk, Dv] through all the sequence's tokens.
    A column of S evolves on its own (its delta, its output value), so a block of columns is a task: with n =
    COL_BLOCK its Dk x n floats stay in L1 and kv / o in registers. The write-and-query sweep of token t and the
@@ -262,15 +278,7 @@ static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int
                 }
             }
         } else { /* the last token: S += k delta^T; o = S^T q */
-            for (int i = 0; i < Dk; i++) {
-                float *restrict row = S + (int64_t)i * Dv;
-                const float ki = kc[i], qi = qc[i];
-                for (int c = 0; c < n; c++) {
-                    const float r = row[c] + ki * delta[c];
-                    row[c] = r;
-                    o[c] += r * qi;
-                }
-            }
+            write_and_query(S, Dv, Dk, n, kc, qc, delta, o);
         }
         memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv + c0, o, sizeof(float) * n);
     }
@@ -304,15 +312,7 @@ static void rule_head_token(const rule_t *a, int b, int h) {
         delta[c] = (v[c] - kv[c]) * beta;
         o[c] = 0.0f;
     }
-    for (int i = 0; i < Dk; i++) { /* S += k delta^T; o = S^T q */
-        float *restrict row = S + (int64_t)i * Dv;
-        const float ki = kn[i], qi = qn[i];
-        for (int c = 0; c < Dv; c++) {
-            const float r = row[c] + ki * delta[c];
-            row[c] = r;
-            o[c] += r * qi;
-        }
-    }
+    write_and_query(S, Dv, Dk, Dv, kn, qn, delta, o); /* S += k delta^T; o = S^T q */
     memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv, o, sizeof(float) * Dv);
 }
 

@@ -370,6 +370,18 @@ static inline __m512i bcast4z(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* The 32-bit lane sums over one activation block at qa (32 int8 values, 4 a lane group) of the 8 weight runs u:
+   sum over c of u[c] . qa[4c .. 4c + 3], in two chains (integers: the order does not change the sum). */
+static inline __attribute__((always_inline)) __m512i dpbusd8(const __m512i u[8], const int8_t *qa) {
+    __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], bcast4z(qa));
+    __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], bcast4z(qa + 4));
+    for (int c = 2; c < 8; c += 2) {
+        e = _mm512_dpbusd_epi32(e, u[c], bcast4z(qa + 4 * c));
+        f = _mm512_dpbusd_epi32(f, u[c + 1], bcast4z(qa + 4 * c + 4));
+    }
+    return _mm512_add_epi32(e, f);
+}
+
 /* Bands at w and w + band_bytes (rows n .. n + 15) against nr <= NX activation rows: out[r * ldo + i], i < 16. */
 static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t *w, int64_t band_bytes, int K,
                                                           act_t a, int nr, float *out, int64_t ldo) {
@@ -377,7 +389,8 @@ static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     const int nb = K / 32, gb = 8 * BLOCK_BYTES[fmt];
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-#define A4Z(r, b, c) bcast4z(a.qa + (r) * a.lda + (b) * 32 + 4 * (c))
+#define ROW(r, b) (a.qa + (r) * a.lda + (b) * 32) /* activation row r's block b */
+#define A4Z(r, b, c) bcast4z(ROW(r, b) + 4 * (c))
     if (fmt == F_Q8_0_X8) { /* dot_x8's VNNI Q8_0 path: weights offset to unsigned, 128 x the activation sum off */
         const __m512i x80 = _mm512_set1_epi8((char)0x80), n128 = _mm512_set1_epi16(128);
         for (int b = 0; b < nb; b++) {
@@ -388,14 +401,8 @@ static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t
             __m512i u[8];
             for (int c = 0; c < 8; c++) u[c] = _mm512_xor_si512(cat256(g0 + 16 + 32 * c, g1 + 16 + 32 * c), x80);
             for (int r = 0; r < nr; r++) {
-                __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], A4Z(r, b, 0));
-                __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], A4Z(r, b, 1));
-                for (int c = 2; c < 8; c += 2) {
-                    e = _mm512_dpbusd_epi32(e, u[c], A4Z(r, b, c));
-                    f = _mm512_dpbusd_epi32(f, u[c + 1], A4Z(r, b, c + 1));
-                }
                 const __m512i corr = _mm512_madd_epi16(bcast4z(a.sa + r * (a.lda / 16) + 2 * b), n128);
-                const __m512i i32 = _mm512_sub_epi32(_mm512_add_epi32(e, f), corr);
+                const __m512i i32 = _mm512_sub_epi32(dpbusd8(u, ROW(r, b)), corr);
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dv, _mm512_set1_ps(DA(r, b))), acc[r]);
                 PINZ(acc[r]);
             }
@@ -427,13 +434,7 @@ static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t
                     }
                 }
                 for (int r = 0; r < nr; r++) {
-                    __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], A4Z(r, b, 0));
-                    __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], A4Z(r, b, 1));
-                    for (int c = 2; c < 8; c += 2) {
-                        e = _mm512_dpbusd_epi32(e, u[c], A4Z(r, b, c));
-                        f = _mm512_dpbusd_epi32(f, u[c + 1], A4Z(r, b, c + 1));
-                    }
-                    const __m512i i32 = _mm512_mullo_epi32(_mm512_add_epi32(e, f), s32);
+                    const __m512i i32 = _mm512_mullo_epi32(dpbusd8(u, ROW(r, b)), s32);
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dv, _mm512_set1_ps(DA(r, b))), acc[r]);
                     acc[r] = _mm512_fmadd_ps(mnv, _mm512_set1_ps(FS(r, b)), acc[r]);
                     PINZ(acc[r]);
@@ -482,6 +483,7 @@ static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t
         }
     }
 #undef A4Z
+#undef ROW
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 
