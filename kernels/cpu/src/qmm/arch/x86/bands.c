@@ -333,6 +333,13 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
     for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * ldo, acc[r]);
 }
 
+/* M(F, NR) for NR = 1 .. 8: one specialization of a kernel per activation-row count */
+#define EACH_NR(M, F) M(F, 1) M(F, 2) M(F, 3) M(F, 4) M(F, 5) M(F, 6) M(F, 7) M(F, 8)
+/* format F's row of a table of those specializations, named NAME_F_NR */
+#define NR_ROW(NAME, F)                                                                                     \
+    [F] = {NAME##_##F##_1, NAME##_##F##_2, NAME##_##F##_3, NAME##_##F##_4,                                  \
+           NAME##_##F##_5, NAME##_##F##_6, NAME##_##F##_7, NAME##_##F##_8}
+
 #if defined(QMM_VNNI)
 /* ---- two _X8 bands (16 weight rows) in the 16 lanes of a 512-bit register (K-quants, VNNI builds) ----------
    Lanes 0-7 hold band n's rows, lanes 8-15 band n + 8's, so each broadcast of 4 activation bytes meets 16 weight rows
@@ -492,14 +499,12 @@ typedef void (*x16_fn)(const uint8_t *, int64_t, int, act_t, float *, int64_t);
     static void dot_x16_##F##_##NR(const uint8_t *w, int64_t bb, int K, act_t a, float *out, int64_t ldo) { \
         dot_x16(F, w, bb, K, a, NR, out, ldo);                                                              \
     }
-#define X16_FMT(F) X16_NR(F, 1) X16_NR(F, 2) X16_NR(F, 3) X16_NR(F, 4) X16_NR(F, 5) X16_NR(F, 6) X16_NR(F, 7) X16_NR(F, 8)
+#define X16_FMT(F) EACH_NR(X16_NR, F)
 X16_FMT(F_Q4_K_X8)
 X16_FMT(F_Q5_K_X8)
 X16_FMT(F_Q6_K_X8)
 X16_FMT(F_Q8_0_X8)
-#define X16_ROW(F)                                                                                          \
-    [F] = {dot_x16_##F##_1, dot_x16_##F##_2, dot_x16_##F##_3, dot_x16_##F##_4,                              \
-           dot_x16_##F##_5, dot_x16_##F##_6, dot_x16_##F##_7, dot_x16_##F##_8}
+#define X16_ROW(F) NR_ROW(dot_x16, F)
 static const x16_fn X16[N_FORMATS][NX] = {X16_ROW(F_Q4_K_X8), X16_ROW(F_Q5_K_X8), X16_ROW(F_Q6_K_X8),
                                           X16_ROW(F_Q8_0_X8)};
 #endif
@@ -517,7 +522,7 @@ typedef void (*x8_fn)(const uint8_t *, int, act_t, float *, int64_t);
     static void dot_x8_##F##_##NR(const uint8_t *band, int K, act_t a, float *out, int64_t ldo) {          \
         dot_x8(F, band, K, a, NR, out, ldo, X8_DPBUSD(NR));                                                 \
     }
-#define X8_FMT(F) X8_NR(F, 1) X8_NR(F, 2) X8_NR(F, 3) X8_NR(F, 4) X8_NR(F, 5) X8_NR(F, 6) X8_NR(F, 7) X8_NR(F, 8)
+#define X8_FMT(F) EACH_NR(X8_NR, F)
 X8_FMT(F_Q4_K_X8)
 X8_FMT(F_Q6_K_X8)
 X8_FMT(F_Q5_K_X8)
@@ -527,9 +532,7 @@ X8_FMT(F_Q8_0_X8)
 X8_FMT(F_Q5_0_X8)
 X8_FMT(F_Q5_1_X8)
 X8_FMT(F_MXFP4_X8)
-#define X8_ROW(F)                                                                                           \
-    [F] = {dot_x8_##F##_1, dot_x8_##F##_2, dot_x8_##F##_3, dot_x8_##F##_4,                                  \
-           dot_x8_##F##_5, dot_x8_##F##_6, dot_x8_##F##_7, dot_x8_##F##_8}
+#define X8_ROW(F) NR_ROW(dot_x8, F)
 static const x8_fn X8[N_FORMATS][NX] = {X8_ROW(F_Q4_K_X8), X8_ROW(F_Q6_K_X8), X8_ROW(F_Q5_K_X8), X8_ROW(F_Q4_0_X8),
                                         X8_ROW(F_Q4_1_X8), X8_ROW(F_Q8_0_X8), X8_ROW(F_Q5_0_X8), X8_ROW(F_Q5_1_X8),
                                         X8_ROW(F_MXFP4_X8)};
