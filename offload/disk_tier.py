@@ -27,6 +27,7 @@ import secrets
 import stat
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import json
@@ -47,6 +48,31 @@ _LAYOUT_DIR = re.compile(r"^[0-9a-f]{32}$")
 _BLOCK_NAME = re.compile(r"^[0-9a-f]{64}\.kv[bs]$")
 
 
+@dataclass
+class Records:
+    """One kind of file of a layout (KV blocks or state snapshots): those on disk by block hash, those known whole
+    (read back or written by this process), and the file name suffix."""
+
+    dir: Path
+    suffix: str
+    own: dict[bytes, Path] = field(default_factory=dict)
+    verified: set[bytes] = field(default_factory=set)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.own
+
+    def __len__(self) -> int:
+        return len(self.own)
+
+    def whole(self, block_hash: bytes) -> bool:
+        """Whether the record is on disk and known whole."""
+        return block_hash in self.verified and block_hash in self.own
+
+    def path(self, block_hash: bytes) -> Path:
+        """Where the record for `block_hash` lives (whether or not it exists)."""
+        return self.dir / f"{block_hash.hex()}{self.suffix}"
+
+
 class DiskTier:
     """KV blocks of one layout on disk, under a byte budget shared with the other layouts in `root`."""
 
@@ -60,10 +86,9 @@ class DiskTier:
         self.num_corrupt = 0
         self.used_bytes = 0
         self._files: OrderedDict[Path, int] = OrderedDict()  # every block file under root, LRU first -> size
-        self._own: dict[bytes, Path] = {}  # this layout's blocks
-        self._verified: set[bytes] = set()  # blocks read back whole or written by this process
-        self._own_states: dict[bytes, Path] = {}  # this layout's state snapshots (hybrid models), by block hash
-        self._verified_states: set[bytes] = set()
+        self._blocks = Records(self.dir, SUFFIX)  # this layout's blocks
+        # this layout's state snapshots (hybrid models): `h in states`, states.whole(h), states.path(h), len(states)
+        self.states = Records(self.dir, STATE_SUFFIX)
         self._skipped: set[Path] = set()  # block names held by something that is not a regular file
         self._warned_skipped = False
         try:
@@ -77,80 +102,55 @@ class DiskTier:
     # --- queries ---------------------------------------------------------
 
     def __contains__(self, block_hash: bytes) -> bool:
-        return block_hash in self._own
+        return block_hash in self._blocks
 
     def verified(self, block_hash: bytes) -> bool:
         """Whether the block is on disk and known whole (read back or written by this process)."""
-        return block_hash in self._verified and block_hash in self._own
+        return self._blocks.whole(block_hash)
 
     @property
     def num_blocks(self) -> int:
         """Blocks of this layout on disk (not yet verified)."""
-        return len(self._own)
+        return len(self._blocks)
 
     def path(self, block_hash: bytes) -> Path:
         """Where the block file for `block_hash` lives (whether or not it exists)."""
-        return self.dir / f"{block_hash.hex()}{SUFFIX}"
+        return self._blocks.path(block_hash)
 
     # --- reads and writes -------------------------------------------------
 
     def get(self, block_hash: bytes) -> DecodedBlock | None:
         """Read and verify a block; None when absent, unreadable or corrupt (a corrupt file is deleted)."""
-        return self._read(self._own, self._verified, block_hash, "KV block",
+        return self._read(self._blocks, block_hash, "KV block",
                           lambda data: decode(data, self.layout, block_hash))
 
     def put(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...], k, v) -> bool:
         """Store a block (evicting LRU files to stay in budget); False when it was not stored."""
         if not self.enabled:
             return False
-        path = self._own.get(block_hash)
-        if path is not None and (block_hash in self._verified or self.get(block_hash) is not None):
-            self._files.move_to_end(path)
-            return True  # already stored (a damaged copy was deleted by get(): this one replaces it)
-        return self._store(self._own, self._verified, block_hash, self.path(block_hash),
+        return self._store(self._blocks, block_hash, self.get,
                            lambda: encode(self.layout, block_hash, parent_hash, token_ids, k, v))
 
     # --- state snapshots (hybrid models) ------------------------------------
 
-    def has_state(self, block_hash: bytes) -> bool:
-        """Whether a state snapshot file for the block `block_hash` is on disk (not yet verified)."""
-        return block_hash in self._own_states
-
-    def state_verified(self, block_hash: bytes) -> bool:
-        """Whether the block's state snapshot is on disk and known whole."""
-        return block_hash in self._verified_states and block_hash in self._own_states
-
-    @property
-    def num_states(self) -> int:
-        """State snapshots of this layout on disk."""
-        return len(self._own_states)
-
-    def state_path(self, block_hash: bytes) -> Path:
-        """Where the state snapshot file for `block_hash` lives."""
-        return self.dir / f"{block_hash.hex()}{STATE_SUFFIX}"
-
     def get_state(self, block_hash: bytes) -> torch.Tensor | None:
         """Read and verify a state snapshot (uint8); None when absent, unreadable or corrupt (a corrupt file is
         deleted: the state is recomputed)."""
-        return self._read(self._own_states, self._verified_states, block_hash, "state snapshot",
+        return self._read(self.states, block_hash, "state snapshot",
                           lambda data: decode_state(data, self.layout, block_hash))
 
     def put_state(self, block_hash: bytes, data: torch.Tensor) -> bool:
         """Store a state snapshot (evicting LRU files to stay in budget); False when it was not stored."""
         if not self.enabled or not self.layout.state_format:
             return False
-        path = self._own_states.get(block_hash)
-        if path is not None and (block_hash in self._verified_states or self.get_state(block_hash) is not None):
-            self._files.move_to_end(path)
-            return True
-        return self._store(self._own_states, self._verified_states, block_hash, self.state_path(block_hash),
+        return self._store(self.states, block_hash, self.get_state,
                            lambda: encode_state(self.layout, block_hash, data))
 
     # --- one record, either kind ----------------------------------------------
 
-    def _read(self, own: dict[bytes, Path], verified: set[bytes], block_hash: bytes, what: str, decoder):
-        """Read a file of `own` and decode it with `decoder`; None when absent, unreadable or corrupt (deleted)."""
-        path = own.get(block_hash)
+    def _read(self, records: Records, block_hash: bytes, what: str, decoder):
+        """Read a file of `records` and decode it with `decoder`; None when absent, unreadable or corrupt (deleted)."""
+        path = records.own.get(block_hash)
         if path is None:
             return None
         try:
@@ -169,7 +169,7 @@ class DiskTier:
             log.warning("cannot read %s file %s (%s); it will be recomputed", what, path, e)
             self._forget(path, delete=not isinstance(e, FileNotFoundError))
             return None
-        verified.add(block_hash)
+        records.verified.add(block_hash)
         self._files.move_to_end(path)
         try:
             os.utime(path)  # LRU order survives a restart
@@ -177,8 +177,15 @@ class DiskTier:
             pass
         return found
 
-    def _store(self, own: dict[bytes, Path], verified: set[bytes], block_hash: bytes, path: Path, pieces_of) -> bool:
-        """Write the record `pieces_of()` makes at `path` (atomic, within budget); False when it was not stored."""
+    def _store(self, records: Records, block_hash: bytes, read, pieces_of) -> bool:
+        """Store the record `pieces_of()` makes for `block_hash` in `records` (atomic, within budget); True at once
+        when a whole copy is there already (known, or checked with `read`: a damaged one is deleted and replaced);
+        False when it was not stored."""
+        path = records.own.get(block_hash)
+        if path is not None and (block_hash in records.verified or read(block_hash) is not None):
+            self._files.move_to_end(path)
+            return True
+        path = records.path(block_hash)
         if path in self._skipped:
             return False
         pieces = pieces_of()
@@ -195,8 +202,8 @@ class DiskTier:
                 self._disable(e)
             return False
         self._files[path] = size
-        own[block_hash] = path
-        verified.add(block_hash)
+        records.own[block_hash] = path
+        records.verified.add(block_hash)
         self.used_bytes += size
         return True
 
@@ -293,7 +300,7 @@ class DiskTier:
 
     def _own_of(self, path: Path) -> dict[bytes, Path]:
         """The index a file of this layout belongs in: state snapshots or blocks."""
-        return self._own_states if path.suffix == STATE_SUFFIX else self._own
+        return (self.states if path.suffix == STATE_SUFFIX else self._blocks).own
 
     @staticmethod
     def _unlink(path: Path) -> None:

@@ -132,7 +132,7 @@ class TierManager:
             return CPU
         data = torch.empty(self.layout.state_nbytes, dtype=torch.uint8, pin_memory=self.host.pin_memory)
         pack_bytes(data, views)
-        on_disk = self.disk is not None and self.disk.state_verified(block_hash)
+        on_disk = self.disk is not None and self.disk.states.whole(block_hash)
         state = HostState(block_hash, data, on_disk=on_disk)
         self._stats.states_saved += 1
         evicted = self.host.put_state(state)
@@ -145,7 +145,7 @@ class TierManager:
 
     def has_state(self, block_hash: bytes) -> bool:
         """Whether a tier claims the state snapshot after block `block_hash` (a disk one is verified on load)."""
-        return self.host.has_state(block_hash) or (self.disk is not None and self.disk.has_state(block_hash))
+        return self.host.has_state(block_hash) or (self.disk is not None and block_hash in self.disk.states)
 
     def load_state(self, block_hash: bytes, views: list[torch.Tensor]) -> bool:
         """Copy the state snapshot after block `block_hash` into `views` (the tensors `save_state` took), verified;
@@ -216,7 +216,8 @@ class TierManager:
         s = OffloadStats(**vars(self._stats))
         s.host_blocks, s.host_bytes, s.host_states = self.host.num_blocks, self.host.used_bytes, self.host.num_states
         if self.disk is not None:
-            s.disk_blocks, s.disk_bytes, s.disk_states = self.disk.num_blocks, self.disk.used_bytes, self.disk.num_states
+            s.disk_blocks, s.disk_bytes = self.disk.num_blocks, self.disk.used_bytes
+            s.disk_states = len(self.disk.states)
             s.corrupt_blocks, s.disk_enabled = self.disk.num_corrupt, self.disk.enabled
         return s
 
@@ -226,7 +227,7 @@ class TierManager:
         """Whether a host entry's copy on disk is still there."""
         if not entry.on_disk or self.disk is None:
             return False
-        return self.disk.has_state(entry.block_hash) if isinstance(entry, HostState) else entry.block_hash in self.disk
+        return entry.block_hash in self.disk.states if isinstance(entry, HostState) else entry.block_hash in self.disk
 
     def _demote(self, entry: Entry) -> bool:
         """Move a block or state the host tier let go of down to disk (once); True if it is on disk."""

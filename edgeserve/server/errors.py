@@ -46,6 +46,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def model_not_supported(model_id: str, why: str) -> APIError:
+    """A 400 on the `model` field: model `model_id` cannot serve this endpoint (`why` follows its name)."""
+    return bad_request(f"model {model_id!r} {why}", "model", "model_not_supported")
+
+
 def from_exception(exc: BaseException, request_id: str = "") -> APIError:
     """Map any exception raised while handling a request to the APIError the client sees."""
     from edgeserve.engine.async_engine import PromptTooLongError

@@ -92,11 +92,11 @@ def test_a_restart_finds_the_states_and_damaged_or_foreign_ones_are_misses(tmp_p
     files = sorted(tm.disk.dir.glob(f"*{STATE_SUFFIX}"))
     assert len(files) == 3
     # damage: a flipped payload byte in block 0's state, block 1's state removed
-    path0 = tm.disk.state_path(chain[0][0])
+    path0 = tm.disk.states.path(chain[0][0])
     data = bytearray(path0.read_bytes())
     data[-5] ^= 0x40
     path0.write_bytes(bytes(data))
-    tm.disk.state_path(chain[1][0]).unlink()
+    tm.disk.states.path(chain[1][0]).unlink()
     again = TierManager(HYBRID, host_bytes=BIG, disk_root=tmp_path, disk_bytes=BIG)
     assert again.stats().disk_states == 2  # the removed one is gone; the start-up check reads no payload
     fresh = pool_with_states(seed=1)
@@ -123,7 +123,7 @@ def test_a_state_file_renamed_onto_another_hash_is_refused(tmp_path):
     tm = TierManager(HYBRID, host_bytes=0, disk_root=tmp_path, disk_bytes=BIG)
     off = bridge(tm, pool)
     off.offer_state(0, chain[0][0])
-    tm.disk.state_path(chain[0][0]).rename(tm.disk.state_path(chain[1][0]))
+    tm.disk.states.path(chain[0][0]).rename(tm.disk.states.path(chain[1][0]))
     again = TierManager(HYBRID, host_bytes=0, disk_root=tmp_path, disk_bytes=BIG)
     assert again.has_state(chain[1][0])
     assert not bridge(again, pool).fetch_state(chain[1][0], 1) and again.stats().corrupt_blocks == 1

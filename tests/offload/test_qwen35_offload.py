@@ -277,7 +277,7 @@ def test_a_damaged_block_under_a_good_state_is_recomputed_identically(gguf_path:
     for i in range(3):
         parent = block_hash(parent, conversation[i * BS:(i + 1) * BS])
         paths.append(disk.path(parent))
-    assert all(p.exists() for p in paths) and disk.state_path(parent).exists()
+    assert all(p.exists() for p in paths) and disk.states.path(parent).exists()
     data = bytearray(paths[1].read_bytes())
     data[-3] ^= 0x10
     paths[1].write_bytes(bytes(data))

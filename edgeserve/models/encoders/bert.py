@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -381,6 +381,18 @@ def read_folder_weights(folder: Path, dev: torch.device, dtype: torch.dtype) -> 
     return weights
 
 
+def read_encoder_folder(source: Any, read_config: Callable[[Path], EncoderConfig], device: str,
+                        dtype: str) -> tuple[Path, EncoderConfig, torch.device, dict[str, torch.Tensor]]:
+    """(folder, its config by `read_config`, the resolved device, its safetensors weights on that device in the
+    encoder dtype) for an encoder folder `source`."""
+    from edgeserve.device import resolve_device
+
+    folder = Path(source.path)
+    cfg = read_config(folder)
+    dev = resolve_device(device)
+    return folder, cfg, dev, read_folder_weights(folder, dev, encoder_dtype(dtype, dev))
+
+
 def folder_encoder(source: Any, cfg: EncoderConfig, model: BertEncoder, dev: torch.device,
                    start: float) -> LoadedEncoder:
     """The LoadedEncoder of a folder's `model`, with the folder's tokenizer.json (padding and truncation off)."""
@@ -404,13 +416,8 @@ def folder_encoder(source: Any, cfg: EncoderConfig, model: BertEncoder, dev: tor
 
 def load_encoder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
     """Load a BERT-family sentence encoder from a Hugging Face folder (float32 on the CPU, fp16/bf16 on CUDA)."""
-    from edgeserve.device import resolve_device
-
     start = time.monotonic()
-    folder = Path(source.path)
-    cfg = encoder_config(folder)
-    dev = resolve_device(device)
-    weights = read_folder_weights(folder, dev, encoder_dtype(dtype, dev))
+    folder, cfg, dev, weights = read_encoder_folder(source, encoder_config, device, dtype)
     offset = position_offset(_json(folder / "config.json") or {})
     if offset and "embeddings.position_embeddings.weight" in weights:  # RoBERTa: position 0 is row pad_token_id + 1
         weights["embeddings.position_embeddings.weight"] = weights["embeddings.position_embeddings.weight"][offset:]

@@ -126,15 +126,8 @@ def load_decoder_reranker(source: Any, device: str = "cpu", dtype: str = "auto",
     start = time.monotonic()
     gguf = GGUFFile(source.path)
     lm = load_model(source, dtype=dtype, device=device, dense_prefill="off")
-    c = lm.config
     head = rank_head(gguf, str(gguf.metadata.get("general.architecture")), lm.model.device)
-    limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
-    cfg = DecoderEmbedConfig(c.vocab_size, c.hidden_size, limit, "lasttoken", normalize=False)
-    out = LoadedDecoderReranker(lm.name or source.path.stem, source, cfg, lm.model, lm.tokenizer, None,
-                                lm.model.device, 0.0, head=head)
-    out.load_seconds = time.monotonic() - start
-    log.info("loaded decoder reranker %s: max %d tokens, in %.2fs", out.name, limit, out.load_seconds)
-    return out
+    return _loaded_reranker(source, lm, lm.name or source.path.stem, max_len, start, "", head=head)
 
 
 def answer_ids(folder: Path, tokenizer: Any) -> tuple[int, int]:
@@ -161,11 +154,18 @@ def load_hf_decoder_reranker(source: Any, device: str = "cpu", dtype: str = "aut
     start = time.monotonic()
     folder = Path(source.path)
     lm = load_model(source, dtype=dtype, device=device, dense_prefill="off")
+    return _loaded_reranker(source, lm, lm.name or folder.name, max_len, start, " folder",
+                            label_ids=answer_ids(folder, lm.tokenizer))
+
+
+def _loaded_reranker(source: Any, lm: Any, name: str, max_len: int | None, start: float, kind: str,
+                     **scoring: Any) -> LoadedDecoderReranker:
+    """The LoadedDecoderReranker over the loaded decoder `lm` (context capped at `max_len`), scoring with
+    `scoring` (head= or label_ids=); logs the load time since `start` (`kind`: " folder" for a folder)."""
     c = lm.config
     limit = min(c.max_position_embeddings, max_len) if max_len else c.max_position_embeddings
     cfg = DecoderEmbedConfig(c.vocab_size, c.hidden_size, limit, "lasttoken", normalize=False)
-    out = LoadedDecoderReranker(lm.name or folder.name, source, cfg, lm.model, lm.tokenizer, None, lm.model.device,
-                                0.0, label_ids=answer_ids(folder, lm.tokenizer))
+    out = LoadedDecoderReranker(name, source, cfg, lm.model, lm.tokenizer, None, lm.model.device, 0.0, **scoring)
     out.load_seconds = time.monotonic() - start
-    log.info("loaded decoder reranker folder %s: max %d tokens, in %.2fs", out.name, limit, out.load_seconds)
+    log.info("loaded decoder reranker%s %s: max %d tokens, in %.2fs", kind, out.name, limit, out.load_seconds)
     return out

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.models.encoders.bert import (NOMIC_MODEL_TYPE, EncoderConfig, LoadedEncoder, _json, encoder_dtype,
-                                   folder_encoder, read_folder_weights, sentence_settings)
+from edgeserve.models.encoders.bert import (NOMIC_MODEL_TYPE, EncoderConfig, LoadedEncoder, _json, folder_encoder,
+                                   read_encoder_folder, sentence_settings)
 from edgeserve.models.encoders.nomic_bert import NomicBertEncoder
 
 # config fields whose other values describe a model NomicBertEncoder does not compute
@@ -96,11 +96,6 @@ def nomic_weights(raw: dict[str, torch.Tensor], folder: Path) -> dict[str, torch
 
 def load_nomic_folder(source: Any, device: str = "cpu", dtype: str = "auto") -> LoadedEncoder:
     """Load a nomic-bert sentence encoder from a Hugging Face folder (float32 on the CPU, fp16 on accelerators)."""
-    from edgeserve.device import resolve_device
-
     start = time.monotonic()
-    folder = Path(source.path)
-    cfg = nomic_config(folder)
-    dev = resolve_device(device)
-    weights = nomic_weights(read_folder_weights(folder, dev, encoder_dtype(dtype, dev)), folder)
-    return folder_encoder(source, cfg, NomicBertEncoder(cfg, weights), dev, start)
+    folder, cfg, dev, weights = read_encoder_folder(source, nomic_config, device, dtype)
+    return folder_encoder(source, cfg, NomicBertEncoder(cfg, nomic_weights(weights, folder)), dev, start)

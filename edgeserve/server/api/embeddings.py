@@ -23,7 +23,7 @@ from starlette.routing import Route
 from edgeserve.server.body import read_request
 from edgeserve.server.config import UNSET
 from edgeserve.server.disconnect import unless_disconnected
-from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.errors import APIError, bad_request, model_not_supported
 from edgeserve.server.fields import boolean, keep_alive, model_name, positive_integer, reject_unknown
 from edgeserve.server.state import api_errors, server_state
 
@@ -121,12 +121,10 @@ async def embed(request: Request, model: str, inputs: list[str | list[int]], *, 
     try:
         engine, lm = lease.engine, lease.lm
         if not getattr(engine, "is_embedding", False):
-            raise APIError(400, f"model {lease.entry.id!r} is not an embedding model: it generates text, and its "
-                           "file names no pooling (a GGUF's <arch>.pooling_type); serve one such as all-minilm",
-                           "invalid_request_error", "model", "model_not_supported")
+            raise model_not_supported(lease.entry.id, "is not an embedding model: it generates text, and its file "
+                                      "names no pooling (a GGUF's <arch>.pooling_type); serve one such as all-minilm")
         if getattr(lm, "is_reranker", False):
-            raise APIError(400, f"model {lease.entry.id!r} is a reranker: use /v1/rerank", "invalid_request_error",
-                           "model", "model_not_supported")
+            raise model_not_supported(lease.entry.id, "is a reranker: use /v1/rerank")
         hidden = lm.config.hidden_size
         if dimensions is not None and dimensions > hidden:
             raise bad_request(f"dimensions must be at most {hidden} for {lease.entry.id!r}, got {dimensions}",

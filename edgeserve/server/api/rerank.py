@@ -24,7 +24,7 @@ from starlette.routing import Route
 from edgeserve.server.api.embeddings import MAX_INPUTS, tokenize_off_loop_if_large
 from edgeserve.server.body import read_request
 from edgeserve.server.disconnect import unless_disconnected
-from edgeserve.server.errors import APIError, bad_request
+from edgeserve.server.errors import APIError, bad_request, model_not_supported
 from edgeserve.server.fields import boolean, model_name, positive_integer
 from edgeserve.server.state import api_errors, server_state
 
@@ -82,9 +82,8 @@ async def score_pairs(request: Request, model: str, pairs: list[tuple[str, str]]
     try:
         lm, engine = lease.lm, lease.engine
         if not getattr(lm, "is_reranker", False):
-            raise APIError(400, f"model {lease.entry.id!r} is not a reranker: serve a cross-encoder (a GGUF with "
-                           "pooling type rank, or a *ForSequenceClassification folder) such as bge-reranker",
-                           "invalid_request_error", "model", "model_not_supported")
+            raise model_not_supported(lease.entry.id, "is not a reranker: serve a cross-encoder (a GGUF with pooling "
+                                      "type rank, or a *ForSequenceClassification folder) such as bge-reranker")
         chars = sum(len(q) + len(d) for q, d in pairs)
         seqs = await tokenize_off_loop_if_large(_pairs, chars, lm, pairs, truncate, param)
         scores = relevance(await unless_disconnected(request, engine.embed(seqs))).tolist()

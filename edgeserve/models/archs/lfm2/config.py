@@ -94,23 +94,35 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
     """An LFM2 / LFM2-MoE ModelConfig from llama.cpp's `lfm2.*` / `lfm2moe.*` metadata (per-layer KV heads, 0 on
     the conv layers)."""
     key = gguf_key(metadata, arch)
-    layers, hidden = int(key("block_count")), int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    kv = key("attention.head_count_kv")
-    kv = [int(kv)] * layers if isinstance(kv, (int, float)) else [int(n) for n in kv]
+    layers = int(key("block_count"))
+    kv = gguf_kv_heads(key, layers)
     if len(kv) != layers or not any(kv):
         raise ModelLoadError(f"{arch}.attention.head_count_kv {kv} does not fit {layers} layers with attention")
     if len({n for n in kv if n}) != 1:
         raise UnsupportedModelError(f"{arch} with attention layers of different KV heads {kv} is not supported")
     if int(metadata.get(f"{arch}.attention.sliding_window") or 0):
         raise UnsupportedModelError(f"a sliding-window {arch} GGUF (an audio tokenizer) is not supported")
-    vocab = gguf_vocab_size(metadata, arch)
-    return ModelConfig(
+    return ModelConfig(**gguf_conv_fields(arch, metadata, tensor_names, kv), **_moe_from_gguf(arch, key))
+
+
+def gguf_kv_heads(key, layers: int) -> list[int]:
+    """Per-layer KV heads from `attention.head_count_kv` (one number for all layers, or a list; 0 on conv layers).
+    `key` is the file's gguf_key reader."""
+    kv = key("attention.head_count_kv")
+    return [int(kv)] * layers if isinstance(kv, (int, float)) else [int(n) for n in kv]
+
+
+def gguf_conv_fields(arch: str, metadata: Mapping[str, Any], tensor_names: set[str], kv: list[int]) -> dict[str, Any]:
+    """The ModelConfig fields an LFM2-family GGUF (LFM2, LFM2-MoE, LFM3) gives alike, for the per-layer KV heads
+    `kv` (0 on the short-conv layers): sizes, norms, the global RoPE base, tied embeddings, QK norms, conv state."""
+    key = gguf_key(metadata, arch)
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    return dict(
         architecture=arch,
-        vocab_size=int(vocab),
+        vocab_size=gguf_vocab_size(metadata, arch),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_layers=layers,
+        num_layers=len(kv),
         num_heads=heads,
         num_kv_heads=max(kv),
         head_dim=int(metadata.get(f"{arch}.attention.key_length") or hidden // heads),
@@ -121,7 +133,6 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
         qk_norm=True,
         linear_layers=tuple(n == 0 for n in kv),
         state_kind=short_conv_kind(int(key("shortconv.l_cache")), hidden),
-        **_moe_from_gguf(arch, key),
     )
 
 

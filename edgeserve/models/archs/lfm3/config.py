@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from edgeserve.engine.state_pool import short_conv_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
-from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size
+from edgeserve.models.archs.lfm2.config import gguf_conv_fields, gguf_kv_heads
+from edgeserve.models.config import ModelConfig, gguf_key
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 _DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
@@ -90,10 +91,8 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
     """An LFM3 ModelConfig from our `lfm3.*` metadata (per-layer KV heads, 0 on the conv layers; the sliding
     pattern). The global layers' proportional RoPE is the file's `rope_freqs.weight` (the model reads it)."""
     key = gguf_key(metadata, arch)
-    layers, hidden = int(key("block_count")), int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    kv = key("attention.head_count_kv")
-    kv = [int(kv)] * layers if isinstance(kv, (int, float)) else [int(n) for n in kv]
+    layers = int(key("block_count"))
+    kv = gguf_kv_heads(key, layers)
     if len(kv) != layers or not any(kv) or len({n for n in kv if n}) != 1:
         raise ModelLoadError(f"{arch}.attention.head_count_kv {kv} does not fit {layers} layers of one KV width")
     pattern = list(metadata.get(f"{arch}.attention.sliding_window_pattern") or [False] * layers)
@@ -101,22 +100,8 @@ def config_from_gguf(arch: str, metadata: Mapping[str, Any], tensor_names: set[s
         raise ModelLoadError(f"{arch}.attention.sliding_window_pattern lists {len(pattern)} layers, not {layers}")
     types = ["conv" if not n else SLIDING if p else FULL for n, p in zip(kv, pattern)]
     return ModelConfig(
-        architecture=arch,
-        vocab_size=gguf_vocab_size(metadata, arch),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=max(kv),
-        head_dim=int(metadata.get(f"{arch}.attention.key_length") or hidden // heads),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(key("rope.freq_base", 1_000_000.0)),
+        **gguf_conv_fields(arch, metadata, tensor_names, kv),
         rope_local_theta=float(key("rope.freq_base_swa", 10_000.0)),
-        max_position_embeddings=int(key("context_length", 128_000)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        qk_norm=True,
         sandwich_norms="blk.0.post_attention_norm.weight" in tensor_names,
         layer_windows=_windows(types, int(metadata.get(f"{arch}.attention.sliding_window") or 0)),
-        linear_layers=tuple(t == "conv" for t in types),
-        state_kind=short_conv_kind(int(key("shortconv.l_cache")), hidden),
     )
