@@ -90,14 +90,24 @@ def against_this_checkout(revs: list[str], cmd: list[str], rounds: int, show) ->
             remove_worktree(tree, here)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", help="git revision to compare with (side A); this checkout is side B")
+def alternation_parser(description: str, against_help: str, rounds: int, tokens: int, batch: str,
+                       repeats_help: str) -> argparse.ArgumentParser:
+    """The options of a script here that runs itself (--side) in trees of other revisions (--against) through
+    against_this_checkout: --against, --side, --rounds, --tokens, --batch, --repeats, with these defaults and helps.
+    (Here, not in edgeserve: a --side run imports the other revision's edgeserve, which may lack it.)"""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--against", help=against_help)
     ap.add_argument("--side", action="store_true", help="measure the importable edgeserve only, print JSON")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--batch", default="1,4")
-    ap.add_argument("--repeats", type=int, default=3, help="generations per batch size in one process")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--batch", default=batch)
+    ap.add_argument("--repeats", type=int, default=3, help=repeats_help)
+    return ap
+
+
+def main() -> None:
+    ap = alternation_parser(__doc__.splitlines()[0], "git revision to compare with (side A); this checkout is side B",
+                            rounds=4, tokens=48, batch="1,4", repeats_help="generations per batch size in one process")
     ap.add_argument("--model", default="smollm2-135m", help="model name or GGUF path")
     ap.add_argument("--count-ops", action="store_true", help="only count aten ops per batch-1 decode step")
     args = ap.parse_args()

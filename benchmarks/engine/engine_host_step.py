@@ -14,7 +14,6 @@ stop strings: inside the step now, by the caller before); the median step is rep
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -111,23 +110,19 @@ def side(batches: list[int], contexts: list[int], tokens: int, repeats: int) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", help="git revisions to compare with, comma-separated; this checkout is the last side")
-    ap.add_argument("--side", action="store_true", help="measure the importable edgeserve only, print JSON")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--batch", default="1,8,32")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_step import against_this_checkout, alternation_parser
+
+    ap = alternation_parser(__doc__.splitlines()[0],
+                            "git revisions to compare with, comma-separated; this checkout is the last side",
+                            rounds=3, tokens=24, batch="1,8,32", repeats_help="generations per point in one process")
     ap.add_argument("--context", default="256,8192")
-    ap.add_argument("--repeats", type=int, default=3, help="generations per point in one process")
     args = ap.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     contexts = [int(c) for c in args.context.split(",")]
     if args.side or not args.against:
         print(json.dumps(side(batches, contexts, args.tokens, args.repeats)))
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_step import against_this_checkout
-
     cmd = [sys.executable, __file__, "--side", "--tokens", str(args.tokens), "--batch", args.batch,
            "--context", args.context, "--repeats", str(args.repeats)]
     results = against_this_checkout(args.against.split(","), cmd, args.rounds,

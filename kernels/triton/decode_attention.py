@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.kernels.triton.paged_tiles import tile_scores, tile_values, token_offsets
+from edgeserve.kernels.triton.paged_tiles import paged_inputs, tile_scores, tile_values, token_offsets
 from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
-from edgeserve.kernels.formats.kv_quant import is_fp8
 
 BLOCK_N = 16  # tokens per inner step (tl.dot needs >= 16 on the GPU)
 TARGET_PROGRAMS = 256  # stage-1 programs to aim for when choosing the split count
@@ -123,40 +122,34 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `window`: a sliding-window layer, attending to the last `window` tokens only.
     `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
-    nb, bs, nkv, _ = k_cache.shape
-    t, nh, d = q.shape
-    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
-    kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
-    batch = seq_lens.shape[0]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q, dims = paged_inputs(q, k_cache, seq_lens)
     if out is None:
         out = torch.empty_like(q)
-    if batch == 0:
+    if dims.batch == 0:
         return out
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV pool must be contiguous")
-    group = nh // nkv
-    scale = d ** -0.5 if scale is None else scale
-    per_split = tokens_per_split or choose_tokens_per_split(batch, nkv, max_seq_len)
+    group = dims.heads // dims.num_kv_heads
+    scale = dims.head_dim ** -0.5 if scale is None else scale
+    per_split = tokens_per_split or choose_tokens_per_split(dims.batch, dims.num_kv_heads, max_seq_len)
     n_splits = max(1, triton.cdiv(max_seq_len, per_split))
-    part_o = torch.empty(batch, nh, n_splits, d, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(batch, nh, n_splits, dtype=torch.float32, device=q.device)
-    block_d = max(16, next_pow2(d))
-    _decode_split_kernel[(batch, nkv, n_splits)](
+    part_o = torch.empty(dims.batch, dims.heads, n_splits, dims.head_dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(dims.batch, dims.heads, n_splits, dtype=torch.float32, device=q.device)
+    block_d = max(16, next_pow2(dims.head_dim))
+    _decode_split_kernel[(dims.batch, dims.num_kv_heads, n_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, part_o, part_lse,
-        scale * 1.4426950408889634, bs, window or 0,
+        scale * 1.4426950408889634, dims.block_size, window or 0,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         per_split,
-        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(kv_dtype), PRECISION=dot_precision(kv_dtype), FP8=fp8,
+        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=dims.head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+        DOT=dot_dtype(dims.kv_dtype), PRECISION=dot_precision(dims.kv_dtype), FP8=dims.fp8,
     )
-    _decode_reduce_kernel[(batch, nh)](
+    _decode_reduce_kernel[(dims.batch, dims.heads)](
         part_o, part_lse, out, seq_lens, query_start_loc, part_lse if sinks is None else sinks.float().contiguous(),
         per_split,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=next_pow2(n_splits), HAS_SINKS=sinks is not None,
+        HEAD_DIM=dims.head_dim, BLOCK_D=block_d, BLOCK_S=next_pow2(n_splits), HAS_SINKS=sinks is not None,
     )
     return out

@@ -1,10 +1,40 @@
 """Triton pieces the paged attention kernels (decode_attention, prefill_attention) share: gathering a tile of
 tokens through the block table, their scores against the query tile, and the online-softmax update of the
-accumulator by their values (fp8 rows weighed by their scales, kernels.formats.kv_quant)."""
+accumulator by their values (fp8 rows weighed by their scales, kernels.formats.kv_quant); and, on the host, the
+shapes both launchers read off their inputs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
+from edgeserve.kernels.formats.kv_quant import is_fp8
 from edgeserve.kernels.triton.runtime import tl, triton
+
+
+@dataclass(frozen=True)
+class PagedShapes:
+    """What a paged attention launch reads off q [T, H, D] and the KV pool [blocks, block_size, KV heads, row]."""
+    block_size: int
+    num_kv_heads: int
+    tokens: int
+    heads: int
+    head_dim: int
+    batch: int  # sequences (seq_lens' length)
+    fp8: bool  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
+    kv_dtype: torch.dtype  # what K/V are computed in
+
+
+def paged_inputs(q: torch.Tensor, k_cache: torch.Tensor,
+                 seq_lens: torch.Tensor) -> tuple[torch.Tensor, PagedShapes]:
+    """(q with a unit stride in its last dim, the launch's PagedShapes)."""
+    _, bs, nkv, _ = k_cache.shape
+    t, nh, d = q.shape
+    fp8 = is_fp8(k_cache)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return q, PagedShapes(bs, nkv, t, nh, d, seq_lens.shape[0], fp8, q.dtype if fp8 else k_cache.dtype)
 
 
 @triton.jit

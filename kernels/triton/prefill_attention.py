@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from edgeserve.kernels.triton.runtime import dot_dtype, dot_precision, next_pow2, tl, triton
-from edgeserve.kernels.triton.paged_tiles import tile_scores, tile_values, token_offsets
-from edgeserve.kernels.formats.kv_quant import is_fp8
+from edgeserve.kernels.triton.paged_tiles import paged_inputs, tile_scores, tile_values, token_offsets
 
 BLOCK_M = 16
 BLOCK_N = 16
@@ -87,26 +86,21 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     The K/V of this step's tokens must already be in the pool. `window`: each row sees only its last `window` keys.
     `sinks`: float32 [H] attention sinks, one logit per head added to its softmax's denominator.
     """
-    nb, bs, nkv, _ = k_cache.shape
-    t, nh, d = q.shape
-    fp8 = is_fp8(k_cache)  # e4m3 rows with a float32 scale after each (kernels.formats.kv_quant)
-    kv_dtype = q.dtype if fp8 else k_cache.dtype  # what K/V are computed in
-    batch = seq_lens.shape[0]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q, dims = paged_inputs(q, k_cache, seq_lens)
     out = torch.empty_like(q)
-    if batch == 0 or t == 0:
+    if dims.batch == 0 or dims.tokens == 0:
         return out
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV pool must be contiguous")
-    scale = d ** -0.5 if scale is None else scale
-    grid = (batch, nh, triton.cdiv(max_query_len, BLOCK_M))
+    scale = dims.head_dim ** -0.5 if scale is None else scale
+    grid = (dims.batch, dims.heads, triton.cdiv(max_query_len, BLOCK_M))
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        out if sinks is None else sinks.float().contiguous(), scale * 1.4426950408889634, bs,
+        out if sinks is None else sinks.float().contiguous(), scale * 1.4426950408889634, dims.block_size,
         window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=nh // nkv, HEAD_DIM=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT=dot_dtype(kv_dtype), PRECISION=dot_precision(kv_dtype), HAS_SINKS=sinks is not None, FP8=fp8,
+        GROUP=dims.heads // dims.num_kv_heads, HEAD_DIM=dims.head_dim, BLOCK_D=max(16, next_pow2(dims.head_dim)),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DOT=dot_dtype(dims.kv_dtype), PRECISION=dot_precision(dims.kv_dtype),
+        HAS_SINKS=sinks is not None, FP8=dims.fp8,
     )
     return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_utils import DEVICES, assert_close, kernel_device
-from support.quant_checks import assert_linear_keeps_leading_dims_and_bias, assert_triton_matches_twin
+from support.quant_checks import (assert_linear_keeps_leading_dims_and_bias, assert_repacked_matches_twin,
+                                  twin_cases)
 
 from edgeserve.kernels import dispatch
 from edgeserve.kernels.formats.quant_linear import Q4Blocks
@@ -41,13 +42,10 @@ def test_repack_round_trip():
 SHAPES = [(1, 67, 96, 32), (3, 40, 256, 128), (4, 33, 128, 64), (5, 67, 96, 32), (33, 70, 128, 32), (70, 19, 64, 32)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("m,n,k,group", SHAPES)
+@twin_cases(SHAPES)
 def test_w4a16_matches_twin(device, dtype, m, n, k, group):
-    device = kernel_device(device)
-    w = repack_q4(q4_blocks(n, k, group, seed=m), dtype, device)
-    assert_triton_matches_twin(w, m, dtype, device, dispatch.w4a16_matmul, w4a16_matmul)
+    assert_repacked_matches_twin(q4_blocks(n, k, group, seed=m), repack_q4, device, dtype, m, dispatch.w4a16_matmul,
+                                 w4a16_matmul)
 
 
 @pytest.mark.parametrize("device", DEVICES)

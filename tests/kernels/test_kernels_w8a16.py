@@ -8,7 +8,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 from kernel_utils import DEVICES, assert_close, kernel_device
-from support.quant_checks import assert_linear_keeps_leading_dims_and_bias, assert_triton_matches_twin
+from support.quant_checks import (assert_linear_keeps_leading_dims_and_bias, assert_repacked_matches_twin,
+                                  twin_cases)
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.kernels import dispatch
@@ -65,13 +66,10 @@ SHAPES = [(1, 67, 96, 32), (3, 40, 256, 32), (4, 33, 128, 64), (1, 24, 512, 256)
           (17, 70, 160, 32), (33, 19, 512, 256), (70, 24, 64, 32)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("m,n,k,group", SHAPES)
+@twin_cases(SHAPES)
 def test_w8a16_matches_twin(device, dtype, m, n, k, group):
-    device = kernel_device(device)
-    w = repack_q8(q8_random(n, k, group, seed=m), dtype, device)
-    assert_triton_matches_twin(w, m, dtype, device, dispatch.w8a16_matmul, w8a16_matmul)
+    assert_repacked_matches_twin(q8_random(n, k, group, seed=m), repack_q8, device, dtype, m, dispatch.w8a16_matmul,
+                                 w8a16_matmul)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,6 +7,7 @@ Screenshots at desktop and phone width go to $EDGESERVE_TEST_OUTPUT/chat_page (d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -116,15 +117,28 @@ def _scripted(page, reply_for):
     return bodies
 
 
-def _open(browser, url, **context_args):
+@contextlib.contextmanager
+def _context(browser, **context_args):
+    """A new browser context, closed on leaving."""
     context = browser.new_context(**context_args)
-    page = context.new_page()
-    errors: list[str] = []  # script errors and Content-Security-Policy violations
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
-    page.goto(url + "/")
-    page.wait_for_selector("#model option", state="attached")
-    return context, page, errors
+    try:
+        yield context
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
+def _open(browser, url, **context_args):
+    """The chat page at `url`, loaded in a new context (closed on leaving); yields (page, its script errors and
+    Content-Security-Policy violations)."""
+    with _context(browser, **context_args) as context:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
+        page.goto(url + "/")
+        page.wait_for_selector("#model option", state="attached")
+        yield page, errors
 
 
 def _send(page, text):
@@ -164,8 +178,7 @@ def test_chat_page_is_served(tmp_path):
 
 
 def test_chat_page_streams_a_reply_multi_turn(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         requests = []
         page.on("request", lambda r: requests.append(r.post_data) if r.url.endswith("/chat/completions") else None)
         assert page.locator("#model option").first.get_attribute("value") == "tiny"
@@ -189,13 +202,10 @@ def test_chat_page_streams_a_reply_multi_turn(browser, server):
             f"{chat['messages'][1]['meta']['tokens']} tokens"
         assert page.locator(".msg.error").count() == 0 and not errors
         assert page.locator("#model option").first.text_content() == "tiny \u00b7 loaded"
-    finally:
-        context.close()
 
 
 def test_streamed_markdown_is_rendered_with_highlighted_code_and_a_copy_button(browser, server):
-    context, page, errors = _open(browser, server.url, permissions=["clipboard-read", "clipboard-write"])
-    try:
+    with _open(browser, server.url, permissions=["clipboard-read", "clipboard-write"]) as (page, errors):
         _scripted(page, lambda body, n: MARKDOWN_REPLY)
         _send(page, "show me squares")
         reply = page.locator(".msg.assistant")
@@ -215,14 +225,11 @@ def test_streamed_markdown_is_rendered_with_highlighted_code_and_a_copy_button(b
         assert re.fullmatch(r"[\d.]+ tok/s", meta.locator(".tps").text_content())
         assert re.fullmatch(r"first token [\d.]+ s", meta.locator(".ttft").text_content())
         assert meta.locator(".stopped").count() == 0 and not errors
-    finally:
-        context.close()
 
 
 def test_script_in_model_output_never_runs(browser, server):
     # with the page's Content-Security-Policy switched off, so the escaping and DOMPurify alone must hold
-    context, page, errors = _open(browser, server.url, bypass_csp=True)
-    try:
+    with _open(browser, server.url, bypass_csp=True) as (page, errors):
         _scripted(page, lambda body, n: EVIL_REPLY)
         _send(page, "be evil")
         reply = page.locator(".msg.assistant")
@@ -234,13 +241,10 @@ def test_script_in_model_output_never_runs(browser, server):
         assert page.evaluate("window.__pwned") is None
         assert "<script>window.__pwned" in reply.text_content()  # shown as text, not run
         assert reply.locator("script, [onerror], a[href^='javascript']").count() == 0
-    finally:
-        context.close()
 
 
 def test_reload_keeps_the_conversation_and_edit_or_regenerate_replaces_the_reply(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         bodies = _scripted(page, lambda body, n: f"reply {n} to *{body['messages'][-1]['content']}*")
         _send(page, "first question")
         _send(page, "second question")
@@ -281,13 +285,10 @@ def test_reload_keeps_the_conversation_and_edit_or_regenerate_replaces_the_reply
         page.locator("#chats li", has_text="Renamed").locator(".delete").click()
         assert page.locator("#chats li .open").all_text_contents() == ["first question"]
         assert not errors
-    finally:
-        context.close()
 
 
 def test_an_error_is_shown_in_the_reply_and_left_out_of_the_history(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         bodies = []
 
         def handle(route):
@@ -304,13 +305,10 @@ def test_an_error_is_shown_in_the_reply_and_left_out_of_the_history(browser, ser
         _send(page, "second")
         assert [m["content"] for m in bodies[-1]["messages"]] == ["first", "second"]
         assert _turns(page)[-1] == ("assistant", "fine") and not errors
-    finally:
-        context.close()
 
 
 def test_keyboard_only_chat_and_export(browser, server):
-    context, page, errors = _open(browser, server.url, accept_downloads=True)
-    try:
+    with _open(browser, server.url, accept_downloads=True) as (page, errors):
         _scripted(page, lambda body, n: "# Title\n\nsome `code`")
         page.keyboard.type("line one")  # the message box has focus on load
         page.keyboard.press("Shift+Enter")
@@ -333,8 +331,6 @@ def test_keyboard_only_chat_and_export(browser, server):
             ("user", "line one\nline two"), ("assistant", "# Title\n\nsome `code`")]
         assert exported["messages"][1]["meta"]["tokens"] == _sse("# Title\n\nsome `code`")[1]
         assert not errors
-    finally:
-        context.close()
 
 
 def test_cold_load_shows_loading_then_stop_marks_the_reply(browser, tmp_path, monkeypatch):
@@ -350,36 +346,35 @@ def test_cold_load_shows_loading_then_stop_marks_the_reply(browser, tmp_path, mo
     monkeypatch.setattr(load_module, "load_model", gated_load)
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     with serve(ServerConfig(engine=EngineConfig(kv_cache_gb=0.01), models=(str(path),), keep_alive=None)) as s:
-        context, page, errors = _open(browser, s.url)
-        try:
-            assert page.locator("#model option").first.text_content() == "tiny \u00b7 not loaded"
-            page.fill("#input", "hello")
-            page.press("#input", "Enter")
-            expect(page.locator(".msg.assistant .status")).to_have_text(re.compile(r"loading model tiny\u2026 \d+ s"))
-            expect(page.locator("#model option").first).to_have_text("tiny \u00b7 loading")
-            OUTPUT.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(OUTPUT / "desktop-loading.png"))
-            page.click("#stop")
-            page.wait_for_selector(IDLE)
-            assert page.locator(".turn.assistant .meta .stopped").text_content() == "stopped"
-            gate.set()
-            page.locator(".turn.assistant button.regenerate").click()
-            page.wait_for_selector(IDLE, timeout=30000)
-            meta = page.locator(".turn.assistant .meta")
-            assert meta.locator(".stopped").count() == 0 and meta.locator(".tokens").count() == 1
-            assert page.locator(".turn.assistant").count() == 1 and not errors
-        finally:
-            gate.set()
-            context.close()
+        with _open(browser, s.url) as (page, errors):
+            try:
+                assert page.locator("#model option").first.text_content() == "tiny \u00b7 not loaded"
+                page.fill("#input", "hello")
+                page.press("#input", "Enter")
+                expect(page.locator(".msg.assistant .status")).to_have_text(
+                    re.compile(r"loading model tiny\u2026 \d+ s"))
+                expect(page.locator("#model option").first).to_have_text("tiny \u00b7 loading")
+                OUTPUT.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(OUTPUT / "desktop-loading.png"))
+                page.click("#stop")
+                page.wait_for_selector(IDLE)
+                assert page.locator(".turn.assistant .meta .stopped").text_content() == "stopped"
+                gate.set()
+                page.locator(".turn.assistant button.regenerate").click()
+                page.wait_for_selector(IDLE, timeout=30000)
+                meta = page.locator(".turn.assistant .meta")
+                assert meta.locator(".stopped").count() == 0 and meta.locator(".tokens").count() == 1
+                assert page.locator(".turn.assistant").count() == 1 and not errors
+            finally:
+                gate.set()
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_screenshots_at_desktop_and_phone_width(browser, server, scheme):
     OUTPUT.mkdir(parents=True, exist_ok=True)
     for name, viewport in (("desktop", {"width": 1280, "height": 800}), ("phone", {"width": 390, "height": 844})):
-        context, page, errors = _open(browser, server.url, viewport=viewport, color_scheme=scheme,
-                                      is_mobile=name == "phone", has_touch=name == "phone")
-        try:
+        with _open(browser, server.url, viewport=viewport, color_scheme=scheme,
+                   is_mobile=name == "phone", has_touch=name == "phone") as (page, errors):
             _scripted(page, lambda body, n: MARKDOWN_REPLY if n == 1 else "Sure. **Short** answer.")
             _send(page, "show me squares")
             _send(page, "thanks!")
@@ -406,27 +401,26 @@ def test_screenshots_at_desktop_and_phone_width(browser, server, scheme):
             page.wait_for_selector("#settings[open]")
             page.screenshot(path=str(OUTPUT / f"{name}-{scheme}-settings.png"))
             assert not errors
-        finally:
-            context.close()
 
 
+@contextlib.contextmanager
 def _open_listing(browser, url, model_id, **context_args):
-    """The page with /v1/models and /api/ps answered in the browser: one model `model_id`, not loaded."""
-    context = browser.new_context(**context_args)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.route("**/v1/models", lambda r: r.fulfill(json={"object": "list", "data": [{"id": model_id,
-                                                                                       "object": "model"}]}))
-    page.route("**/api/ps", lambda r: r.fulfill(json={"models": []}))
-    page.goto(url + "/")
-    page.wait_for_selector("#model option", state="attached")
-    return context, page, errors
+    """The page with /v1/models and /api/ps answered in the browser: one model `model_id`, not loaded; yields
+    (page, its script errors), the context closed on leaving."""
+    with _context(browser, **context_args) as context:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.route("**/v1/models", lambda r: r.fulfill(json={"object": "list", "data": [{"id": model_id,
+                                                                                           "object": "model"}]}))
+        page.route("**/api/ps", lambda r: r.fulfill(json={"models": []}))
+        page.goto(url + "/")
+        page.wait_for_selector("#model option", state="attached")
+        yield page, errors
 
 
 def test_the_first_screen_shows_the_model_its_state_and_example_prompts(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         expect(page.locator("#empty-model")).to_have_text("tiny")
         state = page.locator("#model option").first.text_content().split(" \u00b7 ")[1]
         assert page.locator("#empty-state").text_content().startswith(state)
@@ -441,15 +435,10 @@ def test_the_first_screen_shows_the_model_its_state_and_example_prompts(browser,
         page.wait_for_selector(IDLE)
         assert _turns(page)[0] == ("user", prompt) and bodies[0]["messages"][-1]["content"] == prompt
         assert page.locator("#empty").is_hidden() and not errors
-    finally:
-        context.close()
-    context, page, errors = _open_listing(browser, server.url, "smollm2-135m")
-    try:
+    with _open_listing(browser, server.url, "smollm2-135m") as (page, errors):
         expect(page.locator("#empty-state")).to_have_text("not loaded: it loads with your first message")
         note = page.locator("#empty-note")
         assert "135M model" in note.text_content() and "edgeserve pull qwen2.5-1.5b" in note.text_content()
-    finally:
-        context.close()
 
 
 FITS = """([selector, text, reserve]) => {
@@ -462,9 +451,8 @@ FITS = """([selector, text, reserve]) => {
 
 
 def test_at_phone_width_the_placeholder_and_the_model_name_are_whole(browser, server):
-    context, page, errors = _open_listing(browser, server.url, "smollm2-135m", viewport={"width": 390, "height": 844},
-                                          is_mobile=True, has_touch=True)
-    try:
+    with _open_listing(browser, server.url, "smollm2-135m", viewport={"width": 390, "height": 844},
+                       is_mobile=True, has_touch=True) as (page, errors):
         placeholder = page.locator("#input").get_attribute("placeholder")
         width, room = page.evaluate(FITS, ["#input", placeholder, 0])
         assert width <= room, f"the placeholder {placeholder!r} needs {width:.0f}px, has {room:.0f}px"
@@ -476,30 +464,24 @@ def test_at_phone_width_the_placeholder_and_the_model_name_are_whole(browser, se
         assert page.locator("header").bounding_box()["y"] == 0  # no empty band above it (the hidden scrim)
         OUTPUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUTPUT / "phone-first-screen.png"))
-    finally:
-        context.close()
 
 
 def test_a_long_first_message_names_the_chat_with_an_ellipsis(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         _scripted(page, lambda body, n: "ok")
         text = "Please summarise the following meeting notes for me in three short bullet points"
         _send(page, text)
         title = page.locator("#chat-title").text_content()
         assert len(title) == 48 and title.endswith("\u2026") and text.startswith(title[:-1].rstrip())
         assert page.locator("#chats li .open").first.text_content() == title
-    finally:
-        context.close()
 
 
 def test_empty_settings_leave_the_fields_to_the_server(browser, server):
-    context = browser.new_context()
-    # what the first version of the page stored: its prefilled 0.7 and 1024, which the user never chose
-    context.add_init_script("if (!localStorage.getItem('edgeserve-settings')) localStorage.setItem("
-                            "'edgeserve-settings', JSON.stringify({temperature: '0.7', max_tokens: '1024'}))")
-    page = context.new_page()
-    try:
+    with _context(browser) as context:
+        # what the first version of the page stored: its prefilled 0.7 and 1024, which the user never chose
+        context.add_init_script("if (!localStorage.getItem('edgeserve-settings')) localStorage.setItem("
+                                "'edgeserve-settings', JSON.stringify({temperature: '0.7', max_tokens: '1024'}))")
+        page = context.new_page()
         page.goto(server.url + "/")
         page.wait_for_selector("#model option", state="attached")
         bodies = _scripted(page, lambda body, n: "ok")
@@ -510,13 +492,10 @@ def test_empty_settings_leave_the_fields_to_the_server(browser, server):
         page.click("#settings-done")
         _send(page, "hello")
         assert not {"temperature", "top_p", "max_tokens"} & set(bodies[0])
-    finally:
-        context.close()
 
 
 def test_regenerate_keeps_both_replies_switchable(browser, server):
-    context, page, errors = _open(browser, server.url)
-    try:
+    with _open(browser, server.url) as (page, errors):
         bodies = _scripted(page, lambda body, n: f"reply {n}")
         _send(page, "question")
         page.locator(".turn.assistant button.regenerate").click()
@@ -536,36 +515,32 @@ def test_regenerate_keeps_both_replies_switchable(browser, server):
         assert [m["content"] for m in bodies[-1]["messages"]] == ["question", "reply 1", "follow-up"]
         assert page.locator(".version").count() == 0  # only the last reply switches
         assert not errors
-    finally:
-        context.close()
 
 
 def test_an_attached_image_is_sent_as_an_image_part_and_shown_in_the_conversation(browser, server, tmp_path):
     from vision_helpers import picture
 
     (tmp_path / "cat.png").write_bytes(picture(24, 16, seed=7))
-    context, page, errors = _open(browser, server.url)
-    bodies = _scripted(page, lambda body, n: "a picture")
-    page.set_input_files("#file", str(tmp_path / "cat.png"))
-    expect(page.locator("#attachments .thumb")).to_have_count(1)
-    _send(page, "what is this?")
-    parts = bodies[0]["messages"][-1]["content"]
-    assert parts[0] == {"type": "text", "text": "what is this?"}
-    assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
-    expect(page.locator("#attachments .thumb")).to_have_count(0)  # sent: the next message starts without it
-    expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
-    _send(page, "and now?")  # the image stays in the history the next turn sends
-    assert bodies[1]["messages"][0]["content"][1] == parts[1] and bodies[1]["messages"][-1]["content"] == "and now?"
-    page.reload()
-    expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
-    assert not errors, errors
-    context.close()
+    with _open(browser, server.url) as (page, errors):
+        bodies = _scripted(page, lambda body, n: "a picture")
+        page.set_input_files("#file", str(tmp_path / "cat.png"))
+        expect(page.locator("#attachments .thumb")).to_have_count(1)
+        _send(page, "what is this?")
+        parts = bodies[0]["messages"][-1]["content"]
+        assert parts[0] == {"type": "text", "text": "what is this?"}
+        assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+        expect(page.locator("#attachments .thumb")).to_have_count(0)  # sent: the next message starts without it
+        expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
+        _send(page, "and now?")  # the image stays in the history the next turn sends
+        assert bodies[1]["messages"][0]["content"][1] == parts[1] and bodies[1]["messages"][-1]["content"] == "and now?"
+        page.reload()
+        expect(page.locator("#log .turn.user img.attached")).to_have_count(1)
+        assert not errors, errors
 
 
 def test_settings_show_the_models_recommended_sampling(browser, server):
-    context = browser.new_context()
-    page = context.new_page()
-    try:
+    with _context(browser) as context:
+        page = context.new_page()
         shown = []
 
         def show(route):
@@ -580,5 +555,3 @@ def test_settings_show_the_models_recommended_sampling(browser, server):
         expect(page.locator("#top_p")).to_have_attribute("placeholder", "model's: 0.95")
         assert shown == ["tiny"]
         assert page.locator("#attach svg").count() == 1  # an icon that needs no emoji font
-    finally:
-        context.close()

@@ -1,12 +1,13 @@
-"""Checks shared by the weight-only quantized formats (W4A16, W8A16): the Triton matmul against its torch twin, and
-dispatch.linear taking the packed weight like any other."""
+"""Checks shared by the weight-only quantized formats (W4A16, W8A16): the Triton matmul against its torch twin (with
+the parametrization of that test), and dispatch.linear taking the packed weight like any other."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
+import pytest
 import torch
-from kernel_utils import assert_close
+from kernel_utils import DEVICES, assert_close, kernel_device
 
 from edgeserve.kernels import dispatch
 
@@ -22,6 +23,23 @@ def assert_triton_matches_twin(w, m: int, dtype: torch.dtype, device: str, kerne
     # accumulation error scales with the sum of |terms|, not with the (partly cancelling) result
     scale = float((x.float().cpu().abs() @ w.to("cpu").dequantize().abs().t()).max()) / 8
     assert_close(y, expected, dtype, scale=scale)
+
+
+def twin_cases(shapes: Sequence[tuple[int, int, int, int]]) -> Callable:
+    """Parametrize a matches-twin test over every device, fp32/fp16/bf16 and each (M, N, K, group) of `shapes`."""
+    def mark(test: Callable) -> Callable:
+        test = pytest.mark.parametrize("m,n,k,group", shapes)(test)
+        test = pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                                       ids=["fp32", "fp16", "bf16"])(test)
+        return pytest.mark.parametrize("device", DEVICES)(test)
+    return mark
+
+
+def assert_repacked_matches_twin(blocks, repack: Callable, device: str, dtype: torch.dtype, m: int, kernel: Callable,
+                                 twin: Callable) -> None:
+    """`blocks` repacked in `dtype` on the kernel device for `device`: assert_triton_matches_twin on an [m, K] input."""
+    device = kernel_device(device)
+    assert_triton_matches_twin(repack(blocks, dtype, device), m, dtype, device, kernel, twin)
 
 
 def assert_linear_keeps_leading_dims_and_bias(blocks, repack: Callable, device: str) -> None:
