@@ -32,3 +32,15 @@ def test_forced_grammar_admits_calls_that_parse_back_and_refuses_junk(tmp_path, 
                        ["Sure. " + one, _call(("get_time", {"town": "Paris"})), _call(("nope", {})),
                         _call(("magic_int", {"ref": "three"})), "<TOOLCALL>[]</TOOLCALL>"],
                        _call(("magic_int", {"ref": 7})))
+
+
+@pytest.mark.parametrize("name, text", [
+    ("nemotron_v2", '<TOOLCALL>[{"name": "f", "arguments": "{\\"x\\": "}]</TOOLCALL>'),
+    ("minimax_m1", '<tool_calls>\n{"name": "f", "arguments": "{\\"x\\": "}\n</tool_calls>'),
+], ids=["nemotron_v2", "minimax_m1"])
+def test_arguments_of_broken_json_text_leave_the_block_as_content(name, text):
+    """A call whose arguments are JSON text that does not parse is no call: the block comes back as content, whole
+    (it used to raise JSONDecodeError out of the parser)."""
+    from edgeserve.text.formats.base import CallContext
+    content, calls = get_format(name).parse(text, CallContext({"f"}))
+    assert calls == [] and text in content
