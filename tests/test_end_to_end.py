@@ -97,15 +97,17 @@ def test_disk_kv_tier_survives_a_sigterm_restart_and_a_corrupt_block(tmp_path, t
 
 
 def test_speculative_decoding_through_the_server_equals_plain_greedy(tmp_path, tiny):
-    # the tiny model's greedy reply repeats itself, so prompt lookup has drafts to accept; stop strings cut it
-    # at several places, some inside an accepted run of drafts (where usage must not count the tokens after it)
-    with edgeserve_serve(tmp_path, "--model", str(tiny)) as c:
+    # the tiny model's greedy reply at bf16 repeats itself, so prompt lookup has drafts to accept (its file is F32,
+    # which the default dtype would keep at float32); stop strings cut it at several places, some inside an accepted
+    # run of drafts (where usage must not count the tokens after it)
+    model = ("--model", str(tiny), "--dtype", "bfloat16")
+    with edgeserve_serve(tmp_path, *model) as c:
         plain = complete(c, max_tokens=40)
         text = plain["choices"][0]["text"]
         stops = sorted({text[k:k + 2] for k in range(2, len(text) - 2, 2)} - {""})
         plain_stopped = [complete(c, max_tokens=40, stop=[stop]) for stop in stops]
     assert len(stops) >= 3 and all(r["choices"][0]["finish_reason"] == "stop" for r in plain_stopped)
-    with edgeserve_serve(tmp_path, "--model", str(tiny), "--speculative", "ngram") as c:
+    with edgeserve_serve(tmp_path, *model, "--speculative", "ngram") as c:
         spec = complete(c, max_tokens=40)
         spec_stopped = [complete(c, max_tokens=40, stop=[stop]) for stop in stops]
         accepted = metric(c.get("/metrics").text, "edgeserve_spec_accepted_tokens", 'model="tiny"')
