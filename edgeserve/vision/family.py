@@ -90,7 +90,7 @@ def _import_families() -> None:
     """The modules that register families (imported on first use: each pulls in its own code)."""
     import importlib
 
-    for name in ("gemma3", "gemma4", "idefics3", "qwen_vl"):
+    for name in ("gemma3", "gemma4", "gemma4_unified", "idefics3", "qwen_vl"):
         try:
             importlib.import_module(f"edgeserve.vision.{name}")
         except ModuleNotFoundError as e:

@@ -68,22 +68,11 @@ class Gemma4Vision:
     def preprocess(self, image: Image.Image) -> PreparedImage:
         """Resized (bicubic) to the largest size of whole pooled cells within the token budget, rescaled to [0, 1]
         and cut into patches [rows * cols, p * p * 3] (row-major; each patch's pixels row, column, channel)."""
-        img = image.convert("RGB")
-        height, width = target_size(img.height, img.width, self.patch_size, self.pool, self.max_tokens)
-        if (height, width) != (img.height, img.width):
-            img = img.resize((width, height), Image.Resampling.BICUBIC)
-        a = (np.asarray(img).astype(np.float64) * (1 / 255)).astype(np.float32)  # [H, W, 3]
-        p = self.patch_size
-        rows, cols = height // p, width // p
-        patches = a.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, p * p * 3)
-        return PreparedImage(torch.from_numpy(np.ascontiguousarray(patches)), (rows, cols),
-                             (rows // self.pool) * (cols // self.pool))
+        patches, rows, cols = cut_patches(image, self.patch_size, self.pool, self.max_tokens, self.patch_size)
+        return PreparedImage(patches, (rows, cols), (rows // self.pool) * (cols // self.pool))
 
     def prompt_tokens(self, prepared: PreparedImage, tokenizer: Any) -> tuple[list[int], int]:
-        """`<|image>` + num_tokens `<|image|>` + `<image|>` (the processor's expansion of the template's
-        `<|image|>`)."""
-        ids = [special_id(tokenizer, BOI)] + [special_id(tokenizer, SOFT)] * prepared.num_tokens
-        return ids + [special_id(tokenizer, EOI)], 1
+        return image_tokens(prepared, tokenizer)
 
     def encode(self, images: list[PreparedImage]) -> list[torch.Tensor]:
         """Each image through the encoder and projector: [num_tokens, lm_hidden] float32."""
@@ -93,6 +82,27 @@ class Gemma4Vision:
 
     def settings_digest(self) -> bytes:
         return self._digest
+
+
+def image_tokens(prepared: PreparedImage, tokenizer: Any) -> tuple[list[int], int]:
+    """`<|image>` + num_tokens `<|image|>` + `<image|>` (the processor's expansion of the template's `<|image|>`)
+    and the offset of the first placeholder."""
+    ids = [special_id(tokenizer, BOI)] + [special_id(tokenizer, SOFT)] * prepared.num_tokens
+    return ids + [special_id(tokenizer, EOI)], 1
+
+
+def cut_patches(image: Image.Image, patch: int, pool: int, max_tokens: int, side: int) -> tuple[torch.Tensor, int, int]:
+    """The image resized (bicubic) to target_size(patch, pool, max_tokens), rescaled to [0, 1] and cut into
+    side x side patches [rows * cols, side * side * 3] (row-major; each patch's pixels row, column, channel), with
+    rows and cols."""
+    img = image.convert("RGB")
+    height, width = target_size(img.height, img.width, patch, pool, max_tokens)
+    if (height, width) != (img.height, img.width):
+        img = img.resize((width, height), Image.Resampling.BICUBIC)
+    a = (np.asarray(img).astype(np.float64) * (1 / 255)).astype(np.float32)  # [H, W, 3]
+    rows, cols = height // side, width // side
+    patches = a.reshape(rows, side, cols, side, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, side * side * 3)
+    return torch.from_numpy(np.ascontiguousarray(patches)), rows, cols
 
 
 def target_size(height: int, width: int, patch: int, pool: int, max_tokens: int) -> tuple[int, int]:
