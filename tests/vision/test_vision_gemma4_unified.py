@@ -293,3 +293,35 @@ def test_wrong_mmproj_is_refused_in_one_line(converted, tmp_path):
     assert "'<start_of_image>'" in refusals[0] and "maps to 64 wide rows, the language model is 128" in refusals[1]
     assert "not a Gemma 4 unified image embedder" in refusals[2]
     assert load_runtime(source, lm, mmproj=converted[1]).family.projector_type == "gemma4uv"
+
+
+@pytest.mark.skipif(not __import__("edgeserve.kernels.cpu.native", fromlist=["available"]).available(),
+                    reason="no native CPU kernels here")
+def test_prefill_with_an_image_stays_on_the_per_op_path(folder, converted, caplog, monkeypatch, tmp_path):
+    """The fused native stack (the converter's Q8_0 file) would open an image's span on every layer: a prefill with
+    one runs per op (one log line says why, once), the same prompt without spans runs fused."""
+    import logging
+
+    from edgeserve.models.archs.gemma4 import model as gemma4_model
+
+    monkeypatch.delenv("EDGESERVE_NATIVE", raising=False)
+    monkeypatch.delenv("EDGESERVE_KERNELS", raising=False)
+    lm = load_ours(convert(folder, tmp_path / "model-q8_0.gguf", outtype="q8_0"), dtype="bfloat16")
+    native = lm.model.native_decoder()
+    assert native is not None
+    family = load_vision(converted[1], lm.config)
+    family.max_tokens = 4  # an image within the 5-token window, as the 12B's 280 tokens are within its 1024
+    ids, span, prepared = _prompt(lm, family, "<s>", " ok", seed=3)
+    assert span[1] <= 5  # the span within the first window's keys: the fused stack's windows would be right
+    rows = family.encode([prepared])[0]
+    fused, real = [], native.forward
+    native.forward = lambda *a, **kw: (fused.append(1), real(*a, **kw))[1]  # type: ignore[method-assign]
+    gemma4_model._image_spans_run_per_op.cache_clear()
+    with caplog.at_level(logging.INFO, logger="edgeserve.models"):
+        for _ in range(2):
+            _our_logits(lm, ids, span, rows, [len(ids)])
+    assert not fused
+    said = [r for r in caplog.records if "per-op path" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0].getMessage()
+    _our_logits(lm, ids, span, rows, [len(ids)], spans=False)
+    assert fused

@@ -20,6 +20,8 @@ device.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +46,17 @@ from edgeserve.models.weight_loader import Table, WeightLoader, load_table, tabl
 
 
 PAD_ID = 0  # Gemma 4's `<pad>` (its configs' pad_token_id): an image token's per-layer table row is this one's
+
+
+log = logging.getLogger("edgeserve.models")
+
+
+@functools.cache
+def _image_spans_run_per_op() -> None:
+    """Say once why a prefill with images runs per op: the fused stack would open an image's bidirectional span on
+    every layer, Gemma 4 opens it on the sliding layers only."""
+    log.info("gemma4: prompts whose image tokens attend both ways (sliding layers only) prefill on the per-op path; "
+             "the fused native stack would open them on every layer")
 
 
 @dataclass
@@ -233,9 +246,11 @@ class Gemma4Model(LoadedDecoder):
         ple = self.per_layer_inputs(input_ids if image_rows is None else input_ids.index_fill(0, image_rows[0], PAD_ID),
                                     x)
         native = self.native_decoder()
-        # an image's bidirectional span holds on the sliding layers only: the fused stack would apply it on all
-        if native is not None and native.runs(attn) and attn.meta.attend_spans is None:  # type: ignore[attr-defined]
+        spans = getattr(getattr(attn, "meta", None), "attend_spans", None)
+        if native is not None and spans is None and native.runs(attn):
             return native.forward(x, positions, attn, per_layer=ple)
+        if native is not None and spans is not None:
+            _image_spans_run_per_op()
         return self.layer_stack(x, positions, attn, ple, prompt_rows)
 
     def layer_stack(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention, ple: torch.Tensor | None = None,
