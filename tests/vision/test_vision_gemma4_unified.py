@@ -69,14 +69,15 @@ def _randomize(model) -> None:
 
 def tiny_gemma4_unified(out: Path, spm: Path) -> Path:
     """The tiny random model saved as its HF folder: Gemma 4 12B's text layer kinds (K = V global layers, KV-shared
-    layers, a 5-token window), the embedder (4-pixel patches merged 3 x 3, a 16-row position table), a small audio
+    layers, a 5-token window), the embedder (4-pixel patches merged 3 x 3, a 32-row position table), a small audio
     projection (llama.cpp's converter requires one), the processor's config as transformers writes it."""
     out.mkdir(parents=True, exist_ok=True)
     ids = _tokenizer(spm, out)
     cfg = transformers.Gemma4UnifiedConfig(
         text_config=dict(GEMMA4_UNIFIED, vocab_size=32000 + len(SPECIALS), use_bidirectional_attention="vision",
+                         max_position_embeddings=1024,
                          bos_token_id=1, eos_token_id=ids["<turn|>"]),
-        vision_config=dict(patch_size=PATCH, pooling_kernel_size=POOL, mm_embed_dim=48, mm_posemb_size=16,
+        vision_config=dict(patch_size=PATCH, pooling_kernel_size=POOL, mm_embed_dim=48, mm_posemb_size=32,
                            output_proj_dims=48),
         audio_config=dict(audio_embed_dim=16, output_proj_dims=16), boi_token_id=ids["<|image>"],
         image_token_id=ids["<|image|>"], eoi_token_id=ids["<image|>"])
@@ -152,7 +153,7 @@ def test_preprocessing_is_gemma4_s_at_merged_patches(folder, size):
 def test_image_rows_match_transformers(form, folder, converted, hf_model):
     family = load_vision(folder if form == "folder" else converted[1], hf_model.config.text_config)
     assert family.projector_type == "gemma4uv" and family.bidirectional_images
-    family.max_tokens = MAX_SOFT_TOKENS  # an mmproj does not store the budget (280: past the 16-row table here)
+    family.max_tokens = MAX_SOFT_TOKENS  # an mmproj does not store the budget (280)
     for size in ((50, 41), (23, 90)):
         prepared = family.preprocess(_image(*size, seed=size[0]))
         got = family.encode([prepared])[0]
@@ -244,9 +245,9 @@ def test_logits_with_an_image_equal_transformers(form, folder, converted, hf_mod
     assert span[1] - span[0] > 5  # wider than the window
     want = _hf_logits(hf_model, ids, span, prepared, generate_mask=True)
     rows = family.encode([prepared])[0]
-    torch.testing.assert_close(_our_logits(lm, ids, span, rows, [len(ids)]), want, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(_our_logits(lm, ids, span, rows, [len(ids)]), want, atol=5e-4, rtol=5e-4)
     chunks = [span[0], span[1] - span[0], len(ids) - span[1]]  # as the scheduler's span_stop cuts them
-    torch.testing.assert_close(_our_logits(lm, ids, span, rows, chunks), want, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(_our_logits(lm, ids, span, rows, chunks), want, atol=5e-4, rtol=5e-4)
     image = slice(span[0], None)
     assert (_our_logits(lm, ids, span, rows, [len(ids)], spans=False)[image] - want[image]).abs().max() > 1e-2
     everywhere = _our_logits(lm, ids, span, rows, [len(ids)], every_layer=True)
@@ -325,3 +326,57 @@ def test_prefill_with_an_image_stays_on_the_per_op_path(folder, converted, caplo
     assert len(said) == 1 and "\n" not in said[0].getMessage()
     _our_logits(lm, ids, span, rows, [len(ids)], spans=False)
     assert fused
+
+
+@pytest.mark.parametrize("form", ["folder", "gguf"])
+def test_chat_image_api_and_prefix_cache(form, folder, converted):
+    """Through the server (the HF folder; the GGUF with the mmproj found beside it): each API's image form reaches
+    the same rows, with the image's span sent to attend both ways; the same image again is answered from the encoder
+    cache with its blocks from the prefix cache; another image with the same text shares its tokens, not its key."""
+    import base64
+
+    import httpx
+
+    from edgeserve.engine.config import EngineConfig
+    from edgeserve.server import ServerConfig
+    from server_helpers import metric, serve
+    from vision_helpers import data_url
+
+    red, blue = picture(40, 30, seed=1), picture(40, 30, seed=2)
+    path = folder if form == "folder" else converted[0]
+    name = path.name if form == "folder" else path.stem
+
+    def chat(image: bytes, name: str) -> dict:
+        return {"model": name, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": data_url(image)}}]}]}
+
+    cfg = ServerConfig(engine=EngineConfig(kv_cache_gb=0.05, block_size=16), models=(str(path),), keep_alive=None,
+                       max_images=2, max_image_pixels=200 * 200)
+    with serve(cfg) as s, httpx.Client(base_url=s.url, timeout=120) as c:
+        first = c.post("/v1/chat/completions", json=chat(red, name))
+        assert first.status_code == 200, first.text
+        engine, calls = s.manager.entries[name].engine, []
+        submit = engine.submit
+        engine.submit = lambda ids, params, request_id=None, **kw: (calls.append({"ids": list(ids), **kw}),
+                                                                    submit(ids, params, request_id, **kw))[1]
+        label = f'model="{name}"'
+        hits = metric(c.get("/metrics").text, "edgeserve_image_encoder_cache_hits_total", label) or 0
+        again = c.post("/v1/chat/completions", json=chat(red, name)).json()
+        start, rows = calls[-1]["images"][0]
+        assert calls[-1]["attend_spans"] == [(start, start + rows.shape[0])]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= (start + rows.shape[0]) // 16 * 16 > start
+        assert metric(c.get("/metrics").text, "edgeserve_image_encoder_cache_hits_total", label) == hits + 1
+        b64 = base64.b64encode(blue).decode()
+        for api, body in [
+                ("/v1/chat/completions", chat(blue, name)),
+                ("/v1/messages", {"model": name, "max_tokens": 4, "messages": [{"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                    {"type": "text", "text": "hi"}]}]}),
+                ("/api/chat", {"model": name, "stream": False, "options": {"num_predict": 4},
+                               "messages": [{"role": "user", "content": "hi", "images": [b64]}]})]:
+            assert c.post(api, json=body).status_code == 200, api
+        red_call, blue_call = calls[0], calls[1]
+        assert blue_call["ids"] == red_call["ids"] and blue_call["prefix_key"] != red_call["prefix_key"]
+        assert (blue_call["images"][0][1] - rows).abs().max() > 1e-3
+        assert len(calls) == 4 and all(torch.equal(call["images"][0][1], blue_call["images"][0][1])
+                                       for call in calls[2:])
