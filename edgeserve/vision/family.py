@@ -114,14 +114,15 @@ def open_source(path: str | Path) -> VisionSource:
 
 
 def has_vision(path: str | Path) -> bool:
-    """Whether `path` is an HF folder whose config has a vision tower of a family edgeserve knows."""
+    """Whether `path` is an HF folder whose config has a vision tower (a non-null vision_config: Gemma 4 12B's text-only
+    checkpoints write `null`) of a family edgeserve knows."""
     p = Path(path)
     cfg = p / "config.json"
     if not p.is_dir() or not cfg.is_file():
         return False
     config = json.loads(cfg.read_text())
     _import_families()
-    return "vision_config" in config and str(config.get("model_type", "")) in _FAMILIES
+    return bool(config.get("vision_config")) and str(config.get("model_type", "")) in _FAMILIES
 
 
 def load_vision(path_or_mmproj: str | Path | VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,

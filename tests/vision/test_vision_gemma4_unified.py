@@ -380,3 +380,16 @@ def test_chat_image_api_and_prefix_cache(form, folder, converted):
         assert (blue_call["images"][0][1] - rows).abs().max() > 1e-3
         assert len(calls) == 4 and all(torch.equal(call["images"][0][1], blue_call["images"][0][1])
                                        for call in calls[2:])
+
+
+def test_a_text_only_checkpoint_has_no_vision(checkpoints):
+    """Gemma 4 12B saved without its image embedder (`vision_config: null`) loads as text: no vision runtime."""
+    from types import SimpleNamespace
+
+    from edgeserve.vision.family import has_vision
+    from edgeserve.vision.runtime import load_runtime
+
+    _, text_folder, _ = checkpoints("gemma4-12b")
+    assert json.loads((text_folder / "config.json").read_text())["vision_config"] is None
+    assert not has_vision(text_folder)
+    assert load_runtime(SimpleNamespace(kind="hf", path=text_folder, name="t"), None) is None
