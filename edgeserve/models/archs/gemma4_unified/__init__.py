@@ -3,7 +3,7 @@ per-layer inputs or experts (global layers with K = V and their own head size, t
 layer's K/V with a double-wide MLP), so it runs on archs/gemma4's decoder and native plan; config.py reads its HF
 config's own defaults. llama.cpp's converter writes it as a `gemma4` GGUF, which archs/gemma4 reads as it is.
 
-Its images are encoder-free (merged pixel patches through one projection, bidirectional attention over an image's
-tokens on the sliding layers); edgeserve runs its text only."""
+Its images are encoder-free (merged pixel patches through one projection: edgeserve/vision/gemma4_unified.py, the
+`gemma4uv` mmproj), an image's tokens attending both ways on the sliding layers as the larger Gemma 4 sizes'."""
 
 # random weights (--load-format dummy): model.dummy_shapes (Gemma 4's)
