@@ -21,14 +21,14 @@ from edgeserve.vision.tower import MmprojWeights, identity_digest
 
 
 class Gemma4UnifiedVision:
-    """Gemma 4 12B's VisionFamily."""
+    """Gemma 4 12B's VisionFamily. The embedder computes on the CPU in float32 whatever the model's dtype and device
+    (one dense layer per image: the engine moves the rows to the model)."""
 
     projector_type = "gemma4uv"
     bidirectional_images = True  # per model: __init__
 
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):
-        self.device = device
         if source.gguf is not None:
             meta = source.gguf.metadata
             self.patch_size = int(meta["clip.vision.patch_size"])
