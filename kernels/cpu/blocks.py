@@ -1,10 +1,11 @@
-"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h) in ctypes: one definition each.
+"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, moe_layer.h) in ctypes: one
+definition each.
 
 A layer is blocks, each switched on by its struct's fields (zero / NULL: off): the attention block with its options
 (`Attention`), or a Gated DeltaNet mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a Mixture-of-Experts
-feed-forward in its place (`Layer.moe`, kernels.cpu.moe_layer), a per-layer input (`Ple`) and the residual stream's
-norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like models, each architecture's
-native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
+feed-forward in its place (`Layer.moe`: a `MoE` of `Experts`, packed by kernels.cpu.moe_layer), a per-layer input
+(`Ple`) and the residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like
+models, each architecture's native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
 tests/kernels/test_cpu_decoder_layout.py holds these to (`C_NAMES`).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 
 MAX_PARTS = 4  # layer.h's QWEIGHT_MAX_PARTS: the stacked parts of one weight
+EXPERT_PARTS = 4  # moe_layer.h's EXPERT_PARTS: the stacked parts of one expert projection
 _i32, _i64, _f32, _p = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
@@ -94,10 +96,29 @@ class GdnStep(ctypes.Structure):
                 ("state_slot_stride", _i64), ("state_layer_stride", _i64), ("cu", _p), ("slots", _p), ("B", _i32)]
 
 
+class Experts(ctypes.Structure):
+    """experts_t: one projection of every expert, up to EXPERT_PARTS parts stacked along the output rows; expert
+    e's rows of part p at w[p] + e * expert_bytes[p]."""
+
+    _fields_ = [("n_parts", _i32), ("fmt", _i32 * EXPERT_PARTS), ("rows", _i32 * EXPERT_PARTS),
+                ("row_bytes", _i64 * EXPERT_PARTS), ("expert_bytes", _i64 * EXPERT_PARTS), ("w", _p * EXPERT_PARTS)]
+
+
+class MoE(ctypes.Structure):
+    """moe_t: a Mixture-of-Experts feed-forward's plan (router, routing, experts, optional shared expert);
+    Layer.moe points to one."""
+
+    _fields_ = [("n_experts", _i32), ("k", _i32), ("hidden", _i32), ("F", _i32), ("route", _i32),
+                ("normalize", _i32), ("act", _i32), ("alpha", _f32), ("limit", _f32), ("router", _p),
+                ("router_bias", _p), ("gate_up", Experts), ("down", Experts), ("gate_up_bias", _p),
+                ("down_bias", _p), ("shared_F", _i32), ("shared_gate_up", Experts), ("shared_down", Experts),
+                ("shared_gate", _p)]
+
+
 # each struct's C name (qmm_decoder_layout's)
 C_NAMES = {QWeight: "qweight_t", Attention: "attention_t", Mixer: "mixer_t", Mlp: "mlp_t", Ple: "ple_t",
            Norms: "norms_t", Layer: "layer_t", Decoder: "decoder_t", StepPools: "step_pools_t",
-           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t"}
+           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", Experts: "experts_t", MoE: "moe_t"}
 
 
 def layout_mismatches(lib: ctypes.CDLL) -> list[str]:

@@ -2,8 +2,9 @@
 expert matmuls, the weighted slot sum and the shared expert.
 
 `NativeMoE.build(layer)` packs an edgeserve.models.moe.MoELayer whose experts are GGUF blocks on the native kernels
-into moe_layer.c's moe_t once; the per-op path (`MoELayer.forward` / `mix` on the CPU) and the fused layer stack
-(kernels.cpu.decoder, through layer_t.moe) both run that struct, so the two are one implementation.
+into moe_layer.h's moe_t (its ctypes mirror: kernels.cpu.blocks.MoE) once; the per-op path (`MoELayer.forward` /
+`mix` on the CPU) and the fused layer stack (kernels.cpu.decoder, through layer_t.moe) both run that struct, so the
+two are one implementation.
 """
 
 from __future__ import annotations
@@ -15,39 +16,19 @@ from dataclasses import dataclass, field
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
+from edgeserve.kernels.cpu.blocks import EXPERT_PARTS, Experts, MoE
 from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
 from edgeserve.kernels.formats.experts import BlockExperts
 
-EXPERT_PARTS = 4  # moe_layer.c's limit on the stacked parts of one projection
-ROUTES = {"softmax_topk": 0, "topk_softmax": 1}  # moe_layer.c's ROUTE_*
+ROUTES = {"softmax_topk": 0, "topk_softmax": 1}  # moe_layer.h's ROUTE_*
 ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 
 
-class ExpertsStruct(ctypes.Structure):
-    """moe_layer.c's experts_t."""
-
-    _fields_ = [("n_parts", ctypes.c_int32), ("fmt", ctypes.c_int32 * EXPERT_PARTS),
-                ("rows", ctypes.c_int32 * EXPERT_PARTS), ("row_bytes", ctypes.c_int64 * EXPERT_PARTS),
-                ("expert_bytes", ctypes.c_int64 * EXPERT_PARTS), ("w", ctypes.c_void_p * EXPERT_PARTS)]
-
-
-class MoEStruct(ctypes.Structure):
-    """moe_layer.c's moe_t."""
-
-    _fields_ = [("n_experts", ctypes.c_int32), ("k", ctypes.c_int32), ("hidden", ctypes.c_int32),
-                ("F", ctypes.c_int32), ("route", ctypes.c_int32), ("normalize", ctypes.c_int32),
-                ("act", ctypes.c_int32), ("alpha", ctypes.c_float), ("limit", ctypes.c_float),
-                ("router", ctypes.c_void_p), ("router_bias", ctypes.c_void_p), ("gate_up", ExpertsStruct),
-                ("down", ExpertsStruct), ("gate_up_bias", ctypes.c_void_p), ("down_bias", ctypes.c_void_p),
-                ("shared_F", ctypes.c_int32), ("shared_gate_up", ExpertsStruct), ("shared_down", ExpertsStruct),
-                ("shared_gate", ctypes.c_void_p)]
-
-
-def _experts(parts: list[tuple[int, int, int, int, int]]) -> ExpertsStruct | None:
+def _experts(parts: list[tuple[int, int, int, int, int]]) -> Experts | None:
     """experts_t of (format id, address, bytes per expert, bytes per row, rows) parts; None past EXPERT_PARTS."""
     if len(parts) > EXPERT_PARTS:
         return None
-    out = ExpertsStruct()
+    out = Experts()
     out.n_parts = len(parts)
     for i, (fmt, ptr, expert_bytes, row_bytes, rows) in enumerate(parts):
         out.fmt[i], out.w[i], out.expert_bytes[i] = fmt, ptr, expert_bytes
@@ -55,7 +36,7 @@ def _experts(parts: list[tuple[int, int, int, int, int]]) -> ExpertsStruct | Non
     return out
 
 
-def _dense(weight) -> ExpertsStruct | None:
+def _dense(weight) -> Experts | None:
     """A BlockWeight as a one-expert experts_t (the shared expert), or None when it is not one."""
     if not isinstance(weight, BlockWeight):
         return None
@@ -85,7 +66,7 @@ class NativeMoE:
     """A MoELayer packed for qmm_moe_forward; keeps alive every tensor the struct points into."""
 
     lib: ctypes.CDLL = field(repr=False)
-    struct: MoEStruct = field(repr=False)
+    struct: MoE = field(repr=False)
     keep: list[torch.Tensor] = field(repr=False)
     hidden: int
     k: int
@@ -113,7 +94,7 @@ class NativeMoE:
             return None
         keep: list[torch.Tensor] = []
         ptr = functools.partial(kept_f32_ptr, keep)
-        s = MoEStruct()
+        s = MoE()
         s.n_experts, s.k, s.hidden, s.F = cfg.num_experts, cfg.experts_per_token, hidden, f
         s.route, s.normalize = ROUTES[cfg.router], int(cfg.normalize_topk)
         s.act, s.alpha, s.limit = act
@@ -124,7 +105,7 @@ class NativeMoE:
         return cls(lib, s, keep, hidden, cfg.experts_per_token, has_shared)
 
     @staticmethod
-    def _pack_shared(shared, s: MoEStruct, act: tuple[int, float, float], ptr) -> bool:
+    def _pack_shared(shared, s: MoE, act: tuple[int, float, float], ptr) -> bool:
         """Fill `s`'s shared expert from a SharedExpert when it fits (block weights, the experts' activation);
         whether it did."""
         if shared is None or activation_code(shared.activation) != act or not _on_cpu(shared.gate):

@@ -4,8 +4,8 @@
    gated MLP block, or a Mixture-of-Experts one in its place) and, optionally, a per-layer input; each block's
    options are the fields of its struct, zero / NULL when off. A model's plan (its package's native_plan.py, or
    kernels.cpu.decoder for the Llama-like ones) fills these structs: a new architecture made of these blocks adds a
-   plan, not a section here. kernels/cpu/decoder.py mirrors every struct in ctypes; qmm_decoder_layout holds the
-   two to the same layout (tests/kernels/test_cpu_decoder_layout.py). */
+   plan, not a section here. kernels/cpu/blocks.py mirrors every struct (and gdn_layer.h's and moe_layer.h's) in ctypes;
+   qmm_decoder_layout holds the two to the same layout (tests/kernels/test_cpu_decoder_layout.py). */
 #pragma once
 #include <stdint.h>
 
@@ -113,6 +113,6 @@ typedef struct step_pools {
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools);
 
-/* The layout of these structs (and gdn_layer.h's) for their ctypes mirror: sizeof of "layer_t", the offset of
-   "layer_t.attn.qkv", ...; -1 for a name it does not know. */
+/* The layout of these structs (and gdn_layer.h's and moe_layer.h's) for their ctypes mirror: sizeof of "layer_t",
+   the offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
 int64_t qmm_decoder_layout(const char *name);

@@ -507,6 +507,12 @@ static const struct {
     SIZE(gdn_step_t), AT(gdn_step_t, conv), AT(gdn_step_t, conv_slot_stride), AT(gdn_step_t, conv_layer_stride),
     AT(gdn_step_t, state), AT(gdn_step_t, state_slot_stride), AT(gdn_step_t, state_layer_stride),
     AT(gdn_step_t, cu), AT(gdn_step_t, slots), AT(gdn_step_t, B),
+    SIZE(experts_t), AT(experts_t, n_parts), AT(experts_t, fmt), AT(experts_t, rows), AT(experts_t, row_bytes),
+    AT(experts_t, expert_bytes), AT(experts_t, w),
+    SIZE(moe_t), AT(moe_t, n_experts), AT(moe_t, k), AT(moe_t, hidden), AT(moe_t, F), AT(moe_t, route),
+    AT(moe_t, normalize), AT(moe_t, act), AT(moe_t, alpha), AT(moe_t, limit), AT(moe_t, router),
+    AT(moe_t, router_bias), AT(moe_t, gate_up), AT(moe_t, down), AT(moe_t, gate_up_bias), AT(moe_t, down_bias),
+    AT(moe_t, shared_F), AT(moe_t, shared_gate_up), AT(moe_t, shared_down), AT(moe_t, shared_gate),
 };
 
 int64_t qmm_decoder_layout(const char *name) {

@@ -20,37 +20,6 @@
 #include "moe_layer.h"
 #include "qmatmul.h"
 
-enum { EXPERT_PARTS = 4 };
-enum { ROUTE_SOFTMAX_TOPK = 0, ROUTE_TOPK_SOFTMAX = 1 };
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_SWIGLU_OAI = 2 };
-
-/* One projection of every expert: up to EXPERT_PARTS parts stacked along the output rows, part p in format fmt[p]
-   at w[p], expert e's rows at w[p] + e * expert_bytes[p] (a dense weight: one expert, expert_bytes 0). */
-typedef struct {
-    int32_t n_parts;
-    int32_t fmt[EXPERT_PARTS];
-    int32_t rows[EXPERT_PARTS];
-    int64_t row_bytes[EXPERT_PARTS];
-    int64_t expert_bytes[EXPERT_PARTS];
-    const uint8_t *w[EXPERT_PARTS];
-} experts_t;
-
-typedef struct moe {
-    int32_t n_experts, k, hidden, F; /* F: one expert's intermediate size */
-    int32_t route;                   /* ROUTE_* */
-    int32_t normalize;               /* renormalize the chosen weights to sum to 1 (softmax_topk) */
-    int32_t act;                     /* ACT_* */
-    float alpha, limit;              /* ACT_SWIGLU_OAI's */
-    const float *router;             /* float32 [n_experts, hidden] */
-    const float *router_bias;        /* [n_experts], or NULL */
-    experts_t gate_up, down;         /* [E, 2F, hidden] (gate rows first), [E, hidden, F] */
-    const float *gate_up_bias;       /* [E, 2F], or NULL */
-    const float *down_bias;          /* [E, hidden], or NULL */
-    int32_t shared_F;                /* the shared expert's intermediate size, 0 without one */
-    experts_t shared_gate_up, shared_down; /* one expert each */
-    const float *shared_gate;        /* [hidden]: its output times sigmoid(h . shared_gate), or NULL */
-} moe_t;
-
 /* Scratch memory kept between calls, up to KEEP_BYTES, one buffer for the process: a prompt chunk's scratch is
    tens of MB, which malloc maps fresh on every call, and faulting those pages in again each layer costs as much as
    a good part of the layer's matmuls. A call that finds it in use (another thread's), or needs more, allocates
