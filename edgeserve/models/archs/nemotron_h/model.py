@@ -9,7 +9,7 @@ Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is o
   - (nemotron_h_moe) routed squared-ReLU experts (edgeserve.models.moe's layer, non-gated) beside a shared
     squared-ReLU MLP; the router's sigmoids plus a correction bias choose the top k, their sigmoids (renormalized)
     times the routed scaling factor weigh them; no KV, no state.
-The whole stack runs on the per-op path (no fused native plan yet).
+The whole stack runs on the per-op path (archs.nemotron_h.native_plan says why; Granite 4 H's layers run fused).
 """
 
 from __future__ import annotations
@@ -102,12 +102,36 @@ def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor,
 
 
 class Mamba2HybridDecoder(PerOpHybridDecoder):
-    """A per-op decoder with Mamba-2 layers (Nemotron-H, Granite 4 H), their shape as `dims` (run_mamba2 reads it)."""
+    """A decoder with Mamba-2 layers (Nemotron-H, Granite 4 H), their shape as `dims` (run_mamba2 reads it); one
+    whose `native_plan` gives a plan runs on the fused native stack where the plan fits, else per-op."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._native = False  # the fused native stack, planned on the first forward
 
     @cached_property
     def dims(self) -> Mamba2Dims:
         """The Mamba-2 layers' shape."""
         return mamba2_dims(self.config)
+
+    def native_plan(self):
+        """The fused plan of this model (None: none; the architecture's subclass says)."""
+        return None
+
+    def native_decoder(self):
+        """The whole layer stack as one native call (`native_plan`), planned once; None where it does not apply.
+        Setting `_native = None` keeps the per-op path."""
+        if self._native is False:
+            self._native = self.native_plan()
+        return self._native
+
+    def native_forward(self, x: torch.Tensor, positions: torch.Tensor, attn, states) -> torch.Tensor | None:
+        """The step's final-normed hidden states from the embeddings `x` on the fused stack, or None where the step
+        does not take it (no plan, another pool, states it does not run over)."""
+        native = self.native_decoder()
+        if native is None or not native.runs(attn) or not native.recurrent.takes(states, x.shape[0]):
+            return None
+        return native.forward(x, positions, attn)
 
 
 class NemotronHModel(Mamba2HybridDecoder):
