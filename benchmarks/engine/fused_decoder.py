@@ -9,7 +9,7 @@ same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qw
 beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for both).
 
     python benchmarks/engine/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
-                                       [--prefill 256 --prefill-reps 6]
+                                       [--prefill 256 --prefill-reps 6] [--kv-cache-gb 0.05]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
     ap.add_argument("--prefill-reps", type=int, default=6)
+    ap.add_argument("--kv-cache-gb", type=float, default=0.05,
+                    help="the LLM's cache budget (a hybrid's must hold one sequence's recurrent state)")
     return ap.parse_args()
 
 
@@ -41,7 +43,7 @@ def main() -> None:
     from edgeserve.engine.kv_cache import KVPool
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
-    llm = LLM(args.model, kv_cache_gb=0.05)
+    llm = LLM(args.model, kv_cache_gb=args.kv_cache_gb)
     model = llm.lm.model
     assert model.native_decoder() is not None, "this model does not take the fused native stack here"
     block = 16
