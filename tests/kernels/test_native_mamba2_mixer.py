@@ -31,7 +31,8 @@ def weights(seed: int = 0, norm: bool = True, bias: bool = True) -> dict:
     return {"conv": torch.randn(d.conv_dim, d.conv_kernel, generator=g) * 0.4,
             "conv_bias": torch.randn(d.conv_dim, generator=g) * 0.2 if bias else None,
             "dt_bias": torch.randn(d.num_heads, generator=g), "A": -torch.rand(d.num_heads, generator=g) * 3 - 0.1,
-            "D": torch.randn(d.num_heads, generator=g), "norm": torch.rand(d.inner, generator=g) + 0.5 if norm else None}
+            "D": torch.randn(d.num_heads, generator=g),
+            "norm": torch.rand(d.inner, generator=g) + 0.5 if norm else None}
 
 
 def pools(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -118,6 +118,6 @@ typedef struct step_pools {
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools);
 
-/* The layout of these structs (and gdn_layer.h's and ssd_layer.h's) for their ctypes mirror: sizeof of "layer_t", the offset of
-   "layer_t.attn.qkv", ...; -1 for a name it does not know. */
+/* The layout of these structs (and gdn_layer.h's and ssd_layer.h's) for their ctypes mirror: sizeof of "layer_t", the
+   offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
 int64_t qmm_decoder_layout(const char *name);

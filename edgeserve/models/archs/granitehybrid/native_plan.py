@@ -82,8 +82,9 @@ def build_granite(model) -> NativeDecoder | None:
         out.norms.branch_scale = c.residual_scale if c.residual_scale != 1.0 else 0.0
     identity = torch.ones(1, c.head_dim // 2), torch.zeros(1, c.head_dim // 2)  # no positional encoding
     f = next((layer.down.shape[1] for layer, plan in zip(layers, moe) if plan is None), 0)
-    decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
-                      c.query_scale or c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
+    scale = c.query_scale or c.head_dim ** -0.5
+    decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps, scale,
+                      model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(identity[0]), ptr(identity[1]))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
                          recurrent=recurrent(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
