@@ -4,8 +4,8 @@ each.
 A layer is blocks, each switched on by its struct's fields (zero / NULL: off): the attention block with its options
 (`Attention`), or a Gated DeltaNet or Mamba-2 mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a
 Mixture-of-Experts feed-forward in its place (`Layer.moe`, kernels.cpu.moe_layer), a per-layer input (`Ple`) and the
-residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like models, each architecture's
-native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
+residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like models, each
+architecture's native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
 tests/kernels/test_cpu_decoder_layout.py holds these to (`C_NAMES`).
 """
 
