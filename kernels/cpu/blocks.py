@@ -40,9 +40,9 @@ class Mixer(ctypes.Structure):
 
 
 class Mlp(ctypes.Structure):
-    """mlp_t: the gated MLP block; F 0: the decoder's intermediate size."""
+    """mlp_t: the gated MLP block, or with relu2 the ungated squared-ReLU one; F 0: the decoder's intermediate size."""
 
-    _fields_ = [("gate_up", QWeight), ("down", QWeight), ("F", _i32)]
+    _fields_ = [("gate_up", QWeight), ("down", QWeight), ("F", _i32), ("relu2", _i32)]
 
 
 class Ple(ctypes.Structure):

@@ -1,9 +1,9 @@
-"""Granite 4 H on the fused native stack (kernels/cpu/src/layer.c with the Mamba-2 mixer block, mamba2.c; planned
-by models.archs.granitehybrid.native_plan), against the per-op path on the same llama.cpp Q8_0 conversion of the
-converter-parity checkpoints: logits close at every position of chunked prompts and decodes; greedy tokens the same
-batched, alone and chunked; a prefix-cache hit resumes from a state snapshot and speculation rolls the states back
-on either path. Granite 4 H Tiny (experts beside the MLP) plans fused too where the GGUF holds the MLP as the MoE
-layer's shared expert; Nemotron-H stays per-op (archs.nemotron_h.native_plan says why)."""
+"""Granite 4 H and Nemotron-H (dense) on the fused native stack (kernels/cpu/src/layer.c with the Mamba-2 mixer block,
+mamba2.c; planned by models.archs.granitehybrid.native_plan and models.archs.nemotron_h.native_plan), against the
+per-op path on the same llama.cpp Q8_0 conversion of the converter-parity checkpoints: logits close at every position
+of chunked prompts and decodes; greedy tokens the same batched, alone and chunked; a prefix-cache hit resumes from a
+state snapshot and speculation rolls the states back on either path. Granite 4 H Tiny (experts beside the MLP) plans
+fused too where the GGUF holds the MLP as the MoE layer's shared expert; nemotron_h_moe stays per-op."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from edgeserve.llm import LLM  # noqa: E402
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
 
-@pytest.fixture(scope="module", params=["granitehybrid", "granitehybrid-moe", "nemotron_h"])
+@pytest.fixture(scope="module", params=["granitehybrid", "granitehybrid-moe", "nemotron_h", "nemotron_h_moe"])
 def q8(request, default_model_path, tmp_path_factory):
     """(case name, the case's Q8_0 GGUF loaded at bfloat16: float32 would keep the matrices dense)."""
     _, folder = make_checkpoint(request.param, default_model_path, tmp_path_factory)
@@ -32,34 +32,35 @@ def q8(request, default_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def granite(q8):
-    """Granite 4 H (dense) for the engine checks: the MoE case's random router flips experts at the near-ties that
+    """Granite 4 H and Nemotron-H (dense) for the engine checks: Granite's MoE case's random router flips experts at the near-ties that
     bf16 rounding moves (its per-op path alone moves by about 0.3 in log-probability with its activations rounded
     to bf16 or not), so its greedy tokens are not stable enough to compare across paths."""
-    if q8[0] != "granitehybrid":
-        pytest.skip("the engine checks run on the dense case")
+    if q8[0] not in ("granitehybrid", "nemotron_h"):
+        pytest.skip("the engine checks run on the dense cases")
     return q8[1]
 
 
 def test_which_models_plan_fused(q8) -> None:
     name, lm = q8
     lm.model._native = False
-    assert (lm.model.native_decoder() is not None) == name.startswith("granitehybrid")
+    assert (lm.model.native_decoder() is not None) == (name != "nemotron_h_moe")
 
 
 def test_logits_are_close_to_the_per_op_paths(q8) -> None:
     name, lm = q8
-    if name == "nemotron_h":
-        pytest.skip("Nemotron-H has no fused plan")
+    if name == "nemotron_h_moe":
+        pytest.skip("nemotron_h_moe has no fused plan")
     model = lm.model
     model._native = False
     fused = our_logits(model)
     assert model._native is not None
     model._native = None
     per_op = our_logits(model)
-    # bf16 noise: the per-op path itself moves by about 0.08 on the dense random model with its MLP's activation
-    # rounded to bf16 or not (the stack keeps it float32), by about 0.3 on the MoE one (its router flips experts)
-    dense = name == "granitehybrid"
-    assert max_logprob_diff(fused, per_op) < (0.15 if dense else 0.5)
+    # bf16 noise: the per-op path itself moves by about 0.08 (Granite 4 H) and 0.2 (Nemotron-H) on these random models
+    # with its activations rounded to bf16 or not (the stack keeps some float32), by about 0.3 on Granite's MoE one
+    # (its router flips experts)
+    dense = name != "granitehybrid-moe"
+    assert max_logprob_diff(fused, per_op) < (0.25 if dense else 0.5)
     agree = (fused.argmax(-1) == per_op.argmax(-1)).float().mean().item()
     assert agree == 1.0 if dense else agree >= 0.75
 
@@ -76,7 +77,15 @@ def test_greedy_tokens_are_the_per_op_paths_batched_alone_and_chunked(granite) -
         assert_empty(chunked)
         return out
 
-    batched, alone, chunked = fused_and_per_op(granite.model, run)[0]
+    if granite.config.architecture == "nemotron_h":
+        # this random Nemotron-H is chaotic over long prompts: its per-op path alone moves by 0.76 in log-probability
+        # on the 71-token prompt with its activations rounded to bf16 or not (the stack: 0.66 from it), so greedy
+        # tokens of the two paths part at near-ties; the fused path's are the same batched, alone and chunked
+        granite.model._native = False
+        batched, alone, chunked = run()
+        assert granite.model._native is not None
+    else:
+        batched, alone, chunked = fused_and_per_op(granite.model, run)[0]
     assert batched == alone == chunked
     assert len(set(batched[0])) > 3  # not a degenerate repetition
 

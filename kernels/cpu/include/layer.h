@@ -52,10 +52,12 @@ typedef struct {
     const ssd_layer_t *ssd;
 } mixer_t;
 
-/* The gated MLP block: gate_up matmul -> SiLU- or GELU(tanh)-mul (decoder_t.gelu) -> down matmul. */
+/* The gated MLP block: gate_up matmul -> SiLU- or GELU(tanh)-mul (decoder_t.gelu) -> down matmul; or, with relu2,
+   the ungated one: up matmul (gate_up holds up alone, F rows) -> relu(x)^2 -> down matmul. */
 typedef struct {
     qweight_t gate_up, down;
-    int32_t F; /* this layer's intermediate size (0: the decoder's) */
+    int32_t F;     /* this layer's intermediate size (0: the decoder's) */
+    int32_t relu2; /* ungated, squared ReLU (Nemotron-H's MLP blocks) */
 } mlp_t;
 
 /* A per-layer input after the feed-forward's residual add: x += rms_norm(proj(gelu_tanh(gate(x)) * the row's
@@ -76,6 +78,9 @@ typedef struct {
                               (Granite's residual multiplier; 0: none) */
 } norms_t;
 
+/* A layer without a token mixer (attn.qkv without parts, no mixer) runs its feed-forward on its input h (normed by
+   the previous layer's norms.next; the MLP block only); one without a feed-forward (no mlp.gate_up parts, no moe)
+   adds the mixer's output and norms with norms.next. Nemotron-H's single-mixer blocks are such layers. */
 typedef struct {
     attention_t attn;
     mixer_t mixer;    /* in place of attn where mixer.gdn or mixer.ssd is set */

@@ -5,8 +5,8 @@
           DeltaNet or Mamba-2 mixer in its place (in_proj -> qmm_gdn_mix / qmm_ssd_mix over the step's recurrent
           states -> out_proj)
        -> [RMSNorm] -> [times the branch scale] -> residual add + RMSNorm
-       -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down), or a Mixture-of-Experts one
-          (moe_layer.c) in its place
+       -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down; or up -> relu^2 -> down), or a
+          Mixture-of-Experts one (moe_layer.c) in its place
        -> [RMSNorm] -> [times the branch scale] -> residual add -> [per-layer input] -> [scale] -> the next layer's
           RMSNorm.
 
@@ -389,14 +389,16 @@ static void scale_branch(run_t *r, const layer_t *L) {
 /* The gated MLP of layer i over the normed h: its output in r->o; -1 when LoRA is out of memory. */
 static int mlp_block(run_t *r, int i, const mlp_t *p, const void *h) {
     const decoder_t *m = r->m;
-    const int T = r->T, hidden = m->hidden, F = p->F ? p->F : m->F;
+    const int T = r->T, hidden = m->hidden, F = p->F ? p->F : m->F, G = p->relu2 ? F : 2 * F;
     const void *lora = r->pools->lora;
     quantize(r, h, m->act_bf16, hidden);
     MARK(P_QUANT);
     matmul(&p->gate_up, hidden, r, r->gu);
-    if (lora && qmm_lora_add(lora, i, 2, h, m->act_bf16, hidden, T, hidden, r->gu, 2 * F, 2 * F)) return -1;
+    if (lora && qmm_lora_add(lora, i, 2, h, m->act_bf16, hidden, T, hidden, r->gu, G, G)) return -1;
     MARK(P_GATE_UP);
-    if (m->gelu)
+    if (p->relu2)
+        for (size_t j = 0; j < (size_t)T * F; j++) r->act[j] = r->gu[j] > 0.0f ? r->gu[j] * r->gu[j] : 0.0f;
+    else if (m->gelu)
         qmm_gelu_tanh_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
     else
         qmm_silu_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
@@ -464,20 +466,26 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
     const decoder_t *m = r->m;
     const layer_t *L = m->layers + i;
     const int T = r->T, hidden = m->hidden;
-    quantize(r, h, m->act_bf16, hidden);
-    MARK(P_QUANT);
-    if (L->mixer.ssd)
-        ssd_mixer_block(r, &L->mixer);
-    else if (L->mixer.gdn)
-        mixer_block(r, &L->mixer);
-    else if (attention_block(r, i, &L->attn, h))
-        return -1;
-    if (L->norms.mix_out) norm_in_place(r->o, hidden, T, hidden, L->norms.mix_out, m->eps);
-    scale_branch(r, L);
-    /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54) */
-    qmm_add_rms_norm(r->o, 0, hidden, x, L->norms.ffn_in, T, hidden, m->eps, x, L->moe ? (void *)r->hm : h,
-                     L->moe ? 0 : m->act_bf16);
-    MARK(P_NORM);
+    const int mixes = L->mixer.ssd || L->mixer.gdn || L->attn.qkv.n_parts, feeds = L->moe || L->mlp.gate_up.n_parts;
+    if (mixes) {
+        quantize(r, h, m->act_bf16, hidden);
+        MARK(P_QUANT);
+        if (L->mixer.ssd)
+            ssd_mixer_block(r, &L->mixer);
+        else if (L->mixer.gdn)
+            mixer_block(r, &L->mixer);
+        else if (attention_block(r, i, &L->attn, h))
+            return -1;
+        if (L->norms.mix_out) norm_in_place(r->o, hidden, T, hidden, L->norms.mix_out, m->eps);
+        scale_branch(r, L);
+        /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54); a layer
+           without a feed-forward ends here with the next layer's norm */
+        const float *norm = feeds ? L->norms.ffn_in : L->norms.next;
+        qmm_add_rms_norm(r->o, 0, hidden, x, norm, T, hidden, m->eps, x, L->moe ? (void *)r->hm : h,
+                         L->moe ? 0 : m->act_bf16);
+        MARK(P_NORM);
+        if (!feeds) return 0;
+    }
     if (L->moe ? moe_block(r, L->moe) : mlp_block(r, i, &L->mlp, h)) return -1;
     layer_end(r, i, L, x, h);
     return 0;
@@ -520,7 +528,7 @@ static const struct {
     AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
     AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
     SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, ssd),
-    SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F),
+    SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F), AT(mlp_t, relu2),
     SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),
     SIZE(norms_t), AT(norms_t, mix_out), AT(norms_t, ffn_in), AT(norms_t, ffn_out), AT(norms_t, next),
     AT(norms_t, out_scale), AT(norms_t, branch_scale),

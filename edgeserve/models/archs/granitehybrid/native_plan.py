@@ -26,7 +26,8 @@ from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.native import kept_f32_ptr
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
-from edgeserve.models.archs.nemotron_h.native_plan import fits, mamba2_fits, mamba2_mixers, pack_mamba2, recurrent
+from edgeserve.models.archs.nemotron_h.native_plan import (fits, identity_rope, mamba2_fits, mamba2_mixers,
+                                                            pack_mamba2, recurrent)
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def build_granite(model) -> NativeDecoder | None:
         out.norms.ffn_in = ptr(layer.post_norm)
         out.norms.next = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
         out.norms.branch_scale = c.residual_scale if c.residual_scale != 1.0 else 0.0
-    identity = torch.ones(1, c.head_dim // 2), torch.zeros(1, c.head_dim // 2)  # no positional encoding
+    identity = identity_rope(c.head_dim)  # no positional encoding
     f = next((layer.down.shape[1] for layer, plan in zip(layers, moe) if plan is None), 0)
     scale = c.query_scale or c.head_dim ** -0.5
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps, scale,

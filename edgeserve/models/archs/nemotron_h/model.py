@@ -9,7 +9,8 @@ Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is o
   - (nemotron_h_moe) routed squared-ReLU experts (edgeserve.models.moe's layer, non-gated) beside a shared
     squared-ReLU MLP; the router's sigmoids plus a correction bias choose the top k, their sigmoids (renormalized)
     times the routed scaling factor weigh them; no KV, no state.
-The whole stack runs on the per-op path (archs.nemotron_h.native_plan says why; Granite 4 H's layers run fused).
+On the CPU with every matrix in GGUF block formats the dense model runs in the fused native stack
+(archs.nemotron_h.native_plan), else (and nemotron_h_moe) per-op.
 """
 
 from __future__ import annotations
@@ -174,6 +175,12 @@ class NemotronHModel(Mamba2HybridDecoder):
         embed, lm_head = w.embed_and_head("model.embeddings.weight", c.tie_word_embeddings)
         return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, w.dtype, w.device)
 
+    def native_plan(self):
+        """The fused plan (archs.nemotron_h.native_plan), or None where it does not fit (MoE blocks among them)."""
+        from edgeserve.models.archs.nemotron_h.native_plan import build_nemotron_h
+
+        return build_nemotron_h(self)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
@@ -183,6 +190,9 @@ class NemotronHModel(Mamba2HybridDecoder):
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
+        fused = self.native_forward(x, torch.zeros_like(positions), attn, states)  # no positional encoding
+        if fused is not None:
+            return fused
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             if layer.mamba is not None:
@@ -216,7 +226,7 @@ class NemotronHModel(Mamba2HybridDecoder):
 
 
 def model_class(config: ModelConfig) -> type[NemotronHModel]:
-    """Nemotron-H's decoder (per-op path only)."""
+    """Nemotron-H's decoder."""
     return NemotronHModel
 
 
