@@ -5,11 +5,12 @@ decode row per sequence, alternating the fused stack (kernels.cpu.decoder, one n
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
 With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
-same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5) runs over a state pool
-beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for both).
+same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5, Granite 4 H) runs over a state
+pool beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for
+both).
 
     python benchmarks/engine/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
-                                       [--prefill 256 --prefill-reps 6]
+                                       [--prefill 256 --prefill-reps 6] [--kv-cache-gb 0.05]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--prefill", type=int, default=0, help="also time a prompt step of this many tokens")
     ap.add_argument("--prefill-reps", type=int, default=6)
+    ap.add_argument("--kv-cache-gb", type=float, default=0.05,
+                    help="the LLM's cache budget (a hybrid's must hold one sequence's recurrent state)")
     return ap.parse_args()
 
 
@@ -41,7 +44,7 @@ def main() -> None:
     from edgeserve.engine.kv_cache import KVPool
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
-    llm = LLM(args.model, kv_cache_gb=0.05)
+    llm = LLM(args.model, kv_cache_gb=args.kv_cache_gb)
     model = llm.lm.model
     assert model.native_decoder() is not None, "this model does not take the fused native stack here"
     block = 16
@@ -109,8 +112,8 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
         meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
         start = time.perf_counter()
         if states is not None:  # a cold prompt: from a zero state
-            states.conv.zero_()
-            states.recurrent.zero_()
+            for t in states.spec.tensors:
+                getattr(states, t.name).zero_()
         model.logits(model.forward(ids, pos, attention(pool, meta, states, [n]))[-1:])
         return (time.perf_counter() - start) * 1e3
 
@@ -130,12 +133,12 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
 
 def state_pool(model, num_seqs: int):
     """A hybrid model's recurrent-state pool with a slot per sequence, all taken (None for other models)."""
-    from edgeserve.engine.state_pool import StatePool, StateSpec
+    from edgeserve.engine.state_pool import StatePool, state_spec_for
 
     c = model.config
     if not getattr(c, "is_hybrid", False):
         return None
-    pool = StatePool(StateSpec(c.num_linear_layers, c.delta), num_seqs)
+    pool = StatePool(state_spec_for(c), num_seqs)
     for _ in range(num_seqs):
         pool.allocate()
     return pool
@@ -160,7 +163,9 @@ def matmul_timer(model, rows: int, head_rows: int):
     import torch
 
     names = ("qkv", "o_proj", "in_proj", "out_proj", "gate_up", "down")  # a hybrid's linear layers: in / out_proj
-    weights = [getattr(layer, n) for layer in model.layers for n in names if getattr(layer, n, None) is not None]
+    # a Mamba-2 hybrid's mixer projections sit in layer.mamba
+    parts = [p for layer in model.layers for p in (layer, getattr(layer, "mamba", None)) if p is not None]
+    weights = [getattr(p, n) for p in parts for n in names if getattr(p, n, None) is not None]
     xs = {w.in_features: torch.randn(rows, w.in_features).to(model.dtype) for w in weights}
     x_head = torch.randn(head_rows, model.config.hidden_size).to(model.dtype)
 

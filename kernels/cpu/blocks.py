@@ -1,11 +1,11 @@
-"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, moe_layer.h) in ctypes: one
-definition each.
+"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, ssd_layer.h, moe_layer.h) in ctypes:
+one definition each.
 
 A layer is blocks, each switched on by its struct's fields (zero / NULL: off): the attention block with its options
-(`Attention`), or a Gated DeltaNet mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a Mixture-of-Experts
-feed-forward in its place (`Layer.moe`: a `MoE` of `Experts`, packed by kernels.cpu.moe_layer), a per-layer input
-(`Ple`) and the residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like
-models, each architecture's native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
+(`Attention`), or a Gated DeltaNet or Mamba-2 mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a
+Mixture-of-Experts feed-forward in its place (`Layer.moe`: a `MoE` of `Experts`, packed by kernels.cpu.moe_layer), a
+per-layer input (`Ple`) and the residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for
+the Llama-like models, each architecture's native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
 tests/kernels/test_cpu_decoder_layout.py holds these to (`C_NAMES`).
 """
 
@@ -34,15 +34,16 @@ class Attention(ctypes.Structure):
 
 
 class Mixer(ctypes.Structure):
-    """mixer_t: a Gated DeltaNet mixer (a GdnLayer's address) in place of the attention, with its projections."""
+    """mixer_t: a Gated DeltaNet mixer (a GdnLayer's address) or a Mamba-2 one (an SsdLayer's) in place of the
+    attention, with its projections."""
 
-    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight)]
+    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight), ("ssd", _p)]
 
 
 class Mlp(ctypes.Structure):
-    """mlp_t: the gated MLP block; F 0: the decoder's intermediate size."""
+    """mlp_t: the gated MLP block, or with relu2 the ungated squared-ReLU one; F 0: the decoder's intermediate size."""
 
-    _fields_ = [("gate_up", QWeight), ("down", QWeight), ("F", _i32)]
+    _fields_ = [("gate_up", QWeight), ("down", QWeight), ("F", _i32), ("relu2", _i32)]
 
 
 class Ple(ctypes.Structure):
@@ -52,9 +53,11 @@ class Ple(ctypes.Structure):
 
 
 class Norms(ctypes.Structure):
-    """norms_t: the residual stream's norms around the blocks, and its scale at the layer's end (0: none)."""
+    """norms_t: the residual stream's norms around the blocks, its scale at the layer's end and the blocks' outputs'
+    scale before their residual adds (0: none)."""
 
-    _fields_ = [("mix_out", _p), ("ffn_in", _p), ("ffn_out", _p), ("next", _p), ("out_scale", _f32)]
+    _fields_ = [("mix_out", _p), ("ffn_in", _p), ("ffn_out", _p), ("next", _p), ("out_scale", _f32),
+                ("branch_scale", _f32)]
 
 
 class Layer(ctypes.Structure):
@@ -113,12 +116,17 @@ class MoE(ctypes.Structure):
                 ("router_bias", _p), ("gate_up", Experts), ("down", Experts), ("gate_up_bias", _p),
                 ("down_bias", _p), ("shared_F", _i32), ("shared_gate_up", Experts), ("shared_down", Experts),
                 ("shared_gate", _p)]
+class SsdLayer(ctypes.Structure):
+    """ssd_layer_t: one Mamba-2 mixer's sizes and small weights (Mixer.ssd points to one)."""
+
+    _fields_ = [("H", _i32), ("P", _i32), ("N", _i32), ("G", _i32), ("K", _i32), ("index", _i32), ("eps", _f32),
+                ("conv_weight", _p), ("conv_bias", _p), ("dt_bias", _p), ("A", _p), ("D", _p), ("norm", _p)]
 
 
 # each struct's C name (qmm_decoder_layout's)
 C_NAMES = {QWeight: "qweight_t", Attention: "attention_t", Mixer: "mixer_t", Mlp: "mlp_t", Ple: "ple_t",
            Norms: "norms_t", Layer: "layer_t", Decoder: "decoder_t", StepPools: "step_pools_t",
-           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", Experts: "experts_t", MoE: "moe_t"}
+           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", SsdLayer: "ssd_layer_t", Experts: "experts_t", MoE: "moe_t"}
 
 
 def layout_mismatches(lib: ctypes.CDLL) -> list[str]:

@@ -230,6 +230,7 @@ SIGNATURES = {
                            _f32, _p, _p], None),  # qmm_gdn_rule's, then the state after every row
     "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
     "qmm_ssd_rule": ([_p, _p, _p, _i64, _p, _p, _p, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _p], None),
+    "qmm_ssd_mix": ([_p, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
     "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i32, _i32, _i32, _p], None),
     "qmm_moe_matmul": ([_i32, _p, _p, _p, _p, _p, _i32, _p, _p, _p, _i32, _p, _p, _p, _i64], _i32),

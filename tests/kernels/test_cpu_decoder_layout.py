@@ -1,6 +1,6 @@
-"""The fused stack's structs are written once in C (kernels/cpu/include/layer.h, gdn_layer.h, moe_layer.h) and once
-in ctypes (kernels.cpu.blocks): the library's qmm_decoder_layout gives C's sizes and field offsets, and every ctypes
-struct must agree with it field for field."""
+"""The fused stack's structs are written once in C (kernels/cpu/include/layer.h, gdn_layer.h, ssd_layer.h,
+moe_layer.h) and once in ctypes (kernels.cpu.blocks): the library's qmm_decoder_layout gives C's sizes and field
+offsets, and every ctypes struct must agree with it field for field."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def test_ctypes_structs_have_the_c_layout():
     # every struct and field was asked for by name, and C knew each one
     assert lib.qmm_decoder_layout(b"layer_t.attn") == 0
     assert lib.qmm_decoder_layout(b"layer_t.norms") == blocks.Layer.norms.offset > 0
+    assert lib.qmm_decoder_layout(b"mixer_t.ssd") == blocks.Mixer.ssd.offset > blocks.Mixer.out_proj.offset
+    assert lib.qmm_decoder_layout(b"ssd_layer_t.norm") == blocks.SsdLayer.norm.offset > 0
+    assert lib.qmm_decoder_layout(b"norms_t.branch_scale") == blocks.Norms.branch_scale.offset > 0
     assert lib.qmm_decoder_layout(b"no_such_t") == -1
     # the MoE block's plan too (moe_layer.h): every field of moe_t and experts_t, and both sizes
     for cls in (blocks.MoE, blocks.Experts):

@@ -11,6 +11,7 @@
 
 #include "gdn_layer.h"
 #include "moe_layer.h"
+#include "ssd_layer.h"
 
 enum { QWEIGHT_MAX_PARTS = 4 };
 
@@ -42,17 +43,21 @@ typedef struct {
                                 own, the attention output times sigmoid(gate) before o */
 } attention_t;
 
-/* A Gated DeltaNet mixer in place of the attention: in_proj matmul -> qmm_gdn_mix (gated_delta.c) over the step's
-   recurrent states in place -> out_proj matmul. gdn NULL: the layer attends. */
+/* A recurrent mixer in place of the attention: in_proj matmul -> a Gated DeltaNet (qmm_gdn_mix, gated_delta.c) or
+   a Mamba-2 one (qmm_ssd_mix, mamba2.c) over the step's recurrent states in place -> out_proj matmul. gdn and ssd
+   NULL: the layer attends. */
 typedef struct {
     const gdn_layer_t *gdn;
     qweight_t in_proj, out_proj;
+    const ssd_layer_t *ssd;
 } mixer_t;
 
-/* The gated MLP block: gate_up matmul -> SiLU- or GELU(tanh)-mul (decoder_t.gelu) -> down matmul. */
+/* The gated MLP block: gate_up matmul -> SiLU- or GELU(tanh)-mul (decoder_t.gelu) -> down matmul; or, with relu2,
+   the ungated one: up matmul (gate_up holds up alone, F rows) -> relu(x)^2 -> down matmul. */
 typedef struct {
     qweight_t gate_up, down;
-    int32_t F; /* this layer's intermediate size (0: the decoder's) */
+    int32_t F;     /* this layer's intermediate size (0: the decoder's) */
+    int32_t relu2; /* ungated, squared ReLU (Nemotron-H's MLP blocks) */
 } mlp_t;
 
 /* A per-layer input after the feed-forward's residual add: x += rms_norm(proj(gelu_tanh(gate(x)) * the row's
@@ -69,11 +74,16 @@ typedef struct {
     const float *ffn_out;  /* RMSNorm of the feed-forward's output before its residual add, or NULL */
     const float *next;     /* the next layer's input norm; the final norm after the last layer */
     float out_scale;       /* the residual stream's scale at the layer's end (0: none) */
+    float branch_scale;    /* the mixer's and the feed-forward's outputs times this before their residual adds
+                              (Granite's residual multiplier; 0: none) */
 } norms_t;
 
+/* A layer without a token mixer (attn.qkv without parts, no mixer) runs its feed-forward on its input h (normed by
+   the previous layer's norms.next; the MLP block only); one without a feed-forward (no mlp.gate_up parts, no moe)
+   adds the mixer's output and norms with norms.next. Nemotron-H's single-mixer blocks are such layers. */
 typedef struct {
     attention_t attn;
-    mixer_t mixer;    /* in place of attn where mixer.gdn is set */
+    mixer_t mixer;    /* in place of attn where mixer.gdn or mixer.ssd is set */
     mlp_t mlp;
     const moe_t *moe; /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of mlp, or NULL */
     ple_t ple;
@@ -113,6 +123,6 @@ typedef struct step_pools {
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools);
 
-/* The layout of these structs (and gdn_layer.h's and moe_layer.h's) for their ctypes mirror: sizeof of "layer_t",
-   the offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
+/* The layout of these structs (and gdn_layer.h's, ssd_layer.h's and moe_layer.h's) for their ctypes mirror: sizeof of
+   "layer_t", the offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
 int64_t qmm_decoder_layout(const char *name);

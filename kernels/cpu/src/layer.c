@@ -2,18 +2,21 @@
 
      h -> token mixer: the attention block (qkv matmul (+ bias) -> [q / k / v norms per head] -> RoPE + K/V write
           into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a Gated
-          DeltaNet mixer in its place (in_proj -> qmm_gdn_mix over the step's recurrent states -> out_proj)
-       -> [RMSNorm] -> residual add + RMSNorm
-       -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down), or a Mixture-of-Experts one
-          (moe_layer.c) in its place
-       -> [RMSNorm] -> residual add -> [per-layer input] -> [scale] -> the next layer's RMSNorm.
+          DeltaNet or Mamba-2 mixer in its place (in_proj -> qmm_gdn_mix / qmm_ssd_mix over the step's recurrent
+          states -> out_proj)
+       -> [RMSNorm] -> [times the branch scale] -> residual add + RMSNorm
+       -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down; or up -> relu^2 -> down), or a
+          Mixture-of-Experts one (moe_layer.c) in its place
+       -> [RMSNorm] -> [times the branch scale] -> residual add -> [per-layer input] -> [scale] -> the next layer's
+          RMSNorm.
 
    A layer runs the blocks its layer_t switches on; the bracketed steps are options, off when zero / NULL.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of the models
    (qmm/, attention.c, elementwise.c, gated_delta.c, moe_layer.c), so its results are bit for bit those of that
-   path; what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel
-   computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
+   path (save the Mamba-2 mixer, whose per-op conv and norm are torch's: mamba2.c agrees with them to rounding);
+   what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel computes
+   each row on its own in a fixed order, so a row's result does not depend on the batch. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -154,7 +157,12 @@ static widths_t layer_widths(const decoder_t *m) {
         w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd);
         w.f = imax(w.f, L->mlp.F ? L->mlp.F : m->F);
         w.kvd = imax(w.kvd, d.Hkv * d.D);
-        if (L->mixer.gdn) { /* the mixer's scratch and output; o's input width */
+        if (L->mixer.ssd) { /* the Mamba-2 mixer's scratch and output; o's input width */
+            const ssd_layer_t *s = L->mixer.ssd;
+            w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
+            w.mix = imax(w.mix, (int)ssd_scratch_per_row(s) + s->H * s->P);
+            w.mix_in = imax(w.mix_in, s->H * s->P);
+        } else if (L->mixer.gdn) { /* the mixer's scratch and output; o's input width */
             const gdn_layer_t *g = L->mixer.gdn;
             w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
             w.mix = imax(w.mix, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
@@ -358,17 +366,39 @@ static void mixer_block(run_t *r, const mixer_t *mx) {
     MARK(P_O);
 }
 
+/* The Mamba-2 mixer over the quantized h: in_proj, qmm_ssd_mix over the step's states, out_proj into r->o. */
+static void ssd_mixer_block(run_t *r, const mixer_t *mx) {
+    const ssd_layer_t *s = mx->ssd;
+    const int T = r->T, np = weight_rows(&mx->in_proj), inner = s->H * s->P;
+    matmul(&mx->in_proj, r->m->hidden, r, r->qkv);
+    MARK(P_QKV);
+    qmm_ssd_mix(s, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * inner, r->mix);
+    MARK(P_ATTN);
+    quantize(r, r->mix, 0, inner);
+    matmul(&mx->out_proj, inner, r, r->o);
+    MARK(P_O);
+}
+
+/* o *= the layer's branch scale, when it has one (before a residual add) */
+static void scale_branch(run_t *r, const layer_t *L) {
+    const float k = L->norms.branch_scale;
+    if (k != 0.0f)
+        for (size_t j = 0; j < (size_t)r->T * r->m->hidden; j++) r->o[j] *= k;
+}
+
 /* The gated MLP of layer i over the normed h: its output in r->o; -1 when LoRA is out of memory. */
 static int mlp_block(run_t *r, int i, const mlp_t *p, const void *h) {
     const decoder_t *m = r->m;
-    const int T = r->T, hidden = m->hidden, F = p->F ? p->F : m->F;
+    const int T = r->T, hidden = m->hidden, F = p->F ? p->F : m->F, G = p->relu2 ? F : 2 * F;
     const void *lora = r->pools->lora;
     quantize(r, h, m->act_bf16, hidden);
     MARK(P_QUANT);
     matmul(&p->gate_up, hidden, r, r->gu);
-    if (lora && qmm_lora_add(lora, i, 2, h, m->act_bf16, hidden, T, hidden, r->gu, 2 * F, 2 * F)) return -1;
+    if (lora && qmm_lora_add(lora, i, 2, h, m->act_bf16, hidden, T, hidden, r->gu, G, G)) return -1;
     MARK(P_GATE_UP);
-    if (m->gelu)
+    if (p->relu2)
+        for (size_t j = 0; j < (size_t)T * F; j++) r->act[j] = r->gu[j] > 0.0f ? r->gu[j] * r->gu[j] : 0.0f;
+    else if (m->gelu)
         qmm_gelu_tanh_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
     else
         qmm_silu_mul(r->gu, 0, 2 * (int64_t)F, T, F, r->act);
@@ -416,6 +446,7 @@ static void layer_end(run_t *r, int i, const layer_t *L, float *x, void *h) {
     const decoder_t *m = r->m;
     const int T = r->T, hidden = m->hidden;
     if (L->norms.ffn_out) norm_in_place(r->o, hidden, T, hidden, L->norms.ffn_out, m->eps);
+    scale_branch(r, L);
     if (L->ple.gate.n_parts || L->norms.out_scale != 0.0f) {
         for (size_t j = 0; j < (size_t)T * hidden; j++) x[j] += r->o[j];
         MARK(P_NORM);
@@ -435,17 +466,26 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
     const decoder_t *m = r->m;
     const layer_t *L = m->layers + i;
     const int T = r->T, hidden = m->hidden;
-    quantize(r, h, m->act_bf16, hidden);
-    MARK(P_QUANT);
-    if (L->mixer.gdn)
-        mixer_block(r, &L->mixer);
-    else if (attention_block(r, i, &L->attn, h))
-        return -1;
-    if (L->norms.mix_out) norm_in_place(r->o, hidden, T, hidden, L->norms.mix_out, m->eps);
-    /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54) */
-    qmm_add_rms_norm(r->o, 0, hidden, x, L->norms.ffn_in, T, hidden, m->eps, x, L->moe ? (void *)r->hm : h,
-                     L->moe ? 0 : m->act_bf16);
-    MARK(P_NORM);
+    const int mixes = L->mixer.ssd || L->mixer.gdn || L->attn.qkv.n_parts, feeds = L->moe || L->mlp.gate_up.n_parts;
+    if (mixes) {
+        quantize(r, h, m->act_bf16, hidden);
+        MARK(P_QUANT);
+        if (L->mixer.ssd)
+            ssd_mixer_block(r, &L->mixer);
+        else if (L->mixer.gdn)
+            mixer_block(r, &L->mixer);
+        else if (attention_block(r, i, &L->attn, h))
+            return -1;
+        if (L->norms.mix_out) norm_in_place(r->o, hidden, T, hidden, L->norms.mix_out, m->eps);
+        scale_branch(r, L);
+        /* a MoE layer's input stays float32: rounded to bf16, a router near-tie flips experts (issue 54); a layer
+           without a feed-forward ends here with the next layer's norm */
+        const float *norm = feeds ? L->norms.ffn_in : L->norms.next;
+        qmm_add_rms_norm(r->o, 0, hidden, x, norm, T, hidden, m->eps, x, L->moe ? (void *)r->hm : h,
+                         L->moe ? 0 : m->act_bf16);
+        MARK(P_NORM);
+        if (!feeds) return 0;
+    }
     if (L->moe ? moe_block(r, L->moe) : mlp_block(r, i, &L->mlp, h)) return -1;
     layer_end(r, i, L, x, h);
     return 0;
@@ -487,11 +527,11 @@ static const struct {
     AT(attention_t, k_norm), AT(attention_t, v_norm), AT(attention_t, sinks), AT(attention_t, o_bias),
     AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
     AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
-    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj),
-    SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F),
+    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, ssd),
+    SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F), AT(mlp_t, relu2),
     SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),
     SIZE(norms_t), AT(norms_t, mix_out), AT(norms_t, ffn_in), AT(norms_t, ffn_out), AT(norms_t, next),
-    AT(norms_t, out_scale),
+    AT(norms_t, out_scale), AT(norms_t, branch_scale),
     SIZE(layer_t), AT(layer_t, attn), AT(layer_t, mixer), AT(layer_t, mlp), AT(layer_t, moe), AT(layer_t, ple),
     AT(layer_t, norms),
     SIZE(decoder_t), AT(decoder_t, n_layers), AT(decoder_t, hidden), AT(decoder_t, H), AT(decoder_t, Hkv),
@@ -513,6 +553,10 @@ static const struct {
     AT(moe_t, normalize), AT(moe_t, act), AT(moe_t, alpha), AT(moe_t, limit), AT(moe_t, router),
     AT(moe_t, router_bias), AT(moe_t, gate_up), AT(moe_t, down), AT(moe_t, gate_up_bias), AT(moe_t, down_bias),
     AT(moe_t, shared_F), AT(moe_t, shared_gate_up), AT(moe_t, shared_down), AT(moe_t, shared_gate),
+    SIZE(ssd_layer_t), AT(ssd_layer_t, H), AT(ssd_layer_t, P), AT(ssd_layer_t, N), AT(ssd_layer_t, G),
+    AT(ssd_layer_t, K), AT(ssd_layer_t, index), AT(ssd_layer_t, eps), AT(ssd_layer_t, conv_weight),
+    AT(ssd_layer_t, conv_bias), AT(ssd_layer_t, dt_bias), AT(ssd_layer_t, A), AT(ssd_layer_t, D),
+    AT(ssd_layer_t, norm),
 };
 
 int64_t qmm_decoder_layout(const char *name) {

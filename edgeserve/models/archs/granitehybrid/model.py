@@ -4,7 +4,8 @@ Each layer is x = x + r * mixer(input_norm(x)); x = x + r * mlp(post_norm(x)) wi
 the embeddings times its embedding multiplier and the logits divided by its logits scaling. The mixer is Mamba-2
 (archs.nemotron_h's: conv and ssm states in a slot of the engine's StatePool, `attn.states`) or GQA attention with
 Granite's attention multiplier as its scale and no positional encoding; the MLP is SwiGLU (`shared_mlp`:
-input_linear = [gate; up], output_linear). The whole stack runs on the per-op path.
+input_linear = [gate; up], output_linear). On the CPU with every matrix in GGUF block formats the whole stack runs
+in the fused native stack (archs.granitehybrid.native_plan), else per-op.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from edgeserve.models.archs.nemotron_h.model import (Mamba2HybridDecoder, Mamba2
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import next_norm, step_states
-from edgeserve.models.moe import MoELayer
+from edgeserve.models.moe import MoELayer, ffn_input_dtype
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights
 from edgeserve.models.weight_loader import WeightLoader
@@ -107,6 +108,12 @@ class GraniteHybridModel(Mamba2HybridDecoder):
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         return cls(c, embed, layers, w.vector("model.norm.weight"), lm_head, w.dtype, w.device)
 
+    def native_plan(self):
+        """The fused plan (archs.granitehybrid.native_plan), or None where it does not fit."""
+        from edgeserve.models.archs.granitehybrid.native_plan import build_granite
+
+        return build_granite(self)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
@@ -116,6 +123,9 @@ class GraniteHybridModel(Mamba2HybridDecoder):
         c = self.config
         eps, r = c.rms_norm_eps, c.residual_scale
         x = self.embed_rows(input_ids) * (c.embed_scale or 1.0)
+        fused = self.native_forward(x, torch.zeros_like(positions), attn, states)  # no positional encoding
+        if fused is not None:
+            return fused
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             if layer.mamba is not None:
@@ -128,7 +138,7 @@ class GraniteHybridModel(Mamba2HybridDecoder):
                          v.reshape(t, c.num_kv_heads, c.head_dim), slots)
                 o = attn.attend(i, q.reshape(t, c.num_heads, c.head_dim), scale=c.query_scale)  # type: ignore
                 y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
-            h, x = add_rms_norm(y.float() * r, x, layer.post_norm, eps, self.dtype)
+            h, x = add_rms_norm(y.float() * r, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self._feed_forward(layer, h, prompt_rows)
             h, x = add_rms_norm(y.float() * r, x, next_norm(self, i), eps, self.dtype)
         return h
@@ -147,7 +157,7 @@ class GraniteHybridModel(Mamba2HybridDecoder):
 
 
 def model_class(config: ModelConfig) -> type[GraniteHybridModel]:
-    """Granite 4 H's decoder (per-op path only)."""
+    """Granite 4 H's decoder."""
     return GraniteHybridModel
 
 

@@ -9,7 +9,8 @@ Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is o
   - (nemotron_h_moe) routed squared-ReLU experts (edgeserve.models.moe's layer, non-gated) beside a shared
     squared-ReLU MLP; the router's sigmoids plus a correction bias choose the top k, their sigmoids (renormalized)
     times the routed scaling factor weigh them; no KV, no state.
-The whole stack runs on the per-op path (no fused native plan yet).
+On the CPU with every matrix in GGUF block formats the dense model runs in the fused native stack
+(archs.nemotron_h.native_plan), else (and nemotron_h_moe) per-op.
 """
 
 from __future__ import annotations
@@ -102,12 +103,36 @@ def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor,
 
 
 class Mamba2HybridDecoder(PerOpHybridDecoder):
-    """A per-op decoder with Mamba-2 layers (Nemotron-H, Granite 4 H), their shape as `dims` (run_mamba2 reads it)."""
+    """A decoder with Mamba-2 layers (Nemotron-H, Granite 4 H), their shape as `dims` (run_mamba2 reads it); one
+    whose `native_plan` gives a plan runs on the fused native stack where the plan fits, else per-op."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._native = False  # the fused native stack, planned on the first forward
 
     @cached_property
     def dims(self) -> Mamba2Dims:
         """The Mamba-2 layers' shape."""
         return mamba2_dims(self.config)
+
+    def native_plan(self):
+        """The fused plan of this model (None: none; the architecture's subclass says)."""
+        return None
+
+    def native_decoder(self):
+        """The whole layer stack as one native call (`native_plan`), planned once; None where it does not apply.
+        Setting `_native = None` keeps the per-op path."""
+        if self._native is False:
+            self._native = self.native_plan()
+        return self._native
+
+    def native_forward(self, x: torch.Tensor, positions: torch.Tensor, attn, states) -> torch.Tensor | None:
+        """The step's final-normed hidden states from the embeddings `x` on the fused stack, or None where the step
+        does not take it (no plan, another pool, states it does not run over)."""
+        native = self.native_decoder()
+        if native is None or not native.runs(attn) or not native.recurrent.takes(states, x.shape[0]):
+            return None
+        return native.forward(x, positions, attn)
 
 
 class NemotronHModel(Mamba2HybridDecoder):
@@ -150,6 +175,12 @@ class NemotronHModel(Mamba2HybridDecoder):
         embed, lm_head = w.embed_and_head("model.embeddings.weight", c.tie_word_embeddings)
         return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, w.dtype, w.device)
 
+    def native_plan(self):
+        """The fused plan (archs.nemotron_h.native_plan), or None where it does not fit (MoE blocks among them)."""
+        from edgeserve.models.archs.nemotron_h.native_plan import build_nemotron_h
+
+        return build_nemotron_h(self)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
                 prompt_rows: PromptRows | None = None) -> torch.Tensor:
@@ -159,6 +190,9 @@ class NemotronHModel(Mamba2HybridDecoder):
         c = self.config
         eps = c.rms_norm_eps
         x = self.embed_rows(input_ids)
+        fused = self.native_forward(x, torch.zeros_like(positions), attn, states)  # no positional encoding
+        if fused is not None:
+            return fused
         h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             if layer.mamba is not None:
@@ -192,7 +226,7 @@ class NemotronHModel(Mamba2HybridDecoder):
 
 
 def model_class(config: ModelConfig) -> type[NemotronHModel]:
-    """Nemotron-H's decoder (per-op path only)."""
+    """Nemotron-H's decoder."""
     return NemotronHModel
 
 

@@ -31,11 +31,13 @@ from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, 
 
 @dataclass
 class Mixers:
-    """A plan's Gated DeltaNet layers (the structs layer_t.mixer.gdn points to) and, per step, the states they run over
-    (NativeDecoder.recurrent)."""
+    """A plan's recurrent mixer layers (the structs layer_t.mixer.gdn, or .ssd, points to) and, per step, the states
+    they run over (NativeDecoder.recurrent): the pool's conv tensor and its `state` one (Gated DeltaNet's
+    `recurrent`, Mamba-2's `ssm`)."""
 
     layers: ctypes.Array
     num_layers: int  # linear layers: the state pool's layers
+    state: str = "recurrent"  # the pool's tensor the mixers' recurrence runs on
 
     def takes(self, states, num_rows: int) -> bool:
         """Whether the stack runs over these step states (engine.state_pool.StepStates): float32 pools of this
@@ -44,16 +46,16 @@ class Mixers:
         if pool is None or states.batch.num_tokens != num_rows:
             return False
         return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                   and t.shape[1] == self.num_layers for t in (pool.conv, pool.recurrent))
+                   and t.shape[1] == self.num_layers for t in (pool.conv, getattr(pool, self.state)))
 
     def __call__(self, attn) -> tuple[GdnStep, list]:
         """The step's gdn_step_t over `attn.states`, and the tensors it points into."""
         states = attn.states
         pool, batch = states.pool, states.batch
         cu, slots = batch.cu_seqlens.to(torch.int32).contiguous(), batch.slots.to(torch.int32).contiguous()
-        step = GdnStep(pool.conv.data_ptr(), pool.conv.stride(0), pool.conv.stride(1), pool.recurrent.data_ptr(),
-                       pool.recurrent.stride(0), pool.recurrent.stride(1), cu.data_ptr(), slots.data_ptr(),
-                       slots.numel())
+        rec = getattr(pool, self.state)
+        step = GdnStep(pool.conv.data_ptr(), pool.conv.stride(0), pool.conv.stride(1), rec.data_ptr(), rec.stride(0),
+                       rec.stride(1), cu.data_ptr(), slots.data_ptr(), slots.numel())
         return step, [cu, slots]
 
 
