@@ -61,13 +61,6 @@ static inline __attribute__((always_inline)) __m256i x8_k_run(int fmt, const uin
                                                _mm256_set1_epi8(0x10)));
 }
 
-/* Run c of odd block j of a Q4_K _X8 group at g as 16 x the quants (the high nibbles in place): dpbusd's sum of
-   them is exactly 16 x x8_k_run's (VNNI builds). */
-static inline __attribute__((always_inline)) __m256i x8_q4k_hi16(const uint8_t *g, int j, int c) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(g + 128 + 256 * (j / 2) + 32 * c));
-    return _mm256_and_si256(w, _mm256_set1_epi8((char)0xF0));
-}
-
 /* Run c (values 4c .. 4c + 3) of block j of a Q6_K _X8 group at g: the 8 rows' unsigned 6-bit quants. */
 static inline __attribute__((always_inline)) __m256i x8_q6_run(const uint8_t *g, int j, int c) {
     const __m256i lw = _mm256_loadu_si256((const __m256i *)(g + q6x8_lo(j / 2) + 32 * c));
@@ -241,19 +234,15 @@ static inline __attribute__((always_inline)) void dot_x8(int fmt, const uint8_t 
                 for (int r = 0; r < nr; r++) s16[r] = i32[r] = _mm256_setzero_si256();
 #if defined(QMM_VNNI)
                 if (dpbusd) {
-                    /* Q4_K's odd blocks (the high nibbles) as 16 x q: one and per run instead of a shift and an
-                       and, the 16 taken off each row's exact int32 sum by one shift (|sum| <= 32 x 240 x 127) */
-                    const int hi16 = fmt == F_Q4_K_X8 && (j & 1);
 #pragma GCC unroll 8
                     for (int c = 0; c < 8; c++) {
-                        const __m256i u = hi16 ? x8_q4k_hi16(g, j, c) : x8_k_run(fmt, g, j, c);
+                        const __m256i u = x8_k_run(fmt, g, j, c);
                         for (int r = 0; r < nr; r++) {
                             i32[r] = _mm256_dpbusd_epi32(i32[r], u, A4(r, b, c));
                             PIN(i32[r]);
                         }
                     }
-                    for (int r = 0; r < nr; r++)
-                        i32[r] = _mm256_mullo_epi32(hi16 ? _mm256_srai_epi32(i32[r], 4) : i32[r], s32);
+                    for (int r = 0; r < nr; r++) i32[r] = _mm256_mullo_epi32(i32[r], s32);
                 } else
 #endif
                 {
@@ -441,21 +430,18 @@ static inline __attribute__((always_inline)) void dot_x16(int fmt, const uint8_t
                 const __m512i s32 = _mm512_cvtepu8_epi32(cat64(sc0 + 8 * j, sc1 + 8 * j));
                 const __m512 mnv = _mm512_mul_ps(nmv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(cat64(mn0 + 8 * j, mn1 + 8 * j))));
                 const __m128i jc = _mm_cvtsi32_si128(j);
-                const int hi16 = fmt == F_Q4_K_X8 && (j & 1); /* as dot_x8's: 16 x q, the 16 shifted off the sum */
                 __m512i u[8];
                 for (int c = 0; c < 8; c++) {
                     const int o = q0 + 256 * (j / 2) + 32 * c;
                     const __m512i wv = cat256(g0 + o, g1 + o);
-                    u[c] = hi16 ? _mm512_and_si512(wv, _mm512_set1_epi8((char)0xF0))
-                                : _mm512_and_si512(j & 1 ? _mm512_srli_epi16(wv, 4) : wv, low4);
+                    u[c] = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(wv, 4) : wv, low4);
                     if (fmt == F_Q5_K_X8) {
                         const __m512i h = cat256(g0 + 128 + 32 * c, g1 + 128 + 32 * c);
                         u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_slli_epi16(_mm512_srl_epi16(h, jc), 4), x10));
                     }
                 }
                 for (int r = 0; r < nr; r++) {
-                    const __m512i d8 = dpbusd8(u, ROW(r, b));
-                    const __m512i i32 = _mm512_mullo_epi32(hi16 ? _mm512_srai_epi32(d8, 4) : d8, s32);
+                    const __m512i i32 = _mm512_mullo_epi32(dpbusd8(u, ROW(r, b)), s32);
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dv, _mm512_set1_ps(DA(r, b))), acc[r]);
                     acc[r] = _mm512_fmadd_ps(mnv, _mm512_set1_ps(FS(r, b)), acc[r]);
                     PINZ(acc[r]);
