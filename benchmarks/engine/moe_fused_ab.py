@@ -81,7 +81,7 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.cpu import native as cpu_native
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 

@@ -23,7 +23,7 @@ from .config import EngineConfig
 from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
-from .prefix_key import NO_KEY, PrefixKey
+from .cache.prefix_key import NO_KEY, PrefixKey
 from .request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from edgeserve.errors import check_field, config_error
 from edgeserve.offload.config import OffloadConfig
 
+from .cache.kv_dtypes import KV_CACHE_DTYPES
 from .scheduler import SchedulerConfig, check_decode_slowdown
 
-# --kv-cache-dtype choices (engine.kv_format resolves them; kept here so the CLI stays torch-free)
-KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
 LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.adapters.AdapterStore)
 
 

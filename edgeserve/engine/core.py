@@ -36,19 +36,19 @@ from edgeserve.text.grammar import GrammarCompiler
 from .adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, engine_kv_format, size_pool
+from .cache.kv_cache import KVPool, engine_kv_format, size_pool
 from .thinking_budget import ThinkingBudget, ThinkingState
 from .model_runner import ModelRunner, TokenFill
 from .output_processor import OutputProcessor
-from .prefix_key import NO_KEY, PrefixKey
+from .cache.prefix_key import NO_KEY, PrefixKey
 from .request_check import check_images, check_mrope, check_request, check_spans, output_budget
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
 from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
 from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
 from .scheduler import Scheduler, SchedulerOutput
-from .snapshot_points import turn_marker_ids
-from .state_cache import StateSlots
-from .state_pool import state_spec_for
+from .cache.snapshot_points import turn_marker_ids
+from .cache.state_cache import StateSlots
+from .cache.state_pool import state_spec_for
 from .spec import Speculator, is_assistant, speculative_method
 
 log = logging.getLogger("edgeserve.engine")

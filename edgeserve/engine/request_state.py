@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeserve.sampling_params import SamplingParams
 
-from .prefix_key import NO_KEY, PrefixKey
+from .cache.prefix_key import NO_KEY, PrefixKey
 
 if TYPE_CHECKING:
     import torch

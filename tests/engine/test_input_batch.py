@@ -38,7 +38,7 @@ def test_rows_write_only_new_blocks_and_follow_shrink_and_remove(monkeypatch):
 
 
 def test_engine_keeps_only_running_sequences_and_copies_no_table(monkeypatch):
-    from edgeserve.engine.kv_blocks import BlockManager
+    from edgeserve.engine.cache.kv_blocks import BlockManager
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 

@@ -29,7 +29,7 @@ from mtp_reference import mtp_reference_logits  # noqa: E402
 from support.spec_runs import (GREEDY, ForcedOracle, assert_drafts_are_reference_argmax,  # noqa: E402
                                assert_drafts_carry_distributions, assert_mixed_batch_keeps_greedy, outputs, prompts)
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention  # noqa: E402
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention  # noqa: E402
 from edgeserve.engine.spec import NoMtpHeadError  # noqa: E402
 from edgeserve.engine.spec.speculator import MAX_BACKLOG  # noqa: E402
 from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402

@@ -173,7 +173,7 @@ def test_abort_mid_stream_frees_everything(tiny, fills):
 def test_static_buffer_decode_path_fills_from_the_device(tiny, fills):
     """The CUDA-graph bookkeeping (run eagerly, capture off) takes placeholder ids from the device too."""
     from edgeserve.engine.cuda_graphs import DecodeGraphs
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_cache import KVPool
 
     prompts = _prompts(5)
     params = SamplingParams(temperature=0, max_tokens=8)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgeserve.engine.kv_blocks import BlockManager
+from edgeserve.engine.cache.kv_blocks import BlockManager
 from edgeserve.engine.spec import NgramProposer, token_probs, verify
 from edgeserve.engine.spec.verify import draw
 from edgeserve.sampling_params import SamplingParams

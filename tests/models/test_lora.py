@@ -12,9 +12,9 @@ from edgeserve.bench.random_lora import random_pairs, write_gguf_lora, write_pef
 from edgeserve.engine.adapters import AdapterChoice, prefix_key_for
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_blocks import block_hash
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.prefix_key import NO_KEY
+from edgeserve.engine.cache.kv_blocks import block_hash
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.prefix_key import NO_KEY
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.load import load_model

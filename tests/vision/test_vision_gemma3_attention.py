@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from edgeserve.engine.delivery import Outbox, step_and_deliver
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.model_runner import image_rows
 from edgeserve.engine.scheduler import ScheduledSeq, span_stop
 from edgeserve.kernels.cpu import native as cpu_native

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.model_runner import image_rows
 from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata

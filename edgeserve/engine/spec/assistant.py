@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.engine.request_state import Sequence
 from edgeserve.engine.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgeserve.engine.kv_blocks import BlockManager
-from edgeserve.engine.kv_cache import KVPool, forward_batch
+from edgeserve.engine.cache.kv_blocks import BlockManager
+from edgeserve.engine.cache.kv_cache import KVPool, forward_batch
 from edgeserve.engine.request_state import Sequence
 from edgeserve.errors import EdgeserveError
 from edgeserve.loaders.tokenizer import Tokenizer

@@ -15,8 +15,8 @@ from tiny_gguf import write_tiny_llama
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_cache import kv_bytes_per_token
-from edgeserve.engine.kv_format import Q8_0, resolve_kv_format
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_format import Q8_0, resolve_kv_format
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.models.load import load_model
 from edgeserve.offload import KVLayout

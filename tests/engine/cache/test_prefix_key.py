@@ -1,8 +1,8 @@
 """PrefixKey: a chain root (adapters) and digest spans (images) enter the block hashes, so that different adapters
 or images never share KV while the same ones hit the cache."""
 
-from edgeserve.engine.kv_blocks import BlockManager
-from edgeserve.engine.prefix_key import NO_KEY, PrefixKey
+from edgeserve.engine.cache.kv_blocks import BlockManager
+from edgeserve.engine.cache.prefix_key import NO_KEY, PrefixKey
 
 BS = 4
 PROMPT = list(range(100, 113))  # 3 full blocks + 1

@@ -13,10 +13,10 @@ import pytest
 import torch
 from support.scheduler_runs import run_scheduler
 
-from edgeserve.engine import kv_cache
+from edgeserve.engine.cache import kv_cache
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_blocks import BlockManager
+from edgeserve.engine.cache.kv_blocks import BlockManager
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.decoders import decoder_class

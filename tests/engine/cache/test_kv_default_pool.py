@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from tiny_gguf import write_tiny_llama
 
-from edgeserve.engine import kv_cache
+from edgeserve.engine.cache import kv_cache
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_budget import DEFAULT_KV_SEATS, default_cpu_budget
-from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_budget import DEFAULT_KV_SEATS, default_cpu_budget
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.server import ServerConfig

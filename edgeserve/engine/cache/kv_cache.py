@@ -1,7 +1,7 @@
 """The KV pool's memory: one K and one V tensor per model, blocks of `block_size` slots, sized from a budget.
 
 A model that mixes sliding-window and global layers (Gemma 2/3) can keep the sliding layers' K/V apart, in a
-smaller pool whose blocks a sequence holds only within its window (`edgeserve.engine.window_blocks`).
+smaller pool whose blocks a sequence holds only within its window (`edgeserve.engine.cache.window_blocks`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .cache_spec import kv_owners, kv_source, layer_caches
 from .kv_format import KVFormat, as_kv_format, resolve_kv_format
 
 if TYPE_CHECKING:
-    from .input_batch import StepInputs
+    from ..input_batch import StepInputs
     from .state_cache import StateBudget
 
 

@@ -1,4 +1,4 @@
-"""The recurrent-state slot pool (edgeserve.engine.state_pool): slots are handed out zeroed and taken back once,
+"""The recurrent-state slot pool (edgeserve.engine.cache.state_pool): slots are handed out zeroed and taken back once,
 the pool runs out cleanly, a copy is an independent snapshot, a layer's views are the pool's own memory, the byte
 counts are the tensors' and the integrity check catches broken bookkeeping."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from edgeserve.engine.state_pool import (LayerStateKind, OutOfSlotsError, StatePool, StateSpec, StateTensor,
+from edgeserve.engine.cache.state_pool import (LayerStateKind, OutOfSlotsError, StatePool, StateSpec, StateTensor,
                                         gated_delta_kind, mamba2_kind, short_conv_kind, slots_for_budget)
 from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
@@ -166,7 +166,7 @@ def test_per_tensor_dtypes_count_in_bytes_and_format():
 
 
 def test_a_hybrid_configs_spec_and_a_plain_one_refused():
-    from edgeserve.engine.state_pool import state_spec_for
+    from edgeserve.engine.cache.state_pool import state_spec_for
     from edgeserve.models.config import ModelConfig
 
     base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8,

@@ -23,7 +23,7 @@ from edgeserve.kernels.formats.kv_quant import Q8_BLOCK, fp8_row_width, q8_row_b
 from edgeserve.models.config import ModelConfig
 
 from .cache_spec import layer_caches
-from .config import KV_CACHE_DTYPES  # noqa: F401  (re-exported)
+from .kv_dtypes import KV_CACHE_DTYPES
 
 _FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgeserve.engine.state_cache import StateBudget, StateSlots, state_budget
-from edgeserve.engine.state_pool import StateSpec
+from edgeserve.engine.cache.state_cache import StateBudget, StateSlots, state_budget
+from edgeserve.engine.cache.state_pool import StateSpec
 from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 
 SPEC = StateSpec(2, DeltaNetDims(1, 2, 4, 4, conv_kernel=3))
@@ -107,7 +107,7 @@ def test_backups_put_a_seat_back_and_go_with_it() -> None:
 
 
 def test_snapshot_points_are_before_each_turn_and_at_the_prompts_last_full_block() -> None:
-    from edgeserve.engine.snapshot_points import LADDER_TOKENS, MAX_PROMPT_POINTS, prompt_snapshot_points
+    from edgeserve.engine.cache.snapshot_points import LADDER_TOKENS, MAX_PROMPT_POINTS, prompt_snapshot_points
 
     im = 1  # a turn-start token
     prompt = [im] + [5] * 20 + [im] + [6] * 30 + [im] + [7] * 3  # turns start at 0, 21 and 52; 56 tokens

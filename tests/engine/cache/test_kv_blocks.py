@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from edgeserve.engine.kv_blocks import BlockManager, OutOfBlocksError
+from edgeserve.engine.cache.kv_blocks import BlockManager, OutOfBlocksError
 
 BS = 4
 

@@ -1,13 +1,13 @@
-"""Each layer's cache as the engine reads it (engine/cache_spec.py): the pools are sized from these specs."""
+"""Each layer's cache as the engine reads it (engine/cache/cache_spec.py): the pools are sized from these specs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from edgeserve.engine.cache_spec import kv_owners, kv_source, layer_caches, state_layers
-from edgeserve.engine.kv_cache import KVPool, kv_bytes_per_token
-from edgeserve.engine.state_pool import state_spec_for
+from edgeserve.engine.cache.cache_spec import kv_owners, kv_source, layer_caches, state_layers
+from edgeserve.engine.cache.kv_cache import KVPool, kv_bytes_per_token
+from edgeserve.engine.cache.state_pool import state_spec_for
 from edgeserve.models.config import ModelConfig
 
 BASE = dict(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_heads=4,
@@ -33,7 +33,7 @@ def test_sliding_global_and_shared_layers():
 
 def test_state_and_mixerless_layers_keep_no_kv():
     """A hybrid: state layers keep their declared state, MLP-only blocks nothing; only attention owns K/V."""
-    from edgeserve.engine.state_pool import short_conv_kind
+    from edgeserve.engine.cache.state_pool import short_conv_kind
 
     kind = short_conv_kind(3, 32)
     c = ModelConfig(**BASE, num_layers=4, linear_layers=(True, False, True, False), state_kind=kind,
@@ -49,7 +49,7 @@ def test_state_and_mixerless_layers_keep_no_kv():
 
 def test_a_layer_may_keep_kv_and_a_state():
     """Falcon-H1: attention beside a Mamba-2 state in every layer."""
-    from edgeserve.engine.state_pool import mamba2_kind
+    from edgeserve.engine.cache.state_pool import mamba2_kind
 
     kind = mamba2_kind(4, 64, 2, 16, 8)
     c = ModelConfig(**BASE, num_layers=2, linear_layers=(True, True), state_kind=kind, attention_beside_state=True)

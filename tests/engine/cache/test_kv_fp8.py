@@ -9,8 +9,8 @@ import pytest
 import torch
 from kernel_utils import DEVICES, assert_close, kernel_device, paged_batch
 
-from edgeserve.engine.kv_cache import KVPool, kv_bytes_per_token
-from edgeserve.engine.kv_format import FP8, resolve_kv_format
+from edgeserve.engine.cache.kv_cache import KVPool, kv_bytes_per_token
+from edgeserve.engine.cache.kv_format import FP8, resolve_kv_format
 from edgeserve.kernels import dispatch
 from edgeserve.kernels.formats.kv_quant import FP8_MAX, dequantize_fp8, fp8_row_width, quantize_fp8
 from edgeserve.kernels.torch.paged_attention import paged_attention as twin

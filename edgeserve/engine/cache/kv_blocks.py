@@ -6,11 +6,13 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, MutableMapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, MutableMapping, Protocol, Sequence
 
 from .prefix_key import NO_KEY, PrefixKey
-from .request_state import Registry
 from .window_blocks import OutOfBlocksError, WindowBlocks
+
+if TYPE_CHECKING:  # the scheduler's request registry: the cache names its type only (cache imports no sched)
+    from ..request_state import Registry
 
 SeqId = Hashable
 
