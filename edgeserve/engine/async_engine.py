@@ -24,11 +24,11 @@ from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
 from .cache.prefix_key import NO_KEY, PrefixKey
-from .request_state import AttendSpan, ImageRows
+from .sched.request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
-    from edgeserve.engine.thinking_budget import ThinkingBudget
+    from edgeserve.engine.sched.thinking_budget import ThinkingBudget
 
 log = logging.getLogger("edgeserve.engine")
 

@@ -14,7 +14,7 @@ from edgeserve.errors import check_field, config_error
 from edgeserve.offload.config import OffloadConfig
 
 from .cache.kv_dtypes import KV_CACHE_DTYPES
-from .scheduler import SchedulerConfig, check_decode_slowdown
+from .sched.scheduler import SchedulerConfig, check_decode_slowdown
 
 LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.adapters.AdapterStore)
 

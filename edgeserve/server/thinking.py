@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeserve.engine.thinking_budget import ThinkingBudget
+from edgeserve.engine.sched.thinking_budget import ThinkingBudget
 from edgeserve.server.chat_setup import ChatSetup
 
 HARMONY_OPEN = "<|channel|>analysis<|message|>"

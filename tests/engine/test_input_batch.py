@@ -65,7 +65,7 @@ def test_step_inputs_are_written_in_place_into_the_batch_buffers():
     """A mixed step (a decode beside prefill chunks) and a step of decodes get the scheduler's ids, positions and
     slots, written into the batch's preallocated buffers (views of them on CPU: nothing allocated per step for
     them), two in turn."""
-    from edgeserve.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, Sequence
+    from edgeserve.engine.sched.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, Sequence
 
     sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=12, block_size=4), 32)
     sched.add(Sequence("a", [1, 2, 3]))

@@ -152,7 +152,7 @@ def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
     token's), also when prefill chunks split the image: the logits are transformers' with the same pixels."""
     from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.engine.model_runner import image_rows
-    from edgeserve.engine.scheduler import ScheduledSeq
+    from edgeserve.engine.sched.scheduler import ScheduledSeq
     from edgeserve.kernels.dispatch import AttentionMetadata
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve

@@ -12,7 +12,7 @@ from .prefix_key import NO_KEY, PrefixKey
 from .window_blocks import OutOfBlocksError, WindowBlocks
 
 if TYPE_CHECKING:  # the scheduler's request registry: the cache names its type only (cache imports no sched)
-    from ..request_state import Registry
+    from ..sched.request_state import Registry
 
 SeqId = Hashable
 

@@ -210,7 +210,7 @@ def test_window_pool_sized_by_the_bound_never_runs_out(seed: int) -> None:
     at `window_pool_blocks`: the same outputs as one pool of all layers, and no window block ever missing."""
     import random
 
-    from edgeserve.engine.scheduler import Scheduler, SchedulerConfig
+    from edgeserve.engine.sched.scheduler import Scheduler, SchedulerConfig
 
     rng = random.Random(seed)
     stems = [[rng.randrange(50) for _ in range(rng.randrange(5, 40))] for _ in range(3)]

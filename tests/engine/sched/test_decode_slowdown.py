@@ -8,9 +8,9 @@ import pytest
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.prompt_pacing import FloorPacer
-from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
-from edgeserve.engine.step_cost import StepCostModel, StepKind, StepShape, chunk_shape
+from edgeserve.engine.sched.prompt_pacing import FloorPacer
+from edgeserve.engine.sched.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
+from edgeserve.engine.sched.step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.sampling_params import SamplingParams

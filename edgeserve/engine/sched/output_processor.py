@@ -7,7 +7,7 @@ from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.detokenizer import IncrementalDetokenizer
 from edgeserve.text.stop import StopMatcher
 
-from .outputs import RequestOutput, TokenOutput
+from ..outputs import RequestOutput, TokenOutput
 
 
 class OutputProcessor:

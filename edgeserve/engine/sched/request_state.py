@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeserve.sampling_params import SamplingParams
 
-from .cache.prefix_key import NO_KEY, PrefixKey
+from ..cache.prefix_key import NO_KEY, PrefixKey
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
     from edgeserve.text.grammar import GrammarState
 
-    from .adapters import AdapterChoice
+    from ..adapters import AdapterChoice
     from .thinking_budget import ThinkingState
 
     from .output_processor import OutputProcessor

@@ -13,7 +13,7 @@ import pytest
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, Sequence, split_budget
+from edgeserve.engine.sched.scheduler import Scheduler, SchedulerConfig, Sequence, split_budget
 from edgeserve.registry import DEFAULT_MODEL
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.server import ServerConfig

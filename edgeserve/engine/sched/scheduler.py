@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from edgeserve.errors import QueueFullError
 
-from .cache.kv_blocks import BlockManager, BlockOffload
+from ..cache.kv_blocks import BlockManager, BlockOffload
 from .prompt_pacing import FloorPacer
-from .cache.snapshot_points import prompt_snapshot_points
+from ..cache.snapshot_points import prompt_snapshot_points
 from .step_cost import StepCostModel, StepKind, StepShape, chunk_shape
 from .request_state import Registry, SeqId, SeqStatus, Sequence  # noqa: F401  (Sequence, SeqStatus: re-exported)
 
 if TYPE_CHECKING:  # the state cache imports torch, which `edgeserve --help` must not
-    from .cache.state_cache import StateSlots
+    from ..cache.state_cache import StateSlots
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import random
 import pytest
 from support.scheduler_runs import run_scheduler
 
-from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence, SeqStatus
+from edgeserve.engine.sched.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence, SeqStatus
 from edgeserve.errors import EdgeserveError, QueueFullError
 
 

@@ -10,7 +10,7 @@ from scripted_gguf import ANSWER, NEWLINE, THINK_TEMPLATE, write_scripted_gguf
 from server_helpers import StepGate, serve, wait_until
 
 from edgeserve.engine.config import EngineConfig
-from edgeserve.engine.thinking_budget import ThinkingBudget, ThinkingState
+from edgeserve.engine.sched.thinking_budget import ThinkingBudget, ThinkingState
 from edgeserve.server import ServerConfig
 
 anthropic = pytest.importorskip("anthropic")

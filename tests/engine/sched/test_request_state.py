@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from edgeserve.engine.request_state import Registry, Request, Sequence
+from edgeserve.engine.sched.request_state import Registry, Request, Sequence
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
-TINY = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[3] / "benchmarks" / "configs" / "tiny-llama.json"
 
 
 def test_a_part_view_sets_reads_and_clears_one_attribute_of_registered_requests():
