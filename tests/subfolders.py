@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-SUBFOLDERS = ("bench", "cluster", "engine", "engine/cache", "engine/sched", "kernels", "loaders", "models", "offload", "registry", "server", "text",
+SUBFOLDERS = ("bench", "cluster", "engine", "engine/cache", "engine/sched", "engine/runner", "kernels", "loaders", "models", "offload", "registry", "server", "text",
               "vision")
 
 for _path in (TESTS, *(TESTS / name for name in SUBFOLDERS)):

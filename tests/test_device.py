@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeserve.device import DeviceError, auto_dtype, gpu_kv_budget, resolve_device, resolve_dtype
-from edgeserve.engine.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes
+from edgeserve.engine.runner.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes
 from edgeserve.llm import LLM
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.dummy import DummyWeights, int4_group_size, weight_bytes
@@ -168,7 +168,7 @@ def test_graph_batch_sizes_and_buckets():
 
 def test_decode_step_is_padded_to_its_bucket_in_the_static_buffers():
     """A step of 3 decodes runs bucket 4: its rows are copied in, the padding row reads the scratch block only."""
-    from edgeserve.engine.input_batch import StepInputs
+    from edgeserve.engine.runner.input_batch import StepInputs
     from edgeserve.engine.cache.kv_cache import KVPool
 
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
@@ -239,7 +239,7 @@ def test_fused_forward_matches_unfused_in_triton_interpreter():
 
 
 def test_graphs_only_where_triton_runs_on_cuda():
-    from edgeserve.engine.cuda_graphs import graphs_supported
+    from edgeserve.engine.runner.cuda_graphs import graphs_supported
 
     assert not graphs_supported(torch.device("cpu"))
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")

@@ -16,7 +16,7 @@ import timeit
 
 import torch
 
-from edgeserve.engine.input_batch import InputBatch
+from edgeserve.engine.runner.input_batch import InputBatch
 from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.kernels.transfer import to_device
 

@@ -140,7 +140,7 @@ def test_ngram_mixed_batch_with_opt_out_and_sampling(tiny_pair):
 def test_speculation_with_overlap_equals_plain_greedy(tiny_pair, method, monkeypatch):
     """Speculation and the one-step overlap together: greedy output is token for token the plain engine's, drafts
     were verified, and the rows of requests that do not speculate were launched before the previous step landed."""
-    from edgeserve.engine import model_runner
+    from edgeserve.engine.runner import model_runner
 
     fills = []
     original = model_runner.TokenFill.apply

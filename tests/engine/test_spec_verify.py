@@ -119,7 +119,7 @@ def test_greedy_accepts_while_the_argmax_agrees():
 
 
 def test_penalized_greedy_probs_follow_the_sampler():
-    from edgeserve.engine.sampler import sample
+    from edgeserve.engine.runner.sampler import sample
 
     logits = torch.randn(4, V)
     params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.5)] * 4

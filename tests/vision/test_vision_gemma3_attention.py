@@ -14,7 +14,7 @@ from PIL import Image
 
 from edgeserve.engine.delivery import Outbox, step_and_deliver
 from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.model_runner import image_rows
+from edgeserve.engine.runner.model_runner import image_rows
 from edgeserve.engine.sched.scheduler import ScheduledSeq, span_stop
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.torch import paged_attention as torch_attention

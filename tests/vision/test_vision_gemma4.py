@@ -151,7 +151,7 @@ def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
     """The image's rows replace its placeholders' embeddings (an E model's per-layer inputs there: the padding
     token's), also when prefill chunks split the image: the logits are transformers' with the same pixels."""
     from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.model_runner import image_rows
+    from edgeserve.engine.runner.model_runner import image_rows
     from edgeserve.engine.sched.scheduler import ScheduledSeq
     from edgeserve.kernels.dispatch import AttentionMetadata
     from edgeserve.models.load import load_model

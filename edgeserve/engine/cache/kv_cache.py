@@ -20,7 +20,7 @@ from .cache_spec import kv_owners, kv_source, layer_caches
 from .kv_format import KVFormat, as_kv_format, resolve_kv_format
 
 if TYPE_CHECKING:
-    from ..input_batch import StepInputs
+    from ..runner.input_batch import StepInputs
     from .state_cache import StateBudget
 
 

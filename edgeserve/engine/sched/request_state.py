@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
     from edgeserve.text.grammar import GrammarState
 
-    from ..adapters import AdapterChoice
+    from ..runner.adapters import AdapterChoice
     from .thinking_budget import ThinkingState
 
     from .output_processor import OutputProcessor

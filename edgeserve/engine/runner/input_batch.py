@@ -21,7 +21,7 @@ import torch
 from edgeserve.kernels.transfer import to_device
 
 if TYPE_CHECKING:
-    from .sched.scheduler import ScheduledSeq
+    from ..sched.scheduler import ScheduledSeq
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_llama
 
-from edgeserve.engine.sampler import apply_penalties, make_generator, sample, sample_tokens, token_counts
+from edgeserve.engine.runner.sampler import apply_penalties, make_generator, sample, sample_tokens, token_counts
 from edgeserve.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])  # sorted best first
@@ -194,7 +194,7 @@ FILTERS = [dict(top_p=0.9), dict(top_p=0.99), dict(top_k=40), dict(top_k=1000), 
 def test_candidate_draw_equals_the_full_sort(monkeypatch, kwargs):
     """Drawing from each row's top candidates (CPU) gives exactly the tokens of sorting the whole vocabulary, for
     rows whose kept set lies among the candidates and rows that fall back alike; the same seed, the same token."""
-    from edgeserve.engine import sampler
+    from edgeserve.engine.runner import sampler
 
     logits = _varied_logits()
     params = [SamplingParams(temperature=0.9, seed=s, **kwargs) for s in range(len(logits))]
@@ -209,7 +209,7 @@ def test_candidate_draw_equals_the_full_sort(monkeypatch, kwargs):
 def test_candidate_path_takes_the_fallback_for_wide_rows(monkeypatch):
     """A flat row under top_p 0.99 keeps thousands of tokens: it cannot be decided from 256 candidates, and its draws
     spread over far more than 256 tokens; a peaked row is decided from the candidates."""
-    from edgeserve.engine import sampler
+    from edgeserve.engine.runner import sampler
 
     widths = []
     original_topk, original_sort = torch.Tensor.topk, torch.Tensor.sort
@@ -284,7 +284,7 @@ def test_tied_logits_put_the_greedy_token_first_in_its_logprobs():
 def test_greedy_tokens_pick_what_torch_argmax_picks():
     """The CPU greedy pick (numpy's argmax) gives torch's index: the first of tied maxima, the first NaN, a row
     of -inf."""
-    from edgeserve.engine.sampler import greedy_tokens
+    from edgeserve.engine.runner.sampler import greedy_tokens
 
     logits = torch.randn(6, 262144, generator=torch.Generator().manual_seed(0))
     logits[1, [70000, 9, 200000]] = 50.0  # a three-way tie: the first wins

@@ -28,7 +28,7 @@ from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.llama import LlamaModel
 
-from .cache.kv_cache import KVPool, PagedKVAttention
+from ..cache.kv_cache import KVPool, PagedKVAttention
 
 if TYPE_CHECKING:
     from .input_batch import StepInputs

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from edgeserve.engine import core as engine_core
-from edgeserve.engine import model_runner
+from edgeserve.engine.runner import model_runner
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import PLACEHOLDER
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
-TINY = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[3] / "benchmarks" / "configs" / "tiny-llama.json"
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_abort_mid_stream_frees_everything(tiny, fills):
 
 def test_static_buffer_decode_path_fills_from_the_device(tiny, fills):
     """The CUDA-graph bookkeeping (run eagerly, capture off) takes placeholder ids from the device too."""
-    from edgeserve.engine.cuda_graphs import DecodeGraphs
+    from edgeserve.engine.runner.cuda_graphs import DecodeGraphs
     from edgeserve.engine.cache.kv_cache import KVPool
 
     prompts = _prompts(5)

@@ -11,7 +11,7 @@ import anyio
 import pytest
 import torch
 
-from edgeserve.engine.embedder import EmbeddingEngine
+from edgeserve.engine.runner.embedder import EmbeddingEngine
 from edgeserve.errors import EngineError
 
 
@@ -117,7 +117,7 @@ def test_a_lone_request_is_not_held_for_a_batching_window(monkeypatch):
 
 
 def test_sub_batches_are_small_on_the_cpu_so_abandoned_work_stops_soon():
-    from edgeserve.engine.embedder import CPU_SUB_BATCH_TOKENS, GPU_SUB_BATCH_TOKENS, default_sub_batch
+    from edgeserve.engine.runner.embedder import CPU_SUB_BATCH_TOKENS, GPU_SUB_BATCH_TOKENS, default_sub_batch
 
     enc = FakeEncoder()
     enc.gate.set()

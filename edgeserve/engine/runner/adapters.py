@@ -18,7 +18,7 @@ from edgeserve.errors import QueueFullError, UnknownModelError
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.lora import AdapterError, LoraAdapter, load_adapter
 
-from .cache.prefix_key import PrefixKey
+from ..cache.prefix_key import PrefixKey
 
 
 class UnknownAdapterError(UnknownModelError):

@@ -12,7 +12,7 @@ from edgeserve.kernels.transfer import to_device
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.grammar import GrammarState, allowed_mask
 
-from .outputs import TokenLogprob
+from ..outputs import TokenLogprob
 
 
 @dataclass

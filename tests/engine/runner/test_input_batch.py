@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeserve.engine import input_batch
-from edgeserve.engine.input_batch import InputBatch
+from edgeserve.engine.runner import input_batch
+from edgeserve.engine.runner.input_batch import InputBatch
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 
-TINY = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "tiny-llama.json"
+TINY = Path(__file__).resolve().parents[3] / "benchmarks" / "configs" / "tiny-llama.json"
 
 
 def test_rows_write_only_new_blocks_and_follow_shrink_and_remove(monkeypatch):

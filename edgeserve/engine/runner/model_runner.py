@@ -16,10 +16,10 @@ from edgeserve.models.lora_step import StepLora
 
 from .cuda_graphs import DecodeGraphs
 from .input_batch import InputBatch
-from .cache.kv_cache import KVPool, forward_inputs
-from .sched.request_state import Registry
-from .sched.scheduler import SchedulerOutput
-from .cache.state_pool import StatePool, StepStates
+from ..cache.kv_cache import KVPool, forward_inputs
+from ..sched.request_state import Registry
+from ..sched.scheduler import SchedulerOutput
+from ..cache.state_pool import StatePool, StepStates
 
 # A CPU step of at most this many rows runs torch's own ops on one thread: they are a few microseconds of work each,
 # and torch's OpenMP team spinning beside the native kernels' pool on the same cores made them 50-100x slower
