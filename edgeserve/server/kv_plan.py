@@ -1,6 +1,6 @@
 """What `serve` says in its first lines about the KV pool each text model will take when it loads, and why: read
 from the model's header (GGUF metadata or config.json, no weights) and the memory free now, by the rule the engine
-applies at load (engine.kv_budget)."""
+applies at load (engine.cache.kv_budget)."""
 
 from __future__ import annotations
 

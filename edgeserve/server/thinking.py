@@ -1,4 +1,4 @@
-"""A chat request's thinking budget as the engine takes it (engine.thinking_budget.ThinkingBudget): the budget the
+"""A chat request's thinking budget as the engine takes it (engine.sched.thinking_budget.ThinkingBudget): the budget the
 API asked (OpenAI `thinking_budget_tokens` / `max_thinking_tokens`, Anthropic `thinking.budget_tokens`) and the
 model's own tags, as token ids: its format's reasoning tags (ChatSetup.tags), or harmony's analysis channel and the
 final channel's header that ends it."""

@@ -5,7 +5,7 @@ A layer's K/V cache is one of
 - "window": K/V of the last `window` tokens (sliding-window attention);
 - "shared": none of its own; it attends over layer `source`'s K/V (Gemma 4's KV-shared layers);
 - "none": no K/V (a state layer, Nemotron-H's MLP-only blocks);
-and beside it a layer may keep a recurrent state of kind `state` (engine.state_pool.LayerStateKind, or Gated
+and beside it a layer may keep a recurrent state of kind `state` (engine.cache.state_pool.LayerStateKind, or Gated
 DeltaNet's dims), the same size at any length: Qwen3.5's Gated DeltaNet, LFM2's short convolution and Mamba-2
 layers instead of K/V, Falcon-H1's Mamba-2 beside its attention.
 The KV pool, its window pool, the KV formats and the state pool are sized from these specs (vLLM's

@@ -93,7 +93,7 @@ class BlockManager:
         # first tokens of a block (the same prompt again, a regenerated reply) reuses them from a copy.
         self.copy_block: Callable[[int, int], None] | None = None
         self._children: dict[bytes, dict[int, None]] = {}  # parent hash -> blocks holding KV after that prefix
-        # A hybrid model's recurrent states (engine.state_cache): a prefix hit (device blocks, then tier blocks) is
+        # A hybrid model's recurrent states (engine.cache.state_cache): a prefix hit (device blocks, then tier blocks) is
         # cut to the blocks this says it can resume after (given the hit blocks' hashes: how many), no hit ends
         # inside a block, and `on_evict` hears of every hash that leaves the device cache
         self.usable_prefix: Callable[[list[bytes | None]], int] | None = None

@@ -103,7 +103,7 @@ class KVPool:
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype | KVFormat,
                  device: torch.device | str = "cpu", scratch_block: bool = False, window_blocks: int = 0) -> None:
-        """`dtype`: the values' float dtype or a KV format (engine.kv_format); `scratch_block`: one more block after
+        """`dtype`: the values' float dtype or a KV format (engine.cache.kv_format); `scratch_block`: one more block after
         the `num_blocks` the scheduler owns, where the padding rows of a CUDA-graph decode batch write (its id is
         `self.scratch_block`; None without one)."""
         self.kv_format = fmt = as_kv_format(dtype)
@@ -194,7 +194,7 @@ class PagedKVAttention:
     """The model's KVAttention for one step: writes the step's K/V to its slots and attends through block tables."""
 
     def __init__(self, pool: KVPool, meta: AttentionMetadata, scale: float | None = None, states=None) -> None:
-        """`states`: the step's recurrent states (engine.state_pool.StepStates) for a hybrid model's linear layers."""
+        """`states`: the step's recurrent states (engine.cache.state_pool.StepStates) for a hybrid model's linear layers."""
         self.pool = pool
         self.meta = meta
         self.scale = scale
@@ -307,7 +307,7 @@ def engine_kv_format(lm, config) -> KVFormat:
 def pool_budget(lm, config, max_model_len: int) -> KVBudget:
     """The KV pool's byte budget and why: `kv_cache_gb`, else what the GPU memory fraction leaves after the weights
     and a warm-up step, else on a CPU room for a few full-context requests within a fraction of free memory
-    (engine.kv_budget; a hybrid model, whose recurrent states share the budget, takes that fraction)."""
+    (engine.cache.kv_budget; a hybrid model, whose recurrent states share the budget, takes that fraction)."""
     model = lm.model
     if config.kv_cache_gb:
         return KVBudget(int(config.kv_cache_gb * 2**30), explicit_why())
@@ -327,7 +327,7 @@ def size_pool(lm, config) -> tuple[int, int, int, "StateBudget | None", KVBudget
     """(KV blocks, sliding-window pool blocks, usable context, recurrent-state slots, budget) of one engine: the
     budget (`pool_budget`) in blocks (`pool_blocks_for_budget`), no more than every seat filled to the full context;
     the context shrinks to what the pool holds. A hybrid model's recurrent-state seats and snapshots
-    (engine.state_cache.state_budget) come out of the same budget first (None for other models). ValueError when no
+    (engine.cache.state_cache.state_budget) come out of the same budget first (None for other models). ValueError when no
     block fits."""
     model = lm.model
     max_model_len = min(config.max_model_len or model.max_positions, model.max_positions)

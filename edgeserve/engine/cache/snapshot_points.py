@@ -1,4 +1,4 @@
-"""Where a hybrid model's prompt state is worth a snapshot (engine.state_cache): before each chat turn and at the
+"""Where a hybrid model's prompt state is worth a snapshot (engine.cache.state_cache): before each chat turn and at the
 prompt's last full block. Torch-free: the scheduler reads it."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ is preempted (preemption recomputes, or swaps the seat's state out with the KV w
 a cached prefix is not enough to resume a hybrid: the recurrent state at the prefix's end is needed too. So after a
 step that leaves a sequence's computed tokens at a block boundary whose block is now cached (hashed), the sequence's
 state is copied into a *snapshot* slot keyed by that block's hash. Kept per sequence: the snapshots at its prompt's
-snapshot points (engine.snapshot_points: before each chat turn, so a rewritten later turn still resumes after the
+snapshot points (engine.cache.snapshot_points: before each chat turn, so a rewritten later turn still resumes after the
 turns before it, a rung every few thousand tokens of a long prompt, and the prompt's last full block: the same
 prompt again) and its latest one (a multi-turn chat's
 next turn starts with this turn's tokens), older ones go back. A prefix hit is cut to the deepest hit block that has

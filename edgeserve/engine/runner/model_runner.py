@@ -61,7 +61,7 @@ class ModelRunner:
         self.registry = registry
         if self.device.type == "cpu":
             cpu_native.library()  # sized from torch's thread count here, not inside a one-thread small step
-        self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.cuda_graphs
+        self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.runner.cuda_graphs
         self.keep_hidden = False  # keep each step's hidden states [T, hidden] in `hidden` (MTP speculation)
         self.hidden: torch.Tensor | None = None
 

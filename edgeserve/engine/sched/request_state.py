@@ -113,7 +113,7 @@ class Request(Sequence):
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache supplied at first admission
     grammar: GrammarState | None = None  # constrained decoding: advanced by every accepted token
     draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
-    adapter: AdapterChoice | None = None  # the LoRA adapter it runs (engine.adapters), held until it ends
+    adapter: AdapterChoice | None = None  # the LoRA adapter it runs (engine.runner.adapters), held until it ends
     thinking: ThinkingState | None = None  # a thinking budget: reasoning tokens spent, the closing tag to force
 
     @property

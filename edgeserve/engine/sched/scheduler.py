@@ -71,7 +71,7 @@ class ScheduledSeq:
     samples: bool  # this step reaches the last token, so a token is sampled
     num_spec: int = 0  # trailing speculative tokens in token_ids (verified this step, maybe rolled back)
     num_prompt_tokens: int = 0  # the request's prompt length: positions below it are prompt tokens
-    state_slot: int = -1  # a hybrid model's recurrent-state slot of the sequence (engine.state_cache); -1: none
+    state_slot: int = -1  # a hybrid model's recurrent-state slot of the sequence (engine.cache.state_cache); -1: none
     images: tuple = ()  # the request's image rows (request_state.ImageRows) while its prompt is computed
     mrope: Any = None  # the request's M-RoPE positions (models.mrope.MRopePositions), None for 1-D positions
     attend_spans: tuple = ()  # the request's bidirectional prompt spans (request_state.AttendSpan) while its prompt
@@ -140,7 +140,7 @@ class Scheduler:
         without it the scheduler keeps its own and forgets a sequence when it finishes it. `clock`: seconds, read
         once per `schedule()` to time the steps (for `max_decode_slowdown`). `states`: a hybrid model's
         recurrent-state slots: a sequence holds a seat while it runs, prefix hits stop at a state snapshot, and
-        a prompt's chunks stop at its snapshot points so its state there is snapshotted (engine.state_cache)."""
+        a prompt's chunks stop at its snapshot points so its state there is snapshotted (engine.cache.state_cache)."""
         self.config = config
         self._owns_registry = registry is None
         self._seqs: Registry = Registry() if registry is None else registry
