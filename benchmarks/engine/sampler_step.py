@@ -1,7 +1,7 @@
 """The sampler's cost per decode step at batch 8 over the default model's vocabulary (49,152), side by side with
 another version of edgeserve/engine/runner/sampler.py, interleaved, medians and ratios.
 
-    git show 70d481f:edgeserve/engine/runner/sampler.py > /tmp/sampler_before.py
+    git show 70d481f:edgeserve/engine/sampler.py > /tmp/sampler_before.py  # (engine/runner/sampler.py since the wings)
     python benchmarks/engine/sampler_step.py --other /tmp/sampler_before.py [--end-to-end]
 
 Logits are the default model's own, for 8 different prompts, so the distributions' widths are realistic.
