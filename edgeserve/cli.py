@@ -8,7 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from edgeserve.engine.config import KV_CACHE_DTYPES, LORA_WEIGHTS, EngineConfig
+from edgeserve.engine.cache.kv_dtypes import KV_CACHE_DTYPES
+from edgeserve.engine.config import LORA_WEIGHTS, EngineConfig
 from edgeserve.errors import EdgeserveError, one_line_parse_errors, run_reporting_errors
 from edgeserve.registry import CATALOG, DEFAULT_MODEL
 from edgeserve.registry.catalog import HF_CATALOG

@@ -36,7 +36,7 @@ class SamplingParams:
     grammar: GrammarSpec | None = None
     json_schema: dict[str, Any] | str | None = None
     json_object: bool = False
-    # a thinking budget (edgeserve.engine.thinking_budget.ThinkingBudget): after that many reasoning tokens the
+    # a thinking budget (edgeserve.engine.sched.thinking_budget.ThinkingBudget): after that many reasoning tokens the
     # model's closing tag is forced and the answer follows
     thinking: Any = None
 
@@ -76,10 +76,10 @@ class SamplingParams:
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ValueError("grammar must be an edgeserve.text.grammar.GrammarSpec")
         if self.thinking is not None:
-            from edgeserve.engine.thinking_budget import ThinkingBudget
+            from edgeserve.engine.sched.thinking_budget import ThinkingBudget
 
             if not isinstance(self.thinking, ThinkingBudget):
-                raise ValueError("thinking must be an edgeserve.engine.thinking_budget.ThinkingBudget")
+                raise ValueError("thinking must be an edgeserve.engine.sched.thinking_budget.ThinkingBudget")
 
     def _check_sampling(self) -> None:
         """Every number that shapes the distribution, the length and the logprobs, inside its range."""

@@ -33,7 +33,7 @@ def kv_layout_for(lm: LoadedModel, k_pool: torch.Tensor, kv_format: str = "", st
 
 def build_pool_offload(config: OffloadConfig, lm: LoadedModel, k_pool: torch.Tensor,
                        v_pool: torch.Tensor, kv_format: str = "", state_pool: Any = None) -> PoolOffload | None:
-    """The bridge between `lm`'s KV pool (and a hybrid's state pool, engine.state_pool.StatePool) and its tiers, or
+    """The bridge between `lm`'s KV pool (and a hybrid's state pool, engine.cache.state_pool.StatePool) and its tiers, or
     None when offload is off (`kv_format`: the pool's KV format name where it is quantized, e.g. q8_0)."""
     if not config.use_cpu:
         return None

@@ -49,7 +49,7 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     kv_format: str = ""
-    # a hybrid model's recurrent-state snapshots (engine.state_pool.StateSpec.format and bytes_per_sequence): stored
+    # a hybrid model's recurrent-state snapshots (engine.cache.state_pool.StateSpec.format and bytes_per_sequence): stored
     # beside the blocks, keyed like them; "" / 0 for a model without state layers
     state_format: str = ""
     state_nbytes: int = 0

@@ -4,9 +4,9 @@ The pool is `k_pool, v_pool: [num_layers, num_blocks, block_size, num_kv_heads, 
 `k_pool[:, b]`. The BlockManager calls `offer` / `contains` / `fetch` (prefix cache) and the scheduler calls
 `swap_out` / `swap_in` (preemption); everything else about tiers stays in the TierManager.
 
-A hybrid model's recurrent-state pool (engine.state_pool.StatePool: anything with `slot_views(slot)` and a
+A hybrid model's recurrent-state pool (engine.cache.state_pool.StatePool: anything with `slot_views(slot)` and a
 `spec.bytes_per_sequence`) rides along: its snapshots go down and come back by the hash of the block they end at
-(`offer_state` / `contains_state` / `fetch_state`, called by engine.state_cache), and a preempted sequence's state
+(`offer_state` / `contains_state` / `fetch_state`, called by engine.cache.state_cache), and a preempted sequence's state
 is swapped with its KV.
 """
 

@@ -202,9 +202,9 @@ def our_logits(model, ids: list[int] = IDS, kv_cache_dtype: str = "auto",
     """Our logits at every position of `ids`: the first `prompt_len` (the prompt) in two chunks, then decode steps,
     over the engine's paged KV pool in the format `--kv-cache-dtype kv_cache_dtype` gives this model (and state
     pool for a hybrid)."""
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.kv_format import resolve_kv_format
-    from edgeserve.engine.state_pool import StatePool, StepStates, state_spec_for
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_format import resolve_kv_format
+    from edgeserve.engine.cache.state_pool import StatePool, StepStates, state_spec_for
     from edgeserve.kernels.dispatch import AttentionMetadata
 
     c = model.config

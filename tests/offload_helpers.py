@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.engine.kv_blocks import block_hash
+from edgeserve.engine.cache.kv_blocks import block_hash
 from edgeserve.offload import KVLayout
 
 LAYOUT = KVLayout(model_id="test-model", dtype=torch.bfloat16, num_layers=3, block_size=4, num_kv_heads=2,

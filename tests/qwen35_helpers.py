@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.state_pool import StatePool, StateSpec, StepStates
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.state_pool import StatePool, StateSpec, StepStates
 from edgeserve.kernels.dispatch import AttentionMetadata
 
 from support.gguf_tensors import llama_cpp_tensors

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-SUBFOLDERS = ("bench", "cluster", "engine", "kernels", "loaders", "models", "offload", "registry", "server", "text",
-              "vision")
+SUBFOLDERS = ("bench", "cluster", "engine", "engine/cache", "engine/sched", "engine/runner", "engine/spec", "kernels",
+              "loaders", "models", "offload", "registry", "server", "text", "vision")
 
 for _path in (TESTS, *(TESTS / name for name in SUBFOLDERS)):
     if str(_path) not in sys.path:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeserve.device import DeviceError, auto_dtype, gpu_kv_budget, resolve_device, resolve_dtype
-from edgeserve.engine.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes
+from edgeserve.engine.runner.cuda_graphs import DecodeGraphs, bucket_for, graph_batch_sizes
 from edgeserve.llm import LLM
 from edgeserve.models.config import config_from_hf
 from edgeserve.models.dummy import DummyWeights, int4_group_size, weight_bytes
@@ -168,8 +168,8 @@ def test_graph_batch_sizes_and_buckets():
 
 def test_decode_step_is_padded_to_its_bucket_in_the_static_buffers():
     """A step of 3 decodes runs bucket 4: its rows are copied in, the padding row reads the scratch block only."""
-    from edgeserve.engine.input_batch import StepInputs
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.runner.input_batch import StepInputs
+    from edgeserve.engine.cache.kv_cache import KVPool
 
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
     pool = KVPool(lm.config, 10, 16, torch.float32, scratch_block=True)
@@ -193,7 +193,7 @@ def _greedy(llm: LLM, prompts: list[list[int]], n: int = 8) -> list[list[int]]:
 def test_static_buffer_decode_path_equals_eager():
     """The graph path with capture disabled (bucketing, padding into static buffers, a scratch block, a fixed
     max_seq_len) gives the greedy tokens of the plain eager path; and the scratch block is the only one it adds."""
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_cache import KVPool
 
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
     prompts = [[(7 * i + j) % 300 for j in range(3 + 5 * i)] for i in range(5)]
@@ -222,7 +222,7 @@ def test_fused_forward_matches_unfused_in_triton_interpreter():
     from edgeserve.kernels import dispatch
 
     kernel_device("cpu")  # CPU tensors through Triton: only in its interpreter (a GPU process compiles instead)
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
     c = lm.config
@@ -239,7 +239,7 @@ def test_fused_forward_matches_unfused_in_triton_interpreter():
 
 
 def test_graphs_only_where_triton_runs_on_cuda():
-    from edgeserve.engine.cuda_graphs import graphs_supported
+    from edgeserve.engine.runner.cuda_graphs import graphs_supported
 
     assert not graphs_supported(torch.device("cpu"))
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
@@ -251,7 +251,7 @@ def test_graphs_only_where_triton_runs_on_cuda():
 
 
 def test_can_run_only_decode_steps_that_fit():
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_cache import KVPool
 
     lm = load_model(resolve(str(TINY)), dtype="float32", device="cpu", load_format="dummy")
     pool = KVPool(lm.config, 8, 16, torch.float32, scratch_block=True)

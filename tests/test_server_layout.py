@@ -1,7 +1,7 @@
 """The server's shape (issue 34): its modules import each other without a cycle, every function stays under 60
 lines, and the generation routes go through the one pipeline (edgeserve/server/respond.py). The models' shape
 (issue 48): no import cycle in edgeserve/models, engine, kernels, offload and loaders, counting the imports inside
-functions too."""
+functions too; the engine in wings (cache/, sched/, runner/, spec/) that import downwards, beside its entry modules."""
 
 from __future__ import annotations
 
@@ -229,6 +229,74 @@ def test_the_engine_imports_no_server():
     server = {m: {n for n in names if n.startswith("edgeserve.server")}
               for m, names in _outside_imports("edgeserve.engine").items()}
     assert not {m: n for m, n in server.items() if n}, server
+
+
+
+# the engine's wings (issue 48): each may import only the wings listed (speculation sits on all three); the top level
+# of edgeserve/engine holds only the public entry modules and the wings
+ENGINE = ACYCLIC["edgeserve.engine"]
+WING_MAY_IMPORT = {"cache": set(), "sched": {"cache"}, "runner": {"cache", "sched"},
+                   "spec": {"cache", "sched", "runner"}}
+ENGINE_TOP = {"__init__.py", "core.py", "async_engine.py", "config.py", "outputs.py", "delivery.py", *WING_MAY_IMPORT}
+
+
+def _engine_top_level(root: Path = ENGINE) -> set[str]:
+    """The modules and packages directly under `root` (edgeserve/engine)."""
+    return {p.name for p in root.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+
+
+def _wing_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The engine's module graph with each wing collapsed to one node (`cache`, ...), each top-level module its own
+    (`core`, `config`, ...)."""
+    def node(m: str) -> str:
+        return m.split(".")[2] if m.count(".") >= 2 else "__init__"
+
+    out: dict[str, set[str]] = {}
+    for m, names in graph.items():
+        out.setdefault(node(m), set()).update(node(n) for n in names if node(n) != node(m))
+    return out
+
+
+def _wing_errors(graph: dict[str, set[str]]) -> list[str]:
+    """`wing -> wing` edges that WING_MAY_IMPORT does not allow."""
+    wings = _wing_graph(graph)
+    return sorted(f"{w} -> {n}" for w, allowed in WING_MAY_IMPORT.items() for n in wings.get(w, set())
+                  if n in WING_MAY_IMPORT and n not in allowed)
+
+
+def test_engine_top_level_holds_only_the_entry_modules_and_the_wings():
+    """A new engine module goes into its wing (cache/, sched/, runner/, spec/), not flat beside core.py."""
+    assert _engine_top_level() == ENGINE_TOP, sorted(_engine_top_level() ^ ENGINE_TOP)
+
+
+def test_the_engine_top_level_check_sees_a_flat_module(tmp_path):
+    for name in ENGINE_TOP - set(WING_MAY_IMPORT):
+        (tmp_path / name).write_text("")
+    for name in WING_MAY_IMPORT:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / "__pycache__").mkdir()  # not a package
+    assert _engine_top_level(tmp_path) == ENGINE_TOP
+    (tmp_path / "kv_cache.py").write_text("")
+    assert _engine_top_level(tmp_path) - ENGINE_TOP == {"kv_cache.py"}
+
+
+def test_engine_wings_import_downwards_without_a_cycle():
+    """cache imports no other wing, sched only cache, runner cache and sched; with each wing one node and each
+    top-level module its own, there is no cycle (a wing importing config, which imports the scheduler, would be one)."""
+    graph = _package_graph("edgeserve.engine")
+    assert not _wing_errors(graph)
+    _assert_acyclic(_wing_graph(graph))
+
+
+def test_the_wing_check_sees_an_upward_import_and_a_cycle_through_the_top_level():
+    graph = _package_graph("edgeserve.engine")
+    graph["edgeserve.engine.cache.kv_blocks"].add("edgeserve.engine.sched.request_state")  # as before the wings
+    assert _wing_errors(graph) == ["cache -> sched"]
+    graph = _package_graph("edgeserve.engine")
+    graph["edgeserve.engine.cache.kv_format"].add("edgeserve.engine.config")  # config imports the scheduler
+    with pytest.raises(AssertionError, match="import cycle"):
+        _assert_acyclic(_wing_graph(graph))
 
 
 # functions allowed over MAX_FUNCTION_LINES outside the server: native bindings and kernels, whose length is one

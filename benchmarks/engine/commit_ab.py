@@ -95,7 +95,10 @@ def step_run(model_path: str, steps: int, batch: int, context: int) -> Callable[
     seeded tokens and times `steps` decode steps (the first untimed): {"step_ms": median, "digest": argmax ids}."""
     import torch
 
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    try:  # the engine in wings (after 2026-12-03); older trees keep the flat engine/
+        from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+    except ImportError:
+        from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
     try:  # kernels by backend (after 2026-12-02); older trees keep the flat kernels/
         from edgeserve.kernels.torch.paged_attention import AttentionMetadata
     except ImportError:

@@ -36,8 +36,8 @@ def _parse_args() -> argparse.Namespace:
 
 def _random_pool(model, kv: str, blocks: int, block: int):
     """A KV pool of `blocks` blocks in format `kv` for `model`, filled with random values (seed 0)."""
-    from edgeserve.engine.kv_cache import KVPool
-    from edgeserve.engine.kv_format import resolve_kv_format
+    from edgeserve.engine.cache.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_format import resolve_kv_format
 
     pool = KVPool(model.config, blocks, block, resolve_kv_format(kv, model.config, model.dtype, model.device))
     g = torch.Generator().manual_seed(0)
@@ -63,7 +63,7 @@ def main() -> None:
     args = _parse_args()
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import PagedKVAttention
     from edgeserve.kernels.cpu.native import best_variant, load, threads
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 

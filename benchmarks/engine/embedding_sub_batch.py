@@ -18,7 +18,7 @@ import time
 import anyio
 import anyio.to_thread
 
-from edgeserve.engine.embedder import EmbeddingEngine
+from edgeserve.engine.runner.embedder import EmbeddingEngine
 from edgeserve.registry import resolve
 from edgeserve.server.config import ServerConfig
 from edgeserve.server.model_manager import load_embedder

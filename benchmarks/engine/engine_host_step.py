@@ -47,7 +47,7 @@ def stepper(llm, prompts: list[list[int]], params):
     try:
         from edgeserve.engine.delivery import Outbox
     except ImportError:  # before the Outbox: the caller turned the core's token outputs into text
-        from edgeserve.engine.output_processor import OutputProcessor
+        from edgeserve.engine.sched.output_processor import OutputProcessor
 
         procs = {core.add_request(p, params): None for p in prompts}
         for rid, p in zip(list(procs), prompts):

@@ -41,7 +41,7 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_cache import KVPool
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=args.kv_cache_gb)
@@ -99,7 +99,7 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
     """Medians and minimums (ms) of a cold prompt step of n tokens, fused and per-op, alternated rep by rep."""
     import torch
 
-    from edgeserve.engine.kv_cache import KVPool
+    from edgeserve.engine.cache.kv_cache import KVPool
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     blocks = -(-n // block)
@@ -133,7 +133,7 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
 
 def state_pool(model, num_seqs: int):
     """A hybrid model's recurrent-state pool with a slot per sequence, all taken (None for other models)."""
-    from edgeserve.engine.state_pool import StatePool, state_spec_for
+    from edgeserve.engine.cache.state_pool import StatePool, state_spec_for
 
     c = model.config
     if not getattr(c, "is_hybrid", False):
@@ -148,8 +148,8 @@ def attention(pool, meta, states, query_lens: list[int]):
     """The step's attention over the paged pool, with sequence i's recurrent state in slot i for a hybrid."""
     import itertools
 
-    from edgeserve.engine.kv_cache import PagedKVAttention
-    from edgeserve.engine.state_pool import StepStates
+    from edgeserve.engine.cache.kv_cache import PagedKVAttention
+    from edgeserve.engine.cache.state_pool import StepStates
 
     if states is None:
         return PagedKVAttention(pool, meta)

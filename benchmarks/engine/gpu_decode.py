@@ -54,7 +54,7 @@ def free_gpu() -> None:
 def decode_bytes_per_token(lm, context: int) -> int:
     """Bytes one batch-1 decode step reads: every layer matrix, norm and the output head as stored, one row of the
     embedding, and the K/V of `context` tokens."""
-    from edgeserve.engine.kv_cache import kv_bytes_per_token
+    from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
     from edgeserve.models.dummy import weight_bytes
 
     c, m = lm.config, lm.model

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from edgeserve.engine.sampler import sample_tokens
+from edgeserve.engine.runner.sampler import sample_tokens
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.tokenizer import tokenizer_from_gguf
 from edgeserve.registry import DEFAULT_MODEL, pull

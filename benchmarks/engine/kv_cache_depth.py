@@ -37,8 +37,8 @@ def main() -> None:
 
     clock = cpu_clock(args.single_thread)  # before the native library starts its threads
 
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token
-    from edgeserve.engine.kv_format import resolve_kv_format
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token
+    from edgeserve.engine.cache.kv_format import resolve_kv_format
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve

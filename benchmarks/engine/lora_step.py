@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from edgeserve.bench.random_lora import PROJECTIONS, random_pairs, write_peft
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.load import load_model
 from edgeserve.models.lora import load_adapter

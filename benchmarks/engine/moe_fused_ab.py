@@ -36,7 +36,7 @@ def set_side(model, side: str) -> None:
 def timed(fn, rows: int, blocks: int, steps: int, clock) -> dict[str, list[float]]:
     """Per side, the times (ms) of `steps - 1` calls of fn(side) per block (the first call of a block untimed), with
     torch's intra-op threads as the engine's model runner sets them for a step of `rows` rows."""
-    from edgeserve.engine.model_runner import SMALL_STEP_ROWS
+    from edgeserve.engine.runner.model_runner import SMALL_STEP_ROWS
     from edgeserve.models.encoder_threads import intra_op_threads
 
     times: dict[str, list[float]] = {s: [] for s in SIDES}
@@ -81,7 +81,7 @@ def main() -> None:
     import torch
 
     from edgeserve import LLM
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.cpu import native as cpu_native
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 

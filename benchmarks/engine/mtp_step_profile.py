@@ -55,7 +55,7 @@ class Clocks:
 
 def instrument(clock: Clocks, lm) -> None:
     """Wrap the parts of a step of `lm`'s engines (the model object and the modules the engine calls through)."""
-    from edgeserve.engine import state_cache
+    from edgeserve.engine.cache import state_cache
     from edgeserve.engine.spec import mtp as spec_mtp
     from edgeserve.engine.spec import speculator
 
@@ -134,7 +134,7 @@ def head_ab(lm, reps: int) -> None:
     plan against per-op, sides alternating `reps` times; prints the medians and their ratio as JSON."""
     import torch
 
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.dispatch import AttentionMetadata
     from edgeserve.models.mtp_head import head_decoder, mtp_forward
 

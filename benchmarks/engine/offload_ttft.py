@@ -29,7 +29,7 @@ def main() -> None:
 
     from edgeserve.engine.config import EngineConfig
     from edgeserve.engine.core import EngineCore
-    from edgeserve.engine.kv_cache import kv_bytes_per_token
+    from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
     from edgeserve.models.load import load_model
     from edgeserve.registry import DEFAULT_MODEL, resolve
     from edgeserve.sampling_params import SamplingParams
@@ -121,7 +121,7 @@ def main() -> None:
 def bandwidth(lm, block_bytes: int, n_blocks: int, root: Path) -> None:
     """GB/s of each tier copy for `n_blocks` blocks of the model's layout, timed on the TierManager directly."""
     from edgeserve.offload import KVLayout, TierManager
-    from edgeserve.engine.kv_blocks import block_hash
+    from edgeserve.engine.cache.kv_blocks import block_hash
 
     c = lm.config
     layout = KVLayout("bandwidth-bench", lm.model.dtype, c.num_layers, 16, c.num_kv_heads, c.head_dim)

@@ -50,7 +50,7 @@ def hybrid_states(config, b: int):
         return lambda rows: None
     import torch
 
-    from edgeserve.engine.state_pool import StatePool, StepStates, state_spec_for
+    from edgeserve.engine.cache.state_pool import StatePool, StepStates, state_spec_for
 
     pool = StatePool(state_spec_for(config), b)
     slots = torch.tensor([pool.allocate() for _ in range(b)])
@@ -79,7 +79,7 @@ def main() -> None:
 
     from edgeserve import LLM
     from edgeserve.kernels.cpu import native as cpu_native
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     llm = LLM(args.model, kv_cache_gb=0.05)

@@ -1,7 +1,7 @@
 """The sampler's cost per decode step at batch 8 over the default model's vocabulary (49,152), side by side with
-another version of edgeserve/engine/sampler.py, interleaved, medians and ratios.
+another version of edgeserve/engine/runner/sampler.py, interleaved, medians and ratios.
 
-    git show 70d481f:edgeserve/engine/sampler.py > /tmp/sampler_before.py
+    git show 70d481f:edgeserve/engine/sampler.py > /tmp/sampler_before.py  # (engine/runner/sampler.py since the wings)
     python benchmarks/engine/sampler_step.py --other /tmp/sampler_before.py [--end-to-end]
 
 Logits are the default model's own, for 8 different prompts, so the distributions' widths are realistic.
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from edgeserve.engine import sampler as current
+from edgeserve.engine.runner import sampler as current
 from edgeserve.sampling_params import SamplingParams
 
 CASES = {
@@ -38,7 +38,7 @@ def _load(path: str):
 
 def _logits(batch: int) -> torch.Tensor:
     """The default model's logits for the first generated token of `batch` different prompts."""
-    from edgeserve.engine import sampler as model_sampler
+    from edgeserve.engine.runner import sampler as model_sampler
     from edgeserve.llm import LLM
 
     captured = []
@@ -59,7 +59,7 @@ def _logits(batch: int) -> torch.Tensor:
 
 
 def _end_to_end(other, rounds: int, batch: int) -> None:
-    from edgeserve.engine import sampler as model_sampler
+    from edgeserve.engine.runner import sampler as model_sampler
     from edgeserve.llm import LLM
 
     llm = LLM(max_num_seqs=batch, kv_cache_gb=0.2)

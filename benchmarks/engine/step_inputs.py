@@ -16,8 +16,8 @@ import timeit
 
 import torch
 
-from edgeserve.engine.input_batch import InputBatch
-from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.engine.runner.input_batch import InputBatch
+from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.kernels.transfer import to_device
 
 

@@ -36,7 +36,7 @@ def drift(ours: torch.Tensor, ref: torch.Tensor) -> str:
 def variant(path: str, round_qkv, pool_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Logits of the float32 per-op model with `round_qkv` applied to (q, k, v) after the projections and the KV
     pool in `pool_dtype` (float32 when None)."""
-    import edgeserve.engine.kv_cache as kv_cache
+    import edgeserve.engine.cache.kv_cache as kv_cache
     import edgeserve.models.archs.gpt_oss.model as gpt_oss
     import edgeserve.models.llama as llama
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, forward_batch
-from edgeserve.engine.kv_format import FP8, KVFormat, as_kv_format, resolve_kv_format
+from edgeserve.engine.cache.kv_cache import KVPool, forward_batch
+from edgeserve.engine.cache.kv_format import FP8, KVFormat, as_kv_format, resolve_kv_format
 
 
 @dataclass

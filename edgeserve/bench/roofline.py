@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 
 
 @dataclass

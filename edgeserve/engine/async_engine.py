@@ -23,12 +23,12 @@ from .config import EngineConfig
 from .core import EngineCore
 from .delivery import Outbox
 from .outputs import EngineStats, RequestOutput
-from .prefix_key import NO_KEY, PrefixKey
-from .request_state import AttendSpan, ImageRows
+from .cache.prefix_key import NO_KEY, PrefixKey
+from .sched.request_state import AttendSpan, ImageRows
 
 if TYPE_CHECKING:
     from edgeserve.models.mrope import MRopePositions
-    from edgeserve.engine.thinking_budget import ThinkingBudget
+    from edgeserve.engine.sched.thinking_budget import ThinkingBudget
 
 log = logging.getLogger("edgeserve.engine")
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from edgeserve.errors import check_field, config_error
 from edgeserve.offload.config import OffloadConfig
 
-from .scheduler import SchedulerConfig, check_decode_slowdown
+from .cache.kv_dtypes import KV_CACHE_DTYPES
+from .sched.scheduler import SchedulerConfig, check_decode_slowdown
 
-# --kv-cache-dtype choices (engine.kv_format resolves them; kept here so the CLI stays torch-free)
-KV_CACHE_DTYPES = ("auto", "bf16", "f16", "q8_0", "fp8")
-LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.adapters.AdapterStore)
+LORA_WEIGHTS = ("auto", "int8", "float")  # --lora-weights choices (engine.runner.adapters.AdapterStore)
 
 
 SPECULATIVE_METHODS = (None, "auto", "off", "ngram", "draft", "mtp")
@@ -37,7 +36,7 @@ class EngineConfig:
     max_waiting: int = _flag(256, "--max-queue")  # waiting requests before new ones are refused as busy
     block_size: int = 16  # tokens per KV block
     kv_cache_gb: float | None = _flag(None, "--kv-cache-gb")  # None: kv_cache_fraction of free memory
-    # what the KV pool stores per value (engine.kv_format): auto (the compute dtype) | bf16 | f16 | q8_0 | fp8
+    # what the KV pool stores per value (engine.cache.kv_format): auto (the compute dtype) | bf16 | f16 | q8_0 | fp8
     kv_cache_dtype: str = _flag("auto", "--kv-cache-dtype")
     kv_cache_fraction: float = 0.1  # of the memory free after loading, when kv_cache_gb is None (CPU)
     # of the whole GPU, for weights + activations + KV (CUDA)

@@ -33,22 +33,22 @@ from edgeserve.offload.engine_glue import build_pool_offload
 from edgeserve.sampling_params import SamplingParams
 from edgeserve.text.grammar import GrammarCompiler
 
-from .adapters import AdapterChoice, AdapterStore, prefix_key_for
+from .runner.adapters import AdapterChoice, AdapterStore, prefix_key_for
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, graphs_supported
-from .kv_cache import KVPool, engine_kv_format, size_pool
-from .thinking_budget import ThinkingBudget, ThinkingState
-from .model_runner import ModelRunner, TokenFill
-from .output_processor import OutputProcessor
-from .prefix_key import NO_KEY, PrefixKey
-from .request_check import check_images, check_mrope, check_request, check_spans, output_budget
+from .runner.cuda_graphs import DecodeGraphs, graphs_supported
+from .cache.kv_cache import KVPool, engine_kv_format, size_pool
+from .sched.thinking_budget import ThinkingBudget, ThinkingState
+from .runner.model_runner import ModelRunner, TokenFill
+from .sched.output_processor import OutputProcessor
+from .cache.prefix_key import NO_KEY, PrefixKey
+from .sched.request_check import check_images, check_mrope, check_request, check_spans, output_budget
 from .outputs import EngineStats, RequestOutput, TokenLogprob, TokenOutput
-from .sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
-from .request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
-from .scheduler import Scheduler, SchedulerOutput
-from .snapshot_points import turn_marker_ids
-from .state_cache import StateSlots
-from .state_pool import state_spec_for
+from .runner.sampler import SampleOutput, SamplingRow, make_generator, sample_rows, token_logprobs
+from .sched.request_state import AttendSpan, ImageRows, Registry, Request, SeqStatus
+from .sched.scheduler import Scheduler, SchedulerOutput
+from .cache.snapshot_points import turn_marker_ids
+from .cache.state_cache import StateSlots
+from .cache.state_pool import state_spec_for
 from .spec import Speculator, is_assistant, speculative_method
 
 log = logging.getLogger("edgeserve.engine")
@@ -204,7 +204,7 @@ class EngineCore:
             self._pending_finish[request_id] = reason
 
     def end_thinking(self, request_id: str, spec: ThinkingBudget) -> bool:
-        """Close request `request_id`'s thought at its next step (engine/thinking_budget.py; `spec` gives the tags
+        """Close request `request_id`'s thought at its next step (engine/sched/thinking_budget.py; `spec` gives the tags
         for a request that runs without a budget); False when it is unknown, finished or already answering."""
         with self._lock:
             req = self.requests.get(request_id) or next((r for r in self._pending_add if r.request_id == request_id),
@@ -461,7 +461,7 @@ class EngineCore:
         generator (its own generator is left untouched, so the others' seeded draws stay reproducible). The
         requests that fail are ended; the caller tells their streams. Empty when no request is to blame.
         """
-        from .sampler import sample_tokens
+        from .runner.sampler import sample_tokens
 
         dev = self.lm.model.device
         vocab = self.lm.config.vocab_size

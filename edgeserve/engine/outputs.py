@@ -64,7 +64,7 @@ class EngineStats:
     kv_blocks_cached: int = 0  # free but still holding a reusable prefix
     kv_block_size: int = 16
     kv_cache_bytes: int = 0
-    kv_cache_dtype: str = ""  # what the pool stores per value (engine.kv_format): bf16, f16, f32, q8_0, fp8
+    kv_cache_dtype: str = ""  # what the pool stores per value (engine.cache.kv_format): bf16, f16, f32, q8_0, fp8
     prompt_tokens_computed: int = 0
     prompt_tokens_reused: int = 0
     generation_tokens: int = 0
@@ -72,7 +72,7 @@ class EngineStats:
     num_requests_finished: int = 0
     num_steps: int = 0
     offload: OffloadStats | None = None  # KV tiers (blocks, hits, bytes moved, swaps) when offload is on
-    # a hybrid model's recurrent states (engine.state_cache; zero for other models): slots for running sequences
+    # a hybrid model's recurrent states (engine.cache.state_cache; zero for other models): slots for running sequences
     # (seats) and for prefix-cache snapshots, those in use, and the pool's bytes (part of the KV budget)
     state_slots_total: int = 0
     state_slots_used: int = 0

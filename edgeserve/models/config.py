@@ -97,7 +97,7 @@ class ModelConfig:
     # state) rather than full attention; the DeltaNet layers' shape; partial RoPE; attention output gate
     linear_layers: tuple[bool, ...] | None = None
     delta: DeltaNetDims | None = None
-    # what each of those layers keeps per sequence when not Gated DeltaNet's state (an engine.state_pool
+    # what each of those layers keeps per sequence when not Gated DeltaNet's state (an engine.cache.state_pool
     # LayerStateKind: LFM2's short convolution's conv state); None: `delta`'s
     state_kind: Any = None
     # per layer: keeps neither KV nor a state (Nemotron-H's MLP-only blocks); None: every layer has a mixer
@@ -145,7 +145,7 @@ class ModelConfig:
 
     @property
     def layer_state(self) -> Any:
-        """What one state layer of a hybrid keeps per sequence, as `engine.state_pool.StateSpec` takes it: its
+        """What one state layer of a hybrid keeps per sequence, as `engine.cache.state_pool.StateSpec` takes it: its
         `state_kind`, else the Gated DeltaNet shape `delta`."""
         return self.state_kind if self.state_kind is not None else self.delta
 

@@ -77,7 +77,7 @@ class LoraAdapter:
     native: object = field(default=None, repr=False)  # kernels.cpu.lora's tables, built on first use
 
     def prefix_root(self, scale: float) -> bytes:
-        """The prefix-cache chain root of a request running this adapter at `scale` (engine.prefix_key)."""
+        """The prefix-cache chain root of a request running this adapter at `scale` (engine.cache.prefix_key)."""
         kind = b"int8\0" if self.int8 else b""  # the int8 copy computes slightly other values: other KV
         return hashlib.sha256(b"lora\0" + kind + self.digest + struct.pack("<d", float(scale))).digest()
 

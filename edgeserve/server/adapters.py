@@ -3,7 +3,7 @@
 
 The server keeps the adapters' names and paths (`ModelManager.adapters`, in the order they became known: a name's
 index is its llama-server `id`); each engine loads an adapter on its first request and keeps at most --max-loras
-resident (engine.adapters.AdapterStore). A bare NAME runs on the default (first configured) model."""
+resident (engine.runner.adapters.AdapterStore). A bare NAME runs on the default (first configured) model."""
 
 from __future__ import annotations
 

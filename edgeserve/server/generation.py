@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import anyio
 
 from edgeserve.engine.outputs import RequestOutput, TokenLogprob
-from edgeserve.engine.request_check import output_budget
+from edgeserve.engine.sched.request_check import output_budget
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
 from edgeserve.server.thinking import MAX_BUDGET, thinking_spec
 from edgeserve.server.disconnect import run_abandonable

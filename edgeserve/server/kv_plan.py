@@ -1,12 +1,12 @@
 """What `serve` says in its first lines about the KV pool each text model will take when it loads, and why: read
 from the model's header (GGUF metadata or config.json, no weights) and the memory free now, by the rule the engine
-applies at load (engine.kv_budget)."""
+applies at load (engine.cache.kv_budget)."""
 
 from __future__ import annotations
 
 import logging
 
-from edgeserve.engine.kv_budget import GiB, default_cpu_budget, explicit_why, gpu_budget_why
+from edgeserve.engine.cache.kv_budget import GiB, default_cpu_budget, explicit_why, gpu_budget_why
 from edgeserve.server.config import ServerConfig
 
 log = logging.getLogger("edgeserve.server")
@@ -41,8 +41,8 @@ def _planned(spec: str, config: ServerConfig) -> str | None:
 
     from edgeserve.device import resolve_device
     from edgeserve.models.dtype_policy import choose_dtype
-    from edgeserve.engine.kv_cache import kv_bytes_per_token
-    from edgeserve.engine.kv_format import resolve_kv_format
+    from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
+    from edgeserve.engine.cache.kv_format import resolve_kv_format
     from edgeserve.models.encoders.embedders import is_embedding_source
     from edgeserve.registry import resolve
     from edgeserve.server.model_manager import source_bytes

@@ -320,7 +320,7 @@ class ModelManager:
 
     async def _load(self, entry: ModelEntry) -> None:
         """Resolve, check memory, load weights and start the engine (blocking parts in a worker thread)."""
-        from edgeserve.engine.embedder import EmbeddingEngine
+        from edgeserve.engine.runner.embedder import EmbeddingEngine
 
         cfg = self.config
         log.info("loading model %s (%s)", entry.id, entry.spec)

@@ -1,4 +1,4 @@
-"""A chat request's thinking budget as the engine takes it (engine.thinking_budget.ThinkingBudget): the budget the
+"""A chat request's thinking budget as the engine takes it (engine.sched.thinking_budget.ThinkingBudget): the budget the
 API asked (OpenAI `thinking_budget_tokens` / `max_thinking_tokens`, Anthropic `thinking.budget_tokens`) and the
 model's own tags, as token ids: its format's reasoning tags (ChatSetup.tags), or harmony's analysis channel and the
 final channel's header that ends it."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeserve.engine.thinking_budget import ThinkingBudget
+from edgeserve.engine.sched.thinking_budget import ThinkingBudget
 from edgeserve.server.chat_setup import ChatSetup
 
 HARMONY_OPEN = "<|channel|>analysis<|message|>"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from edgeserve.engine.prefix_key import PrefixKey
+from edgeserve.engine.cache.prefix_key import PrefixKey
 from edgeserve.models.mrope import MRopePositions, mrope_positions
 from edgeserve.vision.family import PreparedImage, VisionFamily
 from edgeserve.vision.images import image_digest

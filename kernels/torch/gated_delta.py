@@ -3,7 +3,7 @@
 Every function works on a flat ragged batch (a `DeltaBatch`, built and checked once per step for all layers): the
 step's tokens of all sequences back to back, sequence i owning rows cu_seqlens[i]:cu_seqlens[i + 1] (a sequence
 of no rows is allowed and changes nothing), and reading and writing its states at `slots[i]` of preallocated pools
-(edgeserve.engine.state_pool):
+(edgeserve.engine.cache.state_pool):
 
 - conv state [num_slots, K - 1, C]: the last K - 1 inputs of the causal depthwise convolution (time-major: one
   row of C channels per position, oldest first), zeros for a fresh sequence;

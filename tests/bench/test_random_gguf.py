@@ -31,7 +31,7 @@ def test_a_gemma3_shape_writes_a_gemma3_gguf_in_the_q4_k_m_mix(tmp_path):
     assert c.architecture == "gemma3" and c.head_dim == 128 and c.layer_windows.count(None) == 1
     if cpu_native.available():
         assert model.native_decoder() is not None
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
@@ -65,7 +65,7 @@ def test_an_moe_shape_writes_a_qwen3moe_gguf_with_block_experts(tmp_path):
     if cpu_native.available():
         assert isinstance(model.layers[0].moe.down, BlockExperts)
         assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.down.parts] == ["Q6_K"]
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
@@ -106,7 +106,7 @@ def test_a_gpt_oss_shape_writes_a_gpt_oss_gguf_with_mxfp4_experts(tmp_path):
     if cpu_native.available():
         assert isinstance(model.layers[0].moe.gate_up, BlockExperts)
         assert [p.qtype.removesuffix("_X8") for p in model.layers[0].moe.gate_up.parts] == ["MXFP4", "MXFP4"]
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
@@ -149,7 +149,7 @@ def test_a_variant_shape_writes_its_architecture(tmp_path, name):
     assert c.architecture == arch
     if arch == "smollm3":
         assert c.rope_layers == (True, True, True, False)
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)
@@ -177,7 +177,7 @@ def test_a_gemma4_e2b_shape_writes_shared_kv_layers_and_per_layer_embeddings(tmp
     model = load_model(resolve(str(path)), dtype="float32").model
     c = model.config
     assert c.architecture == "gemma4" and [c.kv_source(i) != i for i in range(10)] == [False] * 5 + [True] * 5
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 
     pool = KVPool(c, 4, 16, model.dtype)

@@ -116,7 +116,7 @@ def test_kv_pool_sized_from_gpu_memory(default_model_path):
 
     from edgeserve.engine.core import EngineCore
     from edgeserve.engine.config import EngineConfig
-    from edgeserve.engine.kv_cache import kv_bytes_per_token
+    from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
 

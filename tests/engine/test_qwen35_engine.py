@@ -12,7 +12,7 @@ import pytest
 
 from edgeserve.engine.core import EngineCore
 from edgeserve.engine.config import EngineConfig
-from edgeserve.engine.state_pool import StateSpec
+from edgeserve.engine.cache.state_pool import StateSpec
 from edgeserve.llm import LLM
 from edgeserve.sampling_params import SamplingParams
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_gguf import write_tiny_llama
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.kernels.torch.paged_attention import AttentionMetadata
@@ -76,7 +76,7 @@ def test_fused_stack_equals_the_per_op_path(tmp_path, qtype):
 
 
 def test_fused_stack_equals_the_per_op_path_over_a_q8_0_pool(tmp_path):
-    from edgeserve.engine.kv_format import Q8_0
+    from edgeserve.engine.cache.kv_format import Q8_0
 
     model = tiny_model(tmp_path, "Q4_1")
     fused, fused_pool = run_steps(model, True, STEPS, kv=Q8_0)
@@ -95,7 +95,7 @@ def test_fused_stack_equals_the_per_op_path_over_an_f16_pool(tmp_path, qtype):
     """The CPU's default KV cache beside bf16 compute (float16 K/V, float32 queries and attention outputs): the
     fused stack gives the per-op path's bits and pool; it is what the stack read (not the bf16 pool's result), and
     the pool holds the float32 K rounded to float16, much closer to it than a bf16 pool's."""
-    from edgeserve.engine.kv_format import resolve_kv_format
+    from edgeserve.engine.cache.kv_format import resolve_kv_format
 
     model = tiny_model(tmp_path, qtype)
     f16 = resolve_kv_format("auto", model.config, model.dtype, "cpu")

@@ -126,7 +126,7 @@ def gpt_oss(tmp_path: Path, wide: bool = False):
 
 @pytest.mark.parametrize("kv", ["model", "q8_0"])
 def test_gpt_oss_fused_stack_equals_the_per_op_path(tmp_path, kv):
-    from edgeserve.engine.kv_format import Q8_0
+    from edgeserve.engine.cache.kv_format import Q8_0
 
     model = gpt_oss(tmp_path, wide=kv == "q8_0")
     plan = model.native_decoder()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.kv_format import Q8_0
-from edgeserve.engine.state_pool import StepStates
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_format import Q8_0
+from edgeserve.engine.cache.state_pool import StepStates
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.models.archs.qwen35.native_plan import build_qwen35

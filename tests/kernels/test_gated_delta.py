@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgeserve.engine.state_pool import StatePool, StateSpec
+from edgeserve.engine.cache.state_pool import StatePool, StateSpec
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels import dispatch
 from edgeserve.kernels.torch import gated_delta as gd

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.llm import LLM
 from edgeserve.models.attention import ContiguousKV

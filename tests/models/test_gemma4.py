@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token, pool_blocks_for_budget
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention, kv_bytes_per_token, pool_blocks_for_budget
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.loaders.hf_folder import HFFolder
 from edgeserve.models.config import config_from_hf

@@ -29,7 +29,7 @@ from converter_parity import build_checkpoint, convert, load_ours, max_logprob_d
 from support.spec_runs import (ForcedOracle, assert_drafts_are_reference_argmax,  # noqa: E402
                                assert_drafts_carry_distributions, assert_mixed_batch_keeps_greedy, outputs, prompts)
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention  # noqa: E402
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention  # noqa: E402
 from edgeserve.engine.spec import AssistantProposer, DraftMismatchError  # noqa: E402
 from edgeserve.engine.spec.assistant import TargetKV  # noqa: E402
 from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402

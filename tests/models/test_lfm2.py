@@ -38,7 +38,7 @@ def llm(checkpoint) -> LLM:
 
 
 def test_state_pool_holds_short_conv_states(llm: LLM) -> None:
-    from edgeserve.engine.cache_spec import layer_caches
+    from edgeserve.engine.cache.cache_spec import layer_caches
 
     engine, c = llm.engine, llm.lm.config
     conv, kernel, attention = SHAPES[c.architecture]
@@ -109,7 +109,7 @@ def test_a_conversation_resumes_after_a_restart_from_the_disk_tier(checkpoint, l
 def test_preemption_recomputes_the_conv_state(llm: LLM) -> None:
     """A budget of a few blocks: sequences are preempted (their seats given back) and recomputed to the same
     outputs; with the host tier, swapped out and back instead (every prompt token computed once)."""
-    from edgeserve.engine.kv_cache import kv_bytes_per_token
+    from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 
     ps = prompts(20, 26, 31, 17, seed=31)
     alone = [ids(llm.generate([p], GREEDY))[0] for p in ps]

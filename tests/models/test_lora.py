@@ -9,12 +9,12 @@ from lora_files import merged_delta
 from tiny_gguf import write_tiny_llama
 
 from edgeserve.bench.random_lora import random_pairs, write_gguf_lora, write_peft
-from edgeserve.engine.adapters import AdapterChoice, prefix_key_for
+from edgeserve.engine.runner.adapters import AdapterChoice, prefix_key_for
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_blocks import block_hash
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.prefix_key import NO_KEY
+from edgeserve.engine.cache.kv_blocks import block_hash
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.prefix_key import NO_KEY
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.torch.paged_attention import AttentionMetadata
 from edgeserve.models.load import load_model
@@ -157,7 +157,7 @@ def test_the_int8_copy_stays_within_a_few_percent_of_the_float_update(tmp_path):
 
 
 def test_lora_weights_auto_picks_int8_beside_a_quantized_base_only(tmp_path):
-    from edgeserve.engine.adapters import AdapterStore, quantized_base
+    from edgeserve.engine.runner.adapters import AdapterStore, quantized_base
     from edgeserve.errors import ConfigError
 
     dense, quant = tiny(tmp_path), tiny(tmp_path, qtype="Q4_1", dtype="bfloat16")
@@ -293,7 +293,7 @@ def test_max_loras_unloads_the_least_recently_used_idle_adapter(tmp_path):
     run(core, [("2", PROMPTS[0], ("b", 1.0))])
     assert core.adapters.resident() == ["b"]
     core.add_request(PROMPTS[0], GREEDY, "3", adapter="b")  # holds b while it runs
-    from edgeserve.engine.adapters import AdaptersBusyError, UnknownAdapterError
+    from edgeserve.engine.runner.adapters import AdaptersBusyError, UnknownAdapterError
 
     with pytest.raises(AdaptersBusyError):
         core.add_request(PROMPTS[0], GREEDY, "4", adapter="a")
@@ -357,7 +357,7 @@ def test_serve_refuses_a_missing_lora_path_at_start(tmp_path):
 
 
 def test_a_decoder_without_adapter_support_refuses_them_by_name(tmp_path):
-    from edgeserve.engine.adapters import AdapterStore
+    from edgeserve.engine.runner.adapters import AdapterStore
     from edgeserve.models.archs.gemma.model import GemmaModel
 
     lm = tiny(tmp_path)

@@ -41,7 +41,7 @@ def phi3(longrope: bool, factor: float = 0.75):
 
 def paged_logits(model, block_size: int = 4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Prefill PROMPT in two chunks through a paged pool of `dtype`, then decode DECODES tokens one at a time."""
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.dispatch import AttentionMetadata
 
     ids = PROMPT + list(range(40, 40 + DECODES))

@@ -211,7 +211,7 @@ def test_dummy_load_builds_the_moe_shape(tmp_path: Path) -> None:
 
 def test_cuda_graphs_are_not_captured_for_moe(monkeypatch) -> None:
     """MoE layers group rows by expert on the host, which a captured decode graph cannot replay."""
-    from edgeserve.engine import cuda_graphs
+    from edgeserve.engine.runner import cuda_graphs
 
     monkeypatch.setattr(cuda_graphs, "use_triton", lambda device: True)
     moe = config_from_hf(hf_moe().config.to_dict())

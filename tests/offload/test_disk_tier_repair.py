@@ -12,8 +12,8 @@ import torch
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_blocks import block_hash
-from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_blocks import block_hash
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 from edgeserve.models.load import load_model
 from edgeserve.offload.block_file import decode
 from edgeserve.registry import resolve

@@ -18,7 +18,7 @@ import torch
 
 from edgeserve.engine.config import EngineConfig
 from edgeserve.engine.core import EngineCore
-from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 from edgeserve.models.load import load_model
 from edgeserve.registry import resolve
 from edgeserve.sampling_params import SamplingParams
@@ -128,7 +128,7 @@ def test_restart_answers_from_disk_in_a_new_process(tiny_lm, tiny_path, referenc
 
 
 def _chain_files(engine: EngineCore, prompt: list[int]) -> list[Path]:
-    from edgeserve.engine.kv_blocks import block_hash
+    from edgeserve.engine.cache.kv_blocks import block_hash
 
     disk, parent, paths = engine.offload.tiers.disk, b"", []
     for i in range(len(prompt) // BS):

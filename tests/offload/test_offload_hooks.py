@@ -11,8 +11,8 @@ import pytest
 import torch
 from support.scheduler_runs import run_scheduler
 
-from edgeserve.engine.kv_blocks import block_hash
-from edgeserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
+from edgeserve.engine.cache.kv_blocks import block_hash
+from edgeserve.engine.sched.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sequence
 from edgeserve.offload import KVLayout, TierManager
 from edgeserve.offload.pool_bridge import PoolOffload
 

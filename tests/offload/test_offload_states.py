@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from edgeserve.engine.state_pool import StatePool, StateSpec, mamba2_kind
+from edgeserve.engine.cache.state_pool import StatePool, StateSpec, mamba2_kind
 from edgeserve.kernels.torch.gated_delta import DeltaNetDims
 from edgeserve.offload import TierManager
 from edgeserve.offload.disk_tier import STATE_SUFFIX

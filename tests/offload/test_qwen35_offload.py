@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeserve.engine.kv_cache import kv_bytes_per_token
+from edgeserve.engine.cache.kv_cache import kv_bytes_per_token
 from edgeserve.llm import LLM
 from edgeserve.offload.disk_tier import STATE_SUFFIX
 from edgeserve.sampling_params import SamplingParams
@@ -265,7 +265,7 @@ def test_a_damaged_block_under_a_good_state_is_recomputed_identically(gguf_path:
                                                                        tmp_path: Path) -> None:
     """The state after block 3 is whole but block 2's KV file is not: the hit cannot reach the state, so the engine
     looks again from the blocks that did come back (none of which has a state) and recomputes."""
-    from edgeserve.engine.kv_blocks import block_hash
+    from edgeserve.engine.cache.kv_blocks import block_hash
 
     first = tokens(45, seed=50)
     a = served(gguf_path, tmp_path)

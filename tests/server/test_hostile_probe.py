@@ -308,7 +308,7 @@ def _synthetic_cost(shape) -> float:
 
 
 def test_a_short_request_beside_a_deep_prefill_waits_one_bounded_step(tmp_path):
-    from edgeserve.engine.step_cost import StepCostModel
+    from edgeserve.engine.sched.step_cost import StepCostModel
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", context=4096)
     budget = 256
@@ -370,7 +370,7 @@ async def _short_during_a_deep_prefill(url: str, long_ids: list[int], short: dic
 def _assert_bounded_steps(steps: list[dict], budget: int) -> None:
     """The short request's first step computes its whole prompt beside at most one token of the deep one, its first
     token comes first, and the deep prompt's own steps stay within the slowdown cap as their chunks shrink."""
-    from edgeserve.engine.step_cost import chunk_shape
+    from edgeserve.engine.sched.step_cost import chunk_shape
 
     first_short = next(i for i, st in enumerate(steps) if "short" in st)
     assert steps[first_short]["short"][2], "the short prompt is computed whole in its first step"

@@ -122,7 +122,7 @@ def test_a_stopping_embedding_engine_ends_its_batch_at_the_next_sub_batch(tmp_pa
     import anyio
     import anyio.to_thread
 
-    from edgeserve.engine.embedder import EmbeddingEngine
+    from edgeserve.engine.runner.embedder import EmbeddingEngine
     from edgeserve.errors import EngineError
     from edgeserve.registry import resolve
     from edgeserve.server.model_manager import load_embedder

@@ -10,7 +10,7 @@ import ollama
 import pytest
 import torch
 
-from edgeserve.engine.sampler import apply_penalties, apply_typical
+from edgeserve.engine.runner.sampler import apply_penalties, apply_typical
 from edgeserve.sampling_params import SamplingParams
 from server_helpers import serve_tiny
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.models.attention import ContiguousKV
 

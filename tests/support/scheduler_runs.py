@@ -11,7 +11,7 @@ def run_scheduler(sched, model, requests: dict, max_tokens: dict, arrivals: dict
     ({id: prompt ids}) has its `max_tokens[id]` tokens, each added at its `arrivals` step (default 0); the pools'
     integrity checked every step, `on_schedule(out)` called before each update and `after_step()` after it.
     Returns {id: output ids}."""
-    from edgeserve.engine.scheduler import Sequence
+    from edgeserve.engine.sched.scheduler import Sequence
 
     arrivals = arrivals or {sid: 0 for sid in requests}
     done: dict = {}

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from edgeserve.engine.sampler import sample_tokens
+from edgeserve.engine.runner.sampler import sample_tokens
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.tokenizer import tokenizer_from_gguf
 from edgeserve.sampling_params import SamplingParams

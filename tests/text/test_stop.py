@@ -113,7 +113,7 @@ def test_stop_string_inside_a_speculative_run_counts_only_the_tokens_kept():
     """Speculation hands over several tokens at once; when a stop string ends inside them, the tokens after it are
     dropped and usage (num_output_tokens) counts only the ones kept."""
     from edgeserve.engine.outputs import TokenOutput
-    from edgeserve.engine.output_processor import OutputProcessor
+    from edgeserve.engine.sched.output_processor import OutputProcessor
     from edgeserve.sampling_params import SamplingParams
 
     proc = OutputProcessor("r", [0], SamplingParams(max_tokens=50, stop=["cd"]), _Letters())

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 
 from edgeserve.engine.delivery import Outbox, step_and_deliver
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.model_runner import image_rows
-from edgeserve.engine.scheduler import ScheduledSeq, span_stop
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.runner.model_runner import image_rows
+from edgeserve.engine.sched.scheduler import ScheduledSeq, span_stop
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.torch import paged_attention as torch_attention
 from edgeserve.kernels.dispatch import AttentionMetadata
@@ -185,7 +185,7 @@ def test_the_engine_answers_as_transformers_with_small_chunks_and_a_hit_inside_t
 
 
 def test_a_span_past_the_prompt_is_a_clear_error(folder):
-    from edgeserve.engine.request_check import InvalidRequestError, check_spans
+    from edgeserve.engine.sched.request_check import InvalidRequestError, check_spans
 
     assert check_spans([(5, 9), (1, 3)], 10) == ((1, 3), (5, 9))
     for bad in ([(3, 3)], [(5, 11)], [(1, 5), (4, 6)]):

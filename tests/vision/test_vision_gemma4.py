@@ -150,9 +150,9 @@ def test_mmproj_metadata_is_gemma4v(mmproj):
 def test_language_model_reads_the_image_rows_in_chunks(folder, hf_model):
     """The image's rows replace its placeholders' embeddings (an E model's per-layer inputs there: the padding
     token's), also when prefill chunks split the image: the logits are transformers' with the same pixels."""
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.model_runner import image_rows
-    from edgeserve.engine.scheduler import ScheduledSeq
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.runner.model_runner import image_rows
+    from edgeserve.engine.sched.scheduler import ScheduledSeq
     from edgeserve.kernels.dispatch import AttentionMetadata
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve
@@ -191,7 +191,7 @@ def test_image_tokens_attend_both_ways_on_the_sliding_layers(tmp_path):
     """`use_bidirectional_attention: vision` (the larger sizes): an image's tokens see each other both ways on the
     sliding layers (within the window behind them), causally on the global ones: the logits are transformers' with
     the processor's mm_token_type_ids, and differ from causal ones and from ones open both ways on every layer."""
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
     from edgeserve.kernels.dispatch import AttentionMetadata
     from edgeserve.models.load import load_model
     from edgeserve.registry import resolve

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.model_runner import image_rows
-from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.runner.model_runner import image_rows
+from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.vision.family import load_vision
 from edgeserve.vision.prompt import image_mark, image_prompt

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeserve.engine.config import EngineConfig
-from edgeserve.engine.kv_blocks import block_hash
+from edgeserve.engine.cache.kv_blocks import block_hash
 from edgeserve.server import ServerConfig
 from server_helpers import metric, serve
 from vision_helpers import data_url, picture, tiny_gemma3

@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.request_state import Sequence
-from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.sched.request_state import Sequence
+from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.transfer import to_device
 from edgeserve.models.archs.gemma4_assistant.model import target_layers, target_mismatch

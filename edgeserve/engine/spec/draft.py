@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgeserve.engine.kv_blocks import BlockManager
-from edgeserve.engine.kv_cache import KVPool, forward_batch
-from edgeserve.engine.request_state import Sequence
+from edgeserve.engine.cache.kv_blocks import BlockManager
+from edgeserve.engine.cache.kv_cache import KVPool, forward_batch
+from edgeserve.engine.sched.request_state import Sequence
 from edgeserve.errors import EdgeserveError
 from edgeserve.loaders.tokenizer import Tokenizer
 from edgeserve.models.load import LoadedModel

@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from edgeserve.engine.kv_blocks import BlockManager
-from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-from edgeserve.engine.request_state import Sequence
-from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.engine.cache.kv_blocks import BlockManager
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.sched.request_state import Sequence
+from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.errors import EdgeserveError
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.kernels.transfer import to_device

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edgeserve.engine.scheduler import ScheduledSeq
+from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
@@ -19,7 +19,7 @@ from .ngram import NgramProposer
 from .verify import Verdict, greedy_verify, one_hot, token_probs, verify
 
 if TYPE_CHECKING:
-    from edgeserve.engine.request_state import Request
+    from edgeserve.engine.sched.request_state import Request
 
 
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head and a Gemma 4

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgeserve.engine.sampler import apply_penalties, apply_typical, filter_logits, sample_from, scale_by_temperature
+from edgeserve.engine.runner.sampler import apply_penalties, apply_typical, filter_logits, sample_from, scale_by_temperature
 from edgeserve.sampling_params import SamplingParams
 
 

@@ -1,7 +1,7 @@
 /* A Gated DeltaNet (Qwen3.5 linear-attention) layer as the fused layer stack (layer.c) runs it, in place of the
    attention: layer.c does the in_proj matmul ([conv q | k | v, z, b, a] per row: its layer_t.qkv) and the out_proj
    one (its layer_t.o); qmm_gdn_mix (gated_delta.c) does everything between them over the step's recurrent states,
-   read and written in place in the engine's state pool (edgeserve/engine/state_pool.py). */
+   read and written in place in the engine's state pool (edgeserve/engine/cache/state_pool.py). */
 #ifndef GDN_LAYER_H
 #define GDN_LAYER_H
 

@@ -1,7 +1,7 @@
 """Falcon-H1 (TII; llama.cpp `falcon-h1`, HF `falcon_h1`): in every layer GQA attention with RoPE and a Mamba-2 mixer
 side by side on the same normed input, their outputs summed into the residual, then a SwiGLU MLP. Each layer keeps
 its KV in the paged pool and a conv and an SSM state per sequence in the engine's state pool
-(engine.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's). Falcon-H1's multipliers are folded into
+(engine.cache.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's). Falcon-H1's multipliers are folded into
 the weights as llama.cpp's converter does (an HF checkpoint's at load: model.FoldedScales)."""
 
 from edgeserve.models.archs.nemotron_h import mamba2_gguf_names

@@ -238,7 +238,7 @@ class Gemma4Model(LoadedDecoder):
         (flat indices, rows) whose embeddings an image's replace (an E model's per-layer inputs there are the padding
         token's table rows with the image rows' projection, as transformers' Gemma4Model makes them)."""
         if not (hasattr(attn, "layer_cache") and hasattr(attn, "attend")):
-            raise TypeError("Gemma 4 runs over the paged KV pool (edgeserve.engine.kv_cache.PagedKVAttention)")
+            raise TypeError("Gemma 4 runs over the paged KV pool (edgeserve.engine.cache.kv_cache.PagedKVAttention)")
         t = input_ids.shape[0]
         if t and int(positions.max()) >= self.max_positions:
             raise IndexError(f"position {int(positions.max())} is past the model's {self.max_positions}")

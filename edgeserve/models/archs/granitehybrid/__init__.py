@@ -1,7 +1,7 @@
 """Granite 4 H (IBM; llama.cpp `granitehybrid`, HF `granitemoehybrid`): each layer a Mamba-2 mixer or GQA attention
 without positional encoding, then a SwiGLU MLP (Tiny / Small: beside routed experts), with Granite's embedding /
 residual / attention / logit multipliers. A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the
-engine's state pool (engine.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's)."""
+engine's state pool (engine.cache.state_pool.mamba2_kind; the Mamba-2 pieces are archs.nemotron_h's)."""
 
 from edgeserve.models.archs.nemotron_h import mamba2_gguf_names
 

@@ -1,7 +1,7 @@
 """LFM2 / LFM2.5 (Liquid AI; llama.cpp `lfm2`, HF `lfm2`) and LFM2-MoE (`lfm2moe`, HF `lfm2_moe`): gated
 short-convolution layers beside GQA attention layers with Q/K RMSNorm and RoPE, a SwiGLU feed-forward on every
 layer (LFM2-MoE: after its leading dense layers, experts routed by a sigmoid, chosen with a per-expert bias). A conv
-layer keeps no KV, only a conv state per sequence in the engine's state pool (engine.state_pool.short_conv_kind)."""
+layer keeps no KV, only a conv state per sequence in the engine's state pool (engine.cache.state_pool.short_conv_kind)."""
 
 EXPERTS = ("lfm2moe",)
 # random weights (--load-format dummy): model.dummy_shapes

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from edgeserve.engine.state_pool import short_conv_kind
+from edgeserve.engine.cache.state_pool import short_conv_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.models.config import ModelConfig, gguf_key, gguf_vocab_size, layer_flags
 

@@ -3,7 +3,7 @@ sliding-window (256) and global GQA attention layers with per-head Q/K RMSNorm, 
 layers; proportional partial RoPE, base 1,000,000, on the global ones) and a sigmoid output gate per head
 (`self_attn.gate_proj`, from the layer's normed input); sandwich norms (`post_operator_norm`, `post_ffn_norm`) around
 each mixer and SwiGLU feed-forward. A conv layer keeps a conv state in the engine's state pool
-(engine.state_pool.short_conv_kind), a sliding layer its window of K/V, a global layer all of it.
+(engine.cache.state_pool.short_conv_kind), a sliding layer its window of K/V, a global layer all of it.
 
 GGUF: llama.cpp 0.3.36 has no `lfm3`. Ours (pending llama.cpp support) extends its `lfm2` naming: `lfm2`'s keys under
 `lfm3.*` (per-layer `attention.head_count_kv`, 0 on conv layers; `shortconv.l_cache`), plus Gemma 4's spelling of

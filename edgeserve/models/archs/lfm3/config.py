@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from edgeserve.engine.state_pool import short_conv_kind
+from edgeserve.engine.cache.state_pool import short_conv_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.models.archs.lfm2.config import gguf_conv_fields, gguf_kv_heads
 from edgeserve.models.config import ModelConfig, gguf_key

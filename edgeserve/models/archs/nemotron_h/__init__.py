@@ -2,7 +2,7 @@
 x = x + mixer(norm(x)), the mixer a Mamba-2 layer (M), GQA attention without positional encoding (*), or a
 squared-ReLU MLP (-), or (`nemotron_h_moe`, Nemotron 3 Nano 30B-A3B) routed squared-ReLU experts beside a shared
 one (E). A Mamba-2 layer keeps no KV, a conv and an SSM state per sequence in the engine's state pool
-(engine.state_pool.mamba2_kind); an MLP or MoE block keeps nothing."""
+(engine.cache.state_pool.mamba2_kind); an MLP or MoE block keeps nothing."""
 
 EXPERTS = ("nemotron_h_moe",)
 

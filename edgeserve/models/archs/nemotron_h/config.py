@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from edgeserve.engine.state_pool import mamba2_kind
+from edgeserve.engine.cache.state_pool import mamba2_kind
 from edgeserve.errors import ModelLoadError, UnsupportedModelError
 from edgeserve.kernels.torch.mamba2 import Mamba2Dims
 from edgeserve.models.config import ModelConfig, gguf_key

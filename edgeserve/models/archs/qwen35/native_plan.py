@@ -40,7 +40,7 @@ class Mixers:
     state: str = "recurrent"  # the pool's tensor the mixers' recurrence runs on
 
     def takes(self, states, num_rows: int) -> bool:
-        """Whether the stack runs over these step states (engine.state_pool.StepStates): float32 pools of this
+        """Whether the stack runs over these step states (engine.cache.state_pool.StepStates): float32 pools of this
         model's layers, each slot's block contiguous, a batch of the step's rows."""
         pool = getattr(states, "pool", None)
         if pool is None or states.batch.num_tokens != num_rows:

@@ -1,0 +1,267 @@
+"""Speculation with the model's own MTP head (issue 50): tiny random Qwen3.5 checkpoints (dense and MoE) with an MTP
+block made in transformers, converted by llama.cpp's own convert_hf_to_gguf.py with the block kept.
+
+- the head's logits (GGUF and HF folder) are those computed from the checkpoint's `mtp.*` weights (mtp_reference);
+- inside the engine, each first and second draft is the reference head's argmax for the sequence so far, through
+  prompt chunks, accepted, partly accepted and rejected drafts (an oracle forces acceptance: random heads never agree
+  with random trunks);
+- greedy output with MTP on is MTP off's token for token, alone and in a mixed batch, per-op (f32) and on the fused
+  native stack (Q8_0);
+- `auto` turns MTP on for a file with a head and leaves a file without one alone; `mtp` on such a file is one line;
+- at temperature > 0 the drafts' distributions go to rejection sampling (verify's own tests check it keeps the
+  target's distribution);
+- a draft vocabulary (`--spec-draft-vocab`: the head's output matrix cut to some token ids) gives the full head's
+  logits of those ids, drafts map back to their token ids, and greedy output does not change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from converter_cases import BY_NAME  # noqa: E402
+from converter_parity import IDS, build_checkpoint, convert, load_ours, max_logprob_diff, tokenizer_folder  # noqa: E402
+from mtp_reference import mtp_reference_logits  # noqa: E402
+from support.spec_runs import (GREEDY, ForcedOracle, assert_drafts_are_reference_argmax,  # noqa: E402
+                               assert_drafts_carry_distributions, assert_mixed_batch_keeps_greedy, outputs, prompts)
+
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention  # noqa: E402
+from edgeserve.engine.spec import NoMtpHeadError  # noqa: E402
+from edgeserve.engine.spec.speculator import MAX_BACKLOG  # noqa: E402
+from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
+from edgeserve.llm import LLM  # noqa: E402
+from edgeserve.models.mtp_head import cut_vocab, draft_logits, head_decoder, mtp_forward, mtp_logits  # noqa: E402
+from edgeserve.sampling_params import SamplingParams  # noqa: E402
+
+CASES = ["qwen35-mtp", "qwen35moe-mtp"]
+F32_BOUND = 2e-4  # float32 noise, as in test_converter_parity
+
+
+@pytest.fixture(scope="module")
+def files(default_model_path: Path, tmp_path_factory):
+    """get(name) -> (transformers model, HF folder, f32 GGUF, Q8_0 GGUF), made once a module."""
+    made: dict = {}
+    tok = tokenizer_folder(default_model_path, tmp_path_factory.mktemp("tokenizer"))
+
+    def get(name: str):
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            model = build_checkpoint(BY_NAME[name], tok, folder)
+            made[name] = (model, folder, convert(folder, folder.parent / f"{name}.f32.gguf"),
+                          convert(folder, folder.parent / f"{name}.q8.gguf", outtype="q8_0"))
+        return made[name]
+
+    return get
+
+
+def head_logits(model, ids: list[int], hidden: torch.Tensor, chunks: list[tuple[int, int]]) -> torch.Tensor:
+    """Our head's logits for rows (ids[i + 1], hidden[i]), run in `chunks` over its paged pool (blocks of 4)."""
+    pool = KVPool(model.mtp.kv_config, 8, 4, model.dtype)
+    out = []
+    for a, b in chunks:
+        meta = AttentionMetadata.build([b - a], [b], [list(range(8))], list(range(a, b)))
+        g = mtp_forward(model, model.mtp, torch.tensor(ids[a + 1: b + 1]), hidden[a:b], torch.arange(a, b),
+                        PagedKVAttention(pool, meta))
+        out.append(mtp_logits(model, model.mtp, g))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_head_logits_equal_the_reference_from_the_hf_weights(name, files):
+    hf, folder, gguf, _ = files(name)
+    ref = mtp_reference_logits(hf, folder, IDS)
+    assert ref.abs().max() > 1.0
+    with torch.no_grad():
+        hidden = hf.model(input_ids=torch.tensor([IDS])).last_hidden_state[0, :-1]
+    t = len(IDS) - 1
+    for path in (gguf, folder):
+        model = load_ours(path).model
+        assert model.mtp is not None and (model.mtp.layer.moe is not None) == ("moe" in name)
+        ours = head_logits(model, IDS, hidden, [(0, 9), *((i, i + 1) for i in range(9, t))])
+        assert max_logprob_diff(ours, ref) < F32_BOUND
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("draft_vocab", [0, 1500])
+def test_engine_first_drafts_are_the_reference_heads(name, draft_vocab, files):
+    """Each first draft is the argmax of the reference head over the whole sequence so far (its K/V kept through
+    prompt chunks, verified steps and a hybrid's rolled-back ones), and each second draft the reference's for the
+    row after (the first draft and the head's own output); with a draft vocabulary, the argmax over its token ids."""
+    hf, folder, gguf, _ = files(name)
+    lm = load_ours(gguf)
+    ps = prompts(1, 2)
+    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps)
+    spec = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=3, max_num_batched_tokens=16,
+                          block_size=4, spec_draft_vocab=draft_vocab)
+    assert (spec.engine.spec.mtp.draft_vocab is not None) == (draft_vocab > 0)
+    oracle = spec.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
+    rows, execute = [], spec.engine.runner.execute
+
+    def spy(step, fill=None):
+        rows.extend(s.num_new_tokens - s.num_spec for s in step.scheduled if s.num_spec)
+        return execute(step, fill)
+
+    spec.engine.runner.execute = spy
+    assert outputs(spec, ps) == plain
+    c = spec.engine.spec.counters
+    assert 0 < c.accepted < c.proposed  # drafts accepted and rejected
+    # after a partly rejected step the hybrid computes its accepted tokens again beside its next drafts, but never
+    # more than MAX_BACKLOG of them (then a step without drafts keeps them)
+    assert 1 < max(rows) <= MAX_BACKLOG + 1
+
+    def reference(tokens, drafts):
+        ref = mtp_reference_logits(hf, folder, tokens, drafts[:1])[-2:]
+        return ref[:, :draft_vocab] if draft_vocab else ref
+
+    assert_drafts_are_reference_argmax(oracle.seen[::3], reference)
+
+
+def assert_spec_pools_empty(llm: LLM) -> None:
+    bm = llm.engine.spec.mtp.block_manager
+    bm.check_integrity()
+    assert bm.num_free_blocks == bm.num_blocks and not llm.engine.spec.mtp.seqs
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("weights", ["f32", "q8"])
+def test_greedy_with_mtp_is_greedy_without(name, weights, files):
+    """Alone and in a mixed batch (a sampled request and one that opts out beside greedy ones), per-op (f32) and
+    fused (Q8_0), with the head's own drafts and with forced acceptance."""
+    _, _, f32, q8 = files(name)
+    lm = load_ours(f32 if weights == "f32" else q8, dtype="float32" if weights == "f32" else "bfloat16")
+    assert (lm.model.native_decoder() is not None) == (weights == "q8")
+    ps = prompts(2)
+    off = LLM.from_model(lm, kv_cache_gb=0.01, speculative="off")
+    assert off.engine.spec is None
+    plain = outputs(off, ps)
+    auto = LLM.from_model(lm, kv_cache_gb=0.01)  # auto: the file has a head
+    assert auto.engine.spec.method == "mtp" and auto.engine.spec.num_tokens == 1
+    assert auto.engine.spec.mtp.draft_vocab is not None  # the default draft vocabulary cuts this head
+    assert [outputs(auto, [p])[0] for p in ps] == plain
+    assert auto.engine.spec.counters.proposed > 0
+    full = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=2, spec_draft_vocab=0)
+    assert full.engine.spec.mtp.draft_vocab is None
+    assert outputs(full, ps) == plain and full.engine.spec.counters.proposed > 0
+    assert_mixed_batch_keeps_greedy(auto, auto.engine.spec.mtp, ps, plain)
+    stats = auto.engine.stats()  # what /metrics exports (edgeserve_spec_*)
+    assert (stats.spec_proposed_tokens, stats.spec_accepted_tokens) == (auto.engine.spec.counters.proposed,
+                                                                        auto.engine.spec.counters.accepted)
+    assert 0 < stats.spec_acceptance_rate <= 1 and stats.spec_mean_accepted_length > 1
+    assert_spec_pools_empty(auto)
+
+
+@pytest.mark.parametrize("weights", ["f32", "q8"])
+def test_draft_vocabulary_rows_map_back_to_their_token_ids(weights, files):
+    """A head cut to token ids in no particular order gives the full head's logits of those ids (the output matrix's
+    rows: dense, or q8_0 blocks re-cut), and the proposer's drafts are those ids: the argmax among them (greedy), or
+    samples of a distribution that is 0 outside them."""
+    _, _, f32, q8 = files("qwen35-mtp")
+    lm = load_ours(f32 if weights == "f32" else q8, dtype="float32" if weights == "f32" else "bfloat16")
+    model, vocab = lm.model, lm.config.vocab_size
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[:700]
+    dv = cut_vocab(model, model.mtp, ids)
+    assert dv is not None and type(dv.matrix) is type(model.lm_head)
+    g = torch.randn(5, lm.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(model.dtype) * 3
+    full = mtp_logits(model, model.mtp, g)[:, :vocab]
+    ours = draft_logits(dv, g)
+    assert ours.shape == (5, 700) and torch.allclose(ours, full[:, ids], rtol=1e-3, atol=1e-3)
+    proposer = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp").engine.spec.mtp
+    proposer.draft_vocab = dv
+    tokens, q = proposer._draw(g, [None] * 5, [GREEDY] * 5, [[] for _ in range(5)], [None] * 5, True)
+    assert q is None and tokens == ids[full[:, ids].argmax(-1)].tolist()
+    assert any(t != int(i) for t, i in zip(tokens, full.argmax(-1)))  # the cut changed some drafts
+    hot = SamplingParams(temperature=1.0)
+    gens = [torch.Generator().manual_seed(i) for i in range(5)]
+    tokens, q = proposer._draw(g, [None] * 5, [hot] * 5, [[] for _ in range(5)], gens, False)
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[ids] = False
+    assert q.shape == (5, vocab) and torch.allclose(q.sum(-1), torch.ones(5), atol=1e-4)
+    assert (q[:, outside] == 0).all() and all(q[r, t] > 0 for r, t in enumerate(tokens))
+
+
+def test_preemption_drops_the_heads_state_and_recomputes(files):
+    """A budget of a few blocks: sequences are preempted and recomputed with MTP on; outputs are plain decoding's
+    and the head's pool ends empty."""
+    _, _, gguf, _ = files("qwen35-mtp")
+    lm = load_ours(gguf)
+    ps = [p + p[:10] for p in prompts(5, 4)]
+    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps)
+    probe = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp")
+    pool = probe.engine.pool
+    block = (pool.k[:, 0].numel() + pool.v[:, 0].numel()) * pool.k.element_size()
+    budget = 8 * probe.engine.states.budget.bytes_per_slot + block
+    small = LLM.from_model(lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
+                           speculative="mtp")
+    small.engine.spec.backoff = None
+    small.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
+    assert outputs(small, ps) == plain
+    assert small.engine.stats().num_preemptions > 0 and small.engine.spec.counters.accepted > 0
+    assert_spec_pools_empty(small)
+
+
+def test_temperature_drafts_carry_their_distributions_to_verification(files, monkeypatch):
+    """At temperature > 0 the MTP drafts come with the distributions q they were drawn from (a real distribution,
+    each draft inside it), which rejection sampling needs to keep the target's distribution (test_spec_verify)."""
+    _, _, gguf, _ = files("qwen35-mtp")
+    assert_drafts_carry_distributions(monkeypatch, LLM.from_model(load_ours(gguf), kv_cache_gb=0.01, speculative="mtp"))
+
+
+def test_auto_leaves_a_file_without_a_head_alone_and_mtp_refuses_it(tmp_path, capsys):
+    from tiny_gguf import write_tiny_llama
+
+    from edgeserve.cli import main
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    lm = load_ours(path)
+    assert LLM.from_model(lm, kv_cache_gb=0.01).engine.spec is None
+    with pytest.raises(NoMtpHeadError, match="has no MTP head"):
+        LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp")
+    assert main(["run", str(path), "hi", "--speculative", "mtp", "--max-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no MTP head" in err[0] and "Traceback" not in err[0]
+
+
+def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
+    from edgeserve.engine.spec.backoff import Backoff
+
+    b = Backoff(threshold=0.4)
+    steps = []
+    for _ in range(40):
+        if b.drafts_now("low"):
+            b.record("low", 2, 0)  # never accepted
+            steps.append(1)
+        else:
+            steps.append(0)
+    drafted = [i for i, s in enumerate(steps) if s]
+    gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:])]
+    assert gaps[:3] == [0, 0, 4] and gaps[3:5] == [8, 16]  # a few tries, then pauses that double
+    assert all(b.drafts_now("good") for _ in range(5))  # an unknown request drafts
+    for _ in range(20):
+        b.record("good", 2, 2)
+        assert b.drafts_now("good")
+    b.record("low", 2, 2)  # a probe that goes well (after its pause) ends the pauses
+    while not b.drafts_now("low"):
+        pass
+    b.record("low", 2, 2)
+    assert b.drafts_now("low") and b.drafts_now("low")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fused_head_gives_the_per_op_heads_logits(name, files):
+    """The head's block as a one-layer plan on the fused native stack (Q8_0, bfloat16) gives the per-op block's
+    logits, through a prompt chunk and single rows over its paged pool."""
+    _, _, _, q8 = files(name)
+    model = load_ours(q8, dtype="bfloat16").model
+    assert model.native_decoder() is not None and head_decoder(model, model.mtp) is not None
+    ids = IDS
+    hidden = torch.randn(len(ids) - 1, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    chunks = [(0, 9), *((i, i + 1) for i in range(9, len(ids) - 1))]
+    fused = head_logits(model, ids, hidden.to(model.dtype), chunks)
+    model.mtp.native = None  # the per-op path
+    per_op = head_logits(model, ids, hidden.to(model.dtype), chunks)
+    assert per_op.abs().max() > 1.0
+    assert torch.equal(fused, per_op)
