@@ -207,9 +207,9 @@ def _hf_logits(hf_model, ids: list[int], span: tuple[int, int], prepared, genera
 def _our_logits(lm, ids, span, rows, chunks: list[int], spans: bool = True, every_layer: bool = False):
     """Our logits over `ids` in prefill chunks of the given sizes over one paged pool, on the path the engine takes
     with an image's attend span (the per-op layers where the span is set)."""
-    from edgeserve.engine.kv_cache import KVPool, PagedKVAttention
-    from edgeserve.engine.model_runner import image_rows
-    from edgeserve.engine.scheduler import ScheduledSeq
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.engine.runner.model_runner import image_rows
+    from edgeserve.engine.sched.scheduler import ScheduledSeq
     from edgeserve.kernels.dispatch import AttentionMetadata
 
     blocks = list(range(-(-len(ids) // 16)))

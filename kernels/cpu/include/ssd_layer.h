@@ -1,7 +1,7 @@
 /* A Mamba-2 mixer as the fused layer stack (layer.c) runs it, in place of the attention: layer.c does the in_proj
    matmul ([z | x B C | dt] per row: its mixer_t.in_proj) and the out_proj one (mixer_t.out_proj); qmm_ssd_mix
    (mamba2.c) does everything between them over the step's conv and SSM states, read and written in place in the
-   engine's state pool (edgeserve/engine/state_pool.py's mamba2 kind). kernels/torch/mamba2.py's mamba2_mixer is the
+   engine's state pool (edgeserve/engine/cache/state_pool.py's mamba2 kind). kernels/torch/mamba2.py's mamba2_mixer is the
    torch twin. This block knows no model. */
 #ifndef SSD_LAYER_H
 #define SSD_LAYER_H
