@@ -22,6 +22,7 @@ import torch
 from gguf import GGUFReader
 
 from edgeserve.bench.cpu_clock import cpu_clock
+from edgeserve.bench.timing import call_times
 from edgeserve.kernels.cpu.native import BlockTensor, BlockWeight, best_variant, load, native_format
 
 LAYER = [["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]]
@@ -88,13 +89,7 @@ def run(args: argparse.Namespace, m: int) -> None:
         for _ in range(args.rounds):
             for name, fn in fns.items():
                 time.sleep(0.02)
-                fn()
-                times = []
-                for _ in range(calls):
-                    t = clock()
-                    fn()
-                    times.append(clock() - t)
-                meds[name].append(statistics.median(times) * 1e6)
+                meds[name].append(statistics.median(call_times(fn, calls, warmup=1, clock=clock)) * 1e6)
         shape = f"{sum(p.data.shape[0] for p in parts)}x{k} {'+'.join(sorted({p.qtype for p in parts}))}"
         row = ", ".join(f"{name} {statistics.median(v):8.1f} us" for name, v in meds.items())
         print(f"{shape:<24} x{count:<3} {row}", flush=True)

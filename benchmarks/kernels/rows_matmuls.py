@@ -25,6 +25,7 @@ import torch
 from gguf import GGUFReader
 
 from edgeserve.bench.cpu_clock import cpu_clock
+from edgeserve.bench.timing import call_times
 from edgeserve.kernels.cpu import native as cn
 
 
@@ -81,13 +82,7 @@ def measure(libs: dict, part: cn.BlockTensor, m: int, rounds: int, calls: int, c
     meds: dict[str, list[float]] = {name: [] for name in libs}
     for _ in range(rounds):
         for name, (fn, _) in fns.items():
-            fn()
-            times = []
-            for _ in range(calls):
-                t = clock()
-                fn()
-                times.append(clock() - t)
-            meds[name].append(statistics.median(times) * 1e6)
+            meds[name].append(statistics.median(call_times(fn, calls, warmup=1, clock=clock)) * 1e6)
     outs = [out for _, out in fns.values()]
     assert all(torch.equal(outs[0].view(torch.int32), o.view(torch.int32)) for o in outs[1:]), "results differ"
     return {name: statistics.median(v) for name, v in meds.items()}
