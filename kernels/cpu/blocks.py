@@ -1,7 +1,8 @@
-"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h) in ctypes: one definition each.
+"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, conv_layer.h) in ctypes: one definition
+each.
 
 A layer is blocks, each switched on by its struct's fields (zero / NULL: off): the attention block with its options
-(`Attention`), or a Gated DeltaNet mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a Mixture-of-Experts
+(`Attention`), or a recurrent mixer in its place (`Mixer`: a Gated DeltaNet or a gated short convolution), the gated MLP (`Mlp`) or a Mixture-of-Experts
 feed-forward in its place (`Layer.moe`, kernels.cpu.moe_layer), a per-layer input (`Ple`) and the residual stream's
 norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for the Llama-like models, each architecture's
 native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
@@ -32,9 +33,10 @@ class Attention(ctypes.Structure):
 
 
 class Mixer(ctypes.Structure):
-    """mixer_t: a Gated DeltaNet mixer (a GdnLayer's address) in place of the attention, with its projections."""
+    """mixer_t: a recurrent mixer in place of the attention, with its projections: a Gated DeltaNet (a GdnLayer's
+    address in `gdn`) or a gated short convolution (a ConvLayer's in `conv`)."""
 
-    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight)]
+    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight), ("conv", _p)]
 
 
 class Mlp(ctypes.Structure):
@@ -94,10 +96,17 @@ class GdnStep(ctypes.Structure):
                 ("state_slot_stride", _i64), ("state_layer_stride", _i64), ("cu", _p), ("slots", _p), ("B", _i32)]
 
 
+class ConvLayer(ctypes.Structure):
+    """conv_layer_t: one gated short convolution's sizes, its index among the conv layers and its [C, K] weight
+    (Mixer.conv points to one); it runs over the step's GdnStep (its conv fields)."""
+
+    _fields_ = [("C", _i32), ("K", _i32), ("index", _i32), ("weight", _p)]
+
+
 # each struct's C name (qmm_decoder_layout's)
 C_NAMES = {QWeight: "qweight_t", Attention: "attention_t", Mixer: "mixer_t", Mlp: "mlp_t", Ple: "ple_t",
            Norms: "norms_t", Layer: "layer_t", Decoder: "decoder_t", StepPools: "step_pools_t",
-           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t"}
+           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", ConvLayer: "conv_layer_t"}
 
 
 def layout_mismatches(lib: ctypes.CDLL) -> list[str]:

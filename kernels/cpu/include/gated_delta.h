@@ -9,6 +9,9 @@ void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z
 /* out = o * sigmoid(gate), per head. */
 void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
                       float *out);
+/* The causal depthwise conv (+ SiLU when silu) over a ragged batch, each sequence from its conv state. */
+void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
+                     float *state, int64_t slot_stride, const int32_t *slots, int silu, float *out);
 /* The Gated DeltaNet's causal depthwise conv + SiLU over a ragged batch, each sequence from its conv state. */
 void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
                   float *state, int64_t slot_stride, const int32_t *slots, float *out);

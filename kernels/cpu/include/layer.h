@@ -9,6 +9,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "conv_layer.h"
 #include "gdn_layer.h"
 #include "moe_layer.h"
 
@@ -42,11 +43,13 @@ typedef struct {
                                 own, the attention output times sigmoid(gate) before o */
 } attention_t;
 
-/* A Gated DeltaNet mixer in place of the attention: in_proj matmul -> qmm_gdn_mix (gated_delta.c) over the step's
-   recurrent states in place -> out_proj matmul. gdn NULL: the layer attends. */
+/* A recurrent mixer in place of the attention: in_proj matmul -> qmm_gdn_mix (a Gated DeltaNet, gated_delta.c) or
+   qmm_conv_mix (a gated short convolution, short_conv.c) over the step's recurrent states in place -> out_proj
+   matmul. gdn and conv NULL: the layer attends. */
 typedef struct {
     const gdn_layer_t *gdn;
     qweight_t in_proj, out_proj;
+    const conv_layer_t *conv;
 } mixer_t;
 
 /* The gated MLP block: gate_up matmul -> SiLU- or GELU(tanh)-mul (decoder_t.gelu) -> down matmul. */
@@ -73,7 +76,7 @@ typedef struct {
 
 typedef struct {
     attention_t attn;
-    mixer_t mixer;    /* in place of attn where mixer.gdn is set */
+    mixer_t mixer;    /* in place of attn where mixer.gdn or mixer.conv is set */
     mlp_t mlp;
     const moe_t *moe; /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of mlp, or NULL */
     ple_t ple;
@@ -113,6 +116,6 @@ typedef struct step_pools {
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools);
 
-/* The layout of these structs (and gdn_layer.h's) for their ctypes mirror: sizeof of "layer_t", the offset of
+/* The layout of these structs (and gdn_layer.h's, conv_layer.h's) for their ctypes mirror: sizeof of "layer_t", the offset of
    "layer_t.attn.qkv", ...; -1 for a name it does not know. */
 int64_t qmm_decoder_layout(const char *name);

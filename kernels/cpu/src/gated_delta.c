@@ -108,7 +108,7 @@ static inline float sum_squares(const float *restrict x, int n) {
 typedef struct {
     const float *x, *wt; /* wt: the weight transposed, [K, C] */
     int64_t ldx, slot_stride;
-    int C, K;
+    int C, K, silu;
     const int32_t *cu, *slots, *task_seq, *task_t0; /* task i: tokens task_t0[i] .. + CONV_TOKENS of one sequence */
     const float *state;
     float *out;
@@ -127,8 +127,12 @@ static void conv_tokens(const conv_t *a, int b, int t0, int t1, int c0, int n, i
             const float *restrict w = a->wt + (int64_t)j * C + c0;
             for (int c = 0; c < n; c++) acc[c] += w[c] * in[c];
         }
-        sigmoid_n(acc, n, sig);
         float *o = a->out + (int64_t)(start + t) * C + c0;
+        if (!a->silu) {
+            memcpy(o, acc, sizeof(float) * (size_t)n);
+            continue;
+        }
+        sigmoid_n(acc, n, sig);
         for (int c = 0; c < n; c++) o[c] = acc[c] * sig[c]; /* silu */
     }
 }
@@ -145,11 +149,11 @@ static void conv_block(void *ctx, int task) {
     }
 }
 
-/* out [T, C] = silu(causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K]), sequence b owning rows
-   cu[b] .. cu[b + 1] - 1 and continuing from its conv state [K - 1, C] at state + slots[b] * slot_stride, which
-   then holds its last K - 1 inputs. */
-void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
-                  float *state, int64_t slot_stride, const int32_t *slots, float *out) {
+/* out [T, C] = the causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K] (then SiLU when silu),
+   sequence b owning rows cu[b] .. cu[b + 1] - 1 and continuing from its conv state [K - 1, C] at state + slots[b] *
+   slot_stride, which then holds its last K - 1 inputs. */
+void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
+                     float *state, int64_t slot_stride, const int32_t *slots, int silu, float *out) {
     int tasks = 0;
     for (int b = 0; b < B; b++) tasks += (cu[b + 1] - cu[b] + CONV_TOKENS - 1) / CONV_TOKENS;
     int32_t *task_seq = malloc(sizeof(int32_t) * 2 * (size_t)(tasks ? tasks : 1)), *task_t0 = task_seq + tasks;
@@ -162,7 +166,7 @@ void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight
             task_seq[i] = b;
             task_t0[i] = t0;
         }
-    conv_t a = {x, wt, ldx, slot_stride, C, K, cu, slots, task_seq, task_t0, state, out};
+    conv_t a = {x, wt, ldx, slot_stride, C, K, silu, cu, slots, task_seq, task_t0, state, out};
     pool_run(conv_block, &a, tasks, (int64_t)cu[B] * C * K >= 32768);
     free(task_seq);
     free(wt);
@@ -177,6 +181,12 @@ void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight
             memmove(st + (int64_t)r * C, in, sizeof(float) * C);
         }
     }
+}
+
+/* qmm_causal_conv with SiLU: the Gated DeltaNet's conv. */
+void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
+                  float *state, int64_t slot_stride, const int32_t *slots, float *out) {
+    qmm_causal_conv(x, ldx, C, K, weight, cu, B, state, slot_stride, slots, 1, out);
 }
 
 typedef struct {

@@ -1,8 +1,9 @@
 /* A whole decoder stack for one flat batch of rows in one call, composed of the blocks layer.h declares. Per layer:
 
      h -> token mixer: the attention block (qkv matmul (+ bias) -> [q / k / v norms per head] -> RoPE + K/V write
-          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a Gated
-          DeltaNet mixer in its place (in_proj -> qmm_gdn_mix over the step's recurrent states -> out_proj)
+          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a
+          recurrent mixer in its place (in_proj -> a Gated DeltaNet's qmm_gdn_mix or a gated short convolution's
+          qmm_conv_mix over the step's recurrent states -> out_proj)
        -> [RMSNorm] -> residual add + RMSNorm
        -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down), or a Mixture-of-Experts one
           (moe_layer.c) in its place
@@ -11,7 +12,7 @@
    A layer runs the blocks its layer_t switches on; the bracketed steps are options, off when zero / NULL.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of the models
-   (qmm/, attention.c, elementwise.c, gated_delta.c, moe_layer.c), so its results are bit for bit those of that
+   (qmm/, attention.c, elementwise.c, gated_delta.c, short_conv.c, moe_layer.c), so its results are bit for bit those of that
    path; what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel
    computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
 
@@ -159,6 +160,11 @@ static widths_t layer_widths(const decoder_t *m) {
             w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
             w.mix = imax(w.mix, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
             w.mix_in = imax(w.mix_in, g->Hv * g->Dv);
+        } else if (L->mixer.conv) {
+            const conv_layer_t *c = L->mixer.conv;
+            w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
+            w.mix = imax(w.mix, (int)conv_scratch_per_row(c) + c->C);
+            w.mix_in = imax(w.mix_in, c->C);
         } else if (L->attn.gate) { /* q and k normed into rows of their own, the gated output */
             w.nqkv = imax(w.nqkv, 2 * d.qd + 2 * d.Hkv * d.D);
             w.mix = imax(w.mix, 2 * d.qd + d.Hkv * d.D);
@@ -345,13 +351,17 @@ static int attention_block(run_t *r, int i, const attention_t *a, const void *h)
 
 /* ---- the other blocks ---- */
 
-/* The Gated DeltaNet mixer over the quantized h: in_proj, the mixer over the step's states, out_proj into r->o. */
+/* The recurrent mixer (a Gated DeltaNet or a gated short convolution) over the quantized h: in_proj, the mixer over
+   the step's states, out_proj into r->o. */
 static void mixer_block(run_t *r, const mixer_t *mx) {
     const gdn_layer_t *g = mx->gdn;
-    const int T = r->T, np = weight_rows(&mx->in_proj), vd = g->Hv * g->Dv;
+    const int T = r->T, np = weight_rows(&mx->in_proj), vd = g ? g->Hv * g->Dv : mx->conv->C;
     matmul(&mx->in_proj, r->m->hidden, r, r->qkv);
     MARK(P_QKV);
-    qmm_gdn_mix(g, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * vd, r->mix);
+    if (g)
+        qmm_gdn_mix(g, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * vd, r->mix);
+    else
+        qmm_conv_mix(mx->conv, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * vd, r->mix);
     MARK(P_ATTN);
     quantize(r, r->mix, 0, vd);
     matmul(&mx->out_proj, vd, r, r->o);
@@ -437,7 +447,7 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
     const int T = r->T, hidden = m->hidden;
     quantize(r, h, m->act_bf16, hidden);
     MARK(P_QUANT);
-    if (L->mixer.gdn)
+    if (L->mixer.gdn || L->mixer.conv)
         mixer_block(r, &L->mixer);
     else if (attention_block(r, i, &L->attn, h))
         return -1;
@@ -487,7 +497,7 @@ static const struct {
     AT(attention_t, k_norm), AT(attention_t, v_norm), AT(attention_t, sinks), AT(attention_t, o_bias),
     AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
     AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
-    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj),
+    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, conv),
     SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F),
     SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),
     SIZE(norms_t), AT(norms_t, mix_out), AT(norms_t, ffn_in), AT(norms_t, ffn_out), AT(norms_t, next),
@@ -507,6 +517,7 @@ static const struct {
     SIZE(gdn_step_t), AT(gdn_step_t, conv), AT(gdn_step_t, conv_slot_stride), AT(gdn_step_t, conv_layer_stride),
     AT(gdn_step_t, state), AT(gdn_step_t, state_slot_stride), AT(gdn_step_t, state_layer_stride),
     AT(gdn_step_t, cu), AT(gdn_step_t, slots), AT(gdn_step_t, B),
+    SIZE(conv_layer_t), AT(conv_layer_t, C), AT(conv_layer_t, K), AT(conv_layer_t, index), AT(conv_layer_t, weight),
 };
 
 int64_t qmm_decoder_layout(const char *name) {
