@@ -56,7 +56,8 @@ __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
     "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
-    "f32_row_linear", "causal_conv1d_silu", "gated_short_conv", "gated_delta_rule", "gated_rms_norm", "gated_delta_net", "delta_gates",
+    "f32_row_linear", "causal_conv1d_silu", "gated_short_conv", "gated_delta_rule", "gated_rms_norm",
+    "gated_delta_net", "delta_gates",
     "head_rms_norm",
     "sigmoid_gate",
 ]

@@ -17,44 +17,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, GdnLayer, GdnStep, Layer
+from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, GdnLayer, Layer
 from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
-
-
-@dataclass
-class Mixers:
-    """A plan's Gated DeltaNet layers (the structs layer_t.mixer.gdn points to) and, per step, the states they run over
-    (NativeDecoder.recurrent)."""
-
-    layers: ctypes.Array
-    num_layers: int  # linear layers: the state pool's layers
-
-    def takes(self, states, num_rows: int) -> bool:
-        """Whether the stack runs over these step states (engine.state_pool.StepStates): float32 pools of this
-        model's layers, each slot's block contiguous, a batch of the step's rows."""
-        pool = getattr(states, "pool", None)
-        if pool is None or states.batch.num_tokens != num_rows:
-            return False
-        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                   and t.shape[1] == self.num_layers for t in (pool.conv, pool.recurrent))
-
-    def __call__(self, attn) -> tuple[GdnStep, list]:
-        """The step's gdn_step_t over `attn.states`, and the tensors it points into."""
-        states = attn.states
-        pool, batch = states.pool, states.batch
-        cu, slots = batch.cu_seqlens.to(torch.int32).contiguous(), batch.slots.to(torch.int32).contiguous()
-        step = GdnStep(pool.conv.data_ptr(), pool.conv.stride(0), pool.conv.stride(1), pool.recurrent.data_ptr(),
-                       pool.recurrent.stride(0), pool.recurrent.stride(1), cu.data_ptr(), slots.data_ptr(),
-                       slots.numel())
-        return step, [cu, slots]
 
 
 def _fits(weight, shape: tuple[int, int]) -> bool:
@@ -123,7 +95,7 @@ def build_qwen35(model) -> NativeDecoder | None:
                       c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
-                         recurrent=Mixers(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
+                         recurrent=RecurrentStep(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
 
 
 def _pack_attention(out: Layer, layer, ptr) -> None:
