@@ -38,6 +38,11 @@ def qweight(w: BlockWeight) -> QWeight:
     return out
 
 
+def fits(weight, shape: tuple[int, int]) -> bool:
+    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
+    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
+
+
 @dataclass
 class NativeDecoder:
     """A model's layers as C structs, ready for `qmm_decoder_forward`; keeps alive every tensor they point into."""

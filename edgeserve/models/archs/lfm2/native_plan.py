@@ -23,17 +23,12 @@ import logging
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, ConvLayer, Decoder, Layer
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import ConvLayer, Decoder, Layer
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, BlockWeight, kept_f32_ptr
 from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 
 log = logging.getLogger(__name__)
-
-
-def _fits(weight, shape: tuple[int, int]) -> bool:
-    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
-    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
 def _per_op_reason(model) -> str | None:
@@ -60,7 +55,7 @@ def _layers_fit(model) -> bool:
             shapes += [(layer.in_proj, (3 * h, h)), (layer.out_proj, (h, h))]
         else:
             shapes += [(layer.qkv, (qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
-        if not all(_fits(w, s) for w, s in shapes):
+        if not all(fits(w, s) for w, s in shapes):
             return False
     return True
 

@@ -22,16 +22,11 @@ from types import SimpleNamespace
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, GdnLayer, Layer
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import Decoder, GdnLayer, Layer
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
-
-
-def _fits(weight, shape: tuple[int, int]) -> bool:
-    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
-    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
 def _layers_fit(model, moe: list) -> bool:
@@ -51,7 +46,7 @@ def _layers_fit(model, moe: list) -> bool:
                        (layer.out_proj, (h, d.value_dim))]
         else:
             shapes += [(layer.qkv, (2 * qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
-        if not all(_fits(w, s) for w, s in shapes):
+        if not all(fits(w, s) for w, s in shapes):
             return False
     return True
 
@@ -134,7 +129,7 @@ def build_mtp_head(model, head) -> NativeDecoder | None:
     f = layer.gate_up.shape[0] // 2 if moe[0] is None and isinstance(layer.gate_up, BlockWeight) else 0
     if moe[0] is None:
         shapes += [(layer.gate_up, (2 * f, c.hidden_size)), (layer.down, (c.hidden_size, f))]
-    if (moe[0] is None and not f) or not all(_fits(w, s) for w, s in shapes):
+    if (moe[0] is None and not f) or not all(fits(w, s) for w, s in shapes):
         return None
     keep: list[torch.Tensor] = []
     ptr = functools.partial(kept_f32_ptr, keep)
