@@ -28,7 +28,8 @@ from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
+from edgeserve.models.decoder_scaffold import LoadedDecoder, next_norm, step_states
+from edgeserve.models.llama import set_decoder_fields
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
@@ -83,7 +84,7 @@ class Lfm2Layer:
     post_ffn_norm: torch.Tensor | None = None
 
 
-class Lfm2Model(PerOpHybridDecoder):
+class Lfm2Model(LoadedDecoder):
     """LFM2 over the engine's paged KV pool with the step's conv states beside it (`attn.states`)."""
 
     layers: list[Lfm2Layer]  # type: ignore[assignment]
@@ -163,11 +164,11 @@ class Lfm2Model(PerOpHybridDecoder):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        super().__init__(config, embed, layers, norm, lm_head, dtype, device)
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
-    def native_decoder(self) -> NativeDecoder | None:  # type: ignore[override]
+    def native_decoder(self) -> NativeDecoder | None:
         """The whole layer stack as one native call (models.archs.lfm2.native_plan), planned once; None where it
         does not apply. Setting `_native = None` keeps the per-op path (the tests and benchmarks compare the two
         that way)."""
@@ -246,7 +247,7 @@ class Lfm2Model(PerOpHybridDecoder):
 
 
 def model_class(config: ModelConfig) -> type[Lfm2Model]:
-    """LFM2's and LFM2-MoE's decoder (per-op path only)."""
+    """LFM2's and LFM2-MoE's decoder (its native plan: models.archs.lfm2.native_plan)."""
     return Lfm2Model
 
 
