@@ -22,6 +22,7 @@ Every function here is a drop-in for the twin of the same name (same arguments, 
 `rope_write_kv` (kernels.torch.rope), `silu_and_mul` (kernels.torch.activation), `linear` (kernels.formats.quant_linear, plus
 `W4A16Weight` and `W8A16Weight`), `w4a16_matmul` (kernels.formats.w4a16), `w8a16_matmul` (kernels.formats.w8a16),
 `causal_conv1d_silu`, `delta_gates`, `gated_delta_rule`, `gated_rms_norm` and `gated_delta_net` (kernels.torch.gated_delta),
+`gated_short_conv` (kernels.torch.short_conv),
 `head_rms_norm` (kernels.torch.norm over each head) and `sigmoid_gate` (kernels.torch.activation): native on CPU, the twins
 elsewhere (no Triton version yet).
 """
@@ -42,6 +43,7 @@ from edgeserve.kernels.torch import norm as _norm
 from edgeserve.kernels.torch import paged_attention as _attn
 from edgeserve.kernels.formats import quant_linear as _ql
 from edgeserve.kernels.torch import rope as _rope
+from edgeserve.kernels.torch import short_conv as _short_conv
 from edgeserve.kernels.formats import w4a16 as _w4
 from edgeserve.kernels.formats import w8a16 as _w8
 from edgeserve.kernels.triton.runtime import HAS_TRITON, interpreting
@@ -54,7 +56,8 @@ __all__ = [
     "AttentionMetadata", "W4A16Weight", "W8A16Weight", "repack_q4", "repack_q8", "backend", "compute_dtype",
     "force_backend", "use_triton", "triton_capable", "write_kv", "paged_attention", "rms_norm", "add_rms_norm",
     "rope_write_kv", "silu_and_mul", "gelu_tanh_and_mul", "swiglu_oai", "linear", "w4a16_matmul", "w8a16_matmul",
-    "f32_row_linear", "causal_conv1d_silu", "gated_delta_rule", "gated_rms_norm", "gated_delta_net", "delta_gates",
+    "f32_row_linear", "causal_conv1d_silu", "gated_short_conv", "gated_delta_rule", "gated_rms_norm",
+    "gated_delta_net", "delta_gates",
     "head_rms_norm",
     "sigmoid_gate",
 ]
@@ -307,6 +310,17 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.
         if done is not None:
             return done
     return _gdn.causal_conv1d_silu(x, weight, conv_state, batch)
+
+
+def gated_short_conv(bcx: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                     batch: _gdn.DeltaBatch) -> torch.Tensor:
+    """A gated short convolution (LFM2's mixer): C * conv(B * x) for rows [B | C | x], over a ragged batch with
+    per-slot conv states (float32 [T, C])."""
+    if _native_cpu(bcx):
+        done = _native.short_conv(bcx, weight, conv_state, batch)
+        if done is not None:
+            return done
+    return _short_conv.gated_short_conv(bcx, weight, conv_state, batch)
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -5,8 +5,8 @@ decode row per sequence, alternating the fused stack (kernels.cpu.decoder, one n
 the per-op path (one kernel call per op from Python) rep by rep, so both see the same machine load. Also times the
 step's matmuls alone (every layer's weights and the output head at the same batch), the floor both paths share.
 With `--prefill N`, also times a cold prompt step of N tokens (forward + the last row's logits), alternated the
-same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5, Granite 4 H) runs over a state
-pool beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for
+same way. Prints medians and minimums (ms) and the ratios, as JSON. A hybrid (Qwen3.5, LFM2, Granite 4 H) runs over a
+state pool beside the paged one, each sequence in its own slot (its state advancing step by step, the same work for
 both).
 
     python benchmarks/engine/fused_decoder.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 40]
@@ -112,8 +112,8 @@ def prefill(model, n: int, reps: int, block: int) -> dict:
         meta = AttentionMetadata.build([n], [n], [list(range(blocks))], list(range(n)))
         start = time.perf_counter()
         if states is not None:  # a cold prompt: from a zero state
-            for t in states.spec.tensors:
-                getattr(states, t.name).zero_()
+            for t in states.tensors.values():
+                t.zero_()
         model.logits(model.forward(ids, pos, attention(pool, meta, states, [n]))[-1:])
         return (time.perf_counter() - start) * 1e3
 

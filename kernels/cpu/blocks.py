@@ -1,11 +1,12 @@
-"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, ssd_layer.h, moe_layer.h) in ctypes:
-one definition each.
+"""The fused layer stack's C structs (kernels/cpu/include/layer.h, gdn_layer.h, conv_layer.h, ssd_layer.h,
+moe_layer.h) in ctypes: one definition each.
 
 A layer is blocks, each switched on by its struct's fields (zero / NULL: off): the attention block with its options
-(`Attention`), or a Gated DeltaNet or Mamba-2 mixer in its place (`Mixer`), the gated MLP (`Mlp`) or a
-Mixture-of-Experts feed-forward in its place (`Layer.moe`: a `MoE` of `Experts`, packed by kernels.cpu.moe_layer), a
-per-layer input (`Ple`) and the residual stream's norms (`Norms`). A model's plan fills them (kernels.cpu.decoder for
-the Llama-like models, each architecture's native_plan.py for the others). `qmm_decoder_layout` gives C's sizes and offsets, which
+(`Attention`), or a recurrent mixer in its place (`Mixer`: a Gated DeltaNet, a gated short convolution or a Mamba-2
+mixer), the gated MLP (`Mlp`) or a Mixture-of-Experts feed-forward in its place (`Layer.moe`: a `MoE` of `Experts`,
+packed by kernels.cpu.moe_layer), a per-layer input (`Ple`) and the residual stream's norms (`Norms`). A model's plan
+fills them (kernels.cpu.decoder for the Llama-like models, each architecture's native_plan.py for the others).
+`qmm_decoder_layout` gives C's sizes and offsets, which
 tests/kernels/test_cpu_decoder_layout.py holds these to (`C_NAMES`).
 """
 
@@ -34,10 +35,11 @@ class Attention(ctypes.Structure):
 
 
 class Mixer(ctypes.Structure):
-    """mixer_t: a Gated DeltaNet mixer (a GdnLayer's address) or a Mamba-2 one (an SsdLayer's) in place of the
-    attention, with its projections."""
+    """mixer_t: a recurrent mixer in place of the attention, with its projections: a Gated DeltaNet (a GdnLayer's
+    address in `gdn`), a gated short convolution (a ConvLayer's in `conv`) or a Mamba-2 mixer (an SsdLayer's in
+    `ssd`)."""
 
-    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight), ("ssd", _p)]
+    _fields_ = [("gdn", _p), ("in_proj", QWeight), ("out_proj", QWeight), ("conv", _p), ("ssd", _p)]
 
 
 class Mlp(ctypes.Structure):
@@ -116,6 +118,8 @@ class MoE(ctypes.Structure):
                 ("router_bias", _p), ("gate_up", Experts), ("down", Experts), ("gate_up_bias", _p),
                 ("down_bias", _p), ("shared_F", _i32), ("shared_gate_up", Experts), ("shared_down", Experts),
                 ("shared_gate", _p)]
+
+
 class SsdLayer(ctypes.Structure):
     """ssd_layer_t: one Mamba-2 mixer's sizes and small weights (Mixer.ssd points to one)."""
 
@@ -123,10 +127,18 @@ class SsdLayer(ctypes.Structure):
                 ("conv_weight", _p), ("conv_bias", _p), ("dt_bias", _p), ("A", _p), ("D", _p), ("norm", _p)]
 
 
+class ConvLayer(ctypes.Structure):
+    """conv_layer_t: one gated short convolution's sizes, its index among the conv layers and its [C, K] weight
+    (Mixer.conv points to one); it runs over the step's GdnStep (its conv fields)."""
+
+    _fields_ = [("C", _i32), ("K", _i32), ("index", _i32), ("weight", _p)]
+
+
 # each struct's C name (qmm_decoder_layout's)
 C_NAMES = {QWeight: "qweight_t", Attention: "attention_t", Mixer: "mixer_t", Mlp: "mlp_t", Ple: "ple_t",
            Norms: "norms_t", Layer: "layer_t", Decoder: "decoder_t", StepPools: "step_pools_t",
-           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", SsdLayer: "ssd_layer_t", Experts: "experts_t", MoE: "moe_t"}
+           GdnLayer: "gdn_layer_t", GdnStep: "gdn_step_t", ConvLayer: "conv_layer_t", SsdLayer: "ssd_layer_t",
+           Experts: "experts_t", MoE: "moe_t"}
 
 
 def layout_mismatches(lib: ctypes.CDLL) -> list[str]:

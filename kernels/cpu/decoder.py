@@ -38,6 +38,11 @@ def qweight(w: BlockWeight) -> QWeight:
     return out
 
 
+def fits(weight, shape: tuple[int, int]) -> bool:
+    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
+    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
+
+
 @dataclass
 class NativeDecoder:
     """A model's layers as C structs, ready for `qmm_decoder_forward`; keeps alive every tensor they point into."""
@@ -52,7 +57,7 @@ class NativeDecoder:
     min_window: int = 0  # the smallest of those windows
     _pool_layers: tuple | None = field(default=None, repr=False)  # (the last pool seen, its layer_pool array)
     # a hybrid's linear-attention layers: gives a step's StepPools.recurrent struct (and what it points into) for
-    # its `attn` (a plan's callable, e.g. models.archs.qwen35.native_plan.Mixers); None: no such layers
+    # its `attn` (a plan's callable, e.g. kernels.cpu.recurrent_step.RecurrentStep); None: no such layers
     recurrent: Callable[[object], tuple[ctypes.Structure, list]] | None = field(default=None, repr=False)
     moe: list = field(default_factory=list, repr=False)  # the layers' kernels.cpu.moe_layer.NativeMoE plans
 

@@ -229,6 +229,7 @@ SIGNATURES = {
     "qmm_gdn_rule_rows": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p,
                            _f32, _p, _p], None),  # qmm_gdn_rule's, then the state after every row
     "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
+    "qmm_short_conv": ([_p, _i64, _i32, _i32, _p, _p, _i32, _p, _i64, _p, _p, _p], None),
     "qmm_ssd_rule": ([_p, _p, _p, _i64, _p, _p, _p, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_ssd_mix": ([_p, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
@@ -760,6 +761,28 @@ def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, ba
     out = torch.empty(t, c, dtype=torch.float32)
     lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
                      conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), out.data_ptr())
+    return out
+
+
+def short_conv(bcx: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
+               lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """kernels.torch.short_conv.gated_short_conv in one native call (float32 out [T, C]: C * conv(B * x) of the rows
+    [B | C | x]); None when the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
+    lib = lib or library()
+    t, c3 = bcx.shape
+    c, k = c3 // 3, weight.shape[1]
+    if (lib is None or bcx.dtype != torch.float32 or not _rows(bcx) or c3 % 3
+            or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
+        return None
+    batch.check_fits(t, conv_state.shape[0])
+    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
+        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit rows "
+                         f"[{t}, 3 x {c}]")
+    cu, sl = batch.cu_seqlens, batch.slots
+    w = weight.float().contiguous()
+    out, scratch = torch.empty(t, c, dtype=torch.float32), torch.empty(t, c, dtype=torch.float32)
+    lib.qmm_short_conv(bcx.data_ptr(), bcx.stride(0) if t else c3, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
+                       conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), scratch.data_ptr(), out.data_ptr())
     return out
 
 

@@ -1,6 +1,6 @@
-"""The fused stack's structs are written once in C (kernels/cpu/include/layer.h, gdn_layer.h, ssd_layer.h,
-moe_layer.h) and once in ctypes (kernels.cpu.blocks): the library's qmm_decoder_layout gives C's sizes and field
-offsets, and every ctypes struct must agree with it field for field."""
+"""The fused stack's structs are written once in C (kernels/cpu/include/layer.h, gdn_layer.h, conv_layer.h,
+ssd_layer.h, moe_layer.h) and once in ctypes (kernels.cpu.blocks): the library's qmm_decoder_layout gives C's sizes
+and field offsets, and every ctypes struct must agree with it field for field."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def test_ctypes_structs_have_the_c_layout():
         assert all(lib.qmm_decoder_layout(f"{name}.{field}".encode()) == getattr(cls, field).offset
                    for field, _ in cls._fields_)
     assert lib.qmm_decoder_layout(b"moe_t.shared_gate") > lib.qmm_decoder_layout(b"moe_t.gate_up") > 0
+    # the gated short-conv mixer: its struct, and its pointer after the projections in mixer_t
+    assert lib.qmm_decoder_layout(b"conv_layer_t") == ctypes.sizeof(blocks.ConvLayer) > 0
+    assert lib.qmm_decoder_layout(b"mixer_t.conv") == blocks.Mixer.conv.offset > blocks.Mixer.out_proj.offset
 
 
 def test_the_layout_check_sees_a_field_out_of_place(monkeypatch):

@@ -1,13 +1,16 @@
 """kernels.torch.short_conv: the causal depthwise convolution over ragged batches with per-slot conv states equals
 torch's conv1d over each whole sequence however the sequence is cut into steps (prompt chunks, single-token decode
 steps, batched with others), the decode path bit for bit the general one; the gated short convolution is
-c * conv(b * x)."""
+c * conv(b * x); and the native kernel (kernels/cpu/src/short_conv.c, the fused stack's conv mixer) matches the twin on
+every variant this CPU runs, updating the states of its slots in place in a pool view and no others."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.torch.gated_delta import DeltaBatch
 from edgeserve.kernels.torch.short_conv import _one_token_each, _ragged, causal_conv1d, gated_short_conv
 
@@ -56,3 +59,27 @@ def test_gated_short_conv_is_c_times_the_conv_of_b_times_x() -> None:
     b, c, x = bcx.chunk(3, dim=-1)
     y = gated_short_conv(bcx, w, torch.zeros(1, K - 1, C), DeltaBatch.build([0, 7], [0], 1))
     assert torch.allclose(y, c * reference(b * x, w), atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=cpu_native.supported_variants() if cpu_native.available() else [])
+def lib(request):
+    return cpu_native.load(request.param)
+
+
+@pytest.mark.parametrize("lens", [[1, 1, 1], [5, 1, 9], [1, 0, 3], [2, 1, 1]])
+def test_native_matches_the_twin_in_place_in_the_pool(lib, lens) -> None:
+    gen = torch.Generator().manual_seed(3)
+    t = sum(lens)
+    # the projection's rows as a column view (a row stride wider than 3C); the pool [slots, layers, K - 1, C], layer 1
+    bcx = torch.randn(t, 3 * C + 5, generator=gen)[:, 2:2 + 3 * C]
+    w = torch.randn(C, K, generator=gen)
+    pool = torch.randn(5, 2, K - 1, C, generator=gen)
+    ours, twin = pool.clone(), pool.clone()
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    batch = DeltaBatch.build(cu, [3, 0, 2], 5)
+    y = cpu_native.short_conv(bcx, w, ours[:, 1], batch, lib=lib)
+    want = gated_short_conv(bcx, w, twin[:, 1], batch)
+    assert y is not None and torch.allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ours, twin)  # the same last inputs (products b * x, no sums) in the same slots
+    assert not torch.equal(ours[[3, 0, 2], 1], pool[[3, 0, 2], 1]) or not any(lens)
+    assert torch.equal(ours[[1, 4]], pool[[1, 4]]) and torch.equal(ours[:, 0], pool[:, 0])  # other slots and layers

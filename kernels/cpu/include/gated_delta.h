@@ -9,13 +9,14 @@ void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z
 /* out = o * sigmoid(gate), per head. */
 void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
                       float *out);
+/* The causal depthwise conv (+ bias when not NULL, then SiLU when silu) over a ragged batch, each sequence from its
+   conv state (the Gated DeltaNet's: SiLU, no bias; Mamba-2's: SiLU and a bias; a short convolution's: neither). */
+void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
+                     const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, int silu,
+                     float *out);
 /* The Gated DeltaNet's causal depthwise conv + SiLU over a ragged batch, each sequence from its conv state. */
 void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
                   float *state, int64_t slot_stride, const int32_t *slots, float *out);
-/* The causal depthwise conv (+ bias when not NULL) + SiLU over a ragged batch, each sequence from its conv state
-   (the Gated DeltaNet's conv without a bias, Mamba-2's with one). */
-void qmm_conv_silu(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
-                   const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, float *out);
 /* The gated delta rule token by token over a ragged batch, each sequence's recurrent state updated in place. */
 void qmm_gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
                   const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, int tiled, const int32_t *cu,

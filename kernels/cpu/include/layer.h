@@ -9,6 +9,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "conv_layer.h"
 #include "gdn_layer.h"
 #include "moe_layer.h"
 #include "ssd_layer.h"
@@ -43,12 +44,13 @@ typedef struct {
                                 own, the attention output times sigmoid(gate) before o */
 } attention_t;
 
-/* A recurrent mixer in place of the attention: in_proj matmul -> a Gated DeltaNet (qmm_gdn_mix, gated_delta.c) or
-   a Mamba-2 one (qmm_ssd_mix, mamba2.c) over the step's recurrent states in place -> out_proj matmul. gdn and ssd
-   NULL: the layer attends. */
+/* A recurrent mixer in place of the attention: in_proj matmul -> a Gated DeltaNet (qmm_gdn_mix, gated_delta.c), a
+   gated short convolution (qmm_conv_mix, short_conv.c) or a Mamba-2 mixer (qmm_ssd_mix, mamba2.c) over the step's
+   recurrent states in place -> out_proj matmul. gdn, conv and ssd NULL: the layer attends. */
 typedef struct {
     const gdn_layer_t *gdn;
     qweight_t in_proj, out_proj;
+    const conv_layer_t *conv;
     const ssd_layer_t *ssd;
 } mixer_t;
 
@@ -83,7 +85,7 @@ typedef struct {
    adds the mixer's output and norms with norms.next. Nemotron-H's single-mixer blocks are such layers. */
 typedef struct {
     attention_t attn;
-    mixer_t mixer;    /* in place of attn where mixer.gdn or mixer.ssd is set */
+    mixer_t mixer;    /* in place of attn where mixer.gdn, mixer.conv or mixer.ssd is set */
     mlp_t mlp;
     const moe_t *moe; /* a Mixture-of-Experts feed-forward (moe_layer.c) in place of mlp, or NULL */
     ple_t ple;
@@ -123,6 +125,6 @@ typedef struct step_pools {
 int qmm_decoder_forward(const decoder_t *m, int T, const int64_t *positions, float *x, void *h_out, int cache_bf16,
                         int block_size, const int32_t *row_seq, const int32_t *row_len, const step_pools_t *pools);
 
-/* The layout of these structs (and gdn_layer.h's, ssd_layer.h's and moe_layer.h's) for their ctypes mirror: sizeof of
-   "layer_t", the offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
+/* The layout of these structs (and gdn_layer.h's, conv_layer.h's, ssd_layer.h's and moe_layer.h's) for their ctypes
+   mirror: sizeof of "layer_t", the offset of "layer_t.attn.qkv", ...; -1 for a name it does not know. */
 int64_t qmm_decoder_layout(const char *name);

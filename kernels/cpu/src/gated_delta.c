@@ -108,7 +108,7 @@ static inline float sum_squares(const float *restrict x, int n) {
 typedef struct {
     const float *x, *wt, *bias; /* wt: the weight transposed, [K, C]; bias [C] or NULL */
     int64_t ldx, slot_stride;
-    int C, K;
+    int C, K, silu;
     const int32_t *cu, *slots, *task_seq, *task_t0; /* task i: tokens task_t0[i] .. + CONV_TOKENS of one sequence */
     const float *state;
     float *out;
@@ -129,8 +129,12 @@ static void conv_tokens(const conv_t *a, int b, int t0, int t1, int c0, int n, i
         }
         if (a->bias)
             for (int c = 0; c < n; c++) acc[c] += a->bias[c0 + c];
-        sigmoid_n(acc, n, sig);
         float *o = a->out + (int64_t)(start + t) * C + c0;
+        if (!a->silu) {
+            memcpy(o, acc, sizeof(float) * (size_t)n);
+            continue;
+        }
+        sigmoid_n(acc, n, sig);
         for (int c = 0; c < n; c++) o[c] = acc[c] * sig[c]; /* silu */
     }
 }
@@ -147,11 +151,12 @@ static void conv_block(void *ctx, int task) {
     }
 }
 
-/* out [T, C] = silu(causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K], plus bias [C] when not
-   NULL), sequence b owning rows cu[b] .. cu[b + 1] - 1 and continuing from its conv state [K - 1, C] at
-   state + slots[b] * slot_stride, which then holds its last K - 1 inputs. */
-void qmm_conv_silu(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
-                   const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, float *out) {
+/* out [T, C] = the causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K], plus bias [C] when not
+   NULL, then SiLU when silu; sequence b owns rows cu[b] .. cu[b + 1] - 1 and continues from its conv state [K - 1, C]
+   at state + slots[b] * slot_stride, which then holds its last K - 1 inputs. */
+void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
+                     const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, int silu,
+                     float *out) {
     int tasks = 0;
     for (int b = 0; b < B; b++) tasks += (cu[b + 1] - cu[b] + CONV_TOKENS - 1) / CONV_TOKENS;
     int32_t *task_seq = malloc(sizeof(int32_t) * 2 * (size_t)(tasks ? tasks : 1)), *task_t0 = task_seq + tasks;
@@ -164,7 +169,7 @@ void qmm_conv_silu(const float *x, int64_t ldx, int C, int K, const float *weigh
             task_seq[i] = b;
             task_t0[i] = t0;
         }
-    conv_t a = {x, wt, bias, ldx, slot_stride, C, K, cu, slots, task_seq, task_t0, state, out};
+    conv_t a = {x, wt, bias, ldx, slot_stride, C, K, silu, cu, slots, task_seq, task_t0, state, out};
     pool_run(conv_block, &a, tasks, (int64_t)cu[B] * C * K >= 32768);
     free(task_seq);
     free(wt);
@@ -181,10 +186,10 @@ void qmm_conv_silu(const float *x, int64_t ldx, int C, int K, const float *weigh
     }
 }
 
-/* qmm_conv_silu without a bias (the Gated DeltaNet's conv) */
+/* qmm_causal_conv with SiLU and no bias: the Gated DeltaNet's conv. */
 void qmm_gdn_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const int32_t *cu, int B,
                   float *state, int64_t slot_stride, const int32_t *slots, float *out) {
-    qmm_conv_silu(x, ldx, C, K, weight, 0, cu, B, state, slot_stride, slots, out);
+    qmm_causal_conv(x, ldx, C, K, weight, 0, cu, B, state, slot_stride, slots, 1, out);
 }
 
 typedef struct {

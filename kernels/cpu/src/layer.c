@@ -1,9 +1,9 @@
 /* A whole decoder stack for one flat batch of rows in one call, composed of the blocks layer.h declares. Per layer:
 
      h -> token mixer: the attention block (qkv matmul (+ bias) -> [q / k / v norms per head] -> RoPE + K/V write
-          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a Gated
-          DeltaNet or Mamba-2 mixer in its place (in_proj -> qmm_gdn_mix / qmm_ssd_mix over the step's recurrent
-          states -> out_proj)
+          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a
+          recurrent mixer in its place (in_proj -> a Gated DeltaNet's qmm_gdn_mix, a gated short convolution's
+          qmm_conv_mix or a Mamba-2 one's qmm_ssd_mix over the step's recurrent states -> out_proj)
        -> [RMSNorm] -> [times the branch scale] -> residual add + RMSNorm
        -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down; or up -> relu^2 -> down), or a
           Mixture-of-Experts one (moe_layer.c) in its place
@@ -13,10 +13,10 @@
    A layer runs the blocks its layer_t switches on; the bracketed steps are options, off when zero / NULL.
 
    It calls the same kernels, in the same order, with the same dtypes as the per-op path of the models
-   (qmm/, attention.c, elementwise.c, gated_delta.c, moe_layer.c), so its results are bit for bit those of that
-   path (save the Mamba-2 mixer, whose per-op conv and norm are torch's: mamba2.c agrees with them to rounding);
-   what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel computes
-   each row on its own in a fixed order, so a row's result does not depend on the batch. */
+   (qmm/, attention.c, elementwise.c, gated_delta.c, short_conv.c, moe_layer.c), so its results are bit for bit those
+   of that path (save the Mamba-2 mixer, whose per-op conv and norm are torch's: mamba2.c agrees with them to
+   rounding); what it saves is the Python, ctypes and allocator work around every one of those kernels. Every kernel
+   computes each row on its own in a fixed order, so a row's result does not depend on the batch. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -141,6 +141,16 @@ static attn_dims_t attn_dims(const decoder_t *m, const attention_t *a) {
     return d;
 }
 
+/* A recurrent mixer's output width (out_proj's input) and its scratch per row. */
+static int mixer_width(const mixer_t *mx) {
+    return mx->gdn ? mx->gdn->Hv * mx->gdn->Dv : mx->ssd ? mx->ssd->H * mx->ssd->P : mx->conv->C;
+}
+
+static int64_t mixer_scratch_per_row(const mixer_t *mx) {
+    return mx->gdn ? gdn_scratch_per_row(mx->gdn) : mx->ssd ? ssd_scratch_per_row(mx->ssd)
+                                                             : conv_scratch_per_row(mx->conv);
+}
+
 /* ---- scratch ---- */
 
 /* The widest layer's sizes (layers may differ), which size the scratch. */
@@ -157,16 +167,11 @@ static widths_t layer_widths(const decoder_t *m) {
         w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd);
         w.f = imax(w.f, L->mlp.F ? L->mlp.F : m->F);
         w.kvd = imax(w.kvd, d.Hkv * d.D);
-        if (L->mixer.ssd) { /* the Mamba-2 mixer's scratch and output; o's input width */
-            const ssd_layer_t *s = L->mixer.ssd;
+        if (L->mixer.gdn || L->mixer.ssd || L->mixer.conv) { /* the mixer's scratch and output; o's input width */
+            const int vd = mixer_width(&L->mixer);
             w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
-            w.mix = imax(w.mix, (int)ssd_scratch_per_row(s) + s->H * s->P);
-            w.mix_in = imax(w.mix_in, s->H * s->P);
-        } else if (L->mixer.gdn) { /* the mixer's scratch and output; o's input width */
-            const gdn_layer_t *g = L->mixer.gdn;
-            w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
-            w.mix = imax(w.mix, (int)gdn_scratch_per_row(g) + g->Hv * g->Dv);
-            w.mix_in = imax(w.mix_in, g->Hv * g->Dv);
+            w.mix = imax(w.mix, (int)mixer_scratch_per_row(&L->mixer) + vd);
+            w.mix_in = imax(w.mix_in, vd);
         } else if (L->attn.gate) { /* q and k normed into rows of their own, the gated output */
             w.nqkv = imax(w.nqkv, 2 * d.qd + 2 * d.Hkv * d.D);
             w.mix = imax(w.mix, 2 * d.qd + d.Hkv * d.D);
@@ -353,29 +358,23 @@ static int attention_block(run_t *r, int i, const attention_t *a, const void *h)
 
 /* ---- the other blocks ---- */
 
-/* The Gated DeltaNet mixer over the quantized h: in_proj, the mixer over the step's states, out_proj into r->o. */
+/* The recurrent mixer (a Gated DeltaNet, a gated short convolution or a Mamba-2 one) over the quantized h:
+   in_proj, the mixer over the step's states, out_proj into r->o. */
 static void mixer_block(run_t *r, const mixer_t *mx) {
-    const gdn_layer_t *g = mx->gdn;
-    const int T = r->T, np = weight_rows(&mx->in_proj), vd = g->Hv * g->Dv;
+    const int T = r->T, np = weight_rows(&mx->in_proj), vd = mixer_width(mx);
+    const gdn_step_t *st = r->pools->recurrent;
+    float *scratch = r->mix + (size_t)T * vd;
     matmul(&mx->in_proj, r->m->hidden, r, r->qkv);
     MARK(P_QKV);
-    qmm_gdn_mix(g, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * vd, r->mix);
+    if (mx->gdn)
+        qmm_gdn_mix(mx->gdn, st, T, r->qkv, np, scratch, r->mix);
+    else if (mx->ssd)
+        qmm_ssd_mix(mx->ssd, st, T, r->qkv, np, scratch, r->mix);
+    else
+        qmm_conv_mix(mx->conv, st, T, r->qkv, np, scratch, r->mix);
     MARK(P_ATTN);
     quantize(r, r->mix, 0, vd);
     matmul(&mx->out_proj, vd, r, r->o);
-    MARK(P_O);
-}
-
-/* The Mamba-2 mixer over the quantized h: in_proj, qmm_ssd_mix over the step's states, out_proj into r->o. */
-static void ssd_mixer_block(run_t *r, const mixer_t *mx) {
-    const ssd_layer_t *s = mx->ssd;
-    const int T = r->T, np = weight_rows(&mx->in_proj), inner = s->H * s->P;
-    matmul(&mx->in_proj, r->m->hidden, r, r->qkv);
-    MARK(P_QKV);
-    qmm_ssd_mix(s, r->pools->recurrent, T, r->qkv, np, r->mix + (size_t)T * inner, r->mix);
-    MARK(P_ATTN);
-    quantize(r, r->mix, 0, inner);
-    matmul(&mx->out_proj, inner, r, r->o);
     MARK(P_O);
 }
 
@@ -466,13 +465,12 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
     const decoder_t *m = r->m;
     const layer_t *L = m->layers + i;
     const int T = r->T, hidden = m->hidden;
-    const int mixes = L->mixer.ssd || L->mixer.gdn || L->attn.qkv.n_parts, feeds = L->moe || L->mlp.gate_up.n_parts;
+    const int mixes = L->mixer.ssd || L->mixer.gdn || L->mixer.conv || L->attn.qkv.n_parts;
+    const int feeds = L->moe || L->mlp.gate_up.n_parts;
     if (mixes) {
         quantize(r, h, m->act_bf16, hidden);
         MARK(P_QUANT);
-        if (L->mixer.ssd)
-            ssd_mixer_block(r, &L->mixer);
-        else if (L->mixer.gdn)
+        if (L->mixer.ssd || L->mixer.gdn || L->mixer.conv)
             mixer_block(r, &L->mixer);
         else if (attention_block(r, i, &L->attn, h))
             return -1;
@@ -527,7 +525,7 @@ static const struct {
     AT(attention_t, k_norm), AT(attention_t, v_norm), AT(attention_t, sinks), AT(attention_t, o_bias),
     AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
     AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
-    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, ssd),
+    SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, conv), AT(mixer_t, ssd),
     SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F), AT(mlp_t, relu2),
     SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),
     SIZE(norms_t), AT(norms_t, mix_out), AT(norms_t, ffn_in), AT(norms_t, ffn_out), AT(norms_t, next),
@@ -557,6 +555,7 @@ static const struct {
     AT(ssd_layer_t, K), AT(ssd_layer_t, index), AT(ssd_layer_t, eps), AT(ssd_layer_t, conv_weight),
     AT(ssd_layer_t, conv_bias), AT(ssd_layer_t, dt_bias), AT(ssd_layer_t, A), AT(ssd_layer_t, D),
     AT(ssd_layer_t, norm),
+    SIZE(conv_layer_t), AT(conv_layer_t, C), AT(conv_layer_t, K), AT(conv_layer_t, index), AT(conv_layer_t, weight),
 };
 
 int64_t qmm_decoder_layout(const char *name) {

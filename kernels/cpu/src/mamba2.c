@@ -1,6 +1,6 @@
 /* The Mamba-2 mixer block between its projections (ssd_layer.h), float32, over a ragged batch whose conv and SSM
    states live in the engine's state pool: the causal depthwise conv + bias + SiLU over [x | B | C]
-   (gated_delta.c's qmm_conv_silu), dt = softplus(dt + dt_bias), the SSD recurrence (ssd.c's qmm_ssd_rule) with each
+   (gated_delta.c's qmm_causal_conv), dt = softplus(dt + dt_bias), the SSD recurrence (ssd.c's qmm_ssd_rule) with each
    sequence's state updated in place, then the gated group RMSNorm with z. kernels/torch/mamba2.py's mamba2_mixer is
    the torch twin (the same steps; torch sums in its own orders, so the two agree to float32 rounding). Each row's
    dt and norm are computed on their own, the conv and the recurrence per sequence: the result does not depend on
@@ -52,8 +52,8 @@ void qmm_ssd_mix(const ssd_layer_t *s, const gdn_step_t *st, int T, const float 
     const int inner = s->H * s->P, gn = s->G * s->N, C = inner + 2 * gn;
     float *xbc = scratch, *dt = xbc + (size_t)T * C;
     if (T <= 0) return;
-    qmm_conv_silu(proj + inner, ldp, C, s->K, s->conv_weight, s->conv_bias, st->cu, st->B,
-                  st->conv + s->index * st->conv_layer_stride, st->conv_slot_stride, st->slots, xbc);
+    qmm_causal_conv(proj + inner, ldp, C, s->K, s->conv_weight, s->conv_bias, st->cu, st->B,
+                    st->conv + s->index * st->conv_layer_stride, st->conv_slot_stride, st->slots, 1, xbc);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < s->H; h++)
             dt[(int64_t)t * s->H + h] = softplus(proj[t * ldp + inner + C + h] + s->dt_bias[h]);

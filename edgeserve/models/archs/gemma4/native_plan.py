@@ -16,14 +16,9 @@ import functools
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, Layer, Norms
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import Decoder, Layer, Norms
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
-
-
-def _fits(weight, shape: tuple[int, int]) -> bool:
-    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
-    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
 def _layers_fit(model) -> bool:
@@ -45,7 +40,7 @@ def _layers_fit(model) -> bool:
                   (layer.down, (h, f))]
         if w:
             shapes += [(layer.ple_gate, (w, h)), (layer.ple_proj, (h, w))]
-        if not f or not all(_fits(m, s) for m, s in shapes):
+        if not f or not all(fits(m, s) for m, s in shapes):
             return False
     return True
 

@@ -22,12 +22,12 @@ import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.cpu.blocks import Decoder, Layer
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.native import kept_f32_ptr
 from edgeserve.models.archs.nemotron_h.config import mamba2_dims
-from edgeserve.models.archs.nemotron_h.native_plan import (fits, identity_rope, mamba2_fits, mamba2_mixers,
-                                                            pack_mamba2, recurrent)
+from edgeserve.models.archs.nemotron_h.native_plan import (identity_rope, mamba2_fits, mamba2_mixers, pack_mamba2,
+                                                            recurrent)
 
 log = logging.getLogger(__name__)
 

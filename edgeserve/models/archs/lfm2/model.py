@@ -2,14 +2,15 @@
 
 Each layer is x = x + mixer(operator_norm(x)); x = x + ffn(ffn_norm(x)); the final norm is `embedding_norm`. The
 mixer is either
-  - a gated short convolution (kernels.torch.short_conv): in_proj gives [b | c | x], y = c * conv(b * x) with a causal
-    depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's StatePool,
-    `attn.states`), then out_proj; it keeps no KV, or
+  - a gated short convolution (kernels.dispatch.gated_short_conv): in_proj gives [b | c | x], y = c * conv(b * x)
+    with a causal depthwise conv of kernel K continuing from the sequence's conv state (a slot of the engine's
+    StatePool, `attn.states`), then out_proj; it keeps no KV, or
   - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
 The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down), or (LFM2-MoE, after its leading dense layers) routed
 experts: the router's sigmoids, plus a per-expert bias, choose the top k; the chosen sigmoids, renormalized, weigh
-them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). The whole stack runs on the per-op path (no fused
-native plan yet).
+them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). LFM2 / LFM2.5 steps run the whole stack as one native
+call where its plan fits (models.archs.lfm2.native_plan: the same kernels in the same order); LFM2-MoE and LFM3 stay
+on the per-op path below (that module says why).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from dataclasses import dataclass
 import torch
 
 from edgeserve.errors import ModelLoadError
-from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, rope_write_kv
+from edgeserve.kernels.cpu.decoder import NativeDecoder
+from edgeserve.kernels.dispatch import (add_rms_norm, f32_row_linear, gated_short_conv, linear, rms_norm,
+                                        rope_write_kv)
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
-from edgeserve.kernels.torch.short_conv import gated_short_conv
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
-from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
+from edgeserve.models.decoder_scaffold import LoadedDecoder, next_norm, step_states
+from edgeserve.models.llama import set_decoder_fields
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
@@ -81,7 +84,7 @@ class Lfm2Layer:
     post_ffn_norm: torch.Tensor | None = None
 
 
-class Lfm2Model(PerOpHybridDecoder):
+class Lfm2Model(LoadedDecoder):
     """LFM2 over the engine's paged KV pool with the step's conv states beside it (`attn.states`)."""
 
     layers: list[Lfm2Layer]  # type: ignore[assignment]
@@ -161,8 +164,19 @@ class Lfm2Model(PerOpHybridDecoder):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        super().__init__(config, embed, layers, norm, lm_head, dtype, device)
+        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
+        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
+
+    def native_decoder(self) -> NativeDecoder | None:
+        """The whole layer stack as one native call (models.archs.lfm2.native_plan), planned once; None where it
+        does not apply. Setting `_native = None` keeps the per-op path (the tests and benchmarks compare the two
+        that way)."""
+        if self._native is False:
+            from edgeserve.models.archs.lfm2.native_plan import build_lfm2
+
+            self._native = build_lfm2(self)
+        return self._native  # type: ignore[return-value]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
@@ -172,6 +186,9 @@ class Lfm2Model(PerOpHybridDecoder):
         states = step_states(attn, positions, self.max_positions, self.NAME, "conv")
         eps, dtype = self.config.rms_norm_eps, self.dtype
         x = self.embed_rows(input_ids)
+        native = self.native_decoder()
+        if native is not None and native.runs(attn) and native.recurrent.takes(states, x.shape[0]):  # type: ignore
+            return native.forward(x, positions, attn)
         ropes = self._ropes(positions)
         h = rms_norm(x, self.layers[0].input_norm, eps).to(dtype)
         for i, layer in enumerate(self.layers):
@@ -230,7 +247,7 @@ class Lfm2Model(PerOpHybridDecoder):
 
 
 def model_class(config: ModelConfig) -> type[Lfm2Model]:
-    """LFM2's and LFM2-MoE's decoder (per-op path only)."""
+    """LFM2's and LFM2-MoE's decoder (its native plan: models.archs.lfm2.native_plan)."""
     return Lfm2Model
 
 

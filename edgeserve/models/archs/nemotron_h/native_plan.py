@@ -22,18 +22,13 @@ from typing import Callable
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, Layer, SsdLayer
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
-from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, BlockWeight, kept_f32_ptr
+from edgeserve.kernels.cpu.blocks import Decoder, Layer, SsdLayer
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
+from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, kept_f32_ptr
 from edgeserve.kernels.torch.mamba2 import Mamba2Dims
-from edgeserve.models.archs.qwen35.native_plan import Mixers
+from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 
 log = logging.getLogger(__name__)
-
-
-def fits(weight, shape: tuple[int, int]) -> bool:
-    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
-    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
 def mamba2_fits(dims: Mamba2Dims, weights, hidden: int) -> bool:
@@ -60,9 +55,9 @@ def pack_mamba2(out: Layer, mixers: ctypes.Array, index: int, dims: Mamba2Dims, 
     out.mixer.ssd = ctypes.addressof(mixers[index])
 
 
-def recurrent(mixers: ctypes.Array, num_layers: int) -> Mixers:
+def recurrent(mixers: ctypes.Array, num_layers: int) -> RecurrentStep:
     """The step states' hook of a plan with these Mamba-2 layers (conv and ssm tensors of the state pool)."""
-    return Mixers(mixers, num_layers, state="ssm")
+    return RecurrentStep(mixers, num_layers, ("conv", "ssm"))
 
 
 def identity_rope(head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,51 +17,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import MAX_PARTS, Decoder, GdnLayer, GdnStep, Layer
-from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, qweight
+from edgeserve.kernels.cpu.blocks import Decoder, GdnLayer, Layer
+from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.decoder_moe import moe_plans
+from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, GDN_MAX_HEAD_DIM, BlockWeight, kept_f32_ptr
-
-
-@dataclass
-class Mixers:
-    """A plan's recurrent mixer layers (the structs layer_t.mixer.gdn, or .ssd, points to) and, per step, the states
-    they run over (NativeDecoder.recurrent): the pool's conv tensor and its `state` one (Gated DeltaNet's
-    `recurrent`, Mamba-2's `ssm`)."""
-
-    layers: ctypes.Array
-    num_layers: int  # linear layers: the state pool's layers
-    state: str = "recurrent"  # the pool's tensor the mixers' recurrence runs on
-
-    def takes(self, states, num_rows: int) -> bool:
-        """Whether the stack runs over these step states (engine.cache.state_pool.StepStates): float32 pools of this
-        model's layers, each slot's block contiguous, a batch of the step's rows."""
-        pool = getattr(states, "pool", None)
-        if pool is None or states.batch.num_tokens != num_rows:
-            return False
-        return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                   and t.shape[1] == self.num_layers for t in (pool.conv, getattr(pool, self.state)))
-
-    def __call__(self, attn) -> tuple[GdnStep, list]:
-        """The step's gdn_step_t over `attn.states`, and the tensors it points into."""
-        states = attn.states
-        pool, batch = states.pool, states.batch
-        cu, slots = batch.cu_seqlens.to(torch.int32).contiguous(), batch.slots.to(torch.int32).contiguous()
-        rec = getattr(pool, self.state)
-        step = GdnStep(pool.conv.data_ptr(), pool.conv.stride(0), pool.conv.stride(1), rec.data_ptr(), rec.stride(0),
-                       rec.stride(1), cu.data_ptr(), slots.data_ptr(), slots.numel())
-        return step, [cu, slots]
-
-
-def _fits(weight, shape: tuple[int, int]) -> bool:
-    """Whether a weight runs in the stack: GGUF blocks of at most MAX_PARTS parts, of this [out, in] shape."""
-    return isinstance(weight, BlockWeight) and len(weight.kernel_parts()) <= MAX_PARTS and weight.shape == shape
 
 
 def _layers_fit(model, moe: list) -> bool:
@@ -81,7 +46,7 @@ def _layers_fit(model, moe: list) -> bool:
                        (layer.out_proj, (h, d.value_dim))]
         else:
             shapes += [(layer.qkv, (2 * qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
-        if not all(_fits(w, s) for w, s in shapes):
+        if not all(fits(w, s) for w, s in shapes):
             return False
     return True
 
@@ -125,7 +90,7 @@ def build_qwen35(model) -> NativeDecoder | None:
                       c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
-                         recurrent=Mixers(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
+                         recurrent=RecurrentStep(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
 
 
 def _pack_attention(out: Layer, layer, ptr) -> None:
@@ -164,7 +129,7 @@ def build_mtp_head(model, head) -> NativeDecoder | None:
     f = layer.gate_up.shape[0] // 2 if moe[0] is None and isinstance(layer.gate_up, BlockWeight) else 0
     if moe[0] is None:
         shapes += [(layer.gate_up, (2 * f, c.hidden_size)), (layer.down, (c.hidden_size, f))]
-    if (moe[0] is None and not f) or not all(_fits(w, s) for w, s in shapes):
+    if (moe[0] is None and not f) or not all(fits(w, s) for w, s in shapes):
         return None
     keep: list[torch.Tensor] = []
     ptr = functools.partial(kept_f32_ptr, keep)

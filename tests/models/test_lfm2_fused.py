@@ -1,0 +1,131 @@
+"""LFM2 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.lfm2.native_plan): gated
+short-conv mixer blocks over the state pool's conv slots in place, attention with per-head Q/K norms, the SwiGLU MLP,
+in one native call per step. On a Q8_0 GGUF at bfloat16 it gives the per-op path's hidden states (so its logits),
+K/V pool and conv states bit for bit through prompt chunks and decodes beside other sequences; through the engine
+its greedy tokens are the per-op path's, batched, chunked, alone, on a prefix-cache hit and under speculation with
+drafts rolled back. LFM3 and LFM2-MoE stay on the per-op path (native_plan says why)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from converter_parity import load_ours  # noqa: E402
+from hybrid_helpers import (GREEDY, assert_empty, check_second_turn_resumes, ids, make_checkpoint,  # noqa: E402
+                            prompts)
+from support.fused_runs import fused_and_per_op  # noqa: E402
+from support.gguf_writer import write_model_gguf  # noqa: E402
+from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
+
+from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention  # noqa: E402
+from edgeserve.engine.cache.state_pool import StatePool, StepStates, state_spec_for  # noqa: E402
+from edgeserve.kernels.cpu import native as cpu_native  # noqa: E402
+from edgeserve.kernels.cpu.decoder import NativeDecoder  # noqa: E402
+from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
+from edgeserve.llm import LLM  # noqa: E402
+from edgeserve.models.archs.lfm2.native_plan import build_lfm2  # noqa: E402
+from edgeserve.sampling_params import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
+BLOCK = 4
+# two prompts in chunks (7 + 6 and 5 + 4 tokens, across blocks), decodes beside a prompt chunk, decodes of batch 2
+# and 1: per step, (start, stop) of each sequence's ids
+STEPS = [[(0, 7), (0, 5)], [(7, 13), (5, 9)], [(13, 14), (9, 10)], [(14, 15), (10, 11)], [(15, 16), (0, 0)],
+         [(16, 17), (11, 12)]]
+IDS = [[1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250, 9, 44, 40, 41, 42, 43],
+       [3, 90, 91, 92, 5, 6, 7, 8, 9, 10, 11, 12]]
+
+
+@pytest.fixture(scope="module")
+def lm(default_model_path, tmp_path_factory):
+    """The tiny LFM2 of the converter case as our Q8_0 GGUF, loaded at the default dtype (bfloat16)."""
+    model, folder = make_checkpoint("lfm2", default_model_path, tmp_path_factory)
+    loaded = load_ours(write_model_gguf(model, folder.parent / "lfm2.q8_0.gguf", "lfm2", qtype="Q8_0"), dtype="auto")
+    assert loaded.model.dtype == torch.bfloat16 and isinstance(loaded.model.native_decoder(), NativeDecoder)
+    return loaded
+
+
+def run_steps(model, fused: bool, steps=STEPS, seqs=IDS):
+    """Hidden states of each step, the K/V pool and the state pool after `steps`, fused or per-op. Sequence j owns
+    blocks 8j .. 8j + 7 and state slot j."""
+    model._native = False if fused else None  # False: plan on the next forward; None: the per-op path
+    c = model.config
+    pool = KVPool(c, 32, BLOCK, model.dtype)
+    states = StatePool(state_spec_for(c), len(seqs))
+    slots = [states.allocate() for _ in seqs]
+    hidden = []
+    for step in steps:
+        run = [(j, a, b) for j, (a, b) in enumerate(step) if b > a]
+        toks = [t for j, a, b in run for t in seqs[j][a:b]]
+        pos = [p for j, a, b in run for p in range(a, b)]
+        slot_map = [(8 * j + p // BLOCK) * BLOCK + p % BLOCK for j, a, b in run for p in range(a, b)]
+        meta = AttentionMetadata.build([b - a for _, a, b in run], [b for _, _, b in run],
+                                       [list(range(8 * j, 8 * j + 8)) for j, _, _ in run], slot_map)
+        cu = [0]
+        for _, a, b in run:
+            cu.append(cu[-1] + b - a)
+        st = StepStates.build(states, cu, [slots[j] for j, _, _ in run])
+        hidden.append(model.forward(torch.tensor(toks), torch.tensor(pos), PagedKVAttention(pool, meta, states=st)))
+    assert (model._native is not None) == fused
+    return hidden, pool, states
+
+
+def test_lfm2_fused_stack_equals_the_per_op_path(lm):
+    model = lm.model
+    plan = model.native_decoder()
+    convs = [i for i, layer in enumerate(model.layers) if layer.conv is not None]
+    assert convs and all(plan.layers[i].mixer.conv for i in convs)  # the conv layers are mixer blocks
+    fused, fused_kv, fused_states = run_steps(model, True)
+    per_op, per_op_kv, per_op_states = run_steps(model, False)
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert a.dtype == b.dtype == torch.bfloat16
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
+    assert torch.equal(model.logits(fused[-1]), model.logits(per_op[-1]))
+    assert torch.equal(fused_kv.k, per_op_kv.k) and torch.equal(fused_kv.v, per_op_kv.v)
+    assert torch.equal(fused_states.conv, per_op_states.conv) and fused_states.conv.abs().sum() > 0
+
+
+def test_lfm2_fused_rows_do_not_depend_on_their_batch_or_chunks(lm):
+    model = lm.model
+    together, _, _ = run_steps(model, True, [[(0, 13), (0, 9)], [(13, 14), (9, 10)]])
+    alone, _, _ = run_steps(model, True, [[(0, 0), (0, 4)], [(0, 0), (4, 9)], [(0, 0), (9, 10)]])
+    assert torch.equal(together[1][1], alone[2][0])
+    whole, _, _ = run_steps(model, True, [[(0, 13)], [(13, 14)]])
+    chunked, _, _ = run_steps(model, True, [[(0, 1)], [(1, 6)], [(6, 13)], [(13, 14)]])
+    assert torch.equal(whole[-1], chunked[-1]) and torch.equal(whole[0][-1], chunked[2][-1])
+
+
+def test_lfm2_engine_tokens_fused_equal_per_op_batched_chunked_alone(lm):
+    ps = prompts(5, 23, 40, 71)
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    chunked = LLM.from_model(lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    alone = fused_and_per_op(lm.model, lambda: [ids(llm.generate([p], GREEDY))[0] for p in ps])[0]
+    assert len(set(alone[3])) > 2
+    assert fused_and_per_op(lm.model, lambda: ids(llm.generate(ps, GREEDY)))[0] == alone
+    assert fused_and_per_op(lm.model, lambda: ids(chunked.generate(ps, GREEDY)))[0] == alone
+    assert_empty(llm)
+    assert_empty(chunked)
+
+
+def test_lfm2_prefix_hit_and_speculation_fused(lm):
+    """A second turn resumes from the first's conv-state snapshot, and speculation rolls the conv states back, on
+    the fused stack, with the per-op path's tokens."""
+    lm.model._native = False
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    check_second_turn_resumes(llm)
+    ps = prompts(13, 29, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    lm.model._native = None
+    plain = [ids(llm.generate([p], params))[0] for p in ps]
+    lm.model._native = False
+    spec = assert_speculation_keeps_outputs(lm, ps, plain, params, prefix_caching=True)
+    assert isinstance(lm.model._native, NativeDecoder)
+    assert_empty(spec)
+
+
+def test_lfm2_unquantized_matrices_stay_per_op(default_model_path, tmp_path_factory):
+    model, folder = make_checkpoint("lfm2", default_model_path, tmp_path_factory)
+    f32 = load_ours(write_model_gguf(model, folder.parent / "lfm2.f32.gguf", "lfm2", qtype="F32"), dtype="auto")
+    assert build_lfm2(f32.model) is None  # not block formats
