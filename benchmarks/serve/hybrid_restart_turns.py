@@ -5,13 +5,17 @@ only, so turn 6 recomputes the whole conversation) and, with --llama-server, lla
 cache flags (`--cache-reuse 256 --ctx-checkpoints 8 --cache-ram 4096`, one slot).
 
     python benchmarks/serve/hybrid_restart_turns.py [--model QWEN35.gguf] [--llama-server PATH] [--threads 2]
+        [--rewrite-think N] [--no-ram-side]
 
 Without --model it writes a random-weight Qwen3.5-0.8B-shaped Q4_K_M GGUF (edgeserve.bench.random_hybrid_gguf)
 with llama.cpp's Qwen3.5 vocabulary (tests/llama_cpp_source.py finds it) under the temp folder and reuses it. Each
 turn sends, as /v1/completions text, the history so far in ChatML (previous replies without their <think> part,
 as Qwen3.5's template renders them) + a new user message + `<|im_start|>assistant\\n`, one token out, temperature
-0; TTFT is the wall time of that request. The reply put into the history is a fixed agent-style text (a
-random-weight model's own reply would be noise). The sides take turns request by request, so machine drift hits
+0, streamed; TTFT is the time to its first chunk. With --rewrite-think N each prompt ends with Qwen3.5's thinking
+generation prompt (`<|im_start|>assistant\\n<think>\\n`), the server generates N tokens of "reasoning", and the
+client puts the turn back into the history with its <think> block dropped (drop_think), as agents do: the next
+prompt then leaves the server's sequence right after the previous user turn. The reply put into the history is a
+fixed agent-style text (a random-weight model's own reply would be noise). The sides take turns request by request, so machine drift hits
 all alike. Prints one JSON line per turn and side, then a summary: each side's TTFT per turn, the prompt tokens it
 computed where it says (edgeserve: /metrics; llama-server: the response's timings), and turn 6's TTFT over
 turn 5's.
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -51,17 +56,53 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def conversation(turns: int, system_words: int, turn_words: int, seed: int = 0) -> list[str]:
-    """The prompt text of each turn (ChatML)."""
-    rng = random.Random(seed)
+THINK_BLOCK = re.compile(r"<think>.*?</think>\n*", re.S)
+
+
+def drop_think(message: str) -> str:
+    """An assistant message as an agent client sends it back: every `<think>...</think>` block and the blank
+    lines after it removed (what Qwen3.5's chat template and most agents do with earlier turns' reasoning)."""
+    return THINK_BLOCK.sub("", message)
+
+
+def conversation(turns: int, system_words: int, turn_words: int, seed: int = 0, think: bool = False) -> list[str]:
+    """The prompt text of each turn (ChatML). With `think`, each turn's prompt ends with the thinking generation
+    prompt (`<|im_start|>assistant\n<think>\n`, the server then generates its reasoning) and the client puts the
+    reply back into the history with its <think> block dropped (drop_think), so the next prompt leaves the server's
+    sequence inside the previous prompt, right after its user turn; without it the prompt ends at
+    `<|im_start|>assistant\n` and the next one extends it."""
+    rng, thoughts = random.Random(seed), random.Random(seed + 1)  # the same user turns with or without `think`
     history = f"<|im_start|>system\n{words(rng, system_words)}<|im_end|>\n"
     prompts = []
     for _ in range(turns):
         history += f"<|im_start|>user\n{words(rng, turn_words)}<|im_end|>\n"
-        prompts.append(history + "<|im_start|>assistant\n")
-        # the reply as the next turn's prompt holds it: its <think> dropped (it was never computed: one token out)
-        history += f"<|im_start|>assistant\n{words(rng, turn_words // 2)}<|im_end|>\n"
+        prompts.append(history + "<|im_start|>assistant\n" + ("<think>\n" if think else ""))
+        reply = words(rng, turn_words // 2)
+        if think:  # what the server computed (its reasoning, then the reply), then what the client sends back
+            reply = drop_think(f"<think>\n{words(thoughts, turn_words // 4)}\n</think>\n\n{reply}")
+        history += f"<|im_start|>assistant\n{reply}<|im_end|>\n"
     return prompts
+
+
+def stream_first_token(url: str, body: dict) -> tuple[float, dict]:
+    """POST a streamed completion: (seconds to the first chunk with a choice, the last JSON chunk with usage or
+    timings in it, else the last one); raises RuntimeError on an HTTP error."""
+    import httpx
+
+    t0, first, last = time.perf_counter(), None, {}
+    with httpx.stream("POST", url, json=body, timeout=900) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk.get("choices"):
+                first = time.perf_counter() - t0
+            last.update({k: v for k, v in chunk.items() if v is not None})
+    if first is None:
+        raise RuntimeError(f"{url}: no token came back")
+    return first, last
 
 
 class Side:
@@ -83,23 +124,22 @@ class Side:
 
         stop_server(self.server)
 
-    def turn(self, text: str) -> dict:
-        from edgeserve.bench.servers import http_post_json, served_model
+    def turn(self, text: str, max_tokens: int = 1) -> dict:
+        """One turn: TTFT (ms; streamed when `max_tokens` > 1, so the reasoning's decode is not counted), prompt
+        tokens, and what the server says it resumed (edgeserve) or computed (llama-server)."""
+        from edgeserve.bench.servers import served_model
 
         ours = self.name != "llama-server"
         model = served_model(self.server.url) if ours else "model"
         before = self._from_states(model) if ours else 0
-        body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
-        t0 = time.perf_counter()
-        status, reply = http_post_json(self.server.url + "/v1/completions", body, timeout=900)
-        ttft = time.perf_counter() - t0
-        if status != 200:
-            raise RuntimeError(f"{self.name}: HTTP {status}: {reply}")
-        out = {"ttft_ms": round(ttft * 1e3, 1), "prompt": reply.get("usage", {}).get("prompt_tokens")}
+        body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        ttft, last = stream_first_token(self.server.url + "/v1/completions", body)
+        out = {"ttft_ms": round(ttft * 1e3, 1), "prompt": (last.get("usage") or {}).get("prompt_tokens")}
         if ours:
             out["from_states"] = self._from_states(model) - before
-        elif isinstance(reply.get("timings"), dict):
-            out["computed"] = reply["timings"].get("prompt_n")
+        elif isinstance(last.get("timings"), dict):
+            out["computed"] = last["timings"].get("prompt_n")
         return out
 
     def _from_states(self, model: str) -> int:
@@ -118,8 +158,9 @@ def sides(args: argparse.Namespace, model: Path, disk: Path) -> list[Side]:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     common = ["--kv-cache-gb", "2", "--max-model-len", "16384"]
     out = [Side("edgeserve", lambda: start_edgeserve(str(model), 1, [*common, "--kv-offload", "cpu,disk",
-                                                                       "--disk-kv-path", str(disk)], env=env)),
-           Side("edgeserve-ram", lambda: start_edgeserve(str(model), 1, common, env=env))]
+                                                                       "--disk-kv-path", str(disk)], env=env))]
+    if not args.no_ram_side:
+        out.append(Side("edgeserve-ram", lambda: start_edgeserve(str(model), 1, common, env=env)))
     if args.llama_server:
         lib = str(Path(args.llama_server).resolve().parent)
         lenv = {**os.environ, "LD_LIBRARY_PATH": lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")}
@@ -144,6 +185,10 @@ def main() -> None:
     ap.add_argument("--restart-after", type=int, default=5)
     ap.add_argument("--system-words", type=int, default=300)
     ap.add_argument("--turn-words", type=int, default=80)
+    ap.add_argument("--rewrite-think", type=int, default=0, metavar="N",
+                    help="each turn the server reasons for N tokens after `<think>` and the client sends the turn "
+                         "back with its <think> block dropped, as agents do (0: no reasoning, one token out)")
+    ap.add_argument("--no-ram-side", action="store_true", help="leave out the edgeserve side without offload")
     a = ap.parse_args()
     model = a.model or random_model(Path(tempfile.gettempdir()))
     disk = Path(tempfile.mkdtemp(prefix="hybrid-restart-kv-"))
@@ -152,13 +197,13 @@ def main() -> None:
         for s in running:
             s.turn("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")  # loads the model, warms up
         results: dict[str, list[dict]] = {s.name: [] for s in running}
-        for i, text in enumerate(conversation(a.turns, a.system_words, a.turn_words), 1):
+        for i, text in enumerate(conversation(a.turns, a.system_words, a.turn_words, think=a.rewrite_think > 0), 1):
             if i == a.restart_after + 1:
                 for s in running:
                     s.restart()
                     s.turn("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")  # the load, out of turn 6
             for s in running:
-                r = s.turn(text)
+                r = s.turn(text, max(1, a.rewrite_think))
                 results[s.name].append(r)
                 print(json.dumps({"turn": i, "side": s.name, **r}), flush=True)
     finally:
@@ -168,7 +213,7 @@ def main() -> None:
     summary = {name: {"ttft_ms": [r["ttft_ms"] for r in rs],
                       "turn_after_restart_over_turn_before": round(rs[k]["ttft_ms"] / rs[k - 1]["ttft_ms"], 2)}
                for name, rs in results.items()}
-    print(json.dumps({"model": str(model), "threads": a.threads, "summary": summary}))
+    print(json.dumps({"model": str(model), "threads": a.threads, "rewrite_think": a.rewrite_think, "summary": summary}))
 
 
 if __name__ == "__main__":
