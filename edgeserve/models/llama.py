@@ -136,12 +136,17 @@ class LlamaModel:
             if config.mrope_sections else None
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
+    def native_plan(self) -> NativeDecoder | None:
+        """This architecture's plan of the whole layer stack as one native call, or None where it does not apply:
+        kernels.cpu.decoder's for the Llama-like models (None for weights not in native block formats, attention
+        soft-capping, a GPU); an architecture with a plan of its own (its package's native_plan.py) overrides it."""
+        return NativeDecoder.build(self)
+
     def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (kernels.cpu.decoder), planned once; None where it does
-        not apply (weights not in native block formats, attention soft-capping, a GPU). Setting `_native = None` keeps the
-        per-op path (the tests and benchmarks/engine/fused_decoder.py compare the two that way)."""
+        """The fused stack (`native_plan`), planned once on first use. Setting `_native = None` keeps the per-op path
+        (the tests and benchmarks/engine/fused_decoder.py compare the two that way)."""
         if self._native is False:
-            self._native = NativeDecoder.build(self)
+            self._native = self.native_plan()
         return self._native  # type: ignore[return-value]
 
     def fused_forward(self, x: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

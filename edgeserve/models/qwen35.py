@@ -225,13 +225,10 @@ class Qwen35Model(LlamaModel):
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
-    def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (models.archs.qwen35.native_plan), planned once; None where it does
-        not apply (weights or experts not in block formats, a GPU). Setting `_native = None` keeps the per-op path
-        (the tests and benchmarks compare the two that way)."""
-        if self._native is False:
-            self._native = build_qwen35(self)
-        return self._native  # type: ignore[return-value]
+    def native_plan(self) -> NativeDecoder | None:
+        """The fused plan (models.archs.qwen35.native_plan); None where it does not apply (weights or experts not in
+        block formats, a GPU)."""
+        return build_qwen35(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

@@ -26,6 +26,20 @@ POOL, MAX_SOFT_TOKENS = 3, 280
 CAUSAL_WIDTHS = (1536, 2560)
 
 
+def patch_cut(source: VisionSource) -> tuple[int, int, int]:
+    """(patch size, pooling kernel, soft-token budget) of a Gemma 4 vision source: from an mmproj's keys (which hold
+    no budget: MAX_SOFT_TOKENS) or an HF folder's preprocessor and vision config."""
+    if source.gguf is not None:
+        meta = source.gguf.metadata
+        return (int(meta["clip.vision.patch_size"]), int(meta.get("clip.vision.projector.scale_factor") or POOL),
+                MAX_SOFT_TOKENS)
+    assert source.config is not None
+    v, pre = source.config.get("vision_config") or {}, source.preprocessor or {}
+    return (int(pre.get("patch_size", v.get("patch_size", 16))),
+            int(pre.get("pooling_kernel_size", v.get("pooling_kernel_size", POOL))),
+            int(pre.get("max_soft_tokens", MAX_SOFT_TOKENS)))
+
+
 class Gemma4Vision:
     """Gemma 4's VisionFamily."""
 
@@ -35,20 +49,14 @@ class Gemma4Vision:
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):
         self.device = device
+        self.patch_size, self.pool, self.max_tokens = patch_cut(source)
         if source.gguf is not None:
             meta = source.gguf.metadata
-            self.patch_size = int(meta["clip.vision.patch_size"])
-            self.pool = int(meta.get("clip.vision.projector.scale_factor", POOL))
-            self.max_tokens = MAX_SOFT_TOKENS
             eps = float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6))
             self.tower = load_tower(MmprojWeights(source.gguf), True, int(meta["clip.vision.block_count"]),
                                     int(meta["clip.vision.attention.head_count"]), eps, source.path)
         else:
-            assert source.config is not None
-            v, pre = source.config.get("vision_config") or {}, source.preprocessor or {}
-            self.patch_size = int(pre.get("patch_size", v.get("patch_size", 16)))
-            self.pool = int(pre.get("pooling_kernel_size", v.get("pooling_kernel_size", POOL)))
-            self.max_tokens = int(pre.get("max_soft_tokens", MAX_SOFT_TOKENS))
+            v = source.config.get("vision_config") or {}
             theta = float((v.get("rope_parameters") or {}).get("rope_theta", 100.0))
             self.tower = load_tower(source.weights, False, int(v.get("num_hidden_layers", 16)),
                                     int(v.get("num_attention_heads", 12)), float(v.get("rms_norm_eps", 1e-6)),

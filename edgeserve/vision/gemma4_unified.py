@@ -15,7 +15,7 @@ from PIL import Image
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.vision.family import PreparedImage, VisionSource, register
-from edgeserve.vision.gemma4 import MAX_SOFT_TOKENS, POOL, cut_patches, image_tokens
+from edgeserve.vision.gemma4 import cut_patches, image_tokens, patch_cut
 from edgeserve.vision.gemma4_patch_embed import load_embedder
 from edgeserve.vision.tower import MmprojWeights, identity_digest
 
@@ -29,19 +29,12 @@ class Gemma4UnifiedVision:
 
     def __init__(self, source: VisionSource, lm_config: Any, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):
+        self.patch_size, self.pool, self.max_tokens = patch_cut(source)
         if source.gguf is not None:
-            meta = source.gguf.metadata
-            self.patch_size = int(meta["clip.vision.patch_size"])
-            self.pool = int(meta.get("clip.vision.projector.scale_factor") or POOL)
-            self.max_tokens = MAX_SOFT_TOKENS
-            eps = float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6))
+            eps = float(source.gguf.metadata.get("clip.vision.attention.layer_norm_epsilon", 1e-6))
             weights: Any = MmprojWeights(source.gguf)
         else:
-            assert source.config is not None
-            v, pre = source.config.get("vision_config") or {}, source.preprocessor or {}
-            self.patch_size = int(pre.get("patch_size", v.get("patch_size", 16)))
-            self.pool = int(pre.get("pooling_kernel_size", v.get("pooling_kernel_size", POOL)))
-            self.max_tokens = int(pre.get("max_soft_tokens", MAX_SOFT_TOKENS))
+            v = source.config.get("vision_config") or {}
             eps = float(v.get("rms_norm_eps", 1e-6))
             text = source.config.get("text_config") or {}
             self.bidirectional_images = text.get("use_bidirectional_attention", "vision") == "vision"

@@ -742,24 +742,33 @@ def _slot_pool(state: torch.Tensor) -> bool:
         state.shape[0] == 0 or state[0].is_contiguous())
 
 
+def _conv_weight(rows: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch, c: int,
+                 lib: ctypes.CDLL | None) -> torch.Tensor | None:
+    """The float32 [C, K] weight of a native causal conv over `rows` into `c` channels; None when the inputs are not
+    ones it takes (float32 rows, a float32 state pool, K <= 16); ValueError when the shapes do not fit."""
+    k = weight.shape[1]
+    if (lib is None or rows.dtype != torch.float32 or not _rows(rows) or not _slot_pool(conv_state)
+            or k > GDN_MAX_CONV_KERNEL):
+        return None
+    batch.check_fits(rows.shape[0], conv_state.shape[0])
+    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
+        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit rows "
+                         f"{tuple(rows.shape)}")
+    return weight.float().contiguous()
+
+
 def gdn_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: DeltaBatch,
              lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """kernels.torch.gated_delta.causal_conv1d_silu in one native call (float32 out); None when the inputs are not
     ones it takes (float32 rows, a float32 state pool, K <= 16)."""
     lib = lib or library()
     t, c = x.shape
-    k = weight.shape[1]
-    if (lib is None or x.dtype != torch.float32 or not _rows(x)
-            or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
+    w = _conv_weight(x, weight, conv_state, batch, c, lib)
+    if w is None:
         return None
-    batch.check_fits(t, conv_state.shape[0])
-    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
-        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit x "
-                         f"[{t}, {c}]")
     cu, sl = batch.cu_seqlens, batch.slots
-    w = weight.float().contiguous()
     out = torch.empty(t, c, dtype=torch.float32)
-    lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
+    lib.qmm_gdn_conv(x.data_ptr(), x.stride(0) if t else c, c, w.shape[1], w.data_ptr(), cu.data_ptr(), sl.numel(),
                      conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), out.data_ptr())
     return out
 
@@ -770,19 +779,15 @@ def short_conv(bcx: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     [B | C | x]); None when the inputs are not ones it takes (float32 rows, a float32 state pool, K <= 16)."""
     lib = lib or library()
     t, c3 = bcx.shape
-    c, k = c3 // 3, weight.shape[1]
-    if (lib is None or bcx.dtype != torch.float32 or not _rows(bcx) or c3 % 3
-            or not _slot_pool(conv_state) or k > GDN_MAX_CONV_KERNEL):
+    c = c3 // 3
+    w = None if c3 % 3 else _conv_weight(bcx, weight, conv_state, batch, c, lib)
+    if w is None:
         return None
-    batch.check_fits(t, conv_state.shape[0])
-    if weight.shape[0] != c or tuple(conv_state.shape[1:]) != (k - 1, c):
-        raise ValueError(f"conv weight {tuple(weight.shape)} / state {tuple(conv_state.shape)} do not fit rows "
-                         f"[{t}, 3 x {c}]")
     cu, sl = batch.cu_seqlens, batch.slots
-    w = weight.float().contiguous()
     out, scratch = torch.empty(t, c, dtype=torch.float32), torch.empty(t, c, dtype=torch.float32)
-    lib.qmm_short_conv(bcx.data_ptr(), bcx.stride(0) if t else c3, c, k, w.data_ptr(), cu.data_ptr(), sl.numel(),
-                       conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), scratch.data_ptr(), out.data_ptr())
+    lib.qmm_short_conv(bcx.data_ptr(), bcx.stride(0) if t else c3, c, w.shape[1], w.data_ptr(), cu.data_ptr(),
+                       sl.numel(), conv_state.data_ptr(), conv_state.stride(0), sl.data_ptr(), scratch.data_ptr(),
+                       out.data_ptr())
     return out
 
 

@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+from edgeserve.engine.cache.kv_cache import KVPool
 from edgeserve.engine.cache.kv_format import Q8_0
-from edgeserve.engine.cache.state_pool import StepStates
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.models.archs.qwen35.native_plan import build_qwen35
-from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.llm import LLM
 from edgeserve.loaders.gguf_file import GGUFFile
 from edgeserve.loaders.gguf_weights import GGUFWeights
@@ -31,6 +29,7 @@ from edgeserve.sampling_params import SamplingParams
 pytest.importorskip("transformers")
 from qwen35_helpers import hf_qwen35, state_pool, write_qwen35_gguf  # noqa: E402
 from test_cpu_decoder import _native_on  # noqa: E402,F401  (the fixture keeps the kernels on)
+from support.fused_runs import run_hybrid_steps  # noqa: E402
 from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
 from test_qwen35_engine import assert_empty, check_cancel_returns_the_seat, ids, prompts  # noqa: E402
 
@@ -60,20 +59,7 @@ def run_steps(model: Qwen35Model, fused: bool | NativeDecoder, steps=STEPS, ids=
     c = model.config
     pool = KVPool(c, 32, BLOCK, model.dtype if kv is None else kv)
     states = state_pool(c, len(ids))
-    slots = [states.allocate() for _ in ids]
-    hidden = []
-    for step in steps:
-        run = [(j, a, b) for j, (a, b) in enumerate(step) if b > a]
-        toks = [t for j, a, b in run for t in ids[j][a:b]]
-        pos = [p for j, a, b in run for p in range(a, b)]
-        slot_map = [(8 * j + p // BLOCK) * BLOCK + p % BLOCK for j, a, b in run for p in range(a, b)]
-        meta = AttentionMetadata.build([b - a for _, a, b in run], [b for _, _, b in run],
-                                       [list(range(8 * j, 8 * j + 8)) for j, _, _ in run], slot_map)
-        cu = [0]
-        for _, a, b in run:
-            cu.append(cu[-1] + b - a)
-        st = StepStates.build(states, cu, [slots[j] for j, _, _ in run])
-        hidden.append(model.forward(torch.tensor(toks), torch.tensor(pos), PagedKVAttention(pool, meta, states=st)))
+    hidden = run_hybrid_steps(model, pool, states, steps, ids, BLOCK)
     assert (model._native is not None) == bool(fused)
     return hidden, pool, states
 

@@ -15,15 +15,14 @@ pytest.importorskip("transformers")
 from converter_parity import load_ours  # noqa: E402
 from hybrid_helpers import (GREEDY, assert_empty, check_second_turn_resumes, ids, make_checkpoint,  # noqa: E402
                             prompts)
-from support.fused_runs import fused_and_per_op  # noqa: E402
+from support.fused_runs import fused_and_per_op, run_hybrid_steps  # noqa: E402
 from support.gguf_writer import write_model_gguf  # noqa: E402
 from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
 
-from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention  # noqa: E402
-from edgeserve.engine.cache.state_pool import StatePool, StepStates, state_spec_for  # noqa: E402
+from edgeserve.engine.cache.kv_cache import KVPool  # noqa: E402
+from edgeserve.engine.cache.state_pool import StatePool, state_spec_for  # noqa: E402
 from edgeserve.kernels.cpu import native as cpu_native  # noqa: E402
 from edgeserve.kernels.cpu.decoder import NativeDecoder  # noqa: E402
-from edgeserve.kernels.dispatch import AttentionMetadata  # noqa: E402
 from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.models.archs.lfm2.native_plan import build_lfm2  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
@@ -54,20 +53,7 @@ def run_steps(model, fused: bool, steps=STEPS, seqs=IDS):
     c = model.config
     pool = KVPool(c, 32, BLOCK, model.dtype)
     states = StatePool(state_spec_for(c), len(seqs))
-    slots = [states.allocate() for _ in seqs]
-    hidden = []
-    for step in steps:
-        run = [(j, a, b) for j, (a, b) in enumerate(step) if b > a]
-        toks = [t for j, a, b in run for t in seqs[j][a:b]]
-        pos = [p for j, a, b in run for p in range(a, b)]
-        slot_map = [(8 * j + p // BLOCK) * BLOCK + p % BLOCK for j, a, b in run for p in range(a, b)]
-        meta = AttentionMetadata.build([b - a for _, a, b in run], [b for _, _, b in run],
-                                       [list(range(8 * j, 8 * j + 8)) for j, _, _ in run], slot_map)
-        cu = [0]
-        for _, a, b in run:
-            cu.append(cu[-1] + b - a)
-        st = StepStates.build(states, cu, [slots[j] for j, _, _ in run])
-        hidden.append(model.forward(torch.tensor(toks), torch.tensor(pos), PagedKVAttention(pool, meta, states=st)))
+    hidden = run_hybrid_steps(model, pool, states, steps, seqs, BLOCK)
     assert (model._native is not None) == fused
     return hidden, pool, states
 

@@ -1,5 +1,6 @@
 """What the fused-native-stack tests of each architecture share: a LoadedModel around a bare model (a stub
-tokenizer), and running the same thing fused and per-op."""
+tokenizer), running the same thing fused and per-op, and a hybrid's forward over ragged steps of paged K/V and
+recurrent states."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+import torch
+
+from edgeserve.engine.cache.kv_cache import PagedKVAttention
+from edgeserve.engine.cache.state_pool import StepStates
+from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.models.load import LoadedModel
 
 
@@ -26,3 +32,23 @@ def fused_and_per_op(model, run: Callable[[], list]) -> list:
         assert (model._native is not None) == fused
     assert outputs[0] == outputs[1]
     return outputs
+
+
+def run_hybrid_steps(model, pool, states, steps: list, seqs: list[list[int]], block: int) -> list[torch.Tensor]:
+    """The model's hidden states of each step over the K/V `pool` and the state pool `states` (sequence j owns blocks
+    8j .. 8j + 7 and a slot of its own); steps: per step, (start, stop) of each sequence's ids."""
+    slots = [states.allocate() for _ in seqs]
+    hidden = []
+    for step in steps:
+        run = [(j, a, b) for j, (a, b) in enumerate(step) if b > a]
+        toks = [t for j, a, b in run for t in seqs[j][a:b]]
+        pos = [p for j, a, b in run for p in range(a, b)]
+        slot_map = [(8 * j + p // block) * block + p % block for j, a, b in run for p in range(a, b)]
+        meta = AttentionMetadata.build([b - a for _, a, b in run], [b for _, _, b in run],
+                                       [list(range(8 * j, 8 * j + 8)) for j, _, _ in run], slot_map)
+        cu = [0]
+        for _, a, b in run:
+            cu.append(cu[-1] + b - a)
+        st = StepStates.build(states, cu, [slots[j] for j, _, _ in run])
+        hidden.append(model.forward(torch.tensor(toks), torch.tensor(pos), PagedKVAttention(pool, meta, states=st)))
+    return hidden

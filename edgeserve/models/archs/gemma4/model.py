@@ -209,12 +209,9 @@ class Gemma4Model(LoadedDecoder):
         self._v_norm = {d: torch.ones(d, device=device) for d in {layer.head_dim for layer in layers}}
         self._unit = torch.ones(c.hidden_size, device=device)  # the router's weightless RMSNorm (MoE)
 
-    def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (models.archs.gemma4.native_plan), planned once; None where it does
-        not apply. Setting `_native = None` keeps the per-op path (the tests compare the two that way)."""
-        if self._native is False:
-            self._native = build_gemma4(self)
-        return self._native  # type: ignore[return-value]
+    def native_plan(self) -> NativeDecoder | None:
+        """The fused plan (models.archs.gemma4.native_plan); None where it does not apply."""
+        return build_gemma4(self)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """The E models' per-layer inputs [T, layers, width] (float32): each token's row of the per-layer table

@@ -168,15 +168,11 @@ class Lfm2Model(LoadedDecoder):
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
-    def native_decoder(self) -> NativeDecoder | None:
-        """The whole layer stack as one native call (models.archs.lfm2.native_plan), planned once; None where it
-        does not apply. Setting `_native = None` keeps the per-op path (the tests and benchmarks compare the two
-        that way)."""
-        if self._native is False:
-            from edgeserve.models.archs.lfm2.native_plan import build_lfm2
+    def native_plan(self) -> NativeDecoder | None:
+        """The fused plan (models.archs.lfm2.native_plan); None where it does not apply."""
+        from edgeserve.models.archs.lfm2.native_plan import build_lfm2
 
-            self._native = build_lfm2(self)
-        return self._native  # type: ignore[return-value]
+        return build_lfm2(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

@@ -119,13 +119,6 @@ class Mamba2HybridDecoder(PerOpHybridDecoder):
         """The fused plan of this model (None: none; the architecture's subclass says)."""
         return None
 
-    def native_decoder(self):
-        """The whole layer stack as one native call (`native_plan`), planned once; None where it does not apply.
-        Setting `_native = None` keeps the per-op path."""
-        if self._native is False:
-            self._native = self.native_plan()
-        return self._native
-
     def native_forward(self, x: torch.Tensor, positions: torch.Tensor, attn, states) -> torch.Tensor | None:
         """The step's final-normed hidden states from the embeddings `x` on the fused stack, or None where the step
         does not take it (no plan, another pool, states it does not run over)."""
