@@ -1,7 +1,8 @@
 """Where a quantized file's served path loses precision against llama.cpp's: the converter-parity case widened as
 layer_drift.py makes it (`--outtype q8_0`: the converter's Q8_0 file), loaded three ways by edgeserve:
 - reference: `--dtype float32` (the file's blocks dequantized, float32 everywhere: transformers' equal);
-- bf16: the served path before issue 54's fix (the native block kernels, bf16 compute between them);
+- bf16: the served path (the native block kernels, bf16 compute between them; since issue 54's fix a Qwen3.5
+  model's normed rows reach its kernels in float32, Qwen35Model.act_dtype);
 - f32 activations: the native block kernels (int8 activation blocks, as llama.cpp's Q8_0 dot products) with float32
   between them, as llama.cpp's CPU backend keeps every activation (a float32 KV pool: edgeserve pairs f16 with
   bf16 compute only);
