@@ -162,11 +162,11 @@ def mtp_forward(model: "Qwen35Model", head: MtpHead, token_ids: torch.Tensor, hi
     if native is not None and native.runs(attn):
         return native.forward(x, positions, attn)
     cos, sin = model.cos[positions], model.sin[positions]
-    h = rms_norm(x, head.layer.input_norm, eps).to(model.dtype)
+    h = rms_norm(x, head.layer.input_norm, eps).to(model.act_dtype)  # as the trunk's
     y = model._attention(0, head.layer, h, cos, sin, attn, None)
-    h, x = add_rms_norm(y, x, head.layer.post_norm, eps, ffn_input_dtype(head.layer, model.dtype))  # as the trunk's
+    h, x = add_rms_norm(y, x, head.layer.post_norm, eps, ffn_input_dtype(head.layer, model.act_dtype))
     y = model.mlp(head.layer, h, None)  # type: ignore[arg-type]
-    g, _ = add_rms_norm(y, x, head.head_norm, eps, model.dtype)
+    g, _ = add_rms_norm(y, x, head.head_norm, eps, model.act_dtype)
     return g
 
 

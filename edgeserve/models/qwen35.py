@@ -225,6 +225,14 @@ class Qwen35Model(LlamaModel):
         self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The dtype of the normed activations the layers' matmuls read (per op and in the fused stack): float32 on
+        the CPU, where every matmul quantizes its input to int8 blocks or casts it to its weights' dtype itself, so a
+        bf16 copy first only rounds it twice (llama.cpp keeps them float32 too; on a Q8_0 Qwen3.5 MoE file the
+        served drift from float32 fell 0.57 -> 0.48 nats, docs/MODELS.md); the compute dtype elsewhere."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
     def native_plan(self) -> NativeDecoder | None:
         """The fused plan (models.archs.qwen35.native_plan); None where it does not apply (weights or experts not in
         block formats, a GPU)."""
@@ -248,16 +256,17 @@ class Qwen35Model(LlamaModel):
         if native is not None and native.runs(attn) and native.recurrent.takes(states, t):  # type: ignore[union-attr]
             return native.forward(x, positions, attn)
         cos, sin = self.cos[positions], self.sin[positions]
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        act = self.act_dtype
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(act)
         for i, layer in enumerate(self.layers):
             if layer.delta is not None:
                 y = self._delta_net(layer, h, states, prompt_rows)
             else:
                 y = self._attention(i, layer, h, cos, sin, attn, prompt_rows)
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, ffn_input_dtype(layer, act))
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
             last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, act)
         return h
 
     def _delta_net(self, layer: Qwen35Layer, h: torch.Tensor, states: RecurrentStates,

@@ -173,3 +173,24 @@ def test_bf16_untied_embeddings_stay_bf16_and_logits_near_float32(tmp_path: Path
     assert torch.equal(table_rows(bf.embed, ids), rows.bfloat16().float())
     diff = (our_logits(bf).log_softmax(-1) - our_logits(f32).log_softmax(-1)).abs().max().item()
     assert diff < 0.3
+
+
+def test_bf16_block_matmuls_read_float32_activations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At bfloat16 on the CPU, a Q8_0 file's matmuls (which quantize their input to int8 blocks themselves) read
+    the float32 normed rows, not a bf16 copy of them, per op and in the fused stack (issue 54: rounding twice was
+    0.09 of the 0.57 nats a widened Qwen3.5 MoE's Q8_0 file drifted from float32; llama.cpp keeps them float32)."""
+    from edgeserve.kernels.cpu.native import BlockWeight
+
+    g = GGUFFile(write_qwen35_gguf(hf_qwen35(True), tmp_path / "m.gguf", "Q8_0"))
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    bf = Qwen35Model.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads), dtype=torch.bfloat16)
+    assert isinstance(bf.lm_head, BlockWeight) and bf.dtype == torch.bfloat16
+    seen: list[torch.dtype] = []
+    matmul = BlockWeight.matmul
+    monkeypatch.setattr(BlockWeight, "matmul", lambda self, x, out=None: seen.append(x.dtype) or matmul(self, x, out))
+    bf._native = None  # the per-op path
+    our_logits(bf)
+    assert seen and set(seen) == {torch.float32}
+    bf._native = False  # the fused stack, planned again
+    plan = bf.native_decoder()
+    assert plan is not None and plan.decoder.act_bf16 == 0 and plan.act_dtype == torch.float32

@@ -87,9 +87,9 @@ def build_qwen35(model) -> NativeDecoder | None:
             _pack_attention(out, layer, ptr)
     f = next((layer.gate_up.shape[0] // 2 for layer, plan in zip(layers, moe) if plan is None), 0)
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
-                      c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
+                      c.head_dim ** -0.5, model.act_dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
-    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
+    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.act_dtype,
                          recurrent=RecurrentStep(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
 
 
@@ -138,7 +138,7 @@ def build_mtp_head(model, head) -> NativeDecoder | None:
     _pack_feed_forward(array[0], layer, moe[0], ptr)
     array[0].norms.next = ptr(head.head_norm)
     decoder = Decoder(1, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
-                      c.head_dim ** -0.5, model.dtype == torch.bfloat16, False, ptr(layer.input_norm),
+                      c.head_dim ** -0.5, model.act_dtype == torch.bfloat16, False, ptr(layer.input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
-    return NativeDecoder(trunk.lib, decoder, array, keep, c.hidden_size, model.dtype,
+    return NativeDecoder(trunk.lib, decoder, array, keep, c.hidden_size, model.act_dtype,
                          moe=[p for p in moe if p is not None])
