@@ -118,6 +118,16 @@ def set_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: li
     model.max_positions = config.max_position_embeddings
 
 
+def set_rotary_decoder_fields(model: LlamaModel, config: ModelConfig, embed, layers: list, norm: torch.Tensor,
+                              lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype,
+                              device: torch.device) -> None:
+    """set_decoder_fields, the RoPE tables of `inv_freq` over the model's positions (`cos` / `sin`), and the fused
+    native stack to plan on the first forward (`_native`)."""
+    set_decoder_fields(model, config, embed, layers, norm, lm_head, dtype, device)
+    model.cos, model.sin = (t.to(device) for t in rope_cos_sin(inv_freq, model.max_positions))
+    model._native = False
+
+
 class LlamaModel:
     """A Llama-family decoder: token ids + positions + a KV attention -> hidden states -> logits."""
 

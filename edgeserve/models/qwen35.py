@@ -33,13 +33,13 @@ from edgeserve.kernels.dispatch import (add_rms_norm, gated_delta_net, head_rms_
                                         sigmoid_gate)
 from edgeserve.kernels.torch.gated_delta import DeltaBatch, DeltaNetDims, DeltaNetWeights
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.torch.rope import rope_cos_sin, rope_permutation
+from edgeserve.kernels.torch.rope import rope_permutation
 from edgeserve.loaders.weights import WeightSource, WeightValue
 
 from .attention import KVAttention
 from .config import ModelConfig
 from .archs.gemma4.model import load_table
-from .llama import LlamaModel, load_matrix, set_decoder_fields
+from .llama import LlamaModel, load_matrix, set_rotary_decoder_fields
 from .moe import MoELayer, ffn_input_dtype
 from .moe_weights import load_moe_layer
 from .mtp_head import MtpHead, attach_mtp_head
@@ -221,9 +221,7 @@ class Qwen35Model(LlamaModel):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Qwen35Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
-        self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
-        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
+        set_rotary_decoder_fields(self, config, embed, layers, norm, lm_head, inv_freq, dtype, device)
 
     @property
     def act_dtype(self) -> torch.dtype:

@@ -29,18 +29,11 @@ from edgeserve.sampling_params import SamplingParams
 pytest.importorskip("transformers")
 from qwen35_helpers import hf_qwen35, state_pool, write_qwen35_gguf  # noqa: E402
 from test_cpu_decoder import _native_on  # noqa: E402,F401  (the fixture keeps the kernels on)
-from support.fused_runs import run_hybrid_steps  # noqa: E402
+from support.fused_runs import BLOCK, IDS, STEPS, run_hybrid_steps  # noqa: E402
 from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
 from test_qwen35_engine import assert_empty, check_cancel_returns_the_seat, ids, prompts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
-BLOCK = 4
-# prompts of 13 and 9 tokens (the first in chunks of 7 and 6, across blocks), decodes beside prompt chunks, then
-# decodes of batch 2 and 1: (start, stop) of each sequence's ids per step
-STEPS = [[(0, 7), (0, 5)], [(7, 13), (5, 9)], [(13, 14), (9, 10)], [(14, 15), (10, 11)], [(15, 16), (0, 0)],
-         [(16, 17), (11, 12)]]
-IDS = [[1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250, 9, 44, 40, 41, 42, 43],
-       [3, 90, 91, 92, 5, 6, 7, 8, 9, 10, 11, 12]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 

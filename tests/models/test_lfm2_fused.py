@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from converter_parity import load_ours  # noqa: E402
 from hybrid_helpers import (GREEDY, assert_empty, check_second_turn_resumes, ids, make_checkpoint,  # noqa: E402
                             prompts)
-from support.fused_runs import fused_and_per_op, run_hybrid_steps  # noqa: E402
+from support.fused_runs import BLOCK, IDS, STEPS, fused_and_per_op, run_hybrid_steps  # noqa: E402
 from support.gguf_writer import write_model_gguf  # noqa: E402
 from support.hybrid_runs import assert_speculation_keeps_outputs  # noqa: E402
 
@@ -28,13 +28,6 @@ from edgeserve.models.archs.lfm2.native_plan import build_lfm2  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
-BLOCK = 4
-# two prompts in chunks (7 + 6 and 5 + 4 tokens, across blocks), decodes beside a prompt chunk, decodes of batch 2
-# and 1: per step, (start, stop) of each sequence's ids
-STEPS = [[(0, 7), (0, 5)], [(7, 13), (5, 9)], [(13, 14), (9, 10)], [(14, 15), (10, 11)], [(15, 16), (0, 0)],
-         [(16, 17), (11, 12)]]
-IDS = [[1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250, 9, 44, 40, 41, 42, 43],
-       [3, 90, 91, 92, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,14 @@ from edgeserve.engine.cache.state_pool import StepStates
 from edgeserve.kernels.dispatch import AttentionMetadata
 from edgeserve.models.load import LoadedModel
 
+BLOCK = 4  # the K/V block size of run_hybrid_steps' pools in these tests
+# two prompts of 13 and 9 tokens (the first in chunks of 7 and 6, across blocks), decodes beside prompt chunks, then
+# decodes of batch 2 and 1: per step, (start, stop) of each sequence's ids
+STEPS = [[(0, 7), (0, 5)], [(7, 13), (5, 9)], [(13, 14), (9, 10)], [(14, 15), (10, 11)], [(15, 16), (0, 0)],
+         [(16, 17), (11, 12)]]
+IDS = [[1, 5, 17, 33, 2, 60, 7, 81, 100, 12, 250, 9, 44, 40, 41, 42, 43],
+       [3, 90, 91, 92, 5, 6, 7, 8, 9, 10, 11, 12]]
+
 
 def stub_loaded(model, name: str, folder: Path) -> LoadedModel:
     """`model` as a LoadedModel named `name` with a tokenizer that never ends a sequence and decodes to ""."""

@@ -67,6 +67,7 @@ class GraniteHybridModel(Mamba2HybridDecoder):
     """Granite 4 H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
     layers: list[GraniteHybridLayer]  # type: ignore[assignment]
+    plan_builder = ("edgeserve.models.archs.granitehybrid.native_plan", "build_granite")
 
     @classmethod
     def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
@@ -107,12 +108,6 @@ class GraniteHybridModel(Mamba2HybridDecoder):
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embed_tokens.weight", c.tie_word_embeddings)
         return cls(c, embed, layers, w.vector("model.norm.weight"), lm_head, w.dtype, w.device)
-
-    def native_plan(self):
-        """The fused plan (archs.granitehybrid.native_plan), or None where it does not fit."""
-        from edgeserve.models.archs.granitehybrid.native_plan import build_granite
-
-        return build_granite(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,

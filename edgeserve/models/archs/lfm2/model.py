@@ -24,12 +24,12 @@ from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.kernels.dispatch import (add_rms_norm, f32_row_linear, gated_short_conv, linear, rms_norm,
                                         rope_write_kv)
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
-from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
+from edgeserve.kernels.torch.rope import rope_inv_freq
 from edgeserve.loaders.weights import WeightSource
 from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import LoadedDecoder, next_norm, step_states
-from edgeserve.models.llama import set_decoder_fields
+from edgeserve.models.llama import set_rotary_decoder_fields
 from edgeserve.models.moe import MoELayer
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
@@ -164,9 +164,7 @@ class Lfm2Model(LoadedDecoder):
 
     def __init__(self, config: ModelConfig, embed, layers: list[Lfm2Layer], norm: torch.Tensor,
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
-        set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
-        self.cos, self.sin = (t.to(device) for t in rope_cos_sin(inv_freq, self.max_positions))
-        self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
+        set_rotary_decoder_fields(self, config, embed, layers, norm, lm_head, inv_freq, dtype, device)
 
     def native_plan(self) -> NativeDecoder | None:
         """The fused plan (models.archs.lfm2.native_plan); None where it does not apply."""

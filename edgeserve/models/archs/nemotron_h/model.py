@@ -15,6 +15,7 @@ On the CPU with every matrix in GGUF block formats the dense model runs in the f
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -115,9 +116,15 @@ class Mamba2HybridDecoder(PerOpHybridDecoder):
         """The Mamba-2 layers' shape."""
         return mamba2_dims(self.config)
 
+    # (module, function) of the architecture's fused plan, imported on first use; None: always per-op
+    plan_builder: tuple[str, str] | None = None
+
     def native_plan(self):
-        """The fused plan of this model (None: none; the architecture's subclass says)."""
-        return None
+        """The fused plan of this model (`plan_builder`'s), or None where it has none or it does not fit."""
+        if self.plan_builder is None:
+            return None
+        module, name = self.plan_builder
+        return getattr(importlib.import_module(module), name)(self)
 
     def native_forward(self, x: torch.Tensor, positions: torch.Tensor, attn, states) -> torch.Tensor | None:
         """The step's final-normed hidden states from the embeddings `x` on the fused stack, or None where the step
@@ -132,6 +139,7 @@ class NemotronHModel(Mamba2HybridDecoder):
     """Nemotron-H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
     layers: list[NemotronHLayer]  # type: ignore[assignment]
+    plan_builder = ("edgeserve.models.archs.nemotron_h.native_plan", "build_nemotron_h")  # None where MoE blocks
 
     @classmethod
     def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
@@ -167,12 +175,6 @@ class NemotronHModel(Mamba2HybridDecoder):
             layers.append(layer)
         embed, lm_head = w.embed_and_head("model.embeddings.weight", c.tie_word_embeddings)
         return cls(c, embed, layers, w.vector("model.norm_f.weight"), lm_head, w.dtype, w.device)
-
-    def native_plan(self):
-        """The fused plan (archs.nemotron_h.native_plan), or None where it does not fit (MoE blocks among them)."""
-        from edgeserve.models.archs.nemotron_h.native_plan import build_nemotron_h
-
-        return build_nemotron_h(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: KVAttention,
