@@ -61,6 +61,6 @@ class PerOpHybridDecoder(LoadedDecoder):
         set_decoder_fields(self, config, embed, layers, norm, lm_head, dtype, device)
         self._native = None
 
-    def native_decoder(self) -> None:
-        """No fused native plan: every step takes the per-op path."""
+    def native_plan(self):
+        """No fused native plan here (a subclass with one overrides this): every step takes the per-op path."""
         return None
