@@ -190,6 +190,8 @@ def main() -> None:
                          "back with its <think> block dropped, as agents do (0: no reasoning, one token out)")
     ap.add_argument("--no-ram-side", action="store_true", help="leave out the edgeserve side without offload")
     a = ap.parse_args()
+    if a.rewrite_think < 0:
+        ap.error(f"--rewrite-think must be 0 or more tokens, got {a.rewrite_think}")
     model = a.model or random_model(Path(tempfile.gettempdir()))
     disk = Path(tempfile.mkdtemp(prefix="hybrid-restart-kv-"))
     running = sides(a, model, disk)

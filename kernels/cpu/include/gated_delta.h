@@ -1,7 +1,11 @@
 /* gated_delta.c: the Gated DeltaNet mixer's kernels (gdn_layer.h: its layer struct and qmm_gdn_mix) and the per-head
    norms and sigmoid output gate of gated attention. */
 #pragma once
+#include <math.h>
 #include <stdint.h>
+
+/* torch's softplus (beta 1, threshold 20: x above 20 is x) */
+static inline float softplus_torch(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* RMSNorm of each [T, H] head of x (D values, heads ldhx apart), times weight; gated by SiLU(z) where z is given. */
 void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z, int64_t ldz, int64_t ldhz, int T,

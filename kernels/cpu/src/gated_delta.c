@@ -440,9 +440,7 @@ void qmm_gdn_gates(const float *a, int64_t lda, const float *b, int64_t ldb, int
     for (int t = 0; t < T; t++) {
         const float *at = a + t * lda;
         for (int h = 0; h < Hv; h++) {
-            const float x = at[h] + dt_bias[h];
-            const float sp = x > 20.0f ? x : log1pf(expf(x));
-            g[(int64_t)t * Hv + h] = -expf(A_log[h]) * sp;
+            g[(int64_t)t * Hv + h] = -expf(A_log[h]) * softplus_torch(at[h] + dt_bias[h]);
         }
         sigmoid_n(b + t * ldb, Hv, beta + (int64_t)t * Hv);
     }

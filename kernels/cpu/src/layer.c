@@ -141,6 +141,9 @@ static attn_dims_t attn_dims(const decoder_t *m, const attention_t *a) {
     return d;
 }
 
+/* Whether the layer's token mixer is a recurrent one (else it attends, or has none). */
+static int recurrent_mixer(const mixer_t *mx) { return mx->gdn || mx->conv || mx->ssd; }
+
 /* A recurrent mixer's output width (out_proj's input) and its scratch per row. */
 static int mixer_width(const mixer_t *mx) {
     return mx->gdn ? mx->gdn->Hv * mx->gdn->Dv : mx->ssd ? mx->ssd->H * mx->ssd->P : mx->conv->C;
@@ -167,7 +170,7 @@ static widths_t layer_widths(const decoder_t *m) {
         w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd);
         w.f = imax(w.f, L->mlp.F ? L->mlp.F : m->F);
         w.kvd = imax(w.kvd, d.Hkv * d.D);
-        if (L->mixer.gdn || L->mixer.ssd || L->mixer.conv) { /* the mixer's scratch and output; o's input width */
+        if (recurrent_mixer(&L->mixer)) { /* the mixer's scratch and output; o's input width */
             const int vd = mixer_width(&L->mixer);
             w.nqkv = imax(w.nqkv, weight_rows(&L->mixer.in_proj));
             w.mix = imax(w.mix, (int)mixer_scratch_per_row(&L->mixer) + vd);
@@ -465,12 +468,12 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
     const decoder_t *m = r->m;
     const layer_t *L = m->layers + i;
     const int T = r->T, hidden = m->hidden;
-    const int mixes = L->mixer.ssd || L->mixer.gdn || L->mixer.conv || L->attn.qkv.n_parts;
+    const int mixes = recurrent_mixer(&L->mixer) || L->attn.qkv.n_parts;
     const int feeds = L->moe || L->mlp.gate_up.n_parts;
     if (mixes) {
         quantize(r, h, m->act_bf16, hidden);
         MARK(P_QUANT);
-        if (L->mixer.ssd || L->mixer.gdn || L->mixer.conv)
+        if (recurrent_mixer(&L->mixer))
             mixer_block(r, &L->mixer);
         else if (attention_block(r, i, &L->attn, h))
             return -1;

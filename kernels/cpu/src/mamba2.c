@@ -15,9 +15,6 @@
 #include "ssd.h"
 #include "ssd_layer.h"
 
-/* torch's softplus (beta 1, threshold 20) */
-static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 typedef struct {
@@ -56,7 +53,7 @@ void qmm_ssd_mix(const ssd_layer_t *s, const gdn_step_t *st, int T, const float 
                     st->conv + s->index * st->conv_layer_stride, st->conv_slot_stride, st->slots, 1, xbc);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < s->H; h++)
-            dt[(int64_t)t * s->H + h] = softplus(proj[t * ldp + inner + C + h] + s->dt_bias[h]);
+            dt[(int64_t)t * s->H + h] = softplus_torch(proj[t * ldp + inner + C + h] + s->dt_bias[h]);
     qmm_ssd_rule(xbc, xbc + inner, xbc + inner + gn, C, dt, s->A, s->D, s->H, s->P, s->N, s->G, st->cu, st->B,
                  st->state + s->index * st->state_layer_stride, st->state_slot_stride, st->slots, out);
     gated_norm_t a = {out, proj, s->norm, ldp, inner, s->G, s->eps, out};
