@@ -119,6 +119,7 @@ class EngineCore:
                                    config.block_size, draft, config.spec_draft_vocab)
             self.runner.keep_hidden = self.spec.needs_hidden
             self.spec.attach(self.pool, self.scheduler.block_manager)
+            self.set_draft_replay(True)
         self.overlap = config.overlap == "on" or (config.overlap == "auto" and model.device.type == "cuda")
         self._inflight: Launched | None = None
         self._lock = threading.Lock()
@@ -291,8 +292,9 @@ class EngineCore:
         sampling = [self.requests[s.seq_id] for s in scheduled]
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
-        if self.states is not None:  # a hybrid's states before its drafts, for a rollback when some are rejected
-            # (a copy of a few MB: on one torch thread on the CPU, which does not wait on busy cores)
+        if self.states is not None and not self.runner.replay_drafts:  # a hybrid's states before its drafts, for a
+            # rollback when some are rejected (a copy of a few MB: on one torch thread on the CPU, which does not wait
+            # on busy cores); where the plan keeps the drafts off the states, the accepted ones are replayed instead
             with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):
                 for s in sched.scheduled:
                     if s.num_spec:
@@ -319,7 +321,22 @@ class EngineCore:
                 req = sampling[i]
                 n, _ = _cut(toks, req.stop_ids, req.max_tokens - req.num_output_tokens)
                 out.verified[i] = toks[:n]
+            if self.runner.replay_drafts:
+                self._replay(sched, {scheduled[i].seq_id: len(toks) - 1 for i, toks in zip(spec, verdicts)})
         return out
+
+    def _replay(self, sched: SchedulerOutput, accepted: dict) -> None:
+        """Advance a hybrid's states by each sequence's accepted drafts (its step kept them all off the states)."""
+        with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):
+            self.runner.replay([accepted.get(s.seq_id, 0) for s in sched.scheduled])
+
+    def set_draft_replay(self, on: bool) -> None:
+        """Whether a hybrid's verification steps keep their drafts off the recurrent states and replay the accepted
+        ones (where the model's plan can: the Gated DeltaNet stack on the CPU), instead of a state backup before
+        the step and, after a rejection, a restore and the accepted tokens computed again. A switch for A/B
+        benchmarks; on by default."""
+        on = on and self.spec is not None and self.runner.can_replay_drafts()
+        self.runner.replay_drafts = self.scheduler.replays_drafts = on
 
     def _advance(self, launched: Launched) -> None:
         """Account for a launched step in the scheduler (after the previous step's ids replaced their placeholders,

@@ -98,7 +98,8 @@ class GdnStep(ctypes.Structure):
     """gdn_step_t: one step's recurrent-state pools and ragged batch (StepPools.recurrent)."""
 
     _fields_ = [("conv", _p), ("conv_slot_stride", _i64), ("conv_layer_stride", _i64), ("state", _p),
-                ("state_slot_stride", _i64), ("state_layer_stride", _i64), ("cu", _p), ("slots", _p), ("B", _i32)]
+                ("state_slot_stride", _i64), ("state_layer_stride", _i64), ("cu", _p), ("slots", _p), ("B", _i32),
+                ("keep", _p), ("spec", _p), ("spec_layer_stride", _i64), ("spec_rows", _i32)]
 
 
 class Experts(ctypes.Structure):

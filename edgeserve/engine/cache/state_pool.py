@@ -246,13 +246,18 @@ class StepStates:
 
     pool: StatePool
     batch: "DeltaBatch"
+    # a verification step's drafts: sequence i's first keep[i] rows advance its states, the rest are computed on a
+    # copy and their inputs kept for a replay of the accepted ones (only a plan whose mixers do that takes such a
+    # step, and sets `kept`); None: every row advances the states
+    keep: list[int] | None = None
+    kept: bool = False
 
     def layer(self, index: int) -> tuple[torch.Tensor, ...]:
         """Layer `index`'s pool views (Gated DeltaNet: conv, recurrent)."""
         return self.pool.layer(index)
 
     @classmethod
-    def build(cls, pool: StatePool, cu_seqlens, slots) -> "StepStates":
+    def build(cls, pool: StatePool, cu_seqlens, slots, keep: list[int] | None = None) -> "StepStates":
         """The states of a step whose sequence i owns rows cu_seqlens[i]:cu_seqlens[i + 1] and slot slots[i]
         (tensors or host lists: lists are checked on the host and the batch is sent to the pool's device in one go,
         so a GPU step waits on nothing here)."""
@@ -261,4 +266,4 @@ class StepStates:
         if batch.seq.device != dev:
             batch = replace(batch, **{f: getattr(batch, f).to(dev, non_blocking=True)
                                       for f in ("cu_seqlens", "slots", "seq", "pos", "lens")})
-        return cls(pool, batch)
+        return cls(pool, batch, keep)

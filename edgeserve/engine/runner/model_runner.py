@@ -63,6 +63,8 @@ class ModelRunner:
             cpu_native.library()  # sized from torch's thread count here, not inside a one-thread small step
         self.graphs = graphs  # decode steps go through these (CUDA graphs) when set; see engine.runner.cuda_graphs
         self.keep_hidden = False  # keep each step's hidden states [T, hidden] in `hidden` (MTP speculation)
+        # verification steps keep their drafts off a hybrid's states, `replay` advances them (Engine.set_draft_replay)
+        self.replay_drafts = False
         self.hidden: torch.Tensor | None = None
 
     def execute(self, step: SchedulerOutput, fill: TokenFill | None = None) -> torch.Tensor | None:
@@ -86,9 +88,11 @@ class ModelRunner:
             return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
         small = dev.type == "cpu" and sum(inputs.query_lens) <= SMALL_STEP_ROWS
         with intra_op_threads(1 if small else None):
-            hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill,
-                                    self._step_states(scheduled, inputs.query_lens), lora, images, mrope,
-                                    step_spans(scheduled))
+            states = self._step_states(scheduled, inputs.query_lens)
+            hidden = forward_inputs(self.model, self.pool, inputs, _prompt_rows(step, dev), fill, states, lora,
+                                    images, mrope, step_spans(scheduled))
+            if states is not None and states.keep is not None and not states.kept:
+                raise RuntimeError("a verification step ran on a path that does not keep drafts off the states")
             self.hidden = hidden if self.keep_hidden else None
             if not sample_seqs:
                 return None
@@ -111,8 +115,29 @@ class ModelRunner:
         """The step's recurrent states (a hybrid model's): each sequence's rows and state slot, on the device."""
         if self.states is None:
             return None
+        keep = ([s.num_new_tokens - s.num_spec for s in scheduled]
+                if self.replay_drafts and any(s.num_spec for s in scheduled) else None)
         return StepStates.build(self.states, [0, *itertools.accumulate(query_lens)],
-                                [s.state_slot for s in scheduled])
+                                [s.state_slot for s in scheduled], keep)
+
+    def _recurrent_plan(self):
+        """The model's fused plan's recurrent mixers (kernels.cpu.recurrent_step.RecurrentStep), or None."""
+        native = getattr(self.model, "native_decoder", None)
+        plan = native() if native is not None else None
+        return getattr(plan, "recurrent", None), plan
+
+    def can_replay_drafts(self) -> bool:
+        """Whether this model's steps can keep drafts off its recurrent states: its fused plan's mixers replay (Gated
+        DeltaNet) and run over this state pool."""
+        recurrent, _ = self._recurrent_plan()
+        return (self.states is not None and recurrent is not None and recurrent.replays and self.graphs is None
+                and recurrent.takes(StepStates.build(self.states, [0, 1], [0]), 1))
+
+    def replay(self, accepted: list[int]) -> None:
+        """After a verification step run with `replay_drafts`: advance each scheduled sequence's states (in the
+        step's batch order) by its first accepted[i] drafts."""
+        recurrent, plan = self._recurrent_plan()
+        recurrent.replay(plan.lib, accepted)
 
 
 def _prompt_rows(step: SchedulerOutput, device: torch.device) -> PromptRows | None:

@@ -148,6 +148,8 @@ class Scheduler:
                                           registry=self._seqs)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.states = states
+        # a hybrid's rejected drafts never reached its states (the runner replays the accepted ones): no restore
+        self.replays_drafts = False
         if states is not None:
             if enable_prefix_caching:
                 self.block_manager.usable_prefix = states.usable_prefix
@@ -265,7 +267,8 @@ class Scheduler:
             seq = self._seqs.get(s.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue  # finished or aborted while the step ran
-            if s.num_spec and self.states is not None and len(sampled[seq.seq_id]) <= s.num_spec:
+            if (s.num_spec and self.states is not None and not self.replays_drafts
+                    and len(sampled[seq.seq_id]) <= s.num_spec):
                 # a hybrid whose drafts were not all accepted: its state fed them all, so it goes back to before
                 # the step and the accepted tokens are computed again (with the new one) from there
                 self.states.restore(seq.seq_id)

@@ -26,6 +26,13 @@ typedef struct {
     int64_t state_slot_stride, state_layer_stride;
     const int32_t *cu, *slots;
     int32_t B;
+    /* a verification step's drafts (Gated DeltaNet layers only): sequence b's first keep[b] rows advance its states
+       in the pools; its rows after them run on a copy of the state that is dropped, and their inputs (up to
+       spec_rows of them) are kept in spec for qmm_gdn_replay. keep NULL: every row advances the states. */
+    const int32_t *keep;
+    float *spec;               /* [linear layers, B, spec_rows, gdn_spec_per_row] */
+    int64_t spec_layer_stride; /* values */
+    int32_t spec_rows;
 } gdn_step_t;
 
 /* float32 values of scratch per row that qmm_gdn_mix takes */
@@ -33,7 +40,17 @@ static inline int64_t gdn_scratch_per_row(const gdn_layer_t *g) {
     return 2 * (int64_t)g->Hk * g->Dk + 2 * (int64_t)g->Hv * g->Dv + 2 * (int64_t)g->Hv;
 }
 
+/* float32 values qmm_gdn_mix keeps per draft row in gdn_step_t.spec: the conv's input and output rows, the gates */
+static inline int64_t gdn_spec_per_row(const gdn_layer_t *g) {
+    return 2 * (2 * (int64_t)g->Hk * g->Dk + (int64_t)g->Hv * g->Dv) + 2 * (int64_t)g->Hv;
+}
+
 void qmm_gdn_mix(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *proj, int64_t ldp, float *scratch,
                  float *out);
+
+/* After a verification step run with gdn_step_t.keep: advance sequence b's conv and recurrent states of this layer
+   by its first accepted[b] draft rows (0: none), from the inputs the step kept in spec: the same kernels on the same
+   values, so the states are bit for bit those a step over the accepted rows gives. */
+void qmm_gdn_replay(const gdn_layer_t *g, const gdn_step_t *s, const int32_t *accepted);
 
 #endif

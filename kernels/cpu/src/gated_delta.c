@@ -151,12 +151,11 @@ static void conv_block(void *ctx, int task) {
     }
 }
 
-/* out [T, C] = the causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K], plus bias [C] when not
-   NULL, then SiLU when silu; sequence b owns rows cu[b] .. cu[b + 1] - 1 and continues from its conv state [K - 1, C]
-   at state + slots[b] * slot_stride, which then holds its last K - 1 inputs. */
-void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
-                     const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, int silu,
-                     float *out) {
+/* qmm_causal_conv, whose conv state of sequence b then holds the last K - 1 inputs of its first keep[b] rows
+   (keep NULL: of all its rows) */
+static void causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
+                        const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, int silu,
+                        const int32_t *keep, float *out) {
     int tasks = 0;
     for (int b = 0; b < B; b++) tasks += (cu[b + 1] - cu[b] + CONV_TOKENS - 1) / CONV_TOKENS;
     int32_t *task_seq = malloc(sizeof(int32_t) * 2 * (size_t)(tasks ? tasks : 1)), *task_t0 = task_seq + tasks;
@@ -176,7 +175,7 @@ void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *wei
     /* then each sequence's new state: row r holds input position len - (K - 1) + r; from the old state (only when
        len < K - 1) it is row r + len, which no earlier r overwrote */
     for (int b = 0; b < B; b++) {
-        const int start = cu[b], len = cu[b + 1] - start;
+        const int start = cu[b], len = keep ? keep[b] : cu[b + 1] - start;
         float *st = state + (int64_t)slots[b] * slot_stride;
         for (int r = 0; r < K - 1; r++) {
             const int p = len - (K - 1) + r;
@@ -184,6 +183,15 @@ void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *wei
             memmove(st + (int64_t)r * C, in, sizeof(float) * C);
         }
     }
+}
+
+/* out [T, C] = the causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K], plus bias [C] when not
+   NULL, then SiLU when silu; sequence b owns rows cu[b] .. cu[b + 1] - 1 and continues from its conv state [K - 1, C]
+   at state + slots[b] * slot_stride, which then holds its last K - 1 inputs. */
+void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
+                     const int32_t *cu, int B, float *state, int64_t slot_stride, const int32_t *slots, int silu,
+                     float *out) {
+    causal_conv(x, ldx, C, K, weight, bias, cu, B, state, slot_stride, slots, silu, NULL, out);
 }
 
 /* qmm_causal_conv with SiLU and no bias: the Gated DeltaNet's conv. */
@@ -200,6 +208,7 @@ typedef struct {
     float *state, *out;
     int64_t slot_stride;
     float scale;
+    const int32_t *keep; /* per sequence: its rows that advance the state in place (NULL: all) */
 } rule_t;
 
 /* x * scale / sqrt(sum x^2 + 1e-6) */
@@ -241,32 +250,56 @@ static inline __attribute__((always_inline)) void write_and_query(float *restric
     }
 }
 
-/* Columns c0 .. c0 + n - 1 of one (sequence, value head)'s state S [Dk, Dv] through all the sequence's tokens.
-   A column of S evolves on its own (its delta, its output value), so a block of columns is a task: with n =
-   COL_BLOCK its Dk x n floats stay in L1 and kv / o in registers. The write-and-query sweep of token t and the
-   decay-and-read sweep of token t + 1 are one pass over the block (the same operations in the same order as two
-   passes, so the same bits). */
-static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int b, int h, int c0, int n) {
-    const int Dk = a->Dk, Dv = a->Dv, t0 = a->cu[b], t1 = a->cu[b + 1];
-    if (t0 == t1) return;
-    float *restrict S = a->state + (int64_t)a->slots[b] * a->slot_stride + (int64_t)h * Dk * Dv + c0;
-    float qn[2][GDN_MAX_DIM], kn[2][GDN_MAX_DIM];
-    float kv[COL_BLOCK], o[COL_BLOCK], delta[COL_BLOCK];
-    int cur = 0;
-    for (int i = 0; i < PREFETCH_ROWS && i < Dk; i++) prefetch_cols(S + (int64_t)i * Dv, n);
-    token_qk(a, t0, h, qn[0], kn[0]);
-    float decay = expf(a->g[(int64_t)t0 * a->Hv + h]);
+/* S *= decay, then kv[c] = sum over rows i of S[i][c] * k[i], for rows i < Dk in order and columns c < n of a state
+   slice whose rows are ld floats apart (asking for the rows PREFETCH_ROWS ahead when `prefetch`) */
+static inline __attribute__((always_inline)) void decay_and_read(float *restrict S, int64_t ld, int Dk, int n,
+                                                                 float decay, const float *k, float *restrict kv,
+                                                                 int prefetch) {
     for (int c = 0; c < n; c++) kv[c] = 0.0f;
-    for (int i = 0; i < Dk; i++) { /* token t0: S *= decay; kv = S^T k */
-        float *restrict row = S + (int64_t)i * Dv;
-        const float ki = kn[0][i];
-        if (i + PREFETCH_ROWS < Dk) prefetch_cols(row + (int64_t)PREFETCH_ROWS * Dv, n);
+    for (int i = 0; i < Dk; i++) {
+        float *restrict row = S + (int64_t)i * ld;
+        const float ki = k[i];
+        if (prefetch && i + PREFETCH_ROWS < Dk) prefetch_cols(row + (int64_t)PREFETCH_ROWS * ld, n);
         for (int c = 0; c < n; c++) {
             const float r = row[c] * decay;
             row[c] = r;
             kv[c] += r * ki;
         }
     }
+}
+
+/* a copy [Dk, n] (rows n apart) of a state slice whose rows are ld floats apart: where a step's draft rows run */
+static float *copy_block(const float *S, int64_t ld, int Dk, int n) {
+    float *out = malloc(sizeof(float) * (size_t)Dk * n);
+    if (!out) abort();
+    for (int i = 0; i < Dk; i++) memcpy(out + (int64_t)i * n, S + (int64_t)i * ld, sizeof(float) * n);
+    return out;
+}
+
+/* Columns c0 .. c0 + n - 1 of one (sequence, value head)'s state S [Dk, Dv] through all the sequence's tokens.
+   A column of S evolves on its own (its delta, its output value), so a block of columns is a task: with n =
+   COL_BLOCK its Dk x n floats stay in L1 and kv / o in registers. The write-and-query sweep of token t and the
+   decay-and-read sweep of token t + 1 are one pass over the block (the same operations in the same order as two
+   passes, so the same bits). Rows from the sequence's keep on (a verification step's drafts) run on a copy of the
+   block, so the state in place stops after the kept rows. */
+static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int b, int h, int c0, int n) {
+    const int Dk = a->Dk, Dv = a->Dv, t0 = a->cu[b], t1 = a->cu[b + 1];
+    if (t0 == t1) return;
+    const int kend = a->keep ? t0 + a->keep[b] : t1; /* the first row that runs on the copy */
+    float *restrict S = a->state + (int64_t)a->slots[b] * a->slot_stride + (int64_t)h * Dk * Dv + c0;
+    float *copy = NULL;
+    int64_t ld = Dv;
+    float qn[2][GDN_MAX_DIM], kn[2][GDN_MAX_DIM];
+    float kv[COL_BLOCK], o[COL_BLOCK], delta[COL_BLOCK];
+    int cur = 0;
+    for (int i = 0; i < PREFETCH_ROWS && i < Dk; i++) prefetch_cols(S + (int64_t)i * Dv, n);
+    if (kend == t0) {
+        S = copy = copy_block(S, ld, Dk, n);
+        ld = n;
+    }
+    token_qk(a, t0, h, qn[0], kn[0]);
+    float decay = expf(a->g[(int64_t)t0 * a->Hv + h]);
+    decay_and_read(S, ld, Dk, n, decay, kn[0], kv, 1); /* token t0: S *= decay; kv = S^T k */
     for (int t = t0; t < t1; t++, cur ^= 1) {
         const float beta = a->beta[(int64_t)t * a->Hv + h];
         const float *v = a->v + t * a->ldv + (int64_t)h * Dv + c0;
@@ -276,11 +309,11 @@ static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int
             o[c] = 0.0f;
         }
         const float *kc = kn[cur], *qc = qn[cur], *kx = kn[cur ^ 1];
-        if (t + 1 < t1) { /* S += k delta^T; o = S^T q; then token t + 1: S *= decay; kv = S^T k */
+        if (t + 1 < t1 && t + 1 != kend) { /* S += k delta^T; o = S^T q; then token t + 1: S *= decay; kv = S^T k */
             token_qk(a, t + 1, h, qn[cur ^ 1], kn[cur ^ 1]);
             decay = expf(a->g[(int64_t)(t + 1) * a->Hv + h]);
             for (int i = 0; i < Dk; i++) {
-                float *restrict row = S + (int64_t)i * Dv;
+                float *restrict row = S + (int64_t)i * ld;
                 const float ki = kc[i], qi = qc[i], kxi = kx[i];
                 for (int c = 0; c < n; c++) {
                     float r = row[c] + ki * delta[c];
@@ -290,11 +323,19 @@ static inline __attribute__((always_inline)) void rule_cols(const rule_t *a, int
                     kv[c] += r * kxi;
                 }
             }
-        } else { /* the last token: S += k delta^T; o = S^T q */
-            write_and_query(S, Dv, Dk, n, kc, qc, delta, o);
+        } else { /* the last token, or the last kept one: S += k delta^T; o = S^T q */
+            write_and_query(S, ld, Dk, n, kc, qc, delta, o);
+            if (t + 1 < t1) { /* the drafts after it: on a copy of the block from here */
+                S = copy = copy_block(S, ld, Dk, n);
+                ld = n;
+                token_qk(a, t + 1, h, qn[cur ^ 1], kn[cur ^ 1]);
+                decay = expf(a->g[(int64_t)(t + 1) * a->Hv + h]);
+                decay_and_read(S, ld, Dk, n, decay, kn[cur ^ 1], kv, 0);
+            }
         }
         memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv + c0, o, sizeof(float) * n);
     }
+    free(copy);
 }
 
 /* A sequence's only token (a decode row) through one value head's whole state S [Dk, Dv], row by row: each column
@@ -332,7 +373,8 @@ static void rule_head_token(const rule_t *a, int b, int h) {
 static void rule_block(void *ctx, int task) {
     const rule_t *a = (const rule_t *)ctx;
     const int jb = task % a->col_blocks, h = task / a->col_blocks % a->Hv, b = task / a->col_blocks / a->Hv;
-    if (a->cu[b + 1] - a->cu[b] == 1) { /* a decode row: the head's first block task takes its whole state */
+    if (a->cu[b + 1] - a->cu[b] == 1 && (!a->keep || a->keep[b])) { /* a decode row: the head's first block task
+                                                                      takes its whole state */
         if (jb == 0) rule_head_token(a, b, h);
         return;
     }
@@ -347,13 +389,21 @@ static void rule_block(void *ctx, int task) {
    q and k L2-normalized here, q also scaled; value head h reads q/k head h / (Hv / Hk), or h % Hk when `tiled`
    (llama.cpp's GGUF head order); sequence b owns rows cu[b] .. cu[b + 1] - 1 and its state [Hv, Dk, Dv] at
    state + slots[b] * slot_stride, updated in place; out [T, Hv, Dv]. */
+static void gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
+                     const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, int tiled, const int32_t *cu,
+                     int B, float *state, int64_t slot_stride, const int32_t *slots, float scale,
+                     const int32_t *keep, float *out) {
+    const int col_blocks = (Dv + COL_BLOCK - 1) / COL_BLOCK;
+    rule_t a = {q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, tiled, col_blocks, cu, slots, state, out,
+                slot_stride, scale, keep};
+    pool_run(rule_block, &a, B * Hv * col_blocks, (int64_t)cu[B] * Hv * Dk * Dv >= 65536);
+}
+
 void qmm_gdn_rule(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v, int64_t ldv,
                   const float *g, const float *beta, int Hk, int Hv, int Dk, int Dv, int tiled, const int32_t *cu,
                   int B, float *state, int64_t slot_stride, const int32_t *slots, float scale, float *out) {
-    const int col_blocks = (Dv + COL_BLOCK - 1) / COL_BLOCK;
-    rule_t a = {q, k, v, g, beta, ldq, ldk, ldv, Hk, Hv, Dk, Dv, tiled, col_blocks, cu, slots, state, out,
-                slot_stride, scale};
-    pool_run(rule_block, &a, B * Hv * col_blocks, (int64_t)cu[B] * Hv * Dk * Dv >= 65536);
+    gdn_rule(q, ldq, k, ldk, v, ldv, g, beta, Hk, Hv, Dk, Dv, tiled, cu, B, state, slot_stride, slots, scale, NULL,
+             out);
 }
 
 /* ---- the hybrid's output gates and per-head norms ------------------------------------------------------------
@@ -448,19 +498,60 @@ void qmm_gdn_gates(const float *a, int64_t lda, const float *b, int64_t ldb, int
 
 #include "gdn_layer.h"
 
+/* the inputs of each sequence's rows after its keep[b] (at most spec_rows) into s->spec: [conv input | conv
+   output | decay | beta] per row */
+static void keep_draft_rows(const gdn_layer_t *g, const gdn_step_t *s, const float *proj, int64_t ldp,
+                            const float *x, const float *decay, const float *beta) {
+    const int C = 2 * g->Hk * g->Dk + g->Hv * g->Dv, Hv = g->Hv;
+    const int64_t R = gdn_spec_per_row(g);
+    for (int b = 0; b < s->B; b++)
+        for (int t = s->cu[b] + s->keep[b], j = 0; t < s->cu[b + 1] && j < s->spec_rows; t++, j++) {
+            float *dst = s->spec + g->index * s->spec_layer_stride + ((int64_t)b * s->spec_rows + j) * R;
+            memcpy(dst, proj + t * ldp, sizeof(float) * C);
+            memcpy(dst + C, x + (int64_t)t * C, sizeof(float) * C);
+            memcpy(dst + 2 * C, decay + (int64_t)t * Hv, sizeof(float) * Hv);
+            memcpy(dst + 2 * C + Hv, beta + (int64_t)t * Hv, sizeof(float) * Hv);
+        }
+}
+
 /* out [T, Hv Dv] float32 = a Gated DeltaNet layer between its projections, for proj [T, C + Hv Dv + 2 Hv] (in_proj's
    output [conv qkv | z | b | a], rows ldp apart): the causal conv + SiLU, the gates, the gated delta rule and the
-   gated RMSNorm, each sequence's conv and recurrent states of linear layer g->index updated in place; the same
-   kernels in the same order as kernels.dispatch.gated_delta_net on the CPU. scratch: gdn_scratch_per_row(g) * T
-   floats. */
+   gated RMSNorm, each sequence's conv and recurrent states of linear layer g->index updated in place (by its first
+   s->keep[b] rows when keep is set, the later rows' inputs kept in s->spec); the same kernels in the same order as
+   kernels.dispatch.gated_delta_net on the CPU. scratch: gdn_scratch_per_row(g) * T floats. */
 void qmm_gdn_mix(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *proj, int64_t ldp, float *scratch,
                  float *out) {
     const int kd = g->Hk * g->Dk, vd = g->Hv * g->Dv, C = 2 * kd + vd;
     float *x = scratch, *decay = x + (size_t)T * C, *beta = decay + (size_t)T * g->Hv, *o = beta + (size_t)T * g->Hv;
-    qmm_gdn_conv(proj, ldp, C, g->K, g->conv_weight, s->cu, s->B, s->conv + g->index * s->conv_layer_stride,
-                 s->conv_slot_stride, s->slots, x);
+    causal_conv(proj, ldp, C, g->K, g->conv_weight, 0, s->cu, s->B, s->conv + g->index * s->conv_layer_stride,
+                s->conv_slot_stride, s->slots, 1, s->keep, x);
     qmm_gdn_gates(proj + C + vd + g->Hv, ldp, proj + C + vd, ldp, T, g->Hv, g->A_log, g->dt_bias, decay, beta);
-    qmm_gdn_rule(x, C, x + kd, C, x + 2 * kd, C, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv, g->tiled, s->cu, s->B,
-                 s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, o);
+    if (s->keep && s->spec) keep_draft_rows(g, s, proj, ldp, x, decay, beta);
+    gdn_rule(x, C, x + kd, C, x + 2 * kd, C, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv, g->tiled, s->cu, s->B,
+             s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, s->keep, o);
     qmm_head_rms_norm(o, vd, g->Dv, proj + C, ldp, g->Dv, T, g->Hv, g->Dv, g->norm, g->eps, out);
+}
+
+void qmm_gdn_replay(const gdn_layer_t *g, const gdn_step_t *s, const int32_t *accepted) {
+    const int kd = g->Hk * g->Dk, vd = g->Hv * g->Dv, C = 2 * kd + vd, Hv = g->Hv;
+    const int64_t R = gdn_spec_per_row(g);
+    for (int b = 0; b < s->B; b++) {
+        const int n = accepted[b] < s->spec_rows ? accepted[b] : s->spec_rows;
+        if (n <= 0) continue;
+        const float *rows = s->spec + g->index * s->spec_layer_stride + (int64_t)b * s->spec_rows * R;
+        float *tmp = malloc(sizeof(float) * (size_t)n * (C + 2 * Hv + vd));
+        if (!tmp) abort();
+        float *decay = tmp + (size_t)n * C, *beta = decay + (size_t)n * Hv, *o = beta + (size_t)n * Hv;
+        for (int j = 0; j < n; j++) {
+            memcpy(decay + (int64_t)j * Hv, rows + j * R + 2 * C, sizeof(float) * Hv);
+            memcpy(beta + (int64_t)j * Hv, rows + j * R + 2 * C + Hv, sizeof(float) * Hv);
+        }
+        const int32_t cu[2] = {0, n};
+        causal_conv(rows, R, C, g->K, g->conv_weight, 0, cu, 1, s->conv + g->index * s->conv_layer_stride,
+                    s->conv_slot_stride, s->slots + b, 1, NULL, tmp); /* the conv state; its outputs are kept */
+        gdn_rule(rows + C, R, rows + C + kd, R, rows + C + 2 * kd, R, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv,
+                 g->tiled, cu, 1, s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots + b,
+                 g->scale, NULL, o);
+        free(tmp);
+    }
 }

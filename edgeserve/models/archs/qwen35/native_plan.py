@@ -90,7 +90,7 @@ def build_qwen35(model) -> NativeDecoder | None:
                       c.head_dim ** -0.5, model.act_dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
                       ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.act_dtype,
-                         recurrent=RecurrentStep(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
+                         recurrent=RecurrentStep(mixers, c.num_linear_layers, replays=True), moe=[p for p in moe if p is not None])
 
 
 def _pack_attention(out: Layer, layer, ptr) -> None:
