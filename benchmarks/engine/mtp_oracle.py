@@ -13,7 +13,7 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
 
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
-                                    [--draft-vocab 0,32768] [--per-op-head 0.7] [--out /tmp/folder]
+                                    [--draft-vocab 0,32768] [--per-op-head 0.7] [--no-replay 0.7] [--out /tmp/folder]
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--kv-gb", type=float, default=0.25, help="each side's KV budget (every side holds its own)")
     ap.add_argument("--per-op-head", default=None, type=float,
                     help="also this acceptance with the head's block per-op (its fused one-layer plan set aside)")
+    ap.add_argument("--no-replay", default=None,
+                    help="also these acceptances (comma-separated) with the hybrid's state backup / restore and "
+                         "recompute instead of drafts kept off the states (Engine.set_draft_replay(False))")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
     return ap.parse_args()
 
@@ -84,6 +87,12 @@ def main() -> None:
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
                 llm.engine.spec.backoff = None  # the raw cost at this acceptance
                 engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
+            for acc in (float(x) for x in (a.no_replay.split(",") if a.no_replay else [])):
+                llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+                llm.engine.spec.backoff = None
+                llm.engine.set_draft_replay(False)
+                engines[f"mtp dv={dv} k={k} a={acc:.0%} no replay"] = llm
             if a.per_op_head is not None:  # the same with the head's block per-op
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
                 llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab)

@@ -57,6 +57,7 @@ def instrument(clock: Clocks, lm) -> None:
     """Wrap the parts of a step of `lm`'s engines (the model object and the modules the engine calls through)."""
     from edgeserve.engine.cache import state_cache
     from edgeserve.engine.spec import mtp as spec_mtp
+    from edgeserve.engine.runner import model_runner
     from edgeserve.engine.spec import speculator
 
     model = lm.model
@@ -68,6 +69,7 @@ def instrument(clock: Clocks, lm) -> None:
     clock.wrap(state_cache.StateSlots, "backup", "state backup", label=lambda a: "state backup")
     clock.wrap(state_cache.StateSlots, "restore", "state restore", label=lambda a: "state restore")
     clock.wrap(speculator.Speculator, "verify", "verify", label=lambda a: "verify")
+    clock.wrap(model_runner.ModelRunner, "replay", "draft replay", label=lambda a: "draft replay")
 
 
 def main() -> None:
@@ -79,6 +81,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-replay", action="store_true",
+                    help="also each k with the state backup / restore and recompute (Engine.set_draft_replay(False))")
     ap.add_argument("--head-ab", type=int, default=0,
                     help="instead: the head's block on one draft row, fused against per-op, this many alternating reps")
     a = ap.parse_args()
@@ -100,6 +104,12 @@ def main() -> None:
         llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.accept, lm.config.vocab_size)
         llm.engine.spec.backoff = None
         engines[f"mtp k={k} a={a.accept:.0%}"] = llm
+        if a.no_replay:
+            llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, **opts)
+            llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.accept, lm.config.vocab_size)
+            llm.engine.spec.backoff = None
+            llm.engine.set_draft_replay(False)
+            engines[f"mtp k={k} a={a.accept:.0%} no replay"] = llm
     clocks = {side: Clock() for side in engines}
     for side, llm in engines.items():  # warm-up (plans, draft vocabulary) outside the clocks
         llm.generate([prompt], params)
