@@ -229,6 +229,7 @@ SIGNATURES = {
     "qmm_gdn_rule_rows": ([_p, _i64, _p, _i64, _p, _i64, _p, _p, _i32, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p,
                            _f32, _p, _p], None),  # qmm_gdn_rule's, then the state after every row
     "qmm_gdn_gates": ([_p, _i64, _p, _i64, _i32, _i32, _p, _p, _p, _p], None),
+    "qmm_gdn_mix": ([_p, _p, _i32, _p, _i64, _p, _p], None),  # gdn_layer_t *, gdn_step_t *, T, proj, ldp, scratch, out
     "qmm_gdn_replay": ([_p, _p, _p], None),  # gdn_layer_t *, gdn_step_t *, accepted drafts [B]
     "qmm_short_conv": ([_p, _i64, _i32, _i32, _p, _p, _i32, _p, _i64, _p, _p, _p], None),
     "qmm_ssd_rule": ([_p, _p, _p, _i64, _p, _p, _p, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _p], None),
