@@ -4,9 +4,11 @@ attention, SiLU-mul, Gemma 4's per-layer input, the output head), at each batch 
 Builds the native library once more with -DQMM_PROFILE (layer.c then adds up wall time per section), loads the
 model on it, fills a paged pool for B sequences of `--context` tokens and times forward + logits of one decode row
 per sequence `--reps` times. Prints the median per step of each section (ms and share of the step) as JSON.
+`--rows 1,2,3`: that many rows per sequence instead (an MTP verification step's shape: the last token and its
+drafts), with the drafts kept off a hybrid's recurrent states as the engine runs them (StepStates.keep).
 
     python benchmarks/engine/profile_fused_step.py [--model smollm2-135m | GGUF] [--batch 1,8] [--context 128] [--reps 30]
-        [--source-dir DIR]
+        [--rows 1] [--source-dir DIR]
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def hybrid_states(config, b: int):
 
     pool = StatePool(state_spec_for(config), b)
     slots = torch.tensor([pool.allocate() for _ in range(b)])
-    return lambda rows: StepStates.build(pool, torch.arange(b + 1) * rows, slots)
+    return lambda rows: StepStates.build(pool, torch.arange(b + 1) * rows, slots, [1] * b if rows > 1 else None)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -64,6 +66,7 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--rows", default="1", help="rows per sequence per step (1 + drafts), comma-separated")
     ap.add_argument("--source-dir", help="C sources to build instead of this checkout's (another commit's kernels/cpu, "
                                          "with this checkout's layer.c for the marks)")
     return ap.parse_args()
@@ -89,8 +92,8 @@ def main() -> None:
     print(json.dumps({"model": args.model, "head": [p.qtype for p in head.parts], "head_shape": list(head.shape),
                       "threads": cpu_native.threads()}))
     block = 16
-    per_seq = -(-(args.context + 1) // block)
-    for b in (int(x) for x in args.batch.split(",")):
+    per_seq = -(-(args.context + 8) // block)
+    for b, n in ((int(x), int(y)) for x in args.batch.split(",") for y in args.rows.split(",")):
         pool = KVPool(model.config, b * per_seq, block, model.dtype)
         states = hybrid_states(model.config, b)
         tables = [[i * per_seq + j for j in range(per_seq)] for i in range(b)]
@@ -101,15 +104,15 @@ def main() -> None:
                                                                                tables, slots),
                                                  states=states(args.context)))
         p = args.context
-        step_slots = [tables[i][p // block] * block + p % block for i in range(b)]
-        ids, pos = torch.randint(100, 1000, (b,)), torch.full((b,), p)
+        step_slots = [tables[i][q // block] * block + q % block for i in range(b) for q in range(p, p + n)]
+        ids, pos = torch.randint(100, 1000, (b * n,)), torch.arange(p, p + n).repeat(b)
         rows: dict[str, list[float]] = {k: [] for k in [*SECTIONS, "stack_total", "forward", "head", "step"]}
         for r in range(args.reps + 2):
             for i in range(len(SECTIONS)):
                 counters[i] = 0
-            meta = AttentionMetadata.build([1] * b, [p + 1] * b, tables, step_slots)
+            meta = AttentionMetadata.build([n] * b, [p + n] * b, tables, step_slots)
             t0 = time.perf_counter()
-            hidden = model.forward(ids, pos, PagedKVAttention(pool, meta, states=states(1)))
+            hidden = model.forward(ids, pos, PagedKVAttention(pool, meta, states=states(n)))
             t1 = time.perf_counter()
             model.logits(hidden)
             t2 = time.perf_counter()
@@ -125,7 +128,7 @@ def main() -> None:
         step = med["step"]
         out = {k: {"ms": round(v, 3), "share": round(v / step, 3)} for k, v in med.items()}
         out["forward_outside_stack"] = {"ms": round(med["forward"] - med["stack_total"], 3)}
-        print(json.dumps({"batch": b, "median_per_step": out}), flush=True)
+        print(json.dumps({"batch": b, "rows": n, "median_per_step": out}), flush=True)
     model._native = False
 
 
