@@ -76,6 +76,7 @@ class Launched:
     sample: SampleOutput | None = None  # the plain rows' tokens on the device (for the next step's TokenFill)
     copy: HostCopy | None = None  # ... and on their way to the host
     verified: dict[int, list[int]] = field(default_factory=dict)  # row -> its accepted drafts + next token
+    replayed: bool = False  # a hybrid's drafts were kept off its states (and the accepted ones replayed)
 
 
 class EngineCore:
@@ -292,9 +293,10 @@ class EngineCore:
         sampling = [self.requests[s.seq_id] for s in scheduled]
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
-        if self.states is not None and not self.runner.replay_drafts:  # a hybrid's states before its drafts, for a
-            # rollback when some are rejected (a copy of a few MB: on one torch thread on the CPU, which does not wait
-            # on busy cores); where the plan keeps the drafts off the states, the accepted ones are replayed instead
+        out.replayed = self.runner.replays_now()
+        if self.states is not None and not out.replayed:  # a hybrid's states before its drafts, for a rollback when
+            # some are rejected (a copy of a few MB: on one torch thread on the CPU, which does not wait on busy
+            # cores); where the plan keeps the drafts off the states, the accepted ones are replayed instead
             with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):
                 for s in sched.scheduled:
                     if s.num_spec:
@@ -321,7 +323,7 @@ class EngineCore:
                 req = sampling[i]
                 n, _ = _cut(toks, req.stop_ids, req.max_tokens - req.num_output_tokens)
                 out.verified[i] = toks[:n]
-            if self.runner.replay_drafts:
+            if out.replayed:
                 self._replay(sched, {scheduled[i].seq_id: len(toks) - 1 for i, toks in zip(spec, verdicts)})
         return out
 
@@ -335,12 +337,12 @@ class EngineCore:
         ones (where the model's plan can: the Gated DeltaNet stack on the CPU), instead of a state backup before
         the step and, after a rejection, a restore and the accepted tokens computed again. A switch for A/B
         benchmarks; on by default."""
-        on = on and self.spec is not None and self.runner.can_replay_drafts()
-        self.runner.replay_drafts = self.scheduler.replays_drafts = on
+        self.runner.replay_drafts = on and self.spec is not None and self.runner.can_replay_drafts()
 
     def _advance(self, launched: Launched) -> None:
         """Account for a launched step in the scheduler (after the previous step's ids replaced their placeholders,
         so full blocks are hashed with real ids); a one-token row's token is a placeholder until `_apply`."""
+        self.scheduler.replays_drafts = launched.replayed
         with intra_op_threads(1 if self.lm.model.device.type == "cpu" else None):  # a hybrid's state restore
             self.scheduler.update(launched.sched, {r.request_id: launched.verified.get(i, [PLACEHOLDER])
                                                    for i, r in enumerate(launched.sampling)})

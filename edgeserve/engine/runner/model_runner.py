@@ -116,7 +116,7 @@ class ModelRunner:
         if self.states is None:
             return None
         keep = ([s.num_new_tokens - s.num_spec for s in scheduled]
-                if self.replay_drafts and any(s.num_spec for s in scheduled) else None)
+                if self.replays_now() and any(s.num_spec for s in scheduled) else None)
         return StepStates.build(self.states, [0, *itertools.accumulate(query_lens)],
                                 [s.state_slot for s in scheduled], keep)
 
@@ -132,6 +132,14 @@ class ModelRunner:
         recurrent, _ = self._recurrent_plan()
         return (self.states is not None and recurrent is not None and recurrent.replays and self.graphs is None
                 and recurrent.takes(StepStates.build(self.states, [0, 1], [0]), 1))
+
+    def replays_now(self) -> bool:
+        """Whether this step keeps its drafts off the recurrent states: `replay_drafts` is on and the fused stack
+        runs now (the native kernels on, the plan not set aside; otherwise the state backup / restore)."""
+        from edgeserve.kernels.dispatch import backend
+
+        return (self.replay_drafts and self._recurrent_plan()[0] is not None and backend() == "auto"
+                and cpu_native.available())
 
     def replay(self, accepted: list[int]) -> None:
         """After a verification step run with `replay_drafts`: advance each scheduled sequence's states (in the

@@ -148,7 +148,8 @@ class Scheduler:
                                           registry=self._seqs)
         self.offload = offload  # swap-based preemption when set (recompute stays the fallback)
         self.states = states
-        # a hybrid's rejected drafts never reached its states (the runner replays the accepted ones): no restore
+        # set per step by the engine: a hybrid's rejected drafts never reached its states (the runner replayed the
+        # accepted ones), so no restore
         self.replays_drafts = False
         if states is not None:
             if enable_prefix_caching:

@@ -156,6 +156,23 @@ def test_greedy_with_mtp_is_greedy_without(name, weights, files):
     assert_spec_pools_empty(auto)
 
 
+def test_a_step_off_the_fused_stack_backs_the_states_up_instead(files):
+    """With the model's fused plan set aside after the engine was made (steps run per-op), verification steps take
+    the state backup / restore and recompute instead of keeping their drafts off the states: greedy output unchanged."""
+    _, _, _, q8 = files(CASES[0])
+    lm = load_ours(q8, dtype="bfloat16")
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=2, spec_draft_vocab=0)
+    off = LLM.from_model(lm, kv_cache_gb=0.01, speculative="off")
+    assert llm.engine.runner.replay_drafts
+    fused, lm.model._native = lm.model._native, None
+    try:
+        assert not llm.engine.runner.replays_now()
+        ps = prompts(2)
+        assert outputs(llm, ps) == outputs(off, ps) and llm.engine.spec.counters.proposed > 0
+    finally:
+        lm.model._native = fused
+
+
 @pytest.mark.parametrize("weights", ["f32", "q8"])
 def test_draft_vocabulary_rows_map_back_to_their_token_ids(weights, files):
     """A head cut to token ids in no particular order gives the full head's logits of those ids (the output matrix's
