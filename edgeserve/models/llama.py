@@ -146,6 +146,15 @@ class LlamaModel:
             if config.mrope_sections else None
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The dtype of the normed activations the layers' matmuls read, for an architecture whose layers read it
+        (Qwen3.5, Gemma 4; per op and in its fused stack): float32 on the CPU, where every matmul quantizes its input
+        to int8 blocks or casts it to its weights' dtype itself, so a bf16 copy first only rounds it twice (llama.cpp
+        keeps them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Llama family's own
+        forward still rounds them to `dtype`."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
     def native_plan(self) -> NativeDecoder | None:
         """This architecture's plan of the whole layer stack as one native call, or None where it does not apply:
         kernels.cpu.decoder's for the Llama-like models (None for weights not in native block formats, attention
