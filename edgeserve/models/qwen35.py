@@ -268,11 +268,7 @@ class Qwen35Model(LlamaModel):
         mixed, z, b, a = proj.split([d.conv_dim, d.value_dim, d.num_v_heads, d.num_v_heads], dim=-1)
         conv_state, recurrent = states.layer(layer.linear_index)
         o = gated_delta_net(mixed, z, a, b, layer.delta, d, conv_state, recurrent, states.batch)
-        return linear(self._matmul_input(o), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
-
-    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
-        """A float32 mixer output as the output projection takes it: in `act_dtype` (as it is on the CPU)."""
-        return x.to(self.act_dtype)
+        return linear(self.matmul_input(o), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
 
     def _attention(self, i: int, layer: Qwen35Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    attn, prompt_rows: PromptRows | None) -> torch.Tensor:
@@ -288,4 +284,4 @@ class Qwen35Model(LlamaModel):
         k_cache, v_cache, slots = attn.layer_cache(i)
         q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
         o = sigmoid_gate(attn.attend(i, q).view(t, heads, d), qg[:, :, d:]).view(t, heads * d)
-        return linear(self._matmul_input(o), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+        return linear(self.matmul_input(o), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]

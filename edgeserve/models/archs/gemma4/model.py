@@ -221,7 +221,7 @@ class Gemma4Model(LoadedDecoder):
             return None
         t, n, w = x.shape[0], c.num_layers, c.per_layer_input_size
         rows = table_rows(self.ple_table, input_ids).reshape(t * n, w)  # type: ignore[arg-type]
-        proj = linear(x.to(self.act_dtype), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
+        proj = linear(self.matmul_input(x), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
         # one native pass on CPU: torch's own threads on these [T, layers * width] ops stall beside the kernels'
         return scaled_norm_add(proj, rows, self.ple_proj_norm, c.rms_norm_eps, c.hidden_size ** -0.5, w ** 0.5,
                                2.0 ** -0.5).view(t, n, w)  # type: ignore[arg-type]
@@ -300,9 +300,9 @@ class Gemma4Model(LoadedDecoder):
                          prompt_rows: PromptRows | None) -> torch.Tensor:
         """What an E model's layer adds to the residual stream x from its per-layer input `ple` [T, width]:
         the normed projection of gelu_tanh(gate(x)) * ple."""
-        gate = linear(x.to(self.act_dtype), layer.ple_gate, None, prompt_rows).float()  # type: ignore[arg-type]
+        gate = linear(self.matmul_input(x), layer.ple_gate, None, prompt_rows).float()  # type: ignore[arg-type]
         g = gelu_tanh_and_mul(torch.cat([gate, ple], dim=-1))
-        g = linear(g.to(self.act_dtype), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
+        g = linear(self.matmul_input(g), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
         return rms_norm(g, layer.ple_norm, self.config.rms_norm_eps)  # type: ignore[arg-type]
 
     def _experts(self, layer: Gemma4Layer, x: torch.Tensor) -> torch.Tensor:
