@@ -13,8 +13,9 @@ random prompts), per prompt, and the share of expert choices that differ per MoE
     .venv/bin/python benchmarks/quality/activation_precision.py --case gemma4-26b-a4b --hidden 256 --head-dim 256
 
 `--kept FILE.gguf`: instead, a file beside_llama_server.py kept (`--keep`, with its `.results.pt`: the prompts,
-transformers' reference, llama-server's top 5 and the served run's log-probabilities): the f32-activations run on
-the same prompts, each engine's row against the reference as that script reports it.
+transformers' reference, llama-server's top 5 and the served run's log-probabilities): this tree's served path and
+the f32-activations run on the same prompts, beside the saved rows, each against the reference as that script
+reports it (no llama-server or transformers run: a few GB less than the script itself).
 """
 
 from __future__ import annotations
@@ -69,17 +70,27 @@ def drift(model, ref, prompts: list[list[int]], kv: str) -> list[float]:
 
 
 def kept_row(gguf: Path) -> None:
-    """beside_llama_server.py's numbers for a kept file: the served run and llama-server as saved, and the
-    f32-activations run made now, each against the saved reference over llama-server's top 5."""
+    """beside_llama_server.py's numbers for a kept file: the served run and llama-server as saved, this tree's
+    served path and the f32-activations run made now, each against the saved reference over llama-server's top 5."""
     from beside_llama_server import compare
 
     saved = torch.load(gguf.with_name(gguf.name + ".results.pt"))
+
+    def last_rows(model, kv: str = "auto") -> torch.Tensor:
+        return torch.stack([our_logits(model, ids, kv, prompt_len=len(ids))[-1]
+                            for ids in saved["prompts"]]).log_softmax(-1)
+
+    served = load_ours(gguf, dtype="auto").model  # this tree's served path, beside the saved one
+    now = [(f"served now (this tree, {served.dtype}, f16 KV)", last_rows(served))]
+    if served.dtype == torch.bfloat16:
+        now.append(("served now, bf16 KV", last_rows(served, "bf16")))
+    del served
     with blocks_at_float32():
-        model = load_ours(gguf, dtype="float32").model
-    f32act = torch.stack([our_logits(model, ids, prompt_len=len(ids))[-1] for ids in saved["prompts"]]).log_softmax(-1)
+        f32act = last_rows(load_ours(gguf, dtype="float32").model)
     n = len(saved["prompts"])
-    for name, ours in (("served (bf16, f16 KV)", saved["ours"]), ("served, bf16 KV", saved["bf16_kv"]),
-                       ("f32 activations, f32 KV", f32act)):
+    for name, ours in (("served as saved (bf16, f16 KV)", saved["ours"]), ("served as saved, bf16 KV",
+                                                                           saved["bf16_kv"]),
+                       *now, ("f32 activations, f32 KV", f32act)):
         if ours is None:  # the served run computed in float32 (an F32 file): no bf16 KV run beside it
             continue
         c = compare(saved["llama"], ours, saved["ref"])

@@ -146,6 +146,21 @@ class LlamaModel:
             if config.mrope_sections else None
         self._native: NativeDecoder | None | bool = False  # the fused native stack, planned on the first forward
 
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The dtype of the activations the layers' matmuls read, for an architecture whose layers read it (the
+        normed rows of Qwen3.5 and Gemma 4, per op and in their fused stacks; the mixer outputs of LFM2 / LFM3 and
+        the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
+        blocks or casts it to its weights' dtype itself, so a bf16 copy first only rounds it twice (llama.cpp keeps
+        them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Llama family's own forward,
+        gpt-oss, Gemma 2 / 3 and the Mamba-2 hybrids' normed rows still round to `dtype` (not measured)."""
+        return torch.float32 if self.device.type == "cpu" else self.dtype
+
+    def matmul_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A float32 row (a mixer's or the attention's output) as a matmul takes it: in `act_dtype` (as it is on
+        the CPU, whose matmuls cast or quantize their input themselves)."""
+        return x.to(self.act_dtype)
+
     def native_plan(self) -> NativeDecoder | None:
         """This architecture's plan of the whole layer stack as one native call, or None where it does not apply:
         kernels.cpu.decoder's for the Llama-like models (None for weights not in native block formats, attention

@@ -157,7 +157,7 @@ def mtp_forward(model: "Qwen35Model", head: MtpHead, token_ids: torch.Tensor, hi
     eps = model.config.rms_norm_eps
     e = model.embed_rows(token_ids) if head.embed is None else table_rows(head.embed, token_ids)
     x = torch.cat([rms_norm(e, head.enorm, eps), rms_norm(hidden.float(), head.hnorm, eps)], dim=-1)
-    x = linear(model._matmul_input(x), head.eh_proj).float()
+    x = linear(model.matmul_input(x), head.eh_proj).float()
     native = head_decoder(model, head)
     if native is not None and native.runs(attn):
         return native.forward(x, positions, attn)

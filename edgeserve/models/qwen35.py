@@ -223,14 +223,6 @@ class Qwen35Model(LlamaModel):
                  lm_head: LinearWeight, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device):
         set_rotary_decoder_fields(self, config, embed, layers, norm, lm_head, inv_freq, dtype, device)
 
-    @property
-    def act_dtype(self) -> torch.dtype:
-        """The dtype of the normed activations the layers' matmuls read (per op and in the fused stack): float32 on
-        the CPU, where every matmul quantizes its input to int8 blocks or casts it to its weights' dtype itself, so a
-        bf16 copy first only rounds it twice (llama.cpp keeps them float32 too; on a Q8_0 Qwen3.5 MoE file the
-        served drift from float32 fell 0.57 -> 0.48 nats, docs/MODELS.md); the compute dtype elsewhere."""
-        return torch.float32 if self.device.type == "cpu" else self.dtype
-
     def native_plan(self) -> NativeDecoder | None:
         """The fused plan (models.archs.qwen35.native_plan); None where it does not apply (weights or experts not in
         block formats, a GPU)."""
@@ -276,12 +268,7 @@ class Qwen35Model(LlamaModel):
         mixed, z, b, a = proj.split([d.conv_dim, d.value_dim, d.num_v_heads, d.num_v_heads], dim=-1)
         conv_state, recurrent = states.layer(layer.linear_index)
         o = gated_delta_net(mixed, z, a, b, layer.delta, d, conv_state, recurrent, states.batch)
-        return linear(self._matmul_input(o), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
-
-    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
-        """A float32 mixer output as the output projection takes it: as it is on the CPU (every CPU matmul casts or
-        quantizes its input itself: no bfloat16 copy first), in the model's dtype elsewhere."""
-        return x if x.device.type == "cpu" else x.to(self.dtype)
+        return linear(self.matmul_input(o), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
 
     def _attention(self, i: int, layer: Qwen35Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    attn, prompt_rows: PromptRows | None) -> torch.Tensor:
@@ -297,4 +284,4 @@ class Qwen35Model(LlamaModel):
         k_cache, v_cache, slots = attn.layer_cache(i)
         q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
         o = sigmoid_gate(attn.attend(i, q).view(t, heads, d), qg[:, :, d:]).view(t, heads * d)
-        return linear(self._matmul_input(o), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+        return linear(self.matmul_input(o), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]

@@ -117,3 +117,32 @@ def test_logit_softcap_native_matches_torch():
     got = softcap(x, 30.0)
     assert torch.allclose(got, torch.tanh(x / 30.0) * 30.0, rtol=1e-5, atol=1e-4)
     assert got.abs().max() < 30.0 < x.abs().max() and not torch.equal(got, x)
+
+
+@pytest.mark.parametrize("shape", ["e2b", "26b-a4b"])
+def test_bf16_block_matmuls_read_float32_activations(tmp_path, monkeypatch, shape):
+    """At bfloat16 on the CPU, a Q8_0 file's matmuls (which quantize their input to int8 blocks themselves) and the
+    26B-A4B's experts read the float32 normed rows, not a bf16 copy of them, per op (every layer's norms, the E
+    models' per-layer inputs) and in the fused stack (issue 54: a bf16 copy first rounds twice; llama.cpp keeps
+    them float32)."""
+    from edgeserve.models.moe import MoELayer
+
+    g = GGUFFile(write_gguf(hf_model(shape, **SHAPES.get(shape, {})), tmp_path / "g.gguf", q8_0=True))
+    config = config_from_gguf(g.metadata, set(g.tensor_names()))
+    model = Gemma4Model.from_weights(config, GGUFWeights(g, config.num_heads, config.num_kv_heads),
+                                     dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16 and model.act_dtype == torch.float32
+    assert all(isinstance(layer.qkv, BlockWeight) for layer in model.layers)
+    assert (config.per_layer_input_size > 0) == (shape == "e2b") and config.is_moe == (shape == "26b-a4b")
+    seen: list[torch.dtype] = []
+    matmul, mix = BlockWeight.matmul, MoELayer.mix
+    monkeypatch.setattr(BlockWeight, "matmul", lambda self, x, out=None: seen.append(x.dtype) or matmul(self, x, out))
+    monkeypatch.setattr(MoELayer, "mix", lambda self, h, w, e: seen.append(h.dtype) or mix(self, h, w, e))
+    # the per-op path over the served pool (float16: float32 queries and attention outputs; a bf16 pool's are bf16)
+    hidden, _ = run_steps(model, False, [[(0, 9)], [(0, 1)]], torch.float16)
+    assert len(seen) > 4 * len(model.layers) and set(seen) == {torch.float32}
+    assert hidden[0].dtype == torch.float32
+    if shape == "e2b":  # the fused stack (the 26B-A4B's experts run per op)
+        model._native = False  # planned again
+        plan = model.native_decoder()
+        assert isinstance(plan, NativeDecoder) and plan.decoder.act_bf16 == 0 and plan.act_dtype == torch.float32

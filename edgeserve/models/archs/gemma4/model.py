@@ -221,7 +221,7 @@ class Gemma4Model(LoadedDecoder):
             return None
         t, n, w = x.shape[0], c.num_layers, c.per_layer_input_size
         rows = table_rows(self.ple_table, input_ids).reshape(t * n, w)  # type: ignore[arg-type]
-        proj = linear(x.to(self.dtype), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
+        proj = linear(self.matmul_input(x), self.ple_model_proj).float().reshape(t * n, w)  # type: ignore[arg-type]
         # one native pass on CPU: torch's own threads on these [T, layers * width] ops stall beside the kernels'
         return scaled_norm_add(proj, rows, self.ple_proj_norm, c.rms_norm_eps, c.hidden_size ** -0.5, w ** 0.5,
                                2.0 ** -0.5).view(t, n, w)  # type: ignore[arg-type]
@@ -259,7 +259,8 @@ class Gemma4Model(LoadedDecoder):
         eps, t, heads = c.rms_norm_eps, x.shape[0], c.num_heads
         rope_global = self.cos[positions], self.sin[positions]
         rope_local = self.cos_local[positions], self.sin_local[positions]
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
+        act = self.act_dtype  # the normed rows the matmuls read: float32 on the CPU (issue 54)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(act)
         for i, layer in enumerate(self.layers):
             d = layer.head_dim
             cos, sin = rope_global if layer.window is None else rope_local
@@ -278,30 +279,30 @@ class Gemma4Model(LoadedDecoder):
             o = attn.attend(i, q, window=layer.window, scale=1.0,  # type: ignore[attr-defined]
                             spans=layer.window is not None)
             o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), layer.post_attn_norm, eps)
-            h, x = add_rms_norm(o, x, layer.pre_ffn_norm, eps, self.dtype)
+            h, x = add_rms_norm(o, x, layer.pre_ffn_norm, eps, act)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
             if layer.moe is not None:
                 y = rms_norm(y, layer.post_ffn_norm_1, eps) + self._experts(layer, x)
             y = rms_norm(y, layer.post_ffn_norm, eps)
             nxt = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             if ple is None and layer.scale == 1.0:
-                h, x = add_rms_norm(y, x, nxt, eps, self.dtype)
+                h, x = add_rms_norm(y, x, nxt, eps, act)
                 continue
             x = x + y
             if ple is not None:
                 x = x + self._per_layer_input(layer, x, ple[:, i], prompt_rows)
             if layer.scale != 1.0:
                 x = x * layer.scale
-            h = rms_norm(x, nxt, eps).to(self.dtype)
+            h = rms_norm(x, nxt, eps).to(act)
         return h
 
     def _per_layer_input(self, layer: Gemma4Layer, x: torch.Tensor, ple: torch.Tensor,
                          prompt_rows: PromptRows | None) -> torch.Tensor:
         """What an E model's layer adds to the residual stream x from its per-layer input `ple` [T, width]:
         the normed projection of gelu_tanh(gate(x)) * ple."""
-        gate = linear(x.to(self.dtype), layer.ple_gate, None, prompt_rows).float()  # type: ignore[arg-type]
+        gate = linear(self.matmul_input(x), layer.ple_gate, None, prompt_rows).float()  # type: ignore[arg-type]
         g = gelu_tanh_and_mul(torch.cat([gate, ple], dim=-1))
-        g = linear(g.to(self.dtype), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
+        g = linear(self.matmul_input(g), layer.ple_proj, None, prompt_rows)  # type: ignore[arg-type]
         return rms_norm(g, layer.ple_norm, self.config.rms_norm_eps)  # type: ignore[arg-type]
 
     def _experts(self, layer: Gemma4Layer, x: torch.Tensor) -> torch.Tensor:
@@ -310,7 +311,7 @@ class Gemma4Model(LoadedDecoder):
         eps = self.config.rms_norm_eps
         weights, experts = layer.moe.route(rms_norm(x, self._unit, eps))  # type: ignore[union-attr]
         weights = weights * layer.per_expert_scale[experts]  # type: ignore[index]
-        h = rms_norm(x, layer.pre_ffn_norm_2, eps).to(self.dtype)  # type: ignore[arg-type]
+        h = rms_norm(x, layer.pre_ffn_norm_2, eps).to(self.act_dtype)  # type: ignore[arg-type]
         y = layer.moe.mix(h, weights, experts)  # type: ignore[union-attr]
         return rms_norm(y, layer.post_ffn_norm_2, eps)  # type: ignore[arg-type]
 

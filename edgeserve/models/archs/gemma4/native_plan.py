@@ -78,9 +78,9 @@ def build_gemma4(model) -> NativeDecoder | None:
                           0.0 if layer.scale == 1.0 else layer.scale)
     first = layers[0]
     decoder = Decoder(len(layers), c.hidden_size, c.num_heads, first.kv_heads, model.cos.shape[1] * 2,
-                      first.gate_up.shape[0] // 2, c.rms_norm_eps, 1.0, model.dtype == torch.bfloat16, True,
+                      first.gate_up.shape[0] // 2, c.rms_norm_eps, 1.0, model.act_dtype == torch.bfloat16, True,
                       ptr(first.input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin),
                       ptr(model.cos_local), ptr(model.sin_local), model.cos_local.shape[1], w)
     windows = [layer.window for layer in layers if layer.window is not None]
-    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed=bool(windows),
+    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.act_dtype, windowed=bool(windows),
                          min_window=min(windows, default=0))

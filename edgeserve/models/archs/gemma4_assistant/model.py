@@ -97,7 +97,7 @@ class Gemma4AssistantModel(Gemma4Model):
         """(float32 logits [T, vocab], the next rows' h [T, target hidden]) for rows of (the target's scaled
         embedding of a token, the target's or the previous draft's h) at `positions`, over the target's K/V (`attn`:
         a view whose layer i is the target layer this one reads)."""
-        x = torch.cat([embeds.float(), hidden.float()], dim=-1).to(self.dtype)
+        x = self.matmul_input(torch.cat([embeds.float(), hidden.float()], dim=-1))
         h = self.layer_stack(linear(x, self.pre_projection).float(), positions, attn)
         return self.logits(h), linear(h, self.post_projection).float()
 

@@ -190,7 +190,7 @@ class Lfm2Model(LoadedDecoder):
                 (conv_state,) = states.layer(layer.conv_index)
                 y = gated_short_conv(linear(h, layer.in_proj, None, prompt_rows),  # type: ignore[arg-type]
                                      layer.conv, conv_state, states.batch)
-                y = linear(self._matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
+                y = linear(self.matmul_input(y), layer.out_proj, None, prompt_rows)  # type: ignore[arg-type]
             else:
                 y = self._attention(i, layer, h, attn, ropes, prompt_rows)
             if layer.post_mixer_norm is not None:
@@ -233,11 +233,6 @@ class Lfm2Model(LoadedDecoder):
         if self.config.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
         return weights, experts
-
-    def _matmul_input(self, x: torch.Tensor) -> torch.Tensor:
-        """A float32 mixer output as out_proj takes it: as it is on the CPU (CPU matmuls cast their input), in the
-        model's dtype elsewhere."""
-        return x if x.device.type == "cpu" else x.to(self.dtype)
 
 
 def model_class(config: ModelConfig) -> type[Lfm2Model]:

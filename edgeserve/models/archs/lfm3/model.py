@@ -103,7 +103,7 @@ class Lfm3Model(Lfm2Model):
         if layer.gated:
             gate = qkv[:, c.q_size + 2 * c.kv_size:].float()
             o = sigmoid_gate(o.view(t, heads, d), gate[:, :, None].expand(t, heads, d)).view(t, heads * d)
-        return linear(o if o.device.type == "cpu" else o.to(self.dtype), layer.o_proj, None,  # type: ignore[arg-type]
+        return linear(self.matmul_input(o), layer.o_proj, None,  # type: ignore[arg-type]
                       prompt_rows)
 
 

@@ -100,7 +100,7 @@ def run_mamba2(model: LlamaModel, w: Mamba2Weights, index: int, h: torch.Tensor,
     conv_state, ssm_state = states.layer(index)
     y = mamba2_mixer(linear(h, w.in_proj, None, prompt_rows), model.dims, w.conv, w.conv_bias, w.dt_bias, w.A,
                      w.D, w.norm, model.config.rms_norm_eps, conv_state, ssm_state, states.batch, ssd_scan)
-    return linear(y if y.device.type == "cpu" else y.to(model.dtype), w.out_proj, None, prompt_rows)
+    return linear(model.matmul_input(y), w.out_proj, None, prompt_rows)
 
 
 class Mamba2HybridDecoder(PerOpHybridDecoder):
