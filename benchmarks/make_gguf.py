@@ -25,7 +25,9 @@ SmolLM2's vocabulary plus SmolVLM's 128 added tokens at their ids (<global-img>,
 llama-server and edgeserve); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
 of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer). The vocabulary is
 the tokenizer's unless the shape pads it. lfm2.5-1.2b: LFM2 / LFM2.5-1.2B, architecture lfm2 (10 short-conv and 6
-attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0). nemotron3-nano-4b (Nemotron 3
+attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0); lfm3-1.7b: LFM3-1.7B,
+architecture lfm3 (our extension of lfm2's keys: llama.cpp has no lfm3; 13 short-conv, 5 sliding-window and 6 global
+layers; vocabulary padded to 128,000). nemotron3-nano-4b (Nemotron 3
 Nano 4B, architecture nemotron_h: 21 Mamba-2, 17 MLP and 4 attention blocks), granite4-h-tiny (Granite 4 H Tiny,
 granitehybrid: 36 Mamba-2 and 4 attention layers, 64 experts of 512, 6 a token, beside a shared 1,024) and
 granite4-h-micro (Granite 4 H Micro, granitehybrid dense): vocabularies padded to theirs (Q4_K_M, Q8_0 or Q4_0).

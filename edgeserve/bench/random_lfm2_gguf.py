@@ -7,6 +7,11 @@ Layers listed in `attention` are GQA attention (`attn_q`, `attn_k`, `attn_v`, `a
 layer has `attn_norm` (LFM2's operator norm), `ffn_norm` and the SwiGLU FFN; `token_embd_norm` is the final norm.
 The output head is tied to the embeddings, as in the released models. Norm weights are ones; see
 edgeserve.bench.random_gguf for the block formats and mixes.
+
+An LFM3 shape (arch `lfm3`: our extension of these keys, pending llama.cpp, as edgeserve.models.archs.lfm3 reads it)
+adds the per-head gate (`attn_gate` [heads, hidden]), the sandwich norms (`post_attention_norm`, `post_ffw_norm`),
+the sliding layers' window, pattern and RoPE base, and the global layers' proportional RoPE as `rope_freqs` (1 on the
+rotated frequency pairs, 1e30 on the others).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ class Lfm2Shape(TextShape):
     vocab: int
     conv_kernel: int = 3  # conv_L_cache
     arch: str = "lfm2"
+    sliding: tuple[int, ...] = ()  # LFM3: the attention layers with a sliding window (the others are global)
+    window: int = 0  # LFM3: their window
+    rotated: float = 1.0  # LFM3: the global layers' rotated share of each head's frequency pairs
 
     @property
     def head_dim(self) -> int:
@@ -38,6 +46,12 @@ class Lfm2Shape(TextShape):
 LFM2_SHAPES = {
     "lfm2.5-1.2b": Lfm2Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
                              attention=(2, 5, 8, 10, 12, 14), vocab=65536),
+    # LFM3-1.7B (transformers' Lfm3Config defaults, "LiquidAI/LFM3-1.7B": hidden 2048, 24 layers, 16 heads of 128,
+    # 4 KV heads, MLP 7680, conv_L_cache 7; global at i % 4 == 2, sliding (256) at the other multiples of 4;
+    # proportional RoPE on half the pairs)
+    "lfm3-1.7b": Lfm2Shape(hidden=2048, layers=24, heads=16, kv_heads=4, ffn=7680,
+                           attention=tuple(i for i in range(24) if i % 4 == 2 or (i % 4 == 0 and i)), vocab=128000,
+                           conv_kernel=7, arch="lfm3", sliding=(4, 8, 12, 16, 20), window=256, rotated=0.5),
 }
 
 
@@ -51,6 +65,8 @@ def lfm2_tensor_shapes(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
         if i in shape.attention:
             out.update({p + "attn_q.weight": (h, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
                         p + "attn_output.weight": (h, h)})
+            if shape.arch == "lfm3":
+                out[p + "attn_gate.weight"] = (shape.heads, h)
         else:
             out.update({p + "shortconv.in_proj.weight": (3 * h, h), p + "shortconv.out_proj.weight": (h, h)})
     return out
@@ -60,9 +76,13 @@ def lfm2_f32_tensors(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
     """The float32 tensors by GGUF name: norms and the convolutions' weights."""
     h = shape.hidden
     out: dict[str, tuple[int, ...]] = {"token_embd_norm.weight": (h,)}
+    if shape.arch == "lfm3":
+        out["rope_freqs.weight"] = (shape.head_dim // 2,)
     for i in range(shape.layers):
         p = f"blk.{i}."
         out.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,)})
+        if shape.arch == "lfm3":
+            out.update({p + "post_attention_norm.weight": (h,), p + "post_ffw_norm.weight": (h,)})
         if i in shape.attention:
             out.update({p + "attn_q_norm.weight": (shape.head_dim,), p + "attn_k_norm.weight": (shape.head_dim,)})
         else:
@@ -105,6 +125,8 @@ def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_fr
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(shape.vocab)
     w.add_shortconv_l_cache(shape.conv_kernel)
+    if shape.arch == "lfm3":
+        _add_lfm3_keys(w, shape)
     copy_tokenizer(w, src, pad=shape.vocab - vocab)
     types = lfm2_tensor_types(shape, mix)
     plan = [(name, dims, "F32") for name, dims in lfm2_f32_tensors(shape).items()]
@@ -114,7 +136,20 @@ def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_fr
     def values(name: str, dims: tuple[int, ...]) -> np.ndarray | None:
         if name.endswith("shortconv.conv.weight"):
             return rng.normal(0, 0.3, size=dims).astype(np.float32)
+        if name == "rope_freqs.weight":
+            rotated = int(dims[0] * shape.rotated)
+            return np.array([1.0] * rotated + [1e30] * (dims[0] - rotated), dtype=np.float32)
         return None  # norms: ones
 
     write_plan(w, plan, rng, values)
     return Path(path)
+
+
+def _add_lfm3_keys(w, shape: Lfm2Shape) -> None:
+    """LFM3's keys beyond LFM2's: the head size, the sliding layers' window, pattern and RoPE base."""
+    arch = shape.arch
+    w.add_uint32(f"{arch}.attention.key_length", shape.head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", shape.head_dim)
+    w.add_uint32(f"{arch}.attention.sliding_window", shape.window)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", [i in shape.sliding for i in range(shape.layers)])
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)

@@ -31,7 +31,7 @@ class Attention(ctypes.Structure):
 
     _fields_ = [("qkv", QWeight), ("o", QWeight), ("qkv_bias", _p), ("q_norm", _p), ("k_norm", _p), ("v_norm", _p),
                 ("sinks", _p), ("o_bias", _p), ("D", _i32), ("Hkv", _i32), ("window", _i32), ("local_rope", _i32),
-                ("kv_shared", _i32), ("k_eq_v", _i32), ("gate", _i32)]
+                ("kv_shared", _i32), ("k_eq_v", _i32), ("gate", _i32), ("head_gate", _i32)]
 
 
 class Mixer(ctypes.Structure):

@@ -235,7 +235,7 @@ SIGNATURES = {
     "qmm_ssd_rule": ([_p, _p, _p, _i64, _p, _p, _p, _i32, _i32, _i32, _i32, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_ssd_mix": ([_p, _p, _i32, _p, _i64, _p, _p], None),
     "qmm_head_rms_norm": ([_p, _i64, _i64, _p, _i64, _i64, _i32, _i32, _i32, _p, _f32, _p], None),
-    "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i32, _i32, _i32, _p], None),
+    "qmm_sigmoid_gate": ([_p, _i32, _p, _i64, _i64, _i64, _i32, _i32, _i32, _p], None),
     "qmm_moe_matmul": ([_i32, _p, _p, _p, _p, _p, _i32, _p, _p, _p, _i32, _p, _p, _p, _i64], _i32),
     "qmm_f32_matmul": ([_p, _i32, _i64, _i32, _p, _i32, _i32, _p, _i64], _i32),
     "qmm_moe_forward": ([_p, _i32, _p, _i32, _i64, _p, _p, _i32, _p], _i32),
@@ -915,13 +915,16 @@ def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Te
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """o [T, H, D] (contiguous, float32 or bfloat16) times sigmoid(gate [T, H, D]), float32 [T, H, D], the gate
-    read in place whatever its strides; None when the inputs are not ones it takes."""
+    read in place whatever its token and head strides: a gate per value, or one per head expanded over its values
+    (stride 0: the sigmoid taken once per head); None when the inputs are not ones it takes."""
     lib = lib or library()
     t, h, d = o.shape
-    if (lib is None or o.dtype not in _FLOATS or not o.is_contiguous()
-            or not _heads(gate) or gate.shape != o.shape or d > GDN_MAX_HEAD_DIM):
+    per_head = gate.dim() == 3 and gate.stride(2) == 0
+    if (lib is None or o.dtype not in _FLOATS or not o.is_contiguous() or gate.shape != o.shape
+            or not (per_head and gate.dtype == torch.float32 and gate.device.type == "cpu" or _heads(gate))
+            or d > GDN_MAX_HEAD_DIM):
         return None
     out = torch.empty(t, h, d, dtype=torch.float32)
     lib.qmm_sigmoid_gate(o.data_ptr(), o.dtype == torch.bfloat16, gate.data_ptr(), gate.stride(0), gate.stride(1),
-                         t, h, d, out.data_ptr())
+                         gate.stride(2), t, h, d, out.data_ptr())
     return out

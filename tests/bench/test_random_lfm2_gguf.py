@@ -52,3 +52,26 @@ def test_a_small_lfm2_file_loads_and_runs(tmp_path, tokenizer):
     assert (c.architecture, c.num_layers, c.num_linear_layers, c.num_kv_heads, c.intermediate_size) == (
         "lfm2", 4, 2, 2, 512)
     assert torch.isfinite(our_logits(loaded.model, [1, 5, 9, 3, 7, 2, 8, 4] * 3)).all()
+
+
+def test_a_small_lfm3_file_loads_and_runs_fused(tmp_path, tokenizer):
+    """LFM3-1.7B's layout in small (arch lfm3: conv, sliding and global layers, the gate, the sandwich norms,
+    proportional RoPE) reads back as its shape and plans the fused stack with its attention options."""
+    from converter_parity import load_ours, our_logits
+
+    from edgeserve.kernels.cpu import native as cpu_native
+
+    real = LFM2_SHAPES["lfm3-1.7b"]
+    assert (real.layers - len(real.attention), len(real.sliding), len(real.attention) - len(real.sliding)) == (13, 5, 6)
+    shape = dataclasses.replace(real, hidden=256, heads=4, kv_heads=2, ffn=512, layers=9, vocab=512, window=4)
+    loaded = load_ours(write_random_lfm2(tmp_path / "s3.gguf", shape, "Q8_0", tokenizer), dtype="auto")
+    c, model = loaded.config, loaded.model
+    assert (c.architecture, c.num_layers, c.num_linear_layers, c.head_dim, c.sandwich_norms) == (
+        "lfm3", 9, 5, 64, True)
+    assert [layer.window for layer in model.layers if layer.conv is None] == [None, 4, None, 4]
+    assert all(layer.gated for layer in model.layers if layer.conv is None)
+    assert torch.equal(model.cos[:, 16:], torch.ones_like(model.cos[:, 16:]))  # the unrotated half of the pairs
+    if cpu_native.available():
+        plan = model.native_decoder()
+        assert plan is not None and [plan.layers[i].attn.head_gate for i in (2, 4)] == [1, 1]
+    assert torch.isfinite(our_logits(model, [1, 5, 9, 3, 7, 2, 8, 4] * 3)).all()

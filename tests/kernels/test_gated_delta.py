@@ -475,6 +475,23 @@ def test_native_sigmoid_gate_matches_float64(lib, t, h, d, dtype):
 
 
 @native
+@pytest.mark.parametrize("t,h,d", [(1, 1, 8), (7, 3, 24), (37, 5, 100), (9, 16, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_per_head_sigmoid_gate_matches_the_twin(lib, t, h, d, dtype):
+    """One gate per head (LFM3's: the last h values of a projection's rows, expanded over the head's d values with
+    stride 0) scales every value of its head, as the torch twin and float64 do; the other heads' gates stay theirs."""
+    gen = torch.Generator().manual_seed(t + h)
+    o = (torch.randn(t, h, d, generator=gen) * 2).to(dtype)
+    rows = torch.randn(t, 3 * h + 5, generator=gen) * 3
+    gate = rows[:, -h:, None].expand(t, h, d)
+    assert gate.stride(2) == 0
+    got = cpu_native.sigmoid_gate(o, gate, lib=lib)
+    close(got, o.double() * torch.sigmoid(rows[:, -h:].double())[:, :, None])
+    close(got, dispatch._act.sigmoid_gate(o, gate))
+    assert torch.equal(got, cpu_native.sigmoid_gate(o, gate.contiguous(), lib=lib))  # the values' own gates alike
+
+
+@native
 def test_native_head_kernels_are_batch_invariant(lib):
     """A token's rows from the norm / gate kernels are the same bits alone as among 37 tokens."""
     x, z = head_views(37, 5, 100, seed=3)

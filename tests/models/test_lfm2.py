@@ -151,7 +151,8 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
 
 def test_lfm3_q8_0_gguf_serves_batched_as_alone(default_model_path, tmp_path_factory) -> None:
     """Our lfm3 GGUF in Q8_0 (support.gguf_writer) served at the default dtype: the matrices (the gate's rows
-    stacked after q, k, v) stay in block format on the native kernels, and outputs are the same batched or alone."""
+    stacked after q, k, v) stay in block format on the native kernels, the fused stack runs them
+    (test_lfm2_fused), and outputs are the same batched or alone."""
     from converter_parity import load_ours
     from support.gguf_writer import write_model_gguf
 
@@ -163,7 +164,7 @@ def test_lfm3_q8_0_gguf_serves_batched_as_alone(default_model_path, tmp_path_fac
     lm = load_ours(write_model_gguf(model, folder.parent / "lfm3.q8_0.gguf", "lfm3", qtype="Q8_0"), dtype="auto")
     attention = lm.model.layers[2]
     assert lm.model.dtype == torch.bfloat16 and attention.gated and not isinstance(attention.qkv, torch.Tensor)
-    assert lm.model.native_decoder() is None  # its per-head scalar gate is no attention-block option: per-op
+    assert lm.model.native_decoder() is not None  # the fused stack (models.archs.lfm3.native_plan)
     llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
     ps = prompts(7, 19, 33, seed=41)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

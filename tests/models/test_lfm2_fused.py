@@ -1,9 +1,11 @@
-"""LFM2 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.lfm2.native_plan): gated
-short-conv mixer blocks over the state pool's conv slots in place, attention with per-head Q/K norms, the SwiGLU MLP,
-in one native call per step. On a Q8_0 GGUF at bfloat16 it gives the per-op path's hidden states (so its logits),
-K/V pool and conv states bit for bit through prompt chunks and decodes beside other sequences; through the engine
-its greedy tokens are the per-op path's, batched, chunked, alone, on a prefix-cache hit and under speculation with
-drafts rolled back. LFM3 and LFM2-MoE stay on the per-op path (native_plan says why)."""
+"""LFM2 and LFM3 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.lfm2.native_plan and
+models.archs.lfm3.native_plan): gated short-conv mixer blocks over the state pool's conv slots in place, attention
+with per-head Q/K norms (LFM3's: sliding-window layers with their own RoPE tables, global ones with proportional
+RoPE, a sigmoid gate per head, sandwich norms), the SwiGLU MLP, in one native call per step. Each module-fixture test
+runs for both. On a Q8_0 GGUF at bfloat16 the stack gives the per-op path's hidden states (so its logits), K/V pool
+and conv states bit for bit through prompt chunks and decodes beside other sequences; through the engine its greedy
+tokens are the per-op path's, batched, chunked, alone, on a prefix-cache hit and under speculation with drafts rolled
+back. LFM2-MoE stays on the per-op path (native_plan says why)."""
 
 from __future__ import annotations
 
@@ -25,16 +27,19 @@ from edgeserve.kernels.cpu import native as cpu_native  # noqa: E402
 from edgeserve.kernels.cpu.decoder import NativeDecoder  # noqa: E402
 from edgeserve.llm import LLM  # noqa: E402
 from edgeserve.models.archs.lfm2.native_plan import build_lfm2  # noqa: E402
+from edgeserve.models.archs.lfm3.native_plan import build_lfm3  # noqa: E402
 from edgeserve.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no native CPU kernels here")
 
 
-@pytest.fixture(scope="module")
-def lm(default_model_path, tmp_path_factory):
-    """The tiny LFM2 of the converter case as our Q8_0 GGUF, loaded at the default dtype (bfloat16)."""
-    model, folder = make_checkpoint("lfm2", default_model_path, tmp_path_factory)
-    loaded = load_ours(write_model_gguf(model, folder.parent / "lfm2.q8_0.gguf", "lfm2", qtype="Q8_0"), dtype="auto")
+@pytest.fixture(scope="module", params=["lfm2", "lfm3"])
+def lm(request, default_model_path, tmp_path_factory):
+    """The tiny LFM2 (LFM3) of the converter case as our Q8_0 GGUF, loaded at the default dtype (bfloat16)."""
+    arch = request.param
+    model, folder = make_checkpoint(arch, default_model_path, tmp_path_factory)
+    loaded = load_ours(write_model_gguf(model, folder.parent / f"{arch}.q8_0.gguf", arch, qtype="Q8_0"),
+                       dtype="auto")
     assert loaded.model.dtype == torch.bfloat16 and isinstance(loaded.model.native_decoder(), NativeDecoder)
     return loaded
 
@@ -56,6 +61,12 @@ def test_lfm2_fused_stack_equals_the_per_op_path(lm):
     plan = model.native_decoder()
     convs = [i for i, layer in enumerate(model.layers) if layer.conv is not None]
     assert convs and all(plan.layers[i].mixer.conv for i in convs)  # the conv layers are mixer blocks
+    if model.config.architecture == "lfm3":  # its attention options and sandwich norms are in the plan
+        attention = [(i, layer) for i, layer in enumerate(model.layers) if layer.conv is None]
+        assert all(plan.layers[i].attn.head_gate == 1 and plan.layers[i].attn.window == (layer.window or 0) and
+                   plan.layers[i].attn.local_rope == (layer.window is not None) for i, layer in attention)
+        assert {layer.window for _, layer in attention} == {None, 5} and plan.windowed and plan.min_window == 5
+        assert all(plan.layers[i].norms.mix_out and plan.layers[i].norms.ffn_out for i in range(len(model.layers)))
     fused, fused_kv, fused_states = run_steps(model, True)
     per_op, per_op_kv, per_op_states = run_steps(model, False)
     for step, (a, b) in enumerate(zip(fused, per_op)):
@@ -104,7 +115,8 @@ def test_lfm2_prefix_hit_and_speculation_fused(lm):
     assert_empty(spec)
 
 
-def test_lfm2_unquantized_matrices_stay_per_op(default_model_path, tmp_path_factory):
-    model, folder = make_checkpoint("lfm2", default_model_path, tmp_path_factory)
-    f32 = load_ours(write_model_gguf(model, folder.parent / "lfm2.f32.gguf", "lfm2", qtype="F32"), dtype="auto")
-    assert build_lfm2(f32.model) is None  # not block formats
+@pytest.mark.parametrize("arch,build", [("lfm2", build_lfm2), ("lfm3", build_lfm3)])
+def test_lfm2_unquantized_matrices_stay_per_op(default_model_path, tmp_path_factory, arch, build):
+    model, folder = make_checkpoint(arch, default_model_path, tmp_path_factory)
+    f32 = load_ours(write_model_gguf(model, folder.parent / f"{arch}.f32.gguf", arch, qtype="F32"), dtype="auto")
+    assert build(f32.model) is None  # not block formats

@@ -10,9 +10,9 @@ static inline float softplus_torch(float x) { return x > 20.0f ? x : log1pf(expf
 /* RMSNorm of each [T, H] head of x (D values, heads ldhx apart), times weight; gated by SiLU(z) where z is given. */
 void qmm_head_rms_norm(const float *x, int64_t ldx, int64_t ldhx, const float *z, int64_t ldz, int64_t ldhz, int T,
                        int H, int D, const float *weight, float eps, float *out);
-/* out = o * sigmoid(gate), per head. */
-void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
-                      float *out);
+/* out = o * sigmoid(gate), per head: a gate per value (lde 1) or one per head (lde 0). */
+void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int64_t lde, int T,
+                      int H, int D, float *out);
 /* The causal depthwise conv (+ bias when not NULL, then SiLU when silu) over a ragged batch, each sequence from its
    conv state (the Gated DeltaNet's: SiLU, no bias; Mamba-2's: SiLU and a bias; a short convolution's: neither). */
 void qmm_causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,

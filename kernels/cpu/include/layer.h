@@ -27,7 +27,8 @@ typedef struct {
 } qweight_t;
 
 /* The attention block: qkv matmul (+ bias) -> [per-head q / k / v norms] -> RoPE + K/V write into the paged pool ->
-   paged attention [over a sliding window, with sinks] -> [times the sigmoid gate] -> o matmul (+ bias). */
+   paged attention [over a sliding window, with sinks] -> [times the sigmoid gate, per value or per head] -> o matmul
+   (+ bias). */
 typedef struct {
     qweight_t qkv, o;        /* qkv: [q, k, v] rows (q alone when kv_shared; [q, k] when k_eq_v) */
     const float *qkv_bias;   /* float32 [q + 2 kv], or NULL */
@@ -42,6 +43,8 @@ typedef struct {
     int32_t k_eq_v;          /* qkv is q and k: V is K before K's norm and RoPE */
     int32_t gate;            /* qkv is [q | gate] per head, then k, v: q and k normed per head into rows of their
                                 own, the attention output times sigmoid(gate) before o */
+    int32_t head_gate;       /* qkv ends with one gate row per head (after v): each head's attention output times
+                                sigmoid(its gate) before o */
 } attention_t;
 
 /* A recurrent mixer in place of the attention: in_proj matmul -> a Gated DeltaNet (qmm_gdn_mix, gated_delta.c), a

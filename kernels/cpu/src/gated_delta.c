@@ -455,7 +455,7 @@ typedef struct {
     const void *o;
     int o_bf16;
     const float *gate;
-    int64_t ldg, ldhg;
+    int64_t ldg, ldhg, lde;
     int H, D;
     float *out;
 } sigmoid_gate_t;
@@ -466,17 +466,19 @@ static void sigmoid_gate_row(void *ctx, int task) {
     const int64_t at = ((int64_t)t * a->H + h) * D;
     const float *restrict g = a->gate + t * a->ldg + h * a->ldhg;
     float sig[GDN_MAX_DIM];
-    sigmoid_n(g, D, sig);
+    sigmoid_n(g, a->lde ? D : 1, sig); /* lde 0: one gate for the head's D values */
     float *out = a->out + at; /* may be o */
     for (int i = 0; i < D; i++)
-        out[i] = (a->o_bf16 ? bf16_value((const uint16_t *)a->o, at + i) : ((const float *)a->o)[at + i]) * sig[i];
+        out[i] = (a->o_bf16 ? bf16_value((const uint16_t *)a->o, at + i) : ((const float *)a->o)[at + i]) *
+                 sig[a->lde ? i : 0];
 }
 
-/* out [T, H, D] float32 = o * sigmoid(gate) (Qwen3.5's gated attention output): o [T, H, D] contiguous (bf16 when
-   o_bf16), gate[t, h] at gate + t * ldg + h * ldhg; D <= 512; out may be o when o is float32. */
-void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int T, int H, int D,
-                      float *out) {
-    sigmoid_gate_t a = {o, o_bf16, gate, ldg, ldhg, H, D, out};
+/* out [T, H, D] float32 = o * sigmoid(gate) (a gated attention output): o [T, H, D] contiguous (bf16 when o_bf16),
+   gate[t, h, i] at gate + t * ldg + h * ldhg + i * lde: lde 1, a gate per value (Qwen3.5's), or 0, one scalar per
+   head (LFM3's); D <= 512; out may be o when o is float32. */
+void qmm_sigmoid_gate(const void *o, int o_bf16, const float *gate, int64_t ldg, int64_t ldhg, int64_t lde, int T,
+                      int H, int D, float *out) {
+    sigmoid_gate_t a = {o, o_bf16, gate, ldg, ldhg, lde, H, D, out};
     pool_run(sigmoid_gate_row, &a, T * H, (int64_t)T * H * D >= 16384);
 }
 

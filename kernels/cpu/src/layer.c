@@ -1,9 +1,10 @@
 /* A whole decoder stack for one flat batch of rows in one call, composed of the blocks layer.h declares. Per layer:
 
      h -> token mixer: the attention block (qkv matmul (+ bias) -> [q / k / v norms per head] -> RoPE + K/V write
-          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate] -> o matmul (+ bias)), or a
-          recurrent mixer in its place (in_proj -> a Gated DeltaNet's qmm_gdn_mix, a gated short convolution's
-          qmm_conv_mix or a Mamba-2 one's qmm_ssd_mix over the step's recurrent states -> out_proj)
+          into the paged pool -> paged attention [window, sinks] -> [sigmoid gate, per value or per head] -> o
+          matmul (+ bias)), or a recurrent mixer in its place (in_proj -> a Gated DeltaNet's qmm_gdn_mix, a gated
+          short convolution's qmm_conv_mix or a Mamba-2 one's qmm_ssd_mix over the step's recurrent states ->
+          out_proj)
        -> [RMSNorm] -> [times the branch scale] -> residual add + RMSNorm
        -> feed-forward: the gated MLP block (gate_up -> SiLU- or GELU-mul -> down; or up -> relu^2 -> down), or a
           Mixture-of-Experts one (moe_layer.c) in its place
@@ -137,7 +138,7 @@ static attn_dims_t attn_dims(const decoder_t *m, const attention_t *a) {
     d.Hkv = a->Hkv ? a->Hkv : m->Hkv;
     d.qd = m->H * d.D;
     d.kvd = a->kv_shared ? 0 : d.Hkv * d.D;
-    d.nqkv = (a->gate ? 2 * d.qd : d.qd) + (a->k_eq_v ? 1 : 2) * d.kvd;
+    d.nqkv = (a->gate ? 2 * d.qd : d.qd) + (a->k_eq_v ? 1 : 2) * d.kvd + (a->head_gate ? m->H : 0);
     return d;
 }
 
@@ -167,7 +168,7 @@ static widths_t layer_widths(const decoder_t *m) {
         const layer_t *L = m->layers + i;
         const attn_dims_t d = attn_dims(m, &L->attn);
         w.qd = imax(w.qd, d.qd);
-        w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd);
+        w.nqkv = imax(w.nqkv, d.qd + 2 * d.kvd + (L->attn.head_gate ? m->H : 0));
         w.f = imax(w.f, L->mlp.F ? L->mlp.F : m->F);
         w.kvd = imax(w.kvd, d.Hkv * d.D);
         if (recurrent_mixer(&L->mixer)) { /* the mixer's scratch and output; o's input width */
@@ -178,6 +179,8 @@ static widths_t layer_widths(const decoder_t *m) {
         } else if (L->attn.gate) { /* q and k normed into rows of their own, the gated output */
             w.nqkv = imax(w.nqkv, 2 * d.qd + 2 * d.Hkv * d.D);
             w.mix = imax(w.mix, 2 * d.qd + d.Hkv * d.D);
+        } else if (L->attn.head_gate) { /* the gated output */
+            w.mix = imax(w.mix, d.qd);
         }
     }
     return w;
@@ -328,13 +331,17 @@ static int attend(run_t *r, int i, const attention_t *a, const attn_dims_t *d, c
     return 0;
 }
 
-/* o := the o matmul of the attention output [times sigmoid(gate)] (+ bias, + LoRA); -1 when out of memory. */
+/* o := the o matmul of the attention output [times sigmoid(gate), a gate per value or per head] (+ bias, + LoRA);
+   -1 when out of memory. */
 static int attn_output(run_t *r, int i, const attention_t *a, const attn_dims_t *d) {
     const int T = r->T, hidden = r->m->hidden, qd = d->qd, q_bf16 = r->cache_fmt == 1;
     if (a->gate) { /* the output times sigmoid(gate), in float32 */
         float *gated = r->mix + (size_t)T * (qd + d->kvd);
-        qmm_sigmoid_gate(r->q, q_bf16, r->qkv + d->D, d->nqkv, 2 * d->D, T, r->m->H, d->D, gated);
+        qmm_sigmoid_gate(r->q, q_bf16, r->qkv + d->D, d->nqkv, 2 * d->D, 1, T, r->m->H, d->D, gated);
         quantize(r, gated, 0, qd);
+    } else if (a->head_gate) { /* each head's output times sigmoid(its gate), the row's last H values */
+        qmm_sigmoid_gate(r->q, q_bf16, r->qkv + d->nqkv - r->m->H, d->nqkv, 1, 0, T, r->m->H, d->D, r->mix);
+        quantize(r, r->mix, 0, qd);
     } else {
         quantize(r, r->q, q_bf16, qd);
     }
@@ -527,7 +534,7 @@ static const struct {
     SIZE(attention_t), AT(attention_t, qkv), AT(attention_t, o), AT(attention_t, qkv_bias), AT(attention_t, q_norm),
     AT(attention_t, k_norm), AT(attention_t, v_norm), AT(attention_t, sinks), AT(attention_t, o_bias),
     AT(attention_t, D), AT(attention_t, Hkv), AT(attention_t, window), AT(attention_t, local_rope),
-    AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate),
+    AT(attention_t, kv_shared), AT(attention_t, k_eq_v), AT(attention_t, gate), AT(attention_t, head_gate),
     SIZE(mixer_t), AT(mixer_t, gdn), AT(mixer_t, in_proj), AT(mixer_t, out_proj), AT(mixer_t, conv), AT(mixer_t, ssd),
     SIZE(mlp_t), AT(mlp_t, gate_up), AT(mlp_t, down), AT(mlp_t, F), AT(mlp_t, relu2),
     SIZE(ple_t), AT(ple_t, gate), AT(ple_t, proj), AT(ple_t, norm),

@@ -9,8 +9,8 @@ mixer is either
 The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down), or (LFM2-MoE, after its leading dense layers) routed
 experts: the router's sigmoids, plus a per-expert bias, choose the top k; the chosen sigmoids, renormalized, weigh
 them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). LFM2 / LFM2.5 steps run the whole stack as one native
-call where its plan fits (models.archs.lfm2.native_plan: the same kernels in the same order); LFM2-MoE and LFM3 stay
-on the per-op path below (that module says why).
+call where its plan fits (models.archs.lfm2.native_plan: the same kernels in the same order; LFM3's in archs.lfm3);
+LFM2-MoE stays on the per-op path below (that module says why).
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ then out_proj. An attention layer is the attention block with per-head Q/K RMSNo
 feed-forward is the gated (SiLU) MLP. The per-op path (models.archs.lfm2.model through kernels.dispatch) calls the same
 kernels in the same order, so the two agree bit for bit.
 
-What stays per-op, and why (said once in the log when the plan is made):
-  - LFM2-MoE: its router (sigmoids, a per-expert bias choosing the top k, the chosen sigmoids renormalized) is not
-    one of moe_layer.c's routes (softmax-then-top-k, top-k-then-softmax);
-  - LFM3: its attention gate is one sigmoid per head (the attention block's gate option is a head-wide gate
-    projected beside each query head).
+`build_conv_hybrid` is the plan of the whole family: LFM3's (models.archs.lfm3.native_plan) passes its attention
+layers' options (sliding windows, local RoPE, the per-head gate) and its sandwich norms ride on the layers' fields.
+
+What stays per-op, and why (said once in the log when the plan is made): LFM2-MoE, whose router (sigmoids, a
+per-expert bias choosing the top k, the chosen sigmoids renormalized) is not one of moe_layer.c's routes
+(softmax-then-top-k, top-k-then-softmax).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
-from edgeserve.kernels.cpu.blocks import ConvLayer, Decoder, Layer
+from edgeserve.kernels.cpu.blocks import Attention, ConvLayer, Decoder, Layer, Norms
 from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, BlockWeight, kept_f32_ptr
 from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
@@ -31,19 +33,21 @@ from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
 log = logging.getLogger(__name__)
 
 
+# an attention layer's options beyond LFM2's (the Attention struct, the model's layer) and its qkv rows beyond q, k, v
+AttentionOptions = Callable[[Attention, object], None]
+ExtraRows = Callable[[object], int]
+
+
 def _per_op_reason(model) -> str | None:
     """Why the model's layers stay on the per-op path whatever their weights (None: the plan may take them)."""
-    layers = model.layers
-    if any(layer.moe is not None for layer in layers):
+    if any(layer.moe is not None for layer in model.layers):
         return "LFM2-MoE's router (sigmoid + expert bias) is not a moe_layer.c route"
-    if any(getattr(layer, "gated", False) or getattr(layer, "window", None) for layer in layers) \
-            or hasattr(model, "cos_local"):
-        return "LFM3's per-head scalar attention gate is not the attention block's gate option"
     return None
 
 
-def _layers_fit(model) -> bool:
-    """Whether every layer's weights are ones layer.c takes, of the config's shapes."""
+def _layers_fit(model, extra_rows: ExtraRows) -> bool:
+    """Whether every layer's weights are ones layer.c takes, of the config's shapes (an attention layer's qkv with
+    `extra_rows(layer)` rows after q, k, v)."""
     c = model.config
     h, qd, kvd = c.hidden_size, c.num_heads * c.head_dim, c.kv_size
     for layer in model.layers:
@@ -54,7 +58,7 @@ def _layers_fit(model) -> bool:
         if layer.conv is not None:
             shapes += [(layer.in_proj, (3 * h, h)), (layer.out_proj, (h, h))]
         else:
-            shapes += [(layer.qkv, (qd + 2 * kvd, h)), (layer.o_proj, (h, qd))]
+            shapes += [(layer.qkv, (qd + 2 * kvd + extra_rows(layer), h)), (layer.o_proj, (h, qd))]
         if not all(fits(w, s) for w, s in shapes):
             return False
     return True
@@ -62,8 +66,16 @@ def _layers_fit(model) -> bool:
 
 def build_lfm2(model) -> NativeDecoder | None:
     """The fused plan for an Lfm2Model (models.archs.lfm2.model: LFM2 / LFM2.5), or None where it does not fit the
-    native stack (weights not in block formats, a conv wider than the kernels take, a GPU, the kernels off; LFM2-MoE
-    and LFM3: see the module's note)."""
+    native stack (weights not in block formats, a conv wider than the kernels take, a GPU, the kernels off; LFM2-MoE:
+    see the module's note)."""
+    return build_conv_hybrid(model)
+
+
+def build_conv_hybrid(model, options: AttentionOptions | None = None, extra_rows: ExtraRows = lambda layer: 0,
+                      local: tuple[torch.Tensor, torch.Tensor] | None = None) -> NativeDecoder | None:
+    """The fused plan of a short-conv hybrid (an Lfm2Model or a subclass): conv mixer blocks, attention blocks with
+    per-head Q/K norms (and `options` on each, its qkv `extra_rows` longer), the SwiGLU MLP, and the sandwich norms
+    where the layers have them; `local`: the local_rope layers' RoPE tables (cos, sin). None where it does not fit."""
     c = model.config
     lib = cpu_native.library()
     if lib is None or model.device.type != "cpu" or model.dtype not in FLOATS or not model.layers:
@@ -74,19 +86,34 @@ def build_lfm2(model) -> NativeDecoder | None:
         return None
     convs = [layer for layer in model.layers if layer.conv is not None]
     if c.head_dim % 2 or any(layer.conv.shape[1] > GDN_MAX_CONV_KERNEL for layer in convs) \
-            or not _layers_fit(model):
+            or not _layers_fit(model, extra_rows):
         return None
     keep: list[torch.Tensor] = []
     ptr = functools.partial(kept_f32_ptr, keep)
+    array, mixers = _plan_layers(model, ptr, options)
+    cos_local, sin_local = local or (None, None)
+    decoder = Decoder(len(model.layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, array[0].mlp.F,
+                      c.rms_norm_eps, c.head_dim ** -0.5,
+                      model.dtype == torch.bfloat16, False, ptr(model.layers[0].input_norm),
+                      ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin), ptr(cos_local),
+                      ptr(sin_local))
+    windows = [array[i].attn.window for i in range(len(array)) if array[i].attn.window]
+    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype, windowed=bool(windows),
+                         min_window=min(windows, default=0),
+                         recurrent=RecurrentStep(mixers, len(convs), ("conv",)))
+
+
+def _plan_layers(model, ptr, options: AttentionOptions | None) -> tuple[ctypes.Array, ctypes.Array]:
+    """The layers' structs and the conv layers' ConvLayer structs (the mixer blocks point into them)."""
     layers = model.layers
     array = (Layer * len(layers))()
-    mixers = (ConvLayer * max(1, len(convs)))()
+    mixers = (ConvLayer * max(1, sum(layer.conv is not None for layer in layers)))()
     for i, layer in enumerate(layers):
         out = array[i]
         out.mlp.gate_up, out.mlp.down = qweight(layer.gate_up), qweight(layer.down)
         out.mlp.F = layer.gate_up.shape[0] // 2
-        out.norms.ffn_in = ptr(layer.post_norm)
-        out.norms.next = ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm)
+        out.norms = Norms(ptr(layer.post_mixer_norm), ptr(layer.post_norm), ptr(layer.post_ffn_norm),
+                          ptr(layers[i + 1].input_norm if i + 1 < len(layers) else model.norm))
         if layer.conv is not None:
             j = layer.conv_index
             mixers[j] = ConvLayer(layer.conv.shape[0], layer.conv.shape[1], j, ptr(layer.conv))
@@ -96,9 +123,6 @@ def build_lfm2(model) -> NativeDecoder | None:
             out.attn.qkv, out.attn.o = qweight(layer.qkv), qweight(layer.o_proj)
             out.attn.qkv_bias, out.attn.q_norm, out.attn.k_norm = ptr(layer.qkv_bias), ptr(layer.q_norm), \
                 ptr(layer.k_norm)
-    decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, array[0].mlp.F,
-                      c.rms_norm_eps, c.head_dim ** -0.5,
-                      model.dtype == torch.bfloat16, False, ptr(layers[0].input_norm),
-                      ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos), ptr(model.sin))
-    return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
-                         recurrent=RecurrentStep(mixers, len(convs), ("conv",)))
+            if options is not None:
+                options(out.attn, layer)
+    return array, mixers

@@ -6,7 +6,8 @@ final norm `embedding_norm`. The mixer is LFM2's gated short convolution (kernel
 of the engine's StatePool) or GQA attention over the paged KV pool: q, k, v and the gate g projected in one matmul
 from the normed input h, per-head Q/K RMSNorm, RoPE (the sliding layers' own base; on the global layers proportional
 RoPE: the tail frequency pairs do not turn), attention (a sliding layer over its last `window` tokens), each head's
-output times sigmoid(g_head), then o_proj. Per-op path only (no fused native plan yet).
+output times sigmoid(g_head), then o_proj. Steps run the whole stack as one native call where its plan fits
+(models.archs.lfm3.native_plan: the same kernels in the same order as the path below).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgeserve.kernels.cpu.decoder import NativeDecoder
 from edgeserve.kernels.dispatch import linear, rms_norm, rope_write_kv, sigmoid_gate
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_cos_sin, rope_inv_freq
@@ -81,6 +83,12 @@ class Lfm3Model(Lfm2Model):
         local = rope_inv_freq(config.head_dim, config.rope_local_theta or 10_000.0, None, None)
         self.cos_local, self.sin_local = (t.to(device) for t in rope_cos_sin(local, self.max_positions))
 
+    def native_plan(self) -> NativeDecoder | None:
+        """The fused plan (models.archs.lfm3.native_plan); None where it does not apply."""
+        from edgeserve.models.archs.lfm3.native_plan import build_lfm3
+
+        return build_lfm3(self)
+
     def _ropes(self, positions: torch.Tensor) -> dict:
         """The step's (cos, sin) of the global (None) and sliding ("local") layers."""
         return {None: (self.cos[positions], self.sin[positions]),
@@ -100,7 +108,7 @@ class Lfm3Model(Lfm2Model):
         k_cache, v_cache, slots = attn.layer_cache(i)
         q = rope_write_kv(q, k, v, rope[0], rope[1], k_cache, v_cache, slots)
         o = attn.attend(i, q, window=layer.window)
-        if layer.gated:
+        if layer.gated:  # one gate per head, expanded over its values (the native kernel reads it once per head)
             gate = qkv[:, c.q_size + 2 * c.kv_size:].float()
             o = sigmoid_gate(o.view(t, heads, d), gate[:, :, None].expand(t, heads, d)).view(t, heads * d)
         return linear(self.matmul_input(o), layer.o_proj, None,  # type: ignore[arg-type]
@@ -108,7 +116,7 @@ class Lfm3Model(Lfm2Model):
 
 
 def model_class(config: ModelConfig) -> type[Lfm3Model]:
-    """LFM3's decoder (per-op path only)."""
+    """LFM3's decoder (its native plan: models.archs.lfm3.native_plan)."""
     return Lfm3Model
 
 
