@@ -70,9 +70,9 @@ def test_logits_are_close_to_the_per_op_paths(q8) -> None:
                 struct.k = model.config.experts_per_token
     # bf16 noise: the per-op path itself moves by about 0.08 (Granite 4 H) and 0.2 (Nemotron-H) on these random models
     # with its activations rounded to bf16 or not (the stack keeps some float32), by about 0.3 on Granite's MoE one
-    # (its router flips experts)
-    dense = name != "granitehybrid-moe"
-    assert max_logprob_diff(fused, per_op) < (0.25 if dense else 0.5)
+    # (its router flips experts); nemotron_h_moe's with every expert chosen by 0.2, 90% of its argmaxes the same
+    dense = name in ("granitehybrid", "nemotron_h")
+    assert max_logprob_diff(fused, per_op) < (0.5 if name == "granitehybrid-moe" else 0.25)
     agree = (fused.argmax(-1) == per_op.argmax(-1)).float().mean().item()
     assert agree == 1.0 if dense else agree >= 0.75
 
@@ -88,7 +88,9 @@ def _fused_and_per_op_logits(model):
 
 def test_nemotron_h_moe_fused_tokens_batched_alone_and_chunked(q8) -> None:
     """The MoE blocks on the fused stack: greedy tokens the same batched, alone and chunked (a token's rows do not
-    depend on its batch), and the per-op path's at batch 1 and batched."""
+    depend on its batch), as the per-op path's are; the first token of each prompt the per-op path's (this random
+    model is chaotic, as the dense one: the two paths' bf16 noise flips its router at near-ties, so later tokens
+    part)."""
     name, lm = q8
     if name != "nemotron_h_moe":
         pytest.skip("the MoE case")
@@ -103,9 +105,15 @@ def test_nemotron_h_moe_fused_tokens_batched_alone_and_chunked(q8) -> None:
         assert_empty(chunked)
         return out
 
-    batched, alone, chunked = fused_and_per_op(lm.model, run)[0]
-    assert batched == alone == chunked
-    assert len(set(batched[2])) > 3  # not a degenerate repetition
+    outputs = []
+    for fused in (True, False):
+        lm.model._native = False if fused else None
+        outputs.append(run())
+        assert (lm.model._native is not None) == fused
+    for batched, alone, chunked in outputs:
+        assert batched == alone == chunked
+    assert len(set(outputs[0][0][2])) > 3  # not a degenerate repetition
+    assert [t[0] for t in outputs[0][0]] == [t[0] for t in outputs[1][0]]
 
 
 def test_greedy_tokens_are_the_per_op_paths_batched_alone_and_chunked(granite) -> None:
