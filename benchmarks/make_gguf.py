@@ -27,8 +27,11 @@ of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a
 the tokenizer's unless the shape pads it. lfm2.5-1.2b: LFM2 / LFM2.5-1.2B, architecture lfm2 (10 short-conv and 6
 attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0); lfm3-1.7b: LFM3-1.7B,
 architecture lfm3 (our extension of lfm2's keys: llama.cpp has no lfm3; 13 short-conv, 5 sliding-window and 6 global
-layers; vocabulary padded to 128,000). nemotron3-nano-4b (Nemotron 3
-Nano 4B, architecture nemotron_h: 21 Mamba-2, 17 MLP and 4 attention blocks), granite4-h-tiny (Granite 4 H Tiny,
+layers; vocabulary padded to 128,000); lfm2-8b-a1b: LFM2-8B-A1B, architecture lfm2moe (18 short-conv and 6 attention
+layers, 2 dense then 32 experts of 1,792, 4 a token).
+nemotron3-nano-4b (Nemotron 3 Nano 4B, architecture nemotron_h: 21 Mamba-2, 17 MLP and 4 attention blocks),
+nemotron3-nano-30b-a3b (Nemotron 3 Nano 30B-A3B, nemotron_h_moe: 23 Mamba-2, 23 MoE blocks of 128 squared-ReLU
+experts of 1,856, 6 a token, beside a shared 3,712, and 6 attention blocks), granite4-h-tiny (Granite 4 H Tiny,
 granitehybrid: 36 Mamba-2 and 4 attention layers, 64 experts of 512, 6 a token, beside a shared 1,024) and
 granite4-h-micro (Granite 4 H Micro, granitehybrid dense): vocabularies padded to theirs (Q4_K_M, Q8_0 or Q4_0).
 Mixes: Q4_K_M (Q4_K with Q6_K for the embeddings and part of attn_v / ffn_down, Q5_K for a DeltaNet's attn_qkv, as
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.shape in HYBRID_SHAPES:
         path = write_random_hybrid(args.output, shape, args.mix, source, args.seed)
     elif args.shape in LFM2_SHAPES:
-        path = write_random_lfm2(args.output, shape, args.mix, source, args.seed)
+        path = write_random_lfm2(args.output, shape, args.mix, source, args.seed, tile_mb=args.tile_mb)
     elif args.shape in MAMBA2_SHAPES:
         path = write_random_mamba2(args.output, shape, args.mix, source, args.seed, tile_mb=args.tile_mb)
     else:

@@ -4,7 +4,9 @@ tensors, metadata keys and types llama.cpp's lfm2 loader reads, random values.
 Layers listed in `attention` are GQA attention (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `attn_q_norm`,
 `attn_k_norm`; `attention.head_count_kv` per layer, 0 on the others); the rest are gated short convolutions
 (`shortconv.in_proj` [3 hidden, hidden], `shortconv.conv` [hidden, L_cache] float32, `shortconv.out_proj`). Every
-layer has `attn_norm` (LFM2's operator norm), `ffn_norm` and the SwiGLU FFN; `token_embd_norm` is the final norm.
+layer has `attn_norm` (LFM2's operator norm), `ffn_norm` and the SwiGLU FFN, or (arch `lfm2moe`, past its leading
+dense layers) the float32 router `ffn_gate_inp`, the expert bias `exp_probs_b.bias` and the experts
+(`ffn_{gate,up,down}_exps`); `token_embd_norm` is the final norm.
 The output head is tied to the embeddings, as in the released models. Norm weights are ones; see
 edgeserve.bench.random_gguf for the block formats and mixes.
 
@@ -32,17 +34,23 @@ class Lfm2Shape(TextShape):
     attention: tuple[int, ...]  # the attention layers' indices
     vocab: int
     conv_kernel: int = 3  # conv_L_cache
-    arch: str = "lfm2"
+    arch: str = "lfm2"  # or lfm2moe (experts past the leading dense layers), lfm3
     sliding: tuple[int, ...] = ()  # LFM3: the attention layers with a sliding window (the others are global)
     window: int = 0  # LFM3: their window
     rotated: float = 1.0  # LFM3: the global layers' rotated share of each head's frequency pairs
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    dense_layers: int = 0  # lfm2moe's leading layers with the SwiGLU FFN
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
 
-# LFM2-1.2B / LFM2.5-1.2B (config.json: hidden 2048, 16 layers, full_attn_idxs, block_ff_dim 12288 adjusted to 8192)
+# LFM2-1.2B / LFM2.5-1.2B (config.json: hidden 2048, 16 layers, full_attn_idxs, block_ff_dim 12288 adjusted to 8192).
+# LFM2-8B-A1B (config.json as public code quotes it: hidden 2048, 24 layers, attention at 2, 6, 10, 14, 18, 21, 32
+# heads / 8 KV heads, 2 leading dense layers of 7168, 32 experts of 1792, 4 a token, vocabulary 65536).
 LFM2_SHAPES = {
     "lfm2.5-1.2b": Lfm2Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192,
                              attention=(2, 5, 8, 10, 12, 14), vocab=65536),
@@ -52,7 +60,14 @@ LFM2_SHAPES = {
     "lfm3-1.7b": Lfm2Shape(hidden=2048, layers=24, heads=16, kv_heads=4, ffn=7680,
                            attention=tuple(i for i in range(24) if i % 4 == 2 or (i % 4 == 0 and i)), vocab=128000,
                            conv_kernel=7, arch="lfm3", sliding=(4, 8, 12, 16, 20), window=256, rotated=0.5),
+    "lfm2-8b-a1b": Lfm2Shape(hidden=2048, layers=24, heads=32, kv_heads=8, ffn=7168,
+                             attention=(2, 6, 10, 14, 18, 21), vocab=65536, arch="lfm2moe", experts=32,
+                             experts_used=4, expert_ffn=1792, dense_layers=2),
 }
+
+
+def _has_experts(shape: Lfm2Shape, layer: int) -> bool:
+    return bool(shape.experts) and layer >= shape.dense_layers
 
 
 def lfm2_tensor_shapes(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
@@ -61,7 +76,12 @@ def lfm2_tensor_shapes(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"token_embd.weight": (shape.vocab, h)}
     for i in range(shape.layers):
         p = f"blk.{i}."
-        out.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)})
+        if _has_experts(shape, i):
+            e, m = shape.experts, shape.expert_ffn
+            out.update({p + "ffn_gate_exps.weight": (e, m, h), p + "ffn_up_exps.weight": (e, m, h),
+                        p + "ffn_down_exps.weight": (e, h, m)})
+        else:
+            out.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)})
         if i in shape.attention:
             out.update({p + "attn_q.weight": (h, h), p + "attn_k.weight": (kv, h), p + "attn_v.weight": (kv, h),
                         p + "attn_output.weight": (h, h)})
@@ -73,7 +93,7 @@ def lfm2_tensor_shapes(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
 
 
 def lfm2_f32_tensors(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
-    """The float32 tensors by GGUF name: norms and the convolutions' weights."""
+    """The float32 tensors by GGUF name: norms, the convolutions' weights, routers and expert biases."""
     h = shape.hidden
     out: dict[str, tuple[int, ...]] = {"token_embd_norm.weight": (h,)}
     if shape.arch == "lfm3":
@@ -83,6 +103,8 @@ def lfm2_f32_tensors(shape: Lfm2Shape) -> dict[str, tuple[int, ...]]:
         out.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,)})
         if shape.arch == "lfm3":
             out.update({p + "post_attention_norm.weight": (h,), p + "post_ffw_norm.weight": (h,)})
+        if _has_experts(shape, i):
+            out.update({p + "ffn_gate_inp.weight": (shape.experts, h), p + "exp_probs_b.bias": (shape.experts,)})
         if i in shape.attention:
             out.update({p + "attn_q_norm.weight": (shape.head_dim,), p + "attn_k_norm.weight": (shape.head_dim,)})
         else:
@@ -109,9 +131,9 @@ def lfm2_tensor_types(shape: Lfm2Shape, mix: str) -> dict[str, str]:
 
 
 def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_from: str | Path,
-                      seed: int = 0, context: int = 128000) -> Path:
-    """Write an lfm2 GGUF of `shape` with random weights in the `mix` quantization, using the tokenizer of the GGUF
-    `tokenizer_from`, its vocabulary padded to the shape's."""
+                      seed: int = 0, context: int = 128000, tile_mb: int | None = None) -> Path:
+    """Write an lfm2 / lfm2moe GGUF of `shape` with random weights in the `mix` quantization, using the tokenizer of
+    the GGUF `tokenizer_from`, its vocabulary padded to the shape's."""
     import gguf
 
     src = gguf.GGUFReader(str(tokenizer_from))
@@ -127,6 +149,12 @@ def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_fr
     w.add_shortconv_l_cache(shape.conv_kernel)
     if shape.arch == "lfm3":
         _add_lfm3_keys(w, shape)
+    if shape.experts:
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_ffn)
+        w.add_leading_dense_block_count(shape.dense_layers)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     copy_tokenizer(w, src, pad=shape.vocab - vocab)
     types = lfm2_tensor_types(shape, mix)
     plan = [(name, dims, "F32") for name, dims in lfm2_f32_tensors(shape).items()]
@@ -139,9 +167,11 @@ def write_random_lfm2(path: str | Path, shape: Lfm2Shape, mix: str, tokenizer_fr
         if name == "rope_freqs.weight":
             rotated = int(dims[0] * shape.rotated)
             return np.array([1.0] * rotated + [1e30] * (dims[0] - rotated), dtype=np.float32)
+        if name.endswith(("ffn_gate_inp.weight", "exp_probs_b.bias")):
+            return rng.normal(0, 0.05, size=dims).astype(np.float32)
         return None  # norms: ones
 
-    write_plan(w, plan, rng, values)
+    write_plan(w, plan, rng, values, tile_mb)
     return Path(path)
 
 

@@ -1,11 +1,13 @@
-"""Random-weight GGUFs of the Mamba-2 hybrids' shapes (llama.cpp archs `nemotron_h` and `granitehybrid`), for
+"""Random-weight GGUFs of the Mamba-2 hybrids' shapes (llama.cpp archs `nemotron_h`, `nemotron_h_moe` and
+`granitehybrid`), for
 benchmarks and side-by-side checks: the tensors, metadata keys and types llama.cpp's loaders read
 (src/models/nemotron-h.cpp, granite-hybrid.cpp), random values.
 
 A shape's `blocks` string names each layer's mixer: `M` Mamba-2 (`ssm_in` [2 inner + 2 G N + H, hidden], `ssm_conv1d`
 weight [conv_dim, K] and bias, `ssm_dt.bias`, `ssm_a` (A = -exp(A_log): negative) and `ssm_d` [H, 1], `ssm_norm`
 [G, inner / G], `ssm_out`), `*` GQA attention without positions (`attn_q/k/v/output`), `-` Nemotron-H's squared-ReLU
-MLP block (`ffn_up`, `ffn_down`). llama.cpp tells the kinds apart by the per-layer `attention.head_count_kv` (non-zero
+MLP block (`ffn_up`, `ffn_down`), `E` nemotron_h_moe's MoE block (the float32 router `ffn_gate_inp` and correction
+bias `exp_probs_b.bias`, squared-ReLU experts `ffn_{up,down}_exps`, the shared expert `ffn_{up,down}_shexp`). llama.cpp tells the kinds apart by the per-layer `attention.head_count_kv` (non-zero
 on attention) and, for Nemotron-H, `feed_forward_length` (non-zero on MLP blocks): both are written per layer, so
 llama-server loads the file (llama.cpp's converter under transformers 5 writes 0 KV heads on every Granite layer,
 which it refuses). Every layer has `attn_norm`; Granite 4 H's layers also hold an FFN after `ffn_norm`: SwiGLU
@@ -30,10 +32,10 @@ from edgeserve.kernels.torch.mamba2 import Mamba2Dims
 class Mamba2Shape(TextShape):
     """The dimensions of a Nemotron-H or Granite 4 H text stack (`layers` = len(blocks))."""
 
-    arch: str  # nemotron_h or granitehybrid
-    blocks: str  # per layer: M (Mamba-2), * (attention), - (Nemotron-H's MLP block)
+    arch: str  # nemotron_h, nemotron_h_moe or granitehybrid
+    blocks: str  # per layer: M (Mamba-2), * (attention), - (Nemotron-H's MLP block), E (its MoE block)
     head_dim: int
-    ffn: int  # the MLP's width (Granite with experts: the shared expert's)
+    ffn: int  # the MLP's width (with experts: the shared expert's)
     ssm_heads: int
     ssm_head_dim: int
     ssm_state: int
@@ -46,6 +48,7 @@ class Mamba2Shape(TextShape):
     expert_ffn: int = 0
     eps: float = 1e-5
     scales: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # Granite: embedding, residual, attention, logit
+    routed_scale: float = 1.0  # nemotron_h_moe's routed_scaling_factor
 
     @property
     def dims(self) -> Mamba2Dims:
@@ -70,6 +73,15 @@ def _pattern(attention: tuple[int, ...], layers: int) -> str:
 # config.json as recalled (hidden 2048, 40 layers with attention at 5, 15, 25, 35 as Tiny's, 32 heads / 8 KV heads,
 # MLP 8192, Mamba-2 64 heads x 64, state 128, 1 group; llama.cpp's size table puts 2048-wide granitehybrid at 3B).
 MAMBA2_SHAPES = {
+    # Nemotron 3 Nano 30B-A3B: its config.json as public code quotes it (hidden 2688, 52 blocks
+    # "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 32 heads / 2 KV heads of 128, 128 experts of 1856, 6 a
+    # token, a shared expert of 3712, routed_scaling_factor 2.5, n_group 1, Mamba-2 64 heads x 64, state 128, 8
+    # groups, conv 4, vocabulary 131072, untied)
+    "nemotron3-nano-30b-a3b": Mamba2Shape(2688, 52, 32, 2, "nemotron_h_moe",
+                                          "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", head_dim=128,
+                                          ffn=3712, ssm_heads=64, ssm_head_dim=64, ssm_state=128, ssm_groups=8,
+                                          vocab=131072, experts=128, experts_used=6, expert_ffn=1856,
+                                          routed_scale=2.5),
     "nemotron3-nano-4b": Mamba2Shape(3136, 42, 40, 8, "nemotron_h", "M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-",
                                      head_dim=128, ffn=12544, ssm_heads=96, ssm_head_dim=80, ssm_state=128,
                                      ssm_groups=8, vocab=131072),
@@ -103,6 +115,10 @@ def mamba2_tensor_shapes(shape: Mamba2Shape) -> dict[str, tuple[int, ...]]:
         elif kind == "*":
             out.update({p + "attn_q.weight": (shape.heads * hd, h), p + "attn_k.weight": (shape.kv_heads * hd, h),
                         p + "attn_v.weight": (shape.kv_heads * hd, h), p + "attn_output.weight": (h, shape.heads * hd)})
+        elif kind == "E":
+            e, f, sh = shape.experts, shape.expert_ffn, shape.ffn
+            out.update({p + "ffn_up_exps.weight": (e, f, h), p + "ffn_down_exps.weight": (e, h, f),
+                        p + "ffn_up_shexp.weight": (sh, h), p + "ffn_down_shexp.weight": (h, sh)})
         else:
             out.update({p + "ffn_up.weight": (shape.ffn, h), p + "ffn_down.weight": (h, shape.ffn)})
         if shape.arch == "granitehybrid":
@@ -122,6 +138,8 @@ def mamba2_f32_tensors(shape: Mamba2Shape) -> dict[str, tuple[int, ...]]:
                         p + "ssm_conv1d.bias": (shape.dims.conv_dim,), p + "ssm_dt.bias": (shape.ssm_heads,),
                         p + "ssm_a": (shape.ssm_heads, 1), p + "ssm_d": (shape.ssm_heads, 1),
                         p + "ssm_norm.weight": (shape.ssm_groups, shape.dims.inner // shape.ssm_groups)})
+        if shape.kind(i) == "E":
+            out.update({p + "ffn_gate_inp.weight": (shape.experts, h), p + "exp_probs_b.bias": (shape.experts,)})
         if shape.arch == "granitehybrid":
             out[p + "ffn_norm.weight"] = (h,)
             if shape.experts:
@@ -160,7 +178,8 @@ def _add_keys(w, shape: Mamba2Shape, context: int) -> None:
     """The `{arch}.*` keys llama.cpp's nemotron_h / granitehybrid loaders read: per-layer KV heads (non-zero on
     attention layers) and, for Nemotron-H, per-layer MLP widths (non-zero on MLP blocks)."""
     kinds = [shape.kind(i) for i in range(shape.layers)]
-    ffn = [shape.ffn if k == "-" else 0 for k in kinds] if shape.arch == "nemotron_h" else (
+    nemotron = shape.arch.startswith("nemotron_h")
+    ffn = [shape.ffn if k == "-" else shape.expert_ffn if k == "E" else 0 for k in kinds] if nemotron else (
         shape.expert_ffn if shape.experts else shape.ffn)
     add_stack_keys(w, shape.layers, context, shape.hidden, ffn, shape.heads,
                    [shape.kv_heads if k == "*" else 0 for k in kinds])
@@ -173,8 +192,17 @@ def _add_keys(w, shape: Mamba2Shape, context: int) -> None:
     w.add_ssm_state_size(shape.ssm_state)
     w.add_ssm_time_step_rank(shape.ssm_heads)
     w.add_ssm_group_count(shape.ssm_groups)
-    if shape.arch == "nemotron_h":
+    if nemotron:
         w.add_layer_norm_eps(shape.eps)  # required by llama.cpp's nemotron_h loader (its MTP head's norm)
+        if shape.experts:  # as llama.cpp's converter writes nemotron_h_moe's
+            w.add_expert_count(shape.experts)
+            w.add_expert_used_count(shape.experts_used)
+            w.add_expert_feed_forward_length(shape.expert_ffn)
+            w.add_expert_shared_feed_forward_length(shape.ffn)
+            w.add_expert_shared_count(1)
+            w.add_expert_weights_norm(True)
+            w.add_expert_weights_scale(shape.routed_scale)
+            w.add_expert_group_count(1)
         return
     embedding, residual, attention, logit = shape.scales
     w.add_embedding_scale(embedding)
@@ -212,6 +240,8 @@ def write_random_mamba2(path: str | Path, shape: Mamba2Shape, mix: str, tokenize
     def values(name: str, dims: tuple[int, ...]) -> np.ndarray | None:
         if name.endswith(".ssm_a"):
             return -rng.uniform(1.0, 16.0, size=dims).astype(np.float32)  # A = -exp(A_log), A_log ~ log U(1, 16)
+        if name.endswith("exp_probs_b.bias"):
+            return rng.normal(0, 0.02, size=dims).astype(np.float32)
         if name.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight")):
             return rng.normal(0, 0.05 if "gate_inp" in name else 0.2, size=dims).astype(np.float32)
         if name.endswith(("ssm_conv1d.bias", "ssm_dt.bias")):

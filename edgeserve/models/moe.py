@@ -27,7 +27,7 @@ from edgeserve.kernels.formats.experts import EXPERT_TILE, ExpertGroups, Experts
 from edgeserve.kernels.formats.quant_linear import LinearWeight, dense_tiles
 from edgeserve.kernels.transfer import HostCopy, to_device
 
-ROUTERS = ("softmax_topk", "topk_softmax")
+ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_bias")
 # A gated activation: gate_up [N, 2F] (gate in the first half, up in the second) -> [N, F].
 GatedActivation = Callable[[torch.Tensor], torch.Tensor]
 _ACTIVATIONS: dict[str, GatedActivation] = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
@@ -61,8 +61,10 @@ class MoEConfig:
     """The shape and routing of a MoE layer.
 
     `router`: "softmax_topk" (softmax over all experts, then the top k; with `normalize_topk` the chosen weights
-    are rescaled to sum to 1, as Qwen3 MoE's norm_topk_prob) or "topk_softmax" (the top k logits, then a softmax
-    over those k, as gpt-oss). `activation`: "silu", "gelu_tanh", a name given to `register_activation`, or a
+    are rescaled to sum to 1, as Qwen3 MoE's norm_topk_prob), "topk_softmax" (the top k logits, then a softmax
+    over those k, as gpt-oss) or "sigmoid_bias" (the sigmoid of each logit; the top k of the sigmoids plus the
+    layer's `choice_bias` chosen, weighed by their sigmoids, over their sum + `norm_eps` with `normalize_topk`:
+    LFM2-MoE's, Nemotron-H's). Every route's weights end times `scale` (a routed scaling factor). `activation`: "silu", "gelu_tanh", a name given to `register_activation`, or a
     callable gate_up [N, 2F] -> [N, F]. Non-`gated` experts have an up projection alone ([E, F, hidden] in the
     `gate_up` slot) and an activation up [N, F] -> [N, F] ("relu2": Nemotron-H's)."""
 
@@ -73,6 +75,8 @@ class MoEConfig:
     normalize_topk: bool = False
     activation: str | GatedActivation = "silu"
     gated: bool = True
+    scale: float = 1.0
+    norm_eps: float = 0.0
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
@@ -83,10 +87,11 @@ class MoEConfig:
 
 @dataclass
 class SharedExpert:
-    """A dense gated FFN every token goes through, added to the routed output; with `gate` ([1, hidden] float32)
-    its output is scaled by sigmoid(h @ gate.T) (Qwen2-MoE's shared_expert_gate)."""
+    """A dense gated FFN every token goes through (or, with activation "relu2", an ungated one: Nemotron-H's), added
+    to the routed output; with `gate` ([1, hidden] float32) its output is scaled by sigmoid(h @ gate.T) (Qwen2-MoE's
+    shared_expert_gate)."""
 
-    gate_up: LinearWeight  # [2S, hidden], gate rows first
+    gate_up: LinearWeight  # [2S, hidden], gate rows first ([S, hidden] of up rows alone for "relu2")
     down: LinearWeight  # [hidden, S]
     gate: torch.Tensor | None = None
     activation: str | GatedActivation = "silu"
@@ -127,18 +132,27 @@ def ffn_input_dtype(layer: object, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if getattr(layer, "moe", None) is not None else dtype
 
 
-def route(logits: torch.Tensor, config: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights float32 [T, k], expert ids long [T, k]) for router logits [T, E], per MoEConfig.router; the
-    experts come in order of falling weight."""
+def route(logits: torch.Tensor, config: MoEConfig,
+          choice_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids long [T, k]) for router logits [T, E], per MoEConfig.router (the torch
+    twin of moe_layer.c's routes; `choice_bias` [E]: sigmoid_bias's); the experts come in order of falling weight
+    (of falling sigmoid + bias for sigmoid_bias)."""
     k = config.experts_per_token
     logits = logits.float()
     if config.router == "topk_softmax":
         top, experts = torch.topk(logits, k, dim=-1)
-        return torch.softmax(top, dim=-1), experts
-    weights, experts = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
-    if config.normalize_topk:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, experts
+        weights = torch.softmax(top, dim=-1)
+    elif config.router == "sigmoid_bias":
+        probs = row_sigmoid(logits)
+        experts = torch.topk(probs if choice_bias is None else probs + choice_bias, k, dim=-1).indices
+        weights = probs.gather(1, experts)
+        if config.normalize_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + config.norm_eps)
+    else:
+        weights, experts = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        if config.normalize_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights if config.scale == 1.0 else weights * config.scale), experts
 
 
 class MoELayer:
@@ -147,11 +161,13 @@ class MoELayer:
     `router` [E, hidden] float32 (+ `router_bias` [E]); `gate_up` experts [E, 2F, hidden] (gate rows first; [E, F,
     hidden] of up rows alone where the config is not `gated`) and
     `down` experts [E, hidden, F], with optional biases `gate_up_bias` [E, 2F] and `down_bias` [E, hidden]
-    (float32); `shared`: an optional SharedExpert."""
+    (float32); `choice_bias` [E]: the sigmoid_bias router's (added to the sigmoids to choose the experts);
+    `shared`: an optional SharedExpert."""
 
     def __init__(self, config: MoEConfig, router: torch.Tensor, gate_up: Experts, down: Experts,
                  router_bias: torch.Tensor | None = None, gate_up_bias: torch.Tensor | None = None,
-                 down_bias: torch.Tensor | None = None, shared: SharedExpert | None = None):
+                 down_bias: torch.Tensor | None = None, shared: SharedExpert | None = None,
+                 choice_bias: torch.Tensor | None = None):
         e, f = config.num_experts, config.intermediate_size
         hidden = router.shape[1]
         if tuple(router.shape) != (e, hidden):
@@ -162,6 +178,7 @@ class MoELayer:
         self.config = config
         self.router = router.float()
         self.router_bias = None if router_bias is None else router_bias.float()
+        self.choice_bias = None if choice_bias is None else choice_bias.float().reshape(-1)
         self.gate_up, self.down = gate_up, down
         self.gate_up_bias = None if gate_up_bias is None else gate_up_bias.float()
         self.down_bias = None if down_bias is None else down_bias.float()
@@ -189,7 +206,7 @@ class MoELayer:
         logits = f32_row_linear(h, self.router)
         if self.router_bias is not None:
             logits = logits + self.router_bias
-        return route(logits, self.config)
+        return route(logits, self.config, self.choice_bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """float32 [T, hidden]: the routed experts' weighted sum (plus the shared expert) for normed h [T, hidden]."""

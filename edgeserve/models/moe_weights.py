@@ -104,10 +104,12 @@ def _bias(source: WeightSource, names: list[str]) -> torch.Tensor | None:
 
 
 def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Callable[[list[str]], LinearWeight],
-                   device: torch.device, dtype: torch.dtype, moe: MoEConfig | None = None) -> MoELayer:
-    """Layer i's MoE feed-forward (`matrix`: the decoder loader's dense linear weights, for the shared expert).
-    Its experts and their biases go to the host instead of `device` when edgeserve.models.cpu_moe's placement says
-    so (--cpu-moe-layers); the router and the shared expert stay on `device`."""
+                   device: torch.device, dtype: torch.dtype, moe: MoEConfig | None = None,
+                   choice_bias: torch.Tensor | None = None) -> MoELayer:
+    """Layer i's MoE feed-forward (`matrix`: the decoder loader's dense linear weights, for the shared expert;
+    `choice_bias`: a sigmoid_bias router's, as the model's loader read it). Its experts and their biases go to the
+    host instead of `device` when edgeserve.models.cpu_moe's placement says so (--cpu-moe-layers); the router and
+    the shared expert stay on `device`."""
     moe = moe or moe_config(config)
     p = f"model.layers.{i}.mlp."
     e = config.num_experts
@@ -145,6 +147,7 @@ def load_moe_layer(config: ModelConfig, source: WeightSource, i: int, matrix: Ca
     router_bias = _float(source, p + "gate.bias").to(device) if source.has(p + "gate.bias") else None
     layer = MoELayer(moe, _float(source, p + "gate.weight").to(device), gate_up, down, router_bias=router_bias,
                      gate_up_bias=None if gate_up_bias is None else gate_up_bias.to(expert_device),
-                     down_bias=None if down_bias is None else down_bias.to(expert_device), shared=shared)
+                     down_bias=None if down_bias is None else down_bias.to(expert_device), shared=shared,
+                     choice_bias=None if choice_bias is None else choice_bias.float().to(device))
     layer.experts_on_host = on_host
     return layer

@@ -118,7 +118,7 @@ class MoE(ctypes.Structure):
                 ("normalize", _i32), ("act", _i32), ("alpha", _f32), ("limit", _f32), ("router", _p),
                 ("router_bias", _p), ("gate_up", Experts), ("down", Experts), ("gate_up_bias", _p),
                 ("down_bias", _p), ("shared_F", _i32), ("shared_gate_up", Experts), ("shared_down", Experts),
-                ("shared_gate", _p)]
+                ("shared_gate", _p), ("choice_bias", _p), ("scale", _f32), ("norm_eps", _f32)]
 
 
 class SsdLayer(ctypes.Structure):

@@ -20,8 +20,8 @@ from edgeserve.kernels.cpu.blocks import EXPERT_PARTS, Experts, MoE
 from edgeserve.kernels.cpu.native import BlockWeight, kept_f32_ptr
 from edgeserve.kernels.formats.experts import BlockExperts
 
-ROUTES = {"softmax_topk": 0, "topk_softmax": 1}  # moe_layer.h's ROUTE_*
-ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
+ROUTES = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_bias": 2}  # moe_layer.h's ROUTE_*
+ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI, ACT_RELU2 = 0, 1, 2, 3
 
 
 def _experts(parts: list[tuple[int, int, int, int, int]]) -> Experts | None:
@@ -43,8 +43,13 @@ def _dense(weight) -> Experts | None:
     return _experts([(fmt, ptr, 0, row_bytes, rows) for fmt, ptr, row_bytes, rows in weight.kernel_parts()])
 
 
-def activation_code(spec) -> tuple[int, float, float] | None:
-    """(moe_layer.c's ACT_*, alpha, limit) of a MoEConfig activation, or None for one the C side lacks."""
+def activation_code(spec, gated: bool = True) -> tuple[int, float, float] | None:
+    """(moe_layer.c's ACT_*, alpha, limit) of a MoEConfig activation (`gated`: its experts have gate rows), or None
+    for one the C side lacks: ungated experts take "relu2" alone, gated ones every other."""
+    if (spec == "relu2") != (not gated):
+        return None
+    if spec == "relu2":
+        return ACT_RELU2, 0.0, 0.0
     if spec == "silu":
         return ACT_SILU, 0.0, 0.0
     if spec == "gelu_tanh":
@@ -83,11 +88,11 @@ class NativeMoE:
             return None
         if not (isinstance(layer.gate_up, BlockExperts) and isinstance(layer.down, BlockExperts)):
             return None
-        act = activation_code(cfg.activation)
+        act = activation_code(cfg.activation, cfg.gated)
         hidden, f = layer.router.shape[1], cfg.intermediate_size
         if act is None or hidden % 32 or f % 32 or cfg.router not in ROUTES:
             return None
-        if not _on_cpu(layer.router, layer.router_bias, layer.gate_up_bias, layer.down_bias):
+        if not _on_cpu(layer.router, layer.router_bias, layer.choice_bias, layer.gate_up_bias, layer.down_bias):
             return None
         gate_up, down = _experts(layer.gate_up._kernel), _experts(layer.down._kernel)
         if gate_up is None or down is None:
@@ -97,6 +102,7 @@ class NativeMoE:
         s = MoE()
         s.n_experts, s.k, s.hidden, s.F = cfg.num_experts, cfg.experts_per_token, hidden, f
         s.route, s.normalize = ROUTES[cfg.router], int(cfg.normalize_topk)
+        s.scale, s.norm_eps, s.choice_bias = cfg.scale, cfg.norm_eps, ptr(layer.choice_bias)
         s.act, s.alpha, s.limit = act
         s.router, s.router_bias = ptr(layer.router), ptr(layer.router_bias)
         s.gate_up, s.down = gate_up, down
@@ -108,13 +114,15 @@ class NativeMoE:
     def _pack_shared(shared, s: MoE, act: tuple[int, float, float], ptr) -> bool:
         """Fill `s`'s shared expert from a SharedExpert when it fits (block weights, the experts' activation);
         whether it did."""
-        if shared is None or activation_code(shared.activation) != act or not _on_cpu(shared.gate):
+        gated = act[0] != ACT_RELU2  # the shared expert is gated as the routed ones are
+        if shared is None or activation_code(shared.activation, gated) != act or not _on_cpu(shared.gate):
             return False
         gate_up, down = _dense(shared.gate_up), _dense(shared.down)
         if gate_up is None or down is None:
             return False
         width = shared.down.in_features
-        if width % 32 or shared.gate_up.out_features != 2 * width or shared.down.out_features != s.hidden:
+        if width % 32 or shared.gate_up.out_features != (2 if gated else 1) * width \
+                or shared.down.out_features != s.hidden:
             return False
         s.shared_F, s.shared_gate_up, s.shared_down = width, gate_up, down
         s.shared_gate = ptr(None if shared.gate is None else shared.gate.reshape(-1))

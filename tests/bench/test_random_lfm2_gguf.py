@@ -75,3 +75,21 @@ def test_a_small_lfm3_file_loads_and_runs_fused(tmp_path, tokenizer):
         plan = model.native_decoder()
         assert plan is not None and [plan.layers[i].attn.head_gate for i in (2, 4)] == [1, 1]
     assert torch.isfinite(our_logits(model, [1, 5, 9, 3, 7, 2, 8, 4] * 3)).all()
+def test_a_small_lfm2_moe_file_loads_and_runs_fused(tmp_path, tokenizer):
+    """LFM2-8B-A1B's shape, small: llama.cpp's lfm2moe keys and expert tensors, read back as its shape, its expert
+    layers on the fused stack (moe_layer.c's sigmoid router)."""
+    from converter_parity import load_ours, our_logits
+
+    real = LFM2_SHAPES["lfm2-8b-a1b"]
+    shape = dataclasses.replace(real, hidden=256, heads=4, kv_heads=2, ffn=512, layers=4, attention=(2,), vocab=512,
+                                experts=8, expert_ffn=256)
+    f = GGUFFile(write_random_lfm2(tmp_path / "m.gguf", shape, "Q8_0", tokenizer))
+    assert f.architecture == "lfm2moe" and f.tensor_info("blk.3.ffn_up_exps.weight").shape[0] == 8
+    assert "blk.1.ffn_up.weight" in f.tensor_names() and "blk.2.exp_probs_b.bias" in f.tensor_names()
+    assert (f.metadata["lfm2moe.leading_dense_block_count"], f.metadata["lfm2moe.expert_used_count"]) == (2, 4)
+    loaded = load_ours(f.path, dtype="auto")
+    c = loaded.config
+    assert (c.architecture, c.num_experts, c.experts_per_token, c.moe_intermediate_size) == ("lfm2moe", 8, 4, 256)
+    assert [layer.moe is not None for layer in loaded.model.layers] == [False, False, True, True]
+    assert loaded.model.native_decoder() is not None
+    assert torch.isfinite(our_logits(loaded.model, [1, 5, 9, 3, 7, 2, 8, 4] * 3)).all()

@@ -140,7 +140,7 @@ def test_lfm2_moe_q8_0_gguf_runs_its_experts_natively(default_model_path, tmp_pa
     _, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
     lm = load_ours(convert(folder, folder.parent / "lfm2moe.q8_0.gguf", outtype="q8_0"), dtype="auto")
     assert lm.model.dtype == torch.bfloat16 and lm.model.layers[2].moe.native() is not None
-    assert lm.model.native_decoder() is None  # its sigmoid router is no moe_layer.c route: per-op (native_plan)
+    assert lm.model.native_decoder() is not None  # its router is moe_layer.c's ROUTE_SIGMOID_BIAS: fused
     llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
     ps = prompts(7, 19, 33, seed=41)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -1,11 +1,12 @@
-"""LFM2 and LFM3 in the fused native stack (kernels/cpu/src/layer.c, planned by models.archs.lfm2.native_plan and
-models.archs.lfm3.native_plan): gated short-conv mixer blocks over the state pool's conv slots in place, attention
-with per-head Q/K norms (LFM3's: sliding-window layers with their own RoPE tables, global ones with proportional
-RoPE, a sigmoid gate per head, sandwich norms), the SwiGLU MLP, in one native call per step. Each module-fixture test
-runs for both. On a Q8_0 GGUF at bfloat16 the stack gives the per-op path's hidden states (so its logits), K/V pool
-and conv states bit for bit through prompt chunks and decodes beside other sequences; through the engine its greedy
-tokens are the per-op path's, batched, chunked, alone, on a prefix-cache hit and under speculation with drafts rolled
-back. LFM2-MoE stays on the per-op path (native_plan says why)."""
+"""LFM2, LFM2-MoE and LFM3 in the fused native stack (kernels/cpu/src/layer.c, planned by
+models.archs.lfm2.native_plan and models.archs.lfm3.native_plan): gated short-conv mixer blocks over the state pool's
+conv slots in place, attention with per-head Q/K norms (LFM3's: sliding-window layers with their own RoPE tables,
+global ones with proportional RoPE, a sigmoid gate per head, sandwich norms), the SwiGLU MLP, in one native call per
+step. Each module-fixture test runs for LFM2 and LFM3. On a Q8_0 GGUF at bfloat16 the stack gives the per-op path's
+hidden states (so its logits), K/V pool and conv states bit for bit through prompt chunks and decodes beside other
+sequences; through the engine its greedy tokens are the per-op path's, batched, chunked, alone, on a prefix-cache hit
+and under speculation with drafts rolled back. LFM2-MoE (its expert layers: moe_layer.c's sigmoid router with the
+expert bias, at layer_t.moe) the same way, on llama.cpp's Q8_0 conversion."""
 
 from __future__ import annotations
 
@@ -120,3 +121,49 @@ def test_lfm2_unquantized_matrices_stay_per_op(default_model_path, tmp_path_fact
     model, folder = make_checkpoint(arch, default_model_path, tmp_path_factory)
     f32 = load_ours(write_model_gguf(model, folder.parent / f"{arch}.f32.gguf", arch, qtype="F32"), dtype="auto")
     assert build(f32.model) is None  # not block formats
+
+
+@pytest.fixture(scope="module")
+def moe_lm(default_model_path, tmp_path_factory):
+    """The tiny LFM2-MoE of the converter case as llama.cpp's Q8_0 conversion, at the default dtype (bfloat16)."""
+    from converter_parity import convert
+
+    _, folder = make_checkpoint("lfm2moe", default_model_path, tmp_path_factory)
+    loaded = load_ours(convert(folder, folder.parent / "lfm2moe.q8_0.gguf", outtype="q8_0"), dtype="auto")
+    assert loaded.model.dtype == torch.bfloat16 and isinstance(loaded.model.native_decoder(), NativeDecoder)
+    return loaded
+
+
+def test_lfm2_moe_fused_stack_equals_the_per_op_path(moe_lm):
+    model = moe_lm.model
+    plan = model.native_decoder()
+    experts = [i for i, layer in enumerate(model.layers) if layer.moe is not None]
+    assert experts and all(plan.layers[i].moe == model.layers[i].moe.native().address() for i in experts)
+    assert all(model.layers[i].moe.native().struct.route == 2 for i in experts)  # ROUTE_SIGMOID_BIAS
+    fused, fused_kv, fused_states = run_steps(model, True)
+    per_op, per_op_kv, per_op_states = run_steps(model, False)
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert torch.equal(a, b), f"step {step}: max diff {(a.float() - b.float()).abs().max().item()}"
+    assert torch.equal(fused_kv.k, per_op_kv.k) and torch.equal(fused_states.conv, per_op_states.conv)
+    # the expert bias reaches the stack: without it, other experts and other states
+    for i in experts:
+        model.layers[i].moe.native().struct.choice_bias = None
+    try:
+        changed, _, _ = run_steps(model, True, STEPS[:1])
+    finally:
+        for i in experts:
+            model.layers[i].moe._native = False  # planned again, with its bias, on the next use
+        model._native = False
+    assert not torch.equal(changed[0], fused[0])
+
+
+def test_lfm2_moe_engine_tokens_fused_equal_per_op_batched_chunked_alone(moe_lm):
+    ps = prompts(5, 23, 40, seed=3)
+    llm = LLM.from_model(moe_lm, kv_cache_gb=0.01, enable_prefix_caching=False)
+    chunked = LLM.from_model(moe_lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    alone = fused_and_per_op(moe_lm.model, lambda: [ids(llm.generate([p], GREEDY))[0] for p in ps])[0]
+    assert len(set(alone[2])) > 2
+    assert fused_and_per_op(moe_lm.model, lambda: ids(llm.generate(ps, GREEDY)))[0] == alone
+    assert fused_and_per_op(moe_lm.model, lambda: ids(chunked.generate(ps, GREEDY)))[0] == alone
+    assert_empty(llm)
+    assert_empty(chunked)

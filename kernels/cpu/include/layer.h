@@ -83,9 +83,10 @@ typedef struct {
                               (Granite's residual multiplier; 0: none) */
 } norms_t;
 
-/* A layer without a token mixer (attn.qkv without parts, no mixer) runs its feed-forward on its input h (normed by
-   the previous layer's norms.next; the MLP block only); one without a feed-forward (no mlp.gate_up parts, no moe)
-   adds the mixer's output and norms with norms.next. Nemotron-H's single-mixer blocks are such layers. */
+/* A layer without a token mixer (attn.qkv without parts, no mixer) runs its feed-forward (the MLP block or the MoE
+   one) on its input h (normed by the previous layer's norms.next); one without a feed-forward (no mlp.gate_up
+   parts, no moe) adds the mixer's output and norms with norms.next. Nemotron-H's single-mixer blocks (its MoE
+   blocks too) are such layers. */
 typedef struct {
     attention_t attn;
     mixer_t mixer;    /* in place of attn where mixer.gdn, mixer.conv or mixer.ssd is set */

@@ -420,9 +420,9 @@ static int mlp_block(run_t *r, int i, const mlp_t *p, const void *h) {
     return 0;
 }
 
-/* The Mixture-of-Experts feed-forward over the float32 normed rows r->hm: its output in r->o. */
-static int moe_block(run_t *r, const moe_t *moe) {
-    if (qmm_moe_forward(moe, r->T, r->hm, 0, r->m->hidden, 0, 0, 1, r->o)) return -1;
+/* The Mixture-of-Experts feed-forward over the normed rows h (float32, or bf16 when h_bf16): its output in r->o. */
+static int moe_block(run_t *r, const moe_t *moe, const void *h, int h_bf16) {
+    if (qmm_moe_forward(moe, r->T, h, h_bf16, r->m->hidden, 0, 0, 1, r->o)) return -1;
     MARK(P_MOE);
     return 0;
 }
@@ -494,7 +494,10 @@ static int layer_forward(run_t *r, int i, float *x, void *h) {
         MARK(P_NORM);
         if (!feeds) return 0;
     }
-    if (L->moe ? moe_block(r, L->moe) : mlp_block(r, i, &L->mlp, h)) return -1;
+    /* a layer without a token mixer feeds on h as the previous layer normed it (in the activations' dtype) */
+    if (L->moe ? moe_block(r, L->moe, mixes ? (const void *)r->hm : h, mixes ? 0 : m->act_bf16)
+               : mlp_block(r, i, &L->mlp, h))
+        return -1;
     layer_end(r, i, L, x, h);
     return 0;
 }
@@ -562,6 +565,7 @@ static const struct {
     AT(moe_t, normalize), AT(moe_t, act), AT(moe_t, alpha), AT(moe_t, limit), AT(moe_t, router),
     AT(moe_t, router_bias), AT(moe_t, gate_up), AT(moe_t, down), AT(moe_t, gate_up_bias), AT(moe_t, down_bias),
     AT(moe_t, shared_F), AT(moe_t, shared_gate_up), AT(moe_t, shared_down), AT(moe_t, shared_gate),
+    AT(moe_t, choice_bias), AT(moe_t, scale), AT(moe_t, norm_eps),
     SIZE(ssd_layer_t), AT(ssd_layer_t, H), AT(ssd_layer_t, P), AT(ssd_layer_t, N), AT(ssd_layer_t, G),
     AT(ssd_layer_t, K), AT(ssd_layer_t, index), AT(ssd_layer_t, eps), AT(ssd_layer_t, conv_weight),
     AT(ssd_layer_t, conv_bias), AT(ssd_layer_t, dt_bias), AT(ssd_layer_t, A), AT(ssd_layer_t, D),

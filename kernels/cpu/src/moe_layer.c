@@ -1,8 +1,10 @@
 /* A whole Mixture-of-Experts feed-forward for a step's rows in one call: the router's float32 logits (+ bias), the
-   routing (softmax over every expert then the top k, optionally renormalized, or gpt-oss's top k of the logits
-   then a softmax over them), the rows grouped by expert (a stable counting sort: an expert's rows stay in token
-   order), the grouped expert matmuls of moe.c (gate/up parts, expert biases, SiLU-, GELU- or gpt-oss's clamped
-   SwiGLU-mul, down), each token's expert outputs summed in its own slot order, and an optional shared expert
+   routing (softmax over every expert then the top k, optionally renormalized; gpt-oss's top k of the logits then
+   a softmax over them; or the sigmoid of each logit, the top k chosen by sigmoid plus a per-expert bias, weighed
+   by their sigmoids, optionally renormalized, as LFM2-MoE's and Nemotron-H's; each route's weights times a scale),
+   the rows grouped by expert (a stable counting sort: an expert's rows stay in token order), the grouped expert
+   matmuls of moe.c (gate/up parts, expert biases, SiLU-, GELU- or gpt-oss's clamped SwiGLU-mul, or relu(x)^2 of
+   ungated experts, down), each token's expert outputs summed in its own slot order, and an optional shared expert
    (sigmoid-gated or not) added last.
 
    The fused layer stack (layer.c) calls it where a dense layer runs its MLP, and the per-op path
@@ -74,8 +76,13 @@ static int run_experts(const experts_t *e, int K, const int8_t *qa, const float 
                           starts, out, ldo);
 }
 
+/* The rows of one expert's gate_up output: 2F (gate, up), or F for the ungated ACT_RELU2 */
+static int gate_up_rows(const moe_t *m, int F) { return m->act == ACT_RELU2 ? F : 2 * F; }
+
 static void activation(const moe_t *m, const float *gu, int n, int F, float *out) {
-    if (m->act == ACT_SWIGLU_OAI)
+    if (m->act == ACT_RELU2)
+        for (size_t j = 0; j < (size_t)n * F; j++) out[j] = gu[j] > 0.0f ? gu[j] * gu[j] : 0.0f;
+    else if (m->act == ACT_SWIGLU_OAI)
         qmm_swiglu_oai_mul(gu, 0, 2 * (int64_t)F, n, F, m->alpha, m->limit, out);
     else if (m->act == ACT_GELU_TANH)
         qmm_gelu_tanh_mul(gu, 0, 2 * (int64_t)F, n, F, out);
@@ -83,39 +90,59 @@ static void activation(const moe_t *m, const float *gu, int n, int F, float *out
         qmm_silu_mul(gu, 0, 2 * (int64_t)F, n, F, out);
 }
 
-/* Row t's routing from its logits [E] (clobbered): the k chosen experts in order of falling logit (ties: the lower
-   id first) and their weights. */
-static void route_row(const moe_t *m, float *logits, float *e_buf, float *weights, int32_t *ids) {
-    const int E = m->n_experts, k = m->k;
+/* ids [k]: the k highest of scores [E] in falling order (ties: the lower id first) */
+static void top_k(const float *scores, int E, int k, int32_t *ids) {
     for (int j = 0; j < k; j++) { /* selection: k is small */
         int best = -1;
         for (int e = 0; e < E; e++) {
             int taken = 0;
             for (int i = 0; i < j; i++) taken |= ids[i] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+            if (!taken && (best < 0 || scores[e] > scores[best])) best = e;
         }
         ids[j] = best;
     }
-    if (m->route == ROUTE_TOPK_SOFTMAX) {
-        const float top = logits[ids[0]];
-        for (int j = 0; j < k; j++) e_buf[j] = logits[ids[j]] - top;
-        qmm_exp(e_buf, k, e_buf);
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) sum += e_buf[j];
-        for (int j = 0; j < k; j++) weights[j] = e_buf[j] / sum;
-        return;
-    }
-    const float top = logits[ids[0]];
-    for (int e = 0; e < E; e++) e_buf[e] = logits[e] - top;
+}
+
+/* ROUTE_SIGMOID_BIAS of one row: e_buf [E] := the sigmoids of logits [E], logits := them plus choice_bias (the
+   scores the top k is chosen by), the weights the chosen sigmoids (over their sum + norm_eps with normalize) */
+static void route_sigmoid(const moe_t *m, float *logits, float *e_buf, float *weights, int32_t *ids) {
+    const int E = m->n_experts, k = m->k;
+    for (int e = 0; e < E; e++) e_buf[e] = -logits[e];
     qmm_exp(e_buf, E, e_buf);
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += e_buf[e];
-    for (int j = 0; j < k; j++) weights[j] = e_buf[ids[j]] / sum;
-    if (m->normalize) {
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) s += weights[j];
-        for (int j = 0; j < k; j++) weights[j] /= s;
+    for (int e = 0; e < E; e++) {
+        e_buf[e] = 1.0f / (1.0f + e_buf[e]);
+        logits[e] = m->choice_bias ? e_buf[e] + m->choice_bias[e] : e_buf[e];
     }
+    top_k(logits, E, k, ids);
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += weights[j] = e_buf[ids[j]];
+    if (m->normalize)
+        for (int j = 0; j < k; j++) weights[j] /= sum + m->norm_eps;
+}
+
+/* Row t's routing from its logits [E] (clobbered): the k chosen experts in order of falling logit (of falling score
+   for ROUTE_SIGMOID_BIAS; ties: the lower id first) and their weights, times the scale. */
+static void route_row(const moe_t *m, float *logits, float *e_buf, float *weights, int32_t *ids) {
+    const int E = m->n_experts, k = m->k;
+    if (m->route == ROUTE_SIGMOID_BIAS) {
+        route_sigmoid(m, logits, e_buf, weights, ids);
+    } else {
+        top_k(logits, E, k, ids);
+        const float top = logits[ids[0]];
+        const int of_top = m->route == ROUTE_TOPK_SOFTMAX, n = of_top ? k : E; /* the softmax's experts */
+        for (int i = 0; i < n; i++) e_buf[i] = (of_top ? logits[ids[i]] : logits[i]) - top;
+        qmm_exp(e_buf, n, e_buf);
+        float sum = 0.0f;
+        for (int i = 0; i < n; i++) sum += e_buf[i];
+        for (int j = 0; j < k; j++) weights[j] = (of_top ? e_buf[j] : e_buf[ids[j]]) / sum;
+        if (m->normalize && !of_top) {
+            float s = 0.0f;
+            for (int j = 0; j < k; j++) s += weights[j];
+            for (int j = 0; j < k; j++) weights[j] /= s;
+        }
+    }
+    if (m->scale != 0.0f)
+        for (int j = 0; j < k; j++) weights[j] *= m->scale;
 }
 
 /* The routing of T rows: weights [T, k] and expert ids [T, k] from h [T, hidden] (ldh values apart). logits
@@ -133,7 +160,8 @@ static int route(const moe_t *m, int T, const void *h, int h_bf16, int64_t ldh, 
     return 0;
 }
 
-/* The shared expert of T rows added to out [T, hidden]: qa/da/sa are h's quantized rows; gu [T, 2 shared_F], act
+/* The shared expert of T rows added to out [T, hidden]: qa/da/sa are h's quantized rows; gu [T, 2 shared_F] (or
+   [T, shared_F] ungated), act
    [T, shared_F], q8 / d8 / s8 (room for T rows of shared_F) and y [T, hidden] scratch. */
 static int shared_expert(const moe_t *m, int T, const void *h, int h_bf16, int64_t ldh, const int8_t *qa,
                          const float *da, const int16_t *sa, float *gu, float *act, int8_t *q8, float *d8, int16_t *s8,
@@ -223,9 +251,10 @@ int qmm_moe_forward(const moe_t *m, int T, const void *h, int h_bf16, int64_t ld
     if (run_experts(&m->gate_up, hidden, qs, ds, ss, n_active, active, starts, gu)) goto done;
     if (m->gate_up_bias)
         for (int r = 0; r < N; r++) {
-            const float *b = m->gate_up_bias + (size_t)ids[order[r]] * 2 * F;
-            float *g = gu + (size_t)r * 2 * F;
-            for (int j = 0; j < 2 * F; j++) g[j] += b[j];
+            const int G = gate_up_rows(m, F);
+            const float *b = m->gate_up_bias + (size_t)ids[order[r]] * G;
+            float *g = gu + (size_t)r * G;
+            for (int j = 0; j < G; j++) g[j] += b[j];
         }
     activation(m, gu, N, F, act);
     qmm_quantize(act, 0, F, N, F, q8, d8, s8);

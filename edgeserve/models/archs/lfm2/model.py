@@ -8,9 +8,9 @@ mixer is either
   - GQA attention with per-head Q/K RMSNorm and RoPE over the paged KV pool, then out_proj.
 The feed-forward is a SwiGLU MLP (w1 gate, w3 up, w2 down), or (LFM2-MoE, after its leading dense layers) routed
 experts: the router's sigmoids, plus a per-expert bias, choose the top k; the chosen sigmoids, renormalized, weigh
-them (edgeserve.models.moe's layer runs them: `MoELayer.mix`). LFM2 / LFM2.5 steps run the whole stack as one native
-call where its plan fits (models.archs.lfm2.native_plan: the same kernels in the same order; LFM3's in archs.lfm3);
-LFM2-MoE stays on the per-op path below (that module says why).
+them (edgeserve.models.moe's layer, its "sigmoid_bias" router: moe_layer.c's ROUTE_SIGMOID_BIAS on the CPU). LFM2,
+LFM2.5 and LFM2-MoE steps run the whole stack as one native call where its plan fits
+(models.archs.lfm2.native_plan: the same kernels in the same order; LFM3's in archs.lfm3).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from edgeserve.errors import ModelLoadError
 from edgeserve.kernels.cpu.decoder import NativeDecoder
-from edgeserve.kernels.dispatch import (add_rms_norm, f32_row_linear, gated_short_conv, linear, rms_norm,
+from edgeserve.kernels.dispatch import (add_rms_norm, gated_short_conv, linear, rms_norm,
                                         rope_write_kv)
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.kernels.torch.rope import rope_inv_freq
@@ -30,7 +30,7 @@ from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import LoadedDecoder, next_norm, step_states
 from edgeserve.models.llama import set_rotary_decoder_fields
-from edgeserve.models.moe import MoELayer
+from edgeserve.models.moe import MoEConfig, MoELayer, ffn_input_dtype
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights, text_part
 from edgeserve.models.weight_loader import WeightLoader
@@ -66,8 +66,7 @@ class Lfm2Layer:
     post_norm: torch.Tensor
     gate_up: LinearWeight | None
     down: LinearWeight | None
-    moe: MoELayer | None = None
-    expert_bias: torch.Tensor | None = None  # LFM2-MoE: [E], added to the router's sigmoids to choose experts
+    moe: MoELayer | None = None  # LFM2-MoE: the routed experts (their choice bias inside)
     # attention
     qkv: LinearWeight | None = None
     qkv_bias: torch.Tensor | None = None
@@ -146,8 +145,8 @@ class Lfm2Model(LoadedDecoder):
         p = f"model.layers.{i}."
         if c.is_moe and src.has(p + "mlp.gate.weight"):
             bias = p + "feed_forward.expert_bias"
-            return dict(gate_up=None, down=None, moe=load_moe_layer(c, src, i, matrix, dev, dtype),
-                        expert_bias=norm(bias).reshape(-1) if src.has(bias) else None)
+            return dict(gate_up=None, down=None, moe=load_moe_layer(
+                c, src, i, matrix, dev, dtype, lfm2_moe_config(c), norm(bias) if src.has(bias) else None))
         f = p + "feed_forward."
         return dict(gate_up=matrix([f + "w1.weight", f + "w3.weight"]), down=matrix([f + "w2.weight"]))
 
@@ -195,7 +194,7 @@ class Lfm2Model(LoadedDecoder):
                 y = self._attention(i, layer, h, attn, ropes, prompt_rows)
             if layer.post_mixer_norm is not None:
                 y = rms_norm(y, layer.post_mixer_norm, eps)
-            h, x = add_rms_norm(y, x, layer.post_norm, eps, dtype)
+            h, x = add_rms_norm(y, x, layer.post_norm, eps, ffn_input_dtype(layer, dtype))
             y = self.mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
             if layer.post_ffn_norm is not None:
                 y = rms_norm(y, layer.post_ffn_norm, eps)
@@ -219,20 +218,14 @@ class Lfm2Model(LoadedDecoder):
         """The feed-forward of `layer` for its normed input h [T, hidden]: the SwiGLU MLP, or the routed experts."""
         if layer.moe is None:
             return super().mlp(layer, h, prompt_rows)  # type: ignore[arg-type]
-        return layer.moe.mix(h, *self._route(layer, h))
+        return layer.moe.forward(h)
 
-    def _route(self, layer: Lfm2Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights float32 [T, k], expert ids [T, k]): the top k of the router's sigmoids plus the expert bias,
-        weighed by their sigmoids, renormalized (as transformers' Lfm2MoeTopKRouter: sum + 1e-6)."""
-        moe = layer.moe
-        assert moe is not None
-        probs = torch.sigmoid(f32_row_linear(h, moe.router))
-        scores = probs if layer.expert_bias is None else probs + layer.expert_bias
-        experts = torch.topk(scores, moe.config.experts_per_token, dim=-1).indices
-        weights = probs.gather(1, experts)
-        if self.config.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
-        return weights, experts
+
+def lfm2_moe_config(c: ModelConfig) -> MoEConfig:
+    """LFM2-MoE's expert layers: the sigmoid router choosing by sigmoid + expert bias, the chosen sigmoids
+    renormalized over their sum + 1e-6 (transformers' Lfm2MoeTopKRouter), SwiGLU experts."""
+    return MoEConfig(c.num_experts, c.experts_per_token, c.moe_intermediate_size, "sigmoid_bias",
+                     c.norm_topk_prob, norm_eps=1e-6)
 
 
 def model_class(config: ModelConfig) -> type[Lfm2Model]:

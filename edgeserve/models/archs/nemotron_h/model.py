@@ -6,11 +6,12 @@ Each block is x = x + mixer(norm(x)); the final norm is `norm_f`. The mixer is o
     (both in a slot of the engine's StatePool, `attn.states`), a gated group RMSNorm, then out_proj; no KV,
   - GQA attention over the paged KV pool, without positional encoding, then o_proj,
   - a squared-ReLU MLP (up, down); no KV, no state,
-  - (nemotron_h_moe) routed squared-ReLU experts (edgeserve.models.moe's layer, non-gated) beside a shared
-    squared-ReLU MLP; the router's sigmoids plus a correction bias choose the top k, their sigmoids (renormalized)
-    times the routed scaling factor weigh them; no KV, no state.
-On the CPU with every matrix in GGUF block formats the dense model runs in the fused native stack
-(archs.nemotron_h.native_plan), else (and nemotron_h_moe) per-op.
+  - (nemotron_h_moe) routed squared-ReLU experts beside a shared squared-ReLU MLP, one edgeserve.models.moe layer
+    (non-gated, its "sigmoid_bias" router: moe_layer.c's ROUTE_SIGMOID_BIAS on the CPU): the router's sigmoids plus
+    a correction bias choose the top k, their sigmoids (renormalized) times the routed scaling factor weigh them; no
+    KV, no state.
+On the CPU with every matrix in GGUF block formats the model (MoE blocks too) runs in the fused native stack
+(archs.nemotron_h.native_plan), else per-op.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import cached_property
 
 import torch
 
-from edgeserve.kernels.dispatch import add_rms_norm, f32_row_linear, linear, rms_norm, ssd_scan
+from edgeserve.kernels.dispatch import add_rms_norm, linear, rms_norm, ssd_scan
 from edgeserve.kernels.torch.mamba2 import Mamba2Dims, mamba2_mixer
 from edgeserve.kernels.formats.quant_linear import LinearWeight, PromptRows
 from edgeserve.loaders.weights import WeightSource
@@ -29,7 +30,7 @@ from edgeserve.models.attention import KVAttention
 from edgeserve.models.config import ModelConfig
 from edgeserve.models.decoder_scaffold import PerOpHybridDecoder, next_norm, step_states
 from edgeserve.models.llama import LlamaModel
-from edgeserve.models.moe import MoEConfig, MoELayer, row_sigmoid
+from edgeserve.models.moe import MoEConfig, MoELayer, SharedExpert
 from edgeserve.models.moe_weights import load_moe_layer
 from edgeserve.models.text_part import RenamedWeights
 from edgeserve.models.weight_loader import WeightLoader
@@ -75,10 +76,9 @@ class NemotronHLayer:
     state_index: int = -1  # its index among the Mamba-2 layers (its layer of the state pool)
     qkv: LinearWeight | None = None
     o_proj: LinearWeight | None = None
-    up: LinearWeight | None = None  # the MLP's, or a MoE block's shared expert's
+    up: LinearWeight | None = None  # the MLP's
     down: LinearWeight | None = None
-    moe: MoELayer | None = None  # a MoE block's routed experts
-    expert_bias: torch.Tensor | None = None  # [E] added to the router's sigmoids to choose the experts
+    moe: MoELayer | None = None  # a MoE block: routed experts, their choice bias and the shared expert
 
 
 def load_mamba2(dims: Mamba2Dims, src: WeightSource, m: str, vector, matrix, is_gguf: bool) -> Mamba2Weights:
@@ -139,7 +139,7 @@ class NemotronHModel(Mamba2HybridDecoder):
     """Nemotron-H over the engine's paged KV pool with the step's Mamba-2 states beside it (`attn.states`)."""
 
     layers: list[NemotronHLayer]  # type: ignore[assignment]
-    plan_builder = ("edgeserve.models.archs.nemotron_h.native_plan", "build_nemotron_h")  # None where MoE blocks
+    plan_builder = ("edgeserve.models.archs.nemotron_h.native_plan", "build_nemotron_h")
 
     @classmethod
     def weight_view(cls, config: ModelConfig, source: WeightSource) -> WeightSource:
@@ -164,12 +164,11 @@ class NemotronHModel(Mamba2HybridDecoder):
                 layer.qkv = w.matrix([m + f"{x}_proj.weight" for x in "qkv"])
                 layer.o_proj = w.matrix([m + "o_proj.weight"])
             elif c.is_moe and src.has(p + "mlp.gate.weight"):
-                moe = MoEConfig(c.num_experts, c.experts_per_token, c.moe_intermediate_size,
-                                normalize_topk=c.norm_topk_prob, activation="relu2", gated=False)
-                layer.moe = load_moe_layer(c, src, i, w.matrix, w.device, w.dtype, moe)
-                layer.expert_bias = w.vector(m + "gate.e_score_correction_bias").float()
+                layer.moe = load_moe_layer(c, src, i, w.matrix, w.device, w.dtype, nemotron_moe_config(c),
+                                           w.vector(m + "gate.e_score_correction_bias"))
                 s = m + "shared_experts."
-                layer.up, layer.down = w.matrix([s + "up_proj.weight"]), w.matrix([s + "down_proj.weight"])
+                layer.moe.shared = SharedExpert(w.matrix([s + "up_proj.weight"]), w.matrix([s + "down_proj.weight"]),
+                                                activation="relu2")
             else:
                 layer.up, layer.down = w.matrix([m + "up_proj.weight"]), w.matrix([m + "down_proj.weight"])
             layers.append(layer)
@@ -198,26 +197,22 @@ class NemotronHModel(Mamba2HybridDecoder):
                 o = attn(i, q.reshape(t, c.num_heads, c.head_dim), k.reshape(t, c.num_kv_heads, c.head_dim),
                          v.reshape(t, c.num_kv_heads, c.head_dim))
                 y = linear(o.to(self.dtype), layer.o_proj, None, prompt_rows)  # type: ignore[arg-type]
+            elif layer.moe is not None:
+                y = layer.moe.forward(h)
             else:
                 up = linear(h, layer.up, None, prompt_rows)  # type: ignore[arg-type]
                 y = linear(torch.relu(up).square().to(self.dtype), layer.down, None, prompt_rows)  # type: ignore
-                if layer.moe is not None:
-                    y = layer.moe.mix(h, *self._route(layer, h)) + y.float()
             h, x = add_rms_norm(y, x, next_norm(self, i), eps, self.dtype)
         return h
 
-    def _route(self, layer: NemotronHLayer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights float32 [T, k], expert ids [T, k]) of a MoE block: the top k of the router's sigmoids plus the
-        correction bias, weighed by their sigmoids (renormalized as transformers' NemotronHTopkRouter: sum + 1e-20)
-        times the routed scaling factor."""
-        moe, c = layer.moe, self.config
-        assert moe is not None and layer.expert_bias is not None
-        probs = row_sigmoid(f32_row_linear(h, moe.router))
-        experts = torch.topk(probs + layer.expert_bias, c.experts_per_token, dim=-1).indices
-        weights = probs.gather(1, experts)
-        if c.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * c.routed_scaling_factor, experts
+
+
+def nemotron_moe_config(c: ModelConfig) -> MoEConfig:
+    """Nemotron-H's MoE blocks: ungated squared-ReLU experts; the sigmoid router choosing by sigmoid + correction
+    bias, the chosen sigmoids renormalized over their sum + 1e-20 (transformers' NemotronHTopkRouter) times the
+    routed scaling factor."""
+    return MoEConfig(c.num_experts, c.experts_per_token, c.moe_intermediate_size, "sigmoid_bias",
+                     c.norm_topk_prob, "relu2", gated=False, scale=c.routed_scaling_factor, norm_eps=1e-20)
 
 
 def model_class(config: ModelConfig) -> type[NemotronHModel]:

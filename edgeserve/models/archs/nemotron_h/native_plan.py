@@ -7,9 +7,10 @@ with z -> out_proj matmul, packed from a model's Mamba2Weights.
 
 Each Nemotron-H block, x = x + mixer(norm(x)), is one layer_t with one block on: a Mamba-2 or attention layer without
 a feed-forward (its output added, then the next block's norm), or an MLP layer without a token mixer (the ungated
-squared-ReLU MLP, mlp_t.relu2, on the input the previous layer normed). The attention has no positional encoding: the
-RoPE tables are one identity row and the model runs the stack with every row at position 0. nemotron_h_moe's MoE
-blocks stay per-op (the stack's MoE layer follows a token mixer), with one log line.
+squared-ReLU MLP, mlp_t.relu2, on the input the previous layer normed), or a MoE layer without a token mixer
+(nemotron_h_moe: layer_t.moe, moe_layer.c with its ROUTE_SIGMOID_BIAS router, ungated ACT_RELU2 experts and the
+ungated shared expert: the struct the per-op MoELayer runs too). The attention has no positional encoding: the RoPE
+tables are one identity row and the model runs the stack with every row at position 0.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.cpu.blocks import Decoder, Layer, SsdLayer
 from edgeserve.kernels.cpu.decoder import FLOATS, NativeDecoder, fits, qweight
+from edgeserve.kernels.cpu.decoder_moe import moe_plans
 from edgeserve.kernels.cpu.native import GDN_MAX_CONV_KERNEL, kept_f32_ptr
 from edgeserve.kernels.torch.mamba2 import Mamba2Dims
 from edgeserve.kernels.cpu.recurrent_step import RecurrentStep
@@ -65,15 +67,15 @@ def identity_rope(head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ones(1, head_dim // 2), torch.zeros(1, head_dim // 2)
 
 
-def _blocks_fit(model) -> bool:
-    """Whether every Nemotron-H block's weights are ones layer.c takes, of the config's shapes (no MoE blocks)."""
+def _blocks_fit(model, moe: list) -> bool:
+    """Whether every Nemotron-H block's weights are ones layer.c takes, of the config's shapes (`moe`: each block's
+    MoE plan, None for another kind)."""
     c, dims = model.config, model.dims
     h, qd, kvd = c.hidden_size, c.num_heads * c.head_dim, c.kv_size
-    for layer in model.layers:
+    for layer, plan in zip(model.layers, moe):
         if layer.moe is not None:
-            log.info("Nemotron-H MoE stays per-op: the stack's MoE layer follows a token mixer")
-            return False
-        if layer.mamba is not None:
+            ok = plan is not None
+        elif layer.mamba is not None:
             ok = mamba2_fits(dims, layer.mamba, h)
         elif layer.qkv is not None:
             ok = fits(layer.qkv, (qd + 2 * kvd, h)) and fits(layer.o_proj, (h, qd))
@@ -86,13 +88,15 @@ def _blocks_fit(model) -> bool:
 
 
 def build_nemotron_h(model) -> NativeDecoder | None:
-    """The fused plan for a NemotronHModel (dense), or None where it does not fit the native stack (MoE blocks,
-    weights not in block formats, a GPU, the kernels off)."""
+    """The fused plan for a NemotronHModel (dense or MoE), or None where it does not fit the native stack (weights
+    not in block formats, experts moe_layer.c does not take, a GPU, the kernels off)."""
     c = model.config
     lib = cpu_native.library()
     if lib is None or model.device.type != "cpu" or model.dtype not in FLOATS or not model.layers or c.head_dim % 2:
         return None
-    if not _blocks_fit(model):
+    moe = moe_plans(model)  # each MoE block's plan (None: another kind)
+    if moe is None or not _blocks_fit(model, moe):
+        log.info("%s stays on the per-op path: a block's weights do not fit the native stack", c.architecture)
         return None
     keep: list[torch.Tensor] = []
     ptr = functools.partial(kept_f32_ptr, keep)
@@ -105,6 +109,8 @@ def build_nemotron_h(model) -> NativeDecoder | None:
             pack_mamba2(out, mixers, layer.state_index, model.dims, layer.mamba, c.rms_norm_eps, ptr)
         elif layer.qkv is not None:
             out.attn.qkv, out.attn.o = qweight(layer.qkv), qweight(layer.o_proj)
+        elif moe[i] is not None:
+            out.moe = moe[i].address()
         else:
             out.mlp.gate_up, out.mlp.down = qweight(layer.up), qweight(layer.down)
             out.mlp.F, out.mlp.relu2 = layer.down.shape[1], 1
@@ -115,4 +121,4 @@ def build_nemotron_h(model) -> NativeDecoder | None:
                       c.query_scale or c.head_dim ** -0.5, model.dtype == torch.bfloat16, False,
                       ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(cos), ptr(sin))
     return NativeDecoder(lib, decoder, array, keep, c.hidden_size, model.dtype,
-                         recurrent=recurrent(mixers, c.num_linear_layers))
+                         recurrent=recurrent(mixers, c.num_linear_layers), moe=[p for p in moe if p is not None])
