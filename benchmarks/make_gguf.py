@@ -23,12 +23,14 @@ padded to the model's); smolvlm-256m (SmolVLM-256M-Instruct's language model: Sm
 SmolLM2's vocabulary plus SmolVLM's 128 added tokens at their ids (<global-img>, <row_R_col_C>, <fake_token_around_image>,
 <image>, <end_of_utterance>), its chat template: the language model for make_mmproj.py's smolvlm-256m mmproj in both
 llama-server and edgeserve); gemma4-e2b (Gemma 4 E2B's text stack, architecture gemma4: per-layer embeddings, the last 20
-of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer). The vocabulary is
-the tokenizer's unless the shape pads it. lfm2.5-1.2b: LFM2 / LFM2.5-1.2B, architecture lfm2 (10 short-conv and 6
-attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0); lfm3-1.7b: LFM3-1.7B,
-architecture lfm3 (our extension of lfm2's keys: llama.cpp has no lfm3; 13 short-conv, 5 sliding-window and 6 global
-layers; vocabulary padded to 128,000); lfm2-8b-a1b: LFM2-8B-A1B, architecture lfm2moe (18 short-conv and 6 attention
-layers, 2 dense then 32 experts of 1,792, 4 a token).
+of 35 layers KV-shared with double-wide MLPs, 256- and 512-wide heads; give it a Gemma tokenizer), gemma4-12b (Gemma 4
+12B's text stack as llama.cpp writes HF `gemma4_unified`, architecture gemma4: 48 layers of 3,840, every sixth global
+with one K/V head and V = K, no per-layer embeddings; 7 GB at Q4_K_M, so --layers N for two engines side by side).
+The vocabulary is the tokenizer's unless the shape pads it. lfm2.5-1.2b: LFM2 / LFM2.5-1.2B, architecture lfm2 (10
+short-conv and 6 attention layers; the tokenizer's vocabulary padded to 65,536; Q4_K_M, Q8_0 or Q4_0); lfm3-1.7b:
+LFM3-1.7B, architecture lfm3 (our extension of lfm2's keys: llama.cpp has no lfm3; 13 short-conv, 5 sliding-window
+and 6 global layers; vocabulary padded to 128,000); lfm2-8b-a1b: LFM2-8B-A1B, architecture lfm2moe (18 short-conv
+and 6 attention layers, 2 dense then 32 experts of 1,792, 4 a token).
 nemotron3-nano-4b (Nemotron 3 Nano 4B, architecture nemotron_h: 21 Mamba-2, 17 MLP and 4 attention blocks),
 nemotron3-nano-30b-a3b (Nemotron 3 Nano 30B-A3B, nemotron_h_moe: 23 Mamba-2, 23 MoE blocks of 128 squared-ReLU
 experts of 1,856, 6 a token, beside a shared 3,712, and 6 attention blocks), granite4-h-tiny (Granite 4 H Tiny,

@@ -50,6 +50,7 @@ from edgeserve.bench.servers import (ServerError, beside_llama_server_parser, ll
                                      work_folder)
 from edgeserve.bench.random_gguf import SHAPES  # noqa: E402
 from edgeserve.bench.random_hybrid_gguf import HYBRID_SHAPES  # noqa: E402
+from edgeserve.bench.random_lfm2_gguf import LFM2_SHAPES  # noqa: E402
 from edgeserve.bench.random_mamba2_gguf import MAMBA2_SHAPES  # noqa: E402
 
 PROMPTS, PROMPT_LEN, TOP = 8, 24, 5
@@ -126,6 +127,17 @@ def _gpt_oss() -> dict:
     return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                 head_dim=s.head_dim, intermediate_size=s.expert_ffn, num_local_experts=8,
                 num_experts_per_tok=s.experts_used, num_hidden_layers=2, sliding_window=128)
+
+
+def _lfm2() -> dict:
+    """LFM2.5-1.2B (LFM2_SHAPES: its config.json's block_ff_dim 12288, which the auto-adjust makes the 8192 the
+    writer has): its first 6 of 16 layers (conv, conv, attention, conv, conv, attention, the real rhythm)."""
+    s = LFM2_SHAPES["lfm2.5-1.2b"]
+    layers = ["conv" if i not in s.attention else FULL for i in range(6)]
+    return dict(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                intermediate_size=12288, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+                block_auto_adjust_ff_dim=True, conv_L_cache=s.conv_kernel, num_hidden_layers=len(layers),
+                layer_types=layers)
 
 
 def _nemotron_h() -> dict:
@@ -250,6 +262,7 @@ SHAPED = {
     "nemotron3-nano-4b": Shape("nemotron_h", _nemotron3_nano_4b(), "5 of 42 blocks (M-M*-), its MLP widths written in",
                                nemotron_layer_counts),
     "falcon-h1-0.5b": Shape("falcon-h1", _falcon_h1(), "4 of 36 layers"),
+    "lfm2.5-1.2b": Shape("lfm2", _lfm2(), "6 of 16 layers (4 short-conv, 2 attention, the real rhythm)"),
 }
 
 

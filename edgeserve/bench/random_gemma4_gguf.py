@@ -6,8 +6,10 @@ RoPE over a quarter of each head: `rope_freqs` holds 1 for the rotated pairs, 1e
 last `kv_shared_layers` layers read an earlier layer's K/V and have no `attn_k` / `attn_v` / `attn_k_norm` of their
 own, and their MLP is twice as wide; per-layer embeddings (`per_layer_token_embd` [vocab, layers * 256], projected
 from the hidden state by `per_layer_model_proj`, gated into each layer by `inp_gate` / `proj` / `post_norm`); every
-layer's output scale; final logit soft-capping. Norm weights are ones (GGUF stores them as used). See
-edgeserve.bench.random_gguf for the block formats and mixes.
+layer's output scale; final logit soft-capping. The 12B's text stack (gemma4-12b, HF `gemma4_unified`, which
+llama.cpp's converter writes as `gemma4`): no per-layer embeddings, KV sharing or double-wide MLPs; every sixth layer
+global with one K/V head and V = K (no `attn_v`), the sliding ones 8 K/V heads over a 1,024-token window. Norm weights
+are ones (GGUF stores them as used). See edgeserve.bench.random_gguf for the block formats and mixes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Gemma4Shape(TextShape):
     global_every: int = 5  # layer i is global when (i + 1) % global_every == 0
     window: int = 512
     partial_rotary: float = 0.25  # of a global head's pairs
+    global_kv_heads: int = 0  # a global layer's K/V heads (0: kv_heads)
+    k_eq_v: bool = False  # global layers take V = K (no attn_v)
 
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` is full attention (else sliding window)."""
@@ -44,40 +48,59 @@ class Gemma4Shape(TextShape):
     def layer_head_dim(self, layer: int) -> int:
         return self.global_head_dim if self.is_global(layer) else self.head_dim
 
+    def layer_kv_heads(self, layer: int) -> int:
+        """Layer `layer`'s K/V heads."""
+        return (self.global_kv_heads or self.kv_heads) if self.is_global(layer) else self.kv_heads
+
+    def has_v(self, layer: int) -> bool:
+        """Whether layer `layer` has a V projection of its own (not KV-shared, not V = K)."""
+        return not self.is_shared(layer) and not (self.k_eq_v and self.is_global(layer))
+
     def layer_ffn(self, layer: int) -> int:
         return self.ffn * (2 if self.is_shared(layer) else 1)
 
 
-# google/gemma-4-E2B's text_config
-GEMMA4_SHAPES = {"gemma4-e2b": Gemma4Shape(1536, 35, 8, 1, 256, 512, 6144, 256, 20)}
+# google/gemma-4-E2B's text_config; gemma4-12b: google/gemma-4-12B's text stack as published (no config.json could
+# be read here): 48 layers of width 3,840, 16 heads, sliding layers 256-wide heads with 8 K/V heads over a 1,024 window,
+# every sixth layer global (512-wide heads, one K/V head, V = K), MLP 15,360, tied 262,144-token embeddings; these
+# count to 11.9B parameters, the model card's 11.95B less its vision / audio projections
+GEMMA4_SHAPES = {"gemma4-e2b": Gemma4Shape(1536, 35, 8, 1, 256, 512, 6144, 256, 20),
+                 "gemma4-12b": Gemma4Shape(3840, 48, 16, 8, 256, 512, 15360, 0, 0, global_every=6, window=1024,
+                                           global_kv_heads=1, k_eq_v=True)}
 
 
 def gemma4_tensor_shapes(shape: Gemma4Shape, vocab: int) -> dict[str, tuple[int, ...]]:
     """[rows, columns] of each quantized tensor by GGUF name."""
     h, p = shape.hidden, shape.per_layer
-    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, h),
-                                       "per_layer_token_embd.weight": (vocab, shape.layers * p),
-                                       "per_layer_model_proj.weight": (shape.layers * p, h)}
+    out: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, h)}
+    if p:
+        out.update({"per_layer_token_embd.weight": (vocab, shape.layers * p),
+                    "per_layer_model_proj.weight": (shape.layers * p, h)})
     for i in range(shape.layers):
-        hd, f = shape.layer_head_dim(i), shape.layer_ffn(i)
+        hd, f, kv = shape.layer_head_dim(i), shape.layer_ffn(i), shape.layer_kv_heads(i)
         out[f"blk.{i}.attn_q.weight"] = (shape.heads * hd, h)
         if not shape.is_shared(i):
-            out[f"blk.{i}.attn_k.weight"] = (shape.kv_heads * hd, h)
-            out[f"blk.{i}.attn_v.weight"] = (shape.kv_heads * hd, h)
+            out[f"blk.{i}.attn_k.weight"] = (kv * hd, h)
+        if shape.has_v(i):
+            out[f"blk.{i}.attn_v.weight"] = (kv * hd, h)
         out.update({f"blk.{i}.attn_output.weight": (h, shape.heads * hd), f"blk.{i}.ffn_gate.weight": (f, h),
-                    f"blk.{i}.ffn_up.weight": (f, h), f"blk.{i}.ffn_down.weight": (h, f),
-                    f"blk.{i}.inp_gate.weight": (p, h), f"blk.{i}.proj.weight": (h, p)})
+                    f"blk.{i}.ffn_up.weight": (f, h), f"blk.{i}.ffn_down.weight": (h, f)})
+        if p:
+            out.update({f"blk.{i}.inp_gate.weight": (p, h), f"blk.{i}.proj.weight": (h, p)})
     return out
 
 
 def gemma4_f32_tensors(shape: Gemma4Shape) -> dict[str, tuple[int, ...]]:
     """The float32 tensors: norms, the per-layer output scales and the global layers' `rope_freqs`."""
     h = shape.hidden
-    out: dict[str, tuple[int, ...]] = {"output_norm.weight": (h,), "per_layer_proj_norm.weight": (shape.per_layer,),
-                                       "rope_freqs.weight": (shape.global_head_dim // 2,)}
+    out: dict[str, tuple[int, ...]] = {"output_norm.weight": (h,), "rope_freqs.weight": (shape.global_head_dim // 2,)}
+    if shape.per_layer:
+        out["per_layer_proj_norm.weight"] = (shape.per_layer,)
+    norms = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm") + (("post_norm",) if shape.per_layer
+                                                                               else ())
     for i in range(shape.layers):
         hd = shape.layer_head_dim(i)
-        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+        for norm in norms:
             out[f"blk.{i}.{norm}.weight"] = (h,)
         out[f"blk.{i}.attn_q_norm.weight"] = (hd,)
         if not shape.is_shared(i):
@@ -100,7 +123,7 @@ def gemma4_tensor_types(shape: Gemma4Shape, mix: str) -> dict[str, str]:
     names = gemma4_tensor_shapes(shape, vocab=256)
     if mix != "Q4_K_M":
         return {n: mix for n in names}
-    with_v = [i for i in range(shape.layers) if not shape.is_shared(i)]
+    with_v = [i for i in range(shape.layers) if shape.has_v(i)]
     types = {}
     for name, dims in names.items():
         kind = name.split(".")[-2]
@@ -125,8 +148,9 @@ def write_random_gemma4(path: str | Path, shape: Gemma4Shape, mix: str, tokenize
     src = gguf.GGUFReader(str(tokenizer_from))
     vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
     w = gguf.GGUFWriter(str(path), "gemma4")
+    kv_heads = [shape.layer_kv_heads(i) for i in range(shape.layers)]
     add_stack_keys(w, shape.layers, context, shape.hidden, [shape.layer_ffn(i) for i in range(shape.layers)],
-                   shape.heads, shape.kv_heads)
+                   shape.heads, kv_heads if len(set(kv_heads)) > 1 else shape.kv_heads)
     w.add_key_length(shape.global_head_dim)
     w.add_value_length(shape.global_head_dim)
     w.add_key_length_swa(shape.head_dim)

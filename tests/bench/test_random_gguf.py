@@ -210,3 +210,34 @@ def test_a_smolvlm_shape_adds_smolvlm_s_image_tokens_at_their_ids(tmp_path):
     tok, _ = load_tokenizer(str(path))
     assert tok.token_to_id("<image>") == 49190
     assert tok.encode("<row_2_col_3>", add_special_tokens=False) == [49161]
+
+
+def test_a_gemma4_12b_shape_writes_single_kv_head_global_layers_with_v_equal_k(tmp_path):
+    """Gemma 4 12B's layout at small size: no per-layer embeddings, every sixth layer global with one K/V head and
+    no attn_v (V = K), the sliding layers their own K/V heads (a per-layer head_count_kv); edgeserve loads it as
+    gemma4 with V = K on the global layer, and runs."""
+    from edgeserve.bench.random_gemma4_gguf import GEMMA4_SHAPES, Gemma4Shape, write_random_gemma4
+
+    real = GEMMA4_SHAPES["gemma4-12b"]
+    assert (real.hidden, real.layers, real.heads, real.kv_heads, real.ffn, real.window) == (3840, 48, 16, 8, 15360, 1024)
+    assert [real.is_global(i) for i in range(48)].count(True) == 8 and real.layer_kv_heads(47) == 1
+    shape = Gemma4Shape(hidden=256, layers=6, heads=2, kv_heads=2, head_dim=64, global_head_dim=128, ffn=256,
+                        per_layer=0, kv_shared_layers=0, global_every=6, window=1024, global_kv_heads=1, k_eq_v=True)
+    path = write_random_gemma4(tmp_path / "g.gguf", shape, "Q4_K_M", write_tiny_llama(tmp_path / "tok.gguf"))
+    reader = gguf.GGUFReader(str(path))
+    dims = {t.name: list(t.shape) for t in reader.tensors}
+    assert dims["blk.0.attn_v.weight"] == [256, 2 * 64] and "blk.5.attn_v.weight" not in dims
+    assert dims["blk.5.attn_k.weight"] == [256, 128] and dims["blk.5.attn_q.weight"] == [256, 2 * 128]
+    assert not any(n.startswith("per_layer") or n.endswith("inp_gate.weight") for n in dims)
+    assert list(reader.fields["gemma4.attention.head_count_kv"].contents()) == [2] * 5 + [1]
+    model = load_model(resolve(str(path)), dtype="float32").model
+    c = model.config
+    assert c.architecture == "gemma4" and c.per_layer_input_size == 0
+    assert [layer.k_eq_v for layer in model.layers] == [False] * 5 + [True]
+    from edgeserve.engine.cache.kv_cache import KVPool, PagedKVAttention
+    from edgeserve.kernels.torch.paged_attention import AttentionMetadata
+
+    pool = KVPool(c, 4, 16, model.dtype)
+    meta = AttentionMetadata.build([5], [5], [[0, 1, 2, 3]], list(range(5)))
+    logits = model.logits(model.forward(torch.arange(3, 8), torch.arange(5), PagedKVAttention(pool, meta)))
+    assert logits.shape == (5, c.vocab_size) and torch.isfinite(logits).all()
