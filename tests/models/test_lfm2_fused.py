@@ -88,16 +88,21 @@ def test_lfm2_fused_rows_do_not_depend_on_their_batch_or_chunks(lm):
     assert torch.equal(whole[-1], chunked[-1]) and torch.equal(whole[0][-1], chunked[2][-1])
 
 
-def test_lfm2_engine_tokens_fused_equal_per_op_batched_chunked_alone(lm):
-    ps = prompts(5, 23, 40, 71)
-    llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
-    chunked = LLM.from_model(lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    alone = fused_and_per_op(lm.model, lambda: [ids(llm.generate([p], GREEDY))[0] for p in ps])[0]
-    assert len(set(alone[3])) > 2
-    assert fused_and_per_op(lm.model, lambda: ids(llm.generate(ps, GREEDY)))[0] == alone
-    assert fused_and_per_op(lm.model, lambda: ids(chunked.generate(ps, GREEDY)))[0] == alone
+def assert_engine_tokens_fused_equal_per_op(loaded, ps: list, varied: int) -> None:
+    """Greedy tokens through the engine on the fused stack equal the per-op path's, batched, chunked and alone
+    (prompt `varied`'s output not a degenerate repetition)."""
+    llm = LLM.from_model(loaded, kv_cache_gb=0.01, enable_prefix_caching=False)
+    chunked = LLM.from_model(loaded, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    alone = fused_and_per_op(loaded.model, lambda: [ids(llm.generate([p], GREEDY))[0] for p in ps])[0]
+    assert len(set(alone[varied])) > 2
+    assert fused_and_per_op(loaded.model, lambda: ids(llm.generate(ps, GREEDY)))[0] == alone
+    assert fused_and_per_op(loaded.model, lambda: ids(chunked.generate(ps, GREEDY)))[0] == alone
     assert_empty(llm)
     assert_empty(chunked)
+
+
+def test_lfm2_engine_tokens_fused_equal_per_op_batched_chunked_alone(lm):
+    assert_engine_tokens_fused_equal_per_op(lm, prompts(5, 23, 40, 71), 3)
 
 
 def test_lfm2_prefix_hit_and_speculation_fused(lm):
@@ -158,12 +163,4 @@ def test_lfm2_moe_fused_stack_equals_the_per_op_path(moe_lm):
 
 
 def test_lfm2_moe_engine_tokens_fused_equal_per_op_batched_chunked_alone(moe_lm):
-    ps = prompts(5, 23, 40, seed=3)
-    llm = LLM.from_model(moe_lm, kv_cache_gb=0.01, enable_prefix_caching=False)
-    chunked = LLM.from_model(moe_lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-    alone = fused_and_per_op(moe_lm.model, lambda: [ids(llm.generate([p], GREEDY))[0] for p in ps])[0]
-    assert len(set(alone[2])) > 2
-    assert fused_and_per_op(moe_lm.model, lambda: ids(llm.generate(ps, GREEDY)))[0] == alone
-    assert fused_and_per_op(moe_lm.model, lambda: ids(chunked.generate(ps, GREEDY)))[0] == alone
-    assert_empty(llm)
-    assert_empty(chunked)
+    assert_engine_tokens_fused_equal_per_op(moe_lm, prompts(5, 23, 40, seed=3), 2)

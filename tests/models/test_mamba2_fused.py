@@ -86,6 +86,17 @@ def _fused_and_per_op_logits(model):
     return fused, our_logits(model)
 
 
+def engine_runs(loaded, ps: list) -> list:
+    """Greedy tokens of `ps` through the engine: [batched, each alone, batched in chunks of 16 tokens]."""
+    llm = LLM.from_model(loaded, kv_cache_gb=0.01, enable_prefix_caching=False)
+    chunked = LLM.from_model(loaded, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
+    out = [ids(llm.generate(ps, GREEDY)), [ids(llm.generate([p], GREEDY))[0] for p in ps],
+           ids(chunked.generate(ps, GREEDY))]
+    assert_empty(llm)
+    assert_empty(chunked)
+    return out
+
+
 def test_nemotron_h_moe_fused_tokens_batched_alone_and_chunked(q8) -> None:
     """The MoE blocks on the fused stack: greedy tokens the same batched, alone and chunked (a token's rows do not
     depend on its batch), as the per-op path's are; the first token of each prompt the per-op path's (this random
@@ -97,13 +108,7 @@ def test_nemotron_h_moe_fused_tokens_batched_alone_and_chunked(q8) -> None:
     ps = prompts(5, 23, 40, seed=4)
 
     def run() -> list:
-        llm = LLM.from_model(lm, kv_cache_gb=0.01, enable_prefix_caching=False)
-        chunked = LLM.from_model(lm, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-        out = [ids(llm.generate(ps, GREEDY)), [ids(llm.generate([p], GREEDY))[0] for p in ps],
-               ids(chunked.generate(ps, GREEDY))]
-        assert_empty(llm)
-        assert_empty(chunked)
-        return out
+        return engine_runs(lm, ps)
 
     outputs = []
     for fused in (True, False):
@@ -120,13 +125,7 @@ def test_greedy_tokens_are_the_per_op_paths_batched_alone_and_chunked(granite) -
     ps = prompts(5, 23, 40, 71, seed=4)
 
     def run() -> list:
-        llm = LLM.from_model(granite, kv_cache_gb=0.01, enable_prefix_caching=False)
-        chunked = LLM.from_model(granite, kv_cache_gb=0.01, max_num_batched_tokens=16, enable_prefix_caching=False)
-        out = [ids(llm.generate(ps, GREEDY)), [ids(llm.generate([p], GREEDY))[0] for p in ps],
-               ids(chunked.generate(ps, GREEDY))]
-        assert_empty(llm)
-        assert_empty(chunked)
-        return out
+        return engine_runs(granite, ps)
 
     if granite.config.architecture == "nemotron_h":
         # this random Nemotron-H is chaotic over long prompts: its per-op path alone moves by 0.76 in log-probability
