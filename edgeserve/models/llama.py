@@ -150,8 +150,7 @@ class LlamaModel:
     def act_dtype(self) -> torch.dtype:
         """The dtype of the activations the layers' matmuls read, for an architecture whose layers read it (the
         normed rows of the Llama family, gpt-oss, Gemma 2 / 3, Qwen3.5 and Gemma 4, per op and in their fused
-        stacks; the mixer outputs of LFM2 / LFM3 and
-        the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
+        stacks; the mixer outputs of LFM2 / LFM3 and the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
         blocks or casts it to its weights' dtype itself, so a bf16 copy first only rounds it twice (llama.cpp keeps
         them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Mamba-2 hybrids' and LFM2's
         normed rows still round to `dtype` (not measured)."""
