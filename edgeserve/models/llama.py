@@ -149,11 +149,12 @@ class LlamaModel:
     @property
     def act_dtype(self) -> torch.dtype:
         """The dtype of the activations the layers' matmuls read, for an architecture whose layers read it (the
-        normed rows of the Llama family, gpt-oss, Gemma 2 / 3, Qwen3.5 and Gemma 4, per op and in their fused
-        stacks; the mixer outputs of LFM2 / LFM3 and the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
+        normed rows of Qwen3.5 and Gemma 4, per op and in their fused stacks; the mixer outputs of LFM2 / LFM3 and
+        the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
         blocks or casts it to its weights' dtype itself, so a bf16 copy first only rounds it twice (llama.cpp keeps
-        them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Mamba-2 hybrids' and LFM2's
-        normed rows still round to `dtype` (not measured)."""
+        them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Llama family's own forward,
+        gpt-oss, Gemma 2 / 3 and the Mamba-2 hybrids' normed rows still round to `dtype` (float32 rows for the first
+        three measured no closer, branch llamaact; the hybrids' not measured)."""
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def matmul_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -316,8 +317,7 @@ class LlamaModel:
         nope = (self.cos_nope[positions], self.sin_nope[positions]) if self.cos_nope is not None else rope
         temperature = self.attn_temperature(positions)
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
-        act = self.act_dtype  # the normed rows the matmuls read: float32 on the CPU (issue 54)
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(act) if self.layers else x
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype) if self.layers else x
         for i, layer in enumerate(self.layers):
             cos, sin = rope if c.rope_layers is None or c.rope_layers[i] else nope
             q, k, v = self.project_qkv(layer, h, prompt_rows, lora, i)
@@ -327,15 +327,15 @@ class LlamaModel:
                 o = lora.add(o, o_in, i, "o_proj")
             if c.residual_scale != 1.0:  # Granite's residual multiplier
                 o = o * c.residual_scale
-            h, x = add_rms_norm(o, x, layer.post_norm, eps, ffn_input_dtype(layer, act))
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows, lora, i)
             if c.residual_scale != 1.0:
                 y = y * c.residual_scale
             if deepstack is not None and i < deepstack[1].shape[1]:  # added to the layer's output at the image rows
                 y = y.float().index_add(0, deepstack[0], deepstack[1][:, i])
             last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, act)
-        return h if self.layers else rms_norm(x, self.norm, eps).to(act)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
+        return h if self.layers else rms_norm(x, self.norm, eps).to(self.dtype)
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: KVAttention, paged: bool, temperature: torch.Tensor | None) -> torch.Tensor:

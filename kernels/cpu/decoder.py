@@ -105,11 +105,11 @@ class NativeDecoder:
                               ptr(model.post_ffn_norms[i]) if sandwich else None, ptr(nxt))
         scale = c.query_scale if c.query_scale is not None else c.head_dim ** -0.5
         decoder = Decoder(len(layers), c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, f, c.rms_norm_eps,
-                          scale, model.act_dtype == torch.bfloat16, c.activation == "gelu_tanh",
+                          scale, model.dtype == torch.bfloat16, c.activation == "gelu_tanh",
                           ptr(layers[0].input_norm), ctypes.cast(array, ctypes.POINTER(Layer)), ptr(model.cos),
                           ptr(model.sin), ptr(local), ptr(local_sin))
         sliding = [w for w in windows if w is not None]
-        return cls(lib, decoder, array, keep, c.hidden_size, model.act_dtype, bool(sliding), min(sliding, default=0),
+        return cls(lib, decoder, array, keep, c.hidden_size, model.dtype, bool(sliding), min(sliding, default=0),
                    moe=[p for p in moe if p is not None])
 
     def takes_lora(self, step) -> bool:

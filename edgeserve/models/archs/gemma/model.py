@@ -120,8 +120,7 @@ class GemmaModel(LlamaModel):
             else rope_global
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         windows = c.layer_windows or (None,) * len(self.layers)
-        act = self.act_dtype  # the normed rows the matmuls read: float32 on the CPU (issue 54)
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(act)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             window = windows[i]
             cos, sin = rope_global if window is None else rope_local
@@ -135,11 +134,11 @@ class GemmaModel(LlamaModel):
                 o = attn(i, apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype),  # type: ignore[call-arg]
                          v.to(self.dtype), window=window, softcap=c.attn_softcap, scale=c.query_scale)
             o = rms_norm(linear(o, layer.o_proj, None, prompt_rows), self.post_attn_norms[i], eps)
-            h, x = add_rms_norm(o, x, layer.post_norm, eps, act)
+            h, x = add_rms_norm(o, x, layer.post_norm, eps, self.dtype)
             y = linear(gelu_tanh_and_mul(linear(h, layer.gate_up, None, prompt_rows)), layer.down, None, prompt_rows)
             y = rms_norm(y, self.post_ffn_norms[i], eps)
             last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, act)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
 
 

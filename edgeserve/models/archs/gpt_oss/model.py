@@ -191,8 +191,7 @@ class GptOssModel(LlamaModel):
         cos, sin = self.cos[positions], self.sin[positions]
         paged = hasattr(attn, "layer_cache") and hasattr(attn, "attend")
         windows = c.layer_windows or (None,) * len(self.layers)
-        act = self.act_dtype  # the normed rows the matmuls read: float32 on the CPU (issue 54)
-        h = rms_norm(x, self.layers[0].input_norm, eps).to(act)
+        h = rms_norm(x, self.layers[0].input_norm, eps).to(self.dtype)
         for i, layer in enumerate(self.layers):
             q, k, v = self.project_qkv(layer, h, prompt_rows)
             if paged:
@@ -203,10 +202,10 @@ class GptOssModel(LlamaModel):
                 q, k = apply_rope(q, cos, sin).to(self.dtype), apply_rope(k, cos, sin).to(self.dtype)
                 o = attn(i, q, k, v.to(self.dtype), window=windows[i], sinks=self.sinks[i])  # type: ignore[call-arg]
             h, x = add_rms_norm(linear(o, layer.o_proj, self.o_biases[i].to(o.dtype), prompt_rows), x,
-                                layer.post_norm, eps, ffn_input_dtype(layer, act))
+                                layer.post_norm, eps, ffn_input_dtype(layer, self.dtype))
             y = self.mlp(layer, h, prompt_rows)
             last = i + 1 == len(self.layers)
-            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, act)
+            h, x = add_rms_norm(y, x, self.norm if last else self.layers[i + 1].input_norm, eps, self.dtype)
         return h
 
 
