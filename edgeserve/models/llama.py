@@ -153,7 +153,8 @@ class LlamaModel:
         the Mamba-2 hybrids, `matmul_input`): float32 on the CPU, where every matmul quantizes its input to int8
         blocks or casts it to its weights' dtype itself, so a bf16 copy first only rounds it twice (llama.cpp keeps
         them float32 too; issue 54, docs/MODELS.md); the compute dtype elsewhere. The Llama family's own forward,
-        gpt-oss, Gemma 2 / 3 and the Mamba-2 hybrids' normed rows still round to `dtype` (not measured)."""
+        gpt-oss, Gemma 2 / 3 and the Mamba-2 hybrids' normed rows still round to `dtype` (float32 rows for the first
+        three measured no closer, branch llamaact; the hybrids' not measured)."""
         return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def matmul_input(self, x: torch.Tensor) -> torch.Tensor:
