@@ -23,6 +23,14 @@ def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.T
     return host.to(device, non_blocking=True)
 
 
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The rows `rows` of `t` (along its first dimension): `t` itself where they are all of its rows in order, else
+    an index_select (on the CPU a tenth of what indexing with a tensor costs on [rows, vocabulary] logits)."""
+    if rows == list(range(t.shape[0])):
+        return t
+    return t.index_select(0, to_device(rows, torch.long, t.device))
+
+
 @dataclass
 class HostCopy:
     """Tensors on their way from the device to the host: non-blocking copies and one event to wait on."""

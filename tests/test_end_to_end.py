@@ -110,13 +110,21 @@ def test_speculative_decoding_through_the_server_equals_plain_greedy(tmp_path, t
     with edgeserve_serve(tmp_path, *model, "--speculative", "ngram") as c:
         spec = complete(c, max_tokens=40)
         spec_stopped = [complete(c, max_tokens=40, stop=[stop]) for stop in stops]
-        accepted = metric(c.get("/metrics").text, "edgeserve_spec_accepted_tokens", 'model="tiny"')
+        scrape = c.get("/metrics").text
+        accepted = metric(scrape, "edgeserve_spec_accepted_tokens", 'model="tiny"')
+        proposed = metric(scrape, "edgeserve_spec_proposed_tokens", 'model="tiny"')
     assert spec["choices"][0]["text"] == text
+    drafts = [r["usage"].pop("completion_tokens_details", None) for r in [spec, *spec_stopped]]
     assert spec["usage"] == plain["usage"]
     assert [r["choices"][0] for r in spec_stopped] == [r["choices"][0] for r in plain_stopped]
     # exact completion_tokens, though the drafts ran past the stop string
     assert [r["usage"] for r in spec_stopped] == [r["usage"] for r in plain_stopped]
     assert accepted is not None and accepted > 0  # speculation really ran
+    # each reply's usage counts its own drafts (OpenAI's predicted-output fields): together the server's totals
+    assert drafts[0] is not None and drafts[0]["accepted_prediction_tokens"] > 0
+    assert drafts[0]["speculative_verifications"] > 0
+    assert sum(d["accepted_prediction_tokens"] for d in drafts if d) == accepted
+    assert sum(d["accepted_prediction_tokens"] + d["rejected_prediction_tokens"] for d in drafts if d) == proposed
 
 
 @pytest.mark.slow

@@ -25,6 +25,10 @@ class RequestResult:
     prompt_tokens: int | None = None  # from `usage` when the server sent it
     completion_tokens: int | None = None  # from `usage`
     cached_tokens: int | None = None
+    # speculative decoding, from `usage.completion_tokens_details` when the server sent it (edgeserve does)
+    accepted_drafts: int | None = None
+    rejected_drafts: int | None = None
+    verifications: int | None = None
     chunks: int = 0  # SSE chunks that carried text
     expected_prompt_tokens: int | None = None
     error: str | None = None
@@ -133,8 +137,12 @@ async def stream_completion(client: httpx.AsyncClient, url: str, spec: RequestSp
     end = time.perf_counter()
     usage = state.usage or {}
     details = usage.get("prompt_tokens_details") or {}
+    drafts = usage.get("completion_tokens_details") or {}
     error = state.error or (None if times else "no tokens came back")
     return RequestResult(error is None, start, end, chunk_times=times, text="".join(state.texts),
                          prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-                         cached_tokens=details.get("cached_tokens"), chunks=len(times),
+                         cached_tokens=details.get("cached_tokens"),
+                         accepted_drafts=drafts.get("accepted_prediction_tokens"),
+                         rejected_drafts=drafts.get("rejected_prediction_tokens"),
+                         verifications=drafts.get("speculative_verifications"), chunks=len(times),
                          expected_prompt_tokens=spec.prompt_tokens, error=error)

@@ -38,7 +38,9 @@ class BenchReport:
                               "e2e_s": r.end - r.start, "output_tokens": r.output_tokens,
                               "token_source": r.token_source, "chunks": r.chunks,
                               "prompt_tokens": r.prompt_tokens, "expected_prompt_tokens": r.expected_prompt_tokens,
-                              "cached_tokens": r.cached_tokens, "error": r.error} for r in lv.results],
+                              "cached_tokens": r.cached_tokens, "accepted_drafts": r.accepted_drafts,
+                              "rejected_drafts": r.rejected_drafts, "verifications": r.verifications,
+                              "error": r.error} for r in lv.results],
             })
         return {"url": self.url, "server_kind": self.server_kind, "model": self.model, "workload": self.workload,
                 "prompt_format": self.prompt_format, "workload_params": self.workload_params, "levels": levels,
@@ -76,6 +78,9 @@ def format_table(report: BenchReport) -> str:
         lines.append(row)
         if lv.cancelled:
             lines.append(f"  ({lv.cancelled} requests not finished within --duration)")
+        if s.spec_acceptance_rate is not None:
+            lines.append(f"  speculative decoding: {s.spec_acceptance_rate:.0%} of drafts accepted, "
+                         f"{s.spec_tokens_per_step:.2f} tokens per verification step (the server's usage)")
         for msg in s.error_messages:
             lines.append(f"  error: {msg}")
     if has_slo:

@@ -56,6 +56,10 @@ class Summary:
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     error_messages: list[str] = field(default_factory=list)
+    # speculative decoding over the requests whose usage reported it: accepted / proposed drafts, and tokens per
+    # verification step (accepted drafts + the target's own token); None where no request drafted
+    spec_acceptance_rate: float | None = None
+    spec_tokens_per_step: float | None = None
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict."""
@@ -125,7 +129,17 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
         prompt_tokens=n_prompt, ttft_ms=percentiles_ms(t.ttft), tpot_ms=percentiles_ms(t.tpot),
         itl_ms=percentiles_ms(t.itl), e2e_ms=percentiles_ms(t.e2e), token_count_source=source,
         goodput_requests_per_s=goodput(t.ttft, t.tpot, d, slo_ttft_ms, slo_tpot_ms) if use_slo else None,
-        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, error_messages=messages)
+        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, error_messages=messages, **spec_rates(results))
+
+
+def spec_rates(results: Sequence[RequestResult]) -> dict[str, float | None]:
+    """Acceptance and tokens per verification step over the ok results whose usage reported drafts."""
+    drafted = [r for r in results if r.ok and r.verifications]
+    accepted = sum(r.accepted_drafts or 0 for r in drafted)
+    proposed = accepted + sum(r.rejected_drafts or 0 for r in drafted)
+    steps = sum(r.verifications for r in drafted)
+    return {"spec_acceptance_rate": accepted / proposed if proposed else None,
+            "spec_tokens_per_step": 1.0 + accepted / steps if steps else None}
 
 
 def decode_tokens_per_s(results: Sequence[RequestResult]) -> float | None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from edgeserve.errors import EdgeserveError, QueueFullError
-from edgeserve.kernels.transfer import HostCopy, to_device
+from edgeserve.kernels.transfer import HostCopy, take_rows
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 from edgeserve.models.mrope import MRopePositions
@@ -127,6 +128,7 @@ class EngineCore:
         self._pending_add: list[Request] = []
         self._pending_finish: dict[str, str] = {}
         self.num_steps = 0
+        self._decode_step: tuple[int, list[int]] | None = None  # this step's sequences and drafts, when it decodes only
         self.generation_tokens = 0
         self.num_requests_finished = 0
         self._stats = self._collect_stats()
@@ -230,9 +232,12 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Apply queued adds and aborts, run one batch, sample, retire what finished (stop strings included);
         return each request's text delta."""
+        start, self._decode_step = time.perf_counter(), None
         try:
             return [o for o in self._step() if o is not None]
         finally:
+            if self._decode_step is not None and self.spec is not None:  # what drafting costs, measured
+                self.spec.record_step(*self._decode_step, time.perf_counter() - start)
             stats = self._collect_stats()
             with self._lock:
                 self._stats = stats
@@ -291,6 +296,8 @@ class EngineCore:
                 req.num_cached_tokens = s.positions[0]
         scheduled = [s for s in sched.scheduled if s.samples]
         sampling = [self.requests[s.seq_id] for s in scheduled]
+        if sched.scheduled and all(s.samples and s.num_new_tokens == 1 + s.num_spec for s in sched.scheduled):
+            self._decode_step = (len(scheduled), [s.num_spec for s in scheduled if s.num_spec])  # no prompt rows
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None
         out.replayed = self.runner.replays_now()
@@ -310,13 +317,13 @@ class EngineCore:
         out.plain = [i for i, s in enumerate(scheduled) if not s.num_spec]
         spec = [i for i, s in enumerate(scheduled) if s.num_spec]
         if out.plain:
-            rows = logits if not spec else logits[to_device([ends[i] - 1 for i in out.plain], torch.long, logits.device)]
+            rows = take_rows(logits, [ends[i] - 1 for i in out.plain])
             reqs = [sampling[i] for i in out.plain]
             out.sample = sample_rows(rows, [_sampling_row(r) for r in reqs])
             out.copy = HostCopy.start(out.sample)
         if spec:
-            rows = torch.cat([torch.arange(ends[i] - 1 - scheduled[i].num_spec, ends[i]) for i in spec])
-            verdicts = self.spec.verify(logits[rows.to(logits.device)], [scheduled[i] for i in spec],
+            rows = [r for i in spec for r in range(ends[i] - 1 - scheduled[i].num_spec, ends[i])]
+            verdicts = self.spec.verify(take_rows(logits, rows), [scheduled[i] for i in spec],
                                         [sampling[i] for i in spec])
             for i, toks in zip(spec, verdicts):
                 # a speculative run may pass a stop token or max_tokens: it ends there, like token-by-token decoding
@@ -454,7 +461,8 @@ class EngineCore:
         ends the request at once, so it takes no row in the next step."""
         out = TokenOutput(req.request_id, tokens, logprobs, reason, stop_reason,
                           num_prompt_tokens=req.num_prompt_tokens,
-                          num_cached_tokens=req.num_cached_tokens or 0, num_output_tokens=req.num_output_tokens)
+                          num_cached_tokens=req.num_cached_tokens or 0, num_output_tokens=req.num_output_tokens,
+                          spec=replace(req.spec) if req.spec.verifications else None)
         try:
             delta = req.proc.process(out)
         except Exception as e:  # noqa: BLE001 - detokenizing one request's tokens failed: end it alone

@@ -17,6 +17,36 @@ class TokenLogprob:
 
 
 @dataclass
+class SpecCounters:
+    """Speculative decoding's counts: an engine's running totals (/metrics), or one request's (its usage)."""
+
+    proposed: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens the target accepted
+    verifications: int = 0  # sequence-steps with at least one draft token
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """One verification of `proposed` drafts, `accepted` of them kept."""
+        self.proposed += proposed
+        self.accepted += accepted
+        self.verifications += 1
+
+    def merge(self, other: "SpecCounters") -> None:
+        """Add another's counts (a request's choices, a load level's requests)."""
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.verifications += other.verifications
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own next token."""
+        return 1.0 + self.accepted / self.verifications if self.verifications else 0.0
+
+
+@dataclass
 class TokenOutput:
     """What one step produced for one request (token ids, before any text work)."""
 
@@ -28,6 +58,7 @@ class TokenOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    spec: SpecCounters | None = None  # the request's speculative counts so far (None: it never drafted)
 
 
 @dataclass
@@ -43,6 +74,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     num_output_tokens: int = 0  # tokens generated so far
+    spec: SpecCounters | None = None  # its speculative decoding so far (None: it never drafted)
     # chat replies, filled by the server's output parsing (edgeserve.text.chat_output): `text` is then the content
     reasoning: str = ""  # new reasoning text (<think>...</think>)
     tool_calls: list | None = None  # edgeserve.text.tool_calls.ToolCall, on the last delta

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import anyio
 
-from edgeserve.engine.outputs import RequestOutput, TokenLogprob
+from edgeserve.engine.outputs import RequestOutput, SpecCounters, TokenLogprob
 from edgeserve.engine.sched.request_check import output_budget
 from edgeserve.server.chat_setup import ChatSetup, can_think, chat_setup, format_stops
 from edgeserve.server.thinking import MAX_BUDGET, thinking_spec
@@ -57,12 +57,20 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec: SpecCounters = field(default_factory=SpecCounters)  # speculative decoding's drafts, every choice's
 
     def as_openai(self) -> dict:
-        """The OpenAI `usage` object."""
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        """The OpenAI `usage` object; where drafts were verified, `completion_tokens_details` says how many were
+        accepted and rejected (OpenAI's predicted-output fields) and in how many verification steps."""
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                 "total_tokens": self.prompt_tokens + self.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.spec.verifications:
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": self.spec.accepted,
+                "rejected_prediction_tokens": self.spec.proposed - self.spec.accepted,
+                "speculative_verifications": self.spec.verifications}
+        return usage
 
 
 class Generation:
@@ -315,6 +323,8 @@ class Generation:
             self.usage.prompt_tokens += last.num_prompt_tokens
             self.usage.cached_tokens += last.num_cached_tokens
         self.usage.completion_tokens += last.num_output_tokens
+        if last.spec is not None:
+            self.usage.spec.merge(last.spec)
         self.metrics.observe_request(self.model, ttft, e2e, last.num_prompt_tokens, last.num_cached_tokens,
                                      last.num_output_tokens)
         log.info("choice %d of %s: %d prompt tokens (%d cached), %d generated, finish %s, ttft %s, %.3fs",

@@ -208,3 +208,39 @@ def test_roofline_arithmetic(default_model_path):
     assert r.bytes_per_token == per_token + kv * 100
     assert r.max_tokens_per_s == pytest.approx(10e9 / r.bytes_per_token)
     assert r.bandwidth_source == "--mem-bandwidth-gbs" and r.fraction == pytest.approx(50 / r.max_tokens_per_s)
+
+
+def test_speculative_counts_from_usage_reach_the_summary_and_the_table():
+    """The server's per-request draft counts (usage.completion_tokens_details) become the level's acceptance and
+    tokens per verification step, in the summary and the printed table; without them, neither is claimed."""
+    import anyio
+    import httpx
+
+    from edgeserve.bench.client import stream_completion
+    from edgeserve.bench.report import BenchReport, format_table
+    from edgeserve.bench.runner import LevelResult, LoadLevel
+    from edgeserve.bench.workloads import RequestSpec
+
+    def reply(accepted: int, rejected: int, steps: int):
+        usage = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12,
+                 "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                               "rejected_prediction_tokens": rejected,
+                                               "speculative_verifications": steps}}
+        body = (f'data: {json.dumps({"choices": [{"text": "hi"}]})}\n\n'
+                f'data: {json.dumps({"choices": [], "usage": usage})}\n\ndata: [DONE]\n\n')
+        return httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+
+    async def one(transport):
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_completion(client, "http://x", RequestSpec([1, 2, 3], 3, 9), None)
+
+    rs = [anyio.run(one, reply(6, 2, 3)), anyio.run(one, reply(2, 6, 5))]
+    assert (rs[0].accepted_drafts, rs[0].rejected_drafts, rs[0].verifications) == (6, 2, 3)
+    s = summarize(rs, 1.0)
+    assert s.spec_acceptance_rate == pytest.approx(8 / 16)
+    assert s.spec_tokens_per_step == pytest.approx(1 + 8 / 8)
+    level = LoadLevel(concurrency=1)
+    table = format_table(BenchReport("http://x", "edgeserve", "m", "w", "ids", {}, [LevelResult(level, rs, s)]))
+    assert "50% of drafts accepted, 2.00 tokens per verification step" in table
+    plain = summarize([result(0, [0.1, 0.01])], 1.0)
+    assert plain.spec_acceptance_rate is None and plain.spec_tokens_per_step is None

@@ -16,8 +16,10 @@ class ForcedOracle:
     """A proposer's oracle: records the proposer's own first draft with the sequence it was drafted for, and
     proposes the known greedy continuation with drafts wrong now and then (accepted whole, in part, not at all)."""
 
-    def __init__(self, prompts: list[list[int]], outputs: list[list[int]], vocab: int, seed: int = 0) -> None:
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]], vocab: int, seed: int = 0,
+                 accept: float = 0.7) -> None:
         self.runs = list(zip(prompts, outputs))
+        self.accept = accept  # each draft's chance of being right
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.seen: list[tuple[list[int], int]] = []
@@ -28,7 +30,7 @@ class ForcedOracle:
         for prompt, out in self.runs:
             if tokens[:len(prompt)] == prompt:
                 future = out[len(tokens) - len(prompt):][:len(drafts)]
-                return [t if self.rng.random() < 0.7 else (t + 1) % self.vocab for t in future] or drafts
+                return [t if self.rng.random() < self.accept else (t + 1) % self.vocab for t in future] or drafts
         return drafts
 
 

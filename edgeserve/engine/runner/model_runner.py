@@ -9,7 +9,7 @@ import torch
 
 from edgeserve.kernels.cpu import native as cpu_native
 from edgeserve.kernels.formats.quant_linear import PromptRows
-from edgeserve.kernels.transfer import to_device
+from edgeserve.kernels.transfer import take_rows, to_device
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.llama import LlamaModel
 from edgeserve.models.lora_step import StepLora
@@ -85,7 +85,7 @@ class ModelRunner:
         if (sample_seqs and lora is None and images is None and mrope is None and self.graphs is not None
                 and self.graphs.can_run(inputs.query_lens, inputs.block_tables.shape[1])):
             logits = self.graphs.run(inputs, fill)
-            return logits if len(sample_seqs) == len(scheduled) else logits[to_device(sample_seqs, torch.long, dev)]
+            return take_rows(logits, sample_seqs)
         small = dev.type == "cpu" and sum(inputs.query_lens) <= SMALL_STEP_ROWS
         with intra_op_threads(1 if small else None):
             states = self._step_states(scheduled, inputs.query_lens)
@@ -98,7 +98,7 @@ class ModelRunner:
                 return None
             rows = [r for end, s in zip(itertools.accumulate(inputs.query_lens), scheduled) if s.samples
                     for r in range(end - 1 - s.num_spec, end)]
-            return self.model.logits(hidden[to_device(rows, torch.long, dev)])
+            return self.model.logits(take_rows(hidden, rows))
 
 
     def _step_lora(self, scheduled, query_lens: list[int]) -> StepLora | None:

@@ -73,4 +73,5 @@ class OutputProcessor:
             num_cached_tokens=out.num_cached_tokens,
             # tokens of a speculative run past the stop string were never shown: they are not output either
             num_output_tokens=out.num_output_tokens - (len(out.token_ids) - len(token_ids)),
+            spec=out.spec,
         )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from edgeserve.sampling_params import SamplingParams
 
 from ..cache.prefix_key import NO_KEY, PrefixKey
+from ..outputs import SpecCounters
 
 if TYPE_CHECKING:
     import torch
@@ -115,6 +116,7 @@ class Request(Sequence):
     draft_probs: torch.Tensor | None = None  # a draft model's proposal distributions, for this step's verification
     adapter: AdapterChoice | None = None  # the LoRA adapter it runs (engine.runner.adapters), held until it ends
     thinking: ThinkingState | None = None  # a thinking budget: reasoning tokens spent, the closing tag to force
+    spec: SpecCounters = field(default_factory=SpecCounters)  # its drafts proposed and accepted (its usage)
 
     @property
     def request_id(self) -> str:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from edgeserve.engine.outputs import SpecCounters
 from edgeserve.engine.sched.scheduler import ScheduledSeq
 from edgeserve.models.encoder_threads import intra_op_threads
 from edgeserve.models.load import LoadedModel
 
 from .assistant import AssistantProposer, is_assistant
-from .backoff import Backoff
+from .backoff import Backoff, StepCosts
 from .draft import DraftProposer
 from .mtp import MtpProposer, NoMtpHeadError, mtp_head_error
 from .ngram import NgramProposer
@@ -32,8 +32,9 @@ MAX_BACKLOG = 2
 # token ids the MTP head drafts within (`--spec-draft-vocab`; 0: the whole vocabulary): its output head cut to the
 # lowest ids costs a draft a fraction of the full head's read (docs/perf-log/2026-11-to-12.md)
 DEFAULT_DRAFT_VOCAB = 32768
-# the acceptance below which MTP drafting costs more than it saves (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md):
-# a request under it pauses drafting (spec.backoff)
+# the acceptance below which MTP drafting costs more than it saves until this engine has measured its own steps
+# (benchmarks/engine/mtp_oracle.py, docs/perf-log/2026-11-to-12.md): a request under it pauses drafting (spec.backoff);
+# then StepCosts.break_even, from the wall times of plain and drafting steps, replaces it
 MTP_BREAK_EVEN = 0.5
 
 
@@ -55,24 +56,6 @@ def speculative_method(asked: str | None, target: LoadedModel, draft_model: str 
 def default_num_tokens(method: str, asked: int | None) -> int:
     """Tokens proposed per step: `asked`, else the method's default."""
     return asked if asked is not None else DEFAULT_NUM_TOKENS.get(method, 4)
-
-
-@dataclass
-class SpecCounters:
-    """Running totals for /metrics."""
-
-    proposed: int = 0  # draft tokens verified
-    accepted: int = 0  # draft tokens the target accepted
-    verifications: int = 0  # sequence-steps with at least one draft token
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per verification: the accepted drafts plus the target's own next token."""
-        return 1.0 + self.accepted / self.verifications if self.verifications else 0.0
 
 
 class Speculator:
@@ -101,6 +84,7 @@ class Speculator:
         self.threads = 1 if target.model.device.type == "cpu" else None
         # MTP is on by default where a file has a head: a request whose drafts are rarely accepted stops drafting
         self.backoff = Backoff(MTP_BREAK_EVEN) if method == "mtp" else None
+        self.costs = StepCosts()
         self.max_backlog = MAX_BACKLOG
 
     @staticmethod
@@ -161,6 +145,13 @@ class Speculator:
             return
         wanted = {s.seq_id: requests[s.seq_id] for s in scheduled
                   if s.seq_id in requests and self.wants(requests[s.seq_id])}
+        if self.backoff is not None and self.mtp is not None:
+            # a paused request's head drops its rows and K/V and starts again when its pause ends: catching up
+            # over the paused positions would cost what the pause saves (an MoE head reads the union of the
+            # rows' experts), and its next probe needs only the positions from there on
+            for seq_id in [i for i in wanted if self.backoff.paused(i)]:
+                del wanted[seq_id]
+                self.mtp.free(seq_id)
         reader.observe(scheduled, hidden, wanted)
 
     def verify(self, logits: torch.Tensor, scheduled: list[ScheduledSeq], rs: list["Request"]) -> list[list[int]]:
@@ -193,10 +184,20 @@ class Speculator:
         if self.backoff is not None:
             for r, d, a in zip(rs, drafts, verdict.num_accepted):
                 self.backoff.record(r.request_id, len(d), a)
-        self.counters.proposed += sum(len(d) for d in drafts)
-        self.counters.accepted += sum(verdict.num_accepted)
-        self.counters.verifications += len(drafts)
+        for r, d, a in zip(rs, drafts, verdict.num_accepted):
+            self.counters.add(len(d), a)
+            r.spec.add(len(d), a)
         return [d[:a] + [t] for d, a, t in zip(drafts, verdict.num_accepted, verdict.next_token)]
+
+    def record_step(self, seqs: int, drafts: list[int], seconds: float) -> None:
+        """A decode step of `seqs` sequences (one row each plus `drafts[i]` drafts for those that drafted) took
+        `seconds`: a step where none drafted or each drafted `num_tokens` feeds the measured step costs, from which
+        the back-off takes its break-even acceptance."""
+        if drafts and (len(drafts) != seqs or any(d != self.num_tokens for d in drafts)):
+            return  # a mixed step: neither cost
+        self.costs.record(seqs, bool(drafts), seconds)
+        if self.backoff is not None and (even := self.costs.break_even(seqs, self.num_tokens)) is not None:
+            self.backoff.threshold = even
 
     def rollback(self, reqs: list["Request"]) -> None:
         """After `Scheduler.update`: drop the draft KV past each request's accepted tokens."""

@@ -98,6 +98,7 @@ def test_engine_first_drafts_are_the_reference_heads(name, draft_vocab, files):
     spec = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=3, max_num_batched_tokens=16,
                           block_size=4, spec_draft_vocab=draft_vocab)
     assert (spec.engine.spec.mtp.draft_vocab is not None) == (draft_vocab > 0)
+    spec.engine.spec.backoff = None  # every step drafts (a paused request's head starts again: not this test's case)
     oracle = spec.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
     rows, execute = [], spec.engine.runner.execute
 
@@ -249,7 +250,7 @@ def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
 
     b = Backoff(threshold=0.4)
     steps = []
-    for _ in range(40):
+    for _ in range(80):
         if b.drafts_now("low"):
             b.record("low", 2, 0)  # never accepted
             steps.append(1)
@@ -257,16 +258,92 @@ def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
             steps.append(0)
     drafted = [i for i, s in enumerate(steps) if s]
     gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:])]
-    assert gaps[:3] == [0, 0, 4] and gaps[3:5] == [8, 16]  # a few tries, then pauses that double
+    assert gaps[:4] == [0, 4, 8, 16]  # two bad verifications pause it (surely low), then pauses that double
     assert all(b.drafts_now("good") for _ in range(5))  # an unknown request drafts
     for _ in range(20):
         b.record("good", 2, 2)
         assert b.drafts_now("good")
-    b.record("low", 2, 2)  # a probe that goes well (after its pause) ends the pauses
-    while not b.drafts_now("low"):
-        pass
-    b.record("low", 2, 2)
+    waits = []
+    for _ in range(4):  # good probes after the pause: each pause shorter, then drafting again once the average is
+        n = 0           # back above the threshold
+        while not b.drafts_now("low"):
+            n += 1
+        waits.append(n)
+        b.record("low", 2, 2)
+    assert waits[1] < waits[0] and waits[2] < waits[1] and waits[-1] == 0
     assert b.drafts_now("low") and b.drafts_now("low")
+
+
+def test_backoff_keeps_drafting_above_the_break_even_and_pauses_below_it():
+    """At acceptance 0.7 over a break-even of 0.5 a request (almost) never pauses; at 0.4 under a break-even of 0.7
+    (an MoE's) it drafts on few steps."""
+    import random
+
+    from edgeserve.engine.spec.backoff import Backoff
+
+    def drafting_share(accept: float, threshold: float, k: int = 1, steps: int = 4000) -> float:
+        b, rng, drafted = Backoff(threshold=threshold), random.Random(7), 0
+        for _ in range(steps):
+            if b.drafts_now("r"):
+                drafted += 1
+                a = 0
+                while a < k and rng.random() < accept:
+                    a += 1
+                b.record("r", k, a)
+        return drafted / steps
+
+    assert drafting_share(0.7, 0.5) > 0.95 and drafting_share(0.7, 0.35, k=2) > 0.95
+    assert drafting_share(0.4, 0.7) < 0.15 and drafting_share(0.43, 0.55) < 0.15
+    assert drafting_share(0.3, 0.6, k=2) < 0.15
+
+
+def test_backoff_threshold_is_the_measured_break_even():
+    """The engine's measured step times set the back-off's threshold: (drafting step / plain step - 1) / k."""
+    from edgeserve.engine.spec.backoff import StepCosts
+
+    costs = StepCosts()
+    assert costs.break_even(1, 2) is None  # nothing measured yet
+    costs.record(1, False, 0.020)
+    assert costs.break_even(1, 2) is None
+    costs.record(1, True, 0.030)
+    assert costs.break_even(1, 2) == pytest.approx(0.25)  # 1 + 2a tokens for 1.5x the time
+    assert costs.break_even(4, 2) is None  # another batch size is measured apart
+    for _ in range(40):
+        costs.record(1, True, 0.040)  # the average follows the newest steps
+    assert costs.break_even(1, 1) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_engine_measures_its_steps_and_backs_off_where_drafting_does_not_pay(files):
+    """Inside the engine, decode steps are timed with and without drafts (prompt steps are not), and a request whose
+    drafts are accepted less often than the measured break-even stops drafting."""
+    _, _, _, q8 = files("qwen35-mtp")
+    lm = load_ours(q8, dtype="bfloat16")
+    ps = prompts(5, n=1)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps, params)
+    llm = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp", num_speculative_tokens=1)
+    spec = llm.engine.spec
+    recorded, head_while_paused = [], []
+    record = spec.record_step
+
+    def spy(seqs, drafts, seconds):
+        recorded.append((seqs, list(drafts)))
+        if not drafts:  # a paused request's head holds nothing (it starts again when the pause ends)
+            head_while_paused.extend(i for i in spec.mtp.seqs if spec.backoff.paused(i))
+        record(seqs, drafts, seconds)
+
+    spec.record_step = spy
+    spec.costs.record(1, False, 0.010)  # as if measured: a drafting step costs 1.8x a plain one, so 0.8 is the bar
+    spec.costs.record(1, True, 0.018)
+    spec.costs.smoothing = 0.0  # and stays so (wall times on a shared machine vary)
+    spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size, accept=0.3)  # below the bar
+    out = outputs(llm, ps, params)
+    assert out == plain
+    assert recorded and all(seqs == 1 for seqs, _ in recorded)  # decode steps only: the prompt's step is not timed
+    assert spec.backoff.threshold == pytest.approx(0.8)
+    drafting = [bool(d) for _, d in recorded]
+    assert drafting[0] and drafting.count(False) > drafting.count(True)  # it backed off
+    assert not head_while_paused
 
 
 @pytest.mark.parametrize("name", CASES)
