@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from edgeserve.offload.tier_manager import OffloadStats
+if TYPE_CHECKING:  # no torch at import: the CLI's --help path imports the request state, which counts drafts here
+    from edgeserve.offload.tier_manager import OffloadStats
 
 
 @dataclass
