@@ -236,7 +236,7 @@ class EngineCore:
         try:
             return [o for o in self._step() if o is not None]
         finally:
-            if self._decode_step is not None and self.spec is not None:  # what drafting costs, measured
+            if self._decode_step is not None:  # what drafting costs, measured (set only with speculation on)
                 self.spec.record_step(*self._decode_step, time.perf_counter() - start)
             stats = self._collect_stats()
             with self._lock:
@@ -296,7 +296,8 @@ class EngineCore:
                 req.num_cached_tokens = s.positions[0]
         scheduled = [s for s in sched.scheduled if s.samples]
         sampling = [self.requests[s.seq_id] for s in scheduled]
-        if sched.scheduled and all(s.samples and s.num_new_tokens == 1 + s.num_spec for s in sched.scheduled):
+        if self.spec is not None and sched.scheduled and all(
+                s.samples and s.num_new_tokens == 1 + s.num_spec for s in sched.scheduled):
             self._decode_step = (len(scheduled), [s.num_spec for s in scheduled if s.num_spec])  # no prompt rows
         out = Launched(sched, sampling, {r.request_id: r.num_output_tokens for r in sampling})
         fill = self._fill(sched) if self._inflight is not None else None

@@ -33,7 +33,7 @@ class SpecCounters:
         self.verifications += 1
 
     def merge(self, other: "SpecCounters") -> None:
-        """Add another's counts (a request's choices, a load level's requests)."""
+        """Add another's counts (the choices of one reply)."""
         self.proposed += other.proposed
         self.accepted += other.accepted
         self.verifications += other.verifications

@@ -181,12 +181,11 @@ class Speculator:
 
     def _count(self, rs: list["Request"], drafts: list[list[int]], verdict: Verdict) -> list[list[int]]:
         """Each sequence's accepted drafts plus its next token, counted for /metrics (and the back-off)."""
-        if self.backoff is not None:
-            for r, d, a in zip(rs, drafts, verdict.num_accepted):
-                self.backoff.record(r.request_id, len(d), a)
         for r, d, a in zip(rs, drafts, verdict.num_accepted):
             self.counters.add(len(d), a)
             r.spec.add(len(d), a)
+            if self.backoff is not None:
+                self.backoff.record(r.request_id, len(d), a)
         return [d[:a] + [t] for d, a, t in zip(drafts, verdict.num_accepted, verdict.next_token)]
 
     def record_step(self, seqs: int, drafts: list[int], seconds: float) -> None:
