@@ -4,7 +4,9 @@
 Random weights make a head that never agrees with its trunk, so acceptance is forced: the proposer is the model's
 MTP head (it runs every step, so its cost is the real one) and an oracle (MtpProposer.oracle, for benchmarks only)
 replaces its drafts with the target's own greedy continuation from a plain run, each draft kept right with
-probability `a` (the first wrong one ends what can be accepted). Acceptance on real text is not measured here.
+probability `a` (the first wrong one ends what can be accepted), the counts drawn from an evenly spread sequence
+(`oracle_for`; `--random-draws`: independent draws, as before 2026-12-03 evening). Acceptance on real text is not
+measured here.
 
 The GGUF: a random Qwen3.5 shape (edgeserve.bench.random_hybrid_gguf) with one MTP block and the real Qwen3.5
 vocabulary (llama.cpp's models/ggml-vocab-qwen35.gguf), written once into the cache folder. One process, the same
@@ -14,12 +16,14 @@ tokens/s = generated tokens / wall time of `generate` (a short prompt: prefill i
     python benchmarks/engine/mtp_oracle.py [--shape qwen35-0.8b] [--mix Q4_K_M] [--max-tokens 48] [--ks 1,2,3,4]
                                     [--accept 1.0,0.7,0.4] [--rounds 2] [--layers N] [--backoff 0.3]
                                     [--draft-vocab 0,32768] [--per-op-head 0.7] [--no-replay 0.7] [--out /tmp/folder]
+                                    [--random-draws]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
 import statistics
@@ -29,15 +33,27 @@ from pathlib import Path
 VOCAB = Path.home() / ".cache/edgeserve/reference/llama.cpp-0.3.36/models/ggml-vocab-qwen35.gguf"
 
 
-def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: int, seed: int = 0):
+GOLDEN = (5 ** 0.5 - 1) / 2  # the golden ratio's fraction: the most evenly spread sequence of draws
+
+
+def oracle_for(prompt: list[int], reference: list[int], accept: float, vocab: int, seed: int = 0,
+               even: bool = True):
     """MtpProposer.oracle proposing `reference` (the plain run's output for `prompt`), each draft right with
-    probability `accept`."""
-    rng = random.Random(seed)
+    probability `accept` until the first wrong one: a verification's count of right drafts is m with probability
+    accept**m (1 - accept) (m < k). `even`: the counts from a low-discrepancy sequence of draws (u_n = frac(0.5 +
+    n golden), m = the largest m <= k with u_n < accept**m), so a run of a few dozen verifications already has
+    the distribution's mean and sides and rounds compare the same pattern; else independent random draws."""
+    rng, draws = random.Random(seed), itertools.count()
 
     def oracle(seq, drafts: list[int]) -> list[int]:
         done = len(seq.all_token_ids) - len(prompt)
         future = reference[done: done + len(drafts)]
-        return [t if rng.random() < accept else (t + 1) % vocab for t in future] or drafts
+        if not even:
+            return [t if rng.random() < accept else (t + 1) % vocab for t in future] or drafts
+        u, right = (0.5 + next(draws) * GOLDEN) % 1.0, 0
+        while right < len(future) and u < accept ** (right + 1):
+            right += 1
+        return [t if i < right else (t + 1) % vocab for i, t in enumerate(future)] or drafts
 
     return oracle
 
@@ -64,6 +80,8 @@ def _parse_args() -> argparse.Namespace:
                     help="also these acceptances (comma-separated) with the hybrid's state backup / restore and "
                          "recompute instead of drafts kept off the states (Engine.set_draft_replay(False))")
     ap.add_argument("--out", default=None, help="also write the GGUF here (default: the edgeserve cache folder)")
+    ap.add_argument("--random-draws", action="store_true",
+                    help="each draft's fate an independent random draw (default: evenly spread counts)")
     return ap.parse_args()
 
 
@@ -84,23 +102,23 @@ def main() -> None:
         for k in (int(x) for x in a.ks.split(",")):
             for acc in (float(x) for x in a.accept.split(",")):
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
-                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab, even=not a.random_draws)
                 llm.engine.spec.backoff = None  # the raw cost at this acceptance
                 engines[f"mtp dv={dv} k={k} a={acc:.0%}"] = llm
             for acc in (float(x) for x in (a.no_replay.split(",") if a.no_replay else [])):
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
-                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, acc, vocab, even=not a.random_draws)
                 llm.engine.spec.backoff = None
                 llm.engine.set_draft_replay(False)
                 engines[f"mtp dv={dv} k={k} a={acc:.0%} no replay"] = llm
             if a.per_op_head is not None:  # the same with the head's block per-op
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
-                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab, even=not a.random_draws)
                 llm.engine.spec.backoff = None
                 engines[f"mtp dv={dv} k={k} a={a.per_op_head:.0%} per-op head"] = PerOpHead(llm, lm.model.mtp)
             if a.backoff is not None:  # the same with the back-off policy on
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
-                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.backoff, vocab, even=not a.random_draws)
                 engines[f"mtp dv={dv} k={k} a={a.backoff:.0%} backoff"] = llm
     measure(engines, prompt, params, reference, a.rounds, {"shape": a.shape, "layers": a.layers, "mix": a.mix})
 

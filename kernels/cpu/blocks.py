@@ -99,7 +99,8 @@ class GdnStep(ctypes.Structure):
 
     _fields_ = [("conv", _p), ("conv_slot_stride", _i64), ("conv_layer_stride", _i64), ("state", _p),
                 ("state_slot_stride", _i64), ("state_layer_stride", _i64), ("cu", _p), ("slots", _p), ("B", _i32),
-                ("keep", _p), ("spec", _p), ("spec_layer_stride", _i64), ("spec_rows", _i32)]
+                ("keep", _p), ("spec", _p), ("spec_layer_stride", _i64), ("spec_rows", _i32), ("owed", _p),
+                ("owed_layer_stride", _p), ("owed_n", _p)]
 
 
 class Experts(ctypes.Structure):

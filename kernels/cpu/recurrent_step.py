@@ -6,7 +6,7 @@ its conv and ssm pools, a gated short convolution its conv pool alone (its recur
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,8 +24,12 @@ class RecurrentStep:
     # Gated DeltaNet mixers (GdnLayer structs) keep a verification step's drafts off the states (StepStates.keep)
     # and advance them by the accepted ones afterwards (`replay`)
     replays: bool = False
-    # the last step run with drafts kept off the states: its gdn_step_t and the tensors it points into
-    drafts: tuple[GdnStep, list] | None = None
+    # the last step run with drafts kept off the states: its gdn_step_t, the tensors it points into, its state pool
+    drafts: tuple[GdnStep, list, object] | None = None
+    # `replay` leaves the accepted drafts owed to the states (StatePool.owe): the sequence's next step runs them
+    # in its own pass over the state, anything else that reads the slot first replays them (OwedDrafts.settle);
+    # False: replayed at once (an A/B switch)
+    defer: bool = True
 
     def takes(self, states, num_rows: int) -> bool:
         """Whether the stack runs over these step states (engine.cache.state_pool.StepStates): float32 pools of this
@@ -47,15 +51,30 @@ class RecurrentStep:
         rec = (None, 0, 0) if recurrent is None else (recurrent.data_ptr(), recurrent.stride(0), recurrent.stride(1))
         step = GdnStep(conv.data_ptr(), conv.stride(0), conv.stride(1), *rec, cu.data_ptr(), slots.data_ptr(),
                        slots.numel())
+        held = [cu, slots]
+        if self.replays and getattr(pool, "owed", None):
+            held += self._owed(step, pool.take_owed(slots.tolist()))
         keep = getattr(states, "keep", None)
         if keep is None:
-            return step, [cu, slots]
+            return step, held
         if not self.replays:
             raise ValueError("this plan's mixers cannot keep a step's drafts off their states")
-        kept = [cu, slots, *self._keep_drafts(step, keep, batch.lens.tolist())]
-        self.drafts = (step, kept)
+        held += self._keep_drafts(step, keep, batch.lens.tolist())
+        self.drafts = (step, held, pool)
         states.kept = True
-        return step, kept
+        return step, held
+
+    @staticmethod
+    def _owed(step: GdnStep, owed: list) -> list:
+        """Point `step` at the rows its sequences owe their states (OwedDrafts or None, in batch order); what it
+        points into (nothing when none owes any)."""
+        if not any(owed):
+            return []
+        where = torch.tensor([o.address if o else 0 for o in owed], dtype=torch.int64)
+        strides = torch.tensor([o.layer_stride if o else 0 for o in owed], dtype=torch.int64)
+        counts = torch.tensor([o.n if o else 0 for o in owed], dtype=torch.int32)
+        step.owed, step.owed_layer_stride, step.owed_n = where.data_ptr(), strides.data_ptr(), counts.data_ptr()
+        return [where, strides, counts, [o for o in owed if o]]
 
     def _keep_drafts(self, step: GdnStep, keep: list[int], lens: list[int]) -> list[torch.Tensor]:
         """Point `step` at each sequence's kept rows and at a buffer for its draft rows' inputs (gdn_spec_per_row
@@ -72,14 +91,60 @@ class RecurrentStep:
 
     def replay(self, lib, accepted: list[int]) -> None:
         """After a step run with drafts kept off the states: advance each sequence's states (in the step's batch
-        order) by its first accepted[b] drafts, from the inputs that step kept."""
+        order) by its first accepted[b] drafts, from the inputs that step kept: owed to its slot in the pool
+        (`defer`), else now."""
         if self.drafts is None:
             raise RuntimeError("no step with drafts to replay")
-        (step, kept), self.drafts = self.drafts, None
+        (step, held, pool), self.drafts = self.drafts, None
         if len(accepted) != step.B:
             raise ValueError(f"{len(accepted)} accepted counts for a step of {step.B} sequences")
         if not any(accepted):
             return
+        if self.defer:
+            spec, slots = held[-1], held[1].tolist()
+            for b, n in enumerate(accepted):
+                if n:
+                    pool.owe(slots[b], OwedDrafts(self, lib, spec, b, n))
+            return
         counts = torch.tensor(accepted, dtype=torch.int32)
         for j in range(self.num_layers):
             lib.qmm_gdn_replay(ctypes.byref(self.layers[j]), ctypes.byref(step), counts.data_ptr())
+
+
+@dataclass
+class OwedDrafts:
+    """A sequence's accepted drafts that its states have not taken yet (StatePool.owed): the inputs its verification
+    step kept (`spec` [linear layers, B, rows, gdn_spec_per_row], its batch row `b`), `n` of them from row `start`."""
+
+    recurrent: RecurrentStep
+    lib: ctypes.CDLL
+    spec: torch.Tensor
+    b: int
+    n: int
+    start: int = 0
+
+    @property
+    def address(self) -> int:
+        """Where its rows of the first linear layer start."""
+        return self.spec[0, self.b, self.start].data_ptr()
+
+    @property
+    def layer_stride(self) -> int:
+        """Values between one linear layer's rows and the next's."""
+        return self.spec.stride(0)
+
+    def settle(self, pool, slot: int, rows: int | None = None) -> OwedDrafts | None:
+        """Advance slot `slot`'s states in `pool` by these rows (the first `rows` of them) now (qmm_gdn_replay over
+        a batch of this one sequence): the same states its next step's pass would leave before its own rows. The
+        rows still owed, if any."""
+        rows = self.n if rows is None else rows
+        rec = self.recurrent
+        conv, state = pool.tensors[rec.names[0]], pool.tensors[rec.names[1]]
+        cu, slots = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([slot], dtype=torch.int32)
+        step = GdnStep(conv.data_ptr(), conv.stride(0), conv.stride(1), state.data_ptr(), state.stride(0),
+                       state.stride(1), cu.data_ptr(), slots.data_ptr(), 1)
+        step.spec, step.spec_layer_stride, step.spec_rows = self.address, self.layer_stride, self.spec.shape[2]
+        counts = torch.tensor([rows], dtype=torch.int32)
+        for j in range(rec.num_layers):
+            self.lib.qmm_gdn_replay(ctypes.byref(rec.layers[j]), ctypes.byref(step), counts.data_ptr())
+        return replace(self, n=self.n - rows, start=self.start + rows) if rows < self.n else None

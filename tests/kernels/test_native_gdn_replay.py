@@ -80,3 +80,74 @@ def test_drafts_kept_off_the_states_then_replayed(lib, keep, accepted):
     mix(lib, w, proj[rows], [k + a for k, a in zip(keep, accepted)], slots, want_conv, want_state)
     assert torch.equal(got_conv, want_conv) and torch.equal(got_state, want_state)
     assert torch.equal(got_state[[1, 2]], state[[1, 2]])  # slots outside the step untouched
+
+
+def owe(step_spec: torch.Tensor, accepted: list[int]) -> tuple[list[torch.Tensor], dict]:
+    """gdn_step_t owed fields for a next step whose sequence b owes accepted[b] rows of a step's spec tensor."""
+    where = torch.tensor([step_spec[0, b].data_ptr() if n else 0 for b, n in enumerate(accepted)], dtype=torch.int64)
+    strides = torch.full((len(accepted),), step_spec.stride(0), dtype=torch.int64)
+    counts = torch.tensor(accepted, dtype=torch.int32)
+    return [where, strides, counts], dict(owed=where.data_ptr(), owed_layer_stride=strides.data_ptr(),
+                                          owed_n=counts.data_ptr())
+
+
+def verify_then_next(lib, w, proj, lens, slots, conv, state, keep, accepted, nxt, nxt_lens, nxt_keep, owed: bool):
+    """A verification step (drafts kept off the states) and the next step (rows nxt, its own drafts after nxt_keep
+    when given): the accepted drafts replayed between them (qmm_gdn_replay), or owed to the next step (`owed`).
+    The next step's output."""
+    layer = GdnLayer(HK, HV, DK, DV, K, 0, INDEX, 1e-6, DK ** -0.5, w["conv"].data_ptr(), w["A_log"].data_ptr(),
+                     w["dt_bias"].data_ptr(), w["norm"].data_ptr())
+
+    def step_for(ls, keep_rows):
+        cu = torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)
+        sl = torch.tensor(slots, dtype=torch.int32)
+        st = GdnStep(conv.data_ptr(), conv.stride(0), conv.stride(1), state.data_ptr(), state.stride(0),
+                     state.stride(1), cu.data_ptr(), sl.data_ptr(), len(slots))
+        held = [cu, sl]
+        if keep_rows is not None:
+            keep_t = torch.tensor(keep_rows, dtype=torch.int32)
+            rows = max(n - k for n, k in zip(ls, keep_rows))
+            spec = torch.full((LAYERS, len(ls), rows, 2 * C + 2 * HV), float("nan"))
+            st.keep, st.spec, st.spec_layer_stride, st.spec_rows = (keep_t.data_ptr(), spec.data_ptr(),
+                                                                    spec.stride(0), rows)
+            held += [keep_t, spec]
+        return st, held
+
+    def run(st, p):
+        scratch, out = torch.empty(p.shape[0], 2 * HK * DK + 2 * VD + 2 * HV), torch.empty(p.shape[0], VD)
+        lib.qmm_gdn_mix(ctypes.byref(layer), ctypes.byref(st), p.shape[0], p.data_ptr(), p.stride(0),
+                        scratch.data_ptr(), out.data_ptr())
+        return out
+
+    first, held = step_for(lens, keep)
+    run(first, proj)
+    second, held2 = step_for(nxt_lens, nxt_keep)
+    if owed:
+        tensors, fields = owe(held[-1], accepted)
+        for name, value in fields.items():
+            setattr(second, name, value)
+    else:
+        counts = torch.tensor(accepted, dtype=torch.int32)
+        lib.qmm_gdn_replay(ctypes.byref(layer), ctypes.byref(first), counts.data_ptr())
+    return run(second, nxt)
+
+
+@pytest.mark.parametrize("accepted,nxt_lens,nxt_keep", [([2, 1, 0], [1, 1, 1], None), ([2, 1, 0], [3, 3, 1], [1, 1, 1]),
+                                                        ([1, 0, 2], [2, 3, 1], [1, 2, 1]), ([0, 0, 0], [1, 2, 1], None)])
+def test_owed_drafts_run_in_the_next_steps_pass(lib, accepted, nxt_lens, nxt_keep):
+    """The accepted drafts owed to the next step (gdn_step_t.owed) instead of replayed after theirs: the next
+    step's outputs and the states after it are bit for bit those of the replay followed by that step."""
+    lens, keep, slots = [4, 3, 3], [1, 1, 1], [3, 0, 4]
+    w = layer_weights()
+    g = torch.Generator().manual_seed(5)
+    proj = torch.randn(sum(lens), C + VD + 2 * HV, generator=g)
+    nxt = torch.randn(sum(nxt_lens), C + VD + 2 * HV, generator=g)
+    conv, state = pools()
+    want_conv, want_state = conv.clone(), state.clone()
+    want = verify_then_next(lib, w, proj, lens, slots, want_conv, want_state, keep, accepted, nxt, nxt_lens,
+                            nxt_keep, owed=False)
+    got = verify_then_next(lib, w, proj, lens, slots, conv, state, keep, accepted, nxt, nxt_lens, nxt_keep,
+                           owed=True)
+    assert torch.equal(got, want)
+    assert torch.equal(conv, want_conv) and torch.equal(state, want_state)
+    assert not torch.equal(state[slots[0]], pools()[1][slots[0]])  # the step did advance them

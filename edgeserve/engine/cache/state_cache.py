@@ -235,13 +235,15 @@ class StateSlots:
             self.offload.offer_state(slot, block_hash)
         return len(self._snapshots)
 
-    def snapshot(self, seq_id: SeqId, block_hash: bytes, keep: bool, num_blocks: int = 0) -> None:
+    def snapshot(self, seq_id: SeqId, block_hash: bytes, keep: bool, num_blocks: int = 0, ahead: int = 0) -> None:
         """Keep `seq_id`'s states now (its computed tokens end at the block `block_hash`, its `num_blocks`-th) as that
         block's snapshot; `keep`: this is one of its prompt's snapshot points (a turn boundary, its last full block:
         kept while the sequence lives, unless the slots run out). Its previous latest snapshot goes back unless it
-        is a kept one."""
+        is a kept one. `ahead`: its computed tokens run that many past the block (a speculative step crossed it);
+        the snapshot is then the states before the last `ahead` rows they still owe (StatePool.settle), and none
+        is taken where they owe fewer."""
         seat = self._seats[seq_id]
-        if not self.budget.snapshots:
+        if not self.budget.snapshots or (ahead and not self.pool.settle(seat.slot, leave=ahead)):
             return
         old, seat.latest_hash = seat.latest_hash, block_hash
         if keep:
@@ -256,7 +258,7 @@ class StateSlots:
         if len(self._snapshots) >= self.budget.snapshots:
             self._drop(self._victim(), offer=True)
         dst = self.pool.allocate(zero=False)
-        self.pool.copy(seat.slot, dst)
+        self.pool.copy(seat.slot, dst, settle=not ahead)
         self._snapshots[block_hash] = dst
         self.counters.snapshots_taken += 1
 

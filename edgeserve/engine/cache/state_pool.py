@@ -15,12 +15,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
 from edgeserve.kernels.torch.gated_delta import DeltaBatch, DeltaNetDims
 
 from .cache_spec import state_layers
+
+
+class OwedRows(Protocol):
+    """Rows a slot's states have not taken yet (StatePool.owe): kernels.cpu.recurrent_step.OwedDrafts."""
+
+    n: int  # how many
+
+    def settle(self, pool: StatePool, slot: int, rows: int | None = None) -> OwedRows | None:
+        """Advance slot `slot`'s states in `pool` by the rows (the first `rows` of them), now; the rest, if any."""
 
 
 class OutOfSlotsError(RuntimeError):
@@ -162,6 +172,9 @@ class StatePool:
             for t in spec.tensors}
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # a stack: the lowest slot goes out first
         self._used: set[int] = set()
+        # rows a slot's states have not taken yet (a verification's accepted drafts, kernels.cpu.recurrent_step):
+        # its sequence's next fused step runs them (`take_owed`); every other read of the slot settles them first
+        self.owed: dict[int, OwedRows] = {}
 
     def __getattr__(self, name: str) -> torch.Tensor:
         tensors = self.__dict__.get("tensors")
@@ -198,24 +211,60 @@ class StatePool:
         return slot
 
     def free(self, slot: int) -> None:
-        """Give a slot back; freeing a slot that is not in use is an error (a double free)."""
+        """Give a slot back (rows it still owed go with its states); freeing a slot that is not in use is an error
+        (a double free)."""
         if slot not in self._used:
             raise ValueError(f"state slot {slot} is not in use")
+        self.owed.pop(slot, None)
         self._used.remove(slot)
         self._free.append(slot)
 
-    def copy(self, src: int, dst: int) -> None:
-        """Make slot `dst` (in use) hold the states of slot `src` (in use): a snapshot, or a rollback to one."""
+    def owe(self, slot: int, rows: OwedRows) -> None:
+        """Record rows that slot `slot`'s states still have to take (after any it owed already)."""
+        if slot not in self._used:
+            raise ValueError(f"state slot {slot} is not in use")
+        self.settle(slot)
+        self.owed[slot] = rows
+
+    def settle(self, slot: int | None = None, leave: int = 0) -> bool:
+        """Make slot `slot`'s states (None: every slot's) take the rows they owe, now, all but the last `leave` of
+        them (which stay owed: the states then stand `leave` tokens before their sequence). False when the slot owes
+        fewer than `leave` rows (nothing changes)."""
+        if leave:
+            rows = self.owed.get(slot)
+            if rows is None or rows.n < leave:
+                return False
+            if rows.n > leave:
+                self.owed[slot] = rows.settle(self, slot, rows.n - leave)
+            return True
+        for s in [slot] if slot is not None else list(self.owed):
+            rows = self.owed.pop(s, None)
+            if rows is not None:
+                rows.settle(self, s)
+        return True
+
+    def take_owed(self, slots: list[int]) -> list[OwedRows | None]:
+        """The rows each of `slots` owes (None where none), handed to a step that runs them before its own rows:
+        they are no longer owed here."""
+        return [self.owed.pop(s, None) for s in slots]
+
+    def copy(self, src: int, dst: int, settle: bool = True) -> None:
+        """Make slot `dst` (in use) hold the states of slot `src` (in use): a snapshot, or a rollback to one. `src`
+        takes the rows it owes first (`settle`; False: the copy is of its states as they stand)."""
         for s in (src, dst):
             if s not in self._used:
                 raise ValueError(f"state slot {s} is not in use")
+        if settle:
+            self.settle(src)
         if src != dst:
+            self.owed.pop(dst, None)
             for t in self.tensors.values():
                 t[dst].copy_(t[src])
 
     def slot_views(self, slot: int) -> list[torch.Tensor]:
         """Slot `slot`'s tensors ([num_layers, *shape] each, contiguous views), in the spec's order: what the
         offload tiers copy (as bytes, one after another)."""
+        self.settle(slot)
         return [self.tensors[t.name][slot] for t in self.spec.tensors]
 
     def layer(self, index: int) -> tuple[torch.Tensor, ...]:
@@ -223,6 +272,7 @@ class StatePool:
         kernels take them: Gated DeltaNet's (conv [num_slots, K - 1, conv_dim], recurrent [num_slots, Hv, Dk, Dv])."""
         if not 0 <= index < self.spec.num_layers:
             raise IndexError(f"state layer {index} out of range 0..{self.spec.num_layers - 1}")
+        self.settle()
         return tuple(self.tensors[t.name][:, index] for t in self.spec.tensors)
 
     @property
@@ -236,6 +286,7 @@ class StatePool:
         assert len(free) == len(self._free), "a slot is free twice"
         assert not free & self._used, f"slots both free and used: {sorted(free & self._used)[:8]}"
         assert free | self._used == set(range(self.num_slots)), "a slot is lost or out of range"
+        assert set(self.owed) <= self._used, "rows owed to a free slot"
         assert self.num_free + self.num_used == self.num_slots
 
 

@@ -283,11 +283,11 @@ class Scheduler:
             else:
                 seq.num_computed_tokens += s.num_new_tokens
             seq.spec_token_ids = []
+            if s.samples:  # first: a verification's accepted drafts are computed tokens whose blocks are hashed
+                seq.append_output(sampled[seq.seq_id])
             self.block_manager.commit_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
             if self.states is not None:
-                self._snapshot(seq)
-            if s.samples:
-                seq.append_output(sampled[seq.seq_id])
+                self._snapshot(seq, s.positions[0])
 
     # --- phases ------------------------------------------------------------
 
@@ -473,16 +473,20 @@ class Scheduler:
         return self.states is not None and bool(self.states.budget.snapshots) and \
             self.block_manager.enable_prefix_caching
 
-    def _snapshot(self, seq: Sequence) -> None:
-        """After a step: keep a hybrid sequence's state as the snapshot of the block its computed tokens now end at
-        (kept while it lives at its prompt's snapshot points, else until its next one)."""
+    def _snapshot(self, seq: Sequence, start: int) -> None:
+        """After a step that began at computed token `start`: keep a hybrid sequence's state as the snapshot of the
+        block its computed tokens now end at (kept while it lives at its prompt's snapshot points, else until its
+        next one), or of the last block the step crossed when its state still owes the rows past it (a verification
+        step's accepted drafts, StatePool.owed)."""
         bm = self.block_manager
         n = seq.num_computed_tokens
-        if n % bm.block_size or not self.states.budget.snapshots:
+        block = n // bm.block_size
+        if block * bm.block_size <= start or not self.states.budget.snapshots:
             return
-        h = bm.prefix_hash(seq.seq_id, n // bm.block_size)
+        h = bm.prefix_hash(seq.seq_id, block)
         if h is not None:
-            self.states.snapshot(seq.seq_id, h, keep=n in seq.snapshot_points, num_blocks=n // bm.block_size)
+            end = block * bm.block_size
+            self.states.snapshot(seq.seq_id, h, keep=end in seq.snapshot_points, num_blocks=block, ahead=n - end)
 
     def _build(self, seq: Sequence, n: int, spec: list[int] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens

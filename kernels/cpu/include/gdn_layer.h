@@ -33,6 +33,12 @@ typedef struct {
     float *spec;               /* [linear layers, B, spec_rows, gdn_spec_per_row] */
     int64_t spec_layer_stride; /* values */
     int32_t spec_rows;
+    /* rows still owed to the states (Gated DeltaNet layers only): an earlier verification's accepted drafts, kept as
+       spec kept them and replayed here instead of by qmm_gdn_replay after that step. Sequence b's first owed_n[b]
+       rows of linear layer l are at (float *)owed[b] + l * owed_layer_stride[b] (gdn_spec_per_row values apart);
+       they advance its states before its rows of this step, in the same pass over the state. owed NULL: none. */
+    const int64_t *owed, *owed_layer_stride;
+    const int32_t *owed_n;
 } gdn_step_t;
 
 /* float32 values of scratch per row that qmm_gdn_mix takes */

@@ -516,21 +516,86 @@ static void keep_draft_rows(const gdn_layer_t *g, const gdn_step_t *s, const flo
         }
 }
 
+/* sequence b's conv state after its n owed rows (rows R values apart, each starting with its conv input row):
+   the last K - 1 inputs, as causal_conv leaves it after those rows */
+static void owed_conv_state(const gdn_layer_t *g, const gdn_step_t *s, int b, const float *rows, int64_t R, int n) {
+    const int C = 2 * g->Hk * g->Dk + g->Hv * g->Dv, K = g->K;
+    float *st = s->conv + g->index * s->conv_layer_stride + (int64_t)s->slots[b] * s->conv_slot_stride;
+    for (int r = 0; r < K - 1; r++) {
+        const int p = n - (K - 1) + r;
+        memmove(st + (int64_t)r * C, p < 0 ? st + (int64_t)(r + n) * C : rows + p * R, sizeof(float) * C);
+    }
+}
+
+/* the gated delta rule over the step's rows with each sequence's owed rows before them (qmm_gdn_mix's rule when
+   s->owed is set): one ragged batch of both, the owed rows' conv outputs and gates taken from where they were kept,
+   the owed rows in place like kept ones (their outputs dropped), so the state passes through memory once for both;
+   o [T, Hv Dv] gets the step's rows' outputs */
+static void rule_with_owed(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *x, const float *decay,
+                           const float *beta, float *o) {
+    const int kd = g->Hk * g->Dk, vd = g->Hv * g->Dv, C = 2 * kd + vd, Hv = g->Hv, B = s->B;
+    const int64_t R = gdn_spec_per_row(g);
+    int P = 0;
+    for (int b = 0; b < B; b++) P += s->owed_n[b];
+    const int64_t N = (int64_t)T + P;
+    float *xa = malloc(sizeof(float) * (size_t)N * (C + 2 * Hv + vd));
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(2 * B + 1));
+    if (!xa || !cu) abort();
+    float *da = xa + N * C, *ba = da + N * Hv, *oa = ba + N * Hv;
+    int32_t *keep = cu + B + 1;
+    cu[0] = 0;
+    for (int b = 0; b < B; b++) {
+        const int n = s->owed_n[b], t0 = s->cu[b], len = s->cu[b + 1] - t0;
+        const float *rows = (const float *)(intptr_t)s->owed[b] + g->index * s->owed_layer_stride[b];
+        for (int j = 0; j < n; j++) {
+            const int64_t t = cu[b] + j;
+            memcpy(xa + t * C, rows + j * R + C, sizeof(float) * C);
+            memcpy(da + t * Hv, rows + j * R + 2 * C, sizeof(float) * Hv);
+            memcpy(ba + t * Hv, rows + j * R + 2 * C + Hv, sizeof(float) * Hv);
+        }
+        const int64_t t = cu[b] + n;
+        memcpy(xa + t * C, x + (int64_t)t0 * C, sizeof(float) * (size_t)len * C);
+        memcpy(da + t * Hv, decay + (int64_t)t0 * Hv, sizeof(float) * (size_t)len * Hv);
+        memcpy(ba + t * Hv, beta + (int64_t)t0 * Hv, sizeof(float) * (size_t)len * Hv);
+        keep[b] = n + (s->keep ? s->keep[b] : len);
+        cu[b + 1] = cu[b] + n + len;
+    }
+    gdn_rule(xa, C, xa + kd, C, xa + 2 * kd, C, da, ba, g->Hk, Hv, g->Dk, g->Dv, g->tiled, cu, B,
+             s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, keep, oa);
+    for (int b = 0; b < B; b++)
+        memcpy(o + (int64_t)s->cu[b] * vd, oa + (int64_t)(cu[b] + s->owed_n[b]) * vd,
+               sizeof(float) * (size_t)(s->cu[b + 1] - s->cu[b]) * vd);
+    free(cu);
+    free(xa);
+}
+
 /* out [T, Hv Dv] float32 = a Gated DeltaNet layer between its projections, for proj [T, C + Hv Dv + 2 Hv] (in_proj's
    output [conv qkv | z | b | a], rows ldp apart): the causal conv + SiLU, the gates, the gated delta rule and the
-   gated RMSNorm, each sequence's conv and recurrent states of linear layer g->index updated in place (by its first
-   s->keep[b] rows when keep is set, the later rows' inputs kept in s->spec); the same kernels in the same order as
-   kernels.dispatch.gated_delta_net on the CPU. scratch: gdn_scratch_per_row(g) * T floats. */
+   gated RMSNorm, each sequence's conv and recurrent states of linear layer g->index updated in place (by its owed
+   rows first when s->owed is set; by its first s->keep[b] rows when keep is set, the later rows' inputs kept in
+   s->spec); the same kernels in the same order as kernels.dispatch.gated_delta_net on the CPU. scratch:
+   gdn_scratch_per_row(g) * T floats. */
 void qmm_gdn_mix(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *proj, int64_t ldp, float *scratch,
                  float *out) {
     const int kd = g->Hk * g->Dk, vd = g->Hv * g->Dv, C = 2 * kd + vd;
     float *x = scratch, *decay = x + (size_t)T * C, *beta = decay + (size_t)T * g->Hv, *o = beta + (size_t)T * g->Hv;
+    int owed = 0;
+    if (s->owed)
+        for (int b = 0; b < s->B; b++)
+            if (s->owed_n[b] > 0) {
+                owed = 1;
+                owed_conv_state(g, s, b, (const float *)(intptr_t)s->owed[b] + g->index * s->owed_layer_stride[b],
+                                gdn_spec_per_row(g), s->owed_n[b]);
+            }
     causal_conv(proj, ldp, C, g->K, g->conv_weight, 0, s->cu, s->B, s->conv + g->index * s->conv_layer_stride,
                 s->conv_slot_stride, s->slots, 1, s->keep, x);
     qmm_gdn_gates(proj + C + vd + g->Hv, ldp, proj + C + vd, ldp, T, g->Hv, g->A_log, g->dt_bias, decay, beta);
     if (s->keep && s->spec) keep_draft_rows(g, s, proj, ldp, x, decay, beta);
-    gdn_rule(x, C, x + kd, C, x + 2 * kd, C, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv, g->tiled, s->cu, s->B,
-             s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, s->keep, o);
+    if (owed)
+        rule_with_owed(g, s, T, x, decay, beta, o);
+    else
+        gdn_rule(x, C, x + kd, C, x + 2 * kd, C, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv, g->tiled, s->cu, s->B,
+                 s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots, g->scale, s->keep, o);
     qmm_head_rms_norm(o, vd, g->Dv, proj + C, ldp, g->Dv, T, g->Hv, g->Dv, g->norm, g->eps, out);
 }
 

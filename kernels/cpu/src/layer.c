@@ -559,6 +559,7 @@ static const struct {
     AT(gdn_step_t, state), AT(gdn_step_t, state_slot_stride), AT(gdn_step_t, state_layer_stride),
     AT(gdn_step_t, cu), AT(gdn_step_t, slots), AT(gdn_step_t, B),
     AT(gdn_step_t, keep), AT(gdn_step_t, spec), AT(gdn_step_t, spec_layer_stride), AT(gdn_step_t, spec_rows),
+    AT(gdn_step_t, owed), AT(gdn_step_t, owed_layer_stride), AT(gdn_step_t, owed_n),
     SIZE(experts_t), AT(experts_t, n_parts), AT(experts_t, fmt), AT(experts_t, rows), AT(experts_t, row_bytes),
     AT(experts_t, expert_bytes), AT(experts_t, w),
     SIZE(moe_t), AT(moe_t, n_experts), AT(moe_t, k), AT(moe_t, hidden), AT(moe_t, F), AT(moe_t, route),

@@ -178,3 +178,53 @@ def test_a_hybrid_configs_spec_and_a_plain_one_refused():
     assert state_spec_for(lfm2) == StateSpec(2, conv) and state_spec_for(lfm2).conv_shape == (2, 8)
     with pytest.raises(ValueError, match="no state layers"):
         state_spec_for(ModelConfig("llama", num_layers=2, **base))
+
+
+class Rows:
+    """Owed rows that add 1 to every value of the slot per row they settle (kernels.cpu.recurrent_step.OwedDrafts'
+    contract: settle the first `rows`, return the rest)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def settle(self, p: StatePool, slot: int, rows: int | None = None):
+        rows = self.n if rows is None else rows
+        for t in p.tensors.values():
+            t[slot] += rows
+        return Rows(self.n - rows) if rows < self.n else None
+
+
+def test_owed_rows_are_settled_before_any_read_and_dropped_with_the_slot():
+    """Rows owed to a slot (a verification's accepted drafts) reach its states before a copy reads it, before the
+    offload tiers' views and the per-op layer views; a step takes them (no longer owed); a copy over a slot or
+    freeing it drops what it owed; a snapshot can stand before the last rows (settle with `leave`)."""
+    p = pool(4)
+    a, b, c = p.allocate(), p.allocate(), p.allocate()
+    p.owe(a, Rows(2))
+    p.copy(a, b)
+    assert (p.conv[b] == 2).all() and (p.conv[a] == 2).all() and not p.owed
+    p.owe(a, Rows(3))
+    assert not p.settle(a, leave=4)  # fewer rows owed than asked to leave: nothing changes
+    assert (p.conv[a] == 2).all() and p.owed[a].n == 3
+    assert p.settle(a, leave=1)  # two of three now, one still owed
+    assert (p.conv[a] == 4).all() and p.owed[a].n == 1
+    p.copy(a, c, settle=False)  # a snapshot of the states as they stand
+    assert (p.conv[c] == 4).all() and p.owed[a].n == 1
+    p.slot_views(a)
+    assert (p.recurrent[a] == 5).all() and not p.owed
+    p.owe(b, Rows(1))
+    p.layer(0)
+    assert (p.conv[b] == 3).all() and not p.owed
+    p.owe(a, Rows(1)), p.owe(b, Rows(2))
+    taken = p.take_owed([b, c])
+    assert taken[0].n == 2 and taken[1] is None and set(p.owed) == {a}
+    p.owe(c, Rows(1))
+    p.copy(b, c)  # c's owed rows are overwritten with its states
+    p.free(a)
+    assert not p.owed and (p.conv[c] == p.conv[b]).all()
+    p.check()
+    p.owe(b, Rows(1))
+    p.owe(b, Rows(1))  # owing more settles what was owed first
+    assert (p.conv[b] == 4).all() and p.owed[b].n == 1
+    with pytest.raises(ValueError):
+        p.owe(a, Rows(1))  # a free slot owes nothing

@@ -174,6 +174,58 @@ def test_a_step_off_the_fused_stack_backs_the_states_up_instead(files):
         lm.model._native = fused
 
 
+def test_owed_drafts_run_in_the_next_step_and_snapshots_land_inside_a_verification(files, monkeypatch):
+    """Fused, the accepted drafts are owed to the sequence's next step (RecurrentStep.defer) instead of replayed at
+    once: that step runs them in its own pass, and a snapshot of the slot settles them first, all but the rows past
+    the block a verification step crossed, so a speculating hybrid keeps a snapshot at every block boundary as
+    plain decoding does (replayed at once, only where a step ends exactly on one). Over a conversation's two turns
+    (the second: the first turn's prompt and answer and a new message, resuming from a snapshot) outputs are plain
+    decoding's, and the snapshots are plain decoding's, bit for bit."""
+    from edgeserve.kernels.cpu.recurrent_step import OwedDrafts
+
+    _, _, _, q8 = files(CASES[0])
+    lm = load_ours(q8, dtype="bfloat16")
+    recurrent = lm.model.native_decoder().recurrent
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    first = [[(37 * i + 11) % 1900 + 3 for i in range(29)]]
+    answer = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), first, params)[0]
+    turns = [first[0], first[0] + answer + prompts(7, 1)[0]]
+    settled, taken = [], []
+    monkeypatch.setattr(OwedDrafts, "settle", lambda self, pool, slot, rows=None, f=OwedDrafts.settle: (
+        settled.append(rows), f(self, pool, slot, rows))[1])
+
+    def run(spec: str, defer: bool = True):
+        recurrent.defer = defer
+        llm = LLM.from_model(lm, kv_cache_gb=0.01, speculative=spec, num_speculative_tokens=2, spec_draft_vocab=0)
+        pool = llm.engine.states.pool
+        take = pool.take_owed
+        monkeypatch.setattr(pool, "take_owed", lambda slots, f=take: (taken.append(f(slots)), taken[-1])[1])
+        if spec == "mtp":
+            llm.engine.spec.backoff = None
+            llm.engine.spec.mtp.oracle = ForcedOracle(turns, plain, lm.config.vocab_size, accept=0.8)
+        got = [outputs(llm, [p], params)[0] for p in turns]
+        assert not pool.owed  # finished sequences owe nothing
+        states = llm.engine.states
+        return got, states.counters, {h: [t[slot].clone() for t in pool.tensors.values()]
+                                      for h, slot in states._snapshots.items()}
+
+    plain, counters, want = run("off")
+    assert len(want) > 2 and counters.prompt_tokens_from_states > len(first[0])  # resumed inside the answer
+    settled.clear(), taken.clear()
+    outs, got_counters, got = run("mtp", defer=True)
+    assert outs == plain and got.keys() == want.keys()
+    assert all(all(torch.equal(a, b) for a, b in zip(got[h], want[h])) for h in want)
+    assert got_counters.prompt_tokens_from_states == counters.prompt_tokens_from_states
+    assert any(rows is not None for rows in settled)  # a snapshot inside a verification's rows
+    assert any(any(o) for o in taken)  # owed rows run by the next step
+    settled.clear(), taken.clear()
+    outs, replayed_counters, replayed = run("mtp", defer=False)
+    recurrent.defer = True
+    assert outs == plain and not settled and not any(any(o) for o in taken)
+    assert replayed.keys() <= want.keys()
+    assert all(all(torch.equal(a, b) for a, b in zip(replayed[h], want[h])) for h in replayed)
+
+
 @pytest.mark.parametrize("weights", ["f32", "q8"])
 def test_draft_vocabulary_rows_map_back_to_their_token_ids(weights, files):
     """A head cut to token ids in no particular order gives the full head's logits of those ids (the output matrix's
