@@ -113,7 +113,8 @@ def main() -> None:
                 engines[f"mtp dv={dv} k={k} a={acc:.0%} no replay"] = llm
             if a.per_op_head is not None:  # the same with the head's block per-op
                 llm = LLM.from_model(lm, speculative="mtp", num_speculative_tokens=k, spec_draft_vocab=dv, **opts)
-                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab, even=not a.random_draws)
+                llm.engine.spec.mtp.oracle = oracle_for(prompt, reference, a.per_op_head, vocab,
+                                                        even=not a.random_draws)
                 llm.engine.spec.backoff = None
                 engines[f"mtp dv={dv} k={k} a={a.per_op_head:.0%} per-op head"] = PerOpHead(llm, lm.model.mtp)
             if a.backoff is not None:  # the same with the back-off policy on

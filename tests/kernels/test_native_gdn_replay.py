@@ -37,26 +37,46 @@ def pools(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(SLOTS, LAYERS, HV, DK, DV, generator=g) * 0.3)
 
 
-def mix(lib, w: dict, proj: torch.Tensor, lens: list[int], slots: list[int], conv: torch.Tensor,
-        state: torch.Tensor, keep: list[int] | None = None, accepted: list[int] | None = None) -> torch.Tensor:
-    """qmm_gdn_mix of proj [T, C + VD + 2 HV] over layer INDEX of the pools (in place), with `keep` the draft rows
-    kept off the states and then `accepted` of them replayed; its output [T, VD]."""
-    t = proj.shape[0]
-    layer = GdnLayer(HK, HV, DK, DV, K, 0, INDEX, 1e-6, DK ** -0.5, w["conv"].data_ptr(), w["A_log"].data_ptr(),
-                     w["dt_bias"].data_ptr(), w["norm"].data_ptr())
+def gdn_layer(w: dict) -> GdnLayer:
+    return GdnLayer(HK, HV, DK, DV, K, 0, INDEX, 1e-6, DK ** -0.5, w["conv"].data_ptr(), w["A_log"].data_ptr(),
+                    w["dt_bias"].data_ptr(), w["norm"].data_ptr())
+
+
+def gdn_step(conv: torch.Tensor, state: torch.Tensor, lens: list[int], slots: list[int],
+             keep: list[int] | None = None) -> tuple[GdnStep, list]:
+    """A gdn_step_t over the pools for sequences of `lens` rows in `slots` (their draft rows after keep[b], kept in a
+    spec tensor, when given), and the tensors it points into (the spec tensor last)."""
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     sl = torch.tensor(slots, dtype=torch.int32)
     step = GdnStep(conv.data_ptr(), conv.stride(0), conv.stride(1), state.data_ptr(), state.stride(0),
                    state.stride(1), cu.data_ptr(), sl.data_ptr(), len(slots))
+    held = [cu, sl]
     if keep is not None:
         keep_t = torch.tensor(keep, dtype=torch.int32)
         rows = max(n - k for n, k in zip(lens, keep))
         spec = torch.full((LAYERS, len(lens), rows, 2 * C + 2 * HV), float("nan"))
         step.keep, step.spec, step.spec_layer_stride, step.spec_rows = (keep_t.data_ptr(), spec.data_ptr(),
                                                                         spec.stride(0), rows)
+        held += [keep_t, spec]
+    return step, held
+
+
+def run_mix(lib, layer: GdnLayer, step: GdnStep, proj: torch.Tensor) -> torch.Tensor:
+    """qmm_gdn_mix of proj [T, C + VD + 2 HV]: its output [T, VD]."""
+    t = proj.shape[0]
     scratch, out = torch.empty(t, 2 * HK * DK + 2 * VD + 2 * HV), torch.empty(t, VD)
     lib.qmm_gdn_mix(ctypes.byref(layer), ctypes.byref(step), t, proj.data_ptr(), proj.stride(0), scratch.data_ptr(),
                     out.data_ptr())
+    return out
+
+
+def mix(lib, w: dict, proj: torch.Tensor, lens: list[int], slots: list[int], conv: torch.Tensor,
+        state: torch.Tensor, keep: list[int] | None = None, accepted: list[int] | None = None) -> torch.Tensor:
+    """qmm_gdn_mix of proj [T, C + VD + 2 HV] over layer INDEX of the pools (in place), with `keep` the draft rows
+    kept off the states and then `accepted` of them replayed; its output [T, VD]."""
+    layer = gdn_layer(w)
+    step, _held = gdn_step(conv, state, lens, slots, keep)
+    out = run_mix(lib, layer, step, proj)
     if accepted is not None:
         counts = torch.tensor(accepted, dtype=torch.int32)
         lib.qmm_gdn_replay(ctypes.byref(layer), ctypes.byref(step), counts.data_ptr())
@@ -95,45 +115,23 @@ def verify_then_next(lib, w, proj, lens, slots, conv, state, keep, accepted, nxt
     """A verification step (drafts kept off the states) and the next step (rows nxt, its own drafts after nxt_keep
     when given): the accepted drafts replayed between them (qmm_gdn_replay), or owed to the next step (`owed`).
     The next step's output."""
-    layer = GdnLayer(HK, HV, DK, DV, K, 0, INDEX, 1e-6, DK ** -0.5, w["conv"].data_ptr(), w["A_log"].data_ptr(),
-                     w["dt_bias"].data_ptr(), w["norm"].data_ptr())
-
-    def step_for(ls, keep_rows):
-        cu = torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)
-        sl = torch.tensor(slots, dtype=torch.int32)
-        st = GdnStep(conv.data_ptr(), conv.stride(0), conv.stride(1), state.data_ptr(), state.stride(0),
-                     state.stride(1), cu.data_ptr(), sl.data_ptr(), len(slots))
-        held = [cu, sl]
-        if keep_rows is not None:
-            keep_t = torch.tensor(keep_rows, dtype=torch.int32)
-            rows = max(n - k for n, k in zip(ls, keep_rows))
-            spec = torch.full((LAYERS, len(ls), rows, 2 * C + 2 * HV), float("nan"))
-            st.keep, st.spec, st.spec_layer_stride, st.spec_rows = (keep_t.data_ptr(), spec.data_ptr(),
-                                                                    spec.stride(0), rows)
-            held += [keep_t, spec]
-        return st, held
-
-    def run(st, p):
-        scratch, out = torch.empty(p.shape[0], 2 * HK * DK + 2 * VD + 2 * HV), torch.empty(p.shape[0], VD)
-        lib.qmm_gdn_mix(ctypes.byref(layer), ctypes.byref(st), p.shape[0], p.data_ptr(), p.stride(0),
-                        scratch.data_ptr(), out.data_ptr())
-        return out
-
-    first, held = step_for(lens, keep)
-    run(first, proj)
-    second, held2 = step_for(nxt_lens, nxt_keep)
+    layer = gdn_layer(w)
+    first, held = gdn_step(conv, state, lens, slots, keep)
+    run_mix(lib, layer, first, proj)
+    second, _held = gdn_step(conv, state, nxt_lens, slots, nxt_keep)
     if owed:
-        tensors, fields = owe(held[-1], accepted)
+        _tensors, fields = owe(held[-1], accepted)
         for name, value in fields.items():
             setattr(second, name, value)
     else:
         counts = torch.tensor(accepted, dtype=torch.int32)
         lib.qmm_gdn_replay(ctypes.byref(layer), ctypes.byref(first), counts.data_ptr())
-    return run(second, nxt)
+    return run_mix(lib, layer, second, nxt)
 
 
-@pytest.mark.parametrize("accepted,nxt_lens,nxt_keep", [([2, 1, 0], [1, 1, 1], None), ([2, 1, 0], [3, 3, 1], [1, 1, 1]),
-                                                        ([1, 0, 2], [2, 3, 1], [1, 2, 1]), ([0, 0, 0], [1, 2, 1], None)])
+@pytest.mark.parametrize("accepted,nxt_lens,nxt_keep", [
+    ([2, 1, 0], [1, 1, 1], None), ([2, 1, 0], [3, 3, 1], [1, 1, 1]), ([1, 0, 2], [2, 3, 1], [1, 2, 1]),
+    ([0, 0, 0], [1, 2, 1], None)])
 def test_owed_drafts_run_in_the_next_steps_pass(lib, accepted, nxt_lens, nxt_keep):
     """The accepted drafts owed to the next step (gdn_step_t.owed) instead of replayed after theirs: the next
     step's outputs and the states after it are bit for bit those of the replay followed by that step."""
