@@ -255,22 +255,31 @@ def test_draft_vocabulary_rows_map_back_to_their_token_ids(weights, files):
     assert (q[:, outside] == 0).all() and all(q[r, t] > 0 for r, t in enumerate(tokens))
 
 
-def test_preemption_drops_the_heads_state_and_recomputes(files):
-    """A budget of a few blocks: sequences are preempted and recomputed with MTP on; outputs are plain decoding's
-    and the head's pool ends empty."""
-    _, _, gguf, _ = files("qwen35-mtp")
-    lm = load_ours(gguf)
+@pytest.mark.parametrize("weights", ["f32", "q8"])
+def test_preemption_drops_the_heads_state_and_recomputes(weights, files):
+    """A budget of a few blocks: sequences are preempted and recomputed with MTP on, per-op and fused (where a
+    preempted sequence's slot drops the drafts it still owed its states); outputs are plain decoding's and the
+    head's pool ends empty."""
+    _, _, f32, q8 = files("qwen35-mtp")
+    lm = load_ours(f32 if weights == "f32" else q8, dtype="float32" if weights == "f32" else "bfloat16")
     ps = [p + p[:10] for p in prompts(5, 4)]
-    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps)
+    # enough to outgrow the blocks: the bfloat16 pool (fused) fits twice the float32 one's in the same budget
+    params = SamplingParams(temperature=0.0, max_tokens=20 if weights == "f32" else 60, ignore_eos=True)
+    plain = outputs(LLM.from_model(lm, kv_cache_gb=0.01, speculative="off"), ps, params)
     probe = LLM.from_model(lm, kv_cache_gb=0.01, speculative="mtp")
     pool = probe.engine.pool
     block = (pool.k[:, 0].numel() + pool.v[:, 0].numel()) * pool.k.element_size()
     budget = 8 * probe.engine.states.budget.bytes_per_slot + block
     small = LLM.from_model(lm, kv_cache_gb=budget / 2**30, max_num_seqs=4, enable_prefix_caching=False,
                            speculative="mtp")
+    assert small.engine.runner.replays_now() == (weights == "q8")
+    state_pool, dropped = small.engine.states.pool, []
+    free = state_pool.free
+    state_pool.free = lambda slot: (dropped.append(slot in state_pool.owed), free(slot))[1]
     small.engine.spec.backoff = None
     small.engine.spec.mtp.oracle = ForcedOracle(ps, plain, lm.config.vocab_size)
-    assert outputs(small, ps) == plain
+    assert outputs(small, ps, params) == plain
+    assert any(dropped) == (weights == "q8")  # fused: a preempted slot still owed drafts
     assert small.engine.stats().num_preemptions > 0 and small.engine.spec.counters.accepted > 0
     assert_spec_pools_empty(small)
 
