@@ -481,11 +481,11 @@ class Scheduler:
         bm = self.block_manager
         n = seq.num_computed_tokens
         block = n // bm.block_size
-        if block * bm.block_size <= start or not self.states.budget.snapshots:
+        end = block * bm.block_size
+        if end <= start or not self.states.budget.snapshots:
             return
         h = bm.prefix_hash(seq.seq_id, block)
         if h is not None:
-            end = block * bm.block_size
             self.states.snapshot(seq.seq_id, h, keep=end in seq.snapshot_points, num_blocks=block, ahead=n - end)
 
     def _build(self, seq: Sequence, n: int, spec: list[int] | None = None) -> ScheduledSeq:

@@ -151,6 +151,15 @@ static void conv_block(void *ctx, int task) {
     }
 }
 
+/* a conv state st [K - 1, C] after `len` more input rows x (ldx apart): row r holds input position
+   len - (K - 1) + r; from the old state (only when len < K - 1) it is row r + len, which no earlier r overwrote */
+static void push_conv_inputs(float *st, const float *x, int64_t ldx, int len, int C, int K) {
+    for (int r = 0; r < K - 1; r++) {
+        const int p = len - (K - 1) + r;
+        memmove(st + (int64_t)r * C, p < 0 ? st + (int64_t)(r + len) * C : x + p * ldx, sizeof(float) * C);
+    }
+}
+
 /* qmm_causal_conv, whose conv state of sequence b then holds the last K - 1 inputs of its first keep[b] rows
    (keep NULL: of all its rows) */
 static void causal_conv(const float *x, int64_t ldx, int C, int K, const float *weight, const float *bias,
@@ -172,17 +181,9 @@ static void causal_conv(const float *x, int64_t ldx, int C, int K, const float *
     pool_run(conv_block, &a, tasks, (int64_t)cu[B] * C * K >= 32768);
     free(task_seq);
     free(wt);
-    /* then each sequence's new state: row r holds input position len - (K - 1) + r; from the old state (only when
-       len < K - 1) it is row r + len, which no earlier r overwrote */
-    for (int b = 0; b < B; b++) {
-        const int start = cu[b], len = keep ? keep[b] : cu[b + 1] - start;
-        float *st = state + (int64_t)slots[b] * slot_stride;
-        for (int r = 0; r < K - 1; r++) {
-            const int p = len - (K - 1) + r;
-            const float *in = p < 0 ? st + (int64_t)(r + len) * C : x + (start + p) * ldx;
-            memmove(st + (int64_t)r * C, in, sizeof(float) * C);
-        }
-    }
+    for (int b = 0; b < B; b++)
+        push_conv_inputs(state + (int64_t)slots[b] * slot_stride, x + cu[b] * ldx, ldx,
+                         keep ? keep[b] : cu[b + 1] - cu[b], C, K);
 }
 
 /* out [T, C] = the causal depthwise conv of x [T, C] (rows ldx apart) with weight [C, K], plus bias [C] when not
@@ -516,17 +517,6 @@ static void keep_draft_rows(const gdn_layer_t *g, const gdn_step_t *s, const flo
         }
 }
 
-/* sequence b's conv state after its n owed rows (rows R values apart, each starting with its conv input row):
-   the last K - 1 inputs, as causal_conv leaves it after those rows */
-static void owed_conv_state(const gdn_layer_t *g, const gdn_step_t *s, int b, const float *rows, int64_t R, int n) {
-    const int C = 2 * g->Hk * g->Dk + g->Hv * g->Dv, K = g->K;
-    float *st = s->conv + g->index * s->conv_layer_stride + (int64_t)s->slots[b] * s->conv_slot_stride;
-    for (int r = 0; r < K - 1; r++) {
-        const int p = n - (K - 1) + r;
-        memmove(st + (int64_t)r * C, p < 0 ? st + (int64_t)(r + n) * C : rows + p * R, sizeof(float) * C);
-    }
-}
-
 /* the gated delta rule over the step's rows with each sequence's owed rows before them (qmm_gdn_mix's rule when
    s->owed is set): one ragged batch of both, the owed rows' conv outputs and gates taken from where they were kept,
    the owed rows in place like kept ones (their outputs dropped), so the state passes through memory once for both;
@@ -584,8 +574,9 @@ void qmm_gdn_mix(const gdn_layer_t *g, const gdn_step_t *s, int T, const float *
         for (int b = 0; b < s->B; b++)
             if (s->owed_n[b] > 0) {
                 owed = 1;
-                owed_conv_state(g, s, b, (const float *)(intptr_t)s->owed[b] + g->index * s->owed_layer_stride[b],
-                                gdn_spec_per_row(g), s->owed_n[b]);
+                push_conv_inputs(s->conv + g->index * s->conv_layer_stride + (int64_t)s->slots[b] * s->conv_slot_stride,
+                                 (const float *)(intptr_t)s->owed[b] + g->index * s->owed_layer_stride[b],
+                                 gdn_spec_per_row(g), s->owed_n[b], C, g->K);
             }
     causal_conv(proj, ldp, C, g->K, g->conv_weight, 0, s->cu, s->B, s->conv + g->index * s->conv_layer_stride,
                 s->conv_slot_stride, s->slots, 1, s->keep, x);
@@ -606,19 +597,20 @@ void qmm_gdn_replay(const gdn_layer_t *g, const gdn_step_t *s, const int32_t *ac
         const int n = accepted[b] < s->spec_rows ? accepted[b] : s->spec_rows;
         if (n <= 0) continue;
         const float *rows = s->spec + g->index * s->spec_layer_stride + (int64_t)b * s->spec_rows * R;
-        float *tmp = malloc(sizeof(float) * (size_t)n * (C + 2 * Hv + vd));
-        if (!tmp) abort();
-        float *decay = tmp + (size_t)n * C, *beta = decay + (size_t)n * Hv, *o = beta + (size_t)n * Hv;
+        float *decay = malloc(sizeof(float) * (size_t)n * (2 * Hv + vd));
+        if (!decay) abort();
+        float *beta = decay + (size_t)n * Hv, *o = beta + (size_t)n * Hv;
         for (int j = 0; j < n; j++) {
             memcpy(decay + (int64_t)j * Hv, rows + j * R + 2 * C, sizeof(float) * Hv);
             memcpy(beta + (int64_t)j * Hv, rows + j * R + 2 * C + Hv, sizeof(float) * Hv);
         }
         const int32_t cu[2] = {0, n};
-        causal_conv(rows, R, C, g->K, g->conv_weight, 0, cu, 1, s->conv + g->index * s->conv_layer_stride,
-                    s->conv_slot_stride, s->slots + b, 1, NULL, tmp); /* the conv state; its outputs are kept */
+        /* the conv state takes the rows' inputs (their conv outputs were kept) */
+        push_conv_inputs(s->conv + g->index * s->conv_layer_stride + (int64_t)s->slots[b] * s->conv_slot_stride,
+                         rows, R, n, C, g->K);
         gdn_rule(rows + C, R, rows + C + kd, R, rows + C + 2 * kd, R, decay, beta, g->Hk, g->Hv, g->Dk, g->Dv,
                  g->tiled, cu, 1, s->state + g->index * s->state_layer_stride, s->state_slot_stride, s->slots + b,
                  g->scale, NULL, o);
-        free(tmp);
+        free(decay);
     }
 }
