@@ -1,7 +1,8 @@
 """Per-request back-off for speculation whose drafts are rarely accepted: a request stops drafting for a while when
 its recent acceptance is surely below the rate at which drafting stops paying, then probes again (a longer pause each
 time its acceptance is still low, a shorter one after a good probe; it drafts again once its acceptance is back
-above that rate).
+above that rate). A new request starts from the acceptance of the requests before it (engine-wide): where those
+were surely below that rate it starts with a pause, so that each request does not pay again for the evidence.
 
 The rate at which drafting stops paying is measured, not assumed (`StepCosts`): a verification of k drafts per
 sequence gives 1 + k * acceptance tokens for what a drafting step costs over a plain one, so the break-even
@@ -19,6 +20,11 @@ from dataclasses import dataclass, field
 # drafts, so that one verification moves it: a request whose first drafts fail pauses at once where drafting
 # costs much, as an MoE's does)
 PRIOR_ACCEPTED, PRIOR_PROPOSED = 1.2, 2.0
+
+
+def surely_below(rate: float, weight: float, threshold: float) -> bool:
+    """Whether an acceptance `rate` seen over `weight` drafts is under `threshold` by more than one standard error."""
+    return rate + math.sqrt(rate * (1 - rate) / weight) < threshold
 
 
 @dataclass
@@ -43,32 +49,48 @@ class Backoff:
     decay: float = 0.95  # weight of the counts so far at each verification (about the last twenty count)
     first_pause: int = 4
     max_pause: int = 64
+    engine_decay: float = 0.98  # the same for the engine-wide counts, over every request's verifications
     _requests: dict[object, _Request] = field(default_factory=dict)
+    # every request's verifications, the prior included: what a new request's acceptance is taken to be
+    _engine: _Request = field(default_factory=_Request)
+
+    def _request(self, request_id: object) -> _Request:
+        """The request's counts; a new request's start from the engine's acceptance (worth PRIOR_PROPOSED drafts),
+        and it starts paused where the requests before it were surely below the threshold."""
+        r = self._requests.get(request_id)
+        if r is None:
+            e = self._engine
+            r = self._requests[request_id] = _Request(PRIOR_PROPOSED * e.rate, PRIOR_PROPOSED)
+            if surely_below(e.rate, e.proposed, self.threshold):
+                r.pause = r.wait = self.first_pause
+        return r
 
     def drafts_now(self, request_id: object) -> bool:
         """Whether the request drafts this step (a paused one counts its pause down instead)."""
-        r = self._requests.get(request_id)
-        if r is None or r.wait == 0:
+        r = self._request(request_id)
+        if r.wait == 0:
             return True
         r.wait -= 1
         return False
 
     def paused(self, request_id: object) -> bool:
         """Whether the request is pausing its drafts (its next step does not draft either)."""
-        r = self._requests.get(request_id)
-        return r is not None and r.wait > 0
+        return self._request(request_id).wait > 0
 
     def record(self, request_id: object, proposed: int, accepted: int) -> None:
         """One verification of `proposed` drafts of which `accepted` were kept."""
         if proposed <= 0:
             return
-        r = self._requests.setdefault(request_id, _Request())
+        e = self._engine
+        e.accepted = self.engine_decay * e.accepted + accepted
+        e.proposed = self.engine_decay * e.proposed + proposed
+        r = self._request(request_id)
         r.accepted = self.decay * r.accepted + accepted
         r.proposed = self.decay * r.proposed + proposed
         if r.rate >= self.threshold:
             r.pause = 0
             return
-        if not r.pause and r.rate + math.sqrt(r.rate * (1 - r.rate) / r.proposed) >= self.threshold:
+        if not r.pause and not surely_below(r.rate, r.proposed, self.threshold):
             return  # a drafting request pauses only once its acceptance is surely low (one standard error)
         if r.pause and accepted / proposed >= self.threshold:
             r.pause = max(self.first_pause, r.pause // 2)  # a good probe: look again sooner

@@ -310,6 +310,8 @@ def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
     from edgeserve.engine.spec.backoff import Backoff
 
     b = Backoff(threshold=0.4)
+    assert b.drafts_now("first") and not b.paused("first")  # a new request in a new engine drafts
+    b.forget("first")
     steps = []
     for _ in range(80):
         if b.drafts_now("low"):
@@ -320,7 +322,8 @@ def test_backoff_pauses_a_request_with_low_acceptance_and_probes_again():
     drafted = [i for i, s in enumerate(steps) if s]
     gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:])]
     assert gaps[:4] == [0, 4, 8, 16]  # two bad verifications pause it (surely low), then pauses that double
-    assert all(b.drafts_now("good") for _ in range(5))  # an unknown request drafts
+    # a new request starts from the engine's acceptance: after "low", surely under the threshold, it starts paused
+    assert b.paused("good") and [b.drafts_now("good") for _ in range(b.first_pause + 1)] == [False] * b.first_pause + [True]
     for _ in range(20):
         b.record("good", 2, 2)
         assert b.drafts_now("good")
