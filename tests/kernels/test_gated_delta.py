@@ -379,6 +379,23 @@ def test_native_rule_full_and_partial_column_blocks(lib):
 
 
 @native
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "i686"), reason="the flush is x86's MXCSR")
+@pytest.mark.parametrize("lens", [[1], [3]])
+def test_native_rule_flushes_subnormal_states_and_restores_the_thread(lib, lens):
+    """A state of subnormal floats (what long decays leave; each multiply on one is a slow microcode assist) is read
+    as zero by the native rule, on the decode row's path and the column blocks', and the calling thread's
+    floating-point mode is left as it was (torch keeps its subnormals)."""
+    q, k, v, g, beta, cu, slots, state = inputs(lens, dk=16, dv=8)
+    v.zero_()  # no new memory: the outputs are the old state's, which reads as zero
+    state.fill_(1e-39)
+    out = cpu_native.gdn_rule(q, k, v, g, beta, state, B(cu, slots), lib=lib)
+    assert torch.count_nonzero(out) == 0 and torch.count_nonzero(state[slots]) == 0
+    assert torch.count_nonzero(state) == state[0].numel() * (state.shape[0] - len(lens))  # other slots untouched
+    tiny = torch.tensor([1e-39]) * torch.tensor([1.0])
+    assert tiny.item() != 0.0
+
+
+@native
 def test_native_is_batch_invariant(lib):
     """A sequence's outputs and states from the native kernels are the same bits alone as in a ragged batch."""
     lens = [7, 1, 0, 50]

@@ -22,6 +22,9 @@
 
 #include "gated_delta.h"
 #include "pool.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 enum { CONV_BLOCK = 64, CONV_TOKENS = 16, CONV_MAX_K = 16, GDN_MAX_DIM = 512 };
 /* the rule's column block: 64 columns (four 16-wide vectors per state row, o and kv in 8 of the 32 registers, more
@@ -371,8 +374,7 @@ static void rule_head_token(const rule_t *a, int b, int h) {
     memcpy(a->out + ((int64_t)t * a->Hv + h) * Dv, o, sizeof(float) * Dv);
 }
 
-static void rule_block(void *ctx, int task) {
-    const rule_t *a = (const rule_t *)ctx;
+static void rule_task(const rule_t *a, int task) {
     const int jb = task % a->col_blocks, h = task / a->col_blocks % a->Hv, b = task / a->col_blocks / a->Hv;
     if (a->cu[b + 1] - a->cu[b] == 1 && (!a->keep || a->keep[b])) { /* a decode row: the head's first block task
                                                                       takes its whole state */
@@ -384,6 +386,21 @@ static void rule_block(void *ctx, int task) {
         rule_cols(a, b, h, c0, COL_BLOCK); /* the loops over a constant width: unrolled, kv / o in registers */
     else
         rule_cols(a, b, h, c0, n);
+}
+
+/* A rule task with subnormal floats flushed to zero (inputs and results; x86's MXCSR FTZ and DAZ, this thread, for
+   the task): a state whose decays take it toward zero fills with subnormals, each multiply on one a microcode
+   assist, which made the rule about 2x slower at a decode row and 3x at a verification's (0.8B shape, random
+   weights: docs/perf-log/2026-11-to-12.md). The values flushed are below 1.2e-38. */
+static void rule_block(void *ctx, int task) {
+#if defined(__x86_64__) || defined(__i386__)
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ (bit 15) | DAZ (bit 6) */
+    rule_task((const rule_t *)ctx, task);
+    _mm_setcsr(csr);
+#else
+    rule_task((const rule_t *)ctx, task);
+#endif
 }
 
 /* The gated delta rule: q, k [T, Hk, Dk] (rows ldq / ldk apart), v [T, Hv, Dv] (rows ldv apart), g, beta [T, Hv];
