@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head and a Gemma 4
-# assistant, the k at which the oracle benchmarks' decode rate peaks at 70% acceptance (docs/perf-log/2026-11-to-12.md);
-# 4 for the others
-DEFAULT_NUM_TOKENS = {"mtp": 1, "assistant": 1, "ngram": 4, "draft": 4}
+# assistant, from the oracle benchmarks (docs/perf-log/2026-11-to-12.md): the head's 2 well ahead of 1 at 70% and
+# 100% acceptance, level with it at 40% (and 3 no better than 2 at 70%); 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 2, "assistant": 1, "ngram": 4, "draft": 4}
 # accepted tokens a hybrid's request may carry to recompute (its state went back before them when a later draft was
 # rejected) and still draft on top of them; more: a step without drafts first (docs/perf-log/2026-11-to-12.md)
 MAX_BACKLOG = 2
