@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 # tokens proposed per sequence per step where none is asked for (`--spec-tokens`): for the MTP head and a Gemma 4
-# assistant, from the oracle benchmarks (docs/perf-log/2026-11-to-12.md): the head's 2 well ahead of 1 at 70% and
-# 100% acceptance, level with it at 40% (and 3 no better than 2 at 70%); 4 for the others
-DEFAULT_NUM_TOKENS = {"mtp": 2, "assistant": 1, "ngram": 4, "draft": 4}
+# assistant, from the oracle benchmarks (docs/perf-log/2026-11-to-12.md): a dense model's head 2 (well ahead of 1 at
+# 70% and 100% acceptance, level with it at 40%, 3 no better than 2 at 70%), an MoE's 1 (ahead of 2 at 70% and 40%:
+# each verification row adds its experts to the step's reads); 4 for the others
+DEFAULT_NUM_TOKENS = {"mtp": 2, "mtp-moe": 1, "assistant": 1, "ngram": 4, "draft": 4}
 # accepted tokens a hybrid's request may carry to recompute (its state went back before them when a later draft was
 # rejected) and still draft on top of them; more: a step without drafts first (docs/perf-log/2026-11-to-12.md)
 MAX_BACKLOG = 2
@@ -67,7 +68,9 @@ class Speculator:
     def __init__(self, method: str, num_tokens: int | None, target: LoadedModel, num_blocks: int, block_size: int,
                  draft: LoadedModel | None = None, draft_vocab: int | None = None) -> None:
         self.method = method
-        self.num_tokens = default_num_tokens("assistant" if is_assistant(draft) else method, num_tokens)
+        kind = ("assistant" if is_assistant(draft) else "mtp-moe" if method == "mtp" and target.config.is_moe
+                else method)
+        self.num_tokens = default_num_tokens(kind, num_tokens)
         self.ngram = NgramProposer() if method == "ngram" else None
         self.draft: DraftProposer | AssistantProposer | None = None
         if method == "draft":
