@@ -98,3 +98,18 @@ def test_dispatch_runs_the_mixer_natively_with_the_twins_result():
                                     scan), ssm))
     close(out[1][0], out[0][0], 1e-4)
     close(out[1][1], out[0][1])
+
+
+@pytest.mark.skipif(__import__("os").uname().machine not in ("x86_64", "i686"), reason="the flush is x86's MXCSR")
+def test_native_flushes_subnormal_states_and_restores_the_thread(lib):
+    """A state of subnormal floats (what long decays leave; each multiply on one is a slow microcode assist) is read
+    as zero, and the calling thread's floating-point mode is left as it was (torch keeps its subnormals)."""
+    x, dt, A, b, c, D = inputs(2)
+    x.zero_()  # no new input: y is the old state's read-out, which reads as zero (and D x is 0)
+    cu, slots = torch.tensor([0, 2]), torch.tensor([1])
+    state = pool(3)
+    state[1] = 1e-39
+    y = cpu_native.ssd_rule(x, dt, A, b, c, D, state, DeltaBatch.build(cu, slots), lib=lib)
+    assert torch.count_nonzero(y) == 0 and torch.count_nonzero(state[1]) == 0
+    assert torch.equal(state[0], pool(3)[0])  # other slots untouched
+    assert (torch.tensor([1e-39]) * torch.tensor([1.0])).item() != 0.0

@@ -22,9 +22,7 @@
 
 #include "gated_delta.h"
 #include "pool.h"
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
+#include "subnormals.h"
 
 enum { CONV_BLOCK = 64, CONV_TOKENS = 16, CONV_MAX_K = 16, GDN_MAX_DIM = 512 };
 /* the rule's column block: 64 columns (four 16-wide vectors per state row, o and kv in 8 of the 32 registers, more
@@ -388,19 +386,12 @@ static void rule_task(const rule_t *a, int task) {
         rule_cols(a, b, h, c0, n);
 }
 
-/* A rule task with subnormal floats flushed to zero (inputs and results; x86's MXCSR FTZ and DAZ, this thread, for
-   the task): a state whose decays take it toward zero fills with subnormals, each multiply on one a microcode
-   assist, which made the rule about 2x slower at a decode row and 3x at a verification's (0.8B shape, random
-   weights: docs/perf-log/2026-11-to-12.md). The values flushed are below 1.2e-38. */
+/* A rule task with subnormal floats flushed to zero (subnormals.h): about 2x the rule's speed at a decode row and 3x
+   at a verification's rows on the 0.8B shape's states. */
 static void rule_block(void *ctx, int task) {
-#if defined(__x86_64__) || defined(__i386__)
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040); /* FTZ (bit 15) | DAZ (bit 6) */
+    const fp_mode_t mode = subnormals_off();
     rule_task((const rule_t *)ctx, task);
-    _mm_setcsr(csr);
-#else
-    rule_task((const rule_t *)ctx, task);
-#endif
+    fp_mode_restore(mode);
 }
 
 /* The gated delta rule: q, k [T, Hk, Dk] (rows ldq / ldk apart), v [T, Hv, Dv] (rows ldv apart), g, beta [T, Hv];

@@ -12,6 +12,7 @@
 
 #include "pool.h"
 #include "ssd.h"
+#include "subnormals.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -55,8 +56,7 @@ static float ssd_row(float *restrict row, const float *restrict b, const float *
     return acc;
 }
 
-static void ssd_head(void *ctx, int task) {
-    const ssd_t *a = (const ssd_t *)ctx;
+static void ssd_head_task(const ssd_t *a, int task) {
     const int h = task % a->H, seq = task / a->H, P = a->P, N = a->N;
     const int g = h / (a->H / a->G);
     float *S = a->state + (int64_t)a->slots[seq] * a->slot_stride + (int64_t)h * P * N;
@@ -69,6 +69,13 @@ static void ssd_head(void *ctx, int task) {
         for (int p = 0; p < P; p++)
             y[p] = ssd_row(S + (int64_t)p * N, b, c, N, decay, dt * x[p]) + D * x[p];
     }
+}
+
+/* A head's task with subnormal floats flushed to zero (subnormals.h): a decayed state full of them. */
+static void ssd_head(void *ctx, int task) {
+    const fp_mode_t mode = subnormals_off();
+    ssd_head_task((const ssd_t *)ctx, task);
+    fp_mode_restore(mode);
 }
 
 void qmm_ssd_rule(const float *x, const float *B, const float *C, int64_t ldx, const float *dt, const float *A,
