@@ -114,7 +114,8 @@ def test_serve_process_answers_and_stops(tmp_path):
                 assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
                 time.sleep(0.1)
         assert health["models"] == {"tiny": "not loaded"}  # lazy: listed, nothing loaded yet
-        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
+        # ignore_eos: the random model samples at temperature 1, and an end-of-text token would end the answer early
+        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:  # the key comes from EDGESERVE_API_KEY
             urllib.request.urlopen(req, timeout=60)
